@@ -1,0 +1,223 @@
+#include "deepinfer/dtype.h"
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF8E4M3:
+      return 1;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+  }
+  return "?";
+}
+
+bool dtype_from_safetensors(std::string_view name, DType* out) {
+  struct Entry {
+    std::string_view name;
+    DType dtype;
+  };
+  static constexpr Entry kTable[] = {{"F32", DType::kF32}, {"BF16", DType::kBF16},
+                                     {"F16", DType::kF16}, {"F8_E4M3", DType::kF8E4M3},
+                                     {"I32", DType::kI32}, {"I64", DType::kI64}};
+  for (const Entry& e : kTable) {
+    if (e.name == name) {
+      *out = e.dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 ||
+         dtype == DType::kF8E4M3;
+}
+
+uint16_t f32_to_bf16(float value) {
+  uint32_t u = std::bit_cast<uint32_t>(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+
+float f16_to_f32(uint16_t bits) {
+  uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  uint32_t exponent = (bits >> 10) & 0x1fu;
+  uint32_t mantissa = bits & 0x3ffu;
+  uint32_t out;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      out = sign;
+    } else {  // subnormal: value = mantissa * 2^-24
+      float f = std::ldexp(static_cast<float>(mantissa), -24);
+      return sign ? -f : f;
+    }
+  } else if (exponent == 31) {
+    out = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    out = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  }
+  return std::bit_cast<float>(out);
+}
+
+uint16_t f32_to_f16(float value) {
+  uint32_t u = std::bit_cast<uint32_t>(value);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+    float f = std::bit_cast<float>(abs);
+    // Round f / 2^-24 to nearest even.
+    float scaled = std::ldexp(f, 24);
+    float rounded = std::nearbyint(scaled);
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(rounded));
+  }
+  uint32_t rounding = 0xfffu + ((abs >> 13) & 1u);
+  uint32_t r = (abs + rounding) >> 13;
+  r -= 112u << 10;
+  return static_cast<uint16_t>(sign | r);
+}
+
+float f8e4m3_to_f32(uint8_t bits) {
+  uint32_t sign = bits & 0x80u;
+  uint32_t exponent = (bits >> 3) & 0xfu;
+  uint32_t mantissa = bits & 0x7u;
+  if (exponent == 0xf && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  float value;
+  if (exponent == 0) {
+    value = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 * 2^-6
+  } else {
+    value = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, static_cast<int>(exponent) - 7);
+  }
+  return sign ? -value : value;
+}
+
+uint8_t f32_to_f8e4m3(float value) {
+  if (std::isnan(value)) return 0x7f;
+  uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  float a = std::fabs(value);
+  if (a >= 448.0f) return static_cast<uint8_t>(sign | 0x7e);  // saturate to the largest finite
+  // Find the nearest representable value by scanning the 127 non-negative finite codes; the
+  // table is tiny and this keeps the rounding rule (nearest, ties to even code) obvious.
+  uint8_t best = 0;
+  float best_err = std::numeric_limits<float>::infinity();
+  for (uint8_t code = 0; code < 0x7f; ++code) {
+    float err = std::fabs(f8e4m3_to_f32(code) - a);
+    if (err < best_err || (err == best_err && (code & 1u) == 0)) {
+      best = code;
+      best_err = err;
+    }
+  }
+  return static_cast<uint8_t>(sign | best);
+}
+
+namespace {
+
+float load_as_f32(const void* src, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF8E4M3:
+      return f8e4m3_to_f32(static_cast<const uint8_t*>(src)[i]);
+    default:
+      break;
+  }
+  throw Error(ErrorCode::kInternal, "load_as_f32: not a floating dtype");
+}
+
+void store_f32(void* dst, DType dtype, size_t i, float v) {
+  switch (dtype) {
+    case DType::kF32:
+      static_cast<float*>(dst)[i] = v;
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(dst)[i] = f32_to_f16(v);
+      return;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(dst)[i] = f32_to_f8e4m3(v);
+      return;
+    default:
+      break;
+  }
+  throw Error(ErrorCode::kInternal, "store_f32: not a floating dtype");
+}
+
+}  // namespace
+
+void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t count) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, count * dtype_size(src_dtype));
+    return;
+  }
+  if (is_floating(src_dtype) && is_floating(dst_dtype)) {
+    for (size_t i = 0; i < count; ++i) store_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
+    return;
+  }
+  if (src_dtype == DType::kI64 && dst_dtype == DType::kI32) {
+    const auto* s = static_cast<const int64_t*>(src);
+    auto* d = static_cast<int32_t*>(dst);
+    for (size_t i = 0; i < count; ++i) {
+      if (s[i] < std::numeric_limits<int32_t>::min() ||
+          s[i] > std::numeric_limits<int32_t>::max()) {
+        throw Error(ErrorCode::kInvalidArgument, "i64 value " + std::to_string(s[i]) +
+                                                     " at index " + std::to_string(i) +
+                                                     " does not fit in i32");
+      }
+      d[i] = static_cast<int32_t>(s[i]);
+    }
+    return;
+  }
+  if (src_dtype == DType::kI32 && dst_dtype == DType::kI64) {
+    const auto* s = static_cast<const int32_t*>(src);
+    auto* d = static_cast<int64_t*>(dst);
+    for (size_t i = 0; i < count; ++i) d[i] = s[i];
+    return;
+  }
+  throw Error(ErrorCode::kUnsupported, std::string("cannot convert ") + dtype_name(src_dtype) +
+                                           " to " + dtype_name(dst_dtype));
+}
+
+}  // namespace deepinfer
