@@ -1,0 +1,213 @@
+// The Backend interface: every op the DeepSeek-V4 graph needs, on one device, in stream order.
+//
+// Execution model (the same for CPU, CUDA and Ascend):
+//  - Every op call *enqueues* work on the backend's single compute stream and returns at once.
+//    Output tensors are allocated at call time (their memory is valid immediately), their
+//    contents are valid only for work enqueued later on the same stream, or on the host after an
+//    Event recorded behind the op has completed.
+//  - The model graph never reads device memory on the host between ops; everything a step needs
+//    (positions, block tables, entry lists) is planned on the host and uploaded with `upload`.
+//    `to_host` (and Event::wait / synchronize) are the only calls that wait for the stream.
+//  - Tensors passed to an op stay alive until the op has run (the backend keeps references).
+//
+// Math: the CPU backend is the reference and computes in fp32; a device op is correct when it
+// matches the CPU op on the same inputs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/tensor.h"
+
+namespace deepinfer {
+
+// Completion marker recorded on a backend stream.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True once all work enqueued before the event was recorded has finished.
+  virtual bool query() = 0;
+  // Blocks until then. Rethrows the error of failed work enqueued before the event.
+  virtual void wait() = 0;
+};
+
+// Hyper-connection (mHC) constants of a model.
+struct HcParams {
+  int hc_mult = 4;
+  int sinkhorn_iters = 20;
+  float hc_eps = 1e-6f;
+  float norm_eps = 1e-6f;  // the unweighted RMSNorm over the flattened streams
+};
+
+// Output of hc_pre: post [T, N], comb [T, N, N] (comb[i][j]: input stream i -> output stream j),
+// and the collapsed block input y [T, H].
+struct HcMix {
+  Tensor post;
+  Tensor comb;
+  Tensor y;
+};
+
+// Experts chosen per token: expert_ids [T, k] i32 and their weights [T, k] f32 (already
+// renormalised and multiplied by routed_scaling_factor).
+struct Routing {
+  Tensor expert_ids;
+  Tensor weights;
+};
+
+// Routed experts of one MoE layer, one tensor per expert: w1 (gate) [I, H], w3 (up) [I, H],
+// w2 (down) [H, I].
+struct ExpertWeights {
+  std::vector<Tensor> w1;
+  std::vector<Tensor> w3;
+  std::vector<Tensor> w2;
+};
+
+// Device-side layout of the token rows of one forward call. Rows of a sequence are contiguous;
+// sequences may have any query length (varlen: prefill chunks and decode rows mix freely).
+struct BatchLayout {
+  int num_tokens = 0;
+  int num_seqs = 0;
+  int block_size = 128;        // tokens per paged KV block
+  int max_blocks_per_seq = 0;  // columns of block_table
+  Tensor token_ids;            // [T] i32
+  Tensor positions;            // [T] i32, absolute position of each row
+  Tensor token_seq;            // [T] i32, index of the sequence each row belongs to
+  Tensor seq_q_start;          // [B + 1] i32, first row of each sequence; seq_q_start[B] == T
+  Tensor seq_ctx_len;  // [B] i32, tokens already materialised in the caches before this call
+  Tensor seq_slot;     // [B] i32, state slot (SWA ring, compressor rings) of each sequence
+  Tensor block_table;  // [B, max_blocks_per_seq] i32, physical block of each logical block
+};
+
+// Compressed entries that close during one forward call, for one compression ratio m. Entry
+// (seq, w) pools the tokens of window w, i.e. positions [w*m, (w+1)*m) (and, with overlap, the
+// previous window's first half-series too).
+struct EntryBatch {
+  int num_entries = 0;
+  Tensor seq;       // [E] i32, sequence index in the BatchLayout
+  Tensor window;    // [E] i32, window index w
+  Tensor rope_pos;  // [E] i32, RoPE position of the entry: w * m
+  Tensor dest;      // [E] i32, row of the paged entry cache the entry is stored to
+};
+
+struct CompressSpec {
+  int ratio = 4;         // m: tokens per window
+  bool overlap = false;  // CSA: entry w pools window w-1's first series and window w's second
+  int head_dim = 0;      // D: width of one entry
+};
+
+struct AttentionSpec {
+  int window = 128;     // sliding window W (keys in (p - W, p])
+  float scale = 1.0f;   // softmax scale applied to q.k (not to the sink)
+  int ratio = 0;        // compression ratio of the layer's entries; 0 = sliding only
+  bool sparse = false;  // true: entries come from `topk`; false: all visible entries are used
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind device_kind() const = 0;
+  virtual std::string name() const = 0;
+
+  // ---- memory and synchronisation ------------------------------------------------------------
+  // Uninitialised device tensor (zeroed on the CPU backend).
+  virtual Tensor empty(const Shape& shape, DType dtype) = 0;
+  virtual Tensor zeros(const Shape& shape, DType dtype) = 0;
+  // A device tensor of `dtype` holding a copy of `host` converted; `host` may be reused as soon as
+  // this returns (per-step metadata goes through here).
+  virtual Tensor upload(const Tensor& host, DType dtype) = 0;
+  // Like upload, for immutable data (weights): when the device is the host and no conversion is
+  // needed the result aliases `host`, so weights mmap-ed from a checkpoint are not copied.
+  virtual Tensor upload_weight(const Tensor& host, DType dtype) = 0;
+  // A copy of `device` on the host; waits for the work that produces it.
+  virtual Tensor to_host(const Tensor& device) = 0;
+  virtual std::unique_ptr<Event> record_event() = 0;
+  virtual void synchronize() = 0;
+
+  // ---- dense ops --------------------------------------------------------------------------------
+  // table [V, H], ids [T] i32 -> [T, H] f32.
+  virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
+  // RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * weight. `weight` may be undefined
+  // (unweighted norm).
+  virtual Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) = 0;
+  // x [M, K], w [N, K] -> x w^T [M, N].
+  virtual Tensor linear(const Tensor& x, const Tensor& w) = 0;
+  // Block-diagonal linear: x [M, G*K], w [G*N, K] -> [M, G*N]; group g maps x[:, gK:(g+1)K]
+  // with rows [gN, (g+1)N) of w.
+  virtual Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups) = 0;
+  virtual Tensor scale(const Tensor& x, float factor) = 0;
+  virtual Tensor add(const Tensor& a, const Tensor& b) = 0;
+  // Rows of x [T, ...] picked by rows [R] i32 -> [R, ...].
+  virtual Tensor gather_rows(const Tensor& x, const Tensor& rows) = 0;
+  // Interleaved RoPE on the trailing 2*len(inv_freq) channels of x [T, heads, d] (or [T, d]) at
+  // positions [T] i32; angle = pos * inv_freq[i] in fp32; `inverse` rotates by -angle.
+  virtual Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                      bool inverse) = 0;
+  // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
+  virtual Tensor argmax(const Tensor& x) = 0;
+
+  // ---- hyper-connections
+  // ------------------------------------------------------------------------- x [T, H] -> [T, N, H]
+  // with N identical copies.
+  virtual Tensor hc_expand(const Tensor& x, int hc_mult) = 0;
+  // X [T, N, H]; fn [(2+N)N, N*H], base [(2+N)N], scale [3] (all f32).
+  virtual HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                       const HcParams& params) = 0;
+  // X_new[t, j] = post[t, j] * out[t] + sum_i comb[t, i, j] * X[t, i].
+  virtual Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
+                         const Tensor& comb) = 0;
+  // Final collapse: fn [N, N*H], base [N], scale [1] -> [T, H].
+  virtual Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                         const HcParams& params) = 0;
+
+  // ---- mixture of experts
+  // ------------------------------------------------------------------------ scores =
+  // sqrt(softplus(x gate_w^T)); experts = top-k of scores + bias (bias may be undefined), or
+  // tid2eid[token_ids] when tid2eid [V, k] i32 is defined (hash routing). Weights are the chosen
+  // scores renormalised to sum 1 (+1e-20) times routed_scale.
+  virtual Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                            const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                            float routed_scale) = 0;
+  // sum over chosen experts e of weight * w2_e (silu(min(x w1_e^T, L)) * clamp(x w3_e^T, -L, L)).
+  virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                             float swiglu_limit) = 0;
+  // silu(min(gate, L)) * clamp(up, -L, L), elementwise.
+  virtual Tensor swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) = 0;
+
+  // ---- caches and attention --------------------------------------------------------------------
+  // ring [slots, R, C]: for each sequence, rows [T, C] of its last min(q_len, R) tokens are stored
+  // at ring[slot][pos % R]. Earlier rows of a longer chunk would be overwritten anyway.
+  virtual void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) = 0;
+  // Pools the windows that close in this call. proj [T, 2C] holds each token's [kv | gate]
+  // (C = D, or 2D with overlap); `ring` [slots, R, 2C] holds the same rows of earlier tokens
+  // (read before this call's ring_write). gate + ape[i] is softmax-ed over the window's slots per
+  // channel. Returns the pooled, not yet normalised entries [E, D].
+  virtual Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                               const BatchLayout& layout, const EntryBatch& entries,
+                               const CompressSpec& spec) = 0;
+  // cache [rows, C]: cache[dest[i]] = rows[i].
+  virtual void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) = 0;
+  // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di].
+  // score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) * score_scale over the
+  // visible entries j < (pos_t + 1) / ratio. Returns [T, top_k] i32: the indices of the top
+  // min(top_k, visible) scores (ties: lower index first), then -1.
+  virtual Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                              const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                              float weight_scale) = 0;
+  // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
+  // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
+  // compressed entries (undefined for sliding layers); topk [T, K] i32 the chosen entries of a
+  // sparse layer (-1 = none). For query t at position p of sequence b the keys are the positions
+  // (p - W, p] plus the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse);
+  // softmax(q.k * scale ++ sinks[h]) without the sink column, times the keys. -> [T, nh, D].
+  virtual Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                           const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                           const BatchLayout& layout, const AttentionSpec& spec) = 0;
+};
+
+// The CPU reference backend. `num_threads` = 0 picks the hardware concurrency.
+std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
+
+}  // namespace deepinfer

@@ -1,0 +1,98 @@
+#include "backend/cpu_backend.h"
+
+#include <cstring>
+#include <utility>
+
+#include "backend/cpu_checks.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+namespace {
+
+bool convertible(DType from, DType to) {
+  if (from == to) return true;
+  if (is_floating(from) && is_floating(to)) return true;
+  return (from == DType::kI64 && to == DType::kI32) || (from == DType::kI32 && to == DType::kI64);
+}
+
+// A fresh contiguous host tensor holding `host` converted to `dtype`. Runs on the calling thread:
+// the caller owns `host` and its contents are valid now.
+Tensor convert_copy(const char* op, const Tensor& host, DType dtype) {
+  if (!host.defined()) cpu::fail(op, "argument host must be a defined tensor");
+  if (host.device().kind != DeviceKind::kCpu) {
+    cpu::fail(op, "argument host must be in host memory, got " + host.describe());
+  }
+  if (!convertible(host.dtype(), dtype)) {
+    throw Error(ErrorCode::kUnsupported, std::string(op) + ": cannot convert " + host.describe() +
+                                             " to " + dtype_name(dtype));
+  }
+  const Tensor src = host.contiguous();
+  Tensor out = Tensor::zeros(host.shape(), dtype);
+  try {
+    convert_elements(src.raw_data(), src.dtype(), out.raw_data(), dtype,
+                     static_cast<size_t>(src.numel()));
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string(op) + ": converting " + host.describe() + " to " +
+                              dtype_name(dtype) + ": " + e.what());
+  }
+  return out;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+std::string CpuBackend::name() const {
+  return "cpu (" + std::to_string(pool_.num_threads()) + " threads)";
+}
+
+void CpuBackend::enqueue(std::function<void(ThreadPool&)> task) {
+  stream_.enqueue([this, t = std::move(task)] { t(pool_); });
+}
+
+Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
+  return Tensor::zeros(shape, dtype);
+}
+
+Tensor CpuBackend::zeros(const Shape& shape, DType dtype) {
+  return Tensor::zeros(shape, dtype);
+}
+
+Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
+  return convert_copy("upload", host, dtype);
+}
+
+Tensor CpuBackend::upload_weight(const Tensor& host, DType dtype) {
+  // Host memory is device memory here: a weight already in the right form is used in place, so
+  // an mmap-ed checkpoint is not copied.
+  if (host.defined() && host.device().kind == DeviceKind::kCpu && host.dtype() == dtype &&
+      host.is_contiguous()) {
+    return host;
+  }
+  return convert_copy("upload_weight", host, dtype);
+}
+
+Tensor CpuBackend::to_host(const Tensor& device) {
+  cpu::check_host("to_host", "device", device);
+  synchronize();
+  if (!device.is_contiguous()) return device.contiguous();
+  // Always a copy: the caller may keep it while later ops overwrite the device tensor.
+  Tensor out = Tensor::zeros(device.shape(), device.dtype());
+  if (out.nbytes() > 0) std::memcpy(out.raw_data(), device.raw_data(), out.nbytes());
+  return out;
+}
+
+std::unique_ptr<Event> CpuBackend::record_event() {
+  return stream_.record_event();
+}
+
+void CpuBackend::synchronize() {
+  stream_.synchronize();
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace deepinfer

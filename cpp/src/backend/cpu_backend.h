@@ -1,0 +1,90 @@
+// The CPU reference backend: every Backend op in fp32 on host memory, executed in order on one
+// worker thread (CpuStream) that splits heavy loops over a ThreadPool.
+//
+// Each op checks its arguments' metadata and allocates its outputs on the calling thread, then
+// enqueues the computation. It never reads tensor contents on the calling thread: work enqueued
+// earlier may not have produced them yet. Content errors (an id out of range, a bad block table)
+// are raised on the worker and surface at the next synchronize() / Event::wait().
+//
+// The op implementations are split by family: cpu_backend.cpp (memory, sync), cpu_ops_dense.cpp,
+// cpu_ops_hc.cpp, cpu_ops_moe.cpp, cpu_ops_cache.cpp and cpu_ops_attention.cpp.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "backend/cpu_stream.h"
+#include "common/thread_pool.h"
+#include "deepinfer/backend.h"
+
+namespace deepinfer {
+
+class CpuBackend final : public Backend {
+ public:
+  // `num_threads` compute threads (the stream worker plus num_threads - 1 pool workers); 0 picks
+  // the hardware concurrency.
+  explicit CpuBackend(int num_threads);
+  // Drains the stream before the pool goes away (member order).
+  ~CpuBackend() override = default;
+
+  DeviceKind device_kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override;
+
+  Tensor empty(const Shape& shape, DType dtype) override;
+  Tensor zeros(const Shape& shape, DType dtype) override;
+  Tensor upload(const Tensor& host, DType dtype) override;
+  Tensor upload_weight(const Tensor& host, DType dtype) override;
+  Tensor to_host(const Tensor& device) override;
+  std::unique_ptr<Event> record_event() override;
+  void synchronize() override;
+
+  Tensor embedding(const Tensor& table, const Tensor& ids) override;
+  Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) override;
+  Tensor linear(const Tensor& x, const Tensor& w) override;
+  Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups) override;
+  Tensor scale(const Tensor& x, float factor) override;
+  Tensor add(const Tensor& a, const Tensor& b) override;
+  Tensor gather_rows(const Tensor& x, const Tensor& rows) override;
+  Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+              bool inverse) override;
+  Tensor argmax(const Tensor& x) override;
+
+  Tensor hc_expand(const Tensor& x, int hc_mult) override;
+  HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+               const HcParams& params) override;
+  Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
+                 const Tensor& comb) override;
+  Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                 const HcParams& params) override;
+
+  Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                    const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                    float routed_scale) override;
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                     float swiglu_limit) override;
+  Tensor swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
+
+  void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
+  Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                       const BatchLayout& layout, const EntryBatch& entries,
+                       const CompressSpec& spec) override;
+  void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
+  Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                      const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                      float weight_scale) override;
+  Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
+                   const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
+                   const AttentionSpec& spec) override;
+
+ private:
+  // Enqueues `task(pool)` on the stream. Tasks capture their tensors by value, which keeps the
+  // storage alive until the task has run.
+  void enqueue(std::function<void(ThreadPool&)> task);
+
+  // Declared before stream_ so it is destroyed after the stream's worker has drained and joined.
+  ThreadPool pool_;
+  CpuStream stream_;
+};
+
+}  // namespace deepinfer

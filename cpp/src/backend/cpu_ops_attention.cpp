@@ -1,0 +1,216 @@
+// Attention ops of the CPU backend: the lightning indexer's top-k (model description A.8) and the
+// sliding + compressed attention with sinks (A.5-A.8), over the paged layout of D.2.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "backend/cpu_checks.h"
+#include "backend/cpu_math.h"
+
+namespace deepinfer {
+
+using cpu::check_layout;
+using cpu::check_tensor;
+using cpu::fail;
+using cpu::LayoutView;
+
+namespace {
+
+// Sequence index of every row, from seq_q_start.
+std::vector<int> seq_of_rows(const LayoutView& lv) {
+  std::vector<int> seq(static_cast<size_t>(lv.num_tokens));
+  for (int b = 0; b < lv.num_seqs; ++b) {
+    for (int t = lv.q_start[b]; t < lv.q_start[b + 1]; ++t) seq[static_cast<size_t>(t)] = b;
+  }
+  return seq;
+}
+
+void check_ratio(const char* op, int ratio, const BatchLayout& layout) {
+  if (ratio < 1 || layout.block_size % ratio != 0) {
+    fail(op, "compression ratio " + std::to_string(ratio) + " must be >= 1 and divide block_size " +
+                 std::to_string(layout.block_size));
+  }
+}
+
+}  // namespace
+
+Tensor CpuBackend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                                const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                                float weight_scale) {
+  const char* op = "indexer_topk";
+  check_layout(op, layout, true);
+  check_ratio(op, ratio, layout);
+  if (top_k < 0) fail(op, "top_k must be >= 0, got " + std::to_string(top_k));
+  check_tensor(op, "q", q, DType::kF32, {layout.num_tokens, -1, -1});
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  check_tensor(op, "weights", weights, DType::kF32, {layout.num_tokens, heads});
+  check_tensor(op, "index_cache", index_cache, DType::kF32, {-1, dim});
+  const int64_t tokens = layout.num_tokens;
+  const int64_t k = top_k;
+  Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
+  enqueue([=](ThreadPool& pool) {
+    const LayoutView lv(op, layout, -1);
+    const std::vector<int> seq = seq_of_rows(lv);
+    const int epb = lv.block_size / ratio;
+    const int64_t cache_rows = index_cache.size(0);
+    const float* cache = index_cache.data<float>();
+    // Tokens in parallel; with a single token the scoring loop below takes the pool instead
+    // (a nested parallel_for runs inline).
+    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
+      std::vector<float> score;
+      std::vector<int32_t> order;
+      for (int64_t t = begin; t < end; ++t) {
+        const int b = seq[static_cast<size_t>(t)];
+        const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
+        const float* qt = q.data<float>() + t * heads * dim;
+        const float* wt = weights.data<float>() + t * heads;
+        score.assign(static_cast<size_t>(visible), 0.0f);
+        pool.parallel_for(
+            visible,
+            [&](int64_t j0, int64_t j1) {
+              for (int64_t j = j0; j < j1; ++j) {
+                const float* key = cache + lv.entry_row(op, b, j, epb, cache_rows) * dim;
+                float s = 0.0f;
+                for (int64_t h = 0; h < heads; ++h) {
+                  // relu(q.k) * score_scale, then times weight * weight_scale, summed over heads
+                  // in order: DeepseekV4IndexerScorer's order.
+                  const float d = std::fmax(cpu::dot(qt + h * dim, key, dim), 0.0f) * score_scale;
+                  s += (wt[h] * weight_scale) * d;
+                }
+                // A NaN would break the ordering below; it ranks last instead.
+                score[static_cast<size_t>(j)] =
+                    std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
+              }
+            },
+            cpu::grain_for(heads * dim * 2));
+        const int64_t chosen = std::min(k, visible);
+        order.resize(static_cast<size_t>(visible));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + chosen, order.end(),
+                          [&](int32_t l, int32_t r) {
+                            const float sl = score[static_cast<size_t>(l)];
+                            const float sr = score[static_cast<size_t>(r)];
+                            return sl > sr || (sl == sr && l < r);
+                          });
+        int32_t* dst = out.data<int32_t>() + t * k;
+        std::copy(order.begin(), order.begin() + chosen, dst);
+        std::fill(dst + chosen, dst + k, -1);
+      }
+    });
+  });
+  return out;
+}
+
+Tensor CpuBackend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                             const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                             const BatchLayout& layout, const AttentionSpec& spec) {
+  const char* op = "attention";
+  const bool compressed = spec.ratio > 0;
+  check_layout(op, layout, compressed);
+  if (spec.window < 1) fail(op, "spec.window must be >= 1, got " + std::to_string(spec.window));
+  const int64_t tokens = layout.num_tokens;
+  check_tensor(op, "q", q, DType::kF32, {tokens, -1, -1});
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  check_tensor(op, "kv", kv, DType::kF32, {tokens, dim});
+  check_tensor(op, "swa_ring", swa_ring, DType::kF32, {-1, -1, dim});
+  check_tensor(op, "sinks", sinks, DType::kF32, {heads});
+  const bool sparse = compressed && spec.sparse;
+  if (compressed) {
+    check_ratio(op, spec.ratio, layout);
+    check_tensor(op, "entries", entries, DType::kF32, {-1, dim});
+    if (sparse) check_tensor(op, "topk", topk, DType::kI32, {tokens, -1});
+  }
+  const int64_t slots = swa_ring.size(0);
+  const int64_t ring_len = swa_ring.size(1);
+  Tensor out = Tensor::zeros({tokens, heads, dim}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const LayoutView lv(op, layout, slots);
+    const std::vector<int> seq = seq_of_rows(lv);
+    const int64_t window = spec.window;
+    const int epb = compressed ? lv.block_size / spec.ratio : 0;
+    const int64_t entry_rows = compressed ? entries.size(0) : 0;
+    const int64_t topk_cols = sparse ? topk.size(1) : 0;
+    const float* kv_p = kv.data<float>();
+    const float* ring_p = swa_ring.data<float>();
+    const float* sink = sinks.data<float>();
+    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
+      std::vector<const float*> keys;
+      for (int64_t t = begin; t < end; ++t) {
+        const int b = seq[static_cast<size_t>(t)];
+        const int64_t p = lv.positions[t];
+        const int64_t ctx = lv.ctx_len[b];
+        // Sliding keys (p - W, p]: this call's rows, or the ring for earlier tokens.
+        keys.clear();
+        for (int64_t j = std::max<int64_t>(0, p - window + 1); j <= p; ++j) {
+          if (j >= ctx) {
+            keys.push_back(kv_p + (lv.q_start[b] + j - ctx) * dim);
+          } else {
+            if (j < ctx - ring_len) {
+              throw Error(ErrorCode::kInternal,
+                          std::string(op) + ": key position " + std::to_string(j) +
+                              " of sequence " + std::to_string(b) +
+                              " is no longer in the SWA ring (context " + std::to_string(ctx) +
+                              ", ring of " + std::to_string(ring_len) + ")");
+            }
+            keys.push_back(ring_p + (lv.slot[b] * ring_len + j % ring_len) * dim);
+          }
+        }
+        if (compressed) {
+          const int64_t visible = (p + 1) / spec.ratio;
+          const float* ent = entries.data<float>();
+          if (!sparse) {
+            for (int64_t j = 0; j < visible; ++j) {
+              keys.push_back(ent + lv.entry_row(op, b, j, epb, entry_rows) * dim);
+            }
+          } else {
+            const int32_t* sel = topk.data<int32_t>() + t * topk_cols;
+            for (int64_t i = 0; i < topk_cols; ++i) {
+              if (sel[i] < 0) continue;  // -1: no entry
+              if (sel[i] >= visible) {
+                fail(op, "topk[" + std::to_string(t) + "][" + std::to_string(i) +
+                             "] = " + std::to_string(sel[i]) + " is not visible at position " +
+                             std::to_string(p) + " (" + std::to_string(visible) + " entries)");
+              }
+              keys.push_back(ent + lv.entry_row(op, b, sel[i], epb, entry_rows) * dim);
+            }
+          }
+        }
+        // Heads in parallel when tokens are not (a nested parallel_for runs inline).
+        pool.parallel_for(
+            heads,
+            [&](int64_t h0, int64_t h1) {
+              std::vector<float> logit(keys.size());
+              for (int64_t h = h0; h < h1; ++h) {
+                const float* qh = q.data<float>() + (t * heads + h) * dim;
+                float mx = sink[h];
+                for (size_t j = 0; j < keys.size(); ++j) {
+                  logit[j] = cpu::dot(qh, keys[j], dim) * spec.scale;
+                  mx = std::fmax(mx, logit[j]);
+                }
+                // The sink only adds to the denominator.
+                float den = std::exp(sink[h] - mx);
+                for (size_t j = 0; j < keys.size(); ++j) {
+                  logit[j] = std::exp(logit[j] - mx);
+                  den += logit[j];
+                }
+                float* o = out.data<float>() + (t * heads + h) * dim;
+                for (size_t j = 0; j < keys.size(); ++j) {
+                  const float pj = logit[j] / den;
+                  const float* key = keys[j];
+                  for (int64_t d = 0; d < dim; ++d) o[d] += pj * key[d];
+                }
+              }
+            },
+            cpu::grain_for(static_cast<int64_t>(keys.size()) * dim * 4));
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace deepinfer

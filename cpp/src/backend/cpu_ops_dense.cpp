@@ -1,0 +1,264 @@
+// Dense ops of the CPU backend: embedding, norms, linear layers, elementwise ops, RoPE, argmax.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu_backend.h"
+#include "backend/cpu_checks.h"
+#include "backend/cpu_gemm.h"
+#include "backend/cpu_math.h"
+
+namespace deepinfer {
+
+using cpu::check_rank;
+using cpu::check_tensor;
+using cpu::fail;
+using cpu::grain_for;
+
+Tensor CpuBackend::embedding(const Tensor& table, const Tensor& ids) {
+  check_tensor("embedding", "table", table, DType::kF32, {-1, -1});
+  check_tensor("embedding", "ids", ids, DType::kI32, {-1});
+  const int64_t vocab = table.size(0);
+  const int64_t hidden = table.size(1);
+  const int64_t tokens = ids.size(0);
+  Tensor out = Tensor::zeros({tokens, hidden}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const int32_t* id = ids.data<int32_t>();
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (id[t] < 0 || id[t] >= vocab) {
+        fail("embedding", "ids[" + std::to_string(t) + "] = " + std::to_string(id[t]) +
+                              " is outside the table's rows [0, " + std::to_string(vocab) + ")");
+      }
+    }
+    const float* src = table.data<float>();
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            std::memcpy(dst + t * hidden, src + id[t] * hidden,
+                        static_cast<size_t>(hidden) * sizeof(float));
+          }
+        },
+        grain_for(hidden));
+  });
+  return out;
+}
+
+Tensor CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
+  check_rank("rms_norm", "x", x, DType::kF32, 1, 8);
+  const int64_t dim = x.size(-1);
+  if (weight.defined()) check_tensor("rms_norm", "weight", weight, DType::kF32, {dim});
+  const int64_t rows = dim > 0 ? x.numel() / dim : 0;
+  Tensor out = Tensor::zeros(x.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* src = x.data<float>();
+    const float* w = weight.defined() ? weight.data<float>() : nullptr;
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        rows,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const float* xr = src + r * dim;
+            float* yr = dst + r * dim;
+            const float inv = 1.0f / std::sqrt(static_cast<float>(cpu::mean_square(xr, dim)) + eps);
+            if (w != nullptr) {
+              for (int64_t i = 0; i < dim; ++i) yr[i] = (xr[i] * inv) * w[i];
+            } else {
+              for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv;
+            }
+          }
+        },
+        grain_for(dim * 3));
+  });
+  return out;
+}
+
+Tensor CpuBackend::linear(const Tensor& x, const Tensor& w) {
+  check_tensor("linear", "x", x, DType::kF32, {-1, -1});
+  check_tensor("linear", "w", w, DType::kF32, {-1, x.size(1)});
+  const int64_t m = x.size(0);
+  const int64_t k = x.size(1);
+  const int64_t n = w.size(0);
+  Tensor out = Tensor::zeros({m, n}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    cpu::gemm_nt(x.data<float>(), k, w.data<float>(), k, out.data<float>(), n, m, n, k, pool);
+  });
+  return out;
+}
+
+Tensor CpuBackend::grouped_linear(const Tensor& x, const Tensor& w, int groups) {
+  check_tensor("grouped_linear", "x", x, DType::kF32, {-1, -1});
+  check_tensor("grouped_linear", "w", w, DType::kF32, {-1, -1});
+  if (groups <= 0 || x.size(1) % groups != 0 || w.size(0) % groups != 0 ||
+      x.size(1) / groups != w.size(1)) {
+    fail("grouped_linear", "x " + x.describe() + " and w " + w.describe() + " do not split into " +
+                               std::to_string(groups) +
+                               " groups (expected x [M, G*K] and w [G*N, K])");
+  }
+  const int64_t m = x.size(0);
+  const int64_t k = w.size(1);
+  const int64_t n = w.size(0) / groups;
+  const int64_t g_count = groups;
+  Tensor out = Tensor::zeros({m, g_count * n}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    for (int64_t g = 0; g < g_count; ++g) {
+      cpu::gemm_nt(x.data<float>() + g * k, g_count * k, w.data<float>() + g * n * k, k,
+                   out.data<float>() + g * n, g_count * n, m, n, k, pool);
+    }
+  });
+  return out;
+}
+
+Tensor CpuBackend::scale(const Tensor& x, float factor) {
+  check_rank("scale", "x", x, DType::kF32, 0, 8);
+  Tensor out = Tensor::zeros(x.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* src = x.data<float>();
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        x.numel(),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) dst[i] = src[i] * factor;
+        },
+        grain_for(1));
+  });
+  return out;
+}
+
+Tensor CpuBackend::add(const Tensor& a, const Tensor& b) {
+  check_rank("add", "a", a, DType::kF32, 0, 8);
+  check_tensor("add", "b", b, DType::kF32, a.shape());
+  Tensor out = Tensor::zeros(a.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        a.numel(),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) dst[i] = pa[i] + pb[i];
+        },
+        grain_for(1));
+  });
+  return out;
+}
+
+Tensor CpuBackend::gather_rows(const Tensor& x, const Tensor& rows) {
+  cpu::check_dense("gather_rows", "x", x);
+  if (x.dim() < 1) {
+    fail("gather_rows", "argument x must have at least one dimension, got " + x.describe());
+  }
+  check_tensor("gather_rows", "rows", rows, DType::kI32, {-1});
+  Shape shape = x.shape();
+  const int64_t src_rows = shape[0];
+  shape[0] = rows.size(0);
+  size_t row_bytes = dtype_size(x.dtype());
+  for (size_t d = 1; d < shape.size(); ++d) row_bytes *= static_cast<size_t>(shape[d]);
+  Tensor out = Tensor::zeros(shape, x.dtype());
+  enqueue([=](ThreadPool&) {
+    const int32_t* r = rows.data<int32_t>();
+    const char* src = static_cast<const char*>(x.raw_data());
+    char* dst = static_cast<char*>(out.raw_data());
+    for (int64_t i = 0; i < rows.size(0); ++i) {
+      if (r[i] < 0 || r[i] >= src_rows) {
+        fail("gather_rows", "rows[" + std::to_string(i) + "] = " + std::to_string(r[i]) +
+                                " is outside x's rows [0, " + std::to_string(src_rows) + ")");
+      }
+      std::memcpy(dst + static_cast<size_t>(i) * row_bytes,
+                  src + static_cast<size_t>(r[i]) * row_bytes, row_bytes);
+    }
+  });
+  return out;
+}
+
+Tensor CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                        bool inverse) {
+  check_rank("rope", "x", x, DType::kF32, 2, 3);
+  const int64_t tokens = x.size(0);
+  const int64_t heads = x.dim() == 3 ? x.size(1) : 1;
+  const int64_t dim = x.size(-1);
+  check_tensor("rope", "positions", positions, DType::kI32, {tokens});
+  check_tensor("rope", "inv_freq", inv_freq, DType::kF32, {-1});
+  const int64_t half = inv_freq.size(0);
+  if (2 * half > dim) {
+    fail("rope", "inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * half) +
+                     " channels, more than x's last dimension " + std::to_string(dim));
+  }
+  Tensor out = Tensor::zeros(x.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* src = x.data<float>();
+    const int32_t* pos = positions.data<int32_t>();
+    const float* freq = inv_freq.data<float>();
+    float* dst = out.data<float>();
+    std::memcpy(dst, src, out.nbytes());
+    const int64_t first = dim - 2 * half;  // the rotated channels trail the "nope" ones
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            const float p = static_cast<float>(pos[t]);
+            for (int64_t i = 0; i < half; ++i) {
+              const float angle = p * freq[i];
+              const float c = std::cos(angle);
+              const float s = inverse ? -std::sin(angle) : std::sin(angle);
+              for (int64_t h = 0; h < heads; ++h) {
+                float* v = dst + (t * heads + h) * dim + first + 2 * i;
+                const float a = v[0];
+                const float b = v[1];
+                v[0] = a * c - b * s;
+                v[1] = b * c + a * s;
+              }
+            }
+          }
+        },
+        grain_for(heads * 2 * half * 3));
+  });
+  return out;
+}
+
+Tensor CpuBackend::argmax(const Tensor& x) {
+  check_tensor("argmax", "x", x, DType::kF32, {-1, -1});
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  if (cols == 0) fail("argmax", "argument x has no columns: " + x.describe());
+  Tensor out = Tensor::zeros({rows}, DType::kI32);
+  enqueue([=](ThreadPool& pool) {
+    const float* src = x.data<float>();
+    int32_t* dst = out.data<int32_t>();
+    pool.parallel_for(
+        rows,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const float* row = src + r * cols;
+            int64_t best = 0;
+            // Strictly greater keeps the lowest index among equal maxima.
+            for (int64_t c = 1; c < cols; ++c) {
+              if (row[c] > row[best]) best = c;
+            }
+            dst[r] = static_cast<int32_t>(best);
+          }
+        },
+        grain_for(cols));
+  });
+  return out;
+}
+
+Tensor CpuBackend::swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) {
+  check_rank("swiglu", "gate", gate, DType::kF32, 0, 8);
+  check_tensor("swiglu", "up", up, DType::kF32, gate.shape());
+  Tensor out = Tensor::zeros(gate.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* g = gate.data<float>();
+    const float* u = up.data<float>();
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        gate.numel(),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) dst[i] = cpu::swiglu(g[i], u[i], swiglu_limit);
+        },
+        grain_for(8));
+  });
+  return out;
+}
+
+}  // namespace deepinfer

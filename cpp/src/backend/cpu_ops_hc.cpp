@@ -1,0 +1,239 @@
+// Hyper-connection (mHC) ops of the CPU backend: expand, pre (weights + collapse), post (mix),
+// head (final collapse). Model description A.3.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "backend/cpu_checks.h"
+#include "backend/cpu_gemm.h"
+#include "backend/cpu_math.h"
+
+namespace deepinfer {
+
+using cpu::check_tensor;
+using cpu::fail;
+using cpu::grain_for;
+
+namespace {
+
+// mix[T, rows_of_fn] = rmsnorm(flatten(X)) fn^T: the unweighted norm over all N*H channels of a
+// token, then the projection, both fp32.
+std::vector<float> hc_mix(const float* X, int64_t tokens, int64_t width, const float* fn,
+                          int64_t fn_rows, float norm_eps, ThreadPool& pool) {
+  std::vector<float> normed(static_cast<size_t>(tokens * width));
+  pool.parallel_for(
+      tokens,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const float* x = X + t * width;
+          const float r =
+              1.0f / std::sqrt(static_cast<float>(cpu::mean_square(x, width)) + norm_eps);
+          float* y = normed.data() + t * width;
+          for (int64_t i = 0; i < width; ++i) y[i] = x[i] * r;
+        }
+      },
+      grain_for(width * 3));
+  std::vector<float> mix(static_cast<size_t>(tokens * fn_rows));
+  cpu::gemm_nt(normed.data(), width, fn, width, mix.data(), fn_rows, tokens, fn_rows, width, pool);
+  return mix;
+}
+
+// y[h] = sum_s pre[s] * X[s][h] for one token.
+void hc_collapse(const float* X, const float* pre, int64_t streams, int64_t hidden, float* y) {
+  for (int64_t h = 0; h < hidden; ++h) y[h] = pre[0] * X[h];
+  for (int64_t s = 1; s < streams; ++s) {
+    const float* xs = X + s * hidden;
+    for (int64_t h = 0; h < hidden; ++h) y[h] += pre[s] * xs[h];
+  }
+}
+
+void check_hc_weights(const char* op, const Tensor& X, const Tensor& fn, const Tensor& base,
+                      const Tensor& scale, int64_t fn_rows, int64_t scales) {
+  const int64_t width = X.size(1) * X.size(2);
+  check_tensor(op, "fn", fn, DType::kF32, {fn_rows, width});
+  check_tensor(op, "base", base, DType::kF32, {fn_rows});
+  check_tensor(op, "scale", scale, DType::kF32, {scales});
+}
+
+}  // namespace
+
+Tensor CpuBackend::hc_expand(const Tensor& x, int hc_mult) {
+  check_tensor("hc_expand", "x", x, DType::kF32, {-1, -1});
+  if (hc_mult <= 0) fail("hc_expand", "hc_mult must be positive, got " + std::to_string(hc_mult));
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  const int64_t streams = hc_mult;
+  Tensor out = Tensor::zeros({tokens, streams, hidden}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* src = x.data<float>();
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            for (int64_t s = 0; s < streams; ++s) {
+              std::memcpy(dst + (t * streams + s) * hidden, src + t * hidden,
+                          static_cast<size_t>(hidden) * sizeof(float));
+            }
+          }
+        },
+        grain_for(streams * hidden));
+  });
+  return out;
+}
+
+HcMix CpuBackend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                         const HcParams& params) {
+  if (params.hc_mult <= 0) {
+    fail("hc_pre", "hc_mult must be positive, got " + std::to_string(params.hc_mult));
+  }
+  check_tensor("hc_pre", "X", X, DType::kF32, {-1, params.hc_mult, -1});
+  const int64_t tokens = X.size(0);
+  const int64_t n = params.hc_mult;
+  const int64_t hidden = X.size(2);
+  const int64_t fn_rows = (2 + n) * n;
+  check_hc_weights("hc_pre", X, fn, base, scale, fn_rows, 3);
+  if (params.sinkhorn_iters < 1) {
+    fail("hc_pre", "sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
+  }
+  HcMix result{Tensor::zeros({tokens, n}, DType::kF32), Tensor::zeros({tokens, n, n}, DType::kF32),
+               Tensor::zeros({tokens, hidden}, DType::kF32)};
+  Tensor post = result.post;
+  Tensor comb = result.comb;
+  Tensor y = result.y;
+  enqueue([=](ThreadPool& pool) {
+    const float* x = X.data<float>();
+    const std::vector<float> mix =
+        hc_mix(x, tokens, n * hidden, fn.data<float>(), fn_rows, params.norm_eps, pool);
+    const float* b = base.data<float>();
+    const float* sc = scale.data<float>();
+    const float eps = params.hc_eps;
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          std::vector<float> pre(static_cast<size_t>(n));
+          for (int64_t t = begin; t < end; ++t) {
+            const float* m = mix.data() + t * fn_rows;
+            float* po = post.data<float>() + t * n;
+            float* c = comb.data<float>() + t * n * n;
+            for (int64_t s = 0; s < n; ++s) {
+              pre[static_cast<size_t>(s)] = cpu::sigmoid(m[s] * sc[0] + b[s]) + eps;
+              po[s] = 2.0f * cpu::sigmoid(m[n + s] * sc[1] + b[n + s]);
+            }
+            // comb rows: softmax over j, plus hc_eps.
+            for (int64_t i = 0; i < n; ++i) {
+              float* row = c + i * n;
+              for (int64_t j = 0; j < n; ++j) {
+                row[j] = m[2 * n + i * n + j] * sc[2] + b[2 * n + i * n + j];
+              }
+              float mx = row[0];
+              for (int64_t j = 1; j < n; ++j) mx = std::fmax(mx, row[j]);
+              float sum = 0.0f;
+              for (int64_t j = 0; j < n; ++j) {
+                row[j] = std::exp(row[j] - mx);
+                sum += row[j];
+              }
+              for (int64_t j = 0; j < n; ++j) row[j] = row[j] / sum + eps;
+            }
+            // Sinkhorn: columns once, then (rows, columns) sinkhorn_iters - 1 times.
+            auto normalise_columns = [&] {
+              for (int64_t j = 0; j < n; ++j) {
+                float sum = 0.0f;
+                for (int64_t i = 0; i < n; ++i) sum += c[i * n + j];
+                for (int64_t i = 0; i < n; ++i) c[i * n + j] /= sum + eps;
+              }
+            };
+            normalise_columns();
+            for (int it = 1; it < params.sinkhorn_iters; ++it) {
+              for (int64_t i = 0; i < n; ++i) {
+                float sum = 0.0f;
+                for (int64_t j = 0; j < n; ++j) sum += c[i * n + j];
+                for (int64_t j = 0; j < n; ++j) c[i * n + j] /= sum + eps;
+              }
+              normalise_columns();
+            }
+            hc_collapse(x + t * n * hidden, pre.data(), n, hidden, y.data<float>() + t * hidden);
+          }
+        },
+        grain_for(n * hidden + 4 * n * n * params.sinkhorn_iters));
+  });
+  return result;
+}
+
+Tensor CpuBackend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
+                           const Tensor& comb) {
+  check_tensor("hc_post", "X", X, DType::kF32, {-1, -1, -1});
+  const int64_t tokens = X.size(0);
+  const int64_t n = X.size(1);
+  const int64_t hidden = X.size(2);
+  check_tensor("hc_post", "out", out, DType::kF32, {tokens, hidden});
+  check_tensor("hc_post", "post", post, DType::kF32, {tokens, n});
+  check_tensor("hc_post", "comb", comb, DType::kF32, {tokens, n, n});
+  Tensor result = Tensor::zeros(X.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* x = X.data<float>();
+    const float* o = out.data<float>();
+    const float* po = post.data<float>();
+    const float* cb = comb.data<float>();
+    float* dst = result.data<float>();
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            const float* xt = x + t * n * hidden;
+            const float* ot = o + t * hidden;
+            const float* c = cb + t * n * n;
+            for (int64_t j = 0; j < n; ++j) {
+              // Output stream j gathers input stream i through comb[i][j] (comb transposed).
+              float* yj = dst + (t * n + j) * hidden;
+              const float pj = po[t * n + j];
+              for (int64_t h = 0; h < hidden; ++h) yj[h] = pj * ot[h];
+              for (int64_t i = 0; i < n; ++i) {
+                const float cij = c[i * n + j];
+                const float* xi = xt + i * hidden;
+                for (int64_t h = 0; h < hidden; ++h) yj[h] += cij * xi[h];
+              }
+            }
+          }
+        },
+        grain_for(n * (n + 1) * hidden));
+  });
+  return result;
+}
+
+Tensor CpuBackend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base,
+                           const Tensor& scale, const HcParams& params) {
+  if (params.hc_mult <= 0) {
+    fail("hc_head", "hc_mult must be positive, got " + std::to_string(params.hc_mult));
+  }
+  check_tensor("hc_head", "X", X, DType::kF32, {-1, params.hc_mult, -1});
+  const int64_t tokens = X.size(0);
+  const int64_t n = params.hc_mult;
+  const int64_t hidden = X.size(2);
+  check_hc_weights("hc_head", X, fn, base, scale, n, 1);
+  Tensor y = Tensor::zeros({tokens, hidden}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const float* x = X.data<float>();
+    const std::vector<float> mix =
+        hc_mix(x, tokens, n * hidden, fn.data<float>(), n, params.norm_eps, pool);
+    const float* b = base.data<float>();
+    const float sc = scale.data<float>()[0];
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          std::vector<float> pre(static_cast<size_t>(n));
+          for (int64_t t = begin; t < end; ++t) {
+            for (int64_t s = 0; s < n; ++s) {
+              pre[static_cast<size_t>(s)] =
+                  cpu::sigmoid(mix[static_cast<size_t>(t * n + s)] * sc + b[s]) + params.hc_eps;
+            }
+            hc_collapse(x + t * n * hidden, pre.data(), n, hidden, y.data<float>() + t * hidden);
+          }
+        },
+        grain_for(n * hidden));
+  });
+  return y;
+}
+
+}  // namespace deepinfer
