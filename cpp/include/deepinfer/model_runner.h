@@ -1,0 +1,54 @@
+// ModelRunner: a loaded DeepSeek-V4 checkpoint, its KV caches and one backend; runs forward calls
+// over a varlen batch of sequence chunks (one-shot prefill, chunked prefill and decode mix freely).
+//
+// The caller owns cache placement: each sequence names its state slot and its block table (the
+// engine's BlockPool/StatePool decide them; tests pick them by hand). Thread-safety: a ModelRunner
+// is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/config.h"
+#include "deepinfer/tensor.h"
+
+namespace deepinfer {
+
+struct RunnerOptions {
+  int num_blocks = 64;      // paged KV blocks of kBlockSize tokens
+  int num_state_slots = 8;  // sequences that can hold state at once
+  int max_backtrack = 6;    // ring slack for speculative rollback
+  int num_threads = 0;      // CPU backend worker threads (0 = hardware concurrency)
+};
+
+// The tokens of one sequence processed by a forward call: positions start_pos ..
+// start_pos + tokens.size() - 1. Everything before start_pos must already be in the caches of
+// `slot` / `block_table` (written by earlier calls for the same sequence).
+struct SequenceChunk {
+  int32_t slot = 0;
+  int64_t start_pos = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> block_table;  // physical block of each logical 128-token block
+};
+
+enum class LogitsMode { kAll, kLast };
+
+class ModelRunner {
+ public:
+  // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches.
+  static std::unique_ptr<ModelRunner> load(const std::string& checkpoint_dir,
+                                           const RunnerOptions& options = {});
+  virtual ~ModelRunner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const RunnerOptions& options() const = 0;
+  virtual Backend& backend() = 0;
+  // Logits (host, f32): [total tokens, vocab] for kAll, [num sequences, vocab] for kLast.
+  // Throws Error(kInvalidArgument) naming the sequence and field for a malformed batch.
+  virtual Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) = 0;
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,50 @@
+#include "model/cache_tensors.h"
+
+#include "deepinfer/error.h"
+#include "kv/cache_geometry.h"
+
+namespace deepinfer {
+
+ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend)
+    : shape_(shape) {
+  if (shape.num_blocks < 1 || shape.num_state_slots < 1 || shape.block_size < 1 ||
+      shape.max_backtrack < 1) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "cache shape needs num_blocks, num_state_slots, block_size and max_backtrack >= 1 "
+        "(got " +
+            std::to_string(shape.num_blocks) + ", " + std::to_string(shape.num_state_slots) + ", " +
+            std::to_string(shape.block_size) + ", " + std::to_string(shape.max_backtrack) + ")");
+  }
+  const int64_t slots = shape.num_state_slots;
+  const int64_t d = config.head_dim;
+  const int64_t di = config.index_head_dim;
+  const int64_t f32 = 4;
+  for (int li = 0; li < config.num_hidden_layers; ++li) {
+    LayerCaches c;
+    const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
+    c.swa_ring = backend.zeros({slots, swa_len, d}, DType::kF32);
+    bytes_per_slot_ += swa_len * d * f32;
+    const AttentionKind kind = config.layer_types[static_cast<size_t>(li)];
+    if (kind != AttentionKind::kSliding) {
+      const int ratio = config.compress_rate(li);
+      const bool csa = kind == AttentionKind::kCompressedSparse;
+      const int64_t epb = kv::entries_per_block(ratio, shape.block_size);
+      const int64_t ring_len = kv::compressor_ring_len(ratio, csa, shape.max_backtrack);
+      const int64_t row = 2 * (csa ? 2 * d : d);
+      c.comp_ring = backend.zeros({slots, ring_len, row}, DType::kF32);
+      c.comp_entries = backend.zeros({shape.num_blocks * epb, d}, DType::kF32);
+      bytes_per_slot_ += ring_len * row * f32;
+      bytes_per_block_ += epb * d * f32;
+      if (csa) {
+        c.index_ring = backend.zeros({slots, ring_len, 4 * di}, DType::kF32);
+        c.index_entries = backend.zeros({shape.num_blocks * epb, di}, DType::kF32);
+        bytes_per_slot_ += ring_len * 4 * di * f32;
+        bytes_per_block_ += epb * di * f32;
+      }
+    }
+    layers_.push_back(std::move(c));
+  }
+}
+
+}  // namespace deepinfer

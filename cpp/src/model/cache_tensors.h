@@ -1,0 +1,48 @@
+// The device tensors behind the KV and state caches of every layer (model.md D.2):
+//  - per state slot: the sliding-window ring of post-RoPE K=V vectors, and for compressed layers
+//    the ring of per-token [kv | gate] projections the compressor pools from;
+//  - per paged block: the compressed entries (and CSA index keys) of every compressed layer.
+// Which slot and which blocks a sequence uses is decided by the caller (engine or test).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/config.h"
+
+namespace deepinfer {
+
+struct CacheShape {
+  int num_blocks = 0;
+  int num_state_slots = 0;
+  int block_size = 128;
+  int max_backtrack = 6;
+};
+
+struct LayerCaches {
+  Tensor swa_ring;       // [slots, W + backtrack, D]
+  Tensor comp_ring;      // [slots, Rc, 2C]   (compressed layers)
+  Tensor comp_entries;   // [blocks * 128/m, D]
+  Tensor index_ring;     // [slots, Rc, 4 Di] (CSA layers)
+  Tensor index_entries;  // [blocks * 128/m, Di]
+};
+
+class ModelCaches {
+ public:
+  ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend);
+
+  const CacheShape& shape() const { return shape_; }
+  LayerCaches& layer(int index) { return layers_.at(static_cast<size_t>(index)); }
+  // Bytes one paged block and one state slot take across all layers (for capacity planning).
+  int64_t bytes_per_block() const { return bytes_per_block_; }
+  int64_t bytes_per_state_slot() const { return bytes_per_slot_; }
+
+ private:
+  CacheShape shape_;
+  std::vector<LayerCaches> layers_;
+  int64_t bytes_per_block_ = 0;
+  int64_t bytes_per_slot_ = 0;
+};
+
+}  // namespace deepinfer

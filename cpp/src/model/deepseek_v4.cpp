@@ -1,0 +1,128 @@
+#include "model/deepseek_v4.h"
+
+#include <cmath>
+
+namespace deepinfer {
+
+DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, ModelWeights weights, Backend& backend)
+    : config_(config), weights_(std::move(weights)), backend_(backend) {
+  hc_params_.hc_mult = config.hc_mult;
+  hc_params_.sinkhorn_iters = config.hc_sinkhorn_iters;
+  hc_params_.hc_eps = static_cast<float>(config.hc_eps);
+  hc_params_.norm_eps = static_cast<float>(config.rms_norm_eps);
+}
+
+Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, LogitsMode mode) {
+  Backend& be = backend_;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const BatchLayout& layout = plan.layout;
+
+  // The residual trunk is hc_mult parallel streams, mixed in and out of every sub-layer (mHC).
+  Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
+  for (int li = 0; li < config_.num_hidden_layers; ++li) {
+    const LayerWeights& lw = weights_.layers[static_cast<size_t>(li)];
+    HcMix mix = be.hc_pre(trunk, lw.hc_attn.fn, lw.hc_attn.base, lw.hc_attn.scale, hc_params_);
+    Tensor attn_out = attention(li, be.rms_norm(mix.y, lw.attn_norm, eps), plan, caches.layer(li));
+    trunk = be.hc_post(trunk, attn_out, mix.post, mix.comb);
+
+    mix = be.hc_pre(trunk, lw.hc_ffn.fn, lw.hc_ffn.base, lw.hc_ffn.scale, hc_params_);
+    Tensor ffn_out = moe(li, be.rms_norm(mix.y, lw.ffn_norm, eps), layout.token_ids);
+    trunk = be.hc_post(trunk, ffn_out, mix.post, mix.comb);
+  }
+  Tensor hidden = be.hc_head(trunk, weights_.hc_head.fn, weights_.hc_head.base,
+                             weights_.hc_head.scale, hc_params_);
+  if (mode == LogitsMode::kLast) hidden = be.gather_rows(hidden, plan.last_rows);
+  return be.linear(be.rms_norm(hidden, weights_.norm, eps), weights_.head);
+}
+
+Tensor DeepseekV4Model::attention(int layer, const Tensor& x, const BatchPlan& plan,
+                                  LayerCaches& caches) {
+  Backend& be = backend_;
+  const AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
+  const BatchLayout& layout = plan.layout;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int64_t t = layout.num_tokens;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t d = config_.head_dim;
+  const AttentionKind kind = config_.layer_types[static_cast<size_t>(layer)];
+  const int ratio = config_.compress_rate(layer);
+  // Sliding layers use the plain "main" rope; CSA/HCA layers use the "compress" rope everywhere.
+  const Tensor& inv_freq =
+      kind == AttentionKind::kSliding ? weights_.main_inv_freq : weights_.compress_inv_freq;
+
+  // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token.
+  Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
+  Tensor q = be.rms_norm(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps);
+  q = be.rope(q, layout.positions, inv_freq, /*inverse=*/false);
+  Tensor kv = be.rope(be.rms_norm(be.linear(x, w.wkv), w.kv_norm, eps), layout.positions, inv_freq,
+                      /*inverse=*/false);
+
+  Tensor topk;
+  if (w.has_compressor) {
+    const bool csa = kind == AttentionKind::kCompressedSparse;
+    compress(w.compressor, x, plan, ratio, csa, d, caches.comp_ring, caches.comp_entries);
+    if (w.has_indexer) {
+      const int64_t hi = config_.index_n_heads;
+      const int64_t di = config_.index_head_dim;
+      compress(w.indexer.compressor, x, plan, ratio, true, di, caches.index_ring,
+               caches.index_entries);
+      Tensor qi = be.rope(be.linear(qa, w.indexer.wq_b).reshape({t, hi, di}), layout.positions,
+                          weights_.compress_inv_freq, /*inverse=*/false);
+      Tensor index_weights = be.linear(x, w.indexer.weights_proj);
+      topk = be.indexer_topk(qi, index_weights, caches.index_entries, layout, ratio,
+                             config_.index_topk, 1.0f / std::sqrt(static_cast<float>(di)),
+                             1.0f / std::sqrt(static_cast<float>(hi)));
+    }
+  }
+
+  AttentionSpec spec;
+  spec.window = config_.sliding_window;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  spec.ratio = ratio;
+  spec.sparse = w.has_indexer;
+  Tensor out =
+      be.attention(q, kv, caches.swa_ring, w.has_compressor ? caches.comp_entries : Tensor(), topk,
+                   w.sinks, layout, spec);
+  // The ring is written after attention read the keys this chunk's queries need from it.
+  be.ring_write(caches.swa_ring, kv, layout);
+
+  // V carries RoPE (K == V), so the output's rope channels are rotated back at the query position.
+  out = be.rope(out, layout.positions, inv_freq, /*inverse=*/true);
+  Tensor grouped = be.grouped_linear(out.reshape({t, nh * d}), w.wo_a, config_.o_groups);
+  return be.linear(grouped, w.wo_b);
+}
+
+void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan,
+                               int ratio, bool overlap, int64_t head_dim, const Tensor& ring,
+                               const Tensor& entry_cache) {
+  Backend& be = backend_;
+  Tensor proj = be.linear(x, w.wkv_gate);  // [T, 2C] = [kv | gate] per token
+  const EntryBatch& entries = plan.entries.at(ratio);
+  if (entries.num_entries > 0) {
+    CompressSpec spec;
+    spec.ratio = ratio;
+    spec.overlap = overlap;
+    spec.head_dim = static_cast<int>(head_dim);
+    Tensor pooled = be.compress_pool(proj, ring, w.ape, plan.layout, entries, spec);
+    pooled = be.rms_norm(pooled, w.norm, static_cast<float>(config_.rms_norm_eps));
+    // An entry is rotated at its window's first position.
+    pooled = be.rope(pooled, entries.rope_pos, weights_.compress_inv_freq, /*inverse=*/false);
+    be.scatter_rows(entry_cache, pooled, entries.dest);
+  }
+  be.ring_write(ring, proj, plan.layout);
+}
+
+Tensor DeepseekV4Model::moe(int layer, const Tensor& x, const Tensor& token_ids) {
+  Backend& be = backend_;
+  const MoeWeights& w = weights_.layers[static_cast<size_t>(layer)].ffn;
+  const float limit = static_cast<float>(config_.swiglu_limit);
+  Routing routing =
+      be.moe_route(x, w.gate, w.bias, w.tid2eid, token_ids, config_.num_experts_per_tok,
+                   static_cast<float>(config_.routed_scaling_factor));
+  Tensor routed = be.moe_experts(x, routing, w.experts, limit);
+  Tensor shared = be.linear(be.swiglu(be.linear(x, w.shared_w1), be.linear(x, w.shared_w3), limit),
+                            w.shared_w2);
+  return be.add(routed, shared);
+}
+
+}  // namespace deepinfer

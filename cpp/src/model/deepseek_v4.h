@@ -1,0 +1,35 @@
+// The DeepSeek-V4 forward graph (model.md section A), written once against Backend ops.
+#pragma once
+
+#include "deepinfer/backend.h"
+#include "deepinfer/config.h"
+#include "deepinfer/model_runner.h"
+#include "model/batch_plan.h"
+#include "model/cache_tensors.h"
+#include "model/weights.h"
+
+namespace deepinfer {
+
+class DeepseekV4Model {
+ public:
+  DeepseekV4Model(const ModelConfig& config, ModelWeights weights, Backend& backend);
+
+  // Enqueues one forward call; returns the device logits ([T, V] or [B, V] for kLast). Reads and
+  // writes the caches of the plan's slots and blocks.
+  Tensor forward(const BatchPlan& plan, ModelCaches& caches, LogitsMode mode);
+
+ private:
+  Tensor attention(int layer, const Tensor& x, const BatchPlan& plan, LayerCaches& caches);
+  // Runs a compressor over this call's tokens: stores the windows that close as normalised,
+  // RoPE-d entries in `entry_cache` and the tokens' projections in `ring`.
+  void compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan, int ratio,
+                bool overlap, int64_t head_dim, const Tensor& ring, const Tensor& entry_cache);
+  Tensor moe(int layer, const Tensor& x, const Tensor& token_ids);
+
+  const ModelConfig& config_;
+  ModelWeights weights_;
+  Backend& backend_;
+  HcParams hc_params_;
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,203 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <string>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+namespace {
+
+class WeightLoader {
+ public:
+  WeightLoader(const Checkpoint& checkpoint, const ModelConfig& config, Backend& backend)
+      : ckpt_(checkpoint), config_(config), backend_(backend) {}
+
+  // A floating-point tensor of exactly `shape`, as f32 on the backend.
+  Tensor load(const std::string& name, const Shape& shape) {
+    return backend_.upload_weight(host(name, shape, /*integer=*/false), DType::kF32);
+  }
+
+  // Reads the host view and checks name, dtype family and shape.
+  Tensor host(const std::string& name, const Shape& shape, bool integer) {
+    if (!ckpt_.contains(name)) {
+      throw Error(ErrorCode::kNotFound, ckpt_.dir() + ": checkpoint has no tensor '" + name +
+                                            "' (expected shape " + shape_str(shape) +
+                                            ") required by config.json");
+    }
+    const SafetensorsEntry& e = ckpt_.entry(name);
+    const std::string& file = ckpt_.file_of(name).path();
+    if (ckpt_.contains(name + ".scale") || e.dtype_name == "F8_E4M3" || e.dtype_name == "I8") {
+      throw Error(ErrorCode::kUnsupported,
+                  file + ": tensor '" + name + "' is quantized (" + e.dtype_name +
+                      "); FP8/FP4 weights are not supported yet, use a bf16 or fp32 checkpoint");
+    }
+    bool ok_dtype =
+        e.dtype_supported &&
+        (integer ? (e.dtype == DType::kI64 || e.dtype == DType::kI32) : is_floating(e.dtype));
+    if (!ok_dtype) {
+      throw Error(ErrorCode::kUnsupported, file + ": tensor '" + name + "' has dtype " +
+                                               e.dtype_name + ", expected " +
+                                               (integer ? "I64 or I32" : "F32, BF16 or F16"));
+    }
+    if (e.shape != shape) {
+      throw Error(ErrorCode::kInvalidConfig, file + ": tensor '" + name + "' has shape " +
+                                                 shape_str(e.shape) + " but config.json implies " +
+                                                 shape_str(shape));
+    }
+    return ckpt_.tensor(name);
+  }
+
+  bool contains(const std::string& name) const { return ckpt_.contains(name); }
+  const std::string& file_of(const std::string& name) const { return ckpt_.file_of(name).path(); }
+
+  HcWeights hc(const std::string& prefix, int64_t rows) {
+    const int64_t nh = static_cast<int64_t>(config_.hc_mult) * config_.hidden_size;
+    bool head = rows == config_.hc_mult;
+    return HcWeights{load(prefix + "fn", {rows, nh}), load(prefix + "base", {rows}),
+                     load(prefix + "scale", {head ? 1 : 3})};
+  }
+
+  // kv and gate projections stacked into one [2C, H] f32 matrix.
+  CompressorWeights compressor(const std::string& prefix, int64_t d, int64_t ratio, bool overlap) {
+    const int64_t c = overlap ? 2 * d : d;
+    const int64_t h = config_.hidden_size;
+    Tensor kv = host(prefix + "wkv.weight", {c, h}, false).to(DType::kF32);
+    Tensor gate = host(prefix + "wgate.weight", {c, h}, false).to(DType::kF32);
+    Tensor stacked = Tensor::zeros({2 * c, h}, DType::kF32);
+    std::memcpy(stacked.raw_data(), kv.raw_data(), kv.nbytes());
+    std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(),
+                gate.nbytes());
+    return CompressorWeights{backend_.upload_weight(stacked, DType::kF32),
+                             load(prefix + "ape", {ratio, c}), load(prefix + "norm.weight", {d})};
+  }
+
+  Tensor tid2eid(const std::string& name) {
+    const int64_t k = config_.num_experts_per_tok;
+    Tensor t = host(name, {config_.vocab_size, k}, true).to(DType::kI64);
+    const int64_t* v = t.data<int64_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (v[i] < 0 || v[i] >= config_.n_routed_experts) {
+        throw Error(ErrorCode::kCorruptFile,
+                    file_of(name) + ": tensor '" + name + "' maps token " + std::to_string(i / k) +
+                        " to expert " + std::to_string(v[i]) + ", outside [0, n_routed_experts = " +
+                        std::to_string(config_.n_routed_experts) + ")");
+      }
+    }
+    return backend_.upload(t, DType::kI32);
+  }
+
+  ExpertWeights experts(const std::string& prefix) {
+    const int64_t e_count = config_.n_routed_experts;
+    const int64_t i_size = config_.moe_intermediate_size;
+    const int64_t h = config_.hidden_size;
+    ExpertWeights ex;
+    if (contains(prefix + "gate_up_proj")) {
+      // transformers' in-memory layout: gate_up_proj [E, 2I, H] (gate rows first), down [E, H, I].
+      Tensor gate_up = load(prefix + "gate_up_proj", {e_count, 2 * i_size, h});
+      Tensor down = load(prefix + "down_proj", {e_count, h, i_size});
+      for (int64_t e = 0; e < e_count; ++e) {
+        Tensor gu = gate_up.select(0, e);
+        ex.w1.push_back(gu.narrow(0, 0, i_size));
+        ex.w3.push_back(gu.narrow(0, i_size, i_size));
+        ex.w2.push_back(down.select(0, e));
+      }
+      return ex;
+    }
+    for (int64_t e = 0; e < e_count; ++e) {
+      std::string p = prefix + std::to_string(e) + ".";
+      ex.w1.push_back(load(p + "w1.weight", {i_size, h}));
+      ex.w3.push_back(load(p + "w3.weight", {i_size, h}));
+      ex.w2.push_back(load(p + "w2.weight", {h, i_size}));
+    }
+    return ex;
+  }
+
+  Tensor inv_freq(const RopeConfig& rope) {
+    std::vector<float> v = config_.rope_inv_freq(rope);
+    return backend_.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kF32);
+  }
+
+ private:
+  const Checkpoint& ckpt_;
+  const ModelConfig& config_;
+  Backend& backend_;
+};
+
+}  // namespace
+
+ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                Backend& backend) {
+  WeightLoader w(checkpoint, config, backend);
+  const int64_t h = config.hidden_size;
+  const int64_t v = config.vocab_size;
+  const int64_t n = config.hc_mult;
+  const int64_t nh = config.num_attention_heads;
+  const int64_t d = config.head_dim;
+  const int64_t q = config.q_lora_rank;
+  const int64_t g = config.o_groups;
+  const int64_t i_size = config.moe_intermediate_size;
+
+  ModelWeights m;
+  m.embed = w.load("embed.weight", {v, h});
+  if (checkpoint.contains("head.weight") || !config.tie_word_embeddings) {
+    m.head = w.load("head.weight", {v, h});
+  } else {
+    m.head = m.embed;
+  }
+  m.norm = w.load("norm.weight", {h});
+  m.hc_head = w.hc("hc_head_", n);
+  m.main_inv_freq = w.inv_freq(config.main_rope);
+  m.compress_inv_freq = w.inv_freq(config.compress_rope);
+
+  for (int li = 0; li < config.num_hidden_layers; ++li) {
+    const std::string p = "layers." + std::to_string(li) + ".";
+    LayerWeights L;
+    L.attn_norm = w.load(p + "attn_norm.weight", {h});
+    L.ffn_norm = w.load(p + "ffn_norm.weight", {h});
+    L.hc_attn = w.hc(p + "hc_attn_", (2 + n) * n);
+    L.hc_ffn = w.hc(p + "hc_ffn_", (2 + n) * n);
+
+    AttentionWeights& a = L.attn;
+    a.wq_a = w.load(p + "attn.wq_a.weight", {q, h});
+    a.q_norm = w.load(p + "attn.q_norm.weight", {q});
+    a.wq_b = w.load(p + "attn.wq_b.weight", {nh * d, q});
+    a.wkv = w.load(p + "attn.wkv.weight", {d, h});
+    a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
+    a.wo_a = w.load(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g});
+    a.wo_b = w.load(p + "attn.wo_b.weight", {h, g * config.o_lora_rank});
+    a.sinks = w.load(p + "attn.attn_sink", {nh});
+    const AttentionKind kind = config.layer_types[static_cast<size_t>(li)];
+    const int ratio = config.compress_rate(li);
+    if (kind != AttentionKind::kSliding) {
+      const bool csa = kind == AttentionKind::kCompressedSparse;
+      a.has_compressor = true;
+      a.compressor = w.compressor(p + "attn.compressor.", d, ratio, csa);
+      if (csa) {
+        const int64_t hi = config.index_n_heads;
+        const int64_t di = config.index_head_dim;
+        a.has_indexer = true;
+        a.indexer.compressor = w.compressor(p + "attn.indexer.compressor.", di, ratio, true);
+        a.indexer.wq_b = w.load(p + "attn.indexer.wq_b.weight", {hi * di, q});
+        a.indexer.weights_proj = w.load(p + "attn.indexer.weights_proj.weight", {hi, h});
+      }
+    }
+
+    MoeWeights& f = L.ffn;
+    f.gate = w.load(p + "ffn.gate.weight", {config.n_routed_experts, h});
+    if (config.mlp_layer_types[static_cast<size_t>(li)] == MlpKind::kHashMoe) {
+      f.tid2eid = w.tid2eid(p + "ffn.gate.tid2eid");
+    } else {
+      f.bias = w.load(p + "ffn.gate.bias", {config.n_routed_experts});
+    }
+    f.experts = w.experts(p + "ffn.experts.");
+    f.shared_w1 = w.load(p + "ffn.shared_experts.w1.weight", {i_size, h});
+    f.shared_w3 = w.load(p + "ffn.shared_experts.w3.weight", {i_size, h});
+    f.shared_w2 = w.load(p + "ffn.shared_experts.w2.weight", {h, i_size});
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+}  // namespace deepinfer

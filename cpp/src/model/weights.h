@@ -1,0 +1,73 @@
+// The DeepSeek-V4 parameters on a backend, grouped the way the graph uses them.
+#pragma once
+
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/config.h"
+#include "model/checkpoint.h"
+
+namespace deepinfer {
+
+struct HcWeights {
+  Tensor fn;     // [(2+N)N, N*H] for a layer, [N, N*H] for the head
+  Tensor base;   // [(2+N)N] or [N]
+  Tensor scale;  // [3] or [1]
+};
+
+// A compressor (main or indexer): kv and gate projections stacked as one [2C, H] matrix so one
+// GEMM yields each token's [kv | gate] row, the position bias (ape) and the entry norm.
+struct CompressorWeights {
+  Tensor wkv_gate;  // [2C, H], C = D (HCA) or 2D (CSA, two series)
+  Tensor ape;       // [m, C]
+  Tensor norm;      // [D]
+};
+
+struct IndexerWeights {
+  CompressorWeights compressor;  // at index_head_dim
+  Tensor wq_b;                   // [hi * Di, Q]
+  Tensor weights_proj;           // [hi, H]
+};
+
+struct AttentionWeights {
+  Tensor wq_a, q_norm, wq_b;  // [Q, H], [Q], [nh*D, Q]
+  Tensor wkv, kv_norm;        // [D, H], [D]
+  Tensor wo_a, wo_b;          // [G*Og, nh*D/G], [H, G*Og]
+  Tensor sinks;               // [nh]
+  bool has_compressor = false;
+  CompressorWeights compressor;
+  bool has_indexer = false;
+  IndexerWeights indexer;
+};
+
+struct MoeWeights {
+  Tensor gate;     // [E, H]
+  Tensor bias;     // [E] selection bias (moe layers), undefined for hash layers
+  Tensor tid2eid;  // [V, k] i32 (hash layers), undefined otherwise
+  ExpertWeights experts;
+  Tensor shared_w1, shared_w3, shared_w2;  // [I, H], [I, H], [H, I]
+};
+
+struct LayerWeights {
+  Tensor attn_norm, ffn_norm;  // [H]
+  HcWeights hc_attn, hc_ffn;
+  AttentionWeights attn;
+  MoeWeights ffn;
+};
+
+struct ModelWeights {
+  Tensor embed;  // [V, H]
+  Tensor head;   // [V, H]
+  Tensor norm;   // [H]
+  HcWeights hc_head;
+  std::vector<LayerWeights> layers;
+  Tensor main_inv_freq;      // [R/2] f32
+  Tensor compress_inv_freq;  // [R/2] f32
+};
+
+// Loads and checks every tensor the config implies (shape, dtype, index ranges) and moves it to
+// the backend in f32. Errors name the tensor, the file and what was expected.
+ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                Backend& backend);
+
+}  // namespace deepinfer
