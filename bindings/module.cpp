@@ -1,0 +1,169 @@
+// deepinfer_core: Python bindings over the public C++ API. Type conversion only.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "deepinfer/build_info.h"
+#include "deepinfer/config.h"
+#include "deepinfer/error.h"
+#include "deepinfer/model_runner.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using deepinfer::Error;
+using deepinfer::ErrorCode;
+
+nb::dict build_info_dict() {
+  deepinfer::BuildInfo info = deepinfer::build_info();
+  nb::dict d;
+  d["version"] = info.version;
+  nb::list backends;
+  for (const std::string& b : info.backends) backends.append(b);
+  d["backends"] = backends;
+  d["compiler"] = info.compiler;
+  d["build_type"] = info.build_type;
+  d["debug_invariants"] = info.debug_invariants;
+  return d;
+}
+
+nb::list layer_type_names(const deepinfer::ModelConfig& c) {
+  nb::list out;
+  for (auto k : c.layer_types) out.append(deepinfer::attention_kind_name(k));
+  return out;
+}
+
+nb::list mlp_type_names(const deepinfer::ModelConfig& c) {
+  nb::list out;
+  for (auto k : c.mlp_layer_types) out.append(deepinfer::mlp_kind_name(k));
+  return out;
+}
+
+// A host f32 tensor as a NumPy array that owns a copy of the data.
+nb::ndarray<nb::numpy, float> to_numpy(const deepinfer::Tensor& t) {
+  deepinfer::Tensor host = t.contiguous();
+  auto* data = new float[static_cast<size_t>(host.numel())];
+  std::memcpy(data, host.raw_data(), host.nbytes());
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  std::vector<size_t> shape(host.shape().begin(), host.shape().end());
+  return nb::ndarray<nb::numpy, float>(data, shape.size(), shape.data(), owner);
+}
+
+deepinfer::LogitsMode parse_logits_mode(const std::string& mode) {
+  if (mode == "all") return deepinfer::LogitsMode::kAll;
+  if (mode == "last") return deepinfer::LogitsMode::kLast;
+  throw Error(ErrorCode::kInvalidArgument,
+              "logits must be \"all\" or \"last\", got \"" + mode + "\"");
+}
+
+}  // namespace
+
+NB_MODULE(deepinfer_core, m) {
+  m.doc() = "deepinfer C++ core: DeepSeek-V4 model runner and build information";
+
+  // deepinfer::Error -> the matching Python exception, keeping the message.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      switch (e.code()) {
+        case ErrorCode::kInvalidArgument:
+        case ErrorCode::kInvalidConfig:
+        case ErrorCode::kCorruptFile:
+          PyErr_SetString(PyExc_ValueError, e.what());
+          break;
+        case ErrorCode::kNotFound:
+          PyErr_SetString(PyExc_FileNotFoundError, e.what());
+          break;
+        case ErrorCode::kIo:
+          PyErr_SetString(PyExc_OSError, e.what());
+          break;
+        case ErrorCode::kUnsupported:
+        case ErrorCode::kInternal:
+          PyErr_SetString(PyExc_RuntimeError, e.what());
+          break;
+      }
+    }
+  });
+
+  m.def("build_info", &build_info_dict,
+        "Version, compiled backends, compiler and build type of this deepinfer_core build.");
+
+  nb::class_<deepinfer::ModelConfig>(m, "ModelConfig")
+      .def_static("from_file", &deepinfer::ModelConfig::from_file, "path"_a,
+                  "Read and validate a DeepSeek-V4 config.json.")
+      .def_ro("vocab_size", &deepinfer::ModelConfig::vocab_size)
+      .def_ro("hidden_size", &deepinfer::ModelConfig::hidden_size)
+      .def_ro("num_hidden_layers", &deepinfer::ModelConfig::num_hidden_layers)
+      .def_ro("num_attention_heads", &deepinfer::ModelConfig::num_attention_heads)
+      .def_ro("head_dim", &deepinfer::ModelConfig::head_dim)
+      .def_ro("rope_head_dim", &deepinfer::ModelConfig::rope_head_dim)
+      .def_ro("sliding_window", &deepinfer::ModelConfig::sliding_window)
+      .def_ro("index_topk", &deepinfer::ModelConfig::index_topk)
+      .def_ro("csa_compress_rate", &deepinfer::ModelConfig::csa_compress_rate)
+      .def_ro("hca_compress_rate", &deepinfer::ModelConfig::hca_compress_rate)
+      .def_ro("n_routed_experts", &deepinfer::ModelConfig::n_routed_experts)
+      .def_ro("num_experts_per_tok", &deepinfer::ModelConfig::num_experts_per_tok)
+      .def_ro("max_position_embeddings", &deepinfer::ModelConfig::max_position_embeddings)
+      .def_ro("bos_token_id", &deepinfer::ModelConfig::bos_token_id)
+      .def_ro("eos_token_ids", &deepinfer::ModelConfig::eos_token_ids)
+      .def_prop_ro("layer_types", &layer_type_names)
+      .def_prop_ro("mlp_layer_types", &mlp_type_names);
+
+  nb::class_<deepinfer::SequenceChunk>(m, "SequenceChunk")
+      .def(
+          "__init__",
+          [](deepinfer::SequenceChunk* self, int32_t slot, int64_t start_pos,
+             std::vector<int32_t> tokens, std::vector<int32_t> block_table) {
+            new (self) deepinfer::SequenceChunk{slot, start_pos, std::move(tokens),
+                                                std::move(block_table)};
+          },
+          "slot"_a, "start_pos"_a, "tokens"_a, "block_table"_a = std::vector<int32_t>{},
+          "Tokens of one sequence at positions start_pos.., cached in state slot `slot` and the "
+          "paged blocks `block_table`.")
+      .def_rw("slot", &deepinfer::SequenceChunk::slot)
+      .def_rw("start_pos", &deepinfer::SequenceChunk::start_pos)
+      .def_rw("tokens", &deepinfer::SequenceChunk::tokens)
+      .def_rw("block_table", &deepinfer::SequenceChunk::block_table);
+
+  nb::class_<deepinfer::ModelRunner>(
+      m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
+      .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
+                       int max_backtrack, int num_threads) {
+             deepinfer::RunnerOptions options;
+             options.num_blocks = num_blocks;
+             options.num_state_slots = num_state_slots;
+             options.max_backtrack = max_backtrack;
+             options.num_threads = num_threads;
+             nb::gil_scoped_release release;
+             return deepinfer::ModelRunner::load(path, options);
+           }),
+           "path"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "max_backtrack"_a = 6,
+           "num_threads"_a = 0,
+           "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
+           "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots.")
+      .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)
+      .def(
+          "forward",
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,
+             const std::string& logits) {
+            deepinfer::LogitsMode mode = parse_logits_mode(logits);
+            deepinfer::Tensor out;
+            {
+              nb::gil_scoped_release release;
+              out = runner.forward(batch, mode);
+            }
+            return to_numpy(out);
+          },
+          "batch"_a, "logits"_a = "all",
+          "Run one forward call over `batch` (a list of SequenceChunk). Returns float32 logits: "
+          "one row per token (logits=\"all\") or per sequence (logits=\"last\").");
+}

@@ -1,0 +1,72 @@
+"""Drives deepinfer_core.ModelRunner the way the engine will: each sequence owns a state slot and
+a fixed set of paged blocks (block 0 is left unused, as the engine's BlockPool never hands it out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import deepinfer_core
+import numpy as np
+
+BLOCK_SIZE = 128
+
+
+class RunnerDriver:
+    def __init__(self, checkpoint: str, max_seqs: int = 4, max_len: int = 1024) -> None:
+        self.blocks_per_seq = (max_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+        self.runner = deepinfer_core.ModelRunner(
+            checkpoint,
+            num_blocks=1 + max_seqs * self.blocks_per_seq,
+            num_state_slots=max_seqs,
+        )
+
+    def block_table(self, slot: int) -> list[int]:
+        first = 1 + slot * self.blocks_per_seq
+        return list(range(first, first + self.blocks_per_seq))
+
+    def chunk(self, slot: int, start: int, tokens: Sequence[int]) -> deepinfer_core.SequenceChunk:
+        return deepinfer_core.SequenceChunk(slot, start, list(tokens), self.block_table(slot))
+
+    def run_schedule(
+        self, tokens: Sequence[int], schedule: Sequence[int], slot: int = 0
+    ) -> np.ndarray:
+        """Feeds `tokens` in chunks of the given sizes; logits of every position."""
+        assert sum(schedule) == len(tokens)
+        rows, pos = [], 0
+        for n in schedule:
+            rows.append(self.runner.forward([self.chunk(slot, pos, tokens[pos : pos + n])]))
+            pos += n
+        return np.concatenate(rows, axis=0)
+
+    def run_batched(
+        self, prompts: Sequence[Sequence[int]], schedules: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Runs several sequences together: call k carries chunk k of every sequence that still
+        has one, so prefill chunks and single-token decode rows share calls."""
+        outputs: list[list[np.ndarray]] = [[] for _ in prompts]
+        cursors = [0] * len(prompts)
+        steps = max(len(s) for s in schedules)
+        for k in range(steps):
+            members = [i for i, s in enumerate(schedules) if k < len(s)]
+            batch = []
+            for i in members:
+                n = schedules[i][k]
+                batch.append(self.chunk(i, cursors[i], prompts[i][cursors[i] : cursors[i] + n]))
+            logits = self.runner.forward(batch)
+            row = 0
+            for i in members:
+                n = schedules[i][k]
+                outputs[i].append(logits[row : row + n])
+                row += n
+                cursors[i] += n
+        return [np.concatenate(o, axis=0) for o in outputs]
+
+    def greedy(self, tokens: Sequence[int], n: int, slot: int = 0) -> list[int]:
+        logits = self.runner.forward([self.chunk(slot, 0, tokens)], logits="last")
+        out = [int(np.argmax(logits[0]))]
+        for _ in range(n - 1):
+            pos = len(tokens) + len(out) - 1
+            logits = self.runner.forward([self.chunk(slot, pos, [out[-1]])], logits="last")
+            out.append(int(np.argmax(logits[0])))
+        return out
