@@ -97,6 +97,26 @@ struct CompressSpec {
   int head_dim = 0;      // D: width of one entry
 };
 
+// Per-row sampling parameters on the device (one row per sequence). See cpp/src/sample/sampler.h
+// for the exact semantics every backend must reproduce.
+struct SamplingBatch {
+  int num_rows = 0;
+  int max_logprobs = 0;  // columns of the top-N outputs (0: none)
+  Tensor temperature;    // [B] f32, 0 = greedy
+  Tensor top_k;          // [B] i32, <= 0 = off
+  Tensor top_p;          // [B] f32
+  Tensor seed;           // [B] i64
+  Tensor position;       // [B] i64, position of the token being generated
+  Tensor num_logprobs;   // [B] i32, per-row N <= max_logprobs
+};
+
+struct SampleResult {
+  Tensor tokens;        // [B] i32
+  Tensor logprobs;      // [B] f32: log_softmax(logits)[token]
+  Tensor top_ids;       // [B, max_logprobs] i32 (-1 past the row's N); undefined if max_logprobs 0
+  Tensor top_logprobs;  // [B, max_logprobs] f32
+};
+
 struct AttentionSpec {
   int window = 128;     // sliding window W (keys in (p - W, p])
   float scale = 1.0f;   // softmax scale applied to q.k (not to the sink)
@@ -121,8 +141,12 @@ class Backend {
   // Like upload, for immutable data (weights): when the device is the host and no conversion is
   // needed the result aliases `host`, so weights mmap-ed from a checkpoint are not copied.
   virtual Tensor upload_weight(const Tensor& host, DType dtype) = 0;
-  // A copy of `device` on the host; waits for the work that produces it.
+  // A copy of `device` on the host; waits for all work enqueued so far.
   virtual Tensor to_host(const Tensor& device) = 0;
+  // Enqueues a copy of `device` into the contiguous host tensor `host` (same dtype and shape).
+  // `host` holds the data once an event recorded after this call has completed; this is how a
+  // step's results reach the host without waiting for steps enqueued behind it.
+  virtual void copy_to_host(const Tensor& device, const Tensor& host) = 0;
   virtual std::unique_ptr<Event> record_event() = 0;
   virtual void synchronize() = 0;
 
@@ -147,6 +171,14 @@ class Backend {
                       bool inverse) = 0;
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
   virtual Tensor argmax(const Tensor& x) = 0;
+  // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
+  virtual SampleResult sample(const Tensor& logits, const SamplingBatch& batch) = 0;
+  // Token ids of this step's rows: rows with remap[i] >= 0 take previous[remap[i]] (a token the
+  // previous step sampled on the device and the host has not seen yet), the others host[i].
+  // host [T] i32, remap [T] i32, previous [P] i32 -> [T] i32.
+  virtual Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) = 0;
+  // Copies t[src[i]] -> t[dst[i]] along dim 0 (state slots: snapshots for the prefix cache).
+  virtual void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
 
   // ---- hyper-connections
   // ------------------------------------------------------------------------- x [T, H] -> [T, N, H]

@@ -83,6 +83,19 @@ Tensor CpuBackend::to_host(const Tensor& device) {
   return out;
 }
 
+void CpuBackend::copy_to_host(const Tensor& device, const Tensor& host) {
+  cpu::check_host("copy_to_host", "device", device);
+  cpu::check_host("copy_to_host", "host", host);
+  if (device.dtype() != host.dtype() || device.shape() != host.shape() || !device.is_contiguous() ||
+      !host.is_contiguous()) {
+    cpu::fail("copy_to_host", "needs contiguous tensors of one dtype and shape, got " +
+                                  device.describe() + " and " + host.describe());
+  }
+  enqueue([device, host](ThreadPool&) {
+    if (host.nbytes() > 0) std::memcpy(host.raw_data(), device.raw_data(), host.nbytes());
+  });
+}
+
 std::unique_ptr<Event> CpuBackend::record_event() {
   return stream_.record_event();
 }

@@ -7,7 +7,8 @@
 // are raised on the worker and surface at the next synchronize() / Event::wait().
 //
 // The op implementations are split by family: cpu_backend.cpp (memory, sync), cpu_ops_dense.cpp,
-// cpu_ops_hc.cpp, cpu_ops_moe.cpp, cpu_ops_cache.cpp and cpu_ops_attention.cpp.
+// cpu_ops_hc.cpp, cpu_ops_moe.cpp, cpu_ops_cache.cpp, cpu_ops_attention.cpp and cpu_ops_sample.cpp
+// (sampling and the small token/state-slot ops around it).
 #pragma once
 
 #include <functional>
@@ -36,6 +37,7 @@ class CpuBackend final : public Backend {
   Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_weight(const Tensor& host, DType dtype) override;
   Tensor to_host(const Tensor& device) override;
+  void copy_to_host(const Tensor& device, const Tensor& host) override;
   std::unique_ptr<Event> record_event() override;
   void synchronize() override;
 
@@ -49,6 +51,9 @@ class CpuBackend final : public Backend {
   Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
               bool inverse) override;
   Tensor argmax(const Tensor& x) override;
+  SampleResult sample(const Tensor& logits, const SamplingBatch& batch) override;
+  Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) override;
+  void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) override;
 
   Tensor hc_expand(const Tensor& x, int hc_mult) override;
   HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,

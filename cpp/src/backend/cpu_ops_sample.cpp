@@ -1,0 +1,199 @@
+// Sampling ops of the CPU backend: per-row token sampling (sample::sample_row is the reference
+// every backend matches), the token selection that carries device-sampled tokens into the next
+// step, and row copies between state slots.
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "backend/cpu_checks.h"
+#include "backend/cpu_math.h"
+#include "sample/sampler.h"
+
+namespace deepinfer {
+
+using cpu::check_tensor;
+using cpu::fail;
+
+namespace {
+
+// First index i with values[i] == value (the caller knows there is one); for error messages.
+int64_t index_of(const int32_t* values, int64_t n, int32_t value) {
+  return std::find(values, values + n, value) - values;
+}
+
+}  // namespace
+
+SampleResult CpuBackend::sample(const Tensor& logits, const SamplingBatch& batch) {
+  const char* op = "sample";
+  check_tensor(op, "logits", logits, DType::kF32, {-1, -1});
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  if (batch.num_rows != rows) {
+    fail(op, "batch.num_rows is " + std::to_string(batch.num_rows) + ", expected the " +
+                 std::to_string(rows) + " rows of logits " + logits.describe());
+  }
+  if (vocab == 0) fail(op, "argument logits has no columns: " + logits.describe());
+  if (batch.max_logprobs < 0) {
+    fail(op, "batch.max_logprobs must be >= 0, got " + std::to_string(batch.max_logprobs));
+  }
+  check_tensor(op, "batch.temperature", batch.temperature, DType::kF32, {rows});
+  check_tensor(op, "batch.top_k", batch.top_k, DType::kI32, {rows});
+  check_tensor(op, "batch.top_p", batch.top_p, DType::kF32, {rows});
+  check_tensor(op, "batch.seed", batch.seed, DType::kI64, {rows});
+  check_tensor(op, "batch.position", batch.position, DType::kI64, {rows});
+  check_tensor(op, "batch.num_logprobs", batch.num_logprobs, DType::kI32, {rows});
+
+  const int64_t cols = batch.max_logprobs;
+  SampleResult out;
+  out.tokens = Tensor::zeros({rows}, DType::kI32);
+  out.logprobs = Tensor::zeros({rows}, DType::kF32);
+  if (cols > 0) {
+    out.top_ids = Tensor::zeros({rows, cols}, DType::kI32);
+    out.top_logprobs = Tensor::zeros({rows, cols}, DType::kF32);
+  }
+  enqueue([=](ThreadPool& pool) {
+    const float* x = logits.data<float>();
+    const float* temperature = batch.temperature.data<float>();
+    const int32_t* top_k = batch.top_k.data<int32_t>();
+    const float* top_p = batch.top_p.data<float>();
+    const int64_t* seed = batch.seed.data<int64_t>();
+    const int64_t* position = batch.position.data<int64_t>();
+    const int32_t* num_logprobs = batch.num_logprobs.data<int32_t>();
+    for (int64_t b = 0; b < rows; ++b) {
+      if (num_logprobs[b] < 0 || num_logprobs[b] > cols) {
+        fail(op, "batch.num_logprobs[" + std::to_string(b) +
+                     "] = " + std::to_string(num_logprobs[b]) + " is outside [0, max_logprobs " +
+                     std::to_string(cols) + "]");
+      }
+    }
+    int32_t* tokens = out.tokens.data<int32_t>();
+    float* logprobs = out.logprobs.data<float>();
+    int32_t* top_ids = cols > 0 ? out.top_ids.data<int32_t>() : nullptr;
+    float* top_lps = cols > 0 ? out.top_logprobs.data<float>() : nullptr;
+    // Rows are independent and each writes only its own outputs, so the split over threads
+    // cannot change a row's token.
+    pool.parallel_for(
+        rows,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t b = begin; b < end; ++b) {
+            sample::RowParams params;
+            params.temperature = temperature[b];
+            params.top_k = top_k[b];
+            params.top_p = top_p[b];
+            params.seed = static_cast<uint64_t>(seed[b]);
+            params.position = position[b];
+            params.num_logprobs = num_logprobs[b];
+            sample::RowResult r;
+            try {
+              r = sample::sample_row(
+                  std::span<const float>(x + b * vocab, static_cast<size_t>(vocab)), params);
+            } catch (const Error& e) {
+              throw Error(e.code(),
+                          std::string(op) + ": row " + std::to_string(b) + ": " + e.what());
+            }
+            tokens[b] = r.token;
+            logprobs[b] = r.logprob;
+            // Columns past the row's N (or past the vocabulary) hold id -1 and logprob -inf.
+            for (int64_t c = 0; c < cols; ++c) {
+              const bool has = static_cast<size_t>(c) < r.top.size();
+              top_ids[b * cols + c] = has ? r.top[static_cast<size_t>(c)].first : -1;
+              top_lps[b * cols + c] = has ? r.top[static_cast<size_t>(c)].second
+                                          : -std::numeric_limits<float>::infinity();
+            }
+          }
+        },
+        1);
+  });
+  return out;
+}
+
+Tensor CpuBackend::select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) {
+  const char* op = "select_tokens";
+  check_tensor(op, "host", host, DType::kI32, {-1});
+  const int64_t n = host.size(0);
+  check_tensor(op, "remap", remap, DType::kI32, {n});
+  check_tensor(op, "previous", previous, DType::kI32, {-1});
+  const int64_t num_previous = previous.size(0);
+  Tensor out = Tensor::zeros({n}, DType::kI32);
+  enqueue([=](ThreadPool&) {
+    const int32_t* h = host.data<int32_t>();
+    const int32_t* r = remap.data<int32_t>();
+    const int32_t* prev = previous.data<int32_t>();
+    int32_t* dst = out.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (r[i] < 0) {
+        dst[i] = h[i];
+        continue;
+      }
+      if (r[i] >= num_previous) {
+        fail(op, "remap[" + std::to_string(i) + "] = " + std::to_string(r[i]) +
+                     " is outside previous's rows [0, " + std::to_string(num_previous) + ")");
+      }
+      dst[i] = prev[r[i]];
+    }
+  });
+  return out;
+}
+
+void CpuBackend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) {
+  const char* op = "copy_rows";
+  cpu::check_dense(op, "t", t);
+  if (t.dim() < 1) fail(op, "argument t must have at least one dimension, got " + t.describe());
+  check_tensor(op, "src", src, DType::kI32, {-1});
+  const int64_t n = src.size(0);
+  check_tensor(op, "dst", dst, DType::kI32, {n});
+  const int64_t num_rows = t.size(0);
+  size_t row_bytes = dtype_size(t.dtype());
+  for (int64_t d = 1; d < t.dim(); ++d) row_bytes *= static_cast<size_t>(t.size(d));
+  enqueue([=](ThreadPool& pool) {
+    const int32_t* s = src.data<int32_t>();
+    const int32_t* d = dst.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (const auto& [name, row] : {std::pair{"src", s[i]}, std::pair{"dst", d[i]}}) {
+        if (row < 0 || row >= num_rows) {
+          fail(op, std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(row) +
+                       " is outside t's rows [0, " + std::to_string(num_rows) + ")");
+        }
+      }
+    }
+    // The copies run in parallel and in no particular order, so the result is well defined only
+    // when no row is written twice and no written row is also read. A source may be read many
+    // times (one snapshot copied to several slots).
+    std::vector<int32_t> srcs(s, s + n);
+    std::vector<int32_t> dsts(d, d + n);
+    std::sort(srcs.begin(), srcs.end());
+    std::sort(dsts.begin(), dsts.end());
+    const auto twice = std::adjacent_find(dsts.begin(), dsts.end());
+    if (twice != dsts.end()) {
+      const int64_t first = index_of(d, n, *twice);
+      const int64_t second = first + 1 + index_of(d + first + 1, n - first - 1, *twice);
+      fail(op, "row " + std::to_string(*twice) + " is a destination twice (dst[" +
+                   std::to_string(first) + "] and dst[" + std::to_string(second) + "])");
+    }
+    std::vector<int32_t> both;
+    std::set_intersection(srcs.begin(), srcs.end(), dsts.begin(), dsts.end(),
+                          std::back_inserter(both));
+    if (!both.empty()) {
+      fail(op, "row " + std::to_string(both[0]) + " is both a source (src[" +
+                   std::to_string(index_of(s, n, both[0])) + "]) and a destination (dst[" +
+                   std::to_string(index_of(d, n, both[0])) + "])");
+    }
+    char* base = static_cast<char*>(t.raw_data());
+    pool.parallel_for(
+        n,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            std::memcpy(base + static_cast<size_t>(d[i]) * row_bytes,
+                        base + static_cast<size_t>(s[i]) * row_bytes, row_bytes);
+          }
+        },
+        cpu::grain_for(static_cast<int64_t>(row_bytes / sizeof(float)) + 1));
+  });
+}
+
+}  // namespace deepinfer

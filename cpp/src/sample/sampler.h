@@ -1,0 +1,48 @@
+// Token sampling on the host: the reference the CPU backend's `sample` op runs and device
+// backends must match.
+//
+// Randomness is counter-based: the uniform used for a row depends only on (seed, position,
+// stream), never on batch size or row order, so a request's tokens do not depend on what else is
+// batched with it.
+//
+// Pipeline per row: temperature == 0 -> argmax (lowest id on ties). Otherwise logits /
+// temperature -> keep the top_k largest (top_k <= 0: all) -> keep the smallest prefix of the
+// remaining tokens, sorted by probability descending (ties: lower id first), whose probability
+// mass reaches top_p -> renormalise -> inverse-CDF draw with u = uniform(seed, position, stream)
+// over that sorted order.
+// Log-probabilities reported are log_softmax of the raw logits (before temperature and
+// filtering), for the sampled token and for the `num_logprobs` most likely tokens.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace deepinfer::sample {
+
+// SplitMix64 finaliser: a bijective 64-bit mixer.
+uint64_t splitmix64(uint64_t x);
+// A double in [0, 1) from the top 53 bits of a hash of (seed, position, stream).
+double uniform(uint64_t seed, int64_t position, uint32_t stream = 0);
+
+struct RowParams {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // <= 0: no top-k filter
+  float top_p = 1.0f;        // in (0, 1]
+  uint64_t seed = 0;
+  int64_t position = 0;  // position of the token being generated
+  int num_logprobs = 0;  // top-N log-probabilities to report (0: none)
+};
+
+struct RowResult {
+  int32_t token = 0;
+  float logprob = 0.0f;                        // log_softmax(logits)[token]
+  std::vector<std::pair<int32_t, float>> top;  // num_logprobs (id, logprob), descending
+};
+
+// Samples one row. Throws Error(kInvalidArgument) for an empty row, temperature < 0 or NaN,
+// top_p outside (0, 1] or num_logprobs < 0.
+RowResult sample_row(std::span<const float> logits, const RowParams& params);
+
+}  // namespace deepinfer::sample
