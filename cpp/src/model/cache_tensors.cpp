@@ -47,4 +47,27 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
   }
 }
 
+void ModelCaches::copy_state_slots(Backend& backend,
+                                   const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+  if (pairs.empty()) return;
+  std::vector<int32_t> src, dst;
+  for (const auto& [s, d] : pairs) {
+    if (s < 0 || s >= shape_.num_state_slots || d < 0 || d >= shape_.num_state_slots) {
+      throw Error(ErrorCode::kInvalidArgument, "state slot copy " + std::to_string(s) + " -> " +
+                                                   std::to_string(d) + " is outside [0, " +
+                                                   std::to_string(shape_.num_state_slots) + ")");
+    }
+    src.push_back(s);
+    dst.push_back(d);
+  }
+  const int64_t n = static_cast<int64_t>(src.size());
+  Tensor src_t = backend.upload(Tensor::from_vector(src, {n}), DType::kI32);
+  Tensor dst_t = backend.upload(Tensor::from_vector(dst, {n}), DType::kI32);
+  for (LayerCaches& c : layers_) {
+    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring}) {
+      if (t->defined()) backend.copy_rows(*t, src_t, dst_t);
+    }
+  }
+}
+
 }  // namespace deepinfer

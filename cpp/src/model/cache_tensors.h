@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -34,6 +35,8 @@ class ModelCaches {
 
   const CacheShape& shape() const { return shape_; }
   LayerCaches& layer(int index) { return layers_.at(static_cast<size_t>(index)); }
+  // Copies whole state slots (every layer's rings), src -> dst, in stream order.
+  void copy_state_slots(Backend& backend, const std::vector<std::pair<int32_t, int32_t>>& pairs);
   // Bytes one paged block and one state slot take across all layers (for capacity planning).
   int64_t bytes_per_block() const { return bytes_per_block_; }
   int64_t bytes_per_state_slot() const { return bytes_per_slot_; }

@@ -1,0 +1,127 @@
+// Engine: continuous batching over a DeepSeek-V4 checkpoint (or any StepExecutor).
+//
+//   auto engine = Engine::create(config);
+//   RequestId id = engine->add_request(prompt_token_ids, params);
+//   while (engine->has_unfinished()) for (RequestOutput& out : engine->step()) ...;
+//
+// Every request's outputs arrive in order: one output with `ready` set (prompt accepted, with
+// the prefix-cache hit), outputs carrying new tokens, and exactly one output with `finish` set.
+//
+// Thread-safety: add_request, abort and num_unfinished may be called from any thread (they go
+// through a locked inbox the engine thread drains at the start of each step). step(),
+// run_until_idle() and stats() belong to one engine thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace deepinfer {
+
+using RequestId = uint64_t;
+
+struct SamplingParams {
+  float temperature = 1.0f;      // 0 = greedy
+  int top_k = 0;                 // <= 0: off
+  float top_p = 1.0f;            // (0, 1]
+  std::optional<uint64_t> seed;  // unset: derived from the engine seed and the request id
+  int max_tokens = 16;           // >= 1
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // extra stop tokens (the model's EOS ids always stop)
+  int logprobs = 0;                     // top-N log-probabilities per generated token (0..20)
+};
+
+enum class FinishReason {
+  kNone,       // still running
+  kStop,       // EOS or a stop token (included in the output)
+  kLength,     // max_tokens, or the sequence reached max_model_len
+  kAbort,      // abort(id)
+  kPreempted,  // evicted under memory pressure with preemption = stop
+  kRejected,   // the prompt can never run: longer than max_model_len or than the whole KV cache
+};
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "abort", ...
+
+struct TokenLogprobs {
+  float logprob = 0.0f;  // of the generated token, under the model's raw distribution
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct RequestOutput {
+  RequestId id = 0;
+  bool ready = false;               // first output of the request
+  int num_prompt_tokens = 0;        // set with ready
+  int prompt_cache_hit_tokens = 0;  // set with ready: prompt tokens served from the prefix cache
+  std::vector<int32_t> tokens;      // tokens generated since the previous output
+  std::vector<TokenLogprobs> logprobs;  // one per token when SamplingParams::logprobs > 0
+  FinishReason finish = FinishReason::kNone;
+  std::string finish_detail;  // why, for kRejected / kPreempted
+};
+
+enum class PreemptionMode {
+  kRecompute,  // release the sequence's KV and recompute it later (outputs unchanged)
+  kStop,       // finish it with FinishReason::kPreempted
+};
+
+struct EngineConfig {
+  std::string model_path;             // checkpoint directory (config.json + safetensors)
+  int max_num_seqs = 32;              // sequences holding KV at once (running + prefilling)
+  int max_num_batched_tokens = 2048;  // tokens per prefill step
+  int max_model_len = 0;              // 0: min(max_position_embeddings, 8192)
+  int num_kv_blocks = 0;         // 0: enough for max_num_seqs full-length sequences (+ block 0)
+  int num_prefix_snapshots = 0;  // 0: max_num_seqs; state snapshots kept for prefix-cache hits
+  bool enable_prefix_cache = true;
+  bool enable_chunked_prefill = true;
+  bool zero_overhead = true;  // schedule step N+1 while step N runs
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+  double kv_admission_watermark = 0.9;  // admit a new prompt only while KV usage <= this
+  // When both prefill and decode work exist: this many prefill steps, then one decode step.
+  int prefill_steps_per_decode_step = 1;
+  int num_threads = 0;  // CPU backend threads (0 = hardware concurrency)
+  uint64_t seed = 0;    // engine seed for requests without their own
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_blocks_total = 0;  // usable KV blocks
+  int num_blocks_free = 0;
+  int num_blocks_cached = 0;  // free blocks still holding an indexed prefix
+  int num_state_slots_free = 0;
+  uint64_t num_steps = 0;
+  uint64_t num_prefill_steps = 0;
+  uint64_t num_preemptions = 0;
+  uint64_t prompt_tokens_computed = 0;
+  uint64_t prompt_tokens_cached = 0;
+  uint64_t generated_tokens = 0;
+};
+
+class Engine {
+ public:
+  // Loads the checkpoint at config.model_path on the CPU backend. Throws deepinfer::Error naming
+  // the bad config field or checkpoint problem.
+  static std::unique_ptr<Engine> create(const EngineConfig& config);
+  virtual ~Engine() = default;
+
+  // Queues a request. Throws Error(kInvalidArgument) naming the field for an empty prompt, a
+  // token outside the vocabulary or invalid sampling parameters.
+  virtual RequestId add_request(std::vector<int32_t> prompt, const SamplingParams& params) = 0;
+  // Aborts a request; unknown or already finished ids are ignored. Its finish output (kAbort)
+  // comes from a later step() unless it already finished.
+  virtual void abort(RequestId id) = 0;
+  // Runs one engine step and returns the outputs it produced.
+  virtual std::vector<RequestOutput> step() = 0;
+  // Requests not yet finished (including ones still in the inbox).
+  virtual int num_unfinished() const = 0;
+  bool has_unfinished() const { return num_unfinished() > 0; }
+  // Steps until every request has finished; returns all outputs in order.
+  std::vector<RequestOutput> run_until_idle();
+
+  virtual EngineStats stats() const = 0;
+  virtual const EngineConfig& config() const = 0;
+  virtual int vocab_size() const = 0;
+  virtual const std::vector<int>& eos_token_ids() const = 0;
+};
+
+}  // namespace deepinfer

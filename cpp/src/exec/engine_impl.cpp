@@ -1,0 +1,251 @@
+#include "exec/engine_impl.h"
+
+#include <cmath>
+
+#include "deepinfer/error.h"
+#include "sample/sampler.h"
+
+namespace deepinfer {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kPreempted:
+      return "preempted";
+    case FinishReason::kRejected:
+      return "rejected";
+  }
+  return "?";
+}
+
+std::vector<RequestOutput> Engine::run_until_idle() {
+  std::vector<RequestOutput> all;
+  while (has_unfinished()) {
+    std::vector<RequestOutput> out = step();
+    all.insert(all.end(), std::make_move_iterator(out.begin()), std::make_move_iterator(out.end()));
+  }
+  return all;
+}
+
+namespace exec {
+
+namespace {
+
+[[noreturn]] void bad_config(const std::string& field, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "engine config: '" + field + "' " + what);
+}
+
+sched::KvLayout kv_layout(const EngineConfig& c, const StepExecutor& ex) {
+  sched::KvLayout l;
+  l.num_blocks = ex.num_kv_blocks();
+  l.num_live_slots = ex.num_state_slots();
+  l.num_snapshot_slots = c.enable_prefix_cache ? ex.num_snapshot_slots() : 0;
+  l.prefix_cache = c.enable_prefix_cache;
+  return l;
+}
+
+sched::SchedulerConfig scheduler_config(const EngineConfig& c, const StepExecutor& ex) {
+  sched::SchedulerConfig s;
+  s.max_num_seqs = c.max_num_seqs;
+  s.max_num_batched_tokens = c.max_num_batched_tokens;
+  s.max_model_len = c.max_model_len;
+  s.chunked_prefill = c.enable_chunked_prefill;
+  s.preemption = c.preemption;
+  s.kv_admission_watermark = c.kv_admission_watermark;
+  s.prefill_steps_per_decode_step = c.prefill_steps_per_decode_step;
+  s.eos_token_ids = ex.eos_token_ids();
+  return s;
+}
+
+}  // namespace
+
+EngineConfig resolve_engine_config(const EngineConfig& config, int max_position) {
+  EngineConfig c = config;
+  if (c.max_num_seqs < 1)
+    bad_config("max_num_seqs", "must be >= 1, got " + std::to_string(c.max_num_seqs));
+  if (c.max_num_batched_tokens < 1) {
+    bad_config("max_num_batched_tokens",
+               "must be >= 1, got " + std::to_string(c.max_num_batched_tokens));
+  }
+  if (c.max_model_len == 0) c.max_model_len = std::min(max_position, 8192);
+  if (c.max_model_len < 2 || c.max_model_len > max_position) {
+    bad_config("max_model_len", "must be in [2, " + std::to_string(max_position) +
+                                    "] (the model's "
+                                    "max_position_embeddings), got " +
+                                    std::to_string(c.max_model_len));
+  }
+  const int blocks_per_seq = (c.max_model_len + 127) / 128;
+  if (c.num_kv_blocks == 0) c.num_kv_blocks = 1 + c.max_num_seqs * blocks_per_seq;
+  if (c.num_kv_blocks < 2)
+    bad_config("num_kv_blocks", "must be >= 2, got " + std::to_string(c.num_kv_blocks));
+  if (c.num_prefix_snapshots == 0) c.num_prefix_snapshots = c.max_num_seqs;
+  if (c.num_prefix_snapshots < 0) {
+    bad_config("num_prefix_snapshots",
+               "must be >= 0, got " + std::to_string(c.num_prefix_snapshots));
+  }
+  if (!(c.kv_admission_watermark > 0.0 && c.kv_admission_watermark <= 1.0)) {
+    bad_config("kv_admission_watermark",
+               "must be in (0, 1], got " + std::to_string(c.kv_admission_watermark));
+  }
+  if (c.prefill_steps_per_decode_step < 1) {
+    bad_config("prefill_steps_per_decode_step",
+               "must be >= 1, got " + std::to_string(c.prefill_steps_per_decode_step));
+  }
+  if (c.num_threads < 0)
+    bad_config("num_threads", "must be >= 0, got " + std::to_string(c.num_threads));
+  return c;
+}
+
+// Live state slots: every sequence holding KV (max_num_seqs) plus finished ones whose last step is
+// still in flight, plus the reserved slot 0.
+int live_state_slots(const EngineConfig& c) {
+  return 1 + c.max_num_seqs + std::max(2, c.max_num_seqs / 4);
+}
+
+EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor)
+    : config_(resolve_engine_config(config, executor->max_position())),
+      executor_(std::move(executor)),
+      kv_(kv_layout(config_, *executor_)),
+      scheduler_(scheduler_config(config_, *executor_), kv_) {}
+
+EngineImpl::~EngineImpl() {
+  // Wait for launched work so the executor never runs a step whose owner is gone.
+  for (Launched& l : inflight_) {
+    try {
+      executor_->wait(*l.step);
+    } catch (...) {  // the engine is going away; there is no caller left to report to
+    }
+  }
+}
+
+RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
+  auto bad = [](const std::string& field, const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument, "request: '" + field + "' " + what);
+  };
+  if (prompt.empty()) bad("prompt", "is empty");
+  const int vocab = executor_->vocab_size();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab) {
+      bad("prompt", "token " + std::to_string(i) + " = " + std::to_string(prompt[i]) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature)) {
+    bad("temperature", "must be a finite number >= 0, got " + std::to_string(params.temperature));
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    bad("top_p", "must be in (0, 1], got " + std::to_string(params.top_p));
+  }
+  if (params.max_tokens < 1)
+    bad("max_tokens", "must be >= 1, got " + std::to_string(params.max_tokens));
+  if (params.logprobs < 0 || params.logprobs > 20) {
+    bad("logprobs", "must be in [0, 20], got " + std::to_string(params.logprobs));
+  }
+  for (int32_t t : params.stop_token_ids) {
+    if (t < 0 || t >= vocab)
+      bad("stop_token_ids", "holds " + std::to_string(t) + ", outside the vocabulary");
+  }
+  auto seq = std::make_unique<sched::Sequence>();
+  seq->id = next_id_.fetch_add(1);
+  seq->params = params;
+  seq->seed =
+      params.seed ? *params.seed : sample::splitmix64(config_.seed ^ sample::splitmix64(seq->id));
+  seq->num_prompt_tokens = static_cast<int>(prompt.size());
+  seq->tokens = std::move(prompt);
+  seq->tokens.reserve(seq->tokens.size() + static_cast<size_t>(params.max_tokens));
+  const RequestId id = seq->id;
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_adds_.push_back(std::move(seq));
+  unfinished_.fetch_add(1);
+  return id;
+}
+
+void EngineImpl::abort(RequestId id) {
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  inbox_aborts_.push_back(id);
+}
+
+void EngineImpl::drain_inbox(std::vector<RequestOutput>& out) {
+  std::vector<std::unique_ptr<sched::Sequence>> adds;
+  std::vector<RequestId> aborts;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    adds.swap(inbox_adds_);
+    aborts.swap(inbox_aborts_);
+  }
+  for (auto& s : adds) {
+    s->arrival = next_arrival_++;
+    scheduler_.add(std::move(s));
+  }
+  for (RequestId id : aborts) scheduler_.abort(id, out);
+}
+
+void EngineImpl::commit_oldest(std::vector<RequestOutput>& out) {
+  Launched l = std::move(inflight_.front());
+  inflight_.pop_front();
+  StepResult result = executor_->wait(*l.step);
+  scheduler_.commit(l.record, result, out);
+}
+
+void EngineImpl::count_finishes(const std::vector<RequestOutput>& out, size_t from) {
+  int finished = 0;
+  for (size_t i = from; i < out.size(); ++i)
+    finished += out[i].finish != FinishReason::kNone ? 1 : 0;
+  unfinished_.fetch_sub(finished);
+}
+
+std::vector<RequestOutput> EngineImpl::step() {
+  std::vector<RequestOutput> out;
+  drain_inbox(out);
+  auto outcome = scheduler_.schedule(plan_, record_, out);
+  if (outcome == sched::Scheduler::Outcome::kNeedsDrain) {
+    while (!inflight_.empty()) commit_oldest(out);
+    outcome = scheduler_.schedule(plan_, record_, out);
+    DEEPINFER_CHECK(outcome != sched::Scheduler::Outcome::kNeedsDrain,
+                    "drain did not clear the pipeline");
+  }
+  if (outcome == sched::Scheduler::Outcome::kScheduled) {
+    InflightStep* previous = inflight_.empty() ? nullptr : inflight_.back().step.get();
+    inflight_.push_back(Launched{executor_->launch(plan_, previous), record_});
+    DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps launched and not committed");
+  }
+  // Zero-overhead: leave the step just launched running; commit the one before it.
+  const size_t keep =
+      config_.zero_overhead && outcome == sched::Scheduler::Outcome::kScheduled ? 1 : 0;
+  while (inflight_.size() > keep) commit_oldest(out);
+  count_finishes(out, 0);
+  return out;
+}
+
+EngineStats EngineImpl::stats() const {
+  EngineStats s;
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  s.num_blocks_total = kv_.blocks().num_usable();
+  s.num_blocks_free = kv_.blocks().num_free();
+  s.num_blocks_cached = kv_.num_cached_free_blocks();
+  s.num_state_slots_free = kv_.live_slots().num_free();
+  const sched::SchedulerStats& ss = scheduler_.stats();
+  s.num_steps = ss.num_steps;
+  s.num_prefill_steps = ss.num_prefill_steps;
+  s.num_preemptions = ss.num_preemptions;
+  s.prompt_tokens_computed = ss.prompt_tokens_computed;
+  s.prompt_tokens_cached = ss.prompt_tokens_cached;
+  s.generated_tokens = ss.generated_tokens;
+  return s;
+}
+
+void EngineImpl::check_invariants() const {
+  scheduler_.check_invariants();
+  DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps in flight");
+}
+
+}  // namespace exec
+}  // namespace deepinfer

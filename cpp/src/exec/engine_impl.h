@@ -1,0 +1,79 @@
+// EngineImpl: the engine step loop over a Scheduler and a StepExecutor (zero-overhead pipeline).
+//
+// One step() with zero_overhead on:
+//   1. drain the inbox (adds, aborts);
+//   2. schedule step N+1 while step N may still run (optimistic lengths from the in-flight ledger);
+//   3. launch N+1 behind N on the device stream (carried rows take N's sampled tokens there);
+//   4. wait for N and commit it: tokens, stop checks, prefix registration; a finished sequence's
+//      blocks and slot are released once its last in-flight step is committed;
+//   5. return the outputs.
+// So the host's commit and scheduling work overlaps the device's work on N+1. With zero_overhead
+// off, 3 is followed by waiting for and committing N+1 itself. At most two steps are ever
+// launched and uncommitted (asserted).
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "deepinfer/engine.h"
+#include "exec/step_executor.h"
+#include "sched/kv_manager.h"
+#include "sched/scheduler.h"
+
+namespace deepinfer::exec {
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor);
+  ~EngineImpl() override;
+
+  RequestId add_request(std::vector<int32_t> prompt, const SamplingParams& params) override;
+  void abort(RequestId id) override;
+  std::vector<RequestOutput> step() override;
+  int num_unfinished() const override { return unfinished_.load(); }
+  EngineStats stats() const override;
+  const EngineConfig& config() const override { return config_; }
+  int vocab_size() const override { return executor_->vocab_size(); }
+  const std::vector<int>& eos_token_ids() const override { return executor_->eos_token_ids(); }
+
+  // Test and debug hooks.
+  void check_invariants() const;
+  StepExecutor& executor() { return *executor_; }
+  int num_inflight_steps() const { return static_cast<int>(inflight_.size()); }
+
+ private:
+  struct Launched {
+    std::unique_ptr<InflightStep> step;
+    sched::StepRecord record;
+  };
+  void drain_inbox(std::vector<RequestOutput>& out);
+  void commit_oldest(std::vector<RequestOutput>& out);
+  void count_finishes(const std::vector<RequestOutput>& out, size_t from);
+
+  EngineConfig config_;
+  std::unique_ptr<StepExecutor> executor_;
+  sched::KvManager kv_;
+  sched::Scheduler scheduler_;
+  std::deque<Launched> inflight_;
+  StepPlan plan_;             // reused every step
+  sched::StepRecord record_;  // reused every step
+
+  mutable std::mutex inbox_mu_;
+  std::vector<std::unique_ptr<sched::Sequence>> inbox_adds_;
+  std::vector<RequestId> inbox_aborts_;
+  std::atomic<RequestId> next_id_{1};
+  std::atomic<int> unfinished_{0};
+  uint64_t next_arrival_ = 0;  // engine thread
+};
+
+// The EngineConfig with every 0 ("derive it") field resolved for a model of `max_position`
+// positions; validates the rest. Throws Error(kInvalidArgument) naming the field.
+EngineConfig resolve_engine_config(const EngineConfig& config, int max_position);
+// State slots an engine with `config` needs (including the reserved slot 0): every sequence
+// holding KV plus headroom.
+int live_state_slots(const EngineConfig& config);
+
+}  // namespace deepinfer::exec

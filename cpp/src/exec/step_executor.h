@@ -1,0 +1,46 @@
+// StepExecutor: runs StepPlans on a device. `launch` only enqueues (inputs, forward, sampling);
+// `wait` blocks until that step's results are on the host. The engine keeps at most two steps
+// launched and not yet waited for, and waits for them in launch order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "deepinfer/engine.h"
+#include "exec/step_plan.h"
+
+namespace deepinfer::exec {
+
+// Host results of one step: one entry per sampling row, in row order.
+struct StepResult {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // per sampling row when any row asked for them, else empty
+};
+
+// A launched step. Executors subclass it to keep device outputs alive for the next launch.
+class InflightStep {
+ public:
+  virtual ~InflightStep() = default;
+  uint64_t step_id = 0;
+  // (seq_id, epoch) of each sampling row, in row order: the remap key for carried rows.
+  std::vector<std::pair<RequestId, uint32_t>> sampling_rows;
+};
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  // Enqueues `plan`. `previous` is the last launched step (still in flight or just finished),
+  // from which carried rows take their first token; null when nothing was launched before.
+  virtual std::unique_ptr<InflightStep> launch(const StepPlan& plan, InflightStep* previous) = 0;
+  virtual StepResult wait(InflightStep& step) = 0;
+
+  virtual int vocab_size() const = 0;
+  virtual int max_position() const = 0;        // positions must stay below this
+  virtual int num_kv_blocks() const = 0;       // including the reserved block 0
+  virtual int num_state_slots() const = 0;     // live slots, including the reserved slot 0
+  virtual int num_snapshot_slots() const = 0;  // slots [num_state_slots, + this)
+  virtual const std::vector<int>& eos_token_ids() const = 0;
+};
+
+}  // namespace deepinfer::exec

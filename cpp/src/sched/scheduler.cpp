@@ -1,0 +1,417 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <span>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer::sched {
+
+namespace {
+
+// Input of a carried row: the executor replaces it with the token still on the device.
+constexpr int32_t kCarriedPlaceholder[1] = {0};
+
+RequestOutput make_output(const Sequence& s) {
+  RequestOutput out;
+  out.id = s.id;
+  return out;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvManager& kv)
+    : config_(config), kv_(kv), interleave_(config.prefill_steps_per_decode_step) {}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) {
+  DEEPINFER_CHECK(seq && seq->state == SeqState::kWaiting && !seq->holds_resources(),
+                  "bad new sequence");
+  Sequence* s = seq.get();
+  DEEPINFER_CHECK(seqs_.emplace(s->id, std::move(seq)).second, "duplicate request id");
+  waiting_.push_back(s);
+  ++num_unfinished_;
+}
+
+const Sequence* Scheduler::find(RequestId id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+int Scheduler::num_running() const {
+  int n = 0;
+  for (const Sequence* s : running_) n += s->state == SeqState::kRunning ? 1 : 0;
+  return n;
+}
+
+int Scheduler::num_waiting() const {
+  int n = 0;
+  for (const Sequence* s : waiting_) n += s->state == SeqState::kWaiting ? 1 : 0;
+  return n;
+}
+
+void Scheduler::abort(RequestId id, std::vector<RequestOutput>& out) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second->finished()) return;
+  finish(*it->second, FinishReason::kAbort, "", out);
+}
+
+void Scheduler::finish(Sequence& s, FinishReason reason, std::string detail,
+                       std::vector<RequestOutput>& out) {
+  DEEPINFER_CHECK(!s.finished(), "sequence finished twice");
+  s.state = SeqState::kFinished;
+  s.finish = reason;
+  s.finish_detail = std::move(detail);
+  --num_unfinished_;
+  RequestOutput o = make_output(s);
+  o.finish = reason;
+  o.finish_detail = s.finish_detail;
+  out.push_back(std::move(o));
+  retiring_.push_back(s.id);
+  release_if_done(s);
+}
+
+// Every terminal path ends here: resources go back only once nothing of the sequence is in
+// flight (the step that still uses them has been waited for and committed).
+void Scheduler::release_if_done(Sequence& s) {
+  if (!s.finished() || s.inflight.steps != 0 || !s.holds_resources()) return;
+  kv_.release(s);
+  --num_holding_;
+}
+
+void Scheduler::retire_finished() {
+  if (retiring_.empty()) return;
+  std::vector<RequestId> keep;
+  for (RequestId id : retiring_) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    Sequence* s = it->second.get();
+    if (s->inflight.steps > 0) {
+      keep.push_back(id);
+      continue;
+    }
+    release_if_done(*s);
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
+    running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+    seqs_.erase(it);
+  }
+  retiring_ = std::move(keep);
+}
+
+void Scheduler::insert_running(Sequence* s) {
+  auto pos = std::upper_bound(
+      running_.begin(), running_.end(), s,
+      [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  running_.insert(pos, s);
+}
+
+bool Scheduler::has_decode_work() const {
+  for (const Sequence* s : running_) {
+    if (s->state == SeqState::kRunning && s->remaining_budget(config_.max_model_len) > 0)
+      return true;
+  }
+  return false;
+}
+
+Scheduler::Outcome Scheduler::schedule(exec::StepPlan& plan, StepRecord& record,
+                                       std::vector<RequestOutput>& out) {
+  retire_finished();
+  plan.clear();
+  record.rows.clear();
+
+  const bool decode_work = has_decode_work();
+  bool prefill_work = false;
+  for (const Sequence* s : waiting_) {
+    if (s->state == SeqState::kWaiting) {
+      prefill_work = true;
+      break;
+    }
+  }
+  if (!decode_work && !prefill_work) return Outcome::kIdle;
+
+  StepKind kind = interleave_.choose(prefill_work, decode_work);
+  if (kind == StepKind::kPrefill && !schedule_prefill(plan, record, out)) {
+    // Nothing admissible (blocks, slots or max_num_seqs exhausted): decode instead of idling.
+    plan.clear();
+    record.rows.clear();
+    kind = StepKind::kDecode;
+  }
+  if (kind == StepKind::kDecode) {
+    Outcome o = schedule_decode(plan, record, out);
+    if (o == Outcome::kNeedsDrain) {
+      for (const StepRecord::Row& r : record.rows) {
+        Sequence& s = *seqs_.at(r.id);
+        s.inflight.steps -= 1;
+        s.inflight.reserved -= kStepReservation;
+        s.inflight.kv -= r.q;
+      }
+      plan.clear();
+      record.rows.clear();
+      return o;
+    }
+  }
+  if (plan.empty()) return Outcome::kIdle;
+
+  interleave_.record(kind);
+  plan.step_id = record.step_id = next_step_id_++;
+  plan.is_prefill = record.is_prefill = kind == StepKind::kPrefill;
+  ++stats_.num_steps;
+  if (plan.is_prefill) ++stats_.num_prefill_steps;
+#ifdef DEEPINFER_DEBUG_INVARIANTS
+  check_invariants();
+#endif
+  return Outcome::kScheduled;
+}
+
+// Appends a row and reserves its in-flight accounting (released in commit).
+void Scheduler::add_row(exec::StepPlan& plan, StepRecord& record, Sequence& s, int q,
+                        bool carried) {
+  exec::PlannedRow row;
+  row.seq_id = s.id;
+  row.epoch = s.epoch;
+  row.slot = s.state_slot;
+  row.start_pos = s.next_position();
+  row.q = q;
+  row.carried = carried;
+  row.samples = row.start_pos + q >= s.num_tokens();
+  row.tokens =
+      carried ? std::span<const int32_t>(kCarriedPlaceholder, 1)
+              : std::span<const int32_t>(s.tokens.data() + row.start_pos, static_cast<size_t>(q));
+  row.block_table = s.block_table;
+  row.temperature = s.params.temperature;
+  row.top_k = s.params.top_k;
+  row.top_p = s.params.top_p;
+  row.seed = s.seed;
+  row.num_logprobs = s.params.logprobs;
+  plan.rows.push_back(row);
+
+  StepRecord::Row r;
+  r.id = s.id;
+  r.epoch = s.epoch;
+  r.q = q;
+  r.samples = row.samples;
+  record.rows.push_back(r);
+
+  s.inflight.steps += 1;
+  s.inflight.reserved += kStepReservation;
+  s.inflight.kv += q;
+  DEEPINFER_CHECK(s.inflight.steps <= 2, "more than two steps in flight for one sequence");
+}
+
+bool Scheduler::schedule_prefill(exec::StepPlan& plan, StepRecord& record,
+                                 std::vector<RequestOutput>& out) {
+  int budget = config_.max_num_batched_tokens;
+  while (!waiting_.empty() && budget > 0) {
+    Sequence& s = *waiting_.front();
+    if (s.state != SeqState::kWaiting) {
+      waiting_.pop_front();  // finished while queued; retire_finished frees it
+      continue;
+    }
+    if (!s.holds_resources()) {
+      if (num_holding_ >= config_.max_num_seqs) break;
+      if (s.num_tokens() >= config_.max_model_len) {
+        waiting_.pop_front();
+        finish(s, FinishReason::kRejected,
+               "the prompt has " + std::to_string(s.num_tokens()) + " tokens; max_model_len is " +
+                   std::to_string(config_.max_model_len) + " (prompt plus at least one new token)",
+               out);
+        continue;
+      }
+      if (!config_.chunked_prefill && s.num_output_tokens() == 0 &&
+          s.num_tokens() > config_.max_num_batched_tokens) {
+        waiting_.pop_front();
+        finish(s, FinishReason::kRejected,
+               "the prompt has " + std::to_string(s.num_tokens()) +
+                   " tokens, more than max_num_batched_tokens " +
+                   std::to_string(config_.max_num_batched_tokens) + " with chunked prefill off",
+               out);
+        continue;
+      }
+      if (kv_.blocks().usage() > config_.kv_admission_watermark) break;
+      Admission a = kv_.admit(s);
+      if (a.status == AdmitStatus::kNever) {
+        waiting_.pop_front();
+        finish(s, FinishReason::kRejected,
+               "the sequence needs " + std::to_string(kv_.blocks_for(s.num_tokens())) +
+                   " KV blocks; the cache has " + std::to_string(kv_.blocks().num_usable()),
+               out);
+        continue;
+      }
+      if (a.status == AdmitStatus::kLater) break;
+      ++num_holding_;
+      stats_.prompt_tokens_cached += static_cast<uint64_t>(a.hit_tokens);
+      if (a.restore_snapshot >= 0)
+        plan.copies_before.emplace_back(a.restore_snapshot, s.state_slot);
+      s.prefix_checkpoint = kv_.snapshot_checkpoint(s);
+      if (!s.ready_emitted) {
+        s.ready_emitted = true;
+        s.prompt_cache_hit_tokens = a.hit_tokens;
+        RequestOutput o = make_output(s);
+        o.ready = true;
+        o.num_prompt_tokens = s.num_prompt_tokens;
+        o.prompt_cache_hit_tokens = a.hit_tokens;
+        out.push_back(std::move(o));
+      }
+    }
+    const int pos = s.next_position();
+    const int remaining = s.num_tokens() - pos;
+    DEEPINFER_CHECK(remaining > 0, "a waiting sequence has nothing left to prefill");
+    int q = std::min(remaining, budget);
+    const bool checkpoint_cut = s.prefix_checkpoint > pos && s.prefix_checkpoint < pos + q;
+    if (checkpoint_cut) q = s.prefix_checkpoint - pos;
+    // With chunking off a prompt runs whole (or in its two checkpoint pieces); one that does not
+    // fit the remaining budget goes first in the next step. Recomputed sequences may chunk.
+    if (q < remaining && !checkpoint_cut && !config_.chunked_prefill && s.num_output_tokens() == 0)
+      break;
+    add_row(plan, record, s, q, /*carried=*/false);
+    budget -= q;
+    stats_.prompt_tokens_computed += static_cast<uint64_t>(q);
+    if (s.prefix_checkpoint == pos + q) {
+      s.prefix_checkpoint = 0;
+      const int32_t snap = kv_.take_snapshot_slot();
+      if (snap >= 0) {
+        plan.copies_after.emplace_back(s.state_slot, snap);
+        record.rows.back().snapshot = snap;
+        record.rows.back().snapshot_pos = pos + q;
+      }
+    }
+    if (q < remaining) break;  // a partial prefill ends the batch and keeps its place at the head
+    waiting_.pop_front();
+    s.state = SeqState::kRunning;
+    insert_running(&s);
+  }
+  return !plan.empty();
+}
+
+Scheduler::Outcome Scheduler::schedule_decode(exec::StepPlan& plan, StepRecord& record,
+                                              std::vector<RequestOutput>& out) {
+  // Recompute-preempted sequences went back to `waiting`; drop them from `running` on every exit.
+  auto drop_preempted = [this] {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const Sequence* s) { return s->state == SeqState::kWaiting; }),
+                   running_.end());
+  };
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    if (s.state != SeqState::kRunning || s.remaining_budget(config_.max_model_len) <= 0) continue;
+    const int pos = s.next_position();
+    bool scheduled_self = true;
+    while (!kv_.grow(s, pos + 1)) {
+      int v = choose_preemption_victim(running_, static_cast<int>(i) + 1);
+      Sequence& victim = v >= 0 ? *running_[static_cast<size_t>(v)] : s;
+      if (victim.inflight.steps > 0) {
+        drop_preempted();
+        return Outcome::kNeedsDrain;
+      }
+      preempt(victim, out);
+      if (&victim == &s) {
+        scheduled_self = false;
+        break;
+      }
+    }
+    if (!scheduled_self) continue;
+    add_row(plan, record, s, 1, /*carried=*/s.inflight.steps > 0);
+  }
+  drop_preempted();
+  return Outcome::kScheduled;
+}
+
+void Scheduler::preempt(Sequence& s, std::vector<RequestOutput>& out) {
+  DEEPINFER_CHECK(s.inflight.steps == 0, "preempting a sequence with a step in flight");
+  ++stats_.num_preemptions;
+  if (config_.preemption == PreemptionMode::kStop) {
+    finish(s, FinishReason::kPreempted,
+           "evicted to free KV blocks for older requests (preemption mode stop)", out);
+    return;
+  }
+  kv_.release(s);
+  --num_holding_;
+  ++s.epoch;
+  s.num_computed = 0;
+  s.prefix_checkpoint = 0;
+  s.state = SeqState::kWaiting;
+  waiting_.push_front(&s);
+}
+
+bool Scheduler::is_stop_token(const Sequence& s, int32_t token) const {
+  if (!s.params.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
+                                        token) != config_.eos_token_ids.end()) {
+    return true;
+  }
+  return std::find(s.params.stop_token_ids.begin(), s.params.stop_token_ids.end(), token) !=
+         s.params.stop_token_ids.end();
+}
+
+void Scheduler::commit(const StepRecord& record, const exec::StepResult& result,
+                       std::vector<RequestOutput>& out) {
+  size_t sample_index = 0;
+  for (const StepRecord::Row& r : record.rows) {
+    const size_t my_sample = sample_index;
+    if (r.samples) ++sample_index;
+    auto it = seqs_.find(r.id);
+    DEEPINFER_CHECK(it != seqs_.end(), "a committed row belongs to a retired sequence");
+    Sequence& s = *it->second;
+    DEEPINFER_CHECK(r.epoch == s.epoch, "a row outlived a preemption of its sequence");
+    s.inflight.steps -= 1;
+    s.inflight.reserved -= kStepReservation;
+    s.inflight.kv -= r.q;
+    s.num_computed += r.q;
+    if (s.finished()) {
+      // Aborted or stopped while this step ran: its results are dropped.
+      kv_.release_snapshot_slot(r.snapshot);
+      release_if_done(s);
+      continue;
+    }
+    kv_.on_committed(s, r.snapshot, r.snapshot_pos);
+    if (!r.samples) continue;
+    DEEPINFER_CHECK(my_sample < result.tokens.size(),
+                    "step result has fewer tokens than sampling rows");
+    const int32_t token = result.tokens[my_sample];
+    s.tokens.push_back(token);
+    ++stats_.generated_tokens;
+    RequestOutput o = make_output(s);
+    o.tokens.push_back(token);
+    if (s.params.logprobs > 0 && my_sample < result.logprobs.size()) {
+      o.logprobs.push_back(result.logprobs[my_sample]);
+    }
+    out.push_back(std::move(o));
+    if (is_stop_token(s, token)) {
+      finish(s, FinishReason::kStop, "", out);
+    } else if (s.num_output_tokens() >= s.params.max_tokens ||
+               s.num_tokens() >= config_.max_model_len) {
+      finish(s, FinishReason::kLength, "", out);
+    }
+  }
+  DEEPINFER_CHECK(sample_index == result.tokens.size(),
+                  "step result has more tokens than sampling rows");
+#ifdef DEEPINFER_DEBUG_INVARIANTS
+  check_invariants();
+#endif
+}
+
+void Scheduler::check_invariants() const {
+  std::vector<const Sequence*> holders;
+  int unfinished = 0;
+  for (const auto& [id, s] : seqs_) {
+    s->check_invariants();
+    if (s->holds_resources()) holders.push_back(s.get());
+    if (!s->finished()) ++unfinished;
+    if (s->state == SeqState::kRunning &&
+        std::find(running_.begin(), running_.end(), s.get()) == running_.end()) {
+      throw Error(ErrorCode::kInternal,
+                  "running sequence " + std::to_string(id) + " is not in the running queue");
+    }
+  }
+  if (unfinished != num_unfinished_) {
+    throw Error(ErrorCode::kInternal, "unfinished count " + std::to_string(num_unfinished_) +
+                                          " but " + std::to_string(unfinished) +
+                                          " sequences are unfinished");
+  }
+  if (static_cast<int>(holders.size()) != num_holding_) {
+    throw Error(ErrorCode::kInternal, std::to_string(holders.size()) +
+                                          " sequences hold resources but the count is " +
+                                          std::to_string(num_holding_));
+  }
+  kv_.check_invariants(holders);
+}
+
+}  // namespace deepinfer::sched

@@ -1,0 +1,123 @@
+// Scheduler: continuous batching over waiting and running queues.
+//
+// The model in one paragraph: requests arrive in a FIFO `waiting` queue. Each step is all-prefill
+// or all-decode (InterleavePolicy picks when both have work). A prefill step takes sequences from
+// the head of `waiting` while the token budget (max_num_batched_tokens) and max_num_seqs allow;
+// a sequence that does not fit whole is cut (chunked prefill), ends the batch, and stays at the
+// head so its next chunk goes first (head-of-line: admission never skips the head, so arrival
+// order is admission order; only recompute-preempted sequences jump back to the head). A new
+// sequence gets its state slot and the blocks of its whole prompt (less its prefix-cache hit) at
+// admission, and only while KV usage is at most the watermark. A decode step gives every running
+// sequence one token; when a sequence needs a block and none is free, the newest running sequence
+// is preempted (recompute: its KV is dropped and it re-enters at the head of `waiting`; stop: it
+// finishes). With zero-overhead scheduling the step being planned may overlap one step still in
+// flight: lengths are optimistic (committed + in-flight reservation), a row whose input token is
+// still on the device is marked carried, and a preemption that would hit an in-flight sequence
+// asks the engine to drain first.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "deepinfer/engine.h"
+#include "exec/step_executor.h"
+#include "exec/step_plan.h"
+#include "sched/kv_manager.h"
+#include "sched/policies.h"
+#include "sched/sequence.h"
+
+namespace deepinfer::sched {
+
+struct SchedulerConfig {
+  int max_num_seqs = 32;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 4096;
+  bool chunked_prefill = true;
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+  double kv_admission_watermark = 0.9;
+  int prefill_steps_per_decode_step = 1;
+  std::vector<int> eos_token_ids;
+};
+
+// What committing a launched step needs to know about it.
+struct StepRecord {
+  struct Row {
+    RequestId id = 0;
+    uint32_t epoch = 0;
+    int q = 0;
+    bool samples = false;
+    int32_t snapshot = -1;  // snapshot slot filled after this row's chunk
+    int snapshot_pos = 0;
+  };
+  uint64_t step_id = 0;
+  bool is_prefill = false;
+  std::vector<Row> rows;
+};
+
+struct SchedulerStats {
+  uint64_t num_steps = 0;
+  uint64_t num_prefill_steps = 0;
+  uint64_t num_preemptions = 0;
+  uint64_t prompt_tokens_computed = 0;
+  uint64_t prompt_tokens_cached = 0;
+  uint64_t generated_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  enum class Outcome { kScheduled, kIdle, kNeedsDrain };
+
+  Scheduler(const SchedulerConfig& config, KvManager& kv);
+
+  // Takes ownership of a validated new sequence (state kWaiting, nothing computed).
+  void add(std::unique_ptr<Sequence> seq);
+  // Finishes `id` with kAbort (ignored if unknown or finished); its finish output goes to `out`.
+  void abort(RequestId id, std::vector<RequestOutput>& out);
+
+  // Plans the next step. kNeedsDrain: a preemption would hit a sequence with a step in flight;
+  // commit the in-flight steps and call again. Ready/rejected/preempted outputs go to `out`.
+  Outcome schedule(exec::StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
+  // Applies a finished step's sampled tokens; token and finish outputs go to `out`.
+  void commit(const StepRecord& record, const exec::StepResult& result,
+              std::vector<RequestOutput>& out);
+
+  int num_unfinished() const { return num_unfinished_; }
+  int num_running() const;
+  int num_waiting() const;
+  int num_holding_resources() const { return num_holding_; }
+  const SchedulerStats& stats() const { return stats_; }
+  const Sequence* find(RequestId id) const;
+
+  // Throws Error(kInternal) on the first broken invariant (sequences, ledgers, pools).
+  void check_invariants() const;
+
+ private:
+  bool schedule_prefill(exec::StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
+  Outcome schedule_decode(exec::StepPlan& plan, StepRecord& record,
+                          std::vector<RequestOutput>& out);
+  bool has_decode_work() const;
+  void add_row(exec::StepPlan& plan, StepRecord& record, Sequence& s, int q, bool carried);
+  void preempt(Sequence& s, std::vector<RequestOutput>& out);
+  void finish(Sequence& s, FinishReason reason, std::string detail,
+              std::vector<RequestOutput>& out);
+  void release_if_done(Sequence& s);
+  void retire_finished();
+  void insert_running(Sequence* s);
+  bool is_stop_token(const Sequence& s, int32_t token) const;
+
+  SchedulerConfig config_;
+  KvManager& kv_;
+  InterleavePolicy interleave_;
+  std::unordered_map<RequestId, std::unique_ptr<Sequence>> seqs_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;   // by arrival, oldest first
+  std::vector<RequestId> retiring_;  // finished; erased once nothing of them is in flight
+  int num_unfinished_ = 0;
+  int num_holding_ = 0;  // sequences holding a state slot and blocks
+  uint64_t next_step_id_ = 1;
+  SchedulerStats stats_;
+};
+
+}  // namespace deepinfer::sched

@@ -1,0 +1,82 @@
+// Sequence: one request's tokens, KV placement and in-flight accounting.
+//
+// Token-count vocabulary (DESIGN.md section 4), with R = tokens one step may append (1: no drafts):
+//   num_tokens()   committed tokens: prompt + accepted outputs
+//   num_computed   positions whose KV is materialised and committed
+//   inflight       steps dispatched to the device and not yet committed:
+//     inflight.steps    0, 1 or 2 (one being executed, one just scheduled)
+//     inflight.reserved R per outstanding step: tokens the device may append before we know
+//     inflight.kv       query tokens of the outstanding steps: positions being materialised
+// Invariants (checked by check_invariants in debug builds and by the tests):
+//   inflight.steps <= 2 and inflight.reserved == R * inflight.steps, so reserved is 0, R or 2R;
+//   num_computed + inflight.kv <= num_tokens + inflight.reserved   (never compute unknown tokens);
+//   num_computed <= num_tokens;
+//   a sequence's blocks and state slot are released only when it is finished (or preempted) and
+//   inflight.steps == 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deepinfer/engine.h"
+#include "kv/block_pool.h"
+#include "kv/prefix_index.h"
+
+namespace deepinfer::sched {
+
+// Tokens one step can append to a sequence. 1 until speculative drafts arrive (then 1 + nextn).
+inline constexpr int kStepReservation = 1;
+
+enum class SeqState {
+  kWaiting,   // queued; may hold resources between prefill chunks
+  kRunning,   // whole prompt dispatched; decoding
+  kFinished,  // terminal; resources released once nothing is in flight
+};
+
+struct InflightLedger {
+  int steps = 0;
+  int reserved = 0;
+  int kv = 0;
+};
+
+struct Sequence {
+  RequestId id = 0;
+  uint64_t arrival = 0;  // admission order key: lower arrived earlier
+  SamplingParams params;
+  uint64_t seed = 0;
+  std::vector<int32_t> tokens;  // prompt followed by committed outputs
+  int num_prompt_tokens = 0;
+  int num_computed = 0;
+  InflightLedger inflight;
+  SeqState state = SeqState::kWaiting;
+  FinishReason finish = FinishReason::kNone;
+  std::string finish_detail;
+  // Bumped on preemption: in-flight results of an older epoch are discarded.
+  uint32_t epoch = 0;
+
+  std::vector<kv::BlockId> block_table;
+  int32_t state_slot = -1;
+  std::vector<kv::BlockHash> block_hashes;  // chain hashes of the full blocks of `tokens`
+  int num_indexed_blocks = 0;               // leading blocks offered to the prefix index
+  int prefix_checkpoint = 0;      // a prefill chunk must end here (state snapshot), 0 = none
+  int32_t pending_snapshot = -1;  // snapshot slot being filled by an in-flight chunk
+
+  bool ready_emitted = false;
+  int prompt_cache_hit_tokens = 0;
+  int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  bool finished() const { return state == SeqState::kFinished; }
+  bool holds_resources() const { return state_slot >= 0 || !block_table.empty(); }
+  // Next position to dispatch: positions below are computed or in flight.
+  int next_position() const { return num_computed + inflight.kv; }
+  // Upper bound on num_tokens once everything in flight is committed.
+  int optimistic_tokens() const { return num_tokens() + inflight.reserved; }
+  // Tokens this sequence may still generate, counting in-flight reservations.
+  int remaining_budget(int max_model_len) const;
+
+  // Throws Error(kInternal) naming the sequence and the broken invariant.
+  void check_invariants() const;
+};
+
+}  // namespace deepinfer::sched
