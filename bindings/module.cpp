@@ -66,6 +66,8 @@ deepinfer::LogitsMode parse_logits_mode(const std::string& mode) {
 
 }  // namespace
 
+void bind_engine(nb::module_& m);
+
 NB_MODULE(deepinfer_core, m) {
   m.doc() = "deepinfer C++ core: DeepSeek-V4 model runner and build information";
 
@@ -93,6 +95,8 @@ NB_MODULE(deepinfer_core, m) {
       }
     }
   });
+
+  bind_engine(m);
 
   m.def("build_info", &build_info_dict,
         "Version, compiled backends, compiler and build type of this deepinfer_core build.");

@@ -1,11 +1,15 @@
 """deepinfer: an inference engine for DeepSeek-V4-family models.
 
-The heavy lifting lives in the C++ core, exposed as the extension module ``deepinfer_core``.
+The engine lives in the C++ core, exposed as the extension module ``deepinfer_core``; this
+package adds configuration loading, tokenization and the offline ``LLM`` API.
 """
 
 from __future__ import annotations
 
 import deepinfer_core as _core
+
+from deepinfer.config import EngineOptions, RunConfig, SamplingParams, load_config
+from deepinfer.llm import LLM, CompletionOutput
 
 __version__: str = _core.build_info()["version"]
 
@@ -15,4 +19,13 @@ def build_info() -> dict:
     return _core.build_info()
 
 
-__all__ = ["__version__", "build_info"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineOptions",
+    "RunConfig",
+    "SamplingParams",
+    "__version__",
+    "build_info",
+    "load_config",
+]

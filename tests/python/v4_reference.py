@@ -56,6 +56,9 @@ F2_CONFIG = dict(
         "beta_slow": 1,
     },
     max_position_embeddings=4096,
+    # Larger than the 0.02 default so every sub-layer moves the logits by far more than the
+    # tolerance: a wrong attention, compressor or router result cannot hide under it.
+    initializer_range=0.1,
 )
 
 # The real ratios and window (HCA 128, CSA 4, W 128) at tiny widths, for ~400-token prompts:

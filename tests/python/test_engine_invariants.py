@@ -1,0 +1,265 @@
+"""Engine invariants and leaks on every terminal path.
+
+The randomized runs drive >= 10^4 events (adds, aborts at any stage, steps) through the engine
+with the scripted executor (outputs are a hash of each request's own context, so the expected
+tokens are known), checking the engine's invariants after every step: KV block refcounts equal
+the block tables holding them, free + used == total, no block both free and referenced, state
+slots, in-flight ledgers (0, R or 2R; at most two steps in flight), queues. After the drain every
+pool is full again. A smaller run does the same on the real tiny model.
+"""
+
+from __future__ import annotations
+
+import random
+
+import deepinfer_core as dc
+import pytest
+from engine_helpers import Trace, assert_pools_full, drain, run_all
+
+VOCAB = 1000
+
+
+def scripted(**kw):
+    options = dict(
+        vocab_size=VOCAB,
+        num_kv_blocks=32,
+        num_snapshot_slots=8,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=2048,
+    )
+    options.update(kw)
+    return dc.Engine.scripted(**options)
+
+
+def live_slots(engine) -> int:
+    return engine.stats()["num_state_slots_free"]
+
+
+def reference(engine, prompt: list[int], n: int) -> list[int]:
+    ctx, out = list(prompt), []
+    for _ in range(n):
+        t = engine.scripted_next_token(ctx)
+        out.append(t)
+        ctx.append(t)
+    return out
+
+
+def random_events(engine, rng: random.Random, n_events: int) -> tuple[Trace, dict, set]:
+    trace, prompts, aborted = Trace(), {}, set()
+    events = 0
+    bases = [[rng.randrange(2, VOCAB) for _ in range(1024)] for _ in range(3)]
+    while events < n_events:
+        r = rng.random()
+        live = [rid for rid in prompts if trace.finish(rid) is None and rid not in aborted]
+        if r < 0.22 and len(live) < 40:
+            kind = rng.random()
+            if kind < 0.3:  # shares a cached prefix with earlier prompts
+                base = rng.choice(bases)
+                prompt = base[: rng.randrange(129, 1024)] + [rng.randrange(2, VOCAB)]
+            else:
+                n = rng.choice(
+                    [rng.randrange(1, 40), rng.randrange(40, 300), rng.randrange(300, 900)]
+                )
+                prompt = [rng.randrange(2, VOCAB) for _ in range(n)]
+            if rng.random() < 0.02:
+                prompt = [5] * 2100  # longer than max_model_len: rejected
+            # Some long generations grow past block boundaries, which forces preemption.
+            max_tokens = rng.randrange(1, 48) if rng.random() < 0.7 else rng.randrange(48, 300)
+            params = dc.SamplingParams(
+                temperature=0.0, max_tokens=max_tokens, ignore_eos=rng.random() < 0.2
+            )
+            prompts[engine.add_request(prompt, params)] = prompt
+        elif r < 0.30 and live:
+            rid = rng.choice(live)
+            engine.abort(rid)
+            aborted.add(rid)
+        else:
+            trace.record(engine.step())
+            engine.check_invariants()
+        events += 1
+    drain(engine, trace)
+    return trace, prompts, aborted
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(zero_overhead=True, preemption="recompute"),
+        dict(
+            zero_overhead=False,
+            preemption="stop",
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=2048,
+        ),
+        dict(zero_overhead=True, preemption="stop", enable_prefix_cache=False),
+    ],
+    ids=["zos-recompute", "sync-stop-unchunked", "zos-stop-nocache"],
+)
+def test_invariants_randomized_scripted(options) -> None:
+    engine = scripted(eos_probability=0.02, **options)
+    slots = live_slots(engine)
+    rng = random.Random(hash(tuple(sorted(options.items()))) & 0xFFFF)
+    trace, prompts, aborted = random_events(engine, rng, 10_000)
+    assert_pools_full(engine, slots)
+    finishes = {}
+    for rid, prompt in prompts.items():
+        trace.check_contract(rid)
+        finish = trace.finish(rid)
+        finishes[finish] = finishes.get(finish, 0) + 1
+        tokens = trace.tokens(rid)
+        # Outputs are exactly the model's, whatever batching, chunking, caching, preemption or
+        # abort happened; an aborted or preempted request stops early.
+        assert tokens == reference(engine, prompt, len(tokens)), f"request {rid} ({finish})"
+        if finish in ("stop", "length"):
+            assert rid not in aborted or finish != "abort"
+    stats = engine.stats()
+    # The run reached the paths it is meant to cover.
+    assert finishes.get("abort", 0) > 10 and finishes.get("length", 0) > 50, finishes
+    assert finishes.get("rejected", 0) > 0 and finishes.get("stop", 0) > 0, finishes
+    assert stats["num_preemptions"] > 0, stats
+    if options.get("enable_prefix_cache", True):
+        assert stats["prompt_tokens_cached"] > 0, stats
+
+
+def test_invariants_randomized_tiny_model(tiny_checkpoint) -> None:
+    engine = dc.Engine(
+        str(tiny_checkpoint),
+        max_num_seqs=6,
+        num_kv_blocks=14,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+    )
+    slots = live_slots(engine)
+    rng = random.Random(7)
+    trace, prompts = Trace(), {}
+    for _ in range(300):
+        r = rng.random()
+        live = [rid for rid in prompts if trace.finish(rid) is None]
+        if r < 0.2:
+            n = rng.choice([rng.randrange(1, 60), rng.randrange(100, 400)])
+            prompt = [rng.randrange(2, 129000) for _ in range(n)]
+            params = dc.SamplingParams(temperature=0.0, max_tokens=rng.randrange(1, 24))
+            prompts[engine.add_request(prompt, params)] = prompt
+        elif r < 0.27 and live:
+            engine.abort(rng.choice(live))
+        else:
+            trace.record(engine.step())
+            engine.check_invariants()
+    drain(engine, trace)
+    assert_pools_full(engine, slots)
+    for rid in prompts:
+        trace.check_contract(rid)
+
+
+# ---- leaks: one targeted run per terminal path -------------------------------------------------
+
+
+def test_leak_abort_while_waiting() -> None:
+    engine = scripted(max_num_seqs=1)
+    slots = live_slots(engine)
+    first = engine.add_request(list(range(2, 50)), dc.SamplingParams(max_tokens=30))
+    second = engine.add_request(list(range(2, 60)), dc.SamplingParams(max_tokens=30))
+    trace = Trace()
+    trace.record(engine.step())
+    engine.abort(second)  # never admitted: max_num_seqs = 1
+    drain(engine, trace)
+    assert trace.finish(second) == "abort" and trace.ready(second) is None
+    assert trace.finish(first) == "length"
+    assert_pools_full(engine, slots)
+
+
+@pytest.mark.parametrize("zero_overhead", [False, True])
+def test_leak_abort_between_prefill_chunks(zero_overhead: bool) -> None:
+    # The reference engine leaks a sequence aborted while parked between prefill chunks.
+    engine = scripted(max_num_batched_tokens=64, zero_overhead=zero_overhead)
+    slots = live_slots(engine)
+    rid = engine.add_request([7] * 500, dc.SamplingParams(max_tokens=5))
+    trace = Trace()
+    trace.record(engine.step())
+    trace.record(engine.step())
+    assert engine.stats()["num_blocks_free"] < engine.stats()["num_blocks_total"]
+    engine.abort(rid)
+    drain(engine, trace)
+    assert trace.finish(rid) == "abort" and not trace.tokens(rid)
+    assert_pools_full(engine, slots)
+
+
+def test_leak_abort_in_flight_and_running() -> None:
+    engine = scripted(zero_overhead=True)
+    slots = live_slots(engine)
+    a = engine.add_request([3] * 40, dc.SamplingParams(max_tokens=40))
+    b = engine.add_request([4] * 40, dc.SamplingParams(max_tokens=40))
+    trace = Trace()
+    trace.record(engine.step())  # prefill of both launched, not committed
+    assert engine.num_inflight_steps == 1
+    engine.abort(a)  # aborted with its prefill in flight
+    for _ in range(4):
+        trace.record(engine.step())
+    engine.abort(b)  # aborted while decoding, a step in flight
+    drain(engine, trace)
+    assert trace.finish(a) == "abort" and trace.finish(b) == "abort"
+    assert not trace.tokens(a) and 0 < len(trace.tokens(b)) < 40
+    assert_pools_full(engine, slots)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "stop"])
+def test_leak_preemption(mode: str) -> None:
+    engine = scripted(num_kv_blocks=7, max_num_seqs=8, preemption=mode)
+    slots = live_slots(engine)
+    prompts = [[10 + i] * (110 + i) for i in range(6)]
+    tokens, trace = run_all(engine, prompts, dc.SamplingParams(max_tokens=40, ignore_eos=True))
+    assert engine.stats()["num_preemptions"] > 0
+    finishes = sorted(trace.finish(rid) for rid in trace.outputs)
+    if mode == "stop":
+        assert "preempted" in finishes
+    else:
+        assert finishes == ["length"] * 6
+        for p, t in zip(prompts, tokens, strict=True):
+            assert t == reference(engine, p, 40)
+    assert_pools_full(engine, slots)
+
+
+def test_leak_rejected_prompts() -> None:
+    engine = scripted(num_kv_blocks=5, max_model_len=2048)
+    slots = live_slots(engine)
+    too_long = engine.add_request([5] * 2048, dc.SamplingParams())
+    never_fits = engine.add_request([5] * 1000, dc.SamplingParams())  # 8 blocks > 4 usable
+    ok = engine.add_request([5] * 100, dc.SamplingParams(max_tokens=3))
+    trace = Trace()
+    drain(engine, trace)
+    assert (
+        trace.finish(too_long) == "rejected"
+        and "max_model_len" in trace.outputs[too_long][-1].finish_detail
+    )
+    assert (
+        trace.finish(never_fits) == "rejected"
+        and "KV blocks" in trace.outputs[never_fits][-1].finish_detail
+    )
+    assert trace.finish(ok) == "length"
+    assert_pools_full(engine, slots)
+
+
+def test_leak_stop_paths_eos_max_tokens_and_max_model_len() -> None:
+    engine = scripted(eos_probability=0.3, max_model_len=64)
+    slots = live_slots(engine)
+    prompts = [[20 + i] * 10 for i in range(8)] + [[30] * 60]
+    params = [dc.SamplingParams(max_tokens=20)] * 8 + [
+        dc.SamplingParams(max_tokens=20, ignore_eos=True)
+    ]
+    tokens, trace = run_all(engine, prompts, params)
+    finishes = [trace.finish(rid) for rid in sorted(trace.outputs)]
+    assert "stop" in finishes and finishes[-1] == "length" and len(tokens[-1]) == 4  # 60 + 4 = 64
+    assert_pools_full(engine, slots)
+
+
+def test_invariants_output_contract_on_stop_token_ids() -> None:
+    engine = scripted()
+    prompt = [9] * 30
+    want = reference(engine, prompt, 10)
+    stop_at = want[4]
+    first = want.index(stop_at)
+    tokens, trace = run_all(
+        engine, [prompt], dc.SamplingParams(max_tokens=10, stop_token_ids=[stop_at])
+    )
+    assert tokens[0] == want[: first + 1] and trace.finish(next(iter(trace.outputs))) == "stop"
