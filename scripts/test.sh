@@ -35,9 +35,13 @@ step "C++ tests (GoogleTest)"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 cmake -S . -B build/cpp-tests "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_WERROR=ON \
-  -DDEEPINFER_PYTHON=OFF -DDEEPINFER_BUILD_TESTS=ON -DDEEPINFER_CUDA=OFF
+  -DDEEPINFER_PYTHON=OFF -DDEEPINFER_BUILD_TESTS=ON -DDEEPINFER_BUILD_EXAMPLES=ON \
+  -DDEEPINFER_BUILD_BENCHMARKS=ON -DDEEPINFER_CUDA=OFF
 cmake --build build/cpp-tests -j "$JOBS"
 ctest --test-dir build/cpp-tests --output-on-failure -j "$JOBS"
+
+step "C++-only example (libdeepinfer without Python) on the tiny checkpoint"
+build/cpp-tests/examples/cpp_generate/cpp_generate "$("$PYTHON" -m deepinfer.tiny)" --max-tokens 8
 
 step "Python tests (pytest)"
 "$PYTHON" -m pytest -q
