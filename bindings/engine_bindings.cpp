@@ -39,8 +39,10 @@ EngineConfig make_config(const std::string& model_path, int max_num_seqs,
                          int num_prefix_snapshots, bool enable_prefix_cache,
                          bool enable_chunked_prefill, bool zero_overhead,
                          const std::string& preemption, double kv_admission_watermark,
-                         int prefill_steps_per_decode_step, int num_threads, uint64_t seed) {
+                         int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
+                         const std::string& device = "cpu") {
   EngineConfig c;
+  c.device = device;
   c.model_path = model_path;
   c.max_num_seqs = max_num_seqs;
   c.max_num_batched_tokens = max_num_batched_tokens;
@@ -145,12 +147,13 @@ void bind_engine(nb::module_& m) {
                        int max_model_len, int num_kv_blocks, int num_prefix_snapshots,
                        bool enable_prefix_cache, bool enable_chunked_prefill, bool zero_overhead,
                        const std::string& preemption, double kv_admission_watermark,
-                       int prefill_steps_per_decode_step, int num_threads, uint64_t seed) {
+                       int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
+                       const std::string& device) {
              EngineConfig c = make_config(model_path, max_num_seqs, max_num_batched_tokens,
                                           max_model_len, num_kv_blocks, num_prefix_snapshots,
                                           enable_prefix_cache, enable_chunked_prefill,
                                           zero_overhead, preemption, kv_admission_watermark,
-                                          prefill_steps_per_decode_step, num_threads, seed);
+                                          prefill_steps_per_decode_step, num_threads, seed, device);
              nb::gil_scoped_release release;
              return Engine::create(c);
            }),
@@ -158,7 +161,8 @@ void bind_engine(nb::module_& m) {
            "max_model_len"_a = 0, "num_kv_blocks"_a = 0, "num_prefix_snapshots"_a = 0,
            "enable_prefix_cache"_a = true, "enable_chunked_prefill"_a = true,
            "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
-           "prefill_steps_per_decode_step"_a = 1, "num_threads"_a = 0, "seed"_a = 0)
+           "prefill_steps_per_decode_step"_a = 1, "num_threads"_a = 0, "seed"_a = 0,
+           "device"_a = "cpu")
       .def_static(
           "scripted",
           [](int vocab_size, double eos_probability, int num_kv_blocks, int num_snapshot_slots,

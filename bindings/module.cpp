@@ -98,6 +98,8 @@ NB_MODULE(deepinfer_core, m) {
 
   bind_engine(m);
 
+  m.def("backend_available", &deepinfer::backend_available, "device"_a,
+        "Whether this build has the backend named `device` (\"cpu\", \"cuda\", \"cuda:N\").");
   m.def("build_info", &build_info_dict,
         "Version, compiled backends, compiler and build type of this deepinfer_core build.");
 
@@ -141,19 +143,36 @@ NB_MODULE(deepinfer_core, m) {
   nb::class_<deepinfer::ModelRunner>(
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
-                       int max_backtrack, int num_threads) {
+                       int max_backtrack, int num_threads, const std::string& device) {
              deepinfer::RunnerOptions options;
              options.num_blocks = num_blocks;
              options.num_state_slots = num_state_slots;
              options.max_backtrack = max_backtrack;
              options.num_threads = num_threads;
+             options.device = device;
              nb::gil_scoped_release release;
              return deepinfer::ModelRunner::load(path, options);
            }),
            "path"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "max_backtrack"_a = 6,
-           "num_threads"_a = 0,
+           "num_threads"_a = 0, "device"_a = "cpu",
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
            "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots.")
+      .def_static(
+          "random",
+          [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,
+             const std::string& device, uint64_t seed, bool bf16) {
+            deepinfer::RunnerOptions options;
+            options.num_blocks = num_blocks;
+            options.num_state_slots = num_state_slots;
+            options.num_threads = num_threads;
+            options.device = device;
+            nb::gil_scoped_release release;
+            return deepinfer::ModelRunner::random(config_json, options, seed, bf16);
+          },
+          "config_json"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "num_threads"_a = 0,
+          "device"_a = "cpu", "seed"_a = 0, "bf16"_a = true,
+          "The model described by a config.json with random weights (bf16 matrices by default), "
+          "for benchmarks at real widths without a checkpoint.")
       .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)
       .def(
           "forward",

@@ -46,6 +46,7 @@ class EngineOptions:
     prefill_steps_per_decode_step: int = 1
     num_threads: int = 0
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The parity helpers (v4_reference, runner_driver) live with the CPU tests.
+sys.path.insert(0, str(Path(__file__).parent.parent / "python"))
 
 
 def _cuda_available() -> bool:
     import deepinfer_core
 
-    return "cuda" in deepinfer_core.build_info()["backends"]
+    return deepinfer_core.backend_available("cuda")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

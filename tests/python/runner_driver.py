@@ -13,12 +13,15 @@ BLOCK_SIZE = 128
 
 
 class RunnerDriver:
-    def __init__(self, checkpoint: str, max_seqs: int = 4, max_len: int = 1024) -> None:
+    def __init__(
+        self, checkpoint: str, max_seqs: int = 4, max_len: int = 1024, device: str = "cpu"
+    ) -> None:
         self.blocks_per_seq = (max_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.runner = deepinfer_core.ModelRunner(
             checkpoint,
             num_blocks=1 + max_seqs * self.blocks_per_seq,
             num_state_slots=max_seqs,
+            device=device,
         )
 
     def block_table(self, slot: int) -> list[int]:

@@ -165,3 +165,54 @@ def greedy_continuation(model: DeepseekV4ForCausalLM, tokens: Sequence[int], n: 
         )
         generated.append(int(out.logits[0, -1].argmax()))
     return generated
+
+
+@torch.no_grad()
+def selection_margins(model: DeepseekV4ForCausalLM, tokens: Sequence[int]) -> dict[str, float]:
+    """Smallest relative gap (divided by the largest score), over every position, between the last
+    selected and the first rejected score of each discrete selection in the reference's one-shot forward: the lightning indexer's top-k
+    (CSA layers) and the MoE router's top-k (moe layers). A gap within rounding means two
+    implementations that sum in different orders may legitimately pick different entries
+    (model.md F.3), so parity cases must keep these gaps clear of fp32 noise."""
+    cfg = model.config
+    margins = {"indexer": float("inf"), "router": float("inf")}
+    hooks = []
+
+    def on_scores(module, args, out):
+        scores = out[0].float()  # [S, T]
+        ratio = cfg.compress_rates["compressed_sparse_attention"]
+        for p in range(scores.shape[0]):
+            n = (p + 1) // ratio
+            if n <= cfg.index_topk:
+                continue
+            v = scores[p, :n].sort(descending=True).values
+            margins["indexer"] = min(
+                margins["indexer"], float(v[cfg.index_topk - 1] - v[cfg.index_topk])
+            )
+
+    def on_router(module, args, out):
+        if not hasattr(module, "e_score_correction_bias"):
+            return  # hash routing: the table picks the experts
+        scores = (
+            torch.nn.functional.softplus(out[0].float()).sqrt() + module.e_score_correction_bias
+        )
+        v = scores.sort(dim=-1, descending=True).values
+        k = cfg.num_experts_per_tok
+        gap = (v[:, k - 1] - v[:, k]) / v.abs().max(dim=-1).values.clamp_min(1e-30)
+        margins["router"] = min(margins["router"], float(gap.min()))
+
+    for layer in model.model.layers:
+        comp = layer.self_attn.compressor
+        if comp is not None and hasattr(comp, "indexer"):
+            hooks.append(comp.indexer.scorer.register_forward_hook(on_scores))
+        hooks.append(layer.mlp.gate.register_forward_hook(on_router))
+    try:
+        model(input_ids=torch.tensor([list(tokens)], device=model.device), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return margins
+
+
+def tie_free(margins: dict[str, float], threshold: float = 1e-5) -> bool:
+    return all(m > threshold for m in margins.values())

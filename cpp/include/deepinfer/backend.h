@@ -130,6 +130,15 @@ class Backend {
 
   virtual DeviceKind device_kind() const = 0;
   virtual std::string name() const = 0;
+  // The dtype a matrix weight (the B operand of linear, grouped_linear, the experts, the
+  // embedding table) is kept in when the checkpoint stores it as `stored`. The CPU reference keeps
+  // everything in f32; a device backend keeps bf16 checkpoints in bf16 for its tensor cores.
+  // Vectors (norm weights, biases, sinks, mHC parameters, position biases) are always f32.
+  virtual DType weight_dtype(DType stored) const = 0;
+  // While forbidden, any host synchronisation (to_host, synchronize, Event::wait) throws
+  // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
+  // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden.
+  virtual void set_host_sync_forbidden(bool forbidden) = 0;
 
   // ---- memory and synchronisation ------------------------------------------------------------
   // Uninitialised device tensor (zeroed on the CPU backend).
@@ -179,6 +188,9 @@ class Backend {
   virtual Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) = 0;
   // Copies t[src[i]] -> t[dst[i]] along dim 0 (state slots: snapshots for the prefix cache).
   virtual void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
+  // Fills an f32 or bf16 tensor with normal(mean, std) values from a counter-based generator
+  // keyed by (seed, element index): random weights for benchmarks, without a checkpoint.
+  virtual void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) = 0;
 
   // ---- hyper-connections
   // ------------------------------------------------------------------------- x [T, H] -> [T, N, H]
@@ -239,7 +251,26 @@ class Backend {
                            const BatchLayout& layout, const AttentionSpec& spec) = 0;
 };
 
+// Forbids host syncs on `backend` for its lifetime (restores the previous state after).
+class HostSyncForbidden {
+ public:
+  explicit HostSyncForbidden(Backend& backend) : backend_(backend) {
+    backend_.set_host_sync_forbidden(true);
+  }
+  ~HostSyncForbidden() { backend_.set_host_sync_forbidden(false); }
+  HostSyncForbidden(const HostSyncForbidden&) = delete;
+  HostSyncForbidden& operator=(const HostSyncForbidden&) = delete;
+
+ private:
+  Backend& backend_;
+};
+
 // The CPU reference backend. `num_threads` = 0 picks the hardware concurrency.
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
+// A backend by name: "cpu", or "cuda" / "cuda:N" when this build has the CUDA backend. Throws
+// Error(kInvalidArgument) for an unknown name, Error(kUnsupported) for a backend not compiled in.
+std::unique_ptr<Backend> make_backend(const std::string& device, int num_threads = 0);
+// True when `device` names a backend this build has.
+bool backend_available(const std::string& device);
 
 }  // namespace deepinfer

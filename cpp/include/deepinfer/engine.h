@@ -79,6 +79,7 @@ struct EngineConfig {
   // When both prefill and decode work exist: this many prefill steps, then one decode step.
   int prefill_steps_per_decode_step = 1;
   int num_threads = 0;  // CPU backend threads (0 = hardware concurrency)
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   uint64_t seed = 0;    // engine seed for requests without their own
 };
 
@@ -99,7 +100,7 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Loads the checkpoint at config.model_path on the CPU backend. Throws deepinfer::Error naming
+  // Loads the checkpoint at config.model_path on config.device. Throws deepinfer::Error naming
   // the bad config field or checkpoint problem.
   static std::unique_ptr<Engine> create(const EngineConfig& config);
   virtual ~Engine() = default;

@@ -22,6 +22,7 @@ struct RunnerOptions {
   int num_state_slots = 8;  // sequences that can hold state at once
   int max_backtrack = 6;    // ring slack for speculative rollback
   int num_threads = 0;      // CPU backend worker threads (0 = hardware concurrency)
+  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..
@@ -41,6 +42,11 @@ class ModelRunner {
   // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches.
   static std::unique_ptr<ModelRunner> load(const std::string& checkpoint_dir,
                                            const RunnerOptions& options = {});
+  // The model described by `config_json` (a config.json path) with random weights whose matrices
+  // are bf16 (or f32 with `bf16 = false`): for benchmarks at real widths without a checkpoint.
+  static std::unique_ptr<ModelRunner> random(const std::string& config_json,
+                                             const RunnerOptions& options, uint64_t seed,
+                                             bool bf16 = true);
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;

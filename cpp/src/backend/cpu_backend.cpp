@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "backend/cpu_checks.h"
+#include "sample/sampler.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer {
@@ -75,6 +76,7 @@ Tensor CpuBackend::upload_weight(const Tensor& host, DType dtype) {
 
 Tensor CpuBackend::to_host(const Tensor& device) {
   cpu::check_host("to_host", "device", device);
+  if (sync_forbidden_) cpu::fail("to_host", "host sync while host syncs are forbidden (inside a forward)");
   synchronize();
   if (!device.is_contiguous()) return device.contiguous();
   // Always a copy: the caller may keep it while later ops overwrite the device tensor.
@@ -96,11 +98,34 @@ void CpuBackend::copy_to_host(const Tensor& device, const Tensor& host) {
   });
 }
 
+void CpuBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) {
+  cpu::check_host("fill_random_normal", "t", t);
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+    cpu::fail("fill_random_normal", "needs an f32 or bf16 tensor, got " + t.describe());
+  }
+  enqueue([t, seed, mean, std](ThreadPool& pool) {
+    const int64_t n = t.numel();
+    pool.parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = mean + std * sample::normal(seed, static_cast<uint64_t>(i));
+        if (t.dtype() == DType::kF32) {
+          t.data<float>()[i] = v;
+        } else {
+          t.data<uint16_t>()[i] = f32_to_bf16(v);
+        }
+      }
+    }, 4096);
+  });
+}
+
 std::unique_ptr<Event> CpuBackend::record_event() {
   return stream_.record_event();
 }
 
 void CpuBackend::synchronize() {
+  if (sync_forbidden_) {
+    throw Error(ErrorCode::kInternal, "synchronize: host sync while host syncs are forbidden (inside a forward)");
+  }
   stream_.synchronize();
 }
 

@@ -31,6 +31,8 @@ class CpuBackend final : public Backend {
 
   DeviceKind device_kind() const override { return DeviceKind::kCpu; }
   std::string name() const override;
+  DType weight_dtype(DType) const override { return DType::kF32; }
+  void set_host_sync_forbidden(bool forbidden) override { sync_forbidden_ = forbidden; }
 
   Tensor empty(const Shape& shape, DType dtype) override;
   Tensor zeros(const Shape& shape, DType dtype) override;
@@ -38,6 +40,7 @@ class CpuBackend final : public Backend {
   Tensor upload_weight(const Tensor& host, DType dtype) override;
   Tensor to_host(const Tensor& device) override;
   void copy_to_host(const Tensor& device, const Tensor& host) override;
+  void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) override;
   std::unique_ptr<Event> record_event() override;
   void synchronize() override;
 
@@ -88,6 +91,7 @@ class CpuBackend final : public Backend {
   void enqueue(std::function<void(ThreadPool&)> task);
 
   // Declared before stream_ so it is destroyed after the stream's worker has drained and joined.
+  bool sync_forbidden_ = false;
   ThreadPool pool_;
   CpuStream stream_;
 };

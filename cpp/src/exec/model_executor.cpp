@@ -39,7 +39,8 @@ Tensor upload_vector(Backend& backend, const std::vector<T>& values) {
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
     : options_(options),
       model_(
-          ModelInstance::load(options.checkpoint_dir, cache_shape(options), options.num_threads)) {}
+          ModelInstance::load(options.checkpoint_dir, cache_shape(options), options.device,
+                                   options.num_threads)) {}
 
 int ModelExecutor::max_position() const {
   return static_cast<int>(std::min<int64_t>(model_->config.max_position_embeddings,
@@ -51,6 +52,7 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   Backend& be = *m.backend;
   auto step = std::make_unique<ModelStep>();
   step->step_id = plan.step_id;
+  HostSyncForbidden no_sync(be);  // launching must never wait for the device
 
   chunks_.resize(plan.rows.size());
   std::vector<RowKey> carried_keys;

@@ -22,6 +22,7 @@ struct ModelExecutorOptions {
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
   int num_threads = 0;
+  std::string device = "cpu";
 };
 
 class ModelExecutor final : public StepExecutor {

@@ -18,9 +18,15 @@ struct ModelInstance {
   std::unique_ptr<ModelCaches> caches;
   std::unique_ptr<DeepseekV4Model> model;
 
-  // Reads <dir>/config.json and the safetensors weights onto a CPU backend with `num_threads`.
+  // Reads <dir>/config.json and the safetensors weights onto `device` ("cpu", "cuda", "cuda:N";
+  // `num_threads` is for the CPU backend).
   static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
-                                             const CacheShape& shape, int num_threads);
+                                             const CacheShape& shape, const std::string& device,
+                                             int num_threads);
+  // The model of `config` with random weights (matrices stored as `stored`), for benchmarks.
+  static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
+                                               const std::string& device, int num_threads,
+                                               uint64_t seed, DType stored);
 };
 
 }  // namespace deepinfer

@@ -18,8 +18,13 @@ class CheckpointModelRunner final : public ModelRunner {
 
   Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) override {
     ModelInstance& m = *instance_;
-    BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
-    return m.backend->to_host(m.model->forward(plan, *m.caches, mode));
+    Tensor logits;
+    {
+      HostSyncForbidden no_sync(*m.backend);
+      BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
+      logits = m.model->forward(plan, *m.caches, mode);
+    }
+    return m.backend->to_host(logits);
   }
 
  private:
@@ -36,7 +41,20 @@ std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir
   shape.num_state_slots = options.num_state_slots;
   shape.max_backtrack = options.max_backtrack;
   return std::make_unique<CheckpointModelRunner>(
-      ModelInstance::load(checkpoint_dir, shape, options.num_threads), options);
+      ModelInstance::load(checkpoint_dir, shape, options.device, options.num_threads), options);
+}
+
+std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
+                                                 const RunnerOptions& options, uint64_t seed,
+                                                 bool bf16) {
+  CacheShape shape;
+  shape.num_blocks = options.num_blocks;
+  shape.num_state_slots = options.num_state_slots;
+  shape.max_backtrack = options.max_backtrack;
+  return std::make_unique<CheckpointModelRunner>(
+      ModelInstance::random(ModelConfig::from_file(config_json), shape, options.device,
+                            options.num_threads, seed, bf16 ? DType::kBF16 : DType::kF32),
+      options);
 }
 
 }  // namespace deepinfer

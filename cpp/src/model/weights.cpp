@@ -1,6 +1,9 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "deepinfer/error.h"
@@ -9,26 +12,65 @@ namespace deepinfer {
 
 namespace {
 
+// Weights from a checkpoint, or (checkpoint null) random weights made on the backend.
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& checkpoint, const ModelConfig& config, Backend& backend)
-      : ckpt_(checkpoint), config_(config), backend_(backend) {}
+  WeightLoader(const Checkpoint* checkpoint, const ModelConfig& config, Backend& backend,
+               uint64_t seed = 0, DType random_stored = DType::kBF16)
+      : ckpt_(checkpoint), config_(config), backend_(backend), seed_(seed), random_stored_(random_stored) {}
 
-  // A floating-point tensor of exactly `shape`, as f32 on the backend.
+  // A floating-point vector parameter of exactly `shape`, as f32 on the backend.
   Tensor load(const std::string& name, const Shape& shape) {
+    if (ckpt_ == nullptr) return random(name, shape, DType::kF32);
     return backend_.upload_weight(host(name, shape, /*integer=*/false), DType::kF32);
+  }
+
+  // A matrix weight (GEMM operand or embedding table) in the backend's dtype for it.
+  Tensor load_matrix(const std::string& name, const Shape& shape) {
+    if (ckpt_ == nullptr) return random(name, shape, backend_.weight_dtype(random_stored_));
+    Tensor h = host(name, shape, /*integer=*/false);
+    return backend_.upload_weight(h, backend_.weight_dtype(h.dtype()));
+  }
+
+  // Random init by parameter kind: norms near 1, mHC scales near 1, biases and position terms
+  // small, matrices N(0, 1/fan_in) so every sub-layer moves the residual by O(1).
+  Tensor random(const std::string& name, const Shape& shape, DType dtype) {
+    Tensor t = backend_.empty(shape, dtype);
+    auto ends_with = [&](const char* suffix) {
+      const std::string s(suffix);
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    float mean = 0.0f;
+    float std = 1.0f / std::sqrt(static_cast<float>(shape.back()));
+    if (name == "embed.weight") {
+      std = 1.0f;
+    } else if (ends_with("norm.weight")) {
+      mean = 1.0f;
+      std = 0.1f;
+    } else if (ends_with("scale")) {
+      mean = 1.0f;
+      std = 0.25f;
+    } else if (ends_with("attn_sink") || ends_with("ape") || ends_with("base")) {
+      std = 0.5f;
+    } else if (ends_with("bias")) {
+      std = 0.1f;
+    }
+    uint64_t h = seed_;
+    for (char c : name) h = h * 1099511628211ULL + static_cast<unsigned char>(c);
+    backend_.fill_random_normal(t, h, mean, std);
+    return t;
   }
 
   // Reads the host view and checks name, dtype family and shape.
   Tensor host(const std::string& name, const Shape& shape, bool integer) {
-    if (!ckpt_.contains(name)) {
-      throw Error(ErrorCode::kNotFound, ckpt_.dir() + ": checkpoint has no tensor '" + name +
+    if (!ckpt_->contains(name)) {
+      throw Error(ErrorCode::kNotFound, ckpt_->dir() + ": checkpoint has no tensor '" + name +
                                             "' (expected shape " + shape_str(shape) +
                                             ") required by config.json");
     }
-    const SafetensorsEntry& e = ckpt_.entry(name);
-    const std::string& file = ckpt_.file_of(name).path();
-    if (ckpt_.contains(name + ".scale") || e.dtype_name == "F8_E4M3" || e.dtype_name == "I8") {
+    const SafetensorsEntry& e = ckpt_->entry(name);
+    const std::string& file = ckpt_->file_of(name).path();
+    if (ckpt_->contains(name + ".scale") || e.dtype_name == "F8_E4M3" || e.dtype_name == "I8") {
       throw Error(ErrorCode::kUnsupported,
                   file + ": tensor '" + name + "' is quantized (" + e.dtype_name +
                       "); FP8/FP4 weights are not supported yet, use a bf16 or fp32 checkpoint");
@@ -46,11 +88,15 @@ class WeightLoader {
                                                  shape_str(e.shape) + " but config.json implies " +
                                                  shape_str(shape));
     }
-    return ckpt_.tensor(name);
+    return ckpt_->tensor(name);
   }
 
-  bool contains(const std::string& name) const { return ckpt_.contains(name); }
-  const std::string& file_of(const std::string& name) const { return ckpt_.file_of(name).path(); }
+  // Random weights use the stacked expert layout.
+  bool contains(const std::string& name) const {
+    return ckpt_ == nullptr ? name.ends_with("gate_up_proj") || name.ends_with("down_proj")
+                            : ckpt_->contains(name);
+  }
+  const std::string& file_of(const std::string& name) const { return ckpt_->file_of(name).path(); }
 
   HcWeights hc(const std::string& prefix, int64_t rows) {
     const int64_t nh = static_cast<int64_t>(config_.hc_mult) * config_.hidden_size;
@@ -63,18 +109,24 @@ class WeightLoader {
   CompressorWeights compressor(const std::string& prefix, int64_t d, int64_t ratio, bool overlap) {
     const int64_t c = overlap ? 2 * d : d;
     const int64_t h = config_.hidden_size;
-    Tensor kv = host(prefix + "wkv.weight", {c, h}, false).to(DType::kF32);
-    Tensor gate = host(prefix + "wgate.weight", {c, h}, false).to(DType::kF32);
-    Tensor stacked = Tensor::zeros({2 * c, h}, DType::kF32);
+    if (ckpt_ == nullptr) {
+      return CompressorWeights{load_matrix(prefix + "wkv_gate.weight", {2 * c, h}),
+                               load(prefix + "ape", {ratio, c}), load(prefix + "norm.weight", {d})};
+    }
+    Tensor kv_stored = host(prefix + "wkv.weight", {c, h}, false);
+    const DType stored = kv_stored.dtype();
+    Tensor kv = kv_stored.to(stored);
+    Tensor gate = host(prefix + "wgate.weight", {c, h}, false).to(stored);
+    Tensor stacked = Tensor::zeros({2 * c, h}, stored);
     std::memcpy(stacked.raw_data(), kv.raw_data(), kv.nbytes());
-    std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(),
-                gate.nbytes());
-    return CompressorWeights{backend_.upload_weight(stacked, DType::kF32),
+    std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(), gate.nbytes());
+    return CompressorWeights{backend_.upload_weight(stacked, backend_.weight_dtype(stored)),
                              load(prefix + "ape", {ratio, c}), load(prefix + "norm.weight", {d})};
   }
 
   Tensor tid2eid(const std::string& name) {
     const int64_t k = config_.num_experts_per_tok;
+    if (ckpt_ == nullptr) return random_tid2eid(name);
     Tensor t = host(name, {config_.vocab_size, k}, true).to(DType::kI64);
     const int64_t* v = t.data<int64_t>();
     for (int64_t i = 0; i < t.numel(); ++i) {
@@ -88,6 +140,28 @@ class WeightLoader {
     return backend_.upload(t, DType::kI32);
   }
 
+  // Each token maps to k distinct experts.
+  Tensor random_tid2eid(const std::string& name) {
+    const int64_t k = config_.num_experts_per_tok;
+    const int64_t e = config_.n_routed_experts;
+    Tensor t = Tensor::zeros({config_.vocab_size, k}, DType::kI32);
+    int32_t* out = t.data<int32_t>();
+    uint64_t h = seed_ ^ std::hash<std::string>{}(name);
+    for (int64_t row = 0; row < config_.vocab_size; ++row) {
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t pick = 0;
+        bool fresh = false;
+        while (!fresh) {
+          h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+          pick = static_cast<int32_t>((h >> 33) % static_cast<uint64_t>(e));
+          fresh = std::find(out + row * k, out + row * k + j, pick) == out + row * k + j;
+        }
+        out[row * k + j] = pick;
+      }
+    }
+    return backend_.upload(t, DType::kI32);
+  }
+
   ExpertWeights experts(const std::string& prefix) {
     const int64_t e_count = config_.n_routed_experts;
     const int64_t i_size = config_.moe_intermediate_size;
@@ -95,8 +169,8 @@ class WeightLoader {
     ExpertWeights ex;
     if (contains(prefix + "gate_up_proj")) {
       // transformers' in-memory layout: gate_up_proj [E, 2I, H] (gate rows first), down [E, H, I].
-      Tensor gate_up = load(prefix + "gate_up_proj", {e_count, 2 * i_size, h});
-      Tensor down = load(prefix + "down_proj", {e_count, h, i_size});
+      Tensor gate_up = load_matrix(prefix + "gate_up_proj", {e_count, 2 * i_size, h});
+      Tensor down = load_matrix(prefix + "down_proj", {e_count, h, i_size});
       for (int64_t e = 0; e < e_count; ++e) {
         Tensor gu = gate_up.select(0, e);
         ex.w1.push_back(gu.narrow(0, 0, i_size));
@@ -107,9 +181,9 @@ class WeightLoader {
     }
     for (int64_t e = 0; e < e_count; ++e) {
       std::string p = prefix + std::to_string(e) + ".";
-      ex.w1.push_back(load(p + "w1.weight", {i_size, h}));
-      ex.w3.push_back(load(p + "w3.weight", {i_size, h}));
-      ex.w2.push_back(load(p + "w2.weight", {h, i_size}));
+      ex.w1.push_back(load_matrix(p + "w1.weight", {i_size, h}));
+      ex.w3.push_back(load_matrix(p + "w3.weight", {i_size, h}));
+      ex.w2.push_back(load_matrix(p + "w2.weight", {h, i_size}));
     }
     return ex;
   }
@@ -120,16 +194,36 @@ class WeightLoader {
   }
 
  private:
-  const Checkpoint& ckpt_;
+  const Checkpoint* ckpt_;
   const ModelConfig& config_;
   Backend& backend_;
+  uint64_t seed_;
+  DType random_stored_;
 };
+
+}  // namespace
+
+namespace {
+
+ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_head);
 
 }  // namespace
 
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
                                 Backend& backend) {
-  WeightLoader w(checkpoint, config, backend);
+  WeightLoader w(&checkpoint, config, backend);
+  return build_weights(w, config, checkpoint.contains("head.weight"));
+}
+
+ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
+                                  DType stored) {
+  WeightLoader w(nullptr, config, backend, seed, stored);
+  return build_weights(w, config, true);
+}
+
+namespace {
+
+ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_head) {
   const int64_t h = config.hidden_size;
   const int64_t v = config.vocab_size;
   const int64_t n = config.hc_mult;
@@ -140,9 +234,9 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
   const int64_t i_size = config.moe_intermediate_size;
 
   ModelWeights m;
-  m.embed = w.load("embed.weight", {v, h});
-  if (checkpoint.contains("head.weight") || !config.tie_word_embeddings) {
-    m.head = w.load("head.weight", {v, h});
+  m.embed = w.load_matrix("embed.weight", {v, h});
+  if (has_head || !config.tie_word_embeddings) {
+    m.head = w.load_matrix("head.weight", {v, h});
   } else {
     m.head = m.embed;
   }
@@ -160,13 +254,13 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
     L.hc_ffn = w.hc(p + "hc_ffn_", (2 + n) * n);
 
     AttentionWeights& a = L.attn;
-    a.wq_a = w.load(p + "attn.wq_a.weight", {q, h});
+    a.wq_a = w.load_matrix(p + "attn.wq_a.weight", {q, h});
     a.q_norm = w.load(p + "attn.q_norm.weight", {q});
-    a.wq_b = w.load(p + "attn.wq_b.weight", {nh * d, q});
-    a.wkv = w.load(p + "attn.wkv.weight", {d, h});
+    a.wq_b = w.load_matrix(p + "attn.wq_b.weight", {nh * d, q});
+    a.wkv = w.load_matrix(p + "attn.wkv.weight", {d, h});
     a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
-    a.wo_a = w.load(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g});
-    a.wo_b = w.load(p + "attn.wo_b.weight", {h, g * config.o_lora_rank});
+    a.wo_a = w.load_matrix(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g});
+    a.wo_b = w.load_matrix(p + "attn.wo_b.weight", {h, g * config.o_lora_rank});
     a.sinks = w.load(p + "attn.attn_sink", {nh});
     const AttentionKind kind = config.layer_types[static_cast<size_t>(li)];
     const int ratio = config.compress_rate(li);
@@ -179,25 +273,27 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
         const int64_t di = config.index_head_dim;
         a.has_indexer = true;
         a.indexer.compressor = w.compressor(p + "attn.indexer.compressor.", di, ratio, true);
-        a.indexer.wq_b = w.load(p + "attn.indexer.wq_b.weight", {hi * di, q});
-        a.indexer.weights_proj = w.load(p + "attn.indexer.weights_proj.weight", {hi, h});
+        a.indexer.wq_b = w.load_matrix(p + "attn.indexer.wq_b.weight", {hi * di, q});
+        a.indexer.weights_proj = w.load_matrix(p + "attn.indexer.weights_proj.weight", {hi, h});
       }
     }
 
     MoeWeights& f = L.ffn;
-    f.gate = w.load(p + "ffn.gate.weight", {config.n_routed_experts, h});
+    f.gate = w.load_matrix(p + "ffn.gate.weight", {config.n_routed_experts, h});
     if (config.mlp_layer_types[static_cast<size_t>(li)] == MlpKind::kHashMoe) {
       f.tid2eid = w.tid2eid(p + "ffn.gate.tid2eid");
     } else {
       f.bias = w.load(p + "ffn.gate.bias", {config.n_routed_experts});
     }
     f.experts = w.experts(p + "ffn.experts.");
-    f.shared_w1 = w.load(p + "ffn.shared_experts.w1.weight", {i_size, h});
-    f.shared_w3 = w.load(p + "ffn.shared_experts.w3.weight", {i_size, h});
-    f.shared_w2 = w.load(p + "ffn.shared_experts.w2.weight", {h, i_size});
+    f.shared_w1 = w.load_matrix(p + "ffn.shared_experts.w1.weight", {i_size, h});
+    f.shared_w3 = w.load_matrix(p + "ffn.shared_experts.w3.weight", {i_size, h});
+    f.shared_w2 = w.load_matrix(p + "ffn.shared_experts.w2.weight", {h, i_size});
     m.layers.push_back(std::move(L));
   }
   return m;
 }
+
+}  // namespace
 
 }  // namespace deepinfer

@@ -69,5 +69,9 @@ struct ModelWeights {
 // the backend in f32. Errors name the tensor, the file and what was expected.
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
                                 Backend& backend);
+// Random weights with every tensor's shape (no checkpoint): matrices as if stored in `stored`
+// (kept in backend.weight_dtype(stored)), drawn on the backend. For benchmarks.
+ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
+                                  DType stored);
 
 }  // namespace deepinfer

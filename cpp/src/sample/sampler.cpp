@@ -190,6 +190,15 @@ double uniform(uint64_t seed, int64_t position, uint32_t stream) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
+float normal(uint64_t seed, uint64_t index) {
+  const uint64_t h = splitmix64(splitmix64(seed) ^ index);
+  const uint64_t g = splitmix64(h);
+  // u1 in (0, 1] so the log is finite; u2 in [0, 1).
+  const double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(g >> 11) * 0x1.0p-53;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
 RowResult sample_row(std::span<const float> logits, const RowParams& params) {
   check_params(logits, params);
   const int32_t best = checked_argmax(logits);

@@ -1,0 +1,176 @@
+// CUDA op microbenchmarks through the Backend API, with the device rooflines measured in the same
+// run: device-to-device copy bandwidth and a large bf16 cuBLAS GEMM (our linear op).
+// Each case enqueues `iters` calls back to back and synchronizes once, so the time is device time
+// whenever a call's device work exceeds its launch cost (the small cases say so).
+//
+// Usage: cuda_op_bench [--iters N]     (prints one JSON object per line)
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend.h"
+
+using namespace deepinfer;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double time_us(Backend& be, int iters, const std::function<void()>& fn) {
+  fn();  // warm up (allocations, cuBLAS heuristics)
+  be.synchronize();
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  be.synchronize();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+}
+
+Tensor rnd(Backend& be, const Shape& shape, DType dtype, uint64_t seed, float std = 1.0f) {
+  Tensor t = be.empty(shape, dtype);
+  be.fill_random_normal(t, seed, 0.0f, std);
+  return t;
+}
+
+Tensor i32(Backend& be, const std::vector<int32_t>& v) {
+  return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
+}
+
+void emit(const std::string& name, const std::string& shape, double us, double bytes, double flops) {
+  std::printf("{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f}\n",
+              name.c_str(), shape.c_str(), us, bytes / us / 1e3, flops / us / 1e6);
+  std::fflush(stdout);
+}
+
+// Layout for B sequences each with one query row at position ctx-1 (decode) or s_q rows.
+BatchLayout decode_layout(Backend& be, int batch, int s_q, int ctx, int blocks_per_seq) {
+  std::vector<int32_t> ids, pos, seq, qs, ctxv, slot, table;
+  for (int b = 0; b < batch; ++b) {
+    qs.push_back(static_cast<int32_t>(ids.size()));
+    ctxv.push_back(ctx - s_q);
+    slot.push_back(b + 1);
+    for (int j = 0; j < s_q; ++j) {
+      ids.push_back(2);
+      pos.push_back(ctx - s_q + j);
+      seq.push_back(b);
+    }
+    for (int k = 0; k < blocks_per_seq; ++k) table.push_back(1 + b * blocks_per_seq + k);
+  }
+  qs.push_back(static_cast<int32_t>(ids.size()));
+  BatchLayout L;
+  L.num_tokens = static_cast<int>(ids.size());
+  L.num_seqs = batch;
+  L.block_size = 128;
+  L.max_blocks_per_seq = blocks_per_seq;
+  L.token_ids = i32(be, ids);
+  L.positions = i32(be, pos);
+  L.token_seq = i32(be, seq);
+  L.seq_q_start = i32(be, qs);
+  L.seq_ctx_len = i32(be, ctxv);
+  L.seq_slot = i32(be, slot);
+  L.block_table = be.upload(Tensor::from_vector(table, {batch, blocks_per_seq}), DType::kI32);
+  return L;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 50;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
+  }
+  auto be = make_backend("cuda");
+  std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
+
+  {  // roofline: device-to-device copy (bytes read + written)
+    const int64_t n = 1LL << 30;  // 4 GiB of f32 ... as 1 Gi rows of one element
+    Tensor a = rnd(*be, {n / 4, 4}, DType::kF32, 1);
+    Tensor b = be->empty({n / 4, 4}, DType::kF32);
+    double us = time_us(*be, 10, [&] { b = be->scale(a, 1.0f); });
+    emit("roofline_copy(scale x1.0)", "4GiB f32", us, 2.0 * static_cast<double>(n) * 4, 0);
+  }
+  {  // roofline: bf16 GEMM 8192^3 via linear (bf16 weights, f32 activations cast to bf16)
+    Tensor x = rnd(*be, {8192, 8192}, DType::kF32, 2);
+    Tensor w = rnd(*be, {8192, 8192}, DType::kBF16, 3);
+    double us = time_us(*be, 10, [&] { (void)be->linear(x, w); });
+    emit("roofline_gemm_bf16(linear)", "8192x8192x8192", us, 0, 2.0 * 8192.0 * 8192.0 * 8192.0);
+  }
+  for (int m : {1, 64, 4096}) {  // q_b projection: [m, 1024] x [32768, 1024]^T
+    Tensor x = rnd(*be, {m, 1024}, DType::kF32, 4);
+    Tensor w = rnd(*be, {32768, 1024}, DType::kBF16, 5);
+    double us = time_us(*be, iters, [&] { (void)be->linear(x, w); });
+    emit("linear_bf16", "M=" + std::to_string(m) + " N=32768 K=1024", us, 32768.0 * 1024 * 2 + m * 1024.0 * 4 + m * 32768.0 * 4,
+         2.0 * m * 32768.0 * 1024);
+  }
+  {
+    Tensor x = rnd(*be, {4096, 4096}, DType::kF32, 6);
+    Tensor w = rnd(*be, {4096}, DType::kF32, 7);
+    double us = time_us(*be, iters, [&] { (void)be->rms_norm(x, w, 1e-6f); });
+    emit("rms_norm", "4096x4096", us, 2.0 * 4096 * 4096 * 4, 0);
+  }
+  {  // mHC pre-mix at V4-Flash width
+    Tensor X = rnd(*be, {4096, 4, 4096}, DType::kF32, 8);
+    Tensor fn = rnd(*be, {24, 16384}, DType::kF32, 9, 0.01f), base = rnd(*be, {24}, DType::kF32, 10),
+           scale = rnd(*be, {3}, DType::kF32, 11);
+    HcParams p;
+    double us = time_us(*be, iters, [&] { (void)be->hc_pre(X, fn, base, scale, p); });
+    emit("hc_pre", "T=4096 N=4 H=4096", us, 4096.0 * 16384 * 4 + 4096.0 * 4096 * 4, 4096.0 * 24 * 16384 * 2);
+  }
+  // Attention decode at the V4-Flash CSA shape: 64 heads x 512, window 128 + 512 chosen entries,
+  // sinks; bf16 weights do not matter here, the KV cache is f32.
+  for (auto [batch, s_q] : std::vector<std::pair<int, int>>{{1, 1}, {64, 1}, {256, 1}, {256, 2}}) {
+    const int ctx = 4096, d = 512, nh = 64, w = 128, ratio = 4, k = 512;
+    const int blocks = ctx / 128;
+    const int t = batch * s_q;
+    BatchLayout L = decode_layout(*be, batch, s_q, ctx, blocks);
+    Tensor q = rnd(*be, {t, nh, d}, DType::kF32, 12), kv = rnd(*be, {t, d}, DType::kF32, 13);
+    Tensor ring = rnd(*be, {batch + 1, w + 6, d}, DType::kF32, 14);
+    Tensor entries = rnd(*be, {(batch * blocks + 1) * (128 / ratio), d}, DType::kF32, 15);
+    std::vector<int32_t> topk(static_cast<size_t>(t) * k);
+    for (int i = 0; i < t; ++i)
+      for (int j = 0; j < k; ++j) topk[static_cast<size_t>(i) * k + j] = j * 2;  // spread over 1024 visible
+    Tensor topk_t = be->upload(Tensor::from_vector(topk, {t, k}), DType::kI32);
+    Tensor sinks = rnd(*be, {nh}, DType::kF32, 16);
+    AttentionSpec spec;
+    spec.window = w;
+    spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    spec.ratio = ratio;
+    spec.sparse = true;
+    double us = time_us(*be, iters, [&] { (void)be->attention(q, kv, ring, entries, topk_t, sinks, L, spec); });
+    const double keys = static_cast<double>(w + k);
+    emit("attention_decode_csa", "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) + " f32 KV", us,
+         batch * keys * d * 4.0, t * keys * nh * d * 4.0);
+  }
+  {  // MoE decode, B=1: 6 experts of [2048, 4096] x2 + [4096, 2048], bf16
+    const int e = 256, i = 2048, h = 4096, kk = 6;
+    Tensor gate_up = rnd(*be, {e, 2 * i, h}, DType::kBF16, 17, 0.02f), down = rnd(*be, {e, h, i}, DType::kBF16, 18, 0.02f);
+    ExpertWeights ex;
+    for (int j = 0; j < e; ++j) {
+      Tensor gu = gate_up.select(0, j);
+      ex.w1.push_back(gu.narrow(0, 0, i));
+      ex.w3.push_back(gu.narrow(0, i, i));
+      ex.w2.push_back(down.select(0, j));
+    }
+    for (int tokens : {1, 64}) {
+      Tensor x = rnd(*be, {tokens, h}, DType::kF32, 19);
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      for (int tkn = 0; tkn < tokens; ++tkn)
+        for (int j = 0; j < kk; ++j) {
+          ids.push_back((tkn * 7 + j * 37) % e);
+          wts.push_back(0.25f);
+        }
+      Routing r{be->upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
+                be->upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
+      double us = time_us(*be, iters, [&] { (void)be->moe_experts(x, r, ex, 10.0f); });
+      const double used = std::min<double>(e, tokens * kk);
+      emit("moe_experts_bf16", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096", us, used * 3.0 * i * h * 2,
+           tokens * kk * 3.0 * 2 * i * h);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,107 @@
+// The CUDA backend: every Backend op as CUDA kernels or cuBLAS calls on one compute stream.
+//
+// Memory comes from the device's stream-ordered pool (cudaMallocAsync / cudaFreeAsync on the
+// compute stream, with a release threshold so freed blocks are cached for reuse). A tensor's
+// deleter frees it on the stream, so memory is reused only after the work that read it.
+// Host -> device uploads go through pinned staging buffers and device -> host copies into pinned
+// buffers finished by a host callback, so neither blocks the host: launching a step never waits
+// for the device. Activations are f32 (as in the CPU reference); matrix weights keep bf16 when the
+// checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend.h"
+
+namespace deepinfer::cuda {
+
+// Stream, cuBLAS handle and pinned staging of one backend; shared with tensor deleters and
+// callbacks, which may outlive the backend object.
+struct CudaContext;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+
+  DeviceKind device_kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override;
+  DType weight_dtype(DType stored) const override;
+  void set_host_sync_forbidden(bool forbidden) override { sync_forbidden_ = forbidden; }
+
+  Tensor empty(const Shape& shape, DType dtype) override;
+  Tensor zeros(const Shape& shape, DType dtype) override;
+  Tensor upload(const Tensor& host, DType dtype) override;
+  Tensor upload_weight(const Tensor& host, DType dtype) override;
+  Tensor to_host(const Tensor& device) override;
+  void copy_to_host(const Tensor& device, const Tensor& host) override;
+  void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) override;
+  std::unique_ptr<Event> record_event() override;
+  void synchronize() override;
+
+  Tensor embedding(const Tensor& table, const Tensor& ids) override;
+  Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) override;
+  Tensor linear(const Tensor& x, const Tensor& w) override;
+  Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups) override;
+  Tensor scale(const Tensor& x, float factor) override;
+  Tensor add(const Tensor& a, const Tensor& b) override;
+  Tensor gather_rows(const Tensor& x, const Tensor& rows) override;
+  Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+              bool inverse) override;
+  Tensor argmax(const Tensor& x) override;
+  SampleResult sample(const Tensor& logits, const SamplingBatch& batch) override;
+  Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) override;
+  void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) override;
+
+  Tensor hc_expand(const Tensor& x, int hc_mult) override;
+  HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+               const HcParams& params) override;
+  Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
+                 const Tensor& comb) override;
+  Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                 const HcParams& params) override;
+
+  Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                    const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                    float routed_scale) override;
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                     float swiglu_limit) override;
+  Tensor swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
+
+  void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
+  Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                       const BatchLayout& layout, const EntryBatch& entries,
+                       const CompressSpec& spec) override;
+  void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
+  Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                      const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                      float weight_scale) override;
+  Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
+                   const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
+                   const AttentionSpec& spec) override;
+
+  // For op implementations.
+  cudaStream_t stream() const;
+  cublasHandle_t cublas() const;
+  int device_index() const { return device_; }
+  int num_sms() const { return num_sms_; }
+  size_t max_shared_memory_per_block() const { return max_smem_optin_; }
+  // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
+  Tensor scratch(size_t nbytes);
+
+ private:
+  void check_sync_allowed(const char* what) const;
+  int device_;
+  int num_sms_ = 0;
+  size_t max_smem_optin_ = 0;
+  std::shared_ptr<CudaContext> ctx_;
+  bool sync_forbidden_ = false;
+};
+
+}  // namespace deepinfer::cuda

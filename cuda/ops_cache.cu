@@ -1,0 +1,302 @@
+// Cache ops of the CUDA backend: ring_write (SWA keys and compressor rows into per-sequence
+// rings), compress_pool (softmax-gated pooling of closed compression windows, model.md A.7/A.8)
+// and scatter_rows (pooled entries into the paged entry caches, D.2/D.3). Each matches the CPU
+// reference op in cpp/src/backend/cpu_ops_cache.cpp on the same inputs.
+//
+// Every per-token quantity (sequence of a row, its position, context length and state slot) is
+// read on the device from the BatchLayout; nothing here waits for the stream.
+//
+// Content errors cannot be raised without a host sync. Where the CPU op throws, these kernels
+// stay inside their buffers and do the following instead:
+//  - ring_write: rows of a sequence whose slot is outside [0, slots), or whose position is
+//    negative, are not written.
+//  - compress_pool: an entry whose sequence is outside [0, B), whose window is negative or not
+//    yet closed, or whose sequence's slot is outside the ring, is written as zeros. A position
+//    that fell out of the ring (the CPU's kInternal error) reads whatever its ring slot holds.
+//  - scatter_rows: a destination outside [0, rows) is skipped (the other rows are stored; the
+//    CPU op stores none). Duplicate destinations race (the CPU keeps the last); callers never
+//    pass them.
+#include <cstdint>
+#include <string>
+
+#include "cuda_backend.h"
+#include "cuda_common.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// ---- host-side checks ---------------------------------------------------------------------------
+
+// A defined, contiguous CUDA tensor of `dtype` whose shape matches `shape` (-1: any size).
+void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
+                  const Shape& shape) {
+  check_device(op, arg, t);
+  check_dtype(op, arg, t, dtype);
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
+  if (!ok) {
+    fail(op, std::string("argument ") + arg + " must have shape " + shape_str(shape) +
+                 " (-1: any size), got " + t.describe());
+  }
+}
+
+// The metadata of the layout tensors these ops read (as the CPU's check_layout).
+void check_layout(const char* op, const BatchLayout& layout) {
+  const int64_t t = layout.num_tokens;
+  const int64_t b = layout.num_seqs;
+  if (t < 0 || b < 0 || layout.block_size <= 0 || (t > 0 && b == 0)) {
+    fail(op, "layout has num_tokens " + std::to_string(t) + ", num_seqs " + std::to_string(b) +
+                 ", block_size " + std::to_string(layout.block_size) +
+                 " (expected >= 0, >= 1 when there are tokens, > 0)");
+  }
+  check_tensor(op, "layout.positions", layout.positions, DType::kI32, {t});
+  check_tensor(op, "layout.seq_q_start", layout.seq_q_start, DType::kI32, {b + 1});
+  check_tensor(op, "layout.seq_ctx_len", layout.seq_ctx_len, DType::kI32, {b});
+  check_tensor(op, "layout.seq_slot", layout.seq_slot, DType::kI32, {b});
+}
+
+// ---- device-side layout -------------------------------------------------------------------------
+
+// The layout tensors the kernels read, by value.
+struct DeviceLayout {
+  const int32_t* positions;  // [T]
+  const int32_t* q_start;    // [B + 1]
+  const int32_t* ctx_len;    // [B]
+  const int32_t* slot;       // [B]
+  int num_tokens;
+  int num_seqs;
+};
+
+DeviceLayout device_layout(const BatchLayout& layout) {
+  return {layout.positions.data<int32_t>(),
+          layout.seq_q_start.data<int32_t>(),
+          layout.seq_ctx_len.data<int32_t>(),
+          layout.seq_slot.data<int32_t>(),
+          layout.num_tokens,
+          layout.num_seqs};
+}
+
+// Sequence of row t: the last b in [0, B) with q_start[b] <= t (the CPU's seq_of_rows; empty
+// sequences are skipped the same way). Needs B >= 1.
+__device__ int seq_of_row(const DeviceLayout& l, int t) {
+  int lo = 0;
+  int hi = l.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (l.q_start[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+constexpr int kRowThreads = 128;
+
+// Copies `width` floats; 16-byte vectors when both rows allow it.
+__device__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int64_t width,
+                         bool vec4) {
+  if (vec4) {
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    for (int64_t i = threadIdx.x; i < width / 4; i += blockDim.x) d4[i] = s4[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// ---- ring_write ---------------------------------------------------------------------------------
+
+// One block per row t: the row is stored at ring[slot][pos % R] when it is among the last R rows
+// of its sequence (earlier rows of a longer chunk would be overwritten by later ones anyway, and
+// skipping them keeps the writes of one call disjoint).
+__global__ void ring_write_kernel(float* __restrict__ ring, const float* __restrict__ rows,
+                                  DeviceLayout l, int64_t slots, int64_t ring_len, int64_t width,
+                                  bool vec4) {
+  const int t = blockIdx.x;
+  const int b = seq_of_row(l, t);
+  if (t < l.q_start[b + 1] - ring_len) return;
+  const int64_t slot = l.slot[b];
+  const int64_t pos = l.positions[t];
+  if (slot < 0 || slot >= slots || pos < 0) return;
+  copy_row(ring + (slot * ring_len + pos % ring_len) * width, rows + t * width, width, vec4);
+}
+
+// ---- compress_pool ------------------------------------------------------------------------------
+
+struct PoolArgs {
+  const float* proj;      // [T, 2C]
+  const float* ring;      // [slots, R, 2C]
+  const float* ape;       // [m, C]
+  const int32_t* seq;     // [E]
+  const int32_t* window;  // [E]
+  float* out;             // [E, D]
+  int64_t slots;
+  int64_t ring_len;
+  int num_entries;
+  int ratio;  // m
+  int dim;    // D
+  bool overlap;
+};
+
+// Block (entry e, channel chunk); one thread per channel. Slot s of the pooled window is
+//  - without overlap: token w*m + s, kv = row[ch], gate = row[D + ch], bias = ape[s][ch];
+//  - with overlap (C = 2D): for w > 0 first the previous window's Ca series (token (w-1)*m + i,
+//    kv = row[ch], gate = row[2D + ch], bias = ape[i][ch]), then this window's Cb series (token
+//    w*m + i, kv = row[D + ch], gate = row[3D + ch], bias = ape[i][D + ch]). Window 0 has no Ca
+//    slots (the reference's zero kv with a -inf gate, weight exactly 0).
+// alpha = softmax over the slots of gate + bias; out = sum alpha * kv.
+__global__ void compress_pool_kernel(PoolArgs a, DeviceLayout l) {
+  const int e = blockIdx.x;
+  const int ch = blockIdx.y * blockDim.x + threadIdx.x;
+  if (ch >= a.dim) return;
+  const int64_t m = a.ratio;
+  const int64_t dim = a.dim;
+  const int64_t c = a.overlap ? 2 * dim : dim;
+  float* o = a.out + static_cast<int64_t>(e) * dim + ch;
+  const int b = a.seq[e];
+  const int64_t w = a.window[e];
+  bool valid = b >= 0 && b < l.num_seqs && w >= 0;
+  int64_t ctx = 0, q_start = 0, slot = 0;
+  if (valid) {
+    ctx = l.ctx_len[b];
+    q_start = l.q_start[b];
+    slot = l.slot[b];
+    const int64_t q_len = l.q_start[b + 1] - q_start;
+    valid = ctx >= 0 && q_start >= 0 && q_len >= 0 && q_start + q_len <= l.num_tokens &&
+            (w + 1) * m <= ctx + q_len && slot >= 0 && slot < a.slots;
+  }
+  if (!valid) {
+    *o = 0.0f;
+    return;
+  }
+  // Row [kv | gate] of position p: this call's projection, or the ring for earlier tokens.
+  auto row_of = [&](int64_t p) -> const float* {
+    if (p >= ctx) return a.proj + (q_start + p - ctx) * 2 * c;
+    return a.ring + (slot * a.ring_len + p % a.ring_len) * 2 * c;
+  };
+  const int64_t n_prev = a.overlap && w > 0 ? m : 0;
+  const int64_t n = n_prev + m;
+  // Slot s -> (row, kv channel offset, gate channel offset, bias).
+  auto slot_at = [&](int64_t s, const float*& row, int64_t& kv_off, int64_t& gate_off,
+                     float& bias) {
+    const bool prev = s < n_prev;
+    const int64_t i = prev ? s : s - n_prev;
+    row = row_of((prev ? w - 1 : w) * m + i);
+    kv_off = a.overlap && !prev ? dim : 0;
+    gate_off = a.overlap ? (prev ? 2 * dim : 3 * dim) : dim;
+    bias = a.ape[i * c + (a.overlap && !prev ? dim : 0) + ch];
+  };
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n; ++s) {
+    const float* row;
+    int64_t kv_off, gate_off;
+    float bias;
+    slot_at(s, row, kv_off, gate_off, bias);
+    mx = fmaxf(mx, row[gate_off + ch] + bias);
+  }
+  float den = 0.0f, num = 0.0f;
+  for (int64_t s = 0; s < n; ++s) {
+    const float* row;
+    int64_t kv_off, gate_off;
+    float bias;
+    slot_at(s, row, kv_off, gate_off, bias);
+    const float z = expf(row[gate_off + ch] + bias - mx);
+    den += z;
+    num += z * row[kv_off + ch];
+  }
+  *o = num / den;
+}
+
+// ---- scatter_rows -------------------------------------------------------------------------------
+
+__global__ void scatter_rows_kernel(float* __restrict__ cache, const float* __restrict__ rows,
+                                    const int32_t* __restrict__ dest, int64_t cache_rows,
+                                    int64_t width, bool vec4) {
+  const int64_t i = blockIdx.x;
+  const int64_t d = dest[i];
+  if (d < 0 || d >= cache_rows) return;
+  copy_row(cache + d * width, rows + i * width, width, vec4);
+}
+
+}  // namespace
+
+void CudaBackend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) {
+  const char* op = "ring_write";
+  check_tensor(op, "ring", ring, DType::kF32, {-1, -1, -1});
+  const int64_t slots = ring.size(0);
+  const int64_t ring_len = ring.size(1);
+  const int64_t width = ring.size(2);
+  check_layout(op, layout);
+  check_tensor(op, "rows", rows, DType::kF32, {layout.num_tokens, width});
+  if (ring_len == 0) fail(op, "ring " + ring.describe() + " has no slots per sequence");
+  if (layout.num_tokens == 0 || width == 0) return;
+  const bool vec4 = width % 4 == 0 && aligned16(ring.raw_data()) && aligned16(rows.raw_data());
+  ring_write_kernel<<<static_cast<unsigned>(layout.num_tokens), kRowThreads, 0, stream()>>>(
+      ring.data<float>(), rows.data<float>(), device_layout(layout), slots, ring_len, width, vec4);
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+}
+
+Tensor CudaBackend::compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                                  const BatchLayout& layout, const EntryBatch& entries,
+                                  const CompressSpec& spec) {
+  const char* op = "compress_pool";
+  if (spec.ratio < 1 || spec.head_dim < 1) {
+    fail(op, "spec needs ratio >= 1 and head_dim >= 1, got ratio " + std::to_string(spec.ratio) +
+                 ", head_dim " + std::to_string(spec.head_dim));
+  }
+  const int64_t m = spec.ratio;
+  const int64_t dim = spec.head_dim;
+  const int64_t c = spec.overlap ? 2 * dim : dim;
+  check_layout(op, layout);
+  check_tensor(op, "proj", proj, DType::kF32, {layout.num_tokens, 2 * c});
+  check_tensor(op, "ring", ring, DType::kF32, {-1, -1, 2 * c});
+  check_tensor(op, "ape", ape, DType::kF32, {m, c});
+  const int64_t num_entries = entries.num_entries;
+  if (num_entries < 0) fail(op, "entries.num_entries is negative");
+  Tensor out = empty({num_entries, dim}, DType::kF32);
+  if (num_entries == 0) return out;
+  check_tensor(op, "entries.seq", entries.seq, DType::kI32, {num_entries});
+  check_tensor(op, "entries.window", entries.window, DType::kI32, {num_entries});
+  if (ring.size(1) == 0) fail(op, "ring " + ring.describe() + " has no slots per sequence");
+  PoolArgs a{};
+  a.proj = proj.data<float>();
+  a.ring = ring.data<float>();
+  a.ape = ape.data<float>();
+  a.seq = entries.seq.data<int32_t>();
+  a.window = entries.window.data<int32_t>();
+  a.out = out.data<float>();
+  a.slots = ring.size(0);
+  a.ring_len = ring.size(1);
+  a.num_entries = static_cast<int>(num_entries);
+  a.ratio = static_cast<int>(m);
+  a.dim = static_cast<int>(dim);
+  a.overlap = spec.overlap;
+  const dim3 grid(static_cast<unsigned>(num_entries), ceil_div(dim, kRowThreads));
+  compress_pool_kernel<<<grid, kRowThreads, 0, stream()>>>(a, device_layout(layout));
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return out;
+}
+
+void CudaBackend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
+  const char* op = "scatter_rows";
+  check_tensor(op, "cache", cache, DType::kF32, {-1, -1});
+  check_tensor(op, "rows", rows, DType::kF32, {-1, cache.size(1)});
+  check_tensor(op, "dest", dest, DType::kI32, {rows.size(0)});
+  const int64_t n = rows.size(0);
+  const int64_t width = cache.size(1);
+  if (n == 0 || width == 0) return;
+  if (n > 0x7fffffff) fail(op, std::to_string(n) + " rows exceed one launch");
+  const bool vec4 = width % 4 == 0 && aligned16(cache.raw_data()) && aligned16(rows.raw_data());
+  scatter_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream()>>>(
+      cache.data<float>(), rows.data<float>(), dest.data<int32_t>(), cache.size(0), width, vec4);
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,815 @@
+// Mixture-of-experts ops of the CUDA backend: moe_route and moe_experts. They match the CPU
+// reference ops (cpp/src/backend/cpu_ops_moe.cpp) on the same inputs.
+//
+// moe_route: router logits x . gate_w^T in f32 (gate_w f32 or bf16, the activations stay f32),
+// scores sqrt(softplus(logit)), then per token either the top-k of scores + bias (ties: lower
+// expert id) or the hash table row tid2eid[token]; the chosen scores are renormalised in slot
+// order and scaled. Ids come out in the CPU's order (key descending, then id ascending).
+//
+// moe_experts, all on the device and in stream order (no host sync, no host-side routing):
+//  1. group_pairs (one CTA): the (token, slot) pairs are counted per expert, the counts
+//     exclusive-scanned into row offsets, the pairs scattered into expert order, and the list of
+//     row tiles (expert, first sorted row, rows) the GEMMs run over is written with its length.
+//  2. gate/up GEMM + SwiGLU over the tile list -> act [pairs, I], rows in expert order.
+//  3. down GEMM over the tile list -> y [pairs, H], rows in (token, slot) order.
+//  4. out[t] = sum_j weight[t, j] * y[t, j], summed in slot order j.
+// The GEMM grids are sized from a host bound on the tile count (ceil(P / rows) + min(E, P));
+// CTAs past the count the device wrote exit at once. Each output element depends only on its own
+// row and weight column, reduced over K in a fixed order whatever else shares its tile, and step
+// 4 sums in slot order: the result is deterministic even though the scatter of step 1 (shared
+// atomics) puts the pairs of one expert in run-dependent order.
+//
+// Two GEMM shapes share the tile list:
+//  - decode (few pairs per expert): tiles of kGemvRows pairs; one warp streams kGemvWeightRows
+//    weight rows with 16-byte loads, coalesced across the warp, so each used expert's weights are
+//    read once per tile (once in total when an expert has <= kGemvRows pairs). Memory-bound.
+//  - prefill: 64 x 64 output tiles with 32-deep K steps through shared memory, 4 x 4 results per
+//    thread, f32 FMA on CUDA cores (activations stay f32, bf16 weights are widened exactly, so
+//    results equal the CPU op on bf16-rounded weights up to summation order).
+//
+// Robustness where the CPU op throws (a device op cannot): a routing.expert_ids entry outside
+// [0, E) is dropped (that slot contributes nothing to its token); in hash routing a token id
+// outside [0, V) is clamped into that range and a table entry outside [0, E) is clamped too, so no
+// read is ever out of bounds. NaN router scores give an unspecified (but in-range) choice.
+#include <algorithm>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+#include <string>
+
+#include "cuda_backend.h"
+#include "cuda_common.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Largest expert count: group_pairs keeps two ints per expert in shared memory.
+constexpr int kMaxExperts = 4096;
+// Token rows per moe_experts pass: bounds the [pairs, I] and [pairs, H] f32 intermediates.
+constexpr int64_t kMaxPassTokens = 2048;
+
+// Decode GEMM shape.
+constexpr int kGemvRows = 4;        // pairs per tile
+constexpr int kGemvWarps = 4;       // warps per CTA
+constexpr int kGemvWeightRows = 4;  // weight rows one warp streams together
+
+// Prefill GEMM shape.
+constexpr int kTileM = 64;
+constexpr int kTileN = 64;
+constexpr int kTileK = 32;
+constexpr int kTileThreads = 256;
+
+constexpr int kGroupThreads = 256;
+
+// Router: experts per CTA (one warp each) and tokens per warp.
+constexpr int kRouteWarps = 4;
+constexpr int kRouteRows = 8;
+// Tokens per CTA of the top-k selection (one warp each).
+constexpr int kSelectWarps = 4;
+
+// ---- small device helpers ----------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
+// torch.nn.functional.softplus (beta 1, threshold 20), as cpu::softplus.
+__device__ __forceinline__ float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ float router_score(float logit) {
+  return sqrtf(softplus(logit));
+}
+
+// silu(min(gate, L)) * clamp(up, -L, L), as cpu::swiglu (comparisons so NaN propagates).
+__device__ __forceinline__ float swiglu(float gate, float up, float limit) {
+  const float g = gate > limit ? limit : gate;
+  const float u = up > limit ? limit : (up < -limit ? -limit : up);
+  return g * (1.0f / (1.0f + expf(-g))) * u;
+}
+
+// Elements of W in one 16-byte load.
+template <typename W>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  static constexpr int kN = 4;
+};
+template <>
+struct Vec16<__nv_bfloat16> {
+  static constexpr int kN = 8;
+};
+
+__device__ __forceinline__ void load16(const float* p, float (&v)[4]) {
+  const float4 q = __ldg(reinterpret_cast<const float4*>(p));
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+
+__device__ __forceinline__ void load16(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // bf16 -> f32 is exact: the bf16 bits are the high half of the f32.
+    v[2 * i] = __uint_as_float(words[i] << 16);
+    v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// N consecutive f32 activations (N a multiple of 4, p 16-byte aligned).
+template <int N>
+__device__ __forceinline__ void load_f32(const float* p, float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(p) + i);
+    v[4 * i] = q.x;
+    v[4 * i + 1] = q.y;
+    v[4 * i + 2] = q.z;
+    v[4 * i + 3] = q.w;
+  }
+}
+
+// Lane partials of M x R dot products over K: acc[m][r] += w[m][k] * x[r][k] for this lane's k.
+// kVec: 16-byte weight loads, lanes strided by 16 bytes (a warp reads 512 contiguous bytes per
+// row), which needs K % Vec16<W>::kN == 0 and 16-byte aligned rows; otherwise one element per
+// lane. Rows r >= rows are skipped (their pointers are never dereferenced). The caller sums acc
+// over the warp; the order of every sum is fixed, so results do not depend on the launch.
+template <typename W, bool kVec, int M, int R>
+__device__ __forceinline__ void lane_dots(const W* (&w)[M], const float* (&x)[R], int rows,
+                                          int64_t K, float (&acc)[M][R]) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  if constexpr (kVec) {
+    constexpr int kN = Vec16<W>::kN;
+#pragma unroll 2
+    for (int64_t k = static_cast<int64_t>(lane) * kN; k < K; k += 32 * kN) {
+      float wv[M][kN];
+#pragma unroll
+      for (int m = 0; m < M; ++m) load16(w[m] + k, wv[m]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          float xv[kN];
+          load_f32<kN>(x[r] + k, xv);
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+#pragma unroll
+            for (int i = 0; i < kN; ++i) acc[m][r] = fmaf(wv[m][i], xv[i], acc[m][r]);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < K; k += 32) {
+      float wv[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) wv[m] = load_as_float(w[m], k);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          const float xv = x[r][k];
+#pragma unroll
+          for (int m = 0; m < M; ++m) acc[m][r] = fmaf(wv[m], xv, acc[m][r]);
+        }
+      }
+    }
+  }
+}
+
+// ---- routing -----------------------------------------------------------------------------------
+
+// logits[t, e] = x[t] . gate[e]. One warp per expert and kRouteRows tokens: the gate row is read
+// once per token block.
+template <typename W, bool kVec>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    router_logits_kernel(const float* __restrict__ x, const W* __restrict__ gate, int64_t tokens,
+                         int64_t hidden, int experts, float* __restrict__ logits) {
+  const int e = static_cast<int>(blockIdx.x) * kRouteWarps + static_cast<int>(threadIdx.x / 32);
+  if (e >= experts) return;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRouteRows;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kRouteRows), tokens - t0));
+  const W* w[1] = {gate + static_cast<int64_t>(e) * hidden};
+  const float* xr[kRouteRows];
+#pragma unroll
+  for (int r = 0; r < kRouteRows; ++r) xr[r] = x + (t0 + min(r, rows - 1)) * hidden;
+  float acc[1][kRouteRows] = {};
+  lane_dots<W, kVec>(w, xr, rows, hidden, acc);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int r = 0; r < kRouteRows; ++r) {
+    const float v = warp_sum(acc[0][r]);
+    if (lane == r && r < rows) logits[(t0 + r) * experts + e] = v;
+  }
+}
+
+// Candidate of the top-k selection; id -1 = none.
+struct Pick {
+  float key;
+  int id;
+};
+
+// a ranks before b: key descending, then id ascending; "none" ranks last.
+__device__ __forceinline__ bool ranks_before(const Pick& a, const Pick& b) {
+  if (a.id < 0) return false;
+  if (b.id < 0) return true;
+  return a.key > b.key || (a.key == b.key && a.id < b.id);
+}
+
+// One warp per token: the chosen experts and their renormalised, scaled weights.
+// Top-k: round j picks the best (key, id) ranking strictly after the pick of round j-1, which is
+// the CPU's partial_sort order without a "taken" set. NaN keys are never candidates.
+__global__ void __launch_bounds__(kSelectWarps * 32)
+    route_select_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                        const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ token_ids,
+                        int64_t tokens, int experts, int top_k, int64_t vocab, float routed_scale,
+                        int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
+  const int64_t t =
+      static_cast<int64_t>(blockIdx.x) * kSelectWarps + static_cast<int64_t>(threadIdx.x / 32);
+  if (t >= tokens) return;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const float* row = logits + t * experts;
+  int32_t* ids = ids_out + t * top_k;
+  float* weights = weights_out + t * top_k;
+  if (tid2eid != nullptr) {
+    if (lane == 0) {
+      // Clamped rather than rejected: see the file comment.
+      const int64_t tok = min(max(static_cast<int64_t>(token_ids[t]), int64_t{0}), vocab - 1);
+      for (int j = 0; j < top_k; ++j) {
+        ids[j] = min(max(tid2eid[tok * top_k + j], 0), experts - 1);
+      }
+    }
+  } else {
+    Pick prev{0.0f, -1};
+    for (int j = 0; j < top_k; ++j) {
+      Pick best{0.0f, -1};
+      for (int e = lane; e < experts; e += 32) {
+        const float s = router_score(row[e]);
+        const Pick c{bias != nullptr ? s + bias[e] : s, e};
+        if (c.key != c.key) continue;                          // NaN
+        if (prev.id >= 0 && !ranks_before(prev, c)) continue;  // not after the previous pick
+        if (ranks_before(c, best)) best = c;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const Pick o{__shfl_xor_sync(kFullMask, best.key, off),
+                     __shfl_xor_sync(kFullMask, best.id, off)};
+        if (ranks_before(o, best)) best = o;
+      }
+      if (best.id >= 0) prev = best;
+      if (lane == 0) ids[j] = best.id >= 0 ? best.id : 0;  // < k non-NaN scores: unspecified
+    }
+  }
+  __syncwarp();
+  if (lane == 0) {
+    // As the CPU: the chosen scores summed in slot order, then score / (sum + 1e-20) * scale.
+    float sum = 0.0f;
+    for (int j = 0; j < top_k; ++j) sum += router_score(row[ids[j]]);
+    for (int j = 0; j < top_k; ++j) {
+      weights[j] = router_score(row[ids[j]]) / (sum + 1e-20f) * routed_scale;
+    }
+  }
+}
+
+// ---- grouping by expert ------------------------------------------------------------------------
+
+// The device-built work list of the expert GEMMs.
+struct TileList {
+  const int32_t* expert;  // [max_tiles] expert of the tile
+  const int32_t* start;   // [max_tiles] first row of the tile in the expert-sorted pair order
+  const int32_t* rows;    // [max_tiles] rows of the tile (1..tile_rows)
+  const int32_t* count;   // [1] tiles written
+};
+
+// One CTA. sorted_pair[i] = the pair index (t * k + j) of sorted row i; the rows of expert e are
+// [offset_e, offset_e + count_e), offsets the exclusive scan of the counts. Pairs with an id
+// outside [0, E) are left out. Needs 2 * E ints of dynamic shared memory.
+__global__ void __launch_bounds__(kGroupThreads)
+    group_pairs_kernel(const int32_t* __restrict__ ids, int pairs, int experts, int tile_rows,
+                       int max_tiles, int32_t* __restrict__ sorted_pair,
+                       int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_start,
+                       int32_t* __restrict__ tile_count_rows, int32_t* __restrict__ num_tiles) {
+  using BlockScan = cub::BlockScan<int, kGroupThreads>;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+  extern __shared__ int group_smem[];
+  int* counts = group_smem;          // [E]
+  int* fill = group_smem + experts;  // [E] next free sorted row of each expert
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < experts; e += kGroupThreads) counts[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kGroupThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  // Row offsets and tile offsets: exclusive scans over experts, a CTA-wide chunk at a time.
+  int row_carry = 0;
+  int tile_carry = 0;
+  for (int base = 0; base < experts; base += kGroupThreads) {
+    const int e = base + tid;
+    const int c = e < experts ? counts[e] : 0;
+    const int nt = (c + tile_rows - 1) / tile_rows;
+    int row_off = 0, row_total = 0, tile_off = 0, tile_total = 0;
+    BlockScan(scan_tmp).ExclusiveSum(c, row_off, row_total);
+    __syncthreads();
+    BlockScan(scan_tmp).ExclusiveSum(nt, tile_off, tile_total);
+    __syncthreads();
+    if (e < experts) {
+      const int first_row = row_carry + row_off;
+      fill[e] = first_row;
+      for (int i = 0; i < nt; ++i) {
+        const int tile = tile_carry + tile_off + i;
+        if (tile < max_tiles) {  // never false: max_tiles is an upper bound
+          tile_expert[tile] = e;
+          tile_start[tile] = first_row + i * tile_rows;
+          tile_count_rows[tile] = min(tile_rows, c - i * tile_rows);
+        }
+      }
+    }
+    row_carry += row_total;
+    tile_carry += tile_total;
+  }
+  if (tid == 0) *num_tiles = min(tile_carry, max_tiles);
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kGroupThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < experts) sorted_pair[atomicAdd(&fill[e], 1)] = p;
+  }
+}
+
+// ---- decode GEMMs ------------------------------------------------------------------------------
+
+// act[row] = swiglu(x[token] . w1_e^T, x[token] . w3_e^T) for the rows of one tile; one warp per
+// kGemvWeightRows / 2 intermediate columns (their w1 and w3 rows).
+template <typename W>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gate_up_gemv_kernel(const float* __restrict__ x, int64_t hidden, int64_t inter, int top_k,
+                        const int32_t* __restrict__ sorted_pair, TileList tiles,
+                        const W* const* __restrict__ w1s, const W* const* __restrict__ w3s,
+                        float limit, float* __restrict__ act) {
+  constexpr int kCols = kGemvWeightRows / 2;
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= *tiles.count) return;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.y) * kGemvWarps + threadIdx.x / 32) * kCols;
+  if (col0 >= inter) return;  // the whole warp leaves; no CTA barrier follows
+  const int e = tiles.expert[tile];
+  const int start = tiles.start[tile];
+  const int rows = tiles.rows[tile];
+  const W* w[2 * kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int64_t col = min(col0 + c, inter - 1);  // tail columns read a valid row, never stored
+    w[c] = w1s[e] + col * hidden;
+    w[kCols + c] = w3s[e] + col * hidden;
+  }
+  const float* xr[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    xr[r] = x + static_cast<int64_t>(sorted_pair[start + min(r, rows - 1)] / top_k) * hidden;
+  }
+  float acc[2 * kCols][kGemvRows] = {};
+  lane_dots<W, true>(w, xr, rows, hidden, acc);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      const float g = warp_sum(acc[c][r]);
+      const float u = warp_sum(acc[kCols + c][r]);
+      if (lane == c * kGemvRows + r && r < rows && col0 + c < inter) {
+        act[static_cast<int64_t>(start + r) * inter + col0 + c] = swiglu(g, u, limit);
+      }
+    }
+  }
+}
+
+// y[pair] = act[row] . w2_e^T for the rows of one tile; one warp per kGemvWeightRows columns.
+template <typename W>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    down_gemv_kernel(const float* __restrict__ act, int64_t hidden, int64_t inter,
+                     const int32_t* __restrict__ sorted_pair, TileList tiles,
+                     const W* const* __restrict__ w2s, float* __restrict__ y) {
+  constexpr int kCols = kGemvWeightRows;
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= *tiles.count) return;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.y) * kGemvWarps + threadIdx.x / 32) * kCols;
+  if (col0 >= hidden) return;
+  const int e = tiles.expert[tile];
+  const int start = tiles.start[tile];
+  const int rows = tiles.rows[tile];
+  const W* w[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) w[c] = w2s[e] + min(col0 + c, hidden - 1) * inter;
+  const float* xr[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    xr[r] = act + static_cast<int64_t>(start + min(r, rows - 1)) * inter;
+  }
+  float acc[kCols][kGemvRows] = {};
+  lane_dots<W, true>(w, xr, rows, inter, acc);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      const float v = warp_sum(acc[c][r]);
+      if (lane == c * kGemvRows + r && r < rows && col0 + c < hidden) {
+        y[static_cast<int64_t>(sorted_pair[start + r]) * hidden + col0 + c] = v;
+      }
+    }
+  }
+}
+
+// ---- prefill GEMMs -----------------------------------------------------------------------------
+
+// Shared-memory tile of one operand, K-major; the +1 pad keeps both the transposing stores and
+// the reads free of bank conflicts.
+using TileBuf = float[kTileK][kTileM + 1];
+static_assert(kTileM == kTileN, "one buffer type serves both operands");
+
+// Loads k in [k0, k0 + kTileK) of the 64 rows whose pointers are in `rows` (shared memory; null
+// = a row outside the tile) into s[k - k0][row]: thread t loads k0 + t % 32 of rows t / 32 + 8 i
+// (a warp reads 32 consecutive elements of one row). Null rows and k >= K load 0.
+template <typename T>
+__device__ __forceinline__ void load_tile(TileBuf& s, const T* const* rows, int64_t k0, int64_t K) {
+  const int lk = static_cast<int>(threadIdx.x % 32);
+  const int lr = static_cast<int>(threadIdx.x / 32);
+  const int64_t k = k0 + lk;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const T* p = rows[lr + 8 * i];
+    s[lk][lr + 8 * i] = (p != nullptr && k < K) ? load_as_float(p, k) : 0.0f;
+  }
+}
+
+// acc[i][j] += sum_kk a[kk][ty + 16 i] * b[kk][tx + 16 j] for the thread's 4 x 4 results.
+__device__ __forceinline__ void tile_fma(const TileBuf& a, const TileBuf& b, float (&acc)[4][4]) {
+  const int ty = static_cast<int>(threadIdx.x / 16);
+  const int tx = static_cast<int>(threadIdx.x % 16);
+#pragma unroll 8
+  for (int kk = 0; kk < kTileK; ++kk) {
+    float av[4], bv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) av[i] = a[kk][ty + 16 * i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) bv[j] = b[kk][tx + 16 * j];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+  }
+}
+
+// act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for a 64 x 64 block of one tile.
+template <typename W>
+__global__ void __launch_bounds__(kTileThreads)
+    gate_up_tiled_kernel(const float* __restrict__ x, int64_t hidden, int64_t inter, int top_k,
+                         const int32_t* __restrict__ sorted_pair, TileList tiles,
+                         const W* const* __restrict__ w1s, const W* const* __restrict__ w3s,
+                         float limit, float* __restrict__ act) {
+  __shared__ TileBuf xs, gs, us;
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= *tiles.count) return;  // uniform over the CTA: before any barrier
+  const int e = tiles.expert[tile];
+  const int start = tiles.start[tile];
+  const int rows = tiles.rows[tile];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
+  // Row pointers live in shared memory rather than in 3 x 8 registers per thread.
+  __shared__ const float* xrow[kTileM];
+  __shared__ const W* grow[kTileN];
+  __shared__ const W* urow[kTileN];
+  if (threadIdx.x < kTileM) {
+    const int r = static_cast<int>(threadIdx.x);
+    xrow[r] =
+        r < rows ? x + static_cast<int64_t>(sorted_pair[start + r] / top_k) * hidden : nullptr;
+    const int64_t n = n0 + r;
+    grow[r] = n < inter ? w1s[e] + n * hidden : nullptr;
+    urow[r] = n < inter ? w3s[e] + n * hidden : nullptr;
+  }
+  __syncthreads();
+  float g[4][4] = {}, u[4][4] = {};
+  for (int64_t k0 = 0; k0 < hidden; k0 += kTileK) {
+    load_tile(xs, xrow, k0, hidden);
+    load_tile(gs, grow, k0, hidden);
+    load_tile(us, urow, k0, hidden);
+    __syncthreads();
+    tile_fma(xs, gs, g);
+    tile_fma(xs, us, u);
+    __syncthreads();
+  }
+  const int ty = static_cast<int>(threadIdx.x / 16);
+  const int tx = static_cast<int>(threadIdx.x % 16);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = ty + 16 * i;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n < inter)
+        act[static_cast<int64_t>(start + r) * inter + n] = swiglu(g[i][j], u[i][j], limit);
+    }
+  }
+}
+
+// y[pair, n] = act[row] . w2_e[n] for a 64 x 64 block of one tile.
+template <typename W>
+__global__ void __launch_bounds__(kTileThreads)
+    down_tiled_kernel(const float* __restrict__ act, int64_t hidden, int64_t inter,
+                      const int32_t* __restrict__ sorted_pair, TileList tiles,
+                      const W* const* __restrict__ w2s, float* __restrict__ y) {
+  __shared__ TileBuf as, ws;
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= *tiles.count) return;
+  const int e = tiles.expert[tile];
+  const int start = tiles.start[tile];
+  const int rows = tiles.rows[tile];
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
+  __shared__ const float* arow[kTileM];
+  __shared__ const W* wrow[kTileN];
+  if (threadIdx.x < kTileM) {
+    const int r = static_cast<int>(threadIdx.x);
+    arow[r] = r < rows ? act + static_cast<int64_t>(start + r) * inter : nullptr;
+    const int64_t n = n0 + r;
+    wrow[r] = n < hidden ? w2s[e] + n * inter : nullptr;
+  }
+  __syncthreads();
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < inter; k0 += kTileK) {
+    load_tile(as, arow, k0, inter);
+    load_tile(ws, wrow, k0, inter);
+    __syncthreads();
+    tile_fma(as, ws, acc);
+    __syncthreads();
+  }
+  const int ty = static_cast<int>(threadIdx.x / 16);
+  const int tx = static_cast<int>(threadIdx.x % 16);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = ty + 16 * i;
+    if (r >= rows) continue;
+    const int64_t pair = sorted_pair[start + r];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx + 16 * j;
+      if (n < hidden) y[pair * hidden + n] = acc[i][j];
+    }
+  }
+}
+
+// ---- combine -----------------------------------------------------------------------------------
+
+// out[t, h] = sum over slots j in order of weight[t, j] * y[t * k + j, h]; dropped slots add 0.
+__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
+                               const float* __restrict__ weights, int top_k, int64_t hidden,
+                               int experts, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t p = t * top_k + j;
+      const int e = ids[p];
+      if (e >= 0 && e < experts) acc += y[p * hidden + h] * weights[p];
+    }
+    out[t * hidden + h] = acc;
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+void check_matrix_dtype(const char* op, const char* arg, const Tensor& t) {
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+    fail(op, std::string("argument ") + arg + " must be f32 or bf16, got " + t.describe());
+  }
+}
+
+void check_shape(const char* op, const std::string& arg, const Tensor& t, const Shape& shape) {
+  if (t.shape() != shape) {
+    fail(op, "argument " + arg + " must have shape " + shape_str(shape) + ", got " + t.describe());
+  }
+}
+
+template <typename W>
+void launch_router_logits(const Tensor& x, const Tensor& gate_w, float* logits,
+                          cudaStream_t stream) {
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  const int experts = static_cast<int>(gate_w.size(0));
+  const dim3 grid(ceil_div(experts, kRouteWarps), ceil_div(tokens, kRouteRows));
+  const W* gate = gate_w.data<W>();
+  const bool vec = hidden % Vec16<W>::kN == 0 && aligned16(gate) && aligned16(x.raw_data());
+  if (vec) {
+    router_logits_kernel<W, true><<<grid, kRouteWarps * 32, 0, stream>>>(
+        x.data<float>(), gate, tokens, hidden, experts, logits);
+  } else {
+    router_logits_kernel<W, false><<<grid, kRouteWarps * 32, 0, stream>>>(
+        x.data<float>(), gate, tokens, hidden, experts, logits);
+  }
+  DEEPINFER_CUDA_LAUNCH_CHECK("moe_route");
+}
+
+// One pass of moe_experts over `tokens` rows (<= kMaxPassTokens).
+template <typename W>
+void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const float* weights,
+                      int64_t tokens, int top_k, int64_t hidden, int64_t inter, int experts,
+                      const W* const* w1s, const W* const* w3s, const W* const* w2s, bool vec,
+                      float limit, float* out) {
+  cudaStream_t stream = be.stream();
+  const int64_t pairs = tokens * top_k;
+  // Decode shape while experts average at most kGemvRows pairs (and the rows allow 16-byte
+  // loads); the tiled kernel otherwise.
+  const bool gemv = vec && pairs <= static_cast<int64_t>(kGemvRows) * experts;
+  const int tile_rows = gemv ? kGemvRows : kTileM;
+  // sum_e ceil(c_e / rows) <= ceil(P / rows) + (experts with a pair).
+  const int64_t max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min<int64_t>(experts, pairs);
+
+  Tensor sorted = be.empty({pairs}, DType::kI32);
+  Tensor tile_meta = be.empty({3 * max_tiles + 1}, DType::kI32);
+  Tensor act = be.empty({pairs, inter}, DType::kF32);
+  Tensor y = be.empty({pairs, hidden}, DType::kF32);
+  int32_t* meta = tile_meta.data<int32_t>();
+  const TileList tiles{meta, meta + max_tiles, meta + 2 * max_tiles, meta + 3 * max_tiles};
+  int32_t* sorted_pair = sorted.data<int32_t>();
+
+  const size_t group_smem = 2 * static_cast<size_t>(experts) * sizeof(int);
+  group_pairs_kernel<<<1, kGroupThreads, group_smem, stream>>>(
+      ids, static_cast<int>(pairs), experts, tile_rows, static_cast<int>(max_tiles), sorted_pair,
+      meta, meta + max_tiles, meta + 2 * max_tiles, meta + 3 * max_tiles);
+  DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+
+  const unsigned grid_tiles = static_cast<unsigned>(max_tiles);
+  if (gemv) {
+    const dim3 grid1(grid_tiles, ceil_div(inter, kGemvWarps * (kGemvWeightRows / 2)));
+    gate_up_gemv_kernel<W><<<grid1, kGemvWarps * 32, 0, stream>>>(
+        x, hidden, inter, top_k, sorted_pair, tiles, w1s, w3s, limit, act.data<float>());
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+    const dim3 grid2(grid_tiles, ceil_div(hidden, kGemvWarps * kGemvWeightRows));
+    down_gemv_kernel<W><<<grid2, kGemvWarps * 32, 0, stream>>>(
+        act.data<float>(), hidden, inter, sorted_pair, tiles, w2s, y.data<float>());
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  } else {
+    const dim3 grid1(grid_tiles, ceil_div(inter, kTileN));
+    gate_up_tiled_kernel<W><<<grid1, kTileThreads, 0, stream>>>(
+        x, hidden, inter, top_k, sorted_pair, tiles, w1s, w3s, limit, act.data<float>());
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+    const dim3 grid2(grid_tiles, ceil_div(hidden, kTileN));
+    down_tiled_kernel<W><<<grid2, kTileThreads, 0, stream>>>(
+        act.data<float>(), hidden, inter, sorted_pair, tiles, w2s, y.data<float>());
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  }
+  combine_kernel<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(y.data<float>(), ids, weights,
+                                                                    top_k, hidden, experts, out);
+  DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+}
+
+}  // namespace
+
+Routing CudaBackend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                               const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                               float routed_scale) {
+  const char* op = "moe_route";
+  check_device(op, "x", x);
+  check_dtype(op, "x", x, DType::kF32);
+  check_rank(op, "x", x, 2);
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  check_device(op, "gate_w", gate_w);
+  check_matrix_dtype(op, "gate_w", gate_w);
+  check_rank(op, "gate_w", gate_w, 2);
+  const int64_t experts = gate_w.size(0);
+  check_shape(op, "gate_w", gate_w, {experts, hidden});
+  if (experts < 1 || experts > kMaxExperts) {
+    fail(op, "gate_w " + gate_w.describe() + " must have 1 to " + std::to_string(kMaxExperts) +
+                 " experts");
+  }
+  if (top_k < 1 || top_k > experts) {
+    fail(op, "top_k " + std::to_string(top_k) + " must be in [1, " + std::to_string(experts) +
+                 "] (experts of gate_w " + gate_w.describe() + ")");
+  }
+  const bool hashed = tid2eid.defined();
+  if (hashed) {
+    check_device(op, "tid2eid", tid2eid);
+    check_dtype(op, "tid2eid", tid2eid, DType::kI32);
+    check_rank(op, "tid2eid", tid2eid, 2);
+    check_shape(op, "tid2eid", tid2eid, {tid2eid.size(0), top_k});
+    if (tid2eid.size(0) < 1) fail(op, "argument tid2eid has no rows: " + tid2eid.describe());
+    check_device(op, "token_ids", token_ids);
+    check_dtype(op, "token_ids", token_ids, DType::kI32);
+    check_shape(op, "token_ids", token_ids, {tokens});
+  } else if (bias.defined()) {
+    check_device(op, "bias", bias);
+    check_dtype(op, "bias", bias, DType::kF32);
+    check_shape(op, "bias", bias, {experts});
+  }
+  if ((tokens + kRouteRows - 1) / kRouteRows > 65535) {
+    fail(op, "too many tokens in one call: " + x.describe());
+  }
+  Routing routing{empty({tokens, top_k}, DType::kI32), empty({tokens, top_k}, DType::kF32)};
+  if (tokens == 0) return routing;
+  cudaStream_t s = stream();
+  Tensor logits = empty({tokens, experts}, DType::kF32);
+  if (gate_w.dtype() == DType::kBF16) {
+    launch_router_logits<__nv_bfloat16>(x, gate_w, logits.data<float>(), s);
+  } else {
+    launch_router_logits<float>(x, gate_w, logits.data<float>(), s);
+  }
+  route_select_kernel<<<ceil_div(tokens, kSelectWarps), kSelectWarps * 32, 0, s>>>(
+      logits.data<float>(), !hashed && bias.defined() ? bias.data<float>() : nullptr,
+      hashed ? tid2eid.data<int32_t>() : nullptr, hashed ? token_ids.data<int32_t>() : nullptr,
+      tokens, static_cast<int>(experts), top_k, hashed ? tid2eid.size(0) : 0, routed_scale,
+      routing.expert_ids.data<int32_t>(), routing.weights.data<float>());
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return routing;
+}
+
+Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& routing,
+                                const ExpertWeights& experts, float swiglu_limit) {
+  const char* op = "moe_experts";
+  check_device(op, "x", x);
+  check_dtype(op, "x", x, DType::kF32);
+  check_rank(op, "x", x, 2);
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  check_device(op, "routing.expert_ids", routing.expert_ids);
+  check_dtype(op, "routing.expert_ids", routing.expert_ids, DType::kI32);
+  check_rank(op, "routing.expert_ids", routing.expert_ids, 2);
+  const int64_t k = routing.expert_ids.size(1);
+  check_shape(op, "routing.expert_ids", routing.expert_ids, {tokens, k});
+  check_device(op, "routing.weights", routing.weights);
+  check_dtype(op, "routing.weights", routing.weights, DType::kF32);
+  check_shape(op, "routing.weights", routing.weights, {tokens, k});
+  const size_t num = experts.w1.size();
+  if (num == 0 || experts.w3.size() != num || experts.w2.size() != num) {
+    fail(op, "experts must hold the same non-zero number of w1, w3 and w2 tensors, got " +
+                 std::to_string(experts.w1.size()) + ", " + std::to_string(experts.w3.size()) +
+                 ", " + std::to_string(experts.w2.size()));
+  }
+  if (num > static_cast<size_t>(kMaxExperts)) {
+    fail(op, "at most " + std::to_string(kMaxExperts) + " experts, got " + std::to_string(num));
+  }
+  check_device(op, "experts.w1[0]", experts.w1[0]);
+  check_matrix_dtype(op, "experts.w1[0]", experts.w1[0]);
+  check_rank(op, "experts.w1[0]", experts.w1[0], 2);
+  const DType wdtype = experts.w1[0].dtype();
+  const int64_t inter = experts.w1[0].size(0);
+  const int num_experts = static_cast<int>(num);
+
+  // Per-expert pointer table [w1 | w3 | w2], uploaded with this call (host data, no sync).
+  Tensor table = Tensor::zeros({3 * static_cast<int64_t>(num)}, DType::kI64);
+  int64_t* ptrs = table.data<int64_t>();
+  bool vec = aligned16(x.raw_data()) && hidden % 8 == 0 && inter % 8 == 0;
+  for (size_t e = 0; e < num; ++e) {
+    const std::string idx = "[" + std::to_string(e) + "]";
+    const Tensor* mats[3] = {&experts.w1[e], &experts.w3[e], &experts.w2[e]};
+    const char* names[3] = {"experts.w1", "experts.w3", "experts.w2"};
+    const Shape shapes[3] = {{inter, hidden}, {inter, hidden}, {hidden, inter}};
+    for (int m = 0; m < 3; ++m) {
+      const std::string arg = names[m] + idx;
+      check_device(op, arg.c_str(), *mats[m]);
+      check_dtype(op, arg.c_str(), *mats[m], wdtype);
+      check_shape(op, arg, *mats[m], shapes[m]);
+      const void* p = mats[m]->raw_data();
+      vec = vec && aligned16(p);
+      ptrs[static_cast<size_t>(m) * num + e] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p));
+    }
+  }
+  Tensor out = empty({tokens, hidden}, DType::kF32);
+  if (tokens == 0 || hidden == 0) return out;
+  if (k == 0 || inter == 0) {
+    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream()));
+    return out;
+  }
+  Tensor dev_table = upload(table, DType::kI64);
+  const void* const* base = static_cast<const void* const*>(dev_table.raw_data());
+  for (int64_t t0 = 0; t0 < tokens; t0 += kMaxPassTokens) {
+    const int64_t n = std::min(kMaxPassTokens, tokens - t0);
+    const float* xp = x.data<float>() + t0 * hidden;
+    const int32_t* ids = routing.expert_ids.data<int32_t>() + t0 * k;
+    const float* wts = routing.weights.data<float>() + t0 * k;
+    float* dst = out.data<float>() + t0 * hidden;
+    if (wdtype == DType::kBF16) {
+      using W = __nv_bfloat16;
+      const W* const* tab = reinterpret_cast<const W* const*>(base);
+      run_experts_pass<W>(*this, xp, ids, wts, n, static_cast<int>(k), hidden, inter, num_experts,
+                          tab, tab + num, tab + 2 * num, vec, swiglu_limit, dst);
+    } else {
+      const float* const* tab = reinterpret_cast<const float* const*>(base);
+      run_experts_pass<float>(*this, xp, ids, wts, n, static_cast<int>(k), hidden, inter,
+                              num_experts, tab, tab + num, tab + 2 * num, vec, swiglu_limit, dst);
+    }
+  }
+  return out;
+}
+
+}  // namespace deepinfer::cuda
