@@ -40,9 +40,11 @@ Tensor i32(Backend& be, const std::vector<int32_t>& v) {
   return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
 }
 
-void emit(const std::string& name, const std::string& shape, double us, double bytes, double flops) {
-  std::printf("{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f}\n",
-              name.c_str(), shape.c_str(), us, bytes / us / 1e3, flops / us / 1e6);
+void emit(const std::string& name, const std::string& shape, double us, double bytes,
+          double flops) {
+  std::printf(
+      "{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f}\n",
+      name.c_str(), shape.c_str(), us, bytes / us / 1e3, flops / us / 1e6);
   std::fflush(stdout);
 }
 
@@ -86,7 +88,7 @@ int main(int argc, char** argv) {
   auto be = make_backend("cuda");
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
 
-  {  // roofline: device-to-device copy (bytes read + written)
+  {                               // roofline: device-to-device copy (bytes read + written)
     const int64_t n = 1LL << 30;  // 4 GiB of f32 ... as 1 Gi rows of one element
     Tensor a = rnd(*be, {n / 4, 4}, DType::kF32, 1);
     Tensor b = be->empty({n / 4, 4}, DType::kF32);
@@ -103,8 +105,8 @@ int main(int argc, char** argv) {
     Tensor x = rnd(*be, {m, 1024}, DType::kF32, 4);
     Tensor w = rnd(*be, {32768, 1024}, DType::kBF16, 5);
     double us = time_us(*be, iters, [&] { (void)be->linear(x, w); });
-    emit("linear_bf16", "M=" + std::to_string(m) + " N=32768 K=1024", us, 32768.0 * 1024 * 2 + m * 1024.0 * 4 + m * 32768.0 * 4,
-         2.0 * m * 32768.0 * 1024);
+    emit("linear_bf16", "M=" + std::to_string(m) + " N=32768 K=1024", us,
+         32768.0 * 1024 * 2 + m * 1024.0 * 4 + m * 32768.0 * 4, 2.0 * m * 32768.0 * 1024);
   }
   {
     Tensor x = rnd(*be, {4096, 4096}, DType::kF32, 6);
@@ -114,11 +116,12 @@ int main(int argc, char** argv) {
   }
   {  // mHC pre-mix at V4-Flash width
     Tensor X = rnd(*be, {4096, 4, 4096}, DType::kF32, 8);
-    Tensor fn = rnd(*be, {24, 16384}, DType::kF32, 9, 0.01f), base = rnd(*be, {24}, DType::kF32, 10),
-           scale = rnd(*be, {3}, DType::kF32, 11);
+    Tensor fn = rnd(*be, {24, 16384}, DType::kF32, 9, 0.01f),
+           base = rnd(*be, {24}, DType::kF32, 10), scale = rnd(*be, {3}, DType::kF32, 11);
     HcParams p;
     double us = time_us(*be, iters, [&] { (void)be->hc_pre(X, fn, base, scale, p); });
-    emit("hc_pre", "T=4096 N=4 H=4096", us, 4096.0 * 16384 * 4 + 4096.0 * 4096 * 4, 4096.0 * 24 * 16384 * 2);
+    emit("hc_pre", "T=4096 N=4 H=4096", us, 4096.0 * 16384 * 4 + 4096.0 * 4096 * 4,
+         4096.0 * 24 * 16384 * 2);
   }
   // Attention decode at the V4-Flash CSA shape: 64 heads x 512, window 128 + 512 chosen entries,
   // sinks; bf16 weights do not matter here, the KV cache is f32.
@@ -132,7 +135,8 @@ int main(int argc, char** argv) {
     Tensor entries = rnd(*be, {(batch * blocks + 1) * (128 / ratio), d}, DType::kF32, 15);
     std::vector<int32_t> topk(static_cast<size_t>(t) * k);
     for (int i = 0; i < t; ++i)
-      for (int j = 0; j < k; ++j) topk[static_cast<size_t>(i) * k + j] = j * 2;  // spread over 1024 visible
+      for (int j = 0; j < k; ++j)
+        topk[static_cast<size_t>(i) * k + j] = j * 2;  // spread over 1024 visible
     Tensor topk_t = be->upload(Tensor::from_vector(topk, {t, k}), DType::kI32);
     Tensor sinks = rnd(*be, {nh}, DType::kF32, 16);
     AttentionSpec spec;
@@ -140,14 +144,17 @@ int main(int argc, char** argv) {
     spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
     spec.ratio = ratio;
     spec.sparse = true;
-    double us = time_us(*be, iters, [&] { (void)be->attention(q, kv, ring, entries, topk_t, sinks, L, spec); });
+    double us = time_us(*be, iters,
+                        [&] { (void)be->attention(q, kv, ring, entries, topk_t, sinks, L, spec); });
     const double keys = static_cast<double>(w + k);
-    emit("attention_decode_csa", "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) + " f32 KV", us,
+    emit("attention_decode_csa",
+         "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) + " f32 KV", us,
          batch * keys * d * 4.0, t * keys * nh * d * 4.0);
   }
   {  // MoE decode, B=1: 6 experts of [2048, 4096] x2 + [4096, 2048], bf16
     const int e = 256, i = 2048, h = 4096, kk = 6;
-    Tensor gate_up = rnd(*be, {e, 2 * i, h}, DType::kBF16, 17, 0.02f), down = rnd(*be, {e, h, i}, DType::kBF16, 18, 0.02f);
+    Tensor gate_up = rnd(*be, {e, 2 * i, h}, DType::kBF16, 17, 0.02f),
+           down = rnd(*be, {e, h, i}, DType::kBF16, 18, 0.02f);
     ExpertWeights ex;
     for (int j = 0; j < e; ++j) {
       Tensor gu = gate_up.select(0, j);
@@ -168,8 +175,8 @@ int main(int argc, char** argv) {
                 be->upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
       double us = time_us(*be, iters, [&] { (void)be->moe_experts(x, r, ex, 10.0f); });
       const double used = std::min<double>(e, tokens * kk);
-      emit("moe_experts_bf16", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096", us, used * 3.0 * i * h * 2,
-           tokens * kk * 3.0 * 2 * i * h);
+      emit("moe_experts_bf16", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096", us,
+           used * 3.0 * i * h * 2, tokens * kk * 3.0 * 2 * i * h);
     }
   }
   return 0;

@@ -1,10 +1,9 @@
-#include "cuda_backend.h"
-
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <deque>
 
+#include "cuda_backend.h"
 #include "cuda_common.cuh"
 
 namespace deepinfer {
@@ -30,12 +29,14 @@ void check_device(const char* op, const char* arg, const Tensor& t) {
   if (t.device().kind != DeviceKind::kCuda) {
     fail(op, std::string("argument ") + arg + " must be on the CUDA device, got " + t.describe());
   }
-  if (!t.is_contiguous()) fail(op, std::string("argument ") + arg + " must be contiguous, got " + t.describe());
+  if (!t.is_contiguous())
+    fail(op, std::string("argument ") + arg + " must be contiguous, got " + t.describe());
 }
 
 void check_dtype(const char* op, const char* arg, const Tensor& t, DType dtype) {
   if (t.dtype() != dtype) {
-    fail(op, std::string("argument ") + arg + " must be " + dtype_name(dtype) + ", got " + t.describe());
+    fail(op, std::string("argument ") + arg + " must be " + dtype_name(dtype) + ", got " +
+                 t.describe());
   }
 }
 
@@ -159,12 +160,14 @@ void CUDART_CB finish_host_copy(void* data) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(int device_index) : device_(device_index), ctx_(std::make_shared<CudaContext>()) {
+CudaBackend::CudaBackend(int device_index)
+    : device_(device_index), ctx_(std::make_shared<CudaContext>()) {
   int count = 0;
   DEEPINFER_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (device_index < 0 || device_index >= count) {
-    throw Error(ErrorCode::kInvalidArgument, "cuda:" + std::to_string(device_index) + " does not exist (" +
-                                                 std::to_string(count) + " CUDA devices)");
+    throw Error(ErrorCode::kInvalidArgument, "cuda:" + std::to_string(device_index) +
+                                                 " does not exist (" + std::to_string(count) +
+                                                 " CUDA devices)");
   }
   ctx_->device = device_index;
   DEEPINFER_CUDA_CHECK(cudaSetDevice(device_index));
@@ -207,8 +210,12 @@ DType CudaBackend::weight_dtype(DType stored) const {
   }
 }
 
-cudaStream_t CudaBackend::stream() const { return ctx_->stream; }
-cublasHandle_t CudaBackend::cublas() const { return ctx_->cublas; }
+cudaStream_t CudaBackend::stream() const {
+  return ctx_->stream;
+}
+cublasHandle_t CudaBackend::cublas() const {
+  return ctx_->cublas;
+}
 
 Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
   int64_t n = 1;
@@ -224,7 +231,8 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw Error(ErrorCode::kIo, "out of CUDA memory allocating " + std::to_string(nbytes) +
-                                      " bytes for " + std::string(dtype_name(dtype)) + shape_str(shape));
+                                      " bytes for " + std::string(dtype_name(dtype)) +
+                                      shape_str(shape));
     }
     DEEPINFER_CUDA_CHECK(err);
   }
@@ -242,7 +250,8 @@ Tensor CudaBackend::scratch(size_t nbytes) {
 
 Tensor CudaBackend::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
-  if (t.nbytes() > 0) DEEPINFER_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), ctx_->stream));
+  if (t.nbytes() > 0)
+    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), ctx_->stream));
   return t;
 }
 
@@ -256,7 +265,8 @@ Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
   // Pinned staging: the copy is asynchronous and the caller may reuse `host` at once.
   PinnedPool::Block b = ctx_->pinned.acquire(out.nbytes());
   std::memcpy(b.ptr, converted.raw_data(), out.nbytes());
-  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), b.ptr, out.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  DEEPINFER_CUDA_CHECK(
+      cudaMemcpyAsync(out.raw_data(), b.ptr, out.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
   ctx_->pinned.release_after(b, ctx_->stream);
   return out;
 }
@@ -278,9 +288,10 @@ Tensor CudaBackend::upload_weight(const Tensor& host, DType dtype) {
 
 void CudaBackend::check_sync_allowed(const char* what) const {
   if (sync_forbidden_) {
-    throw Error(ErrorCode::kInternal, std::string(what) +
-                                          ": host sync while host syncs are forbidden (inside a forward "
-                                          "or sampling launch)");
+    throw Error(ErrorCode::kInternal,
+                std::string(what) +
+                    ": host sync while host syncs are forbidden (inside a forward "
+                    "or sampling launch)");
   }
 }
 
@@ -289,8 +300,8 @@ Tensor CudaBackend::to_host(const Tensor& device) {
   check_sync_allowed("to_host");
   Tensor out = Tensor::zeros(device.shape(), device.dtype());
   if (out.nbytes() > 0) {
-    DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), device.raw_data(), out.nbytes(), cudaMemcpyDeviceToHost,
-                                         ctx_->stream));
+    DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), device.raw_data(), out.nbytes(),
+                                         cudaMemcpyDeviceToHost, ctx_->stream));
   }
   DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
   return out;
@@ -300,13 +311,14 @@ void CudaBackend::copy_to_host(const Tensor& device, const Tensor& host) {
   check_device("copy_to_host", "device", device);
   if (!host.defined() || host.device().kind != DeviceKind::kCpu || !host.is_contiguous() ||
       host.dtype() != device.dtype() || host.shape() != device.shape()) {
-    fail("copy_to_host", "needs a contiguous host tensor of the device tensor's dtype and shape, got " +
-                             device.describe() + " and " + host.describe());
+    fail("copy_to_host",
+         "needs a contiguous host tensor of the device tensor's dtype and shape, got " +
+             device.describe() + " and " + host.describe());
   }
   if (host.nbytes() == 0) return;
   auto* job = new HostCopyJob{ctx_, ctx_->pinned.acquire(host.nbytes()), host, host.nbytes()};
-  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(job->block.ptr, device.raw_data(), job->nbytes, cudaMemcpyDeviceToHost,
-                                       ctx_->stream));
+  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(job->block.ptr, device.raw_data(), job->nbytes,
+                                       cudaMemcpyDeviceToHost, ctx_->stream));
   DEEPINFER_CUDA_CHECK(cudaLaunchHostFunc(ctx_->stream, finish_host_copy, job));
 }
 
@@ -328,7 +340,8 @@ __global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed_hash, float 
     const uint64_t g = splitmix64_dev(h);
     const double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;
     const double u2 = static_cast<double>(g >> 11) * 0x1.0p-53;
-    const float v = mean + std * static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    const float v =
+        mean + std * static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
     if constexpr (sizeof(T) == 4) {
       out[i] = v;
     } else {
@@ -343,7 +356,8 @@ void CudaBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean,
   check_device("fill_random_normal", "t", t);
   const int64_t n = t.numel();
   if (n == 0) return;
-  const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), static_cast<unsigned>(num_sms_) * 32);
+  const unsigned blocks =
+      std::min<unsigned>(ceil_div(n, 256), static_cast<unsigned>(num_sms_) * 32);
   // splitmix64(seed) on the host, as sample::normal does first.
   uint64_t x = seed + 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -352,14 +366,17 @@ void CudaBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean,
   if (t.dtype() == DType::kF32) {
     fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<float>(), n, seed_hash, mean, std);
   } else if (t.dtype() == DType::kBF16) {
-    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<__nv_bfloat16>(), n, seed_hash, mean, std);
+    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<__nv_bfloat16>(), n, seed_hash,
+                                                         mean, std);
   } else {
     fail("fill_random_normal", "needs an f32 or bf16 tensor, got " + t.describe());
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("fill_random_normal");
 }
 
-std::unique_ptr<Event> CudaBackend::record_event() { return std::make_unique<CudaEvent>(ctx_); }
+std::unique_ptr<Event> CudaBackend::record_event() {
+  return std::make_unique<CudaEvent>(ctx_);
+}
 
 void CudaBackend::synchronize() {
   check_sync_allowed("synchronize");

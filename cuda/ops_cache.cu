@@ -21,77 +21,11 @@
 
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
+#include "layout.cuh"
 
 namespace deepinfer::cuda {
 
 namespace {
-
-// ---- host-side checks ---------------------------------------------------------------------------
-
-// A defined, contiguous CUDA tensor of `dtype` whose shape matches `shape` (-1: any size).
-void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
-                  const Shape& shape) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
-  if (!ok) {
-    fail(op, std::string("argument ") + arg + " must have shape " + shape_str(shape) +
-                 " (-1: any size), got " + t.describe());
-  }
-}
-
-// The metadata of the layout tensors these ops read (as the CPU's check_layout).
-void check_layout(const char* op, const BatchLayout& layout) {
-  const int64_t t = layout.num_tokens;
-  const int64_t b = layout.num_seqs;
-  if (t < 0 || b < 0 || layout.block_size <= 0 || (t > 0 && b == 0)) {
-    fail(op, "layout has num_tokens " + std::to_string(t) + ", num_seqs " + std::to_string(b) +
-                 ", block_size " + std::to_string(layout.block_size) +
-                 " (expected >= 0, >= 1 when there are tokens, > 0)");
-  }
-  check_tensor(op, "layout.positions", layout.positions, DType::kI32, {t});
-  check_tensor(op, "layout.seq_q_start", layout.seq_q_start, DType::kI32, {b + 1});
-  check_tensor(op, "layout.seq_ctx_len", layout.seq_ctx_len, DType::kI32, {b});
-  check_tensor(op, "layout.seq_slot", layout.seq_slot, DType::kI32, {b});
-}
-
-// ---- device-side layout -------------------------------------------------------------------------
-
-// The layout tensors the kernels read, by value.
-struct DeviceLayout {
-  const int32_t* positions;  // [T]
-  const int32_t* q_start;    // [B + 1]
-  const int32_t* ctx_len;    // [B]
-  const int32_t* slot;       // [B]
-  int num_tokens;
-  int num_seqs;
-};
-
-DeviceLayout device_layout(const BatchLayout& layout) {
-  return {layout.positions.data<int32_t>(),
-          layout.seq_q_start.data<int32_t>(),
-          layout.seq_ctx_len.data<int32_t>(),
-          layout.seq_slot.data<int32_t>(),
-          layout.num_tokens,
-          layout.num_seqs};
-}
-
-// Sequence of row t: the last b in [0, B) with q_start[b] <= t (the CPU's seq_of_rows; empty
-// sequences are skipped the same way). Needs B >= 1.
-__device__ int seq_of_row(const DeviceLayout& l, int t) {
-  int lo = 0;
-  int hi = l.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (l.q_start[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
 
 constexpr int kRowThreads = 128;
 
@@ -233,7 +167,7 @@ void CudaBackend::ring_write(const Tensor& ring, const Tensor& rows, const Batch
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
   const int64_t width = ring.size(2);
-  check_layout(op, layout);
+  check_layout(op, layout, /*need_block_table=*/false);
   check_tensor(op, "rows", rows, DType::kF32, {layout.num_tokens, width});
   if (ring_len == 0) fail(op, "ring " + ring.describe() + " has no slots per sequence");
   if (layout.num_tokens == 0 || width == 0) return;
@@ -254,7 +188,7 @@ Tensor CudaBackend::compress_pool(const Tensor& proj, const Tensor& ring, const 
   const int64_t m = spec.ratio;
   const int64_t dim = spec.head_dim;
   const int64_t c = spec.overlap ? 2 * dim : dim;
-  check_layout(op, layout);
+  check_layout(op, layout, /*need_block_table=*/false);
   check_tensor(op, "proj", proj, DType::kF32, {layout.num_tokens, 2 * c});
   check_tensor(op, "ring", ring, DType::kF32, {-1, -1, 2 * c});
   check_tensor(op, "ape", ape, DType::kF32, {m, c});

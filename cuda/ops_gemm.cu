@@ -8,7 +8,8 @@ namespace deepinfer::cuda {
 
 namespace {
 
-__global__ void cast_f32_to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, int64_t n) {
+__global__ void cast_f32_to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out,
+                                 int64_t n) {
   int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (i + 3 < n) {
     float4 v = *reinterpret_cast<const float4*>(in + i);
@@ -23,7 +24,8 @@ __global__ void cast_f32_to_bf16(const float* __restrict__ in, __nv_bfloat16* __
 
 void cublas_check(cublasStatus_t s, const char* op) {
   if (s != CUBLAS_STATUS_SUCCESS) {
-    throw Error(ErrorCode::kInternal, std::string(op) + ": cuBLAS failed with status " + std::to_string(static_cast<int>(s)));
+    throw Error(ErrorCode::kInternal, std::string(op) + ": cuBLAS failed with status " +
+                                          std::to_string(static_cast<int>(s)));
   }
 }
 
@@ -45,7 +47,8 @@ static Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tenso
   const int64_t gk = x.size(1);
   const int64_t k = w.size(1);
   if (groups < 1 || gk != groups * k || w.size(0) % groups != 0) {
-    fail(op, "x " + x.describe() + " and w " + w.describe() + " do not fit " + std::to_string(groups) + " groups");
+    fail(op, "x " + x.describe() + " and w " + w.describe() + " do not fit " +
+                 std::to_string(groups) + " groups");
   }
   const int64_t n = w.size(0) / groups;
   Tensor y = be.empty({m, groups * n}, DType::kF32);
@@ -53,27 +56,32 @@ static Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tenso
   const float alpha = 1.0f, beta = 0.0f;
   cublasHandle_t h = be.cublas();
   if (w.dtype() == DType::kF32) {
-    cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                           static_cast<int>(k), &alpha, w.data<float>(), static_cast<int>(k), n * k,
-                                           x.data<float>(), static_cast<int>(gk), k, &beta, y.data<float>(),
-                                           static_cast<int>(groups * n), n, groups),
+    cublas_check(cublasSgemmStridedBatched(
+                     h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w.data<float>(), static_cast<int>(k), n * k,
+                     x.data<float>(), static_cast<int>(gk), k, &beta, y.data<float>(),
+                     static_cast<int>(groups * n), n, groups),
                  op);
     return y;
   }
   Tensor xb = be.empty(x.shape(), DType::kBF16);
   const int64_t numel = x.numel();
-  cast_f32_to_bf16<<<ceil_div(numel, 4 * 256), 256, 0, be.stream()>>>(x.data<float>(), xb.data<__nv_bfloat16>(), numel);
+  cast_f32_to_bf16<<<ceil_div(numel, 4 * 256), 256, 0, be.stream()>>>(
+      x.data<float>(), xb.data<__nv_bfloat16>(), numel);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
-  cublas_check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                          static_cast<int>(k), &alpha, w.raw_data(), CUDA_R_16BF, static_cast<int>(k),
-                                          n * k, xb.raw_data(), CUDA_R_16BF, static_cast<int>(gk), k, &beta,
-                                          y.raw_data(), CUDA_R_32F, static_cast<int>(groups * n), n, groups,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               op);
+  cublas_check(
+      cublasGemmStridedBatchedEx(
+          h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+          static_cast<int>(k), &alpha, w.raw_data(), CUDA_R_16BF, static_cast<int>(k), n * k,
+          xb.raw_data(), CUDA_R_16BF, static_cast<int>(gk), k, &beta, y.raw_data(), CUDA_R_32F,
+          static_cast<int>(groups * n), n, groups, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      op);
   return y;
 }
 
-Tensor CudaBackend::linear(const Tensor& x, const Tensor& w) { return gemm(*this, "linear", x, w, 1); }
+Tensor CudaBackend::linear(const Tensor& x, const Tensor& w) {
+  return gemm(*this, "linear", x, w, 1);
+}
 
 Tensor CudaBackend::grouped_linear(const Tensor& x, const Tensor& w, int groups) {
   return gemm(*this, "grouped_linear", x, w, groups);

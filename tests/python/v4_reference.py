@@ -169,11 +169,11 @@ def greedy_continuation(model: DeepseekV4ForCausalLM, tokens: Sequence[int], n: 
 
 @torch.no_grad()
 def selection_margins(model: DeepseekV4ForCausalLM, tokens: Sequence[int]) -> dict[str, float]:
-    """Smallest relative gap (divided by the largest score), over every position, between the last
-    selected and the first rejected score of each discrete selection in the reference's one-shot forward: the lightning indexer's top-k
-    (CSA layers) and the MoE router's top-k (moe layers). A gap within rounding means two
-    implementations that sum in different orders may legitimately pick different entries
-    (model.md F.3), so parity cases must keep these gaps clear of fp32 noise."""
+    """Smallest relative gap (divided by the largest score), over every position, between the
+    last selected and the first rejected score of each discrete selection in the reference's
+    one-shot forward: the lightning indexer's top-k (CSA layers) and the MoE router's top-k (moe
+    layers). A gap within rounding means two implementations that sum in different orders may
+    legitimately pick different entries (model.md F.3), so parity cases keep clear of it."""
     cfg = model.config
     margins = {"indexer": float("inf"), "router": float("inf")}
     hooks = []

@@ -78,9 +78,9 @@ struct EngineConfig {
   double kv_admission_watermark = 0.9;  // admit a new prompt only while KV usage <= this
   // When both prefill and decode work exist: this many prefill steps, then one decode step.
   int prefill_steps_per_decode_step = 1;
-  int num_threads = 0;  // CPU backend threads (0 = hardware concurrency)
+  int num_threads = 0;         // CPU backend threads (0 = hardware concurrency)
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
-  uint64_t seed = 0;    // engine seed for requests without their own
+  uint64_t seed = 0;           // engine seed for requests without their own
 };
 
 struct EngineStats {

@@ -18,10 +18,10 @@
 namespace deepinfer {
 
 struct RunnerOptions {
-  int num_blocks = 64;      // paged KV blocks of kBlockSize tokens
-  int num_state_slots = 8;  // sequences that can hold state at once
-  int max_backtrack = 6;    // ring slack for speculative rollback
-  int num_threads = 0;      // CPU backend worker threads (0 = hardware concurrency)
+  int num_blocks = 64;         // paged KV blocks of kBlockSize tokens
+  int num_state_slots = 8;     // sequences that can hold state at once
+  int max_backtrack = 6;       // ring slack for speculative rollback
+  int num_threads = 0;         // CPU backend worker threads (0 = hardware concurrency)
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
 };
 

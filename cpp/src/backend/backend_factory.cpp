@@ -44,9 +44,10 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int num_threads
 #if DEEPINFER_WITH_CUDA
   return make_cuda_backend(index);
 #else
-  throw Error(ErrorCode::kUnsupported, "device \"" + device +
-                                           "\": this deepinfer build has no CUDA backend (build with "
-                                           "-DDEEPINFER_CUDA=ON on a machine with nvcc and cuBLAS)");
+  throw Error(ErrorCode::kUnsupported,
+              "device \"" + device +
+                  "\": this deepinfer build has no CUDA backend (build with "
+                  "-DDEEPINFER_CUDA=ON on a machine with nvcc and cuBLAS)");
 #endif
 }
 

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "backend/cpu_checks.h"
-#include "sample/sampler.h"
 #include "deepinfer/error.h"
+#include "sample/sampler.h"
 
 namespace deepinfer {
 
@@ -76,7 +76,8 @@ Tensor CpuBackend::upload_weight(const Tensor& host, DType dtype) {
 
 Tensor CpuBackend::to_host(const Tensor& device) {
   cpu::check_host("to_host", "device", device);
-  if (sync_forbidden_) cpu::fail("to_host", "host sync while host syncs are forbidden (inside a forward)");
+  if (sync_forbidden_)
+    cpu::fail("to_host", "host sync while host syncs are forbidden (inside a forward)");
   synchronize();
   if (!device.is_contiguous()) return device.contiguous();
   // Always a copy: the caller may keep it while later ops overwrite the device tensor.
@@ -105,16 +106,19 @@ void CpuBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, 
   }
   enqueue([t, seed, mean, std](ThreadPool& pool) {
     const int64_t n = t.numel();
-    pool.parallel_for(n, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const float v = mean + std * sample::normal(seed, static_cast<uint64_t>(i));
-        if (t.dtype() == DType::kF32) {
-          t.data<float>()[i] = v;
-        } else {
-          t.data<uint16_t>()[i] = f32_to_bf16(v);
-        }
-      }
-    }, 4096);
+    pool.parallel_for(
+        n,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const float v = mean + std * sample::normal(seed, static_cast<uint64_t>(i));
+            if (t.dtype() == DType::kF32) {
+              t.data<float>()[i] = v;
+            } else {
+              t.data<uint16_t>()[i] = f32_to_bf16(v);
+            }
+          }
+        },
+        4096);
   });
 }
 
@@ -124,7 +128,8 @@ std::unique_ptr<Event> CpuBackend::record_event() {
 
 void CpuBackend::synchronize() {
   if (sync_forbidden_) {
-    throw Error(ErrorCode::kInternal, "synchronize: host sync while host syncs are forbidden (inside a forward)");
+    throw Error(ErrorCode::kInternal,
+                "synchronize: host sync while host syncs are forbidden (inside a forward)");
   }
   stream_.synchronize();
 }

@@ -38,9 +38,8 @@ Tensor upload_vector(Backend& backend, const std::vector<T>& values) {
 
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
     : options_(options),
-      model_(
-          ModelInstance::load(options.checkpoint_dir, cache_shape(options), options.device,
-                                   options.num_threads)) {}
+      model_(ModelInstance::load(options.checkpoint_dir, cache_shape(options), options.device,
+                                 options.num_threads)) {}
 
 int ModelExecutor::max_position() const {
   return static_cast<int>(std::min<int64_t>(model_->config.max_position_embeddings,

@@ -9,8 +9,8 @@
 namespace deepinfer {
 
 std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint_dir,
-                                                   const CacheShape& shape, const std::string& device,
-                                                   int num_threads) {
+                                                   const CacheShape& shape,
+                                                   const std::string& device, int num_threads) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -25,7 +25,8 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
   return m;
 }
 
-std::unique_ptr<ModelInstance> ModelInstance::random(const ModelConfig& config, const CacheShape& shape,
+std::unique_ptr<ModelInstance> ModelInstance::random(const ModelConfig& config,
+                                                     const CacheShape& shape,
                                                      const std::string& device, int num_threads,
                                                      uint64_t seed, DType stored) {
   auto m = std::make_unique<ModelInstance>();

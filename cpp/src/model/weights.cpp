@@ -17,7 +17,11 @@ class WeightLoader {
  public:
   WeightLoader(const Checkpoint* checkpoint, const ModelConfig& config, Backend& backend,
                uint64_t seed = 0, DType random_stored = DType::kBF16)
-      : ckpt_(checkpoint), config_(config), backend_(backend), seed_(seed), random_stored_(random_stored) {}
+      : ckpt_(checkpoint),
+        config_(config),
+        backend_(backend),
+        seed_(seed),
+        random_stored_(random_stored) {}
 
   // A floating-point vector parameter of exactly `shape`, as f32 on the backend.
   Tensor load(const std::string& name, const Shape& shape) {
@@ -119,7 +123,8 @@ class WeightLoader {
     Tensor gate = host(prefix + "wgate.weight", {c, h}, false).to(stored);
     Tensor stacked = Tensor::zeros({2 * c, h}, stored);
     std::memcpy(stacked.raw_data(), kv.raw_data(), kv.nbytes());
-    std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(), gate.nbytes());
+    std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(),
+                gate.nbytes());
     return CompressorWeights{backend_.upload_weight(stacked, backend_.weight_dtype(stored)),
                              load(prefix + "ape", {ratio, c}), load(prefix + "norm.weight", {d})};
   }

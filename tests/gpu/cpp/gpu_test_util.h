@@ -59,8 +59,8 @@ inline Pair both(Backends& b, const Tensor& host, DType device_dtype = DType::kF
 }
 
 // max |a - b| <= atol + rtol * max |b| over all elements (f32 or i32 tensors).
-inline void expect_close(Backends& b, const Tensor& cpu, const Tensor& cuda, double rtol, double atol,
-                         const std::string& what) {
+inline void expect_close(Backends& b, const Tensor& cpu, const Tensor& cuda, double rtol,
+                         double atol, const std::string& what) {
   Tensor x = b.cpu->to_host(cpu);
   Tensor y = b.cuda->to_host(cuda);
   ASSERT_EQ(x.shape(), y.shape()) << what;
@@ -78,8 +78,8 @@ inline void expect_close(Backends& b, const Tensor& cpu, const Tensor& cuda, dou
     }
   }
   EXPECT_LE(max_err, atol + rtol * max_ref)
-      << what << ": max |cpu - cuda| = " << max_err << " at element " << worst << " (cpu " << x.item(worst)
-      << ", cuda " << y.item(worst) << "), max |cpu| = " << max_ref;
+      << what << ": max |cpu - cuda| = " << max_err << " at element " << worst << " (cpu "
+      << x.item(worst) << ", cuda " << y.item(worst) << "), max |cpu| = " << max_ref;
 }
 
 }  // namespace deepinfer::gpu_test
