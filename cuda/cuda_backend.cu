@@ -47,6 +47,19 @@ void check_rank(const char* op, const char* arg, const Tensor& t, int64_t rank) 
   }
 }
 
+// A defined, contiguous CUDA tensor of `dtype` whose shape matches `shape` (-1: any size).
+void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
+                  const Shape& shape) {
+  check_device(op, arg, t);
+  check_dtype(op, arg, t, dtype);
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
+  if (!ok) {
+    fail(op, std::string("argument ") + arg + " must have shape " + shape_str(shape) +
+                 " (-1: any size), got " + t.describe());
+  }
+}
+
 // Pinned host buffers reused once the copies that used them have completed.
 class PinnedPool {
  public:

@@ -45,5 +45,8 @@ void check_device(const char* op, const char* arg,
                   const Tensor& t);  // defined, on CUDA, contiguous
 void check_dtype(const char* op, const char* arg, const Tensor& t, DType dtype);
 void check_rank(const char* op, const char* arg, const Tensor& t, int64_t rank);
+// check_device + check_dtype + a shape match (-1 in `shape`: any size).
+void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
+                  const Shape& shape);
 
 }  // namespace deepinfer::cuda

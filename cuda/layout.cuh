@@ -14,19 +14,6 @@ namespace {
 
 // ---- host-side checks ---------------------------------------------------------------------------
 
-// A defined, contiguous CUDA tensor of `dtype` whose shape matches `shape` (-1: any size).
-void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
-                  const Shape& shape) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
-  if (!ok) {
-    fail(op, std::string("argument ") + arg + " must have shape " + shape_str(shape) +
-                 " (-1: any size), got " + t.describe());
-  }
-}
-
 // The metadata of the layout tensors (as the CPU's check_layout).
 void check_layout(const char* op, const BatchLayout& layout, bool need_block_table) {
   const int64_t t = layout.num_tokens;

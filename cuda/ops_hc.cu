@@ -17,19 +17,6 @@ namespace deepinfer::cuda {
 
 namespace {
 
-// A defined, contiguous CUDA tensor of `dtype` whose shape matches `shape` (-1: any size).
-void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
-                  const Shape& shape) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
-  if (!ok) {
-    fail(op, std::string("argument ") + arg + " must have shape " + shape_str(shape) +
-                 " (-1: any size), got " + t.describe());
-  }
-}
-
 void check_hc_weights(const char* op, const Tensor& X, const Tensor& fn, const Tensor& base,
                       const Tensor& scale, int64_t fn_rows, int64_t scales) {
   const int64_t width = X.size(1) * X.size(2);
