@@ -92,14 +92,21 @@ void bind_engine(nb::module_& m) {
           "__init__",
           [](deepinfer::SamplingParams* self, float temperature, int top_k, float top_p,
              std::optional<uint64_t> seed, int max_tokens, bool ignore_eos,
-             std::vector<int32_t> stop_token_ids, int logprobs) {
-            new (self) deepinfer::SamplingParams{
-                temperature, top_k, top_p, seed, max_tokens, ignore_eos, std::move(stop_token_ids),
-                logprobs};
+             std::vector<int32_t> stop_token_ids, int logprobs,
+             std::vector<int32_t> forced_tokens) {
+            new (self) deepinfer::SamplingParams{temperature,
+                                                 top_k,
+                                                 top_p,
+                                                 seed,
+                                                 max_tokens,
+                                                 ignore_eos,
+                                                 std::move(stop_token_ids),
+                                                 logprobs,
+                                                 std::move(forced_tokens)};
           },
           "temperature"_a = 1.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = nb::none(),
           "max_tokens"_a = 16, "ignore_eos"_a = false, "stop_token_ids"_a = std::vector<int32_t>{},
-          "logprobs"_a = 0)
+          "logprobs"_a = 0, "forced_tokens"_a = std::vector<int32_t>{})
       .def_rw("temperature", &deepinfer::SamplingParams::temperature)
       .def_rw("top_k", &deepinfer::SamplingParams::top_k)
       .def_rw("top_p", &deepinfer::SamplingParams::top_p)
@@ -107,7 +114,8 @@ void bind_engine(nb::module_& m) {
       .def_rw("max_tokens", &deepinfer::SamplingParams::max_tokens)
       .def_rw("ignore_eos", &deepinfer::SamplingParams::ignore_eos)
       .def_rw("stop_token_ids", &deepinfer::SamplingParams::stop_token_ids)
-      .def_rw("logprobs", &deepinfer::SamplingParams::logprobs);
+      .def_rw("logprobs", &deepinfer::SamplingParams::logprobs)
+      .def_rw("forced_tokens", &deepinfer::SamplingParams::forced_tokens);
 
   nb::class_<deepinfer::RequestOutput>(m, "RequestOutput",
                                        "What one engine step produced for one request.")

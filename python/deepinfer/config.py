@@ -61,6 +61,8 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int = 0
+    # Test hook: output token i is forced_tokens[i] instead of a sampled one (see engine.h).
+    forced_tokens: list[int] = field(default_factory=list)
 
     def to_core(self) -> Any:
         import deepinfer_core

@@ -263,3 +263,17 @@ def test_invariants_output_contract_on_stop_token_ids() -> None:
         engine, [prompt], dc.SamplingParams(max_tokens=10, stop_token_ids=[stop_at])
     )
     assert tokens[0] == want[: first + 1] and trace.finish(next(iter(trace.outputs))) == "stop"
+
+
+@pytest.mark.parametrize("zero_overhead", [True, False])
+def test_invariants_forced_tokens_feed_the_model(zero_overhead: bool) -> None:
+    # The test hook: forced output tokens are emitted and fed back like sampled ones, so the
+    # tokens after them are what the model samples after that context.
+    engine = scripted(zero_overhead=zero_overhead)
+    prompt = [11] * 20
+    forced = [5, 6, 7]
+    tokens, _ = run_all(engine, [prompt], dc.SamplingParams(max_tokens=8, forced_tokens=forced))
+    assert tokens[0][:3] == forced
+    assert tokens[0][3:] == reference(engine, prompt + forced, 5)
+    with pytest.raises(ValueError, match="forced_tokens"):
+        engine.add_request(prompt, dc.SamplingParams(forced_tokens=[VOCAB]))

@@ -31,6 +31,11 @@ struct SamplingParams {
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // extra stop tokens (the model's EOS ids always stop)
   int logprobs = 0;                     // top-N log-probabilities per generated token (0..20)
+  // Test hook: output token i is forced_tokens[i] instead of a sampled token, while i is in range
+  // (the model still runs; stop checks apply as usual). Servers expose it only for tests, to
+  // drive output parsers (tool calls, thinking) on models that would never emit that markup.
+  // Reported log-probabilities still describe the sampled token.
+  std::vector<int32_t> forced_tokens;
 };
 
 enum class FinishReason {

@@ -152,6 +152,10 @@ RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingPar
     if (t < 0 || t >= vocab)
       bad("stop_token_ids", "holds " + std::to_string(t) + ", outside the vocabulary");
   }
+  for (int32_t t : params.forced_tokens) {
+    if (t < 0 || t >= vocab)
+      bad("forced_tokens", "holds " + std::to_string(t) + ", outside the vocabulary");
+  }
   auto seq = std::make_unique<sched::Sequence>();
   seq->id = next_id_.fetch_add(1);
   seq->params = params;

@@ -129,9 +129,23 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
     sb.num_logprobs = upload_vector(be, num_logprobs);
     SampleResult sr = be.sample(logits, sb);
     step->sampled = sr.tokens;
+    // Forced tokens (test hook) replace sampled ones on the device, so carried rows of the next
+    // step read them like any sampled token.
+    std::vector<int32_t> forced, keep;
+    bool any_forced = false;
+    for (size_t r = 0; r < sample_rows.size(); ++r) {
+      const int32_t f = plan.rows[static_cast<size_t>(sample_rows[r])].forced_token;
+      any_forced = any_forced || f >= 0;
+      forced.push_back(f >= 0 ? f : 0);
+      keep.push_back(f >= 0 ? -1 : static_cast<int32_t>(r));
+    }
+    if (any_forced) {
+      step->sampled =
+          be.select_tokens(upload_vector(be, forced), upload_vector(be, keep), sr.tokens);
+    }
     const int64_t n = sb.num_rows;
     step->host_tokens = Tensor::zeros({n}, DType::kI32);
-    be.copy_to_host(sr.tokens, step->host_tokens);
+    be.copy_to_host(step->sampled, step->host_tokens);
     if (max_logprobs > 0) {
       step->host_logprob = Tensor::zeros({n}, DType::kF32);
       step->host_top_ids = Tensor::zeros({n, max_logprobs}, DType::kI32);

@@ -141,7 +141,9 @@ void ScriptedExecutor::run(ScriptedStep& step) {
       slot.hash = feed(slot.hash, token);
       ++slot.length;
     }
-    if (row.samples) step.sampled->push_back(token_for(slot.hash));
+    if (row.samples) {
+      step.sampled->push_back(row.forced_token >= 0 ? row.forced_token : token_for(slot.hash));
+    }
   }
   for (const auto& [src, dst] : step.plan.copies_after)
     slots_.at(static_cast<size_t>(dst)) = slots_.at(static_cast<size_t>(src));

@@ -32,6 +32,7 @@ struct PlannedRow {
   float top_p = 1.0f;
   uint64_t seed = 0;
   int num_logprobs = 0;
+  int32_t forced_token = -1;  // SamplingParams::forced_tokens hook: emit this instead (-1: sample)
 };
 
 struct StepPlan {

@@ -182,6 +182,12 @@ void Scheduler::add_row(exec::StepPlan& plan, StepRecord& record, Sequence& s, i
   row.top_p = s.params.top_p;
   row.seed = s.seed;
   row.num_logprobs = s.params.logprobs;
+  if (row.samples) {
+    // Output index of the token this row generates (at position start_pos + q).
+    const size_t output_index = static_cast<size_t>(row.start_pos + q - s.num_prompt_tokens);
+    if (output_index < s.params.forced_tokens.size())
+      row.forced_token = s.params.forced_tokens[output_index];
+  }
   plan.rows.push_back(row);
 
   StepRecord::Row r;
