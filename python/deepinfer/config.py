@@ -76,6 +76,8 @@ class RunConfig:
     engine: EngineOptions = field(default_factory=EngineOptions)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: list[str] = field(default_factory=list)
+    # Model names the HTTP server answers to (all served by this model).
+    served_model_names: list[str] = field(default_factory=lambda: ["deepseek-v4"])
     source: str = "<defaults>"
 
     def model_path(self) -> Path:
@@ -147,7 +149,7 @@ def load_config(path: str | os.PathLike) -> RunConfig:
         raise ConfigError(f"{source}: invalid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    allowed = {"model", "engine", "sampling", "prompts"}
+    allowed = {"model", "engine", "sampling", "prompts", "served_model_names"}
     for key in data:
         if key not in allowed:
             raise ConfigError(
@@ -159,7 +161,11 @@ def load_config(path: str | os.PathLike) -> RunConfig:
     prompts = data.get("prompts", []) or []
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise ConfigError(f"{source}: 'prompts' must be a list of strings")
+    names = data.get("served_model_names", ["deepseek-v4"])
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{source}: 'served_model_names' must be a non-empty list of names")
     return RunConfig(
+        served_model_names=names,
         model=model,
         engine=_fill(EngineOptions, data.get("engine"), source, "engine"),
         sampling=_fill(SamplingParams, data.get("sampling"), source, "sampling"),

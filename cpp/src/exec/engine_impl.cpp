@@ -225,6 +225,11 @@ std::vector<RequestOutput> EngineImpl::step() {
       config_.zero_overhead && outcome == sched::Scheduler::Outcome::kScheduled ? 1 : 0;
   while (inflight_.size() > keep) commit_oldest(out);
   count_finishes(out, 0);
+  // Nothing left to run: commit the step still in flight too (it only carries finished
+  // sequences), so their blocks and slots are back before the caller stops stepping.
+  if (unfinished_.load() == 0) {
+    while (!inflight_.empty()) commit_oldest(out);
+  }
   return out;
 }
 
