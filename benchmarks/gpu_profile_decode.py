@@ -1,0 +1,55 @@
+"""Where a decode step's time goes on the GPU: wall time per step next to the sum of its kernels.
+
+    python benchmarks/gpu_profile_decode.py --batch 1 --steps 20            # wall time per step
+    ncu --csv --metrics gpu__time_duration.sum python benchmarks/gpu_profile_decode.py --steps 2
+
+Run under Nsight Compute (ncu) the kernel durations of the last steps are listed; their sum,
+against the wall time measured without ncu, tells kernel time from launch and host overhead.
+Same model as gpu_model_bench.py (V4-Flash widths, 3 layers, random bf16 weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import deepinfer_core as dc
+from gpu_model_bench import flash_config
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        path.write_text(json.dumps(flash_config(["sliding", "csa", "hca"])))
+        blocks = args.context // 128 + 2
+        runner = dc.ModelRunner.random(
+            str(path),
+            num_blocks=1 + args.batch * blocks,
+            num_state_slots=args.batch + 1,
+            device="cuda",
+            seed=1,
+        )
+    batch = [
+        dc.SequenceChunk(
+            i, args.context - 1, [5], list(range(1 + i * blocks, 1 + (i + 1) * blocks))
+        )
+        for i in range(args.batch)
+    ]
+    runner.forward(batch, logits="last")  # warm up
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        runner.forward(batch, logits="last")
+    ms = 1000 * (time.perf_counter() - t0) / args.steps
+    print(json.dumps({"batch": args.batch, "context": args.context, "wall_ms_per_step": ms}))
+
+
+if __name__ == "__main__":
+    main()
