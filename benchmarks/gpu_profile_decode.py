@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import deepinfer_core as dc
-from gpu_model_bench import flash_config
+from v4_flash_config import flash_config
 
 
 def main() -> None:
