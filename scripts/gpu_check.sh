@@ -4,7 +4,7 @@
 # suite (tests/gpu, marker `gpu`) and the benchmarks. Logs and results go to $OUT.
 #
 # The device has no network: GoogleTest (Debian's libgtest-dev .deb) and transformers 5.23 (the
-# parity oracle; the image has 5.17) travel in .devcarry/ (see README "GPU").
+# parity oracle; the image has 5.17) travel in .devcarry/, which scripts/prepare_devcarry.sh fills.
 #   usage: bash scripts/gpu_check.sh [tests|bench|all]
 set -uo pipefail
 cd "$(dirname "$0")/.."
