@@ -5,7 +5,8 @@ in the same run, with the device rooflines measured first.
     python benchmarks/gpu_model_bench.py [--layers sliding,csa,hca] [--out results.json]
 
 Prefill: tokens/s for one sequence of S = 1024 and 4096 tokens (logits of the last token only).
-Decode: ms per step for B sequences at context 4096 (one new token each). For deepinfer the decode
+Decode: ms per step for B sequences at context 4096 (one new token each), with CUDA graphs (the
+default) and eagerly (decode_graph_max_batch=0). For deepinfer the decode
 steps run over caches sized for the context but not filled by a prefill: a step's cost depends on
 the lengths, not on the cached values. transformers decodes over a real 4096-token cache.
 """
@@ -49,7 +50,11 @@ def rooflines() -> dict:
     }
 
 
-def bench_deepinfer(config_path: str, decode_batches: list[int], context: int) -> dict:
+def bench_deepinfer(
+    config_path: str, decode_batches: list[int], context: int, graphs: bool, prefill: bool
+) -> dict:
+    """Prefill tok/s (if `prefill`) and decode ms/step, with decode steps replayed as CUDA graphs
+    or run eagerly (every kernel launched from the host)."""
     import deepinfer_core as dc
 
     max_b = max(decode_batches)
@@ -60,13 +65,14 @@ def bench_deepinfer(config_path: str, decode_batches: list[int], context: int) -
         num_state_slots=max_b + 1,
         device="cuda",
         seed=1,
+        decode_graph_max_batch=-1 if graphs else 0,
     )
 
     def table(slot: int) -> list[int]:
         return list(range(1 + slot * blocks_per_seq, 1 + (slot + 1) * blocks_per_seq))
 
     out: dict = {"prefill_tok_s": {}, "decode_ms": {}}
-    for s in (1024, 4096):
+    for s in (1024, 4096) if prefill else ():
         tokens = [(7 * i) % 129000 + 2 for i in range(s)]
         sec = timed(
             lambda tokens=tokens: runner.forward(
@@ -79,6 +85,7 @@ def bench_deepinfer(config_path: str, decode_batches: list[int], context: int) -
         batch = [dc.SequenceChunk(i, context - 1, [5], table(i)) for i in range(b)]
         sec = timed(lambda batch=batch: runner.forward(batch, logits="last"), 20)
         out["decode_ms"][b] = 1000 * sec
+    out["decode_graph_stats"] = runner.decode_graph_stats()
     runner = None
     gc.collect()
     return out
@@ -149,8 +156,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "config.json")
         Path(path).write_text(json.dumps(config))
-        results["deepinfer"] = bench_deepinfer(path, batches, args.context)
+        results["deepinfer"] = bench_deepinfer(
+            path, batches, args.context, graphs=True, prefill=True
+        )
         print("deepinfer", json.dumps(results["deepinfer"]), flush=True)
+        results["deepinfer_eager"] = bench_deepinfer(
+            path, batches, args.context, graphs=False, prefill=False
+        )
+        print("deepinfer_eager", json.dumps(results["deepinfer_eager"]), flush=True)
     if not args.skip_transformers:
         results["transformers"] = bench_transformers(config, batches, args.context)
         print("transformers", json.dumps(results["transformers"]), flush=True)

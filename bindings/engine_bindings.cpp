@@ -40,9 +40,10 @@ EngineConfig make_config(const std::string& model_path, int max_num_seqs,
                          bool enable_chunked_prefill, bool zero_overhead,
                          const std::string& preemption, double kv_admission_watermark,
                          int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
-                         const std::string& device = "cpu") {
+                         const std::string& device = "cpu", int decode_graph_max_batch = -1) {
   EngineConfig c;
   c.device = device;
+  c.decode_graph_max_batch = decode_graph_max_batch;
   c.model_path = model_path;
   c.max_num_seqs = max_num_seqs;
   c.max_num_batched_tokens = max_num_batched_tokens;
@@ -74,6 +75,7 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["prompt_tokens_computed"] = s.prompt_tokens_computed;
   d["prompt_tokens_cached"] = s.prompt_tokens_cached;
   d["generated_tokens"] = s.generated_tokens;
+  d["num_graph_steps"] = s.num_graph_steps;
   return d;
 }
 
@@ -156,12 +158,12 @@ void bind_engine(nb::module_& m) {
                        bool enable_prefix_cache, bool enable_chunked_prefill, bool zero_overhead,
                        const std::string& preemption, double kv_admission_watermark,
                        int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
-                       const std::string& device) {
-             EngineConfig c = make_config(model_path, max_num_seqs, max_num_batched_tokens,
-                                          max_model_len, num_kv_blocks, num_prefix_snapshots,
-                                          enable_prefix_cache, enable_chunked_prefill,
-                                          zero_overhead, preemption, kv_admission_watermark,
-                                          prefill_steps_per_decode_step, num_threads, seed, device);
+                       const std::string& device, int decode_graph_max_batch) {
+             EngineConfig c = make_config(
+                 model_path, max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks,
+                 num_prefix_snapshots, enable_prefix_cache, enable_chunked_prefill, zero_overhead,
+                 preemption, kv_admission_watermark, prefill_steps_per_decode_step, num_threads,
+                 seed, device, decode_graph_max_batch);
              nb::gil_scoped_release release;
              return Engine::create(c);
            }),
@@ -170,7 +172,7 @@ void bind_engine(nb::module_& m) {
            "enable_prefix_cache"_a = true, "enable_chunked_prefill"_a = true,
            "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
            "prefill_steps_per_decode_step"_a = 1, "num_threads"_a = 0, "seed"_a = 0,
-           "device"_a = "cpu")
+           "device"_a = "cpu", "decode_graph_max_batch"_a = -1)
       .def_static(
           "scripted",
           [](int vocab_size, double eos_probability, int num_kv_blocks, int num_snapshot_slots,

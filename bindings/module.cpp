@@ -143,8 +143,10 @@ NB_MODULE(deepinfer_core, m) {
   nb::class_<deepinfer::ModelRunner>(
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
-                       int max_backtrack, int num_threads, const std::string& device) {
+                       int max_backtrack, int num_threads, const std::string& device,
+                       int decode_graph_max_batch) {
              deepinfer::RunnerOptions options;
+             options.decode_graph_max_batch = decode_graph_max_batch;
              options.num_blocks = num_blocks;
              options.num_state_slots = num_state_slots;
              options.max_backtrack = max_backtrack;
@@ -154,14 +156,17 @@ NB_MODULE(deepinfer_core, m) {
              return deepinfer::ModelRunner::load(path, options);
            }),
            "path"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "max_backtrack"_a = 6,
-           "num_threads"_a = 0, "device"_a = "cpu",
+           "num_threads"_a = 0, "device"_a = "cpu", "decode_graph_max_batch"_a = -1,
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
-           "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots.")
+           "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
+           "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
+           "replay recorded graphs (-1: 256 on CUDA, off on the CPU; 0: off).")
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,
-             const std::string& device, uint64_t seed, bool bf16) {
+             const std::string& device, uint64_t seed, bool bf16, int decode_graph_max_batch) {
             deepinfer::RunnerOptions options;
+            options.decode_graph_max_batch = decode_graph_max_batch;
             options.num_blocks = num_blocks;
             options.num_state_slots = num_state_slots;
             options.num_threads = num_threads;
@@ -170,10 +175,20 @@ NB_MODULE(deepinfer_core, m) {
             return deepinfer::ModelRunner::random(config_json, options, seed, bf16);
           },
           "config_json"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "num_threads"_a = 0,
-          "device"_a = "cpu", "seed"_a = 0, "bf16"_a = true,
+          "device"_a = "cpu", "seed"_a = 0, "bf16"_a = true, "decode_graph_max_batch"_a = -1,
           "The model described by a config.json with random weights (bf16 matrices by default), "
           "for benchmarks at real widths without a checkpoint.")
       .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)
+      .def(
+          "decode_graph_stats",
+          [](const deepinfer::ModelRunner& runner) {
+            const deepinfer::DecodeGraphStats s = runner.decode_graph_stats();
+            nb::dict d;
+            d["num_recorded"] = s.num_recorded;
+            d["num_calls"] = s.num_calls;
+            return d;
+          },
+          "Decode graphs used so far: shapes recorded and forward calls they served.")
       .def(
           "forward",
           [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,

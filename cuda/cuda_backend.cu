@@ -125,11 +125,14 @@ struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  // cuBLAS's workspace, ours so that cuBLAS allocates nothing while a graph is captured.
+  void* cublas_workspace = nullptr;
   PinnedPool pinned;
   ~CudaContext() {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -154,6 +157,26 @@ class CudaEvent final : public Event {
  private:
   std::shared_ptr<CudaContext> ctx_;
   cudaEvent_t event_ = nullptr;
+};
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(std::shared_ptr<CudaContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec)
+      : ctx_(std::move(ctx)), graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    // A replay may still be running; its graph memory must not be torn down under it.
+    cudaStreamSynchronize(ctx_->stream);
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void replay() override { DEEPINFER_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream)); }
+
+ private:
+  std::shared_ptr<CudaContext> ctx_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 // Device -> pinned -> pageable host: the last hop runs in a stream callback.
@@ -193,6 +216,12 @@ CudaBackend::CudaBackend(int device_index)
     throw Error(ErrorCode::kInternal, "cublasCreate failed");
   }
   cublasSetStream(ctx_->cublas, ctx_->stream);
+  constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  DEEPINFER_CUDA_CHECK(cudaMalloc(&ctx_->cublas_workspace, kCublasWorkspaceBytes));
+  if (cublasSetWorkspace(ctx_->cublas, ctx_->cublas_workspace, kCublasWorkspaceBytes) !=
+      CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorCode::kInternal, "cublasSetWorkspace failed");
+  }
   // fp32 GEMMs stay IEEE fp32 (no TF32): the CUDA backend must match the CPU reference.
   cublasSetMathMode(ctx_->cublas, CUBLAS_DEFAULT_MATH);
   // Cache freed blocks in the pool instead of returning them to the driver at every sync.
@@ -269,6 +298,7 @@ Tensor CudaBackend::zeros(const Shape& shape, DType dtype) {
 }
 
 Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
+  check_not_capturing("upload");
   if (!host.defined() || host.device().kind != DeviceKind::kCpu) {
     fail("upload", "argument host must be a host tensor, got " + host.describe());
   }
@@ -299,6 +329,78 @@ Tensor CudaBackend::upload_weight(const Tensor& host, DType dtype) {
   return out;
 }
 
+void CudaBackend::check_not_capturing(const char* what) const {
+  if (capturing_) {
+    throw Error(ErrorCode::kInternal, std::string(what) +
+                                          ": not allowed while a graph is captured (inputs of "
+                                          "a graph are staged with upload_into before replay)");
+  }
+}
+
+void CudaBackend::upload_into(const Tensor& dst, const Tensor& host) {
+  check_not_capturing("upload_into");
+  check_device("upload_into", "dst", dst);
+  if (!host.defined() || host.device().kind != DeviceKind::kCpu || host.shape() != dst.shape()) {
+    fail("upload_into",
+         "needs a host tensor of dst's shape, got " + dst.describe() + " and " + host.describe());
+  }
+  Tensor converted = host.dtype() == dst.dtype() ? host.contiguous() : host.to(dst.dtype());
+  if (dst.nbytes() == 0) return;
+  PinnedPool::Block b = ctx_->pinned.acquire(dst.nbytes());
+  std::memcpy(b.ptr, converted.raw_data(), dst.nbytes());
+  DEEPINFER_CUDA_CHECK(
+      cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  ctx_->pinned.release_after(b, ctx_->stream);
+}
+
+void CudaBackend::copy_into(const Tensor& dst, const Tensor& src) {
+  check_device("copy_into", "dst", dst);
+  check_device("copy_into", "src", src);
+  if (dst.dtype() != src.dtype() || dst.shape() != src.shape()) {
+    fail("copy_into",
+         "needs tensors of one dtype and shape, got " + dst.describe() + " and " + src.describe());
+  }
+  if (dst.nbytes() == 0 || dst.raw_data() == src.raw_data()) return;
+  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                       cudaMemcpyDeviceToDevice, ctx_->stream));
+}
+
+std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
+  if (!body) fail("capture", "body is empty");
+  check_not_capturing("capture");
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+  DEEPINFER_CUDA_CHECK(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    body();
+  } catch (...) {
+    capturing_ = false;
+    if (cudaStreamEndCapture(ctx_->stream, &graph) == cudaSuccess && graph != nullptr)
+      cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  capturing_ = false;
+  DEEPINFER_CUDA_CHECK(cudaStreamEndCapture(ctx_->stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t err =
+      cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  if (err != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    DEEPINFER_CUDA_CHECK(err);
+  }
+  return std::make_unique<CudaGraph>(ctx_, graph, exec);
+}
+
+const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {
+  auto it = pointer_tables_.find(pointers);
+  if (it != pointer_tables_.end()) return it->second;
+  check_not_capturing("pointer_table (first use of a weight table)");
+  Tensor host = Tensor::from_vector(pointers, {static_cast<int64_t>(pointers.size())});
+  return pointer_tables_.emplace(pointers, upload(host, DType::kI64)).first->second;
+}
+
 void CudaBackend::check_sync_allowed(const char* what) const {
   if (sync_forbidden_) {
     throw Error(ErrorCode::kInternal,
@@ -311,6 +413,7 @@ void CudaBackend::check_sync_allowed(const char* what) const {
 Tensor CudaBackend::to_host(const Tensor& device) {
   check_device("to_host", "device", device);
   check_sync_allowed("to_host");
+  check_not_capturing("to_host");
   Tensor out = Tensor::zeros(device.shape(), device.dtype());
   if (out.nbytes() > 0) {
     DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), device.raw_data(), out.nbytes(),
@@ -321,6 +424,7 @@ Tensor CudaBackend::to_host(const Tensor& device) {
 }
 
 void CudaBackend::copy_to_host(const Tensor& device, const Tensor& host) {
+  check_not_capturing("copy_to_host");
   check_device("copy_to_host", "device", device);
   if (!host.defined() || host.device().kind != DeviceKind::kCpu || !host.is_contiguous() ||
       host.dtype() != device.dtype() || host.shape() != device.shape()) {
@@ -388,11 +492,13 @@ void CudaBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean,
 }
 
 std::unique_ptr<Event> CudaBackend::record_event() {
+  check_not_capturing("record_event");
   return std::make_unique<CudaEvent>(ctx_);
 }
 
 void CudaBackend::synchronize() {
   check_sync_allowed("synchronize");
+  check_not_capturing("synchronize");
   DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
 }
 

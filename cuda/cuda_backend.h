@@ -12,6 +12,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +45,11 @@ class CudaBackend final : public Backend {
   void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) override;
   std::unique_ptr<Event> record_event() override;
   void synchronize() override;
+  void upload_into(const Tensor& dst, const Tensor& host) override;
+  void copy_into(const Tensor& dst, const Tensor& src) override;
+  // Captures a CUDA graph of the stream work `body` enqueues (relaxed capture mode; allocations
+  // inside become graph memory nodes, freed inside the graph).
+  std::unique_ptr<Graph> capture(std::function<void()> body) override;
 
   Tensor embedding(const Tensor& table, const Tensor& ids) override;
   Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) override;
@@ -94,14 +100,22 @@ class CudaBackend final : public Backend {
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
+  // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
+  // for the backend's lifetime: the routed experts' weight tables, so moe_experts uploads nothing
+  // per call and can be captured in a graph.
+  const Tensor& pointer_table(const std::vector<int64_t>& pointers);
 
  private:
   void check_sync_allowed(const char* what) const;
+  // Uploads and host copies cannot be recorded in a graph (their host buffers are per call).
+  void check_not_capturing(const char* what) const;
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
   std::shared_ptr<CudaContext> ctx_;
   bool sync_forbidden_ = false;
+  bool capturing_ = false;
+  std::map<std::vector<int64_t>, Tensor> pointer_tables_;
 };
 
 }  // namespace deepinfer::cuda

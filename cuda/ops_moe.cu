@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 #include <string>
+#include <vector>
 
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
@@ -765,9 +766,8 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& routing,
   const int64_t inter = experts.w1[0].size(0);
   const int num_experts = static_cast<int>(num);
 
-  // Per-expert pointer table [w1 | w3 | w2], uploaded with this call (host data, no sync).
-  Tensor table = Tensor::zeros({3 * static_cast<int64_t>(num)}, DType::kI64);
-  int64_t* ptrs = table.data<int64_t>();
+  // Per-expert pointer table [w1 | w3 | w2]: uploaded on first use, then cached by the backend.
+  std::vector<int64_t> ptrs(3 * num);
   bool vec = aligned16(x.raw_data()) && hidden % 8 == 0 && inter % 8 == 0;
   for (size_t e = 0; e < num; ++e) {
     const std::string idx = "[" + std::to_string(e) + "]";
@@ -790,7 +790,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& routing,
     DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream()));
     return out;
   }
-  Tensor dev_table = upload(table, DType::kI64);
+  const Tensor& dev_table = pointer_table(ptrs);
   const void* const* base = static_cast<const void* const*>(dev_table.raw_data());
   for (int64_t t0 = 0; t0 < tokens; t0 += kMaxPassTokens) {
     const int64_t n = std::min(kMaxPassTokens, tokens - t0);

@@ -47,6 +47,9 @@ class EngineOptions:
     num_threads: int = 0
     seed: int = 0
     device: str = "cpu"
+    # Largest decode batch replayed as a CUDA graph: -1 = backend default (256 on CUDA, off on
+    # the CPU), 0 = off (eager, e.g. for debugging).
+    decode_graph_max_batch: int = -1
 
 
 @dataclass

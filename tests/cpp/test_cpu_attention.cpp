@@ -143,6 +143,16 @@ TEST_F(CpuAttentionTest, ScatterRows) {
       },
       ErrorCode::kInvalidArgument, "dest[1] = 10");
   expect_close(fetch_f32(*be, cache_dev), want, 0, 0);  // untouched by the failed call
+  // dest -1 marks a padding entry of a graph batch: skipped, the others are stored.
+  auto more = rng.uniform(2 * 4);
+  be->scatter_rows(cache_dev, up(more, {2, 4}), up_i({-1, 3}, {2}));
+  for (int c = 0; c < 4; ++c) want[sz(3 * 4 + c)] = more[sz(4 + c)];
+  expect_close(fetch_f32(*be, cache_dev), want, 0, 0);
+  expect_error(
+      [&] {
+        be->scatter_rows(cache_dev, up(more, {2, 4}), up_i({-2, 3}, {2}));
+      },
+      ErrorCode::kInvalidArgument, "dest[0] = -2");
 }
 
 // ---- compress_pool
@@ -233,6 +243,25 @@ TEST_F(CpuAttentionTest, CompressPoolSingleDecodeToken) {
       be->compress_pool(up(h.chunk(seqs), {1, 2 * C}), up(h.ring(rng, seqs, 1, R), {1, R, 2 * C}),
                         up(ape, {m, C}), hl.upload(*be), eb, CompressSpec{int(m), true, int(D)});
   expect_close(fetch_f32(*be, got), ref_compress(h, ape, entries, m, D, true), 1e-5, 1e-6);
+}
+
+TEST_F(CpuAttentionTest, CompressPoolPaddingEntriesAreZero) {
+  // Window -1 marks a padding entry (fixed-shape graph batches): a zero row, whatever its seq.
+  const int64_t m = 4, D = 8, C = 2 * D, R = 2 * m;
+  std::vector<SeqSpec> seqs = {{27, 1, 0}};  // position 27 closes window 6
+  HostLayout hl(seqs, 16, 1);
+  History h(rng, seqs, 2 * C, -2, 2);
+  auto ape = rng.uniform(sz(m * C));
+  EntryBatch eb{3, up_i({0, 0, 7}, {3}), up_i({-1, 6, -1}, {3}), up_i({0, 24, 0}, {3}),
+                up_i({-1, 0, -1}, {3})};
+  Tensor got =
+      be->compress_pool(up(h.chunk(seqs), {1, 2 * C}), up(h.ring(rng, seqs, 1, R), {1, R, 2 * C}),
+                        up(ape, {m, C}), hl.upload(*be), eb, CompressSpec{int(m), true, int(D)});
+  std::vector<double> want(sz(D), 0.0);
+  const std::vector<double> real = ref_compress(h, ape, {{0, 6}}, m, D, true);
+  want.insert(want.end(), real.begin(), real.end());
+  want.resize(sz(3 * D), 0.0);
+  expect_close(fetch_f32(*be, got), want, 1e-5, 1e-6);
 }
 
 TEST_F(CpuAttentionTest, CompressPoolErrors) {

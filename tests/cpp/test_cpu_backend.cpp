@@ -55,6 +55,43 @@ TEST_F(CpuBackendTest, UploadConverts) {
   EXPECT_THROW(be->upload(host, DType::kF32), Error);  // i64 -> f32 is not a conversion we do
 }
 
+TEST_F(CpuBackendTest, UploadIntoAndCopyIntoKeepTheDestination) {
+  Tensor dst = be->zeros({2, 2}, DType::kF32);
+  void* addr = dst.raw_data();
+  Tensor host = host_f32({1, 2, 3, 4}, {2, 2});
+  be->upload_into(dst, host);
+  host.data<float>()[0] = 100;  // the caller may reuse host at once
+  EXPECT_EQ(fetch_f32(*be, dst), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(dst.raw_data(), addr);
+  Tensor src = be->upload(host_f32({5, 6}, {2}), DType::kF32);
+  be->copy_into(dst.narrow(0, 1, 1).reshape({2}), src);
+  EXPECT_EQ(fetch_f32(*be, dst), (std::vector<float>{1, 2, 5, 6}));
+  EXPECT_THROW(be->upload_into(dst, host_f32({1, 2, 3}, {3})), Error);
+  EXPECT_THROW(be->upload_into(dst, Tensor::from_vector<int64_t>({1, 2, 3, 4}, {2, 2})), Error);
+  EXPECT_THROW(be->copy_into(dst, src), Error);
+  EXPECT_THROW(be->copy_into(dst.narrow(0, 0, 1).reshape({2}), be->zeros({2}, DType::kI32)), Error);
+}
+
+TEST_F(CpuBackendTest, CaptureRecordsWithoutRunningAndReplaysOnCurrentInputs) {
+  Tensor in = be->upload(host_f32({1, 2}, {2}), DType::kF32);
+  Tensor out = be->zeros({2}, DType::kF32);
+  int calls = 0;
+  auto graph = be->capture([&] {
+    ++calls;
+    be->copy_into(out, be->scale(in, 2.0f));
+  });
+  be->synchronize();
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(fetch_f32(*be, out), (std::vector<float>{0, 0}));
+  graph->replay();
+  EXPECT_EQ(fetch_f32(*be, out), (std::vector<float>{2, 4}));
+  be->upload_into(in, host_f32({-3, 5}, {2}));
+  graph->replay();
+  EXPECT_EQ(fetch_f32(*be, out), (std::vector<float>{-6, 10}));
+  EXPECT_EQ(calls, 2);
+  EXPECT_THROW(be->capture(nullptr), Error);
+}
+
 TEST_F(CpuBackendTest, UploadWeightAliasesOrConverts) {
   Tensor w = host_f32({1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor dev = be->upload_weight(w, DType::kF32);

@@ -95,3 +95,23 @@ def test_equivalence_seeded_sampling_across_batch_compositions(tiny_checkpoint, 
     assert apart == [together[i] for i in (9, 2, 14)]
     greedy = run_all(engine(tiny_checkpoint), [prompts[9]], GREEDY)[0][0]
     assert together[9] != greedy, "temperature 0.9 should not reproduce the greedy tokens"
+
+
+@pytest.mark.parametrize("zero_overhead", [True, False])
+def test_equivalence_decode_graphs_on_off(tiny_checkpoint, prompts, batched, zero_overhead) -> None:
+    # 16 prompts with a graph limit of 6: decode batches of up to 6 replay recorded graphs (with
+    # tokens carried on the device under zero-overhead scheduling), larger ones run eagerly.
+    graph_engine = engine(
+        tiny_checkpoint, max_num_seqs=16, zero_overhead=zero_overhead, decode_graph_max_batch=6
+    )
+    graphs = run_all(graph_engine, prompts, GREEDY)[0]
+    stats = graph_engine.stats()
+    assert 0 < stats["num_graph_steps"] < stats["num_steps"] - stats["num_prefill_steps"]
+    assert graphs == batched
+    seeded = dc.SamplingParams(temperature=0.9, top_k=50, max_tokens=24, seed=77)
+    subset = prompts[:6]
+    eager_engine = engine(tiny_checkpoint, decode_graph_max_batch=0)
+    eager = run_all(eager_engine, subset, seeded)[0]
+    assert eager_engine.stats()["num_graph_steps"] == 0
+    replayed = run_all(engine(tiny_checkpoint, decode_graph_max_batch=8), subset, seeded)[0]
+    assert replayed == eager

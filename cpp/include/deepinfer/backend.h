@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,16 @@ class Event {
   virtual bool query() = 0;
   // Blocks until then. Rethrows the error of failed work enqueued before the event.
   virtual void wait() = 0;
+};
+
+// A recorded sequence of backend ops, replayed as a unit on the same tensors: a CUDA graph on
+// the CUDA backend; the CPU backend re-issues the recorded calls. See Backend::capture.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Enqueues the recorded ops again. They read their inputs' contents at replay time (in stream
+  // order), so a caller refreshes the inputs (upload_into, copy_into) and replays.
+  virtual void replay() = 0;
 };
 
 // Hyper-connection (mHC) constants of a model.
@@ -82,7 +93,9 @@ struct BatchLayout {
 
 // Compressed entries that close during one forward call, for one compression ratio m. Entry
 // (seq, w) pools the tokens of window w, i.e. positions [w*m, (w+1)*m) (and, with overlap, the
-// previous window's first half-series too).
+// previous window's first half-series too). An entry with window -1 and dest -1 is padding (a
+// fixed-shape batch replayed as a graph): compress_pool returns a zero row for it and
+// scatter_rows does not store it.
 struct EntryBatch {
   int num_entries = 0;
   Tensor seq;       // [E] i32, sequence index in the BatchLayout
@@ -122,6 +135,10 @@ struct AttentionSpec {
   float scale = 1.0f;   // softmax scale applied to q.k (not to the sink)
   int ratio = 0;        // compression ratio of the layer's entries; 0 = sliding only
   bool sparse = false;  // true: entries come from `topk`; false: all visible entries are used
+  // The backend may round q, the keys and the probabilities to bf16 for tensor cores (f32
+  // accumulation). Set for models whose matrix weights are bf16 (their activations already pass
+  // through bf16 GEMMs); the CPU reference ignores it and stays f32.
+  bool bf16_math = false;
 };
 
 class Backend {
@@ -158,6 +175,18 @@ class Backend {
   virtual void copy_to_host(const Tensor& device, const Tensor& host) = 0;
   virtual std::unique_ptr<Event> record_event() = 0;
   virtual void synchronize() = 0;
+  // Enqueues a copy of `host` (converted to dst's dtype) into the existing device tensor `dst`
+  // of the same shape; `host` may be reused as soon as this returns. Graph inputs are refreshed
+  // this way, so their device addresses stay fixed.
+  virtual void upload_into(const Tensor& dst, const Tensor& host) = 0;
+  // Enqueues dst = src for two contiguous device tensors of one dtype and shape.
+  virtual void copy_into(const Tensor& dst, const Tensor& src) = 0;
+  // Records the ops `body` enqueues as a Graph, without running them. `body` must not upload,
+  // synchronise or copy to the host, and every tensor it allocates must die before it returns
+  // (results go into tensors allocated before the capture); the tensors it reads or writes must
+  // outlive the graph. The default re-issues `body` at each replay (a backend without native
+  // graphs still gets the same semantics); the CUDA backend captures a CUDA graph.
+  virtual std::unique_ptr<Graph> capture(std::function<void()> body);
 
   // ---- dense ops --------------------------------------------------------------------------------
   // table [V, H], ids [T] i32 -> [T, H] f32.
@@ -231,7 +260,7 @@ class Backend {
   virtual Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
                                const BatchLayout& layout, const EntryBatch& entries,
                                const CompressSpec& spec) = 0;
-  // cache [rows, C]: cache[dest[i]] = rows[i].
+  // cache [rows, C]: cache[dest[i]] = rows[i]; dest[i] == -1 (a padding entry) is skipped.
   virtual void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) = 0;
   // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di].
   // score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) * score_scale over the

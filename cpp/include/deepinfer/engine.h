@@ -86,6 +86,9 @@ struct EngineConfig {
   int num_threads = 0;         // CPU backend threads (0 = hardware concurrency)
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
   uint64_t seed = 0;           // engine seed for requests without their own
+  // Largest decode batch replayed as a recorded graph (CUDA graphs): -1 = the backend's default
+  // (256 on CUDA, off on the CPU), 0 = off.
+  int decode_graph_max_batch = -1;
 };
 
 struct EngineStats {
@@ -101,6 +104,7 @@ struct EngineStats {
   uint64_t prompt_tokens_computed = 0;
   uint64_t prompt_tokens_cached = 0;
   uint64_t generated_tokens = 0;
+  uint64_t num_graph_steps = 0;  // decode steps replayed from recorded graphs (or recorded)
 };
 
 class Engine {

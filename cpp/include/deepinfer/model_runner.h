@@ -23,6 +23,9 @@ struct RunnerOptions {
   int max_backtrack = 6;       // ring slack for speculative rollback
   int num_threads = 0;         // CPU backend worker threads (0 = hardware concurrency)
   std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
+  // Largest decode batch (one token per sequence) replayed as a recorded graph: -1 picks the
+  // backend's default (256 on CUDA, off on the CPU), 0 is off (every call runs eagerly).
+  int decode_graph_max_batch = -1;
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..
@@ -36,6 +39,12 @@ struct SequenceChunk {
 };
 
 enum class LogitsMode { kAll, kLast };
+
+// Decode graphs used so far (RunnerOptions::decode_graph_max_batch).
+struct DecodeGraphStats {
+  int num_recorded = 0;    // (bucket, block-table width) shapes recorded
+  uint64_t num_calls = 0;  // forward calls served by a graph (the recording call included)
+};
 
 class ModelRunner {
  public:
@@ -55,6 +64,7 @@ class ModelRunner {
   // Logits (host, f32): [total tokens, vocab] for kAll, [num sequences, vocab] for kLast.
   // Throws Error(kInvalidArgument) naming the sequence and field for a malformed batch.
   virtual Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) = 0;
+  virtual DecodeGraphStats decode_graph_stats() const = 0;
 };
 
 }  // namespace deepinfer

@@ -99,6 +99,32 @@ void CpuBackend::copy_to_host(const Tensor& device, const Tensor& host) {
   });
 }
 
+void CpuBackend::upload_into(const Tensor& dst, const Tensor& host) {
+  cpu::check_host("upload_into", "dst", dst);
+  if (!dst.is_contiguous() || !host.defined() || host.shape() != dst.shape()) {
+    cpu::fail("upload_into", "needs a contiguous dst and a host tensor of its shape, got " +
+                                 dst.describe() + " and " + host.describe());
+  }
+  // Converted now: the caller may reuse `host` once this returns; the store is stream-ordered.
+  Tensor staged = convert_copy("upload_into", host, dst.dtype());
+  enqueue([dst, staged](ThreadPool&) {
+    if (dst.nbytes() > 0) std::memcpy(dst.raw_data(), staged.raw_data(), dst.nbytes());
+  });
+}
+
+void CpuBackend::copy_into(const Tensor& dst, const Tensor& src) {
+  cpu::check_host("copy_into", "dst", dst);
+  cpu::check_host("copy_into", "src", src);
+  if (dst.dtype() != src.dtype() || dst.shape() != src.shape() || !dst.is_contiguous() ||
+      !src.is_contiguous()) {
+    cpu::fail("copy_into", "needs contiguous tensors of one dtype and shape, got " +
+                               dst.describe() + " and " + src.describe());
+  }
+  enqueue([dst, src](ThreadPool&) {
+    if (dst.nbytes() > 0) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
+  });
+}
+
 void CpuBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) {
   cpu::check_host("fill_random_normal", "t", t);
   if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {

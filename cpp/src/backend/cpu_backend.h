@@ -40,6 +40,8 @@ class CpuBackend final : public Backend {
   Tensor upload_weight(const Tensor& host, DType dtype) override;
   Tensor to_host(const Tensor& device) override;
   void copy_to_host(const Tensor& device, const Tensor& host) override;
+  void upload_into(const Tensor& dst, const Tensor& host) override;
+  void copy_into(const Tensor& dst, const Tensor& src) override;
   void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) override;
   std::unique_ptr<Event> record_event() override;
   void synchronize() override;

@@ -86,6 +86,7 @@ Tensor CpuBackend::compress_pool(const Tensor& proj, const Tensor& ring, const T
       return ring_p + (lv.slot[b] * ring_len + p % ring_len) * 2 * c;
     };
     for (int64_t e = 0; e < num_entries; ++e) {
+      if (win[e] == -1) continue;  // padding: stays a zero row
       const int b = seq_of[e];
       if (b < 0 || b >= lv.num_seqs || win[e] < 0) {
         fail(op, "entry " + std::to_string(e) + " has sequence " + std::to_string(b) +
@@ -111,6 +112,7 @@ Tensor CpuBackend::compress_pool(const Tensor& proj, const Tensor& ring, const T
           std::vector<float> mx(static_cast<size_t>(dim));
           std::vector<float> den(static_cast<size_t>(dim));
           for (int64_t e = begin; e < end; ++e) {
+            if (win[e] == -1) continue;
             const int b = seq_of[e];
             const int64_t w = win[e];
             size_t n = 0;
@@ -183,6 +185,7 @@ void CpuBackend::scatter_rows(const Tensor& cache, const Tensor& rows, const Ten
     float* dst = cache.data<float>();
     // Check every destination first so a bad one leaves the cache untouched.
     for (int64_t i = 0; i < rows.size(0); ++i) {
+      if (d[i] == -1) continue;  // padding entry
       if (d[i] < 0 || d[i] >= cache_rows) {
         fail("scatter_rows", "dest[" + std::to_string(i) + "] = " + std::to_string(d[i]) +
                                  " is outside the cache's rows [0, " + std::to_string(cache_rows) +
@@ -190,6 +193,7 @@ void CpuBackend::scatter_rows(const Tensor& cache, const Tensor& rows, const Ten
       }
     }
     for (int64_t i = 0; i < rows.size(0); ++i) {
+      if (d[i] == -1) continue;
       std::memcpy(dst + d[i] * width, src + i * width, static_cast<size_t>(width) * sizeof(float));
     }
   });

@@ -27,6 +27,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   o.num_snapshot_slots = resolved.enable_prefix_cache ? resolved.num_prefix_snapshots : 0;
   o.num_threads = resolved.num_threads;
   o.device = resolved.device;
+  o.decode_graph_max_batch = resolved.decode_graph_max_batch;
   return std::make_unique<exec::EngineImpl>(resolved, std::make_unique<exec::ModelExecutor>(o));
 }
 

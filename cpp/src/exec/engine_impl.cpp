@@ -248,6 +248,7 @@ EngineStats EngineImpl::stats() const {
   s.prompt_tokens_computed = ss.prompt_tokens_computed;
   s.prompt_tokens_cached = ss.prompt_tokens_cached;
   s.generated_tokens = ss.generated_tokens;
+  s.num_graph_steps = executor_->num_graph_steps();
   return s;
 }
 

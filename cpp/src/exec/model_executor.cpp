@@ -39,7 +39,7 @@ Tensor upload_vector(Backend& backend, const std::vector<T>& values) {
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
     : options_(options),
       model_(ModelInstance::load(options.checkpoint_dir, cache_shape(options), options.device,
-                                 options.num_threads)) {}
+                                 options.num_threads, options.decode_graph_max_batch)) {}
 
 int ModelExecutor::max_position() const {
   return static_cast<int>(std::min<int64_t>(model_->config.max_position_embeddings,
@@ -70,33 +70,40 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
     carried_keys.emplace_back(row.seq_id, row.epoch);
     any_carried = any_carried || row.carried;
   }
-  BatchPlan bp = build_batch_plan(chunks_, m.config, m.caches->shape(), be);
+  const bool use_graph = m.graphs != nullptr && m.graphs->accepts(chunks_);
+  BatchPlan bp;
+  if (!use_graph) bp = build_batch_plan(chunks_, m.config, m.caches->shape(), be);
 
+  // Carried rows read their token from the previous step's device output.
+  Tensor token_ids;
   if (any_carried) {
     auto* prev = dynamic_cast<ModelStep*>(previous);
     if (prev == nullptr)
       throw Error(ErrorCode::kInternal, "carried rows without a previous model step");
     std::vector<int32_t> row_remap;
     remapper_.remap(prev->sampling_rows, carried_keys, row_remap);
-    std::vector<int32_t> token_remap(static_cast<size_t>(bp.layout.num_tokens), -1);
-    int row_start = 0;
+    std::vector<int32_t> host_tokens;
+    std::vector<int32_t> token_remap;
     for (size_t i = 0; i < plan.rows.size(); ++i) {
-      if (plan.rows[i].carried) {
-        if (row_remap[i] < 0) {
-          throw Error(ErrorCode::kInternal, "carried row of sequence " +
-                                                std::to_string(plan.rows[i].seq_id) +
-                                                " is not in the previous step");
-        }
-        token_remap[static_cast<size_t>(row_start)] = row_remap[i];
+      const PlannedRow& row = plan.rows[i];
+      if (row.carried && row_remap[i] < 0) {
+        throw Error(ErrorCode::kInternal, "carried row of sequence " + std::to_string(row.seq_id) +
+                                              " is not in the previous step");
       }
-      row_start += plan.rows[i].q;
+      for (int j = 0; j < row.q; ++j) {
+        host_tokens.push_back(row.tokens[static_cast<size_t>(j)]);
+        token_remap.push_back(j == 0 && row.carried ? row_remap[i] : -1);
+      }
     }
-    bp.layout.token_ids =
-        be.select_tokens(bp.layout.token_ids, upload_vector(be, token_remap), prev->sampled);
+    const Tensor host_ids = use_graph ? upload_vector(be, host_tokens) : bp.layout.token_ids;
+    token_ids = be.select_tokens(host_ids, upload_vector(be, token_remap), prev->sampled);
+    if (!use_graph) bp.layout.token_ids = token_ids;
   }
 
   m.caches->copy_state_slots(be, plan.copies_before);
-  Tensor logits = m.model->forward(bp, *m.caches, LogitsMode::kLast);  // one row per sequence
+  // One row per sequence either way.
+  Tensor logits = use_graph ? m.graphs->forward(chunks_, token_ids)
+                            : m.model->forward(bp, *m.caches, LogitsMode::kLast);
 
   std::vector<int32_t> sample_rows;
   std::vector<float> temperature, top_p;

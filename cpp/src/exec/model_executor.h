@@ -23,6 +23,7 @@ struct ModelExecutorOptions {
   int max_backtrack = 6;
   int num_threads = 0;
   std::string device = "cpu";
+  int decode_graph_max_batch = -1;  // see RunnerOptions::decode_graph_max_batch
 };
 
 class ModelExecutor final : public StepExecutor {
@@ -39,6 +40,9 @@ class ModelExecutor final : public StepExecutor {
   int num_snapshot_slots() const override { return options_.num_snapshot_slots; }
   const std::vector<int>& eos_token_ids() const override { return model_->config.eos_token_ids; }
   const ModelConfig& model_config() const { return model_->config; }
+  uint64_t num_graph_steps() const override {
+    return model_->graphs ? model_->graphs->stats().num_calls : 0;
+  }
 
  private:
   class ModelStep;

@@ -41,6 +41,8 @@ class StepExecutor {
   virtual int num_state_slots() const = 0;     // live slots, including the reserved slot 0
   virtual int num_snapshot_slots() const = 0;  // slots [num_state_slots, + this)
   virtual const std::vector<int>& eos_token_ids() const = 0;
+  // Decode steps run through recorded graphs so far (callable from any thread).
+  virtual uint64_t num_graph_steps() const { return 0; }
 };
 
 }  // namespace deepinfer::exec

@@ -22,12 +22,11 @@ Tensor upload_i32(Backend& backend, const std::vector<int32_t>& values, Shape sh
 
 }  // namespace
 
-BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
-                           const CacheShape& caches, Backend& backend) {
+size_t validate_batch(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
+                      const CacheShape& caches) {
   if (batch.empty()) throw Error(ErrorCode::kInvalidArgument, "forward batch: no sequences");
   std::set<int32_t> slots_seen;
   size_t max_blocks = 1;
-  int64_t total_tokens = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     const SequenceChunk& s = batch[b];
     if (s.tokens.empty()) bad_sequence(b, "'tokens' is empty");
@@ -70,8 +69,23 @@ BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelC
       }
     }
     max_blocks = std::max(max_blocks, s.block_table.size());
-    total_tokens += static_cast<int64_t>(s.tokens.size());
   }
+  return max_blocks;
+}
+
+std::vector<int> compress_ratios(const ModelConfig& config) {
+  std::set<int> ratios;
+  for (int li = 0; li < config.num_hidden_layers; ++li) {
+    if (config.compress_rate(li) > 0) ratios.insert(config.compress_rate(li));
+  }
+  return {ratios.begin(), ratios.end()};
+}
+
+BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
+                           const CacheShape& caches, Backend& backend) {
+  const size_t max_blocks = validate_batch(batch, config, caches);
+  int64_t total_tokens = 0;
+  for (const SequenceChunk& s : batch) total_tokens += static_cast<int64_t>(s.tokens.size());
 
   const size_t num_seqs = batch.size();
   std::vector<int32_t> token_ids, positions, token_seq, q_start, ctx_len, slot, last_rows;
@@ -113,11 +127,7 @@ BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelC
   plan.last_rows = upload_i32(backend, last_rows, {bsz});
 
   // Windows [ctx / m, (ctx + q) / m) close in this call (model.md D.3).
-  std::set<int> ratios;
-  for (int li = 0; li < config.num_hidden_layers; ++li) {
-    if (config.compress_rate(li) > 0) ratios.insert(config.compress_rate(li));
-  }
-  for (int ratio : ratios) {
+  for (int ratio : compress_ratios(config)) {
     const int epb = kv::entries_per_block(ratio, caches.block_size);
     std::vector<int32_t> seq, window, rope_pos, dest;
     for (size_t b = 0; b < num_seqs; ++b) {

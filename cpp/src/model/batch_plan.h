@@ -19,8 +19,16 @@ struct BatchPlan {
   Tensor last_rows;  // [B] i32, the last row of each sequence (for LogitsMode::kLast)
 };
 
-// Validates the chunks against the config and cache shape (every error names the sequence index
-// and the offending field) and builds the plan on `backend`.
+// Validates the chunks against the config and cache shape: every error (Error(kInvalidArgument))
+// names the sequence index and the offending field. Returns the longest block table's length
+// (at least 1).
+size_t validate_batch(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
+                      const CacheShape& caches);
+
+// The distinct compression ratios of the model's compressed layers, ascending.
+std::vector<int> compress_ratios(const ModelConfig& config);
+
+// Validates the chunks (validate_batch) and builds the plan on `backend`.
 BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
                            const CacheShape& caches, Backend& backend);
 

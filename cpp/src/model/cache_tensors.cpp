@@ -1,5 +1,7 @@
 #include "model/cache_tensors.h"
 
+#include <algorithm>
+
 #include "deepinfer/error.h"
 #include "kv/cache_geometry.h"
 
@@ -16,7 +18,7 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
             std::to_string(shape.num_blocks) + ", " + std::to_string(shape.num_state_slots) + ", " +
             std::to_string(shape.block_size) + ", " + std::to_string(shape.max_backtrack) + ")");
   }
-  const int64_t slots = shape.num_state_slots;
+  const int64_t slots = shape.num_state_slots + std::max(0, shape.num_scratch_slots);
   const int64_t d = config.head_dim;
   const int64_t di = config.index_head_dim;
   const int64_t f32 = 4;

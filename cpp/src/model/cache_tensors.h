@@ -17,6 +17,9 @@ namespace deepinfer {
 struct CacheShape {
   int num_blocks = 0;
   int num_state_slots = 0;
+  // Extra slots after the callers' ones, never named by a SequenceChunk: the padding rows of a
+  // fixed-shape graph batch write their (discarded) state there.
+  int num_scratch_slots = 0;
   int block_size = 128;
   int max_backtrack = 6;
 };

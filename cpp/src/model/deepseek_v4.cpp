@@ -10,6 +10,7 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, ModelWeights weights
   hc_params_.sinkhorn_iters = config.hc_sinkhorn_iters;
   hc_params_.hc_eps = static_cast<float>(config.hc_eps);
   hc_params_.norm_eps = static_cast<float>(config.rms_norm_eps);
+  bf16_math_ = !weights_.layers.empty() && weights_.layers[0].attn.wq_a.dtype() == DType::kBF16;
 }
 
 Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, LogitsMode mode) {
@@ -80,6 +81,7 @@ Tensor DeepseekV4Model::attention(int layer, const Tensor& x, const BatchPlan& p
   spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
   spec.ratio = ratio;
   spec.sparse = w.has_indexer;
+  spec.bf16_math = bf16_math_;
   Tensor out =
       be.attention(q, kv, caches.swa_ring, w.has_compressor ? caches.comp_entries : Tensor(), topk,
                    w.sinks, layout, spec);

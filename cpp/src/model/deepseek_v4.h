@@ -30,6 +30,8 @@ class DeepseekV4Model {
   ModelWeights weights_;
   Backend& backend_;
   HcParams hc_params_;
+  // The backend keeps the matrix weights in bf16: attention may use bf16 tensor cores too.
+  bool bf16_math_ = false;
 };
 
 }  // namespace deepinfer

@@ -1,6 +1,9 @@
 #include "model/model_instance.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <string>
+#include <utility>
 
 #include "deepinfer/error.h"
 #include "model/checkpoint.h"
@@ -8,9 +11,39 @@
 
 namespace deepinfer {
 
+int resolve_decode_graph_max_batch(int requested, const Backend& backend, int num_state_slots) {
+  if (requested < -1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "decode_graph_max_batch must be -1 (auto), 0 (off) or a batch size, got " +
+                    std::to_string(requested));
+  }
+  const int wanted =
+      requested >= 0 ? requested : (backend.device_kind() == DeviceKind::kCuda ? 256 : 0);
+  return std::min(wanted, num_state_slots);
+}
+
+namespace {
+
+// Creates the caches (with the graphs' scratch slot when graphs are on) and the graphs.
+void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_batch,
+                     ModelWeights weights) {
+  const int max_batch =
+      resolve_decode_graph_max_batch(decode_graph_max_batch, *m.backend, shape.num_state_slots);
+  shape.num_scratch_slots = max_batch > 0 ? 1 : 0;
+  m.caches = std::make_unique<ModelCaches>(m.config, shape, *m.backend);
+  m.model = std::make_unique<DeepseekV4Model>(m.config, std::move(weights), *m.backend);
+  if (max_batch > 0) {
+    m.graphs = std::make_unique<DecodeGraphs>(m.config, *m.model, *m.caches, *m.backend, max_batch,
+                                              /*scratch_slot=*/shape.num_state_slots);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint_dir,
                                                    const CacheShape& shape,
-                                                   const std::string& device, int num_threads) {
+                                                   const std::string& device, int num_threads,
+                                                   int decode_graph_max_batch) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -19,22 +52,21 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
   m->config = ModelConfig::from_file((fs::path(checkpoint_dir) / "config.json").string());
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   m->backend = make_backend(device, num_threads);
-  m->caches = std::make_unique<ModelCaches>(m->config, shape, *m->backend);
-  m->model = std::make_unique<DeepseekV4Model>(
-      m->config, load_model_weights(checkpoint, m->config, *m->backend), *m->backend);
+  finish_instance(*m, shape, decode_graph_max_batch,
+                  load_model_weights(checkpoint, m->config, *m->backend));
   return m;
 }
 
 std::unique_ptr<ModelInstance> ModelInstance::random(const ModelConfig& config,
                                                      const CacheShape& shape,
                                                      const std::string& device, int num_threads,
-                                                     uint64_t seed, DType stored) {
+                                                     uint64_t seed, DType stored,
+                                                     int decode_graph_max_batch) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = make_backend(device, num_threads);
-  m->caches = std::make_unique<ModelCaches>(m->config, shape, *m->backend);
-  m->model = std::make_unique<DeepseekV4Model>(
-      m->config, random_model_weights(m->config, *m->backend, seed, stored), *m->backend);
+  finish_instance(*m, shape, decode_graph_max_batch,
+                  random_model_weights(m->config, *m->backend, seed, stored));
   m->backend->synchronize();
   return m;
 }

@@ -8,6 +8,7 @@
 #include "deepinfer/backend.h"
 #include "deepinfer/config.h"
 #include "model/cache_tensors.h"
+#include "model/decode_graphs.h"
 #include "model/deepseek_v4.h"
 
 namespace deepinfer {
@@ -17,16 +18,26 @@ struct ModelInstance {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ModelCaches> caches;
   std::unique_ptr<DeepseekV4Model> model;
+  // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.
+  std::unique_ptr<DecodeGraphs> graphs;
 
   // Reads <dir>/config.json and the safetensors weights onto `device` ("cpu", "cuda", "cuda:N";
-  // `num_threads` is for the CPU backend).
+  // `num_threads` is for the CPU backend). `decode_graph_max_batch`: the largest decode batch
+  // replayed as a graph; 0 turns graphs off, -1 picks the backend's default (see
+  // resolve_decode_graph_max_batch).
   static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
                                              const CacheShape& shape, const std::string& device,
-                                             int num_threads);
+                                             int num_threads, int decode_graph_max_batch = 0);
   // The model of `config` with random weights (matrices stored as `stored`), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
                                                const std::string& device, int num_threads,
-                                               uint64_t seed, DType stored);
+                                               uint64_t seed, DType stored,
+                                               int decode_graph_max_batch = 0);
 };
+
+// -1 (auto): 256 on a CUDA backend, where launch overhead dominates small decode steps, and 0 on
+// the CPU, where a graph only re-issues the calls. Never more than the state slots (the most
+// sequences a batch can hold). Throws Error(kInvalidArgument) below -1.
+int resolve_decode_graph_max_batch(int requested, const Backend& backend, int num_state_slots);
 
 }  // namespace deepinfer

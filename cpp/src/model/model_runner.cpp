@@ -16,13 +16,22 @@ class CheckpointModelRunner final : public ModelRunner {
   const RunnerOptions& options() const override { return options_; }
   Backend& backend() override { return *instance_->backend; }
 
+  DecodeGraphStats decode_graph_stats() const override {
+    return instance_->graphs ? instance_->graphs->stats() : DecodeGraphStats{};
+  }
+
   Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) override {
     ModelInstance& m = *instance_;
     Tensor logits;
     {
       HostSyncForbidden no_sync(*m.backend);
-      BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
-      logits = m.model->forward(plan, *m.caches, mode);
+      if (m.graphs != nullptr && m.graphs->accepts(batch)) {
+        // One token per sequence: kAll and kLast are the same rows.
+        logits = m.graphs->forward(batch, Tensor());
+      } else {
+        BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
+        logits = m.model->forward(plan, *m.caches, mode);
+      }
     }
     return m.backend->to_host(logits);
   }
@@ -41,7 +50,9 @@ std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir
   shape.num_state_slots = options.num_state_slots;
   shape.max_backtrack = options.max_backtrack;
   return std::make_unique<CheckpointModelRunner>(
-      ModelInstance::load(checkpoint_dir, shape, options.device, options.num_threads), options);
+      ModelInstance::load(checkpoint_dir, shape, options.device, options.num_threads,
+                          options.decode_graph_max_batch),
+      options);
 }
 
 std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
@@ -53,7 +64,8 @@ std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
   shape.max_backtrack = options.max_backtrack;
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::random(ModelConfig::from_file(config_json), shape, options.device,
-                            options.num_threads, seed, bf16 ? DType::kBF16 : DType::kF32),
+                            options.num_threads, seed, bf16 ? DType::kBF16 : DType::kF32,
+                            options.decode_graph_max_batch),
       options);
 }
 

@@ -1,0 +1,79 @@
+// DecodeGraphs: decode steps (one token per sequence) replayed as recorded graphs.
+//
+// A decode step launches a few hundred small kernels whose launch cost alone is comparable to
+// their run time at small batches. Recording the forward once per shape and replaying it makes a
+// step one graph launch. A recording fixes every tensor address and every launch parameter, so:
+//  - batches are padded to a bucket of sequences (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, ...)
+//    and block tables to a power-of-two width; each (bucket, width) pair is recorded once, on
+//    first use (that step runs eagerly, then the recording is made without running it);
+//  - the step's metadata (the BatchLayout and the closing compressed entries) lives in one
+//    device buffer per recording, refreshed with a single upload_into before each replay;
+//  - padding rows are one-token sequences at position 0 in a scratch state slot that no caller
+//    owns, with padding entries (window -1, dest -1) that store nothing: they read and write
+//    nothing a real sequence uses, and real rows never read theirs;
+//  - logits land in one [largest bucket, vocab] buffer shared by all recordings (replays are
+//    serialised on the stream), and forward returns a view of its first B rows.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/config.h"
+#include "deepinfer/model_runner.h"
+#include "model/batch_plan.h"
+#include "model/cache_tensors.h"
+#include "model/deepseek_v4.h"
+
+namespace deepinfer {
+
+class DecodeGraphs {
+ public:
+  // Buckets up to `max_batch` sequences; padding rows use state slot `scratch_slot` of `caches`.
+  DecodeGraphs(const ModelConfig& config, DeepseekV4Model& model, ModelCaches& caches,
+               Backend& backend, int max_batch, int scratch_slot);
+  ~DecodeGraphs();
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  // The bucket sizes used up to `max_batch` (ascending, the last one is max_batch).
+  static std::vector<int> buckets_up_to(int max_batch);
+
+  // True for a non-empty batch of one-token chunks with at most max_batch() sequences.
+  bool accepts(const std::vector<SequenceChunk>& batch) const;
+  // Enqueues the forward of `batch` (accepts() must hold; the chunks are validated like
+  // build_batch_plan does) and returns the device logits [B, vocab]. They stay valid until the
+  // next call enqueues its replay (stream order), so read them (sample, copy) before that.
+  // `token_ids`, when defined, is a device [B] i32 tensor used instead of the chunks' tokens
+  // (tokens the previous step sampled on the device).
+  Tensor forward(const std::vector<SequenceChunk>& batch, const Tensor& token_ids);
+
+  int max_batch() const { return max_batch_; }
+  // Counters (readable from any thread): recordings made, forward calls served.
+  DecodeGraphStats stats() const { return {num_recorded_.load(), num_calls_.load()}; }
+
+ private:
+  struct Recording;
+  Recording& recording_for(int bucket, int width);
+  void stage(Recording& rec, const std::vector<SequenceChunk>& batch);
+
+  const ModelConfig& config_;
+  DeepseekV4Model& model_;
+  ModelCaches& caches_;
+  Backend& backend_;
+  int max_batch_;
+  int scratch_slot_;
+  std::vector<int> buckets_;
+  std::vector<int> ratios_;
+  Tensor logits_;  // [max_batch, vocab] f32, shared by every recording
+  std::map<std::pair<int, int>, std::unique_ptr<Recording>> recordings_;
+  std::vector<int32_t> host_meta_;  // reused staging
+  std::atomic<int> num_recorded_{0};
+  std::atomic<uint64_t> num_calls_{0};
+};
+
+}  // namespace deepinfer
