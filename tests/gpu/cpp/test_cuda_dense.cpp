@@ -342,9 +342,20 @@ struct HcCase {
   int sinkhorn_iters;
 };
 
-const std::vector<HcCase> kHcCases = {
-    {1, 4, 64, 20}, {5, 4, 64, 20}, {37, 4, 64, 20},          {7, 2, 64, 1},
-    {6, 3, 40, 5},  {3, 1, 64, 20}, {3, kHcMult, kHidden, 20}};
+// n = 5: the largest n * n <= 32 (one warp per token in hc_pre, idle lanes); n = 6 and 9: the
+// block path of hc_pre's weights (n = 9 also takes two batches of stream loads in the collapse);
+// T = 203 at full width: several channel chunks per token, the last one partial.
+const std::vector<HcCase> kHcCases = {{1, 4, 64, 20},
+                                      {5, 4, 64, 20},
+                                      {37, 4, 64, 20},
+                                      {7, 2, 64, 1},
+                                      {6, 3, 40, 5},
+                                      {3, 1, 64, 20},
+                                      {3, kHcMult, kHidden, 20},
+                                      {2, 5, 64, 20},
+                                      {3, 6, 40, 5},
+                                      {2, 9, 40, 20},
+                                      {203, kHcMult, kHidden, 20}};
 
 std::string hc_name(const HcCase& c) {
   return "T=" + std::to_string(c.tokens) + " N=" + std::to_string(c.n) +
