@@ -110,6 +110,21 @@ TEST(CudaCacheOps, CompressPoolTiny) {
   check_compress({{0, 17, 0}, {21, 5, 1}, {63, 1, 2}}, 8, 32, false, 12, "m=8 D=32");
 }
 
+TEST(CudaCacheOps, CompressPoolSlotSplits) {
+  DEEPINFER_REQUIRE_GPU();
+  // The CUDA kernel splits a window's slots over up to 16 thread groups in batches of 8 and
+  // merges their partial softmaxes: uneven shares (20 slots over 4 groups, 10 of window 0 with
+  // overlap), a width that leaves part of a channel chunk idle, and shares of more than one
+  // batch (200 slots over 16 groups).
+  const std::vector<SeqSpec> small = {{0, 45, 0}, {39, 1, 1}, {15, 10, 2}};
+  check_compress(small, 20, 40, false, 40, "m=20 D=40");
+  check_compress(small, 10, 40, true, 41, "m=10 D=40 overlap");
+  check_compress(small, 40, 8, false, 42, "m=40 D=8");
+  const std::vector<SeqSpec> large = {{0, 420, 0}, {399, 1, 1}, {150, 60, 2}};
+  check_compress(large, 200, 8, false, 43, "m=200 D=8");
+  check_compress(large, 100, 36, true, 44, "m=100 D=36 overlap");
+}
+
 TEST(CudaCacheOps, CompressPoolFlashWidths) {
   DEEPINFER_REQUIRE_GPU();
   // CSA: m = 4 with overlap, D = 512 (main) and 128 (indexer).
@@ -120,6 +135,8 @@ TEST(CudaCacheOps, CompressPoolFlashWidths) {
   // a decode token (positions 896..1022 from the ring), a chunk crossing one boundary.
   const std::vector<SeqSpec> hca = {{0, 300, 0}, {1023, 1, 1}, {100, 200, 2}, {2000, 60, 3}};
   check_compress(hca, 128, 512, false, 22, "HCA m=128 D=512");
+  // The usual decode step: a single entry (positions 1920..2046 from the ring).
+  check_compress({{2047, 1, 0}}, 128, 512, false, 23, "HCA decode, one entry");
 }
 
 // ---- scatter_rows -------------------------------------------------------------------------------
