@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -124,8 +125,16 @@ int main(int argc, char** argv) {
          4096.0 * 24 * 16384 * 2);
   }
   // Attention decode at the V4-Flash CSA shape: 64 heads x 512, window 128 + 512 chosen entries,
-  // sinks; bf16 weights do not matter here, the KV cache is f32.
-  for (auto [batch, s_q] : std::vector<std::pair<int, int>>{{1, 1}, {64, 1}, {256, 1}, {256, 2}}) {
+  // sinks; bf16 weights do not matter here, the KV cache is f32. Each shape runs the f32 kernel
+  // and the tensor-core kernel (AttentionSpec::bf16_math: bf16 operands, f32 accumulation).
+  for (auto [batch, s_q, bf16] : std::vector<std::tuple<int, int, bool>>{{1, 1, false},
+                                                                         {64, 1, false},
+                                                                         {256, 1, false},
+                                                                         {256, 2, false},
+                                                                         {1, 1, true},
+                                                                         {64, 1, true},
+                                                                         {256, 1, true},
+                                                                         {256, 2, true}}) {
     const int ctx = 4096, d = 512, nh = 64, w = 128, ratio = 4, k = 512;
     const int blocks = ctx / 128;
     const int t = batch * s_q;
@@ -144,12 +153,14 @@ int main(int argc, char** argv) {
     spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
     spec.ratio = ratio;
     spec.sparse = true;
+    spec.bf16_math = bf16;
     double us = time_us(*be, iters,
                         [&] { (void)be->attention(q, kv, ring, entries, topk_t, sinks, L, spec); });
     const double keys = static_cast<double>(w + k);
-    emit("attention_decode_csa",
-         "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) + " f32 KV", us,
-         batch * keys * d * 4.0, t * keys * nh * d * 4.0);
+    emit(bf16 ? "attention_decode_csa_bf16" : "attention_decode_csa",
+         "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) +
+             (bf16 ? " f32 KV, bf16 mma" : " f32 KV"),
+         us, batch * keys * d * 4.0, t * keys * nh * d * 4.0);
   }
   {  // MoE decode, B=1: 6 experts of [2048, 4096] x2 + [4096, 2048], bf16
     const int e = 256, i = 2048, h = 4096, kk = 6;

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import deepinfer_core as dc
-from v4_flash_config import flash_config
+from v4_flash_config import decode_token, flash_config
 
 
 def main() -> None:
@@ -25,6 +25,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (one launch per kernel)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
@@ -36,10 +37,15 @@ def main() -> None:
             num_state_slots=args.batch + 1,
             device="cuda",
             seed=1,
+            decode_graph_max_batch=0 if args.eager else -1,
         )
+    # Distinct tokens, so the sequences route to different experts as real decoding does.
     batch = [
         dc.SequenceChunk(
-            i, args.context - 1, [5], list(range(1 + i * blocks, 1 + (i + 1) * blocks))
+            i,
+            args.context - 1,
+            [decode_token(i)],
+            list(range(1 + i * blocks, 1 + (i + 1) * blocks)),
         )
         for i in range(args.batch)
     ]

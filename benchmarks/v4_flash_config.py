@@ -50,3 +50,9 @@ def flash_config(layers: list[str]) -> dict:
         "eos_token_id": 1,
         "bos_token_id": 0,
     }
+
+
+def decode_token(seq: int) -> int:
+    """The input token of sequence `seq` in the decode benchmarks: distinct per sequence, so a
+    batch routes to different experts as real decoding does (identical rows would share six)."""
+    return (5 + 7919 * seq) % 129000 + 2
