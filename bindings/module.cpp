@@ -48,13 +48,18 @@ nb::list mlp_type_names(const deepinfer::ModelConfig& c) {
 }
 
 // A host f32 tensor as a NumPy array that owns a copy of the data.
-nb::ndarray<nb::numpy, float> to_numpy(const deepinfer::Tensor& t) {
+// A numpy copy of a host tensor whose elements are T (f32 logits, i32 token ids).
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(const deepinfer::Tensor& t) {
+  if (t.dtype() != deepinfer::DTypeOf<T>::value) {
+    throw Error(ErrorCode::kInternal, "to_numpy: unexpected dtype of " + t.describe());
+  }
   deepinfer::Tensor host = t.contiguous();
-  auto* data = new float[static_cast<size_t>(host.numel())];
+  auto* data = new T[static_cast<size_t>(host.numel())];
   std::memcpy(data, host.raw_data(), host.nbytes());
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
   std::vector<size_t> shape(host.shape().begin(), host.shape().end());
-  return nb::ndarray<nb::numpy, float>(data, shape.size(), shape.data(), owner);
+  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
 }
 
 deepinfer::LogitsMode parse_logits_mode(const std::string& mode) {
@@ -199,9 +204,22 @@ NB_MODULE(deepinfer_core, m) {
               nb::gil_scoped_release release;
               out = runner.forward(batch, mode);
             }
-            return to_numpy(out);
+            return to_numpy<float>(out);
           },
           "batch"_a, "logits"_a = "all",
           "Run one forward call over `batch` (a list of SequenceChunk). Returns float32 logits: "
-          "one row per token (logits=\"all\") or per sequence (logits=\"last\").");
+          "one row per token (logits=\"all\") or per sequence (logits=\"last\").")
+      .def(
+          "greedy",
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch) {
+            deepinfer::Tensor out;
+            {
+              nb::gil_scoped_release release;
+              out = runner.greedy(batch);
+            }
+            return to_numpy<int32_t>(out);
+          },
+          "batch"_a,
+          "Run one forward call over `batch` and return each sequence's greedy next token (int32, "
+          "the argmax of its last logits row, taken on the device: only the ids are copied).");
 }

@@ -84,6 +84,21 @@ def test_graph_decode_matches_eager(tiny_checkpoint, prompts, eager, graph_max_b
         np.testing.assert_array_equal(g, e, err_msg=f"call {i} differs")
 
 
+@pytest.mark.parametrize("graph_max_batch", [0, MAX_SEQS])
+def test_greedy_is_the_argmax_of_the_last_rows(tiny_checkpoint, graph_max_batch) -> None:
+    driver = make_driver(tiny_checkpoint, graph_max_batch)
+    prefill = [driver.chunk(0, 0, [5, 6, 7]), driver.chunk(1, 0, [9] * 20)]
+    want = driver.runner.forward(prefill, logits="last").argmax(axis=-1)
+    # The same call again on fresh slots (2, 3) gives the same logits, hence the same tokens.
+    again = [driver.chunk(2, 0, [5, 6, 7]), driver.chunk(3, 0, [9] * 20)]
+    got = driver.runner.greedy(again)
+    assert got.dtype == np.int32 and got.tolist() == want.tolist()
+    decode = [driver.chunk(0, 3, [int(got[0])]), driver.chunk(1, 20, [int(got[1])])]
+    want = driver.runner.forward(decode, logits="last").argmax(axis=-1)
+    decode = [driver.chunk(2, 3, [int(got[0])]), driver.chunk(3, 20, [int(got[1])])]
+    assert driver.runner.greedy(decode).tolist() == want.tolist()
+
+
 def test_graph_decode_validates_like_eager(tiny_checkpoint) -> None:
     driver = make_driver(tiny_checkpoint, MAX_SEQS)
     driver.runner.forward([driver.chunk(0, 0, [5, 6, 7])])

@@ -64,6 +64,9 @@ class ModelRunner {
   // Logits (host, f32): [total tokens, vocab] for kAll, [num sequences, vocab] for kLast.
   // Throws Error(kInvalidArgument) naming the sequence and field for a malformed batch.
   virtual Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) = 0;
+  // Greedy next tokens (host [num sequences] i32): the argmax of each sequence's last logits row,
+  // taken on the device, so only the token ids travel to the host (forward copies [B, vocab]).
+  virtual Tensor greedy(const std::vector<SequenceChunk>& batch) = 0;
   virtual DecodeGraphStats decode_graph_stats() const = 0;
 };
 

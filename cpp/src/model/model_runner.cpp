@@ -21,22 +21,28 @@ class CheckpointModelRunner final : public ModelRunner {
   }
 
   Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) override {
-    ModelInstance& m = *instance_;
-    Tensor logits;
-    {
-      HostSyncForbidden no_sync(*m.backend);
-      if (m.graphs != nullptr && m.graphs->accepts(batch)) {
-        // One token per sequence: kAll and kLast are the same rows.
-        logits = m.graphs->forward(batch, Tensor());
-      } else {
-        BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
-        logits = m.model->forward(plan, *m.caches, mode);
-      }
-    }
-    return m.backend->to_host(logits);
+    return instance_->backend->to_host(device_logits(batch, mode));
+  }
+
+  Tensor greedy(const std::vector<SequenceChunk>& batch) override {
+    Backend& be = *instance_->backend;
+    const Tensor tokens = be.argmax(device_logits(batch, LogitsMode::kLast));
+    return be.to_host(tokens);
   }
 
  private:
+  // Enqueues the forward; the device logits it returns are read before the next call.
+  Tensor device_logits(const std::vector<SequenceChunk>& batch, LogitsMode mode) {
+    ModelInstance& m = *instance_;
+    HostSyncForbidden no_sync(*m.backend);
+    if (m.graphs != nullptr && m.graphs->accepts(batch)) {
+      // One token per sequence: kAll and kLast are the same rows.
+      return m.graphs->forward(batch, Tensor());
+    }
+    BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
+    return m.model->forward(plan, *m.caches, mode);
+  }
+
   std::unique_ptr<ModelInstance> instance_;
   RunnerOptions options_;
 };
