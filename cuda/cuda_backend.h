@@ -109,6 +109,15 @@ class CudaBackend final : public Backend {
   void check_sync_allowed(const char* what) const;
   // Uploads and host copies cannot be recorded in a graph (their host buffers are per call).
   void check_not_capturing(const char* what) const;
+  // attention's tensor-core path for spec.bf16_math (ops_attention_mma.cu), called after
+  // attention's argument checks. Returns 0, launching nothing, when the shape is not supported
+  // (the f32 kernel runs instead); otherwise the number of key splits (at most max_splits): with
+  // one the kernel wrote `out`, with more it wrote *partials, [splits*T*heads, D] sums then
+  // [splits*T*heads, 2] (max, denominator), for attention_combine_kernel.
+  int64_t attention_bf16(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                         const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                         const BatchLayout& layout, const AttentionSpec& spec, int64_t max_splits,
+                         const Tensor& out, Tensor* partials);
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;

@@ -1,7 +1,9 @@
 // Sliding + compressed attention with sinks on the CUDA backend (model.md A.5-A.8), over the
 // paged layout of D.2. It matches the CPU reference op in cpp/src/backend/cpu_ops_attention.cpp
 // on the same inputs; f32 math throughout. The indexer is in ops_indexer.cu, helpers in
-// layout.cuh.
+// layout.cuh. With AttentionSpec::bf16_math the op runs the tensor-core kernel of
+// ops_attention_mma.cu instead (same key list and split format, bf16 operands) when the shape
+// allows; the combine kernel below serves both.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -327,6 +329,16 @@ __global__ void attention_combine_kernel(const float* __restrict__ part_acc,
   }
 }
 
+void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
+                              const float* sinks, float* out, int64_t tokens, int64_t heads,
+                              int64_t dim, int64_t splits) {
+  attention_combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(heads)), 128,
+                             0, stream>>>(part_acc, part_md, sinks, out, static_cast<int>(tokens),
+                                          static_cast<int>(heads), static_cast<int>(dim),
+                                          static_cast<int>(splits));
+  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+}
+
 }  // namespace
 
 Tensor CudaBackend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
@@ -361,6 +373,21 @@ Tensor CudaBackend::attention(const Tensor& q, const Tensor& kv, const Tensor& s
   check_vec4(op, "swa_ring", swa_ring);
   if (compressed) check_vec4(op, "entries", entries);
   check_vec4(op, "out", out);
+
+  if (spec.bf16_math) {  // tensor cores (ops_attention_mma.cu) when the shape allows
+    Tensor partials;
+    const int64_t splits = attention_bf16(q, kv, swa_ring, entries, topk, sinks, layout, spec,
+                                          kAttnMaxSplits, out, &partials);
+    if (splits > 0) {
+      if (splits > 1) {
+        const float* part_acc = reinterpret_cast<const float*>(partials.raw_data());
+        launch_attention_combine(stream(), part_acc, part_acc + splits * tokens * heads * dim,
+                                 sinks.data<float>(), out.data<float>(), tokens, heads, dim,
+                                 splits);
+      }
+      return out;
+    }
+  }
 
   // Heads per block: the most whose q fits kAttnQFloats, a multiple of 8 (so the P.V phase's
   // (D/4) x (HB/8) threads fit the block), or all heads when fewer.
@@ -427,11 +454,8 @@ Tensor CudaBackend::attention(const Tensor& q, const Tensor& kv, const Tensor& s
   attention_kernel<<<grid, kAttnThreads, smem, stream()>>>(a, dl);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   if (splits > 1) {
-    attention_combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(heads)),
-                               128, 0, stream()>>>(a.part_acc, a.part_md, a.sinks, a.out,
-                                                   static_cast<int>(tokens), a.heads, a.dim,
-                                                   static_cast<int>(splits));
-    DEEPINFER_CUDA_LAUNCH_CHECK(op);
+    launch_attention_combine(stream(), a.part_acc, a.part_md, a.sinks, a.out, tokens, heads, dim,
+                             splits);
   }
   return out;
 }

@@ -2,7 +2,8 @@
 // (D = 32, 4 heads, W = 8, ratios 4 and 8) and at V4-Flash widths (D = 512, 64 heads, W = 128,
 // ring 134, CSA ratio 4 with top-k 512, HCA ratio 128 with dense entries, contexts up to 4096).
 // Batches mix decode rows, 2..6-token verification steps and prefill chunks longer than the ring,
-// over shuffled block tables.
+// over shuffled block tables. Attention with AttentionSpec::bf16_math (the tensor-core kernel)
+// is compared with bf16 tolerances (see expect_close_bf16).
 //
 // indexer_topk must return exactly the CPU's indices. Summation order differs between the
 // backends, so near-tied scores could legitimately swap; the exact tests therefore use small
@@ -194,6 +195,7 @@ struct AttnCase {
   int ratio = 0;      // 0: sliding only
   bool sparse = false;
   int topk_cols = 0;
+  bool bf16 = false;  // AttentionSpec::bf16_math: the tensor-core path, bf16 tolerances
 };
 
 // Per token: distinct visible entries in random order with -1 anywhere; usually min(K, visible)
@@ -215,6 +217,36 @@ Tensor random_topk(std::mt19937& rng, const HostBatch& hb, int ratio, int k) {
   return Tensor::from_vector(out, {hb.num_tokens(), k});
 }
 
+// The bf16 path rounds q, the keys and the probabilities to bf16 (relative error 2^-9 each) and
+// accumulates in f32: with unit-normal inputs each output is off by about 0.2% of its size. So
+// the worst element must be within 2% of the largest reference value, and the mean error within
+// 0.5% of the mean reference value (a wrong fragment, mask or rescale is off by O(1)).
+void expect_close_bf16(Backends& b, const Tensor& cpu, const Tensor& cuda,
+                       const std::string& what) {
+  Tensor x = b.cpu->to_host(cpu);
+  Tensor y = b.cuda->to_host(cuda);
+  ASSERT_EQ(x.shape(), y.shape()) << what;
+  double max_ref = 0, max_err = 0, sum_ref = 0, sum_err = 0;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double r = x.item(i), c = y.item(i);
+    double e = std::fabs(r - c);
+    if (!std::isfinite(c)) e = INFINITY;
+    max_ref = std::max(max_ref, std::fabs(r));
+    sum_ref += std::fabs(r);
+    sum_err += e;
+    if (e > max_err) {
+      max_err = e;
+      worst = i;
+    }
+  }
+  EXPECT_LE(max_err, 2e-2 * max_ref)
+      << what << ": max |cpu - cuda| = " << max_err << " at element " << worst << " (cpu "
+      << x.item(worst) << ", cuda " << y.item(worst) << "), max |cpu| = " << max_ref;
+  EXPECT_LE(sum_err, 5e-3 * sum_ref) << what << ": mean |cpu - cuda| = " << sum_err / x.numel()
+                                     << ", mean |cpu| = " << sum_ref / x.numel();
+}
+
 void check_attention(const AttnCase& c, uint32_t seed, const std::string& what) {
   Backends b;
   std::mt19937 rng(seed);
@@ -231,13 +263,18 @@ void check_attention(const AttnCase& c, uint32_t seed, const std::string& what) 
     entries = both(b, random_f32(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio), c.dim}));
     if (c.sparse) topk = both(b, random_topk(rng, hb, c.ratio, c.topk_cols), DType::kI32);
   }
-  const AttentionSpec spec{c.window, 1.0f / std::sqrt(float(c.dim)), c.ratio, c.sparse};
+  AttentionSpec spec{c.window, 1.0f / std::sqrt(float(c.dim)), c.ratio, c.sparse};
+  spec.bf16_math = c.bf16;
   Tensor got_cpu = b.cpu->attention(q.cpu, kv.cpu, ring.cpu, entries.cpu, topk.cpu, sinks.cpu,
                                     hb.upload(*b.cpu), spec);
   Tensor got_cuda = b.cuda->attention(q.cuda, kv.cuda, ring.cuda, entries.cuda, topk.cuda,
                                       sinks.cuda, hb.upload(*b.cuda), spec);
   ASSERT_EQ(got_cuda.shape(), (Shape{t, c.heads, c.dim})) << what;
-  expect_close(b, got_cpu, got_cuda, 1e-5, 1e-6, what);
+  if (c.bf16) {
+    expect_close_bf16(b, got_cpu, got_cuda, what + " (bf16_math)");
+  } else {
+    expect_close(b, got_cpu, got_cuda, 1e-5, 1e-6, what);
+  }
 }
 
 // Starting at 0; a decode row reading a wrapped ring; a chunk longer than the ring; 3- and
@@ -343,6 +380,157 @@ TEST(CudaAttention, FlashDenseHca) {
   check_attention(c, 260, "V4 HCA dense");
   c.seqs = {{4095, 1, 0}};
   check_attention(c, 261, "V4 HCA B=1 decode");
+}
+
+// ---- attention with bf16_math (the tensor-core kernel, ops_attention_mma.cu) ------------------
+
+TEST(CudaAttentionBf16, TinySliding) {
+  DEEPINFER_REQUIRE_GPU();
+  AttnCase c;
+  c.seqs = kTinySeqs;
+  c.bf16 = true;
+  c.dim = 64;
+  check_attention(c, 300, "tiny sliding h=4 D=64");
+  c.heads = 5;  // one partial row group of 16
+  c.dim = 128;
+  check_attention(c, 301, "tiny sliding h=5 D=128");
+  c.heads = 72;  // two head groups of 64, the second with 8 heads
+  c.dim = 64;
+  check_attention(c, 302, "tiny sliding h=72 D=64");
+  c.heads = 12;  // D = 96 has no tensor-core kernel: the f32 kernel runs
+  c.dim = 96;
+  check_attention(c, 303, "tiny sliding h=12 D=96 (f32 fallback)");
+  c.heads = 3;
+  c.dim = 256;
+  check_attention(c, 304, "tiny sliding h=3 D=256");
+}
+
+TEST(CudaAttentionBf16, TinyDenseAndSparse) {
+  DEEPINFER_REQUIRE_GPU();
+  AttnCase c;
+  c.seqs = kTinySeqs;
+  c.bf16 = true;
+  c.dim = 64;
+  c.ratio = 4;
+  check_attention(c, 310, "tiny dense m=4");
+  c.ratio = 8;
+  check_attention(c, 311, "tiny dense m=8");
+  c.ratio = 4;
+  c.sparse = true;
+  c.topk_cols = 8;
+  check_attention(c, 312, "tiny sparse m=4 K=8");
+  c.topk_cols = 3;
+  c.ratio = 8;
+  c.heads = 20;
+  check_attention(c, 313, "tiny sparse m=8 K=3 h=20");
+}
+
+TEST(CudaAttentionBf16, TinySplitKeys) {
+  DEEPINFER_REQUIRE_GPU();
+  // Few tokens over long key lists: the keys are split across blocks and combined.
+  AttnCase c;
+  c.bf16 = true;
+  c.dim = 64;
+  c.seqs = {{1000, 1, 0}, {777, 2, 1}};
+  c.ratio = 4;
+  check_attention(c, 320, "tiny dense split");
+  c.sparse = true;
+  c.topk_cols = 100;
+  check_attention(c, 321, "tiny sparse split");
+  c.ratio = 0;
+  c.sparse = false;
+  c.topk_cols = 0;
+  c.window = 200;
+  c.ring_len = 206;
+  check_attention(c, 322, "tiny sliding W=200 split");
+}
+
+// Decode rows of `batch` sequences at spread-out contexts.
+std::vector<SeqSpec> decode_seqs(int batch, int s_q) {
+  std::vector<SeqSpec> seqs;
+  for (int i = 0; i < batch; ++i) seqs.push_back({200 + (i * 997) % 3900, s_q, i});
+  return seqs;
+}
+
+TEST(CudaAttentionBf16, FlashSliding) {
+  DEEPINFER_REQUIRE_GPU();
+  AttnCase c = flash_case();
+  c.bf16 = true;
+  c.seqs = kFlashSeqs;
+  check_attention(c, 340, "V4 sliding");
+  c.seqs = {{4000, 1, 0}};
+  check_attention(c, 341, "V4 sliding B=1 decode");
+}
+
+TEST(CudaAttentionBf16, FlashSparseCsa) {
+  DEEPINFER_REQUIRE_GPU();
+  AttnCase c = flash_case();
+  c.bf16 = true;
+  c.ratio = 4;
+  c.sparse = true;
+  c.topk_cols = 512;
+  c.seqs = kFlashSeqs;  // includes a 200-token prefill chunk from 0
+  check_attention(c, 350, "V4 CSA top-512");
+  c.seqs = {{4096, 1, 0}};
+  check_attention(c, 351, "V4 CSA B=1 decode");
+  c.seqs = {{2047, 2, 0}, {1500, 2, 1}};
+  check_attention(c, 352, "V4 CSA two 2-token steps");
+  c.seqs = decode_seqs(8, 1);
+  check_attention(c, 353, "V4 CSA B=8 decode");
+  c.seqs = decode_seqs(37, 1);
+  check_attention(c, 354, "V4 CSA B=37 decode");
+  c.seqs = decode_seqs(16, 2);
+  check_attention(c, 355, "V4 CSA B=16 s_q=2");
+  c.seqs = {{600, 150, 0}, {3000, 1, 1}};  // a prefill chunk after 600 cached tokens
+  check_attention(c, 356, "V4 CSA prefill chunk with context");
+}
+
+TEST(CudaAttentionBf16, FlashDenseHca) {
+  DEEPINFER_REQUIRE_GPU();
+  AttnCase c = flash_case();
+  c.bf16 = true;
+  c.ratio = 128;
+  c.seqs = kFlashSeqs;
+  check_attention(c, 360, "V4 HCA dense");
+  c.seqs = {{4095, 1, 0}};
+  check_attention(c, 361, "V4 HCA B=1 decode");
+  c.seqs = decode_seqs(8, 2);
+  check_attention(c, 362, "V4 HCA B=8 s_q=2");
+}
+
+// bf16_math really takes the tensor-core kernel at V4 widths (its result differs from the f32
+// kernel's, within the bf16 tolerance), and without it the f32 kernel runs (bit-identical to an
+// explicit bf16_math = false call).
+TEST(CudaAttentionBf16, SelectsTheKernel) {
+  DEEPINFER_REQUIRE_GPU();
+  Backends b;
+  std::mt19937 rng(370);
+  const AttnCase c = flash_case();
+  HostBatch hb(rng, {{4096, 1, 0}, {3000, 2, 1}}, c.block);
+  const int64_t t = hb.num_tokens();
+  Pair q = both(b, random_f32(rng, {t, c.heads, c.dim}));
+  Pair kv = both(b, random_f32(rng, {t, c.dim}));
+  Pair ring = both(b, random_f32(rng, {2, c.ring_len, c.dim}));
+  Pair sinks = both(b, random_f32(rng, {c.heads}));
+  Pair entries = both(b, random_f32(rng, {int64_t{hb.num_blocks} * (c.block / 4), c.dim}));
+  Pair topk = both(b, random_topk(rng, hb, 4, 512), DType::kI32);
+  const BatchLayout lg = hb.upload(*b.cuda);
+  AttentionSpec spec{c.window, 1.0f / std::sqrt(float(c.dim)), 4, true};
+  auto run = [&](bool bf16) {
+    spec.bf16_math = bf16;
+    return b.cuda->to_host(b.cuda->attention(q.cuda, kv.cuda, ring.cuda, entries.cuda, topk.cuda,
+                                             sinks.cuda, lg, spec));
+  };
+  const Tensor f32 = run(false);
+  const Tensor f32_again = run(false);
+  const Tensor bf16 = run(true);
+  double diff = 0, diff_again = 0;
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    diff = std::max(diff, std::fabs(double(f32.item(i)) - bf16.item(i)));
+    diff_again = std::max(diff_again, std::fabs(double(f32.item(i)) - f32_again.item(i)));
+  }
+  EXPECT_GT(diff, 0.0) << "bf16_math gave the f32 kernel's result";
+  EXPECT_EQ(diff_again, 0.0);
 }
 
 }  // namespace

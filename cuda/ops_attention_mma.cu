@@ -1,0 +1,546 @@
+// Tensor-core attention for AttentionSpec::bf16_math (model.md A.5-A.8): the same op as
+// attention_kernel in ops_attention.cu (same key list, masks, sinks and split format), with q,
+// the keys and the probabilities rounded to bf16 and multiplied by mma.sync m16n8k16 (f32
+// accumulation, f32 online softmax). CudaBackend::attention calls it when bf16_math is set and
+// the shape is supported (D in {64, 128, 256, 512}); otherwise the f32 kernel runs.
+//
+// Why this shape of kernel: the model is MQA (one K=V vector per key shared by all heads) and its
+// decode steps have one or two query tokens per sequence. Putting all heads of a token (up to 64)
+// in one block gives the M dimension of the tensor-core products (heads x keys for S = Q K^T,
+// heads x channels for O = P V) even for a single query token, and every key tile is read from
+// global memory once per token instead of once per head group. Keys are f32 in the caches, so
+// global traffic (2 KB per key at D = 512) bounds the kernel; everything else is arranged so that
+// the next tile's copy is in flight while the current one is multiplied.
+//
+// Block (token t, group of 64 heads, key split), 8 warps. Shared memory (D = 512: 214 KB):
+//   q      [64][D+8] bf16   q of the group's heads, rounded once (rows past the heads are 0)
+//   stage  [32][D]   f32    the next key tile, copied with cp.async
+//   kb     2 x [32][D+8] bf16  the current key tile (double buffered), rounded from stage
+//   ss     2 x [64][40] f32    partial logits of the two halves of D
+//   valid  2 x [32] int       which keys of a kb buffer are real (masked keys are zero rows)
+// The +8 bf16 of padding (16 bytes) puts the 8 rows an ldmatrix reads in 8 different bank groups.
+//
+// Copy and conversion: thread tid owns key tid/8 of a tile and its float4 columns tid%8 + 8j.
+// It issues the cp.async of its own columns, and later converts exactly those columns to bf16,
+// so the stage needs no block barrier: cp.async.wait_all makes a thread's own copies visible to
+// it. One __syncthreads per tile then publishes kb[i%2] (and orders it after every warp is done
+// with tile i-2, the previous user of that buffer, and with ss of tile i-1).
+//
+// Warp w: row group rg = w % 4 (heads 16rg .. 16rg+15), half = w / 4 (channels half*D/2 ..).
+//  - S = Q K^T: the warp multiplies its 16 rows by all 32 keys of the tile over ITS half of D
+//    (ldmatrix for both operands: K is stored key-major, i.e. exactly the "col" B operand) and
+//    writes the partial sums to ss[half]. After a named barrier of the warp pair (bar.sync 1+rg,
+//    64 threads) each warp adds ss[0] + ss[1] in that order, so both warps of a pair hold
+//    bit-identical logits, run the identical online softmax, and keep identical (max, sum)
+//    registers: no second exchange is needed. Splitting D (rather than the keys) for S halves the
+//    q fragments each warp loads per tile.
+//  - softmax: per head row in registers (the m16n8 accumulator layout: c0, c1 in row lane/4,
+//    c2, c3 in row lane/4 + 8, columns 2*(lane%4) + {0, 1}); masked keys get -inf. The
+//    probabilities are rounded to bf16 and, because the C layout of two adjacent n8 tiles is the
+//    A layout of one k16 step, become the A fragments of P V without going through shared memory.
+//  - O += P V: the warp owns O[16 rows][its half of D] in registers (D/4 floats per thread; 128
+//    at D = 512) and reads V = the same kb tile with ldmatrix.trans (kb is [key][channel], i.e.
+//    a row-major K x N operand).
+// With one split the block applies the sink and writes out; otherwise it writes the unnormalised
+// O and (max, denominator) per head in the f32 kernel's part_acc / part_md layout and
+// attention_combine_kernel (ops_attention.cu) merges the splits with the sink.
+//
+// Robustness is that of the f32 kernel (see the header of ops_attention.cu): invalid or masked
+// keys are zero rows with logit -inf, out-of-range entries are not visible, no host sync, grid
+// and scratch sized from host metadata only, so the op can be captured in a CUDA graph.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "cuda_backend.h"
+#include "cuda_common.cuh"
+#include "layout.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+constexpr int kMmaThreads = 256;           // 8 warps: 4 row groups x 2 halves of D
+constexpr int kMmaRows = 64;               // heads per block: the M of both products
+constexpr int kMmaKeys = 32;               // keys per tile
+constexpr int kMmaSStride = kMmaKeys + 8;  // f32 row stride of ss: conflict-free float2 access
+// Tiles one block-wave is assumed to need beyond its key tiles (loading q, the epilogue): the
+// split heuristic below trades these against more, shorter blocks.
+constexpr int64_t kMmaOverheadTiles = 2;
+
+template <int kDim>
+struct MmaLayout {
+  static constexpr int kStride = kDim + 8;  // bf16 row stride of q and kb
+  static constexpr size_t kQBytes = size_t{kMmaRows} * kStride * 2;
+  static constexpr size_t kStageBytes = size_t{kMmaKeys} * kDim * 4;
+  static constexpr size_t kKbBytes = size_t{kMmaKeys} * kStride * 2;      // one buffer
+  static constexpr size_t kSsBytes = size_t{kMmaRows} * kMmaSStride * 4;  // one half
+  static constexpr size_t kStageOff = kQBytes;
+  static constexpr size_t kKbOff = kStageOff + kStageBytes;
+  static constexpr size_t kSsOff = kKbOff + 2 * kKbBytes;
+  static constexpr size_t kValidOff = kSsOff + 2 * kSsBytes;
+  static constexpr size_t kBytes = kValidOff + 2 * kMmaKeys * sizeof(int);
+  static_assert(kDim % 64 == 0 && kDim <= 512, "D must be a multiple of 64 up to 512");
+  static_assert(kStageOff % 16 == 0 && kKbOff % 16 == 0 && kKbBytes % 16 == 0 && kSsOff % 16 == 0 &&
+                    kValidOff % 16 == 0,
+                "16-byte aligned regions (cp.async, ldmatrix)");
+};
+
+struct MmaArgs {
+  const float* q;        // [T, heads, D]
+  const float* kv;       // [T, D]
+  const float* ring;     // [slots, ring_len, D]
+  const float* entries;  // [entry_rows, D] or null
+  const int32_t* topk;   // [T, topk_cols] or null
+  const float* sinks;    // [heads]
+  float* out;            // [T, heads, D] when there is one split
+  float* part_acc;       // [splits, T, heads, D] otherwise
+  float* part_md;        // [splits, T, heads, 2]: running max, denominator
+  int64_t slots;
+  int64_t ring_len;
+  int64_t entry_rows;
+  int64_t entry_bound;  // max_blocks_per_seq * epb
+  int heads;
+  int window;
+  int ratio;  // 0: sliding only
+  int epb;
+  int topk_cols;
+  bool sparse;
+  float scale;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, and lane l gets
+// row l/4, columns 2(l%4), 2(l%4)+1 of each matrix (of its transpose with .trans).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a b for a 16x16 bf16 A (row), a 16x8 bf16 B (col) and a 16x8 f32 C.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2, the first in the low half (the lower column of a fragment pair).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t r;
+  memcpy(&r, &v, sizeof(r));
+  return r;
+}
+
+// Barrier of the two warps of a row group (ids 1..4; 0 is __syncthreads).
+__device__ __forceinline__ void pair_barrier(int rg) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + rg) : "memory");
+}
+
+template <int kDim>
+__global__ void __launch_bounds__(kMmaThreads, 1) attention_mma_kernel(MmaArgs a, DeviceLayout l) {
+  using L = MmaLayout<kDim>;
+  constexpr int kStride = L::kStride;
+  constexpr int kHalf = kDim / 2;      // channels of a warp (S partial sums and O)
+  constexpr int kKSteps = kHalf / 16;  // k16 steps of S over a warp's half of D
+  constexpr int kNTiles = kHalf / 8;   // n8 tiles of a warp's O
+  constexpr int kChunks = kDim / 32;   // float4 columns of one key per copying thread
+  extern __shared__ int4 smem_raw[];
+  char* smem = reinterpret_cast<char*>(smem_raw);
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  float* stage = reinterpret_cast<float*>(smem + L::kStageOff);
+  __nv_bfloat16* kb_base = reinterpret_cast<__nv_bfloat16*>(smem + L::kKbOff);
+  float* ss = reinterpret_cast<float*>(smem + L::kSsOff);
+  int* valid_base = reinterpret_cast<int*>(smem + L::kValidOff);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int rg = warp & 3;
+  const int half = warp >> 2;
+  const int g = lane >> 2;  // accumulator row (and row + 8)
+  const int qd = lane & 3;  // accumulator columns 2qd, 2qd + 1
+  const int t = blockIdx.x;
+  const int h_first = blockIdx.y * kMmaRows;
+  const int nhb = min(kMmaRows, a.heads - h_first);
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+
+  // This token's key list (as attention_kernel in ops_attention.cu: keep the two in step).
+  const int b = seq_of_row(l, t);
+  const int64_t p = l.positions[t];
+  const int64_t ctx = l.ctx_len[b];
+  const int64_t row0 = l.q_start[b];
+  const int64_t slot = l.slot[b];
+  const int64_t lo = p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  const int64_t n_sliding = p >= 0 ? p - lo + 1 : 0;
+  const int64_t visible = a.ratio > 0 ? visible_entries(p, a.ratio, a.entry_bound) : 0;
+  const int64_t n_comp = a.ratio == 0 ? 0 : (a.sparse ? a.topk_cols : visible);
+  const int64_t n_keys = n_sliding + n_comp;
+  const int64_t per_split = ((n_keys + splits - 1) / splits + kMmaKeys - 1) / kMmaKeys * kMmaKeys;
+  const int64_t k_begin = min(n_keys, per_split * split);
+  const int64_t k_end = min(n_keys, k_begin + per_split);
+
+  // Key i of the list, or null when it is masked.
+  auto key_at = [&](int64_t i) -> const float* {
+    if (i >= k_end) return nullptr;
+    if (i < n_sliding) {
+      const int64_t j = lo + i;
+      if (j >= ctx) {
+        const int64_t row = row0 + j - ctx;
+        return row >= 0 && row < l.num_tokens ? a.kv + row * kDim : nullptr;
+      }
+      if (slot < 0 || slot >= a.slots || a.ring_len <= 0) return nullptr;
+      return a.ring + (slot * a.ring_len + j % a.ring_len) * kDim;
+    }
+    const int64_t c = i - n_sliding;
+    const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
+    if (j < 0 || j >= visible) return nullptr;
+    const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
+    return row >= 0 ? a.entries + row * kDim : nullptr;
+  };
+
+  // Copy role: key `cr` of each tile, float4 columns cs + 8j (8 threads cover 128 contiguous
+  // bytes of a key per instruction).
+  const int cr = tid >> 3;
+  const int cs = tid & 7;
+  float* my_stage = stage + cr * kDim;
+  auto issue = [&](const float* src) {
+    if (src == nullptr) return;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = cs + 8 * j;
+      cp_async16(my_stage + 4 * c, src + 4 * c);
+    }
+  };
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g + 8
+  float d_run[2] = {0.0f, 0.0f};
+  const bool active = rg * 16 < nhb;  // uniform over a warp pair: rows past the heads are idle
+
+  // A key's address takes dependent loads (topk, then the block table), so it is resolved one
+  // tile ahead, at the end of the previous iteration, where its latency overlaps the wait for
+  // the copy in flight instead of delaying the products.
+  bool my_valid = false;            // this thread's key of the tile in the stage
+  const float* src_next = nullptr;  // this thread's key of the next tile to issue
+  if (k_begin < k_end) {
+    const float* src0 = key_at(k_begin + cr);
+    issue(src0);  // tile 0 flies while q is rounded
+    my_valid = src0 != nullptr;
+    src_next = key_at(k_begin + kMmaKeys + cr);
+    // q rows of the group, rounded to bf16; loads batched so their latencies overlap.
+    const float4* q4 =
+        reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h_first) * kDim);
+    constexpr int kQ4 = kDim / 4;
+    constexpr int kQIters = kMmaRows * kQ4 / kMmaThreads;
+    constexpr int kQBatch = kQIters < 16 ? kQIters : 16;
+    static_assert(kQIters % kQBatch == 0, "q batches");
+#pragma unroll 1
+    for (int i0 = 0; i0 < kQIters; i0 += kQBatch) {
+      float4 v[kQBatch];
+#pragma unroll
+      for (int u = 0; u < kQBatch; ++u) {
+        const int i = tid + (i0 + u) * kMmaThreads;
+        v[u] = i / kQ4 < nhb ? __ldg(q4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kQBatch; ++u) {
+        const int i = tid + (i0 + u) * kMmaThreads;
+        const int r = i / kQ4;
+        *reinterpret_cast<uint2*>(qs + r * kStride + 4 * (i - r * kQ4)) =
+            make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+      }
+    }
+  }
+
+  // Per-lane ldmatrix row addresses (see the fragment layouts in the header):
+  //  - A of S (q rows): matrix i = lane/8 is rows +8*(i%2), columns +8*(i/2).
+  //  - B of S (keys, "col"): matrix i is keys +8*(i/2), channels +8*(i%2): registers 0,1 are
+  //    the b0b1 / b2b3 of keys 0..7 of a 16-key pair, registers 2,3 those of keys 8..15.
+  //  - B of P V (keys x channels, row-major, .trans): matrix i is keys +8*(i%2), channels
+  //    +8*(i/2): registers 0,1 for channels 0..7 of a 16-channel pair, 2,3 for channels 8..15.
+  const int lrow = lane & 7;
+  const int bit3 = (lane >> 3) & 1;
+  const int bit4 = lane >> 4;
+  const __nv_bfloat16* q_frag =
+      qs + (16 * rg + lrow + 8 * bit3) * kStride + half * kHalf + 8 * bit4;
+  const int k_frag = (lrow + 8 * bit4) * kStride + half * kHalf + 8 * bit3;
+  const int v_frag = (lrow + 8 * bit3) * kStride + half * kHalf + 8 * bit4;
+  float* ss_mine = ss + half * (kMmaRows * kMmaSStride) + 16 * rg * kMmaSStride;
+  const float* ss0 = ss + 16 * rg * kMmaSStride;
+  const float* ss1 = ss0 + kMmaRows * kMmaSStride;
+
+  int it = 0;
+  for (int64_t i0 = k_begin; i0 < k_end; i0 += kMmaKeys, ++it) {
+    __nv_bfloat16* kb = kb_base + (it & 1) * (kMmaKeys * kStride);
+    int* valid = valid_base + (it & 1) * kMmaKeys;
+    // Round this thread's part of the tile; a masked key is a zero row (0 * V must stay 0).
+    cp_async_wait_all();
+    {
+      __nv_bfloat16* dst = kb + cr * kStride;
+#pragma unroll 4
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = cs + 8 * j;
+        const float4 v = my_valid ? *reinterpret_cast<const float4*>(my_stage + 4 * c)
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<uint2*>(dst + 4 * c) =
+            make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+      }
+      if (cs == 0) valid[cr] = my_valid ? 1 : 0;
+    }
+    __syncthreads();
+    // The next tile's copy overlaps this tile's products (each thread reuses only its own part
+    // of the stage, which it has just converted).
+    if (i0 + kMmaKeys < k_end) {
+      issue(src_next);
+      my_valid = src_next != nullptr;
+    }
+    if (active) {
+      // ---- S partial over this warp's half of D: 16 rows x 32 keys.
+      float sacc[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t af[4];
+        ldmatrix_x4(af, q_frag + 16 * ks);
+#pragma unroll
+        for (int kp = 0; kp < 2; ++kp) {
+          uint32_t bf[4];
+          ldmatrix_x4(bf, kb + k_frag + kp * 16 * kStride + 16 * ks);
+          mma_bf16(sacc[2 * kp], af, bf[0], bf[1]);
+          mma_bf16(sacc[2 * kp + 1], af, bf[2], bf[3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        *reinterpret_cast<float2*>(ss_mine + g * kMmaSStride + 8 * n + 2 * qd) =
+            make_float2(sacc[n][0], sacc[n][1]);
+        *reinterpret_cast<float2*>(ss_mine + (g + 8) * kMmaSStride + 8 * n + 2 * qd) =
+            make_float2(sacc[n][2], sacc[n][3]);
+      }
+      pair_barrier(rg);
+
+      // ---- Logits (half 0 + half 1, the same order in both warps), online softmax.
+      float s[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int off = (g + 8 * r) * kMmaSStride + 8 * n + 2 * qd;
+          const float2 x0 = *reinterpret_cast<const float2*>(ss0 + off);
+          const float2 x1 = *reinterpret_cast<const float2*>(ss1 + off);
+          const int key = 8 * n + 2 * qd;
+          s[n][2 * r] = valid[key] ? (x0.x + x1.x) * a.scale : -INFINITY;
+          s[n][2 * r + 1] = valid[key + 1] ? (x0.y + x1.y) * a.scale : -INFINITY;
+        }
+      }
+      float alpha[2];
+      uint32_t pa[2][4];  // P as the A fragments of the two k16 steps of P V
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));  // the 4 lanes of a row
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+        const float m_new = fmaxf(m_run[r], mx);
+        float sum = 0.0f;
+        if (m_new == -INFINITY) {  // no valid key yet: nothing to add, nothing to rescale
+          alpha[r] = 1.0f;
+#pragma unroll
+          for (int n = 0; n < 4; ++n) s[n][2 * r] = s[n][2 * r + 1] = 0.0f;
+        } else {
+          alpha[r] = __expf(m_run[r] - m_new);
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            s[n][2 * r] = __expf(s[n][2 * r] - m_new);
+            s[n][2 * r + 1] = __expf(s[n][2 * r + 1] - m_new);
+            sum += s[n][2 * r] + s[n][2 * r + 1];
+          }
+        }
+        sum += __shfl_xor_sync(kFullMask, sum, 1);
+        sum += __shfl_xor_sync(kFullMask, sum, 2);
+        d_run[r] = d_run[r] * alpha[r] + sum;
+        m_run[r] = m_new;
+      }
+      // C layout of n8 tiles 2k, 2k+1 == A layout of k16 step k: a0a1 (row g, keys 2qd..),
+      // a2a3 (row g+8), a4a5 (row g, keys 8+2qd..), a6a7 (row g+8, keys 8+2qd..).
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        pa[k][0] = pack_bf16(s[2 * k][0], s[2 * k][1]);
+        pa[k][1] = pack_bf16(s[2 * k][2], s[2 * k][3]);
+        pa[k][2] = pack_bf16(s[2 * k + 1][0], s[2 * k + 1][1]);
+        pa[k][3] = pack_bf16(s[2 * k + 1][2], s[2 * k + 1][3]);
+      }
+
+      // ---- O = O * alpha + P V over this warp's half of D.
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, kb + v_frag + k * 16 * kStride + 16 * np);
+          mma_bf16(o[2 * np], pa[k], bf[0], bf[1]);
+          mma_bf16(o[2 * np + 1], pa[k], bf[2], bf[3]);
+        }
+      }
+    }                                           // active
+    src_next = key_at(i0 + 2 * kMmaKeys + cr);  // null past k_end
+  }
+
+  if (!active) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 16 * rg + g + 8 * r;
+    if (row >= nhb) continue;
+    const int64_t head = h_first + row;
+    const float m = m_run[r];
+    const float d = d_run[r];
+    const int64_t idx = static_cast<int64_t>(t) * a.heads + head;
+    if (splits == 1) {
+      // softmax(logits ++ sink) without the sink column: divide by d e^(m-M) + e^(sink-M).
+      const float sink = a.sinks[head];
+      const float mx = fmaxf(m, sink);
+      const float em = m == -INFINITY ? 0.0f : expf(m - mx);
+      const float f = em / (d * em + expf(sink - mx));
+      float* dst = a.out + idx * kDim + half * kHalf + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * r] * f, o[j][2 * r + 1] * f);
+      }
+    } else {
+      const int64_t pidx = static_cast<int64_t>(split) * l.num_tokens * a.heads + idx;
+      float* dst = a.part_acc + pidx * kDim + half * kHalf + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
+      }
+      if (half == 0 && qd == 0) {
+        a.part_md[2 * pidx] = m;
+        a.part_md[2 * pidx + 1] = d;
+      }
+    }
+  }
+}
+
+template <int kDim>
+int64_t launch_attention_mma(CudaBackend& be, const Tensor& q, const Tensor& kv,
+                             const Tensor& swa_ring, const Tensor& entries, const Tensor& topk,
+                             const Tensor& sinks, const BatchLayout& layout,
+                             const AttentionSpec& spec, int64_t max_splits, const Tensor& out,
+                             Tensor* partials) {
+  using L = MmaLayout<kDim>;
+  const int64_t tokens = layout.num_tokens;
+  const int64_t heads = q.size(1);
+  const int64_t head_groups = (heads + kMmaRows - 1) / kMmaRows;
+  if (L::kBytes > be.max_shared_memory_per_block() || head_groups > 65535) return 0;
+  allow_smem(attention_mma_kernel<kDim>, L::kBytes);
+
+  const bool compressed = spec.ratio > 0;
+  const bool sparse = compressed && spec.sparse;
+  const int64_t epb = compressed ? layout.block_size / spec.ratio : 0;
+  const int64_t entry_bound = static_cast<int64_t>(layout.max_blocks_per_seq) * epb;
+  const int64_t topk_cols = sparse ? topk.size(1) : 0;
+  // Splits of each token's key list. A block fills an SM (its shared memory allows one per SM),
+  // so pick the split count that minimises waves x (tiles per split + overhead), from the host's
+  // bound on the list (W + entries); ties go to fewer splits (less combine work).
+  const int64_t max_keys = spec.window + (compressed ? (sparse ? topk_cols : entry_bound) : 0);
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kMmaKeys - 1) / kMmaKeys);
+  const int64_t blocks = tokens * head_groups;
+  const int64_t sms = std::max(1, be.num_sms());
+  int64_t splits = 1;
+  int64_t best = -1;
+  for (int64_t s = 1; s <= std::min(tiles, max_splits); ++s) {
+    const int64_t waves = (blocks * s + sms - 1) / sms;
+    const int64_t cost = waves * ((tiles + s - 1) / s + kMmaOverheadTiles);
+    if (best < 0 || cost < best) {
+      best = cost;
+      splits = s;
+    }
+  }
+
+  MmaArgs a{};
+  a.q = q.data<float>();
+  a.kv = kv.data<float>();
+  a.ring = swa_ring.data<float>();
+  a.entries = compressed ? entries.data<float>() : nullptr;
+  a.topk = sparse ? topk.data<int32_t>() : nullptr;
+  a.sinks = sinks.data<float>();
+  a.out = out.data<float>();
+  a.slots = swa_ring.size(0);
+  a.ring_len = swa_ring.size(1);
+  a.entry_rows = compressed ? entries.size(0) : 0;
+  a.entry_bound = entry_bound;
+  a.heads = static_cast<int>(heads);
+  a.window = spec.window;
+  a.ratio = compressed ? spec.ratio : 0;
+  a.epb = static_cast<int>(epb);
+  a.topk_cols = static_cast<int>(topk_cols);
+  a.sparse = sparse;
+  a.scale = spec.scale;
+  if (splits > 1) {
+    const int64_t rows = splits * tokens * heads;
+    *partials = be.scratch(static_cast<size_t>(rows * (kDim + 2)) * sizeof(float));
+    a.part_acc = reinterpret_cast<float*>(partials->raw_data());
+    a.part_md = a.part_acc + rows * kDim;
+  }
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(head_groups),
+                  static_cast<unsigned>(splits));
+  attention_mma_kernel<kDim>
+      <<<grid, kMmaThreads, L::kBytes, be.stream()>>>(a, device_layout(layout));
+  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+  return splits;
+}
+
+}  // namespace
+
+int64_t CudaBackend::attention_bf16(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                                    const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                                    const BatchLayout& layout, const AttentionSpec& spec,
+                                    int64_t max_splits, const Tensor& out, Tensor* partials) {
+  switch (q.size(2)) {
+    case 64:
+      return launch_attention_mma<64>(*this, q, kv, swa_ring, entries, topk, sinks, layout, spec,
+                                      max_splits, out, partials);
+    case 128:
+      return launch_attention_mma<128>(*this, q, kv, swa_ring, entries, topk, sinks, layout, spec,
+                                       max_splits, out, partials);
+    case 256:
+      return launch_attention_mma<256>(*this, q, kv, swa_ring, entries, topk, sinks, layout, spec,
+                                       max_splits, out, partials);
+    case 512:
+      return launch_attention_mma<512>(*this, q, kv, swa_ring, entries, topk, sinks, layout, spec,
+                                       max_splits, out, partials);
+    default:
+      return 0;
+  }
+}
+
+}  // namespace deepinfer::cuda
