@@ -4,6 +4,7 @@
 // whenever a call's device work exceeds its launch cost (the small cases say so).
 //
 // Usage: cuda_op_bench [--iters N]     (prints one JSON object per line)
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -162,7 +163,9 @@ int main(int argc, char** argv) {
              (bf16 ? " f32 KV, bf16 mma" : " f32 KV"),
          us, batch * keys * d * 4.0, t * keys * nh * d * 4.0);
   }
-  {  // MoE decode, B=1: 6 experts of [2048, 4096] x2 + [4096, 2048], bf16
+  {  // MoE at V4-Flash widths: 6 experts of [2048, 4096] x2 + [4096, 2048] per token, bf16.
+     // Decode (T = 1, 64: gemv kernels) and prefill (T = 4096: 24576 pairs, 96 per expert, on
+     // tensor cores with bf16-rounded activations).
     const int e = 256, i = 2048, h = 4096, kk = 6;
     Tensor gate_up = rnd(*be, {e, 2 * i, h}, DType::kBF16, 17, 0.02f),
            down = rnd(*be, {e, h, i}, DType::kBF16, 18, 0.02f);
@@ -173,7 +176,7 @@ int main(int argc, char** argv) {
       ex.w3.push_back(gu.narrow(0, i, i));
       ex.w2.push_back(down.select(0, j));
     }
-    for (int tokens : {1, 64}) {
+    for (int tokens : {1, 64, 4096}) {
       Tensor x = rnd(*be, {tokens, h}, DType::kF32, 19);
       std::vector<int32_t> ids;
       std::vector<float> wts;
@@ -184,7 +187,8 @@ int main(int argc, char** argv) {
         }
       Routing r{be->upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
                 be->upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
-      double us = time_us(*be, iters, [&] { (void)be->moe_experts(x, r, ex, 10.0f); });
+      const int n = tokens >= 1024 ? std::min(iters, 10) : iters;  // prefill: ms per call
+      double us = time_us(*be, n, [&] { (void)be->moe_experts(x, r, ex, 10.0f); });
       const double used = std::min<double>(e, tokens * kk);
       emit("moe_experts_bf16", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096", us,
            used * 3.0 * i * h * 2, tokens * kk * 3.0 * 2 * i * h);

@@ -23,9 +23,19 @@
 //  - decode (few pairs per expert): tiles of kGemvRows pairs; one warp streams kGemvWeightRows
 //    weight rows with 16-byte loads, coalesced across the warp, so each used expert's weights are
 //    read once per tile (once in total when an expert has <= kGemvRows pairs). Memory-bound.
-//  - prefill: 64 x 64 output tiles with 32-deep K steps through shared memory, 4 x 4 results per
-//    thread, f32 FMA on CUDA cores (activations stay f32, bf16 weights are widened exactly, so
-//    results equal the CPU op on bf16-rounded weights up to summation order).
+//  - prefill, bf16 weights (rows 16-byte aligned, H and I multiples of 8): tensor cores
+//    (mma.sync m16n8k16, f32 accumulation), 64 pair rows x 256 weight rows per CTA, a 3-stage
+//    cp.async pipeline of 32-deep K slices. The activations are rounded to bf16 (x once, before
+//    the gate/up GEMM; act, the SwiGLU output, when it is stored), as the dense linear op feeds
+//    cuBLAS for bf16 weights: the backend's precision policy for bf16 weights. The gate/up CTA
+//    holds the w1 and w3 columns of the same outputs, so SwiGLU is applied in f32 on the
+//    accumulators. Without the tensor cores these GEMMs ran at ~3% of the bf16 peak.
+//  - prefill otherwise (f32 weights, odd sizes, unaligned rows): 64 x 64 output tiles with
+//    32-deep K steps through shared memory, 4 x 4 results per thread, f32 FMA on CUDA cores
+//    (activations stay f32, bf16 weights are widened exactly, so results equal the CPU op on
+//    bf16-rounded weights up to summation order).
+// Both prefill shapes use tiles of kTileM pair rows; rows past a tile's pairs, weight rows past
+// the matrix and k past K are zero-filled in shared memory, never read from global memory.
 //
 // Robustness where the CPU op throws (a device op cannot): a routing.expert_ids entry outside
 // [0, E) is dropped (that slot contributes nothing to its token); in hash routing a token id
@@ -33,8 +43,10 @@
 // read is ever out of bounds. NaN router scores give an unspecified (but in-range) choice.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <cub/block/block_scan.cuh>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_backend.h"
@@ -48,8 +60,10 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // Largest expert count: group_pairs keeps two ints per expert in shared memory.
 constexpr int kMaxExperts = 4096;
-// Token rows per moe_experts pass: bounds the [pairs, I] and [pairs, H] f32 intermediates.
-constexpr int64_t kMaxPassTokens = 2048;
+// Token rows per moe_experts pass: bounds the [pairs, I] and [pairs, H] intermediates (y is
+// 400 MB at 4096 tokens, top-6, H = 4096). Every pass streams all the used experts' weights, so
+// fewer, larger passes read them fewer times (a 4096-token prefill chunk is one pass).
+constexpr int64_t kMaxPassTokens = 4096;
 
 // Decode GEMM shape.
 constexpr int kGemvRows = 4;        // pairs per tile
@@ -565,6 +579,257 @@ __global__ void __launch_bounds__(kTileThreads)
   }
 }
 
+// ---- prefill GEMMs on tensor cores (bf16 weights) ----------------------------------------------
+//
+// The same tile list and row tiles (kTileM pair rows) as above; each CTA multiplies its 64 rows by
+// 256 weight rows (gate/up: 128 rows of w1 and the same 128 rows of w3; down: 256 rows of w2)
+// with mma.sync m16n8k16 (bf16 x bf16 -> f32). A = bf16 rows (gate/up: x rounded to bf16 by
+// round_to_bf16_kernel, gathered through sorted_pair; down: act, which the gate/up kernel writes
+// as bf16), B = the weight rows, both K-contiguous in global memory, so both are "row" A / "col"
+// B operands as stored and ldmatrix (without .trans) loads every fragment. The fragment layouts
+// and address patterns are those of attention_mma_kernel (ops_attention_mma.cu).
+//
+// Shared memory: kMmaStages stages of [64 + 256][kMmaStride] bf16, filled with cp.async 16-byte
+// chunks; the 8-element (16-byte) pad puts the 8 rows one ldmatrix reads in 8 different bank
+// groups. Chunks outside the operand (rows past the tile's pairs or the weight's columns, k past
+// K) are zero-filled with plain stores and never read from global memory; K % 8 == 0 makes every
+// chunk wholly inside or outside. Each output element is reduced over K in k-tile order, with the
+// fixed order of the mma within a k-tile: it depends on its A row and weight row only.
+//
+// Warp w: rows 32 (w % 2) .. + 31 (two m16 tiles), weight rows: gate/up 32 (w / 2) .. + 31 of
+// w1 (the gate n8 tiles 0..3) and the same of w3 (tiles 4..7), so one thread holds the gate and
+// up value of the same (row, column) and applies SwiGLU in f32 before rounding act to bf16;
+// down: 64 (w / 2) .. + 63 of w2 (tiles 0..7), written to y in f32.
+
+constexpr int kMmaRows = kTileM;       // pair rows per CTA (the tile list's)
+constexpr int kMmaWRows = 256;         // weight rows per CTA
+constexpr int kMmaK = 32;              // K per stage
+constexpr int kMmaStages = 3;          // cp.async pipeline depth
+constexpr int kMmaThreads = 256;       // 8 warps: 2 (pair rows) x 4 (weight rows)
+constexpr int kMmaStride = kMmaK + 8;  // bf16 row stride in shared memory (80 bytes)
+constexpr int kMmaStageElems = (kMmaRows + kMmaWRows) * kMmaStride;
+constexpr size_t kMmaSmemBytes = size_t{kMmaStages} * kMmaStageElems * sizeof(__nv_bfloat16);
+static_assert(kMmaRows == 64 && kMmaWRows == 256 && kMmaK == 32 && kMmaThreads == 256,
+              "the copy and warp roles below are written for these sizes");
+static_assert((kMmaStride * sizeof(__nv_bfloat16)) % 16 == 0 && (kMmaStageElems * 2) % 16 == 0,
+              "16-byte aligned rows and stages (cp.async, ldmatrix)");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, and lane l gets
+// row l/4, columns 2(l%4), 2(l%4)+1 of each matrix.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c += a b for a 16x16 bf16 A (row), a 16x8 bf16 B (col) and a 16x8 f32 C.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2 (round to nearest even), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t r;
+  memcpy(&r, &v, sizeof(r));
+  return r;
+}
+
+// xb = bf16(x), 4 elements per step (n4 = numel / 4; both 16- and 8-byte aligned).
+__global__ void round_to_bf16_kernel(const float4* __restrict__ x, uint2* __restrict__ xb,
+                                     int64_t n4) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += stride) {
+    const float4 v = __ldg(x + i);
+    xb[i] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+}
+
+// First weight row (in the CTA's 256) of a warp's 16-row group p (n8 tiles 2p, 2p + 1).
+template <bool kGateUp>
+__device__ __forceinline__ int mma_wrow(int wn, int p) {
+  return kGateUp ? 128 * (p >> 1) + 32 * wn + 16 * (p & 1) : 64 * wn + 16 * p;
+}
+
+// kGateUp: act[row, n] = bf16(swiglu(xb[token] . w1_e[n], xb[token] . w3_e[n])) for 64 rows x
+// 128 columns n of one tile (a = xb [tokens, K = hidden], N = inter).
+// Otherwise: y[pair, n] = act[row] . w2_e[n] for 64 rows x 256 columns (a = act [pairs, K =
+// inter], N = hidden). Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kMmaThreads, 2)
+    expert_mma_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
+                      const int32_t* __restrict__ sorted_pair, TileList tiles,
+                      const __nv_bfloat16* const* __restrict__ w_lo,
+                      const __nv_bfloat16* const* __restrict__ w_hi, float limit,
+                      __nv_bfloat16* __restrict__ act, float* __restrict__ y) {
+  extern __shared__ int4 mma_smem_raw[];
+  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(mma_smem_raw);
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= *tiles.count) return;  // uniform over the CTA: before any barrier
+  const int e = tiles.expert[tile];
+  const int start = tiles.start[tile];
+  const int rows = tiles.rows[tile];
+  constexpr int kCols = kGateUp ? kMmaWRows / 2 : kMmaWRows;  // output columns per CTA
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int tid = static_cast<int>(threadIdx.x);
+
+  // Copy role: 16-byte chunk cc (k + 8 cc .. + 7 of a stage) of A row cr and of weight rows
+  // cr + 64 i; null = outside the operand (zero-filled).
+  const int cr = tid >> 2;
+  const int cc = tid & 3;
+  const __nv_bfloat16* a_src = nullptr;
+  if (cr < rows) {
+    const int64_t arow = kGateUp ? sorted_pair[start + cr] / top_k : start + cr;
+    a_src = a + arow * K + 8 * cc;
+  }
+  const __nv_bfloat16* b_src[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int b = cr + 64 * i;
+    const int64_t n = n0 + (kGateUp ? (b & 127) : b);
+    const __nv_bfloat16* base = (kGateUp && i >= 2) ? w_hi[e] : w_lo[e];
+    b_src[i] = n < N ? base + n * K + 8 * cc : nullptr;
+  }
+  auto load_stage = [&](int buf, int kt) {
+    __nv_bfloat16* s = smem + buf * kMmaStageElems + cr * kMmaStride + 8 * cc;
+    const int64_t k = static_cast<int64_t>(kt) * kMmaK;
+    const bool k_in = k + 8 * cc < K;
+    if (a_src != nullptr && k_in) {
+      cp_async_16(s, a_src + k);
+    } else {
+      *reinterpret_cast<uint4*>(s) = make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __nv_bfloat16* d = s + (kMmaRows + 64 * i) * kMmaStride;
+      if (b_src[i] != nullptr && k_in) {
+        cp_async_16(d, b_src[i] + k);
+      } else {
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  // Per-lane ldmatrix offsets (as attention_mma_kernel):
+  //  - A (row-major 16 x 16): matrix i = lane / 8 is rows + 8 (i % 2), k + 8 (i / 2), giving
+  //    a0 .. a3 in mma order.
+  //  - B (weight rows = n, k contiguous: the "col" operand): matrix i is n + 8 (i / 2),
+  //    k + 8 (i % 2): registers 0, 1 are b0, b1 of n8 tile 0 of a 16-row group, 2, 3 of tile 1.
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wm = warp & 1;
+  const int wn = warp >> 1;
+  const int lrow = lane & 7;
+  const int bit3 = (lane >> 3) & 1;
+  const int bit4 = lane >> 4;
+  const int a_frag = (32 * wm + lrow + 8 * bit3) * kMmaStride + 8 * bit4;
+  const int b_frag = (kMmaRows + lrow + 8 * bit4) * kMmaStride + 8 * bit3;
+
+  float acc[2][8][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
+  }
+
+  // Stage kt lives in buffer kt % kMmaStages. One group is committed per stage slot (empty past
+  // the end), so "at most kMmaStages - 2 pending" means this thread's copies of stage kt landed;
+  // the barrier then publishes every thread's copies and zero stores, and orders the refill of
+  // buffer (kt - 1) % kMmaStages after every warp's reads of it in iteration kt - 1.
+  const int nk = static_cast<int>((K + kMmaK - 1) / kMmaK);
+#pragma unroll
+  for (int s = 0; s < kMmaStages - 1; ++s) {
+    if (s < nk) load_stage(s, s);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kMmaStages - 2>();
+    __syncthreads();
+    const int next = kt + kMmaStages - 1;
+    if (next < nk) load_stage(next % kMmaStages, next);
+    cp_async_commit();
+    const __nv_bfloat16* s = smem + (kt % kMmaStages) * kMmaStageElems;
+#pragma unroll
+    for (int ks = 0; ks < kMmaK / 16; ++ks) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4(af[mi], s + a_frag + 16 * mi * kMmaStride + 16 * ks);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, s + b_frag + mma_wrow<kGateUp>(wn, p) * kMmaStride + 16 * ks);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_bf16(acc[mi][2 * p], af[mi], bf[0], bf[1]);
+          mma_bf16(acc[mi][2 * p + 1], af[mi], bf[2], bf[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue from the accumulator layout: c0, c1 in row g, c2, c3 in row g + 8, columns
+  // 2 qd, 2 qd + 1 of the n8 tile. N % 8 == 0, so a column pair is wholly inside or outside.
+  const int g = lane >> 2;
+  const int qd = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = 32 * wm + 16 * mi + g + 8 * hr;
+      if (r >= rows) continue;
+      if constexpr (kGateUp) {
+        __nv_bfloat16* dst = act + static_cast<int64_t>(start + r) * N;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t n = n0 + 32 * wn + 8 * j + 2 * qd;
+          if (n < N) {
+            const float v0 = swiglu(acc[mi][j][2 * hr], acc[mi][j + 4][2 * hr], limit);
+            const float v1 = swiglu(acc[mi][j][2 * hr + 1], acc[mi][j + 4][2 * hr + 1], limit);
+            *reinterpret_cast<uint32_t*>(dst + n) = pack_bf16(v0, v1);
+          }
+        }
+      } else {
+        float* dst = y + static_cast<int64_t>(sorted_pair[start + r]) * N;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int64_t n = n0 + 64 * wn + 8 * j + 2 * qd;
+          if (n < N) {
+            *reinterpret_cast<float2*>(dst + n) =
+                make_float2(acc[mi][j][2 * hr], acc[mi][j][2 * hr + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- combine -----------------------------------------------------------------------------------
 
 // out[t, h] = sum over slots j in order of weight[t, j] * y[t * k + j, h]; dropped slots add 0.
@@ -635,9 +900,14 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
   // sum_e ceil(c_e / rows) <= ceil(P / rows) + (experts with a pair).
   const int64_t max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min<int64_t>(experts, pairs);
 
+  // Tensor cores for bf16 weights in the prefill shape, when the rows allow 16-byte copies
+  // (vec: H % 8 == 0, I % 8 == 0, aligned bases) and the device has the shared memory.
+  const bool mma = std::is_same_v<W, __nv_bfloat16> && !gemv && vec &&
+                   be.max_shared_memory_per_block() >= kMmaSmemBytes;
+
   Tensor sorted = be.empty({pairs}, DType::kI32);
   Tensor tile_meta = be.empty({3 * max_tiles + 1}, DType::kI32);
-  Tensor act = be.empty({pairs, inter}, DType::kF32);
+  Tensor act = be.empty({pairs, inter}, mma ? DType::kBF16 : DType::kF32);
   Tensor y = be.empty({pairs, hidden}, DType::kF32);
   int32_t* meta = tile_meta.data<int32_t>();
   const TileList tiles{meta, meta + max_tiles, meta + 2 * max_tiles, meta + 3 * max_tiles};
@@ -659,7 +929,35 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
     down_gemv_kernel<W><<<grid2, kGemvWarps * 32, 0, stream>>>(
         act.data<float>(), hidden, inter, sorted_pair, tiles, w2s, y.data<float>());
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
-  } else {
+  } else if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+    if (mma) {
+      // x rounded to bf16 once, so the gate/up A tiles are gathered with cp.async like the rest.
+      Tensor xb = be.empty({tokens, hidden}, DType::kBF16);
+      const int64_t n4 = tokens * hidden / 4;
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 8192));
+      round_to_bf16_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const float4*>(x),
+                                                       static_cast<uint2*>(xb.raw_data()), n4);
+      DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+      __nv_bfloat16* act_b = static_cast<__nv_bfloat16*>(act.raw_data());
+      DEEPINFER_CUDA_CHECK(cudaFuncSetAttribute(expert_mma_kernel<true>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(kMmaSmemBytes)));
+      DEEPINFER_CUDA_CHECK(cudaFuncSetAttribute(expert_mma_kernel<false>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(kMmaSmemBytes)));
+      const dim3 grid1(grid_tiles, ceil_div(inter, kMmaWRows / 2));
+      expert_mma_kernel<true><<<grid1, kMmaThreads, kMmaSmemBytes, stream>>>(
+          static_cast<const __nv_bfloat16*>(xb.raw_data()), hidden, inter, top_k, sorted_pair,
+          tiles, w1s, w3s, limit, act_b, nullptr);
+      DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+      const dim3 grid2(grid_tiles, ceil_div(hidden, kMmaWRows));
+      expert_mma_kernel<false><<<grid2, kMmaThreads, kMmaSmemBytes, stream>>>(
+          act_b, inter, hidden, top_k, sorted_pair, tiles, w2s, w2s, limit, nullptr,
+          y.data<float>());
+      DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+    }
+  }
+  if (!gemv && !mma) {
     const dim3 grid1(grid_tiles, ceil_div(inter, kTileN));
     gate_up_tiled_kernel<W><<<grid1, kTileThreads, 0, stream>>>(
         x, hidden, inter, top_k, sorted_pair, tiles, w1s, w3s, limit, act.data<float>());

@@ -1,6 +1,8 @@
 // CUDA moe_route and moe_experts against the CPU reference ops, at tiny sizes and at V4-Flash
 // sizes (E = 256, k = 6, H = 4096, I = 2048), with f32 and bf16 weights. bf16 weights are compared
-// against the CPU op on the same bf16-rounded values (the CPU keeps f32).
+// against the CPU op on the same bf16-rounded values (the CPU keeps f32). The prefill shape of
+// moe_experts with bf16 weights runs on tensor cores with bf16-rounded activations, so it is held
+// to a bf16 tolerance; every other path computes in f32 and must match to summation order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -272,14 +274,52 @@ HostRouting random_routing(int tokens, int experts, int top_k, std::mt19937& rng
   return {Tensor::from_vector(ids, {tokens, top_k}), Tensor::from_vector(w, {tokens, top_k})};
 }
 
-void run_expert_case(Backends& b, const ExpertCase& c, std::mt19937& rng) {
-  SCOPED_TRACE(expert_name(c));
-  ExpertSet set = make_experts(b, c, rng);
-  Tensor x = random_f32(rng, {c.tokens, c.hidden});
-  HostRouting hr = random_routing(c.tokens, c.experts, c.top_k, rng);
+// Whether moe_experts takes the bf16 tensor-core path (ops_moe.cu) in some pass: bf16 weights,
+// 16-byte aligned rows with H and I multiples of 8, and more than 4 pairs per expert on average
+// in a pass of at most 4096 tokens (the first pass is the largest).
+bool bf16_activations(const ExpertCase& c) {
+  const bool vec = c.layout != Layout::kUnalignedViews && c.hidden % 8 == 0 && c.inter % 8 == 0;
+  const int64_t first_pass = std::min(c.tokens, 4096);
+  return c.dtype == DType::kBF16 && vec && first_pass * c.top_k > int64_t{4} * c.experts;
+}
+
+// Tolerance of the tensor-core path: x and the SwiGLU output are rounded to bf16 (relative error
+// 2^-9 each) before f32-accumulated products, the CPU keeps them f32. Checks max |err| against
+// max |ref| and mean |err| against mean |ref|.
+void expect_close_bf16(Backends& b, const Tensor& cpu, const Tensor& cuda,
+                       const std::string& what) {
+  Tensor x = b.cpu->to_host(cpu);
+  Tensor y = b.cuda->to_host(cuda);
+  ASSERT_EQ(x.shape(), y.shape()) << what;
+  double max_ref = 0, max_err = 0, sum_ref = 0, sum_err = 0;
+  int64_t worst = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double r = x.item(i), c = y.item(i);
+    double e = std::fabs(r - c);
+    if (std::isnan(c) || std::isnan(r)) e = INFINITY;
+    max_ref = std::max(max_ref, std::fabs(r));
+    sum_ref += std::fabs(r);
+    sum_err += e;
+    if (e > max_err) {
+      max_err = e;
+      worst = i;
+    }
+  }
+  EXPECT_LE(max_err, 2e-2 * max_ref)
+      << what << ": max |cpu - cuda| = " << max_err << " at element " << worst << " (cpu "
+      << x.item(worst) << ", cuda " << y.item(worst) << "), max |cpu| = " << max_ref;
+  EXPECT_LE(sum_err, 5e-3 * sum_ref) << what << ": mean |cpu - cuda| = " << sum_err / x.numel()
+                                     << ", mean |cpu| = " << sum_ref / x.numel();
+}
+
+// Runs moe_experts on both backends: the CPU with `cpu_routing`, CUDA with `cuda_routing` (the
+// same, or with invalid ids where the CPU has a valid id and weight 0), twice on CUDA.
+void check_experts(Backends& b, const ExpertCase& c, const ExpertSet& set, const Tensor& x,
+                   const HostRouting& cpu_routing, const HostRouting& cuda_routing) {
   Pair xs = both(b, x);
-  Routing rc{upload_i32(*b.cpu, hr.ids), b.cpu->upload(hr.weights, DType::kF32)};
-  Routing rg{upload_i32(*b.cuda, hr.ids), b.cuda->upload(hr.weights, DType::kF32)};
+  Routing rc{upload_i32(*b.cpu, cpu_routing.ids), b.cpu->upload(cpu_routing.weights, DType::kF32)};
+  Routing rg{upload_i32(*b.cuda, cuda_routing.ids),
+             b.cuda->upload(cuda_routing.weights, DType::kF32)};
   Tensor out_c = b.cpu->moe_experts(xs.cpu, rc, set.cpu, c.limit);
   Tensor out_g, again;
   {
@@ -287,10 +327,52 @@ void run_expert_case(Backends& b, const ExpertCase& c, std::mt19937& rng) {
     out_g = b.cuda->moe_experts(xs.cuda, rg, set.cuda, c.limit);
     again = b.cuda->moe_experts(xs.cuda, rg, set.cuda, c.limit);
   }
-  // bf16 weights are widened exactly and the math is f32 on both sides, so both dtypes differ
-  // from the CPU only by summation order.
-  expect_close(b, out_c, out_g, c.dtype == DType::kBF16 ? 1e-3 : 1e-4, 1e-6, "moe_experts");
+  if (bf16_activations(c)) {
+    expect_close_bf16(b, out_c, out_g, "moe_experts (bf16 tensor cores)");
+  } else {
+    // bf16 weights are widened exactly and the math is f32 on both sides, so both dtypes differ
+    // from the CPU only by summation order.
+    expect_close(b, out_c, out_g, c.dtype == DType::kBF16 ? 1e-3 : 1e-4, 1e-6, "moe_experts");
+  }
   EXPECT_TRUE(bitwise_equal(b.cuda->to_host(out_g), b.cuda->to_host(again))) << "not deterministic";
+}
+
+void run_expert_case(Backends& b, const ExpertCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(expert_name(c));
+  ExpertSet set = make_experts(b, c, rng);
+  Tensor x = random_f32(rng, {c.tokens, c.hidden});
+  HostRouting hr = random_routing(c.tokens, c.experts, c.top_k, rng);
+  check_experts(b, c, set, x, hr, hr);
+}
+
+// Routing in which expert e gets exactly counts[e] pairs (a token may hold one expert twice) and
+// `invalid` further pairs get out-of-range ids on CUDA (on the CPU: expert 0 with weight 0).
+// c.tokens is set from the total; c.experts must equal counts.size().
+void run_counted_case(Backends& b, ExpertCase c, const std::vector<int>& counts, int invalid,
+                      std::mt19937& rng) {
+  std::vector<int32_t> ids;
+  for (size_t e = 0; e < counts.size(); ++e) ids.insert(ids.end(), sz(counts[e]), int32_t(e));
+  const int32_t bad[] = {-1, c.experts, 1000, -2147483647 - 1};
+  for (int i = 0; i < invalid || ids.size() % sz(c.top_k) != 0; ++i) ids.push_back(bad[i % 4]);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  c.tokens = static_cast<int>(ids.size()) / c.top_k;
+  SCOPED_TRACE(expert_name(c) + " counted");
+  std::vector<float> w(ids.size()), w_cpu(ids.size());
+  std::vector<int32_t> ids_cpu(ids);
+  std::uniform_real_distribution<float> u(0.1f, 1.5f);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    w[i] = w_cpu[i] = u(rng);
+    if (ids[i] < 0 || ids[i] >= c.experts) {
+      ids_cpu[i] = 0;
+      w_cpu[i] = 0.0f;
+    }
+  }
+  const Shape shape{c.tokens, c.top_k};
+  const HostRouting cuda_r{Tensor::from_vector(ids, shape), Tensor::from_vector(w, shape)};
+  const HostRouting cpu_r{Tensor::from_vector(ids_cpu, shape), Tensor::from_vector(w_cpu, shape)};
+  ExpertSet set = make_experts(b, c, rng);
+  Tensor x = random_f32(rng, {c.tokens, c.hidden});
+  check_experts(b, c, set, x, cpu_r, cuda_r);
 }
 
 TEST(CudaMoe, ExpertsTinyMatchCpu) {
@@ -323,9 +405,49 @@ TEST(CudaMoe, ExpertsFlashSizesMatchCpu) {
       run_expert_case(b, {256, 6, 4096, 2048, tokens, dt, Layout::kAlignedViews, 10.0f}, rng);
     }
   }
+  // Prefill on tensor cores: 3072 pairs, 12 per expert on average, some experts with 2 tiles.
+  run_expert_case(b, {256, 6, 4096, 2048, 512, DType::kBF16, Layout::kAlignedViews, 10.0f}, rng);
 }
 
-// Many tokens: more than one internal pass (2048 tokens each) and one expert with many pairs.
+// The bf16 tensor-core path: tiles with 0, 1, 63, 64, 65 and 129 rows, many rows per expert,
+// invalid ids, and sizes that are multiples of 8 but not of the 32-deep K slices or of the
+// 128 (gate/up) and 256 (down) output columns of a CTA.
+TEST(CudaMoe, ExpertsBf16TensorCoresMatchCpu) {
+  DEEPINFER_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  Backends b;
+  const std::vector<int> counts = {0, 1, 63, 64, 65, 129, 30, 34};  // 386 pairs
+  for (auto [hidden, inter] : {std::array<int, 2>{256, 128}, {200, 72}, {520, 264}, {64, 8}}) {
+    for (float limit : {10.0f, 0.75f}) {
+      for (Layout layout : {Layout::kAlignedViews, Layout::kSeparate}) {
+        const ExpertCase c{8, 2, hidden, inter, 0, DType::kBF16, layout, limit};
+        run_counted_case(b, c, counts, 0, rng);
+        run_counted_case(b, c, counts, 5, rng);
+      }
+    }
+  }
+  // Many pairs per expert (500), several row tiles of each.
+  run_expert_case(b, {4, 2, 256, 136, 1000, DType::kBF16, Layout::kSeparate, 10.0f}, rng);
+  // k = 6 of 64 experts at 8 | H, I: 1536 pairs.
+  run_expert_case(b, {64, 6, 392, 168, 256, DType::kBF16, Layout::kAlignedViews, 10.0f}, rng);
+}
+
+// bf16 weights the tensor-core path cannot take (H or I not a multiple of 8, rows not 16-byte
+// aligned) fall back to the f32 tiled kernel, which matches the CPU to summation order.
+TEST(CudaMoe, ExpertsBf16FallbackMatchCpu) {
+  DEEPINFER_REQUIRE_GPU();
+  std::mt19937 rng(26);
+  Backends b;
+  const std::vector<int> counts = {0, 1, 63, 64, 65, 129, 30, 34};  // 386 pairs
+  for (auto [hidden, inter] : {std::array<int, 2>{60, 36}, {64, 36}, {68, 32}}) {
+    run_counted_case(b, {8, 2, hidden, inter, 0, DType::kBF16, Layout::kSeparate, 10.0f}, counts, 3,
+                     rng);
+  }
+  run_counted_case(b, {8, 2, 256, 128, 0, DType::kBF16, Layout::kUnalignedViews, 10.0f}, counts, 3,
+                   rng);
+}
+
+// Many tokens: more than one internal pass (4096 tokens each) and one expert with many pairs.
 TEST(CudaMoe, ExpertsLongPrefillMatchCpu) {
   DEEPINFER_REQUIRE_GPU();
   std::mt19937 rng(23);
