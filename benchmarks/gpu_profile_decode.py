@@ -1,6 +1,7 @@
 """Where a decode step's time goes on the GPU: wall time per step next to the sum of its kernels.
 
     python benchmarks/gpu_profile_decode.py --batch 1 --steps 20            # wall time per step
+    python benchmarks/gpu_profile_decode.py --prefill 4096 --steps 3        # one-chunk prefills
     ncu --csv --metrics gpu__time_duration.sum python benchmarks/gpu_profile_decode.py --steps 2
 
 Run under Nsight Compute (ncu) the kernel durations of the last steps are listed; their sum,
@@ -26,6 +27,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (one launch per kernel)")
+    p.add_argument("--prefill", type=int, default=0, help="time prefills of this many tokens")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
@@ -39,6 +41,18 @@ def main() -> None:
             seed=1,
             decode_graph_max_batch=0 if args.eager else -1,
         )
+    if args.prefill:
+        tokens = [(7 * i) % 129000 + 2 for i in range(args.prefill)]
+        table = list(range(1, 1 + blocks))
+        chunk = dc.SequenceChunk(0, 0, tokens, table)
+        runner.greedy([chunk])  # warm up
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            runner.greedy([chunk])
+        ms = 1000 * (time.perf_counter() - t0) / args.steps
+        rate = args.prefill / ms * 1e3
+        print(json.dumps({"prefill": args.prefill, "wall_ms": ms, "tok_s": rate}))
+        return
     # Distinct tokens, so the sequences route to different experts as real decoding does.
     batch = [
         dc.SequenceChunk(
