@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -34,7 +35,9 @@ class CudaBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCuda; }
   std::string name() const override;
   DType weight_dtype(DType stored) const override;
-  void set_host_sync_forbidden(bool forbidden) override { sync_forbidden_ = forbidden; }
+  bool set_host_sync_forbidden(bool forbidden) override {
+    return std::exchange(sync_forbidden_, forbidden);
+  }
 
   Tensor empty(const Shape& shape, DType dtype) override;
   Tensor zeros(const Shape& shape, DType dtype) override;

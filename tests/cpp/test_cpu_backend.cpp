@@ -55,6 +55,21 @@ TEST_F(CpuBackendTest, UploadConverts) {
   EXPECT_THROW(be->upload(host, DType::kF32), Error);  // i64 -> f32 is not a conversion we do
 }
 
+TEST_F(CpuBackendTest, HostSyncForbiddenNestsAndRestores) {
+  Tensor t = be->zeros({2}, DType::kF32);
+  {
+    HostSyncForbidden outer(*be);
+    {
+      HostSyncForbidden inner(*be);
+      EXPECT_THROW(be->to_host(t), Error);
+    }
+    // The inner guard restored the outer one's setting, not "allowed".
+    EXPECT_THROW(be->to_host(t), Error);
+    EXPECT_THROW(be->synchronize(), Error);
+  }
+  EXPECT_EQ(fetch_f32(*be, t), (std::vector<float>{0, 0}));
+}
+
 TEST_F(CpuBackendTest, UploadIntoAndCopyIntoKeepTheDestination) {
   Tensor dst = be->zeros({2, 2}, DType::kF32);
   void* addr = dst.raw_data();

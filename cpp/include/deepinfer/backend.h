@@ -155,7 +155,8 @@ class Backend {
   // While forbidden, any host synchronisation (to_host, synchronize, Event::wait) throws
   // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
   // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden.
-  virtual void set_host_sync_forbidden(bool forbidden) = 0;
+  // Returns the previous setting.
+  virtual bool set_host_sync_forbidden(bool forbidden) = 0;
 
   // ---- memory and synchronisation ------------------------------------------------------------
   // Uninitialised device tensor (zeroed on the CPU backend).
@@ -283,15 +284,15 @@ class Backend {
 // Forbids host syncs on `backend` for its lifetime (restores the previous state after).
 class HostSyncForbidden {
  public:
-  explicit HostSyncForbidden(Backend& backend) : backend_(backend) {
-    backend_.set_host_sync_forbidden(true);
-  }
-  ~HostSyncForbidden() { backend_.set_host_sync_forbidden(false); }
+  explicit HostSyncForbidden(Backend& backend)
+      : backend_(backend), previous_(backend.set_host_sync_forbidden(true)) {}
+  ~HostSyncForbidden() { backend_.set_host_sync_forbidden(previous_); }
   HostSyncForbidden(const HostSyncForbidden&) = delete;
   HostSyncForbidden& operator=(const HostSyncForbidden&) = delete;
 
  private:
   Backend& backend_;
+  bool previous_;  // nested guards: the outer one stays in force
 };
 
 // The CPU reference backend. `num_threads` = 0 picks the hardware concurrency.

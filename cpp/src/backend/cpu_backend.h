@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "backend/cpu_stream.h"
 #include "common/thread_pool.h"
@@ -32,7 +33,9 @@ class CpuBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCpu; }
   std::string name() const override;
   DType weight_dtype(DType) const override { return DType::kF32; }
-  void set_host_sync_forbidden(bool forbidden) override { sync_forbidden_ = forbidden; }
+  bool set_host_sync_forbidden(bool forbidden) override {
+    return std::exchange(sync_forbidden_, forbidden);
+  }
 
   Tensor empty(const Shape& shape, DType dtype) override;
   Tensor zeros(const Shape& shape, DType dtype) override;
