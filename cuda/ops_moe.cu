@@ -5,6 +5,15 @@
 // scores sqrt(softplus(logit)), then per token either the top-k of scores + bias (ties: lower
 // expert id) or the hash table row tid2eid[token]; the chosen scores are renormalised in slot
 // order and scaled. Ids come out in the CPU's order (key descending, then id ascending).
+//  - logits, T < kRouteGemmTokens (decode): router_gemv_kernel, CTAs over (experts, tokens)
+//    tiles whose threads split K, so one token's 2 MB of bf16 gate weights (V4-Flash) are read by
+//    every SM at once, at memory latency rather than in per-warp chains of loads.
+//  - logits, larger T (prefill): the backend's own f32 linear (cuBLAS SGEMM, IEEE f32, no TF32),
+//    bf16 weights first widened exactly into an [E, H] f32 temporary. f32 FMA on CUDA cores in a
+//    hand-written kernel reached ~5 TFLOP/s here; the GEMM only changes the summation order.
+//  - selection: one warp per token; route_select_warp_kernel holds the token's scores in
+//    registers (E <= 256, k <= 32) and takes k rounds of a warp-wide argmax; other shapes take the
+//    generic route_select_kernel. Both give the CPU's ids and bitwise the same weights.
 //
 // moe_experts, all on the device and in stream order (no host sync, no host-side routing):
 //  1. group_pairs (one CTA): the (token, slot) pairs are counted per expert, the counts
@@ -12,7 +21,8 @@
 //     row tiles (expert, first sorted row, rows) the GEMMs run over is written with its length.
 //  2. gate/up GEMM + SwiGLU over the tile list -> act [pairs, I], rows in expert order.
 //  3. down GEMM over the tile list -> y [pairs, H], rows in (token, slot) order.
-//  4. out[t] = sum_j weight[t, j] * y[t, j], summed in slot order j.
+//  4. out[t] = sum_j weight[t, j] * y[t, j], summed in slot order j; a grid over (hidden chunks,
+//     tokens) with float4 loads, so a decode step spreads over several CTAs.
 // The GEMM grids are sized from a host bound on the tile count (ceil(P / rows) + min(E, P));
 // CTAs past the count the device wrote exit at once. Each output element depends only on its own
 // row and weight column, reduced over K in a fixed order whatever else shares its tile, and step
@@ -45,6 +55,7 @@
 #include <cstdint>
 #include <cstring>
 #include <cub/block/block_scan.cuh>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -78,11 +89,26 @@ constexpr int kTileThreads = 256;
 
 constexpr int kGroupThreads = 256;
 
-// Router: experts per CTA (one warp each) and tokens per warp.
-constexpr int kRouteWarps = 4;
-constexpr int kRouteRows = 8;
+// Router logits: from kRouteGemmTokens tokens on, cuBLAS SGEMM; below, router_gemv_kernel with
+// CTAs of kRouteThreads threads over (kE experts, kR tokens) tiles, the small tile while
+// T <= kRouteSmallTokens (T = 1: one CTA per expert, every SM busy), the wider one above (each x
+// row read from L2 by fewer CTAs).
+constexpr int64_t kRouteGemmTokens = 64;
+constexpr int64_t kRouteSmallTokens = 4;
+constexpr int kRouteThreads = 256;
+constexpr int kRouteSmallE = 1, kRouteSmallR = 4;
+constexpr int kRouteWideE = 8, kRouteWideR = 4;
 // Tokens per CTA of the top-k selection (one warp each).
 constexpr int kSelectWarps = 4;
+// Experts per lane held in registers by route_select_warp_kernel: E <= 32 * kSelectSlots.
+constexpr int kSelectSlots = 8;
+// Picks one lane of route_select_warp_kernel holds: top_k <= 32.
+constexpr int kSelectMaxK = 32;
+
+// combine: hidden elements per thread (one float4), threads per CTA, slots loaded together.
+constexpr int kCombineVec = 4;
+constexpr int kCombineThreads = 128;
+constexpr int kCombineSlots = 8;
 
 // ---- small device helpers ----------------------------------------------------------------------
 
@@ -200,27 +226,108 @@ __device__ __forceinline__ void lane_dots(const W* (&w)[M], const float* (&x)[R]
 
 // ---- routing -----------------------------------------------------------------------------------
 
-// logits[t, e] = x[t] . gate[e]. One warp per expert and kRouteRows tokens: the gate row is read
-// once per token block.
-template <typename W, bool kVec>
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    router_logits_kernel(const float* __restrict__ x, const W* __restrict__ gate, int64_t tokens,
-                         int64_t hidden, int experts, float* __restrict__ logits) {
-  const int e = static_cast<int>(blockIdx.x) * kRouteWarps + static_cast<int>(threadIdx.x / 32);
-  if (e >= experts) return;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRouteRows;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(kRouteRows), tokens - t0));
-  const W* w[1] = {gate + static_cast<int64_t>(e) * hidden};
-  const float* xr[kRouteRows];
+// logits[t, e] = x[t] . gate[e] for tokens < kRouteGemmTokens (decode): a CTA computes kE
+// experts x kR tokens over the whole of K. Its threads split K (kVec: 16 bytes of each weight row
+// per thread and step, as lane_dots) so every load of the CTA is in flight at once: the op is one
+// pass over the gate weights at memory latency, not a chain of dependent loads per warp. The kE
+// weight vectors a thread loads are used for all kR tokens and each x vector for all kE experts.
+// Reduction in a fixed order (each thread over its k ascending, then lane partials of one output
+// in thread order through shared memory and a warp-wide sum): deterministic, f32 like the CPU op up
+// to summation order (bf16 weights widen exactly). Experts past E read row E - 1 and tokens past T
+// read row T - 1; neither is stored.
+template <typename W, bool kVec, int kE, int kR>
+__global__ void __launch_bounds__(kRouteThreads)
+    router_gemv_kernel(const float* __restrict__ x, const W* __restrict__ gate, int64_t tokens,
+                       int64_t hidden, int experts, float* __restrict__ logits) {
+  __shared__ float part[kE * kR][kRouteThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int e0 = static_cast<int>(blockIdx.x) * kE;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kR;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kR), tokens - t0));  // CTA-uniform
+  const W* w[kE];
 #pragma unroll
-  for (int r = 0; r < kRouteRows; ++r) xr[r] = x + (t0 + min(r, rows - 1)) * hidden;
-  float acc[1][kRouteRows] = {};
-  lane_dots<W, kVec>(w, xr, rows, hidden, acc);
-  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int e = 0; e < kE; ++e)
+    w[e] = gate + static_cast<int64_t>(min(e0 + e, experts - 1)) * hidden;
+  const float* xr[kR];
 #pragma unroll
-  for (int r = 0; r < kRouteRows; ++r) {
-    const float v = warp_sum(acc[0][r]);
-    if (lane == r && r < rows) logits[(t0 + r) * experts + e] = v;
+  for (int r = 0; r < kR; ++r) xr[r] = x + (t0 + min(r, rows - 1)) * hidden;
+  float acc[kE][kR] = {};
+  if constexpr (kVec) {
+    constexpr int kN = Vec16<W>::kN;
+    // One expert: unrolled so a thread's loads of several steps are issued together (H = 4096
+    // bf16 is 2 steps); more experts already have kE loads per step in flight.
+#pragma unroll(kE == 1 ? 4 : 1)
+    for (int64_t k = static_cast<int64_t>(tid) * kN; k < hidden; k += kRouteThreads * kN) {
+      float wv[kE][kN];
+#pragma unroll
+      for (int e = 0; e < kE; ++e) load16(w[e] + k, wv[e]);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (r < rows) {
+          float xv[kN];
+          load_f32<kN>(xr[r] + k, xv);
+#pragma unroll
+          for (int e = 0; e < kE; ++e) {
+#pragma unroll
+            for (int i = 0; i < kN; ++i) acc[e][r] = fmaf(wv[e][i], xv[i], acc[e][r]);
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t k = tid; k < hidden; k += kRouteThreads) {
+      float wv[kE];
+#pragma unroll
+      for (int e = 0; e < kE; ++e) wv[e] = load_as_float(w[e], k);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (r < rows) {
+          const float xv = xr[r][k];
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[e][r] = fmaf(wv[e], xv, acc[e][r]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) part[e * kR + r][tid] = acc[e][r];
+  }
+  __syncthreads();
+  // Warp w reduces outputs w, w + 8, ...: lane l sums the partials of threads l, l + 32, ... in
+  // order, then the warp sums the lanes. The loop bound is warp-uniform (shuffles inside).
+  const int warp = tid / 32;
+  const int lane = tid & 31;
+  for (int o = warp; o < kE * kR; o += kRouteThreads / 32) {
+    float v = 0.0f;
+#pragma unroll
+    for (int i = lane; i < kRouteThreads; i += 32) v += part[o][i];
+    v = warp_sum(v);
+    const int e = e0 + o / kR;
+    const int r = o % kR;
+    if (lane == 0 && e < experts && r < rows) logits[(t0 + r) * experts + e] = v;
+  }
+}
+
+// bf16 -> f32 (exact) copy of the gate weights, so the prefill router logits run as an IEEE f32
+// SGEMM (the linear op with f32 weights) instead of a bf16 GEMM that would round x. kVec: 8
+// elements (one 16-byte load) per thread and step (n % 8 == 0, 16-byte aligned input).
+template <bool kVec>
+__global__ void widen_bf16_kernel(const __nv_bfloat16* __restrict__ in, float* __restrict__ out,
+                                  int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (kVec) {
+    for (int64_t i = first; i < n / 8; i += stride) {
+      float v[8];
+      load16(in + 8 * i, v);
+      float4* dst = reinterpret_cast<float4*>(out + 8 * i);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  } else {
+    for (int64_t i = first; i < n; i += stride) out[i] = __bfloat162float(in[i]);
   }
 }
 
@@ -237,9 +344,10 @@ __device__ __forceinline__ bool ranks_before(const Pick& a, const Pick& b) {
   return a.key > b.key || (a.key == b.key && a.id < b.id);
 }
 
-// One warp per token: the chosen experts and their renormalised, scaled weights.
-// Top-k: round j picks the best (key, id) ranking strictly after the pick of round j-1, which is
-// the CPU's partial_sort order without a "taken" set. NaN keys are never candidates.
+// Generic selection, for shapes route_select_warp_kernel does not hold in registers
+// (E > 32 * kSelectSlots or top_k > kSelectMaxK): one warp per token, scores recomputed from the
+// logits every round. Round j picks the best (key, id) ranking strictly after the pick of round
+// j-1, which is the CPU's partial_sort order without a "taken" set. NaN keys are never candidates.
 __global__ void __launch_bounds__(kSelectWarps * 32)
     route_select_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
                         const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ token_ids,
@@ -289,6 +397,87 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
     for (int j = 0; j < top_k; ++j) {
       weights[j] = router_score(row[ids[j]]) / (sum + 1e-20f) * routed_scale;
     }
+  }
+}
+
+// One warp per token, the selection in registers (E <= 32 * kSlots, top_k <= kSelectMaxK): lane l
+// holds the scores and keys of experts l, l + 32, ... (one coalesced read of the logits row).
+// Round j: each lane's best untaken (key, id), then a butterfly argmax over the warp (a total order
+// on (key, id), so every lane ends with the same pick); the owner lane retires the pick (its key
+// becomes NaN, which is never a candidate) and broadcasts its score. This is the CPU's order (key
+// descending, then id ascending), the bias steering the choice only. Lane j keeps slot j; the
+// chosen scores are summed in slot order, as the CPU, so the weights are bitwise those of the
+// generic kernel. Fewer than top_k non-NaN keys: the missing slots get expert 0 (unspecified).
+// Hash routing: lane j reads table entry j (clamped, see the file comment).
+template <int kSlots>
+__global__ void __launch_bounds__(kSelectWarps * 32)
+    route_select_warp_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                             const int32_t* __restrict__ tid2eid,
+                             const int32_t* __restrict__ token_ids, int64_t tokens, int experts,
+                             int top_k, int64_t vocab, float routed_scale,
+                             int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
+  const int64_t t =
+      static_cast<int64_t>(blockIdx.x) * kSelectWarps + static_cast<int64_t>(threadIdx.x / 32);
+  if (t >= tokens) return;  // the whole warp leaves; no CTA barrier follows
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const float* row = logits + t * experts;
+  int my_id = 0;          // slot `lane`'s expert (lane < top_k)
+  float my_score = 0.0f;  // and its score
+  float sum = 0.0f;
+  if (tid2eid != nullptr) {
+    if (lane < top_k) {
+      const int64_t tok = min(max(static_cast<int64_t>(token_ids[t]), int64_t{0}), vocab - 1);
+      my_id = min(max(tid2eid[tok * top_k + lane], 0), experts - 1);
+      my_score = router_score(row[my_id]);
+    }
+    for (int j = 0; j < top_k; ++j) sum += __shfl_sync(kFullMask, my_score, j);
+  } else {
+    float score[kSlots];
+    float key[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const int e = lane + 32 * i;
+      score[i] = 0.0f;
+      key[i] = __int_as_float(0x7fc00000);  // NaN: not an expert
+      if (e < experts) {
+        score[i] = router_score(row[e]);
+        key[i] = bias != nullptr ? score[i] + bias[e] : score[i];
+      }
+    }
+    for (int j = 0; j < top_k; ++j) {  // top_k is warp-uniform: the shuffles see every lane
+      Pick best{0.0f, -1};
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const Pick c{key[i], lane + 32 * i};
+        if (c.key == c.key && ranks_before(c, best)) best = c;  // ids ascending within a lane
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const Pick o{__shfl_xor_sync(kFullMask, best.key, off),
+                     __shfl_xor_sync(kFullMask, best.id, off)};
+        if (ranks_before(o, best)) best = o;
+      }
+      const int id = best.id >= 0 ? best.id : 0;
+      float owned = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        if (lane + 32 * i == id) {
+          owned = score[i];
+          key[i] = __int_as_float(0x7fc00000);
+        }
+      }
+      const float s = __shfl_sync(kFullMask, owned, id & 31);
+      sum += s;
+      if (lane == j) {
+        my_id = id;
+        my_score = s;
+      }
+    }
+  }
+  if (lane < top_k) {
+    // As the CPU: score / (sum + 1e-20) * scale, the sum taken in slot order above.
+    ids_out[t * top_k + lane] = my_id;
+    weights_out[t * top_k + lane] = my_score / (sum + 1e-20f) * routed_scale;
   }
 }
 
@@ -832,19 +1021,66 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
 // ---- combine -----------------------------------------------------------------------------------
 
-// out[t, h] = sum over slots j in order of weight[t, j] * y[t * k + j, h]; dropped slots add 0.
-__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
-                               const float* __restrict__ weights, int top_k, int64_t hidden,
-                               int experts, float* __restrict__ out) {
-  const int64_t t = blockIdx.x;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < top_k; ++j) {
-      const int64_t p = t * top_k + j;
-      const int e = ids[p];
-      if (e >= 0 && e < experts) acc += y[p * hidden + h] * weights[p];
+// out[t, h] = sum over slots j in order of weight[t, j] * y[t * k + j, h]; dropped slots add
+// nothing. Grid (hidden chunks, tokens): even one token spreads over ceil(H / 512) CTAs. A thread
+// owns kCombineVec consecutive h (one float4 when kVec: H % 4 == 0, y and out 16-byte aligned) and
+// loads kCombineSlots slots' rows before summing them, so those loads are in flight together; the
+// sum itself stays in slot order (deterministic, the same arithmetic as one slot at a time).
+template <bool kVec>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
+                   const float* __restrict__ weights, int top_k, int64_t hidden, int experts,
+                   float* __restrict__ out) {
+  const int64_t t = blockIdx.y;
+  const int64_t h0 =
+      (static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x) * kCombineVec;
+  if (h0 >= hidden) return;
+  float acc[kCombineVec] = {};
+  for (int j0 = 0; j0 < top_k; j0 += kCombineSlots) {
+    float v[kCombineSlots][kCombineVec] = {};
+    float wt[kCombineSlots] = {};
+    bool use[kCombineSlots];
+#pragma unroll
+    for (int s = 0; s < kCombineSlots; ++s) {
+      const int64_t p = t * top_k + j0 + s;
+      use[s] = false;
+      if (j0 + s < top_k) {
+        const int e = __ldg(ids + p);
+        use[s] = e >= 0 && e < experts;
+      }
+      if (use[s]) {
+        wt[s] = __ldg(weights + p);
+        const float* src = y + p * hidden + h0;
+        if constexpr (kVec) {
+          const float4 q = __ldg(reinterpret_cast<const float4*>(src));
+          v[s][0] = q.x;
+          v[s][1] = q.y;
+          v[s][2] = q.z;
+          v[s][3] = q.w;
+        } else {
+#pragma unroll
+          for (int c = 0; c < kCombineVec; ++c) {
+            if (h0 + c < hidden) v[s][c] = __ldg(src + c);
+          }
+        }
+      }
     }
-    out[t * hidden + h] = acc;
+#pragma unroll
+    for (int s = 0; s < kCombineSlots; ++s) {
+      if (use[s]) {
+#pragma unroll
+        for (int c = 0; c < kCombineVec; ++c) acc[c] += v[s][c] * wt[s];
+      }
+    }
+  }
+  float* dst = out + t * hidden + h0;
+  if constexpr (kVec) {
+    *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kCombineVec; ++c) {
+      if (h0 + c < hidden) dst[c] = acc[c];
+    }
   }
 }
 
@@ -866,23 +1102,33 @@ void check_shape(const char* op, const std::string& arg, const Tensor& t, const 
   }
 }
 
-template <typename W>
-void launch_router_logits(const Tensor& x, const Tensor& gate_w, float* logits,
-                          cudaStream_t stream) {
+template <typename W, int kE, int kR>
+void launch_router_gemv(const Tensor& x, const Tensor& gate_w, float* logits, cudaStream_t stream) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
   const int experts = static_cast<int>(gate_w.size(0));
-  const dim3 grid(ceil_div(experts, kRouteWarps), ceil_div(tokens, kRouteRows));
+  const dim3 grid(ceil_div(experts, kE), ceil_div(tokens, kR));
   const W* gate = gate_w.data<W>();
   const bool vec = hidden % Vec16<W>::kN == 0 && aligned16(gate) && aligned16(x.raw_data());
   if (vec) {
-    router_logits_kernel<W, true><<<grid, kRouteWarps * 32, 0, stream>>>(
+    router_gemv_kernel<W, true, kE, kR><<<grid, kRouteThreads, 0, stream>>>(
         x.data<float>(), gate, tokens, hidden, experts, logits);
   } else {
-    router_logits_kernel<W, false><<<grid, kRouteWarps * 32, 0, stream>>>(
+    router_gemv_kernel<W, false, kE, kR><<<grid, kRouteThreads, 0, stream>>>(
         x.data<float>(), gate, tokens, hidden, experts, logits);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_route");
+}
+
+// Decode router logits (tokens < kRouteGemmTokens) into `logits` [T, E].
+template <typename W>
+void launch_router_logits(const Tensor& x, const Tensor& gate_w, float* logits,
+                          cudaStream_t stream) {
+  if (x.size(0) <= kRouteSmallTokens) {
+    launch_router_gemv<W, kRouteSmallE, kRouteSmallR>(x, gate_w, logits, stream);
+  } else {
+    launch_router_gemv<W, kRouteWideE, kRouteWideR>(x, gate_w, logits, stream);
+  }
 }
 
 // One pass of moe_experts over `tokens` rows (<= kMaxPassTokens).
@@ -967,8 +1213,15 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
         act.data<float>(), hidden, inter, sorted_pair, tiles, w2s, y.data<float>());
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
   }
-  combine_kernel<<<static_cast<unsigned>(tokens), 256, 0, stream>>>(y.data<float>(), ids, weights,
-                                                                    top_k, hidden, experts, out);
+  // tokens <= kMaxPassTokens: within gridDim.y's limit.
+  const dim3 grid3(ceil_div(hidden, kCombineThreads * kCombineVec), static_cast<unsigned>(tokens));
+  if (hidden % kCombineVec == 0 && aligned16(out)) {  // y comes from empty(): aligned
+    combine_kernel<true><<<grid3, kCombineThreads, 0, stream>>>(y.data<float>(), ids, weights,
+                                                                top_k, hidden, experts, out);
+  } else {
+    combine_kernel<false><<<grid3, kCombineThreads, 0, stream>>>(y.data<float>(), ids, weights,
+                                                                 top_k, hidden, experts, out);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
@@ -1011,23 +1264,57 @@ Routing CudaBackend::moe_route(const Tensor& x, const Tensor& gate_w, const Tens
     check_dtype(op, "bias", bias, DType::kF32);
     check_shape(op, "bias", bias, {experts});
   }
-  if ((tokens + kRouteRows - 1) / kRouteRows > 65535) {
+  if (tokens > std::numeric_limits<int>::max()) {  // cuBLAS sizes are int
     fail(op, "too many tokens in one call: " + x.describe());
   }
   Routing routing{empty({tokens, top_k}, DType::kI32), empty({tokens, top_k}, DType::kF32)};
   if (tokens == 0) return routing;
   cudaStream_t s = stream();
-  Tensor logits = empty({tokens, experts}, DType::kF32);
-  if (gate_w.dtype() == DType::kBF16) {
-    launch_router_logits<__nv_bfloat16>(x, gate_w, logits.data<float>(), s);
+  Tensor logits;
+  if (tokens >= kRouteGemmTokens && hidden > 0) {
+    // Prefill: an IEEE f32 SGEMM (linear with f32 weights; no TF32), bf16 weights widened
+    // exactly into a temporary first. Same values as the GEMV up to summation order. (H = 0
+    // takes the GEMV, which writes zeros; cuBLAS rejects a zero leading dimension.)
+    if (gate_w.dtype() == DType::kBF16) {
+      Tensor wide = empty({experts, hidden}, DType::kF32);
+      const int64_t n = experts * hidden;
+      const __nv_bfloat16* src = gate_w.data<__nv_bfloat16>();
+      if (n % 8 == 0 && aligned16(src)) {
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n / 8 + 255) / 256, 4096));
+        widen_bf16_kernel<true><<<blocks, 256, 0, s>>>(src, wide.data<float>(), n);
+      } else {
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
+        widen_bf16_kernel<false><<<blocks, 256, 0, s>>>(src, wide.data<float>(), n);
+      }
+      DEEPINFER_CUDA_LAUNCH_CHECK(op);
+      logits = linear(x, wide);
+    } else {
+      logits = linear(x, gate_w);
+    }
   } else {
-    launch_router_logits<float>(x, gate_w, logits.data<float>(), s);
+    logits = empty({tokens, experts}, DType::kF32);
+    if (gate_w.dtype() == DType::kBF16) {
+      launch_router_logits<__nv_bfloat16>(x, gate_w, logits.data<float>(), s);
+    } else {
+      launch_router_logits<float>(x, gate_w, logits.data<float>(), s);
+    }
   }
-  route_select_kernel<<<ceil_div(tokens, kSelectWarps), kSelectWarps * 32, 0, s>>>(
-      logits.data<float>(), !hashed && bias.defined() ? bias.data<float>() : nullptr,
-      hashed ? tid2eid.data<int32_t>() : nullptr, hashed ? token_ids.data<int32_t>() : nullptr,
-      tokens, static_cast<int>(experts), top_k, hashed ? tid2eid.size(0) : 0, routed_scale,
-      routing.expert_ids.data<int32_t>(), routing.weights.data<float>());
+  const float* lg = logits.data<float>();
+  const float* bias_p = !hashed && bias.defined() ? bias.data<float>() : nullptr;
+  const int32_t* table = hashed ? tid2eid.data<int32_t>() : nullptr;
+  const int32_t* tok = hashed ? token_ids.data<int32_t>() : nullptr;
+  const int64_t vocab = hashed ? tid2eid.size(0) : 0;
+  const int e = static_cast<int>(experts);
+  int32_t* ids = routing.expert_ids.data<int32_t>();
+  float* wts = routing.weights.data<float>();
+  const unsigned blocks = ceil_div(tokens, kSelectWarps);
+  if (top_k <= kSelectMaxK && (hashed || experts <= 32 * kSelectSlots)) {
+    route_select_warp_kernel<kSelectSlots><<<blocks, kSelectWarps * 32, 0, s>>>(
+        lg, bias_p, table, tok, tokens, e, top_k, vocab, routed_scale, ids, wts);
+  } else {
+    route_select_kernel<<<blocks, kSelectWarps * 32, 0, s>>>(lg, bias_p, table, tok, tokens, e,
+                                                             top_k, vocab, routed_scale, ids, wts);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return routing;
 }

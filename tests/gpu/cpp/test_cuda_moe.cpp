@@ -1,8 +1,10 @@
 // CUDA moe_route and moe_experts against the CPU reference ops, at tiny sizes and at V4-Flash
-// sizes (E = 256, k = 6, H = 4096, I = 2048), with f32 and bf16 weights. bf16 weights are compared
-// against the CPU op on the same bf16-rounded values (the CPU keeps f32). The prefill shape of
-// moe_experts with bf16 weights runs on tensor cores with bf16-rounded activations, so it is held
-// to a bf16 tolerance; every other path computes in f32 and must match to summation order.
+// sizes (E = 256, k = 6, H = 4096, I = 2048), with f32 and bf16 weights, for every router path
+// (decode GEMV tiles, cuBLAS from 64 tokens, register and generic top-k) and exact ties. bf16
+// weights are compared against the CPU op on the same bf16-rounded values (the CPU keeps f32). The
+// prefill shape of moe_experts with bf16 weights runs on tensor cores with bf16-rounded
+// activations, so it is held to a bf16 tolerance; every other path computes in f32 and must match
+// to summation order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,19 +117,85 @@ void run_route_case(Backends& b, const RouteCase& c, std::mt19937& rng) {
   }
 }
 
+// Router logits (ops_moe.cu): T <= 4 the one-expert GEMV tiles, 5 <= T < 64 the 8-expert tiles,
+// T >= 64 cuBLAS SGEMM (bf16 weights widened to f32 first); selection in registers for E <= 256
+// and k <= 32, the generic kernel otherwise.
 TEST(CudaMoe, RouteTopKMatchesCpu) {
   DEEPINFER_REQUIRE_GPU();
   std::mt19937 rng(11);
   Backends b;
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (bool bias : {false, true}) {
-      for (int tokens : {1, 3, 17, 40}) run_route_case(b, {8, 2, 64, tokens, dt, bias}, rng);
-      for (int tokens : {1, 8, 64}) run_route_case(b, {256, 6, 4096, tokens, dt, bias}, rng);
+      for (int tokens : {1, 3, 4, 5, 17, 40, 63, 64, 100}) {
+        run_route_case(b, {8, 2, 64, tokens, dt, bias}, rng);
+      }
+      for (int tokens : {1, 4, 5, 8, 63, 64, 200}) {
+        run_route_case(b, {256, 6, 4096, tokens, dt, bias}, rng);
+      }
     }
   }
-  // Unaligned hidden size (scalar loads) and k = E.
-  run_route_case(b, {5, 5, 37, 9, DType::kF32, true}, rng);
-  run_route_case(b, {5, 3, 37, 9, DType::kBF16, false}, rng);
+  // Unaligned hidden size (scalar loads, scalar widening) and k = E, on both sides of the
+  // crossover.
+  for (int tokens : {9, 70}) {
+    run_route_case(b, {5, 5, 37, tokens, DType::kF32, true}, rng);
+    run_route_case(b, {5, 3, 37, tokens, DType::kBF16, false}, rng);
+  }
+  // The generic selection kernel: E > 256, k > 32.
+  run_route_case(b, {300, 8, 64, 20, DType::kF32, true}, rng);
+  run_route_case(b, {300, 8, 64, 70, DType::kBF16, false}, rng);
+  run_route_case(b, {40, 36, 64, 5, DType::kBF16, true}, rng);
+}
+
+// A V4-Flash prefill chunk (cuBLAS logits, one warp per token for the selection).
+TEST(CudaMoe, RoutePrefillMatchesCpu) {
+  DEEPINFER_REQUIRE_GPU();
+  std::mt19937 rng(14);
+  Backends b;
+  run_route_case(b, {256, 6, 4096, 4096, DType::kBF16, true}, rng);
+  run_route_case(b, {256, 6, 4096, 1000, DType::kF32, false}, rng);
+}
+
+// Exact ties: x holds small integers and the gate rows are a few patterns of multiples of 1/64,
+// so every logit is exact in f32 whatever the summation order (GEMV or cuBLAS) and experts of one
+// pattern tie exactly. Ties must go to the lower expert id, as on the CPU, in every slot.
+TEST(CudaMoe, RouteTiesPickLowerIds) {
+  DEEPINFER_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  Backends b;
+  for (auto [experts, top_k, patterns] :
+       {std::array<int, 3>{16, 4, 3}, {256, 6, 5}, {300, 8, 4}, {40, 36, 3}}) {
+    for (int tokens : {1, 5, 64, 300}) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (bool bias : {false, true}) {
+          SCOPED_TRACE("ties E" + std::to_string(experts) + " k" + std::to_string(top_k) + " T" +
+                       std::to_string(tokens) + " " + dtype_name(dt) + (bias ? " bias" : ""));
+          const int hidden = 64;
+          std::uniform_int_distribution<int> xi(-2, 2), gi(-4, 4), pick(0, patterns - 1);
+          std::vector<float> xv(sz(int64_t{tokens} * hidden)), pat(sz(patterns * hidden));
+          for (float& v : xv) v = static_cast<float>(xi(rng));
+          for (float& v : pat) v = static_cast<float>(gi(rng)) / 64.0f;
+          std::vector<float> gv(sz(int64_t{experts} * hidden)), bv(sz(experts));
+          for (int e = 0; e < experts; ++e) {
+            const int q = pick(rng);
+            std::copy(pat.begin() + q * hidden, pat.begin() + (q + 1) * hidden,
+                      gv.begin() + int64_t{e} * hidden);
+            bv[sz(e)] = 0.25f * static_cast<float>(q);  // equal within a pattern: ties remain
+          }
+          Tensor x = Tensor::from_vector(xv, {tokens, hidden});
+          Tensor gate = Tensor::from_vector(gv, {experts, hidden});  // exact in bf16
+          Tensor bt = bias ? Tensor::from_vector(bv, {experts}) : Tensor();
+          Pair xs = both(b, x);
+          Pair bs = both(b, bt);
+          Routing rc = b.cpu->moe_route(xs.cpu, b.cpu->upload_weight(gate, DType::kF32), bs.cpu,
+                                        Tensor(), Tensor(), top_k, 1.5f);
+          Routing rg = b.cuda->moe_route(xs.cuda, b.cuda->upload_weight(gate, dt), bs.cuda,
+                                         Tensor(), Tensor(), top_k, 1.5f);
+          EXPECT_TRUE(bitwise_equal(b.cpu->to_host(rc.expert_ids), b.cuda->to_host(rg.expert_ids)));
+          expect_close(b, rc.weights, rg.weights, 1e-5, 1e-6, "tied weights");
+        }
+      }
+    }
+  }
 }
 
 TEST(CudaMoe, RouteHashMatchesCpu) {
