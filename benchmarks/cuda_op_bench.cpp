@@ -1,7 +1,8 @@
 // CUDA op microbenchmarks through the Backend API, with the device rooflines measured in the same
 // run: device-to-device copy bandwidth and a large bf16 cuBLAS GEMM (our linear op).
 // Each case enqueues `iters` calls back to back and synchronizes once, so the time is device time
-// whenever a call's device work exceeds its launch cost (the small cases say so).
+// whenever a call's device work exceeds its launch cost (the small cases say so); cases marked
+// "(graph)" replay the `iters` calls from one captured CUDA graph instead, as a decode step does.
 //
 // Usage: cuda_op_bench [--iters N]     (prints one JSON object per line)
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -28,6 +30,21 @@ double time_us(Backend& be, int iters, const std::function<void()>& fn) {
   be.synchronize();
   auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) fn();
+  be.synchronize();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+}
+
+// As time_us, for calls shorter than their launch cost: the `iters` calls are captured into one
+// graph (as the model's decode step runs them), and the time is that of a replay over `iters`.
+double time_graph_us(Backend& be, int iters, const std::function<void()>& fn) {
+  fn();  // warm up outside the capture
+  std::unique_ptr<Graph> graph = be.capture([&] {
+    for (int i = 0; i < iters; ++i) fn();
+  });
+  graph->replay();
+  be.synchronize();
+  auto t0 = Clock::now();
+  graph->replay();
   be.synchronize();
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
 }
@@ -116,6 +133,35 @@ int main(int argc, char** argv) {
     double us = time_us(*be, iters, [&] { (void)be->rms_norm(x, w, 1e-6f); });
     emit("rms_norm", "4096x4096", us, 2.0 * 4096 * 4096 * 4, 0);
   }
+  // rms_norm at the V4-Flash decode widths (T = 1): the mHC norm over the 4 flattened streams
+  // (unweighted), the hidden norm, a 1024-wide norm and the per-head q norm (64 rows of 512);
+  // then prefill (T = 4096) of the mHC and the per-head norms. Bytes: x read, y written, the
+  // weight read once. The decode cases are timed in a graph (time_graph_us).
+  for (auto [rows, dim, weighted] :
+       std::vector<std::tuple<int64_t, int64_t, bool>>{{1, 16384, false},
+                                                       {1, 4096, true},
+                                                       {1, 1024, true},
+                                                       {64, 512, true},
+                                                       {4096, 16384, false},
+                                                       {4096 * 64, 512, true}}) {
+    Tensor x = rnd(*be, {rows, dim}, DType::kF32, 20);
+    Tensor w = weighted ? rnd(*be, {dim}, DType::kF32, 21) : Tensor();
+    const bool decode = rows * dim <= 64 * 1024;
+    auto fn = [&] { (void)be->rms_norm(x, w, 1e-6f); };
+    double us = decode ? time_graph_us(*be, iters, fn) : time_us(*be, iters, fn);
+    emit("rms_norm",
+         std::to_string(rows) + "x" + std::to_string(dim) + (weighted ? "" : " unweighted") +
+             (decode ? " (graph)" : ""),
+         us, 2.0 * rows * dim * 4 + (weighted ? dim * 4.0 : 0.0), 0);
+  }
+  // Greedy next token over the V4-Flash vocabulary: one row (decode, batch 1) and a batch of 64.
+  for (int64_t rows : {1, 64}) {
+    const int64_t vocab = 129280;
+    Tensor x = rnd(*be, {rows, vocab}, DType::kF32, 22);
+    double us = time_graph_us(*be, iters, [&] { (void)be->argmax(x); });
+    emit("argmax", std::to_string(rows) + "x" + std::to_string(vocab) + " (graph)", us,
+         rows * vocab * 4.0, 0);
+  }
   {  // mHC pre-mix at V4-Flash width
     Tensor X = rnd(*be, {4096, 4, 4096}, DType::kF32, 8);
     Tensor fn = rnd(*be, {24, 16384}, DType::kF32, 9, 0.01f),
@@ -162,6 +208,20 @@ int main(int argc, char** argv) {
          "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) +
              (bf16 ? " f32 KV, bf16 mma" : " f32 KV"),
          us, batch * keys * d * 4.0, t * keys * nh * d * 4.0);
+  }
+  {  // MoE router at V4-Flash widths: logits of 256 experts (bf16 gate [256, 4096], f32 x), bias,
+     // top-6. T = 1: decode GEMV (bytes: the gate weights, ~1 us at bandwidth); T = 64 and 4096:
+     // f32 SGEMM after widening the gate to f32 (TFLOP/s of the logits).
+    const int e = 256, h = 4096, kk = 6;
+    Tensor gate = rnd(*be, {e, h}, DType::kBF16, 20, 1.0f / 64.0f);
+    Tensor bias = rnd(*be, {e}, DType::kF32, 21, 0.1f);
+    for (int tokens : {1, 64, 4096}) {
+      Tensor x = rnd(*be, {tokens, h}, DType::kF32, 22);
+      double us = time_us(
+          *be, iters, [&] { (void)be->moe_route(x, gate, bias, Tensor(), Tensor(), kk, 2.5f); });
+      emit("moe_route_bf16", "T=" + std::to_string(tokens) + " k=6 E=256 H=4096", us,
+           e * h * 2.0 + tokens * h * 4.0, 2.0 * tokens * e * h);
+    }
   }
   {  // MoE at V4-Flash widths: 6 experts of [2048, 4096] x2 + [4096, 2048] per token, bf16.
      // Decode (T = 1, 64: gemv kernels) and prefill (T = 4096: 24576 pairs, 96 per expert, on

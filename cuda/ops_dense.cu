@@ -10,6 +10,8 @@
 //
 // Content errors (an id or a row index out of range) cannot be seen on the host without a sync.
 // The CPU ops throw for them; these kernels write a defined value instead (see each op).
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "cuda_backend.h"
@@ -18,6 +20,8 @@
 namespace deepinfer::cuda {
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 // ---- host-side checks ---------------------------------------------------------------------------
 
@@ -48,6 +52,10 @@ int row_threads(int64_t width) {
   if (width >= 4096) return 512;
   if (width >= 1024) return 256;
   return 128;
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 // ---- block reductions ---------------------------------------------------------------------------
@@ -90,8 +98,142 @@ __global__ void embedding_kernel(const T* __restrict__ table, const int32_t* __r
   }
 }
 
-// One block per row: y = x * (1 / sqrt(float(mean(x^2)) + eps)) [* w], mean in double as on the
-// CPU. `w` may be null (unweighted).
+// ---- rms_norm ----------------------------------------------------------------------------------
+//
+// y = x * (1 / sqrt(float(mean(x^2)) + eps)) [* w], the sum of squares in double as on the CPU
+// (each square is exact in double, so only the order of the additions differs). `w` may be null
+// (unweighted). Three kernels, chosen by the row width and alignment in CudaBackend::rms_norm:
+//   - rows of at most kNormWarpUnits float4s: one warp per row, several rows per block;
+//   - rows of at most kNormBlockUnits float4s: one block per row, or, when there are few rows, a
+//     cluster of blocks per row that add their partial sums through distributed shared memory;
+//   - anything else (a width not a multiple of 4, an unaligned base, wider rows): the scalar
+//     two-pass kernel.
+// The vector kernels keep the row in registers between the sum and the scaling, so x is read once.
+
+constexpr int kNormWarpThreads = 256;       // 8 rows per block
+constexpr int64_t kNormWarpUnits = 32 * 8;  // 1024 floats
+constexpr int kNormBlockVec = 8;            // float4s per thread in the block kernel
+constexpr int kNormBlockMaxThreads = 512;   // so rows up to kNormBlockUnits
+constexpr int64_t kNormBlockUnits = kNormBlockMaxThreads * kNormBlockVec;  // 16384 floats
+constexpr int64_t kNormClusterUnits = 512;  // float4s per block of a cluster (target)
+constexpr int kNormMaxCluster = 8;          // the portable cluster size limit
+
+__device__ __forceinline__ double add_squares(double acc, float4 v) {
+  const double a = v.x, b = v.y, c = v.z, d = v.w;
+  acc += a * a;  // exact in double, so a fused multiply-add rounds the same
+  acc += b * b;
+  acc += c * c;
+  acc += d * d;
+  return acc;
+}
+
+__device__ __forceinline__ float rms_inv(double sum_squares, int64_t dim, float eps) {
+  return 1.0f / sqrtf(static_cast<float>(sum_squares / static_cast<double>(dim)) + eps);
+}
+
+// (x * inv) * w in this order, as the CPU (two roundings; nvcc does not fuse two products).
+__device__ __forceinline__ float4 norm_scale(float4 v, float inv, float4 g) {
+  return make_float4((v.x * inv) * g.x, (v.y * inv) * g.y, (v.z * inv) * g.z, (v.w * inv) * g.w);
+}
+__device__ __forceinline__ float4 norm_scale(float4 v, float inv) {
+  return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+}
+
+// One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
+// is loaded with the row so its latency overlaps the reduction.
+template <int kVec>
+__global__ void __launch_bounds__(kNormWarpThreads)
+    rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
+                         float4* __restrict__ y, int64_t rows, int64_t units, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
+  if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const float4* xr = x + row * units;
+  float4* yr = y + row * units;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 v[kVec];
+  float4 g[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int64_t u = lane + 32 * k;
+    v[k] = u < units ? xr[u] : zero;
+    g[k] = w != nullptr && u < units ? w[u] : zero;
+  }
+  double acc = 0.0;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) acc = add_squares(acc, v[k]);  // padding adds exact zeros
+  const float inv = rms_inv(warp_sum(acc), units * 4, eps);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int64_t u = lane + 32 * k;
+    if (u < units) yr[u] = w != nullptr ? norm_scale(v[k], inv, g[k]) : norm_scale(v[k], inv);
+  }
+}
+
+// One block per row (kCluster false), or a cluster of blocks per row (kCluster true; grid x =
+// rows * cluster size, cluster dims (size, 1, 1)): block rank r of a row's cluster covers the
+// float4s [r * per_block, (r + 1) * per_block) of it, thread t units begin + t + k * blockDim.x
+// (k < kNormBlockVec). The blocks of a cluster add the partial sums of all ranks in rank order,
+// so each computes the same total. kPreloadWeight loads w with x (few rows: the latency of the
+// weight then overlaps the reduction); otherwise w is read in the store loop, which keeps the
+// registers low enough for two blocks per SM when many rows stream through.
+template <bool kCluster, bool kPreloadWeight>
+__global__ void __launch_bounds__(kNormBlockMaxThreads)
+    rms_norm_block_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
+                          float4* __restrict__ y, int64_t units, int64_t per_block, float eps) {
+  int64_t row = blockIdx.x;
+  int64_t begin = 0;
+  if constexpr (kCluster) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    row = blockIdx.x / cluster.num_blocks();
+    begin = static_cast<int64_t>(cluster.block_rank()) * per_block;
+  }
+  const int64_t end = begin + per_block < units ? begin + per_block : units;
+  const float4* xr = x + row * units;
+  float4* yr = y + row * units;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 v[kNormBlockVec];
+  [[maybe_unused]] float4 g[kNormBlockVec];  // unused without kPreloadWeight
+#pragma unroll
+  for (int k = 0; k < kNormBlockVec; ++k) {
+    const int64_t u = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    v[k] = u < end ? xr[u] : zero;
+    if constexpr (kPreloadWeight) g[k] = w != nullptr && u < end ? w[u] : zero;
+  }
+  double acc = 0.0;
+#pragma unroll
+  for (int k = 0; k < kNormBlockVec; ++k) acc = add_squares(acc, v[k]);
+  acc = block_sum(acc);
+  if constexpr (kCluster) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    __shared__ double block_total;
+    if (threadIdx.x == 0) block_total = acc;
+    cluster.sync();  // every rank's block_total is written
+    acc = 0.0;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r)
+      acc += *cluster.map_shared_rank(&block_total, r);
+  }
+  const float inv = rms_inv(acc, units * 4, eps);
+#pragma unroll
+  for (int k = 0; k < kNormBlockVec; ++k) {
+    const int64_t u = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (u < end) {
+      if (w == nullptr) {
+        yr[u] = norm_scale(v[k], inv);
+      } else if constexpr (kPreloadWeight) {
+        yr[u] = norm_scale(v[k], inv, g[k]);
+      } else {
+        yr[u] = norm_scale(v[k], inv, w[u]);
+      }
+    }
+  }
+  if constexpr (kCluster) {
+    // No block may exit (releasing its shared memory) while another still reads its block_total.
+    cg::this_cluster().sync();
+  }
+}
+
+// Fallback for any row: one block per row, scalar loads, x read twice.
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                 float* __restrict__ y, int64_t dim, float eps) {
   const int64_t row = blockIdx.x;
@@ -103,7 +245,7 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
     acc += v * v;  // exact in double, so a fused multiply-add rounds the same
   }
   acc = block_sum(acc);
-  const float inv = 1.0f / sqrtf(static_cast<float>(acc / static_cast<double>(dim)) + eps);
+  const float inv = rms_inv(acc, dim, eps);
   if (w != nullptr) {
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = (xr[i] * inv) * w[i];
   } else {
@@ -228,37 +370,107 @@ __device__ __forceinline__ bool beats(const ArgBest& b, const ArgBest& a, int64_
   return b.value > a.value || (b.value == a.value && b.index < a.index);
 }
 
-// One block per row. Matches the CPU's sequential scan "best = 0; if row[c] > row[best]": when
-// row[0] is NaN nothing ever beats it (result 0); otherwise NaNs are skipped and the result is the
-// lowest index of the largest non-NaN value.
-__global__ void argmax_kernel(const float* __restrict__ x, int32_t* __restrict__ out,
-                              int64_t cols) {
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
-  const int64_t none = cols;
-  ArgBest best{0.0f, none};
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = row[c];
-    // Within a thread c increases, so strict > keeps the lowest index among equal values.
-    if (!isnan(v) && (best.index == none || v > best.value)) best = ArgBest{v, c};
-  }
+// Best of the candidates held by the threads of a warp, returned to every lane.
+__device__ __forceinline__ ArgBest warp_argmax(ArgBest best, int64_t none) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     ArgBest other;
     other.value = __shfl_xor_sync(0xffffffffu, best.value, offset);
     other.index = __shfl_xor_sync(0xffffffffu, best.index, offset);
     if (beats(other, best, none)) best = other;
   }
-  __shared__ ArgBest partial[32];
+  return best;
+}
+
+// The CPU's answer from the best non-NaN candidate of a whole row. The CPU scans "best = 0; if
+// row[c] > row[best]": when row[0] is NaN nothing ever beats it (result 0); otherwise NaNs are
+// skipped and the result is the lowest index of the largest non-NaN value.
+__device__ __forceinline__ int32_t argmax_result(const ArgBest& best, float first, int64_t none) {
+  return isnan(first) || best.index == none ? 0 : static_cast<int32_t>(best.index);
+}
+
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxUnroll = 4;  // units per thread of a tile, all loaded before any compare
+constexpr int64_t kArgmaxTile = static_cast<int64_t>(kArgmaxThreads) * kArgmaxUnroll;  // units
+constexpr int64_t kArgmaxMaxChunks = 1024;
+
+// Grid (rows, chunks): block (r, c) scans tiles c, c + chunks, ... of row r in units of kWidth
+// floats (4: float4 loads, the row a multiple of 4 floats and 16-byte aligned; 1: scalar). With
+// one chunk it writes out[r]; otherwise its best candidate goes to partial[r * chunks + c] for
+// argmax_final_kernel.
+template <int kWidth>
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_partial_kernel(const float* __restrict__ x, ArgBest* __restrict__ partial,
+                          int32_t* __restrict__ out, int64_t cols) {
+  const int64_t r = blockIdx.x;
+  const float* row = x + r * cols;
+  const int64_t units = cols / kWidth;
+  const int64_t none = cols;
+  ArgBest best{0.0f, none};
+  for (int64_t base = static_cast<int64_t>(blockIdx.y) * kArgmaxTile; base < units;
+       base += static_cast<int64_t>(gridDim.y) * kArgmaxTile) {
+    float v[kArgmaxUnroll][kWidth];
+#pragma unroll
+    for (int k = 0; k < kArgmaxUnroll; ++k) {
+      const int64_t u = base + k * kArgmaxThreads + threadIdx.x;
+      if (u >= units) continue;
+      if constexpr (kWidth == 4) {
+        const float4 q = reinterpret_cast<const float4*>(row)[u];
+        v[k][0] = q.x;
+        v[k][1] = q.y;
+        v[k][2] = q.z;
+        v[k][3] = q.w;
+      } else {
+        v[k][0] = row[u];
+      }
+    }
+    // A thread's indices increase (over k, over j, over tiles), so strict > keeps the lowest
+    // index among equal values.
+#pragma unroll
+    for (int k = 0; k < kArgmaxUnroll; ++k) {
+      const int64_t u = base + k * kArgmaxThreads + threadIdx.x;
+      if (u >= units) continue;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const float e = v[k][j];
+        if (!isnan(e) && (best.index == none || e > best.value)) best = ArgBest{e, u * kWidth + j};
+      }
+    }
+  }
+  best = warp_argmax(best, none);
+  __shared__ ArgBest warp_best[kArgmaxThreads / 32];
   const unsigned lane = threadIdx.x % 32;
   const unsigned warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = best;
+  if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (unsigned w = 1; w < blockDim.x / 32; ++w) {
-      if (beats(partial[w], best, none)) best = partial[w];
-    }
-    const bool first_nan = isnan(row[0]);
-    out[blockIdx.x] = first_nan || best.index == none ? 0 : static_cast<int32_t>(best.index);
+  if (threadIdx.x != 0) return;
+  for (unsigned i = 1; i < kArgmaxThreads / 32; ++i) {
+    if (beats(warp_best[i], best, none)) best = warp_best[i];
   }
+  if (gridDim.y == 1) {
+    out[r] = argmax_result(best, row[0], none);
+  } else {
+    partial[r * gridDim.y + blockIdx.y] = best;
+  }
+}
+
+// One warp per row: the best of the row's `chunks` partial candidates. `beats` is a strict total
+// order on candidates, so the split gives the same answer as one sequential scan.
+constexpr int kArgmaxFinalThreads = 128;
+
+__global__ void __launch_bounds__(kArgmaxFinalThreads)
+    argmax_final_kernel(const float* __restrict__ x, const ArgBest* __restrict__ partial,
+                        int32_t* __restrict__ out, int64_t rows, int64_t cols, int64_t chunks) {
+  const int64_t r =
+      static_cast<int64_t>(blockIdx.x) * (kArgmaxFinalThreads / 32) + threadIdx.x / 32;
+  if (r >= rows) return;  // uniform over the warp, so warp_argmax sees full warps
+  const int64_t none = cols;
+  ArgBest best{0.0f, none};
+  for (int64_t i = threadIdx.x % 32; i < chunks; i += 32) {
+    const ArgBest p = partial[r * chunks + i];
+    if (beats(p, best, none)) best = p;
+  }
+  best = warp_argmax(best, none);
+  if (threadIdx.x % 32 == 0) out[r] = argmax_result(best, x[r * cols], none);
 }
 
 // out[i] = previous[remap[i]] when remap[i] >= 0, else host[i]. A remap past `previous` (the CPU
@@ -358,9 +570,65 @@ Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   const int64_t rows = dim > 0 ? x.numel() / dim : 0;
   Tensor out = empty(x.shape(), DType::kF32);
   if (rows == 0) return out;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(dim), 0, stream()>>>(
-      x.data<float>(), weight.defined() ? weight.data<float>() : nullptr, out.data<float>(), dim,
-      eps);
+  const float* xp = x.data<float>();
+  const float* wp = weight.defined() ? weight.data<float>() : nullptr;
+  float* yp = out.data<float>();
+  const int64_t units = dim / 4;
+  const bool vec =
+      dim % 4 == 0 && aligned16(xp) && aligned16(yp) && (wp == nullptr || aligned16(wp));
+  const auto* x4 = reinterpret_cast<const float4*>(xp);
+  const auto* w4 = reinterpret_cast<const float4*>(wp);
+  auto* y4 = reinterpret_cast<float4*>(yp);
+  if (vec && units <= kNormWarpUnits) {
+    const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
+    if (units <= 32) {
+      rms_norm_warp_kernel<1>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+    } else if (units <= 64) {
+      rms_norm_warp_kernel<2>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+    } else if (units <= 128) {
+      rms_norm_warp_kernel<4>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+    } else {
+      rms_norm_warp_kernel<8>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+    }
+  } else if (vec && units <= kNormBlockUnits) {
+    // Few long rows would leave all but a few SMs idle and each row latency-bound on one SM:
+    // split each over a cluster of 4 or 8 blocks of about kNormClusterUnits float4s.
+    int64_t cluster = 1;
+    while (cluster < kNormMaxCluster && cluster * kNormClusterUnits < units) cluster *= 2;
+    if (units > 2 * kNormClusterUnits && rows * cluster <= num_sms()) {
+      const int64_t per_block = (units + cluster - 1) / cluster;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(rows * cluster));
+      config.blockDim = dim3(static_cast<unsigned>(32 * ceil_div(per_block, 32 * kNormBlockVec)));
+      config.dynamicSmemBytes = 0;
+      config.stream = stream();
+      cudaLaunchAttribute attribute[1] = {};
+      attribute[0].id = cudaLaunchAttributeClusterDimension;
+      attribute[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+      attribute[0].val.clusterDim.y = 1;
+      attribute[0].val.clusterDim.z = 1;
+      config.attrs = attribute;
+      config.numAttrs = 1;
+      DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, rms_norm_block_kernel<true, true>, x4, w4,
+                                              y4, units, per_block, eps));
+    } else {
+      const unsigned threads = 32 * ceil_div(units, 32 * kNormBlockVec);
+      if (rows <= num_sms()) {
+        rms_norm_block_kernel<false, true>
+            <<<static_cast<unsigned>(rows), threads, 0, stream()>>>(x4, w4, y4, units, units, eps);
+      } else {
+        rms_norm_block_kernel<false, false>
+            <<<static_cast<unsigned>(rows), threads, 0, stream()>>>(x4, w4, y4, units, units, eps);
+      }
+    }
+  } else {
+    rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(dim), 0, stream()>>>(xp, wp, yp, dim,
+                                                                                    eps);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }
@@ -506,10 +774,33 @@ Tensor CudaBackend::argmax(const Tensor& x) {
   if (cols == 0) fail(op, "argument x has no columns: " + x.describe());
   Tensor out = empty({rows}, DType::kI32);
   if (rows == 0) return out;
-  const int threads = cols >= 16384 ? 1024 : row_threads(cols);
-  argmax_kernel<<<static_cast<unsigned>(rows), threads, 0, stream()>>>(x.data<float>(),
-                                                                       out.data<int32_t>(), cols);
+  const float* xp = x.data<float>();
+  const bool vec = cols % 4 == 0 && aligned16(xp);
+  const int64_t units = vec ? cols / 4 : cols;
+  // A long row is split over up to kArgmaxMaxChunks blocks, so one row (the greedy token of a
+  // decode step) still spreads over the device.
+  int64_t chunks = (units + kArgmaxTile - 1) / kArgmaxTile;
+  if (chunks > kArgmaxMaxChunks) chunks = kArgmaxMaxChunks;
+  Tensor partial;
+  ArgBest* pp = nullptr;
+  if (chunks > 1) {
+    partial = scratch(static_cast<size_t>(rows * chunks) * sizeof(ArgBest));
+    pp = static_cast<ArgBest*>(partial.raw_data());
+  }
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(chunks));
+  if (vec) {
+    argmax_partial_kernel<4>
+        <<<grid, kArgmaxThreads, 0, stream()>>>(xp, pp, out.data<int32_t>(), cols);
+  } else {
+    argmax_partial_kernel<1>
+        <<<grid, kArgmaxThreads, 0, stream()>>>(xp, pp, out.data<int32_t>(), cols);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  if (chunks > 1) {
+    argmax_final_kernel<<<ceil_div(rows, kArgmaxFinalThreads / 32), kArgmaxFinalThreads, 0,
+                          stream()>>>(xp, pp, out.data<int32_t>(), rows, cols, chunks);
+    DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  }
   return out;
 }
 

@@ -139,9 +139,36 @@ TEST_F(CudaDenseTest, EmbeddingOutOfRangeIdGivesZeroRow) {
 
 // ---- rms_norm -----------------------------------------------------------------------------------
 
+// The shapes reach every kernel of the CUDA op: a warp per row (widths up to 1024 floats, with
+// partly filled lanes), a block per row with and without the weight loaded early (few / many
+// rows), a cluster of blocks per row (few rows wider than 4096 floats, the last block shorter),
+// and the scalar fallback (a width not a multiple of 4, wider than 16384). "Few" is relative to
+// the SM count; these shapes split as described on an H200 (132 SMs).
 TEST_F(CudaDenseTest, RmsNorm) {
-  const std::vector<Shape> shapes = {
-      {1, 64}, {37, 64}, {5, 7}, {3, kHidden}, {3, kHcMult * kHidden}, {2, kHeads, kHeadDim}, {64}};
+  const std::vector<Shape> shapes = {{1, 64},
+                                     {37, 64},
+                                     {5, 7},
+                                     {3, kHidden},
+                                     {3, kHcMult * kHidden},
+                                     {2, kHeads, kHeadDim},
+                                     {64},
+                                     {1, 4},
+                                     {9, 36},
+                                     {1, 512},
+                                     {1, kHeads, kHeadDim},
+                                     {300, 1024},
+                                     {1, 1024},
+                                     {2, 1028},
+                                     {1, kHidden},
+                                     {200, kHidden},
+                                     {1, 8192},
+                                     {64, 8192},
+                                     {1, kHcMult * kHidden},
+                                     {1, kHcMult, kHidden},
+                                     {3, 5000},
+                                     {140, kHcMult * kHidden},
+                                     {2, 4098},
+                                     {1, 20000}};
   for (const Shape& s : shapes) {
     Tensor x = randn(s, 3.0f);
     Pair xp = both(be(), x);
@@ -150,6 +177,21 @@ TEST_F(CudaDenseTest, RmsNorm) {
           "rms_norm weighted " + shape_name(s));
     close(cpu().rms_norm(xp.cpu, Tensor(), 1e-6f), gpu().rms_norm(xp.cuda, Tensor(), 1e-6f),
           "rms_norm unweighted " + shape_name(s));
+  }
+}
+
+// A base that is not 16-byte aligned (a view one float into its storage) takes the scalar kernel.
+TEST_F(CudaDenseTest, RmsNormUnalignedView) {
+  for (int64_t dim : {int64_t{512}, kHidden, kHcMult * kHidden}) {
+    Tensor flat = randn({dim + 1}, 3.0f);
+    Pair xp = both(be(), flat);
+    Pair w = both(be(), randn({dim}));
+    const Tensor xc = xp.cpu.narrow(0, 1, dim);
+    const Tensor xg = xp.cuda.narrow(0, 1, dim);
+    close(cpu().rms_norm(xc, w.cpu, 1e-6f), gpu().rms_norm(xg, w.cuda, 1e-6f),
+          "rms_norm unaligned dim " + std::to_string(dim));
+    close(cpu().rms_norm(xc, Tensor(), 1e-6f), gpu().rms_norm(xg, Tensor(), 1e-6f),
+          "rms_norm unaligned unweighted dim " + std::to_string(dim));
   }
 }
 
@@ -292,16 +334,43 @@ TEST_F(CudaDenseTest, Rope) {
 // ---- argmax -------------------------------------------------------------------------------------
 
 TEST_F(CudaDenseTest, ArgmaxRandom) {
-  for (const Shape& s : std::vector<Shape>{{1, 64}, {37, 64}, {3, 1000}, {4, kVocab}, {2, 1}}) {
+  // One block per row (up to 4096 floats), a row split over blocks and a final reduction
+  // (the vocabulary, one row and a decode batch), the scalar path (widths not a multiple of 4,
+  // one and several blocks), and a row longer than the most blocks a row gets (blocks loop).
+  for (const Shape& s : std::vector<Shape>{{1, 64},
+                                           {37, 64},
+                                           {3, 1000},
+                                           {4, kVocab},
+                                           {2, 1},
+                                           {1, 4},
+                                           {5, 3},
+                                           {3, 4096},
+                                           {2, 4100},
+                                           {1, kVocab},
+                                           {64, kVocab},
+                                           {3, 1027},
+                                           {2, kVocab + 1},
+                                           {1, 4 * 1024 * 1024 + 36}}) {
     Pair x = both(be(), randn(s));
     close(cpu().argmax(x.cpu), gpu().argmax(x.cuda), "argmax " + shape_name(s), 0, 0);
+  }
+}
+
+// A base that is not 16-byte aligned (a view one float into its storage) takes the scalar path.
+TEST_F(CudaDenseTest, ArgmaxUnalignedView) {
+  for (int64_t cols : {int64_t{1000}, kVocab}) {
+    Pair flat = both(be(), randn({2 * cols + 1}));
+    const Tensor xc = flat.cpu.narrow(0, 1, 2 * cols).reshape({2, cols});
+    const Tensor xg = flat.cuda.narrow(0, 1, 2 * cols).reshape({2, cols});
+    close(cpu().argmax(xc), gpu().argmax(xg), "argmax unaligned cols=" + std::to_string(cols), 0,
+          0);
   }
 }
 
 TEST_F(CudaDenseTest, ArgmaxTiesAndSpecialValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  for (int64_t cols : {int64_t{64}, int64_t{1000}, kVocab}) {
+  for (int64_t cols : {int64_t{64}, int64_t{1000}, int64_t{4097}, kVocab}) {
     const int64_t rows = 8;
     Tensor x = Tensor::zeros({rows, cols}, DType::kF32);
     auto at = [&](int64_t r, int64_t c) -> float& { return x.data<float>()[r * cols + c]; };
