@@ -72,6 +72,14 @@ else()
 endif()
 
 if(DEEPINFER_CUDA_ENABLED)
+  # The kernels use Hopper features (thread-block clusters, cp.async, bf16 mma): sm_90 or newer.
+  foreach(_arch IN LISTS DEEPINFER_CUDA_ARCHITECTURES)
+    string(REGEX MATCH "^[0-9]+" _arch_number "${_arch}")
+    if(NOT _arch_number OR _arch_number LESS 90)
+      message(FATAL_ERROR "DEEPINFER_CUDA_ARCHITECTURES: '${_arch}' is not supported; the CUDA "
+                          "backend needs sm_90 or newer (e.g. 90a;100a)")
+    endif()
+  endforeach()
   set(CMAKE_CUDA_ARCHITECTURES "${DEEPINFER_CUDA_ARCHITECTURES}")
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
