@@ -127,6 +127,21 @@ int main(int argc, char** argv) {
     emit("linear_bf16", "M=" + std::to_string(m) + " N=32768 K=1024", us,
          32768.0 * 1024 * 2 + m * 1024.0 * 4 + m * 32768.0 * 4, 2.0 * m * 32768.0 * 1024);
   }
+  // Decode-step bf16 linears at V4-Flash widths, M = 1 (the GEMV path of ops_gemm.cu): q_b, wo_b,
+  // shared expert, a 64-row projection and wo_a's 8 groups of [1024, 4096]. Timed in a graph;
+  // bytes: weights + x + y (weights under ~50 MB stay in L2 across the replayed calls).
+  for (auto [n, k, groups] : std::vector<std::tuple<int64_t, int64_t, int>>{
+           {32768, 1024, 1}, {4096, 8192, 1}, {2048, 4096, 1}, {64, 4096, 1}, {1024, 4096, 8}}) {
+    Tensor x = rnd(*be, {1, groups * k}, DType::kF32, 23);
+    Tensor w = rnd(*be, {groups * n, k}, DType::kBF16, 24);
+    double us = time_graph_us(*be, iters, [&] {
+      (void)(groups > 1 ? be->grouped_linear(x, w, groups) : be->linear(x, w));
+    });
+    emit("linear_bf16",
+         "M=1 N=" + std::to_string(n) + " K=" + std::to_string(k) +
+             (groups > 1 ? " G=" + std::to_string(groups) : std::string()) + " (graph)",
+         us, groups * (n * k * 2.0 + k * 4.0 + n * 4.0), 2.0 * groups * n * k);
+  }
   {
     Tensor x = rnd(*be, {4096, 4096}, DType::kF32, 6);
     Tensor w = rnd(*be, {4096}, DType::kF32, 7);
@@ -224,8 +239,9 @@ int main(int argc, char** argv) {
     }
   }
   {  // MoE at V4-Flash widths: 6 experts of [2048, 4096] x2 + [4096, 2048] per token, bf16.
-     // Decode (T = 1, 64: gemv kernels) and prefill (T = 4096: 24576 pairs, 96 per expert, on
-     // tensor cores with bf16-rounded activations).
+     // Decode (T = 1, 64: gemv kernels) and prefill on tensor cores with bf16-rounded activations
+     // (T = 2048: 48 pairs per expert, 64-row tiles; T = 4096: 24576 pairs, 96 per expert,
+     // 128-row tiles, one per expert).
     const int e = 256, i = 2048, h = 4096, kk = 6;
     Tensor gate_up = rnd(*be, {e, 2 * i, h}, DType::kBF16, 17, 0.02f),
            down = rnd(*be, {e, h, i}, DType::kBF16, 18, 0.02f);
@@ -236,7 +252,7 @@ int main(int argc, char** argv) {
       ex.w3.push_back(gu.narrow(0, i, i));
       ex.w2.push_back(down.select(0, j));
     }
-    for (int tokens : {1, 64, 4096}) {
+    for (int tokens : {1, 64, 2048, 4096}) {
       Tensor x = rnd(*be, {tokens, h}, DType::kF32, 19);
       std::vector<int32_t> ids;
       std::vector<float> wts;

@@ -5,7 +5,9 @@
 // Tolerances: copies, gathers, selections, argmax, scale, add and hc_expand must be exact; ops
 // whose only differences are summation order (rms, GEMM) or expf/cosf/sinf ulps are checked at
 // ~1e-5 of the largest reference value. bf16 GEMMs are compared with the CPU op run on the
-// bf16-rounded operands (the products are then exact on both sides).
+// bf16-rounded weights (exact: the device widens them exactly) and, on the cuBLAS path, the
+// bf16-rounded activations (the products are then exact on both sides). The decode GEMV path
+// (M <= kGemvMaxTokens) keeps the f32 activations, so it is held to the f32 tolerance.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -513,18 +515,123 @@ TEST_F(CudaDenseTest, GemmF32) {
   }
 }
 
+// bf16 linears of 1..kGemvMaxTokens tokens with K % 8 == 0 and 16-byte aligned x and w run the
+// GEMV of ops_gemm.cu on the f32 activations; the others run cuBLAS on bf16-rounded activations.
+constexpr int64_t kGemvMaxTokens = 2;
+bool gemv_path(int64_t m, int64_t k) {
+  return m >= 1 && m <= kGemvMaxTokens && k % 8 == 0;
+}
+
+// The CPU reference of a bf16-weight GEMM for the path the device takes, and its tolerance.
+struct Bf16Reference {
+  Tensor x;  // the activations the CPU op runs on
+  double rtol, atol;
+};
+Bf16Reference bf16_reference(const Tensor& x, bool gemv) {
+  if (gemv) return {x, kRtol, kAtol};
+  return {round_bf16(x), 1e-3, 1e-5};
+}
+
 TEST_F(CudaDenseTest, GemmBf16Weights) {
   for (const GemmCase& c : kGemmCases) {
     const int g = c.groups ? c.groups : 1;
     Tensor x = randn({c.m, g * c.k});
     Tensor w = randn({g * c.n, c.k});
-    // The device casts x to bf16 and keeps w in bf16; the CPU runs on the same rounded values, so
-    // the products agree exactly and only the fp32 summation order differs.
-    Tensor cpu_out = run_gemm(cpu(), c, cpu().upload(round_bf16(x), DType::kF32),
+    // The device keeps w in bf16 (widened exactly) and, on the cuBLAS path, casts x to bf16; the
+    // CPU runs on the same values, so the products agree exactly and only the fp32 summation
+    // order differs.
+    const Bf16Reference ref = bf16_reference(x, gemv_path(c.m, c.k));
+    Tensor cpu_out = run_gemm(cpu(), c, cpu().upload(ref.x, DType::kF32),
                               cpu().upload(round_bf16(w), DType::kF32));
     Tensor gpu_out =
         run_gemm(gpu(), c, gpu().upload(x, DType::kF32), gpu().upload(w, DType::kBF16));
-    close(cpu_out, gpu_out, gemm_name(c) + " bf16", 1e-3, 1e-5);
+    close(cpu_out, gpu_out, gemm_name(c) + " bf16", ref.rtol, ref.atol);
+  }
+}
+
+// The bf16 linears of a V4-Flash decode step (N x K of w; groups: wo_a's grouped projection).
+struct DecodeGemmShape {
+  int64_t n, k;
+  int groups;  // 0: linear
+};
+const std::vector<DecodeGemmShape> kDecodeGemmShapes = {
+    {1024, kHidden, 0}, {32768, 1024, 0},   {512, kHidden, 0},  {kHidden, 8192, 0},
+    {1024, kHidden, 8}, {2048, kHidden, 0}, {kHidden, 2048, 0}, {8192, 1024, 0},
+    {64, kHidden, 0},   {256, kHidden, 0}};
+
+TEST_F(CudaDenseTest, GemmBf16DecodeShapes) {
+  for (const DecodeGemmShape& s : kDecodeGemmShapes) {
+    const int g = s.groups ? s.groups : 1;
+    Tensor w = randn({g * s.n, s.k});
+    Tensor cpu_w = cpu().upload(round_bf16(w), DType::kF32);
+    Tensor gpu_w = gpu().upload(w, DType::kBF16);
+    // M = 17 (cuBLAS) once for linear and once for grouped_linear.
+    const bool above = s.n == 1024 && s.k == kHidden;
+    for (int64_t m : {1, 3, 8, 16, 17}) {
+      if (m > kGemvMaxTokens && !above) continue;
+      const GemmCase c{m, s.k, s.n, s.groups};
+      Tensor x = randn({m, g * s.k});
+      const Bf16Reference ref = bf16_reference(x, gemv_path(m, s.k));
+      close(run_gemm(cpu(), c, cpu().upload(ref.x, DType::kF32), cpu_w),
+            run_gemm(gpu(), c, gpu().upload(x, DType::kF32), gpu_w), gemm_name(c) + " bf16",
+            ref.rtol, ref.atol);
+    }
+  }
+}
+
+// K % 8 != 0 or operands not 16-byte aligned: the cuBLAS path (bf16-rounded x), still correct.
+TEST_F(CudaDenseTest, GemmBf16FallbackShapesAndUnalignedViews) {
+  for (const GemmCase& c : {GemmCase{3, 4100, 256, 0}, GemmCase{2, 36, 40, 3}}) {
+    const int g = c.groups ? c.groups : 1;
+    Tensor x = randn({c.m, g * c.k});
+    Tensor w = randn({g * c.n, c.k});
+    ASSERT_FALSE(gemv_path(c.m, c.k));
+    const Bf16Reference ref = bf16_reference(x, false);
+    close(run_gemm(cpu(), c, cpu().upload(ref.x, DType::kF32),
+                   cpu().upload(round_bf16(w), DType::kF32)),
+          run_gemm(gpu(), c, gpu().upload(x, DType::kF32), gpu().upload(w, DType::kBF16)),
+          gemm_name(c) + " bf16 (K % 8 != 0)", ref.rtol, ref.atol);
+  }
+  // A shape the GEMV takes, with x 4 bytes off 16-byte alignment, then w 2 bytes off.
+  const int64_t m = 3, k = kHidden, n = 512;
+  Tensor flat_x = randn({m * k + 1});
+  Tensor flat_w = randn({n * k + 1});
+  for (bool shift_x : {true, false}) {
+    const int64_t ox = shift_x ? 1 : 0, ow = shift_x ? 0 : 1;
+    const Tensor cx = cpu().upload(round_bf16(flat_x), DType::kF32).narrow(0, ox, m * k);
+    const Tensor gx = gpu().upload(flat_x, DType::kF32).narrow(0, ox, m * k);
+    const Tensor cw = cpu().upload(round_bf16(flat_w), DType::kF32).narrow(0, ow, n * k);
+    const Tensor gw = gpu().upload(flat_w, DType::kBF16).narrow(0, ow, n * k);
+    close(cpu().linear(cx.reshape({m, k}), cw.reshape({n, k})),
+          gpu().linear(gx.reshape({m, k}), gw.reshape({n, k})),
+          std::string("linear bf16 unaligned ") + (shift_x ? "x" : "w"), 1e-3, 1e-5);
+  }
+}
+
+// The GEMV sums every output in an order fixed by (N, K, groups): two runs agree bitwise, and a
+// token's row does not depend on how many tokens share the call.
+TEST_F(CudaDenseTest, GemmBf16GemvIsDeterministicAndPerToken) {
+  for (const DecodeGemmShape& s :
+       {DecodeGemmShape{64, kHidden, 0}, DecodeGemmShape{1024, kHidden, 8},
+        DecodeGemmShape{8192, 1024, 0}, DecodeGemmShape{kHidden, 8192, 0}}) {
+    const int g = s.groups ? s.groups : 1;
+    Tensor gpu_w = gpu().upload(randn({g * s.n, s.k}), DType::kBF16);
+    Tensor x = gpu().upload(randn({kGemvMaxTokens, g * s.k}), DType::kF32);
+    const auto run = [&](int64_t m) {
+      const GemmCase c{m, s.k, s.n, s.groups};
+      return gpu().to_host(run_gemm(gpu(), c, x.narrow(0, 0, m), gpu_w));
+    };
+    const std::string what = gemm_name({kGemvMaxTokens, s.k, s.n, s.groups});
+    Tensor first = run(kGemvMaxTokens);
+    Tensor second = run(kGemvMaxTokens);
+    ASSERT_EQ(first.nbytes(), second.nbytes());
+    EXPECT_EQ(std::memcmp(first.raw_data(), second.raw_data(), first.nbytes()), 0)
+        << what << ": two runs differ";
+    for (int64_t m = 1; m < kGemvMaxTokens; ++m) {
+      Tensor few = run(m);
+      EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
+          << what << ": the first " << m << " tokens differ when run alone";
+    }
   }
 }
 
@@ -561,8 +668,12 @@ TEST_F(CudaDenseTest, OpsDoNotSynchronize) {
   Tensor scale3 = gpu().upload(randn({3}), DType::kF32);
   Tensor ids = gpu().upload(i32({0, 1, 2, 3, 4}), DType::kI32);
   Tensor freq = gpu().upload(rope_inv_freq(16, 1e4), DType::kF32);
+  Tensor wl = gpu().upload(randn({96, 64}), DType::kBF16);
+  Tensor wg = gpu().upload(randn({96, 32}), DType::kBF16);
   {
     HostSyncForbidden guard(gpu());
+    Tensor l = gpu().linear(x, wl);              // bf16 GEMV
+    Tensor gl = gpu().grouped_linear(x, wg, 2);  // bf16 GEMV, 2 groups
     Tensor e = gpu().embedding(x, ids);
     Tensor n = gpu().rms_norm(e, Tensor(), 1e-6f);
     Tensor r = gpu().rope(n, ids, freq, false);
