@@ -29,23 +29,28 @@
 // 4 sums in slot order: the result is deterministic even though the scatter of step 1 (shared
 // atomics) puts the pairs of one expert in run-dependent order.
 //
-// Two GEMM shapes share the tile list:
+// The GEMM shapes (each with its own tile size in the tile list):
 //  - decode (few pairs per expert): tiles of kGemvRows pairs; one warp streams kGemvWeightRows
 //    weight rows with 16-byte loads, coalesced across the warp, so each used expert's weights are
 //    read once per tile (once in total when an expert has <= kGemvRows pairs). Memory-bound.
 //  - prefill, bf16 weights (rows 16-byte aligned, H and I multiples of 8): tensor cores
-//    (mma.sync m16n8k16, f32 accumulation), 64 pair rows x 256 weight rows per CTA, a 3-stage
-//    cp.async pipeline of 32-deep K slices. The activations are rounded to bf16 (x once, before
-//    the gate/up GEMM; act, the SwiGLU output, when it is stored), as the dense linear op feeds
+//    (mma.sync m16n8k16, f32 accumulation), cp.async pipelines of 32-deep K slices. CTAs of 64
+//    pair rows x 256 weight rows (3 stages) while experts average at most kMmaWideMinPairs pairs
+//    in the pass, else of 128 pair rows x 128 weight rows (4 stages; the tile list is then built
+//    with 128-row tiles), so an expert with up to 128 pairs streams its weights once per pass.
+//    The grid is tile-major (all the weight column blocks of a tile, then the next tile), so the
+//    row tiles of one expert, and the column blocks sharing a tile's A rows, run together and
+//    share those reads through L2. The activations are rounded to bf16 (x once, before the
+//    gate/up GEMM; act, the SwiGLU output, when it is stored), as the dense linear op feeds
 //    cuBLAS for bf16 weights: the backend's precision policy for bf16 weights. The gate/up CTA
 //    holds the w1 and w3 columns of the same outputs, so SwiGLU is applied in f32 on the
 //    accumulators. Without the tensor cores these GEMMs ran at ~3% of the bf16 peak.
-//  - prefill otherwise (f32 weights, odd sizes, unaligned rows): 64 x 64 output tiles with
-//    32-deep K steps through shared memory, 4 x 4 results per thread, f32 FMA on CUDA cores
-//    (activations stay f32, bf16 weights are widened exactly, so results equal the CPU op on
-//    bf16-rounded weights up to summation order).
-// Both prefill shapes use tiles of kTileM pair rows; rows past a tile's pairs, weight rows past
-// the matrix and k past K are zero-filled in shared memory, never read from global memory.
+//  - prefill otherwise (f32 weights, odd sizes, unaligned rows): tiles of kTileM pair rows,
+//    64 x 64 output tiles with 32-deep K steps through shared memory, 4 x 4 results per thread,
+//    f32 FMA on CUDA cores (activations stay f32, bf16 weights are widened exactly, so results
+//    equal the CPU op on bf16-rounded weights up to summation order).
+// In both prefill shapes rows past a tile's pairs, weight rows past the matrix and k past K are
+// zero-filled in shared memory, never read from global memory.
 //
 // Robustness where the CPU op throws (a device op cannot): a routing.expert_ids entry outside
 // [0, E) is dropped (that slot contributes nothing to its token); in hash routing a token id
@@ -770,38 +775,61 @@ __global__ void __launch_bounds__(kTileThreads)
 
 // ---- prefill GEMMs on tensor cores (bf16 weights) ----------------------------------------------
 //
-// The same tile list and row tiles (kTileM pair rows) as above; each CTA multiplies its 64 rows by
-// 256 weight rows (gate/up: 128 rows of w1 and the same 128 rows of w3; down: 256 rows of w2)
-// with mma.sync m16n8k16 (bf16 x bf16 -> f32). A = bf16 rows (gate/up: x rounded to bf16 by
+// Each CTA multiplies the rows of one tile (MmaTile<kRows>::kM pair rows) by kN weight rows
+// (gate/up: kN / 2 rows of w1 and the same kN / 2 rows of w3; down: kN rows of w2) with mma.sync
+// m16n8k16 (bf16 x bf16 -> f32). A = bf16 rows (gate/up: x rounded to bf16 by
 // round_to_bf16_kernel, gathered through sorted_pair; down: act, which the gate/up kernel writes
 // as bf16), B = the weight rows, both K-contiguous in global memory, so both are "row" A / "col"
 // B operands as stored and ldmatrix (without .trans) loads every fragment. The fragment layouts
 // and address patterns are those of attention_mma_kernel (ops_attention_mma.cu).
 //
-// Shared memory: kMmaStages stages of [64 + 256][kMmaStride] bf16, filled with cp.async 16-byte
+// Two CTA shapes, the tile list built with the matching tile_rows:
+//  - 64 pair rows x 256 weight rows, 3 stages: passes with at most kMmaWideMinPairs pairs per
+//    expert on average;
+//  - 128 pair rows x 128 weight rows, 4 stages: larger passes. An expert with up to 128 pairs is
+//    one row tile, so its weights are streamed from memory once per pass (with 64-row tiles an
+//    expert of 65..128 pairs reads them twice, from L2 at best), and each CTA moves 20% fewer
+//    operand bytes per FLOP (128 + 128 rows per stage instead of 64 + 256).
+// The grid is 1-D and tile-major: CTA b works on tile b / cols and weight column block b % cols,
+// so the column blocks of one tile, and the tiles of one expert, run at about the same time: the
+// A rows of a tile and the weight blocks shared by the row tiles of one expert are re-read from
+// L2, not from memory.
+//
+// Shared memory: kStages stages of [kM + kN][kMmaStride] bf16, filled with cp.async 16-byte
 // chunks; the 8-element (16-byte) pad puts the 8 rows one ldmatrix reads in 8 different bank
 // groups. Chunks outside the operand (rows past the tile's pairs or the weight's columns, k past
 // K) are zero-filled with plain stores and never read from global memory; K % 8 == 0 makes every
 // chunk wholly inside or outside. Each output element is reduced over K in k-tile order, with the
 // fixed order of the mma within a k-tile: it depends on its A row and weight row only.
 //
-// Warp w: rows 32 (w % 2) .. + 31 (two m16 tiles), weight rows: gate/up 32 (w / 2) .. + 31 of
-// w1 (the gate n8 tiles 0..3) and the same of w3 (tiles 4..7), so one thread holds the gate and
-// up value of the same (row, column) and applies SwiGLU in f32 before rounding act to bf16;
-// down: 64 (w / 2) .. + 63 of w2 (tiles 0..7), written to y in f32.
+// 8 warps of 32 pair rows x 64 weight rows each: warp w holds rows 32 (w % kWarpsM) .. + 31 (two
+// m16 tiles) and, with wn = w / kWarpsM, weight rows: gate/up 32 wn .. + 31 of the CTA's w1 rows
+// (the gate n8 tiles 0..3) and the same of its w3 rows (tiles 4..7), so one thread holds the gate
+// and up value of the same (row, column) and applies SwiGLU in f32 before rounding act to bf16;
+// down: 64 wn .. + 63 of w2 (tiles 0..7), written to y in f32. A warp whose 32 rows are all past
+// the tile's pairs skips the ldmatrix and mma (it still copies and meets every barrier).
 
-constexpr int kMmaRows = kTileM;       // pair rows per CTA (the tile list's)
-constexpr int kMmaWRows = 256;         // weight rows per CTA
 constexpr int kMmaK = 32;              // K per stage
-constexpr int kMmaStages = 3;          // cp.async pipeline depth
-constexpr int kMmaThreads = 256;       // 8 warps: 2 (pair rows) x 4 (weight rows)
+constexpr int kMmaThreads = 256;       // 8 warps
 constexpr int kMmaStride = kMmaK + 8;  // bf16 row stride in shared memory (80 bytes)
-constexpr int kMmaStageElems = (kMmaRows + kMmaWRows) * kMmaStride;
-constexpr size_t kMmaSmemBytes = size_t{kMmaStages} * kMmaStageElems * sizeof(__nv_bfloat16);
-static_assert(kMmaRows == 64 && kMmaWRows == 256 && kMmaK == 32 && kMmaThreads == 256,
-              "the copy and warp roles below are written for these sizes");
-static_assert((kMmaStride * sizeof(__nv_bfloat16)) % 16 == 0 && (kMmaStageElems * 2) % 16 == 0,
-              "16-byte aligned rows and stages (cp.async, ldmatrix)");
+// The 128-row shape from this many pairs per expert on average (exclusive).
+constexpr int64_t kMmaWideMinPairs = 64;
+
+template <int kRows>
+struct MmaTile {
+  static constexpr int kM = kRows;                     // pair rows per CTA (the tile list's)
+  static constexpr int kN = kRows == 64 ? 256 : 128;   // weight rows per CTA
+  static constexpr int kStages = kRows == 64 ? 3 : 4;  // cp.async pipeline depth
+  static constexpr int kWarpsM = kM / 32;              // warps over pair rows
+  static constexpr int kStageElems = (kM + kN) * kMmaStride;
+  static constexpr size_t kSmemBytes = size_t{kStages} * kStageElems * sizeof(__nv_bfloat16);
+  static_assert(kRows == 64 || kRows == 128, "two shapes");
+  static_assert((kMmaThreads / 32 / kWarpsM) * 64 == kN, "8 warps of 32 x 64 cover the tile");
+  static_assert(kMmaK == 32 && kMmaThreads == 256 && kM % 64 == 0 && kN % 64 == 0,
+                "the copy role below: 4 threads per 64-byte row slice, 64 rows per pass");
+  static_assert((kMmaStride * sizeof(__nv_bfloat16)) % 16 == 0 && (kStageElems * 2) % 16 == 0,
+                "16-byte aligned rows and stages (cp.async, ldmatrix)");
+};
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -859,63 +887,81 @@ __global__ void round_to_bf16_kernel(const float4* __restrict__ x, uint2* __rest
   }
 }
 
-// First weight row (in the CTA's 256) of a warp's 16-row group p (n8 tiles 2p, 2p + 1).
-template <bool kGateUp>
+// First weight row (in the CTA's kN) of a warp's 16-row group p (n8 tiles 2p, 2p + 1).
+template <bool kGateUp, int kN>
 __device__ __forceinline__ int mma_wrow(int wn, int p) {
-  return kGateUp ? 128 * (p >> 1) + 32 * wn + 16 * (p & 1) : 64 * wn + 16 * p;
+  return kGateUp ? (kN / 2) * (p >> 1) + 32 * wn + 16 * (p & 1) : 64 * wn + 16 * p;
 }
 
-// kGateUp: act[row, n] = bf16(swiglu(xb[token] . w1_e[n], xb[token] . w3_e[n])) for 64 rows x
-// 128 columns n of one tile (a = xb [tokens, K = hidden], N = inter).
-// Otherwise: y[pair, n] = act[row] . w2_e[n] for 64 rows x 256 columns (a = act [pairs, K =
-// inter], N = hidden). Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows.
-template <bool kGateUp>
+// kGateUp: act[row, n] = bf16(swiglu(xb[token] . w1_e[n], xb[token] . w3_e[n])) for kM rows x
+// kN / 2 columns n of one tile (a = xb [tokens, K = hidden], N = inter).
+// Otherwise: y[pair, n] = act[row] . w2_e[n] for kM rows x kN columns (a = act [pairs, K =
+// inter], N = hidden). Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows. CTA blockIdx.x
+// works on tile blockIdx.x / cols, column block blockIdx.x % cols (cols = ceil(N / columns)).
+template <bool kGateUp, int kRows>
 __global__ void __launch_bounds__(kMmaThreads, 2)
-    expert_mma_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
-                      const int32_t* __restrict__ sorted_pair, TileList tiles,
+    expert_mma_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int cols,
+                      int top_k, const int32_t* __restrict__ sorted_pair, TileList tiles,
                       const __nv_bfloat16* const* __restrict__ w_lo,
                       const __nv_bfloat16* const* __restrict__ w_hi, float limit,
                       __nv_bfloat16* __restrict__ act, float* __restrict__ y) {
+  using T = MmaTile<kRows>;
+  constexpr int kM = T::kM;
+  constexpr int kN = T::kN;
+  constexpr int kStages = T::kStages;
+  constexpr int kStageElems = T::kStageElems;
   extern __shared__ int4 mma_smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(mma_smem_raw);
-  const int tile = static_cast<int>(blockIdx.x);
+  const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(cols));
+  const int col = static_cast<int>(blockIdx.x - static_cast<unsigned>(tile) * cols);
   if (tile >= *tiles.count) return;  // uniform over the CTA: before any barrier
   const int e = tiles.expert[tile];
   const int start = tiles.start[tile];
   const int rows = tiles.rows[tile];
-  constexpr int kCols = kGateUp ? kMmaWRows / 2 : kMmaWRows;  // output columns per CTA
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  constexpr int kCols = kGateUp ? kN / 2 : kN;  // output columns per CTA
+  const int64_t n0 = static_cast<int64_t>(col) * kCols;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Copy role: 16-byte chunk cc (k + 8 cc .. + 7 of a stage) of A row cr and of weight rows
-  // cr + 64 i; null = outside the operand (zero-filled).
+  // Copy role: 16-byte chunk cc (k + 8 cc .. + 7 of a stage) of A rows cr + 64 i and of weight
+  // rows cr + 64 i; null = outside the operand (zero-filled).
+  constexpr int kACopies = kM / 64;
+  constexpr int kBCopies = kN / 64;
   const int cr = tid >> 2;
   const int cc = tid & 3;
-  const __nv_bfloat16* a_src = nullptr;
-  if (cr < rows) {
-    const int64_t arow = kGateUp ? sorted_pair[start + cr] / top_k : start + cr;
-    a_src = a + arow * K + 8 * cc;
-  }
-  const __nv_bfloat16* b_src[4];
+  const __nv_bfloat16* a_src[kACopies];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kACopies; ++i) {
+    const int r = cr + 64 * i;
+    a_src[i] = nullptr;
+    if (r < rows) {
+      const int64_t arow = kGateUp ? sorted_pair[start + r] / top_k : start + r;
+      a_src[i] = a + arow * K + 8 * cc;
+    }
+  }
+  const __nv_bfloat16* b_src[kBCopies];
+#pragma unroll
+  for (int i = 0; i < kBCopies; ++i) {
     const int b = cr + 64 * i;
-    const int64_t n = n0 + (kGateUp ? (b & 127) : b);
-    const __nv_bfloat16* base = (kGateUp && i >= 2) ? w_hi[e] : w_lo[e];
+    const int64_t n = n0 + (kGateUp ? b % (kN / 2) : b);
+    const __nv_bfloat16* base = (kGateUp && b >= kN / 2) ? w_hi[e] : w_lo[e];
     b_src[i] = n < N ? base + n * K + 8 * cc : nullptr;
   }
   auto load_stage = [&](int buf, int kt) {
-    __nv_bfloat16* s = smem + buf * kMmaStageElems + cr * kMmaStride + 8 * cc;
+    __nv_bfloat16* s = smem + buf * kStageElems + cr * kMmaStride + 8 * cc;
     const int64_t k = static_cast<int64_t>(kt) * kMmaK;
     const bool k_in = k + 8 * cc < K;
-    if (a_src != nullptr && k_in) {
-      cp_async_16(s, a_src + k);
-    } else {
-      *reinterpret_cast<uint4*>(s) = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < kACopies; ++i) {
+      __nv_bfloat16* d = s + 64 * i * kMmaStride;
+      if (a_src[i] != nullptr && k_in) {
+        cp_async_16(d, a_src[i] + k);
+      } else {
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      __nv_bfloat16* d = s + (kMmaRows + 64 * i) * kMmaStride;
+    for (int i = 0; i < kBCopies; ++i) {
+      __nv_bfloat16* d = s + (kM + 64 * i) * kMmaStride;
       if (b_src[i] != nullptr && k_in) {
         cp_async_16(d, b_src[i] + k);
       } else {
@@ -931,13 +977,15 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   //    k + 8 (i % 2): registers 0, 1 are b0, b1 of n8 tile 0 of a 16-row group, 2, 3 of tile 1.
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int wm = warp & 1;
-  const int wn = warp >> 1;
+  const int wm = warp % T::kWarpsM;
+  const int wn = warp / T::kWarpsM;
   const int lrow = lane & 7;
   const int bit3 = (lane >> 3) & 1;
   const int bit4 = lane >> 4;
   const int a_frag = (32 * wm + lrow + 8 * bit3) * kMmaStride + 8 * bit4;
-  const int b_frag = (kMmaRows + lrow + 8 * bit4) * kMmaStride + 8 * bit3;
+  const int b_frag = (kM + lrow + 8 * bit4) * kMmaStride + 8 * bit3;
+  // Whether any of the warp's 32 rows is one of the tile's pairs (warp-uniform).
+  const bool live = 32 * wm < rows;
 
   float acc[2][8][4];
 #pragma unroll
@@ -946,24 +994,25 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     for (int j = 0; j < 8; ++j) acc[mi][j][0] = acc[mi][j][1] = acc[mi][j][2] = acc[mi][j][3] = 0.f;
   }
 
-  // Stage kt lives in buffer kt % kMmaStages. One group is committed per stage slot (empty past
-  // the end), so "at most kMmaStages - 2 pending" means this thread's copies of stage kt landed;
-  // the barrier then publishes every thread's copies and zero stores, and orders the refill of
-  // buffer (kt - 1) % kMmaStages after every warp's reads of it in iteration kt - 1.
+  // Stage kt lives in buffer kt % kStages. One group is committed per stage slot (empty past the
+  // end), so "at most kStages - 2 pending" means this thread's copies of stage kt landed; the
+  // barrier then publishes every thread's copies and zero stores, and orders the refill of
+  // buffer (kt - 1) % kStages after every warp's reads of it in iteration kt - 1.
   const int nk = static_cast<int>((K + kMmaK - 1) / kMmaK);
 #pragma unroll
-  for (int s = 0; s < kMmaStages - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < nk) load_stage(s, s);
     cp_async_commit();
   }
 #pragma unroll 1
   for (int kt = 0; kt < nk; ++kt) {
-    cp_async_wait<kMmaStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int next = kt + kMmaStages - 1;
-    if (next < nk) load_stage(next % kMmaStages, next);
+    const int next = kt + kStages - 1;
+    if (next < nk) load_stage(next % kStages, next);
     cp_async_commit();
-    const __nv_bfloat16* s = smem + (kt % kMmaStages) * kMmaStageElems;
+    if (!live) continue;
+    const __nv_bfloat16* s = smem + (kt % kStages) * kStageElems;
 #pragma unroll
     for (int ks = 0; ks < kMmaK / 16; ++ks) {
       uint32_t af[2][4];
@@ -973,7 +1022,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         uint32_t bf[4];
-        ldmatrix_x4(bf, s + b_frag + mma_wrow<kGateUp>(wn, p) * kMmaStride + 16 * ks);
+        ldmatrix_x4(bf, s + b_frag + mma_wrow<kGateUp, kN>(wn, p) * kMmaStride + 16 * ks);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           mma_bf16(acc[mi][2 * p], af[mi], bf[0], bf[1]);
@@ -1017,6 +1066,32 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       }
     }
   }
+}
+
+// The gate/up and down GEMMs of one pass on tensor cores, over a tile list of kRows-row tiles.
+template <int kRows>
+void launch_expert_mma(const __nv_bfloat16* xb, const __nv_bfloat16* const* w1s,
+                       const __nv_bfloat16* const* w3s, const __nv_bfloat16* const* w2s,
+                       int64_t hidden, int64_t inter, int top_k, const int32_t* sorted_pair,
+                       const TileList& tiles, int64_t max_tiles, float limit, __nv_bfloat16* act,
+                       float* y, cudaStream_t stream) {
+  using T = MmaTile<kRows>;
+  constexpr int smem = static_cast<int>(T::kSmemBytes);
+  DEEPINFER_CUDA_CHECK(cudaFuncSetAttribute(expert_mma_kernel<true, kRows>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  DEEPINFER_CUDA_CHECK(cudaFuncSetAttribute(expert_mma_kernel<false, kRows>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // Grid sizes: checked against gridDim.x's limit by the caller (mma_fits).
+  const int cols1 = static_cast<int>(ceil_div(inter, T::kN / 2));
+  expert_mma_kernel<true, kRows>
+      <<<static_cast<unsigned>(max_tiles * cols1), kMmaThreads, smem, stream>>>(
+          xb, hidden, inter, cols1, top_k, sorted_pair, tiles, w1s, w3s, limit, act, nullptr);
+  DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  const int cols2 = static_cast<int>(ceil_div(hidden, T::kN));
+  expert_mma_kernel<false, kRows>
+      <<<static_cast<unsigned>(max_tiles * cols2), kMmaThreads, smem, stream>>>(
+          act, inter, hidden, cols2, top_k, sorted_pair, tiles, w2s, w2s, limit, nullptr, y);
+  DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
 // ---- combine -----------------------------------------------------------------------------------
@@ -1142,14 +1217,24 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
   // Decode shape while experts average at most kGemvRows pairs (and the rows allow 16-byte
   // loads); the tiled kernel otherwise.
   const bool gemv = vec && pairs <= static_cast<int64_t>(kGemvRows) * experts;
-  const int tile_rows = gemv ? kGemvRows : kTileM;
+  // Tensor cores for bf16 weights in the prefill shape, when the rows allow 16-byte copies
+  // (vec: H % 8 == 0, I % 8 == 0, aligned bases), the device has the shared memory and the 1-D
+  // grid fits; 128-row tiles when experts average more than kMmaWideMinPairs pairs.
+  const size_t smem_max = be.max_shared_memory_per_block();
+  auto mma_fits = [&](int rows, int weight_rows, size_t smem) {
+    const int64_t tiles = (pairs + rows - 1) / rows + std::min<int64_t>(experts, pairs);
+    const int64_t cols = std::max<int64_t>((inter + weight_rows / 2 - 1) / (weight_rows / 2),
+                                           (hidden + weight_rows - 1) / weight_rows);
+    return smem <= smem_max && tiles * cols <= std::numeric_limits<int32_t>::max();
+  };
+  const bool mma_shape = std::is_same_v<W, __nv_bfloat16> && !gemv && vec;
+  const bool wide = mma_shape && pairs > kMmaWideMinPairs * experts &&
+                    mma_fits(MmaTile<128>::kM, MmaTile<128>::kN, MmaTile<128>::kSmemBytes);
+  const bool mma =
+      wide || (mma_shape && mma_fits(MmaTile<64>::kM, MmaTile<64>::kN, MmaTile<64>::kSmemBytes));
+  const int tile_rows = gemv ? kGemvRows : wide ? MmaTile<128>::kM : kTileM;
   // sum_e ceil(c_e / rows) <= ceil(P / rows) + (experts with a pair).
   const int64_t max_tiles = (pairs + tile_rows - 1) / tile_rows + std::min<int64_t>(experts, pairs);
-
-  // Tensor cores for bf16 weights in the prefill shape, when the rows allow 16-byte copies
-  // (vec: H % 8 == 0, I % 8 == 0, aligned bases) and the device has the shared memory.
-  const bool mma = std::is_same_v<W, __nv_bfloat16> && !gemv && vec &&
-                   be.max_shared_memory_per_block() >= kMmaSmemBytes;
 
   Tensor sorted = be.empty({pairs}, DType::kI32);
   Tensor tile_meta = be.empty({3 * max_tiles + 1}, DType::kI32);
@@ -1185,22 +1270,14 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
                                                        static_cast<uint2*>(xb.raw_data()), n4);
       DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
       __nv_bfloat16* act_b = static_cast<__nv_bfloat16*>(act.raw_data());
-      DEEPINFER_CUDA_CHECK(cudaFuncSetAttribute(expert_mma_kernel<true>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(kMmaSmemBytes)));
-      DEEPINFER_CUDA_CHECK(cudaFuncSetAttribute(expert_mma_kernel<false>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(kMmaSmemBytes)));
-      const dim3 grid1(grid_tiles, ceil_div(inter, kMmaWRows / 2));
-      expert_mma_kernel<true><<<grid1, kMmaThreads, kMmaSmemBytes, stream>>>(
-          static_cast<const __nv_bfloat16*>(xb.raw_data()), hidden, inter, top_k, sorted_pair,
-          tiles, w1s, w3s, limit, act_b, nullptr);
-      DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
-      const dim3 grid2(grid_tiles, ceil_div(hidden, kMmaWRows));
-      expert_mma_kernel<false><<<grid2, kMmaThreads, kMmaSmemBytes, stream>>>(
-          act_b, inter, hidden, top_k, sorted_pair, tiles, w2s, w2s, limit, nullptr,
-          y.data<float>());
-      DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+      const __nv_bfloat16* xbp = static_cast<const __nv_bfloat16*>(xb.raw_data());
+      if (wide) {
+        launch_expert_mma<128>(xbp, w1s, w3s, w2s, hidden, inter, top_k, sorted_pair, tiles,
+                               max_tiles, limit, act_b, y.data<float>(), stream);
+      } else {
+        launch_expert_mma<64>(xbp, w1s, w3s, w2s, hidden, inter, top_k, sorted_pair, tiles,
+                              max_tiles, limit, act_b, y.data<float>(), stream);
+      }
     }
   }
   if (!gemv && !mma) {

@@ -477,9 +477,9 @@ TEST(CudaMoe, ExpertsFlashSizesMatchCpu) {
   run_expert_case(b, {256, 6, 4096, 2048, 512, DType::kBF16, Layout::kAlignedViews, 10.0f}, rng);
 }
 
-// The bf16 tensor-core path: tiles with 0, 1, 63, 64, 65 and 129 rows, many rows per expert,
-// invalid ids, and sizes that are multiples of 8 but not of the 32-deep K slices or of the
-// 128 (gate/up) and 256 (down) output columns of a CTA.
+// The bf16 tensor-core path with 64-row tiles (at most 64 pairs per expert on average in the
+// pass): tiles with 0, 1, 63, 64, 65 and 129 rows, invalid ids, and sizes that are multiples of 8
+// but not of the 32-deep K slices or of the 128 (gate/up) and 256 (down) output columns of a CTA.
 TEST(CudaMoe, ExpertsBf16TensorCoresMatchCpu) {
   DEEPINFER_REQUIRE_GPU();
   std::mt19937 rng(25);
@@ -494,10 +494,42 @@ TEST(CudaMoe, ExpertsBf16TensorCoresMatchCpu) {
       }
     }
   }
+  // One expert with 300 pairs (5 row tiles) among nearly empty ones: 39 pairs per expert.
+  run_counted_case(b, {8, 2, 256, 136, 0, DType::kBF16, Layout::kSeparate, 10.0f},
+                   {300, 0, 0, 0, 0, 0, 1, 10}, 3, rng);
+  // k = 6 of 64 experts at 8 | H, I: 1536 pairs, 24 per expert.
+  run_expert_case(b, {64, 6, 392, 168, 256, DType::kBF16, Layout::kAlignedViews, 10.0f}, rng);
+  // Exactly 64 pairs per expert on average: still the 64-row tiles.
+  run_counted_case(b, {8, 2, 200, 72, 0, DType::kBF16, Layout::kAlignedViews, 10.0f},
+                   {64, 64, 64, 64, 64, 64, 64, 64}, 0, rng);
+}
+
+// The bf16 tensor-core path with 128-row tiles (more than 64 pairs per expert on average in the
+// pass): tiles with 0, 1, 127, 128, 129 and 300 pairs (up to 3 row tiles of one expert), invalid
+// ids, and sizes that are multiples of 8 but not of the 32-deep K slices or of the 64 (gate/up)
+// and 128 (down) output columns of a CTA.
+TEST(CudaMoe, ExpertsBf16WideTilesMatchCpu) {
+  DEEPINFER_REQUIRE_GPU();
+  std::mt19937 rng(27);
+  Backends b;
+  const std::vector<int> counts = {0, 1, 127, 128, 129, 300, 70, 90};  // 845 pairs
+  for (auto [hidden, inter] :
+       {std::array<int, 2>{256, 128}, {200, 72}, {520, 264}, {64, 8}, {136, 200}}) {
+    for (float limit : {10.0f, 0.75f}) {
+      for (Layout layout : {Layout::kAlignedViews, Layout::kSeparate}) {
+        const ExpertCase c{8, 2, hidden, inter, 0, DType::kBF16, layout, limit};
+        run_counted_case(b, c, counts, 0, rng);
+        run_counted_case(b, c, counts, 7, rng);
+      }
+    }
+  }
+  // Just past the switch: 514 pairs over 8 experts.
+  run_counted_case(b, {8, 2, 200, 72, 0, DType::kBF16, Layout::kAlignedViews, 10.0f},
+                   {64, 64, 64, 64, 64, 64, 64, 66}, 0, rng);
   // Many pairs per expert (500), several row tiles of each.
   run_expert_case(b, {4, 2, 256, 136, 1000, DType::kBF16, Layout::kSeparate, 10.0f}, rng);
-  // k = 6 of 64 experts at 8 | H, I: 1536 pairs.
-  run_expert_case(b, {64, 6, 392, 168, 256, DType::kBF16, Layout::kAlignedViews, 10.0f}, rng);
+  // k = 4 of 16 experts at wider sizes: 1600 pairs, 100 per expert (one tile for most).
+  run_expert_case(b, {16, 4, 1024, 512, 400, DType::kBF16, Layout::kAlignedViews, 10.0f}, rng);
 }
 
 // bf16 weights the tensor-core path cannot take (H or I not a multiple of 8, rows not 16-byte
@@ -515,7 +547,8 @@ TEST(CudaMoe, ExpertsBf16FallbackMatchCpu) {
                    rng);
 }
 
-// Many tokens: more than one internal pass (4096 tokens each) and one expert with many pairs.
+// Many tokens: more than one internal pass (4096 tokens each; bf16: the first on 128-row
+// tensor-core tiles, the second on the decode kernels) and one expert with many pairs.
 TEST(CudaMoe, ExpertsLongPrefillMatchCpu) {
   DEEPINFER_REQUIRE_GPU();
   std::mt19937 rng(23);
