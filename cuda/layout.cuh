@@ -116,6 +116,51 @@ __device__ int64_t entry_row(const DeviceLayout& l, int b, int64_t j, int epb, i
   return row;
 }
 
+// The key list of query row t of attention (model.md A.5-A.8), shared by the f32 and the
+// tensor-core kernels so that both read the same keys: the sliding keys max(0, p-W+1) .. p (this
+// call's kv rows from ctx_len on, the ring before), then the compressed entries (dense: j <
+// visible; sparse: the topk columns of row t, -1 masked). `Args` has the attention kernels' kv,
+// ring, entries, topk, slots, ring_len, entry_rows, entry_bound, window, ratio, epb, topk_cols
+// and sparse fields.
+struct AttentionKeys {
+  int t;
+  int b;
+  int64_t ctx, row0, slot, lo, n_sliding, visible, n_keys;
+
+  template <typename Args>
+  __device__ AttentionKeys(const Args& a, const DeviceLayout& l, int row) : t(row) {
+    b = seq_of_row(l, t);
+    const int64_t p = l.positions[t];
+    ctx = l.ctx_len[b];
+    row0 = l.q_start[b];
+    slot = l.slot[b];
+    lo = p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    n_sliding = p >= 0 ? p - lo + 1 : 0;
+    visible = a.ratio > 0 ? visible_entries(p, a.ratio, a.entry_bound) : 0;
+    const int64_t n_comp = a.ratio == 0 ? 0 : (a.sparse ? a.topk_cols : visible);
+    n_keys = n_sliding + n_comp;
+  }
+
+  // Key i (< n_keys) of the list, rows of `dim` floats, or null when it is masked.
+  template <typename Args>
+  __device__ const float* key(const Args& a, const DeviceLayout& l, int64_t i, int64_t dim) const {
+    if (i < n_sliding) {
+      const int64_t j = lo + i;
+      if (j >= ctx) {
+        const int64_t row = row0 + j - ctx;
+        return row >= 0 && row < l.num_tokens ? a.kv + row * dim : nullptr;
+      }
+      if (slot < 0 || slot >= a.slots || a.ring_len <= 0) return nullptr;
+      return a.ring + (slot * a.ring_len + j % a.ring_len) * dim;
+    }
+    const int64_t c = i - n_sliding;
+    const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
+    if (j < 0 || j >= visible) return nullptr;
+    const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
+    return row >= 0 ? a.entries + row * dim : nullptr;
+  }
+};
+
 constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ float warp_max(float v) {

@@ -109,16 +109,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_kernel(AttnArgs a, 
   const float** kptr = reinterpret_cast<const float**>(alpha + hbs);  // [kAttnKeys]
 
   // This token's key list.
-  const int b = seq_of_row(l, t);
-  const int64_t p = l.positions[t];
-  const int64_t ctx = l.ctx_len[b];
-  const int64_t row0 = l.q_start[b];
-  const int64_t slot = l.slot[b];
-  const int64_t lo = p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-  const int64_t n_sliding = p >= 0 ? p - lo + 1 : 0;
-  const int64_t visible = a.ratio > 0 ? visible_entries(p, a.ratio, a.entry_bound) : 0;
-  const int64_t n_comp = a.ratio == 0 ? 0 : (a.sparse ? a.topk_cols : visible);
-  const int64_t n_keys = n_sliding + n_comp;
+  const AttentionKeys keys(a, l, t);
+  const int64_t n_keys = keys.n_keys;
   // This split's range, whole tiles.
   const int64_t per_split =
       ((n_keys + splits - 1) / splits + kAttnKeys - 1) / kAttnKeys * kAttnKeys;
@@ -127,21 +119,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2) attention_kernel(AttnArgs a, 
 
   // Key i of the list, or null when it is masked.
   auto key_at = [&](int64_t i) -> const float* {
-    if (i >= k_end) return nullptr;
-    if (i < n_sliding) {
-      const int64_t j = lo + i;
-      if (j >= ctx) {
-        const int64_t row = row0 + j - ctx;
-        return row >= 0 && row < l.num_tokens ? a.kv + row * dim : nullptr;
-      }
-      if (slot < 0 || slot >= a.slots || a.ring_len <= 0) return nullptr;
-      return a.ring + (slot * a.ring_len + j % a.ring_len) * dim;
-    }
-    const int64_t c = i - n_sliding;
-    const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
-    if (j < 0 || j >= visible) return nullptr;
-    const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
-    return row >= 0 ? a.entries + row * dim : nullptr;
+    return i < k_end ? keys.key(a, l, i, dim) : nullptr;
   };
 
   const float4* q4 =

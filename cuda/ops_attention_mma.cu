@@ -58,6 +58,7 @@
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
 #include "layout.cuh"
+#include "mma.cuh"
 
 namespace deepinfer::cuda {
 
@@ -112,42 +113,6 @@ struct MmaArgs {
   float scale;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, and lane l gets
-// row l/4, columns 2(l%4), 2(l%4)+1 of each matrix (of its transpose with .trans).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// c += a b for a 16x16 bf16 A (row), a 16x8 bf16 B (col) and a 16x8 f32 C.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as bf16x2, the first in the low half (the lower column of a fragment pair).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t r;
-  memcpy(&r, &v, sizeof(r));
-  return r;
-}
-
 // Barrier of the two warps of a row group (ids 1..4; 0 is __syncthreads).
 __device__ __forceinline__ void pair_barrier(int rg) {
   asm volatile("bar.sync %0, 64;\n" ::"r"(1 + rg) : "memory");
@@ -182,38 +147,16 @@ __global__ void __launch_bounds__(kMmaThreads, 1) attention_mma_kernel(MmaArgs a
   const int split = blockIdx.z;
   const int splits = gridDim.z;
 
-  // This token's key list (as attention_kernel in ops_attention.cu: keep the two in step).
-  const int b = seq_of_row(l, t);
-  const int64_t p = l.positions[t];
-  const int64_t ctx = l.ctx_len[b];
-  const int64_t row0 = l.q_start[b];
-  const int64_t slot = l.slot[b];
-  const int64_t lo = p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-  const int64_t n_sliding = p >= 0 ? p - lo + 1 : 0;
-  const int64_t visible = a.ratio > 0 ? visible_entries(p, a.ratio, a.entry_bound) : 0;
-  const int64_t n_comp = a.ratio == 0 ? 0 : (a.sparse ? a.topk_cols : visible);
-  const int64_t n_keys = n_sliding + n_comp;
+  // This token's key list (layout.cuh: the same keys as attention_kernel).
+  const AttentionKeys keys(a, l, t);
+  const int64_t n_keys = keys.n_keys;
   const int64_t per_split = ((n_keys + splits - 1) / splits + kMmaKeys - 1) / kMmaKeys * kMmaKeys;
   const int64_t k_begin = min(n_keys, per_split * split);
   const int64_t k_end = min(n_keys, k_begin + per_split);
 
   // Key i of the list, or null when it is masked.
   auto key_at = [&](int64_t i) -> const float* {
-    if (i >= k_end) return nullptr;
-    if (i < n_sliding) {
-      const int64_t j = lo + i;
-      if (j >= ctx) {
-        const int64_t row = row0 + j - ctx;
-        return row >= 0 && row < l.num_tokens ? a.kv + row * kDim : nullptr;
-      }
-      if (slot < 0 || slot >= a.slots || a.ring_len <= 0) return nullptr;
-      return a.ring + (slot * a.ring_len + j % a.ring_len) * kDim;
-    }
-    const int64_t c = i - n_sliding;
-    const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
-    if (j < 0 || j >= visible) return nullptr;
-    const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
-    return row >= 0 ? a.entries + row * kDim : nullptr;
+    return i < k_end ? keys.key(a, l, i, kDim) : nullptr;
   };
 
   // Copy role: key `cr` of each tile, float4 columns cs + 8j (8 threads cover 128 contiguous
