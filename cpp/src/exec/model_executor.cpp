@@ -91,7 +91,8 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
                                               " is not in the previous step");
       }
       for (int j = 0; j < row.q; ++j) {
-        host_tokens.push_back(row.tokens[static_cast<size_t>(j)]);
+        // The eager plan already holds the host tokens on the device; a graph step has no plan.
+        if (use_graph) host_tokens.push_back(row.tokens[static_cast<size_t>(j)]);
         token_remap.push_back(j == 0 && row.carried ? row_remap[i] : -1);
       }
     }
