@@ -20,8 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "exec/engine_impl.h"
-#include "exec/scripted_executor.h"
+#include "engine/engine_config.h"
+#include "engine/engine_impl.h"
+#include "testing/scripted_executor.h"
 
 namespace {
 
@@ -29,19 +30,19 @@ using namespace deepinfer;
 using Clock = std::chrono::steady_clock;
 
 // Hands back token 7 for every sampling row; does no work.
-class NoopExecutor final : public exec::StepExecutor {
+class NoopExecutor final : public engine::StepExecutor {
  public:
-  struct Step final : exec::InflightStep {
+  struct Step final : engine::InflightStep {
     size_t num_samples = 0;
   };
-  std::unique_ptr<exec::InflightStep> launch(const exec::StepPlan& plan,
-                                             exec::InflightStep*) override {
+  std::unique_ptr<engine::InflightStep> launch(const sched::StepPlan& plan,
+                                               engine::InflightStep*) override {
     auto s = std::make_unique<Step>();
-    for (const exec::PlannedRow& r : plan.rows) s->num_samples += r.samples ? 1 : 0;
+    for (const sched::PlannedRow& r : plan.rows) s->num_samples += r.samples ? 1 : 0;
     return s;
   }
-  exec::StepResult wait(exec::InflightStep& step) override {
-    exec::StepResult r;
+  sched::StepResult wait(engine::InflightStep& step) override {
+    sched::StepResult r;
     r.tokens.assign(static_cast<Step&>(step).num_samples, 7);
     return r;
   }
@@ -74,7 +75,7 @@ void scheduler_overhead(int num_seqs, int steps) {
   c.max_num_batched_tokens = 16 * num_seqs;
   c.max_model_len = 1 << 16;
   c.enable_prefix_cache = false;
-  exec::EngineImpl engine(c, std::make_unique<NoopExecutor>());
+  engine::EngineImpl engine(c, std::make_unique<NoopExecutor>());
   SamplingParams p;
   p.max_tokens = 1 << 20;
   p.ignore_eos = true;
@@ -101,26 +102,27 @@ void scheduler_overhead(int num_seqs, int steps) {
 }
 
 void idle_gap(bool zero_overhead, int latency_us, int steps, int num_seqs) {
-  exec::ScriptedExecutorOptions o;
-  o.vocab_size = 1000;
+  testing::ScriptedExecutorOptions o;
+  o.model.vocab_size = 1000;
+  o.model.step_latency = std::chrono::microseconds(latency_us);
   o.num_kv_blocks = 4096;
   o.num_snapshot_slots = 0;
-  o.step_latency = std::chrono::microseconds(latency_us);
   EngineConfig c;
   c.max_num_seqs = num_seqs;
   c.zero_overhead = zero_overhead;
   c.enable_prefix_cache = false;
   c.max_model_len = 1 << 16;
-  o.num_state_slots = exec::live_state_slots(exec::resolve_engine_config(c, o.max_position));
-  auto executor = std::make_unique<exec::ScriptedExecutor>(o);
-  exec::ScriptedExecutor* ex = executor.get();
-  exec::EngineImpl engine(c, std::move(executor));
+  o.num_state_slots =
+      engine::live_state_slots(engine::resolve_engine_config(c, o.model.max_position));
+  auto executor = std::make_unique<testing::ScriptedExecutor>(o);
+  testing::ScriptedExecutor* ex = executor.get();
+  engine::EngineImpl engine(c, std::move(executor));
   SamplingParams p;
   p.max_tokens = 1 << 20;
   p.ignore_eos = true;
   for (int i = 0; i < num_seqs; ++i) engine.add_request(std::vector<int32_t>(32, 3 + i), p);
   for (int i = 0; i < steps; ++i) engine.step();
-  std::vector<exec::StepTiming> t = ex->timings();
+  std::vector<testing::StepTiming> t = ex->timings();
   std::vector<double> gaps, busy;
   for (size_t i = 2; i < t.size(); ++i) {  // skip the prefill and the first decode
     gaps.push_back(std::chrono::duration<double, std::micro>(t[i].start - t[i - 1].end).count());

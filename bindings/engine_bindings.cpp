@@ -1,4 +1,6 @@
 // Bindings of the engine API: Engine, SamplingParams, RequestOutput, EngineStats.
+#include "engine_bindings.h"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -12,8 +14,6 @@
 
 #include "deepinfer/engine.h"
 #include "deepinfer/error.h"
-#include "exec/engine_impl.h"
-#include "exec/scripted_executor.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -33,14 +33,15 @@ deepinfer::PreemptionMode parse_preemption(const std::string& mode) {
       "engine config: 'preemption' must be \"recompute\" or \"stop\", got \"" + mode + "\"");
 }
 
-// Engine options shared by the model-backed and the scripted constructors.
-EngineConfig make_config(const std::string& model_path, int max_num_seqs,
-                         int max_num_batched_tokens, int max_model_len, int num_kv_blocks,
-                         int num_prefix_snapshots, bool enable_prefix_cache,
-                         bool enable_chunked_prefill, bool zero_overhead,
-                         const std::string& preemption, double kv_admission_watermark,
-                         int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
-                         const std::string& device = "cpu", int decode_graph_max_batch = -1) {
+}  // namespace
+
+EngineConfig make_engine_config(const std::string& model_path, int max_num_seqs,
+                                int max_num_batched_tokens, int max_model_len, int num_kv_blocks,
+                                int num_prefix_snapshots, bool enable_prefix_cache,
+                                bool enable_chunked_prefill, bool zero_overhead,
+                                const std::string& preemption, double kv_admission_watermark,
+                                int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
+                                const std::string& device, int decode_graph_max_batch) {
   EngineConfig c;
   c.device = device;
   c.decode_graph_max_batch = decode_graph_max_batch;
@@ -61,6 +62,8 @@ EngineConfig make_config(const std::string& model_path, int max_num_seqs,
   return c;
 }
 
+namespace {
+
 nb::dict stats_dict(const deepinfer::EngineStats& s) {
   nb::dict d;
   d["num_running"] = s.num_running;
@@ -77,12 +80,6 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["generated_tokens"] = s.generated_tokens;
   d["num_graph_steps"] = s.num_graph_steps;
   return d;
-}
-
-deepinfer::exec::EngineImpl& impl(Engine& e) {
-  auto* p = dynamic_cast<deepinfer::exec::EngineImpl*>(&e);
-  if (p == nullptr) throw Error(ErrorCode::kInternal, "engine is not an EngineImpl");
-  return *p;
 }
 
 }  // namespace
@@ -159,7 +156,7 @@ void bind_engine(nb::module_& m) {
                        const std::string& preemption, double kv_admission_watermark,
                        int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
                        const std::string& device, int decode_graph_max_batch) {
-             EngineConfig c = make_config(
+             EngineConfig c = make_engine_config(
                  model_path, max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks,
                  num_prefix_snapshots, enable_prefix_cache, enable_chunked_prefill, zero_overhead,
                  preemption, kv_admission_watermark, prefill_steps_per_decode_step, num_threads,
@@ -173,36 +170,6 @@ void bind_engine(nb::module_& m) {
            "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
            "prefill_steps_per_decode_step"_a = 1, "num_threads"_a = 0, "seed"_a = 0,
            "device"_a = "cpu", "decode_graph_max_batch"_a = -1)
-      .def_static(
-          "scripted",
-          [](int vocab_size, double eos_probability, int num_kv_blocks, int num_snapshot_slots,
-             int64_t step_latency_us, int max_num_seqs, int max_num_batched_tokens,
-             int max_model_len, bool enable_prefix_cache, bool enable_chunked_prefill,
-             bool zero_overhead, const std::string& preemption, double kv_admission_watermark,
-             int prefill_steps_per_decode_step, uint64_t seed) -> std::unique_ptr<Engine> {
-            EngineConfig c = make_config(
-                "", max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks,
-                num_snapshot_slots, enable_prefix_cache, enable_chunked_prefill, zero_overhead,
-                preemption, kv_admission_watermark, prefill_steps_per_decode_step, 0, seed);
-            deepinfer::exec::ScriptedExecutorOptions o;
-            o.vocab_size = vocab_size;
-            o.eos_probability = eos_probability;
-            o.num_kv_blocks = num_kv_blocks;
-            o.num_snapshot_slots = num_snapshot_slots;
-            o.step_latency = std::chrono::microseconds(step_latency_us);
-            EngineConfig resolved = deepinfer::exec::resolve_engine_config(c, o.max_position);
-            o.num_state_slots = deepinfer::exec::live_state_slots(resolved);
-            return std::make_unique<deepinfer::exec::EngineImpl>(
-                resolved, std::make_unique<deepinfer::exec::ScriptedExecutor>(o));
-          },
-          "vocab_size"_a = 1000, "eos_probability"_a = 0.0, "num_kv_blocks"_a = 256,
-          "num_snapshot_slots"_a = 16, "step_latency_us"_a = 0, "max_num_seqs"_a = 16,
-          "max_num_batched_tokens"_a = 512, "max_model_len"_a = 4096,
-          "enable_prefix_cache"_a = true, "enable_chunked_prefill"_a = true,
-          "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
-          "prefill_steps_per_decode_step"_a = 1, "seed"_a = 0,
-          "An engine over the scripted (model-free) executor, for tests: the token sampled after a "
-          "context is a hash of that context, so outputs depend on each request's tokens only.")
       .def("add_request", &Engine::add_request, "prompt"_a, "params"_a,
            "Queue a request; returns its id.")
       .def("abort", &Engine::abort, "id"_a)
@@ -213,16 +180,8 @@ void bind_engine(nb::module_& m) {
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
       .def_prop_ro("vocab_size", &Engine::vocab_size)
       .def_prop_ro("eos_token_ids", &Engine::eos_token_ids)
-      .def(
-          "check_invariants", [](Engine& e) { impl(e).check_invariants(); },
-          "Raise if an engine invariant is broken (pools, ledgers, queues).")
-      .def_prop_ro("num_inflight_steps", [](Engine& e) { return impl(e).num_inflight_steps(); })
-      .def(
-          "scripted_next_token",
-          [](Engine& e, const std::vector<int32_t>& context) {
-            auto* ex = dynamic_cast<deepinfer::exec::ScriptedExecutor*>(&impl(e).executor());
-            if (ex == nullptr) throw Error(ErrorCode::kInvalidArgument, "not a scripted engine");
-            return ex->next_token(context);
-          },
-          "context"_a, "The token the scripted executor samples after `context` (tests).");
+      .def("check_invariants", &Engine::check_invariants,
+           "Raise if an engine invariant is broken (pools, ledgers, queues).")
+      .def_prop_ro("num_inflight_steps", &Engine::num_inflight_steps,
+                   "Steps launched and not yet committed (0, 1 or 2).");
 }

@@ -13,6 +13,7 @@
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
 #include "deepinfer/model_runner.h"
+#include "engine_bindings.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -71,8 +72,6 @@ deepinfer::LogitsMode parse_logits_mode(const std::string& mode) {
 
 }  // namespace
 
-void bind_engine(nb::module_& m);
-
 NB_MODULE(deepinfer_core, m) {
   m.doc() = "deepinfer C++ core: DeepSeek-V4 model runner and build information";
 
@@ -102,6 +101,9 @@ NB_MODULE(deepinfer_core, m) {
   });
 
   bind_engine(m);
+  nb::module_ testing = m.def_submodule(
+      "testing", "Test doubles of the engine (libdeepinfer_testing): the scripted engine.");
+  bind_testing(testing);
 
   m.def("backend_available", &deepinfer::backend_available, "device"_a,
         "Whether this build has the backend named `device` (\"cpu\", \"cuda\", \"cuda:N\").");

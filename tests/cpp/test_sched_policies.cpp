@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "exec/remap.h"
-#include "sched/kv_manager.h"
+#include "engine/remap.h"
+#include "sched/kv_allocator.h"
 #include "sched/policies.h"
 
 namespace deepinfer::sched {
@@ -49,16 +49,16 @@ TEST(PreemptionVictim, NewestRunningSequenceAfterTheCandidate) {
 }
 
 TEST(BatchRemapper, FastPathAndHashPathAgree) {
-  exec::BatchRemapper r;
-  std::vector<exec::RowKey> prev = {{1, 0}, {2, 0}, {3, 1}};
+  engine::BatchRemapper r;
+  std::vector<engine::RowKey> prev = {{1, 0}, {2, 0}, {3, 1}};
   std::vector<int32_t> out;
   EXPECT_TRUE(r.remap(prev, prev, out));
   EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2}));
-  std::vector<exec::RowKey> reordered = {{3, 1}, {1, 0}, {4, 0}, {2, 0}};
+  std::vector<engine::RowKey> reordered = {{3, 1}, {1, 0}, {4, 0}, {2, 0}};
   EXPECT_FALSE(r.remap(prev, reordered, out));
   EXPECT_EQ(out, (std::vector<int32_t>{2, 0, -1, 1}));
   // A preempted and re-admitted sequence (new epoch) never takes a stale row.
-  std::vector<exec::RowKey> stale = {{3, 2}};
+  std::vector<engine::RowKey> stale = {{3, 2}};
   r.remap(prev, stale, out);
   EXPECT_EQ(out, (std::vector<int32_t>{-1}));
 }
@@ -71,8 +71,8 @@ Sequence make_seq(RequestId id, std::vector<int32_t> tokens) {
   return s;
 }
 
-TEST(KvManager, AdmitGrowReleaseReturnEverything) {
-  KvManager kv({/*num_blocks=*/9, /*num_live_slots=*/3, /*num_snapshot_slots=*/2, 128, true});
+TEST(KvAllocator, AdmitGrowReleaseReturnEverything) {
+  KvAllocator kv({/*num_blocks=*/9, /*num_live_slots=*/3, /*num_snapshot_slots=*/2, 128, true});
   Sequence a = make_seq(1, std::vector<int32_t>(300, 5));
   Admission ad = kv.admit(a);
   ASSERT_EQ(ad.status, AdmitStatus::kAdmitted);
@@ -87,8 +87,8 @@ TEST(KvManager, AdmitGrowReleaseReturnEverything) {
   EXPECT_EQ(kv.live_slots().num_free(), 2);
 }
 
-TEST(KvManager, NeverAndLater) {
-  KvManager kv({5, 2, 0, 128, true});
+TEST(KvAllocator, NeverAndLater) {
+  KvAllocator kv({5, 2, 0, 128, true});
   Sequence big = make_seq(1, std::vector<int32_t>(600, 5));  // 5 blocks > 4 usable
   EXPECT_EQ(kv.admit(big).status, AdmitStatus::kNever);
   Sequence a = make_seq(2, std::vector<int32_t>(300, 5));
@@ -98,17 +98,17 @@ TEST(KvManager, NeverAndLater) {
   kv.release(a);
 }
 
-TEST(KvManager, HitsNeedASnapshotAndNeverCoverTheLastToken) {
-  KvManager kv({16, 4, 2, 128, true});
+TEST(KvAllocator, HitsNeedASnapshotAndNeverCoverTheLastToken) {
+  KvAllocator kv({16, 4, 2, 128, true});
   std::vector<int32_t> prompt(400);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i % 97);
   Sequence a = make_seq(1, prompt);
   ASSERT_EQ(kv.admit(a).status, AdmitStatus::kAdmitted);
-  EXPECT_EQ(kv.snapshot_checkpoint(a), 384);
+  EXPECT_EQ(kv.prefix_cache().checkpoint(a), 384);
   a.num_computed = 384;
-  const int32_t snap = kv.take_snapshot_slot();
+  const int32_t snap = kv.prefix_cache().take_snapshot_slot();
   ASSERT_GE(snap, 0);
-  kv.on_committed(a, snap, 384);
+  kv.prefix_cache().on_committed(a, snap, 384);
   kv.release(a);
 
   Sequence b = make_seq(2, prompt);  // same prompt: 3 blocks and the snapshot at 384

@@ -19,17 +19,27 @@ from engine_helpers import Trace, assert_pools_full, drain, run_all
 VOCAB = 1000
 
 
-def scripted(**kw):
-    options = dict(
-        vocab_size=VOCAB,
-        num_kv_blocks=32,
-        num_snapshot_slots=8,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        max_model_len=2048,
-    )
-    options.update(kw)
-    return dc.Engine.scripted(**options)
+class ScriptedEngine:
+    """An engine over the scripted executor, with the model emulation that predicts its tokens."""
+
+    def __init__(self, eos_probability: float = 0.0, **kw):
+        options = dict(
+            num_kv_blocks=32,
+            num_snapshot_slots=8,
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            max_model_len=2048,
+        )
+        options.update(kw)
+        self.model = dc.testing.ScriptedModel(vocab_size=VOCAB, eos_probability=eos_probability)
+        self.engine = dc.testing.scripted_engine(self.model, **options)
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+
+def scripted(**kw) -> ScriptedEngine:
+    return ScriptedEngine(**kw)
 
 
 def live_slots(engine) -> int:
@@ -39,7 +49,7 @@ def live_slots(engine) -> int:
 def reference(engine, prompt: list[int], n: int) -> list[int]:
     ctx, out = list(prompt), []
     for _ in range(n):
-        t = engine.scripted_next_token(ctx)
+        t = engine.model.next_token(ctx)
         out.append(t)
         ctx.append(t)
     return out

@@ -129,9 +129,15 @@ class Engine {
   std::vector<RequestOutput> run_until_idle();
 
   virtual EngineStats stats() const = 0;
-  virtual const EngineConfig& config() const = 0;
+  virtual const EngineConfig& config() const = 0;  // resolved: every derived size filled in
   virtual int vocab_size() const = 0;
   virtual const std::vector<int>& eos_token_ids() const = 0;
+
+  // Debug and test hooks (engine thread). Throws Error(kInternal) naming the first broken
+  // invariant of the scheduler, its ledgers and pools (cpp/src/engine/README.md lists them).
+  virtual void check_invariants() const = 0;
+  // Steps launched on the device and not yet committed: 0, 1 or 2.
+  virtual int num_inflight_steps() const = 0;
 };
 
 }  // namespace deepinfer

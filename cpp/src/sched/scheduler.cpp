@@ -20,7 +20,7 @@ RequestOutput make_output(const Sequence& s) {
 
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerConfig& config, KvManager& kv)
+Scheduler::Scheduler(const SchedulerConfig& config, KvAllocator& kv)
     : config_(config), kv_(kv), interleave_(config.prefill_steps_per_decode_step) {}
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
@@ -112,7 +112,7 @@ bool Scheduler::has_decode_work() const {
   return false;
 }
 
-Scheduler::Outcome Scheduler::schedule(exec::StepPlan& plan, StepRecord& record,
+Scheduler::Outcome Scheduler::schedule(StepPlan& plan, StepRecord& record,
                                        std::vector<RequestOutput>& out) {
   retire_finished();
   plan.clear();
@@ -163,9 +163,8 @@ Scheduler::Outcome Scheduler::schedule(exec::StepPlan& plan, StepRecord& record,
 }
 
 // Appends a row and reserves its in-flight accounting (released in commit).
-void Scheduler::add_row(exec::StepPlan& plan, StepRecord& record, Sequence& s, int q,
-                        bool carried) {
-  exec::PlannedRow row;
+void Scheduler::add_row(StepPlan& plan, StepRecord& record, Sequence& s, int q, bool carried) {
+  PlannedRow row;
   row.seq_id = s.id;
   row.epoch = s.epoch;
   row.slot = s.state_slot;
@@ -203,7 +202,7 @@ void Scheduler::add_row(exec::StepPlan& plan, StepRecord& record, Sequence& s, i
   DEEPINFER_CHECK(s.inflight.steps <= 2, "more than two steps in flight for one sequence");
 }
 
-bool Scheduler::schedule_prefill(exec::StepPlan& plan, StepRecord& record,
+bool Scheduler::schedule_prefill(StepPlan& plan, StepRecord& record,
                                  std::vector<RequestOutput>& out) {
   int budget = config_.max_num_batched_tokens;
   while (!waiting_.empty() && budget > 0) {
@@ -247,7 +246,7 @@ bool Scheduler::schedule_prefill(exec::StepPlan& plan, StepRecord& record,
       stats_.prompt_tokens_cached += static_cast<uint64_t>(a.hit_tokens);
       if (a.restore_snapshot >= 0)
         plan.copies_before.emplace_back(a.restore_snapshot, s.state_slot);
-      s.prefix_checkpoint = kv_.snapshot_checkpoint(s);
+      s.prefix_checkpoint = kv_.prefix_cache().checkpoint(s);
       if (!s.ready_emitted) {
         s.ready_emitted = true;
         s.prompt_cache_hit_tokens = a.hit_tokens;
@@ -273,7 +272,7 @@ bool Scheduler::schedule_prefill(exec::StepPlan& plan, StepRecord& record,
     stats_.prompt_tokens_computed += static_cast<uint64_t>(q);
     if (s.prefix_checkpoint == pos + q) {
       s.prefix_checkpoint = 0;
-      const int32_t snap = kv_.take_snapshot_slot();
+      const int32_t snap = kv_.prefix_cache().take_snapshot_slot();
       if (snap >= 0) {
         plan.copies_after.emplace_back(s.state_slot, snap);
         record.rows.back().snapshot = snap;
@@ -288,7 +287,7 @@ bool Scheduler::schedule_prefill(exec::StepPlan& plan, StepRecord& record,
   return !plan.empty();
 }
 
-Scheduler::Outcome Scheduler::schedule_decode(exec::StepPlan& plan, StepRecord& record,
+Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, StepRecord& record,
                                               std::vector<RequestOutput>& out) {
   // Recompute-preempted sequences went back to `waiting`; drop them from `running` on every exit.
   auto drop_preempted = [this] {
@@ -347,7 +346,7 @@ bool Scheduler::is_stop_token(const Sequence& s, int32_t token) const {
          s.params.stop_token_ids.end();
 }
 
-void Scheduler::commit(const StepRecord& record, const exec::StepResult& result,
+void Scheduler::commit(const StepRecord& record, const StepResult& result,
                        std::vector<RequestOutput>& out) {
   size_t sample_index = 0;
   for (const StepRecord::Row& r : record.rows) {
@@ -363,11 +362,11 @@ void Scheduler::commit(const StepRecord& record, const exec::StepResult& result,
     s.num_computed += r.q;
     if (s.finished()) {
       // Aborted or stopped while this step ran: its results are dropped.
-      kv_.release_snapshot_slot(r.snapshot);
+      kv_.prefix_cache().release_snapshot_slot(r.snapshot);
       release_if_done(s);
       continue;
     }
-    kv_.on_committed(s, r.snapshot, r.snapshot_pos);
+    kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
     if (!r.samples) continue;
     DEEPINFER_CHECK(my_sample < result.tokens.size(),
                     "step result has fewer tokens than sampling rows");

@@ -22,11 +22,10 @@
 #include <vector>
 
 #include "deepinfer/engine.h"
-#include "exec/step_executor.h"
-#include "exec/step_plan.h"
-#include "sched/kv_manager.h"
+#include "sched/kv_allocator.h"
 #include "sched/policies.h"
 #include "sched/sequence.h"
+#include "sched/step_plan.h"
 
 namespace deepinfer::sched {
 
@@ -69,7 +68,7 @@ class Scheduler {
  public:
   enum class Outcome { kScheduled, kIdle, kNeedsDrain };
 
-  Scheduler(const SchedulerConfig& config, KvManager& kv);
+  Scheduler(const SchedulerConfig& config, KvAllocator& kv);
 
   // Takes ownership of a validated new sequence (state kWaiting, nothing computed).
   void add(std::unique_ptr<Sequence> seq);
@@ -78,10 +77,9 @@ class Scheduler {
 
   // Plans the next step. kNeedsDrain: a preemption would hit a sequence with a step in flight;
   // commit the in-flight steps and call again. Ready/rejected/preempted outputs go to `out`.
-  Outcome schedule(exec::StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
+  Outcome schedule(StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
   // Applies a finished step's sampled tokens; token and finish outputs go to `out`.
-  void commit(const StepRecord& record, const exec::StepResult& result,
-              std::vector<RequestOutput>& out);
+  void commit(const StepRecord& record, const StepResult& result, std::vector<RequestOutput>& out);
 
   int num_unfinished() const { return num_unfinished_; }
   int num_running() const;
@@ -94,11 +92,10 @@ class Scheduler {
   void check_invariants() const;
 
  private:
-  bool schedule_prefill(exec::StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
-  Outcome schedule_decode(exec::StepPlan& plan, StepRecord& record,
-                          std::vector<RequestOutput>& out);
+  bool schedule_prefill(StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
+  Outcome schedule_decode(StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
   bool has_decode_work() const;
-  void add_row(exec::StepPlan& plan, StepRecord& record, Sequence& s, int q, bool carried);
+  void add_row(StepPlan& plan, StepRecord& record, Sequence& s, int q, bool carried);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
   void finish(Sequence& s, FinishReason reason, std::string detail,
               std::vector<RequestOutput>& out);
@@ -108,7 +105,7 @@ class Scheduler {
   bool is_stop_token(const Sequence& s, int32_t token) const;
 
   SchedulerConfig config_;
-  KvManager& kv_;
+  KvAllocator& kv_;
   InterleavePolicy interleave_;
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> seqs_;
   std::deque<Sequence*> waiting_;

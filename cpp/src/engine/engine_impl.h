@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "deepinfer/engine.h"
-#include "exec/step_executor.h"
-#include "sched/kv_manager.h"
+#include "engine/step_executor.h"
+#include "sched/kv_allocator.h"
 #include "sched/scheduler.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::engine {
 
 class EngineImpl final : public Engine {
  public:
@@ -39,10 +39,8 @@ class EngineImpl final : public Engine {
   int vocab_size() const override { return executor_->vocab_size(); }
   const std::vector<int>& eos_token_ids() const override { return executor_->eos_token_ids(); }
 
-  // Test and debug hooks.
-  void check_invariants() const;
-  StepExecutor& executor() { return *executor_; }
-  int num_inflight_steps() const { return static_cast<int>(inflight_.size()); }
+  void check_invariants() const override;
+  int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }
 
  private:
   struct Launched {
@@ -55,7 +53,7 @@ class EngineImpl final : public Engine {
 
   EngineConfig config_;
   std::unique_ptr<StepExecutor> executor_;
-  sched::KvManager kv_;
+  sched::KvAllocator kv_;
   sched::Scheduler scheduler_;
   std::deque<Launched> inflight_;
   StepPlan plan_;             // reused every step
@@ -69,11 +67,4 @@ class EngineImpl final : public Engine {
   uint64_t next_arrival_ = 0;  // engine thread
 };
 
-// The EngineConfig with every 0 ("derive it") field resolved for a model of `max_position`
-// positions; validates the rest. Throws Error(kInvalidArgument) naming the field.
-EngineConfig resolve_engine_config(const EngineConfig& config, int max_position);
-// State slots an engine with `config` needs (including the reserved slot 0): every sequence
-// holding KV plus headroom.
-int live_state_slots(const EngineConfig& config);
-
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::engine

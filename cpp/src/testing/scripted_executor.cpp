@@ -1,4 +1,4 @@
-#include "exec/scripted_executor.h"
+#include "testing/scripted_executor.h"
 
 #include <algorithm>
 #include <thread>
@@ -6,7 +6,7 @@
 #include "deepinfer/error.h"
 #include "sample/sampler.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::testing {
 
 class ScriptedExecutor::ScriptedStep final : public InflightStep {
  public:
@@ -24,7 +24,7 @@ class ScriptedExecutor::ScriptedStep final : public InflightStep {
 ScriptedExecutor::ScriptedExecutor(const ScriptedExecutorOptions& options)
     : options_(options),
       slots_(static_cast<size_t>(options.num_state_slots + options.num_snapshot_slots)) {
-  if (options.vocab_size < 2 || options.eos_token_ids.empty()) {
+  if (options.model.vocab_size < 2 || options.model.eos_token_ids.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "scripted executor needs vocab_size >= 2 and an EOS id");
   }
@@ -37,39 +37,12 @@ ScriptedExecutor::~ScriptedExecutor() {
   }
 }
 
-uint64_t ScriptedExecutor::feed(uint64_t state, int32_t token) {
-  return sample::splitmix64(
-      state ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) * 0x9e3779b97f4a7c15ULL));
-}
-
-int32_t ScriptedExecutor::token_for(uint64_t state) const {
-  const uint64_t h = sample::splitmix64(state + 0x5851f42d4c957f2dULL);
-  if (options_.eos_probability > 0.0 &&
-      static_cast<double>(h >> 11) * 0x1.0p-53 < options_.eos_probability) {
-    return options_.eos_token_ids[0];
-  }
-  // Never emit an EOS id by accident: outputs end by eos_probability or length only.
-  int32_t t = static_cast<int32_t>((h >> 17) % static_cast<uint64_t>(options_.vocab_size));
-  auto is_eos = [this](int32_t x) {
-    return std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), x) !=
-           options_.eos_token_ids.end();
-  };
-  while (is_eos(t)) t = (t + 1) % options_.vocab_size;
-  return t;
-}
-
-int32_t ScriptedExecutor::next_token(const std::vector<int32_t>& tokens) const {
-  uint64_t h = 0;
-  for (int32_t t : tokens) h = feed(h, t);
-  return token_for(h);
-}
-
 std::unique_ptr<InflightStep> ScriptedExecutor::launch(const StepPlan& plan,
                                                        InflightStep* previous) {
   auto step = std::make_unique<ScriptedStep>();
   step->step_id = plan.step_id;
   step->plan = plan;
-  for (PlannedRow& row : step->plan.rows) {
+  for (sched::PlannedRow& row : step->plan.rows) {
     step->tokens.emplace_back(row.tokens.begin(), row.tokens.end());
     step->tables.emplace_back(row.block_table.begin(), row.block_table.end());
     if (row.samples) step->sampling_rows.emplace_back(row.seq_id, row.epoch);
@@ -84,8 +57,9 @@ std::unique_ptr<InflightStep> ScriptedExecutor::launch(const StepPlan& plan,
       throw Error(ErrorCode::kInvalidArgument,
                   "scripted executor: previous step is from another executor");
     }
-    std::vector<RowKey> current;
-    for (const PlannedRow& row : step->plan.rows) current.emplace_back(row.seq_id, row.epoch);
+    std::vector<engine::RowKey> current;
+    for (const sched::PlannedRow& row : step->plan.rows)
+      current.emplace_back(row.seq_id, row.epoch);
     remapper_.remap(prev->sampling_rows, current, step->remap);
     step->previous_sampled = prev->sampled;
   }
@@ -98,12 +72,13 @@ std::unique_ptr<InflightStep> ScriptedExecutor::launch(const StepPlan& plan,
 void ScriptedExecutor::run(ScriptedStep& step) {
   StepTiming timing;
   timing.start = std::chrono::steady_clock::now();
-  if (options_.step_latency.count() > 0) std::this_thread::sleep_for(options_.step_latency);
+  if (options_.model.step_latency.count() > 0)
+    std::this_thread::sleep_for(options_.model.step_latency);
   for (const auto& [src, dst] : step.plan.copies_before)
     slots_.at(static_cast<size_t>(dst)) = slots_.at(static_cast<size_t>(src));
 
   for (size_t i = 0; i < step.plan.rows.size(); ++i) {
-    const PlannedRow& row = step.plan.rows[i];
+    const sched::PlannedRow& row = step.plan.rows[i];
     if (row.slot <= 0 || row.slot >= options_.num_state_slots) {
       throw Error(ErrorCode::kInternal,
                   "scripted executor: row uses state slot " + std::to_string(row.slot));
@@ -138,11 +113,12 @@ void ScriptedExecutor::run(ScriptedStep& step) {
         }
         token = step.previous_sampled->at(static_cast<size_t>(step.remap[i]));
       }
-      slot.hash = feed(slot.hash, token);
+      slot.hash = ScriptedModel::feed(slot.hash, token);
       ++slot.length;
     }
     if (row.samples) {
-      step.sampled->push_back(row.forced_token >= 0 ? row.forced_token : token_for(slot.hash));
+      step.sampled->push_back(row.forced_token >= 0 ? row.forced_token
+                                                    : options_.model.token_after(slot.hash));
     }
   }
   for (const auto& [src, dst] : step.plan.copies_after)
@@ -166,4 +142,4 @@ std::vector<StepTiming> ScriptedExecutor::timings() {
   return timings_;
 }
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::testing

@@ -1,6 +1,6 @@
-#include "exec/remap.h"
+#include "engine/remap.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::engine {
 
 bool BatchRemapper::remap(std::span<const RowKey> previous, std::span<const RowKey> current,
                           std::vector<int32_t>& out) {
@@ -24,4 +24,4 @@ bool BatchRemapper::remap(std::span<const RowKey> previous, std::span<const RowK
   return false;
 }
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::engine

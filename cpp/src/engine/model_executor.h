@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "exec/remap.h"
-#include "exec/step_executor.h"
+#include "engine/remap.h"
+#include "engine/step_executor.h"
 #include "model/model_instance.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::engine {
 
 struct ModelExecutorOptions {
   std::string checkpoint_dir;
@@ -52,4 +52,4 @@ class ModelExecutor final : public StepExecutor {
   std::vector<SequenceChunk> chunks_;  // reused
 };
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::engine

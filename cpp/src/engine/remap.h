@@ -11,7 +11,7 @@
 
 #include "deepinfer/engine.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::engine {
 
 using RowKey = std::pair<RequestId, uint32_t>;
 
@@ -26,4 +26,4 @@ class BatchRemapper {
   std::unordered_map<RequestId, std::pair<uint32_t, int32_t>> index_;  // reused across calls
 };
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::engine

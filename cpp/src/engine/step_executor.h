@@ -8,15 +8,13 @@
 #include <vector>
 
 #include "deepinfer/engine.h"
-#include "exec/step_plan.h"
+#include "sched/step_plan.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::engine {
 
-// Host results of one step: one entry per sampling row, in row order.
-struct StepResult {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;  // per sampling row when any row asked for them, else empty
-};
+using sched::PlannedRow;
+using sched::StepPlan;
+using sched::StepResult;
 
 // A launched step. Executors subclass it to keep device outputs alive for the next launch.
 class InflightStep {
@@ -45,4 +43,4 @@ class StepExecutor {
   virtual uint64_t num_graph_steps() const { return 0; }
 };
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::engine

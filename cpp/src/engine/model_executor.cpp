@@ -1,4 +1,4 @@
-#include "exec/model_executor.h"
+#include "engine/model_executor.h"
 
 #include <algorithm>
 #include <limits>
@@ -6,7 +6,7 @@
 #include "deepinfer/error.h"
 #include "model/batch_plan.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::engine {
 
 class ModelExecutor::ModelStep final : public InflightStep {
  public:
@@ -191,4 +191,4 @@ StepResult ModelExecutor::wait(InflightStep& step) {
   return result;
 }
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::engine

@@ -1,9 +1,10 @@
-// StepPlan: what one engine step runs, decided by the scheduler and executed by a StepExecutor.
+// StepPlan: what one engine step runs, decided by the scheduler and executed by the engine's
+// StepExecutor; StepResult: what the step produced, which the scheduler commits.
 //
 // A step is all-prefill or all-decode. Each row is one sequence's chunk of query tokens at
 // positions [start_pos, start_pos + q). Rows whose first input token is still on the device
 // (sampled by the previous, uncommitted step) carry `carried = true`; the executor takes that
-// token from the previous step's device output (remap by sequence id, exec/remap.h).
+// token from the previous step's device output (remap by sequence id, engine/remap.h).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,7 @@
 #include "deepinfer/engine.h"
 #include "kv/block_pool.h"
 
-namespace deepinfer::exec {
+namespace deepinfer::sched {
 
 struct PlannedRow {
   RequestId seq_id = 0;
@@ -49,6 +50,12 @@ struct StepPlan {
   void clear();
 };
 
+// Host results of one step: one entry per sampling row, in row order.
+struct StepResult {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // per sampling row when any row asked for them, else empty
+};
+
 inline int StepPlan::num_tokens() const {
   int n = 0;
   for (const PlannedRow& r : rows) n += r.q;
@@ -62,4 +69,4 @@ inline void StepPlan::clear() {
   is_prefill = false;
 }
 
-}  // namespace deepinfer::exec
+}  // namespace deepinfer::sched

@@ -1,0 +1,64 @@
+// The public Engine API: the factory over a checkpoint, and the helpers every engine shares.
+#include "deepinfer/engine.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+
+#include "deepinfer/config.h"
+#include "deepinfer/error.h"
+#include "engine/engine_config.h"
+#include "engine/engine_impl.h"
+#include "engine/model_executor.h"
+
+namespace deepinfer {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kPreempted:
+      return "preempted";
+    case FinishReason::kRejected:
+      return "rejected";
+  }
+  return "?";
+}
+
+std::vector<RequestOutput> Engine::run_until_idle() {
+  std::vector<RequestOutput> all;
+  while (has_unfinished()) {
+    std::vector<RequestOutput> out = step();
+    all.insert(all.end(), std::make_move_iterator(out.begin()), std::make_move_iterator(out.end()));
+  }
+  return all;
+}
+
+std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
+  if (config.model_path.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "engine config: 'model_path' is empty");
+  }
+  // Cache sizes derive from the model's position limit: read its config first.
+  const ModelConfig model =
+      ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
+  const int max_position = static_cast<int>(
+      std::min<int64_t>(model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
+  const EngineConfig resolved = engine::resolve_engine_config(config, max_position);
+  engine::ModelExecutorOptions o;
+  o.checkpoint_dir = resolved.model_path;
+  o.num_kv_blocks = resolved.num_kv_blocks;
+  o.num_state_slots = engine::live_state_slots(resolved);
+  o.num_snapshot_slots = resolved.enable_prefix_cache ? resolved.num_prefix_snapshots : 0;
+  o.num_threads = resolved.num_threads;
+  o.device = resolved.device;
+  o.decode_graph_max_batch = resolved.decode_graph_max_batch;
+  return std::make_unique<engine::EngineImpl>(resolved, std::make_unique<engine::ModelExecutor>(o));
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,16 @@
+// EngineConfig resolution: the "derive it" defaults filled in for a model, and the sizes of the
+// state-slot pools an engine of that config needs.
+#pragma once
+
+#include "deepinfer/engine.h"
+
+namespace deepinfer::engine {
+
+// The EngineConfig with every 0 ("derive it") field resolved for a model of `max_position`
+// positions; validates the rest. Throws Error(kInvalidArgument) naming the field.
+EngineConfig resolve_engine_config(const EngineConfig& config, int max_position);
+// State slots an engine with `config` needs (including the reserved slot 0): every sequence
+// holding KV plus headroom.
+int live_state_slots(const EngineConfig& config);
+
+}  // namespace deepinfer::engine

@@ -1,0 +1,115 @@
+#include "sched/kv_allocator.h"
+
+#include <algorithm>
+#include <map>
+#include <span>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer::sched {
+
+KvAllocator::KvAllocator(const KvLayout& layout)
+    : layout_(layout),
+      blocks_(layout.num_blocks),
+      live_(1, layout.num_live_slots - 1),
+      prefix_(layout.block_size, layout.prefix_cache, layout.num_live_slots,
+              layout.num_snapshot_slots) {
+  blocks_.set_eviction_listener([this](kv::BlockId b) { prefix_.on_block_evicted(b); });
+}
+
+int KvAllocator::blocks_for(int num_positions) const {
+  return (num_positions + layout_.block_size - 1) / layout_.block_size;
+}
+
+Admission KvAllocator::admit(Sequence& seq) {
+  DEEPINFER_CHECK(!seq.holds_resources(), "admit of a sequence that holds resources");
+  const int bs = layout_.block_size;
+  const int needed = blocks_for(seq.num_tokens());
+  Admission result;
+  if (needed > blocks_.num_usable()) {
+    result.status = AdmitStatus::kNever;
+    return result;
+  }
+  PrefixCachePolicy::Hit hit = prefix_.lookup(seq);
+  const std::vector<kv::BlockId>& hits = hit.blocks;
+  // Hit blocks sitting on the free list stop being free once acquired.
+  int hits_free = 0;
+  for (kv::BlockId b : hits) hits_free += blocks_.is_free(b) ? 1 : 0;
+  const int fresh = needed - static_cast<int>(hits.size());
+  if (blocks_.num_free() - hits_free < fresh || live_.num_free() == 0) return result;  // kLater
+  for (kv::BlockId b : hits) {
+    blocks_.acquire(b);
+    seq.block_table.push_back(b);
+  }
+  for (int i = 0; i < fresh; ++i) seq.block_table.push_back(*blocks_.allocate());
+  seq.state_slot = *live_.allocate();
+  seq.num_computed = static_cast<int>(hits.size()) * bs;
+  seq.num_indexed_blocks = static_cast<int>(hits.size());
+  prefix_.touch(hit);
+  result.status = AdmitStatus::kAdmitted;
+  result.restore_snapshot = hit.snapshot;
+  result.hit_tokens = seq.num_computed;
+  return result;
+}
+
+bool KvAllocator::grow(Sequence& seq, int num_positions) {
+  const int needed = blocks_for(num_positions);
+  while (static_cast<int>(seq.block_table.size()) < needed) {
+    std::optional<kv::BlockId> b = blocks_.allocate();
+    if (!b) return false;
+    seq.block_table.push_back(*b);
+  }
+  return true;
+}
+
+void KvAllocator::release(Sequence& seq) {
+  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) blocks_.release(*it);
+  seq.block_table.clear();
+  if (seq.state_slot >= 0) live_.release(seq.state_slot);
+  seq.state_slot = -1;
+  seq.num_indexed_blocks = 0;
+}
+
+int KvAllocator::num_cached_free_blocks() const {
+  int n = 0;
+  for (kv::BlockId b = 1; b < blocks_.num_blocks(); ++b) {
+    if (blocks_.is_free(b) && prefix_.index().contains_block(b)) ++n;
+  }
+  return n;
+}
+
+void KvAllocator::check_invariants(const std::vector<const Sequence*>& holders) const {
+  blocks_.check_invariants();
+  live_.check_invariants();
+  prefix_.check_invariants();
+  std::map<kv::BlockId, int> refs;
+  int slots = 0;
+  for (const Sequence* s : holders) {
+    for (kv::BlockId b : s->block_table) ++refs[b];
+    if (s->state_slot >= 0) {
+      ++slots;
+      if (!live_.is_allocated(s->state_slot)) {
+        throw Error(ErrorCode::kInternal, "sequence " + std::to_string(s->id) +
+                                              " holds state slot " + std::to_string(s->state_slot) +
+                                              " that is not allocated");
+      }
+    }
+  }
+  for (kv::BlockId b = 1; b < blocks_.num_blocks(); ++b) {
+    auto it = refs.find(b);
+    const int want = it == refs.end() ? 0 : it->second;
+    if (blocks_.ref_count(b) != want) {
+      throw Error(ErrorCode::kInternal, "block " + std::to_string(b) + " has ref count " +
+                                            std::to_string(blocks_.ref_count(b)) + " but " +
+                                            std::to_string(want) + " live block tables hold it");
+    }
+  }
+  if (refs.count(0) != 0) throw Error(ErrorCode::kInternal, "block 0 was handed out");
+  if (slots != live_.num_used()) {
+    throw Error(ErrorCode::kInternal, std::to_string(live_.num_used()) +
+                                          " state slots allocated but " + std::to_string(slots) +
+                                          " sequences hold one");
+  }
+}
+
+}  // namespace deepinfer::sched

@@ -1,0 +1,64 @@
+// KvAllocator: the KV blocks and live state slots of one engine's sequences, with the allocation
+// rules the scheduler uses (admission, growth, release), consulting the PrefixCachePolicy for
+// blocks a prompt can reuse. Owned by the engine thread.
+#pragma once
+
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/cache_geometry.h"
+#include "kv/state_pool.h"
+#include "sched/prefix_cache_policy.h"
+#include "sched/sequence.h"
+
+namespace deepinfer::sched {
+
+struct KvLayout {
+  int num_blocks = 0;      // including block 0
+  int num_live_slots = 0;  // including slot 0
+  int num_snapshot_slots = 0;
+  int block_size = kv::kBlockSize;
+  bool prefix_cache = true;
+};
+
+enum class AdmitStatus { kAdmitted, kLater, kNever };
+
+struct Admission {
+  AdmitStatus status = AdmitStatus::kLater;
+  int hit_tokens = 0;
+  int32_t restore_snapshot = -1;  // copy this snapshot slot into the sequence's slot first
+};
+
+class KvAllocator {
+ public:
+  explicit KvAllocator(const KvLayout& layout);
+
+  const KvLayout& layout() const { return layout_; }
+  const kv::BlockPool& blocks() const { return blocks_; }
+  const kv::StatePool& live_slots() const { return live_; }
+  PrefixCachePolicy& prefix_cache() { return prefix_; }
+  const PrefixCachePolicy& prefix_cache() const { return prefix_; }
+
+  // Gives `seq` (holding nothing) a state slot and blocks for its first num_tokens positions,
+  // reusing cached prefix blocks. kLater: not enough free blocks or slots now; kNever: the
+  // sequence needs more blocks than exist.
+  Admission admit(Sequence& seq);
+  // Grows the block table to cover positions [0, num_positions). False if no block is free.
+  bool grow(Sequence& seq, int num_positions);
+  // Blocks needed to hold `num_positions` positions.
+  int blocks_for(int num_positions) const;
+  // Returns the blocks (last first, so a prefix stays cached longest) and the slot.
+  void release(Sequence& seq);
+
+  int num_cached_free_blocks() const;  // free blocks still holding an indexed prefix
+  // Throws Error(kInternal): every block's count equals the number of live tables holding it.
+  void check_invariants(const std::vector<const Sequence*>& holders) const;
+
+ private:
+  KvLayout layout_;
+  kv::BlockPool blocks_;
+  kv::StatePool live_;
+  PrefixCachePolicy prefix_;
+};
+
+}  // namespace deepinfer::sched
