@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "deepinfer/config.h"
+
 namespace deepinfer {
 
 using RequestId = uint64_t;
@@ -132,6 +134,9 @@ class Engine {
   virtual const EngineConfig& config() const = 0;  // resolved: every derived size filled in
   virtual int vocab_size() const = 0;
   virtual const std::vector<int>& eos_token_ids() const = 0;
+  // The checkpoint's config.json as read at create(); null for engines without a checkpoint
+  // (the test doubles of deepinfer/testing).
+  virtual const ModelConfig* model_config() const = 0;
 
   // Debug and test hooks (engine thread). Throws Error(kInternal) naming the first broken
   // invariant of the scheduler, its ledgers and pools (cpp/src/engine/README.md lists them).

@@ -52,6 +52,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   const EngineConfig resolved = engine::resolve_engine_config(config, max_position);
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
+  o.model_config = model;
   o.num_kv_blocks = resolved.num_kv_blocks;
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots = resolved.enable_prefix_cache ? resolved.num_prefix_snapshots : 0;

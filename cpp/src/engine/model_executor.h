@@ -17,8 +17,9 @@ namespace deepinfer::engine {
 
 struct ModelExecutorOptions {
   std::string checkpoint_dir;
-  int num_kv_blocks = 0;    // including block 0
-  int num_state_slots = 0;  // live slots including slot 0
+  ModelConfig model_config;  // its config.json, read once by the engine factory
+  int num_kv_blocks = 0;     // including block 0
+  int num_state_slots = 0;   // live slots including slot 0
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
   int num_threads = 0;
@@ -39,7 +40,7 @@ class ModelExecutor final : public StepExecutor {
   int num_state_slots() const override { return options_.num_state_slots; }
   int num_snapshot_slots() const override { return options_.num_snapshot_slots; }
   const std::vector<int>& eos_token_ids() const override { return model_->config.eos_token_ids; }
-  const ModelConfig& model_config() const { return model_->config; }
+  const ModelConfig* model_config() const override { return &model_->config; }
   uint64_t num_graph_steps() const override {
     return model_->graphs ? model_->graphs->stats().num_calls : 0;
   }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "deepinfer/config.h"
 #include "deepinfer/engine.h"
 #include "sched/step_plan.h"
 
@@ -39,6 +40,8 @@ class StepExecutor {
   virtual int num_state_slots() const = 0;     // live slots, including the reserved slot 0
   virtual int num_snapshot_slots() const = 0;  // slots [num_state_slots, + this)
   virtual const std::vector<int>& eos_token_ids() const = 0;
+  // The checkpoint's config; null for executors without a model (test doubles).
+  virtual const ModelConfig* model_config() const { return nullptr; }
   // Decode steps run through recorded graphs so far (callable from any thread).
   virtual uint64_t num_graph_steps() const { return 0; }
 };

@@ -41,6 +41,7 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 }  // namespace
 
 std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint_dir,
+                                                   const ModelConfig& config,
                                                    const CacheShape& shape,
                                                    const std::string& device, int num_threads,
                                                    int decode_graph_max_batch) {
@@ -49,7 +50,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
   }
   auto m = std::make_unique<ModelInstance>();
-  m->config = ModelConfig::from_file((fs::path(checkpoint_dir) / "config.json").string());
+  m->config = config;
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   m->backend = make_backend(device, num_threads);
   finish_instance(*m, shape, decode_graph_max_batch,

@@ -21,13 +21,14 @@ struct ModelInstance {
   // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.
   std::unique_ptr<DecodeGraphs> graphs;
 
-  // Reads <dir>/config.json and the safetensors weights onto `device` ("cpu", "cuda", "cuda:N";
-  // `num_threads` is for the CPU backend). `decode_graph_max_batch`: the largest decode batch
-  // replayed as a graph; 0 turns graphs off, -1 picks the backend's default (see
-  // resolve_decode_graph_max_batch).
+  // Loads the safetensors weights of <dir> (whose config.json is `config`) onto `device` ("cpu",
+  // "cuda", "cuda:N"; `num_threads` is for the CPU backend). `decode_graph_max_batch`: the
+  // largest decode batch replayed as a graph; 0 turns graphs off, -1 picks the backend's default
+  // (see resolve_decode_graph_max_batch).
   static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
-                                             const CacheShape& shape, const std::string& device,
-                                             int num_threads, int decode_graph_max_batch = 0);
+                                             const ModelConfig& config, const CacheShape& shape,
+                                             const std::string& device, int num_threads,
+                                             int decode_graph_max_batch = 0);
   // The model of `config` with random weights (matrices stored as `stored`), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
                                                const std::string& device, int num_threads,

@@ -1,5 +1,8 @@
 #include "deepinfer/model_runner.h"
 
+#include <filesystem>
+#include <string>
+
 #include "model/batch_plan.h"
 #include "model/model_instance.h"
 
@@ -49,6 +52,14 @@ class CheckpointModelRunner final : public ModelRunner {
 
 }  // namespace
 
+namespace {
+
+std::string config_path(const std::string& checkpoint_dir) {
+  return (std::filesystem::path(checkpoint_dir) / "config.json").string();
+}
+
+}  // namespace
+
 std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir,
                                                const RunnerOptions& options) {
   CacheShape shape;
@@ -56,7 +67,8 @@ std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir
   shape.num_state_slots = options.num_state_slots;
   shape.max_backtrack = options.max_backtrack;
   return std::make_unique<CheckpointModelRunner>(
-      ModelInstance::load(checkpoint_dir, shape, options.device, options.num_threads,
+      ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
+                          shape, options.device, options.num_threads,
                           options.decode_graph_max_batch),
       options);
 }
