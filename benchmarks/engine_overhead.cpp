@@ -38,7 +38,7 @@ class NoopExecutor final : public engine::StepExecutor {
   std::unique_ptr<engine::InflightStep> launch(const sched::StepPlan& plan,
                                                engine::InflightStep*) override {
     auto s = std::make_unique<Step>();
-    for (const sched::PlannedRow& r : plan.rows) s->num_samples += r.samples ? 1 : 0;
+    s->num_samples = static_cast<size_t>(plan.num_sampling_rows());
     return s;
   }
   sched::StepResult wait(engine::InflightStep& step) override {

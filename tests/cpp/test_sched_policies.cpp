@@ -1,11 +1,10 @@
-// Scheduling policies, remap and the KV manager, each alone.
+// Scheduling policies and the KV allocator, each alone.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
 
 #include "deepinfer/error.h"
-#include "engine/remap.h"
 #include "sched/kv_allocator.h"
 #include "sched/policies.h"
 
@@ -46,21 +45,6 @@ TEST(PreemptionVictim, NewestRunningSequenceAfterTheCandidate) {
   running[3]->state = SeqState::kFinished;
   EXPECT_EQ(choose_preemption_victim(running, 1), 2);
   EXPECT_EQ(choose_preemption_victim(running, 3), -1);
-}
-
-TEST(BatchRemapper, FastPathAndHashPathAgree) {
-  engine::BatchRemapper r;
-  std::vector<engine::RowKey> prev = {{1, 0}, {2, 0}, {3, 1}};
-  std::vector<int32_t> out;
-  EXPECT_TRUE(r.remap(prev, prev, out));
-  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2}));
-  std::vector<engine::RowKey> reordered = {{3, 1}, {1, 0}, {4, 0}, {2, 0}};
-  EXPECT_FALSE(r.remap(prev, reordered, out));
-  EXPECT_EQ(out, (std::vector<int32_t>{2, 0, -1, 1}));
-  // A preempted and re-admitted sequence (new epoch) never takes a stale row.
-  std::vector<engine::RowKey> stale = {{3, 2}};
-  r.remap(prev, stale, out);
-  EXPECT_EQ(out, (std::vector<int32_t>{-1}));
 }
 
 Sequence make_seq(RequestId id, std::vector<int32_t> tokens) {

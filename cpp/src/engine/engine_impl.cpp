@@ -120,7 +120,8 @@ void EngineImpl::commit_oldest(std::vector<RequestOutput>& out) {
   Launched l = std::move(inflight_.front());
   inflight_.pop_front();
   StepResult result = executor_->wait(*l.step);
-  scheduler_.commit(l.record, result, out);
+  scheduler_.commit(l.plan, result, out);
+  spare_plans_.push_back(std::move(l.plan));
 }
 
 void EngineImpl::count_finishes(const std::vector<RequestOutput>& out, size_t from) {
@@ -133,17 +134,25 @@ void EngineImpl::count_finishes(const std::vector<RequestOutput>& out, size_t fr
 std::vector<RequestOutput> EngineImpl::step() {
   std::vector<RequestOutput> out;
   drain_inbox(out);
-  auto outcome = scheduler_.schedule(plan_, record_, out);
+  StepPlan plan;
+  if (!spare_plans_.empty()) {
+    plan = std::move(spare_plans_.back());
+    spare_plans_.pop_back();
+  }
+  auto outcome = scheduler_.schedule(plan, out);
   if (outcome == sched::Scheduler::Outcome::kNeedsDrain) {
     while (!inflight_.empty()) commit_oldest(out);
-    outcome = scheduler_.schedule(plan_, record_, out);
+    outcome = scheduler_.schedule(plan, out);
     DEEPINFER_CHECK(outcome != sched::Scheduler::Outcome::kNeedsDrain,
                     "drain did not clear the pipeline");
   }
   if (outcome == sched::Scheduler::Outcome::kScheduled) {
     InflightStep* previous = inflight_.empty() ? nullptr : inflight_.back().step.get();
-    inflight_.push_back(Launched{executor_->launch(plan_, previous), record_});
+    std::unique_ptr<InflightStep> launched = executor_->launch(plan, previous);
+    inflight_.push_back(Launched{std::move(launched), std::move(plan)});
     DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps launched and not committed");
+  } else {
+    spare_plans_.push_back(std::move(plan));
   }
   // Zero-overhead: leave the step just launched running; commit the one before it.
   const size_t keep =

@@ -44,9 +44,10 @@ class EngineImpl final : public Engine {
   int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }
 
  private:
+  // A launched step and its plan, kept until the step is committed.
   struct Launched {
     std::unique_ptr<InflightStep> step;
-    sched::StepRecord record;
+    StepPlan plan;
   };
   void drain_inbox(std::vector<RequestOutput>& out);
   void commit_oldest(std::vector<RequestOutput>& out);
@@ -57,8 +58,8 @@ class EngineImpl final : public Engine {
   sched::KvAllocator kv_;
   sched::Scheduler scheduler_;
   std::deque<Launched> inflight_;
-  StepPlan plan_;             // reused every step
-  sched::StepRecord record_;  // reused every step
+  // Plans of committed steps, reused so that planning a step allocates nothing in steady state.
+  std::vector<StepPlan> spare_plans_;
 
   mutable std::mutex inbox_mu_;
   std::vector<std::unique_ptr<sched::Sequence>> inbox_adds_;

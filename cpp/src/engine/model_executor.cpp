@@ -34,6 +34,19 @@ Tensor upload_vector(Backend& backend, const std::vector<T>& values) {
                         DTypeOf<T>::value);
 }
 
+// The widest block table of the rows. The scheduler's rows are checked where they are made
+// (prompts at admission, blocks by the allocator); debug builds check them again here.
+size_t table_width(RowSpan rows, const ModelInstance& m) {
+#ifdef DEEPINFER_DEBUG_INVARIANTS
+  return validate_rows(rows, m.config, m.caches->shape(), /*check_tokens=*/true);
+#else
+  (void)m;
+  size_t width = 1;
+  for (const ForwardRow& r : rows) width = std::max(width, r.block_table.size());
+  return width;
+#endif
+}
+
 }  // namespace
 
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
@@ -50,123 +63,106 @@ int ModelExecutor::max_position() const {
 std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, InflightStep* previous) {
   ModelInstance& m = *model_;
   Backend& be = *m.backend;
+  HostSyncForbidden no_sync(be);  // launching must never wait for the device
   auto step = std::make_unique<ModelStep>();
   step->step_id = plan.step_id;
-  HostSyncForbidden no_sync(be);  // launching must never wait for the device
 
-  chunks_.resize(plan.rows.size());
-  std::vector<RowKey> carried_keys;
-  bool any_carried = false;
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const PlannedRow& row = plan.rows[i];
-    SequenceChunk& c = chunks_[i];
-    c.slot = row.slot;
-    c.start_pos = row.start_pos;
-    c.tokens.assign(row.tokens.begin(), row.tokens.end());
-    const size_t blocks = static_cast<size_t>((row.start_pos + row.q + 127) / 128);
-    c.block_table.assign(
-        row.block_table.begin(),
-        row.block_table.begin() + static_cast<ptrdiff_t>(std::min(blocks, row.block_table.size())));
-    if (row.samples) step->sampling_rows.emplace_back(row.seq_id, row.epoch);
-    carried_keys.emplace_back(row.seq_id, row.epoch);
-    any_carried = any_carried || row.carried;
-  }
-  const bool use_graph = m.graphs != nullptr && m.graphs->accepts(chunks_);
-  BatchPlan bp;
-  if (!use_graph) bp = build_batch_plan(chunks_, m.config, m.caches->shape(), be);
-
-  // Carried rows read their token from the previous step's device output.
-  Tensor token_ids;
-  if (any_carried) {
-    auto* prev = dynamic_cast<ModelStep*>(previous);
-    if (prev == nullptr)
-      throw Error(ErrorCode::kInternal, "carried rows without a previous model step");
-    std::vector<int32_t> row_remap;
-    remapper_.remap(prev->sampling_rows, carried_keys, row_remap);
-    std::vector<int32_t> host_tokens;
-    std::vector<int32_t> token_remap;
-    for (size_t i = 0; i < plan.rows.size(); ++i) {
-      const PlannedRow& row = plan.rows[i];
-      if (row.carried && row_remap[i] < 0) {
-        throw Error(ErrorCode::kInternal, "carried row of sequence " + std::to_string(row.seq_id) +
-                                              " is not in the previous step");
-      }
-      for (int j = 0; j < row.q; ++j) {
-        // The eager plan already holds the host tokens on the device; a graph step has no plan.
-        if (use_graph) host_tokens.push_back(row.tokens[static_cast<size_t>(j)]);
-        token_remap.push_back(j == 0 && row.carried ? row_remap[i] : -1);
-      }
-    }
-    const Tensor host_ids = use_graph ? upload_vector(be, host_tokens) : bp.layout.token_ids;
-    token_ids = be.select_tokens(host_ids, upload_vector(be, token_remap), prev->sampled);
-    if (!use_graph) bp.layout.token_ids = token_ids;
-  }
+  // Carried rows name their token's index in the previous step's sampled tokens.
+  Tensor previous_tokens;
+  if (previous != nullptr) previous_tokens = dynamic_cast<ModelStep&>(*previous).sampled;
 
   m.caches->copy_state_slots(be, plan.copies_before);
-  // One row per sequence either way.
-  Tensor logits = use_graph ? m.graphs->forward(chunks_, token_ids)
-                            : m.model->forward(bp, *m.caches, LogitsMode::kLast);
-
-  std::vector<int32_t> sample_rows;
-  std::vector<float> temperature, top_p;
-  std::vector<int32_t> top_k, num_logprobs;
-  std::vector<int64_t> seed, position;
-  int max_logprobs = 0;
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const PlannedRow& row = plan.rows[i];
-    if (!row.samples) continue;
-    sample_rows.push_back(static_cast<int32_t>(i));
-    temperature.push_back(row.temperature);
-    top_k.push_back(row.top_k);
-    top_p.push_back(row.top_p);
-    seed.push_back(static_cast<int64_t>(row.seed));
-    position.push_back(row.start_pos + row.q);  // the position of the token being generated
-    num_logprobs.push_back(row.num_logprobs);
-    max_logprobs = std::max(max_logprobs, row.num_logprobs);
-  }
-  if (!sample_rows.empty()) {
-    if (sample_rows.size() != plan.rows.size())
-      logits = be.gather_rows(logits, upload_vector(be, sample_rows));
-    SamplingBatch sb;
-    sb.num_rows = static_cast<int>(sample_rows.size());
-    sb.max_logprobs = max_logprobs;
-    sb.temperature = upload_vector(be, temperature);
-    sb.top_k = upload_vector(be, top_k);
-    sb.top_p = upload_vector(be, top_p);
-    sb.seed = upload_vector(be, seed);
-    sb.position = upload_vector(be, position);
-    sb.num_logprobs = upload_vector(be, num_logprobs);
-    SampleResult sr = be.sample(logits, sb);
-    step->sampled = sr.tokens;
-    // Forced tokens (test hook) replace sampled ones on the device, so carried rows of the next
-    // step read them like any sampled token.
-    std::vector<int32_t> forced, keep;
-    bool any_forced = false;
-    for (size_t r = 0; r < sample_rows.size(); ++r) {
-      const int32_t f = plan.rows[static_cast<size_t>(sample_rows[r])].forced_token;
-      any_forced = any_forced || f >= 0;
-      forced.push_back(f >= 0 ? f : 0);
-      keep.push_back(f >= 0 ? -1 : static_cast<int32_t>(r));
-    }
-    if (any_forced) {
-      step->sampled =
-          be.select_tokens(upload_vector(be, forced), upload_vector(be, keep), sr.tokens);
-    }
-    const int64_t n = sb.num_rows;
-    step->host_tokens = Tensor::zeros({n}, DType::kI32);
-    be.copy_to_host(step->sampled, step->host_tokens);
-    if (max_logprobs > 0) {
-      step->host_logprob = Tensor::zeros({n}, DType::kF32);
-      step->host_top_ids = Tensor::zeros({n, max_logprobs}, DType::kI32);
-      step->host_top_lp = Tensor::zeros({n, max_logprobs}, DType::kF32);
-      be.copy_to_host(sr.logprobs, step->host_logprob);
-      be.copy_to_host(sr.top_ids, step->host_top_ids);
-      be.copy_to_host(sr.top_logprobs, step->host_top_lp);
-    }
-  }
+  const RowSpan rows = plan.forward_rows();
+  const ModelInstance::Output forward =
+      m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
+  if (forward.logits.defined()) sample(plan, forward, *step);
   m.caches->copy_state_slots(be, plan.copies_after);
   step->done = be.record_event();
   return step;
+}
+
+SamplingBatch ModelExecutor::sampling_batch(const StepPlan& plan, const Tensor& next_positions) {
+  Backend& be = *model_->backend;
+  bool same = sampling_keys_.size() == static_cast<size_t>(plan.num_sampling_rows());
+  size_t k = 0;
+  for (size_t i = 0; same && i < plan.rows.size(); ++i) {
+    const StepRow& r = plan.rows[i];
+    if (!r.samples()) continue;
+    same = sampling_keys_[k++] == std::make_pair(r.seq_id, r.epoch);
+  }
+  if (!same) {
+    sampling_keys_.clear();
+    std::vector<float> temperature, top_p;
+    std::vector<int32_t> top_k, num_logprobs;
+    std::vector<int64_t> seed;
+    int max_logprobs = 0;
+    for (const StepRow& r : plan.rows) {
+      if (!r.samples()) continue;
+      sampling_keys_.emplace_back(r.seq_id, r.epoch);
+      temperature.push_back(r.params->temperature);
+      top_k.push_back(r.params->top_k);
+      top_p.push_back(r.params->top_p);
+      seed.push_back(static_cast<int64_t>(r.seed));
+      num_logprobs.push_back(r.params->logprobs);
+      max_logprobs = std::max(max_logprobs, r.params->logprobs);
+    }
+    sampling_ = SamplingBatch();
+    sampling_.num_rows = static_cast<int>(sampling_keys_.size());
+    sampling_.max_logprobs = max_logprobs;
+    sampling_.temperature = upload_vector(be, temperature);
+    sampling_.top_k = upload_vector(be, top_k);
+    sampling_.top_p = upload_vector(be, top_p);
+    sampling_.seed = upload_vector(be, seed);
+    sampling_.num_logprobs = upload_vector(be, num_logprobs);
+  }
+  SamplingBatch batch = sampling_;
+  (void)next_positions;
+  std::vector<int64_t> position;  // interim: the sample op still takes i64 positions
+  for (const StepRow& r : plan.rows) {
+    if (r.samples()) position.push_back(r.forward.start_pos + r.forward.num_tokens);
+  }
+  batch.position = upload_vector(be, position);
+  return batch;
+}
+
+void ModelExecutor::sample(const StepPlan& plan, const ModelInstance::Output& forward,
+                           ModelStep& step) {
+  Backend& be = *model_->backend;
+  // The forward returned the logits of the sampling rows only, in row order.
+  const SamplingBatch batch = sampling_batch(plan, forward.next_positions);
+  const SampleResult result = be.sample(forward.logits, batch);
+  step.sampled = apply_forced_tokens(plan, result.tokens);
+  copy_results_to_host(step, result, batch.max_logprobs);
+}
+
+Tensor ModelExecutor::apply_forced_tokens(const StepPlan& plan, const Tensor& sampled) {
+  std::vector<int32_t> forced, keep;
+  bool any_forced = false;
+  for (const StepRow& r : plan.rows) {
+    if (!r.samples()) continue;
+    any_forced = any_forced || r.forced_token >= 0;
+    forced.push_back(r.forced_token >= 0 ? r.forced_token : 0);
+    keep.push_back(r.forced_token >= 0 ? -1 : static_cast<int32_t>(keep.size()));
+  }
+  if (!any_forced) return sampled;
+  Backend& be = *model_->backend;
+  return be.select_tokens(upload_vector(be, forced), upload_vector(be, keep), sampled);
+}
+
+void ModelExecutor::copy_results_to_host(ModelStep& step, const SampleResult& result,
+                                         int max_logprobs) {
+  Backend& be = *model_->backend;
+  const int64_t n = step.sampled.numel();
+  step.host_tokens = Tensor::zeros({n}, DType::kI32);
+  be.copy_to_host(step.sampled, step.host_tokens);
+  if (max_logprobs > 0) {
+    step.host_logprob = Tensor::zeros({n}, DType::kF32);
+    step.host_top_ids = Tensor::zeros({n, max_logprobs}, DType::kI32);
+    step.host_top_lp = Tensor::zeros({n, max_logprobs}, DType::kF32);
+    be.copy_to_host(result.logprobs, step.host_logprob);
+    be.copy_to_host(result.top_ids, step.host_top_ids);
+    be.copy_to_host(result.top_logprobs, step.host_top_lp);
+  }
 }
 
 StepResult ModelExecutor::wait(InflightStep& step) {

@@ -1,15 +1,16 @@
-// ModelExecutor: runs StepPlans through the DeepSeek-V4 graph on a backend (the CPU backend
-// today): restores snapshots, forwards the batch, samples on the device, saves snapshots and
-// copies the sampled tokens to the host, all enqueued on the backend stream. Carried rows take
-// their input token from the previous step's device output (select_tokens), so launching step
-// N+1 never waits for step N.
+// ModelExecutor: runs StepPlans through the DeepSeek-V4 graph on a backend (CPU or CUDA). One
+// launch, all enqueued on the backend stream without waiting for it:
+//   restore snapshots -> forward (carried rows take their token from the previous step's device
+//   output) -> sample (forced tokens applied on the device) -> copy results to the host ->
+//   save snapshots -> record the step's event.
+// So launching step N+1 never waits for step N.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "engine/remap.h"
 #include "engine/step_executor.h"
 #include "model/model_instance.h"
 
@@ -47,10 +48,21 @@ class ModelExecutor final : public StepExecutor {
 
  private:
   class ModelStep;
+  // The sampling parameters of the plan's sampling rows on the device. They are per request, so
+  // they are uploaded only when the sampling rows change (a request joins, leaves or moves);
+  // the positions come from the forward's metadata.
+  SamplingBatch sampling_batch(const StepPlan& plan, const Tensor& next_positions);
+  void sample(const StepPlan& plan, const ModelInstance::Output& forward, ModelStep& step);
+  // SamplingParams::forced_tokens: the forced ids replace the sampled ones on the device, so the
+  // next step's carried rows read them like any sampled token.
+  Tensor apply_forced_tokens(const StepPlan& plan, const Tensor& sampled);
+  void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
+
   ModelExecutorOptions options_;
   std::unique_ptr<ModelInstance> model_;
-  BatchRemapper remapper_;
-  std::vector<SequenceChunk> chunks_;  // reused
+  // The sampling constants last uploaded, and the (request, epoch) of each row they describe.
+  std::vector<std::pair<RequestId, uint32_t>> sampling_keys_;
+  SamplingBatch sampling_;
 };
 
 }  // namespace deepinfer::engine

@@ -13,17 +13,15 @@
 
 namespace deepinfer::engine {
 
-using sched::PlannedRow;
 using sched::StepPlan;
 using sched::StepResult;
+using sched::StepRow;
 
 // A launched step. Executors subclass it to keep device outputs alive for the next launch.
 class InflightStep {
  public:
   virtual ~InflightStep() = default;
   uint64_t step_id = 0;
-  // (seq_id, epoch) of each sampling row, in row order: the remap key for carried rows.
-  std::vector<std::pair<RequestId, uint32_t>> sampling_rows;
 };
 
 class StepExecutor {

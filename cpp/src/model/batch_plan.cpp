@@ -11,64 +11,64 @@ namespace deepinfer {
 
 namespace {
 
-[[noreturn]] void bad_sequence(size_t index, const std::string& what) {
+[[noreturn]] void bad_row(size_t index, const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument,
               "forward batch: sequence " + std::to_string(index) + ": " + what);
 }
 
-Tensor upload_i32(Backend& backend, const std::vector<int32_t>& values, Shape shape) {
-  return backend.upload(Tensor::from_vector(values, std::move(shape)), DType::kI32);
-}
-
 }  // namespace
 
-size_t validate_batch(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
-                      const CacheShape& caches) {
-  if (batch.empty()) throw Error(ErrorCode::kInvalidArgument, "forward batch: no sequences");
+size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& caches,
+                     bool check_tokens) {
+  if (rows.empty()) throw Error(ErrorCode::kInvalidArgument, "forward batch: no sequences");
   std::set<int32_t> slots_seen;
   size_t max_blocks = 1;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    const SequenceChunk& s = batch[b];
-    if (s.tokens.empty()) bad_sequence(b, "'tokens' is empty");
-    if (s.start_pos < 0)
-      bad_sequence(b, "'start_pos' is negative (" + std::to_string(s.start_pos) + ")");
-    if (s.slot < 0 || s.slot >= caches.num_state_slots) {
-      bad_sequence(b, "'slot' " + std::to_string(s.slot) + " is outside [0, " +
-                          std::to_string(caches.num_state_slots) + ")");
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const ForwardRow& r = rows[b];
+    if (r.num_tokens < 1) bad_row(b, "'tokens' is empty");
+    if (r.tokens.size() != static_cast<size_t>(r.num_tokens)) {
+      bad_row(b, "has " + std::to_string(r.tokens.size()) + " tokens for " +
+                     std::to_string(r.num_tokens) + " positions");
     }
-    if (!slots_seen.insert(s.slot).second) {
-      bad_sequence(
-          b, "'slot' " + std::to_string(s.slot) + " is used by another sequence of the batch");
+    if (r.start_pos < 0)
+      bad_row(b, "'start_pos' is negative (" + std::to_string(r.start_pos) + ")");
+    if (r.slot < 0 || r.slot >= caches.num_state_slots) {
+      bad_row(b, "'slot' " + std::to_string(r.slot) + " is outside [0, " +
+                     std::to_string(caches.num_state_slots) + ")");
     }
-    const int64_t end = s.start_pos + static_cast<int64_t>(s.tokens.size());
+    if (!slots_seen.insert(r.slot).second) {
+      bad_row(b, "'slot' " + std::to_string(r.slot) + " is used by another sequence of the batch");
+    }
+    const int64_t end = static_cast<int64_t>(r.start_pos) + r.num_tokens;
     if (end > config.max_position_embeddings) {
-      bad_sequence(b, "positions up to " + std::to_string(end - 1) +
-                          " exceed max_position_embeddings " +
-                          std::to_string(config.max_position_embeddings));
+      bad_row(b, "positions up to " + std::to_string(end - 1) + " exceed max_position_embeddings " +
+                     std::to_string(config.max_position_embeddings));
     }
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-      if (s.tokens[i] < 0 || s.tokens[i] >= config.vocab_size) {
-        bad_sequence(b, "'tokens'[" + std::to_string(i) + "] = " + std::to_string(s.tokens[i]) +
-                            " is outside the vocabulary [0, " + std::to_string(config.vocab_size) +
-                            ")");
+    if (check_tokens) {
+      for (size_t i = 0; i < r.tokens.size(); ++i) {
+        if (r.tokens[i] < 0 || r.tokens[i] >= config.vocab_size) {
+          bad_row(b, "'tokens'[" + std::to_string(i) + "] = " + std::to_string(r.tokens[i]) +
+                         " is outside the vocabulary [0, " + std::to_string(config.vocab_size) +
+                         ")");
+        }
       }
     }
     if (config.has_compressed_layers()) {
       const int64_t needed = kv::blocks_for_tokens(end, caches.block_size);
-      if (static_cast<int64_t>(s.block_table.size()) < needed) {
-        bad_sequence(b, "'block_table' has " + std::to_string(s.block_table.size()) +
-                            " blocks but positions up to " + std::to_string(end - 1) + " need " +
-                            std::to_string(needed));
+      if (static_cast<int64_t>(r.block_table.size()) < needed) {
+        bad_row(b, "'block_table' has " + std::to_string(r.block_table.size()) +
+                       " blocks but positions up to " + std::to_string(end - 1) + " need " +
+                       std::to_string(needed));
       }
     }
-    for (size_t i = 0; i < s.block_table.size(); ++i) {
-      if (s.block_table[i] < 0 || s.block_table[i] >= caches.num_blocks) {
-        bad_sequence(b, "'block_table'[" + std::to_string(i) +
-                            "] = " + std::to_string(s.block_table[i]) + " is outside [0, " +
-                            std::to_string(caches.num_blocks) + ")");
+    for (size_t i = 0; i < r.block_table.size(); ++i) {
+      if (r.block_table[i] < 0 || r.block_table[i] >= caches.num_blocks) {
+        bad_row(b, "'block_table'[" + std::to_string(i) +
+                       "] = " + std::to_string(r.block_table[i]) + " is outside [0, " +
+                       std::to_string(caches.num_blocks) + ")");
       }
     }
-    max_blocks = std::max(max_blocks, s.block_table.size());
+    max_blocks = std::max(max_blocks, r.block_table.size());
   }
   return max_blocks;
 }
@@ -81,79 +81,209 @@ std::vector<int> compress_ratios(const ModelConfig& config) {
   return {ratios.begin(), ratios.end()};
 }
 
-BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
-                           const CacheShape& caches, Backend& backend) {
-  const size_t max_blocks = validate_batch(batch, config, caches);
-  int64_t total_tokens = 0;
-  for (const SequenceChunk& s : batch) total_tokens += static_cast<int64_t>(s.tokens.size());
-
-  const size_t num_seqs = batch.size();
-  std::vector<int32_t> token_ids, positions, token_seq, q_start, ctx_len, slot, last_rows;
-  std::vector<int32_t> block_table(num_seqs * max_blocks, 0);
-  token_ids.reserve(static_cast<size_t>(total_tokens));
-  positions.reserve(static_cast<size_t>(total_tokens));
-  token_seq.reserve(static_cast<size_t>(total_tokens));
-  for (size_t b = 0; b < num_seqs; ++b) {
-    const SequenceChunk& s = batch[b];
-    q_start.push_back(static_cast<int32_t>(token_ids.size()));
-    ctx_len.push_back(static_cast<int32_t>(s.start_pos));
-    slot.push_back(s.slot);
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-      token_ids.push_back(s.tokens[i]);
-      positions.push_back(static_cast<int32_t>(s.start_pos + static_cast<int64_t>(i)));
-      token_seq.push_back(static_cast<int32_t>(b));
-    }
-    last_rows.push_back(static_cast<int32_t>(token_ids.size()) - 1);
-    std::copy(s.block_table.begin(), s.block_table.end(),
-              block_table.begin() + static_cast<ptrdiff_t>(b * max_blocks));
+BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,
+                                   LogitsMode mode) {
+  BatchGeometry g;
+  g.num_seqs = static_cast<int>(rows.size());
+  g.table_width = static_cast<int>(std::max<size_t>(max_blocks, 1));
+  g.all_logits = mode == LogitsMode::kAll;
+  for (const ForwardRow& r : rows) {
+    g.num_tokens += r.num_tokens;
+    g.num_logit_rows += r.wants_logits ? 1 : 0;
+    g.carry = g.carry || r.token_from_previous >= 0;
   }
-  q_start.push_back(static_cast<int32_t>(token_ids.size()));
-
-  BatchPlan plan;
-  BatchLayout& L = plan.layout;
-  const int64_t t = static_cast<int64_t>(token_ids.size());
-  const int64_t bsz = static_cast<int64_t>(num_seqs);
-  L.num_tokens = static_cast<int>(t);
-  L.num_seqs = static_cast<int>(num_seqs);
-  L.block_size = caches.block_size;
-  L.max_blocks_per_seq = static_cast<int>(max_blocks);
-  L.token_ids = upload_i32(backend, token_ids, {t});
-  L.positions = upload_i32(backend, positions, {t});
-  L.token_seq = upload_i32(backend, token_seq, {t});
-  L.seq_q_start = upload_i32(backend, q_start, {bsz + 1});
-  L.seq_ctx_len = upload_i32(backend, ctx_len, {bsz});
-  L.seq_slot = upload_i32(backend, slot, {bsz});
-  L.block_table = upload_i32(backend, block_table, {bsz, static_cast<int64_t>(max_blocks)});
-  plan.last_rows = upload_i32(backend, last_rows, {bsz});
-
+  if (g.all_logits) g.num_logit_rows = g.num_tokens;
   // Windows [ctx / m, (ctx + q) / m) close in this call (model.md D.3).
-  for (int ratio : compress_ratios(config)) {
-    const int epb = kv::entries_per_block(ratio, caches.block_size);
-    std::vector<int32_t> seq, window, rope_pos, dest;
-    for (size_t b = 0; b < num_seqs; ++b) {
-      const SequenceChunk& s = batch[b];
-      const int64_t first = kv::num_entries(s.start_pos, ratio);
-      const int64_t last =
-          kv::num_entries(s.start_pos + static_cast<int64_t>(s.tokens.size()), ratio);
-      for (int64_t w = first; w < last; ++w) {
-        seq.push_back(static_cast<int32_t>(b));
-        window.push_back(static_cast<int32_t>(w));
-        rope_pos.push_back(static_cast<int32_t>(w * ratio));
-        dest.push_back(static_cast<int32_t>(kv::entry_row(s.block_table, w, epb)));
+  for (int ratio : ratios) {
+    int64_t n = 0;
+    for (const ForwardRow& r : rows) {
+      n += kv::num_entries(r.start_pos + r.num_tokens, ratio) - kv::num_entries(r.start_pos, ratio);
+    }
+    g.num_entries.push_back(static_cast<int>(n));
+  }
+  return g;
+}
+
+BatchGeometry BatchGeometry::padded(int bucket, int width, size_t num_ratios) {
+  BatchGeometry g;
+  g.num_seqs = bucket;
+  g.num_tokens = bucket;
+  g.table_width = width;
+  g.num_entries.assign(num_ratios, bucket);
+  g.entry_per_row = true;
+  g.all_logits = true;
+  g.num_logit_rows = bucket;
+  g.carry = true;
+  return g;
+}
+
+// Buffer order: token_ids, positions, token_seq [T]; seq_q_start [B + 1]; seq_ctx_len, seq_slot
+// [B]; block_table [B, W]; carry_remap [T] (if carry); logit_rows [S] (unless all_logits);
+// next_positions [S]; then per ratio seq, window, rope_pos, dest [E].
+int64_t BatchGeometry::size() const {
+  int64_t n = 3LL * num_tokens + (num_seqs + 1) + 2LL * num_seqs +
+              static_cast<int64_t>(num_seqs) * table_width + num_logit_rows;
+  if (carry) n += num_tokens;
+  if (!all_logits) n += num_logit_rows;
+  for (int e : num_entries) n += 4LL * e;
+  return n;
+}
+
+void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ratios,
+                int block_size, int32_t scratch_slot, std::vector<int32_t>& host) {
+  host.assign(static_cast<size_t>(g.size()), 0);
+  const int64_t t = g.num_tokens;
+  const int64_t b = g.num_seqs;
+  int32_t* token_ids = host.data();
+  int32_t* positions = token_ids + t;
+  int32_t* token_seq = positions + t;
+  int32_t* q_start = token_seq + t;
+  int32_t* ctx_len = q_start + b + 1;
+  int32_t* slot = ctx_len + b;
+  int32_t* table = slot + b;
+  int32_t* next = table + b * g.table_width;
+  int32_t* carry = g.carry ? next : nullptr;
+  if (g.carry) next += t;
+  int32_t* logit_rows = g.all_logits ? nullptr : next;
+  if (!g.all_logits) next += g.num_logit_rows;
+  int32_t* next_positions = next;
+  int32_t* entries = next_positions + g.num_logit_rows;
+
+  const int real = static_cast<int>(rows.size());
+  int32_t row = 0;    // token row
+  int32_t logit = 0;  // logits row
+  for (int s = 0; s < g.num_seqs; ++s) {
+    q_start[s] = row;
+    if (s >= real) {  // padding: token 0 at position 0 of the scratch slot
+      slot[s] = scratch_slot;
+      token_seq[row] = s;
+      if (carry != nullptr) carry[row] = -1;
+      if (g.all_logits) next_positions[logit++] = 1;
+      ++row;
+      continue;
+    }
+    const ForwardRow& r = rows[static_cast<size_t>(s)];
+    ctx_len[s] = r.start_pos;
+    slot[s] = r.slot;
+    std::copy(r.block_table.begin(), r.block_table.end(),
+              table + static_cast<ptrdiff_t>(s) * g.table_width);
+    for (int32_t i = 0; i < r.num_tokens; ++i, ++row) {
+      token_ids[row] = r.tokens[static_cast<size_t>(i)];
+      positions[row] = r.start_pos + i;
+      token_seq[row] = s;
+      if (carry != nullptr) carry[row] = i == 0 ? r.token_from_previous : -1;
+      if (g.all_logits) next_positions[logit++] = r.start_pos + i + 1;
+    }
+    if (!g.all_logits && r.wants_logits) {
+      logit_rows[logit] = row - 1;
+      next_positions[logit++] = r.start_pos + r.num_tokens;
+    }
+  }
+  q_start[g.num_seqs] = row;
+
+  for (size_t k = 0; k < ratios.size(); ++k) {
+    const int ratio = ratios[k];
+    const int64_t e = g.num_entries[k];
+    const int epb = kv::entries_per_block(ratio, block_size);
+    int32_t* seq = entries;
+    int32_t* window = entries + e;
+    int32_t* rope_pos = entries + 2 * e;
+    int32_t* dest = entries + 3 * e;
+    entries += 4 * e;
+    if (g.entry_per_row) {
+      // One entry per (one-token) row: the window its token closes, or padding (-1, -1).
+      for (int s = 0; s < g.num_seqs; ++s) {
+        seq[s] = s;
+        window[s] = -1;
+        dest[s] = -1;
+        if (s >= real) continue;
+        const ForwardRow& r = rows[static_cast<size_t>(s)];
+        if ((r.start_pos + 1) % ratio != 0) continue;
+        const int64_t w = r.start_pos / ratio;
+        window[s] = static_cast<int32_t>(w);
+        rope_pos[s] = static_cast<int32_t>(w * ratio);
+        dest[s] = static_cast<int32_t>(kv::entry_row(r.block_table, w, epb));
+      }
+      continue;
+    }
+    int64_t n = 0;
+    for (int s = 0; s < real; ++s) {
+      const ForwardRow& r = rows[static_cast<size_t>(s)];
+      const int64_t first = kv::num_entries(r.start_pos, ratio);
+      const int64_t last = kv::num_entries(r.start_pos + r.num_tokens, ratio);
+      for (int64_t w = first; w < last; ++w, ++n) {
+        seq[n] = s;
+        window[n] = static_cast<int32_t>(w);
+        rope_pos[n] = static_cast<int32_t>(w * ratio);
+        dest[n] = static_cast<int32_t>(kv::entry_row(r.block_table, w, epb));
       }
     }
-    EntryBatch e;
-    e.num_entries = static_cast<int>(seq.size());
-    if (e.num_entries > 0) {
-      const int64_t n = e.num_entries;
-      e.seq = upload_i32(backend, seq, {n});
-      e.window = upload_i32(backend, window, {n});
-      e.rope_pos = upload_i32(backend, rope_pos, {n});
-      e.dest = upload_i32(backend, dest, {n});
-    }
-    plan.entries.emplace(ratio, std::move(e));
   }
+}
+
+BatchPlan plan_views(const Tensor& metadata, const BatchGeometry& g, const std::vector<int>& ratios,
+                     int block_size) {
+  int64_t offset = 0;
+  auto take = [&](int64_t count) {
+    Tensor view = metadata.narrow(0, offset, count);
+    offset += count;
+    return view;
+  };
+  const int64_t t = g.num_tokens;
+  const int64_t b = g.num_seqs;
+  BatchPlan plan;
+  plan.metadata = metadata;
+  BatchLayout& l = plan.layout;
+  l.num_tokens = g.num_tokens;
+  l.num_seqs = g.num_seqs;
+  l.block_size = block_size;
+  l.max_blocks_per_seq = g.table_width;
+  l.token_ids = take(t);
+  l.positions = take(t);
+  l.token_seq = take(t);
+  l.seq_q_start = take(b + 1);
+  l.seq_ctx_len = take(b);
+  l.seq_slot = take(b);
+  l.block_table = take(b * g.table_width).reshape({b, g.table_width});
+  if (g.carry) plan.carry_remap = take(t);
+  plan.num_logit_rows = g.num_logit_rows;
+  if (!g.all_logits) plan.logit_rows = take(g.num_logit_rows);
+  plan.next_positions = take(g.num_logit_rows);
+  for (size_t k = 0; k < ratios.size(); ++k) {
+    EntryBatch e;
+    e.num_entries = g.num_entries[k];
+    e.seq = take(e.num_entries);
+    e.window = take(e.num_entries);
+    e.rope_pos = take(e.num_entries);
+    e.dest = take(e.num_entries);
+    plan.entries.emplace(ratios[k], std::move(e));
+  }
+  DEEPINFER_CHECK(offset == metadata.numel(), "batch metadata layout and size disagree");
   return plan;
+}
+
+void take_carried_tokens(Backend& backend, RowSpan rows, const BatchPlan& plan,
+                         const Tensor& previous) {
+  const bool any = std::any_of(rows.begin(), rows.end(),
+                               [](const ForwardRow& r) { return r.token_from_previous >= 0; });
+  if (!any) return;
+  if (!previous.defined() || !plan.carry_remap.defined()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "forward batch: a row carries a token from the previous step, but there is none");
+  }
+  backend.copy_into(plan.layout.token_ids,
+                    backend.select_tokens(plan.layout.token_ids, plan.carry_remap, previous));
+}
+
+BatchPlan build_batch_plan(RowSpan rows, const ModelConfig& config, const CacheShape& caches,
+                           Backend& backend, LogitsMode mode, size_t max_blocks) {
+  const std::vector<int> ratios = compress_ratios(config);
+  const BatchGeometry g = BatchGeometry::exact(rows, ratios, max_blocks, mode);
+  std::vector<int32_t> host;
+  pack_batch(rows, g, ratios, caches.block_size, /*scratch_slot=*/0, host);
+  const Tensor metadata =
+      backend.upload(Tensor::from_vector(host, {static_cast<int64_t>(host.size())}), DType::kI32);
+  return plan_views(metadata, g, ratios, caches.block_size);
 }
 
 }  // namespace deepinfer

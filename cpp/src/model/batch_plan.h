@@ -1,10 +1,21 @@
-// BatchPlan: everything the graph needs to know about one forward call, computed on the host
-// from the sequence chunks and uploaded before the first op, so the graph never reads the device.
+// The rows of one forward call, and the device metadata planned from them.
+//
+// A ForwardRow is one sequence's chunk of query tokens at positions [start_pos, start_pos +
+// num_tokens), as the model reads it. The engine's scheduler emits StepRows that each embed one
+// (the model reads them in place through a RowSpan); ModelRunner builds them from the public
+// SequenceChunk. Everything the graph reads about a call (the BatchLayout, the compressed entries
+// that close in it, the rows whose logits are wanted, carried tokens) is packed on the host into
+// one i32 buffer and uploaded with one call, so the graph never reads the device. A recorded
+// decode graph packs the same way into its own fixed-size buffer (BatchGeometry::padded).
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <span>
+#include <utility>
 #include <vector>
 
+#include "common/strided_span.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/config.h"
 #include "deepinfer/model_runner.h"
@@ -12,24 +23,78 @@
 
 namespace deepinfer {
 
+struct ForwardRow {
+  int32_t slot = 0;
+  int32_t start_pos = 0;
+  int32_t num_tokens = 0;
+  std::span<const int32_t> tokens;       // num_tokens host ids (tokens[0] unused when carried)
+  std::span<const int32_t> block_table;  // physical block of each logical block
+  // >= 0: tokens[0] is entry `token_from_previous` of the tokens the previous step sampled, still
+  // on the device; the forward takes it from there (Backend::select_tokens) without a host sync.
+  int32_t token_from_previous = -1;
+  bool wants_logits = true;  // the forward returns the logits of this row's last token
+};
+using RowSpan = StridedSpan<const ForwardRow>;
+
 struct BatchPlan {
   BatchLayout layout;
   // Entries closing in this call, per compression ratio used by the model.
   std::map<int, EntryBatch> entries;
-  Tensor last_rows;  // [B] i32, the last row of each sequence (for LogitsMode::kLast)
+  int num_logit_rows = 0;  // rows of the logits the forward returns (0: no lm_head at all)
+  Tensor logit_rows;       // [S] i32 token rows whose logits are returned; undefined: every row
+  Tensor next_positions;   // [S] i32, the position of the token each logits row predicts
+  Tensor carry_remap;      // [T] i32, previous-step index or -1; undefined when nothing carries
+  Tensor metadata;         // the device buffer every tensor above is a view of
 };
 
-// Validates the chunks against the config and cache shape: every error (Error(kInvalidArgument))
-// names the sequence index and the offending field. Returns the longest block table's length
-// (at least 1).
-size_t validate_batch(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
-                      const CacheShape& caches);
+// Checks the rows against the config and cache shape; every error (Error(kInvalidArgument)) names
+// the row index and the field. `check_tokens` also checks each token id against the vocabulary
+// (the engine checks prompts once, at admission). Returns the longest block table (at least 1).
+size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& caches,
+                     bool check_tokens);
 
 // The distinct compression ratios of the model's compressed layers, ascending.
 std::vector<int> compress_ratios(const ModelConfig& config);
 
-// Validates the chunks (validate_batch) and builds the plan on `backend`.
-BatchPlan build_batch_plan(const std::vector<SequenceChunk>& batch, const ModelConfig& config,
-                           const CacheShape& caches, Backend& backend);
+// The sizes of a packed batch: exact for an eager call, padded to a bucket for a recorded graph.
+struct BatchGeometry {
+  int num_seqs = 0;     // rows, padding rows included
+  int num_tokens = 0;   // token rows
+  int table_width = 1;  // block-table columns
+  // Entries per ratio, in compress_ratios order. A padded (graph) batch has one per row, with
+  // window -1 where no window closes.
+  std::vector<int> num_entries;
+  bool entry_per_row = false;
+  bool all_logits = false;  // logits of every token row (logit_rows stays undefined)
+  int num_logit_rows = 0;
+  bool carry = false;  // carry_remap is present
+
+  // The exact geometry of `rows` (`max_blocks` from validate_rows).
+  static BatchGeometry exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,
+                             LogitsMode mode);
+  // A decode batch (one token per row) padded to `bucket` rows and `width` table columns, with
+  // logits and a carry remap for every row.
+  static BatchGeometry padded(int bucket, int width, size_t num_ratios);
+  int64_t size() const;  // i32 elements of the packed buffer
+};
+
+// Writes the metadata of `rows` laid out as `geometry` into `host` (resized). Padding rows (past
+// rows.size()) are one-token sequences at position 0 in `scratch_slot`, with a zero block table
+// and padding entries (window -1, dest -1): they write only state no caller owns.
+void pack_batch(RowSpan rows, const BatchGeometry& geometry, const std::vector<int>& ratios,
+                int block_size, int32_t scratch_slot, std::vector<int32_t>& host);
+// The plan whose tensors are views of `metadata` (a device i32 buffer of geometry.size()).
+BatchPlan plan_views(const Tensor& metadata, const BatchGeometry& geometry,
+                     const std::vector<int>& ratios, int block_size);
+
+// Rows whose first token is still on the device (token_from_previous >= 0) take it from
+// `previous` ([P] i32, the previous step's sampled tokens): plan.layout.token_ids is patched in
+// place on the device. Enqueues nothing when no row carries.
+void take_carried_tokens(Backend& backend, RowSpan rows, const BatchPlan& plan,
+                         const Tensor& previous);
+
+// Packs `rows` exactly, uploads the buffer in one call and returns the plan over it.
+BatchPlan build_batch_plan(RowSpan rows, const ModelConfig& config, const CacheShape& caches,
+                           Backend& backend, LogitsMode mode, size_t max_blocks);
 
 }  // namespace deepinfer

@@ -11,16 +11,17 @@
 
 #include "deepinfer/backend.h"
 #include "deepinfer/config.h"
+#include "kv/cache_geometry.h"
 
 namespace deepinfer {
 
 struct CacheShape {
   int num_blocks = 0;
   int num_state_slots = 0;
-  // Extra slots after the callers' ones, never named by a SequenceChunk: the padding rows of a
+  // Extra slots after the callers' ones, never named by a ForwardRow: the padding rows of a
   // fixed-shape graph batch write their (discarded) state there.
   int num_scratch_slots = 0;
-  int block_size = 128;
+  int block_size = kv::kBlockSize;
   int max_backtrack = 6;
 };
 

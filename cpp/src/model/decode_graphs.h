@@ -6,8 +6,9 @@
 //  - batches are padded to a bucket of sequences (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, ...)
 //    and block tables to a power-of-two width; each (bucket, width) pair is recorded once, on
 //    first use (that step runs eagerly, then the recording is made without running it);
-//  - the step's metadata (the BatchLayout and the closing compressed entries) lives in one
-//    device buffer per recording, refreshed with a single upload_into before each replay;
+//  - the step's metadata (batch_plan.h, packed with BatchGeometry::padded) lives in one device
+//    buffer per recording, refreshed with a single upload_into before each replay; carried
+//    tokens are then patched into it on the device;
 //  - padding rows are one-token sequences at position 0 in a scratch state slot that no caller
 //    owns, with padding entries (window -1, dest -1) that store nothing: they read and write
 //    nothing a real sequence uses, and real rows never read theirs;
@@ -43,14 +44,17 @@ class DecodeGraphs {
   // The bucket sizes used up to `max_batch` (ascending, the last one is max_batch).
   static std::vector<int> buckets_up_to(int max_batch);
 
-  // True for a non-empty batch of one-token chunks with at most max_batch() sequences.
-  bool accepts(const std::vector<SequenceChunk>& batch) const;
-  // Enqueues the forward of `batch` (accepts() must hold; the chunks are validated like
-  // build_batch_plan does) and returns the device logits [B, vocab]. They stay valid until the
-  // next call enqueues its replay (stream order), so read them (sample, copy) before that.
-  // `token_ids`, when defined, is a device [B] i32 tensor used instead of the chunks' tokens
-  // (tokens the previous step sampled on the device).
-  Tensor forward(const std::vector<SequenceChunk>& batch, const Tensor& token_ids);
+  // True for 1 to max_batch() rows of one token each, every one wanting logits.
+  bool accepts(RowSpan rows) const;
+  // Enqueues the forward of `rows` (accepts() must hold; `max_blocks` is validate_rows' result)
+  // and returns the device logits [B, vocab] and next positions [B]. They stay valid until the
+  // next call enqueues its replay (stream order), so read them (sample, copy) before that. Rows
+  // with token_from_previous >= 0 take their token from `previous_tokens` on the device.
+  struct Output {
+    Tensor logits;
+    Tensor next_positions;
+  };
+  Output forward(RowSpan rows, size_t max_blocks, const Tensor& previous_tokens);
 
   int max_batch() const { return max_batch_; }
   // Counters (readable from any thread): recordings made, forward calls served.
@@ -59,7 +63,6 @@ class DecodeGraphs {
  private:
   struct Recording;
   Recording& recording_for(int bucket, int width);
-  void stage(Recording& rec, const std::vector<SequenceChunk>& batch);
 
   const ModelConfig& config_;
   DeepseekV4Model& model_;
@@ -71,7 +74,7 @@ class DecodeGraphs {
   std::vector<int> ratios_;
   Tensor logits_;  // [max_batch, vocab] f32, shared by every recording
   std::map<std::pair<int, int>, std::unique_ptr<Recording>> recordings_;
-  std::vector<int32_t> host_meta_;  // reused staging
+  std::vector<int32_t> host_metadata_;  // reused staging
   std::atomic<int> num_recorded_{0};
   std::atomic<uint64_t> num_calls_{0};
 };

@@ -13,7 +13,7 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, ModelWeights weights
   bf16_math_ = !weights_.layers.empty() && weights_.layers[0].attn.wq_a.dtype() == DType::kBF16;
 }
 
-Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, LogitsMode mode) {
+Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches) {
   Backend& be = backend_;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const BatchLayout& layout = plan.layout;
@@ -30,9 +30,12 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Logi
     Tensor ffn_out = moe(li, be.rms_norm(mix.y, lw.ffn_norm, eps), layout.token_ids);
     trunk = be.hc_post(trunk, ffn_out, mix.post, mix.comb);
   }
+  // The head runs only on the rows whose logits are wanted (none for a prefill step whose chunks
+  // all stop short of their prompt's end).
+  if (plan.num_logit_rows == 0) return Tensor();
+  if (plan.logit_rows.defined()) trunk = be.gather_rows(trunk, plan.logit_rows);
   Tensor hidden = be.hc_head(trunk, weights_.hc_head.fn, weights_.hc_head.base,
                              weights_.hc_head.scale, hc_params_);
-  if (mode == LogitsMode::kLast) hidden = be.gather_rows(hidden, plan.last_rows);
   return be.linear(be.rms_norm(hidden, weights_.norm, eps), weights_.head);
 }
 

@@ -3,7 +3,6 @@
 
 #include "deepinfer/backend.h"
 #include "deepinfer/config.h"
-#include "deepinfer/model_runner.h"
 #include "model/batch_plan.h"
 #include "model/cache_tensors.h"
 #include "model/weights.h"
@@ -14,9 +13,10 @@ class DeepseekV4Model {
  public:
   DeepseekV4Model(const ModelConfig& config, ModelWeights weights, Backend& backend);
 
-  // Enqueues one forward call; returns the device logits ([T, V] or [B, V] for kLast). Reads and
-  // writes the caches of the plan's slots and blocks.
-  Tensor forward(const BatchPlan& plan, ModelCaches& caches, LogitsMode mode);
+  // Enqueues one forward call; returns the device logits [plan.num_logit_rows, V], or an
+  // undefined tensor when no row wants logits (the head is skipped). Reads and writes the caches
+  // of the plan's slots and blocks.
+  Tensor forward(const BatchPlan& plan, ModelCaches& caches);
 
  private:
   Tensor attention(int layer, const Tensor& x, const BatchPlan& plan, LayerCaches& caches);

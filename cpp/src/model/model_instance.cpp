@@ -22,6 +22,18 @@ int resolve_decode_graph_max_batch(int requested, const Backend& backend, int nu
   return std::min(wanted, num_state_slots);
 }
 
+ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
+                                             const Tensor& previous_tokens) {
+  if (graphs != nullptr && graphs->accepts(rows)) {
+    DecodeGraphs::Output out = graphs->forward(rows, max_blocks, previous_tokens);
+    return {out.logits, out.next_positions};
+  }
+  const BatchPlan plan =
+      build_batch_plan(rows, config, caches->shape(), *backend, mode, max_blocks);
+  take_carried_tokens(*backend, rows, plan, previous_tokens);
+  return {model->forward(plan, *caches), plan.next_positions};
+}
+
 namespace {
 
 // Creates the caches (with the graphs' scratch slot when graphs are on) and the graphs.

@@ -21,6 +21,16 @@ struct ModelInstance {
   // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.
   std::unique_ptr<DecodeGraphs> graphs;
 
+  struct Output {
+    Tensor logits;          // [logit rows, vocab] f32 on the device; undefined when none wanted
+    Tensor next_positions;  // [logit rows] i32: the position each logits row predicts
+  };
+  // Enqueues the forward of `rows` (checked by validate_rows, whose result is `max_blocks`):
+  // replaying a recorded decode graph when one fits, else eagerly. Rows with token_from_previous
+  // take their first token from `previous_tokens` on the device. The outputs stay valid until the
+  // next forward is enqueued (stream order).
+  Output forward(RowSpan rows, size_t max_blocks, LogitsMode mode, const Tensor& previous_tokens);
+
   // Loads the safetensors weights of <dir> (whose config.json is `config`) onto `device` ("cpu",
   // "cuda", "cuda:N"; `num_threads` is for the CPU backend). `decode_graph_max_batch`: the
   // largest decode batch replayed as a graph; 0 turns graphs off, -1 picks the backend's default

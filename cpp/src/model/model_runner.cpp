@@ -38,37 +38,46 @@ class CheckpointModelRunner final : public ModelRunner {
   Tensor device_logits(const std::vector<SequenceChunk>& batch, LogitsMode mode) {
     ModelInstance& m = *instance_;
     HostSyncForbidden no_sync(*m.backend);
-    if (m.graphs != nullptr && m.graphs->accepts(batch)) {
-      // One token per sequence: kAll and kLast are the same rows.
-      return m.graphs->forward(batch, Tensor());
+    rows_.clear();
+    for (const SequenceChunk& c : batch) {
+      ForwardRow r;
+      r.slot = c.slot;
+      r.start_pos = static_cast<int32_t>(c.start_pos);
+      r.num_tokens = static_cast<int32_t>(c.tokens.size());
+      r.tokens = c.tokens;
+      r.block_table = c.block_table;
+      rows_.push_back(r);
     }
-    BatchPlan plan = build_batch_plan(batch, m.config, m.caches->shape(), *m.backend);
-    return m.model->forward(plan, *m.caches, mode);
+    // The public entry point: every field is checked, token ids included.
+    const size_t max_blocks = validate_rows(rows_, m.config, m.caches->shape(),
+                                            /*check_tokens=*/true);
+    return m.forward(rows_, max_blocks, mode, Tensor()).logits;
   }
 
   std::unique_ptr<ModelInstance> instance_;
   RunnerOptions options_;
+  std::vector<ForwardRow> rows_;  // reused
 };
-
-}  // namespace
-
-namespace {
 
 std::string config_path(const std::string& checkpoint_dir) {
   return (std::filesystem::path(checkpoint_dir) / "config.json").string();
+}
+
+CacheShape cache_shape(const RunnerOptions& options) {
+  CacheShape shape;
+  shape.num_blocks = options.num_blocks;
+  shape.num_state_slots = options.num_state_slots;
+  shape.max_backtrack = options.max_backtrack;
+  return shape;
 }
 
 }  // namespace
 
 std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir,
                                                const RunnerOptions& options) {
-  CacheShape shape;
-  shape.num_blocks = options.num_blocks;
-  shape.num_state_slots = options.num_state_slots;
-  shape.max_backtrack = options.max_backtrack;
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
-                          shape, options.device, options.num_threads,
+                          cache_shape(options), options.device, options.num_threads,
                           options.decode_graph_max_batch),
       options);
 }
@@ -76,14 +85,10 @@ std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir
 std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
                                                  const RunnerOptions& options, uint64_t seed,
                                                  bool bf16) {
-  CacheShape shape;
-  shape.num_blocks = options.num_blocks;
-  shape.num_state_slots = options.num_state_slots;
-  shape.max_backtrack = options.max_backtrack;
   return std::make_unique<CheckpointModelRunner>(
-      ModelInstance::random(ModelConfig::from_file(config_json), shape, options.device,
-                            options.num_threads, seed, bf16 ? DType::kBF16 : DType::kF32,
-                            options.decode_graph_max_batch),
+      ModelInstance::random(ModelConfig::from_file(config_json), cache_shape(options),
+                            options.device, options.num_threads, seed,
+                            bf16 ? DType::kBF16 : DType::kF32, options.decode_graph_max_batch),
       options);
 }
 

@@ -9,7 +9,7 @@ namespace deepinfer::sched {
 
 namespace {
 
-// Input of a carried row: the executor replaces it with the token still on the device.
+// Host input of a carried row: the forward takes the real token from the device.
 constexpr int32_t kCarriedPlaceholder[1] = {0};
 
 RequestOutput make_output(const Sequence& s) {
@@ -112,11 +112,10 @@ bool Scheduler::has_decode_work() const {
   return false;
 }
 
-Scheduler::Outcome Scheduler::schedule(StepPlan& plan, StepRecord& record,
-                                       std::vector<RequestOutput>& out) {
+Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput>& out) {
   retire_finished();
   plan.clear();
-  record.rows.clear();
+  num_sampling_rows_ = 0;
 
   const bool decode_work = has_decode_work();
   bool prefill_work = false;
@@ -129,31 +128,25 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, StepRecord& record,
   if (!decode_work && !prefill_work) return Outcome::kIdle;
 
   StepKind kind = interleave_.choose(prefill_work, decode_work);
-  if (kind == StepKind::kPrefill && !schedule_prefill(plan, record, out)) {
+  if (kind == StepKind::kPrefill && !schedule_prefill(plan, out)) {
     // Nothing admissible (blocks, slots or max_num_seqs exhausted): decode instead of idling.
     plan.clear();
-    record.rows.clear();
+    num_sampling_rows_ = 0;
     kind = StepKind::kDecode;
   }
   if (kind == StepKind::kDecode) {
-    Outcome o = schedule_decode(plan, record, out);
+    Outcome o = schedule_decode(plan, out);
     if (o == Outcome::kNeedsDrain) {
-      for (const StepRecord::Row& r : record.rows) {
-        Sequence& s = *seqs_.at(r.id);
-        s.inflight.steps -= 1;
-        s.inflight.reserved -= kStepReservation;
-        s.inflight.kv -= r.q;
-      }
+      unreserve(plan);
       plan.clear();
-      record.rows.clear();
       return o;
     }
   }
   if (plan.empty()) return Outcome::kIdle;
 
   interleave_.record(kind);
-  plan.step_id = record.step_id = next_step_id_++;
-  plan.is_prefill = record.is_prefill = kind == StepKind::kPrefill;
+  plan.step_id = next_step_id_++;
+  plan.is_prefill = kind == StepKind::kPrefill;
   ++stats_.num_steps;
   if (plan.is_prefill) ++stats_.num_prefill_steps;
 #ifdef DEEPINFER_DEBUG_INVARIANTS
@@ -162,39 +155,41 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, StepRecord& record,
   return Outcome::kScheduled;
 }
 
-// Appends a row and reserves its in-flight accounting (released in commit).
-void Scheduler::add_row(StepPlan& plan, StepRecord& record, Sequence& s, int q, bool carried) {
-  PlannedRow row;
+// Appends a row and reserves its in-flight accounting (released in commit, or by unreserve when
+// the plan is dropped).
+void Scheduler::add_row(StepPlan& plan, Sequence& s, int q) {
+  StepRow& row = plan.rows.emplace_back();
+  const int start = s.next_position();
+  ForwardRow& f = row.forward;
+  f.slot = s.state_slot;
+  f.start_pos = start;
+  f.num_tokens = q;
+  if (start >= s.num_tokens()) {
+    // The input token is the one the in-flight step is sampling: it is still on the device.
+    DEEPINFER_CHECK(q == 1 && start == s.num_tokens() && s.inflight.steps > 0 &&
+                        s.inflight.last_sampling_row >= 0,
+                    "a carried row must be the one-token decode of the in-flight step's sample");
+    f.tokens = std::span<const int32_t>(kCarriedPlaceholder, 1);
+    f.token_from_previous = s.inflight.last_sampling_row;
+  } else {
+    f.tokens = std::span<const int32_t>(s.tokens.data() + start, static_cast<size_t>(q));
+  }
+  const size_t blocks = static_cast<size_t>(kv_.blocks_for(start + q));
+  DEEPINFER_CHECK(s.block_table.size() >= blocks, "a planned row's blocks are not allocated");
+  f.block_table = std::span<const int32_t>(s.block_table).first(blocks);
   row.seq_id = s.id;
   row.epoch = s.epoch;
-  row.slot = s.state_slot;
-  row.start_pos = s.next_position();
-  row.q = q;
-  row.carried = carried;
-  row.samples = row.start_pos + q >= s.num_tokens();
-  row.tokens =
-      carried ? std::span<const int32_t>(kCarriedPlaceholder, 1)
-              : std::span<const int32_t>(s.tokens.data() + row.start_pos, static_cast<size_t>(q));
-  row.block_table = s.block_table;
-  row.temperature = s.params.temperature;
-  row.top_k = s.params.top_k;
-  row.top_p = s.params.top_p;
+  row.num_sampled = start + q >= s.num_tokens() ? 1 : 0;
+  f.wants_logits = row.samples();
+  row.params = &s.params;
   row.seed = s.seed;
-  row.num_logprobs = s.params.logprobs;
-  if (row.samples) {
-    // Output index of the token this row generates (at position start_pos + q).
-    const size_t output_index = static_cast<size_t>(row.start_pos + q - s.num_prompt_tokens);
+  if (row.samples()) {
+    // Output index of the token this row generates (at position start + q).
+    const size_t output_index = static_cast<size_t>(start + q - s.num_prompt_tokens);
     if (output_index < s.params.forced_tokens.size())
       row.forced_token = s.params.forced_tokens[output_index];
+    s.inflight.last_sampling_row = num_sampling_rows_++;
   }
-  plan.rows.push_back(row);
-
-  StepRecord::Row r;
-  r.id = s.id;
-  r.epoch = s.epoch;
-  r.q = q;
-  r.samples = row.samples;
-  record.rows.push_back(r);
 
   s.inflight.steps += 1;
   s.inflight.reserved += kStepReservation;
@@ -202,8 +197,17 @@ void Scheduler::add_row(StepPlan& plan, StepRecord& record, Sequence& s, int q, 
   DEEPINFER_CHECK(s.inflight.steps <= 2, "more than two steps in flight for one sequence");
 }
 
-bool Scheduler::schedule_prefill(StepPlan& plan, StepRecord& record,
-                                 std::vector<RequestOutput>& out) {
+// Gives back the reservations of a plan that will not be launched.
+void Scheduler::unreserve(const StepPlan& plan) {
+  for (const StepRow& r : plan.rows) {
+    Sequence& s = *seqs_.at(r.seq_id);
+    s.inflight.steps -= 1;
+    s.inflight.reserved -= kStepReservation;
+    s.inflight.kv -= r.forward.num_tokens;
+  }
+}
+
+bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out) {
   int budget = config_.max_num_batched_tokens;
   while (!waiting_.empty() && budget > 0) {
     Sequence& s = *waiting_.front();
@@ -267,7 +271,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, StepRecord& record,
     // fit the remaining budget goes first in the next step. Recomputed sequences may chunk.
     if (q < remaining && !checkpoint_cut && !config_.chunked_prefill && s.num_output_tokens() == 0)
       break;
-    add_row(plan, record, s, q, /*carried=*/false);
+    add_row(plan, s, q);
     budget -= q;
     stats_.prompt_tokens_computed += static_cast<uint64_t>(q);
     if (s.prefix_checkpoint == pos + q) {
@@ -275,8 +279,8 @@ bool Scheduler::schedule_prefill(StepPlan& plan, StepRecord& record,
       const int32_t snap = kv_.prefix_cache().take_snapshot_slot();
       if (snap >= 0) {
         plan.copies_after.emplace_back(s.state_slot, snap);
-        record.rows.back().snapshot = snap;
-        record.rows.back().snapshot_pos = pos + q;
+        plan.rows.back().snapshot = snap;
+        plan.rows.back().snapshot_pos = pos + q;
       }
     }
     if (q < remaining) break;  // a partial prefill ends the batch and keeps its place at the head
@@ -287,8 +291,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, StepRecord& record,
   return !plan.empty();
 }
 
-Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, StepRecord& record,
-                                              std::vector<RequestOutput>& out) {
+Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out) {
   // Recompute-preempted sequences went back to `waiting`; drop them from `running` on every exit.
   auto drop_preempted = [this] {
     running_.erase(std::remove_if(running_.begin(), running_.end(),
@@ -314,7 +317,7 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, StepRecord& record
       }
     }
     if (!scheduled_self) continue;
-    add_row(plan, record, s, 1, /*carried=*/s.inflight.steps > 0);
+    add_row(plan, s, 1);
   }
   drop_preempted();
   return Outcome::kScheduled;
@@ -346,20 +349,22 @@ bool Scheduler::is_stop_token(const Sequence& s, int32_t token) const {
          s.params.stop_token_ids.end();
 }
 
-void Scheduler::commit(const StepRecord& record, const StepResult& result,
+void Scheduler::commit(const StepPlan& plan, const StepResult& result,
                        std::vector<RequestOutput>& out) {
   size_t sample_index = 0;
-  for (const StepRecord::Row& r : record.rows) {
+  for (const StepRow& r : plan.rows) {
     const size_t my_sample = sample_index;
-    if (r.samples) ++sample_index;
-    auto it = seqs_.find(r.id);
+    sample_index += static_cast<size_t>(r.num_sampled);
+    auto it = seqs_.find(r.seq_id);
     DEEPINFER_CHECK(it != seqs_.end(), "a committed row belongs to a retired sequence");
     Sequence& s = *it->second;
     DEEPINFER_CHECK(r.epoch == s.epoch, "a row outlived a preemption of its sequence");
+    DEEPINFER_CHECK(r.num_sampled <= kStepReservation,
+                    "a row sampled more tokens than a step reserves");
     s.inflight.steps -= 1;
     s.inflight.reserved -= kStepReservation;
-    s.inflight.kv -= r.q;
-    s.num_computed += r.q;
+    s.inflight.kv -= r.forward.num_tokens;
+    s.num_computed += r.forward.num_tokens;
     if (s.finished()) {
       // Aborted or stopped while this step ran: its results are dropped.
       kv_.prefix_cache().release_snapshot_slot(r.snapshot);
@@ -367,7 +372,7 @@ void Scheduler::commit(const StepRecord& record, const StepResult& result,
       continue;
     }
     kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
-    if (!r.samples) continue;
+    if (!r.samples()) continue;
     DEEPINFER_CHECK(my_sample < result.tokens.size(),
                     "step result has fewer tokens than sampling rows");
     const int32_t token = result.tokens[my_sample];

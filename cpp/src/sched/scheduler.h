@@ -40,21 +40,6 @@ struct SchedulerConfig {
   std::vector<int> eos_token_ids;
 };
 
-// What committing a launched step needs to know about it.
-struct StepRecord {
-  struct Row {
-    RequestId id = 0;
-    uint32_t epoch = 0;
-    int q = 0;
-    bool samples = false;
-    int32_t snapshot = -1;  // snapshot slot filled after this row's chunk
-    int snapshot_pos = 0;
-  };
-  uint64_t step_id = 0;
-  bool is_prefill = false;
-  std::vector<Row> rows;
-};
-
 struct SchedulerStats {
   uint64_t num_steps = 0;
   uint64_t num_prefill_steps = 0;
@@ -75,11 +60,13 @@ class Scheduler {
   // Finishes `id` with kAbort (ignored if unknown or finished); its finish output goes to `out`.
   void abort(RequestId id, std::vector<RequestOutput>& out);
 
-  // Plans the next step. kNeedsDrain: a preemption would hit a sequence with a step in flight;
-  // commit the in-flight steps and call again. Ready/rejected/preempted outputs go to `out`.
-  Outcome schedule(StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
-  // Applies a finished step's sampled tokens; token and finish outputs go to `out`.
-  void commit(const StepRecord& record, const StepResult& result, std::vector<RequestOutput>& out);
+  // Plans the next step into `plan` (cleared first). kNeedsDrain: a preemption would hit a
+  // sequence with a step in flight; commit the in-flight steps and call again. Ready, rejected and
+  // preempted outputs go to `out`.
+  Outcome schedule(StepPlan& plan, std::vector<RequestOutput>& out);
+  // Applies the sampled tokens of a launched `plan`; token and finish outputs go to `out`. Steps
+  // are committed in launch order.
+  void commit(const StepPlan& plan, const StepResult& result, std::vector<RequestOutput>& out);
 
   int num_unfinished() const { return num_unfinished_; }
   int num_running() const;
@@ -92,10 +79,11 @@ class Scheduler {
   void check_invariants() const;
 
  private:
-  bool schedule_prefill(StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
-  Outcome schedule_decode(StepPlan& plan, StepRecord& record, std::vector<RequestOutput>& out);
+  bool schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out);
+  Outcome schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out);
   bool has_decode_work() const;
-  void add_row(StepPlan& plan, StepRecord& record, Sequence& s, int q, bool carried);
+  void add_row(StepPlan& plan, Sequence& s, int q);
+  void unreserve(const StepPlan& plan);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
   void finish(Sequence& s, FinishReason reason, std::string detail,
               std::vector<RequestOutput>& out);
@@ -114,6 +102,7 @@ class Scheduler {
   int num_unfinished_ = 0;
   int num_holding_ = 0;  // sequences holding a state slot and blocks
   uint64_t next_step_id_ = 1;
+  int num_sampling_rows_ = 0;  // in the plan being built
   SchedulerStats stats_;
 };
 

@@ -38,6 +38,10 @@ struct InflightLedger {
   int steps = 0;
   int reserved = 0;
   int kv = 0;
+  // Index of the sequence's sampling row among the sampling rows of the latest step that holds
+  // one: a decode row planned while that step is in flight (carried) takes its input token from
+  // the device output there.
+  int32_t last_sampling_row = -1;
 };
 
 struct Sequence {

@@ -1,10 +1,13 @@
-// StepPlan: what one engine step runs, decided by the scheduler and executed by the engine's
-// StepExecutor; StepResult: what the step produced, which the scheduler commits.
+// StepPlan: what one engine step runs, decided by the scheduler, executed by the engine's
+// StepExecutor and committed back by the scheduler. StepResult: what the step produced.
 //
-// A step is all-prefill or all-decode. Each row is one sequence's chunk of query tokens at
-// positions [start_pos, start_pos + q). Rows whose first input token is still on the device
-// (sampled by the previous, uncommitted step) carry `carried = true`; the executor takes that
-// token from the previous step's device output (remap by sequence id, engine/remap.h).
+// A step is all-prefill or all-decode. Each StepRow is one sequence's chunk of query tokens; its
+// `forward` part is exactly what the model reads (the executor hands the rows to the model in
+// place, model/batch_plan.h), the rest is what sampling and the commit need. The same plan object
+// lives from scheduling to commit: the engine keeps it with the launched step.
+//
+// Lifetimes: `forward.tokens` and `forward.block_table` borrow the sequence's vectors and are read
+// only while the step is launched; the commit reads the plain fields.
 #pragma once
 
 #include <cstdint>
@@ -13,33 +16,37 @@
 #include <vector>
 
 #include "deepinfer/engine.h"
-#include "kv/block_pool.h"
+#include "model/batch_plan.h"
 
 namespace deepinfer::sched {
 
-struct PlannedRow {
+struct StepRow {
+  // What the forward reads: slot, positions [start_pos, start_pos + num_tokens), host tokens,
+  // block table, and for a carried row `token_from_previous`: the index of this sequence's
+  // sampling row in the previous step, whose token is still on the device.
+  ForwardRow forward;
   RequestId seq_id = 0;
   uint32_t epoch = 0;
-  int32_t slot = 0;
-  int start_pos = 0;
-  int q = 0;
-  bool carried = false;  // tokens[0] comes from the previous step's device output
-  bool samples = false;  // the row's last position produces a new token (decode, final chunk)
-  std::span<const int32_t> tokens;           // q host tokens (tokens[0] ignored if carried)
-  std::span<const kv::BlockId> block_table;  // borrowed from the sequence until launch
-  // Sampling parameters of the token this row generates (when samples).
-  float temperature = 1.0f;
-  int top_k = 0;
-  float top_p = 1.0f;
+  // Tokens this row generates: 0 for a prefill chunk that stops short of the prompt's end, 1 for
+  // a decode row or a final chunk (more once speculative verification scores several positions).
+  int num_sampled = 0;
+  // Sampling of the generated tokens: the sequence's parameters (valid until the commit; the
+  // sequence outlives its in-flight steps) and its seed.
+  const SamplingParams* params = nullptr;
   uint64_t seed = 0;
-  int num_logprobs = 0;
   int32_t forced_token = -1;  // SamplingParams::forced_tokens hook: emit this instead (-1: sample)
+  // Commit bookkeeping: a snapshot slot the state is copied into after this row's chunk.
+  int32_t snapshot = -1;
+  int snapshot_pos = 0;
+
+  bool samples() const { return num_sampled > 0; }
+  bool carried() const { return forward.token_from_previous >= 0; }
 };
 
 struct StepPlan {
   uint64_t step_id = 0;
   bool is_prefill = false;
-  std::vector<PlannedRow> rows;
+  std::vector<StepRow> rows;
   // State-slot copies around the forward: restore prefix-cache snapshots into live slots before
   // it, save live slots into snapshot slots after it. (src, dst) pairs.
   std::vector<std::pair<int32_t, int32_t>> copies_before;
@@ -47,18 +54,27 @@ struct StepPlan {
 
   bool empty() const { return rows.empty(); }
   int num_tokens() const;
+  int num_sampling_rows() const;
+  // The rows as the model reads them, in place.
+  RowSpan forward_rows() const { return {std::span<const StepRow>(rows), &StepRow::forward}; }
   void clear();
 };
 
-// Host results of one step: one entry per sampling row, in row order.
+// Host results of one step: the sampled tokens of the sampling rows, in row order.
 struct StepResult {
   std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;  // per sampling row when any row asked for them, else empty
+  std::vector<TokenLogprobs> logprobs;  // per sampled token when any row asked for them, else empty
 };
 
 inline int StepPlan::num_tokens() const {
   int n = 0;
-  for (const PlannedRow& r : rows) n += r.q;
+  for (const StepRow& r : rows) n += r.forward.num_tokens;
+  return n;
+}
+
+inline int StepPlan::num_sampling_rows() const {
+  int n = 0;
+  for (const StepRow& r : rows) n += r.samples() ? 1 : 0;
   return n;
 }
 
@@ -67,6 +83,7 @@ inline void StepPlan::clear() {
   copies_before.clear();
   copies_after.clear();
   is_prefill = false;
+  step_id = 0;
 }
 
 }  // namespace deepinfer::sched

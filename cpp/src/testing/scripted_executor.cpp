@@ -4,19 +4,20 @@
 #include <thread>
 
 #include "deepinfer/error.h"
-#include "sample/sampler.h"
+#include "kv/cache_geometry.h"
 
 namespace deepinfer::testing {
 
 class ScriptedExecutor::ScriptedStep final : public InflightStep {
  public:
   StepPlan plan;  // owned copy: the scheduler's spans are only valid until launch returns
-  std::vector<std::vector<int32_t>> tokens;      // per row
-  std::vector<std::vector<kv::BlockId>> tables;  // per row
+  std::vector<std::vector<int32_t>> tokens;  // per row
+  std::vector<std::vector<int32_t>> tables;  // per row
   // Per sampling row, written by the worker. Shared: the next step's worker task reads it even
   // after the engine has committed and dropped this step.
   std::shared_ptr<std::vector<int32_t>> sampled = std::make_shared<std::vector<int32_t>>();
-  std::vector<int32_t> remap;  // per row: index of its carried token in the previous step's output
+  // (sequence, epoch) of each sampling row: a carried row of the next step must name its own.
+  std::vector<std::pair<RequestId, uint32_t>> sampling_keys;
   std::shared_ptr<const std::vector<int32_t>> previous_sampled;
   std::unique_ptr<Event> done;
 };
@@ -42,27 +43,33 @@ std::unique_ptr<InflightStep> ScriptedExecutor::launch(const StepPlan& plan,
   auto step = std::make_unique<ScriptedStep>();
   step->step_id = plan.step_id;
   step->plan = plan;
-  for (sched::PlannedRow& row : step->plan.rows) {
-    step->tokens.emplace_back(row.tokens.begin(), row.tokens.end());
-    step->tables.emplace_back(row.block_table.begin(), row.block_table.end());
-    if (row.samples) step->sampling_rows.emplace_back(row.seq_id, row.epoch);
+  for (const sched::StepRow& row : step->plan.rows) {
+    step->tokens.emplace_back(row.forward.tokens.begin(), row.forward.tokens.end());
+    step->tables.emplace_back(row.forward.block_table.begin(), row.forward.block_table.end());
+    if (row.samples()) step->sampling_keys.emplace_back(row.seq_id, row.epoch);
   }
   for (size_t i = 0; i < step->plan.rows.size(); ++i) {
-    step->plan.rows[i].tokens = step->tokens[i];
-    step->plan.rows[i].block_table = step->tables[i];
+    step->plan.rows[i].forward.tokens = step->tokens[i];
+    step->plan.rows[i].forward.block_table = step->tables[i];
   }
-  if (previous != nullptr) {
-    const auto* prev = dynamic_cast<const ScriptedStep*>(previous);
-    if (prev == nullptr) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "scripted executor: previous step is from another executor");
+  const auto* prev = dynamic_cast<const ScriptedStep*>(previous);
+  if (previous != nullptr && prev == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "scripted executor: previous step is from another executor");
+  }
+  // A carried row must name its own sequence's sampling row of the previous step: checked by key,
+  // independently of how the scheduler found the index.
+  for (const sched::StepRow& row : step->plan.rows) {
+    if (!row.carried()) continue;
+    const auto index = static_cast<size_t>(row.forward.token_from_previous);
+    if (prev == nullptr || index >= prev->sampling_keys.size() ||
+        prev->sampling_keys[index] != std::make_pair(row.seq_id, row.epoch)) {
+      throw Error(ErrorCode::kInternal, "scripted executor: carried row of sequence " +
+                                            std::to_string(row.seq_id) +
+                                            " does not name its row of the previous step");
     }
-    std::vector<engine::RowKey> current;
-    for (const sched::PlannedRow& row : step->plan.rows)
-      current.emplace_back(row.seq_id, row.epoch);
-    remapper_.remap(prev->sampling_rows, current, step->remap);
-    step->previous_sampled = prev->sampled;
   }
+  if (prev != nullptr) step->previous_sampled = prev->sampled;
   ScriptedStep* raw = step.get();  // alive until wait() returned, which the engine always calls
   stream_.enqueue([this, raw] { run(*raw); });
   step->done = stream_.record_event();
@@ -77,46 +84,43 @@ void ScriptedExecutor::run(ScriptedStep& step) {
   for (const auto& [src, dst] : step.plan.copies_before)
     slots_.at(static_cast<size_t>(dst)) = slots_.at(static_cast<size_t>(src));
 
-  for (size_t i = 0; i < step.plan.rows.size(); ++i) {
-    const sched::PlannedRow& row = step.plan.rows[i];
-    if (row.slot <= 0 || row.slot >= options_.num_state_slots) {
+  for (const sched::StepRow& row : step.plan.rows) {
+    const ForwardRow& f = row.forward;
+    if (f.slot <= 0 || f.slot >= options_.num_state_slots) {
       throw Error(ErrorCode::kInternal,
-                  "scripted executor: row uses state slot " + std::to_string(row.slot));
+                  "scripted executor: row uses state slot " + std::to_string(f.slot));
     }
-    SlotState& slot = slots_[static_cast<size_t>(row.slot)];
-    if (row.start_pos == 0) slot = SlotState{};  // a fresh (or recomputed) sequence
+    SlotState& slot = slots_[static_cast<size_t>(f.slot)];
+    if (f.start_pos == 0) slot = SlotState{};  // a fresh (or recomputed) sequence
     // Positions below start_pos must already be in the slot: in order, none skipped or repeated.
-    if (row.start_pos != slot.length) {
+    if (f.start_pos != slot.length) {
       throw Error(ErrorCode::kInternal,
                   "scripted executor: sequence " + std::to_string(row.seq_id) +
-                      " row starts at position " + std::to_string(row.start_pos) +
+                      " row starts at position " + std::to_string(f.start_pos) +
                       " but its state slot holds " + std::to_string(slot.length));
     }
-    const int needed_blocks = (row.start_pos + row.q + 127) / 128;
-    if (static_cast<int>(row.block_table.size()) < needed_blocks) {
-      throw Error(ErrorCode::kInternal, "scripted executor: block table too short for sequence " +
-                                            std::to_string(row.seq_id));
+    if (static_cast<int64_t>(f.block_table.size()) !=
+        kv::blocks_for_tokens(f.start_pos + f.num_tokens)) {
+      throw Error(ErrorCode::kInternal,
+                  "scripted executor: sequence " + std::to_string(row.seq_id) + " has " +
+                      std::to_string(f.block_table.size()) + " blocks for positions up to " +
+                      std::to_string(f.start_pos + f.num_tokens - 1));
     }
-    for (kv::BlockId b : row.block_table) {
+    for (int32_t b : f.block_table) {
       if (b <= 0 || b >= options_.num_kv_blocks) {
         throw Error(ErrorCode::kInternal,
                     "scripted executor: block id " + std::to_string(b) + " handed out");
       }
     }
-    for (int k = 0; k < row.q; ++k) {
-      int32_t token = row.tokens[static_cast<size_t>(k)];
-      if (k == 0 && row.carried) {
-        if (!step.previous_sampled || i >= step.remap.size() || step.remap[i] < 0) {
-          throw Error(ErrorCode::kInternal, "scripted executor: carried row of sequence " +
-                                                std::to_string(row.seq_id) +
-                                                " has no row in the previous step");
-        }
-        token = step.previous_sampled->at(static_cast<size_t>(step.remap[i]));
+    for (int k = 0; k < f.num_tokens; ++k) {
+      int32_t token = f.tokens[static_cast<size_t>(k)];
+      if (k == 0 && row.carried()) {
+        token = step.previous_sampled->at(static_cast<size_t>(f.token_from_previous));
       }
       slot.hash = ScriptedModel::feed(slot.hash, token);
       ++slot.length;
     }
-    if (row.samples) {
+    if (row.samples()) {
       step.sampled->push_back(row.forced_token >= 0 ? row.forced_token
                                                     : options_.model.token_after(slot.hash));
     }

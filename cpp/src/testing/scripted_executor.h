@@ -15,7 +15,6 @@
 
 #include "backend/cpu_stream.h"
 #include "deepinfer/testing/scripted_engine.h"
-#include "engine/remap.h"
 #include "engine/step_executor.h"
 
 namespace deepinfer::testing {
@@ -65,7 +64,6 @@ class ScriptedExecutor final : public StepExecutor {
 
   ScriptedExecutorOptions options_;
   std::vector<SlotState> slots_;  // live slots then snapshot slots; touched by the worker only
-  engine::BatchRemapper remapper_;
   std::mutex timing_mu_;
   std::vector<StepTiming> timings_;
   CpuStream stream_;  // last member: drained and joined before the rest is destroyed
