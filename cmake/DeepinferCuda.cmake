@@ -81,6 +81,9 @@ if(DEEPINFER_CUDA_ENABLED)
     endif()
   endforeach()
   set(CMAKE_CUDA_ARCHITECTURES "${DEEPINFER_CUDA_ARCHITECTURES}")
+  # One CUDA runtime: the shared libcudart (CUDA::cudart), the same file PyTorch and other CUDA
+  # libraries of the process load. CMake's default would also link the static runtime.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   enable_language(CUDA)
