@@ -120,6 +120,7 @@ TEST(BackendOpsTable, WellFormed) {
     EXPECT_TRUE(names.insert(name).second) << "row " << name << " twice";
   }
   if (device_backend_names().empty()) {
+    if (device_required()) FAIL() << "no device backend compiled in, and one is required";
     GTEST_SKIP() << "no backend other than the CPU reference is compiled in: the " << table().size()
                  << " op cases have nothing to compare";
   }
