@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU device machine: builds libdeepinfer with the CUDA backend (sm_90a; sm_100a is
-# compile-checked on the development machine), then the CUDA-vs-CPU op tests, the GPU pytest
-# suite (tests/gpu, marker `gpu`) and the benchmarks. Logs and results go to $OUT.
+# compile-checked on the development machine), then the backend op table (every CUDA op against
+# the CPU op, tests/backend_ops), the CUDA-only op tests (tests/gpu/cpp), the GPU pytest suite
+# (tests/gpu, marker `gpu`) and the benchmarks. Logs and results go to $OUT.
 #
 # The device has no network: GoogleTest (Debian's libgtest-dev .deb) and transformers 5.23 (the
 # parity oracle; the image has 5.17) travel in .devcarry/, which scripts/prepare_devcarry.sh fills.
@@ -24,16 +25,22 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_CUDA=ON 
   -DDEEPINFER_BUILD_BENCHMARKS=ON \
   -DGTest_DIR=/tmp/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest > "$OUT/configure.log" 2>&1 ||
   { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build/gpu -j 16 --target deepinfer_gpu_tests deepinfer_core cuda_op_bench \
+cmake --build build/gpu -j 16 --target deepinfer_backend_ops deepinfer_gpu_tests deepinfer_core cuda_op_bench \
   > "$OUT/build.log" 2>&1 || { grep -E "error|Error" -A5 "$OUT/build.log" | head -80; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 python3 -c "import deepinfer_core as d; print(d.build_info())"
 
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
+  # A CUDA backend that cannot be created fails the op tests instead of skipping them.
+  export DEEPINFER_REQUIRE_DEVICE=1
+  ./build/gpu/tests/backend_ops/deepinfer_backend_ops --gtest_brief=1 2>&1 |
+    tee "$OUT/backend_ops.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   ./build/gpu/tests/gpu/cpp/deepinfer_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_op_tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-  DEEPINFER_GPU_TESTS=$PWD/build/gpu/tests/gpu/cpp/deepinfer_gpu_tests \
+  DEEPINFER_BACKEND_OPS=$PWD/build/gpu/tests/backend_ops/deepinfer_backend_ops \
+    DEEPINFER_GPU_TESTS=$PWD/build/gpu/tests/gpu/cpp/deepinfer_gpu_tests \
     python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

@@ -1,6 +1,6 @@
-// Batch layouts for the CUDA-vs-CPU cache and attention op tests: several sequences with their
-// own context length, query length, state slot and a shuffled block table (block 0 never handed
-// out), uploaded identically to both backends.
+// Batch layouts of the cache and attention op tests: several sequences with their own context
+// length, query length, state slot and a shuffled block table (block 0 never handed out),
+// uploaded identically to every backend.
 #pragma once
 
 #include <algorithm>
@@ -11,9 +11,8 @@
 
 #include "deepinfer/backend.h"
 #include "deepinfer/tensor.h"
-#include "gpu_test_util.h"
 
-namespace deepinfer::gpu_test {
+namespace deepinfer::backend_ops {
 
 struct SeqSpec {
   int ctx;   // tokens already in the caches
@@ -96,18 +95,23 @@ struct HostBatch {
   }
 };
 
-// Integers uniform in [lo, hi] as f32: sums of their products are exact in f32 as long as they
-// stay below 2^24, whatever the summation order.
-inline Tensor random_int_f32(std::mt19937& rng, const Shape& shape, int lo, int hi) {
-  Tensor t = Tensor::zeros(shape, DType::kF32);
-  std::uniform_int_distribution<int> d(lo, hi);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(d(rng));
-  return t;
+// Per token: distinct visible entries (j < (pos + 1) / ratio) in random order with -1 anywhere;
+// usually min(k, visible) of them, sometimes fewer. The `topk` input of a sparse attention layer.
+inline Tensor random_topk(std::mt19937& rng, const HostBatch& hb, int ratio, int k) {
+  std::vector<int32_t> out;
+  for (int t = 0; t < hb.num_tokens(); ++t) {
+    const int visible = (hb.positions[size_t(t)] + 1) / ratio;
+    std::vector<int32_t> pick(static_cast<size_t>(visible));
+    std::iota(pick.begin(), pick.end(), 0);
+    std::shuffle(pick.begin(), pick.end(), rng);
+    int n = std::min(k, visible);
+    if (rng() % 3 == 0) n = int(rng() % unsigned(n + 1));
+    pick.resize(size_t(n));
+    pick.resize(size_t(k), -1);
+    std::shuffle(pick.begin(), pick.end(), rng);
+    out.insert(out.end(), pick.begin(), pick.end());
+  }
+  return Tensor::from_vector(out, {hb.num_tokens(), k});
 }
 
-inline Tensor i32_shaped(const std::vector<int32_t>& v, const Shape& shape) {
-  return Tensor::from_vector(v, shape);
-}
-
-}  // namespace deepinfer::gpu_test
+}  // namespace deepinfer::backend_ops

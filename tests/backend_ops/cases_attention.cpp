@@ -1,0 +1,388 @@
+// Rows of indexer_topk and attention, at tiny widths (D = 32, 4 heads, W = 8, ratios 4 and 8) and
+// at V4-Flash widths (D = 512, 64 heads, W = 128, ring 134, CSA ratio 4 with top-k 512, HCA ratio
+// 128 with dense entries, contexts up to 4096). Batches mix decode rows, 2..6-token verification
+// steps and prefill chunks longer than the ring, over shuffled block tables.
+//
+// indexer_topk must return exactly the reference's indices. Summation order differs between
+// backends, so near-tied scores could legitimately swap; the exact rows therefore use small
+// integer q, weights and keys with power-of-two scales: every score is then exact in f32 in any
+// order, so equal scores are true ties (many of them, which exercises the tie rule: lower index
+// first) and different scores are at least 2^-7 apart. One row with random floats compares the
+// chosen entries by score instead.
+//
+// attention differs by summation order and expf ulps; with AttentionSpec::bf16_math (the CUDA
+// tensor-core kernel) it is held to the bf16 tolerance.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "batch_layout.h"
+#include "cases.h"
+#include "inputs.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+// ---- indexer_topk -------------------------------------------------------------------------------
+
+struct Indexer {
+  std::vector<SeqSpec> seqs;
+  int block = 16;
+  int max_blocks = 0;  // 0: what the sequences need
+  int heads = 4;
+  int dim = 32;
+  int ratio = 4;
+  bool integers = true;
+};
+
+struct IndexerIn {
+  HostBatch hb;
+  Tensor q, w, cache;
+};
+
+IndexerIn draw_indexer(const Indexer& c, Rng& rng) {
+  HostBatch hb(rng, c.seqs, c.block, c.max_blocks);
+  const int64_t t = hb.num_tokens();
+  const int64_t rows = int64_t{hb.num_blocks} * (c.block / c.ratio);
+  if (c.integers) {
+    return {hb, random_int_f32(rng, {t, c.heads, c.dim}, -2, 2),
+            random_int_f32(rng, {t, c.heads}, -2, 2), random_int_f32(rng, {rows, c.dim}, -2, 2)};
+  }
+  return {hb, random_f32(rng, {t, c.heads, c.dim}), random_f32(rng, {t, c.heads}),
+          random_f32(rng, {rows, c.dim})};
+}
+
+Outputs run_indexer(Backend& be, const Indexer& c, const IndexerIn& in, int top_k,
+                    float score_scale, float weight_scale) {
+  return out(be.indexer_topk(up(be, in.q), up(be, in.w), up(be, in.cache), in.hb.upload(be),
+                             c.ratio, top_k, score_scale, weight_scale));
+}
+
+// Exact rows, one per top_k.
+void add_indexer_exact(std::vector<OpCase>& t, const std::string& label, const Indexer& c,
+                       const std::vector<int>& top_ks) {
+  for (const int top_k : top_ks) {
+    add(t, Case<IndexerIn>{
+               .op = "indexer_topk",
+               .label = label + "_top" + std::to_string(top_k),
+               .draw = [c](Rng& rng) { return draw_indexer(c, rng); },
+               .run =
+                   [c, top_k](Backend& be, const IndexerIn& in) {
+                     return run_indexer(be, c, in, top_k, 0.0625f, 0.125f);
+                   },
+               .expect = exact(),
+           });
+  }
+}
+
+// Random floats: near-ties may swap, so compare each rank's score (double reference) instead:
+// every chosen entry visible and distinct, -1 past the visible ones.
+void check_indexer_scores(const Indexer& c, const IndexerIn& in, int top_k, float sscale,
+                          float wscale, const Tensor& got_ref, const Tensor& got_dev) {
+  ASSERT_EQ(got_dev.shape(), got_ref.shape());
+  const int epb = c.block / c.ratio;
+  const float* qp = in.q.data<float>();
+  const float* wp = in.w.data<float>();
+  const float* kp = in.cache.data<float>();
+  for (int t = 0; t < in.hb.num_tokens(); ++t) {
+    const size_t seq = size_t(in.hb.token_seq[size_t(t)]);
+    const int visible = (in.hb.positions[size_t(t)] + 1) / c.ratio;
+    auto score = [&](int j) {
+      const float* key = kp + in.hb.entry_row(seq, j, epb) * c.dim;
+      double s = 0;
+      for (int h = 0; h < c.heads; ++h) {
+        double d = 0;
+        for (int i = 0; i < c.dim; ++i) d += double(qp[(t * c.heads + h) * c.dim + i]) * key[i];
+        s += double(wp[t * c.heads + h]) * wscale * std::max(d, 0.0) * sscale;
+      }
+      return s;
+    };
+    std::vector<int> seen(size_t(std::max(visible, 1)), 0);
+    for (int r = 0; r < top_k; ++r) {
+      const int ic = int(got_ref.item(t * top_k + r));
+      const int ig = int(got_dev.item(t * top_k + r));
+      if (r >= visible) {
+        EXPECT_EQ(ig, -1) << "token " << t << " rank " << r;
+        continue;
+      }
+      ASSERT_GE(ig, 0) << "token " << t << " rank " << r;
+      ASSERT_LT(ig, visible) << "token " << t << " rank " << r;
+      EXPECT_EQ(seen[size_t(ig)]++, 0) << "token " << t << " chose entry " << ig << " twice";
+      EXPECT_NEAR(score(ig), score(ic), 1e-4) << "token " << t << " rank " << r;
+    }
+  }
+}
+
+void add_indexer(std::vector<OpCase>& t) {
+  Indexer c;
+  // Visible entries: 0..1 (fewer than top_k), 12 (decode), 7..8 (5 rows), 50..50 (3 rows), 250.
+  c.seqs = {{0, 7, 0}, {48, 1, 1}, {29, 5, 2}, {200, 3, 3}, {999, 2, 4}};
+  const std::vector<int> tiny_ks = {1, 5, 16, 64, 300};
+  add_indexer_exact(t, "tiny_h4_d32_m4", c, tiny_ks);
+  c.ratio = 8;
+  add_indexer_exact(t, "tiny_h4_d32_m8", c, tiny_ks);
+  c.ratio = 4;
+  c.heads = 3;  // heads not a multiple of the warps or register groups
+  c.dim = 20;
+  add_indexer_exact(t, "tiny_h3_d20_m4", c, tiny_ks);
+  c.heads = 13;
+  c.dim = 32;
+  add_indexer_exact(t, "tiny_h13_d32_m4", c, tiny_ks);
+
+  Indexer v4;
+  v4.block = 128;
+  v4.heads = 64;
+  v4.dim = 128;
+  v4.ratio = 4;
+  // Visible: 1024 (decode), 250..250 (fewer than top_k), 0..50 (prefill from 0), 750..751.
+  v4.seqs = {{4095, 1, 0}, {1000, 4, 1}, {0, 200, 2}, {3000, 6, 3}};
+  add_indexer_exact(t, "v4_h64_d128_m4", v4, {512});
+  v4.seqs = {{4096, 1, 0}};
+  add_indexer_exact(t, "v4_b1_decode", v4, {512});
+
+  Indexer longc;
+  longc.block = 128;  // 32 entries per block
+  // 50,000 visible entries: the block table reaches 50,016 entries, whose scores fit in shared
+  // memory (about 200 KB of the H200's 227 KB) next to 512 or 2048 chosen pairs; with 4096 pairs
+  // (32 KB) they do not, and the selection reads them from global memory.
+  longc.seqs = {{200000, 1, 0}, {100, 2, 1}, {70000, 3, 2}};
+  add_indexer_exact(t, "bound50016", longc, {512, 2048, 4096});
+  // 62,500 visible entries and a block table of 2048 columns (65,536 entries, 256 KB of
+  // scores): the selection reads the scores from global memory.
+  longc.seqs = {{250000, 1, 0}, {100, 2, 1}, {70000, 3, 2}};
+  longc.max_blocks = 2048;
+  add_indexer_exact(t, "bound65536", longc, {512, 2048, 4096});
+  // 1500 prefill rows at that bound need 384 MB of scores: the op runs them in token groups.
+  longc.seqs = {{0, 1500, 0}, {3000, 2, 1}};
+  add_indexer_exact(t, "bound65536_1500_rows", longc, {512});
+
+  Indexer floats = v4;
+  floats.integers = false;
+  floats.seqs = {{4095, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
+  const int top_k = 512;
+  const float sscale = 1.0f / std::sqrt(128.0f), wscale = 0.125f;
+  add(t, Case<IndexerIn>{
+             .op = "indexer_topk",
+             .label = "v4_random_floats_top512",
+             .draw = [floats](Rng& rng) { return draw_indexer(floats, rng); },
+             .run =
+                 [=](Backend& be, const IndexerIn& in) {
+                   return run_indexer(be, floats, in, top_k, sscale, wscale);
+                 },
+             .expect =
+                 [=](const IndexerIn& in, const Outputs& ref, const Outputs& dev) {
+                   check_indexer_scores(floats, in, top_k, sscale, wscale, ref[0].value,
+                                        dev[0].value);
+                 },
+         });
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+struct Attn {
+  std::vector<SeqSpec> seqs;
+  int block = 16;
+  int heads = 4;
+  int dim = 32;
+  int window = 8;
+  int ring_len = 14;  // W + 6
+  int ratio = 0;      // 0: sliding only
+  bool sparse = false;
+  int topk_cols = 0;
+  bool bf16 = false;  // AttentionSpec::bf16_math: the tensor-core path, bf16 tolerance
+};
+
+struct AttnIn {
+  HostBatch hb;
+  Tensor q, kv, ring, sinks, entries, topk;
+};
+
+void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn& c) {
+  AttentionSpec spec{c.window, 1.0f / std::sqrt(float(c.dim)), c.ratio, c.sparse};
+  spec.bf16_math = c.bf16;
+  add(t, Case<AttnIn>{
+             .op = "attention",
+             .label = (c.bf16 ? "bf16_" : "") + label,
+             .draw =
+                 [c](Rng& rng) {
+                   HostBatch hb(rng, c.seqs, c.block);
+                   const int64_t tokens = hb.num_tokens();
+                   int slots = 0;
+                   for (const SeqSpec& s : c.seqs) slots = std::max(slots, s.slot + 1);
+                   AttnIn in{hb,
+                             random_f32(rng, {tokens, c.heads, c.dim}),
+                             random_f32(rng, {tokens, c.dim}),
+                             random_f32(rng, {slots, c.ring_len, c.dim}),
+                             random_f32(rng, {c.heads}),
+                             Tensor(),
+                             Tensor()};
+                   if (c.ratio > 0) {
+                     in.entries =
+                         random_f32(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio), c.dim});
+                     if (c.sparse) in.topk = random_topk(rng, hb, c.ratio, c.topk_cols);
+                   }
+                   return in;
+                 },
+             .run =
+                 [spec](Backend& be, const AttnIn& in) {
+                   return out(be.attention(up(be, in.q), up(be, in.kv), up(be, in.ring),
+                                           up(be, in.entries), up(be, in.topk), up(be, in.sinks),
+                                           in.hb.upload(be), spec));
+                 },
+             .expect = c.bf16 ? bf16_math() : close(1e-5, 1e-6),
+         });
+}
+
+// Starting at 0; a decode row reading a wrapped ring; a chunk longer than the ring; 3- and
+// 2-token verification steps.
+const std::vector<SeqSpec> kTinySeqs = {{0, 5, 2}, {37, 1, 0}, {20, 30, 4}, {50, 3, 1}, {9, 2, 3}};
+
+// A decode row at 4095, a 4-token step at 1000, a 200-token prefill chunk from 0 (longer than
+// the ring), a 6-token verification step at 3000.
+const std::vector<SeqSpec> kFlashSeqs = {{4095, 1, 0}, {1000, 4, 1}, {0, 200, 2}, {3000, 6, 3}};
+
+// Decode rows of `batch` sequences at spread-out contexts.
+std::vector<SeqSpec> decode_seqs(int batch, int s_q) {
+  std::vector<SeqSpec> seqs;
+  for (int i = 0; i < batch; ++i) seqs.push_back({200 + (i * 997) % 3900, s_q, i});
+  return seqs;
+}
+
+// Dense and sparse entries over kTinySeqs (positions below 32: fewer visible entries than
+// top_k); `last_heads` for the last row.
+void add_tiny_entries(std::vector<OpCase>& t, Attn c, int last_heads) {
+  c.seqs = kTinySeqs;
+  c.ratio = 4;
+  add_attention(t, "tiny_dense_m4", c);
+  c.ratio = 8;
+  add_attention(t, "tiny_dense_m8", c);
+  c.ratio = 4;
+  c.sparse = true;
+  c.topk_cols = 8;
+  add_attention(t, "tiny_sparse_m4_k8", c);
+  c.topk_cols = 3;
+  c.ratio = 8;
+  const std::string heads = c.heads == last_heads ? "" : "_h" + std::to_string(last_heads);
+  c.heads = last_heads;
+  add_attention(t, "tiny_sparse_m8_k3" + heads, c);
+}
+
+// Few tokens over long key lists: the keys are split across blocks and combined.
+void add_split_keys(std::vector<OpCase>& t, Attn c) {
+  c.seqs = {{1000, 1, 0}, {777, 2, 1}};
+  c.ratio = 4;
+  add_attention(t, "tiny_dense_split", c);
+  c.sparse = true;
+  c.topk_cols = 100;
+  add_attention(t, "tiny_sparse_split", c);
+  c.ratio = 0;
+  c.sparse = false;
+  c.topk_cols = 0;
+  c.window = 200;
+  c.ring_len = 206;
+  add_attention(t, "tiny_sliding_w200_split", c);
+}
+
+// V4-Flash widths: sliding, CSA (sparse, m = 4, top-512) and HCA (dense, m = 128) layers over
+// kFlashSeqs (with a 200-token prefill chunk from 0), a B = 1 decode, and for the tensor-core
+// kernel also decode batches and a prefill chunk after cached tokens.
+void add_flash(std::vector<OpCase>& t, bool bf16) {
+  Attn c;
+  c.block = 128;
+  c.heads = 64;
+  c.dim = 512;
+  c.window = 128;
+  c.ring_len = 134;
+  c.bf16 = bf16;
+  c.seqs = kFlashSeqs;
+  add_attention(t, "v4_sliding", c);
+  c.seqs = {{4000, 1, 0}};
+  add_attention(t, "v4_sliding_b1_decode", c);
+
+  Attn csa = c;
+  csa.ratio = 4;
+  csa.sparse = true;
+  csa.topk_cols = 512;
+  csa.seqs = kFlashSeqs;
+  add_attention(t, "v4_csa_top512", csa);
+  csa.seqs = {{4096, 1, 0}};
+  add_attention(t, "v4_csa_b1_decode", csa);
+  csa.seqs = {{2047, 2, 0}, {1500, 2, 1}};
+  add_attention(t, "v4_csa_two_2token_steps", csa);
+  if (bf16) {
+    csa.seqs = decode_seqs(8, 1);
+    add_attention(t, "v4_csa_b8_decode", csa);
+    csa.seqs = decode_seqs(37, 1);
+    add_attention(t, "v4_csa_b37_decode", csa);
+    csa.seqs = decode_seqs(16, 2);
+    add_attention(t, "v4_csa_b16_sq2", csa);
+    csa.seqs = {{600, 150, 0}, {3000, 1, 1}};  // a prefill chunk after 600 cached tokens
+    add_attention(t, "v4_csa_prefill_chunk_with_context", csa);
+  }
+
+  Attn hca = c;
+  hca.ratio = 128;
+  hca.seqs = kFlashSeqs;
+  add_attention(t, "v4_hca_dense", hca);
+  hca.seqs = {{4095, 1, 0}};
+  add_attention(t, "v4_hca_b1_decode", hca);
+  if (bf16) {
+    hca.seqs = decode_seqs(8, 2);
+    add_attention(t, "v4_hca_b8_sq2", hca);
+  }
+}
+
+void add_f32_attention(std::vector<OpCase>& t) {
+  Attn c;
+  c.seqs = kTinySeqs;
+  add_attention(t, "tiny_sliding", c);
+  c.heads = 5;  // a head count that is not a multiple of 8
+  c.dim = 64;
+  add_attention(t, "tiny_sliding_h5_d64", c);
+  c.heads = 12;
+  c.dim = 96;
+  add_attention(t, "tiny_sliding_h12_d96", c);
+  add_tiny_entries(t, Attn{}, 4);
+  add_split_keys(t, Attn{});
+  add_flash(t, false);
+}
+
+// AttentionSpec::bf16_math: the CUDA tensor-core kernel (ops_attention_mma.cu).
+void add_bf16_attention(std::vector<OpCase>& t) {
+  Attn c;
+  c.seqs = kTinySeqs;
+  c.bf16 = true;
+  c.dim = 64;
+  add_attention(t, "tiny_sliding_h4_d64", c);
+  c.heads = 5;  // one partial row group of 16
+  c.dim = 128;
+  add_attention(t, "tiny_sliding_h5_d128", c);
+  c.heads = 72;  // two head groups of 64, the second with 8 heads
+  c.dim = 64;
+  add_attention(t, "tiny_sliding_h72_d64", c);
+  c.heads = 12;  // D = 96 has no tensor-core kernel: the f32 kernel runs
+  c.dim = 96;
+  add_attention(t, "tiny_sliding_h12_d96_f32_fallback", c);
+  c.heads = 3;
+  c.dim = 256;
+  add_attention(t, "tiny_sliding_h3_d256", c);
+  Attn tiny;
+  tiny.bf16 = true;
+  tiny.dim = 64;
+  add_tiny_entries(t, tiny, 20);
+  add_split_keys(t, tiny);
+  add_flash(t, true);
+}
+
+}  // namespace
+
+std::vector<OpCase> attention_cases() {
+  std::vector<OpCase> t;
+  add_indexer(t);
+  add_f32_attention(t);
+  add_bf16_attention(t);
+  return t;
+}
+
+}  // namespace deepinfer::backend_ops

@@ -1,0 +1,354 @@
+// Rows of the dense ops: embedding, rms_norm, scale, add, swiglu, gather_rows, copy_rows, rope,
+// argmax, at tiny widths and at DeepSeek-V4-Flash widths.
+//
+// Tolerances: copies, gathers, argmax, scale, add and the embedding must be exact; ops whose only
+// differences are summation order (rms) or expf/cosf/sinf ulps are held to ~1e-5 of the largest
+// reference value. A bf16 embedding table is drawn bf16-rounded, so the reference's f32 table and
+// the device's bf16 one hold the same values: exact.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cases.h"
+#include "inputs.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+// inv_freq[i] = theta^(-2i / rope_dim), as the model computes it.
+Tensor rope_inv_freq(int64_t rope_dim, double theta) {
+  std::vector<float> v(static_cast<size_t>(rope_dim / 2));
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<float>(
+        1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / static_cast<double>(rope_dim)));
+  }
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+}
+
+void add_embedding(std::vector<OpCase>& t) {
+  struct Dims {
+    int64_t vocab, hidden, tokens;
+  };
+  for (const Dims d : {Dims{100, 64, 1}, Dims{100, 64, 37}, Dims{1000, kHidden, 3}}) {
+    const std::string shape = "v" + std::to_string(d.vocab) + "_h" + std::to_string(d.hidden) +
+                              "_t" + std::to_string(d.tokens);
+    for (const DType stored : {DType::kF32, DType::kBF16}) {
+      const bool bf16 = stored == DType::kBF16;
+      add(t, Case<Tensors>{
+                 .op = "embedding",
+                 .label = std::string(dtype_name(stored)) + "_" + shape,
+                 .draw =
+                     [d, bf16](Rng& rng) {
+                       Tensor table = random_f32(rng, {d.vocab, d.hidden});
+                       return Tensors{
+                           bf16 ? round_bf16(table) : table,
+                           random_ids(rng, d.tokens, 0, static_cast<int32_t>(d.vocab - 1))};
+                     },
+                 .run =
+                     [stored](Backend& be, const Tensors& in) {
+                       return out(be.embedding(up_weight(be, in[0], stored), up(be, in[1])));
+                     },
+                 .expect = exact(),
+                 .bf16_weights = bf16,
+             });
+    }
+  }
+}
+
+// The shapes reach every kernel of the CUDA op: a warp per row (widths up to 1024 floats, with
+// partly filled lanes), a block per row with and without the weight loaded early (few / many
+// rows), a cluster of blocks per row (few rows wider than 4096 floats, the last block shorter),
+// and the scalar fallback (a width not a multiple of 4, wider than 16384). "Few" is relative to
+// the SM count; these shapes split as described on an H200 (132 SMs).
+void add_rms_norm(std::vector<OpCase>& t) {
+  const std::vector<Shape> shapes = {{1, 64},
+                                     {37, 64},
+                                     {5, 7},
+                                     {3, kHidden},
+                                     {3, kHcMult * kHidden},
+                                     {2, kHeads, kHeadDim},
+                                     {64},
+                                     {1, 4},
+                                     {9, 36},
+                                     {1, 512},
+                                     {1, kHeads, kHeadDim},
+                                     {300, 1024},
+                                     {1, 1024},
+                                     {2, 1028},
+                                     {1, kHidden},
+                                     {200, kHidden},
+                                     {1, 8192},
+                                     {64, 8192},
+                                     {1, kHcMult * kHidden},
+                                     {1, kHcMult, kHidden},
+                                     {3, 5000},
+                                     {140, kHcMult * kHidden},
+                                     {2, 4098},
+                                     {1, 20000}};
+  for (const Shape& s : shapes) {
+    for (const bool weighted : {true, false}) {
+      add(t, Case<Tensors>{
+                 .op = "rms_norm",
+                 .label = (weighted ? "weighted_" : "unweighted_") + dims(s),
+                 .draw =
+                     [s](Rng& rng) {
+                       return Tensors{random_f32(rng, s, 3.0f), random_f32(rng, {s.back()})};
+                     },
+                 .run =
+                     [weighted](Backend& be, const Tensors& in) {
+                       return out(
+                           be.rms_norm(up(be, in[0]), weighted ? up(be, in[1]) : Tensor(), 1e-6f));
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
+  }
+  // A base that is not 16-byte aligned (a view one float into its storage) takes the scalar
+  // kernel.
+  for (const int64_t dim : {int64_t{512}, kHidden, kHcMult * kHidden}) {
+    for (const bool weighted : {true, false}) {
+      add(t, Case<Tensors>{
+                 .op = "rms_norm",
+                 .label = (weighted ? "unaligned_weighted_" : "unaligned_unweighted_") +
+                          std::to_string(dim),
+                 .draw =
+                     [dim](Rng& rng) {
+                       return Tensors{random_f32(rng, {dim + 1}, 3.0f), random_f32(rng, {dim})};
+                     },
+                 .run =
+                     [dim, weighted](Backend& be, const Tensors& in) {
+                       return out(be.rms_norm(up(be, in[0]).narrow(0, 1, dim),
+                                              weighted ? up(be, in[1]) : Tensor(), 1e-6f));
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
+  }
+}
+
+void add_elementwise(std::vector<OpCase>& t) {
+  const std::vector<Shape> shapes = {{1, 64}, {37, 64}, {3, kHidden}, {3, 2048}, {5, 3, 7}};
+  for (const Shape& s : shapes) {
+    const auto draw = [s](Rng& rng) {
+      return Tensors{random_f32(rng, s, 6.0f), random_f32(rng, s, 6.0f)};
+    };
+    add(t, Case<Tensors>{
+               .op = "scale",
+               .label = dims(s),
+               .draw = draw,
+               .run = [](Backend& be,
+                         const Tensors& in) { return out(be.scale(up(be, in[0]), 0.37f)); },
+               .expect = exact(),
+           });
+    add(t, Case<Tensors>{
+               .op = "add",
+               .label = dims(s),
+               .draw = draw,
+               .run = [](Backend& be,
+                         const Tensors& in) { return out(be.add(up(be, in[0]), up(be, in[1]))); },
+               .expect = exact(),
+           });
+    for (const float limit : {10.0f, 3.0f, 1e30f}) {
+      add(t, Case<Tensors>{
+                 .op = "swiglu",
+                 .label = "limit" + num(limit) + "_" + dims(s),
+                 .draw = draw,
+                 .run =
+                     [limit](Backend& be, const Tensors& in) {
+                       return out(be.swiglu(up(be, in[0]), up(be, in[1]), limit));
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
+  }
+}
+
+void add_rows(std::vector<OpCase>& t) {
+  struct Rows {
+    Shape shape;
+    DType dtype;
+  };
+  // Row sizes that pick each copy width: 16 B, 8 B (bf16 x4), 4 B, 2 B (bf16 x3), 1 B (fp8 x5).
+  for (const Rows& c : std::vector<Rows>{{{37, 64}, DType::kF32},
+                                         {{5, kHeads, kHeadDim}, DType::kF32},
+                                         {{9, 4}, DType::kBF16},
+                                         {{9, 3}, DType::kI32},
+                                         {{9, 3}, DType::kBF16},
+                                         {{9, 5}, DType::kF8E4M3},
+                                         {{9}, DType::kI64}}) {
+    const std::string tag = std::string(dtype_name(c.dtype)) + "_" + dims(c.shape);
+    const auto rows = static_cast<int32_t>(c.shape[0]);
+    for (const bool none : {false, true}) {
+      add(t,
+          Case<Tensors>{
+              .op = "gather_rows",
+              .label = (none ? "no_rows_" : "") + tag,
+              .draw =
+                  [c, rows, none](Rng& rng) {
+                    Tensor x = random_bytes(rng, c.shape, c.dtype);
+                    // Repeats included.
+                    return Tensors{x, none ? i32({}) : random_ids(rng, 2 * rows + 1, 0, rows - 1)};
+                  },
+              .run =
+                  [](Backend& be, const Tensors& in) {
+                    return out(be.gather_rows(up_same(be, in[0]), up(be, in[1])));
+                  },
+              .expect = bytes(),
+          });
+    }
+  }
+  for (const Rows& c : std::vector<Rows>{{{16, 64}, DType::kF32},
+                                         {{8, 134, kHeadDim}, DType::kF32},  // an SWA ring per slot
+                                         {{16, 3}, DType::kBF16},
+                                         {{16, 5}, DType::kF8E4M3},
+                                         {{16}, DType::kI32}}) {
+    // Sources among the first half (one read twice), distinct destinations in the second half.
+    const auto half = static_cast<int32_t>(c.shape[0] / 2);
+    add(t, Case<Tensors>{
+               .op = "copy_rows",
+               .label = std::string(dtype_name(c.dtype)) + "_" + dims(c.shape),
+               .draw = [c](Rng& rng) { return Tensors{random_bytes(rng, c.shape, c.dtype)}; },
+               .run =
+                   [half](Backend& be, const Tensors& in) {
+                     Tensor x = up_same(be, in[0]);
+                     be.copy_rows(x, up(be, i32({0, 1, 1, half - 1})),
+                                  up(be, i32({half + 2, half, 2 * half - 1, half + 1})));
+                     return out(x);
+                   },
+               .expect = bytes(),
+           });
+  }
+}
+
+void add_rope(std::vector<OpCase>& t) {
+  struct Rope {
+    Shape shape;
+    int64_t rope_dim;
+    int32_t max_pos;
+  };
+  for (const Rope& c : std::vector<Rope>{{{1, 4, 64}, 16, 10},
+                                         {{37, 4, 64}, 64, 5000},
+                                         {{5, 7}, 6, 100},
+                                         {{37, 64}, 64, 200000},
+                                         {{3, kHeads, kHeadDim}, kRopeDim, 1 << 20},
+                                         {{3, kHeadDim}, kRopeDim, 100000},
+                                         {{4, 2, 8}, 0, 10}}) {
+    for (const bool inverse : {false, true}) {
+      add(t, Case<Tensors>{
+                 .op = "rope",
+                 .label = (inverse ? "inverse_" : "") + dims(c.shape) + "_rope" +
+                          std::to_string(c.rope_dim),
+                 .draw =
+                     [c](Rng& rng) {
+                       return Tensors{random_f32(rng, c.shape),
+                                      random_ids(rng, c.shape[0], 0, c.max_pos),
+                                      rope_inv_freq(c.rope_dim, 10000.0)};
+                     },
+                 .run =
+                     [inverse](Backend& be, const Tensors& in) {
+                       return out(be.rope(up(be, in[0]), up(be, in[1]), up(be, in[2]), inverse));
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
+  }
+}
+
+// Rows [8, cols] of ties and special values, one pattern per row.
+Tensor argmax_special_values(Rng& rng, int64_t cols) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t rows = 8;
+  Tensor x = Tensor::zeros({rows, cols}, DType::kF32);
+  auto at = [&](int64_t r, int64_t c) -> float& { return x.data<float>()[r * cols + c]; };
+  std::uniform_int_distribution<int64_t> col(0, cols - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) at(r, c) = static_cast<float>(c % 17) * 0.25f - 2.0f;
+  }
+  // Row 0: the maximum (2.0 at c % 17 == 16) repeats: lowest index wins.
+  // Row 1: a larger value at three random places.
+  for (int k = 0; k < 3; ++k) at(1, col(rng)) = 100.0f;
+  // Row 2: all equal -> 0.
+  for (int64_t c = 0; c < cols; ++c) at(2, c) = 1.5f;
+  // Row 3: NaN first -> 0 (the CPU's scan never replaces it).
+  at(3, 0) = nan;
+  // Row 4: NaNs elsewhere, including after the max, are skipped.
+  for (int64_t c = 1; c < cols; c += 3) at(4, c) = nan;
+  // Row 5: all -inf except NaNs -> lowest -inf index.
+  for (int64_t c = 0; c < cols; ++c) at(5, c) = c % 2 == 0 ? nan : -inf;
+  at(5, 0) = -inf;
+  // Row 6: -0 and +0 are equal: the first zero wins.
+  for (int64_t c = 0; c < cols; ++c) at(6, c) = -1.0f;
+  at(6, cols - 1) = 0.0f;
+  at(6, cols / 2) = -0.0f;
+  // Row 7: +inf at the end.
+  at(7, cols - 1) = inf;
+  return x;
+}
+
+void add_argmax(std::vector<OpCase>& t) {
+  const auto run = [](Backend& be, const Tensors& in) { return out(be.argmax(up(be, in[0]))); };
+  // One block per row (up to 4096 floats), a row split over blocks and a final reduction (the
+  // vocabulary, one row and a decode batch), the scalar path (widths not a multiple of 4, one and
+  // several blocks), and a row longer than the most blocks a row gets (blocks loop).
+  for (const Shape& s : std::vector<Shape>{{1, 64},
+                                           {37, 64},
+                                           {3, 1000},
+                                           {4, kVocab},
+                                           {2, 1},
+                                           {1, 4},
+                                           {5, 3},
+                                           {3, 4096},
+                                           {2, 4100},
+                                           {1, kVocab},
+                                           {64, kVocab},
+                                           {3, 1027},
+                                           {2, kVocab + 1},
+                                           {1, 4 * 1024 * 1024 + 36}}) {
+    add(t, Case<Tensors>{
+               .op = "argmax",
+               .label = dims(s),
+               .draw = [s](Rng& rng) { return Tensors{random_f32(rng, s)}; },
+               .run = run,
+               .expect = exact(),
+           });
+  }
+  // A base that is not 16-byte aligned (a view one float into its storage) takes the scalar path.
+  for (const int64_t cols : {int64_t{1000}, kVocab}) {
+    add(t, Case<Tensors>{
+               .op = "argmax",
+               .label = "unaligned_2x" + std::to_string(cols),
+               .draw = [cols](Rng& rng) { return Tensors{random_f32(rng, {2 * cols + 1})}; },
+               .run =
+                   [cols](Backend& be, const Tensors& in) {
+                     return out(be.argmax(up(be, in[0]).narrow(0, 1, 2 * cols).reshape({2, cols})));
+                   },
+               .expect = exact(),
+           });
+  }
+  for (const int64_t cols : {int64_t{64}, int64_t{1000}, int64_t{4097}, kVocab}) {
+    add(t, Case<Tensors>{
+               .op = "argmax",
+               .label = "ties_and_specials_8x" + std::to_string(cols),
+               .draw = [cols](Rng& rng) { return Tensors{argmax_special_values(rng, cols)}; },
+               .run = run,
+               .expect = exact(),
+           });
+  }
+}
+
+}  // namespace
+
+std::vector<OpCase> dense_cases() {
+  std::vector<OpCase> t;
+  add_embedding(t);
+  add_rms_norm(t);
+  add_elementwise(t);
+  add_rows(t);
+  add_rope(t);
+  add_argmax(t);
+  return t;
+}
+
+}  // namespace deepinfer::backend_ops

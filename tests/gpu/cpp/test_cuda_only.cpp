@@ -1,0 +1,201 @@
+// CUDA behaviour that is not a comparison with the CPU reference (those are rows of the backend
+// op table, tests/backend_ops): what the device does where the CPU op throws (it cannot without a
+// host sync), argument errors, kernel selection and run-to-run determinism. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "batch_layout.h"
+#include "compare.h"
+#include "deepinfer/backend.h"
+#include "deepinfer/error.h"
+#include "device_backends.h"
+#include "inputs.h"
+#include "sampling_rows.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+class CudaOnly : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    cuda_ = shared_backend("cuda", &why);
+    if (cuda_ == nullptr && device_required()) FAIL() << why;
+    if (cuda_ == nullptr) GTEST_SKIP() << why;
+  }
+
+  Backend& gpu() { return *cuda_; }
+  Tensor randn(const Shape& shape, float scale = 1.0f) { return random_f32(rng_, shape, scale); }
+  Tensor f32(const Tensor& host) { return gpu().upload(host, DType::kF32); }
+  Tensor ids(const std::vector<int32_t>& v) { return gpu().upload(i32(v), DType::kI32); }
+
+  std::mt19937 rng_{20240611};
+  Backend* cuda_ = nullptr;
+};
+
+// ---- out-of-range ids: the CPU op throws, the device cannot and does something harmless ---------
+
+TEST_F(CudaOnly, EmbeddingOutOfRangeIdGivesZeroRow) {
+  Tensor table = randn({10, 64});
+  Tensor out = gpu().to_host(gpu().embedding(f32(table), ids({-1, 10, 3})));
+  for (int64_t h = 0; h < 64; ++h) {
+    EXPECT_EQ(out.item(h), 0.0);
+    EXPECT_EQ(out.item(64 + h), 0.0);
+    EXPECT_EQ(out.item(128 + h), table.item(3 * 64 + h));
+  }
+}
+
+TEST_F(CudaOnly, GatherRowsOutOfRangeGivesZeroRow) {
+  Tensor x = randn({4, 8});
+  Tensor out = gpu().to_host(gpu().gather_rows(f32(x), ids({2, -1, 4})));
+  for (int64_t h = 0; h < 8; ++h) {
+    EXPECT_EQ(out.item(h), x.item(16 + h));
+    EXPECT_EQ(out.item(8 + h), 0.0);
+    EXPECT_EQ(out.item(16 + h), 0.0);
+  }
+}
+
+TEST_F(CudaOnly, CopyRowsOutOfRangeIsSkipped) {
+  Tensor host = randn({4, 8});
+  Tensor t = f32(host);
+  gpu().copy_rows(t, ids({0, 5, 1}), ids({2, 3, -1}));
+  Tensor out = gpu().to_host(t);
+  for (int64_t h = 0; h < 8; ++h) {
+    EXPECT_EQ(out.item(16 + h), host.item(h));       // 0 -> 2 copied
+    EXPECT_EQ(out.item(24 + h), host.item(24 + h));  // 5 -> 3 skipped
+    EXPECT_EQ(out.item(8 + h), host.item(8 + h));    // 1 -> -1 skipped
+  }
+}
+
+// A remap past `previous` falls back to the host token. (select_tokens is becoming in place:
+// tokens[i] = previous[remap[i]]; this test and cases_select_tokens.cpp are its callers.)
+TEST_F(CudaOnly, SelectTokensRemapPastPreviousKeepsHostToken) {
+  Tensor out = gpu().to_host(gpu().select_tokens(ids({7, 8, 9}), ids({0, 2, -1}), ids({42, 43})));
+  EXPECT_EQ(out.item(0), 42);
+  EXPECT_EQ(out.item(1), 8);
+  EXPECT_EQ(out.item(2), 9);
+}
+
+// Out-of-range hash entries are clamped on the device.
+TEST_F(CudaOnly, RouteHashClampsInvalidIds) {
+  Tensor x = randn({3, 16});
+  Tensor gate = gpu().upload_weight(randn({4, 16}), DType::kF32);
+  Tensor table =
+      gpu().upload(Tensor::from_vector(std::vector<int32_t>{7, -2, 1, 2}, {2, 2}), DType::kI32);
+  Routing r = gpu().moe_route(f32(x), gate, Tensor(), table, ids({5, -1, 1}), 2, 1.0f);
+  Tensor got = gpu().to_host(r.expert_ids);
+  // token 5 -> row 1, token -1 -> row 0 (clamped to [0, 2)); entries clamped to [0, 4).
+  const std::vector<int32_t> want = {1, 2, 3, 0, 1, 2};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got.data<int32_t>()[i], want[i]) << i;
+}
+
+// ---- argument errors ----------------------------------------------------------------------------
+
+TEST_F(CudaOnly, MetadataErrorsThrowLikeTheCpu) {
+  Tensor x = f32(randn({4, 64}));
+  Tensor host_x = randn({4, 64});
+  Tensor pos = ids({0, 1, 2, 3});
+  Tensor freq66 = f32(Tensor::zeros({33}, DType::kF32));  // rope_dim 66 > head dim 64
+  EXPECT_THROW(gpu().rms_norm(x, f32(randn({63})), 1e-6f), Error);
+  EXPECT_THROW(gpu().rms_norm(host_x, Tensor(), 1e-6f), Error);
+  EXPECT_THROW(gpu().add(x, f32(randn({4, 63}))), Error);
+  EXPECT_THROW(gpu().rope(x, pos, freq66, false), Error);
+  EXPECT_THROW(gpu().argmax(f32(randn({4, 0}))), Error);
+  EXPECT_THROW(gpu().embedding(x, f32(randn({2}))), Error);
+  EXPECT_THROW(gpu().hc_expand(x, 0), Error);
+  HcParams p;
+  Tensor X = f32(randn({2, 4, 16}));
+  Tensor fn = f32(randn({24, 64}));
+  Tensor base = f32(randn({24}));
+  Tensor scale3 = f32(randn({3}));
+  EXPECT_NO_THROW(gpu().hc_pre(X, fn, base, scale3, p));
+  EXPECT_THROW(gpu().hc_pre(X, fn, base, f32(randn({2})), p), Error);
+  p.sinkhorn_iters = 0;
+  EXPECT_THROW(gpu().hc_pre(X, fn, base, scale3, p), Error);
+  gpu().synchronize();
+}
+
+// ---- kernel selection and determinism -----------------------------------------------------------
+
+// The bf16 GEMV (1..2 tokens) sums every output in an order fixed by (N, K, groups): two runs
+// agree bitwise, and a token's row does not depend on how many tokens share the call.
+TEST_F(CudaOnly, GemmBf16GemvIsDeterministicAndPerToken) {
+  constexpr int64_t kGemvMaxTokens = 2;
+  struct Shape2 {
+    int64_t n, k;
+    int groups;  // 0: linear
+  };
+  for (const Shape2& s :
+       {Shape2{64, 4096, 0}, Shape2{1024, 4096, 8}, Shape2{8192, 1024, 0}, Shape2{4096, 8192, 0}}) {
+    const int g = s.groups ? s.groups : 1;
+    Tensor w = gpu().upload(randn({g * s.n, s.k}), DType::kBF16);
+    Tensor x = f32(randn({kGemvMaxTokens, g * s.k}));
+    const auto run = [&](int64_t m) {
+      const Tensor xm = x.narrow(0, 0, m);
+      return gpu().to_host(s.groups ? gpu().grouped_linear(xm, w, s.groups) : gpu().linear(xm, w));
+    };
+    const std::string what = "n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " groups " +
+                             std::to_string(s.groups);
+    Tensor first = run(kGemvMaxTokens);
+    EXPECT_TRUE(same_bytes(first, run(kGemvMaxTokens))) << what << ": two runs differ";
+    for (int64_t m = 1; m < kGemvMaxTokens; ++m) {
+      Tensor few = run(m);
+      EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
+          << what << ": the first " << m << " tokens differ when run alone";
+    }
+  }
+}
+
+// bf16_math really takes the tensor-core kernel at V4 widths (its result differs from the f32
+// kernel's, within the bf16 tolerance), and without it the f32 kernel runs (bit-identical to an
+// explicit bf16_math = false call).
+TEST_F(CudaOnly, AttentionBf16MathSelectsTheKernel) {
+  const int heads = 64, dim = 512, window = 128, ring_len = 134, block = 128;
+  HostBatch hb(rng_, {{4096, 1, 0}, {3000, 2, 1}}, block);
+  const int64_t t = hb.num_tokens();
+  Tensor q = f32(randn({t, heads, dim}));
+  Tensor kv = f32(randn({t, dim}));
+  Tensor ring = f32(randn({2, ring_len, dim}));
+  Tensor sinks = f32(randn({heads}));
+  Tensor entries = f32(randn({int64_t{hb.num_blocks} * (block / 4), dim}));
+  Tensor topk = gpu().upload(random_topk(rng_, hb, 4, 512), DType::kI32);
+  const BatchLayout layout = hb.upload(gpu());
+  AttentionSpec spec{window, 1.0f / std::sqrt(float(dim)), 4, true};
+  auto run = [&](bool bf16) {
+    spec.bf16_math = bf16;
+    return gpu().to_host(gpu().attention(q, kv, ring, entries, topk, sinks, layout, spec));
+  };
+  const Tensor f32_out = run(false);
+  const Tensor f32_again = run(false);
+  const Tensor bf16_out = run(true);
+  EXPECT_FALSE(same_bytes(f32_out, bf16_out)) << "bf16_math gave the f32 kernel's result";
+  EXPECT_TRUE(bf16_close(f32_out, bf16_out));
+  EXPECT_TRUE(same_bytes(f32_out, f32_again));
+}
+
+// One request's token must not depend on its batch: the same row alone and inside a batch.
+TEST_F(CudaOnly, SampleRowIndependentOfBatch) {
+  const int64_t vocab = 5000;
+  Tensor logits = Tensor::zeros({16, vocab}, DType::kF32);
+  for (int r = 0; r < 16; ++r) {
+    fill_logits_row(logits.data<float>() + r * vocab, vocab, RowKind::kNormal, rng_);
+  }
+  SamplingRows all;
+  for (int r = 0; r < 16; ++r) all.add(0.9f, 0, 0.9f, 1234, 77, 0);
+  Tensor batched = gpu().to_host(gpu().sample(f32(logits), all.upload(gpu())).tokens);
+  for (int r = 0; r < 16; r += 5) {
+    SamplingRows one;
+    one.add(0.9f, 0, 0.9f, 1234, 77, 0);
+    Tensor row = logits.narrow(0, r, 1).contiguous();
+    Tensor alone = gpu().to_host(gpu().sample(f32(row), one.upload(gpu())).tokens);
+    EXPECT_EQ(alone.data<int32_t>()[0], batched.data<int32_t>()[r]) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
