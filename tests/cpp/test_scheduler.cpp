@@ -1,0 +1,321 @@
+// The Scheduler alone, driven by hand: the plans it emits and how it commits them. No executor:
+// each test plays the device by passing StepResults back in launch order.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "kv/cache_geometry.h"
+#include "sched/kv_allocator.h"
+#include "sched/scheduler.h"
+#include "sched_test_util.h"
+
+namespace deepinfer::sched {
+namespace {
+
+using Outcome = Scheduler::Outcome;
+constexpr int32_t kEos = 1;
+
+struct Options {
+  int num_blocks = 64;
+  int max_num_seqs = 8;
+  int max_num_batched_tokens = 256;
+  int max_model_len = 4096;
+  int num_snapshot_slots = 0;
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+};
+
+// A scheduler over its own allocator, with the outputs it produced so far.
+class Harness {
+ public:
+  explicit Harness(const Options& o)
+      : kv_(KvLayout{o.num_blocks, /*num_live_slots=*/o.max_num_seqs + 3, o.num_snapshot_slots,
+                     kv::kBlockSize, o.num_snapshot_slots > 0}),
+        scheduler_(config(o), kv_) {}
+
+  RequestId add(std::vector<int32_t> prompt, int max_tokens = 8) {
+    auto s = std::make_unique<Sequence>();
+    s->id = next_id_++;
+    s->arrival = s->id;
+    s->params.temperature = 0.0f;
+    s->params.max_tokens = max_tokens;
+    s->num_prompt_tokens = static_cast<int>(prompt.size());
+    s->tokens = std::move(prompt);
+    s->tokens.reserve(s->tokens.size() + static_cast<size_t>(max_tokens));
+    const RequestId id = s->id;
+    scheduler_.add(std::move(s));
+    return id;
+  }
+  Outcome schedule(StepPlan& plan) {
+    const Outcome o = scheduler_.schedule(plan, out);
+    scheduler_.check_invariants();
+    return o;
+  }
+  // Commits `plan` as if the device sampled `tokens` (one per sampling row, in row order).
+  void commit(const StepPlan& plan, std::vector<int32_t> tokens) {
+    StepResult result;
+    result.tokens = std::move(tokens);
+    scheduler_.commit(plan, result, out);
+    scheduler_.check_invariants();
+  }
+  // Commits with token 7 for every sampling row.
+  void commit(const StepPlan& plan) {
+    commit(plan, std::vector<int32_t>(static_cast<size_t>(plan.num_sampling_rows()), 7));
+  }
+  const Sequence& seq(RequestId id) const { return *scheduler_.find(id); }
+  FinishReason finish_of(RequestId id) const {
+    for (const RequestOutput& o : out)
+      if (o.id == id && o.finish != FinishReason::kNone) return o.finish;
+    return FinishReason::kNone;
+  }
+  Scheduler& scheduler() { return scheduler_; }
+  KvAllocator& kv() { return kv_; }
+
+  std::vector<RequestOutput> out;
+
+ private:
+  static SchedulerConfig config(const Options& o) {
+    SchedulerConfig c;
+    c.max_num_seqs = o.max_num_seqs;
+    c.max_num_batched_tokens = o.max_num_batched_tokens;
+    c.max_model_len = o.max_model_len;
+    c.preemption = o.preemption;
+    c.eos_token_ids = {kEos};
+    return c;
+  }
+  KvAllocator kv_;
+  Scheduler scheduler_;
+  RequestId next_id_ = 1;
+};
+
+std::vector<int32_t> prompt_of(int n, int salt = 0) {
+  return test::distinct_tokens(n, salt);
+}
+
+TEST(Scheduler, ChunkedPrefillCutsAtTheBudgetAndKeepsTheHeadInFront) {
+  Harness h({.max_num_batched_tokens = 64});
+  const RequestId a = h.add(prompt_of(100, 1));
+  const RequestId b = h.add(prompt_of(10, 2));
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  ASSERT_TRUE(p1.is_prefill);
+  ASSERT_EQ(p1.rows.size(), 1u);  // a does not fit whole: its chunk ends the batch
+  EXPECT_EQ(p1.rows[0].seq_id, a);
+  EXPECT_EQ(p1.rows[0].forward.start_pos, 0);
+  EXPECT_EQ(p1.rows[0].forward.num_tokens, 64);
+  EXPECT_FALSE(p1.rows[0].samples());
+  EXPECT_FALSE(p1.rows[0].forward.wants_logits);  // no logits, no lm_head for this row
+  h.commit(p1, {});
+
+  StepPlan p2;
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  ASSERT_EQ(p2.rows.size(), 2u);  // a's rest first (it kept the head), then b whole
+  EXPECT_EQ(p2.rows[0].seq_id, a);
+  EXPECT_EQ(p2.rows[0].forward.start_pos, 64);
+  EXPECT_EQ(p2.rows[0].forward.num_tokens, 36);
+  EXPECT_TRUE(p2.rows[0].samples());
+  EXPECT_EQ(p2.rows[1].seq_id, b);
+  EXPECT_EQ(p2.rows[1].forward.num_tokens, 10);
+  // The forward's tokens are the prompt's, in place.
+  EXPECT_TRUE(std::equal(p2.rows[0].forward.tokens.begin(), p2.rows[0].forward.tokens.end(),
+                         h.seq(a).tokens.begin() + 64));
+  h.commit(p2, {11, 12});
+  EXPECT_EQ(h.seq(a).tokens.back(), 11);
+  EXPECT_EQ(h.seq(b).tokens.back(), 12);
+}
+
+TEST(Scheduler, BlockTablesCoverExactlyTheRowsPositions) {
+  Harness h({.max_num_batched_tokens = 512});
+  const RequestId a = h.add(prompt_of(300));
+  StepPlan p;
+  ASSERT_EQ(h.schedule(p), Outcome::kScheduled);
+  EXPECT_EQ(p.rows[0].forward.block_table.size(), static_cast<size_t>(kv::blocks_for_tokens(300)));
+  EXPECT_EQ(p.rows[0].forward.slot, h.seq(a).state_slot);
+  h.commit(p);
+  // Decode at position 300 needs a third block only once position 384 is reached.
+  StepPlan d;
+  ASSERT_EQ(h.schedule(d), Outcome::kScheduled);
+  EXPECT_FALSE(d.is_prefill);
+  EXPECT_EQ(d.rows[0].forward.start_pos, 300);
+  EXPECT_EQ(d.rows[0].forward.block_table.size(), 3u);
+  h.commit(d);
+}
+
+TEST(Scheduler, DecodeRowsPlannedWhileAStepRunsCarryItsSample) {
+  Harness h({});
+  const RequestId a = h.add(prompt_of(20, 1));
+  const RequestId b = h.add(prompt_of(30, 2));
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  ASSERT_EQ(prefill.num_sampling_rows(), 2);
+  // Zero-overhead: the decode step is planned before the prefill is committed.
+  StepPlan decode;
+  ASSERT_EQ(h.schedule(decode), Outcome::kScheduled);
+  ASSERT_EQ(decode.rows.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const StepRow& r = decode.rows[i];
+    EXPECT_TRUE(r.carried());
+    EXPECT_EQ(r.forward.num_tokens, 1);
+    // The index of this sequence's sampling row in the step still running.
+    EXPECT_EQ(r.forward.token_from_previous, static_cast<int32_t>(i));
+    EXPECT_EQ(r.forward.start_pos, i == 0 ? 20 : 30);
+  }
+  EXPECT_EQ(h.seq(a).inflight.steps, 2);
+  h.commit(prefill, {40, 41});
+  h.commit(decode, {42, 43});
+  EXPECT_EQ(h.seq(a).tokens.size(), 22u);
+  EXPECT_EQ(h.seq(b).tokens.back(), 43);
+  EXPECT_EQ(h.seq(b).inflight.steps, 0);
+}
+
+TEST(Scheduler, CarriedIndicesFollowTheSamplingRowsNotAllRows) {
+  Harness h({.max_num_batched_tokens = 40});
+  const RequestId a = h.add(prompt_of(30, 1));  // whole in the first step
+  h.add(prompt_of(100, 2));                     // chunked behind it
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  h.commit(p1, {5});
+  // p2 is a decode step for a (alternation), p3 prefill for the other while p2 runs.
+  StepPlan p2;
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  ASSERT_FALSE(p2.is_prefill);
+  StepPlan p3;
+  ASSERT_EQ(h.schedule(p3), Outcome::kScheduled);
+  ASSERT_TRUE(p3.is_prefill);
+  EXPECT_FALSE(p3.rows[0].carried());  // prompt tokens are on the host
+  h.commit(p2, {6});
+  h.commit(p3, {});
+  StepPlan p4;
+  ASSERT_EQ(h.schedule(p4), Outcome::kScheduled);
+  ASSERT_FALSE(p4.is_prefill);
+  EXPECT_EQ(p4.rows[0].seq_id, a);
+  EXPECT_FALSE(p4.rows[0].carried());  // nothing in flight: the token is committed
+  EXPECT_EQ(p4.rows[0].forward.tokens[0], 6);
+  h.commit(p4);
+}
+
+TEST(Scheduler, StopTokenAndMaxTokensFinishAndReleaseOnlyAfterTheLastInFlightStep) {
+  Harness h({});
+  const RequestId a = h.add(prompt_of(10, 1), /*max_tokens=*/2);
+  const RequestId b = h.add(prompt_of(10, 2), /*max_tokens=*/8);
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  StepPlan p2;  // decode planned while p1 runs
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  h.commit(p1, {7, kEos});  // b stops on EOS while its next row is already in flight
+  EXPECT_EQ(h.finish_of(b), FinishReason::kStop);
+  EXPECT_TRUE(h.seq(b).holds_resources()) << "released under a running step";
+  h.commit(p2, {8, 9});  // a reaches max_tokens; b's row is dropped
+  EXPECT_EQ(h.finish_of(a), FinishReason::kLength);
+  EXPECT_FALSE(h.seq(b).holds_resources());
+  EXPECT_EQ(h.seq(b).tokens.size(), 11u);  // nothing appended after the stop
+  StepPlan idle;
+  EXPECT_EQ(h.schedule(idle), Outcome::kIdle);
+  EXPECT_EQ(h.kv().blocks().num_free(), h.kv().blocks().num_usable());
+  EXPECT_EQ(h.scheduler().num_unfinished(), 0);
+}
+
+TEST(Scheduler, RejectsPromptsThatCanNeverRun) {
+  Harness h({.num_blocks = 4, .max_model_len = 1000});
+  const RequestId too_long = h.add(prompt_of(1000));
+  const RequestId too_big = h.add(prompt_of(500));  // 4 blocks, 3 usable
+  const RequestId fine = h.add(prompt_of(100));
+  StepPlan p;
+  ASSERT_EQ(h.schedule(p), Outcome::kScheduled);
+  EXPECT_EQ(h.finish_of(too_long), FinishReason::kRejected);
+  EXPECT_EQ(h.finish_of(too_big), FinishReason::kRejected);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_EQ(p.rows[0].seq_id, fine);
+  h.commit(p);
+}
+
+TEST(Scheduler, PreemptionRecomputesTheNewestAndNeedsADrainWhenItIsInFlight) {
+  // 3 usable blocks: two 128-token prompts fill two, the third goes to the first to grow.
+  Harness h({.num_blocks = 4, .max_num_seqs = 4, .max_num_batched_tokens = 512});
+  const RequestId a = h.add(prompt_of(127, 1), 100);
+  const RequestId b = h.add(prompt_of(128, 2), 100);
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  ASSERT_EQ(p1.rows.size(), 2u);
+  h.commit(p1);
+  StepPlan p2;  // a decodes at 127 (its block has room), b needs a block at 128: the last one
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  StepPlan p3;  // planned while p2 runs: a needs a block at 128, none is free; the victim b is
+                // in flight, so the scheduler asks for a drain and gives back p3's reservations
+  EXPECT_EQ(h.schedule(p3), Outcome::kNeedsDrain);
+  EXPECT_TRUE(p3.empty());
+  EXPECT_EQ(h.seq(a).inflight.steps, 1);
+  h.commit(p2);
+  StepPlan p4;
+  ASSERT_EQ(h.schedule(p4), Outcome::kScheduled);
+  EXPECT_EQ(h.seq(b).state, SeqState::kWaiting);  // recompute: back to the queue's head
+  EXPECT_EQ(h.seq(b).epoch, 1u);
+  EXPECT_FALSE(h.seq(b).holds_resources());
+  ASSERT_EQ(p4.rows.size(), 1u);
+  EXPECT_EQ(p4.rows[0].seq_id, a);
+  h.commit(p4);
+  EXPECT_EQ(h.scheduler().stats().num_preemptions, 1u);
+}
+
+TEST(Scheduler, PreemptionModeStopFinishesTheVictim) {
+  Harness h({.num_blocks = 4, .max_num_seqs = 4, .preemption = PreemptionMode::kStop});
+  h.add(prompt_of(127, 1), 100);
+  const RequestId b = h.add(prompt_of(128, 2), 100);
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  h.commit(p1);
+  StepPlan p2;
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  h.commit(p2);
+  StepPlan p3;
+  ASSERT_EQ(h.schedule(p3), Outcome::kScheduled);
+  EXPECT_EQ(h.finish_of(b), FinishReason::kPreempted);
+  h.commit(p3);
+}
+
+TEST(Scheduler, AbortBetweenPrefillChunksFreesEverything) {
+  Harness h({.max_num_batched_tokens = 64});
+  const RequestId a = h.add(prompt_of(300));
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  h.commit(p1, {});
+  EXPECT_TRUE(h.seq(a).holds_resources());
+  h.scheduler().abort(a, h.out);
+  EXPECT_EQ(h.finish_of(a), FinishReason::kAbort);
+  StepPlan p2;
+  EXPECT_EQ(h.schedule(p2), Outcome::kIdle);
+  EXPECT_EQ(h.kv().blocks().num_free(), h.kv().blocks().num_usable());
+  EXPECT_EQ(h.kv().live_slots().num_free(), h.kv().live_slots().capacity());
+}
+
+TEST(Scheduler, APrefixHitRestoresTheSnapshotAndComputesOnlyTheRest) {
+  Harness h({.num_snapshot_slots = 4});
+  const std::vector<int32_t> prompt = prompt_of(300);
+  const RequestId a = h.add(prompt, 1);
+  StepPlan p1;  // cut at the checkpoint 256, snapshot saved after the chunk
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  ASSERT_EQ(p1.rows.size(), 1u);
+  EXPECT_EQ(p1.rows[0].forward.num_tokens, 256);
+  ASSERT_EQ(p1.copies_after.size(), 1u);
+  EXPECT_EQ(p1.copies_after[0].first, h.seq(a).state_slot);
+  EXPECT_EQ(p1.rows[0].snapshot, p1.copies_after[0].second);
+  h.commit(p1, {});
+  StepPlan p2;
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  EXPECT_EQ(p2.rows[0].forward.start_pos, 256);
+  h.commit(p2);  // max_tokens 1: a finishes and its blocks stay cached
+
+  const RequestId b = h.add(prompt, 1);
+  StepPlan p3;
+  ASSERT_EQ(h.schedule(p3), Outcome::kScheduled);
+  ASSERT_EQ(p3.copies_before.size(), 1u);  // the snapshot goes into b's slot first
+  EXPECT_EQ(p3.copies_before[0].second, h.seq(b).state_slot);
+  EXPECT_EQ(p3.rows[0].forward.start_pos, 256);
+  EXPECT_EQ(p3.rows[0].forward.num_tokens, 44);
+  EXPECT_EQ(h.seq(b).prompt_cache_hit_tokens, 256);
+  h.commit(p3);
+}
+
+}  // namespace
+}  // namespace deepinfer::sched
