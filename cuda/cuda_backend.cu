@@ -14,7 +14,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
 
 namespace cuda {
 
-void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+void throw_cuda_error(cudaError_t err, const std::string& what, const char* file, int line) {
   throw Error(ErrorCode::kInternal, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
                                         cudaGetErrorString(err) + ") in " + what + " at " + file +
                                         ":" + std::to_string(line));
