@@ -5,6 +5,7 @@
 
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
+#include "sample/counter_rng.h"
 
 namespace deepinfer {
 
@@ -441,24 +442,12 @@ void CudaBackend::copy_to_host(const Tensor& device, const Tensor& host) {
 
 namespace {
 
-__device__ __forceinline__ uint64_t splitmix64_dev(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Same formula as sample::normal (Box-Muller on two counter-based uniforms).
+// sample::normal, the CPU backend's values.
 template <typename T>
-__global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed_hash, float mean, float std) {
+__global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed, float mean, float std) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t h = splitmix64_dev(seed_hash ^ static_cast<uint64_t>(i));
-    const uint64_t g = splitmix64_dev(h);
-    const double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;
-    const double u2 = static_cast<double>(g >> 11) * 0x1.0p-53;
-    const float v =
-        mean + std * static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    const float v = mean + std * sample::normal(seed, static_cast<uint64_t>(i));
     if constexpr (sizeof(T) == 4) {
       out[i] = v;
     } else {
@@ -475,16 +464,11 @@ void CudaBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean,
   if (n == 0) return;
   const unsigned blocks =
       std::min<unsigned>(ceil_div(n, 256), static_cast<unsigned>(num_sms_) * 32);
-  // splitmix64(seed) on the host, as sample::normal does first.
-  uint64_t x = seed + 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  const uint64_t seed_hash = x ^ (x >> 31);
   if (t.dtype() == DType::kF32) {
-    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<float>(), n, seed_hash, mean, std);
+    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<float>(), n, seed, mean, std);
   } else if (t.dtype() == DType::kBF16) {
-    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<__nv_bfloat16>(), n, seed_hash,
-                                                         mean, std);
+    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<__nv_bfloat16>(), n, seed, mean,
+                                                         std);
   } else {
     fail("fill_random_normal", "needs an f32 or bf16 tensor, got " + t.describe());
   }

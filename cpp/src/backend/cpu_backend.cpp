@@ -5,7 +5,7 @@
 
 #include "backend/cpu_checks.h"
 #include "deepinfer/error.h"
-#include "sample/sampler.h"
+#include "sample/counter_rng.h"
 
 namespace deepinfer {
 
