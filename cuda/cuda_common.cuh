@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/op_checks.h"
 #include "deepinfer/error.h"
 #include "deepinfer/tensor.h"
 
@@ -45,15 +46,8 @@ __device__ __forceinline__ float load_as_float(const __nv_bfloat16* p, int64_t i
   return __bfloat162float(p[i]);
 }
 
-// Argument checks on the calling thread (metadata only). Each throws
-// Error(kInvalidArgument) "<op>: argument <arg> ...".
-[[noreturn]] void fail(const char* op, const std::string& what);
-void check_device(const char* op, const char* arg,
-                  const Tensor& t);  // defined, on CUDA, contiguous
-void check_dtype(const char* op, const char* arg, const Tensor& t, DType dtype);
-void check_rank(const char* op, const char* arg, const Tensor& t, int64_t rank);
-// check_device + check_dtype + a shape match (-1 in `shape`: any size).
-void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
-                  const Shape& shape);
+// Error(kInvalidArgument) "<op>: <what>". The metadata of every op's arguments is checked by the
+// Backend front (op_checks.h); the ops use this for limits of the CUDA kernels only.
+using checks::fail;
 
 }  // namespace deepinfer::cuda

@@ -303,42 +303,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_row_param(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t rows) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  check_rank(op, arg, t, 1);
-  if (t.size(0) != rows) {
-    fail(op, std::string("argument ") + arg + " must have " + std::to_string(rows) + " rows, got " +
-                 t.describe());
-  }
-}
-
 }  // namespace
 
-SampleResult CudaBackend::sample(const Tensor& logits, const SamplingBatch& batch) {
+SampleResult CudaBackend::sample_impl(const Tensor& logits, const SamplingBatch& batch) {
   const char* op = "sample";
-  check_device(op, "logits", logits);
-  check_dtype(op, "logits", logits, DType::kF32);
-  check_rank(op, "logits", logits, 2);
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
-  if (batch.num_rows != rows) {
-    fail(op, "batch.num_rows is " + std::to_string(batch.num_rows) + ", expected the " +
-                 std::to_string(rows) + " rows of logits " + logits.describe());
-  }
-  if (vocab == 0) fail(op, "argument logits has no columns: " + logits.describe());
-  if (rows * vocab > INT_MAX) {
+  if (rows * vocab > INT_MAX) {  // the radix sort and the kernels index items with int
     fail(op, "logits " + logits.describe() + " has more than 2^31 - 1 elements");
   }
-  if (batch.max_logprobs < 0) {
-    fail(op, "batch.max_logprobs must be >= 0, got " + std::to_string(batch.max_logprobs));
-  }
-  check_row_param(op, "batch.temperature", batch.temperature, DType::kF32, rows);
-  check_row_param(op, "batch.top_k", batch.top_k, DType::kI32, rows);
-  check_row_param(op, "batch.top_p", batch.top_p, DType::kF32, rows);
-  check_row_param(op, "batch.seed", batch.seed, DType::kI64, rows);
-  check_row_param(op, "batch.position", batch.position, DType::kI64, rows);
-  check_row_param(op, "batch.num_logprobs", batch.num_logprobs, DType::kI32, rows);
 
   const int cols = batch.max_logprobs;
   SampleResult out;

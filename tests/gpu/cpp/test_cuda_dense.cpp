@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -20,6 +21,7 @@
 
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
+#include "error_message.h"
 #include "gpu_test_util.h"
 
 namespace deepinfer::gpu_test {
@@ -636,6 +638,62 @@ TEST_F(CudaDenseTest, GemmBf16GemvIsDeterministicAndPerToken) {
 }
 
 // ---- metadata errors and stream discipline ------------------------------------------------------
+
+// The same bad call on both backends: the same Error(kInvalidArgument) message from the shared
+// checker (backend/op_checks.h), up to the device each names.
+TEST_F(CudaDenseTest, ArgumentErrorsAreTheSameOnBothBackends) {
+  using testing::error_message;
+  // Each case gets a backend and its uploads; cuda -> cpu in the CUDA message gives the CPU's.
+  const std::vector<std::function<void(Backend&)>> cases = {
+      [](Backend& b) {  // b: [3, 2], a is [2, 3]
+        b.add(b.upload(Tensor::zeros({2, 3}, DType::kF32), DType::kF32),
+              b.upload(Tensor::zeros({3, 2}, DType::kF32), DType::kF32));
+      },
+      [](Backend& b) {  // ids must be i32
+        b.embedding(b.upload(Tensor::zeros({4, 8}, DType::kF32), DType::kF32),
+                    b.upload(Tensor::zeros({2}, DType::kF32), DType::kF32));
+      },
+      [](Backend& b) {  // a strided view
+        Tensor t = b.upload(Tensor::zeros({4, 3}, DType::kF32), DType::kF32);
+        b.copy_rows(t.narrow(1, 0, 2), b.upload(i32({0}), DType::kI32),
+                    b.upload(i32({1}), DType::kI32));
+      },
+      [](Backend& b) {  // an undefined tensor
+        Tensor tokens = b.upload(i32({1, 2}), DType::kI32);
+        b.select_tokens(tokens, Tensor(), tokens);
+      },
+      [](Backend& b) {  // position is i64
+        SamplingBatch s;
+        s.num_rows = 1;
+        s.temperature = b.upload(Tensor::zeros({1}, DType::kF32), DType::kF32);
+        s.top_k = b.upload(i32({0}), DType::kI32);
+        s.top_p = b.upload(Tensor::zeros({1}, DType::kF32), DType::kF32);
+        s.seed = b.upload(Tensor::zeros({1}, DType::kI64), DType::kI64);
+        s.position = b.upload(i32({0}), DType::kI32);
+        s.num_logprobs = b.upload(i32({0}), DType::kI32);
+        b.sample(b.upload(Tensor::zeros({1, 8}, DType::kF32), DType::kF32), s);
+      },
+  };
+  for (const auto& bad : cases) {
+    const std::string on_cpu = error_message([&] { bad(cpu()); });
+    std::string on_gpu = error_message([&] { bad(gpu()); });
+    for (size_t at = on_gpu.find(" on cuda"); at != std::string::npos;
+         at = on_gpu.find(" on cuda", at)) {
+      on_gpu.replace(at, 8, " on cpu");
+    }
+    EXPECT_EQ(on_gpu, on_cpu);
+  }
+  // A host tensor given to the CUDA backend.
+  EXPECT_EQ(error_message([&] { gpu().scale(randn({2}), 2.0f); }),
+            "scale: argument x must be on the cuda device, got f32[2] on cpu");
+  // bf16 is a matrix weight dtype of the CUDA backend (weight_dtype(bf16) == bf16), f16 is not.
+  EXPECT_EQ(error_message([&] {
+              gpu().linear(gpu().upload(randn({2, 3}), DType::kF32),
+                           gpu().upload(randn({2, 3}), DType::kF16));
+            }),
+            "linear: argument w must be (f32 or bf16)[*, 3], got f16[2, 3] on cuda");
+  gpu().synchronize();
+}
 
 TEST_F(CudaDenseTest, MetadataErrorsThrowLikeTheCpu) {
   Tensor x = gpu().upload(randn({4, 64}), DType::kF32);
