@@ -461,17 +461,17 @@ __global__ void __launch_bounds__(kArgmaxFinalThreads)
   if (threadIdx.x % 32 == 0) out[r] = argmax_result(best, x[r * cols], none);
 }
 
-// out[i] = previous[remap[i]] when remap[i] >= 0, else host[i]. A remap past `previous` (the CPU
-// op throws) falls back to host[i].
-__global__ void select_tokens_kernel(const int32_t* __restrict__ host,
+// tokens[i] = previous[remap[i]] where remap[i] >= 0; other entries keep their value. A remap
+// past `previous` (the CPU op throws) leaves tokens[i] as it was.
+__global__ void select_tokens_kernel(int32_t* __restrict__ tokens,
                                      const int32_t* __restrict__ remap,
-                                     const int32_t* __restrict__ previous,
-                                     int32_t* __restrict__ out, int64_t num_previous, int64_t n) {
+                                     const int32_t* __restrict__ previous, int64_t num_previous,
+                                     int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     const int32_t r = remap[i];
-    out[i] = r >= 0 && r < num_previous ? previous[r] : host[i];
+    if (r >= 0 && r < num_previous) tokens[i] = previous[r];
   }
 }
 
@@ -762,17 +762,13 @@ Tensor CudaBackend::argmax_impl(const Tensor& x) {
   return out;
 }
 
-Tensor CudaBackend::select_tokens_impl(const Tensor& host, const Tensor& remap,
-                                       const Tensor& previous) {
-  const char* op = "select_tokens";
-  const int64_t n = host.size(0);
-  Tensor out = empty({n}, DType::kI32);
-  if (n == 0) return out;
+void CudaBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                                     const Tensor& previous) {
+  const int64_t n = tokens.size(0);
+  if (n == 0) return;
   select_tokens_kernel<<<elementwise_blocks(*this, n), kElementwiseThreads, 0, stream()>>>(
-      host.data<int32_t>(), remap.data<int32_t>(), previous.data<int32_t>(), out.data<int32_t>(),
-      previous.size(0), n);
-  DEEPINFER_CUDA_LAUNCH_CHECK(op);
-  return out;
+      tokens.data<int32_t>(), remap.data<int32_t>(), previous.data<int32_t>(), previous.size(0), n);
+  DEEPINFER_CUDA_LAUNCH_CHECK("select_tokens");
 }
 
 }  // namespace deepinfer::cuda

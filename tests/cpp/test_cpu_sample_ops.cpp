@@ -191,36 +191,53 @@ TEST_F(CpuSampleOpsTest, SampleContentErrorsSurfaceAtSynchronize) {
 
 // ---- select_tokens -----------------------------------------------------------------------------
 
-TEST_F(CpuSampleOpsTest, SelectTokensTakesRemappedRowsFromPrevious) {
-  Tensor host = up_i({10, 11, 12, 13, 14}, {5});
+TEST_F(CpuSampleOpsTest, SelectTokensPatchesRemappedRowsInPlace) {
+  Tensor tokens = up_i({10, 11, 12, 13, 14}, {5});
+  void* addr = tokens.raw_data();
   Tensor remap = up_i({-1, 1, -1, 0, 1}, {5});
   Tensor previous = up_i({100, 101}, {2});
-  EXPECT_EQ(fetch_i32(*be, be->select_tokens(host, remap, previous)),
-            (std::vector<int32_t>{10, 101, 12, 100, 101}));
-  // No previous step: every row comes from the host.
-  EXPECT_EQ(fetch_i32(*be, be->select_tokens(host, up_i({-1, -1, -1, -1, -1}, {5}),
-                                             be->zeros({0}, DType::kI32))),
-            (std::vector<int32_t>{10, 11, 12, 13, 14}));
-  EXPECT_EQ(
-      be->select_tokens(be->zeros({0}, DType::kI32), be->zeros({0}, DType::kI32), previous).numel(),
-      0);
+  be->select_tokens(tokens, remap, previous);
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{10, 101, 12, 100, 101}));
+  EXPECT_EQ(tokens.raw_data(), addr);
+  EXPECT_EQ(fetch_i32(*be, previous), (std::vector<int32_t>{100, 101}));
+  // Stream order: a patch enqueued after an upload_into sees the new tokens, and the rows with
+  // remap -1 keep them.
+  be->upload_into(tokens, testing::host_i32({20, 21, 22, 23, 24}, {5}));
+  be->select_tokens(tokens, up_i({0, -1, -1, -1, -1}, {5}), previous);
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{100, 21, 22, 23, 24}));
+  // No previous step: nothing changes.
+  be->select_tokens(tokens, up_i({-1, -1, -1, -1, -1}, {5}), be->zeros({0}, DType::kI32));
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{100, 21, 22, 23, 24}));
+  // A view patches only its own rows.
+  be->select_tokens(tokens.narrow(0, 3, 2), up_i({1, 0}, {2}), previous);
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{100, 21, 22, 101, 100}));
+  EXPECT_NO_THROW(
+      be->select_tokens(be->zeros({0}, DType::kI32), be->zeros({0}, DType::kI32), previous));
+  EXPECT_NO_THROW(be->synchronize());
 }
 
 TEST_F(CpuSampleOpsTest, SelectTokensErrors) {
-  Tensor host = up_i({10, 11}, {2});
+  Tensor tokens = up_i({10, 11}, {2});
   Tensor previous = up_i({100, 101}, {2});
-  expect_error([&] { be->select_tokens(host, up_i({0}, {1}), previous); },
-               ErrorCode::kInvalidArgument, "remap");
+  expect_error([&] { be->select_tokens(tokens, up_i({0}, {1}), previous); },
+               ErrorCode::kInvalidArgument, "argument remap must be i32[2]");
   expect_error(
       [&] {
-        be->select_tokens(host, up({0, 0}, {2}), previous);
+        be->select_tokens(tokens, up({0, 0}, {2}), previous);
       },
       ErrorCode::kInvalidArgument, "remap");
   expect_error(
       [&] {
-        be->select_tokens(host, up_i({-1, 2}, {2}), previous);
+        be->select_tokens(up({10, 11}, {2}), up_i({0, 1}, {2}), previous);
+      },
+      ErrorCode::kInvalidArgument, "argument tokens must be i32[*]");
+  // A remap past `previous` fails on the stream and leaves every token as it was.
+  expect_error(
+      [&] {
+        be->select_tokens(tokens, up_i({0, 2}, {2}), previous);
       },
       ErrorCode::kInvalidArgument, "remap[1] = 2");
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{10, 11}));
   EXPECT_NO_THROW(be->synchronize());
 }
 

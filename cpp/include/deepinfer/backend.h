@@ -224,10 +224,11 @@ class Backend {
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
   SampleResult sample(const Tensor& logits, const SamplingBatch& batch);
-  // Token ids of this step's rows: rows with remap[i] >= 0 take previous[remap[i]] (a token the
-  // previous step sampled on the device and the host has not seen yet), the others host[i].
-  // host [T] i32, remap [T] i32, previous [P] i32 -> [T] i32.
-  Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous);
+  // Patches this step's token ids in place: tokens[i] = previous[remap[i]] where remap[i] >= 0 (a
+  // token the previous step sampled on the device and the host has not seen yet); the other
+  // entries keep their value. tokens [T] i32, remap [T] i32, previous [P] i32 (not overlapping
+  // tokens).
+  void select_tokens(const Tensor& tokens, const Tensor& remap, const Tensor& previous);
   // Copies t[src[i]] -> t[dst[i]] along dim 0 of t (any dtype, rank >= 1); src, dst [N] i32
   // (state slots: snapshots for the prefix cache).
   void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst);
@@ -312,8 +313,8 @@ class Backend {
                            bool inverse) = 0;
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
-  virtual Tensor select_tokens_impl(const Tensor& host, const Tensor& remap,
-                                    const Tensor& previous) = 0;
+  virtual void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                                  const Tensor& previous) = 0;
   virtual void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
   virtual void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) = 0;
 

@@ -223,12 +223,12 @@ SampleResult Backend::sample(const Tensor& logits, const SamplingBatch& batch) {
   return sample_impl(logits, batch);
 }
 
-Tensor Backend::select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) {
+void Backend::select_tokens(const Tensor& tokens, const Tensor& remap, const Tensor& previous) {
   const OpChecks c("select_tokens", device_kind());
-  c.tensor("host", host, DType::kI32, {-1});
-  c.tensor("remap", remap, DType::kI32, {host.size(0)});
+  c.tensor("tokens", tokens, DType::kI32, {-1});
+  c.tensor("remap", remap, DType::kI32, {tokens.size(0)});
   c.tensor("previous", previous, DType::kI32, {-1});
-  return select_tokens_impl(host, remap, previous);
+  select_tokens_impl(tokens, remap, previous);
 }
 
 void Backend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) {

@@ -58,8 +58,8 @@ class CpuBackend final : public Backend {
                    bool inverse) override;
   Tensor argmax_impl(const Tensor& x) override;
   SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
-  Tensor select_tokens_impl(const Tensor& host, const Tensor& remap,
-                            const Tensor& previous) override;
+  void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                          const Tensor& previous) override;
   void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;
   void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) override;
 

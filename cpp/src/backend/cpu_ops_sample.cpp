@@ -96,30 +96,26 @@ SampleResult CpuBackend::sample_impl(const Tensor& logits, const SamplingBatch& 
   return out;
 }
 
-Tensor CpuBackend::select_tokens_impl(const Tensor& host, const Tensor& remap,
-                                      const Tensor& previous) {
+void CpuBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                                    const Tensor& previous) {
   const char* op = "select_tokens";
-  const int64_t n = host.size(0);
+  const int64_t n = tokens.size(0);
   const int64_t num_previous = previous.size(0);
-  Tensor out = Tensor::zeros({n}, DType::kI32);
   enqueue([=](ThreadPool&) {
-    const int32_t* h = host.data<int32_t>();
     const int32_t* r = remap.data<int32_t>();
     const int32_t* prev = previous.data<int32_t>();
-    int32_t* dst = out.data<int32_t>();
+    int32_t* dst = tokens.data<int32_t>();
+    // Every index first, so a bad one leaves the tokens untouched.
     for (int64_t i = 0; i < n; ++i) {
-      if (r[i] < 0) {
-        dst[i] = h[i];
-        continue;
-      }
       if (r[i] >= num_previous) {
         fail(op, "remap[" + std::to_string(i) + "] = " + std::to_string(r[i]) +
                      " is outside previous's rows [0, " + std::to_string(num_previous) + ")");
       }
-      dst[i] = prev[r[i]];
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (r[i] >= 0) dst[i] = prev[r[i]];
     }
   });
-  return out;
 }
 
 void CpuBackend::copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) {

@@ -96,9 +96,9 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
         token_remap.push_back(j == 0 && row.carried ? row_remap[i] : -1);
       }
     }
-    const Tensor host_ids = use_graph ? upload_vector(be, host_tokens) : bp.layout.token_ids;
-    token_ids = be.select_tokens(host_ids, upload_vector(be, token_remap), prev->sampled);
-    if (!use_graph) bp.layout.token_ids = token_ids;
+    // The host token ids on the device, patched in place (the eager plan's own token_ids).
+    token_ids = use_graph ? upload_vector(be, host_tokens) : bp.layout.token_ids;
+    be.select_tokens(token_ids, upload_vector(be, token_remap), prev->sampled);
   }
 
   m.caches->copy_state_slots(be, plan.copies_before);
@@ -148,8 +148,8 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
       keep.push_back(f >= 0 ? -1 : static_cast<int32_t>(r));
     }
     if (any_forced) {
-      step->sampled =
-          be.select_tokens(upload_vector(be, forced), upload_vector(be, keep), sr.tokens);
+      step->sampled = upload_vector(be, forced);
+      be.select_tokens(step->sampled, upload_vector(be, keep), sr.tokens);
     }
     const int64_t n = sb.num_rows;
     step->host_tokens = Tensor::zeros({n}, DType::kI32);

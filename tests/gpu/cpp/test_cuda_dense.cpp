@@ -290,17 +290,18 @@ TEST_F(CudaDenseTest, CopyRowsOutOfRangeIsSkipped) {
 TEST_F(CudaDenseTest, SelectTokens) {
   for (int64_t n : {1, 5, 37, 300}) {
     const int64_t prev = n / 2 + 1;
-    Pair host = both(be(), random_ids(n, 0, 129279));
+    Pair tokens = both(be(), random_ids(n, 0, 129279));
     Pair remap = both(be(), random_ids(n, -1, static_cast<int32_t>(prev - 1)));
     Pair previous = both(be(), random_ids(prev, 0, 129279));
-    close(cpu().select_tokens(host.cpu, remap.cpu, previous.cpu),
-          gpu().select_tokens(host.cuda, remap.cuda, previous.cuda),
-          "select_tokens n=" + std::to_string(n), 0, 0);
+    cpu().select_tokens(tokens.cpu, remap.cpu, previous.cpu);
+    gpu().select_tokens(tokens.cuda, remap.cuda, previous.cuda);
+    close(tokens.cpu, tokens.cuda, "select_tokens n=" + std::to_string(n), 0, 0);
   }
-  // A remap past `previous` (the CPU op throws) falls back to the host token.
-  Tensor out = gpu().to_host(gpu().select_tokens(gpu().upload(i32({7, 8, 9}), DType::kI32),
-                                                 gpu().upload(i32({0, 2, -1}), DType::kI32),
-                                                 gpu().upload(i32({42, 43}), DType::kI32)));
+  // In place; a remap past `previous` (the CPU op throws) leaves the token as it was.
+  Tensor tokens = gpu().upload(i32({7, 8, 9}), DType::kI32);
+  gpu().select_tokens(tokens, gpu().upload(i32({0, 2, -1}), DType::kI32),
+                      gpu().upload(i32({42, 43}), DType::kI32));
+  Tensor out = gpu().to_host(tokens);
   EXPECT_EQ(out.item(0), 42);
   EXPECT_EQ(out.item(1), 8);
   EXPECT_EQ(out.item(2), 9);
@@ -744,7 +745,7 @@ TEST_F(CudaDenseTest, OpsDoNotSynchronize) {
     Tensor head = gpu().hc_head(post, gpu().upload(randn({4, 256}, 0.0625f), DType::kF32),
                                 gpu().upload(randn({4}), DType::kF32),
                                 gpu().upload(randn({1}), DType::kF32), HcParams{});
-    Tensor sel = gpu().select_tokens(a, ids, a);
+    gpu().select_tokens(gpu().zeros({5}, DType::kI32), ids, a);
   }
   gpu().synchronize();
 }
