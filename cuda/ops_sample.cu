@@ -51,7 +51,7 @@ struct RowParams {
   const int32_t* top_k;
   const float* top_p;
   const int64_t* seed;
-  const int64_t* position;
+  const int32_t* position;
   const int32_t* num_logprobs;
 };
 
@@ -325,7 +325,7 @@ SampleResult CudaBackend::sample_impl(const Tensor& logits, const SamplingBatch&
 
   const RowParams params{batch.temperature.data<float>(), batch.top_k.data<int32_t>(),
                          batch.top_p.data<float>(),       batch.seed.data<int64_t>(),
-                         batch.position.data<int64_t>(),  batch.num_logprobs.data<int32_t>()};
+                         batch.position.data<int32_t>(),  batch.num_logprobs.data<int32_t>()};
   const int items = static_cast<int>(rows * vocab);
   const int v = static_cast<int>(vocab);
   cudaStream_t s = stream();

@@ -61,15 +61,15 @@ class CpuSampleOpsTest : public testing::BackendTest {
   DeviceBatch upload(const std::vector<Row>& rows, int max_logprobs) {
     const auto b = static_cast<int64_t>(rows.size());
     std::vector<float> logits, temperature, top_p;
-    std::vector<int32_t> top_k, num_logprobs;
-    std::vector<int64_t> seed, position;
+    std::vector<int32_t> top_k, num_logprobs, position;
+    std::vector<int64_t> seed;
     for (const Row& r : rows) {
       logits.insert(logits.end(), r.logits.begin(), r.logits.end());
       temperature.push_back(r.params.temperature);
       top_k.push_back(r.params.top_k);
       top_p.push_back(r.params.top_p);
       seed.push_back(static_cast<int64_t>(r.params.seed));
-      position.push_back(r.params.position);
+      position.push_back(static_cast<int32_t>(r.params.position));
       num_logprobs.push_back(r.params.num_logprobs);
     }
     SamplingBatch batch;
@@ -79,7 +79,7 @@ class CpuSampleOpsTest : public testing::BackendTest {
     batch.top_k = up_i(top_k, {b});
     batch.top_p = up(top_p, {b});
     batch.seed = be->upload(Tensor::from_vector<int64_t>(seed, {b}), DType::kI64);
-    batch.position = be->upload(Tensor::from_vector<int64_t>(position, {b}), DType::kI64);
+    batch.position = up_i(position, {b});
     batch.num_logprobs = up_i(num_logprobs, {b});
     return {up(logits, {b, kVocab}), batch};
   }
@@ -164,6 +164,12 @@ TEST_F(CpuSampleOpsTest, SampleMetadataErrorsThrowOnTheCallingThread) {
   bad = in.params;
   bad.seed = up_i(std::vector<int32_t>(rows.size(), 0), {static_cast<int64_t>(rows.size())});
   expect_error([&] { be->sample(in.logits, bad); }, ErrorCode::kInvalidArgument, "batch.seed");
+  bad = in.params;
+  bad.position = be->upload(Tensor::from_vector<int64_t>(std::vector<int64_t>(rows.size(), 0),
+                                                         {static_cast<int64_t>(rows.size())}),
+                            DType::kI64);
+  expect_error([&] { be->sample(in.logits, bad); }, ErrorCode::kInvalidArgument,
+               "argument batch.position must be i32[7]");
   bad = in.params;
   bad.max_logprobs = -1;
   expect_error([&] { be->sample(in.logits, bad); }, ErrorCode::kInvalidArgument, "max_logprobs");

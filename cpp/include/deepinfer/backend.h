@@ -119,7 +119,7 @@ struct SamplingBatch {
   Tensor top_k;          // [B] i32, <= 0 = off
   Tensor top_p;          // [B] f32
   Tensor seed;           // [B] i64
-  Tensor position;       // [B] i64, position of the token being generated
+  Tensor position;       // [B] i32, position of the token being generated
   Tensor num_logprobs;   // [B] i32, per-row N <= max_logprobs
 };
 

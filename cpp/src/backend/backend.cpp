@@ -218,7 +218,7 @@ SampleResult Backend::sample(const Tensor& logits, const SamplingBatch& batch) {
   c.tensor("batch.top_k", batch.top_k, DType::kI32, {rows});
   c.tensor("batch.top_p", batch.top_p, DType::kF32, {rows});
   c.tensor("batch.seed", batch.seed, DType::kI64, {rows});
-  c.tensor("batch.position", batch.position, DType::kI64, {rows});
+  c.tensor("batch.position", batch.position, DType::kI32, {rows});
   c.tensor("batch.num_logprobs", batch.num_logprobs, DType::kI32, {rows});
   return sample_impl(logits, batch);
 }

@@ -46,7 +46,7 @@ SampleResult CpuBackend::sample_impl(const Tensor& logits, const SamplingBatch& 
     const int32_t* top_k = batch.top_k.data<int32_t>();
     const float* top_p = batch.top_p.data<float>();
     const int64_t* seed = batch.seed.data<int64_t>();
-    const int64_t* position = batch.position.data<int64_t>();
+    const int32_t* position = batch.position.data<int32_t>();
     const int32_t* num_logprobs = batch.num_logprobs.data<int32_t>();
     for (int64_t b = 0; b < rows; ++b) {
       if (num_logprobs[b] < 0 || num_logprobs[b] > cols) {

@@ -108,8 +108,8 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
 
   std::vector<int32_t> sample_rows;
   std::vector<float> temperature, top_p;
-  std::vector<int32_t> top_k, num_logprobs;
-  std::vector<int64_t> seed, position;
+  std::vector<int32_t> top_k, num_logprobs, position;
+  std::vector<int64_t> seed;
   int max_logprobs = 0;
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const PlannedRow& row = plan.rows[i];

@@ -663,14 +663,14 @@ TEST_F(CudaDenseTest, ArgumentErrorsAreTheSameOnBothBackends) {
         Tensor tokens = b.upload(i32({1, 2}), DType::kI32);
         b.select_tokens(tokens, Tensor(), tokens);
       },
-      [](Backend& b) {  // position is i64
+      [](Backend& b) {  // position is i32
         SamplingBatch s;
         s.num_rows = 1;
         s.temperature = b.upload(Tensor::zeros({1}, DType::kF32), DType::kF32);
         s.top_k = b.upload(i32({0}), DType::kI32);
         s.top_p = b.upload(Tensor::zeros({1}, DType::kF32), DType::kF32);
         s.seed = b.upload(Tensor::zeros({1}, DType::kI64), DType::kI64);
-        s.position = b.upload(i32({0}), DType::kI32);
+        s.position = b.upload(Tensor::zeros({1}, DType::kI64), DType::kI64);
         s.num_logprobs = b.upload(i32({0}), DType::kI32);
         b.sample(b.upload(Tensor::zeros({1, 8}, DType::kF32), DType::kF32), s);
       },

@@ -53,7 +53,7 @@ SamplingBatch upload_batch(Backend& be, const HostBatch& h) {
   s.top_k = be.upload(Tensor::from_vector(h.top_k, {n}), DType::kI32);
   s.top_p = be.upload(Tensor::from_vector(h.top_p, {n}), DType::kF32);
   s.seed = be.upload(Tensor::from_vector(h.seed, {n}), DType::kI64);
-  s.position = be.upload(Tensor::from_vector(h.position, {n}), DType::kI64);
+  s.position = be.upload(Tensor::from_vector(h.position, {n}), DType::kI32);  // [B] i32
   s.num_logprobs = be.upload(Tensor::from_vector(h.num_logprobs, {n}), DType::kI32);
   return s;
 }
