@@ -5,6 +5,7 @@
 
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
+#include "sample/counter_rng.h"
 
 namespace deepinfer {
 
@@ -14,50 +15,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
 
 namespace cuda {
 
-void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+void throw_cuda_error(cudaError_t err, const std::string& what, const char* file, int line) {
   throw Error(ErrorCode::kInternal, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
                                         cudaGetErrorString(err) + ") in " + what + " at " + file +
                                         ":" + std::to_string(line));
-}
-
-void fail(const char* op, const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what);
-}
-
-void check_device(const char* op, const char* arg, const Tensor& t) {
-  if (!t.defined()) fail(op, std::string("argument ") + arg + " must be a defined tensor");
-  if (t.device().kind != DeviceKind::kCuda) {
-    fail(op, std::string("argument ") + arg + " must be on the CUDA device, got " + t.describe());
-  }
-  if (!t.is_contiguous())
-    fail(op, std::string("argument ") + arg + " must be contiguous, got " + t.describe());
-}
-
-void check_dtype(const char* op, const char* arg, const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype) {
-    fail(op, std::string("argument ") + arg + " must be " + dtype_name(dtype) + ", got " +
-                 t.describe());
-  }
-}
-
-void check_rank(const char* op, const char* arg, const Tensor& t, int64_t rank) {
-  if (t.dim() != rank) {
-    fail(op, std::string("argument ") + arg + " must have rank " + std::to_string(rank) + ", got " +
-                 t.describe());
-  }
-}
-
-// A defined, contiguous CUDA tensor of `dtype` whose shape matches `shape` (-1: any size).
-void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
-                  const Shape& shape) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  bool ok = t.dim() == static_cast<int64_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
-  if (!ok) {
-    fail(op, std::string("argument ") + arg + " must have shape " + shape_str(shape) +
-                 " (-1: any size), got " + t.describe());
-  }
 }
 
 // Pinned host buffers reused once the copies that used them have completed.
@@ -297,11 +258,8 @@ Tensor CudaBackend::zeros(const Shape& shape, DType dtype) {
   return t;
 }
 
-Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
+Tensor CudaBackend::upload_impl(const Tensor& host, DType dtype) {
   check_not_capturing("upload");
-  if (!host.defined() || host.device().kind != DeviceKind::kCpu) {
-    fail("upload", "argument host must be a host tensor, got " + host.describe());
-  }
   Tensor converted = host.dtype() == dtype ? host.contiguous() : host.to(dtype);
   Tensor out = empty(host.shape(), dtype);
   if (out.nbytes() == 0) return out;
@@ -314,10 +272,7 @@ Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
   return out;
 }
 
-Tensor CudaBackend::upload_weight(const Tensor& host, DType dtype) {
-  if (!host.defined() || host.device().kind != DeviceKind::kCpu) {
-    fail("upload_weight", "argument host must be a host tensor, got " + host.describe());
-  }
+Tensor CudaBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   Tensor converted = host.dtype() == dtype ? host.contiguous() : host.to(dtype);
   Tensor out = empty(host.shape(), dtype);
   if (out.nbytes() > 0) {
@@ -337,13 +292,8 @@ void CudaBackend::check_not_capturing(const char* what) const {
   }
 }
 
-void CudaBackend::upload_into(const Tensor& dst, const Tensor& host) {
+void CudaBackend::upload_into_impl(const Tensor& dst, const Tensor& host) {
   check_not_capturing("upload_into");
-  check_device("upload_into", "dst", dst);
-  if (!host.defined() || host.device().kind != DeviceKind::kCpu || host.shape() != dst.shape()) {
-    fail("upload_into",
-         "needs a host tensor of dst's shape, got " + dst.describe() + " and " + host.describe());
-  }
   Tensor converted = host.dtype() == dst.dtype() ? host.contiguous() : host.to(dst.dtype());
   if (dst.nbytes() == 0) return;
   PinnedPool::Block b = ctx_->pinned.acquire(dst.nbytes());
@@ -353,13 +303,7 @@ void CudaBackend::upload_into(const Tensor& dst, const Tensor& host) {
   ctx_->pinned.release_after(b, ctx_->stream);
 }
 
-void CudaBackend::copy_into(const Tensor& dst, const Tensor& src) {
-  check_device("copy_into", "dst", dst);
-  check_device("copy_into", "src", src);
-  if (dst.dtype() != src.dtype() || dst.shape() != src.shape()) {
-    fail("copy_into",
-         "needs tensors of one dtype and shape, got " + dst.describe() + " and " + src.describe());
-  }
+void CudaBackend::copy_into_impl(const Tensor& dst, const Tensor& src) {
   if (dst.nbytes() == 0 || dst.raw_data() == src.raw_data()) return;
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
                                        cudaMemcpyDeviceToDevice, ctx_->stream));
@@ -401,18 +345,12 @@ const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {
   return pointer_tables_.emplace(pointers, upload(host, DType::kI64)).first->second;
 }
 
-void CudaBackend::check_sync_allowed(const char* what) const {
-  if (sync_forbidden_) {
-    throw Error(ErrorCode::kInternal,
-                std::string(what) +
-                    ": host sync while host syncs are forbidden (inside a forward "
-                    "or sampling launch)");
+Tensor CudaBackend::to_host_impl(const Tensor& device) {
+  // One cudaMemcpy copies a dense range; a strided view would need a gather kernel first.
+  if (!device.is_contiguous()) {
+    fail("to_host", "the CUDA backend copies contiguous tensors only, got a strided view " +
+                        device.describe());
   }
-}
-
-Tensor CudaBackend::to_host(const Tensor& device) {
-  check_device("to_host", "device", device);
-  check_sync_allowed("to_host");
   check_not_capturing("to_host");
   Tensor out = Tensor::zeros(device.shape(), device.dtype());
   if (out.nbytes() > 0) {
@@ -423,15 +361,8 @@ Tensor CudaBackend::to_host(const Tensor& device) {
   return out;
 }
 
-void CudaBackend::copy_to_host(const Tensor& device, const Tensor& host) {
+void CudaBackend::copy_to_host_impl(const Tensor& device, const Tensor& host) {
   check_not_capturing("copy_to_host");
-  check_device("copy_to_host", "device", device);
-  if (!host.defined() || host.device().kind != DeviceKind::kCpu || !host.is_contiguous() ||
-      host.dtype() != device.dtype() || host.shape() != device.shape()) {
-    fail("copy_to_host",
-         "needs a contiguous host tensor of the device tensor's dtype and shape, got " +
-             device.describe() + " and " + host.describe());
-  }
   if (host.nbytes() == 0) return;
   auto* job = new HostCopyJob{ctx_, ctx_->pinned.acquire(host.nbytes()), host, host.nbytes()};
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(job->block.ptr, device.raw_data(), job->nbytes,
@@ -441,24 +372,12 @@ void CudaBackend::copy_to_host(const Tensor& device, const Tensor& host) {
 
 namespace {
 
-__device__ __forceinline__ uint64_t splitmix64_dev(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Same formula as sample::normal (Box-Muller on two counter-based uniforms).
+// sample::normal, the CPU backend's values.
 template <typename T>
-__global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed_hash, float mean, float std) {
+__global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed, float mean, float std) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t h = splitmix64_dev(seed_hash ^ static_cast<uint64_t>(i));
-    const uint64_t g = splitmix64_dev(h);
-    const double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;
-    const double u2 = static_cast<double>(g >> 11) * 0x1.0p-53;
-    const float v =
-        mean + std * static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    const float v = mean + std * sample::normal(seed, static_cast<uint64_t>(i));
     if constexpr (sizeof(T) == 4) {
       out[i] = v;
     } else {
@@ -469,24 +388,16 @@ __global__ void fill_normal_kernel(T* out, int64_t n, uint64_t seed_hash, float 
 
 }  // namespace
 
-void CudaBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) {
-  check_device("fill_random_normal", "t", t);
+void CudaBackend::fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) {
   const int64_t n = t.numel();
   if (n == 0) return;
   const unsigned blocks =
       std::min<unsigned>(ceil_div(n, 256), static_cast<unsigned>(num_sms_) * 32);
-  // splitmix64(seed) on the host, as sample::normal does first.
-  uint64_t x = seed + 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  const uint64_t seed_hash = x ^ (x >> 31);
   if (t.dtype() == DType::kF32) {
-    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<float>(), n, seed_hash, mean, std);
-  } else if (t.dtype() == DType::kBF16) {
-    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<__nv_bfloat16>(), n, seed_hash,
-                                                         mean, std);
-  } else {
-    fail("fill_random_normal", "needs an f32 or bf16 tensor, got " + t.describe());
+    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<float>(), n, seed, mean, std);
+  } else {  // bf16 (the front accepts f32 or bf16)
+    fill_normal_kernel<<<blocks, 256, 0, ctx_->stream>>>(t.data<__nv_bfloat16>(), n, seed, mean,
+                                                         std);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("fill_random_normal");
 }
@@ -496,8 +407,7 @@ std::unique_ptr<Event> CudaBackend::record_event() {
   return std::make_unique<CudaEvent>(ctx_);
 }
 
-void CudaBackend::synchronize() {
-  check_sync_allowed("synchronize");
+void CudaBackend::synchronize_impl() {
   check_not_capturing("synchronize");
   DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
 }

@@ -16,7 +16,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -35,65 +34,13 @@ class CudaBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCuda; }
   std::string name() const override;
   DType weight_dtype(DType stored) const override;
-  bool set_host_sync_forbidden(bool forbidden) override {
-    return std::exchange(sync_forbidden_, forbidden);
-  }
 
   Tensor empty(const Shape& shape, DType dtype) override;
   Tensor zeros(const Shape& shape, DType dtype) override;
-  Tensor upload(const Tensor& host, DType dtype) override;
-  Tensor upload_weight(const Tensor& host, DType dtype) override;
-  Tensor to_host(const Tensor& device) override;
-  void copy_to_host(const Tensor& device, const Tensor& host) override;
-  void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) override;
   std::unique_ptr<Event> record_event() override;
-  void synchronize() override;
-  void upload_into(const Tensor& dst, const Tensor& host) override;
-  void copy_into(const Tensor& dst, const Tensor& src) override;
   // Captures a CUDA graph of the stream work `body` enqueues (relaxed capture mode; allocations
   // inside become graph memory nodes, freed inside the graph).
   std::unique_ptr<Graph> capture(std::function<void()> body) override;
-
-  Tensor embedding(const Tensor& table, const Tensor& ids) override;
-  Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) override;
-  Tensor linear(const Tensor& x, const Tensor& w) override;
-  Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups) override;
-  Tensor scale(const Tensor& x, float factor) override;
-  Tensor add(const Tensor& a, const Tensor& b) override;
-  Tensor gather_rows(const Tensor& x, const Tensor& rows) override;
-  Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-              bool inverse) override;
-  Tensor argmax(const Tensor& x) override;
-  SampleResult sample(const Tensor& logits, const SamplingBatch& batch) override;
-  Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) override;
-  void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) override;
-
-  Tensor hc_expand(const Tensor& x, int hc_mult) override;
-  HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-               const HcParams& params) override;
-  Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
-                 const Tensor& comb) override;
-  Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                 const HcParams& params) override;
-
-  Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
-                    const Tensor& tid2eid, const Tensor& token_ids, int top_k,
-                    float routed_scale) override;
-  Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
-                     float swiglu_limit) override;
-  Tensor swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
-
-  void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
-  Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
-                       const BatchLayout& layout, const EntryBatch& entries,
-                       const CompressSpec& spec) override;
-  void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
-  Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
-                      const BatchLayout& layout, int ratio, int top_k, float score_scale,
-                      float weight_scale) override;
-  Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
-                   const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
-                   const AttentionSpec& spec) override;
 
   // For op implementations.
   cudaStream_t stream() const;
@@ -109,7 +56,57 @@ class CudaBackend final : public Backend {
   const Tensor& pointer_table(const std::vector<int64_t>& pointers);
 
  private:
-  void check_sync_allowed(const char* what) const;
+  Tensor upload_impl(const Tensor& host, DType dtype) override;
+  Tensor upload_weight_impl(const Tensor& host, DType dtype) override;
+  Tensor to_host_impl(const Tensor& device) override;
+  void copy_to_host_impl(const Tensor& device, const Tensor& host) override;
+  void synchronize_impl() override;
+  void upload_into_impl(const Tensor& dst, const Tensor& host) override;
+  void copy_into_impl(const Tensor& dst, const Tensor& src) override;
+
+  Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
+  Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
+  Tensor linear_impl(const Tensor& x, const Tensor& w) override;
+  Tensor grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) override;
+  Tensor scale_impl(const Tensor& x, float factor) override;
+  Tensor add_impl(const Tensor& a, const Tensor& b) override;
+  Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) override;
+  Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                   bool inverse) override;
+  Tensor argmax_impl(const Tensor& x) override;
+  SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
+  void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                          const Tensor& previous) override;
+  void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;
+  void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) override;
+
+  Tensor hc_expand_impl(const Tensor& x, int hc_mult) override;
+  HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                    const HcParams& params) override;
+  Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                      const Tensor& comb) override;
+  Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                      const HcParams& params) override;
+
+  Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                         const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                         float routed_scale) override;
+  Tensor moe_experts_impl(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                          float swiglu_limit) override;
+  Tensor swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
+
+  void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
+  Tensor compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                            const BatchLayout& layout, const EntryBatch& entries,
+                            const CompressSpec& spec) override;
+  void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
+  Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                           const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                           float weight_scale) override;
+  Tensor attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                        const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                        const BatchLayout& layout, const AttentionSpec& spec) override;
+
   // Uploads and host copies cannot be recorded in a graph (their host buffers are per call).
   void check_not_capturing(const char* what) const;
   // attention's tensor-core path for spec.bf16_math (ops_attention_mma.cu), called after
@@ -125,7 +122,6 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
   std::shared_ptr<CudaContext> ctx_;
-  bool sync_forbidden_ = false;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
 };

@@ -1,6 +1,6 @@
-// Shared by the CUDA cache, indexer and attention ops: host-side checks of the layout tensors,
-// the device view of a BatchLayout, and small warp / block / copy helpers. Everything has internal
-// linkage (an anonymous namespace): each op file gets its own copy.
+// Shared by the CUDA cache, indexer and attention ops: host-side checks of the CUDA kernels'
+// limits, the device view of a BatchLayout, and small warp / block / copy helpers. Everything has
+// internal linkage (an anonymous namespace): each op file gets its own copy.
 #pragma once
 
 #include <cstdint>
@@ -13,34 +13,6 @@ namespace deepinfer::cuda {
 namespace {
 
 // ---- host-side checks ---------------------------------------------------------------------------
-
-// The metadata of the layout tensors (as the CPU's check_layout).
-void check_layout(const char* op, const BatchLayout& layout, bool need_block_table) {
-  const int64_t t = layout.num_tokens;
-  const int64_t b = layout.num_seqs;
-  if (t < 0 || b < 0 || layout.block_size <= 0 || layout.max_blocks_per_seq < 0 ||
-      (t > 0 && b == 0)) {
-    fail(op, "layout has num_tokens " + std::to_string(t) + ", num_seqs " + std::to_string(b) +
-                 ", block_size " + std::to_string(layout.block_size) + ", max_blocks_per_seq " +
-                 std::to_string(layout.max_blocks_per_seq) +
-                 " (expected >= 0, >= 1 when there are tokens, > 0, >= 0)");
-  }
-  check_tensor(op, "layout.positions", layout.positions, DType::kI32, {t});
-  check_tensor(op, "layout.seq_q_start", layout.seq_q_start, DType::kI32, {b + 1});
-  check_tensor(op, "layout.seq_ctx_len", layout.seq_ctx_len, DType::kI32, {b});
-  check_tensor(op, "layout.seq_slot", layout.seq_slot, DType::kI32, {b});
-  if (need_block_table) {
-    check_tensor(op, "layout.block_table", layout.block_table, DType::kI32,
-                 {b, layout.max_blocks_per_seq});
-  }
-}
-
-void check_ratio(const char* op, int ratio, const BatchLayout& layout) {
-  if (ratio < 1 || layout.block_size % ratio != 0) {
-    fail(op, "compression ratio " + std::to_string(ratio) + " must be >= 1 and divide block_size " +
-                 std::to_string(layout.block_size));
-  }
-}
 
 // The float4 paths need 16-byte aligned rows: a width that is a multiple of 4 on an aligned base.
 void check_vec4(const char* op, const char* arg, const Tensor& t) {

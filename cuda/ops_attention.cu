@@ -319,26 +319,15 @@ void launch_attention_combine(cudaStream_t stream, const float* part_acc, const 
 
 }  // namespace
 
-Tensor CudaBackend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
-                              const Tensor& entries, const Tensor& topk, const Tensor& sinks,
-                              const BatchLayout& layout, const AttentionSpec& spec) {
+Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                                   const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                                   const BatchLayout& layout, const AttentionSpec& spec) {
   const char* op = "attention";
   const bool compressed = spec.ratio > 0;
-  check_layout(op, layout, compressed);
-  if (spec.window < 1) fail(op, "spec.window must be >= 1, got " + std::to_string(spec.window));
   const int64_t tokens = layout.num_tokens;
-  check_tensor(op, "q", q, DType::kF32, {tokens, -1, -1});
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
-  check_tensor(op, "kv", kv, DType::kF32, {tokens, dim});
-  check_tensor(op, "swa_ring", swa_ring, DType::kF32, {-1, -1, dim});
-  check_tensor(op, "sinks", sinks, DType::kF32, {heads});
   const bool sparse = compressed && spec.sparse;
-  if (compressed) {
-    check_ratio(op, spec.ratio, layout);
-    check_tensor(op, "entries", entries, DType::kF32, {-1, dim});
-    if (sparse) check_tensor(op, "topk", topk, DType::kI32, {tokens, -1});
-  }
   Tensor out = empty({tokens, heads, dim}, DType::kF32);
   if (tokens == 0 || heads == 0 || dim == 0) return out;
   if (dim % 4 != 0 || dim > kAttnMaxDim) {

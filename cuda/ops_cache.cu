@@ -234,15 +234,12 @@ __global__ void scatter_rows_kernel(float* __restrict__ cache, const float* __re
 
 }  // namespace
 
-void CudaBackend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) {
+void CudaBackend::ring_write_impl(const Tensor& ring, const Tensor& rows,
+                                  const BatchLayout& layout) {
   const char* op = "ring_write";
-  check_tensor(op, "ring", ring, DType::kF32, {-1, -1, -1});
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
   const int64_t width = ring.size(2);
-  check_layout(op, layout, /*need_block_table=*/false);
-  check_tensor(op, "rows", rows, DType::kF32, {layout.num_tokens, width});
-  if (ring_len == 0) fail(op, "ring " + ring.describe() + " has no slots per sequence");
   if (layout.num_tokens == 0 || width == 0) return;
   const bool vec4 = width % 4 == 0 && aligned16(ring.raw_data()) && aligned16(rows.raw_data());
   ring_write_kernel<<<static_cast<unsigned>(layout.num_tokens), kRowThreads, 0, stream()>>>(
@@ -250,28 +247,15 @@ void CudaBackend::ring_write(const Tensor& ring, const Tensor& rows, const Batch
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }
 
-Tensor CudaBackend::compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
-                                  const BatchLayout& layout, const EntryBatch& entries,
-                                  const CompressSpec& spec) {
+Tensor CudaBackend::compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                                       const BatchLayout& layout, const EntryBatch& entries,
+                                       const CompressSpec& spec) {
   const char* op = "compress_pool";
-  if (spec.ratio < 1 || spec.head_dim < 1) {
-    fail(op, "spec needs ratio >= 1 and head_dim >= 1, got ratio " + std::to_string(spec.ratio) +
-                 ", head_dim " + std::to_string(spec.head_dim));
-  }
   const int64_t m = spec.ratio;
   const int64_t dim = spec.head_dim;
-  const int64_t c = spec.overlap ? 2 * dim : dim;
-  check_layout(op, layout, /*need_block_table=*/false);
-  check_tensor(op, "proj", proj, DType::kF32, {layout.num_tokens, 2 * c});
-  check_tensor(op, "ring", ring, DType::kF32, {-1, -1, 2 * c});
-  check_tensor(op, "ape", ape, DType::kF32, {m, c});
   const int64_t num_entries = entries.num_entries;
-  if (num_entries < 0) fail(op, "entries.num_entries is negative");
   Tensor out = empty({num_entries, dim}, DType::kF32);
   if (num_entries == 0) return out;
-  check_tensor(op, "entries.seq", entries.seq, DType::kI32, {num_entries});
-  check_tensor(op, "entries.window", entries.window, DType::kI32, {num_entries});
-  if (ring.size(1) == 0) fail(op, "ring " + ring.describe() + " has no slots per sequence");
   PoolArgs a{};
   a.proj = proj.data<float>();
   a.ring = ring.data<float>();
@@ -299,15 +283,12 @@ Tensor CudaBackend::compress_pool(const Tensor& proj, const Tensor& ring, const 
   return out;
 }
 
-void CudaBackend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
+void CudaBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
   const char* op = "scatter_rows";
-  check_tensor(op, "cache", cache, DType::kF32, {-1, -1});
-  check_tensor(op, "rows", rows, DType::kF32, {-1, cache.size(1)});
-  check_tensor(op, "dest", dest, DType::kI32, {rows.size(0)});
   const int64_t n = rows.size(0);
   const int64_t width = cache.size(1);
   if (n == 0 || width == 0) return;
-  if (n > 0x7fffffff) fail(op, std::to_string(n) + " rows exceed one launch");
+  if (n > 0x7fffffff) fail(op, std::to_string(n) + " rows exceed one launch");  // gridDim.x
   const bool vec4 = width % 4 == 0 && aligned16(cache.raw_data()) && aligned16(rows.raw_data());
   scatter_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream()>>>(
       cache.data<float>(), rows.data<float>(), dest.data<int32_t>(), cache.size(0), width, vec4);

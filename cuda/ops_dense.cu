@@ -23,18 +23,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// ---- host-side checks ---------------------------------------------------------------------------
-
-void check_rank_range(const char* op, const char* arg, const Tensor& t, DType dtype,
-                      int64_t min_rank, int64_t max_rank) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  if (t.dim() < min_rank || t.dim() > max_rank) {
-    fail(op, std::string("argument ") + arg + " must have rank " + std::to_string(min_rank) + "-" +
-                 std::to_string(max_rank) + ", got " + t.describe());
-  }
-}
-
 // ---- launch geometry ----------------------------------------------------------------------------
 
 constexpr int kElementwiseThreads = 256;
@@ -473,17 +461,17 @@ __global__ void __launch_bounds__(kArgmaxFinalThreads)
   if (threadIdx.x % 32 == 0) out[r] = argmax_result(best, x[r * cols], none);
 }
 
-// out[i] = previous[remap[i]] when remap[i] >= 0, else host[i]. A remap past `previous` (the CPU
-// op throws) falls back to host[i].
-__global__ void select_tokens_kernel(const int32_t* __restrict__ host,
+// tokens[i] = previous[remap[i]] where remap[i] >= 0; other entries keep their value. A remap
+// past `previous` (the CPU op throws) leaves tokens[i] as it was.
+__global__ void select_tokens_kernel(int32_t* __restrict__ tokens,
                                      const int32_t* __restrict__ remap,
-                                     const int32_t* __restrict__ previous,
-                                     int32_t* __restrict__ out, int64_t num_previous, int64_t n) {
+                                     const int32_t* __restrict__ previous, int64_t num_previous,
+                                     int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     const int32_t r = remap[i];
-    out[i] = r >= 0 && r < num_previous ? previous[r] : host[i];
+    if (r >= 0 && r < num_previous) tokens[i] = previous[r];
   }
 }
 
@@ -537,14 +525,8 @@ size_t row_bytes_of(const Tensor& t) {
 // ---- ops
 // ------------------------------------------------------------------------------------------
 
-Tensor CudaBackend::embedding(const Tensor& table, const Tensor& ids) {
+Tensor CudaBackend::embedding_impl(const Tensor& table, const Tensor& ids) {
   const char* op = "embedding";
-  check_device(op, "table", table);
-  check_rank(op, "table", table, 2);
-  if (table.dtype() != DType::kF32 && table.dtype() != DType::kBF16) {
-    fail(op, "argument table must be f32 or bf16, got " + table.describe());
-  }
-  check_tensor(op, "ids", ids, DType::kI32, {-1});
   const int64_t vocab = table.size(0);
   const int64_t hidden = table.size(1);
   const int64_t tokens = ids.size(0);
@@ -562,11 +544,9 @@ Tensor CudaBackend::embedding(const Tensor& table, const Tensor& ids) {
   return out;
 }
 
-Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
+Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) {
   const char* op = "rms_norm";
-  check_rank_range(op, "x", x, DType::kF32, 1, 8);
   const int64_t dim = x.size(-1);
-  if (weight.defined()) check_tensor(op, "weight", weight, DType::kF32, {dim});
   const int64_t rows = dim > 0 ? x.numel() / dim : 0;
   Tensor out = empty(x.shape(), DType::kF32);
   if (rows == 0) return out;
@@ -633,9 +613,8 @@ Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   return out;
 }
 
-Tensor CudaBackend::scale(const Tensor& x, float factor) {
+Tensor CudaBackend::scale_impl(const Tensor& x, float factor) {
   const char* op = "scale";
-  check_rank_range(op, "x", x, DType::kF32, 0, 8);
   Tensor out = empty(x.shape(), DType::kF32);
   const int64_t n = x.numel();
   if (n == 0) return out;
@@ -645,10 +624,8 @@ Tensor CudaBackend::scale(const Tensor& x, float factor) {
   return out;
 }
 
-Tensor CudaBackend::add(const Tensor& a, const Tensor& b) {
+Tensor CudaBackend::add_impl(const Tensor& a, const Tensor& b) {
   const char* op = "add";
-  check_rank_range(op, "a", a, DType::kF32, 0, 8);
-  check_tensor(op, "b", b, DType::kF32, a.shape());
   Tensor out = empty(a.shape(), DType::kF32);
   const int64_t n = a.numel();
   if (n == 0) return out;
@@ -658,10 +635,8 @@ Tensor CudaBackend::add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor CudaBackend::swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) {
+Tensor CudaBackend::swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) {
   const char* op = "swiglu";
-  check_rank_range(op, "gate", gate, DType::kF32, 0, 8);
-  check_tensor(op, "up", up, DType::kF32, gate.shape());
   Tensor out = empty(gate.shape(), DType::kF32);
   const int64_t n = gate.numel();
   if (n == 0) return out;
@@ -671,11 +646,8 @@ Tensor CudaBackend::swiglu(const Tensor& gate, const Tensor& up, float swiglu_li
   return out;
 }
 
-Tensor CudaBackend::gather_rows(const Tensor& x, const Tensor& rows) {
+Tensor CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& rows) {
   const char* op = "gather_rows";
-  check_device(op, "x", x);
-  if (x.dim() < 1) fail(op, "argument x must have at least one dimension, got " + x.describe());
-  check_tensor(op, "rows", rows, DType::kI32, {-1});
   Shape shape = x.shape();
   const int64_t src_rows = shape[0];
   shape[0] = rows.size(0);
@@ -706,16 +678,12 @@ Tensor CudaBackend::gather_rows(const Tensor& x, const Tensor& rows) {
   return out;
 }
 
-void CudaBackend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) {
+void CudaBackend::copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) {
   // The copies run concurrently, so, as on the CPU, the result is defined only when no row is a
   // destination twice and no destination is also a source. The CPU op checks that (it needs the
   // indices' contents); here it is the caller's contract and a violation races.
   const char* op = "copy_rows";
-  check_device(op, "t", t);
-  if (t.dim() < 1) fail(op, "argument t must have at least one dimension, got " + t.describe());
-  check_tensor(op, "src", src, DType::kI32, {-1});
   const int64_t n = src.size(0);
-  check_tensor(op, "dst", dst, DType::kI32, {n});
   const int64_t num_rows = t.size(0);
   const size_t row_bytes = row_bytes_of(t);
   if (n == 0 || row_bytes == 0) return;
@@ -742,20 +710,12 @@ void CudaBackend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& ds
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }
 
-Tensor CudaBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                         bool inverse) {
+Tensor CudaBackend::rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                              bool inverse) {
   const char* op = "rope";
-  check_rank_range(op, "x", x, DType::kF32, 2, 3);
-  const int64_t tokens = x.size(0);
   const int64_t heads = x.dim() == 3 ? x.size(1) : 1;
   const int64_t dim = x.size(-1);
-  check_tensor(op, "positions", positions, DType::kI32, {tokens});
-  check_tensor(op, "inv_freq", inv_freq, DType::kF32, {-1});
   const int64_t half = inv_freq.size(0);
-  if (2 * half > dim) {
-    fail(op, "inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * half) +
-                 " channels, more than x's last dimension " + std::to_string(dim));
-  }
   Tensor out = empty(x.shape(), DType::kF32);
   const int64_t n = x.numel();
   if (n == 0) return out;
@@ -766,12 +726,10 @@ Tensor CudaBackend::rope(const Tensor& x, const Tensor& positions, const Tensor&
   return out;
 }
 
-Tensor CudaBackend::argmax(const Tensor& x) {
+Tensor CudaBackend::argmax_impl(const Tensor& x) {
   const char* op = "argmax";
-  check_tensor(op, "x", x, DType::kF32, {-1, -1});
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
-  if (cols == 0) fail(op, "argument x has no columns: " + x.describe());
   Tensor out = empty({rows}, DType::kI32);
   if (rows == 0) return out;
   const float* xp = x.data<float>();
@@ -804,19 +762,13 @@ Tensor CudaBackend::argmax(const Tensor& x) {
   return out;
 }
 
-Tensor CudaBackend::select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) {
-  const char* op = "select_tokens";
-  check_tensor(op, "host", host, DType::kI32, {-1});
-  const int64_t n = host.size(0);
-  check_tensor(op, "remap", remap, DType::kI32, {n});
-  check_tensor(op, "previous", previous, DType::kI32, {-1});
-  Tensor out = empty({n}, DType::kI32);
-  if (n == 0) return out;
+void CudaBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                                     const Tensor& previous) {
+  const int64_t n = tokens.size(0);
+  if (n == 0) return;
   select_tokens_kernel<<<elementwise_blocks(*this, n), kElementwiseThreads, 0, stream()>>>(
-      host.data<int32_t>(), remap.data<int32_t>(), previous.data<int32_t>(), out.data<int32_t>(),
-      previous.size(0), n);
-  DEEPINFER_CUDA_LAUNCH_CHECK(op);
-  return out;
+      tokens.data<int32_t>(), remap.data<int32_t>(), previous.data<int32_t>(), previous.size(0), n);
+  DEEPINFER_CUDA_LAUNCH_CHECK("select_tokens");
 }
 
 }  // namespace deepinfer::cuda

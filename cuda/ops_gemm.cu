@@ -265,23 +265,12 @@ bool try_gemv(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& y
 
 // Y[M, G*N] = per group g: X[:, gK:(g+1)K] . W[gN:(g+1)N, :]^T. Row-major Y^T is column-major
 // (G*N) x M, so each group is C_g = op(A_g) B_g with A = W (column-major K x N, transposed) and
-// B = X (column-major view, leading dimension G*K).
+// B = X (column-major view, leading dimension G*K). The front checked that x and w split into
+// `groups` groups and that w is f32 or bf16.
 static Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tensor& w, int groups) {
-  check_device(op, "x", x);
-  check_device(op, "w", w);
-  check_dtype(op, "x", x, DType::kF32);
-  check_rank(op, "x", x, 2);
-  check_rank(op, "w", w, 2);
-  if (w.dtype() != DType::kF32 && w.dtype() != DType::kBF16) {
-    fail(op, "argument w must be f32 or bf16, got " + w.describe());
-  }
   const int64_t m = x.size(0);
   const int64_t gk = x.size(1);
   const int64_t k = w.size(1);
-  if (groups < 1 || gk != groups * k || w.size(0) % groups != 0) {
-    fail(op, "x " + x.describe() + " and w " + w.describe() + " do not fit " +
-                 std::to_string(groups) + " groups");
-  }
   const int64_t n = w.size(0) / groups;
   Tensor y = be.empty({m, groups * n}, DType::kF32);
   if (m == 0 || n == 0) return y;
@@ -323,11 +312,11 @@ static Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tenso
   return y;
 }
 
-Tensor CudaBackend::linear(const Tensor& x, const Tensor& w) {
+Tensor CudaBackend::linear_impl(const Tensor& x, const Tensor& w) {
   return gemm(*this, "linear", x, w, 1);
 }
 
-Tensor CudaBackend::grouped_linear(const Tensor& x, const Tensor& w, int groups) {
+Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) {
   return gemm(*this, "grouped_linear", x, w, groups);
 }
 

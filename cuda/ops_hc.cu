@@ -22,20 +22,11 @@ namespace deepinfer::cuda {
 
 namespace {
 
-void check_hc_weights(const char* op, const Tensor& X, const Tensor& fn, const Tensor& base,
-                      const Tensor& scale, int64_t fn_rows, int64_t scales) {
-  const int64_t width = X.size(1) * X.size(2);
-  check_tensor(op, "fn", fn, DType::kF32, {fn_rows, width});
-  check_tensor(op, "base", base, DType::kF32, {fn_rows});
-  check_tensor(op, "scale", scale, DType::kF32, {scales});
-}
-
 // The per-token kernels keep the stream weights (and hc_pre's n x n matrix) in shared memory;
 // this bounds hc_mult so that fits in the default 48 KB with room to spare.
 constexpr int kMaxHcMult = 64;
 
-void check_hc_mult(const char* op, int hc_mult) {
-  if (hc_mult <= 0) fail(op, "hc_mult must be positive, got " + std::to_string(hc_mult));
+void check_hc_mult_fits(const char* op, int hc_mult) {
   if (hc_mult > kMaxHcMult) {
     fail(op, "the CUDA backend supports hc_mult up to " + std::to_string(kMaxHcMult) + ", got " +
                  std::to_string(hc_mult));
@@ -323,10 +314,8 @@ __global__ void hc_post_kernel(const float* __restrict__ X, const float* __restr
 
 }  // namespace
 
-Tensor CudaBackend::hc_expand(const Tensor& x, int hc_mult) {
+Tensor CudaBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
   const char* op = "hc_expand";
-  check_tensor(op, "x", x, DType::kF32, {-1, -1});
-  if (hc_mult <= 0) fail(op, "hc_mult must be positive, got " + std::to_string(hc_mult));
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
   Tensor out = empty({tokens, hc_mult, hidden}, DType::kF32);
@@ -338,20 +327,15 @@ Tensor CudaBackend::hc_expand(const Tensor& x, int hc_mult) {
   return out;
 }
 
-HcMix CudaBackend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base,
-                          const Tensor& scale, const HcParams& params) {
+HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                               const Tensor& scale, const HcParams& params) {
   const char* op = "hc_pre";
-  check_hc_mult(op, params.hc_mult);
-  check_tensor(op, "X", X, DType::kF32, {-1, params.hc_mult, -1});
+  check_hc_mult_fits(op, params.hc_mult);
   const int64_t tokens = X.size(0);
   const int n = params.hc_mult;
   const int64_t hidden = X.size(2);
   const int64_t width = n * hidden;
   const int64_t fn_rows = static_cast<int64_t>(2 + n) * n;
-  check_hc_weights(op, X, fn, base, scale, fn_rows, 3);
-  if (params.sinkhorn_iters < 1) {
-    fail(op, "sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
-  }
   HcMix result{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
                empty({tokens, hidden}, DType::kF32)};
   if (tokens == 0) return result;
@@ -372,16 +356,12 @@ HcMix CudaBackend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base,
   return result;
 }
 
-Tensor CudaBackend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
-                            const Tensor& comb) {
+Tensor CudaBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                                 const Tensor& comb) {
   const char* op = "hc_post";
-  check_tensor(op, "X", X, DType::kF32, {-1, -1, -1});
   const int64_t tokens = X.size(0);
   const int64_t n = X.size(1);
   const int64_t hidden = X.size(2);
-  check_tensor(op, "out", out, DType::kF32, {tokens, hidden});
-  check_tensor(op, "post", post, DType::kF32, {tokens, n});
-  check_tensor(op, "comb", comb, DType::kF32, {tokens, n, n});
   Tensor result = empty(X.shape(), DType::kF32);
   const int64_t total = tokens * hidden;
   if (total == 0 || n == 0) return result;
@@ -392,16 +372,14 @@ Tensor CudaBackend::hc_post(const Tensor& X, const Tensor& out, const Tensor& po
   return result;
 }
 
-Tensor CudaBackend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base,
-                            const Tensor& scale, const HcParams& params) {
+Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                 const Tensor& scale, const HcParams& params) {
   const char* op = "hc_head";
-  check_hc_mult(op, params.hc_mult);
-  check_tensor(op, "X", X, DType::kF32, {-1, params.hc_mult, -1});
+  check_hc_mult_fits(op, params.hc_mult);
   const int64_t tokens = X.size(0);
   const int n = params.hc_mult;
   const int64_t hidden = X.size(2);
   const int64_t width = n * hidden;
-  check_hc_weights(op, X, fn, base, scale, n, 1);
   Tensor y = empty({tokens, hidden}, DType::kF32);
   if (tokens == 0 || hidden == 0) return y;  // nothing to collapse (and no empty grid)
   Tensor mix = linear(rms_norm(X.reshape({tokens, width}), Tensor(), params.norm_eps), fn);

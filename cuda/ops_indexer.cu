@@ -319,18 +319,12 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
 
 }  // namespace
 
-Tensor CudaBackend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
-                                 const BatchLayout& layout, int ratio, int top_k, float score_scale,
-                                 float weight_scale) {
+Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
+                                      const Tensor& index_cache, const BatchLayout& layout,
+                                      int ratio, int top_k, float score_scale, float weight_scale) {
   const char* op = "indexer_topk";
-  check_layout(op, layout, true);
-  check_ratio(op, ratio, layout);
-  if (top_k < 0) fail(op, "top_k must be >= 0, got " + std::to_string(top_k));
-  check_tensor(op, "q", q, DType::kF32, {layout.num_tokens, -1, -1});
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
-  check_tensor(op, "weights", weights, DType::kF32, {layout.num_tokens, heads});
-  check_tensor(op, "index_cache", index_cache, DType::kF32, {-1, dim});
   const int64_t tokens = layout.num_tokens;
   Tensor out = empty({tokens, top_k}, DType::kI32);
   if (tokens == 0 || top_k == 0) return out;

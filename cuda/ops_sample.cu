@@ -10,7 +10,8 @@
 //     log-probabilities gets an empty segment. Radix sort is stable and the ids go in ascending,
 //     so equal logits keep the lower id first: exactly the CPU's rank order.
 //  3. sample_draw (one CTA per row): top-k cut, top-p cut on the cumulative weight in rank order,
-//     inverse-CDF draw with u = uniform(seed, position, 0) (the CPU's splitmix64 bit arithmetic),
+//     inverse-CDF draw with u = sample::uniform(seed, position, 0) (sample/counter_rng.h, the
+//     CPU sampler's own definition),
 //     logprob of the token and the top-N (ids, logprobs), padded with -1 / -inf.
 //
 // Where a result can legitimately differ from the CPU: every weight and sum is double, as on the
@@ -36,6 +37,7 @@
 
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
+#include "sample/counter_rng.h"
 
 namespace deepinfer::cuda {
 
@@ -49,7 +51,7 @@ struct RowParams {
   const int32_t* top_k;
   const float* top_p;
   const int64_t* seed;
-  const int64_t* position;
+  const int32_t* position;
   const int32_t* num_logprobs;
 };
 
@@ -62,22 +64,6 @@ struct RowStats {
 };
 
 // ---- the CPU sampler's exact definitions -------------------------------------------------------
-
-// sample::splitmix64.
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-// sample::uniform: the top 53 bits of the chained hash, as an exact double in [0, 1).
-__device__ __forceinline__ double uniform(uint64_t seed, int64_t position, uint32_t stream) {
-  uint64_t h = splitmix64(seed);
-  h = splitmix64(h ^ static_cast<uint64_t>(position));
-  h = splitmix64(h ^ static_cast<uint64_t>(stream));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
-}
 
 // Ascending order of the key = logit descending (the high half of the CPU's rank_key).
 __device__ __forceinline__ uint32_t rank_key(float x) {
@@ -272,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
     // exceeds the target; rank 0 (weight 1) if rounding leaves none, as on the CPU, which falls
     // back to the last positive rank it visited.
     const double target =
-        uniform(static_cast<uint64_t>(params.seed[b]), params.position[b], 0) * kept_mass;
+        sample::uniform(static_cast<uint64_t>(params.seed[b]), params.position[b], 0) * kept_mass;
     double carry = 0.0;
     int pick = 0;
     for (int base = 0; base < kept; base += kThreads) {
@@ -317,42 +303,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_row_param(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t rows) {
-  check_device(op, arg, t);
-  check_dtype(op, arg, t, dtype);
-  check_rank(op, arg, t, 1);
-  if (t.size(0) != rows) {
-    fail(op, std::string("argument ") + arg + " must have " + std::to_string(rows) + " rows, got " +
-                 t.describe());
-  }
-}
-
 }  // namespace
 
-SampleResult CudaBackend::sample(const Tensor& logits, const SamplingBatch& batch) {
+SampleResult CudaBackend::sample_impl(const Tensor& logits, const SamplingBatch& batch) {
   const char* op = "sample";
-  check_device(op, "logits", logits);
-  check_dtype(op, "logits", logits, DType::kF32);
-  check_rank(op, "logits", logits, 2);
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
-  if (batch.num_rows != rows) {
-    fail(op, "batch.num_rows is " + std::to_string(batch.num_rows) + ", expected the " +
-                 std::to_string(rows) + " rows of logits " + logits.describe());
-  }
-  if (vocab == 0) fail(op, "argument logits has no columns: " + logits.describe());
-  if (rows * vocab > INT_MAX) {
+  if (rows * vocab > INT_MAX) {  // the radix sort and the kernels index items with int
     fail(op, "logits " + logits.describe() + " has more than 2^31 - 1 elements");
   }
-  if (batch.max_logprobs < 0) {
-    fail(op, "batch.max_logprobs must be >= 0, got " + std::to_string(batch.max_logprobs));
-  }
-  check_row_param(op, "batch.temperature", batch.temperature, DType::kF32, rows);
-  check_row_param(op, "batch.top_k", batch.top_k, DType::kI32, rows);
-  check_row_param(op, "batch.top_p", batch.top_p, DType::kF32, rows);
-  check_row_param(op, "batch.seed", batch.seed, DType::kI64, rows);
-  check_row_param(op, "batch.position", batch.position, DType::kI64, rows);
-  check_row_param(op, "batch.num_logprobs", batch.num_logprobs, DType::kI32, rows);
 
   const int cols = batch.max_logprobs;
   SampleResult out;
@@ -366,7 +325,7 @@ SampleResult CudaBackend::sample(const Tensor& logits, const SamplingBatch& batc
 
   const RowParams params{batch.temperature.data<float>(), batch.top_k.data<int32_t>(),
                          batch.top_p.data<float>(),       batch.seed.data<int64_t>(),
-                         batch.position.data<int64_t>(),  batch.num_logprobs.data<int32_t>()};
+                         batch.position.data<int32_t>(),  batch.num_logprobs.data<int32_t>()};
   const int items = static_cast<int>(rows * vocab);
   const int v = static_cast<int>(vocab);
   cudaStream_t s = stream();

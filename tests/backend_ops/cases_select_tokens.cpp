@@ -1,5 +1,4 @@
-// Rows of select_tokens, apart from the dense ops because its signature is changing (in place:
-// select_tokens(tokens, remap, previous)); run_select_tokens is the one place that calls it.
+// Rows of select_tokens (in place: tokens[i] = previous[remap[i]] where remap[i] >= 0).
 #include <string>
 #include <vector>
 
@@ -9,9 +8,12 @@
 namespace deepinfer::backend_ops {
 namespace {
 
-// in: host tokens [n], remap [n] (-1 or an index of previous), previous [n / 2 + 1].
+// in: tokens [n], remap [n] (-1 or an index of previous), previous [n / 2 + 1]; out: the tokens
+// after the patch.
 Outputs run_select_tokens(Backend& be, const Tensors& in) {
-  return out(be.select_tokens(up(be, in[0]), up(be, in[1]), up(be, in[2])));
+  Tensor tokens = up(be, in[0]);
+  be.select_tokens(tokens, up(be, in[1]), up(be, in[2]));
+  return out(tokens);
 }
 
 }  // namespace

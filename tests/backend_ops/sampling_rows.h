@@ -19,7 +19,7 @@ struct SamplingRows {
   std::vector<int32_t> top_k;
   std::vector<float> top_p;
   std::vector<int64_t> seed;
-  std::vector<int64_t> position;
+  std::vector<int32_t> position;
   std::vector<int32_t> num_logprobs;
   int max_logprobs = 0;
 
@@ -29,7 +29,7 @@ struct SamplingRows {
     top_k.push_back(k);
     top_p.push_back(p);
     seed.push_back(s);
-    position.push_back(pos);
+    position.push_back(static_cast<int32_t>(pos));
     num_logprobs.push_back(n);
   }
 
@@ -42,7 +42,7 @@ struct SamplingRows {
     s.top_k = be.upload(Tensor::from_vector(top_k, {n}), DType::kI32);
     s.top_p = be.upload(Tensor::from_vector(top_p, {n}), DType::kF32);
     s.seed = be.upload(Tensor::from_vector(seed, {n}), DType::kI64);
-    s.position = be.upload(Tensor::from_vector(position, {n}), DType::kI64);
+    s.position = be.upload(Tensor::from_vector(position, {n}), DType::kI32);
     s.num_logprobs = be.upload(Tensor::from_vector(num_logprobs, {n}), DType::kI32);
     return s;
   }

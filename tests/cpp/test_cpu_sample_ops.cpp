@@ -61,15 +61,15 @@ class CpuSampleOpsTest : public testing::BackendTest {
   DeviceBatch upload(const std::vector<Row>& rows, int max_logprobs) {
     const auto b = static_cast<int64_t>(rows.size());
     std::vector<float> logits, temperature, top_p;
-    std::vector<int32_t> top_k, num_logprobs;
-    std::vector<int64_t> seed, position;
+    std::vector<int32_t> top_k, num_logprobs, position;
+    std::vector<int64_t> seed;
     for (const Row& r : rows) {
       logits.insert(logits.end(), r.logits.begin(), r.logits.end());
       temperature.push_back(r.params.temperature);
       top_k.push_back(r.params.top_k);
       top_p.push_back(r.params.top_p);
       seed.push_back(static_cast<int64_t>(r.params.seed));
-      position.push_back(r.params.position);
+      position.push_back(static_cast<int32_t>(r.params.position));
       num_logprobs.push_back(r.params.num_logprobs);
     }
     SamplingBatch batch;
@@ -79,7 +79,7 @@ class CpuSampleOpsTest : public testing::BackendTest {
     batch.top_k = up_i(top_k, {b});
     batch.top_p = up(top_p, {b});
     batch.seed = be->upload(Tensor::from_vector<int64_t>(seed, {b}), DType::kI64);
-    batch.position = be->upload(Tensor::from_vector<int64_t>(position, {b}), DType::kI64);
+    batch.position = up_i(position, {b});
     batch.num_logprobs = up_i(num_logprobs, {b});
     return {up(logits, {b, kVocab}), batch};
   }
@@ -165,6 +165,12 @@ TEST_F(CpuSampleOpsTest, SampleMetadataErrorsThrowOnTheCallingThread) {
   bad.seed = up_i(std::vector<int32_t>(rows.size(), 0), {static_cast<int64_t>(rows.size())});
   expect_error([&] { be->sample(in.logits, bad); }, ErrorCode::kInvalidArgument, "batch.seed");
   bad = in.params;
+  bad.position = be->upload(Tensor::from_vector<int64_t>(std::vector<int64_t>(rows.size(), 0),
+                                                         {static_cast<int64_t>(rows.size())}),
+                            DType::kI64);
+  expect_error([&] { be->sample(in.logits, bad); }, ErrorCode::kInvalidArgument,
+               "argument batch.position must be i32[7]");
+  bad = in.params;
   bad.max_logprobs = -1;
   expect_error([&] { be->sample(in.logits, bad); }, ErrorCode::kInvalidArgument, "max_logprobs");
   bad = in.params;
@@ -191,36 +197,53 @@ TEST_F(CpuSampleOpsTest, SampleContentErrorsSurfaceAtSynchronize) {
 
 // ---- select_tokens -----------------------------------------------------------------------------
 
-TEST_F(CpuSampleOpsTest, SelectTokensTakesRemappedRowsFromPrevious) {
-  Tensor host = up_i({10, 11, 12, 13, 14}, {5});
+TEST_F(CpuSampleOpsTest, SelectTokensPatchesRemappedRowsInPlace) {
+  Tensor tokens = up_i({10, 11, 12, 13, 14}, {5});
+  void* addr = tokens.raw_data();
   Tensor remap = up_i({-1, 1, -1, 0, 1}, {5});
   Tensor previous = up_i({100, 101}, {2});
-  EXPECT_EQ(fetch_i32(*be, be->select_tokens(host, remap, previous)),
-            (std::vector<int32_t>{10, 101, 12, 100, 101}));
-  // No previous step: every row comes from the host.
-  EXPECT_EQ(fetch_i32(*be, be->select_tokens(host, up_i({-1, -1, -1, -1, -1}, {5}),
-                                             be->zeros({0}, DType::kI32))),
-            (std::vector<int32_t>{10, 11, 12, 13, 14}));
-  EXPECT_EQ(
-      be->select_tokens(be->zeros({0}, DType::kI32), be->zeros({0}, DType::kI32), previous).numel(),
-      0);
+  be->select_tokens(tokens, remap, previous);
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{10, 101, 12, 100, 101}));
+  EXPECT_EQ(tokens.raw_data(), addr);
+  EXPECT_EQ(fetch_i32(*be, previous), (std::vector<int32_t>{100, 101}));
+  // Stream order: a patch enqueued after an upload_into sees the new tokens, and the rows with
+  // remap -1 keep them.
+  be->upload_into(tokens, testing::host_i32({20, 21, 22, 23, 24}, {5}));
+  be->select_tokens(tokens, up_i({0, -1, -1, -1, -1}, {5}), previous);
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{100, 21, 22, 23, 24}));
+  // No previous step: nothing changes.
+  be->select_tokens(tokens, up_i({-1, -1, -1, -1, -1}, {5}), be->zeros({0}, DType::kI32));
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{100, 21, 22, 23, 24}));
+  // A view patches only its own rows.
+  be->select_tokens(tokens.narrow(0, 3, 2), up_i({1, 0}, {2}), previous);
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{100, 21, 22, 101, 100}));
+  EXPECT_NO_THROW(
+      be->select_tokens(be->zeros({0}, DType::kI32), be->zeros({0}, DType::kI32), previous));
+  EXPECT_NO_THROW(be->synchronize());
 }
 
 TEST_F(CpuSampleOpsTest, SelectTokensErrors) {
-  Tensor host = up_i({10, 11}, {2});
+  Tensor tokens = up_i({10, 11}, {2});
   Tensor previous = up_i({100, 101}, {2});
-  expect_error([&] { be->select_tokens(host, up_i({0}, {1}), previous); },
-               ErrorCode::kInvalidArgument, "remap");
+  expect_error([&] { be->select_tokens(tokens, up_i({0}, {1}), previous); },
+               ErrorCode::kInvalidArgument, "argument remap must be i32[2]");
   expect_error(
       [&] {
-        be->select_tokens(host, up({0, 0}, {2}), previous);
+        be->select_tokens(tokens, up({0, 0}, {2}), previous);
       },
       ErrorCode::kInvalidArgument, "remap");
   expect_error(
       [&] {
-        be->select_tokens(host, up_i({-1, 2}, {2}), previous);
+        be->select_tokens(up({10, 11}, {2}), up_i({0, 1}, {2}), previous);
+      },
+      ErrorCode::kInvalidArgument, "argument tokens must be i32[*]");
+  // A remap past `previous` fails on the stream and leaves every token as it was.
+  expect_error(
+      [&] {
+        be->select_tokens(tokens, up_i({0, 2}, {2}), previous);
       },
       ErrorCode::kInvalidArgument, "remap[1] = 2");
+  EXPECT_EQ(fetch_i32(*be, tokens), (std::vector<int32_t>{10, 11}));
   EXPECT_NO_THROW(be->synchronize());
 }
 

@@ -119,7 +119,7 @@ struct SamplingBatch {
   Tensor top_k;          // [B] i32, <= 0 = off
   Tensor top_p;          // [B] f32
   Tensor seed;           // [B] i64
-  Tensor position;       // [B] i64, position of the token being generated
+  Tensor position;       // [B] i32, position of the token being generated
   Tensor num_logprobs;   // [B] i32, per-row N <= max_logprobs
 };
 
@@ -141,47 +141,60 @@ struct AttentionSpec {
   bool bf16_math = false;
 };
 
+// The op interface every backend implements, as a non-virtual front: each public op checks its
+// arguments' metadata (dtype, shape, contiguity, device; backend/op_checks.h, written once for
+// every backend) on the calling thread and then calls the backend's protected `*_impl`. An
+// argument error is Error(kInvalidArgument) "<op>: argument <arg> must be ...", the same on
+// every backend. Contents (ids, positions, block tables) are the implementation's business: the
+// CPU reference checks them on its stream, a device backend cannot without a host sync.
+//
+// Tensors an op takes live on this backend's device (`t.device().kind == device_kind()`) and are
+// contiguous, except where an op says otherwise (the host side of transfers; to_host and
+// upload_weight take any strides). A matrix weight (the B operand of linear and grouped_linear,
+// moe_route's gate, the experts, the embedding table) is f32 or weight_dtype(DType::kBF16);
+// every other float tensor is f32.
 class Backend {
  public:
   virtual ~Backend() = default;
 
   virtual DeviceKind device_kind() const = 0;
   virtual std::string name() const = 0;
-  // The dtype a matrix weight (the B operand of linear, grouped_linear, the experts, the
-  // embedding table) is kept in when the checkpoint stores it as `stored`. The CPU reference keeps
-  // everything in f32; a device backend keeps bf16 checkpoints in bf16 for its tensor cores.
-  // Vectors (norm weights, biases, sinks, mHC parameters, position biases) are always f32.
+  // The dtype a matrix weight (see above) is kept in when the checkpoint stores it as `stored`.
+  // The CPU reference keeps everything in f32; a device backend keeps bf16 checkpoints in bf16
+  // for its tensor cores. Vectors (norm weights, biases, sinks, mHC parameters, position biases)
+  // are always f32.
   virtual DType weight_dtype(DType stored) const = 0;
   // While forbidden, any host synchronisation (to_host, synchronize, Event::wait) throws
   // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
   // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden.
   // Returns the previous setting.
-  virtual bool set_host_sync_forbidden(bool forbidden) = 0;
+  bool set_host_sync_forbidden(bool forbidden);
 
   // ---- memory and synchronisation ------------------------------------------------------------
   // Uninitialised device tensor (zeroed on the CPU backend).
   virtual Tensor empty(const Shape& shape, DType dtype) = 0;
   virtual Tensor zeros(const Shape& shape, DType dtype) = 0;
-  // A device tensor of `dtype` holding a copy of `host` converted; `host` may be reused as soon as
-  // this returns (per-step metadata goes through here).
-  virtual Tensor upload(const Tensor& host, DType dtype) = 0;
+  // A device tensor of `dtype` holding a copy of `host` (a host tensor, any strides) converted;
+  // `host` may be reused as soon as this returns (per-step metadata goes through here). Converts
+  // between float dtypes and between i32 and i64; other conversions are Error(kUnsupported).
+  Tensor upload(const Tensor& host, DType dtype);
   // Like upload, for immutable data (weights): when the device is the host and no conversion is
   // needed the result aliases `host`, so weights mmap-ed from a checkpoint are not copied.
-  virtual Tensor upload_weight(const Tensor& host, DType dtype) = 0;
-  // A copy of `device` on the host; waits for all work enqueued so far.
-  virtual Tensor to_host(const Tensor& device) = 0;
+  Tensor upload_weight(const Tensor& host, DType dtype);
+  // A contiguous copy of `device` on the host; waits for all work enqueued so far.
+  Tensor to_host(const Tensor& device);
   // Enqueues a copy of `device` into the contiguous host tensor `host` (same dtype and shape).
   // `host` holds the data once an event recorded after this call has completed; this is how a
   // step's results reach the host without waiting for steps enqueued behind it.
-  virtual void copy_to_host(const Tensor& device, const Tensor& host) = 0;
+  void copy_to_host(const Tensor& device, const Tensor& host);
   virtual std::unique_ptr<Event> record_event() = 0;
-  virtual void synchronize() = 0;
-  // Enqueues a copy of `host` (converted to dst's dtype) into the existing device tensor `dst`
-  // of the same shape; `host` may be reused as soon as this returns. Graph inputs are refreshed
-  // this way, so their device addresses stay fixed.
-  virtual void upload_into(const Tensor& dst, const Tensor& host) = 0;
-  // Enqueues dst = src for two contiguous device tensors of one dtype and shape.
-  virtual void copy_into(const Tensor& dst, const Tensor& src) = 0;
+  void synchronize();
+  // Enqueues a copy of `host` (converted to dst's dtype, as upload does) into the existing device
+  // tensor `dst` of the same shape; `host` may be reused as soon as this returns. Graph inputs
+  // are refreshed this way, so their device addresses stay fixed.
+  void upload_into(const Tensor& dst, const Tensor& host);
+  // Enqueues dst = src for two device tensors of one dtype and shape.
+  void copy_into(const Tensor& dst, const Tensor& src);
   // Records the ops `body` enqueues as a Graph, without running them. `body` must not upload,
   // synchronise or copy to the host, and every tensor it allocates must die before it returns
   // (results go into tensors allocated before the capture); the tensors it reads or writes must
@@ -190,95 +203,154 @@ class Backend {
   virtual std::unique_ptr<Graph> capture(std::function<void()> body);
 
   // ---- dense ops --------------------------------------------------------------------------------
-  // table [V, H], ids [T] i32 -> [T, H] f32.
-  virtual Tensor embedding(const Tensor& table, const Tensor& ids) = 0;
+  // table [V, H] (matrix weight), ids [T] i32 -> [T, H] f32.
+  Tensor embedding(const Tensor& table, const Tensor& ids);
   // RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * weight. `weight` may be undefined
   // (unweighted norm).
-  virtual Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps) = 0;
+  Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);
   // x [M, K], w [N, K] -> x w^T [M, N].
-  virtual Tensor linear(const Tensor& x, const Tensor& w) = 0;
+  Tensor linear(const Tensor& x, const Tensor& w);
   // Block-diagonal linear: x [M, G*K], w [G*N, K] -> [M, G*N]; group g maps x[:, gK:(g+1)K]
   // with rows [gN, (g+1)N) of w.
-  virtual Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups) = 0;
-  virtual Tensor scale(const Tensor& x, float factor) = 0;
-  virtual Tensor add(const Tensor& a, const Tensor& b) = 0;
-  // Rows of x [T, ...] picked by rows [R] i32 -> [R, ...].
-  virtual Tensor gather_rows(const Tensor& x, const Tensor& rows) = 0;
+  Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups);
+  Tensor scale(const Tensor& x, float factor);
+  Tensor add(const Tensor& a, const Tensor& b);
+  // Rows of x [T, ...] (any dtype) picked by rows [R] i32 -> [R, ...].
+  Tensor gather_rows(const Tensor& x, const Tensor& rows);
   // Interleaved RoPE on the trailing 2*len(inv_freq) channels of x [T, heads, d] (or [T, d]) at
   // positions [T] i32; angle = pos * inv_freq[i] in fp32; `inverse` rotates by -angle.
-  virtual Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                      bool inverse) = 0;
+  Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse);
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
-  virtual Tensor argmax(const Tensor& x) = 0;
+  Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
-  virtual SampleResult sample(const Tensor& logits, const SamplingBatch& batch) = 0;
-  // Token ids of this step's rows: rows with remap[i] >= 0 take previous[remap[i]] (a token the
-  // previous step sampled on the device and the host has not seen yet), the others host[i].
-  // host [T] i32, remap [T] i32, previous [P] i32 -> [T] i32.
-  virtual Tensor select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) = 0;
-  // Copies t[src[i]] -> t[dst[i]] along dim 0 (state slots: snapshots for the prefix cache).
-  virtual void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
+  SampleResult sample(const Tensor& logits, const SamplingBatch& batch);
+  // Patches this step's token ids in place: tokens[i] = previous[remap[i]] where remap[i] >= 0 (a
+  // token the previous step sampled on the device and the host has not seen yet); the other
+  // entries keep their value. tokens [T] i32, remap [T] i32, previous [P] i32 (not overlapping
+  // tokens).
+  void select_tokens(const Tensor& tokens, const Tensor& remap, const Tensor& previous);
+  // Copies t[src[i]] -> t[dst[i]] along dim 0 of t (any dtype, rank >= 1); src, dst [N] i32
+  // (state slots: snapshots for the prefix cache).
+  void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst);
   // Fills an f32 or bf16 tensor with normal(mean, std) values from a counter-based generator
   // keyed by (seed, element index): random weights for benchmarks, without a checkpoint.
-  virtual void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) = 0;
+  void fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std);
 
-  // ---- hyper-connections
-  // ------------------------------------------------------------------------- x [T, H] -> [T, N, H]
-  // with N identical copies.
-  virtual Tensor hc_expand(const Tensor& x, int hc_mult) = 0;
+  // ---- hyper-connections -----------------------------------------------------------------------
+  // x [T, H] -> [T, N, H] with N = hc_mult identical copies.
+  Tensor hc_expand(const Tensor& x, int hc_mult);
   // X [T, N, H]; fn [(2+N)N, N*H], base [(2+N)N], scale [3] (all f32).
-  virtual HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                       const HcParams& params) = 0;
+  HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+               const HcParams& params);
   // X_new[t, j] = post[t, j] * out[t] + sum_i comb[t, i, j] * X[t, i].
-  virtual Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
-                         const Tensor& comb) = 0;
+  Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb);
   // Final collapse: fn [N, N*H], base [N], scale [1] -> [T, H].
-  virtual Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                         const HcParams& params) = 0;
+  Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                 const HcParams& params);
 
-  // ---- mixture of experts
-  // ------------------------------------------------------------------------ scores =
-  // sqrt(softplus(x gate_w^T)); experts = top-k of scores + bias (bias may be undefined), or
-  // tid2eid[token_ids] when tid2eid [V, k] i32 is defined (hash routing). Weights are the chosen
-  // scores renormalised to sum 1 (+1e-20) times routed_scale.
-  virtual Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
-                            const Tensor& tid2eid, const Tensor& token_ids, int top_k,
-                            float routed_scale) = 0;
+  // ---- mixture of experts ----------------------------------------------------------------------
+  // scores = sqrt(softplus(x gate_w^T)); experts = top-k of scores + bias (bias may be undefined),
+  // or tid2eid[token_ids] when tid2eid [V, k] i32 is defined (hash routing). Weights are the
+  // chosen scores renormalised to sum 1 (+1e-20) times routed_scale.
+  Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                    const Tensor& tid2eid, const Tensor& token_ids, int top_k, float routed_scale);
   // sum over chosen experts e of weight * w2_e (silu(min(x w1_e^T, L)) * clamp(x w3_e^T, -L, L)).
-  virtual Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
-                             float swiglu_limit) = 0;
+  // All expert matrices have one dtype.
+  Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                     float swiglu_limit);
   // silu(min(gate, L)) * clamp(up, -L, L), elementwise.
-  virtual Tensor swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) = 0;
+  Tensor swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit);
 
   // ---- caches and attention --------------------------------------------------------------------
-  // ring [slots, R, C]: for each sequence, rows [T, C] of its last min(q_len, R) tokens are stored
-  // at ring[slot][pos % R]. Earlier rows of a longer chunk would be overwritten anyway.
-  virtual void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) = 0;
+  // ring [slots, R, C] (R >= 1): for each sequence, rows [T, C] of its last min(q_len, R) tokens
+  // are stored at ring[slot][pos % R]. Earlier rows of a longer chunk would be overwritten anyway.
+  void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout);
   // Pools the windows that close in this call. proj [T, 2C] holds each token's [kv | gate]
-  // (C = D, or 2D with overlap); `ring` [slots, R, 2C] holds the same rows of earlier tokens
-  // (read before this call's ring_write). gate + ape[i] is softmax-ed over the window's slots per
-  // channel. Returns the pooled, not yet normalised entries [E, D].
-  virtual Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
-                               const BatchLayout& layout, const EntryBatch& entries,
-                               const CompressSpec& spec) = 0;
+  // (C = D, or 2D with overlap); `ring` [slots, R, 2C] (R >= 1) holds the same rows of earlier
+  // tokens (read before this call's ring_write). gate + ape[i] is softmax-ed over the window's
+  // slots per channel. Returns the pooled, not yet normalised entries [E, D].
+  Tensor compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                       const BatchLayout& layout, const EntryBatch& entries,
+                       const CompressSpec& spec);
   // cache [rows, C]: cache[dest[i]] = rows[i]; dest[i] == -1 (a padding entry) is skipped.
-  virtual void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) = 0;
+  void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest);
   // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di].
   // score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) * score_scale over the
   // visible entries j < (pos_t + 1) / ratio. Returns [T, top_k] i32: the indices of the top
   // min(top_k, visible) scores (ties: lower index first), then -1.
-  virtual Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
-                              const BatchLayout& layout, int ratio, int top_k, float score_scale,
-                              float weight_scale) = 0;
+  Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                      const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                      float weight_scale);
   // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
   // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
   // compressed entries (undefined for sliding layers); topk [T, K] i32 the chosen entries of a
   // sparse layer (-1 = none). For query t at position p of sequence b the keys are the positions
   // (p - W, p] plus the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse);
   // softmax(q.k * scale ++ sinks[h]) without the sink column, times the keys. -> [T, nh, D].
-  virtual Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
-                           const Tensor& entries, const Tensor& topk, const Tensor& sinks,
-                           const BatchLayout& layout, const AttentionSpec& spec) = 0;
+  Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
+                   const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
+                   const AttentionSpec& spec);
+
+ protected:
+  // The implementations behind the front: called with arguments whose metadata the front has
+  // checked, on the calling thread. Each may add a check of a limit of its own backend.
+  virtual Tensor upload_impl(const Tensor& host, DType dtype) = 0;
+  virtual Tensor upload_weight_impl(const Tensor& host, DType dtype) = 0;
+  virtual Tensor to_host_impl(const Tensor& device) = 0;
+  virtual void copy_to_host_impl(const Tensor& device, const Tensor& host) = 0;
+  virtual void synchronize_impl() = 0;
+  virtual void upload_into_impl(const Tensor& dst, const Tensor& host) = 0;
+  virtual void copy_into_impl(const Tensor& dst, const Tensor& src) = 0;
+
+  virtual Tensor embedding_impl(const Tensor& table, const Tensor& ids) = 0;
+  virtual Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) = 0;
+  virtual Tensor linear_impl(const Tensor& x, const Tensor& w) = 0;
+  virtual Tensor grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) = 0;
+  virtual Tensor scale_impl(const Tensor& x, float factor) = 0;
+  virtual Tensor add_impl(const Tensor& a, const Tensor& b) = 0;
+  virtual Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) = 0;
+  virtual Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                           bool inverse) = 0;
+  virtual Tensor argmax_impl(const Tensor& x) = 0;
+  virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
+  virtual void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                                  const Tensor& previous) = 0;
+  virtual void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) = 0;
+
+  virtual Tensor hc_expand_impl(const Tensor& x, int hc_mult) = 0;
+  virtual HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                            const Tensor& scale, const HcParams& params) = 0;
+  virtual Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                              const Tensor& comb) = 0;
+  virtual Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                              const Tensor& scale, const HcParams& params) = 0;
+
+  virtual Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                                 const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                                 float routed_scale) = 0;
+  virtual Tensor moe_experts_impl(const Tensor& x, const Routing& routing,
+                                  const ExpertWeights& experts, float swiglu_limit) = 0;
+  virtual Tensor swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) = 0;
+
+  virtual void ring_write_impl(const Tensor& ring, const Tensor& rows,
+                               const BatchLayout& layout) = 0;
+  virtual Tensor compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                                    const BatchLayout& layout, const EntryBatch& entries,
+                                    const CompressSpec& spec) = 0;
+  virtual void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) = 0;
+  virtual Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights,
+                                   const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                                   int top_k, float score_scale, float weight_scale) = 0;
+  virtual Tensor attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                                const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                                const BatchLayout& layout, const AttentionSpec& spec) = 0;
+
+ private:
+  // Throws Error(kInternal) naming `what` while host syncs are forbidden.
+  void check_host_sync_allowed(const char* what) const;
+
+  bool host_sync_forbidden_ = false;
 };
 
 // Forbids host syncs on `backend` for its lifetime (restores the previous state after).

@@ -1,7 +1,5 @@
-#include <functional>
 #include <memory>
 #include <string>
-#include <utility>
 
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
@@ -13,16 +11,6 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index);  // cuda/cuda_back
 #endif
 
 namespace {
-
-// A graph that re-issues its recorded calls: the same ops on the same tensors at every replay.
-class ReissueGraph final : public Graph {
- public:
-  explicit ReissueGraph(std::function<void()> body) : body_(std::move(body)) {}
-  void replay() override { body_(); }
-
- private:
-  std::function<void()> body_;
-};
 
 // "cuda" -> 0, "cuda:3" -> 3, anything else -> -1.
 int cuda_index(const std::string& device) {
@@ -37,11 +25,6 @@ int cuda_index(const std::string& device) {
 }
 
 }  // namespace
-
-std::unique_ptr<Graph> Backend::capture(std::function<void()> body) {
-  if (!body) throw Error(ErrorCode::kInvalidArgument, "capture: body is empty");
-  return std::make_unique<ReissueGraph>(std::move(body));
-}
 
 bool backend_available(const std::string& device) {
   if (device == "cpu") return true;

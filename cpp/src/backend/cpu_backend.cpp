@@ -3,31 +3,16 @@
 #include <cstring>
 #include <utility>
 
-#include "backend/cpu_checks.h"
 #include "deepinfer/error.h"
-#include "sample/sampler.h"
+#include "sample/counter_rng.h"
 
 namespace deepinfer {
 
 namespace {
 
-bool convertible(DType from, DType to) {
-  if (from == to) return true;
-  if (is_floating(from) && is_floating(to)) return true;
-  return (from == DType::kI64 && to == DType::kI32) || (from == DType::kI32 && to == DType::kI64);
-}
-
-// A fresh contiguous host tensor holding `host` converted to `dtype`. Runs on the calling thread:
-// the caller owns `host` and its contents are valid now.
+// A fresh contiguous host tensor holding `host` converted to `dtype` (a conversion the front
+// accepted). Runs on the calling thread: the caller owns `host` and its contents are valid now.
 Tensor convert_copy(const char* op, const Tensor& host, DType dtype) {
-  if (!host.defined()) cpu::fail(op, "argument host must be a defined tensor");
-  if (host.device().kind != DeviceKind::kCpu) {
-    cpu::fail(op, "argument host must be in host memory, got " + host.describe());
-  }
-  if (!convertible(host.dtype(), dtype)) {
-    throw Error(ErrorCode::kUnsupported, std::string(op) + ": cannot convert " + host.describe() +
-                                             " to " + dtype_name(dtype));
-  }
   const Tensor src = host.contiguous();
   Tensor out = Tensor::zeros(host.shape(), dtype);
   try {
@@ -60,25 +45,19 @@ Tensor CpuBackend::zeros(const Shape& shape, DType dtype) {
   return Tensor::zeros(shape, dtype);
 }
 
-Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
+Tensor CpuBackend::upload_impl(const Tensor& host, DType dtype) {
   return convert_copy("upload", host, dtype);
 }
 
-Tensor CpuBackend::upload_weight(const Tensor& host, DType dtype) {
+Tensor CpuBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   // Host memory is device memory here: a weight already in the right form is used in place, so
   // an mmap-ed checkpoint is not copied.
-  if (host.defined() && host.device().kind == DeviceKind::kCpu && host.dtype() == dtype &&
-      host.is_contiguous()) {
-    return host;
-  }
+  if (host.dtype() == dtype && host.is_contiguous()) return host;
   return convert_copy("upload_weight", host, dtype);
 }
 
-Tensor CpuBackend::to_host(const Tensor& device) {
-  cpu::check_host("to_host", "device", device);
-  if (sync_forbidden_)
-    cpu::fail("to_host", "host sync while host syncs are forbidden (inside a forward)");
-  synchronize();
+Tensor CpuBackend::to_host_impl(const Tensor& device) {
+  stream_.synchronize();
   if (!device.is_contiguous()) return device.contiguous();
   // Always a copy: the caller may keep it while later ops overwrite the device tensor.
   Tensor out = Tensor::zeros(device.shape(), device.dtype());
@@ -86,25 +65,13 @@ Tensor CpuBackend::to_host(const Tensor& device) {
   return out;
 }
 
-void CpuBackend::copy_to_host(const Tensor& device, const Tensor& host) {
-  cpu::check_host("copy_to_host", "device", device);
-  cpu::check_host("copy_to_host", "host", host);
-  if (device.dtype() != host.dtype() || device.shape() != host.shape() || !device.is_contiguous() ||
-      !host.is_contiguous()) {
-    cpu::fail("copy_to_host", "needs contiguous tensors of one dtype and shape, got " +
-                                  device.describe() + " and " + host.describe());
-  }
+void CpuBackend::copy_to_host_impl(const Tensor& device, const Tensor& host) {
   enqueue([device, host](ThreadPool&) {
     if (host.nbytes() > 0) std::memcpy(host.raw_data(), device.raw_data(), host.nbytes());
   });
 }
 
-void CpuBackend::upload_into(const Tensor& dst, const Tensor& host) {
-  cpu::check_host("upload_into", "dst", dst);
-  if (!dst.is_contiguous() || !host.defined() || host.shape() != dst.shape()) {
-    cpu::fail("upload_into", "needs a contiguous dst and a host tensor of its shape, got " +
-                                 dst.describe() + " and " + host.describe());
-  }
+void CpuBackend::upload_into_impl(const Tensor& dst, const Tensor& host) {
   // Converted now: the caller may reuse `host` once this returns; the store is stream-ordered.
   Tensor staged = convert_copy("upload_into", host, dst.dtype());
   enqueue([dst, staged](ThreadPool&) {
@@ -112,24 +79,13 @@ void CpuBackend::upload_into(const Tensor& dst, const Tensor& host) {
   });
 }
 
-void CpuBackend::copy_into(const Tensor& dst, const Tensor& src) {
-  cpu::check_host("copy_into", "dst", dst);
-  cpu::check_host("copy_into", "src", src);
-  if (dst.dtype() != src.dtype() || dst.shape() != src.shape() || !dst.is_contiguous() ||
-      !src.is_contiguous()) {
-    cpu::fail("copy_into", "needs contiguous tensors of one dtype and shape, got " +
-                               dst.describe() + " and " + src.describe());
-  }
+void CpuBackend::copy_into_impl(const Tensor& dst, const Tensor& src) {
   enqueue([dst, src](ThreadPool&) {
     if (dst.nbytes() > 0) std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
   });
 }
 
-void CpuBackend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) {
-  cpu::check_host("fill_random_normal", "t", t);
-  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
-    cpu::fail("fill_random_normal", "needs an f32 or bf16 tensor, got " + t.describe());
-  }
+void CpuBackend::fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) {
   enqueue([t, seed, mean, std](ThreadPool& pool) {
     const int64_t n = t.numel();
     pool.parallel_for(
@@ -152,11 +108,7 @@ std::unique_ptr<Event> CpuBackend::record_event() {
   return stream_.record_event();
 }
 
-void CpuBackend::synchronize() {
-  if (sync_forbidden_) {
-    throw Error(ErrorCode::kInternal,
-                "synchronize: host sync while host syncs are forbidden (inside a forward)");
-  }
+void CpuBackend::synchronize_impl() {
   stream_.synchronize();
 }
 

@@ -1,37 +1,18 @@
-// Argument checks shared by the CPU backend's ops. Two kinds:
-//  - metadata checks (dtype, shape, contiguity, device), run on the calling thread when an op is
-//    enqueued;
-//  - content checks (ids, positions, block tables), run on the stream worker where the contents
-//    are valid; a failure there surfaces at the next synchronize() / Event::wait().
-// Both throw Error(kInvalidArgument) with a message that starts with the op name.
+// Content checks of the CPU backend's ops (ids, positions, block tables): they run on the stream
+// worker, where the contents are valid, and a failure surfaces at the next synchronize() /
+// Event::wait(). The metadata of the arguments (dtype, shape, contiguity, device) was checked by
+// the Backend front (op_checks.h) when the op was enqueued. Failures throw Error(kInvalidArgument)
+// with a message that starts with the op name, like the metadata checks.
 #pragma once
 
 #include <cstdint>
-#include <string>
 
+#include "backend/op_checks.h"
 #include "deepinfer/backend.h"
-#include "deepinfer/error.h"
-#include "deepinfer/tensor.h"
 
 namespace deepinfer::cpu {
 
-[[noreturn]] void fail(const char* op, const std::string& what);
-
-// Requires a defined, contiguous host tensor of `dtype` whose shape matches `shape`; an entry
-// of -1 in `shape` accepts any size.
-void check_tensor(const char* op, const char* arg, const Tensor& t, DType dtype,
-                  const Shape& shape);
-// Requires a defined, contiguous host tensor of `dtype` with a rank in [min_rank, max_rank].
-void check_rank(const char* op, const char* arg, const Tensor& t, DType dtype, int64_t min_rank,
-                int64_t max_rank);
-// Requires `t` to be defined, in host memory and contiguous (any dtype and shape).
-void check_dense(const char* op, const char* arg, const Tensor& t);
-// Requires `t` to be defined and in host memory (any dtype, shape and strides).
-void check_host(const char* op, const char* arg, const Tensor& t);
-
-// Checks the metadata of every tensor of `layout`; `need_block_table` also requires
-// block_table [B, max_blocks_per_seq].
-void check_layout(const char* op, const BatchLayout& layout, bool need_block_table);
+using checks::fail;
 
 // Worker-side view of a BatchLayout's contents. `validate` checks what every op relies on:
 // seq_q_start starts at 0, is non-decreasing and ends at T, every sequence's positions are

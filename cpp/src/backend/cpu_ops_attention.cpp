@@ -12,8 +12,6 @@
 
 namespace deepinfer {
 
-using cpu::check_layout;
-using cpu::check_tensor;
 using cpu::fail;
 using cpu::LayoutView;
 
@@ -28,27 +26,14 @@ std::vector<int> seq_of_rows(const LayoutView& lv) {
   return seq;
 }
 
-void check_ratio(const char* op, int ratio, const BatchLayout& layout) {
-  if (ratio < 1 || layout.block_size % ratio != 0) {
-    fail(op, "compression ratio " + std::to_string(ratio) + " must be >= 1 and divide block_size " +
-                 std::to_string(layout.block_size));
-  }
-}
-
 }  // namespace
 
-Tensor CpuBackend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
-                                const BatchLayout& layout, int ratio, int top_k, float score_scale,
-                                float weight_scale) {
+Tensor CpuBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
+                                     const Tensor& index_cache, const BatchLayout& layout,
+                                     int ratio, int top_k, float score_scale, float weight_scale) {
   const char* op = "indexer_topk";
-  check_layout(op, layout, true);
-  check_ratio(op, ratio, layout);
-  if (top_k < 0) fail(op, "top_k must be >= 0, got " + std::to_string(top_k));
-  check_tensor(op, "q", q, DType::kF32, {layout.num_tokens, -1, -1});
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
-  check_tensor(op, "weights", weights, DType::kF32, {layout.num_tokens, heads});
-  check_tensor(op, "index_cache", index_cache, DType::kF32, {-1, dim});
   const int64_t tokens = layout.num_tokens;
   const int64_t k = top_k;
   Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
@@ -105,26 +90,15 @@ Tensor CpuBackend::indexer_topk(const Tensor& q, const Tensor& weights, const Te
   return out;
 }
 
-Tensor CpuBackend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
-                             const Tensor& entries, const Tensor& topk, const Tensor& sinks,
-                             const BatchLayout& layout, const AttentionSpec& spec) {
+Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                                  const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                                  const BatchLayout& layout, const AttentionSpec& spec) {
   const char* op = "attention";
   const bool compressed = spec.ratio > 0;
-  check_layout(op, layout, compressed);
-  if (spec.window < 1) fail(op, "spec.window must be >= 1, got " + std::to_string(spec.window));
   const int64_t tokens = layout.num_tokens;
-  check_tensor(op, "q", q, DType::kF32, {tokens, -1, -1});
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
-  check_tensor(op, "kv", kv, DType::kF32, {tokens, dim});
-  check_tensor(op, "swa_ring", swa_ring, DType::kF32, {-1, -1, dim});
-  check_tensor(op, "sinks", sinks, DType::kF32, {heads});
   const bool sparse = compressed && spec.sparse;
-  if (compressed) {
-    check_ratio(op, spec.ratio, layout);
-    check_tensor(op, "entries", entries, DType::kF32, {-1, dim});
-    if (sparse) check_tensor(op, "topk", topk, DType::kI32, {tokens, -1});
-  }
   const int64_t slots = swa_ring.size(0);
   const int64_t ring_len = swa_ring.size(1);
   Tensor out = Tensor::zeros({tokens, heads, dim}, DType::kF32);

@@ -12,19 +12,14 @@
 
 namespace deepinfer {
 
-using cpu::check_layout;
-using cpu::check_tensor;
 using cpu::fail;
 using cpu::LayoutView;
 
-void CpuBackend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) {
-  check_tensor("ring_write", "ring", ring, DType::kF32, {-1, -1, -1});
+void CpuBackend::ring_write_impl(const Tensor& ring, const Tensor& rows,
+                                 const BatchLayout& layout) {
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
   const int64_t width = ring.size(2);
-  check_layout("ring_write", layout, false);
-  check_tensor("ring_write", "rows", rows, DType::kF32, {layout.num_tokens, width});
-  if (ring_len == 0) fail("ring_write", "ring " + ring.describe() + " has no slots per sequence");
   enqueue([=](ThreadPool&) {
     const LayoutView lv("ring_write", layout, slots);
     const float* src = rows.data<float>();
@@ -41,24 +36,14 @@ void CpuBackend::ring_write(const Tensor& ring, const Tensor& rows, const BatchL
   });
 }
 
-Tensor CpuBackend::compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
-                                 const BatchLayout& layout, const EntryBatch& entries,
-                                 const CompressSpec& spec) {
+Tensor CpuBackend::compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                                      const BatchLayout& layout, const EntryBatch& entries,
+                                      const CompressSpec& spec) {
   const char* op = "compress_pool";
-  if (spec.ratio < 1 || spec.head_dim < 1) {
-    fail(op, "spec needs ratio >= 1 and head_dim >= 1, got ratio " + std::to_string(spec.ratio) +
-                 ", head_dim " + std::to_string(spec.head_dim));
-  }
   const int64_t m = spec.ratio;
   const int64_t dim = spec.head_dim;
   const int64_t c = spec.overlap ? 2 * dim : dim;  // one series per half with overlap
-  check_layout(op, layout, false);
-  check_tensor(op, "proj", proj, DType::kF32, {layout.num_tokens, 2 * c});
-  check_tensor(op, "ring", ring, DType::kF32, {-1, -1, 2 * c});
-  check_tensor(op, "ape", ape, DType::kF32, {m, c});
   const int64_t num_entries = entries.num_entries;
-  check_tensor(op, "entries.seq", entries.seq, DType::kI32, {num_entries});
-  check_tensor(op, "entries.window", entries.window, DType::kI32, {num_entries});
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
   const bool overlap = spec.overlap;
@@ -173,10 +158,7 @@ Tensor CpuBackend::compress_pool(const Tensor& proj, const Tensor& ring, const T
   return out;
 }
 
-void CpuBackend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
-  check_tensor("scatter_rows", "cache", cache, DType::kF32, {-1, -1});
-  check_tensor("scatter_rows", "rows", rows, DType::kF32, {-1, cache.size(1)});
-  check_tensor("scatter_rows", "dest", dest, DType::kI32, {rows.size(0)});
+void CpuBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
   enqueue([=](ThreadPool&) {
     const int64_t width = cache.size(1);
     const int64_t cache_rows = cache.size(0);

@@ -5,14 +5,11 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
-#include "backend/cpu_checks.h"
 #include "backend/cpu_gemm.h"
 #include "backend/cpu_math.h"
 
 namespace deepinfer {
 
-using cpu::check_tensor;
-using cpu::fail;
 using cpu::grain_for;
 
 namespace {
@@ -48,19 +45,9 @@ void hc_collapse(const float* X, const float* pre, int64_t streams, int64_t hidd
   }
 }
 
-void check_hc_weights(const char* op, const Tensor& X, const Tensor& fn, const Tensor& base,
-                      const Tensor& scale, int64_t fn_rows, int64_t scales) {
-  const int64_t width = X.size(1) * X.size(2);
-  check_tensor(op, "fn", fn, DType::kF32, {fn_rows, width});
-  check_tensor(op, "base", base, DType::kF32, {fn_rows});
-  check_tensor(op, "scale", scale, DType::kF32, {scales});
-}
-
 }  // namespace
 
-Tensor CpuBackend::hc_expand(const Tensor& x, int hc_mult) {
-  check_tensor("hc_expand", "x", x, DType::kF32, {-1, -1});
-  if (hc_mult <= 0) fail("hc_expand", "hc_mult must be positive, got " + std::to_string(hc_mult));
+Tensor CpuBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
   const int64_t streams = hc_mult;
@@ -83,20 +70,12 @@ Tensor CpuBackend::hc_expand(const Tensor& x, int hc_mult) {
   return out;
 }
 
-HcMix CpuBackend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                         const HcParams& params) {
-  if (params.hc_mult <= 0) {
-    fail("hc_pre", "hc_mult must be positive, got " + std::to_string(params.hc_mult));
-  }
-  check_tensor("hc_pre", "X", X, DType::kF32, {-1, params.hc_mult, -1});
+HcMix CpuBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                              const Tensor& scale, const HcParams& params) {
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
   const int64_t hidden = X.size(2);
   const int64_t fn_rows = (2 + n) * n;
-  check_hc_weights("hc_pre", X, fn, base, scale, fn_rows, 3);
-  if (params.sinkhorn_iters < 1) {
-    fail("hc_pre", "sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
-  }
   HcMix result{Tensor::zeros({tokens, n}, DType::kF32), Tensor::zeros({tokens, n, n}, DType::kF32),
                Tensor::zeros({tokens, hidden}, DType::kF32)};
   Tensor post = result.post;
@@ -161,15 +140,11 @@ HcMix CpuBackend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, 
   return result;
 }
 
-Tensor CpuBackend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
-                           const Tensor& comb) {
-  check_tensor("hc_post", "X", X, DType::kF32, {-1, -1, -1});
+Tensor CpuBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                                const Tensor& comb) {
   const int64_t tokens = X.size(0);
   const int64_t n = X.size(1);
   const int64_t hidden = X.size(2);
-  check_tensor("hc_post", "out", out, DType::kF32, {tokens, hidden});
-  check_tensor("hc_post", "post", post, DType::kF32, {tokens, n});
-  check_tensor("hc_post", "comb", comb, DType::kF32, {tokens, n, n});
   Tensor result = Tensor::zeros(X.shape(), DType::kF32);
   enqueue([=](ThreadPool& pool) {
     const float* x = X.data<float>();
@@ -202,16 +177,11 @@ Tensor CpuBackend::hc_post(const Tensor& X, const Tensor& out, const Tensor& pos
   return result;
 }
 
-Tensor CpuBackend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base,
-                           const Tensor& scale, const HcParams& params) {
-  if (params.hc_mult <= 0) {
-    fail("hc_head", "hc_mult must be positive, got " + std::to_string(params.hc_mult));
-  }
-  check_tensor("hc_head", "X", X, DType::kF32, {-1, params.hc_mult, -1});
+Tensor CpuBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                const Tensor& scale, const HcParams& params) {
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
   const int64_t hidden = X.size(2);
-  check_hc_weights("hc_head", X, fn, base, scale, n, 1);
   Tensor y = Tensor::zeros({tokens, hidden}, DType::kF32);
   enqueue([=](ThreadPool& pool) {
     const float* x = X.data<float>();

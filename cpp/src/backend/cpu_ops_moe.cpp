@@ -13,31 +13,17 @@
 
 namespace deepinfer {
 
-using cpu::check_tensor;
 using cpu::fail;
 using cpu::grain_for;
 
-Routing CpuBackend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
-                              const Tensor& tid2eid, const Tensor& token_ids, int top_k,
-                              float routed_scale) {
-  check_tensor("moe_route", "x", x, DType::kF32, {-1, -1});
+Routing CpuBackend::moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                                   const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                                   float routed_scale) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
-  check_tensor("moe_route", "gate_w", gate_w, DType::kF32, {-1, hidden});
   const int64_t experts = gate_w.size(0);
-  if (top_k < 1 || top_k > experts) {
-    fail("moe_route", "top_k " + std::to_string(top_k) + " must be in [1, " +
-                          std::to_string(experts) + "] (experts of gate_w " + gate_w.describe() +
-                          ")");
-  }
   const int64_t k = top_k;
   const bool hashed = tid2eid.defined();
-  if (hashed) {
-    check_tensor("moe_route", "tid2eid", tid2eid, DType::kI32, {-1, k});
-    check_tensor("moe_route", "token_ids", token_ids, DType::kI32, {tokens});
-  } else if (bias.defined()) {
-    check_tensor("moe_route", "bias", bias, DType::kF32, {experts});
-  }
   Routing routing{Tensor::zeros({tokens, k}, DType::kI32), Tensor::zeros({tokens, k}, DType::kF32)};
   Tensor ids_out = routing.expert_ids;
   Tensor weights_out = routing.weights;
@@ -107,33 +93,13 @@ Routing CpuBackend::moe_route(const Tensor& x, const Tensor& gate_w, const Tenso
   return routing;
 }
 
-Tensor CpuBackend::moe_experts(const Tensor& x, const Routing& routing,
-                               const ExpertWeights& experts, float swiglu_limit) {
-  check_tensor("moe_experts", "x", x, DType::kF32, {-1, -1});
+Tensor CpuBackend::moe_experts_impl(const Tensor& x, const Routing& routing,
+                                    const ExpertWeights& experts, float swiglu_limit) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
-  check_tensor("moe_experts", "routing.expert_ids", routing.expert_ids, DType::kI32, {tokens, -1});
   const int64_t k = routing.expert_ids.size(1);
-  check_tensor("moe_experts", "routing.weights", routing.weights, DType::kF32, {tokens, k});
   const int64_t num_experts = static_cast<int64_t>(experts.w1.size());
-  if (num_experts == 0 || experts.w3.size() != experts.w1.size() ||
-      experts.w2.size() != experts.w1.size()) {
-    fail("moe_experts",
-         "experts must hold the same non-zero number of w1, w3 and w2 tensors, got " +
-             std::to_string(experts.w1.size()) + ", " + std::to_string(experts.w3.size()) + ", " +
-             std::to_string(experts.w2.size()));
-  }
-  check_tensor("moe_experts", "experts.w1[0]", experts.w1[0], DType::kF32, {-1, hidden});
   const int64_t inter = experts.w1[0].size(0);
-  for (size_t e = 0; e < experts.w1.size(); ++e) {
-    const std::string idx = "[" + std::to_string(e) + "]";
-    check_tensor("moe_experts", ("experts.w1" + idx).c_str(), experts.w1[e], DType::kF32,
-                 {inter, hidden});
-    check_tensor("moe_experts", ("experts.w3" + idx).c_str(), experts.w3[e], DType::kF32,
-                 {inter, hidden});
-    check_tensor("moe_experts", ("experts.w2" + idx).c_str(), experts.w2[e], DType::kF32,
-                 {hidden, inter});
-  }
   const Tensor expert_ids = routing.expert_ids;
   const Tensor weights = routing.weights;
   Tensor out = Tensor::zeros({tokens, hidden}, DType::kF32);

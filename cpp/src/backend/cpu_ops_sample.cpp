@@ -16,7 +16,6 @@
 
 namespace deepinfer {
 
-using cpu::check_tensor;
 using cpu::fail;
 
 namespace {
@@ -28,25 +27,10 @@ int64_t index_of(const int32_t* values, int64_t n, int32_t value) {
 
 }  // namespace
 
-SampleResult CpuBackend::sample(const Tensor& logits, const SamplingBatch& batch) {
+SampleResult CpuBackend::sample_impl(const Tensor& logits, const SamplingBatch& batch) {
   const char* op = "sample";
-  check_tensor(op, "logits", logits, DType::kF32, {-1, -1});
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
-  if (batch.num_rows != rows) {
-    fail(op, "batch.num_rows is " + std::to_string(batch.num_rows) + ", expected the " +
-                 std::to_string(rows) + " rows of logits " + logits.describe());
-  }
-  if (vocab == 0) fail(op, "argument logits has no columns: " + logits.describe());
-  if (batch.max_logprobs < 0) {
-    fail(op, "batch.max_logprobs must be >= 0, got " + std::to_string(batch.max_logprobs));
-  }
-  check_tensor(op, "batch.temperature", batch.temperature, DType::kF32, {rows});
-  check_tensor(op, "batch.top_k", batch.top_k, DType::kI32, {rows});
-  check_tensor(op, "batch.top_p", batch.top_p, DType::kF32, {rows});
-  check_tensor(op, "batch.seed", batch.seed, DType::kI64, {rows});
-  check_tensor(op, "batch.position", batch.position, DType::kI64, {rows});
-  check_tensor(op, "batch.num_logprobs", batch.num_logprobs, DType::kI32, {rows});
 
   const int64_t cols = batch.max_logprobs;
   SampleResult out;
@@ -62,7 +46,7 @@ SampleResult CpuBackend::sample(const Tensor& logits, const SamplingBatch& batch
     const int32_t* top_k = batch.top_k.data<int32_t>();
     const float* top_p = batch.top_p.data<float>();
     const int64_t* seed = batch.seed.data<int64_t>();
-    const int64_t* position = batch.position.data<int64_t>();
+    const int32_t* position = batch.position.data<int32_t>();
     const int32_t* num_logprobs = batch.num_logprobs.data<int32_t>();
     for (int64_t b = 0; b < rows; ++b) {
       if (num_logprobs[b] < 0 || num_logprobs[b] > cols) {
@@ -112,41 +96,31 @@ SampleResult CpuBackend::sample(const Tensor& logits, const SamplingBatch& batch
   return out;
 }
 
-Tensor CpuBackend::select_tokens(const Tensor& host, const Tensor& remap, const Tensor& previous) {
+void CpuBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                                    const Tensor& previous) {
   const char* op = "select_tokens";
-  check_tensor(op, "host", host, DType::kI32, {-1});
-  const int64_t n = host.size(0);
-  check_tensor(op, "remap", remap, DType::kI32, {n});
-  check_tensor(op, "previous", previous, DType::kI32, {-1});
+  const int64_t n = tokens.size(0);
   const int64_t num_previous = previous.size(0);
-  Tensor out = Tensor::zeros({n}, DType::kI32);
   enqueue([=](ThreadPool&) {
-    const int32_t* h = host.data<int32_t>();
     const int32_t* r = remap.data<int32_t>();
     const int32_t* prev = previous.data<int32_t>();
-    int32_t* dst = out.data<int32_t>();
+    int32_t* dst = tokens.data<int32_t>();
+    // Every index first, so a bad one leaves the tokens untouched.
     for (int64_t i = 0; i < n; ++i) {
-      if (r[i] < 0) {
-        dst[i] = h[i];
-        continue;
-      }
       if (r[i] >= num_previous) {
         fail(op, "remap[" + std::to_string(i) + "] = " + std::to_string(r[i]) +
                      " is outside previous's rows [0, " + std::to_string(num_previous) + ")");
       }
-      dst[i] = prev[r[i]];
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (r[i] >= 0) dst[i] = prev[r[i]];
     }
   });
-  return out;
 }
 
-void CpuBackend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) {
+void CpuBackend::copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) {
   const char* op = "copy_rows";
-  cpu::check_dense(op, "t", t);
-  if (t.dim() < 1) fail(op, "argument t must have at least one dimension, got " + t.describe());
-  check_tensor(op, "src", src, DType::kI32, {-1});
   const int64_t n = src.size(0);
-  check_tensor(op, "dst", dst, DType::kI32, {n});
   const int64_t num_rows = t.size(0);
   size_t row_bytes = dtype_size(t.dtype());
   for (int64_t d = 1; d < t.dim(); ++d) row_bytes *= static_cast<size_t>(t.size(d));

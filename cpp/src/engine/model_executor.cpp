@@ -116,12 +116,7 @@ SamplingBatch ModelExecutor::sampling_batch(const StepPlan& plan, const Tensor& 
     sampling_.num_logprobs = upload_vector(be, num_logprobs);
   }
   SamplingBatch batch = sampling_;
-  (void)next_positions;
-  std::vector<int64_t> position;  // interim: the sample op still takes i64 positions
-  for (const StepRow& r : plan.rows) {
-    if (r.samples()) position.push_back(r.forward.start_pos + r.forward.num_tokens);
-  }
-  batch.position = upload_vector(be, position);
+  batch.position = next_positions;
   return batch;
 }
 
@@ -146,7 +141,9 @@ Tensor ModelExecutor::apply_forced_tokens(const StepPlan& plan, const Tensor& sa
   }
   if (!any_forced) return sampled;
   Backend& be = *model_->backend;
-  return be.select_tokens(upload_vector(be, forced), upload_vector(be, keep), sampled);
+  Tensor tokens = upload_vector(be, forced);
+  be.select_tokens(tokens, upload_vector(be, keep), sampled);
+  return tokens;
 }
 
 void ModelExecutor::copy_results_to_host(ModelStep& step, const SampleResult& result,

@@ -271,8 +271,7 @@ void take_carried_tokens(Backend& backend, RowSpan rows, const BatchPlan& plan,
     throw Error(ErrorCode::kInvalidArgument,
                 "forward batch: a row carries a token from the previous step, but there is none");
   }
-  backend.copy_into(plan.layout.token_ids,
-                    backend.select_tokens(plan.layout.token_ids, plan.carry_remap, previous));
+  backend.select_tokens(plan.layout.token_ids, plan.carry_remap, previous);
 }
 
 BatchPlan build_batch_plan(RowSpan rows, const ModelConfig& config, const CacheShape& caches,

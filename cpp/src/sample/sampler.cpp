@@ -171,34 +171,6 @@ int32_t checked_argmax(std::span<const float> logits) {
 
 }  // namespace
 
-uint64_t splitmix64(uint64_t x) {
-  // One step of SplitMix64 with state x: add the golden-ratio increment, then the finaliser.
-  // Adding the increment first keeps 0 from mapping to 0.
-  uint64_t z = x + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-double uniform(uint64_t seed, int64_t position, uint32_t stream) {
-  // Chained rather than summed: every round is a bijection of the previous hash, so no linear
-  // relation between (position, stream) pairs survives to the output.
-  uint64_t h = splitmix64(seed);
-  h = splitmix64(h ^ static_cast<uint64_t>(position));
-  h = splitmix64(h ^ static_cast<uint64_t>(stream));
-  // Top 53 bits: every value is an exact double, and the result is < 1.
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
-}
-
-float normal(uint64_t seed, uint64_t index) {
-  const uint64_t h = splitmix64(splitmix64(seed) ^ index);
-  const uint64_t g = splitmix64(h);
-  // u1 in (0, 1] so the log is finite; u2 in [0, 1).
-  const double u1 = (static_cast<double>(h >> 11) + 1.0) * 0x1.0p-53;
-  const double u2 = static_cast<double>(g >> 11) * 0x1.0p-53;
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-}
-
 RowResult sample_row(std::span<const float> logits, const RowParams& params) {
   check_params(logits, params);
   const int32_t best = checked_argmax(logits);

@@ -19,15 +19,9 @@
 #include <utility>
 #include <vector>
 
-namespace deepinfer::sample {
+#include "sample/counter_rng.h"  // splitmix64, uniform, normal
 
-// SplitMix64 finaliser: a bijective 64-bit mixer.
-uint64_t splitmix64(uint64_t x);
-// A double in [0, 1) from the top 53 bits of a hash of (seed, position, stream).
-double uniform(uint64_t seed, int64_t position, uint32_t stream = 0);
-// A standard normal value keyed by (seed, index) (Box-Muller on two counter-based uniforms); used
-// to make random weights, not for sampling. Device backends use the same formula.
-float normal(uint64_t seed, uint64_t index);
+namespace deepinfer::sample {
 
 struct RowParams {
   float temperature = 1.0f;  // 0 = greedy

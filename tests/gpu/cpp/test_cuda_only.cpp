@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "device_backends.h"
+#include "error_message.h"
 #include "inputs.h"
 #include "sampling_rows.h"
 
@@ -72,10 +75,11 @@ TEST_F(CudaOnly, CopyRowsOutOfRangeIsSkipped) {
   }
 }
 
-// A remap past `previous` falls back to the host token. (select_tokens is becoming in place:
-// tokens[i] = previous[remap[i]]; this test and cases_select_tokens.cpp are its callers.)
+// In place; a remap past `previous` (the CPU op throws) leaves the token as it was.
 TEST_F(CudaOnly, SelectTokensRemapPastPreviousKeepsHostToken) {
-  Tensor out = gpu().to_host(gpu().select_tokens(ids({7, 8, 9}), ids({0, 2, -1}), ids({42, 43})));
+  Tensor tokens = ids({7, 8, 9});
+  gpu().select_tokens(tokens, ids({0, 2, -1}), ids({42, 43}));
+  Tensor out = gpu().to_host(tokens);
   EXPECT_EQ(out.item(0), 42);
   EXPECT_EQ(out.item(1), 8);
   EXPECT_EQ(out.item(2), 9);
@@ -117,6 +121,61 @@ TEST_F(CudaOnly, MetadataErrorsThrowLikeTheCpu) {
   EXPECT_THROW(gpu().hc_pre(X, fn, base, f32(randn({2})), p), Error);
   p.sinkhorn_iters = 0;
   EXPECT_THROW(gpu().hc_pre(X, fn, base, scale3, p), Error);
+  gpu().synchronize();
+}
+
+// The same bad call on both backends: the same Error(kInvalidArgument) message from the shared
+// checker (backend/op_checks.h), up to the device each names.
+TEST_F(CudaOnly, ArgumentErrorsAreTheSameOnBothBackends) {
+  using testing::error_message;
+  std::unique_ptr<Backend> cpu = make_cpu_backend(1);
+  const std::vector<std::function<void(Backend&)>> cases = {
+      [](Backend& b) {  // b: [3, 2], a is [2, 3]
+        b.add(b.upload(Tensor::zeros({2, 3}, DType::kF32), DType::kF32),
+              b.upload(Tensor::zeros({3, 2}, DType::kF32), DType::kF32));
+      },
+      [](Backend& b) {  // ids must be i32
+        b.embedding(b.upload(Tensor::zeros({4, 8}, DType::kF32), DType::kF32),
+                    b.upload(Tensor::zeros({2}, DType::kF32), DType::kF32));
+      },
+      [](Backend& b) {  // a strided view
+        Tensor t = b.upload(Tensor::zeros({4, 3}, DType::kF32), DType::kF32);
+        b.copy_rows(t.narrow(1, 0, 2), b.upload(i32({0}), DType::kI32),
+                    b.upload(i32({1}), DType::kI32));
+      },
+      [](Backend& b) {  // an undefined tensor
+        Tensor tokens = b.upload(i32({1, 2}), DType::kI32);
+        b.select_tokens(tokens, Tensor(), tokens);
+      },
+      [](Backend& b) {  // position is i32
+        SamplingBatch s;
+        s.num_rows = 1;
+        s.temperature = b.upload(Tensor::zeros({1}, DType::kF32), DType::kF32);
+        s.top_k = b.upload(i32({0}), DType::kI32);
+        s.top_p = b.upload(Tensor::zeros({1}, DType::kF32), DType::kF32);
+        s.seed = b.upload(Tensor::zeros({1}, DType::kI64), DType::kI64);
+        s.position = b.upload(Tensor::zeros({1}, DType::kI64), DType::kI64);
+        s.num_logprobs = b.upload(i32({0}), DType::kI32);
+        b.sample(b.upload(Tensor::zeros({1, 8}, DType::kF32), DType::kF32), s);
+      },
+  };
+  for (const auto& bad : cases) {
+    const std::string on_cpu = error_message([&] { bad(*cpu); });
+    std::string on_gpu = error_message([&] { bad(gpu()); });
+    for (size_t at = on_gpu.find(" on cuda"); at != std::string::npos;
+         at = on_gpu.find(" on cuda", at)) {
+      on_gpu.replace(at, 8, " on cpu");
+    }
+    EXPECT_EQ(on_gpu, on_cpu);
+  }
+  // A host tensor given to the CUDA backend.
+  EXPECT_EQ(error_message([&] { gpu().scale(randn({2}), 2.0f); }),
+            "scale: argument x must be on the cuda device, got f32[2] on cpu");
+  // bf16 is a matrix weight dtype of the CUDA backend (weight_dtype(bf16) == bf16), f16 is not.
+  EXPECT_EQ(error_message([&] {
+              gpu().linear(f32(randn({2, 3})), gpu().upload(randn({2, 3}), DType::kF16));
+            }),
+            "linear: argument w must be (f32 or bf16)[*, 3], got f16[2, 3] on cuda");
   gpu().synchronize();
 }
 

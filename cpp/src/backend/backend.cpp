@@ -1,0 +1,425 @@
+// The Backend front (contract in deepinfer/backend.h): every public op checks its arguments'
+// metadata here, once for all backends, then calls the backend's implementation. A backend adds
+// only checks of limits of its own (each says why next to it).
+#include "deepinfer/backend.h"
+
+#include <string>
+#include <utility>
+
+#include "backend/op_checks.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer {
+
+using checks::DTypeSet;
+using checks::OpChecks;
+
+namespace {
+
+// A graph that re-issues its recorded calls: the same ops on the same tensors at every replay.
+class ReissueGraph final : public Graph {
+ public:
+  explicit ReissueGraph(std::function<void()> body) : body_(std::move(body)) {}
+  void replay() override { body_(); }
+
+ private:
+  std::function<void()> body_;
+};
+
+// The conversions upload does (those of convert_elements), refused before anything is copied.
+void check_convertible(const char* op, const Tensor& host, DType to) {
+  const DType from = host.dtype();
+  const bool ok = from == to || (is_floating(from) && is_floating(to)) ||
+                  (from == DType::kI64 && to == DType::kI32) ||
+                  (from == DType::kI32 && to == DType::kI64);
+  if (!ok) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": cannot convert " + host.describe() + " to " + dtype_name(to));
+  }
+}
+
+// The dtypes a matrix weight may have on `backend` (backend.h).
+DTypeSet matrix_dtypes(const Backend& backend) {
+  return {DType::kF32, backend.weight_dtype(DType::kBF16)};
+}
+
+// fn [rows, N*H], base [rows], scale [scales] of hc_pre / hc_head, for X [T, N, H].
+void check_hc_weights(const OpChecks& c, const Tensor& X, const Tensor& fn, const Tensor& base,
+                      const Tensor& scale, int64_t fn_rows, int64_t scales) {
+  c.tensor("fn", fn, DType::kF32, {fn_rows, X.size(1) * X.size(2)});
+  c.tensor("base", base, DType::kF32, {fn_rows});
+  c.tensor("scale", scale, DType::kF32, {scales});
+}
+
+void check_hc_mult(const OpChecks& c, int hc_mult) {
+  if (hc_mult <= 0) c.fail("hc_mult must be positive, got " + std::to_string(hc_mult));
+}
+
+}  // namespace
+
+// ---- memory and synchronisation --------------------------------------------------------------
+
+bool Backend::set_host_sync_forbidden(bool forbidden) {
+  return std::exchange(host_sync_forbidden_, forbidden);
+}
+
+void Backend::check_host_sync_allowed(const char* what) const {
+  if (host_sync_forbidden_) {
+    throw Error(ErrorCode::kInternal, std::string(what) +
+                                          ": host sync while host syncs are forbidden (inside a "
+                                          "forward or sampling launch)");
+  }
+}
+
+Tensor Backend::upload(const Tensor& host, DType dtype) {
+  OpChecks("upload", device_kind()).host("host", host, /*contiguous=*/false);
+  check_convertible("upload", host, dtype);
+  return upload_impl(host, dtype);
+}
+
+Tensor Backend::upload_weight(const Tensor& host, DType dtype) {
+  OpChecks("upload_weight", device_kind()).host("host", host, /*contiguous=*/false);
+  check_convertible("upload_weight", host, dtype);
+  return upload_weight_impl(host, dtype);
+}
+
+Tensor Backend::to_host(const Tensor& device) {
+  OpChecks("to_host", device_kind()).on_device("device", device);
+  check_host_sync_allowed("to_host");
+  return to_host_impl(device);
+}
+
+void Backend::copy_to_host(const Tensor& device, const Tensor& host) {
+  const OpChecks c("copy_to_host", device_kind());
+  c.dense("device", device);
+  c.host("host", host, /*contiguous=*/true);
+  c.same_dtype_and_shape(device, host);
+  copy_to_host_impl(device, host);
+}
+
+void Backend::synchronize() {
+  check_host_sync_allowed("synchronize");
+  synchronize_impl();
+}
+
+void Backend::upload_into(const Tensor& dst, const Tensor& host) {
+  const OpChecks c("upload_into", device_kind());
+  c.dense("dst", dst);
+  c.host("host", host, /*contiguous=*/false);
+  if (host.shape() != dst.shape()) {
+    c.fail("argument host must have dst's shape, got " + dst.describe() + " and " +
+           host.describe());
+  }
+  check_convertible("upload_into", host, dst.dtype());
+  upload_into_impl(dst, host);
+}
+
+void Backend::copy_into(const Tensor& dst, const Tensor& src) {
+  const OpChecks c("copy_into", device_kind());
+  c.dense("dst", dst);
+  c.dense("src", src);
+  c.same_dtype_and_shape(dst, src);
+  copy_into_impl(dst, src);
+}
+
+std::unique_ptr<Graph> Backend::capture(std::function<void()> body) {
+  if (!body) checks::fail("capture", "body is empty");
+  return std::make_unique<ReissueGraph>(std::move(body));
+}
+
+// ---- dense ops
+// ------------------------------------------------------------------------------------
+
+Tensor Backend::embedding(const Tensor& table, const Tensor& ids) {
+  const OpChecks c("embedding", device_kind());
+  c.tensor("table", table, matrix_dtypes(*this), {-1, -1});
+  c.tensor("ids", ids, DType::kI32, {-1});
+  return embedding_impl(table, ids);
+}
+
+Tensor Backend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
+  const OpChecks c("rms_norm", device_kind());
+  c.rank("x", x, DType::kF32, 1, 8);
+  c.optional("weight", weight, DType::kF32, {x.size(-1)});
+  return rms_norm_impl(x, weight, eps);
+}
+
+Tensor Backend::linear(const Tensor& x, const Tensor& w) {
+  const OpChecks c("linear", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  c.tensor("w", w, matrix_dtypes(*this), {-1, x.size(1)});
+  return linear_impl(x, w);
+}
+
+Tensor Backend::grouped_linear(const Tensor& x, const Tensor& w, int groups) {
+  const OpChecks c("grouped_linear", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  c.tensor("w", w, matrix_dtypes(*this), {-1, -1});
+  if (groups <= 0 || x.size(1) % groups != 0 || w.size(0) % groups != 0 ||
+      x.size(1) / groups != w.size(1)) {
+    c.fail("x " + x.describe() + " and w " + w.describe() + " do not split into " +
+           std::to_string(groups) + " groups (expected x [M, G*K] and w [G*N, K])");
+  }
+  return grouped_linear_impl(x, w, groups);
+}
+
+Tensor Backend::scale(const Tensor& x, float factor) {
+  OpChecks("scale", device_kind()).rank("x", x, DType::kF32, 0, 8);
+  return scale_impl(x, factor);
+}
+
+Tensor Backend::add(const Tensor& a, const Tensor& b) {
+  const OpChecks c("add", device_kind());
+  c.rank("a", a, DType::kF32, 0, 8);
+  c.tensor("b", b, DType::kF32, a.shape());
+  return add_impl(a, b);
+}
+
+Tensor Backend::gather_rows(const Tensor& x, const Tensor& rows) {
+  const OpChecks c("gather_rows", device_kind());
+  c.dense("x", x, DTypeSet::any(), 1);
+  c.tensor("rows", rows, DType::kI32, {-1});
+  return gather_rows_impl(x, rows);
+}
+
+Tensor Backend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                     bool inverse) {
+  const OpChecks c("rope", device_kind());
+  c.rank("x", x, DType::kF32, 2, 3);
+  c.tensor("positions", positions, DType::kI32, {x.size(0)});
+  c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
+  if (2 * inv_freq.size(0) > x.size(-1)) {
+    c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
+           " channels, more than x's last dimension " + std::to_string(x.size(-1)));
+  }
+  return rope_impl(x, positions, inv_freq, inverse);
+}
+
+Tensor Backend::argmax(const Tensor& x) {
+  const OpChecks c("argmax", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  if (x.size(1) == 0) c.fail("argument x has no columns: " + x.describe());
+  return argmax_impl(x);
+}
+
+SampleResult Backend::sample(const Tensor& logits, const SamplingBatch& batch) {
+  const OpChecks c("sample", device_kind());
+  c.tensor("logits", logits, DType::kF32, {-1, -1});
+  const int64_t rows = logits.size(0);
+  if (batch.num_rows != rows) {
+    c.fail("batch.num_rows is " + std::to_string(batch.num_rows) + ", expected the " +
+           std::to_string(rows) + " rows of logits " + logits.describe());
+  }
+  if (logits.size(1) == 0) c.fail("argument logits has no columns: " + logits.describe());
+  if (batch.max_logprobs < 0) {
+    c.fail("batch.max_logprobs must be >= 0, got " + std::to_string(batch.max_logprobs));
+  }
+  c.tensor("batch.temperature", batch.temperature, DType::kF32, {rows});
+  c.tensor("batch.top_k", batch.top_k, DType::kI32, {rows});
+  c.tensor("batch.top_p", batch.top_p, DType::kF32, {rows});
+  c.tensor("batch.seed", batch.seed, DType::kI64, {rows});
+  c.tensor("batch.position", batch.position, DType::kI32, {rows});
+  c.tensor("batch.num_logprobs", batch.num_logprobs, DType::kI32, {rows});
+  return sample_impl(logits, batch);
+}
+
+void Backend::select_tokens(const Tensor& tokens, const Tensor& remap, const Tensor& previous) {
+  const OpChecks c("select_tokens", device_kind());
+  c.tensor("tokens", tokens, DType::kI32, {-1});
+  c.tensor("remap", remap, DType::kI32, {tokens.size(0)});
+  c.tensor("previous", previous, DType::kI32, {-1});
+  select_tokens_impl(tokens, remap, previous);
+}
+
+void Backend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) {
+  const OpChecks c("copy_rows", device_kind());
+  c.dense("t", t, DTypeSet::any(), 1);
+  c.tensor("src", src, DType::kI32, {-1});
+  c.tensor("dst", dst, DType::kI32, {src.size(0)});
+  copy_rows_impl(t, src, dst);
+}
+
+void Backend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, float std) {
+  OpChecks("fill_random_normal", device_kind()).dense("t", t, {DType::kF32, DType::kBF16});
+  fill_random_normal_impl(t, seed, mean, std);
+}
+
+// ---- hyper-connections
+// ----------------------------------------------------------------------------
+
+Tensor Backend::hc_expand(const Tensor& x, int hc_mult) {
+  const OpChecks c("hc_expand", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  check_hc_mult(c, hc_mult);
+  return hc_expand_impl(x, hc_mult);
+}
+
+HcMix Backend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                      const HcParams& params) {
+  const OpChecks c("hc_pre", device_kind());
+  check_hc_mult(c, params.hc_mult);
+  c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
+  const int64_t n = params.hc_mult;
+  check_hc_weights(c, X, fn, base, scale, (2 + n) * n, 3);
+  if (params.sinkhorn_iters < 1) {
+    c.fail("sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
+  }
+  return hc_pre_impl(X, fn, base, scale, params);
+}
+
+Tensor Backend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
+                        const Tensor& comb) {
+  const OpChecks c("hc_post", device_kind());
+  c.tensor("X", X, DType::kF32, {-1, -1, -1});
+  const int64_t tokens = X.size(0);
+  const int64_t n = X.size(1);
+  c.tensor("out", out, DType::kF32, {tokens, X.size(2)});
+  c.tensor("post", post, DType::kF32, {tokens, n});
+  c.tensor("comb", comb, DType::kF32, {tokens, n, n});
+  return hc_post_impl(X, out, post, comb);
+}
+
+Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                        const HcParams& params) {
+  const OpChecks c("hc_head", device_kind());
+  check_hc_mult(c, params.hc_mult);
+  c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
+  check_hc_weights(c, X, fn, base, scale, params.hc_mult, 1);
+  return hc_head_impl(X, fn, base, scale, params);
+}
+
+// ---- mixture of experts
+// ---------------------------------------------------------------------------
+
+Routing Backend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                           const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                           float routed_scale) {
+  const OpChecks c("moe_route", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  c.tensor("gate_w", gate_w, matrix_dtypes(*this), {-1, x.size(1)});
+  const int64_t experts = gate_w.size(0);
+  if (top_k < 1 || top_k > experts) {
+    c.fail("top_k " + std::to_string(top_k) + " must be in [1, " + std::to_string(experts) +
+           "] (experts of gate_w " + gate_w.describe() + ")");
+  }
+  if (tid2eid.defined()) {
+    c.tensor("tid2eid", tid2eid, DType::kI32, {-1, top_k});
+    // Every token id must index a row of it.
+    if (tid2eid.size(0) == 0) c.fail("argument tid2eid has no rows: " + tid2eid.describe());
+    c.tensor("token_ids", token_ids, DType::kI32, {x.size(0)});
+  } else {
+    c.optional("bias", bias, DType::kF32, {experts});
+  }
+  return moe_route_impl(x, gate_w, bias, tid2eid, token_ids, top_k, routed_scale);
+}
+
+Tensor Backend::moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                            float swiglu_limit) {
+  const OpChecks c("moe_experts", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  c.tensor("routing.expert_ids", routing.expert_ids, DType::kI32, {tokens, -1});
+  c.tensor("routing.weights", routing.weights, DType::kF32, {tokens, routing.expert_ids.size(1)});
+  const size_t num = experts.w1.size();
+  if (num == 0 || experts.w3.size() != num || experts.w2.size() != num) {
+    c.fail("experts must hold the same non-zero number of w1, w3 and w2 tensors, got " +
+           std::to_string(experts.w1.size()) + ", " + std::to_string(experts.w3.size()) + ", " +
+           std::to_string(experts.w2.size()));
+  }
+  c.tensor("experts.w1[0]", experts.w1[0], matrix_dtypes(*this), {-1, hidden});
+  const DType dtype = experts.w1[0].dtype();
+  const int64_t inter = experts.w1[0].size(0);
+  for (size_t e = 0; e < num; ++e) {
+    const std::string idx = "[" + std::to_string(e) + "]";
+    c.tensor(("experts.w1" + idx).c_str(), experts.w1[e], dtype, {inter, hidden});
+    c.tensor(("experts.w3" + idx).c_str(), experts.w3[e], dtype, {inter, hidden});
+    c.tensor(("experts.w2" + idx).c_str(), experts.w2[e], dtype, {hidden, inter});
+  }
+  return moe_experts_impl(x, routing, experts, swiglu_limit);
+}
+
+Tensor Backend::swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit) {
+  const OpChecks c("swiglu", device_kind());
+  c.rank("gate", gate, DType::kF32, 0, 8);
+  c.tensor("up", up, DType::kF32, gate.shape());
+  return swiglu_impl(gate, up, swiglu_limit);
+}
+
+// ---- caches and attention
+// -------------------------------------------------------------------------
+
+void Backend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) {
+  const OpChecks c("ring_write", device_kind());
+  c.tensor("ring", ring, DType::kF32, {-1, -1, -1});
+  c.layout(layout, /*need_block_table=*/false);
+  c.tensor("rows", rows, DType::kF32, {layout.num_tokens, ring.size(2)});
+  if (ring.size(1) == 0) c.fail("ring " + ring.describe() + " has no slots per sequence");
+  ring_write_impl(ring, rows, layout);
+}
+
+Tensor Backend::compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                              const BatchLayout& layout, const EntryBatch& entries,
+                              const CompressSpec& spec) {
+  const OpChecks c("compress_pool", device_kind());
+  if (spec.ratio < 1 || spec.head_dim < 1) {
+    c.fail("spec needs ratio >= 1 and head_dim >= 1, got ratio " + std::to_string(spec.ratio) +
+           ", head_dim " + std::to_string(spec.head_dim));
+  }
+  const int64_t width = spec.overlap ? 2 * spec.head_dim : spec.head_dim;  // C
+  c.layout(layout, /*need_block_table=*/false);
+  c.tensor("proj", proj, DType::kF32, {layout.num_tokens, 2 * width});
+  c.tensor("ring", ring, DType::kF32, {-1, -1, 2 * width});
+  if (ring.size(1) == 0) c.fail("ring " + ring.describe() + " has no slots per sequence");
+  c.tensor("ape", ape, DType::kF32, {spec.ratio, width});
+  const int64_t num_entries = entries.num_entries;
+  if (num_entries < 0) c.fail("entries.num_entries is negative: " + std::to_string(num_entries));
+  c.tensor("entries.seq", entries.seq, DType::kI32, {num_entries});
+  c.tensor("entries.window", entries.window, DType::kI32, {num_entries});
+  return compress_pool_impl(proj, ring, ape, layout, entries, spec);
+}
+
+void Backend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
+  const OpChecks c("scatter_rows", device_kind());
+  c.tensor("cache", cache, DType::kF32, {-1, -1});
+  c.tensor("rows", rows, DType::kF32, {-1, cache.size(1)});
+  c.tensor("dest", dest, DType::kI32, {rows.size(0)});
+  scatter_rows_impl(cache, rows, dest);
+}
+
+Tensor Backend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                             const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                             float weight_scale) {
+  const OpChecks c("indexer_topk", device_kind());
+  c.layout(layout, /*need_block_table=*/true);
+  c.ratio(ratio, layout);
+  if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
+  c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
+  c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
+  c.tensor("index_cache", index_cache, DType::kF32, {-1, q.size(2)});
+  return indexer_topk_impl(q, weights, index_cache, layout, ratio, top_k, score_scale,
+                           weight_scale);
+}
+
+Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                          const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                          const BatchLayout& layout, const AttentionSpec& spec) {
+  const OpChecks c("attention", device_kind());
+  const bool compressed = spec.ratio > 0;
+  c.layout(layout, /*need_block_table=*/compressed);
+  if (spec.window < 1) c.fail("spec.window must be >= 1, got " + std::to_string(spec.window));
+  const int64_t tokens = layout.num_tokens;
+  c.tensor("q", q, DType::kF32, {tokens, -1, -1});
+  const int64_t dim = q.size(2);
+  c.tensor("kv", kv, DType::kF32, {tokens, dim});
+  c.tensor("swa_ring", swa_ring, DType::kF32, {-1, -1, dim});
+  c.tensor("sinks", sinks, DType::kF32, {q.size(1)});
+  if (compressed) {
+    c.ratio(spec.ratio, layout);
+    c.tensor("entries", entries, DType::kF32, {-1, dim});
+    if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
+  }
+  return attention_impl(q, kv, swa_ring, entries, topk, sinks, layout, spec);
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,157 @@
+#include "backend/op_checks.h"
+
+#include <iterator>
+
+#include "deepinfer/error.h"
+
+namespace deepinfer::checks {
+
+namespace {
+
+constexpr DType kAllDTypes[] = {DType::kF32,    DType::kBF16, DType::kF16,
+                                DType::kF8E4M3, DType::kI32,  DType::kI64};
+static_assert(std::size(kAllDTypes) == static_cast<size_t>(DType::kI64) + 1,
+              "kAllDTypes lists every DType");
+
+std::string shape_pattern(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += shape[i] < 0 ? std::string("*") : std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// "in host memory" / "on the cuda device".
+std::string where(DeviceKind device) {
+  if (device == DeviceKind::kCpu) return "in host memory";
+  return std::string("on the ") + device_kind_name(device) + " device";
+}
+
+}  // namespace
+
+void fail(const char* op, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what);
+}
+
+DTypeSet::DTypeSet(std::initializer_list<DType> dtypes) {
+  for (DType d : dtypes) bits_ |= bit(d);
+}
+
+DTypeSet DTypeSet::any() {
+  DTypeSet all;
+  for (DType d : kAllDTypes) all.bits_ |= bit(d);
+  return all;
+}
+
+std::string DTypeSet::str() const {
+  std::string s;
+  for (DType d : kAllDTypes) {
+    if (!contains(d)) continue;
+    if (!s.empty()) s += " or ";
+    s += dtype_name(d);
+  }
+  return s;
+}
+
+void OpChecks::defined_on(const char* arg, const Tensor& t, DeviceKind device,
+                          const std::string& expected) const {
+  if (!t.defined()) {
+    fail(std::string("argument ") + arg + " must be " + expected + ", got an undefined tensor");
+  }
+  if (t.device().kind != device) {
+    fail(std::string("argument ") + arg + " must be " + where(device) + ", got " + t.describe());
+  }
+}
+
+void OpChecks::contiguous(const char* arg, const Tensor& t) const {
+  if (!t.is_contiguous()) {
+    fail(std::string("argument ") + arg + " must be contiguous, got a strided view " +
+         t.describe());
+  }
+}
+
+void OpChecks::tensor(const char* arg, const Tensor& t, DTypeSet dtypes, const Shape& shape) const {
+  const std::string names = dtypes.str();
+  const std::string expected =
+      (names.find(' ') == std::string::npos ? names : "(" + names + ")") + shape_pattern(shape);
+  defined_on(arg, t, device_, expected);
+  contiguous(arg, t);
+  bool ok = dtypes.contains(t.dtype()) && t.shape().size() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
+  if (!ok) fail(std::string("argument ") + arg + " must be " + expected + ", got " + t.describe());
+}
+
+void OpChecks::optional(const char* arg, const Tensor& t, DTypeSet dtypes,
+                        const Shape& shape) const {
+  if (t.defined()) tensor(arg, t, dtypes, shape);
+}
+
+void OpChecks::rank(const char* arg, const Tensor& t, DType dtype, int64_t min_rank,
+                    int64_t max_rank) const {
+  const std::string expected = std::string(dtype_name(dtype)) + " of rank " +
+                               std::to_string(min_rank) +
+                               (max_rank != min_rank ? "-" + std::to_string(max_rank) : "");
+  defined_on(arg, t, device_, expected);
+  contiguous(arg, t);
+  if (t.dtype() != dtype || t.dim() < min_rank || t.dim() > max_rank) {
+    fail(std::string("argument ") + arg + " must be " + expected + ", got " + t.describe());
+  }
+}
+
+void OpChecks::dense(const char* arg, const Tensor& t, DTypeSet dtypes, int64_t min_rank) const {
+  defined_on(arg, t, device_, "a tensor");
+  contiguous(arg, t);
+  if (!dtypes.contains(t.dtype())) {
+    fail(std::string("argument ") + arg + " must be " + dtypes.str() + ", got " + t.describe());
+  }
+  if (t.dim() < min_rank) {
+    fail(std::string("argument ") + arg + " must have at least " +
+         (min_rank == 1 ? std::string("one dimension") : std::to_string(min_rank) + " dimensions") +
+         ", got " + t.describe());
+  }
+}
+
+void OpChecks::on_device(const char* arg, const Tensor& t) const {
+  defined_on(arg, t, device_, "a tensor");
+}
+
+void OpChecks::host(const char* arg, const Tensor& t, bool must_be_contiguous) const {
+  defined_on(arg, t, DeviceKind::kCpu, "a tensor");
+  if (must_be_contiguous) contiguous(arg, t);
+}
+
+void OpChecks::same_dtype_and_shape(const Tensor& a, const Tensor& b) const {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
+    fail("needs tensors of one dtype and shape, got " + a.describe() + " and " + b.describe());
+  }
+}
+
+void OpChecks::layout(const BatchLayout& layout, bool need_block_table) const {
+  const int64_t t = layout.num_tokens;
+  const int64_t b = layout.num_seqs;
+  // Every row belongs to a sequence, so rows need at least one.
+  if (t < 0 || b < 0 || layout.block_size <= 0 || layout.max_blocks_per_seq < 0 ||
+      (t > 0 && b == 0)) {
+    fail("layout has num_tokens " + std::to_string(t) + ", num_seqs " + std::to_string(b) +
+         ", block_size " + std::to_string(layout.block_size) + ", max_blocks_per_seq " +
+         std::to_string(layout.max_blocks_per_seq) +
+         " (expected >= 0, >= 1 when there are tokens, > 0, >= 0)");
+  }
+  tensor("layout.positions", layout.positions, DType::kI32, {t});
+  tensor("layout.seq_q_start", layout.seq_q_start, DType::kI32, {b + 1});
+  tensor("layout.seq_ctx_len", layout.seq_ctx_len, DType::kI32, {b});
+  tensor("layout.seq_slot", layout.seq_slot, DType::kI32, {b});
+  if (need_block_table) {
+    tensor("layout.block_table", layout.block_table, DType::kI32, {b, layout.max_blocks_per_seq});
+  }
+}
+
+void OpChecks::ratio(int ratio, const BatchLayout& layout) const {
+  if (ratio < 1 || layout.block_size % ratio != 0) {
+    fail("compression ratio " + std::to_string(ratio) + " must be >= 1 and divide block_size " +
+         std::to_string(layout.block_size));
+  }
+}
+
+}  // namespace deepinfer::checks

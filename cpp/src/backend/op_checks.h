@@ -1,0 +1,75 @@
+// Metadata checks of op arguments, written once for every backend: the Backend front
+// (backend.cpp) runs them on the calling thread before it calls a backend's implementation.
+// They look at dtype, shape, contiguity and device only, never at contents (which may not have
+// been computed yet). Every failure is Error(kInvalidArgument) "<op>: <what>", naming the
+// argument: "linear: argument w must be f32[*, 3], got f32[2, 4] on cpu".
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::checks {
+
+[[noreturn]] void fail(const char* op, const std::string& what);
+
+// The dtypes an argument may have.
+class DTypeSet {
+ public:
+  // Implicit: where one dtype is expected, the set of that dtype.
+  DTypeSet(DType dtype) : bits_(bit(dtype)) {}
+  DTypeSet(std::initializer_list<DType> dtypes);
+  static DTypeSet any();
+  bool contains(DType dtype) const { return (bits_ & bit(dtype)) != 0; }
+  std::string str() const;  // "f32", "f32 or bf16"
+
+ private:
+  DTypeSet() = default;
+  static uint32_t bit(DType dtype) { return 1u << static_cast<unsigned>(dtype); }
+  uint32_t bits_ = 0;
+};
+
+// The checks of one op call on a backend whose tensors live on `device`.
+class OpChecks {
+ public:
+  OpChecks(const char* op, DeviceKind device) : op_(op), device_(device) {}
+
+  [[noreturn]] void fail(const std::string& what) const { checks::fail(op_, what); }
+
+  // A defined, contiguous tensor on the device of one of `dtypes` whose shape matches `shape`;
+  // an entry of -1 in `shape` accepts any size.
+  void tensor(const char* arg, const Tensor& t, DTypeSet dtypes, const Shape& shape) const;
+  // `tensor` when `t` is defined; an undefined `t` is accepted (an optional argument).
+  void optional(const char* arg, const Tensor& t, DTypeSet dtypes, const Shape& shape) const;
+  // A defined, contiguous tensor on the device of `dtype` with a rank in [min_rank, max_rank].
+  void rank(const char* arg, const Tensor& t, DType dtype, int64_t min_rank,
+            int64_t max_rank) const;
+  // A defined, contiguous tensor on the device of one of `dtypes` (any shape) with at least
+  // `min_rank` dimensions.
+  void dense(const char* arg, const Tensor& t, DTypeSet dtypes = DTypeSet::any(),
+             int64_t min_rank = 0) const;
+  // A defined tensor on the device, any dtype and strides.
+  void on_device(const char* arg, const Tensor& t) const;
+  // A defined tensor in host memory, any dtype; `contiguous` also requires a contiguous one.
+  void host(const char* arg, const Tensor& t, bool contiguous) const;
+  // `a` and `b` have one dtype and one shape.
+  void same_dtype_and_shape(const Tensor& a, const Tensor& b) const;
+  // The metadata of every tensor of `layout`; `need_block_table` also requires
+  // block_table [B, max_blocks_per_seq].
+  void layout(const BatchLayout& layout, bool need_block_table) const;
+  // A compression ratio >= 1 that divides the layout's block size.
+  void ratio(int ratio, const BatchLayout& layout) const;
+
+ private:
+  void defined_on(const char* arg, const Tensor& t, DeviceKind device,
+                  const std::string& expected) const;
+  void contiguous(const char* arg, const Tensor& t) const;
+
+  const char* op_;
+  DeviceKind device_;
+};
+
+}  // namespace deepinfer::checks
