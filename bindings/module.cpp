@@ -100,6 +100,7 @@ NB_MODULE(deepinfer_core, m) {
     }
   });
 
+  bind_engine_config(m);
   bind_engine(m);
   nb::module_ testing = m.def_submodule(
       "testing", "Test doubles of the engine (libdeepinfer_testing): the scripted engine.");
@@ -147,6 +148,7 @@ NB_MODULE(deepinfer_core, m) {
       .def_rw("tokens", &deepinfer::SequenceChunk::tokens)
       .def_rw("block_table", &deepinfer::SequenceChunk::block_table);
 
+  const deepinfer::RunnerOptions kRunner;  // the keyword defaults below
   nb::class_<deepinfer::ModelRunner>(
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
@@ -162,8 +164,10 @@ NB_MODULE(deepinfer_core, m) {
              nb::gil_scoped_release release;
              return deepinfer::ModelRunner::load(path, options);
            }),
-           "path"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "max_backtrack"_a = 6,
-           "num_threads"_a = 0, "device"_a = "cpu", "decode_graph_max_batch"_a = -1,
+           "path"_a, "num_blocks"_a = kRunner.num_blocks,
+           "num_state_slots"_a = kRunner.num_state_slots, "max_backtrack"_a = kRunner.max_backtrack,
+           "num_threads"_a = kRunner.num_threads, "device"_a = kRunner.device,
+           "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
            "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
            "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
@@ -181,8 +185,10 @@ NB_MODULE(deepinfer_core, m) {
             nb::gil_scoped_release release;
             return deepinfer::ModelRunner::random(config_json, options, seed, bf16);
           },
-          "config_json"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "num_threads"_a = 0,
-          "device"_a = "cpu", "seed"_a = 0, "bf16"_a = true, "decode_graph_max_batch"_a = -1,
+          "config_json"_a, "num_blocks"_a = kRunner.num_blocks,
+          "num_state_slots"_a = kRunner.num_state_slots, "num_threads"_a = kRunner.num_threads,
+          "device"_a = kRunner.device, "seed"_a = 0, "bf16"_a = true,
+          "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
           "The model described by a config.json with random weights (bf16 matrices by default), "
           "for benchmarks at real widths without a checkpoint.")
       .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)

@@ -2,12 +2,14 @@
 // state-slot pools an engine of that config needs.
 #pragma once
 
-#include "deepinfer/engine.h"
+#include "deepinfer/engine_config.h"
 
 namespace deepinfer::engine {
 
 // The EngineConfig with every 0 ("derive it") field resolved for a model of `max_position`
-// positions; validates the rest. Throws Error(kInvalidArgument) naming the field.
+// positions; validates the rest. Throws
+// Error(kInvalidArgument) naming the field by its flat name ('max_num_seqs'), the name the
+// Python API and run configs use.
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position);
 // State slots an engine with `config` needs (including the reserved slot 0): every sequence
 // holding KV plus headroom.
