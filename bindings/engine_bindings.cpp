@@ -135,7 +135,11 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("eos_token_ids", &Engine::eos_token_ids)
       .def_prop_ro(
           "config", [](const Engine& e) { return e.config(); },
-          "A copy of the resolved EngineConfig (derived sizes filled in).")
+          "A copy of the resolved EngineConfig: derived sizes filled in, placement.device the "
+          "device in use (\"auto\" resolved).")
+      .def_prop_ro(
+          "device", [](const Engine& e) { return e.config().placement.device; },
+          "The device the engine runs on (\"auto\" resolved).")
       .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal,
                    "The checkpoint's config.json as the engine read it; None for the scripted "
                    "engine.")

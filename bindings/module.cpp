@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "deepinfer/backend.h"
 #include "deepinfer/build_info.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
@@ -107,7 +108,11 @@ NB_MODULE(deepinfer_core, m) {
   bind_testing(testing);
 
   m.def("backend_available", &deepinfer::backend_available, "device"_a,
-        "Whether this build has the backend named `device` (\"cpu\", \"cuda\", \"cuda:N\").");
+        "Whether this build has the backend named `device` (\"auto\", \"cpu\", \"cuda\", "
+        "\"cuda:N\"; \"auto\" always is).");
+  m.def("resolve_device", &deepinfer::resolve_device, "device"_a,
+        "The device \"auto\" stands for here: \"cuda\" when this build has the CUDA backend and a "
+        "GPU is present, else \"cpu\"; any other name is returned as it is.");
   m.def("build_info", &build_info_dict,
         "Version, compiled backends, compiler and build type of this deepinfer_core build.");
 

@@ -1,10 +1,12 @@
-// EngineConfig resolution: derived sizes, and one error per bad field that names it by its flat
-// name (the name the Python API and run configs use).
+// EngineConfig resolution: derived sizes, the device "auto", and one error per bad field that
+// names it by its flat name (the name the Python API and run configs use).
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <string>
 
+#include "deepinfer/backend.h"
+#include "deepinfer/build_info.h"
 #include "deepinfer/engine_config.h"
 #include "deepinfer/error.h"
 #include "engine/engine_config.h"
@@ -13,6 +15,12 @@ namespace deepinfer {
 namespace {
 
 using engine::resolve_engine_config;
+
+bool cuda_built() {
+  for (const std::string& b : build_info().backends)
+    if (b == "cuda") return true;
+  return false;
+}
 
 TEST(EngineConfig, DerivesSizesFromTheModel) {
   EngineConfig c;
@@ -24,6 +32,19 @@ TEST(EngineConfig, DerivesSizesFromTheModel) {
   EXPECT_EQ(resolve_engine_config(EngineConfig{}, 1 << 20).scheduler.max_model_len, 8192);
   // Resolving is idempotent, and what is set stays set.
   EXPECT_EQ(resolve_engine_config(r, 1000), r);
+}
+
+TEST(EngineConfig, AutoDeviceResolvesToOneInUse) {
+  EXPECT_EQ(EngineConfig{}.placement.device, "auto");
+  const std::string device = resolve_engine_config(EngineConfig{}, 4096).placement.device;
+  EXPECT_EQ(device, resolve_device("auto"));
+  EXPECT_TRUE(device == "cpu" || device == "cuda") << device;
+  EXPECT_TRUE(backend_available("auto"));
+  EXPECT_EQ(resolve_device("cuda:1"), "cuda:1");  // only "auto" is resolved
+  if (!cuda_built()) {                            // a CPU-only build always picks the CPU
+    EXPECT_EQ(device, "cpu");
+    EXPECT_EQ(make_backend("auto")->device_kind(), DeviceKind::kCpu);
+  }
 }
 
 // Every bad field: the error is kInvalidArgument and names the field by its flat name.

@@ -105,7 +105,7 @@ class Engine {
   std::vector<RequestOutput> run_until_idle();
 
   virtual EngineStats stats() const = 0;
-  // Resolved: every derived size filled in.
+  // Resolved: every derived size filled in, placement.device the device in use ("auto" resolved).
   virtual const EngineConfig& config() const = 0;
   virtual int vocab_size() const = 0;
   virtual const std::vector<int>& eos_token_ids() const = 0;

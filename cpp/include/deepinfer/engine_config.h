@@ -41,7 +41,9 @@ struct CacheConfig {
 };
 
 struct PlacementConfig {
-  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
+  // "auto" (the GPU when this build has the CUDA backend and one is present, else the CPU),
+  // "cpu", "cuda" or "cuda:N". Resolved to the device actually used.
+  std::string device = "auto";
   int num_threads = 0;  // CPU backend threads (0 = hardware concurrency)
   // Largest decode batch replayed as a recorded graph (CUDA graphs): -1 = the backend's default
   // (256 on CUDA, off on the CPU), 0 = off.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer::engine {
@@ -51,6 +52,7 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position)
   }
   if (c.placement.num_threads < 0)
     bad_config("num_threads", "must be >= 0, got " + std::to_string(c.placement.num_threads));
+  c.placement.device = resolve_device(c.placement.device);
   return c;
 }
 
