@@ -2,8 +2,8 @@
 
     python -m deepinfer.run --config configs/tiny.yaml [--prompts FILE] [--max-tokens N]
 
-Prints every completion, then a summary: requests/s, prompt and output tokens/s, mean time to
-first token and mean time per output token.
+Prints every completion, then a summary: the model and the device it ran on, requests/s, prompt
+and output tokens/s, mean time to first token and mean time per output token.
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    output ({len(o.token_ids)} tokens, finish: {o.finish_reason}): {o.text!r}")
     print("=== summary ===")
     print(f"model:          {llm.model_path}")
+    print(f"device:         {llm.engine.device}")
     print(summarize(outputs, elapsed))
     return 0
 

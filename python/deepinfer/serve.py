@@ -9,7 +9,6 @@ Anthropic Messages (POST /v1/messages), GET /v1/models, GET /health and GET /met
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config = ServerConfig(
         model_path=run.model_path(),
-        engine_options=dataclasses.asdict(run.engine),
+        engine=run.engine,
         served_model_names=args.names or run.served_model_names,
         test_hooks=args.test_hooks,
     )
