@@ -20,6 +20,7 @@ the file and the key.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import os
@@ -186,3 +187,30 @@ def load_config(path: str | os.PathLike) -> RunConfig:
         prompts=prompts,
         source=source,
     )
+
+
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model and --device, for the command lines that take a run config."""
+    parser.add_argument(
+        "--model",
+        help='"tiny" or a checkpoint directory (overrides the config\'s model; a relative path is '
+        "taken from the working directory)",
+    )
+    parser.add_argument(
+        "--device",
+        help='"auto", "cpu", "cuda" or "cuda:N" (overrides the config\'s engine.device; '
+        '"auto", the default, picks the GPU when this build has the CUDA backend and a GPU is '
+        "present, else the CPU)",
+    )
+
+
+def apply_override_arguments(config: RunConfig, args: argparse.Namespace) -> RunConfig:
+    """The config with the command line's --model and --device (add_override_arguments)."""
+    config = dataclasses.replace(config, engine=copy.copy(config.engine))
+    if args.model is not None:
+        config.model = (
+            args.model if args.model == "tiny" else str(Path(args.model).expanduser().absolute())
+        )
+    if args.device is not None:
+        config.engine.placement.device = args.device
+    return config

@@ -1,16 +1,17 @@
 """Engine options are defined once, in C++ (cpp/include/deepinfer/engine_config.h): the bound
-EngineConfig carries their defaults, and the run config's `engine:` section, LLM(**options) and
-Engine(path, **options) map onto it, naming the file and the key of anything unknown or
-ill-typed."""
+EngineConfig carries their defaults, and the run config's `engine:` section, LLM(**options),
+Engine(path, **options) and the --model / --device overrides of deepinfer.run and deepinfer.serve
+map onto it, naming the file and the key of anything unknown or ill-typed."""
 
 from __future__ import annotations
 
+import argparse
 import textwrap
 from pathlib import Path
 
 import deepinfer_core as dc
 import pytest
-from deepinfer import LLM, RunConfig, load_config
+from deepinfer import LLM, RunConfig, load_config, run, serve
 from deepinfer.config import ConfigError
 
 CPU_ONLY = "cuda" not in dc.build_info()["backends"]
@@ -166,3 +167,65 @@ def test_auto_device_resolves_to_a_device() -> None:
     assert dc.resolve_device("cuda:1") == "cuda:1"
     engine = dc.testing.scripted_engine(dc.testing.ScriptedModel())
     assert engine.device == dc.resolve_device("auto")
+
+
+# ---- --model and --device ----------------------------------------------------------------------
+
+
+def test_run_model_and_device_override_the_config(tmp_path, tiny_checkpoint, capsys) -> None:
+    # The config names a model that does not exist and a device this run must not use.
+    config = write(
+        tmp_path,
+        """
+        model: /nonexistent/checkpoint
+        engine: {device: "cuda:7", max_num_seqs: 2}
+        prompts: ["Hello"]
+        """,
+    )
+    args = ["--config", str(config), "--quiet", "--no-progress", "--max-tokens", "2"]
+    assert run.main([*args, "--model", str(tiny_checkpoint), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"model:          {tiny_checkpoint}" in out
+    assert "device:         cpu" in out
+    assert run.main([*args, "--model", str(tiny_checkpoint), "--device", "tpu"]) == 2
+    assert '"tpu"' in capsys.readouterr().err
+    assert run.main([*args, "--device", "cpu"]) == 2
+    assert "/nonexistent/checkpoint" in capsys.readouterr().err
+
+
+def test_run_device_auto_is_reported(tmp_path, tiny_checkpoint, capsys) -> None:
+    config = write(tmp_path, 'prompts: ["Hi"]\n')
+    args = ["--config", str(config), "--model", str(tiny_checkpoint), "--device", "auto"]
+    assert run.main([*args, "--quiet", "--no-progress", "--max-tokens", "1"]) == 0
+    assert f"device:         {dc.resolve_device('auto')}" in capsys.readouterr().out
+
+
+def test_serve_model_and_device_override_the_config(tmp_path, tiny_checkpoint, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        serve.main(["--help"])
+    assert e.value.code == 0
+    usage = capsys.readouterr().out
+    assert "--model" in usage and "--device" in usage and '"auto"' in usage
+    config = write(tmp_path, "model: tiny\nengine: {device: cpu}\n")
+    # Both reach the engine: the bad value named on the command line is the one reported.
+    assert serve.main(["--config", str(config), "--model", str(tmp_path / "missing")]) == 2
+    assert str(tmp_path / "missing") in capsys.readouterr().err
+    assert serve.main(["--config", str(config), "--model", str(tiny_checkpoint), "--device", "tpu"])
+    assert '"tpu"' in capsys.readouterr().err
+
+
+def test_relative_model_override_is_taken_from_the_working_directory(
+    tmp_path, tiny_checkpoint, monkeypatch
+) -> None:
+    from deepinfer.config import add_override_arguments, apply_override_arguments
+
+    parser = argparse.ArgumentParser()
+    add_override_arguments(parser)
+    monkeypatch.chdir(tiny_checkpoint.parent)
+    base = load_config(write(tmp_path, "engine: {device: cpu}\n"))
+    config = apply_override_arguments(
+        base, parser.parse_args(["--model", tiny_checkpoint.name, "--device", "cuda"])
+    )
+    assert config.model_path() == tiny_checkpoint
+    assert config.engine.placement.device == "cuda"
+    assert base.engine.placement.device == "cpu"  # the loaded config is left as it was
