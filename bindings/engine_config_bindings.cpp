@@ -108,6 +108,33 @@ T from_python(const std::string& name, nb::handle v) {
   }
 }
 
+// Python's repr of a config: its fields (for EngineConfig, the flat options) as keywords.
+std::string repr_fields(nb::handle self, const char* type_name, const std::string& part) {
+  std::string out = std::string(type_name) + "(";
+  bool first = true;
+  for (const Option& o : options()) {
+    if (!part.empty() && o.part != part) continue;
+    nb::object owner =
+        part.empty() && !o.part.empty() ? nb::object(self.attr(o.part.c_str())) : nb::borrow(self);
+    out += (first ? "" : ", ") + o.name + "=" + nb::repr(owner.attr(o.name.c_str())).c_str();
+    first = false;
+  }
+  return out + ")";
+}
+
+// What every config class has: construction with the C++ defaults, ==, copies, a repr.
+template <typename T>
+nb::class_<T> config_class(nb::module_& m, const char* name, const char* part, const char* doc) {
+  nb::class_<T> cls(m, name, doc);
+  if constexpr (!std::is_same_v<T, EngineConfig>) cls.def(nb::init<>());
+  cls.def(nb::self == nb::self)
+      .def("__copy__", [](const T& t) { return T(t); })
+      .def(
+          "__deepcopy__", [](const T& t, nb::handle) { return T(t); }, "memo"_a)
+      .def("__repr__", [name, part](nb::handle self) { return repr_fields(self, name, part); });
+  return cls;
+}
+
 // The type of a member: member_of<int SchedulerConfig::*>::type is int.
 template <typename M>
 struct member_of;
@@ -126,12 +153,16 @@ struct part_of<nullptr> {
   using type = EngineConfig;
 };
 
-// Binds the fields of one part of EngineConfig and registers them as flat options.
+// Binds one part of EngineConfig (its class, then field by field) and registers its fields as
+// flat options.
 template <auto Part>
 struct PartBinder {
   using Owner = typename part_of<Part>::type;
-  nb::class_<Owner>& cls;
+  nb::class_<Owner> cls;
   const char* part;
+
+  PartBinder(nb::module_& m, const char* name, const char* part_name, const char* doc)
+      : cls(config_class<Owner>(m, name, part_name, doc)), part(part_name) {}
 
   static Owner& owner(EngineConfig& c) {
     if constexpr (std::is_null_pointer_v<decltype(Part)>) {
@@ -183,33 +214,6 @@ void apply(EngineConfig& config, nb::handle values, const std::string& part = ""
   }
 }
 
-// Python's repr of a config: its fields (for EngineConfig, the flat options) as keywords.
-std::string repr_fields(nb::handle self, const char* type_name, const std::string& part) {
-  std::string out = std::string(type_name) + "(";
-  bool first = true;
-  for (const Option& o : options()) {
-    if (!part.empty() && o.part != part) continue;
-    nb::object owner =
-        part.empty() && !o.part.empty() ? nb::object(self.attr(o.part.c_str())) : nb::borrow(self);
-    out += (first ? "" : ", ") + o.name + "=" + nb::repr(owner.attr(o.name.c_str())).c_str();
-    first = false;
-  }
-  return out + ")";
-}
-
-// What every config class has: construction with the C++ defaults, ==, copies, a repr.
-template <typename T>
-nb::class_<T> config_class(nb::module_& m, const char* name, const char* part, const char* doc) {
-  nb::class_<T> cls(m, name, doc);
-  if constexpr (!std::is_same_v<T, EngineConfig>) cls.def(nb::init<>());
-  cls.def(nb::self == nb::self)
-      .def("__copy__", [](const T& t) { return T(t); })
-      .def(
-          "__deepcopy__", [](const T& t, nb::handle) { return T(t); }, "memo"_a)
-      .def("__repr__", [name, part](nb::handle self) { return repr_fields(self, name, part); });
-  return cls;
-}
-
 }  // namespace
 
 EngineConfig engine_config_from(const nb::kwargs& values) {
@@ -219,11 +223,10 @@ EngineConfig engine_config_from(const nb::kwargs& values) {
 }
 
 void bind_engine_config(nb::module_& m) {
-  auto engine = config_class<EngineConfig>(
-      m, "EngineConfig", "",
-      "Every engine option, in parts (scheduler, cache, placement), with the C++ defaults "
-      "(cpp/include/deepinfer/engine_config.h).");
-  engine
+  PartBinder<nullptr> engine(m, "EngineConfig", "",
+                             "Every engine option, in parts (scheduler, cache, placement), with "
+                             "the C++ defaults (cpp/include/deepinfer/engine_config.h).");
+  engine.cls
       .def(
           "__init__",
           [](EngineConfig* self, const nb::kwargs& values) {
@@ -246,14 +249,10 @@ void bind_engine_config(nb::module_& m) {
       .def_rw("scheduler", &EngineConfig::scheduler)
       .def_rw("cache", &EngineConfig::cache)
       .def_rw("placement", &EngineConfig::placement);
-  PartBinder<nullptr>{engine, ""}
-      .option<&EngineConfig::model_path>("model_path")
-      .option<&EngineConfig::seed>("seed");
+  engine.option<&EngineConfig::model_path>("model_path").option<&EngineConfig::seed>("seed");
 
-  auto scheduler = config_class<SchedulerConfig>(
-      m, "SchedulerConfig", "scheduler",
-      "Batching and admission options (cpp/include/deepinfer/engine_config.h).");
-  PartBinder<&EngineConfig::scheduler>{scheduler, "scheduler"}
+  PartBinder<&EngineConfig::scheduler>(m, "SchedulerConfig", "scheduler",
+                                       "Batching and admission options (engine_config.h).")
       .option<&SchedulerConfig::max_num_seqs>("max_num_seqs")
       .option<&SchedulerConfig::max_num_batched_tokens>("max_num_batched_tokens")
       .option<&SchedulerConfig::max_model_len>("max_model_len")
@@ -262,18 +261,12 @@ void bind_engine_config(nb::module_& m) {
       .option<&SchedulerConfig::preemption>("preemption")
       .option<&SchedulerConfig::kv_admission_watermark>("kv_admission_watermark")
       .option<&SchedulerConfig::prefill_steps_per_decode_step>("prefill_steps_per_decode_step");
-
-  auto cache = config_class<CacheConfig>(
-      m, "CacheConfig", "cache", "KV cache options (cpp/include/deepinfer/engine_config.h).");
-  PartBinder<&EngineConfig::cache>{cache, "cache"}
+  PartBinder<&EngineConfig::cache>(m, "CacheConfig", "cache", "KV cache options (engine_config.h).")
       .option<&CacheConfig::num_kv_blocks>("num_kv_blocks")
       .option<&CacheConfig::num_prefix_snapshots>("num_prefix_snapshots")
       .option<&CacheConfig::enable_prefix_cache>("enable_prefix_cache");
-
-  auto placement = config_class<PlacementConfig>(
-      m, "PlacementConfig", "placement",
-      "Where the model runs (cpp/include/deepinfer/engine_config.h).");
-  PartBinder<&EngineConfig::placement>{placement, "placement"}
+  PartBinder<&EngineConfig::placement>(m, "PlacementConfig", "placement",
+                                       "Where the model runs (engine_config.h).")
       .option<&PlacementConfig::device>("device")
       .option<&PlacementConfig::num_threads>("num_threads")
       .option<&PlacementConfig::decode_graph_max_batch>("decode_graph_max_batch");
