@@ -71,10 +71,10 @@ double percentile(std::vector<double> v, double p) {
 
 void scheduler_overhead(int num_seqs, int steps) {
   EngineConfig c;
-  c.max_num_seqs = num_seqs;
-  c.max_num_batched_tokens = 16 * num_seqs;
-  c.max_model_len = 1 << 16;
-  c.enable_prefix_cache = false;
+  c.scheduler.max_num_seqs = num_seqs;
+  c.scheduler.max_num_batched_tokens = 16 * num_seqs;
+  c.scheduler.max_model_len = 1 << 16;
+  c.cache.enable_prefix_cache = false;
   engine::EngineImpl engine(c, std::make_unique<NoopExecutor>());
   SamplingParams p;
   p.max_tokens = 1 << 20;
@@ -108,10 +108,10 @@ void idle_gap(bool zero_overhead, int latency_us, int steps, int num_seqs) {
   o.num_kv_blocks = 4096;
   o.num_snapshot_slots = 0;
   EngineConfig c;
-  c.max_num_seqs = num_seqs;
-  c.zero_overhead = zero_overhead;
-  c.enable_prefix_cache = false;
-  c.max_model_len = 1 << 16;
+  c.scheduler.max_num_seqs = num_seqs;
+  c.scheduler.zero_overhead = zero_overhead;
+  c.cache.enable_prefix_cache = false;
+  c.scheduler.max_model_len = 1 << 16;
   o.num_state_slots =
       engine::live_state_slots(engine::resolve_engine_config(c, o.model.max_position));
   auto executor = std::make_unique<testing::ScriptedExecutor>(o);

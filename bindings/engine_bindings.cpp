@@ -1,4 +1,5 @@
-// Bindings of the engine API: Engine, SamplingParams, RequestOutput, EngineStats.
+// Bindings of the engine API: Engine, SamplingParams, RequestOutput, EngineStats (EngineConfig:
+// engine_config_bindings.cpp).
 #include "engine_bindings.h"
 
 #include <nanobind/nanobind.h>
@@ -13,7 +14,6 @@
 #include <string>
 
 #include "deepinfer/engine.h"
-#include "deepinfer/error.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -22,47 +22,6 @@ namespace {
 
 using deepinfer::Engine;
 using deepinfer::EngineConfig;
-using deepinfer::Error;
-using deepinfer::ErrorCode;
-
-deepinfer::PreemptionMode parse_preemption(const std::string& mode) {
-  if (mode == "recompute") return deepinfer::PreemptionMode::kRecompute;
-  if (mode == "stop") return deepinfer::PreemptionMode::kStop;
-  throw Error(
-      ErrorCode::kInvalidArgument,
-      "engine config: 'preemption' must be \"recompute\" or \"stop\", got \"" + mode + "\"");
-}
-
-}  // namespace
-
-EngineConfig make_engine_config(const std::string& model_path, int max_num_seqs,
-                                int max_num_batched_tokens, int max_model_len, int num_kv_blocks,
-                                int num_prefix_snapshots, bool enable_prefix_cache,
-                                bool enable_chunked_prefill, bool zero_overhead,
-                                const std::string& preemption, double kv_admission_watermark,
-                                int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
-                                const std::string& device, int decode_graph_max_batch) {
-  EngineConfig c;
-  c.device = device;
-  c.decode_graph_max_batch = decode_graph_max_batch;
-  c.model_path = model_path;
-  c.max_num_seqs = max_num_seqs;
-  c.max_num_batched_tokens = max_num_batched_tokens;
-  c.max_model_len = max_model_len;
-  c.num_kv_blocks = num_kv_blocks;
-  c.num_prefix_snapshots = num_prefix_snapshots;
-  c.enable_prefix_cache = enable_prefix_cache;
-  c.enable_chunked_prefill = enable_chunked_prefill;
-  c.zero_overhead = zero_overhead;
-  c.preemption = parse_preemption(preemption);
-  c.kv_admission_watermark = kv_admission_watermark;
-  c.prefill_steps_per_decode_step = prefill_steps_per_decode_step;
-  c.num_threads = num_threads;
-  c.seed = seed;
-  return c;
-}
-
-namespace {
 
 nb::dict stats_dict(const deepinfer::EngineStats& s) {
   nb::dict d;
@@ -150,26 +109,20 @@ void bind_engine(nb::module_& m) {
       m, "Engine",
       "Continuous-batching engine. add_request/abort are thread-safe; step() belongs "
       "to one thread.")
-      .def(nb::new_([](const std::string& model_path, int max_num_seqs, int max_num_batched_tokens,
-                       int max_model_len, int num_kv_blocks, int num_prefix_snapshots,
-                       bool enable_prefix_cache, bool enable_chunked_prefill, bool zero_overhead,
-                       const std::string& preemption, double kv_admission_watermark,
-                       int prefill_steps_per_decode_step, int num_threads, uint64_t seed,
-                       const std::string& device, int decode_graph_max_batch) {
-             EngineConfig c = make_engine_config(
-                 model_path, max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks,
-                 num_prefix_snapshots, enable_prefix_cache, enable_chunked_prefill, zero_overhead,
-                 preemption, kv_admission_watermark, prefill_steps_per_decode_step, num_threads,
-                 seed, device, decode_graph_max_batch);
+      .def(nb::new_([](const EngineConfig& config) {
              nb::gil_scoped_release release;
-             return Engine::create(c);
+             return Engine::create(config);
            }),
-           "model_path"_a, "max_num_seqs"_a = 32, "max_num_batched_tokens"_a = 2048,
-           "max_model_len"_a = 0, "num_kv_blocks"_a = 0, "num_prefix_snapshots"_a = 0,
-           "enable_prefix_cache"_a = true, "enable_chunked_prefill"_a = true,
-           "zero_overhead"_a = true, "preemption"_a = "recompute", "kv_admission_watermark"_a = 0.9,
-           "prefill_steps_per_decode_step"_a = 1, "num_threads"_a = 0, "seed"_a = 0,
-           "device"_a = "cpu", "decode_graph_max_batch"_a = -1)
+           "config"_a, "Load config.model_path on config.placement.device.")
+      .def(nb::new_([](const std::string& model_path, const nb::kwargs& options) {
+             EngineConfig config = engine_config_from(options);
+             config.model_path = model_path;
+             nb::gil_scoped_release release;
+             return Engine::create(config);
+           }),
+           "model_path"_a, "options"_a,
+           "Load `model_path` with EngineConfig options given by flat name: "
+           "Engine(path, max_num_seqs=8, device=\"cpu\").")
       .def("add_request", &Engine::add_request, "prompt"_a, "params"_a,
            "Queue a request; returns its id.")
       .def("abort", &Engine::abort, "id"_a)
@@ -180,6 +133,16 @@ void bind_engine(nb::module_& m) {
       .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
       .def_prop_ro("vocab_size", &Engine::vocab_size)
       .def_prop_ro("eos_token_ids", &Engine::eos_token_ids)
+      .def_prop_ro(
+          "config", [](const Engine& e) { return e.config(); },
+          "A copy of the resolved EngineConfig: derived sizes filled in, placement.device the "
+          "device in use (\"auto\" resolved).")
+      .def_prop_ro(
+          "device", [](const Engine& e) { return e.config().placement.device; },
+          "The device the engine runs on (\"auto\" resolved).")
+      .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal,
+                   "The checkpoint's config.json as the engine read it; None for the scripted "
+                   "engine.")
       .def("check_invariants", &Engine::check_invariants,
            "Raise if an engine invariant is broken (pools, ledgers, queues).")
       .def_prop_ro("num_inflight_steps", &Engine::num_inflight_steps,

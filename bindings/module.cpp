@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "deepinfer/backend.h"
 #include "deepinfer/build_info.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
@@ -100,13 +101,18 @@ NB_MODULE(deepinfer_core, m) {
     }
   });
 
+  bind_engine_config(m);
   bind_engine(m);
   nb::module_ testing = m.def_submodule(
       "testing", "Test doubles of the engine (libdeepinfer_testing): the scripted engine.");
   bind_testing(testing);
 
   m.def("backend_available", &deepinfer::backend_available, "device"_a,
-        "Whether this build has the backend named `device` (\"cpu\", \"cuda\", \"cuda:N\").");
+        "Whether this build has the backend named `device` (\"auto\", \"cpu\", \"cuda\", "
+        "\"cuda:N\"; \"auto\" always is).");
+  m.def("resolve_device", &deepinfer::resolve_device, "device"_a,
+        "The device \"auto\" stands for here: \"cuda\" when this build has the CUDA backend and a "
+        "GPU is present, else \"cpu\"; any other name is returned as it is.");
   m.def("build_info", &build_info_dict,
         "Version, compiled backends, compiler and build type of this deepinfer_core build.");
 
@@ -147,6 +153,7 @@ NB_MODULE(deepinfer_core, m) {
       .def_rw("tokens", &deepinfer::SequenceChunk::tokens)
       .def_rw("block_table", &deepinfer::SequenceChunk::block_table);
 
+  const deepinfer::RunnerOptions kRunner;  // the keyword defaults below
   nb::class_<deepinfer::ModelRunner>(
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
@@ -162,8 +169,10 @@ NB_MODULE(deepinfer_core, m) {
              nb::gil_scoped_release release;
              return deepinfer::ModelRunner::load(path, options);
            }),
-           "path"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "max_backtrack"_a = 6,
-           "num_threads"_a = 0, "device"_a = "cpu", "decode_graph_max_batch"_a = -1,
+           "path"_a, "num_blocks"_a = kRunner.num_blocks,
+           "num_state_slots"_a = kRunner.num_state_slots, "max_backtrack"_a = kRunner.max_backtrack,
+           "num_threads"_a = kRunner.num_threads, "device"_a = kRunner.device,
+           "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
            "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
            "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
@@ -181,8 +190,10 @@ NB_MODULE(deepinfer_core, m) {
             nb::gil_scoped_release release;
             return deepinfer::ModelRunner::random(config_json, options, seed, bf16);
           },
-          "config_json"_a, "num_blocks"_a = 64, "num_state_slots"_a = 8, "num_threads"_a = 0,
-          "device"_a = "cpu", "seed"_a = 0, "bf16"_a = true, "decode_graph_max_batch"_a = -1,
+          "config_json"_a, "num_blocks"_a = kRunner.num_blocks,
+          "num_state_slots"_a = kRunner.num_state_slots, "num_threads"_a = kRunner.num_threads,
+          "device"_a = kRunner.device, "seed"_a = 0, "bf16"_a = true,
+          "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
           "The model described by a config.json with random weights (bf16 matrices by default), "
           "for benchmarks at real widths without a checkpoint.")
       .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)

@@ -18,6 +18,7 @@ using namespace nb::literals;
 
 void bind_testing(nb::module_& m) {
   using deepinfer::testing::ScriptedModel;
+  const ScriptedModel kDefaults;
   nb::class_<ScriptedModel>(m, "ScriptedModel",
                             "The model emulation of the scripted engine: the token sampled after "
                             "a context is a hash of that context.")
@@ -31,8 +32,9 @@ void bind_testing(nb::module_& m) {
             self->eos_token_ids = std::move(eos_token_ids);
             self->step_latency = std::chrono::microseconds(step_latency_us);
           },
-          "vocab_size"_a = 1000, "eos_probability"_a = 0.0, "eos_token_ids"_a = std::vector<int>{1},
-          "step_latency_us"_a = 0)
+          "vocab_size"_a = kDefaults.vocab_size, "eos_probability"_a = kDefaults.eos_probability,
+          "eos_token_ids"_a = kDefaults.eos_token_ids,
+          "step_latency_us"_a = kDefaults.step_latency.count())
       .def_ro("vocab_size", &ScriptedModel::vocab_size)
       .def_ro("eos_probability", &ScriptedModel::eos_probability)
       .def(
@@ -44,20 +46,18 @@ void bind_testing(nb::module_& m) {
 
   m.def(
       "scripted_engine",
-      [](const ScriptedModel& model, int num_kv_blocks, int num_snapshot_slots, int max_num_seqs,
-         int max_num_batched_tokens, int max_model_len, bool enable_prefix_cache,
-         bool enable_chunked_prefill, bool zero_overhead, const std::string& preemption,
-         double kv_admission_watermark, int prefill_steps_per_decode_step,
-         uint64_t seed) -> std::unique_ptr<deepinfer::Engine> {
-        const deepinfer::EngineConfig c = make_engine_config(
-            "", max_num_seqs, max_num_batched_tokens, max_model_len, num_kv_blocks,
-            num_snapshot_slots, enable_prefix_cache, enable_chunked_prefill, zero_overhead,
-            preemption, kv_admission_watermark, prefill_steps_per_decode_step, 0, seed);
-        return deepinfer::testing::make_scripted_engine(c, model);
+      [](const ScriptedModel& model, const deepinfer::EngineConfig& config) {
+        return deepinfer::testing::make_scripted_engine(config, model);
       },
-      "model"_a, "num_kv_blocks"_a = 256, "num_snapshot_slots"_a = 16, "max_num_seqs"_a = 16,
-      "max_num_batched_tokens"_a = 512, "max_model_len"_a = 4096, "enable_prefix_cache"_a = true,
-      "enable_chunked_prefill"_a = true, "zero_overhead"_a = true, "preemption"_a = "recompute",
-      "kv_admission_watermark"_a = 0.9, "prefill_steps_per_decode_step"_a = 1, "seed"_a = 0,
-      "An engine over the scripted (model-free) executor, for tests.");
+      "model"_a, "config"_a,
+      "An engine over the scripted (model-free) executor, for tests (config.model_path and "
+      "config.placement are ignored).");
+  m.def(
+      "scripted_engine",
+      [](const ScriptedModel& model, const nb::kwargs& options) {
+        return deepinfer::testing::make_scripted_engine(engine_config_from(options), model);
+      },
+      "model"_a, "options"_a,
+      "The same with EngineConfig options given by flat name: scripted_engine(model, "
+      "max_num_seqs=8).");
 }

@@ -13,6 +13,16 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
   return std::make_unique<cuda::CudaBackend>(device_index);
 }
 
+// GPUs the CUDA runtime sees; 0 without a GPU or driver (for device "auto").
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it, so a later call does not report it
+    return 0;
+  }
+  return count;
+}
+
 namespace cuda {
 
 void throw_cuda_error(cudaError_t err, const std::string& what, const char* file, int line) {

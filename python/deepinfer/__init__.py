@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import deepinfer_core as _core
 
-from deepinfer.config import EngineOptions, RunConfig, SamplingParams, load_config
+from deepinfer.config import RunConfig, SamplingParams, load_config
 from deepinfer.llm import LLM, CompletionOutput
 
 __version__: str = _core.build_info()["version"]
@@ -19,10 +19,13 @@ def build_info() -> dict:
     return _core.build_info()
 
 
+# The engine options (defaults from C++); a RunConfig's `engine`.
+EngineConfig = _core.EngineConfig
+
 __all__ = [
     "LLM",
     "CompletionOutput",
-    "EngineOptions",
+    "EngineConfig",
     "RunConfig",
     "SamplingParams",
     "__version__",

@@ -3,53 +3,37 @@
 Example (configs/tiny.yaml)::
 
     model: tiny                 # the embedded tiny default, or a checkpoint directory
-    engine:
+    engine:                     # deepinfer_core.EngineConfig options by flat name
       max_num_seqs: 16
+      device: cpu               # default "auto": the GPU if this build has CUDA and one is present
     sampling:
       temperature: 0.0
       max_tokens: 32
     prompts:
       - "Hello"
 
-Unknown keys and wrong types are errors that name the file and the key.
+The engine options and their defaults are those of the C++ EngineConfig
+(cpp/include/deepinfer/engine_config.h); `engine:` sets them by their flat names (or, equally, by
+part: `engine: {scheduler: {max_num_seqs: 16}}`). Unknown keys and wrong types are errors that name
+the file and the key.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import deepinfer_core
 import yaml
 
 
 class ConfigError(ValueError):
     """A run configuration is malformed; the message names the file and the key."""
-
-
-@dataclass
-class EngineOptions:
-    """Mirror of deepinfer_core.Engine's keyword arguments (see cpp/include/deepinfer/engine.h)."""
-
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 0
-    num_kv_blocks: int = 0
-    num_prefix_snapshots: int = 0
-    enable_prefix_cache: bool = True
-    enable_chunked_prefill: bool = True
-    zero_overhead: bool = True
-    preemption: str = "recompute"
-    kv_admission_watermark: float = 0.9
-    prefill_steps_per_decode_step: int = 1
-    num_threads: int = 0
-    seed: int = 0
-    device: str = "cpu"
-    # Largest decode batch replayed as a CUDA graph: -1 = backend default (256 on CUDA, off on
-    # the CPU), 0 = off (eager, e.g. for debugging).
-    decode_graph_max_batch: int = -1
 
 
 @dataclass
@@ -68,15 +52,14 @@ class SamplingParams:
     forced_tokens: list[int] = field(default_factory=list)
 
     def to_core(self) -> Any:
-        import deepinfer_core
-
         return deepinfer_core.SamplingParams(**dataclasses.asdict(self))
 
 
 @dataclass
 class RunConfig:
     model: str = "tiny"
-    engine: EngineOptions = field(default_factory=EngineOptions)
+    # model_path is left empty here: `model` names the checkpoint (see engine_config()).
+    engine: deepinfer_core.EngineConfig = field(default_factory=deepinfer_core.EngineConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompts: list[str] = field(default_factory=list)
     # Model names the HTTP server answers to (all served by this model).
@@ -95,6 +78,22 @@ class RunConfig:
             if candidate.exists():
                 path = candidate
         return path
+
+    def engine_config(self, **overrides: Any) -> deepinfer_core.EngineConfig:
+        """The engine options with `overrides` (flat names) applied and the model's checkpoint.
+
+        Raises TypeError naming an unknown option (listing the known ones) or an ill-typed value.
+        """
+        config = copy.copy(self.engine)
+        _check_no_model_path(overrides, "engine option 'model_path'")
+        config.update(**overrides)
+        config.model_path = str(self.model_path())
+        return config
+
+
+def _check_no_model_path(options: dict, what: str) -> None:
+    if "model_path" in options:
+        raise TypeError(f"{what}: the checkpoint is the run config's 'model'")
 
 
 def _check_type(source: str, key: str, value: Any, want: type) -> Any:
@@ -139,6 +138,19 @@ def _fill(cls: type, data: Any, source: str, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _engine_config(data: Any, source: str) -> deepinfer_core.EngineConfig:
+    """The `engine:` section over the C++ defaults; the C++ binding checks names and types."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: 'engine' must be a mapping, got {data!r}")
+    try:
+        _check_no_model_path(data, "'engine.model_path'")
+        return deepinfer_core.EngineConfig(**data)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
 def load_config(path: str | os.PathLike) -> RunConfig:
     """Reads a YAML run configuration."""
     source = str(path)
@@ -170,8 +182,35 @@ def load_config(path: str | os.PathLike) -> RunConfig:
     return RunConfig(
         served_model_names=names,
         model=model,
-        engine=_fill(EngineOptions, data.get("engine"), source, "engine"),
+        engine=_engine_config(data.get("engine"), source),
         sampling=_fill(SamplingParams, data.get("sampling"), source, "sampling"),
         prompts=prompts,
         source=source,
     )
+
+
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model and --device, for the command lines that take a run config."""
+    parser.add_argument(
+        "--model",
+        help='"tiny" or a checkpoint directory (overrides the config\'s model; a relative path is '
+        "taken from the working directory)",
+    )
+    parser.add_argument(
+        "--device",
+        help='"auto", "cpu", "cuda" or "cuda:N" (overrides the config\'s engine.device; '
+        '"auto", the default, picks the GPU when this build has the CUDA backend and a GPU is '
+        "present, else the CPU)",
+    )
+
+
+def apply_override_arguments(config: RunConfig, args: argparse.Namespace) -> RunConfig:
+    """The config with the command line's --model and --device (add_override_arguments)."""
+    config = dataclasses.replace(config, engine=copy.copy(config.engine))
+    if args.model is not None:
+        config.model = (
+            args.model if args.model == "tiny" else str(Path(args.model).expanduser().absolute())
+        )
+    if args.device is not None:
+        config.engine.placement.device = args.device
+    return config

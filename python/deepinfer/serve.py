@@ -1,6 +1,7 @@
 """The HTTP server.
 
-    python -m deepinfer.serve --config configs/tiny.yaml [--host 127.0.0.1] [--port 8000]
+    python -m deepinfer.serve --config configs/tiny.yaml [--model DIR] [--device DEVICE]
+                              [--host 127.0.0.1] [--port 8000]
 
 Serves OpenAI Chat Completions (POST /v1/chat/completions), OpenAI Responses (POST /v1/responses),
 Anthropic Messages (POST /v1/messages), GET /v1/models, GET /health and GET /metrics (Prometheus).
@@ -9,9 +10,15 @@ Anthropic Messages (POST /v1/messages), GET /v1/models, GET /health and GET /met
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
+
+from deepinfer.config import (
+    ConfigError,
+    add_override_arguments,
+    apply_override_arguments,
+    load_config,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="YAML run config (model, engine options, served_model_names)",
     )
+    add_override_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     parser.add_argument(
@@ -47,23 +55,22 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from deepinfer.config import ConfigError, load_config
     from deepinfer.server import ServerConfig, create_app
 
     try:
-        run = load_config(args.config)
+        run = apply_override_arguments(load_config(args.config), args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    config = ServerConfig(
-        model_path=run.model_path(),
-        engine_options=dataclasses.asdict(run.engine),
-        served_model_names=args.names or run.served_model_names,
-        test_hooks=args.test_hooks,
-    )
     try:
+        config = ServerConfig(
+            model_path=run.model_path(),
+            engine=run.engine,
+            served_model_names=args.names or run.served_model_names,
+            test_hooks=args.test_hooks,
+        )
         app = create_app(config)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

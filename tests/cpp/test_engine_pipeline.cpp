@@ -24,12 +24,12 @@ struct Outputs {
 
 EngineConfig small_config(bool zero_overhead, int num_kv_blocks = 64) {
   EngineConfig c;
-  c.max_num_seqs = 6;
-  c.max_num_batched_tokens = 192;
-  c.max_model_len = 2048;
-  c.num_kv_blocks = num_kv_blocks;
-  c.num_prefix_snapshots = 4;
-  c.zero_overhead = zero_overhead;
+  c.scheduler.max_num_seqs = 6;
+  c.scheduler.max_num_batched_tokens = 192;
+  c.scheduler.max_model_len = 2048;
+  c.cache.num_kv_blocks = num_kv_blocks;
+  c.cache.num_prefix_snapshots = 4;
+  c.scheduler.zero_overhead = zero_overhead;
   return c;
 }
 

@@ -32,7 +32,7 @@ class Harness {
   explicit Harness(const Options& o)
       : kv_(KvLayout{o.num_blocks, /*num_live_slots=*/o.max_num_seqs + 3, o.num_snapshot_slots,
                      kv::kBlockSize, o.num_snapshot_slots > 0}),
-        scheduler_(config(o), kv_) {}
+        scheduler_(config(o), {kEos}, kv_) {}
 
   RequestId add(std::vector<int32_t> prompt, int max_tokens = 8) {
     auto s = std::make_unique<Sequence>();
@@ -81,7 +81,6 @@ class Harness {
     c.max_num_batched_tokens = o.max_num_batched_tokens;
     c.max_model_len = o.max_model_len;
     c.preemption = o.preemption;
-    c.eos_token_ids = {kEos};
     return c;
   }
   KvAllocator kv_;

@@ -9,6 +9,13 @@ from dataclasses import dataclass, field
 import deepinfer_core as dc
 
 
+def cpu_engine(checkpoint, **options) -> dc.Engine:
+    """An engine on the CPU backend, whose rows are computed independently and in a fixed order,
+    so outputs compare bitwise across batchings, schedules and cache hits, whatever device "auto"
+    would pick on this machine."""
+    return dc.Engine(str(checkpoint), device="cpu", **options)
+
+
 @dataclass
 class Trace:
     outputs: dict[int, list] = field(default_factory=lambda: defaultdict(list))

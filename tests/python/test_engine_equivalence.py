@@ -11,7 +11,7 @@ import random
 
 import deepinfer_core as dc
 import pytest
-from engine_helpers import run_all
+from engine_helpers import cpu_engine, run_all
 
 GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=24)
 
@@ -25,32 +25,29 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def batched(tiny_checkpoint, prompts) -> list[list[int]]:
-    engine = dc.Engine(str(tiny_checkpoint), max_num_seqs=16)
-    return run_all(engine, prompts, GREEDY)[0]
-
-
-def engine(tiny_checkpoint, **kw):
-    return dc.Engine(str(tiny_checkpoint), **kw)
+    return run_all(cpu_engine(tiny_checkpoint, max_num_seqs=16), prompts, GREEDY)[0]
 
 
 def test_equivalence_alone_vs_batch_of_16(tiny_checkpoint, prompts, batched) -> None:
     assert len({tuple(t) for t in batched}) == len(batched), "prompts should give distinct outputs"
     for i in (0, 5, 11):
-        alone = run_all(engine(tiny_checkpoint), [prompts[i]], GREEDY)[0][0]
+        alone = run_all(cpu_engine(tiny_checkpoint), [prompts[i]], GREEDY)[0][0]
         assert alone == batched[i], f"prompt {i} alone differs from the batch"
 
 
 def test_equivalence_zero_overhead_on_off(tiny_checkpoint, prompts, batched) -> None:
-    off = run_all(engine(tiny_checkpoint, max_num_seqs=16, zero_overhead=False), prompts, GREEDY)[0]
+    off = run_all(
+        cpu_engine(tiny_checkpoint, max_num_seqs=16, zero_overhead=False), prompts, GREEDY
+    )[0]
     assert off == batched
 
 
 def test_equivalence_chunked_vs_unchunked_prefill(tiny_checkpoint, prompts, batched) -> None:
     chunked = run_all(
-        engine(tiny_checkpoint, max_num_seqs=16, max_num_batched_tokens=48), prompts, GREEDY
+        cpu_engine(tiny_checkpoint, max_num_seqs=16, max_num_batched_tokens=48), prompts, GREEDY
     )[0]
     whole = run_all(
-        engine(
+        cpu_engine(
             tiny_checkpoint,
             max_num_seqs=16,
             max_num_batched_tokens=4096,
@@ -65,8 +62,8 @@ def test_equivalence_chunked_vs_unchunked_prefill(tiny_checkpoint, prompts, batc
 def test_equivalence_prefix_hit_vs_cold(tiny_checkpoint, prompts) -> None:
     shared = prompts[13][:600]
     variants = [shared + [11, 12, 13], shared + [21, 22], shared[:300] + [5]]
-    cold = [run_all(engine(tiny_checkpoint), [p], GREEDY)[0][0] for p in variants]
-    warm_engine = engine(tiny_checkpoint)
+    cold = [run_all(cpu_engine(tiny_checkpoint), [p], GREEDY)[0][0] for p in variants]
+    warm_engine = cpu_engine(tiny_checkpoint)
     run_all(warm_engine, [shared + [99]], GREEDY)
     warm, trace = run_all(warm_engine, variants, GREEDY)
     hits = [trace.ready(rid).prompt_cache_hit_tokens for rid in sorted(trace.outputs)]
@@ -78,8 +75,8 @@ def test_equivalence_with_and_without_preemption_recompute(tiny_checkpoint) -> N
     rng = random.Random(5)
     prompts = [[rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(8)]
     params = dc.SamplingParams(temperature=0.0, max_tokens=30)
-    roomy = run_all(engine(tiny_checkpoint), prompts, params)[0]
-    tight_engine = engine(tiny_checkpoint, num_kv_blocks=7)
+    roomy = run_all(cpu_engine(tiny_checkpoint), prompts, params)[0]
+    tight_engine = cpu_engine(tiny_checkpoint, num_kv_blocks=7)
     tight = run_all(tight_engine, prompts, params)[0]
     assert tight_engine.stats()["num_preemptions"] > 0
     assert tight == roomy
@@ -87,13 +84,13 @@ def test_equivalence_with_and_without_preemption_recompute(tiny_checkpoint) -> N
 
 def test_equivalence_seeded_sampling_across_batch_compositions(tiny_checkpoint, prompts) -> None:
     params = dc.SamplingParams(temperature=0.9, top_k=50, top_p=0.9, max_tokens=24, seed=1234)
-    together = run_all(engine(tiny_checkpoint, max_num_seqs=16), prompts, params)[0]
+    together = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=16), prompts, params)[0]
     subset = [prompts[i] for i in (9, 2, 14)]
     apart = run_all(
-        engine(tiny_checkpoint, max_num_seqs=2, max_num_batched_tokens=64), subset, params
+        cpu_engine(tiny_checkpoint, max_num_seqs=2, max_num_batched_tokens=64), subset, params
     )[0]
     assert apart == [together[i] for i in (9, 2, 14)]
-    greedy = run_all(engine(tiny_checkpoint), [prompts[9]], GREEDY)[0][0]
+    greedy = run_all(cpu_engine(tiny_checkpoint), [prompts[9]], GREEDY)[0][0]
     assert together[9] != greedy, "temperature 0.9 should not reproduce the greedy tokens"
 
 
@@ -101,7 +98,7 @@ def test_equivalence_seeded_sampling_across_batch_compositions(tiny_checkpoint, 
 def test_equivalence_decode_graphs_on_off(tiny_checkpoint, prompts, batched, zero_overhead) -> None:
     # 16 prompts with a graph limit of 6: decode batches of up to 6 replay recorded graphs (with
     # tokens carried on the device under zero-overhead scheduling), larger ones run eagerly.
-    graph_engine = engine(
+    graph_engine = cpu_engine(
         tiny_checkpoint, max_num_seqs=16, zero_overhead=zero_overhead, decode_graph_max_batch=6
     )
     graphs = run_all(graph_engine, prompts, GREEDY)[0]
@@ -110,8 +107,8 @@ def test_equivalence_decode_graphs_on_off(tiny_checkpoint, prompts, batched, zer
     assert graphs == batched
     seeded = dc.SamplingParams(temperature=0.9, top_k=50, max_tokens=24, seed=77)
     subset = prompts[:6]
-    eager_engine = engine(tiny_checkpoint, decode_graph_max_batch=0)
+    eager_engine = cpu_engine(tiny_checkpoint, decode_graph_max_batch=0)
     eager = run_all(eager_engine, subset, seeded)[0]
     assert eager_engine.stats()["num_graph_steps"] == 0
-    replayed = run_all(engine(tiny_checkpoint, decode_graph_max_batch=8), subset, seeded)[0]
+    replayed = run_all(cpu_engine(tiny_checkpoint, decode_graph_max_batch=8), subset, seeded)[0]
     assert replayed == eager

@@ -25,7 +25,7 @@ class ScriptedEngine:
     def __init__(self, eos_probability: float = 0.0, **kw):
         options = dict(
             num_kv_blocks=32,
-            num_snapshot_slots=8,
+            num_prefix_snapshots=8,
             max_num_seqs=8,
             max_num_batched_tokens=256,
             max_model_len=2048,

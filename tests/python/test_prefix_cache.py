@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import deepinfer_core as dc
-from engine_helpers import run_all
+from engine_helpers import cpu_engine, run_all
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -16,7 +16,7 @@ def prompt(n: int, seed: int) -> list[int]:
 
 
 def test_prefix_resend_1000_token_prompt(tiny_checkpoint) -> None:
-    engine = dc.Engine(str(tiny_checkpoint))
+    engine = cpu_engine(tiny_checkpoint)
     p = prompt(1000, 1)
     params = dc.SamplingParams(temperature=0.0, max_tokens=8)
     first, t1 = run_all(engine, [p], params)
@@ -29,7 +29,7 @@ def test_prefix_resend_1000_token_prompt(tiny_checkpoint) -> None:
 
 
 def test_prefix_differs_at_token_0_reports_no_hit(tiny_checkpoint) -> None:
-    engine = dc.Engine(str(tiny_checkpoint))
+    engine = cpu_engine(tiny_checkpoint)
     p = prompt(1000, 2)
     params = dc.SamplingParams(temperature=0.0, max_tokens=4)
     run_all(engine, [p], params)
@@ -41,9 +41,9 @@ def test_prefix_differs_at_token_0_reports_no_hit(tiny_checkpoint) -> None:
 def test_prefix_hit_gives_the_same_logits_as_a_cold_run(tiny_checkpoint) -> None:
     p = prompt(700, 3)
     params = dc.SamplingParams(temperature=0.0, max_tokens=6, logprobs=20)
-    cold_engine = dc.Engine(str(tiny_checkpoint), enable_prefix_cache=False)
+    cold_engine = cpu_engine(tiny_checkpoint, enable_prefix_cache=False)
     _, cold = run_all(cold_engine, [p], params)
-    warm_engine = dc.Engine(str(tiny_checkpoint))
+    warm_engine = cpu_engine(tiny_checkpoint)
     run_all(warm_engine, [p[:650] + [17]], params)  # caches 5 blocks and the snapshot at 640
     _, warm = run_all(warm_engine, [p], params)
     (cold_id,), (warm_id,) = list(cold.outputs), list(warm.outputs)
@@ -55,7 +55,7 @@ def test_prefix_hit_gives_the_same_logits_as_a_cold_run(tiny_checkpoint) -> None
 
 
 def test_prefix_partial_block_is_never_shared(tiny_checkpoint) -> None:
-    engine = dc.Engine(str(tiny_checkpoint))
+    engine = cpu_engine(tiny_checkpoint)
     p = prompt(200, 4)
     params = dc.SamplingParams(temperature=0.0, max_tokens=2)
     run_all(engine, [p], params)

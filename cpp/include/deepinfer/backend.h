@@ -369,10 +369,14 @@ class HostSyncForbidden {
 
 // The CPU reference backend. `num_threads` = 0 picks the hardware concurrency.
 std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
-// A backend by name: "cpu", or "cuda" / "cuda:N" when this build has the CUDA backend. Throws
-// Error(kInvalidArgument) for an unknown name, Error(kUnsupported) for a backend not compiled in.
+// The device "auto" stands for: "cuda" when this build has the CUDA backend and a GPU is present,
+// else "cpu". Any other name is returned as it is.
+std::string resolve_device(const std::string& device);
+// A backend by name: "auto" (see resolve_device), "cpu", or "cuda" / "cuda:N" when this build has
+// the CUDA backend. Throws Error(kInvalidArgument) for an unknown name, Error(kUnsupported) for a
+// backend not compiled in.
 std::unique_ptr<Backend> make_backend(const std::string& device, int num_threads = 0);
-// True when `device` names a backend this build has.
+// True when `device` names a backend this build has ("auto" always: it falls back to the CPU).
 bool backend_available(const std::string& device);
 
 }  // namespace deepinfer

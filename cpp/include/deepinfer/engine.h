@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "deepinfer/config.h"
+#include "deepinfer/engine_config.h"
 
 namespace deepinfer {
 
@@ -66,33 +67,6 @@ struct RequestOutput {
   std::string finish_detail;  // why, for kRejected / kPreempted
 };
 
-enum class PreemptionMode {
-  kRecompute,  // release the sequence's KV and recompute it later (outputs unchanged)
-  kStop,       // finish it with FinishReason::kPreempted
-};
-
-struct EngineConfig {
-  std::string model_path;             // checkpoint directory (config.json + safetensors)
-  int max_num_seqs = 32;              // sequences holding KV at once (running + prefilling)
-  int max_num_batched_tokens = 2048;  // tokens per prefill step
-  int max_model_len = 0;              // 0: min(max_position_embeddings, 8192)
-  int num_kv_blocks = 0;         // 0: enough for max_num_seqs full-length sequences (+ block 0)
-  int num_prefix_snapshots = 0;  // 0: max_num_seqs; state snapshots kept for prefix-cache hits
-  bool enable_prefix_cache = true;
-  bool enable_chunked_prefill = true;
-  bool zero_overhead = true;  // schedule step N+1 while step N runs
-  PreemptionMode preemption = PreemptionMode::kRecompute;
-  double kv_admission_watermark = 0.9;  // admit a new prompt only while KV usage <= this
-  // When both prefill and decode work exist: this many prefill steps, then one decode step.
-  int prefill_steps_per_decode_step = 1;
-  int num_threads = 0;         // CPU backend threads (0 = hardware concurrency)
-  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
-  uint64_t seed = 0;           // engine seed for requests without their own
-  // Largest decode batch replayed as a recorded graph (CUDA graphs): -1 = the backend's default
-  // (256 on CUDA, off on the CPU), 0 = off.
-  int decode_graph_max_batch = -1;
-};
-
 struct EngineStats {
   int num_running = 0;
   int num_waiting = 0;
@@ -111,8 +85,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Loads the checkpoint at config.model_path on config.device. Throws deepinfer::Error naming
-  // the bad config field or checkpoint problem.
+  // Loads the checkpoint at config.model_path on config.placement.device. Throws deepinfer::Error
+  // naming the bad config field (by its flat name, e.g. 'max_num_seqs') or checkpoint problem.
   static std::unique_ptr<Engine> create(const EngineConfig& config);
   virtual ~Engine() = default;
 
@@ -131,7 +105,8 @@ class Engine {
   std::vector<RequestOutput> run_until_idle();
 
   virtual EngineStats stats() const = 0;
-  virtual const EngineConfig& config() const = 0;  // resolved: every derived size filled in
+  // Resolved: every derived size filled in, placement.device the device in use ("auto" resolved).
+  virtual const EngineConfig& config() const = 0;
   virtual int vocab_size() const = 0;
   virtual const std::vector<int>& eos_token_ids() const = 0;
   // The checkpoint's config.json as read at create(); null for engines without a checkpoint

@@ -18,11 +18,13 @@
 namespace deepinfer {
 
 struct RunnerOptions {
-  int num_blocks = 64;         // paged KV blocks of kBlockSize tokens
-  int num_state_slots = 8;     // sequences that can hold state at once
-  int max_backtrack = 6;       // ring slack for speculative rollback
-  int num_threads = 0;         // CPU backend worker threads (0 = hardware concurrency)
-  std::string device = "cpu";  // "cpu", "cuda" or "cuda:N"
+  int num_blocks = 64;      // paged KV blocks of kBlockSize tokens
+  int num_state_slots = 8;  // sequences that can hold state at once
+  int max_backtrack = 6;    // ring slack for speculative rollback
+  int num_threads = 0;      // CPU backend worker threads (0 = hardware concurrency)
+  // "auto" (the GPU when this build has the CUDA backend and one is present, else the CPU),
+  // "cpu", "cuda" or "cuda:N".
+  std::string device = "auto";
   // Largest decode batch (one token per sequence) replayed as a recorded graph: -1 picks the
   // backend's default (256 on CUDA, off on the CPU), 0 is off (every call runs eagerly).
   int decode_graph_max_batch = -1;
@@ -59,7 +61,7 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;
-  virtual const RunnerOptions& options() const = 0;
+  virtual const RunnerOptions& options() const = 0;  // device: the one in use ("auto" resolved)
   virtual Backend& backend() = 0;
   // Logits (host, f32): [total tokens, vocab] for kAll, [num sequences, vocab] for kLast.
   // Throws Error(kInvalidArgument) naming the sequence and field for a malformed batch.

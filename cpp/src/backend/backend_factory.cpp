@@ -8,6 +8,7 @@ namespace deepinfer {
 
 #if DEEPINFER_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int device_index);  // cuda/cuda_backend.cu
+int cuda_device_count();                                       // cuda/cuda_backend.cu
 #endif
 
 namespace {
@@ -26,8 +27,16 @@ int cuda_index(const std::string& device) {
 
 }  // namespace
 
+std::string resolve_device(const std::string& device) {
+  if (device != "auto") return device;
+#if DEEPINFER_WITH_CUDA
+  if (cuda_device_count() > 0) return "cuda";
+#endif
+  return "cpu";
+}
+
 bool backend_available(const std::string& device) {
-  if (device == "cpu") return true;
+  if (device == "cpu" || device == "auto") return true;
 #if DEEPINFER_WITH_CUDA
   return cuda_index(device) >= 0;
 #else
@@ -35,12 +44,13 @@ bool backend_available(const std::string& device) {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int num_threads) {
+std::unique_ptr<Backend> make_backend(const std::string& name, int num_threads) {
+  const std::string device = resolve_device(name);
   if (device == "cpu") return make_cpu_backend(num_threads);
   const int index = cuda_index(device);
   if (index < 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                "device must be \"cpu\", \"cuda\" or \"cuda:N\", got \"" + device + "\"");
+                "device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got \"" + device + "\"");
   }
 #if DEEPINFER_WITH_CUDA
   return make_cuda_backend(index);

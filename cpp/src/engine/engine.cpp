@@ -53,12 +53,11 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
   o.model_config = model;
-  o.num_kv_blocks = resolved.num_kv_blocks;
+  o.placement = resolved.placement;
+  o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.num_state_slots = engine::live_state_slots(resolved);
-  o.num_snapshot_slots = resolved.enable_prefix_cache ? resolved.num_prefix_snapshots : 0;
-  o.num_threads = resolved.num_threads;
-  o.device = resolved.device;
-  o.decode_graph_max_batch = resolved.decode_graph_max_batch;
+  o.num_snapshot_slots =
+      resolved.cache.enable_prefix_cache ? resolved.cache.num_prefix_snapshots : 0;
   return std::make_unique<engine::EngineImpl>(resolved, std::make_unique<engine::ModelExecutor>(o));
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer::engine {
@@ -17,45 +18,48 @@ namespace {
 
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position) {
   EngineConfig c = config;
-  if (c.max_num_seqs < 1)
-    bad_config("max_num_seqs", "must be >= 1, got " + std::to_string(c.max_num_seqs));
-  if (c.max_num_batched_tokens < 1) {
+  SchedulerConfig& s = c.scheduler;
+  CacheConfig& cache = c.cache;
+  if (s.max_num_seqs < 1)
+    bad_config("max_num_seqs", "must be >= 1, got " + std::to_string(s.max_num_seqs));
+  if (s.max_num_batched_tokens < 1) {
     bad_config("max_num_batched_tokens",
-               "must be >= 1, got " + std::to_string(c.max_num_batched_tokens));
+               "must be >= 1, got " + std::to_string(s.max_num_batched_tokens));
   }
-  if (c.max_model_len == 0) c.max_model_len = std::min(max_position, 8192);
-  if (c.max_model_len < 2 || c.max_model_len > max_position) {
+  if (s.max_model_len == 0) s.max_model_len = std::min(max_position, 8192);
+  if (s.max_model_len < 2 || s.max_model_len > max_position) {
     bad_config("max_model_len", "must be in [2, " + std::to_string(max_position) +
                                     "] (the model's "
                                     "max_position_embeddings), got " +
-                                    std::to_string(c.max_model_len));
+                                    std::to_string(s.max_model_len));
   }
-  const int blocks_per_seq = (c.max_model_len + 127) / 128;
-  if (c.num_kv_blocks == 0) c.num_kv_blocks = 1 + c.max_num_seqs * blocks_per_seq;
-  if (c.num_kv_blocks < 2)
-    bad_config("num_kv_blocks", "must be >= 2, got " + std::to_string(c.num_kv_blocks));
-  if (c.num_prefix_snapshots == 0) c.num_prefix_snapshots = c.max_num_seqs;
-  if (c.num_prefix_snapshots < 0) {
+  const int blocks_per_seq = (s.max_model_len + 127) / 128;
+  if (cache.num_kv_blocks == 0) cache.num_kv_blocks = 1 + s.max_num_seqs * blocks_per_seq;
+  if (cache.num_kv_blocks < 2)
+    bad_config("num_kv_blocks", "must be >= 2, got " + std::to_string(cache.num_kv_blocks));
+  if (cache.num_prefix_snapshots == 0) cache.num_prefix_snapshots = s.max_num_seqs;
+  if (cache.num_prefix_snapshots < 0) {
     bad_config("num_prefix_snapshots",
-               "must be >= 0, got " + std::to_string(c.num_prefix_snapshots));
+               "must be >= 0, got " + std::to_string(cache.num_prefix_snapshots));
   }
-  if (!(c.kv_admission_watermark > 0.0 && c.kv_admission_watermark <= 1.0)) {
+  if (!(s.kv_admission_watermark > 0.0 && s.kv_admission_watermark <= 1.0)) {
     bad_config("kv_admission_watermark",
-               "must be in (0, 1], got " + std::to_string(c.kv_admission_watermark));
+               "must be in (0, 1], got " + std::to_string(s.kv_admission_watermark));
   }
-  if (c.prefill_steps_per_decode_step < 1) {
+  if (s.prefill_steps_per_decode_step < 1) {
     bad_config("prefill_steps_per_decode_step",
-               "must be >= 1, got " + std::to_string(c.prefill_steps_per_decode_step));
+               "must be >= 1, got " + std::to_string(s.prefill_steps_per_decode_step));
   }
-  if (c.num_threads < 0)
-    bad_config("num_threads", "must be >= 0, got " + std::to_string(c.num_threads));
+  if (c.placement.num_threads < 0)
+    bad_config("num_threads", "must be >= 0, got " + std::to_string(c.placement.num_threads));
+  c.placement.device = resolve_device(c.placement.device);
   return c;
 }
 
 // Live state slots: every sequence holding KV (max_num_seqs) plus finished ones whose last step is
 // still in flight, plus the reserved slot 0.
 int live_state_slots(const EngineConfig& c) {
-  return 1 + c.max_num_seqs + std::max(2, c.max_num_seqs / 4);
+  return 1 + c.scheduler.max_num_seqs + std::max(2, c.scheduler.max_num_seqs / 4);
 }
 
 }  // namespace deepinfer::engine

@@ -1,13 +1,15 @@
-// EngineConfig resolution: the "derive it" defaults filled in for a model, and the sizes of the
-// state-slot pools an engine of that config needs.
+// EngineConfig resolution: the "derive it" defaults filled in for a model, the device "auto"
+// resolved, and the sizes of the state-slot pools an engine of that config needs.
 #pragma once
 
-#include "deepinfer/engine.h"
+#include "deepinfer/engine_config.h"
 
 namespace deepinfer::engine {
 
 // The EngineConfig with every 0 ("derive it") field resolved for a model of `max_position`
-// positions; validates the rest. Throws Error(kInvalidArgument) naming the field.
+// positions and placement.device "auto" resolved to a device; validates the rest. Throws
+// Error(kInvalidArgument) naming the field by its flat name ('max_num_seqs'), the name the
+// Python API and run configs use.
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position);
 // State slots an engine with `config` needs (including the reserved slot 0): every sequence
 // holding KV plus headroom.

@@ -14,22 +14,9 @@ sched::KvLayout kv_layout(const EngineConfig& c, const StepExecutor& ex) {
   sched::KvLayout l;
   l.num_blocks = ex.num_kv_blocks();
   l.num_live_slots = ex.num_state_slots();
-  l.num_snapshot_slots = c.enable_prefix_cache ? ex.num_snapshot_slots() : 0;
-  l.prefix_cache = c.enable_prefix_cache;
+  l.num_snapshot_slots = c.cache.enable_prefix_cache ? ex.num_snapshot_slots() : 0;
+  l.prefix_cache = c.cache.enable_prefix_cache;
   return l;
-}
-
-sched::SchedulerConfig scheduler_config(const EngineConfig& c, const StepExecutor& ex) {
-  sched::SchedulerConfig s;
-  s.max_num_seqs = c.max_num_seqs;
-  s.max_num_batched_tokens = c.max_num_batched_tokens;
-  s.max_model_len = c.max_model_len;
-  s.chunked_prefill = c.enable_chunked_prefill;
-  s.preemption = c.preemption;
-  s.kv_admission_watermark = c.kv_admission_watermark;
-  s.prefill_steps_per_decode_step = c.prefill_steps_per_decode_step;
-  s.eos_token_ids = ex.eos_token_ids();
-  return s;
 }
 
 }  // namespace
@@ -38,7 +25,7 @@ EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor>
     : config_(resolve_engine_config(config, executor->max_position())),
       executor_(std::move(executor)),
       kv_(kv_layout(config_, *executor_)),
-      scheduler_(scheduler_config(config_, *executor_), kv_) {}
+      scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_) {}
 
 EngineImpl::~EngineImpl() {
   // Wait for launched work so the executor never runs a step whose owner is gone.
@@ -156,7 +143,7 @@ std::vector<RequestOutput> EngineImpl::step() {
   }
   // Zero-overhead: leave the step just launched running; commit the one before it.
   const size_t keep =
-      config_.zero_overhead && outcome == sched::Scheduler::Outcome::kScheduled ? 1 : 0;
+      config_.scheduler.zero_overhead && outcome == sched::Scheduler::Outcome::kScheduled ? 1 : 0;
   while (inflight_.size() > keep) commit_oldest(out);
   count_finishes(out, 0);
   // Nothing left to run: commit the step still in flight too (it only carries finished

@@ -52,8 +52,8 @@ size_t table_width(RowSpan rows, const ModelInstance& m) {
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
     : options_(options),
       model_(ModelInstance::load(options.checkpoint_dir, options.model_config, cache_shape(options),
-                                 options.device, options.num_threads,
-                                 options.decode_graph_max_batch)) {}
+                                 options.placement.device, options.placement.num_threads,
+                                 options.placement.decode_graph_max_batch)) {}
 
 int ModelExecutor::max_position() const {
   return static_cast<int>(std::min<int64_t>(model_->config.max_position_embeddings,

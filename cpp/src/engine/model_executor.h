@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "deepinfer/engine_config.h"
 #include "engine/step_executor.h"
 #include "model/model_instance.h"
 
@@ -23,9 +24,7 @@ struct ModelExecutorOptions {
   int num_state_slots = 0;   // live slots including slot 0
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
-  int num_threads = 0;
-  std::string device = "cpu";
-  int decode_graph_max_batch = -1;  // see RunnerOptions::decode_graph_max_batch
+  PlacementConfig placement;  // the engine's, resolved
 };
 
 class ModelExecutor final : public StepExecutor {

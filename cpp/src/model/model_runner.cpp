@@ -13,7 +13,9 @@ namespace {
 class CheckpointModelRunner final : public ModelRunner {
  public:
   CheckpointModelRunner(std::unique_ptr<ModelInstance> instance, const RunnerOptions& options)
-      : instance_(std::move(instance)), options_(options) {}
+      : instance_(std::move(instance)), options_(options) {
+    options_.device = resolve_device(options.device);  // options() names the device in use
+  }
 
   const ModelConfig& config() const override { return instance_->config; }
   const RunnerOptions& options() const override { return options_; }

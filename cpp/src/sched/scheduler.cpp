@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <span>
+#include <utility>
 
 #include "deepinfer/error.h"
 
@@ -20,8 +21,11 @@ RequestOutput make_output(const Sequence& s) {
 
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerConfig& config, KvAllocator& kv)
-    : config_(config), kv_(kv), interleave_(config.prefill_steps_per_decode_step) {}
+Scheduler::Scheduler(const SchedulerConfig& config, std::vector<int> eos_token_ids, KvAllocator& kv)
+    : config_(config),
+      eos_token_ids_(std::move(eos_token_ids)),
+      kv_(kv),
+      interleave_(config.prefill_steps_per_decode_step) {}
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
   DEEPINFER_CHECK(seq && seq->state == SeqState::kWaiting && !seq->holds_resources(),
@@ -225,7 +229,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
                out);
         continue;
       }
-      if (!config_.chunked_prefill && s.num_output_tokens() == 0 &&
+      if (!config_.enable_chunked_prefill && s.num_output_tokens() == 0 &&
           s.num_tokens() > config_.max_num_batched_tokens) {
         waiting_.pop_front();
         finish(s, FinishReason::kRejected,
@@ -269,7 +273,8 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
     if (checkpoint_cut) q = s.prefix_checkpoint - pos;
     // With chunking off a prompt runs whole (or in its two checkpoint pieces); one that does not
     // fit the remaining budget goes first in the next step. Recomputed sequences may chunk.
-    if (q < remaining && !checkpoint_cut && !config_.chunked_prefill && s.num_output_tokens() == 0)
+    if (q < remaining && !checkpoint_cut && !config_.enable_chunked_prefill &&
+        s.num_output_tokens() == 0)
       break;
     add_row(plan, s, q);
     budget -= q;
@@ -341,8 +346,8 @@ void Scheduler::preempt(Sequence& s, std::vector<RequestOutput>& out) {
 }
 
 bool Scheduler::is_stop_token(const Sequence& s, int32_t token) const {
-  if (!s.params.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
-                                        token) != config_.eos_token_ids.end()) {
+  if (!s.params.ignore_eos &&
+      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end()) {
     return true;
   }
   return std::find(s.params.stop_token_ids.begin(), s.params.stop_token_ids.end(), token) !=

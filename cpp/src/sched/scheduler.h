@@ -22,23 +22,13 @@
 #include <vector>
 
 #include "deepinfer/engine.h"
+#include "deepinfer/engine_config.h"
 #include "sched/kv_allocator.h"
 #include "sched/policies.h"
 #include "sched/sequence.h"
 #include "sched/step_plan.h"
 
 namespace deepinfer::sched {
-
-struct SchedulerConfig {
-  int max_num_seqs = 32;
-  int max_num_batched_tokens = 2048;
-  int max_model_len = 4096;
-  bool chunked_prefill = true;
-  PreemptionMode preemption = PreemptionMode::kRecompute;
-  double kv_admission_watermark = 0.9;
-  int prefill_steps_per_decode_step = 1;
-  std::vector<int> eos_token_ids;
-};
 
 struct SchedulerStats {
   uint64_t num_steps = 0;
@@ -53,7 +43,8 @@ class Scheduler {
  public:
   enum class Outcome { kScheduled, kIdle, kNeedsDrain };
 
-  Scheduler(const SchedulerConfig& config, KvAllocator& kv);
+  // `config` is resolved (max_model_len filled in); `eos_token_ids` are the model's.
+  Scheduler(const SchedulerConfig& config, std::vector<int> eos_token_ids, KvAllocator& kv);
 
   // Takes ownership of a validated new sequence (state kWaiting, nothing computed).
   void add(std::unique_ptr<Sequence> seq);
@@ -93,6 +84,7 @@ class Scheduler {
   bool is_stop_token(const Sequence& s, int32_t token) const;
 
   SchedulerConfig config_;
+  std::vector<int> eos_token_ids_;
   KvAllocator& kv_;
   InterleavePolicy interleave_;
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> seqs_;

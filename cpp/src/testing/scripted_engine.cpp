@@ -39,9 +39,9 @@ std::unique_ptr<Engine> make_scripted_engine(const EngineConfig& config,
   const EngineConfig resolved = engine::resolve_engine_config(config, model.max_position);
   ScriptedExecutorOptions o;
   o.model = model;
-  o.num_kv_blocks = resolved.num_kv_blocks;
+  o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.num_state_slots = engine::live_state_slots(resolved);
-  o.num_snapshot_slots = resolved.num_prefix_snapshots;
+  o.num_snapshot_slots = resolved.cache.num_prefix_snapshots;
   return std::make_unique<engine::EngineImpl>(resolved, std::make_unique<ScriptedExecutor>(o));
 }
 

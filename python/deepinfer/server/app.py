@@ -12,6 +12,7 @@ request is aborted at once so its KV blocks are freed.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 import uuid
@@ -36,7 +37,8 @@ FORCED_OUTPUT_HEADER = "x-deepinfer-forced-output"
 @dataclass
 class ServerConfig:
     model_path: Path
-    engine_options: dict = field(default_factory=dict)
+    # Engine options (its model_path is model_path above).
+    engine: deepinfer_core.EngineConfig = field(default_factory=deepinfer_core.EngineConfig)
     served_model_names: list[str] = field(default_factory=lambda: ["deepseek-v4"])
     # Test hook: honour the x-deepinfer-forced-output header (forced output text). Off in serving.
     test_hooks: bool = False
@@ -53,12 +55,11 @@ class Server:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.core = deepinfer_core.Engine(str(config.model_path), **config.engine_options)
-        self.context_limit = deepinfer_core.ModelConfig.from_file(
-            str(config.model_path / "config.json")
-        ).max_position_embeddings
-        if config.engine_options.get("max_model_len"):
-            self.context_limit = min(self.context_limit, config.engine_options["max_model_len"])
+        engine = copy.copy(config.engine)
+        engine.model_path = str(config.model_path)
+        self.core = deepinfer_core.Engine(engine)
+        # Prompt plus output tokens a request may have (resolved: at most the model's positions).
+        self.context_limit = self.core.config.scheduler.max_model_len
         self.tokenizer = dr.Tokenizer.from_file(tokenizer_json_path())
         self.encodings = {
             dr.ModelVersion.DeepseekV4Pro: dr.DeepseekV4Encoding().with_tokenizer(self.tokenizer),

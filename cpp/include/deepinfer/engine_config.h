@@ -1,0 +1,65 @@
+// EngineConfig: every engine option, defined once (its default is the initialiser below).
+//
+// The options are grouped by what they steer: `scheduler` (batching and admission), `cache` (KV
+// blocks and prefix cache) and `placement` (where the model runs), plus the checkpoint and the
+// seed. Field names are unique across the parts, so the flat spelling used by the Python API and
+// run configs (`max_num_seqs=8`, `engine: {device: cuda}`) names exactly one field. A value of 0
+// where the comment says "derive it" is filled in for the model when the engine is created
+// (Engine::config() returns the resolved config).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace deepinfer {
+
+enum class PreemptionMode {
+  kRecompute,  // release the sequence's KV and recompute it later (outputs unchanged)
+  kStop,       // finish it with FinishReason::kPreempted
+};
+
+struct SchedulerConfig {
+  int max_num_seqs = 32;              // sequences holding KV at once (running + prefilling)
+  int max_num_batched_tokens = 2048;  // tokens per prefill step
+  int max_model_len = 0;              // 0: derive it, min(max_position_embeddings, 8192)
+  bool enable_chunked_prefill = true;
+  bool zero_overhead = true;  // schedule step N+1 while step N runs
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+  double kv_admission_watermark = 0.9;  // admit a new prompt only while KV usage <= this
+  // When both prefill and decode work exist: this many prefill steps, then one decode step.
+  int prefill_steps_per_decode_step = 1;
+
+  bool operator==(const SchedulerConfig&) const = default;
+};
+
+struct CacheConfig {
+  int num_kv_blocks = 0;  // 0: derive it, enough for max_num_seqs full-length sequences (+ block 0)
+  int num_prefix_snapshots = 0;  // 0: max_num_seqs; state snapshots kept for prefix-cache hits
+  bool enable_prefix_cache = true;
+
+  bool operator==(const CacheConfig&) const = default;
+};
+
+struct PlacementConfig {
+  // "auto" (the GPU when this build has the CUDA backend and one is present, else the CPU),
+  // "cpu", "cuda" or "cuda:N". Resolved to the device actually used.
+  std::string device = "auto";
+  int num_threads = 0;  // CPU backend threads (0 = hardware concurrency)
+  // Largest decode batch replayed as a recorded graph (CUDA graphs): -1 = the backend's default
+  // (256 on CUDA, off on the CPU), 0 = off.
+  int decode_graph_max_batch = -1;
+
+  bool operator==(const PlacementConfig&) const = default;
+};
+
+struct EngineConfig {
+  std::string model_path;  // checkpoint directory (config.json + safetensors)
+  SchedulerConfig scheduler;
+  CacheConfig cache;
+  PlacementConfig placement;
+  uint64_t seed = 0;  // engine seed for requests without their own
+
+  bool operator==(const EngineConfig&) const = default;
+};
+
+}  // namespace deepinfer
