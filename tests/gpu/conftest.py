@@ -11,18 +11,22 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "python"))
 
 
-def _cuda_available() -> bool:
+def _why_no_gpu() -> str | None:
+    """None when this build has the CUDA backend and a GPU is present, else why not."""
     import deepinfer_core
 
-    return deepinfer_core.backend_available("cuda")
+    if not deepinfer_core.backend_available("cuda"):
+        return "deepinfer_core was built without the CUDA backend"
+    if deepinfer_core.resolve_device("auto") != "cuda":
+        return "the CUDA backend is built but no GPU is present"
+    return None
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    if _cuda_available():
+    why = _why_no_gpu()
+    if why is None:
         return
-    skip = pytest.mark.skip(
-        reason="deepinfer_core was built without the CUDA backend (no GPU here)"
-    )
+    skip = pytest.mark.skip(reason=why)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

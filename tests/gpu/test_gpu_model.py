@@ -27,8 +27,8 @@ def close(ours: np.ndarray, want: np.ndarray, what: str) -> None:
 def case(request, tmp_path_factory):
     config = ref.F2_CONFIG if request.param == "f2" else ref.REAL_RATIO_CONFIG
     prompt_len = 72 if request.param == "f2" else 410
-    # The first seed whose reference run has no top-k near-tie (model.md F.3): a tie would make
-    # the comparison depend on summation order rather than on correctness.
+    # The first seed whose reference run has no top-k near-tie (docs/model.md#top-k-near-ties):
+    # a tie would make the comparison depend on summation order rather than on correctness.
     for seed in range(5, 40):
         model = ref.make_model(config, seed=seed)
         prompt = ref.random_tokens(prompt_len, config["vocab_size"], seed + 4)

@@ -7,7 +7,8 @@ continuations. Tolerance: max |ours - ref| <= 1e-4 * max |ref| over all position
 Index top-k ties: our indexer breaks exact score ties by taking the lower entry index first.
 torch.topk specifies no tie order, and a near-tie (a gap within fp32 rounding) can flip with the
 summation order, so every case first checks the reference's selection margins (indexer and router
-top-k, ref.selection_margins) and refuses a seed with a gap below 1e-5 (model.md F.3).
+top-k, ref.selection_margins) and refuses a seed with a gap below 1e-5
+(docs/model.md#top-k-near-ties).
 """
 
 from __future__ import annotations

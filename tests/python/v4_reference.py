@@ -18,8 +18,8 @@ SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
 
-# model.md F.2: every layer type, HCA ratio 8 and window 8 so short prompts close windows and
-# evict keys; 16 index heads keep index top-k free of exact ties.
+# docs/model.md#tiny-test-configurations: every layer type, HCA ratio 8 and window 8 so short
+# prompts close windows and evict keys; 16 index heads keep index top-k free of exact ties.
 F2_CONFIG = dict(
     vocab_size=128,
     hidden_size=64,
@@ -82,8 +82,9 @@ REAL_RATIO_CONFIG = dict(
 
 
 def make_model(config_kwargs: dict, seed: int) -> DeepseekV4ForCausalLM:
-    """A random fp32 model whose degenerate default initialisations are randomised (model.md
-    F.2): sinks and position biases, HC base/scale, norm weights, router bias, hash tables."""
+    """A random fp32 model whose degenerate default initialisations are randomised
+    (docs/model.md#tiny-test-configurations): sinks and position biases, HC base/scale, norm
+    weights, router bias, hash tables."""
     config = DeepseekV4Config(**config_kwargs, attn_implementation="eager")
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(config).eval()
@@ -153,7 +154,7 @@ def greedy_continuation(model: DeepseekV4ForCausalLM, tokens: Sequence[int], n: 
     """Greedy decoding with the reference's own forward and cache.
 
     Not ``model.generate``: on these configs generate()'s logits differ from the model's forward
-    (by 0.07 at its very first step on the F.2 config, seed 0), because generate builds its
+    (by 0.07 at its very first step on F2_CONFIG, seed 0), because generate builds its
     attention masks through another path; the forward is the oracle every other test uses.
     """
     cache = DynamicCache(config=model.config)
@@ -173,7 +174,8 @@ def selection_margins(model: DeepseekV4ForCausalLM, tokens: Sequence[int]) -> di
     last selected and the first rejected score of each discrete selection in the reference's
     one-shot forward: the lightning indexer's top-k (CSA layers) and the MoE router's top-k (moe
     layers). A gap within rounding means two implementations that sum in different orders may
-    legitimately pick different entries (model.md F.3), so parity cases keep clear of it."""
+    legitimately pick different entries (docs/model.md#top-k-near-ties), so parity cases keep
+    clear of it."""
     cfg = model.config
     margins = {"indexer": float("inf"), "router": float("inf")}
     hooks = []

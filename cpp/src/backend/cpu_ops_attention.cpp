@@ -1,5 +1,6 @@
-// Attention ops of the CPU backend: the lightning indexer's top-k (model description A.8) and the
-// sliding + compressed attention with sinks (A.5-A.8), over the paged layout of D.2.
+// Attention ops of the CPU backend: the lightning indexer's top-k and the sliding + compressed
+// attention with sinks, over the paged layout (docs/model.md: #lightning-indexer, #attention,
+// #kv-and-state-layout).
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,5 +1,6 @@
 // Cache ops of the CPU backend: the per-sequence rings (SWA keys, compressor rows), compressor
-// pooling (model description A.7/A.8, layout D.2) and the scatter into paged entry caches.
+// pooling and the scatter into paged entry caches (docs/model.md: #pooling-a-window,
+// #kv-and-state-layout).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -1,5 +1,5 @@
 // Hyper-connection (mHC) ops of the CPU backend: expand, pre (weights + collapse), post (mix),
-// head (final collapse). Model description A.3.
+// head (final collapse). See docs/model.md#hyper-connections.
 #include <cmath>
 #include <cstring>
 #include <vector>

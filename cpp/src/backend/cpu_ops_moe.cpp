@@ -1,5 +1,5 @@
-// Mixture-of-experts ops of the CPU backend: routing and the routed experts. Model description
-// A.10.
+// Mixture-of-experts ops of the CPU backend: routing and the routed experts
+// (docs/model.md#mixture-of-experts).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -5,6 +5,7 @@
 
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
+#include "kv/cache_geometry.h"
 
 namespace deepinfer::engine {
 
@@ -33,7 +34,7 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position)
                                     "max_position_embeddings), got " +
                                     std::to_string(s.max_model_len));
   }
-  const int blocks_per_seq = (s.max_model_len + 127) / 128;
+  const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
   if (cache.num_kv_blocks == 0) cache.num_kv_blocks = 1 + s.max_num_seqs * blocks_per_seq;
   if (cache.num_kv_blocks < 2)
     bad_config("num_kv_blocks", "must be >= 2, got " + std::to_string(cache.num_kv_blocks));

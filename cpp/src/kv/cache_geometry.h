@@ -1,4 +1,5 @@
-// Arithmetic of the KV layout shared by the engine and the model graph (model.md D.2, D.3).
+// Arithmetic of the KV layout shared by the engine and the model graph
+// (docs/model.md#kv-and-state-layout).
 //
 //  - Paged blocks hold kBlockSize (128) tokens. A compressed layer of ratio m stores one entry per
 //    m tokens, so a block holds 128 / m of that layer's entries; entry j of a sequence lives in

@@ -1,4 +1,5 @@
-// The device tensors behind the KV and state caches of every layer (model.md D.2):
+// The device tensors behind the KV and state caches of every layer
+// (docs/model.md#kv-and-state-layout):
 //  - per state slot: the sliding-window ring of post-RoPE K=V vectors, and for compressed layers
 //    the ring of per-token [kv | gate] projections the compressor pools from;
 //  - per paged block: the compressed entries (and CSA index keys) of every compressed layer.

@@ -80,7 +80,8 @@ void canonical_attention(Parts& p) {
     return;
   }
   if (c == "norm" && p.size() == i + 2 && p[i + 1] == "weight") {
-    // transformers' save_pretrained writes the main kv_norm as attn.norm (model.md A.14).
+    // transformers' save_pretrained writes the main kv_norm as attn.norm
+    // (docs/model.md#names-written-by-save_pretrained).
     c = "kv_norm";
     return;
   }
@@ -165,7 +166,8 @@ std::string canonical_tensor_name(std::string_view name) {
   } else {
     canonical_top_level(p);
   }
-  // transformers calls the multiplicative FP8 block scale weight_scale_inv (model.md A.14).
+  // transformers calls the multiplicative FP8 block scale weight_scale_inv
+  // (docs/model.md#quantized-checkpoints).
   if (p.size() >= 2 && p.back() == "weight_scale_inv") p.back() = "scale";
   return join(p);
 }

@@ -14,7 +14,7 @@
 
 namespace deepinfer {
 
-// Canonical spelling of a tensor name. Rules (model.md A.14):
+// Canonical spelling of a tensor name. Rules (docs/model.md#canonical-names):
 //  - an optional leading "model." is dropped;
 //  - transformers names map to the original ones: embed_tokens -> embed, lm_head -> head,
 //    hc_head.hc_{fn,base,scale} -> hc_head_{fn,base,scale}, self_attn -> attn, mlp -> ffn,

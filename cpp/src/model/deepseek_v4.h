@@ -1,4 +1,4 @@
-// The DeepSeek-V4 forward graph (model.md section A), written once against Backend ops.
+// The DeepSeek-V4 forward graph (docs/model.md#forward-graph), written once against Backend ops.
 #pragma once
 
 #include "deepinfer/backend.h"
