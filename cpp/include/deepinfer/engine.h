@@ -67,19 +67,23 @@ struct RequestOutput {
   std::string finish_detail;  // why, for kRejected / kPreempted
 };
 
-struct EngineStats {
-  int num_running = 0;
-  int num_waiting = 0;
-  int num_blocks_total = 0;  // usable KV blocks
-  int num_blocks_free = 0;
-  int num_blocks_cached = 0;  // free blocks still holding an indexed prefix
-  int num_state_slots_free = 0;
+// What the scheduler has done so far (it keeps these counters; EngineStats reports them).
+struct SchedulerCounters {
   uint64_t num_steps = 0;
   uint64_t num_prefill_steps = 0;
   uint64_t num_preemptions = 0;
   uint64_t prompt_tokens_computed = 0;
   uint64_t prompt_tokens_cached = 0;
   uint64_t generated_tokens = 0;
+};
+
+struct EngineStats : SchedulerCounters {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_blocks_total = 0;  // usable KV blocks
+  int num_blocks_free = 0;
+  int num_blocks_cached = 0;  // free blocks still holding an indexed prefix
+  int num_state_slots_free = 0;
   uint64_t num_graph_steps = 0;  // decode steps replayed from recorded graphs (or recorded)
 };
 

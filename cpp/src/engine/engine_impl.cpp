@@ -156,19 +156,13 @@ std::vector<RequestOutput> EngineImpl::step() {
 
 EngineStats EngineImpl::stats() const {
   EngineStats s;
+  static_cast<SchedulerCounters&>(s) = scheduler_.stats();
   s.num_running = scheduler_.num_running();
   s.num_waiting = scheduler_.num_waiting();
   s.num_blocks_total = kv_.blocks().num_usable();
   s.num_blocks_free = kv_.blocks().num_free();
   s.num_blocks_cached = kv_.num_cached_free_blocks();
   s.num_state_slots_free = kv_.live_slots().num_free();
-  const sched::SchedulerStats& ss = scheduler_.stats();
-  s.num_steps = ss.num_steps;
-  s.num_prefill_steps = ss.num_prefill_steps;
-  s.num_preemptions = ss.num_preemptions;
-  s.prompt_tokens_computed = ss.prompt_tokens_computed;
-  s.prompt_tokens_cached = ss.prompt_tokens_cached;
-  s.generated_tokens = ss.generated_tokens;
   s.num_graph_steps = executor_->num_graph_steps();
   return s;
 }

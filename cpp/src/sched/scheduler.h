@@ -30,14 +30,6 @@
 
 namespace deepinfer::sched {
 
-struct SchedulerStats {
-  uint64_t num_steps = 0;
-  uint64_t num_prefill_steps = 0;
-  uint64_t num_preemptions = 0;
-  uint64_t prompt_tokens_computed = 0;
-  uint64_t prompt_tokens_cached = 0;
-  uint64_t generated_tokens = 0;
-};
 
 class Scheduler {
  public:
@@ -63,7 +55,7 @@ class Scheduler {
   int num_running() const;
   int num_waiting() const;
   int num_holding_resources() const { return num_holding_; }
-  const SchedulerStats& stats() const { return stats_; }
+  const SchedulerCounters& stats() const { return stats_; }
   const Sequence* find(RequestId id) const;
 
   // Throws Error(kInternal) on the first broken invariant (sequences, ledgers, pools).
@@ -95,7 +87,7 @@ class Scheduler {
   int num_holding_ = 0;  // sequences holding a state slot and blocks
   uint64_t next_step_id_ = 1;
   int num_sampling_rows_ = 0;  // in the plan being built
-  SchedulerStats stats_;
+  SchedulerCounters stats_;
 };
 
 }  // namespace deepinfer::sched
