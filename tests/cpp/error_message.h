@@ -1,5 +1,5 @@
-// error_message: what an op's Error says, for tests that compare messages exactly (the CPU tests
-// and the CUDA-vs-CPU tests share it).
+// error_message / error_code_of: what an Error says, for tests that compare messages or codes
+// exactly (the CPU tests and the CUDA-vs-CPU tests share them).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,6 +23,18 @@ inline std::string error_message(const std::function<void()>& f,
   }
   ADD_FAILURE() << "expected an Error";
   return "";
+}
+
+// The code of the Error `fn` throws; kInternal (and a test failure) when it throws none.
+template <typename Fn>
+ErrorCode error_code_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "expected deepinfer::Error";
+  return ErrorCode::kInternal;
 }
 
 }  // namespace deepinfer::testing

@@ -8,22 +8,13 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "error_message.h"
 #include "kv/block_pool.h"
 
 namespace deepinfer::kv {
 namespace {
 
-// Runs `fn` and returns the code of the deepinfer::Error it throws; fails the test if none.
-template <typename Fn>
-ErrorCode error_code_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "expected deepinfer::Error";
-  return ErrorCode::kInternal;
-}
+using testing::error_code_of;
 
 std::vector<BlockId> drain(BlockPool& pool) {
   std::vector<BlockId> out;

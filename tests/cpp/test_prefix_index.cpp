@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "error_message.h"
 #include "kv/block_pool.h"
 #include "kv/cache_geometry.h"
 #include "kv/prefix_index.h"
@@ -20,16 +21,7 @@ namespace {
 
 constexpr int kBs = 4;  // small blocks keep the scenarios readable
 
-template <typename Fn>
-ErrorCode error_code_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "expected deepinfer::Error";
-  return ErrorCode::kInternal;
-}
+using testing::error_code_of;
 
 std::vector<int32_t> iota_tokens(int n, int32_t start) {
   std::vector<int32_t> t(static_cast<size_t>(n));

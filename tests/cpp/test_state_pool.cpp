@@ -6,21 +6,13 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "error_message.h"
 #include "kv/state_pool.h"
 
 namespace deepinfer::kv {
 namespace {
 
-template <typename Fn>
-ErrorCode error_code_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "expected deepinfer::Error";
-  return ErrorCode::kInternal;
-}
+using testing::error_code_of;
 
 TEST(StatePool, RejectsSlotZeroAndNegativeCounts) {
   EXPECT_EQ(error_code_of([] { StatePool p(0, 4); }), ErrorCode::kInvalidArgument);
