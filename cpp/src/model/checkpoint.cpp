@@ -8,6 +8,7 @@
 
 #include "common/json.h"
 #include "common/mapped_file.h"
+#include "common/text.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer {
@@ -177,16 +178,6 @@ std::string canonical_tensor_name(std::string_view name) {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Built piecewise: "'" + std::string(...) trips GCC 12's -Wrestrict false positive at -O3.
-std::string in_quotes(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '\'';
-  out += s;
-  out += '\'';
-  return out;
-}
 
 // The index's weight_map as (tensor, shard) pairs in document order.
 std::vector<std::pair<std::string, std::string>> read_weight_map(const std::string& index_path) {

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "common/json.h"
+#include "common/text.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer {
@@ -45,16 +46,6 @@ const char* safetensors_name(DType dtype) {
       return "I64";
   }
   return "?";
-}
-
-// Built piecewise: "'" + std::string(...) trips GCC 12's -Wrestrict false positive at -O3.
-std::string in_quotes(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '\'';
-  out += s;
-  out += '\'';
-  return out;
 }
 
 // A JSON value as text for a message, cut short: a corrupt header can hold anything.
