@@ -104,7 +104,7 @@ TEST(Scheduler, ChunkedPrefillCutsAtTheBudgetAndKeepsTheHeadInFront) {
   EXPECT_EQ(p1.rows[0].forward.start_pos, 0);
   EXPECT_EQ(p1.rows[0].forward.num_tokens, 64);
   EXPECT_FALSE(p1.rows[0].samples());
-  EXPECT_FALSE(p1.rows[0].forward.wants_logits);  // no logits, no lm_head for this row
+  EXPECT_EQ(p1.rows[0].forward.num_logits, 0);  // no logits, no lm_head for this row
   h.commit(p1, {});
 
   StepPlan p2;

@@ -32,6 +32,10 @@ size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& 
     }
     if (r.start_pos < 0)
       bad_row(b, "'start_pos' is negative (" + std::to_string(r.start_pos) + ")");
+    if (r.num_logits < 0 || r.num_logits > r.num_tokens) {
+      bad_row(b, "'num_logits' " + std::to_string(r.num_logits) + " is outside [0, " +
+                     std::to_string(r.num_tokens) + "]");
+    }
     if (r.slot < 0 || r.slot >= caches.num_state_slots) {
       bad_row(b, "'slot' " + std::to_string(r.slot) + " is outside [0, " +
                      std::to_string(caches.num_state_slots) + ")");
@@ -89,7 +93,7 @@ BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios,
   g.all_logits = mode == LogitsMode::kAll;
   for (const ForwardRow& r : rows) {
     g.num_tokens += r.num_tokens;
-    g.num_logit_rows += r.wants_logits ? 1 : 0;
+    g.num_logit_rows += r.num_logits;
     g.carry = g.carry || r.token_from_previous >= 0;
   }
   if (g.all_logits) g.num_logit_rows = g.num_tokens;
@@ -174,9 +178,11 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
       if (carry != nullptr) carry[row] = i == 0 ? r.token_from_previous : -1;
       if (g.all_logits) next_positions[logit++] = r.start_pos + i + 1;
     }
-    if (!g.all_logits && r.wants_logits) {
-      logit_rows[logit] = row - 1;
-      next_positions[logit++] = r.start_pos + r.num_tokens;
+    if (!g.all_logits) {
+      for (int32_t i = r.num_tokens - r.num_logits; i < r.num_tokens; ++i) {
+        logit_rows[logit] = row - r.num_tokens + i;
+        next_positions[logit++] = r.start_pos + i + 1;
+      }
     }
   }
   q_start[g.num_seqs] = row;

@@ -32,7 +32,10 @@ struct ForwardRow {
   // >= 0: tokens[0] is entry `token_from_previous` of the tokens the previous step sampled, still
   // on the device; the forward takes it from there (Backend::select_tokens) without a host sync.
   int32_t token_from_previous = -1;
-  bool wants_logits = true;  // the forward returns the logits of this row's last token
+  // The forward returns the logits of this row's last `num_logits` tokens (0: none). One for a
+  // decode row or a final prefill chunk; more when several positions are scored at once
+  // (speculative verification).
+  int32_t num_logits = 1;
 };
 using RowSpan = StridedSpan<const ForwardRow>;
 

@@ -60,7 +60,7 @@ DecodeGraphs::~DecodeGraphs() = default;
 bool DecodeGraphs::accepts(RowSpan rows) const {
   if (rows.empty() || static_cast<int>(rows.size()) > max_batch_) return false;
   return std::all_of(rows.begin(), rows.end(),
-                     [](const ForwardRow& r) { return r.num_tokens == 1 && r.wants_logits; });
+                     [](const ForwardRow& r) { return r.num_tokens == 1 && r.num_logits == 1; });
 }
 
 DecodeGraphs::Recording& DecodeGraphs::recording_for(int bucket, int width) {
@@ -79,7 +79,7 @@ DecodeGraphs::Output DecodeGraphs::forward(RowSpan rows, size_t max_blocks,
   if (!accepts(rows)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "decode graphs: a batch of 1 to " + std::to_string(max_batch_) +
-                    " one-token sequences wanting logits was expected, got " +
+                    " one-token sequences wanting their logits was expected, got " +
                     std::to_string(rows.size()) + " sequences");
   }
   const int real = static_cast<int>(rows.size());

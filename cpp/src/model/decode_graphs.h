@@ -44,7 +44,7 @@ class DecodeGraphs {
   // The bucket sizes used up to `max_batch` (ascending, the last one is max_batch).
   static std::vector<int> buckets_up_to(int max_batch);
 
-  // True for 1 to max_batch() rows of one token each, every one wanting logits.
+  // True for 1 to max_batch() rows of one token each, each wanting that token's logits.
   bool accepts(RowSpan rows) const;
   // Enqueues the forward of `rows` (accepts() must hold; `max_blocks` is validate_rows' result)
   // and returns the device logits [B, vocab] and next positions [B]. They stay valid until the

@@ -184,7 +184,7 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q) {
   row.seq_id = s.id;
   row.epoch = s.epoch;
   row.num_sampled = start + q >= s.num_tokens() ? 1 : 0;
-  f.wants_logits = row.samples();
+  f.num_logits = row.num_sampled;
   row.params = &s.params;
   row.seed = s.seed;
   if (row.samples()) {
