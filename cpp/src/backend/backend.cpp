@@ -127,8 +127,7 @@ std::unique_ptr<Graph> Backend::capture(std::function<void()> body) {
   return std::make_unique<ReissueGraph>(std::move(body));
 }
 
-// ---- dense ops
-// ------------------------------------------------------------------------------------
+// ---- dense ops ----------------------------------------------------------------------------------
 
 Tensor Backend::embedding(const Tensor& table, const Tensor& ids) {
   const OpChecks c("embedding", device_kind());
@@ -244,8 +243,7 @@ void Backend::fill_random_normal(const Tensor& t, uint64_t seed, float mean, flo
   fill_random_normal_impl(t, seed, mean, std);
 }
 
-// ---- hyper-connections
-// ----------------------------------------------------------------------------
+// ---- hyper-connections --------------------------------------------------------------------------
 
 Tensor Backend::hc_expand(const Tensor& x, int hc_mult) {
   const OpChecks c("hc_expand", device_kind());
@@ -288,8 +286,7 @@ Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, c
   return hc_head_impl(X, fn, base, scale, params);
 }
 
-// ---- mixture of experts
-// ---------------------------------------------------------------------------
+// ---- mixture of experts -------------------------------------------------------------------------
 
 Routing Backend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                            const Tensor& tid2eid, const Tensor& token_ids, int top_k,
@@ -346,8 +343,7 @@ Tensor Backend::swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit)
   return swiglu_impl(gate, up, swiglu_limit);
 }
 
-// ---- caches and attention
-// -------------------------------------------------------------------------
+// ---- caches and attention -----------------------------------------------------------------------
 
 void Backend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) {
   const OpChecks c("ring_write", device_kind());
