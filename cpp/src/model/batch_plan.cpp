@@ -97,7 +97,8 @@ BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios,
     g.carry = g.carry || r.token_from_previous >= 0;
   }
   if (g.all_logits) g.num_logit_rows = g.num_tokens;
-  // Windows [ctx / m, (ctx + q) / m) close in this call (docs/model.md#windows-that-close-in-a-call).
+  // Windows [ctx / m, (ctx + q) / m) close in this call
+  // (docs/model.md#windows-that-close-in-a-call).
   for (int ratio : ratios) {
     int64_t n = 0;
     for (const ForwardRow& r : rows) {

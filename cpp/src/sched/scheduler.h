@@ -30,7 +30,6 @@
 
 namespace deepinfer::sched {
 
-
 class Scheduler {
  public:
   enum class Outcome { kScheduled, kIdle, kNeedsDrain };
