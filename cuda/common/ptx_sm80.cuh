@@ -46,8 +46,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// ---- ldmatrix and mma.sync
-// ------------------------------------------------------------------------
+// ---- ldmatrix and mma.sync ----------------------------------------------------------------------
 
 // Four 8x8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, and lane l gets
 // row l/4, columns 2(l%4), 2(l%4)+1 of each matrix (of its transpose with .trans).
@@ -73,8 +72,7 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// ---- named barriers
-// -------------------------------------------------------------------------------
+// ---- named barriers -----------------------------------------------------------------------------
 
 // Barrier `id` (1..15; 0 is __syncthreads) over kThreads threads (a multiple of 32).
 template <int kThreads>

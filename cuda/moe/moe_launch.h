@@ -13,8 +13,7 @@
 
 namespace deepinfer::cuda {
 
-// ---- routing
-// --------------------------------------------------------------------------------------
+// ---- routing ------------------------------------------------------------------------------------
 
 // Router logits [T, E] of x [T, H] and gate_w [E, H] (f32 or bf16) by router_gemv_kernel, for
 // path kGemvSmall or kGemvWide (router_logits.cu).
@@ -41,7 +40,7 @@ struct RouteSelectArgs {
 // The top-k selection and weights (route_select.cu); `warp`: route_select_warp_kernel.
 void launch_route_select(const RouteSelectArgs& a, bool warp, cudaStream_t stream);
 
-// ---- experts ----------------------------------------------------------------------------------
+// ---- experts ------------------------------------------------------------------------------------
 
 // The operands every expert GEMM of one moe_experts pass reads.
 template <typename W>

@@ -63,7 +63,7 @@ struct RowStats {
   int32_t pad;
 };
 
-// ---- the CPU sampler's exact definitions -------------------------------------------------------
+// ---- the CPU sampler's exact definitions --------------------------------------------------------
 
 // Ascending order of the key = logit descending (the high half of the CPU's rank_key).
 __device__ __forceinline__ uint32_t rank_key(float x) {
@@ -88,7 +88,7 @@ __device__ __forceinline__ int row_num_top(const RowParams& p, int64_t b, int co
   return min(max(p.num_logprobs[b], 0), min(cols, vocab));
 }
 
-// ---- 1. statistics and sort input --------------------------------------------------------------
+// ---- 1. statistics and sort input ---------------------------------------------------------------
 
 struct ArgMax {
   float value;
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- 3. cut and draw ---------------------------------------------------------------------------
+// ---- 3. cut and draw ----------------------------------------------------------------------------
 
 using BlockScanD = cub::BlockScan<double, kThreads>;
 
