@@ -26,11 +26,19 @@ namespace deepinfer::cuda {
 
 namespace {
 
-void check_hc_mult_fits(const char* op, int hc_mult) {
-  if (hc_mult > kMaxHcMult) {
+// The shape of hc_pre's and hc_head's X [T, n, H], after the check that n fits the kernels.
+struct HcShape {
+  int64_t tokens;
+  int n;
+  int64_t hidden;
+};
+
+HcShape hc_shape(const char* op, const Tensor& X, const HcParams& params) {
+  if (params.hc_mult > kMaxHcMult) {
     fail(op, "the CUDA backend supports hc_mult up to " + std::to_string(kMaxHcMult) + ", got " +
-                 std::to_string(hc_mult));
+                 std::to_string(params.hc_mult));
   }
+  return {X.size(0), params.hc_mult, X.size(2)};
 }
 
 // a * b + c with the product rounded first (no FMA), as the CPU computes it.
@@ -299,11 +307,7 @@ Tensor CudaBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
 
 HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                const Tensor& scale, const HcParams& params) {
-  const char* op = "hc_pre";
-  check_hc_mult_fits(op, params.hc_mult);
-  const int64_t tokens = X.size(0);
-  const int n = params.hc_mult;
-  const int64_t hidden = X.size(2);
+  const auto [tokens, n, hidden] = hc_shape("hc_pre", X, params);
   HcMix result{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
                empty({tokens, hidden}, DType::kF32)};
   if (tokens == 0) return result;
@@ -316,7 +320,7 @@ HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& 
       X.data<float>(), mix.data<float>(), base.data<float>(), scale.data<float>(), n, tokens,
       hidden, params.sinkhorn_iters, params.hc_eps, weight_blocks, g.splits, g.chunk,
       result.post.data<float>(), result.comb.data<float>(), result.y.data<float>());
-  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  DEEPINFER_CUDA_LAUNCH_CHECK("hc_pre");
   return result;
 }
 
@@ -338,11 +342,7 @@ Tensor CudaBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tenso
 
 Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                  const Tensor& scale, const HcParams& params) {
-  const char* op = "hc_head";
-  check_hc_mult_fits(op, params.hc_mult);
-  const int64_t tokens = X.size(0);
-  const int n = params.hc_mult;
-  const int64_t hidden = X.size(2);
+  const auto [tokens, n, hidden] = hc_shape("hc_head", X, params);
   Tensor y = empty({tokens, hidden}, DType::kF32);
   if (tokens == 0 || hidden == 0) return y;   // nothing to collapse (and no empty grid)
   Tensor mix = hc_mix(*this, X, fn, params);  // width = n * hidden > 0 here
@@ -351,7 +351,7 @@ Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor
   hc_head_finish_kernel<<<static_cast<unsigned>(tokens * g.splits), kHcThreads, smem, stream()>>>(
       X.data<float>(), mix.data<float>(), base.data<float>(), scale.data<float>(), n, hidden,
       params.hc_eps, g.splits, g.chunk, y.data<float>());
-  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  DEEPINFER_CUDA_LAUNCH_CHECK("hc_head");
   return y;
 }
 
