@@ -8,13 +8,14 @@
 // list (attention_keys.cuh) in tiles of 32 keys with an online softmax. Shared memory: q of the
 // group's heads [HB][D], the key tile [32][D+4], the tile's probabilities [32][hb_stride], key
 // pointers [32], and per head the running max, denominator and the tile's rescale factor.
-// Per tile:
-//  - load_key_tile: the tile's key addresses, then cp.async of its rows (masked keys: zero rows).
+// The phases: load_query_group, then per tile
+//  - the tile's key addresses (key_at), then load_key_tile: cp.async of its rows (masked keys:
+//    zero rows).
 //  - score_key_tile: warp w owns heads w, w+8, ...; lane = key. It computes the logits, updates
 //    the head's online softmax with warp reductions and writes p = exp(logit - max) to the tile.
-//  - accumulate_values: thread (column group c4 = tid % (D/4), head subgroup tid / (D/4)) keeps
-//    acc for 8 heads x 4 channels in registers.
-// store_output then applies the sink (one split) or writes the split's partial sums.
+//  - accumulate values: thread (column group c4 = tid % (D/4), head subgroup tid / (D/4)) keeps
+//    acc for 8 heads x 4 channels in registers: rescale_values, then the P V loop.
+// and store_output, which applies the sink (one split) or writes the split's partial sums.
 #include <cstdint>
 
 #include "cuda/attention/attention_keys.cuh"
