@@ -127,9 +127,9 @@ int main(int argc, char** argv) {
     emit("linear_bf16", "M=" + std::to_string(m) + " N=32768 K=1024", us,
          32768.0 * 1024 * 2 + m * 1024.0 * 4 + m * 32768.0 * 4, 2.0 * m * 32768.0 * 1024);
   }
-  // Decode-step bf16 linears at V4-Flash widths, M = 1 (the GEMV path of ops_gemm.cu): q_b, wo_b,
-  // shared expert, a 64-row projection and wo_a's 8 groups of [1024, 4096]. Timed in a graph;
-  // bytes: weights + x + y (weights under ~50 MB stay in L2 across the replayed calls).
+  // Decode-step bf16 linears at V4-Flash widths, M = 1 (the GEMV path, cuda/gemm/gemv_bf16.cu):
+  // q_b, wo_b, shared expert, a 64-row projection and wo_a's 8 groups of [1024, 4096]. Timed in a
+  // graph; bytes: weights + x + y (weights under ~50 MB stay in L2 across the replayed calls).
   for (auto [n, k, groups] : std::vector<std::tuple<int64_t, int64_t, int>>{
            {32768, 1024, 1}, {4096, 8192, 1}, {2048, 4096, 1}, {64, 4096, 1}, {1024, 4096, 8}}) {
     Tensor x = rnd(*be, {1, groups * k}, DType::kF32, 23);

@@ -1,8 +1,11 @@
 # Decides DEEPINFER_CUDA_ENABLED from DEEPINFER_CUDA (AUTO/ON/OFF) and finds cuBLAS.
 #
 # The CUDA backend (cuda/) is built for sm_90a (Hopper: runs on the H200) and sm_100a
-# (Blackwell: compiled only). cuBLAS comes from the CUDA toolkit when it has it, else from the
-# `nvidia-cublas` PyPI wheel (site-packages/nvidia/cu13/{include,lib}), which is how a machine
+# (Blackwell: compiled only): every source for every architecture. cuda/README.md has the table
+# of which files use which instructions (mma.sync / ldmatrix / cp.async of sm_80+ in the sm80/
+# folders and the f32 tile loaders, thread-block clusters of sm_90 in norm/rms_norm.cu).
+# cuBLAS comes from the CUDA toolkit when it has it, else from the `nvidia-cublas` PyPI wheel
+# (site-packages/nvidia/cu13/{include,lib}), which is how a machine
 # with nvcc but without the full toolkit builds it:  python -m pip install nvidia-cublas
 # AUTO builds the backend only when nvcc and cuBLAS are both found; ON makes either missing an
 # error that says how to get it.
@@ -72,7 +75,8 @@ else()
 endif()
 
 if(DEEPINFER_CUDA_ENABLED)
-  # The kernels use Hopper features (thread-block clusters, cp.async, bf16 mma): sm_90 or newer.
+  # The kernels use sm_80+ instructions (cp.async, ldmatrix, bf16 mma.sync) and sm_90 thread-block
+  # clusters: sm_90 or newer.
   foreach(_arch IN LISTS DEEPINFER_CUDA_ARCHITECTURES)
     string(REGEX MATCH "^[0-9]+" _arch_number "${_arch}")
     if(NOT _arch_number OR _arch_number LESS 90)

@@ -348,7 +348,7 @@ void add_f32_attention(std::vector<OpCase>& t) {
   add_flash(t, false);
 }
 
-// AttentionSpec::bf16_math: the CUDA tensor-core kernel (ops_attention_mma.cu).
+// AttentionSpec::bf16_math: the CUDA tensor-core kernel (cuda/attention/sm80/attention_mma.cu).
 void add_bf16_attention(std::vector<OpCase>& t) {
   Attn c;
   c.seqs = kTinySeqs;

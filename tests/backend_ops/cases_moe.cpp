@@ -203,9 +203,10 @@ void add_route_hash(std::vector<OpCase>& t, int experts, int top_k, int hidden, 
 }
 
 void add_routes(std::vector<OpCase>& t) {
-  // Router logits (CUDA ops_moe.cu): T <= 4 the one-expert GEMV tiles, 5 <= T < 64 the 8-expert
-  // tiles, T >= 64 cuBLAS SGEMM (bf16 weights widened to f32 first); selection in registers for
-  // E <= 256 and k <= 32, the generic kernel otherwise.
+  // Router logits (CUDA cuda/moe/router_logits.cu): T <= 4 the one-expert GEMV tiles,
+  // 5 <= T < 64 the 8-expert tiles, T >= 64 cuBLAS SGEMM (bf16 weights widened to f32 first);
+  // selection (cuda/moe/route_select.cu) in registers for E <= 256 and k <= 32, the generic
+  // kernel otherwise.
   for (const DType dt : {DType::kF32, DType::kBF16}) {
     for (const bool bias : {false, true}) {
       for (const int tokens : {1, 3, 4, 5, 17, 40, 63, 64, 100}) {

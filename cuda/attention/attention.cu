@@ -1,0 +1,100 @@
+// The attention op of the CUDA backend: sliding + compressed attention with sinks
+// (docs/model.md#attention) over the paged layout (docs/model.md#kv-and-state-layout). It
+// matches the CPU reference op in cpp/src/backend/cpu_ops_attention.cpp on the same inputs.
+// This file checks the kernels' limits, chooses a kernel and its config (attention_heuristics.h)
+// and launches it:
+//  - AttentionSpec::bf16_math and a supported shape: the tensor-core kernel
+//    (sm80/attention_mma.cu: bf16 operands, f32 accumulation);
+//  - otherwise the f32 kernel (attention_f32.cu);
+// and, when the keys are split (flash-decoding: few tokens then still spread over the SMs), the
+// combine kernel (attention_combine.cu), which serves both.
+//
+// Every per-token quantity (sequence, position, context length, visible entries, which keys) is
+// computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
+// metadata it knows (shapes, layout.max_blocks_per_seq), so no op waits for the stream. The key
+// list of token t at position p (attention_keys.cuh, docs/model.md#keys-a-query-sees) is: the
+// sliding keys max(0, p-W+1) .. p (this call's kv rows from ctx_len on, the ring before), then
+// the compressed entries (dense: j < (p+1)/ratio; sparse: the K columns of topk[t], -1 masked).
+//
+// Content errors cannot be raised without a host sync. Where the CPU op throws, these kernels
+// stay inside their buffers and do the following instead:
+//  - entries past the block table's columns (j >= max_blocks_per_seq * epb) are not visible.
+//  - an entry whose block is negative or maps past the cache: attention masks it.
+//  - a sparse topk index >= the visible count: masked (the CPU throws "not visible").
+//  - a sliding key in the ring whose slot is outside the ring: masked. A position that fell out
+//    of the ring (the CPU's kInternal error) reads whatever its ring slot holds.
+#include <cstdint>
+#include <string>
+
+#include "cuda/attention/attention_args.h"
+#include "cuda/attention/attention_heuristics.h"
+#include "cuda/attention/attention_launch.h"
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/layout.cuh"
+
+namespace deepinfer::cuda {
+
+Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                                   const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                                   const BatchLayout& layout, const AttentionSpec& spec) {
+  const char* op = "attention";
+  const bool compressed = spec.ratio > 0;
+  const int64_t tokens = layout.num_tokens;
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  Tensor out = empty({tokens, heads, dim}, DType::kF32);
+  if (tokens == 0 || heads == 0 || dim == 0) return out;
+  if (dim % 4 != 0 || dim > kAttnMaxDim) {
+    throw Error(ErrorCode::kUnsupported, std::string(op) +
+                                             ": the head dim must be a multiple of 4 up to " +
+                                             std::to_string(kAttnMaxDim) + ", got " + q.describe());
+  }
+  check_vec4(op, "q", q);
+  check_vec4(op, "kv", kv);
+  check_vec4(op, "swa_ring", swa_ring);
+  if (compressed) check_vec4(op, "entries", entries);
+  check_vec4(op, "out", out);
+
+  AttentionArgs a = attention_args(q, kv, swa_ring, entries, topk, sinks, layout, spec, out);
+  const AttentionProblem problem{tokens, heads, dim, max_attention_keys(a)};
+  const DeviceLayout dl = device_layout(layout);
+  // Scratch of the split outputs, in the format both kernels write and the combine reads.
+  Tensor partials;
+  auto split_outputs = [&](int64_t splits) {
+    if (splits == 1) return;
+    const int64_t rows = splits * tokens * heads;
+    partials = scratch(static_cast<size_t>(rows * (dim + 2)) * sizeof(float));
+    a.part_acc = reinterpret_cast<float*>(partials.raw_data());
+    a.part_md = a.part_acc + rows * dim;
+  };
+  auto combine = [&](int64_t splits) {
+    if (splits == 1) return;
+    launch_attention_combine(stream(), a.part_acc, a.part_md, a.sinks, a.out, tokens, heads, dim,
+                             splits);
+  };
+
+  if (spec.bf16_math) {
+    const AttentionMmaConfig c =
+        choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits);
+    if (c.supported) {
+      split_outputs(c.splits);
+      launch_attention_mma(a, dl, c, tokens, stream());
+      combine(c.splits);
+      return out;
+    }
+  }
+
+  const AttentionF32Config c = choose_attention_f32(problem, num_sms());
+  if (c.smem > max_shared_memory_per_block() || c.head_groups > 65535) {
+    throw Error(ErrorCode::kUnsupported, std::string(op) + ": " + std::to_string(heads) +
+                                             " heads of " + std::to_string(dim) +
+                                             " channels do not fit the kernel's blocks");
+  }
+  split_outputs(c.splits);
+  launch_attention_f32(a, dl, c, tokens, stream());
+  combine(c.splits);
+  return out;
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,81 @@
+// The problem parameters of attention, one struct for both kernels (the f32 kernel of
+// attention_f32.cu and the tensor-core kernel of sm80/attention_mma.cu): the same key list, the
+// same sinks and the same split-output format. docs/model.md#attention has the op.
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/backend.h"
+
+namespace deepinfer::cuda {
+
+// Key splits of one token at most: the split outputs' format, merged by attention_combine.cu.
+constexpr int kAttnMaxSplits = 64;
+
+struct AttentionArgs {
+  const float* q;        // [T, heads, dim]
+  const float* kv;       // [T, dim]
+  const float* ring;     // [slots, ring_len, dim]
+  const float* entries;  // [entry_rows, dim] or null
+  const int32_t* topk;   // [T, topk_cols] or null
+  const float* sinks;    // [heads]
+  float* out;            // [T, heads, dim] when there is one split
+  float* part_acc;       // [splits, T, heads, dim] otherwise
+  float* part_md;        // [splits, T, heads, 2]: running max, denominator
+  int64_t slots;
+  int64_t ring_len;
+  int64_t entry_rows;
+  int64_t entry_bound;  // max_blocks_per_seq * epb
+  int heads;
+  // dim and the head grouping are the f32 kernel's (attention_f32.cu); the tensor-core kernel
+  // takes D as a template parameter and 64 heads per block.
+  int dim;              // a multiple of 4, at most kAttnMaxDim
+  int heads_per_block;  // HB
+  int hb_stride;        // HB rounded up to a multiple of 8: row stride of the probability tile
+  int window;
+  int ratio;  // 0: sliding only
+  int epb;
+  int topk_cols;
+  bool sparse;
+  float scale;
+};
+
+// The arguments of one attention call, except the split outputs (part_acc, part_md) and the f32
+// kernel's head grouping, which the launch fills from its config.
+inline AttentionArgs attention_args(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                                    const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                                    const BatchLayout& layout, const AttentionSpec& spec,
+                                    const Tensor& out) {
+  const bool compressed = spec.ratio > 0;
+  const bool sparse = compressed && spec.sparse;
+  const int64_t epb = compressed ? layout.block_size / spec.ratio : 0;
+  AttentionArgs a{};
+  a.q = q.data<float>();
+  a.kv = kv.data<float>();
+  a.ring = swa_ring.data<float>();
+  a.entries = compressed ? entries.data<float>() : nullptr;
+  a.topk = sparse ? topk.data<int32_t>() : nullptr;
+  a.sinks = sinks.data<float>();
+  a.out = out.data<float>();
+  a.slots = swa_ring.size(0);
+  a.ring_len = swa_ring.size(1);
+  a.entry_rows = compressed ? entries.size(0) : 0;
+  a.entry_bound = static_cast<int64_t>(layout.max_blocks_per_seq) * epb;
+  a.heads = static_cast<int>(q.size(1));
+  a.window = spec.window;
+  a.ratio = compressed ? spec.ratio : 0;
+  a.epb = static_cast<int>(epb);
+  a.topk_cols = static_cast<int>(sparse ? topk.size(1) : 0);
+  a.sparse = sparse;
+  a.scale = spec.scale;
+  a.dim = static_cast<int>(q.size(2));
+  return a;
+}
+
+// The host's bound on a token's key list (W sliding keys + the compressed entries it can see),
+// from which the launches size their key splits.
+inline int64_t max_attention_keys(const AttentionArgs& a) {
+  return a.window + (a.ratio > 0 ? (a.sparse ? a.topk_cols : a.entry_bound) : 0);
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,71 @@
+// The merge of attention's key splits (flash-decoding: with few tokens the key list is split
+// over several blocks so the SMs fill). Both attention kernels write the same split format:
+// part_acc [splits, T, heads, D] unnormalised sums, part_md [splits, T, heads, 2] (running max,
+// denominator); this kernel adds the sink and normalises.
+#include <cstdint>
+
+#include "cuda/attention/attention_launch.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vec.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// Block (token, head): merges the splits' (max, denominator, unnormalised sum) with the sink.
+// The splits' statistics are staged in shared memory so each is loaded once, and the sums are
+// loaded a few splits at a time.
+__global__ void attention_combine_kernel(const float* __restrict__ part_acc,
+                                         const float* __restrict__ part_md,
+                                         const float* __restrict__ sinks, float* __restrict__ out,
+                                         int num_tokens, int heads, int dim, int splits) {
+  __shared__ float m_s[kAttnMaxSplits];
+  __shared__ float d_s[kAttnMaxSplits];
+  __shared__ float w_s[kAttnMaxSplits];
+  const int64_t t = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int64_t stride = static_cast<int64_t>(num_tokens) * heads;  // between splits
+  const int64_t idx = t * heads + h;
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    m_s[s] = part_md[2 * (s * stride + idx)];
+    d_s[s] = part_md[2 * (s * stride + idx) + 1];
+  }
+  __syncthreads();
+  const float sink = sinks[h];
+  float mx = sink;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m_s[s]);
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+    w_s[s] = m_s[s] == -INFINITY ? 0.0f : expf(m_s[s] - mx);  // an empty split weighs 0
+  }
+  __syncthreads();
+  float den = expf(sink - mx);
+  for (int s = 0; s < splits; ++s) den += d_s[s] * w_s[s];
+  const float inv = 1.0f / den;
+  for (int c4 = threadIdx.x; c4 < dim / 4; c4 += blockDim.x) {
+    float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+      const float4 v = reinterpret_cast<const float4*>(part_acc + (s * stride + idx) * dim)[c4];
+      r = fma4(w_s[s], v, r);
+    }
+    r.x *= inv;
+    r.y *= inv;
+    r.z *= inv;
+    r.w *= inv;
+    reinterpret_cast<float4*>(out + idx * dim)[c4] = r;
+  }
+}
+
+}  // namespace
+
+void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
+                              const float* sinks, float* out, int64_t tokens, int64_t heads,
+                              int64_t dim, int64_t splits) {
+  attention_combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(heads)), 128,
+                             0, stream>>>(part_acc, part_md, sinks, out, static_cast<int>(tokens),
+                                          static_cast<int>(heads), static_cast<int>(dim),
+                                          static_cast<int>(splits));
+  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+}
+
+}  // namespace deepinfer::cuda

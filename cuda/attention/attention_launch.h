@@ -1,0 +1,29 @@
+// The launches of the attention family: problem + config + arguments. attention.cu chooses the
+// configs (attention_heuristics.h) and calls these.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/attention/attention_args.h"
+#include "cuda/attention/attention_heuristics.h"
+#include "cuda/common/layout.cuh"
+
+namespace deepinfer::cuda {
+
+// The f32 kernel (attention_f32.cu), grid (token, head group, split). With one split it writes
+// a.out, otherwise a.part_acc / a.part_md.
+void launch_attention_f32(const AttentionArgs& a, const DeviceLayout& l,
+                          const AttentionF32Config& c, int64_t tokens, cudaStream_t stream);
+
+// The tensor-core kernel (sm80/attention_mma.cu) for c.supported; outputs as the f32 kernel's.
+void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
+                          const AttentionMmaConfig& c, int64_t tokens, cudaStream_t stream);
+
+// Merges `splits` > 1 split outputs with the sinks into out (attention_combine.cu).
+void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
+                              const float* sinks, float* out, int64_t tokens, int64_t heads,
+                              int64_t dim, int64_t splits);
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,436 @@
+// Tensor-core attention for AttentionSpec::bf16_math (docs/model.md#attention): the same op as
+// the f32 kernel of attention_f32.cu (same key list, masks, sinks and split format), with q, the
+// keys and the probabilities rounded to bf16 and multiplied by mma.sync m16n8k16 (f32
+// accumulation, f32 online softmax). sm_80+ instructions (cp.async, ldmatrix, mma.sync), built
+// for sm_90a and sm_100a. CudaBackend::attention runs it when bf16_math is set and the shape is
+// supported (D in {64, 128, 256, 512}, attention_heuristics.h); otherwise the f32 kernel runs.
+//
+// Why this shape of kernel: the model is MQA (one K=V vector per key shared by all heads) and its
+// decode steps have one or two query tokens per sequence. Putting all heads of a token (up to 64)
+// in one block gives the M dimension of the tensor-core products (heads x keys for S = Q K^T,
+// heads x channels for O = P V) even for a single query token, and every key tile is read from
+// global memory once per token instead of once per head group. Keys are f32 in the caches, so
+// global traffic (2 KB per key at D = 512) bounds the kernel; everything else is arranged so that
+// the next tile's copy is in flight while the current one is multiplied.
+//
+// Block (token t, group of 64 heads, key split), 8 warps. Shared memory (D = 512: 214 KB):
+//   q      [64][D+8] bf16   q of the group's heads, rounded once (rows past the heads are 0)
+//   stage  [32][D]   f32    the next key tile, copied with cp.async
+//   kb     2 x [32][D+8] bf16  the current key tile (double buffered), rounded from stage
+//   ss     2 x [64][40] f32    partial logits of the two halves of D
+//   valid  2 x [32] int       which keys of a kb buffer are real (masked keys are zero rows)
+// The +8 bf16 of padding (16 bytes) puts the 8 rows an ldmatrix reads in 8 different bank groups.
+//
+// The pipeline, phase by phase (the device functions below, in this order):
+//  - load_query_tile: q of the group's heads, rounded to bf16, while key tile 0 is in flight.
+//  - per tile: round_key_tile (stage -> kb[i%2], then one __syncthreads), issue_key_copy of the
+//    next tile, score_key_tile (S partial over the warp's half of D), pair_barrier,
+//    online_softmax_update (logits, the running max and denominator, P as A fragments),
+//    accumulate_values (O = O * alpha + P V), and the next key's address.
+//  - store_output: the sink and out, or the split's partial sums.
+//
+// Copy and conversion: thread tid owns key tid/8 of a tile and its float4 columns tid%8 + 8j.
+// It issues the cp.async of its own columns, and later converts exactly those columns to bf16,
+// so the stage needs no block barrier: cp.async.wait_all makes a thread's own copies visible to
+// it. One __syncthreads per tile then publishes kb[i%2] (and orders it after every warp is done
+// with tile i-2, the previous user of that buffer, and with ss of tile i-1).
+//
+// Warp w: row group rg = w % 4 (heads 16rg .. 16rg+15), half = w / 4 (channels half*D/2 ..).
+//  - S = Q K^T: the warp multiplies its 16 rows by all 32 keys of the tile over ITS half of D
+//    (ldmatrix for both operands: K is stored key-major, i.e. exactly the "col" B operand) and
+//    writes the partial sums to ss[half]. After a named barrier of the warp pair (bar.sync 1+rg,
+//    64 threads) each warp adds ss[0] + ss[1] in that order, so both warps of a pair hold
+//    bit-identical logits, run the identical online softmax, and keep identical (max, sum)
+//    registers: no second exchange is needed. Splitting D (rather than the keys) for S halves the
+//    q fragments each warp loads per tile.
+//  - softmax: per head row in registers (the m16n8 accumulator layout: c0, c1 in row lane/4,
+//    c2, c3 in row lane/4 + 8, columns 2*(lane%4) + {0, 1}); masked keys get -inf. The
+//    probabilities are rounded to bf16 and, because the C layout of two adjacent n8 tiles is the
+//    A layout of one k16 step, become the A fragments of P V without going through shared memory.
+//  - O += P V: the warp owns O[16 rows][its half of D] in registers (D/4 floats per thread; 128
+//    at D = 512) and reads V = the same kb tile with ldmatrix.trans (kb is [key][channel], i.e.
+//    a row-major K x N operand).
+// With one split the block applies the sink and writes out; otherwise it writes the unnormalised
+// O and (max, denominator) per head in the f32 kernel's part_acc / part_md layout and
+// attention_combine.cu merges the splits with the sink.
+//
+// Robustness is that of the f32 kernel (see attention.cu): invalid or masked keys are zero rows
+// with logit -inf, out-of-range entries are not visible, no host sync, grid and scratch sized
+// from host metadata only, so the op can be captured in a CUDA graph.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/attention/attention_keys.cuh"
+#include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm80/attention_mma_config.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/ptx_sm80.cuh"
+#include "cuda/common/reduce.cuh"
+#include "cuda/common/vec.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// Barrier of the two warps of a row group (ids 1..4; 0 is __syncthreads).
+__device__ __forceinline__ void pair_barrier(int rg) {
+  named_barrier<64>(1 + rg);
+}
+
+// Copies this thread's columns cs + 8j of one key (src, null = masked: nothing to copy) into
+// its row of the stage; 8 threads cover 128 contiguous bytes of a key per instruction.
+template <int kDim>
+__device__ __forceinline__ void issue_key_copy(float* my_stage, const float* src, int cs) {
+  constexpr int kChunks = kDim / 32;  // float4 columns of one key per copying thread
+  if (src == nullptr) return;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = cs + 8 * j;
+    cp_async_16(my_stage + 4 * c, src + 4 * c);
+  }
+}
+
+// q rows of the group into qs, rounded to bf16 (rows past the heads are 0); loads batched so
+// their latencies overlap.
+template <int kDim>
+__device__ __forceinline__ void load_query_tile(const AttentionArgs& a, __nv_bfloat16* qs, int t,
+                                                int h_first, int nhb, int tid) {
+  constexpr int kStride = MmaLayout<kDim>::kStride;
+  const float4* q4 =
+      reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h_first) * kDim);
+  constexpr int kQ4 = kDim / 4;
+  constexpr int kQIters = kMmaRows * kQ4 / kMmaThreads;
+  constexpr int kQBatch = kQIters < 16 ? kQIters : 16;
+  static_assert(kQIters % kQBatch == 0, "q batches");
+#pragma unroll 1
+  for (int i0 = 0; i0 < kQIters; i0 += kQBatch) {
+    float4 v[kQBatch];
+#pragma unroll
+    for (int u = 0; u < kQBatch; ++u) {
+      const int i = tid + (i0 + u) * kMmaThreads;
+      v[u] = i / kQ4 < nhb ? __ldg(q4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kQBatch; ++u) {
+      const int i = tid + (i0 + u) * kMmaThreads;
+      const int r = i / kQ4;
+      *reinterpret_cast<uint2*>(qs + r * kStride + 4 * (i - r * kQ4)) =
+          make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+    }
+  }
+}
+
+// This thread's part of the staged key tile rounded into kb (a masked key is a zero row: 0 * V
+// must stay 0), and whether its key is real.
+template <int kDim>
+__device__ __forceinline__ void round_key_tile(__nv_bfloat16* kb, int* valid, const float* my_stage,
+                                               bool my_valid, int cr, int cs) {
+  constexpr int kStride = MmaLayout<kDim>::kStride;
+  constexpr int kChunks = kDim / 32;
+  __nv_bfloat16* dst = kb + cr * kStride;
+#pragma unroll 4
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = cs + 8 * j;
+    const float4 v = my_valid ? *reinterpret_cast<const float4*>(my_stage + 4 * c)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<uint2*>(dst + 4 * c) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+  if (cs == 0) valid[cr] = my_valid ? 1 : 0;
+}
+
+// S partial over this warp's half of D: its 16 rows x the tile's 32 keys, written to ss_mine.
+template <int kDim>
+__device__ __forceinline__ void score_key_tile(const __nv_bfloat16* q_frag, const __nv_bfloat16* kb,
+                                               int k_frag, float* ss_mine, int g, int qd) {
+  constexpr int kStride = MmaLayout<kDim>::kStride;
+  constexpr int kKSteps = kDim / 2 / 16;  // k16 steps of S over a warp's half of D
+  float sacc[4][4];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t af[4];
+    ldmatrix_x4(af, q_frag + 16 * ks);
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, kb + k_frag + kp * 16 * kStride + 16 * ks);
+      mma_bf16(sacc[2 * kp], af, bf[0], bf[1]);
+      mma_bf16(sacc[2 * kp + 1], af, bf[2], bf[3]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    *reinterpret_cast<float2*>(ss_mine + g * kMmaSStride + 8 * n + 2 * qd) =
+        make_float2(sacc[n][0], sacc[n][1]);
+    *reinterpret_cast<float2*>(ss_mine + (g + 8) * kMmaSStride + 8 * n + 2 * qd) =
+        make_float2(sacc[n][2], sacc[n][3]);
+  }
+}
+
+// Logits = (half 0 + half 1) * scale, the same order in both warps of a pair (masked keys -inf),
+// then the online softmax of rows g and g + 8: the new running max and denominator, the rescale
+// factor alpha of the old O, and P rounded to bf16 as the A fragments of the two k16 steps of
+// P V (the C layout of n8 tiles 2k, 2k+1 is the A layout of k16 step k).
+__device__ __forceinline__ void online_softmax_update(const float* ss0, const float* ss1,
+                                                      const int* valid, float scale, int g, int qd,
+                                                      float (&m_run)[2], float (&d_run)[2],
+                                                      float (&alpha)[2], uint32_t (&pa)[2][4]) {
+  float s[4][4];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int off = (g + 8 * r) * kMmaSStride + 8 * n + 2 * qd;
+      const float2 x0 = *reinterpret_cast<const float2*>(ss0 + off);
+      const float2 x1 = *reinterpret_cast<const float2*>(ss1 + off);
+      const int key = 8 * n + 2 * qd;
+      s[n][2 * r] = valid[key] ? (x0.x + x1.x) * scale : -INFINITY;
+      s[n][2 * r + 1] = valid[key + 1] ? (x0.y + x1.y) * scale : -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));  // the 4 lanes of a row
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+    const float m_new = fmaxf(m_run[r], mx);
+    float sum = 0.0f;
+    if (m_new == -INFINITY) {  // no valid key yet: nothing to add, nothing to rescale
+      alpha[r] = 1.0f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) s[n][2 * r] = s[n][2 * r + 1] = 0.0f;
+    } else {
+      alpha[r] = __expf(m_run[r] - m_new);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        s[n][2 * r] = __expf(s[n][2 * r] - m_new);
+        s[n][2 * r + 1] = __expf(s[n][2 * r + 1] - m_new);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+    }
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    sum += __shfl_xor_sync(kFullMask, sum, 2);
+    d_run[r] = d_run[r] * alpha[r] + sum;
+    m_run[r] = m_new;
+  }
+  // a0a1 (row g, keys 2qd..), a2a3 (row g+8), a4a5 (row g, keys 8+2qd..), a6a7 (row g+8, keys
+  // 8+2qd..).
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    pa[k][0] = pack_bf16(s[2 * k][0], s[2 * k][1]);
+    pa[k][1] = pack_bf16(s[2 * k][2], s[2 * k][3]);
+    pa[k][2] = pack_bf16(s[2 * k + 1][0], s[2 * k + 1][1]);
+    pa[k][3] = pack_bf16(s[2 * k + 1][2], s[2 * k + 1][3]);
+  }
+}
+
+// O = O * alpha + P V over this warp's half of D (V = the kb tile, read with ldmatrix.trans).
+template <int kDim>
+__device__ __forceinline__ void accumulate_values(float (&o)[kDim / 16][4], const float (&alpha)[2],
+                                                  const uint32_t (&pa)[2][4],
+                                                  const __nv_bfloat16* kb, int v_frag) {
+  constexpr int kStride = MmaLayout<kDim>::kStride;
+  constexpr int kNTiles = kDim / 16;  // n8 tiles of a warp's O
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    o[j][0] *= alpha[0];
+    o[j][1] *= alpha[0];
+    o[j][2] *= alpha[1];
+    o[j][3] *= alpha[1];
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, kb + v_frag + k * 16 * kStride + 16 * np);
+      mma_bf16(o[2 * np], pa[k], bf[0], bf[1]);
+      mma_bf16(o[2 * np + 1], pa[k], bf[2], bf[3]);
+    }
+  }
+}
+
+// Rows g and g + 8 of the warp's O: with one split out = O / (d e^(m-M) + e^(sink-M)), else the
+// unnormalised O and (max, denominator) of the split for attention_combine.
+template <int kDim>
+__device__ __forceinline__ void store_output(const AttentionArgs& a, const DeviceLayout& l,
+                                             const float (&o)[kDim / 16][4],
+                                             const float (&m_run)[2], const float (&d_run)[2],
+                                             int t, int h_first, int nhb, int rg, int half, int g,
+                                             int qd) {
+  constexpr int kHalf = kDim / 2;
+  constexpr int kNTiles = kDim / 16;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = 16 * rg + g + 8 * r;
+    if (row >= nhb) continue;
+    const int64_t head = h_first + row;
+    const float m = m_run[r];
+    const float d = d_run[r];
+    const int64_t idx = static_cast<int64_t>(t) * a.heads + head;
+    if (splits == 1) {
+      // softmax(logits ++ sink) without the sink column: divide by d e^(m-M) + e^(sink-M).
+      const float sink = a.sinks[head];
+      const float mx = fmaxf(m, sink);
+      const float em = m == -INFINITY ? 0.0f : expf(m - mx);
+      const float f = em / (d * em + expf(sink - mx));
+      float* dst = a.out + idx * kDim + half * kHalf + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * r] * f, o[j][2 * r + 1] * f);
+      }
+    } else {
+      const int64_t pidx = static_cast<int64_t>(split) * l.num_tokens * a.heads + idx;
+      float* dst = a.part_acc + pidx * kDim + half * kHalf + 2 * qd;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
+      }
+      if (half == 0 && qd == 0) {
+        a.part_md[2 * pidx] = m;
+        a.part_md[2 * pidx + 1] = d;
+      }
+    }
+  }
+}
+
+template <int kDim>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    attention_mma_kernel(AttentionArgs a, DeviceLayout l) {
+  using L = MmaLayout<kDim>;
+  constexpr int kStride = L::kStride;
+  constexpr int kHalf = kDim / 2;     // channels of a warp (S partial sums and O)
+  constexpr int kNTiles = kHalf / 8;  // n8 tiles of a warp's O
+  extern __shared__ int4 smem_raw[];
+  char* smem = reinterpret_cast<char*>(smem_raw);
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  float* stage = reinterpret_cast<float*>(smem + L::kStageOff);
+  __nv_bfloat16* kb_base = reinterpret_cast<__nv_bfloat16*>(smem + L::kKbOff);
+  float* ss = reinterpret_cast<float*>(smem + L::kSsOff);
+  int* valid_base = reinterpret_cast<int*>(smem + L::kValidOff);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int rg = warp & 3;
+  const int half = warp >> 2;
+  const int g = lane >> 2;  // accumulator row (and row + 8)
+  const int qd = lane & 3;  // accumulator columns 2qd, 2qd + 1
+  const int t = blockIdx.x;
+  const int h_first = blockIdx.y * kMmaRows;
+  const int nhb = min(kMmaRows, a.heads - h_first);
+
+  // This token's key list (the same keys as the f32 kernel) and this split's range of it.
+  const AttentionKeys keys(a, l, t);
+  const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);
+  // Key i of the list, or null when it is masked.
+  auto key_at = [&](int64_t i) -> const float* {
+    return i < range.end ? keys.key(a, l, i, kDim) : nullptr;
+  };
+
+  // Copy role: key `cr` of each tile, float4 columns cs + 8j.
+  const int cr = tid >> 3;
+  const int cs = tid & 7;
+  float* my_stage = stage + cr * kDim;
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g + 8
+  float d_run[2] = {0.0f, 0.0f};
+  const bool active = rg * 16 < nhb;  // uniform over a warp pair: rows past the heads are idle
+
+  // A key's address takes dependent loads (topk, then the block table), so it is resolved one
+  // tile ahead, at the end of the previous iteration, where its latency overlaps the wait for
+  // the copy in flight instead of delaying the products.
+  bool my_valid = false;            // this thread's key of the tile in the stage
+  const float* src_next = nullptr;  // this thread's key of the next tile to issue
+  if (range.begin < range.end) {
+    const float* src0 = key_at(range.begin + cr);
+    issue_key_copy<kDim>(my_stage, src0, cs);  // tile 0 flies while q is rounded
+    my_valid = src0 != nullptr;
+    src_next = key_at(range.begin + kMmaKeys + cr);
+    load_query_tile<kDim>(a, qs, t, h_first, nhb, tid);
+  }
+
+  // Per-lane ldmatrix row addresses (see the fragment layouts in the header):
+  //  - A of S (q rows): matrix i = lane/8 is rows +8*(i%2), columns +8*(i/2).
+  //  - B of S (keys, "col"): matrix i is keys +8*(i/2), channels +8*(i%2): registers 0,1 are
+  //    the b0b1 / b2b3 of keys 0..7 of a 16-key pair, registers 2,3 those of keys 8..15.
+  //  - B of P V (keys x channels, row-major, .trans): matrix i is keys +8*(i%2), channels
+  //    +8*(i/2): registers 0,1 for channels 0..7 of a 16-channel pair, 2,3 for channels 8..15.
+  const int lrow = lane & 7;
+  const int bit3 = (lane >> 3) & 1;
+  const int bit4 = lane >> 4;
+  const __nv_bfloat16* q_frag =
+      qs + (16 * rg + lrow + 8 * bit3) * kStride + half * kHalf + 8 * bit4;
+  const int k_frag = (lrow + 8 * bit4) * kStride + half * kHalf + 8 * bit3;
+  const int v_frag = (lrow + 8 * bit3) * kStride + half * kHalf + 8 * bit4;
+  float* ss_mine = ss + half * (kMmaRows * kMmaSStride) + 16 * rg * kMmaSStride;
+  const float* ss0 = ss + 16 * rg * kMmaSStride;
+  const float* ss1 = ss0 + kMmaRows * kMmaSStride;
+
+  int it = 0;
+  for (int64_t i0 = range.begin; i0 < range.end; i0 += kMmaKeys, ++it) {
+    __nv_bfloat16* kb = kb_base + (it & 1) * (kMmaKeys * kStride);
+    int* valid = valid_base + (it & 1) * kMmaKeys;
+    cp_async_wait_all();
+    round_key_tile<kDim>(kb, valid, my_stage, my_valid, cr, cs);
+    __syncthreads();
+    // The next tile's copy overlaps this tile's products (each thread reuses only its own part
+    // of the stage, which it has just converted).
+    if (i0 + kMmaKeys < range.end) {
+      issue_key_copy<kDim>(my_stage, src_next, cs);
+      my_valid = src_next != nullptr;
+    }
+    if (active) {
+      score_key_tile<kDim>(q_frag, kb, k_frag, ss_mine, g, qd);
+      pair_barrier(rg);
+      float alpha[2];
+      uint32_t pa[2][4];  // P as the A fragments of the two k16 steps of P V
+      online_softmax_update(ss0, ss1, valid, a.scale, g, qd, m_run, d_run, alpha, pa);
+      accumulate_values<kDim>(o, alpha, pa, kb, v_frag);
+    }                                           // active
+    src_next = key_at(i0 + 2 * kMmaKeys + cr);  // null past range.end
+  }
+
+  if (!active) return;
+  store_output<kDim>(a, l, o, m_run, d_run, t, h_first, nhb, rg, half, g, qd);
+}
+
+template <int kDim>
+void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
+                int64_t tokens, cudaStream_t stream) {
+  allow_smem(attention_mma_kernel<kDim>, MmaLayout<kDim>::kBytes);
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(c.head_groups),
+                  static_cast<unsigned>(c.splits));
+  attention_mma_kernel<kDim><<<grid, kMmaThreads, MmaLayout<kDim>::kBytes, stream>>>(a, l);
+  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+}
+
+}  // namespace
+
+void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
+                          const AttentionMmaConfig& c, int64_t tokens, cudaStream_t stream) {
+  switch (a.dim) {  // the dims of mma_smem_bytes: c.supported only for these
+    case 64:
+      return launch_mma<64>(a, l, c, tokens, stream);
+    case 128:
+      return launch_mma<128>(a, l, c, tokens, stream);
+    case 256:
+      return launch_mma<256>(a, l, c, tokens, stream);
+    case 512:
+      return launch_mma<512>(a, l, c, tokens, stream);
+    default:
+      fail("attention", "no tensor-core kernel for head dim " + std::to_string(a.dim));
+  }
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,52 @@
+// Tile constants and the shared-memory layout of the tensor-core attention kernel
+// (sm80/attention_mma.cu), shared with its heuristics.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace deepinfer::cuda {
+
+constexpr int kMmaThreads = 256;           // 8 warps: 4 row groups x 2 halves of D
+constexpr int kMmaRows = 64;               // heads per block: the M of both products
+constexpr int kMmaKeys = 32;               // keys per tile
+constexpr int kMmaSStride = kMmaKeys + 8;  // f32 row stride of ss: conflict-free float2 access
+// Tiles one block-wave is assumed to need beyond its key tiles (loading q, the epilogue): the
+// split heuristic trades these against more, shorter blocks.
+constexpr int64_t kMmaOverheadTiles = 2;
+
+template <int kDim>
+struct MmaLayout {
+  static constexpr int kStride = kDim + 8;  // bf16 row stride of q and kb
+  static constexpr size_t kQBytes = size_t{kMmaRows} * kStride * 2;
+  static constexpr size_t kStageBytes = size_t{kMmaKeys} * kDim * 4;
+  static constexpr size_t kKbBytes = size_t{kMmaKeys} * kStride * 2;      // one buffer
+  static constexpr size_t kSsBytes = size_t{kMmaRows} * kMmaSStride * 4;  // one half
+  static constexpr size_t kStageOff = kQBytes;
+  static constexpr size_t kKbOff = kStageOff + kStageBytes;
+  static constexpr size_t kSsOff = kKbOff + 2 * kKbBytes;
+  static constexpr size_t kValidOff = kSsOff + 2 * kSsBytes;
+  static constexpr size_t kBytes = kValidOff + 2 * kMmaKeys * sizeof(int);
+  static_assert(kDim % 64 == 0 && kDim <= 512, "D must be a multiple of 64 up to 512");
+  static_assert(kStageOff % 16 == 0 && kKbOff % 16 == 0 && kKbBytes % 16 == 0 && kSsOff % 16 == 0 &&
+                    kValidOff % 16 == 0,
+                "16-byte aligned regions (cp.async, ldmatrix)");
+};
+
+// Shared memory of a block for head dim `dim`; 0 for a dim the kernel is not instantiated for.
+constexpr size_t mma_smem_bytes(int64_t dim) {
+  switch (dim) {
+    case 64:
+      return MmaLayout<64>::kBytes;
+    case 128:
+      return MmaLayout<128>::kBytes;
+    case 256:
+      return MmaLayout<256>::kBytes;
+    case 512:
+      return MmaLayout<512>::kBytes;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace deepinfer::cuda

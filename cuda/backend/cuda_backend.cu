@@ -1,0 +1,310 @@
+// The CUDA backend's device plumbing: construction, memory, uploads and host copies, events and
+// graph capture. The ops live in the kernel families (cuda/<family>/).
+#include <cstring>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/backend/cuda_context.h"
+#include "cuda/common/launch.cuh"
+
+namespace deepinfer {
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  return std::make_unique<cuda::CudaBackend>(device_index);
+}
+
+// GPUs the CUDA runtime sees; 0 without a GPU or driver (for device "auto").
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it, so a later call does not report it
+    return 0;
+  }
+  return count;
+}
+
+namespace cuda {
+
+namespace {
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(std::shared_ptr<CudaContext> ctx) : ctx_(std::move(ctx)) {
+    DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    DEEPINFER_CUDA_CHECK(cudaEventRecord(event_, ctx_->stream));
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  bool query() override {
+    cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    DEEPINFER_CUDA_CHECK(e);
+    return true;
+  }
+  void wait() override { DEEPINFER_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  std::shared_ptr<CudaContext> ctx_;
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(std::shared_ptr<CudaContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec)
+      : ctx_(std::move(ctx)), graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    // A replay may still be running; its graph memory must not be torn down under it.
+    cudaStreamSynchronize(ctx_->stream);
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void replay() override { DEEPINFER_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_->stream)); }
+
+ private:
+  std::shared_ptr<CudaContext> ctx_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// Device -> pinned -> pageable host: the last hop runs in a stream callback.
+struct HostCopyJob {
+  std::shared_ptr<CudaContext> ctx;
+  PinnedPool::Block block;
+  Tensor host;  // keeps the destination alive until the callback ran
+  size_t nbytes = 0;
+};
+
+void CUDART_CB finish_host_copy(void* data) {
+  auto* job = static_cast<HostCopyJob*>(data);
+  std::memcpy(job->host.raw_data(), job->block.ptr, job->nbytes);
+  job->ctx->pinned.release_now(job->block);
+  delete job;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_index)
+    : device_(device_index), ctx_(std::make_shared<CudaContext>()) {
+  int count = 0;
+  DEEPINFER_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (device_index < 0 || device_index >= count) {
+    throw Error(ErrorCode::kInvalidArgument, "cuda:" + std::to_string(device_index) +
+                                                 " does not exist (" + std::to_string(count) +
+                                                 " CUDA devices)");
+  }
+  ctx_->device = device_index;
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_index));
+  cudaDeviceProp prop{};
+  DEEPINFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+  num_sms_ = prop.multiProcessorCount;
+  max_smem_optin_ = prop.sharedMemPerBlockOptin;
+  DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
+  if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorCode::kInternal, "cublasCreate failed");
+  }
+  cublasSetStream(ctx_->cublas, ctx_->stream);
+  constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  DEEPINFER_CUDA_CHECK(cudaMalloc(&ctx_->cublas_workspace, kCublasWorkspaceBytes));
+  if (cublasSetWorkspace(ctx_->cublas, ctx_->cublas_workspace, kCublasWorkspaceBytes) !=
+      CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorCode::kInternal, "cublasSetWorkspace failed");
+  }
+  // fp32 GEMMs stay IEEE fp32 (no TF32): the CUDA backend must match the CPU reference.
+  cublasSetMathMode(ctx_->cublas, CUBLAS_DEFAULT_MATH);
+  // Cache freed blocks in the pool instead of returning them to the driver at every sync.
+  cudaMemPool_t pool;
+  DEEPINFER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index));
+  uint64_t threshold = UINT64_MAX;
+  DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(ctx_->stream);
+}
+
+std::string CudaBackend::name() const {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, device_);
+  return std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
+}
+
+DType CudaBackend::weight_dtype(DType stored) const {
+  switch (stored) {
+    case DType::kBF16:
+    case DType::kF16:
+      return DType::kBF16;
+    default:
+      return DType::kF32;
+  }
+}
+
+cudaStream_t CudaBackend::stream() const {
+  return ctx_->stream;
+}
+cublasHandle_t CudaBackend::cublas() const {
+  return ctx_->cublas;
+}
+
+Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    if (s < 0) fail("empty", "negative dimension in " + shape_str(shape));
+    n *= s;
+  }
+  const size_t nbytes = static_cast<size_t>(n) * dtype_size(dtype);
+  void* ptr = nullptr;
+  if (nbytes > 0) {
+    DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+    cudaError_t err = cudaMallocAsync(&ptr, nbytes, ctx_->stream);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw Error(ErrorCode::kIo, "out of CUDA memory allocating " + std::to_string(nbytes) +
+                                      " bytes for " + std::string(dtype_name(dtype)) +
+                                      shape_str(shape));
+    }
+    DEEPINFER_CUDA_CHECK(err);
+  }
+  std::shared_ptr<CudaContext> ctx = ctx_;
+  auto storage = Storage::adopt(ptr, nbytes, Device{DeviceKind::kCuda, device_}, [ctx](void* p) {
+    if (p != nullptr) cudaFreeAsync(p, ctx->stream);  // stream-ordered: after every earlier use
+  });
+  return Tensor(std::move(storage), dtype, shape, 0);
+}
+
+Tensor CudaBackend::scratch(size_t nbytes) {
+  // A byte buffer: fp8 is the only 1-byte element type; its values are never read as fp8.
+  return empty({static_cast<int64_t>(nbytes)}, DType::kF8E4M3);
+}
+
+Tensor CudaBackend::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  if (t.nbytes() > 0)
+    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), ctx_->stream));
+  return t;
+}
+
+Tensor CudaBackend::upload_impl(const Tensor& host, DType dtype) {
+  check_not_capturing("upload");
+  Tensor converted = host.dtype() == dtype ? host.contiguous() : host.to(dtype);
+  Tensor out = empty(host.shape(), dtype);
+  if (out.nbytes() == 0) return out;
+  // Pinned staging: the copy is asynchronous and the caller may reuse `host` at once.
+  PinnedPool::Block b = ctx_->pinned.acquire(out.nbytes());
+  std::memcpy(b.ptr, converted.raw_data(), out.nbytes());
+  DEEPINFER_CUDA_CHECK(
+      cudaMemcpyAsync(out.raw_data(), b.ptr, out.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  ctx_->pinned.release_after(b, ctx_->stream);
+  return out;
+}
+
+Tensor CudaBackend::upload_weight_impl(const Tensor& host, DType dtype) {
+  Tensor converted = host.dtype() == dtype ? host.contiguous() : host.to(dtype);
+  Tensor out = empty(host.shape(), dtype);
+  if (out.nbytes() > 0) {
+    // Weights load once, before any step: a plain (synchronous) copy is fine here.
+    DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), converted.raw_data(), out.nbytes(),
+                                         cudaMemcpyHostToDevice, ctx_->stream));
+    DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+  }
+  return out;
+}
+
+void CudaBackend::check_not_capturing(const char* what) const {
+  if (capturing_) {
+    throw Error(ErrorCode::kInternal, std::string(what) +
+                                          ": not allowed while a graph is captured (inputs of "
+                                          "a graph are staged with upload_into before replay)");
+  }
+}
+
+void CudaBackend::upload_into_impl(const Tensor& dst, const Tensor& host) {
+  check_not_capturing("upload_into");
+  Tensor converted = host.dtype() == dst.dtype() ? host.contiguous() : host.to(dst.dtype());
+  if (dst.nbytes() == 0) return;
+  PinnedPool::Block b = ctx_->pinned.acquire(dst.nbytes());
+  std::memcpy(b.ptr, converted.raw_data(), dst.nbytes());
+  DEEPINFER_CUDA_CHECK(
+      cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
+  ctx_->pinned.release_after(b, ctx_->stream);
+}
+
+void CudaBackend::copy_into_impl(const Tensor& dst, const Tensor& src) {
+  if (dst.nbytes() == 0 || dst.raw_data() == src.raw_data()) return;
+  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                       cudaMemcpyDeviceToDevice, ctx_->stream));
+}
+
+std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
+  if (!body) fail("capture", "body is empty");
+  check_not_capturing("capture");
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+  DEEPINFER_CUDA_CHECK(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+  cudaGraph_t graph = nullptr;
+  try {
+    body();
+  } catch (...) {
+    capturing_ = false;
+    if (cudaStreamEndCapture(ctx_->stream, &graph) == cudaSuccess && graph != nullptr)
+      cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  capturing_ = false;
+  DEEPINFER_CUDA_CHECK(cudaStreamEndCapture(ctx_->stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t err =
+      cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  if (err != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    DEEPINFER_CUDA_CHECK(err);
+  }
+  return std::make_unique<CudaGraph>(ctx_, graph, exec);
+}
+
+const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {
+  auto it = pointer_tables_.find(pointers);
+  if (it != pointer_tables_.end()) return it->second;
+  check_not_capturing("pointer_table (first use of a weight table)");
+  Tensor host = Tensor::from_vector(pointers, {static_cast<int64_t>(pointers.size())});
+  return pointer_tables_.emplace(pointers, upload(host, DType::kI64)).first->second;
+}
+
+Tensor CudaBackend::to_host_impl(const Tensor& device) {
+  // One cudaMemcpy copies a dense range; a strided view would need a gather kernel first.
+  if (!device.is_contiguous()) {
+    fail("to_host", "the CUDA backend copies contiguous tensors only, got a strided view " +
+                        device.describe());
+  }
+  check_not_capturing("to_host");
+  Tensor out = Tensor::zeros(device.shape(), device.dtype());
+  if (out.nbytes() > 0) {
+    DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), device.raw_data(), out.nbytes(),
+                                         cudaMemcpyDeviceToHost, ctx_->stream));
+  }
+  DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+  return out;
+}
+
+void CudaBackend::copy_to_host_impl(const Tensor& device, const Tensor& host) {
+  check_not_capturing("copy_to_host");
+  if (host.nbytes() == 0) return;
+  auto* job = new HostCopyJob{ctx_, ctx_->pinned.acquire(host.nbytes()), host, host.nbytes()};
+  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(job->block.ptr, device.raw_data(), job->nbytes,
+                                       cudaMemcpyDeviceToHost, ctx_->stream));
+  DEEPINFER_CUDA_CHECK(cudaLaunchHostFunc(ctx_->stream, finish_host_copy, job));
+}
+
+std::unique_ptr<Event> CudaBackend::record_event() {
+  check_not_capturing("record_event");
+  return std::make_unique<CudaEvent>(ctx_);
+}
+
+void CudaBackend::synchronize_impl() {
+  check_not_capturing("synchronize");
+  DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+}
+
+}  // namespace cuda
+}  // namespace deepinfer

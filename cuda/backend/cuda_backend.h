@@ -1,0 +1,122 @@
+// The CUDA backend: every Backend op as CUDA kernels or cuBLAS calls on one compute stream. This
+// class is the backend's plumbing (backend/cuda_backend.cu, backend/cuda_context.h); each op's
+// <op>_impl lives in the kernel family that computes it (cuda/README.md has the map).
+//
+// Memory comes from the device's stream-ordered pool (cudaMallocAsync / cudaFreeAsync on the
+// compute stream, with a release threshold so freed blocks are cached for reuse). A tensor's
+// deleter frees it on the stream, so memory is reused only after the work that read it.
+// Host -> device uploads go through pinned staging buffers and device -> host copies into pinned
+// buffers finished by a host callback, so neither blocks the host: launching a step never waits
+// for the device. Activations are f32 (as in the CPU reference); matrix weights keep bf16 when the
+// checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend.h"
+
+namespace deepinfer::cuda {
+
+// Stream, cuBLAS handle and pinned staging of one backend; shared with tensor deleters and
+// callbacks, which may outlive the backend object.
+struct CudaContext;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+
+  DeviceKind device_kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override;
+  DType weight_dtype(DType stored) const override;
+
+  Tensor empty(const Shape& shape, DType dtype) override;
+  Tensor zeros(const Shape& shape, DType dtype) override;
+  std::unique_ptr<Event> record_event() override;
+  // Captures a CUDA graph of the stream work `body` enqueues (relaxed capture mode; allocations
+  // inside become graph memory nodes, freed inside the graph).
+  std::unique_ptr<Graph> capture(std::function<void()> body) override;
+
+  // For op implementations.
+  cudaStream_t stream() const;
+  cublasHandle_t cublas() const;
+  int device_index() const { return device_; }
+  int num_sms() const { return num_sms_; }
+  size_t max_shared_memory_per_block() const { return max_smem_optin_; }
+  // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
+  Tensor scratch(size_t nbytes);
+  // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
+  // for the backend's lifetime: the routed experts' weight tables, so moe_experts uploads nothing
+  // per call and can be captured in a graph.
+  const Tensor& pointer_table(const std::vector<int64_t>& pointers);
+
+ private:
+  Tensor upload_impl(const Tensor& host, DType dtype) override;
+  Tensor upload_weight_impl(const Tensor& host, DType dtype) override;
+  Tensor to_host_impl(const Tensor& device) override;
+  void copy_to_host_impl(const Tensor& device, const Tensor& host) override;
+  void synchronize_impl() override;
+  void upload_into_impl(const Tensor& dst, const Tensor& host) override;
+  void copy_into_impl(const Tensor& dst, const Tensor& src) override;
+
+  Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
+  Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
+  Tensor linear_impl(const Tensor& x, const Tensor& w) override;
+  Tensor grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) override;
+  Tensor scale_impl(const Tensor& x, float factor) override;
+  Tensor add_impl(const Tensor& a, const Tensor& b) override;
+  Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) override;
+  Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                   bool inverse) override;
+  Tensor argmax_impl(const Tensor& x) override;
+  SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
+  void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
+                          const Tensor& previous) override;
+  void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;
+  void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) override;
+
+  Tensor hc_expand_impl(const Tensor& x, int hc_mult) override;
+  HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                    const HcParams& params) override;
+  Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                      const Tensor& comb) override;
+  Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                      const HcParams& params) override;
+
+  Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
+                         const Tensor& tid2eid, const Tensor& token_ids, int top_k,
+                         float routed_scale) override;
+  Tensor moe_experts_impl(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
+                          float swiglu_limit) override;
+  Tensor swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
+
+  void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
+  Tensor compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
+                            const BatchLayout& layout, const EntryBatch& entries,
+                            const CompressSpec& spec) override;
+  void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
+  Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                           const BatchLayout& layout, int ratio, int top_k, float score_scale,
+                           float weight_scale) override;
+  Tensor attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+                        const Tensor& entries, const Tensor& topk, const Tensor& sinks,
+                        const BatchLayout& layout, const AttentionSpec& spec) override;
+
+  // Uploads and host copies cannot be recorded in a graph (their host buffers are per call).
+  void check_not_capturing(const char* what) const;
+  int device_;
+  int num_sms_ = 0;
+  size_t max_smem_optin_ = 0;
+  std::shared_ptr<CudaContext> ctx_;
+  bool capturing_ = false;
+  std::map<std::vector<int64_t>, Tensor> pointer_tables_;
+};
+
+}  // namespace deepinfer::cuda

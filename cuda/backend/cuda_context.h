@@ -1,0 +1,97 @@
+// The backend's device plumbing in one place: the compute stream, the cuBLAS handle and its
+// workspace, and the pinned host staging of uploads and host copies. Shared (a shared_ptr) by the
+// backend, its tensors' deleters, events, graphs and host callbacks, which may outlive it.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "cuda/common/launch.cuh"
+
+namespace deepinfer::cuda {
+
+// Pinned host buffers reused once the copies that used them have completed.
+class PinnedPool {
+ public:
+  struct Block {
+    void* ptr = nullptr;
+    size_t size = 0;
+  };
+  ~PinnedPool() {
+    for (Block& b : free_) cudaFreeHost(b.ptr);
+    for (Pending& p : pending_) {
+      cudaEventSynchronize(p.event);
+      cudaEventDestroy(p.event);
+      cudaFreeHost(p.block.ptr);
+    }
+  }
+  Block acquire(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reclaim_locked();
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].size >= n) {
+        Block b = free_[i];
+        free_.erase(free_.begin() + static_cast<ptrdiff_t>(i));
+        return b;
+      }
+    }
+    Block b;
+    b.size = std::max<size_t>(4096, std::bit_ceil(n));
+    DEEPINFER_CUDA_CHECK(cudaHostAlloc(&b.ptr, b.size, cudaHostAllocDefault));
+    return b;
+  }
+  // The block is reused once `stream` has passed this point.
+  void release_after(Block b, cudaStream_t stream) {
+    cudaEvent_t e;
+    DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    DEEPINFER_CUDA_CHECK(cudaEventRecord(e, stream));
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({b, e});
+  }
+  // Called from a stream callback, when the stream has passed the block's last use.
+  void release_now(Block b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(b);
+  }
+
+ private:
+  struct Pending {
+    Block block;
+    cudaEvent_t event;
+  };
+  void reclaim_locked() {
+    while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+      cudaEventDestroy(pending_.front().event);
+      free_.push_back(pending_.front().block);
+      pending_.pop_front();
+    }
+  }
+  std::mutex mu_;
+  std::vector<Block> free_;
+  std::deque<Pending> pending_;
+};
+
+struct CudaContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  // cuBLAS's workspace, ours so that cuBLAS allocates nothing while a graph is captured.
+  void* cublas_workspace = nullptr;
+  PinnedPool pinned;
+  ~CudaContext() {
+    cudaSetDevice(device);
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,358 @@
+// Hyper-connection (mHC) ops of the CUDA backend (docs/model.md#hyper-connections): expand, pre
+// (weights + collapse), post (mix), head (final collapse). They follow the CPU reference
+// (cpp/src/backend/cpu_ops_hc.cpp) step by step, and reuse this backend's own ops where the CPU
+// does the same computation:
+//   mix = linear(rms_norm(flatten(X)), fn)   (the CPU's hc_mix: unweighted norm, then fp32 GEMM)
+// then one kernel finishes hc_pre / hc_head. At decode (T = 1) its cost is latency, not work, so:
+//  - comb (softmax + Sinkhorn over n x n) is a serial chain per token; one warp per token runs it
+//    with lane = matrix element and shuffles for the row / column sums (a block in shared memory
+//    when n * n > 32), in blocks of their own that run alongside the collapse;
+//  - the collapse y = sum_s pre[s] * X[s] is split over the channels into many blocks (about one
+//    channel per thread at small T), each recomputing the n sigmoids of pre it needs.
+//
+// Products that feed sums are rounded separately (__fmul_rn / __fadd_rn) because the CPU build has
+// no FMA contraction, and every sum runs in the CPU's order; the weights, the collapse and hc_post
+// are then the CPU's arithmetic exactly. Differences come from the GEMM's summation order and from
+// expf (within 2 ulp of glibc's).
+#include <cstdint>
+#include <string>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/common/activation.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/hc/hc_heuristics.h"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// The shape of hc_pre's and hc_head's X [T, n, H], after the check that n fits the kernels.
+struct HcShape {
+  int64_t tokens;
+  int n;
+  int64_t hidden;
+};
+
+HcShape hc_shape(const char* op, const Tensor& X, const HcParams& params) {
+  if (params.hc_mult > kMaxHcMult) {
+    fail(op, "the CUDA backend supports hc_mult up to " + std::to_string(kMaxHcMult) + ", got " +
+                 std::to_string(params.hc_mult));
+  }
+  return {X.size(0), params.hc_mult, X.size(2)};
+}
+
+// a * b + c with the product rounded first (no FMA), as the CPU computes it.
+__device__ __forceinline__ float mul_add_rn(float a, float b, float c) {
+  return __fadd_rn(__fmul_rn(a, b), c);
+}
+
+// out[t, s, h] = x[t, h].
+__global__ void hc_expand_kernel(const float* __restrict__ x, float* __restrict__ out, int n,
+                                 int64_t hidden, int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += stride) {
+    const int64_t h = e % hidden;
+    const int64_t t = e / (static_cast<int64_t>(n) * hidden);
+    out[e] = x[t * hidden + h];
+  }
+}
+
+// mHC weights of one token from its row of mix:
+//   pre[s]  = sigmoid(mix[s] * scale[0] + base[s]) + eps
+//   post[s] = 2 * sigmoid(mix[n + s] * scale[1] + base[n + s])
+//   comb    = softmax over j of (mix[2n + i*n + j] * scale[2] + base[...]) + eps, then Sinkhorn:
+//             columns once, then (rows, columns) iters - 1 times, each dividing by (sum + eps).
+// Every sum runs in the CPU's order (index ascending, from 0.0f) so the results are the CPU's.
+__device__ __forceinline__ float hc_pre_weight(const float* __restrict__ m,
+                                               const float* __restrict__ base, float scale0, int s,
+                                               float eps) {
+  return sigmoid(mul_add_rn(m[s], scale0, base[s])) + eps;
+}
+
+// Sum of row `row` / column `col` of the N x N matrix held one element per lane (lane = i*N + j),
+// index ascending as the CPU sums. Every lane of the warp must call these (full-mask shuffles).
+template <int N>
+__device__ __forceinline__ float warp_row_sum(float v, int row) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) sum += __shfl_sync(0xffffffffu, v, row * N + j);
+  return sum;
+}
+template <int N>
+__device__ __forceinline__ float warp_col_sum(float v, int col) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += __shfl_sync(0xffffffffu, v, i * N + col);
+  return sum;
+}
+
+// post and comb of one token by one whole warp (N * N <= 32): lane i*N + j owns comb[i][j]; the
+// row / column sums gather the N elements by shuffles. Lanes past N * N shadow element 0 (so every
+// shuffle reads a real element) and write nothing.
+template <int N>
+__device__ void hc_comb_warp(const float* __restrict__ m, const float* __restrict__ base,
+                             const float* __restrict__ scale, int iters, float eps,
+                             float* __restrict__ post, float* __restrict__ comb) {
+  static_assert(N >= 1 && N * N <= 32, "one element per lane");
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (lane < N) post[lane] = 2.0f * sigmoid(mul_add_rn(m[N + lane], scale[1], base[N + lane]));
+  const bool owner = lane < N * N;
+  const int e = owner ? lane : 0;
+  const int row = e / N;
+  const int col = e % N;
+  const float logit = mul_add_rn(m[2 * N + e], scale[2], base[2 * N + e]);
+  float mx = __shfl_sync(0xffffffffu, logit, row * N);
+#pragma unroll
+  for (int j = 1; j < N; ++j) mx = fmaxf(mx, __shfl_sync(0xffffffffu, logit, row * N + j));
+  const float ex = expf(logit - mx);
+  float v = ex / warp_row_sum<N>(ex, row) + eps;
+  v = v / (warp_col_sum<N>(v, col) + eps);
+  for (int it = 1; it < iters; ++it) {
+    v = v / (warp_row_sum<N>(v, row) + eps);
+    v = v / (warp_col_sum<N>(v, col) + eps);
+  }
+  if (owner) comb[lane] = v;
+}
+
+// The slower general path (N * N > 32; DeepSeek-V4 has hc_mult 4): one whole block per
+// token, the matrix in shared memory `c` [n * n], thread i normalising row i / column i in the
+// CPU's order (needs blockDim.x >= n). Every thread of the block must call it (__syncthreads).
+__device__ void hc_comb_block(const float* __restrict__ m, const float* __restrict__ base,
+                              const float* __restrict__ scale, int n, int iters, float eps,
+                              float* __restrict__ post, float* __restrict__ comb, float* c) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nn = n * n;
+  if (tid < n) post[tid] = 2.0f * sigmoid(mul_add_rn(m[n + tid], scale[1], base[n + tid]));
+  for (int k = tid; k < nn; k += blockDim.x) {
+    c[k] = mul_add_rn(m[2 * n + k], scale[2], base[2 * n + k]);
+  }
+  __syncthreads();
+  if (tid < n) {  // softmax of row tid, plus eps
+    float* r = c + tid * n;
+    float mx = r[0];
+    for (int j = 1; j < n; ++j) mx = fmaxf(mx, r[j]);
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      r[j] = expf(r[j] - mx);
+      sum += r[j];
+    }
+    for (int j = 0; j < n; ++j) r[j] = r[j] / sum + eps;
+  }
+  __syncthreads();
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+      if (tid < n) {  // row tid
+        float sum = 0.0f;
+        for (int j = 0; j < n; ++j) sum += c[tid * n + j];
+        for (int j = 0; j < n; ++j) c[tid * n + j] /= sum + eps;
+      }
+      __syncthreads();
+    }
+    if (tid < n) {  // column tid
+      float sum = 0.0f;
+      for (int i = 0; i < n; ++i) sum += c[i * n + tid];
+      for (int i = 0; i < n; ++i) c[i * n + tid] /= sum + eps;
+    }
+    __syncthreads();
+  }
+  for (int k = tid; k < nn; k += blockDim.x) comb[k] = c[k];
+}
+
+// One block's share of the collapse: block b of the collapse blocks takes token b / splits,
+// channels [chunk * (b % splits), + chunk). pre goes through shared memory `pre` [n].
+//   y[h] = sum_s pre[s] * X[s][h], in the CPU's order (stream 0 first).
+__device__ void collapse_block(const float* __restrict__ X, const float* __restrict__ mix,
+                               int64_t mix_stride, const float* __restrict__ base, float scale0,
+                               int n, int64_t hidden, float eps, int64_t block, int64_t splits,
+                               int64_t chunk, float* __restrict__ y, float* pre) {
+  const int64_t t = block / splits;
+  const int64_t h_begin = block % splits * chunk;
+  const int64_t h_end = h_begin + chunk < hidden ? h_begin + chunk : hidden;
+  if (static_cast<int>(threadIdx.x) < n) {
+    pre[threadIdx.x] =
+        hc_pre_weight(mix + t * mix_stride, base, scale0, static_cast<int>(threadIdx.x), eps);
+  }
+  __syncthreads();
+  const float* xt = X + t * n * hidden;
+  float* yt = y + t * hidden;
+  for (int64_t h = h_begin + threadIdx.x; h < h_end; h += blockDim.x) {
+    float acc = 0.0f;
+    for (int s0 = 0; s0 < n; s0 += kStreamBatch) {
+      // All loads of the batch first, so they are in flight together (not one per add).
+      float xs[kStreamBatch];
+#pragma unroll
+      for (int k = 0; k < kStreamBatch; ++k) {
+        xs[k] = s0 + k < n ? xt[(s0 + k) * hidden + h] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kStreamBatch; ++k) {
+        const int s = s0 + k;
+        if (s < n) acc = s == 0 ? __fmul_rn(pre[0], xs[k]) : mul_add_rn(pre[s], xs[k], acc);
+      }
+    }
+    yt[h] = acc;
+  }
+}
+
+// hc_pre after the mix GEMM. The first `weight_blocks` blocks compute post and comb (one warp per
+// token when n * n <= 32, else one block per token); the rest collapse, each computing the n
+// values of pre it needs itself. The two roles run concurrently, so the serial Sinkhorn chain of
+// a token overlaps its collapse. Dynamic shared memory: n * n + n floats.
+__global__ void __launch_bounds__(kHcThreads)
+    hc_pre_finish_kernel(const float* __restrict__ X, const float* __restrict__ mix,
+                         const float* __restrict__ base, const float* __restrict__ scale, int n,
+                         int64_t tokens, int64_t hidden, int iters, float eps,
+                         int64_t weight_blocks, int64_t splits, int64_t chunk,
+                         float* __restrict__ post, float* __restrict__ comb,
+                         float* __restrict__ y) {
+  extern __shared__ float shared[];
+  const int64_t fn_rows = static_cast<int64_t>(2 + n) * n;
+  const int64_t block = blockIdx.x;
+  if (block >= weight_blocks) {
+    collapse_block(X, mix, fn_rows, base, scale[0], n, hidden, eps, block - weight_blocks, splits,
+                   chunk, y, shared);
+    return;
+  }
+  if (n * n > 32) {
+    const int64_t t = block;
+    hc_comb_block(mix + t * fn_rows, base, scale, n, iters, eps, post + t * n, comb + t * n * n,
+                  shared);
+    return;
+  }
+  // One warp per token; the condition is uniform over the warp, as the shuffles need.
+  const int64_t t = block * (kHcThreads / 32) + threadIdx.x / 32;
+  if (t >= tokens) return;
+  const float* m = mix + t * fn_rows;
+  float* po = post + t * n;
+  float* ct = comb + t * n * n;
+  switch (n) {
+    case 1:
+      hc_comb_warp<1>(m, base, scale, iters, eps, po, ct);
+      break;
+    case 2:
+      hc_comb_warp<2>(m, base, scale, iters, eps, po, ct);
+      break;
+    case 3:
+      hc_comb_warp<3>(m, base, scale, iters, eps, po, ct);
+      break;
+    case 4:
+      hc_comb_warp<4>(m, base, scale, iters, eps, po, ct);
+      break;
+    case 5:
+      hc_comb_warp<5>(m, base, scale, iters, eps, po, ct);
+      break;
+    default:
+      break;  // n * n <= 32 means n <= 5
+  }
+}
+
+// hc_head after the mix GEMM: collapse blocks only (pre is the only weight). Shared memory: n
+// floats.
+__global__ void __launch_bounds__(kHcThreads)
+    hc_head_finish_kernel(const float* __restrict__ X, const float* __restrict__ mix,
+                          const float* __restrict__ base, const float* __restrict__ scale, int n,
+                          int64_t hidden, float eps, int64_t splits, int64_t chunk,
+                          float* __restrict__ y) {
+  extern __shared__ float pre[];
+  collapse_block(X, mix, n, base, scale[0], n, hidden, eps, blockIdx.x, splits, chunk, y, pre);
+}
+
+// One thread per (t, h): for each output stream j,
+//   X_new[t, j, h] = post[t, j] * out[t, h] + sum_i comb[t, i, j] * X[t, i, h]   (i ascending).
+__global__ void hc_post_kernel(const float* __restrict__ X, const float* __restrict__ out,
+                               const float* __restrict__ post, const float* __restrict__ comb,
+                               float* __restrict__ result, int n, int64_t hidden, int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += stride) {
+    const int64_t t = e / hidden;
+    const int64_t h = e % hidden;
+    const float* xt = X + t * n * hidden;
+    const float* c = comb + t * n * n;
+    const float o = out[t * hidden + h];
+    for (int j = 0; j < n; ++j) {
+      float acc = __fmul_rn(post[t * n + j], o);
+      for (int i = 0; i < n; ++i) acc = mul_add_rn(c[i * n + j], xt[i * hidden + h], acc);
+      result[(t * n + j) * hidden + h] = acc;
+    }
+  }
+}
+
+// mix = linear(rms_norm(flatten(X)), fn), the CPU's hc_mix: unweighted norm, then fp32 GEMM. With
+// no channels the CPU's GEMM sums nothing: mix = 0 (and cuBLAS rejects K = 0).
+Tensor hc_mix(Backend& be, const Tensor& X, const Tensor& fn, const HcParams& params) {
+  const int64_t tokens = X.size(0);
+  const int64_t width = X.size(1) * X.size(2);
+  const int64_t fn_rows = static_cast<int64_t>(2 + params.hc_mult) * params.hc_mult;
+  return width > 0
+             ? be.linear(be.rms_norm(X.reshape({tokens, width}), Tensor(), params.norm_eps), fn)
+             : be.zeros({tokens, fn_rows}, DType::kF32);
+}
+
+}  // namespace
+
+Tensor CudaBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
+  const char* op = "hc_expand";
+  const int64_t tokens = x.size(0);
+  const int64_t hidden = x.size(1);
+  Tensor out = empty({tokens, hc_mult, hidden}, DType::kF32);
+  const int64_t total = out.numel();
+  if (total == 0) return out;
+  hc_expand_kernel<<<elementwise_blocks(num_sms(), total), kElementwiseThreads, 0, stream()>>>(
+      x.data<float>(), out.data<float>(), hc_mult, hidden, total);
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return out;
+}
+
+HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                               const Tensor& scale, const HcParams& params) {
+  const auto [tokens, n, hidden] = hc_shape("hc_pre", X, params);
+  HcMix result{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
+               empty({tokens, hidden}, DType::kF32)};
+  if (tokens == 0) return result;
+  Tensor mix = hc_mix(*this, X, fn, params);
+  const CollapseGrid g = collapse_grid(num_sms(), tokens, hidden);
+  const int64_t weight_blocks = hc_weight_blocks(n, tokens);
+  const size_t smem = static_cast<size_t>(n + n * n) * sizeof(float);
+  hc_pre_finish_kernel<<<static_cast<unsigned>(weight_blocks + tokens * g.splits), kHcThreads, smem,
+                         stream()>>>(
+      X.data<float>(), mix.data<float>(), base.data<float>(), scale.data<float>(), n, tokens,
+      hidden, params.sinkhorn_iters, params.hc_eps, weight_blocks, g.splits, g.chunk,
+      result.post.data<float>(), result.comb.data<float>(), result.y.data<float>());
+  DEEPINFER_CUDA_LAUNCH_CHECK("hc_pre");
+  return result;
+}
+
+Tensor CudaBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                                 const Tensor& comb) {
+  const char* op = "hc_post";
+  const int64_t tokens = X.size(0);
+  const int64_t n = X.size(1);
+  const int64_t hidden = X.size(2);
+  Tensor result = empty(X.shape(), DType::kF32);
+  const int64_t total = tokens * hidden;
+  if (total == 0 || n == 0) return result;
+  hc_post_kernel<<<elementwise_blocks(num_sms(), total), kElementwiseThreads, 0, stream()>>>(
+      X.data<float>(), out.data<float>(), post.data<float>(), comb.data<float>(),
+      result.data<float>(), static_cast<int>(n), hidden, total);
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return result;
+}
+
+Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                 const Tensor& scale, const HcParams& params) {
+  const auto [tokens, n, hidden] = hc_shape("hc_head", X, params);
+  Tensor y = empty({tokens, hidden}, DType::kF32);
+  if (tokens == 0 || hidden == 0) return y;   // nothing to collapse (and no empty grid)
+  Tensor mix = hc_mix(*this, X, fn, params);  // width = n * hidden > 0 here
+  const CollapseGrid g = collapse_grid(num_sms(), tokens, hidden);
+  const size_t smem = static_cast<size_t>(n) * sizeof(float);
+  hc_head_finish_kernel<<<static_cast<unsigned>(tokens * g.splits), kHcThreads, smem, stream()>>>(
+      X.data<float>(), mix.data<float>(), base.data<float>(), scale.data<float>(), n, hidden,
+      params.hc_eps, g.splits, g.chunk, y.data<float>());
+  DEEPINFER_CUDA_LAUNCH_CHECK("hc_head");
+  return y;
+}
+
+}  // namespace deepinfer::cuda

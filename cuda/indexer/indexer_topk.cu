@@ -1,0 +1,100 @@
+// The lightning indexer's top-k on the CUDA backend (docs/model.md#lightning-indexer), over the
+// paged layout (docs/model.md#kv-and-state-layout). It matches the CPU reference op in
+// cpp/src/backend/cpu_ops_attention.cpp on the same inputs; f32 math throughout.
+//
+// Every per-token quantity (sequence, position, context length, visible entries) is computed in
+// the kernels from the device BatchLayout; the host only sizes grids and scratch from metadata it
+// knows (shapes, layout.max_blocks_per_seq), so no op waits for the stream.
+//
+// indexer_topk runs two kernels per group of tokens (indexer_heuristics.h sizes the groups so
+// that the scratch stays under kScoreScratchBytes):
+//  1. indexer_score.cu, grid (token, split): score[t][j] of every visible entry j into a scratch
+//     row of `bound` = max_blocks_per_seq * epb floats.
+//  2. indexer_select.cu, one block per token: an exact radix select of the top
+//     min(top_k, visible) keys, then a rank sort by score descending, index ascending.
+//
+// Content errors cannot be raised without a host sync. Where the CPU op throws, these kernels
+// stay inside their buffers and do the following instead:
+//  - entries past the block table's columns (j >= max_blocks_per_seq * epb) are not visible.
+//  - an entry whose block is negative or maps past the cache is scored -inf (it ranks last).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/layout.cuh"
+#include "cuda/indexer/indexer_heuristics.h"
+#include "cuda/indexer/indexer_launch.h"
+
+namespace deepinfer::cuda {
+
+Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
+                                      const Tensor& index_cache, const BatchLayout& layout,
+                                      int ratio, int top_k, float score_scale, float weight_scale) {
+  const char* op = "indexer_topk";
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  const int64_t tokens = layout.num_tokens;
+  Tensor out = empty({tokens, top_k}, DType::kI32);
+  if (tokens == 0 || top_k == 0) return out;
+  const int64_t epb = layout.block_size / ratio;
+  const int64_t bound = static_cast<int64_t>(layout.max_blocks_per_seq) * epb;
+  if (bound == 0 || index_cache.size(0) == 0) {
+    // No entry is addressable: every row is all -1.
+    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), stream()));
+    return out;
+  }
+  if (dim % 4 != 0) {
+    throw Error(
+        ErrorCode::kUnsupported,
+        std::string(op) + ": the index head dim must be a multiple of 4, got " + q.describe());
+  }
+  if (bound > 0x7fffffff) fail(op, "layout.max_blocks_per_seq * entries per block overflows");
+  check_vec4(op, "q", q);
+  check_vec4(op, "index_cache", index_cache);
+  const size_t smem_max = max_shared_memory_per_block();
+  const IndexerConfig c = choose_indexer({tokens, heads, dim, top_k, bound}, num_sms(), smem_max);
+  if (!c.fits) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": " + std::to_string(heads) + " heads of " +
+                    std::to_string(dim) + " channels and top_k " + std::to_string(top_k) +
+                    " need " + std::to_string(std::max(c.score_smem, c.select_min_smem)) +
+                    " bytes of shared memory per block, the device has " +
+                    std::to_string(smem_max));
+  }
+
+  Tensor scores = scratch(static_cast<size_t>(c.group * bound) * sizeof(float));
+  const DeviceLayout dl = device_layout(layout);
+  ScoreArgs sa{};
+  sa.q = q.data<float>();
+  sa.weights = weights.data<float>();
+  sa.cache = index_cache.data<float>();
+  sa.scores = reinterpret_cast<float*>(scores.raw_data());
+  sa.bound = bound;
+  sa.cache_rows = index_cache.size(0);
+  sa.heads = static_cast<int>(heads);
+  sa.dim = static_cast<int>(dim);
+  sa.ratio = ratio;
+  sa.epb = static_cast<int>(epb);
+  sa.score_scale = score_scale;
+  sa.weight_scale = weight_scale;
+  SelectArgs se{};
+  se.scores = sa.scores;
+  se.out = out.data<int32_t>();
+  se.bound = bound;
+  se.cap = c.cap;
+  se.top_k = top_k;
+  se.ratio = ratio;
+  se.scores_in_smem = c.scores_in_smem;
+  for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
+    const int64_t n = std::min(c.group, tokens - t0);
+    sa.token0 = static_cast<int>(t0);
+    se.token0 = static_cast<int>(t0);
+    launch_indexer_score(sa, dl, n, c.splits, c.score_smem, stream());
+    launch_indexer_select(se, dl, n, c.select_smem, stream());
+  }
+  return out;
+}
+
+}  // namespace deepinfer::cuda

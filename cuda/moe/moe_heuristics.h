@@ -1,0 +1,88 @@
+// The choices of the MoE ops, apart from their launches: which kernel computes the router
+// logits, which one selects the experts, and which expert-GEMM shape a moe_experts pass runs.
+// Host code on shapes, alignment and device limits only (never on the routing's contents).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "cuda/moe/moe_config.h"
+#include "cuda/moe/sm80/experts_mma_config.h"
+
+namespace deepinfer::cuda {
+
+enum class RouterLogits {
+  kGemvSmall,  // router_gemv_kernel, kRouteSmallE x kRouteSmallR tiles (T <= kRouteSmallTokens)
+  kGemvWide,   // router_gemv_kernel, kRouteWideE x kRouteWideR tiles
+  kSgemm,      // the backend's f32 linear (cuBLAS SGEMM), bf16 weights widened first
+};
+
+// H = 0 takes the GEMV, which writes zeros (cuBLAS rejects a zero leading dimension).
+inline RouterLogits choose_router_logits(int64_t tokens, int64_t hidden) {
+  if (tokens >= kRouteGemmTokens && hidden > 0) return RouterLogits::kSgemm;
+  return tokens <= kRouteSmallTokens ? RouterLogits::kGemvSmall : RouterLogits::kGemvWide;
+}
+
+// route_select_warp_kernel holds a token's scores in registers; larger shapes take the generic
+// route_select_kernel.
+inline bool use_route_select_warp(int top_k, bool hashed, int64_t experts) {
+  return top_k <= kSelectMaxK && (hashed || experts <= 32 * kSelectSlots);
+}
+
+enum class ExpertsKernel {
+  kGemv,    // decode: experts_gemv.cu
+  kMma64,   // prefill, bf16 weights: sm80/experts_mma.cu, 64-row tiles
+  kMma128,  // the same, 128-row tiles
+  kTiled,   // prefill otherwise: experts_tiled.cu (f32 FMA)
+};
+
+struct ExpertsPassConfig {
+  ExpertsKernel kernel;
+  int tile_rows;      // rows of a tile of the tile list
+  int64_t max_tiles;  // host bound on the tile count: sizes the tile list and the grids
+};
+
+struct ExpertsPassProblem {
+  int64_t pairs;  // tokens of the pass x top_k
+  int experts;
+  int64_t hidden;
+  int64_t inter;
+  bool bf16_weights;
+  bool vec;  // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
+};
+
+inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
+  const int64_t pairs = p.pairs;
+  const int experts = p.experts;
+  // Decode shape while experts average at most kExpertGemvRows pairs (and the rows allow 16-byte
+  // loads); the tiled kernel otherwise.
+  const bool gemv = p.vec && pairs <= static_cast<int64_t>(kExpertGemvRows) * experts;
+  // Tensor cores for bf16 weights in the prefill shape, when the rows allow 16-byte copies, the
+  // device has the shared memory and the 1-D grid fits; 128-row tiles when experts average more
+  // than kExpertMmaWideMinPairs pairs.
+  auto mma_fits = [&](int rows, int weight_rows, size_t smem) {
+    const int64_t tiles = (pairs + rows - 1) / rows + std::min<int64_t>(experts, pairs);
+    const int64_t cols = std::max<int64_t>((p.inter + weight_rows / 2 - 1) / (weight_rows / 2),
+                                           (p.hidden + weight_rows - 1) / weight_rows);
+    return smem <= smem_max && tiles * cols <= std::numeric_limits<int32_t>::max();
+  };
+  using Wide = ExpertMmaTile<128>;
+  using Narrow = ExpertMmaTile<64>;
+  const bool mma_shape = p.bf16_weights && !gemv && p.vec;
+  const bool wide = mma_shape && pairs > kExpertMmaWideMinPairs * experts &&
+                    mma_fits(Wide::kM, Wide::kN, Wide::kSmemBytes);
+  const bool mma = wide || (mma_shape && mma_fits(Narrow::kM, Narrow::kN, Narrow::kSmemBytes));
+  ExpertsPassConfig c{};
+  c.kernel = gemv   ? ExpertsKernel::kGemv
+             : wide ? ExpertsKernel::kMma128
+             : mma  ? ExpertsKernel::kMma64
+                    : ExpertsKernel::kTiled;
+  c.tile_rows = gemv ? kExpertGemvRows : wide ? Wide::kM : kTileM;
+  // sum_e ceil(c_e / rows) <= ceil(P / rows) + (experts with a pair).
+  c.max_tiles = (pairs + c.tile_rows - 1) / c.tile_rows + std::min<int64_t>(experts, pairs);
+  return c;
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,233 @@
+// rms_norm of the CUDA backend, matching the CPU reference op (cpp/src/backend/cpu_ops_dense.cpp):
+// y = x * (1 / sqrt(float(mean(x^2)) + eps)) [* w], the sum of squares in double as on the CPU
+// (each square is exact in double, so only the order of the additions differs). `w` may be null
+// (unweighted). Three kernels, chosen by the row width and alignment in CudaBackend::rms_norm:
+//   - rows of at most kNormWarpUnits float4s: one warp per row, several rows per block;
+//   - rows of at most kNormBlockUnits float4s: one block per row, or, when there are few rows, a
+//     cluster of blocks per row that add their partial sums through distributed shared memory;
+//   - anything else (a width not a multiple of 4, an unaligned base, wider rows): the scalar
+//     two-pass kernel.
+// The vector kernels keep the row in registers between the sum and the scaling, so x is read once.
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/reduce.cuh"
+#include "cuda/norm/rms_norm_heuristics.h"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+__device__ __forceinline__ double add_squares(double acc, float4 v) {
+  const double a = v.x, b = v.y, c = v.z, d = v.w;
+  acc += a * a;  // exact in double, so a fused multiply-add rounds the same
+  acc += b * b;
+  acc += c * c;
+  acc += d * d;
+  return acc;
+}
+
+__device__ __forceinline__ float rms_inv(double sum_squares, int64_t dim, float eps) {
+  return 1.0f / sqrtf(static_cast<float>(sum_squares / static_cast<double>(dim)) + eps);
+}
+
+// (x * inv) * w in this order, as the CPU (two roundings; nvcc does not fuse two products).
+__device__ __forceinline__ float4 norm_scale(float4 v, float inv, float4 g) {
+  return make_float4((v.x * inv) * g.x, (v.y * inv) * g.y, (v.z * inv) * g.z, (v.w * inv) * g.w);
+}
+__device__ __forceinline__ float4 norm_scale(float4 v, float inv) {
+  return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+}
+
+// One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
+// is loaded with the row so its latency overlaps the reduction.
+template <int kVec>
+__global__ void __launch_bounds__(kNormWarpThreads)
+    rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
+                         float4* __restrict__ y, int64_t rows, int64_t units, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
+  if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const float4* xr = x + row * units;
+  float4* yr = y + row * units;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 v[kVec];
+  float4 g[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int64_t u = lane + 32 * k;
+    v[k] = u < units ? xr[u] : zero;
+    g[k] = w != nullptr && u < units ? w[u] : zero;
+  }
+  double acc = 0.0;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) acc = add_squares(acc, v[k]);  // padding adds exact zeros
+  const float inv = rms_inv(warp_sum(acc), units * 4, eps);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int64_t u = lane + 32 * k;
+    if (u < units) yr[u] = w != nullptr ? norm_scale(v[k], inv, g[k]) : norm_scale(v[k], inv);
+  }
+}
+
+// One block per row (kCluster false), or a cluster of blocks per row (kCluster true; grid x =
+// rows * cluster size, cluster dims (size, 1, 1)): block rank r of a row's cluster covers the
+// float4s [r * per_block, (r + 1) * per_block) of it, thread t units begin + t + k * blockDim.x
+// (k < kNormBlockVec). The blocks of a cluster add the partial sums of all ranks in rank order,
+// so each computes the same total. kPreloadWeight loads w with x (few rows: the latency of the
+// weight then overlaps the reduction); otherwise w is read in the store loop, which keeps the
+// registers low enough for two blocks per SM when many rows stream through.
+template <bool kCluster, bool kPreloadWeight>
+__global__ void __launch_bounds__(kNormBlockMaxThreads)
+    rms_norm_block_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
+                          float4* __restrict__ y, int64_t units, int64_t per_block, float eps) {
+  int64_t row = blockIdx.x;
+  int64_t begin = 0;
+  if constexpr (kCluster) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    row = blockIdx.x / cluster.num_blocks();
+    begin = static_cast<int64_t>(cluster.block_rank()) * per_block;
+  }
+  const int64_t end = begin + per_block < units ? begin + per_block : units;
+  const float4* xr = x + row * units;
+  float4* yr = y + row * units;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 v[kNormBlockVec];
+  [[maybe_unused]] float4 g[kNormBlockVec];  // unused without kPreloadWeight
+#pragma unroll
+  for (int k = 0; k < kNormBlockVec; ++k) {
+    const int64_t u = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    v[k] = u < end ? xr[u] : zero;
+    if constexpr (kPreloadWeight) g[k] = w != nullptr && u < end ? w[u] : zero;
+  }
+  double acc = 0.0;
+#pragma unroll
+  for (int k = 0; k < kNormBlockVec; ++k) acc = add_squares(acc, v[k]);
+  acc = block_sum(acc);
+  if constexpr (kCluster) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    __shared__ double block_total;
+    if (threadIdx.x == 0) block_total = acc;
+    cluster.sync();  // every rank's block_total is written
+    acc = 0.0;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r)
+      acc += *cluster.map_shared_rank(&block_total, r);
+  }
+  const float inv = rms_inv(acc, units * 4, eps);
+#pragma unroll
+  for (int k = 0; k < kNormBlockVec; ++k) {
+    const int64_t u = begin + threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (u < end) {
+      if (w == nullptr) {
+        yr[u] = norm_scale(v[k], inv);
+      } else if constexpr (kPreloadWeight) {
+        yr[u] = norm_scale(v[k], inv, g[k]);
+      } else {
+        yr[u] = norm_scale(v[k], inv, w[u]);
+      }
+    }
+  }
+  if constexpr (kCluster) {
+    // No block may exit (releasing its shared memory) while another still reads its block_total.
+    cg::this_cluster().sync();
+  }
+}
+
+// Fallback for any row: one block per row, scalar loads, x read twice.
+__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                float* __restrict__ y, int64_t dim, float eps) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * dim;
+  float* yr = y + row * dim;
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const double v = xr[i];
+    acc += v * v;  // exact in double, so a fused multiply-add rounds the same
+  }
+  acc = block_sum(acc);
+  const float inv = rms_inv(acc, dim, eps);
+  if (w != nullptr) {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = (xr[i] * inv) * w[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv;
+  }
+}
+
+}  // namespace
+
+Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) {
+  const char* op = "rms_norm";
+  const int64_t dim = x.size(-1);
+  const int64_t rows = dim > 0 ? x.numel() / dim : 0;
+  Tensor out = empty(x.shape(), DType::kF32);
+  if (rows == 0) return out;
+  const float* xp = x.data<float>();
+  const float* wp = weight.defined() ? weight.data<float>() : nullptr;
+  float* yp = out.data<float>();
+  const int64_t units = dim / 4;
+  const bool vec =
+      dim % 4 == 0 && aligned16(xp) && aligned16(yp) && (wp == nullptr || aligned16(wp));
+  const auto* x4 = reinterpret_cast<const float4*>(xp);
+  const auto* w4 = reinterpret_cast<const float4*>(wp);
+  auto* y4 = reinterpret_cast<float4*>(yp);
+  const RmsNormConfig c = choose_rms_norm(rows, dim, vec, num_sms());
+  switch (c.kernel) {
+    case RmsNormKernel::kWarp: {
+      const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
+      if (c.warp_vec == 1) {
+        rms_norm_warp_kernel<1>
+            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+      } else if (c.warp_vec == 2) {
+        rms_norm_warp_kernel<2>
+            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+      } else if (c.warp_vec == 4) {
+        rms_norm_warp_kernel<4>
+            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+      } else {
+        rms_norm_warp_kernel<8>
+            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
+      }
+      break;
+    }
+    case RmsNormKernel::kCluster: {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(rows * c.cluster));
+      config.blockDim = dim3(c.threads);
+      config.dynamicSmemBytes = 0;
+      config.stream = stream();
+      cudaLaunchAttribute attribute[1] = {};
+      attribute[0].id = cudaLaunchAttributeClusterDimension;
+      attribute[0].val.clusterDim.x = static_cast<unsigned>(c.cluster);
+      attribute[0].val.clusterDim.y = 1;
+      attribute[0].val.clusterDim.z = 1;
+      config.attrs = attribute;
+      config.numAttrs = 1;
+      DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, rms_norm_block_kernel<true, true>, x4, w4,
+                                              y4, units, c.per_block, eps));
+      break;
+    }
+    case RmsNormKernel::kBlock:
+      if (c.preload_weight) {
+        rms_norm_block_kernel<false, true><<<static_cast<unsigned>(rows), c.threads, 0, stream()>>>(
+            x4, w4, y4, units, units, eps);
+      } else {
+        rms_norm_block_kernel<false, false>
+            <<<static_cast<unsigned>(rows), c.threads, 0, stream()>>>(x4, w4, y4, units, units,
+                                                                      eps);
+      }
+      break;
+    case RmsNormKernel::kScalar:
+      rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(dim), 0, stream()>>>(xp, wp, yp,
+                                                                                      dim, eps);
+      break;
+  }
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return out;
+}
+
+}  // namespace deepinfer::cuda
