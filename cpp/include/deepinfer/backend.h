@@ -164,9 +164,10 @@ class Backend {
   // for its tensor cores. Vectors (norm weights, biases, sinks, mHC parameters, position biases)
   // are always f32.
   virtual DType weight_dtype(DType stored) const = 0;
-  // While forbidden, any host synchronisation (to_host, synchronize, Event::wait) throws
+  // While forbidden, the backend's own host synchronisations (to_host, synchronize) throw
   // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
-  // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden.
+  // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden. (Event::wait
+  // is not guarded: events are waited for by the engine's commit, outside any launch.)
   // Returns the previous setting.
   bool set_host_sync_forbidden(bool forbidden);
 
