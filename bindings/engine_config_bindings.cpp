@@ -269,5 +269,6 @@ void bind_engine_config(nb::module_& m) {
                                        "Where the model runs (engine_config.h).")
       .option<&PlacementConfig::device>("device")
       .option<&PlacementConfig::num_threads>("num_threads")
-      .option<&PlacementConfig::decode_graph_max_batch>("decode_graph_max_batch");
+      .option<&PlacementConfig::decode_graph_max_batch>("decode_graph_max_batch")
+      .option<&PlacementConfig::activation_quant>("activation_quant");
 }

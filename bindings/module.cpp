@@ -158,8 +158,9 @@ NB_MODULE(deepinfer_core, m) {
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
                        int max_backtrack, int num_threads, const std::string& device,
-                       int decode_graph_max_batch) {
+                       int decode_graph_max_batch, const std::string& activation_quant) {
              deepinfer::RunnerOptions options;
+             options.activation_quant = activation_quant;
              options.decode_graph_max_batch = decode_graph_max_batch;
              options.num_blocks = num_blocks;
              options.num_state_slots = num_state_slots;
@@ -173,10 +174,14 @@ NB_MODULE(deepinfer_core, m) {
            "num_state_slots"_a = kRunner.num_state_slots, "max_backtrack"_a = kRunner.max_backtrack,
            "num_threads"_a = kRunner.num_threads, "device"_a = kRunner.device,
            "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
+           "activation_quant"_a = kRunner.activation_quant,
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
            "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
            "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
-           "replay recorded graphs (-1: 256 on CUDA, off on the CPU; 0: off).")
+           "replay recorded graphs (-1: 256 on CUDA, off on the CPU; 0: off). "
+           "`activation_quant` sets the activations in front of FP8/MXFP4 weights: \"auto\" "
+           "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
+           "GPU's W8A8 exactly) or \"none\".")
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,

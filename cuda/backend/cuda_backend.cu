@@ -210,6 +210,19 @@ Tensor CudaBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   return out;
 }
 
+MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
+  MatrixWeight out;
+  out.act_group = host.act_group;
+  if (!host.quantized()) {
+    out.values = upload_weight_impl(host.values, weight_dtype(host.values.dtype()));
+    return out;
+  }
+  // Dequantized once to bf16 (exact for power-of-two scales): the dense kernels then compute
+  // the format's values.
+  out.values = upload_weight_impl(dequantize_weight(host, DType::kBF16), DType::kBF16);
+  return out;
+}
+
 void CudaBackend::check_not_capturing(const char* what) const {
   if (capturing_) {
     throw Error(ErrorCode::kInternal, std::string(what) +

@@ -10,6 +10,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/gemm/gemm_launch.h"
 #include "cuda/gemm/gemv_heuristics.h"
+#include "cuda/quant/quant_launch.h"
 
 namespace deepinfer::cuda {
 
@@ -97,14 +98,24 @@ Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tensor& w, i
   return y;
 }
 
-}  // namespace
-
-Tensor CudaBackend::linear_impl(const Tensor& x, const Tensor& w) {
-  return gemm(*this, "linear", x, w, 1);
+// x after w's activation quantization; each group's columns are quantized on their own.
+Tensor quantized_input(CudaBackend& be, const Tensor& x, const MatrixWeight& w, int groups) {
+  if (w.act_group == 0) return x;
+  Tensor out = be.empty(x.shape(), DType::kF32);
+  launch_quantize_activations(x.data<float>(), out.data<float>(), x.size(0) * groups,
+                              x.size(1) / groups, w.act_group, be.stream());
+  DEEPINFER_CUDA_LAUNCH_CHECK("quantize_activations");
+  return out;
 }
 
-Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) {
-  return gemm(*this, "grouped_linear", x, w, groups);
+}  // namespace
+
+Tensor CudaBackend::linear_impl(const Tensor& x, const MatrixWeight& w) {
+  return gemm(*this, "linear", quantized_input(*this, x, w, 1), w.values, 1);
+}
+
+Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) {
+  return gemm(*this, "grouped_linear", quantized_input(*this, x, w, groups), w.values, groups);
 }
 
 }  // namespace deepinfer::cuda

@@ -92,15 +92,15 @@ Tensor CudaBackend::moe_experts_impl(const Tensor& x, const Routing& routing,
   if (num > static_cast<size_t>(kMaxExperts)) {  // group_pairs keeps two ints per expert in smem
     fail(op, "at most " + std::to_string(kMaxExperts) + " experts, got " + std::to_string(num));
   }
-  const DType wdtype = experts.w1[0].dtype();
-  const int64_t inter = experts.w1[0].size(0);
+  const DType wdtype = experts.w1[0].values.dtype();
+  const int64_t inter = experts.w1[0].rows();
   const int num_experts = static_cast<int>(num);
 
   // Per-expert pointer table [w1 | w3 | w2]: uploaded on first use, then cached by the backend.
   std::vector<int64_t> ptrs(3 * num);
   bool vec = aligned16(x.raw_data()) && hidden % 8 == 0 && inter % 8 == 0;
   for (size_t e = 0; e < num; ++e) {
-    const Tensor* mats[3] = {&experts.w1[e], &experts.w3[e], &experts.w2[e]};
+    const Tensor* mats[3] = {&experts.w1[e].values, &experts.w3[e].values, &experts.w2[e].values};
     for (int m = 0; m < 3; ++m) {
       const void* p = mats[m]->raw_data();
       vec = vec && aligned16(p);

@@ -317,7 +317,9 @@ void draw_weights(const Experts& c, Rng& rng, ExpertsIn& in) {
 
 ExpertWeights upload_experts(Backend& be, const Experts& c, const ExpertsIn& in) {
   ExpertWeights w;
-  auto dest = [&w](int m) -> std::vector<Tensor>& { return m == 0 ? w.w1 : m == 1 ? w.w3 : w.w2; };
+  auto dest = [&w](int m) -> std::vector<MatrixWeight>& {
+    return m == 0 ? w.w1 : m == 1 ? w.w3 : w.w2;
+  };
   const int64_t H = c.hidden, I = c.inter;
   if (c.layout == Layout::kSeparate) {
     for (size_t i = 0; i < in.separate.size(); ++i) {

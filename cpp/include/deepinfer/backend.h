@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "deepinfer/tensor.h"
+#include "deepinfer/weight.h"
 
 namespace deepinfer {
 
@@ -67,12 +68,12 @@ struct Routing {
   Tensor weights;
 };
 
-// Routed experts of one MoE layer, one tensor per expert: w1 (gate) [I, H], w3 (up) [I, H],
-// w2 (down) [H, I].
+// Routed experts of one MoE layer, one weight per expert: w1 (gate) [I, H], w3 (up) [I, H],
+// w2 (down) [H, I] (logical shapes). All of a layer's experts share one format.
 struct ExpertWeights {
-  std::vector<Tensor> w1;
-  std::vector<Tensor> w3;
-  std::vector<Tensor> w2;
+  std::vector<MatrixWeight> w1;
+  std::vector<MatrixWeight> w3;
+  std::vector<MatrixWeight> w2;
 };
 
 // Device-side layout of the token rows of one forward call. Rows of a sequence are contiguous;
@@ -150,9 +151,10 @@ struct AttentionSpec {
 //
 // Tensors an op takes live on this backend's device (`t.device().kind == device_kind()`) and are
 // contiguous, except where an op says otherwise (the host side of transfers; to_host and
-// upload_weight take any strides). A matrix weight (the B operand of linear and grouped_linear,
-// moe_route's gate, the experts, the embedding table) is f32 or weight_dtype(DType::kBF16);
-// every other float tensor is f32.
+// upload_weight take any strides). A dense matrix weight (moe_route's gate, the embedding table,
+// a dense MatrixWeight) is f32 or weight_dtype(DType::kBF16); every other float tensor is f32.
+// A quantized MatrixWeight (linear, grouped_linear, the experts) is in a format
+// upload_matrix_weight produced on this backend.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -182,6 +184,11 @@ class Backend {
   // Like upload, for immutable data (weights): when the device is the host and no conversion is
   // needed the result aliases `host`, so weights mmap-ed from a checkpoint are not copied.
   Tensor upload_weight(const Tensor& host, DType dtype);
+  // A matrix weight of a checkpoint (host tensors: values and scales as shipped, see weight.h)
+  // in the format this backend computes with: the CPU reference dequantizes to f32 exactly; the
+  // CUDA backend keeps the shipped bytes. act_group is kept. Checks the scales' shape against
+  // the values and blocks (Error(kInvalidArgument) naming what differs).
+  MatrixWeight upload_matrix_weight(const MatrixWeight& host);
   // A contiguous copy of `device` on the host; waits for all work enqueued so far.
   Tensor to_host(const Tensor& device);
   // Enqueues a copy of `device` into the contiguous host tensor `host` (same dtype and shape).
@@ -209,11 +216,14 @@ class Backend {
   // RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * weight. `weight` may be undefined
   // (unweighted norm).
   Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);
-  // x [M, K], w [N, K] -> x w^T [M, N].
-  Tensor linear(const Tensor& x, const Tensor& w);
+  // x [M, K], w [N, K] -> x w^T [M, N], after w's activation quantization (weight.h) of x.
+  Tensor linear(const Tensor& x, const MatrixWeight& w);
   // Block-diagonal linear: x [M, G*K], w [G*N, K] -> [M, G*N]; group g maps x[:, gK:(g+1)K]
-  // with rows [gN, (g+1)N) of w.
-  Tensor grouped_linear(const Tensor& x, const Tensor& w, int groups);
+  // with rows [gN, (g+1)N) of w. Activation groups restart at each group's first column.
+  Tensor grouped_linear(const Tensor& x, const MatrixWeight& w, int groups);
+  // Dynamic activation quantization (weight.h) of x [M, K] f32 in groups of `group` columns,
+  // returned dequantized: [M, K] f32 whose values are e4m3 values times powers of two.
+  Tensor quantize_activations(const Tensor& x, int group);
   Tensor scale(const Tensor& x, float factor);
   Tensor add(const Tensor& a, const Tensor& b);
   // Rows of x [T, ...] (any dtype) picked by rows [R] i32 -> [R, ...].
@@ -255,8 +265,8 @@ class Backend {
   // chosen scores renormalised to sum 1 (+1e-20) times routed_scale.
   Routing moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                     const Tensor& tid2eid, const Tensor& token_ids, int top_k, float routed_scale);
-  // sum over chosen experts e of weight * w2_e (silu(min(x w1_e^T, L)) * clamp(x w3_e^T, -L, L)).
-  // All expert matrices have one dtype.
+  // sum over chosen experts e of weight * w2_e (silu(min(x w1_e^T, L)) * clamp(x w3_e^T, -L, L)),
+  // each GEMM after its weight's activation quantization. All expert matrices have one format.
   Tensor moe_experts(const Tensor& x, const Routing& routing, const ExpertWeights& experts,
                      float swiglu_limit);
   // silu(min(gate, L)) * clamp(up, -L, L), elementwise.
@@ -297,6 +307,7 @@ class Backend {
   // checked, on the calling thread. Each may add a check of a limit of its own backend.
   virtual Tensor upload_impl(const Tensor& host, DType dtype) = 0;
   virtual Tensor upload_weight_impl(const Tensor& host, DType dtype) = 0;
+  virtual MatrixWeight upload_matrix_weight_impl(const MatrixWeight& host) = 0;
   virtual Tensor to_host_impl(const Tensor& device) = 0;
   virtual void copy_to_host_impl(const Tensor& device, const Tensor& host) = 0;
   virtual void synchronize_impl() = 0;
@@ -305,8 +316,9 @@ class Backend {
 
   virtual Tensor embedding_impl(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) = 0;
-  virtual Tensor linear_impl(const Tensor& x, const Tensor& w) = 0;
-  virtual Tensor grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) = 0;
+  virtual Tensor linear_impl(const Tensor& x, const MatrixWeight& w) = 0;
+  virtual Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) = 0;
+  virtual Tensor quantize_activations_impl(const Tensor& x, int group) = 0;
   virtual Tensor scale_impl(const Tensor& x, float factor) = 0;
   virtual Tensor add_impl(const Tensor& a, const Tensor& b) = 0;
   virtual Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) = 0;

@@ -24,6 +24,18 @@ struct RopeConfig {
   bool truncate = true;
 };
 
+// How a checkpoint's weights are quantized (config.json quantization_config, and expert_dtype at
+// the top level as DeepSeek writes it). docs/model.md#quantized-checkpoints.
+struct QuantConfig {
+  bool fp8 = false;             // quant_method "fp8": the dense GEMM weights are block-scaled e4m3
+  int weight_block_rows = 128;  // weight_block_size[0]: output rows sharing one scale
+  int weight_block_cols = 128;  // weight_block_size[1]: input columns sharing one scale
+  bool ue8m0_scales = true;     // scale_fmt "ue8m0": every scale is a power of two
+  bool experts_fp4 = false;     // expert_dtype "fp4": the routed experts are MXFP4
+
+  bool operator==(const QuantConfig&) const = default;
+};
+
 struct ModelConfig {
   std::string source;  // the file it was read from, for messages
 
@@ -66,10 +78,12 @@ struct ModelConfig {
   std::vector<AttentionKind> layer_types;
   std::vector<MlpKind> mlp_layer_types;
 
+  QuantConfig quantization;  // all defaults (fp8 false): bf16/f32 weights
+
   // Reads and validates `path` (a config.json). Throws deepinfer::Error naming the file and the
   // field: kNotFound (no file), kCorruptFile (bad JSON), kInvalidConfig (wrong type, bad value,
-  // inconsistent values, unknown model_type), kUnsupported (a valid V4 feature this build lacks,
-  // e.g. FP8 weights).
+  // inconsistent values, unknown model_type), kUnsupported (a valid feature this build lacks, e.g.
+  // a quant_method other than fp8).
   static ModelConfig from_file(const std::string& path);
   // Same, from JSON text; `source` names it in messages.
   static ModelConfig from_json_text(const std::string& text, const std::string& source);

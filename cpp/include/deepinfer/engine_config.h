@@ -48,6 +48,10 @@ struct PlacementConfig {
   // Largest decode batch replayed as a recorded graph (CUDA graphs): -1 = the backend's default
   // (256 on CUDA, off on the CPU), 0 = off.
   int decode_graph_max_batch = -1;
+  // The activations in front of quantized (FP8 / MXFP4) weights: "auto" (the backend's native
+  // path: exact f32 on the CPU, DeepSeek's dynamic FP8 on CUDA), "fp8" (always; on the CPU the
+  // emulation that is the GPU's oracle) or "none" (never: exact dequantized weights).
+  std::string activation_quant = "auto";
 
   bool operator==(const PlacementConfig&) const = default;
 };

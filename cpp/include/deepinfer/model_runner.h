@@ -28,6 +28,8 @@ struct RunnerOptions {
   // Largest decode batch (one token per sequence) replayed as a recorded graph: -1 picks the
   // backend's default (256 on CUDA, off on the CPU), 0 is off (every call runs eagerly).
   int decode_graph_max_batch = -1;
+  // Activations in front of quantized weights: "auto", "fp8" or "none" (PlacementConfig).
+  std::string activation_quant = "auto";
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..

@@ -4,6 +4,7 @@
 #include "deepinfer/backend.h"
 
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backend/op_checks.h"
@@ -77,6 +78,12 @@ Tensor Backend::upload(const Tensor& host, DType dtype) {
   return upload_impl(host, dtype);
 }
 
+MatrixWeight Backend::upload_matrix_weight(const MatrixWeight& host) {
+  const OpChecks c("upload_matrix_weight", device_kind());
+  c.weight("host", host, {DType::kF32, DType::kBF16, DType::kF16}, -1, -1, /*on_host=*/true);
+  return upload_matrix_weight_impl(host);
+}
+
 Tensor Backend::upload_weight(const Tensor& host, DType dtype) {
   OpChecks("upload_weight", device_kind()).host("host", host, /*contiguous=*/false);
   check_convertible("upload_weight", host, dtype);
@@ -143,23 +150,34 @@ Tensor Backend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   return rms_norm_impl(x, weight, eps);
 }
 
-Tensor Backend::linear(const Tensor& x, const Tensor& w) {
+Tensor Backend::linear(const Tensor& x, const MatrixWeight& w) {
   const OpChecks c("linear", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});
-  c.tensor("w", w, matrix_dtypes(*this), {-1, x.size(1)});
+  c.weight("w", w, matrix_dtypes(*this), -1, x.size(1));
   return linear_impl(x, w);
 }
 
-Tensor Backend::grouped_linear(const Tensor& x, const Tensor& w, int groups) {
+Tensor Backend::grouped_linear(const Tensor& x, const MatrixWeight& w, int groups) {
   const OpChecks c("grouped_linear", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});
-  c.tensor("w", w, matrix_dtypes(*this), {-1, -1});
-  if (groups <= 0 || x.size(1) % groups != 0 || w.size(0) % groups != 0 ||
-      x.size(1) / groups != w.size(1)) {
+  c.weight("w", w, matrix_dtypes(*this), -1, -1);
+  if (groups <= 0 || x.size(1) % groups != 0 || w.rows() % groups != 0 ||
+      x.size(1) / groups != w.cols()) {
     c.fail("x " + x.describe() + " and w " + w.describe() + " do not split into " +
            std::to_string(groups) + " groups (expected x [M, G*K] and w [G*N, K])");
   }
+  if (w.quantized() && (w.rows() / groups) % w.block_rows != 0) {
+    c.fail("w " + w.describe() + ": a group's " + std::to_string(w.rows() / groups) +
+           " rows are not a whole number of scale blocks");
+  }
   return grouped_linear_impl(x, w, groups);
+}
+
+Tensor Backend::quantize_activations(const Tensor& x, int group) {
+  const OpChecks c("quantize_activations", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  if (group <= 0) c.fail("group must be positive, got " + std::to_string(group));
+  return quantize_activations_impl(x, group);
 }
 
 Tensor Backend::scale(const Tensor& x, float factor) {
@@ -324,14 +342,23 @@ Tensor Backend::moe_experts(const Tensor& x, const Routing& routing, const Exper
            std::to_string(experts.w1.size()) + ", " + std::to_string(experts.w3.size()) + ", " +
            std::to_string(experts.w2.size()));
   }
-  c.tensor("experts.w1[0]", experts.w1[0], matrix_dtypes(*this), {-1, hidden});
-  const DType dtype = experts.w1[0].dtype();
-  const int64_t inter = experts.w1[0].size(0);
+  c.weight("experts.w1[0]", experts.w1[0], matrix_dtypes(*this), -1, hidden);
+  const MatrixWeight& first = experts.w1[0];
+  const int64_t inter = first.rows();
   for (size_t e = 0; e < num; ++e) {
     const std::string idx = "[" + std::to_string(e) + "]";
-    c.tensor(("experts.w1" + idx).c_str(), experts.w1[e], dtype, {inter, hidden});
-    c.tensor(("experts.w3" + idx).c_str(), experts.w3[e], dtype, {inter, hidden});
-    c.tensor(("experts.w2" + idx).c_str(), experts.w2[e], dtype, {hidden, inter});
+    for (const auto& [name, w, rows, cols] :
+         {std::tuple{"experts.w1", &experts.w1[e], inter, hidden},
+          std::tuple{"experts.w3", &experts.w3[e], inter, hidden},
+          std::tuple{"experts.w2", &experts.w2[e], hidden, inter}}) {
+      const std::string arg = name + idx;
+      c.weight(arg, *w, first.values.dtype(), rows, cols);
+      if (w->format != first.format || w->block_rows != first.block_rows ||
+          w->block_cols != first.block_cols || w->act_group != first.act_group) {
+        c.fail("argument " + arg + " is " + w->describe() + " but experts.w1[0] is " +
+               first.describe() + " (one format for all experts)");
+      }
+    }
   }
   return moe_experts_impl(x, routing, experts, swiglu_limit);
 }

@@ -56,6 +56,16 @@ Tensor CpuBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   return convert_copy("upload_weight", host, dtype);
 }
 
+MatrixWeight CpuBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
+  // The reference computes in f32: a quantized weight becomes its exact f32 values once, here.
+  // act_group stays, so the GEMM still sees the activations the weight's format implies.
+  MatrixWeight out;
+  out.values = host.quantized() ? dequantize_weight(host, DType::kF32)
+                                : upload_weight_impl(host.values, DType::kF32);
+  out.act_group = host.act_group;
+  return out;
+}
+
 Tensor CpuBackend::to_host_impl(const Tensor& device) {
   stream_.synchronize();
   if (!device.is_contiguous()) return device.contiguous();

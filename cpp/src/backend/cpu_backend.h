@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
  private:
   Tensor upload_impl(const Tensor& host, DType dtype) override;
   Tensor upload_weight_impl(const Tensor& host, DType dtype) override;
+  MatrixWeight upload_matrix_weight_impl(const MatrixWeight& host) override;
   Tensor to_host_impl(const Tensor& device) override;
   void copy_to_host_impl(const Tensor& device, const Tensor& host) override;
   void synchronize_impl() override;
@@ -49,8 +50,9 @@ class CpuBackend final : public Backend {
 
   Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
   Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
-  Tensor linear_impl(const Tensor& x, const Tensor& w) override;
-  Tensor grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) override;
+  Tensor linear_impl(const Tensor& x, const MatrixWeight& w) override;
+  Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) override;
+  Tensor quantize_activations_impl(const Tensor& x, int group) override;
   Tensor scale_impl(const Tensor& x, float factor) override;
   Tensor add_impl(const Tensor& a, const Tensor& b) override;
   Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) override;

@@ -1,6 +1,7 @@
 // Dense ops of the CPU backend: embedding, norms, linear layers, elementwise ops, RoPE, argmax.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_checks.h"
@@ -67,28 +68,62 @@ Tensor CpuBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float ep
   return out;
 }
 
-Tensor CpuBackend::linear_impl(const Tensor& x, const Tensor& w) {
+Tensor CpuBackend::linear_impl(const Tensor& x, const MatrixWeight& w) {
   const int64_t m = x.size(0);
   const int64_t k = x.size(1);
-  const int64_t n = w.size(0);
+  const int64_t n = w.rows();
+  const Tensor values = w.values;
+  const int group = w.act_group;
   Tensor out = Tensor::zeros({m, n}, DType::kF32);
   enqueue([=](ThreadPool& pool) {
-    cpu::gemm_nt(x.data<float>(), k, w.data<float>(), k, out.data<float>(), n, m, n, k, pool);
+    const float* a = x.data<float>();
+    std::vector<float> quantized;
+    if (group > 0) {
+      quantized.resize(static_cast<size_t>(m * k));
+      quantize_activation_rows(a, quantized.data(), m, k, group);
+      a = quantized.data();
+    }
+    cpu::gemm_nt(a, k, values.data<float>(), k, out.data<float>(), n, m, n, k, pool);
   });
   return out;
 }
 
-Tensor CpuBackend::grouped_linear_impl(const Tensor& x, const Tensor& w, int groups) {
+Tensor CpuBackend::grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) {
   const int64_t m = x.size(0);
-  const int64_t k = w.size(1);
-  const int64_t n = w.size(0) / groups;
+  const int64_t k = w.cols();
+  const int64_t n = w.rows() / groups;
   const int64_t g_count = groups;
+  const Tensor values = w.values;
+  const int act_group = w.act_group;
   Tensor out = Tensor::zeros({m, g_count * n}, DType::kF32);
   enqueue([=](ThreadPool& pool) {
+    std::vector<float> slice(static_cast<size_t>(m * k));
     for (int64_t g = 0; g < g_count; ++g) {
-      cpu::gemm_nt(x.data<float>() + g * k, g_count * k, w.data<float>() + g * n * k, k,
-                   out.data<float>() + g * n, g_count * n, m, n, k, pool);
+      // Each group's slice is its own GEMM input: activation groups restart at its first column.
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(slice.data() + r * k, x.data<float>() + r * g_count * k + g * k,
+                    static_cast<size_t>(k) * sizeof(float));
+      }
+      if (act_group > 0) quantize_activation_rows(slice.data(), slice.data(), m, k, act_group);
+      cpu::gemm_nt(slice.data(), k, values.data<float>() + g * n * k, k, out.data<float>() + g * n,
+                   g_count * n, m, n, k, pool);
     }
+  });
+  return out;
+}
+
+Tensor CpuBackend::quantize_activations_impl(const Tensor& x, int group) {
+  Tensor out = Tensor::zeros(x.shape(), DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const int64_t rows = x.size(0);
+    const int64_t cols = x.size(1);
+    pool.parallel_for(
+        rows,
+        [&](int64_t begin, int64_t end) {
+          quantize_activation_rows(x.data<float>() + begin * cols, out.data<float>() + begin * cols,
+                                   end - begin, cols, group);
+        },
+        grain_for(cols * 4));
   });
   return out;
 }

@@ -99,7 +99,9 @@ Tensor CpuBackend::moe_experts_impl(const Tensor& x, const Routing& routing,
   const int64_t hidden = x.size(1);
   const int64_t k = routing.expert_ids.size(1);
   const int64_t num_experts = static_cast<int64_t>(experts.w1.size());
-  const int64_t inter = experts.w1[0].size(0);
+  const int64_t inter = experts.w1[0].rows();
+  const int in_group = experts.w1[0].act_group;
+  const int down_group = experts.w2[0].act_group;
   const Tensor expert_ids = routing.expert_ids;
   const Tensor weights = routing.weights;
   Tensor out = Tensor::zeros({tokens, hidden}, DType::kF32);
@@ -148,16 +150,19 @@ Tensor CpuBackend::moe_experts_impl(const Tensor& x, const Routing& routing,
                     static_cast<size_t>(hidden) * sizeof(float));
       }
       const size_t ue = static_cast<size_t>(e);
-      cpu::gemm_nt(xs.data(), hidden, experts.w1[ue].data<float>(), hidden, gate.data(), inter,
+      if (in_group > 0) quantize_activation_rows(xs.data(), xs.data(), rows, hidden, in_group);
+      cpu::gemm_nt(xs.data(), hidden, experts.w1[ue].values.data<float>(), hidden, gate.data(),
+                   inter, rows, inter, hidden, pool);
+      cpu::gemm_nt(xs.data(), hidden, experts.w3[ue].values.data<float>(), hidden, up.data(), inter,
                    rows, inter, hidden, pool);
-      cpu::gemm_nt(xs.data(), hidden, experts.w3[ue].data<float>(), hidden, up.data(), inter, rows,
-                   inter, hidden, pool);
       for (int64_t i = 0; i < rows * inter; ++i) {
         gate[static_cast<size_t>(i)] =
             cpu::swiglu(gate[static_cast<size_t>(i)], up[static_cast<size_t>(i)], swiglu_limit);
       }
-      cpu::gemm_nt(gate.data(), inter, experts.w2[ue].data<float>(), inter, down.data(), hidden,
-                   rows, hidden, inter, pool);
+      if (down_group > 0)
+        quantize_activation_rows(gate.data(), gate.data(), rows, inter, down_group);
+      cpu::gemm_nt(gate.data(), inter, experts.w2[ue].values.data<float>(), inter, down.data(),
+                   hidden, rows, hidden, inter, pool);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t p = pair_of[static_cast<size_t>(first + r)];
         const float w = wts[p];

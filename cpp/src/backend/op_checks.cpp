@@ -112,6 +112,65 @@ void OpChecks::dense(const char* arg, const Tensor& t, DTypeSet dtypes, int64_t 
   }
 }
 
+void OpChecks::weight(const std::string& arg, const MatrixWeight& w, DTypeSet dense_dtypes,
+                      int64_t rows, int64_t cols, bool on_host) const {
+  const std::string values_arg = arg + ".values";
+  defined_on(values_arg.c_str(), w.values, on_host ? DeviceKind::kCpu : device_, "a matrix");
+  contiguous(values_arg.c_str(), w.values);
+  if (w.values.dim() != 2) {
+    fail("argument " + values_arg + " must be a matrix, got " + w.values.describe());
+  }
+  if (w.act_group < 0) {
+    fail("argument " + arg + " has act_group " + std::to_string(w.act_group) +
+         " (expected 0 or a positive group size)");
+  }
+  auto expect_dtype = [&](DTypeSet dtypes) {
+    if (!dtypes.contains(w.values.dtype())) {
+      fail("argument " + values_arg + " of a " + weight_format_name(w.format) + " weight must be " +
+           dtypes.str() + ", got " + w.values.describe());
+    }
+  };
+  switch (w.format) {
+    case WeightFormat::kDense:
+      expect_dtype(dense_dtypes);
+      if (w.scales.defined()) {
+        fail("argument " + arg + " is dense but has scales " + w.scales.describe());
+      }
+      break;
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kMxfp4: {
+      const bool fp8 = w.format == WeightFormat::kFp8Block;
+      expect_dtype(fp8 ? DType::kF8E4M3 : DType::kE2M1x2);
+      if (fp8 ? (w.block_rows < 1 || w.block_cols < 1)
+              : (w.block_rows != 1 || w.block_cols != 32)) {
+        fail("argument " + arg + " has blocks " + std::to_string(w.block_rows) + "x" +
+             std::to_string(w.block_cols) + ", expected " +
+             (fp8 ? std::string("positive sizes") : std::string("1x32 (mxfp4)")));
+      }
+      if (!fp8 && w.cols() % 32 != 0) {
+        fail("argument " + values_arg + " " + w.values.describe() + " packs " +
+             std::to_string(w.cols()) + " columns, not a multiple of the mxfp4 block 32");
+      }
+      const std::string scales_arg = arg + ".scales";
+      const DType scale_dtype = fp8 ? DType::kF32 : DType::kE8M0;
+      const Shape grid = weight_scale_shape(w.rows(), w.cols(), w.block_rows, w.block_cols);
+      const std::string expected = std::string(dtype_name(scale_dtype)) + shape_str(grid);
+      defined_on(scales_arg.c_str(), w.scales, on_host ? DeviceKind::kCpu : device_, expected);
+      contiguous(scales_arg.c_str(), w.scales);
+      if (w.scales.dtype() != scale_dtype || w.scales.shape() != grid) {
+        fail("argument " + scales_arg + " must be " + expected + " (one scale per " +
+             std::to_string(w.block_rows) + "x" + std::to_string(w.block_cols) + " block of " +
+             values_arg + " " + w.values.describe() + "), got " + w.scales.describe());
+      }
+      break;
+    }
+  }
+  if ((rows >= 0 && w.rows() != rows) || (cols >= 0 && w.cols() != cols)) {
+    fail("argument " + arg + " must be [" + (rows >= 0 ? std::to_string(rows) : "*") + ", " +
+         (cols >= 0 ? std::to_string(cols) : "*") + "] (logical), got " + w.describe());
+  }
+}
+
 void OpChecks::on_device(const char* arg, const Tensor& t) const {
   defined_on(arg, t, device_, "a tensor");
 }

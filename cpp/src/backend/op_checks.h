@@ -51,6 +51,11 @@ class OpChecks {
   // `min_rank` dimensions.
   void dense(const char* arg, const Tensor& t, DTypeSet dtypes = DTypeSet::any(),
              int64_t min_rank = 0) const;
+  // A matrix weight of logical shape [rows, cols] (-1: any size) on the device (on the host with
+  // `on_host`): dense values of one of `dense_dtypes`, or a quantized format whose values,
+  // scales and blocks agree with each other (weight.h). Messages name `arg` and the part.
+  void weight(const std::string& arg, const MatrixWeight& w, DTypeSet dense_dtypes, int64_t rows,
+              int64_t cols, bool on_host = false) const;
   // A defined tensor on the device, any dtype and strides.
   void on_device(const char* arg, const Tensor& t) const;
   // A defined tensor in host memory, any dtype; `contiguous` also requires a contiguous one.

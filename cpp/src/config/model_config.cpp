@@ -154,6 +154,72 @@ RopeConfig parse_rope(const FieldReader& r, double theta, bool allow_yarn) {
   return rope;
 }
 
+// quantization_config (DeepSeek's block-scaled FP8, optionally with MXFP4 experts). The expert
+// dtype is a top-level field in DeepSeek's config.json; transformers moves it inside.
+QuantConfig parse_quantization(const FieldReader& root) {
+  QuantConfig q;
+  const std::string top_expert = root.get_string("expert_dtype", "");
+  if (!root.has("quantization_config")) {
+    if (!top_expert.empty() && top_expert != "bf16") {
+      root.fail("expert_dtype", "is \"" + top_expert +
+                                    "\" but there is no quantization_config (the format of the "
+                                    "other weights)");
+    }
+    return q;
+  }
+  const json::Value& object = *root.find("quantization_config");
+  if (!object.is_object()) root.fail_value("quantization_config", "an object");
+  const FieldReader r(object, root.source(), "quantization_config.");
+  const std::string method = r.get_string("quant_method", "");
+  if (method != "fp8") {
+    throw Error(ErrorCode::kUnsupported,
+                root.source() + ": field 'quantization_config.quant_method' is " +
+                    (r.has("quant_method") ? "\"" + method + "\"" : std::string("missing")) +
+                    "; supported: \"fp8\" (DeepSeek's block-scaled FP8, with expert_dtype "
+                    "\"fp4\" for MXFP4 routed experts)");
+  }
+  q.fp8 = true;
+  const std::string fmt = r.get_string("fmt", "e4m3");
+  if (fmt != "e4m3") r.fail_value("fmt", "\"e4m3\"");
+  const std::string scale_fmt = r.get_string("scale_fmt", "float");
+  if (scale_fmt != "ue8m0" && scale_fmt != "float") {
+    r.fail_value("scale_fmt", "\"ue8m0\" or \"float\"");
+  }
+  q.ue8m0_scales = scale_fmt == "ue8m0";
+  const std::string activations = r.get_string("activation_scheme", "dynamic");
+  if (activations != "dynamic") {
+    throw Error(ErrorCode::kUnsupported,
+                root.source() + ": field 'quantization_config.activation_scheme' is \"" +
+                    activations + "\"; supported: \"dynamic\"");
+  }
+  if (r.has("weight_block_size")) {
+    const json::Value& b = *r.find("weight_block_size");
+    auto power_of_two = [](const json::Value& v) {
+      return v.is_integer() && v.as_int() >= 1 && v.as_int() <= 4096 &&
+             (v.as_int() & (v.as_int() - 1)) == 0;
+    };
+    if (!b.is_array() || b.as_array().size() != 2 || !power_of_two(b.as_array()[0]) ||
+        !power_of_two(b.as_array()[1])) {
+      r.fail_value("weight_block_size", "two powers of two [rows, cols] no larger than 4096");
+    }
+    q.weight_block_rows = static_cast<int>(b.as_array()[0].as_int());
+    q.weight_block_cols = static_cast<int>(b.as_array()[1].as_int());
+  }
+  const std::string inner_expert = r.get_string("expert_dtype", "");
+  if (!inner_expert.empty() && !top_expert.empty() && inner_expert != top_expert) {
+    r.fail("expert_dtype",
+           "is \"" + inner_expert + "\" but the top-level expert_dtype is \"" + top_expert + "\"");
+  }
+  const std::string expert = inner_expert.empty() ? top_expert : inner_expert;
+  if (expert == "fp4") {
+    q.experts_fp4 = true;
+  } else if (!expert.empty() && expert != "fp8") {
+    if (inner_expert.empty()) root.fail_value("expert_dtype", "\"fp4\" or \"fp8\"");
+    r.fail_value("expert_dtype", "\"fp4\" or \"fp8\"");
+  }
+  return q;
+}
+
 void require(bool ok, const std::string& source, const std::string& message) {
   if (!ok) throw Error(ErrorCode::kInvalidConfig, source + ": " + message);
 }
@@ -188,16 +254,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     r.fail("model_type", "must be \"deepseek_v4\", got " + got +
                              (model_type == "deepseek_v41" ? " (V4.1 is not supported yet)" : ""));
   }
-  if (r.has("quantization_config")) {
-    const json::Value* q = r.find("quantization_config");
-    const json::Value* method = q->find("quant_method");
-    throw Error(ErrorCode::kUnsupported,
-                source + ": field 'quantization_config' (quant_method " +
-                    (method ? method->dump() : std::string("unset")) +
-                    "): quantized (FP8/FP4) checkpoints are not supported yet; use a bf16 or "
-                    "fp32 checkpoint");
-  }
-
+  c.quantization = parse_quantization(r);
   c.vocab_size = static_cast<int>(r.get_int("vocab_size", c.vocab_size, 1));
   c.hidden_size = static_cast<int>(r.get_int("hidden_size", c.hidden_size, 1));
   c.num_hidden_layers = static_cast<int>(r.get_int("num_hidden_layers", c.num_hidden_layers, 1));

@@ -52,11 +52,20 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 
 }  // namespace
 
+bool resolve_activation_quant(const std::string& mode, const Backend& backend) {
+  if (mode == "fp8") return true;
+  if (mode == "none") return false;
+  if (mode == "auto") return backend.device_kind() != DeviceKind::kCpu;
+  throw Error(ErrorCode::kInvalidArgument,
+              "activation_quant must be \"auto\", \"fp8\" or \"none\", got \"" + mode + "\"");
+}
+
 std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint_dir,
                                                    const ModelConfig& config,
                                                    const CacheShape& shape,
                                                    const std::string& device, int num_threads,
-                                                   int decode_graph_max_batch) {
+                                                   int decode_graph_max_batch,
+                                                   const std::string& activation_quant) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -65,8 +74,11 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
   m->config = config;
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   m->backend = make_backend(device, num_threads);
-  finish_instance(*m, shape, decode_graph_max_batch,
-                  load_model_weights(checkpoint, m->config, *m->backend));
+  WeightLoadOptions options;
+  options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
+  ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
+  m->notes = weights.notes;
+  finish_instance(*m, shape, decode_graph_max_batch, std::move(weights));
   return m;
 }
 

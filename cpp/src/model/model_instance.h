@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "deepinfer/backend.h"
 #include "deepinfer/config.h"
@@ -20,6 +21,8 @@ struct ModelInstance {
   std::unique_ptr<DeepseekV4Model> model;
   // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.
   std::unique_ptr<DecodeGraphs> graphs;
+  // What loading left out on purpose (ModelWeights::notes), for the user.
+  std::vector<std::string> notes;
 
   struct Output {
     Tensor logits;          // [logit rows, vocab] f32 on the device; undefined when none wanted
@@ -35,16 +38,22 @@ struct ModelInstance {
   // "cuda", "cuda:N"; `num_threads` is for the CPU backend). `decode_graph_max_batch`: the
   // largest decode batch replayed as a graph; 0 turns graphs off, -1 picks the backend's default
   // (see resolve_decode_graph_max_batch).
+  // `activation_quant`: "auto", "fp8" or "none" (resolve_activation_quant).
   static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
                                              const ModelConfig& config, const CacheShape& shape,
                                              const std::string& device, int num_threads,
-                                             int decode_graph_max_batch = 0);
+                                             int decode_graph_max_batch = 0,
+                                             const std::string& activation_quant = "auto");
   // The model of `config` with random weights (matrices stored as `stored`), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
                                                const std::string& device, int num_threads,
                                                uint64_t seed, DType stored,
                                                int decode_graph_max_batch = 0);
 };
+
+// Whether quantized weights get dynamic FP8 activation quantization: "fp8" yes, "none" no,
+// "auto" on every backend but the CPU reference. Throws Error(kInvalidArgument) for another name.
+bool resolve_activation_quant(const std::string& mode, const Backend& backend);
 
 // -1 (auto): 256 on a CUDA backend, where launch overhead dominates small decode steps, and 0 on
 // the CPU, where a graph only re-issues the calls. Never more than the state slots (the most

@@ -80,7 +80,7 @@ std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
                           cache_shape(options), options.device, options.num_threads,
-                          options.decode_graph_max_batch),
+                          options.decode_graph_max_batch, options.activation_quant),
       options);
 }
 

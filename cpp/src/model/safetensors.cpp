@@ -44,6 +44,13 @@ const char* safetensors_name(DType dtype) {
       return "I32";
     case DType::kI64:
       return "I64";
+    case DType::kE8M0:
+      return "F8_E8M0";
+    case DType::kI8:
+    case DType::kE2M1x2:
+      return "I8";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }

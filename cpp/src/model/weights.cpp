@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "deepinfer/error.h"
 
@@ -16,10 +17,12 @@ namespace {
 class WeightLoader {
  public:
   WeightLoader(const Checkpoint* checkpoint, const ModelConfig& config, Backend& backend,
-               uint64_t seed = 0, DType random_stored = DType::kBF16)
+               const WeightLoadOptions& options = {}, uint64_t seed = 0,
+               DType random_stored = DType::kBF16)
       : ckpt_(checkpoint),
         config_(config),
         backend_(backend),
+        options_(options),
         seed_(seed),
         random_stored_(random_stored) {}
 
@@ -34,6 +37,136 @@ class WeightLoader {
     if (ckpt_ == nullptr) return random(name, shape, backend_.weight_dtype(random_stored_));
     Tensor h = host(name, shape, /*integer=*/false);
     return backend_.upload_weight(h, backend_.weight_dtype(h.dtype()));
+  }
+
+  // A GEMM weight DeepSeek may quantize: `name` ("<base>.weight") is dense (f32/bf16/f16), or
+  // FP8 e4m3 / packed MXFP4 (a routed expert of an expert_dtype "fp4" checkpoint) with its scale
+  // sibling "<base>.scale" (docs/model.md#quantized-checkpoints), checked against each other and
+  // against config.json before anything reaches the backend.
+  MatrixWeight load_linear(const std::string& name, const Shape& shape, bool routed_expert) {
+    if (ckpt_ == nullptr)
+      return MatrixWeight(random(name, shape, backend_.weight_dtype(random_stored_)));
+    require_present(name, shape);
+    const SafetensorsEntry& e = ckpt_->entry(name);
+    const std::string& file = ckpt_->file_of(name).path();
+    const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
+    const std::string scale_name = base + ".scale";
+    const bool packed = e.dtype_name == "I8" || e.dtype_name == "U8";
+    const bool fp8 = e.dtype_name == "F8_E4M3";
+    if (!packed && !fp8) {
+      if (ckpt_->contains(scale_name)) {
+        throw Error(ErrorCode::kCorruptFile,
+                    file + ": tensor '" + name + "' has dtype " + e.dtype_name +
+                        " but a scale tensor '" + scale_name +
+                        "' (scales belong to F8_E4M3 or packed fp4 weights)");
+      }
+      Tensor h = host(name, shape, /*integer=*/false);
+      return backend_.upload_matrix_weight(MatrixWeight(h));
+    }
+    const QuantConfig& q = config_.quantization;
+    const std::string what = "tensor '" + name + "' (" + e.dtype_name + shape_str(e.shape) + ")";
+    if (!q.fp8) {
+      throw Error(ErrorCode::kInvalidConfig,
+                  file + ": " + what +
+                      " is quantized but config.json has no quantization_config with "
+                      "quant_method \"fp8\"");
+    }
+    const bool want_fp4 = routed_expert && q.experts_fp4;
+    if (packed != want_fp4) {
+      throw Error(
+          ErrorCode::kInvalidConfig,
+          file + ": " + what + " does not match config.json: expected " +
+              (want_fp4 ? "I8 packed e2m1 pairs (expert_dtype \"fp4\")"
+                        : "F8_E4M3 (quant_method \"fp8\"" +
+                              std::string(routed_expert ? ", no expert_dtype \"fp4\")" : ")")));
+    }
+    const int64_t n = shape[0];
+    const int64_t k = shape[1];
+    MatrixWeight w;
+    if (want_fp4) {
+      w.format = WeightFormat::kMxfp4;
+      w.block_rows = 1;
+      w.block_cols = 32;
+      if (k % 32 != 0) {
+        throw Error(ErrorCode::kInvalidConfig,
+                    file + ": " + what + ": config.json implies " + std::to_string(k) +
+                        " input columns, not a multiple of the mxfp4 block 32");
+      }
+    } else {
+      w.format = WeightFormat::kFp8Block;
+      w.block_rows = q.weight_block_rows;
+      w.block_cols = q.weight_block_cols;
+    }
+    const Shape stored = want_fp4 ? Shape{n, k / 2} : shape;
+    if (e.shape != stored) {
+      throw Error(
+          ErrorCode::kInvalidConfig,
+          file + ": " + what + " has shape " + shape_str(e.shape) + " but config.json implies " +
+              shape_str(stored) +
+              (want_fp4 ? " (two e2m1 values per byte for the logical " + shape_str(shape) + ")"
+                        : std::string()));
+    }
+    if (!ckpt_->contains(scale_name)) {
+      throw Error(ErrorCode::kNotFound,
+                  file + ": " + what + " has no scale tensor '" + scale_name + "' (expected " +
+                      shape_str(weight_scale_shape(n, k, w.block_rows, w.block_cols)) + ")");
+    }
+    Tensor raw = ckpt_->tensor(name);
+    w.values = Tensor(raw.storage(), want_fp4 ? DType::kE2M1x2 : DType::kF8E4M3, raw.shape(),
+                      raw.strides(), raw.offset_bytes());
+    w.scales = scales(scale_name, name, n, k, w, want_fp4 || q.ue8m0_scales);
+    if (options_.quantize_activations) w.act_group = want_fp4 ? 32 : w.block_cols;
+    return backend_.upload_matrix_weight(w);
+  }
+
+  // The scale grid of `weight_name` as the backend takes it: f32 for FP8, e8m0 for MXFP4. Checks
+  // dtype, shape (one per block of the weight) and values (finite, positive, and a power of two
+  // where the format says so).
+  Tensor scales(const std::string& name, const std::string& weight_name, int64_t n, int64_t k,
+                const MatrixWeight& w, bool powers_of_two) {
+    const SafetensorsEntry& e = ckpt_->entry(name);
+    const std::string& file = ckpt_->file_of(name).path();
+    const Shape grid = weight_scale_shape(n, k, w.block_rows, w.block_cols);
+    if (!e.dtype_supported ||
+        (e.dtype != DType::kE8M0 && e.dtype != DType::kF32 && e.dtype != DType::kBF16)) {
+      throw Error(ErrorCode::kUnsupported, file + ": scale tensor '" + name + "' has dtype " +
+                                               e.dtype_name + ", expected F8_E8M0, F32 or BF16");
+    }
+    if (e.shape != grid) {
+      throw Error(ErrorCode::kInvalidConfig,
+                  file + ": scale tensor '" + name + "' has shape " + shape_str(e.shape) +
+                      " but '" + weight_name + "' (logical " + shape_str({n, k}) + ", blocks " +
+                      std::to_string(w.block_rows) + "x" + std::to_string(w.block_cols) +
+                      ") needs " + shape_str(grid));
+    }
+    Tensor raw = ckpt_->tensor(name);
+    Tensor values = raw.to(DType::kF32);
+    const float* v = values.data<float>();
+    Tensor bits = Tensor::zeros(grid, DType::kE8M0);
+    auto* out_bits = bits.data<uint8_t>();
+    for (int64_t i = 0; i < values.numel(); ++i) {
+      const bool finite_positive = std::isfinite(v[i]) && v[i] > 0.0f;
+      const bool ok = finite_positive && (!powers_of_two || f32_to_e8m0_exact(v[i], &out_bits[i]));
+      if (!ok) {
+        const int64_t cols = grid[1];
+        throw Error(ErrorCode::kCorruptFile,
+                    file + ": scale tensor '" + name + "' holds " + std::to_string(v[i]) + " at [" +
+                        std::to_string(i / cols) + ", " + std::to_string(i % cols) + "]" +
+                        (raw.dtype() == DType::kE8M0 && !finite_positive
+                             ? " (e8m0 0xff is NaN)"
+                             : std::string(", expected a finite positive ") +
+                                   (powers_of_two ? "power of two" : "value")));
+      }
+    }
+    return w.format == WeightFormat::kMxfp4 ? bits : values;
+  }
+
+  void require_present(const std::string& name, const Shape& shape) const {
+    if (!ckpt_->contains(name)) {
+      throw Error(ErrorCode::kNotFound, ckpt_->dir() + ": checkpoint has no tensor '" + name +
+                                            "' (expected shape " + shape_str(shape) +
+                                            ") required by config.json");
+    }
   }
 
   // Random init by parameter kind: norms near 1, mHC scales near 1, biases and position terms
@@ -67,17 +200,18 @@ class WeightLoader {
 
   // Reads the host view and checks name, dtype family and shape.
   Tensor host(const std::string& name, const Shape& shape, bool integer) {
-    if (!ckpt_->contains(name)) {
-      throw Error(ErrorCode::kNotFound, ckpt_->dir() + ": checkpoint has no tensor '" + name +
-                                            "' (expected shape " + shape_str(shape) +
-                                            ") required by config.json");
-    }
+    require_present(name, shape);
     const SafetensorsEntry& e = ckpt_->entry(name);
     const std::string& file = ckpt_->file_of(name).path();
-    if (ckpt_->contains(name + ".scale") || e.dtype_name == "F8_E4M3" || e.dtype_name == "I8") {
+    const std::string base =
+        name.ends_with(".weight") ? name.substr(0, name.size() - 7) + ".scale" : name + ".scale";
+    if (ckpt_->contains(base) || e.dtype_name == "F8_E4M3" || e.dtype_name == "I8" ||
+        e.dtype_name == "U8") {
       throw Error(ErrorCode::kUnsupported,
                   file + ": tensor '" + name + "' is quantized (" + e.dtype_name +
-                      "); FP8/FP4 weights are not supported yet, use a bf16 or fp32 checkpoint");
+                      shape_str(e.shape) +
+                      "); DeepSeek ships it in bf16 and the loader reads it only as F32, BF16 or "
+                      "F16");
     }
     bool ok_dtype =
         e.dtype_supported &&
@@ -173,6 +307,15 @@ class WeightLoader {
     const int64_t h = config_.hidden_size;
     ExpertWeights ex;
     if (contains(prefix + "gate_up_proj")) {
+      if (ckpt_ != nullptr && config_.quantization.fp8) {
+        throw Error(ErrorCode::kUnsupported,
+                    file_of(prefix + "gate_up_proj") + ": tensor '" + prefix +
+                        "gate_up_proj' stacks the experts; a quantized checkpoint must store them "
+                        "one per expert (" +
+                        prefix +
+                        "E.w1.weight with its scale), as DeepSeek and "
+                        "transformers' save_pretrained write them");
+      }
       // transformers' in-memory layout: gate_up_proj [E, 2I, H] (gate rows first), down [E, H, I].
       Tensor gate_up = load_matrix(prefix + "gate_up_proj", {e_count, 2 * i_size, h});
       Tensor down = load_matrix(prefix + "down_proj", {e_count, h, i_size});
@@ -186,9 +329,9 @@ class WeightLoader {
     }
     for (int64_t e = 0; e < e_count; ++e) {
       std::string p = prefix + std::to_string(e) + ".";
-      ex.w1.push_back(load_matrix(p + "w1.weight", {i_size, h}));
-      ex.w3.push_back(load_matrix(p + "w3.weight", {i_size, h}));
-      ex.w2.push_back(load_matrix(p + "w2.weight", {h, i_size}));
+      ex.w1.push_back(load_linear(p + "w1.weight", {i_size, h}, /*routed_expert=*/true));
+      ex.w3.push_back(load_linear(p + "w3.weight", {i_size, h}, /*routed_expert=*/true));
+      ex.w2.push_back(load_linear(p + "w2.weight", {h, i_size}, /*routed_expert=*/true));
     }
     return ex;
   }
@@ -202,6 +345,7 @@ class WeightLoader {
   const Checkpoint* ckpt_;
   const ModelConfig& config_;
   Backend& backend_;
+  WeightLoadOptions options_;
   uint64_t seed_;
   DType random_stored_;
 };
@@ -215,14 +359,22 @@ ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_
 }  // namespace
 
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
-                                Backend& backend) {
-  WeightLoader w(&checkpoint, config, backend);
-  return build_weights(w, config, checkpoint.contains("head.weight"));
+                                Backend& backend, const WeightLoadOptions& options) {
+  WeightLoader w(&checkpoint, config, backend, options);
+  ModelWeights m = build_weights(w, config, checkpoint.contains("head.weight"));
+  int64_t mtp = 0;
+  for (const std::string& name : checkpoint.names()) mtp += name.starts_with("mtp.") ? 1 : 0;
+  if (mtp > 0) {
+    m.notes.push_back("skipped " + std::to_string(mtp) +
+                      " mtp.* tensors (the multi-token-prediction drafter; speculative decoding "
+                      "does not use them yet)");
+  }
+  return m;
 }
 
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
                                   DType stored) {
-  WeightLoader w(nullptr, config, backend, seed, stored);
+  WeightLoader w(nullptr, config, backend, {}, seed, stored);
   return build_weights(w, config, true);
 }
 
@@ -259,13 +411,13 @@ ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_
     L.hc_ffn = w.hc(p + "hc_ffn_", (2 + n) * n);
 
     AttentionWeights& a = L.attn;
-    a.wq_a = w.load_matrix(p + "attn.wq_a.weight", {q, h});
+    a.wq_a = w.load_linear(p + "attn.wq_a.weight", {q, h}, false);
     a.q_norm = w.load(p + "attn.q_norm.weight", {q});
-    a.wq_b = w.load_matrix(p + "attn.wq_b.weight", {nh * d, q});
-    a.wkv = w.load_matrix(p + "attn.wkv.weight", {d, h});
+    a.wq_b = w.load_linear(p + "attn.wq_b.weight", {nh * d, q}, false);
+    a.wkv = w.load_linear(p + "attn.wkv.weight", {d, h}, false);
     a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
-    a.wo_a = w.load_matrix(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g});
-    a.wo_b = w.load_matrix(p + "attn.wo_b.weight", {h, g * config.o_lora_rank});
+    a.wo_a = w.load_linear(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g}, false);
+    a.wo_b = w.load_linear(p + "attn.wo_b.weight", {h, g * config.o_lora_rank}, false);
     a.sinks = w.load(p + "attn.attn_sink", {nh});
     const AttentionKind kind = config.layer_types[static_cast<size_t>(li)];
     const int ratio = config.compress_rate(li);
@@ -278,7 +430,7 @@ ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_
         const int64_t di = config.index_head_dim;
         a.has_indexer = true;
         a.indexer.compressor = w.compressor(p + "attn.indexer.compressor.", di, ratio, true);
-        a.indexer.wq_b = w.load_matrix(p + "attn.indexer.wq_b.weight", {hi * di, q});
+        a.indexer.wq_b = w.load_linear(p + "attn.indexer.wq_b.weight", {hi * di, q}, false);
         a.indexer.weights_proj = w.load_matrix(p + "attn.indexer.weights_proj.weight", {hi, h});
       }
     }
@@ -291,9 +443,9 @@ ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_
       f.bias = w.load(p + "ffn.gate.bias", {config.n_routed_experts});
     }
     f.experts = w.experts(p + "ffn.experts.");
-    f.shared_w1 = w.load_matrix(p + "ffn.shared_experts.w1.weight", {i_size, h});
-    f.shared_w3 = w.load_matrix(p + "ffn.shared_experts.w3.weight", {i_size, h});
-    f.shared_w2 = w.load_matrix(p + "ffn.shared_experts.w2.weight", {h, i_size});
+    f.shared_w1 = w.load_linear(p + "ffn.shared_experts.w1.weight", {i_size, h}, false);
+    f.shared_w3 = w.load_linear(p + "ffn.shared_experts.w3.weight", {i_size, h}, false);
+    f.shared_w2 = w.load_linear(p + "ffn.shared_experts.w2.weight", {h, i_size}, false);
     m.layers.push_back(std::move(L));
   }
   return m;

@@ -1,6 +1,7 @@
 // The DeepSeek-V4 parameters on a backend, grouped the way the graph uses them.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -23,17 +24,23 @@ struct CompressorWeights {
   Tensor norm;      // [D]
 };
 
+// The GEMM weights DeepSeek quantizes are MatrixWeights (dense, FP8 or MXFP4 as the checkpoint
+// ships them); the ones it ships in bf16 (compressors, indexer scorer, router, embedding, head)
+// are plain tensors.
 struct IndexerWeights {
   CompressorWeights compressor;  // at index_head_dim
-  Tensor wq_b;                   // [hi * Di, Q]
+  MatrixWeight wq_b;             // [hi * Di, Q]
   Tensor weights_proj;           // [hi, H]
 };
 
 struct AttentionWeights {
-  Tensor wq_a, q_norm, wq_b;  // [Q, H], [Q], [nh*D, Q]
-  Tensor wkv, kv_norm;        // [D, H], [D]
-  Tensor wo_a, wo_b;          // [G*Og, nh*D/G], [H, G*Og]
-  Tensor sinks;               // [nh]
+  MatrixWeight wq_a;        // [Q, H]
+  Tensor q_norm;            // [Q]
+  MatrixWeight wq_b;        // [nh*D, Q]
+  MatrixWeight wkv;         // [D, H]
+  Tensor kv_norm;           // [D]
+  MatrixWeight wo_a, wo_b;  // [G*Og, nh*D/G], [H, G*Og]
+  Tensor sinks;             // [nh]
   bool has_compressor = false;
   CompressorWeights compressor;
   bool has_indexer = false;
@@ -45,7 +52,7 @@ struct MoeWeights {
   Tensor bias;     // [E] selection bias (moe layers), undefined for hash layers
   Tensor tid2eid;  // [V, k] i32 (hash layers), undefined otherwise
   ExpertWeights experts;
-  Tensor shared_w1, shared_w3, shared_w2;  // [I, H], [I, H], [H, I]
+  MatrixWeight shared_w1, shared_w3, shared_w2;  // [I, H], [I, H], [H, I]
 };
 
 struct LayerWeights {
@@ -63,12 +70,22 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Tensor main_inv_freq;      // [R/2] f32
   Tensor compress_inv_freq;  // [R/2] f32
+  // What the loader left out on purpose, for the user: "skipped 31 mtp.* tensors ...".
+  std::vector<std::string> notes;
 };
 
-// Loads and checks every tensor the config implies (shape, dtype, index ranges) and moves it to
-// the backend in f32. Errors name the tensor, the file and what was expected.
+struct WeightLoadOptions {
+  // Quantized weights get DeepSeek's dynamic FP8 activation quantization (MatrixWeight::act_group:
+  // the FP8 block width for FP8 weights, 32 for MXFP4 experts); false keeps activations exact.
+  bool quantize_activations = false;
+};
+
+// Loads and checks every tensor the config implies (shape, dtype, index ranges; for quantized
+// weights the scales' shape, dtype and values and the packing) and moves it to the backend
+// (Backend::upload_matrix_weight decides the format it computes with). Errors name the tensor,
+// the file, its shape and the expected shape.
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
-                                Backend& backend);
+                                Backend& backend, const WeightLoadOptions& options = {});
 // Random weights with every tensor's shape (no checkpoint): matrices as if stored in `stored`
 // (kept in backend.weight_dtype(stored)), drawn on the backend. For benchmarks.
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,

@@ -1,5 +1,6 @@
 #include "deepinfer/dtype.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -23,6 +24,11 @@ size_t dtype_size(DType dtype) {
       return 4;
     case DType::kI64:
       return 8;
+    case DType::kE8M0:
+    case DType::kE2M1x2:
+    case DType::kI8:
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -41,6 +47,14 @@ const char* dtype_name(DType dtype) {
       return "i32";
     case DType::kI64:
       return "i64";
+    case DType::kE8M0:
+      return "e8m0";
+    case DType::kE2M1x2:
+      return "e2m1x2";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -50,9 +64,10 @@ bool dtype_from_safetensors(std::string_view name, DType* out) {
     std::string_view name;
     DType dtype;
   };
-  static constexpr Entry kTable[] = {{"F32", DType::kF32}, {"BF16", DType::kBF16},
-                                     {"F16", DType::kF16}, {"F8_E4M3", DType::kF8E4M3},
-                                     {"I32", DType::kI32}, {"I64", DType::kI64}};
+  static constexpr Entry kTable[] = {
+      {"F32", DType::kF32},        {"BF16", DType::kBF16},    {"F16", DType::kF16},
+      {"F8_E4M3", DType::kF8E4M3}, {"F8_E8M0", DType::kE8M0}, {"I32", DType::kI32},
+      {"I64", DType::kI64},        {"I8", DType::kI8},        {"U8", DType::kU8}};
   for (const Entry& e : kTable) {
     if (e.name == name) {
       *out = e.dtype;
@@ -147,6 +162,43 @@ uint8_t f32_to_f8e4m3(float value) {
   return static_cast<uint8_t>(sign | best);
 }
 
+float round_to_f8e4m3(float value) {
+  if (std::isnan(value)) return value;
+  const float a = std::fabs(value);
+  float r = 448.0f;
+  if (a < 448.0f) {
+    // The spacing of e4m3 values around a: 2^(e - 3) for a in [2^e, 2^(e+1)), e >= -6; the
+    // subnormals below 2^-6 share the spacing 2^-9. a / quantum is exact (a power of two).
+    int e = 0;
+    std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+    const float quantum = std::ldexp(1.0f, std::max(e - 1, -6) - 3);
+    r = std::min(448.0f, std::nearbyint(a / quantum) * quantum);
+  }
+  return std::signbit(value) ? -r : r;
+}
+
+float e8m0_to_f32(uint8_t bits) {
+  if (bits == 0xff) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(bits) - 127);
+}
+
+bool f32_to_e8m0_exact(float value, uint8_t* bits) {
+  if (!(value > 0.0f) || std::isinf(value)) return false;
+  int exponent = 0;
+  const float mantissa = std::frexp(value, &exponent);  // value = mantissa * 2^exponent
+  if (mantissa != 0.5f) return false;
+  const int code = exponent - 1 + 127;
+  if (code < 0 || code > 254) return false;
+  *bits = static_cast<uint8_t>(code);
+  return true;
+}
+
+float e2m1_to_f32(uint8_t nibble) {
+  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = kMagnitude[nibble & 7u];
+  return (nibble & 8u) != 0 ? -m : m;
+}
+
 namespace {
 
 float load_as_f32(const void* src, DType dtype, size_t i) {
@@ -159,6 +211,8 @@ float load_as_f32(const void* src, DType dtype, size_t i) {
       return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
     case DType::kF8E4M3:
       return f8e4m3_to_f32(static_cast<const uint8_t*>(src)[i]);
+    case DType::kE8M0:
+      return e8m0_to_f32(static_cast<const uint8_t*>(src)[i]);
     default:
       break;
   }
@@ -192,7 +246,7 @@ void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dty
     std::memcpy(dst, src, count * dtype_size(src_dtype));
     return;
   }
-  if (is_floating(src_dtype) && is_floating(dst_dtype)) {
+  if ((is_floating(src_dtype) || src_dtype == DType::kE8M0) && is_floating(dst_dtype)) {
     for (size_t i = 0; i < count; ++i) store_f32(dst, dst_dtype, i, load_as_f32(src, src_dtype, i));
     return;
   }
