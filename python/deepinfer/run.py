@@ -1,7 +1,10 @@
 """Offline generation from the command line.
 
-    python -m deepinfer.run --config configs/tiny.yaml [--model DIR] [--device DEVICE]
+    python -m deepinfer.run [--config CONFIG] [--model DIR] [--device DEVICE]
                             [--prompts FILE] [--max-tokens N]
+
+--model takes a checkpoint directory as DeepSeek publishes it (FP8 weights, MXFP4 experts) or as
+transformers saves it; without --config the engine defaults and a few example prompts are used.
 
 Prints every completion, then a summary: the model and the device it ran on, requests/s, prompt
 and output tokens/s, mean time to first token and mean time per output token.
@@ -18,11 +21,19 @@ from pathlib import Path
 
 from deepinfer.config import (
     ConfigError,
+    RunConfig,
     add_override_arguments,
     apply_override_arguments,
     load_config,
 )
 from deepinfer.llm import LLM, CompletionOutput
+
+# Prompts for a run without a config or --prompts (as vLLM's offline example has).
+EXAMPLE_PROMPTS = (
+    "Hello, my name is",
+    "The capital of France is",
+    "The future of AI is",
+)
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -73,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--config",
-        required=True,
         type=Path,
-        help="YAML run config (model, engine, sampling, prompts); "
-        "configs/tiny.yaml runs the embedded tiny model",
+        help="YAML run config (model, engine, sampling, prompts), or a checkpoint directory; "
+        "configs/tiny.yaml runs the embedded tiny model (default: the engine defaults with "
+        "the tiny model, or --model)",
     )
     add_override_arguments(parser)
     parser.add_argument(
@@ -99,17 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        config = apply_override_arguments(load_config(args.config), args)
+        if args.config is None:
+            base = RunConfig()
+        elif args.config.is_dir():
+            base = RunConfig(model=str(args.config.expanduser().absolute()))
+        else:
+            base = load_config(args.config)
+        config = apply_override_arguments(base, args)
         prompts = read_prompts(args.prompts) if args.prompts else config.prompts
     except (ConfigError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not prompts:
+    if not prompts and args.config is not None and not args.config.is_dir():
         print(
             f"error: no prompts: {args.config} has none and --prompts was not given",
             file=sys.stderr,
         )
         return 2
+    prompts = prompts or list(EXAMPLE_PROMPTS)
     sampling = config.sampling
     overrides = {
         k: v
@@ -124,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         llm = LLM(config)
+        for note in llm.engine.load_notes:
+            print(f"note: {note}", file=sys.stderr)
         start = time.perf_counter()
         outputs = llm.generate(prompts, sampling, use_tqdm=not args.no_progress)
         elapsed = time.perf_counter() - start

@@ -145,18 +145,90 @@ TEST(ModelConfig, InconsistentValuesAreRejected) {
       ErrorCode::kInvalidConfig, {"layer_types[1]", "full_attention"});
 }
 
-TEST(ModelConfig, UnknownModelTypeAndQuantizedCheckpoints) {
+TEST(ModelConfig, UnknownModelType) {
   expect_error([&] { ModelConfig::from_json_text(R"({"model_type": "llama"})", "c.json"); },
                ErrorCode::kInvalidConfig, {"c.json", "'model_type'", "deepseek_v4", "llama"});
   expect_error([&] { ModelConfig::from_json_text(R"({"hidden_size": 4})", "c.json"); },
                ErrorCode::kInvalidConfig, {"'model_type'"});
+}
+
+// config.json with `quant` spliced in at the top level.
+ModelConfig quantized(const std::string& quant) {
+  return ModelConfig::from_json_text(R"({"model_type": "deepseek_v4", )" + quant + "}", "c.json");
+}
+
+TEST(ModelConfig, ReadsDeepSeekQuantizationConfig) {
+  EXPECT_FALSE(ModelConfig::from_json_text(kSavedConfig, "c").quantization.fp8);
+  // DeepSeek-V4-Flash's config.json: expert_dtype at the top level.
+  QuantConfig q = quantized(
+                      R"("quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+      "scale_fmt": "ue8m0", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+      "expert_dtype": "fp4")")
+                      .quantization;
+  EXPECT_TRUE(q.fp8);
+  EXPECT_TRUE(q.experts_fp4);
+  EXPECT_TRUE(q.ue8m0_scales);
+  EXPECT_EQ(q.weight_block_rows, 128);
+  EXPECT_EQ(q.weight_block_cols, 128);
+  // transformers' spelling moves expert_dtype inside; V4.1 uses 32x32 blocks; V3-style has no
+  // expert_dtype (FP8 experts) and float scales.
+  q = quantized(R"("quantization_config": {"quant_method": "fp8", "weight_block_size": [32, 32],
+      "scale_fmt": "ue8m0", "expert_dtype": "fp4"})")
+          .quantization;
+  EXPECT_TRUE(q.experts_fp4);
+  EXPECT_EQ(q.weight_block_rows, 32);
+  q = quantized(R"("quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 16]})")
+          .quantization;
+  EXPECT_FALSE(q.experts_fp4);
+  EXPECT_FALSE(q.ue8m0_scales);
+  EXPECT_EQ(q.weight_block_rows, 64);
+  EXPECT_EQ(q.weight_block_cols, 16);
+}
+
+TEST(ModelConfig, QuantizationConfigErrorsNameTheField) {
+  expect_error([] { quantized(R"("quantization_config": {"quant_method": "awq"})"); },
+               ErrorCode::kUnsupported,
+               {"c.json", "quantization_config.quant_method", "awq", "fp8"});
+  expect_error([] { quantized(R"("quantization_config": {"bits": 4})"); }, ErrorCode::kUnsupported,
+               {"quantization_config.quant_method", "missing"});
   expect_error(
-      [&] {
-        ModelConfig::from_json_text(
-            R"({"model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8"}})",
-            "c.json");
+      [] {
+        quantized(
+            R"("quantization_config": {"quant_method": "fp8", "weight_block_size": [96, 128]})");
       },
-      ErrorCode::kUnsupported, {"quantization_config", "fp8"});
+      ErrorCode::kInvalidConfig, {"quantization_config.weight_block_size", "powers of two"});
+  expect_error(
+      [] {
+        quantized(R"("quantization_config": {"quant_method": "fp8", "weight_block_size": 128})");
+      },
+      ErrorCode::kInvalidConfig, {"quantization_config.weight_block_size"});
+  expect_error(
+      [] { quantized(R"("quantization_config": {"quant_method": "fp8", "fmt": "e5m2"})"); },
+      ErrorCode::kInvalidConfig, {"quantization_config.fmt", "e5m2"});
+  expect_error(
+      [] { quantized(R"("quantization_config": {"quant_method": "fp8", "scale_fmt": "e4m3"})"); },
+      ErrorCode::kInvalidConfig, {"quantization_config.scale_fmt"});
+  expect_error(
+      [] {
+        quantized(
+            R"("quantization_config": {"quant_method": "fp8", "activation_scheme": "static"})");
+      },
+      ErrorCode::kUnsupported, {"quantization_config.activation_scheme", "static"});
+  expect_error(
+      [] {
+        quantized(R"("quantization_config": {"quant_method": "fp8"}, "expert_dtype": "int4")");
+      },
+      ErrorCode::kInvalidConfig, {"'expert_dtype'", "int4"});
+  expect_error(
+      [] {
+        quantized(R"("quantization_config": {"quant_method": "fp8", "expert_dtype": "fp8"},
+                     "expert_dtype": "fp4")");
+      },
+      ErrorCode::kInvalidConfig, {"quantization_config.expert_dtype", "top-level"});
+  expect_error([] { quantized(R"("expert_dtype": "fp4")"); }, ErrorCode::kInvalidConfig,
+               {"'expert_dtype'", "no quantization_config"});
+  expect_error([] { quantized(R"("quantization_config": "fp8")"); }, ErrorCode::kInvalidConfig,
+               {"'quantization_config'", "an object"});
 }
 
 TEST(ModelConfig, BadJsonNamesTheFile) {

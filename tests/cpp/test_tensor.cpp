@@ -269,7 +269,9 @@ TEST(DType, NamesAndSizes) {
   EXPECT_EQ(d, DType::kF8E4M3);
   EXPECT_TRUE(dtype_from_safetensors("I64", &d));
   EXPECT_EQ(d, DType::kI64);
-  EXPECT_FALSE(dtype_from_safetensors("F8_E8M0", &d));
+  EXPECT_TRUE(dtype_from_safetensors("F8_E8M0", &d));
+  EXPECT_EQ(d, DType::kE8M0);
+  EXPECT_FALSE(dtype_from_safetensors("F8_E5M2", &d));
   EXPECT_FALSE(dtype_from_safetensors("bf16", &d));
   EXPECT_TRUE(is_floating(DType::kF8E4M3));
   EXPECT_FALSE(is_floating(DType::kI32));

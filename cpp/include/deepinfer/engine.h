@@ -116,6 +116,9 @@ class Engine {
   // The checkpoint's config.json as read at create(); null for engines without a checkpoint
   // (the test doubles of deepinfer/testing).
   virtual const ModelConfig* model_config() const = 0;
+  // What loading the checkpoint left out on purpose, one line each (e.g. the mtp.* tensors),
+  // for a front end to show the user.
+  virtual std::vector<std::string> load_notes() const = 0;
 
   // Debug and test hooks (engine thread). Throws Error(kInternal) naming the first broken
   // invariant of the scheduler, its ledgers and pools (cpp/src/engine/README.md lists them).

@@ -114,6 +114,17 @@ void OpChecks::dense(const char* arg, const Tensor& t, DTypeSet dtypes, int64_t 
 
 void OpChecks::weight(const std::string& arg, const MatrixWeight& w, DTypeSet dense_dtypes,
                       int64_t rows, int64_t cols, bool on_host) const {
+  if (w.format == WeightFormat::kDense && !on_host) {
+    // A dense weight is checked as the plain matrix it is (the messages name it `arg`).
+    tensor(arg.c_str(), w.values, dense_dtypes, {rows, cols});
+    if (w.scales.defined())
+      fail("argument " + arg + " is dense but has scales " + w.scales.describe());
+    if (w.act_group < 0) {
+      fail("argument " + arg + " has act_group " + std::to_string(w.act_group) +
+           " (expected 0 or a positive group size)");
+    }
+    return;
+  }
   const std::string values_arg = arg + ".values";
   defined_on(values_arg.c_str(), w.values, on_host ? DeviceKind::kCpu : device_, "a matrix");
   contiguous(values_arg.c_str(), w.values);

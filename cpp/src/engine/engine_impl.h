@@ -39,6 +39,7 @@ class EngineImpl final : public Engine {
   int vocab_size() const override { return executor_->vocab_size(); }
   const std::vector<int>& eos_token_ids() const override { return executor_->eos_token_ids(); }
   const ModelConfig* model_config() const override { return executor_->model_config(); }
+  std::vector<std::string> load_notes() const override { return executor_->load_notes(); }
 
   void check_invariants() const override;
   int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }

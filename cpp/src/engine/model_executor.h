@@ -41,6 +41,7 @@ class ModelExecutor final : public StepExecutor {
   int num_snapshot_slots() const override { return options_.num_snapshot_slots; }
   const std::vector<int>& eos_token_ids() const override { return model_->config.eos_token_ids; }
   const ModelConfig* model_config() const override { return &model_->config; }
+  std::vector<std::string> load_notes() const override { return model_->notes; }
   uint64_t num_graph_steps() const override {
     return model_->graphs ? model_->graphs->stats().num_calls : 0;
   }

@@ -40,6 +40,8 @@ class StepExecutor {
   virtual const std::vector<int>& eos_token_ids() const = 0;
   // The checkpoint's config; null for executors without a model (test doubles).
   virtual const ModelConfig* model_config() const { return nullptr; }
+  // Engine::load_notes; none for executors without a checkpoint.
+  virtual std::vector<std::string> load_notes() const { return {}; }
   // Decode steps run through recorded graphs so far (callable from any thread).
   virtual uint64_t num_graph_steps() const { return 0; }
 };

@@ -82,16 +82,16 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
   return m;
 }
 
-std::unique_ptr<ModelInstance> ModelInstance::random(const ModelConfig& config,
-                                                     const CacheShape& shape,
-                                                     const std::string& device, int num_threads,
-                                                     uint64_t seed, DType stored,
-                                                     int decode_graph_max_batch) {
+std::unique_ptr<ModelInstance> ModelInstance::random(
+    const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
+    uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = make_backend(device, num_threads);
+  WeightLoadOptions options;
+  options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   finish_instance(*m, shape, decode_graph_max_batch,
-                  random_model_weights(m->config, *m->backend, seed, stored));
+                  random_model_weights(m->config, *m->backend, seed, stored, options));
   m->backend->synchronize();
   return m;
 }

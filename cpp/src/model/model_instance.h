@@ -44,11 +44,13 @@ struct ModelInstance {
                                              const std::string& device, int num_threads,
                                              int decode_graph_max_batch = 0,
                                              const std::string& activation_quant = "auto");
-  // The model of `config` with random weights (matrices stored as `stored`), for benchmarks.
+  // The model of `config` with random weights (matrices stored as `stored`, or in the real
+  // formats when config.quantization says so), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
                                                const std::string& device, int num_threads,
                                                uint64_t seed, DType stored,
-                                               int decode_graph_max_batch = 0);
+                                               int decode_graph_max_batch = 0,
+                                               const std::string& activation_quant = "auto");
 };
 
 // Whether quantized weights get dynamic FP8 activation quantization: "fp8" yes, "none" no,

@@ -90,7 +90,8 @@ std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::random(ModelConfig::from_file(config_json), cache_shape(options),
                             options.device, options.num_threads, seed,
-                            bf16 ? DType::kBF16 : DType::kF32, options.decode_graph_max_batch),
+                            bf16 ? DType::kBF16 : DType::kF32, options.decode_graph_max_batch,
+                            options.activation_quant),
       options);
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "deepinfer/error.h"
 
@@ -44,8 +45,11 @@ class WeightLoader {
   // sibling "<base>.scale" (docs/model.md#quantized-checkpoints), checked against each other and
   // against config.json before anything reaches the backend.
   MatrixWeight load_linear(const std::string& name, const Shape& shape, bool routed_expert) {
-    if (ckpt_ == nullptr)
-      return MatrixWeight(random(name, shape, backend_.weight_dtype(random_stored_)));
+    if (ckpt_ == nullptr) {
+      return config_.quantization.fp8
+                 ? random_quantized(name, shape, routed_expert)
+                 : MatrixWeight(random(name, shape, backend_.weight_dtype(random_stored_)));
+    }
     require_present(name, shape);
     const SafetensorsEntry& e = ckpt_->entry(name);
     const std::string& file = ckpt_->file_of(name).path();
@@ -167,6 +171,80 @@ class WeightLoader {
                                             "' (expected shape " + shape_str(shape) +
                                             ") required by config.json");
     }
+  }
+
+  // Random weights in the format config.json's quantization_config gives (for benchmarks of the
+  // real formats without a checkpoint): every weight's bytes are a slice of one random pool per
+  // format, so making a V4-Flash-sized model costs the upload, not the random draws. Values are
+  // e4m3 codes of N(0, 1) draws (MXFP4: uniform nibbles) with a power-of-two scale near
+  // 1 / sqrt(K), so activations keep their size through the layers.
+  MatrixWeight random_quantized(const std::string& name, const Shape& shape, bool routed_expert) {
+    const QuantConfig& q = config_.quantization;
+    const bool fp4 = routed_expert && q.experts_fp4;
+    const int64_t n = shape[0];
+    const int64_t k = shape[1];
+    MatrixWeight w;
+    w.format = fp4 ? WeightFormat::kMxfp4 : WeightFormat::kFp8Block;
+    w.block_rows = fp4 ? 1 : q.weight_block_rows;
+    w.block_cols = fp4 ? 32 : q.weight_block_cols;
+    const int64_t bytes = fp4 ? n * k / 2 : n * k;
+    std::vector<uint8_t>& pool = fp4 ? fp4_pool_ : fp8_pool_;
+    if (pool.empty()) fill_pool(pool, fp4);
+    const int64_t pool_size = static_cast<int64_t>(pool.size());
+    Tensor values =
+        Tensor::zeros(fp4 ? Shape{n, k / 2} : Shape{n, k}, fp4 ? DType::kE2M1x2 : DType::kF8E4M3);
+    uint64_t h = seed_;
+    for (char c : name) h = h * 1099511628211ULL + static_cast<unsigned char>(c);
+    auto* dst = values.data<uint8_t>();
+    for (int64_t done = 0; done < bytes;) {
+      h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+      const int64_t start = static_cast<int64_t>((h >> 20) % static_cast<uint64_t>(pool_size / 2));
+      const int64_t len = std::min(bytes - done, pool_size - start);
+      std::memcpy(dst + done, pool.data() + start, static_cast<size_t>(len));
+      done += len;
+    }
+    // e4m3 N(0,1) draws have |x| ~ 1; e2m1 uniform codes ~ 3: scale to about 1 / sqrt(K).
+    const float target = 1.0f / std::sqrt(static_cast<float>(k)) / (fp4 ? 3.0f : 1.0f);
+    const float scale = std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(target))));
+    const Shape grid = weight_scale_shape(n, k, w.block_rows, w.block_cols);
+    Tensor scales = Tensor::zeros(grid, fp4 ? DType::kE8M0 : DType::kF32);
+    for (int64_t i = 0; i < scales.numel(); ++i) {
+      if (fp4) {
+        f32_to_e8m0_exact(scale, &scales.data<uint8_t>()[i]);
+      } else {
+        scales.data<float>()[i] = scale;
+      }
+    }
+    w.values = values;
+    w.scales = scales;
+    if (options_.quantize_activations) w.act_group = fp4 ? 32 : w.block_cols;
+    return backend_.upload_matrix_weight(w);
+  }
+
+  void fill_pool(std::vector<uint8_t>& pool, bool fp4) const {
+    constexpr size_t kPoolBytes = size_t{16} << 20;
+    pool.resize(kPoolBytes);
+    uint64_t h = seed_ ^ (fp4 ? 0x9e3779b97f4a7c15ULL : 0xbf58476d1ce4e5b9ULL);
+    auto next = [&h] {
+      h ^= h << 13;
+      h ^= h >> 7;
+      h ^= h << 17;
+      return h;
+    };
+    if (fp4) {
+      for (uint8_t& b : pool) b = static_cast<uint8_t>(next());
+      return;
+    }
+    // 256 e4m3 codes of N(0, 1) draws (Box-Muller), indexed by random bytes.
+    uint8_t codes[256];
+    for (int i = 0; i < 256; i += 2) {
+      const double u1 = (static_cast<double>(next() >> 11) + 1.0) / 9007199254740993.0;
+      const double u2 = static_cast<double>(next() >> 11) / 9007199254740992.0;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      codes[i] = f32_to_f8e4m3(static_cast<float>(r * std::cos(6.283185307179586 * u2)));
+      codes[i + 1] = f32_to_f8e4m3(static_cast<float>(r * std::sin(6.283185307179586 * u2)));
+    }
+    for (uint8_t& b : pool) b = codes[next() & 0xffu];
   }
 
   // Random init by parameter kind: norms near 1, mHC scales near 1, biases and position terms
@@ -348,6 +426,8 @@ class WeightLoader {
   WeightLoadOptions options_;
   uint64_t seed_;
   DType random_stored_;
+  std::vector<uint8_t> fp8_pool_;  // random_quantized's byte pools, made on first use
+  std::vector<uint8_t> fp4_pool_;
 };
 
 }  // namespace
@@ -373,8 +453,8 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
 }
 
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
-                                  DType stored) {
-  WeightLoader w(nullptr, config, backend, {}, seed, stored);
+                                  DType stored, const WeightLoadOptions& options) {
+  WeightLoader w(nullptr, config, backend, options, seed, stored);
   return build_weights(w, config, true);
 }
 

@@ -87,8 +87,10 @@ struct WeightLoadOptions {
 ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig& config,
                                 Backend& backend, const WeightLoadOptions& options = {});
 // Random weights with every tensor's shape (no checkpoint): matrices as if stored in `stored`
-// (kept in backend.weight_dtype(stored)), drawn on the backend. For benchmarks.
+// (kept in backend.weight_dtype(stored)), drawn on the backend; with config.quantization.fp8 the
+// GEMM weights DeepSeek quantizes are random FP8 / MXFP4 in the shipped format instead. For
+// benchmarks.
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
-                                  DType stored);
+                                  DType stored, const WeightLoadOptions& options = {});
 
 }  // namespace deepinfer

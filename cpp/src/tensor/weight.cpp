@@ -24,12 +24,12 @@ const char* weight_format_name(WeightFormat format) {
 
 std::string MatrixWeight::describe() const {
   if (!defined()) return "undefined weight";
-  std::string s = weight_format_name(format);
+  // A dense weight reads as its tensor, like the plain matrix it is.
+  std::string s = values.describe();
   if (quantized()) {
-    s += "[" + std::to_string(block_rows) + "x" + std::to_string(block_cols) + "] " +
-         values.describe() + " + " + (scales.defined() ? scales.describe() : "no") + " scales";
-  } else {
-    s += " " + values.describe();
+    s = std::string(weight_format_name(format)) + "[" + std::to_string(block_rows) + "x" +
+        std::to_string(block_cols) + "] " + values.describe() + " + " +
+        (scales.defined() ? scales.describe() : "no") + " scales";
   }
   if (act_group > 0) s += ", activations fp8 per " + std::to_string(act_group);
   return s;

