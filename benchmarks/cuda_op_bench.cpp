@@ -4,7 +4,7 @@
 // whenever a call's device work exceeds its launch cost (the small cases say so); cases marked
 // "(graph)" replay the `iters` calls from one captured CUDA graph instead, as a decode step does.
 //
-// Usage: cuda_op_bench [--iters N]     (prints one JSON object per line)
+// Usage: cuda_op_bench [--iters N] [--moe-quant-only]     (prints one JSON object per line)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "deepinfer/backend.h"
+#include "deepinfer/weight.h"
 
 using namespace deepinfer;
 using Clock = std::chrono::steady_clock;
@@ -97,15 +98,112 @@ BatchLayout decode_layout(Backend& be, int batch, int s_q, int ctx, int blocks_p
   return L;
 }
 
+// Device-to-device copy bandwidth (bytes read + written per second, GB/s) of `bytes`, measured
+// next to the cases that are graded against it.
+double copy_roofline_gbps(Backend& be, int64_t bytes) {
+  Tensor a = rnd(be, {bytes / 4}, DType::kF32, 41);
+  Tensor b = be.empty({bytes / 4}, DType::kF32);
+  const double us = time_us(be, 10, [&] { be.copy_into(b, a); });
+  return 2.0 * static_cast<double>(bytes) / us / 1e3;
+}
+
+// Random bytes on the device, each (LCG byte & mask) | bits (a fast LCG on the host: the values
+// only need to be varied).
+Tensor random_device_bytes(Backend& be, const Shape& shape, DType dtype, uint64_t seed,
+                           uint8_t mask, uint8_t bits) {
+  Tensor h = Tensor::zeros(shape, dtype);
+  auto* p = static_cast<uint8_t*>(h.raw_data());
+  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  for (size_t i = 0; i < h.nbytes(); ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    p[i] = static_cast<uint8_t>(((x >> 56) & mask) | bits);
+  }
+  return be.upload_weight(h, dtype);
+}
+
+// The routed experts on MXFP4 weights at V4-Flash shapes (E 256, top-6, H 4096, I 2048; act
+// groups of 32 as DeepSeek's W4A8 experts): GB/s of the weight bytes touched (values + scales,
+// 13.4 MB per expert) at 1, 4 and 16 pairs per expert (every expert exactly that many: tokens
+// ceil(256 m / 6), the slots past 256 m dropped by an out-of-range id), and TFLOP/s at 4096 and
+// 16384 tokens (experts evenly loaded), next to the copy roofline.
+void bench_moe_experts_mxfp4(Backend& be, int iters) {
+  const int e = 256, inter = 2048, h = 4096, kk = 6;
+  const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
+  std::printf("{\"op\": \"roofline_copy(copy_into)\", \"shape\": \"2GiB f32\", \"GBps\": %.1f}\n",
+              copy_gbps);
+  // One pool per matrix kind; experts are row ranges of it. Scale bytes 116..119: weights of
+  // magnitude ~2^-12 .. 2^-5.
+  Tensor gu_v =
+      random_device_bytes(be, {int64_t{e} * 2 * inter, h / 2}, DType::kE2M1x2, 1, 0xff, 0);
+  Tensor gu_s = random_device_bytes(be, {int64_t{e} * 2 * inter, h / 32}, DType::kE8M0, 2, 3, 116);
+  Tensor dn_v = random_device_bytes(be, {int64_t{e} * h, inter / 2}, DType::kE2M1x2, 3, 0xff, 0);
+  Tensor dn_s = random_device_bytes(be, {int64_t{e} * h, inter / 32}, DType::kE8M0, 4, 3, 116);
+  auto mx = [](Tensor v, Tensor s) {
+    MatrixWeight w;
+    w.values = std::move(v);
+    w.scales = std::move(s);
+    w.format = WeightFormat::kMxfp4;
+    w.block_rows = 1;
+    w.block_cols = 32;
+    w.act_group = 32;
+    return w;
+  };
+  ExpertWeights ex;
+  for (int j = 0; j < e; ++j) {
+    const int64_t r = int64_t{j} * 2 * inter;
+    ex.w1.push_back(mx(gu_v.narrow(0, r, inter), gu_s.narrow(0, r, inter)));
+    ex.w3.push_back(mx(gu_v.narrow(0, r + inter, inter), gu_s.narrow(0, r + inter, inter)));
+    ex.w2.push_back(mx(dn_v.narrow(0, int64_t{j} * h, h), dn_s.narrow(0, int64_t{j} * h, h)));
+  }
+  const double expert_bytes = 3.0 * inter * h * (0.5 + 1.0 / 32);
+  auto run = [&](int tokens, int64_t valid, bool graph) {
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int64_t p = 0; p < int64_t{tokens} * kk; ++p) {
+      ids.push_back(p < valid ? static_cast<int32_t>(p % e) : -1);  // p % e: distinct per token
+      wts.push_back(0.25f);
+    }
+    Tensor x = rnd(be, {tokens, h}, DType::kF32, 43);
+    Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
+              be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
+    const int n = tokens >= 1024 ? std::min(iters, 10) : iters;
+    auto fn = [&] { (void)be.moe_experts(x, r, ex, 10.0f); };
+    return graph ? time_graph_us(be, n, fn) : time_us(be, n, fn);
+  };
+  for (int m : {1, 4, 16}) {
+    const int tokens = (e * m + kk - 1) / kk;
+    const double us = run(tokens, int64_t{e} * m, true);
+    const double bytes = e * expert_bytes;
+    emit("moe_experts_mxfp4(graph)",
+         std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
+             " k=6 E=256 I=2048 H=4096 act32",
+         us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
+    std::printf(
+        "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"pairs_per_expert\": %d, "
+        "\"fraction_of_copy_GBps\": %.3f}\n",
+        m, bytes / us / 1e3 / copy_gbps);
+  }
+  for (int tokens : {4096, 16384}) {
+    const double us = run(tokens, int64_t{tokens} * kk, false);
+    emit("moe_experts_mxfp4", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 act32", us,
+         e * expert_bytes * ((tokens + 4095) / 4096),
+         static_cast<double>(tokens) * kk * 3.0 * 2 * inter * h);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iters = 50;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
+  bool moe_quant_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--moe-quant-only") == 0) moe_quant_only = true;
   }
   auto be = make_backend("cuda");
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
+  bench_moe_experts_mxfp4(*be, iters);
+  if (moe_quant_only) return 0;
 
   {                               // roofline: device-to-device copy (bytes read + written)
     const int64_t n = 1LL << 30;  // 4 GiB of f32 ... as 1 Gi rows of one element

@@ -222,6 +222,16 @@ MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
     out.values = upload_weight_impl(host.values, weight_dtype(host.values.dtype()));
     return out;
   }
+  if (host.format == WeightFormat::kMxfp4) {
+    // Kept as shipped (e2m1 pairs + e8m0 scales, 0.53 bytes per weight: V4-Flash's experts fit
+    // on two H200s only so): moe_experts decodes them in registers (moe/sm80/experts_quant.cu).
+    out.values = upload_weight_impl(host.values, DType::kE2M1x2);
+    out.scales = upload_weight_impl(host.scales, DType::kE8M0);
+    out.format = host.format;
+    out.block_rows = host.block_rows;
+    out.block_cols = host.block_cols;
+    return out;
+  }
   // Dequantized once to bf16 (exact for power-of-two scales): the dense kernels then compute
   // the format's values.
   out.values = upload_weight_impl(dequantize_weight(host, DType::kBF16), DType::kBF16);

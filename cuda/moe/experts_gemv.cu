@@ -12,6 +12,7 @@
 #include "cuda/common/reduce.cuh"
 #include "cuda/moe/moe_launch.h"
 #include "cuda/moe/strided_dots.cuh"
+#include "cuda/quant/quant_launch.h"
 
 namespace deepinfer::cuda {
 
@@ -109,6 +110,10 @@ void launch_experts_gemv(const ExpertsPassArgs<W>& p, float* act, float* y, cuda
   gate_up_gemv_kernel<W><<<grid1, kExpertGemvWarps * 32, 0, stream>>>(
       p.x, p.hidden, p.inter, p.top_k, p.sorted_pair, p.tiles, p.w1s, p.w3s, p.limit, act);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  if (p.down_group > 0) {  // w2's activation quantization of the SwiGLU output, in place
+    launch_quantize_activations(act, act, p.pairs, p.inter, p.down_group, stream);
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  }
   const dim3 grid2(grid_tiles, ceil_div(p.hidden, kExpertGemvWarps * kExpertGemvWeightRows));
   down_gemv_kernel<W><<<grid2, kExpertGemvWarps * 32, 0, stream>>>(
       act, p.hidden, p.inter, p.sorted_pair, p.tiles, p.w2s, y);

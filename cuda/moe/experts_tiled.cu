@@ -12,6 +12,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/moe/moe_launch.h"
+#include "cuda/quant/quant_launch.h"
 
 namespace deepinfer::cuda {
 
@@ -162,6 +163,10 @@ void launch_experts_tiled(const ExpertsPassArgs<W>& p, float* act, float* y, cud
   gate_up_tiled_kernel<W><<<grid1, kTileThreads, 0, stream>>>(
       p.x, p.hidden, p.inter, p.top_k, p.sorted_pair, p.tiles, p.w1s, p.w3s, p.limit, act);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  if (p.down_group > 0) {  // w2's activation quantization of the SwiGLU output, in place
+    launch_quantize_activations(act, act, p.pairs, p.inter, p.down_group, stream);
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+  }
   const dim3 grid2(grid_tiles, ceil_div(p.hidden, kTileN));
   down_tiled_kernel<W><<<grid2, kTileThreads, 0, stream>>>(act, p.hidden, p.inter, p.sorted_pair,
                                                            p.tiles, p.w2s, y);

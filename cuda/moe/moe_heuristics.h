@@ -10,6 +10,7 @@
 
 #include "cuda/moe/moe_config.h"
 #include "cuda/moe/sm80/experts_mma_config.h"
+#include "cuda/moe/sm80/experts_quant_config.h"
 
 namespace deepinfer::cuda {
 
@@ -32,10 +33,12 @@ inline bool use_route_select_warp(int top_k, bool hashed, int64_t experts) {
 }
 
 enum class ExpertsKernel {
-  kGemv,    // decode: experts_gemv.cu
-  kMma64,   // prefill, bf16 weights: sm80/experts_mma.cu, 64-row tiles
-  kMma128,  // the same, 128-row tiles
-  kTiled,   // prefill otherwise: experts_tiled.cu (f32 FMA)
+  kGemv,          // decode: experts_gemv.cu
+  kMma64,         // prefill, bf16 weights: sm80/experts_mma.cu, 64-row tiles
+  kMma128,        // the same, 128-row tiles
+  kTiled,         // prefill otherwise: experts_tiled.cu (f32 FMA)
+  kQuantDecode,   // quantized weights, few pairs per expert: sm80/experts_quant.cu, 16-row tiles
+  kQuantPrefill,  // quantized weights otherwise: the same kernel, 64-row tiles
 };
 
 struct ExpertsPassConfig {
@@ -50,12 +53,23 @@ struct ExpertsPassProblem {
   int64_t hidden;
   int64_t inter;
   bool bf16_weights;
-  bool vec;  // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
+  bool vec;                // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
+  bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant.cu in either shape
 };
 
 inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
   const int64_t pairs = p.pairs;
   const int experts = p.experts;
+  if (p.quantized) {
+    // 16-row tiles while experts average at most kExpertQuantDecodeMaxPairs pairs (each touched
+    // expert's weights then stream once), 64-row tiles above.
+    const bool decode = pairs <= kExpertQuantDecodeMaxPairs * experts;
+    ExpertsPassConfig c{};
+    c.kernel = decode ? ExpertsKernel::kQuantDecode : ExpertsKernel::kQuantPrefill;
+    c.tile_rows = decode ? ExpertQuantDecode::kTok : ExpertQuantPrefill::kTok;
+    c.max_tiles = (pairs + c.tile_rows - 1) / c.tile_rows + std::min<int64_t>(experts, pairs);
+    return c;
+  }
   // Decode shape while experts average at most kExpertGemvRows pairs (and the rows allow 16-byte
   // loads); the tiled kernel otherwise.
   const bool gemv = p.vec && pairs <= static_cast<int64_t>(kExpertGemvRows) * experts;

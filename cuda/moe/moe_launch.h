@@ -9,6 +9,7 @@
 
 #include "cuda/moe/moe_config.h"
 #include "cuda/moe/moe_heuristics.h"
+#include "cuda/moe/sm80/experts_quant_config.h"
 #include "deepinfer/tensor.h"
 
 namespace deepinfer::cuda {
@@ -56,6 +57,8 @@ struct ExpertsPassArgs {
   const W* const* w3s;         // [E] up weights [I, H]
   const W* const* w2s;         // [E] down weights [H, I]
   float limit;                 // the SwiGLU clamp
+  int down_group;              // activation quantization of act [pairs, I] before the down GEMM
+  int64_t pairs;               // (0: none)
 };
 
 // Groups the pairs by expert and writes the tile list of tile_rows-row tiles (experts_group.cu).
@@ -75,6 +78,41 @@ void launch_experts_tiled(const ExpertsPassArgs<W>& p, float* act, float* y, cud
 void launch_experts_mma(const ExpertsPassArgs<__nv_bfloat16>& p, ExpertsKernel kernel,
                         int64_t tokens, __nv_bfloat16* xb, __nv_bfloat16* act, float* y,
                         cudaStream_t stream);
+
+// One matrix kind (w1, w3 or w2) of quantized experts: per-expert device pointers.
+struct QuantMatrices {
+  const uint8_t* const* values;  // [E] e2m1 pairs [N, K / 2] or e4m3 [N, K]
+  const void* const* scales;     // [E] e8m0 [N, K / 32] or f32 [ceil(N / br), ceil(K / bc)]
+};
+
+// The operands of the quantized expert GEMMs of one pass (sm80/experts_quant.cu).
+struct QuantExpertsArgs {
+  QuantFormat format;
+  int block_rows;       // kFp8: rows per scale block
+  int block_cols_log2;  // kFp8: log2 of the columns per scale block (a power of two >= 16)
+  int64_t hidden;       // H
+  int64_t inter;        // I
+  int top_k;
+  const int32_t* sorted_pair;
+  TileList tiles;
+  int64_t max_tiles;
+  QuantMatrices w1, w3, w2;
+  int in_group;    // activation quantization of x (w1's act_group; 0: none)
+  int down_group;  // activation quantization of the SwiGLU output (w2's act_group)
+  float limit;
+};
+
+// Elements of the staged bf16 activations of `rows` rows of K columns (activation planes: 1 when
+// the rows are quantized, 3 otherwise).
+int64_t quant_staged_elems(int64_t rows, int64_t k, int planes);
+
+// gate/up + SwiGLU -> act [pairs, I] f32 and down -> y [pairs, H] f32 on quantized weights, kernel
+// kQuantDecode or kQuantPrefill: x (quantized into xq [tokens, H] f32 when in_group > 0) is
+// staged into xs, act (quantized in place when down_group > 0) into as; the sizes are
+// quant_staged_elems of (tokens, H) and (pairs, I).
+void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const float* x,
+                          int64_t tokens, float* xq, __nv_bfloat16* xs, float* act,
+                          __nv_bfloat16* as, float* y, cudaStream_t stream);
 
 // out[t] = sum_j weight[t, j] * y[t * top_k + j] in slot order (experts_combine.cu).
 void launch_experts_combine(const float* y, const int32_t* ids, const float* weights,
