@@ -11,6 +11,7 @@
 // checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -47,6 +48,10 @@ class CudaBackend final : public Backend {
   // For op implementations.
   cudaStream_t stream() const;
   cublasHandle_t cublas() const;
+  cublasLtHandle_t cublaslt() const;
+  // The cuBLAS workspace, which cuBLASLt calls pass as theirs.
+  void* cublas_workspace() const;
+  size_t cublas_workspace_bytes() const;
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
