@@ -8,7 +8,8 @@
 // Host -> device uploads go through pinned staging buffers and device -> host copies into pinned
 // buffers finished by a host callback, so neither blocks the host: launching a step never waits
 // for the device. Activations are f32 (as in the CPU reference); matrix weights keep bf16 when the
-// checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation.
+// checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation; block-scaled FP8 weights
+// keep their e4m3 bytes and f32 scales (gemm/gemm_fp8_heuristics.h).
 #pragma once
 
 #include <cublasLt.h>
