@@ -4,7 +4,17 @@
 // whenever a call's device work exceeds its launch cost (the small cases say so); cases marked
 // "(graph)" replay the `iters` calls from one captured CUDA graph instead, as a decode step does.
 //
-// Usage: cuda_op_bench [--iters N] [--moe-quant-only]     (prints one JSON object per line)
+// The FP8 block-scaled linears (cuda/gemm/gemm_fp8_heuristics.h) are measured against the
+// rooflines of the same run: a >= 1 GiB device memcpy for the decode GEMV (GB/s of weight bytes)
+// and cuBLASLt's block-scaled FP8 GEMM at 8192^3 for prefill (TFLOP/s); each line carries its
+// ratio ("of_roofline"). The MXFP4 routed experts likewise (GB/s of weight bytes at 1, 4, 16
+// pairs per expert; TFLOP/s at 4096 and 16384 tokens). `--only fp8`, `--only moe-quant` or
+// `--only quant` (both) runs just those.
+//
+// Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant]   (one JSON object per line)
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -66,6 +76,220 @@ void emit(const std::string& name, const std::string& shape, double us, double b
       "{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f}\n",
       name.c_str(), shape.c_str(), us, bytes / us / 1e3, flops / us / 1e6);
   std::fflush(stdout);
+}
+
+void emit_ratio(const std::string& name, const std::string& shape, double us, double bytes,
+                double flops, double ratio) {
+  const double gbps = us > 0 ? bytes / us / 1e3 : 0.0;
+  const double tflops = us > 0 ? flops / us / 1e6 : 0.0;
+  std::printf(
+      "{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f, "
+      "\"of_roofline\": %.3f}\n",
+      name.c_str(), shape.c_str(), us, gbps, tflops, ratio);
+  std::fflush(stdout);
+}
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "cuda_op_bench: %s failed: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void lt_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cuda_op_bench: %s failed with cuBLAS status %d\n", what,
+                 static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+// A host e4m3 tensor of random bytes with magnitudes up to 1.875 (exponent field <= 7, no NaN).
+Tensor random_e4m3(const Shape& shape, uint32_t seed) {
+  Tensor t = Tensor::zeros(shape, DType::kF8E4M3);
+  std::mt19937 rng(seed);
+  auto* p = static_cast<uint8_t*>(t.raw_data());
+  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng() & 0xbfu);
+  return t;
+}
+
+// Dense peak of cuBLASLt at n^3 in TFLOP/s: bf16 x bf16 -> bf16, or e4m3 x e4m3 -> f32 with
+// DeepSeek's block scaling (VEC128 on B, BLK128x128 on A), f32 accumulation. Raw cuBLASLt on a
+// stream of its own, timed with events after a warm-up.
+double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
+  cublasLtHandle_t lt = nullptr;
+  lt_check(cublasLtCreate(&lt), "cublasLtCreate");
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const size_t ws_bytes = size_t{64} << 20;
+  void* ws = nullptr;
+  cuda_check(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
+  Tensor a, b, sa, sb;
+  if (fp8) {
+    a = be.upload(random_e4m3({n, n}, 1), DType::kF8E4M3);
+    b = be.upload(random_e4m3({n, n}, 2), DType::kF8E4M3);
+    const int64_t kb = n / 128;
+    sa = be.upload(
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(kb * kb), 1.0f / 64), {kb * kb}),
+        DType::kF32);
+    sb = be.upload(
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(kb * n), 1.0f / 64), {kb * n}),
+        DType::kF32);
+  } else {
+    a = rnd(be, {n, n}, DType::kBF16, 31);
+    b = rnd(be, {n, n}, DType::kBF16, 32);
+  }
+  Tensor d = be.empty({n, n}, fp8 ? DType::kF32 : DType::kBF16);
+  be.synchronize();
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const cudaDataType_t out_type = fp8 ? CUDA_R_32F : CUDA_R_16BF;
+  cublasLtMatmulDesc_t desc = nullptr;
+  lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "DescCreate");
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "T");
+  lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "T");
+  if (fp8) {
+    const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const void* pa = sa.raw_data();
+    const void* pb = sb.raw_data();
+    lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
+                                            sizeof(mode_a)),
+             "A_SCALE_MODE");
+    lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
+                                            sizeof(mode_b)),
+             "B_SCALE_MODE");
+    lt_check(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof(pa)),
+        "A_SCALE_POINTER");
+    lt_check(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof(pb)),
+        "B_SCALE_POINTER");
+  }
+  const auto u = static_cast<uint64_t>(n);
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  lt_check(cublasLtMatrixLayoutCreate(&la, in_type, u, u, n), "LayoutCreate");
+  lt_check(cublasLtMatrixLayoutCreate(&lb, in_type, u, u, n), "LayoutCreate");
+  lt_check(cublasLtMatrixLayoutCreate(&ld, out_type, u, u, n), "LayoutCreate");
+  cublasLtMatmulPreference_t pref = nullptr;
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &ws_bytes, sizeof(ws_bytes)),
+           "PreferenceSetAttribute");
+  cublasLtMatmulHeuristicResult_t h = {};
+  int found = 0;
+  lt_check(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found),
+           "AlgoGetHeuristic");
+  double tflops = 0.0;
+  if (found > 0) {
+    const float alpha = 1.0f, beta = 0.0f;
+    auto run = [&] {
+      lt_check(cublasLtMatmul(lt, desc, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta,
+                              d.raw_data(), ld, d.raw_data(), ld, &h.algo, ws, ws_bytes, stream),
+               "cublasLtMatmul");
+    };
+    cudaEvent_t e0, e1;
+    cuda_check(cudaEventCreate(&e0), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&e1), "cudaEventCreate");
+    run();
+    run();
+    cuda_check(cudaEventRecord(e0, stream), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i) run();
+    cuda_check(cudaEventRecord(e1, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    tflops = 2.0 * static_cast<double>(n) * n * n * reps / (ms * 1e-3) / 1e12;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+  cudaFree(ws);
+  cudaStreamDestroy(stream);
+  cublasLtDestroy(lt);
+  return tflops;  // 0: cuBLASLt has no algorithm
+}
+
+// The FP8 block-scaled linears of V4-Flash (128x128 blocks, activations quantized per 128): the
+// rooflines, then per weight GB/s at decode widths (graph-timed; the calls cycle through copies
+// of the weight totalling >= 256 MiB, so the weights come from HBM, not L2) and TFLOP/s at
+// prefill widths.
+void bench_fp8(Backend& be, int iters) {
+  double copy_gbps = 0.0;
+  {  // roofline: device-to-device memcpy of 2 GiB (bytes read + written)
+    const int64_t bytes = int64_t{2} << 30;
+    Tensor a = be.empty({bytes / 4}, DType::kF32);
+    Tensor b = be.empty({bytes / 4}, DType::kF32);
+    be.fill_random_normal(a, 1, 0.0f, 1.0f);
+    const double us = time_us(be, 10, [&] { be.copy_into(b, a); });
+    copy_gbps = 2.0 * static_cast<double>(bytes) / us / 1e3;
+    emit_ratio("roofline_memcpy", "2GiB d2d", us, 2.0 * static_cast<double>(bytes), 0, 1.0);
+  }
+  const int64_t n = 8192;
+  const double flops = 2.0 * n * n * n;
+  const double bf16_peak = cublaslt_peak_tflops(be, false, n, 20);
+  // A peak of 0 (cuBLASLt found no algorithm) prints as us 0, TFLOPs 0.
+  const auto peak_us = [flops](double tflops) { return tflops > 0 ? flops / tflops / 1e6 : 0.0; };
+  emit_ratio("roofline_cublaslt_bf16", "8192^3 bf16 -> bf16", peak_us(bf16_peak), 0,
+             bf16_peak > 0 ? flops : 0, 1.0);
+  const double fp8_peak = cublaslt_peak_tflops(be, true, n, 20);
+  emit_ratio("roofline_cublaslt_fp8_blockscaled", "8192^3 e4m3 1x128 x 128x128 -> f32",
+             peak_us(fp8_peak), 0, fp8_peak > 0 ? flops : 0, 1.0);
+
+  struct Shape3 {
+    const char* name;
+    int64_t n, k;
+    int groups;
+  };
+  for (const Shape3& s : std::vector<Shape3>{{"wq_a", 1024, 4096, 1},
+                                             {"wq_b", 32768, 1024, 1},
+                                             {"wkv", 512, 4096, 1},
+                                             {"wo_a", 1024, 4096, 8},
+                                             {"wo_b", 4096, 8192, 1},
+                                             {"shared_w13", 2048, 4096, 1},
+                                             {"shared_w2", 4096, 2048, 1},
+                                             {"indexer_wq_b", 8192, 1024, 1}}) {
+    const int64_t rows = s.groups * s.n;
+    MatrixWeight host;
+    host.values = random_e4m3({rows, s.k}, 7);
+    const int64_t sr = (rows + 127) / 128, sc = (s.k + 127) / 128;
+    host.scales =
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(sr * sc), 1.0f / 64), {sr, sc});
+    host.format = WeightFormat::kFp8Block;
+    host.block_rows = 128;
+    host.block_cols = 128;
+    host.act_group = 128;
+    const double wbytes = static_cast<double>(rows * s.k);
+    const int copies =
+        static_cast<int>(std::clamp<double>(std::ceil(256.0 * (1 << 20) / wbytes), 1, 64));
+    std::vector<MatrixWeight> w;
+    for (int i = 0; i < copies; ++i) w.push_back(be.upload_matrix_weight(host));
+    const std::string dims = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                             (s.groups > 1 ? " G=" + std::to_string(s.groups) : std::string());
+    for (int64_t m : {1, 4, 16, 64, 4096, 16384}) {
+      Tensor x = rnd(be, {m, s.groups * s.k}, DType::kF32, 40);
+      int next = 0;
+      auto call = [&] {
+        const MatrixWeight& wi = w[static_cast<size_t>(next++ % copies)];
+        (void)(s.groups > 1 ? be.grouped_linear(x, wi, s.groups) : be.linear(x, wi));
+      };
+      const double fl = 2.0 * m * rows * s.k;
+      if (m <= 64) {
+        const double us = time_graph_us(be, iters, call);
+        emit_ratio(std::string("linear_fp8_") + s.name,
+                   "M=" + std::to_string(m) + " " + dims + " (graph, weight GB/s vs memcpy)", us,
+                   wbytes, fl, wbytes / us / 1e3 / copy_gbps);
+      } else {
+        const double us = time_us(be, m >= 16384 ? 3 : 5, call);
+        emit_ratio(std::string("linear_fp8_") + s.name,
+                   "M=" + std::to_string(m) + " " + dims + " (TFLOP/s vs cuBLASLt fp8 peak)", us,
+                   wbytes, fl, fp8_peak > 0 ? fl / us / 1e6 / fp8_peak : 0.0);
+      }
+    }
+  }
 }
 
 // Layout for B sequences each with one query row at position ctx-1 (decode) or s_q rows.
@@ -195,15 +419,21 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
 
 int main(int argc, char** argv) {
   int iters = 50;
-  bool moe_quant_only = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::atoi(argv[i + 1]);
-    if (std::strcmp(argv[i], "--moe-quant-only") == 0) moe_quant_only = true;
+  std::string only;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+  }
+  if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant") {
+    std::fprintf(stderr, "cuda_op_bench: --only takes fp8, moe-quant or quant, got %s\n",
+                 only.c_str());
+    return 2;
   }
   auto be = make_backend("cuda");
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
-  bench_moe_experts_mxfp4(*be, iters);
-  if (moe_quant_only) return 0;
+  if (only.empty() || only == "fp8" || only == "quant") bench_fp8(*be, iters);
+  if (only.empty() || only == "moe-quant" || only == "quant") bench_moe_experts_mxfp4(*be, iters);
+  if (!only.empty()) return 0;
 
   {                               // roofline: device-to-device copy (bytes read + written)
     const int64_t n = 1LL << 30;  // 4 GiB of f32 ... as 1 Gi rows of one element

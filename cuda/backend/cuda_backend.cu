@@ -105,9 +105,13 @@ CudaBackend::CudaBackend(int device_index)
   cublasSetStream(ctx_->cublas, ctx_->stream);
   constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DEEPINFER_CUDA_CHECK(cudaMalloc(&ctx_->cublas_workspace, kCublasWorkspaceBytes));
+  ctx_->cublas_workspace_bytes = kCublasWorkspaceBytes;
   if (cublasSetWorkspace(ctx_->cublas, ctx_->cublas_workspace, kCublasWorkspaceBytes) !=
       CUBLAS_STATUS_SUCCESS) {
     throw Error(ErrorCode::kInternal, "cublasSetWorkspace failed");
+  }
+  if (cublasLtCreate(&ctx_->cublaslt) != CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorCode::kInternal, "cublasLtCreate failed");
   }
   // fp32 GEMMs stay IEEE fp32 (no TF32): the CUDA backend must match the CPU reference.
   cublasSetMathMode(ctx_->cublas, CUBLAS_DEFAULT_MATH);
@@ -149,6 +153,15 @@ cudaStream_t CudaBackend::stream() const {
 }
 cublasHandle_t CudaBackend::cublas() const {
   return ctx_->cublas;
+}
+cublasLtHandle_t CudaBackend::cublaslt() const {
+  return ctx_->cublaslt;
+}
+void* CudaBackend::cublas_workspace() const {
+  return ctx_->cublas_workspace;
+}
+size_t CudaBackend::cublas_workspace_bytes() const {
+  return ctx_->cublas_workspace_bytes;
 }
 
 Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
@@ -232,9 +245,13 @@ MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
     out.block_cols = host.block_cols;
     return out;
   }
-  // Dequantized once to bf16 (exact for power-of-two scales): the dense kernels then compute
-  // the format's values.
-  out.values = upload_weight_impl(dequantize_weight(host, DType::kBF16), DType::kBF16);
+  // kFp8Block: the shipped bytes, e4m3 values and f32 block scales (gemm/gemm_fp8_heuristics.h
+  // and moe/sm80/experts_quant.cu read them).
+  out.format = host.format;
+  out.block_rows = host.block_rows;
+  out.block_cols = host.block_cols;
+  out.values = upload_weight_impl(host.values, DType::kF8E4M3);
+  out.scales = upload_weight_impl(host.scales, DType::kF32);
   return out;
 }
 

@@ -8,9 +8,11 @@
 // Host -> device uploads go through pinned staging buffers and device -> host copies into pinned
 // buffers finished by a host callback, so neither blocks the host: launching a step never waits
 // for the device. Activations are f32 (as in the CPU reference); matrix weights keep bf16 when the
-// checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation.
+// checkpoint is bf16 and feed cuBLAS bf16 GEMMs with f32 accumulation; block-scaled FP8 weights
+// keep their e4m3 bytes and f32 scales (gemm/gemm_fp8_heuristics.h).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -47,6 +49,10 @@ class CudaBackend final : public Backend {
   // For op implementations.
   cudaStream_t stream() const;
   cublasHandle_t cublas() const;
+  cublasLtHandle_t cublaslt() const;
+  // The cuBLAS workspace, which cuBLASLt calls pass as theirs.
+  void* cublas_workspace() const;
+  size_t cublas_workspace_bytes() const;
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }

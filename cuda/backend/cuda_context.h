@@ -1,8 +1,10 @@
-// The backend's device plumbing in one place: the compute stream, the cuBLAS handle and its
-// workspace, and the pinned host staging of uploads and host copies. Shared (a shared_ptr) by the
-// backend, its tensors' deleters, events, graphs and host callbacks, which may outlive it.
+// The backend's device plumbing in one place: the compute stream, the cuBLAS and cuBLASLt
+// handles and their workspace, and the pinned host staging of uploads and host copies. Shared (a
+// shared_ptr) by the backend, its tensors' deleters, events, graphs and host callbacks, which may
+// outlive it.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -82,13 +84,17 @@ struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  // cuBLAS's workspace, ours so that cuBLAS allocates nothing while a graph is captured.
+  cublasLtHandle_t cublaslt = nullptr;  // the FP8 block-scaled GEMMs (gemm/gemm_fp8.cu)
+  // cuBLAS's workspace, ours so that cuBLAS allocates nothing while a graph is captured. cuBLASLt
+  // shares it: both run on the one stream, never at the same time.
   void* cublas_workspace = nullptr;
+  size_t cublas_workspace_bytes = 0;
   PinnedPool pinned;
   ~CudaContext() {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublaslt != nullptr) cublasLtDestroy(cublaslt);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }

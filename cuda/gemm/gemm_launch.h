@@ -1,15 +1,40 @@
-// The launches of the gemm family that linear.cu composes with its cuBLAS calls.
+// The launches and helpers of the gemm family that linear.cu composes: the bf16 GEMV and the
+// dense GEMM (linear.cu), and the FP8 paths (gemv_fp8.cu, gemm_fp8.cu; the choice is
+// gemm_fp8_heuristics.h's).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
+#include "cuda/gemm/gemm_fp8_heuristics.h"
 #include "cuda/gemm/gemv_heuristics.h"
+#include "deepinfer/weight.h"
 
 namespace deepinfer::cuda {
+
+class CudaBackend;
 
 // y = x . w^T per group by the bf16 GEMV (gemv_bf16.cu), for a config with c.use.
 void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const GemvProblem& p,
                       const GemvConfig& c, cudaStream_t stream);
+
+// y = q(x) . w^T per group by the FP8 tensor-core GEMV (gemv_fp8.cu), for a config with c.use:
+// w [G N, K] e4m3, w_scales [ceil(G N / block_rows), scale_ld] f32, x [M, G K] f32 quantized
+// inside the kernel per act_group columns.
+void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
+                     float* y, const Fp8Problem& p, const Fp8GemvConfig& c, cudaStream_t stream);
+
+// linear / grouped_linear of a kFp8Block weight on the GEMV or cuBLASLt (gemm_fp8.cu). Returns an
+// undefined tensor when neither applies (or cuBLASLt has no algorithm): the caller falls back to
+// dequantize_fp8_to_bf16 and the bf16 path.
+Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
+                  int groups);
+
+// The values of a kFp8Block weight as a bf16 device tensor [N, K] (stream-ordered scratch).
+// Exact when the scales are powers of two (e4m3 times 2^e is a bf16 value); otherwise each
+// value is the bf16 rounding of e4m3 * scale.
+Tensor dequantize_fp8_to_bf16(CudaBackend& be, const MatrixWeight& w);
 
 }  // namespace deepinfer::cuda

@@ -3,6 +3,14 @@
 // gemv_bf16.cu on f32 activations and exactly widened weights (f32 accumulation; the choice is
 // gemv_heuristics.h's); from there on bf16 tensor-core cuBLAS GEMMs with f32 accumulation and f32
 // output, after casting the f32 activations to bf16.
+//
+// Block-scaled FP8 weights (kFp8Block, kept as shipped: e4m3 values + f32 block scales) take one
+// of three paths (gemm_fp8_heuristics.h): up to kFp8GemvMaxTokens tokens with act_group > 0 the
+// FP8 tensor-core GEMV of gemv_fp8.cu, which quantizes x itself; 128x128 blocks with act_group
+// 128 cuBLASLt's block-scaled W8A8 GEMM (gemm_fp8.cu); everything else dequantizes the weight
+// into a bf16 scratch and runs the bf16 path above on the quantize-dequantized x (exact for
+// power-of-two scales, DeepSeek's: e4m3 times 2^e, for weights and activations alike, is a bf16
+// value, so only the summation order differs from the CPU reference).
 #include <cstdint>
 #include <string>
 
@@ -108,14 +116,30 @@ Tensor quantized_input(CudaBackend& be, const Tensor& x, const MatrixWeight& w, 
   return out;
 }
 
+// Any weight format: FP8 on its own kernels where they apply, else the dense GEMMs.
+Tensor any_linear(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
+                  int groups) {
+  if (w.format == WeightFormat::kMxfp4) {
+    // DeepSeek ships only the routed experts in MXFP4 (moe_experts reads them); the loader never
+    // makes a linear of it.
+    fail(op, "argument w is " + w.describe() + "; mxfp4 weights are read by moe_experts only");
+  }
+  if (w.format == WeightFormat::kFp8Block) {
+    Tensor y = linear_fp8(be, op, x, w, groups);
+    if (y.defined()) return y;
+    return gemm(be, op, quantized_input(be, x, w, groups), dequantize_fp8_to_bf16(be, w), groups);
+  }
+  return gemm(be, op, quantized_input(be, x, w, groups), w.values, groups);
+}
+
 }  // namespace
 
 Tensor CudaBackend::linear_impl(const Tensor& x, const MatrixWeight& w) {
-  return gemm(*this, "linear", quantized_input(*this, x, w, 1), w.values, 1);
+  return any_linear(*this, "linear", x, w, 1);
 }
 
 Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) {
-  return gemm(*this, "grouped_linear", quantized_input(*this, x, w, groups), w.values, groups);
+  return any_linear(*this, "grouped_linear", x, w, groups);
 }
 
 }  // namespace deepinfer::cuda

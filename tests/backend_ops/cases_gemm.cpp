@@ -8,6 +8,20 @@
 // activations, so those rows draw x bf16-rounded too (the device's cast then changes nothing) and
 // the products agree exactly: only the f32 summation order differs, at bf16-GEMM tolerance. The
 // bf16 rows model that kernel choice, so they apply to the CUDA backend only.
+//
+// Block-scaled FP8 weights (kFp8Block) are drawn as N(0, 1) values quantized per block to e4m3
+// with a power-of-two scale, as DeepSeek ships them; the CPU reference dequantizes them exactly
+// and quantize-dequantizes x when act_group > 0. The rows cover each CUDA path
+// (cuda/gemm/gemm_fp8_heuristics.h): the FP8 tensor-core GEMV (act_group > 0, M <= 16), cuBLASLt's
+// block-scaled GEMM (128x128 blocks, act_group 128, M > 16) and the bf16 fallback (other blocks,
+// act_group 0, ragged K), at ragged N and K. Every product of an e4m3 weight and an e4m3
+// activation is exact and every scale a power of two, so the device differs from the reference
+// by the summation only: f32 in the fallback, and on the FP8 tensor cores partial sums of 32-128
+// products whose accumulation is not IEEE f32 on Hopper (a few bits shorter), folded in f32.
+// Relative to max |y| that stays far below 1e-3 at these K (y ~ sqrt(K)). act_group 0 draws x
+// bf16-rounded: the fallback's cuBLAS path casts x to bf16.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -113,6 +127,77 @@ void add_bf16_unaligned(std::vector<OpCase>& t, bool shift_x) {
          });
 }
 
+// A kFp8Block weight [rows, cols] of N(0, 1) values: e4m3 values and one power-of-two scale per
+// block, 2^ceil(log2(amax / 448)) so nothing saturates.
+Tensors random_fp8_weight(Rng& rng, int64_t rows, int64_t cols, int br, int bc) {
+  const Tensor w = random_f32(rng, {rows, cols});
+  const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+  Tensor scales = Tensor::zeros({sr, sc}, DType::kF32);
+  Tensor scaled = Tensor::zeros({rows, cols}, DType::kF32);
+  const float* wp = w.data<float>();
+  float* sp = scales.data<float>();
+  float* q = scaled.data<float>();
+  for (int64_t bi = 0; bi < sr; ++bi) {
+    for (int64_t bj = 0; bj < sc; ++bj) {
+      float amax = 1e-4f;
+      for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
+        for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+          amax = std::max(amax, std::fabs(wp[r * cols + c]));
+        }
+      }
+      const float scale = std::exp2(std::ceil(std::log2(amax / 448.0f)));
+      sp[bi * sc + bj] = scale;
+      for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
+        for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+          q[r * cols + c] = wp[r * cols + c] / scale;  // exact: a power of two
+        }
+      }
+    }
+  }
+  return Tensors{scaled.to(DType::kF8E4M3), scales};
+}
+
+struct Fp8Gemm {
+  Gemm shape;
+  int br, bc, act_group;
+  std::string label() const {
+    return shape.label(
+        ("fp8_b" + std::to_string(br) + "x" + std::to_string(bc) + "_a" + std::to_string(act_group))
+            .c_str());
+  }
+};
+
+void add_fp8(std::vector<OpCase>& t, const Fp8Gemm& f) {
+  const Gemm c = f.shape;
+  add(t, Case<Tensors>{
+             .op = c.op(),
+             .label = f.label(),
+             .draw =
+                 [c, f](Rng& rng) {
+                   Tensor x = random_f32(rng, {c.m, c.g() * c.k});
+                   Tensors w = random_fp8_weight(rng, c.g() * c.n, c.k, f.br, f.bc);
+                   return Tensors{f.act_group == 0 ? round_bf16(x) : x, w[0], w[1]};
+                 },
+             .run =
+                 [c, f](Backend& be, const Tensors& in) {
+                   MatrixWeight host;
+                   host.values = in[1];
+                   host.scales = in[2];
+                   host.format = WeightFormat::kFp8Block;
+                   host.block_rows = f.br;
+                   host.block_cols = f.bc;
+                   host.act_group = f.act_group;
+                   const MatrixWeight w = be.upload_matrix_weight(host);
+                   const Tensor x = up(be, in[0]);
+                   return out(c.groups ? be.grouped_linear(x, w, c.groups) : be.linear(x, w));
+                 },
+             .expect = close(1e-3, 1e-5),
+             .only_backends = kCudaOnly,
+             .only_why = "the tolerance models the CUDA FP8 paths (tensor-core accumulation; "
+                         "act_group 0 casts x to bf16 above the GEMV)",
+         });
+}
+
 }  // namespace
 
 std::vector<OpCase> gemm_cases() {
@@ -146,6 +231,39 @@ std::vector<OpCase> gemm_cases() {
   add_bf16(t, Gemm{2, 36, 40, 3}, "bf16_fallback");
   add_bf16_unaligned(t, true);
   add_bf16_unaligned(t, false);
+
+  // FP8 block-scaled weights. GEMV (M <= 16, act_group > 0): ragged N and K (K % 16 == 0), the
+  // 16-byte (128x128) and 8-byte (32x32 blocks or act_group 32) steps, grouped, V4-Flash shapes.
+  for (const int64_t m : {1, 3, 16}) {
+    add_fp8(t, {{m, 1040, 300, 0}, 128, 128, 128});
+    add_fp8(t, {{m, 1040, 300, 0}, 32, 32, 128});
+    add_fp8(t, {{m, 1024, 72, 3}, 128, 128, 128});
+  }
+  add_fp8(t, {{5, 544, 200, 0}, 32, 32, 32});
+  add_fp8(t, {{9, 8192, 100, 0}, 128, 128, 128});  // 8 splits of one slab each
+  for (const int64_t m : {1, 16}) {
+    add_fp8(t, {{m, kHidden, 1024, 0}, 128, 128, 128});  // wq_a
+    add_fp8(t, {{m, 1024, 32768, 0}, 128, 128, 128});    // wq_b
+    add_fp8(t, {{m, kHidden, 1024, 8}, 128, 128, 128});  // wo_a
+    add_fp8(t, {{m, 8192, kHidden, 0}, 128, 128, 128});  // wo_b
+  }
+  // cuBLASLt (128x128, act_group 128, M > 16): ragged M and N (N % 16 == 0), grouped.
+  for (const int64_t m : {17, 300, 1024}) {
+    add_fp8(t, {{m, 1024, 512, 0}, 128, 128, 128});
+    add_fp8(t, {{m, 1536, 400, 0}, 128, 128, 128});
+  }
+  add_fp8(t, {{300, 512, 256, 2}, 128, 128, 128});
+  add_fp8(t, {{300, kHidden, 1024, 8}, 128, 128, 128});  // wo_a at prefill
+  // Fallback (weights dequantized to bf16): 32x32 blocks above the GEMV, act_group 0 (the bf16
+  // GEMV at 1 token, cuBLAS above), K not for cuBLASLt (ceil(K / 128) % 4 != 0) or for any FP8
+  // kernel (K % 16 != 0), ragged N not a multiple of 16.
+  add_fp8(t, {{300, 1040, 300, 0}, 32, 32, 128});
+  add_fp8(t, {{1, 1024, 300, 0}, 128, 128, 0});
+  add_fp8(t, {{17, 1040, 300, 0}, 128, 128, 0});
+  add_fp8(t, {{300, 1040, 512, 0}, 128, 128, 128});
+  add_fp8(t, {{3, 1000, 300, 0}, 128, 128, 128});
+  add_fp8(t, {{300, 1024, 300, 0}, 128, 128, 128});
+  add_fp8(t, {{300, 1000, 96, 2}, 128, 128, 0});
   return t;
 }
 

@@ -210,6 +210,48 @@ TEST_F(CudaOnly, GemmBf16GemvIsDeterministicAndPerToken) {
   }
 }
 
+// The FP8 tensor-core GEMV (cuda/gemm/gemv_fp8.cu, up to 16 tokens with act_group > 0): the same
+// bytes on a second run, and a token's row does not depend on the other tokens of the batch (its
+// tiling and K splits are chosen without M; 8 and 9 tokens take the one- and two-n8-tile kernels).
+TEST_F(CudaOnly, GemmFp8GemvIsDeterministicAndPerToken) {
+  constexpr int64_t kTokens = 16;
+  struct Shape2 {
+    int64_t n, k;
+    int groups;  // 0: linear
+    int block;
+  };
+  for (const Shape2& s : {Shape2{1024, 4096, 0, 128}, Shape2{1024, 4096, 8, 128},
+                          Shape2{300, 8192, 0, 128}, Shape2{4096, 1024, 0, 32}}) {
+    const int g = s.groups ? s.groups : 1;
+    MatrixWeight host;
+    host.values = random_bytes(rng_, {g * s.n, s.k}, DType::kF8E4M3);
+    auto* bytes = static_cast<uint8_t*>(host.values.raw_data());
+    for (size_t i = 0; i < host.values.nbytes(); ++i) bytes[i] &= 0xbf;  // |v| < 2, no NaN
+    const int64_t sr = (g * s.n + s.block - 1) / s.block, sc = (s.k + s.block - 1) / s.block;
+    host.scales =
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(sr * sc), 0.25f), {sr, sc});
+    host.format = WeightFormat::kFp8Block;
+    host.block_rows = s.block;
+    host.block_cols = s.block;
+    host.act_group = 128;
+    const MatrixWeight w = gpu().upload_matrix_weight(host);
+    Tensor x = f32(randn({kTokens, g * s.k}));
+    const auto run = [&](int64_t m) {
+      const Tensor xm = x.narrow(0, 0, m);
+      return gpu().to_host(s.groups ? gpu().grouped_linear(xm, w, s.groups) : gpu().linear(xm, w));
+    };
+    const std::string what = "n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " groups " +
+                             std::to_string(s.groups) + " block " + std::to_string(s.block);
+    Tensor first = run(kTokens);
+    EXPECT_TRUE(same_bytes(first, run(kTokens))) << what << ": two runs differ";
+    for (const int64_t m : {1, 8, 9}) {
+      Tensor few = run(m);
+      EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
+          << what << ": the first " << m << " tokens differ when run alone";
+    }
+  }
+}
+
 // bf16_math really takes the tensor-core kernel at V4 widths (its result differs from the f32
 // kernel's, within the bf16 tolerance), and without it the f32 kernel runs (bit-identical to an
 // explicit bf16_math = false call).

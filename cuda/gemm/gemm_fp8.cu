@@ -1,0 +1,243 @@
+// linear / grouped_linear on block-scaled FP8 weights (gemm_fp8_heuristics.h has the paths):
+// the choice between the GEMV and cuBLASLt, cuBLASLt's W8A8 GEMM with the activation
+// quantization that feeds it, and the dequantization of the bf16 fallback.
+//
+// cuBLASLt computes Y^T = W . Xq^T in its column-major terms: A = W (K x N, transposed, the
+// 128x128 block scales [ceil(N / 128), ceil(K / 128)] as stored), B = Xq (K x M, the 1x128
+// scales M-major: scale(m, kb) at kb * M + m), D = Y^T (N x M, f32, leading dimension G N).
+// Both scalings are applied by cuBLASLt per 128-column block in f32, products of e4m3 values are
+// exact, and the activation scales are powers of two: the result matches the CPU reference up to
+// the tensor cores' f32 summation.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/common/fp8.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/reduce.cuh"
+#include "cuda/gemm/gemm_launch.h"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+constexpr int kLtGroup =
+    128;  // the 1x128 activation blocks of CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+constexpr int kQuantWarps = 8;
+
+// x [M, G K] f32 -> xq [G][M][K] e4m3 and scales [G][ceil(K / 128)][M] (M-major, as cuBLASLt's
+// VEC128 scales of B), per (row, group, 128 columns) exactly as quantize_activations. One warp
+// per (row, group, block); K % 16 == 0, so a lane's 4 bytes are all in or all out.
+__global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restrict__ xq,
+                                   float* __restrict__ xs, int64_t m, int64_t k, int64_t groups) {
+  const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
+  if (item >= m * groups * kb_count) return;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t kb = item % kb_count;
+  const int64_t g = (item / kb_count) % groups;
+  const int64_t row = item / (kb_count * groups);
+  const int64_t c = kb * kLtGroup + 4 * lane;
+  const float* src = x + row * groups * k + g * k + c;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const bool in = c < k;
+  float amax = 0.0f;
+  if (in) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[i] = src[i];
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+  }
+  const float scale = act_group_scale(warp_max(amax));
+  const float inv = 1.0f / scale;  // exact: a power of two
+  if (in) {
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t b = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
+      packed |= b << (8 * i);
+    }
+    *reinterpret_cast<uint32_t*>(xq + (g * m + row) * k + c) = packed;
+  }
+  if (lane == 0) xs[(g * kb_count + kb) * m + row] = scale;
+}
+
+// out[r][c] = bf16(e4m3(values[r][c]) * scales[r / br][c / bc]).
+__global__ void dequantize_e4m3_bf16(const uint8_t* __restrict__ values,
+                                     const float* __restrict__ scales,
+                                     __nv_bfloat16* __restrict__ out, int64_t rows, int64_t cols,
+                                     int64_t scale_ld, int br, int bc) {
+  const int64_t total = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols;
+    const int64_t c = i % cols;
+    const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(values[i], __NV_E4M3)));
+    out[i] = __float2bfloat16_rn(v * scales[(r / br) * scale_ld + c / bc]);
+  }
+}
+
+void lt_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorCode::kInternal, std::string("linear (fp8): ") + what +
+                                          " failed with cuBLAS status " +
+                                          std::to_string(static_cast<int>(s)));
+  }
+}
+
+struct LtDescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+};
+struct LtLayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
+};
+struct LtPrefDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using LtDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, LtDescDeleter>;
+using LtLayout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LtLayoutDeleter>;
+using LtPref = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, LtPrefDeleter>;
+
+LtLayout lt_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t l = nullptr;
+  lt_check(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows),
+                                      static_cast<uint64_t>(cols), ld),
+           "cublasLtMatrixLayoutCreate");
+  return LtLayout(l);
+}
+
+template <class T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  lt_check(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)),
+           "cublasLtMatmulDescSetAttribute");
+}
+
+// The largest power of two up to 256 that divides every address base + i * step (bytes).
+uint32_t alignment_of(const void* base, int64_t step_bytes) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(base) | static_cast<uint64_t>(step_bytes) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// Y[M, G N] by cuBLASLt's block-scaled FP8 GEMM, one call per group. False (nothing enqueued
+// but the activation quantization's scratch) when cuBLASLt has no algorithm for the problem.
+bool cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const Fp8Problem& p,
+                  const Tensor& y) {
+  const int64_t m = p.m, n = p.n, k = p.k, groups = p.groups;
+  const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
+  const auto* wq = static_cast<const uint8_t*>(w.values.raw_data());
+  const float* ws = w.scales.data<float>();
+  float* yp = y.data<float>();
+
+  LtDesc desc;
+  {
+    cublasLtMatmulDesc_t d = nullptr;
+    lt_check(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescCreate");
+    desc.reset(d);
+  }
+  set_desc(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  set_desc(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+           static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F));
+  set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+           static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
+  const LtLayout a = lt_layout(CUDA_R_8F_E4M3, k, n, k);
+  const LtLayout b = lt_layout(CUDA_R_8F_E4M3, k, m, k);
+  const LtLayout d = lt_layout(CUDA_R_32F, n, m, groups * n);
+
+  Tensor xq = be.scratch(static_cast<size_t>(groups * m * k));
+  Tensor xs = be.empty({groups * kb_count * m}, DType::kF32);
+  auto* xqp = static_cast<uint8_t*>(xq.raw_data());
+
+  LtPref pref;
+  {
+    cublasLtMatmulPreference_t pr = nullptr;
+    lt_check(cublasLtMatmulPreferenceCreate(&pr), "cublasLtMatmulPreferenceCreate");
+    pref.reset(pr);
+  }
+  const size_t ws_bytes = be.cublas_workspace_bytes();
+  lt_check(cublasLtMatmulPreferenceSetAttribute(
+               pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)),
+           "cublasLtMatmulPreferenceSetAttribute");
+  // The groups' operands start at these offsets: the algorithm must allow their alignment.
+  const uint32_t align_a = alignment_of(wq, n * k);
+  const uint32_t align_b = alignment_of(xqp, m * k);
+  const uint32_t align_d = alignment_of(yp, n * 4);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+  for (const auto& [attr, v] : aligns) {
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &v, sizeof(v)),
+             "cublasLtMatmulPreferenceSetAttribute");
+  }
+  // The scale pointers are part of the problem cuBLASLt plans for: set group 0's first.
+  set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
+  set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+           static_cast<const void*>(xs.data<float>()));
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(be.cublaslt(), desc.get(), a.get(), b.get(), d.get(), d.get(),
+                                     pref.get(), 1, &heuristic, &found);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+
+  quantize_rows_e4m3<<<ceil_div(m * groups * kb_count, kQuantWarps), 32 * kQuantWarps, 0,
+                       be.stream()>>>(x.data<float>(), xqp, xs.data<float>(), m, k, groups);
+  DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): activation quantization");
+  const float alpha = 1.0f, beta = 0.0f;
+  const int64_t scale_ld = w.scales.size(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+             static_cast<const void*>(ws + g * (n / 128) * scale_ld));
+    set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+             static_cast<const void*>(xs.data<float>() + g * kb_count * m));
+    float* dst = yp + g * n;
+    lt_check(cublasLtMatmul(be.cublaslt(), desc.get(), &alpha, wq + g * n * k, a.get(),
+                            xqp + g * m * k, b.get(), &beta, dst, d.get(), dst, d.get(),
+                            &heuristic.algo, be.cublas_workspace(), ws_bytes, be.stream()),
+             "cublasLtMatmul");
+  }
+  return true;
+}
+
+}  // namespace
+
+Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
+                  int groups) {
+  const Fp8Problem p{x.size(0),    w.rows() / groups, w.cols(),   groups,
+                     w.block_rows, w.block_cols,      w.act_group};
+  Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
+  if (p.m == 0 || p.n == 0) return y;
+  const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
+  if (gemv.use) {
+    launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(w.values.raw_data()),
+                    w.scales.data<float>(), w.scales.size(1), y.data<float>(), p, gemv,
+                    be.stream());
+    DEEPINFER_CUDA_LAUNCH_CHECK(op);
+    return y;
+  }
+  if (fp8_cublaslt_applies(p) && cublaslt_fp8(be, x, w, p, y)) return y;
+  return Tensor();
+}
+
+Tensor dequantize_fp8_to_bf16(CudaBackend& be, const MatrixWeight& w) {
+  const int64_t rows = w.rows(), cols = w.cols();
+  Tensor out = be.empty({rows, cols}, DType::kBF16);
+  if (rows * cols == 0) return out;
+  dequantize_e4m3_bf16<<<elementwise_blocks(be.num_sms(), rows * cols), kElementwiseThreads, 0,
+                         be.stream()>>>(static_cast<const uint8_t*>(w.values.raw_data()),
+                                        w.scales.data<float>(), out.data<__nv_bfloat16>(), rows,
+                                        cols, w.scales.size(1), w.block_rows, w.block_cols);
+  DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): weight dequantization");
+  return out;
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,317 @@
+// The decode GEMV of linear / grouped_linear on block-scaled FP8 weights with dynamic activation
+// quantization: y[m, n] = sum_k q(x)[m, k] * w[n, k] for 1..16 tokens, on FP8 tensor cores.
+//
+// Grid (row tiles, splits, groups); the `splits` CTAs of a row tile form one thread-block cluster
+// and each covers a slab of K (a multiple of act_group). A CTA runs three phases:
+//   quantize_slab   x[:, slab] -> e4m3 bytes and one power-of-two scale per (token, act group) in
+//                   shared memory, exactly as quantize_activations (same amax, scale, rounding);
+//   stream_weights  each warp streams 16 weight rows of the slab with 16-byte (8-byte) loads that
+//                   bypass L1 and feeds them with the e4m3 activations to
+//                   mma.m16n8k32.e4m3.e4m3.f32 (one per 8 tokens), folding each 64-column (32)
+//                   step's f32 partial into the accumulator times w_scale * x_scale;
+//   reduce_splits   the cluster's CTAs add their partial tiles through distributed shared memory,
+//                   in split order, and store y (no atomics, no workspace, no memset).
+// Products of two e4m3 values are exact and the scales are powers of two (the activation scales
+// always, the weight scales in DeepSeek's checkpoints), so y differs from the CPU reference (f32
+// GEMM on the dequantized operands) by f32 summation order only; with other weight scales by the
+// rounding of one product per scale block.
+//
+// The reduction dimension is permuted consistently for both operands: a thread's 16 contiguous
+// weight bytes of row r and its 16 contiguous activation bytes of token t (at the same k) are the
+// four A registers (rows g, g + 8) and two B registers of two mma steps, whose k positions the
+// fragment layout fixes identically for A and B. So neither operand needs a shuffle or ldmatrix.
+#include <cooperative_groups.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cuda/common/fp8.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/reduce.cuh"
+#include "cuda/gemm/gemm_launch.h"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+struct Fp8GemvArgs {
+  const float* x;    // [M, ldx]; group g reads columns [g K, (g + 1) K)
+  const uint8_t* w;  // [G N, K] e4m3
+  const float* ws;   // [ceil(G N / br), ws_ld] f32 weight scales
+  float* y;          // [M, ldy]; group g writes columns [g N, (g + 1) N)
+  int64_t ldx, ldy, ws_ld;
+  int64_t n, k, slab;
+  int m, br, bc, ag;
+};
+
+// Bytes of a lane's load per row and step: 16 (kstep 64) or 8 (kstep 32).
+template <int KS>
+struct Frag;
+template <>
+struct Frag<64> {
+  using Raw = uint4;
+  static constexpr int kWords = 4;
+  __device__ static uint32_t word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+  }
+  __device__ static uint4 load_stream(const uint8_t* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+  }
+};
+template <>
+struct Frag<32> {
+  using Raw = uint2;
+  static constexpr int kWords = 2;
+  __device__ static uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
+  __device__ static uint2 load_stream(const uint8_t* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+  }
+};
+
+// d = A (16 x 32 e4m3, rows g / g + 8) . B (32 x 8 e4m3) + d, f32.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Shared memory of a CTA: the slab's quantized activations (rows of slab + 16 bytes, so the 8
+// tokens of a load phase hit distinct banks), their scales, and the partial y tile.
+struct SlabSmem {
+  uint8_t* xq;  // [8 NT][xld]
+  float* xs;    // [8 NT][slab / ag]
+  float* part;  // [8 NT][16 warps]
+  int64_t xld;
+  int64_t per_row;  // act groups per slab
+};
+
+__host__ __device__ inline int64_t slab_xld(int64_t slab) {
+  return slab + 16;
+}
+__host__ __device__ inline size_t gemv_fp8_smem(int nt, int64_t slab, int ag, int warps) {
+  const int64_t tok = 8 * nt;
+  return static_cast<size_t>(tok * slab_xld(slab) + tok * (slab / ag) * 4 + tok * 16 * warps * 4);
+}
+
+// Phase 1: x[:, k0:k1] of group g as e4m3 bytes and scales (one warp per (token, act group)).
+// Tokens past M and columns past k1 are zeros, so they add nothing in the tensor-core steps.
+template <int NT>
+__device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g, int64_t k0,
+                              int64_t k1) {
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const int64_t items = 8 * NT * s.per_row;
+  for (int64_t item = warp; item < items; item += warps) {
+    const int64_t t = item / s.per_row;
+    const int64_t gi = item % s.per_row;
+    const int64_t c0 = k0 + gi * a.ag;
+    const int64_t c1 = c0 + a.ag < k1 ? c0 + a.ag : k1;
+    uint8_t* dst = s.xq + t * s.xld + gi * a.ag;
+    if (t >= a.m || c0 >= k1) {
+      for (int j = lane; j < a.ag; j += 32) dst[j] = 0;
+      if (lane == 0) s.xs[t * s.per_row + gi] = 0.0f;
+      continue;
+    }
+    const float* src = a.x + t * a.ldx + g * a.k;
+    float amax = 0.0f;
+    for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
+    const float scale = act_group_scale(warp_max(amax));
+    const float inv = 1.0f / scale;  // exact: a power of two
+    for (int j = lane; j < a.ag; j += 32) {
+      const int64_t c = c0 + j;
+      dst[j] =
+          c < c1
+              ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(src[c] * inv, __NV_SATFINITE, __NV_E4M3))
+              : uint8_t{0};
+    }
+    if (lane == 0) s.xs[t * s.per_row + gi] = scale;
+  }
+}
+
+// Phase 2: acc[j] (rows g, g + 8 of the warp's 16; tokens 2 q, 2 q + 1 of the j-th 8) over
+// columns [k0, k1). U steps' loads are issued before their math.
+template <int KS, int NT>
+__device__ void stream_weights(const Fp8GemvArgs& a, const SlabSmem& s, const uint8_t* wa,
+                               const uint8_t* wb, const float* wsa, const float* wsb, int64_t k0,
+                               int64_t k1, float (&acc)[NT][4]) {
+  using F = Frag<KS>;
+  using Raw = typename F::Raw;
+  constexpr int kBytes = KS / 4;  // per lane, row and step
+  constexpr int kU = KS == 64 ? 4 : 8;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int g = lane >> 2;
+  const int q = lane & 3;
+  const int64_t lane_k = static_cast<int64_t>(q) * kBytes;
+  for (int64_t kk = k0; kk < k1; kk += KS * kU) {
+    Raw ra[kU], rb[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t k = kk + u * KS + lane_k;
+      const bool in = k < k1;  // K % 16 == 0: a lane's bytes are all in or all out
+      ra[u] = in ? F::load_stream(wa + k) : Raw{};
+      rb[u] = in ? F::load_stream(wb + k) : Raw{};
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t ks = kk + u * KS;
+      if (ks >= k1) break;
+      const int64_t off = ks - k0;
+      float part[NT][4] = {};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const Raw xb = *reinterpret_cast<const Raw*>(s.xq + (g + 8 * j) * s.xld + off + lane_k);
+#pragma unroll
+        for (int st = 0; st < F::kWords / 2; ++st) {
+          mma_e4m3(part[j], F::word(ra[u], 2 * st), F::word(rb[u], 2 * st),
+                   F::word(ra[u], 2 * st + 1), F::word(rb[u], 2 * st + 1), F::word(xb, 2 * st),
+                   F::word(xb, 2 * st + 1));
+        }
+      }
+      const float sa = __ldg(wsa + ks / a.bc);
+      const float sb = __ldg(wsb + ks / a.bc);
+      const int64_t gi = off / a.ag;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const float x0 = s.xs[(2 * q + 8 * j) * s.per_row + gi];
+        const float x1 = s.xs[(2 * q + 1 + 8 * j) * s.per_row + gi];
+        acc[j][0] = fmaf(part[j][0], sa * x0, acc[j][0]);
+        acc[j][1] = fmaf(part[j][1], sa * x1, acc[j][1]);
+        acc[j][2] = fmaf(part[j][2], sb * x0, acc[j][2]);
+        acc[j][3] = fmaf(part[j][3], sb * x1, acc[j][3]);
+      }
+    }
+  }
+}
+
+template <int KS, int NT>
+__global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8GemvArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int rows_cta = 16 * warps;
+  const int64_t g = blockIdx.z;
+  const int split = static_cast<int>(blockIdx.y);
+  const int splits = static_cast<int>(gridDim.y);
+  const int64_t k0 = split * a.slab;
+  const int64_t k1 = k0 + a.slab < a.k ? k0 + a.slab : a.k;
+  SlabSmem s;
+  s.xld = slab_xld(a.slab);
+  s.per_row = a.slab / a.ag;
+  s.xq = smem;
+  s.xs = reinterpret_cast<float*>(smem + 8 * NT * s.xld);
+  s.part = s.xs + 8 * NT * s.per_row;
+
+  quantize_slab<NT>(a, s, g, k0, k1);
+  __syncthreads();
+
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * rows_cta;
+  const int64_t row0 = tile0 + warp * 16;
+  // Rows past N read row N - 1 (valid memory) and are not stored.
+  const int64_t ra = min(row0 + (lane >> 2), a.n - 1);
+  const int64_t rb = min(row0 + (lane >> 2) + 8, a.n - 1);
+  const uint8_t* wa = a.w + (g * a.n + ra) * a.k;
+  const uint8_t* wb = a.w + (g * a.n + rb) * a.k;
+  const float* wsa = a.ws + (g * a.n + ra) / a.br * a.ws_ld;
+  const float* wsb = a.ws + (g * a.n + rb) / a.br * a.ws_ld;
+  float acc[NT][4] = {};
+  stream_weights<KS, NT>(a, s, wa, wb, wsa, wsb, k0, k1, acc);
+
+  // Phase 3: the partial tile in shared memory ([token][row of the CTA]), then y.
+  const int q = lane & 3;
+  const int lr = warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int t0 = 2 * q + 8 * j;
+    s.part[t0 * rows_cta + lr] = acc[j][0];
+    s.part[(t0 + 1) * rows_cta + lr] = acc[j][1];
+    s.part[t0 * rows_cta + lr + 8] = acc[j][2];
+    s.part[(t0 + 1) * rows_cta + lr + 8] = acc[j][3];
+  }
+  const int entries = a.m * rows_cta;
+  if (splits == 1) {
+    __syncthreads();
+    for (int e = static_cast<int>(threadIdx.x); e < entries; e += static_cast<int>(blockDim.x)) {
+      const int64_t n = tile0 + e % rows_cta;
+      if (n < a.n) a.y[(e / rows_cta) * a.ldy + g * a.n + n] = s.part[e];
+    }
+    return;
+  }
+  // reduce_splits: CTA `split` of the cluster stores its share of the tile, adding the partials
+  // of splits 0..S-1 in order (the same order whichever CTA adds them).
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int begin = split * entries / splits;
+  const int end = (split + 1) * entries / splits;
+  for (int e = begin + static_cast<int>(threadIdx.x); e < end; e += static_cast<int>(blockDim.x)) {
+    float v = *cluster.map_shared_rank(s.part + e, 0);
+    for (int r = 1; r < splits; ++r) v += *cluster.map_shared_rank(s.part + e, r);
+    const int64_t n = tile0 + e % rows_cta;
+    if (n < a.n) a.y[(e / rows_cta) * a.ldy + g * a.n + n] = v;
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+template <int KS, int NT>
+void launch_variant(const Fp8GemvArgs& a, const Fp8GemvConfig& c, int64_t groups,
+                    cudaStream_t stream) {
+  const size_t smem = gemv_fp8_smem(NT, c.slab, a.ag, c.warps);
+  allow_smem(gemv_fp8_kernel<KS, NT>, smem);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
+                        static_cast<unsigned>(groups));
+  config.blockDim = dim3(static_cast<unsigned>(32 * c.warps));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = 1;
+  attribute[0].val.clusterDim.y = static_cast<unsigned>(c.splits);
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_fp8_kernel<KS, NT>, a));
+}
+
+}  // namespace
+
+void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
+                     float* y, const Fp8Problem& p, const Fp8GemvConfig& c, cudaStream_t stream) {
+  Fp8GemvArgs a;
+  a.x = x;
+  a.w = w;
+  a.ws = w_scales;
+  a.y = y;
+  a.ldx = p.groups * p.k;
+  a.ldy = p.groups * p.n;
+  a.ws_ld = scale_ld;
+  a.n = p.n;
+  a.k = p.k;
+  a.slab = c.slab;
+  a.m = static_cast<int>(p.m);
+  a.br = p.block_rows;
+  a.bc = p.block_cols;
+  a.ag = p.act_group;
+  const bool two = p.m > 8;
+  if (c.kstep == 64) {
+    two ? launch_variant<64, 2>(a, c, p.groups, stream)
+        : launch_variant<64, 1>(a, c, p.groups, stream);
+  } else {
+    two ? launch_variant<32, 2>(a, c, p.groups, stream)
+        : launch_variant<32, 1>(a, c, p.groups, stream);
+  }
+}
+
+}  // namespace deepinfer::cuda
