@@ -204,6 +204,24 @@ def test_engine_multiplies_fp8_block_scales(small, tmp_path) -> None:
     assert rel_diff(ours, reference_logits(small, with_wq_a(values(False)))) > 100 * REL_TOL
 
 
+def test_smallest_e8m0_scales_are_read_exactly(small, tmp_path) -> None:
+    """Bytes 0 and 1 (2^-127, an fp32 subnormal, and 2^-126) are valid scales, not zero."""
+    name = "layers.0.attn.wq_a"
+    codes = small.tensors[name + ".weight"]
+    scale = small.tensors[name + ".scale"].view(torch.uint8).clone()
+    scale[0, 0], scale[1, 1] = 0, 1
+    path = rewrite(small, tmp_path / "tiny", {name + ".scale": qc.as_e8m0(scale)})
+
+    def edit(model) -> None:
+        w = qc.dequantize_fp8_blocks(codes, qc.e8m0_decode(scale), SPEC.block)
+        assert (
+            float(w[:16, :32].abs().max()) == float(codes[:16, :32].float().abs().max()) * 2.0**-127
+        )
+        model.model.layers[0].self_attn.q_a_proj.weight.copy_(w)
+
+    assert rel_diff(engine_logits(path), reference_logits(small, edit)) <= REL_TOL
+
+
 def test_float_scales_under_scale_fmt_float_need_not_be_powers_of_two(small, tmp_path) -> None:
     """scale_fmt "float" (transformers' spelling, F32 weight_scale_inv): any positive scale."""
     name = "layers.0.attn.wq_a"

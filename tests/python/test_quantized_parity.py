@@ -240,3 +240,22 @@ def test_fp8_activation_emulation_chunked_matches_one_shot(built, name: str) -> 
     driver.runner = fp8_runner(case).runner  # fresh caches
     chunked = driver.run_schedule(case.prompt, case.schedule)
     assert_close(chunked, one_shot, f"{case.name} fp8 chunked vs one-shot")
+
+
+def test_activation_quant_auto_is_exact_on_cpu_and_spares_dense_weights(built) -> None:
+    """ "auto" is "none" on the CPU backend; "fp8" only touches the inputs of quantized weights, so
+    on the dense fp32 copy of the same checkpoint (the reference's own files) it changes nothing."""
+    case = built("f2-b16x16-fp4")
+
+    def run(path: Path, mode: str) -> np.ndarray:
+        runner = deepinfer_core.ModelRunner(
+            str(path), num_blocks=2, num_state_slots=1, activation_quant=mode
+        )
+        return runner.forward([deepinfer_core.SequenceChunk(0, 0, case.prompt, [1])])
+
+    exact = run(case.ckpt.path, "none")
+    np.testing.assert_array_equal(run(case.ckpt.path, "auto"), exact)
+    dense = case.ckpt.path.parent / (case.ckpt.path.name + "-reference")
+    dense_exact = run(dense, "none")
+    np.testing.assert_array_equal(run(dense, "fp8"), dense_exact)
+    assert_close(dense_exact, case.want, "dense copy of the dequantized weights")
