@@ -71,6 +71,26 @@ deepinfer::LogitsMode parse_logits_mode(const std::string& mode) {
               "logits must be \"all\" or \"last\", got \"" + mode + "\"");
 }
 
+// Backend::quantize_activations of x [M, K] on a fresh backend of `device`, as a host copy: lets
+// the tests compare the op with an independent implementation of DeepSeek's dynamic FP8
+// activation quantization.
+nb::ndarray<nb::numpy, float> quantize_activations(
+    const nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>& x, int group,
+    const std::string& device) {
+  const auto rows = static_cast<int64_t>(x.shape(0));
+  const auto cols = static_cast<int64_t>(x.shape(1));
+  deepinfer::Tensor host = deepinfer::Tensor::zeros({rows, cols}, deepinfer::DType::kF32);
+  std::memcpy(host.raw_data(), x.data(), host.nbytes());
+  deepinfer::Tensor out;
+  {
+    nb::gil_scoped_release release;
+    std::unique_ptr<deepinfer::Backend> backend = deepinfer::make_backend(device);
+    out = backend->to_host(
+        backend->quantize_activations(backend->upload(host, deepinfer::DType::kF32), group));
+  }
+  return to_numpy<float>(out);
+}
+
 }  // namespace
 
 NB_MODULE(deepinfer_core, m) {
@@ -106,6 +126,10 @@ NB_MODULE(deepinfer_core, m) {
   nb::module_ testing = m.def_submodule(
       "testing", "Test doubles of the engine (libdeepinfer_testing): the scripted engine.");
   bind_testing(testing);
+  testing.def("quantize_activations", &quantize_activations, "x"_a, "group"_a, "device"_a = "cpu",
+              "DeepSeek's dynamic FP8 activation quantization (the backend op the FP8/MXFP4 GEMMs "
+              "apply to their input under activation_quant=\"fp8\") of x [M, K] float32 in "
+              "groups of `group` columns, returned dequantized as float32.");
 
   m.def("backend_available", &deepinfer::backend_available, "device"_a,
         "Whether this build has the backend named `device` (\"auto\", \"cpu\", \"cuda\", "
