@@ -40,7 +40,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   ./build/gpu/tests/gpu/cpp/deepinfer_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_op_tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   # The two binaries just ran; tests/gpu/test_cuda_ops.py (which runs them too) is left out here.
-  python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider --deselect tests/gpu/test_cuda_ops.py \
+  # -s: the figures some GPU tests print (QUANT-GPU ...) reach the log.
+  python3 -m pytest tests/gpu -m gpu -q -s -p no:cacheprovider --deselect tests/gpu/test_cuda_ops.py \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

@@ -264,6 +264,21 @@ std::vector<OpCase> gemm_cases() {
   add_fp8(t, {{3, 1000, 300, 0}, 128, 128, 128});
   add_fp8(t, {{300, 1024, 300, 0}, 128, 128, 128});
   add_fp8(t, {{300, 1000, 96, 2}, 128, 128, 0});
+  // The tiny real-format checkpoints of tests/python/test_quantized_parity.py: F2_CONFIG with
+  // 16x16 blocks (act_group 16: the fallback) and the wide config's non-square 64x32 blocks, whose
+  // grouped wo_a has groups of 16 / 24 rows, less than a scale block.
+  for (const int64_t m : {1, 3, 72}) {
+    add_fp8(t, {{m, 64, 32, 0}, 16, 16, 16});   // wq_a, wkv, shared w1/w3
+    add_fp8(t, {{m, 32, 128, 0}, 16, 16, 16});  // wq_b
+    add_fp8(t, {{m, 64, 16, 2}, 16, 16, 16});   // wo_a
+    add_fp8(t, {{m, 32, 64, 0}, 16, 16, 16});   // wo_b, shared w2
+    add_fp8(t, {{m, 32, 512, 0}, 16, 16, 16});  // indexer wq_b
+  }
+  for (const int64_t m : {1, 80}) {
+    add_fp8(t, {{m, 96, 48, 0}, 64, 32, 32});  // wq_a
+    add_fp8(t, {{m, 64, 24, 2}, 64, 32, 32});  // wo_a
+    add_fp8(t, {{m, 48, 96, 0}, 64, 32, 32});  // wo_b
+  }
   return t;
 }
 

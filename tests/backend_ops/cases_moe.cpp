@@ -687,6 +687,11 @@ void add_all_quant_experts(std::vector<OpCase>& t) {
     add_quant_experts(t, {kMx, 32, 32, 8, 6, 4096, 2048, tokens});
   }
   add_quant_experts(t, {kFp8, 128, 128, 8, 6, 4096, 2048, 20});
+  // The tiny real-format checkpoints of tests/python/test_quantized_parity.py (H 64, I 32 and
+  // H 96, I 48, 8 experts, top-2).
+  for (const int tokens : {1, 5, 72}) add_quant_experts(t, {kMx, 32, 32, 8, 2, 64, 32, tokens});
+  for (const int tokens : {1, 72}) add_quant_experts(t, {kFp8, 16, 16, 8, 2, 64, 32, tokens});
+  for (const int tokens : {1, 80}) add_quant_experts(t, {kFp8, 32, 32, 8, 2, 96, 48, tokens});
 }
 
 }  // namespace

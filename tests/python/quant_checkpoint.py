@@ -251,6 +251,10 @@ class QuantSpec:
     block: tuple[int, int] = (128, 128)  # weight_block_size [rows, cols]
     experts: str = "fp4"  # "fp4": MXFP4 routed experts; "fp8": like the other GEMM weights
     spelling: str = "deepseek"  # "deepseek" (original names) or "transformers"
+    # The tensors DeepSeek ships in bf16 (embedding, head, compressors, router, ...): "bf16" as
+    # shipped, or "f32" to keep them exact, so a comparison of two backends isolates the
+    # quantized formats from the bf16 GEMMs' activation rounding (tests/gpu).
+    dense: str = "bf16"
 
     def __post_init__(self) -> None:
         assert self.experts in ("fp4", "fp8"), self.experts
@@ -317,7 +321,7 @@ def write_quantized_checkpoint(
             tensors[out] = w
             exact[name] = w
         else:
-            stored = w.float() if kind == "f32" else w.to(torch.bfloat16)
+            stored = w.float() if kind == "f32" or spec.dense == "f32" else w.to(torch.bfloat16)
             tensors[out] = stored.contiguous()
             exact[name] = stored.float()
 

@@ -14,7 +14,12 @@ BLOCK_SIZE = 128
 
 class RunnerDriver:
     def __init__(
-        self, checkpoint: str, max_seqs: int = 4, max_len: int = 1024, device: str = "cpu"
+        self,
+        checkpoint: str,
+        max_seqs: int = 4,
+        max_len: int = 1024,
+        device: str = "cpu",
+        activation_quant: str = "auto",
     ) -> None:
         self.blocks_per_seq = (max_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.runner = deepinfer_core.ModelRunner(
@@ -22,6 +27,7 @@ class RunnerDriver:
             num_blocks=1 + max_seqs * self.blocks_per_seq,
             num_state_slots=max_seqs,
             device=device,
+            activation_quant=activation_quant,
         )
 
     def block_table(self, slot: int) -> list[int]:

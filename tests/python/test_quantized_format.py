@@ -103,11 +103,7 @@ def small(tmp_path_factory) -> qc.QuantizedCheckpoint:
 
 
 def engine_logits(path: Path, **options) -> np.ndarray:
-    driver = RunnerDriver.__new__(RunnerDriver)
-    driver.blocks_per_seq = 1
-    driver.runner = deepinfer_core.ModelRunner(
-        str(path), num_blocks=2, num_state_slots=1, **options
-    )
+    driver = RunnerDriver(str(path), max_seqs=1, max_len=len(PROMPT), **options)
     return driver.run_schedule(PROMPT, [len(PROMPT)])
 
 

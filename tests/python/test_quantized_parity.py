@@ -194,15 +194,9 @@ EMULATION_CASES = ["f2-b16x16-fp4", "wide-b64x32-fp8-tf"]
 
 
 def fp8_runner(case: Case) -> RunnerDriver:
-    driver = RunnerDriver.__new__(RunnerDriver)
-    driver.blocks_per_seq = case.driver.blocks_per_seq
-    driver.runner = deepinfer_core.ModelRunner(
-        str(case.ckpt.path),
-        num_blocks=1 + driver.blocks_per_seq,
-        num_state_slots=1,
-        activation_quant="fp8",
+    return RunnerDriver(
+        str(case.ckpt.path), max_seqs=1, max_len=len(case.prompt), activation_quant="fp8"
     )
-    return driver
 
 
 @pytest.mark.parametrize("name", EMULATION_CASES)

@@ -166,10 +166,6 @@ Tensor Backend::grouped_linear(const Tensor& x, const MatrixWeight& w, int group
     c.fail("x " + x.describe() + " and w " + w.describe() + " do not split into " +
            std::to_string(groups) + " groups (expected x [M, G*K] and w [G*N, K])");
   }
-  if (w.quantized() && (w.rows() / groups) % w.block_rows != 0) {
-    c.fail("w " + w.describe() + ": a group's " + std::to_string(w.rows() / groups) +
-           " rows are not a whole number of scale blocks");
-  }
   return grouped_linear_impl(x, w, groups);
 }
 

@@ -10,11 +10,10 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, ModelWeights weights
   hc_params_.sinkhorn_iters = config.hc_sinkhorn_iters;
   hc_params_.hc_eps = static_cast<float>(config.hc_eps);
   hc_params_.norm_eps = static_cast<float>(config.rms_norm_eps);
-  // Attention may round to bf16 when the GEMM weights are not f32 (bf16 or quantized): their
-  // activations already carry that much rounding.
-  bf16_math_ =
-      !weights_.layers.empty() && (weights_.layers[0].attn.wq_a.quantized() ||
-                                   weights_.layers[0].attn.wq_a.values.dtype() == DType::kBF16);
+  // Attention may round to bf16 when the model's dense weights are bf16 (as DeepSeek ships the
+  // embedding, compressors and head next to FP8 / MXFP4 GEMM weights): its activations already
+  // pass through bf16 GEMMs. With f32 dense weights it stays exact.
+  bf16_math_ = weights_.embed.dtype() == DType::kBF16;
 }
 
 Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches) {
