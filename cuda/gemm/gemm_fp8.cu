@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/fp8.cuh"
@@ -68,18 +69,23 @@ __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restr
   if (lane == 0) xs[(g * kb_count + kb) * m + row] = scale;
 }
 
-// out[r][c] = bf16(e4m3(values[r][c]) * scales[r / br][c / bc]).
-__global__ void dequantize_e4m3_bf16(const uint8_t* __restrict__ values,
-                                     const float* __restrict__ scales,
-                                     __nv_bfloat16* __restrict__ out, int64_t rows, int64_t cols,
-                                     int64_t scale_ld, int br, int bc) {
+// out[r][c] = Out(e4m3(values[r][c]) * scales[r / br][c / bc]) (Out: bf16 or f32).
+template <typename Out>
+__global__ void dequantize_e4m3(const uint8_t* __restrict__ values,
+                                const float* __restrict__ scales, Out* __restrict__ out,
+                                int64_t rows, int64_t cols, int64_t scale_ld, int br, int bc) {
   const int64_t total = rows * cols;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols;
     const int64_t c = i % cols;
     const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(values[i], __NV_E4M3)));
-    out[i] = __float2bfloat16_rn(v * scales[(r / br) * scale_ld + c / bc]);
+    const float d = v * scales[(r / br) * scale_ld + c / bc];
+    if constexpr (std::is_same_v<Out, float>) {
+      out[i] = d;
+    } else {
+      out[i] = __float2bfloat16_rn(d);
+    }
   }
 }
 
@@ -228,14 +234,21 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   return Tensor();
 }
 
-Tensor dequantize_fp8_to_bf16(CudaBackend& be, const MatrixWeight& w) {
+Tensor dequantize_fp8(CudaBackend& be, const MatrixWeight& w, DType dtype) {
   const int64_t rows = w.rows(), cols = w.cols();
-  Tensor out = be.empty({rows, cols}, DType::kBF16);
+  Tensor out = be.empty({rows, cols}, dtype);
   if (rows * cols == 0) return out;
-  dequantize_e4m3_bf16<<<elementwise_blocks(be.num_sms(), rows * cols), kElementwiseThreads, 0,
-                         be.stream()>>>(static_cast<const uint8_t*>(w.values.raw_data()),
-                                        w.scales.data<float>(), out.data<__nv_bfloat16>(), rows,
-                                        cols, w.scales.size(1), w.block_rows, w.block_cols);
+  const auto* values = static_cast<const uint8_t*>(w.values.raw_data());
+  const unsigned blocks = elementwise_blocks(be.num_sms(), rows * cols);
+  if (dtype == DType::kF32) {
+    dequantize_e4m3<float><<<blocks, kElementwiseThreads, 0, be.stream()>>>(
+        values, w.scales.data<float>(), out.data<float>(), rows, cols, w.scales.size(1),
+        w.block_rows, w.block_cols);
+  } else {
+    dequantize_e4m3<__nv_bfloat16><<<blocks, kElementwiseThreads, 0, be.stream()>>>(
+        values, w.scales.data<float>(), out.data<__nv_bfloat16>(), rows, cols, w.scales.size(1),
+        w.block_rows, w.block_cols);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): weight dequantization");
   return out;
 }

@@ -28,13 +28,13 @@ void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, in
 
 // linear / grouped_linear of a kFp8Block weight on the GEMV or cuBLASLt (gemm_fp8.cu). Returns an
 // undefined tensor when neither applies (or cuBLASLt has no algorithm): the caller falls back to
-// dequantize_fp8_to_bf16 and the bf16 path.
+// dequantize_fp8 and the dense path.
 Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
                   int groups);
 
-// The values of a kFp8Block weight as a bf16 device tensor [N, K] (stream-ordered scratch).
-// Exact when the scales are powers of two (e4m3 times 2^e is a bf16 value); otherwise each
-// value is the bf16 rounding of e4m3 * scale.
-Tensor dequantize_fp8_to_bf16(CudaBackend& be, const MatrixWeight& w);
+// The values of a kFp8Block weight as a `dtype` (bf16 or f32) device tensor [N, K]
+// (stream-ordered scratch). f32 is exact; bf16 is exact when the scales are powers of two
+// (e4m3 times 2^e is a bf16 value), else each value is the bf16 rounding of e4m3 * scale.
+Tensor dequantize_fp8(CudaBackend& be, const MatrixWeight& w, DType dtype);
 
 }  // namespace deepinfer::cuda

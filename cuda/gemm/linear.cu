@@ -127,7 +127,10 @@ Tensor any_linear(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   if (w.format == WeightFormat::kFp8Block) {
     Tensor y = linear_fp8(be, op, x, w, groups);
     if (y.defined()) return y;
-    return gemm(be, op, quantized_input(be, x, w, groups), dequantize_fp8_to_bf16(be, w), groups);
+    // Quantized activations are exact in bf16, so the bf16 GEMM is exact up to summation order;
+    // exact f32 activations (act_group 0) need the f32 GEMM, which keeps them unrounded.
+    const DType dtype = w.act_group > 0 ? DType::kBF16 : DType::kF32;
+    return gemm(be, op, quantized_input(be, x, w, groups), dequantize_fp8(be, w, dtype), groups);
   }
   return gemm(be, op, quantized_input(be, x, w, groups), w.values, groups);
 }

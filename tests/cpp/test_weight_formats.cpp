@@ -15,6 +15,7 @@
 #include "deepinfer/error.h"
 #include "deepinfer/weight.h"
 #include "error_message.h"
+#include "model/weights.h"
 
 namespace deepinfer {
 namespace {
@@ -191,6 +192,42 @@ TEST(WeightFormats, OpChecksNameTheBadPart) {
   EXPECT_NE(m.find("linear: argument w"), std::string::npos) << m;
   m = error_message([&] { be->quantize_activations(x, 0); });
   EXPECT_NE(m.find("group must be positive"), std::string::npos) << m;
+}
+
+TEST(WeightFormats, RandomWeightsFollowTheQuantizationConfig) {
+  // Benchmarks draw random weights in the checkpoint's formats: every GEMM weight DeepSeek
+  // quantizes (routed experts one per expert, in MXFP4) carries its activation group.
+  const ModelConfig c = ModelConfig::from_json_text(
+      R"({"model_type": "deepseek_v4", "vocab_size": 64, "hidden_size": 64,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 32,
+          "partial_rotary_factor": 0.25, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16,
+          "sliding_window": 8, "index_n_heads": 4, "index_head_dim": 32, "index_topk": 4,
+          "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+          "layer_types": ["sliding_attention", "compressed_sparse_attention"],
+          "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+          "mlp_layer_types": ["hash_moe", "moe"],
+          "quantization_config": {"quant_method": "fp8", "scale_fmt": "ue8m0",
+                                  "weight_block_size": [16, 16]},
+          "expert_dtype": "fp4"})",
+      "c.json");
+  auto be = make_cpu_backend(1);
+  WeightLoadOptions options;
+  options.quantize_activations = true;
+  const ModelWeights w = random_model_weights(c, *be, 3, DType::kBF16, options);
+  for (const LayerWeights& layer : w.layers) {
+    EXPECT_EQ(layer.attn.wq_a.act_group, 16);
+    EXPECT_EQ(layer.attn.wo_b.act_group, 16);
+    EXPECT_EQ(layer.ffn.shared_w2.act_group, 16);
+    ASSERT_EQ(layer.ffn.experts.w1.size(), 4u);
+    for (const MatrixWeight& e : layer.ffn.experts.w2) EXPECT_EQ(e.act_group, 32);
+  }
+  EXPECT_EQ(w.layers[1].attn.indexer.wq_b.act_group, 16);
+  // The CPU reference keeps the exact values; they are finite and not all zero.
+  const Tensor v = be->to_host(w.layers[1].ffn.experts.w1[2].values);
+  double sum = 0.0;
+  for (int64_t i = 0; i < v.numel(); ++i) sum += std::fabs(v.data<float>()[i]);
+  EXPECT_TRUE(std::isfinite(sum));
+  EXPECT_GT(sum, 0.0);
 }
 
 }  // namespace

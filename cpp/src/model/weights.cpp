@@ -307,10 +307,12 @@ class WeightLoader {
     return ckpt_->tensor(name);
   }
 
-  // Random weights use the stacked expert layout.
+  // Random weights use the stacked expert layout, except in a quantized format (one weight per
+  // expert, as DeepSeek ships them).
   bool contains(const std::string& name) const {
-    return ckpt_ == nullptr ? name.ends_with("gate_up_proj") || name.ends_with("down_proj")
-                            : ckpt_->contains(name);
+    if (ckpt_ != nullptr) return ckpt_->contains(name);
+    return !config_.quantization.fp8 &&
+           (name.ends_with("gate_up_proj") || name.ends_with("down_proj"));
   }
   const std::string& file_of(const std::string& name) const { return ckpt_->file_of(name).path(); }
 
