@@ -26,10 +26,11 @@ import argparse
 import gc
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from gpu_model_bench import rooflines as dense_rooflines
+from gpu_model_bench import timed
 from v4_flash_config import LAYER_TYPES, decode_token, flash_config
 
 QUANT = {
@@ -41,33 +42,16 @@ QUANT = {
 }
 
 
-def timed(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
-
-
 def rooflines() -> dict:
-    a = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    copy_s = timed(lambda: b.copy_(a), 10)
-    a = b = None
-    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    y = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    bf16_s = timed(lambda: x @ y, 10)
-    xf = x.to(torch.float8_e4m3fn)
-    yf = y.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major B, as _scaled_mm wants
-    one = torch.ones((), device="cuda")
-    fp8_s = timed(lambda: torch._scaled_mm(xf, yf, one, one, out_dtype=torch.bfloat16), 10)
-    return {
-        "copy_GBps": 2 * 4 * (1 << 30) / copy_s / 1e9,
-        "bf16_gemm_TFLOPs": 2 * 8192**3 / bf16_s / 1e12,
-        "fp8_gemm_TFLOPs": 2 * 8192**3 / fp8_s / 1e12,
-    }
+    """Copy bandwidth and the bf16 peak (gpu_model_bench), plus the FP8 peak (torch._scaled_mm,
+    per-tensor scales) at 8192^3."""
+    out = dense_rooflines()
+    x = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    y = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t().contiguous().t()
+    one = torch.ones((), device="cuda")  # y column-major above: the layout _scaled_mm wants
+    fp8_s = timed(lambda: torch._scaled_mm(x, y, one, one, out_dtype=torch.bfloat16), 10)
+    out["fp8_gemm_TFLOPs"] = 2 * 8192**3 / fp8_s / 1e12
+    return out
 
 
 def real_format(config: dict) -> dict:
@@ -153,8 +137,13 @@ def three_layers(quantized: bool, batches: list[int], copy_gbps: float, emit) ->
         emit({"three_layers": "real" if quantized else "bf16", "batch": b, **out["decode"][b]})
     for s in (4096, 16384):
         out["prefill_tok_s"][s] = prefill_tok_s(runner, bps, s)
-        emit({"three_layers": "real" if quantized else "bf16", "prefill": s,
-              "tok_s": out["prefill_tok_s"][s]})
+        emit(
+            {
+                "three_layers": "real" if quantized else "bf16",
+                "prefill": s,
+                "tok_s": out["prefill_tok_s"][s],
+            }
+        )
     runner = None
     gc.collect()
     return out
@@ -194,8 +183,14 @@ def truncated(three: dict, emit) -> dict:
             out[b]["per_layer_ms"] = per_layer
             out[b]["extrapolated_43_layer_step_ms"] = full
             out[b]["extrapolated_43_layer_tok_s"] = 1000 * b / full
-            emit({"truncated": n, "batch": b, "per_layer_ms": per_layer,
-                  "extrapolated_43_layer_step_ms": full})
+            emit(
+                {
+                    "truncated": n,
+                    "batch": b,
+                    "per_layer_ms": per_layer,
+                    "extrapolated_43_layer_step_ms": full,
+                }
+            )
     return out
 
 

@@ -193,16 +193,6 @@ def fake_quantize_activations(x: torch.Tensor, group: int) -> torch.Tensor:
 # ---- Names --------------------------------------------------------------------------------------
 
 
-def original_name(name: str) -> str:
-    """DeepSeek's spelling of a name written by transformers' save_pretrained (model.md A.14)."""
-    name = name.removeprefix("model.")
-    name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
-    name = name.replace("hc_head.hc_", "hc_head_")
-    if name.endswith(".attn.norm.weight"):
-        name = name.replace(".attn.norm.weight", ".attn.kv_norm.weight")
-    return name
-
-
 def kind_of(name: str, experts: str) -> str:
     """How DeepSeek ships the tensor with original name `name`: fp8, fp4, f32, bf16 or int."""
     if _ROUTED_EXPERT.fullmatch(name):
@@ -301,7 +291,7 @@ def write_quantized_checkpoint(
     exact: dict[str, torch.Tensor] = {}
     kinds: dict[str, str] = {}
     for name, w in saved.items():
-        orig = original_name(name)
+        orig = ref.original_name(name)
         kind = kinds[orig] = kind_of(orig, spec.experts)
         out = orig if spec.spelling == "deepseek" else name
         base = out.removesuffix(".weight")

@@ -36,20 +36,10 @@ def logits(path: Path) -> np.ndarray:
     return RunnerDriver(str(path), max_seqs=1, max_len=128).run_schedule(PROMPT, [len(PROMPT)])
 
 
-def original_name(name: str) -> str:
-    """The released checkpoint's spelling of a name saved by transformers."""
-    name = name.removeprefix("model.")
-    name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
-    name = name.replace("hc_head.hc_", "hc_head_")
-    if name.endswith(".attn.norm.weight"):
-        name = name.replace(".attn.norm.weight", ".attn.kv_norm.weight")
-    return name
-
-
 def test_original_names_in_shards_give_identical_logits(saved, tmp_path) -> None:
     _, path = saved
     tensors = load_file(str(path / "model.safetensors"))
-    renamed = {original_name(k): v for k, v in tensors.items()}
+    renamed = {ref.original_name(k): v for k, v in tensors.items()}
     names = sorted(renamed)
     shards = {
         "model-00001-of-00002.safetensors": names[::2],

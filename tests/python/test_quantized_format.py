@@ -290,3 +290,30 @@ def test_quantize_activations_hand_values() -> None:
 def test_quantize_activations_rejects_a_bad_group() -> None:
     with pytest.raises(ValueError, match="group must be positive"):
         deepinfer_core.testing.quantize_activations(np.ones((1, 4), dtype=np.float32), 0)
+
+
+# ---- The command line on a real-format checkpoint ------------------------------------------------
+
+
+def test_run_generates_from_a_real_format_checkpoint(tmp_path, capsys) -> None:
+    """`python -m deepinfer.run --config CONFIG` on a directory in DeepSeek's shipped formats: the
+    embedded tiny model's shapes (the V4 tokenizer's vocabulary) with FP8 32x32 blocks and MXFP4
+    experts, original tensor names."""
+    from deepinfer import run
+    from deepinfer.tiny import TINY_CONFIG
+
+    config = {k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type")}
+    model = qc.make_quantizable_model(config, seed=2)
+    ckpt = qc.write_quantized_checkpoint(model, tmp_path / "v4-fp8", qc.QuantSpec(block=(32, 32)))
+    assert "expert_dtype" in (ckpt.path / "config.json").read_text()
+    run_config = tmp_path / "run.yaml"
+    run_config.write_text(
+        f"model: {ckpt.path}\n"
+        "engine: {device: cpu, max_num_seqs: 2}\n"
+        'prompts: ["Hello", "The capital of France is"]\n'
+    )
+    args = ["--config", str(run_config), "--quiet", "--no-progress", "--max-tokens", "4"]
+    assert run.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"model:          {ckpt.path}" in out
+    assert "output tokens:  8," in out

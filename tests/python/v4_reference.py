@@ -218,3 +218,13 @@ def selection_margins(model: DeepseekV4ForCausalLM, tokens: Sequence[int]) -> di
 
 def tie_free(margins: dict[str, float], threshold: float = 1e-5) -> bool:
     return all(m > threshold for m in margins.values())
+
+
+def original_name(name: str) -> str:
+    """DeepSeek's spelling of a name written by transformers' save_pretrained (model.md A.14)."""
+    name = name.removeprefix("model.")
+    name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
+    name = name.replace("hc_head.hc_", "hc_head_")
+    if name.endswith(".attn.norm.weight"):
+        name = name.replace(".attn.norm.weight", ".attn.kv_norm.weight")
+    return name
