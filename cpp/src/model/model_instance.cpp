@@ -60,12 +60,10 @@ bool resolve_activation_quant(const std::string& mode, const Backend& backend) {
               "activation_quant must be \"auto\", \"fp8\" or \"none\", got \"" + mode + "\"");
 }
 
-std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint_dir,
-                                                   const ModelConfig& config,
-                                                   const CacheShape& shape,
-                                                   const std::string& device, int num_threads,
-                                                   int decode_graph_max_batch,
-                                                   const std::string& activation_quant) {
+std::unique_ptr<ModelInstance> ModelInstance::load(
+    const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
+    const std::string& device, int num_threads, int decode_graph_max_batch,
+    const std::string& activation_quant, const std::function<void(int, int)>& progress) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -76,6 +74,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
   m->backend = make_backend(device, num_threads);
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
+  options.progress = progress;
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
   finish_instance(*m, shape, decode_graph_max_batch, std::move(weights));

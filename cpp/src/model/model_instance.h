@@ -2,6 +2,7 @@
 // engine's ModelExecutor both drive.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,7 +44,8 @@ struct ModelInstance {
                                              const ModelConfig& config, const CacheShape& shape,
                                              const std::string& device, int num_threads,
                                              int decode_graph_max_batch = 0,
-                                             const std::string& activation_quant = "auto");
+                                             const std::string& activation_quant = "auto",
+                                             const std::function<void(int, int)>& progress = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
   // formats when config.quantization says so), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,

@@ -165,6 +165,10 @@ class WeightLoader {
     return w.format == WeightFormat::kMxfp4 ? bits : values;
   }
 
+  void report_progress(int done) const {
+    if (options_.progress) options_.progress(done, config_.num_hidden_layers + 1);
+  }
+
   void require_present(const std::string& name, const Shape& shape) const {
     if (!ckpt_->contains(name)) {
       throw Error(ErrorCode::kNotFound, ckpt_->dir() + ": checkpoint has no tensor '" + name +
@@ -481,6 +485,7 @@ ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_
   }
   m.norm = w.load("norm.weight", {h});
   m.hc_head = w.hc("hc_head_", n);
+  w.report_progress(1);
   m.main_inv_freq = w.inv_freq(config.main_rope);
   m.compress_inv_freq = w.inv_freq(config.compress_rope);
 
@@ -529,6 +534,7 @@ ModelWeights build_weights(WeightLoader& w, const ModelConfig& config, bool has_
     f.shared_w3 = w.load_linear(p + "ffn.shared_experts.w3.weight", {i_size, h}, false);
     f.shared_w2 = w.load_linear(p + "ffn.shared_experts.w2.weight", {h, i_size}, false);
     m.layers.push_back(std::move(L));
+    w.report_progress(li + 2);
   }
   return m;
 }

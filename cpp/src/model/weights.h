@@ -1,6 +1,7 @@
 // The DeepSeek-V4 parameters on a backend, grouped the way the graph uses them.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,8 @@ struct WeightLoadOptions {
   // Quantized weights get DeepSeek's dynamic FP8 activation quantization (MatrixWeight::act_group:
   // the FP8 block width for FP8 weights, 32 for MXFP4 experts); false keeps activations exact.
   bool quantize_activations = false;
+  // Called after the embedding and head, then after each layer: (done, num_hidden_layers + 1).
+  std::function<void(int done, int total)> progress;
 };
 
 // Loads and checks every tensor the config implies (shape, dtype, index ranges; for quantized

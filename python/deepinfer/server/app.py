@@ -27,6 +27,7 @@ import deepseek_recipe as dr
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deepinfer.llm import load_engine
 from deepinfer.server.async_engine import AsyncEngine
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocols import CHAT, MESSAGES, RESPONSES, Protocol, unsupported_field
@@ -60,7 +61,7 @@ class Server:
         self.config = config
         engine = copy.copy(config.engine)
         engine.model_path = str(config.model_path)
-        self.core = deepinfer_core.Engine(engine)
+        self.core = load_engine(engine)
         # Prompt plus output tokens a request may have (resolved: at most the model's positions).
         self.context_limit = self.core.config.scheduler.max_model_len
         self.tokenizer = dr.Tokenizer.from_file(tokenizer_json_path(config.model_path))
