@@ -105,6 +105,23 @@ void bind_engine(nb::module_& m) {
         return r + ")";
       });
 
+  nb::class_<deepinfer::KvCapacity>(m, "KvCapacity", "The KV cache an engine runs with (engine.h).")
+      .def_ro("num_blocks", &deepinfer::KvCapacity::num_blocks)
+      .def_ro("block_size", &deepinfer::KvCapacity::block_size)
+      .def_ro("bytes_per_token", &deepinfer::KvCapacity::bytes_per_token)
+      .def_ro("bytes_per_state_slot", &deepinfer::KvCapacity::bytes_per_state_slot)
+      .def_ro("max_tokens", &deepinfer::KvCapacity::max_tokens)
+      .def_ro("max_seqs_at_max_model_len", &deepinfer::KvCapacity::max_seqs_at_max_model_len)
+      .def_ro("sized_from_memory", &deepinfer::KvCapacity::sized_from_memory)
+      .def("__repr__", [](const deepinfer::KvCapacity& k) {
+        return "KvCapacity(num_blocks=" + std::to_string(k.num_blocks) +
+               ", block_size=" + std::to_string(k.block_size) +
+               ", bytes_per_token=" + std::to_string(k.bytes_per_token) +
+               ", max_tokens=" + std::to_string(k.max_tokens) +
+               ", max_seqs_at_max_model_len=" + std::to_string(k.max_seqs_at_max_model_len) +
+               ", sized_from_memory=" + (k.sized_from_memory ? "True" : "False") + ")";
+      });
+
   nb::class_<Engine>(
       m, "Engine",
       "Continuous-batching engine. add_request/abort are thread-safe; step() belongs "
@@ -154,6 +171,9 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("model_config", &Engine::model_config, nb::rv_policy::reference_internal,
                    "The checkpoint's config.json as the engine read it; None for the scripted "
                    "engine.")
+      .def_prop_ro("kv_capacity", &Engine::kv_capacity,
+                   "The KV cache it runs with: blocks, bytes per token, the most context and "
+                   "sequences of max_model_len it holds, whether it was sized from device memory.")
       .def_prop_ro("load_notes", &Engine::load_notes,
                    "What loading the checkpoint left out on purpose, one line each (e.g. the "
                    "mtp.* tensors).")

@@ -122,6 +122,19 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
 }
 
+DeviceMemory CudaBackend::memory_info() {
+  check_not_capturing("memory_info");
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+  DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+  // Freed blocks the pool keeps (release threshold) count as free: hand them back first.
+  cudaMemPool_t pool;
+  DEEPINFER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  DEEPINFER_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  size_t free_bytes = 0, total_bytes = 0;
+  DEEPINFER_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {static_cast<int64_t>(total_bytes), static_cast<int64_t>(free_bytes)};
+}
+
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(ctx_->stream);

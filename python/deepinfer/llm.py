@@ -46,6 +46,18 @@ class CompletionOutput:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
 
 
+def describe_kv_cache(engine: deepinfer_core.Engine) -> str:
+    """One line on the KV cache an engine runs with, for the logs of run and serve."""
+    k = engine.kv_capacity
+    how = "sized from device memory" if k.sized_from_memory else "from num_kv_blocks"
+    return (
+        f"KV cache: {k.num_blocks} blocks of {k.block_size} tokens ({how}), "
+        f"{k.bytes_per_token} bytes per token: {k.max_tokens} tokens in all, "
+        f"{k.max_seqs_at_max_model_len} sequences of max_model_len "
+        f"{engine.config.scheduler.max_model_len} at once"
+    )
+
+
 def load_engine(config: deepinfer_core.EngineConfig) -> deepinfer_core.Engine:
     """The engine, with a progress bar over the weight load on a terminal (a real checkpoint
     loads for minutes; tqdm stays silent when stderr is not a terminal)."""

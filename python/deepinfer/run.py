@@ -26,7 +26,7 @@ from deepinfer.config import (
     apply_override_arguments,
     load_config,
 )
-from deepinfer.llm import LLM, CompletionOutput
+from deepinfer.llm import LLM, CompletionOutput, describe_kv_cache
 
 # Prompts for a run without a config or --prompts (as vLLM's offline example has).
 EXAMPLE_PROMPTS = (
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         llm = LLM(config)
         for note in llm.engine.load_notes:
             print(f"note: {note}", file=sys.stderr)
+        print(describe_kv_cache(llm.engine), file=sys.stderr)
         start = time.perf_counter()
         outputs = llm.generate(prompts, sampling, use_tqdm=not args.no_progress)
         elapsed = time.perf_counter() - start

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from deepinfer.llm import describe_kv_cache
     from deepinfer.server import ServerConfig, create_app
 
     try:
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    core = app.state.server.core
+    for note in core.load_notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(describe_kv_cache(core), file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

@@ -282,3 +282,17 @@ def test_engine_reports_weight_loading_progress(tiny_checkpoint) -> None:
     with pytest.raises(KeyboardInterrupt):
         dc.Engine(config, fail)
     dc.Engine(config)  # nothing was left half-built
+
+
+def test_kv_capacity_is_reported_and_printed(tiny_checkpoint, capsys) -> None:
+    engine = dc.Engine(str(tiny_checkpoint), device="cpu", max_num_seqs=2, max_model_len=1024)
+    k = engine.kv_capacity
+    # On the CPU the cache comes from the config: 1 + max_num_seqs * 1024 / 128 blocks.
+    assert not k.sized_from_memory and k.block_size == 128
+    assert (k.num_blocks, k.max_tokens, k.max_seqs_at_max_model_len) == (16, 2048, 2)
+    assert k.bytes_per_token > 0 and k.bytes_per_state_slot > 0
+    with pytest.raises(ValueError, match=r"'gpu_memory_utilization' must be in \(0, 1\]"):
+        dc.Engine(str(tiny_checkpoint), device="cpu", gpu_memory_utilization=0.0)
+    args = ["--model", str(tiny_checkpoint), "--device", "cpu", "--quiet", "--no-progress"]
+    assert run.main([*args, "--max-tokens", "1"]) == 0
+    assert "KV cache: " in capsys.readouterr().err

@@ -142,6 +142,13 @@ struct AttentionSpec {
   bool bf16_math = false;
 };
 
+// A device's memory; zeros where the backend does not size it (the CPU backend: host memory is
+// not the engine's to fill).
+struct DeviceMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+};
+
 // The op interface every backend implements, as a non-virtual front: each public op checks its
 // arguments' metadata (dtype, shape, contiguity, device; backend/op_checks.h, written once for
 // every backend) on the calling thread and then calls the backend's protected `*_impl`. An
@@ -172,6 +179,9 @@ class Backend {
   // is not guarded: events are waited for by the engine's commit, outside any launch.)
   // Returns the previous setting.
   bool set_host_sync_forbidden(bool forbidden);
+  // The device's memory now, after the backend hands its cached free blocks back (waits for the
+  // stream). The default, for host backends, is unknown (zeros).
+  virtual DeviceMemory memory_info() { return {}; }
 
   // ---- memory and synchronisation ------------------------------------------------------------
   // Uninitialised device tensor (zeroed on the CPU backend).

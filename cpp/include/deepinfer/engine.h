@@ -88,6 +88,17 @@ struct EngineStats : SchedulerCounters {
   uint64_t num_graph_steps = 0;  // decode steps replayed from recorded graphs (or recorded)
 };
 
+// The KV cache the engine runs with, for logs and capacity planning.
+struct KvCapacity {
+  int num_blocks = 0;                 // usable paged blocks (the reserved block 0 excluded)
+  int block_size = 0;                 // tokens per block
+  int64_t bytes_per_token = 0;        // paged KV bytes one token of context takes, all layers
+  int64_t bytes_per_state_slot = 0;   // rings of one sequence, all layers
+  int64_t max_tokens = 0;             // num_blocks * block_size: the most context in the cache
+  int max_seqs_at_max_model_len = 0;  // sequences of max_model_len tokens the blocks hold at once
+  bool sized_from_memory = false;     // num_kv_blocks came from the device's memory
+};
+
 // Loading progress: `done` of `total` units finished.
 using LoadProgress = std::function<void(int done, int total)>;
 
@@ -127,6 +138,7 @@ class Engine {
   // What loading the checkpoint left out on purpose, one line each (e.g. the mtp.* tensors),
   // for a front end to show the user.
   virtual std::vector<std::string> load_notes() const = 0;
+  virtual KvCapacity kv_capacity() const = 0;
 
   // Debug and test hooks (engine thread). Throws Error(kInternal) naming the first broken
   // invariant of the scheduler, its ledgers and pools (cpp/src/engine/README.md lists them).

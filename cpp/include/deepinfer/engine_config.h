@@ -33,9 +33,14 @@ struct SchedulerConfig {
 };
 
 struct CacheConfig {
-  int num_kv_blocks = 0;  // 0: derive it, enough for max_num_seqs full-length sequences (+ block 0)
+  // 0: derive it. On a GPU: every block that fits in gpu_memory_utilization of its memory after
+  // the weights, the state slots and an activation reserve. On the CPU: enough for max_num_seqs
+  // full-length sequences (+ block 0).
+  int num_kv_blocks = 0;
   int num_prefix_snapshots = 0;  // 0: max_num_seqs; state snapshots kept for prefix-cache hits
   bool enable_prefix_cache = true;
+  // The fraction of the GPU's memory the engine may take (as vLLM's option of that name).
+  double gpu_memory_utilization = 0.9;
 
   bool operator==(const CacheConfig&) const = default;
 };

@@ -49,13 +49,17 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
       ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
   const int max_position = static_cast<int>(
       std::min<int64_t>(model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
-  const EngineConfig resolved = engine::resolve_engine_config(config, max_position);
+  const EngineConfig resolved =
+      engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true);
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
   o.model_config = model;
   o.placement = resolved.placement;
   o.progress = progress;
   o.num_kv_blocks = resolved.cache.num_kv_blocks;
+  o.gpu_memory_utilization = resolved.cache.gpu_memory_utilization;
+  o.max_num_batched_tokens = resolved.scheduler.max_num_batched_tokens;
+  o.max_num_seqs = resolved.scheduler.max_num_seqs;
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots =
       resolved.cache.enable_prefix_cache ? resolved.cache.num_prefix_snapshots : 0;

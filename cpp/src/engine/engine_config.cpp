@@ -17,7 +17,8 @@ namespace {
 
 }  // namespace
 
-EngineConfig resolve_engine_config(const EngineConfig& config, int max_position) {
+EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
+                                   bool kv_from_device_memory) {
   EngineConfig c = config;
   SchedulerConfig& s = c.scheduler;
   CacheConfig& cache = c.cache;
@@ -34,9 +35,17 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position)
                                     "max_position_embeddings), got " +
                                     std::to_string(s.max_model_len));
   }
+  if (!(cache.gpu_memory_utilization > 0.0 && cache.gpu_memory_utilization <= 1.0)) {
+    bad_config("gpu_memory_utilization",
+               "must be in (0, 1], got " + std::to_string(cache.gpu_memory_utilization));
+  }
+  c.placement.device = resolve_device(c.placement.device);
+  const bool sized_at_load = kv_from_device_memory && c.placement.device.starts_with("cuda");
   const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
-  if (cache.num_kv_blocks == 0) cache.num_kv_blocks = 1 + s.max_num_seqs * blocks_per_seq;
-  if (cache.num_kv_blocks < 2)
+  if (cache.num_kv_blocks == 0 && !sized_at_load) {
+    cache.num_kv_blocks = 1 + s.max_num_seqs * blocks_per_seq;
+  }
+  if (cache.num_kv_blocks < 2 && !(cache.num_kv_blocks == 0 && sized_at_load))
     bad_config("num_kv_blocks", "must be >= 2, got " + std::to_string(cache.num_kv_blocks));
   if (cache.num_prefix_snapshots == 0) cache.num_prefix_snapshots = s.max_num_seqs;
   if (cache.num_prefix_snapshots < 0) {
@@ -53,7 +62,6 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position)
   }
   if (c.placement.num_threads < 0)
     bad_config("num_threads", "must be >= 0, got " + std::to_string(c.placement.num_threads));
-  c.placement.device = resolve_device(c.placement.device);
   return c;
 }
 

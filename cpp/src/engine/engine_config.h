@@ -9,8 +9,11 @@ namespace deepinfer::engine {
 // The EngineConfig with every 0 ("derive it") field resolved for a model of `max_position`
 // positions and placement.device "auto" resolved to a device; validates the rest. Throws
 // Error(kInvalidArgument) naming the field by its flat name ('max_num_seqs'), the name the
-// Python API and run configs use.
-EngineConfig resolve_engine_config(const EngineConfig& config, int max_position);
+// Python API and run configs use. With `kv_from_device_memory`, num_kv_blocks 0 on a GPU device
+// stays 0: the model loader sizes the paged KV from the memory left after the weights (KvSizing)
+// and the engine takes its count from there.
+EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
+                                   bool kv_from_device_memory = false);
 // State slots an engine with `config` needs (including the reserved slot 0): every sequence
 // holding KV plus headroom.
 int live_state_slots(const EngineConfig& config);

@@ -1,9 +1,11 @@
 #include "engine/engine_impl.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "deepinfer/error.h"
 #include "engine/engine_config.h"
+#include "kv/cache_geometry.h"
 #include "sample/sampler.h"
 
 namespace deepinfer::engine {
@@ -19,13 +21,49 @@ sched::KvLayout kv_layout(const EngineConfig& c, const StepExecutor& ex) {
   return l;
 }
 
+// The config resolved against the executor: a cache sized from device memory takes the
+// executor's block count, and an automatic max_model_len shrinks to what that cache holds (an
+// explicit one that does not fit is an error naming both numbers).
+EngineConfig resolve_with(const EngineConfig& config, const StepExecutor& ex) {
+  EngineConfig c = resolve_engine_config(config, ex.max_position());
+  if (!ex.kv_sized_from_memory()) return c;
+  c.cache.num_kv_blocks = ex.num_kv_blocks();
+  const int64_t capacity = static_cast<int64_t>(ex.num_kv_blocks() - 1) * kv::kBlockSize;
+  if (c.scheduler.max_model_len > capacity) {
+    if (config.scheduler.max_model_len != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "engine config: 'max_model_len' is " + std::to_string(c.scheduler.max_model_len) +
+                      " but the KV cache holds " + std::to_string(capacity) + " tokens (" +
+                      std::to_string(ex.num_kv_blocks() - 1) + " blocks of " +
+                      std::to_string(kv::kBlockSize) +
+                      " in the device memory gpu_memory_utilization allows): lower "
+                      "max_model_len or raise gpu_memory_utilization");
+    }
+    c.scheduler.max_model_len = static_cast<int>(capacity);
+  }
+  return c;
+}
+
 }  // namespace
 
 EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor)
-    : config_(resolve_engine_config(config, executor->max_position())),
+    : config_(resolve_with(config, *executor)),
       executor_(std::move(executor)),
       kv_(kv_layout(config_, *executor_)),
       scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_) {}
+
+KvCapacity EngineImpl::kv_capacity() const {
+  KvCapacity k;
+  k.num_blocks = executor_->num_kv_blocks() - 1;
+  k.block_size = kv::kBlockSize;
+  k.bytes_per_token = executor_->kv_bytes_per_block() / kv::kBlockSize;
+  k.bytes_per_state_slot = executor_->state_slot_bytes();
+  k.max_tokens = static_cast<int64_t>(k.num_blocks) * k.block_size;
+  const int64_t per_seq = kv::blocks_for_tokens(config_.scheduler.max_model_len);
+  k.max_seqs_at_max_model_len = static_cast<int>(k.num_blocks / std::max<int64_t>(per_seq, 1));
+  k.sized_from_memory = executor_->kv_sized_from_memory();
+  return k;
+}
 
 EngineImpl::~EngineImpl() {
   // Wait for launched work so the executor never runs a step whose owner is gone.

@@ -40,6 +40,7 @@ class EngineImpl final : public Engine {
   const std::vector<int>& eos_token_ids() const override { return executor_->eos_token_ids(); }
   const ModelConfig* model_config() const override { return executor_->model_config(); }
   std::vector<std::string> load_notes() const override { return executor_->load_notes(); }
+  KvCapacity kv_capacity() const override;
 
   void check_invariants() const override;
   int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }

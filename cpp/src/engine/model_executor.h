@@ -20,8 +20,11 @@ namespace deepinfer::engine {
 struct ModelExecutorOptions {
   std::string checkpoint_dir;
   ModelConfig model_config;  // its config.json, read once by the engine factory
-  int num_kv_blocks = 0;     // including block 0
-  int num_state_slots = 0;   // live slots including slot 0
+  int num_kv_blocks = 0;     // including block 0; 0: sized from device memory at load (KvSizing)
+  double gpu_memory_utilization = 0.9;
+  int max_num_batched_tokens = 2048;  // for the activation reserve of that sizing
+  int max_num_seqs = 1;
+  int num_state_slots = 0;  // live slots including slot 0
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
   PlacementConfig placement;  // the engine's, resolved
@@ -37,7 +40,10 @@ class ModelExecutor final : public StepExecutor {
 
   int vocab_size() const override { return model_->config.vocab_size; }
   int max_position() const override;
-  int num_kv_blocks() const override { return options_.num_kv_blocks; }
+  int num_kv_blocks() const override { return model_->caches->shape().num_blocks; }
+  int64_t kv_bytes_per_block() const override { return model_->caches->bytes_per_block(); }
+  int64_t state_slot_bytes() const override { return model_->caches->bytes_per_state_slot(); }
+  bool kv_sized_from_memory() const override { return options_.num_kv_blocks == 0; }
   int num_state_slots() const override { return options_.num_state_slots; }
   int num_snapshot_slots() const override { return options_.num_snapshot_slots; }
   const std::vector<int>& eos_token_ids() const override { return model_->config.eos_token_ids; }

@@ -40,6 +40,11 @@ class StepExecutor {
   virtual const std::vector<int>& eos_token_ids() const = 0;
   // The checkpoint's config; null for executors without a model (test doubles).
   virtual const ModelConfig* model_config() const { return nullptr; }
+  // Paged KV bytes per block and state bytes per slot, all layers (0: not known, test doubles),
+  // and whether the block count came from device memory (KvSizing) rather than the config.
+  virtual int64_t kv_bytes_per_block() const { return 0; }
+  virtual int64_t state_slot_bytes() const { return 0; }
+  virtual bool kv_sized_from_memory() const { return false; }
   // Engine::load_notes; none for executors without a checkpoint.
   virtual std::vector<std::string> load_notes() const { return {}; }
   // Decode steps run through recorded graphs so far (callable from any thread).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -22,6 +23,26 @@ int resolve_decode_graph_max_batch(int requested, const Backend& backend, int nu
   return std::min(wanted, num_state_slots);
 }
 
+int64_t activation_reserve_bytes(const ModelConfig& c, int max_batch_tokens, int max_seqs) {
+  const int64_t h = c.hidden_size;
+  const int64_t heads_dim = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  const int64_t per_token =
+      4 * (2 * int64_t{c.hc_mult} * h + 5 * heads_dim + int64_t{c.o_groups} * c.o_lora_rank +
+           int64_t{c.num_experts_per_tok} * (2 * h + 2 * int64_t{c.moe_intermediate_size}));
+  const int64_t logits = 2 * int64_t{max_seqs} * c.vocab_size * 4;  // logits and sampling
+  return 2 * per_token * max_batch_tokens + logits + (int64_t{1} << 30);
+}
+
+int64_t kv_blocks_from_memory(const DeviceMemory& memory, double utilization, int64_t reserve_bytes,
+                              int64_t state_bytes, int64_t bytes_per_block) {
+  const int64_t used = memory.total_bytes - memory.free_bytes;  // weights, contexts, others
+  const int64_t budget =
+      static_cast<int64_t>(utilization * static_cast<double>(memory.total_bytes)) - used -
+      reserve_bytes - state_bytes;
+  if (budget <= 0 || bytes_per_block <= 0) return 0;
+  return budget / bytes_per_block;
+}
+
 ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
                                              const Tensor& previous_tokens) {
   if (graphs != nullptr && graphs->accepts(rows)) {
@@ -35,6 +56,58 @@ ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, Lo
 }
 
 namespace {
+
+std::string gib(int64_t bytes) {
+  const double g = static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30);
+  std::string s = std::to_string(g);
+  return s.substr(0, s.find('.') + 3) + " GiB";
+}
+
+// The number of paged blocks that fit in device memory next to the loaded weights (KvSizing);
+// fills m.kv_sizing. Throws Error(kIo) naming the numbers when fewer than 2 blocks fit.
+int blocks_from_memory(ModelInstance& m, const CacheShape& shape, const KvSizing& sizing) {
+  // A one-block probe gives this config's bytes per block and per state slot.
+  CacheShape probe = shape;
+  probe.num_blocks = 1;
+  probe.num_scratch_slots = 1;
+  int64_t per_block = 0;
+  int64_t per_slot = 0;
+  {
+    const ModelCaches caches(m.config, probe, *m.backend);
+    per_block = caches.bytes_per_block();
+    per_slot = caches.bytes_per_state_slot();
+  }
+  const DeviceMemory memory = m.backend->memory_info();
+  if (memory.total_bytes == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "num_kv_blocks 0 sizes the KV cache from device memory, which the " +
+                    m.backend->name() + " backend does not report; set num_kv_blocks");
+  }
+  KvSizingReport& r = m.kv_sizing;
+  r.memory_after_weights = memory;
+  r.activation_reserve_bytes =
+      activation_reserve_bytes(m.config, sizing.max_batch_tokens, sizing.max_seqs);
+  r.state_bytes = per_slot * (shape.num_state_slots + 1);
+  const int64_t blocks = kv_blocks_from_memory(
+      memory, sizing.gpu_memory_utilization, r.activation_reserve_bytes, r.state_bytes, per_block);
+  if (blocks < 2) {
+    throw Error(ErrorCode::kIo,
+                "not enough device memory for the KV cache: " + gib(memory.total_bytes) +
+                    " in all, " + gib(memory.total_bytes - memory.free_bytes) +
+                    " in use with the weights loaded; gpu_memory_utilization " +
+                    std::to_string(sizing.gpu_memory_utilization).substr(0, 4) + " leaves " +
+                    gib(static_cast<int64_t>(sizing.gpu_memory_utilization *
+                                             static_cast<double>(memory.total_bytes)) -
+                        (memory.total_bytes - memory.free_bytes)) +
+                    ", and the activation reserve (" + gib(r.activation_reserve_bytes) +
+                    ", max_num_batched_tokens " + std::to_string(sizing.max_batch_tokens) +
+                    ") and state slots (" + gib(r.state_bytes) + ") need more than that plus " +
+                    "two blocks of " + std::to_string(per_block) +
+                    " bytes: raise gpu_memory_utilization or lower max_num_batched_tokens / "
+                    "max_num_seqs");
+  }
+  return static_cast<int>(std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max() / 2));
+}
 
 // Creates the caches (with the graphs' scratch slot when graphs are on) and the graphs.
 void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_batch,
@@ -63,7 +136,8 @@ bool resolve_activation_quant(const std::string& mode, const Backend& backend) {
 std::unique_ptr<ModelInstance> ModelInstance::load(
     const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
     const std::string& device, int num_threads, int decode_graph_max_batch,
-    const std::string& activation_quant, const std::function<void(int, int)>& progress) {
+    const std::string& activation_quant, const std::function<void(int, int)>& progress,
+    const KvSizing& sizing) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -77,7 +151,10 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   options.progress = progress;
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
-  finish_instance(*m, shape, decode_graph_max_batch, std::move(weights));
+  CacheShape sized = shape;
+  // The weights are on the device now: with 0 blocks asked for, what is left sizes the paged KV.
+  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(*m, shape, sizing);
+  finish_instance(*m, sized, decode_graph_max_batch, std::move(weights));
   return m;
 }
 

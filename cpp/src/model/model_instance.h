@@ -15,6 +15,22 @@
 
 namespace deepinfer {
 
+// How load() sizes the paged KV cache when the shape asks for 0 blocks (a GPU engine with
+// num_kv_blocks 0): every block that fits in `gpu_memory_utilization` of the device's memory next
+// to the weights, the state slots and activation_reserve_bytes(config, max_batch_tokens, max_seqs).
+struct KvSizing {
+  double gpu_memory_utilization = 0.9;
+  int max_batch_tokens = 2048;
+  int max_seqs = 1;
+};
+
+// What load() measured when it sized the KV cache from memory (all zero otherwise).
+struct KvSizingReport {
+  DeviceMemory memory_after_weights;  // total, and free with the weights loaded
+  int64_t activation_reserve_bytes = 0;
+  int64_t state_bytes = 0;
+};
+
 struct ModelInstance {
   ModelConfig config;
   std::unique_ptr<Backend> backend;
@@ -24,6 +40,7 @@ struct ModelInstance {
   std::unique_ptr<DecodeGraphs> graphs;
   // What loading left out on purpose (ModelWeights::notes), for the user.
   std::vector<std::string> notes;
+  KvSizingReport kv_sizing;  // set when the paged KV was sized from device memory
 
   struct Output {
     Tensor logits;          // [logit rows, vocab] f32 on the device; undefined when none wanted
@@ -45,7 +62,8 @@ struct ModelInstance {
                                              const std::string& device, int num_threads,
                                              int decode_graph_max_batch = 0,
                                              const std::string& activation_quant = "auto",
-                                             const std::function<void(int, int)>& progress = {});
+                                             const std::function<void(int, int)>& progress = {},
+                                             const KvSizing& sizing = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
   // formats when config.quantization says so), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
@@ -54,6 +72,16 @@ struct ModelInstance {
                                                int decode_graph_max_batch = 0,
                                                const std::string& activation_quant = "auto");
 };
+
+// Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of
+// max_seqs rows): twice the f32 bytes per token of the largest tensors alive at once in a layer
+// (the trunk before and after, queries with their norm and RoPE copies, the attention output and
+// its projections, the routed pairs' rows), plus 1 GiB for library workspaces and graphs.
+int64_t activation_reserve_bytes(const ModelConfig& config, int max_batch_tokens, int max_seqs);
+// Paged KV blocks of `bytes_per_block` that fit in `utilization` of `memory` (measured with the
+// weights loaded) next to `reserve_bytes` and `state_bytes`; 0 when none do.
+int64_t kv_blocks_from_memory(const DeviceMemory& memory, double utilization, int64_t reserve_bytes,
+                              int64_t state_bytes, int64_t bytes_per_block);
 
 // Whether quantized weights get dynamic FP8 activation quantization: "fp8" yes, "none" no,
 // "auto" on every backend but the CPU reference. Throws Error(kInvalidArgument) for another name.
