@@ -264,7 +264,8 @@ void bind_engine_config(nb::module_& m) {
   PartBinder<&EngineConfig::cache>(m, "CacheConfig", "cache", "KV cache options (engine_config.h).")
       .option<&CacheConfig::num_kv_blocks>("num_kv_blocks")
       .option<&CacheConfig::num_prefix_snapshots>("num_prefix_snapshots")
-      .option<&CacheConfig::enable_prefix_cache>("enable_prefix_cache");
+      .option<&CacheConfig::enable_prefix_cache>("enable_prefix_cache")
+      .option<&CacheConfig::kv_cache_dtype>("kv_cache_dtype");
   PartBinder<&EngineConfig::placement>(m, "PlacementConfig", "placement",
                                        "Where the model runs (engine_config.h).")
       .option<&PlacementConfig::device>("device")

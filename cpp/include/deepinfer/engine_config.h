@@ -36,6 +36,13 @@ struct CacheConfig {
   int num_kv_blocks = 0;  // 0: derive it, enough for max_num_seqs full-length sequences (+ block 0)
   int num_prefix_snapshots = 0;  // 0: max_num_seqs; state snapshots kept for prefix-cache hits
   bool enable_prefix_cache = true;
+  // How the KV caches (SWA rings, compressed entries, CSA index keys) store their rows
+  // (docs/model.md#kv-cache-dtypes): "f32" (the reference), "bf16" (rounded to nearest even),
+  // "fp8" (DeepSeek-V4's records: e4m3 with power-of-two scales, the RoPE channels in bf16) or
+  // "auto". Interim state: "auto" resolves to "f32" on every backend, and "bf16"/"fp8" run on
+  // the CPU only: on CUDA they are Error(kUnsupported) until its KV kernels for them are built.
+  // The compressor rings stay f32 whatever this says.
+  std::string kv_cache_dtype = "auto";
 
   bool operator==(const CacheConfig&) const = default;
 };

@@ -54,6 +54,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   o.checkpoint_dir = resolved.model_path;
   o.model_config = model;
   o.placement = resolved.placement;
+  o.kv_cache_dtype = resolved.cache.kv_cache_dtype;
   o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots =

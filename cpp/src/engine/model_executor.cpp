@@ -54,7 +54,7 @@ ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
       model_(ModelInstance::load(options.checkpoint_dir, options.model_config, cache_shape(options),
                                  options.placement.device, options.placement.num_threads,
                                  options.placement.decode_graph_max_batch,
-                                 options.placement.activation_quant)) {}
+                                 options.placement.activation_quant, options.kv_cache_dtype)) {}
 
 int ModelExecutor::max_position() const {
   return static_cast<int>(std::min<int64_t>(model_->config.max_position_embeddings,

@@ -60,12 +60,10 @@ bool resolve_activation_quant(const std::string& mode, const Backend& backend) {
               "activation_quant must be \"auto\", \"fp8\" or \"none\", got \"" + mode + "\"");
 }
 
-std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint_dir,
-                                                   const ModelConfig& config,
-                                                   const CacheShape& shape,
-                                                   const std::string& device, int num_threads,
-                                                   int decode_graph_max_batch,
-                                                   const std::string& activation_quant) {
+std::unique_ptr<ModelInstance> ModelInstance::load(
+    const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
+    const std::string& device, int num_threads, int decode_graph_max_batch,
+    const std::string& activation_quant, const std::string& kv_cache_dtype) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -76,21 +74,26 @@ std::unique_ptr<ModelInstance> ModelInstance::load(const std::string& checkpoint
   m->backend = make_backend(device, num_threads);
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
+  CacheShape cache_shape = shape;
+  cache_shape.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
-  finish_instance(*m, shape, decode_graph_max_batch, std::move(weights));
+  finish_instance(*m, cache_shape, decode_graph_max_batch, std::move(weights));
   return m;
 }
 
 std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
-    uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant) {
+    uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
+    const std::string& kv_cache_dtype) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = make_backend(device, num_threads);
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
-  finish_instance(*m, shape, decode_graph_max_batch,
+  CacheShape cache_shape = shape;
+  cache_shape.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
+  finish_instance(*m, cache_shape, decode_graph_max_batch,
                   random_model_weights(m->config, *m->backend, seed, stored, options));
   m->backend->synchronize();
   return m;
