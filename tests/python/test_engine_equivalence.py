@@ -73,12 +73,14 @@ def test_equivalence_prefix_hit_vs_cold(tiny_checkpoint, prompts, kv_cache_dtype
     assert warm == cold
 
 
-def test_equivalence_with_and_without_preemption_recompute(tiny_checkpoint) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_equivalence_with_and_without_preemption_recompute(tiny_checkpoint, kv_cache_dtype) -> None:
     rng = random.Random(5)
     prompts = [[rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(8)]
     params = dc.SamplingParams(temperature=0.0, max_tokens=30)
-    roomy = run_all(cpu_engine(tiny_checkpoint), prompts, params)[0]
-    tight_engine = cpu_engine(tiny_checkpoint, num_kv_blocks=7)
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    roomy = run_all(cpu_engine(tiny_checkpoint, **kv), prompts, params)[0]
+    tight_engine = cpu_engine(tiny_checkpoint, num_kv_blocks=7, **kv)
     tight = run_all(tight_engine, prompts, params)[0]
     assert tight_engine.stats()["num_preemptions"] > 0
     assert tight == roomy
