@@ -265,7 +265,9 @@ void bind_engine_config(nb::module_& m) {
       .option<&CacheConfig::num_kv_blocks>("num_kv_blocks")
       .option<&CacheConfig::num_prefix_snapshots>("num_prefix_snapshots")
       .option<&CacheConfig::enable_prefix_cache>("enable_prefix_cache")
-      .option<&CacheConfig::gpu_memory_utilization>("gpu_memory_utilization");
+      .option<&CacheConfig::gpu_memory_utilization>("gpu_memory_utilization")
+
+      .option<&CacheConfig::kv_cache_dtype>("kv_cache_dtype");
   PartBinder<&EngineConfig::placement>(m, "PlacementConfig", "placement",
                                        "Where the model runs (engine_config.h).")
       .option<&PlacementConfig::device>("device")

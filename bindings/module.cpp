@@ -182,9 +182,11 @@ NB_MODULE(deepinfer_core, m) {
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
                        int max_backtrack, int num_threads, const std::string& device,
-                       int decode_graph_max_batch, const std::string& activation_quant) {
+                       int decode_graph_max_batch, const std::string& activation_quant,
+                       const std::string& kv_cache_dtype) {
              deepinfer::RunnerOptions options;
              options.activation_quant = activation_quant;
+             options.kv_cache_dtype = kv_cache_dtype;
              options.decode_graph_max_batch = decode_graph_max_batch;
              options.num_blocks = num_blocks;
              options.num_state_slots = num_state_slots;
@@ -199,20 +201,23 @@ NB_MODULE(deepinfer_core, m) {
            "num_threads"_a = kRunner.num_threads, "device"_a = kRunner.device,
            "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
            "activation_quant"_a = kRunner.activation_quant,
+           "kv_cache_dtype"_a = kRunner.kv_cache_dtype,
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
            "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
            "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
            "replay recorded graphs (-1: 256 on CUDA, off on the CPU; 0: off). "
            "`activation_quant` sets the activations in front of FP8/MXFP4 weights: \"auto\" "
            "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
-           "GPU's W8A8 exactly) or \"none\".")
+           "GPU's W8A8 exactly) or \"none\". `kv_cache_dtype` stores the KV caches as \"f32\", "
+           "\"bf16\" or \"fp8\" (\"auto\": f32; bf16/fp8 run on the CPU only for now).")
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,
              const std::string& device, uint64_t seed, bool bf16, int decode_graph_max_batch,
-             const std::string& activation_quant) {
+             const std::string& activation_quant, const std::string& kv_cache_dtype) {
             deepinfer::RunnerOptions options;
             options.activation_quant = activation_quant;
+            options.kv_cache_dtype = kv_cache_dtype;
             options.decode_graph_max_batch = decode_graph_max_batch;
             options.num_blocks = num_blocks;
             options.num_state_slots = num_state_slots;
@@ -226,6 +231,7 @@ NB_MODULE(deepinfer_core, m) {
           "device"_a = kRunner.device, "seed"_a = 0, "bf16"_a = true,
           "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
           "activation_quant"_a = kRunner.activation_quant,
+          "kv_cache_dtype"_a = kRunner.kv_cache_dtype,
           "The model described by a config.json with random weights (bf16 matrices by default; "
           "FP8 / MXFP4 in DeepSeek's formats when the config has a quantization_config), for "
           "benchmarks at real widths without a checkpoint.")

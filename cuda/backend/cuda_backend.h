@@ -106,11 +106,13 @@ class CudaBackend final : public Backend {
                           float swiglu_limit) override;
   Tensor swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
 
-  void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
+  void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                       int rope_dim) override;
   Tensor compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
                             const BatchLayout& layout, const EntryBatch& entries,
                             const CompressSpec& spec) override;
-  void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
+  void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest,
+                         int rope_dim) override;
   Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                            const BatchLayout& layout, int ratio, int top_k, float score_scale,
                            float weight_scale) override;

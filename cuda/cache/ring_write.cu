@@ -31,8 +31,9 @@ __global__ void ring_write_kernel(float* __restrict__ ring, const float* __restr
 
 }  // namespace
 
-void CudaBackend::ring_write_impl(const Tensor& ring, const Tensor& rows,
-                                  const BatchLayout& layout) {
+// f32 rings only (supports_kv_cache_dtype): rope_dim, which selects an fp8 record, is unused.
+void CudaBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                                  int /*rope_dim*/) {
   const char* op = "ring_write";
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);

@@ -24,7 +24,9 @@ __global__ void scatter_rows_kernel(float* __restrict__ cache, const float* __re
 
 }  // namespace
 
-void CudaBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
+// f32 caches only (supports_kv_cache_dtype): rope_dim, which selects an fp8 record, is unused.
+void CudaBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest,
+                                    int /*rope_dim*/) {
   const char* op = "scatter_rows";
   const int64_t n = rows.size(0);
   const int64_t width = cache.size(1);

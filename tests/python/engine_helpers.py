@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 import deepinfer_core as dc
 
+# KV cache dtypes the engine tests run under (docs/model.md#kv-cache-dtypes).
+KV_DTYPES = ["f32", "bf16", "fp8"]
+
 
 def cpu_engine(checkpoint, **options) -> dc.Engine:
     """An engine on the CPU backend, whose rows are computed independently and in a fixed order,

@@ -20,6 +20,7 @@ class RunnerDriver:
         max_len: int = 1024,
         device: str = "cpu",
         activation_quant: str = "auto",
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.blocks_per_seq = (max_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.runner = deepinfer_core.ModelRunner(
@@ -28,6 +29,7 @@ class RunnerDriver:
             num_state_slots=max_seqs,
             device=device,
             activation_quant=activation_quant,
+            kv_cache_dtype=kv_cache_dtype,
         )
 
     def block_table(self, slot: int) -> list[int]:

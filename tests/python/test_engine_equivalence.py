@@ -11,7 +11,7 @@ import random
 
 import deepinfer_core as dc
 import pytest
-from engine_helpers import cpu_engine, run_all
+from engine_helpers import KV_DTYPES, cpu_engine, run_all
 
 GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=24)
 
@@ -59,11 +59,13 @@ def test_equivalence_chunked_vs_unchunked_prefill(tiny_checkpoint, prompts, batc
     assert chunked == batched and whole == batched
 
 
-def test_equivalence_prefix_hit_vs_cold(tiny_checkpoint, prompts) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_equivalence_prefix_hit_vs_cold(tiny_checkpoint, prompts, kv_cache_dtype) -> None:
     shared = prompts[13][:600]
     variants = [shared + [11, 12, 13], shared + [21, 22], shared[:300] + [5]]
-    cold = [run_all(cpu_engine(tiny_checkpoint), [p], GREEDY)[0][0] for p in variants]
-    warm_engine = cpu_engine(tiny_checkpoint)
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    cold = [run_all(cpu_engine(tiny_checkpoint, **kv), [p], GREEDY)[0][0] for p in variants]
+    warm_engine = cpu_engine(tiny_checkpoint, **kv)
     run_all(warm_engine, [shared + [99]], GREEDY)
     warm, trace = run_all(warm_engine, variants, GREEDY)
     hits = [trace.ready(rid).prompt_cache_hit_tokens for rid in sorted(trace.outputs)]
@@ -71,12 +73,14 @@ def test_equivalence_prefix_hit_vs_cold(tiny_checkpoint, prompts) -> None:
     assert warm == cold
 
 
-def test_equivalence_with_and_without_preemption_recompute(tiny_checkpoint) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_equivalence_with_and_without_preemption_recompute(tiny_checkpoint, kv_cache_dtype) -> None:
     rng = random.Random(5)
     prompts = [[rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(8)]
     params = dc.SamplingParams(temperature=0.0, max_tokens=30)
-    roomy = run_all(cpu_engine(tiny_checkpoint), prompts, params)[0]
-    tight_engine = cpu_engine(tiny_checkpoint, num_kv_blocks=7)
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    roomy = run_all(cpu_engine(tiny_checkpoint, **kv), prompts, params)[0]
+    tight_engine = cpu_engine(tiny_checkpoint, num_kv_blocks=7, **kv)
     tight = run_all(tight_engine, prompts, params)[0]
     assert tight_engine.stats()["num_preemptions"] > 0
     assert tight == roomy
@@ -112,3 +116,32 @@ def test_equivalence_decode_graphs_on_off(tiny_checkpoint, prompts, batched, zer
     assert eager_engine.stats()["num_graph_steps"] == 0
     replayed = run_all(cpu_engine(tiny_checkpoint, decode_graph_max_batch=8), subset, seeded)[0]
     assert replayed == eager
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [d for d in KV_DTYPES if d != "f32"])
+def test_equivalence_quantized_kv_cache(tiny_checkpoint, prompts, batched, kv_cache_dtype) -> None:
+    # With a bf16 / fp8 KV cache the tokens still do not depend on batching, zero-overhead
+    # scheduling, prefill chunking or decode graphs: every row is quantized the same way wherever
+    # it is written or read. (Prefix hits: test_equivalence_prefix_hit_vs_cold.)
+    picks = (0, 2, 5, 8, 11, 13)  # 3 to 600 tokens
+    subset = [prompts[i] for i in picks]
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    together = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=6, **kv), subset, GREEDY)[0]
+    for i in (1, 4):
+        alone = run_all(cpu_engine(tiny_checkpoint, **kv), [subset[i]], GREEDY)[0][0]
+        assert alone == together[i], f"prompt {picks[i]} alone differs from the batch"
+    variants = {
+        "zero_overhead off": dict(zero_overhead=False),
+        "chunks of 48": dict(max_num_batched_tokens=48),
+        "decode graphs": dict(decode_graph_max_batch=4),
+    }
+    for name, options in variants.items():
+        engine = cpu_engine(tiny_checkpoint, max_num_seqs=6, **kv, **options)
+        assert run_all(engine, subset, GREEDY)[0] == together, name
+    # Reported, not held: how the quantized cache moves logits is test_kv_cache_dtypes' job.
+    f32 = [batched[i] for i in picks]
+    same = sum(
+        a == b for x, y in zip(together, f32, strict=True) for a, b in zip(x, y, strict=False)
+    )
+    total = sum(len(x) for x in f32)
+    print(f"{kv_cache_dtype}: {same}/{total} greedy tokens equal to the f32 KV cache's")

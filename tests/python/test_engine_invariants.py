@@ -14,7 +14,7 @@ import random
 
 import deepinfer_core as dc
 import pytest
-from engine_helpers import Trace, assert_pools_full, drain, run_all
+from engine_helpers import KV_DTYPES, Trace, assert_pools_full, drain, run_all
 
 VOCAB = 1000
 
@@ -132,14 +132,17 @@ def test_invariants_randomized_scripted(options) -> None:
         assert stats["prompt_tokens_cached"] > 0, stats
 
 
-def test_invariants_randomized_tiny_model(tiny_checkpoint) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> None:
     engine = dc.Engine(
         str(tiny_checkpoint),
         max_num_seqs=6,
         num_kv_blocks=14,
         max_num_batched_tokens=256,
         max_model_len=1024,
+        kv_cache_dtype=kv_cache_dtype,
     )
+    assert engine.config.cache.kv_cache_dtype == kv_cache_dtype
     slots = live_slots(engine)
     rng = random.Random(7)
     trace, prompts = Trace(), {}

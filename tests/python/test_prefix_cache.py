@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 import deepinfer_core as dc
-from engine_helpers import cpu_engine, run_all
+import pytest
+from engine_helpers import KV_DTYPES, cpu_engine, run_all
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -38,12 +39,16 @@ def test_prefix_differs_at_token_0_reports_no_hit(tiny_checkpoint) -> None:
     assert trace.ready(next(iter(trace.outputs))).prompt_cache_hit_tokens == 0
 
 
-def test_prefix_hit_gives_the_same_logits_as_a_cold_run(tiny_checkpoint) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
+def test_prefix_hit_gives_the_same_logits_as_a_cold_run(tiny_checkpoint, kv_cache_dtype) -> None:
+    # Within one KV dtype a hit is bit-identical to a cold run: the snapshot holds the same
+    # records the cold run's ring holds, and attention reads this chunk's keys through the format.
     p = prompt(700, 3)
     params = dc.SamplingParams(temperature=0.0, max_tokens=6, logprobs=20)
-    cold_engine = cpu_engine(tiny_checkpoint, enable_prefix_cache=False)
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    cold_engine = cpu_engine(tiny_checkpoint, enable_prefix_cache=False, **kv)
     _, cold = run_all(cold_engine, [p], params)
-    warm_engine = cpu_engine(tiny_checkpoint)
+    warm_engine = cpu_engine(tiny_checkpoint, **kv)
     run_all(warm_engine, [p[:650] + [17]], params)  # caches 5 blocks and the snapshot at 640
     _, warm = run_all(warm_engine, [p], params)
     (cold_id,), (warm_id,) = list(cold.outputs), list(warm.outputs)

@@ -140,6 +140,9 @@ struct AttentionSpec {
   // accumulation). Set for models whose matrix weights are bf16 (their activations already pass
   // through bf16 GEMMs); the CPU reference ignores it and stays f32.
   bool bf16_math = false;
+  // RoPE channels at the end of each key: selects the fp8 main-KV record of kU8 caches (see
+  // "KV caches" below); ignored for f32 and bf16 caches.
+  int rope_dim = 0;
 };
 
 // A device's memory; zeros where the backend does not size it (the CPU backend: host memory is
@@ -162,6 +165,16 @@ struct DeviceMemory {
 // a dense MatrixWeight) is f32 or weight_dtype(DType::kBF16); every other float tensor is f32.
 // A quantized MatrixWeight (linear, grouped_linear, the experts) is in a format
 // upload_matrix_weight produced on this backend.
+//
+// KV caches (the SWA ring of ring_write/attention, the entry caches of scatter_rows/attention,
+// the index cache of indexer_topk) may be stored as f32, bf16 or fp8 records (kU8); rows of C
+// channels go in as f32 and come out decoded. Their byte layout is defined once in
+// cpp/src/tensor/kv_record.h (docs/model.md#kv-cache-dtypes): bf16 [.., C]; a kU8 cache holds
+// the fp8 main-KV record of kv_record::main_record_bytes(C, rope_dim) bytes when rope_dim > 0,
+// the fp8 index-key record of C + 4 bytes when rope_dim == 0. Attention reads this call's keys
+// `kv` through the SWA ring's format too (quantized and decoded), so a key reads the same
+// whether it comes from this call or from the ring. A backend without kernels for a cache dtype
+// (supports_kv_cache_dtype) fails with Error(kUnsupported) before enqueuing anything.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -173,6 +186,9 @@ class Backend {
   // for its tensor cores. Vectors (norm weights, biases, sinks, mHC parameters, position biases)
   // are always f32.
   virtual DType weight_dtype(DType stored) const = 0;
+  // Whether the KV cache ops take caches of `dtype` (kF32, kBF16 or kU8 fp8 records). The CPU
+  // reference takes all three; the default is f32 only.
+  virtual bool supports_kv_cache_dtype(DType dtype) const { return dtype == DType::kF32; }
   // While forbidden, the backend's own host synchronisations (to_host, synchronize) throw
   // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
   // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden. (Event::wait
@@ -285,7 +301,10 @@ class Backend {
   // ---- caches and attention --------------------------------------------------------------------
   // ring [slots, R, C] (R >= 1): for each sequence, rows [T, C] of its last min(q_len, R) tokens
   // are stored at ring[slot][pos % R]. Earlier rows of a longer chunk would be overwritten anyway.
-  void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout);
+  // rows are f32; the ring f32, or a KV cache format (above: [slots, R, row width], rope_dim
+  // selecting the fp8 record).
+  void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                  int rope_dim = 0);
   // Pools the windows that close in this call. proj [T, 2C] holds each token's [kv | gate]
   // (C = D, or 2D with overlap); `ring` [slots, R, 2C] (R >= 1) holds the same rows of earlier
   // tokens (read before this call's ring_write). gate + ape[i] is softmax-ed over the window's
@@ -294,8 +313,10 @@ class Backend {
                        const BatchLayout& layout, const EntryBatch& entries,
                        const CompressSpec& spec);
   // cache [rows, C]: cache[dest[i]] = rows[i]; dest[i] == -1 (a padding entry) is skipped.
-  void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest);
-  // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di].
+  // rows [N, C] f32; the cache f32 or a KV cache format (above: [rows, row width]).
+  void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest, int rope_dim = 0);
+  // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di]
+  // (f32 or bf16) or [blocks*epb, Di + 4] fp8 index-key records (kU8).
   // score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) * score_scale over the
   // visible entries j < (pos_t + 1) / ratio. Returns [T, top_k] i32: the indices of the top
   // min(top_k, visible) scores (ties: lower index first), then -1.
@@ -304,6 +325,7 @@ class Backend {
                       float weight_scale);
   // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
   // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
+  // (the caches in one KV format, spec.rope_dim selecting the fp8 record; see above)
   // compressed entries (undefined for sliding layers); topk [T, K] i32 the chosen entries of a
   // sparse layer (-1 = none). For query t at position p of sequence b the keys are the positions
   // (p - W, p] plus the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse);
@@ -356,12 +378,13 @@ class Backend {
                                   const ExpertWeights& experts, float swiglu_limit) = 0;
   virtual Tensor swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) = 0;
 
-  virtual void ring_write_impl(const Tensor& ring, const Tensor& rows,
-                               const BatchLayout& layout) = 0;
+  virtual void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                               int rope_dim) = 0;
   virtual Tensor compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
                                     const BatchLayout& layout, const EntryBatch& entries,
                                     const CompressSpec& spec) = 0;
-  virtual void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) = 0;
+  virtual void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest,
+                                 int rope_dim) = 0;
   virtual Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights,
                                    const Tensor& index_cache, const BatchLayout& layout, int ratio,
                                    int top_k, float score_scale, float weight_scale) = 0;

@@ -41,6 +41,13 @@ struct CacheConfig {
   bool enable_prefix_cache = true;
   // The fraction of the GPU's memory the engine may take (as vLLM's option of that name).
   double gpu_memory_utilization = 0.9;
+  // How the KV caches (SWA rings, compressed entries, CSA index keys) store their rows
+  // (docs/model.md#kv-cache-dtypes): "f32" (the reference), "bf16" (rounded to nearest even),
+  // "fp8" (DeepSeek-V4's records: e4m3 with power-of-two scales, the RoPE channels in bf16) or
+  // "auto". Interim state: "auto" resolves to "f32" on every backend, and "bf16"/"fp8" run on
+  // the CPU only: on CUDA they are Error(kUnsupported) until its KV kernels for them are built.
+  // The compressor rings stay f32 whatever this says.
+  std::string kv_cache_dtype = "auto";
 
   bool operator==(const CacheConfig&) const = default;
 };

@@ -30,6 +30,8 @@ struct RunnerOptions {
   int decode_graph_max_batch = -1;
   // Activations in front of quantized weights: "auto", "fp8" or "none" (PlacementConfig).
   std::string activation_quant = "auto";
+  // KV cache storage: "auto", "f32", "bf16" or "fp8" (CacheConfig::kv_cache_dtype).
+  std::string kv_cache_dtype = "auto";
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..

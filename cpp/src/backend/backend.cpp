@@ -368,13 +368,15 @@ Tensor Backend::swiglu(const Tensor& gate, const Tensor& up, float swiglu_limit)
 
 // ---- caches and attention -----------------------------------------------------------------------
 
-void Backend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) {
+void Backend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                         int rope_dim) {
   const OpChecks c("ring_write", device_kind());
-  c.tensor("ring", ring, DType::kF32, {-1, -1, -1});
   c.layout(layout, /*need_block_table=*/false);
-  c.tensor("rows", rows, DType::kF32, {layout.num_tokens, ring.size(2)});
+  c.tensor("rows", rows, DType::kF32, {layout.num_tokens, -1});
+  c.kv_cache("ring", ring, {-1, -1, -1}, rows.size(1), rope_dim,
+             supports_kv_cache_dtype(ring.dtype()));
   if (ring.size(1) == 0) c.fail("ring " + ring.describe() + " has no slots per sequence");
-  ring_write_impl(ring, rows, layout);
+  ring_write_impl(ring, rows, layout, rope_dim);
 }
 
 Tensor Backend::compress_pool(const Tensor& proj, const Tensor& ring, const Tensor& ape,
@@ -398,12 +400,14 @@ Tensor Backend::compress_pool(const Tensor& proj, const Tensor& ring, const Tens
   return compress_pool_impl(proj, ring, ape, layout, entries, spec);
 }
 
-void Backend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
+void Backend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest,
+                           int rope_dim) {
   const OpChecks c("scatter_rows", device_kind());
-  c.tensor("cache", cache, DType::kF32, {-1, -1});
-  c.tensor("rows", rows, DType::kF32, {-1, cache.size(1)});
+  c.tensor("rows", rows, DType::kF32, {-1, -1});
+  c.kv_cache("cache", cache, {-1, -1}, rows.size(1), rope_dim,
+             supports_kv_cache_dtype(cache.dtype()));
   c.tensor("dest", dest, DType::kI32, {rows.size(0)});
-  scatter_rows_impl(cache, rows, dest);
+  scatter_rows_impl(cache, rows, dest, rope_dim);
 }
 
 Tensor Backend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
@@ -415,7 +419,8 @@ Tensor Backend::indexer_topk(const Tensor& q, const Tensor& weights, const Tenso
   if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
   c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
   c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
-  c.tensor("index_cache", index_cache, DType::kF32, {-1, q.size(2)});
+  c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
+             supports_kv_cache_dtype(index_cache.dtype()));
   return indexer_topk_impl(q, weights, index_cache, layout, ratio, top_k, score_scale,
                            weight_scale);
 }
@@ -431,11 +436,17 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
   c.tensor("q", q, DType::kF32, {tokens, -1, -1});
   const int64_t dim = q.size(2);
   c.tensor("kv", kv, DType::kF32, {tokens, dim});
-  c.tensor("swa_ring", swa_ring, DType::kF32, {-1, -1, dim});
+  c.kv_cache("swa_ring", swa_ring, {-1, -1, -1}, dim, spec.rope_dim,
+             supports_kv_cache_dtype(swa_ring.dtype()));
   c.tensor("sinks", sinks, DType::kF32, {q.size(1)});
   if (compressed) {
     c.ratio(spec.ratio, layout);
-    c.tensor("entries", entries, DType::kF32, {-1, dim});
+    c.kv_cache("entries", entries, {-1, -1}, dim, spec.rope_dim,
+               supports_kv_cache_dtype(entries.dtype()));
+    if (entries.dtype() != swa_ring.dtype()) {
+      c.fail("arguments swa_ring " + swa_ring.describe() + " and entries " + entries.describe() +
+             " must be KV caches of one dtype");
+    }
     if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
   }
   return attention_impl(q, kv, swa_ring, entries, topk, sinks, layout, spec);

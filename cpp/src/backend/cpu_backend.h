@@ -33,6 +33,10 @@ class CpuBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCpu; }
   std::string name() const override;
   DType weight_dtype(DType) const override { return DType::kF32; }
+  // f32, bf16 and fp8 records (kU8): the reference of every KV format.
+  bool supports_kv_cache_dtype(DType dtype) const override {
+    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8;
+  }
 
   Tensor empty(const Shape& shape, DType dtype) override;
   Tensor zeros(const Shape& shape, DType dtype) override;
@@ -80,11 +84,13 @@ class CpuBackend final : public Backend {
                           float swiglu_limit) override;
   Tensor swiglu_impl(const Tensor& gate, const Tensor& up, float swiglu_limit) override;
 
-  void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout) override;
+  void ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                       int rope_dim) override;
   Tensor compress_pool_impl(const Tensor& proj, const Tensor& ring, const Tensor& ape,
                             const BatchLayout& layout, const EntryBatch& entries,
                             const CompressSpec& spec) override;
-  void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) override;
+  void scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest,
+                         int rope_dim) override;
   Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                            const BatchLayout& layout, int ratio, int top_k, float score_scale,
                            float weight_scale) override;

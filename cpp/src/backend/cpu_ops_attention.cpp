@@ -5,11 +5,13 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_checks.h"
 #include "backend/cpu_math.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer {
 
@@ -43,7 +45,11 @@ Tensor CpuBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
     const std::vector<int> seq = seq_of_rows(lv);
     const int epb = lv.block_size / ratio;
     const int64_t cache_rows = index_cache.size(0);
-    const float* cache = index_cache.data<float>();
+    // Keys are read through the cache's KV format (an f32 cache is read in place).
+    const kv_record::RowCodec codec{index_cache.dtype(), dim, /*rope_dim=*/0};
+    const bool in_place = index_cache.dtype() == DType::kF32;
+    const int64_t row_bytes = codec.row_bytes();
+    const auto* cache = static_cast<const uint8_t*>(index_cache.raw_data());
     // Tokens in parallel; with a single token the scoring loop below takes the pool instead
     // (a nested parallel_for runs inline).
     pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
@@ -58,8 +64,14 @@ Tensor CpuBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
         pool.parallel_for(
             visible,
             [&](int64_t j0, int64_t j1) {
+              std::vector<float> decoded(in_place ? 0 : static_cast<size_t>(dim));
               for (int64_t j = j0; j < j1; ++j) {
-                const float* key = cache + lv.entry_row(op, b, j, epb, cache_rows) * dim;
+                const uint8_t* row = cache + lv.entry_row(op, b, j, epb, cache_rows) * row_bytes;
+                const float* key = reinterpret_cast<const float*>(row);
+                if (!in_place) {
+                  codec.decode(row, decoded.data());
+                  key = decoded.data();
+                }
                 float s = 0.0f;
                 for (int64_t h = 0; h < heads; ++h) {
                   // relu(q.k) * score_scale, then times weight * weight_scale, summed over heads
@@ -110,12 +122,36 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
     const int epb = compressed ? lv.block_size / spec.ratio : 0;
     const int64_t entry_rows = compressed ? entries.size(0) : 0;
     const int64_t topk_cols = sparse ? topk.size(1) : 0;
+    // Keys are read through the caches' KV format (f32 caches are read in place). This call's
+    // keys go through it too, so a key reads the same from `kv` as from the ring later.
+    const kv_record::RowCodec codec{swa_ring.dtype(), dim, spec.rope_dim};
+    const bool in_place = swa_ring.dtype() == DType::kF32;
+    const int64_t row_bytes = codec.row_bytes();
+    std::vector<float> kv_stored;
     const float* kv_p = kv.data<float>();
-    const float* ring_p = swa_ring.data<float>();
+    if (!in_place) {
+      kv_stored.resize(static_cast<size_t>(tokens * dim));
+      std::vector<uint8_t> record(static_cast<size_t>(row_bytes));
+      for (int64_t t = 0; t < tokens; ++t) {
+        codec.encode(kv_p + t * dim, record.data());
+        codec.decode(record.data(), kv_stored.data() + t * dim);
+      }
+      kv_p = kv_stored.data();
+    }
+    const auto* ring_p = static_cast<const uint8_t*>(swa_ring.raw_data());
+    const auto* ent = compressed ? static_cast<const uint8_t*>(entries.raw_data()) : nullptr;
     const float* sink = sinks.data<float>();
     pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
       std::vector<const float*> keys;
+      // Cached keys still to decode: (index in keys, row in the cache).
+      std::vector<std::pair<size_t, const uint8_t*>> pending;
+      std::vector<float> decoded;
+      auto add_cached = [&](const uint8_t* row) {
+        if (!in_place) pending.emplace_back(keys.size(), row);
+        keys.push_back(reinterpret_cast<const float*>(row));
+      };
       for (int64_t t = begin; t < end; ++t) {
+        pending.clear();
         const int b = seq[static_cast<size_t>(t)];
         const int64_t p = lv.positions[t];
         const int64_t ctx = lv.ctx_len[b];
@@ -132,15 +168,14 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
                               " is no longer in the SWA ring (context " + std::to_string(ctx) +
                               ", ring of " + std::to_string(ring_len) + ")");
             }
-            keys.push_back(ring_p + (lv.slot[b] * ring_len + j % ring_len) * dim);
+            add_cached(ring_p + (lv.slot[b] * ring_len + j % ring_len) * row_bytes);
           }
         }
         if (compressed) {
           const int64_t visible = (p + 1) / spec.ratio;
-          const float* ent = entries.data<float>();
           if (!sparse) {
             for (int64_t j = 0; j < visible; ++j) {
-              keys.push_back(ent + lv.entry_row(op, b, j, epb, entry_rows) * dim);
+              add_cached(ent + lv.entry_row(op, b, j, epb, entry_rows) * row_bytes);
             }
           } else {
             const int32_t* sel = topk.data<int32_t>() + t * topk_cols;
@@ -151,9 +186,15 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
                              "] = " + std::to_string(sel[i]) + " is not visible at position " +
                              std::to_string(p) + " (" + std::to_string(visible) + " entries)");
               }
-              keys.push_back(ent + lv.entry_row(op, b, sel[i], epb, entry_rows) * dim);
+              add_cached(ent + lv.entry_row(op, b, sel[i], epb, entry_rows) * row_bytes);
             }
           }
+        }
+        decoded.resize(pending.size() * static_cast<size_t>(dim));
+        for (size_t i = 0; i < pending.size(); ++i) {
+          float* key = decoded.data() + i * static_cast<size_t>(dim);
+          codec.decode(pending[i].second, key);
+          keys[pending[i].first] = key;
         }
         // Heads in parallel when tokens are not (a nested parallel_for runs inline).
         pool.parallel_for(

@@ -10,28 +10,31 @@
 #include "backend/cpu_backend.h"
 #include "backend/cpu_checks.h"
 #include "backend/cpu_math.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer {
 
 using cpu::fail;
 using cpu::LayoutView;
 
-void CpuBackend::ring_write_impl(const Tensor& ring, const Tensor& rows,
-                                 const BatchLayout& layout) {
+void CpuBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
+                                 int rope_dim) {
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
-  const int64_t width = ring.size(2);
+  // Rows are stored in the ring's KV format (f32 rows are copied as they are).
+  const kv_record::RowCodec codec{ring.dtype(), rows.size(1), rope_dim};
+  const int64_t row_bytes = codec.row_bytes();
   enqueue([=](ThreadPool&) {
     const LayoutView lv("ring_write", layout, slots);
     const float* src = rows.data<float>();
-    float* dst = ring.data<float>();
+    auto* dst = static_cast<uint8_t*>(ring.raw_data());
     for (int b = 0; b < lv.num_seqs; ++b) {
       // Only the last ring_len rows survive; earlier ones would be overwritten by them.
       const int64_t end = lv.q_start[b + 1];
       const int64_t begin = std::max<int64_t>(lv.q_start[b], end - ring_len);
       for (int64_t t = begin; t < end; ++t) {
-        float* slot_row = dst + (lv.slot[b] * ring_len + lv.positions[t] % ring_len) * width;
-        std::memcpy(slot_row, src + t * width, static_cast<size_t>(width) * sizeof(float));
+        const int64_t slot_row = lv.slot[b] * ring_len + lv.positions[t] % ring_len;
+        codec.encode(src + t * codec.dim, dst + slot_row * row_bytes);
       }
     }
   });
@@ -159,13 +162,16 @@ Tensor CpuBackend::compress_pool_impl(const Tensor& proj, const Tensor& ring, co
   return out;
 }
 
-void CpuBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest) {
+void CpuBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, const Tensor& dest,
+                                   int rope_dim) {
+  // Rows are stored in the cache's KV format (f32 rows are copied as they are).
+  const kv_record::RowCodec codec{cache.dtype(), rows.size(1), rope_dim};
   enqueue([=](ThreadPool&) {
-    const int64_t width = cache.size(1);
+    const int64_t row_bytes = codec.row_bytes();
     const int64_t cache_rows = cache.size(0);
     const int32_t* d = dest.data<int32_t>();
     const float* src = rows.data<float>();
-    float* dst = cache.data<float>();
+    auto* dst = static_cast<uint8_t*>(cache.raw_data());
     // Check every destination first so a bad one leaves the cache untouched.
     for (int64_t i = 0; i < rows.size(0); ++i) {
       if (d[i] == -1) continue;  // padding entry
@@ -177,7 +183,7 @@ void CpuBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, cons
     }
     for (int64_t i = 0; i < rows.size(0); ++i) {
       if (d[i] == -1) continue;
-      std::memcpy(dst + d[i] * width, src + i * width, static_cast<size_t>(width) * sizeof(float));
+      codec.encode(src + i * codec.dim, dst + d[i] * row_bytes);
     }
   });
 }

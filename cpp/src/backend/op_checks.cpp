@@ -3,14 +3,16 @@
 #include <iterator>
 
 #include "deepinfer/error.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer::checks {
 
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kF32,    DType::kBF16, DType::kF16,
-                                DType::kF8E4M3, DType::kI32,  DType::kI64};
-static_assert(std::size(kAllDTypes) == static_cast<size_t>(DType::kI64) + 1,
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16,  DType::kF8E4M3,
+                                DType::kI32, DType::kI64,  DType::kE8M0, DType::kE2M1x2,
+                                DType::kI8,  DType::kU8};
+static_assert(std::size(kAllDTypes) == static_cast<size_t>(DType::kU8) + 1,
               "kAllDTypes lists every DType");
 
 std::string shape_pattern(const Shape& shape) {
@@ -214,6 +216,27 @@ void OpChecks::layout(const BatchLayout& layout, bool need_block_table) const {
   tensor("layout.seq_slot", layout.seq_slot, DType::kI32, {b});
   if (need_block_table) {
     tensor("layout.block_table", layout.block_table, DType::kI32, {b, layout.max_blocks_per_seq});
+  }
+}
+
+void OpChecks::kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t dim,
+                        int64_t rope_dim, bool supported) const {
+  if (rope_dim < 0 || rope_dim > dim) {
+    fail("rope_dim " + std::to_string(rope_dim) + " must be in [0, " + std::to_string(dim) +
+         "] (the channels of a row of argument " + arg + ")");
+  }
+  // The dtype decides the row width; checked against the set first so a wrong dtype is named.
+  const DTypeSet kv_dtypes{DType::kF32, DType::kBF16, DType::kU8};
+  defined_on(arg, t, device_, "a KV cache (" + kv_dtypes.str() + ")");
+  const bool known = kv_dtypes.contains(t.dtype());
+  const DType dtype = known ? t.dtype() : DType::kF32;
+  shape.back() = kv_record::row_width(dtype, dim, rope_dim);
+  tensor(arg, t, known ? DTypeSet(dtype) : kv_dtypes, shape);
+  if (!supported) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op_) + ": argument " + arg + " is a " + dtype_name(dtype) +
+                    " KV cache, which this backend cannot use yet (kv_cache_dtype: its kernels "
+                    "for bf16/fp8 KV caches are not built); use f32 caches");
   }
 }
 

@@ -56,6 +56,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
   o.model_config = model;
   o.placement = resolved.placement;
   o.progress = progress;
+  o.kv_cache_dtype = resolved.cache.kv_cache_dtype;
   o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.gpu_memory_utilization = resolved.cache.gpu_memory_utilization;
   o.max_num_batched_tokens = resolved.scheduler.max_num_batched_tokens;

@@ -6,6 +6,7 @@
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "kv/cache_geometry.h"
+#include "model/cache_tensors.h"
 
 namespace deepinfer::engine {
 
@@ -62,6 +63,16 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
   }
   if (c.placement.num_threads < 0)
     bad_config("num_threads", "must be >= 0, got " + std::to_string(c.placement.num_threads));
+  const DeviceKind device =
+      c.placement.device.rfind("cuda", 0) == 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
+  try {
+    cache.kv_cache_dtype =
+        kv_cache_dtype_name(resolve_kv_cache_dtype(cache.kv_cache_dtype, device));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    bad_config("kv_cache_dtype", "must be \"auto\", \"f32\", \"bf16\" or \"fp8\", got \"" +
+                                     cache.kv_cache_dtype + "\"");
+  }
   return c;
 }
 

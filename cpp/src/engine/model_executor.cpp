@@ -54,7 +54,8 @@ ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
       model_(ModelInstance::load(options.checkpoint_dir, options.model_config, cache_shape(options),
                                  options.placement.device, options.placement.num_threads,
                                  options.placement.decode_graph_max_batch,
-                                 options.placement.activation_quant, options.progress,
+                                 options.placement.activation_quant, options.kv_cache_dtype,
+                                 options.progress,
                                  KvSizing{options.gpu_memory_utilization,
                                           options.max_num_batched_tokens, options.max_num_seqs})) {
   options_.progress = {};  // used while loading only; the caller's callback is not kept

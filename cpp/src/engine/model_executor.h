@@ -27,8 +27,9 @@ struct ModelExecutorOptions {
   int num_state_slots = 0;  // live slots including slot 0
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
-  PlacementConfig placement;  // the engine's, resolved
-  LoadProgress progress;      // Engine::create's, for the weight load
+  PlacementConfig placement;            // the engine's, resolved
+  std::string kv_cache_dtype = "auto";  // CacheConfig::kv_cache_dtype
+  LoadProgress progress;                // Engine::create's, for the weight load
 };
 
 class ModelExecutor final : public StepExecutor {

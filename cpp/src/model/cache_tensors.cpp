@@ -4,8 +4,62 @@
 
 #include "deepinfer/error.h"
 #include "kv/cache_geometry.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer {
+
+const char* kv_cache_dtype_name(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kF32:
+      return "f32";
+    case KvCacheDType::kBF16:
+      return "bf16";
+    case KvCacheDType::kFp8:
+      return "fp8";
+  }
+  return "?";
+}
+
+KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device) {
+  KvCacheDType dtype = KvCacheDType::kF32;
+  if (name == "auto" || name == "f32") {
+    // "auto" is f32 on every backend for now: the CPU reference keeps f32 KV, and CUDA's
+    // kernels for bf16/fp8 caches are not built yet.
+    return KvCacheDType::kF32;
+  } else if (name == "bf16") {
+    dtype = KvCacheDType::kBF16;
+  } else if (name == "fp8") {
+    dtype = KvCacheDType::kFp8;
+  } else {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "kv_cache_dtype must be \"auto\", \"f32\", \"bf16\" or \"fp8\", got \"" + name + "\"");
+  }
+  if (device != DeviceKind::kCpu) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string("kv_cache_dtype \"") + name + "\" is not available on the " +
+                    device_kind_name(device) + " backend yet: the " + device_kind_name(device) +
+                    " KV kernels for bf16/fp8 caches are not built (use \"auto\" or \"f32\")");
+  }
+  return dtype;
+}
+
+namespace {
+
+// The tensor dtype of a KV cache of `dtype`.
+DType storage_dtype(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kBF16:
+      return DType::kBF16;
+    case KvCacheDType::kFp8:
+      return DType::kU8;
+    case KvCacheDType::kF32:
+      break;
+  }
+  return DType::kF32;
+}
+
+}  // namespace
 
 ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend)
     : shape_(shape) {
@@ -22,11 +76,23 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
   const int64_t d = config.head_dim;
   const int64_t di = config.index_head_dim;
   const int64_t f32 = 4;
+  const DType kv = storage_dtype(shape.kv_dtype);
+  if (!backend.supports_kv_cache_dtype(kv)) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string("kv_cache_dtype \"") + kv_cache_dtype_name(shape.kv_dtype) +
+                    "\" is not available on the " + backend.name() +
+                    " backend yet: its KV kernels for bf16/fp8 caches are not built");
+  }
+  const int rope = config.rope_head_dim;
+  // Bytes of one row of the main KV (swa ring, entries) and of one index key.
+  const kv_record::RowCodec main{kv, d, rope};
+  const kv_record::RowCodec index{kv, di, 0};
   for (int li = 0; li < config.num_hidden_layers; ++li) {
     LayerCaches c;
+    c.rope_dim = rope;
     const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
-    c.swa_ring = backend.zeros({slots, swa_len, d}, DType::kF32);
-    bytes_per_slot_ += swa_len * d * f32;
+    c.swa_ring = backend.zeros({slots, swa_len, main.row_width()}, kv);
+    bytes_per_slot_ += swa_len * main.row_bytes();
     const AttentionKind kind = config.layer_types[static_cast<size_t>(li)];
     if (kind != AttentionKind::kSliding) {
       const int ratio = config.compress_rate(li);
@@ -35,14 +101,14 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
       const int64_t ring_len = kv::compressor_ring_len(ratio, csa, shape.max_backtrack);
       const int64_t row = 2 * (csa ? 2 * d : d);
       c.comp_ring = backend.zeros({slots, ring_len, row}, DType::kF32);
-      c.comp_entries = backend.zeros({shape.num_blocks * epb, d}, DType::kF32);
+      c.comp_entries = backend.zeros({shape.num_blocks * epb, main.row_width()}, kv);
       bytes_per_slot_ += ring_len * row * f32;
-      bytes_per_block_ += epb * d * f32;
+      bytes_per_block_ += epb * main.row_bytes();
       if (csa) {
         c.index_ring = backend.zeros({slots, ring_len, 4 * di}, DType::kF32);
-        c.index_entries = backend.zeros({shape.num_blocks * epb, di}, DType::kF32);
+        c.index_entries = backend.zeros({shape.num_blocks * epb, index.row_width()}, kv);
         bytes_per_slot_ += ring_len * 4 * di * f32;
-        bytes_per_block_ += epb * di * f32;
+        bytes_per_block_ += epb * index.row_bytes();
       }
     }
     layers_.push_back(std::move(c));

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,16 @@
 
 namespace deepinfer {
 
+// How the KV caches store their rows (docs/model.md#kv-cache-dtypes): the SWA rings, the
+// compressed entries and the CSA index keys. The compressor rings stay f32.
+enum class KvCacheDType { kF32, kBF16, kFp8 };
+
+const char* kv_cache_dtype_name(KvCacheDType dtype);  // "f32", "bf16", "fp8"
+// The option kv_cache_dtype ("auto", "f32", "bf16", "fp8") on a backend of `device`: "auto" is
+// f32 everywhere for now. bf16/fp8 on a backend without kernels for them (CUDA, until its KV
+// kernels are built) is Error(kUnsupported); an unknown name Error(kInvalidArgument).
+KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device);
+
 struct CacheShape {
   int num_blocks = 0;
   int num_state_slots = 0;
@@ -24,14 +35,18 @@ struct CacheShape {
   int num_scratch_slots = 0;
   int block_size = kv::kBlockSize;
   int max_backtrack = 6;
+  KvCacheDType kv_dtype = KvCacheDType::kF32;
 };
 
 struct LayerCaches {
+  // Shapes for f32 caches; a bf16 cache has the same shape, an fp8 one (kU8) the record width
+  // (kv_record.h) in place of D / Di. The compressor rings are always f32.
   Tensor swa_ring;       // [slots, W + backtrack, D]
   Tensor comp_ring;      // [slots, Rc, 2C]   (compressed layers)
   Tensor comp_entries;   // [blocks * 128/m, D]
   Tensor index_ring;     // [slots, Rc, 4 Di] (CSA layers)
   Tensor index_entries;  // [blocks * 128/m, Di]
+  int rope_dim = 0;      // RoPE channels of swa_ring / comp_entries rows (their fp8 record)
 };
 
 class ModelCaches {
@@ -42,7 +57,8 @@ class ModelCaches {
   LayerCaches& layer(int index) { return layers_.at(static_cast<size_t>(index)); }
   // Copies whole state slots (every layer's rings), src -> dst, in stream order.
   void copy_state_slots(Backend& backend, const std::vector<std::pair<int32_t, int32_t>>& pairs);
-  // Bytes one paged block and one state slot take across all layers (for capacity planning).
+  // Bytes one paged block and one state slot take across all layers, in the caches' dtype (for
+  // capacity planning).
   int64_t bytes_per_block() const { return bytes_per_block_; }
   int64_t bytes_per_state_slot() const { return bytes_per_slot_; }
 

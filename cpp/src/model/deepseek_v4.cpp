@@ -67,11 +67,12 @@ Tensor DeepseekV4Model::attention(int layer, const Tensor& x, const BatchPlan& p
   Tensor topk;
   if (w.has_compressor) {
     const bool csa = kind == AttentionKind::kCompressedSparse;
-    compress(w.compressor, x, plan, ratio, csa, d, caches.comp_ring, caches.comp_entries);
+    compress(w.compressor, x, plan, ratio, csa, d, caches.rope_dim, caches.comp_ring,
+             caches.comp_entries);
     if (w.has_indexer) {
       const int64_t hi = config_.index_n_heads;
       const int64_t di = config_.index_head_dim;
-      compress(w.indexer.compressor, x, plan, ratio, true, di, caches.index_ring,
+      compress(w.indexer.compressor, x, plan, ratio, true, di, /*rope_dim=*/0, caches.index_ring,
                caches.index_entries);
       Tensor qi = be.rope(be.linear(qa, w.indexer.wq_b).reshape({t, hi, di}), layout.positions,
                           weights_.compress_inv_freq, /*inverse=*/false);
@@ -88,11 +89,12 @@ Tensor DeepseekV4Model::attention(int layer, const Tensor& x, const BatchPlan& p
   spec.ratio = ratio;
   spec.sparse = w.has_indexer;
   spec.bf16_math = bf16_math_;
+  spec.rope_dim = caches.rope_dim;
   Tensor out =
       be.attention(q, kv, caches.swa_ring, w.has_compressor ? caches.comp_entries : Tensor(), topk,
                    w.sinks, layout, spec);
   // The ring is written after attention read the keys this chunk's queries need from it.
-  be.ring_write(caches.swa_ring, kv, layout);
+  be.ring_write(caches.swa_ring, kv, layout, caches.rope_dim);
 
   // V carries RoPE (K == V), so the output's rope channels are rotated back at the query position.
   out = be.rope(out, layout.positions, inv_freq, /*inverse=*/true);
@@ -101,8 +103,8 @@ Tensor DeepseekV4Model::attention(int layer, const Tensor& x, const BatchPlan& p
 }
 
 void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan,
-                               int ratio, bool overlap, int64_t head_dim, const Tensor& ring,
-                               const Tensor& entry_cache) {
+                               int ratio, bool overlap, int64_t head_dim, int rope_dim,
+                               const Tensor& ring, const Tensor& entry_cache) {
   Backend& be = backend_;
   Tensor proj = be.linear(x, w.wkv_gate);  // [T, 2C] = [kv | gate] per token
   const EntryBatch& entries = plan.entries.at(ratio);
@@ -115,7 +117,7 @@ void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, cons
     pooled = be.rms_norm(pooled, w.norm, static_cast<float>(config_.rms_norm_eps));
     // An entry is rotated at its window's first position.
     pooled = be.rope(pooled, entries.rope_pos, weights_.compress_inv_freq, /*inverse=*/false);
-    be.scatter_rows(entry_cache, pooled, entries.dest);
+    be.scatter_rows(entry_cache, pooled, entries.dest, rope_dim);
   }
   be.ring_write(ring, proj, plan.layout);
 }

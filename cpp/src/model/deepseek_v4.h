@@ -23,7 +23,8 @@ class DeepseekV4Model {
   // Runs a compressor over this call's tokens: stores the windows that close as normalised,
   // RoPE-d entries in `entry_cache` and the tokens' projections in `ring`.
   void compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan, int ratio,
-                bool overlap, int64_t head_dim, const Tensor& ring, const Tensor& entry_cache);
+                bool overlap, int64_t head_dim, int rope_dim, const Tensor& ring,
+                const Tensor& entry_cache);
   Tensor moe(int layer, const Tensor& x, const Tensor& token_ids);
 
   const ModelConfig& config_;

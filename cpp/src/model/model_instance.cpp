@@ -136,8 +136,8 @@ bool resolve_activation_quant(const std::string& mode, const Backend& backend) {
 std::unique_ptr<ModelInstance> ModelInstance::load(
     const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
     const std::string& device, int num_threads, int decode_graph_max_batch,
-    const std::string& activation_quant, const std::function<void(int, int)>& progress,
-    const KvSizing& sizing) {
+    const std::string& activation_quant, const std::string& kv_cache_dtype,
+    const std::function<void(int, int)>& progress, const KvSizing& sizing) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -149,24 +149,28 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.progress = progress;
+  CacheShape sized = shape;
+  sized.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
-  CacheShape sized = shape;
   // The weights are on the device now: with 0 blocks asked for, what is left sizes the paged KV.
-  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(*m, shape, sizing);
+  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(*m, sized, sizing);
   finish_instance(*m, sized, decode_graph_max_batch, std::move(weights));
   return m;
 }
 
 std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
-    uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant) {
+    uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
+    const std::string& kv_cache_dtype) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = make_backend(device, num_threads);
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
-  finish_instance(*m, shape, decode_graph_max_batch,
+  CacheShape cache_shape = shape;
+  cache_shape.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
+  finish_instance(*m, cache_shape, decode_graph_max_batch,
                   random_model_weights(m->config, *m->backend, seed, stored, options));
   m->backend->synchronize();
   return m;

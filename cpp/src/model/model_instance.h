@@ -56,21 +56,22 @@ struct ModelInstance {
   // "cuda", "cuda:N"; `num_threads` is for the CPU backend). `decode_graph_max_batch`: the
   // largest decode batch replayed as a graph; 0 turns graphs off, -1 picks the backend's default
   // (see resolve_decode_graph_max_batch).
-  // `activation_quant`: "auto", "fp8" or "none" (resolve_activation_quant).
-  static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
-                                             const ModelConfig& config, const CacheShape& shape,
-                                             const std::string& device, int num_threads,
-                                             int decode_graph_max_batch = 0,
-                                             const std::string& activation_quant = "auto",
-                                             const std::function<void(int, int)>& progress = {},
-                                             const KvSizing& sizing = {});
+  // `activation_quant`: "auto", "fp8" or "none" (resolve_activation_quant). `kv_cache_dtype`:
+  // "auto", "f32", "bf16" or "fp8" (resolve_kv_cache_dtype; it replaces shape.kv_dtype and is
+  // checked before the weights load).
+  static std::unique_ptr<ModelInstance> load(
+      const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
+      const std::string& device, int num_threads, int decode_graph_max_batch = 0,
+      const std::string& activation_quant = "auto", const std::string& kv_cache_dtype = "auto",
+      const std::function<void(int, int)>& progress = {}, const KvSizing& sizing = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
   // formats when config.quantization says so), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
                                                const std::string& device, int num_threads,
                                                uint64_t seed, DType stored,
                                                int decode_graph_max_batch = 0,
-                                               const std::string& activation_quant = "auto");
+                                               const std::string& activation_quant = "auto",
+                                               const std::string& kv_cache_dtype = "auto");
 };
 
 // Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of

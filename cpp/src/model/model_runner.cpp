@@ -80,7 +80,8 @@ std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
                           cache_shape(options), options.device, options.num_threads,
-                          options.decode_graph_max_batch, options.activation_quant),
+                          options.decode_graph_max_batch, options.activation_quant,
+                          options.kv_cache_dtype),
       options);
 }
 
@@ -91,7 +92,7 @@ std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
       ModelInstance::random(ModelConfig::from_file(config_json), cache_shape(options),
                             options.device, options.num_threads, seed,
                             bf16 ? DType::kBF16 : DType::kF32, options.decode_graph_max_batch,
-                            options.activation_quant),
+                            options.activation_quant, options.kv_cache_dtype),
       options);
 }
 
