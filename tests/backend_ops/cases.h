@@ -24,6 +24,7 @@ std::vector<OpCase> select_tokens_cases();  // select_tokens
 std::vector<OpCase> hc_cases();             // hc_expand, hc_pre, hc_post, hc_head
 std::vector<OpCase> gemm_cases();           // linear, grouped_linear
 std::vector<OpCase> moe_cases();            // moe_route, moe_experts
+std::vector<OpCase> moe_quant_cases();      // moe_experts on MXFP4 / FP8 experts
 std::vector<OpCase> cache_cases();          // ring_write, compress_pool, scatter_rows
 std::vector<OpCase> attention_cases();      // indexer_topk, attention
 std::vector<OpCase> sample_cases();         // sample
