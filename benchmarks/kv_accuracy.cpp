@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iterator>
 #include <memory>
 #include <random>
@@ -196,7 +197,7 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   std::string device = "cpu";
   std::string contexts_arg = "4096,32768,131072";
   int queries = 4;
@@ -438,8 +439,8 @@ int main(int argc, char** argv) {
 
   const double total = seconds_since(t_start);
   std::printf("{\"total_s\": %.1f}\n", total);
-  std::printf("\n%-22s %8s %5s %8s  %-34s %s\n", "test", "context", "dtype", "keys", "output",
-              "indexer scores");
+  std::printf("\n%-22s %8s %5s %8s  %-34s %s\n", "test", "context", "dtype", "keys",
+              "output rel err / recall", "indexer scores");
   for (const Row& r : table) {
     char out[64], extra[64] = "";
     if (r.test == "indexer_topk") {
@@ -452,4 +453,13 @@ int main(int argc, char** argv) {
                 out, extra);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kv_accuracy: %s\n", e.what());
+    return 1;
+  }
 }
