@@ -91,16 +91,16 @@ TEST(DpVote, AnyPointOneRankSuffices) {
   Group g(4);
   g.decode_until(100);
   EXPECT_EQ(g.step({kDecodeOnly, kDecodeOnly, kBoth, kNothing}), GroupStep::kPrefill);
-  EXPECT_EQ(g.actions, (std::vector<RankAction>{RankAction::kEmptyPrefill,
-                                                RankAction::kEmptyPrefill, RankAction::kPrefill,
-                                                RankAction::kEmptyPrefill}));
+  EXPECT_EQ(g.actions,
+            (std::vector<RankAction>{RankAction::kEmptyPrefill, RankAction::kEmptyPrefill,
+                                     RankAction::kPrefill, RankAction::kEmptyPrefill}));
 }
 
 TEST(DpVote, AnyWinsWhenPointsCoincide) {
   Group g(2, DpVoteConfig{.all_interval = 2, .any_interval = 4});
   g.decode_until(2);
   EXPECT_EQ(g.step({kBoth, kDecodeOnly}), GroupStep::kDecode);  // ALL point
-  g.decode_until(4);                                               // both points: ANY rules
+  g.decode_until(4);                                            // both points: ANY rules
   EXPECT_EQ(g.step({kBoth, kDecodeOnly}), GroupStep::kPrefill);
 }
 
