@@ -3,7 +3,9 @@
 // s on rank s / slots_per_rank, each holding one logical expert's weights. Every logical expert has
 // at least one slot; hot experts may have several (replicas hold identical weights), so routing a
 // token to any replica computes the same values and the model's output does not depend on the
-// placement.
+// placement, provided the combine adds a token's k expert outputs in a placement-independent
+// order ((token, j) order). Note: the CPU moe_experts today adds into a token's row in expert-id
+// order, so remapped slot ids change its summation order (equal to rounding, not bit for bit).
 #pragma once
 
 #include <cstdint>
