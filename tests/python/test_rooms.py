@@ -25,12 +25,14 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"common", "tensor"},
     "sample": {"common"},
     "kv": {"common"},
+    # Expert parallelism: EPLB statistics, placement policy (and later the communicator).
+    "dist": {"common"},
     "backend": {"common", "tensor", "sample"},
     "model": {"backend", "kv", "config", "sample", "tensor", "common"},
     "sched": {"model", "kv", "config", "sample", "tensor", "common"},
     "engine": {"sched", "model", "kv", "backend", "config", "sample", "tensor", "common"},
     # Test doubles: compiled into libdeepinfer_testing, never into the core.
-    "testing": {"engine", "sched", "model", "kv", "backend", "sample", "tensor", "common"},
+    "testing": {"engine", "sched", "model", "kv", "backend", "dist", "sample", "tensor", "common"},
     # The CUDA backend implements backend/ and may use the shared lower rooms.
     "cuda": {"backend", "sample", "tensor", "common"},
 }
