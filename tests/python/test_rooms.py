@@ -25,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"common", "tensor"},
     "sample": {"common"},
     "kv": {"common"},
-    # Expert parallelism: EPLB statistics, placement policy (and later the communicator).
+    # Expert parallelism: EPLB statistics, placement policy, the Communicator. The communicator
+    # takes backend tensors through the public headers (deepinfer/backend.h), so no backend edge.
     "dist": {"common"},
     "backend": {"common", "tensor", "sample"},
     "model": {"backend", "kv", "config", "sample", "tensor", "common"},
