@@ -246,9 +246,10 @@ class InProcessCommunicator final : public Communicator {
                       " in dtype and trailing shape";
     }
     if (send.defined()) {
-      Shape rows_shape = send.shape();
-      rows_shape[0] = -1;  // the row counts are checked pairwise, not against rank 0's
-      p.signature = std::string(dtype_name(send.dtype())) + shape_str(rows_shape);
+      // "f32[rows, 8]": the row counts are checked pairwise, not against rank 0's.
+      p.signature = std::string(dtype_name(send.dtype())) + "[rows";
+      for (int64_t d : trailing(send)) p.signature += ", " + std::to_string(d);
+      p.signature += "]";
     }
     p.a = &send;
     p.send_rows = send_rows;
