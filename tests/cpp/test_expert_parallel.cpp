@@ -93,11 +93,12 @@ struct Problem {
       std::vector<int32_t> id;
       for (int64_t t = 0; t < T; ++t) {
         // Skewed: the first choice is one of experts 0-1 (hot), the rest distinct others.
-        std::vector<int32_t> order(sz(E));
-        std::iota(order.begin(), order.end(), 0);
-        std::swap(order[0], order[sz(rng.range(0, 1))]);
-        std::shuffle(order.begin() + 1, order.end(), rng.engine());
-        id.insert(id.end(), order.begin(), order.begin() + K);
+        std::vector<int32_t> chosen{static_cast<int32_t>(rng.range(0, 1))};
+        while (static_cast<int64_t>(chosen.size()) < K) {
+          const auto pick = static_cast<int32_t>(rng.range(0, static_cast<int>(E) - 1));
+          if (std::find(chosen.begin(), chosen.end(), pick) == chosen.end()) chosen.push_back(pick);
+        }
+        id.insert(id.end(), chosen.begin(), chosen.end());
       }
       ids.push_back(id);
     }
@@ -184,8 +185,9 @@ EpResult run_ep(const Problem& pb, const std::vector<ExpertPlacement>& placement
     Backend& be = *g.backends[sz(r)];
     const ExpertPlacement& p = placement_of_rank[sz(r)];
     const auto& p2l = p.physical_to_logical();
-    std::vector<int32_t> mine(p2l.begin() + r * p.slots_per_rank(),
-                              p2l.begin() + (r + 1) * p.slots_per_rank());
+    const int base = std::min(r, p.num_ranks() - 1);  // a placement for fewer ranks: the last's
+    std::vector<int32_t> mine(p2l.begin() + base * p.slots_per_rank(),
+                              p2l.begin() + (base + 1) * p.slots_per_rank());
     if (r == bad_slots_rank) mine.pop_back();
     const int64_t T = pb.tokens[sz(r)];
     const Routing routing{be.upload(Tensor::from_vector(pb.ids[sz(r)], {T, pb.K}), DType::kI32),
