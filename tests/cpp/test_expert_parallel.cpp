@@ -29,47 +29,14 @@
 #include "dist/eplb_policy.h"
 #include "dist/expert_parallel.h"
 #include "dist/inprocess_communicator.h"
+#include "rank_threads.h"
 
 namespace deepinfer::dist {
 namespace {
 
-using Comms = std::vector<std::unique_ptr<Communicator>>;
 using deepinfer::testing::sz;
-
-// Runs fn(comm) on one thread per rank; returns each rank's Error message ("" = none). A watchdog
-// aborts the group when the ranks have not finished within `timeout`.
-std::vector<std::string> run_ranks(Comms& comms, const std::function<void(Communicator&)>& fn,
-                                   std::chrono::seconds timeout = std::chrono::seconds(60)) {
-  const size_t n = comms.size();
-  std::vector<std::string> errors(n);
-  std::mutex mutex;
-  std::condition_variable cv;
-  size_t done = 0;
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(*comms[r]);
-      } catch (const Error& e) {
-        errors[r] = e.what();
-      } catch (const std::exception& e) {
-        errors[r] = std::string("non-Error exception: ") + e.what();
-      }
-      std::lock_guard lock(mutex);
-      ++done;
-      cv.notify_all();
-    });
-  }
-  {
-    std::unique_lock lock(mutex);
-    if (!cv.wait_for(lock, timeout, [&] { return done == n; })) {
-      ADD_FAILURE() << "ranks still running after the timeout: the group hangs";
-      comms[0]->abort("watchdog");
-    }
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing::Comms;
+using testing::run_ranks;
 
 // One MoE layer's logical experts and every rank's tokens and routing, as host vectors.
 struct Problem {
