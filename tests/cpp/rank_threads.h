@@ -1,5 +1,5 @@
-// run_ranks: the in-process ranks of a dist test, one thread per rank, under a watchdog (the
-// communicator and expert-parallel tests share it).
+// The in-process ranks of a dist test: CpuRankGroup makes them, run_ranks runs one thread per
+// rank under a watchdog (the communicator and expert-parallel tests share both).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "dist/communicator.h"
+#include "dist/inprocess_communicator.h"
 
 namespace deepinfer::testing {
 
@@ -56,5 +58,20 @@ inline std::vector<std::string> run_ranks(Comms& comms,
   for (auto& t : threads) t.join();
   return errors;
 }
+
+// N in-process ranks, each with its own one-thread CPU backend.
+struct CpuRankGroup {
+  std::vector<std::unique_ptr<Backend>> backends;
+  Comms comms;
+  explicit CpuRankGroup(int n) {
+    std::vector<Backend*> raw;
+    for (int r = 0; r < n; ++r) {
+      backends.push_back(make_cpu_backend(1));
+      raw.push_back(backends.back().get());
+    }
+    comms = dist::make_inprocess_group(raw);
+  }
+  Backend& backend(const dist::Communicator& c) { return *backends[static_cast<size_t>(c.rank())]; }
+};
 
 }  // namespace deepinfer::testing

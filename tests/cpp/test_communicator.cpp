@@ -36,19 +36,7 @@ namespace {
 using testing::Comms;
 using testing::run_ranks;
 
-struct CpuGroup {
-  std::vector<std::unique_ptr<Backend>> backends;
-  Comms comms;
-  explicit CpuGroup(int n) {
-    std::vector<Backend*> raw;
-    for (int r = 0; r < n; ++r) {
-      backends.push_back(make_cpu_backend(1));
-      raw.push_back(backends.back().get());
-    }
-    comms = make_inprocess_group(raw);
-  }
-  Backend& backend(const Communicator& c) { return *backends[static_cast<size_t>(c.rank())]; }
-};
+using CpuGroup = testing::CpuRankGroup;
 
 // Values whose float sum depends on the order: large and small magnitudes mixed per rank.
 float value(int rank, int64_t i) {

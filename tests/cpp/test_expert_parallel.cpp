@@ -123,18 +123,7 @@ std::vector<float> fused_reference(Backend& be, const Problem& pb, int r) {
                          routing, pb.weights(be, pb.all_experts()), kLimit));
 }
 
-struct CpuGroup {
-  std::vector<std::unique_ptr<Backend>> backends;
-  Comms comms;
-  explicit CpuGroup(int n) {
-    std::vector<Backend*> raw;
-    for (int r = 0; r < n; ++r) {
-      backends.push_back(make_cpu_backend(1));
-      raw.push_back(backends.back().get());
-    }
-    comms = make_inprocess_group(raw);
-  }
-};
+using CpuGroup = testing::CpuRankGroup;
 
 // Runs ep_moe_experts on every rank; returns each rank's output (host) and error.
 struct EpResult {

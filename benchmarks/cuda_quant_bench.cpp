@@ -1,0 +1,333 @@
+// Benchmarks of DeepSeek's quantized formats on CUDA, run by cuda_op_bench (`--only fp8`,
+// `--only moe-quant`, `--only quant`): the FP8 block-scaled linears (cuda/gemm/
+// gemm_fp8_heuristics.h) against a >= 1 GiB memcpy (decode, GB/s of weight bytes) and cuBLASLt's
+// block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
+// bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens. Each line carries
+// its ratio ("of_roofline").
+#include "cuda_quant_bench.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "deepinfer/weight.h"
+#include "op_bench_util.h"
+
+namespace deepinfer::bench {
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "cuda_op_bench: %s failed: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void lt_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cuda_op_bench: %s failed with cuBLAS status %d\n", what,
+                 static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+// A host e4m3 tensor of random bytes with magnitudes up to 1.875 (exponent field <= 7, no NaN).
+Tensor random_e4m3(const Shape& shape, uint32_t seed) {
+  Tensor t = Tensor::zeros(shape, DType::kF8E4M3);
+  std::mt19937 rng(seed);
+  auto* p = static_cast<uint8_t*>(t.raw_data());
+  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng() & 0xbfu);
+  return t;
+}
+
+// Dense peak of cuBLASLt at n^3 in TFLOP/s: bf16 x bf16 -> bf16, or e4m3 x e4m3 -> f32 with
+// DeepSeek's block scaling (VEC128 on B, BLK128x128 on A), f32 accumulation. Raw cuBLASLt on a
+// stream of its own, timed with events after a warm-up.
+double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
+  cublasLtHandle_t lt = nullptr;
+  lt_check(cublasLtCreate(&lt), "cublasLtCreate");
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const size_t ws_bytes = size_t{64} << 20;
+  void* ws = nullptr;
+  cuda_check(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
+  Tensor a, b, sa, sb;
+  if (fp8) {
+    a = be.upload(random_e4m3({n, n}, 1), DType::kF8E4M3);
+    b = be.upload(random_e4m3({n, n}, 2), DType::kF8E4M3);
+    const int64_t kb = n / 128;
+    sa = be.upload(
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(kb * kb), 1.0f / 64), {kb * kb}),
+        DType::kF32);
+    sb = be.upload(
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(kb * n), 1.0f / 64), {kb * n}),
+        DType::kF32);
+  } else {
+    a = rnd(be, {n, n}, DType::kBF16, 31);
+    b = rnd(be, {n, n}, DType::kBF16, 32);
+  }
+  Tensor d = be.empty({n, n}, fp8 ? DType::kF32 : DType::kBF16);
+  be.synchronize();
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const cudaDataType_t out_type = fp8 ? CUDA_R_32F : CUDA_R_16BF;
+  cublasLtMatmulDesc_t desc = nullptr;
+  lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "DescCreate");
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "T");
+  lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "T");
+  if (fp8) {
+    const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const void* pa = sa.raw_data();
+    const void* pb = sb.raw_data();
+    lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
+                                            sizeof(mode_a)),
+             "A_SCALE_MODE");
+    lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
+                                            sizeof(mode_b)),
+             "B_SCALE_MODE");
+    lt_check(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof(pa)),
+        "A_SCALE_POINTER");
+    lt_check(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof(pb)),
+        "B_SCALE_POINTER");
+  }
+  const auto u = static_cast<uint64_t>(n);
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  lt_check(cublasLtMatrixLayoutCreate(&la, in_type, u, u, n), "LayoutCreate");
+  lt_check(cublasLtMatrixLayoutCreate(&lb, in_type, u, u, n), "LayoutCreate");
+  lt_check(cublasLtMatrixLayoutCreate(&ld, out_type, u, u, n), "LayoutCreate");
+  cublasLtMatmulPreference_t pref = nullptr;
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &ws_bytes, sizeof(ws_bytes)),
+           "PreferenceSetAttribute");
+  cublasLtMatmulHeuristicResult_t h = {};
+  int found = 0;
+  lt_check(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &h, &found),
+           "AlgoGetHeuristic");
+  double tflops = 0.0;
+  if (found > 0) {
+    const float alpha = 1.0f, beta = 0.0f;
+    auto run = [&] {
+      lt_check(cublasLtMatmul(lt, desc, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta,
+                              d.raw_data(), ld, d.raw_data(), ld, &h.algo, ws, ws_bytes, stream),
+               "cublasLtMatmul");
+    };
+    cudaEvent_t e0, e1;
+    cuda_check(cudaEventCreate(&e0), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&e1), "cudaEventCreate");
+    run();
+    run();
+    cuda_check(cudaEventRecord(e0, stream), "cudaEventRecord");
+    for (int i = 0; i < reps; ++i) run();
+    cuda_check(cudaEventRecord(e1, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    tflops = 2.0 * static_cast<double>(n) * n * n * reps / (ms * 1e-3) / 1e12;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(desc);
+  cudaFree(ws);
+  cudaStreamDestroy(stream);
+  cublasLtDestroy(lt);
+  return tflops;  // 0: cuBLASLt has no algorithm
+}
+
+// The FP8 block-scaled linears of V4-Flash (128x128 blocks, activations quantized per 128): the
+// rooflines, then per weight GB/s at decode widths (graph-timed; the calls cycle through copies
+// of the weight totalling >= 256 MiB, so the weights come from HBM, not L2) and TFLOP/s at
+// prefill widths.
+}  // namespace
+
+void bench_fp8(Backend& be, int iters) {
+  double copy_gbps = 0.0;
+  {  // roofline: device-to-device memcpy of 2 GiB (bytes read + written)
+    const int64_t bytes = int64_t{2} << 30;
+    Tensor a = be.empty({bytes / 4}, DType::kF32);
+    Tensor b = be.empty({bytes / 4}, DType::kF32);
+    be.fill_random_normal(a, 1, 0.0f, 1.0f);
+    const double us = time_us(be, 10, [&] { be.copy_into(b, a); });
+    copy_gbps = 2.0 * static_cast<double>(bytes) / us / 1e3;
+    emit_ratio("roofline_memcpy", "2GiB d2d", us, 2.0 * static_cast<double>(bytes), 0, 1.0);
+  }
+  const int64_t n = 8192;
+  const double flops = 2.0 * n * n * n;
+  const double bf16_peak = cublaslt_peak_tflops(be, false, n, 20);
+  // A peak of 0 (cuBLASLt found no algorithm) prints as us 0, TFLOPs 0.
+  const auto peak_us = [flops](double tflops) { return tflops > 0 ? flops / tflops / 1e6 : 0.0; };
+  emit_ratio("roofline_cublaslt_bf16", "8192^3 bf16 -> bf16", peak_us(bf16_peak), 0,
+             bf16_peak > 0 ? flops : 0, 1.0);
+  const double fp8_peak = cublaslt_peak_tflops(be, true, n, 20);
+  emit_ratio("roofline_cublaslt_fp8_blockscaled", "8192^3 e4m3 1x128 x 128x128 -> f32",
+             peak_us(fp8_peak), 0, fp8_peak > 0 ? flops : 0, 1.0);
+
+  struct Shape3 {
+    const char* name;
+    int64_t n, k;
+    int groups;
+  };
+  for (const Shape3& s : std::vector<Shape3>{{"wq_a", 1024, 4096, 1},
+                                             {"wq_b", 32768, 1024, 1},
+                                             {"wkv", 512, 4096, 1},
+                                             {"wo_a", 1024, 4096, 8},
+                                             {"wo_b", 4096, 8192, 1},
+                                             {"shared_w13", 2048, 4096, 1},
+                                             {"shared_w2", 4096, 2048, 1},
+                                             {"indexer_wq_b", 8192, 1024, 1}}) {
+    const int64_t rows = s.groups * s.n;
+    MatrixWeight host;
+    host.values = random_e4m3({rows, s.k}, 7);
+    const int64_t sr = (rows + 127) / 128, sc = (s.k + 127) / 128;
+    host.scales =
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(sr * sc), 1.0f / 64), {sr, sc});
+    host.format = WeightFormat::kFp8Block;
+    host.block_rows = 128;
+    host.block_cols = 128;
+    host.act_group = 128;
+    const double wbytes = static_cast<double>(rows * s.k);
+    const int copies =
+        static_cast<int>(std::clamp<double>(std::ceil(256.0 * (1 << 20) / wbytes), 1, 64));
+    std::vector<MatrixWeight> w;
+    for (int i = 0; i < copies; ++i) w.push_back(be.upload_matrix_weight(host));
+    const std::string dims = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                             (s.groups > 1 ? " G=" + std::to_string(s.groups) : std::string());
+    for (int64_t m : {1, 4, 16, 64, 4096, 16384}) {
+      Tensor x = rnd(be, {m, s.groups * s.k}, DType::kF32, 40);
+      int next = 0;
+      auto call = [&] {
+        const MatrixWeight& wi = w[static_cast<size_t>(next++ % copies)];
+        (void)(s.groups > 1 ? be.grouped_linear(x, wi, s.groups) : be.linear(x, wi));
+      };
+      const double fl = 2.0 * m * rows * s.k;
+      if (m <= 64) {
+        const double us = time_graph_us(be, iters, call);
+        emit_ratio(std::string("linear_fp8_") + s.name,
+                   "M=" + std::to_string(m) + " " + dims + " (graph, weight GB/s vs memcpy)", us,
+                   wbytes, fl, wbytes / us / 1e3 / copy_gbps);
+      } else {
+        const double us = time_us(be, m >= 16384 ? 3 : 5, call);
+        emit_ratio(std::string("linear_fp8_") + s.name,
+                   "M=" + std::to_string(m) + " " + dims + " (TFLOP/s vs cuBLASLt fp8 peak)", us,
+                   wbytes, fl, fp8_peak > 0 ? fl / us / 1e6 / fp8_peak : 0.0);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Device-to-device copy bandwidth (bytes read + written per second, GB/s) of `bytes`, measured
+// next to the cases that are graded against it.
+double copy_roofline_gbps(Backend& be, int64_t bytes) {
+  Tensor a = rnd(be, {bytes / 4}, DType::kF32, 41);
+  Tensor b = be.empty({bytes / 4}, DType::kF32);
+  const double us = time_us(be, 10, [&] { be.copy_into(b, a); });
+  return 2.0 * static_cast<double>(bytes) / us / 1e3;
+}
+
+// Random bytes on the device, each (LCG byte & mask) | bits (a fast LCG on the host: the values
+// only need to be varied).
+Tensor random_device_bytes(Backend& be, const Shape& shape, DType dtype, uint64_t seed,
+                           uint8_t mask, uint8_t bits) {
+  Tensor h = Tensor::zeros(shape, dtype);
+  auto* p = static_cast<uint8_t*>(h.raw_data());
+  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  for (size_t i = 0; i < h.nbytes(); ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    p[i] = static_cast<uint8_t>(((x >> 56) & mask) | bits);
+  }
+  return be.upload_weight(h, dtype);
+}
+
+// The routed experts on MXFP4 weights at V4-Flash shapes (E 256, top-6, H 4096, I 2048; act
+// groups of 32 as DeepSeek's W4A8 experts): GB/s of the weight bytes touched (values + scales,
+// 13.4 MB per expert) at 1, 4 and 16 pairs per expert (every expert exactly that many: tokens
+// ceil(256 m / 6), the slots past 256 m dropped by an out-of-range id), and TFLOP/s at 4096 and
+// 16384 tokens (experts evenly loaded), next to the copy roofline.
+}  // namespace
+
+void bench_moe_experts_mxfp4(Backend& be, int iters) {
+  const int e = 256, inter = 2048, h = 4096, kk = 6;
+  const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
+  std::printf("{\"op\": \"roofline_copy(copy_into)\", \"shape\": \"2GiB f32\", \"GBps\": %.1f}\n",
+              copy_gbps);
+  // One pool per matrix kind; experts are row ranges of it. Scale bytes 116..119: weights of
+  // magnitude ~2^-12 .. 2^-5.
+  Tensor gu_v =
+      random_device_bytes(be, {int64_t{e} * 2 * inter, h / 2}, DType::kE2M1x2, 1, 0xff, 0);
+  Tensor gu_s = random_device_bytes(be, {int64_t{e} * 2 * inter, h / 32}, DType::kE8M0, 2, 3, 116);
+  Tensor dn_v = random_device_bytes(be, {int64_t{e} * h, inter / 2}, DType::kE2M1x2, 3, 0xff, 0);
+  Tensor dn_s = random_device_bytes(be, {int64_t{e} * h, inter / 32}, DType::kE8M0, 4, 3, 116);
+  auto mx = [](Tensor v, Tensor s) {
+    MatrixWeight w;
+    w.values = std::move(v);
+    w.scales = std::move(s);
+    w.format = WeightFormat::kMxfp4;
+    w.block_rows = 1;
+    w.block_cols = 32;
+    w.act_group = 32;
+    return w;
+  };
+  ExpertWeights ex;
+  for (int j = 0; j < e; ++j) {
+    const int64_t r = int64_t{j} * 2 * inter;
+    ex.w1.push_back(mx(gu_v.narrow(0, r, inter), gu_s.narrow(0, r, inter)));
+    ex.w3.push_back(mx(gu_v.narrow(0, r + inter, inter), gu_s.narrow(0, r + inter, inter)));
+    ex.w2.push_back(mx(dn_v.narrow(0, int64_t{j} * h, h), dn_s.narrow(0, int64_t{j} * h, h)));
+  }
+  const double expert_bytes = 3.0 * inter * h * (0.5 + 1.0 / 32);
+  auto run = [&](int tokens, int64_t valid, bool graph) {
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int64_t p = 0; p < int64_t{tokens} * kk; ++p) {
+      ids.push_back(p < valid ? static_cast<int32_t>(p % e) : -1);  // p % e: distinct per token
+      wts.push_back(0.25f);
+    }
+    Tensor x = rnd(be, {tokens, h}, DType::kF32, 43);
+    Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
+              be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
+    const int n = tokens >= 1024 ? std::min(iters, 10) : iters;
+    auto fn = [&] { (void)be.moe_experts(x, r, ex, 10.0f); };
+    return graph ? time_graph_us(be, n, fn) : time_us(be, n, fn);
+  };
+  for (int m : {1, 4, 16}) {
+    const int tokens = (e * m + kk - 1) / kk;
+    const double us = run(tokens, int64_t{e} * m, true);
+    const double bytes = e * expert_bytes;
+    emit("moe_experts_mxfp4(graph)",
+         std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
+             " k=6 E=256 I=2048 H=4096 act32",
+         us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
+    std::printf(
+        "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"pairs_per_expert\": %d, "
+        "\"fraction_of_copy_GBps\": %.3f}\n",
+        m, bytes / us / 1e3 / copy_gbps);
+  }
+  for (int tokens : {4096, 16384}) {
+    const double us = run(tokens, int64_t{tokens} * kk, false);
+    emit("moe_experts_mxfp4", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 act32", us,
+         e * expert_bytes * ((tokens + 4095) / 4096),
+         static_cast<double>(tokens) * kk * 3.0 * 2 * inter * h);
+  }
+}
+
+}  // namespace deepinfer::bench

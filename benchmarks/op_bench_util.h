@@ -1,0 +1,71 @@
+// Timing and output helpers the CUDA op benchmarks share (cuda_op_bench.cpp, cuda_quant_bench.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend.h"
+
+namespace deepinfer::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double time_us(Backend& be, int iters, const std::function<void()>& fn) {
+  fn();  // warm up (allocations, cuBLAS heuristics)
+  be.synchronize();
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  be.synchronize();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+}
+
+// As time_us, for calls shorter than their launch cost: the `iters` calls are captured into one
+// graph (as the model's decode step runs them), and the time is that of a replay over `iters`.
+inline double time_graph_us(Backend& be, int iters, const std::function<void()>& fn) {
+  fn();  // warm up outside the capture
+  std::unique_ptr<Graph> graph = be.capture([&] {
+    for (int i = 0; i < iters; ++i) fn();
+  });
+  graph->replay();
+  be.synchronize();
+  auto t0 = Clock::now();
+  graph->replay();
+  be.synchronize();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+}
+
+inline Tensor rnd(Backend& be, const Shape& shape, DType dtype, uint64_t seed, float std = 1.0f) {
+  Tensor t = be.empty(shape, dtype);
+  be.fill_random_normal(t, seed, 0.0f, std);
+  return t;
+}
+
+inline Tensor i32(Backend& be, const std::vector<int32_t>& v) {
+  return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
+}
+
+inline void emit(const std::string& name, const std::string& shape, double us, double bytes,
+                 double flops) {
+  std::printf(
+      "{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f}\n",
+      name.c_str(), shape.c_str(), us, bytes / us / 1e3, flops / us / 1e6);
+  std::fflush(stdout);
+}
+
+inline void emit_ratio(const std::string& name, const std::string& shape, double us, double bytes,
+                       double flops, double ratio) {
+  const double gbps = us > 0 ? bytes / us / 1e3 : 0.0;
+  const double tflops = us > 0 ? flops / us / 1e6 : 0.0;
+  std::printf(
+      "{\"op\": \"%s\", \"shape\": \"%s\", \"us\": %.3f, \"GBps\": %.1f, \"TFLOPs\": %.2f, "
+      "\"of_roofline\": %.3f}\n",
+      name.c_str(), shape.c_str(), us, gbps, tflops, ratio);
+  std::fflush(stdout);
+}
+
+}  // namespace deepinfer::bench
