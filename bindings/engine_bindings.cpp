@@ -3,15 +3,21 @@
 #include "engine_bindings.h"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
+#include <nanobind/trampoline.h>
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "deepinfer/engine.h"
 
@@ -22,6 +28,45 @@ namespace {
 
 using deepinfer::Engine;
 using deepinfer::EngineConfig;
+
+// Python subclasses of TokenConstraint. The engine calls them on its step thread with the GIL
+// released, so each call takes it.
+class PyTokenConstraint : public deepinfer::TokenConstraint {
+ public:
+  NB_TRAMPOLINE(deepinfer::TokenConstraint);
+
+  void fill_allowed(std::span<uint32_t> mask) override {
+    nb::gil_scoped_acquire gil;
+    // A numpy view of the engine's buffer, valid for this call only. (NB_OVERRIDE_PURE would
+    // pass the span itself, which has no Python type.)
+    nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> view(mask.data(), {mask.size()}, nb::handle());
+    nb::detail::ticket ticket(nb_trampoline, "fill_allowed", nb::detail::str_hash("fill_allowed"),
+                              /*pure=*/true);
+    // rv_policy::reference: a view of the buffer, not a copy (the default for an owner-less
+    // array), so the Python side's writes reach the engine.
+    nb_trampoline.base().attr(ticket.key)(nb::cast(view, nb::rv_policy::reference));
+  }
+  bool accept(int32_t token) override {
+    nb::gil_scoped_acquire gil;
+    NB_OVERRIDE_PURE(accept, token);
+  }
+  bool is_terminated() override {
+    nb::gil_scoped_acquire gil;
+    NB_OVERRIDE_PURE(is_terminated);
+  }
+};
+
+// logit_bias as a dict {token: bias} (OpenAI's shape) or a list of pairs.
+std::vector<std::pair<int32_t, float>> logit_bias_from(const nb::handle& value) {
+  std::vector<std::pair<int32_t, float>> out;
+  if (value.is_none()) return out;
+  if (nb::isinstance<nb::dict>(value)) {
+    for (auto [k, v] : nb::borrow<nb::dict>(value))
+      out.emplace_back(nb::cast<int32_t>(k), nb::cast<float>(v));
+    return out;
+  }
+  return nb::cast<std::vector<std::pair<int32_t, float>>>(value);
+}
 
 nb::dict stats_dict(const deepinfer::EngineStats& s) {
   nb::dict d;
@@ -44,27 +89,46 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
 }  // namespace
 
 void bind_engine(nb::module_& m) {
+  nb::class_<deepinfer::TokenConstraint, PyTokenConstraint>(
+      m, "TokenConstraint",
+      "Base class of a constraint on the tokens one request generates (structured outputs).\n"
+      "Subclass it in Python and pass an instance as SamplingParams(constraint=...), one per\n"
+      "request. The engine calls, on its step thread:\n"
+      "  fill_allowed(mask): mask is a zeroed uint32 numpy array of ceil(vocab_size / 32)\n"
+      "    words; set bit t % 32 of word t // 32 for every token t allowed next;\n"
+      "  accept(token) -> bool: the emitted token; False ends the request ('grammar_error');\n"
+      "  is_terminated() -> bool: True once the output is complete (the request stops).\n"
+      "An exception in any of them ends that request alone with 'grammar_error'.")
+      .def(nb::init<>());
+
   nb::class_<deepinfer::SamplingParams>(m, "SamplingParams",
                                         "Per-request sampling and stopping parameters.")
       .def(
           "__init__",
           [](deepinfer::SamplingParams* self, float temperature, int top_k, float top_p,
              std::optional<uint64_t> seed, int max_tokens, bool ignore_eos,
-             std::vector<int32_t> stop_token_ids, int logprobs,
-             std::vector<int32_t> forced_tokens) {
-            new (self) deepinfer::SamplingParams{temperature,
-                                                 top_k,
-                                                 top_p,
-                                                 seed,
-                                                 max_tokens,
-                                                 ignore_eos,
-                                                 std::move(stop_token_ids),
-                                                 logprobs,
-                                                 std::move(forced_tokens)};
+             std::vector<int32_t> stop_token_ids, int logprobs, std::vector<int32_t> forced_tokens,
+             nb::handle logit_bias, float presence_penalty, float frequency_penalty,
+             std::shared_ptr<deepinfer::TokenConstraint> constraint) {
+            auto* p = new (self) deepinfer::SamplingParams();
+            p->temperature = temperature;
+            p->top_k = top_k;
+            p->top_p = top_p;
+            p->seed = seed;
+            p->max_tokens = max_tokens;
+            p->ignore_eos = ignore_eos;
+            p->stop_token_ids = std::move(stop_token_ids);
+            p->logprobs = logprobs;
+            p->forced_tokens = std::move(forced_tokens);
+            p->logit_bias = logit_bias_from(logit_bias);
+            p->presence_penalty = presence_penalty;
+            p->frequency_penalty = frequency_penalty;
+            p->constraint = std::move(constraint);
           },
           "temperature"_a = 1.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = nb::none(),
           "max_tokens"_a = 16, "ignore_eos"_a = false, "stop_token_ids"_a = std::vector<int32_t>{},
-          "logprobs"_a = 0, "forced_tokens"_a = std::vector<int32_t>{})
+          "logprobs"_a = 0, "forced_tokens"_a = std::vector<int32_t>{}, "logit_bias"_a = nb::none(),
+          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "constraint"_a = nb::none())
       .def_rw("temperature", &deepinfer::SamplingParams::temperature)
       .def_rw("top_k", &deepinfer::SamplingParams::top_k)
       .def_rw("top_p", &deepinfer::SamplingParams::top_p)
@@ -73,7 +137,20 @@ void bind_engine(nb::module_& m) {
       .def_rw("ignore_eos", &deepinfer::SamplingParams::ignore_eos)
       .def_rw("stop_token_ids", &deepinfer::SamplingParams::stop_token_ids)
       .def_rw("logprobs", &deepinfer::SamplingParams::logprobs)
-      .def_rw("forced_tokens", &deepinfer::SamplingParams::forced_tokens);
+      .def_rw("forced_tokens", &deepinfer::SamplingParams::forced_tokens)
+      .def_prop_rw(
+          "logit_bias",
+          [](const deepinfer::SamplingParams& p) {
+            nb::dict d;
+            for (const auto& [token, bias] : p.logit_bias) d[nb::int_(token)] = bias;
+            return d;
+          },
+          [](deepinfer::SamplingParams& p, nb::handle value) {
+            p.logit_bias = logit_bias_from(value);
+          })
+      .def_rw("presence_penalty", &deepinfer::SamplingParams::presence_penalty)
+      .def_rw("frequency_penalty", &deepinfer::SamplingParams::frequency_penalty)
+      .def_rw("constraint", &deepinfer::SamplingParams::constraint, nb::arg("value").none());
 
   nb::class_<deepinfer::RequestOutput>(m, "RequestOutput",
                                        "What one engine step produced for one request.")

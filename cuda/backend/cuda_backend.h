@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
                    bool inverse) override;
   Tensor argmax_impl(const Tensor& x) override;
   SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
+  void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) override;
   void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                           const Tensor& previous) override;
   void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;

@@ -247,6 +247,63 @@ TEST_F(CpuSampleOpsTest, SelectTokensErrors) {
   EXPECT_NO_THROW(be->synchronize());
 }
 
+// ---- adjust_logits -----------------------------------------------------------------------------
+
+TEST_F(CpuSampleOpsTest, AdjustLogitsAddsEntriesThenMasks) {
+  // 2 rows of 40 tokens (2 mask words each).
+  std::vector<float> host(80);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
+  Tensor logits = up(host, {2, 40});
+  LogitAdjustments a;
+  a.rows = up_i({0, 1, 1}, {3});
+  a.tokens = up_i({3, 0, 39}, {3});
+  a.values = up({10.0f, -2.0f, 1.5f}, {3});
+  be->adjust_logits(logits, a);
+  std::vector<float> expect = host;
+  expect[3] += 10.0f;
+  expect[40] -= 2.0f;
+  expect[79] += 1.5f;
+  EXPECT_EQ(fetch_f32(*be, logits), expect);
+  // Row 0 allows tokens 0 and 35; row 1 allows everything.
+  LogitAdjustments mask;
+  mask.allowed = up_i({1, 1 << 3, -1, -1}, {2, 2});
+  be->adjust_logits(logits, mask);
+  const std::vector<float> got = fetch_f32(*be, logits);
+  for (int t = 0; t < 40; ++t) {
+    if (t == 0 || t == 35) {
+      EXPECT_EQ(got[t], expect[t]) << t;
+    } else {
+      EXPECT_EQ(got[t], -std::numeric_limits<float>::infinity()) << t;
+    }
+    EXPECT_EQ(got[40 + t], expect[40 + t]) << t;
+  }
+  EXPECT_NO_THROW(be->synchronize());
+}
+
+TEST_F(CpuSampleOpsTest, AdjustLogitsErrors) {
+  Tensor logits = up({1.0f, 2.0f, 3.0f}, {1, 3});
+  LogitAdjustments a;
+  a.rows = up_i({0}, {1});
+  a.tokens = up_i({0, 1}, {2});
+  a.values = up({1.0f}, {1});
+  expect_error([&] { be->adjust_logits(logits, a); }, ErrorCode::kInvalidArgument,
+               "adjust_logits: argument adjustments.tokens must be i32[1]");
+  LogitAdjustments m;
+  m.allowed = up_i({1, 1}, {1, 2});
+  expect_error([&] { be->adjust_logits(logits, m); }, ErrorCode::kInvalidArgument,
+               "argument adjustments.allowed must be i32[1, 1]");
+  // An entry outside the logits fails on the stream and changes nothing.
+  a.tokens = up_i({3}, {1});
+  expect_error(
+      [&] {
+        be->adjust_logits(logits, a);
+        be->synchronize();
+      },
+      ErrorCode::kInvalidArgument, "entry 0 (row 0, token 3) is outside logits [1, 3]");
+  EXPECT_EQ(fetch_f32(*be, logits), (std::vector<float>{1.0f, 2.0f, 3.0f}));
+  EXPECT_NO_THROW(be->synchronize());
+}
+
 // ---- copy_rows ---------------------------------------------------------------------------------
 
 TEST_F(CpuSampleOpsTest, CopyRowsCopiesWholeRows) {

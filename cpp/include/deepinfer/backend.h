@@ -124,6 +124,17 @@ struct SamplingBatch {
   Tensor num_logprobs;   // [B] i32, per-row N <= max_logprobs
 };
 
+// Host-computed changes to the logits before sampling (logit_bias, penalties, constraints; see
+// SamplingParams): logits[rows[i], tokens[i]] += values[i] (each (row, token) pair at most
+// once), then every token whose bit is clear in its row of `allowed` becomes -inf.
+struct LogitAdjustments {
+  Tensor rows;     // [N] i32
+  Tensor tokens;   // [N] i32
+  Tensor values;   // [N] f32
+  Tensor allowed;  // [B, ceil(V / 32)] i32 bit set = allowed (bit t % 32 of word t / 32);
+                   // undefined: every token allowed
+};
+
 struct SampleResult {
   Tensor tokens;        // [B] i32
   Tensor logprobs;      // [B] f32: log_softmax(logits)[token]
@@ -261,6 +272,8 @@ class Backend {
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
   SampleResult sample(const Tensor& logits, const SamplingBatch& batch);
+  // Applies `adjustments` to logits [B, V] f32 in place (see LogitAdjustments).
+  void adjust_logits(const Tensor& logits, const LogitAdjustments& adjustments);
   // Patches this step's token ids in place: tokens[i] = previous[remap[i]] where remap[i] >= 0 (a
   // token the previous step sampled on the device and the host has not seen yet); the other
   // entries keep their value. tokens [T] i32, remap [T] i32, previous [P] i32 (not overlapping
@@ -358,6 +371,7 @@ class Backend {
                            bool inverse) = 0;
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
+  virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;
   virtual void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                                   const Tensor& previous) = 0;
   virtual void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;

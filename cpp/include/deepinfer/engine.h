@@ -16,7 +16,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/config.h"
@@ -25,6 +27,24 @@
 namespace deepinfer {
 
 using RequestId = uint64_t;
+
+// A constraint on the tokens one request may generate (structured outputs: a JSON schema, a
+// regex, a grammar). The engine calls it on its step thread only, never concurrently:
+// `fill_allowed` before each token of the request is sampled, `accept` with each token it
+// emitted, then `is_terminated`. With zero-overhead scheduling the forward of the next step is
+// already running while these run, so the mask costs host time only, not device time. An
+// exception from any of them ends that request alone (FinishReason::kGrammarError).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // mask has ceil(vocab_size / 32) words, zeroed: set bit t % 32 of word t / 32 for each token t
+  // allowed next. A mask with no bit set lets only the model's EOS tokens through.
+  virtual void fill_allowed(std::span<uint32_t> mask) = 0;
+  // The request emitted `token`; false if the constraint did not allow it (kGrammarError).
+  virtual bool accept(int32_t token) = 0;
+  // True once the constrained output is complete: the request finishes (kStop).
+  virtual bool is_terminated() = 0;
+};
 
 struct SamplingParams {
   float temperature = 1.0f;      // 0 = greedy
@@ -40,15 +60,33 @@ struct SamplingParams {
   // drive output parsers (tool calls, thinking) on models that would never emit that markup.
   // Reported log-probabilities still describe the sampled token.
   std::vector<int32_t> forced_tokens;
+  // Added to the logits before sampling (OpenAI's logit_bias): (token, bias) with distinct tokens.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // OpenAI's penalties over the tokens generated so far (not the prompt): the logit of token t is
+  // lowered by presence_penalty if t occurred and by frequency_penalty times its count.
+  float presence_penalty = 0.0f;                // [-2, 2]
+  float frequency_penalty = 0.0f;               // [-2, 2]
+  std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained
+  // With logit_bias, penalties or a constraint, sampling and the reported log-probabilities see
+  // the adjusted logits (a disallowed token has log-probability -inf).
+  bool adjusts_logits() const {
+    return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f ||
+           constraint != nullptr;
+  }
+  // Whether the adjustment depends on the tokens generated so far (penalties, a constraint).
+  bool adjusts_from_history() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || constraint != nullptr;
+  }
 };
 
 enum class FinishReason {
-  kNone,       // still running
-  kStop,       // EOS or a stop token (included in the output)
-  kLength,     // max_tokens, or the sequence reached max_model_len
-  kAbort,      // abort(id)
-  kPreempted,  // evicted under memory pressure with preemption = stop
-  kRejected,   // the prompt can never run: longer than max_model_len or than the whole KV cache
+  kNone,          // still running
+  kStop,          // EOS or a stop token (included in the output)
+  kLength,        // max_tokens, or the sequence reached max_model_len
+  kAbort,         // abort(id)
+  kPreempted,     // evicted under memory pressure with preemption = stop
+  kRejected,      // the prompt can never run: longer than max_model_len or than the whole KV cache
+  kGrammarError,  // the constraint rejected the emitted token or failed (finish_detail says how)
 };
 const char* finish_reason_name(FinishReason reason);  // "stop", "length", "abort", ...
 

@@ -236,6 +236,20 @@ SampleResult Backend::sample(const Tensor& logits, const SamplingBatch& batch) {
   return sample_impl(logits, batch);
 }
 
+void Backend::adjust_logits(const Tensor& logits, const LogitAdjustments& adjustments) {
+  const OpChecks c("adjust_logits", device_kind());
+  c.tensor("logits", logits, DType::kF32, {-1, -1});
+  const int64_t n = adjustments.rows.defined() ? adjustments.rows.size(0) : 0;
+  if (n > 0 || adjustments.tokens.defined() || adjustments.values.defined()) {
+    c.tensor("adjustments.rows", adjustments.rows, DType::kI32, {-1});
+    c.tensor("adjustments.tokens", adjustments.tokens, DType::kI32, {n});
+    c.tensor("adjustments.values", adjustments.values, DType::kF32, {n});
+  }
+  c.optional("adjustments.allowed", adjustments.allowed, DType::kI32,
+             {logits.size(0), (logits.size(1) + 31) / 32});
+  adjust_logits_impl(logits, adjustments);
+}
+
 void Backend::select_tokens(const Tensor& tokens, const Tensor& remap, const Tensor& previous) {
   const OpChecks c("select_tokens", device_kind());
   c.tensor("tokens", tokens, DType::kI32, {-1});

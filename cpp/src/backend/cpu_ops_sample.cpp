@@ -96,6 +96,40 @@ SampleResult CpuBackend::sample_impl(const Tensor& logits, const SamplingBatch& 
   return out;
 }
 
+void CpuBackend::adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) {
+  const char* op = "adjust_logits";
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  const int64_t n = adjustments.rows.defined() ? adjustments.rows.size(0) : 0;
+  const LogitAdjustments a = adjustments;
+  enqueue([=](ThreadPool&) {
+    float* x = logits.data<float>();
+    // Every index first, so a bad one leaves the logits untouched.
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t r = a.rows.data<int32_t>()[i];
+      const int32_t t = a.tokens.data<int32_t>()[i];
+      if (r < 0 || r >= rows || t < 0 || t >= vocab) {
+        fail(op, "entry " + std::to_string(i) + " (row " + std::to_string(r) + ", token " +
+                     std::to_string(t) + ") is outside logits [" + std::to_string(rows) + ", " +
+                     std::to_string(vocab) + "]");
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      x[a.rows.data<int32_t>()[i] * vocab + a.tokens.data<int32_t>()[i]] +=
+          a.values.data<float>()[i];
+    }
+    if (!a.allowed.defined()) return;
+    const int64_t words = (vocab + 31) / 32;
+    const auto* allowed = reinterpret_cast<const uint32_t*>(a.allowed.data<int32_t>());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t t = 0; t < vocab; ++t) {
+        if (((allowed[r * words + t / 32] >> (t % 32)) & 1u) == 0)
+          x[r * vocab + t] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  });
+}
+
 void CpuBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                                     const Tensor& previous) {
   const char* op = "select_tokens";

@@ -27,6 +27,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "preempted";
     case FinishReason::kRejected:
       return "rejected";
+    case FinishReason::kGrammarError:
+      return "grammar_error";
   }
   return "?";
 }

@@ -69,6 +69,7 @@ EngineImpl::~EngineImpl() {
   // Wait for launched work so the executor never runs a step whose owner is gone.
   for (Launched& l : inflight_) {
     try {
+      if (l.step->sample_deferred) executor_->finish_launch(*l.step, l.plan);
       executor_->wait(*l.step);
     } catch (...) {  // the engine is going away; there is no caller left to report to
     }
@@ -106,6 +107,22 @@ RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingPar
     if (t < 0 || t >= vocab)
       bad("forced_tokens", "holds " + std::to_string(t) + ", outside the vocabulary");
   }
+  std::vector<int32_t> biased;
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || token >= vocab)
+      bad("logit_bias", "names token " + std::to_string(token) + ", outside the vocabulary");
+    if (!std::isfinite(bias))
+      bad("logit_bias", "gives token " + std::to_string(token) + " a bias that is not finite");
+    biased.push_back(token);
+  }
+  std::sort(biased.begin(), biased.end());
+  if (std::adjacent_find(biased.begin(), biased.end()) != biased.end())
+    bad("logit_bias", "names a token twice");
+  for (const auto& [field, value] : {std::pair{"presence_penalty", params.presence_penalty},
+                                     std::pair{"frequency_penalty", params.frequency_penalty}}) {
+    if (!(value >= -2.0f && value <= 2.0f))
+      bad(field, "must be in [-2, 2], got " + std::to_string(value));
+  }
   auto seq = std::make_unique<sched::Sequence>();
   seq->id = next_id_.fetch_add(1);
   seq->params = params;
@@ -142,6 +159,9 @@ void EngineImpl::drain_inbox(std::vector<RequestOutput>& out) {
 }
 
 void EngineImpl::commit_oldest(std::vector<RequestOutput>& out) {
+  // The oldest step has nothing before it left to commit, so a deferred sample can go now.
+  if (inflight_.front().step->sample_deferred)
+    executor_->finish_launch(*inflight_.front().step, inflight_.front().plan);
   Launched l = std::move(inflight_.front());
   inflight_.pop_front();
   StepResult result = executor_->wait(*l.step);
@@ -183,6 +203,10 @@ std::vector<RequestOutput> EngineImpl::step() {
   const size_t keep =
       config_.scheduler.zero_overhead && outcome == sched::Scheduler::Outcome::kScheduled ? 1 : 0;
   while (inflight_.size() > keep) commit_oldest(out);
+  // The step before the one just launched is committed: its tokens are known, so the launched
+  // step's sampling can see them (penalties, constraints) while its forward runs.
+  if (!inflight_.empty() && inflight_.back().step->sample_deferred)
+    executor_->finish_launch(*inflight_.back().step, inflight_.back().plan);
   count_finishes(out, 0);
   // Nothing left to run: commit the step still in flight too (it only carries finished
   // sequences), so their blocks and slots are back before the caller stops stepping.

@@ -1,10 +1,15 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <cstring>
+#include <exception>
 #include <limits>
+#include <map>
+#include <span>
 
 #include "deepinfer/error.h"
 #include "model/batch_plan.h"
+#include "sched/sequence.h"
 
 namespace deepinfer::engine {
 
@@ -16,6 +21,10 @@ class ModelExecutor::ModelStep final : public InflightStep {
   Tensor host_top_ids;  // host [S, N] i32 (N = max logprobs asked), undefined if none
   Tensor host_top_lp;   // host [S, N] f32
   std::unique_ptr<Event> done;
+  // Kept from the forward while the sample is deferred (finish_launch).
+  Tensor logits;
+  Tensor next_positions;
+  std::vector<std::pair<int, std::string>> constraint_errors;
 };
 
 namespace {
@@ -45,6 +54,14 @@ size_t table_width(RowSpan rows, const ModelInstance& m) {
   for (const ForwardRow& r : rows) width = std::max(width, r.block_table.size());
   return width;
 #endif
+}
+
+// Whether a carried row's sampling depends on the token the previous step is still sampling.
+bool needs_previous_tokens(const StepPlan& plan) {
+  for (const StepRow& r : plan.rows) {
+    if (r.samples() && r.carried() && r.params->adjusts_from_history()) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -81,10 +98,100 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   const RowSpan rows = plan.forward_rows();
   const ModelInstance::Output forward =
       m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
-  if (forward.logits.defined()) sample(plan, forward, *step);
+  if (forward.logits.defined()) {
+    if (previous != nullptr && needs_previous_tokens(plan)) {
+      step->sample_deferred = true;
+      step->logits = forward.logits;
+      step->next_positions = forward.next_positions;
+      return step;
+    }
+    sample(plan, forward.logits, forward.next_positions, *step);
+  }
   m.caches->copy_state_slots(be, plan.copies_after);
   step->done = be.record_event();
   return step;
+}
+
+void ModelExecutor::finish_launch(InflightStep& inflight, const StepPlan& plan) {
+  auto& step = dynamic_cast<ModelStep&>(inflight);
+  DEEPINFER_CHECK(step.sample_deferred, "finish_launch of a step that was not deferred");
+  Backend& be = *model_->backend;
+  HostSyncForbidden no_sync(be);
+  sample(plan, step.logits, step.next_positions, step);
+  step.logits = Tensor();
+  step.next_positions = Tensor();
+  model_->caches->copy_state_slots(be, plan.copies_after);
+  step.done = be.record_event();
+  step.sample_deferred = false;
+}
+
+LogitAdjustments ModelExecutor::logit_adjustments(const StepPlan& plan, int64_t vocab,
+                                                  ModelStep& step) {
+  std::vector<int32_t> rows, tokens;
+  std::vector<float> values;
+  std::vector<uint32_t> allowed;  // [num_sampling_rows, words] once any row has a constraint
+  const int64_t words = (vocab + 31) / 32;
+  const int num_rows = plan.num_sampling_rows();
+  std::map<int32_t, float> delta;  // ordered: the uploaded entries do not depend on hashing
+  std::map<int32_t, int> counts;
+  int k = -1;
+  for (const StepRow& r : plan.rows) {
+    if (!r.samples()) continue;
+    ++k;
+    const SamplingParams& p = *r.params;
+    if (!p.adjusts_logits() || r.forced_token >= 0) continue;
+    const sched::Sequence& s = *r.sequence;
+    // A sequence that finished or was preempted since this step was planned: its token is
+    // dropped at the commit, and its constraint must not see more calls.
+    if (s.finished() || s.epoch != r.epoch) continue;
+    delta.clear();
+    for (const auto& [token, bias] : p.logit_bias) delta[token] += bias;
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+      counts.clear();
+      for (size_t i = static_cast<size_t>(s.num_prompt_tokens); i < s.tokens.size(); ++i)
+        ++counts[s.tokens[i]];
+      for (const auto& [token, count] : counts)
+        delta[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    }
+    for (const auto& [token, value] : delta) {
+      if (value == 0.0f) continue;
+      rows.push_back(k);
+      tokens.push_back(token);
+      values.push_back(value);
+    }
+    if (p.constraint == nullptr) continue;
+    if (allowed.empty()) allowed.assign(static_cast<size_t>(num_rows * words), ~0u);
+    std::span<uint32_t> mask(allowed.data() + static_cast<size_t>(k * words),
+                             static_cast<size_t>(words));
+    std::fill(mask.begin(), mask.end(), 0u);
+    try {
+      p.constraint->fill_allowed(mask);
+    } catch (const std::exception& e) {
+      std::fill(mask.begin(), mask.end(), ~0u);
+      step.constraint_errors.emplace_back(k,
+                                          std::string("the output constraint failed: ") + e.what());
+      continue;
+    }
+    // Bits past the vocabulary are ignored; a mask that allows nothing lets EOS end the request.
+    if (std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; })) {
+      for (int eos : model_->config.eos_token_ids)
+        mask[static_cast<size_t>(eos / 32)] |= 1u << (eos % 32);
+    }
+  }
+  LogitAdjustments adjustments;
+  Backend& be = *model_->backend;
+  if (!rows.empty()) {
+    adjustments.rows = upload_vector(be, rows);
+    adjustments.tokens = upload_vector(be, tokens);
+    adjustments.values = upload_vector(be, values);
+  }
+  if (!allowed.empty()) {
+    std::vector<int32_t> words_i32(allowed.size());
+    std::memcpy(words_i32.data(), allowed.data(), allowed.size() * sizeof(uint32_t));
+    adjustments.allowed = be.upload(
+        Tensor::from_vector(words_i32, {static_cast<int64_t>(num_rows), words}), DType::kI32);
+  }
+  return adjustments;
 }
 
 SamplingBatch ModelExecutor::sampling_batch(const StepPlan& plan, const Tensor& next_positions) {
@@ -126,12 +233,15 @@ SamplingBatch ModelExecutor::sampling_batch(const StepPlan& plan, const Tensor& 
   return batch;
 }
 
-void ModelExecutor::sample(const StepPlan& plan, const ModelInstance::Output& forward,
+void ModelExecutor::sample(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
                            ModelStep& step) {
   Backend& be = *model_->backend;
   // The forward returned the logits of the sampling rows only, in row order.
-  const SamplingBatch batch = sampling_batch(plan, forward.next_positions);
-  const SampleResult result = be.sample(forward.logits, batch);
+  const SamplingBatch batch = sampling_batch(plan, next_positions);
+  const LogitAdjustments adjustments = logit_adjustments(plan, logits.size(1), step);
+  if (adjustments.rows.defined() || adjustments.allowed.defined())
+    be.adjust_logits(logits, adjustments);
+  const SampleResult result = be.sample(logits, batch);
   step.sampled = apply_forced_tokens(plan, result.tokens);
   copy_results_to_host(step, result, batch.max_logprobs);
 }
@@ -170,8 +280,10 @@ void ModelExecutor::copy_results_to_host(ModelStep& step, const SampleResult& re
 
 StepResult ModelExecutor::wait(InflightStep& step) {
   auto& s = dynamic_cast<ModelStep&>(step);
+  DEEPINFER_CHECK(!s.sample_deferred, "waiting for a step whose sampling was never launched");
   s.done->wait();
   StepResult result;
+  result.constraint_errors = std::move(s.constraint_errors);
   if (!s.host_tokens.defined()) return result;
   const int64_t n = s.host_tokens.numel();
   const int32_t* tokens = s.host_tokens.data<int32_t>();

@@ -1,9 +1,11 @@
 // ModelExecutor: runs StepPlans through the DeepSeek-V4 graph on a backend (CPU or CUDA). One
 // launch, all enqueued on the backend stream without waiting for it:
 //   restore snapshots -> forward (carried rows take their token from the previous step's device
-//   output) -> sample (forced tokens applied on the device) -> copy results to the host ->
-//   save snapshots -> record the step's event.
-// So launching step N+1 never waits for step N.
+//   output) -> adjust logits (bias, penalties, constraint masks) -> sample (forced tokens applied
+//   on the device) -> copy results to the host -> save snapshots -> record the step's event.
+// So launching step N+1 never waits for step N. When a carried row's penalties or constraint
+// need the token step N is sampling, everything after the forward is deferred to finish_launch,
+// which the engine calls once N is committed (the forward of N+1 runs meanwhile).
 #pragma once
 
 #include <memory>
@@ -38,6 +40,7 @@ class ModelExecutor final : public StepExecutor {
 
   std::unique_ptr<InflightStep> launch(const StepPlan& plan, InflightStep* previous) override;
   StepResult wait(InflightStep& step) override;
+  void finish_launch(InflightStep& step, const StepPlan& plan) override;
 
   int vocab_size() const override { return model_->config.vocab_size; }
   int max_position() const override;
@@ -60,7 +63,12 @@ class ModelExecutor final : public StepExecutor {
   // they are uploaded only when the sampling rows change (a request joins, leaves or moves);
   // the positions come from the forward's metadata.
   SamplingBatch sampling_batch(const StepPlan& plan, const Tensor& next_positions);
-  void sample(const StepPlan& plan, const ModelInstance::Output& forward, ModelStep& step);
+  void sample(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
+              ModelStep& step);
+  // logit_bias, penalties and constraint masks of the sampling rows, built on the host from the
+  // committed outputs and uploaded; nothing defined when no row asks for any. A constraint that
+  // throws leaves its row unmasked and is reported in `step` (the commit ends the request).
+  LogitAdjustments logit_adjustments(const StepPlan& plan, int64_t vocab, ModelStep& step);
   // SamplingParams::forced_tokens: the forced ids replace the sampled ones on the device, so the
   // next step's carried rows read them like any sampled token.
   Tensor apply_forced_tokens(const StepPlan& plan, const Tensor& sampled);

@@ -22,6 +22,10 @@ class InflightStep {
  public:
   virtual ~InflightStep() = default;
   uint64_t step_id = 0;
+  // Set by `launch` when sampling must wait for the host to commit the step before this one
+  // (penalties or constraints over tokens that step is sampling): the engine commits that step,
+  // then calls `finish_launch`. The forward is already enqueued, so the device stays busy.
+  bool sample_deferred = false;
 };
 
 class StepExecutor {
@@ -31,6 +35,12 @@ class StepExecutor {
   // from which carried rows take their first token; null when nothing was launched before.
   virtual std::unique_ptr<InflightStep> launch(const StepPlan& plan, InflightStep* previous) = 0;
   virtual StepResult wait(InflightStep& step) = 0;
+  // Enqueues the rest of a step launched with `sample_deferred` (sampling, result copies), once
+  // every step launched before it is committed; clears the flag.
+  virtual void finish_launch(InflightStep& step, const StepPlan& plan) {
+    (void)plan;
+    step.sample_deferred = false;
+  }
 
   virtual int vocab_size() const = 0;
   virtual int max_position() const = 0;        // positions must stay below this

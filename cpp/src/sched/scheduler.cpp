@@ -1,7 +1,9 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <exception>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "deepinfer/error.h"
@@ -17,6 +19,26 @@ RequestOutput make_output(const Sequence& s) {
   RequestOutput out;
   out.id = s.id;
   return out;
+}
+
+// The constraint's verdict on an emitted token: "" if allowed, else why not (the request ends
+// with kGrammarError; a throwing constraint ends only its own request).
+std::string advance_constraint(TokenConstraint& constraint, int32_t token) {
+  try {
+    if (constraint.accept(token)) return "";
+    return "the output constraint does not allow token " + std::to_string(token) + " here";
+  } catch (const std::exception& e) {
+    return std::string("the output constraint failed: ") + e.what();
+  }
+}
+
+bool constraint_is_done(TokenConstraint& constraint, std::string& error) {
+  try {
+    return constraint.is_terminated();
+  } catch (const std::exception& e) {
+    error = std::string("the output constraint failed: ") + e.what();
+    return false;
+  }
 }
 
 }  // namespace
@@ -187,6 +209,7 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q) {
   f.num_logits = row.num_sampled;
   row.params = &s.params;
   row.seed = s.seed;
+  row.sequence = &s;
   if (row.samples()) {
     // Output index of the token this row generates (at position start + q).
     const size_t output_index = static_cast<size_t>(start + q - s.num_prompt_tokens);
@@ -380,8 +403,17 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
     if (!r.samples()) continue;
     DEEPINFER_CHECK(my_sample < result.tokens.size(),
                     "step result has fewer tokens than sampling rows");
+    std::string constraint_error;
+    for (const auto& [row, message] : result.constraint_errors)
+      if (row == static_cast<int>(my_sample)) constraint_error = message;
     const int32_t token = result.tokens[my_sample];
-    s.tokens.push_back(token);
+    s.tokens.push_back(token);  // kept even when dropped below: the next step computed its KV
+    if (!constraint_error.empty()) {
+      // The constraint failed before this token was sampled, so it was drawn unconstrained:
+      // it is not the request's output.
+      finish(s, FinishReason::kGrammarError, constraint_error, out);
+      continue;
+    }
     ++stats_.generated_tokens;
     RequestOutput o = make_output(s);
     o.tokens.push_back(token);
@@ -389,7 +421,15 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       o.logprobs.push_back(result.logprobs[my_sample]);
     }
     out.push_back(std::move(o));
-    if (is_stop_token(s, token)) {
+    bool constraint_done = false;
+    if (s.params.constraint != nullptr) {
+      constraint_error = advance_constraint(*s.params.constraint, token);
+      if (constraint_error.empty())
+        constraint_done = constraint_is_done(*s.params.constraint, constraint_error);
+    }
+    if (!constraint_error.empty()) {
+      finish(s, FinishReason::kGrammarError, constraint_error, out);
+    } else if (is_stop_token(s, token) || constraint_done) {
       finish(s, FinishReason::kStop, "", out);
     } else if (s.num_output_tokens() >= s.params.max_tokens ||
                s.num_tokens() >= config_.max_model_len) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "model/batch_plan.h"
 
 namespace deepinfer::sched {
+
+struct Sequence;
 
 struct StepRow {
   // What the forward reads: slot, positions [start_pos, start_pos + num_tokens), host tokens,
@@ -34,6 +37,9 @@ struct StepRow {
   // sequence outlives its in-flight steps) and its seed.
   const SamplingParams* params = nullptr;
   uint64_t seed = 0;
+  // The row's sequence (alive until this step is committed): its committed outputs drive logit
+  // adjustments (penalties, constraints) at sampling time.
+  const Sequence* sequence = nullptr;
   int32_t forced_token = -1;  // SamplingParams::forced_tokens hook: emit this instead (-1: sample)
   // Commit bookkeeping: a snapshot slot the state is copied into after this row's chunk.
   int32_t snapshot = -1;
@@ -64,6 +70,9 @@ struct StepPlan {
 struct StepResult {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;  // per sampled token when any row asked for them, else empty
+  // (sampling row, message): a row whose constraint failed while its logits were adjusted; the
+  // commit ends that request with kGrammarError.
+  std::vector<std::pair<int, std::string>> constraint_errors;
 };
 
 inline int StepPlan::num_tokens() const {
