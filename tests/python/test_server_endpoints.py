@@ -126,8 +126,8 @@ def test_server_tokenize_detokenize(server) -> None:
     assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 4096
     text = httpx.post(server + "/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
     assert text.endswith("hello world")
-    plain = httpx.post(server + "/tokenize", json={"prompt": "hi", "add_special_tokens": False})
-    assert plain.json()["tokens"] == r["tokens"][1:2] or plain.json()["count"] >= 1
+    plain = {"prompt": "hello world", "add_special_tokens": False}
+    assert httpx.post(server + "/tokenize", json=plain).json()["tokens"] == r["tokens"][1:]
     chat = httpx.post(
         server + "/tokenize", json={"messages": [{"role": "user", "content": "hello"}]}
     ).json()
