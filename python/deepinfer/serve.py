@@ -1,15 +1,18 @@
 """The HTTP server.
 
-    python -m deepinfer.serve --config configs/tiny.yaml [--model DIR] [--device DEVICE]
-                              [--host 127.0.0.1] [--port 8000]
+    python -m deepinfer serve --config configs/tiny.yaml [--model DIR] [--device DEVICE]
+                              [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...
 
-Serves OpenAI Chat Completions (POST /v1/chat/completions), OpenAI Responses (POST /v1/responses),
-Anthropic Messages (POST /v1/messages), GET /v1/models, GET /health and GET /metrics (Prometheus).
+Serves OpenAI Chat Completions (POST /v1/chat/completions), Completions (POST /v1/completions)
+and Responses (POST /v1/responses), Anthropic Messages (POST /v1/messages and
+/v1/messages/count_tokens), GET /v1/models[/{id}], POST /tokenize and /detokenize, GET /health
+and GET /metrics (Prometheus). SIGTERM drains: see --shutdown-timeout.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -23,9 +26,10 @@ from deepinfer.config import (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deepinfer.serve",
-        description="Serve a DeepSeek-V4 model over HTTP: OpenAI Chat Completions and Responses, "
-        "Anthropic Messages, with streaming (SSE), /v1/models, /health and /metrics.",
+        prog="python -m deepinfer serve",
+        description="Serve a DeepSeek-V4 model over HTTP: OpenAI Chat Completions, Completions "
+        "and Responses, Anthropic Messages, with streaming (SSE), /v1/models, /tokenize, "
+        "/detokenize, /health and /metrics.",
     )
     parser.add_argument(
         "--config",
@@ -51,6 +55,45 @@ def main(argv: list[str] | None = None) -> int:
         help="honour the x-deepinfer-forced-output header (tests only: it makes "
         "the model emit the given text)",
     )
+    safety = parser.add_argument_group("operational safeguards")
+    safety.add_argument(
+        "--api-key",
+        help="require this key on every route but /health: 'Authorization: Bearer KEY' "
+        "(OpenAI clients) or 'x-api-key: KEY' (Anthropic clients); others get 401",
+    )
+    safety.add_argument(
+        "--public-metrics",
+        action="store_true",
+        help="serve /metrics without the API key (for a Prometheus scraper)",
+    )
+    safety.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=[],
+        metavar="ORIGIN",
+        help="enable CORS for these browser origins ('*' for any); off by default",
+    )
+    safety.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=8 << 20,
+        help="largest request body accepted; larger ones get 413 without being read "
+        "(default 8 MiB)",
+    )
+    safety.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, new requests get 503 while in-flight ones get this long to finish; "
+        "the rest are then aborted, each response ending with its finish (default 30; 0 "
+        "stops at once)",
+    )
+    safety.add_argument(
+        "--enable-debug-endpoints",
+        action="store_true",
+        help="serve /debug/* (engine counters); 404 otherwise",
+    )
     args = parser.parse_args(argv)
 
     import uvicorn
@@ -69,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             engine=run.engine,
             served_model_names=args.names or run.served_model_names,
             test_hooks=args.test_hooks,
+            api_key=args.api_key,
+            public_metrics=args.public_metrics,
+            allowed_origins=args.allowed_origins,
+            max_body_bytes=args.max_body_bytes,
+            shutdown_timeout=args.shutdown_timeout,
+            enable_debug_endpoints=args.enable_debug_endpoints,
         )
         app = create_app(config)
     except (ValueError, OSError, RuntimeError) as e:
@@ -78,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     for note in core.load_notes:
         print(f"note: {note}", file=sys.stderr)
     print(describe_kv_cache(core), file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    # One line per request with its X-Request-Id replaces uvicorn's access log.
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from deepinfer.server.shutdown import DrainingServer
+
+    uv = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
+    )
+    # The engine starts with the lifespan, inside uvicorn's loop: look it up when draining.
+    DrainingServer(uv, app.state.drainer, lambda: app.state.server.engine.abort_all()).run()
     return 0
 
 

@@ -67,6 +67,7 @@ def server(tiny_checkpoint) -> Iterator[str]:
             "--port",
             str(port),
             "--test-hooks",
+            "--enable-debug-endpoints",
             "--log-level",
             "warning",
         ],

@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deepinfer.llm import load_engine
 from deepinfer.server.async_engine import AsyncEngine
+from deepinfer.server.completions import register_completions
+from deepinfer.server.errors import install_error_handlers
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocols import CHAT, MESSAGES, RESPONSES, Protocol, unsupported_field
+from deepinfer.server.routes_extra import register_extra_routes
+from deepinfer.server.safeguards import install_safeguards
 
 FORCED_OUTPUT_HEADER = "x-deepinfer-forced-output"
 
@@ -43,6 +48,15 @@ class ServerConfig:
     served_model_names: list[str] = field(default_factory=lambda: ["deepseek-v4"])
     # Test hook: honour the x-deepinfer-forced-output header (forced output text). Off in serving.
     test_hooks: bool = False
+    # Safeguards (safeguards.py). api_key: required on every route but /health (and /metrics
+    # with public_metrics); allowed_origins: CORS, off when empty.
+    api_key: str | None = None
+    public_metrics: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
+    enable_debug_endpoints: bool = False
+    max_body_bytes: int = 8 << 20
+    # Seconds in-flight requests get after SIGTERM before they are aborted.
+    shutdown_timeout: float = 30.0
 
 
 def tokenizer_json_path(model_path: Path | None = None) -> str:
@@ -78,10 +92,16 @@ class Server:
         self.eos_ids = set(self.core.eos_token_ids)
         self.metrics = ServerMetrics()
         self.engine: AsyncEngine | None = None
+        # Tokenizing a long prompt takes milliseconds; the event loop must keep serving meanwhile.
+        self.tokenize_pool = ThreadPoolExecutor(4, thread_name_prefix="deepinfer-tokenize")
 
     def encode(self, conversation_request: Any) -> list[int]:
         encoding = self.encodings[conversation_request.model_version]
         return encoding.encode(conversation_request.conversation)
+
+    async def off_loop(self, fn: Any, *args: Any) -> Any:
+        """fn(*args) on the tokenizer threads (the recipe's tokenizer releases the GIL)."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
 
 
 def _error(protocol: Protocol, status: int, message: str) -> JSONResponse:
@@ -109,9 +129,12 @@ def create_app(config: ServerConfig) -> FastAPI:
         server.engine.start()
         yield
         server.engine.shutdown()
+        server.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="deepinfer", lifespan=lifespan)
     app.state.server = server
+    install_error_handlers(app)
+    app.state.drainer = install_safeguards(app, config)
 
     async def handle(request: Request, protocol: Protocol) -> Response:
         metrics = server.metrics
@@ -128,7 +151,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                 extra["namespace_tool_map"] = req.namespace_tool_map(server.options)
                 extra["echo"] = req.echo()
             conversation = req.convert(server.options)
-            prompt = server.encode(conversation)
+            prompt = await server.off_loop(server.encode, conversation)
             max_tokens = conversation.resolve_max_tokens(len(prompt), server.context_limit)
         except dr.ConversionError as e:
             metrics.requests.labels(protocol.name, "rejected").inc()
@@ -317,4 +340,6 @@ def create_app(config: ServerConfig) -> FastAPI:
         assert server.engine is not None
         return dict(server.engine.stats)
 
+    register_completions(app, server)
+    register_extra_routes(app, server)
     return app

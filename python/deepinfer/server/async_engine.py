@@ -83,6 +83,16 @@ class AsyncEngine:
         self.engine.abort(rid)
         self._wake.set()
 
+    def abort_all(self) -> int:
+        """Aborts every request still registered (the shutdown timeout ran out); each ends with
+        its finish output (reason "abort"). Returns how many there were."""
+        with self._lock:
+            rids = list(self._queues)
+        for rid in rids:
+            self.engine.abort(rid)
+        self._wake.set()
+        return len(rids)
+
     def release(self, rid: int) -> None:
         with self._lock:
             self._queues.pop(rid, None)
