@@ -50,9 +50,18 @@ class SamplingParams:
     logprobs: int = 0
     # Test hook: output token i is forced_tokens[i] instead of a sampled one (see engine.h).
     forced_tokens: list[int] = field(default_factory=list)
+    # token id -> additive bias; OpenAI's penalties over the generated tokens.
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def to_core(self) -> Any:
-        return deepinfer_core.SamplingParams(**dataclasses.asdict(self))
+        kwargs = dataclasses.asdict(self)
+        # Passed only when set, so a core build without these fields still takes the rest.
+        for name in ("logit_bias", "presence_penalty", "frequency_penalty"):
+            if not kwargs[name]:
+                del kwargs[name]
+        return deepinfer_core.SamplingParams(**kwargs)
 
 
 @dataclass
@@ -133,6 +142,14 @@ def _fill(cls: type, data: Any, source: str, prefix: str) -> Any:
             ):
                 raise ConfigError(f"{source}: '{full}' must be a list of integers, got {value!r}")
             kwargs[key] = value
+        elif type_name == "dict[int, float]":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, int) and not isinstance(k, bool) for k in value
+            ):
+                raise ConfigError(f"{source}: '{full}' must map integers to numbers, got {value!r}")
+            kwargs[key] = {
+                k: _check_type(source, f"{full}.{k}", v, float) for k, v in value.items()
+            }
         else:
             kwargs[key] = _check_type(source, full, value, _TYPES[type_name])
     return cls(**kwargs)

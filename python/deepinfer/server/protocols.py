@@ -21,13 +21,20 @@ class Protocol:
     # Fields accepted only with these values (the engine has no other behaviour).
     restricted: dict[str, Any] = field(default_factory=dict)
 
-    def error_body(self, status: int, message: str, kind: str | None = None) -> dict:
+    def error_body(
+        self,
+        status: int,
+        message: str,
+        kind: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> dict:
         kind = kind or ("invalid_request_error" if status < 500 else "api_error")
         if self.anthropic_errors:
             if status == 404:
                 kind = "not_found_error"
             return {"type": "error", "error": {"type": kind, "message": message}}
-        return {"error": {"message": message, "type": kind, "param": None, "code": kind}}
+        return {"error": {"message": message, "type": kind, "param": param, "code": code or kind}}
 
     def error_from_recipe(self, status: int, body: str) -> dict:
         """The recipe writes OpenAI-shaped errors; Messages clients expect Anthropic's shape."""
@@ -73,11 +80,11 @@ CHAT = Protocol(
             "store",
             "service_tier",
             "n",
+            "logit_bias",
             "frequency_penalty",
             "presence_penalty",
         }
     ),
-    restricted={"n": 1, "frequency_penalty": 0, "presence_penalty": 0},
 )
 
 RESPONSES = Protocol(
