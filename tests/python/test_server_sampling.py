@@ -156,6 +156,24 @@ def test_server_chat_n_samples(oai, server) -> None:  # noqa: F811
     engine_idle(server)
 
 
+def test_server_n_samples_share_the_prompt_kv(oai, server) -> None:  # noqa: F811
+    """Samples 1..n-1 start once sample 0's prompt is computed and hit the prefix cache."""
+    words = " ".join(f"w{i}" for i in range(700))
+    before = httpx.get(server + "/debug/engine").json()["prompt_tokens_cached"]
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": words}],
+        max_tokens=3,
+        n=3,
+        extra_body={"thinking": {"type": "disabled"}},
+    )
+    assert len(r.choices) == 3 and r.usage.prompt_tokens > 3 * 128
+    cached = httpx.get(server + "/debug/engine").json()["prompt_tokens_cached"] - before
+    # Both followers restore every full block of the prompt (added at once, they did not).
+    assert cached == 2 * 128 * ((r.usage.prompt_tokens - 1) // 128), cached
+    engine_idle(server)
+
+
 def test_server_n_rejected_where_unsupported(oai) -> None:  # noqa: F811
     for n in (0, 129, 1.5):
         with pytest.raises(openai.BadRequestError, match="'n'"):

@@ -273,8 +273,8 @@ def create_app(config: ServerConfig) -> FastAPI:
                 forced_tokens=forced,
             )
             assert server.engine is not None
-            for p in params:  # n samples share the prompt's KV through the prefix cache
-                added.append(server.engine.add(prompt, p))
+            # n samples share the prompt's KV through the prefix cache (add_samples).
+            added.extend(server.engine.add_samples(prompt, params))
         except (RequestError, ValueError) as e:
             for rid, _ in added:
                 server.engine.abort(rid)

@@ -25,6 +25,12 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        # add_samples: leader id -> (placeholder, prompt, params) of the samples that start once
+        # the leader's prompt is computed; placeholder -> engine id once they have.
+        self._followers: dict[int, list[tuple[int, list[int], Any]]] = {}
+        self._aliases: dict[int, int] = {}
+        self._next_placeholder = 0
+        self._aborting = False
         self.stats: dict = engine.stats()  # snapshot refreshed by the engine thread
         self.stats_time = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="deepinfer-engine", daemon=True)
@@ -65,6 +71,21 @@ class AsyncEngine:
                 q = self._queues.get(out.id)
                 if q is not None:
                     self._loop.call_soon_threadsafe(q.put_nowait, out)
+                if out.id in self._followers and (out.tokens or out.finish is not None):
+                    self._add_followers(out.id)
+
+    def _add_followers(self, leader: int) -> None:
+        """The leader's prompt is computed (its first token is out, so its full blocks are in the
+        prefix cache): its followers are added now and hit that cache. Called under the lock."""
+        for placeholder, prompt, params in self._followers.pop(leader):
+            q = self._queues.pop(placeholder, None)
+            if q is None:  # the consumer gave up before its sample started
+                continue
+            rid = self.engine.add_request(prompt, params)
+            self._queues[rid] = q
+            self._aliases[placeholder] = rid
+            if self._aborting:
+                self.engine.abort(rid)
 
     def add(
         self, prompt: list[int], params: deepinfer_core.SamplingParams
@@ -79,23 +100,57 @@ class AsyncEngine:
         self._wake.set()
         return rid, q
 
+    def add_samples(
+        self, prompt: list[int], params: list[deepinfer_core.SamplingParams]
+    ) -> list[tuple[int, asyncio.Queue]]:
+        """n samples of one prompt that share its KV through the prefix cache: the first is
+        added now, the others once its prompt is computed (they then prefill only the tail past
+        the last cached block). The others' ids are placeholders (negative) until then; abort,
+        release and outputs accept them."""
+        first = self.add(prompt, params[0])
+        out = [first]
+        with self._lock:
+            for p in params[1:]:
+                self._next_placeholder -= 1
+                q: asyncio.Queue = asyncio.Queue()
+                self._queues[self._next_placeholder] = q
+                self._followers.setdefault(first[0], []).append((self._next_placeholder, prompt, p))
+                out.append((self._next_placeholder, q))
+        return out
+
+    def _resolve(self, rid: int) -> int | None:
+        """The engine id of `rid` (a placeholder maps once its sample is added; None before)."""
+        return rid if rid >= 0 else self._aliases.get(rid)
+
     def abort(self, rid: int) -> None:
-        self.engine.abort(rid)
+        with self._lock:
+            real = self._resolve(rid)
+            if real is None:  # not added yet: it never will be
+                self._queues.pop(rid, None)
+                return
+        self.engine.abort(real)
         self._wake.set()
 
     def abort_all(self) -> int:
         """Aborts every request still registered (the shutdown timeout ran out); each ends with
-        its finish output (reason "abort"). Returns how many there were."""
+        its finish output (reason "abort"), samples still waiting for their leader too. Returns
+        how many there were."""
         with self._lock:
-            rids = list(self._queues)
+            self._aborting = True
+            rids = [rid for rid in self._queues if rid >= 0]
+            waiting = sum(1 for rid in self._queues if rid < 0)
         for rid in rids:
             self.engine.abort(rid)
         self._wake.set()
-        return len(rids)
+        return len(rids) + waiting
 
     def release(self, rid: int) -> None:
         with self._lock:
+            real = self._resolve(rid)
+            self._aliases.pop(rid, None)
             self._queues.pop(rid, None)
+            if real is not None:
+                self._queues.pop(real, None)
 
     async def outputs(self, rid: int, q: asyncio.Queue) -> AsyncIterator[Any]:
         """The request's outputs until its finish output; aborts it if the consumer stops early
