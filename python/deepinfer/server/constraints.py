@@ -70,14 +70,18 @@ class Plan:
     auto_tools: bool  # converted with tool_choice "auto" (the constraint forces the call)
 
     def spec(self, protocol_name: str, conversation: Any) -> ConstraintSpec | None:
-        if self.auto_tools:
+        try:
+            spec = constraint_spec_from_request(protocol_name, self.lookup, conversation)
+        except ValueError as e:
+            raise bad_spec(e) from e
+        forced = self.body_spec is not None and self.body_spec.kind == "tool_calls"
+        if forced and (self.auto_tools or spec is None or spec.kind != "tool_calls"):
+            # The recipe did not force the call (thinking mode; Messages' "any" and "tool"
+            # become "auto"): the prompt has no open block, the grammar opens it.
             assert self.body_spec is not None
             data = json.loads(self.body_spec.text)
             return tool_call_spec(data["tools"], parallel=data["parallel"], block_opened=False)
-        try:
-            return constraint_spec_from_request(protocol_name, self.lookup, conversation)
-        except ValueError as e:
-            raise bad_spec(e) from e
+        return spec
 
 
 def plan(protocol_name: str, body: dict, convert: Any) -> tuple[Plan, Any]:
