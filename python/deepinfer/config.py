@@ -54,9 +54,14 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # vLLM-style output constraint, one of {"json": schema (dict or JSON text)}, {"regex": str},
+    # {"choice": [str, ...]}, {"grammar": EBNF or Lark}, {"json_object": True} (LLM compiles it;
+    # needs xgrammar).
+    structured_outputs: dict[str, Any] | None = None
 
     def to_core(self) -> Any:
         kwargs = dataclasses.asdict(self)
+        del kwargs["structured_outputs"]  # the LLM turns it into a per-request constraint
         # Passed only when set, so a core build without these fields still takes the rest.
         for name in ("logit_bias", "presence_penalty", "frequency_penalty"):
             if not kwargs[name]:

@@ -108,6 +108,36 @@ class LLM:
         else:
             self.tokenizer = ds_token
         self.bos_token_id = self.engine.model_config.bos_token_id
+        self._structured: Any = None  # StructuredCompiler, built on first use (imports xgrammar)
+
+    def _constraint(self, structured_outputs: dict[str, Any]) -> Any:
+        """A fresh engine constraint for SamplingParams.structured_outputs (raw prompts: no
+        thinking). Raises ValueError naming the bad key."""
+        from deepinfer.structured import (
+            StructuredCompiler,
+            constraint_spec_from_request,
+            make_constraint,
+        )
+
+        spec = constraint_spec_from_request("chat", {"structured_outputs": structured_outputs})
+        if spec is None:
+            raise ValueError("'structured_outputs' selects no constraint")
+        if self._structured is None:
+            from deepinfer.server.app import tokenizer_json_path
+
+            self._structured = StructuredCompiler(
+                tokenizer_json_path(self.model_path),
+                self.engine.vocab_size,
+                list(self.engine.eos_token_ids),
+            )
+        compiled = self._structured.compile(spec)
+        return make_constraint(compiled, self.engine.vocab_size, False)
+
+    def _core_params(self, sp: SamplingParams) -> Any:
+        core = sp.to_core()
+        if sp.structured_outputs:
+            core.constraint = self._constraint(sp.structured_outputs)
+        return core
 
     def encode(self, prompt: str) -> list[int]:
         """Plain-text prompt -> token ids, with the model's BOS first."""
@@ -136,12 +166,14 @@ class LLM:
 
         results: dict[int, CompletionOutput] = {}
         order: list[int] = []
-        for prompt, sp in zip(prompts, params, strict=True):
+        # Built before any request is added, so a bad constraint leaves the engine untouched.
+        core_params = [self._core_params(sp) for sp in params]
+        for prompt, cp in zip(prompts, core_params, strict=True):
             if isinstance(prompt, str):
                 text, ids = prompt, self.encode(prompt)
             else:
                 text, ids = None, [int(t) for t in prompt]
-            rid = self.engine.add_request(ids, sp.to_core())
+            rid = self.engine.add_request(ids, cp)
             results[rid] = CompletionOutput(rid, text, ids)
             order.append(rid)
 

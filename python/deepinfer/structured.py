@@ -40,6 +40,10 @@ import numpy as np
 
 XGRAMMAR_MISSING = "structured outputs need xgrammar: pip install 'deepinfer[structured]'"
 
+# Whitespace characters allowed between JSON tokens: enough for indented output, yet bounded, so a
+# model that prefers whitespace cannot spend its whole budget there.
+JSON_MAX_WHITESPACE = 16
+
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "tool_calls")
 
 # DeepSeek V4 spellings (deepseek_recipe's defaults; they are single tokens in the tokenizer).
@@ -337,7 +341,11 @@ def _dsml_structural_tag(spec_text: str) -> Any:
     tags = [
         st.TagFormat(
             begin=f'<{DSML}invoke name="{tool["name"]}">\n',
-            content=st.JSONSchemaFormat(json_schema=tool["parameters"], style="deepseek_xml"),
+            content=st.JSONSchemaFormat(
+                json_schema=tool["parameters"],
+                style="deepseek_xml",
+                max_whitespace_cnt=JSON_MAX_WHITESPACE,
+            ),
             end=f"</{DSML}invoke>\n",
         )
         for tool in data["tools"]
@@ -458,9 +466,13 @@ class StructuredCompiler:
         where = spec.field or spec.kind
         try:
             if spec.kind == "json_schema":
-                return c.compile_json_schema(spec.text, strict_mode=True)
+                return c.compile_json_schema(
+                    spec.text, strict_mode=True, max_whitespace_cnt=JSON_MAX_WHITESPACE
+                )
             if spec.kind == "json_object":
-                return c.compile_json_schema('{"type":"object"}', strict_mode=False)
+                return c.compile_json_schema(
+                    '{"type":"object"}', strict_mode=False, max_whitespace_cnt=JSON_MAX_WHITESPACE
+                )
             if spec.kind == "regex":
                 return c.compile_regex(spec.text)
             if spec.kind == "choice":

@@ -4,6 +4,7 @@ DeepSeek V4 tokenizer, and the per-request constraint driven token by token as t
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -404,3 +405,26 @@ def test_missing_xgrammar_is_a_clear_error(monkeypatch, eos):
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # makes `import xgrammar` fail
     with pytest.raises(ImportError, match=r"pip install 'deepinfer\[structured\]'"):
         StructuredCompiler(tokenizer_json_path(), PADDED_VOCAB, [eos])
+
+
+# ----- offline LLM
+
+
+def test_llm_structured_outputs(tiny_checkpoint):
+    from deepinfer.config import SamplingParams
+    from deepinfer.llm import LLM
+
+    llm = LLM()
+    pattern = "[a-c]{3}-[0-9]{2}"
+    params = [
+        SamplingParams(structured_outputs={"regex": pattern}, max_tokens=20, seed=1),
+        SamplingParams(structured_outputs={"choice": ["yes", "no"]}, max_tokens=20),
+        SamplingParams(max_tokens=4),
+    ]
+    outs = llm.generate(["Hello", "Hello", "Hello"], params, use_tqdm=False)
+    assert re.fullmatch(pattern, outs[0].text) and outs[0].finish_reason == "stop"
+    assert outs[1].text in ("yes", "no")
+    assert outs[2].finish_reason == "length"
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex"):
+        llm.generate("Hello", SamplingParams(structured_outputs={"regex": "("}), use_tqdm=False)
+    assert not llm.engine.has_unfinished()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deepinfer.llm import load_engine
 from deepinfer.server.async_engine import AsyncEngine
 from deepinfer.server.completions import register_completions
+from deepinfer.server.constraints import Constraints, plan
 from deepinfer.server.errors import install_error_handlers
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocols import CHAT, MESSAGES, RESPONSES, Protocol, unsupported_field
@@ -49,8 +51,10 @@ from deepinfer.server.usage import (
     merge_choices,
     token_byte_table,
 )
+from deepinfer.structured import request_thinks
 
 FORCED_OUTPUT_HEADER = "x-deepinfer-forced-output"
+log = logging.getLogger("deepinfer.server")
 
 
 @dataclass
@@ -105,6 +109,9 @@ class Server:
             {name: dr.ModelVersion.DeepseekV4Pro for name in config.served_model_names}
         )
         self.eos_ids = set(self.core.eos_token_ids)
+        self.constraints = Constraints(
+            tokenizer_json, self.core.vocab_size, list(self.core.eos_token_ids)
+        )
         think_end = self.tokenizer.encode(
             self.options.special_tokens.token(dr.SpecialToken.ThinkingEnd)
         )
@@ -233,13 +240,28 @@ def create_app(config: ServerConfig) -> FastAPI:
                 sampling = prepare_request(
                     protocol.name, obj, config.served_model_names, server.core.vocab_size
                 )
-            req = protocol.request_cls(obj if obj is not None else body)
-            model = req.model
+            spec = None
             extra: dict[str, Any] = {}
-            if protocol is RESPONSES:
-                extra["namespace_tool_map"] = req.namespace_tool_map(server.options)
-                extra["echo"] = req.echo()
-            conversation = req.convert(server.options)
+
+            def convert(b: Any) -> Any:
+                # Converting consumes the request: read what else it gives first.
+                req = protocol.request_cls(b)
+                extra["model"] = req.model
+                if protocol is RESPONSES:
+                    extra["namespace_tool_map"] = req.namespace_tool_map(server.options)
+                    extra["echo"] = req.echo()
+                return req.convert(server.options)
+
+            if obj is not None:
+                # The constraint may change what is converted (a forced tool call in thinking mode).
+                output_plan, conversation = plan(protocol.name, obj, convert)
+                spec = output_plan.spec(protocol.name, conversation)
+            else:
+                conversation = convert(body)
+            model = extra["model"]
+            compiled = None
+            if spec is not None:
+                compiled = await server.constraints.compile(server, spec)
             prompt = await server.off_loop(server.encode, conversation)
             max_tokens = conversation.resolve_max_tokens(len(prompt), server.context_limit)
         except RequestError as e:
@@ -272,6 +294,10 @@ def create_app(config: ServerConfig) -> FastAPI:
                 logprobs=max(1, top_logprobs) if io.logprobs or top_logprobs else 0,
                 forced_tokens=forced,
             )
+            if compiled is not None:
+                thinks = request_thinks(conversation)
+                for p in params:
+                    p.constraint = server.constraints.make(compiled, thinks)
             assert server.engine is not None
             # n samples share the prompt's KV through the prefix cache (add_samples).
             added.extend(server.engine.add_samples(prompt, params))
@@ -298,7 +324,11 @@ def create_app(config: ServerConfig) -> FastAPI:
                 generator = generator.with_namespace_tool_map(extra["namespace_tool_map"])
                 generator = generator.with_echo(extra["echo"])
             tokens = OutputTokens(
-                server.token_bytes, server.eos_ids, server.thinking_end_id, starts_in_reasoning
+                server.token_bytes,
+                server.eos_ids,
+                server.thinking_end_id,
+                starts_in_reasoning,
+                as_text=spec is not None and spec.kind == "tool_calls",
             )
             processor = dr.StreamProcessor(generator, parsing, server.tokenizer)
             return _Sample(rid, queue, processor, tokens)
@@ -345,6 +375,13 @@ def create_app(config: ServerConfig) -> FastAPI:
                     if out.finish is not None and not processor.finished:
                         if out.finish == "rejected":
                             raise ValueError(out.finish_detail)
+                        if out.finish == "grammar_error":
+                            # Only this request ends; the client gets the text so far.
+                            log.warning(
+                                "request %s: output constraint failed: %s",
+                                response_id,
+                                out.finish_detail,
+                            )
                         tail = s.tokens.flush()
                         if tail is not None:
                             pushed += processor.push(tail)

@@ -20,9 +20,12 @@ import deepinfer_core
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deepinfer.server.constraints import VLLM_FIELDS
 from deepinfer.server.detokenize import IncrementalDecoder, decode, load_tokenizer
 from deepinfer.server.errors import error_response
 from deepinfer.server.routes_extra import BadRequest, encode_text, parse_object
+from deepinfer.server.sampling import RequestError
+from deepinfer.structured import ConstraintSpec, constraint_spec_from_request
 
 if TYPE_CHECKING:
     from deepinfer.server.app import Server
@@ -47,6 +50,13 @@ FIELDS = frozenset(
         "suffix",
         "presence_penalty",
         "frequency_penalty",
+        # output constraints: vLLM's fields, and chat's response_format
+        "response_format",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
     }
 )
 # Accepted only with their no-op values (the engine has no other behaviour).
@@ -57,6 +67,7 @@ RESTRICTED: dict[str, Any] = {
     "presence_penalty": 0,
     "frequency_penalty": 0,
 }
+CONSTRAINT_FIELDS = ("response_format", *VLLM_FIELDS)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 
@@ -144,6 +155,7 @@ class Parsed:
     echo: bool
     stream: bool
     include_usage: bool
+    constraint: ConstraintSpec | None = None
 
 
 def parse(obj: dict[str, Any], served: list[str]) -> Parsed:
@@ -199,7 +211,13 @@ def parse(obj: dict[str, Any], served: list[str]) -> Parsed:
     seed = obj.get("seed")
     if seed is not None and type(seed) is not int:
         raise BadRequest("'seed' must be an integer")
+    constraint_fields = {k: obj[k] for k in CONSTRAINT_FIELDS if k in obj}
+    try:  # read as chat reads them (response_format included)
+        constraint = constraint_spec_from_request("chat", constraint_fields)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
     return Parsed(
+        constraint=constraint,
         model=model,
         prompts=prompts,
         max_tokens=max_tokens,
@@ -332,6 +350,13 @@ def register_completions(app: FastAPI, server: Server) -> None:
                 for q in p.prompts
             ]
             params = [engine_params(p, len(q)) for q in prompts]
+            if p.constraint is not None:
+                compiled = await server.constraints.compile(server, p.constraint)
+                for sp in params:  # one constraint per engine request; raw prompts: no thinking
+                    sp.constraint = server.constraints.make(compiled, False)
+        except RequestError as e:
+            metrics.requests.labels("completions", "rejected").inc()
+            return error_response(PATH, e.status, e.message)
         except ModelNotFound as e:
             metrics.requests.labels("completions", "rejected").inc()
             body = {"error": {"message": str(e), "type": "invalid_request_error"}}

@@ -83,6 +83,12 @@ CHAT = Protocol(
             "logit_bias",
             "frequency_penalty",
             "presence_penalty",
+            # vLLM's structured outputs (constraints.py)
+            "structured_outputs",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
         }
     ),
 )

@@ -64,8 +64,12 @@ class OutputTokens:
         eos_ids: Collection[int],
         thinking_end_id: int | None,
         starts_in_reasoning: bool,
+        as_text: bool = False,
     ) -> None:
         self.completion = 0
+        # Hand the parser text, not ids: its markup detection is by token id, and a grammar-forced
+        # tool call may spell the DSML markers in other tokens (the text is the same).
+        self._as_text = as_text
         self.reasoning = 0
         self._bytes = token_bytes
         self._eos = eos_ids
@@ -102,6 +106,9 @@ class OutputTokens:
                 self._held, self._held_lps = [], []
         if not ready:
             return None
+        if self._as_text:
+            text = b"".join(self._token_bytes(t) for t in ready).decode("utf-8", "replace")
+            return dr.InferenceChunk.text(text, len(ready))
         return dr.InferenceChunk.tokens(ready, ready_lps if logprobs is not None else None)
 
     def flush(self) -> dr.InferenceChunk | None:
