@@ -335,3 +335,45 @@ def _tokenizer_json() -> str:
     from deepinfer.server.app import tokenizer_json_path
 
     return tokenizer_json_path()
+
+
+# ---- tool_choice auto: a tool-call block that does not parse -----------------------------------
+
+D = "｜DSML｜"
+BROKEN_CALL = (
+    f'Checking.\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
+    f'<{D}parameter name="city" string="false">Paris</{D}parameter>\n</{D}invoke>\n'
+    f"</{D}tool_calls><｜end▁of▁sentence｜>"
+)
+TRUNCATED_CALL = (
+    f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
+    f'<{D}parameter name="city" string="true">Pa'
+)
+
+
+def test_auto_tool_call_that_does_not_parse_comes_back_as_text(oai) -> None:
+    """tool_choice auto leaves the model free; markup whose arguments are not JSON is returned as
+    text with finish_reason "tool_call_error", never as a tool call with broken arguments."""
+    kw = dict(tools=TOOLS, tool_choice="auto", extra_body=NO_THINKING)
+    r = chat(oai, extra_headers={FORCE: json.dumps(BROKEN_CALL)}, max_tokens=80, **kw)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls
+    assert choice.finish_reason == "tool_call_error"
+    assert "Checking." in choice.message.content and "get_weather" in choice.message.content
+    text, finish = streamed_text(
+        chat(oai, extra_headers={FORCE: json.dumps(BROKEN_CALL)}, max_tokens=80, stream=True, **kw)
+    )
+    assert finish == "tool_call_error" and "get_weather" in text
+
+
+def test_truncated_tool_call_comes_back_as_text_with_length(oai) -> None:
+    kw = dict(tools=TOOLS, tool_choice="auto", extra_body=NO_THINKING)
+    n = 27  # ends inside the parameter value (the forced text is 29 tokens)
+    r = chat(oai, extra_headers={FORCE: json.dumps(TRUNCATED_CALL)}, max_tokens=n, **kw)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls
+    assert choice.finish_reason == "length"
+    assert "get_weather" in (choice.message.content or "")
+    forced = {FORCE: json.dumps(TRUNCATED_CALL)}
+    text, finish = streamed_text(chat(oai, extra_headers=forced, max_tokens=n, stream=True, **kw))
+    assert finish == "length" and "get_weather" in text

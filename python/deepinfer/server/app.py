@@ -413,9 +413,15 @@ def create_app(config: ServerConfig) -> FastAPI:
                 async with aclosing(_merge(streams)) as merged:
                     async for i, (kind, item) in merged:
                         if kind == "chunk":
-                            data = editor.edit(item.to_json(), i, samples[i].tokens)
-                            if data is not None:
-                                yield _sse(protocol.response_cls.sse_event_name(item), data)
+                            name = protocol.response_cls.sse_event_name(item)
+                            data = item.to_json()
+                            if protocol is CHAT:  # holds tool-call chunks until they parse
+                                for edited in editor.edit_all(data, i, samples[i].tokens):
+                                    yield _sse(name, edited)
+                            else:
+                                edited = editor.edit(data, i, samples[i].tokens)
+                                if edited is not None:
+                                    yield _sse(name, edited)
                 usage = editor.usage_chunk()
                 if usage is not None:
                     yield _sse(None, usage)

@@ -78,6 +78,12 @@ class OutputTokens:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._held: list[int] = []
         self._held_lps: list[Any] = []
+        self._answer = bytearray()  # the bytes after reasoning (EOS excluded), tool markup too
+
+    def answer_text(self) -> str:
+        """What the model wrote after its reasoning, markup included (for a tool-call block that
+        does not parse, returned as text)."""
+        return self._answer.decode("utf-8", "replace")
 
     def _token_bytes(self, token: int) -> bytes:
         return self._bytes[token] if 0 <= token < len(self._bytes) else b""
@@ -91,11 +97,14 @@ class OutputTokens:
         ready_lps: list[Any] = []
         for k, token in enumerate(tokens):
             self.completion += 1
+            was_reasoning = self._in_reasoning
             if self._in_reasoning:
                 self.reasoning += 1
                 self._in_reasoning = token != self._thinking_end
             if token in self._eos:
                 continue
+            if not was_reasoning:
+                self._answer += self._token_bytes(token)
             self._held.append(token)
             if logprobs is not None:
                 self._held_lps.append(logprobs[k])
@@ -177,6 +186,61 @@ class ChunkEditor:
         self.n = n
         self._usages: dict[int, dict] = {}
         self._last: dict | None = None
+        # Chat tool-call chunks are held until the finish, when their arguments can be checked.
+        self._held_calls: dict[int, list[dict]] = {}
+        self._content: dict[int, str] = {}
+
+    def edit_all(self, data: str, index: int, tokens: OutputTokens) -> list[str]:
+        """The chunks to send for one chunk of sample `index`: none while a tool call is held,
+        the held ones at the finish (or the block as text when it did not parse)."""
+        if '"tool_calls":[' not in data and index not in self._held_calls:
+            if '"content":' in data or '"finish_reason":"' in data:
+                obj = json.loads(data)
+                for choice in obj.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        self._content[index] = self._content.get(index, "") + text
+                    sent = self._content.get(index, "")
+                    dropped = _dropped_block(sent, tokens, choice.get("finish_reason"))
+                    if choice.get("finish_reason") and dropped is not None:
+                        # The parser dropped a tool-call block: send it as text.
+                        answer = tokens.answer_text()
+                        rest = answer[len(sent) :] if answer.startswith(sent) else answer
+                        delta = choice.get("delta") or {}
+                        choice["delta"] = {**delta, "content": (delta.get("content") or "") + rest}
+                        choice["finish_reason"] = dropped
+                        data = dumps(obj)
+            edited = self.edit(data, index, tokens)
+            return [] if edited is None else [edited]
+        obj = json.loads(data)
+        choices = obj.get("choices") or []
+        held = self._held_calls.setdefault(index, [])
+        held.append(obj)
+        finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
+        if finish is None and not obj.get("usage"):
+            return []
+        del self._held_calls[index]
+        calls: dict[int, dict] = {}
+        for chunk in held:
+            for choice in chunk.get("choices") or []:
+                for delta in (choice.get("delta") or {}).get("tool_calls") or []:
+                    call = calls.setdefault(delta.get("index", 0), {"function": {"arguments": ""}})
+                    fn = delta.get("function") or {}
+                    call["function"]["arguments"] += fn.get("arguments") or ""
+        broken = _broken_tool_calls(list(calls.values()), finish)
+        if broken is None:
+            out = [self.edit(dumps(chunk), index, tokens) for chunk in held]
+            return [x for x in out if x is not None]
+        # One chunk: the rest of the text the model wrote, with the finish reason.
+        answer = tokens.answer_text()
+        sent = self._content.get(index, "")
+        rest = answer[len(sent) :] if answer.startswith(sent) else answer
+        last = held[-1]
+        for choice in last.get("choices") or []:
+            choice["delta"] = {"content": rest}
+            choice["finish_reason"] = broken
+        edited = self.edit(dumps(last), index, tokens)
+        return [] if edited is None else [edited]
 
     def edit(self, data: str, index: int, tokens: OutputTokens) -> str | None:
         """The edited chunk, or None when nothing is left of it (a usage-only chunk, n > 1)."""
@@ -204,10 +268,63 @@ class ChunkEditor:
         return dumps({**self._last, "choices": [], "usage": sum_usage(usages)})
 
 
+# Chat finish reason of a tool-call block whose arguments are not JSON (returned as text).
+TOOL_CALL_ERROR = "tool_call_error"
+
+
+def _arguments_parse(arguments: object) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict) if isinstance(arguments, str) else False
+    except ValueError:
+        return False
+
+
+def _broken_tool_calls(calls: Sequence[dict], finish: str | None) -> str | None:
+    """The finish reason a chat choice takes when its tool calls cannot be returned as calls: a
+    block cut off by the token limit ("length") or arguments that are not a JSON object."""
+    if not calls:
+        return None
+    if finish == "length":
+        return "length"
+    ok = all(_arguments_parse((c.get("function") or {}).get("arguments")) for c in calls)
+    return None if ok else TOOL_CALL_ERROR
+
+
+# DeepSeek's tool-call block opens with this (in any tokenization).
+TOOL_BLOCK = "<｜DSML｜tool_calls>"
+
+
+def _dropped_block(content: str | None, tokens: OutputTokens, finish: str | None) -> str | None:
+    """The finish reason for a tool-call block the parser dropped (no calls, markup not in the
+    content): "length" when cut off, else TOOL_CALL_ERROR; None when nothing was dropped."""
+    if TOOL_BLOCK not in tokens.answer_text() or TOOL_BLOCK in (content or ""):
+        return None
+    return "length" if finish == "length" else TOOL_CALL_ERROR
+
+
+def fix_tool_calls(obj: dict, tokens: OutputTokens) -> None:
+    """Chat: a tool-call block that did not parse, or was truncated, comes back as the text the
+    model wrote (markup included) with a finish reason that says so, never as calls with
+    invalid arguments and never dropped."""
+    for choice in obj.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        calls = message.get("tool_calls") or []
+        finish = _broken_tool_calls(calls, choice.get("finish_reason"))
+        if not calls:
+            finish = _dropped_block(message.get("content"), tokens, choice.get("finish_reason"))
+        if finish is not None:
+            message["content"] = tokens.answer_text()
+            message["tool_calls"] = None
+            choice["finish_reason"] = finish
+
+
 def edit_response(data: str, tokens: OutputTokens) -> dict:
     obj = json.loads(data)
     set_usage(obj, tokens.completion, tokens.reasoning)
     standard_logprobs(obj)
+    fix_tool_calls(obj, tokens)
     return obj
 
 
