@@ -40,7 +40,8 @@ class TokenConstraint {
   // mask has ceil(vocab_size / 32) words, zeroed: set bit t % 32 of word t / 32 for each token t
   // allowed next. A mask with no bit set lets only the model's EOS tokens through.
   virtual void fill_allowed(std::span<uint32_t> mask) = 0;
-  // The request emitted `token`; false if the constraint did not allow it (kGrammarError).
+  // The request sampled `token`; false if the constraint does not allow it: the request ends
+  // with kGrammarError and the token is not reported.
   virtual bool accept(int32_t token) = 0;
   // True once the constrained output is complete: the request finishes (kStop).
   virtual bool is_terminated() = 0;

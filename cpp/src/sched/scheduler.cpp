@@ -408,9 +408,15 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       if (row == static_cast<int>(my_sample)) constraint_error = message;
     const int32_t token = result.tokens[my_sample];
     s.tokens.push_back(token);  // kept even when dropped below: the next step computed its KV
+    bool constraint_done = false;
+    if (constraint_error.empty() && s.params.constraint != nullptr) {
+      constraint_error = advance_constraint(*s.params.constraint, token);
+      if (constraint_error.empty())
+        constraint_done = constraint_is_done(*s.params.constraint, constraint_error);
+    }
     if (!constraint_error.empty()) {
-      // The constraint failed before this token was sampled, so it was drawn unconstrained:
-      // it is not the request's output.
+      // Drawn without a mask (the constraint failed before sampling) or refused by it: not the
+      // request's output either way.
       finish(s, FinishReason::kGrammarError, constraint_error, out);
       continue;
     }
@@ -421,15 +427,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       o.logprobs.push_back(result.logprobs[my_sample]);
     }
     out.push_back(std::move(o));
-    bool constraint_done = false;
-    if (s.params.constraint != nullptr) {
-      constraint_error = advance_constraint(*s.params.constraint, token);
-      if (constraint_error.empty())
-        constraint_done = constraint_is_done(*s.params.constraint, constraint_error);
-    }
-    if (!constraint_error.empty()) {
-      finish(s, FinishReason::kGrammarError, constraint_error, out);
-    } else if (is_stop_token(s, token) || constraint_done) {
+    if (is_stop_token(s, token) || constraint_done) {
       finish(s, FinishReason::kStop, "", out);
     } else if (s.num_output_tokens() >= s.params.max_tokens ||
                s.num_tokens() >= config_.max_model_len) {
