@@ -191,10 +191,16 @@ def test_invalid_constraints_are_400_naming_the_field(oai) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         chat(oai, extra_body={"structured_outputs": {"json": {"$ref": "#/missing"}}})
     assert "structured_outputs.json" in str(e.value)
-    # The recipe checks response_format's schema itself.
+    # The recipe checks response_format's schema itself; its error gets the field.
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as e:
         chat(oai, response_format=bad)
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    assert "invalid JSON schema in 'response_format.json_schema.schema'" in str(e.value)
+    bad_text = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=MODEL, input="hi", text=bad_text)
+    assert e.value.body["param"] == "text.format.schema"
     with pytest.raises(openai.BadRequestError) as e:
         chat(oai, extra_body={"structured_outputs": {"regex": "a", "choice": ["b"]}})
     assert "conflicting" in str(e.value)

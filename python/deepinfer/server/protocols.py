@@ -9,6 +9,9 @@ from typing import Any
 
 import deepseek_recipe as dr
 
+# Where each protocol carries the answer's JSON schema (for the recipe's schema errors).
+SCHEMA_FIELDS = {"chat": "response_format.json_schema.schema", "responses": "text.format.schema"}
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -37,12 +40,24 @@ class Protocol:
         return {"error": {"message": message, "type": kind, "param": param, "code": code or kind}}
 
     def error_from_recipe(self, status: int, body: str) -> dict:
-        """The recipe writes OpenAI-shaped errors; Messages clients expect Anthropic's shape."""
+        """The recipe writes OpenAI-shaped errors; Messages clients expect Anthropic's shape.
+        The recipe's answer-schema errors get the field they are about."""
         if not self.anthropic_errors:
             try:
-                return json.loads(body)
+                obj = json.loads(body)
             except json.JSONDecodeError:
                 return self.error_body(status, body)
+            error = obj.get("error") if isinstance(obj, dict) else None
+            schema_field = SCHEMA_FIELDS.get(self.name)
+            if isinstance(error, dict) and schema_field and error.get("param") is None:
+                message = str(error.get("message", ""))
+                if message.lower().startswith("invalid json schema"):
+                    error["param"] = schema_field
+                    error["message"] = (
+                        f"invalid JSON schema in '{schema_field}': "
+                        + message.split(":", 1)[-1].strip()
+                    )
+            return obj
         try:
             message = json.loads(body)["error"]["message"]
         except (json.JSONDecodeError, KeyError, TypeError):
