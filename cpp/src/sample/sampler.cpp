@@ -258,4 +258,44 @@ RowResult sample_row(std::span<const float> logits, const RowParams& params) {
   return result;
 }
 
+std::vector<std::pair<int32_t, double>> sampling_distribution(std::span<const float> logits,
+                                                              const RowParams& params) {
+  check_params(logits, params);
+  const int32_t best = checked_argmax(logits);
+  if (params.temperature == 0.0f) return {{best, 1.0}};
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  const double max_logit = logits[static_cast<size_t>(best)];
+  const double temperature = params.temperature;
+  auto weight = [&](int32_t id) {
+    const float x = logits[static_cast<size_t>(id)];
+    if (x == -std::numeric_limits<float>::infinity()) return 0.0;
+    return std::exp((static_cast<double>(x) - max_logit) / temperature);
+  };
+  RankedTokens ranked(logits);
+  // The same candidates and nucleus as sample_row, summed in the same rank order.
+  const int64_t num_candidates = params.top_k > 0 && params.top_k < vocab ? params.top_k : vocab;
+  double candidate_mass = 0.0;
+  for (int64_t r = 0; r < num_candidates; ++r) candidate_mass += weight(ranked.at(r));
+  int64_t kept = num_candidates;
+  double kept_mass = candidate_mass;
+  if (params.top_p < 1.0f) {
+    const double threshold = static_cast<double>(params.top_p) * candidate_mass;
+    double cum = 0.0;
+    for (int64_t r = 0; r < num_candidates; ++r) {
+      cum += weight(ranked.at(r));
+      kept = r + 1;
+      if (cum >= threshold) break;
+    }
+    kept_mass = cum;
+  }
+  std::vector<std::pair<int32_t, double>> out;
+  out.reserve(static_cast<size_t>(kept));
+  for (int64_t r = 0; r < kept; ++r) {
+    const int32_t id = ranked.at(r);
+    const double w = weight(id);
+    if (w > 0.0) out.emplace_back(id, w / kept_mass);
+  }
+  return out;
+}
+
 }  // namespace deepinfer::sample

@@ -42,4 +42,10 @@ struct RowResult {
 // top_p outside (0, 1] or num_logprobs < 0.
 RowResult sample_row(std::span<const float> logits, const RowParams& params);
 
+// The distribution sample_row draws from, as (token, probability) pairs of the kept tokens in
+// rank order (probabilities sum to 1; tokens outside the list have probability 0). Greedy rows
+// give the argmax with probability 1. Same argument checks as sample_row.
+std::vector<std::pair<int32_t, double>> sampling_distribution(std::span<const float> logits,
+                                                              const RowParams& params);
+
 }  // namespace deepinfer::sample
