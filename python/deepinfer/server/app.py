@@ -10,7 +10,8 @@ request is aborted at once so its KV blocks are freed.
 
 What the recipe does not do (sampling fields in thinking mode, n > 1, logit_bias and penalties,
 model-name and image checks) is in sampling.py; usage from token ids and the JSON edits it needs
-(n choices merged) in usage.py.
+(n choices merged) in usage.py; Messages and Responses tool calls that did not parse or were cut
+off, returned as text, in tool_failures.py.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from deepinfer.server.protocols import CHAT, MESSAGES, RESPONSES, Protocol, unsu
 from deepinfer.server.routes_extra import register_extra_routes
 from deepinfer.server.safeguards import install_safeguards
 from deepinfer.server.sampling import RequestError, RequestSampling, core_params, prepare_request
+from deepinfer.server.tool_failures import ToolCallGuard, tool_call_guard
 from deepinfer.server.usage import (
     ChunkEditor,
     OutputTokens,
@@ -163,6 +165,8 @@ class _Sample:
     queue: asyncio.Queue
     processor: Any
     tokens: OutputTokens
+    # Messages and Responses: tool calls that cannot be returned as calls come back as text.
+    guard: ToolCallGuard | None = None
 
 
 _DONE = object()
@@ -331,7 +335,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                 as_text=spec is not None and spec.kind == "tool_calls",
             )
             processor = dr.StreamProcessor(generator, parsing, server.tokenizer)
-            return _Sample(rid, queue, processor, tokens)
+            return _Sample(rid, queue, processor, tokens, tool_call_guard(protocol.name))
 
         samples = [sample(rid, queue) for rid, queue in added]
         started = time.perf_counter()
@@ -418,10 +422,13 @@ def create_app(config: ServerConfig) -> FastAPI:
                             if protocol is CHAT:  # holds tool-call chunks until they parse
                                 for edited in editor.edit_all(data, i, samples[i].tokens):
                                     yield _sse(name, edited)
-                            else:
-                                edited = editor.edit(data, i, samples[i].tokens)
-                                if edited is not None:
-                                    yield _sse(name, edited)
+                            else:  # holds tool-call events until the message ends
+                                guard = samples[i].guard
+                                assert guard is not None
+                                for ev_name, ev in guard.feed(name, data, samples[i].tokens):
+                                    edited = editor.edit(ev, i, samples[i].tokens)
+                                    if edited is not None:
+                                        yield _sse(ev_name, edited)
                 usage = editor.usage_chunk()
                 if usage is not None:
                     yield _sse(None, usage)
@@ -443,6 +450,9 @@ def create_app(config: ServerConfig) -> FastAPI:
                             response_id, model, int(time.time()), len(prompt), item
                         )
                     else:
+                        guard = samples[i].guard
+                        if guard is not None:
+                            guard.observe(item)
                         responses[i].accumulate(item)
             return responses
 
@@ -460,7 +470,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         if any(r is None for r in responses):
             return _error(protocol, 500, "the engine finished the request without accepting it")
         edited = [
-            edit_response(r.to_json(), s.tokens) for r, s in zip(responses, samples, strict=True)
+            edit_response(r.to_json(), s.tokens, s.guard)
+            for r, s in zip(responses, samples, strict=True)
         ]
         merged = edited[0] if len(edited) == 1 else merge_choices(edited)
         return Response(dumps(merged), media_type="application/json")

@@ -18,9 +18,12 @@ import copy
 import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import deepseek_recipe as dr
+
+if TYPE_CHECKING:
+    from deepinfer.server.tool_failures import ToolCallGuard
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -201,11 +204,12 @@ class ChunkEditor:
                     if text:
                         self._content[index] = self._content.get(index, "") + text
                     sent = self._content.get(index, "")
-                    dropped = _dropped_block(sent, tokens, choice.get("finish_reason"))
-                    if choice.get("finish_reason") and dropped is not None:
+                    finish = choice.get("finish_reason")
+                    dropped = _dropped_block(sent, tokens, finish) if finish else None
+                    if dropped is not None:
                         # The parser dropped a tool-call block: send it as text.
                         answer = tokens.answer_text()
-                        rest = answer[len(sent) :] if answer.startswith(sent) else answer
+                        rest = unsent_text(answer, sent)
                         delta = choice.get("delta") or {}
                         choice["delta"] = {**delta, "content": (delta.get("content") or "") + rest}
                         choice["finish_reason"] = dropped
@@ -233,8 +237,7 @@ class ChunkEditor:
             return [x for x in out if x is not None]
         # One chunk: the rest of the text the model wrote, with the finish reason.
         answer = tokens.answer_text()
-        sent = self._content.get(index, "")
-        rest = answer[len(sent) :] if answer.startswith(sent) else answer
+        rest = unsent_text(answer, self._content.get(index, ""))
         last = held[-1]
         for choice in last.get("choices") or []:
             choice["delta"] = {"content": rest}
@@ -272,7 +275,7 @@ class ChunkEditor:
 TOOL_CALL_ERROR = "tool_call_error"
 
 
-def _arguments_parse(arguments: object) -> bool:
+def arguments_parse(arguments: object) -> bool:
     try:
         return isinstance(json.loads(arguments), dict) if isinstance(arguments, str) else False
     except ValueError:
@@ -286,7 +289,7 @@ def _broken_tool_calls(calls: Sequence[dict], finish: str | None) -> str | None:
         return None
     if finish == "length":
         return "length"
-    ok = all(_arguments_parse((c.get("function") or {}).get("arguments")) for c in calls)
+    ok = all(arguments_parse((c.get("function") or {}).get("arguments")) for c in calls)
     return None if ok else TOOL_CALL_ERROR
 
 
@@ -294,10 +297,26 @@ def _broken_tool_calls(calls: Sequence[dict], finish: str | None) -> str | None:
 TOOL_BLOCK = "<｜DSML｜tool_calls>"
 
 
+def unsent_text(answer: str, sent: str) -> str:
+    """What the model wrote after the text already returned (all of it when that is no prefix)."""
+    return answer[len(sent) :] if answer.startswith(sent) else answer
+
+
+def dropped_markup(rest: str, sent: str) -> bool:
+    """Whether the text the parser did not return (`rest`, after the `sent` text) holds tool-call
+    markup it dropped: a block whose calls it could not emit, or the start of one that the token
+    limit cut off (the parser holds back a possible marker and discards it at the finish)."""
+    if TOOL_BLOCK in rest and TOOL_BLOCK not in sent:
+        return True
+    s = rest.strip()
+    return s.startswith("<｜") and TOOL_BLOCK.startswith(s)
+
+
 def _dropped_block(content: str | None, tokens: OutputTokens, finish: str | None) -> str | None:
     """The finish reason for a tool-call block the parser dropped (no calls, markup not in the
     content): "length" when cut off, else TOOL_CALL_ERROR; None when nothing was dropped."""
-    if TOOL_BLOCK not in tokens.answer_text() or TOOL_BLOCK in (content or ""):
+    sent = content or ""
+    if not dropped_markup(unsent_text(tokens.answer_text(), sent), sent):
         return None
     return "length" if finish == "length" else TOOL_CALL_ERROR
 
@@ -320,11 +339,13 @@ def fix_tool_calls(obj: dict, tokens: OutputTokens) -> None:
             choice["finish_reason"] = finish
 
 
-def edit_response(data: str, tokens: OutputTokens) -> dict:
+def edit_response(data: str, tokens: OutputTokens, guard: ToolCallGuard | None = None) -> dict:
     obj = json.loads(data)
     set_usage(obj, tokens.completion, tokens.reasoning)
     standard_logprobs(obj)
-    fix_tool_calls(obj, tokens)
+    fix_tool_calls(obj, tokens)  # chat
+    if guard is not None:  # Messages, Responses
+        guard.fix(obj, tokens)
     return obj
 
 
