@@ -56,6 +56,23 @@ class PyTokenConstraint : public deepinfer::TokenConstraint {
   }
 };
 
+// Python subclasses of Drafter (propose(id, tokens, max_drafts) -> list of token ids), called on
+// the engine thread with the GIL released: each call takes it.
+class PyDrafter : public deepinfer::Drafter {
+ public:
+  NB_TRAMPOLINE(deepinfer::Drafter);
+
+  void propose(deepinfer::RequestId id, std::span<const int32_t> tokens, int max_drafts,
+               std::vector<int32_t>& drafts) override {
+    nb::gil_scoped_acquire gil;
+    nb::detail::ticket ticket(nb_trampoline, "propose", nb::detail::str_hash("propose"),
+                              /*pure=*/true);
+    const std::vector<int32_t> context(tokens.begin(), tokens.end());
+    nb::object proposed = nb_trampoline.base().attr(ticket.key)(id, context, max_drafts);
+    drafts = nb::cast<std::vector<int32_t>>(proposed);
+  }
+};
+
 // logit_bias as a dict {token: bias} (OpenAI's shape) or a list of pairs.
 std::vector<std::pair<int32_t, float>> logit_bias_from(const nb::handle& value) {
   std::vector<std::pair<int32_t, float>> out;
@@ -82,6 +99,10 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["prompt_tokens_computed"] = s.prompt_tokens_computed;
   d["prompt_tokens_cached"] = s.prompt_tokens_cached;
   d["generated_tokens"] = s.generated_tokens;
+  d["draft_tokens"] = s.draft_tokens;
+  d["accepted_draft_tokens"] = s.accepted_draft_tokens;
+  d["verify_rows"] = s.verify_rows;
+  d["drafter_errors"] = s.drafter_errors;
   d["num_graph_steps"] = s.num_graph_steps;
   return d;
 }
@@ -89,6 +110,16 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
 }  // namespace
 
 void bind_engine(nb::module_& m) {
+  nb::class_<deepinfer::Drafter, PyDrafter>(
+      m, "Drafter",
+      "Base class of a host-side drafter for speculative decoding (speculative_method\n"
+      "'external', Engine.set_drafter). The engine calls propose(request_id, tokens, max_drafts)\n"
+      "on its step thread before a decode step; it returns up to max_drafts token ids likely to\n"
+      "follow `tokens` (the prompt and committed outputs). The target model verifies them, so\n"
+      "outputs do not change (greedy: identical; sampled: the same distribution). An exception\n"
+      "or an id outside the vocabulary means no drafts for that step.")
+      .def(nb::init<>());
+
   nb::class_<deepinfer::TokenConstraint, PyTokenConstraint>(
       m, "TokenConstraint",
       "Base class of a constraint on the tokens one request generates (structured outputs).\n"
@@ -231,6 +262,9 @@ void bind_engine(nb::module_& m) {
       .def("add_request", &Engine::add_request, "prompt"_a, "params"_a,
            "Queue a request; returns its id.")
       .def("abort", &Engine::abort, "id"_a)
+      .def("set_drafter", &Engine::set_drafter, "drafter"_a.none(),
+           "The drafter of speculative_method 'external' (None: drafting off). Call between "
+           "steps.")
       .def("step", &Engine::step, nb::call_guard<nb::gil_scoped_release>(),
            "Run one step; returns the RequestOutputs it produced.")
       .def_prop_ro("num_unfinished", &Engine::num_unfinished)

@@ -260,7 +260,11 @@ void bind_engine_config(nb::module_& m) {
       .option<&SchedulerConfig::zero_overhead>("zero_overhead")
       .option<&SchedulerConfig::preemption>("preemption")
       .option<&SchedulerConfig::kv_admission_watermark>("kv_admission_watermark")
-      .option<&SchedulerConfig::prefill_steps_per_decode_step>("prefill_steps_per_decode_step");
+      .option<&SchedulerConfig::prefill_steps_per_decode_step>("prefill_steps_per_decode_step")
+      .option<&SchedulerConfig::num_speculative_tokens>("num_speculative_tokens")
+      .option<&SchedulerConfig::speculative_method>("speculative_method")
+      .option<&SchedulerConfig::prompt_lookup_min>("prompt_lookup_min")
+      .option<&SchedulerConfig::prompt_lookup_max>("prompt_lookup_max");
   PartBinder<&EngineConfig::cache>(m, "CacheConfig", "cache", "KV cache options (engine_config.h).")
       .option<&CacheConfig::num_kv_blocks>("num_kv_blocks")
       .option<&CacheConfig::num_prefix_snapshots>("num_prefix_snapshots")

@@ -44,6 +44,12 @@ TEST(PreemptionVictim, NewestRunningSequenceAfterTheCandidate) {
   running[3]->state = SeqState::kFinished;
   EXPECT_EQ(choose_preemption_victim(running, 1), 2);
   EXPECT_EQ(choose_preemption_victim(running, 3), -1);
+  // A sequence preempted earlier in the same schedule (back to waiting, still listed in running
+  // until the schedule drops it) holds no blocks: picking it again would loop forever.
+  running[2]->state = SeqState::kWaiting;
+  EXPECT_EQ(choose_preemption_victim(running, 1), 1);
+  running[1]->state = SeqState::kWaiting;
+  EXPECT_EQ(choose_preemption_victim(running, 1), -1);
 }
 
 }  // namespace

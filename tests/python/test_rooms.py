@@ -28,12 +28,25 @@ ALLOWED: dict[str, set[str]] = {
     # Expert parallelism: EPLB statistics, placement policy, the Communicator. The communicator
     # takes backend tensors through the public headers (deepinfer/backend.h), so no backend edge.
     "dist": {"common"},
+    # Speculative decoding's drafters (host side): the public Drafter interface only.
+    "spec": {"common"},
     "backend": {"common", "tensor", "sample"},
     "model": {"backend", "kv", "config", "sample", "tensor", "common"},
     "sched": {"model", "kv", "config", "sample", "tensor", "common"},
-    "engine": {"sched", "model", "kv", "backend", "config", "sample", "tensor", "common"},
+    "engine": {"sched", "model", "kv", "backend", "config", "sample", "spec", "tensor", "common"},
     # Test doubles: compiled into libdeepinfer_testing, never into the core.
-    "testing": {"engine", "sched", "model", "kv", "backend", "dist", "sample", "tensor", "common"},
+    "testing": {
+        "engine",
+        "sched",
+        "model",
+        "kv",
+        "backend",
+        "dist",
+        "sample",
+        "spec",
+        "tensor",
+        "common",
+    },
     # The CUDA backend implements backend/ and may use the shared lower rooms.
     "cuda": {"backend", "sample", "tensor", "common"},
 }

@@ -47,6 +47,19 @@ class TokenConstraint {
   virtual bool is_terminated() = 0;
 };
 
+// Proposes draft tokens for speculative decoding on the host (prompt lookup, test drafters). The
+// engine calls it on its step thread before a decode step; the target model verifies the drafts
+// in that step (SchedulerConfig::num_speculative_tokens), so the output is the same as without
+// drafts (greedy: identical; sampled: the same distribution). An exception means no drafts.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Appends at most `max_drafts` tokens likely to follow `tokens` (the request's prompt and
+  // committed outputs) to `drafts` (empty on entry); appending none is always fine.
+  virtual void propose(RequestId id, std::span<const int32_t> tokens, int max_drafts,
+                       std::vector<int32_t>& drafts) = 0;
+};
+
 struct SamplingParams {
   float temperature = 1.0f;      // 0 = greedy
   int top_k = 0;                 // <= 0: off
@@ -115,6 +128,11 @@ struct SchedulerCounters {
   uint64_t prompt_tokens_computed = 0;
   uint64_t prompt_tokens_cached = 0;
   uint64_t generated_tokens = 0;
+  // Speculative decoding: drafts verified, accepted, and verify rows (one per request and step).
+  uint64_t draft_tokens = 0;
+  uint64_t accepted_draft_tokens = 0;
+  uint64_t verify_rows = 0;
+  uint64_t drafter_errors = 0;  // proposals dropped: the drafter threw or named a bad token
 };
 
 struct EngineStats : SchedulerCounters {
@@ -158,6 +176,9 @@ class Engine {
   // Aborts a request; unknown or already finished ids are ignored. Its finish output (kAbort)
   // comes from a later step() unless it already finished.
   virtual void abort(RequestId id) = 0;
+  // The drafter of speculative_method "external" (replaces any other); null turns drafting off.
+  // Call before the first step or between steps, from the engine thread.
+  virtual void set_drafter(std::shared_ptr<Drafter> drafter) = 0;
   // Runs one engine step and returns the outputs it produced.
   virtual std::vector<RequestOutput> step() = 0;
   // Requests not yet finished (including ones still in the inbox).

@@ -28,6 +28,15 @@ struct SchedulerConfig {
   double kv_admission_watermark = 0.9;  // admit a new prompt only while KV usage <= this
   // When both prefill and decode work exist: this many prefill steps, then one decode step.
   int prefill_steps_per_decode_step = 1;
+  // Speculative decoding: up to this many drafts per request and decode step (0: off), proposed
+  // by `speculative_method`: "ngram" (prompt lookup: the tokens that followed the latest earlier
+  // occurrence of the context's last n tokens, n from prompt_lookup_max down to
+  // prompt_lookup_min) or "external" (Engine::set_drafter). Decode steps with drafts do not
+  // overlap (zero_overhead is turned off while drafting is on).
+  int num_speculative_tokens = 0;
+  std::string speculative_method = "ngram";
+  int prompt_lookup_min = 1;
+  int prompt_lookup_max = 3;
 
   bool operator==(const SchedulerConfig&) const = default;
 };

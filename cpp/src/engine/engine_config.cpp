@@ -41,6 +41,29 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                "must be in (0, 1], got " + std::to_string(cache.gpu_memory_utilization));
   }
   c.placement.device = resolve_device(c.placement.device);
+  // Drafts and their verified successor fit the rings' rollback slack (ModelExecutorOptions::
+  // max_backtrack = 6 positions), so at most 5 drafts.
+  if (s.num_speculative_tokens < 0 || s.num_speculative_tokens > 5) {
+    bad_config("num_speculative_tokens",
+               "must be in [0, 5], got " + std::to_string(s.num_speculative_tokens));
+  }
+  if (s.speculative_method != "ngram" && s.speculative_method != "external") {
+    bad_config("speculative_method",
+               "must be \"ngram\" or \"external\", got \"" + s.speculative_method + "\"");
+  }
+  if (s.prompt_lookup_min < 1 || s.prompt_lookup_max < s.prompt_lookup_min) {
+    bad_config("prompt_lookup_min", "must be >= 1 and <= prompt_lookup_max, got " +
+                                        std::to_string(s.prompt_lookup_min) + " and " +
+                                        std::to_string(s.prompt_lookup_max));
+  }
+  if (s.num_speculative_tokens > 0) {
+    if (c.placement.device.starts_with("cuda")) {
+      bad_config("num_speculative_tokens",
+                 "speculative decoding runs on the CPU backend only so far (device is " +
+                     c.placement.device + ")");
+    }
+    s.zero_overhead = false;  // drafts need the previous step's tokens on the host
+  }
   const bool sized_at_load = kv_from_device_memory && c.placement.device.starts_with("cuda");
   const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
   if (cache.num_kv_blocks == 0 && !sized_at_load) {

@@ -7,6 +7,7 @@
 #include "engine/engine_config.h"
 #include "kv/cache_geometry.h"
 #include "sample/sampler.h"
+#include "spec/ngram_drafter.h"
 
 namespace deepinfer::engine {
 
@@ -50,7 +51,17 @@ EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor>
     : config_(resolve_with(config, *executor)),
       executor_(std::move(executor)),
       kv_(kv_layout(config_, *executor_)),
-      scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_) {}
+      scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_) {
+  const SchedulerConfig& s = config_.scheduler;
+  if (s.num_speculative_tokens > 0 && s.speculative_method == "ngram") {
+    set_drafter(std::make_shared<spec::NgramDrafter>(s.prompt_lookup_min, s.prompt_lookup_max));
+  }
+}
+
+void EngineImpl::set_drafter(std::shared_ptr<Drafter> drafter) {
+  scheduler_.set_drafter(std::move(drafter), config_.scheduler.num_speculative_tokens,
+                         executor_->vocab_size());
+}
 
 KvCapacity EngineImpl::kv_capacity() const {
   KvCapacity k;

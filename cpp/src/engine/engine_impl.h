@@ -32,6 +32,7 @@ class EngineImpl final : public Engine {
 
   RequestId add_request(std::vector<int32_t> prompt, const SamplingParams& params) override;
   void abort(RequestId id) override;
+  void set_drafter(std::shared_ptr<Drafter> drafter) override;
   std::vector<RequestOutput> step() override;
   int num_unfinished() const override { return unfinished_.load(); }
   EngineStats stats() const override;

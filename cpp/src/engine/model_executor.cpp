@@ -25,6 +25,11 @@ class ModelExecutor::ModelStep final : public InflightStep {
   Tensor logits;
   Tensor next_positions;
   std::vector<std::pair<int, std::string>> constraint_errors;
+  // A step with verify rows: [S, D + 1] committed tokens and [S] counts on the host (logprobs
+  // above are then [S, D + 1] and [S, D + 1, N]); forced tokens of plain rows, applied here.
+  Tensor host_verify_tokens;
+  Tensor host_verify_counts;
+  std::vector<int32_t> forced;
 };
 
 namespace {
@@ -131,7 +136,15 @@ LogitAdjustments ModelExecutor::logit_adjustments(const StepPlan& plan, int64_t 
   std::vector<float> values;
   std::vector<uint32_t> allowed;  // [num_sampling_rows, words] once any row has a constraint
   const int64_t words = (vocab + 31) / 32;
-  const int num_rows = plan.num_sampling_rows();
+  // Logits rows: one per sampling row, 1 + d for a verify row, so sampling row k's first logits
+  // row is its offset here.
+  int num_rows = 0;
+  std::vector<int> logit_row;
+  for (const StepRow& r : plan.rows) {
+    if (!r.samples()) continue;
+    logit_row.push_back(num_rows);
+    num_rows += 1 + r.num_drafts;
+  }
   std::map<int32_t, float> delta;  // ordered: the uploaded entries do not depend on hashing
   std::map<int32_t, int> counts;
   int k = -1;
@@ -153,16 +166,21 @@ LogitAdjustments ModelExecutor::logit_adjustments(const StepPlan& plan, int64_t 
       for (const auto& [token, count] : counts)
         delta[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
     }
-    for (const auto& [token, value] : delta) {
-      if (value == 0.0f) continue;
-      rows.push_back(k);
-      tokens.push_back(token);
-      values.push_back(value);
+    // A verify row (logit_bias only: drafting is off for history-dependent adjustments) biases
+    // each of its 1 + d rows alike.
+    for (int j = 0; j <= r.num_drafts; ++j) {
+      for (const auto& [token, value] : delta) {
+        if (value == 0.0f) continue;
+        rows.push_back(logit_row[static_cast<size_t>(k)] + j);
+        tokens.push_back(token);
+        values.push_back(value);
+      }
     }
     if (p.constraint == nullptr) continue;
     if (allowed.empty()) allowed.assign(static_cast<size_t>(num_rows * words), ~0u);
-    std::span<uint32_t> mask(allowed.data() + static_cast<size_t>(k * words),
-                             static_cast<size_t>(words));
+    std::span<uint32_t> mask(
+        allowed.data() + static_cast<size_t>(logit_row[static_cast<size_t>(k)] * words),
+        static_cast<size_t>(words));
     std::fill(mask.begin(), mask.end(), 0u);
     try {
       p.constraint->fill_allowed(mask);
@@ -237,13 +255,69 @@ void ModelExecutor::sample(const StepPlan& plan, const Tensor& logits, const Ten
                            ModelStep& step) {
   Backend& be = *model_->backend;
   // The forward returned the logits of the sampling rows only, in row order.
-  const SamplingBatch batch = sampling_batch(plan, next_positions);
   const LogitAdjustments adjustments = logit_adjustments(plan, logits.size(1), step);
   if (adjustments.rows.defined() || adjustments.allowed.defined())
     be.adjust_logits(logits, adjustments);
+  const bool verifies = std::any_of(plan.rows.begin(), plan.rows.end(),
+                                    [](const StepRow& r) { return r.verifies(); });
+  if (verifies) {
+    verify(plan, logits, next_positions, step);
+    return;
+  }
+  const SamplingBatch batch = sampling_batch(plan, next_positions);
   const SampleResult result = be.sample(logits, batch);
   step.sampled = apply_forced_tokens(plan, result.tokens);
   copy_results_to_host(step, result, batch.max_logprobs);
+}
+
+void ModelExecutor::verify(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
+                           ModelStep& step) {
+  Backend& be = *model_->backend;
+  std::vector<int32_t> num_drafts, first_rows;
+  int max_drafts = 0;
+  int row = 0;
+  for (const StepRow& r : plan.rows) {
+    if (!r.samples()) continue;
+    num_drafts.push_back(r.num_drafts);
+    first_rows.push_back(row);
+    step.forced.push_back(r.forced_token);
+    row += 1 + r.num_drafts;
+    max_drafts = std::max(max_drafts, r.num_drafts);
+  }
+  std::vector<int32_t> drafts(num_drafts.size() * static_cast<size_t>(max_drafts), -1);
+  size_t b = 0;
+  for (const StepRow& r : plan.rows) {
+    if (!r.samples()) continue;
+    // The row's tokens are its input token, then its drafts.
+    for (int j = 0; j < r.num_drafts; ++j)
+      drafts[b * static_cast<size_t>(max_drafts) + static_cast<size_t>(j)] =
+          r.forward.tokens[static_cast<size_t>(j) + 1];
+    ++b;
+  }
+  DraftBatch draft_batch;
+  draft_batch.max_drafts = max_drafts;
+  draft_batch.num_drafts = upload_vector(be, num_drafts);
+  draft_batch.drafts =
+      be.upload(Tensor::from_vector(drafts, {static_cast<int64_t>(num_drafts.size()), max_drafts}),
+                DType::kI32);
+  // Each request's first logits row predicts the position its first committed token takes.
+  SamplingBatch batch =
+      sampling_batch(plan, be.gather_rows(next_positions, upload_vector(be, first_rows)));
+  const VerifyResult result = be.verify(logits, batch, draft_batch);
+  const int64_t n = static_cast<int64_t>(num_drafts.size());
+  const int64_t width = max_drafts + 1;
+  step.host_verify_tokens = Tensor::zeros({n, width}, DType::kI32);
+  step.host_verify_counts = Tensor::zeros({n}, DType::kI32);
+  be.copy_to_host(result.tokens, step.host_verify_tokens);
+  be.copy_to_host(result.num_tokens, step.host_verify_counts);
+  if (batch.max_logprobs > 0) {
+    step.host_logprob = Tensor::zeros({n, width}, DType::kF32);
+    step.host_top_ids = Tensor::zeros({n, width, batch.max_logprobs}, DType::kI32);
+    step.host_top_lp = Tensor::zeros({n, width, batch.max_logprobs}, DType::kF32);
+    be.copy_to_host(result.logprobs, step.host_logprob);
+    be.copy_to_host(result.top_ids, step.host_top_ids);
+    be.copy_to_host(result.top_logprobs, step.host_top_lp);
+  }
 }
 
 Tensor ModelExecutor::apply_forced_tokens(const StepPlan& plan, const Tensor& sampled) {
@@ -284,6 +358,7 @@ StepResult ModelExecutor::wait(InflightStep& step) {
   s.done->wait();
   StepResult result;
   result.constraint_errors = std::move(s.constraint_errors);
+  if (s.host_verify_tokens.defined()) return verify_result(s, std::move(result));
   if (!s.host_tokens.defined()) return result;
   const int64_t n = s.host_tokens.numel();
   const int32_t* tokens = s.host_tokens.data<int32_t>();
@@ -296,6 +371,31 @@ StepResult ModelExecutor::wait(InflightStep& step) {
       for (int64_t j = 0; j < k; ++j) {
         int32_t id = s.host_top_ids.data<int32_t>()[i * k + j];
         if (id >= 0) lp.top.emplace_back(id, s.host_top_lp.data<float>()[i * k + j]);
+      }
+      result.logprobs.push_back(std::move(lp));
+    }
+  }
+  return result;
+}
+
+StepResult ModelExecutor::verify_result(ModelStep& s, StepResult result) {
+  const int64_t n = s.host_verify_counts.numel();
+  const int64_t width = s.host_verify_tokens.size(1);
+  const int32_t* tokens = s.host_verify_tokens.data<int32_t>();
+  const int32_t* counts = s.host_verify_counts.data<int32_t>();
+  const int64_t k = s.host_top_ids.defined() ? s.host_top_ids.size(2) : 0;
+  for (int64_t b = 0; b < n; ++b) {
+    result.counts.push_back(counts[b]);
+    for (int64_t j = 0; j < counts[b]; ++j) {
+      const bool forced = j == 0 && s.forced[static_cast<size_t>(b)] >= 0;
+      result.tokens.push_back(forced ? s.forced[static_cast<size_t>(b)] : tokens[b * width + j]);
+      if (!s.host_logprob.defined()) continue;
+      TokenLogprobs lp;
+      lp.logprob = s.host_logprob.data<float>()[b * width + j];
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t at = (b * width + j) * k + c;
+        const int32_t id = s.host_top_ids.data<int32_t>()[at];
+        if (id >= 0) lp.top.emplace_back(id, s.host_top_lp.data<float>()[at]);
       }
       result.logprobs.push_back(std::move(lp));
     }

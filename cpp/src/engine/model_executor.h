@@ -72,6 +72,12 @@ class ModelExecutor final : public StepExecutor {
   // SamplingParams::forced_tokens: the forced ids replace the sampled ones on the device, so the
   // next step's carried rows read them like any sampled token.
   Tensor apply_forced_tokens(const StepPlan& plan, const Tensor& sampled);
+  // A step with verify rows (speculative decoding): Backend::verify instead of sample, results
+  // per sampling row of 1..1 + d tokens (no carried rows can follow: drafting turns zero-overhead
+  // scheduling off).
+  void verify(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
+              ModelStep& step);
+  static StepResult verify_result(ModelStep& step, StepResult result);
   void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
 
   ModelExecutorOptions options_;

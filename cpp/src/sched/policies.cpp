@@ -24,7 +24,9 @@ void InterleavePolicy::record(StepKind ran) {
 
 int choose_preemption_victim(const std::vector<Sequence*>& running, int first_candidate) {
   for (int i = static_cast<int>(running.size()) - 1; i >= first_candidate; --i) {
-    if (!running[static_cast<size_t>(i)]->finished()) return i;
+    // Only a running sequence holds blocks to give back: a finished one is leaving, and one
+    // preempted earlier in this schedule (state kWaiting) has already given them back.
+    if (running[static_cast<size_t>(i)]->state == SeqState::kRunning) return i;
   }
   return -1;
 }

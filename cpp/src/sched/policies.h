@@ -30,7 +30,8 @@ class InterleavePolicy {
 // Preemption victim: the running sequence that arrived last (LIFO on arrival). Why: the newest
 // request has the least waiting time invested and, with FIFO admission, is the one that would be
 // admitted last anyway, so older requests never lose progress to newer ones. Returns the index
-// into `running` (sorted by arrival, oldest first) among positions >= `first_candidate`, or -1.
+// into `running` (sorted by arrival, oldest first) among positions >= `first_candidate` whose
+// sequence is running (not finished, not already preempted), or -1.
 int choose_preemption_victim(const std::vector<Sequence*>& running, int first_candidate);
 
 }  // namespace deepinfer::sched

@@ -183,14 +183,23 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
 
 // Appends a row and reserves its in-flight accounting (released in commit, or by unreserve when
 // the plan is dropped).
-void Scheduler::add_row(StepPlan& plan, Sequence& s, int q) {
+void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts) {
   StepRow& row = plan.rows.emplace_back();
   const int start = s.next_position();
   ForwardRow& f = row.forward;
   f.slot = s.state_slot;
   f.start_pos = start;
   f.num_tokens = q;
-  if (start >= s.num_tokens()) {
+  if (!drafts.empty()) {
+    // A verify row: the last committed token, then the drafts at the positions after it.
+    DEEPINFER_CHECK(start == s.num_tokens() - 1 && q == 1 + static_cast<int>(drafts.size()) &&
+                        s.inflight.steps == 0,
+                    "a verify row must be the decode of a sequence with nothing in flight");
+    s.verify_input.assign(1, s.tokens.back());
+    s.verify_input.insert(s.verify_input.end(), drafts.begin(), drafts.end());
+    f.tokens = std::span<const int32_t>(s.verify_input);
+    row.num_drafts = static_cast<int>(drafts.size());
+  } else if (start >= s.num_tokens()) {
     // The input token is the one the in-flight step is sampling: it is still on the device.
     DEEPINFER_CHECK(q == 1 && start == s.num_tokens() && s.inflight.steps > 0 &&
                         s.inflight.last_sampling_row >= 0,
@@ -206,7 +215,8 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q) {
   row.seq_id = s.id;
   row.epoch = s.epoch;
   row.num_sampled = start + q >= s.num_tokens() ? 1 : 0;
-  f.num_logits = row.num_sampled;
+  f.num_logits = row.num_sampled > 0 ? 1 + row.num_drafts : 0;
+  row.reserved = kStepReservation + row.num_drafts;
   row.params = &s.params;
   row.seed = s.seed;
   row.sequence = &s;
@@ -219,7 +229,7 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q) {
   }
 
   s.inflight.steps += 1;
-  s.inflight.reserved += kStepReservation;
+  s.inflight.reserved += row.reserved;
   s.inflight.kv += q;
   DEEPINFER_CHECK(s.inflight.steps <= 2, "more than two steps in flight for one sequence");
 }
@@ -229,7 +239,7 @@ void Scheduler::unreserve(const StepPlan& plan) {
   for (const StepRow& r : plan.rows) {
     Sequence& s = *seqs_.at(r.seq_id);
     s.inflight.steps -= 1;
-    s.inflight.reserved -= kStepReservation;
+    s.inflight.reserved -= r.reserved;
     s.inflight.kv -= r.forward.num_tokens;
   }
 }
@@ -345,10 +355,50 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
       }
     }
     if (!scheduled_self) continue;
-    add_row(plan, s, 1);
+    propose_drafts(s);
+    if (!drafts_.empty() && kv_.grow(s, pos + 1 + static_cast<int>(drafts_.size()))) {
+      add_row(plan, s, 1 + static_cast<int>(drafts_.size()), drafts_);
+    } else {
+      add_row(plan, s, 1);  // no drafts, or no blocks for them: a plain decode row
+    }
   }
   drop_preempted();
   return Outcome::kScheduled;
+}
+
+void Scheduler::set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size) {
+  drafter_ = std::move(drafter);
+  max_drafts_ = max_drafts;
+  vocab_size_ = vocab_size;
+}
+
+// Fills drafts_ for a decode row of `s`: nothing without a drafter, with a step in flight (the
+// context is not known yet), for requests whose sampling depends on their history or forces
+// tokens, or past the request's token budget. A drafter that throws or proposes a token outside
+// the vocabulary proposes nothing.
+void Scheduler::propose_drafts(Sequence& s) {
+  drafts_.clear();
+  if (drafter_ == nullptr || max_drafts_ <= 0 || s.inflight.steps > 0) return;
+  // Penalties and constraints would need each draft row's history (and a rollback): not yet.
+  if (s.params.adjusts_from_history() || !s.params.forced_tokens.empty()) return;
+  // Every committed token of a verify row counts against max_tokens and max_model_len.
+  const int budget = std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1);
+  if (budget <= 0) return;
+  try {
+    drafter_->propose(s.id, s.tokens, budget, drafts_);
+  } catch (const std::exception&) {
+    drafts_.clear();
+    ++stats_.drafter_errors;
+    return;
+  }
+  if (static_cast<int>(drafts_.size()) > budget) drafts_.resize(static_cast<size_t>(budget));
+  for (int32_t t : drafts_) {
+    if (t < 0 || t >= vocab_size_) {
+      drafts_.clear();
+      ++stats_.drafter_errors;
+      return;
+    }
+  }
 }
 
 void Scheduler::preempt(Sequence& s, std::vector<RequestOutput>& out) {
@@ -379,63 +429,95 @@ bool Scheduler::is_stop_token(const Sequence& s, int32_t token) const {
 
 void Scheduler::commit(const StepPlan& plan, const StepResult& result,
                        std::vector<RequestOutput>& out) {
-  size_t sample_index = 0;
+  size_t sample_index = 0;  // sampling rows so far
+  size_t token_index = 0;   // their tokens so far (several for a verify row)
   for (const StepRow& r : plan.rows) {
     const size_t my_sample = sample_index;
+    const size_t my_first = token_index;
+    size_t my_count = 0;
+    if (r.samples()) {
+      DEEPINFER_CHECK(my_sample < result.tokens.size() || !result.counts.empty(),
+                      "step result has fewer tokens than sampling rows");
+      my_count = result.counts.empty() ? 1 : static_cast<size_t>(result.counts.at(my_sample));
+      DEEPINFER_CHECK(my_count >= 1 && my_count <= static_cast<size_t>(r.reserved),
+                      "a row committed more tokens than it reserved");
+    }
     sample_index += static_cast<size_t>(r.num_sampled);
+    token_index += my_count;
+    DEEPINFER_CHECK(token_index <= result.tokens.size(),
+                    "step result has fewer tokens than its rows");
     auto it = seqs_.find(r.seq_id);
     DEEPINFER_CHECK(it != seqs_.end(), "a committed row belongs to a retired sequence");
     Sequence& s = *it->second;
     DEEPINFER_CHECK(r.epoch == s.epoch, "a row outlived a preemption of its sequence");
-    DEEPINFER_CHECK(r.num_sampled <= kStepReservation,
-                    "a row sampled more tokens than a step reserves");
     s.inflight.steps -= 1;
-    s.inflight.reserved -= kStepReservation;
+    s.inflight.reserved -= r.reserved;
     s.inflight.kv -= r.forward.num_tokens;
-    s.num_computed += r.forward.num_tokens;
     if (s.finished()) {
-      // Aborted or stopped while this step ran: its results are dropped.
+      // Aborted or stopped while this step ran: its results are dropped. Of a verify row only the
+      // input token's position counts as computed (the drafts were never committed).
+      s.num_computed += r.verifies() ? 1 : r.forward.num_tokens;
       kv_.prefix_cache().release_snapshot_slot(r.snapshot);
       release_if_done(s);
       continue;
     }
-    kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
-    if (!r.samples()) continue;
-    DEEPINFER_CHECK(my_sample < result.tokens.size(),
-                    "step result has fewer tokens than sampling rows");
+    if (!r.samples()) {
+      s.num_computed += r.forward.num_tokens;
+      kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
+      continue;
+    }
+    if (r.verifies()) {
+      stats_.draft_tokens += static_cast<uint64_t>(r.num_drafts);
+      stats_.accepted_draft_tokens += my_count - 1;
+      ++stats_.verify_rows;
+    }
     std::string constraint_error;
     for (const auto& [row, message] : result.constraint_errors)
       if (row == static_cast<int>(my_sample)) constraint_error = message;
-    const int32_t token = result.tokens[my_sample];
-    s.tokens.push_back(token);  // kept even when dropped below: the next step computed its KV
-    bool constraint_done = false;
-    if (constraint_error.empty() && s.params.constraint != nullptr) {
-      constraint_error = advance_constraint(*s.params.constraint, token);
-      if (constraint_error.empty())
-        constraint_done = constraint_is_done(*s.params.constraint, constraint_error);
+    // The row's tokens in order: stop at the first that ends the request. Position p of the
+    // row's input is computed, and so is each accepted draft that gets committed.
+    const int computed_before = s.num_computed;
+    const int input_positions = r.verifies() ? 0 : r.forward.num_tokens - 1;
+    s.num_computed += input_positions;
+    for (size_t k = 0; k < my_count; ++k) {
+      const int32_t token = result.tokens[my_first + k];
+      s.tokens.push_back(token);  // kept even when dropped below: the next step computes its KV
+      s.num_computed += 1;        // the position of the token before it
+      bool constraint_done = false;
+      if (constraint_error.empty() && s.params.constraint != nullptr) {
+        constraint_error = advance_constraint(*s.params.constraint, token);
+        if (constraint_error.empty())
+          constraint_done = constraint_is_done(*s.params.constraint, constraint_error);
+      }
+      if (!constraint_error.empty()) {
+        // Drawn without a mask (the constraint failed before sampling) or refused by it: not the
+        // request's output either way.
+        finish(s, FinishReason::kGrammarError, constraint_error, out);
+        break;
+      }
+      ++stats_.generated_tokens;
+      RequestOutput o = make_output(s);
+      o.tokens.push_back(token);
+      if (s.params.logprobs > 0 && my_first + k < result.logprobs.size()) {
+        o.logprobs.push_back(result.logprobs[my_first + k]);
+      }
+      out.push_back(std::move(o));
+      if (is_stop_token(s, token) || constraint_done) {
+        finish(s, FinishReason::kStop, "", out);
+        break;
+      }
+      if (s.num_output_tokens() >= s.params.max_tokens || s.num_tokens() >= config_.max_model_len) {
+        finish(s, FinishReason::kLength, "", out);
+        break;
+      }
     }
-    if (!constraint_error.empty()) {
-      // Drawn without a mask (the constraint failed before sampling) or refused by it: not the
-      // request's output either way.
-      finish(s, FinishReason::kGrammarError, constraint_error, out);
-      continue;
-    }
-    ++stats_.generated_tokens;
-    RequestOutput o = make_output(s);
-    o.tokens.push_back(token);
-    if (s.params.logprobs > 0 && my_sample < result.logprobs.size()) {
-      o.logprobs.push_back(result.logprobs[my_sample]);
-    }
-    out.push_back(std::move(o));
-    if (is_stop_token(s, token) || constraint_done) {
-      finish(s, FinishReason::kStop, "", out);
-    } else if (s.num_output_tokens() >= s.params.max_tokens ||
-               s.num_tokens() >= config_.max_model_len) {
-      finish(s, FinishReason::kLength, "", out);
-    }
+    DEEPINFER_CHECK(s.num_computed > computed_before, "a sampling row computed nothing");
+    kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
   }
-  DEEPINFER_CHECK(sample_index == result.tokens.size(),
-                  "step result has more tokens than sampling rows");
+  DEEPINFER_CHECK(
+      sample_index == (result.counts.empty() ? result.tokens.size() : result.counts.size()) &&
+          token_index == result.tokens.size(),
+      "step result has more tokens than sampling rows");
 #ifdef DEEPINFER_DEBUG_INVARIANTS
   check_invariants();
 #endif

@@ -18,6 +18,7 @@
 
 #include <deque>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -57,6 +58,10 @@ class Scheduler {
   const SchedulerCounters& stats() const { return stats_; }
   const Sequence* find(RequestId id) const;
 
+  // Speculative decoding: decode rows of sequences with nothing in flight carry up to
+  // `max_drafts` drafts from `drafter` (null: none); drafts outside [0, vocab_size) are dropped.
+  void set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size);
+
   // Throws Error(kInternal) on the first broken invariant (sequences, ledgers, pools).
   void check_invariants() const;
 
@@ -64,7 +69,8 @@ class Scheduler {
   bool schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out);
   Outcome schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out);
   bool has_decode_work() const;
-  void add_row(StepPlan& plan, Sequence& s, int q);
+  void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
+  void propose_drafts(Sequence& s);
   void unreserve(const StepPlan& plan);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
   void finish(Sequence& s, FinishReason reason, std::string detail,
@@ -86,6 +92,10 @@ class Scheduler {
   int num_holding_ = 0;  // sequences holding a state slot and blocks
   uint64_t next_step_id_ = 1;
   int num_sampling_rows_ = 0;  // in the plan being built
+  std::shared_ptr<Drafter> drafter_;
+  int max_drafts_ = 0;
+  int vocab_size_ = 0;
+  std::vector<int32_t> drafts_;  // the row being planned
   SchedulerCounters stats_;
 };
 

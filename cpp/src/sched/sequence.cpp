@@ -22,8 +22,8 @@ void Sequence::check_invariants() const {
                                           std::to_string(inflight.reserved) + ")");
   };
   if (inflight.steps < 0 || inflight.steps > 2) fail("more than two steps in flight");
-  if (inflight.reserved != kStepReservation * inflight.steps)
-    fail("in-flight reservation is not steps * R");
+  if (inflight.reserved < kStepReservation * inflight.steps)
+    fail("in-flight reservation is below one token per step");
   if (inflight.kv < 0) fail("negative in-flight kv");
   if (num_computed > num_tokens()) fail("num_computed exceeds num_tokens");
   if (num_computed + inflight.kv > num_tokens() + inflight.reserved) {

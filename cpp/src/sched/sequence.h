@@ -8,7 +8,8 @@
 //     inflight.reserved R per outstanding step: tokens the device may append before we know
 //     inflight.kv       query tokens of the outstanding steps: positions being materialised
 // Invariants (checked by check_invariants in debug builds and by the tests):
-//   inflight.steps <= 2 and inflight.reserved == R * inflight.steps, so reserved is 0, R or 2R;
+//   inflight.steps <= 2 and inflight.reserved >= inflight.steps (R = 1 per step, 1 + d for a
+//   verify row with d drafts);
 //   num_computed + inflight.kv <= num_tokens + inflight.reserved   (never compute unknown tokens);
 //   num_computed <= num_tokens;
 //   a sequence's blocks and state slot are released only when it is finished (or preempted) and
@@ -25,7 +26,8 @@
 
 namespace deepinfer::sched {
 
-// Tokens one step can append to a sequence. 1 until speculative drafts arrive (then 1 + nextn).
+// Tokens one step can append to a sequence without drafts; a verify row with d drafts reserves
+// 1 + d (StepRow::reserved).
 inline constexpr int kStepReservation = 1;
 
 enum class SeqState {
@@ -65,6 +67,9 @@ struct Sequence {
   int num_indexed_blocks = 0;               // leading blocks offered to the prefix index
   int prefix_checkpoint = 0;      // a prefill chunk must end here (state snapshot), 0 = none
   int32_t pending_snapshot = -1;  // snapshot slot being filled by an in-flight chunk
+  // A verify row's input (the last committed token, then the drafts): the row's tokens span
+  // points here until the step is launched.
+  std::vector<int32_t> verify_input;
 
   bool ready_emitted = false;
   int prompt_cache_hit_tokens = 0;

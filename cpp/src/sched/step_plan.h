@@ -41,11 +41,17 @@ struct StepRow {
   // adjustments (penalties, constraints) at sampling time.
   const Sequence* sequence = nullptr;
   int32_t forced_token = -1;  // SamplingParams::forced_tokens hook: emit this instead (-1: sample)
+  // Speculative decoding: a verify row's drafts follow its input token in `forward.tokens`; the
+  // forward returns 1 + num_drafts logits rows for it and the step commits 1..1 + num_drafts
+  // tokens. `reserved` is what the row reserves in its sequence's in-flight ledger.
+  int num_drafts = 0;
+  int reserved = 1;
   // Commit bookkeeping: a snapshot slot the state is copied into after this row's chunk.
   int32_t snapshot = -1;
   int snapshot_pos = 0;
 
   bool samples() const { return num_sampled > 0; }
+  bool verifies() const { return num_drafts > 0; }
   bool carried() const { return forward.token_from_previous >= 0; }
 };
 
@@ -68,8 +74,11 @@ struct StepPlan {
 
 // Host results of one step: the sampled tokens of the sampling rows, in row order.
 struct StepResult {
+  // Per sampling row, in row order: one token, or for a verify row its accepted drafts and final
+  // token (then `counts` holds each sampling row's number of tokens; empty: one each).
   std::vector<int32_t> tokens;
-  std::vector<TokenLogprobs> logprobs;  // per sampled token when any row asked for them, else empty
+  std::vector<int> counts;
+  std::vector<TokenLogprobs> logprobs;  // per token of `tokens` when any row asked, else empty
   // (sampling row, message): a row whose constraint failed while its logits were adjusted; the
   // commit ends that request with kGrammarError.
   std::vector<std::pair<int, std::string>> constraint_errors;

@@ -1,0 +1,240 @@
+"""Speculative decoding on the real tiny model (CPU): drafts verified by the target model change
+nothing in the output. Greedy outputs are identical with drafts that are always right (an oracle
+fed the known greedy continuation), always wrong, or a mix, and with prompt-lookup drafts; with
+prefix-cache hits, preemption and aborts; nothing leaks. Sampled outputs keep the target's
+distribution (a chi-square over many seeded runs on a tiny effective vocabulary)."""
+
+from __future__ import annotations
+
+import random
+
+import deepinfer_core as dc
+import pytest
+from engine_helpers import Trace, assert_pools_full, cpu_engine, drain, run_all
+
+VOCAB = 129280
+
+
+def greedy(n: int = 16) -> dc.SamplingParams:
+    return dc.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(21)
+    return [[rng.randrange(2, 129000) for _ in range(n)] for n in (4, 37, 130, 260, 9, 70)]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_checkpoint, prompts) -> list[list[int]]:
+    return run_all(cpu_engine(tiny_checkpoint, max_num_seqs=8), prompts, greedy())[0]
+
+
+class Oracle(dc.Drafter):
+    """Proposes the known continuation, right at positions where `right(i)` holds, else a wrong
+    token (the right one plus 1)."""
+
+    def __init__(self, prompts, outputs, right=lambda i: True) -> None:
+        super().__init__()
+        self.by_prompt = {tuple(p): o for p, o in zip(prompts, outputs, strict=True)}
+        self.right = right
+        self.calls = 0
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        self.calls += 1
+        for prompt, out in self.by_prompt.items():
+            if tuple(tokens[: len(prompt)]) == prompt and len(tokens) - len(prompt) <= len(out):
+                i = len(tokens) - len(prompt)
+                cont = out[i : i + max_drafts]
+                return [t if self.right(i + k) else (t + 1) % VOCAB for k, t in enumerate(cont)]
+        return []
+
+
+def spec_engine(checkpoint, drafter=None, k: int = 3, **options) -> dc.Engine:
+    method = "external" if drafter is not None else "ngram"
+    engine = cpu_engine(checkpoint, num_speculative_tokens=k, speculative_method=method, **options)
+    if drafter is not None:
+        engine.set_drafter(drafter)
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("name", "right"),
+    [
+        ("always_right", lambda i: True),
+        ("always_wrong", lambda i: False),
+        ("mixed", lambda i: (i * 7919) % 3 != 0),
+    ],
+)
+def test_greedy_outputs_identical_with_drafts(tiny_checkpoint, prompts, plain, name, right) -> None:
+    drafter = Oracle(prompts, plain, right)
+    engine = spec_engine(tiny_checkpoint, drafter, max_num_seqs=8)
+    outs = run_all(engine, prompts, greedy())[0]
+    assert outs == plain, name
+    s = engine.stats()
+    assert drafter.calls > 0 and s["draft_tokens"] > 0 and s["verify_rows"] > 0
+    if name == "always_right":
+        # Every draft is accepted, so a request needs far fewer decode steps than tokens.
+        assert s["accepted_draft_tokens"] == s["draft_tokens"]
+    elif name == "always_wrong":
+        assert s["accepted_draft_tokens"] == 0
+    else:
+        assert 0 < s["accepted_draft_tokens"] < s["draft_tokens"]
+    assert_pools_full(engine)
+
+
+def test_always_right_drafts_take_fewer_steps(tiny_checkpoint, prompts, plain) -> None:
+    base = cpu_engine(tiny_checkpoint, max_num_seqs=8, zero_overhead=False)
+    run_all(base, prompts, greedy())
+    fast = spec_engine(tiny_checkpoint, Oracle(prompts, plain), k=4, max_num_seqs=8)
+    run_all(fast, prompts, greedy())
+    steps_plain, steps_spec = base.stats()["num_steps"], fast.stats()["num_steps"]
+    print(f"\nSPEC steps plain {steps_plain} with k=4 always-right drafts {steps_spec}")
+    assert steps_spec * 2 < steps_plain
+
+
+def test_prompt_lookup_drafts(tiny_checkpoint) -> None:
+    # logit_bias keeps the model on two tokens, so its output repeats n-grams of the prompt and
+    # prompt lookup has something to propose (logit_bias alone still allows drafting).
+    a, b = 1000, 2000
+    prompts = [[a, b] * 6, [b, b, a] * 4]
+    params = dc.SamplingParams(
+        temperature=0.0, max_tokens=20, ignore_eos=True, logit_bias={a: 40.0, b: 40.0}
+    )
+    want = run_all(cpu_engine(tiny_checkpoint), prompts, params)[0]
+    engine = spec_engine(tiny_checkpoint, k=4, max_num_seqs=4)
+    assert run_all(engine, prompts, params)[0] == want
+    s = engine.stats()
+    print(f"\nSPEC ngram drafts {s['draft_tokens']} accepted {s['accepted_draft_tokens']}")
+    assert s["draft_tokens"] > 0 and s["accepted_draft_tokens"] > 0
+    assert_pools_full(engine)
+
+
+def test_drafts_with_prefix_hits(tiny_checkpoint, prompts) -> None:
+    shared = prompts[3][:256]
+    variants = [shared + [11, 12], shared + [21, 22, 23], prompts[2]]
+    cold = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=4), variants, greedy(24))[0]
+    drafter = Oracle(variants, cold, right=lambda i: i % 2 == 0)
+    engine = spec_engine(tiny_checkpoint, drafter, max_num_seqs=4)
+    run_all(engine, [shared + [99]], greedy(4))
+    outs, trace = run_all(engine, variants, greedy(24))
+    assert outs == cold
+    hits = [trace.ready(rid).prompt_cache_hit_tokens for rid in sorted(trace.outputs)]
+    assert hits[0] == 256 and hits[1] == 256, hits
+    assert_pools_full(engine)
+
+
+def test_drafts_with_preemption_recompute(tiny_checkpoint) -> None:
+    rng = random.Random(5)
+    prompts = [[rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(8)]
+    roomy = run_all(cpu_engine(tiny_checkpoint), prompts, greedy(30))[0]
+    drafter = Oracle(prompts, roomy, right=lambda i: i % 3 != 1)
+    tight = spec_engine(tiny_checkpoint, drafter, k=4, num_kv_blocks=7)
+    assert run_all(tight, prompts, greedy(30))[0] == roomy
+    assert tight.stats()["num_preemptions"] > 0
+    assert_pools_full(tight)
+
+
+def test_aborts_with_drafts_leak_nothing(tiny_checkpoint, prompts, plain) -> None:
+    engine = spec_engine(tiny_checkpoint, Oracle(prompts, plain), max_num_seqs=8)
+    ids = [engine.add_request(p, greedy(40)) for p in prompts]
+    trace = Trace()
+    for _ in range(5):
+        trace.record(engine.step())
+    engine.abort(ids[1])
+    engine.abort(ids[4])
+    drain(engine, trace)
+    assert trace.finish(ids[1]) == "abort"
+    assert_pools_full(engine)
+
+
+def test_drafts_stop_at_max_tokens_and_eos(tiny_checkpoint, prompts, plain) -> None:
+    # max_tokens inside a run of accepted drafts: exactly max_tokens come out.
+    engine = spec_engine(tiny_checkpoint, Oracle(prompts, plain), k=5, max_num_seqs=8)
+    outs = run_all(engine, prompts, greedy(7))[0]
+    assert outs == [o[:7] for o in plain]
+    # A stop token among accepted drafts ends the request there.
+    stop = plain[0][3]
+    params = dc.SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop])
+    out = run_all(engine, prompts[:1], params)[0][0]
+    assert out == plain[0][: plain[0].index(stop) + 1]
+    assert_pools_full(engine)
+
+
+def test_bad_drafters_mean_no_drafts(tiny_checkpoint, prompts, plain) -> None:
+    class Broken(dc.Drafter):
+        def propose(self, request_id, tokens, max_drafts):
+            raise RuntimeError("drafter broke")
+
+    class OutOfVocab(dc.Drafter):
+        def propose(self, request_id, tokens, max_drafts):
+            return [VOCAB + 5]
+
+    for drafter in (Broken(), OutOfVocab()):
+        engine = spec_engine(tiny_checkpoint, drafter, max_num_seqs=8)
+        assert run_all(engine, prompts, greedy())[0] == plain
+        assert engine.stats()["drafter_errors"] > 0
+
+
+def test_speculative_options_are_checked(tiny_checkpoint) -> None:
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        cpu_engine(tiny_checkpoint, num_speculative_tokens=6)
+    with pytest.raises(ValueError, match="speculative_method"):
+        cpu_engine(tiny_checkpoint, num_speculative_tokens=2, speculative_method="eagle")
+    engine = cpu_engine(tiny_checkpoint, num_speculative_tokens=2)
+    assert engine.config.scheduler.zero_overhead is False  # drafting needs committed tokens
+
+
+# A tiny effective vocabulary: these four tokens get +40 on their logits, so the rest have
+# probability below e^-30.
+SMALL = [5, 6, 7, 8]
+BIAS = {t: 40.0 for t in SMALL}
+
+
+class RandomDrafter(dc.Drafter):
+    """Proposes tokens of SMALL from a skewed distribution unrelated to the model's."""
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        rng = random.Random(hash((request_id, len(tokens))))
+        return rng.choices(SMALL, weights=[6, 1, 1, 1], k=max_drafts)
+
+
+def histograms(engine: dc.Engine, runs: int, position: int) -> list[int]:
+    prompt = [11, 12, 13, 14]
+    params = [
+        dc.SamplingParams(temperature=1.0, seed=s, max_tokens=position + 1, logit_bias=BIAS)
+        for s in range(runs)
+    ]
+    outs = run_all(engine, [prompt] * runs, params)[0]
+    counts = [0] * len(SMALL)
+    for o in outs:
+        counts[SMALL.index(o[position])] += 1
+    return counts
+
+
+def two_sample_chi_square(a: list[int], b: list[int]) -> float:
+    na, nb = sum(a), sum(b)
+    x = 0.0
+    for ca, cb in zip(a, b, strict=True):
+        if ca + cb == 0:
+            continue
+        ea = (ca + cb) * na / (na + nb)
+        eb = (ca + cb) * nb / (na + nb)
+        x += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
+    return x
+
+
+def test_sampled_tokens_keep_the_target_distribution(tiny_checkpoint) -> None:
+    """The 3rd generated token's distribution with drafts equals the one without (df 3:
+    P(chi2 > 21.1) = 1e-4). The drafts' own distribution is far from it, which the same check
+    flags: a verifier that accepted every draft would fail."""
+    runs = 600
+    without = histograms(cpu_engine(tiny_checkpoint, max_num_seqs=32), runs, 2)
+    engine = spec_engine(tiny_checkpoint, RandomDrafter(), k=3, max_num_seqs=32)
+    with_drafts = histograms(engine, runs, 2)
+    stats = engine.stats()
+    print(f"\nSPEC-CHI2 without {without} with drafts {with_drafts} stats {stats}")
+    assert stats["draft_tokens"] > 0 and 0 < stats["accepted_draft_tokens"] < stats["draft_tokens"]
+    assert two_sample_chi_square(without, with_drafts) < 21.1
+    drafted = [round(runs * w / 9) for w in (6, 1, 1, 1)]
+    assert two_sample_chi_square(without, drafted) > 21.1
