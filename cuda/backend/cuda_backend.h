@@ -87,8 +87,6 @@ class CudaBackend final : public Backend {
   Tensor argmax_impl(const Tensor& x) override;
   SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
   void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) override;
-  VerifyResult verify_impl(const Tensor& logits, const SamplingBatch& batch,
-                           const DraftBatch& drafts) override;
   void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                           const Tensor& previous) override;
   void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;

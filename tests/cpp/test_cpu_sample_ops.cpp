@@ -304,39 +304,6 @@ TEST_F(CpuSampleOpsTest, AdjustLogitsErrors) {
   EXPECT_NO_THROW(be->synchronize());
 }
 
-// ---- verify ------------------------------------------------------------------------------------
-
-TEST_F(CpuSampleOpsTest, VerifyCommitsAcceptedDraftsAndTheFinalToken) {
-  // Request 0: 2 drafts over rows 0-2 (argmax 1, 0, 3); request 1: no drafts, row 3 (argmax 2).
-  Tensor logits = up({0, 3, 1, 0, /**/ 2, 0, 1, 0, /**/ 0, 0, 0, 5, /**/ 0, 1, 4, 0}, {4, 4});
-  SamplingBatch batch;
-  batch.num_rows = 2;
-  batch.max_logprobs = 1;
-  batch.temperature = up({0.0f, 0.0f}, {2});
-  batch.top_k = up_i({0, 0}, {2});
-  batch.top_p = up({1.0f, 1.0f}, {2});
-  batch.seed = be->upload(Tensor::from_vector<int64_t>({1, 2}, {2}), DType::kI64);
-  batch.position = up_i({10, 20}, {2});
-  batch.num_logprobs = up_i({1, 1}, {2});
-  DraftBatch drafts;
-  drafts.max_drafts = 2;
-  drafts.num_drafts = up_i({2, 0}, {2});
-  drafts.drafts = up_i({1, 2, -1, -1}, {2, 2});  // draft 1 accepted, draft 2 rejected (argmax 0)
-  const VerifyResult r = be->verify(logits, batch, drafts);
-  EXPECT_EQ(fetch_i32(*be, r.num_tokens), (std::vector<int32_t>{2, 1}));
-  EXPECT_EQ(fetch_i32(*be, r.tokens), (std::vector<int32_t>{1, 0, -1, 2, -1, -1}));
-  EXPECT_EQ(fetch_i32(*be, r.top_ids), (std::vector<int32_t>{1, 0, -1, 2, -1, -1}));
-  // Wrong row count: the requests own 3 + 1 rows.
-  Tensor short_logits = up({0, 3, 1, 0, 2, 0, 1, 0, 0, 0, 0, 5}, {3, 4});
-  expect_error(
-      [&] {
-        be->verify(short_logits, batch, drafts);
-        be->synchronize();
-      },
-      ErrorCode::kInvalidArgument, "the requests own 4 logits rows");
-  EXPECT_NO_THROW(be->synchronize());
-}
-
 // ---- copy_rows ---------------------------------------------------------------------------------
 
 TEST_F(CpuSampleOpsTest, CopyRowsCopiesWholeRows) {

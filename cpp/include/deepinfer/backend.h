@@ -135,22 +135,6 @@ struct LogitAdjustments {
                    // undefined: every token allowed
 };
 
-// Drafts to verify, one request per sampling row (speculative decoding; cpp/src/sample/verify.h
-// has the exact semantics). Request b owns 1 + d_b consecutive logits rows.
-struct DraftBatch {
-  int max_drafts = 0;  // D: columns of `drafts`
-  Tensor num_drafts;   // [B] i32, d_b in [0, D]
-  Tensor drafts;       // [B, D] i32 (entries past d_b are ignored)
-};
-
-struct VerifyResult {
-  Tensor tokens;        // [B, D + 1] i32: accepted drafts, then the final token; -1 past them
-  Tensor num_tokens;    // [B] i32: a_b + 1 committed tokens
-  Tensor logprobs;      // [B, D + 1] f32: log_softmax(its row)[token] of each committed token
-  Tensor top_ids;       // [B, D + 1, max_logprobs] i32 (-1 past a row's N); undefined if none
-  Tensor top_logprobs;  // [B, D + 1, max_logprobs] f32
-};
-
 struct SampleResult {
   Tensor tokens;        // [B] i32
   Tensor logprobs;      // [B] f32: log_softmax(logits)[token]
@@ -288,10 +272,6 @@ class Backend {
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
   SampleResult sample(const Tensor& logits, const SamplingBatch& batch);
-  // Verifies drafts against the target's logits [sum_b (1 + d_b), V] f32 and samples each
-  // request's final token (see DraftBatch); batch.position is the position of the token each
-  // request's first row generates.
-  VerifyResult verify(const Tensor& logits, const SamplingBatch& batch, const DraftBatch& drafts);
   // Applies `adjustments` to logits [B, V] f32 in place (see LogitAdjustments).
   void adjust_logits(const Tensor& logits, const LogitAdjustments& adjustments);
   // Patches this step's token ids in place: tokens[i] = previous[remap[i]] where remap[i] >= 0 (a
@@ -392,8 +372,6 @@ class Backend {
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
   virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;
-  virtual VerifyResult verify_impl(const Tensor& logits, const SamplingBatch& batch,
-                                   const DraftBatch& drafts) = 0;
   virtual void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                                   const Tensor& previous) = 0;
   virtual void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;

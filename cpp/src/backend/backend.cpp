@@ -217,7 +217,7 @@ Tensor Backend::argmax(const Tensor& x) {
 
 namespace {
 
-// The per-row sampling constants of `batch`, `rows` rows of them (sample and verify).
+// The per-row sampling constants of `batch`, `rows` rows of them.
 void check_sampling_batch(const OpChecks& c, const SamplingBatch& batch, int64_t rows) {
   if (batch.max_logprobs < 0) {
     c.fail("batch.max_logprobs must be >= 0, got " + std::to_string(batch.max_logprobs));
@@ -243,20 +243,6 @@ SampleResult Backend::sample(const Tensor& logits, const SamplingBatch& batch) {
   if (logits.size(1) == 0) c.fail("argument logits has no columns: " + logits.describe());
   check_sampling_batch(c, batch, rows);
   return sample_impl(logits, batch);
-}
-
-VerifyResult Backend::verify(const Tensor& logits, const SamplingBatch& batch,
-                             const DraftBatch& drafts) {
-  const OpChecks c("verify", device_kind());
-  c.tensor("logits", logits, DType::kF32, {-1, -1});
-  const int64_t rows = batch.num_rows;
-  if (drafts.max_drafts < 0) {
-    c.fail("drafts.max_drafts must be >= 0, got " + std::to_string(drafts.max_drafts));
-  }
-  check_sampling_batch(c, batch, rows);
-  c.tensor("drafts.num_drafts", drafts.num_drafts, DType::kI32, {rows});
-  c.tensor("drafts.drafts", drafts.drafts, DType::kI32, {rows, drafts.max_drafts});
-  return verify_impl(logits, batch, drafts);
 }
 
 void Backend::adjust_logits(const Tensor& logits, const LogitAdjustments& adjustments) {

@@ -13,7 +13,6 @@
 #include "backend/cpu_checks.h"
 #include "backend/cpu_math.h"
 #include "sample/sampler.h"
-#include "sample/verify.h"
 
 namespace deepinfer {
 
@@ -89,102 +88,6 @@ SampleResult CpuBackend::sample_impl(const Tensor& logits, const SamplingBatch& 
               top_ids[b * cols + c] = has ? r.top[static_cast<size_t>(c)].first : -1;
               top_lps[b * cols + c] = has ? r.top[static_cast<size_t>(c)].second
                                           : -std::numeric_limits<float>::infinity();
-            }
-          }
-        },
-        1);
-  });
-  return out;
-}
-
-VerifyResult CpuBackend::verify_impl(const Tensor& logits, const SamplingBatch& batch,
-                                     const DraftBatch& drafts) {
-  const char* op = "verify";
-  const int64_t rows = batch.num_rows;
-  const int64_t vocab = logits.size(1);
-  const int64_t logit_rows = logits.size(0);
-  const int64_t width = drafts.max_drafts + 1;
-  const int64_t cols = batch.max_logprobs;
-  VerifyResult out;
-  out.tokens = Tensor::zeros({rows, width}, DType::kI32);
-  out.num_tokens = Tensor::zeros({rows}, DType::kI32);
-  out.logprobs = Tensor::zeros({rows, width}, DType::kF32);
-  if (cols > 0) {
-    out.top_ids = Tensor::zeros({rows, width, cols}, DType::kI32);
-    out.top_logprobs = Tensor::zeros({rows, width, cols}, DType::kF32);
-  }
-  enqueue([=](ThreadPool& pool) {
-    const float* x = logits.data<float>();
-    const int32_t* num_drafts = drafts.num_drafts.data<int32_t>();
-    // Each request's first logits row, checking the counts against the logits first.
-    std::vector<int64_t> first(static_cast<size_t>(rows) + 1, 0);
-    for (int64_t b = 0; b < rows; ++b) {
-      if (num_drafts[b] < 0 || num_drafts[b] > drafts.max_drafts) {
-        fail(op, "drafts.num_drafts[" + std::to_string(b) + "] = " + std::to_string(num_drafts[b]) +
-                     " is outside [0, " + std::to_string(drafts.max_drafts) + "]");
-      }
-      first[static_cast<size_t>(b) + 1] = first[static_cast<size_t>(b)] + 1 + num_drafts[b];
-    }
-    if (first.back() != logit_rows) {
-      fail(op, "the requests own " + std::to_string(first.back()) +
-                   " logits rows (1 + drafts "
-                   "each), but logits has " +
-                   std::to_string(logit_rows));
-    }
-    pool.parallel_for(
-        rows,
-        [&](int64_t begin, int64_t end) {
-          for (int64_t b = begin; b < end; ++b) {
-            sample::RowParams params;
-            params.temperature = batch.temperature.data<float>()[b];
-            params.top_k = batch.top_k.data<int32_t>()[b];
-            params.top_p = batch.top_p.data<float>()[b];
-            params.seed = static_cast<uint64_t>(batch.seed.data<int64_t>()[b]);
-            params.position = batch.position.data<int32_t>()[b];
-            const int d = num_drafts[b];
-            std::vector<std::span<const float>> row_spans;
-            for (int j = 0; j <= d; ++j) {
-              row_spans.emplace_back(x + (first[static_cast<size_t>(b)] + j) * vocab,
-                                     static_cast<size_t>(vocab));
-            }
-            const std::span<const int32_t> draft_row(
-                drafts.drafts.data<int32_t>() + b * drafts.max_drafts, static_cast<size_t>(d));
-            sample::VerifyResult r;
-            try {
-              r = sample::verify_row(row_spans, draft_row, {}, params);
-            } catch (const Error& e) {
-              throw Error(e.code(),
-                          std::string(op) + ": request " + std::to_string(b) + ": " + e.what());
-            }
-            out.num_tokens.data<int32_t>()[b] = static_cast<int32_t>(r.tokens.size());
-            const int32_t n_top = batch.num_logprobs.data<int32_t>()[b];
-            for (int64_t j = 0; j < width; ++j) {
-              const bool has = static_cast<size_t>(j) < r.tokens.size();
-              const int32_t token = has ? r.tokens[static_cast<size_t>(j)] : -1;
-              out.tokens.data<int32_t>()[b * width + j] = token;
-              float lp = -std::numeric_limits<float>::infinity();
-              std::vector<std::pair<int32_t, float>> top;
-              if (has) {
-                // Committed token j is scored by row j: its log-probability and top-N there.
-                sample::RowParams greedy;
-                greedy.temperature = 0.0f;
-                greedy.num_logprobs = std::max<int32_t>(n_top, 0);
-                const sample::RowResult scored =
-                    sample::sample_row(row_spans[static_cast<size_t>(j)], greedy);
-                const std::span<const float> row = row_spans[static_cast<size_t>(j)];
-                lp = scored.logprob - row[static_cast<size_t>(scored.token)] +
-                     row[static_cast<size_t>(token)];
-                top = scored.top;
-              }
-              out.logprobs.data<float>()[b * width + j] = lp;
-              for (int64_t c = 0; c < cols; ++c) {
-                const bool in = static_cast<size_t>(c) < top.size();
-                out.top_ids.data<int32_t>()[(b * width + j) * cols + c] =
-                    in ? top[static_cast<size_t>(c)].first : -1;
-                out.top_logprobs.data<float>()[(b * width + j) * cols + c] =
-                    in ? top[static_cast<size_t>(c)].second
-                       : -std::numeric_limits<float>::infinity();
-              }
             }
           }
         },

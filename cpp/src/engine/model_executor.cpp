@@ -25,10 +25,9 @@ class ModelExecutor::ModelStep final : public InflightStep {
   Tensor logits;
   Tensor next_positions;
   std::vector<std::pair<int, std::string>> constraint_errors;
-  // A step with verify rows: [S, D + 1] committed tokens and [S] counts on the host (logprobs
-  // above are then [S, D + 1] and [S, D + 1, N]); forced tokens of plain rows, applied here.
-  Tensor host_verify_tokens;
-  Tensor host_verify_counts;
+  // A step with verify rows: each sampling row's drafts (host_tokens etc. then hold one sample
+  // per logits row), and the forced tokens of plain rows, applied on the host.
+  std::vector<std::vector<int32_t>> verify_drafts;
   std::vector<int32_t> forced;
 };
 
@@ -272,52 +271,42 @@ void ModelExecutor::sample(const StepPlan& plan, const Tensor& logits, const Ten
 
 void ModelExecutor::verify(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
                            ModelStep& step) {
+  // Every logits row is sampled with its request's parameters at the position it predicts; the
+  // host then accepts each request's drafts while they equal the row samples (sample/verify.h:
+  // with point-mass drafts this is exact rejection sampling, and greedy rows accept by match).
   Backend& be = *model_->backend;
-  std::vector<int32_t> num_drafts, first_rows;
-  int max_drafts = 0;
-  int row = 0;
+  std::vector<float> temperature, top_p;
+  std::vector<int32_t> top_k, num_logprobs;
+  std::vector<int64_t> seed;
+  int max_logprobs = 0;
   for (const StepRow& r : plan.rows) {
     if (!r.samples()) continue;
-    num_drafts.push_back(r.num_drafts);
-    first_rows.push_back(row);
-    step.forced.push_back(r.forced_token);
-    row += 1 + r.num_drafts;
-    max_drafts = std::max(max_drafts, r.num_drafts);
-  }
-  std::vector<int32_t> drafts(num_drafts.size() * static_cast<size_t>(max_drafts), -1);
-  size_t b = 0;
-  for (const StepRow& r : plan.rows) {
-    if (!r.samples()) continue;
-    // The row's tokens are its input token, then its drafts.
+    step.verify_drafts.emplace_back();
     for (int j = 0; j < r.num_drafts; ++j)
-      drafts[b * static_cast<size_t>(max_drafts) + static_cast<size_t>(j)] =
-          r.forward.tokens[static_cast<size_t>(j) + 1];
-    ++b;
+      step.verify_drafts.back().push_back(r.forward.tokens[static_cast<size_t>(j) + 1]);
+    step.forced.push_back(r.forced_token);
+    for (int j = 0; j <= r.num_drafts; ++j) {
+      temperature.push_back(r.params->temperature);
+      top_k.push_back(r.params->top_k);
+      top_p.push_back(r.params->top_p);
+      seed.push_back(static_cast<int64_t>(r.seed));
+      num_logprobs.push_back(r.params->logprobs);
+    }
+    max_logprobs = std::max(max_logprobs, r.params->logprobs);
   }
-  DraftBatch draft_batch;
-  draft_batch.max_drafts = max_drafts;
-  draft_batch.num_drafts = upload_vector(be, num_drafts);
-  draft_batch.drafts =
-      be.upload(Tensor::from_vector(drafts, {static_cast<int64_t>(num_drafts.size()), max_drafts}),
-                DType::kI32);
-  // Each request's first logits row predicts the position its first committed token takes.
-  SamplingBatch batch =
-      sampling_batch(plan, be.gather_rows(next_positions, upload_vector(be, first_rows)));
-  const VerifyResult result = be.verify(logits, batch, draft_batch);
-  const int64_t n = static_cast<int64_t>(num_drafts.size());
-  const int64_t width = max_drafts + 1;
-  step.host_verify_tokens = Tensor::zeros({n, width}, DType::kI32);
-  step.host_verify_counts = Tensor::zeros({n}, DType::kI32);
-  be.copy_to_host(result.tokens, step.host_verify_tokens);
-  be.copy_to_host(result.num_tokens, step.host_verify_counts);
-  if (batch.max_logprobs > 0) {
-    step.host_logprob = Tensor::zeros({n, width}, DType::kF32);
-    step.host_top_ids = Tensor::zeros({n, width, batch.max_logprobs}, DType::kI32);
-    step.host_top_lp = Tensor::zeros({n, width, batch.max_logprobs}, DType::kF32);
-    be.copy_to_host(result.logprobs, step.host_logprob);
-    be.copy_to_host(result.top_ids, step.host_top_ids);
-    be.copy_to_host(result.top_logprobs, step.host_top_lp);
-  }
+  SamplingBatch batch;
+  batch.num_rows = static_cast<int>(temperature.size());
+  batch.max_logprobs = max_logprobs;
+  batch.temperature = upload_vector(be, temperature);
+  batch.top_k = upload_vector(be, top_k);
+  batch.top_p = upload_vector(be, top_p);
+  batch.seed = upload_vector(be, seed);
+  batch.num_logprobs = upload_vector(be, num_logprobs);
+  batch.position = next_positions;
+  sampling_keys_.clear();  // the cached per-request constants no longer match the device's
+  const SampleResult result = be.sample(logits, batch);
+  step.sampled = result.tokens;
+  copy_results_to_host(step, result, max_logprobs);
 }
 
 Tensor ModelExecutor::apply_forced_tokens(const StepPlan& plan, const Tensor& sampled) {
@@ -358,7 +347,7 @@ StepResult ModelExecutor::wait(InflightStep& step) {
   s.done->wait();
   StepResult result;
   result.constraint_errors = std::move(s.constraint_errors);
-  if (s.host_verify_tokens.defined()) return verify_result(s, std::move(result));
+  if (!s.verify_drafts.empty()) return verify_result(s, std::move(result));
   if (!s.host_tokens.defined()) return result;
   const int64_t n = s.host_tokens.numel();
   const int32_t* tokens = s.host_tokens.data<int32_t>();
@@ -379,26 +368,30 @@ StepResult ModelExecutor::wait(InflightStep& step) {
 }
 
 StepResult ModelExecutor::verify_result(ModelStep& s, StepResult result) {
-  const int64_t n = s.host_verify_counts.numel();
-  const int64_t width = s.host_verify_tokens.size(1);
-  const int32_t* tokens = s.host_verify_tokens.data<int32_t>();
-  const int32_t* counts = s.host_verify_counts.data<int32_t>();
-  const int64_t k = s.host_top_ids.defined() ? s.host_top_ids.size(2) : 0;
-  for (int64_t b = 0; b < n; ++b) {
-    result.counts.push_back(counts[b]);
-    for (int64_t j = 0; j < counts[b]; ++j) {
-      const bool forced = j == 0 && s.forced[static_cast<size_t>(b)] >= 0;
-      result.tokens.push_back(forced ? s.forced[static_cast<size_t>(b)] : tokens[b * width + j]);
+  const int32_t* sampled = s.host_tokens.data<int32_t>();
+  const int64_t k = s.host_top_ids.defined() ? s.host_top_ids.size(1) : 0;
+  int64_t row = 0;  // first logits row of the request
+  for (size_t b = 0; b < s.verify_drafts.size(); ++b) {
+    const std::vector<int32_t>& drafts = s.verify_drafts[b];
+    size_t accepted = 0;
+    while (accepted < drafts.size() &&
+           sampled[row + static_cast<int64_t>(accepted)] == drafts[accepted])
+      ++accepted;
+    result.counts.push_back(static_cast<int>(accepted) + 1);
+    for (size_t j = 0; j <= accepted; ++j) {
+      const int64_t at = row + static_cast<int64_t>(j);
+      const bool forced = drafts.empty() && s.forced[b] >= 0;
+      result.tokens.push_back(forced ? s.forced[b] : sampled[at]);
       if (!s.host_logprob.defined()) continue;
       TokenLogprobs lp;
-      lp.logprob = s.host_logprob.data<float>()[b * width + j];
+      lp.logprob = s.host_logprob.data<float>()[at];
       for (int64_t c = 0; c < k; ++c) {
-        const int64_t at = (b * width + j) * k + c;
-        const int32_t id = s.host_top_ids.data<int32_t>()[at];
-        if (id >= 0) lp.top.emplace_back(id, s.host_top_lp.data<float>()[at]);
+        const int32_t id = s.host_top_ids.data<int32_t>()[at * k + c];
+        if (id >= 0) lp.top.emplace_back(id, s.host_top_lp.data<float>()[at * k + c]);
       }
       result.logprobs.push_back(std::move(lp));
     }
+    row += static_cast<int64_t>(drafts.size()) + 1;
   }
   return result;
 }

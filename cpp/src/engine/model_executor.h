@@ -72,9 +72,9 @@ class ModelExecutor final : public StepExecutor {
   // SamplingParams::forced_tokens: the forced ids replace the sampled ones on the device, so the
   // next step's carried rows read them like any sampled token.
   Tensor apply_forced_tokens(const StepPlan& plan, const Tensor& sampled);
-  // A step with verify rows (speculative decoding): Backend::verify instead of sample, results
-  // per sampling row of 1..1 + d tokens (no carried rows can follow: drafting turns zero-overhead
-  // scheduling off).
+  // A step with verify rows (speculative decoding): every logits row sampled, the drafts
+  // accepted on the host while they match (verify_result), 1..1 + d tokens per sampling row (no
+  // carried row can follow: drafting turns zero-overhead scheduling off).
   void verify(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
               ModelStep& step);
   static StepResult verify_result(ModelStep& step, StepResult result);

@@ -22,11 +22,8 @@ double probability_of(const std::vector<std::pair<int32_t, double>>& dist, int32
 // Draws from max(q - p, 0) renormalised, walking q in its rank order; q itself when the
 // residual has no mass (p covers q up to rounding).
 int32_t draw_residual(const std::vector<std::pair<int32_t, double>>& q, const DraftDistribution& p,
-                      int32_t draft, double u) {
-  auto p_of = [&](int32_t id) {
-    if (p.empty()) return id == draft ? 1.0 : 0.0;
-    return probability_of(p, id);
-  };
+                      double u) {
+  auto p_of = [&](int32_t id) { return probability_of(p, id); };
   std::vector<double> residual(q.size());
   double mass = 0.0;
   for (size_t i = 0; i < q.size(); ++i) {
@@ -74,14 +71,23 @@ VerifyResult verify_row(std::span<const std::span<const float>> rows,
   for (size_t j = 0; j < d; ++j) {
     row.position = params.position + static_cast<int64_t>(j);
     const int32_t x = drafts[j];
+    const bool point_mass = draft_dists.empty() || draft_dists[j].empty();
+    if (point_mass) {
+      RowParams plain = row;
+      plain.num_logprobs = 0;
+      const int32_t y = sample_row(rows[j], plain).token;
+      result.tokens.push_back(y);
+      if (y != x) return result;
+      ++result.num_accepted;
+      continue;
+    }
     const auto q = sampling_distribution(rows[j], row);
     bool accepted = false;
     if (params.temperature == 0.0f) {
       accepted = q.front().first == x;
     } else {
       const double q_x = probability_of(q, x);
-      const double p_x =
-          draft_dists.empty() || draft_dists[j].empty() ? 1.0 : probability_of(draft_dists[j], x);
+      const double p_x = probability_of(draft_dists[j], x);
       // A draft its own distribution gives no mass cannot have been drawn from it: reject.
       accepted = p_x > 0.0 && uniform(params.seed, row.position, kAcceptStream) * p_x < q_x;
     }
@@ -93,10 +99,8 @@ VerifyResult verify_row(std::span<const std::span<const float>> rows,
     if (params.temperature == 0.0f) {
       result.tokens.push_back(q.front().first);
     } else {
-      static const DraftDistribution kPointMass;
-      const DraftDistribution& p = draft_dists.empty() ? kPointMass : draft_dists[j];
       result.tokens.push_back(
-          draw_residual(q, p, x, uniform(params.seed, row.position, kResidualStream)));
+          draw_residual(q, draft_dists[j], uniform(params.seed, row.position, kResidualStream)));
     }
     return result;
   }

@@ -4,15 +4,19 @@
 // A request's verify rows are the target model's logits at its last committed token and at each
 // of its d drafts: row j scores the token that follows draft j - 1, so it verifies draft j
 // (j < d), and row d gives the token after the last draft. Drafts are accepted as a prefix:
-//  - greedy rows (temperature 0): draft j is accepted iff it is the argmax of row j;
-//  - otherwise rejection sampling against the draft distribution p_j (the drafter's, after the
-//    request's temperature / top-k / top-p; a drafter without one, such as a greedy or an oracle
-//    drafter, is a point mass at its token): with q_j = sampling_distribution(row j), draft x is
-//    accepted iff u < q_j(x) / p_j(x), u = uniform(seed, position + j, kAcceptStream); the
-//    first rejected row draws from the residual max(q_j - p_j, 0) (renormalised) with
-//    u = uniform(seed, position + j, kResidualStream), or from q_j should the residual be empty.
+//  - a point-mass draft (a drafter that proposes tokens without a distribution: prompt lookup,
+//    an oracle, greedy drafting) is accepted iff it equals y_j = sample_row(row j) at position
+//    + j, the token the row would give without drafts; the first mismatch commits y_j. Given the
+//    context, P(accept x) = q_j(x) and a rejection leaves y_j distributed as q_j without x,
+//    renormalised: exactly rejection sampling against a point mass. Greedy rows accept by match.
+//  - a draft with a distribution p_j (sampled drafting): accepted iff
+//    u < q_j(x) / p_j(x), u = uniform(seed, position + j, kAcceptStream); the first rejected row
+//    draws from the residual max(q_j - p_j, 0) (renormalised) with u = uniform(seed, position +
+//    j, kResidualStream), or from q_j should the residual be empty.
 // With every draft accepted, row d is sampled as any row (sample_row at position + d). So the
-// committed tokens have exactly the target's distribution, whatever the drafts.
+// committed tokens have exactly the target's distribution, whatever the drafts. The engine runs
+// the point-mass rule on any backend: it samples every logits row and compares on the host
+// (engine/model_executor.cpp).
 #pragma once
 
 #include <cstdint>
