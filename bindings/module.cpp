@@ -1,6 +1,7 @@
 // deepinfer_core: Python bindings over the public C++ API. Type conversion only.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -63,6 +64,19 @@ nb::ndarray<nb::numpy, T> to_numpy(const deepinfer::Tensor& t) {
   std::vector<size_t> shape(host.shape().begin(), host.shape().end());
   return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
 }
+
+// A host f32 copy of a C-contiguous NumPy array of rank 3 (the MTP trunk).
+deepinfer::Tensor from_numpy3(
+    const nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu>& x) {
+  deepinfer::Tensor host =
+      deepinfer::Tensor::zeros({static_cast<int64_t>(x.shape(0)), static_cast<int64_t>(x.shape(1)),
+                                static_cast<int64_t>(x.shape(2))},
+                               deepinfer::DType::kF32);
+  std::memcpy(host.raw_data(), x.data(), host.nbytes());
+  return host;
+}
+
+using Trunk = nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
 
 deepinfer::LogitsMode parse_logits_mode(const std::string& mode) {
   if (mode == "all") return deepinfer::LogitsMode::kAll;
@@ -273,5 +287,56 @@ NB_MODULE(deepinfer_core, m) {
           },
           "batch"_a,
           "Run one forward call over `batch` and return each sequence's greedy next token (int32, "
-          "the argmax of its last logits row, taken on the device: only the ids are copied).");
+          "the argmax of its last logits row, taken on the device: only the ids are copied).")
+      .def_prop_ro("num_mtp_blocks", &deepinfer::ModelRunner::num_mtp_blocks,
+                   "MTP blocks (mtp.K.*) loaded from the checkpoint; 0 when it ships none.")
+      .def(
+          "forward_hidden",
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,
+             const std::string& logits) {
+            deepinfer::LogitsMode mode = parse_logits_mode(logits);
+            deepinfer::HiddenForward out;
+            {
+              nb::gil_scoped_release release;
+              out = runner.forward_hidden(batch, mode);
+            }
+            return std::make_pair(to_numpy<float>(out.logits), to_numpy<float>(out.hidden));
+          },
+          "batch"_a, "logits"_a = "all",
+          "forward(), also returning the hidden state the MTP block reads: (logits, hidden) with "
+          "hidden float32 [tokens, hc_mult, hidden_size], the HC trunk before the head.")
+      .def(
+          "mtp_forward",
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,
+             const Trunk& hidden, const std::string& logits, int step) {
+            deepinfer::LogitsMode mode = parse_logits_mode(logits);
+            deepinfer::Tensor host = from_numpy3(hidden);
+            deepinfer::MtpForward out;
+            {
+              nb::gil_scoped_release release;
+              out = runner.mtp_forward(batch, host, mode, step);
+            }
+            return std::make_pair(to_numpy<float>(out.logits), to_numpy<float>(out.hidden));
+          },
+          "batch"_a, "hidden"_a, "logits"_a = "all", "step"_a = 0,
+          "One pass of the MTP block over `batch`, whose chunks hold each position's NEXT token, "
+          "on `hidden` (float32 [tokens, hc_mult, hidden_size]: forward_hidden's trunk, or a "
+          "previous pass's). Returns (logits, hidden): the logits predict the token two "
+          "positions ahead; hidden is the block's trunk at the same rows.")
+      .def(
+          "mtp_draft",
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,
+             const Trunk& hidden, int num_drafts) {
+            deepinfer::Tensor host = from_numpy3(hidden);
+            deepinfer::MtpDraft out;
+            {
+              nb::gil_scoped_release release;
+              out = runner.mtp_draft(batch, host, num_drafts);
+            }
+            return std::make_pair(to_numpy<int32_t>(out.tokens), to_numpy<float>(out.logits));
+          },
+          "batch"_a, "hidden"_a, "num_drafts"_a,
+          "Greedy MTP drafts: mtp_forward over `batch`, then num_drafts - 1 one-token steps fed "
+          "the previous draft and trunk. Returns (tokens int32 [seqs, num_drafts], logits float32 "
+          "[seqs, num_drafts, vocab]).");
 }

@@ -84,8 +84,10 @@ TINY_CONFIG: dict = {
 SEED = 20261129
 
 
-def _tensors(cfg: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint, in the original DeepSeek naming."""
+def _tensors(cfg: dict, rng: np.random.Generator, mtp: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint, in the original DeepSeek naming; with `mtp`, also one
+    multi-token-prediction block ``mtp.0.*`` (drawn after the main tensors, which stay the same)
+    with a sliding-window attention and a score-routed MoE, as V4-Flash ships it."""
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["hc_mult"]
     nh, d, q = cfg["num_attention_heads"], cfg["head_dim"], cfg["q_lora_rank"]
     g, og = cfg["o_groups"], cfg["o_lora_rank"]
@@ -115,39 +117,45 @@ def _tensors(cfg: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         "norm.weight": norm_weight(h),
         **hc("hc_head_", n, 1),
     }
-    for li, (attn, mlp) in enumerate(zip(cfg["layer_types"], cfg["mlp_layer_types"], strict=True)):
-        p = f"layers.{li}."
-        t |= {f"{p}attn_norm.weight": norm_weight(h), f"{p}ffn_norm.weight": norm_weight(h)}
-        t |= hc(f"{p}hc_attn_", (2 + n) * n, 3) | hc(f"{p}hc_ffn_", (2 + n) * n, 3)
-        t |= {
-            f"{p}attn.wq_a.weight": normal(q, h),
-            f"{p}attn.q_norm.weight": norm_weight(q),
-            f"{p}attn.wq_b.weight": normal(nh * d, q),
-            f"{p}attn.wkv.weight": normal(d, h),
-            f"{p}attn.kv_norm.weight": norm_weight(d),
-            f"{p}attn.wo_a.weight": normal(g * og, nh * d // g),
-            f"{p}attn.wo_b.weight": normal(h, g * og),
-            f"{p}attn.attn_sink": normal(nh, scale=0.5),
-        }
+
+    def layer(p: str, attn: str, mlp: str) -> None:
+        t.update({f"{p}attn_norm.weight": norm_weight(h), f"{p}ffn_norm.weight": norm_weight(h)})
+        t.update(hc(f"{p}hc_attn_", (2 + n) * n, 3) | hc(f"{p}hc_ffn_", (2 + n) * n, 3))
+        t.update(
+            {
+                f"{p}attn.wq_a.weight": normal(q, h),
+                f"{p}attn.q_norm.weight": norm_weight(q),
+                f"{p}attn.wq_b.weight": normal(nh * d, q),
+                f"{p}attn.wkv.weight": normal(d, h),
+                f"{p}attn.kv_norm.weight": norm_weight(d),
+                f"{p}attn.wo_a.weight": normal(g * og, nh * d // g),
+                f"{p}attn.wo_b.weight": normal(h, g * og),
+                f"{p}attn.attn_sink": normal(nh, scale=0.5),
+            }
+        )
         if attn != "sliding_attention":
             m = cfg["compress_rates"][attn]
             c = 2 * d if attn == "compressed_sparse_attention" else d
-            t |= {
-                f"{p}attn.compressor.wkv.weight": normal(c, h),
-                f"{p}attn.compressor.wgate.weight": normal(c, h),
-                f"{p}attn.compressor.ape": normal(m, c, scale=0.5),
-                f"{p}attn.compressor.norm.weight": norm_weight(d),
-            }
+            t.update(
+                {
+                    f"{p}attn.compressor.wkv.weight": normal(c, h),
+                    f"{p}attn.compressor.wgate.weight": normal(c, h),
+                    f"{p}attn.compressor.ape": normal(m, c, scale=0.5),
+                    f"{p}attn.compressor.norm.weight": norm_weight(d),
+                }
+            )
         if attn == "compressed_sparse_attention":
             m = cfg["compress_rates"][attn]
-            t |= {
-                f"{p}attn.indexer.compressor.wkv.weight": normal(2 * di, h),
-                f"{p}attn.indexer.compressor.wgate.weight": normal(2 * di, h),
-                f"{p}attn.indexer.compressor.ape": normal(m, 2 * di, scale=0.5),
-                f"{p}attn.indexer.compressor.norm.weight": norm_weight(di),
-                f"{p}attn.indexer.wq_b.weight": normal(hi * di, q),
-                f"{p}attn.indexer.weights_proj.weight": normal(hi, h),
-            }
+            t.update(
+                {
+                    f"{p}attn.indexer.compressor.wkv.weight": normal(2 * di, h),
+                    f"{p}attn.indexer.compressor.wgate.weight": normal(2 * di, h),
+                    f"{p}attn.indexer.compressor.ape": normal(m, 2 * di, scale=0.5),
+                    f"{p}attn.indexer.compressor.norm.weight": norm_weight(di),
+                    f"{p}attn.indexer.wq_b.weight": normal(hi * di, q),
+                    f"{p}attn.indexer.weights_proj.weight": normal(hi, h),
+                }
+            )
         t[f"{p}ffn.gate.weight"] = normal(e, h)
         if mlp == "hash_moe":
             t[f"{p}ffn.gate.tid2eid"] = np.stack([rng.permutation(e)[:k] for _ in range(v)]).astype(
@@ -162,6 +170,23 @@ def _tensors(cfg: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         t[f"{p}ffn.shared_experts.w1.weight"] = normal(inter, h)
         t[f"{p}ffn.shared_experts.w3.weight"] = normal(inter, h)
         t[f"{p}ffn.shared_experts.w2.weight"] = normal(h, inter)
+
+    for li, (attn, mlp) in enumerate(zip(cfg["layer_types"], cfg["mlp_layer_types"], strict=True)):
+        layer(f"layers.{li}.", attn, mlp)
+    if mtp:
+        # docs/model.md#mtp-block: DeepSeek's MTPBlock is a decoder layer plus these.
+        p = "mtp.0."
+        t.update(
+            {
+                f"{p}enorm.weight": norm_weight(h),
+                f"{p}hnorm.weight": norm_weight(h),
+                f"{p}e_proj.weight": normal(h, h),
+                f"{p}h_proj.weight": normal(h, h),
+            }
+        )
+        layer(p, "sliding_attention", "moe")
+        t.update(hc(f"{p}hc_head_", n, 1))
+        t[f"{p}norm.weight"] = norm_weight(h)
     return t
 
 
@@ -197,24 +222,29 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "deepinfer"
 
 
-def checkpoint_id() -> str:
-    spec = json.dumps({"config": TINY_CONFIG, "seed": SEED, "format": 2}, sort_keys=True)
-    return "tiny-v4-" + hashlib.sha256(spec.encode()).hexdigest()[:12]
+def _config(mtp: bool) -> dict:
+    return TINY_CONFIG | {"num_nextn_predict_layers": 1} if mtp else TINY_CONFIG
 
 
-def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
+def checkpoint_id(mtp: bool = False) -> str:
+    spec = json.dumps({"config": _config(mtp), "seed": SEED, "format": 2}, sort_keys=True)
+    return ("tiny-v4-mtp-" if mtp else "tiny-v4-") + hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def ensure_tiny_checkpoint(root: Path | None = None, *, mtp: bool = False) -> Path:
     """The tiny checkpoint directory, generated on first use (atomically: a concurrent first use
-    by another process either finds the finished directory or builds its own copy)."""
+    by another process either finds the finished directory or builds its own copy). With `mtp`
+    it also ships an MTP block (``mtp.0.*``); its main tensors equal the plain checkpoint's."""
     root = Path(root) if root is not None else cache_root()
-    target = root / checkpoint_id()
+    target = root / checkpoint_id(mtp)
     if (target / "model.safetensors").exists() and (target / "config.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
     try:
         rng = np.random.default_rng(SEED)
-        write_safetensors(tmp / "model.safetensors", _tensors(TINY_CONFIG, rng))
-        (tmp / "config.json").write_text(json.dumps(TINY_CONFIG, indent=1))
+        write_safetensors(tmp / "model.safetensors", _tensors(TINY_CONFIG, rng, mtp))
+        (tmp / "config.json").write_text(json.dumps(_config(mtp), indent=1))
         try:
             tmp.rename(target)
         except OSError:

@@ -75,6 +75,9 @@ constexpr NameCase kNames[] = {
     {"layers.2.attn.compressor.norm.weight", "layers.2.attn.compressor.norm.weight"},
     {"mtp.0.attn.kv_norm.weight", "mtp.0.attn.kv_norm.weight"},
     {"model.mtp.0.ffn.gate.bias", "mtp.0.ffn.gate.bias"},
+    {"mtp.0.e_proj.scale", "mtp.0.e_proj.scale"},
+    {"mtp.0.e_proj.weight_scale_inv", "mtp.0.e_proj.scale"},
+    {"mtp.0.attn.norm.weight", "mtp.0.attn.norm.weight"},  // no transformers rules under mtp
     // transformers in-memory names.
     {"model.layers.0.self_attn.q_a_proj.weight", "layers.0.attn.wq_a.weight"},
     {"model.layers.0.self_attn.q_b_proj.weight", "layers.0.attn.wq_b.weight"},

@@ -90,6 +90,39 @@ TEST(ModelConfig, ReadsReleasedLegacyKeys) {
   EXPECT_DOUBLE_EQ(c.compress_rope.theta, 160000.0);
   EXPECT_DOUBLE_EQ(c.main_rope.theta, 10000.0);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int>{1, 2}));
+  // The entry past num_hidden_layers is the MTP block's (docs/model.md#mtp-block).
+  EXPECT_EQ(c.num_nextn_predict_layers, 1);
+  ASSERT_EQ(c.mtp_layer_types.size(), 1u);
+  EXPECT_EQ(c.mtp_layer_types[0], AttentionKind::kSliding);
+  EXPECT_EQ(c.attention_kind(4), AttentionKind::kSliding);
+  EXPECT_EQ(c.compress_rate(4), 0);
+}
+
+TEST(ModelConfig, MtpBlockKindComesFromTheExtraCompressRatio) {
+  ModelConfig csa = ModelConfig::from_json_text(
+      R"({"model_type": "deepseek_v4", "num_hidden_layers": 2, "compress_ratios": [0, 0, 4]})",
+      "x");
+  ASSERT_EQ(csa.mtp_layer_types.size(), 1u);
+  EXPECT_EQ(csa.attention_kind(2), AttentionKind::kCompressedSparse);
+  EXPECT_EQ(csa.compress_rate(2), 4);
+  EXPECT_TRUE(csa.has_compressed_layers());  // the MTP block's entries need blocks
+
+  // Without the entry (or with layer_types) the block is sliding, as V4-Flash ships it.
+  ModelConfig plain = ModelConfig::from_json_text(
+      R"({"model_type": "deepseek_v4", "num_hidden_layers": 2, "compress_ratios": [0, 0],
+          "num_nextn_predict_layers": 2})",
+      "x");
+  EXPECT_EQ(plain.mtp_layer_types,
+            (std::vector<AttentionKind>{AttentionKind::kSliding, AttentionKind::kSliding}));
+  EXPECT_FALSE(plain.has_compressed_layers());
+
+  expect_error(
+      [] {
+        ModelConfig::from_json_text(
+            R"({"model_type": "deepseek_v4", "num_hidden_layers": 2, "compress_ratios": [0, 0, 5]})",
+            "ckpt/config.json");
+      },
+      ErrorCode::kInvalidConfig, {"ckpt/config.json", "compress_ratios[2]", "5"});
 }
 
 TEST(ModelConfig, DefaultLayerTypesAreTheV4ProPattern) {

@@ -26,6 +26,7 @@ transformers 5.23 "TF"):
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import deepinfer_core
@@ -234,16 +235,75 @@ def test_float_scales_under_scale_fmt_float_need_not_be_powers_of_two(small, tmp
     assert rel_diff(engine_logits(path), reference_logits(small, edit)) <= REL_TOL
 
 
-def test_mtp_tensors_are_skipped(small, tmp_path) -> None:
-    """DeepSeek ships a multi-token-prediction layer (mtp.0.*, FP8 like the rest); the loader
-    skips it."""
+def mtp_block(small: qc.QuantizedCheckpoint, quantized_projections: bool) -> dict:
+    """A complete mtp.0.* block in the checkpoint's formats, from its own tensors: sliding
+    attention of layer 0, the score-routed MoE (FP8 shared, MXFP4 routed experts) and mHC of layer
+    2, and FP8 e_proj / h_proj (or the same values dequantized to f32)."""
+    t = small.tensors
+    block: dict[str, torch.Tensor] = {}
+    for name, value in t.items():
+        if name.startswith("layers.0.attn."):
+            block["mtp.0." + name.removeprefix("layers.0.")] = value.clone()
+        elif name.startswith("layers.2.") and not name.startswith("layers.2.attn."):
+            block["mtp.0." + name.removeprefix("layers.2.")] = value.clone()
+    for leaf in ("fn", "base", "scale"):
+        block[f"mtp.0.hc_head_{leaf}"] = t[f"hc_head_{leaf}"].clone()
+    for norm in ("enorm", "hnorm", "norm"):
+        block[f"mtp.0.{norm}.weight"] = t["norm.weight"].clone()
+    gen = torch.Generator().manual_seed(5)
+    for proj in ("e_proj", "h_proj"):
+        w = torch.randn(64, 64, generator=gen) / 8.0
+        codes, scale = qc.quantize_fp8_blocks(w, SPEC.block)
+        if quantized_projections:
+            block[f"mtp.0.{proj}.weight"] = codes
+            block[f"mtp.0.{proj}.scale"] = qc.as_e8m0(scale)
+        else:
+            exact = qc.dequantize_fp8_blocks(codes, qc.e8m0_decode(scale), SPEC.block)
+            block[f"mtp.0.{proj}.weight"] = exact.contiguous()
+    return block
+
+
+def mtp_logits(path: Path) -> np.ndarray:
+    driver = RunnerDriver(str(path), max_seqs=1, max_len=len(PROMPT))
+    runner = driver.runner
+    assert runner.num_mtp_blocks == 1
+    _, hidden = runner.forward_hidden([driver.chunk(0, 0, PROMPT)])
+    logits, _ = runner.mtp_forward([driver.chunk(0, 0, [*PROMPT[1:], 3])], hidden)
+    return logits
+
+
+def test_mtp_block_loads_in_the_quantized_formats(small, tmp_path) -> None:
+    """DeepSeek ships its multi-token-prediction block (mtp.0.*) FP8 / MXFP4 like the main
+    layers: it loads, leaves the main logits alone, and its FP8 e_proj / h_proj read exactly as
+    their dequantized values do."""
+    quantized = rewrite(small, tmp_path / "fp8", mtp_block(small, quantized_projections=True))
+    exact = rewrite(small, tmp_path / "f32", mtp_block(small, quantized_projections=False))
+    np.testing.assert_array_equal(engine_logits(quantized), engine_logits(small.path))
+    ours = mtp_logits(quantized)
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, mtp_logits(exact), rtol=0, atol=1e-5 * np.abs(ours).max())
+
+
+def test_incomplete_mtp_block_is_refused_naming_the_missing_tensor(small, tmp_path) -> None:
     extra = {
         "mtp.0.attn.wq_a.weight": small.tensors["layers.0.attn.wq_a.weight"].clone(),
         "mtp.0.attn.wq_a.scale": small.tensors["layers.0.attn.wq_a.scale"].clone(),
         "mtp.0.norm.weight": torch.ones(64, dtype=torch.bfloat16),
     }
     path = rewrite(small, tmp_path / "mtp", extra)
+    with pytest.raises(FileNotFoundError, match=r"no tensor 'mtp\.0\.enorm\.weight'"):
+        engine_logits(path)
+
+
+def test_mtp_blocks_beyond_num_nextn_predict_layers_are_skipped_with_a_note(small, tmp_path):
+    path = rewrite(small, tmp_path / "off", mtp_block(small, quantized_projections=True))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"num_nextn_predict_layers": 0}))
     np.testing.assert_array_equal(engine_logits(path), engine_logits(small.path))
+    runner = deepinfer_core.ModelRunner(str(path), num_blocks=2, num_state_slots=1, device="cpu")
+    assert runner.num_mtp_blocks == 0
+    engine = deepinfer_core.Engine(str(path), device="cpu", max_num_seqs=1, num_kv_blocks=4)
+    assert any("skipped" in n and "mtp.*" in n for n in engine.load_notes), engine.load_notes
 
 
 # ---- Activation quantization op -----------------------------------------------------------------

@@ -78,6 +78,13 @@ struct ModelConfig {
   std::vector<AttentionKind> layer_types;
   std::vector<MlpKind> mlp_layer_types;
 
+  // The multi-token-prediction blocks a checkpoint may ship (mtp.K.*, docs/model.md#mtp-block).
+  // Block K is layer num_hidden_layers + K of DeepSeek's reference: its attention kind is entry
+  // num_hidden_layers + K of the released compress_ratios list (sliding when the list stops
+  // short or the config uses layer_types), and its MoE always routes by score (never hash).
+  int num_nextn_predict_layers = 1;
+  std::vector<AttentionKind> mtp_layer_types;  // [num_nextn_predict_layers]
+
   QuantConfig quantization;  // all defaults (fp8 false): bf16/f32 weights
 
   // Reads and validates `path` (a config.json). Throws deepinfer::Error naming the file and the
@@ -88,9 +95,13 @@ struct ModelConfig {
   // Same, from JSON text; `source` names it in messages.
   static ModelConfig from_json_text(const std::string& text, const std::string& source);
 
-  // Compression ratio of layer `layer`'s compressed entries: 0 for sliding layers.
+  // Attention kind of layer `layer`: a main layer below num_hidden_layers, MTP block
+  // layer - num_hidden_layers from there.
+  AttentionKind attention_kind(int layer) const;
+  // Compression ratio of layer `layer`'s compressed entries (MTP blocks as in attention_kind): 0
+  // for sliding layers.
   int compress_rate(int layer) const;
-  bool has_compressed_layers() const;
+  bool has_compressed_layers() const;  // main layers or MTP blocks
   // Inverse frequencies of a rotary embedding, computed in fp32 the way transformers does.
   std::vector<float> rope_inv_freq(const RopeConfig& rope) const;
 };

@@ -52,6 +52,25 @@ struct DecodeGraphStats {
   uint64_t num_calls = 0;  // forward calls served by a graph (the recording call included)
 };
 
+// forward() with the hidden state the MTP drafter reads.
+struct HiddenForward {
+  Tensor logits;  // as forward()
+  Tensor hidden;  // host f32 [total tokens, hc_mult, hidden_size]: the HC trunk after the last
+                  // layer, before the head
+};
+
+// One pass of the checkpoint's MTP block (docs/model.md#mtp-block).
+struct MtpForward {
+  Tensor logits;  // host f32 [rows, vocab]: every token (kAll) or each sequence's last (kLast)
+  Tensor hidden;  // host f32 [rows, hc_mult, hidden_size]: the block's HC trunk at those rows
+};
+
+// Greedy drafts of the MTP block.
+struct MtpDraft {
+  Tensor tokens;  // host i32 [num sequences, num_drafts]
+  Tensor logits;  // host f32 [num sequences, num_drafts, vocab]: the logits each was taken from
+};
+
 class ModelRunner {
  public:
   // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches.
@@ -74,6 +93,26 @@ class ModelRunner {
   // taken on the device, so only the token ids travel to the host (forward copies [B, vocab]).
   virtual Tensor greedy(const std::vector<SequenceChunk>& batch) = 0;
   virtual DecodeGraphStats decode_graph_stats() const = 0;
+
+  // ---- speculative drafting with the checkpoint's MTP block (docs/model.md#mtp-block) ----------
+  // MTP blocks loaded (0: the checkpoint has none; the calls below then throw kInvalidArgument).
+  virtual int num_mtp_blocks() const = 0;
+  // forward(), also returning the trunk the MTP block reads at every token (runs eagerly).
+  virtual HiddenForward forward_hidden(const std::vector<SequenceChunk>& batch,
+                                       LogitsMode mode) = 0;
+  // One pass of MTP block `step % num_mtp_blocks()` over `batch`, whose chunks hold, for each
+  // position p, the token at p + 1; `hidden` (host f32 [total tokens, hc_mult, hidden_size]) is
+  // the trunk at the same positions: forward_hidden's (step 0), or the previous pass's
+  // MtpForward::hidden when drafting further ahead. Row p's logits predict the token at p + 2.
+  // The block's own caches in each chunk's slot and blocks are read and written like the main
+  // layers' (a chunk's earlier positions must have been passed through the block before).
+  virtual MtpForward mtp_forward(const std::vector<SequenceChunk>& batch, const Tensor& hidden,
+                                 LogitsMode mode, int step = 0) = 0;
+  // Greedy drafting on the device: mtp_forward over `batch` (step 0) drafts each sequence's
+  // first token from its last row; each of the num_drafts - 1 further steps runs one token per
+  // sequence, the previous draft at the next position, on the previous step's trunk.
+  virtual MtpDraft mtp_draft(const std::vector<SequenceChunk>& batch, const Tensor& hidden,
+                             int num_drafts) = 0;
 };
 
 }  // namespace deepinfer

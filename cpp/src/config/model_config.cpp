@@ -353,6 +353,15 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   // Layer types: explicit layer_types, else legacy compress_ratios (0/4/128 per layer, truncated
   // to num_hidden_layers: the released config lists the MTP block too), else the V4-Pro default.
   const size_t n = static_cast<size_t>(c.num_hidden_layers);
+  auto parse_ratio = [&r](const json::Value& v, size_t i) {
+    std::string key = "compress_ratios[" + std::to_string(i) + "]";
+    if (!v.is_integer()) r.fail(key, "must be an integer, got " + v.dump());
+    if (v.as_int() == 0) return AttentionKind::kSliding;
+    if (v.as_int() == 4) return AttentionKind::kCompressedSparse;
+    if (v.as_int() == 128) return AttentionKind::kHeavilyCompressed;
+    r.fail(key,
+           "must be 0 (sliding), 4 (CSA) or 128 (HCA) in a DeepSeek-V4 config, got " + v.dump());
+  };
   if (r.has("layer_types")) {
     const json::Value& lt = *r.find("layer_types");
     if (!lt.is_array()) r.fail_value("layer_types", "a list of layer type names");
@@ -367,19 +376,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     const json::Value& cr = *r.find("compress_ratios");
     if (!cr.is_array()) r.fail_value("compress_ratios", "a list of integers");
     for (size_t i = 0; i < cr.as_array().size() && i < n; ++i) {
-      const json::Value& v = cr.as_array()[i];
-      std::string key = "compress_ratios[" + std::to_string(i) + "]";
-      if (!v.is_integer()) r.fail(key, "must be an integer, got " + v.dump());
-      if (v.as_int() == 0) {
-        c.layer_types.push_back(AttentionKind::kSliding);
-      } else if (v.as_int() == 4) {
-        c.layer_types.push_back(AttentionKind::kCompressedSparse);
-      } else if (v.as_int() == 128) {
-        c.layer_types.push_back(AttentionKind::kHeavilyCompressed);
-      } else {
-        r.fail(key, "must be 0 (sliding), 4 (CSA) or 128 (HCA) in a DeepSeek-V4 config, got " +
-                        v.dump());
-      }
+      c.layer_types.push_back(parse_ratio(cr.as_array()[i], i));
     }
     if (c.layer_types.size() != n) {
       r.fail("compress_ratios",
@@ -392,6 +389,17 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       c.layer_types.push_back(hca ? AttentionKind::kHeavilyCompressed
                                   : AttentionKind::kCompressedSparse);
     }
+  }
+
+  // MTP blocks: DeepSeek's reference builds block K as layer num_hidden_layers + K, whose
+  // attention reads compress_ratios[num_hidden_layers + K] (V4-Flash: 0, sliding).
+  c.num_nextn_predict_layers = static_cast<int>(r.get_int("num_nextn_predict_layers", 1, 0));
+  const json::Value* ratios = r.find("compress_ratios");
+  for (size_t k = 0; k < static_cast<size_t>(c.num_nextn_predict_layers); ++k) {
+    const bool listed =
+        ratios != nullptr && ratios->is_array() && n + k < ratios->as_array().size();
+    c.mtp_layer_types.push_back(listed ? parse_ratio(ratios->as_array()[n + k], n + k)
+                                       : AttentionKind::kSliding);
   }
 
   if (r.has("mlp_layer_types")) {
@@ -476,8 +484,15 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   return c;
 }
 
+AttentionKind ModelConfig::attention_kind(int layer) const {
+  if (layer >= num_hidden_layers) {
+    return mtp_layer_types.at(static_cast<size_t>(layer - num_hidden_layers));
+  }
+  return layer_types.at(static_cast<size_t>(layer));
+}
+
 int ModelConfig::compress_rate(int layer) const {
-  switch (layer_types.at(static_cast<size_t>(layer))) {
+  switch (attention_kind(layer)) {
     case AttentionKind::kSliding:
       return 0;
     case AttentionKind::kCompressedSparse:
@@ -490,6 +505,9 @@ int ModelConfig::compress_rate(int layer) const {
 
 bool ModelConfig::has_compressed_layers() const {
   for (AttentionKind k : layer_types) {
+    if (k != AttentionKind::kSliding) return true;
+  }
+  for (AttentionKind k : mtp_layer_types) {
     if (k != AttentionKind::kSliding) return true;
   }
   return false;

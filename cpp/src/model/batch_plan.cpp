@@ -79,7 +79,8 @@ size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& 
 
 std::vector<int> compress_ratios(const ModelConfig& config) {
   std::set<int> ratios;
-  for (int li = 0; li < config.num_hidden_layers; ++li) {
+  // The MTP blocks' ratios too: a drafter call is planned like a main call.
+  for (int li = 0; li < config.num_hidden_layers + config.num_nextn_predict_layers; ++li) {
     if (config.compress_rate(li) > 0) ratios.insert(config.compress_rate(li));
   }
   return {ratios.begin(), ratios.end()};

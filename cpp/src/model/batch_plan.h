@@ -56,7 +56,8 @@ struct BatchPlan {
 size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& caches,
                      bool check_tokens);
 
-// The distinct compression ratios of the model's compressed layers, ascending.
+// The distinct compression ratios of the model's compressed layers (MTP blocks included),
+// ascending.
 std::vector<int> compress_ratios(const ModelConfig& config);
 
 // The sizes of a packed batch: exact for an eager call, padded to a bucket for a recorded graph.

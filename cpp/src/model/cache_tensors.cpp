@@ -61,7 +61,8 @@ DType storage_dtype(KvCacheDType dtype) {
 
 }  // namespace
 
-ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend)
+ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend,
+                         int num_mtp_layers)
     : shape_(shape) {
   if (shape.num_blocks < 1 || shape.num_state_slots < 1 || shape.block_size < 1 ||
       shape.max_backtrack < 1) {
@@ -87,13 +88,13 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
   // Bytes of one row of the main KV (swa ring, entries) and of one index key.
   const kv_record::RowCodec main{kv, d, rope};
   const kv_record::RowCodec index{kv, di, 0};
-  for (int li = 0; li < config.num_hidden_layers; ++li) {
+  for (int li = 0; li < config.num_hidden_layers + num_mtp_layers; ++li) {
     LayerCaches c;
     c.rope_dim = rope;
     const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
     c.swa_ring = backend.zeros({slots, swa_len, main.row_width()}, kv);
     bytes_per_slot_ += swa_len * main.row_bytes();
-    const AttentionKind kind = config.layer_types[static_cast<size_t>(li)];
+    const AttentionKind kind = config.attention_kind(li);
     if (kind != AttentionKind::kSliding) {
       const int ratio = config.compress_rate(li);
       const bool csa = kind == AttentionKind::kCompressedSparse;

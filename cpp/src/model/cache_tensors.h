@@ -51,9 +51,14 @@ struct LayerCaches {
 
 class ModelCaches {
  public:
-  ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend);
+  // The caches of the main layers and of `num_mtp_layers` MTP blocks (their own rings and
+  // entries, in the same slots and blocks as the main layers': a sequence's drafter state lives
+  // and is copied with its main state).
+  ModelCaches(const ModelConfig& config, const CacheShape& shape, Backend& backend,
+              int num_mtp_layers = 0);
 
   const CacheShape& shape() const { return shape_; }
+  // Layer `index`: a main layer, or MTP block index - num_hidden_layers.
   LayerCaches& layer(int index) { return layers_.at(static_cast<size_t>(index)); }
   // Copies whole state slots (every layer's rings), src -> dst, in stream order.
   void copy_state_slots(Backend& backend, const std::vector<std::pair<int32_t, int32_t>>& pairs);

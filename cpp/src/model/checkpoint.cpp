@@ -160,9 +160,10 @@ void canonical_top_level(Parts& p) {
 
 std::string canonical_tensor_name(std::string_view name) {
   if (name.starts_with("model.")) name.remove_prefix(6);
-  if (name.starts_with("mtp.")) return std::string(name);  // transformers has no MTP names
   Parts p = split(name);
-  if (p[0] == "layers" && p.size() >= 3) {
+  if (p[0] == "mtp") {
+    // transformers has no MTP names: DeepSeek's spelling is the only one (the scale rule aside).
+  } else if (p[0] == "layers" && p.size() >= 3) {
     canonical_layer(p);
   } else {
     canonical_top_level(p);

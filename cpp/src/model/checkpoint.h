@@ -29,7 +29,8 @@ namespace deepinfer {
 //    weight_scale_inv -> scale;
 //  - the main attention's kv norm is "layers.L.attn.kv_norm.weight"; the hybrid name
 //    "layers.L.attn.norm.weight" maps to it.
-// Names that match no rule (mtp.*, unknown tensors) are returned with only the prefix dropped.
+// Names that match no rule (unknown tensors) are returned with only the prefix dropped; mtp.*
+// names (which transformers does not have) only lose the prefix and get the scale rename.
 std::string canonical_tensor_name(std::string_view name);
 
 class Checkpoint {

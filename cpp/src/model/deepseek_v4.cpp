@@ -16,42 +16,53 @@ DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, ModelWeights weights
   bf16_math_ = weights_.embed.dtype() == DType::kBF16;
 }
 
-Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches) {
+Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tensor* hidden) {
   Backend& be = backend_;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   const BatchLayout& layout = plan.layout;
 
   // The residual trunk is hc_mult parallel streams, mixed in and out of every sub-layer (mHC).
   Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
   for (int li = 0; li < config_.num_hidden_layers; ++li) {
-    const LayerWeights& lw = weights_.layers[static_cast<size_t>(li)];
-    HcMix mix = be.hc_pre(trunk, lw.hc_attn.fn, lw.hc_attn.base, lw.hc_attn.scale, hc_params_);
-    Tensor attn_out = attention(li, be.rms_norm(mix.y, lw.attn_norm, eps), plan, caches.layer(li));
-    trunk = be.hc_post(trunk, attn_out, mix.post, mix.comb);
-
-    mix = be.hc_pre(trunk, lw.hc_ffn.fn, lw.hc_ffn.base, lw.hc_ffn.scale, hc_params_);
-    Tensor ffn_out = moe(li, be.rms_norm(mix.y, lw.ffn_norm, eps), layout.token_ids);
-    trunk = be.hc_post(trunk, ffn_out, mix.post, mix.comb);
+    trunk =
+        decoder_layer(li, weights_.layers[static_cast<size_t>(li)], trunk, plan, caches.layer(li));
   }
+  if (hidden != nullptr) *hidden = trunk;
   // The head runs only on the rows whose logits are wanted (none for a prefill step whose chunks
   // all stop short of their prompt's end).
   if (plan.num_logit_rows == 0) return Tensor();
   if (plan.logit_rows.defined()) trunk = be.gather_rows(trunk, plan.logit_rows);
-  Tensor hidden = be.hc_head(trunk, weights_.hc_head.fn, weights_.hc_head.base,
-                             weights_.hc_head.scale, hc_params_);
-  return be.linear(be.rms_norm(hidden, weights_.norm, eps), weights_.head);
+  return head(trunk, weights_.hc_head, weights_.norm);
 }
 
-Tensor DeepseekV4Model::attention(int layer, const Tensor& x, const BatchPlan& plan,
-                                  LayerCaches& caches) {
+Tensor DeepseekV4Model::decoder_layer(int layer, const LayerWeights& w, const Tensor& trunk,
+                                      const BatchPlan& plan, LayerCaches& caches) {
   Backend& be = backend_;
-  const AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  HcMix mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+  Tensor attn_out = attention(layer, w.attn, be.rms_norm(mix.y, w.attn_norm, eps), plan, caches);
+  Tensor out = be.hc_post(trunk, attn_out, mix.post, mix.comb);
+
+  mix = be.hc_pre(out, w.hc_ffn.fn, w.hc_ffn.base, w.hc_ffn.scale, hc_params_);
+  Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps), plan.layout.token_ids);
+  return be.hc_post(out, ffn_out, mix.post, mix.comb);
+}
+
+Tensor DeepseekV4Model::head(const Tensor& trunk, const HcWeights& hc, const Tensor& norm) {
+  Backend& be = backend_;
+  Tensor hidden = be.hc_head(trunk, hc.fn, hc.base, hc.scale, hc_params_);
+  return be.linear(be.rms_norm(hidden, norm, static_cast<float>(config_.rms_norm_eps)),
+                   weights_.head);
+}
+
+Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Tensor& x,
+                                  const BatchPlan& plan, LayerCaches& caches) {
+  Backend& be = backend_;
   const BatchLayout& layout = plan.layout;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const int64_t t = layout.num_tokens;
   const int64_t nh = config_.num_attention_heads;
   const int64_t d = config_.head_dim;
-  const AttentionKind kind = config_.layer_types[static_cast<size_t>(layer)];
+  const AttentionKind kind = config_.attention_kind(layer);
   const int ratio = config_.compress_rate(layer);
   // Sliding layers use the plain "main" rope; CSA/HCA layers use the "compress" rope everywhere.
   const Tensor& inv_freq =
@@ -122,9 +133,8 @@ void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, cons
   be.ring_write(ring, proj, plan.layout);
 }
 
-Tensor DeepseekV4Model::moe(int layer, const Tensor& x, const Tensor& token_ids) {
+Tensor DeepseekV4Model::moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids) {
   Backend& be = backend_;
-  const MoeWeights& w = weights_.layers[static_cast<size_t>(layer)].ffn;
   const float limit = static_cast<float>(config_.swiglu_limit);
   Routing routing =
       be.moe_route(x, w.gate, w.bias, w.tid2eid, token_ids, config_.num_experts_per_tok,

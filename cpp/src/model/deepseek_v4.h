@@ -15,17 +15,31 @@ class DeepseekV4Model {
 
   // Enqueues one forward call; returns the device logits [plan.num_logit_rows, V], or an
   // undefined tensor when no row wants logits (the head is skipped). Reads and writes the caches
-  // of the plan's slots and blocks.
-  Tensor forward(const BatchPlan& plan, ModelCaches& caches);
+  // of the plan's slots and blocks. `hidden`, when given, receives the HC trunk after the last
+  // layer, before the head ([T, hc_mult, H], every token row): what the MTP block reads.
+  Tensor forward(const BatchPlan& plan, ModelCaches& caches, Tensor* hidden = nullptr);
+
+  // One decoder layer over the HC trunk [T, N, H] -> [T, N, H]: layer `layer` is a main layer, or
+  // MTP block layer - num_hidden_layers (its kind and ratio come from the config).
+  Tensor decoder_layer(int layer, const LayerWeights& w, const Tensor& trunk, const BatchPlan& plan,
+                       LayerCaches& caches);
+  // HC collapse with `hc`, RMSNorm with `norm`, then the shared head: trunk [R, N, H] -> [R, V].
+  Tensor head(const Tensor& trunk, const HcWeights& hc, const Tensor& norm);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  Backend& backend() { return backend_; }
+  const HcParams& hc_params() const { return hc_params_; }
 
  private:
-  Tensor attention(int layer, const Tensor& x, const BatchPlan& plan, LayerCaches& caches);
+  Tensor attention(int layer, const AttentionWeights& w, const Tensor& x, const BatchPlan& plan,
+                   LayerCaches& caches);
   // Runs a compressor over this call's tokens: stores the windows that close as normalised,
   // RoPE-d entries in `entry_cache` and the tokens' projections in `ring`.
   void compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan, int ratio,
                 bool overlap, int64_t head_dim, int rope_dim, const Tensor& ring,
                 const Tensor& entry_cache);
-  Tensor moe(int layer, const Tensor& x, const Tensor& token_ids);
+  Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids);
 
   const ModelConfig& config_;
   ModelWeights weights_;

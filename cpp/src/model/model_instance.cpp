@@ -44,15 +44,29 @@ int64_t kv_blocks_from_memory(const DeviceMemory& memory, double utilization, in
 }
 
 ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
-                                             const Tensor& previous_tokens) {
-  if (graphs != nullptr && graphs->accepts(rows)) {
+                                             const Tensor& previous_tokens, Tensor* hidden) {
+  if (hidden == nullptr && graphs != nullptr && graphs->accepts(rows)) {
     DecodeGraphs::Output out = graphs->forward(rows, max_blocks, previous_tokens);
     return {out.logits, out.next_positions};
   }
   const BatchPlan plan =
       build_batch_plan(rows, config, caches->shape(), *backend, mode, max_blocks);
   take_carried_tokens(*backend, rows, plan, previous_tokens);
-  return {model->forward(plan, *caches), plan.next_positions};
+  return {model->forward(plan, *caches, hidden), plan.next_positions};
+}
+
+ModelInstance::MtpStep ModelInstance::mtp_forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
+                                                  const Tensor& previous_tokens,
+                                                  const Tensor& hidden, int step) {
+  if (mtp == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "MTP forward: the checkpoint has no mtp.* block (or it was not loaded)");
+  }
+  const BatchPlan plan =
+      build_batch_plan(rows, config, caches->shape(), *backend, mode, max_blocks);
+  take_carried_tokens(*backend, rows, plan, previous_tokens);
+  MtpOutput out = mtp->forward(plan, hidden, *caches, step);
+  return {out.logits, out.hidden, plan.next_positions};
 }
 
 namespace {
@@ -65,7 +79,8 @@ std::string gib(int64_t bytes) {
 
 // The number of paged blocks that fit in device memory next to the loaded weights (KvSizing);
 // fills m.kv_sizing. Throws Error(kIo) naming the numbers when fewer than 2 blocks fit.
-int blocks_from_memory(ModelInstance& m, const CacheShape& shape, const KvSizing& sizing) {
+int blocks_from_memory(ModelInstance& m, const CacheShape& shape, const KvSizing& sizing,
+                       int num_mtp_layers) {
   // A one-block probe gives this config's bytes per block and per state slot.
   CacheShape probe = shape;
   probe.num_blocks = 1;
@@ -73,7 +88,7 @@ int blocks_from_memory(ModelInstance& m, const CacheShape& shape, const KvSizing
   int64_t per_block = 0;
   int64_t per_slot = 0;
   {
-    const ModelCaches caches(m.config, probe, *m.backend);
+    const ModelCaches caches(m.config, probe, *m.backend, num_mtp_layers);
     per_block = caches.bytes_per_block();
     per_slot = caches.bytes_per_state_slot();
   }
@@ -115,8 +130,10 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
   const int max_batch =
       resolve_decode_graph_max_batch(decode_graph_max_batch, *m.backend, shape.num_state_slots);
   shape.num_scratch_slots = max_batch > 0 ? 1 : 0;
-  m.caches = std::make_unique<ModelCaches>(m.config, shape, *m.backend);
+  const int num_mtp = static_cast<int>(weights.mtp.size());
+  m.caches = std::make_unique<ModelCaches>(m.config, shape, *m.backend, num_mtp);
   m.model = std::make_unique<DeepseekV4Model>(m.config, std::move(weights), *m.backend);
+  if (num_mtp > 0) m.mtp = std::make_unique<MtpDrafter>(*m.model);
   if (max_batch > 0) {
     m.graphs = std::make_unique<DecodeGraphs>(m.config, *m.model, *m.caches, *m.backend, max_batch,
                                               /*scratch_slot=*/shape.num_state_slots);
@@ -154,7 +171,9 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
   // The weights are on the device now: with 0 blocks asked for, what is left sizes the paged KV.
-  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(*m, sized, sizing);
+  if (sized.num_blocks == 0) {
+    sized.num_blocks = blocks_from_memory(*m, sized, sizing, static_cast<int>(weights.mtp.size()));
+  }
   finish_instance(*m, sized, decode_graph_max_batch, std::move(weights));
   return m;
 }

@@ -12,6 +12,7 @@
 #include "model/cache_tensors.h"
 #include "model/decode_graphs.h"
 #include "model/deepseek_v4.h"
+#include "model/mtp.h"
 
 namespace deepinfer {
 
@@ -36,6 +37,8 @@ struct ModelInstance {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ModelCaches> caches;
   std::unique_ptr<DeepseekV4Model> model;
+  // The checkpoint's MTP drafter; null when it ships no mtp.* block. Refers to `model`.
+  std::unique_ptr<MtpDrafter> mtp;
   // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.
   std::unique_ptr<DecodeGraphs> graphs;
   // What loading left out on purpose (ModelWeights::notes), for the user.
@@ -50,7 +53,22 @@ struct ModelInstance {
   // replaying a recorded decode graph when one fits, else eagerly. Rows with token_from_previous
   // take their first token from `previous_tokens` on the device. The outputs stay valid until the
   // next forward is enqueued (stream order).
-  Output forward(RowSpan rows, size_t max_blocks, LogitsMode mode, const Tensor& previous_tokens);
+  // With `hidden`, the call runs eagerly and *hidden receives the HC trunk after the last layer
+  // ([T, hc_mult, H] on the device, every token row): what the MTP drafter reads.
+  Output forward(RowSpan rows, size_t max_blocks, LogitsMode mode, const Tensor& previous_tokens,
+                 Tensor* hidden = nullptr);
+
+  struct MtpStep {
+    Tensor logits;  // [logit rows, vocab] f32 on the device; undefined when none wanted
+    Tensor hidden;  // [logit rows, hc_mult, H]: the block's trunk at those rows
+    // [logit rows] i32: each logits row's position + 1 (its logits predict the token at + 2)
+    Tensor next_positions;
+  };
+  // Enqueues MTP draft step `step` (MtpDrafter::forward) over `rows` (validate_rows' result is
+  // `max_blocks`), whose tokens are each position's next token; carried tokens as in forward.
+  // `hidden`: [T, hc_mult, H] on the device. Error(kInvalidArgument) when there is no drafter.
+  MtpStep mtp_forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
+                      const Tensor& previous_tokens, const Tensor& hidden, int step);
 
   // Loads the safetensors weights of <dir> (whose config.json is `config`) onto `device` ("cpu",
   // "cuda", "cuda:N"; `num_threads` is for the CPU backend). `decode_graph_max_batch`: the

@@ -1,8 +1,11 @@
 #include "deepinfer/model_runner.h"
 
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "deepinfer/error.h"
 #include "model/batch_plan.h"
 #include "model/model_instance.h"
 
@@ -35,11 +38,94 @@ class CheckpointModelRunner final : public ModelRunner {
     return be.to_host(tokens);
   }
 
- private:
-  // Enqueues the forward; the device logits it returns are read before the next call.
-  Tensor device_logits(const std::vector<SequenceChunk>& batch, LogitsMode mode) {
+  int num_mtp_blocks() const override {
+    return instance_->mtp != nullptr ? instance_->mtp->num_blocks() : 0;
+  }
+
+  HiddenForward forward_hidden(const std::vector<SequenceChunk>& batch, LogitsMode mode) override {
     ModelInstance& m = *instance_;
-    HostSyncForbidden no_sync(*m.backend);
+    Tensor logits, hidden;
+    {
+      HostSyncForbidden no_sync(*m.backend);
+      const size_t max_blocks = set_rows(batch);
+      logits = m.forward(rows_, max_blocks, mode, Tensor(), &hidden).logits;
+    }
+    return {m.backend->to_host(logits), m.backend->to_host(hidden)};
+  }
+
+  MtpForward mtp_forward(const std::vector<SequenceChunk>& batch, const Tensor& hidden,
+                         LogitsMode mode, int step) override {
+    ModelInstance& m = *instance_;
+    ModelInstance::MtpStep out;
+    {
+      HostSyncForbidden no_sync(*m.backend);
+      const size_t max_blocks = set_rows(batch);
+      out = m.mtp_forward(rows_, max_blocks, mode, Tensor(), upload_hidden("mtp_forward", hidden),
+                          step);
+    }
+    return {m.backend->to_host(out.logits), m.backend->to_host(out.hidden)};
+  }
+
+  MtpDraft mtp_draft(const std::vector<SequenceChunk>& batch, const Tensor& hidden,
+                     int num_drafts) override {
+    if (num_drafts < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "mtp_draft: 'num_drafts' must be >= 1, got " + std::to_string(num_drafts));
+    }
+    ModelInstance& m = *instance_;
+    Backend& be = *m.backend;
+    std::vector<Tensor> logits, tokens;  // per draft step, on the device
+    {
+      HostSyncForbidden no_sync(be);
+      size_t max_blocks = set_rows(batch);
+      ModelInstance::MtpStep step = m.mtp_forward(rows_, max_blocks, LogitsMode::kLast, Tensor(),
+                                                  upload_hidden("mtp_draft", hidden), 0);
+      logits.push_back(step.logits);
+      tokens.push_back(be.argmax(step.logits));
+      // Later steps: one row per sequence at the next position, its token the previous draft
+      // (taken on the device), its hidden the previous step's trunk.
+      const std::vector<int32_t> placeholder(1, 0);
+      std::vector<ForwardRow> next(batch.size());
+      for (int j = 1; j < num_drafts; ++j) {
+        for (size_t s = 0; s < batch.size(); ++s) {
+          const SequenceChunk& c = batch[s];
+          ForwardRow& r = next[s];
+          r.slot = c.slot;
+          r.start_pos =
+              static_cast<int32_t>(c.start_pos + static_cast<int64_t>(c.tokens.size()) - 1 + j);
+          r.num_tokens = 1;
+          r.tokens = placeholder;
+          r.block_table = c.block_table;
+          r.token_from_previous = static_cast<int32_t>(s);
+        }
+        max_blocks = validate_rows(next, m.config, m.caches->shape(), /*check_tokens=*/false);
+        step = m.mtp_forward(next, max_blocks, LogitsMode::kLast, tokens.back(), step.hidden, j);
+        logits.push_back(step.logits);
+        tokens.push_back(be.argmax(step.logits));
+      }
+    }
+    const int64_t seqs = static_cast<int64_t>(batch.size());
+    const int64_t vocab = m.config.vocab_size;
+    MtpDraft out;
+    out.tokens = Tensor::zeros({seqs, num_drafts}, DType::kI32);
+    out.logits = Tensor::zeros({seqs, num_drafts, vocab}, DType::kF32);
+    for (int j = 0; j < num_drafts; ++j) {
+      const Tensor t = be.to_host(tokens[static_cast<size_t>(j)]);
+      const Tensor l = be.to_host(logits[static_cast<size_t>(j)]);
+      for (int64_t s = 0; s < seqs; ++s) {
+        out.tokens.data<int32_t>()[s * num_drafts + j] = t.data<int32_t>()[s];
+        std::memcpy(out.logits.data<float>() + (s * num_drafts + j) * vocab,
+                    l.data<float>() + s * vocab, static_cast<size_t>(vocab) * sizeof(float));
+      }
+    }
+    return out;
+  }
+
+ private:
+  // Fills rows_ from the public chunks and checks every field, token ids included (the public
+  // entry point). Returns the longest block table.
+  size_t set_rows(const std::vector<SequenceChunk>& batch) {
+    ModelInstance& m = *instance_;
     rows_.clear();
     for (const SequenceChunk& c : batch) {
       ForwardRow r;
@@ -50,9 +136,29 @@ class CheckpointModelRunner final : public ModelRunner {
       r.block_table = c.block_table;
       rows_.push_back(r);
     }
-    // The public entry point: every field is checked, token ids included.
-    const size_t max_blocks = validate_rows(rows_, m.config, m.caches->shape(),
-                                            /*check_tokens=*/true);
+    return validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
+  }
+
+  // The host trunk `hidden` of rows_ on the device, after checking its shape.
+  Tensor upload_hidden(const char* op, const Tensor& hidden) {
+    ModelInstance& m = *instance_;
+    int64_t tokens = 0;
+    for (const ForwardRow& r : rows_) tokens += r.num_tokens;
+    const Shape want{tokens, m.config.hc_mult, m.config.hidden_size};
+    if (!hidden.defined() || hidden.dtype() != DType::kF32 || hidden.shape() != want) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(op) + ": 'hidden' must be f32 " + shape_str(want) +
+                      " (the trunk at each of the batch's tokens), got " +
+                      (hidden.defined() ? hidden.describe() : std::string("none")));
+    }
+    return m.backend->upload(hidden, DType::kF32);
+  }
+
+  // Enqueues the forward; the device logits it returns are read before the next call.
+  Tensor device_logits(const std::vector<SequenceChunk>& batch, LogitsMode mode) {
+    ModelInstance& m = *instance_;
+    HostSyncForbidden no_sync(*m.backend);
+    const size_t max_blocks = set_rows(batch);
     return m.forward(rows_, max_blocks, mode, Tensor()).logits;
   }
 

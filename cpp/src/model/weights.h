@@ -63,6 +63,17 @@ struct LayerWeights {
   MoeWeights ffn;
 };
 
+// One multi-token-prediction block (mtp.K.*, docs/model.md#mtp-block): a decoder layer of the
+// main kind plus the input projections that mix in the next token, and its own HC head and norm
+// in front of the shared embedding and head.
+struct MtpWeights {
+  Tensor enorm, hnorm;          // [H]: the next token's embedding, the incoming hidden streams
+  MatrixWeight e_proj, h_proj;  // [H, H] each (FP8 in DeepSeek's checkpoint)
+  LayerWeights block;
+  HcWeights hc_head;  // [N, N*H], [N], [1]
+  Tensor norm;        // [H]
+};
+
 struct ModelWeights {
   Tensor embed;  // [V, H]
   Tensor head;   // [V, H]
@@ -71,6 +82,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   Tensor main_inv_freq;      // [R/2] f32
   Tensor compress_inv_freq;  // [R/2] f32
+  // The checkpoint's MTP blocks mtp.0.. (at most config.num_nextn_predict_layers); empty when it
+  // ships none or WeightLoadOptions::load_mtp is off.
+  std::vector<MtpWeights> mtp;
   // What the loader left out on purpose, for the user: "skipped 31 mtp.* tensors ...".
   std::vector<std::string> notes;
 };
@@ -79,6 +93,8 @@ struct WeightLoadOptions {
   // Quantized weights get DeepSeek's dynamic FP8 activation quantization (MatrixWeight::act_group:
   // the FP8 block width for FP8 weights, 32 for MXFP4 experts); false keeps activations exact.
   bool quantize_activations = false;
+  // Load the checkpoint's mtp.K.* blocks when it has them (false: skip them with a note).
+  bool load_mtp = true;
   // Called after the embedding and head, then after each layer: (done, num_hidden_layers + 1).
   std::function<void(int done, int total)> progress;
 };
