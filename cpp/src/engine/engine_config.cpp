@@ -56,14 +56,7 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                         std::to_string(s.prompt_lookup_min) + " and " +
                                         std::to_string(s.prompt_lookup_max));
   }
-  if (s.num_speculative_tokens > 0) {
-    if (c.placement.device.starts_with("cuda")) {
-      bad_config("num_speculative_tokens",
-                 "speculative decoding runs on the CPU backend only so far (device is " +
-                     c.placement.device + ")");
-    }
-    s.zero_overhead = false;  // drafts need the previous step's tokens on the host
-  }
+  if (s.num_speculative_tokens > 0) s.zero_overhead = false;  // drafts need committed tokens
   const bool sized_at_load = kv_from_device_memory && c.placement.device.starts_with("cuda");
   const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
   if (cache.num_kv_blocks == 0 && !sized_at_load) {
