@@ -375,7 +375,9 @@ def create_app(config: ServerConfig) -> FastAPI:
                         # boundary, without EOS (the protocols report it as a finish reason).
                         chunk = s.tokens.push(out.tokens, lps)
                         if chunk is not None:
-                            pushed += processor.push(chunk)
+                            # Detokenizing and parsing run on the tokenizer threads, so a
+                            # large chunk never holds up other streams or /health.
+                            pushed += await server.off_loop(processor.push, chunk)
                     if out.finish is not None and not processor.finished:
                         if out.finish == "rejected":
                             raise ValueError(out.finish_detail)
