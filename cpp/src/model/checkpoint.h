@@ -32,6 +32,13 @@ namespace deepinfer {
 // Names that match no rule (mtp.*, unknown tensors) are returned with only the prefix dropped.
 std::string canonical_tensor_name(std::string_view name);
 
+// A digest naming a checkpoint's contents, for the KV store's fingerprint (two engines share
+// stored KV only when it is equal): XXH64 of config.json, and of every *.safetensors file's name,
+// size, first and last MiB (the header with its offsets, and weights at both ends, which any
+// fine-tune changes). Cheap for any checkpoint size. "config=<hex>;weights=<hex>". Throws
+// Error(kNotFound / kIo) naming a file that cannot be read.
+std::string checkpoint_identity(const std::string& dir);
+
 class Checkpoint {
  public:
   // Opens `dir`: model.safetensors.index.json if present (its weight_map names the shards),

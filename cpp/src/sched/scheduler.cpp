@@ -399,7 +399,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       release_if_done(s);
       continue;
     }
-    kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
+    kv_.on_committed(s, r.snapshot, r.snapshot_pos);
     if (!r.samples()) continue;
     DEEPINFER_CHECK(my_sample < result.tokens.size(),
                     "step result has fewer tokens than sampling rows");
