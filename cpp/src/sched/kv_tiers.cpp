@@ -15,7 +15,7 @@ namespace {
 // The store reports bad files and I/O errors as lines; there is no engine log yet, so they go to
 // stderr, where an operator sees which file was removed and why.
 void log_store_line(const std::string& line) {
-  std::cerr << "deepinfer kv store: " << line << '\n';
+  std::cerr << "deepinfer: " << line << '\n';
 }
 
 }  // namespace
