@@ -94,6 +94,22 @@ def test_store_survives_an_engine_restart(tiny_checkpoint, cold, tmp_path) -> No
     assert_pools_full(second)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8"])
+def test_store_hit_equals_cold_in_every_kv_dtype(tiny_checkpoint, tmp_path, kv_cache_dtype) -> None:
+    # The tiers move the caches' raw bytes (bf16 rows, fp8 records), so a hit stays exact.
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    cold = run_all(cpu_engine(tiny_checkpoint, **kv), [VARIANTS[0]], GREEDY)[0]
+    writer = cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path), **kv)
+    run_all(writer, [SHARED + [99]], GREEDY)
+    writer.flush_kv_tiers()
+    del writer
+    reader = cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path), **kv)
+    warm, trace = run_all(reader, [VARIANTS[0]], GREEDY)
+    assert hit_tokens(trace) == [512]
+    assert warm == cold
+    assert_pools_full(reader)
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_store_file_is_a_miss(tiny_checkpoint, cold, tmp_path, damage) -> None:
     writer = cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path))
