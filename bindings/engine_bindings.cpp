@@ -104,6 +104,12 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["verify_rows"] = s.verify_rows;
   d["drafter_errors"] = s.drafter_errors;
   d["num_graph_steps"] = s.num_graph_steps;
+  d["host_hit_tokens"] = s.host_hit_tokens;
+  d["store_hit_tokens"] = s.store_hit_tokens;
+  d["store_bytes_read"] = s.store_bytes_read;
+  d["store_bytes_written"] = s.store_bytes_written;
+  d["kv_blocks_written_through"] = s.kv_blocks_written_through;
+  d["kv_tier_fetch_failures"] = s.kv_tier_fetch_failures;
   return d;
 }
 
@@ -291,5 +297,7 @@ void bind_engine(nb::module_& m) {
       .def("check_invariants", &Engine::check_invariants,
            "Raise if an engine invariant is broken (pools, ledgers, queues).")
       .def_prop_ro("num_inflight_steps", &Engine::num_inflight_steps,
-                   "Steps launched and not yet committed (0, 1 or 2).");
+                   "Steps launched and not yet committed (0, 1 or 2).")
+      .def("flush_kv_tiers", &Engine::flush_kv_tiers, nb::call_guard<nb::gil_scoped_release>(),
+           "Wait until every block written through so far is in the host tier and the store.");
 }

@@ -271,7 +271,11 @@ void bind_engine_config(nb::module_& m) {
       .option<&CacheConfig::enable_prefix_cache>("enable_prefix_cache")
       .option<&CacheConfig::gpu_memory_utilization>("gpu_memory_utilization")
 
-      .option<&CacheConfig::kv_cache_dtype>("kv_cache_dtype");
+      .option<&CacheConfig::kv_cache_dtype>("kv_cache_dtype")
+      .option<&CacheConfig::kv_host_cache_bytes>("kv_host_cache_bytes")
+      .option<&CacheConfig::kv_store_path>("kv_store_path")
+      .option<&CacheConfig::kv_store_capacity_bytes>("kv_store_capacity_bytes")
+      .option<&CacheConfig::kv_store_ttl_class>("kv_store_ttl_class");
   PartBinder<&EngineConfig::placement>(m, "PlacementConfig", "placement",
                                        "Where the model runs (engine_config.h).")
       .option<&PlacementConfig::device>("device")

@@ -143,6 +143,16 @@ struct EngineStats : SchedulerCounters {
   int num_blocks_cached = 0;  // free blocks still holding an indexed prefix
   int num_state_slots_free = 0;
   uint64_t num_graph_steps = 0;  // decode steps replayed from recorded graphs (or recorded)
+  // KV tiers (CacheConfig::kv_host_cache_bytes, kv_store_path). host_ + store_hit_tokens: the
+  // prompt tokens the tiers added to the GPU prefix cache's own hits (prompt_tokens_cached counts
+  // them too), by the tier that supplied the blocks (or only the state snapshot, for blocks the
+  // GPU still held).
+  uint64_t host_hit_tokens = 0;
+  uint64_t store_hit_tokens = 0;
+  uint64_t store_bytes_read = 0;           // whole block files read by this engine
+  uint64_t store_bytes_written = 0;        // whole block files this engine published
+  uint64_t kv_blocks_written_through = 0;  // blocks copied out of the device for the tiers
+  uint64_t kv_tier_fetch_failures = 0;     // tier hits that fell back to recompute
 };
 
 // The KV cache the engine runs with, for logs and capacity planning.
@@ -205,6 +215,9 @@ class Engine {
   virtual void check_invariants() const = 0;
   // Steps launched on the device and not yet committed: 0, 1 or 2.
   virtual int num_inflight_steps() const = 0;
+  // Waits until every block written through so far is in the host tier and the store (engine
+  // thread). Write-through is otherwise asynchronous; tests and orderly shutdowns call this.
+  virtual void flush_kv_tiers() {}
 };
 
 }  // namespace deepinfer

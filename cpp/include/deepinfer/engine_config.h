@@ -57,6 +57,16 @@ struct CacheConfig {
   // the CPU only: on CUDA they are Error(kUnsupported) until its KV kernels for them are built.
   // The compressor rings stay f32 whatever this says.
   std::string kv_cache_dtype = "auto";
+  // KV tiers beyond the GPU (docs/kv_store.md): prompts' full blocks up to their prefix-cache
+  // checkpoint, with the state snapshot there, are written through to a host-memory cache and a
+  // store directory, and a later prompt (in this engine, or another one after a restart or on
+  // another host sharing the directory) fetches them instead of recomputing. Both need
+  // enable_prefix_cache.
+  uint64_t kv_host_cache_bytes = 0;      // host-memory tier capacity; 0: off
+  std::string kv_store_path;             // store directory on any POSIX path; "": off
+  uint64_t kv_store_capacity_bytes = 0;  // the store's bound over its whole root; 0: unbounded
+  // Retention class of the blocks written: "chat" (7 days) or "agent" (3 days).
+  std::string kv_store_ttl_class = "chat";
 
   bool operator==(const CacheConfig&) const = default;
 };

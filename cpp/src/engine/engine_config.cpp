@@ -73,6 +73,15 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
     bad_config("kv_admission_watermark",
                "must be in (0, 1], got " + std::to_string(s.kv_admission_watermark));
   }
+  const bool tiers = cache.kv_host_cache_bytes > 0 || !cache.kv_store_path.empty();
+  if (tiers && !cache.enable_prefix_cache) {
+    bad_config(cache.kv_store_path.empty() ? "kv_host_cache_bytes" : "kv_store_path",
+               "needs enable_prefix_cache: the tiers hold the prefix cache's blocks and snapshots");
+  }
+  if (cache.kv_store_ttl_class != "chat" && cache.kv_store_ttl_class != "agent") {
+    bad_config("kv_store_ttl_class",
+               "must be \"chat\" or \"agent\", got \"" + cache.kv_store_ttl_class + "\"");
+  }
   if (s.prefill_steps_per_decode_step < 1) {
     bad_config("prefill_steps_per_decode_step",
                "must be >= 1, got " + std::to_string(s.prefill_steps_per_decode_step));

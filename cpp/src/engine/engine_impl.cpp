@@ -45,13 +45,42 @@ EngineConfig resolve_with(const EngineConfig& config, const StepExecutor& ex) {
   return c;
 }
 
+// The host and store tiers the config asks for, over the executor's caches; null when off.
+std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& ex) {
+  const CacheConfig& cache = c.cache;
+  if (cache.kv_host_cache_bytes == 0 && cache.kv_store_path.empty()) return nullptr;
+  sched::KvTransfer* transfer = ex.kv_transfer();
+  if (transfer == nullptr) {
+    throw Error(ErrorCode::kUnsupported,
+                "engine config: 'kv_host_cache_bytes' / 'kv_store_path' need an executor with KV "
+                "caches; this one has none");
+  }
+  sched::KvTiersConfig t;
+  t.host_bytes = cache.kv_host_cache_bytes;
+  t.store_path = cache.kv_store_path;
+  t.store_capacity_bytes = cache.kv_store_capacity_bytes;
+  t.traffic_class =
+      cache.kv_store_ttl_class == "agent" ? kv::TrafficClass::kAgent : kv::TrafficClass::kChat;
+  t.kv_dtype = cache.kv_cache_dtype;
+  t.block_size = kv::kBlockSize;
+  if (!t.store_path.empty()) {
+    t.model_identity = ex.model_identity();
+    // The snapshot is the raw rings of a state slot (SWA, compressor, indexer per layer); their
+    // lengths follow from the model config and the backtrack, which state_bytes pins down.
+    t.state_layout = "state=rings/v1;state_bytes=" + std::to_string(transfer->state_bytes());
+  }
+  return std::make_unique<sched::KvTiers>(t, *transfer);
+}
+
 }  // namespace
 
 EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor)
     : config_(resolve_with(config, *executor)),
       executor_(std::move(executor)),
+      tiers_(make_tiers(config_, *executor_)),
       kv_(kv_layout(config_, *executor_)),
       scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_) {
+  kv_.set_tiers(tiers_.get());
   const SchedulerConfig& s = config_.scheduler;
   if (s.num_speculative_tokens > 0 && s.speculative_method == "ngram") {
     set_drafter(std::make_shared<spec::NgramDrafter>(s.prompt_lookup_min, s.prompt_lookup_max));
@@ -61,6 +90,10 @@ EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor>
 void EngineImpl::set_drafter(std::shared_ptr<Drafter> drafter) {
   scheduler_.set_drafter(std::move(drafter), config_.scheduler.num_speculative_tokens,
                          executor_->vocab_size());
+}
+
+void EngineImpl::flush_kv_tiers() {
+  if (tiers_) tiers_->flush();
 }
 
 KvCapacity EngineImpl::kv_capacity() const {
@@ -189,6 +222,9 @@ void EngineImpl::count_finishes(const std::vector<RequestOutput>& out, size_t fr
 
 std::vector<RequestOutput> EngineImpl::step() {
   std::vector<RequestOutput> out;
+  // Write-through copies that have completed go to the host tier and the store writer now, so
+  // this step's admissions can already hit them.
+  if (tiers_) tiers_->poll();
   drain_inbox(out);
   StepPlan plan;
   if (!spare_plans_.empty()) {
@@ -237,6 +273,15 @@ EngineStats EngineImpl::stats() const {
   s.num_blocks_cached = kv_.num_cached_free_blocks();
   s.num_state_slots_free = kv_.live_slots().num_free();
   s.num_graph_steps = executor_->num_graph_steps();
+  if (tiers_) {
+    const sched::KvTierCounters t = tiers_->counters();
+    s.host_hit_tokens = t.host_hit_tokens;
+    s.store_hit_tokens = t.store_hit_tokens;
+    s.store_bytes_read = t.store_bytes_read;
+    s.store_bytes_written = t.store_bytes_written;
+    s.kv_blocks_written_through = t.blocks_exported;
+    s.kv_tier_fetch_failures = t.fetch_failures;
+  }
   return s;
 }
 

@@ -45,6 +45,7 @@ class EngineImpl final : public Engine {
 
   void check_invariants() const override;
   int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }
+  void flush_kv_tiers() override;
 
  private:
   // A launched step and its plan, kept until the step is committed.
@@ -58,6 +59,9 @@ class EngineImpl final : public Engine {
 
   EngineConfig config_;
   std::unique_ptr<StepExecutor> executor_;
+  // Host and store tiers (null: off). Destroyed before the executor, whose stream its pending
+  // exports wait for, and after the scheduler and allocator that point to it.
+  std::unique_ptr<sched::KvTiers> tiers_;
   sched::KvAllocator kv_;
   sched::Scheduler scheduler_;
   std::deque<Launched> inflight_;

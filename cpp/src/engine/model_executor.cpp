@@ -9,6 +9,7 @@
 
 #include "deepinfer/error.h"
 #include "model/batch_plan.h"
+#include "model/checkpoint.h"
 #include "sched/sequence.h"
 
 namespace deepinfer::engine {
@@ -80,6 +81,31 @@ ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
                                  KvSizing{options.gpu_memory_utilization,
                                           options.max_num_batched_tokens, options.max_num_seqs})) {
   options_.progress = {};  // used while loading only; the caller's callback is not kept
+}
+
+std::string ModelExecutor::model_identity() const {
+  return checkpoint_identity(options_.checkpoint_dir);
+}
+
+std::vector<uint64_t> ModelExecutor::block_bytes_per_layer() const {
+  const std::vector<int64_t>& bytes = model_->caches->block_bytes_per_layer();
+  return {bytes.begin(), bytes.end()};
+}
+
+void ModelExecutor::export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
+                                 const std::shared_ptr<const void>& keep_alive) {
+  ModelCaches& caches = *model_->caches;
+  const auto kv = static_cast<size_t>(caches.bytes_per_block());
+  caches.export_block(*model_->backend, block, dst.first(kv), keep_alive);
+  if (slot >= 0) caches.export_state_slot(*model_->backend, slot, dst.subspan(kv), keep_alive);
+}
+
+void ModelExecutor::import_block(kv::BlockId block, std::span<const uint8_t> src) {
+  model_->caches->import_block(*model_->backend, block, src);
+}
+
+void ModelExecutor::import_state(int32_t slot, std::span<const uint8_t> src) {
+  model_->caches->import_state_slot(*model_->backend, slot, src);
 }
 
 int ModelExecutor::max_position() const {

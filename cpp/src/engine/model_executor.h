@@ -34,7 +34,7 @@ struct ModelExecutorOptions {
   LoadProgress progress;                // Engine::create's, for the weight load
 };
 
-class ModelExecutor final : public StepExecutor {
+class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
  public:
   explicit ModelExecutor(const ModelExecutorOptions& options);
 
@@ -56,8 +56,20 @@ class ModelExecutor final : public StepExecutor {
   uint64_t num_graph_steps() const override {
     return model_->graphs ? model_->graphs->stats().num_calls : 0;
   }
+  sched::KvTransfer* kv_transfer() override { return this; }
+  std::string model_identity() const override;
 
  private:
+  // sched::KvTransfer over the model's caches (ModelCaches::export_block and friends).
+  int64_t block_bytes() const override { return model_->caches->bytes_per_block(); }
+  int64_t state_bytes() const override { return model_->caches->bytes_per_state_slot(); }
+  std::vector<uint64_t> block_bytes_per_layer() const override;
+  void export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
+                    const std::shared_ptr<const void>& keep_alive) override;
+  std::unique_ptr<Event> record_event() override { return model_->backend->record_event(); }
+  void import_block(kv::BlockId block, std::span<const uint8_t> src) override;
+  void import_state(int32_t slot, std::span<const uint8_t> src) override;
+
   class ModelStep;
   // The sampling parameters of the plan's sampling rows on the device. They are per request, so
   // they are uploaded only when the sampling rows change (a request joins, leaves or moves);

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "deepinfer/config.h"
 #include "deepinfer/engine.h"
+#include "sched/kv_transfer.h"
 #include "sched/step_plan.h"
 
 namespace deepinfer::engine {
@@ -59,6 +61,11 @@ class StepExecutor {
   virtual std::vector<std::string> load_notes() const { return {}; }
   // Decode steps run through recorded graphs so far (callable from any thread).
   virtual uint64_t num_graph_steps() const { return 0; }
+  // Block and state copies to and from host bytes, for the host and store tiers; null when the
+  // executor has no caches (test doubles).
+  virtual sched::KvTransfer* kv_transfer() { return nullptr; }
+  // What names the model's weights and config for the store's fingerprint ("" when none).
+  virtual std::string model_identity() const { return ""; }
 };
 
 }  // namespace deepinfer::engine

@@ -118,6 +118,17 @@ int HostBlockCache::match_prefix(std::span<const BlockHash> hashes) const {
   return n;
 }
 
+std::vector<uint64_t> HostBlockCache::match_prefix_sizes(std::span<const BlockHash> hashes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<uint64_t> sizes;
+  for (const BlockHash h : hashes) {
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    sizes.push_back((*it->second)->bytes().size());
+  }
+  return sizes;
+}
+
 bool HostBlockCache::erase(BlockHash hash) {
   std::shared_ptr<HostBlock> gone;  // freed after the lock
   std::lock_guard<std::mutex> lock(mutex_);

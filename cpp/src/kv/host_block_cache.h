@@ -100,6 +100,9 @@ class HostBlockCache {
   std::shared_ptr<const HostBlock> lookup(const BlockKey& key);
   // How many leading blocks of `hashes` are held. Does not change LRU order.
   int match_prefix(std::span<const BlockHash> hashes) const;
+  // Like match_prefix, with the payload bytes of each leading block held (callers tell a block
+  // that carries a state snapshot by its size). Does not change LRU order.
+  std::vector<uint64_t> match_prefix_sizes(std::span<const BlockHash> hashes) const;
   bool erase(BlockHash hash);
 
   // Called with each evicted block (outside the cache's lock).

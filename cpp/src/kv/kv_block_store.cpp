@@ -392,17 +392,21 @@ std::optional<KvStoreBlock> KvBlockStore::get(const BlockKey& key) {
 }
 
 int KvBlockStore::match_prefix(std::span<const BlockHash> hashes) const {
+  return static_cast<int>(match_prefix_sizes(hashes).size());
+}
+
+std::vector<uint64_t> KvBlockStore::match_prefix_sizes(std::span<const BlockHash> hashes) const {
   const int64_t now = clock_();
-  int n = 0;
+  std::vector<uint64_t> sizes;
   for (const BlockHash hash : hashes) {
     struct stat st {};
     if (::stat(block_path(hash).c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
         static_cast<uint64_t>(st.st_size) < kKvBlockHeaderBytes || to_ms(st.st_mtim) <= now) {
       break;
     }
-    ++n;
+    sizes.push_back(static_cast<uint64_t>(st.st_size));
   }
-  return n;
+  return sizes;
 }
 
 SweepResult KvBlockStore::sweep() {

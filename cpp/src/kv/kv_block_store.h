@@ -114,6 +114,9 @@ class KvBlockStore {
   // How many leading blocks of `hashes` are stored and unexpired, from metadata only (one stat
   // per block, no data read). Optimistic: a block counted here may still fail get()'s checks.
   int match_prefix(std::span<const BlockHash> hashes) const;
+  // Like match_prefix, with the file size of each leading block (a caller tells a block carrying
+  // a state snapshot by its size; get() still has the last word). Same cost: one stat per block.
+  std::vector<uint64_t> match_prefix_sizes(std::span<const BlockHash> hashes) const;
   // Removes expired block files and stale temp files under the whole root (every fingerprint),
   // then evicts least recently accessed blocks until the total is within capacity_bytes.
   SweepResult sweep();

@@ -105,12 +105,16 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
       c.comp_entries = backend.zeros({shape.num_blocks * epb, main.row_width()}, kv);
       bytes_per_slot_ += ring_len * row * f32;
       bytes_per_block_ += epb * main.row_bytes();
+      block_layer_bytes_.push_back(epb * main.row_bytes());
       if (csa) {
         c.index_ring = backend.zeros({slots, ring_len, 4 * di}, DType::kF32);
         c.index_entries = backend.zeros({shape.num_blocks * epb, index.row_width()}, kv);
         bytes_per_slot_ += ring_len * 4 * di * f32;
         bytes_per_block_ += epb * index.row_bytes();
+        block_layer_bytes_.back() += epb * index.row_bytes();
       }
+    } else {
+      block_layer_bytes_.push_back(0);
     }
     layers_.push_back(std::move(c));
   }
@@ -137,6 +141,106 @@ void ModelCaches::copy_state_slots(Backend& backend,
       if (t->defined()) backend.copy_rows(*t, src_t, dst_t);
     }
   }
+}
+
+namespace {
+
+// A host tensor of `like`'s dtype and shape over `bytes` (memory the caller owns; `keep_alive`
+// holds it for as long as the tensor, and so an enqueued copy, lives).
+Tensor host_view(const Tensor& like, void* bytes, const std::shared_ptr<const void>& keep_alive) {
+  auto storage = Storage::borrow(bytes, like.nbytes(), Device{DeviceKind::kCpu, 0}, keep_alive);
+  return Tensor(std::move(storage), like.dtype(), like.shape());
+}
+
+size_t payload_bytes(const std::vector<Tensor>& views) {
+  size_t n = 0;
+  for (const Tensor& t : views) n += t.nbytes();
+  return n;
+}
+
+void check_payload_size(const char* what, size_t want, size_t got) {
+  if (want != got) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(what) + ": the payload has " +
+                                                 std::to_string(got) + " bytes, the caches need " +
+                                                 std::to_string(want));
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> ModelCaches::block_views(int32_t block) const {
+  if (block < 0 || block >= shape_.num_blocks) {
+    throw Error(ErrorCode::kInvalidArgument, "KV block " + std::to_string(block) +
+                                                 " is outside [0, " +
+                                                 std::to_string(shape_.num_blocks) + ")");
+  }
+  std::vector<Tensor> views;
+  for (const LayerCaches& c : layers_) {
+    for (const Tensor* t : {&c.comp_entries, &c.index_entries}) {
+      if (!t->defined()) continue;
+      const int64_t epb = t->size(0) / shape_.num_blocks;
+      views.push_back(t->narrow(0, block * epb, epb));
+    }
+  }
+  return views;
+}
+
+std::vector<Tensor> ModelCaches::state_views(int32_t slot) const {
+  if (slot < 0 || slot >= shape_.num_state_slots) {
+    throw Error(ErrorCode::kInvalidArgument, "state slot " + std::to_string(slot) +
+                                                 " is outside [0, " +
+                                                 std::to_string(shape_.num_state_slots) + ")");
+  }
+  std::vector<Tensor> views;
+  for (const LayerCaches& c : layers_) {
+    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring}) {
+      if (t->defined()) views.push_back(t->narrow(0, slot, 1));
+    }
+  }
+  return views;
+}
+
+namespace {
+
+void export_views(Backend& backend, const std::vector<Tensor>& views, std::span<uint8_t> dst,
+                  const std::shared_ptr<const void>& keep_alive, const char* what) {
+  check_payload_size(what, payload_bytes(views), dst.size());
+  size_t offset = 0;
+  for (const Tensor& v : views) {
+    backend.copy_to_host(v, host_view(v, dst.data() + offset, keep_alive));
+    offset += v.nbytes();
+  }
+}
+
+void import_views(Backend& backend, const std::vector<Tensor>& views, std::span<const uint8_t> src,
+                  const char* what) {
+  check_payload_size(what, payload_bytes(views), src.size());
+  size_t offset = 0;
+  for (const Tensor& v : views) {
+    // upload_into copies `src` before it returns, so borrowing it without an owner is safe.
+    backend.upload_into(v, host_view(v, const_cast<uint8_t*>(src.data() + offset), nullptr));
+    offset += v.nbytes();
+  }
+}
+
+}  // namespace
+
+void ModelCaches::export_block(Backend& backend, int32_t block, std::span<uint8_t> dst,
+                               const std::shared_ptr<const void>& keep_alive) const {
+  export_views(backend, block_views(block), dst, keep_alive, "export of a KV block");
+}
+
+void ModelCaches::export_state_slot(Backend& backend, int32_t slot, std::span<uint8_t> dst,
+                                    const std::shared_ptr<const void>& keep_alive) const {
+  export_views(backend, state_views(slot), dst, keep_alive, "export of a state slot");
+}
+
+void ModelCaches::import_block(Backend& backend, int32_t block, std::span<const uint8_t> src) {
+  import_views(backend, block_views(block), src, "import of a KV block");
+}
+
+void ModelCaches::import_state_slot(Backend& backend, int32_t slot, std::span<const uint8_t> src) {
+  import_views(backend, state_views(slot), src, "import of a state slot");
 }
 
 }  // namespace deepinfer

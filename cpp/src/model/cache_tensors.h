@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,12 +68,36 @@ class ModelCaches {
   // capacity planning).
   int64_t bytes_per_block() const { return bytes_per_block_; }
   int64_t bytes_per_state_slot() const { return bytes_per_slot_; }
+  // Bytes of one paged block per layer (0 for sliding-window layers), in payload order.
+  const std::vector<int64_t>& block_bytes_per_layer() const { return block_layer_bytes_; }
+
+  // Host copies of one paged block and of one state slot, for the host and store tiers
+  // (docs/kv_store.md). Block payload: for each layer in order, the block's compressed entries
+  // then its index keys (bytes_per_block() in all). State payload: for each layer, the slot's SWA
+  // ring, compressor ring and indexer ring (bytes_per_state_slot() in all). Raw cache bytes in
+  // the caches' dtype, so an import restores exactly what was exported.
+  // export_*: enqueues the copies into `dst` (exactly the payload's size) behind all work
+  // enqueued so far; `dst` holds them once an event recorded afterwards completes, and
+  // `keep_alive` owns dst's memory until then. No host sync.
+  void export_block(Backend& backend, int32_t block, std::span<uint8_t> dst,
+                    const std::shared_ptr<const void>& keep_alive) const;
+  void export_state_slot(Backend& backend, int32_t slot, std::span<uint8_t> dst,
+                         const std::shared_ptr<const void>& keep_alive) const;
+  // import_*: enqueues writes of `src` (exactly the payload's size) into the block or slot; `src`
+  // may be reused as soon as the call returns.
+  void import_block(Backend& backend, int32_t block, std::span<const uint8_t> src);
+  void import_state_slot(Backend& backend, int32_t slot, std::span<const uint8_t> src);
 
  private:
   CacheShape shape_;
   std::vector<LayerCaches> layers_;
   int64_t bytes_per_block_ = 0;
   int64_t bytes_per_slot_ = 0;
+  std::vector<int64_t> block_layer_bytes_;
+
+  // The device views making up one block's / one slot's payload, in payload order.
+  std::vector<Tensor> block_views(int32_t block) const;
+  std::vector<Tensor> state_views(int32_t slot) const;
 };
 
 }  // namespace deepinfer

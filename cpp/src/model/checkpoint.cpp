@@ -9,6 +9,7 @@
 #include "common/json.h"
 #include "common/mapped_file.h"
 #include "common/text.h"
+#include "common/xxh64.h"
 #include "deepinfer/error.h"
 
 namespace deepinfer {
@@ -335,6 +336,36 @@ std::vector<std::string> Checkpoint::names() const {
   out.reserve(by_name_.size());
   for (const auto& [name, location] : by_name_) out.push_back(name);
   return out;
+}
+
+std::string checkpoint_identity(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const auto config = MappedFile::open((fs::path(dir) / "config.json").string());
+  const uint64_t config_digest = xxh64(config->data(), config->size());
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  }
+  if (ec)
+    throw Error(ErrorCode::kIo, "cannot list checkpoint directory " + dir + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+  constexpr size_t kEdge = size_t{1} << 20;
+  uint64_t weights = 0;
+  for (const fs::path& f : files) {
+    const auto m = MappedFile::open(f.string());
+    const std::string name = f.filename().string();
+    weights = xxh64(name, weights);
+    const uint64_t size = m->size();
+    weights = xxh64(&size, sizeof(size), weights);
+    const size_t head = std::min(m->size(), kEdge);
+    weights = xxh64(m->data(), head, weights);
+    if (m->size() > head) {
+      const size_t tail = std::min(m->size() - head, kEdge);
+      weights = xxh64(m->data() + m->size() - tail, tail, weights);
+    }
+  }
+  return "config=" + std::to_string(config_digest) + ";weights=" + std::to_string(weights);
 }
 
 }  // namespace deepinfer

@@ -33,6 +33,13 @@ namespace deepinfer {
 // names (which transformers does not have) only lose the prefix and get the scale rename.
 std::string canonical_tensor_name(std::string_view name);
 
+// A digest naming a checkpoint's contents, for the KV store's fingerprint (two engines share
+// stored KV only when it is equal): XXH64 of config.json, and of every *.safetensors file's name,
+// size, first and last MiB (the header with its offsets, and weights at both ends, which any
+// fine-tune changes). Cheap for any checkpoint size. "config=<hex>;weights=<hex>". Throws
+// Error(kNotFound / kIo) naming a file that cannot be read.
+std::string checkpoint_identity(const std::string& dir);
+
 class Checkpoint {
  public:
   // Opens `dir`: model.safetensors.index.json if present (its weight_map names the shards),

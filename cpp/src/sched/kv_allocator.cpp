@@ -31,6 +31,9 @@ Admission KvAllocator::admit(Sequence& seq) {
     return result;
   }
   PrefixCachePolicy::Hit hit = prefix_.lookup(seq);
+  if (tiers_ != nullptr) {
+    if (std::optional<Admission> a = admit_from_tiers(seq, hit, needed)) return *a;
+  }
   const std::vector<kv::BlockId>& hits = hit.blocks;
   // Hit blocks sitting on the free list stop being free once acquired.
   int hits_free = 0;
@@ -50,6 +53,54 @@ Admission KvAllocator::admit(Sequence& seq) {
   result.restore_snapshot = hit.snapshot;
   result.hit_tokens = seq.num_computed;
   return result;
+}
+
+std::optional<Admission> KvAllocator::admit_from_tiers(Sequence& seq,
+                                                       const PrefixCachePolicy::Hit& hit,
+                                                       int needed) {
+  const int bs = layout_.block_size;
+  // The blocks a hit may cover: never the last prompt token (lookup extended these hashes).
+  const int limit = (seq.num_tokens() - 1) / bs;
+  const int gpu_hit = static_cast<int>(hit.blocks.size());
+  if (!prefix_.enabled() || limit <= gpu_hit) return std::nullopt;
+  const KvTiers::Plan plan = tiers_->plan(
+      std::span<const kv::BlockHash>(seq.block_hashes).first(static_cast<size_t>(limit)),
+      static_cast<int>(hit.indexed.size()), gpu_hit);
+  if (plan.num_blocks == 0) return std::nullopt;
+  int reused_free = 0;
+  for (int i = 0; i < plan.reuse; ++i)
+    reused_free += blocks_.is_free(hit.indexed[static_cast<size_t>(i)]) ? 1 : 0;
+  const int fresh = needed - plan.reuse;
+  // The GPU hit alone would need more fresh blocks, so it would not fit either.
+  if (blocks_.num_free() - reused_free < fresh || live_.num_free() == 0) return Admission{};
+  std::optional<KvTiers::Fetched> fetched = tiers_->fetch(seq, plan);
+  if (!fetched) return std::nullopt;  // a block failed its checks: recompute past the GPU hit
+  for (int i = 0; i < plan.reuse; ++i) {
+    blocks_.acquire(hit.indexed[static_cast<size_t>(i)]);
+    seq.block_table.push_back(hit.indexed[static_cast<size_t>(i)]);
+  }
+  for (int i = 0; i < fresh; ++i) seq.block_table.push_back(*blocks_.allocate());
+  seq.state_slot = *live_.allocate();
+  // Enqueued now, ahead of the step that computes the rest of the prompt. The blocks and the slot
+  // were free, so no step in flight reads or writes them.
+  tiers_->import(*fetched,
+                 std::span<const kv::BlockId>(seq.block_table)
+                     .subspan(static_cast<size_t>(plan.reuse),
+                              static_cast<size_t>(plan.num_blocks - plan.reuse)),
+                 seq.state_slot);
+  prefix_.adopt_fetched(seq, plan.reuse, plan.num_blocks);
+  seq.num_computed = plan.num_blocks * bs;
+  seq.num_indexed_blocks = plan.num_blocks;
+  Admission result;
+  result.status = AdmitStatus::kAdmitted;
+  result.hit_tokens = seq.num_computed;
+  return result;
+}
+
+void KvAllocator::on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos) {
+  const bool attached = prefix_.on_committed(seq, snapshot, snapshot_pos);
+  if (attached && tiers_ != nullptr)
+    tiers_->write_through(seq, snapshot_pos / layout_.block_size, snapshot);
 }
 
 bool KvAllocator::grow(Sequence& seq, int num_positions) {

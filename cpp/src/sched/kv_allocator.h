@@ -3,11 +3,13 @@
 // blocks a prompt can reuse. Owned by the engine thread.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "kv/block_pool.h"
 #include "kv/cache_geometry.h"
 #include "kv/state_pool.h"
+#include "sched/kv_tiers.h"
 #include "sched/prefix_cache_policy.h"
 #include "sched/sequence.h"
 
@@ -38,11 +40,18 @@ class KvAllocator {
   const kv::StatePool& live_slots() const { return live_; }
   PrefixCachePolicy& prefix_cache() { return prefix_; }
   const PrefixCachePolicy& prefix_cache() const { return prefix_; }
+  // The host and store tiers behind the prefix cache (not owned; null: none). Set before the
+  // first admission.
+  void set_tiers(KvTiers* tiers) { tiers_ = tiers; }
 
   // Gives `seq` (holding nothing) a state slot and blocks for its first num_tokens positions,
   // reusing cached prefix blocks. kLater: not enough free blocks or slots now; kNever: the
-  // sequence needs more blocks than exist.
+  // sequence needs more blocks than exist. With tiers, a longer prefix than the GPU index holds
+  // is fetched from them (synchronously) into fresh blocks and the sequence's slot.
   Admission admit(Sequence& seq);
+  // After a commit: the prefix cache takes the sequence's new full blocks and `snapshot`; once a
+  // snapshot is attached, the tiers write the prefix through.
+  void on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos);
   // Grows the block table to cover positions [0, num_positions). False if no block is free.
   bool grow(Sequence& seq, int num_positions);
   // Blocks needed to hold `num_positions` positions.
@@ -55,10 +64,15 @@ class KvAllocator {
   void check_invariants(const std::vector<const Sequence*>& holders) const;
 
  private:
+  // Admission from the tiers when they serve more than `hit`; nullopt: use the GPU hit.
+  std::optional<Admission> admit_from_tiers(Sequence& seq, const PrefixCachePolicy::Hit& hit,
+                                            int needed);
+
   KvLayout layout_;
   kv::BlockPool blocks_;
   kv::StatePool live_;
   PrefixCachePolicy prefix_;
+  KvTiers* tiers_ = nullptr;
 };
 
 }  // namespace deepinfer::sched

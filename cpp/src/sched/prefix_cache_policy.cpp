@@ -35,6 +35,7 @@ PrefixCachePolicy::Hit PrefixCachePolicy::lookup(Sequence& seq) {
   std::vector<kv::BlockId> matched = index_.match(
       std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(limit) * bs),
       std::span<const kv::BlockHash>(seq.block_hashes.data(), static_cast<size_t>(limit)));
+  hit.indexed = matched;
   for (size_t k = matched.size(); k > 0; --k) {
     const int32_t snap = index_.snapshot(matched[k - 1]);
     if (snap >= 0) {
@@ -84,7 +85,20 @@ void PrefixCachePolicy::on_block_evicted(kv::BlockId block) {
   snapshots_.release(snap);
 }
 
-void PrefixCachePolicy::on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos) {
+void PrefixCachePolicy::adopt_fetched(Sequence& seq, int from, int to) {
+  if (!enabled_) return;
+  const int bs = block_size_;
+  extend_hashes(seq, to);
+  for (int b = from; b < to; ++b) {
+    const auto i = static_cast<size_t>(b);
+    const kv::BlockHash parent = b == 0 ? kv::kRootHash : seq.block_hashes[i - 1];
+    index_.insert(seq.block_hashes[i], parent,
+                  std::span<const int32_t>(seq.tokens.data() + i * bs, static_cast<size_t>(bs)),
+                  seq.block_table[i]);
+  }
+}
+
+bool PrefixCachePolicy::on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos) {
   const int bs = block_size_;
   bool attached = snapshot < 0;
   if (enabled_) {
@@ -109,6 +123,7 @@ void PrefixCachePolicy::on_committed(Sequence& seq, int32_t snapshot, int snapsh
     }
   }
   if (!attached) snapshots_.release(snapshot);
+  return snapshot >= 0 && attached;
 }
 
 void PrefixCachePolicy::check_invariants() const {

@@ -35,6 +35,9 @@ class PrefixCachePolicy {
   struct Hit {
     std::vector<kv::BlockId> blocks;  // indexed blocks holding the prompt's first blocks
     int32_t snapshot = -1;            // snapshot slot holding the state right after them
+    // Every indexed leading block of the prompt (`blocks` is its prefix that ends at a snapshot);
+    // the host and store tiers may supply a snapshot further along.
+    std::vector<kv::BlockId> indexed;
   };
   // The cached prefix `seq` (holding nothing yet) may start from; extends its block hashes.
   Hit lookup(Sequence& seq);
@@ -49,8 +52,14 @@ class PrefixCachePolicy {
 
   // After a commit: offers the sequence's newly computed full blocks to the index and, if
   // `snapshot` >= 0, attaches that snapshot (the state right after position `snapshot_pos`) to the
-  // block ending there. A snapshot that cannot be attached is released.
-  void on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos);
+  // block ending there. A snapshot that cannot be attached is released. Returns whether
+  // `snapshot` was attached (the tiers then write the prefix through).
+  bool on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos);
+  // After a tier fetch into seq's blocks [from, to): indexes them. The fetched state goes into
+  // the sequence's own slot and is not kept as a snapshot: a snapshot slot taken now could be the
+  // one an earlier admission of the same plan restores from (its copy runs at launch, after this
+  // import). A repeat of the prompt finds the KV here and reads only the state from the tier.
+  void adopt_fetched(Sequence& seq, int from, int to);
   // The block pool is reusing `block`: forget it and free the snapshot it carried.
   void on_block_evicted(kv::BlockId block);
 

@@ -463,7 +463,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
     }
     if (!r.samples()) {
       s.num_computed += r.forward.num_tokens;
-      kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
+      kv_.on_committed(s, r.snapshot, r.snapshot_pos);
       continue;
     }
     if (r.verifies()) {
@@ -512,7 +512,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       }
     }
     DEEPINFER_CHECK(s.num_computed > computed_before, "a sampling row computed nothing");
-    kv_.prefix_cache().on_committed(s, r.snapshot, r.snapshot_pos);
+    kv_.on_committed(s, r.snapshot, r.snapshot_pos);
   }
   DEEPINFER_CHECK(
       sample_index == (result.counts.empty() ? result.tokens.size() : result.counts.size()) &&

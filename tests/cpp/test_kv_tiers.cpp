@@ -1,0 +1,207 @@
+// The KV tiers wired into admission and commit (sched/kv_tiers.h) over a fake KvTransfer, and the
+// caches' block and state export/import they rely on (ModelCaches).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "model/cache_tensors.h"
+#include "sched/kv_allocator.h"
+#include "sched/kv_tiers.h"
+#include "sched_test_util.h"
+#include "temp_dir.h"
+
+namespace deepinfer::sched {
+namespace {
+
+using test::distinct_tokens;
+using test::make_seq;
+
+// Device caches as host byte arrays: a block's bytes are its id and a generation, so an import
+// shows where the bytes came from. Events are complete at once.
+class FakeTransfer final : public KvTransfer {
+ public:
+  static constexpr int64_t kBlock = 16, kState = 8;
+
+  class DoneEvent final : public Event {
+   public:
+    bool query() override { return true; }
+    void wait() override {}
+  };
+
+  int64_t block_bytes() const override { return kBlock; }
+  int64_t state_bytes() const override { return kState; }
+  std::vector<uint64_t> block_bytes_per_layer() const override { return {kBlock}; }
+  void export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
+                    const std::shared_ptr<const void>&) override {
+    ++exports;
+    std::vector<uint8_t>& b = blocks[block];
+    b.resize(kBlock);
+    std::copy(b.begin(), b.end(), dst.begin());
+    if (slot >= 0) {
+      std::vector<uint8_t>& s = slots[slot];
+      s.resize(kState);
+      std::copy(s.begin(), s.end(), dst.begin() + kBlock);
+    }
+  }
+  std::unique_ptr<Event> record_event() override { return std::make_unique<DoneEvent>(); }
+  void import_block(kv::BlockId block, std::span<const uint8_t> src) override {
+    blocks[block].assign(src.begin(), src.end());
+  }
+  void import_state(int32_t slot, std::span<const uint8_t> src) override {
+    slots[slot].assign(src.begin(), src.end());
+  }
+  void fill_block(kv::BlockId block, uint8_t value) { blocks[block].assign(kBlock, value); }
+
+  std::map<kv::BlockId, std::vector<uint8_t>> blocks;
+  std::map<int32_t, std::vector<uint8_t>> slots;
+  int exports = 0;
+};
+
+KvLayout layout() {
+  return {/*num_blocks=*/16, /*num_live_slots=*/4, /*num_snapshot_slots=*/2, 128, true};
+}
+
+// Runs a 400-token prompt through `kv` as the scheduler would up to its checkpoint at 384: its
+// blocks get distinct bytes and the snapshot slot gets 0x5s; the commit writes it through.
+Sequence compute_prompt(KvAllocator& kv, FakeTransfer& t, const std::vector<int32_t>& prompt) {
+  Sequence a = make_seq(1, prompt);
+  EXPECT_EQ(kv.admit(a).status, AdmitStatus::kAdmitted);
+  for (size_t i = 0; i < a.block_table.size(); ++i)
+    t.fill_block(a.block_table[i], static_cast<uint8_t>(0x10 + i));
+  a.num_computed = 384;
+  const int32_t snap = kv.prefix_cache().take_snapshot_slot();
+  t.slots[snap].assign(FakeTransfer::kState, 0x55);
+  kv.on_committed(a, snap, 384);
+  return a;
+}
+
+TEST(KvTiers, HostTierServesAPrefixTheGpuNoLongerHolds) {
+  FakeTransfer t;
+  KvTiersConfig config;
+  config.host_bytes = 1 << 20;
+  KvTiers tiers(config, t);
+  std::vector<int32_t> prompt = distinct_tokens(400);
+  {
+    KvAllocator gpu(layout());
+    gpu.set_tiers(&tiers);
+    Sequence a = compute_prompt(gpu, t, prompt);
+    EXPECT_EQ(t.exports, 3);
+    tiers.poll();
+    gpu.release(a);
+  }
+  // A new allocator: an empty GPU index (as after eviction), the same host tier.
+  t.blocks.clear();
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  Admission hit = gpu.admit(b);
+  ASSERT_EQ(hit.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(hit.hit_tokens, 384);
+  EXPECT_EQ(hit.restore_snapshot, -1);  // the state went straight into b's slot
+  EXPECT_EQ(b.num_computed, 384);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(t.blocks[b.block_table[i]], std::vector<uint8_t>(16, 0x10 + i)) << i;
+  EXPECT_EQ(t.slots[b.state_slot], std::vector<uint8_t>(8, 0x55));
+  EXPECT_EQ(tiers.counters().host_hit_tokens, 384u);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 3u);  // the fetched blocks are indexed
+  gpu.check_invariants({&b});
+  gpu.release(b);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+}
+
+TEST(KvTiers, CorruptStoreFileIsAMissThatRecomputes) {
+  deepinfer::test::TempDir dir;
+  FakeTransfer t;
+  KvTiersConfig config;
+  config.store_path = dir.path();
+  config.model_identity = "fake";
+  std::vector<int32_t> prompt = distinct_tokens(400, 3);
+  {
+    KvTiers tiers(config, t);
+    KvAllocator gpu(layout());
+    gpu.set_tiers(&tiers);
+    Sequence a = compute_prompt(gpu, t, prompt);
+    tiers.flush();
+    gpu.release(a);
+  }
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
+    if (e.path().extension() == ".kvb") files.push_back(e.path());
+  ASSERT_EQ(files.size(), 3u);
+  // Flip the last payload byte of every file (sizes and times unchanged).
+  for (const auto& f : files) {
+    const auto mtime = std::filesystem::last_write_time(f);  // the expiry: keep it
+    std::FILE* fp = std::fopen(f.c_str(), "r+b");
+    ASSERT_NE(fp, nullptr);
+    std::fseek(fp, -1, SEEK_END);
+    const int c = std::fgetc(fp);
+    std::fseek(fp, -1, SEEK_END);
+    std::fputc(c ^ 0xFF, fp);
+    std::fclose(fp);
+    std::filesystem::last_write_time(f, mtime);
+  }
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  Admission miss = gpu.admit(b);
+  ASSERT_EQ(miss.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(miss.hit_tokens, 0);
+  EXPECT_EQ(b.num_computed, 0);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  gpu.check_invariants({&b});
+  gpu.release(b);
+}
+
+TEST(KvTiers, ExactCacheBytesRoundTripThroughExportAndImport) {
+  ModelConfig c;
+  c.num_hidden_layers = 3;
+  c.layer_types = {AttentionKind::kSliding, AttentionKind::kCompressedSparse,
+                   AttentionKind::kHeavilyCompressed};
+  auto be = make_cpu_backend(1);
+  CacheShape shape;
+  shape.num_blocks = 3;
+  shape.num_state_slots = 3;
+  for (KvCacheDType dtype : {KvCacheDType::kF32, KvCacheDType::kBF16}) {
+    shape.kv_dtype = dtype;
+    ModelCaches caches(c, shape, *be);
+    for (int li = 0; li < 3; ++li) {
+      LayerCaches& l = caches.layer(li);
+      uint64_t seed = 7 + static_cast<uint64_t>(li);
+      for (Tensor* t :
+           {&l.swa_ring, &l.comp_ring, &l.comp_entries, &l.index_ring, &l.index_entries})
+        if (t->defined()) be->fill_random_normal(*t, seed++, 0.0f, 1.0f);
+    }
+    auto block = std::make_shared<std::vector<uint8_t>>(caches.bytes_per_block());
+    auto state = std::make_shared<std::vector<uint8_t>>(caches.bytes_per_state_slot());
+    caches.export_block(*be, 1, *block, block);
+    caches.export_state_slot(*be, 2, *state, state);
+    be->synchronize();
+    caches.import_block(*be, 2, *block);
+    caches.import_state_slot(*be, 1, *state);
+    int64_t layer_sum = 0;
+    for (int64_t n : caches.block_bytes_per_layer()) layer_sum += n;
+    EXPECT_EQ(layer_sum, caches.bytes_per_block());
+    for (int li = 1; li < 3; ++li) {
+      LayerCaches& l = caches.layer(li);
+      const int64_t epb = l.comp_entries.size(0) / 3;
+      Tensor from = be->to_host(l.comp_entries.narrow(0, epb, epb));
+      Tensor to = be->to_host(l.comp_entries.narrow(0, 2 * epb, epb));
+      EXPECT_EQ(std::memcmp(from.raw_data(), to.raw_data(), from.nbytes()), 0) << li;
+      Tensor ring_from = be->to_host(l.comp_ring.narrow(0, 2, 1));
+      Tensor ring_to = be->to_host(l.comp_ring.narrow(0, 1, 1));
+      EXPECT_EQ(std::memcmp(ring_from.raw_data(), ring_to.raw_data(), ring_from.nbytes()), 0);
+    }
+    std::vector<uint8_t> wrong(3);
+    EXPECT_THROW(caches.import_block(*be, 1, wrong), Error);
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::sched
