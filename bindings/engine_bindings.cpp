@@ -54,6 +54,14 @@ class PyTokenConstraint : public deepinfer::TokenConstraint {
     nb::gil_scoped_acquire gil;
     NB_OVERRIDE_PURE(is_terminated);
   }
+  bool can_rollback() override {
+    nb::gil_scoped_acquire gil;
+    NB_OVERRIDE(can_rollback);
+  }
+  void rollback(int num_tokens) override {
+    nb::gil_scoped_acquire gil;
+    NB_OVERRIDE(rollback, num_tokens);
+  }
 };
 
 // Python subclasses of Drafter (propose(id, tokens, max_drafts) -> list of token ids), called on
@@ -135,8 +143,12 @@ void bind_engine(nb::module_& m) {
       "    words; set bit t % 32 of word t // 32 for every token t allowed next;\n"
       "  accept(token) -> bool: the emitted token; False ends the request ('grammar_error');\n"
       "  is_terminated() -> bool: True once the output is complete (the request stops).\n"
+      "For speculative decoding, also can_rollback() -> True and rollback(n) (undo the last n\n"
+      "accepts): the engine accepts drafts to mask each verify row, then rolls them back.\n"
       "An exception in any of them ends that request alone with 'grammar_error'.")
-      .def(nb::init<>());
+      .def(nb::init<>())
+      .def("can_rollback", &deepinfer::TokenConstraint::can_rollback)
+      .def("rollback", &deepinfer::TokenConstraint::rollback, "num_tokens"_a);
 
   nb::class_<deepinfer::SamplingParams>(m, "SamplingParams",
                                         "Per-request sampling and stopping parameters.")

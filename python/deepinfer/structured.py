@@ -329,6 +329,9 @@ def _make_constraint_class(base: type) -> type:
         def is_terminated(self) -> bool:
             return self._stopped_in_thinking or self._matcher.is_terminated()
 
+        def can_rollback(self) -> bool:
+            return True
+
         def rollback(self, n: int) -> None:
             """Undo the last n accepted tokens (speculative decoding)."""
             if not 0 <= n <= self._n:

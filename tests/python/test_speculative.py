@@ -238,3 +238,87 @@ def test_sampled_tokens_keep_the_target_distribution(tiny_checkpoint) -> None:
     assert two_sample_chi_square(without, with_drafts) < 21.1
     drafted = [round(runs * w / 9) for w in (6, 1, 1, 1)]
     assert two_sample_chi_square(without, drafted) > 21.1
+
+
+class TwoTokens(dc.TokenConstraint):
+    """Allows only tokens a and b, for n tokens; keeps its history so it can roll back."""
+
+    def __init__(self, a: int, b: int, n: int) -> None:
+        super().__init__()
+        self.allowed, self.n, self.accepted = (a, b), n, []
+        self.rollbacks = 0
+
+    def fill_allowed(self, mask) -> None:
+        for t in self.allowed:
+            mask[t // 32] |= 1 << (t % 32)
+
+    def accept(self, token: int) -> bool:
+        if token not in self.allowed or len(self.accepted) >= self.n:
+            return False
+        self.accepted.append(token)
+        return True
+
+    def is_terminated(self) -> bool:
+        return len(self.accepted) == self.n
+
+    def can_rollback(self) -> bool:
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        self.rollbacks += 1
+        del self.accepted[len(self.accepted) - num_tokens :]
+
+
+def test_constrained_requests_draft_with_a_mask_per_verify_row(tiny_checkpoint, prompts) -> None:
+    a, b = 1000, 2000
+
+    def constrained() -> list[dc.SamplingParams]:
+        return [
+            dc.SamplingParams(temperature=0.0, max_tokens=30, constraint=TwoTokens(a, b, 12))
+            for _ in prompts
+        ]
+
+    want = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=8), prompts, constrained())[0]
+    assert all(len(o) == 12 and set(o) <= {a, b} for o in want)
+    # Drafts: the right continuation at even positions, a token the constraint refuses at odd.
+    drafter = Oracle(prompts, want, right=lambda i: i % 2 == 0)
+    engine = spec_engine(tiny_checkpoint, drafter, k=4, max_num_seqs=8)
+    params = constrained()
+    outs = run_all(engine, prompts, params)[0]
+    assert outs == want
+    s = engine.stats()
+    assert s["accepted_draft_tokens"] > 0 and s["draft_tokens"] > s["accepted_draft_tokens"]
+    assert all(p.constraint.accepted == o for p, o in zip(params, outs, strict=True))
+    assert any(p.constraint.rollbacks > 0 for p in params)
+    assert_pools_full(engine)
+
+
+def test_xgrammar_constraint_drafts_and_rolls_back(tiny_checkpoint, prompts) -> None:
+    pytest.importorskip("xgrammar")
+    from deepinfer.server.app import tokenizer_json_path
+    from deepinfer.structured import (
+        StructuredCompiler,
+        constraint_spec_from_request,
+        make_constraint,
+    )
+
+    plain_engine = cpu_engine(tiny_checkpoint, max_num_seqs=8)
+    vocab = plain_engine.vocab_size
+    compiler = StructuredCompiler(tokenizer_json_path(), vocab, plain_engine.eos_token_ids)
+    body = {"structured_outputs": {"regex": "[a-c]{3}-[0-9]{2}"}}
+    compiled = compiler.compile(constraint_spec_from_request("chat", body))
+
+    def params() -> list[dc.SamplingParams]:
+        return [
+            dc.SamplingParams(
+                temperature=0.0, max_tokens=20, constraint=make_constraint(compiled, vocab, False)
+            )
+            for _ in prompts
+        ]
+
+    want = run_all(plain_engine, prompts, params())[0]
+    drafter = Oracle(prompts, want, right=lambda i: i % 2 == 0)
+    engine = spec_engine(tiny_checkpoint, drafter, k=3, max_num_seqs=8)
+    assert run_all(engine, prompts, params())[0] == want
+    assert engine.stats()["accepted_draft_tokens"] > 0
+    assert_pools_full(engine)

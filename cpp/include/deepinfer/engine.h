@@ -45,6 +45,11 @@ class TokenConstraint {
   virtual bool accept(int32_t token) = 0;
   // True once the constrained output is complete: the request finishes (kStop).
   virtual bool is_terminated() = 0;
+  // Speculative decoding: a constraint that can undo its last `num_tokens` accepts lets its
+  // request draft. The engine then accepts the drafts one by one to build each verify row's
+  // mask and rolls them back before the commit accepts what was verified.
+  virtual bool can_rollback() { return false; }
+  virtual void rollback(int num_tokens) { (void)num_tokens; }
 };
 
 // Proposes draft tokens for speculative decoding on the host (prompt lookup, test drafters). The

@@ -162,7 +162,8 @@ LogitAdjustments ModelExecutor::logit_adjustments(const StepPlan& plan, int64_t 
   std::vector<uint32_t> allowed;  // [num_sampling_rows, words] once any row has a constraint
   const int64_t words = (vocab + 31) / 32;
   // Logits rows: one per sampling row, 1 + d for a verify row, so sampling row k's first logits
-  // row is its offset here.
+  // row is its offset here. Rows j > 0 of a verify row see the same bias and a mask built after
+  // the drafts before them.
   int num_rows = 0;
   std::vector<int> logit_row;
   for (const StepRow& r : plan.rows) {
@@ -203,22 +204,41 @@ LogitAdjustments ModelExecutor::logit_adjustments(const StepPlan& plan, int64_t 
     }
     if (p.constraint == nullptr) continue;
     if (allowed.empty()) allowed.assign(static_cast<size_t>(num_rows * words), ~0u);
-    std::span<uint32_t> mask(
-        allowed.data() + static_cast<size_t>(logit_row[static_cast<size_t>(k)] * words),
-        static_cast<size_t>(words));
-    std::fill(mask.begin(), mask.end(), 0u);
+    auto row_mask = [&](int j) {
+      return std::span<uint32_t>(
+          allowed.data() + static_cast<size_t>((logit_row[static_cast<size_t>(k)] + j) * words),
+          static_cast<size_t>(words));
+    };
+    // Row j of a verify row is masked in the state after drafts 0..j-1: accept them one by one
+    // and roll them back after. A draft the mask refuses cannot equal row j's sample, so the
+    // rows after it are never used and stay unmasked (all ones).
+    int accepted = 0;
     try {
-      p.constraint->fill_allowed(mask);
+      for (int j = 0; j <= r.num_drafts; ++j) {
+        std::span<uint32_t> mask = row_mask(j);
+        std::fill(mask.begin(), mask.end(), 0u);
+        p.constraint->fill_allowed(mask);
+        // Bits past the vocabulary are ignored; a mask that allows nothing lets EOS end it.
+        if (std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; })) {
+          for (int eos : model_->config.eos_token_ids)
+            mask[static_cast<size_t>(eos / 32)] |= 1u << (eos % 32);
+        }
+        if (j == r.num_drafts) break;
+        if (!p.constraint->accept(r.forward.tokens[static_cast<size_t>(j) + 1])) break;
+        ++accepted;
+        // Complete after this draft: if it is accepted the commit stops there, so the rows
+        // after it are never used (and a finished matcher has no next mask to give).
+        if (p.constraint->is_terminated()) break;
+      }
+      if (accepted > 0) p.constraint->rollback(accepted);
     } catch (const std::exception& e) {
-      std::fill(mask.begin(), mask.end(), ~0u);
+      for (int j = 0; j <= r.num_drafts; ++j) {
+        std::span<uint32_t> mask = row_mask(j);
+        std::fill(mask.begin(), mask.end(), ~0u);
+      }
       step.constraint_errors.emplace_back(k,
                                           std::string("the output constraint failed: ") + e.what());
       continue;
-    }
-    // Bits past the vocabulary are ignored; a mask that allows nothing lets EOS end the request.
-    if (std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; })) {
-      for (int eos : model_->config.eos_token_ids)
-        mask[static_cast<size_t>(eos / 32)] |= 1u << (eos % 32);
     }
   }
   LogitAdjustments adjustments;

@@ -379,8 +379,17 @@ void Scheduler::set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, in
 void Scheduler::propose_drafts(Sequence& s) {
   drafts_.clear();
   if (drafter_ == nullptr || max_drafts_ <= 0 || s.inflight.steps > 0) return;
-  // Penalties and constraints would need each draft row's history (and a rollback): not yet.
-  if (s.params.adjusts_from_history() || !s.params.forced_tokens.empty()) return;
+  // Penalties would need each draft row's own history: not yet. A constraint drafts when it can
+  // roll back (the executor masks each verify row by accepting the drafts before it).
+  const SamplingParams& p = s.params;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || !p.forced_tokens.empty()) return;
+  if (p.constraint != nullptr) {
+    try {
+      if (!p.constraint->can_rollback()) return;
+    } catch (const std::exception&) {
+      return;  // the commit's accept reports a broken constraint
+    }
+  }
   // Every committed token of a verify row counts against max_tokens and max_model_len.
   const int budget = std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1);
   if (budget <= 0) return;
