@@ -111,6 +111,10 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["accepted_draft_tokens"] = s.accepted_draft_tokens;
   d["verify_rows"] = s.verify_rows;
   d["drafter_errors"] = s.drafter_errors;
+  d["drafts_at_position"] =
+      std::vector<uint64_t>(s.drafts_at_position.begin(), s.drafts_at_position.end());
+  d["accepted_at_position"] =
+      std::vector<uint64_t>(s.accepted_at_position.begin(), s.accepted_at_position.end());
   d["num_graph_steps"] = s.num_graph_steps;
   d["host_hit_tokens"] = s.host_hit_tokens;
   d["store_hit_tokens"] = s.store_hit_tokens;

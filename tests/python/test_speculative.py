@@ -73,13 +73,17 @@ def test_greedy_outputs_identical_with_drafts(tiny_checkpoint, prompts, plain, n
     assert outs == plain, name
     s = engine.stats()
     assert drafter.calls > 0 and s["draft_tokens"] > 0 and s["verify_rows"] > 0
+    drafted, accepted = s["drafts_at_position"], s["accepted_at_position"]
+    assert sum(drafted) == s["draft_tokens"] and sum(accepted) == s["accepted_draft_tokens"]
     if name == "always_right":
         # Every draft is accepted, so a request needs far fewer decode steps than tokens.
-        assert s["accepted_draft_tokens"] == s["draft_tokens"]
+        assert s["accepted_draft_tokens"] == s["draft_tokens"] and accepted == drafted
     elif name == "always_wrong":
         assert s["accepted_draft_tokens"] == 0
     else:
         assert 0 < s["accepted_draft_tokens"] < s["draft_tokens"]
+        # Acceptance is a prefix: a later position is accepted only after the earlier ones.
+        assert all(accepted[j + 1] <= accepted[j] for j in range(4))
     assert_pools_full(engine)
 
 

@@ -12,6 +12,7 @@
 // run_until_idle() and stats() belong to one engine thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -137,6 +138,10 @@ struct SchedulerCounters {
   uint64_t draft_tokens = 0;
   uint64_t accepted_draft_tokens = 0;
   uint64_t verify_rows = 0;
+  // Per draft position j (0 = the first draft of a verify row): drafts proposed there, and those
+  // accepted (accepted[j] / drafts[j] is the acceptance rate at j).
+  std::array<uint64_t, 5> drafts_at_position{};
+  std::array<uint64_t, 5> accepted_at_position{};
   uint64_t drafter_errors = 0;  // proposals dropped: the drafter threw or named a bad token
 };
 

@@ -479,6 +479,10 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       stats_.draft_tokens += static_cast<uint64_t>(r.num_drafts);
       stats_.accepted_draft_tokens += my_count - 1;
       ++stats_.verify_rows;
+      for (size_t j = 0; j < static_cast<size_t>(r.num_drafts); ++j) {
+        stats_.drafts_at_position.at(j) += 1;
+        stats_.accepted_at_position.at(j) += j + 1 < my_count ? 1 : 0;
+      }
     }
     std::string constraint_error;
     for (const auto& [row, message] : result.constraint_errors)

@@ -4,6 +4,23 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# Engine counters exported under deepinfer_engine_<name> (Engine.stats() keys).
+ENGINE_COUNTERS = {
+    "num_preemptions": "Sequences preempted to free KV blocks",
+    "prompt_tokens_cached": "Prompt tokens served from the prefix cache (all tiers)",
+    "generated_tokens": "Tokens generated",
+    "draft_tokens": "Speculative drafts verified",
+    "accepted_draft_tokens": "Speculative drafts accepted",
+    "verify_rows": "Verify rows (one per request and decode step with drafts)",
+    "drafter_errors": "Draft proposals dropped (drafter error or bad token)",
+    "host_hit_tokens": "Prompt tokens restored from the host-memory KV tier",
+    "store_hit_tokens": "Prompt tokens restored from the KV store directory",
+    "store_bytes_read": "Bytes of KV block files read from the store",
+    "store_bytes_written": "Bytes of KV block files written to the store",
+    "kv_blocks_written_through": "Full KV blocks written through to the tiers",
+    "kv_tier_fetch_failures": "KV tier fetches that failed and fell back to recompute",
+}
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -54,7 +71,37 @@ class ServerMetrics:
             "deepinfer_kv_blocks_cached", "Free KV blocks still holding a prefix", registry=r
         )
 
+        # Engine counters (monotonic in the engine; exported as their current values).
+        self.engine = {
+            name: Gauge(f"deepinfer_engine_{name}", help_text, registry=r)
+            for name, help_text in ENGINE_COUNTERS.items()
+        }
+        self.draft_position = Gauge(
+            "deepinfer_spec_drafts_at_position",
+            "Drafts proposed at each draft position of a verify row",
+            ["position"],
+            registry=r,
+        )
+        self.accepted_position = Gauge(
+            "deepinfer_spec_accepted_at_position",
+            "Drafts accepted at each draft position of a verify row",
+            ["position"],
+            registry=r,
+        )
+
     def render(self, stats: dict) -> bytes:
+        for name, gauge in self.engine.items():
+            if name in stats:
+                gauge.set(stats[name])
+        for j, (drafted, accepted) in enumerate(
+            zip(
+                stats.get("drafts_at_position", []),
+                stats.get("accepted_at_position", []),
+                strict=True,
+            )
+        ):
+            self.draft_position.labels(str(j)).set(drafted)
+            self.accepted_position.labels(str(j)).set(accepted)
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         total = max(1, stats["num_blocks_total"])
