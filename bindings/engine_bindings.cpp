@@ -162,7 +162,7 @@ void bind_engine(nb::module_& m) {
              std::optional<uint64_t> seed, int max_tokens, bool ignore_eos,
              std::vector<int32_t> stop_token_ids, int logprobs, std::vector<int32_t> forced_tokens,
              nb::handle logit_bias, float presence_penalty, float frequency_penalty,
-             std::shared_ptr<deepinfer::TokenConstraint> constraint) {
+             std::shared_ptr<deepinfer::TokenConstraint> constraint, std::string kv_retention) {
             auto* p = new (self) deepinfer::SamplingParams();
             p->temperature = temperature;
             p->top_k = top_k;
@@ -177,11 +177,13 @@ void bind_engine(nb::module_& m) {
             p->presence_penalty = presence_penalty;
             p->frequency_penalty = frequency_penalty;
             p->constraint = std::move(constraint);
+            p->kv_retention = std::move(kv_retention);
           },
           "temperature"_a = 1.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = nb::none(),
           "max_tokens"_a = 16, "ignore_eos"_a = false, "stop_token_ids"_a = std::vector<int32_t>{},
           "logprobs"_a = 0, "forced_tokens"_a = std::vector<int32_t>{}, "logit_bias"_a = nb::none(),
-          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "constraint"_a = nb::none())
+          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "constraint"_a = nb::none(),
+          "kv_retention"_a = "")
       .def_rw("temperature", &deepinfer::SamplingParams::temperature)
       .def_rw("top_k", &deepinfer::SamplingParams::top_k)
       .def_rw("top_p", &deepinfer::SamplingParams::top_p)
@@ -203,7 +205,8 @@ void bind_engine(nb::module_& m) {
           })
       .def_rw("presence_penalty", &deepinfer::SamplingParams::presence_penalty)
       .def_rw("frequency_penalty", &deepinfer::SamplingParams::frequency_penalty)
-      .def_rw("constraint", &deepinfer::SamplingParams::constraint, nb::arg("value").none());
+      .def_rw("constraint", &deepinfer::SamplingParams::constraint, nb::arg("value").none())
+      .def_rw("kv_retention", &deepinfer::SamplingParams::kv_retention);
 
   nb::class_<deepinfer::RequestOutput>(m, "RequestOutput",
                                        "What one engine step produced for one request.")

@@ -54,6 +54,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # KV store retention of the prompt's blocks (kv_store_path): "agent" (3 days), "chat" (7
+    # days), "" for the engine's kv_store_ttl_class.
+    kv_retention: str = ""
     # vLLM-style output constraint, one of {"json": schema (dict or JSON text)}, {"regex": str},
     # {"choice": [str, ...]}, {"grammar": EBNF or Lark}, {"json_object": True} (LLM compiles it;
     # needs xgrammar).
@@ -63,7 +66,7 @@ class SamplingParams:
         kwargs = dataclasses.asdict(self)
         del kwargs["structured_outputs"]  # the LLM turns it into a per-request constraint
         # Passed only when set, so a core build without these fields still takes the rest.
-        for name in ("logit_bias", "presence_penalty", "frequency_penalty"):
+        for name in ("logit_bias", "presence_penalty", "frequency_penalty", "kv_retention"):
             if not kwargs[name]:
                 del kwargs[name]
         return deepinfer_core.SamplingParams(**kwargs)

@@ -181,3 +181,26 @@ def test_tier_options_are_checked(tiny_checkpoint, tmp_path) -> None:
         cpu_engine(tiny_checkpoint, kv_host_cache_bytes=HOST, enable_prefix_cache=False)
     config = dc.EngineConfig(kv_store_path="/x", kv_host_cache_bytes=5, kv_store_ttl_class="agent")
     assert config.cache.kv_store_path == "/x" and config.cache.kv_host_cache_bytes == 5
+
+
+@pytest.mark.parametrize(("retention", "days"), [("agent", 3), ("chat", 7), ("", 7)])
+def test_per_request_retention_sets_the_files_expiry(tiny_checkpoint, tmp_path, retention, days):
+    """A request's kv_retention picks its blocks' TTL (the file's mtime holds the expiry); empty
+    takes the engine's kv_store_ttl_class (chat)."""
+    import time
+
+    engine = cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path))
+    params = dc.SamplingParams(temperature=0.0, max_tokens=2, kv_retention=retention)
+    run_all(engine, [SHARED + [99]], params)
+    engine.flush_kv_tiers()
+    files = store_files(tmp_path)
+    assert files
+    for f in files:
+        ttl = f.stat().st_mtime - time.time()
+        assert abs(ttl - days * 86400) < 600, (f, ttl / 86400)
+
+
+def test_bad_retention_is_refused(tiny_checkpoint) -> None:
+    engine = cpu_engine(tiny_checkpoint)
+    with pytest.raises(ValueError, match="kv_retention"):
+        engine.add_request([1, 2, 3], dc.SamplingParams(kv_retention="forever"))

@@ -400,3 +400,15 @@ def test_server_images_are_refused(oai, claude) -> None:  # noqa: F811
                 {"role": "user", "content": [tool_result]},
             ],
         )
+
+
+def test_server_kv_retention_is_checked(oai) -> None:  # noqa: F811
+    r = oai.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=2, extra_body={"kv_retention": "agent"}
+    )
+    assert r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model=MODEL, messages=HI, max_tokens=2, extra_body={"kv_retention": "forever"}
+        )
+    assert e.value.body["param"] == "kv_retention"

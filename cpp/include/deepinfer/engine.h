@@ -87,6 +87,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;                // [-2, 2]
   float frequency_penalty = 0.0f;               // [-2, 2]
   std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained
+  // How long the KV store keeps this request's prompt blocks: "agent" (3 days), "chat" (7 days)
+  // or "" for the engine's kv_store_ttl_class.
+  std::string kv_retention;
   // With logit_bias, penalties or a constraint, sampling and the reported log-probabilities see
   // the adjusted logits (a disallowed token has log-probability -inf).
   bool adjusts_logits() const {

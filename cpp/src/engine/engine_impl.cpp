@@ -151,6 +151,11 @@ RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingPar
     if (t < 0 || t >= vocab)
       bad("forced_tokens", "holds " + std::to_string(t) + ", outside the vocabulary");
   }
+  if (!params.kv_retention.empty() && params.kv_retention != "agent" &&
+      params.kv_retention != "chat") {
+    bad("kv_retention",
+        "must be \"agent\", \"chat\" or empty, got \"" + params.kv_retention + "\"");
+  }
   std::vector<int32_t> biased;
   for (const auto& [token, bias] : params.logit_bias) {
     if (token < 0 || token >= vocab)

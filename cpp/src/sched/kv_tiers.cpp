@@ -189,6 +189,10 @@ void KvTiers::write_through(const Sequence& seq, int num_blocks, int32_t snapsho
                       num_blocks * config_.block_size <= seq.num_computed,
                   "write-through of blocks that are not committed and full");
   PendingExport pending;
+  const std::string& retention = seq.params.kv_retention;
+  pending.traffic_class = retention.empty()      ? config_.traffic_class
+                          : retention == "agent" ? kv::TrafficClass::kAgent
+                                                 : kv::TrafficClass::kChat;
   for (int i = 0; i < num_blocks; ++i) {
     const bool last = i == num_blocks - 1;
     const kv::BlockKey key = key_of(seq, i);
@@ -228,7 +232,7 @@ void KvTiers::publish(PendingExport& pending) {
       w.tokens = std::move(b.tokens);
       w.payload = std::span<const uint8_t>(*b.payload);
       w.payload_owner = b.payload;
-      w.options.traffic_class = config_.traffic_class;
+      w.options.traffic_class = pending.traffic_class;
       w.options.state_bytes = b.state_bytes;
       writer_->submit(std::move(w));  // a full queue drops it: a later miss recomputes
     }

@@ -126,6 +126,7 @@ class KvTiers {
   struct PendingExport {
     std::unique_ptr<Event> done;
     std::vector<ExportedBlock> blocks;
+    kv::TrafficClass traffic_class = kv::TrafficClass::kChat;  // the request's retention
   };
   kv::BlockKey key_of(const Sequence& seq, int block) const;
   // Whether the tiers already hold the block well enough (with a snapshot when one is asked).

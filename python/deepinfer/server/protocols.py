@@ -73,6 +73,7 @@ CHAT = Protocol(
     fields=frozenset(
         {
             "model",
+            "kv_retention",
             "messages",
             "stream",
             "stream_options",
@@ -116,6 +117,7 @@ RESPONSES = Protocol(
     fields=frozenset(
         {
             "model",
+            "kv_retention",
             "input",
             "instructions",
             "stream",
@@ -151,6 +153,7 @@ MESSAGES = Protocol(
     fields=frozenset(
         {
             "model",
+            "kv_retention",
             "messages",
             "max_tokens",
             "system",

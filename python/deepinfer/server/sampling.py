@@ -44,6 +44,8 @@ class RequestSampling:
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # KV store retention of the prompt's blocks: "agent" (3 days), "chat" (7 days), "" (default).
+    kv_retention: str = ""
 
 
 def _is_number(value: Any) -> bool:
@@ -193,11 +195,20 @@ def prepare_request(
         sampling = _prepare_messages(body)
     sampling.temperature = _optional_number(body, "temperature")
     sampling.top_p = _optional_number(body, "top_p")
+    retention = body.pop("kv_retention", None)
+    if retention is not None:
+        if retention not in ("agent", "chat"):
+            raise RequestError(
+                400,
+                f'\'kv_retention\' must be "agent" or "chat", got {retention!r}',
+                "kv_retention",
+            )
+        sampling.kv_retention = retention
     return sampling
 
 
 # The core fields added after the first build: passed only when set, so older builds still work.
-_NEWER_CORE_FIELDS = ("logit_bias", "presence_penalty", "frequency_penalty")
+_NEWER_CORE_FIELDS = ("logit_bias", "presence_penalty", "frequency_penalty", "kv_retention")
 
 
 def core_params(
