@@ -249,7 +249,9 @@ void bind_engine_config(nb::module_& m) {
       .def_rw("scheduler", &EngineConfig::scheduler)
       .def_rw("cache", &EngineConfig::cache)
       .def_rw("placement", &EngineConfig::placement);
-  engine.option<&EngineConfig::model_path>("model_path").option<&EngineConfig::seed>("seed");
+  engine.option<&EngineConfig::model_path>("model_path")
+      .option<&EngineConfig::seed>("seed")
+      .option<&EngineConfig::load_format>("load_format");
 
   PartBinder<&EngineConfig::scheduler>(m, "SchedulerConfig", "scheduler",
                                        "Batching and admission options (engine_config.h).")

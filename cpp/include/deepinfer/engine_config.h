@@ -89,6 +89,10 @@ struct PlacementConfig {
 
 struct EngineConfig {
   std::string model_path;  // checkpoint directory (config.json + safetensors)
+  // "auto": the checkpoint's weights; "dummy": random weights for the config.json alone (no
+  // safetensors needed), in the checkpoint's formats (quantization_config) or bf16 on a GPU and
+  // f32 on the CPU: for benchmarks and load tests at full model widths (vLLM's load_format).
+  std::string load_format = "auto";
   SchedulerConfig scheduler;
   CacheConfig cache;
   PlacementConfig placement;

@@ -55,6 +55,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
       engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true);
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
+  o.dummy_weights = resolved.load_format == "dummy";
+  o.seed = resolved.seed;
   o.model_config = model;
   o.placement = resolved.placement;
   o.progress = progress;

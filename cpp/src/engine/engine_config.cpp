@@ -41,6 +41,9 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                "must be in (0, 1], got " + std::to_string(cache.gpu_memory_utilization));
   }
   c.placement.device = resolve_device(c.placement.device);
+  if (c.load_format != "auto" && c.load_format != "dummy") {
+    bad_config("load_format", "must be \"auto\" or \"dummy\", got \"" + c.load_format + "\"");
+  }
   // Drafts and their verified successor fit the rings' rollback slack (ModelExecutorOptions::
   // max_backtrack = 6 positions), so at most 5 drafts.
   if (s.num_speculative_tokens < 0 || s.num_speculative_tokens > 5) {

@@ -69,17 +69,24 @@ bool needs_previous_tokens(const StepPlan& plan) {
   return false;
 }
 
+std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o) {
+  const KvSizing sizing{o.gpu_memory_utilization, o.max_num_batched_tokens, o.max_num_seqs};
+  const PlacementConfig& p = o.placement;
+  if (o.dummy_weights) {
+    const DType stored = p.device.starts_with("cuda") ? DType::kBF16 : DType::kF32;
+    return ModelInstance::random(o.model_config, cache_shape(o), p.device, p.num_threads, o.seed,
+                                 stored, p.decode_graph_max_batch, p.activation_quant,
+                                 o.kv_cache_dtype, sizing);
+  }
+  return ModelInstance::load(o.checkpoint_dir, o.model_config, cache_shape(o), p.device,
+                             p.num_threads, p.decode_graph_max_batch, p.activation_quant,
+                             o.kv_cache_dtype, o.progress, sizing);
+}
+
 }  // namespace
 
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
-    : options_(options),
-      model_(ModelInstance::load(options.checkpoint_dir, options.model_config, cache_shape(options),
-                                 options.placement.device, options.placement.num_threads,
-                                 options.placement.decode_graph_max_batch,
-                                 options.placement.activation_quant, options.kv_cache_dtype,
-                                 options.progress,
-                                 KvSizing{options.gpu_memory_utilization,
-                                          options.max_num_batched_tokens, options.max_num_seqs})) {
+    : options_(options), model_(load_model(options)) {
   options_.progress = {};  // used while loading only; the caller's callback is not kept
 }
 

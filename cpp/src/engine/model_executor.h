@@ -21,8 +21,10 @@ namespace deepinfer::engine {
 
 struct ModelExecutorOptions {
   std::string checkpoint_dir;
-  ModelConfig model_config;  // its config.json, read once by the engine factory
-  int num_kv_blocks = 0;     // including block 0; 0: sized from device memory at load (KvSizing)
+  bool dummy_weights = false;  // EngineConfig::load_format "dummy": random weights, seeded by
+  uint64_t seed = 0;           // the engine seed
+  ModelConfig model_config;    // its config.json, read once by the engine factory
+  int num_kv_blocks = 0;       // including block 0; 0: sized from device memory at load (KvSizing)
   double gpu_memory_utilization = 0.9;
   int max_num_batched_tokens = 2048;  // for the activation reserve of that sizing
   int max_num_seqs = 1;

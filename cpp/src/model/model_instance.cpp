@@ -181,7 +181,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
 std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
     uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
-    const std::string& kv_cache_dtype) {
+    const std::string& kv_cache_dtype, const KvSizing& sizing) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = make_backend(device, num_threads);
@@ -189,8 +189,14 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   CacheShape cache_shape = shape;
   cache_shape.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
-  finish_instance(*m, cache_shape, decode_graph_max_batch,
-                  random_model_weights(m->config, *m->backend, seed, stored, options));
+  ModelWeights weights = random_model_weights(m->config, *m->backend, seed, stored, options);
+  m->notes.push_back("random weights (load_format dummy): outputs are meaningless");
+  // As in load: with 0 blocks asked for, the memory the weights leave sizes the paged KV.
+  if (cache_shape.num_blocks == 0) {
+    cache_shape.num_blocks =
+        blocks_from_memory(*m, cache_shape, sizing, static_cast<int>(weights.mtp.size()));
+  }
+  finish_instance(*m, cache_shape, decode_graph_max_batch, std::move(weights));
   m->backend->synchronize();
   return m;
 }

@@ -89,7 +89,8 @@ struct ModelInstance {
                                                uint64_t seed, DType stored,
                                                int decode_graph_max_batch = 0,
                                                const std::string& activation_quant = "auto",
-                                               const std::string& kv_cache_dtype = "auto");
+                                               const std::string& kv_cache_dtype = "auto",
+                                               const KvSizing& sizing = {});
 };
 
 // Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of
