@@ -266,7 +266,8 @@ void bind_engine_config(nb::module_& m) {
       .option<&SchedulerConfig::num_speculative_tokens>("num_speculative_tokens")
       .option<&SchedulerConfig::speculative_method>("speculative_method")
       .option<&SchedulerConfig::prompt_lookup_min>("prompt_lookup_min")
-      .option<&SchedulerConfig::prompt_lookup_max>("prompt_lookup_max");
+      .option<&SchedulerConfig::prompt_lookup_max>("prompt_lookup_max")
+      .option<&SchedulerConfig::speculative_budget>("speculative_budget");
   PartBinder<&EngineConfig::cache>(m, "CacheConfig", "cache", "KV cache options (engine_config.h).")
       .option<&CacheConfig::num_kv_blocks>("num_kv_blocks")
       .option<&CacheConfig::num_prefix_snapshots>("num_prefix_snapshots")

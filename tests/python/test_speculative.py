@@ -326,3 +326,47 @@ def test_xgrammar_constraint_drafts_and_rolls_back(tiny_checkpoint, prompts) -> 
     assert run_all(engine, prompts, params())[0] == want
     assert engine.stats()["accepted_draft_tokens"] > 0
     assert_pools_full(engine)
+
+
+def test_confidence_budget_drops_drafts_that_fail_and_keeps_those_that_pay(
+    tiny_checkpoint, prompts, plain
+) -> None:
+    """speculative_budget confidence: once the step-cost model has samples, a request whose
+    drafts are always rejected stops drafting, one whose drafts are always right keeps all k,
+    and the output stays the same."""
+    right = {tuple(p) for p in prompts[:3]}
+
+    class Split(Oracle):
+        def propose(self, request_id, tokens, max_drafts):
+            drafts = super().propose(request_id, tokens, max_drafts)
+            for p in right:
+                if tuple(tokens[: len(p)]) == p:
+                    return drafts
+            return [(t + 1) % VOCAB for t in drafts]
+
+    want = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=8), prompts, greedy(40))[0]
+    ratios = {}
+    for budget in ("fixed", "confidence"):
+        engine = spec_engine(
+            tiny_checkpoint,
+            Split(prompts, want),
+            k=3,
+            max_num_seqs=8,
+            speculative_budget=budget,
+        )
+        outs = run_all(engine, prompts, greedy(40))[0]
+        assert outs == want
+        s = engine.stats()
+        ratios[budget] = (s["draft_tokens"], s["accepted_draft_tokens"])
+        assert s["accepted_draft_tokens"] > 0
+        assert_pools_full(engine)
+    print(f"\nSPEC budget: (drafts, accepted) {ratios}")
+    # The rejected half stops drafting under the confidence budget; the right half keeps its
+    # accepted drafts.
+    assert ratios["confidence"][0] < 0.8 * ratios["fixed"][0], ratios
+    assert ratios["confidence"][1] > 0.8 * ratios["fixed"][1], ratios
+
+
+def test_speculative_budget_option_is_checked(tiny_checkpoint) -> None:
+    with pytest.raises(ValueError, match="speculative_budget"):
+        cpu_engine(tiny_checkpoint, num_speculative_tokens=2, speculative_budget="magic")

@@ -37,6 +37,11 @@ struct SchedulerConfig {
   std::string speculative_method = "ngram";
   int prompt_lookup_min = 1;
   int prompt_lookup_max = 3;
+  // "fixed": every request verifies up to num_speculative_tokens drafts; "confidence": per step,
+  // the number of drafts each request verifies maximises the expected tokens per second under
+  // a step-cost model measured from the engine's own decode steps, given each request's
+  // acceptance history (sched/draft_budget.h).
+  std::string speculative_budget = "fixed";
 
   bool operator==(const SchedulerConfig&) const = default;
 };

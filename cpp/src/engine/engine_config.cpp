@@ -54,6 +54,10 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
     bad_config("speculative_method",
                "must be \"ngram\" or \"external\", got \"" + s.speculative_method + "\"");
   }
+  if (s.speculative_budget != "fixed" && s.speculative_budget != "confidence") {
+    bad_config("speculative_budget",
+               "must be \"fixed\" or \"confidence\", got \"" + s.speculative_budget + "\"");
+  }
   if (s.prompt_lookup_min < 1 || s.prompt_lookup_max < s.prompt_lookup_min) {
     bad_config("prompt_lookup_min", "must be >= 1 and <= prompt_lookup_max, got " +
                                         std::to_string(s.prompt_lookup_min) + " and " +

@@ -1,6 +1,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "deepinfer/error.h"
@@ -243,6 +244,13 @@ std::vector<RequestOutput> EngineImpl::step() {
     DEEPINFER_CHECK(outcome != sched::Scheduler::Outcome::kNeedsDrain,
                     "drain did not clear the pipeline");
   }
+  // Without zero-overhead scheduling (always the case while drafting) a decode step is launched
+  // and committed within this call, so its wall time is the step's: the confidence budget's
+  // cost model.
+  const auto started = std::chrono::steady_clock::now();
+  const bool timed_decode = outcome == sched::Scheduler::Outcome::kScheduled &&
+                            !config_.scheduler.zero_overhead && !plan.is_prefill;
+  const int step_tokens = plan.num_tokens();
   if (outcome == sched::Scheduler::Outcome::kScheduled) {
     InflightStep* previous = inflight_.empty() ? nullptr : inflight_.back().step.get();
     std::unique_ptr<InflightStep> launched = executor_->launch(plan, previous);
@@ -260,6 +268,11 @@ std::vector<RequestOutput> EngineImpl::step() {
   if (!inflight_.empty() && inflight_.back().step->sample_deferred)
     executor_->finish_launch(*inflight_.back().step, inflight_.back().plan);
   count_finishes(out, 0);
+  if (timed_decode && inflight_.empty()) {
+    scheduler_.observe_decode_step(
+        step_tokens,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
   // Nothing left to run: commit the step still in flight too (it only carries finished
   // sequences), so their blocks and slots are back before the caller stops stepping.
   if (unfinished_.load() == 0) {

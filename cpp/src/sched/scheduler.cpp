@@ -336,6 +336,7 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
                                   [](const Sequence* s) { return s->state == SeqState::kWaiting; }),
                    running_.end());
   };
+  plan_draft_budget();
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
     if (s.state != SeqState::kRunning || s.remaining_budget(config_.max_model_len) <= 0) continue;
@@ -366,6 +367,27 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
   return Outcome::kScheduled;
 }
 
+// The confidence budget: drafts per running sequence for this decode step (draft_budget);
+// -1 everywhere with the fixed budget or without a drafter.
+void Scheduler::plan_draft_budget() {
+  std::vector<Sequence*> eligible;
+  std::vector<const DraftEstimate*> estimates;
+  const bool on =
+      drafter_ != nullptr && max_drafts_ > 0 && config_.speculative_budget == "confidence";
+  for (Sequence* s : running_) {
+    s->draft_budget = -1;
+    if (!on || s->state != SeqState::kRunning || s->inflight.steps > 0) continue;
+    eligible.push_back(s);
+    estimates.push_back(&s->draft_estimate);
+  }
+  if (eligible.empty()) return;
+  const std::vector<int> drafts = budget_.allocate(estimates, max_drafts_);
+  for (size_t i = 0; i < eligible.size(); ++i) {
+    eligible[i]->draft_budget = drafts[i];
+    if (drafts[i] == 0) eligible[i]->draft_estimate.relax();
+  }
+}
+
 void Scheduler::set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size) {
   drafter_ = std::move(drafter);
   max_drafts_ = max_drafts;
@@ -391,7 +413,8 @@ void Scheduler::propose_drafts(Sequence& s) {
     }
   }
   // Every committed token of a verify row counts against max_tokens and max_model_len.
-  const int budget = std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1);
+  int budget = std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1);
+  if (s.draft_budget >= 0) budget = std::min(budget, s.draft_budget);
   if (budget <= 0) return;
   try {
     drafter_->propose(s.id, s.tokens, budget, drafts_);
@@ -478,6 +501,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
     if (r.verifies()) {
       stats_.draft_tokens += static_cast<uint64_t>(r.num_drafts);
       stats_.accepted_draft_tokens += my_count - 1;
+      s.draft_estimate.update(r.num_drafts, static_cast<int>(my_count) - 1);
       ++stats_.verify_rows;
       for (size_t j = 0; j < static_cast<size_t>(r.num_drafts); ++j) {
         stats_.drafts_at_position.at(j) += 1;

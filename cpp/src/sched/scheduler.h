@@ -61,6 +61,10 @@ class Scheduler {
   // Speculative decoding: decode rows of sequences with nothing in flight carry up to
   // `max_drafts` drafts from `drafter` (null: none); drafts outside [0, vocab_size) are dropped.
   void set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size);
+  // A decode step of `num_tokens` tokens took `seconds`: the confidence budget's cost model.
+  void observe_decode_step(int num_tokens, double seconds) {
+    budget_.observe_step(num_tokens, seconds);
+  }
 
   // Throws Error(kInternal) on the first broken invariant (sequences, ledgers, pools).
   void check_invariants() const;
@@ -96,6 +100,8 @@ class Scheduler {
   int max_drafts_ = 0;
   int vocab_size_ = 0;
   std::vector<int32_t> drafts_;  // the row being planned
+  DraftBudget budget_;
+  void plan_draft_budget();
   SchedulerCounters stats_;
 };
 

@@ -23,6 +23,7 @@
 #include "deepinfer/engine.h"
 #include "kv/block_pool.h"
 #include "kv/prefix_index.h"
+#include "sched/draft_budget.h"
 
 namespace deepinfer::sched {
 
@@ -70,6 +71,10 @@ struct Sequence {
   // A verify row's input (the last committed token, then the drafts): the row's tokens span
   // points here until the step is launched.
   std::vector<int32_t> verify_input;
+  // Speculative decoding: this request's acceptance history, and the drafts the confidence
+  // budget allows it in the step being planned (-1: no budget, the configured maximum).
+  DraftEstimate draft_estimate;
+  int draft_budget = -1;
 
   bool ready_emitted = false;
   int prompt_cache_hit_tokens = 0;
