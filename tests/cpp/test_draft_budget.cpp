@@ -32,6 +32,17 @@ TEST(DraftBudget, FixedMaximumUntilTheCostModelHasSamples) {
   EXPECT_EQ(b.allocate({&e}, 4), (std::vector<int>{4}));
 }
 
+TEST(DraftBudget, StepsOfOneSizeGiveNoModelSoDraftingGoesOn) {
+  // Every timed step had the same size (a lone stream whose drafter found nothing): no slope
+  // can be seen, so the budget stays at the maximum instead of turning drafting off for good.
+  DraftBudget b;
+  for (int i = 0; i < 40; ++i) b.observe_step(1, 0.002);
+  double base = 0, slope = 0;
+  EXPECT_FALSE(b.cost_model(base, slope));
+  DraftEstimate e;
+  EXPECT_EQ(b.allocate({&e}, 3), (std::vector<int>{3}));
+}
+
 TEST(DraftBudget, CheapTokensVerifyEverythingExpensiveOnesLittle) {
   DraftEstimate likely;
   for (int i = 0; i < 40; ++i) likely.update(4, 4);

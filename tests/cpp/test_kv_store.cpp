@@ -397,6 +397,26 @@ TEST(KvBlockStore, TtlExpiryPerTrafficClass) {
   EXPECT_EQ(store->stats().expired_removed, 3u);
 }
 
+TEST(KvBlockStore, AnExpiredFileDoesNotBlockAFreshCopy) {
+  // Expired but not swept yet: a put replaces it instead of reporting it present.
+  test::TempDir dir;
+  Harness h;
+  auto store = h.store(dir.path());
+  const Chain chain(1, 9);
+  KvPutOptions one_hour;
+  one_hour.ttl = hours(1);
+  ASSERT_EQ(store->put(chain.key(0), payload_for(chain.hashes[0], 100), one_hour),
+            PutResult::kWritten);
+  EXPECT_EQ(store->put(chain.key(0), payload_for(chain.hashes[0], 100), one_hour),
+            PutResult::kAlreadyPresent);
+  h.advance(3600 * 1000);
+  EXPECT_EQ(store->match_prefix(chain.hashes), 0);
+  EXPECT_EQ(store->put(chain.key(0), payload_for(chain.hashes[0], 100), one_hour),
+            PutResult::kWritten);
+  EXPECT_EQ(store->match_prefix(chain.hashes), 1);
+  EXPECT_TRUE(store->get(chain.key(0)).has_value());
+}
+
 TEST(KvBlockStore, MatchPrefixStopsAtTheFirstMissingOrExpiredBlock) {
   test::TempDir dir;
   Harness h;

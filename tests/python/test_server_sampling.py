@@ -412,3 +412,48 @@ def test_server_kv_retention_is_checked(oai) -> None:  # noqa: F811
             model=MODEL, messages=HI, max_tokens=2, extra_body={"kv_retention": "forever"}
         )
     assert e.value.body["param"] == "kv_retention"
+
+
+def test_add_samples_followers_start_even_if_the_leader_is_already_done() -> None:
+    """The leader's outputs can be dispatched right after it is added; its followers must be
+    registered before that, and a follower the engine refuses fails alone."""
+    import asyncio
+
+    from deepinfer.server.async_engine import AsyncEngine, SampleNotStarted
+
+    class Out:
+        def __init__(self, rid: int, tokens: list[int], finish: str | None) -> None:
+            self.id, self.tokens, self.finish, self.ready = rid, tokens, finish, False
+
+    class FakeEngine:
+        def __init__(self) -> None:
+            self.next = 1
+            self.added: list[int] = []
+
+        def stats(self) -> dict:
+            return {}
+
+        def add_request(self, prompt, params):
+            if params == "bad":
+                raise ValueError("bad params")
+            rid, self.next = self.next, self.next + 1
+            self.added.append(rid)
+            return rid
+
+        def abort(self, rid: int) -> None:
+            pass
+
+    async def main() -> None:
+        fake = FakeEngine()
+        engine = AsyncEngine(fake, asyncio.get_running_loop())
+        samples = engine.add_samples([1, 2], ["ok", "ok", "bad"])
+        # The leader finishes at once (as a rejected prompt would): its followers start then.
+        engine._dispatch([Out(samples[0][0], [7], "stop")])
+        assert fake.added == [1, 2]
+        await asyncio.sleep(0)
+        assert samples[1][0] < 0 and engine._resolve(samples[1][0]) == 2
+        bad_q = samples[2][1]
+        err = await asyncio.wait_for(bad_q.get(), 1)
+        assert isinstance(err, SampleNotStarted) and "bad params" in str(err)
+
+    asyncio.run(main())

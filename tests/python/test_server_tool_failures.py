@@ -88,6 +88,8 @@ def message(claude: anthropic.Anthropic, text: str, max_tokens: int, stream: boo
     starts = [e.index for e in events if e.type == "content_block_start"]
     stops = [e.index for e in events if e.type == "content_block_stop"]
     assert starts == stops == list(range(len(final.content)))
+    # The stream ends with message_delta then message_stop, also when tool blocks were held.
+    assert [e.type for e in events][-2:] == ["message_delta", "message_stop"]
     return final
 
 
@@ -259,3 +261,13 @@ def test_chat_valid_tool_call_stays_a_tool_call(oai, stream) -> None:
     assert content == "Checking."
     assert calls == [("get_weather", json.dumps({"city": "Paris"}))]
     assert finish == "tool_calls"
+
+
+def test_unsent_text_never_repeats_what_was_sent() -> None:
+    from deepinfer.server.usage import TOOL_BLOCK, unsent_text
+
+    answer = "Checking. " + TOOL_BLOCK + "\n..."
+    assert unsent_text(answer, "Checking. ") == TOOL_BLOCK + "\n..."
+    assert unsent_text(answer, "") == answer
+    # The parser sent normalised text (not a prefix of the answer): resume at the tool block.
+    assert unsent_text(answer, "Checking.  ") == TOOL_BLOCK + "\n..."

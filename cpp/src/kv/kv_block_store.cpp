@@ -205,8 +205,14 @@ PutResult KvBlockStore::put(const BlockKey& key, std::span<const uint8_t> payloa
   const std::string path = block_path(key.hash);
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
-    counters_.puts_existing.fetch_add(1, std::memory_order_relaxed);
-    return PutResult::kAlreadyPresent;
+    // An expired file the sweeper has not removed yet must not block a fresh copy (the mtime
+    // holds the expiry).
+    const int64_t expires_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 +
+                               static_cast<int64_t>(st.st_mtim.tv_nsec) / 1000000;
+    if (expires_ms > clock_() || ::unlink(path.c_str()) != 0) {
+      counters_.puts_existing.fetch_add(1, std::memory_order_relaxed);
+      return PutResult::kAlreadyPresent;
+    }
   }
   if (options.state_bytes > payload.size()) {
     throw Error(ErrorCode::kInvalidArgument,

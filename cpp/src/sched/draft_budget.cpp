@@ -27,6 +27,12 @@ void DraftBudget::observe_step(int num_tokens, double seconds) {
 
 bool DraftBudget::cost_model(double& base, double& slope) const {
   if (samples_.size() < kMinSamples) return false;
+  // Steps of one size only say nothing about what another token costs: no model (fixed k),
+  // which then varies the step sizes and lets one be fitted.
+  const int first = samples_.front().first;
+  if (std::all_of(samples_.begin(), samples_.end(),
+                  [&](const auto& x) { return x.first == first; }))
+    return false;
   double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const auto& [t, s] : samples_) {
     n += 1;
@@ -36,8 +42,7 @@ bool DraftBudget::cost_model(double& base, double& slope) const {
     sxy += t * s;
   }
   const double var = n * sxx - sx * sx;
-  // One batch size only: no slope to see; a larger batch is assumed to cost the same per token.
-  slope = var > 0 ? std::max(0.0, (n * sxy - sx * sy) / var) : sy / sx;
+  slope = std::max(0.0, (n * sxy - sx * sy) / var);
   base = std::max(0.0, (sy - slope * sx) / n);
   return base + slope > 0;
 }

@@ -157,7 +157,15 @@ std::optional<KvTiers::Fetched> KvTiers::fetch(const Sequence& seq, const Plan& 
   };
   count(plan.snapshot_source, plan.reuse - plan.gpu_hit);
   for (Tier t : plan.sources) count(t, 1);
+  touch_chain_head_last(seq, plan.num_blocks);
   return f;
+}
+
+// A hit needs a chain's blocks from its first one, so under LRU the head must outlive the tail:
+// touch the chain from its last block back to block 0, which leaves block 0 the most recent.
+void KvTiers::touch_chain_head_last(const Sequence& seq, int num_blocks) {
+  if (!host_) return;
+  for (int i = num_blocks - 1; i >= 0; --i) host_->lookup(key_of(seq, i));
 }
 
 void KvTiers::import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot) {
@@ -215,16 +223,18 @@ void KvTiers::write_through(const Sequence& seq, int num_blocks, int32_t snapsho
 }
 
 void KvTiers::publish(PendingExport& pending) {
+  // Into the host tier tail first, so that under LRU a chain's head (which every hit needs)
+  // is the most recent of its blocks.
+  for (auto it = pending.blocks.rbegin(); host_ && it != pending.blocks.rend(); ++it) {
+    const ExportedBlock& b = *it;
+    const kv::BlockKey key{b.hash, b.parent, b.tokens};
+    // A copy without the snapshot gives way to one with it (a hit needs the snapshot).
+    const std::vector<uint64_t> sizes = host_->match_prefix_sizes({&b.hash, 1});
+    if (!sizes.empty() && sizes[0] != b.payload->size() && b.state_bytes > 0) host_->erase(b.hash);
+    host_->insert(key, *b.payload);
+  }
   for (ExportedBlock& b : pending.blocks) {
     pending_hashes_.erase(b.hash);
-    const kv::BlockKey key{b.hash, b.parent, b.tokens};
-    if (host_) {
-      // A copy without the snapshot gives way to one with it (a hit needs the snapshot).
-      const std::vector<uint64_t> sizes = host_->match_prefix_sizes({&b.hash, 1});
-      if (!sizes.empty() && sizes[0] != b.payload->size() && b.state_bytes > 0)
-        host_->erase(b.hash);
-      host_->insert(key, *b.payload);
-    }
     if (writer_) {
       kv::KvStoreWrite w;
       w.hash = b.hash;

@@ -133,6 +133,7 @@ class KvTiers {
   // Store only: a damaged file under the key is removed (through get) and counts as not held.
   bool held(const kv::BlockKey& key, bool with_snapshot);
   void publish(PendingExport& pending);
+  void touch_chain_head_last(const Sequence& seq, int num_blocks);
   uint64_t store_file_bytes(bool with_snapshot) const;
 
   KvTiersConfig config_;

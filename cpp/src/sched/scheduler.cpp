@@ -357,7 +357,13 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
     }
     if (!scheduled_self) continue;
     propose_drafts(s);
-    if (!drafts_.empty() && kv_.grow(s, pos + 1 + static_cast<int>(drafts_.size()))) {
+    // Drafts grow only into spare blocks: each running sequence after this one may still need
+    // a block for its own token, and a draft must never cost another request a preemption.
+    const int later = static_cast<int>(running_.size() - i - 1);
+    const int draft_blocks = kv_.blocks_for(pos + 1 + static_cast<int>(drafts_.size())) -
+                             static_cast<int>(s.block_table.size());
+    if (!drafts_.empty() && draft_blocks <= kv_.blocks().num_free() - later &&
+        kv_.grow(s, pos + 1 + static_cast<int>(drafts_.size()))) {
       add_row(plan, s, 1 + static_cast<int>(drafts_.size()), drafts_);
     } else {
       add_row(plan, s, 1);  // no drafts, or no blocks for them: a plain decode row
@@ -376,7 +382,7 @@ void Scheduler::plan_draft_budget() {
       drafter_ != nullptr && max_drafts_ > 0 && config_.speculative_budget == "confidence";
   for (Sequence* s : running_) {
     s->draft_budget = -1;
-    if (!on || s->state != SeqState::kRunning || s->inflight.steps > 0) continue;
+    if (!on || s->state != SeqState::kRunning || draft_limit(*s) <= 0) continue;
     eligible.push_back(s);
     estimates.push_back(&s->draft_estimate);
   }
@@ -398,22 +404,28 @@ void Scheduler::set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, in
 // context is not known yet), for requests whose sampling depends on their history or forces
 // tokens, or past the request's token budget. A drafter that throws or proposes a token outside
 // the vocabulary proposes nothing.
-void Scheduler::propose_drafts(Sequence& s) {
-  drafts_.clear();
-  if (drafter_ == nullptr || max_drafts_ <= 0 || s.inflight.steps > 0) return;
+// The most drafts `s` may verify in the next decode step; 0 when it cannot draft.
+int Scheduler::draft_limit(const Sequence& s) const {
+  if (drafter_ == nullptr || max_drafts_ <= 0 || s.inflight.steps > 0) return 0;
   // Penalties would need each draft row's own history: not yet. A constraint drafts when it can
   // roll back (the executor masks each verify row by accepting the drafts before it).
   const SamplingParams& p = s.params;
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || !p.forced_tokens.empty()) return;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || !p.forced_tokens.empty())
+    return 0;
   if (p.constraint != nullptr) {
     try {
-      if (!p.constraint->can_rollback()) return;
+      if (!p.constraint->can_rollback()) return 0;
     } catch (const std::exception&) {
-      return;  // the commit's accept reports a broken constraint
+      return 0;  // the commit's accept reports a broken constraint
     }
   }
   // Every committed token of a verify row counts against max_tokens and max_model_len.
-  int budget = std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1);
+  return std::max(0, std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1));
+}
+
+void Scheduler::propose_drafts(Sequence& s) {
+  drafts_.clear();
+  int budget = draft_limit(s);
   if (s.draft_budget >= 0) budget = std::min(budget, s.draft_budget);
   if (budget <= 0) return;
   try {

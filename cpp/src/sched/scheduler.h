@@ -75,6 +75,7 @@ class Scheduler {
   bool has_decode_work() const;
   void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
   void propose_drafts(Sequence& s);
+  int draft_limit(const Sequence& s) const;
   void unreserve(const StepPlan& plan);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
   void finish(Sequence& s, FinishReason reason, std::string detail,

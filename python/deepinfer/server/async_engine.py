@@ -16,6 +16,10 @@ from typing import Any
 import deepinfer_core
 
 
+class SampleNotStarted(RuntimeError):
+    """A sample of add_samples that the engine refused when its leader's prompt was done."""
+
+
 class AsyncEngine:
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
@@ -81,7 +85,11 @@ class AsyncEngine:
             q = self._queues.pop(placeholder, None)
             if q is None:  # the consumer gave up before its sample started
                 continue
-            rid = self.engine.add_request(prompt, params)
+            try:
+                rid = self.engine.add_request(prompt, params)
+            except Exception as e:  # this sample alone fails; the engine and the rest go on
+                self._loop.call_soon_threadsafe(q.put_nowait, SampleNotStarted(str(e)))
+                continue
             self._queues[rid] = q
             self._aliases[placeholder] = rid
             if self._aborting:
@@ -107,15 +115,22 @@ class AsyncEngine:
         added now, the others once its prompt is computed (they then prefill only the tail past
         the last cached block). The others' ids are placeholders (negative) until then; abort,
         release and outputs accept them."""
-        first = self.add(prompt, params[0])
-        out = [first]
+        if self._error is not None:
+            raise RuntimeError(f"the engine stopped: {self._error}")
+        # One lock for the leader and its followers: the engine thread must not dispatch the
+        # leader's first output before the followers wait for it.
         with self._lock:
+            rid = self.engine.add_request(prompt, params[0])
+            first: tuple[int, asyncio.Queue] = (rid, asyncio.Queue())
+            self._queues[rid] = first[1]
+            out = [first]
             for p in params[1:]:
                 self._next_placeholder -= 1
                 q: asyncio.Queue = asyncio.Queue()
                 self._queues[self._next_placeholder] = q
                 self._followers.setdefault(first[0], []).append((self._next_placeholder, prompt, p))
                 out.append((self._next_placeholder, q))
+        self._wake.set()
         return out
 
     def _resolve(self, rid: int) -> int | None:
@@ -159,6 +174,8 @@ class AsyncEngine:
         try:
             while True:
                 out = await q.get()
+                if isinstance(out, SampleNotStarted):
+                    raise out
                 if isinstance(out, BaseException):
                     raise RuntimeError(f"the engine stopped: {out}") from out
                 yield out

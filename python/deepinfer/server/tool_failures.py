@@ -81,6 +81,7 @@ class MessagesGuard:
         self._blocks = 0  # content blocks started
         self._first_tool: int | None = None
         self._held: list[Event] = []
+        self._ended = False  # message_delta seen: the rest (message_stop) is not held
 
     def _record(self, obj: dict) -> None:
         kind, index = obj.get("type"), obj.get("index", 0)
@@ -109,6 +110,8 @@ class MessagesGuard:
 
     def feed(self, name: str | None, data: str, tokens: OutputTokens) -> list[Event]:
         obj = json.loads(data)
+        if self._ended:  # message_stop and anything after the decision pass through
+            return [(name, data)]
         self._record(obj)
         if obj.get("type") != "message_delta":
             if self._first_tool is None:
@@ -116,6 +119,7 @@ class MessagesGuard:
             self._held.append((name, data))
             return []
         # The message's end: release the held blocks, or one text block in their place.
+        self._ended = True
         held, self._held = self._held, []
         delta = obj.get("delta") or {}
         rest = unsent_text(tokens.answer_text(), self._sent)

@@ -298,8 +298,18 @@ TOOL_BLOCK = "<｜DSML｜tool_calls>"
 
 
 def unsent_text(answer: str, sent: str) -> str:
-    """What the model wrote after the text already returned (all of it when that is no prefix)."""
-    return answer[len(sent) :] if answer.startswith(sent) else answer
+    """What the model wrote after the text already returned. The parser may have trimmed or
+    normalised what it sent, so this drops the longest common prefix, or starts at the tool
+    block when the texts part earlier, never repeating text the client has."""
+    common = 0
+    for a, b in zip(answer, sent, strict=False):
+        if a != b:
+            break
+        common += 1
+    if common == len(sent):
+        return answer[common:]
+    block = answer.find(TOOL_BLOCK)
+    return answer[block:] if block >= 0 else answer[common:]
 
 
 def dropped_markup(rest: str, sent: str) -> bool:
