@@ -1,0 +1,84 @@
+// The scheduler's speculative-decoding part: which sequences draft, how many drafts the
+// confidence budget gives each, and asking the drafter (scheduler.h).
+#include <algorithm>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "sched/scheduler.h"
+
+namespace deepinfer::sched {
+
+// The confidence budget: drafts per running sequence for this decode step (draft_budget);
+// -1 everywhere with the fixed budget or without a drafter.
+void Scheduler::plan_draft_budget() {
+  std::vector<Sequence*> eligible;
+  std::vector<const DraftEstimate*> estimates;
+  const bool on =
+      drafter_ != nullptr && max_drafts_ > 0 && config_.speculative_budget == "confidence";
+  for (Sequence* s : running_) {
+    s->draft_budget = -1;
+    if (!on || s->state != SeqState::kRunning || draft_limit(*s) <= 0) continue;
+    eligible.push_back(s);
+    estimates.push_back(&s->draft_estimate);
+  }
+  if (eligible.empty()) return;
+  const std::vector<int> drafts = budget_.allocate(estimates, max_drafts_);
+  for (size_t i = 0; i < eligible.size(); ++i) {
+    eligible[i]->draft_budget = drafts[i];
+    if (drafts[i] == 0) eligible[i]->draft_estimate.relax();
+  }
+}
+
+void Scheduler::set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size) {
+  drafter_ = std::move(drafter);
+  max_drafts_ = max_drafts;
+  vocab_size_ = vocab_size;
+}
+
+// The most drafts `s` may verify in the next decode step; 0 when it cannot draft: no drafter, a
+// step in flight (the context is not known yet), penalties or forced tokens, a constraint that
+// cannot roll back, or no token budget left.
+int Scheduler::draft_limit(const Sequence& s) const {
+  if (drafter_ == nullptr || max_drafts_ <= 0 || s.inflight.steps > 0) return 0;
+  // Penalties would need each draft row's own history: not yet. A constraint drafts when it can
+  // roll back (the executor masks each verify row by accepting the drafts before it).
+  const SamplingParams& p = s.params;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || !p.forced_tokens.empty())
+    return 0;
+  if (p.constraint != nullptr) {
+    try {
+      if (!p.constraint->can_rollback()) return 0;
+    } catch (const std::exception&) {
+      return 0;  // the commit's accept reports a broken constraint
+    }
+  }
+  // Every committed token of a verify row counts against max_tokens and max_model_len.
+  return std::max(0, std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1));
+}
+
+// Fills drafts_ for a decode row of `s`, within draft_limit and the confidence budget. A drafter
+// that throws or proposes a token outside the vocabulary proposes nothing.
+void Scheduler::propose_drafts(Sequence& s) {
+  drafts_.clear();
+  int budget = draft_limit(s);
+  if (s.draft_budget >= 0) budget = std::min(budget, s.draft_budget);
+  if (budget <= 0) return;
+  try {
+    drafter_->propose(s.id, s.tokens, budget, drafts_);
+  } catch (const std::exception&) {
+    drafts_.clear();
+    ++stats_.drafter_errors;
+    return;
+  }
+  if (static_cast<int>(drafts_.size()) > budget) drafts_.resize(static_cast<size_t>(budget));
+  for (int32_t t : drafts_) {
+    if (t < 0 || t >= vocab_size_) {
+      drafts_.clear();
+      ++stats_.drafter_errors;
+      return;
+    }
+  }
+}
+
+}  // namespace deepinfer::sched
