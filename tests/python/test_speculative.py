@@ -370,3 +370,29 @@ def test_confidence_budget_drops_drafts_that_fail_and_keeps_those_that_pay(
 def test_speculative_budget_option_is_checked(tiny_checkpoint) -> None:
     with pytest.raises(ValueError, match="speculative_budget"):
         cpu_engine(tiny_checkpoint, num_speculative_tokens=2, speculative_budget="magic")
+
+
+def test_drafts_with_a_tight_cache_and_preemption_stop(tiny_checkpoint) -> None:
+    """With preemption "stop" and a tight cache, drafting kills no more requests than plain
+    decoding does, the requests that finish give the plain greedy tokens, and nothing leaks.
+    (Draft blocks come only from spare blocks; this workload does not reach the case where that
+    rule is what saves a request.)"""
+    rng = random.Random(6)
+    prompts = [[rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(8)]
+    tight = {"num_kv_blocks": 9, "preemption": "stop"}
+    plain_engine = cpu_engine(tiny_checkpoint, zero_overhead=False, **tight)
+    plain_trace = run_all(plain_engine, prompts, greedy(30))[1]
+    killed_plain = sum(plain_trace.finish(r) == "preempted" for r in plain_trace.outputs)
+    oracle_outs = run_all(cpu_engine(tiny_checkpoint), prompts, greedy(30))[0]
+    engine = spec_engine(tiny_checkpoint, Oracle(prompts, oracle_outs), k=4, **tight)
+    outs, trace = run_all(engine, prompts, greedy(30))
+    ids = sorted(trace.outputs)  # in prompt order
+    killed = sum(trace.finish(r) == "preempted" for r in ids)
+    print(f"\nSPEC tight cache: preempted without drafts {killed_plain}, with drafts {killed}")
+    assert killed <= killed_plain
+    assert engine.stats()["accepted_draft_tokens"] > 0
+    # Requests that ran to the end give the plain greedy tokens.
+    for i, r in enumerate(ids):
+        if trace.finish(r) == "length":
+            assert outs[i] == oracle_outs[i]
+    assert_pools_full(engine)
