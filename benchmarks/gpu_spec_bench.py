@@ -16,21 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from gpu_model_bench import timed
 from v4_flash_config import decode_token, flash_config
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
 
 
 def main() -> None:

@@ -15,3 +15,19 @@ def tiny_checkpoint():
     from deepinfer.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint()
+
+
+# SDK clients of the module's `server` fixture (each server test module starts its own server
+# with the flags it needs and defines `server`; these clients follow it).
+@pytest.fixture
+def oai(server: str):
+    import openai
+
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def claude(server: str):
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)

@@ -94,16 +94,6 @@ def server(tiny_checkpoint) -> Iterator[str]:
     proc.wait(timeout=30)
 
 
-@pytest.fixture
-def oai(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
-
-
 def engine_idle(server: str, timeout: float = 10.0) -> dict:
     """Waits until no request runs and every KV block is free again; returns the counters."""
     deadline = time.time() + timeout

@@ -19,16 +19,6 @@ def server(tiny_checkpoint) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def oai(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
-
-
 # ---- /v1/completions ----------------------------------------------------------------------------
 
 

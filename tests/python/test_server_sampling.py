@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 from deepinfer.server.app import tokenizer_json_path
-from test_server import FORCE, MODEL, claude, engine_idle, oai, server  # noqa: F401
+from test_server import FORCE, MODEL, engine_idle, server  # noqa: F401
 
 HI = [{"role": "user", "content": "hi"}]
 EOS = "<｜end▁of▁sentence｜>"
@@ -53,7 +53,7 @@ def chat_text(r) -> str:
 # ---- 1. sampling fields apply in thinking mode ---------------------------------------------
 
 
-def test_server_sampling_applies_in_thinking_mode(oai, claude) -> None:  # noqa: F811
+def test_server_sampling_applies_in_thinking_mode(oai, claude) -> None:
     # Thinking is on (the request omits it). Greedy (temperature 0, or a tiny top_p, or top_k 1)
     # gives the same text whatever the seed; sampling at 1.0 would not.
     def chat(**kw):
@@ -80,7 +80,7 @@ def test_server_sampling_applies_in_thinking_mode(oai, claude) -> None:  # noqa:
     assert message(extra_body={"top_k": 1}) == message(extra_body={"top_k": 1})
 
 
-def test_server_messages_thinking_rejects_what_anthropic_rejects(claude) -> None:  # noqa: F811
+def test_server_messages_thinking_rejects_what_anthropic_rejects(claude) -> None:
     thinking = {"type": "enabled", "budget_tokens": 1024}
     for kw, field in (({"temperature": 0.5}, "temperature"), ({"top_k": 5}, "top_k")):
         with pytest.raises(anthropic.BadRequestError, match=field):
@@ -174,7 +174,7 @@ def test_server_n_samples_share_the_prompt_kv(oai, server) -> None:  # noqa: F81
     engine_idle(server)
 
 
-def test_server_n_rejected_where_unsupported(oai) -> None:  # noqa: F811
+def test_server_n_rejected_where_unsupported(oai) -> None:
     for n in (0, 129, 1.5):
         with pytest.raises(openai.BadRequestError, match="'n'"):
             oai.chat.completions.create(model=MODEL, messages=HI, n=n)
@@ -185,7 +185,7 @@ def test_server_n_rejected_where_unsupported(oai) -> None:  # noqa: F811
 # ---- 4. logit_bias and penalties -----------------------------------------------------------
 
 
-def test_server_logit_bias_and_penalties_validated(oai) -> None:  # noqa: F811
+def test_server_logit_bias_and_penalties_validated(oai) -> None:
     bad = [
         ({"logit_bias": {"1": 101}}, "logit_bias"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
@@ -202,7 +202,7 @@ def test_server_logit_bias_and_penalties_validated(oai) -> None:  # noqa: F811
             oai.chat.completions.create(model=MODEL, messages=HI, presence_penalty=1)
 
 
-def _greedy_tokens(oai, **kw) -> list[str]:  # noqa: F811
+def _greedy_tokens(oai, **kw) -> list[str]:
     """The content tokens of 8 greedy tokens, thinking off."""
     r = oai.chat.completions.create(
         model=MODEL,
@@ -217,13 +217,13 @@ def _greedy_tokens(oai, **kw) -> list[str]:  # noqa: F811
 
 
 @needs_new_core
-def test_server_logit_bias_applies(oai) -> None:  # noqa: F811
+def test_server_logit_bias_applies(oai) -> None:
     # +100 makes "a" the only token greedy sampling can pick.
     assert _greedy_tokens(oai, logit_bias={str(_token_id("a")): 100}) == ["a"] * 8
 
 
 @needs_new_core
-def test_server_penalties_apply(oai) -> None:  # noqa: F811
+def test_server_penalties_apply(oai) -> None:
     # Greedy on the tiny model, "a" biased just enough to win every step; the penalties (OpenAI
     # semantics over the generated tokens) take its lead away.
     def count_a(bias: float, **kw) -> int:
@@ -238,7 +238,7 @@ def test_server_penalties_apply(oai) -> None:  # noqa: F811
 # ---- 5. the developer role -----------------------------------------------------------------
 
 
-def test_server_developer_role_is_system(oai) -> None:  # noqa: F811
+def test_server_developer_role_is_system(oai) -> None:
     # Greedy text depends on the prompt's tokens: the developer message renders as a system one.
     def chat(role: str) -> str:
         r = oai.chat.completions.create(
@@ -266,7 +266,7 @@ def test_server_developer_role_is_system(oai) -> None:  # noqa: F811
 # ---- 6. usage from token ids, logprobs in thinking mode ------------------------------------
 
 
-def test_server_usage_counts_token_ids(oai, claude) -> None:  # noqa: F811
+def test_server_usage_counts_token_ids(oai, claude) -> None:
     # "x😀" is 3 tokens, the emoji split over the last two: with max_tokens 2 the output ends
     # inside the character. Both tokens count, and their bytes are not dropped.
     assert len(_tokens("x😀")) == 3
@@ -323,7 +323,7 @@ def test_server_usage_counts_token_ids(oai, claude) -> None:  # noqa: F811
     assert r.usage.completion_tokens_details.reasoning_tokens == 4
 
 
-def test_server_logprobs_in_thinking_mode(oai) -> None:  # noqa: F811
+def test_server_logprobs_in_thinking_mode(oai) -> None:
     # All reasoning: the standard `content` list is there (empty), the reasoning's apart.
     r = oai.chat.completions.create(model=MODEL, messages=HI, max_tokens=4, logprobs=True)
     lp = r.choices[0].logprobs
@@ -343,7 +343,7 @@ def test_server_logprobs_in_thinking_mode(oai) -> None:  # noqa: F811
 # ---- 7. model-name and image errors --------------------------------------------------------
 
 
-def test_server_unknown_model_is_404(oai, claude) -> None:  # noqa: F811
+def test_server_unknown_model_is_404(oai, claude) -> None:
     with pytest.raises(openai.NotFoundError, match="nope") as err:
         oai.chat.completions.create(model="nope", messages=HI)
     assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
@@ -361,7 +361,7 @@ PNG = (
 )
 
 
-def test_server_images_are_refused(oai, claude) -> None:  # noqa: F811
+def test_server_images_are_refused(oai, claude) -> None:
     with pytest.raises(openai.BadRequestError, match="text-only"):
         oai.chat.completions.create(
             model=MODEL,
@@ -402,7 +402,7 @@ def test_server_images_are_refused(oai, claude) -> None:  # noqa: F811
         )
 
 
-def test_server_kv_retention_is_checked(oai) -> None:  # noqa: F811
+def test_server_kv_retention_is_checked(oai) -> None:
     r = oai.chat.completions.create(
         model=MODEL, messages=HI, max_tokens=2, extra_body={"kv_retention": "agent"}
     )

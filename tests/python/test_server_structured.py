@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import anthropic
 import deepseek_recipe as dr
 import httpx
 import openai
@@ -61,16 +60,6 @@ PARAMS = {"get_weather": CITY, "get_calendar": DAY}
 def server(tiny_checkpoint) -> Iterator[str]:
     with server_process("--test-hooks", "--enable-debug-endpoints") as (_, url):
         yield url
-
-
-@pytest.fixture
-def oai(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
 
 
 def valid(value: object, schema: dict) -> bool:

@@ -55,16 +55,6 @@ def server(tiny_checkpoint) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def oai(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0)
-
-
 def forced(text: str) -> dict:
     return {FORCE: json.dumps(text)}
 

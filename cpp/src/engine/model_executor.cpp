@@ -83,6 +83,35 @@ std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o) {
                              o.kv_cache_dtype, o.progress, sizing);
 }
 
+// The sampling constants of the plan's sampling rows on the device, one row per sampling row or,
+// with `per_logits_row`, one per logits row (1 + d for a verify row); positions are left unset.
+SamplingBatch sampling_constants(Backend& be, const StepPlan& plan, bool per_logits_row) {
+  std::vector<float> temperature, top_p;
+  std::vector<int32_t> top_k, num_logprobs;
+  std::vector<int64_t> seed;
+  int max_logprobs = 0;
+  for (const StepRow& r : plan.rows) {
+    if (!r.samples()) continue;
+    for (int j = 0; j <= (per_logits_row ? r.num_drafts : 0); ++j) {
+      temperature.push_back(r.params->temperature);
+      top_k.push_back(r.params->top_k);
+      top_p.push_back(r.params->top_p);
+      seed.push_back(static_cast<int64_t>(r.seed));
+      num_logprobs.push_back(r.params->logprobs);
+    }
+    max_logprobs = std::max(max_logprobs, r.params->logprobs);
+  }
+  SamplingBatch batch;
+  batch.num_rows = static_cast<int>(temperature.size());
+  batch.max_logprobs = max_logprobs;
+  batch.temperature = upload_vector(be, temperature);
+  batch.top_k = upload_vector(be, top_k);
+  batch.top_p = upload_vector(be, top_p);
+  batch.seed = upload_vector(be, seed);
+  batch.num_logprobs = upload_vector(be, num_logprobs);
+  return batch;
+}
+
 }  // namespace
 
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
@@ -275,28 +304,9 @@ SamplingBatch ModelExecutor::sampling_batch(const StepPlan& plan, const Tensor& 
   }
   if (!same) {
     sampling_keys_.clear();
-    std::vector<float> temperature, top_p;
-    std::vector<int32_t> top_k, num_logprobs;
-    std::vector<int64_t> seed;
-    int max_logprobs = 0;
-    for (const StepRow& r : plan.rows) {
-      if (!r.samples()) continue;
-      sampling_keys_.emplace_back(r.seq_id, r.epoch);
-      temperature.push_back(r.params->temperature);
-      top_k.push_back(r.params->top_k);
-      top_p.push_back(r.params->top_p);
-      seed.push_back(static_cast<int64_t>(r.seed));
-      num_logprobs.push_back(r.params->logprobs);
-      max_logprobs = std::max(max_logprobs, r.params->logprobs);
-    }
-    sampling_ = SamplingBatch();
-    sampling_.num_rows = static_cast<int>(sampling_keys_.size());
-    sampling_.max_logprobs = max_logprobs;
-    sampling_.temperature = upload_vector(be, temperature);
-    sampling_.top_k = upload_vector(be, top_k);
-    sampling_.top_p = upload_vector(be, top_p);
-    sampling_.seed = upload_vector(be, seed);
-    sampling_.num_logprobs = upload_vector(be, num_logprobs);
+    for (const StepRow& r : plan.rows)
+      if (r.samples()) sampling_keys_.emplace_back(r.seq_id, r.epoch);
+    sampling_ = sampling_constants(be, plan, /*per_logits_row=*/false);
   }
   SamplingBatch batch = sampling_;
   batch.position = next_positions;
@@ -328,33 +338,15 @@ void ModelExecutor::verify(const StepPlan& plan, const Tensor& logits, const Ten
   // host then accepts each request's drafts while they equal the row samples (sample/verify.h:
   // with point-mass drafts this is exact rejection sampling, and greedy rows accept by match).
   Backend& be = *model_->backend;
-  std::vector<float> temperature, top_p;
-  std::vector<int32_t> top_k, num_logprobs;
-  std::vector<int64_t> seed;
-  int max_logprobs = 0;
   for (const StepRow& r : plan.rows) {
     if (!r.samples()) continue;
     step.verify_drafts.emplace_back();
     for (int j = 0; j < r.num_drafts; ++j)
       step.verify_drafts.back().push_back(r.forward.tokens[static_cast<size_t>(j) + 1]);
     step.forced.push_back(r.forced_token);
-    for (int j = 0; j <= r.num_drafts; ++j) {
-      temperature.push_back(r.params->temperature);
-      top_k.push_back(r.params->top_k);
-      top_p.push_back(r.params->top_p);
-      seed.push_back(static_cast<int64_t>(r.seed));
-      num_logprobs.push_back(r.params->logprobs);
-    }
-    max_logprobs = std::max(max_logprobs, r.params->logprobs);
   }
-  SamplingBatch batch;
-  batch.num_rows = static_cast<int>(temperature.size());
-  batch.max_logprobs = max_logprobs;
-  batch.temperature = upload_vector(be, temperature);
-  batch.top_k = upload_vector(be, top_k);
-  batch.top_p = upload_vector(be, top_p);
-  batch.seed = upload_vector(be, seed);
-  batch.num_logprobs = upload_vector(be, num_logprobs);
+  SamplingBatch batch = sampling_constants(be, plan, /*per_logits_row=*/true);
+  const int max_logprobs = batch.max_logprobs;
   batch.position = next_positions;
   sampling_keys_.clear();  // the cached per-request constants no longer match the device's
   const SampleResult result = be.sample(logits, batch);
