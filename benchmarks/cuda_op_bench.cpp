@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_attention_bench.h"
 #include "cuda_quant_bench.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/weight.h"
@@ -32,40 +33,6 @@
 using namespace deepinfer;
 using namespace deepinfer::bench;
 
-namespace {
-
-// Layout for B sequences each with one query row at position ctx-1 (decode) or s_q rows.
-BatchLayout decode_layout(Backend& be, int batch, int s_q, int ctx, int blocks_per_seq) {
-  std::vector<int32_t> ids, pos, seq, qs, ctxv, slot, table;
-  for (int b = 0; b < batch; ++b) {
-    qs.push_back(static_cast<int32_t>(ids.size()));
-    ctxv.push_back(ctx - s_q);
-    slot.push_back(b + 1);
-    for (int j = 0; j < s_q; ++j) {
-      ids.push_back(2);
-      pos.push_back(ctx - s_q + j);
-      seq.push_back(b);
-    }
-    for (int k = 0; k < blocks_per_seq; ++k) table.push_back(1 + b * blocks_per_seq + k);
-  }
-  qs.push_back(static_cast<int32_t>(ids.size()));
-  BatchLayout L;
-  L.num_tokens = static_cast<int>(ids.size());
-  L.num_seqs = batch;
-  L.block_size = 128;
-  L.max_blocks_per_seq = blocks_per_seq;
-  L.token_ids = i32(be, ids);
-  L.positions = i32(be, pos);
-  L.token_seq = i32(be, seq);
-  L.seq_q_start = i32(be, qs);
-  L.seq_ctx_len = i32(be, ctxv);
-  L.seq_slot = i32(be, slot);
-  L.block_table = be.upload(Tensor::from_vector(table, {batch, blocks_per_seq}), DType::kI32);
-  return L;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int iters = 50;
   std::string only;
@@ -73,8 +40,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
   }
-  if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant") {
-    std::fprintf(stderr, "cuda_op_bench: --only takes fp8, moe-quant or quant, got %s\n",
+  if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
+      only != "attention") {
+    std::fprintf(stderr, "cuda_op_bench: --only takes fp8, moe-quant, quant or attention, got %s\n",
                  only.c_str());
     return 2;
   }
@@ -82,6 +50,7 @@ int main(int argc, char** argv) {
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
   if (only.empty() || only == "fp8" || only == "quant") bench_fp8(*be, iters);
   if (only.empty() || only == "moe-quant" || only == "quant") bench_moe_experts_mxfp4(*be, iters);
+  if (only.empty() || only == "attention") bench_attention_decode(*be, iters);
   if (!only.empty()) return 0;
 
   {                               // roofline: device-to-device copy (bytes read + written)
@@ -162,44 +131,6 @@ int main(int argc, char** argv) {
     double us = time_us(*be, iters, [&] { (void)be->hc_pre(X, fn, base, scale, p); });
     emit("hc_pre", "T=4096 N=4 H=4096", us, 4096.0 * 16384 * 4 + 4096.0 * 4096 * 4,
          4096.0 * 24 * 16384 * 2);
-  }
-  // Attention decode at the V4-Flash CSA shape: 64 heads x 512, window 128 + 512 chosen entries,
-  // sinks; bf16 weights do not matter here, the KV cache is f32. Each shape runs the f32 kernel
-  // and the tensor-core kernel (AttentionSpec::bf16_math: bf16 operands, f32 accumulation).
-  for (auto [batch, s_q, bf16] : std::vector<std::tuple<int, int, bool>>{{1, 1, false},
-                                                                         {64, 1, false},
-                                                                         {256, 1, false},
-                                                                         {256, 2, false},
-                                                                         {1, 1, true},
-                                                                         {64, 1, true},
-                                                                         {256, 1, true},
-                                                                         {256, 2, true}}) {
-    const int ctx = 4096, d = 512, nh = 64, w = 128, ratio = 4, k = 512;
-    const int blocks = ctx / 128;
-    const int t = batch * s_q;
-    BatchLayout L = decode_layout(*be, batch, s_q, ctx, blocks);
-    Tensor q = rnd(*be, {t, nh, d}, DType::kF32, 12), kv = rnd(*be, {t, d}, DType::kF32, 13);
-    Tensor ring = rnd(*be, {batch + 1, w + 6, d}, DType::kF32, 14);
-    Tensor entries = rnd(*be, {(batch * blocks + 1) * (128 / ratio), d}, DType::kF32, 15);
-    std::vector<int32_t> topk(static_cast<size_t>(t) * k);
-    for (int i = 0; i < t; ++i)
-      for (int j = 0; j < k; ++j)
-        topk[static_cast<size_t>(i) * k + j] = j * 2;  // spread over 1024 visible
-    Tensor topk_t = be->upload(Tensor::from_vector(topk, {t, k}), DType::kI32);
-    Tensor sinks = rnd(*be, {nh}, DType::kF32, 16);
-    AttentionSpec spec;
-    spec.window = w;
-    spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    spec.ratio = ratio;
-    spec.sparse = true;
-    spec.bf16_math = bf16;
-    double us = time_us(*be, iters,
-                        [&] { (void)be->attention(q, kv, ring, entries, topk_t, sinks, L, spec); });
-    const double keys = static_cast<double>(w + k);
-    emit(bf16 ? "attention_decode_csa_bf16" : "attention_decode_csa",
-         "B=" + std::to_string(batch) + " s_q=" + std::to_string(s_q) +
-             (bf16 ? " f32 KV, bf16 mma" : " f32 KV"),
-         us, batch * keys * d * 4.0, t * keys * nh * d * 4.0);
   }
   {  // MoE router at V4-Flash widths: logits of 256 experts (bf16 gate [256, 4096], f32 x), bias,
      // top-6. T = 1: decode GEMV (bytes: the gate weights, ~1 us at bandwidth); T = 64 and 4096:

@@ -49,6 +49,36 @@ inline Tensor i32(Backend& be, const std::vector<int32_t>& v) {
   return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
 }
 
+// Layout for B sequences each with one query row at position ctx-1 (decode) or s_q rows.
+inline BatchLayout decode_layout(Backend& be, int batch, int s_q, int ctx, int blocks_per_seq) {
+  std::vector<int32_t> ids, pos, seq, qs, ctxv, slot, table;
+  for (int b = 0; b < batch; ++b) {
+    qs.push_back(static_cast<int32_t>(ids.size()));
+    ctxv.push_back(ctx - s_q);
+    slot.push_back(b + 1);
+    for (int j = 0; j < s_q; ++j) {
+      ids.push_back(2);
+      pos.push_back(ctx - s_q + j);
+      seq.push_back(b);
+    }
+    for (int k = 0; k < blocks_per_seq; ++k) table.push_back(1 + b * blocks_per_seq + k);
+  }
+  qs.push_back(static_cast<int32_t>(ids.size()));
+  BatchLayout L;
+  L.num_tokens = static_cast<int>(ids.size());
+  L.num_seqs = batch;
+  L.block_size = 128;
+  L.max_blocks_per_seq = blocks_per_seq;
+  L.token_ids = i32(be, ids);
+  L.positions = i32(be, pos);
+  L.token_seq = i32(be, seq);
+  L.seq_q_start = i32(be, qs);
+  L.seq_ctx_len = i32(be, ctxv);
+  L.seq_slot = i32(be, slot);
+  L.block_table = be.upload(Tensor::from_vector(table, {batch, blocks_per_seq}), DType::kI32);
+  return L;
+}
+
 inline void emit(const std::string& name, const std::string& shape, double us, double bytes,
                  double flops) {
   std::printf(

@@ -223,7 +223,8 @@ NB_MODULE(deepinfer_core, m) {
            "`activation_quant` sets the activations in front of FP8/MXFP4 weights: \"auto\" "
            "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
            "GPU's W8A8 exactly) or \"none\". `kv_cache_dtype` stores the KV caches as \"f32\", "
-           "\"bf16\" or \"fp8\" (\"auto\": f32; bf16/fp8 run on the CPU only for now).")
+           "\"bf16\" or \"fp8\" (\"auto\": f32 on the CPU; on a GPU fp8 for an FP8 "
+           "checkpoint, bf16 otherwise).")
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,

@@ -35,6 +35,17 @@
 
 namespace deepinfer::cuda {
 
+namespace {
+
+// This call's keys in the caches' format: block t encodes row t (kv_record.cuh).
+__global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __restrict__ rows,
+                                      KvRowFormat f) {
+  const int64_t t = blockIdx.x;
+  encode_kv_row(kv + t * f.dim, rows + t * f.row_bytes, f);
+}
+
+}  // namespace
+
 Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
                                    const Tensor& entries, const Tensor& topk, const Tensor& sinks,
                                    const BatchLayout& layout, const AttentionSpec& spec) {
@@ -55,8 +66,28 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   check_vec4(op, "swa_ring", swa_ring);
   if (compressed) check_vec4(op, "entries", entries);
   check_vec4(op, "out", out);
+  const KvRowFormat kvf = kv_row_format(swa_ring.dtype(), dim, spec.rope_dim);
+  if (kvf.format != KvFormat::kF32 && (kvf.rope_dim % 8 != 0 || kvf.nope() % 8 != 0)) {
+    // The kernels decode whole groups of 8 channels (4 in the f32 kernel) of one kind.
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": a " + dtype_name(swa_ring.dtype()) +
+                    " KV cache needs the RoPE and non-RoPE channel counts to be multiples of 8, "
+                    "got rope_dim " +
+                    std::to_string(kvf.rope_dim) + " of head dim " + std::to_string(dim));
+  }
 
-  AttentionArgs a = attention_args(q, kv, swa_ring, entries, topk, sinks, layout, spec, out);
+  // With a bf16 or fp8 cache this call's keys go through the cache format first, as the CPU op
+  // does, so that a key reads the same from kv now as from the ring in later steps.
+  Tensor kv_rows;
+  const void* kv_bytes = kv.raw_data();
+  if (kvf.format != KvFormat::kF32) {
+    kv_rows = scratch(static_cast<size_t>(tokens * kvf.row_bytes));
+    encode_kv_rows_kernel<<<static_cast<unsigned>(tokens), 128, 0, stream()>>>(
+        kv.data<float>(), static_cast<uint8_t*>(kv_rows.raw_data()), kvf);
+    DEEPINFER_CUDA_LAUNCH_CHECK(op);
+    kv_bytes = kv_rows.raw_data();
+  }
+  AttentionArgs a = attention_args(q, kv_bytes, swa_ring, entries, topk, sinks, layout, spec, out);
   const AttentionProblem problem{tokens, heads, dim, max_attention_keys(a)};
   const DeviceLayout dl = device_layout(layout);
   // Scratch of the split outputs, in the format both kernels write and the combine reads.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cuda/cache/kv_record.cuh"
 #include "deepinfer/backend.h"
 
 namespace deepinfer::cuda {
@@ -12,16 +13,20 @@ namespace deepinfer::cuda {
 // Key splits of one token at most: the split outputs' format, merged by attention_combine.cu.
 constexpr int kAttnMaxSplits = 64;
 
+// The keys (this call's kv, the ring, the entries) are rows of kvf.row_bytes bytes in the caches'
+// format (kv_record.cuh); with a bf16 or fp8 cache, this call's kv rows are encoded into that
+// format before the kernels run, so a key reads the same now as from the ring later.
 struct AttentionArgs {
-  const float* q;        // [T, heads, dim]
-  const float* kv;       // [T, dim]
-  const float* ring;     // [slots, ring_len, dim]
-  const float* entries;  // [entry_rows, dim] or null
-  const int32_t* topk;   // [T, topk_cols] or null
-  const float* sinks;    // [heads]
-  float* out;            // [T, heads, dim] when there is one split
-  float* part_acc;       // [splits, T, heads, dim] otherwise
-  float* part_md;        // [splits, T, heads, 2]: running max, denominator
+  const float* q;          // [T, heads, dim]
+  const uint8_t* kv;       // [T] rows
+  const uint8_t* ring;     // [slots, ring_len] rows
+  const uint8_t* entries;  // [entry_rows] rows, or null
+  KvRowFormat kvf;
+  const int32_t* topk;  // [T, topk_cols] or null
+  const float* sinks;   // [heads]
+  float* out;           // [T, heads, dim] when there is one split
+  float* part_acc;      // [splits, T, heads, dim] otherwise
+  float* part_md;       // [splits, T, heads, 2]: running max, denominator
   int64_t slots;
   int64_t ring_len;
   int64_t entry_rows;
@@ -41,8 +46,9 @@ struct AttentionArgs {
 };
 
 // The arguments of one attention call, except the split outputs (part_acc, part_md) and the f32
-// kernel's head grouping, which the launch fills from its config.
-inline AttentionArgs attention_args(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
+// kernel's head grouping, which the launch fills from its config. `kv_rows` holds this call's
+// keys in the caches' format (kv itself for f32 caches).
+inline AttentionArgs attention_args(const Tensor& q, const void* kv_rows, const Tensor& swa_ring,
                                     const Tensor& entries, const Tensor& topk, const Tensor& sinks,
                                     const BatchLayout& layout, const AttentionSpec& spec,
                                     const Tensor& out) {
@@ -51,9 +57,10 @@ inline AttentionArgs attention_args(const Tensor& q, const Tensor& kv, const Ten
   const int64_t epb = compressed ? layout.block_size / spec.ratio : 0;
   AttentionArgs a{};
   a.q = q.data<float>();
-  a.kv = kv.data<float>();
-  a.ring = swa_ring.data<float>();
-  a.entries = compressed ? entries.data<float>() : nullptr;
+  a.kv = static_cast<const uint8_t*>(kv_rows);
+  a.ring = static_cast<const uint8_t*>(swa_ring.raw_data());
+  a.entries = compressed ? static_cast<const uint8_t*>(entries.raw_data()) : nullptr;
+  a.kvf = kv_row_format(swa_ring.dtype(), q.size(2), spec.rope_dim);
   a.topk = sparse ? topk.data<int32_t>() : nullptr;
   a.sinks = sinks.data<float>();
   a.out = out.data<float>();

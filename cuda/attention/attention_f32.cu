@@ -9,8 +9,9 @@
 // group's heads [HB][D], the key tile [32][D+4], the tile's probabilities [32][hb_stride], key
 // pointers [32], and per head the running max, denominator and the tile's rescale factor.
 // The phases: load_query_group, then per tile
-//  - the tile's key addresses (key_at), then load_key_tile: cp.async of its rows (masked keys:
-//    zero rows).
+//  - the tile's key addresses (key_at), then load_key_tile: cp.async of its rows from an f32
+//    cache, or the rows decoded to f32 from a bf16 / fp8 cache (kv_record.cuh); masked keys are
+//    zero rows.
 //  - score_key_tile: warp w owns heads w, w+8, ...; lane = key. It computes the logits, updates
 //    the head's online softmax with warp reductions and writes p = exp(logit - max) to the tile.
 //  - accumulate values: thread (column group c4 = tid % (D/4), head subgroup tid / (D/4)) keeps
@@ -52,19 +53,24 @@ __device__ __forceinline__ void load_query_group(const AttentionArgs& a, float* 
   }
 }
 
-// The rows of the tile's keys kptr (null: a masked key, a zero row) into ks with cp.async; ends
-// with the tile visible to the whole block.
-__device__ __forceinline__ void load_key_tile(float* ks, const float* const* kptr, int d4,
-                                              int kstride, int tid) {
+// The rows of the tile's keys kptr (null: a masked key, a zero row) into ks as f32: cp.async
+// from an f32 cache, decoded loads from a bf16 / fp8 one. Ends with the tile visible to the
+// whole block.
+__device__ __forceinline__ void load_key_tile(float* ks, const uint8_t* const* kptr,
+                                              const KvRowFormat& kvf, int d4, int kstride,
+                                              int tid) {
+  const bool f32 = kvf.format == KvFormat::kF32;
   for (int i = tid; i < kAttnKeys * d4; i += blockDim.x) {
     const int r = i / d4;
     const int c = i - r * d4;
-    const float* src = kptr[r];
+    const uint8_t* src = kptr[r];
     float* dst = ks + r * kstride + c * 4;
-    if (src != nullptr) {
-      cp_async_16(dst, src + 4 * c);
-    } else {
+    if (src == nullptr) {
       *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else if (f32) {
+      cp_async_16(dst, src + 16 * c);
+    } else {
+      *reinterpret_cast<float4*>(dst) = decode_kv4(src, kvf, 4 * c);
     }
   }
   cp_async_wait_all();
@@ -75,9 +81,9 @@ __device__ __forceinline__ void load_key_tile(float* ks, const float* const* kpt
 // probabilities of the tile. Heads hA = warp + 16m and hB = hA + 8 share each key read.
 __device__ __forceinline__ void score_key_tile(const AttentionArgs& a, const float* qs,
                                                const float* ks, float* ps, float* m_run,
-                                               float* d_run, float* alpha, const float* const* kptr,
-                                               int nhb, int dim, int d4, int kstride, int hbs,
-                                               int lane, int warp) {
+                                               float* d_run, float* alpha,
+                                               const uint8_t* const* kptr, int nhb, int dim, int d4,
+                                               int kstride, int hbs, int lane, int warp) {
   const bool key_valid = kptr[lane] != nullptr;
   const float4* key = reinterpret_cast<const float4*>(ks + lane * kstride);
   for (int ha = warp; ha < nhb; ha += 2 * kAttnWarps) {
@@ -178,20 +184,20 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   const int kstride = dim + 4;
   const int hbs = a.hb_stride;
 
-  float* qs = reinterpret_cast<float*>(smem4);                        // [HB][dim]
-  float* ks = qs + static_cast<int64_t>(a.heads_per_block) * dim;     // [kAttnKeys][kstride]
-  float* ps = ks + kAttnKeys * kstride;                               // [kAttnKeys][hbs]
-  float* m_run = ps + kAttnKeys * hbs;                                // [hbs]
-  float* d_run = m_run + hbs;                                         // [hbs]
-  float* alpha = d_run + hbs;                                         // [hbs]
-  const float** kptr = reinterpret_cast<const float**>(alpha + hbs);  // [kAttnKeys]
+  float* qs = reinterpret_cast<float*>(smem4);                            // [HB][dim]
+  float* ks = qs + static_cast<int64_t>(a.heads_per_block) * dim;         // [kAttnKeys][kstride]
+  float* ps = ks + kAttnKeys * kstride;                                   // [kAttnKeys][hbs]
+  float* m_run = ps + kAttnKeys * hbs;                                    // [hbs]
+  float* d_run = m_run + hbs;                                             // [hbs]
+  float* alpha = d_run + hbs;                                             // [hbs]
+  const uint8_t** kptr = reinterpret_cast<const uint8_t**>(alpha + hbs);  // [kAttnKeys]
 
   // This token's key list and this split's range of it, whole tiles.
   const AttentionKeys keys(a, l, t);
   const KeyRange range = split_key_range<kAttnKeys>(keys.n_keys, split, splits);
   // Key i of the list, or null when it is masked.
-  auto key_at = [&](int64_t i) -> const float* {
-    return i < range.end ? keys.key(a, l, i, dim) : nullptr;
+  auto key_at = [&](int64_t i) -> const uint8_t* {
+    return i < range.end ? keys.key(a, l, i) : nullptr;
   };
 
   load_query_group(a, qs, ps, m_run, d_run, alpha, t, h_first, nhb, dim, d4, hbs, tid);
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttnKeys) {
     if (tid < kAttnKeys) kptr[tid] = key_at(i0 + tid);
     __syncthreads();
-    load_key_tile(ks, kptr, d4, kstride, tid);
+    load_key_tile(ks, kptr, a.kvf, d4, kstride, tid);
     score_key_tile(a, qs, ks, ps, m_run, d_run, alpha, kptr, nhb, dim, d4, kstride, hbs, lane,
                    warp);
     __syncthreads();

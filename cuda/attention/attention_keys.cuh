@@ -29,23 +29,23 @@ struct AttentionKeys {
     n_keys = n_sliding + n_comp;
   }
 
-  // Key i (< n_keys) of the list, rows of `dim` floats, or null when it is masked.
-  __device__ const float* key(const AttentionArgs& a, const DeviceLayout& l, int64_t i,
-                              int64_t dim) const {
+  // Key i (< n_keys) of the list (a row of a.kvf.row_bytes bytes), or null when it is masked.
+  __device__ const uint8_t* key(const AttentionArgs& a, const DeviceLayout& l, int64_t i) const {
+    const int64_t rb = a.kvf.row_bytes;
     if (i < n_sliding) {
       const int64_t j = lo + i;
       if (j >= ctx) {
         const int64_t row = row0 + j - ctx;
-        return row >= 0 && row < l.num_tokens ? a.kv + row * dim : nullptr;
+        return row >= 0 && row < l.num_tokens ? a.kv + row * rb : nullptr;
       }
       if (slot < 0 || slot >= a.slots || a.ring_len <= 0) return nullptr;
-      return a.ring + (slot * a.ring_len + j % a.ring_len) * dim;
+      return a.ring + (slot * a.ring_len + j % a.ring_len) * rb;
     }
     const int64_t c = i - n_sliding;
     const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
     if (j < 0 || j >= visible) return nullptr;
     const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
-    return row >= 0 ? a.entries + row * dim : nullptr;
+    return row >= 0 ? a.entries + row * rb : nullptr;
   }
 };
 

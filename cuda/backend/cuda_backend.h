@@ -38,6 +38,10 @@ class CudaBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCuda; }
   std::string name() const override;
   DType weight_dtype(DType stored) const override;
+  // f32, bf16 and fp8 (kU8 records) caches: docs/model.md#kv-cache-dtypes.
+  bool supports_kv_cache_dtype(DType dtype) const override {
+    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8;
+  }
 
   Tensor empty(const Shape& shape, DType dtype) override;
   Tensor zeros(const Shape& shape, DType dtype) override;

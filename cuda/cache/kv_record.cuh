@@ -46,7 +46,7 @@ struct KvRowFormat {
   int rope_dim = 0;       // > 0: the fp8 main record; 0: the fp8 index-key record
   int64_t row_bytes = 0;  // bytes of one row in the cache
 
-  int nope() const { return dim - rope_dim; }
+  __host__ __device__ int nope() const { return dim - rope_dim; }
 };
 
 inline KvRowFormat kv_row_format(DType dtype, int64_t dim, int64_t rope_dim) {
@@ -75,8 +75,8 @@ __device__ __forceinline__ float kv_bf16_value(uint32_t bits) {
 
 // Encodes the row x (dim floats) into dst (f.row_bytes bytes) with the whole block (blockDim.x a
 // multiple of 32). No barrier inside: the block's threads write disjoint bytes.
-__device__ __forceinline__ void encode_kv_row(const float* __restrict__ x, uint8_t* __restrict__ dst,
-                                              const KvRowFormat& f) {
+__device__ __forceinline__ void encode_kv_row(const float* __restrict__ x,
+                                              uint8_t* __restrict__ dst, const KvRowFormat& f) {
   const int tid = threadIdx.x;
   const int nthreads = blockDim.x;
   switch (f.format) {

@@ -51,7 +51,8 @@ def describe_kv_cache(engine: deepinfer_core.Engine) -> str:
     k = engine.kv_capacity
     how = "sized from device memory" if k.sized_from_memory else "from num_kv_blocks"
     return (
-        f"KV cache: {k.num_blocks} blocks of {k.block_size} tokens ({how}), "
+        f"KV cache ({engine.config.cache.kv_cache_dtype}): {k.num_blocks} blocks of "
+        f"{k.block_size} tokens ({how}), "
         f"{k.bytes_per_token} bytes per token: {k.max_tokens} tokens in all, "
         f"{k.max_seqs_at_max_model_len} sequences of max_model_len "
         f"{engine.config.scheduler.max_model_len} at once"

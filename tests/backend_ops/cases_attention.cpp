@@ -20,6 +20,7 @@
 #include "batch_layout.h"
 #include "cases.h"
 #include "inputs.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -190,8 +191,32 @@ struct Attn {
   int ratio = 0;      // 0: sliding only
   bool sparse = false;
   int topk_cols = 0;
-  bool bf16 = false;  // AttentionSpec::bf16_math: the tensor-core path, bf16 tolerance
+  bool bf16 = false;       // AttentionSpec::bf16_math: the tensor-core path, bf16 tolerance
+  DType kv = DType::kF32;  // the caches' dtype: kF32, kBF16 or kU8 (fp8 records)
+  int rope = 0;            // rope_dim: the fp8 record's bf16 channels
 };
+
+// Random f32 key rows of `dim` channels as a cache of `dtype` holds them ([.., row width]).
+Tensor random_cache(Rng& rng, const Shape& rows_shape, int64_t dim, int64_t rope, DType dtype) {
+  Shape shape = rows_shape;
+  shape.push_back(dim);
+  Tensor rows = random_f32(rng, shape);
+  if (dtype == DType::kF32) return rows;
+  const kv_record::RowCodec codec{dtype, dim, rope};
+  shape.back() = codec.row_width();
+  Tensor cache = Tensor::zeros(shape, dtype);
+  auto* dst = static_cast<uint8_t*>(cache.raw_data());
+  for (int64_t r = 0; r < rows.numel() / dim; ++r) {
+    codec.encode(rows.data<float>() + r * dim, dst + r * codec.row_bytes());
+  }
+  return cache;
+}
+
+std::string kv_label(DType kv) {
+  if (kv == DType::kBF16) return "kv_bf16_";
+  if (kv == DType::kU8) return "kv_fp8_";
+  return "";
+}
 
 struct AttnIn {
   HostBatch hb;
@@ -201,9 +226,10 @@ struct AttnIn {
 void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn& c) {
   AttentionSpec spec{c.window, 1.0f / std::sqrt(float(c.dim)), c.ratio, c.sparse};
   spec.bf16_math = c.bf16;
+  spec.rope_dim = c.rope;
   add(t, Case<AttnIn>{
              .op = "attention",
-             .label = (c.bf16 ? "bf16_" : "") + label,
+             .label = kv_label(c.kv) + (c.bf16 ? "bf16_" : "") + label,
              .draw =
                  [c](Rng& rng) {
                    HostBatch hb(rng, c.seqs, c.block);
@@ -213,22 +239,22 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                    AttnIn in{hb,
                              random_f32(rng, {tokens, c.heads, c.dim}),
                              random_f32(rng, {tokens, c.dim}),
-                             random_f32(rng, {slots, c.ring_len, c.dim}),
+                             random_cache(rng, {slots, c.ring_len}, c.dim, c.rope, c.kv),
                              random_f32(rng, {c.heads}),
                              Tensor(),
                              Tensor()};
                    if (c.ratio > 0) {
-                     in.entries =
-                         random_f32(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio), c.dim});
+                     in.entries = random_cache(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio)},
+                                               c.dim, c.rope, c.kv);
                      if (c.sparse) in.topk = random_topk(rng, hb, c.ratio, c.topk_cols);
                    }
                    return in;
                  },
              .run =
                  [spec](Backend& be, const AttnIn& in) {
-                   return out(be.attention(up(be, in.q), up(be, in.kv), up(be, in.ring),
-                                           up(be, in.entries), up(be, in.topk), up(be, in.sinks),
-                                           in.hb.upload(be), spec));
+                   return out(be.attention(up(be, in.q), up(be, in.kv), up_same(be, in.ring),
+                                           up_same(be, in.entries), up(be, in.topk),
+                                           up(be, in.sinks), in.hb.upload(be), spec));
                  },
              .expect = c.bf16 ? bf16_math() : close(1e-5, 1e-6),
          });
@@ -287,7 +313,7 @@ void add_split_keys(std::vector<OpCase>& t, Attn c) {
 // V4-Flash widths: sliding, CSA (sparse, m = 4, top-512) and HCA (dense, m = 128) layers over
 // kFlashSeqs (with a 200-token prefill chunk from 0), a B = 1 decode, and for the tensor-core
 // kernel also decode batches and a prefill chunk after cached tokens.
-void add_flash(std::vector<OpCase>& t, bool bf16) {
+void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32) {
   Attn c;
   c.block = 128;
   c.heads = 64;
@@ -295,6 +321,8 @@ void add_flash(std::vector<OpCase>& t, bool bf16) {
   c.window = 128;
   c.ring_len = 134;
   c.bf16 = bf16;
+  c.kv = kv;
+  c.rope = kv == DType::kF32 ? 0 : 64;
   c.seqs = kFlashSeqs;
   add_attention(t, "v4_sliding", c);
   c.seqs = {{4000, 1, 0}};
@@ -375,6 +403,31 @@ void add_bf16_attention(std::vector<OpCase>& t) {
   add_flash(t, true);
 }
 
+// bf16 and fp8 caches (kv_record.h), through both kernels: the keys are decoded exactly, so the
+// tolerances are those of f32 caches. The fp8 record needs channel counts that are multiples of
+// 8 in both parts (rope 8 of 32, 16 of 64, 64 of 512).
+void add_kv_dtype_attention(std::vector<OpCase>& t) {
+  for (const DType kv : {DType::kBF16, DType::kU8}) {
+    Attn c;
+    c.kv = kv;
+    c.rope = 8;
+    c.seqs = kTinySeqs;
+    add_attention(t, "tiny_sliding", c);
+    add_tiny_entries(t, c, 4);
+    c.bf16 = true;
+    c.dim = 64;
+    c.rope = 16;
+    add_attention(t, "tiny_sliding_h4_d64", c);
+    c.heads = 72;  // two head groups of 64
+    add_attention(t, "tiny_sliding_h72_d64", c);
+    c.heads = 4;
+    add_tiny_entries(t, c, 20);
+    add_split_keys(t, c);
+    add_flash(t, false, kv);
+    add_flash(t, true, kv);
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -382,6 +435,7 @@ std::vector<OpCase> attention_cases() {
   add_indexer(t);
   add_f32_attention(t);
   add_bf16_attention(t);
+  add_kv_dtype_attention(t);
   return t;
 }
 

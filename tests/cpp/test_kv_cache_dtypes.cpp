@@ -358,15 +358,15 @@ TEST(KvCacheCapacity, BytesFollowTheDtype) {
   }
   EXPECT_EQ(resolve_kv_cache_dtype("auto", DeviceKind::kCpu), KvCacheDType::kF32);
   EXPECT_EQ(resolve_kv_cache_dtype("fp8", DeviceKind::kCpu), KvCacheDType::kFp8);
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", DeviceKind::kCuda), KvCacheDType::kF32);
-  try {
-    resolve_kv_cache_dtype("bf16", DeviceKind::kCuda);
-    ADD_FAILURE() << "bf16 on CUDA must be unsupported for now";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("kv_cache_dtype"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("KV kernels"), std::string::npos) << e.what();
-  }
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", DeviceKind::kCpu, /*fp8_weights=*/true),
+            KvCacheDType::kF32);
+  // A device takes DeepSeek's fp8 records for FP8 checkpoints and bf16 otherwise.
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", DeviceKind::kCuda), KvCacheDType::kBF16);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", DeviceKind::kCuda, /*fp8_weights=*/true),
+            KvCacheDType::kFp8);
+  EXPECT_EQ(resolve_kv_cache_dtype("f32", DeviceKind::kCuda, /*fp8_weights=*/true),
+            KvCacheDType::kF32);
+  EXPECT_EQ(resolve_kv_cache_dtype("bf16", DeviceKind::kCuda), KvCacheDType::kBF16);
   EXPECT_THROW(resolve_kv_cache_dtype("int4", DeviceKind::kCpu), Error);
 }
 

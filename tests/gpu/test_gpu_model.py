@@ -118,7 +118,8 @@ def test_gpu_greedy_tokens_identical_to_cpu() -> None:
     params = dc.SamplingParams(temperature=0.0, max_tokens=32)
     outs = {}
     for device in ("cpu", "cuda"):
-        engine = dc.Engine(path, device=device)
+        # f32 KV on both ("auto" is bf16 on the GPU: test_gpu_kv_dtypes.py covers that).
+        engine = dc.Engine(path, device=device, kv_cache_dtype="f32")
         ids = [engine.add_request(p, params) for p in prompts]
         tokens = {i: [] for i in ids}
         while engine.has_unfinished():

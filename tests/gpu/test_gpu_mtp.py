@@ -21,7 +21,7 @@ def test_mtp_block_on_the_device_matches_the_cpu() -> None:
     following = prompt[1:] + [rng.randrange(2, 129000)]
     out = {}
     for device in ("cpu", "cuda"):
-        runner = dc.ModelRunner(path, num_blocks=4, device=device)
+        runner = dc.ModelRunner(path, num_blocks=4, device=device, kv_cache_dtype="f32")
         _, hidden = runner.forward_hidden([dc.SequenceChunk(0, 0, prompt, [1])])
         logits, _ = runner.mtp_forward([dc.SequenceChunk(0, 0, following, [1])], hidden)
         _, hidden = runner.forward_hidden([dc.SequenceChunk(1, 0, prompt, [2])])

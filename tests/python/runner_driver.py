@@ -1,5 +1,7 @@
 """Drives deepinfer_core.ModelRunner the way the engine will: each sequence owns a state slot and
 a fixed set of paged blocks (block 0 is left unused, as the engine's BlockPool never hands it out).
+Its KV caches are f32 unless asked otherwise: it is the parity harness, and "auto" would pick
+bf16 or fp8 KV on a GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class RunnerDriver:
         max_len: int = 1024,
         device: str = "cpu",
         activation_quant: str = "auto",
-        kv_cache_dtype: str = "auto",
+        kv_cache_dtype: str = "f32",
     ) -> None:
         self.blocks_per_seq = (max_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.runner = deepinfer_core.ModelRunner(

@@ -316,4 +316,4 @@ def test_kv_capacity_is_reported_and_printed(tiny_checkpoint, capsys) -> None:
         dc.Engine(str(tiny_checkpoint), device="cpu", gpu_memory_utilization=0.0)
     args = ["--model", str(tiny_checkpoint), "--device", "cpu", "--quiet", "--no-progress"]
     assert run.main([*args, "--max-tokens", "1"]) == 0
-    assert "KV cache: " in capsys.readouterr().err
+    assert "KV cache (f32): " in capsys.readouterr().err

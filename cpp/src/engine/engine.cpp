@@ -51,8 +51,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
       ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
   const int max_position = static_cast<int>(
       std::min<int64_t>(model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
-  const EngineConfig resolved =
-      engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true);
+  const EngineConfig resolved = engine::resolve_engine_config(
+      config, max_position, /*kv_from_device_memory=*/true, model.quantization.fp8);
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
   o.dummy_weights = resolved.load_format == "dummy";

@@ -19,7 +19,7 @@ namespace {
 }  // namespace
 
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
-                                   bool kv_from_device_memory) {
+                                   bool kv_from_device_memory, bool fp8_weights) {
   EngineConfig c = config;
   SchedulerConfig& s = c.scheduler;
   CacheConfig& cache = c.cache;
@@ -99,7 +99,7 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
       c.placement.device.rfind("cuda", 0) == 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
   try {
     cache.kv_cache_dtype =
-        kv_cache_dtype_name(resolve_kv_cache_dtype(cache.kv_cache_dtype, device));
+        kv_cache_dtype_name(resolve_kv_cache_dtype(cache.kv_cache_dtype, device, fp8_weights));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kInvalidArgument) throw;
     bad_config("kv_cache_dtype", "must be \"auto\", \"f32\", \"bf16\" or \"fp8\", got \"" +

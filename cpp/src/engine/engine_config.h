@@ -11,9 +11,10 @@ namespace deepinfer::engine {
 // Error(kInvalidArgument) naming the field by its flat name ('max_num_seqs'), the name the
 // Python API and run configs use. With `kv_from_device_memory`, num_kv_blocks 0 on a GPU device
 // stays 0: the model loader sizes the paged KV from the memory left after the weights (KvSizing)
-// and the engine takes its count from there.
+// and the engine takes its count from there. `fp8_weights` (the checkpoint's weights are FP8)
+// decides what kv_cache_dtype "auto" becomes on a device (resolve_kv_cache_dtype).
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
-                                   bool kv_from_device_memory = false);
+                                   bool kv_from_device_memory = false, bool fp8_weights = false);
 // State slots an engine with `config` needs (including the reserved slot 0): every sequence
 // holding KV plus headroom.
 int live_state_slots(const EngineConfig& config);

@@ -20,28 +20,19 @@ const char* kv_cache_dtype_name(KvCacheDType dtype) {
   return "?";
 }
 
-KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device) {
-  KvCacheDType dtype = KvCacheDType::kF32;
-  if (name == "auto" || name == "f32") {
-    // "auto" is f32 on every backend for now: the CPU reference keeps f32 KV, and CUDA's
-    // kernels for bf16/fp8 caches are not built yet.
-    return KvCacheDType::kF32;
-  } else if (name == "bf16") {
-    dtype = KvCacheDType::kBF16;
-  } else if (name == "fp8") {
-    dtype = KvCacheDType::kFp8;
-  } else {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "kv_cache_dtype must be \"auto\", \"f32\", \"bf16\" or \"fp8\", got \"" + name + "\"");
+KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device, bool fp8_weights) {
+  if (name == "auto") {
+    // The CPU reference keeps f32 KV (the oracle); a device takes DeepSeek's fp8 records for an
+    // FP8 checkpoint and bf16 otherwise.
+    if (device == DeviceKind::kCpu) return KvCacheDType::kF32;
+    return fp8_weights ? KvCacheDType::kFp8 : KvCacheDType::kBF16;
   }
-  if (device != DeviceKind::kCpu) {
-    throw Error(ErrorCode::kUnsupported,
-                std::string("kv_cache_dtype \"") + name + "\" is not available on the " +
-                    device_kind_name(device) + " backend yet: the " + device_kind_name(device) +
-                    " KV kernels for bf16/fp8 caches are not built (use \"auto\" or \"f32\")");
-  }
-  return dtype;
+  if (name == "f32") return KvCacheDType::kF32;
+  if (name == "bf16") return KvCacheDType::kBF16;
+  if (name == "fp8") return KvCacheDType::kFp8;
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "kv_cache_dtype must be \"auto\", \"f32\", \"bf16\" or \"fp8\", got \"" + name + "\"");
 }
 
 namespace {

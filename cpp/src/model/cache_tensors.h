@@ -25,9 +25,10 @@ enum class KvCacheDType { kF32, kBF16, kFp8 };
 
 const char* kv_cache_dtype_name(KvCacheDType dtype);  // "f32", "bf16", "fp8"
 // The option kv_cache_dtype ("auto", "f32", "bf16", "fp8") on a backend of `device`: "auto" is
-// f32 everywhere for now. bf16/fp8 on a backend without kernels for them (CUDA, until its KV
-// kernels are built) is Error(kUnsupported); an unknown name Error(kInvalidArgument).
-KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device);
+// f32 on the CPU reference, and on a device fp8 for a checkpoint with FP8 weights
+// (`fp8_weights`), bf16 otherwise. An unknown name is Error(kInvalidArgument).
+KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device,
+                                    bool fp8_weights = false);
 
 struct CacheShape {
   int num_blocks = 0;

@@ -167,7 +167,8 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.progress = progress;
   CacheShape sized = shape;
-  sized.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
+  sized.kv_dtype =
+      resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
   // The weights are on the device now: with 0 blocks asked for, what is left sizes the paged KV.
@@ -188,7 +189,8 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   CacheShape cache_shape = shape;
-  cache_shape.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind());
+  cache_shape.kv_dtype =
+      resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);
   ModelWeights weights = random_model_weights(m->config, *m->backend, seed, stored, options);
   m->notes.push_back("random weights (load_format dummy): outputs are meaningless");
   // As in load: with 0 blocks asked for, the memory the weights leave sizes the paged KV.

@@ -9,13 +9,14 @@
 // decode steps have one or two query tokens per sequence. Putting all heads of a token (up to 64)
 // in one block gives the M dimension of the tensor-core products (heads x keys for S = Q K^T,
 // heads x channels for O = P V) even for a single query token, and every key tile is read from
-// global memory once per token instead of once per head group. Keys are f32 in the caches, so
-// global traffic (2 KB per key at D = 512) bounds the kernel; everything else is arranged so that
-// the next tile's copy is in flight while the current one is multiplied.
+// global memory once per token instead of once per head group. Keys are rows of the caches'
+// format (kv_record.cuh; the kernel is instantiated per format): f32 (2 KB per key at D = 512),
+// bf16 (1 KB) or the fp8 record (584 B), so global traffic bounds the kernel; everything else is
+// arranged so that the next tile's copy is in flight while the current one is multiplied.
 //
 // Block (token t, group of 64 heads, key split), 8 warps. Shared memory (D = 512: 214 KB):
 //   q      [64][D+8] bf16   q of the group's heads, rounded once (rows past the heads are 0)
-//   stage  [32][D]   f32    the next key tile, copied with cp.async
+//   stage  [32][4D]  bytes  the next key tile's rows as stored, copied with cp.async
 //   kb     2 x [32][D+8] bf16  the current key tile (double buffered), rounded from stage
 //   ss     2 x [64][40] f32    partial logits of the two halves of D
 //   valid  2 x [32] int       which keys of a kb buffer are real (masked keys are zero rows)
@@ -23,7 +24,9 @@
 //
 // The pipeline, phase by phase (the device functions below, in this order):
 //  - load_query_tile: q of the group's heads, rounded to bf16, while key tile 0 is in flight.
-//  - per tile: round_key_tile (stage -> kb[i%2], then one __syncthreads), issue_key_copy of the
+//  - per tile: round_key_tile (f32) or decode_key_tile (bf16, fp8: after a __syncwarp, as a
+//    key's scale bytes come from its other threads) from the stage to kb[i%2], then one
+//    __syncthreads; issue_key_copy of the
 //    next tile, score_key_tile (S partial over the warp's half of D), pair_barrier,
 //    online_softmax_update (logits, the running max and denominator, P as A fragments),
 //    accumulate_values (O = O * alpha + P V), and the next key's address.
@@ -65,6 +68,8 @@
 #include "cuda/attention/attention_keys.cuh"
 #include "cuda/attention/attention_launch.h"
 #include "cuda/attention/sm80/attention_mma_config.h"
+#include "cuda/cache/kv_record.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
@@ -79,16 +84,22 @@ __device__ __forceinline__ void pair_barrier(int rg) {
   named_barrier<64>(1 + rg);
 }
 
-// Copies this thread's columns cs + 8j of one key (src, null = masked: nothing to copy) into
-// its row of the stage; 8 threads cover 128 contiguous bytes of a key per instruction.
-template <int kDim>
-__device__ __forceinline__ void issue_key_copy(float* my_stage, const float* src, int cs) {
-  constexpr int kChunks = kDim / 32;  // float4 columns of one key per copying thread
+// Copies this thread's chunks cs + 8j of one key's row (src, null = masked: nothing to copy)
+// into its row of the stage; 8 threads cover 8 adjacent chunks of a key per instruction. f32 and
+// bf16 rows move in 16-byte chunks; fp8 records (584 bytes at D = 512) in 8-byte ones.
+template <int kDim, KvFormat kFmt>
+__device__ __forceinline__ void issue_key_copy(uint8_t* my_stage, const uint8_t* src, int cs,
+                                               int row_bytes) {
   if (src == nullptr) return;
+  if constexpr (kFmt == KvFormat::kFp8) {
+    for (int c = cs; c < row_bytes / 8; c += 8) cp_async_8(my_stage + 8 * c, src + 8 * c);
+  } else {
+    constexpr int kChunks = kDim * (kFmt == KvFormat::kF32 ? 4 : 2) / 16 / 8;
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int c = cs + 8 * j;
-    cp_async_16(my_stage + 4 * c, src + 4 * c);
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = cs + 8 * j;
+      cp_async_16(my_stage + 16 * c, src + 16 * c);
+    }
   }
 }
 
@@ -136,6 +147,49 @@ __device__ __forceinline__ void round_key_tile(__nv_bfloat16* kb, int* valid, co
     const float4 v = my_valid ? *reinterpret_cast<const float4*>(my_stage + 4 * c)
                               : make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<uint2*>(dst + 4 * c) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+  if (cs == 0) valid[cr] = my_valid ? 1 : 0;
+}
+
+// The bf16 / fp8 twin of round_key_tile: this thread's channels 8(cs + 8j) .. +7 of its key,
+// decoded from the staged row into kb. The decode is exact (bf16 as stored; e4m3 times a power
+// of two and the bf16 RoPE channels are bf16 values), so the tile equals the f32 path's rounding
+// of the decoded key. The row's scale bytes were copied by other threads of the key (the same
+// warp): the caller orders their copies before this with __syncwarp.
+template <int kDim, KvFormat kFmt>
+__device__ __forceinline__ void decode_key_tile(__nv_bfloat16* kb, int* valid,
+                                                const uint8_t* my_stage, bool my_valid, int cr,
+                                                int cs, int nope, int rope_dim) {
+  constexpr int kStride = MmaLayout<kDim>::kStride;
+  __nv_bfloat16* dst = kb + cr * kStride;
+#pragma unroll
+  for (int j = 0; j < kDim / 64; ++j) {
+    const int c = 8 * (cs + 8 * j);
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (my_valid) {
+      if constexpr (kFmt == KvFormat::kBf16) {
+        v = *reinterpret_cast<const uint4*>(my_stage + 2 * c);
+      } else if (c >= nope) {  // RoPE channels, stored as bf16 (8-byte aligned: nope % 8 == 0)
+        const uint2 lo = *reinterpret_cast<const uint2*>(my_stage + nope + 2 * (c - nope));
+        const uint2 hi = *reinterpret_cast<const uint2*>(my_stage + nope + 2 * (c - nope) + 8);
+        v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      } else {
+        const uint2 q = *reinterpret_cast<const uint2*>(my_stage + c);
+        const float scale = e8m0_to_float(my_stage[nope + 2 * rope_dim + c / kv_record::kFp8Group]);
+        uint32_t packed[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t word = k < 2 ? q.x : q.y;
+          const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+          const __half2 h = __half2(
+              __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+          const float2 f = __half22float2(h);
+          packed[k] = pack_bf16(f.x * scale, f.y * scale);
+        }
+        v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + c) = v;
   }
   if (cs == 0) valid[cr] = my_valid ? 1 : 0;
 }
@@ -301,7 +355,7 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Devic
   }
 }
 
-template <int kDim>
+template <int kDim, KvFormat kFmt>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     attention_mma_kernel(AttentionArgs a, DeviceLayout l) {
   using L = MmaLayout<kDim>;
@@ -311,7 +365,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   extern __shared__ int4 smem_raw[];
   char* smem = reinterpret_cast<char*>(smem_raw);
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
-  float* stage = reinterpret_cast<float*>(smem + L::kStageOff);
+  uint8_t* stage = reinterpret_cast<uint8_t*>(smem + L::kStageOff);
   __nv_bfloat16* kb_base = reinterpret_cast<__nv_bfloat16*>(smem + L::kKbOff);
   float* ss = reinterpret_cast<float*>(smem + L::kSsOff);
   int* valid_base = reinterpret_cast<int*>(smem + L::kValidOff);
@@ -331,14 +385,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const AttentionKeys keys(a, l, t);
   const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   // Key i of the list, or null when it is masked.
-  auto key_at = [&](int64_t i) -> const float* {
-    return i < range.end ? keys.key(a, l, i, kDim) : nullptr;
+  auto key_at = [&](int64_t i) -> const uint8_t* {
+    return i < range.end ? keys.key(a, l, i) : nullptr;
   };
+  const int row_bytes = static_cast<int>(a.kvf.row_bytes);
 
   // Copy role: key `cr` of each tile, float4 columns cs + 8j.
   const int cr = tid >> 3;
   const int cs = tid & 7;
-  float* my_stage = stage + cr * kDim;
+  uint8_t* my_stage = stage + cr * L::kStageRowBytes;
 
   float o[kNTiles][4];
 #pragma unroll
@@ -350,11 +405,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   // A key's address takes dependent loads (topk, then the block table), so it is resolved one
   // tile ahead, at the end of the previous iteration, where its latency overlaps the wait for
   // the copy in flight instead of delaying the products.
-  bool my_valid = false;            // this thread's key of the tile in the stage
-  const float* src_next = nullptr;  // this thread's key of the next tile to issue
+  bool my_valid = false;              // this thread's key of the tile in the stage
+  const uint8_t* src_next = nullptr;  // this thread's key of the next tile to issue
   if (range.begin < range.end) {
-    const float* src0 = key_at(range.begin + cr);
-    issue_key_copy<kDim>(my_stage, src0, cs);  // tile 0 flies while q is rounded
+    const uint8_t* src0 = key_at(range.begin + cr);
+    issue_key_copy<kDim, kFmt>(my_stage, src0, cs, row_bytes);  // flies while q is rounded
     my_valid = src0 != nullptr;
     src_next = key_at(range.begin + kMmaKeys + cr);
     load_query_tile<kDim>(a, qs, t, h_first, nhb, tid);
@@ -382,12 +437,18 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     __nv_bfloat16* kb = kb_base + (it & 1) * (kMmaKeys * kStride);
     int* valid = valid_base + (it & 1) * kMmaKeys;
     cp_async_wait_all();
-    round_key_tile<kDim>(kb, valid, my_stage, my_valid, cr, cs);
+    if constexpr (kFmt == KvFormat::kF32) {
+      round_key_tile<kDim>(kb, valid, reinterpret_cast<const float*>(my_stage), my_valid, cr, cs);
+    } else {
+      __syncwarp();  // the key's other 7 threads copied its scale bytes
+      decode_key_tile<kDim, kFmt>(kb, valid, my_stage, my_valid, cr, cs, a.kvf.nope(),
+                                  a.kvf.rope_dim);
+    }
     __syncthreads();
     // The next tile's copy overlaps this tile's products (each thread reuses only its own part
     // of the stage, which it has just converted).
     if (i0 + kMmaKeys < range.end) {
-      issue_key_copy<kDim>(my_stage, src_next, cs);
+      issue_key_copy<kDim, kFmt>(my_stage, src_next, cs, row_bytes);
       my_valid = src_next != nullptr;
     }
     if (active) {
@@ -405,14 +466,27 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   store_output<kDim>(a, l, o, m_run, d_run, t, h_first, nhb, rg, half, g, qd);
 }
 
-template <int kDim>
+template <int kDim, KvFormat kFmt>
 void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
                 int64_t tokens, cudaStream_t stream) {
-  allow_smem(attention_mma_kernel<kDim>, MmaLayout<kDim>::kBytes);
+  allow_smem(attention_mma_kernel<kDim, kFmt>, MmaLayout<kDim>::kBytes);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(c.head_groups),
                   static_cast<unsigned>(c.splits));
-  attention_mma_kernel<kDim><<<grid, kMmaThreads, MmaLayout<kDim>::kBytes, stream>>>(a, l);
+  attention_mma_kernel<kDim, kFmt><<<grid, kMmaThreads, MmaLayout<kDim>::kBytes, stream>>>(a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+}
+
+template <int kDim>
+void launch_mma_dim(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
+                    int64_t tokens, cudaStream_t stream) {
+  switch (a.kvf.format) {
+    case KvFormat::kF32:
+      return launch_mma<kDim, KvFormat::kF32>(a, l, c, tokens, stream);
+    case KvFormat::kBf16:
+      return launch_mma<kDim, KvFormat::kBf16>(a, l, c, tokens, stream);
+    case KvFormat::kFp8:
+      return launch_mma<kDim, KvFormat::kFp8>(a, l, c, tokens, stream);
+  }
 }
 
 }  // namespace
@@ -421,13 +495,13 @@ void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
                           const AttentionMmaConfig& c, int64_t tokens, cudaStream_t stream) {
   switch (a.dim) {  // the dims of mma_smem_bytes: c.supported only for these
     case 64:
-      return launch_mma<64>(a, l, c, tokens, stream);
+      return launch_mma_dim<64>(a, l, c, tokens, stream);
     case 128:
-      return launch_mma<128>(a, l, c, tokens, stream);
+      return launch_mma_dim<128>(a, l, c, tokens, stream);
     case 256:
-      return launch_mma<256>(a, l, c, tokens, stream);
+      return launch_mma_dim<256>(a, l, c, tokens, stream);
     case 512:
-      return launch_mma<512>(a, l, c, tokens, stream);
+      return launch_mma_dim<512>(a, l, c, tokens, stream);
     default:
       fail("attention", "no tensor-core kernel for head dim " + std::to_string(a.dim));
   }

@@ -19,7 +19,10 @@ template <int kDim>
 struct MmaLayout {
   static constexpr int kStride = kDim + 8;  // bf16 row stride of q and kb
   static constexpr size_t kQBytes = size_t{kMmaRows} * kStride * 2;
-  static constexpr size_t kStageBytes = size_t{kMmaKeys} * kDim * 4;
+  // A staged key row: D floats, which also holds a bf16 row (2D bytes) or an fp8 record (at most
+  // 2D + D/64 + 8 bytes).
+  static constexpr size_t kStageRowBytes = size_t{kDim} * 4;
+  static constexpr size_t kStageBytes = size_t{kMmaKeys} * kStageRowBytes;
   static constexpr size_t kKbBytes = size_t{kMmaKeys} * kStride * 2;      // one buffer
   static constexpr size_t kSsBytes = size_t{kMmaRows} * kMmaSStride * 4;  // one half
   static constexpr size_t kStageOff = kQBytes;

@@ -1,0 +1,97 @@
+#include "cuda_attention_bench.h"
+
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "op_bench_util.h"
+#include "tensor/kv_record.h"
+
+namespace deepinfer::bench {
+
+namespace {
+
+struct AttentionShape {
+  int batch;
+  int s_q;
+  bool bf16_math;
+  DType kv;  // kF32, kBF16, kU8 (fp8 records)
+  int topk;
+  int heads;
+};
+
+const char* kv_name(DType kv) {
+  return kv == DType::kF32 ? "f32" : kv == DType::kBF16 ? "bf16" : "fp8";
+}
+
+// `rows` random key rows of `dim` channels in a cache of `kv`: drawn in f32 and written through
+// scatter_rows, which encodes them as the model's writes do.
+Tensor random_cache(Backend& be, int64_t rows, int64_t dim, int rope, DType kv, uint64_t seed) {
+  Tensor f32 = rnd(be, {rows, dim}, DType::kF32, seed);
+  if (kv == DType::kF32) return f32;
+  const int64_t width = kv_record::row_width(kv, dim, rope);
+  Tensor cache = be.empty({rows, width}, kv);
+  std::vector<int32_t> dest(static_cast<size_t>(rows));
+  std::iota(dest.begin(), dest.end(), 0);
+  be.scatter_rows(cache, f32, i32(be, dest), rope);
+  return cache;
+}
+
+void run_shape(Backend& be, int iters, const AttentionShape& s) {
+  const int ctx = 4096, d = 512, rope = 64, w = 128, ratio = 4;
+  const int blocks = ctx / 128;
+  const int t = s.batch * s.s_q;
+  BatchLayout L = decode_layout(be, s.batch, s.s_q, ctx, blocks);
+  Tensor q = rnd(be, {t, s.heads, d}, DType::kF32, 12), kv = rnd(be, {t, d}, DType::kF32, 13);
+  const int64_t ring_len = w + 6;
+  Tensor ring_rows = random_cache(be, (s.batch + 1) * ring_len, d, rope, s.kv, 14);
+  Tensor ring = ring_rows.reshape({s.batch + 1, ring_len, ring_rows.size(1)});
+  Tensor entries =
+      random_cache(be, (int64_t{s.batch} * blocks + 1) * (128 / ratio), d, rope, s.kv, 15);
+  // The selected entries spread over the 1024 visible ones (every other one for top-512).
+  std::vector<int32_t> topk(static_cast<size_t>(t) * s.topk);
+  const int visible = ctx / ratio;
+  for (int i = 0; i < t; ++i)
+    for (int j = 0; j < s.topk; ++j)
+      topk[static_cast<size_t>(i) * s.topk + j] = (j * (visible / s.topk)) % visible;
+  Tensor topk_t = be.upload(Tensor::from_vector(topk, {t, s.topk}), DType::kI32);
+  Tensor sinks = rnd(be, {s.heads}, DType::kF32, 16);
+  AttentionSpec spec;
+  spec.window = w;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  spec.ratio = ratio;
+  spec.sparse = true;
+  spec.bf16_math = s.bf16_math;
+  spec.rope_dim = s.kv == DType::kF32 ? 0 : rope;
+  auto call = [&] { (void)be.attention(q, kv, ring, entries, topk_t, sinks, L, spec); };
+  const double keys = static_cast<double>(w + s.topk);
+  const double row_bytes = static_cast<double>(ring_rows.size(1)) * dtype_size(s.kv);
+  const double bytes = s.batch * keys * row_bytes;
+  const double flops = t * keys * s.heads * d * 4.0;  // q.k and p.v, 2 flops per MAC
+  const std::string shape = "B=" + std::to_string(s.batch) + " s_q=" + std::to_string(s.s_q) +
+                            " h=" + std::to_string(s.heads) + " topk=" + std::to_string(s.topk) +
+                            " " + kv_name(s.kv) + " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
+  emit("attention_decode", shape, time_us(be, iters, call), bytes, flops);
+  emit("attention_decode", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
+}
+
+}  // namespace
+
+void bench_attention_decode(Backend& be, int iters) {
+  std::vector<AttentionShape> shapes;
+  for (const auto& [b, sq] :
+       std::vector<std::pair<int, int>>{{1, 1}, {64, 1}, {256, 1}, {256, 2}}) {
+    shapes.push_back({b, sq, false, DType::kF32, 512, 64});
+    for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
+      shapes.push_back({b, sq, true, kv, 512, 64});
+  }
+  for (const int b : {1, 64, 256}) {
+    shapes.push_back({b, 1, true, DType::kU8, 1024, 64});  // top-k 1024
+    shapes.push_back({b, 1, true, DType::kU8, 512, 128});  // V4-Pro: 128 heads
+  }
+  for (const AttentionShape& s : shapes) run_shape(be, iters, s);
+}
+
+}  // namespace deepinfer::bench

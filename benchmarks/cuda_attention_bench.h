@@ -1,0 +1,14 @@
+// The attention decode benchmark of the CUDA backend (cuda_attention_bench.cpp), run by
+// cuda_op_bench.
+#pragma once
+
+#include "deepinfer/backend.h"
+
+namespace deepinfer::bench {
+
+// Decode attention at the V4-Flash CSA shape (64 heads x 512, window 128 + top-k selected
+// entries, sinks) over f32, bf16 and fp8 KV caches, at top-k 512 and 1024 and at 128 heads (the
+// V4-Pro shape). Each row is timed eagerly and as graph replays.
+void bench_attention_decode(Backend& be, int iters);
+
+}  // namespace deepinfer::bench
