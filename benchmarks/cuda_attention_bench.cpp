@@ -77,7 +77,41 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   emit("attention_decode", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
 }
 
+// The lightning indexer at V4-Flash widths (64 heads x 128, ratio 4, top 512) for `batch` decode
+// rows at context `ctx`: scores over the ctx/4 index keys in a cache of `kv`, then the top-k. The
+// bytes are those of the index keys read.
+void run_indexer(Backend& be, int iters, int batch, int ctx, DType kv) {
+  const int heads = 64, dim = 128, ratio = 4, top_k = 512;
+  const int blocks = ctx / 128;
+  BatchLayout L = decode_layout(be, batch, 1, ctx, blocks);
+  Tensor q = rnd(be, {batch, heads, dim}, DType::kF32, 30);
+  Tensor w = rnd(be, {batch, heads}, DType::kF32, 31);
+  Tensor cache = random_cache(be, (int64_t{batch} * blocks + 1) * (128 / ratio), dim, 0, kv, 32);
+  auto call = [&] { (void)be.indexer_topk(q, w, cache, L, ratio, top_k, 0.0884f, 0.125f); };
+  const double keys = static_cast<double>(ctx / ratio);
+  const double bytes = batch * keys * cache.size(1) * dtype_size(kv);
+  const double flops = batch * keys * heads * dim * 2.0;
+  const std::string shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
+                            " h=64 d=128 top512 " + kv_name(kv) + " keys";
+  emit("indexer_topk", shape, time_us(be, iters, call), bytes, flops);
+  emit("indexer_topk", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
+}
+
 }  // namespace
+
+void bench_indexer(Backend& be, int iters) {
+  {  // the copy roofline of the same run (bytes read + written), which the indexer's GB/s face
+    const int64_t n = int64_t{1} << 30;
+    Tensor a = rnd(be, {n / 4, 4}, DType::kF32, 1);
+    Tensor b;
+    const double us = time_us(be, 10, [&] { b = be.scale(a, 1.0f); });
+    emit("roofline_copy(scale x1.0)", "4GiB f32", us, 2.0 * static_cast<double>(n) * 4, 0);
+  }
+  for (const int ctx : {32768, 131072})
+    for (const int batch : {1, 64})
+      for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
+        run_indexer(be, iters, batch, ctx, kv);
+}
 
 void bench_attention_decode(Backend& be, int iters) {
   std::vector<AttentionShape> shapes;

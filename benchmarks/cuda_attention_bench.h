@@ -10,5 +10,8 @@ namespace deepinfer::bench {
 // entries, sinks) over f32, bf16 and fp8 KV caches, at top-k 512 and 1024 and at 128 heads (the
 // V4-Pro shape). Each row is timed eagerly and as graph replays.
 void bench_attention_decode(Backend& be, int iters);
+// The lightning indexer (scores and top-512) at V4-Flash widths over f32, bf16 and fp8 index keys
+// at context 32K and 128K, B = 1 and 64.
+void bench_indexer(Backend& be, int iters);
 
 }  // namespace deepinfer::bench

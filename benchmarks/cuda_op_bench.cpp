@@ -41,9 +41,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
-      only != "attention") {
-    std::fprintf(stderr, "cuda_op_bench: --only takes fp8, moe-quant, quant or attention, got %s\n",
-                 only.c_str());
+      only != "attention" && only != "indexer") {
+    std::fprintf(
+        stderr, "cuda_op_bench: --only takes fp8, moe-quant, quant, attention or indexer, got %s\n",
+        only.c_str());
     return 2;
   }
   auto be = make_backend("cuda");
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "fp8" || only == "quant") bench_fp8(*be, iters);
   if (only.empty() || only == "moe-quant" || only == "quant") bench_moe_experts_mxfp4(*be, iters);
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters);
+  if (only.empty() || only == "indexer") bench_indexer(*be, iters);
   if (!only.empty()) return 0;
 
   {                               // roofline: device-to-device copy (bytes read + written)

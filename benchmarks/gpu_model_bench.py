@@ -3,6 +3,7 @@ weights: deepinfer's CUDA backend next to transformers' own DeepseekV4 (eager) o
 in the same run, with the device rooflines measured first.
 
     python benchmarks/gpu_model_bench.py [--layers sliding,csa,hca] [--out results.json]
+        [--kv-cache-dtypes f32,bf16,fp8] [--skip-eager] [--prefill-lengths 1024,4096]
 
 Prefill: tokens/s for one sequence of S = 1024 and 4096 tokens (logits of the last token only).
 Decode: ms per step for B sequences at context 4096 (one new token each), with CUDA graphs (the
@@ -51,7 +52,12 @@ def rooflines() -> dict:
 
 
 def bench_deepinfer(
-    config_path: str, decode_batches: list[int], context: int, graphs: bool
+    config_path: str,
+    decode_batches: list[int],
+    context: int,
+    graphs: bool,
+    kv_cache_dtype: str = "auto",
+    prefill_lengths: tuple[int, ...] = (1024, 4096),
 ) -> dict:
     """Prefill tok/s and decode ms/step, with decode steps replayed as CUDA graphs or run eagerly
     (every kernel launched from the host). Both runs go through the same calls, so the caches
@@ -67,13 +73,14 @@ def bench_deepinfer(
         device="cuda",
         seed=1,
         decode_graph_max_batch=-1 if graphs else 0,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
     def table(slot: int) -> list[int]:
         return list(range(1 + slot * blocks_per_seq, 1 + (slot + 1) * blocks_per_seq))
 
-    out: dict = {"prefill_tok_s": {}, "decode_ms": {}}
-    for s in (1024, 4096):
+    out: dict = {"kv_cache_dtype": kv_cache_dtype, "prefill_tok_s": {}, "decode_ms": {}}
+    for s in prefill_lengths:
         tokens = [(7 * i) % 129000 + 2 for i in range(s)]
         sec = timed(
             lambda tokens=tokens: runner.forward(
@@ -149,20 +156,33 @@ def main() -> None:
     parser.add_argument("--decode-batches", default="1,8,32,64")
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--skip-eager", action="store_true", help="graph-replayed decode only")
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        default="auto",
+        help="comma-separated kv_cache_dtype values to run deepinfer with (auto: bf16 here)",
+    )
+    parser.add_argument("--prefill-lengths", default="1024,4096")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     layers = args.layers.split(",")
     batches = [int(b) for b in args.decode_batches.split(",")]
+    prefill = tuple(int(s) for s in args.prefill_lengths.split(",") if s)
     config = flash_config(layers)
     results = {"device": torch.cuda.get_device_name(), "layers": layers, "rooflines": rooflines()}
     print(json.dumps(results["rooflines"]), flush=True)
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "config.json")
         Path(path).write_text(json.dumps(config))
-        results["deepinfer"] = bench_deepinfer(path, batches, args.context, graphs=True)
-        print("deepinfer", json.dumps(results["deepinfer"]), flush=True)
-        results["deepinfer_eager"] = bench_deepinfer(path, batches, args.context, graphs=False)
-        print("deepinfer_eager", json.dumps(results["deepinfer_eager"]), flush=True)
+        for kv in args.kv_cache_dtypes.split(","):
+            suffix = "" if kv == "auto" else f"_{kv}"
+            runs = [("", True)] if args.skip_eager else [("", True), ("_eager", False)]
+            for eager, graphs in runs:
+                key = f"deepinfer{eager}{suffix}"
+                results[key] = bench_deepinfer(
+                    path, batches, args.context, graphs, kv_cache_dtype=kv, prefill_lengths=prefill
+                )
+                print(key, json.dumps(results[key]), flush=True)
     if not args.skip_transformers:
         results["transformers"] = bench_transformers(config, batches, args.context)
         print("transformers", json.dumps(results["transformers"]), flush=True)

@@ -63,8 +63,9 @@ inline Tensor up(Backend& be, const Tensor& host) {
   return be.upload(host, integer ? DType::kI32 : DType::kF32);
 }
 
-// `host` on `be` in its own dtype (copy ops of any dtype).
+// `host` on `be` in its own dtype (copy ops of any dtype, KV caches). Undefined stays undefined.
 inline Tensor up_same(Backend& be, const Tensor& host) {
+  if (!host.defined()) return {};
   return be.upload(host, host.dtype());
 }
 
