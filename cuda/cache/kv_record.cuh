@@ -122,8 +122,12 @@ __device__ __forceinline__ void encode_kv_row(const float* __restrict__ x,
     for (int c = c0 + lane; c < c1; c += 32) dst[c] = kv_e4m3_byte(__fdiv_rn(x[c], scale));
     if (lane == 0) scales[g] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
   }
-  uint16_t* rope = reinterpret_cast<uint16_t*>(dst + nope);  // nope is even: 2-byte aligned
-  for (int i = tid; i < f.rope_dim; i += nthreads) rope[i] = kv_bf16_bits(x[nope + i]);
+  // Byte stores: with an odd nope the bf16 RoPE channels are not 2-byte aligned.
+  for (int i = tid; i < f.rope_dim; i += nthreads) {
+    const uint16_t bits = kv_bf16_bits(x[nope + i]);
+    dst[nope + 2 * i] = static_cast<uint8_t>(bits);
+    dst[nope + 2 * i + 1] = static_cast<uint8_t>(bits >> 8);
+  }
   const int used = nope + 2 * f.rope_dim + groups;
   for (int i = used + tid; i < f.row_bytes; i += nthreads) dst[i] = 0;
 }

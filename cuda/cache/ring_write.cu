@@ -3,6 +3,7 @@
 // reference op (cpp/src/backend/cpu_ops_cache.cpp). The sequence, position and slot of a row are
 // read on the device from the BatchLayout; nothing waits for the stream. Rows of a sequence whose
 // slot is outside [0, slots), or whose position is negative, are not written (the CPU op throws).
+// Rows are stored in the ring's KV format (kv_record.cuh): f32 copied, bf16 and fp8 encoded.
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
@@ -14,11 +15,11 @@ namespace deepinfer::cuda {
 
 namespace {
 
-// One block per row t: the row is stored at ring[slot][pos % R] when it is among the last R rows
-// of its sequence (earlier rows of a longer chunk would be overwritten by later ones anyway, and
-// skipping them keeps the writes of one call disjoint).
-__global__ void ring_write_kernel(float* __restrict__ ring, const float* __restrict__ rows,
-                                  DeviceLayout l, int64_t slots, int64_t ring_len, int64_t width,
+// One block per row t: the row is stored at ring[slot][pos % R], in the ring's format f, when it
+// is among the last R rows of its sequence (earlier rows of a longer chunk would be overwritten
+// by later ones anyway, and skipping them keeps the writes of one call disjoint).
+__global__ void ring_write_kernel(uint8_t* __restrict__ ring, const float* __restrict__ rows,
+                                  DeviceLayout l, int64_t slots, int64_t ring_len, KvRowFormat f,
                                   bool vec4) {
   const int t = blockIdx.x;
   const int b = seq_of_row(l, t);
@@ -26,22 +27,23 @@ __global__ void ring_write_kernel(float* __restrict__ ring, const float* __restr
   const int64_t slot = l.slot[b];
   const int64_t pos = l.positions[t];
   if (slot < 0 || slot >= slots || pos < 0) return;
-  copy_row(ring + (slot * ring_len + pos % ring_len) * width, rows + t * width, width, vec4);
+  store_kv_row(ring + (slot * ring_len + pos % ring_len) * f.row_bytes, rows + t * f.dim, f, vec4);
 }
 
 }  // namespace
 
-// f32 rings only (supports_kv_cache_dtype): rope_dim, which selects an fp8 record, is unused.
 void CudaBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
-                                  int /*rope_dim*/) {
+                                  int rope_dim) {
   const char* op = "ring_write";
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
-  const int64_t width = ring.size(2);
-  if (layout.num_tokens == 0 || width == 0) return;
-  const bool vec4 = width % 4 == 0 && aligned16(ring.raw_data()) && aligned16(rows.raw_data());
+  const int64_t dim = rows.size(1);
+  const KvRowFormat f = kv_row_format(ring.dtype(), dim, rope_dim);
+  if (layout.num_tokens == 0 || f.row_bytes == 0) return;
+  const bool vec4 = dim % 4 == 0 && aligned16(ring.raw_data()) && aligned16(rows.raw_data());
   ring_write_kernel<<<static_cast<unsigned>(layout.num_tokens), kRowThreads, 0, stream()>>>(
-      ring.data<float>(), rows.data<float>(), device_layout(layout), slots, ring_len, width, vec4);
+      static_cast<uint8_t*>(ring.raw_data()), rows.data<float>(), device_layout(layout), slots,
+      ring_len, f, vec4);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }
 

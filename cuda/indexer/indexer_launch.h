@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/cache/kv_record.cuh"
 #include "cuda/common/layout.cuh"
 
 namespace deepinfer::cuda {
@@ -21,7 +22,8 @@ constexpr int kSelectThreads = 512;
 struct ScoreArgs {
   const float* q;        // [T, heads, dim]
   const float* weights;  // [T, heads]
-  const float* cache;    // [cache_rows, dim]
+  const uint8_t* cache;  // [cache_rows] rows of key.row_bytes bytes
+  KvRowFormat key;       // the index cache's rows: f32, bf16 or fp8 index-key records
   float* scores;         // [tokens of the group, bound]
   int64_t bound;         // max entries of a sequence: max_blocks_per_seq * epb
   int64_t cache_rows;

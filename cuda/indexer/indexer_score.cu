@@ -2,7 +2,8 @@
 // scratch row of `bound` = max_blocks_per_seq * epb floats (no sequence can address more entries
 // than its block table has columns). Grid (token, split): each block stages the token's q
 // [h, Di] in shared memory and scores tiles of 32 visible entries (one per lane; the warps split
-// the heads).
+// the heads). Key tiles are staged as f32: an f32 cache with cp.async, a bf16 or fp8 one decoded
+// (exactly) on the way into shared memory.
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
@@ -17,6 +18,8 @@ namespace {
 
 // score(t, j) = sum_h (weights[t,h] * weight_scale) * (relu(q[t,h] . k_j) * score_scale).
 // Block (token of the group, split); the split walks tiles first = split*32, + splits*32, ...
+// F is a.key.format, fixed at compile time so that the f32 path keeps its plain cp.async staging.
+template <KvFormat F>
 __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs a, DeviceLayout l) {
   extern __shared__ float4 smem4[];
   const int tid = threadIdx.x;
@@ -46,7 +49,9 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
   const int per_warp = (heads + kScoreWarps - 1) / kScoreWarps;
   const int h_begin = warp * per_warp;
   const int h_end = min(heads, h_begin + per_warp);
-  const float4* cache4 = reinterpret_cast<const float4*>(a.cache);
+  KvRowFormat key_format = a.key;
+  key_format.format = F;
+  const int64_t row_bytes = key_format.row_bytes;
   float* out = a.scores + static_cast<int64_t>(blockIdx.x) * a.bound;
 
   for (int64_t j0 = first; j0 < visible; j0 += static_cast<int64_t>(gridDim.y) * kScoreKeys) {
@@ -60,10 +65,12 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
       const int c4 = i - r * d4;
       const int64_t row = rows[r];
       float* dst = ks + r * kstride + c4 * 4;
-      if (row >= 0) {
-        cp_async_16(dst, cache4 + row * d4 + c4);
-      } else {
+      if (row < 0) {
         *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+      } else if constexpr (F == KvFormat::kF32) {
+        cp_async_16(dst, a.cache + row * row_bytes + 16 * c4);
+      } else {
+        *reinterpret_cast<float4*>(dst) = decode_kv4(a.cache + row * row_bytes, key_format, 4 * c4);
       }
     }
     cp_async_wait_all();  // this tile's keys (and q, the first time)
@@ -108,9 +115,22 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
 
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
                           size_t smem, cudaStream_t stream) {
-  allow_smem(indexer_score_kernel, smem);
-  indexer_score_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(splits)),
-                         kScoreThreads, smem, stream>>>(a, l);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
+  auto launch = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    kernel<<<grid, kScoreThreads, smem, stream>>>(a, l);
+  };
+  switch (a.key.format) {
+    case KvFormat::kF32:
+      launch(indexer_score_kernel<KvFormat::kF32>);
+      break;
+    case KvFormat::kBf16:
+      launch(indexer_score_kernel<KvFormat::kBf16>);
+      break;
+    case KvFormat::kFp8:
+      launch(indexer_score_kernel<KvFormat::kFp8>);
+      break;
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
 }
 

@@ -1,6 +1,8 @@
 // The lightning indexer's top-k on the CUDA backend (docs/model.md#lightning-indexer), over the
 // paged layout (docs/model.md#kv-and-state-layout). It matches the CPU reference op in
-// cpp/src/backend/cpu_ops_attention.cpp on the same inputs; f32 math throughout.
+// cpp/src/backend/cpu_ops_attention.cpp on the same inputs; f32 math throughout. A bf16 or fp8
+// index cache is decoded exactly to f32 (kv_record.cuh) as its keys are staged, as the CPU op
+// decodes them before the same math.
 //
 // Every per-token quantity (sequence, position, context length, visible entries) is computed in
 // the kernels from the device BatchLayout; the host only sizes grids and scratch from metadata it
@@ -69,7 +71,8 @@ Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
   ScoreArgs sa{};
   sa.q = q.data<float>();
   sa.weights = weights.data<float>();
-  sa.cache = index_cache.data<float>();
+  sa.cache = static_cast<const uint8_t*>(index_cache.raw_data());
+  sa.key = kv_row_format(index_cache.dtype(), dim, /*rope_dim=*/0);
   sa.scores = reinterpret_cast<float*>(scores.raw_data());
   sa.bound = bound;
   sa.cache_rows = index_cache.size(0);

@@ -28,6 +28,7 @@ std::vector<OpCase> moe_cases();            // moe_route, moe_experts
 std::vector<OpCase> moe_quant_cases();      // moe_experts on MXFP4 / FP8 experts
 std::vector<OpCase> cache_cases();          // ring_write, compress_pool, scatter_rows
 std::vector<OpCase> attention_cases();      // indexer_topk, attention
+std::vector<OpCase> kv_dtype_cases();       // indexer_topk over bf16 and fp8 index caches
 std::vector<OpCase> sample_cases();         // sample
 
 }  // namespace deepinfer::backend_ops

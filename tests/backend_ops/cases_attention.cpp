@@ -19,6 +19,7 @@
 
 #include "batch_layout.h"
 #include "cases.h"
+#include "indexer_rows.h"
 #include "inputs.h"
 #include "tensor/kv_record.h"
 
@@ -26,94 +27,6 @@ namespace deepinfer::backend_ops {
 namespace {
 
 // ---- indexer_topk -------------------------------------------------------------------------------
-
-struct Indexer {
-  std::vector<SeqSpec> seqs;
-  int block = 16;
-  int max_blocks = 0;  // 0: what the sequences need
-  int heads = 4;
-  int dim = 32;
-  int ratio = 4;
-  bool integers = true;
-};
-
-struct IndexerIn {
-  HostBatch hb;
-  Tensor q, w, cache;
-};
-
-IndexerIn draw_indexer(const Indexer& c, Rng& rng) {
-  HostBatch hb(rng, c.seqs, c.block, c.max_blocks);
-  const int64_t t = hb.num_tokens();
-  const int64_t rows = int64_t{hb.num_blocks} * (c.block / c.ratio);
-  if (c.integers) {
-    return {hb, random_int_f32(rng, {t, c.heads, c.dim}, -2, 2),
-            random_int_f32(rng, {t, c.heads}, -2, 2), random_int_f32(rng, {rows, c.dim}, -2, 2)};
-  }
-  return {hb, random_f32(rng, {t, c.heads, c.dim}), random_f32(rng, {t, c.heads}),
-          random_f32(rng, {rows, c.dim})};
-}
-
-Outputs run_indexer(Backend& be, const Indexer& c, const IndexerIn& in, int top_k,
-                    float score_scale, float weight_scale) {
-  return out(be.indexer_topk(up(be, in.q), up(be, in.w), up(be, in.cache), in.hb.upload(be),
-                             c.ratio, top_k, score_scale, weight_scale));
-}
-
-// Exact rows, one per top_k.
-void add_indexer_exact(std::vector<OpCase>& t, const std::string& label, const Indexer& c,
-                       const std::vector<int>& top_ks) {
-  for (const int top_k : top_ks) {
-    add(t, Case<IndexerIn>{
-               .op = "indexer_topk",
-               .label = label + "_top" + std::to_string(top_k),
-               .draw = [c](Rng& rng) { return draw_indexer(c, rng); },
-               .run =
-                   [c, top_k](Backend& be, const IndexerIn& in) {
-                     return run_indexer(be, c, in, top_k, 0.0625f, 0.125f);
-                   },
-               .expect = exact(),
-           });
-  }
-}
-
-// Random floats: near-ties may swap, so compare each rank's score (double reference) instead:
-// every chosen entry visible and distinct, -1 past the visible ones.
-void check_indexer_scores(const Indexer& c, const IndexerIn& in, int top_k, float sscale,
-                          float wscale, const Tensor& got_ref, const Tensor& got_dev) {
-  ASSERT_EQ(got_dev.shape(), got_ref.shape());
-  const int epb = c.block / c.ratio;
-  const float* qp = in.q.data<float>();
-  const float* wp = in.w.data<float>();
-  const float* kp = in.cache.data<float>();
-  for (int t = 0; t < in.hb.num_tokens(); ++t) {
-    const size_t seq = size_t(in.hb.token_seq[size_t(t)]);
-    const int visible = (in.hb.positions[size_t(t)] + 1) / c.ratio;
-    auto score = [&](int j) {
-      const float* key = kp + in.hb.entry_row(seq, j, epb) * c.dim;
-      double s = 0;
-      for (int h = 0; h < c.heads; ++h) {
-        double d = 0;
-        for (int i = 0; i < c.dim; ++i) d += double(qp[(t * c.heads + h) * c.dim + i]) * key[i];
-        s += double(wp[t * c.heads + h]) * wscale * std::max(d, 0.0) * sscale;
-      }
-      return s;
-    };
-    std::vector<int> seen(size_t(std::max(visible, 1)), 0);
-    for (int r = 0; r < top_k; ++r) {
-      const int ic = int(got_ref.item(t * top_k + r));
-      const int ig = int(got_dev.item(t * top_k + r));
-      if (r >= visible) {
-        EXPECT_EQ(ig, -1) << "token " << t << " rank " << r;
-        continue;
-      }
-      ASSERT_GE(ig, 0) << "token " << t << " rank " << r;
-      ASSERT_LT(ig, visible) << "token " << t << " rank " << r;
-      EXPECT_EQ(seen[size_t(ig)]++, 0) << "token " << t << " chose entry " << ig << " twice";
-      EXPECT_NEAR(score(ig), score(ic), 1e-4) << "token " << t << " rank " << r;
-    }
-  }
-}
 
 void add_indexer(std::vector<OpCase>& t) {
   Indexer c;
@@ -161,22 +74,7 @@ void add_indexer(std::vector<OpCase>& t) {
   Indexer floats = v4;
   floats.integers = false;
   floats.seqs = {{4095, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
-  const int top_k = 512;
-  const float sscale = 1.0f / std::sqrt(128.0f), wscale = 0.125f;
-  add(t, Case<IndexerIn>{
-             .op = "indexer_topk",
-             .label = "v4_random_floats_top512",
-             .draw = [floats](Rng& rng) { return draw_indexer(floats, rng); },
-             .run =
-                 [=](Backend& be, const IndexerIn& in) {
-                   return run_indexer(be, floats, in, top_k, sscale, wscale);
-                 },
-             .expect =
-                 [=](const IndexerIn& in, const Outputs& ref, const Outputs& dev) {
-                   check_indexer_scores(floats, in, top_k, sscale, wscale, ref[0].value,
-                                        dev[0].value);
-                 },
-         });
+  add_indexer_floats(t, "v4_random_floats", floats, 512);
 }
 
 // ---- attention ----------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // Rows of the cache ops (ring_write, compress_pool, scatter_rows), at tiny widths and at
 // V4-Flash widths (D = 512, SWA ring of 134, CSA m = 4 with overlap, HCA m = 128). Rings and
 // caches start as random garbage so a row read from or written to the wrong slot shows up.
-// ring_write and scatter_rows copy: exact; compress_pool's softmax differs by summation order and
-// expf ulps.
+// ring_write and scatter_rows copy or encode (bf16 and fp8 KV caches, kv_record.h, rows labelled
+// bf16_ / fp8_): byte-exact; compress_pool's softmax differs by summation order and expf ulps.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -11,6 +11,7 @@
 #include "batch_layout.h"
 #include "cases.h"
 #include "inputs.h"
+#include "kv_inputs.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -22,26 +23,30 @@ struct RingIn {
   Tensor ring, rows;
 };
 
+// Rows of `width` channels into a ring of `dtype` (rope_dim selecting the fp8 record).
 void add_ring_write(std::vector<OpCase>& t, const std::string& label,
                     const std::vector<SeqSpec>& seqs, int64_t slots, int64_t ring_len,
-                    int64_t width) {
+                    int64_t width, DType dtype = DType::kF32, int rope_dim = 0) {
   add(t, Case<RingIn>{
              .op = "ring_write",
-             .label = label,
+             .label = kv_tag(dtype) + label,
              .draw =
                  [=](Rng& rng) {
                    HostBatch hb(rng, seqs, 128);
-                   Tensor ring = random_f32(rng, {slots, ring_len, width});
-                   Tensor rows = random_f32(rng, {hb.num_tokens(), width});
-                   return RingIn{hb, ring, rows};
+                   if (dtype == DType::kF32) {
+                     Tensor ring = random_f32(rng, {slots, ring_len, width});
+                     return RingIn{hb, ring, random_f32(rng, {hb.num_tokens(), width})};
+                   }
+                   Tensor ring = random_kv_cache(rng, {slots, ring_len}, dtype, width, rope_dim);
+                   return RingIn{hb, ring, random_kv_rows(rng, hb.num_tokens(), width)};
                  },
              .run =
-                 [](Backend& be, const RingIn& in) {
-                   Tensor ring = up(be, in.ring);
-                   be.ring_write(ring, up(be, in.rows), in.hb.upload(be));
+                 [rope_dim](Backend& be, const RingIn& in) {
+                   Tensor ring = up_same(be, in.ring);
+                   be.ring_write(ring, up(be, in.rows), in.hb.upload(be), rope_dim);
                    return out(ring);
                  },
-             .expect = exact(),
+             .expect = bytes(),
          });
 }
 
@@ -110,13 +115,15 @@ void add_compress(std::vector<OpCase>& t, const std::string& label,
 
 // ---- scatter_rows -------------------------------------------------------------------------------
 
-// n rows to distinct random destinations, `padding` of them -1 (padding entries: not stored).
+// n rows of `width` channels to distinct random destinations of a cache of `dtype` (rope_dim
+// selecting the fp8 record), `padding` of them -1 (padding entries: not stored).
 void add_scatter(std::vector<OpCase>& t, int64_t cache_rows, int64_t n, int64_t width,
-                 int padding = 0) {
+                 int padding = 0, DType dtype = DType::kF32, int rope_dim = 0) {
   add(t, Case<Tensors>{
              .op = "scatter_rows",
-             .label = (padding ? "padding_" : "") + std::to_string(n) + "_into_" +
-                      std::to_string(cache_rows) + "x" + std::to_string(width),
+             .label = kv_tag(dtype) + (padding ? "padding_" : "") + std::to_string(n) + "_into_" +
+                      std::to_string(cache_rows) + "x" + std::to_string(width) +
+                      (rope_dim ? "_rope" + std::to_string(rope_dim) : ""),
              .draw =
                  [=](Rng& rng) {
                    std::vector<int32_t> perm(static_cast<size_t>(cache_rows));
@@ -124,16 +131,20 @@ void add_scatter(std::vector<OpCase>& t, int64_t cache_rows, int64_t n, int64_t 
                    std::shuffle(perm.begin(), perm.end(), rng);
                    perm.resize(static_cast<size_t>(n));
                    for (int i = 0; i < padding; ++i) perm[size_t(i) * 3 % size_t(n)] = -1;
-                   return Tensors{random_f32(rng, {cache_rows, width}), random_f32(rng, {n, width}),
-                                  i32(perm)};
+                   if (dtype == DType::kF32) {
+                     return Tensors{random_f32(rng, {cache_rows, width}),
+                                    random_f32(rng, {n, width}), i32(perm)};
+                   }
+                   return Tensors{random_kv_cache(rng, {cache_rows}, dtype, width, rope_dim),
+                                  random_kv_rows(rng, n, width), i32(perm)};
                  },
              .run =
-                 [](Backend& be, const Tensors& in) {
-                   Tensor cache = up(be, in[0]);
-                   be.scatter_rows(cache, up(be, in[1]), up(be, in[2]));
+                 [rope_dim](Backend& be, const Tensors& in) {
+                   Tensor cache = up_same(be, in[0]);
+                   be.scatter_rows(cache, up(be, in[1]), up(be, in[2]), rope_dim);
                    return out(cache);
                  },
-             .expect = exact(),
+             .expect = bytes(),
          });
 }
 
@@ -151,6 +162,15 @@ std::vector<OpCase> cache_cases() {
   add_ring_write(t, "v4_swa_r134_d512", flash, 4, 134, 512);
   add_ring_write(t, "v4_csa_compressor_r13_w2048", flash, 4, 13, 2 * 2 * 512);
   add_ring_write(t, "v4_hca_compressor_r133_w1024", flash, 4, 133, 2 * 512);
+  // The SWA ring in the bf16 and fp8 KV formats (the compressor rings stay f32). fp8: the main
+  // record with a partial scale group (nope 24) and with an odd nope (its bf16 RoPE channels
+  // unaligned), the index-key record (rope_dim 0), V4's 584-byte record.
+  for (const DType kv : {DType::kBF16, DType::kU8}) {
+    add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, kv, 8);
+    add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, kv, 1);
+    add_ring_write(t, "v4_swa_r134_d512", flash, 4, 134, 512, kv, 64);
+  }
+  add_ring_write(t, "index_r14_d32", tiny, 5, 14, 32, DType::kU8, 0);
 
   // Windows from this call's rows only, from the wrapped ring plus this call, window 0 (no
   // previous window with overlap), a decode token closing a window, a 6-token verification step.
@@ -191,6 +211,15 @@ std::vector<OpCase> cache_cases() {
   add_scatter(t, 4096, 300, 512);
   add_scatter(t, 4096, 50, 128);
   add_scatter(t, 64, 10, 32, 3);  // padding entries of a graph batch
+  // Entry caches in the bf16 and fp8 KV formats: main entries (rope 64; fp8 with a partial scale
+  // group and with an odd nope), index keys (rope 0), V4's D 512 and Di 128.
+  for (const DType kv : {DType::kBF16, DType::kU8}) {
+    add_scatter(t, 64, 10, 96, 3, kv, 16);
+    add_scatter(t, 40, 7, 6, 0, kv, 1);
+    add_scatter(t, 64, 10, 36, 0, kv, 0);
+    add_scatter(t, 4096, 300, 512, 0, kv, 64);
+    add_scatter(t, 4096, 50, 128, 0, kv, 0);
+  }
   return t;
 }
 

@@ -1,0 +1,54 @@
+// Rows of indexer_topk over bf16 and fp8 index caches (kv_record.h: bf16 keys, or e4m3 keys with
+// one f32 scale), labelled bf16_ / fp8_: the rows of cases_attention.cpp (indexer_rows.h) with
+// the cache drawn as f32 keys stored through the host codec, so that both backends decode the
+// same records. The exact rows' keys (exact_kv_keys) survive both formats unchanged and keep every
+// score exact in f32; the random-float row's e4m3 keys use every code. (ring_write and
+// scatter_rows, which write these formats, have their bf16 / fp8 rows in cases_cache.cpp.)
+#include <vector>
+
+#include "cases.h"
+#include "indexer_rows.h"
+
+namespace deepinfer::backend_ops {
+
+std::vector<OpCase> kv_dtype_cases() {
+  std::vector<OpCase> t;
+  for (const DType dtype : {DType::kBF16, DType::kU8}) {
+    Indexer c;
+    c.cache = dtype;
+    // Visible entries: 0..1 (fewer than top_k), 12 (decode), 7..8, 50..50, 250.
+    c.seqs = {{0, 7, 0}, {48, 1, 1}, {29, 5, 2}, {200, 3, 3}, {999, 2, 4}};
+    add_indexer_exact(t, "tiny_h4_d32_m4", c, {5, 64});
+    c.heads = 3;  // heads not a multiple of the warps; rows of 40 (bf16) and 24 (fp8) bytes
+    c.dim = 20;
+    add_indexer_exact(t, "tiny_h3_d20_m4", c, {16});
+
+    // V4-Flash: Di 128, 64 heads, CSA ratio 4, top-k 512.
+    Indexer v4;
+    v4.cache = dtype;
+    v4.block = 128;
+    v4.heads = 64;
+    v4.dim = 128;
+    // Visible: 1024 (decode), 250..250 (fewer than top_k), 0..50 (prefill from 0), 750..751.
+    v4.seqs = {{4095, 1, 0}, {1000, 4, 1}, {0, 200, 2}, {3000, 6, 3}};
+    add_indexer_exact(t, "v4_h64_d128_m4", v4, {512});
+    // Long context at V4 width: 16,384 and 5,000 visible entries.
+    v4.seqs = {{65535, 1, 0}, {19999, 2, 1}};
+    add_indexer_exact(t, "v4_long_h64_d128_m4", v4, {512});
+
+    // 50,000 visible entries (the selection's scores in shared memory) at the small width.
+    Indexer longc;
+    longc.cache = dtype;
+    longc.block = 128;
+    longc.seqs = {{200000, 1, 0}, {100, 2, 1}, {70000, 3, 2}};
+    add_indexer_exact(t, "bound50016", longc, {2048});
+
+    Indexer floats = v4;
+    floats.integers = false;
+    floats.seqs = {{4095, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
+    add_indexer_floats(t, "v4_random_floats", floats, 512);
+  }
+  return t;
+}
+
+}  // namespace deepinfer::backend_ops

@@ -1,0 +1,165 @@
+// The indexer_topk rows of the op table (cases_attention.cpp over f32 index caches,
+// cases_kv_dtypes.cpp over bf16 and fp8 ones): the batch and its inputs, exact rows, and rows of
+// random floats checked by score (see cases_attention.cpp for why the exact rows are exact).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "batch_layout.h"
+#include "deepinfer/tensor.h"
+#include "inputs.h"
+#include "kv_inputs.h"
+#include "op_case.h"
+
+namespace deepinfer::backend_ops {
+
+struct Indexer {
+  std::vector<SeqSpec> seqs;
+  int block = 16;
+  int max_blocks = 0;  // 0: what the sequences need
+  int heads = 4;
+  int dim = 32;
+  int ratio = 4;
+  bool integers = true;
+  DType cache = DType::kF32;  // the index cache's KV dtype (kv_record.h); labels get kv_tag
+};
+
+struct IndexerIn {
+  HostBatch hb;
+  Tensor q, w;
+  Tensor cache;  // the index cache, in c.cache
+  Tensor keys;   // the f32 keys it holds (decoded)
+};
+
+// Keys of the exact rows over bf16 and fp8 caches: integers in [-16, 16] times 2^(k - e), k per
+// key in [-4, 4], e per channel in {0, 2, 4}. bf16 and e4m3 hold them unchanged (at most 4
+// significant bits; e4m3 values in [1, 448] after the key's scale), and with q and weights in
+// [-2, 2] a score at V4 width (64 heads of 128 channels) needs 23 bits: exact in f32.
+inline Tensor exact_kv_keys(std::mt19937& rng, int64_t rows, int64_t dim) {
+  Tensor keys = random_int_f32(rng, {rows, dim}, -16, 16);
+  std::uniform_int_distribution<int> row_exp(-4, 4), channel_exp(0, 2);
+  std::vector<int> e(static_cast<size_t>(dim));
+  for (int& x : e) x = 2 * channel_exp(rng);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int k = row_exp(rng);
+    float* key = keys.data<float>() + r * dim;
+    for (int64_t c = 0; c < dim; ++c) key[c] = std::ldexp(key[c], k - e[size_t(c)]);
+  }
+  return keys;
+}
+
+inline IndexerIn draw_indexer(const Indexer& c, std::mt19937& rng) {
+  HostBatch hb(rng, c.seqs, c.block, c.max_blocks);
+  const int64_t t = hb.num_tokens();
+  const int64_t rows = int64_t{hb.num_blocks} * (c.block / c.ratio);
+  IndexerIn in{hb, {}, {}, {}, {}};
+  if (c.integers) {
+    in.q = random_int_f32(rng, {t, c.heads, c.dim}, -2, 2);
+    in.w = random_int_f32(rng, {t, c.heads}, -2, 2);
+    in.keys = c.cache == DType::kF32 ? random_int_f32(rng, {rows, c.dim}, -2, 2)
+                                     : exact_kv_keys(rng, rows, c.dim);
+  } else {
+    in.q = random_f32(rng, {t, c.heads, c.dim});
+    in.w = random_f32(rng, {t, c.heads});
+    in.keys = random_f32(rng, {rows, c.dim});
+  }
+  in.cache = in.keys;
+  if (c.cache != DType::kF32) {
+    in.cache = encode_kv_rows(in.keys, c.cache, /*rope_dim=*/0);
+    in.keys = decode_kv_rows(in.cache, c.dim, /*rope_dim=*/0);
+  }
+  return in;
+}
+
+inline Outputs run_indexer(Backend& be, const Indexer& c, const IndexerIn& in, int top_k,
+                           float score_scale, float weight_scale) {
+  return out(be.indexer_topk(up(be, in.q), up(be, in.w), up_same(be, in.cache), in.hb.upload(be),
+                             c.ratio, top_k, score_scale, weight_scale));
+}
+
+// Exact rows, one per top_k.
+inline void add_indexer_exact(std::vector<OpCase>& t, const std::string& label, const Indexer& c,
+                              const std::vector<int>& top_ks) {
+  for (const int top_k : top_ks) {
+    add(t, Case<IndexerIn>{
+               .op = "indexer_topk",
+               .label = kv_tag(c.cache) + label + "_top" + std::to_string(top_k),
+               .draw = [c](std::mt19937& rng) { return draw_indexer(c, rng); },
+               .run =
+                   [c, top_k](Backend& be, const IndexerIn& in) {
+                     return run_indexer(be, c, in, top_k, 0.0625f, 0.125f);
+                   },
+               .expect = exact(),
+           });
+  }
+}
+
+// Random floats: near-tied scores may swap between backends, so each rank's chosen entry must
+// score (in double, over the keys as the op reads them) what the reference's does; every chosen
+// entry visible and distinct, -1 past the visible ones.
+inline void check_indexer_scores(const HostBatch& hb, const Tensor& q, const Tensor& w,
+                                 const Tensor& keys, int ratio, int top_k, float sscale,
+                                 float wscale, const Tensor& ref, const Tensor& dev) {
+  ASSERT_EQ(dev.shape(), ref.shape());
+  const int64_t heads = q.size(1), dim = q.size(2);
+  const int epb = hb.block_size / ratio;
+  const float* qp = q.data<float>();
+  const float* wp = w.data<float>();
+  const float* kp = keys.data<float>();
+  for (int t = 0; t < hb.num_tokens(); ++t) {
+    const size_t seq = size_t(hb.token_seq[size_t(t)]);
+    const int visible = (hb.positions[size_t(t)] + 1) / ratio;
+    auto score = [&](int j) {
+      const float* key = kp + hb.entry_row(seq, j, epb) * dim;
+      double s = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* qh = qp + (t * heads + h) * dim;
+        double d = 0;
+        for (int64_t i = 0; i < dim; ++i) d += double(qh[i]) * key[i];
+        s += double(wp[t * heads + h]) * wscale * std::max(d, 0.0) * sscale;
+      }
+      return s;
+    };
+    std::vector<int> seen(size_t(std::max(visible, 1)), 0);
+    for (int r = 0; r < top_k; ++r) {
+      const int ic = int(ref.item(int64_t{t} * top_k + r));
+      const int ig = int(dev.item(int64_t{t} * top_k + r));
+      if (r >= visible) {
+        EXPECT_EQ(ig, -1) << "token " << t << " rank " << r;
+        continue;
+      }
+      ASSERT_GE(ig, 0) << "token " << t << " rank " << r;
+      ASSERT_LT(ig, visible) << "token " << t << " rank " << r;
+      EXPECT_EQ(seen[size_t(ig)]++, 0) << "token " << t << " chose entry " << ig << " twice";
+      EXPECT_NEAR(score(ig), score(ic), 1e-4) << "token " << t << " rank " << r;
+    }
+  }
+}
+
+// One row of random floats (score scale 1 / sqrt(dim)), checked by score.
+inline void add_indexer_floats(std::vector<OpCase>& t, const std::string& label, const Indexer& c,
+                               int top_k) {
+  const float sscale = 1.0f / std::sqrt(float(c.dim)), wscale = 0.125f;
+  add(t,
+      Case<IndexerIn>{
+          .op = "indexer_topk",
+          .label = kv_tag(c.cache) + label + "_top" + std::to_string(top_k),
+          .draw = [c](std::mt19937& rng) { return draw_indexer(c, rng); },
+          .run = [=](Backend& be,
+                     const IndexerIn& in) { return run_indexer(be, c, in, top_k, sscale, wscale); },
+          .expect =
+              [=](const IndexerIn& in, const Outputs& ref, const Outputs& dev) {
+                check_indexer_scores(in.hb, in.q, in.w, in.keys, c.ratio, top_k, sscale, wscale,
+                                     ref[0].value, dev[0].value);
+              },
+      });
+}
+
+}  // namespace deepinfer::backend_ops
