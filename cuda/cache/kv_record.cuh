@@ -17,10 +17,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/reduce.cuh"
 #include "deepinfer/dtype.h"
+#include "deepinfer/error.h"
 #include "tensor/kv_record.h"
 
 namespace deepinfer::cuda {
@@ -53,6 +55,19 @@ inline KvRowFormat kv_row_format(DType dtype, int64_t dim, int64_t rope_dim) {
   const kv_record::RowCodec codec{dtype, dim, rope_dim};
   return KvRowFormat{kv_format_of(dtype), static_cast<int>(dim), static_cast<int>(rope_dim),
                      codec.row_bytes()};
+}
+
+// Refuses an fp8 main record with an odd number of non-RoPE channels: its bf16 RoPE channels
+// would not be 2-byte aligned, and byte-wise stores of them measured wrong on the H200 (nvcc
+// 13.0: the bytes read back as zero), so the device kernels take even counts only. V4 has 448.
+inline void check_kv_row_format(const char* op, const KvRowFormat& f) {
+  if (f.format == KvFormat::kFp8 && f.rope_dim > 0 && f.nope() % 2 != 0) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) +
+                    ": an fp8 KV record needs an even number of non-RoPE channels "
+                    "on CUDA, got dim " +
+                    std::to_string(f.dim) + " with rope_dim " + std::to_string(f.rope_dim));
+  }
 }
 
 // The e4m3 byte of v (|v| <= 448 by construction of the scale), nearest even.
@@ -122,12 +137,9 @@ __device__ __forceinline__ void encode_kv_row(const float* __restrict__ x,
     for (int c = c0 + lane; c < c1; c += 32) dst[c] = kv_e4m3_byte(__fdiv_rn(x[c], scale));
     if (lane == 0) scales[g] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
   }
-  // Byte stores: with an odd nope the bf16 RoPE channels are not 2-byte aligned.
-  for (int i = tid; i < f.rope_dim; i += nthreads) {
-    const uint16_t bits = kv_bf16_bits(x[nope + i]);
-    dst[nope + 2 * i] = static_cast<uint8_t>(bits);
-    dst[nope + 2 * i + 1] = static_cast<uint8_t>(bits >> 8);
-  }
+  // nope is even (check_kv_row_format): the bf16 RoPE channels are 2-byte aligned.
+  uint16_t* rope = reinterpret_cast<uint16_t*>(dst + nope);
+  for (int i = tid; i < f.rope_dim; i += nthreads) rope[i] = kv_bf16_bits(x[nope + i]);
   const int used = nope + 2 * f.rope_dim + groups;
   for (int i = used + tid; i < f.row_bytes; i += nthreads) dst[i] = 0;
 }

@@ -39,6 +39,7 @@ void CudaBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const 
   const int64_t ring_len = ring.size(1);
   const int64_t dim = rows.size(1);
   const KvRowFormat f = kv_row_format(ring.dtype(), dim, rope_dim);
+  check_kv_row_format(op, f);
   if (layout.num_tokens == 0 || f.row_bytes == 0) return;
   const bool vec4 = dim % 4 == 0 && aligned16(ring.raw_data()) && aligned16(rows.raw_data());
   ring_write_kernel<<<static_cast<unsigned>(layout.num_tokens), kRowThreads, 0, stream()>>>(

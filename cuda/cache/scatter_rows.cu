@@ -31,6 +31,7 @@ void CudaBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, con
   const int64_t n = rows.size(0);
   const int64_t dim = rows.size(1);
   const KvRowFormat f = kv_row_format(cache.dtype(), dim, rope_dim);
+  check_kv_row_format(op, f);
   if (n == 0 || f.row_bytes == 0) return;
   if (n > 0x7fffffff) fail(op, std::to_string(n) + " rows exceed one launch");  // gridDim.x
   const bool vec4 = dim % 4 == 0 && aligned16(cache.raw_data()) && aligned16(rows.raw_data());

@@ -163,11 +163,12 @@ std::vector<OpCase> cache_cases() {
   add_ring_write(t, "v4_csa_compressor_r13_w2048", flash, 4, 13, 2 * 2 * 512);
   add_ring_write(t, "v4_hca_compressor_r133_w1024", flash, 4, 133, 2 * 512);
   // The SWA ring in the bf16 and fp8 KV formats (the compressor rings stay f32). fp8: the main
-  // record with a partial scale group (nope 24) and with an odd nope (its bf16 RoPE channels
-  // unaligned), the index-key record (rope_dim 0), V4's 584-byte record.
+  // record with a partial scale group (nope 24) and with a width that is no multiple of 4 (nope
+  // 4, rope 2; CUDA takes even nope only: kv_record.cuh), the index-key record (rope_dim 0),
+  // V4's 584-byte record.
   for (const DType kv : {DType::kBF16, DType::kU8}) {
     add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, kv, 8);
-    add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, kv, 1);
+    add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, kv, 2);
     add_ring_write(t, "v4_swa_r134_d512", flash, 4, 134, 512, kv, 64);
   }
   add_ring_write(t, "index_r14_d32", tiny, 5, 14, 32, DType::kU8, 0);
@@ -212,10 +213,10 @@ std::vector<OpCase> cache_cases() {
   add_scatter(t, 4096, 50, 128);
   add_scatter(t, 64, 10, 32, 3);  // padding entries of a graph batch
   // Entry caches in the bf16 and fp8 KV formats: main entries (rope 64; fp8 with a partial scale
-  // group and with an odd nope), index keys (rope 0), V4's D 512 and Di 128.
+  // group and with a width that is no multiple of 4), index keys (rope 0), V4's D 512 and Di 128.
   for (const DType kv : {DType::kBF16, DType::kU8}) {
     add_scatter(t, 64, 10, 96, 3, kv, 16);
-    add_scatter(t, 40, 7, 6, 0, kv, 1);
+    add_scatter(t, 40, 7, 6, 0, kv, 2);
     add_scatter(t, 64, 10, 36, 0, kv, 0);
     add_scatter(t, 4096, 300, 512, 0, kv, 64);
     add_scatter(t, 4096, 50, 128, 0, kv, 0);

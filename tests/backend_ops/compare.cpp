@@ -20,8 +20,21 @@ namespace {
 ::testing::AssertionResult same_bytes(const Tensor& ref, const Tensor& got) {
   if (auto r = same_layout(ref, got); !r) return r;
   const Tensor a = ref.contiguous(), b = got.contiguous();
-  if (std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) != 0) {
-    return ::testing::AssertionFailure() << "bytes differ";
+  const auto* pa = static_cast<const unsigned char*>(a.raw_data());
+  const auto* pb = static_cast<const unsigned char*>(b.raw_data());
+  if (std::memcmp(pa, pb, a.nbytes()) != 0) {
+    // Where and how much: the first differing byte and the count, to tell a misplaced row from
+    // a rounding difference.
+    size_t first = 0, count = 0;
+    for (size_t i = a.nbytes(); i-- > 0;) {
+      if (pa[i] != pb[i]) {
+        first = i;
+        ++count;
+      }
+    }
+    return ::testing::AssertionFailure()
+           << count << " of " << a.nbytes() << " bytes differ, the first at byte " << first
+           << " (ref 0x" << std::hex << int(pa[first]) << ", got 0x" << int(pb[first]) << ")";
   }
   return ::testing::AssertionSuccess();
 }
