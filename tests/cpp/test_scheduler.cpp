@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv/cache_geometry.h"
@@ -314,6 +315,47 @@ TEST(Scheduler, APrefixHitRestoresTheSnapshotAndComputesOnlyTheRest) {
   EXPECT_EQ(p3.rows[0].forward.num_tokens, 44);
   EXPECT_EQ(h.seq(b).prompt_cache_hit_tokens, 256);
   h.commit(p3);
+}
+
+// speculative_method "mtp": the drafts a step's result carries for a row are the next decode row's
+// drafts, only while nothing else was committed for that sequence since.
+TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
+  Harness h({});
+  h.scheduler().use_executor_drafts(3);
+  const RequestId id = h.add(prompt_of(10), 16);
+  auto commit = [&](const StepPlan& plan, std::vector<int32_t> tokens, std::vector<int> counts,
+                    std::vector<std::vector<int32_t>> drafts) {
+    StepResult result;
+    result.tokens = std::move(tokens);
+    result.counts = std::move(counts);
+    result.drafts = std::move(drafts);
+    h.scheduler().commit(plan, result, h.out);
+    h.scheduler().check_invariants();
+  };
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  commit(prefill, {7}, {}, {{11, 12, 13}});
+  StepPlan verify;
+  ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
+  ASSERT_EQ(verify.rows.size(), 1u);
+  EXPECT_EQ(verify.rows[0].num_drafts, 3);
+  const std::span<const int32_t> input = verify.rows[0].forward.tokens;
+  EXPECT_EQ(std::vector<int32_t>(input.begin(), input.end()),
+            (std::vector<int32_t>{7, 11, 12, 13}));
+  // One draft accepted, then the final token 9; the result drafts one token past them.
+  commit(verify, {11, 9}, {2}, {{21}});
+  EXPECT_EQ(h.seq(id).num_tokens(), 13);
+  EXPECT_EQ(h.scheduler().stats().draft_tokens, 3u);
+  EXPECT_EQ(h.scheduler().stats().accepted_draft_tokens, 1u);
+  StepPlan again;
+  ASSERT_EQ(h.schedule(again), Outcome::kScheduled);
+  EXPECT_EQ(again.rows[0].num_drafts, 1);
+  // A result without drafts leaves the sequence's drafts stale: a plain decode row.
+  commit(again, {21, 5}, {2}, {});
+  StepPlan plain;
+  ASSERT_EQ(h.schedule(plain), Outcome::kScheduled);
+  EXPECT_EQ(plain.rows[0].num_drafts, 0);
+  h.commit(plain);
 }
 
 }  // namespace

@@ -31,8 +31,9 @@ struct SchedulerConfig {
   // Speculative decoding: up to this many drafts per request and decode step (0: off), proposed
   // by `speculative_method`: "ngram" (prompt lookup: the tokens that followed the latest earlier
   // occurrence of the context's last n tokens, n from prompt_lookup_max down to
-  // prompt_lookup_min) or "external" (Engine::set_drafter). Decode steps with drafts do not
-  // overlap (zero_overhead is turned off while drafting is on).
+  // prompt_lookup_min), "external" (Engine::set_drafter) or "mtp" (the checkpoint's MTP block,
+  // greedy; needs mtp.* tensors). Decode steps with drafts do not overlap (zero_overhead is
+  // turned off while drafting is on).
   int num_speculative_tokens = 0;
   std::string speculative_method = "ngram";
   int prompt_lookup_min = 1;

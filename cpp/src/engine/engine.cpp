@@ -53,6 +53,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
       std::min<int64_t>(model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
   const EngineConfig resolved = engine::resolve_engine_config(
       config, max_position, /*kv_from_device_memory=*/true, model.quantization.fp8);
+  // Before the weights load; EngineImpl checks what was loaded.
+  engine::check_mtp_blocks(resolved, model.num_nextn_predict_layers);
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
   o.dummy_weights = resolved.load_format == "dummy";
@@ -61,6 +63,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
   o.placement = resolved.placement;
   o.progress = progress;
   o.kv_cache_dtype = resolved.cache.kv_cache_dtype;
+  o.num_mtp_drafts =
+      engine::uses_mtp_drafts(resolved) ? resolved.scheduler.num_speculative_tokens : 0;
   o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.gpu_memory_utilization = resolved.cache.gpu_memory_utilization;
   o.max_num_batched_tokens = resolved.scheduler.max_num_batched_tokens;

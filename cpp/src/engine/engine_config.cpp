@@ -50,9 +50,10 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
     bad_config("num_speculative_tokens",
                "must be in [0, 5], got " + std::to_string(s.num_speculative_tokens));
   }
-  if (s.speculative_method != "ngram" && s.speculative_method != "external") {
+  if (s.speculative_method != "ngram" && s.speculative_method != "external" &&
+      s.speculative_method != "mtp") {
     bad_config("speculative_method",
-               "must be \"ngram\" or \"external\", got \"" + s.speculative_method + "\"");
+               "must be \"ngram\", \"external\" or \"mtp\", got \"" + s.speculative_method + "\"");
   }
   if (s.speculative_budget != "fixed" && s.speculative_budget != "confidence") {
     bad_config("speculative_budget",
@@ -106,6 +107,19 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                      cache.kv_cache_dtype + "\"");
   }
   return c;
+}
+
+bool uses_mtp_drafts(const EngineConfig& config) {
+  return config.scheduler.num_speculative_tokens > 0 &&
+         config.scheduler.speculative_method == "mtp";
+}
+
+void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks) {
+  if (uses_mtp_drafts(config) && num_mtp_blocks == 0) {
+    bad_config("speculative_method",
+               "is \"mtp\", but the checkpoint has no MTP block (no mtp.* tensors, or "
+               "config.json's num_nextn_predict_layers is 0): use \"ngram\" or \"external\"");
+  }
 }
 
 // Live state slots: every sequence holding KV (max_num_seqs) plus finished ones whose last step is

@@ -15,6 +15,12 @@ namespace deepinfer::engine {
 // decides what kv_cache_dtype "auto" becomes on a device (resolve_kv_cache_dtype).
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                    bool kv_from_device_memory = false, bool fp8_weights = false);
+// speculative_method "mtp" with drafting on needs the checkpoint's MTP block: `num_mtp_blocks` is
+// what config.json declares (before loading) or what was loaded. Throws Error(kInvalidArgument)
+// naming 'speculative_method' when it is 0.
+void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks);
+// Whether the executor runs the MTP block and drafts with it.
+bool uses_mtp_drafts(const EngineConfig& config);
 // State slots an engine with `config` needs (including the reserved slot 0): every sequence
 // holding KV plus headroom.
 int live_state_slots(const EngineConfig& config);

@@ -69,6 +69,8 @@ std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& 
     // The snapshot is the raw rings of a state slot (SWA, compressor, indexer per layer); their
     // lengths follow from the model config and the backtrack, which state_bytes pins down.
     t.state_layout = "state=rings/v1;state_bytes=" + std::to_string(transfer->state_bytes());
+    // Only an engine that runs the MTP block keeps its rings in the snapshots it writes.
+    if (uses_mtp_drafts(c)) t.state_layout += ";mtp_rings";
   }
   return std::make_unique<sched::KvTiers>(t, *transfer);
 }
@@ -85,6 +87,10 @@ EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor>
   const SchedulerConfig& s = config_.scheduler;
   if (s.num_speculative_tokens > 0 && s.speculative_method == "ngram") {
     set_drafter(std::make_shared<spec::NgramDrafter>(s.prompt_lookup_min, s.prompt_lookup_max));
+  }
+  if (uses_mtp_drafts(config_)) {
+    check_mtp_blocks(config_, executor_->num_mtp_blocks());
+    scheduler_.use_executor_drafts(s.num_speculative_tokens);
   }
 }
 

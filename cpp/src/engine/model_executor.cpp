@@ -8,6 +8,7 @@
 #include <span>
 
 #include "deepinfer/error.h"
+#include "kv/cache_geometry.h"
 #include "model/batch_plan.h"
 #include "model/checkpoint.h"
 #include "sched/sequence.h"
@@ -30,6 +31,13 @@ class ModelExecutor::ModelStep final : public InflightStep {
   // per logits row), and the forced tokens of plain rows, applied on the host.
   std::vector<std::vector<int32_t>> verify_drafts;
   std::vector<int32_t> forced;
+  // speculative_method "mtp": per sampling row, what drafting past it needs.
+  struct DraftRow {
+    int32_t slot = 0;
+    int32_t first_logit_pos = 0;  // position of the row's first logits row
+    std::vector<int32_t> block_table;
+  };
+  std::vector<DraftRow> draft_rows;
 };
 
 namespace {
@@ -162,8 +170,20 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
 
   m.caches->copy_state_slots(be, plan.copies_before);
   const RowSpan rows = plan.forward_rows();
+  // The MTP block follows the main layers in the same launch (eagerly: no decode graph), so its
+  // caches are snapshotted with theirs.
   const ModelInstance::Output forward =
-      m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
+      mtp_on() ? m.forward_with_mtp(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens)
+               : m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
+  if (mtp_on()) {
+    for (const StepRow& r : plan.rows) {
+      const ForwardRow& f = r.forward;
+      if (!r.samples()) continue;
+      step->draft_rows.push_back(
+          {f.slot, f.start_pos + f.num_tokens - f.num_logits,
+           std::vector<int32_t>(f.block_table.begin(), f.block_table.end())});
+    }
+  }
   if (forward.logits.defined()) {
     if (previous != nullptr && needs_previous_tokens(plan)) {
       step->sample_deferred = true;
@@ -386,10 +406,71 @@ void ModelExecutor::copy_results_to_host(ModelStep& step, const SampleResult& re
   }
 }
 
+void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
+  ModelInstance& m = *model_;
+  Backend& be = *m.backend;
+  const int k = options_.num_mtp_drafts;
+  result.drafts.assign(step.draft_rows.size(), {});
+  // Each sampling row's block pass stopped one position short of its last accepted one, whose
+  // next token this step just sampled: the drafts start there (ModelInstance::forward_with_mtp),
+  // with that token, on the trunk ring's row there.
+  std::vector<size_t> drafting;
+  draft_tokens_.clear();
+  mtp_rows_.clear();
+  size_t token = 0;
+  for (size_t b = 0; b < step.draft_rows.size(); ++b) {
+    const ModelStep::DraftRow& d = step.draft_rows[b];
+    const int count = result.counts.empty() ? 1 : result.counts[b];
+    token += static_cast<size_t>(count);
+    ForwardRow r;
+    r.slot = d.slot;
+    r.start_pos = d.first_logit_pos + count - 1;
+    r.num_tokens = 1;
+    if (r.start_pos + k > max_position()) continue;  // no room for the drafts' positions
+    drafting.push_back(b);
+    draft_tokens_.push_back(result.tokens[token - 1]);
+    mtp_rows_.push_back(r);
+  }
+  if (drafting.empty()) return;
+  // Drafts past the sequence's blocks write their (throwaway) compressed entries into block 0,
+  // which is never handed out; positions inside them are rewritten when they are computed.
+  draft_tables_.resize(drafting.size());
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    ForwardRow& r = mtp_rows_[i];
+    std::vector<int32_t>& table = draft_tables_[i];
+    table = step.draft_rows[drafting[i]].block_table;
+    table.resize(
+        std::max(table.size(), static_cast<size_t>(kv::blocks_for_tokens(r.start_pos + k))), 0);
+    r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
+    r.block_table = table;
+  }
+  std::vector<Tensor> host;  // [rows] i32 per draft step
+  {
+    HostSyncForbidden no_sync(be);
+    const std::vector<Tensor> drafts =
+        m.mtp_draft(mtp_rows_, table_width(mtp_rows_, m), m.mtp_ring_trunk(mtp_rows_), k);
+    for (const Tensor& t : drafts) {
+      host.push_back(Tensor::zeros({static_cast<int64_t>(drafting.size())}, DType::kI32));
+      be.copy_to_host(t, host.back());
+    }
+  }
+  be.record_event()->wait();
+  for (const Tensor& t : host) {
+    for (size_t i = 0; i < drafting.size(); ++i)
+      result.drafts[drafting[i]].push_back(t.data<int32_t>()[i]);
+  }
+}
+
 StepResult ModelExecutor::wait(InflightStep& step) {
   auto& s = dynamic_cast<ModelStep&>(step);
   DEEPINFER_CHECK(!s.sample_deferred, "waiting for a step whose sampling was never launched");
   s.done->wait();
+  StepResult result = sampled_result(s);
+  if (!s.draft_rows.empty()) draft_ahead(s, result);
+  return result;
+}
+
+StepResult ModelExecutor::sampled_result(ModelStep& s) {
   StepResult result;
   result.constraint_errors = std::move(s.constraint_errors);
   if (!s.verify_drafts.empty()) return verify_result(s, std::move(result));

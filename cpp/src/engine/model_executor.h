@@ -33,7 +33,10 @@ struct ModelExecutorOptions {
   int max_backtrack = 6;
   PlacementConfig placement;            // the engine's, resolved
   std::string kv_cache_dtype = "auto";  // CacheConfig::kv_cache_dtype
-  LoadProgress progress;                // Engine::create's, for the weight load
+  // speculative_method "mtp": the checkpoint's MTP block follows every step and drafts this many
+  // tokens past each sampling row (StepResult::drafts); 0: off.
+  int num_mtp_drafts = 0;
+  LoadProgress progress;  // Engine::create's, for the weight load
 };
 
 class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
@@ -55,6 +58,7 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   const std::vector<int>& eos_token_ids() const override { return model_->config.eos_token_ids; }
   const ModelConfig* model_config() const override { return &model_->config; }
   std::vector<std::string> load_notes() const override { return model_->notes; }
+  int num_mtp_blocks() const override { return model_->mtp ? model_->mtp->num_blocks() : 0; }
   uint64_t num_graph_steps() const override {
     return model_->graphs ? model_->graphs->stats().num_calls : 0;
   }
@@ -92,6 +96,12 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   void verify(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
               ModelStep& step);
   static StepResult verify_result(ModelStep& step, StepResult result);
+  static StepResult sampled_result(ModelStep& step);
+  // speculative_method "mtp" (engine/README.md#mtp-drafts): once the step's tokens are on the
+  // host, each sampling row's greedy drafts from the MTP block, run recurrently from its last
+  // accepted position.
+  void draft_ahead(ModelStep& step, StepResult& result);
+  bool mtp_on() const { return options_.num_mtp_drafts > 0 && model_->mtp != nullptr; }
   void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
 
   ModelExecutorOptions options_;
@@ -99,6 +109,10 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   // The sampling constants last uploaded, and the (request, epoch) of each row they describe.
   std::vector<std::pair<RequestId, uint32_t>> sampling_keys_;
   SamplingBatch sampling_;
+  // Host buffers of draft_ahead, reused.
+  std::vector<int32_t> draft_tokens_;
+  std::vector<ForwardRow> mtp_rows_;
+  std::vector<std::vector<int32_t>> draft_tables_;
 };
 
 }  // namespace deepinfer::engine

@@ -57,6 +57,8 @@ class StepExecutor {
   virtual int64_t kv_bytes_per_block() const { return 0; }
   virtual int64_t state_slot_bytes() const { return 0; }
   virtual bool kv_sized_from_memory() const { return false; }
+  // MTP blocks the checkpoint shipped and the executor loaded (speculative_method "mtp").
+  virtual int num_mtp_blocks() const { return 0; }
   // Engine::load_notes; none for executors without a checkpoint.
   virtual std::vector<std::string> load_notes() const { return {}; }
   // Decode steps run through recorded graphs so far (callable from any thread).

@@ -107,6 +107,11 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
     } else {
       block_layer_bytes_.push_back(0);
     }
+    if (li == config.num_hidden_layers) {
+      const int64_t trunk = int64_t{config.hc_mult} * config.hidden_size;
+      c.trunk_ring = backend.zeros({slots, shape.max_backtrack, trunk}, DType::kF32);
+      bytes_per_slot_ += shape.max_backtrack * trunk * f32;
+    }
     layers_.push_back(std::move(c));
   }
 }
@@ -128,7 +133,7 @@ void ModelCaches::copy_state_slots(Backend& backend,
   Tensor src_t = backend.upload(Tensor::from_vector(src, {n}), DType::kI32);
   Tensor dst_t = backend.upload(Tensor::from_vector(dst, {n}), DType::kI32);
   for (LayerCaches& c : layers_) {
-    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring}) {
+    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring, &c.trunk_ring}) {
       if (t->defined()) backend.copy_rows(*t, src_t, dst_t);
     }
   }
@@ -184,7 +189,7 @@ std::vector<Tensor> ModelCaches::state_views(int32_t slot) const {
   }
   std::vector<Tensor> views;
   for (const LayerCaches& c : layers_) {
-    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring}) {
+    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring, &c.trunk_ring}) {
       if (t->defined()) views.push_back(t->narrow(0, slot, 1));
     }
   }

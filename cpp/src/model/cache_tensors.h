@@ -49,7 +49,12 @@ struct LayerCaches {
   Tensor comp_entries;   // [blocks * 128/m, D]
   Tensor index_ring;     // [slots, Rc, 4 Di] (CSA layers)
   Tensor index_entries;  // [blocks * 128/m, Di]
-  int rope_dim = 0;      // RoPE channels of swa_ring / comp_entries rows (their fp8 record)
+  // The first MTP block only: the main model's HC trunk at the last `backtrack` positions
+  // [slots, backtrack, hc_mult * H] f32. The engine runs the block one position behind the main
+  // layers (position p reads the token at p + 1), so it reads the trunk of a chunk's first
+  // position - 1 from here (ModelInstance::forward_with_mtp).
+  Tensor trunk_ring;
+  int rope_dim = 0;  // RoPE channels of swa_ring / comp_entries rows (their fp8 record)
 };
 
 class ModelCaches {
@@ -75,11 +80,11 @@ class ModelCaches {
   // Host copies of one paged block and of one state slot, for the host and store tiers
   // (docs/kv_store.md). Block payload: for each layer in order, the block's compressed entries
   // then its index keys (bytes_per_block() in all). State payload: for each layer, the slot's SWA
-  // ring, compressor ring and indexer ring (bytes_per_state_slot() in all). Raw cache bytes in
-  // the caches' dtype, so an import restores exactly what was exported.
-  // export_*: enqueues the copies into `dst` (exactly the payload's size) behind all work
-  // enqueued so far; `dst` holds them once an event recorded afterwards completes, and
-  // `keep_alive` owns dst's memory until then. No host sync.
+  // ring, compressor ring, indexer ring and trunk ring (bytes_per_state_slot() in all). Raw cache
+  // bytes in the caches' dtype, so an import restores exactly what was exported. export_*: enqueues
+  // the copies into `dst` (exactly the payload's size) behind all work enqueued so far; `dst` holds
+  // them once an event recorded afterwards completes, and `keep_alive` owns dst's memory until
+  // then. No host sync.
   void export_block(Backend& backend, int32_t block, std::span<uint8_t> dst,
                     const std::shared_ptr<const void>& keep_alive) const;
   void export_state_slot(Backend& backend, int32_t slot, std::span<uint8_t> dst,

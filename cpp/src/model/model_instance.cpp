@@ -69,6 +69,102 @@ ModelInstance::MtpStep ModelInstance::mtp_forward(RowSpan rows, size_t max_block
   return {out.logits, out.hidden, plan.next_positions};
 }
 
+ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_blocks,
+                                                      LogitsMode mode,
+                                                      const Tensor& previous_tokens) {
+  if (mtp == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "forward with MTP: the checkpoint has no mtp.* block (or it was not loaded)");
+  }
+  const Tensor& ring = caches->layer(config.num_hidden_layers).trunk_ring;
+  const int64_t backtrack = ring.size(1);
+  const int64_t width = ring.size(2);
+  // The block's rows, and where each of its token rows takes its trunk: this call's trunk row, or
+  // (a row's first position, when it is start - 1) the ring's.
+  std::vector<ForwardRow> follow;
+  std::vector<int32_t> trunk_rows, ring_rows, ring_dest;
+  int32_t t = 0;
+  for (const ForwardRow& r : rows) {
+    ForwardRow f = r;
+    f.num_logits = 0;
+    if (r.start_pos > 0) {
+      f.start_pos -= 1;
+      ring_rows.push_back(static_cast<int32_t>(r.slot * backtrack + f.start_pos % backtrack));
+      ring_dest.push_back(static_cast<int32_t>(trunk_rows.size()));
+      trunk_rows.push_back(0);  // replaced by the ring's row
+    } else {
+      // Position 0 has no predecessor: the block starts at the row's second token.
+      f.num_tokens -= 1;
+      f.tokens = r.tokens.subspan(1);
+    }
+    for (int32_t i = 0; i + 1 < r.num_tokens; ++i) trunk_rows.push_back(t + i);
+    t += r.num_tokens;
+    if (f.num_tokens > 0) follow.push_back(f);
+  }
+  Backend& be = *backend;
+  auto upload_i32 = [&](const std::vector<int32_t>& v) {
+    return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
+  };
+  // Read before the forward overwrites the ring (a chunk of more than `backtrack` tokens would).
+  Tensor before;
+  if (!ring_rows.empty()) before = be.gather_rows(ring.reshape({-1, width}), upload_i32(ring_rows));
+
+  const BatchPlan plan = build_batch_plan(rows, config, caches->shape(), be, mode, max_blocks);
+  take_carried_tokens(be, rows, plan, previous_tokens);
+  Tensor hidden;
+  const Tensor logits = model->forward(plan, *caches, &hidden);
+  be.ring_write(ring, hidden.reshape({t, width}), plan.layout);
+  if (!follow.empty()) {
+    const Tensor x = be.gather_rows(hidden, upload_i32(trunk_rows));
+    if (before.defined()) be.scatter_rows(x.reshape({-1, width}), before, upload_i32(ring_dest));
+    const BatchPlan next =
+        build_batch_plan(follow, config, caches->shape(), be, LogitsMode::kLast, max_blocks);
+    take_carried_tokens(be, follow, next, previous_tokens);
+    mtp->forward(next, x, *caches, 0);
+  }
+  return {logits, plan.next_positions};
+}
+
+Tensor ModelInstance::mtp_ring_trunk(RowSpan rows) {
+  const Tensor& ring = caches->layer(config.num_hidden_layers).trunk_ring;
+  const int64_t backtrack = ring.size(1);
+  std::vector<int32_t> at;
+  for (const ForwardRow& r : rows)
+    at.push_back(static_cast<int32_t>(r.slot * backtrack + r.start_pos % backtrack));
+  const Tensor index =
+      backend->upload(Tensor::from_vector(at, {static_cast<int64_t>(at.size())}), DType::kI32);
+  return backend->gather_rows(ring.reshape({-1, config.hc_mult, config.hidden_size}), index);
+}
+
+std::vector<Tensor> ModelInstance::mtp_draft(RowSpan rows, size_t max_blocks, const Tensor& hidden,
+                                             int num_drafts, std::vector<Tensor>* logits) {
+  std::vector<Tensor> tokens;
+  MtpStep step = mtp_forward(rows, max_blocks, LogitsMode::kLast, Tensor(), hidden, 0);
+  if (logits != nullptr) logits->push_back(step.logits);
+  tokens.push_back(backend->argmax(step.logits));
+  // Later steps: one row per sequence at the next position, its token the previous draft (taken
+  // on the device), its hidden the previous step's trunk.
+  static constexpr int32_t kPlaceholder[1] = {0};
+  std::vector<ForwardRow> next(rows.size());
+  for (int j = 1; j < num_drafts; ++j) {
+    for (size_t s = 0; s < rows.size(); ++s) {
+      const ForwardRow& r = rows[s];
+      ForwardRow& n = next[s];
+      n.slot = r.slot;
+      n.start_pos = r.start_pos + r.num_tokens - 1 + j;
+      n.num_tokens = 1;
+      n.tokens = std::span<const int32_t>(kPlaceholder, 1);
+      n.block_table = r.block_table;
+      n.token_from_previous = static_cast<int32_t>(s);
+    }
+    max_blocks = validate_rows(next, config, caches->shape(), /*check_tokens=*/false);
+    step = mtp_forward(next, max_blocks, LogitsMode::kLast, tokens.back(), step.hidden, j);
+    if (logits != nullptr) logits->push_back(step.logits);
+    tokens.push_back(backend->argmax(step.logits));
+  }
+  return tokens;
+}
+
 namespace {
 
 std::string gib(int64_t bytes) {

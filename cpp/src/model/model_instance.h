@@ -64,6 +64,25 @@ struct ModelInstance {
     // [logit rows] i32: each logits row's position + 1 (its logits predict the token at + 2)
     Tensor next_positions;
   };
+  // forward() for an engine that drafts with the MTP block (runs eagerly). The block follows the
+  // main layers one position behind: position p reads the token at p + 1, so each row's block
+  // pass covers positions start - 1 .. end - 2 (its tokens are the row's), reading the trunk at
+  // start - 1 from the slot's trunk ring, which then receives the row's trunk. So the block's
+  // caches and the trunk ring of a slot depend only on the tokens its main caches hold, and are
+  // copied, snapshotted and exported with them. Needs an MTP block.
+  Output forward_with_mtp(RowSpan rows, size_t max_blocks, LogitsMode mode,
+                          const Tensor& previous_tokens);
+  // The trunk ring's row at each row's start_pos (written by forward_with_mtp within the last
+  // max_backtrack positions): [rows, hc_mult, H] on the device.
+  Tensor mtp_ring_trunk(RowSpan rows);
+  // Greedy drafts: MTP step 0 over `rows` (their tokens are each position's next token, `hidden`
+  // [T, hc_mult, H] the trunk there) drafts each row's first token from its last position; each
+  // of the num_drafts - 1 further steps runs one token per row, the previous draft at the next
+  // position, on the previous step's trunk. Returns the drafts per step ([rows] i32 on the
+  // device); `logits` (when given) receives each step's [rows, vocab] f32.
+  std::vector<Tensor> mtp_draft(RowSpan rows, size_t max_blocks, const Tensor& hidden,
+                                int num_drafts, std::vector<Tensor>* logits = nullptr);
+
   // Enqueues MTP draft step `step` (MtpDrafter::forward) over `rows` (validate_rows' result is
   // `max_blocks`), whose tokens are each position's next token; carried tokens as in forward.
   // `hidden`: [T, hc_mult, H] on the device. Error(kInvalidArgument) when there is no drafter.

@@ -77,32 +77,9 @@ class CheckpointModelRunner final : public ModelRunner {
     std::vector<Tensor> logits, tokens;  // per draft step, on the device
     {
       HostSyncForbidden no_sync(be);
-      size_t max_blocks = set_rows(batch);
-      ModelInstance::MtpStep step = m.mtp_forward(rows_, max_blocks, LogitsMode::kLast, Tensor(),
-                                                  upload_hidden("mtp_draft", hidden), 0);
-      logits.push_back(step.logits);
-      tokens.push_back(be.argmax(step.logits));
-      // Later steps: one row per sequence at the next position, its token the previous draft
-      // (taken on the device), its hidden the previous step's trunk.
-      const std::vector<int32_t> placeholder(1, 0);
-      std::vector<ForwardRow> next(batch.size());
-      for (int j = 1; j < num_drafts; ++j) {
-        for (size_t s = 0; s < batch.size(); ++s) {
-          const SequenceChunk& c = batch[s];
-          ForwardRow& r = next[s];
-          r.slot = c.slot;
-          r.start_pos =
-              static_cast<int32_t>(c.start_pos + static_cast<int64_t>(c.tokens.size()) - 1 + j);
-          r.num_tokens = 1;
-          r.tokens = placeholder;
-          r.block_table = c.block_table;
-          r.token_from_previous = static_cast<int32_t>(s);
-        }
-        max_blocks = validate_rows(next, m.config, m.caches->shape(), /*check_tokens=*/false);
-        step = m.mtp_forward(next, max_blocks, LogitsMode::kLast, tokens.back(), step.hidden, j);
-        logits.push_back(step.logits);
-        tokens.push_back(be.argmax(step.logits));
-      }
+      const size_t max_blocks = set_rows(batch);
+      tokens =
+          m.mtp_draft(rows_, max_blocks, upload_hidden("mtp_draft", hidden), num_drafts, &logits);
     }
     const int64_t seqs = static_cast<int64_t>(batch.size());
     const int64_t vocab = m.config.vocab_size;

@@ -384,6 +384,7 @@ void Scheduler::preempt(Sequence& s, std::vector<RequestOutput>& out) {
   kv_.release(s);
   --num_holding_;
   ++s.epoch;
+  s.model_drafts_at = -1;  // made over caches that are gone
   s.num_computed = 0;
   s.prefix_checkpoint = 0;
   s.state = SeqState::kWaiting;
@@ -489,6 +490,10 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       }
     }
     DEEPINFER_CHECK(s.num_computed > computed_before, "a sampling row computed nothing");
+    if (!s.finished() && my_sample < result.drafts.size()) {
+      s.model_drafts = result.drafts[my_sample];
+      s.model_drafts_at = s.num_tokens();
+    }
     kv_.on_committed(s, r.snapshot, r.snapshot_pos);
   }
   DEEPINFER_CHECK(

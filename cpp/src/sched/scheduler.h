@@ -60,7 +60,11 @@ class Scheduler {
 
   // Speculative decoding: decode rows of sequences with nothing in flight carry up to
   // `max_drafts` drafts from `drafter` (null: none); drafts outside [0, vocab_size) are dropped.
+  // Replaces any drafter, the executor's included.
   void set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size);
+  // Drafts come from the executor instead (StepResult::drafts, kept on each sequence by the
+  // commit): speculative_method "mtp".
+  void use_executor_drafts(int max_drafts);
   // A decode step of `num_tokens` tokens took `seconds`: the confidence budget's cost model.
   void observe_decode_step(int num_tokens, double seconds) {
     budget_.observe_step(num_tokens, seconds);
@@ -76,6 +80,7 @@ class Scheduler {
   void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
   void propose_drafts(Sequence& s);
   int draft_limit(const Sequence& s) const;
+  bool drafting() const { return (drafter_ != nullptr || executor_drafts_) && max_drafts_ > 0; }
   void unreserve(const StepPlan& plan);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
   void finish(Sequence& s, FinishReason reason, std::string detail,
@@ -98,6 +103,7 @@ class Scheduler {
   uint64_t next_step_id_ = 1;
   int num_sampling_rows_ = 0;  // in the plan being built
   std::shared_ptr<Drafter> drafter_;
+  bool executor_drafts_ = false;  // use_executor_drafts
   int max_drafts_ = 0;
   int vocab_size_ = 0;
   std::vector<int32_t> drafts_;  // the row being planned

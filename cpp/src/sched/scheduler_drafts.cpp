@@ -1,6 +1,7 @@
 // The scheduler's speculative-decoding part: which sequences draft, how many drafts the
 // confidence budget gives each, and asking the drafter (scheduler.h).
 #include <algorithm>
+#include <cstddef>
 #include <exception>
 #include <utility>
 #include <vector>
@@ -14,8 +15,7 @@ namespace deepinfer::sched {
 void Scheduler::plan_draft_budget() {
   std::vector<Sequence*> eligible;
   std::vector<const DraftEstimate*> estimates;
-  const bool on =
-      drafter_ != nullptr && max_drafts_ > 0 && config_.speculative_budget == "confidence";
+  const bool on = drafting() && config_.speculative_budget == "confidence";
   for (Sequence* s : running_) {
     s->draft_budget = -1;
     if (!on || s->state != SeqState::kRunning || draft_limit(*s) <= 0) continue;
@@ -32,15 +32,22 @@ void Scheduler::plan_draft_budget() {
 
 void Scheduler::set_drafter(std::shared_ptr<Drafter> drafter, int max_drafts, int vocab_size) {
   drafter_ = std::move(drafter);
+  executor_drafts_ = false;
   max_drafts_ = max_drafts;
   vocab_size_ = vocab_size;
+}
+
+void Scheduler::use_executor_drafts(int max_drafts) {
+  drafter_ = nullptr;
+  executor_drafts_ = true;
+  max_drafts_ = max_drafts;
 }
 
 // The most drafts `s` may verify in the next decode step; 0 when it cannot draft: no drafter, a
 // step in flight (the context is not known yet), penalties or forced tokens, a constraint that
 // cannot roll back, or no token budget left.
 int Scheduler::draft_limit(const Sequence& s) const {
-  if (drafter_ == nullptr || max_drafts_ <= 0 || s.inflight.steps > 0) return 0;
+  if (!drafting() || s.inflight.steps > 0) return 0;
   // Penalties would need each draft row's own history: not yet. A constraint drafts when it can
   // roll back (the executor masks each verify row by accepting the drafts before it).
   const SamplingParams& p = s.params;
@@ -64,6 +71,13 @@ void Scheduler::propose_drafts(Sequence& s) {
   int budget = draft_limit(s);
   if (s.draft_budget >= 0) budget = std::min(budget, s.draft_budget);
   if (budget <= 0) return;
+  if (executor_drafts_) {
+    // Made for exactly the committed tokens (the executor drafts past every sampling row).
+    if (s.model_drafts_at != s.num_tokens()) return;
+    const size_t n = std::min(s.model_drafts.size(), static_cast<size_t>(budget));
+    drafts_.assign(s.model_drafts.begin(), s.model_drafts.begin() + static_cast<std::ptrdiff_t>(n));
+    return;
+  }
   try {
     drafter_->propose(s.id, s.tokens, budget, drafts_);
   } catch (const std::exception&) {

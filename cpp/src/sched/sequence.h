@@ -75,6 +75,11 @@ struct Sequence {
   // budget allows it in the step being planned (-1: no budget, the configured maximum).
   DraftEstimate draft_estimate;
   int draft_budget = -1;
+  // Drafts the executor made after the step that left `num_tokens() == model_drafts_at`
+  // (speculative_method "mtp"); stale once more tokens are committed or the sequence is
+  // preempted.
+  std::vector<int32_t> model_drafts;
+  int model_drafts_at = -1;
 
   bool ready_emitted = false;
   int prompt_cache_hit_tokens = 0;

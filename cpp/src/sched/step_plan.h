@@ -82,6 +82,9 @@ struct StepResult {
   // (sampling row, message): a row whose constraint failed while its logits were adjusted; the
   // commit ends that request with kGrammarError.
   std::vector<std::pair<int, std::string>> constraint_errors;
+  // speculative_method "mtp": per sampling row, the MTP block's greedy drafts for the tokens
+  // after this step's (empty: the executor drafts nothing).
+  std::vector<std::vector<int32_t>> drafts;
 };
 
 inline int StepPlan::num_tokens() const {

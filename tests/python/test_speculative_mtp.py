@@ -1,0 +1,176 @@
+"""Speculative decoding with the checkpoint's MTP block (speculative_method "mtp") on the tiny
+model with an MTP block (CPU): greedy outputs are identical to decoding without drafts, with
+chunked prefill, prefix-cache hits, preemption and aborts, and nothing leaks.
+
+With random tiny weights the block's drafts are almost never accepted, so acceptance cannot show
+that the engine feeds the block the right trunk rows, tokens and caches. A recording constraint
+does: the engine accepts a verify row's drafts into the request's constraint to mask each row,
+so every draft the engine proposed is seen there, and each must equal ModelRunner.mtp_draft over
+the same committed tokens (the main trunk from forward_hidden, the block run over every position
+from 0). CPU rows are computed independently and in a fixed order, so they match bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+
+import deepinfer_core as dc
+import pytest
+from deepinfer.tiny import ensure_tiny_checkpoint
+from engine_helpers import Trace, assert_pools_full, cpu_engine, drain, run_all
+from runner_driver import RunnerDriver
+
+
+@pytest.fixture(scope="module")
+def mtp_checkpoint(tiny_checkpoint):
+    return ensure_tiny_checkpoint(tiny_checkpoint.parent, mtp=True)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(21)
+    return [[rng.randrange(2, 129000) for _ in range(n)] for n in (4, 37, 130, 260, 9, 70, 1)]
+
+
+def greedy(n: int = 12, constraint=None) -> dc.SamplingParams:
+    return dc.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, constraint=constraint)
+
+
+@pytest.fixture(scope="module")
+def plain(mtp_checkpoint, prompts) -> list[list[int]]:
+    return run_all(cpu_engine(mtp_checkpoint, max_num_seqs=8), prompts, greedy())[0]
+
+
+def mtp_engine(checkpoint, k: int, **options) -> dc.Engine:
+    return cpu_engine(checkpoint, num_speculative_tokens=k, speculative_method="mtp", **options)
+
+
+class Recorder(dc.TokenConstraint):
+    """Allows every token and records what the engine accepts: a verify row's drafts are accepted
+    and then rolled back, committed tokens are accepted for good."""
+
+    def __init__(self, prompt: list[int]) -> None:
+        super().__init__()
+        self.committed = list(prompt)
+        self.pending: list[int] = []
+        self.drafts: list[tuple[list[int], list[int]]] = []  # (committed tokens, drafts)
+
+    def fill_allowed(self, mask) -> None:
+        mask[:] = 0xFFFFFFFF
+
+    def accept(self, token: int) -> bool:
+        self.pending.append(token)
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def can_rollback(self) -> bool:
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        # The row's drafts were accepted on top of everything committed so far.
+        context = self.committed + self.pending[:-num_tokens]
+        self.drafts.append((context, self.pending[-num_tokens:]))
+        del self.pending[len(self.pending) - num_tokens :]
+        self.committed += self.pending
+        self.pending.clear()
+
+
+def assert_drafts_match_the_runner(checkpoint, recorders: list[Recorder], k: int) -> None:
+    driver = RunnerDriver(str(checkpoint), max_seqs=1, max_len=512)
+    checked = 0
+    for rec in recorders:
+        for context, drafts in rec.drafts:
+            # The engine has computed positions 0..n-2; the block reads, at each, the main trunk
+            # there and the token after it.
+            n = len(context)
+            _, hidden = driver.runner.forward_hidden([driver.chunk(0, 0, context[:-1])])
+            want, _ = driver.runner.mtp_draft([driver.chunk(0, 0, context[1:])], hidden, k)
+            assert 1 <= len(drafts) <= k
+            assert drafts == want[0, : len(drafts)].tolist(), f"drafts after {n} tokens"
+            checked += 1
+    assert checked > 0
+
+
+def recorded_run(engine, prompts, n: int = 12) -> tuple[list[list[int]], list[Recorder]]:
+    recorders = [Recorder(p) for p in prompts]
+    outs = run_all(engine, prompts, [greedy(n, r) for r in recorders])[0]
+    return outs, recorders
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_outputs_identical_with_mtp_drafts(mtp_checkpoint, prompts, plain, k) -> None:
+    engine = mtp_engine(mtp_checkpoint, k, max_num_seqs=8)
+    assert run_all(engine, prompts, greedy())[0] == plain
+    s = engine.stats()
+    assert s["draft_tokens"] > 0 and s["verify_rows"] > 0
+    assert sum(s["drafts_at_position"]) == s["draft_tokens"]
+    assert sum(s["accepted_at_position"]) == s["accepted_draft_tokens"]
+    assert s["drafts_at_position"][k - 1] > 0 and s["drafts_at_position"][k] == 0
+    assert_pools_full(engine)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_engine_drafts_are_the_runners_mtp_drafts(mtp_checkpoint, prompts, plain, k) -> None:
+    """Chunked prefill (64-token chunks) over prompts longer than the block's window ring, and a
+    one-token prompt: the drafts after each step are mtp_draft's over the committed tokens."""
+    engine = mtp_engine(mtp_checkpoint, k, max_num_seqs=8, max_num_batched_tokens=64)
+    chosen = (1, 3, 4, 6)
+    outs, recorders = recorded_run(engine, [prompts[i] for i in chosen])
+    assert outs == [plain[i] for i in chosen]
+    assert_drafts_match_the_runner(mtp_checkpoint, recorders, k)
+    assert_pools_full(engine)
+
+
+def test_mtp_drafts_with_prefix_hits(mtp_checkpoint, prompts) -> None:
+    """A prefix hit restores the block's rings from the snapshot with the main layers' ones."""
+    shared = prompts[3][:256]
+    variants = [shared + [11, 12], shared + [21, 22, 23]]
+    cold = run_all(cpu_engine(mtp_checkpoint, max_num_seqs=4), variants, greedy())[0]
+    engine = mtp_engine(mtp_checkpoint, 2, max_num_seqs=4)
+    run_all(engine, [shared + [99]], greedy(2))
+    recorders = [Recorder(p) for p in variants]
+    outs, trace = run_all(engine, variants, [greedy(12, r) for r in recorders])
+    assert outs == cold
+    hits = [trace.ready(rid).prompt_cache_hit_tokens for rid in sorted(trace.outputs)]
+    assert hits == [256, 256], hits
+    assert_drafts_match_the_runner(mtp_checkpoint, recorders, 2)
+    assert_pools_full(engine)
+
+
+def test_mtp_drafts_with_preemption_recompute(mtp_checkpoint) -> None:
+    """A recomputed request runs the block over its prompt again: its drafts stay exact."""
+    rng = random.Random(5)
+    prompts = [[rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(6)]
+    roomy = run_all(cpu_engine(mtp_checkpoint), prompts, greedy(24))[0]
+    tight = mtp_engine(mtp_checkpoint, 3, num_kv_blocks=6)
+    outs, recorders = recorded_run(tight, prompts, 24)
+    assert outs == roomy
+    assert tight.stats()["num_preemptions"] > 0
+    assert_drafts_match_the_runner(mtp_checkpoint, recorders[:2], 3)
+    assert_pools_full(tight)
+
+
+def test_aborts_with_mtp_drafts_leak_nothing(mtp_checkpoint, prompts, plain) -> None:
+    engine = mtp_engine(mtp_checkpoint, 3, max_num_seqs=8)
+    ids = [engine.add_request(p, greedy(30)) for p in prompts]
+    trace = Trace()
+    for _ in range(5):
+        trace.record(engine.step())
+    assert engine.stats()["draft_tokens"] > 0
+    engine.abort(ids[1])
+    engine.abort(ids[4])
+    drain(engine, trace)
+    assert trace.finish(ids[1]) == "abort" and trace.finish(ids[4]) == "abort"
+    for i in (0, 2, 3, 5, 6):
+        assert trace.tokens(ids[i])[:12] == plain[i]
+    assert_pools_full(engine)
+
+
+def test_mtp_needs_an_mtp_block(tiny_checkpoint, mtp_checkpoint) -> None:
+    with pytest.raises(ValueError, match=r"'speculative_method' is \"mtp\".*no MTP block"):
+        mtp_engine(tiny_checkpoint, 2)
+    # Without drafts the method asks for nothing.
+    cpu_engine(tiny_checkpoint, num_speculative_tokens=0, speculative_method="mtp")
+    assert mtp_engine(mtp_checkpoint, 2).config.scheduler.zero_overhead is False
