@@ -21,7 +21,7 @@
 #include "cases.h"
 #include "indexer_rows.h"
 #include "inputs.h"
-#include "tensor/kv_record.h"
+#include "kv_inputs.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -99,21 +99,7 @@ Tensor random_cache(Rng& rng, const Shape& rows_shape, int64_t dim, int64_t rope
   Shape shape = rows_shape;
   shape.push_back(dim);
   Tensor rows = random_f32(rng, shape);
-  if (dtype == DType::kF32) return rows;
-  const kv_record::RowCodec codec{dtype, dim, rope};
-  shape.back() = codec.row_width();
-  Tensor cache = Tensor::zeros(shape, dtype);
-  auto* dst = static_cast<uint8_t*>(cache.raw_data());
-  for (int64_t r = 0; r < rows.numel() / dim; ++r) {
-    codec.encode(rows.data<float>() + r * dim, dst + r * codec.row_bytes());
-  }
-  return cache;
-}
-
-std::string kv_label(DType kv) {
-  if (kv == DType::kBF16) return "kv_bf16_";
-  if (kv == DType::kU8) return "kv_fp8_";
-  return "";
+  return dtype == DType::kF32 ? rows : encode_kv_rows(rows, dtype, rope);
 }
 
 struct AttnIn {

@@ -1,8 +1,9 @@
 // Rows of the cache ops (ring_write, compress_pool, scatter_rows), at tiny widths and at
 // V4-Flash widths (D = 512, SWA ring of 134, CSA m = 4 with overlap, HCA m = 128). Rings and
 // caches start as random garbage so a row read from or written to the wrong slot shows up.
-// ring_write and scatter_rows copy or encode (bf16 and fp8 KV caches, kv_record.h, rows labelled
-// bf16_ / fp8_): byte-exact; compress_pool's softmax differs by summation order and expf ulps.
+// ring_write and scatter_rows copy or encode (bf16 and fp8 KV caches, kv_record.h, rows
+// labelled kv_bf16_ / kv_fp8_): byte-exact; compress_pool's softmax differs by summation order
+// and expf ulps.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -29,7 +30,7 @@ void add_ring_write(std::vector<OpCase>& t, const std::string& label,
                     int64_t width, DType dtype = DType::kF32, int rope_dim = 0) {
   add(t, Case<RingIn>{
              .op = "ring_write",
-             .label = kv_tag(dtype) + label,
+             .label = kv_label(dtype) + label,
              .draw =
                  [=](Rng& rng) {
                    HostBatch hb(rng, seqs, 128);
@@ -121,7 +122,7 @@ void add_scatter(std::vector<OpCase>& t, int64_t cache_rows, int64_t n, int64_t 
                  int padding = 0, DType dtype = DType::kF32, int rope_dim = 0) {
   add(t, Case<Tensors>{
              .op = "scatter_rows",
-             .label = kv_tag(dtype) + (padding ? "padding_" : "") + std::to_string(n) + "_into_" +
+             .label = kv_label(dtype) + (padding ? "padding_" : "") + std::to_string(n) + "_into_" +
                       std::to_string(cache_rows) + "x" + std::to_string(width) +
                       (rope_dim ? "_rope" + std::to_string(rope_dim) : ""),
              .draw =

@@ -1,8 +1,8 @@
 // Rows of indexer_topk over bf16 and fp8 index caches (kv_record.h: bf16 keys, or e4m3 keys with
-// one f32 scale), labelled bf16_ / fp8_: the rows of cases_attention.cpp (indexer_rows.h) with
-// the cache drawn as f32 keys stored through the host codec, so that both backends decode the
-// same records. The exact rows' keys (exact_kv_keys) survive both formats unchanged and keep every
-// score exact in f32; the random-float row's e4m3 keys use every code. (ring_write and
+// one f32 scale), labelled kv_bf16_ / kv_fp8_: the rows of cases_attention.cpp (indexer_rows.h)
+// with the cache drawn as f32 keys stored through the host codec, so that both backends decode
+// the same records. The exact rows' keys (exact_kv_keys) survive both formats unchanged and keep
+// every score exact in f32; the random-float row's e4m3 keys use every code. (ring_write and
 // scatter_rows, which write these formats, have their bf16 / fp8 rows in cases_cache.cpp.)
 #include <vector>
 

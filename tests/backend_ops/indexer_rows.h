@@ -28,7 +28,7 @@ struct Indexer {
   int dim = 32;
   int ratio = 4;
   bool integers = true;
-  DType cache = DType::kF32;  // the index cache's KV dtype (kv_record.h); labels get kv_tag
+  DType cache = DType::kF32;  // the index cache's KV dtype (kv_record.h); labels get kv_label
 };
 
 struct IndexerIn {
@@ -90,7 +90,7 @@ inline void add_indexer_exact(std::vector<OpCase>& t, const std::string& label, 
   for (const int top_k : top_ks) {
     add(t, Case<IndexerIn>{
                .op = "indexer_topk",
-               .label = kv_tag(c.cache) + label + "_top" + std::to_string(top_k),
+               .label = kv_label(c.cache) + label + "_top" + std::to_string(top_k),
                .draw = [c](std::mt19937& rng) { return draw_indexer(c, rng); },
                .run =
                    [c, top_k](Backend& be, const IndexerIn& in) {
@@ -150,7 +150,7 @@ inline void add_indexer_floats(std::vector<OpCase>& t, const std::string& label,
   add(t,
       Case<IndexerIn>{
           .op = "indexer_topk",
-          .label = kv_tag(c.cache) + label + "_top" + std::to_string(top_k),
+          .label = kv_label(c.cache) + label + "_top" + std::to_string(top_k),
           .draw = [c](std::mt19937& rng) { return draw_indexer(c, rng); },
           .run = [=](Backend& be,
                      const IndexerIn& in) { return run_indexer(be, c, in, top_k, sscale, wscale); },

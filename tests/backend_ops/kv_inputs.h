@@ -13,16 +13,11 @@
 
 namespace deepinfer::backend_ops {
 
-// The label prefix of a KV dtype variant: "" for f32, "bf16_", "fp8_" (kU8 records).
-inline std::string kv_tag(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return "bf16_";
-    case DType::kU8:
-      return "fp8_";
-    default:
-      return "";
-  }
+// The label prefix of a KV dtype variant: "" for f32, "kv_bf16_", "kv_fp8_" (kU8 records).
+inline std::string kv_label(DType dtype) {
+  if (dtype == DType::kBF16) return "kv_bf16_";
+  if (dtype == DType::kU8) return "kv_fp8_";
+  return "";
 }
 
 // n rows of dim f32 channels for the KV encoders. Half are N(0, 1); a quarter are integers in
@@ -65,13 +60,16 @@ inline Tensor random_kv_cache(std::mt19937& rng, Shape lead, DType dtype, int64_
   return random_bytes(rng, lead, dtype);
 }
 
-// rows [n, dim] f32 as a KV cache of `dtype` [n, row width], encoded by the host codec.
+// rows [.., dim] f32 as a KV cache of `dtype` [.., row width], encoded by the host codec.
 inline Tensor encode_kv_rows(const Tensor& rows, DType dtype, int64_t rope_dim) {
-  const kv_record::RowCodec codec{dtype, rows.size(1), rope_dim};
-  Tensor cache = Tensor::zeros({rows.size(0), codec.row_width()}, dtype);
+  const int64_t dim = rows.shape().back();
+  const kv_record::RowCodec codec{dtype, dim, rope_dim};
+  Shape shape = rows.shape();
+  shape.back() = codec.row_width();
+  Tensor cache = Tensor::zeros(shape, dtype);
   auto* dst = static_cast<uint8_t*>(cache.raw_data());
-  for (int64_t i = 0; i < rows.size(0); ++i) {
-    codec.encode(rows.data<float>() + i * codec.dim, dst + i * codec.row_bytes());
+  for (int64_t r = 0; r < rows.numel() / dim; ++r) {
+    codec.encode(rows.data<float>() + r * dim, dst + r * codec.row_bytes());
   }
   return cache;
 }
