@@ -214,6 +214,20 @@ def test_yoco_mask_equals_compact(name):
     else:
         assert int(kept.sum()) == cfg.yoco_keep_tokens and kept[-cfg.yoco_keep_tokens :].all()
     assert rel_err(compact[kept], mask[kept]) <= 1e-6
+    b = cfg.n_prefill_layer
+    if b is not None:
+        # The boundary layer's C1 entries (and index K) still cover every token (C.6).
+        full = m.new_cache()
+        m.forward_chunk(full, toks)
+        assert cache.comp_kv[b].shape[0] == len(toks)
+        assert rel_err(cache.comp_kv[b], full.comp_kv[b]) <= 1e-6
+        assert rel_err(cache.index_k[b], full.index_k[b]) <= 1e-6
+        # Chunked prefill: the rows compact computes agree with mask.
+        c2, m2 = m.new_cache("compact"), m.new_cache("mask")
+        for lo, hi in ((0, 25), (25, len(toks))):
+            a, w = m.forward_chunk(c2, toks[lo:hi]), m.forward_chunk(m2, toks[lo:hi])
+            k = ~a.isnan().any(-1)
+            assert k.any() and rel_err(a[k], w[k]) <= 1e-6
     # Decoding after a truncated prefill: compact and mask caches keep agreeing.
     mcache = m.new_cache("mask")
     m.forward_chunk(mcache, toks)
