@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/cache_geometry.h"
@@ -25,6 +26,7 @@ struct Options {
   int max_model_len = 4096;
   int num_snapshot_slots = 0;
   PreemptionMode preemption = PreemptionMode::kRecompute;
+  std::string speculative_budget = "fixed";
 };
 
 // A scheduler over its own allocator, with the outputs it produced so far.
@@ -82,6 +84,7 @@ class Harness {
     c.max_num_batched_tokens = o.max_num_batched_tokens;
     c.max_model_len = o.max_model_len;
     c.preemption = o.preemption;
+    c.speculative_budget = o.speculative_budget;
     return c;
   }
   KvAllocator kv_;
@@ -356,6 +359,71 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   ASSERT_EQ(h.schedule(plain), Outcome::kScheduled);
   EXPECT_EQ(plain.rows[0].num_drafts, 0);
   h.commit(plain);
+}
+
+// The MTP drafts' probabilities travel with them: a verify row's drafts are recorded for the
+// calibration with the cumulative products of their probabilities, with their outcomes.
+TEST(Scheduler, ExecutorDraftProbabilitiesAreTheVerifiedDraftsEstimates) {
+  Harness h({});
+  h.scheduler().use_executor_drafts(3);
+  h.add(prompt_of(10), 16);
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  StepResult first;
+  first.tokens = {7};
+  first.drafts = {{11, 12, 13}};
+  first.draft_probs = {{0.5f, 0.5f, 0.25f}};
+  h.scheduler().commit(prefill, first, h.out);
+  StepPlan verify;
+  ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
+  ASSERT_EQ(verify.rows[0].num_drafts, 3);
+  StepResult second;  // draft 0 accepted, draft 1 rejected
+  second.tokens = {11, 9};
+  second.counts = {2};
+  h.scheduler().commit(verify, second, h.out);
+  const DraftCalibration& c = h.scheduler().stats().calibration;
+  // Estimates 0.5 (accepted), 0.25 (rejected), 0.0625 (rejected: never reached).
+  EXPECT_EQ(c.drafts[5], 1u);
+  EXPECT_EQ(c.accepted[5], 1u);
+  EXPECT_EQ(c.drafts[2], 1u);
+  EXPECT_EQ(c.drafts[0], 1u);
+  EXPECT_EQ(c.accepted[2] + c.accepted[0], 0u);
+  EXPECT_DOUBLE_EQ(c.estimate_sum[5] + c.estimate_sum[2] + c.estimate_sum[0], 0.8125);
+  EXPECT_EQ(h.scheduler().stats().verify_steps, 1u);
+  EXPECT_NEAR(calibration_error(c), (0.5 + 0.25 + 0.0625) / 3, 1e-12);
+  StepPlan plain;  // the second result drafted nothing
+  ASSERT_EQ(h.schedule(plain), Outcome::kScheduled);
+  EXPECT_EQ(plain.rows[0].num_drafts, 0);
+  h.commit(plain);
+}
+
+// The confidence budget reads MTP drafts' probabilities: with a fitted cost model a request
+// verifies its likely first draft and not the unlikely ones after it.
+TEST(Scheduler, ConfidenceBudgetVerifiesOnlyLikelyMtpDrafts) {
+  Harness h({.speculative_budget = "confidence"});
+  h.scheduler().use_executor_drafts(3);
+  for (int t = 1; t <= 64; t += 3) h.scheduler().observe_decode_step(t, 0.004 + 0.0004 * t);
+  h.add(prompt_of(10), 16);
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  StepResult first;
+  first.tokens = {7};
+  first.drafts = {{11, 12, 13}};
+  first.draft_probs = {{0.99f, 0.01f, 0.9f}};  // a_j = 0.99, 0.0099, 0.00891
+  h.scheduler().commit(prefill, first, h.out);
+  StepPlan verify;
+  ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
+  EXPECT_EQ(verify.rows[0].num_drafts, 1);
+  StepResult second;
+  second.tokens = {11, 9};
+  second.counts = {2};
+  second.drafts = {{21, 22, 23}};
+  second.draft_probs = {{0.001f, 0.5f, 0.5f}};
+  h.scheduler().commit(verify, second, h.out);
+  StepPlan none;
+  ASSERT_EQ(h.schedule(none), Outcome::kScheduled);
+  EXPECT_EQ(none.rows[0].num_drafts, 0);
+  h.commit(none);
 }
 
 }  // namespace
