@@ -62,6 +62,19 @@ class Harness {
     scheduler_.commit(plan, result, out);
     scheduler_.check_invariants();
   }
+  // Commits an executor's result: `tokens` with `counts` per sampling row (empty: one each), and
+  // the drafts it made past each row with their probabilities (speculative_method "mtp").
+  void commit_drafts(const StepPlan& plan, std::vector<int32_t> tokens, std::vector<int> counts,
+                     std::vector<std::vector<int32_t>> drafts,
+                     std::vector<std::vector<float>> draft_probs = {}) {
+    StepResult result;
+    result.tokens = std::move(tokens);
+    result.counts = std::move(counts);
+    result.drafts = std::move(drafts);
+    result.draft_probs = std::move(draft_probs);
+    scheduler_.commit(plan, result, out);
+    scheduler_.check_invariants();
+  }
   // Commits with token 7 for every sampling row.
   void commit(const StepPlan& plan) {
     commit(plan, std::vector<int32_t>(static_cast<size_t>(plan.num_sampling_rows()), 7));
@@ -326,18 +339,9 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   Harness h({});
   h.scheduler().use_executor_drafts(3);
   const RequestId id = h.add(prompt_of(10), 16);
-  auto commit = [&](const StepPlan& plan, std::vector<int32_t> tokens, std::vector<int> counts,
-                    std::vector<std::vector<int32_t>> drafts) {
-    StepResult result;
-    result.tokens = std::move(tokens);
-    result.counts = std::move(counts);
-    result.drafts = std::move(drafts);
-    h.scheduler().commit(plan, result, h.out);
-    h.scheduler().check_invariants();
-  };
   StepPlan prefill;
   ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
-  commit(prefill, {7}, {}, {{11, 12, 13}});
+  h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}});
   StepPlan verify;
   ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
   ASSERT_EQ(verify.rows.size(), 1u);
@@ -346,7 +350,7 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   EXPECT_EQ(std::vector<int32_t>(input.begin(), input.end()),
             (std::vector<int32_t>{7, 11, 12, 13}));
   // One draft accepted, then the final token 9; the result drafts one token past them.
-  commit(verify, {11, 9}, {2}, {{21}});
+  h.commit_drafts(verify, {11, 9}, {2}, {{21}});
   EXPECT_EQ(h.seq(id).num_tokens(), 13);
   EXPECT_EQ(h.scheduler().stats().draft_tokens, 3u);
   EXPECT_EQ(h.scheduler().stats().accepted_draft_tokens, 1u);
@@ -354,7 +358,7 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   ASSERT_EQ(h.schedule(again), Outcome::kScheduled);
   EXPECT_EQ(again.rows[0].num_drafts, 1);
   // A result without drafts leaves the sequence's drafts stale: a plain decode row.
-  commit(again, {21, 5}, {2}, {});
+  h.commit_drafts(again, {21, 5}, {2}, {});
   StepPlan plain;
   ASSERT_EQ(h.schedule(plain), Outcome::kScheduled);
   EXPECT_EQ(plain.rows[0].num_drafts, 0);
@@ -369,18 +373,11 @@ TEST(Scheduler, ExecutorDraftProbabilitiesAreTheVerifiedDraftsEstimates) {
   h.add(prompt_of(10), 16);
   StepPlan prefill;
   ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
-  StepResult first;
-  first.tokens = {7};
-  first.drafts = {{11, 12, 13}};
-  first.draft_probs = {{0.5f, 0.5f, 0.25f}};
-  h.scheduler().commit(prefill, first, h.out);
+  h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}}, {{0.5f, 0.5f, 0.25f}});
   StepPlan verify;
   ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
   ASSERT_EQ(verify.rows[0].num_drafts, 3);
-  StepResult second;  // draft 0 accepted, draft 1 rejected
-  second.tokens = {11, 9};
-  second.counts = {2};
-  h.scheduler().commit(verify, second, h.out);
+  h.commit_drafts(verify, {11, 9}, {2}, {});  // draft 0 accepted, draft 1 rejected
   const DraftCalibration& c = h.scheduler().stats().calibration;
   // Estimates 0.5 (accepted), 0.25 (rejected), 0.0625 (rejected: never reached).
   EXPECT_EQ(c.drafts[5], 1u);
@@ -406,20 +403,12 @@ TEST(Scheduler, ConfidenceBudgetVerifiesOnlyLikelyMtpDrafts) {
   h.add(prompt_of(10), 16);
   StepPlan prefill;
   ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
-  StepResult first;
-  first.tokens = {7};
-  first.drafts = {{11, 12, 13}};
-  first.draft_probs = {{0.99f, 0.01f, 0.9f}};  // a_j = 0.99, 0.0099, 0.00891
-  h.scheduler().commit(prefill, first, h.out);
+  // a_j = 0.99, 0.0099, 0.00891 (the acceptance history's prior would verify all three)
+  h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}}, {{0.99f, 0.01f, 0.9f}});
   StepPlan verify;
   ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
   EXPECT_EQ(verify.rows[0].num_drafts, 1);
-  StepResult second;
-  second.tokens = {11, 9};
-  second.counts = {2};
-  second.drafts = {{21, 22, 23}};
-  second.draft_probs = {{0.001f, 0.5f, 0.5f}};
-  h.scheduler().commit(verify, second, h.out);
+  h.commit_drafts(verify, {11, 9}, {2}, {{21, 22, 23}}, {{0.001f, 0.5f, 0.5f}});
   StepPlan none;
   ASSERT_EQ(h.schedule(none), Outcome::kScheduled);
   EXPECT_EQ(none.rows[0].num_drafts, 0);
