@@ -115,6 +115,25 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
       std::vector<uint64_t>(s.drafts_at_position.begin(), s.drafts_at_position.end());
   d["accepted_at_position"] =
       std::vector<uint64_t>(s.accepted_at_position.begin(), s.accepted_at_position.end());
+  d["verify_steps"] = s.verify_steps;
+  std::vector<double> rates;
+  for (size_t j = 0; j < s.drafts_at_position.size(); ++j) {
+    rates.push_back(s.drafts_at_position[j] > 0 ? static_cast<double>(s.accepted_at_position[j]) /
+                                                      static_cast<double>(s.drafts_at_position[j])
+                                                : 0.0);
+  }
+  d["spec_acceptance_rate_at_position"] = rates;
+  d["spec_mean_acceptance_length"] = s.spec_mean_acceptance_length;
+  d["spec_mean_verified_per_step"] = s.spec_mean_verified_per_step;
+  d["spec_mean_accepted_per_step"] = s.spec_mean_accepted_per_step;
+  d["spec_mean_estimate"] = s.spec_mean_estimate;
+  d["spec_mean_acceptance"] = s.spec_mean_acceptance;
+  d["spec_calibration_error"] = s.spec_calibration_error;
+  const deepinfer::DraftCalibration& c = s.calibration;
+  d["spec_calibration_drafts"] = std::vector<uint64_t>(c.drafts.begin(), c.drafts.end());
+  d["spec_calibration_accepted"] = std::vector<uint64_t>(c.accepted.begin(), c.accepted.end());
+  d["spec_calibration_estimate_sum"] =
+      std::vector<double>(c.estimate_sum.begin(), c.estimate_sum.end());
   d["num_graph_steps"] = s.num_graph_steps;
   d["host_hit_tokens"] = s.host_hit_tokens;
   d["store_hit_tokens"] = s.store_hit_tokens;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/cache_geometry.h"
@@ -25,6 +26,7 @@ struct Options {
   int max_model_len = 4096;
   int num_snapshot_slots = 0;
   PreemptionMode preemption = PreemptionMode::kRecompute;
+  std::string speculative_budget = "fixed";
 };
 
 // A scheduler over its own allocator, with the outputs it produced so far.
@@ -60,6 +62,19 @@ class Harness {
     scheduler_.commit(plan, result, out);
     scheduler_.check_invariants();
   }
+  // Commits an executor's result: `tokens` with `counts` per sampling row (empty: one each), and
+  // the drafts it made past each row with their probabilities (speculative_method "mtp").
+  void commit_drafts(const StepPlan& plan, std::vector<int32_t> tokens, std::vector<int> counts,
+                     std::vector<std::vector<int32_t>> drafts,
+                     std::vector<std::vector<float>> draft_probs = {}) {
+    StepResult result;
+    result.tokens = std::move(tokens);
+    result.counts = std::move(counts);
+    result.drafts = std::move(drafts);
+    result.draft_probs = std::move(draft_probs);
+    scheduler_.commit(plan, result, out);
+    scheduler_.check_invariants();
+  }
   // Commits with token 7 for every sampling row.
   void commit(const StepPlan& plan) {
     commit(plan, std::vector<int32_t>(static_cast<size_t>(plan.num_sampling_rows()), 7));
@@ -82,6 +97,7 @@ class Harness {
     c.max_num_batched_tokens = o.max_num_batched_tokens;
     c.max_model_len = o.max_model_len;
     c.preemption = o.preemption;
+    c.speculative_budget = o.speculative_budget;
     return c;
   }
   KvAllocator kv_;
@@ -323,18 +339,9 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   Harness h({});
   h.scheduler().use_executor_drafts(3);
   const RequestId id = h.add(prompt_of(10), 16);
-  auto commit = [&](const StepPlan& plan, std::vector<int32_t> tokens, std::vector<int> counts,
-                    std::vector<std::vector<int32_t>> drafts) {
-    StepResult result;
-    result.tokens = std::move(tokens);
-    result.counts = std::move(counts);
-    result.drafts = std::move(drafts);
-    h.scheduler().commit(plan, result, h.out);
-    h.scheduler().check_invariants();
-  };
   StepPlan prefill;
   ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
-  commit(prefill, {7}, {}, {{11, 12, 13}});
+  h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}});
   StepPlan verify;
   ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
   ASSERT_EQ(verify.rows.size(), 1u);
@@ -343,7 +350,7 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   EXPECT_EQ(std::vector<int32_t>(input.begin(), input.end()),
             (std::vector<int32_t>{7, 11, 12, 13}));
   // One draft accepted, then the final token 9; the result drafts one token past them.
-  commit(verify, {11, 9}, {2}, {{21}});
+  h.commit_drafts(verify, {11, 9}, {2}, {{21}});
   EXPECT_EQ(h.seq(id).num_tokens(), 13);
   EXPECT_EQ(h.scheduler().stats().draft_tokens, 3u);
   EXPECT_EQ(h.scheduler().stats().accepted_draft_tokens, 1u);
@@ -351,11 +358,61 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   ASSERT_EQ(h.schedule(again), Outcome::kScheduled);
   EXPECT_EQ(again.rows[0].num_drafts, 1);
   // A result without drafts leaves the sequence's drafts stale: a plain decode row.
-  commit(again, {21, 5}, {2}, {});
+  h.commit_drafts(again, {21, 5}, {2}, {});
   StepPlan plain;
   ASSERT_EQ(h.schedule(plain), Outcome::kScheduled);
   EXPECT_EQ(plain.rows[0].num_drafts, 0);
   h.commit(plain);
+}
+
+// The MTP drafts' probabilities travel with them: a verify row's drafts are recorded for the
+// calibration with the cumulative products of their probabilities, with their outcomes.
+TEST(Scheduler, ExecutorDraftProbabilitiesAreTheVerifiedDraftsEstimates) {
+  Harness h({});
+  h.scheduler().use_executor_drafts(3);
+  h.add(prompt_of(10), 16);
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}}, {{0.5f, 0.5f, 0.25f}});
+  StepPlan verify;
+  ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
+  ASSERT_EQ(verify.rows[0].num_drafts, 3);
+  h.commit_drafts(verify, {11, 9}, {2}, {});  // draft 0 accepted, draft 1 rejected
+  const DraftCalibration& c = h.scheduler().stats().calibration;
+  // Estimates 0.5 (accepted), 0.25 (rejected), 0.0625 (rejected: never reached).
+  EXPECT_EQ(c.drafts[5], 1u);
+  EXPECT_EQ(c.accepted[5], 1u);
+  EXPECT_EQ(c.drafts[2], 1u);
+  EXPECT_EQ(c.drafts[0], 1u);
+  EXPECT_EQ(c.accepted[2] + c.accepted[0], 0u);
+  EXPECT_DOUBLE_EQ(c.estimate_sum[5] + c.estimate_sum[2] + c.estimate_sum[0], 0.8125);
+  EXPECT_EQ(h.scheduler().stats().verify_steps, 1u);
+  EXPECT_NEAR(calibration_error(c), (0.5 + 0.25 + 0.0625) / 3, 1e-12);
+  StepPlan plain;  // the second result drafted nothing
+  ASSERT_EQ(h.schedule(plain), Outcome::kScheduled);
+  EXPECT_EQ(plain.rows[0].num_drafts, 0);
+  h.commit(plain);
+}
+
+// The confidence budget reads MTP drafts' probabilities: with a fitted cost model a request
+// verifies its likely first draft and not the unlikely ones after it.
+TEST(Scheduler, ConfidenceBudgetVerifiesOnlyLikelyMtpDrafts) {
+  Harness h({.speculative_budget = "confidence"});
+  h.scheduler().use_executor_drafts(3);
+  for (int t = 1; t <= 64; t += 3) h.scheduler().observe_decode_step(t, 0.004 + 0.0004 * t);
+  h.add(prompt_of(10), 16);
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  // a_j = 0.99, 0.0099, 0.00891 (the acceptance history's prior would verify all three)
+  h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}}, {{0.99f, 0.01f, 0.9f}});
+  StepPlan verify;
+  ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
+  EXPECT_EQ(verify.rows[0].num_drafts, 1);
+  h.commit_drafts(verify, {11, 9}, {2}, {{21, 22, 23}}, {{0.001f, 0.5f, 0.5f}});
+  StepPlan none;
+  ASSERT_EQ(h.schedule(none), Outcome::kScheduled);
+  EXPECT_EQ(none.rows[0].num_drafts, 0);
+  h.commit(none);
 }
 
 }  // namespace

@@ -82,7 +82,12 @@ def test_mtp_drafting_on_the_device() -> None:
     total = sum(len(x) for x in plain)
     print(
         f"\nMTP-SPEC-GPU greedy agreement {same}/{total}, drafts {s['draft_tokens']} accepted "
-        f"{s['accepted_draft_tokens']} verify rows {s['verify_rows']} steps {s['num_steps']}"
+        f"{s['accepted_draft_tokens']} verify rows {s['verify_rows']} steps {s['num_steps']} "
+        f"mean estimate {s['spec_mean_estimate']:.3g} calibration error "
+        f"{s['spec_calibration_error']:.3g}"
     )
     assert s["draft_tokens"] > 0
     assert same >= 0.97 * total
+    # Each verified draft's estimate is its MTP probability product, from the device's sample op.
+    assert sum(s["spec_calibration_drafts"]) == s["draft_tokens"]
+    assert 0 < s["spec_mean_estimate"] <= 1

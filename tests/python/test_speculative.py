@@ -75,6 +75,7 @@ def test_greedy_outputs_identical_with_drafts(tiny_checkpoint, prompts, plain, n
     assert drafter.calls > 0 and s["draft_tokens"] > 0 and s["verify_rows"] > 0
     drafted, accepted = s["drafts_at_position"], s["accepted_at_position"]
     assert sum(drafted) == s["draft_tokens"] and sum(accepted) == s["accepted_draft_tokens"]
+    assert_spec_metrics_consistent(s)
     if name == "always_right":
         # Every draft is accepted, so a request needs far fewer decode steps than tokens.
         assert s["accepted_draft_tokens"] == s["draft_tokens"] and accepted == drafted
@@ -85,6 +86,65 @@ def test_greedy_outputs_identical_with_drafts(tiny_checkpoint, prompts, plain, n
         # Acceptance is a prefix: a later position is accepted only after the earlier ones.
         assert all(accepted[j + 1] <= accepted[j] for j in range(4))
     assert_pools_full(engine)
+
+
+def assert_spec_metrics_consistent(s: dict) -> None:
+    """The derived speculative values agree with the counters they come from."""
+    rows, steps = s["verify_rows"], s["verify_steps"]
+    assert 0 < steps <= rows
+    assert s["spec_mean_acceptance_length"] == pytest.approx(1 + s["accepted_draft_tokens"] / rows)
+    assert s["spec_mean_verified_per_step"] == pytest.approx(s["draft_tokens"] / steps)
+    assert s["spec_mean_accepted_per_step"] == pytest.approx(s["accepted_draft_tokens"] / steps)
+    for rate, n, a in zip(
+        s["spec_acceptance_rate_at_position"],
+        s["drafts_at_position"],
+        s["accepted_at_position"],
+        strict=True,
+    ):
+        assert rate == pytest.approx(a / n if n else 0.0)
+    # Every verified draft is in the calibration bins, with its outcome and estimate.
+    assert sum(s["spec_calibration_drafts"]) == s["draft_tokens"]
+    assert sum(s["spec_calibration_accepted"]) == s["accepted_draft_tokens"]
+    assert s["spec_mean_acceptance"] == pytest.approx(
+        s["accepted_draft_tokens"] / s["draft_tokens"]
+    )
+    assert s["spec_mean_estimate"] == pytest.approx(
+        sum(s["spec_calibration_estimate_sum"]) / s["draft_tokens"]
+    )
+    assert 0 < s["spec_mean_estimate"] <= 1
+
+
+def test_acceptance_metrics_with_always_right_drafts(tiny_checkpoint, prompts) -> None:
+    """1 + 3 (k + 1) tokens: the prefill's token, then three verify rows of k drafts each, all
+    accepted, so every verify row commits 1 + k tokens."""
+    k, n = 3, 13
+    want = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=8), prompts, greedy(n))[0]
+    engine = spec_engine(tiny_checkpoint, Oracle(prompts, want), k=k, max_num_seqs=8)
+    assert run_all(engine, prompts, greedy(n))[0] == want
+    s = engine.stats()
+    assert_spec_metrics_consistent(s)
+    assert s["verify_rows"] == 3 * len(prompts)
+    assert s["spec_mean_acceptance_length"] == 1 + k
+    assert s["spec_acceptance_rate_at_position"] == [1.0] * k + [0.0] * (5 - k)
+    assert s["spec_mean_acceptance"] == 1.0
+    # Every outcome is 1: the calibration error is the estimates' shortfall from it.
+    assert s["spec_mean_estimate"] < 1
+    assert s["spec_calibration_error"] == pytest.approx(1 - s["spec_mean_estimate"])
+
+
+def test_acceptance_metrics_with_always_wrong_drafts(tiny_checkpoint, prompts, plain) -> None:
+    engine = spec_engine(
+        tiny_checkpoint, Oracle(prompts, plain, right=lambda i: False), max_num_seqs=8
+    )
+    assert run_all(engine, prompts, greedy())[0] == plain
+    s = engine.stats()
+    assert_spec_metrics_consistent(s)
+    assert s["spec_mean_acceptance_length"] == 1.0
+    assert s["spec_mean_accepted_per_step"] == 0.0
+    assert s["spec_acceptance_rate_at_position"] == [0.0] * 5
+    assert s["spec_mean_acceptance"] == 0.0
+    # Every outcome is 0: the calibration error is the mean estimate.
+    assert s["spec_calibration_error"] == pytest.approx(s["spec_mean_estimate"])
 
 
 def test_always_right_drafts_take_fewer_steps(tiny_checkpoint, prompts, plain) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 
 import deepinfer_core as dc
+import numpy as np
 import pytest
 from deepinfer.tiny import ensure_tiny_checkpoint
 from engine_helpers import Trace, assert_pools_full, cpu_engine, drain, run_all
@@ -121,6 +122,43 @@ def test_engine_drafts_are_the_runners_mtp_drafts(mtp_checkpoint, prompts, plain
     assert outs == [plain[i] for i in chosen]
     assert_drafts_match_the_runner(mtp_checkpoint, recorders, k)
     assert_pools_full(engine)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_estimates_are_the_mtp_probabilities(mtp_checkpoint, prompts, plain, k) -> None:
+    """Each verified MTP draft's acceptance estimate is the product of the MTP softmax
+    probabilities of the drafts up to it (for k = 1: softmax(mtp_logits)[draft]), computed here
+    from ModelRunner.mtp_draft's logits over the same committed tokens; the engine's calibration
+    bins hold exactly these estimates."""
+    engine = mtp_engine(mtp_checkpoint, k, max_num_seqs=8)
+    chosen = (0, 2, 5)
+    outs, recorders = recorded_run(engine, [prompts[i] for i in chosen])
+    assert outs == [plain[i] for i in chosen]
+    driver = RunnerDriver(str(mtp_checkpoint), max_seqs=1, max_len=512)
+    estimates = []
+    for rec in recorders:
+        for context, drafts in rec.drafts:
+            _, hidden = driver.runner.forward_hidden([driver.chunk(0, 0, context[:-1])])
+            want, logits = driver.runner.mtp_draft([driver.chunk(0, 0, context[1:])], hidden, k)
+            assert drafts == want[0, : len(drafts)].tolist()
+            a = 1.0
+            for j, d in enumerate(drafts):
+                row = logits[0, j].astype(np.float64)
+                a *= float(np.exp(row[d] - row.max() - np.log(np.exp(row - row.max()).sum())))
+                estimates.append(a)
+    s = engine.stats()
+    assert len(estimates) == s["draft_tokens"] > 0
+    assert all(0 < e <= 1 for e in estimates)
+    assert s["spec_mean_estimate"] == pytest.approx(np.mean(estimates), rel=1e-5)
+    bins = np.minimum((np.array(estimates) * 10).astype(int), 9)
+    assert s["spec_calibration_drafts"] == np.bincount(bins, minlength=10).tolist()
+    sums = np.bincount(bins, weights=estimates, minlength=10)
+    assert s["spec_calibration_estimate_sum"] == pytest.approx(sums.tolist(), rel=1e-5, abs=1e-12)
+    outcome = s["accepted_draft_tokens"] / s["draft_tokens"]
+    assert s["spec_mean_acceptance"] == pytest.approx(outcome)
+    # With every estimate in bin 0 (random weights) the error is |mean estimate - outcome|.
+    if s["spec_calibration_drafts"][0] == len(estimates):
+        assert s["spec_calibration_error"] == pytest.approx(abs(np.mean(estimates) - outcome))
 
 
 def test_mtp_drafts_with_prefix_hits(mtp_checkpoint, prompts) -> None:

@@ -129,6 +129,16 @@ struct RequestOutput {
   std::string finish_detail;  // why, for kRejected / kPreempted
 };
 
+// Calibration of speculative decoding's acceptance estimates: each verified draft's estimate p
+// (the chance the engine gave it of being accepted, draft_budget.h) goes into one of kBins
+// equal-width bins of p ([b / kBins, (b + 1) / kBins), p = 1 in the last) with its outcome.
+struct DraftCalibration {
+  static constexpr int kBins = 10;
+  std::array<uint64_t, kBins> drafts{};      // verified drafts per bin
+  std::array<uint64_t, kBins> accepted{};    // those accepted
+  std::array<double, kBins> estimate_sum{};  // the sum of their p
+};
+
 // What the scheduler has done so far (it keeps these counters; EngineStats reports them).
 struct SchedulerCounters {
   uint64_t num_steps = 0;
@@ -146,6 +156,8 @@ struct SchedulerCounters {
   std::array<uint64_t, 5> drafts_at_position{};
   std::array<uint64_t, 5> accepted_at_position{};
   uint64_t drafter_errors = 0;  // proposals dropped: the drafter threw or named a bad token
+  uint64_t verify_steps = 0;    // decode steps with at least one verify row
+  DraftCalibration calibration;
 };
 
 struct EngineStats : SchedulerCounters {
@@ -166,6 +178,16 @@ struct EngineStats : SchedulerCounters {
   uint64_t store_bytes_written = 0;        // whole block files this engine published
   uint64_t kv_blocks_written_through = 0;  // blocks copied out of the device for the tiers
   uint64_t kv_tier_fetch_failures = 0;     // tier hits that fell back to recompute
+  // Speculative decoding, derived from the counters above (0 before the first verify row):
+  // tokens per verify row (accepted drafts + 1), drafts verified and accepted per verify step,
+  // and over every verified draft: the mean estimate p, the mean outcome (accepted: 1), and the
+  // expected calibration error sum_b |sum of p - accepted in bin b| / drafts (DraftCalibration).
+  double spec_mean_acceptance_length = 0;
+  double spec_mean_verified_per_step = 0;
+  double spec_mean_accepted_per_step = 0;
+  double spec_mean_estimate = 0;
+  double spec_mean_acceptance = 0;
+  double spec_calibration_error = 0;
 };
 
 // The KV cache the engine runs with, for logs and capacity planning.

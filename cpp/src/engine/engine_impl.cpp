@@ -8,6 +8,7 @@
 #include "engine/engine_config.h"
 #include "kv/cache_geometry.h"
 #include "sample/sampler.h"
+#include "sched/draft_budget.h"
 #include "spec/ngram_drafter.h"
 
 namespace deepinfer::engine {
@@ -297,6 +298,22 @@ EngineStats EngineImpl::stats() const {
   s.num_blocks_cached = kv_.num_cached_free_blocks();
   s.num_state_slots_free = kv_.live_slots().num_free();
   s.num_graph_steps = executor_->num_graph_steps();
+  auto ratio = [](double num, double den) { return den > 0 ? num / den : 0.0; };
+  const auto rows = static_cast<double>(s.verify_rows);
+  const auto steps = static_cast<double>(s.verify_steps);
+  const auto accepted = static_cast<double>(s.accepted_draft_tokens);
+  s.spec_mean_acceptance_length = rows > 0 ? 1.0 + accepted / rows : 0.0;
+  s.spec_mean_verified_per_step = ratio(static_cast<double>(s.draft_tokens), steps);
+  s.spec_mean_accepted_per_step = ratio(accepted, steps);
+  double drafts = 0, estimates = 0, outcomes = 0;
+  for (int b = 0; b < DraftCalibration::kBins; ++b) {
+    drafts += static_cast<double>(s.calibration.drafts[static_cast<size_t>(b)]);
+    estimates += s.calibration.estimate_sum[static_cast<size_t>(b)];
+    outcomes += static_cast<double>(s.calibration.accepted[static_cast<size_t>(b)]);
+  }
+  s.spec_mean_estimate = ratio(estimates, drafts);
+  s.spec_mean_acceptance = ratio(outcomes, drafts);
+  s.spec_calibration_error = sched::calibration_error(s.calibration);
   if (tiers_) {
     const sched::KvTierCounters t = tiers_->counters();
     s.host_hit_tokens = t.host_hit_tokens;

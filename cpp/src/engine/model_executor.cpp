@@ -1,6 +1,7 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -411,6 +412,7 @@ void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
   Backend& be = *m.backend;
   const int k = options_.num_mtp_drafts;
   result.drafts.assign(step.draft_rows.size(), {});
+  result.draft_probs.assign(step.draft_rows.size(), {});
   // Each sampling row's block pass stopped one position short of its last accepted one, whose
   // next token this step just sampled: the drafts start there (ModelInstance::forward_with_mtp),
   // with that token, on the trunk ring's row there.
@@ -444,20 +446,27 @@ void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
     r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
     r.block_table = table;
   }
-  std::vector<Tensor> host;  // [rows] i32 per draft step
+  const auto n = static_cast<int64_t>(drafting.size());
+  std::vector<Tensor> host;     // [rows] i32 per draft step
+  std::vector<Tensor> host_lp;  // [rows] f32 per draft step
   {
     HostSyncForbidden no_sync(be);
-    const std::vector<Tensor> drafts =
-        m.mtp_draft(mtp_rows_, table_width(mtp_rows_, m), m.mtp_ring_trunk(mtp_rows_), k);
-    for (const Tensor& t : drafts) {
-      host.push_back(Tensor::zeros({static_cast<int64_t>(drafting.size())}, DType::kI32));
-      be.copy_to_host(t, host.back());
+    std::vector<Tensor> logprobs;
+    const std::vector<Tensor> drafts = m.mtp_draft(
+        mtp_rows_, table_width(mtp_rows_, m), m.mtp_ring_trunk(mtp_rows_), k, nullptr, &logprobs);
+    for (size_t j = 0; j < drafts.size(); ++j) {
+      host.push_back(Tensor::zeros({n}, DType::kI32));
+      be.copy_to_host(drafts[j], host.back());
+      host_lp.push_back(Tensor::zeros({n}, DType::kF32));
+      be.copy_to_host(logprobs[j], host_lp.back());
     }
   }
   be.record_event()->wait();
-  for (const Tensor& t : host) {
-    for (size_t i = 0; i < drafting.size(); ++i)
-      result.drafts[drafting[i]].push_back(t.data<int32_t>()[i]);
+  for (size_t j = 0; j < host.size(); ++j) {
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      result.drafts[drafting[i]].push_back(host[j].data<int32_t>()[i]);
+      result.draft_probs[drafting[i]].push_back(std::exp(host_lp[j].data<float>()[i]));
+    }
   }
 }
 

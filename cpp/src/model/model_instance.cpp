@@ -137,11 +137,33 @@ Tensor ModelInstance::mtp_ring_trunk(RowSpan rows) {
 }
 
 std::vector<Tensor> ModelInstance::mtp_draft(RowSpan rows, size_t max_blocks, const Tensor& hidden,
-                                             int num_drafts, std::vector<Tensor>* logits) {
+                                             int num_drafts, std::vector<Tensor>* logits,
+                                             std::vector<Tensor>* logprobs) {
+  // With log-probabilities asked for, a greedy sample gives the argmax (lowest id on ties, as
+  // argmax) and its log-probability in one pass over each row.
+  SamplingBatch greedy;
+  if (logprobs != nullptr) {
+    const auto n = static_cast<int64_t>(rows.size());
+    auto zeros = [&](DType dtype) { return backend->upload(Tensor::zeros({n}, dtype), dtype); };
+    greedy.num_rows = static_cast<int>(n);
+    greedy.temperature = zeros(DType::kF32);
+    greedy.top_k = zeros(DType::kI32);
+    greedy.top_p = backend->upload(Tensor::from_vector(std::vector<float>(rows.size(), 1.0f), {n}),
+                                   DType::kF32);
+    greedy.seed = zeros(DType::kI64);
+    greedy.position = zeros(DType::kI32);
+    greedy.num_logprobs = zeros(DType::kI32);
+  }
+  auto draft = [&](const Tensor& step_logits) {
+    if (logits != nullptr) logits->push_back(step_logits);
+    if (logprobs == nullptr) return backend->argmax(step_logits);
+    SampleResult r = backend->sample(step_logits, greedy);
+    logprobs->push_back(r.logprobs);
+    return r.tokens;
+  };
   std::vector<Tensor> tokens;
   MtpStep step = mtp_forward(rows, max_blocks, LogitsMode::kLast, Tensor(), hidden, 0);
-  if (logits != nullptr) logits->push_back(step.logits);
-  tokens.push_back(backend->argmax(step.logits));
+  tokens.push_back(draft(step.logits));
   // Later steps: one row per sequence at the next position, its token the previous draft (taken
   // on the device), its hidden the previous step's trunk.
   static constexpr int32_t kPlaceholder[1] = {0};
@@ -159,8 +181,7 @@ std::vector<Tensor> ModelInstance::mtp_draft(RowSpan rows, size_t max_blocks, co
     }
     max_blocks = validate_rows(next, config, caches->shape(), /*check_tokens=*/false);
     step = mtp_forward(next, max_blocks, LogitsMode::kLast, tokens.back(), step.hidden, j);
-    if (logits != nullptr) logits->push_back(step.logits);
-    tokens.push_back(backend->argmax(step.logits));
+    tokens.push_back(draft(step.logits));
   }
   return tokens;
 }

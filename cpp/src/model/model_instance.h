@@ -79,9 +79,12 @@ struct ModelInstance {
   // [T, hc_mult, H] the trunk there) drafts each row's first token from its last position; each
   // of the num_drafts - 1 further steps runs one token per row, the previous draft at the next
   // position, on the previous step's trunk. Returns the drafts per step ([rows] i32 on the
-  // device); `logits` (when given) receives each step's [rows, vocab] f32.
+  // device); `logits` (when given) receives each step's [rows, vocab] f32, and `logprobs` each
+  // draft's log_softmax(logits)[draft] ([rows] f32, from a greedy `sample` on the device, so no
+  // vocabulary row leaves it; that op also rejects NaN or all -inf rows, which argmax passes).
   std::vector<Tensor> mtp_draft(RowSpan rows, size_t max_blocks, const Tensor& hidden,
-                                int num_drafts, std::vector<Tensor>* logits = nullptr);
+                                int num_drafts, std::vector<Tensor>* logits = nullptr,
+                                std::vector<Tensor>* logprobs = nullptr);
 
   // Enqueues MTP draft step `step` (MtpDrafter::forward) over `rows` (validate_rows' result is
   // `max_blocks`), whose tokens are each position's next token; carried tokens as in forward.

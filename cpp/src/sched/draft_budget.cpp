@@ -19,6 +19,41 @@ void DraftEstimate::relax() {
   for (double& c : conditional) c += kDrift * (kPrior - c);
 }
 
+DraftEstimate DraftEstimate::of_probabilities(std::span<const float> probs) {
+  DraftEstimate e;
+  for (size_t j = 0; j < e.conditional.size(); ++j)
+    e.conditional[j] = j < probs.size() ? std::clamp(static_cast<double>(probs[j]), 0.0, 1.0) : 0.0;
+  return e;
+}
+
+void DraftEstimate::cumulative(int n, std::vector<double>& out) const {
+  out.clear();
+  double a = 1.0;
+  for (int j = 0; j < std::min(n, kMaxDrafts); ++j) {
+    a *= conditional[static_cast<size_t>(j)];
+    out.push_back(a);
+  }
+}
+
+void record_calibration(DraftCalibration& c, double estimate, bool accepted) {
+  const double p = std::isnan(estimate) ? 0.0 : std::clamp(estimate, 0.0, 1.0);
+  const auto bin = static_cast<size_t>(
+      std::min(static_cast<int>(p * DraftCalibration::kBins), DraftCalibration::kBins - 1));
+  c.drafts[bin] += 1;
+  c.accepted[bin] += accepted ? 1 : 0;
+  c.estimate_sum[bin] += p;
+}
+
+double calibration_error(const DraftCalibration& c) {
+  double total = 0;
+  double gap = 0;
+  for (size_t b = 0; b < c.drafts.size(); ++b) {
+    total += static_cast<double>(c.drafts[b]);
+    gap += std::abs(c.estimate_sum[b] - static_cast<double>(c.accepted[b]));
+  }
+  return total > 0 ? gap / total : 0.0;
+}
+
 void DraftBudget::observe_step(int num_tokens, double seconds) {
   if (num_tokens <= 0 || !(seconds > 0.0)) return;
   samples_.emplace_back(num_tokens, seconds);

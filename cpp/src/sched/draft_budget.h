@@ -1,23 +1,33 @@
 // Confidence-scheduled verification (the budget of the reference engine's speculative decoding,
-// ../shared/reference/engine.md §5.5, with host drafters' acceptance history as the estimate):
-// how many drafts each request verifies in a decode step.
+// ../shared/reference/engine.md §5.5): how many drafts each request verifies in a decode step.
 //
-// Every request keeps c_j, an estimate of P(draft j accepted | drafts 0..j-1 accepted), updated
-// from its own verify outcomes (exponential average, starting at the prior). a_j = c_0 ... c_j
-// is then the chance that draft j is accepted, non-increasing in j. A step with T tokens costs
-// time(T) = base + slope * T, least squares over recent decode steps. With n requests, start at
-// T = n (one token each, E = n expected tokens) and add candidate drafts in descending a, T += 1
-// and E += a each; the T with the most E / time(T) (the first maximum) is the budget, and each
-// request verifies its drafts among the entries taken (always a prefix: a is non-increasing).
-// Until the cost model has enough samples, every request gets the maximum (fixed k).
+// Every request has c_j, an estimate of P(draft j accepted | drafts 0..j-1 accepted):
+//  - MTP drafts (speculative_method "mtp"): the draft's own probability under the MTP block's
+//    softmax at temperature 1 (StepResult::draft_probs). The checkpoint has no confidence head,
+//    and the block is trained to predict that very token, so its probability is the per-draft
+//    signal the reference's confidence would be; it is known before the step, per draft.
+//  - host drafters (ngram, external), and MTP drafts without probabilities: the request's own
+//    acceptance history (DraftEstimate: an exponential average of its verify outcomes per
+//    position, starting at the prior); such drafters have no probability of their own.
+// a_j = c_0 ... c_j is then the chance that draft j is accepted, non-increasing in j. A step with
+// T tokens costs time(T) = base + slope * T, least squares over recent decode steps. With n
+// requests, start at T = n (one token each, E = n expected tokens) and add candidate drafts in
+// descending a, T += 1 and E += a each; the T with the most E / time(T) (the first maximum) is
+// the budget, and each request verifies its drafts among the entries taken (always a prefix: a
+// is non-increasing). Until the cost model has enough samples, every request gets the maximum
+// (fixed k). Each verified draft's a_j is also the estimate whose calibration the engine reports
+// (DraftCalibration, with the fixed budget too).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <utility>
 #include <vector>
+
+#include "deepinfer/engine.h"
 
 namespace deepinfer::sched {
 
@@ -35,7 +45,17 @@ struct DraftEstimate {
   // A step in which the budget gave the request no drafts: its estimates drift back toward the
   // prior, so a request whose drafts failed for a while gets to try again.
   void relax();
+  // c_j = probs[j] (the drafts' own probabilities); 0 past them (no draft there).
+  static DraftEstimate of_probabilities(std::span<const float> probs);
+  // a_j = c_0 ... c_j for j < n (n <= kMaxDrafts) into `out`.
+  void cumulative(int n, std::vector<double>& out) const;
 };
+
+// Records a verified draft's estimate (clamped to [0, 1]) and outcome.
+void record_calibration(DraftCalibration& c, double estimate, bool accepted);
+// The expected calibration error over the bins: sum_b |estimate_sum_b - accepted_b| / drafts
+// (0 without drafts).
+double calibration_error(const DraftCalibration& c);
 
 class DraftBudget {
  public:

@@ -404,6 +404,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
                        std::vector<RequestOutput>& out) {
   size_t sample_index = 0;  // sampling rows so far
   size_t token_index = 0;   // their tokens so far (several for a verify row)
+  bool verified = false;    // a verify row was committed
   for (const StepRow& r : plan.rows) {
     const size_t my_sample = sample_index;
     const size_t my_first = token_index;
@@ -444,9 +445,14 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       stats_.accepted_draft_tokens += my_count - 1;
       s.draft_estimate.update(r.num_drafts, static_cast<int>(my_count) - 1);
       ++stats_.verify_rows;
+      verified = true;
+      DEEPINFER_CHECK(s.verify_estimates.size() >= static_cast<size_t>(r.num_drafts),
+                      "a verify row has fewer acceptance estimates than drafts");
       for (size_t j = 0; j < static_cast<size_t>(r.num_drafts); ++j) {
+        const bool accepted = j + 1 < my_count;
         stats_.drafts_at_position.at(j) += 1;
-        stats_.accepted_at_position.at(j) += j + 1 < my_count ? 1 : 0;
+        stats_.accepted_at_position.at(j) += accepted ? 1 : 0;
+        record_calibration(stats_.calibration, s.verify_estimates[j], accepted);
       }
     }
     std::string constraint_error;
@@ -492,6 +498,10 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
     DEEPINFER_CHECK(s.num_computed > computed_before, "a sampling row computed nothing");
     if (!s.finished() && my_sample < result.drafts.size()) {
       s.model_drafts = result.drafts[my_sample];
+      if (my_sample < result.draft_probs.size())
+        s.model_draft_probs = result.draft_probs[my_sample];
+      else
+        s.model_draft_probs.clear();
       s.model_drafts_at = s.num_tokens();
     }
     kv_.on_committed(s, r.snapshot, r.snapshot_pos);
@@ -500,6 +510,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       sample_index == (result.counts.empty() ? result.tokens.size() : result.counts.size()) &&
           token_index == result.tokens.size(),
       "step result has more tokens than sampling rows");
+  stats_.verify_steps += verified ? 1 : 0;
 #ifdef DEEPINFER_DEBUG_INVARIANTS
   check_invariants();
 #endif

@@ -79,6 +79,8 @@ class Scheduler {
   bool has_decode_work() const;
   void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
   void propose_drafts(Sequence& s);
+  // The executor's drafts for `s`'s next row came with their MTP probabilities.
+  static bool has_draft_probs(const Sequence& s);
   int draft_limit(const Sequence& s) const;
   bool drafting() const { return (drafter_ != nullptr || executor_drafts_) && max_drafts_ > 0; }
   void unreserve(const StepPlan& plan);

@@ -14,15 +14,29 @@ namespace deepinfer::sched {
 // -1 everywhere with the fixed budget or without a drafter.
 void Scheduler::plan_draft_budget() {
   std::vector<Sequence*> eligible;
-  std::vector<const DraftEstimate*> estimates;
   const bool on = drafting() && config_.speculative_budget == "confidence";
   for (Sequence* s : running_) {
     s->draft_budget = -1;
     if (!on || s->state != SeqState::kRunning || draft_limit(*s) <= 0) continue;
     eligible.push_back(s);
-    estimates.push_back(&s->draft_estimate);
   }
   if (eligible.empty()) return;
+  // MTP drafts' own probabilities where the sequence has them (draft_budget.h); reserved first,
+  // so the pointers into `owned` stay valid.
+  std::vector<DraftEstimate> owned;
+  owned.reserve(eligible.size());
+  std::vector<const DraftEstimate*> estimates;
+  for (Sequence* s : eligible) {
+    const DraftEstimate* e = &s->draft_estimate;
+    if (executor_drafts_ && has_draft_probs(*s)) {
+      owned.push_back(DraftEstimate::of_probabilities(s->model_draft_probs));
+      e = &owned.back();
+    } else if (executor_drafts_ && s->model_drafts_at != s->num_tokens()) {
+      owned.push_back(DraftEstimate::of_probabilities({}));  // no drafts for this step
+      e = &owned.back();
+    }
+    estimates.push_back(e);
+  }
   const std::vector<int> drafts = budget_.allocate(estimates, max_drafts_);
   for (size_t i = 0; i < eligible.size(); ++i) {
     eligible[i]->draft_budget = drafts[i];
@@ -76,6 +90,12 @@ void Scheduler::propose_drafts(Sequence& s) {
     if (s.model_drafts_at != s.num_tokens()) return;
     const size_t n = std::min(s.model_drafts.size(), static_cast<size_t>(budget));
     drafts_.assign(s.model_drafts.begin(), s.model_drafts.begin() + static_cast<std::ptrdiff_t>(n));
+    if (has_draft_probs(s)) {
+      DraftEstimate::of_probabilities(s.model_draft_probs)
+          .cumulative(static_cast<int>(n), s.verify_estimates);
+    } else {
+      s.draft_estimate.cumulative(static_cast<int>(n), s.verify_estimates);
+    }
     return;
   }
   try {
@@ -93,6 +113,12 @@ void Scheduler::propose_drafts(Sequence& s) {
       return;
     }
   }
+  s.draft_estimate.cumulative(static_cast<int>(drafts_.size()), s.verify_estimates);
+}
+
+bool Scheduler::has_draft_probs(const Sequence& s) {
+  return s.model_drafts_at == s.num_tokens() && !s.model_drafts.empty() &&
+         s.model_draft_probs.size() == s.model_drafts.size();
 }
 
 }  // namespace deepinfer::sched

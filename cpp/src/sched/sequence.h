@@ -71,14 +71,18 @@ struct Sequence {
   // A verify row's input (the last committed token, then the drafts): the row's tokens span
   // points here until the step is launched.
   std::vector<int32_t> verify_input;
+  // The verify row's estimate a_j for each of its drafts (draft_budget.h), for the calibration
+  // its commit records.
+  std::vector<double> verify_estimates;
   // Speculative decoding: this request's acceptance history, and the drafts the confidence
   // budget allows it in the step being planned (-1: no budget, the configured maximum).
   DraftEstimate draft_estimate;
   int draft_budget = -1;
   // Drafts the executor made after the step that left `num_tokens() == model_drafts_at`
-  // (speculative_method "mtp"); stale once more tokens are committed or the sequence is
-  // preempted.
+  // (speculative_method "mtp"), and their MTP probabilities (empty: none known); stale once
+  // more tokens are committed or the sequence is preempted.
   std::vector<int32_t> model_drafts;
+  std::vector<float> model_draft_probs;
   int model_drafts_at = -1;
 
   bool ready_emitted = false;

@@ -13,12 +13,24 @@ ENGINE_COUNTERS = {
     "accepted_draft_tokens": "Speculative drafts accepted",
     "verify_rows": "Verify rows (one per request and decode step with drafts)",
     "drafter_errors": "Draft proposals dropped (drafter error or bad token)",
+    "verify_steps": "Decode steps with at least one verify row",
     "host_hit_tokens": "Prompt tokens restored from the host-memory KV tier",
     "store_hit_tokens": "Prompt tokens restored from the KV store directory",
     "store_bytes_read": "Bytes of KV block files read from the store",
     "store_bytes_written": "Bytes of KV block files written to the store",
     "kv_blocks_written_through": "Full KV blocks written through to the tiers",
     "kv_tier_fetch_failures": "KV tier fetches that failed and fell back to recompute",
+}
+
+# Speculative-decoding values the engine derives from its counters (Engine.stats() keys), exported
+# under deepinfer_engine_<name>; 0 before the first verify row.
+ENGINE_GAUGES = {
+    "spec_mean_acceptance_length": "Mean tokens per verify row (accepted drafts + 1)",
+    "spec_mean_verified_per_step": "Mean drafts verified per decode step with drafts",
+    "spec_mean_accepted_per_step": "Mean drafts accepted per decode step with drafts",
+    "spec_mean_estimate": "Mean acceptance estimate of the verified drafts",
+    "spec_mean_acceptance": "Share of the verified drafts accepted",
+    "spec_calibration_error": "Expected calibration error of the acceptance estimates (10 bins)",
 }
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -74,7 +86,7 @@ class ServerMetrics:
         # Engine counters (monotonic in the engine; exported as their current values).
         self.engine = {
             name: Gauge(f"deepinfer_engine_{name}", help_text, registry=r)
-            for name, help_text in ENGINE_COUNTERS.items()
+            for name, help_text in (ENGINE_COUNTERS | ENGINE_GAUGES).items()
         }
         self.draft_position = Gauge(
             "deepinfer_spec_drafts_at_position",
@@ -85,6 +97,12 @@ class ServerMetrics:
         self.accepted_position = Gauge(
             "deepinfer_spec_accepted_at_position",
             "Drafts accepted at each draft position of a verify row",
+            ["position"],
+            registry=r,
+        )
+        self.acceptance_rate_position = Gauge(
+            "deepinfer_spec_acceptance_rate_at_position",
+            "Share of the drafts at each draft position of a verify row accepted",
             ["position"],
             registry=r,
         )
@@ -102,6 +120,8 @@ class ServerMetrics:
         ):
             self.draft_position.labels(str(j)).set(drafted)
             self.accepted_position.labels(str(j)).set(accepted)
+        for j, rate in enumerate(stats.get("spec_acceptance_rate_at_position", [])):
+            self.acceptance_rate_position.labels(str(j)).set(rate)
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         total = max(1, stats["num_blocks_total"])
