@@ -19,6 +19,10 @@ ENGINE_COUNTERS = {
     "store_bytes_written": "Bytes of KV block files written to the store",
     "kv_blocks_written_through": "Full KV blocks written through to the tiers",
     "kv_tier_fetch_failures": "KV tier fetches that failed and fell back to recompute",
+    "num_fetching": "Requests waiting for their KV blocks to be read from the tiers",
+    "kv_fetches": "KV tier fetches that read the store in the background",
+    "kv_fetch_seconds_total": "Time of those fetches, admission to last block read",
+    "kv_fetch_seconds_max": "Longest of those fetches",
 }
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
