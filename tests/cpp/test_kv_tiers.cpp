@@ -82,6 +82,20 @@ Sequence compute_prompt(KvAllocator& kv, FakeTransfer& t, const std::vector<int3
   return a;
 }
 
+// compute_prompt's bytes, imported into `b`'s first 3 blocks and its slot.
+void expect_prompt_imported(FakeTransfer& t, const Sequence& b) {
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(t.blocks[b.block_table[i]], std::vector<uint8_t>(16, 0x10 + i)) << i;
+  EXPECT_EQ(t.slots[b.state_slot], std::vector<uint8_t>(8, 0x55));
+}
+
+// Releases the last holder: every usable block is free again.
+void release_all(KvAllocator& gpu, Sequence& b) {
+  gpu.release(b);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+}
+
 // Polls a fetching sequence until its fetch has finished (the pool reads in the background).
 Admission poll_until_done(KvAllocator& kv, KvTiers& tiers, Sequence& seq) {
   for (int i = 0; i < 10000; ++i) {
@@ -100,16 +114,28 @@ KvTiersConfig store_config(const std::string& path) {
   return config;
 }
 
-// Writes a 400-token prompt's 3 blocks (the last with its snapshot) into the store at `config`.
-void store_prompt(const KvTiersConfig& config, FakeTransfer& t,
-                  const std::vector<int32_t>& prompt) {
-  KvTiers tiers(config, t);
-  KvAllocator gpu(layout());
-  gpu.set_tiers(&tiers);
-  Sequence a = compute_prompt(gpu, t, prompt);
-  tiers.flush();
-  gpu.release(a);
-}
+// A store holding a 400-token prompt's 3 blocks (the last with its snapshot), written by tiers
+// that are gone again (as before a restart); the fake device caches are empty.
+class KvTiersStore : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    {
+      KvTiers tiers(config, t);
+      KvAllocator gpu(layout());
+      gpu.set_tiers(&tiers);
+      Sequence a = compute_prompt(gpu, t, prompt);
+      tiers.flush();
+      gpu.release(a);
+    }
+    t.blocks.clear();
+    t.slots.clear();
+  }
+
+  deepinfer::test::TempDir dir;
+  FakeTransfer t;
+  const KvTiersConfig config = store_config(dir.path());
+  const std::vector<int32_t> prompt = distinct_tokens(400, 5);
+};
 
 TEST(KvTiers, HostTierServesAPrefixTheGpuNoLongerHolds) {
   FakeTransfer t;
@@ -135,25 +161,14 @@ TEST(KvTiers, HostTierServesAPrefixTheGpuNoLongerHolds) {
   EXPECT_EQ(hit.hit_tokens, 384);
   EXPECT_EQ(hit.restore_snapshot, -1);  // the state went straight into b's slot
   EXPECT_EQ(b.num_computed, 384);
-  for (size_t i = 0; i < 3; ++i)
-    EXPECT_EQ(t.blocks[b.block_table[i]], std::vector<uint8_t>(16, 0x10 + i)) << i;
-  EXPECT_EQ(t.slots[b.state_slot], std::vector<uint8_t>(8, 0x55));
+  expect_prompt_imported(t, b);
   EXPECT_EQ(tiers.counters().host_hit_tokens, 384u);
   EXPECT_EQ(gpu.prefix_cache().index().size(), 3u);  // the fetched blocks are indexed
   gpu.check_invariants({&b});
-  gpu.release(b);
-  gpu.check_invariants({});
-  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  release_all(gpu, b);
 }
 
-TEST(KvTiers, StoreHitWaitsFetchingThenImportsTheBytes) {
-  deepinfer::test::TempDir dir;
-  FakeTransfer t;
-  const KvTiersConfig config = store_config(dir.path());
-  std::vector<int32_t> prompt = distinct_tokens(400, 5);
-  store_prompt(config, t, prompt);
-  t.blocks.clear();
-  t.slots.clear();
+TEST_F(KvTiersStore, AHitWaitsFetchingThenImportsTheBytes) {
   KvTiers tiers(config, t);
   tiers.hold_fetches(true);
   KvAllocator gpu(layout());
@@ -182,9 +197,7 @@ TEST(KvTiers, StoreHitWaitsFetchingThenImportsTheBytes) {
   EXPECT_EQ(hit.hit_tokens, 384);
   EXPECT_EQ(b.num_computed, 384);
   EXPECT_EQ(b.tier_fetch, 0u);
-  for (size_t i = 0; i < 3; ++i)
-    EXPECT_EQ(t.blocks[b.block_table[i]], std::vector<uint8_t>(16, 0x10 + i)) << i;
-  EXPECT_EQ(t.slots[b.state_slot], std::vector<uint8_t>(8, 0x55));
+  expect_prompt_imported(t, b);
   const KvTierCounters c = tiers.counters();
   EXPECT_EQ(c.store_hit_tokens, 384u);
   EXPECT_EQ(c.fetches, 1u);
@@ -192,18 +205,10 @@ TEST(KvTiers, StoreHitWaitsFetchingThenImportsTheBytes) {
   EXPECT_EQ(c.fetch_seconds_max, c.fetch_seconds_total);
   EXPECT_EQ(tiers.num_fetches(), 0);
   EXPECT_EQ(gpu.prefix_cache().index().size(), 3u);
-  gpu.release(b);
-  gpu.check_invariants({});
-  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  release_all(gpu, b);
 }
 
-TEST(KvTiers, ReleaseWhileFetchingFreesEverythingAndDropsTheRead) {
-  deepinfer::test::TempDir dir;
-  FakeTransfer t;
-  const KvTiersConfig config = store_config(dir.path());
-  std::vector<int32_t> prompt = distinct_tokens(400, 6);
-  store_prompt(config, t, prompt);
-  t.blocks.clear();
+TEST_F(KvTiersStore, ReleaseWhileFetchingFreesEverythingAndDropsTheRead) {
   {
     KvTiers tiers(config, t);
     tiers.hold_fetches(true);
@@ -231,12 +236,7 @@ TEST(KvTiers, ReleaseWhileFetchingFreesEverythingAndDropsTheRead) {
   EXPECT_TRUE(t.blocks.empty());
 }
 
-TEST(KvTiers, CorruptStoreFileFoundByTheFetchFallsBackToRecompute) {
-  deepinfer::test::TempDir dir;
-  FakeTransfer t;
-  const KvTiersConfig config = store_config(dir.path());
-  std::vector<int32_t> prompt = distinct_tokens(400, 3);
-  store_prompt(config, t, prompt);
+TEST_F(KvTiersStore, ACorruptFileFoundByTheFetchFallsBackToRecompute) {
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
     if (e.path().extension() == ".kvb") files.push_back(e.path());
