@@ -97,6 +97,7 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   nb::dict d;
   d["num_running"] = s.num_running;
   d["num_waiting"] = s.num_waiting;
+  d["num_fetching"] = s.num_fetching;
   d["num_blocks_total"] = s.num_blocks_total;
   d["num_blocks_free"] = s.num_blocks_free;
   d["num_blocks_cached"] = s.num_blocks_cached;
@@ -141,6 +142,9 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["store_bytes_written"] = s.store_bytes_written;
   d["kv_blocks_written_through"] = s.kv_blocks_written_through;
   d["kv_tier_fetch_failures"] = s.kv_tier_fetch_failures;
+  d["kv_fetches"] = s.kv_fetches;
+  d["kv_fetch_seconds_total"] = s.kv_fetch_seconds_total;
+  d["kv_fetch_seconds_max"] = s.kv_fetch_seconds_max;
   return d;
 }
 
@@ -337,5 +341,8 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("num_inflight_steps", &Engine::num_inflight_steps,
                    "Steps launched and not yet committed (0, 1 or 2).")
       .def("flush_kv_tiers", &Engine::flush_kv_tiers, nb::call_guard<nb::gil_scoped_release>(),
-           "Wait until every block written through so far is in the host tier and the store.");
+           "Wait until every block written through so far is in the host tier and the store.")
+      .def("hold_kv_fetches", &Engine::hold_kv_fetches, "hold"_a,
+           "Test hook: while held, the KV tiers start no store read, so a request on a store "
+           "hit stays fetching; hold_kv_fetches(False) lets the reads go.");
 }

@@ -1,7 +1,9 @@
-// The KV tiers wired into admission and commit (sched/kv_tiers.h) over a fake KvTransfer, and the
-// caches' block and state export/import they rely on (ModelCaches).
+// The KV tiers wired into admission and commit (sched/kv_tiers.h) over a fake KvTransfer, the
+// fetching state of a store hit (held, finished, failed, cancelled), and the caches' block and
+// state export/import they rely on (ModelCaches).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -80,6 +82,61 @@ Sequence compute_prompt(KvAllocator& kv, FakeTransfer& t, const std::vector<int3
   return a;
 }
 
+// compute_prompt's bytes, imported into `b`'s first 3 blocks and its slot.
+void expect_prompt_imported(FakeTransfer& t, const Sequence& b) {
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(t.blocks[b.block_table[i]], std::vector<uint8_t>(16, 0x10 + i)) << i;
+  EXPECT_EQ(t.slots[b.state_slot], std::vector<uint8_t>(8, 0x55));
+}
+
+// Releases the last holder: every usable block is free again.
+void release_all(KvAllocator& gpu, Sequence& b) {
+  gpu.release(b);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+}
+
+// Polls a fetching sequence until its fetch has finished (the pool reads in the background).
+Admission poll_until_done(KvAllocator& kv, KvTiers& tiers, Sequence& seq) {
+  for (int i = 0; i < 10000; ++i) {
+    Admission a = kv.poll_fetch(seq);
+    if (a.status != AdmitStatus::kFetching) return a;
+    tiers.wait_for_fetch(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "the fetch never finished";
+  return Admission{AdmitStatus::kFetching};
+}
+
+KvTiersConfig store_config(const std::string& path) {
+  KvTiersConfig config;
+  config.store_path = path;
+  config.model_identity = "fake";
+  return config;
+}
+
+// A store holding a 400-token prompt's 3 blocks (the last with its snapshot), written by tiers
+// that are gone again (as before a restart); the fake device caches are empty.
+class KvTiersStore : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    {
+      KvTiers tiers(config, t);
+      KvAllocator gpu(layout());
+      gpu.set_tiers(&tiers);
+      Sequence a = compute_prompt(gpu, t, prompt);
+      tiers.flush();
+      gpu.release(a);
+    }
+    t.blocks.clear();
+    t.slots.clear();
+  }
+
+  deepinfer::test::TempDir dir;
+  FakeTransfer t;
+  const KvTiersConfig config = store_config(dir.path());
+  const std::vector<int32_t> prompt = distinct_tokens(400, 5);
+};
+
 TEST(KvTiers, HostTierServesAPrefixTheGpuNoLongerHolds) {
   FakeTransfer t;
   KvTiersConfig config;
@@ -104,37 +161,88 @@ TEST(KvTiers, HostTierServesAPrefixTheGpuNoLongerHolds) {
   EXPECT_EQ(hit.hit_tokens, 384);
   EXPECT_EQ(hit.restore_snapshot, -1);  // the state went straight into b's slot
   EXPECT_EQ(b.num_computed, 384);
-  for (size_t i = 0; i < 3; ++i)
-    EXPECT_EQ(t.blocks[b.block_table[i]], std::vector<uint8_t>(16, 0x10 + i)) << i;
-  EXPECT_EQ(t.slots[b.state_slot], std::vector<uint8_t>(8, 0x55));
+  expect_prompt_imported(t, b);
   EXPECT_EQ(tiers.counters().host_hit_tokens, 384u);
   EXPECT_EQ(gpu.prefix_cache().index().size(), 3u);  // the fetched blocks are indexed
   gpu.check_invariants({&b});
-  gpu.release(b);
-  gpu.check_invariants({});
-  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  release_all(gpu, b);
 }
 
-TEST(KvTiers, CorruptStoreFileIsAMissThatRecomputes) {
-  deepinfer::test::TempDir dir;
-  FakeTransfer t;
-  KvTiersConfig config;
-  config.store_path = dir.path();
-  config.model_identity = "fake";
-  std::vector<int32_t> prompt = distinct_tokens(400, 3);
+TEST_F(KvTiersStore, AHitWaitsFetchingThenImportsTheBytes) {
+  KvTiers tiers(config, t);
+  tiers.hold_fetches(true);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  b.state = SeqState::kFetching;
+  // The hit's blocks and the slot are reserved; nothing is imported or indexed yet.
+  EXPECT_EQ(b.block_table.size(), 4u);
+  EXPECT_GE(b.state_slot, 0);
+  EXPECT_EQ(b.num_computed, 0);
+  EXPECT_EQ(gpu.blocks().num_free(), 11);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 0u);
+  EXPECT_TRUE(t.blocks.empty());
+  EXPECT_EQ(tiers.num_fetches(), 1);
+  gpu.check_invariants({&b});
+  b.check_invariants();
+  // Held: it stays pending however often it is polled.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(gpu.poll_fetch(b).status, AdmitStatus::kFetching);
+    tiers.wait_for_fetch(std::chrono::microseconds(100));
+  }
+  tiers.hold_fetches(false);
+  Admission hit = poll_until_done(gpu, tiers, b);
+  ASSERT_EQ(hit.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(hit.hit_tokens, 384);
+  EXPECT_EQ(b.num_computed, 384);
+  EXPECT_EQ(b.tier_fetch, 0u);
+  expect_prompt_imported(t, b);
+  const KvTierCounters c = tiers.counters();
+  EXPECT_EQ(c.store_hit_tokens, 384u);
+  EXPECT_EQ(c.fetches, 1u);
+  EXPECT_GT(c.fetch_seconds_total, 0.0);
+  EXPECT_EQ(c.fetch_seconds_max, c.fetch_seconds_total);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 3u);
+  release_all(gpu, b);
+}
+
+TEST_F(KvTiersStore, ReleaseWhileFetchingFreesEverythingAndDropsTheRead) {
   {
     KvTiers tiers(config, t);
+    tiers.hold_fetches(true);
     KvAllocator gpu(layout());
     gpu.set_tiers(&tiers);
-    Sequence a = compute_prompt(gpu, t, prompt);
-    tiers.flush();
-    gpu.release(a);
+    Sequence b = make_seq(2, prompt);
+    ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+    gpu.release(b);  // the request was aborted
+    EXPECT_EQ(b.tier_fetch, 0u);
+    EXPECT_EQ(tiers.num_fetches(), 0);
+    gpu.check_invariants({});
+    EXPECT_EQ(gpu.blocks().num_free(), 15);
+    EXPECT_EQ(gpu.live_slots().num_free(), 3);
+    // The pool may now run the cancelled read; its result goes nowhere.
+    tiers.hold_fetches(false);
+    tiers.wait_for_fetch(std::chrono::milliseconds(20));
+    EXPECT_TRUE(t.blocks.empty());
+    // A second one still in flight when the tiers go: the destructor joins the pool.
+    Sequence c = make_seq(3, prompt);
+    tiers.hold_fetches(true);
+    ASSERT_EQ(gpu.admit(c).status, AdmitStatus::kFetching);
+    EXPECT_EQ(tiers.num_fetches(), 1);
+    EXPECT_EQ(tiers.counters().fetches, 0u);  // cancelled fetches are not counted
   }
+  EXPECT_TRUE(t.blocks.empty());
+}
+
+TEST_F(KvTiersStore, ACorruptFileFoundByTheFetchFallsBackToRecompute) {
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
     if (e.path().extension() == ".kvb") files.push_back(e.path());
   ASSERT_EQ(files.size(), 3u);
-  // Flip the last payload byte of every file (sizes and times unchanged).
+  // Flip the last payload byte of every file (sizes and times unchanged): the plan, from sizes,
+  // still takes them; the read finds the damage.
   for (const auto& f : files) {
     const auto mtime = std::filesystem::last_write_time(f);  // the expiry: keep it
     std::FILE* fp = std::fopen(f.c_str(), "r+b");
@@ -149,12 +257,24 @@ TEST(KvTiers, CorruptStoreFileIsAMissThatRecomputes) {
   KvTiers tiers(config, t);
   KvAllocator gpu(layout());
   gpu.set_tiers(&tiers);
+  tiers.hold_fetches(true);  // so that admission surely leaves it fetching
   Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  Admission failed = poll_until_done(gpu, tiers, b);
+  // Failed: everything released, to be admitted again from the GPU index alone.
+  ASSERT_EQ(failed.status, AdmitStatus::kLater);
+  EXPECT_FALSE(b.holds_resources());
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.counters().fetches, 1u);
+  EXPECT_EQ(tiers.counters().store_hit_tokens, 0u);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
   Admission miss = gpu.admit(b);
   ASSERT_EQ(miss.status, AdmitStatus::kAdmitted);
   EXPECT_EQ(miss.hit_tokens, 0);
   EXPECT_EQ(b.num_computed, 0);
-  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
   gpu.check_invariants({&b});
   gpu.release(b);
 }

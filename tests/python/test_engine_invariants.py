@@ -5,12 +5,17 @@ with the scripted executor (outputs are a hash of each request's own context, so
 tokens are known), checking the engine's invariants after every step: KV block refcounts equal
 the block tables holding them, free + used == total, no block both free and referenced, state
 slots, in-flight ledgers (0, R or 2R; at most two steps in flight), queues. After the drain every
-pool is full again. A smaller run does the same on the real tiny model.
+pool is full again. A smaller run does the same on the real tiny model. Another run puts the KV
+tiers under it: store hits wait fetching while the fetch pool is held and released at random,
+store files are damaged at random (the fetch fails and the request recomputes), and aborts land
+on fetching requests too.
 """
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import deepinfer_core as dc
 import pytest
@@ -130,6 +135,83 @@ def test_invariants_randomized_scripted(options) -> None:
     assert stats["num_preemptions"] > 0, stats
     if options.get("enable_prefix_cache", True):
         assert stats["prompt_tokens_cached"] > 0, stats
+
+
+def damage_one_file(root: Path, rng: random.Random) -> bool:
+    """Flips a payload byte of a random block file (size and expiry kept): a fetch that reads it
+    fails its checksum."""
+    files = sorted(root.rglob("*.kvb"))
+    if not files:
+        return False
+    target = rng.choice(files)
+    try:
+        times = target.stat()
+        data = bytearray(target.read_bytes())
+        data[-1 - rng.randrange(8)] ^= 0xFF
+        target.write_bytes(bytes(data))
+        os.utime(target, ns=(times.st_atime_ns, times.st_mtime_ns))
+    except FileNotFoundError:  # removed meanwhile (a fetch found it damaged already)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("zero_overhead", [True, False], ids=["zos", "sync"])
+def test_invariants_randomized_with_fetch_states(tmp_path, zero_overhead: bool) -> None:
+    # 16 usable blocks: shared prefixes leave the GPU index soon, so hits come from the store.
+    engine = scripted(
+        eos_probability=0.02,
+        num_kv_blocks=17,
+        max_num_seqs=6,
+        kv_store_path=str(tmp_path),
+        zero_overhead=zero_overhead,
+    )
+    slots = live_slots(engine)
+    rng = random.Random(11 if zero_overhead else 12)
+    bases = [[rng.randrange(2, VOCAB) for _ in range(700)] for _ in range(3)]
+    trace, prompts, aborted = Trace(), {}, set()
+    held = False
+    aborts_while_fetching = damaged = 0
+    for _ in range(3000):
+        r = rng.random()
+        live = [rid for rid in prompts if trace.finish(rid) is None and rid not in aborted]
+        if r < 0.15 and len(live) < 12:
+            if rng.random() < 0.7:
+                prompt = rng.choice(bases)[: rng.randrange(129, 700)] + [rng.randrange(2, VOCAB)]
+            else:
+                prompt = [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 300))]
+            params = dc.SamplingParams(temperature=0.0, max_tokens=rng.randrange(1, 24))
+            prompts[engine.add_request(prompt, params)] = prompt
+        elif r < 0.20 and live:
+            rid = rng.choice(live)
+            # Likely a fetching one: not ready yet while fetches are under way.
+            aborts_while_fetching += engine.stats()["num_fetching"] > 0 and not trace.ready(rid)
+            engine.abort(rid)
+            aborted.add(rid)
+        elif r < 0.26:
+            held = not held  # fetches finish at whichever step comes after the release
+            engine.hold_kv_fetches(held)
+        elif r < 0.275:
+            damaged += damage_one_file(tmp_path, rng)
+        elif r < 0.29:
+            engine.flush_kv_tiers()
+        else:
+            trace.record(engine.step())
+            engine.check_invariants()
+    engine.hold_kv_fetches(False)
+    drain(engine, trace)
+    assert_pools_full(engine, slots)
+    stats = engine.stats()
+    assert stats["num_fetching"] == 0, stats
+    for rid, prompt in prompts.items():
+        trace.check_contract(rid)
+        # Exactly the model's outputs whether the prefix was fetched, recomputed after a failed
+        # fetch, or taken from the GPU.
+        tokens = trace.tokens(rid)
+        assert tokens == reference(engine, prompt, len(tokens)), f"request {rid}"
+    # The run reached the paths it is meant to cover.
+    assert stats["kv_fetches"] > 20 and stats["store_hit_tokens"] > 0, stats
+    assert stats["kv_tier_fetch_failures"] > 0 and damaged > 0, (stats, damaged)
+    assert aborts_while_fetching > 0
 
 
 @pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)

@@ -1,7 +1,9 @@
 """KV tiers beyond the GPU on the real tiny model (docs/kv_store.md): prompts' blocks written
 through to the host tier and the store come back as prefix hits that are bit-identical to a cold
-run, through the host tier, through the store, across an engine restart and between two engines
-sharing one directory; a corrupt or truncated file is a miss that recomputes; nothing leaks."""
+run, through the host tier, through the store (read in the background while the request waits
+fetching), across an engine restart and between two engines sharing one directory; a corrupt or
+truncated file is a miss that recomputes; a request without a hit goes on while another one's
+fetch is held; an abort while fetching frees everything; nothing leaks."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import deepinfer_core as dc
 import pytest
-from engine_helpers import assert_pools_full, cpu_engine, run_all
+from engine_helpers import Trace, assert_pools_full, cpu_engine, drain, run_all
 
 GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=12)
 HOST = 1 << 30
@@ -73,6 +75,9 @@ def test_store_tier_hit_equals_cold(tiny_checkpoint, cold, tmp_path) -> None:
     s = engine.stats()
     assert s["store_hit_tokens"] == 1024 and s["host_hit_tokens"] == 0, s
     assert s["store_bytes_read"] > 0 and s["store_bytes_written"] > 0, s
+    # Both variants read the store in the background (the second at least the snapshot).
+    assert s["kv_fetches"] == 2 and s["num_fetching"] == 0, s
+    assert 0 < s["kv_fetch_seconds_max"] <= s["kv_fetch_seconds_total"], s
     assert_pools_full(engine)
 
 
@@ -90,6 +95,7 @@ def test_store_survives_an_engine_restart(tiny_checkpoint, cold, tmp_path) -> No
     assert warm == cold
     s = second.stats()
     assert s["store_hit_tokens"] == 1024 and s["store_bytes_read"] > 0, s
+    assert s["kv_fetches"] == 2 and s["kv_tier_fetch_failures"] == 0, s
     assert s["kv_blocks_written_through"] == 0, s  # every block was already stored
     assert_pools_full(second)
 
@@ -136,13 +142,81 @@ def test_corrupt_store_file_is_a_miss(tiny_checkpoint, cold, tmp_path, damage) -
     s = reader.stats()
     assert s["store_hit_tokens"] == 0
     if damage == "flip":
-        # Planned from the file's size, refused by the payload checksum, removed, recomputed.
-        assert s["kv_tier_fetch_failures"] == 1, s
+        # Planned from the file's size, refused by the payload checksum when the fetch pool read
+        # it, removed, recomputed.
+        assert s["kv_tier_fetch_failures"] == 1 and s["kv_fetches"] == 1, s
     # The recomputed prefix is written again, so the next request hits.
     reader.flush_kv_tiers()
     again, trace = run_all(reader, [VARIANTS[1]], GREEDY)
     assert hit_tokens(trace) == [512] and again == [cold[1]]
     assert_pools_full(reader)
+
+
+def stored_reader(checkpoint, root: Path) -> dc.Engine:
+    """A fresh engine over a store that holds SHARED's blocks (written by another engine)."""
+    writer = cpu_engine(checkpoint, kv_store_path=str(root))
+    run_all(writer, [SHARED + [99]], GREEDY)
+    writer.flush_kv_tiers()
+    del writer
+    return cpu_engine(checkpoint, kv_store_path=str(root))
+
+
+def test_a_request_without_a_hit_goes_on_while_a_fetch_is_held(
+    tiny_checkpoint, cold, tmp_path
+) -> None:
+    reader = stored_reader(tiny_checkpoint, tmp_path)
+    reader.hold_kv_fetches(True)  # the store hit's read cannot start: it stays fetching
+    trace = Trace()
+    fetching = reader.add_request(VARIANTS[0], GREEDY)
+    other = reader.add_request(tokens(40, 9), dc.SamplingParams(temperature=0.0, max_tokens=6))
+    for _ in range(20):
+        trace.record(reader.step())
+        reader.check_invariants()
+        if trace.finish(other) is not None:
+            break
+    assert trace.finish(other) == "length" and len(trace.tokens(other)) == 6
+    assert reader.stats()["num_fetching"] == 1
+    assert not trace.outputs[fetching]  # not even ready: its hit is not known yet
+    reader.hold_kv_fetches(False)
+    drain(reader, trace)
+    trace.check_contract(fetching)
+    assert trace.ready(fetching).prompt_cache_hit_tokens == 512
+    assert trace.tokens(fetching) == cold[0]
+    s = reader.stats()
+    assert s["num_fetching"] == 0 and s["kv_fetches"] == 1 and s["store_hit_tokens"] == 512, s
+    assert_pools_full(reader)
+
+
+def test_abort_while_fetching_frees_everything(tiny_checkpoint, cold, tmp_path) -> None:
+    reader = stored_reader(tiny_checkpoint, tmp_path)
+    slots = reader.stats()["num_state_slots_free"]
+    reader.hold_kv_fetches(True)
+    trace = Trace()
+    rid = reader.add_request(VARIANTS[0], GREEDY)
+    for _ in range(3):
+        trace.record(reader.step())
+        reader.check_invariants()
+    s = reader.stats()
+    # Fetching: the hit's blocks (all 5 of the prompt) and a slot are reserved for it.
+    assert s["num_fetching"] == 1 and s["num_blocks_total"] - s["num_blocks_free"] == 5, s
+    assert s["num_state_slots_free"] == slots - 1, s
+    reader.abort(rid)
+    trace.record(reader.step())
+    reader.check_invariants()
+    assert trace.finish(rid) == "abort" and trace.ready(rid) is None and not trace.tokens(rid)
+    s = reader.stats()
+    assert s["num_fetching"] == 0 and s["kv_fetches"] == 0 and s["store_hit_tokens"] == 0, s
+    assert_pools_full(reader, slots)
+    # The dropped read harms nothing: the next request fetches the same blocks and matches cold.
+    reader.hold_kv_fetches(False)
+    warm, trace = run_all(reader, [VARIANTS[1]], GREEDY)
+    assert hit_tokens(trace) == [512] and warm == [cold[1]]
+    # Shutdown with a fetch held in flight joins the pool cleanly.
+    reader.hold_kv_fetches(True)
+    reader.add_request(VARIANTS[0], GREEDY)
+    reader.step()
+    assert reader.stats()["num_fetching"] == 1
+    del reader
 
 
 def test_two_engines_share_one_store(tiny_checkpoint, tmp_path) -> None:

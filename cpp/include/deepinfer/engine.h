@@ -163,6 +163,7 @@ struct SchedulerCounters {
 struct EngineStats : SchedulerCounters {
   int num_running = 0;
   int num_waiting = 0;
+  int num_fetching = 0;      // admitted on a KV tier hit, waiting for its blocks to be read
   int num_blocks_total = 0;  // usable KV blocks
   int num_blocks_free = 0;
   int num_blocks_cached = 0;  // free blocks still holding an indexed prefix
@@ -188,6 +189,11 @@ struct EngineStats : SchedulerCounters {
   double spec_mean_estimate = 0;
   double spec_mean_acceptance = 0;
   double spec_calibration_error = 0;
+  // Tier fetches that read the store in the background (failed ones included), and their time
+  // from admission until the last block was read.
+  uint64_t kv_fetches = 0;
+  double kv_fetch_seconds_total = 0;
+  double kv_fetch_seconds_max = 0;
 };
 
 // The KV cache the engine runs with, for logs and capacity planning.
@@ -253,6 +259,9 @@ class Engine {
   // Waits until every block written through so far is in the host tier and the store (engine
   // thread). Write-through is otherwise asynchronous; tests and orderly shutdowns call this.
   virtual void flush_kv_tiers() {}
+  // While held, the tiers start no store read, so a request on a store hit stays fetching
+  // (deterministic tests of the fetching state); releasing lets the reads go.
+  virtual void hold_kv_fetches(bool hold) { (void)hold; }
 };
 
 }  // namespace deepinfer

@@ -104,6 +104,10 @@ void EngineImpl::flush_kv_tiers() {
   if (tiers_) tiers_->flush();
 }
 
+void EngineImpl::hold_kv_fetches(bool hold) {
+  if (tiers_) tiers_->hold_fetches(hold);
+}
+
 KvCapacity EngineImpl::kv_capacity() const {
   KvCapacity k;
   k.num_blocks = executor_->num_kv_blocks() - 1;
@@ -239,6 +243,8 @@ std::vector<RequestOutput> EngineImpl::step() {
   // this step's admissions can already hit them.
   if (tiers_) tiers_->poll();
   drain_inbox(out);
+  // After the aborts: an aborted request's fetch is cancelled, not finished.
+  if (tiers_) scheduler_.poll_fetches(out);
   StepPlan plan;
   if (!spare_plans_.empty()) {
     plan = std::move(spare_plans_.back());
@@ -265,6 +271,9 @@ std::vector<RequestOutput> EngineImpl::step() {
     DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps launched and not committed");
   } else {
     spare_plans_.push_back(std::move(plan));
+    // Only fetches are left to wait for: block for one briefly rather than have the caller spin.
+    if (inflight_.empty() && scheduler_.num_fetching() > 0)
+      tiers_->wait_for_fetch(std::chrono::milliseconds(2));
   }
   // Zero-overhead: leave the step just launched running; commit the one before it.
   const size_t keep =
@@ -293,6 +302,7 @@ EngineStats EngineImpl::stats() const {
   static_cast<SchedulerCounters&>(s) = scheduler_.stats();
   s.num_running = scheduler_.num_running();
   s.num_waiting = scheduler_.num_waiting();
+  s.num_fetching = scheduler_.num_fetching();
   s.num_blocks_total = kv_.blocks().num_usable();
   s.num_blocks_free = kv_.blocks().num_free();
   s.num_blocks_cached = kv_.num_cached_free_blocks();
@@ -322,6 +332,9 @@ EngineStats EngineImpl::stats() const {
     s.store_bytes_written = t.store_bytes_written;
     s.kv_blocks_written_through = t.blocks_exported;
     s.kv_tier_fetch_failures = t.fetch_failures;
+    s.kv_fetches = t.fetches;
+    s.kv_fetch_seconds_total = t.fetch_seconds_total;
+    s.kv_fetch_seconds_max = t.fetch_seconds_max;
   }
   return s;
 }

@@ -9,7 +9,9 @@
 //   5. return the outputs.
 // So the host's commit and scheduling work overlaps the device's work on N+1. With zero_overhead
 // off, 3 is followed by waiting for and committing N+1 itself. At most two steps are ever
-// launched and uncommitted (asserted).
+// launched and uncommitted (asserted). Before 1, tier fetches that finished are taken (their
+// requests go on to prefill the rest of their prompts); a step with nothing to run while fetches
+// are under way waits briefly for one instead of returning at once.
 #pragma once
 
 #include <atomic>
@@ -46,6 +48,7 @@ class EngineImpl final : public Engine {
   void check_invariants() const override;
   int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }
   void flush_kv_tiers() override;
+  void hold_kv_fetches(bool hold) override;
 
  private:
   // A launched step and its plan, kept until the step is committed.

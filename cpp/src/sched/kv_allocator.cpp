@@ -31,7 +31,7 @@ Admission KvAllocator::admit(Sequence& seq) {
     return result;
   }
   PrefixCachePolicy::Hit hit = prefix_.lookup(seq);
-  if (tiers_ != nullptr) {
+  if (tiers_ != nullptr && !seq.skip_tiers) {
     if (std::optional<Admission> a = admit_from_tiers(seq, hit, needed)) return *a;
   }
   const std::vector<kv::BlockId>& hits = hit.blocks;
@@ -73,24 +73,49 @@ std::optional<Admission> KvAllocator::admit_from_tiers(Sequence& seq,
   const int fresh = needed - plan.reuse;
   // The GPU hit alone would need more fresh blocks, so it would not fit either.
   if (blocks_.num_free() - reused_free < fresh || live_.num_free() == 0) return Admission{};
-  std::optional<KvTiers::Fetched> fetched = tiers_->fetch(seq, plan);
-  if (!fetched) return std::nullopt;  // a block failed its checks: recompute past the GPU hit
+  // The blocks and the slot are free, so no step in flight reads or writes them; they are the
+  // fetch's until it finishes or the request goes.
   for (int i = 0; i < plan.reuse; ++i) {
     blocks_.acquire(hit.indexed[static_cast<size_t>(i)]);
     seq.block_table.push_back(hit.indexed[static_cast<size_t>(i)]);
   }
   for (int i = 0; i < fresh; ++i) seq.block_table.push_back(*blocks_.allocate());
   seq.state_slot = *live_.allocate();
-  // Enqueued now, ahead of the step that computes the rest of the prompt. The blocks and the slot
-  // were free, so no step in flight reads or writes them.
-  tiers_->import(*fetched,
+  seq.tier_fetch = tiers_->start_fetch(seq, plan);
+  Admission a = poll_fetch(seq);  // finished already when every block was in host memory
+  if (a.status == AdmitStatus::kLater) return std::nullopt;  // failed: recompute past the GPU hit
+  return a;
+}
+
+Admission KvAllocator::poll_fetch(Sequence& seq) {
+  DEEPINFER_CHECK(seq.tier_fetch != 0, "poll of a sequence without a tier fetch");
+  KvTiers::Fetched fetched;
+  switch (tiers_->finish_fetch(seq, seq.tier_fetch, fetched)) {
+    case KvTiers::FetchState::kPending:
+      return Admission{AdmitStatus::kFetching};
+    case KvTiers::FetchState::kFailed: {
+      seq.tier_fetch = 0;
+      release(seq);
+      seq.skip_tiers = true;
+      return Admission{};
+    }
+    case KvTiers::FetchState::kReady:
+      break;
+  }
+  seq.tier_fetch = 0;
+  return complete_fetch(seq, fetched);
+}
+
+Admission KvAllocator::complete_fetch(Sequence& seq, const KvTiers::Fetched& fetched) {
+  // Enqueued now, ahead of the step that computes the rest of the prompt.
+  tiers_->import(fetched,
                  std::span<const kv::BlockId>(seq.block_table)
-                     .subspan(static_cast<size_t>(plan.reuse),
-                              static_cast<size_t>(plan.num_blocks - plan.reuse)),
+                     .subspan(static_cast<size_t>(fetched.reuse),
+                              static_cast<size_t>(fetched.num_blocks - fetched.reuse)),
                  seq.state_slot);
-  prefix_.adopt_fetched(seq, plan.reuse, plan.num_blocks);
-  seq.num_computed = plan.num_blocks * bs;
-  seq.num_indexed_blocks = plan.num_blocks;
+  prefix_.adopt_fetched(seq, fetched.reuse, fetched.num_blocks);
+  seq.num_computed = fetched.num_blocks * layout_.block_size;
+  seq.num_indexed_blocks = fetched.num_blocks;
   Admission result;
   result.status = AdmitStatus::kAdmitted;
   result.hit_tokens = seq.num_computed;
@@ -114,6 +139,8 @@ bool KvAllocator::grow(Sequence& seq, int num_positions) {
 }
 
 void KvAllocator::release(Sequence& seq) {
+  if (seq.tier_fetch != 0) tiers_->cancel_fetch(seq.tier_fetch);
+  seq.tier_fetch = 0;
   for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) blocks_.release(*it);
   seq.block_table.clear();
   if (seq.state_slot >= 0) live_.release(seq.state_slot);
@@ -135,7 +162,9 @@ void KvAllocator::check_invariants(const std::vector<const Sequence*>& holders) 
   prefix_.check_invariants();
   std::map<kv::BlockId, int> refs;
   int slots = 0;
+  int fetching = 0;
   for (const Sequence* s : holders) {
+    fetching += s->tier_fetch != 0 ? 1 : 0;
     for (kv::BlockId b : s->block_table) ++refs[b];
     if (s->state_slot >= 0) {
       ++slots;
@@ -156,6 +185,12 @@ void KvAllocator::check_invariants(const std::vector<const Sequence*>& holders) 
     }
   }
   if (refs.count(0) != 0) throw Error(ErrorCode::kInternal, "block 0 was handed out");
+  // A fetch outlives its request only as a leak: release cancels it.
+  const int fetches = tiers_ != nullptr ? tiers_->num_fetches() : 0;
+  if (fetches != fetching) {
+    throw Error(ErrorCode::kInternal, std::to_string(fetches) + " tier fetches under way but " +
+                                          std::to_string(fetching) + " sequences wait for one");
+  }
   if (slots != live_.num_used()) {
     throw Error(ErrorCode::kInternal, std::to_string(live_.num_used()) +
                                           " state slots allocated but " + std::to_string(slots) +

@@ -23,7 +23,8 @@ struct KvLayout {
   bool prefix_cache = true;
 };
 
-enum class AdmitStatus { kAdmitted, kLater, kNever };
+// kFetching: admitted on a tier hit whose blocks are still being read (poll_fetch finishes it).
+enum class AdmitStatus { kAdmitted, kFetching, kLater, kNever };
 
 struct Admission {
   AdmitStatus status = AdmitStatus::kLater;
@@ -47,8 +48,13 @@ class KvAllocator {
   // Gives `seq` (holding nothing) a state slot and blocks for its first num_tokens positions,
   // reusing cached prefix blocks. kLater: not enough free blocks or slots now; kNever: the
   // sequence needs more blocks than exist. With tiers, a longer prefix than the GPU index holds
-  // is fetched from them (synchronously) into fresh blocks and the sequence's slot.
+  // is fetched from them into fresh blocks and the sequence's slot: at once when every block is
+  // in host memory, else kFetching (the blocks and slot are reserved; poll_fetch finishes it).
   Admission admit(Sequence& seq);
+  // Non-blocking, for a kFetching sequence. kAdmitted: the fetched bytes are imported and the
+  // hit is in `hit_tokens`; kFetching: still reading; kLater: the fetch failed, everything it
+  // held is released and the sequence is to be admitted again from the GPU index alone.
+  Admission poll_fetch(Sequence& seq);
   // After a commit: the prefix cache takes the sequence's new full blocks and `snapshot`; once a
   // snapshot is attached, the tiers write the prefix through.
   void on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos);
@@ -56,7 +62,8 @@ class KvAllocator {
   bool grow(Sequence& seq, int num_positions);
   // Blocks needed to hold `num_positions` positions.
   int blocks_for(int num_positions) const;
-  // Returns the blocks (last first, so a prefix stays cached longest) and the slot.
+  // Returns the blocks (last first, so a prefix stays cached longest) and the slot; cancels a
+  // tier fetch still under way.
   void release(Sequence& seq);
 
   int num_cached_free_blocks() const;  // free blocks still holding an indexed prefix
@@ -67,6 +74,8 @@ class KvAllocator {
   // Admission from the tiers when they serve more than `hit`; nullopt: use the GPU hit.
   std::optional<Admission> admit_from_tiers(Sequence& seq, const PrefixCachePolicy::Hit& hit,
                                             int needed);
+  // Imports a finished fetch into seq's reserved blocks and slot and indexes the blocks.
+  Admission complete_fetch(Sequence& seq, const KvTiers::Fetched& fetched);
 
   KvLayout layout_;
   kv::BlockPool blocks_;

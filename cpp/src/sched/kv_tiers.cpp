@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 #include <iostream>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "deepinfer/error.h"
@@ -40,10 +42,19 @@ KvTiers::KvTiers(const KvTiersConfig& config, KvTransfer& transfer)
                                                 log_store_line);
     writer_ = std::make_unique<kv::KvStoreWriter>(*store_);
     sweeper_ = std::make_unique<kv::KvStoreSweeper>(*store_, config.sweep_interval);
+    try {
+      for (int i = 0; i < std::max(config.fetch_threads, 1); ++i)
+        pool_.emplace_back([this] { fetch_worker(); });
+    } catch (...) {
+      stop_fetch_pool();  // the destructor will not run: join what started
+      throw;
+    }
   }
 }
 
 KvTiers::~KvTiers() {
+  // Reads under way finish first; queued ones are dropped with their requests.
+  stop_fetch_pool();
   try {
     flush();
   } catch (const std::exception& e) {
@@ -105,51 +116,147 @@ KvTiers::Plan KvTiers::plan(std::span<const kv::BlockHash> hashes, int gpu_index
   return p;
 }
 
-std::optional<KvTiers::Fetched> KvTiers::fetch(const Sequence& seq, const Plan& plan) {
-  DEEPINFER_CHECK(plan.num_blocks > 0 && plan.reuse <= plan.num_blocks, "fetch of an empty plan");
-  Fetched f;
-  // The payload of block `i` from `tier`, checked to hold its KV (and a snapshot if `with_state`).
-  auto read = [&](int i, Tier tier, bool with_state) -> std::optional<std::span<const uint8_t>> {
-    const kv::BlockKey key = key_of(seq, i);
-    const uint64_t full = kv_bytes_ + state_bytes_;
-    if (tier == Tier::kHost) {
-      std::shared_ptr<const kv::HostBlock> block = host_->lookup(key);
-      if (!block) return std::nullopt;
-      const uint64_t n = block->bytes().size();
-      if (with_state ? n != full : (n != kv_bytes_ && n != full)) return std::nullopt;
-      f.owners.push_back(block);
-      return block->bytes();
-    }
-    std::optional<kv::KvStoreBlock> got = store_->get(key);
-    if (!got) return std::nullopt;
-    const uint64_t n = got->payload.size();
-    const bool plain = n == kv_bytes_ && got->state_bytes == 0;
-    const bool snap = n == full && got->state_bytes == state_bytes_;
-    if (with_state ? !snap : !(plain || snap)) return std::nullopt;
-    auto owner = std::make_shared<std::vector<uint8_t>>(std::move(got->payload));
-    if (host_) host_->insert(key, *owner);  // the next hit on it is served from memory
-    f.owners.push_back(owner);
-    return std::span<const uint8_t>(*owner);
-  };
-  const int last = plan.num_blocks - 1;
-  for (int i = plan.reuse; i < plan.num_blocks; ++i) {
-    const bool with_state = i == last;
-    std::optional<std::span<const uint8_t>> p =
-        read(i, plan.sources[static_cast<size_t>(i - plan.reuse)], with_state);
-    if (!p) {
-      ++counters_.fetch_failures;
-      return std::nullopt;
-    }
-    f.blocks.push_back(p->first(kv_bytes_));
-    if (with_state) f.state = p->subspan(kv_bytes_);
+std::string KvTiers::take_host(FetchItem& item) {
+  const kv::BlockKey key{item.hash, item.parent, item.tokens};
+  std::shared_ptr<const kv::HostBlock> block = host_->lookup(key);
+  if (!block) return "block " + std::to_string(item.block) + " left the host tier";
+  const uint64_t n = block->bytes().size();
+  const uint64_t full = kv_bytes_ + state_bytes_;
+  if (item.with_state ? n != full : (n != kv_bytes_ && n != full))
+    return "host block " + std::to_string(item.block) + " has " + std::to_string(n) + " bytes";
+  item.bytes = block->bytes();
+  item.owner = std::move(block);
+  return "";
+}
+
+std::string KvTiers::read_store(FetchItem& item) {
+  const kv::BlockKey key{item.hash, item.parent, item.tokens};
+  std::optional<kv::KvStoreBlock> got = store_->get(key);
+  if (!got) return "store block " + std::to_string(item.block) + " is missing or damaged";
+  const uint64_t n = got->payload.size();
+  const bool plain = n == kv_bytes_ && got->state_bytes == 0;
+  const bool snap = n == kv_bytes_ + state_bytes_ && got->state_bytes == state_bytes_;
+  if (item.with_state ? !snap : !(plain || snap)) {
+    return "store block " + std::to_string(item.block) + " has a payload of " + std::to_string(n) +
+           " bytes (state " + std::to_string(got->state_bytes) + ")";
   }
-  if (plan.reuse == plan.num_blocks) {  // the GPU holds the KV; only its snapshot is gone
-    std::optional<std::span<const uint8_t>> p = read(last, plan.snapshot_source, true);
-    if (!p) {
-      ++counters_.fetch_failures;
-      return std::nullopt;
+  auto owner = std::make_shared<std::vector<uint8_t>>(std::move(got->payload));
+  item.bytes = std::span<const uint8_t>(*owner);
+  item.owner = std::move(owner);
+  return "";
+}
+
+KvTiers::FetchId KvTiers::start_fetch(const Sequence& seq, const Plan& plan) {
+  DEEPINFER_CHECK(plan.num_blocks > 0 && plan.reuse <= plan.num_blocks &&
+                      plan.sources.size() == static_cast<size_t>(plan.num_blocks - plan.reuse),
+                  "fetch of an empty or inconsistent plan");
+  auto job = std::make_shared<FetchJob>();
+  job->plan = plan;
+  job->started = std::chrono::steady_clock::now();
+  const int last = plan.num_blocks - 1;
+  auto add = [&](int i, Tier tier, bool with_state) {
+    const kv::BlockKey key = key_of(seq, i);
+    FetchItem& item = job->items.emplace_back();
+    item.block = i;
+    item.tier = tier;
+    item.with_state = with_state;
+    item.hash = key.hash;
+    item.parent = key.parent;
+    item.tokens.assign(key.tokens.begin(), key.tokens.end());
+  };
+  for (int i = plan.reuse; i < plan.num_blocks; ++i)
+    add(i, plan.sources[static_cast<size_t>(i - plan.reuse)], i == last);
+  // The GPU holds the KV; only its snapshot is gone.
+  if (plan.reuse == plan.num_blocks) add(last, plan.snapshot_source, true);
+  // Host blocks are memory: taken now, so that the host tier's LRU cannot drop them meanwhile.
+  for (FetchItem& item : job->items) {
+    if (item.tier != Tier::kHost) continue;
+    job->failure = take_host(item);
+    if (!job->failure.empty()) break;
+  }
+  const bool reads_store =
+      std::any_of(job->items.begin(), job->items.end(),
+                  [](const FetchItem& item) { return item.tier == Tier::kStore; });
+  const FetchId id = next_fetch_++;
+  fetches_.emplace(id, job);
+  if (!job->failure.empty() || !reads_store) {
+    job->done = true;  // not shared with the pool yet
+    job->finished = job->started;
+    return id;
+  }
+  job->queued = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(job);
+  }
+  work_cv_.notify_one();
+  return id;
+}
+
+void KvTiers::fetch_worker() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [this] { return stop_ || (!held_ && !queue_.empty()); });
+    if (stop_) return;
+    std::shared_ptr<FetchJob> job = std::move(queue_.front());
+    queue_.pop_front();
+    if (job->cancelled) continue;
+    lock.unlock();
+    // Only this thread touches the job's items until `done` is set under the lock.
+    std::string failure;
+    for (FetchItem& item : job->items) {
+      if (item.tier != Tier::kStore) continue;
+      try {
+        failure = read_store(item);
+      } catch (const std::exception& e) {
+        failure = std::string("store read failed: ") + e.what();
+      }
+      if (!failure.empty()) break;
     }
-    f.state = p->subspan(kv_bytes_);
+    const auto finished = std::chrono::steady_clock::now();
+    lock.lock();
+    job->failure = std::move(failure);
+    job->finished = finished;
+    job->done = true;
+    done_cv_.notify_all();
+  }
+}
+
+KvTiers::FetchState KvTiers::finish_fetch(const Sequence& seq, FetchId id, Fetched& out) {
+  auto it = fetches_.find(id);
+  DEEPINFER_CHECK(it != fetches_.end(), "finish of an unknown fetch");
+  std::shared_ptr<FetchJob> job = it->second;
+  if (job->queued) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!job->done) return FetchState::kPending;
+  }
+  fetches_.erase(it);
+  const Plan& plan = job->plan;
+  if (job->queued) {
+    const double seconds = std::chrono::duration<double>(job->finished - job->started).count();
+    ++counters_.fetches;
+    counters_.fetch_seconds_total += seconds;
+    counters_.fetch_seconds_max = std::max(counters_.fetch_seconds_max, seconds);
+  }
+  if (!job->failure.empty()) {
+    ++counters_.fetch_failures;
+    log_store_line("KV tier fetch of " + std::to_string(plan.num_blocks - plan.gpu_hit) +
+                   " blocks failed (" + job->failure + "); the request recomputes them");
+    return FetchState::kFailed;
+  }
+  out = Fetched{};
+  out.reuse = plan.reuse;
+  out.num_blocks = plan.num_blocks;
+  const int last = plan.num_blocks - 1;
+  for (size_t k = 0; k < job->items.size(); ++k) {
+    FetchItem& item = job->items[k];
+    // A store block goes into the host tier: the next hit on it is served from memory.
+    if (item.tier == Tier::kStore && host_)
+      host_->insert(kv::BlockKey{item.hash, item.parent, item.tokens}, item.bytes);
+    const bool only_state = plan.reuse == plan.num_blocks;
+    if (!only_state) out.blocks.push_back(item.bytes.first(kv_bytes_));
+    if (item.block == last && item.with_state) out.state = item.bytes.subspan(kv_bytes_);
+    out.owners.push_back(std::move(item.owner));
   }
   auto count = [&](Tier t, int blocks) {
     uint64_t& n = t == Tier::kHost ? counters_.host_hit_tokens : counters_.store_hit_tokens;
@@ -158,7 +265,47 @@ std::optional<KvTiers::Fetched> KvTiers::fetch(const Sequence& seq, const Plan& 
   count(plan.snapshot_source, plan.reuse - plan.gpu_hit);
   for (Tier t : plan.sources) count(t, 1);
   touch_chain_head_last(seq, plan.num_blocks);
-  return f;
+  return FetchState::kReady;
+}
+
+void KvTiers::cancel_fetch(FetchId id) {
+  auto it = fetches_.find(id);
+  if (it == fetches_.end()) return;
+  {
+    // The pool skips it if not yet started; a read under way finishes into the job's own
+    // buffers, freed with the pool's last reference.
+    std::lock_guard<std::mutex> lock(mu_);
+    it->second->cancelled = true;
+  }
+  fetches_.erase(it);
+}
+
+void KvTiers::wait_for_fetch(std::chrono::microseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait_for(lock, timeout, [this] {
+    for (const auto& [id, job] : fetches_)
+      if (job->done) return true;
+    return fetches_.empty();
+  });
+}
+
+void KvTiers::hold_fetches(bool hold) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = hold;
+  }
+  work_cv_.notify_all();
+}
+
+void KvTiers::stop_fetch_pool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    queue_.clear();
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : pool_) t.join();
+  pool_.clear();
 }
 
 // A hit needs a chain's blocks from its first one, so under LRU the head must outlive the tail:

@@ -1,5 +1,6 @@
 // KvTiers: the host-memory cache and the persistent store behind the GPU prefix cache
-// (docs/kv_store.md#the-engine-and-the-tiers). Owned by the engine thread.
+// (docs/kv_store.md#the-engine-and-the-tiers). Owned by the engine thread, apart from the fetch
+// pool's threads, which only read the store into buffers their fetch owns.
 //
 // Write-through: when the prefix cache attaches a state snapshot to a prompt's checkpoint block
 // (PrefixCachePolicy::on_committed), the blocks up to it are exported: the copies are enqueued on
@@ -9,23 +10,31 @@
 // resume there. Only committed, full blocks are ever written.
 //
 // Hits: at admission, when the GPU index serves less than the tiers could, `plan` matches the
-// prompt's chain hashes against both tiers from metadata only (host map, store stat), picks the
-// longest covered prefix whose last block carries a snapshot, and `fetch` reads those payloads
-// (store -> host). The allocator then imports them into fresh blocks and the snapshot into a slot.
-// A block that fails its checks (corrupt or truncated file, key mismatch) makes the whole fetch a
-// miss: the request recomputes from the GPU hit.
+// prompt's chain hashes against both tiers from metadata only (host map, store stat) and picks the
+// longest covered prefix whose last block carries a snapshot. `start_fetch` takes the host
+// blocks at once (memory) and queues the store blocks for the fetch pool, whose threads read the
+// files while the engine keeps stepping; the request waits in the fetching state
+// (SeqState::kFetching) holding the blocks and the slot the hit needs. `finish_fetch`, polled by
+// the engine thread, hands over the payloads once every block is read; the allocator imports them
+// into those blocks and the snapshot into the slot. A block that fails its checks (corrupt or
+// truncated file, key mismatch) makes the whole fetch a miss: the request recomputes from the GPU
+// hit. A cancelled fetch (its request aborted) is dropped: the pool's thread finishes into
+// buffers the fetch owns and nobody reads them.
 //
-// Known limit of this slice: the fetch reads the files on the engine thread inside admission
-// (synchronous); fetching states and layer-wise overlap come later.
+// Known limit: the host -> device import of a finished fetch is enqueued at once, whole; there is
+// no layer-wise overlap of it with the forward.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <optional>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -51,6 +60,7 @@ struct KvTiersConfig {
   std::string state_layout;
   int block_size = kv::kBlockSize;
   std::chrono::milliseconds sweep_interval{std::chrono::minutes(5)};
+  int fetch_threads = 2;  // the fetch pool's threads (store reads); used only with a store
 };
 
 struct KvTierCounters {
@@ -63,6 +73,11 @@ struct KvTierCounters {
   uint64_t store_bytes_written = 0;
   uint64_t blocks_exported = 0;  // blocks copied out of the device for write-through
   uint64_t fetch_failures = 0;   // planned tier hits that fell back to recompute
+  // Fetches that read the store on the pool (finished, failed or not; cancelled ones excluded),
+  // and their time from admission until the last block was read.
+  uint64_t fetches = 0;
+  double fetch_seconds_total = 0;
+  double fetch_seconds_max = 0;
 };
 
 class KvTiers {
@@ -90,16 +105,32 @@ class KvTiers {
   // A plan is returned only when it serves more than gpu_hit blocks.
   Plan plan(std::span<const kv::BlockHash> hashes, int gpu_indexed, int gpu_hit) const;
 
-  // The payloads a plan names, checked (sizes, keys, store checksums); they stay valid while this
-  // object lives.
+  // The payloads of a finished fetch, checked (sizes, keys, store checksums); they stay valid
+  // while this object lives (`owners` hold them).
   struct Fetched {
-    std::vector<std::span<const uint8_t>> blocks;  // KV of blocks [reuse, num_blocks)
-    std::span<const uint8_t> state;                // snapshot after block num_blocks - 1
+    int reuse = 0;       // the plan's blocks [reuse, num_blocks) are in `blocks`
+    int num_blocks = 0;  // the state is the snapshot after block num_blocks - 1
+    std::vector<std::span<const uint8_t>> blocks;
+    std::span<const uint8_t> state;
     std::vector<std::shared_ptr<const void>> owners;
   };
-  // Reads the plan's blocks (a store block is also put into the host tier). nullopt, counted,
-  // when any of them is missing or fails a check: the caller recomputes instead.
-  std::optional<Fetched> fetch(const Sequence& seq, const Plan& plan);
+  using FetchId = uint64_t;  // 0: none
+  // Starts reading the plan's blocks for `seq`: host blocks are taken now, store blocks are read
+  // by the fetch pool. Never blocks on I/O.
+  FetchId start_fetch(const Sequence& seq, const Plan& plan);
+  enum class FetchState { kPending, kReady, kFailed };
+  // Non-blocking. kReady: `out` holds the payloads (a store block also goes into the host tier,
+  // and the hit is counted); kFailed: counted and logged, the caller recomputes. Either ends the
+  // fetch. `seq` is the one the fetch was started for.
+  FetchState finish_fetch(const Sequence& seq, FetchId id, Fetched& out);
+  // Drops a fetch that has not finished (its request is gone); the pool skips or discards it.
+  void cancel_fetch(FetchId id);
+  // Fetches started and not yet finished or cancelled.
+  int num_fetches() const { return static_cast<int>(fetches_.size()); }
+  // Waits up to `timeout` for any fetch to become finishable (the engine has nothing else to do).
+  void wait_for_fetch(std::chrono::microseconds timeout);
+  // Test hook: while held, the pool starts no read, so fetches stay pending deterministically.
+  void hold_fetches(bool hold);
   // Enqueues the fetched bytes into the device: blocks[i] into `blocks[i]`, the state into `slot`.
   void import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot);
 
@@ -128,6 +159,34 @@ class KvTiers {
     std::vector<ExportedBlock> blocks;
     kv::TrafficClass traffic_class = kv::TrafficClass::kChat;  // the request's retention
   };
+  // One block a fetch reads; `bytes` points into `owner`. A store item is written by the pool's
+  // thread and read by the engine thread only after the fetch is marked done (under mu_).
+  struct FetchItem {
+    int block = 0;
+    Tier tier = Tier::kHost;
+    bool with_state = false;
+    kv::BlockHash hash = 0;
+    kv::BlockHash parent = 0;
+    std::vector<int32_t> tokens;
+    std::shared_ptr<const void> owner;
+    std::span<const uint8_t> bytes;
+  };
+  struct FetchJob {
+    Plan plan;
+    std::vector<FetchItem> items;
+    std::chrono::steady_clock::time_point started;
+    bool queued = false;  // read by the pool (else finished at start)
+    // Guarded by mu_:
+    bool done = false;
+    bool cancelled = false;
+    std::string failure;  // "": every item read
+    std::chrono::steady_clock::time_point finished;
+  };
+  // Reads a store item and checks its payload; "" on success, else why not.
+  std::string read_store(FetchItem& item);
+  std::string take_host(FetchItem& item);
+  void fetch_worker();
+  void stop_fetch_pool();
   kv::BlockKey key_of(const Sequence& seq, int block) const;
   // Whether the tiers already hold the block well enough (with a snapshot when one is asked).
   // Store only: a damaged file under the key is removed (through get) and counts as not held.
@@ -147,6 +206,17 @@ class KvTiers {
   std::deque<PendingExport> pending_;            // oldest first
   std::unordered_set<kv::BlockHash> pending_hashes_;
   KvTierCounters counters_;
+
+  // Fetches (engine thread), and the pool's queue and flags (mu_).
+  std::unordered_map<FetchId, std::shared_ptr<FetchJob>> fetches_;
+  FetchId next_fetch_ = 1;
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // the pool waits for work (or stop, or release)
+  std::condition_variable done_cv_;  // wait_for_fetch waits for a fetch to be done
+  std::deque<std::shared_ptr<FetchJob>> queue_;
+  bool stop_ = false;
+  bool held_ = false;
+  std::vector<std::thread> pool_;  // joined by the destructor before the store goes
 };
 
 }  // namespace deepinfer::sched

@@ -75,6 +75,12 @@ int Scheduler::num_waiting() const {
   return n;
 }
 
+int Scheduler::num_fetching() const {
+  int n = 0;
+  for (const Sequence* s : fetching_) n += s->state == SeqState::kFetching ? 1 : 0;
+  return n;
+}
+
 void Scheduler::abort(RequestId id, std::vector<RequestOutput>& out) {
   auto it = seqs_.find(id);
   if (it == seqs_.end() || it->second->finished()) return;
@@ -118,6 +124,7 @@ void Scheduler::retire_finished() {
     release_if_done(*s);
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
     running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+    fetching_.erase(std::remove(fetching_.begin(), fetching_.end(), s), fetching_.end());
     seqs_.erase(it);
   }
   retiring_ = std::move(keep);
@@ -284,19 +291,16 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
       }
       if (a.status == AdmitStatus::kLater) break;
       ++num_holding_;
-      stats_.prompt_tokens_cached += static_cast<uint64_t>(a.hit_tokens);
+      if (a.status == AdmitStatus::kFetching) {
+        // Its blocks come up in the background; the requests behind it go on meanwhile.
+        waiting_.pop_front();
+        s.state = SeqState::kFetching;
+        fetching_.push_back(&s);
+        continue;
+      }
       if (a.restore_snapshot >= 0)
         plan.copies_before.emplace_back(a.restore_snapshot, s.state_slot);
-      s.prefix_checkpoint = kv_.prefix_cache().checkpoint(s);
-      if (!s.ready_emitted) {
-        s.ready_emitted = true;
-        s.prompt_cache_hit_tokens = a.hit_tokens;
-        RequestOutput o = make_output(s);
-        o.ready = true;
-        o.num_prompt_tokens = s.num_prompt_tokens;
-        o.prompt_cache_hit_tokens = a.hit_tokens;
-        out.push_back(std::move(o));
-      }
+      on_admitted(s, a, out);
     }
     const int pos = s.next_position();
     const int remaining = s.num_tokens() - pos;
@@ -327,6 +331,43 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
     insert_running(&s);
   }
   return !plan.empty();
+}
+
+void Scheduler::on_admitted(Sequence& s, const Admission& a, std::vector<RequestOutput>& out) {
+  stats_.prompt_tokens_cached += static_cast<uint64_t>(a.hit_tokens);
+  s.prefix_checkpoint = kv_.prefix_cache().checkpoint(s);
+  if (!s.ready_emitted) {
+    s.ready_emitted = true;
+    s.prompt_cache_hit_tokens = a.hit_tokens;
+    RequestOutput o = make_output(s);
+    o.ready = true;
+    o.num_prompt_tokens = s.num_prompt_tokens;
+    o.prompt_cache_hit_tokens = a.hit_tokens;
+    out.push_back(std::move(o));
+  }
+}
+
+void Scheduler::poll_fetches(std::vector<RequestOutput>& out) {
+  std::vector<Sequence*> ready;  // by admission, oldest first
+  std::vector<Sequence*> keep;
+  for (Sequence* s : fetching_) {
+    if (s->state != SeqState::kFetching) continue;  // aborted: released, retired later
+    const Admission a = kv_.poll_fetch(*s);
+    if (a.status == AdmitStatus::kFetching) {
+      keep.push_back(s);
+      continue;
+    }
+    s->state = SeqState::kWaiting;
+    if (a.status == AdmitStatus::kAdmitted) {
+      on_admitted(*s, a, out);
+    } else {
+      --num_holding_;  // failed: it holds nothing now and is admitted again from the GPU index
+    }
+    ready.push_back(s);
+  }
+  fetching_ = std::move(keep);
+  // They were admitted before everything still waiting, so they go first.
+  waiting_.insert(waiting_.begin(), ready.begin(), ready.end());
 }
 
 Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out) {
@@ -527,6 +568,11 @@ void Scheduler::check_invariants() const {
         std::find(running_.begin(), running_.end(), s.get()) == running_.end()) {
       throw Error(ErrorCode::kInternal,
                   "running sequence " + std::to_string(id) + " is not in the running queue");
+    }
+    if (s->state == SeqState::kFetching &&
+        std::find(fetching_.begin(), fetching_.end(), s.get()) == fetching_.end()) {
+      throw Error(ErrorCode::kInternal,
+                  "fetching sequence " + std::to_string(id) + " is not in the fetching list");
     }
   }
   if (unfinished != num_unfinished_) {

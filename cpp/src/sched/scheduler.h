@@ -13,7 +13,11 @@
 // finishes). With zero-overhead scheduling the step being planned may overlap one step still in
 // flight: lengths are optimistic (committed + in-flight reservation), a row whose input token is
 // still on the device is marked carried, and a preemption that would hit an in-flight sequence
-// asks the engine to drain first.
+// asks the engine to drain first. A sequence admitted on a KV tier hit whose blocks are still being
+// read waits in `fetching` (SeqState::kFetching), holding its blocks and slot (it counts toward
+// max_num_seqs and KV usage like any admitted sequence) while the steps go on without it;
+// poll_fetches, at the start of each step, moves a finished one to the head of `waiting` to
+// prefill the rest of its prompt, or, when the fetch failed, back to the head unadmitted.
 #pragma once
 
 #include <deque>
@@ -42,6 +46,8 @@ class Scheduler {
   void add(std::unique_ptr<Sequence> seq);
   // Finishes `id` with kAbort (ignored if unknown or finished); its finish output goes to `out`.
   void abort(RequestId id, std::vector<RequestOutput>& out);
+  // Finishes the tier fetches that are done (non-blocking); ready outputs go to `out`.
+  void poll_fetches(std::vector<RequestOutput>& out);
 
   // Plans the next step into `plan` (cleared first). kNeedsDrain: a preemption would hit a
   // sequence with a step in flight; commit the in-flight steps and call again. Ready, rejected and
@@ -54,6 +60,7 @@ class Scheduler {
   int num_unfinished() const { return num_unfinished_; }
   int num_running() const;
   int num_waiting() const;
+  int num_fetching() const;
   int num_holding_resources() const { return num_holding_; }
   const SchedulerCounters& stats() const { return stats_; }
   const Sequence* find(RequestId id) const;
@@ -75,6 +82,8 @@ class Scheduler {
 
  private:
   bool schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out);
+  // An admission took effect (at once, or once its fetch finished): counts, checkpoint, ready.
+  void on_admitted(Sequence& s, const Admission& a, std::vector<RequestOutput>& out);
   Outcome schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out);
   bool has_decode_work() const;
   void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
@@ -99,6 +108,7 @@ class Scheduler {
   std::unordered_map<RequestId, std::unique_ptr<Sequence>> seqs_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;   // by arrival, oldest first
+  std::vector<Sequence*> fetching_;  // kFetching, by admission
   std::vector<RequestId> retiring_;  // finished; erased once nothing of them is in flight
   int num_unfinished_ = 0;
   int num_holding_ = 0;  // sequences holding a state slot and blocks

@@ -29,6 +29,11 @@ void Sequence::check_invariants() const {
   if (num_computed + inflight.kv > num_tokens() + inflight.reserved) {
     fail("dispatched positions exceed the tokens that can exist");
   }
+  if (state == SeqState::kFetching &&
+      (tier_fetch == 0 || !holds_resources() || inflight.steps != 0 || num_computed != 0)) {
+    fail("fetching without a fetch and reserved blocks, or with work dispatched");
+  }
+  if (tier_fetch != 0 && state != SeqState::kFetching) fail("a tier fetch outside kFetching");
   if (state == SeqState::kFinished && inflight.steps == 0 && holds_resources()) {
     fail("finished with nothing in flight but still holding KV resources");
   }

@@ -1,6 +1,8 @@
 #include "testing/scripted_executor.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 #include <thread>
 
 #include "deepinfer/error.h"
@@ -24,7 +26,8 @@ class ScriptedExecutor::ScriptedStep final : public InflightStep {
 
 ScriptedExecutor::ScriptedExecutor(const ScriptedExecutorOptions& options)
     : options_(options),
-      slots_(static_cast<size_t>(options.num_state_slots + options.num_snapshot_slots)) {
+      slots_(static_cast<size_t>(options.num_state_slots + options.num_snapshot_slots)),
+      blocks_(static_cast<size_t>(std::max(options.num_kv_blocks, 0))) {
   if (options.model.vocab_size < 2 || options.model.eos_token_ids.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "scripted executor needs vocab_size >= 2 and an EOS id");
@@ -112,6 +115,17 @@ void ScriptedExecutor::run(ScriptedStep& step) {
                     "scripted executor: block id " + std::to_string(b) + " handed out");
       }
     }
+    const int bs = kv::kBlockSize;
+    // Resuming at a block boundary (a prefix hit, a fetched prefix, a chunk): the block before
+    // must hold the prefix the slot says was fed.
+    if (f.start_pos > 0 && f.start_pos % bs == 0 &&
+        blocks_[static_cast<size_t>(f.block_table[static_cast<size_t>(f.start_pos / bs - 1)])] !=
+            slot.hash) {
+      throw Error(ErrorCode::kInternal, "scripted executor: sequence " +
+                                            std::to_string(row.seq_id) + " resumes at position " +
+                                            std::to_string(f.start_pos) +
+                                            " over a block holding another prefix");
+    }
     for (int k = 0; k < f.num_tokens; ++k) {
       int32_t token = f.tokens[static_cast<size_t>(k)];
       if (k == 0 && row.carried()) {
@@ -119,6 +133,10 @@ void ScriptedExecutor::run(ScriptedStep& step) {
       }
       slot.hash = ScriptedModel::feed(slot.hash, token);
       ++slot.length;
+      if (slot.length % bs == 0) {
+        const auto b = static_cast<size_t>(slot.length / bs - 1);
+        blocks_[static_cast<size_t>(f.block_table[b])] = slot.hash;
+      }
     }
     if (row.samples()) {
       step.sampled->push_back(row.forced_token >= 0 ? row.forced_token
@@ -138,6 +156,55 @@ StepResult ScriptedExecutor::wait(InflightStep& step) {
   StepResult result;
   result.tokens = *s.sampled;
   return result;
+}
+
+std::string ScriptedExecutor::model_identity() const {
+  return "scripted;vocab=" + std::to_string(options_.model.vocab_size);
+}
+
+void ScriptedExecutor::export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
+                                    const std::shared_ptr<const void>& keep_alive) {
+  const size_t need = 8 + (slot >= 0 ? 16 : 0);
+  if (dst.size() < need) {
+    throw Error(ErrorCode::kInvalidArgument, "scripted executor: export of block " +
+                                                 std::to_string(block) + " into " +
+                                                 std::to_string(dst.size()) + " bytes");
+  }
+  // Behind the steps launched so far, like a device copy; keep_alive holds dst until it ran.
+  stream_.enqueue([this, block, slot, dst, keep_alive] {
+    const uint64_t tag = blocks_.at(static_cast<size_t>(block));
+    std::memcpy(dst.data(), &tag, 8);
+    if (slot < 0) return;
+    const SlotState& s = slots_.at(static_cast<size_t>(slot));
+    const int64_t length = s.length;
+    std::memcpy(dst.data() + 8, &length, 8);
+    std::memcpy(dst.data() + 16, &s.hash, 8);
+  });
+}
+
+void ScriptedExecutor::import_block(kv::BlockId block, std::span<const uint8_t> src) {
+  if (src.size() != 8) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "scripted executor: import of " + std::to_string(src.size()) + " bytes into a block of 8");
+  }
+  uint64_t tag = 0;
+  std::memcpy(&tag, src.data(), 8);
+  stream_.enqueue([this, block, tag] { blocks_.at(static_cast<size_t>(block)) = tag; });
+}
+
+void ScriptedExecutor::import_state(int32_t slot, std::span<const uint8_t> src) {
+  if (src.size() != 16) {
+    throw Error(ErrorCode::kInvalidArgument, "scripted executor: import of " +
+                                                 std::to_string(src.size()) +
+                                                 " bytes into a state slot of 16");
+  }
+  int64_t length = 0;
+  SlotState s;
+  std::memcpy(&length, src.data(), 8);
+  std::memcpy(&s.hash, src.data() + 8, 8);
+  s.length = static_cast<int>(length);
+  stream_.enqueue([this, slot, s] { slots_.at(static_cast<size_t>(slot)) = s; });
 }
 
 std::vector<StepTiming> ScriptedExecutor::timings() {

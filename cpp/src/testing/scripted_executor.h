@@ -4,7 +4,11 @@
 // It runs each step on its own in-order worker (a CpuStream, like the CPU backend's device
 // stream), optionally sleeping `step_latency` to stand in for device time, and emulates what the
 // caches do: each state slot keeps a rolling hash of the tokens fed at positions 0..n-1, and the
-// token sampled after position p is a function of that hash (ScriptedModel).
+// token sampled after position p is a function of that hash (ScriptedModel). A KV block holds the
+// hash after its last position, and a row that resumes at a block boundary checks that the block
+// before it agrees with its slot. Blocks and slots copy to and from host bytes (sched::KvTransfer,
+// on the same worker), so the KV tiers run over it: a wrongly imported block or snapshot changes
+// the outputs or trips that check.
 #pragma once
 
 #include <chrono>
@@ -36,7 +40,7 @@ struct StepTiming {
   std::chrono::steady_clock::time_point start, end;
 };
 
-class ScriptedExecutor final : public StepExecutor {
+class ScriptedExecutor final : public StepExecutor, private sched::KvTransfer {
  public:
   explicit ScriptedExecutor(const ScriptedExecutorOptions& options);
   ~ScriptedExecutor() override;
@@ -50,6 +54,8 @@ class ScriptedExecutor final : public StepExecutor {
   int num_state_slots() const override { return options_.num_state_slots; }
   int num_snapshot_slots() const override { return options_.num_snapshot_slots; }
   const std::vector<int>& eos_token_ids() const override { return options_.model.eos_token_ids; }
+  sched::KvTransfer* kv_transfer() override { return this; }
+  std::string model_identity() const override;
 
   // Timestamps of every step run so far, in order (waits for the worker).
   std::vector<StepTiming> timings();
@@ -62,8 +68,19 @@ class ScriptedExecutor final : public StepExecutor {
   class ScriptedStep;
   void run(ScriptedStep& step);
 
+  // sched::KvTransfer: a block is its hash (8 bytes), a slot its length and hash (16 bytes).
+  int64_t block_bytes() const override { return 8; }
+  int64_t state_bytes() const override { return 16; }
+  std::vector<uint64_t> block_bytes_per_layer() const override { return {8}; }
+  void export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
+                    const std::shared_ptr<const void>& keep_alive) override;
+  std::unique_ptr<Event> record_event() override { return stream_.record_event(); }
+  void import_block(kv::BlockId block, std::span<const uint8_t> src) override;
+  void import_state(int32_t slot, std::span<const uint8_t> src) override;
+
   ScriptedExecutorOptions options_;
   std::vector<SlotState> slots_;  // live slots then snapshot slots; touched by the worker only
+  std::vector<uint64_t> blocks_;  // per KV block, the hash after its last position; likewise
   std::mutex timing_mu_;
   std::vector<StepTiming> timings_;
   CpuStream stream_;  // last member: drained and joined before the rest is destroyed

@@ -20,6 +20,10 @@ ENGINE_COUNTERS = {
     "store_bytes_written": "Bytes of KV block files written to the store",
     "kv_blocks_written_through": "Full KV blocks written through to the tiers",
     "kv_tier_fetch_failures": "KV tier fetches that failed and fell back to recompute",
+    "num_fetching": "Requests waiting for their KV blocks to be read from the tiers",
+    "kv_fetches": "KV tier fetches that read the store in the background",
+    "kv_fetch_seconds_total": "Time of those fetches, admission to last block read",
+    "kv_fetch_seconds_max": "Longest of those fetches",
 }
 
 # Speculative-decoding values the engine derives from its counters (Engine.stats() keys), exported
