@@ -85,5 +85,22 @@ TEST(EngineConfig, ErrorsNameTheField) {
   }
 }
 
+TEST(EngineConfig, MtpDraftingTakesSlidingMtpLayersOnly) {
+  EngineConfig c;
+  c.scheduler.num_speculative_tokens = 2;
+  c.scheduler.speculative_method = "mtp";
+  engine::check_mtp_layer_kinds(c, {AttentionKind::kSliding});  // V4's kind: fine
+  try {
+    engine::check_mtp_layer_kinds(c, {AttentionKind::kSliding, AttentionKind::kCompressedSparse});
+    ADD_FAILURE() << "a compressed MTP layer was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'speculative_method'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MTP block 1"), std::string::npos) << e.what();
+  }
+  c.scheduler.speculative_method = "ngram";  // not drafting with the MTP block: no constraint
+  engine::check_mtp_layer_kinds(c, {AttentionKind::kHeavilyCompressed});
+}
+
 }  // namespace
 }  // namespace deepinfer

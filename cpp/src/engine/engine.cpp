@@ -55,6 +55,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
       config, max_position, /*kv_from_device_memory=*/true, model.quantization.fp8);
   // Before the weights load; EngineImpl checks what was loaded.
   engine::check_mtp_blocks(resolved, model.num_nextn_predict_layers);
+  engine::check_mtp_layer_kinds(resolved, model.mtp_layer_types);
   engine::ModelExecutorOptions o;
   o.checkpoint_dir = resolved.model_path;
   o.dummy_weights = resolved.load_format == "dummy";

@@ -122,6 +122,18 @@ void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks) {
   }
 }
 
+void check_mtp_layer_kinds(const EngineConfig& config, const std::vector<AttentionKind>& kinds) {
+  if (!uses_mtp_drafts(config)) return;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    if (kinds[k] != AttentionKind::kSliding) {
+      bad_config("speculative_method",
+                 std::string("is \"mtp\", but MTP block ") + std::to_string(k) + " is a " +
+                     attention_kind_name(kinds[k]) +
+                     " layer; drafting inside the engine takes sliding MTP layers only");
+    }
+  }
+}
+
 // Live state slots: every sequence holding KV (max_num_seqs) plus finished ones whose last step is
 // still in flight, plus the reserved slot 0.
 int live_state_slots(const EngineConfig& c) {

@@ -2,6 +2,9 @@
 // resolved, and the sizes of the state-slot pools an engine of that config needs.
 #pragma once
 
+#include <vector>
+
+#include "deepinfer/config.h"
 #include "deepinfer/engine_config.h"
 
 namespace deepinfer::engine {
@@ -19,6 +22,11 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
 // what config.json declares (before loading) or what was loaded. Throws Error(kInvalidArgument)
 // naming 'speculative_method' when it is 0.
 void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks);
+// The engine's MTP drafting keeps the block one position behind the main layers; a compressed
+// MTP layer would pool an entry from a token past a shared prefix into a shared block
+// (cpp/src/engine/README.md#mtp-drafts), so drafting takes sliding MTP layers only (V4's kind).
+// Throws Error(kInvalidArgument) naming 'speculative_method' otherwise.
+void check_mtp_layer_kinds(const EngineConfig& config, const std::vector<AttentionKind>& kinds);
 // Whether the executor runs the MTP block and drafts with it.
 bool uses_mtp_drafts(const EngineConfig& config);
 // State slots an engine with `config` needs (including the reserved slot 0): every sequence

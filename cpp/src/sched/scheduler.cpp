@@ -426,6 +426,7 @@ void Scheduler::preempt(Sequence& s, std::vector<RequestOutput>& out) {
   --num_holding_;
   ++s.epoch;
   s.model_drafts_at = -1;  // made over caches that are gone
+  s.skip_tiers = false;    // a failed fetch was one store hiccup: the next admission may hit
   s.num_computed = 0;
   s.prefix_checkpoint = 0;
   s.state = SeqState::kWaiting;

@@ -445,8 +445,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
                                   a.kvf.rope_dim);
     }
     __syncthreads();
-    // The next tile's copy overlaps this tile's products (each thread reuses only its own part
-    // of the stage, which it has just converted).
+    // The next tile's copy overlaps this tile's products. The stage is free: every thread is past
+    // its conversion (the barrier above), including the fp8 decoders that read their key's
+    // scale and RoPE bytes copied by other threads.
     if (i0 + kMmaKeys < range.end) {
       issue_key_copy<kDim, kFmt>(my_stage, src_next, cs, row_bytes);
       my_valid = src_next != nullptr;

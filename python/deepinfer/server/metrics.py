@@ -20,15 +20,16 @@ ENGINE_COUNTERS = {
     "store_bytes_written": "Bytes of KV block files written to the store",
     "kv_blocks_written_through": "Full KV blocks written through to the tiers",
     "kv_tier_fetch_failures": "KV tier fetches that failed and fell back to recompute",
-    "num_fetching": "Requests waiting for their KV blocks to be read from the tiers",
     "kv_fetches": "KV tier fetches that read the store in the background",
     "kv_fetch_seconds_total": "Time of those fetches, admission to last block read",
-    "kv_fetch_seconds_max": "Longest of those fetches",
 }
 
-# Speculative-decoding values the engine derives from its counters (Engine.stats() keys), exported
-# under deepinfer_engine_<name>; 0 before the first verify row.
+# Engine values that can go down (Engine.stats() keys), exported under deepinfer_engine_<name>:
+# the requests fetching now, the longest fetch, and the speculative-decoding values the engine
+# derives from its counters (0 before the first verify row).
 ENGINE_GAUGES = {
+    "num_fetching": "Requests waiting for their KV blocks to be read from the tiers",
+    "kv_fetch_seconds_max": "Longest KV tier fetch that read the store",
     "spec_mean_acceptance_length": "Mean tokens per verify row (accepted drafts + 1)",
     "spec_mean_verified_per_step": "Mean drafts verified per decode step with drafts",
     "spec_mean_accepted_per_step": "Mean drafts accepted per decode step with drafts",
