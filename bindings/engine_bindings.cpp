@@ -143,6 +143,7 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["kv_blocks_written_through"] = s.kv_blocks_written_through;
   d["kv_tier_fetch_failures"] = s.kv_tier_fetch_failures;
   d["kv_fetches"] = s.kv_fetches;
+  d["kv_fetch_waits"] = s.kv_fetch_waits;
   d["kv_fetch_seconds_total"] = s.kv_fetch_seconds_total;
   d["kv_fetch_seconds_max"] = s.kv_fetch_seconds_max;
   return d;

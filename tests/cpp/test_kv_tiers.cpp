@@ -236,6 +236,59 @@ TEST_F(KvTiersStore, ReleaseWhileFetchingFreesEverythingAndDropsTheRead) {
   EXPECT_TRUE(t.blocks.empty());
 }
 
+TEST_F(KvTiersStore, ASecondHitOnTheBlocksBeingFetchedWaitsHoldingNothing) {
+  KvTiers tiers(config, t);
+  tiers.hold_fetches(true);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  b.state = SeqState::kFetching;
+  // c's plan would read the blocks b's fetch reads: it waits, with no blocks, slot or fetch.
+  Sequence c = make_seq(3, prompt);
+  ASSERT_EQ(gpu.admit(c).status, AdmitStatus::kWaitFetch);
+  c.state = SeqState::kFetching;
+  EXPECT_EQ(c.fetch_wait, b.tier_fetch);
+  EXPECT_FALSE(c.holds_resources());
+  EXPECT_EQ(tiers.num_fetches(), 1);
+  EXPECT_EQ(gpu.blocks().num_free(), 11);
+  EXPECT_EQ(gpu.live_slots().num_free(), 2);
+  c.check_invariants();
+  gpu.check_invariants({&b});
+  EXPECT_TRUE(gpu.fetch_waiting(c));
+  // b is aborted: c's wait is over and its admission starts its own fetch.
+  gpu.release(b);
+  EXPECT_FALSE(gpu.fetch_waiting(c));
+  EXPECT_EQ(c.fetch_wait, 0u);
+  ASSERT_EQ(gpu.admit(c).status, AdmitStatus::kFetching);
+  c.state = SeqState::kFetching;
+  // d waits for c's fetch; once it is adopted, d's admission reuses c's blocks from the GPU
+  // index and fetches only the snapshot (the GPU index keeps none for a fetched prefix).
+  Sequence d = make_seq(4, prompt);
+  ASSERT_EQ(gpu.admit(d).status, AdmitStatus::kWaitFetch);
+  EXPECT_EQ(d.fetch_wait, c.tier_fetch);
+  tiers.hold_fetches(false);
+  ASSERT_EQ(poll_until_done(gpu, tiers, c).status, AdmitStatus::kAdmitted);
+  EXPECT_FALSE(gpu.fetch_waiting(d));
+  tiers.hold_fetches(true);  // so that admission surely leaves it fetching
+  ASSERT_EQ(gpu.admit(d).status, AdmitStatus::kFetching);
+  d.state = SeqState::kFetching;
+  EXPECT_EQ(std::vector<kv::BlockId>(d.block_table.begin(), d.block_table.begin() + 3),
+            std::vector<kv::BlockId>(c.block_table.begin(), c.block_table.begin() + 3));
+  tiers.hold_fetches(false);
+  const Admission hit = poll_until_done(gpu, tiers, d);
+  ASSERT_EQ(hit.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(hit.hit_tokens, 384);
+  EXPECT_EQ(t.slots[d.state_slot], std::vector<uint8_t>(8, 0x55));
+  // b's cancelled fetch is not counted; c read the prefix, d only the snapshot's file.
+  const KvTierCounters counters = tiers.counters();
+  EXPECT_EQ(counters.fetches, 2u);
+  EXPECT_EQ(counters.store_hit_tokens, 768u);
+  gpu.check_invariants({&c, &d});
+  gpu.release(d);
+  release_all(gpu, c);
+}
+
 TEST_F(KvTiersStore, ACorruptFileFoundByTheFetchFallsBackToRecompute) {
   std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))

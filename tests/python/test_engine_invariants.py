@@ -210,6 +210,8 @@ def test_invariants_randomized_with_fetch_states(tmp_path, zero_overhead: bool) 
         assert tokens == reference(engine, prompt, len(tokens)), f"request {rid}"
     # The run reached the paths it is meant to cover.
     assert stats["kv_fetches"] > 20 and stats["store_hit_tokens"] > 0, stats
+    # Requests sharing a base prefix waited for one another's fetch instead of reading it again.
+    assert stats["kv_fetch_waits"] > 0, stats
     assert stats["kv_tier_fetch_failures"] > 0 and damaged > 0, (stats, damaged)
     assert aborts_while_fetching > 0
 

@@ -3,7 +3,9 @@ through to the host tier and the store come back as prefix hits that are bit-ide
 run, through the host tier, through the store (read in the background while the request waits
 fetching), across an engine restart and between two engines sharing one directory; a corrupt or
 truncated file is a miss that recomputes; a request without a hit goes on while another one's
-fetch is held; an abort while fetching frees everything; nothing leaks."""
+fetch is held; an abort while fetching frees everything; concurrent hits on one prefix read it
+once (the later ones wait for the first fetch, holding nothing, also when it is aborted);
+nothing leaks."""
 
 from __future__ import annotations
 
@@ -217,6 +219,68 @@ def test_abort_while_fetching_frees_everything(tiny_checkpoint, cold, tmp_path) 
     reader.step()
     assert reader.stats()["num_fetching"] == 1
     del reader
+
+
+def start_two_on_one_prefix(reader: dc.Engine) -> tuple[Trace, int, int]:
+    """Submits both VARIANTS together while fetches are held and steps until the second waits."""
+    reader.hold_kv_fetches(True)
+    trace = Trace()
+    first = reader.add_request(VARIANTS[0], GREEDY)
+    second = reader.add_request(VARIANTS[1], GREEDY)
+    for _ in range(3):
+        trace.record(reader.step())
+        reader.check_invariants()
+    s = reader.stats()
+    # One fetch reads the shared prefix; the second request waits for it holding nothing: the
+    # blocks and the slot in use are the first one's (its 5 prompt blocks).
+    assert s["num_fetching"] == 2 and s["kv_fetch_waits"] == 1, s
+    assert s["num_blocks_total"] - s["num_blocks_free"] == 5, s
+    assert not trace.outputs[first] and not trace.outputs[second]
+    return trace, first, second
+
+
+def test_concurrent_hits_on_one_prefix_fetch_it_once(tiny_checkpoint, cold, tmp_path) -> None:
+    reader = stored_reader(tiny_checkpoint, tmp_path)
+    sizes = [f.stat().st_size for f in store_files(tmp_path)]
+    assert len(sizes) == 4  # SHARED's 4 blocks, the last with the snapshot (the largest file)
+    slots = reader.stats()["num_state_slots_free"]
+    trace, first, second = start_two_on_one_prefix(reader)
+    assert reader.stats()["num_state_slots_free"] == slots - 1
+    reader.hold_kv_fetches(False)
+    drain(reader, trace)
+    for rid, want in ((first, cold[0]), (second, cold[1])):
+        trace.check_contract(rid)
+        assert trace.ready(rid).prompt_cache_hit_tokens == 512
+        assert trace.tokens(rid) == want
+    s = reader.stats()
+    # The prefix was read once; the second request took its KV from the GPU index and read only
+    # the snapshot's file again (the GPU keeps no snapshot at 512 for the first request).
+    assert s["store_bytes_read"] == sum(sizes) + max(sizes), (s, sizes)
+    assert s["kv_fetches"] == 2 and s["kv_fetch_waits"] == 1 and s["num_fetching"] == 0, s
+    assert_pools_full(reader, slots)
+
+
+def test_abort_of_the_fetch_a_request_waits_for(tiny_checkpoint, cold, tmp_path) -> None:
+    reader = stored_reader(tiny_checkpoint, tmp_path)
+    sizes = [f.stat().st_size for f in store_files(tmp_path)]
+    slots = reader.stats()["num_state_slots_free"]
+    trace, first, second = start_two_on_one_prefix(reader)
+    reader.abort(first)
+    # The waiting one starts its own fetch of the whole prefix (held still).
+    for _ in range(3):
+        trace.record(reader.step())
+        reader.check_invariants()
+    s = reader.stats()
+    assert s["num_fetching"] == 1 and s["num_blocks_total"] - s["num_blocks_free"] == 5, s
+    assert trace.finish(first) == "abort" and not trace.tokens(first)
+    reader.hold_kv_fetches(False)
+    drain(reader, trace)
+    trace.check_contract(second)
+    assert trace.ready(second).prompt_cache_hit_tokens == 512
+    assert trace.tokens(second) == cold[1]
+    s = reader.stats()
+    assert s["kv_fetches"] == 1 and s["store_bytes_read"] == sum(sizes), s
+    assert_pools_full(reader, slots)
 
 
 def test_two_engines_share_one_store(tiny_checkpoint, tmp_path) -> None:

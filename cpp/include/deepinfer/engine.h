@@ -158,12 +158,15 @@ struct SchedulerCounters {
   uint64_t drafter_errors = 0;  // proposals dropped: the drafter threw or named a bad token
   uint64_t verify_steps = 0;    // decode steps with at least one verify row
   DraftCalibration calibration;
+  // Admissions that waited for another request's KV tier fetch of the same blocks (holding
+  // nothing) instead of reading them again.
+  uint64_t kv_fetch_waits = 0;
 };
 
 struct EngineStats : SchedulerCounters {
   int num_running = 0;
   int num_waiting = 0;
-  int num_fetching = 0;      // admitted on a KV tier hit, waiting for its blocks to be read
+  int num_fetching = 0;  // waiting for KV tier blocks to be read (by their own fetch or another)
   int num_blocks_total = 0;  // usable KV blocks
   int num_blocks_free = 0;
   int num_blocks_cached = 0;  // free blocks still holding an indexed prefix

@@ -67,6 +67,17 @@ std::optional<Admission> KvAllocator::admit_from_tiers(Sequence& seq,
       std::span<const kv::BlockHash>(seq.block_hashes).first(static_cast<size_t>(limit)),
       static_cast<int>(hit.indexed.size()), gpu_hit);
   if (plan.num_blocks == 0) return std::nullopt;
+  // The blocks this plan reads (only the last one's snapshot when the GPU holds them all): when a
+  // fetch under way reads any of them, wait for it rather than read them twice.
+  const int first_read = std::min(plan.reuse, plan.num_blocks - 1);
+  const KvTiers::FetchId reading =
+      tiers_->fetch_reading(std::span<const kv::BlockHash>(seq.block_hashes)
+                                .subspan(static_cast<size_t>(first_read),
+                                         static_cast<size_t>(plan.num_blocks - first_read)));
+  if (reading != 0) {
+    seq.fetch_wait = reading;
+    return Admission{AdmitStatus::kWaitFetch};
+  }
   int reused_free = 0;
   for (int i = 0; i < plan.reuse; ++i)
     reused_free += blocks_.is_free(hit.indexed[static_cast<size_t>(i)]) ? 1 : 0;
@@ -81,7 +92,12 @@ std::optional<Admission> KvAllocator::admit_from_tiers(Sequence& seq,
   }
   for (int i = 0; i < fresh; ++i) seq.block_table.push_back(*blocks_.allocate());
   seq.state_slot = *live_.allocate();
-  seq.tier_fetch = tiers_->start_fetch(seq, plan);
+  try {
+    seq.tier_fetch = tiers_->start_fetch(seq, plan);
+  } catch (...) {
+    release(seq);
+    throw;
+  }
   Admission a = poll_fetch(seq);  // finished already when every block was in host memory
   if (a.status == AdmitStatus::kLater) return std::nullopt;  // failed: recompute past the GPU hit
   return a;
@@ -104,6 +120,13 @@ Admission KvAllocator::poll_fetch(Sequence& seq) {
   }
   seq.tier_fetch = 0;
   return complete_fetch(seq, fetched);
+}
+
+bool KvAllocator::fetch_waiting(Sequence& seq) const {
+  DEEPINFER_CHECK(seq.fetch_wait != 0, "fetch_waiting of a sequence that waits for no fetch");
+  if (tiers_ != nullptr && tiers_->fetch_live(seq.fetch_wait)) return true;
+  seq.fetch_wait = 0;
+  return false;
 }
 
 Admission KvAllocator::complete_fetch(Sequence& seq, const KvTiers::Fetched& fetched) {

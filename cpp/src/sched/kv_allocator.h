@@ -24,7 +24,9 @@ struct KvLayout {
 };
 
 // kFetching: admitted on a tier hit whose blocks are still being read (poll_fetch finishes it).
-enum class AdmitStatus { kAdmitted, kFetching, kLater, kNever };
+// kWaitFetch: not admitted, holding nothing: another request's fetch is reading blocks the tier
+// hit needs (seq.fetch_wait); admit again once fetch_waiting says it is over.
+enum class AdmitStatus { kAdmitted, kFetching, kWaitFetch, kLater, kNever };
 
 struct Admission {
   AdmitStatus status = AdmitStatus::kLater;
@@ -55,6 +57,9 @@ class KvAllocator {
   // hit is in `hit_tokens`; kFetching: still reading; kLater: the fetch failed, everything it
   // held is released and the sequence is to be admitted again from the GPU index alone.
   Admission poll_fetch(Sequence& seq);
+  // For a kWaitFetch sequence: whether the fetch it waits for is still under way; once it is not
+  // (adopted, failed or cancelled), clears seq.fetch_wait and the sequence is admitted again.
+  bool fetch_waiting(Sequence& seq) const;
   // After a commit: the prefix cache takes the sequence's new full blocks and `snapshot`; once a
   // snapshot is attached, the tiers write the prefix through.
   void on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos);

@@ -178,19 +178,44 @@ KvTiers::FetchId KvTiers::start_fetch(const Sequence& seq, const Plan& plan) {
       std::any_of(job->items.begin(), job->items.end(),
                   [](const FetchItem& item) { return item.tier == Tier::kStore; });
   const FetchId id = next_fetch_++;
-  fetches_.emplace(id, job);
-  if (!job->failure.empty() || !reads_store) {
-    job->done = true;  // not shared with the pool yet
+  const bool queue = job->failure.empty() && reads_store;
+  if (!queue) {
+    job->done = true;  // never shared with the pool
     job->finished = job->started;
-    return id;
   }
-  job->queued = true;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(job);
+  // Registered and queued together or not at all: a fetch that is known but never queued would
+  // keep its request fetching forever.
+  try {
+    fetches_.emplace(id, job);
+    for (const FetchItem& item : job->items) reading_.emplace(item.hash, id);
+    if (queue) {
+      job->queued = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(job);
+    }
+  } catch (...) {
+    forget_fetch(id, *job);
+    throw;
   }
-  work_cv_.notify_one();
+  if (queue) work_cv_.notify_one();
   return id;
+}
+
+void KvTiers::forget_fetch(FetchId id, const FetchJob& job) {
+  fetches_.erase(id);
+  for (const FetchItem& item : job.items) {
+    auto it = reading_.find(item.hash);
+    if (it != reading_.end() && it->second == id) reading_.erase(it);
+  }
+}
+
+KvTiers::FetchId KvTiers::fetch_reading(std::span<const kv::BlockHash> hashes) const {
+  if (reading_.empty()) return 0;
+  for (kv::BlockHash h : hashes) {
+    auto it = reading_.find(h);
+    if (it != reading_.end()) return it->second;
+  }
+  return 0;
 }
 
 void KvTiers::fetch_worker() {
@@ -230,7 +255,7 @@ KvTiers::FetchState KvTiers::finish_fetch(const Sequence& seq, FetchId id, Fetch
     std::lock_guard<std::mutex> lock(mu_);
     if (!job->done) return FetchState::kPending;
   }
-  fetches_.erase(it);
+  forget_fetch(id, *job);
   const Plan& plan = job->plan;
   if (job->queued) {
     const double seconds = std::chrono::duration<double>(job->finished - job->started).count();
@@ -277,7 +302,8 @@ void KvTiers::cancel_fetch(FetchId id) {
     std::lock_guard<std::mutex> lock(mu_);
     it->second->cancelled = true;
   }
-  fetches_.erase(it);
+  std::shared_ptr<FetchJob> job = it->second;
+  forget_fetch(id, *job);
 }
 
 void KvTiers::wait_for_fetch(std::chrono::microseconds timeout) {

@@ -21,6 +21,11 @@
 // hit. A cancelled fetch (its request aborted) is dropped: the pool's thread finishes into
 // buffers the fetch owns and nobody reads them.
 //
+// Dedupe: while a fetch is under way, the chain hashes of the blocks it reads map to it
+// (`fetch_reading`). A request whose plan would read any of them does not start a second fetch:
+// the allocator has it wait, holding nothing, until that fetch is finished or cancelled; its next
+// admission then takes the adopted blocks from the GPU index and fetches only what is left.
+//
 // Known limit: the host -> device import of a finished fetch is enqueued at once, whole; there is
 // no layer-wise overlap of it with the forward.
 #pragma once
@@ -127,6 +132,9 @@ class KvTiers {
   void cancel_fetch(FetchId id);
   // Fetches started and not yet finished or cancelled.
   int num_fetches() const { return static_cast<int>(fetches_.size()); }
+  bool fetch_live(FetchId id) const { return fetches_.count(id) != 0; }
+  // The fetch under way that reads any of the blocks with these chain hashes (0: none).
+  FetchId fetch_reading(std::span<const kv::BlockHash> hashes) const;
   // Waits up to `timeout` for any fetch to become finishable (the engine has nothing else to do).
   void wait_for_fetch(std::chrono::microseconds timeout);
   // Test hook: while held, the pool starts no read, so fetches stay pending deterministically.
@@ -193,6 +201,8 @@ class KvTiers {
   bool held(const kv::BlockKey& key, bool with_snapshot);
   void publish(PendingExport& pending);
   void touch_chain_head_last(const Sequence& seq, int num_blocks);
+  // Drops a fetch from fetches_ and reading_ (engine thread).
+  void forget_fetch(FetchId id, const FetchJob& job);
   uint64_t store_file_bytes(bool with_snapshot) const;
 
   KvTiersConfig config_;
@@ -210,6 +220,7 @@ class KvTiers {
   // Fetches (engine thread), and the pool's queue and flags (mu_).
   std::unordered_map<FetchId, std::shared_ptr<FetchJob>> fetches_;
   FetchId next_fetch_ = 1;
+  std::unordered_map<kv::BlockHash, FetchId> reading_;  // a block's chain hash -> its fetch
   std::mutex mu_;
   std::condition_variable work_cv_;  // the pool waits for work (or stop, or release)
   std::condition_variable done_cv_;  // wait_for_fetch waits for a fetch to be done

@@ -290,6 +290,15 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
         continue;
       }
       if (a.status == AdmitStatus::kLater) break;
+      if (a.status == AdmitStatus::kWaitFetch) {
+        // Another request's fetch reads its blocks: it waits for that one, holding nothing, and
+        // is admitted again (from the GPU index then) once poll_fetches sees it over.
+        waiting_.pop_front();
+        s.state = SeqState::kFetching;
+        fetching_.push_back(&s);
+        ++stats_.kv_fetch_waits;
+        continue;
+      }
       ++num_holding_;
       if (a.status == AdmitStatus::kFetching) {
         // Its blocks come up in the background; the requests behind it go on meanwhile.
@@ -352,6 +361,15 @@ void Scheduler::poll_fetches(std::vector<RequestOutput>& out) {
   std::vector<Sequence*> keep;
   for (Sequence* s : fetching_) {
     if (s->state != SeqState::kFetching) continue;  // aborted: released, retired later
+    if (s->fetch_wait != 0) {
+      if (kv_.fetch_waiting(*s)) {
+        keep.push_back(s);
+      } else {
+        s->state = SeqState::kWaiting;  // behind the fetch it waited for, which came earlier
+        ready.push_back(s);
+      }
+      continue;
+    }
     const Admission a = kv_.poll_fetch(*s);
     if (a.status == AdmitStatus::kFetching) {
       keep.push_back(s);

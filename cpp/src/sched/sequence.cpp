@@ -29,9 +29,13 @@ void Sequence::check_invariants() const {
   if (num_computed + inflight.kv > num_tokens() + inflight.reserved) {
     fail("dispatched positions exceed the tokens that can exist");
   }
-  if (state == SeqState::kFetching &&
-      (tier_fetch == 0 || !holds_resources() || inflight.steps != 0 || num_computed != 0)) {
-    fail("fetching without a fetch and reserved blocks, or with work dispatched");
+  if (state == SeqState::kFetching) {
+    const bool fetching = tier_fetch != 0 && fetch_wait == 0 && holds_resources();
+    const bool waiting = tier_fetch == 0 && fetch_wait != 0 && !holds_resources();
+    if ((!fetching && !waiting) || inflight.steps != 0 || num_computed != 0)
+      fail(
+          "fetching without either a fetch and reserved blocks or a fetch to wait for holding "
+          "nothing, or with work dispatched");
   }
   if (tier_fetch != 0 && state != SeqState::kFetching) fail("a tier fetch outside kFetching");
   if (state == SeqState::kFinished && inflight.steps == 0 && holds_resources()) {

@@ -32,8 +32,10 @@ namespace deepinfer::sched {
 inline constexpr int kStepReservation = 1;
 
 enum class SeqState {
-  kWaiting,   // queued; may hold resources between prefill chunks
-  kFetching,  // admitted on a KV tier hit: holds its blocks and slot while the tiers read them
+  kWaiting,  // queued; may hold resources between prefill chunks
+  // Admitted on a KV tier hit: holds its blocks and slot while the tiers read them (tier_fetch);
+  // or, holding nothing, waits for another sequence's fetch of the same blocks (fetch_wait).
+  kFetching,
   kRunning,   // whole prompt dispatched; decoding
   kFinished,  // terminal; resources released once nothing is in flight
 };
@@ -67,8 +69,9 @@ struct Sequence {
   int32_t state_slot = -1;
   std::vector<kv::BlockHash> block_hashes;  // chain hashes of the full blocks of `tokens`
   int num_indexed_blocks = 0;               // leading blocks offered to the prefix index
-  uint64_t tier_fetch = 0;        // the KvTiers fetch filling this sequence's blocks (0: none)
-  bool skip_tiers = false;        // a tier fetch for it failed: admit from the GPU index only
+  uint64_t tier_fetch = 0;  // the KvTiers fetch filling this sequence's blocks (0: none)
+  bool skip_tiers = false;  // a tier fetch for it failed: admit from the GPU index only
+  uint64_t fetch_wait = 0;  // another sequence's fetch of its blocks it waits for, holding nothing
   int prefix_checkpoint = 0;      // a prefill chunk must end here (state snapshot), 0 = none
   int32_t pending_snapshot = -1;  // snapshot slot being filled by an in-flight chunk
   // A verify row's input (the last committed token, then the drafts): the row's tokens span

@@ -21,6 +21,7 @@ ENGINE_COUNTERS = {
     "kv_blocks_written_through": "Full KV blocks written through to the tiers",
     "kv_tier_fetch_failures": "KV tier fetches that failed and fell back to recompute",
     "kv_fetches": "KV tier fetches that read the store in the background",
+    "kv_fetch_waits": "Requests that waited for another request's KV tier fetch of their blocks",
     "kv_fetch_seconds_total": "Time of those fetches, admission to last block read",
 }
 
