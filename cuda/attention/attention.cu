@@ -67,13 +67,15 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   if (compressed) check_vec4(op, "entries", entries);
   check_vec4(op, "out", out);
   const KvRowFormat kvf = kv_row_format(swa_ring.dtype(), dim, spec.rope_dim);
-  if (kvf.format == KvFormat::kFp8 && (kvf.rope_dim % 8 != 0 || kvf.nope() % 8 != 0)) {
+  if (kvf.format == KvFormat::kFp8 &&
+      (kvf.rope_dim == 0 || kvf.rope_dim % 8 != 0 || kvf.nope() % 8 != 0)) {
     // The fp8 decoders take whole groups of 8 channels (4 in the f32 kernel) of one kind (e4m3
-    // or the bf16 RoPE channels); bf16 rows need only the head dim's multiple of 4 above.
+    // or the bf16 RoPE channels) of the main record (rope_dim 0 would be the index-key record);
+    // bf16 rows need only the head dim's multiple of 4 above.
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": a " + dtype_name(swa_ring.dtype()) +
-                    " KV cache needs the RoPE and non-RoPE channel counts to be multiples of 8, "
-                    "got rope_dim " +
+                    " KV cache needs RoPE channels and RoPE and non-RoPE channel counts that are "
+                    "multiples of 8, got rope_dim " +
                     std::to_string(kvf.rope_dim) + " of head dim " + std::to_string(dim));
   }
 
