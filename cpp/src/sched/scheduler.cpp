@@ -75,12 +75,6 @@ int Scheduler::num_waiting() const {
   return n;
 }
 
-int Scheduler::num_fetching() const {
-  int n = 0;
-  for (const Sequence* s : fetching_) n += s->state == SeqState::kFetching ? 1 : 0;
-  return n;
-}
-
 void Scheduler::abort(RequestId id, std::vector<RequestOutput>& out) {
   auto it = seqs_.find(id);
   if (it == seqs_.end() || it->second->finished()) return;
@@ -354,38 +348,6 @@ void Scheduler::on_admitted(Sequence& s, const Admission& a, std::vector<Request
     o.prompt_cache_hit_tokens = a.hit_tokens;
     out.push_back(std::move(o));
   }
-}
-
-void Scheduler::poll_fetches(std::vector<RequestOutput>& out) {
-  std::vector<Sequence*> ready;  // by admission, oldest first
-  std::vector<Sequence*> keep;
-  for (Sequence* s : fetching_) {
-    if (s->state != SeqState::kFetching) continue;  // aborted: released, retired later
-    if (s->fetch_wait != 0) {
-      if (kv_.fetch_waiting(*s)) {
-        keep.push_back(s);
-      } else {
-        s->state = SeqState::kWaiting;  // behind the fetch it waited for, which came earlier
-        ready.push_back(s);
-      }
-      continue;
-    }
-    const Admission a = kv_.poll_fetch(*s);
-    if (a.status == AdmitStatus::kFetching) {
-      keep.push_back(s);
-      continue;
-    }
-    s->state = SeqState::kWaiting;
-    if (a.status == AdmitStatus::kAdmitted) {
-      on_admitted(*s, a, out);
-    } else {
-      --num_holding_;  // failed: it holds nothing now and is admitted again from the GPU index
-    }
-    ready.push_back(s);
-  }
-  fetching_ = std::move(keep);
-  // They were admitted before everything still waiting, so they go first.
-  waiting_.insert(waiting_.begin(), ready.begin(), ready.end());
 }
 
 Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out) {
