@@ -212,3 +212,15 @@ def test_mtp_needs_an_mtp_block(tiny_checkpoint, mtp_checkpoint) -> None:
     # Without drafts the method asks for nothing.
     cpu_engine(tiny_checkpoint, num_speculative_tokens=0, speculative_method="mtp")
     assert mtp_engine(mtp_checkpoint, 2).config.scheduler.zero_overhead is False
+
+
+def test_an_engine_not_drafting_with_mtp_keeps_no_mtp_block(mtp_checkpoint) -> None:
+    """Without MTP drafting the engine skips the checkpoint's mtp.* blocks (weights and the
+    block's caches and trunk ring) with a note; with it, they load and the state grows."""
+    plain_engine = cpu_engine(mtp_checkpoint, max_num_seqs=2)
+    drafting = mtp_engine(mtp_checkpoint, 2, max_num_seqs=2)
+    assert any("not requested" in n for n in plain_engine.load_notes), plain_engine.load_notes
+    assert not any("mtp" in n for n in drafting.load_notes), drafting.load_notes
+    plain_slot = plain_engine.kv_capacity.bytes_per_state_slot
+    drafting_slot = drafting.kv_capacity.bytes_per_state_slot
+    assert plain_slot < drafting_slot, (plain_slot, drafting_slot)

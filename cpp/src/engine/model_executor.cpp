@@ -89,7 +89,8 @@ std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o) {
   }
   return ModelInstance::load(o.checkpoint_dir, o.model_config, cache_shape(o), p.device,
                              p.num_threads, p.decode_graph_max_batch, p.activation_quant,
-                             o.kv_cache_dtype, o.progress, sizing);
+                             o.kv_cache_dtype, o.progress, sizing,
+                             /*load_mtp=*/o.num_mtp_drafts > 0);
 }
 
 // The sampling constants of the plan's sampling rows on the device, one row per sampling row or,

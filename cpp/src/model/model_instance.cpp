@@ -271,7 +271,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
     const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
     const std::string& device, int num_threads, int decode_graph_max_batch,
     const std::string& activation_quant, const std::string& kv_cache_dtype,
-    const std::function<void(int, int)>& progress, const KvSizing& sizing) {
+    const std::function<void(int, int)>& progress, const KvSizing& sizing, bool load_mtp) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -283,6 +283,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.progress = progress;
+  options.load_mtp = load_mtp;
   CacheShape sized = shape;
   sized.kv_dtype =
       resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);

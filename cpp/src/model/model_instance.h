@@ -98,12 +98,16 @@ struct ModelInstance {
   // (see resolve_decode_graph_max_batch).
   // `activation_quant`: "auto", "fp8" or "none" (resolve_activation_quant). `kv_cache_dtype`:
   // "auto", "f32", "bf16" or "fp8" (resolve_kv_cache_dtype; it replaces shape.kv_dtype and is
-  // checked before the weights load).
-  static std::unique_ptr<ModelInstance> load(
-      const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
-      const std::string& device, int num_threads, int decode_graph_max_batch = 0,
-      const std::string& activation_quant = "auto", const std::string& kv_cache_dtype = "auto",
-      const std::function<void(int, int)>& progress = {}, const KvSizing& sizing = {});
+  // checked before the weights load). `load_mtp` off skips the checkpoint's mtp.* blocks (and so
+  // their caches) with a note: an engine that does not draft with them keeps neither.
+  static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
+                                             const ModelConfig& config, const CacheShape& shape,
+                                             const std::string& device, int num_threads,
+                                             int decode_graph_max_batch = 0,
+                                             const std::string& activation_quant = "auto",
+                                             const std::string& kv_cache_dtype = "auto",
+                                             const std::function<void(int, int)>& progress = {},
+                                             const KvSizing& sizing = {}, bool load_mtp = true);
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
   // formats when config.quantization says so), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
