@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "common/json.h"
+#include "config/field_reader.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
 
@@ -35,74 +36,7 @@ const char* mlp_kind_name(MlpKind kind) {
 
 namespace {
 
-// Reads typed fields of one JSON object; every error names the file and the field path.
-class FieldReader {
- public:
-  FieldReader(const json::Value& object, std::string source, std::string prefix = "")
-      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
-
-  const json::Value* find(std::string_view key) const { return object_.find(key); }
-  bool has(std::string_view key) const {
-    const json::Value* v = find(key);
-    return v != nullptr && !v->is_null();
-  }
-  std::string path(std::string_view key) const { return prefix_ + std::string(key); }
-
-  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
-    throw Error(ErrorCode::kInvalidConfig, source_ + ": field '" + path(key) + "' " + what);
-  }
-  [[noreturn]] void fail_value(std::string_view key, const std::string& expected) const {
-    fail(key, "must be " + expected + ", got " + find(key)->dump());
-  }
-
-  int64_t get_int(std::string_view key, int64_t fallback, int64_t min_value,
-                  int64_t max_value = std::numeric_limits<int32_t>::max()) const {
-    if (!has(key)) return fallback;
-    const json::Value& v = *find(key);
-    std::string range = min_value == 1   ? "a positive integer"
-                        : min_value == 0 ? "a non-negative integer"
-                                         : "an integer >= " + std::to_string(min_value);
-    if (!v.is_integer()) fail_value(key, range);
-    int64_t i = v.as_int();
-    if (i < min_value || i > max_value)
-      fail_value(key, range + " no larger than " + std::to_string(max_value));
-    return i;
-  }
-
-  double get_double(std::string_view key, double fallback, double min_exclusive) const {
-    if (!has(key)) return fallback;
-    const json::Value& v = *find(key);
-    if (!v.is_number() || !std::isfinite(v.as_double()) || !(v.as_double() > min_exclusive)) {
-      fail_value(key, "a number greater than " + format_number(min_exclusive));
-    }
-    return v.as_double();
-  }
-
-  bool get_bool(std::string_view key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!find(key)->is_bool()) fail_value(key, "true or false");
-    return find(key)->as_bool();
-  }
-
-  std::string get_string(std::string_view key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!find(key)->is_string()) fail_value(key, "a string");
-    return find(key)->as_string();
-  }
-
-  const std::string& source() const { return source_; }
-
-  static std::string format_number(double d) {
-    std::ostringstream os;
-    os << d;
-    return os.str();
-  }
-
- private:
-  const json::Value& object_;
-  std::string source_;
-  std::string prefix_;
-};
+using config_detail::FieldReader;
 
 AttentionKind parse_attention_kind(const FieldReader& r, std::string_view key, size_t index,
                                    const json::Value& v) {
@@ -116,6 +50,14 @@ AttentionKind parse_attention_kind(const FieldReader& r, std::string_view key, s
          "\"heavily_compressed_attention\", got " +
              v.dump());
 }
+
+void require(bool ok, const std::string& source, const std::string& message) {
+  if (!ok) throw Error(ErrorCode::kInvalidConfig, source + ": " + message);
+}
+
+}  // namespace
+
+namespace config_detail {
 
 // Reads one rope sub-dict ("main" or "compress" of rope_parameters, or a flat yarn dict).
 RopeConfig parse_rope(const FieldReader& r, double theta, bool allow_yarn) {
@@ -220,11 +162,10 @@ QuantConfig parse_quantization(const FieldReader& root) {
   return q;
 }
 
-void require(bool ok, const std::string& source, const std::string& message) {
-  if (!ok) throw Error(ErrorCode::kInvalidConfig, source + ": " + message);
-}
+}  // namespace config_detail
 
-}  // namespace
+using config_detail::parse_quantization;
+using config_detail::parse_rope;
 
 ModelConfig ModelConfig::from_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -249,10 +190,20 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.source = source;
 
   const std::string model_type = r.get_string("model_type", "");
+  if (model_type == "deepseek_v41") {
+    // The V4.1 text config parses (V41TextConfig::from_json_text, deepinfer/v41_config.h), but
+    // the engine has no V4.1 model graph: refuse rather than run it as V4.
+    throw Error(ErrorCode::kUnsupported,
+                source +
+                    ": field 'model_type' is \"deepseek_v41\": the DeepSeek-V4.1 text config is "
+                    "parsed by V41TextConfig::from_json_text, but the V4.1 model graph is not "
+                    "implemented yet (missing: shared KV/index sources and candidate blocks, "
+                    "YOCO, Engram, shifted mHC, C1/C2 compressors, 32x32 FP8 weights, the "
+                    "DSpark drafter), so this engine cannot run it");
+  }
   if (model_type != "deepseek_v4") {
     std::string got = r.has("model_type") ? "\"" + model_type + "\"" : "nothing";
-    r.fail("model_type", "must be \"deepseek_v4\", got " + got +
-                             (model_type == "deepseek_v41" ? " (V4.1 is not supported yet)" : ""));
+    r.fail("model_type", "must be \"deepseek_v4\", got " + got);
   }
   c.quantization = parse_quantization(r);
   c.vocab_size = static_cast<int>(r.get_int("vocab_size", c.vocab_size, 1));
