@@ -15,6 +15,7 @@
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
 #include "deepinfer/model_runner.h"
+#include "deepinfer/v41_config.h"
 #include "engine_bindings.h"
 
 namespace nb = nanobind;
@@ -35,6 +36,27 @@ nb::dict build_info_dict() {
   d["compiler"] = info.compiler;
   d["build_type"] = info.build_type;
   d["debug_invariants"] = info.debug_invariants;
+  return d;
+}
+
+// The layer roles the V4.1 parser derives from a config.json's text: per layer the kv, index and
+// index-K source (-1: none) and whether it scores inside candidate blocks, and the YOCO boundary,
+// candidate source (-1: none) and Engram layers with their table sizes.
+nb::dict v41_layer_roles(const std::string& json_text, int yoco_keep_tokens) {
+  const deepinfer::V41TextConfig c =
+      deepinfer::V41TextConfig::from_json_text(json_text, "config.json", yoco_keep_tokens);
+  nb::list uses_candidates;
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer)
+    uses_candidates.append(c.uses_candidates(layer));
+  nb::dict d;
+  d["kv_source"] = nb::cast(c.kv_source);
+  d["index_source"] = nb::cast(c.index_source);
+  d["index_k_source"] = nb::cast(c.index_k_source);
+  d["uses_candidates"] = uses_candidates;
+  d["yoco_boundary"] = c.yoco_boundary;
+  d["candidate_source"] = c.candidate_source_layer_id;
+  d["engram_layer_ids"] = nb::cast(c.engram_layer_ids);
+  d["engram_num_embeddings"] = nb::cast(c.engram_num_embeddings);
   return d;
 }
 
@@ -153,6 +175,12 @@ NB_MODULE(deepinfer_core, m) {
         "GPU is present, else \"cpu\"; any other name is returned as it is.");
   m.def("build_info", &build_info_dict,
         "Version, compiled backends, compiler and build type of this deepinfer_core build.");
+
+  m.def("v41_layer_roles", &v41_layer_roles, "json_text"_a, "yoco_keep_tokens"_a = 140,
+        "The layer roles of a DeepSeek-V4.1 config.json (V41TextConfig): kv_source, "
+        "index_source, index_k_source (-1: none) and uses_candidates per layer, yoco_boundary, "
+        "candidate_source, engram_layer_ids, engram_num_embeddings. Config only: the engine "
+        "does not run V4.1 yet.");
 
   nb::class_<deepinfer::ModelConfig>(m, "ModelConfig")
       .def_static("from_file", &deepinfer::ModelConfig::from_file, "path"_a,
