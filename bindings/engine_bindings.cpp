@@ -144,6 +144,8 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["kv_tier_fetch_failures"] = s.kv_tier_fetch_failures;
   d["kv_fetches"] = s.kv_fetches;
   d["kv_fetch_waits"] = s.kv_fetch_waits;
+  d["dp_group_steps"] = s.dp_group_steps;
+  d["dp_idle_passes"] = s.dp_idle_passes;
   d["kv_fetch_seconds_total"] = s.kv_fetch_seconds_total;
   d["kv_fetch_seconds_max"] = s.kv_fetch_seconds_max;
   return d;

@@ -29,6 +29,7 @@ namespace {
 
 using deepinfer::CacheConfig;
 using deepinfer::EngineConfig;
+using deepinfer::ParallelConfig;
 using deepinfer::PlacementConfig;
 using deepinfer::PreemptionMode;
 using deepinfer::SchedulerConfig;
@@ -223,9 +224,10 @@ EngineConfig engine_config_from(const nb::kwargs& values) {
 }
 
 void bind_engine_config(nb::module_& m) {
-  PartBinder<nullptr> engine(m, "EngineConfig", "",
-                             "Every engine option, in parts (scheduler, cache, placement), with "
-                             "the C++ defaults (cpp/include/deepinfer/engine_config.h).");
+  PartBinder<nullptr> engine(
+      m, "EngineConfig", "",
+      "Every engine option, in parts (scheduler, cache, placement, parallel), with "
+      "the C++ defaults (cpp/include/deepinfer/engine_config.h).");
   engine.cls
       .def(
           "__init__",
@@ -248,7 +250,8 @@ void bind_engine_config(nb::module_& m) {
           "TypeError.")
       .def_rw("scheduler", &EngineConfig::scheduler)
       .def_rw("cache", &EngineConfig::cache)
-      .def_rw("placement", &EngineConfig::placement);
+      .def_rw("placement", &EngineConfig::placement)
+      .def_rw("parallel", &EngineConfig::parallel);
   engine.option<&EngineConfig::model_path>("model_path")
       .option<&EngineConfig::seed>("seed")
       .option<&EngineConfig::load_format>("load_format");
@@ -285,4 +288,13 @@ void bind_engine_config(nb::module_& m) {
       .option<&PlacementConfig::num_threads>("num_threads")
       .option<&PlacementConfig::decode_graph_max_batch>("decode_graph_max_batch")
       .option<&PlacementConfig::activation_quant>("activation_quant");
+  PartBinder<&EngineConfig::parallel>(m, "ParallelConfig", "parallel",
+                                      "Data/expert parallel ranks and DP voting (engine_config.h).")
+      .option<&ParallelConfig::data_parallel_size>("data_parallel_size")
+      .option<&ParallelConfig::expert_parallel_size>("expert_parallel_size")
+      .option<&ParallelConfig::tensor_parallel_size>("tensor_parallel_size")
+      .option<&ParallelConfig::redundant_experts_per_rank>("redundant_experts_per_rank")
+      .option<&ParallelConfig::dp_prefill_all_interval>("dp_prefill_all_interval")
+      .option<&ParallelConfig::dp_prefill_any_interval>("dp_prefill_any_interval")
+      .option<&ParallelConfig::dp_prefill_when_idle>("dp_prefill_when_idle");
 }

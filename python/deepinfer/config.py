@@ -11,6 +11,9 @@ Example (configs/tiny.yaml)::
       max_tokens: 32
     prompts:
       - "Hello"
+    parallel:                   # optional: ranks (docs/parallel.md)
+      data: 2                   # data-parallel attention ranks
+      expert: 2                 # 1 (replicas) or data: routed experts split across the ranks
 
 The engine options and their defaults are those of the C++ EngineConfig
 (cpp/include/deepinfer/engine_config.h); `engine:` sets them by their flat names (or, equally, by
@@ -176,6 +179,33 @@ def _engine_config(data: Any, source: str) -> deepinfer_core.EngineConfig:
         raise ConfigError(f"{source}: {e}") from None
 
 
+# The run config's `parallel:` keys and the engine options they set.
+_PARALLEL_KEYS = {
+    "data": "data_parallel_size",
+    "expert": "expert_parallel_size",
+    "tensor": "tensor_parallel_size",
+}
+
+
+def _apply_parallel(engine: deepinfer_core.EngineConfig, data: Any, source: str) -> None:
+    """`parallel: {data: N, expert: N, tensor: N}`: the engine's parallel sizes."""
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: 'parallel' must be a mapping, got {data!r}")
+    options = {}
+    for key, value in data.items():
+        if key not in _PARALLEL_KEYS:
+            raise ConfigError(
+                f"{source}: unknown key 'parallel.{key}' (known: {', '.join(_PARALLEL_KEYS)})"
+            )
+        options[_PARALLEL_KEYS[key]] = _check_type(source, f"parallel.{key}", value, int)
+    try:
+        engine.update(**options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
 def load_config(path: str | os.PathLike) -> RunConfig:
     """Reads a YAML run configuration."""
     source = str(path)
@@ -189,7 +219,7 @@ def load_config(path: str | os.PathLike) -> RunConfig:
         raise ConfigError(f"{source}: invalid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    allowed = {"model", "engine", "sampling", "prompts", "served_model_names"}
+    allowed = {"model", "engine", "sampling", "prompts", "served_model_names", "parallel"}
     for key in data:
         if key not in allowed:
             raise ConfigError(
@@ -204,10 +234,12 @@ def load_config(path: str | os.PathLike) -> RunConfig:
     names = data.get("served_model_names", ["deepseek-v4"])
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
         raise ConfigError(f"{source}: 'served_model_names' must be a non-empty list of names")
+    engine = _engine_config(data.get("engine"), source)
+    _apply_parallel(engine, data.get("parallel"), source)
     return RunConfig(
         served_model_names=names,
         model=model,
-        engine=_engine_config(data.get("engine"), source),
+        engine=engine,
         sampling=_fill(SamplingParams, data.get("sampling"), source, "sampling"),
         prompts=prompts,
         source=source,
@@ -229,6 +261,22 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """--data-parallel-size and --expert-parallel-size (vLLM's spellings)."""
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        help="data-parallel attention ranks (overrides the config's parallel.data); on the CPU "
+        "they are threads of this process, on CUDA rank r runs on cuda:r",
+    )
+    parser.add_argument(
+        "--expert-parallel-size",
+        type=int,
+        help="1 (every rank holds every expert) or the data-parallel size (the routed experts "
+        "are split across the ranks); overrides the config's parallel.expert",
+    )
+
+
 def apply_override_arguments(config: RunConfig, args: argparse.Namespace) -> RunConfig:
     """The config with the command line's --model and --device (add_override_arguments)."""
     config = dataclasses.replace(config, engine=copy.copy(config.engine))
@@ -238,4 +286,9 @@ def apply_override_arguments(config: RunConfig, args: argparse.Namespace) -> Run
         )
     if args.device is not None:
         config.engine.placement.device = args.device
+    # add_parallel_arguments' flags, for the command lines that have them.
+    if getattr(args, "data_parallel_size", None) is not None:
+        config.engine.parallel.data_parallel_size = args.data_parallel_size
+    if getattr(args, "expert_parallel_size", None) is not None:
+        config.engine.parallel.expert_parallel_size = args.expert_parallel_size
     return config

@@ -23,6 +23,7 @@ from deepinfer.config import (
     ConfigError,
     RunConfig,
     add_override_arguments,
+    add_parallel_arguments,
     apply_override_arguments,
     load_config,
 )
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "the tiny model, or --model)",
     )
     add_override_arguments(parser)
+    add_parallel_arguments(parser)
     parser.add_argument(
         "--prompts",
         type=Path,
@@ -159,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     print("=== summary ===")
     print(f"model:          {llm.model_path}")
     print(f"device:         {llm.engine.device}")
+    parallel = llm.engine.config.parallel
+    if parallel.data_parallel_size > 1:
+        experts = (
+            "the routed experts split across them"
+            if parallel.expert_parallel_size > 1
+            else "every rank holds every expert"
+        )
+        print(f"parallel:       {parallel.data_parallel_size} data-parallel ranks, {experts}")
     print(summarize(outputs, elapsed))
     return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from deepinfer.config import (
     ConfigError,
     add_override_arguments,
+    add_parallel_arguments,
     apply_override_arguments,
     load_config,
 )
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         help="YAML run config (model, engine options, served_model_names)",
     )
     add_override_arguments(parser)
+    add_parallel_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     parser.add_argument(

@@ -31,9 +31,21 @@ ALLOWED: dict[str, set[str]] = {
     # Speculative decoding's drafters (host side): the public Drafter interface only.
     "spec": {"common"},
     "backend": {"common", "tensor", "sample"},
-    "model": {"backend", "kv", "config", "sample", "tensor", "common"},
+    # The model runs the expert-parallel MoE (dist::ep_moe_experts) when its experts are split.
+    "model": {"backend", "kv", "config", "dist", "sample", "tensor", "common"},
     "sched": {"model", "kv", "config", "sample", "tensor", "common"},
-    "engine": {"sched", "model", "kv", "backend", "config", "sample", "spec", "tensor", "common"},
+    "engine": {
+        "sched",
+        "model",
+        "kv",
+        "backend",
+        "config",
+        "dist",
+        "sample",
+        "spec",
+        "tensor",
+        "common",
+    },
     # Test doubles: compiled into libdeepinfer_testing, never into the core.
     "testing": {
         "engine",

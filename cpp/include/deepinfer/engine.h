@@ -197,6 +197,11 @@ struct EngineStats : SchedulerCounters {
   uint64_t kv_fetches = 0;
   double kv_fetch_seconds_total = 0;
   double kv_fetch_seconds_max = 0;
+  // Data-parallel groups (ParallelConfig): steps the group ran (every rank takes part in each),
+  // and the rank-steps among them a rank ran without rows (an empty prefill or a dummy decode,
+  // so the others' expert exchanges line up): the steps voting costs. 0 for a single engine.
+  uint64_t dp_group_steps = 0;
+  uint64_t dp_idle_passes = 0;
 };
 
 // The KV cache the engine runs with, for logs and capacity planning.

@@ -1,11 +1,11 @@
 // EngineConfig: every engine option, defined once (its default is the initialiser below).
 //
 // The options are grouped by what they steer: `scheduler` (batching and admission), `cache` (KV
-// blocks and prefix cache) and `placement` (where the model runs), plus the checkpoint and the
-// seed. Field names are unique across the parts, so the flat spelling used by the Python API and
-// run configs (`max_num_seqs=8`, `engine: {device: cuda}`) names exactly one field. A value of 0
-// where the comment says "derive it" is filled in for the model when the engine is created
-// (Engine::config() returns the resolved config).
+// blocks and prefix cache), `placement` (where the model runs) and `parallel` (ranks), plus the
+// checkpoint and the seed. Field names are unique across the parts, so the flat spelling used by
+// the Python API and run configs (`max_num_seqs=8`, `engine: {device: cuda}`) names exactly one
+// field. A value of 0 where the comment says "derive it" is filled in for the model when the engine
+// is created (Engine::config() returns the resolved config).
 #pragma once
 
 #include <cstdint>
@@ -93,6 +93,30 @@ struct PlacementConfig {
   bool operator==(const PlacementConfig&) const = default;
 };
 
+// Several ranks (docs/parallel.md): data-parallel attention (each rank its own scheduler, KV
+// pools and requests) with the routed experts of every MoE layer split across the ranks
+// (expert parallelism; the shared expert and everything else is replicated). Supported layouts:
+// data_parallel_size N with expert_parallel_size N (DP attention + EP, DeepSeek's layout) or 1
+// (plain replicas), tensor_parallel_size 1. On the CPU the ranks are threads of one process over
+// the in-process communicator; on CUDA, rank r runs on cuda:r over NCCL.
+struct ParallelConfig {
+  int data_parallel_size = 1;
+  int expert_parallel_size = 1;  // 1 or data_parallel_size
+  int tensor_parallel_size = 1;  // only 1: the attention projections are not split
+  // Extra expert slots per rank for replicas of hot experts (DeepSeek: 1 per card); the first
+  // placement spreads replicas round-robin.
+  int redundant_experts_per_rank = 0;
+  // DP-group voting (sched/dp_vote.h): a switch to prefill at ALL points needs every rank, at ANY
+  // points one rank; DeepSeek's intervals in decode steps. A request reaching a group where no
+  // rank decodes is prefilled at the next step (false: it waits for the next point, as
+  // DeepSeek's engine does).
+  int dp_prefill_all_interval = 70;
+  int dp_prefill_any_interval = 100;
+  bool dp_prefill_when_idle = true;
+
+  bool operator==(const ParallelConfig&) const = default;
+};
+
 struct EngineConfig {
   std::string model_path;  // checkpoint directory (config.json + safetensors)
   // "auto": the checkpoint's weights; "dummy": random weights for the config.json alone (no
@@ -102,6 +126,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   CacheConfig cache;
   PlacementConfig placement;
+  ParallelConfig parallel;
   uint64_t seed = 0;  // engine seed for requests without their own
 
   bool operator==(const EngineConfig&) const = default;

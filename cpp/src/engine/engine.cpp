@@ -7,6 +7,7 @@
 
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
+#include "engine/dp_group.h"
 #include "engine/engine_config.h"
 #include "engine/engine_impl.h"
 #include "engine/model_executor.h"
@@ -73,6 +74,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots =
       resolved.cache.enable_prefix_cache ? resolved.cache.num_prefix_snapshots : 0;
+  if (resolved.parallel.data_parallel_size > 1)
+    return engine::create_dp_group(resolved, model, o, progress);
   return std::make_unique<engine::EngineImpl>(resolved, std::make_unique<engine::ModelExecutor>(o));
 }
 

@@ -16,6 +16,51 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, "engine config: '" + field + "' " + what);
 }
 
+// The parallel layout (docs/parallel.md): checked, with what a group of ranks turns off.
+void resolve_parallel(EngineConfig& c) {
+  ParallelConfig& p = c.parallel;
+  const int n = p.data_parallel_size;
+  if (n < 1) bad_config("data_parallel_size", "must be >= 1, got " + std::to_string(n));
+  if (p.expert_parallel_size != 1 && p.expert_parallel_size != n) {
+    bad_config("expert_parallel_size",
+               "must be 1 (every rank holds every expert) or data_parallel_size (" +
+                   std::to_string(n) +
+                   ": the experts are split across the data-parallel ranks), got " +
+                   std::to_string(p.expert_parallel_size));
+  }
+  if (p.tensor_parallel_size != 1) {
+    bad_config("tensor_parallel_size",
+               "must be 1, got " + std::to_string(p.tensor_parallel_size) +
+                   ": tensor parallelism is not supported; the layouts are data-parallel attention "
+                   "with expert-parallel MoE, and plain replicas (docs/parallel.md says why)");
+  }
+  if (p.redundant_experts_per_rank < 0 ||
+      (p.redundant_experts_per_rank > 0 && p.expert_parallel_size == 1)) {
+    bad_config("redundant_experts_per_rank",
+               "must be >= 0, and 0 without expert parallelism, got " +
+                   std::to_string(p.redundant_experts_per_rank));
+  }
+  if (p.dp_prefill_all_interval < 1 || p.dp_prefill_any_interval < 1) {
+    bad_config(
+        p.dp_prefill_all_interval < 1 ? "dp_prefill_all_interval" : "dp_prefill_any_interval",
+        "must be >= 1 (decode steps between prefill points)");
+  }
+  if (n == 1) return;
+  if (c.scheduler.num_speculative_tokens > 0) {
+    bad_config("num_speculative_tokens",
+               "must be 0 with data_parallel_size > 1: speculative decoding does not run in a "
+               "data-parallel group yet");
+  }
+  if (c.placement.device.starts_with("cuda:")) {
+    bad_config("device",
+               "must be \"cuda\" (rank r runs on cuda:r) or \"cpu\" with "
+               "data_parallel_size > 1, got \"" +
+                   c.placement.device + "\"");
+  }
+  // The expert exchange reads the routing on the host: no graph can hold it.
+  if (p.expert_parallel_size > 1) c.placement.decode_graph_max_batch = 0;
+}
+
 }  // namespace
 
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
@@ -96,6 +141,7 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
   }
   if (c.placement.num_threads < 0)
     bad_config("num_threads", "must be >= 0, got " + std::to_string(c.placement.num_threads));
+  resolve_parallel(c);
   const DeviceKind device =
       c.placement.device.rfind("cuda", 0) == 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
   try {

@@ -78,12 +78,19 @@ std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& 
 
 }  // namespace
 
-EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor)
+EngineImpl::EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor,
+                       DpRank dp)
     : config_(resolve_with(config, *executor)),
       executor_(std::move(executor)),
       tiers_(make_tiers(config_, *executor_)),
       kv_(kv_layout(config_, *executor_)),
-      scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_) {
+      scheduler_(config_.scheduler, executor_->eos_token_ids(), kv_),
+      comm_(dp.comm),
+      vote_(dp.vote) {
+  if (comm_ != nullptr) {
+    next_id_ = static_cast<RequestId>(comm_->rank()) + 1;
+    id_stride_ = static_cast<RequestId>(comm_->size());
+  }
   kv_.set_tiers(tiers_.get());
   const SchedulerConfig& s = config_.scheduler;
   if (s.num_speculative_tokens > 0 && s.speculative_method == "ngram") {
@@ -185,7 +192,7 @@ RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingPar
       bad(field, "must be in [-2, 2], got " + std::to_string(value));
   }
   auto seq = std::make_unique<sched::Sequence>();
-  seq->id = next_id_.fetch_add(1);
+  seq->id = next_id_.fetch_add(id_stride_);
   seq->params = params;
   seq->seed =
       params.seed ? *params.seed : sample::splitmix64(config_.seed ^ sample::splitmix64(seq->id));
@@ -250,12 +257,21 @@ std::vector<RequestOutput> EngineImpl::step() {
     plan = std::move(spare_plans_.back());
     spare_plans_.pop_back();
   }
-  auto outcome = scheduler_.schedule(plan, out);
+  sched::Scheduler::Outcome outcome = sched::Scheduler::Outcome::kIdle;
+  bool idle_pass = false;  // a DP rank without rows in a step its group runs
+  std::optional<sched::StepKind> voted;
+  if (comm_ != nullptr) {
+    voted = vote_step(plan, out, outcome, idle_pass);
+  } else {
+    outcome = scheduler_.schedule(plan, out);
+  }
   if (outcome == sched::Scheduler::Outcome::kNeedsDrain) {
     while (!inflight_.empty()) commit_oldest(out);
-    outcome = scheduler_.schedule(plan, out);
+    outcome = scheduler_.schedule(plan, out, voted);
     DEEPINFER_CHECK(outcome != sched::Scheduler::Outcome::kNeedsDrain,
                     "drain did not clear the pipeline");
+    // A DP rank whose decode rows all went away (preempted) still joins its group's step.
+    idle_pass = comm_ != nullptr && outcome != sched::Scheduler::Outcome::kScheduled;
   }
   // Without zero-overhead scheduling (always the case while drafting) a decode step is launched
   // and committed within this call, so its wall time is the step's: the confidence budget's
@@ -271,9 +287,14 @@ std::vector<RequestOutput> EngineImpl::step() {
     DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps launched and not committed");
   } else {
     spare_plans_.push_back(std::move(plan));
-    // Only fetches are left to wait for: block for one briefly rather than have the caller spin.
-    if (inflight_.empty() && scheduler_.num_fetching() > 0)
+    if (idle_pass) {
+      ++dp_idle_passes_;
+      executor_->run_idle_pass();
+    } else if (inflight_.empty() && scheduler_.num_fetching() > 0 && comm_ == nullptr) {
+      // Only fetches are left to wait for: block for one briefly rather than have the caller
+      // spin. (A DP rank does not: its group steps together.)
       tiers_->wait_for_fetch(std::chrono::milliseconds(2));
+    }
   }
   // Zero-overhead: leave the step just launched running; commit the one before it.
   const size_t keep =
@@ -297,6 +318,59 @@ std::vector<RequestOutput> EngineImpl::step() {
   return out;
 }
 
+sched::Tally EngineImpl::group_tally(const sched::Ballot& b) {
+  // One host all-reduce: how many ranks set each bit (AND = all of them, OR = any).
+  const std::vector<uint64_t> mine = {b.want, b.decode, b.unfinished, b.produced};
+  const std::vector<uint64_t> sum = comm_->all_reduce_host(mine, dist::HostReduceOp::kSum);
+  sched::Tally t;
+  t.any_want = sum[0] > 0;
+  t.all_want = sum[0] == static_cast<uint64_t>(comm_->size());
+  t.any_decode = sum[1] > 0;
+  t.any_unfinished = sum[2] > 0;
+  t.any_produced = sum[3] > 0;
+  return t;
+}
+
+std::optional<sched::StepKind> EngineImpl::vote_step(StepPlan& plan,
+                                                     std::vector<RequestOutput>& out,
+                                                     sched::Scheduler::Outcome& outcome,
+                                                     bool& idle_pass) {
+  using sched::RankAction;
+  using sched::StepKind;
+  outcome = sched::Scheduler::Outcome::kIdle;
+  idle_pass = false;
+  auto count = [&](std::optional<StepKind> kind) {
+    if (vote_.group_step() != sched::GroupStep::kIdle) ++dp_group_steps_;
+    return kind;
+  };
+  if (vote_.after_first(group_tally(vote_.first_ballot(scheduler_.dp_wish()))) ==
+      sched::DpVote::Proposal::kConfirm) {
+    bool produced = false;
+    if (vote_.runs_prefill_selection()) {
+      outcome = scheduler_.schedule(plan, out, StepKind::kPrefill);
+      produced = outcome == sched::Scheduler::Outcome::kScheduled;
+    }
+    vote_.after_second(group_tally(vote_.second_ballot(produced)));
+  }
+  switch (vote_.action()) {
+    case RankAction::kIdle:
+      DEEPINFER_CHECK(outcome != sched::Scheduler::Outcome::kScheduled,
+                      "a DP rank planned a prefill its group did not run");
+      return std::nullopt;
+    case RankAction::kPrefill:
+      return count(StepKind::kPrefill);
+    case RankAction::kEmptyPrefill:
+    case RankAction::kDummyDecode:
+      idle_pass = true;
+      return count(std::nullopt);
+    case RankAction::kDecode:
+      outcome = scheduler_.schedule(plan, out, StepKind::kDecode);
+      idle_pass = outcome == sched::Scheduler::Outcome::kIdle;
+      return count(StepKind::kDecode);
+  }
+  return std::nullopt;
+}
+
 EngineStats EngineImpl::stats() const {
   EngineStats s;
   static_cast<SchedulerCounters&>(s) = scheduler_.stats();
@@ -308,6 +382,8 @@ EngineStats EngineImpl::stats() const {
   s.num_blocks_cached = kv_.num_cached_free_blocks();
   s.num_state_slots_free = kv_.live_slots().num_free();
   s.num_graph_steps = executor_->num_graph_steps();
+  s.dp_group_steps = dp_group_steps_;
+  s.dp_idle_passes = dp_idle_passes_;
   auto ratio = [](double num, double den) { return den > 0 ? num / den : 0.0; };
   const auto rows = static_cast<double>(s.verify_rows);
   const auto steps = static_cast<double>(s.verify_steps);

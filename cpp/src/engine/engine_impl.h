@@ -18,18 +18,33 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "deepinfer/engine.h"
+#include "dist/communicator.h"
 #include "engine/step_executor.h"
+#include "sched/dp_vote.h"
 #include "sched/kv_allocator.h"
 #include "sched/scheduler.h"
 
 namespace deepinfer::engine {
 
+// One data-parallel rank of a group (engine/dp_group.h): the group's communicator (its host
+// channel carries the step-kind vote) and the rank's place, which also spaces the request ids
+// (rank r hands out r + 1, r + 1 + size, ...: an id names its rank).
+struct DpRank {
+  dist::Communicator* comm = nullptr;
+  sched::DpVoteConfig vote;
+};
+
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor);
+  // With `dp.comm`, this engine is one rank of a data-parallel group: every step() first agrees
+  // with the other ranks on the step kind (sched/dp_vote.h) and, in a step the group runs, a rank
+  // without rows of that kind runs the executor's idle pass, so the ranks' collectives line up.
+  // Every rank's step() must then be called together (the group does it).
+  EngineImpl(const EngineConfig& config, std::unique_ptr<StepExecutor> executor, DpRank dp = {});
   ~EngineImpl() override;
 
   RequestId add_request(std::vector<int32_t> prompt, const SamplingParams& params) override;
@@ -59,6 +74,12 @@ class EngineImpl final : public Engine {
   void drain_inbox(std::vector<RequestOutput>& out);
   void commit_oldest(std::vector<RequestOutput>& out);
   void count_finishes(const std::vector<RequestOutput>& out, size_t from);
+  // The group's vote for this step (DP ranks only): plans this rank's part of the step the group
+  // runs into `plan`. Returns the step kind to plan again after a drain (none: nothing to plan);
+  // `idle_pass` is set when the group runs a step in which this rank has no rows.
+  std::optional<sched::StepKind> vote_step(StepPlan& plan, std::vector<RequestOutput>& out,
+                                           sched::Scheduler::Outcome& outcome, bool& idle_pass);
+  sched::Tally group_tally(const sched::Ballot& ballot);
 
   EngineConfig config_;
   std::unique_ptr<StepExecutor> executor_;
@@ -74,6 +95,11 @@ class EngineImpl final : public Engine {
   mutable std::mutex inbox_mu_;
   std::vector<std::unique_ptr<sched::Sequence>> inbox_adds_;
   std::vector<RequestId> inbox_aborts_;
+  dist::Communicator* comm_ = nullptr;  // DP rank: the group's (null: a single engine)
+  sched::DpVote vote_;
+  RequestId id_stride_ = 1;
+  uint64_t dp_group_steps_ = 0;  // EngineStats::dp_group_steps / dp_idle_passes
+  uint64_t dp_idle_passes_ = 0;
   std::atomic<RequestId> next_id_{1};
   std::atomic<int> unfinished_{0};
   uint64_t next_arrival_ = 0;  // engine thread

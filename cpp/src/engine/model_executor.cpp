@@ -78,19 +78,37 @@ bool needs_previous_tokens(const StepPlan& plan) {
   return false;
 }
 
-std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o) {
+std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o, ParallelRank& rank) {
   const KvSizing sizing{o.gpu_memory_utilization, o.max_num_batched_tokens, o.max_num_seqs};
   const PlacementConfig& p = o.placement;
+  ModelInstance::RankTarget target;
+  target.backend = std::move(rank.backend);
+  if (!rank.placements.empty()) {
+    // Every MoE layer starts from the same placement; this rank holds its slots' experts.
+    const dist::ExpertPlacement& first = rank.placements.front();
+    const int begin = rank.comm->rank() * first.slots_per_rank();
+    for (int s = begin; s < begin + first.slots_per_rank(); ++s)
+      target.expert_slots.push_back(first.logical_of(s));
+  }
+  std::unique_ptr<ModelInstance> m;
   if (o.dummy_weights) {
     const DType stored = p.device.starts_with("cuda") ? DType::kBF16 : DType::kF32;
-    return ModelInstance::random(o.model_config, cache_shape(o), p.device, p.num_threads, o.seed,
-                                 stored, p.decode_graph_max_batch, p.activation_quant,
-                                 o.kv_cache_dtype, sizing);
+    m = ModelInstance::random(o.model_config, cache_shape(o), p.device, p.num_threads, o.seed,
+                              stored, p.decode_graph_max_batch, p.activation_quant,
+                              o.kv_cache_dtype, sizing, std::move(target));
+  } else {
+    m = ModelInstance::load(o.checkpoint_dir, o.model_config, cache_shape(o), p.device,
+                            p.num_threads, p.decode_graph_max_batch, p.activation_quant,
+                            o.kv_cache_dtype, o.progress, sizing,
+                            /*load_mtp=*/o.num_mtp_drafts > 0, std::move(target));
   }
-  return ModelInstance::load(o.checkpoint_dir, o.model_config, cache_shape(o), p.device,
-                             p.num_threads, p.decode_graph_max_batch, p.activation_quant,
-                             o.kv_cache_dtype, o.progress, sizing,
-                             /*load_mtp=*/o.num_mtp_drafts > 0);
+  if (!rank.placements.empty()) {
+    auto ep = std::make_unique<ExpertParallel>();
+    ep->comm = rank.comm;
+    ep->placements = std::move(rank.placements);
+    m->model->set_expert_parallel(std::move(ep));
+  }
+  return m;
 }
 
 // The sampling constants of the plan's sampling rows on the device, one row per sampling row or,
@@ -124,8 +142,8 @@ SamplingBatch sampling_constants(Backend& be, const StepPlan& plan, bool per_log
 
 }  // namespace
 
-ModelExecutor::ModelExecutor(const ModelExecutorOptions& options)
-    : options_(options), model_(load_model(options)) {
+ModelExecutor::ModelExecutor(const ModelExecutorOptions& options, ParallelRank rank)
+    : options_(options), model_(load_model(options, rank)) {
   options_.progress = {};  // used while loading only; the caller's callback is not kept
 }
 

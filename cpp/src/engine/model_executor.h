@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "deepinfer/engine_config.h"
+#include "dist/communicator.h"
+#include "dist/expert_placement.h"
 #include "engine/step_executor.h"
 #include "model/model_instance.h"
 
@@ -39,9 +41,19 @@ struct ModelExecutorOptions {
   LoadProgress progress;  // Engine::create's, for the weight load
 };
 
+// One rank of a parallel group (engine/dp_group.h): its backend, made before the group's
+// communicators, and, with expert parallelism, the placement of every MoE layer's experts.
+struct ParallelRank {
+  std::unique_ptr<Backend> backend;
+  dist::Communicator* comm = nullptr;             // this rank's; outlives the executor
+  std::vector<dist::ExpertPlacement> placements;  // per layer; empty: every expert local
+};
+
 class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
  public:
-  explicit ModelExecutor(const ModelExecutorOptions& options);
+  explicit ModelExecutor(const ModelExecutorOptions& options, ParallelRank rank = {});
+
+  void run_idle_pass() override { model_->model->idle_pass(); }
 
   std::unique_ptr<InflightStep> launch(const StepPlan& plan, InflightStep* previous) override;
   StepResult wait(InflightStep& step) override;

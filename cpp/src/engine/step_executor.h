@@ -44,6 +44,11 @@ class StepExecutor {
     step.sample_deferred = false;
   }
 
+  // A rank of a parallel group with nothing to run in a step its group runs: the collectives its
+  // peers' forward needs (every MoE layer's expert exchange with zero rows). Host-synchronous.
+  // Nothing for executors outside a group.
+  virtual void run_idle_pass() {}
+
   virtual int vocab_size() const = 0;
   virtual int max_position() const = 0;        // positions must stay below this
   virtual int num_kv_blocks() const = 0;       // including the reserved block 0

@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "deepinfer/error.h"
+#include "dist/expert_parallel.h"
+
 namespace deepinfer {
 
 DeepseekV4Model::DeepseekV4Model(const ModelConfig& config, ModelWeights weights, Backend& backend)
@@ -43,7 +46,7 @@ Tensor DeepseekV4Model::decoder_layer(int layer, const LayerWeights& w, const Te
   Tensor out = be.hc_post(trunk, attn_out, mix.post, mix.comb);
 
   mix = be.hc_pre(out, w.hc_ffn.fn, w.hc_ffn.base, w.hc_ffn.scale, hc_params_);
-  Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps), plan.layout.token_ids);
+  Tensor ffn_out = moe(layer, w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps), plan.layout.token_ids);
   return be.hc_post(out, ffn_out, mix.post, mix.comb);
 }
 
@@ -133,16 +136,51 @@ void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, cons
   be.ring_write(ring, proj, plan.layout);
 }
 
-Tensor DeepseekV4Model::moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids) {
+Tensor DeepseekV4Model::moe(int layer, const MoeWeights& w, const Tensor& x,
+                            const Tensor& token_ids) {
   Backend& be = backend_;
   const float limit = static_cast<float>(config_.swiglu_limit);
   Routing routing =
       be.moe_route(x, w.gate, w.bias, w.tid2eid, token_ids, config_.num_experts_per_tok,
                    static_cast<float>(config_.routed_scaling_factor));
-  Tensor routed = be.moe_experts(x, routing, w.experts, limit);
+  Tensor routed = routed_experts(layer, w, x, routing);
   Tensor shared = be.linear(be.swiglu(be.linear(x, w.shared_w1), be.linear(x, w.shared_w3), limit),
                             w.shared_w2);
   return be.add(routed, shared);
+}
+
+Tensor DeepseekV4Model::routed_experts(int layer, const MoeWeights& w, const Tensor& x,
+                                       const Routing& routing) {
+  const float limit = static_cast<float>(config_.swiglu_limit);
+  if (ep_ == nullptr) return backend_.moe_experts(x, routing, w.experts, limit);
+  if (layer >= static_cast<int>(ep_->placements.size())) {
+    throw Error(ErrorCode::kUnsupported,
+                "expert parallelism: layer " + std::to_string(layer) +
+                    " has no expert placement (MTP blocks do not run expert-parallel)");
+  }
+  // The dispatch reads the routing on the host (its counts decide the exchange), so this waits
+  // for the stream even inside a launch that otherwise never does (docs/parallel.md says why
+  // this is the in-process path's price).
+  const bool was_forbidden = backend_.set_host_sync_forbidden(false);
+  struct Restore {
+    Backend& be;
+    bool forbidden;
+    ~Restore() { be.set_host_sync_forbidden(forbidden); }
+  } restore{backend_, was_forbidden};
+  return dist::ep_moe_experts(*ep_->comm, backend_, x, routing,
+                              ep_->placements[static_cast<size_t>(layer)], w.experts, limit);
+}
+
+void DeepseekV4Model::idle_pass() {
+  if (ep_ == nullptr) return;
+  Backend& be = backend_;
+  const int64_t k = config_.num_experts_per_tok;
+  Routing none;
+  none.expert_ids = be.empty({0, k}, DType::kI32);
+  none.weights = be.empty({0, k}, DType::kF32);
+  const Tensor x = be.empty({0, config_.hidden_size}, DType::kF32);
+  for (int li = 0; li < config_.num_hidden_layers; ++li)
+    routed_experts(li, weights_.layers[static_cast<size_t>(li)].ffn, x, none);
 }
 
 }  // namespace deepinfer

@@ -1,13 +1,28 @@
 // The DeepSeek-V4 forward graph (docs/model.md#forward-graph), written once against Backend ops.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "deepinfer/backend.h"
 #include "deepinfer/config.h"
+#include "dist/communicator.h"
+#include "dist/expert_placement.h"
 #include "model/batch_plan.h"
 #include "model/cache_tensors.h"
 #include "model/weights.h"
 
 namespace deepinfer {
+
+// Expert parallelism of the routed experts (docs/parallel.md): this rank holds the experts of
+// its placement slots (LayerWeights::ffn.experts in slot order) and every MoE layer runs
+// dist::ep_moe_experts over `comm`, so every rank of the group must run the same number of MoE
+// layers per step (a rank without tokens runs idle_pass()).
+struct ExpertParallel {
+  dist::Communicator* comm = nullptr;  // this rank's; outlives the model
+  // One per MoE layer (index = layer; MTP blocks are not run under expert parallelism).
+  std::vector<dist::ExpertPlacement> placements;
+};
 
 class DeepseekV4Model {
  public:
@@ -26,6 +41,13 @@ class DeepseekV4Model {
   // HC collapse with `hc`, RMSNorm with `norm`, then the shared head: trunk [R, N, H] -> [R, V].
   Tensor head(const Tensor& trunk, const HcWeights& hc, const Tensor& norm);
 
+  // From now on the routed experts are expert-parallel (the weights hold this rank's slots).
+  void set_expert_parallel(std::unique_ptr<ExpertParallel> ep) { ep_ = std::move(ep); }
+  const ExpertParallel* expert_parallel() const { return ep_.get(); }
+  // What a rank with no tokens runs in a step of its group: every MoE layer's collectives with
+  // zero rows, so the ranks that do have tokens can exchange theirs. Host-synchronous.
+  void idle_pass();
+
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
@@ -39,7 +61,8 @@ class DeepseekV4Model {
   void compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan, int ratio,
                 bool overlap, int64_t head_dim, int rope_dim, const Tensor& ring,
                 const Tensor& entry_cache);
-  Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids);
+  Tensor moe(int layer, const MoeWeights& w, const Tensor& x, const Tensor& token_ids);
+  Tensor routed_experts(int layer, const MoeWeights& w, const Tensor& x, const Routing& routing);
 
   const ModelConfig& config_;
   ModelWeights weights_;
@@ -47,6 +70,7 @@ class DeepseekV4Model {
   HcParams hc_params_;
   // The backend keeps the matrix weights in bf16: attention may use bf16 tensor cores too.
   bool bf16_math_ = false;
+  std::unique_ptr<ExpertParallel> ep_;  // null: every expert is local
 };
 
 }  // namespace deepinfer

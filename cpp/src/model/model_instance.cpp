@@ -271,7 +271,8 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
     const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
     const std::string& device, int num_threads, int decode_graph_max_batch,
     const std::string& activation_quant, const std::string& kv_cache_dtype,
-    const std::function<void(int, int)>& progress, const KvSizing& sizing, bool load_mtp) {
+    const std::function<void(int, int)>& progress, const KvSizing& sizing, bool load_mtp,
+    RankTarget rank) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(checkpoint_dir)) {
     throw Error(ErrorCode::kNotFound, checkpoint_dir + ": checkpoint directory does not exist");
@@ -279,11 +280,12 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
-  m->backend = make_backend(device, num_threads);
+  m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.progress = progress;
   options.load_mtp = load_mtp;
+  options.expert_slots = std::move(rank.expert_slots);
   CacheShape sized = shape;
   sized.kv_dtype =
       resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);
@@ -300,12 +302,13 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
 std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
     uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
-    const std::string& kv_cache_dtype, const KvSizing& sizing) {
+    const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
-  m->backend = make_backend(device, num_threads);
+  m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
+  options.expert_slots = std::move(rank.expert_slots);
   CacheShape cache_shape = shape;
   cache_shape.kv_dtype =
       resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);

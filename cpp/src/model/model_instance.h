@@ -100,14 +100,18 @@ struct ModelInstance {
   // "auto", "f32", "bf16" or "fp8" (resolve_kv_cache_dtype; it replaces shape.kv_dtype and is
   // checked before the weights load). `load_mtp` off skips the checkpoint's mtp.* blocks (and so
   // their caches) with a note: an engine that does not draft with them keeps neither.
-  static std::unique_ptr<ModelInstance> load(const std::string& checkpoint_dir,
-                                             const ModelConfig& config, const CacheShape& shape,
-                                             const std::string& device, int num_threads,
-                                             int decode_graph_max_batch = 0,
-                                             const std::string& activation_quant = "auto",
-                                             const std::string& kv_cache_dtype = "auto",
-                                             const std::function<void(int, int)>& progress = {},
-                                             const KvSizing& sizing = {}, bool load_mtp = true);
+  // `rank`: for one rank of a parallel group, the backend made for it (instead of one made for
+  // `device`) and the routed experts it holds (WeightLoadOptions::expert_slots).
+  struct RankTarget {
+    std::unique_ptr<Backend> backend;   // null: make_backend(device, num_threads)
+    std::vector<int32_t> expert_slots;  // empty: every expert
+  };
+  static std::unique_ptr<ModelInstance> load(
+      const std::string& checkpoint_dir, const ModelConfig& config, const CacheShape& shape,
+      const std::string& device, int num_threads, int decode_graph_max_batch = 0,
+      const std::string& activation_quant = "auto", const std::string& kv_cache_dtype = "auto",
+      const std::function<void(int, int)>& progress = {}, const KvSizing& sizing = {},
+      bool load_mtp = true, RankTarget rank = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
   // formats when config.quantization says so), for benchmarks.
   static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
@@ -116,7 +120,7 @@ struct ModelInstance {
                                                int decode_graph_max_batch = 0,
                                                const std::string& activation_quant = "auto",
                                                const std::string& kv_cache_dtype = "auto",
-                                               const KvSizing& sizing = {});
+                                               const KvSizing& sizing = {}, RankTarget rank = {});
 };
 
 // Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of

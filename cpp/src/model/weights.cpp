@@ -389,6 +389,19 @@ class WeightLoader {
     const int64_t e_count = config_.n_routed_experts;
     const int64_t i_size = config_.moe_intermediate_size;
     const int64_t h = config_.hidden_size;
+    // The experts this rank holds, in slot order (all of them without expert parallelism).
+    std::vector<int64_t> held;
+    if (options_.expert_slots.empty()) {
+      for (int64_t e = 0; e < e_count; ++e) held.push_back(e);
+    }
+    for (int32_t e : options_.expert_slots) {
+      if (e < 0 || e >= e_count) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "expert placement names expert " + std::to_string(e) +
+                        ", outside [0, n_routed_experts = " + std::to_string(e_count) + ")");
+      }
+      held.push_back(e);
+    }
     ExpertWeights ex;
     if (contains(prefix + "gate_up_proj")) {
       if (ckpt_ != nullptr && config_.quantization.fp8) {
@@ -403,7 +416,7 @@ class WeightLoader {
       // transformers' in-memory layout: gate_up_proj [E, 2I, H] (gate rows first), down [E, H, I].
       Tensor gate_up = load_matrix(prefix + "gate_up_proj", {e_count, 2 * i_size, h});
       Tensor down = load_matrix(prefix + "down_proj", {e_count, h, i_size});
-      for (int64_t e = 0; e < e_count; ++e) {
+      for (int64_t e : held) {
         Tensor gu = gate_up.select(0, e);
         ex.w1.push_back(gu.narrow(0, 0, i_size));
         ex.w3.push_back(gu.narrow(0, i_size, i_size));
@@ -411,7 +424,7 @@ class WeightLoader {
       }
       return ex;
     }
-    for (int64_t e = 0; e < e_count; ++e) {
+    for (int64_t e : held) {
       std::string p = prefix + std::to_string(e) + ".";
       ex.w1.push_back(load_linear(p + "w1.weight", {i_size, h}, /*routed_expert=*/true));
       ex.w3.push_back(load_linear(p + "w3.weight", {i_size, h}, /*routed_expert=*/true));

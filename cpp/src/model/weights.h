@@ -95,6 +95,10 @@ struct WeightLoadOptions {
   bool quantize_activations = false;
   // Load the checkpoint's mtp.K.* blocks when it has them (false: skip them with a note).
   bool load_mtp = true;
+  // Expert parallelism: the logical expert each of this rank's routed-expert slots holds, in slot
+  // order (replicas repeat an expert); only those experts' bytes are read. Empty: every expert,
+  // in expert order.
+  std::vector<int32_t> expert_slots;
   // Called after the embedding and head, then after each layer: (done, num_hidden_layers + 1).
   std::function<void(int done, int total)> progress;
 };

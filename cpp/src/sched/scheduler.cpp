@@ -139,7 +139,23 @@ bool Scheduler::has_decode_work() const {
   return false;
 }
 
-Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput>& out) {
+LocalWish Scheduler::dp_wish() {
+  sweep_dead_waiting(waiting_);
+  LocalWish wish;
+  wish.has_decode = has_decode_work();
+  for (const Sequence* s : waiting_) {
+    if (s->state != SeqState::kWaiting) continue;
+    // The head decides (admission never skips it).
+    wish.wants_prefill =
+        s->holds_resources() || (num_holding_ < config_.max_num_seqs &&
+                                 kv_.blocks().usage() <= config_.kv_admission_watermark);
+    break;
+  }
+  return wish;
+}
+
+Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput>& out,
+                                       std::optional<StepKind> voted) {
   retire_finished();
   plan.clear();
   num_sampling_rows_ = 0;
@@ -154,11 +170,13 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
   }
   if (!decode_work && !prefill_work) return Outcome::kIdle;
 
-  StepKind kind = interleave_.choose(prefill_work, decode_work);
+  StepKind kind = voted ? *voted : interleave_.choose(prefill_work, decode_work);
   if (kind == StepKind::kPrefill && !schedule_prefill(plan, out)) {
-    // Nothing admissible (blocks, slots or max_num_seqs exhausted): decode instead of idling.
     plan.clear();
     num_sampling_rows_ = 0;
+    // The group voted for prefill: this rank runs an empty one, never a decode.
+    if (voted) return Outcome::kIdle;
+    // Nothing admissible (blocks, slots or max_num_seqs exhausted): decode instead of idling.
     kind = StepKind::kDecode;
   }
   if (kind == StepKind::kDecode) {

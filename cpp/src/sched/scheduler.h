@@ -26,12 +26,14 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "deepinfer/engine.h"
 #include "deepinfer/engine_config.h"
+#include "sched/dp_vote.h"
 #include "sched/kv_allocator.h"
 #include "sched/policies.h"
 #include "sched/sequence.h"
@@ -56,7 +58,14 @@ class Scheduler {
   // Plans the next step into `plan` (cleared first). kNeedsDrain: a preemption would hit a
   // sequence with a step in flight; commit the in-flight steps and call again. Ready, rejected and
   // preempted outputs go to `out`.
-  Outcome schedule(StepPlan& plan, std::vector<RequestOutput>& out);
+  // `kind`, when given, is the step kind the DP group voted for (sched/dp_vote.h): only that kind
+  // is planned, with no fallback to the other (kIdle when this rank has none of it).
+  Outcome schedule(StepPlan& plan, std::vector<RequestOutput>& out,
+                   std::optional<StepKind> kind = std::nullopt);
+  // This rank's wish for the DP vote: whether its waiting head is admissible (a live head that
+  // holds KV already, or room under max_num_seqs and the KV watermark) and whether it has decode
+  // work. Sweeps finished entries off the waiting queue first, so they never vote.
+  LocalWish dp_wish();
   // Applies the sampled tokens of a launched `plan`; token and finish outputs go to `out`. Steps
   // are committed in launch order.
   void commit(const StepPlan& plan, const StepResult& result, std::vector<RequestOutput>& out);

@@ -23,6 +23,8 @@ ENGINE_COUNTERS = {
     "kv_fetches": "KV tier fetches that read the store in the background",
     "kv_fetch_waits": "Requests that waited for another request's KV tier fetch of their blocks",
     "kv_fetch_seconds_total": "Time of those fetches, admission to last block read",
+    "dp_group_steps": "Steps a data-parallel group ran (0 for one rank)",
+    "dp_idle_passes": "Rank-steps run without rows so the group's collectives line up",
 }
 
 # Engine values that can go down (Engine.stats() keys), exported under deepinfer_engine_<name>:

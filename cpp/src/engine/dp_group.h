@@ -1,0 +1,120 @@
+// DpEngineGroup: one Engine over the data-parallel ranks of one process (docs/parallel.md).
+//
+// Each rank is a whole EngineImpl (its own scheduler, KV pools, prefix cache, tiers and requests)
+// over its own backend; with expert parallelism the ranks' models hold disjoint shares of every
+// MoE layer's routed experts and exchange tokens through the group's communicators. The group:
+//   - routes each new request to the least-loaded rank: fewest unfinished requests, then the
+//     fewest tokens of context (prompt plus generated) among them, then the lowest rank, as the
+//     seed's decode balancer weighs running requests and KV length;
+//   - runs every rank's step() at once, each on its own thread (the same thread every step),
+//     since the ranks' step-kind votes and expert exchanges wait for each other;
+//   - names a request by the id its rank gave it (rank r hands out r + 1, r + 1 + N, ...), so
+//     abort() finds the rank without a table;
+//   - fails as a whole: when a rank's step throws, its communicator aborts the group so the other
+//     ranks' collectives throw instead of waiting, step() rethrows the first rank's error, and
+//     every later step() throws naming it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "deepinfer/config.h"
+#include "deepinfer/engine.h"
+#include "dist/communicator.h"
+#include "engine/engine_impl.h"
+#include "engine/model_executor.h"
+
+namespace deepinfer::engine {
+
+// The group Engine::create makes when config.parallel.data_parallel_size > 1: `resolved` is the
+// resolved config, `model` its checkpoint's config.json, `base` the executor options of one rank
+// (each rank gets its device, backend, expert share and the shared progress callback).
+std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const ModelConfig& model,
+                                        const ModelExecutorOptions& base,
+                                        const LoadProgress& progress);
+// The device of rank `rank`: "cpu" for every rank of a CPU group, "cuda:<rank>" for "cuda".
+std::string rank_device(const std::string& device, int rank);
+
+// One worker thread per rank; run(fn) calls fn(r) on worker r for every rank and returns when
+// all have returned. The first exception (in time) is kept per call.
+class RankThreads {
+ public:
+  explicit RankThreads(int num_ranks);
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+  ~RankThreads();
+
+  // Returns each rank's exception (null: returned normally).
+  std::vector<std::exception_ptr> run(const std::function<void(int)>& fn);
+
+ private:
+  void worker(int rank);
+
+  std::mutex mutex_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int remaining_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<std::thread> threads_;
+};
+
+class DpEngineGroup final : public Engine {
+ public:
+  // `ranks[r]` was built over comms[r] (EngineImpl's DpRank); both vectors have one entry per
+  // rank. The group owns them.
+  DpEngineGroup(std::vector<std::unique_ptr<EngineImpl>> ranks,
+                std::vector<std::unique_ptr<dist::Communicator>> comms);
+  ~DpEngineGroup() override;
+
+  RequestId add_request(std::vector<int32_t> prompt, const SamplingParams& params) override;
+  void abort(RequestId id) override;
+  void set_drafter(std::shared_ptr<Drafter> drafter) override;
+  std::vector<RequestOutput> step() override;
+  int num_unfinished() const override;
+  EngineStats stats() const override;
+  const EngineConfig& config() const override { return ranks_.front()->config(); }
+  int vocab_size() const override { return ranks_.front()->vocab_size(); }
+  const std::vector<int>& eos_token_ids() const override { return ranks_.front()->eos_token_ids(); }
+  const ModelConfig* model_config() const override { return ranks_.front()->model_config(); }
+  std::vector<std::string> load_notes() const override;
+  KvCapacity kv_capacity() const override;
+  void check_invariants() const override;
+  int num_inflight_steps() const override;
+  void flush_kv_tiers() override;
+  void hold_kv_fetches(bool hold) override;
+
+  int num_ranks() const { return static_cast<int>(ranks_.size()); }
+  // The rank a request runs on (its id says it); -1 for an id no rank could have given.
+  int rank_of(RequestId id) const;
+
+ private:
+  struct Load {
+    int requests = 0;
+    int64_t tokens = 0;
+  };
+  void account(const std::vector<RequestOutput>& outputs);
+
+  std::vector<std::unique_ptr<EngineImpl>> ranks_;
+  // Destroyed before the ranks (declared after them): the ranks' backends outlive them.
+  std::vector<std::unique_ptr<dist::Communicator>> comms_;
+
+  mutable std::mutex route_mu_;  // add_request may come from another thread than step()
+  std::vector<Load> loads_;
+  std::unordered_map<RequestId, int64_t> tokens_of_;  // unfinished requests' accounted tokens
+  std::string failure_;  // engine thread: why the group failed ("" while it works)
+  // Declared last, so joined first: no rank runs while the rest is destroyed.
+  RankThreads threads_;
+};
+
+}  // namespace deepinfer::engine
