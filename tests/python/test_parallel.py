@@ -246,3 +246,32 @@ def test_unknown_parallel_key_names_it(tmp_path) -> None:
     path.write_text("parallel: {data: two}\n")
     with pytest.raises(ConfigError, match=r"parallel\.data"):
         load_config(path)
+
+
+def test_the_server_fronts_a_group() -> None:
+    """`serve --data-parallel-size 2`: concurrent completions spread over both ranks, each equal
+    to a single-rank server's, and /metrics shows the group's steps."""
+    import httpx
+    from server_process import MODEL, server_process
+
+    prompts = [[5 + i, 6 + i, 7 + i, 8 + i] for i in range(6)]
+    body = {"model": MODEL, "max_tokens": 6, "temperature": 0.0}
+
+    def completions(*args: str) -> tuple[list[str], str]:
+        with (
+            server_process("--device", "cpu", *args) as (_, url),
+            httpx.Client(base_url=url, timeout=60) as client,
+        ):
+            texts = [
+                client.post("/v1/completions", json={**body, "prompt": p}).json()["choices"][0][
+                    "text"
+                ]
+                for p in prompts
+            ]
+            return texts, client.get("/metrics").text
+
+    want, _ = completions()
+    got, metrics = completions("--data-parallel-size", "2", "--expert-parallel-size", "2")
+    assert got == want
+    steps = [ln for ln in metrics.splitlines() if ln.startswith("deepinfer_engine_dp_group_steps ")]
+    assert steps and float(steps[0].split()[1]) > 0, steps
