@@ -17,6 +17,7 @@
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "dist/communicator.h"
+#include "dist/host_staged_communicator.h"
 #include "dist/inprocess_communicator.h"
 
 namespace deepinfer::testing {
@@ -59,17 +60,18 @@ inline std::vector<std::string> run_ranks(Comms& comms,
   return errors;
 }
 
-// N in-process ranks, each with its own one-thread CPU backend.
+// N in-process ranks, each with its own one-thread CPU backend; `staged`: through the
+// host-staged communicator (dist/host_staged_communicator.h) instead of the in-process one.
 struct CpuRankGroup {
   std::vector<std::unique_ptr<Backend>> backends;
   Comms comms;
-  explicit CpuRankGroup(int n) {
+  explicit CpuRankGroup(int n, bool staged = false) {
     std::vector<Backend*> raw;
     for (int r = 0; r < n; ++r) {
       backends.push_back(make_cpu_backend(1));
       raw.push_back(backends.back().get());
     }
-    comms = dist::make_inprocess_group(raw);
+    comms = staged ? dist::make_host_staged_group(raw) : dist::make_inprocess_group(raw);
   }
   Backend& backend(const dist::Communicator& c) { return *backends[static_cast<size_t>(c.rank())]; }
 };

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -66,11 +67,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-class CommunicatorN : public ::testing::TestWithParam<int> {};
-INSTANTIATE_TEST_SUITE_P(Ranks, CommunicatorN, ::testing::Values(1, 2, 4));
+// (ranks, staged): the in-process communicator, and the host-staged one over it (for ranks on
+// devices; on CPU backends it waits for the stream and passes the tensors through).
+class CommunicatorN : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  static int ranks() { return std::get<0>(GetParam()); }
+  static bool staged() { return std::get<1>(GetParam()); }
+};
+INSTANTIATE_TEST_SUITE_P(Ranks, CommunicatorN,
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Bool()));
 
 TEST_P(CommunicatorN, AllReduceSumIsRankOrderedAndBitIdentical) {
-  const int n = GetParam();
+  const int n = ranks();
   const int64_t numel = 4 * 8;
   std::vector<float> expected = rank_values(0, numel);
   for (int r = 1; r < n; ++r) {
@@ -78,7 +86,7 @@ TEST_P(CommunicatorN, AllReduceSumIsRankOrderedAndBitIdentical) {
     for (size_t i = 0; i < expected.size(); ++i) expected[i] += x[i];
   }
   for (int run = 0; run < 10; ++run) {
-    CpuGroup g(n);
+    CpuGroup g(n, staged());
     std::vector<std::vector<float>> results(static_cast<size_t>(n));
     const auto errors = run_ranks(g.comms, [&](Communicator& c) {
       Backend& b = g.backend(c);
@@ -95,8 +103,8 @@ TEST_P(CommunicatorN, AllReduceSumIsRankOrderedAndBitIdentical) {
 }
 
 TEST_P(CommunicatorN, AllGatherConcatenatesInRankOrder) {
-  const int n = GetParam();
-  CpuGroup g(n);
+  const int n = ranks();
+  CpuGroup g(n, staged());
   const auto errors = run_ranks(g.comms, [&](Communicator& c) {
     Backend& b = g.backend(c);
     const std::vector<float> mine = rank_values(c.rank(), 6);
@@ -120,14 +128,14 @@ TEST_P(CommunicatorN, AllGatherConcatenatesInRankOrder) {
 }
 
 TEST_P(CommunicatorN, ReduceScatterSumsEachRanksBlock) {
-  const int n = GetParam();
+  const int n = ranks();
   const int64_t block = 5;
   std::vector<float> total = rank_values(0, block * n);
   for (int r = 1; r < n; ++r) {
     const auto x = rank_values(r, block * n);
     for (size_t i = 0; i < total.size(); ++i) total[i] += x[i];
   }
-  CpuGroup g(n);
+  CpuGroup g(n, staged());
   const auto errors = run_ranks(g.comms, [&](Communicator& c) {
     Backend& b = g.backend(c);
     Tensor out = b.zeros({block}, DType::kF32);
@@ -140,8 +148,8 @@ TEST_P(CommunicatorN, ReduceScatterSumsEachRanksBlock) {
 }
 
 TEST_P(CommunicatorN, BroadcastCopiesTheRoot) {
-  const int n = GetParam();
-  CpuGroup g(n);
+  const int n = ranks();
+  CpuGroup g(n, staged());
   const int root = n - 1;
   const auto errors = run_ranks(g.comms, [&](Communicator& c) {
     Backend& b = g.backend(c);
@@ -153,13 +161,13 @@ TEST_P(CommunicatorN, BroadcastCopiesTheRoot) {
 }
 
 TEST_P(CommunicatorN, AllToAllUnevenCountsWithZeros) {
-  const int n = GetParam();
+  const int n = ranks();
   // Rank s sends (s + d) % 3 rows to rank d (zero rows for some pairs); row values encode
   // (source, destination, index) so the test sees where each row went.
   auto count = [](int s, int d) { return static_cast<int64_t>((s + d) % 3); };
   auto row_value = [](int s, int d, int64_t i) { return 100.0f * s + 10.0f * d + i; };
   const int64_t width = 2;
-  CpuGroup g(n);
+  CpuGroup g(n, staged());
   const auto errors = run_ranks(g.comms, [&](Communicator& c) {
     Backend& b = g.backend(c);
     const int me = c.rank();
@@ -191,7 +199,7 @@ TEST_P(CommunicatorN, AllToAllUnevenCountsWithZeros) {
 }
 
 TEST_P(CommunicatorN, HostAllReduceOps) {
-  const int n = GetParam();
+  const int n = ranks();
   Comms comms = make_inprocess_group(n);
   const auto errors = run_ranks(comms, [&](Communicator& c) {
     const int r = c.rank();

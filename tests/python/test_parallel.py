@@ -231,11 +231,6 @@ def test_unsupported_layouts_name_the_option(tiny_checkpoint, options, field) ->
         cpu_engine(tiny_checkpoint, **options)
 
 
-def test_a_cuda_device_index_with_several_ranks_is_refused(tiny_checkpoint) -> None:
-    with pytest.raises(ValueError, match="'device'"):
-        dc.Engine(str(tiny_checkpoint), device="cuda:0", data_parallel_size=2)
-
-
 def test_unknown_parallel_key_names_it(tmp_path) -> None:
     from deepinfer.config import ConfigError, load_config
 

@@ -97,8 +97,9 @@ struct PlacementConfig {
 // pools and requests) with the routed experts of every MoE layer split across the ranks
 // (expert parallelism; the shared expert and everything else is replicated). Supported layouts:
 // data_parallel_size N with expert_parallel_size N (DP attention + EP, DeepSeek's layout) or 1
-// (plain replicas), tensor_parallel_size 1. On the CPU the ranks are threads of one process over
-// the in-process communicator; on CUDA, rank r runs on cuda:r over NCCL.
+// (plain replicas), tensor_parallel_size 1. The ranks are threads of one process: on the CPU over
+// the in-process communicator; with device "cuda", rank r runs on cuda:r over NCCL; with
+// "cuda:K", every rank shares GPU K and the collectives go through host memory (for tests).
 struct ParallelConfig {
   int data_parallel_size = 1;
   int expert_parallel_size = 1;  // 1 or data_parallel_size

@@ -8,6 +8,7 @@
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "dist/expert_placement.h"
+#include "dist/host_staged_communicator.h"
 #include "dist/inprocess_communicator.h"
 
 namespace deepinfer::engine {
@@ -23,11 +24,14 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
   const ParallelConfig& par = resolved.parallel;
   const int n = par.data_parallel_size;
   const std::string& device = resolved.placement.device;
-  if (device != "cpu") {
+  // Every rank on one GPU ("cuda:K"): NCCL cannot join two ranks on one device, so the
+  // collectives go through host memory (make_host_staged_group).
+  const bool shared_gpu = device.starts_with("cuda:");
+  if (device == "cuda") {
     throw Error(ErrorCode::kUnsupported,
                 "engine config: 'data_parallel_size' " + std::to_string(n) + " on '" + device +
                     "' needs the NCCL communicator, which this build does not have; run the "
-                    "ranks on device 'cpu'");
+                    "ranks on device 'cpu', or all on one GPU ('cuda:0')");
   }
   std::vector<dist::ExpertPlacement> placements;
   if (par.expert_parallel_size > 1) {
@@ -52,7 +56,8 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
     backends.push_back(make_backend(rank_device(device, r), threads));
     raw.push_back(backends.back().get());
   }
-  std::vector<std::unique_ptr<dist::Communicator>> comms = dist::make_inprocess_group(raw);
+  std::vector<std::unique_ptr<dist::Communicator>> comms =
+      shared_gpu ? dist::make_host_staged_group(raw) : dist::make_inprocess_group(raw);
   sched::DpVoteConfig vote;
   vote.all_interval = par.dp_prefill_all_interval;
   vote.any_interval = par.dp_prefill_any_interval;
@@ -62,6 +67,9 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
     ModelExecutorOptions o = base;
     o.placement.device = rank_device(device, r);
     o.placement.num_threads = threads;
+    // Ranks sharing a GPU size their KV one after another from what is left: rank r may fill
+    // up to (r + 1) / n of the allowed fraction, so each gets about 1 / n of it.
+    if (shared_gpu) o.gpu_memory_utilization = base.gpu_memory_utilization * (r + 1) / n;
     // One bar over every rank's load.
     o.progress = {};
     if (progress) {

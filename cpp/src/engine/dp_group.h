@@ -40,7 +40,7 @@ namespace deepinfer::engine {
 std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const ModelConfig& model,
                                         const ModelExecutorOptions& base,
                                         const LoadProgress& progress);
-// The device of rank `rank`: "cpu" for every rank of a CPU group, "cuda:<rank>" for "cuda".
+// The device of rank `rank`: "cuda:<rank>" for "cuda"; any other name (cpu, cuda:K) is shared.
 std::string rank_device(const std::string& device, int rank);
 
 // One worker thread per rank; run(fn) calls fn(r) on worker r for every rank and returns when

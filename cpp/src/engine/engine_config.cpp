@@ -51,12 +51,6 @@ void resolve_parallel(EngineConfig& c) {
                "must be 0 with data_parallel_size > 1: speculative decoding does not run in a "
                "data-parallel group yet");
   }
-  if (c.placement.device.starts_with("cuda:")) {
-    bad_config("device",
-               "must be \"cuda\" (rank r runs on cuda:r) or \"cpu\" with "
-               "data_parallel_size > 1, got \"" +
-                   c.placement.device + "\"");
-  }
   // The expert exchange reads the routing on the host: no graph can hold it.
   if (p.expert_parallel_size > 1) c.placement.decode_graph_max_batch = 0;
 }
