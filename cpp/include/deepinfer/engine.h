@@ -27,6 +27,11 @@
 
 namespace deepinfer {
 
+class Backend;
+namespace dist {
+class Communicator;
+}
+
 using RequestId = uint64_t;
 
 // A constraint on the tokens one request may generate (structured outputs: a JSON schema, a
@@ -227,6 +232,18 @@ class Engine {
   // for minutes.
   static std::unique_ptr<Engine> create(const EngineConfig& config,
                                         const LoadProgress& progress = {});
+  // One rank of a data-parallel group whose communicator the caller made: an embedding server
+  // running one process per GPU (NCCL from a unique id it exchanged, or its own
+  // dist::Communicator, deepinfer/communicator.h). `backend` is this rank's device (make_backend),
+  // the one `comm` was made over; config.parallel.data_parallel_size must equal comm.size() and
+  // expert_parallel_size 1 or the same. The rank loads only its share of the routed experts.
+  // Every rank's step() must be called in lock-step with the others' (each step votes on its
+  // kind and exchanges tokens over `comm`); request ids name the rank (rank r hands out r + 1,
+  // r + 1 + size, ...). `comm` must outlive the engine. docs/parallel.md.
+  static std::unique_ptr<Engine> create_rank(const EngineConfig& config,
+                                             std::unique_ptr<Backend> backend,
+                                             dist::Communicator& comm,
+                                             const LoadProgress& progress = {});
   virtual ~Engine() = default;
 
   // Queues a request. Throws Error(kInvalidArgument) naming the field for an empty prompt, a

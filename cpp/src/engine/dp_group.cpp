@@ -18,6 +18,43 @@ std::string rank_device(const std::string& device, int rank) {
   return device;
 }
 
+namespace {
+
+std::vector<dist::ExpertPlacement> initial_placements(const ParallelConfig& par,
+                                                      const ModelConfig& model) {
+  const int n = par.data_parallel_size;
+  if (par.expert_parallel_size == 1) return {};
+  if (model.n_routed_experts % n != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "engine config: 'expert_parallel_size' " +
+                                                 std::to_string(n) +
+                                                 " must divide the model's n_routed_experts (" +
+                                                 std::to_string(model.n_routed_experts) + ")");
+  }
+  return std::vector<dist::ExpertPlacement>(
+      static_cast<size_t>(model.num_hidden_layers),
+      dist::ExpertPlacement::initial(model.n_routed_experts, n, par.redundant_experts_per_rank));
+}
+
+}  // namespace
+
+std::unique_ptr<EngineImpl> create_rank_engine(const EngineConfig& resolved,
+                                               const ModelConfig& model,
+                                               const ModelExecutorOptions& options,
+                                               std::unique_ptr<Backend> backend,
+                                               dist::Communicator& comm) {
+  const ParallelConfig& par = resolved.parallel;
+  ParallelRank rank;
+  rank.backend = std::move(backend);
+  rank.comm = &comm;
+  rank.placements = initial_placements(par, model);
+  sched::DpVoteConfig vote;
+  vote.all_interval = par.dp_prefill_all_interval;
+  vote.any_interval = par.dp_prefill_any_interval;
+  vote.prefill_when_group_idle = par.dp_prefill_when_idle;
+  auto executor = std::make_unique<ModelExecutor>(options, std::move(rank));
+  return std::make_unique<EngineImpl>(resolved, std::move(executor), DpRank{&comm, vote});
+}
+
 std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const ModelConfig& model,
                                         const ModelExecutorOptions& base,
                                         const LoadProgress& progress) {
@@ -33,18 +70,8 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
                     "' needs the NCCL communicator, which this build does not have; run the "
                     "ranks on device 'cpu', or all on one GPU ('cuda:0')");
   }
-  std::vector<dist::ExpertPlacement> placements;
-  if (par.expert_parallel_size > 1) {
-    if (model.n_routed_experts % n != 0) {
-      throw Error(ErrorCode::kInvalidArgument, "engine config: 'expert_parallel_size' " +
-                                                   std::to_string(n) +
-                                                   " must divide the model's n_routed_experts (" +
-                                                   std::to_string(model.n_routed_experts) + ")");
-    }
-    placements.assign(
-        static_cast<size_t>(model.num_hidden_layers),
-        dist::ExpertPlacement::initial(model.n_routed_experts, n, par.redundant_experts_per_rank));
-  }
+  // Checked before any rank loads.
+  initial_placements(par, model);
   // The backends first: the communicators are made over them.
   std::vector<std::unique_ptr<Backend>> backends;
   std::vector<Backend*> raw;
@@ -58,10 +85,6 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
   }
   std::vector<std::unique_ptr<dist::Communicator>> comms =
       shared_gpu ? dist::make_host_staged_group(raw) : dist::make_inprocess_group(raw);
-  sched::DpVoteConfig vote;
-  vote.all_interval = par.dp_prefill_all_interval;
-  vote.any_interval = par.dp_prefill_any_interval;
-  vote.prefill_when_group_idle = par.dp_prefill_when_idle;
   std::vector<std::unique_ptr<EngineImpl>> ranks;
   for (int r = 0; r < n; ++r) {
     ModelExecutorOptions o = base;
@@ -77,13 +100,9 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
         progress(r * total + done, n * total);
       };
     }
-    ParallelRank rank;
-    rank.backend = std::move(backends[static_cast<size_t>(r)]);
-    rank.comm = comms[static_cast<size_t>(r)].get();
-    rank.placements = placements;
-    auto executor = std::make_unique<ModelExecutor>(o, std::move(rank));
-    ranks.push_back(std::make_unique<EngineImpl>(
-        resolved, std::move(executor), DpRank{comms[static_cast<size_t>(r)].get(), vote}));
+    ranks.push_back(create_rank_engine(resolved, model, o,
+                                       std::move(backends[static_cast<size_t>(r)]),
+                                       *comms[static_cast<size_t>(r)]));
   }
   return std::make_unique<DpEngineGroup>(std::move(ranks), std::move(comms));
 }

@@ -40,6 +40,13 @@ namespace deepinfer::engine {
 std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const ModelConfig& model,
                                         const ModelExecutorOptions& base,
                                         const LoadProgress& progress);
+// One rank of a group over `comm`, whose backend (`backend`, the one comm was made over) the
+// caller made: Engine::create_rank, and each rank of create_dp_group.
+std::unique_ptr<EngineImpl> create_rank_engine(const EngineConfig& resolved,
+                                               const ModelConfig& model,
+                                               const ModelExecutorOptions& options,
+                                               std::unique_ptr<Backend> backend,
+                                               dist::Communicator& comm);
 // The device of rank `rank`: "cuda:<rank>" for "cuda"; any other name (cpu, cuda:K) is shared.
 std::string rank_device(const std::string& device, int rank);
 

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <limits>
 
+#include "deepinfer/backend.h"
+#include "deepinfer/communicator.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
 #include "engine/dp_group.h"
@@ -43,25 +45,36 @@ std::vector<RequestOutput> Engine::run_until_idle() {
   return all;
 }
 
-std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadProgress& progress) {
+namespace {
+
+struct Prepared {
+  EngineConfig resolved;
+  ModelConfig model;
+  engine::ModelExecutorOptions options;
+};
+
+// The config resolved against the checkpoint's config.json, and one rank's executor options.
+Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   if (config.model_path.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "engine config: 'model_path' is empty");
   }
+  Prepared p;
   // Cache sizes derive from the model's position limit: read its config first.
-  const ModelConfig model =
+  p.model =
       ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
   const int max_position = static_cast<int>(
-      std::min<int64_t>(model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
-  const EngineConfig resolved = engine::resolve_engine_config(
-      config, max_position, /*kv_from_device_memory=*/true, model.quantization.fp8);
+      std::min<int64_t>(p.model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
+  p.resolved = engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true,
+                                             p.model.quantization.fp8);
+  const EngineConfig& resolved = p.resolved;
   // Before the weights load; EngineImpl checks what was loaded.
-  engine::check_mtp_blocks(resolved, model.num_nextn_predict_layers);
-  engine::check_mtp_layer_kinds(resolved, model.mtp_layer_types);
-  engine::ModelExecutorOptions o;
+  engine::check_mtp_blocks(resolved, p.model.num_nextn_predict_layers);
+  engine::check_mtp_layer_kinds(resolved, p.model.mtp_layer_types);
+  engine::ModelExecutorOptions& o = p.options;
   o.checkpoint_dir = resolved.model_path;
   o.dummy_weights = resolved.load_format == "dummy";
   o.seed = resolved.seed;
-  o.model_config = model;
+  o.model_config = p.model;
   o.placement = resolved.placement;
   o.progress = progress;
   o.kv_cache_dtype = resolved.cache.kv_cache_dtype;
@@ -74,9 +87,35 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadPro
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots =
       resolved.cache.enable_prefix_cache ? resolved.cache.num_prefix_snapshots : 0;
-  if (resolved.parallel.data_parallel_size > 1)
-    return engine::create_dp_group(resolved, model, o, progress);
-  return std::make_unique<engine::EngineImpl>(resolved, std::make_unique<engine::ModelExecutor>(o));
+  return p;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadProgress& progress) {
+  const Prepared p = prepare(config, progress);
+  if (p.resolved.parallel.data_parallel_size > 1)
+    return engine::create_dp_group(p.resolved, p.model, p.options, progress);
+  return std::make_unique<engine::EngineImpl>(p.resolved,
+                                              std::make_unique<engine::ModelExecutor>(p.options));
+}
+
+std::unique_ptr<Engine> Engine::create_rank(const EngineConfig& config,
+                                            std::unique_ptr<Backend> backend,
+                                            dist::Communicator& comm,
+                                            const LoadProgress& progress) {
+  if (backend == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "Engine::create_rank: 'backend' is null");
+  }
+  Prepared p = prepare(config, progress);
+  if (p.resolved.parallel.data_parallel_size != comm.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "engine config: 'data_parallel_size' is " +
+                    std::to_string(p.resolved.parallel.data_parallel_size) +
+                    " but the communicator's group has " + std::to_string(comm.size()) + " ranks");
+  }
+  p.options.placement.device = backend->name();
+  return engine::create_rank_engine(p.resolved, p.model, p.options, std::move(backend), comm);
 }
 
 }  // namespace deepinfer
