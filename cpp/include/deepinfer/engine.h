@@ -244,6 +244,17 @@ class Engine {
                                              std::unique_ptr<Backend> backend,
                                              dist::Communicator& comm,
                                              const LoadProgress& progress = {});
+  // A group of processes, one rank each (docs/parallel.md#one-process-per-rank): rank 0 is this
+  // front, the Engine the caller drives (it is itself a rank and routes each request to the
+  // least-loaded one); ranks 1..N-1 run serve_rank over the same group, which loads the rank and
+  // serves rank 0's steps until the front is destroyed (it sends them the shutdown). Takes `comm`
+  // (rank 0 of the group).
+  static std::unique_ptr<Engine> create_front(const EngineConfig& config,
+                                              std::unique_ptr<Backend> backend,
+                                              std::unique_ptr<dist::Communicator> comm,
+                                              const LoadProgress& progress = {});
+  static void serve_rank(const EngineConfig& config, std::unique_ptr<Backend> backend,
+                         dist::Communicator& comm, const LoadProgress& progress = {});
   virtual ~Engine() = default;
 
   // Queues a request. Throws Error(kInvalidArgument) naming the field for an empty prompt, a

@@ -157,7 +157,7 @@ DpEngineGroup::DpEngineGroup(std::vector<std::unique_ptr<EngineImpl>> ranks,
                              std::vector<std::unique_ptr<dist::Communicator>> comms)
     : ranks_(std::move(ranks)),
       comms_(std::move(comms)),
-      loads_(ranks_.size()),
+      router_(static_cast<int>(ranks_.size())),
       threads_(static_cast<int>(ranks_.size())) {
   DEEPINFER_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
                   "a DP group needs one communicator per rank");
@@ -165,29 +165,16 @@ DpEngineGroup::DpEngineGroup(std::vector<std::unique_ptr<EngineImpl>> ranks,
 
 DpEngineGroup::~DpEngineGroup() = default;
 
-int DpEngineGroup::rank_of(RequestId id) const {
-  if (id < 1) return -1;
-  return static_cast<int>((id - 1) % static_cast<RequestId>(ranks_.size()));
-}
-
 RequestId DpEngineGroup::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
-  std::lock_guard lock(route_mu_);
-  size_t best = 0;
-  for (size_t r = 1; r < loads_.size(); ++r) {
-    if (std::tie(loads_[r].requests, loads_[r].tokens) <
-        std::tie(loads_[best].requests, loads_[best].tokens))
-      best = r;
-  }
+  const int r = router_.least_loaded();
   const auto tokens = static_cast<int64_t>(prompt.size());
-  const RequestId id = ranks_[best]->add_request(std::move(prompt), params);  // checks it
-  loads_[best].requests += 1;
-  loads_[best].tokens += tokens;
-  tokens_of_[id] = tokens;
+  const RequestId id = ranks_[static_cast<size_t>(r)]->add_request(std::move(prompt), params);
+  router_.assigned(r, id, tokens);
   return id;
 }
 
 void DpEngineGroup::abort(RequestId id) {
-  const int r = rank_of(id);
+  const int r = rank_of_request(id, num_ranks());
   if (r >= 0) ranks_[static_cast<size_t>(r)]->abort(id);
 }
 
@@ -195,24 +182,6 @@ void DpEngineGroup::set_drafter(std::shared_ptr<Drafter> drafter) {
   (void)drafter;
   throw Error(ErrorCode::kUnsupported,
               "set_drafter: speculative decoding does not run with data_parallel_size > 1 yet");
-}
-
-void DpEngineGroup::account(const std::vector<RequestOutput>& outputs) {
-  std::lock_guard lock(route_mu_);
-  for (const RequestOutput& o : outputs) {
-    auto it = tokens_of_.find(o.id);
-    if (it == tokens_of_.end()) continue;
-    Load& load = loads_[static_cast<size_t>(rank_of(o.id))];
-    if (o.finish != FinishReason::kNone) {
-      load.requests -= 1;
-      load.tokens -= it->second;
-      tokens_of_.erase(it);
-    } else {
-      const auto generated = static_cast<int64_t>(o.tokens.size());
-      load.tokens += generated;
-      it->second += generated;
-    }
-  }
 }
 
 std::vector<RequestOutput> DpEngineGroup::step() {
@@ -247,7 +216,7 @@ std::vector<RequestOutput> DpEngineGroup::step() {
     merged.insert(merged.end(), std::make_move_iterator(o.begin()),
                   std::make_move_iterator(o.end()));
   }
-  account(merged);
+  router_.account(merged, rank_of_request, num_ranks());
   return merged;
 }
 
@@ -259,49 +228,7 @@ int DpEngineGroup::num_unfinished() const {
 
 EngineStats DpEngineGroup::stats() const {
   EngineStats s;
-  auto add = [](auto& into, const auto& from) {
-    for (size_t i = 0; i < into.size(); ++i) into[i] += from[i];
-  };
-  for (const auto& rank : ranks_) {
-    const EngineStats r = rank->stats();
-    s.num_steps += r.num_steps;
-    s.num_prefill_steps += r.num_prefill_steps;
-    s.num_preemptions += r.num_preemptions;
-    s.prompt_tokens_computed += r.prompt_tokens_computed;
-    s.prompt_tokens_cached += r.prompt_tokens_cached;
-    s.generated_tokens += r.generated_tokens;
-    s.draft_tokens += r.draft_tokens;
-    s.accepted_draft_tokens += r.accepted_draft_tokens;
-    s.verify_rows += r.verify_rows;
-    add(s.drafts_at_position, r.drafts_at_position);
-    add(s.accepted_at_position, r.accepted_at_position);
-    s.drafter_errors += r.drafter_errors;
-    s.verify_steps += r.verify_steps;
-    add(s.calibration.drafts, r.calibration.drafts);
-    add(s.calibration.accepted, r.calibration.accepted);
-    add(s.calibration.estimate_sum, r.calibration.estimate_sum);
-    s.kv_fetch_waits += r.kv_fetch_waits;
-    s.num_running += r.num_running;
-    s.num_waiting += r.num_waiting;
-    s.num_fetching += r.num_fetching;
-    s.num_blocks_total += r.num_blocks_total;
-    s.num_blocks_free += r.num_blocks_free;
-    s.num_blocks_cached += r.num_blocks_cached;
-    s.num_state_slots_free += r.num_state_slots_free;
-    s.num_graph_steps += r.num_graph_steps;
-    s.host_hit_tokens += r.host_hit_tokens;
-    s.store_hit_tokens += r.store_hit_tokens;
-    s.store_bytes_read += r.store_bytes_read;
-    s.store_bytes_written += r.store_bytes_written;
-    s.kv_blocks_written_through += r.kv_blocks_written_through;
-    s.kv_tier_fetch_failures += r.kv_tier_fetch_failures;
-    s.kv_fetches += r.kv_fetches;
-    s.kv_fetch_seconds_total += r.kv_fetch_seconds_total;
-    s.kv_fetch_seconds_max = std::max(s.kv_fetch_seconds_max, r.kv_fetch_seconds_max);
-    s.dp_group_steps = std::max(s.dp_group_steps, r.dp_group_steps);
-    s.dp_idle_passes += r.dp_idle_passes;
-  }
-  // Speculative decoding does not run in a group (create refuses it): its derived means stay 0.
+  for (const auto& rank : ranks_) accumulate_stats(s, rank->stats());
   return s;
 }
 

@@ -3,9 +3,7 @@
 // Each rank is a whole EngineImpl (its own scheduler, KV pools, prefix cache, tiers and requests)
 // over its own backend; with expert parallelism the ranks' models hold disjoint shares of every
 // MoE layer's routed experts and exchange tokens through the group's communicators. The group:
-//   - routes each new request to the least-loaded rank: fewest unfinished requests, then the
-//     fewest tokens of context (prompt plus generated) among them, then the lowest rank, as the
-//     seed's decode balancer weighs running requests and KV length;
+//   - routes each new request to the least-loaded rank (RankRouter);
 //   - runs every rank's step() at once, each on its own thread (the same thread every step),
 //     since the ranks' step-kind votes and expert exchanges wait for each other;
 //   - names a request by the id its rank gave it (rank r hands out r + 1, r + 1 + N, ...), so
@@ -23,7 +21,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "deepinfer/config.h"
@@ -31,6 +28,7 @@
 #include "dist/communicator.h"
 #include "engine/engine_impl.h"
 #include "engine/model_executor.h"
+#include "engine/rank_router.h"
 
 namespace deepinfer::engine {
 
@@ -102,23 +100,13 @@ class DpEngineGroup final : public Engine {
   void hold_kv_fetches(bool hold) override;
 
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
-  // The rank a request runs on (its id says it); -1 for an id no rank could have given.
-  int rank_of(RequestId id) const;
 
  private:
-  struct Load {
-    int requests = 0;
-    int64_t tokens = 0;
-  };
-  void account(const std::vector<RequestOutput>& outputs);
-
   std::vector<std::unique_ptr<EngineImpl>> ranks_;
   // Destroyed before the ranks (declared after them): the ranks' backends outlive them.
   std::vector<std::unique_ptr<dist::Communicator>> comms_;
 
-  mutable std::mutex route_mu_;  // add_request may come from another thread than step()
-  std::vector<Load> loads_;
-  std::unordered_map<RequestId, int64_t> tokens_of_;  // unfinished requests' accounted tokens
+  RankRouter router_;
   std::string failure_;  // engine thread: why the group failed ("" while it works)
   // Declared last, so joined first: no rank runs while the rest is destroyed.
   RankThreads threads_;

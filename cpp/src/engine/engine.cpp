@@ -13,6 +13,7 @@
 #include "engine/engine_config.h"
 #include "engine/engine_impl.h"
 #include "engine/model_executor.h"
+#include "engine/process_group.h"
 
 namespace deepinfer {
 
@@ -116,6 +117,24 @@ std::unique_ptr<Engine> Engine::create_rank(const EngineConfig& config,
   }
   p.options.placement.device = backend->name();
   return engine::create_rank_engine(p.resolved, p.model, p.options, std::move(backend), comm);
+}
+
+std::unique_ptr<Engine> Engine::create_front(const EngineConfig& config,
+                                             std::unique_ptr<Backend> backend,
+                                             std::unique_ptr<dist::Communicator> comm,
+                                             const LoadProgress& progress) {
+  if (comm == nullptr || comm->rank() != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "Engine::create_front: 'comm' must be rank 0 of the group");
+  }
+  std::unique_ptr<Engine> local = create_rank(config, std::move(backend), *comm, progress);
+  return std::make_unique<engine::ProcessGroupFront>(std::move(local), std::move(comm));
+}
+
+void Engine::serve_rank(const EngineConfig& config, std::unique_ptr<Backend> backend,
+                        dist::Communicator& comm, const LoadProgress& progress) {
+  std::unique_ptr<Engine> engine = create_rank(config, std::move(backend), comm, progress);
+  engine::serve_rank(*engine, comm);
 }
 
 }  // namespace deepinfer

@@ -139,12 +139,11 @@ EngineImpl::~EngineImpl() {
   }
 }
 
-RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
+void check_request(const std::vector<int32_t>& prompt, const SamplingParams& params, int vocab) {
   auto bad = [](const std::string& field, const std::string& what) {
     throw Error(ErrorCode::kInvalidArgument, "request: '" + field + "' " + what);
   };
   if (prompt.empty()) bad("prompt", "is empty");
-  const int vocab = executor_->vocab_size();
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= vocab) {
       bad("prompt", "token " + std::to_string(i) + " = " + std::to_string(prompt[i]) +
@@ -191,6 +190,10 @@ RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingPar
     if (!(value >= -2.0f && value <= 2.0f))
       bad(field, "must be in [-2, 2], got " + std::to_string(value));
   }
+}
+
+RequestId EngineImpl::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
+  check_request(prompt, params, executor_->vocab_size());
   auto seq = std::make_unique<sched::Sequence>();
   seq->id = next_id_.fetch_add(id_stride_);
   seq->params = params;

@@ -30,6 +30,10 @@
 
 namespace deepinfer::engine {
 
+// Throws Error(kInvalidArgument) naming the field for an empty prompt, a token outside
+// [0, vocab) or invalid sampling parameters (what Engine::add_request promises).
+void check_request(const std::vector<int32_t>& prompt, const SamplingParams& params, int vocab);
+
 // One data-parallel rank of a group (engine/dp_group.h): the group's communicator (its host
 // channel carries the step-kind vote) and the rank's place, which also spaces the request ids
 // (rank r hands out r + 1, r + 1 + size, ...: an id names its rank).

@@ -1,0 +1,192 @@
+// Engine::create_front and Engine::serve_rank: a group of "processes" (here threads, over the
+// in-process communicator; the protocol does not depend on the communicator) where rank 0 is the
+// front the caller drives and the other ranks serve its steps. Each test names what it protects:
+//   FrontEqualsOneEngine        greedy tokens equal one engine's; requests spread over the ranks;
+//                               stats add up; destroying the front ends the other ranks' loops
+//   AbortsReachTheirRank        an abort of a request on another rank finishes it there
+//   FailedRankFailsTheFront     a rank whose group is aborted makes the front's step throw, naming
+//                               it, and every later step too
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/communicator.h"
+#include "deepinfer/engine.h"
+#include "deepinfer/error.h"
+#include "dist/inprocess_communicator.h"
+#include "temp_dir.h"
+
+namespace deepinfer {
+namespace {
+
+const char* kConfig = R"({
+  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+  "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+  "num_key_value_heads": 1, "head_dim": 32, "partial_rotary_factor": 0.25, "qk_rope_head_dim": 8,
+  "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "sliding_window": 8,
+  "index_n_heads": 4, "index_head_dim": 32, "index_topk": 3,
+  "n_routed_experts": 8, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
+  "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+  "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                  "heavily_compressed_attention", "compressed_sparse_attention"],
+  "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+  "rope_parameters": {
+    "compress": {"attention_factor": 1.0, "beta_fast": 32, "beta_slow": 1, "factor": 4.0,
+                 "original_max_position_embeddings": 32, "partial_rotary_factor": 0.25,
+                 "rope_theta": 160000.0, "rope_type": "yarn"},
+    "main": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0, "rope_type": "default"}},
+  "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "dtype": "float32",
+  "max_position_embeddings": 1024,
+  "eos_token_id": 1, "bos_token_id": 0, "rms_norm_eps": 1e-06, "hc_eps": 1e-06
+})";
+
+EngineConfig config_for(const std::string& dir, int ranks) {
+  EngineConfig c;
+  c.model_path = dir;
+  c.load_format = "dummy";
+  c.seed = 7;
+  c.placement.device = "cpu";
+  c.placement.num_threads = 1;
+  c.scheduler.max_num_seqs = 4;
+  c.scheduler.max_model_len = 512;
+  c.parallel.data_parallel_size = ranks;
+  c.parallel.expert_parallel_size = ranks;
+  return c;
+}
+
+std::vector<std::vector<int32_t>> prompts() {
+  std::vector<std::vector<int32_t>> p;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> tokens;
+    for (int j = 0; j < 5 + 11 * i; ++j) tokens.push_back(2 + (37 * i + 13 * j) % 250);
+    p.push_back(tokens);
+  }
+  return p;
+}
+
+SamplingParams greedy() {
+  SamplingParams s;
+  s.temperature = 0.0f;
+  s.max_tokens = 12;
+  s.ignore_eos = true;
+  return s;
+}
+
+// A front over n ranks; the others serve from their own threads until the front goes away.
+struct Group {
+  std::unique_ptr<Engine> front;
+  std::vector<std::unique_ptr<dist::Communicator>> comms;
+  std::vector<std::thread> servers;
+  std::vector<std::string> server_errors;
+
+  Group(const std::string& dir, int n) : server_errors(static_cast<size_t>(n)) {
+    std::vector<std::unique_ptr<Backend>> backends;
+    std::vector<Backend*> raw;
+    for (int r = 0; r < n; ++r) {
+      backends.push_back(make_cpu_backend(1));
+      raw.push_back(backends.back().get());
+    }
+    comms = dist::make_inprocess_group(raw);
+    for (int r = 1; r < n; ++r) {
+      servers.emplace_back(
+          [this, dir, n, r, b = std::move(backends[static_cast<size_t>(r)])]() mutable {
+            try {
+              Engine::serve_rank(config_for(dir, n), std::move(b), *comms[static_cast<size_t>(r)]);
+            } catch (const Error& e) {
+              server_errors[static_cast<size_t>(r)] = e.what();
+            }
+          });
+    }
+    front = Engine::create_front(config_for(dir, n), std::move(backends[0]), std::move(comms[0]));
+  }
+  ~Group() {
+    front.reset();  // sends the shutdown
+    for (auto& t : servers) t.join();
+  }
+};
+
+std::vector<std::vector<int32_t>> run(Engine& e) {
+  std::map<RequestId, size_t> ids;
+  for (const auto& p : prompts()) ids[e.add_request(p, greedy())] = ids.size();
+  std::vector<std::vector<int32_t>> tokens(ids.size());
+  for (const RequestOutput& o : e.run_until_idle()) {
+    auto& t = tokens[ids.at(o.id)];
+    t.insert(t.end(), o.tokens.begin(), o.tokens.end());
+  }
+  return tokens;
+}
+
+TEST(ProcessGroup, FrontEqualsOneEngine) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << kConfig;
+  const std::vector<std::vector<int32_t>> want = run(*Engine::create(config_for(dir.path(), 1)));
+  for (int n : {2, 4}) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    std::string errors;
+    {
+      Group g(dir.path(), n);
+      EXPECT_EQ(run(*g.front), want);
+      const EngineStats s = g.front->stats();
+      EXPECT_GT(s.dp_group_steps, 0u);
+      EXPECT_EQ(s.generated_tokens, prompts().size() * 12);
+      EXPECT_EQ(s.num_blocks_free, s.num_blocks_total);
+      EXPECT_EQ(g.front->num_unfinished(), 0);
+      g.front.reset();
+      for (auto& t : g.servers) t.join();
+      g.servers.clear();
+      for (const auto& e : g.server_errors) errors += e;
+    }
+    EXPECT_EQ(errors, "") << "a rank's loop failed";
+  }
+}
+
+TEST(ProcessGroup, AbortsReachTheirRank) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << kConfig;
+  Group g(dir.path(), 2);
+  std::vector<RequestId> ids;
+  SamplingParams long_run = greedy();
+  long_run.max_tokens = 200;
+  for (const auto& p : prompts()) ids.push_back(g.front->add_request(p, long_run));
+  g.front->step();
+  g.front->step();
+  for (RequestId id : ids) g.front->abort(id);
+  std::map<RequestId, FinishReason> finish;
+  for (const RequestOutput& o : g.front->run_until_idle())
+    if (o.finish != FinishReason::kNone) finish[o.id] = o.finish;
+  ASSERT_EQ(finish.size(), ids.size());
+  for (RequestId id : ids) EXPECT_EQ(finish[id], FinishReason::kAbort) << id;
+  const EngineStats s = g.front->stats();
+  EXPECT_EQ(s.num_blocks_free, s.num_blocks_total);
+  EXPECT_EQ(s.num_running + s.num_waiting, 0);
+}
+
+TEST(ProcessGroup, FailedRankFailsTheFront) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << kConfig;
+  Group g(dir.path(), 2);
+  g.front->add_request(prompts()[0], greedy());
+  g.front->step();
+  g.comms[1]->abort("rank 1 lost its device");
+  try {
+    g.front->step();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 lost its device"), std::string::npos) << e.what();
+  }
+  try {
+    g.front->step();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failed earlier"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer
