@@ -248,6 +248,18 @@ void bind_engine_config(nb::module_& m) {
           "Sets `options` by flat name (max_num_seqs=8); a part may be given as a mapping "
           "(scheduler={\"max_num_seqs\": 8}). Unknown names and ill-typed values raise "
           "TypeError.")
+      .def(
+          "options",
+          [](nb::handle self) {
+            nb::dict out;
+            for (const Option& o : options()) {
+              nb::object owner = o.part.empty() ? nb::borrow(self) : self.attr(o.part.c_str());
+              out[o.name.c_str()] = owner.attr(o.name.c_str());
+            }
+            return out;
+          },
+          "Every option by its flat name: EngineConfig(**config.options()) == config (how a rank "
+          "process gets its front's config).")
       .def_rw("scheduler", &EngineConfig::scheduler)
       .def_rw("cache", &EngineConfig::cache)
       .def_rw("placement", &EngineConfig::placement)
@@ -293,6 +305,7 @@ void bind_engine_config(nb::module_& m) {
       .option<&ParallelConfig::data_parallel_size>("data_parallel_size")
       .option<&ParallelConfig::expert_parallel_size>("expert_parallel_size")
       .option<&ParallelConfig::tensor_parallel_size>("tensor_parallel_size")
+      .option<&ParallelConfig::data_parallel_backend>("data_parallel_backend")
       .option<&ParallelConfig::redundant_experts_per_rank>("redundant_experts_per_rank")
       .option<&ParallelConfig::dp_prefill_all_interval>("dp_prefill_all_interval")
       .option<&ParallelConfig::dp_prefill_any_interval>("dp_prefill_any_interval")

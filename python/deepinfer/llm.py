@@ -61,7 +61,9 @@ def describe_kv_cache(engine: deepinfer_core.Engine) -> str:
 
 def load_engine(config: deepinfer_core.EngineConfig) -> deepinfer_core.Engine:
     """The engine, with a progress bar over the weight load on a terminal (a real checkpoint
-    loads for minutes; tqdm stays silent when stderr is not a terminal)."""
+    loads for minutes; tqdm stays silent when stderr is not a terminal). With
+    ``data_parallel_backend: processes`` this process is rank 0 and starts the others
+    (deepinfer.ranks)."""
     from tqdm import tqdm
 
     with tqdm(desc="Loading weights", unit="layer", disable=None, leave=False) as bar:
@@ -70,6 +72,11 @@ def load_engine(config: deepinfer_core.EngineConfig) -> deepinfer_core.Engine:
             bar.total = total
             bar.update(done - bar.n)
 
+        parallel = config.parallel
+        if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "processes":
+            from deepinfer.ranks import start_group
+
+            return start_group(config, progress)
         return deepinfer_core.Engine(config, progress)
 
 

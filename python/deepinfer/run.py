@@ -28,6 +28,7 @@ from deepinfer.config import (
     load_config,
 )
 from deepinfer.llm import LLM, CompletionOutput, describe_kv_cache
+from deepinfer.ranks import serve_torchrun_rank
 
 # Prompts for a run without a config or --prompts (as vLLM's offline example has).
 EXAMPLE_PROMPTS = (
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     sampling = dataclasses.replace(sampling, **overrides)
 
+    if serve_torchrun_rank(config):  # a rank other than 0 of a torchrun launch: its work is done
+        return 0
     try:
         llm = LLM(config)
         for note in llm.engine.load_notes:

@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from deepinfer.ranks import serve_torchrun_rank
+
+    if serve_torchrun_rank(run):  # a rank other than 0 of a torchrun launch: its work is done
+        return 0
     try:
         config = ServerConfig(
             model_path=run.model_path(),

@@ -95,6 +95,13 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
 
 std::unique_ptr<Engine> Engine::create(const EngineConfig& config, const LoadProgress& progress) {
   const Prepared p = prepare(config, progress);
+  if (p.resolved.parallel.data_parallel_size > 1 &&
+      p.resolved.parallel.data_parallel_backend == "processes") {
+    throw Error(ErrorCode::kInvalidArgument,
+                "engine config: 'data_parallel_backend' \"processes\" starts one process per rank: "
+                "use deepinfer.LLM, deepinfer.run or deepinfer.serve (they start the ranks), or "
+                "Engine::create_front and Engine::serve_rank from a server that starts them");
+  }
   if (p.resolved.parallel.data_parallel_size > 1)
     return engine::create_dp_group(p.resolved, p.model, p.options, progress);
   return std::make_unique<engine::EngineImpl>(p.resolved,
