@@ -54,16 +54,26 @@ TEST(NcclLoader, DefaultSearchEndsWithTheLoaderPath) {
   }
 }
 
-// Without the CUDA backend the factories say why they cannot work.
-TEST(NcclLoader, FactoriesOfACpuOnlyBuildAreUnsupported) {
+// The factories refuse what they cannot run, naming why: a build without the CUDA backend has
+// no NCCL communicator; a CUDA build refuses a CPU backend (checked before NCCL or a device is
+// touched, so this runs in CI too).
+TEST(NcclLoader, FactoriesRefuseWhatTheyCannotRun) {
   const auto backends = build_info().backends;
-  if (std::find(backends.begin(), backends.end(), "cuda") != backends.end()) {
-    GTEST_SKIP() << "a CUDA build: tests/gpu/cpp/test_nccl_communicator.cpp covers the factories";
+  const bool cuda = std::find(backends.begin(), backends.end(), "cuda") != backends.end();
+  auto cpu = make_cpu_backend(1);
+  if (cuda) {
+    std::string m = error_message([&] { dist::make_nccl_group({cpu.get()}); });
+    EXPECT_NE(m.find("make_nccl_group: rank 0's backend is"), std::string::npos) << m;
+    EXPECT_NE(m.find("needs a CUDA backend"), std::string::npos) << m;
+    m = error_message([&] { dist::make_nccl_rank(0, 1, {}, *cpu); });
+    EXPECT_NE(m.find("needs a CUDA backend"), std::string::npos) << m;
+    m = error_message([&] { dist::make_nccl_rank(2, 2, {}, *cpu); });
+    EXPECT_NE(m.find("rank 2 is not a rank of a group of 2"), std::string::npos) << m;
+    return;
   }
   EXPECT_NE(error_message([] { dist::nccl_unique_id(); }, ErrorCode::kUnsupported)
                 .find("no CUDA backend"),
             std::string::npos);
-  auto cpu = make_cpu_backend(1);
   EXPECT_NE(error_message([&] { dist::make_nccl_group({cpu.get()}); }, ErrorCode::kUnsupported)
                 .find("make_nccl_group"),
             std::string::npos);
