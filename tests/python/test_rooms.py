@@ -59,8 +59,9 @@ ALLOWED: dict[str, set[str]] = {
         "tensor",
         "common",
     },
-    # The CUDA backend implements backend/ and may use the shared lower rooms.
-    "cuda": {"backend", "sample", "tensor", "common"},
+    # The CUDA backend implements backend/ and may use the shared lower rooms; cuda/dist/ is the
+    # NCCL implementation of dist's Communicator.
+    "cuda": {"backend", "dist", "sample", "tensor", "common"},
 }
 # Where only the public API may be used (quoted includes with a directory must be deepinfer/...).
 PUBLIC_ONLY = ("cpp/include", "bindings", "examples")

@@ -27,7 +27,8 @@
 //  - Failure: when a rank aborts (abort(), its communicator destroyed, or an error inside a
 //    collective), every rank waiting in or later entering a collective of the group throws
 //    Error(kInternal) naming the reason instead of waiting forever. An aborted group stays
-//    aborted.
+//    aborted. (NCCL's abort is local: a peer already waiting in a device collective with the
+//    aborted rank needs its own abort, e.g. from a watchdog thread.)
 #pragma once
 
 #include <cstdint>
