@@ -122,6 +122,10 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
 }
 
+void CudaBackend::make_current() {
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+}
+
 DeviceMemory CudaBackend::memory_info() {
   check_not_capturing("memory_info");
   DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));

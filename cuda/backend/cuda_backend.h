@@ -47,6 +47,7 @@ class CudaBackend final : public Backend {
   Tensor zeros(const Shape& shape, DType dtype) override;
   std::unique_ptr<Event> record_event() override;
   DeviceMemory memory_info() override;
+  void make_current() override;
   // Captures a CUDA graph of the stream work `body` enqueues (relaxed capture mode; allocations
   // inside become graph memory nodes, freed inside the graph).
   std::unique_ptr<Graph> capture(std::function<void()> body) override;

@@ -209,6 +209,10 @@ class Backend {
   // The device's memory now, after the backend hands its cached free blocks back (waits for the
   // stream). The default, for host backends, is unknown (zeros).
   virtual DeviceMemory memory_info() { return {}; }
+  // Makes this backend's device the calling thread's current one. A thread that did not make
+  // the backend calls it before using it (the ranks of a group run on their own threads, several
+  // GPUs in one process). Nothing to do for host backends.
+  virtual void make_current() {}
 
   // ---- memory and synchronisation ------------------------------------------------------------
   // Uninitialised device tensor (zeroed on the CPU backend).

@@ -10,6 +10,7 @@
 #include "dist/expert_placement.h"
 #include "dist/host_staged_communicator.h"
 #include "dist/inprocess_communicator.h"
+#include "dist/nccl_group.h"
 
 namespace deepinfer::engine {
 
@@ -64,12 +65,6 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
   // Every rank on one GPU ("cuda:K"): NCCL cannot join two ranks on one device, so the
   // collectives go through host memory (make_host_staged_group).
   const bool shared_gpu = device.starts_with("cuda:");
-  if (device == "cuda") {
-    throw Error(ErrorCode::kUnsupported,
-                "engine config: 'data_parallel_size' " + std::to_string(n) + " on '" + device +
-                    "' needs the NCCL communicator, which this build does not have; run the "
-                    "ranks on device 'cpu', or all on one GPU ('cuda:0')");
-  }
   // Checked before any rank loads.
   initial_placements(par, model);
   // The backends first: the communicators are made over them.
@@ -83,8 +78,14 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
     backends.push_back(make_backend(rank_device(device, r), threads));
     raw.push_back(backends.back().get());
   }
-  std::vector<std::unique_ptr<dist::Communicator>> comms =
-      shared_gpu ? dist::make_host_staged_group(raw) : dist::make_inprocess_group(raw);
+  std::vector<std::unique_ptr<dist::Communicator>> comms;
+  if (device == "cuda") {
+    comms = dist::make_nccl_group(raw);  // rank r on cuda:r
+  } else if (shared_gpu) {
+    comms = dist::make_host_staged_group(raw);
+  } else {
+    comms = dist::make_inprocess_group(raw);
+  }
   std::vector<std::unique_ptr<EngineImpl>> ranks;
   for (int r = 0; r < n; ++r) {
     ModelExecutorOptions o = base;
@@ -100,6 +101,7 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
         progress(r * total + done, n * total);
       };
     }
+    raw[static_cast<size_t>(r)]->make_current();  // it loads on this thread
     ranks.push_back(create_rank_engine(resolved, model, o,
                                        std::move(backends[static_cast<size_t>(r)]),
                                        *comms[static_cast<size_t>(r)]));
@@ -194,11 +196,14 @@ std::vector<RequestOutput> DpEngineGroup::step() {
   std::atomic<int> first_failed{-1};
   const std::vector<std::exception_ptr> errors = threads_.run([&](int r) {
     try {
-      outputs[static_cast<size_t>(r)] = ranks_[static_cast<size_t>(r)]->step();
+      EngineImpl& rank = *ranks_[static_cast<size_t>(r)];
+      rank.make_current();
+      outputs[static_cast<size_t>(r)] = rank.step();
     } catch (const std::exception& e) {
       int none = -1;
       first_failed.compare_exchange_strong(none, r);
-      comms_[static_cast<size_t>(r)]->abort("rank " + std::to_string(r) + " failed: " + e.what());
+      // Every rank's: an NCCL abort is local, and the other ranks may be inside a collective.
+      for (auto& comm : comms_) comm->abort("rank " + std::to_string(r) + " failed: " + e.what());
       throw;
     }
   });

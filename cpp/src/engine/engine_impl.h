@@ -68,6 +68,8 @@ class EngineImpl final : public Engine {
   int num_inflight_steps() const override { return static_cast<int>(inflight_.size()); }
   void flush_kv_tiers() override;
   void hold_kv_fetches(bool hold) override;
+  // The executor's device becomes the calling thread's (a group's rank steps on its own thread).
+  void make_current() { executor_->make_current(); }
 
  private:
   // A launched step and its plan, kept until the step is committed.

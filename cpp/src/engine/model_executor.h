@@ -54,6 +54,7 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   explicit ModelExecutor(const ModelExecutorOptions& options, ParallelRank rank = {});
 
   void run_idle_pass() override { model_->model->idle_pass(); }
+  void make_current() override { model_->backend->make_current(); }
 
   std::unique_ptr<InflightStep> launch(const StepPlan& plan, InflightStep* previous) override;
   StepResult wait(InflightStep& step) override;

@@ -48,6 +48,8 @@ class StepExecutor {
   // peers' forward needs (every MoE layer's expert exchange with zero rows). Host-synchronous.
   // Nothing for executors outside a group.
   virtual void run_idle_pass() {}
+  // Backend::make_current for the calling thread (a group's rank runs on its own thread).
+  virtual void make_current() {}
 
   virtual int vocab_size() const = 0;
   virtual int max_position() const = 0;        // positions must stay below this
