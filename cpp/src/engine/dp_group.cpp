@@ -73,6 +73,14 @@ std::unique_ptr<Engine> create_dp_group(const EngineConfig& resolved, const Mode
     rank.backend = std::move(backends[static_cast<size_t>(r)]);
     rank.comm = comms[static_cast<size_t>(r)].get();
     rank.placements = placements;
+    if (par.enable_eplb && !placements.empty()) {
+      dist::EplbOptions eplb;
+      eplb.window_steps = par.eplb_window_steps;
+      eplb.bucket_steps = eplb_bucket_steps(par.eplb_window_steps);
+      eplb.rebalance_interval = par.eplb_rebalance_interval;
+      eplb.redundant_slots_per_rank = par.redundant_experts_per_rank;
+      rank.eplb = eplb;
+    }
     auto executor = std::make_unique<ModelExecutor>(o, std::move(rank));
     ranks.push_back(std::make_unique<EngineImpl>(
         resolved, std::move(executor), DpRank{comms[static_cast<size_t>(r)].get(), vote}));
@@ -274,6 +282,13 @@ EngineStats DpEngineGroup::stats() const {
     s.dp_group_steps = std::max(s.dp_group_steps, r.dp_group_steps);
     s.dp_idle_passes += r.dp_idle_passes;
   }
+  // EPLB runs on every rank in lockstep (the same plan from the same all-reduced window), so
+  // rank 0's numbers are the group's.
+  const EngineStats first = ranks_.front()->stats();
+  s.eplb_rebalances = first.eplb_rebalances;
+  s.eplb_last_pause_seconds = first.eplb_last_pause_seconds;
+  s.eplb_max_over_mean_before = first.eplb_max_over_mean_before;
+  s.eplb_max_over_mean_after = first.eplb_max_over_mean_after;
   // Speculative decoding does not run in a group (create refuses it): its derived means stay 0.
   return s;
 }
