@@ -5,6 +5,7 @@
 //                                  gave it (random weights: a function of seed and name; the
 //                                  tiny checkpoint: the stored expert), so a rank gaining an
 //                                  expert computes what its previous holder computed
+//   ShuffleSlicesAStackedCheckpoint  the same from a stacked (gate_up_proj) checkpoint
 //   OutputsUnchangedAcrossRebalances  greedy tokens with EPLB on equal EPLB off, bit for bit, with
 //                                  2 and 4 ranks and one redundant slot per rank, while rebalances
 //                                  happen (stats) and move experts; every block and state slot
@@ -32,6 +33,7 @@
 #include "deepinfer/engine_config.h"
 #include "deepinfer/error.h"
 #include "model/checkpoint.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 #include "temp_dir.h"
 
@@ -147,6 +149,43 @@ TEST(EplbEngine, ShuffleLoadsTheInitialValues) {
   for (int layer : {1, 3}) {
     const ExpertWeights got = load_layer_experts(&ckpt, config, *be, layer, experts);
     expect_experts_match(*be, full, layer, experts, got);
+  }
+}
+
+TEST(EplbEngine, ShuffleSlicesAStackedCheckpoint) {
+  // transformers' stacked layout (gate_up_proj [E, 2I, H], down_proj [E, H, I]): a gained
+  // expert is its slices, read alone.
+  DummyModelDir dir;
+  const ModelConfig config = ModelConfig::from_file(dir.path() + "/config.json");
+  const int64_t e_count = config.n_routed_experts;
+  const int64_t i_size = config.moe_intermediate_size;
+  const int64_t h = config.hidden_size;
+  std::vector<float> gate_up(static_cast<size_t>(e_count * 2 * i_size * h));
+  std::vector<float> down(static_cast<size_t>(e_count * h * i_size));
+  for (size_t i = 0; i < gate_up.size(); ++i) gate_up[i] = static_cast<float>(i % 977) * 0.25f;
+  for (size_t i = 0; i < down.size(); ++i) down[i] = -static_cast<float>(i % 613) * 0.5f;
+  test::TempDir ckpt_dir;
+  write_safetensors(
+      ckpt_dir.file("model.safetensors"),
+      {{"layers.2.ffn.experts.gate_up_proj",
+        Tensor::from_vector(gate_up, {e_count, 2 * i_size, h})},
+       {"layers.2.ffn.experts.down_proj", Tensor::from_vector(down, {e_count, h, i_size})}});
+  const Checkpoint ckpt = Checkpoint::open(ckpt_dir.path());
+  std::unique_ptr<Backend> be = make_backend("cpu", 1);
+  const std::vector<int32_t> experts = {6, 1};
+  const ExpertWeights got = load_layer_experts(&ckpt, config, *be, 2, experts);
+  ASSERT_EQ(got.w1.size(), 2u);
+  for (size_t k = 0; k < experts.size(); ++k) {
+    const auto e = static_cast<int64_t>(experts[k]);
+    const Tensor w1 = be->to_host(got.w1[k].values);
+    const Tensor w3 = be->to_host(got.w3[k].values);
+    const Tensor w2 = be->to_host(got.w2[k].values);
+    ASSERT_EQ(w1.shape(), (Shape{i_size, h}));
+    ASSERT_EQ(w2.shape(), (Shape{h, i_size}));
+    const float* gu = gate_up.data() + e * 2 * i_size * h;
+    EXPECT_EQ(0, std::memcmp(w1.data<float>(), gu, w1.nbytes()));
+    EXPECT_EQ(0, std::memcmp(w3.data<float>(), gu + i_size * h, w3.nbytes()));
+    EXPECT_EQ(0, std::memcmp(w2.data<float>(), down.data() + e * h * i_size, w2.nbytes()));
   }
 }
 
