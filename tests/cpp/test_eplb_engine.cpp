@@ -262,11 +262,17 @@ void expect_nothing_leaked(const RunResult& r) {
   EXPECT_EQ(r.stats.num_waiting, 0);
 }
 
-void check_outputs_unchanged(const std::string& model, bool dummy, int ranks, int vocab) {
-  SCOPED_TRACE(std::to_string(ranks) + " ranks, " + (dummy ? "dummy weights" : model));
+void check_outputs_unchanged(const std::string& model, bool dummy, int ranks, int vocab,
+                             bool zero_overhead = true) {
+  SCOPED_TRACE(std::to_string(ranks) + " ranks, " + (dummy ? "dummy weights" : model) +
+               (zero_overhead ? "" : ", zero_overhead off"));
   const auto prompts = mixed_prompts(vocab);
-  const RunResult off = run_group(group_config(model, dummy, ranks, false), prompts, 40);
-  const RunResult on = run_group(group_config(model, dummy, ranks, true), prompts, 40);
+  EngineConfig off_config = group_config(model, dummy, ranks, false);
+  EngineConfig on_config = group_config(model, dummy, ranks, true);
+  off_config.scheduler.zero_overhead = zero_overhead;
+  on_config.scheduler.zero_overhead = zero_overhead;
+  const RunResult off = run_group(off_config, prompts, 40);
+  const RunResult on = run_group(on_config, prompts, 40);
   std::printf("%d ranks: %llu rebalances, last pause %.4f s, max/mean %.3f -> %.3f\n", ranks,
               static_cast<unsigned long long>(on.stats.eplb_rebalances),
               on.stats.eplb_last_pause_seconds, on.stats.eplb_max_over_mean_before,
@@ -289,6 +295,7 @@ TEST(EplbEngine, OutputsUnchangedAcrossRebalancesDummyWeights) {
   DummyModelDir dir;
   check_outputs_unchanged(dir.path(), true, 2, 512);
   check_outputs_unchanged(dir.path(), true, 4, 512);
+  check_outputs_unchanged(dir.path(), true, 2, 512, /*zero_overhead=*/false);
 }
 
 TEST(EplbEngine, OutputsUnchangedAcrossRebalancesTinyCheckpoint) {
