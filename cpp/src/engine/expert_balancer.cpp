@@ -52,7 +52,6 @@ ExpertBalancer::ExpertBalancer(DeepseekV4Model& model, dist::Communicator& comm,
                                const dist::EplbOptions& options, ExpertLoader loader)
     : model_(model),
       comm_(comm),
-      options_(options),
       loader_(std::move(loader)),
       window_(static_cast<int>(expert_parallel_of(model).placements.size()),
               expert_parallel_of(model).placements.front().num_logical(), options.window_steps,

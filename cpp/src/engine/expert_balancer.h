@@ -44,6 +44,8 @@ struct EplbCounters {
 class ExpertBalancer {
  public:
   // `model` must be expert-parallel (set_expert_parallel) over `comm`; both outlive this.
+  // Reads options' window, bucket and interval; the redundant slots per rank are the current
+  // placement's (a rebalance keeps the slot count).
   ExpertBalancer(DeepseekV4Model& model, dist::Communicator& comm, const dist::EplbOptions& options,
                  ExpertLoader loader);
 
@@ -60,7 +62,6 @@ class ExpertBalancer {
  private:
   DeepseekV4Model& model_;
   dist::Communicator& comm_;
-  dist::EplbOptions options_;
   ExpertLoader loader_;
   dist::LoadWindow window_;
   dist::RebalanceSchedule schedule_;
