@@ -314,9 +314,12 @@ TEST(EplbEngine, RebalanceLowersSkewedImbalance) {
   for (int ranks : {2, 4}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     const RunResult r = run_group(group_config(dir.path(), true, ranks, true), prompts, 30);
+    std::printf("skewed, %d ranks: %llu rebalances, max/mean %.3f -> %.3f\n", ranks,
+                static_cast<unsigned long long>(r.stats.eplb_rebalances),
+                r.stats.eplb_max_over_mean_before, r.stats.eplb_max_over_mean_after);
     EXPECT_GE(r.stats.eplb_rebalances, 1u);
     EXPECT_GT(r.stats.eplb_max_over_mean_before, 1.0);
-    EXPECT_LE(r.stats.eplb_max_over_mean_after, r.stats.eplb_max_over_mean_before);
+    EXPECT_LT(r.stats.eplb_max_over_mean_after, r.stats.eplb_max_over_mean_before);
     expect_nothing_leaked(r);
   }
 }
