@@ -146,6 +146,10 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["kv_fetch_waits"] = s.kv_fetch_waits;
   d["dp_group_steps"] = s.dp_group_steps;
   d["dp_idle_passes"] = s.dp_idle_passes;
+  d["eplb_rebalances"] = s.eplb_rebalances;
+  d["eplb_last_pause_seconds"] = s.eplb_last_pause_seconds;
+  d["eplb_max_over_mean_before"] = s.eplb_max_over_mean_before;
+  d["eplb_max_over_mean_after"] = s.eplb_max_over_mean_after;
   d["kv_fetch_seconds_total"] = s.kv_fetch_seconds_total;
   d["kv_fetch_seconds_max"] = s.kv_fetch_seconds_max;
   return d;

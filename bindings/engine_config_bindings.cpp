@@ -309,5 +309,8 @@ void bind_engine_config(nb::module_& m) {
       .option<&ParallelConfig::redundant_experts_per_rank>("redundant_experts_per_rank")
       .option<&ParallelConfig::dp_prefill_all_interval>("dp_prefill_all_interval")
       .option<&ParallelConfig::dp_prefill_any_interval>("dp_prefill_any_interval")
-      .option<&ParallelConfig::dp_prefill_when_idle>("dp_prefill_when_idle");
+      .option<&ParallelConfig::dp_prefill_when_idle>("dp_prefill_when_idle")
+      .option<&ParallelConfig::enable_eplb>("enable_eplb")
+      .option<&ParallelConfig::eplb_window_steps>("eplb_window_steps")
+      .option<&ParallelConfig::eplb_rebalance_interval>("eplb_rebalance_interval");
 }

@@ -129,6 +129,7 @@ using CpuGroup = testing::CpuRankGroup;
 struct EpResult {
   std::vector<std::vector<float>> out;
   std::vector<std::string> errors;
+  std::vector<std::vector<int64_t>> slot_counts;  // per rank: 1 + the pairs it sent to each slot
 };
 EpResult run_ep(const Problem& pb, const std::vector<ExpertPlacement>& placement_of_rank,
                 int bad_slots_rank = -1) {
@@ -136,6 +137,7 @@ EpResult run_ep(const Problem& pb, const std::vector<ExpertPlacement>& placement
   CpuGroup g(n);
   EpResult res;
   res.out.resize(sz(n));
+  res.slot_counts.resize(sz(n));
   res.errors = run_ranks(g.comms, [&](Communicator& comm) {
     const int r = comm.rank();
     Backend& be = *g.backends[sz(r)];
@@ -149,7 +151,11 @@ EpResult run_ep(const Problem& pb, const std::vector<ExpertPlacement>& placement
     const Routing routing{be.upload(Tensor::from_vector(pb.ids[sz(r)], {T, pb.K}), DType::kI32),
                           be.upload(Tensor::from_vector(pb.wts[sz(r)], {T, pb.K}), DType::kF32)};
     const Tensor x = be.upload(Tensor::from_vector(pb.x[sz(r)], {T, pb.H}), DType::kF32);
-    const Tensor out = ep_moe_experts(comm, be, x, routing, p, pb.weights(be, mine), kLimit);
+    // Ones first: the counts are added to what the vector holds (EPLB accumulates a step).
+    std::vector<int64_t>& counts = res.slot_counts[sz(r)];
+    counts.assign(sz(p.num_slots()), 1);
+    const Tensor out =
+        ep_moe_experts(comm, be, x, routing, p, pb.weights(be, mine), kLimit, &counts);
     res.out[sz(r)] = deepinfer::testing::fetch_f32(be, out);
   });
   return res;
@@ -167,9 +173,16 @@ void expect_matches_references(const Problem& pb, const ExpertPlacement& p) {
   const int n = static_cast<int>(pb.tokens.size());
   const EpResult res = run_ep(pb, std::vector<ExpertPlacement>(sz(n), p));
   auto ref_be = make_cpu_backend(1);
+  uint64_t first_key = 0;
   for (int r = 0; r < n; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(res.errors[sz(r)], "");
+    // The EPLB counts: this rank's pairs per global slot, keyed as the dispatch keys them.
+    std::vector<int64_t> want_counts(sz(p.num_slots()), 1);
+    for (int32_t s : p.map_to_slots(pb.ids[sz(r)], static_cast<int>(pb.K), first_key))
+      ++want_counts[sz(s)];
+    first_key += static_cast<uint64_t>(pb.tokens[sz(r)]);
+    EXPECT_EQ(res.slot_counts[sz(r)], want_counts);
     const auto want = per_pair_reference(*ref_be, pb, r);
     ASSERT_EQ(res.out[sz(r)].size(), want.size());
     EXPECT_EQ(0, std::memcmp(res.out[sz(r)].data(), want.data(), want.size() * sizeof(float)));

@@ -109,6 +109,35 @@ def test_parallel_without_zero_overhead_and_with_chunking(checkpoints) -> None:
         assert got == want, options
 
 
+def test_eplb_rebalances_without_changing_outputs(checkpoints) -> None:
+    """EPLB in the engine (docs/architecture.md#eplb-in-the-engine): rebalances after group steps
+    4 and 20 move experts between the ranks, the greedy tokens stay those of EPLB off, and the
+    stats reach the dict (a group reports rank 0's)."""
+    path = checkpoints["tiny"]
+    prompts = prompts_for(4096, seed=5)
+    params = dc.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)
+    layout = {"data_parallel_size": 2, "expert_parallel_size": 2, "redundant_experts_per_rank": 1}
+    want, _ = run_engine(cpu_engine(path, max_num_seqs=8, **layout), prompts, params)
+    engine = cpu_engine(
+        path,
+        max_num_seqs=8,
+        **layout,
+        enable_eplb=True,
+        eplb_window_steps=8,
+        eplb_rebalance_interval=16,
+    )
+    assert engine.config.parallel.enable_eplb
+    got, _ = run_engine(engine, prompts, params)
+    assert got == want
+    s = engine.stats()
+    assert s["eplb_rebalances"] >= 2
+    assert s["eplb_last_pause_seconds"] > 0
+    assert 1.0 <= s["eplb_max_over_mean_after"] <= s["eplb_max_over_mean_before"]
+    assert s["num_blocks_free"] == s["num_blocks_total"]
+    with pytest.raises(ValueError, match="enable_eplb"):
+        cpu_engine(path, data_parallel_size=2, enable_eplb=True)
+
+
 def test_llm_and_run_take_the_parallel_section(tmp_path, tiny_checkpoint, capsys) -> None:
     config = tmp_path / "dp.yaml"
     config.write_text(

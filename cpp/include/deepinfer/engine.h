@@ -207,6 +207,14 @@ struct EngineStats : SchedulerCounters {
   // so the others' expert exchanges line up): the steps voting costs. 0 for a single engine.
   uint64_t dp_group_steps = 0;
   uint64_t dp_idle_passes = 0;
+  // EPLB (ParallelConfig::enable_eplb): rebalances done, the last one's pause (seconds the group
+  // stood still: the window's all-reduce, the plan, the weight shuffle), and the busiest rank's
+  // load over the mean rank load for the window the last rebalance planned with, under the
+  // placement before and after it (the mean over MoE layers; 0 before the first rebalance).
+  uint64_t eplb_rebalances = 0;
+  double eplb_last_pause_seconds = 0;
+  double eplb_max_over_mean_before = 0;
+  double eplb_max_over_mean_after = 0;
 };
 
 // The KV cache the engine runs with, for logs and capacity planning.

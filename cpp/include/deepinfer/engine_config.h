@@ -118,6 +118,13 @@ struct ParallelConfig {
   int dp_prefill_all_interval = 70;
   int dp_prefill_any_interval = 100;
   bool dp_prefill_when_idle = true;
+  // EPLB in the running engine (expert parallelism only; docs/architecture.md#eplb-in-the-engine):
+  // every rank counts the tokens each expert slot receives over the last `eplb_window_steps`
+  // group steps and the group re-plans the placement, moving expert weights between ranks, after
+  // a quarter of `eplb_rebalance_interval` group steps, then every interval (0: never).
+  bool enable_eplb = false;
+  int eplb_window_steps = 1000;
+  int eplb_rebalance_interval = 10000;
 
   bool operator==(const ParallelConfig&) const = default;
 };

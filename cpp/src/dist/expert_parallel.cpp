@@ -104,7 +104,7 @@ std::vector<int64_t> agree_token_counts(Communicator& comm, const std::string& l
 
 Tensor ep_moe_experts(Communicator& comm, Backend& backend, const Tensor& x, const Routing& routing,
                       const ExpertPlacement& placement, const ExpertWeights& local,
-                      float swiglu_limit) {
+                      float swiglu_limit, std::vector<int64_t>* slot_counts) {
   const int n = comm.size();
   const int me = comm.rank();
   std::vector<int32_t> ids;
@@ -120,6 +120,11 @@ Tensor ep_moe_experts(Communicator& comm, Backend& backend, const Tensor& x, con
   uint64_t first_key = 0;
   for (int r = 0; r < me; ++r) first_key += static_cast<uint64_t>(counts[sz(r)]);
   const std::vector<int32_t> slots = placement.map_to_slots(ids, static_cast<int>(k), first_key);
+  if (slot_counts != nullptr) {
+    if (slot_counts->size() != sz(placement.num_slots()))
+      slot_counts->assign(sz(placement.num_slots()), 0);
+    for (int32_t s : slots) ++(*slot_counts)[sz(s)];
+  }
 
   // Step 3: group the pairs by destination rank, (token, j) order within a destination.
   const int per_rank = placement.slots_per_rank();

@@ -26,6 +26,9 @@
 // or under HostSyncForbidden.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "deepinfer/backend.h"
 #include "dist/communicator.h"
 #include "dist/expert_placement.h"
@@ -36,8 +39,11 @@ namespace deepinfer::dist {
 // weights (f32). placement: the layer's placement, identical on every rank, num_ranks() ==
 // comm.size(). local: this rank's physical slots [rank * slots_per_rank, +slots_per_rank), in slot
 // order (replicas hold their logical expert's weights). Returns [T, H] f32 on `backend`.
+// `slot_counts` (optional, EPLB statistics): resized to placement.num_slots() if it has another
+// size, then slot_counts[s] += the (token, j) pairs this rank sent to global slot s. The counts
+// are host-known already (step 3), so this costs one pass over this rank's pairs.
 Tensor ep_moe_experts(Communicator& comm, Backend& backend, const Tensor& x, const Routing& routing,
                       const ExpertPlacement& placement, const ExpertWeights& local,
-                      float swiglu_limit);
+                      float swiglu_limit, std::vector<int64_t>* slot_counts = nullptr);
 
 }  // namespace deepinfer::dist

@@ -11,6 +11,7 @@
 #include "dist/host_staged_communicator.h"
 #include "dist/inprocess_communicator.h"
 #include "dist/nccl_group.h"
+#include "engine/expert_balancer.h"
 
 namespace deepinfer::engine {
 
@@ -48,6 +49,14 @@ std::unique_ptr<EngineImpl> create_rank_engine(const EngineConfig& resolved,
   rank.backend = std::move(backend);
   rank.comm = &comm;
   rank.placements = initial_placements(par, model);
+  if (par.enable_eplb && !rank.placements.empty()) {
+    dist::EplbOptions eplb;
+    eplb.window_steps = par.eplb_window_steps;
+    eplb.bucket_steps = eplb_bucket_steps(par.eplb_window_steps);
+    eplb.rebalance_interval = par.eplb_rebalance_interval;
+    eplb.redundant_slots_per_rank = par.redundant_experts_per_rank;
+    rank.eplb = eplb;
+  }
   sched::DpVoteConfig vote;
   vote.all_interval = par.dp_prefill_all_interval;
   vote.any_interval = par.dp_prefill_any_interval;

@@ -49,6 +49,17 @@ void resolve_parallel(EngineConfig& c) {
         p.dp_prefill_all_interval < 1 ? "dp_prefill_all_interval" : "dp_prefill_any_interval",
         "must be >= 1 (decode steps between prefill points)");
   }
+  if (p.eplb_window_steps < 1 || p.eplb_rebalance_interval < 0) {
+    bad_config(p.eplb_window_steps < 1 ? "eplb_window_steps" : "eplb_rebalance_interval",
+               "must be >= 1 (window) and >= 0 (interval, 0 = never), got " +
+                   std::to_string(p.eplb_window_steps) + " and " +
+                   std::to_string(p.eplb_rebalance_interval));
+  }
+  if (p.enable_eplb && p.expert_parallel_size == 1) {
+    bad_config("enable_eplb",
+               "needs expert parallelism (expert_parallel_size = data_parallel_size > 1): "
+               "without it every rank holds every expert and there is nothing to balance");
+  }
   if (n == 1) return;
   if (c.scheduler.num_speculative_tokens > 0) {
     bad_config("num_speculative_tokens",

@@ -255,6 +255,13 @@ std::vector<RequestOutput> EngineImpl::step() {
   drain_inbox(out);
   // After the aborts: an aborted request's fetch is cancelled, not finished.
   if (tiers_) scheduler_.poll_fetches(out);
+  // EPLB: the group rebalances here, before the vote, on every rank at once (rebalance_due is
+  // the same everywhere). Commit what is in flight first: the expert weights must not change
+  // under a launched forward, and the rebalance synchronizes the stream.
+  if (comm_ != nullptr && executor_->rebalance_due()) {
+    while (!inflight_.empty()) commit_oldest(out);
+    executor_->rebalance();
+  }
   StepPlan plan;
   if (!spare_plans_.empty()) {
     plan = std::move(spare_plans_.back());
@@ -288,11 +295,14 @@ std::vector<RequestOutput> EngineImpl::step() {
     std::unique_ptr<InflightStep> launched = executor_->launch(plan, previous);
     inflight_.push_back(Launched{std::move(launched), std::move(plan)});
     DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps launched and not committed");
+    // A DP rank launches only in steps its group runs; the forward's MoE exchanges are done.
+    if (comm_ != nullptr) executor_->record_group_step();
   } else {
     spare_plans_.push_back(std::move(plan));
     if (idle_pass) {
       ++dp_idle_passes_;
       executor_->run_idle_pass();
+      executor_->record_group_step();
     } else if (inflight_.empty() && scheduler_.num_fetching() > 0 && comm_ == nullptr) {
       // Only fetches are left to wait for: block for one briefly rather than have the caller
       // spin. (A DP rank does not: its group steps together.)
@@ -387,6 +397,7 @@ EngineStats EngineImpl::stats() const {
   s.num_graph_steps = executor_->num_graph_steps();
   s.dp_group_steps = dp_group_steps_;
   s.dp_idle_passes = dp_idle_passes_;
+  executor_->eplb_stats(s);
   auto ratio = [](double num, double den) { return den > 0 ? num / den : 0.0; };
   const auto rows = static_cast<double>(s.verify_rows);
   const auto steps = static_cast<double>(s.verify_steps);

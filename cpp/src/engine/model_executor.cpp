@@ -145,6 +145,39 @@ SamplingBatch sampling_constants(Backend& be, const StepPlan& plan, bool per_log
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options, ParallelRank rank)
     : options_(options), model_(load_model(options, rank)) {
   options_.progress = {};  // used while loading only; the caller's callback is not kept
+  if (rank.eplb && rank.comm != nullptr && model_->model->expert_parallel() != nullptr) {
+    balancer_ =
+        std::make_unique<ExpertBalancer>(*model_->model, *rank.comm, *rank.eplb,
+                                         [this](int layer, std::span<const int32_t> experts) {
+                                           return load_experts(layer, experts);
+                                         });
+  }
+}
+
+ExpertWeights ModelExecutor::load_experts(int layer, std::span<const int32_t> experts) {
+  ModelInstance& m = *model_;
+  WeightLoadOptions o;
+  o.quantize_activations =
+      resolve_activation_quant(options_.placement.activation_quant, *m.backend);
+  if (options_.dummy_weights) {
+    // The random weights are a function of (seed, tensor name): the same values the expert's
+    // previous holder drew at load (load_model's stored dtype).
+    const DType stored = options_.placement.device.starts_with("cuda") ? DType::kBF16 : DType::kF32;
+    return load_layer_experts(nullptr, m.config, *m.backend, layer, experts, o, options_.seed,
+                              stored);
+  }
+  if (!checkpoint_)
+    checkpoint_ = std::make_unique<Checkpoint>(Checkpoint::open(options_.checkpoint_dir));
+  return load_layer_experts(checkpoint_.get(), m.config, *m.backend, layer, experts, o);
+}
+
+void ModelExecutor::eplb_stats(EngineStats& stats) const {
+  if (!balancer_) return;
+  const EplbCounters& c = balancer_->counters();
+  stats.eplb_rebalances = c.rebalances;
+  stats.eplb_last_pause_seconds = c.last_pause_seconds;
+  stats.eplb_max_over_mean_before = c.max_over_mean_before;
+  stats.eplb_max_over_mean_after = c.max_over_mean_after;
 }
 
 std::string ModelExecutor::model_identity() const {

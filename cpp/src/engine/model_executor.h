@@ -9,6 +9,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +18,10 @@
 #include "deepinfer/engine_config.h"
 #include "dist/communicator.h"
 #include "dist/expert_placement.h"
+#include "dist/load_window.h"
+#include "engine/expert_balancer.h"
 #include "engine/step_executor.h"
+#include "model/checkpoint.h"
 #include "model/model_instance.h"
 
 namespace deepinfer::engine {
@@ -47,6 +52,8 @@ struct ParallelRank {
   std::unique_ptr<Backend> backend;
   dist::Communicator* comm = nullptr;             // this rank's; outlives the executor
   std::vector<dist::ExpertPlacement> placements;  // per layer; empty: every expert local
+  // EPLB in the engine (ParallelConfig::enable_eplb; needs placements): window and schedule.
+  std::optional<dist::EplbOptions> eplb;
 };
 
 class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
@@ -55,6 +62,14 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
 
   void run_idle_pass() override { model_->model->idle_pass(); }
   void make_current() override { model_->backend->make_current(); }
+  void record_group_step() override {
+    if (balancer_) balancer_->record_step();
+  }
+  bool rebalance_due() const override { return balancer_ && balancer_->due(); }
+  void rebalance() override {
+    if (balancer_) balancer_->rebalance();
+  }
+  void eplb_stats(EngineStats& stats) const override;
 
   std::unique_ptr<InflightStep> launch(const StepPlan& plan, InflightStep* previous) override;
   StepResult wait(InflightStep& step) override;
@@ -117,8 +132,13 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   bool mtp_on() const { return options_.num_mtp_drafts > 0 && model_->mtp != nullptr; }
   void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
 
+  // Loads main layer `layer`'s experts for the EPLB shuffle as the initial load did.
+  ExpertWeights load_experts(int layer, std::span<const int32_t> experts);
+
   ModelExecutorOptions options_;
   std::unique_ptr<ModelInstance> model_;
+  std::unique_ptr<Checkpoint> checkpoint_;    // opened at the first EPLB shuffle that needs it
+  std::unique_ptr<ExpertBalancer> balancer_;  // EPLB; null when off
   // The sampling constants last uploaded, and the (request, epoch) of each row they describe.
   std::vector<std::pair<RequestId, uint32_t>> sampling_keys_;
   SamplingBatch sampling_;

@@ -96,6 +96,12 @@ void accumulate_stats(EngineStats& s, const EngineStats& r) {
   // Every rank takes part in every group step.
   s.dp_group_steps = std::max(s.dp_group_steps, r.dp_group_steps);
   s.dp_idle_passes += r.dp_idle_passes;
+  // EPLB runs on every rank in lock-step (the same plan from the same all-reduced window): the
+  // counts and loads are alike; the group's pause is its slowest rank's.
+  s.eplb_rebalances = std::max(s.eplb_rebalances, r.eplb_rebalances);
+  s.eplb_last_pause_seconds = std::max(s.eplb_last_pause_seconds, r.eplb_last_pause_seconds);
+  s.eplb_max_over_mean_before = std::max(s.eplb_max_over_mean_before, r.eplb_max_over_mean_before);
+  s.eplb_max_over_mean_after = std::max(s.eplb_max_over_mean_after, r.eplb_max_over_mean_after);
   // Speculative decoding does not run in a group (refused): its derived means stay 0.
 }
 

@@ -50,6 +50,16 @@ class StepExecutor {
   virtual void run_idle_pass() {}
   // Backend::make_current for the calling thread (a group's rank runs on its own thread).
   virtual void make_current() {}
+  // EPLB (engine/expert_balancer.h; executors of an expert-parallel rank with enable_eplb, no-ops
+  // elsewhere). record_group_step: after every step the group ran, once this rank's forward (or
+  // idle pass) is enqueued; its MoE exchanges are host-synchronous, so their counts are known.
+  // rebalance_due: the group rebalances before its next step (the same on every rank).
+  // rebalance: collective, with no step of this rank in flight. eplb_stats: fills the eplb_*
+  // fields.
+  virtual void record_group_step() {}
+  virtual bool rebalance_due() const { return false; }
+  virtual void rebalance() {}
+  virtual void eplb_stats(EngineStats& stats) const { (void)stats; }
 
   virtual int vocab_size() const = 0;
   virtual int max_position() const = 0;        // positions must stay below this

@@ -167,8 +167,53 @@ Tensor DeepseekV4Model::routed_experts(int layer, const MoeWeights& w, const Ten
     bool forbidden;
     ~Restore() { be.set_host_sync_forbidden(forbidden); }
   } restore{backend_, was_forbidden};
-  return dist::ep_moe_experts(*ep_->comm, backend_, x, routing,
-                              ep_->placements[static_cast<size_t>(layer)], w.experts, limit);
+  const auto l = static_cast<size_t>(layer);
+  if (ep_->slot_counts.size() != ep_->placements.size())
+    ep_->slot_counts.resize(ep_->placements.size());
+  return dist::ep_moe_experts(*ep_->comm, backend_, x, routing, ep_->placements[l], w.experts,
+                              limit, &ep_->slot_counts[l]);
+}
+
+void DeepseekV4Model::take_slot_counts(std::vector<std::vector<int64_t>>& out) {
+  if (ep_ == nullptr) {
+    out.clear();
+    return;
+  }
+  out.resize(ep_->placements.size());
+  if (ep_->slot_counts.size() != ep_->placements.size())
+    ep_->slot_counts.resize(ep_->placements.size());
+  for (size_t l = 0; l < ep_->placements.size(); ++l) {
+    const auto slots = static_cast<size_t>(ep_->placements[l].num_slots());
+    std::vector<int64_t>& c = ep_->slot_counts[l];
+    if (c.size() != slots) c.assign(slots, 0);
+    // Swap rather than copy: both vectors keep their capacity, so a step allocates nothing.
+    out[l].swap(c);
+    c.assign(slots, 0);
+  }
+}
+
+void DeepseekV4Model::install_experts(int layer, dist::ExpertPlacement placement,
+                                      ExpertWeights local) {
+  if (ep_ == nullptr || layer < 0 || layer >= static_cast<int>(ep_->placements.size()) ||
+      layer >= static_cast<int>(weights_.layers.size())) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "install_experts: layer " + std::to_string(layer) +
+                    " is not an expert-parallel MoE layer of this model");
+  }
+  const auto l = static_cast<size_t>(layer);
+  const auto slots = static_cast<size_t>(placement.slots_per_rank());
+  if (placement.num_ranks() != ep_->placements[l].num_ranks() ||
+      placement.num_logical() != ep_->placements[l].num_logical() || local.w1.size() != slots ||
+      local.w3.size() != slots || local.w2.size() != slots) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "install_experts: layer " + std::to_string(layer) + " got " +
+                    std::to_string(local.w1.size()) + " local experts for a placement of " +
+                    std::to_string(slots) + " slots per rank over " +
+                    std::to_string(placement.num_ranks()) + " ranks (the model has " +
+                    std::to_string(ep_->placements[l].num_ranks()) + ")");
+  }
+  ep_->placements[l] = std::move(placement);
+  weights_.layers[l].ffn.experts = std::move(local);
 }
 
 void DeepseekV4Model::idle_pass() {

@@ -22,6 +22,9 @@ struct ExpertParallel {
   dist::Communicator* comm = nullptr;  // this rank's; outlives the model
   // One per MoE layer (index = layer; MTP blocks are not run under expert parallelism).
   std::vector<dist::ExpertPlacement> placements;
+  // EPLB statistics: per layer, the (token, j) pairs this rank sent to each global slot since the
+  // last DeepseekV4Model::take_slot_counts ([layer][slot]; an idle pass adds nothing).
+  std::vector<std::vector<int64_t>> slot_counts;
 };
 
 class DeepseekV4Model {
@@ -47,6 +50,13 @@ class DeepseekV4Model {
   // What a rank with no tokens runs in a step of its group: every MoE layer's collectives with
   // zero rows, so the ranks that do have tokens can exchange theirs. Host-synchronous.
   void idle_pass();
+  // EPLB: the per-layer slot counts gathered since the last call (ExpertParallel::slot_counts),
+  // into `out` (resized, zeros when no MoE layer ran); the model's counters restart at zero.
+  void take_slot_counts(std::vector<std::vector<int64_t>>& out);
+  // EPLB: from the next forward on, MoE layer `layer` uses `placement` and this rank's slots hold
+  // `local` (in slot order). Only between forwards, with nothing enqueued that reads the old
+  // weights (the caller synchronizes the stream first).
+  void install_experts(int layer, dist::ExpertPlacement placement, ExpertWeights local);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }

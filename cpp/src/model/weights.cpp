@@ -385,6 +385,8 @@ class WeightLoader {
     return backend_.upload(t, DType::kI32);
   }
 
+  void set_own_expert_copies(bool own) { own_expert_copies_ = own; }
+
   ExpertWeights experts(const std::string& prefix) {
     const int64_t e_count = config_.n_routed_experts;
     const int64_t i_size = config_.moe_intermediate_size;
@@ -414,13 +416,38 @@ class WeightLoader {
                         "transformers' save_pretrained write them");
       }
       // transformers' in-memory layout: gate_up_proj [E, 2I, H] (gate rows first), down [E, H, I].
-      Tensor gate_up = load_matrix(prefix + "gate_up_proj", {e_count, 2 * i_size, h});
-      Tensor down = load_matrix(prefix + "down_proj", {e_count, h, i_size});
+      const Shape gate_up_shape{e_count, 2 * i_size, h};
+      const Shape down_shape{e_count, h, i_size};
+      if (ckpt_ != nullptr && !options_.expert_slots.empty()) {
+        // Expert parallelism: upload only the held experts' slices of the (mapped) host tensors,
+        // so a rank reads the bytes of its own experts only.
+        const Tensor gate_up = host(prefix + "gate_up_proj", gate_up_shape, /*integer=*/false);
+        const Tensor down = host(prefix + "down_proj", down_shape, /*integer=*/false);
+        const DType dt = backend_.weight_dtype(gate_up.dtype());
+        for (int64_t e : held) {
+          const Tensor gu = gate_up.select(0, e);
+          ex.w1.push_back(backend_.upload_weight(gu.narrow(0, 0, i_size), dt));
+          ex.w3.push_back(backend_.upload_weight(gu.narrow(0, i_size, i_size), dt));
+          ex.w2.push_back(
+              backend_.upload_weight(down.select(0, e), backend_.weight_dtype(down.dtype())));
+        }
+        return ex;
+      }
+      Tensor gate_up = load_matrix(prefix + "gate_up_proj", gate_up_shape);
+      Tensor down = load_matrix(prefix + "down_proj", down_shape);
+      // own_expert_copies: the weight shuffle keeps its gained experts in their own tensors, so
+      // the whole stacked random tensor is not kept alive by one slice of it.
+      auto keep = [&](const Tensor& view) {
+        if (!own_expert_copies_) return view;
+        Tensor copy = backend_.empty(view.shape(), view.dtype());
+        backend_.copy_into(copy, view);
+        return copy;
+      };
       for (int64_t e : held) {
         Tensor gu = gate_up.select(0, e);
-        ex.w1.push_back(gu.narrow(0, 0, i_size));
-        ex.w3.push_back(gu.narrow(0, i_size, i_size));
-        ex.w2.push_back(down.select(0, e));
+        ex.w1.push_back(keep(gu.narrow(0, 0, i_size)));
+        ex.w3.push_back(keep(gu.narrow(0, i_size, i_size)));
+        ex.w2.push_back(keep(down.select(0, e)));
       }
       return ex;
     }
@@ -445,7 +472,8 @@ class WeightLoader {
   WeightLoadOptions options_;
   uint64_t seed_;
   DType random_stored_;
-  std::vector<uint8_t> fp8_pool_;  // random_quantized's byte pools, made on first use
+  bool own_expert_copies_ = false;  // see experts()
+  std::vector<uint8_t> fp8_pool_;   // random_quantized's byte pools, made on first use
   std::vector<uint8_t> fp4_pool_;
 };
 
@@ -511,6 +539,24 @@ ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, u
                                   DType stored, const WeightLoadOptions& options) {
   WeightLoader w(nullptr, config, backend, options, seed, stored);
   return build_weights(w, config, true);
+}
+
+ExpertWeights load_layer_experts(const Checkpoint* checkpoint, const ModelConfig& config,
+                                 Backend& backend, int layer, std::span<const int32_t> experts,
+                                 const WeightLoadOptions& options, uint64_t seed,
+                                 DType random_stored) {
+  if (layer < 0 || layer >= config.num_hidden_layers || experts.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "load_layer_experts: layer " + std::to_string(layer) +
+                                                 " of " + std::to_string(config.num_hidden_layers) +
+                                                 " with " + std::to_string(experts.size()) +
+                                                 " experts (need a main layer and >= 1 expert)");
+  }
+  WeightLoadOptions o = options;
+  o.expert_slots.assign(experts.begin(), experts.end());
+  o.progress = {};
+  WeightLoader w(checkpoint, config, backend, o, seed, random_stored);
+  w.set_own_expert_copies(true);
+  return w.experts("layers." + std::to_string(layer) + ".ffn.experts.");
 }
 
 namespace {

@@ -1,7 +1,9 @@
 // The DeepSeek-V4 parameters on a backend, grouped the way the graph uses them.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -115,5 +117,15 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
 // benchmarks.
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
                                   DType stored, const WeightLoadOptions& options = {});
+
+// The EPLB weight shuffle: the routed experts `experts` (logical ids, in slot order) of main
+// layer `layer`, with the values load_model_weights (checkpoint given) or random_model_weights
+// (checkpoint null, the same seed and stored dtype: random weights are a function of the seed and
+// the tensor's name) gave them. Reads only those experts' bytes of a per-expert or stacked
+// checkpoint; the result shares no tensor with other experts. options.expert_slots is ignored.
+ExpertWeights load_layer_experts(const Checkpoint* checkpoint, const ModelConfig& config,
+                                 Backend& backend, int layer, std::span<const int32_t> experts,
+                                 const WeightLoadOptions& options = {}, uint64_t seed = 0,
+                                 DType random_stored = DType::kBF16);
 
 }  // namespace deepinfer

@@ -25,6 +25,7 @@ ENGINE_COUNTERS = {
     "kv_fetch_seconds_total": "Time of those fetches, admission to last block read",
     "dp_group_steps": "Steps a data-parallel group ran (0 for one rank)",
     "dp_idle_passes": "Rank-steps run without rows so the group's collectives line up",
+    "eplb_rebalances": "EPLB rebalances of the expert placement (expert parallelism)",
 }
 
 # Engine values that can go down (Engine.stats() keys), exported under deepinfer_engine_<name>:
@@ -39,6 +40,9 @@ ENGINE_GAUGES = {
     "spec_mean_estimate": "Mean acceptance estimate of the verified drafts",
     "spec_mean_acceptance": "Share of the verified drafts accepted",
     "spec_calibration_error": "Expected calibration error of the acceptance estimates (10 bins)",
+    "eplb_last_pause_seconds": "Pause of the last EPLB rebalance (plan and weight shuffle)",
+    "eplb_max_over_mean_before": "Max over mean rank load, last EPLB window, old placement",
+    "eplb_max_over_mean_after": "Max over mean rank load, last EPLB window, new placement",
 }
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
