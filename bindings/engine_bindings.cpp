@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "deepinfer/engine.h"
+#include "deepinfer/rank_group.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -285,6 +286,23 @@ void bind_engine(nb::module_& m) {
                ", sized_from_memory=" + (k.sized_from_memory ? "True" : "False") + ")";
       });
 
+  nb::class_<deepinfer::RankListener>(
+      m, "RankListener",
+      "Rank 0's listening socket for a group of processes, bound at once (port 0: a free one).")
+      .def(nb::init<const std::string&, int>(), "address"_a, "port"_a)
+      .def_prop_ro("port", &deepinfer::RankListener::port);
+  m.def(
+      "serve_rank",
+      [](const EngineConfig& config, int rank, int local_rank, const std::string& address, int port,
+         int connect_timeout_s) {
+        nb::gil_scoped_release release;
+        deepinfer::serve_tcp_rank(config, rank, local_rank, address, port,
+                                  std::chrono::seconds(connect_timeout_s));
+      },
+      "config"_a, "rank"_a, "local_rank"_a, "address"_a, "port"_a, "connect_timeout_s"_a = 120,
+      "Rank `rank` (1..N-1) of a group of processes: connects to rank 0 at address:port, loads "
+      "(device \"cuda\": cuda:<local_rank>) and serves rank 0's steps until it closes the group.");
+
   nb::class_<Engine>(
       m, "Engine",
       "Continuous-batching engine. add_request/abort are thread-safe; step() belongs "
@@ -314,6 +332,24 @@ void bind_engine(nb::module_& m) {
            "model_path"_a, "options"_a,
            "Load `model_path` with EngineConfig options given by flat name: "
            "Engine(path, max_num_seqs=8, device=\"cpu\").")
+      .def_static(
+          "front",
+          [](const EngineConfig& config, deepinfer::RankListener& listener, nb::object progress,
+             int connect_timeout_s) {
+            deepinfer::LoadProgress report;
+            if (!progress.is_none()) {
+              report = [callback = nb::handle(progress)](int done, int total) {
+                nb::gil_scoped_acquire acquire;
+                callback(done, total);
+              };
+            }
+            nb::gil_scoped_release release;
+            return deepinfer::create_tcp_front(config, std::move(listener),
+                                               std::chrono::seconds(connect_timeout_s), report);
+          },
+          "config"_a, "listener"_a, "progress"_a = nb::none(), "connect_timeout_s"_a = 120,
+          "Rank 0 of a group of processes over TCP (deepinfer/rank_group.h): waits for ranks "
+          "1..N-1 on `listener` (which it takes), loads rank 0 and returns the front engine.")
       .def("add_request", &Engine::add_request, "prompt"_a, "params"_a,
            "Queue a request; returns its id.")
       .def("abort", &Engine::abort, "id"_a)

@@ -6,8 +6,11 @@
 //   AbortsReachTheirRank        an abort of a request on another rank finishes it there
 //   FailedRankFailsTheFront     a rank whose group is aborted makes the front's step throw, naming
 //                               it, and every later step too
+//   OverTcp                     the same group launched as deepinfer/rank_group.h does it (a
+//                               listener on a free port, ranks connecting over loopback)
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "deepinfer/communicator.h"
 #include "deepinfer/engine.h"
 #include "deepinfer/error.h"
+#include "deepinfer/rank_group.h"
 #include "dist/inprocess_communicator.h"
 #include "temp_dir.h"
 
@@ -186,6 +190,32 @@ TEST(ProcessGroup, FailedRankFailsTheFront) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("failed earlier"), std::string::npos) << e.what();
   }
+}
+
+TEST(ProcessGroup, OverTcp) {
+  test::TempDir dir;
+  std::ofstream(dir.file("config.json")) << kConfig;
+  const std::vector<std::vector<int32_t>> want = run(*Engine::create(config_for(dir.path(), 1)));
+  const int n = 2;
+  RankListener listener("127.0.0.1", 0);
+  const int port = listener.port();
+  ASSERT_GT(port, 0);
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      serve_tcp_rank(config_for(dir.path(), n), 1, 0, "127.0.0.1", port, std::chrono::seconds(30));
+    } catch (const Error& e) {
+      server_error = e.what();
+    }
+  });
+  {
+    std::unique_ptr<Engine> front =
+        create_tcp_front(config_for(dir.path(), n), std::move(listener), std::chrono::seconds(30));
+    EXPECT_EQ(run(*front), want);
+    EXPECT_GT(front->stats().dp_group_steps, 0u);
+  }  // the front's destruction closes the group
+  server.join();
+  EXPECT_EQ(server_error, "");
 }
 
 }  // namespace
