@@ -299,3 +299,67 @@ def test_the_server_fronts_a_group() -> None:
     assert got == want
     steps = [ln for ln in metrics.splitlines() if ln.startswith("deepinfer_engine_dp_group_steps ")]
     assert steps and float(steps[0].split()[1]) > 0, steps
+
+
+def test_one_process_per_rank_equals_one_rank(tiny_checkpoint) -> None:
+    """data_parallel_backend "processes": this process is rank 0 (the front) and starts rank 1
+    as `python -m deepinfer.ranks`; they talk over TCP on loopback."""
+    prompts = ["Hello", "The capital of France is", "1 2 3", "A long time ago"]
+    params = PySamplingParams(temperature=0.0, max_tokens=8)
+    want = [o.token_ids for o in LLM(str(tiny_checkpoint), device="cpu").generate(prompts, params)]
+    llm = LLM(
+        str(tiny_checkpoint),
+        device="cpu",
+        data_parallel_size=2,
+        expert_parallel_size=2,
+        data_parallel_backend="processes",
+    )
+    assert any("one process each" in n for n in llm.engine.load_notes)
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    stats = llm.engine.stats()
+    assert stats["dp_group_steps"] > 0
+    assert stats["num_blocks_free"] == stats["num_blocks_total"]
+
+
+def test_torchrun_environment_makes_rank_processes(tmp_path, tiny_checkpoint) -> None:
+    """What torchrun does on several hosts, on one: two processes of `deepinfer.run` with RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT; rank 1 serves and exits 0, rank 0 prints the run."""
+    import os
+    import subprocess
+    import sys
+
+    from server_process import free_port
+
+    config = tmp_path / "dp.yaml"
+    config.write_text(
+        f"model: {tiny_checkpoint}\n"
+        "engine: {device: cpu, data_parallel_backend: processes}\n"
+        "parallel: {data: 2, expert: 2}\n"
+        'prompts: ["Hello", "The capital of France is"]\n'
+    )
+    port = free_port()
+    procs = []
+    for rank in (1, 0):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        args = ["--config", str(config), "--quiet", "--no-progress", "--max-tokens", "4"]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "deepinfer.run", *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "parallel:       2 data-parallel ranks" in outs[1]
+    assert "output tokens:  8" in outs[1], outs[1]
