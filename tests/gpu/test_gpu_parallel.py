@@ -67,3 +67,25 @@ def test_gpu_group_on_one_gpu_equals_one_rank(name: str, ranks: int, tmp_path) -
     )
     assert got == want
     assert worst <= 1e-4
+
+
+def test_gpu_rank_processes_on_one_gpu() -> None:
+    """data_parallel_backend "processes" on "cuda:0": rank 1 is a child process on the same GPU,
+    the ranks joined over TCP (device tensors staged through the host)."""
+    from deepinfer import LLM, SamplingParams
+
+    path = str(ensure_tiny_checkpoint())
+    prompts = ["Hello", "The capital of France is", "1 2 3"]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    options = {"device": "cuda:0", "gpu_memory_utilization": 0.2}
+    want = [o.token_ids for o in LLM(path, **options).generate(prompts, params)]
+    llm = LLM(
+        path,
+        **options,
+        data_parallel_size=2,
+        expert_parallel_size=2,
+        data_parallel_backend="processes",
+    )
+    got = [o.token_ids for o in llm.generate(prompts, params)]
+    print(f"PARALLEL-GPU processes on cuda:0: tokens equal {got == want}")
+    assert got == want
