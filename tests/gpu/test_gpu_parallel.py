@@ -3,9 +3,10 @@
 One GPU can show the whole group: with device "cuda:0" every rank shares it and the collectives
 go through host memory (dist/host_staged_communicator.h). The group's greedy tokens equal one
 rank's on the same GPU (the ranks run the same kernels; an expert's output for a token does not
-depend on which rank computes it), and its top-5 logprobs agree within 1e-4 relative (the routed
-experts' combine adds a token's experts in its own order, where the fused kernel of one rank adds
-them in its own; the tiny models route top-2, so that is one addition either way).
+depend on which rank computes it), and its top-5 logprobs agree within 1e-3 relative: an
+expert's rows are a different GEMM on each side (a rank's received rows against all of one
+rank's), and the GPU's f32 GEMMs choose their tiling and K-split by the row count, so they round
+differently (measured on the H200: 5.7e-6 on tiny, 1.6e-4 on f2).
 Figures are printed ("PARALLEL-GPU ...").
 """
 
@@ -66,26 +67,34 @@ def test_gpu_group_on_one_gpu_equals_one_rank(name: str, ranks: int, tmp_path) -
         f"idle passes {stats['dp_idle_passes']}"
     )
     assert got == want
-    assert worst <= 1e-4
+    assert worst <= 1e-3
 
 
 def test_gpu_rank_processes_on_one_gpu() -> None:
     """data_parallel_backend "processes" on "cuda:0": rank 1 is a child process on the same GPU,
     the ranks joined over TCP (device tensors staged through the host)."""
-    from deepinfer import LLM, SamplingParams
+    from deepinfer.llm import load_engine
 
     path = str(ensure_tiny_checkpoint())
-    prompts = ["Hello", "The capital of France is", "1 2 3"]
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    options = {"device": "cuda:0", "gpu_memory_utilization": 0.2}
-    want = [o.token_ids for o in LLM(path, **options).generate(prompts, params)]
-    llm = LLM(
-        path,
-        **options,
+    rng = random.Random(5)
+    prompts = [[rng.randrange(2, 129000) for _ in range(n)] for n in (3, 40, 90)]
+    want, _, _ = run(path, prompts, gpu_memory_utilization=0.2)
+    config = dc.EngineConfig(
+        model_path=path,
+        device="cuda:0",
+        max_num_seqs=8,
+        gpu_memory_utilization=0.2,
         data_parallel_size=2,
         expert_parallel_size=2,
         data_parallel_backend="processes",
     )
-    got = [o.token_ids for o in llm.generate(prompts, params)]
+    engine = load_engine(config)
+    params = dc.SamplingParams(temperature=0.0, max_tokens=16, logprobs=5)
+    ids = [engine.add_request(p, params) for p in prompts]
+    tokens = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens[o.id] += list(o.tokens)
+    got = [tokens[i] for i in ids]
     print(f"PARALLEL-GPU processes on cuda:0: tokens equal {got == want}")
     assert got == want
