@@ -62,8 +62,8 @@ def describe_kv_cache(engine: deepinfer_core.Engine) -> str:
 def load_engine(config: deepinfer_core.EngineConfig) -> deepinfer_core.Engine:
     """The engine, with a progress bar over the weight load on a terminal (a real checkpoint
     loads for minutes; tqdm stays silent when stderr is not a terminal). With
-    ``data_parallel_backend: processes`` this process is rank 0 and starts the others
-    (deepinfer.ranks)."""
+    ``data_parallel_backend: processes`` (or ``auto`` on device "cuda": one process per GPU)
+    this process is rank 0 and starts the others (deepinfer.ranks)."""
     from tqdm import tqdm
 
     with tqdm(desc="Loading weights", unit="layer", disable=None, leave=False) as bar:
@@ -73,7 +73,13 @@ def load_engine(config: deepinfer_core.EngineConfig) -> deepinfer_core.Engine:
             bar.update(done - bar.n)
 
         parallel = config.parallel
-        if parallel.data_parallel_size > 1 and parallel.data_parallel_backend == "processes":
+        backend = parallel.data_parallel_backend
+        if backend == "auto":  # one process per GPU (or per torchrun process); else threads
+            from deepinfer.ranks import torchrun_rank
+
+            on_gpu = deepinfer_core.resolve_device(config.placement.device) == "cuda"
+            backend = "processes" if on_gpu or torchrun_rank() is not None else "threads"
+        if parallel.data_parallel_size > 1 and backend == "processes":
             from deepinfer.ranks import start_group
 
             return start_group(config, progress)

@@ -1,10 +1,11 @@
 """One process per rank (docs/parallel.md#one-process-per-rank).
 
-With ``data_parallel_backend: processes``, ``LLM``, ``python -m deepinfer.run`` and
-``python -m deepinfer.serve`` are rank 0: they listen for the other ranks, start them as child
-processes (``python -m deepinfer.ranks``) on this host, and drive the group through the front
-engine (``deepinfer_core.Engine.front``), which routes each request to the least-loaded rank.
-The ranks talk over TCP (the group's votes, the expert exchange, requests and outputs).
+With ``data_parallel_backend: processes`` (or ``auto`` on device "cuda": one process per GPU),
+``LLM``, ``python -m deepinfer.run`` and ``python -m deepinfer.serve`` are rank 0: they listen
+for the other ranks, start them as child processes (``python -m deepinfer.ranks``) on this host,
+and drive the group through the front engine (``deepinfer_core.Engine.front``), which routes
+each request to the least-loaded rank. The ranks' votes, requests and outputs go over TCP; the
+expert exchange goes over NCCL when each rank has its own GPU (device "cuda").
 
 Several hosts use torchrun's environment instead of starting children: run the same command on
 every host under ``torchrun --nnodes H --nproc-per-node G ...``; the process with ``RANK`` 0 is
@@ -99,10 +100,10 @@ def serve_torchrun_rank(run: Any) -> bool:
     if launch is None or launch.rank == 0:
         return False
     config = run.engine_config()
-    if config.parallel.data_parallel_backend != "processes":
+    if config.parallel.data_parallel_backend == "threads":
         raise ValueError(
-            "engine config: 'data_parallel_backend' must be \"processes\" under torchrun "
-            f"(WORLD_SIZE {launch.world_size}: one process per rank)"
+            "engine config: 'data_parallel_backend' is \"threads\" but torchrun started "
+            f'{launch.world_size} processes: use "processes" (one process per rank)'
         )
     if config.parallel.data_parallel_size != launch.world_size:
         raise ValueError(

@@ -104,10 +104,12 @@ struct ParallelConfig {
   int data_parallel_size = 1;
   int expert_parallel_size = 1;  // 1 or data_parallel_size
   int tensor_parallel_size = 1;  // only 1: the attention projections are not split
-  // How the ranks run: "threads" (one process, a thread per rank; Engine::create) or "processes"
-  // (one process per rank, over TCP: started by the Python front ends, deepinfer/ranks.py, or by
-  // an embedding server through Engine::create_front / serve_rank; Engine::create refuses it).
-  std::string data_parallel_backend = "threads";
+  // How the ranks run: "threads" (one process, a thread per rank), "processes" (one process per
+  // rank over TCP, with NCCL between GPUs; started by the Python front ends, deepinfer/ranks.py,
+  // a launcher such as torchrun, or an embedding server through deepinfer/rank_group.h;
+  // Engine::create refuses it) or "auto": one process per GPU where the Python front ends start
+  // the ranks on device "cuda", threads otherwise (and always in Engine::create).
+  std::string data_parallel_backend = "auto";
   // Extra expert slots per rank for replicas of hot experts (DeepSeek: 1 per card); the first
   // placement spreads replicas round-robin.
   int redundant_experts_per_rank = 0;

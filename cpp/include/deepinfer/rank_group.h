@@ -1,8 +1,9 @@
 // Launching a data-parallel group as processes, one rank each, joined over TCP
 // (docs/parallel.md#one-process-per-rank): what the Python front ends (deepinfer/ranks.py) and a
 // launcher such as torchrun use. Rank 0 is the front (Engine::create_front); ranks 1..N-1 serve
-// it (Engine::serve_rank). The ranks' collectives (the step-kind votes, the expert exchange, the
-// requests and outputs) go over TCP through rank 0, device tensors staged through host memory.
+// it (Engine::serve_rank). The ranks' host traffic (the step-kind votes, the requests and
+// outputs) goes over TCP through rank 0; the expert exchange goes over NCCL when every rank has
+// its own GPU (device "cuda"), else over TCP too, device tensors staged through host memory.
 #pragma once
 
 #include <chrono>

@@ -34,9 +34,10 @@ void resolve_parallel(EngineConfig& c) {
                    ": tensor parallelism is not supported; the layouts are data-parallel attention "
                    "with expert-parallel MoE, and plain replicas (docs/parallel.md says why)");
   }
-  if (p.data_parallel_backend != "threads" && p.data_parallel_backend != "processes") {
-    bad_config("data_parallel_backend",
-               "must be \"threads\" or \"processes\", got \"" + p.data_parallel_backend + "\"");
+  if (p.data_parallel_backend != "auto" && p.data_parallel_backend != "threads" &&
+      p.data_parallel_backend != "processes") {
+    bad_config("data_parallel_backend", "must be \"auto\", \"threads\" or \"processes\", got \"" +
+                                            p.data_parallel_backend + "\"");
   }
   if (p.redundant_experts_per_rank < 0 ||
       (p.redundant_experts_per_rank > 0 && p.expert_parallel_size == 1)) {

@@ -7,6 +7,9 @@
 
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
+#include "dist/byte_collectives.h"
+#include "dist/nccl_group.h"
+#include "dist/split_communicator.h"
 #include "dist/tcp_communicator.h"
 #include "engine/dp_group.h"
 
@@ -24,6 +27,30 @@ std::unique_ptr<Backend> rank_backend(const EngineConfig& config, int local_rank
                               config.parallel.data_parallel_size);
   }
   return make_backend(device, threads);
+}
+
+// With every rank on its own GPU (device "cuda"), the device tensors (the expert exchange) go
+// over NCCL, whose unique id rank 0 sends over TCP; the host traffic (votes, requests, outputs)
+// stays on TCP. Ranks sharing a device, or on the CPU, keep TCP for everything.
+std::unique_ptr<dist::Communicator> with_nccl(const EngineConfig& config,
+                                              std::unique_ptr<dist::Communicator> tcp,
+                                              Backend& backend) {
+  if (resolve_device(config.placement.device) != "cuda") return tcp;
+  std::vector<uint8_t> id;
+  if (tcp->rank() == 0) {
+    const dist::NcclUniqueId made = dist::nccl_unique_id();
+    id.assign(made.begin(), made.end());
+  }
+  id = dist::broadcast_bytes(*tcp, std::move(id), 0);
+  dist::NcclUniqueId unique_id{};
+  if (id.size() != unique_id.size()) {
+    throw Error(ErrorCode::kInternal,
+                "the NCCL unique id from rank 0 has " + std::to_string(id.size()) + " bytes");
+  }
+  std::copy(id.begin(), id.end(), unique_id.begin());
+  std::unique_ptr<dist::Communicator> nccl =
+      dist::make_nccl_rank(tcp->rank(), tcp->size(), unique_id, backend);
+  return dist::make_split_communicator(std::move(nccl), std::move(tcp));
 }
 
 }  // namespace
@@ -46,8 +73,11 @@ std::unique_ptr<Engine> create_tcp_front(const EngineConfig& config, RankListene
                                          const LoadProgress& progress) {
   const int size = config.parallel.data_parallel_size;
   std::unique_ptr<Backend> backend = rank_backend(config, 0);
-  std::unique_ptr<dist::Communicator> comm = dist::make_tcp_rank0(
-      std::move(listener.impl_->listener), size, backend.get(), connect_timeout);
+  std::unique_ptr<dist::Communicator> comm =
+      with_nccl(config,
+                dist::make_tcp_rank0(std::move(listener.impl_->listener), size, backend.get(),
+                                     connect_timeout),
+                *backend);
   return Engine::create_front(config, std::move(backend), std::move(comm), progress);
 }
 
@@ -60,8 +90,11 @@ void serve_tcp_rank(const EngineConfig& config, int rank, int local_rank,
                     std::to_string(config.parallel.data_parallel_size - 1));
   }
   std::unique_ptr<Backend> backend = rank_backend(config, local_rank);
-  std::unique_ptr<dist::Communicator> comm = dist::make_tcp_rank(
-      rank, config.parallel.data_parallel_size, address, port, backend.get(), connect_timeout);
+  std::unique_ptr<dist::Communicator> comm =
+      with_nccl(config,
+                dist::make_tcp_rank(rank, config.parallel.data_parallel_size, address, port,
+                                    backend.get(), connect_timeout),
+                *backend);
   Engine::serve_rank(config, std::move(backend), *comm, progress);
 }
 
