@@ -28,20 +28,42 @@ from v4_flash_config import flash_config
 
 
 class Oracle(dc.Drafter):
-    def __init__(self, prompts, outputs, p_right: float, seed: int = 0) -> None:
+    """Proposes the plain run's greedy continuation; each draft is right with probability p_right
+    (one value for every request, or one per prompt), independently per position. Whether the
+    draft at an output position is right depends only on (seed, prompt index, position), so every
+    engine given the same prompts sees the same outcomes whatever its request ids."""
+
+    def __init__(self, prompts, outputs, p_right: float | list[float], seed: int = 0) -> None:
         super().__init__()
-        self.by_prompt = {tuple(p[:16]): (len(p), o) for p, o in zip(prompts, outputs, strict=True)}
-        self.p_right = p_right
+        ps = list(p_right) if isinstance(p_right, list) else [p_right] * len(prompts)
+        self.by_prompt = {
+            tuple(p[:16]): (j, len(p), o, q)
+            for j, (p, o, q) in enumerate(zip(prompts, outputs, ps, strict=True))
+        }
         self.seed = seed
 
     def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
-        n, out = self.by_prompt[tuple(tokens[:16])]
+        j, n, out, p_right = self.by_prompt[tuple(tokens[:16])]
         i = len(tokens) - n
         drafts = []
         for k, t in enumerate(out[i : i + max_drafts]):
-            right = random.Random(hash((self.seed, request_id, i + k))).random() < self.p_right
+            right = random.Random(hash((self.seed, j, i + k))).random() < p_right
             drafts.append(t if right else (t + 1) % 129000)
         return drafts
+
+
+SPEC_COUNTERS = (
+    "num_steps",
+    "draft_tokens",
+    "accepted_draft_tokens",
+    "verify_rows",
+    "verify_steps",
+)
+CALIBRATION_BINS = (
+    "spec_calibration_drafts",
+    "spec_calibration_accepted",
+    "spec_calibration_estimate_sum",
+)
 
 
 def run(engine: dc.Engine, prompts: list[list[int]], tokens: int) -> tuple[list[list[int]], dict]:
@@ -63,14 +85,31 @@ def run(engine: dc.Engine, prompts: list[list[int]], tokens: int) -> tuple[list[
     after = engine.stats()
     tpot = sum((done[i] - first[i]) / (len(out[i]) - 1) for i in ids) / len(ids)
     decode_s = max(done.values()) - min(first.values())
-    drafts = after["draft_tokens"] - before["draft_tokens"]
-    accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
-    steps = after["num_steps"] - before["num_steps"]
+    d = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    bins = [
+        [a - b for a, b in zip(after[key], before[key], strict=True)] for key in CALIBRATION_BINS
+    ]
+    drafts, accepted = d["draft_tokens"], d["accepted_draft_tokens"]
+    rows, vsteps = d["verify_rows"], d["verify_steps"]
     return [out[i] for i in ids], {
         "tpot_ms": 1000 * tpot,
         "output_tok_s": sum(len(o) - 1 for o in out.values()) / decode_s,
         "acceptance": accepted / drafts if drafts else None,
-        "steps": steps,
+        "steps": d["num_steps"],
+        "verify_steps": vsteps,
+        # Per decode step with at least one verify row, and per verify row (request and step).
+        "verified_per_step": drafts / vsteps if vsteps else None,
+        "accepted_per_step": accepted / vsteps if vsteps else None,
+        "acceptance_length": 1 + accepted / rows if rows else None,
+        # Engine.stats()'s spec_calibration_error over this run's drafts only (the engine's own
+        # figure is cumulative): sum over bins of |sum of estimates - accepted| / drafts.
+        "calibration_error": (
+            sum(abs(e - a) for e, a in zip(bins[2], bins[1], strict=True)) / sum(bins[0])
+            if sum(bins[0])
+            else None
+        ),
+        "mean_estimate": sum(bins[2]) / sum(bins[0]) if sum(bins[0]) else None,
+        "calibration_error_cumulative": after["spec_calibration_error"],
     }
 
 
