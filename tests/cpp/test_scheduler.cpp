@@ -365,6 +365,26 @@ TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {
   h.commit(plain);
 }
 
+// Drafts that fit in a sequence's last block cost no block, so a full cache does not cut them:
+// with every block taken, each of three decoding sequences still verifies its drafts. (Regression:
+// the spare-block check compared the draft's zero new blocks with free minus the later rows'
+// needs, which is negative when the cache is full, so only the last row kept its drafts.)
+TEST(Scheduler, DraftsWithinTheLastBlockNeedNoFreeBlocks) {
+  Harness h({.num_blocks = 4});  // 3 usable: one per sequence
+  h.scheduler().use_executor_drafts(2);
+  for (int i = 0; i < 3; ++i) h.add(prompt_of(10, i), 16);
+  StepPlan prefill;
+  ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+  ASSERT_EQ(prefill.rows.size(), 3u);
+  h.commit_drafts(prefill, {7, 7, 7}, {}, {{11, 12}, {11, 12}, {11, 12}});
+  ASSERT_EQ(h.kv().blocks().num_free(), 0);
+  StepPlan verify;
+  ASSERT_EQ(h.schedule(verify), Outcome::kScheduled);
+  ASSERT_EQ(verify.rows.size(), 3u);
+  for (const StepRow& r : verify.rows) EXPECT_EQ(r.num_drafts, 2);
+  h.commit_drafts(verify, {11, 12, 5, 11, 12, 5, 11, 12, 5}, {3, 3, 3}, {});
+}
+
 // The MTP drafts' probabilities travel with them: a verify row's drafts are recorded for the
 // calibration with the cumulative products of their probabilities, with their outcomes.
 TEST(Scheduler, ExecutorDraftProbabilitiesAreTheVerifiedDraftsEstimates) {

@@ -401,7 +401,8 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
     const int later = static_cast<int>(running_.size() - i - 1);
     const int draft_blocks = kv_.blocks_for(pos + 1 + static_cast<int>(drafts_.size())) -
                              static_cast<int>(s.block_table.size());
-    if (!drafts_.empty() && draft_blocks <= kv_.blocks().num_free() - later &&
+    if (!drafts_.empty() &&
+        (draft_blocks == 0 || draft_blocks <= kv_.blocks().num_free() - later) &&
         kv_.grow(s, pos + 1 + static_cast<int>(drafts_.size()))) {
       add_row(plan, s, 1 + static_cast<int>(drafts_.size()), drafts_);
     } else {
