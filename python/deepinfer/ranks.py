@@ -60,6 +60,16 @@ def _reap(proc: subprocess.Popen) -> None:
     threading.Thread(target=proc.wait, name=f"reap-rank-{proc.pid}", daemon=True).start()
 
 
+def _die_with_parent() -> None:
+    """In a rank process (before exec): the kernel sends it SIGTERM when rank 0 dies, so no rank
+    outlives its front holding a GPU (Linux: prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def start_group(
     config: deepinfer_core.EngineConfig, progress: Callable[[int, int], None] | None = None
 ) -> deepinfer_core.Engine:
@@ -68,6 +78,12 @@ def start_group(
     size = config.parallel.data_parallel_size
     launch = torchrun_rank()
     if launch is not None:
+        if launch.rank != 0:
+            raise ValueError(
+                f"this process is torchrun rank {launch.rank}: only rank 0 makes the engine; "
+                "the others serve their rank (deepinfer.run and deepinfer.serve do it, or call "
+                "deepinfer.ranks.serve_torchrun_rank first)"
+            )
         if launch.world_size != size:
             raise ValueError(
                 f"engine config: 'data_parallel_size' is {size} but torchrun started "
@@ -77,13 +93,28 @@ def start_group(
         return deepinfer_core.Engine.front(config, listener, progress, CONNECT_TIMEOUT_S)
     listener = deepinfer_core.RankListener("127.0.0.1", 0)
     options = json.dumps(config.options())
+    procs = []
     for rank in range(1, size):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deepinfer.ranks", "--rank", str(rank), "--size", str(size)]
-            + ["--master", f"127.0.0.1:{listener.port}", "--options", options],
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "deepinfer.ranks", "--rank", str(rank), "--size", str(size)]
+                + ["--master", f"127.0.0.1:{listener.port}", "--options", options],
+                preexec_fn=_die_with_parent,
+            )
         )
+    try:
+        engine = deepinfer_core.Engine.front(config, listener, progress, CONNECT_TIMEOUT_S)
+    except BaseException:
+        # Rank 0 could not start (its load failed, a rank never connected): the others would
+        # load to the end before noticing, holding their devices meanwhile.
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait()
+        raise
+    for proc in procs:
         _reap(proc)
-    return deepinfer_core.Engine.front(config, listener, progress, CONNECT_TIMEOUT_S)
+    return engine
 
 
 def serve(options: dict[str, Any], rank: int, master: str, local_rank: int) -> None:

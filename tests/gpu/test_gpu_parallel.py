@@ -83,7 +83,7 @@ def test_gpu_rank_processes_on_one_gpu() -> None:
         model_path=path,
         device="cuda:0",
         max_num_seqs=8,
-        gpu_memory_utilization=0.2,
+        num_kv_blocks=512,  # processes sharing a GPU would size it from free memory concurrently
         data_parallel_size=2,
         expert_parallel_size=2,
         data_parallel_backend="processes",

@@ -208,20 +208,29 @@ std::vector<RequestOutput> DpEngineGroup::step() {
       EngineImpl& rank = *ranks_[static_cast<size_t>(r)];
       rank.make_current();
       outputs[static_cast<size_t>(r)] = rank.step();
-    } catch (const std::exception& e) {
+    } catch (...) {
       int none = -1;
       first_failed.compare_exchange_strong(none, r);
+      std::string what = "an exception that is not a std::exception";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
       // Every rank's: an NCCL abort is local, and the other ranks may be inside a collective.
-      for (auto& comm : comms_) comm->abort("rank " + std::to_string(r) + " failed: " + e.what());
+      for (auto& comm : comms_) comm->abort("rank " + std::to_string(r) + " failed: " + what);
       throw;
     }
   });
   const int failed = first_failed.load();
   if (failed >= 0) {
+    failure_ = "rank " + std::to_string(failed) + " failed";
     try {
       std::rethrow_exception(errors[static_cast<size_t>(failed)]);
     } catch (const std::exception& e) {
       failure_ = "rank " + std::to_string(failed) + ": " + e.what();
+    } catch (...) {
     }
     std::rethrow_exception(errors[static_cast<size_t>(failed)]);
   }

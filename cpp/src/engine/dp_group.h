@@ -8,9 +8,9 @@
 //     since the ranks' step-kind votes and expert exchanges wait for each other;
 //   - names a request by the id its rank gave it (rank r hands out r + 1, r + 1 + N, ...), so
 //     abort() finds the rank without a table;
-//   - fails as a whole: when a rank's step throws, its communicator aborts the group so the other
-//     ranks' collectives throw instead of waiting, step() rethrows the first rank's error, and
-//     every later step() throws naming it.
+//   - fails as a whole: when a rank's step throws, every rank's communicator is aborted (an NCCL
+//     abort is local) so the other ranks' collectives throw instead of waiting, step() rethrows
+//     the first rank's error, and every later step() throws naming it.
 #pragma once
 
 #include <condition_variable>

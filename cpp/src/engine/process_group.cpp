@@ -10,8 +10,8 @@ namespace deepinfer::engine {
 
 ProcessGroupFront::ProcessGroupFront(std::unique_ptr<Engine> local,
                                      std::unique_ptr<dist::Communicator> comm)
-    : comm_(std::move(comm)),
-      local_(std::move(local)),
+    : local_(std::move(local)),
+      comm_(std::move(comm)),
       size_(comm_->size()),
       router_(size_),
       remote_stats_(static_cast<size_t>(size_)) {
@@ -115,11 +115,19 @@ std::vector<std::string> ProcessGroupFront::load_notes() const {
 }
 
 KvCapacity ProcessGroupFront::kv_capacity() const {
-  // Every rank is made from the same config: rank 0's cache times the ranks.
+  // The other ranks' caches as their last reports give them (before the first step, rank 0's
+  // stands for each: every rank is made from the same config).
   KvCapacity k = local_->kv_capacity();
-  k.num_blocks *= size_;
-  k.max_tokens *= size_;
-  k.max_seqs_at_max_model_len *= size_;
+  const KvCapacity own = k;
+  for (int r = 1; r < size_; ++r) {
+    const int blocks = remote_stats_[static_cast<size_t>(r)].num_blocks_total;
+    const int64_t n = blocks > 0 ? blocks : own.num_blocks;
+    k.num_blocks += static_cast<int>(n);
+    k.max_tokens += n * own.block_size;
+    k.max_seqs_at_max_model_len +=
+        own.num_blocks > 0 ? static_cast<int>(n * own.max_seqs_at_max_model_len / own.num_blocks)
+                           : 0;
+  }
   return k;
 }
 
@@ -130,9 +138,22 @@ void serve_rank(Engine& engine, dist::Communicator& comm) {
     while (true) {
       const StepOrder order = decode_step_order(dist::broadcast_bytes(comm, {}, 0));
       if (order.shutdown) return;
+      RankReport report;
       for (const AddOrder& a : order.adds) {
         if (a.rank != me) continue;
-        const RequestId id = engine.add_request(a.prompt, a.params);
+        RequestId id = 0;
+        try {
+          id = engine.add_request(a.prompt, a.params);
+        } catch (const std::exception& e) {
+          // Rank 0 checked the request already and handed out its id: this request alone fails
+          // (e.g. no memory for its token buffer), as it would have on rank 0.
+          RequestOutput rejected;
+          rejected.id = a.id;
+          rejected.finish = FinishReason::kRejected;
+          rejected.finish_detail = std::string("rank ") + std::to_string(me) + ": " + e.what();
+          report.outputs.push_back(std::move(rejected));
+          continue;
+        }
         if (id != a.id) {
           throw Error(ErrorCode::kInternal, "rank " + std::to_string(me) + " gave request id " +
                                                 std::to_string(id) + " where rank 0 handed out " +
@@ -142,8 +163,9 @@ void serve_rank(Engine& engine, dist::Communicator& comm) {
       for (RequestId id : order.aborts) {
         if (rank_of_request(id, comm.size()) == me) engine.abort(id);
       }
-      RankReport report;
-      report.outputs = engine.step();
+      std::vector<RequestOutput> stepped = engine.step();
+      report.outputs.insert(report.outputs.end(), std::make_move_iterator(stepped.begin()),
+                            std::make_move_iterator(stepped.end()));
       report.stats = engine.stats();
       dist::gather_bytes(comm, encode(report));
     }

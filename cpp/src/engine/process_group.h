@@ -51,8 +51,8 @@ class ProcessGroupFront final : public Engine {
   void hold_kv_fetches(bool hold) override { local_->hold_kv_fetches(hold); }
 
  private:
-  std::unique_ptr<dist::Communicator> comm_;  // outlives local_ (declared first)
-  std::unique_ptr<Engine> local_;
+  std::unique_ptr<Engine> local_;  // owns the backend comm_ was made over: destroyed after it
+  std::unique_ptr<dist::Communicator> comm_;
   const int size_;
   mutable std::mutex mu_;  // add_request and abort may come from another thread than step()
   RankRouter router_;

@@ -65,12 +65,20 @@ RankListener::RankListener(RankListener&&) noexcept = default;
 RankListener& RankListener::operator=(RankListener&&) noexcept = default;
 RankListener::~RankListener() = default;
 int RankListener::port() const {
+  if (!impl_) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "RankListener: this listener was handed to create_tcp_front already");
+  }
   return impl_->listener.port();
 }
 
 std::unique_ptr<Engine> create_tcp_front(const EngineConfig& config, RankListener listener,
                                          std::chrono::seconds connect_timeout,
                                          const LoadProgress& progress) {
+  if (!listener.impl_) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "create_tcp_front: the listener was handed to create_tcp_front already");
+  }
   const int size = config.parallel.data_parallel_size;
   std::unique_ptr<Backend> backend = rank_backend(config, 0);
   std::unique_ptr<dist::Communicator> comm =

@@ -23,6 +23,7 @@ int RankRouter::least_loaded() const {
 
 void RankRouter::assigned(int rank, RequestId id, int64_t prompt_tokens) {
   std::lock_guard lock(mu_);
+  if (finished_early_.erase(id) > 0) return;
   Load& load = loads_[static_cast<size_t>(rank)];
   load.requests += 1;
   load.tokens += prompt_tokens;
@@ -34,7 +35,10 @@ void RankRouter::account(const std::vector<RequestOutput>& outputs, int (*rank_o
   std::lock_guard lock(mu_);
   for (const RequestOutput& o : outputs) {
     auto it = tokens_of_.find(o.id);
-    if (it == tokens_of_.end()) continue;
+    if (it == tokens_of_.end()) {
+      if (o.finish != FinishReason::kNone) finished_early_.insert(o.id);
+      continue;
+    }
     Load& load = loads_[static_cast<size_t>(rank_of(o.id, n))];
     if (o.finish != FinishReason::kNone) {
       load.requests -= 1;

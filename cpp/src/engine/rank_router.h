@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "deepinfer/engine.h"
@@ -33,6 +34,9 @@ class RankRouter {
   mutable std::mutex mu_;
   std::vector<Load> loads_;
   std::unordered_map<RequestId, int64_t> tokens_of_;  // unfinished requests' accounted tokens
+  // Requests whose finish a step reported before their add_request got to assigned() (the
+  // engine thread stepped in between): assigned() must not count them.
+  std::unordered_set<RequestId> finished_early_;
 };
 
 // The rank of a request id in a group of n (rank r hands out r + 1, r + 1 + n, ...); -1 for an
