@@ -67,6 +67,8 @@ def turn(engine: dc.Engine, prompt: list[int], output: int) -> tuple[list[int], 
                 ttft = time.perf_counter() - start
             tokens += o.tokens
     engine.step()
+    if ttft is None:
+        raise RuntimeError(f"a {len(prompt)}-token turn produced no token (rejected?)")
     return tokens, ttft, hit
 
 
@@ -145,7 +147,8 @@ def main() -> None:
         common |= {
             "max_num_seqs": 2,
             "max_num_batched_tokens": 8192,
-            "max_model_len": args.end + 4 * args.output + 1024,
+            # The last turn's context grows past --end by one step.
+            "max_model_len": int(args.end * args.growth) + 2 * args.output + 1024,
             "kv_cache_dtype": "fp8" if not args.smoke else "auto",
         }
         # Uncached: one cold context of --end tokens, prefix cache off.
