@@ -61,6 +61,16 @@ struct HcMix {
   Tensor y;
 };
 
+// Output of hc_pre_shifted (V4.1 shifted mHC, docs/model.md#v41-ops): this sub-layer's pre [T, N]
+// (for the next sub-layer's collapse), post [T, N], comb [T, N, N] as in HcMix, and the block
+// input y [T, H] collapsed with the *previous* sub-layer's pre.
+struct HcShiftedMix {
+  Tensor pre;
+  Tensor post;
+  Tensor comb;
+  Tensor y;
+};
+
 // Experts chosen per token: expert_ids [T, k] i32 and their weights [T, k] f32 (already
 // renormalised and multiplied by routed_scaling_factor).
 struct Routing {
@@ -302,6 +312,16 @@ class Backend {
   Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                  const HcParams& params);
 
+  // V4.1 shifted mHC: each sub-layer's mix (pre, post, comb: hc_pre's formulas) is computed from
+  // its own trunk X, but its block input is collapsed with the previous sub-layer's pre:
+  // y[t] = sum_s prev_pre[t, s] * X[t, s]. prev_pre [T, N] f32, or undefined for the first
+  // sub-layer, whose input is stream 0 (prev_pre one-hot on stream 0). The trunk update is hc_post.
+  HcShiftedMix hc_pre_shifted(const Tensor& X, const Tensor& fn, const Tensor& base,
+                              const Tensor& scale, const Tensor& prev_pre, const HcParams& params);
+  // y[t] = sum_s pre[t, s] * X[t, s]: X [T, N, H], pre [T, N] -> [T, H]. The final collapse of a
+  // shifted model (no HyperHead: pre is the last sub-layer's).
+  Tensor hc_collapse(const Tensor& X, const Tensor& pre);
+
   // ---- mixture of experts ----------------------------------------------------------------------
   // scores = sqrt(softplus(x gate_w^T)); experts = top-k of scores + bias (bias may be undefined),
   // or tid2eid[token_ids] when tid2eid [V, k] i32 is defined (hash routing). Weights are the
@@ -389,6 +409,13 @@ class Backend {
   virtual Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                               const Tensor& scale, const HcParams& params) = 0;
 
+  // V4.1 ops: the defaults throw Error(kUnsupported) naming the op and the backend, so a backend
+  // without them yet still builds and fails loudly when a V4.1 graph reaches it.
+  virtual HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                           const Tensor& scale, const Tensor& prev_pre,
+                                           const HcParams& params);
+  virtual Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre);
+
   virtual Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                                  const Tensor& tid2eid, const Tensor& token_ids, int top_k,
                                  float routed_scale) = 0;
@@ -413,6 +440,8 @@ class Backend {
  private:
   // Throws Error(kInternal) naming `what` while host syncs are forbidden.
   void check_host_sync_allowed(const char* what) const;
+  // Throws Error(kUnsupported): `op` is not implemented on this backend (the default impls).
+  [[noreturn]] void unsupported(const char* op) const;
 
   bool host_sync_forbidden_ = false;
 };

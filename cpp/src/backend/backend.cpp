@@ -323,6 +323,28 @@ Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, c
   return hc_head_impl(X, fn, base, scale, params);
 }
 
+HcShiftedMix Backend::hc_pre_shifted(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                     const Tensor& scale, const Tensor& prev_pre,
+                                     const HcParams& params) {
+  const OpChecks c("hc_pre_shifted", device_kind());
+  check_hc_mult(c, params.hc_mult);
+  c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
+  const int64_t n = params.hc_mult;
+  check_hc_weights(c, X, fn, base, scale, (2 + n) * n, 3);
+  c.optional("prev_pre", prev_pre, DType::kF32, {X.size(0), n});
+  if (params.sinkhorn_iters < 1) {
+    c.fail("sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
+  }
+  return hc_pre_shifted_impl(X, fn, base, scale, prev_pre, params);
+}
+
+Tensor Backend::hc_collapse(const Tensor& X, const Tensor& pre) {
+  const OpChecks c("hc_collapse", device_kind());
+  c.tensor("X", X, DType::kF32, {-1, -1, -1});
+  c.tensor("pre", pre, DType::kF32, {X.size(0), X.size(1)});
+  return hc_collapse_impl(X, pre);
+}
+
 // ---- mixture of experts -------------------------------------------------------------------------
 
 Routing Backend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
@@ -473,6 +495,22 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
     if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
   }
   return attention_impl(q, kv, swa_ring, entries, topk, sinks, layout, spec);
+}
+
+// ---- V4.1 ops a backend does not implement yet --------------------------------------------------
+
+void Backend::unsupported(const char* op) const {
+  throw Error(ErrorCode::kUnsupported,
+              std::string(op) + ": not implemented on the " + name() + " backend yet (V4.1 op)");
+}
+
+HcShiftedMix Backend::hc_pre_shifted_impl(const Tensor&, const Tensor&, const Tensor&,
+                                          const Tensor&, const Tensor&, const HcParams&) {
+  unsupported("hc_pre_shifted");
+}
+
+Tensor Backend::hc_collapse_impl(const Tensor&, const Tensor&) {
+  unsupported("hc_collapse");
 }
 
 }  // namespace deepinfer

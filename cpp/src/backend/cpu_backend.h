@@ -77,6 +77,10 @@ class CpuBackend final : public Backend {
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const HcParams& params) override;
+  HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                   const Tensor& scale, const Tensor& prev_pre,
+                                   const HcParams& params) override;
+  Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre) override;
 
   Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                          const Tensor& tid2eid, const Tensor& token_ids, int top_k,
