@@ -1,5 +1,5 @@
-// CPU backend V4.1 ops (hc_pre_shifted, hc_collapse) against the torch reference
-// tests/python/v41_reference.py (fixtures below) and hand-computed values.
+// CPU backend V4.1 ops (hc_pre_shifted, hc_collapse, engram_hash, engram_gate) against the torch
+// reference tests/python/v41_reference.py (fixtures below) and hand-computed values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@ namespace {
 
 using testing::expect_close;
 using testing::fetch_f32;
+using testing::fetch_i32;
 using testing::sz;
 
 // ((i*a + b) mod 97 - 48) / 64 for i < n: exact in fp32, so the C++ inputs equal those of
@@ -138,6 +139,162 @@ TEST_F(CpuV41OpsTest, ShiftedHcArgumentErrors) {
         be->hc_collapse(X, up({1, 0, 1}, {1, 3}));
       },
       ErrorCode::kInvalidArgument, "hc_collapse: argument pre");
+}
+
+// ---- Engram -------------------------------------------------------------------------------------
+
+// [T, n] n-gram windows of `tokens` at `positions`: column r holds the token at position t - r, -1
+// before the sequence start (what the graph assembles from a sequence's token history).
+std::vector<int32_t> ngram_windows(const std::vector<int32_t>& tokens,
+                                   const std::vector<int>& positions, int n) {
+  std::vector<int32_t> out;
+  for (const int t : positions) {
+    for (int r = 0; r < n; ++r) out.push_back(t - r >= 0 ? tokens[sz(t - r)] : -1);
+  }
+  return out;
+}
+
+// Printed by `python3 tests/python/v41_op_fixtures.py` (flash_hash, tiny_engram):
+// V4.1-Flash's layer-14 multipliers (engram_multipliers: NumPy default_rng(10007*14)) and primes
+// (engram_primes' nextprime chain), and V41Model.engram_rows of two sequences near their start;
+// a tiny trigram layer's rows and V41Model.engram's gated trunk.
+namespace engram_fixture {
+const std::vector<int64_t> kFlashMult14 = {67716810739261, 51510806800915, 30921347202721,
+                                           82619226485591};
+const std::vector<int64_t> kFlashPrimes14 = {
+    16000477, 16000487, 16000499, 16000507, 16000511, 16000573, 16000609, 16000627,
+    16000667, 16000669, 16000693, 16000697, 16000711, 16000729, 16000759, 16000769,
+    16000781, 16000799, 16000813, 16000819, 16000841, 16000877, 16000879, 16000889};
+const std::vector<int32_t> kFlashRows14 = {
+    15724883,  21161350,  42150044,  51817823,  64954610,  94368667,  105819943, 117674023,
+    128036378, 145368376, 166100140, 186409735, 203411496, 213660140, 236382477, 241671563,
+    256170745, 283000176, 303940327, 312553203, 332677653, 337998015, 366180469, 381010057,
+    1236925,   26394376,  34473986,  52643416,  78363450,  83126617,  104678233, 112308096,
+    135292808, 155552676, 164905665, 191586364, 199486839, 208551357, 238069417, 246578104,
+    271303834, 274578651, 296729779, 308521682, 325155968, 348233315, 362857516, 371987735,
+    1112188,   29601211,  44396326,  59962248,  69455961,  82440372,  106295722, 120864475,
+    129253515, 148667394, 163863195, 178387839, 206203937, 223637118, 229343381, 250834875,
+    264602203, 278003186, 291302020, 309296228, 332782405, 346043922, 353221223, 376258209,
+    12337753,  23734284,  32948913,  58207098,  79770828,  93651174,  98642417,  112058632,
+    136754359, 146210108, 161788789, 185586063, 194573067, 210013121, 230982930, 241686880,
+    260503024, 284940683, 294524475, 315061059, 324290944, 341528973, 353983975, 370970588,
+    10769968,  17892028,  42665499,  48651427,  67686082,  86225104,  102597315, 119617665,
+    130130260, 146611561, 175675022, 179161542, 194310480, 220521684, 233039757, 241888798,
+    260915987, 276278007, 297464409, 309399778, 329418962, 351724764, 367547753, 383228832,
+    13792263,  25442096,  34361146,  50331367,  67723939,  89260728,  98868364,  116167121,
+    129027833, 152178422, 160266488, 180898556, 196495568, 219719792, 236638326, 248670451,
+    271807787, 273505137, 300138912, 315000321, 323183060, 341273580, 353351025, 369182513,
+    8531091,   22764571,  42241855,  56679503,  64334163,  92132107,  102627744, 124701429,
+    142865794, 156984974, 168301396, 181194355, 203083136, 223829941, 225441215, 253859658,
+    263602904, 274511779, 298576706, 313825477, 334268697, 339136269, 366305074, 374505637};
+const std::vector<int64_t> kTinyMult = {158200576279471525, 9991520871637985, 74235746863936745};
+const std::vector<int64_t> kTinyPrimes = {41, 43, 47, 53};
+const std::vector<int32_t> kTinyRows = {25, 49, 104, 153, 33, 81, 112, 161,
+                                        4,  69, 95,  151, 11, 72, 94,  142};
+const std::vector<float> kTinyGated = {
+    -0.0626347661f, -0.34511295f,  1.51032615f,    -1.19953585f,  0.886330009f,  -0.725127697f,
+    0.884683907f,   -1.45418096f,  0.410911977f,   0.451194108f,  0.224231303f,  0.0809281468f,
+    -0.22623454f,   0.0803256333f, -0.434069693f,  -0.229666814f, 0.331778497f,  -0.107500404f,
+    -0.0196087062f, -0.254379809f, -0.0906185657f, -0.60265398f,  -0.422467113f, 0.751481652f,
+    -1.20895541f,   0.729425013f,  -1.33350623f,   -0.144777358f, 0.215573132f,  0.0819195956f,
+    0.0439355075f,  -0.517958581f};
+}  // namespace engram_fixture
+
+TEST_F(CpuV41OpsTest, EngramHashMatchesReferenceFlash) {
+  using namespace engram_fixture;
+  // A stand-in compressed-id map with V4.1-Flash's large ids (the compressed vocabulary is 99092).
+  const std::vector<int32_t> token_map = {99091, 17, 31337, 50000, 12345, 0, 77777, 4242};
+  const EngramHashParams params{kFlashMult14, kFlashPrimes14, 8, token_map[2]};  // cpad: pad id 2
+  // Sequence a's first five positions (1..4 real tokens), sequence b's positions 5 and 6.
+  std::vector<int32_t> ngram = ngram_windows({5, 3, 0, 7, 1}, {0, 1, 2, 3, 4}, 4);
+  const std::vector<int32_t> tail = ngram_windows({6, 2, 4, 1, 0, 3, 7}, {5, 6}, 4);
+  ngram.insert(ngram.end(), tail.begin(), tail.end());
+  const Tensor rows = be->engram_hash(up_i(ngram, {7, 4}), up_i(token_map, {8}), params);
+  EXPECT_EQ(rows.shape(), (Shape{7, 24}));
+  EXPECT_EQ(fetch_i32(*be, rows), kFlashRows14);
+}
+
+// The whole Engram path on a tiny layer: hash -> embedding of the flattened rows (the lookup is
+// the existing op) -> linear (wkv) -> gate, against V41Model.engram.
+TEST_F(CpuV41OpsTest, EngramMatchesReferenceTiny) {
+  using namespace engram_fixture;
+  const int64_t T = 4, N = 2, H = 4, heads = 2, dim = 2, tables = 2 * heads;
+  const std::vector<int32_t> token_map = {7, 45, 3, 0, 30, 12, 47, 21, 3, 9};
+  const EngramHashParams params{kTinyMult, kTinyPrimes, static_cast<int>(heads), token_map[2]};
+  const Tensor rows = be->engram_hash(up_i(ngram_windows({4, 9, 1, 6}, {0, 1, 2, 3}, 3), {T, 3}),
+                                      up_i(token_map, {10}), params);
+  EXPECT_EQ(fetch_i32(*be, rows), kTinyRows);
+
+  int64_t table_rows = 0;
+  for (const int64_t p : kTinyPrimes) table_rows += p;
+  const Tensor table = up(pats(table_rows * dim, 17, 3, 2.0f), {table_rows, dim});
+  const Tensor e = be->embedding(table, rows.reshape({T * tables})).reshape({T, tables * dim});
+  const Tensor wkv = up(pats((N + 1) * H * tables * dim, 43, 6), {(N + 1) * H, tables * dim});
+  const Tensor kv = be->linear(e, wkv);
+  const Tensor X = up(pats(T * N * H, 41, 13), {T, N, H});
+  const Tensor q_weight = up(pats(N * H, 7, 1, 0.5f, 1.0f), {N, H});
+  const Tensor k_weight = up(pats(N * H, 5, 9, 0.5f, 1.0f), {N, H});
+  expect_fixture(fetch_f32(*be, be->engram_gate(X, kv, q_weight, k_weight, 1e-20f)), kTinyGated,
+                 "gated trunk");
+}
+
+// Hand-computed gate: zero keys give d = 0 and sign(0) = 0, so g = sigmoid(0) = 1/2 on every
+// stream; keys equal to x with unit weights give d = sum(x^2) / mean(x^2) / sqrt(H) = sqrt(H) = 2.
+TEST_F(CpuV41OpsTest, EngramGateHandComputed) {
+  const std::vector<float> x = {1, -1, 2, 0, 3, 3, 3, 3};  // T 1, N 2, H 4
+  const std::vector<float> v = {1, 2, 3, 4};
+  const Tensor X = up(x, {1, 2, 4});
+  const Tensor ones = up(std::vector<float>(8, 1.0f), {2, 4});
+  std::vector<float> kv_zero(8, 0.0f);
+  kv_zero.insert(kv_zero.end(), v.begin(), v.end());
+  std::vector<double> half;
+  for (int s = 0; s < 2; ++s) {
+    for (int c = 0; c < 4; ++c) half.push_back(x[sz(s * 4 + c)] + 0.5 * v[sz(c)]);
+  }
+  expect_close(fetch_f32(*be, be->engram_gate(X, up(kv_zero, {1, 12}), ones, ones, 1e-20f)), half,
+               1e-6, 1e-6, "zero keys");
+
+  std::vector<float> kv_self = x;
+  kv_self.insert(kv_self.end(), v.begin(), v.end());
+  // d = 2 for any nonzero x_s, so g = sigmoid(sqrt(2)).
+  const double g = 1.0 / (1.0 + std::exp(-std::sqrt(2.0)));
+  std::vector<double> want;
+  for (int s = 0; s < 2; ++s) {
+    for (int c = 0; c < 4; ++c) want.push_back(x[sz(s * 4 + c)] + g * v[sz(c)]);
+  }
+  expect_close(fetch_f32(*be, be->engram_gate(X, up(kv_self, {1, 12}), ones, ones, 1e-20f)), want,
+               1e-6, 1e-6, "keys = x");
+}
+
+TEST_F(CpuV41OpsTest, EngramArgumentAndContentErrors) {
+  const Tensor map = up_i({0, 1, 2}, {3});
+  const EngramHashParams ok{{3, 5}, {7, 11}, 2, 0};
+  const Tensor ngram = up_i({0, -1, 1, 0}, {2, 2});
+  EngramHashParams bad = ok;
+  bad.primes = {7};
+  expect_error([&] { be->engram_hash(ngram, map, bad); }, ErrorCode::kInvalidArgument,
+               "engram_hash: params.primes must hold (n - 1) * heads = 2 primes, got 1");
+  bad = ok;
+  bad.primes = {2000000000, 2000000000};
+  expect_error([&] { be->engram_hash(ngram, map, bad); }, ErrorCode::kInvalidArgument,
+               "i32 row range");
+  expect_error(
+      [&] {
+        be->engram_hash(up_i({0, 1, 2}, {1, 3}), map, ok);
+      },
+      ErrorCode::kInvalidArgument, "engram_hash: argument ngram");
+  expect_error(
+      [&] {
+        be->engram_hash(up_i({0, 3}, {1, 2}), map, ok);
+      },
+      ErrorCode::kInvalidArgument, "ngram[0][1] = 3 is outside [-1, 3)");
+  const Tensor X = up(std::vector<float>(2 * 3), {1, 2, 3});
+  const Tensor w = up(std::vector<float>(6), {2, 3});
+  expect_error(
+      [&] {
+        be->engram_gate(X, up(std::vector<float>(6), {1, 6}), w, w, 1e-20f);
+      },
+      ErrorCode::kInvalidArgument, "engram_gate: argument kv");
 }
 
 }  // namespace

@@ -3,17 +3,20 @@
 Run: ``python3 tests/python/v41_op_fixtures.py`` (system python3 with torch and numpy). The
 inputs are exact binary fractions from ``pat`` (the C++ test computes the same formula), so both
 sides start from identical fp32 values; every expected value comes from a function of
-``v41_reference.py`` (``V41Model.hc_mix``), called on a stand-in ``self`` that holds only what
+``v41_reference.py`` (``V41Model.hc_mix``, ``engram_rows``, ``engram``,
+``engram_primes``, ``engram_multipliers``), called on a stand-in ``self`` that holds only what
 the method reads.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import v41_reference as ref
@@ -75,8 +78,78 @@ def shifted_hc() -> None:
     print(cpp_floats("kWantH", (pre_prev[..., None] * trunk).sum(1)))
 
 
+def flash_hash() -> None:
+    """V4.1-Flash's hash at layer 14 (4-grams, 8 heads) for two sequences near their start."""
+    cfg = ref.V41_FLASH
+    primes, offsets = ref.engram_primes(cfg)
+    layer = 14
+    i = cfg.engram_layer_ids.index(layer)
+    token_map = [99091, 17, 31337, 50000, 12345, 0, 77777, 4242]
+    model = SimpleNamespace(
+        cfg=cfg,
+        token_map=token_map,
+        cpad=token_map[cfg.engram_pad_token_id],
+        engram_mult={layer: ref.engram_multipliers(cfg, layer)},
+        engram_primes=primes,
+        engram_offsets=offsets,
+    )
+    print(cpp_ints("kFlashMult14", model.engram_mult[layer], "int64_t"))
+    print(cpp_ints("kFlashPrimes14", primes[i], "int64_t"))
+    seq_a = [5, 3, 0, 7, 1]  # positions 0..4: 1, 2, 3 then 4+ real tokens
+    seq_b = [6, 2, 4, 1, 0, 3, 7]  # rows at positions 5, 6 only (a decode-like tail)
+    rows_a = ref.V41Model.engram_rows(model, layer, seq_a, range(5))
+    rows_b = ref.V41Model.engram_rows(model, layer, seq_b, [5, 6])
+    print(cpp_ints("kFlashRows14", torch.cat((rows_a, rows_b))))
+
+
+def tiny_engram() -> None:
+    """Hash, lookup, wkv and gate of one tiny Engram layer: N 2, H 4, trigrams, 2 heads of 2."""
+    n, h, layer = 2, 4, 1
+    cfg = replace(
+        ref.V41_FLASH,
+        hidden_size=h,
+        hc_mult=n,
+        engram_layer_ids=(layer,),
+        engram_max_ngram_size=3,
+        engram_n_heads=2,
+        engram_head_dim=2,
+        engram_vocab_size=40,
+        engram_compressed_vocab_size=48,
+        engram_num_embeddings=(),
+    )
+    primes, offsets = ref.engram_primes(cfg)
+    rows_total = int(primes[0].sum())
+    token_map = [7, 45, 3, 0, 30, 12, 47, 21, 3, 9]
+    eg = SimpleNamespace(
+        embed=nn.Embedding(rows_total, 2),
+        wkv=nn.Linear(2 * 2 * 2, (n + 1) * h, bias=False),
+        q_weight=1.0 + pats(n * h, 7, 1, (n, h)) / 2,
+        k_weight=1.0 + pats(n * h, 5, 9, (n, h)) / 2,
+    )
+    with torch.no_grad():
+        eg.embed.weight.copy_(pats(rows_total * 2, 17, 3, (rows_total, 2)) * 2)
+        eg.wkv.weight.copy_(pats((n + 1) * h * 8, 43, 6, ((n + 1) * h, 8)))
+    model = SimpleNamespace(
+        cfg=cfg,
+        token_map=token_map,
+        cpad=token_map[cfg.engram_pad_token_id],
+        engram_mult={layer: ref.engram_multipliers(cfg, layer)},
+        engram_primes=primes,
+        engram_offsets=offsets,
+        layers={layer: SimpleNamespace(engram=eg)},
+    )
+    model.engram_rows = lambda lay, toks, pos: ref.V41Model.engram_rows(model, lay, toks, pos)
+    tokens = [4, 9, 1, 6]
+    x = pats(4 * n * h, 41, 13, (4, n, h))
+    print(cpp_ints("kTinyMult", model.engram_mult[layer], "int64_t"))
+    print(cpp_ints("kTinyPrimes", primes[0], "int64_t"))
+    print(cpp_ints("kTinyRows", model.engram_rows(layer, tokens, range(4))))
+    with torch.no_grad():
+        print(cpp_floats("kTinyGated", ref.V41Model.engram(model, layer, x, tokens, range(4))))
+
+
 if __name__ == "__main__":
     torch.set_printoptions(precision=9)
-    for fixture in (shifted_hc,):
+    for fixture in (shifted_hc, flash_hash, tiny_engram):
         print(f"// ---- {fixture.__name__}")
         fixture()

@@ -71,6 +71,15 @@ struct HcShiftedMix {
   Tensor y;
 };
 
+// Constants of one Engram layer's n-gram hash (V4.1, docs/model.md#v41-ops). n = multipliers.size()
+// is the largest n-gram order (orders 2..n are hashed).
+struct EngramHashParams {
+  std::vector<int64_t> multipliers;  // M_l[0..n-1]: odd, positive
+  std::vector<int64_t> primes;       // [(n-1) * heads], (order, head) order: each table's rows
+  int heads = 0;
+  int32_t pad_id = 0;  // cpad: the compressed id of positions before the sequence start
+};
+
 // Experts chosen per token: expert_ids [T, k] i32 and their weights [T, k] f32 (already
 // renormalised and multiplied by routed_scaling_factor).
 struct Routing {
@@ -322,6 +331,22 @@ class Backend {
   // shifted model (no HyperHead: pre is the last sub-layer's).
   Tensor hc_collapse(const Tensor& X, const Tensor& pre);
 
+  // ---- Engram (V4.1 n-gram memory, docs/model.md#v41-ops)
+  // ----------------------------------------- Hash rows of each token's n-gram. ngram [T, n] i32:
+  // column r holds the token id at position t - r, -1 before the sequence start; token_map [V] i32
+  // maps token ids to compressed ids (-1 maps to params.pad_id). h = c[0]*M[0], then for r
+  // = 1..n-1: h ^= c[r]*M[r] and, per head, row = h mod P[r-1][head] + offset[r-1][head] (offset:
+  // exclusive prefix sum of the primes in (order, head) order), in unsigned 64-bit arithmetic. ->
+  // [T, (n-1)*heads] i32 rows of the layer's table, in (order, head) order. The lookup is
+  // `embedding` on the flattened rows.
+  Tensor engram_hash(const Tensor& ngram, const Tensor& token_map, const EngramHashParams& params);
+  // The Engram gate on the trunk X [T, N, H]: kv [T, (N+1)*H] is wkv of the looked-up rows, keys
+  // k = kv[:, :N*H] as [T, N, H], value v = kv[:, N*H:]. Per stream s: d = sum_c x_s*wq_s*wk_s*k_s
+  // * rsqrt(mean(x_s^2)+eps) * rsqrt(mean(k_s^2)+eps) / sqrt(H); g = sigmoid(sign(d) *
+  // sqrt(max(|d|, 1e-6))); X_new[t, s] = x_s + g * v. q_weight, k_weight [N, H] f32.
+  Tensor engram_gate(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                     const Tensor& k_weight, float eps);
+
   // ---- mixture of experts ----------------------------------------------------------------------
   // scores = sqrt(softplus(x gate_w^T)); experts = top-k of scores + bias (bias may be undefined),
   // or tid2eid[token_ids] when tid2eid [V, k] i32 is defined (hash routing). Weights are the
@@ -415,6 +440,10 @@ class Backend {
                                            const Tensor& scale, const Tensor& prev_pre,
                                            const HcParams& params);
   virtual Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre);
+  virtual Tensor engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
+                                  const EngramHashParams& params);
+  virtual Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                                  const Tensor& k_weight, float eps);
 
   virtual Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                                  const Tensor& tid2eid, const Tensor& token_ids, int top_k,

@@ -3,6 +3,8 @@
 // only checks of limits of its own (each says why next to it).
 #include "deepinfer/backend.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -345,6 +347,49 @@ Tensor Backend::hc_collapse(const Tensor& X, const Tensor& pre) {
   return hc_collapse_impl(X, pre);
 }
 
+// ---- Engram ------------------------------------------------------------------------------------
+
+Tensor Backend::engram_hash(const Tensor& ngram, const Tensor& token_map,
+                            const EngramHashParams& params) {
+  const OpChecks c("engram_hash", device_kind());
+  const auto n = static_cast<int64_t>(params.multipliers.size());
+  if (n < 2) c.fail("params.multipliers must hold n >= 2 multipliers, got " + std::to_string(n));
+  if (params.heads < 1) c.fail("params.heads must be >= 1, got " + std::to_string(params.heads));
+  const int64_t tables = (n - 1) * params.heads;
+  if (static_cast<int64_t>(params.primes.size()) != tables) {
+    c.fail("params.primes must hold (n - 1) * heads = " + std::to_string(tables) + " primes, got " +
+           std::to_string(params.primes.size()));
+  }
+  for (const int64_t m : params.multipliers) {
+    if (m <= 0) c.fail("params.multipliers must be positive, got " + std::to_string(m));
+  }
+  // The rows are i32 (they feed `embedding`), so the whole table must be indexable by one.
+  int64_t rows = 0;
+  for (const int64_t p : params.primes) {
+    if (p < 1) c.fail("params.primes must be positive, got " + std::to_string(p));
+    rows += p;
+    if (rows > std::numeric_limits<int32_t>::max()) {
+      c.fail("params.primes sum past the i32 row range (" + std::to_string(rows) + " rows)");
+    }
+  }
+  if (params.pad_id < 0) c.fail("params.pad_id must be >= 0, got " + std::to_string(params.pad_id));
+  c.tensor("ngram", ngram, DType::kI32, {-1, n});
+  c.tensor("token_map", token_map, DType::kI32, {-1});
+  return engram_hash_impl(ngram, token_map, params);
+}
+
+Tensor Backend::engram_gate(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                            const Tensor& k_weight, float eps) {
+  const OpChecks c("engram_gate", device_kind());
+  c.tensor("X", X, DType::kF32, {-1, -1, -1});
+  const int64_t n = X.size(1);
+  const int64_t hidden = X.size(2);
+  c.tensor("kv", kv, DType::kF32, {X.size(0), (n + 1) * hidden});
+  c.tensor("q_weight", q_weight, DType::kF32, {n, hidden});
+  c.tensor("k_weight", k_weight, DType::kF32, {n, hidden});
+  return engram_gate_impl(X, kv, q_weight, k_weight, eps);
+}
+
 // ---- mixture of experts -------------------------------------------------------------------------
 
 Routing Backend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
@@ -511,6 +556,15 @@ HcShiftedMix Backend::hc_pre_shifted_impl(const Tensor&, const Tensor&, const Te
 
 Tensor Backend::hc_collapse_impl(const Tensor&, const Tensor&) {
   unsupported("hc_collapse");
+}
+
+Tensor Backend::engram_hash_impl(const Tensor&, const Tensor&, const EngramHashParams&) {
+  unsupported("engram_hash");
+}
+
+Tensor Backend::engram_gate_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 float) {
+  unsupported("engram_gate");
 }
 
 }  // namespace deepinfer
