@@ -1,5 +1,6 @@
-// CPU backend V4.1 ops (hc_pre_shifted, hc_collapse, engram_hash, engram_gate) against the torch
-// reference tests/python/v41_reference.py (fixtures below) and hand-computed values.
+// CPU backend V4.1 ops (hc_pre_shifted, hc_collapse, engram_hash, engram_gate,
+// indexer_candidates, indexer_topk_in_candidates) against the torch reference
+// tests/python/v41_reference.py (fixtures below) and hand-computed values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@ namespace {
 using testing::expect_close;
 using testing::fetch_f32;
 using testing::fetch_i32;
+using testing::HostLayout;
 using testing::sz;
 
 // ((i*a + b) mod 97 - 48) / 64 for i < n: exact in fp32, so the C++ inputs equal those of
@@ -295,6 +297,86 @@ TEST_F(CpuV41OpsTest, EngramArgumentAndContentErrors) {
         be->engram_gate(X, up(std::vector<float>(6), {1, 6}), w, w, 1e-20f);
       },
       ErrorCode::kInvalidArgument, "engram_gate: argument kv");
+}
+
+// ---- candidate blocks ---------------------------------------------------------------------------
+
+// One index head of width 1 with q = weight = 1: score(j) = relu(key_j), so the scores are the
+// cache's values. Sequence 0 reads cache rows 0..15 through block table [0, 1], sequence 1 rows
+// 8..15 first (table [1, 0]); paged blocks hold 8 entries (ratio 1).
+struct CandidateCase {
+  // Entries 0..10 of sequence 0 (with ties) and an invisible 11 that would win were it visible.
+  std::vector<float> keys = {1, 5, 2, 4, 0, 5, 3, 3, 1, 2, 5, 9, 0, 0, 0, 0};
+  HostLayout layout{{{9, 2, 0}, {0, 2, 1}}, 8, 2, {0, 1, 1, 0}};
+};
+
+TEST_F(CpuV41OpsTest, CandidateBlocksHandComputed) {
+  const CandidateCase c;
+  const BatchLayout l = c.layout.upload(*be);
+  const Tensor q = up({1, 1, 1, 1}, {4, 1, 1});
+  const Tensor w = up({1, 1, 1, 1}, {4, 1});
+  const Tensor cache = up(c.keys, {16, 1});
+  // Blocks of 3 entries. Position 9 sees 10 entries: block maxima 5 5 3 2 -> 0 1 2. Position 10
+  // sees 11: maxima 5 5 3 5 (entry 11's 9 is invisible) -> ties at 5 go to the lower blocks: 0 1
+  // 3. Sequence 1 (rows 8.. of the cache: 1, 2) has one visible block.
+  const Tensor cand = be->indexer_candidates(q, w, cache, l, 1, 3, 3, 1.0f, 1.0f);
+  EXPECT_EQ(fetch_i32(*be, cand), (std::vector<int32_t>{0, 1, 2, 0, 1, 3, 0, -1, -1, 0, -1, -1}));
+  EXPECT_EQ(
+      fetch_i32(*be, be->indexer_candidates(q, w, cache, l, 1, 3, 5, 1.0f, 1.0f)),
+      (std::vector<int32_t>{0, 1, 2, 3, -1, 0, 1, 3, 2, -1, 0, -1, -1, -1, -1, 0, -1, -1, -1, -1}));
+
+  // Top 4 inside them. Position 9 (entries 0..8): 5@1 5@5 4@3 3@6 (3@7 loses the tie). Position
+  // 10 (entries 0..5, 9, 10): 5@1 5@5 5@10 4@3. Sequence 1: what there is, then -1.
+  EXPECT_EQ(
+      fetch_i32(*be, be->indexer_topk_in_candidates(q, w, cache, l, 1, cand, 3, 4, 1.0f, 1.0f)),
+      (std::vector<int32_t>{1, 5, 3, 6, 1, 5, 10, 3, 0, -1, -1, -1, 1, 0, -1, -1}));
+
+  // A repeated block counts once and -1 is no block: block 2 alone is entries 6 7 8 (3 3 1).
+  const Tensor repeated = up_i({2, 2, -1, 2, -1, 2, -1, -1, -1, 0, 0, 0}, {4, 3});
+  EXPECT_EQ(
+      fetch_i32(*be, be->indexer_topk_in_candidates(q, w, cache, l, 1, repeated, 3, 4, 1.0f, 1.0f)),
+      (std::vector<int32_t>{6, 7, 8, -1, 6, 7, 8, -1, -1, -1, -1, -1, 1, 0, -1, -1}));
+}
+
+// With every visible block a candidate the restriction is a no-op: indexer_topk's result, on
+// integer scores full of ties, a paged fp32 cache and ratio 2.
+TEST_F(CpuV41OpsTest, CandidatesCoveringEverythingEqualIndexerTopk) {
+  const int heads = 3, dim = 4, ratio = 2, block = 8, epb = block / ratio, top_k = 5;
+  const HostLayout layout({{13, 6, 0}, {0, 3, 1}, {30, 1, 2}}, block, 4,
+                          {3, 0, 5, 1, 2, 4, 0, 0, 6, 7, 1, 3});
+  const BatchLayout l = layout.upload(*be);
+  const int64_t T = layout.num_tokens();
+  const Tensor q = up(rng.integers(sz(T * heads * dim), -1, 2), {T, heads, dim});
+  const Tensor w = up(rng.integers(sz(T * heads), 0, 2), {T, heads});
+  const Tensor cache = up(rng.integers(sz(8 * epb * dim), -1, 2), {8 * epb, dim});
+  for (const int bs : {1, 3, 4}) {
+    const Tensor all = be->indexer_candidates(q, w, cache, l, ratio, bs, 64, 0.5f, 2.0f);
+    EXPECT_EQ(fetch_i32(*be, be->indexer_topk_in_candidates(q, w, cache, l, ratio, all, bs, top_k,
+                                                            0.5f, 2.0f)),
+              fetch_i32(*be, be->indexer_topk(q, w, cache, l, ratio, top_k, 0.5f, 2.0f)))
+        << "block_entries " << bs;
+  }
+}
+
+TEST_F(CpuV41OpsTest, CandidateArgumentAndContentErrors) {
+  const CandidateCase c;
+  const BatchLayout l = c.layout.upload(*be);
+  const Tensor q = up({1, 1, 1, 1}, {4, 1, 1});
+  const Tensor w = up({1, 1, 1, 1}, {4, 1});
+  const Tensor cache = up(c.keys, {16, 1});
+  expect_error([&] { be->indexer_candidates(q, w, cache, l, 1, 0, 3, 1.0f, 1.0f); },
+               ErrorCode::kInvalidArgument, "indexer_candidates: block_entries must be >= 1");
+  expect_error(
+      [&] {
+        be->indexer_topk_in_candidates(q, w, cache, l, 1, up_i({0, 1}, {2, 1}), 3, 4, 1.0f, 1.0f);
+      },
+      ErrorCode::kInvalidArgument, "indexer_topk_in_candidates: argument candidates");
+  expect_error(
+      [&] {
+        be->indexer_topk_in_candidates(q, w, cache, l, 1, up_i({0, -2, 0, 0}, {4, 1}), 3, 4, 1.0f,
+                                       1.0f);
+      },
+      ErrorCode::kInvalidArgument, "candidates[1][0] = -2 is negative and not -1");
 }
 
 }  // namespace

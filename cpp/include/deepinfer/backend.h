@@ -385,6 +385,21 @@ class Backend {
   Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                       const BatchLayout& layout, int ratio, int top_k, float score_scale,
                       float weight_scale);
+  // V4.1 candidate blocks (long-context indexer): the indexer_topk scores of the visible entries
+  // j < (pos_t + 1) / ratio, grouped into blocks [c*block_entries, (c+1)*block_entries); a block's
+  // score is the max over its visible entries. Returns [T, top_blocks] i32: the top
+  // min(top_blocks, visible blocks) blocks (a set; by score, ties: lower block first), then -1.
+  Tensor indexer_candidates(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                            const BatchLayout& layout, int ratio, int block_entries, int top_blocks,
+                            float score_scale, float weight_scale);
+  // indexer_topk restricted to candidate blocks: only the visible entries of the blocks in
+  // candidates [T, Kb] i32 (block ids of indexer_candidates, -1 = none) are scored. Returns
+  // [T, top_k] i32 absolute entry indices: the top min(top_k, candidate entries) (ties: lower
+  // index first), then -1.
+  Tensor indexer_topk_in_candidates(const Tensor& q, const Tensor& weights,
+                                    const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                                    const Tensor& candidates, int block_entries, int top_k,
+                                    float score_scale, float weight_scale);
   // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
   // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
   // (the caches in one KV format, spec.rope_dim selecting the fp8 record; see above)
@@ -444,6 +459,15 @@ class Backend {
                                   const EngramHashParams& params);
   virtual Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
                                   const Tensor& k_weight, float eps);
+  virtual Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights,
+                                         const Tensor& index_cache, const BatchLayout& layout,
+                                         int ratio, int block_entries, int top_blocks,
+                                         float score_scale, float weight_scale);
+  virtual Tensor indexer_topk_in_candidates_impl(const Tensor& q, const Tensor& weights,
+                                                 const Tensor& index_cache,
+                                                 const BatchLayout& layout, int ratio,
+                                                 const Tensor& candidates, int block_entries,
+                                                 int top_k, float score_scale, float weight_scale);
 
   virtual Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                                  const Tensor& tid2eid, const Tensor& token_ids, int top_k,

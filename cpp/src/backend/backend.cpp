@@ -500,19 +500,55 @@ void Backend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor
   scatter_rows_impl(cache, rows, dest, rope_dim);
 }
 
+namespace {
+
+// The arguments indexer_topk, indexer_candidates and indexer_topk_in_candidates share.
+void check_indexer_inputs(const OpChecks& c, const Backend& backend, const Tensor& q,
+                          const Tensor& weights, const Tensor& index_cache,
+                          const BatchLayout& layout, int ratio) {
+  c.layout(layout, /*need_block_table=*/true);
+  c.ratio(ratio, layout);
+  c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
+  c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
+  c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
+             backend.supports_kv_cache_dtype(index_cache.dtype()));
+}
+
+}  // namespace
+
 Tensor Backend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                              const BatchLayout& layout, int ratio, int top_k, float score_scale,
                              float weight_scale) {
   const OpChecks c("indexer_topk", device_kind());
-  c.layout(layout, /*need_block_table=*/true);
-  c.ratio(ratio, layout);
+  check_indexer_inputs(c, *this, q, weights, index_cache, layout, ratio);
   if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
-  c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
-  c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
-  c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
-             supports_kv_cache_dtype(index_cache.dtype()));
   return indexer_topk_impl(q, weights, index_cache, layout, ratio, top_k, score_scale,
                            weight_scale);
+}
+
+Tensor Backend::indexer_candidates(const Tensor& q, const Tensor& weights,
+                                   const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                                   int block_entries, int top_blocks, float score_scale,
+                                   float weight_scale) {
+  const OpChecks c("indexer_candidates", device_kind());
+  check_indexer_inputs(c, *this, q, weights, index_cache, layout, ratio);
+  if (block_entries < 1) c.fail("block_entries must be >= 1, got " + std::to_string(block_entries));
+  if (top_blocks < 0) c.fail("top_blocks must be >= 0, got " + std::to_string(top_blocks));
+  return indexer_candidates_impl(q, weights, index_cache, layout, ratio, block_entries, top_blocks,
+                                 score_scale, weight_scale);
+}
+
+Tensor Backend::indexer_topk_in_candidates(const Tensor& q, const Tensor& weights,
+                                           const Tensor& index_cache, const BatchLayout& layout,
+                                           int ratio, const Tensor& candidates, int block_entries,
+                                           int top_k, float score_scale, float weight_scale) {
+  const OpChecks c("indexer_topk_in_candidates", device_kind());
+  check_indexer_inputs(c, *this, q, weights, index_cache, layout, ratio);
+  c.tensor("candidates", candidates, DType::kI32, {layout.num_tokens, -1});
+  if (block_entries < 1) c.fail("block_entries must be >= 1, got " + std::to_string(block_entries));
+  if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
+  return indexer_topk_in_candidates_impl(q, weights, index_cache, layout, ratio, candidates,
+                                         block_entries, top_k, score_scale, weight_scale);
 }
 
 Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
@@ -565,6 +601,17 @@ Tensor Backend::engram_hash_impl(const Tensor&, const Tensor&, const EngramHashP
 Tensor Backend::engram_gate_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                  float) {
   unsupported("engram_gate");
+}
+
+Tensor Backend::indexer_candidates_impl(const Tensor&, const Tensor&, const Tensor&,
+                                        const BatchLayout&, int, int, int, float, float) {
+  unsupported("indexer_candidates");
+}
+
+Tensor Backend::indexer_topk_in_candidates_impl(const Tensor&, const Tensor&, const Tensor&,
+                                                const BatchLayout&, int, const Tensor&, int, int,
+                                                float, float) {
+  unsupported("indexer_topk_in_candidates");
 }
 
 }  // namespace deepinfer

@@ -104,6 +104,13 @@ class CpuBackend final : public Backend {
   Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                            const BatchLayout& layout, int ratio, int top_k, float score_scale,
                            float weight_scale) override;
+  Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                                 const BatchLayout& layout, int ratio, int block_entries,
+                                 int top_blocks, float score_scale, float weight_scale) override;
+  Tensor indexer_topk_in_candidates_impl(const Tensor& q, const Tensor& weights,
+                                         const Tensor& index_cache, const BatchLayout& layout,
+                                         int ratio, const Tensor& candidates, int block_entries,
+                                         int top_k, float score_scale, float weight_scale) override;
   Tensor attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
                         const Tensor& entries, const Tensor& topk, const Tensor& sinks,
                         const BatchLayout& layout, const AttentionSpec& spec) override;
