@@ -1,11 +1,13 @@
 // CPU backend V4.1 ops (hc_pre_shifted, hc_collapse, engram_hash, engram_gate,
-// indexer_candidates, indexer_topk_in_candidates) against the torch reference
-// tests/python/v41_reference.py (fixtures below) and hand-computed values.
+// indexer_candidates, indexer_topk_in_candidates, and the C2 / C1 compressors as existing ops)
+// against the torch reference tests/python/v41_reference.py (fixtures below) and hand-computed
+// values.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu_test_util.h"
@@ -377,6 +379,80 @@ TEST_F(CpuV41OpsTest, CandidateArgumentAndContentErrors) {
                                        1.0f);
       },
       ErrorCode::kInvalidArgument, "candidates[1][0] = -2 is negative and not -1");
+}
+
+// ---- C2 / C1 compressors ------------------------------------------------------------------------
+
+// Printed by `python3 tests/python/v41_op_fixtures.py` (compressor): V41Model.compress's normed
+// pre-RoPE entries (comp_pre) and roped entries (comp_kv) of a C2 and a C1 kv source over 4
+// tokens; H 6, D 4, RoPE on the last 2 channels (inv_freq of compress theta, dim 2).
+namespace compressor_fixture {
+const std::vector<float> kInvFreq = {1.0f};
+const std::vector<float> kWantPreC2 = {-0.194859609f, -1.44492543f, 0.276824743f,  -0.875334501f,
+                                       -1.3703506f,   0.265410572f, 0.0984087437f, 0.983866036f};
+const std::vector<float> kWantKvC2 = {-0.194859609f, -1.44492543f, 0.276824743f, -0.875334501f,
+                                      -1.3703506f,   0.265410572f, -0.93557936f, -0.319949925f};
+const std::vector<float> kWantPreC1 = {1.04511201f,   1.32965815f,   -0.141799331f, 0.133713365f,
+                                       -0.899509311f, -1.40172541f,  0.17368941f,   -0.327103376f,
+                                       -1.31808829f,  -0.822442472f, 0.153056696f,  0.683158457f,
+                                       1.27297604f,   1.0521208f,    -0.13364169f,  -0.380518287f};
+const std::vector<float> kWantKvC1 = {1.04511201f,   1.32965815f,   -0.141799331f, 0.133713365f,
+                                      -0.899509311f, -1.40172541f,  0.369092792f,  -0.0305801183f,
+                                      -1.31808829f,  -0.822442472f, -0.684888244f, -0.145120189f,
+                                      1.27297604f,   1.0521208f,    0.186003f,     0.35785073f};
+}  // namespace compressor_fixture
+
+// C2 needs no new op: compress_pool with ratio 2, no overlap and a zero ape is the per-channel
+// softmax over each pair of tokens. Fed in two calls (entry 1 pools a ring token and a new one),
+// then rms_norm and rope at j * 2, against the reference's one-shot compress.
+TEST_F(CpuV41OpsTest, C2IsCompressPoolWithoutApe) {
+  using namespace compressor_fixture;
+  const int64_t H = 6, D = 4;
+  const std::vector<float> xn = pats(4 * H, 53, 21);
+  std::vector<float> w = pats(D * H, 61, 4);  // [wkv; wgate]: proj rows are [kv | gate]
+  const std::vector<float> wgate = pats(D * H, 59, 30, 2.0f);
+  w.insert(w.end(), wgate.begin(), wgate.end());
+  const Tensor weight = up(w, {2 * D, H});
+  const Tensor norm_w = up(pats(D, 3, 8, 0.25f, 1.0f), {D});
+  const Tensor inv_freq = up(kInvFreq, {1});
+  const Tensor ape = up(std::vector<float>(2 * D, 0.0f), {2, D});
+  const Tensor ring = up(std::vector<float>(2 * 2 * D, 0.0f), {1, 2, 2 * D});
+  const CompressSpec spec{2, false, static_cast<int>(D)};
+  std::vector<float> pre, kv;
+  // Call 0: tokens 0..2 close entry 0; call 1: token 3 closes entry 1 with token 2 from the ring.
+  for (const auto& [ctx, q, window] : {std::tuple{0, 3, 0}, std::tuple{3, 1, 1}}) {
+    const BatchLayout l = HostLayout({{ctx, q, 0}}, 8, 1).upload(*be);
+    const std::vector<float> x(xn.begin() + ctx * H, xn.begin() + (ctx + q) * H);
+    const Tensor proj = be->linear(up(x, {q, H}), weight);
+    EntryBatch entries;
+    entries.num_entries = 1;
+    entries.seq = up_i({0}, {1});
+    entries.window = up_i({window}, {1});
+    entries.rope_pos = up_i({2 * window}, {1});
+    entries.dest = up_i({window}, {1});
+    const Tensor u = be->compress_pool(proj, ring, ape, l, entries, spec);
+    be->ring_write(ring, proj, l);
+    const Tensor normed = be->rms_norm(u, norm_w, 1e-20f);
+    const std::vector<float> p = fetch_f32(*be, normed);
+    const std::vector<float> k =
+        fetch_f32(*be, be->rope(normed, entries.rope_pos, inv_freq, false));
+    pre.insert(pre.end(), p.begin(), p.end());
+    kv.insert(kv.end(), k.begin(), k.end());
+  }
+  expect_fixture(pre, kWantPreC2, "C2 pre-RoPE entries");
+  expect_fixture(kv, kWantKvC2, "C2 entries");
+}
+
+// C1 is a per-token projection: linear, rms_norm, rope at the token's position.
+TEST_F(CpuV41OpsTest, C1IsAProjectionPerToken) {
+  using namespace compressor_fixture;
+  const int64_t T = 4, H = 6, D = 4;
+  const Tensor u = be->linear(up(pats(T * H, 53, 21), {T, H}), up(pats(D * H, 61, 4), {D, H}));
+  const Tensor normed = be->rms_norm(u, up(pats(D, 3, 8, 0.25f, 1.0f), {D}), 1e-20f);
+  expect_fixture(fetch_f32(*be, normed), kWantPreC1, "C1 pre-RoPE entries");
+  const Tensor pos = up_i({0, 1, 2, 3}, {T});
+  expect_fixture(fetch_f32(*be, be->rope(normed, pos, up(kInvFreq, {1}), false)), kWantKvC1,
+                 "C1 entries");
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 Run: ``python3 tests/python/v41_op_fixtures.py`` (system python3 with torch and numpy). The
 inputs are exact binary fractions from ``pat`` (the C++ test computes the same formula), so both
 sides start from identical fp32 values; every expected value comes from a function of
-``v41_reference.py`` (``V41Model.hc_mix``, ``engram_rows``, ``engram``,
+``v41_reference.py`` (``V41Model.hc_mix``, ``engram_rows``, ``engram``, ``compress``,
 ``engram_primes``, ``engram_multipliers``), called on a stand-in ``self`` that holds only what
 the method reads.
 """
@@ -148,8 +148,34 @@ def tiny_engram() -> None:
         print(cpp_floats("kTinyGated", ref.V41Model.engram(model, layer, x, tokens, range(4))))
 
 
+def compressor() -> None:
+    """C2 and C1 kv-source compressors (C.3.3) over 4 tokens: H 6, D 4, rope on the last 2."""
+    h, d, layer = 6, 4, 0
+    xn = pats(4 * h, 53, 21, (4, h))
+    inv = ref.rope_inv_freq(160000.0, 2, None)
+    print(cpp_floats("kInvFreq", inv))
+    for ratio in (2, 1):
+        cfg = replace(ref.V41_FLASH, hidden_size=h, head_dim=d, compress_ratios=(ratio,))
+        comp = ref.Compressor(cfg, ratio)
+        with torch.no_grad():
+            comp.wkv.weight.copy_(pats(d * h, 61, 4, (d, h)))
+            if comp.wgate is not None:
+                comp.wgate.weight.copy_(pats(d * h, 59, 30, (d, h)) * 2)
+            comp.norm.weight.copy_(1.0 + pats(d, 3, 8, (d,)) / 4)
+        model = SimpleNamespace(
+            cfg=cfg,
+            layers=[SimpleNamespace(attn=SimpleNamespace(compressor=comp, indexer=None))],
+            inv_freq=[inv],
+        )
+        cache = SimpleNamespace(length=4, comp_in={}, comp_pre={}, comp_kv={}, index_k={})
+        with torch.no_grad():
+            ref.V41Model.compress(model, layer, xn, torch.arange(4), cache)
+        print(cpp_floats(f"kWantPreC{ratio}", cache.comp_pre[layer]))
+        print(cpp_floats(f"kWantKvC{ratio}", cache.comp_kv[layer]))
+
+
 if __name__ == "__main__":
     torch.set_printoptions(precision=9)
-    for fixture in (shifted_hc, flash_hash, tiny_engram):
+    for fixture in (shifted_hc, flash_hash, tiny_engram, compressor):
         print(f"// ---- {fixture.__name__}")
         fixture()
