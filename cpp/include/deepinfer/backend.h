@@ -331,14 +331,13 @@ class Backend {
   // shifted model (no HyperHead: pre is the last sub-layer's).
   Tensor hc_collapse(const Tensor& X, const Tensor& pre);
 
-  // ---- Engram (V4.1 n-gram memory, docs/model.md#v41-ops)
-  // ----------------------------------------- Hash rows of each token's n-gram. ngram [T, n] i32:
-  // column r holds the token id at position t - r, -1 before the sequence start; token_map [V] i32
-  // maps token ids to compressed ids (-1 maps to params.pad_id). h = c[0]*M[0], then for r
-  // = 1..n-1: h ^= c[r]*M[r] and, per head, row = h mod P[r-1][head] + offset[r-1][head] (offset:
-  // exclusive prefix sum of the primes in (order, head) order), in unsigned 64-bit arithmetic. ->
-  // [T, (n-1)*heads] i32 rows of the layer's table, in (order, head) order. The lookup is
-  // `embedding` on the flattened rows.
+  // ---- Engram (V4.1 n-gram memory, docs/model.md#v41-ops) ---------------------------------------
+  // Hash rows of each token's n-gram. ngram [T, n] i32: column r holds the token id at position
+  // t - r, -1 before the sequence start; token_map [V] i32 maps token ids to compressed ids (-1
+  // maps to params.pad_id). h = c[0]*M[0], then for r = 1..n-1: h ^= c[r]*M[r] and, per head,
+  // row = h mod P[r-1][head] + offset[r-1][head] (offset: exclusive prefix sum of the primes in
+  // (order, head) order), in unsigned 64-bit arithmetic. -> [T, (n-1)*heads] i32 rows of the
+  // layer's table, in (order, head) order. The lookup is `embedding` on the flattened rows.
   Tensor engram_hash(const Tensor& ngram, const Tensor& token_map, const EngramHashParams& params);
   // The Engram gate on the trunk X [T, N, H]: kv [T, (N+1)*H] is wkv of the looked-up rows, keys
   // k = kv[:, :N*H] as [T, N, H], value v = kv[:, N*H:]. Per stream s: d = sum_c x_s*wq_s*wk_s*k_s
