@@ -4,10 +4,12 @@
 // values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cpu_test_util.h"
@@ -338,6 +340,89 @@ TEST_F(CpuV41OpsTest, CandidateBlocksHandComputed) {
   EXPECT_EQ(
       fetch_i32(*be, be->indexer_topk_in_candidates(q, w, cache, l, 1, repeated, 3, 4, 1.0f, 1.0f)),
       (std::vector<int32_t>{6, 7, 8, -1, 6, 7, 8, -1, -1, -1, -1, -1, 1, 0, -1, -1}));
+}
+
+// Printed by `python3 tests/python/v41_op_fixtures.py` (candidates): V41Model.select on TINY_A's
+// candidate source (layer 6: full top-k and candidate entries) and its restricted index source
+// (layer 8), with 2 index heads of 4, small-integer weights (scores exact, about 5 distinct values
+// among up to 20 entries: many ties) and rows at positions 12..19. Sets, ascending, -1 padded.
+namespace candidate_fixture {
+const std::vector<int32_t> kWantTopk6 = {0, 3, 5, 8,  0, 3, 5, 10, 2, 4, 7,  12, 1, 3, 6,  11,
+                                         0, 3, 8, 13, 0, 3, 8, 13, 0, 5, 10, 15, 2, 7, 12, 17};
+const std::vector<int32_t> kWantCandEntries6 = {
+    0,  1,  2,  3,  4,  5,  6,  7,  8,  -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,  1,  2,
+    3,  4,  5,  9,  10, 11, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,  1,  2,  6,  7,  8,
+    12, 13, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,  1,  2,  6,  7,  8,  9,  10, 11,
+    -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 3,  4,  5,  6,  7,  8,  12, 13, 14, -1, -1, -1,
+    -1, -1, -1, -1, -1, -1, -1, -1, 3,  4,  5,  6,  7,  8,  12, 13, 14, -1, -1, -1, -1, -1, -1,
+    -1, -1, -1, -1, -1, 0,  1,  2,  3,  4,  5,  9,  10, 11, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    -1, -1, 0,  1,  2,  6,  7,  8,  12, 13, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+const std::vector<int32_t> kWantTopk8 = {0, 2, 5, 7,  0, 2, 3, 5,  0, 8, 13, 14, 1, 2, 6,  7,
+                                         3, 5, 8, 13, 3, 5, 7, 12, 0, 2, 3,  5,  0, 8, 13, 14};
+}  // namespace candidate_fixture
+
+// (i*a + b) mod 5 - 2: the fixture script's `coarse`.
+std::vector<float> coarse(int64_t n, int64_t a, int64_t b, float mul = 1.0f) {
+  std::vector<float> v(sz(n));
+  for (int64_t i = 0; i < n; ++i) v[sz(i)] = static_cast<float>((i * a + b) % 5 - 2) * mul;
+  return v;
+}
+
+// Each row's non-negative values, ascending, padded with -1 to `width` (set comparison).
+std::vector<int32_t> as_sets(std::vector<int32_t> v, int64_t cols, int64_t width) {
+  std::vector<int32_t> out;
+  for (size_t r = 0; r * sz(cols) < v.size(); ++r) {
+    std::vector<int32_t> row;
+    for (int64_t i = 0; i < cols; ++i) {
+      if (v[r * sz(cols) + sz(i)] >= 0) row.push_back(v[r * sz(cols) + sz(i)]);
+    }
+    std::sort(row.begin(), row.end());
+    row.resize(sz(width), -1);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+TEST_F(CpuV41OpsTest, CandidateSelectionMatchesReference) {
+  using namespace candidate_fixture;
+  const int64_t S = 8, hi = 2, di = 4, entries = 20, q_lora = 32, hidden = 64, top_k = 4, bs = 3;
+  const HostLayout layout({{12, static_cast<int>(S), 0}}, 8, 3, {0, 1, 2});
+  const BatchLayout l = layout.upload(*be);
+  std::vector<float> keys = coarse(entries * di, 3, 2);
+  keys.resize(sz(24 * di), 0.0f);  // three paged blocks of 8
+  const Tensor cache = up(keys, {24, di});
+  const Tensor xn = up(coarse(S * hidden, 2, 0), {S, hidden});
+  const Tensor qa = up(coarse(S * q_lora, 4, 3, 0.25f), {S, q_lora});
+  // The indexer's q (unroped: the fixture's RoPE angle is 0) and weights of a layer.
+  auto indexer = [&](int64_t a, int64_t b) {
+    const Tensor q = be->linear(qa, up(coarse(hi * di * q_lora, a, b), {hi * di, q_lora}));
+    const Tensor w = be->linear(xn, up(coarse(hi * hidden, b, a), {hi, hidden}));
+    return std::pair{q.reshape({S, hi, di}), w};
+  };
+  const auto [q6, w6] = indexer(7, 1);
+  const auto [q8, w8] = indexer(3, 4);
+  EXPECT_EQ(as_sets(fetch_i32(*be, be->indexer_topk(q6, w6, cache, l, 1, top_k, 1.0f, 1.0f)), top_k,
+                    top_k),
+            kWantTopk6);
+  const Tensor cand = be->indexer_candidates(q6, w6, cache, l, 1, bs, 3, 1.0f, 1.0f);
+  // The candidate entries: the visible entries of the chosen blocks.
+  const std::vector<int32_t> blocks = fetch_i32(*be, cand);
+  std::vector<int32_t> cand_entries;
+  for (int64_t t = 0; t < S; ++t) {
+    const int64_t visible = 12 + t + 1;
+    for (int64_t i = 0; i < 3; ++i) {
+      const int32_t c = blocks[sz(t * 3 + i)];
+      for (int64_t j = c * bs; c >= 0 && j < std::min(visible, (c + 1) * bs); ++j) {
+        cand_entries.push_back(static_cast<int32_t>(j));
+      }
+    }
+    cand_entries.resize(sz((t + 1) * entries), -1);
+  }
+  EXPECT_EQ(as_sets(cand_entries, entries, entries), kWantCandEntries6);
+  EXPECT_EQ(as_sets(fetch_i32(*be, be->indexer_topk_in_candidates(q8, w8, cache, l, 1, cand, bs,
+                                                                  top_k, 1.0f, 1.0f)),
+                    top_k, top_k),
+            kWantTopk8);
 }
 
 // With every visible block a candidate the restriction is a no-op: indexer_topk's result, on

@@ -4,8 +4,8 @@ Run: ``python3 tests/python/v41_op_fixtures.py`` (system python3 with torch and 
 inputs are exact binary fractions from ``pat`` (the C++ test computes the same formula), so both
 sides start from identical fp32 values; every expected value comes from a function of
 ``v41_reference.py`` (``V41Model.hc_mix``, ``engram_rows``, ``engram``, ``compress``,
-``engram_primes``, ``engram_multipliers``), called on a stand-in ``self`` that holds only what
-the method reads.
+``select``, ``engram_primes``, ``engram_multipliers``), called on a stand-in ``self`` that holds
+only what the method reads.
 """
 
 from __future__ import annotations
@@ -174,8 +174,64 @@ def compressor() -> None:
         print(cpp_floats(f"kWantKvC{ratio}", cache.comp_kv[layer]))
 
 
+def coarse(n: int, a: int, b: int, shape) -> torch.Tensor:
+    """(i*a + b) mod 5 - 2: small integers, so scores are exact and full of ties."""
+    return torch.tensor([(i * a + b) % 5 - 2 for i in range(n)], dtype=torch.float32).view(*shape)
+
+
+def index_sets(mask: torch.Tensor, width: int) -> list[int]:
+    """Each row's selected indices, ascending, padded with -1 to ``width``."""
+    out = []
+    for row in mask:
+        idx = torch.nonzero(row).flatten().tolist()
+        assert len(idx) <= width
+        out += idx + [-1] * (width - len(idx))
+    return out
+
+
+def candidates() -> None:
+    """V41Model.select at TINY_A's candidate source (layer 6) and a restricted index source
+    (layer 8): 2 index heads of 4, 20 entries, rows at positions 12..19, blocks of 3."""
+    hi, di, s, t = 2, 4, 8, 20
+    cfg = replace(
+        ref.TINY_A,
+        index_n_heads=hi,
+        index_head_dim=di,
+        index_topk=4,
+        candidate_block_size=3,
+        candidate_topk_blocks=3,
+    )
+    layers = {}
+    for layer, (a, b) in ((6, (7, 1)), (8, (3, 4))):
+        ix = SimpleNamespace(
+            wq_b=nn.Linear(cfg.q_lora_rank, hi * di, bias=False),
+            weights_proj=nn.Linear(cfg.hidden_size, hi, bias=False),
+        )
+        with torch.no_grad():
+            ix.wq_b.weight.copy_(coarse(hi * di * cfg.q_lora_rank, a, b, (hi * di, -1)))
+            ix.weights_proj.weight.copy_(coarse(hi * cfg.hidden_size, b, a, (hi, -1)))
+        layers[layer] = SimpleNamespace(attn=SimpleNamespace(indexer=ix))
+    zero_rope = torch.zeros(1)  # rotates the last 2 channels by 0: the C++ q is unroped
+    model = SimpleNamespace(cfg=cfg, layers=layers, inv_freq={6: zero_rope, 8: zero_rope})
+    cache = SimpleNamespace(
+        comp_kv={6: torch.zeros(t, cfg.head_dim)}, index_k={6: coarse(t * di, 3, 2, (t, di))}
+    )
+    xn = coarse(s * cfg.hidden_size, 2, 0, (s, -1))
+    qa = coarse(s * cfg.q_lora_rank, 4, 3, (s, -1)) / 4
+    pos = torch.arange(12, 12 + s)
+    shared, trace = {}, {}
+    with torch.no_grad():
+        sel6 = ref.V41Model.select(model, 6, xn, qa, pos, cache, shared, trace)
+        sel8 = ref.V41Model.select(model, 8, xn, qa, pos, cache, shared, trace)
+    print(cpp_ints("kWantTopk6", index_sets(sel6, cfg.index_topk)))
+    print(cpp_ints("kWantCandEntries6", index_sets(shared["cand", 6], t)))
+    print(cpp_ints("kWantTopk8", index_sets(sel8, cfg.index_topk)))
+    for name in ("score.6", "score.8"):  # how tied the scores are, for the record
+        print(f"// {name} distinct values per row:", [len(set(r.tolist())) for r in trace[name]])
+
+
 if __name__ == "__main__":
     torch.set_printoptions(precision=9)
-    for fixture in (shifted_hc, flash_hash, tiny_engram, compressor):
+    for fixture in (shifted_hc, flash_hash, tiny_engram, compressor, candidates):
         print(f"// ---- {fixture.__name__}")
         fixture()
