@@ -61,6 +61,25 @@ struct HcMix {
   Tensor y;
 };
 
+// Output of hc_pre_shifted (V4.1 shifted mHC, docs/model.md#v41-ops): this sub-layer's pre [T, N]
+// (for the next sub-layer's collapse), post [T, N], comb [T, N, N] as in HcMix, and the block
+// input y [T, H] collapsed with the *previous* sub-layer's pre.
+struct HcShiftedMix {
+  Tensor pre;
+  Tensor post;
+  Tensor comb;
+  Tensor y;
+};
+
+// Constants of one Engram layer's n-gram hash (V4.1, docs/model.md#v41-ops). n = multipliers.size()
+// is the largest n-gram order (orders 2..n are hashed).
+struct EngramHashParams {
+  std::vector<int64_t> multipliers;  // M_l[0..n-1]: odd, positive
+  std::vector<int64_t> primes;       // [(n-1) * heads], (order, head) order: each table's rows
+  int heads = 0;
+  int32_t pad_id = 0;  // cpad: the compressed id of positions before the sequence start
+};
+
 // Experts chosen per token: expert_ids [T, k] i32 and their weights [T, k] f32 (already
 // renormalised and multiplied by routed_scaling_factor).
 struct Routing {
@@ -302,6 +321,31 @@ class Backend {
   Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                  const HcParams& params);
 
+  // V4.1 shifted mHC: each sub-layer's mix (pre, post, comb: hc_pre's formulas) is computed from
+  // its own trunk X, but its block input is collapsed with the previous sub-layer's pre:
+  // y[t] = sum_s prev_pre[t, s] * X[t, s]. prev_pre [T, N] f32, or undefined for the first
+  // sub-layer, whose input is stream 0 (prev_pre one-hot on stream 0). The trunk update is hc_post.
+  HcShiftedMix hc_pre_shifted(const Tensor& X, const Tensor& fn, const Tensor& base,
+                              const Tensor& scale, const Tensor& prev_pre, const HcParams& params);
+  // y[t] = sum_s pre[t, s] * X[t, s]: X [T, N, H], pre [T, N] -> [T, H]. The final collapse of a
+  // shifted model (no HyperHead: pre is the last sub-layer's).
+  Tensor hc_collapse(const Tensor& X, const Tensor& pre);
+
+  // ---- Engram (V4.1 n-gram memory, docs/model.md#v41-ops) ---------------------------------------
+  // Hash rows of each token's n-gram. ngram [T, n] i32: column r holds the token id at position
+  // t - r, -1 before the sequence start; token_map [V] i32 maps token ids to compressed ids (-1
+  // maps to params.pad_id). h = c[0]*M[0], then for r = 1..n-1: h ^= c[r]*M[r] and, per head,
+  // row = h mod P[r-1][head] + offset[r-1][head] (offset: exclusive prefix sum of the primes in
+  // (order, head) order), in unsigned 64-bit arithmetic. -> [T, (n-1)*heads] i32 rows of the
+  // layer's table, in (order, head) order. The lookup is `embedding` on the flattened rows.
+  Tensor engram_hash(const Tensor& ngram, const Tensor& token_map, const EngramHashParams& params);
+  // The Engram gate on the trunk X [T, N, H]: kv [T, (N+1)*H] is wkv of the looked-up rows, keys
+  // k = kv[:, :N*H] as [T, N, H], value v = kv[:, N*H:]. Per stream s: d = sum_c x_s*wq_s*wk_s*k_s
+  // * rsqrt(mean(x_s^2)+eps) * rsqrt(mean(k_s^2)+eps) / sqrt(H); g = sigmoid(sign(d) *
+  // sqrt(max(|d|, 1e-6))); X_new[t, s] = x_s + g * v. q_weight, k_weight [N, H] f32.
+  Tensor engram_gate(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                     const Tensor& k_weight, float eps);
+
   // ---- mixture of experts ----------------------------------------------------------------------
   // scores = sqrt(softplus(x gate_w^T)); experts = top-k of scores + bias (bias may be undefined),
   // or tid2eid[token_ids] when tid2eid [V, k] i32 is defined (hash routing). Weights are the
@@ -340,6 +384,21 @@ class Backend {
   Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                       const BatchLayout& layout, int ratio, int top_k, float score_scale,
                       float weight_scale);
+  // V4.1 candidate blocks (long-context indexer): the indexer_topk scores of the visible entries
+  // j < (pos_t + 1) / ratio, grouped into blocks [c*block_entries, (c+1)*block_entries); a block's
+  // score is the max over its visible entries. Returns [T, top_blocks] i32: the top
+  // min(top_blocks, visible blocks) blocks (a set; by score, ties: lower block first), then -1.
+  Tensor indexer_candidates(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                            const BatchLayout& layout, int ratio, int block_entries, int top_blocks,
+                            float score_scale, float weight_scale);
+  // indexer_topk restricted to candidate blocks: only the visible entries of the blocks in
+  // candidates [T, Kb] i32 (block ids of indexer_candidates, -1 = none) are scored. Returns
+  // [T, top_k] i32 absolute entry indices: the top min(top_k, candidate entries) (ties: lower
+  // index first), then -1.
+  Tensor indexer_topk_in_candidates(const Tensor& q, const Tensor& weights,
+                                    const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                                    const Tensor& candidates, int block_entries, int top_k,
+                                    float score_scale, float weight_scale);
   // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
   // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
   // (the caches in one KV format, spec.rope_dim selecting the fp8 record; see above)
@@ -389,6 +448,26 @@ class Backend {
   virtual Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                               const Tensor& scale, const HcParams& params) = 0;
 
+  // V4.1 ops: the defaults throw Error(kUnsupported) naming the op and the backend, so a backend
+  // without them yet still builds and fails loudly when a V4.1 graph reaches it.
+  virtual HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                           const Tensor& scale, const Tensor& prev_pre,
+                                           const HcParams& params);
+  virtual Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre);
+  virtual Tensor engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
+                                  const EngramHashParams& params);
+  virtual Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                                  const Tensor& k_weight, float eps);
+  virtual Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights,
+                                         const Tensor& index_cache, const BatchLayout& layout,
+                                         int ratio, int block_entries, int top_blocks,
+                                         float score_scale, float weight_scale);
+  virtual Tensor indexer_topk_in_candidates_impl(const Tensor& q, const Tensor& weights,
+                                                 const Tensor& index_cache,
+                                                 const BatchLayout& layout, int ratio,
+                                                 const Tensor& candidates, int block_entries,
+                                                 int top_k, float score_scale, float weight_scale);
+
   virtual Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                                  const Tensor& tid2eid, const Tensor& token_ids, int top_k,
                                  float routed_scale) = 0;
@@ -413,6 +492,8 @@ class Backend {
  private:
   // Throws Error(kInternal) naming `what` while host syncs are forbidden.
   void check_host_sync_allowed(const char* what) const;
+  // Throws Error(kUnsupported): `op` is not implemented on this backend (the default impls).
+  [[noreturn]] void unsupported(const char* op) const;
 
   bool host_sync_forbidden_ = false;
 };

@@ -3,6 +3,8 @@
 // only checks of limits of its own (each says why next to it).
 #include "deepinfer/backend.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -323,6 +325,71 @@ Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, c
   return hc_head_impl(X, fn, base, scale, params);
 }
 
+HcShiftedMix Backend::hc_pre_shifted(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                     const Tensor& scale, const Tensor& prev_pre,
+                                     const HcParams& params) {
+  const OpChecks c("hc_pre_shifted", device_kind());
+  check_hc_mult(c, params.hc_mult);
+  c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
+  const int64_t n = params.hc_mult;
+  check_hc_weights(c, X, fn, base, scale, (2 + n) * n, 3);
+  c.optional("prev_pre", prev_pre, DType::kF32, {X.size(0), n});
+  if (params.sinkhorn_iters < 1) {
+    c.fail("sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
+  }
+  return hc_pre_shifted_impl(X, fn, base, scale, prev_pre, params);
+}
+
+Tensor Backend::hc_collapse(const Tensor& X, const Tensor& pre) {
+  const OpChecks c("hc_collapse", device_kind());
+  c.tensor("X", X, DType::kF32, {-1, -1, -1});
+  c.tensor("pre", pre, DType::kF32, {X.size(0), X.size(1)});
+  return hc_collapse_impl(X, pre);
+}
+
+// ---- Engram ------------------------------------------------------------------------------------
+
+Tensor Backend::engram_hash(const Tensor& ngram, const Tensor& token_map,
+                            const EngramHashParams& params) {
+  const OpChecks c("engram_hash", device_kind());
+  const auto n = static_cast<int64_t>(params.multipliers.size());
+  if (n < 2) c.fail("params.multipliers must hold n >= 2 multipliers, got " + std::to_string(n));
+  if (params.heads < 1) c.fail("params.heads must be >= 1, got " + std::to_string(params.heads));
+  const int64_t tables = (n - 1) * params.heads;
+  if (static_cast<int64_t>(params.primes.size()) != tables) {
+    c.fail("params.primes must hold (n - 1) * heads = " + std::to_string(tables) + " primes, got " +
+           std::to_string(params.primes.size()));
+  }
+  for (const int64_t m : params.multipliers) {
+    if (m <= 0) c.fail("params.multipliers must be positive, got " + std::to_string(m));
+  }
+  // The rows are i32 (they feed `embedding`), so the whole table must be indexable by one.
+  int64_t rows = 0;
+  for (const int64_t p : params.primes) {
+    if (p < 1) c.fail("params.primes must be positive, got " + std::to_string(p));
+    rows += p;
+    if (rows > std::numeric_limits<int32_t>::max()) {
+      c.fail("params.primes sum past the i32 row range (" + std::to_string(rows) + " rows)");
+    }
+  }
+  if (params.pad_id < 0) c.fail("params.pad_id must be >= 0, got " + std::to_string(params.pad_id));
+  c.tensor("ngram", ngram, DType::kI32, {-1, n});
+  c.tensor("token_map", token_map, DType::kI32, {-1});
+  return engram_hash_impl(ngram, token_map, params);
+}
+
+Tensor Backend::engram_gate(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                            const Tensor& k_weight, float eps) {
+  const OpChecks c("engram_gate", device_kind());
+  c.tensor("X", X, DType::kF32, {-1, -1, -1});
+  const int64_t n = X.size(1);
+  const int64_t hidden = X.size(2);
+  c.tensor("kv", kv, DType::kF32, {X.size(0), (n + 1) * hidden});
+  c.tensor("q_weight", q_weight, DType::kF32, {n, hidden});
+  c.tensor("k_weight", k_weight, DType::kF32, {n, hidden});
+  return engram_gate_impl(X, kv, q_weight, k_weight, eps);
+}
+
 // ---- mixture of experts -------------------------------------------------------------------------
 
 Routing Backend::moe_route(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
@@ -433,19 +500,55 @@ void Backend::scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor
   scatter_rows_impl(cache, rows, dest, rope_dim);
 }
 
+namespace {
+
+// The arguments indexer_topk, indexer_candidates and indexer_topk_in_candidates share.
+void check_indexer_inputs(const OpChecks& c, const Backend& backend, const Tensor& q,
+                          const Tensor& weights, const Tensor& index_cache,
+                          const BatchLayout& layout, int ratio) {
+  c.layout(layout, /*need_block_table=*/true);
+  c.ratio(ratio, layout);
+  c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
+  c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
+  c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
+             backend.supports_kv_cache_dtype(index_cache.dtype()));
+}
+
+}  // namespace
+
 Tensor Backend::indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                              const BatchLayout& layout, int ratio, int top_k, float score_scale,
                              float weight_scale) {
   const OpChecks c("indexer_topk", device_kind());
-  c.layout(layout, /*need_block_table=*/true);
-  c.ratio(ratio, layout);
+  check_indexer_inputs(c, *this, q, weights, index_cache, layout, ratio);
   if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
-  c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
-  c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
-  c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
-             supports_kv_cache_dtype(index_cache.dtype()));
   return indexer_topk_impl(q, weights, index_cache, layout, ratio, top_k, score_scale,
                            weight_scale);
+}
+
+Tensor Backend::indexer_candidates(const Tensor& q, const Tensor& weights,
+                                   const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                                   int block_entries, int top_blocks, float score_scale,
+                                   float weight_scale) {
+  const OpChecks c("indexer_candidates", device_kind());
+  check_indexer_inputs(c, *this, q, weights, index_cache, layout, ratio);
+  if (block_entries < 1) c.fail("block_entries must be >= 1, got " + std::to_string(block_entries));
+  if (top_blocks < 0) c.fail("top_blocks must be >= 0, got " + std::to_string(top_blocks));
+  return indexer_candidates_impl(q, weights, index_cache, layout, ratio, block_entries, top_blocks,
+                                 score_scale, weight_scale);
+}
+
+Tensor Backend::indexer_topk_in_candidates(const Tensor& q, const Tensor& weights,
+                                           const Tensor& index_cache, const BatchLayout& layout,
+                                           int ratio, const Tensor& candidates, int block_entries,
+                                           int top_k, float score_scale, float weight_scale) {
+  const OpChecks c("indexer_topk_in_candidates", device_kind());
+  check_indexer_inputs(c, *this, q, weights, index_cache, layout, ratio);
+  c.tensor("candidates", candidates, DType::kI32, {layout.num_tokens, -1});
+  if (block_entries < 1) c.fail("block_entries must be >= 1, got " + std::to_string(block_entries));
+  if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
+  return indexer_topk_in_candidates_impl(q, weights, index_cache, layout, ratio, candidates,
+                                         block_entries, top_k, score_scale, weight_scale);
 }
 
 Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
@@ -473,6 +576,42 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
     if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
   }
   return attention_impl(q, kv, swa_ring, entries, topk, sinks, layout, spec);
+}
+
+// ---- V4.1 ops a backend does not implement yet --------------------------------------------------
+
+void Backend::unsupported(const char* op) const {
+  throw Error(ErrorCode::kUnsupported,
+              std::string(op) + ": not implemented on the " + name() + " backend yet (V4.1 op)");
+}
+
+HcShiftedMix Backend::hc_pre_shifted_impl(const Tensor&, const Tensor&, const Tensor&,
+                                          const Tensor&, const Tensor&, const HcParams&) {
+  unsupported("hc_pre_shifted");
+}
+
+Tensor Backend::hc_collapse_impl(const Tensor&, const Tensor&) {
+  unsupported("hc_collapse");
+}
+
+Tensor Backend::engram_hash_impl(const Tensor&, const Tensor&, const EngramHashParams&) {
+  unsupported("engram_hash");
+}
+
+Tensor Backend::engram_gate_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 float) {
+  unsupported("engram_gate");
+}
+
+Tensor Backend::indexer_candidates_impl(const Tensor&, const Tensor&, const Tensor&,
+                                        const BatchLayout&, int, int, int, float, float) {
+  unsupported("indexer_candidates");
+}
+
+Tensor Backend::indexer_topk_in_candidates_impl(const Tensor&, const Tensor&, const Tensor&,
+                                                const BatchLayout&, int, const Tensor&, int, int,
+                                                float, float) {
+  unsupported("indexer_topk_in_candidates");
 }
 
 }  // namespace deepinfer

@@ -29,74 +29,205 @@ std::vector<int> seq_of_rows(const LayoutView& lv) {
   return seq;
 }
 
+// The lightning indexer's score of entries for one row at a time, shared by indexer_topk and the
+// V4.1 candidate ops: score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) *
+// score_scale, the keys read through the index cache's KV format.
+class IndexScorer {
+ public:
+  IndexScorer(const char* op, const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+              const LayoutView& lv, int ratio, float score_scale, float weight_scale)
+      : op_(op),
+        heads_(q.size(1)),
+        dim_(q.size(2)),
+        q_(q.data<float>()),
+        weights_(weights.data<float>()),
+        lv_(lv),
+        epb_(lv.block_size / ratio),
+        cache_rows_(index_cache.size(0)),
+        codec_{index_cache.dtype(), q.size(2), /*rope_dim=*/0},
+        in_place_(index_cache.dtype() == DType::kF32),
+        cache_(static_cast<const uint8_t*>(index_cache.raw_data())),
+        score_scale_(score_scale),
+        weight_scale_(weight_scale) {}
+
+  // score[i] = score(t, entries[i]) for row t of sequence b; `entries` empty means 0..n-1 (all
+  // of them, n = score.size()). Splits over the pool (a nested parallel_for runs inline).
+  void score(int64_t t, int b, const std::vector<int64_t>& entries, std::vector<float>& score,
+             ThreadPool& pool) const {
+    const float* qt = q_ + t * heads_ * dim_;
+    const float* wt = weights_ + t * heads_;
+    pool.parallel_for(
+        static_cast<int64_t>(score.size()),
+        [&](int64_t i0, int64_t i1) {
+          std::vector<float> decoded(in_place_ ? 0 : static_cast<size_t>(dim_));
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t j = entries.empty() ? i : entries[static_cast<size_t>(i)];
+            const uint8_t* row =
+                cache_ + lv_.entry_row(op_, b, j, epb_, cache_rows_) * codec_.row_bytes();
+            const float* key = reinterpret_cast<const float*>(row);
+            if (!in_place_) {
+              codec_.decode(row, decoded.data());
+              key = decoded.data();
+            }
+            float s = 0.0f;
+            for (int64_t h = 0; h < heads_; ++h) {
+              // relu(q.k) * score_scale, then times weight * weight_scale, summed over heads in
+              // order: DeepseekV4IndexerScorer's order.
+              const float d = std::fmax(cpu::dot(qt + h * dim_, key, dim_), 0.0f) * score_scale_;
+              s += (wt[h] * weight_scale_) * d;
+            }
+            // A NaN would break the ordering of top_by_score; it ranks last instead.
+            score[static_cast<size_t>(i)] =
+                std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
+          }
+        },
+        cpu::grain_for(heads_ * dim_ * 2));
+  }
+
+ private:
+  const char* op_;
+  int64_t heads_;
+  int64_t dim_;
+  const float* q_;
+  const float* weights_;
+  const LayoutView& lv_;
+  int epb_;
+  int64_t cache_rows_;
+  kv_record::RowCodec codec_;
+  bool in_place_;
+  const uint8_t* cache_;
+  float score_scale_;
+  float weight_scale_;
+};
+
+// Writes to dst [k] the indices i of the min(k, n) highest score[i] (score descending, ties: lower
+// index first; top-k is a set, the order only makes it deterministic), mapped through `ids` when
+// it is not empty, then -1.
+void top_by_score(const std::vector<float>& score, const std::vector<int64_t>& ids, int64_t k,
+                  std::vector<int32_t>& order, int32_t* dst) {
+  const auto n = static_cast<int64_t>(score.size());
+  const int64_t chosen = std::min(k, n);
+  order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + chosen, order.end(), [&](int32_t l, int32_t r) {
+    const float sl = score[static_cast<size_t>(l)];
+    const float sr = score[static_cast<size_t>(r)];
+    return sl > sr || (sl == sr && l < r);
+  });
+  for (int64_t i = 0; i < chosen; ++i) {
+    const int32_t o = order[static_cast<size_t>(i)];
+    dst[i] = ids.empty() ? o : static_cast<int32_t>(ids[static_cast<size_t>(o)]);
+  }
+  std::fill(dst + chosen, dst + k, -1);
+}
+
 }  // namespace
 
 Tensor CpuBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
                                      const Tensor& index_cache, const BatchLayout& layout,
                                      int ratio, int top_k, float score_scale, float weight_scale) {
   const char* op = "indexer_topk";
-  const int64_t heads = q.size(1);
-  const int64_t dim = q.size(2);
   const int64_t tokens = layout.num_tokens;
   const int64_t k = top_k;
   Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
   enqueue([=](ThreadPool& pool) {
     const LayoutView lv(op, layout, -1);
     const std::vector<int> seq = seq_of_rows(lv);
-    const int epb = lv.block_size / ratio;
-    const int64_t cache_rows = index_cache.size(0);
-    // Keys are read through the cache's KV format (an f32 cache is read in place).
-    const kv_record::RowCodec codec{index_cache.dtype(), dim, /*rope_dim=*/0};
-    const bool in_place = index_cache.dtype() == DType::kF32;
-    const int64_t row_bytes = codec.row_bytes();
-    const auto* cache = static_cast<const uint8_t*>(index_cache.raw_data());
-    // Tokens in parallel; with a single token the scoring loop below takes the pool instead
-    // (a nested parallel_for runs inline).
+    const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
+    // Tokens in parallel; with a single token the scoring loop takes the pool instead.
     pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
       std::vector<float> score;
       std::vector<int32_t> order;
       for (int64_t t = begin; t < end; ++t) {
-        const int b = seq[static_cast<size_t>(t)];
         const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
-        const float* qt = q.data<float>() + t * heads * dim;
-        const float* wt = weights.data<float>() + t * heads;
         score.assign(static_cast<size_t>(visible), 0.0f);
-        pool.parallel_for(
-            visible,
-            [&](int64_t j0, int64_t j1) {
-              std::vector<float> decoded(in_place ? 0 : static_cast<size_t>(dim));
-              for (int64_t j = j0; j < j1; ++j) {
-                const uint8_t* row = cache + lv.entry_row(op, b, j, epb, cache_rows) * row_bytes;
-                const float* key = reinterpret_cast<const float*>(row);
-                if (!in_place) {
-                  codec.decode(row, decoded.data());
-                  key = decoded.data();
-                }
-                float s = 0.0f;
-                for (int64_t h = 0; h < heads; ++h) {
-                  // relu(q.k) * score_scale, then times weight * weight_scale, summed over heads
-                  // in order: DeepseekV4IndexerScorer's order.
-                  const float d = std::fmax(cpu::dot(qt + h * dim, key, dim), 0.0f) * score_scale;
-                  s += (wt[h] * weight_scale) * d;
-                }
-                // A NaN would break the ordering below; it ranks last instead.
-                score[static_cast<size_t>(j)] =
-                    std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
-              }
-            },
-            cpu::grain_for(heads * dim * 2));
-        const int64_t chosen = std::min(k, visible);
-        order.resize(static_cast<size_t>(visible));
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + chosen, order.end(),
-                          [&](int32_t l, int32_t r) {
-                            const float sl = score[static_cast<size_t>(l)];
-                            const float sr = score[static_cast<size_t>(r)];
-                            return sl > sr || (sl == sr && l < r);
-                          });
-        int32_t* dst = out.data<int32_t>() + t * k;
-        std::copy(order.begin(), order.begin() + chosen, dst);
-        std::fill(dst + chosen, dst + k, -1);
+        scorer.score(t, seq[static_cast<size_t>(t)], {}, score, pool);
+        top_by_score(score, {}, k, order, out.data<int32_t>() + t * k);
+      }
+    });
+  });
+  return out;
+}
+
+Tensor CpuBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weights,
+                                           const Tensor& index_cache, const BatchLayout& layout,
+                                           int ratio, int block_entries, int top_blocks,
+                                           float score_scale, float weight_scale) {
+  const char* op = "indexer_candidates";
+  const int64_t tokens = layout.num_tokens;
+  const int64_t k = top_blocks;
+  const int64_t bs = block_entries;
+  Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
+  enqueue([=](ThreadPool& pool) {
+    const LayoutView lv(op, layout, -1);
+    const std::vector<int> seq = seq_of_rows(lv);
+    const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
+    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
+      std::vector<float> score;
+      std::vector<float> block_score;
+      std::vector<int32_t> order;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
+        score.assign(static_cast<size_t>(visible), 0.0f);
+        scorer.score(t, seq[static_cast<size_t>(t)], {}, score, pool);
+        // A block with any visible entry is a candidate; the last one may be partly visible and
+        // is scored by its visible entries only.
+        const int64_t blocks = (visible + bs - 1) / bs;
+        block_score.assign(static_cast<size_t>(blocks), 0.0f);
+        for (int64_t c = 0; c < blocks; ++c) {
+          const int64_t last = std::min(visible, (c + 1) * bs);
+          float mx = score[static_cast<size_t>(c * bs)];
+          for (int64_t j = c * bs + 1; j < last; ++j)
+            mx = std::fmax(mx, score[static_cast<size_t>(j)]);
+          block_score[static_cast<size_t>(c)] = mx;
+        }
+        top_by_score(block_score, {}, k, order, out.data<int32_t>() + t * k);
+      }
+    });
+  });
+  return out;
+}
+
+Tensor CpuBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tensor& weights,
+                                                   const Tensor& index_cache,
+                                                   const BatchLayout& layout, int ratio,
+                                                   const Tensor& candidates, int block_entries,
+                                                   int top_k, float score_scale,
+                                                   float weight_scale) {
+  const char* op = "indexer_topk_in_candidates";
+  const int64_t tokens = layout.num_tokens;
+  const int64_t k = top_k;
+  const int64_t bs = block_entries;
+  const int64_t kb = candidates.size(1);
+  Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
+  enqueue([=](ThreadPool& pool) {
+    const LayoutView lv(op, layout, -1);
+    const std::vector<int> seq = seq_of_rows(lv);
+    const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
+    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> entries;
+      std::vector<float> score;
+      std::vector<int32_t> order;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
+        const int32_t* cand = candidates.data<int32_t>() + t * kb;
+        // The visible entries of the candidate blocks, ascending and once each (a repeated block
+        // must not count twice), so ties still go to the lower absolute index.
+        entries.clear();
+        for (int64_t i = 0; i < kb; ++i) {
+          const int64_t c = cand[i];
+          if (c == -1) continue;
+          if (c < 0) {
+            fail(op, "candidates[" + std::to_string(t) + "][" + std::to_string(i) +
+                         "] = " + std::to_string(c) + " is negative and not -1");
+          }
+          for (int64_t j = c * bs; j < std::min(visible, (c + 1) * bs); ++j) entries.push_back(j);
+        }
+        std::sort(entries.begin(), entries.end());
+        entries.erase(std::unique(entries.begin(), entries.end()), entries.end());
+        score.assign(entries.size(), 0.0f);
+        if (!entries.empty()) scorer.score(t, seq[static_cast<size_t>(t)], entries, score, pool);
+        top_by_score(score, entries, k, order, out.data<int32_t>() + t * k);
       }
     });
   });
