@@ -3,14 +3,19 @@
 // state export/import they rely on (ModelCaches).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "deepinfer/backend.h"
+#include "deepinfer/error.h"
 #include "model/cache_tensors.h"
 #include "sched/kv_allocator.h"
 #include "sched/kv_tiers.h"
@@ -52,6 +57,8 @@ class FakeTransfer final : public KvTransfer {
   }
   std::unique_ptr<Event> record_event() override { return std::make_unique<DoneEvent>(); }
   void import_block(kv::BlockId block, std::span<const uint8_t> src) override {
+    // A planted fault: the device copy fails part-way, after the first block went in.
+    if (fail_imports && ++imports > 1) throw Error(ErrorCode::kInternal, "planted import fault");
     blocks[block].assign(src.begin(), src.end());
   }
   void import_state(int32_t slot, std::span<const uint8_t> src) override {
@@ -62,6 +69,8 @@ class FakeTransfer final : public KvTransfer {
   std::map<kv::BlockId, std::vector<uint8_t>> blocks;
   std::map<int32_t, std::vector<uint8_t>> slots;
   int exports = 0;
+  bool fail_imports = false;
+  int imports = 0;
 };
 
 KvLayout layout() {
@@ -330,6 +339,173 @@ TEST_F(KvTiersStore, ACorruptFileFoundByTheFetchFallsBackToRecompute) {
   EXPECT_EQ(b.num_computed, 0);
   gpu.check_invariants({&b});
   gpu.release(b);
+}
+
+// The fallback every failed fetch takes: b holds nothing, is marked to skip the tiers, the
+// failure is counted, and every block and slot is free again.
+void expect_fell_back(KvAllocator& gpu, KvTiers& tiers, const Sequence& b) {
+  EXPECT_FALSE(b.holds_resources());
+  EXPECT_EQ(b.tier_fetch, 0u);
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.counters().store_hit_tokens, 0u);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  EXPECT_EQ(gpu.live_slots().num_free(), 3);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 0u);
+}
+
+TEST_F(KvTiersStore, AFetchWhoseSetupThrowsFallsBackToRecompute) {
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  tiers.set_fetch_test_hooks(
+      {[] { throw Error(ErrorCode::kInternal, "planted setup fault"); }, nullptr});
+  // The admission that planned the store hit does not throw: it admits from the GPU index
+  // (nothing there), to recompute the whole prompt.
+  Sequence b = make_seq(2, prompt);
+  Admission miss = gpu.admit(b);
+  ASSERT_EQ(miss.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(miss.hit_tokens, 0);
+  EXPECT_EQ(b.num_computed, 0);
+  EXPECT_EQ(b.tier_fetch, 0u);
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(b.block_table.size(), 4u);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  EXPECT_TRUE(t.blocks.empty());
+  gpu.check_invariants({&b});
+  gpu.release(b);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  EXPECT_EQ(gpu.live_slots().num_free(), 3);
+  // The tiers keep working: the next request fetches the prefix.
+  tiers.set_fetch_test_hooks({});
+  Sequence c = make_seq(3, prompt);
+  tiers.hold_fetches(true);  // so that admission surely leaves it fetching
+  ASSERT_EQ(gpu.admit(c).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  const Admission hit = poll_until_done(gpu, tiers, c);
+  ASSERT_EQ(hit.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(hit.hit_tokens, 384);
+  expect_prompt_imported(t, c);
+  release_all(gpu, c);
+}
+
+TEST_F(KvTiersStore, AStoreReadThatThrowsFallsBackToRecompute) {
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  tiers.set_fetch_test_hooks(
+      {nullptr, [](kv::BlockHash) { throw Error(ErrorCode::kIo, "planted read fault"); }});
+  tiers.hold_fetches(true);  // so that admission surely leaves it fetching
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kLater);
+  expect_fell_back(gpu, tiers, b);
+  EXPECT_TRUE(t.blocks.empty());
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(b.num_computed, 0);
+  gpu.release(b);
+}
+
+TEST_F(KvTiersStore, AnImportThatThrowsFallsBackToRecompute) {
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  t.fail_imports = true;
+  tiers.hold_fetches(true);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  // The fetch read everything; the import of its second block threw.
+  ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kLater);
+  EXPECT_EQ(t.imports, 2);
+  // finish_fetch counted the hit before the import failed; the fallback undoes nothing else.
+  EXPECT_FALSE(b.holds_resources());
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  EXPECT_EQ(gpu.live_slots().num_free(), 3);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 0u);  // the half-imported blocks are not indexed
+  t.fail_imports = false;
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(b.num_computed, 0);
+  gpu.release(b);
+}
+
+// Stores three distinct 400-token prompts; the pool of `threads` then fetches them together.
+// Returns the most reads that were under way at once: each read waits (up to 10 s) until
+// `threads` reads have begun, so a pool of that size reaches it and a smaller one cannot.
+int peak_concurrent_reads(int threads) {
+  deepinfer::test::TempDir dir;
+  FakeTransfer t;
+  KvTiersConfig config = store_config(dir.path());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 3; ++p) prompts.push_back(distinct_tokens(400, 100 + 1000 * p));
+  {
+    KvTiers tiers(config, t);
+    KvAllocator gpu(layout());
+    gpu.set_tiers(&tiers);
+    for (const auto& prompt : prompts) {
+      Sequence a = compute_prompt(gpu, t, prompt);
+      tiers.flush();
+      gpu.release(a);
+    }
+  }
+  config.fetch_threads = threads;
+  KvTiers tiers(config, t);
+  EXPECT_EQ(tiers.fetch_pool_size(), threads);
+  std::mutex mu;
+  std::condition_variable cv;
+  int begun = 0, inside = 0, peak = 0;
+  tiers.set_fetch_test_hooks({nullptr, [&](kv::BlockHash) {
+                                std::unique_lock<std::mutex> lock(mu);
+                                ++begun;
+                                peak = std::max(peak, ++inside);
+                                cv.notify_all();
+                                cv.wait_for(lock, std::chrono::seconds(10),
+                                            [&] { return begun >= threads; });
+                                --inside;
+                              }});
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  std::vector<Sequence> seqs;
+  for (int p = 0; p < 3; ++p) seqs.push_back(make_seq(2 + p, prompts[static_cast<size_t>(p)]));
+  tiers.hold_fetches(true);  // the three fetches are queued before any read starts
+  for (Sequence& s : seqs) EXPECT_EQ(gpu.admit(s).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  // Polled together (poll_until_done's wait returns at once while another fetch is finishable).
+  std::vector<bool> done(seqs.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::count(done.begin(), done.end(), false) > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (done[i]) continue;
+      const Admission a = gpu.poll_fetch(seqs[i]);
+      if (a.status == AdmitStatus::kFetching) continue;
+      done[i] = true;
+      EXPECT_EQ(a.status, AdmitStatus::kAdmitted) << i;
+      EXPECT_EQ(seqs[i].num_computed, 384) << i;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(std::count(done.begin(), done.end(), false), 0) << "a fetch never finished";
+  for (Sequence& s : seqs) gpu.release(s);
+  gpu.check_invariants({});
+  return peak;
+}
+
+TEST(KvTiers, TheFetchPoolHasFetchThreadsReadingInParallel) {
+  EXPECT_EQ(peak_concurrent_reads(1), 1);
+  EXPECT_EQ(peak_concurrent_reads(3), 3);
+  FakeTransfer t;
+  KvTiers no_store(KvTiersConfig{}, t);
+  EXPECT_EQ(no_store.fetch_pool_size(), 0);
 }
 
 TEST(KvTiers, ExactCacheBytesRoundTripThroughExportAndImport) {

@@ -34,6 +34,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -139,6 +140,19 @@ class KvTiers {
   void wait_for_fetch(std::chrono::microseconds timeout);
   // Test hook: while held, the pool starts no read, so fetches stay pending deterministically.
   void hold_fetches(bool hold);
+  // Test hooks for planted faults and concurrency checks: `before_setup` runs at the start of
+  // start_fetch (engine thread), `before_read` on a pool thread before each store block is read
+  // (with the block's chain hash). Either may throw or block. Set them while no fetch is queued.
+  struct FetchTestHooks {
+    std::function<void()> before_setup;
+    std::function<void(kv::BlockHash)> before_read;
+  };
+  void set_fetch_test_hooks(FetchTestHooks hooks);
+  // Counts and logs a planned hit that failed outside a fetch's own reads (its setup threw, or
+  // the import of its payloads did): the caller has released what it reserved and recomputes.
+  void note_fetch_failure(int blocks, const std::string& why);
+  // The fetch pool's threads (0 without a store).
+  int fetch_pool_size() const { return static_cast<int>(pool_.size()); }
   // Enqueues the fetched bytes into the device: blocks[i] into `blocks[i]`, the state into `slot`.
   void import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot);
 
@@ -227,6 +241,7 @@ class KvTiers {
   std::deque<std::shared_ptr<FetchJob>> queue_;
   bool stop_ = false;
   bool held_ = false;
+  FetchTestHooks hooks_;           // before_read is copied under mu_ by the pool
   std::vector<std::thread> pool_;  // joined by the destructor before the store goes
 };
 
