@@ -552,5 +552,107 @@ TEST(KvTiers, ExactCacheBytesRoundTripThroughExportAndImport) {
   }
 }
 
+// The layered import issues the copies layer by layer, layer 0 first, with one copy-stream event
+// per layer after that layer's copies of every block and of the slot; the forward then waits for
+// them one layer at a time (wait_layer), and an import with a bad payload enqueues nothing.
+TEST(KvTiers, ALayeredImportIsIssuedLayerByLayerInOrder) {
+  ModelConfig c;
+  c.num_hidden_layers = 3;
+  c.layer_types = {AttentionKind::kSliding, AttentionKind::kCompressedSparse,
+                   AttentionKind::kHeavilyCompressed};
+  auto be = make_cpu_backend(1);
+  CacheShape shape;
+  shape.num_blocks = 4;
+  shape.num_state_slots = 3;
+  ModelCaches caches(c, shape, *be);
+  // Payloads of blocks 1 and 3 and of slot 2: every byte says which payload it is in.
+  auto payload = [](size_t n, uint8_t tag) {
+    std::vector<uint8_t> p(n);
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(tag + (i % 7) * 16);
+    return p;
+  };
+  const auto nb = static_cast<size_t>(caches.bytes_per_block());
+  const auto ns = static_cast<size_t>(caches.bytes_per_state_slot());
+  const std::vector<std::vector<uint8_t>> blocks = {payload(nb, 1), payload(nb, 2)};
+  const std::vector<uint8_t> state = payload(ns, 3);
+  const std::vector<int32_t> ids = {1, 3};
+  const std::vector<std::span<const uint8_t>> spans = {blocks[0], blocks[1]};
+  // The bytes of layer `li` of a payload: its views' bytes, read back from the device.
+  auto layer_bytes = [&](int li, int32_t block, int32_t slot) {
+    std::vector<uint8_t> out;
+    LayerCaches& l = caches.layer(li);
+    for (Tensor* t : {&l.comp_entries, &l.index_entries}) {
+      if (!t->defined()) continue;
+      const int64_t epb = t->size(0) / shape.num_blocks;
+      Tensor h = be->to_host(t->narrow(0, block * epb, epb));
+      const auto* bytes = static_cast<const uint8_t*>(h.raw_data());
+      out.insert(out.end(), bytes, bytes + h.nbytes());
+    }
+    for (Tensor* t : {&l.swa_ring, &l.comp_ring, &l.index_ring}) {
+      if (!t->defined()) continue;
+      Tensor h = be->to_host(t->narrow(0, slot, 1));
+      const auto* bytes = static_cast<const uint8_t*>(h.raw_data());
+      out.insert(out.end(), bytes, bytes + h.nbytes());
+    }
+    return out;
+  };
+  // What layer `li` holds once imported: its slices of the payloads.
+  std::vector<std::vector<uint8_t>> want(3);
+  {
+    size_t block_off = 0, state_off = 0;
+    for (int li = 0; li < 3; ++li) {
+      const auto bl = static_cast<size_t>(caches.block_bytes_per_layer()[static_cast<size_t>(li)]);
+      want[static_cast<size_t>(li)].assign(
+          blocks[0].begin() + static_cast<ptrdiff_t>(block_off),
+          blocks[0].begin() + static_cast<ptrdiff_t>(block_off + bl));
+      block_off += bl;
+      size_t sl = 0;
+      LayerCaches& l = caches.layer(li);
+      for (Tensor* t : {&l.swa_ring, &l.comp_ring, &l.index_ring})
+        if (t->defined()) sl += t->narrow(0, 0, 1).nbytes();
+      want[static_cast<size_t>(li)].insert(want[static_cast<size_t>(li)].end(),
+                                           state.begin() + static_cast<ptrdiff_t>(state_off),
+                                           state.begin() + static_cast<ptrdiff_t>(state_off + sl));
+      state_off += sl;
+    }
+  }
+  std::vector<std::vector<uint8_t>> before(3);
+  for (int li = 0; li < 3; ++li) before[static_cast<size_t>(li)] = layer_bytes(li, 1, 2);
+  std::vector<int> done;
+  caches.import_layered(*be, ids, spans, 2, state, [&](int li) {
+    // At layer li's event: layers <= li are in (block 1 and slot 2), later ones untouched.
+    EXPECT_EQ(static_cast<int>(done.size()), li);
+    EXPECT_EQ(caches.num_pending_imports(), li + 1);
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<uint8_t> now = layer_bytes(k, 1, 2);
+      if (k <= li)
+        EXPECT_EQ(now, want[static_cast<size_t>(k)]) << "layer " << k << " at " << li;
+      else
+        EXPECT_EQ(now, before[static_cast<size_t>(k)]) << "layer " << k << " at " << li;
+    }
+    done.push_back(li);
+  });
+  EXPECT_EQ(done, (std::vector<int>{0, 1, 2}));
+  // Block 3 got the second payload, whole.
+  std::vector<uint8_t> b3;
+  for (int li = 0; li < 3; ++li) {
+    std::vector<uint8_t> l = layer_bytes(li, 3, 2);
+    const auto bl = static_cast<size_t>(caches.block_bytes_per_layer()[static_cast<size_t>(li)]);
+    b3.insert(b3.end(), l.begin(), l.begin() + static_cast<ptrdiff_t>(bl));
+  }
+  EXPECT_EQ(b3, blocks[1]);
+  // The forward takes them layer by layer; anything else takes what is left at once.
+  caches.wait_layer(*be, 0);
+  EXPECT_EQ(caches.num_pending_imports(), 2);
+  caches.wait_all_imports(*be);
+  EXPECT_EQ(caches.num_pending_imports(), 0);
+  // A payload of the wrong size is refused before anything is enqueued.
+  const std::vector<uint8_t> short_block(nb - 1);
+  const std::vector<std::span<const uint8_t>> bad = {blocks[0], short_block};
+  EXPECT_THROW(caches.import_layered(*be, ids, bad, 2, state), Error);
+  EXPECT_EQ(caches.num_pending_imports(), 0);
+  EXPECT_EQ(layer_bytes(1, 3, 2).size(), want[1].size());
+}
+
 }  // namespace
 }  // namespace deepinfer::sched

@@ -356,8 +356,7 @@ void KvTiers::touch_chain_head_last(const Sequence& seq, int num_blocks) {
 void KvTiers::import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot) {
   DEEPINFER_CHECK(blocks.size() == fetched.blocks.size(),
                   "import of fetched KV into a different number of blocks");
-  for (size_t i = 0; i < blocks.size(); ++i) transfer_.import_block(blocks[i], fetched.blocks[i]);
-  transfer_.import_state(slot, fetched.state);
+  transfer_.import_fetched(blocks, fetched.blocks, slot, fetched.state);
 }
 
 bool KvTiers::held(const kv::BlockKey& key, bool with_snapshot) {

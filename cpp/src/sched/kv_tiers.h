@@ -26,8 +26,9 @@
 // the allocator has it wait, holding nothing, until that fetch is finished or cancelled; its next
 // admission then takes the adopted blocks from the GPU index and fetches only what is left.
 //
-// Known limit: the host -> device import of a finished fetch is enqueued at once, whole; there is
-// no layer-wise overlap of it with the forward.
+// Import: the host -> device copy of a finished fetch goes through KvTransfer::import_fetched;
+// the model executor issues it layer by layer on the device's copy stream, and the next forward
+// waits for layer L's copies only before layer L (ModelCaches::import_layered).
 #pragma once
 
 #include <chrono>
