@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "deepinfer/config.h"
 #include "deepinfer/engine.h"
+#include "model/model_instance.h"
 #include "temp_dir.h"
 
 namespace deepinfer {
@@ -130,6 +132,65 @@ TEST_F(KvTiersModel, AHostHitAfterGpuEvictionEqualsTheColdRun) {
   EXPECT_EQ(warm.hit, 256);
   EXPECT_GE(engine->stats().host_hit_tokens, 256u);
   expect_same_bits(warm, cold);
+}
+
+// The forward waits for layer L's imported copies right before layer L, not all at once: when it
+// waits for layer L, layer L - 1 has already run (its SWA ring holds the new positions) and layer
+// L still holds the imported bytes.
+TEST(KvTiersForward, TheForwardWaitsForEachLayersImportRightBeforeThatLayer) {
+  const ModelConfig config = ModelConfig::from_json_text(kConfig, "test config");
+  CacheShape shape;
+  shape.num_blocks = 4;
+  shape.num_state_slots = 3;
+  std::unique_ptr<ModelInstance> m =
+      ModelInstance::random(config, shape, "cpu", 1, /*seed=*/7, DType::kF32);
+  Backend& be = *m->backend;
+  ModelCaches& caches = *m->caches;
+  // Payloads of small f32 values (the caches are f32): block 1 and slot 1.
+  auto floats = [](int64_t bytes, float base) {
+    std::vector<float> f(static_cast<size_t>(bytes) / sizeof(float));
+    for (size_t i = 0; i < f.size(); ++i) f[i] = base + 0.001f * static_cast<float>(i % 97);
+    return f;
+  };
+  const std::vector<float> block = floats(caches.bytes_per_block(), 0.01f);
+  const std::vector<float> state = floats(caches.bytes_per_state_slot(), 0.02f);
+  auto bytes = [](const std::vector<float>& f) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(f.data()),
+                                    f.size() * sizeof(float));
+  };
+  const std::vector<int32_t> ids = {1};
+  const std::vector<std::span<const uint8_t>> payloads = {bytes(block)};
+  caches.import_layered(be, ids, payloads, 1, bytes(state));
+  auto ring = [&](int li) {
+    Tensor h = be.to_host(caches.layer(li).swa_ring.narrow(0, 1, 1));
+    const auto* p = static_cast<const uint8_t*>(h.raw_data());
+    return std::vector<uint8_t>(p, p + h.nbytes());
+  };
+  std::vector<std::vector<uint8_t>> imported;
+  for (int li = 0; li < config.num_hidden_layers; ++li) imported.push_back(ring(li));
+  std::vector<int> waited;
+  caches.set_import_wait_observer([&](int li) {
+    waited.push_back(li);
+    EXPECT_TRUE(ring(li) == imported[static_cast<size_t>(li)]) << "layer " << li << " already ran";
+    if (li > 0) {
+      EXPECT_FALSE(ring(li - 1) == imported[static_cast<size_t>(li - 1)])
+          << "layer " << li - 1 << " has not run yet";
+    }
+  });
+  // A row resuming after the imported block: positions 128..131, block table {1, 2}.
+  const std::vector<int32_t> tokens = {5, 6, 7, 8};
+  const std::vector<int32_t> table = {1, 2};
+  ForwardRow row;
+  row.slot = 1;
+  row.start_pos = 128;
+  row.num_tokens = 4;
+  row.tokens = tokens;
+  row.block_table = table;
+  const std::vector<ForwardRow> rows = {row};
+  m->forward(rows, table.size(), LogitsMode::kLast, Tensor());
+  be.synchronize();
+  EXPECT_EQ(waited, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(caches.num_pending_imports(), 0);
 }
 
 }  // namespace

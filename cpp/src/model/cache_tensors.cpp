@@ -309,6 +309,7 @@ void ModelCaches::import_layered(Backend& backend, std::span<const int32_t> bloc
 void ModelCaches::wait_layer(Backend& backend, int index) {
   if (static_cast<size_t>(index) >= pending_imports_.size()) return;
   std::vector<std::unique_ptr<Event>>& events = pending_imports_[static_cast<size_t>(index)];
+  if (!events.empty() && wait_observer_) wait_observer_(index);
   for (const std::unique_ptr<Event>& e : events) backend.wait_event(*e);
   events.clear();
 }

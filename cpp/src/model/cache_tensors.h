@@ -113,6 +113,10 @@ class ModelCaches {
   // The same for every layer (before a graph replay, a state copy or an export).
   void wait_all_imports(Backend& backend);
   int num_pending_imports() const;
+  // Test hook: called by wait_layer for a layer with pending imports, before its waits.
+  void set_import_wait_observer(std::function<void(int layer)> observer) {
+    wait_observer_ = std::move(observer);
+  }
   int num_layers() const { return static_cast<int>(layers_.size()); }
 
  private:
@@ -122,6 +126,7 @@ class ModelCaches {
   int64_t bytes_per_slot_ = 0;
   std::vector<int64_t> block_layer_bytes_;
   int main_layers_ = 0;  // layers [main_layers_, num_layers()) are MTP blocks
+  std::function<void(int layer)> wait_observer_;
   // Per layer, the copy-stream events of imports not yet waited for (import_layered).
   std::vector<std::vector<std::unique_ptr<Event>>> pending_imports_;
 
