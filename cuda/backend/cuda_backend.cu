@@ -28,10 +28,13 @@ namespace {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(std::shared_ptr<CudaContext> ctx) : ctx_(std::move(ctx)) {
+  // Recorded on `stream` (the compute stream by default).
+  explicit CudaEvent(std::shared_ptr<CudaContext> ctx, cudaStream_t stream = nullptr)
+      : ctx_(std::move(ctx)) {
     DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    DEEPINFER_CUDA_CHECK(cudaEventRecord(event_, ctx_->stream));
+    DEEPINFER_CUDA_CHECK(cudaEventRecord(event_, stream != nullptr ? stream : ctx_->stream));
   }
+  cudaEvent_t get() const { return event_; }
   ~CudaEvent() override { cudaEventDestroy(event_); }
   bool query() override {
     cudaError_t e = cudaEventQuery(event_);
@@ -99,6 +102,7 @@ CudaBackend::CudaBackend(int device_index)
   num_sms_ = prop.multiProcessorCount;
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
+  DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {
     throw Error(ErrorCode::kInternal, "cublasCreate failed");
   }
@@ -289,6 +293,37 @@ void CudaBackend::upload_into_impl(const Tensor& dst, const Tensor& host) {
   DEEPINFER_CUDA_CHECK(
       cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
   ctx_->pinned.release_after(b, ctx_->stream);
+}
+
+void CudaBackend::begin_copies_impl() {
+  check_not_capturing("begin_copies");
+  CudaEvent compute_tail(ctx_);
+  DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(ctx_->copy_stream, compute_tail.get(), 0));
+}
+
+void CudaBackend::upload_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) {
+  check_not_capturing("upload_into_on_copy_stream");
+  Tensor converted = host.dtype() == dst.dtype() ? host.contiguous() : host.to(dst.dtype());
+  if (dst.nbytes() == 0) return;
+  // Staged through the pinned pool (the host tier's memory is pageable): the caller may reuse
+  // `host` at once, and the copy itself is asynchronous.
+  PinnedPool::Block b = ctx_->pinned.acquire(dst.nbytes());
+  std::memcpy(b.ptr, converted.raw_data(), dst.nbytes());
+  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice,
+                                       ctx_->copy_stream));
+  ctx_->pinned.release_after(b, ctx_->copy_stream);
+}
+
+std::unique_ptr<Event> CudaBackend::record_copy_event_impl() {
+  check_not_capturing("record_copy_event");
+  return std::make_unique<CudaEvent>(ctx_, ctx_->copy_stream);
+}
+
+void CudaBackend::wait_event_impl(Event& event) {
+  check_not_capturing("wait_event");
+  auto* e = dynamic_cast<CudaEvent*>(&event);
+  if (e == nullptr) fail("wait_event", "the event is not one of this backend's");
+  DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(ctx_->stream, e->get(), 0));
 }
 
 void CudaBackend::copy_into_impl(const Tensor& dst, const Tensor& src) {

@@ -78,6 +78,10 @@ class CudaBackend final : public Backend {
   void synchronize_impl() override;
   void upload_into_impl(const Tensor& dst, const Tensor& host) override;
   void copy_into_impl(const Tensor& dst, const Tensor& src) override;
+  void begin_copies_impl() override;
+  void upload_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) override;
+  std::unique_ptr<Event> record_copy_event_impl() override;
+  void wait_event_impl(Event& event) override;
 
   Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
   Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;

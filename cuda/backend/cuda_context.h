@@ -83,6 +83,8 @@ class PinnedPool {
 struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
+  // The copy stream (Backend::begin_copies): KV tier imports, overlapped with the forward.
+  cudaStream_t copy_stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublaslt = nullptr;  // the FP8 block-scaled GEMMs (gemm/gemm_fp8.cu)
   // cuBLAS's workspace, ours so that cuBLAS allocates nothing while a graph is captured. cuBLASLt
@@ -93,10 +95,12 @@ struct CudaContext {
   ~CudaContext() {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cublaslt != nullptr) cublasLtDestroy(cublaslt);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
     if (stream != nullptr) cudaStreamDestroy(stream);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
   }
 };
 

@@ -69,6 +69,10 @@ TEST(EngineConfig, ErrorsNameTheField) {
       {"'num_prefix_snapshots' must be >= 0, got -1",
        [](EngineConfig& c) { c.cache.num_prefix_snapshots = -1; }},
       {"'num_threads' must be >= 0, got -2", [](EngineConfig& c) { c.placement.num_threads = -2; }},
+      {"'fetch_threads' must be in [1, 64], got 0",
+       [](EngineConfig& c) { c.cache.fetch_threads = 0; }},
+      {"'fetch_threads' must be in [1, 64], got 65",
+       [](EngineConfig& c) { c.cache.fetch_threads = 65; }},
   };
   for (const Case& k : cases) {
     EngineConfig c;

@@ -10,6 +10,7 @@
 
 #include "deepinfer/engine.h"
 #include "deepinfer/testing/scripted_engine.h"
+#include "temp_dir.h"
 
 namespace deepinfer {
 namespace {
@@ -185,6 +186,45 @@ TEST(EnginePipeline, APrefixHitGivesTheColdRunsTokens) {
   EXPECT_EQ(run.hits[warm], 384);
   EXPECT_EQ(run.tokens[warm], run.tokens[cold]);
   expect_pools_full(*engine);
+}
+
+// A store hit whose import into the device throws falls back to recompute inside the step: the
+// request gets the cold run's tokens, every pool is full again, and the next hit is served.
+TEST(EnginePipeline, AStoreHitWhoseImportFailsRecomputesAndTheEngineGoesOn) {
+  deepinfer::test::TempDir dir;
+  EngineConfig c = small_config(true);
+  c.cache.kv_store_path = dir.path();
+  std::vector<int32_t> prompt(400);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(7 + i % 300);
+  SamplingParams p;
+  p.max_tokens = 10;
+  Outputs run;
+  ScriptedModel model;
+  RequestId cold = 0;
+  {
+    auto writer = testing::make_scripted_engine(c, model);
+    cold = writer->add_request(prompt, p);
+    drain(*writer, run);
+    writer->flush_kv_tiers();
+  }
+  model.failing_imports = 1;
+  auto engine = testing::make_scripted_engine(c, model);
+  const RequestId failed = engine->add_request(prompt, p);
+  drain(*engine, run);
+  EXPECT_EQ(engine->stats().kv_tier_fetch_failures, 1u);
+  EXPECT_EQ(run.hits[failed], 0);
+  EXPECT_EQ(run.tokens[failed], run.tokens[cold]);
+  EXPECT_EQ(run.finish[failed], FinishReason::kLength);
+  expect_pools_full(*engine);
+  // Its own run wrote the prompt through again, so the GPU index serves the next one; a fresh
+  // engine shows the store still serves it.
+  auto reader = testing::make_scripted_engine(c, ScriptedModel{});
+  const RequestId hit = reader->add_request(prompt, p);
+  drain(*reader, run);
+  EXPECT_EQ(run.hits[hit], 384);
+  EXPECT_EQ(run.tokens[hit], run.tokens[cold]);
+  EXPECT_EQ(reader->stats().kv_tier_fetch_failures, 0u);
+  expect_pools_full(*reader);
 }
 
 }  // namespace

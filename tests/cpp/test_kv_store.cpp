@@ -737,7 +737,9 @@ TEST(KvStoreSweeper, SweepsPeriodicallyOffTheCallerThread) {
   ASSERT_EQ(store->put(chain.key(0), payload_for(chain.hashes[0], 10), o), PutResult::kWritten);
   h.advance(2000);
   KvStoreSweeper sweeper(*store, milliseconds(1));
-  for (int i = 0; i < 2000 && fs::exists(store->block_path(chain.hashes[0])); ++i) {
+  // The sweep counts itself after it has removed the file: wait for both.
+  for (int i = 0;
+       i < 2000 && (fs::exists(store->block_path(chain.hashes[0])) || sweeper.sweeps() == 0); ++i) {
     std::this_thread::sleep_for(milliseconds(1));
   }
   EXPECT_FALSE(fs::exists(store->block_path(chain.hashes[0])));

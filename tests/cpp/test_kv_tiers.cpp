@@ -3,14 +3,19 @@
 // state export/import they rely on (ModelCaches).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "deepinfer/backend.h"
+#include "deepinfer/error.h"
 #include "model/cache_tensors.h"
 #include "sched/kv_allocator.h"
 #include "sched/kv_tiers.h"
@@ -52,6 +57,8 @@ class FakeTransfer final : public KvTransfer {
   }
   std::unique_ptr<Event> record_event() override { return std::make_unique<DoneEvent>(); }
   void import_block(kv::BlockId block, std::span<const uint8_t> src) override {
+    // A planted fault: the device copy fails part-way, after the first block went in.
+    if (fail_imports && ++imports > 1) throw Error(ErrorCode::kInternal, "planted import fault");
     blocks[block].assign(src.begin(), src.end());
   }
   void import_state(int32_t slot, std::span<const uint8_t> src) override {
@@ -62,6 +69,8 @@ class FakeTransfer final : public KvTransfer {
   std::map<kv::BlockId, std::vector<uint8_t>> blocks;
   std::map<int32_t, std::vector<uint8_t>> slots;
   int exports = 0;
+  bool fail_imports = false;
+  int imports = 0;
 };
 
 KvLayout layout() {
@@ -332,6 +341,173 @@ TEST_F(KvTiersStore, ACorruptFileFoundByTheFetchFallsBackToRecompute) {
   gpu.release(b);
 }
 
+// The fallback every failed fetch takes: b holds nothing, is marked to skip the tiers, the
+// failure is counted, and every block and slot is free again.
+void expect_fell_back(KvAllocator& gpu, KvTiers& tiers, const Sequence& b) {
+  EXPECT_FALSE(b.holds_resources());
+  EXPECT_EQ(b.tier_fetch, 0u);
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.counters().store_hit_tokens, 0u);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  EXPECT_EQ(gpu.live_slots().num_free(), 3);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 0u);
+}
+
+TEST_F(KvTiersStore, AFetchWhoseSetupThrowsFallsBackToRecompute) {
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  tiers.set_fetch_test_hooks(
+      {[] { throw Error(ErrorCode::kInternal, "planted setup fault"); }, nullptr});
+  // The admission that planned the store hit does not throw: it admits from the GPU index
+  // (nothing there), to recompute the whole prompt.
+  Sequence b = make_seq(2, prompt);
+  Admission miss = gpu.admit(b);
+  ASSERT_EQ(miss.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(miss.hit_tokens, 0);
+  EXPECT_EQ(b.num_computed, 0);
+  EXPECT_EQ(b.tier_fetch, 0u);
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(b.block_table.size(), 4u);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  EXPECT_TRUE(t.blocks.empty());
+  gpu.check_invariants({&b});
+  gpu.release(b);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  EXPECT_EQ(gpu.live_slots().num_free(), 3);
+  // The tiers keep working: the next request fetches the prefix.
+  tiers.set_fetch_test_hooks({});
+  Sequence c = make_seq(3, prompt);
+  tiers.hold_fetches(true);  // so that admission surely leaves it fetching
+  ASSERT_EQ(gpu.admit(c).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  const Admission hit = poll_until_done(gpu, tiers, c);
+  ASSERT_EQ(hit.status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(hit.hit_tokens, 384);
+  expect_prompt_imported(t, c);
+  release_all(gpu, c);
+}
+
+TEST_F(KvTiersStore, AStoreReadThatThrowsFallsBackToRecompute) {
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  tiers.set_fetch_test_hooks(
+      {nullptr, [](kv::BlockHash) { throw Error(ErrorCode::kIo, "planted read fault"); }});
+  tiers.hold_fetches(true);  // so that admission surely leaves it fetching
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kLater);
+  expect_fell_back(gpu, tiers, b);
+  EXPECT_TRUE(t.blocks.empty());
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(b.num_computed, 0);
+  gpu.release(b);
+}
+
+TEST_F(KvTiersStore, AnImportThatThrowsFallsBackToRecompute) {
+  KvTiers tiers(config, t);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  t.fail_imports = true;
+  tiers.hold_fetches(true);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  // The fetch read everything; the import of its second block threw.
+  ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kLater);
+  EXPECT_EQ(t.imports, 2);
+  // finish_fetch counted the hit before the import failed; the fallback undoes nothing else.
+  EXPECT_FALSE(b.holds_resources());
+  EXPECT_TRUE(b.skip_tiers);
+  EXPECT_EQ(tiers.counters().fetch_failures, 1u);
+  EXPECT_EQ(tiers.num_fetches(), 0);
+  gpu.check_invariants({});
+  EXPECT_EQ(gpu.blocks().num_free(), 15);
+  EXPECT_EQ(gpu.live_slots().num_free(), 3);
+  EXPECT_EQ(gpu.prefix_cache().index().size(), 0u);  // the half-imported blocks are not indexed
+  t.fail_imports = false;
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kAdmitted);
+  EXPECT_EQ(b.num_computed, 0);
+  gpu.release(b);
+}
+
+// Stores three distinct 400-token prompts; the pool of `threads` then fetches them together.
+// Returns the most reads that were under way at once: each read waits (up to 10 s) until
+// `threads` reads have begun, so a pool of that size reaches it and a smaller one cannot.
+int peak_concurrent_reads(int threads) {
+  deepinfer::test::TempDir dir;
+  FakeTransfer t;
+  KvTiersConfig config = store_config(dir.path());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 3; ++p) prompts.push_back(distinct_tokens(400, 100 + 1000 * p));
+  {
+    KvTiers tiers(config, t);
+    KvAllocator gpu(layout());
+    gpu.set_tiers(&tiers);
+    for (const auto& prompt : prompts) {
+      Sequence a = compute_prompt(gpu, t, prompt);
+      tiers.flush();
+      gpu.release(a);
+    }
+  }
+  config.fetch_threads = threads;
+  KvTiers tiers(config, t);
+  EXPECT_EQ(tiers.fetch_pool_size(), threads);
+  std::mutex mu;
+  std::condition_variable cv;
+  int begun = 0, inside = 0, peak = 0;
+  tiers.set_fetch_test_hooks({nullptr, [&](kv::BlockHash) {
+                                std::unique_lock<std::mutex> lock(mu);
+                                ++begun;
+                                peak = std::max(peak, ++inside);
+                                cv.notify_all();
+                                cv.wait_for(lock, std::chrono::seconds(10),
+                                            [&] { return begun >= threads; });
+                                --inside;
+                              }});
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  std::vector<Sequence> seqs;
+  for (int p = 0; p < 3; ++p) seqs.push_back(make_seq(2 + p, prompts[static_cast<size_t>(p)]));
+  tiers.hold_fetches(true);  // the three fetches are queued before any read starts
+  for (Sequence& s : seqs) EXPECT_EQ(gpu.admit(s).status, AdmitStatus::kFetching);
+  tiers.hold_fetches(false);
+  // Polled together (poll_until_done's wait returns at once while another fetch is finishable).
+  std::vector<bool> done(seqs.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::count(done.begin(), done.end(), false) > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (done[i]) continue;
+      const Admission a = gpu.poll_fetch(seqs[i]);
+      if (a.status == AdmitStatus::kFetching) continue;
+      done[i] = true;
+      EXPECT_EQ(a.status, AdmitStatus::kAdmitted) << i;
+      EXPECT_EQ(seqs[i].num_computed, 384) << i;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(std::count(done.begin(), done.end(), false), 0) << "a fetch never finished";
+  for (Sequence& s : seqs) gpu.release(s);
+  gpu.check_invariants({});
+  return peak;
+}
+
+TEST(KvTiers, TheFetchPoolHasFetchThreadsReadingInParallel) {
+  EXPECT_EQ(peak_concurrent_reads(1), 1);
+  EXPECT_EQ(peak_concurrent_reads(3), 3);
+  FakeTransfer t;
+  KvTiers no_store(KvTiersConfig{}, t);
+  EXPECT_EQ(no_store.fetch_pool_size(), 0);
+}
+
 TEST(KvTiers, ExactCacheBytesRoundTripThroughExportAndImport) {
   ModelConfig c;
   c.num_hidden_layers = 3;
@@ -374,6 +550,108 @@ TEST(KvTiers, ExactCacheBytesRoundTripThroughExportAndImport) {
     std::vector<uint8_t> wrong(3);
     EXPECT_THROW(caches.import_block(*be, 1, wrong), Error);
   }
+}
+
+// The layered import issues the copies layer by layer, layer 0 first, with one copy-stream event
+// per layer after that layer's copies of every block and of the slot; the forward then waits for
+// them one layer at a time (wait_layer), and an import with a bad payload enqueues nothing.
+TEST(KvTiers, ALayeredImportIsIssuedLayerByLayerInOrder) {
+  ModelConfig c;
+  c.num_hidden_layers = 3;
+  c.layer_types = {AttentionKind::kSliding, AttentionKind::kCompressedSparse,
+                   AttentionKind::kHeavilyCompressed};
+  auto be = make_cpu_backend(1);
+  CacheShape shape;
+  shape.num_blocks = 4;
+  shape.num_state_slots = 3;
+  ModelCaches caches(c, shape, *be);
+  // Payloads of blocks 1 and 3 and of slot 2: every byte says which payload it is in.
+  auto payload = [](size_t n, uint8_t tag) {
+    std::vector<uint8_t> p(n);
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(tag + (i % 7) * 16);
+    return p;
+  };
+  const auto nb = static_cast<size_t>(caches.bytes_per_block());
+  const auto ns = static_cast<size_t>(caches.bytes_per_state_slot());
+  const std::vector<std::vector<uint8_t>> blocks = {payload(nb, 1), payload(nb, 2)};
+  const std::vector<uint8_t> state = payload(ns, 3);
+  const std::vector<int32_t> ids = {1, 3};
+  const std::vector<std::span<const uint8_t>> spans = {blocks[0], blocks[1]};
+  // The bytes of layer `li` of a payload: its views' bytes, read back from the device.
+  auto layer_bytes = [&](int li, int32_t block, int32_t slot) {
+    std::vector<uint8_t> out;
+    LayerCaches& l = caches.layer(li);
+    for (Tensor* t : {&l.comp_entries, &l.index_entries}) {
+      if (!t->defined()) continue;
+      const int64_t epb = t->size(0) / shape.num_blocks;
+      Tensor h = be->to_host(t->narrow(0, block * epb, epb));
+      const auto* bytes = static_cast<const uint8_t*>(h.raw_data());
+      out.insert(out.end(), bytes, bytes + h.nbytes());
+    }
+    for (Tensor* t : {&l.swa_ring, &l.comp_ring, &l.index_ring}) {
+      if (!t->defined()) continue;
+      Tensor h = be->to_host(t->narrow(0, slot, 1));
+      const auto* bytes = static_cast<const uint8_t*>(h.raw_data());
+      out.insert(out.end(), bytes, bytes + h.nbytes());
+    }
+    return out;
+  };
+  // What layer `li` holds once imported: its slices of the payloads.
+  std::vector<std::vector<uint8_t>> want(3);
+  {
+    size_t block_off = 0, state_off = 0;
+    for (int li = 0; li < 3; ++li) {
+      const auto bl = static_cast<size_t>(caches.block_bytes_per_layer()[static_cast<size_t>(li)]);
+      want[static_cast<size_t>(li)].assign(
+          blocks[0].begin() + static_cast<ptrdiff_t>(block_off),
+          blocks[0].begin() + static_cast<ptrdiff_t>(block_off + bl));
+      block_off += bl;
+      size_t sl = 0;
+      LayerCaches& l = caches.layer(li);
+      for (Tensor* t : {&l.swa_ring, &l.comp_ring, &l.index_ring})
+        if (t->defined()) sl += t->narrow(0, 0, 1).nbytes();
+      want[static_cast<size_t>(li)].insert(want[static_cast<size_t>(li)].end(),
+                                           state.begin() + static_cast<ptrdiff_t>(state_off),
+                                           state.begin() + static_cast<ptrdiff_t>(state_off + sl));
+      state_off += sl;
+    }
+  }
+  std::vector<std::vector<uint8_t>> before(3);
+  for (int li = 0; li < 3; ++li) before[static_cast<size_t>(li)] = layer_bytes(li, 1, 2);
+  std::vector<int> done;
+  caches.import_layered(*be, ids, spans, 2, state, [&](int li) {
+    // At layer li's event: layers <= li are in (block 1 and slot 2), later ones untouched.
+    EXPECT_EQ(static_cast<int>(done.size()), li);
+    EXPECT_EQ(caches.num_pending_imports(), li + 1);
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<uint8_t> now = layer_bytes(k, 1, 2);
+      if (k <= li)
+        EXPECT_EQ(now, want[static_cast<size_t>(k)]) << "layer " << k << " at " << li;
+      else
+        EXPECT_EQ(now, before[static_cast<size_t>(k)]) << "layer " << k << " at " << li;
+    }
+    done.push_back(li);
+  });
+  EXPECT_EQ(done, (std::vector<int>{0, 1, 2}));
+  // Block 3 got the second payload, whole.
+  std::vector<uint8_t> b3;
+  for (int li = 0; li < 3; ++li) {
+    std::vector<uint8_t> l = layer_bytes(li, 3, 2);
+    const auto bl = static_cast<size_t>(caches.block_bytes_per_layer()[static_cast<size_t>(li)]);
+    b3.insert(b3.end(), l.begin(), l.begin() + static_cast<ptrdiff_t>(bl));
+  }
+  EXPECT_EQ(b3, blocks[1]);
+  // The forward takes them layer by layer; anything else takes what is left at once.
+  caches.wait_layer(*be, 0);
+  EXPECT_EQ(caches.num_pending_imports(), 2);
+  caches.wait_all_imports(*be);
+  EXPECT_EQ(caches.num_pending_imports(), 0);
+  // A payload of the wrong size is refused before anything is enqueued.
+  const std::vector<uint8_t> short_block(nb - 1);
+  const std::vector<std::span<const uint8_t>> bad = {blocks[0], short_block};
+  EXPECT_THROW(caches.import_layered(*be, ids, bad, 2, state), Error);
+  EXPECT_EQ(caches.num_pending_imports(), 0);
+  EXPECT_EQ(layer_bytes(1, 3, 2).size(), want[1].size());
 }
 
 }  // namespace

@@ -317,8 +317,12 @@ def test_tier_options_are_checked(tiny_checkpoint, tmp_path) -> None:
         cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path), kv_store_ttl_class="forever")
     with pytest.raises(ValueError, match="enable_prefix_cache"):
         cpu_engine(tiny_checkpoint, kv_host_cache_bytes=HOST, enable_prefix_cache=False)
+    with pytest.raises(ValueError, match="fetch_threads"):
+        cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path), fetch_threads=0)
     config = dc.EngineConfig(kv_store_path="/x", kv_host_cache_bytes=5, kv_store_ttl_class="agent")
     assert config.cache.kv_store_path == "/x" and config.cache.kv_host_cache_bytes == 5
+    assert config.cache.fetch_threads == 2
+    assert dc.EngineConfig(fetch_threads=4).cache.fetch_threads == 4
 
 
 @pytest.mark.parametrize(("retention", "days"), [("agent", 3), ("chat", 7), ("", 7)])

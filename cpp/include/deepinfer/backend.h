@@ -263,6 +263,23 @@ class Backend {
   void upload_into(const Tensor& dst, const Tensor& host);
   // Enqueues dst = src for two device tensors of one dtype and shape.
   void copy_into(const Tensor& dst, const Tensor& src);
+
+  // ---- the copy stream: host -> device copies that a later forward waits for, op by op -------
+  // KV tier imports (docs/kv_store.md#the-engine-and-the-tiers) go on a second stream so that
+  // they overlap the compute stream's work, and the forward of layer L waits only for the event
+  // recorded after layer L's copies. On a backend with a single stream (the CPU) the copy stream
+  // is the compute stream: these calls keep plain stream order and wait_event has nothing to do.
+  // None may be called while a graph is captured.
+  // Orders the copy stream behind everything enqueued on the compute stream so far (whatever a
+  // launched step or a pending export still does with the memory the copies will write).
+  void begin_copies();
+  // upload_into, on the copy stream; `host` may be reused as soon as this returns.
+  void upload_into_on_copy_stream(const Tensor& dst, const Tensor& host);
+  // An event behind everything enqueued on the copy stream so far.
+  std::unique_ptr<Event> record_copy_event();
+  // Work enqueued on the compute stream from now on runs after `event` (one of this backend's
+  // events) has completed; the host does not wait.
+  void wait_event(Event& event);
   // Records the ops `body` enqueues as a Graph, without running them. `body` must not upload,
   // synchronise or copy to the host, and every tensor it allocates must die before it returns
   // (results go into tensors allocated before the capture); the tensors it reads or writes must
@@ -421,6 +438,13 @@ class Backend {
   virtual void synchronize_impl() = 0;
   virtual void upload_into_impl(const Tensor& dst, const Tensor& host) = 0;
   virtual void copy_into_impl(const Tensor& dst, const Tensor& src) = 0;
+  // The copy stream; the defaults are those of a single-stream backend (see begin_copies).
+  virtual void begin_copies_impl() {}
+  virtual void upload_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) {
+    upload_into_impl(dst, host);
+  }
+  virtual std::unique_ptr<Event> record_copy_event_impl() { return record_event(); }
+  virtual void wait_event_impl(Event& event) { (void)event; }
 
   virtual Tensor embedding_impl(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) = 0;

@@ -73,6 +73,9 @@ struct CacheConfig {
   uint64_t kv_store_capacity_bytes = 0;  // the store's bound over its whole root; 0: unbounded
   // Retention class of the blocks written: "chat" (7 days) or "agent" (3 days).
   std::string kv_store_ttl_class = "chat";
+  // Threads that read store files for fetches (at least 1; used only with kv_store_path). A store
+  // on a network mount with high latency per file gains from more reads in flight.
+  int fetch_threads = 2;
 
   bool operator==(const CacheConfig&) const = default;
 };

@@ -123,6 +123,30 @@ void Backend::upload_into(const Tensor& dst, const Tensor& host) {
   upload_into_impl(dst, host);
 }
 
+void Backend::begin_copies() {
+  begin_copies_impl();
+}
+
+void Backend::upload_into_on_copy_stream(const Tensor& dst, const Tensor& host) {
+  const OpChecks c("upload_into_on_copy_stream", device_kind());
+  c.dense("dst", dst);
+  c.host("host", host, /*contiguous=*/false);
+  if (host.shape() != dst.shape()) {
+    c.fail("argument host must have dst's shape, got " + dst.describe() + " and " +
+           host.describe());
+  }
+  check_convertible("upload_into_on_copy_stream", host, dst.dtype());
+  upload_into_on_copy_stream_impl(dst, host);
+}
+
+std::unique_ptr<Event> Backend::record_copy_event() {
+  return record_copy_event_impl();
+}
+
+void Backend::wait_event(Event& event) {
+  wait_event_impl(event);
+}
+
 void Backend::copy_into(const Tensor& dst, const Tensor& src) {
   const OpChecks c("copy_into", device_kind());
   c.dense("dst", dst);

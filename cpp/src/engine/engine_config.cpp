@@ -145,6 +145,9 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
     bad_config("kv_store_ttl_class",
                "must be \"chat\" or \"agent\", got \"" + cache.kv_store_ttl_class + "\"");
   }
+  if (cache.fetch_threads < 1 || cache.fetch_threads > 64) {
+    bad_config("fetch_threads", "must be in [1, 64], got " + std::to_string(cache.fetch_threads));
+  }
   if (s.prefill_steps_per_decode_step < 1) {
     bad_config("prefill_steps_per_decode_step",
                "must be >= 1, got " + std::to_string(s.prefill_steps_per_decode_step));

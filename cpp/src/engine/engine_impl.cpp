@@ -61,6 +61,7 @@ std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& 
   t.host_bytes = cache.kv_host_cache_bytes;
   t.store_path = cache.kv_store_path;
   t.store_capacity_bytes = cache.kv_store_capacity_bytes;
+  t.fetch_threads = cache.fetch_threads;
   t.traffic_class =
       cache.kv_store_ttl_class == "agent" ? kv::TrafficClass::kAgent : kv::TrafficClass::kChat;
   t.kv_dtype = cache.kv_cache_dtype;

@@ -192,6 +192,9 @@ std::vector<uint64_t> ModelExecutor::block_bytes_per_layer() const {
 void ModelExecutor::export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
                                  const std::shared_ptr<const void>& keep_alive) {
   ModelCaches& caches = *model_->caches;
+  // Never the case in the engine (a block is exported once a launched step committed it, and
+  // every launch waits for the imports before it), but an export must not race the copy stream.
+  caches.wait_all_imports(*model_->backend);
   const auto kv = static_cast<size_t>(caches.bytes_per_block());
   caches.export_block(*model_->backend, block, dst.first(kv), keep_alive);
   if (slot >= 0) caches.export_state_slot(*model_->backend, slot, dst.subspan(kv), keep_alive);
@@ -203,6 +206,12 @@ void ModelExecutor::import_block(kv::BlockId block, std::span<const uint8_t> src
 
 void ModelExecutor::import_state(int32_t slot, std::span<const uint8_t> src) {
   model_->caches->import_state_slot(*model_->backend, slot, src);
+}
+
+void ModelExecutor::import_fetched(std::span<const kv::BlockId> blocks,
+                                   std::span<const std::span<const uint8_t>> payloads, int32_t slot,
+                                   std::span<const uint8_t> state) {
+  model_->caches->import_layered(*model_->backend, blocks, payloads, slot, state);
 }
 
 int ModelExecutor::max_position() const {
@@ -228,6 +237,10 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   const ModelInstance::Output forward =
       mtp_on() ? m.forward_with_mtp(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens)
                : m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
+  // The forward waited for each layer's pending KV tier imports right before that layer; those
+  // of layers it did not run (MTP blocks when drafting is off) are waited for now, so nothing
+  // enqueued after this step can overtake them.
+  m.caches->wait_all_imports(be);
   if (mtp_on()) {
     for (const StepRow& r : plan.rows) {
       const ForwardRow& f = r.forward;

@@ -103,6 +103,9 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   std::unique_ptr<Event> record_event() override { return model_->backend->record_event(); }
   void import_block(kv::BlockId block, std::span<const uint8_t> src) override;
   void import_state(int32_t slot, std::span<const uint8_t> src) override;
+  void import_fetched(std::span<const kv::BlockId> blocks,
+                      std::span<const std::span<const uint8_t>> payloads, int32_t slot,
+                      std::span<const uint8_t> state) override;
 
   class ModelStep;
   // The sampling parameters of the plan's sampling rows on the device. They are per request, so

@@ -79,6 +79,7 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
   // Bytes of one row of the main KV (swa ring, entries) and of one index key.
   const kv_record::RowCodec main{kv, d, rope};
   const kv_record::RowCodec index{kv, di, 0};
+  main_layers_ = config.num_hidden_layers;
   for (int li = 0; li < config.num_hidden_layers + num_mtp_layers; ++li) {
     LayerCaches c;
     c.rope_dim = rope;
@@ -119,6 +120,8 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
 void ModelCaches::copy_state_slots(Backend& backend,
                                    const std::vector<std::pair<int32_t, int32_t>>& pairs) {
   if (pairs.empty()) return;
+  // A slot the copy stream is still writing may be a source or a destination here.
+  wait_all_imports(backend);
   std::vector<int32_t> src, dst;
   for (const auto& [s, d] : pairs) {
     if (s < 0 || s >= shape_.num_state_slots || d < 0 || d >= shape_.num_state_slots) {
@@ -164,34 +167,50 @@ void check_payload_size(const char* what, size_t want, size_t got) {
 
 }  // namespace
 
-std::vector<Tensor> ModelCaches::block_views(int32_t block) const {
+std::vector<Tensor> ModelCaches::layer_block_views(int layer, int32_t block) const {
   if (block < 0 || block >= shape_.num_blocks) {
     throw Error(ErrorCode::kInvalidArgument, "KV block " + std::to_string(block) +
                                                  " is outside [0, " +
                                                  std::to_string(shape_.num_blocks) + ")");
   }
+  const LayerCaches& c = layers_.at(static_cast<size_t>(layer));
   std::vector<Tensor> views;
-  for (const LayerCaches& c : layers_) {
-    for (const Tensor* t : {&c.comp_entries, &c.index_entries}) {
-      if (!t->defined()) continue;
-      const int64_t epb = t->size(0) / shape_.num_blocks;
-      views.push_back(t->narrow(0, block * epb, epb));
-    }
+  for (const Tensor* t : {&c.comp_entries, &c.index_entries}) {
+    if (!t->defined()) continue;
+    const int64_t epb = t->size(0) / shape_.num_blocks;
+    views.push_back(t->narrow(0, block * epb, epb));
   }
   return views;
 }
 
-std::vector<Tensor> ModelCaches::state_views(int32_t slot) const {
+std::vector<Tensor> ModelCaches::layer_state_views(int layer, int32_t slot) const {
   if (slot < 0 || slot >= shape_.num_state_slots) {
     throw Error(ErrorCode::kInvalidArgument, "state slot " + std::to_string(slot) +
                                                  " is outside [0, " +
                                                  std::to_string(shape_.num_state_slots) + ")");
   }
+  const LayerCaches& c = layers_.at(static_cast<size_t>(layer));
   std::vector<Tensor> views;
-  for (const LayerCaches& c : layers_) {
-    for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring, &c.trunk_ring}) {
-      if (t->defined()) views.push_back(t->narrow(0, slot, 1));
-    }
+  for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring, &c.trunk_ring}) {
+    if (t->defined()) views.push_back(t->narrow(0, slot, 1));
+  }
+  return views;
+}
+
+std::vector<Tensor> ModelCaches::block_views(int32_t block) const {
+  std::vector<Tensor> views;
+  for (int li = 0; li < num_layers(); ++li) {
+    std::vector<Tensor> layer = layer_block_views(li, block);
+    views.insert(views.end(), layer.begin(), layer.end());
+  }
+  return views;
+}
+
+std::vector<Tensor> ModelCaches::state_views(int32_t slot) const {
+  std::vector<Tensor> views;
+  for (int li = 0; li < num_layers(); ++li) {
+    std::vector<Tensor> layer = layer_state_views(li, slot);
+    views.insert(views.end(), layer.begin(), layer.end());
   }
   return views;
 }
@@ -237,6 +256,72 @@ void ModelCaches::import_block(Backend& backend, int32_t block, std::span<const 
 
 void ModelCaches::import_state_slot(Backend& backend, int32_t slot, std::span<const uint8_t> src) {
   import_views(backend, state_views(slot), src, "import of a state slot");
+}
+
+void ModelCaches::import_layered(Backend& backend, std::span<const int32_t> blocks,
+                                 std::span<const std::span<const uint8_t>> payloads, int32_t slot,
+                                 std::span<const uint8_t> state,
+                                 const std::function<void(int layer)>& layer_done) {
+  if (blocks.size() != payloads.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "layered import of " + std::to_string(payloads.size()) + " block payloads into " +
+                    std::to_string(blocks.size()) + " blocks");
+  }
+  // Every index and size is checked before the first copy, so a bad argument enqueues nothing.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    check_payload_size("import of a KV block", payload_bytes(block_views(blocks[i])),
+                       payloads[i].size());
+  }
+  check_payload_size("import of a state slot", payload_bytes(state_views(slot)), state.size());
+  pending_imports_.resize(layers_.size());
+  // Payloads are layer-major: layer L's bytes follow layers 0..L-1's in each payload.
+  const int n = num_layers();
+  std::vector<size_t> block_off(static_cast<size_t>(n) + 1, 0), state_off(block_off);
+  for (int li = 0; li < n; ++li) {
+    const auto i = static_cast<size_t>(li);
+    block_off[i + 1] =
+        block_off[i] + (blocks.empty() ? 0 : payload_bytes(layer_block_views(li, blocks[0])));
+    state_off[i + 1] = state_off[i] + payload_bytes(layer_state_views(li, slot));
+  }
+  auto upload_all = [&](const std::vector<Tensor>& views, const uint8_t* bytes) {
+    for (const Tensor& v : views) {
+      // upload_into_on_copy_stream copies `bytes` before it returns: no owner needed.
+      backend.upload_into_on_copy_stream(v, host_view(v, const_cast<uint8_t*>(bytes), nullptr));
+      bytes += v.nbytes();
+    }
+  };
+  // The MTP blocks go first: forward_with_mtp reads their trunk ring before the main layers run,
+  // so waiting for them must not mean waiting for every main layer's copies too.
+  std::vector<int> order;
+  for (int li = main_layers_; li < n; ++li) order.push_back(li);
+  for (int li = 0; li < std::min(main_layers_, n); ++li) order.push_back(li);
+  backend.begin_copies();
+  for (int li : order) {
+    const auto i = static_cast<size_t>(li);
+    for (size_t k = 0; k < blocks.size(); ++k)
+      upload_all(layer_block_views(li, blocks[k]), payloads[k].data() + block_off[i]);
+    upload_all(layer_state_views(li, slot), state.data() + state_off[i]);
+    pending_imports_[i].push_back(backend.record_copy_event());
+    if (layer_done) layer_done(li);
+  }
+}
+
+void ModelCaches::wait_layer(Backend& backend, int index) {
+  if (static_cast<size_t>(index) >= pending_imports_.size()) return;
+  std::vector<std::unique_ptr<Event>>& events = pending_imports_[static_cast<size_t>(index)];
+  if (!events.empty() && wait_observer_) wait_observer_(index);
+  for (const std::unique_ptr<Event>& e : events) backend.wait_event(*e);
+  events.clear();
+}
+
+void ModelCaches::wait_all_imports(Backend& backend) {
+  for (int li = 0; li < static_cast<int>(pending_imports_.size()); ++li) wait_layer(backend, li);
+}
+
+int ModelCaches::num_pending_imports() const {
+  int n = 0;
+  for (const auto& events : pending_imports_) n += static_cast<int>(events.size());
+  return n;
 }
 
 }  // namespace deepinfer

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -94,16 +95,47 @@ class ModelCaches {
   void import_block(Backend& backend, int32_t block, std::span<const uint8_t> src);
   void import_state_slot(Backend& backend, int32_t slot, std::span<const uint8_t> src);
 
+  // A KV tier hit, imported layer by layer on the backend's copy stream (Backend::begin_copies):
+  // `payloads[i]` into `blocks[i]` and `state` into `slot` (payloads as above), the MTP blocks
+  // first (their ring is read before the main layers run), then layer 0, 1, ...;
+  // after each layer's copies of every block and of the slot an event is recorded on the copy
+  // stream and kept as that layer's pending import. The forward waits for them layer by layer
+  // (wait_layer); every other use of the caches on the compute stream waits for all of them
+  // first (wait_all_imports). `layer_done`, when set, is called after each layer's event (tests).
+  // Sizes are checked before anything is enqueued.
+  void import_layered(Backend& backend, std::span<const int32_t> blocks,
+                      std::span<const std::span<const uint8_t>> payloads, int32_t slot,
+                      std::span<const uint8_t> state,
+                      const std::function<void(int layer)>& layer_done = nullptr);
+  // The compute stream waits (on the device) for layer `index`'s pending imports, which are
+  // dropped: the forward calls it right before the layer reads its caches.
+  void wait_layer(Backend& backend, int index);
+  // The same for every layer (before a graph replay, a state copy or an export).
+  void wait_all_imports(Backend& backend);
+  int num_pending_imports() const;
+  // Test hook: called by wait_layer for a layer with pending imports, before its waits.
+  void set_import_wait_observer(std::function<void(int layer)> observer) {
+    wait_observer_ = std::move(observer);
+  }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+
  private:
   CacheShape shape_;
   std::vector<LayerCaches> layers_;
   int64_t bytes_per_block_ = 0;
   int64_t bytes_per_slot_ = 0;
   std::vector<int64_t> block_layer_bytes_;
+  int main_layers_ = 0;  // layers [main_layers_, num_layers()) are MTP blocks
+  std::function<void(int layer)> wait_observer_;
+  // Per layer, the copy-stream events of imports not yet waited for (import_layered).
+  std::vector<std::vector<std::unique_ptr<Event>>> pending_imports_;
 
   // The device views making up one block's / one slot's payload, in payload order.
   std::vector<Tensor> block_views(int32_t block) const;
   std::vector<Tensor> state_views(int32_t slot) const;
+  // The same views of one layer (payload order within the layer).
+  std::vector<Tensor> layer_block_views(int layer, int32_t block) const;
+  std::vector<Tensor> layer_state_views(int layer, int32_t slot) const;
 };
 
 }  // namespace deepinfer

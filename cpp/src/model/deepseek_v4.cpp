@@ -26,6 +26,9 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
   // The residual trunk is hc_mult parallel streams, mixed in and out of every sub-layer (mHC).
   Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
   for (int li = 0; li < config_.num_hidden_layers; ++li) {
+    // KV tier imports on the copy stream: layer L waits only for its own blocks' copies, so the
+    // copies of later layers overlap the compute of earlier ones (ModelCaches::import_layered).
+    caches.wait_layer(be, li);
     trunk =
         decoder_layer(li, weights_.layers[static_cast<size_t>(li)], trunk, plan, caches.layer(li));
   }

@@ -46,6 +46,8 @@ int64_t kv_blocks_from_memory(const DeviceMemory& memory, double utilization, in
 ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
                                              const Tensor& previous_tokens, Tensor* hidden) {
   if (hidden == nullptr && graphs != nullptr && graphs->accepts(rows)) {
+    // A replay cannot wait layer by layer: KV tier imports still pending are waited for whole.
+    caches->wait_all_imports(*backend);
     DecodeGraphs::Output out = graphs->forward(rows, max_blocks, previous_tokens);
     return {out.logits, out.next_positions};
   }
@@ -65,6 +67,7 @@ ModelInstance::MtpStep ModelInstance::mtp_forward(RowSpan rows, size_t max_block
   const BatchPlan plan =
       build_batch_plan(rows, config, caches->shape(), *backend, mode, max_blocks);
   take_carried_tokens(*backend, rows, plan, previous_tokens);
+  caches->wait_all_imports(*backend);  // the MTP block's caches
   MtpOutput out = mtp->forward(plan, hidden, *caches, step);
   return {out.logits, out.hidden, plan.next_positions};
 }
@@ -105,6 +108,10 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
   auto upload_i32 = [&](const std::vector<int32_t>& v) {
     return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
   };
+  // The MTP blocks' caches (this ring among them) once their KV tier imports are in; the main
+  // layers' are waited for layer by layer in the forward.
+  for (int li = config.num_hidden_layers; li < caches->num_layers(); ++li)
+    caches->wait_layer(be, li);
   // Read before the forward overwrites the ring (a chunk of more than `backtrack` tokens would).
   Tensor before;
   if (!ring_rows.empty()) before = be.gather_rows(ring.reshape({-1, width}), upload_i32(ring_rows));
@@ -126,6 +133,7 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
 }
 
 Tensor ModelInstance::mtp_ring_trunk(RowSpan rows) {
+  caches->wait_all_imports(*backend);  // the ring may have come with a KV tier hit
   const Tensor& ring = caches->layer(config.num_hidden_layers).trunk_ring;
   const int64_t backtrack = ring.size(1);
   std::vector<int32_t> at;

@@ -1,8 +1,10 @@
 #include "sched/kv_allocator.h"
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <span>
+#include <string>
 
 #include "deepinfer/error.h"
 
@@ -94,9 +96,15 @@ std::optional<Admission> KvAllocator::admit_from_tiers(Sequence& seq,
   seq.state_slot = *live_.allocate();
   try {
     seq.tier_fetch = tiers_->start_fetch(seq, plan);
-  } catch (...) {
+  } catch (const std::exception& e) {
+    // The tiers are an optimization: a fetch that cannot even start (its setup failed) is a
+    // miss, and the request recomputes past its GPU hit, which `hit` still describes (its blocks
+    // were acquired here, so nothing evicted them).
     release(seq);
-    throw;
+    seq.skip_tiers = true;
+    tiers_->note_fetch_failure(plan.num_blocks - plan.gpu_hit,
+                               std::string("fetch setup failed: ") + e.what());
+    return std::nullopt;
   }
   Admission a = poll_fetch(seq);  // finished already when every block was in host memory
   if (a.status == AdmitStatus::kLater) return std::nullopt;  // failed: recompute past the GPU hit
@@ -119,7 +127,17 @@ Admission KvAllocator::poll_fetch(Sequence& seq) {
       break;
   }
   seq.tier_fetch = 0;
-  return complete_fetch(seq, fetched);
+  try {
+    return complete_fetch(seq, fetched);
+  } catch (const std::exception& e) {
+    // The import into the device failed part-way: the blocks it wrote are fresh ones (never the
+    // reused GPU blocks) and not yet indexed, so releasing them discards the partial bytes.
+    release(seq);
+    seq.skip_tiers = true;
+    tiers_->note_fetch_failure(fetched.num_blocks - fetched.reuse,
+                               std::string("import failed: ") + e.what());
+    return Admission{};
+  }
 }
 
 bool KvAllocator::fetch_waiting(Sequence& seq) const {

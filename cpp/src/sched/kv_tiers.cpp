@@ -150,6 +150,7 @@ KvTiers::FetchId KvTiers::start_fetch(const Sequence& seq, const Plan& plan) {
   DEEPINFER_CHECK(plan.num_blocks > 0 && plan.reuse <= plan.num_blocks &&
                       plan.sources.size() == static_cast<size_t>(plan.num_blocks - plan.reuse),
                   "fetch of an empty or inconsistent plan");
+  if (hooks_.before_setup) hooks_.before_setup();
   auto job = std::make_shared<FetchJob>();
   job->plan = plan;
   job->started = std::chrono::steady_clock::now();
@@ -226,12 +227,14 @@ void KvTiers::fetch_worker() {
     std::shared_ptr<FetchJob> job = std::move(queue_.front());
     queue_.pop_front();
     if (job->cancelled) continue;
+    const std::function<void(kv::BlockHash)> before_read = hooks_.before_read;
     lock.unlock();
     // Only this thread touches the job's items until `done` is set under the lock.
     std::string failure;
     for (FetchItem& item : job->items) {
       if (item.tier != Tier::kStore) continue;
       try {
+        if (before_read) before_read(item.hash);
         failure = read_store(item);
       } catch (const std::exception& e) {
         failure = std::string("store read failed: ") + e.what();
@@ -264,9 +267,7 @@ KvTiers::FetchState KvTiers::finish_fetch(const Sequence& seq, FetchId id, Fetch
     counters_.fetch_seconds_max = std::max(counters_.fetch_seconds_max, seconds);
   }
   if (!job->failure.empty()) {
-    ++counters_.fetch_failures;
-    log_store_line("KV tier fetch of " + std::to_string(plan.num_blocks - plan.gpu_hit) +
-                   " blocks failed (" + job->failure + "); the request recomputes them");
+    note_fetch_failure(plan.num_blocks - plan.gpu_hit, job->failure);
     return FetchState::kFailed;
   }
   out = Fetched{};
@@ -323,6 +324,17 @@ void KvTiers::hold_fetches(bool hold) {
   work_cv_.notify_all();
 }
 
+void KvTiers::set_fetch_test_hooks(FetchTestHooks hooks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hooks_ = std::move(hooks);
+}
+
+void KvTiers::note_fetch_failure(int blocks, const std::string& why) {
+  ++counters_.fetch_failures;
+  log_store_line("KV tier fetch of " + std::to_string(blocks) + " blocks failed (" + why +
+                 "); the request recomputes them");
+}
+
 void KvTiers::stop_fetch_pool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -344,8 +356,7 @@ void KvTiers::touch_chain_head_last(const Sequence& seq, int num_blocks) {
 void KvTiers::import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot) {
   DEEPINFER_CHECK(blocks.size() == fetched.blocks.size(),
                   "import of fetched KV into a different number of blocks");
-  for (size_t i = 0; i < blocks.size(); ++i) transfer_.import_block(blocks[i], fetched.blocks[i]);
-  transfer_.import_state(slot, fetched.state);
+  transfer_.import_fetched(blocks, fetched.blocks, slot, fetched.state);
 }
 
 bool KvTiers::held(const kv::BlockKey& key, bool with_snapshot) {

@@ -26,14 +26,16 @@
 // the allocator has it wait, holding nothing, until that fetch is finished or cancelled; its next
 // admission then takes the adopted blocks from the GPU index and fetches only what is left.
 //
-// Known limit: the host -> device import of a finished fetch is enqueued at once, whole; there is
-// no layer-wise overlap of it with the forward.
+// Import: the host -> device copy of a finished fetch goes through KvTransfer::import_fetched;
+// the model executor issues it layer by layer on the device's copy stream, and the next forward
+// waits for layer L's copies only before layer L (ModelCaches::import_layered).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -139,6 +141,19 @@ class KvTiers {
   void wait_for_fetch(std::chrono::microseconds timeout);
   // Test hook: while held, the pool starts no read, so fetches stay pending deterministically.
   void hold_fetches(bool hold);
+  // Test hooks for planted faults and concurrency checks: `before_setup` runs at the start of
+  // start_fetch (engine thread), `before_read` on a pool thread before each store block is read
+  // (with the block's chain hash). Either may throw or block. Set them while no fetch is queued.
+  struct FetchTestHooks {
+    std::function<void()> before_setup;
+    std::function<void(kv::BlockHash)> before_read;
+  };
+  void set_fetch_test_hooks(FetchTestHooks hooks);
+  // Counts and logs a planned hit that failed outside a fetch's own reads (its setup threw, or
+  // the import of its payloads did): the caller has released what it reserved and recomputes.
+  void note_fetch_failure(int blocks, const std::string& why);
+  // The fetch pool's threads (0 without a store).
+  int fetch_pool_size() const { return static_cast<int>(pool_.size()); }
   // Enqueues the fetched bytes into the device: blocks[i] into `blocks[i]`, the state into `slot`.
   void import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot);
 
@@ -227,6 +242,7 @@ class KvTiers {
   std::deque<std::shared_ptr<FetchJob>> queue_;
   bool stop_ = false;
   bool held_ = false;
+  FetchTestHooks hooks_;           // before_read is copied under mu_ by the pool
   std::vector<std::thread> pool_;  // joined by the destructor before the store goes
 };
 

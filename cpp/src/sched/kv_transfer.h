@@ -35,6 +35,17 @@ class KvTransfer {
   // the bytes may be reused as soon as the call returns. Steps launched later see them.
   virtual void import_block(kv::BlockId block, std::span<const uint8_t> src) = 0;
   virtual void import_state(int32_t slot, std::span<const uint8_t> src) = 0;
+  // A finished fetch: payloads[i] into blocks[i], then the snapshot into `slot`; the bytes may be
+  // reused as soon as the call returns, and the step launched next sees them. The default writes
+  // them whole, in stream order; the model executor writes them layer by layer on the device's
+  // copy stream, and the next forward waits for layer L's copies only before layer L
+  // (ModelCaches::import_layered).
+  virtual void import_fetched(std::span<const kv::BlockId> blocks,
+                              std::span<const std::span<const uint8_t>> payloads, int32_t slot,
+                              std::span<const uint8_t> state) {
+    for (size_t i = 0; i < blocks.size(); ++i) import_block(blocks[i], payloads[i]);
+    import_state(slot, state);
+  }
 };
 
 }  // namespace deepinfer::sched

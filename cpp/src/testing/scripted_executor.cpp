@@ -188,6 +188,11 @@ void ScriptedExecutor::import_block(kv::BlockId block, std::span<const uint8_t> 
         ErrorCode::kInvalidArgument,
         "scripted executor: import of " + std::to_string(src.size()) + " bytes into a block of 8");
   }
+  if (failed_imports_ < options_.model.failing_imports) {
+    ++failed_imports_;
+    throw Error(ErrorCode::kInternal,
+                "scripted executor: planted fault in the import of block " + std::to_string(block));
+  }
   uint64_t tag = 0;
   std::memcpy(&tag, src.data(), 8);
   stream_.enqueue([this, block, tag] { blocks_.at(static_cast<size_t>(block)) = tag; });

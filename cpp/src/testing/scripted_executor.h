@@ -81,6 +81,7 @@ class ScriptedExecutor final : public StepExecutor, private sched::KvTransfer {
   ScriptedExecutorOptions options_;
   std::vector<SlotState> slots_;  // live slots then snapshot slots; touched by the worker only
   std::vector<uint64_t> blocks_;  // per KV block, the hash after its last position; likewise
+  int failed_imports_ = 0;        // planted import faults so far (engine thread)
   std::mutex timing_mu_;
   std::vector<StepTiming> timings_;
   CpuStream stream_;  // last member: drained and joined before the rest is destroyed

@@ -24,6 +24,9 @@ struct ScriptedModel {
   double eos_probability = 0.0;  // chance that a sampled token is eos_token_ids[0]
   int max_position = 1 << 20;
   std::chrono::microseconds step_latency{0};  // sleep per step, standing in for device time
+  // A planted fault, not part of the model: the executor's first `failing_imports` KV block
+  // imports (KV tier hits) throw, as a device copy that fails would.
+  int failing_imports = 0;
 
   // The token the emulation samples after `context` (the whole prompt plus outputs so far).
   int32_t next_token(std::span<const int32_t> context) const;
