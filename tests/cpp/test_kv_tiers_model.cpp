@@ -13,34 +13,11 @@
 #include "deepinfer/config.h"
 #include "deepinfer/engine.h"
 #include "model/model_instance.h"
+#include "small_v4_model.h"
 #include "temp_dir.h"
 
 namespace deepinfer {
 namespace {
-
-// Four layers: sliding, compressed sparse, heavily compressed, compressed sparse (as
-// test_engine_rank's config), so a block carries compressed entries and index keys and a
-// snapshot carries every kind of ring.
-const char* kConfig = R"({
-  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
-  "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
-  "num_key_value_heads": 1, "head_dim": 32, "partial_rotary_factor": 0.25, "qk_rope_head_dim": 8,
-  "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "sliding_window": 8,
-  "index_n_heads": 4, "index_head_dim": 32, "index_topk": 3,
-  "n_routed_experts": 8, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
-  "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-  "layer_types": ["sliding_attention", "compressed_sparse_attention",
-                  "heavily_compressed_attention", "compressed_sparse_attention"],
-  "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
-  "rope_parameters": {
-    "compress": {"attention_factor": 1.0, "beta_fast": 32, "beta_slow": 1, "factor": 4.0,
-                 "original_max_position_embeddings": 32, "partial_rotary_factor": 0.25,
-                 "rope_theta": 160000.0, "rope_type": "yarn"},
-    "main": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0, "rope_type": "default"}},
-  "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "dtype": "float32",
-  "max_position_embeddings": 1024,
-  "eos_token_id": 1, "bos_token_id": 0, "rms_norm_eps": 1e-06, "hc_eps": 1e-06
-})";
 
 struct Generated {
   std::vector<int32_t> tokens;
@@ -74,17 +51,11 @@ void expect_same_bits(const Generated& a, const Generated& b) {
 
 class KvTiersModel : public ::testing::Test {
  protected:
-  void SetUp() override { std::ofstream(model.file("config.json")) << kConfig; }
+  void SetUp() override { test::write_small_v4(model.path()); }
 
   EngineConfig config() const {
-    EngineConfig c;
-    c.model_path = model.path();
-    c.load_format = "dummy";
-    c.seed = 7;
-    c.placement.device = "cpu";
-    c.placement.num_threads = 1;
+    EngineConfig c = test::small_v4_engine(model.path());
     c.scheduler.max_num_seqs = 2;
-    c.scheduler.max_model_len = 512;
     c.scheduler.max_num_batched_tokens = 512;
     return c;
   }
@@ -138,7 +109,7 @@ TEST_F(KvTiersModel, AHostHitAfterGpuEvictionEqualsTheColdRun) {
 // waits for layer L, layer L - 1 has already run (its SWA ring holds the new positions) and layer
 // L still holds the imported bytes.
 TEST(KvTiersForward, TheForwardWaitsForEachLayersImportRightBeforeThatLayer) {
-  const ModelConfig config = ModelConfig::from_json_text(kConfig, "test config");
+  const ModelConfig config = ModelConfig::from_json_text(test::kSmallV4Config, "test config");
   CacheShape shape;
   shape.num_blocks = 4;
   shape.num_state_slots = 3;

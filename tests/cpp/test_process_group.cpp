@@ -24,41 +24,14 @@
 #include "deepinfer/error.h"
 #include "deepinfer/rank_group.h"
 #include "dist/inprocess_communicator.h"
+#include "small_v4_model.h"
 #include "temp_dir.h"
 
 namespace deepinfer {
 namespace {
 
-const char* kConfig = R"({
-  "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
-  "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
-  "num_key_value_heads": 1, "head_dim": 32, "partial_rotary_factor": 0.25, "qk_rope_head_dim": 8,
-  "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16, "sliding_window": 8,
-  "index_n_heads": 4, "index_head_dim": 32, "index_topk": 3,
-  "n_routed_experts": 8, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
-  "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-  "layer_types": ["sliding_attention", "compressed_sparse_attention",
-                  "heavily_compressed_attention", "compressed_sparse_attention"],
-  "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
-  "rope_parameters": {
-    "compress": {"attention_factor": 1.0, "beta_fast": 32, "beta_slow": 1, "factor": 4.0,
-                 "original_max_position_embeddings": 32, "partial_rotary_factor": 0.25,
-                 "rope_theta": 160000.0, "rope_type": "yarn"},
-    "main": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0, "rope_type": "default"}},
-  "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "dtype": "float32",
-  "max_position_embeddings": 1024,
-  "eos_token_id": 1, "bos_token_id": 0, "rms_norm_eps": 1e-06, "hc_eps": 1e-06
-})";
-
 EngineConfig config_for(const std::string& dir, int ranks) {
-  EngineConfig c;
-  c.model_path = dir;
-  c.load_format = "dummy";
-  c.seed = 7;
-  c.placement.device = "cpu";
-  c.placement.num_threads = 1;
-  c.scheduler.max_num_seqs = 4;
-  c.scheduler.max_model_len = 512;
+  EngineConfig c = test::small_v4_engine(dir);
   c.parallel.data_parallel_size = ranks;
   c.parallel.expert_parallel_size = ranks;
   return c;
@@ -128,7 +101,7 @@ std::vector<std::vector<int32_t>> run(Engine& e) {
 
 TEST(ProcessGroup, FrontEqualsOneEngine) {
   test::TempDir dir;
-  std::ofstream(dir.file("config.json")) << kConfig;
+  test::write_small_v4(dir.path());
   const std::vector<std::vector<int32_t>> want = run(*Engine::create(config_for(dir.path(), 1)));
   for (int n : {2, 4}) {
     SCOPED_TRACE("ranks " + std::to_string(n));
@@ -152,7 +125,7 @@ TEST(ProcessGroup, FrontEqualsOneEngine) {
 
 TEST(ProcessGroup, AbortsReachTheirRank) {
   test::TempDir dir;
-  std::ofstream(dir.file("config.json")) << kConfig;
+  test::write_small_v4(dir.path());
   Group g(dir.path(), 2);
   std::vector<RequestId> ids;
   SamplingParams long_run = greedy();
@@ -173,7 +146,7 @@ TEST(ProcessGroup, AbortsReachTheirRank) {
 
 TEST(ProcessGroup, FailedRankFailsTheFront) {
   test::TempDir dir;
-  std::ofstream(dir.file("config.json")) << kConfig;
+  test::write_small_v4(dir.path());
   Group g(dir.path(), 2);
   g.front->add_request(prompts()[0], greedy());
   g.front->step();
@@ -194,7 +167,7 @@ TEST(ProcessGroup, FailedRankFailsTheFront) {
 
 TEST(ProcessGroup, OverTcp) {
   test::TempDir dir;
-  std::ofstream(dir.file("config.json")) << kConfig;
+  test::write_small_v4(dir.path());
   const std::vector<std::vector<int32_t>> want = run(*Engine::create(config_for(dir.path(), 1)));
   const int n = 2;
   RankListener listener("127.0.0.1", 0);

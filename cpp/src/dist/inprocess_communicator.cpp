@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "deepinfer/error.h"
+#include "dist/collective_args.h"
 
 namespace deepinfer::dist {
 
@@ -42,26 +43,12 @@ struct Post {
   const void* host = nullptr;  // all_reduce_host: the values (i64 or u64)
 };
 
-std::string sig(const Tensor& t) {
-  return std::string(dtype_name(t.dtype())) + shape_str(t.shape());
-}
-
-Shape trailing(const Tensor& t) {
-  return Shape(t.shape().begin() + 1, t.shape().end());
-}
-
-// The problem with a tensor argument on its own, "" when it is fine.
-std::string check_tensor(const char* arg, const Tensor& t, bool sum, bool rows) {
-  if (!t.defined()) return std::string(arg) + " is undefined";
+// The in-process group reads the other ranks' tensors in place: host memory only.
+std::string host_only(const char* arg, const Tensor& t) {
   if (t.device().kind != DeviceKind::kCpu) {
     return std::string(arg) + " is " + t.describe() +
            ": the in-process communicator takes CPU tensors";
   }
-  if (!t.is_contiguous()) return std::string(arg) + " " + t.describe() + " is not contiguous";
-  if (sum ? t.dtype() != DType::kF32 : (t.dtype() != DType::kF32 && t.dtype() != DType::kI32)) {
-    return std::string(arg) + " is " + sig(t) + " but must be f32" + (sum ? "" : " or i32");
-  }
-  if (rows && t.dim() < 1) return std::string(arg) + " " + sig(t) + " has no rows (dim 0)";
   return "";
 }
 
@@ -123,35 +110,13 @@ class Rendezvous {
   std::vector<const Post*> posts_;
 };
 
-// A mismatch every rank agrees on: the rank whose arguments are wrong and what is wrong.
-struct Mismatch {
-  int rank;
-  std::string what;
-};
-
-// The first rank whose own arguments are wrong, else the first whose signature differs from rank
-// 0's. Every rank computes the same answer from the same posts.
 std::optional<Mismatch> common_checks(const Rendezvous& rv) {
-  const Post& first = rv.post(0);
+  std::vector<RankCall> calls;
   for (int r = 0; r < rv.size(); ++r) {
     const Post& p = rv.post(r);
-    if (std::strcmp(p.name, first.name) != 0) {
-      return Mismatch{r, "rank " + std::to_string(r) + " called " + p.name +
-                             " while rank 0 called " + first.name};
-    }
+    calls.push_back({p.name, p.local_error, p.signature});
   }
-  for (int r = 0; r < rv.size(); ++r) {
-    if (!rv.post(r).local_error.empty()) {
-      return Mismatch{r, "rank " + std::to_string(r) + ": " + rv.post(r).local_error};
-    }
-  }
-  for (int r = 1; r < rv.size(); ++r) {
-    if (rv.post(r).signature != first.signature) {
-      return Mismatch{r, "rank " + std::to_string(r) + " passed " + rv.post(r).signature +
-                             " but rank 0 passed " + first.signature};
-    }
-  }
-  return std::nullopt;
+  return first_mismatch(calls);
 }
 
 class InProcessCommunicator final : public Communicator {
@@ -169,8 +134,7 @@ class InProcessCommunicator final : public Communicator {
   void all_reduce_sum(const Tensor& t) override {
     Post p;
     p.name = "all_reduce_sum";
-    p.local_error = check_tensor("tensor", t, true, false);
-    p.signature = t.defined() ? sig(t) : "";
+    set_args(p, all_reduce_args(t, host_only));
     p.a = &t;
     std::vector<float> out;
     run(
@@ -181,17 +145,7 @@ class InProcessCommunicator final : public Communicator {
   void all_gather(const Tensor& input, const Tensor& output) override {
     Post p;
     p.name = "all_gather";
-    p.local_error = check_tensor("input", input, false, true);
-    if (p.local_error.empty()) p.local_error = check_tensor("output", output, false, true);
-    if (p.local_error.empty()) {
-      Shape want = input.shape();
-      want[0] *= size();
-      if (output.dtype() != input.dtype() || output.shape() != want) {
-        p.local_error = "output is " + sig(output) + " but must be " + dtype_name(input.dtype()) +
-                        shape_str(want) + " for input " + sig(input);
-      }
-    }
-    p.signature = input.defined() ? sig(input) : "";
+    set_args(p, all_gather_args(input, output, size(), host_only));
     p.a = &input;
     std::vector<uint8_t> out;
     run(
@@ -210,17 +164,7 @@ class InProcessCommunicator final : public Communicator {
   void reduce_scatter_sum(const Tensor& input, const Tensor& output) override {
     Post p;
     p.name = "reduce_scatter_sum";
-    p.local_error = check_tensor("input", input, true, true);
-    if (p.local_error.empty()) p.local_error = check_tensor("output", output, true, true);
-    if (p.local_error.empty()) {
-      Shape want = output.shape();
-      want[0] *= size();
-      if (input.shape() != want) {
-        p.local_error = "input is " + sig(input) + " but must be f32" + shape_str(want) +
-                        " for output " + sig(output);
-      }
-    }
-    p.signature = input.defined() ? sig(input) : "";
+    set_args(p, reduce_scatter_args(input, output, size(), host_only));
     p.a = &input;
     std::vector<float> out;
     run(
@@ -236,21 +180,7 @@ class InProcessCommunicator final : public Communicator {
                   std::span<const int64_t> recv_rows) override {
     Post p;
     p.name = "all_to_all";
-    p.local_error = check_tensor("send", send, false, true);
-    if (p.local_error.empty()) p.local_error = check_tensor("recv", recv, false, true);
-    if (p.local_error.empty()) p.local_error = check_counts("send", send, send_rows);
-    if (p.local_error.empty()) p.local_error = check_counts("recv", recv, recv_rows);
-    if (p.local_error.empty() &&
-        (recv.dtype() != send.dtype() || trailing(recv) != trailing(send))) {
-      p.local_error = "recv " + sig(recv) + " does not match send " + sig(send) +
-                      " in dtype and trailing shape";
-    }
-    if (send.defined()) {
-      // "f32[rows, 8]": the row counts are checked pairwise, not against rank 0's.
-      p.signature = std::string(dtype_name(send.dtype())) + "[rows";
-      for (int64_t d : trailing(send)) p.signature += ", " + std::to_string(d);
-      p.signature += "]";
-    }
+    set_args(p, all_to_all_args(send, send_rows, recv, recv_rows, size(), host_only));
     p.a = &send;
     p.send_rows = send_rows;
     p.recv_rows = recv_rows;
@@ -271,7 +201,7 @@ class InProcessCommunicator final : public Communicator {
               }
             }
           }
-          const size_t rb = row_size(recv);
+          const size_t rb = row_bytes(recv);
           out.resize(recv.nbytes());
           size_t at = 0;
           for (int src = 0; src < size(); ++src) {
@@ -297,12 +227,7 @@ class InProcessCommunicator final : public Communicator {
   void broadcast(const Tensor& t, int root) override {
     Post p;
     p.name = "broadcast";
-    p.local_error = check_tensor("tensor", t, false, false);
-    if (p.local_error.empty() && (root < 0 || root >= size())) {
-      p.local_error =
-          "root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size());
-    }
-    p.signature = (t.defined() ? sig(t) : "") + " from root " + std::to_string(root);
+    set_args(p, broadcast_args(t, root, size(), host_only));
     p.a = &t;
     p.root = root;
     std::vector<uint8_t> out;
@@ -338,27 +263,9 @@ class InProcessCommunicator final : public Communicator {
   }
 
  private:
-  static size_t row_size(const Tensor& t) {
-    size_t bytes = dtype_size(t.dtype());
-    for (int64_t d : trailing(t)) bytes *= static_cast<size_t>(d);
-    return bytes;
-  }
-
-  std::string check_counts(const char* arg, const Tensor& t, std::span<const int64_t> rows) const {
-    if (static_cast<int>(rows.size()) != size()) {
-      return std::string(arg) + "_rows has " + std::to_string(rows.size()) + " counts for " +
-             std::to_string(size()) + " ranks";
-    }
-    int64_t total = 0;
-    for (int64_t n : rows) {
-      if (n < 0) return std::string(arg) + "_rows holds a negative count " + std::to_string(n);
-      total += n;
-    }
-    if (total != t.size(0)) {
-      return std::string(arg) + " " + sig(t) + " has " + std::to_string(t.size(0)) + " rows but " +
-             arg + "_rows sum to " + std::to_string(total);
-    }
-    return "";
+  static void set_args(Post& p, const CollectiveArgs& a) {
+    p.local_error = a.local_error;
+    p.signature = a.signature;
   }
 
   // out[i] = ((x0[off + i] + x1[off + i]) + x2[off + i]) + ... for i < count, x_r being rank r's

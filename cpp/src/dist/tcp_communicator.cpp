@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "dist/collective_args.h"
 
 namespace deepinfer::dist {
 namespace {
@@ -371,49 +372,10 @@ Call decode(const std::vector<uint8_t>& body, int rank, int size) {
   return c;
 }
 
-std::string sig(const Tensor& t) {
-  return std::string(dtype_name(t.dtype())) + shape_str(t.shape());
-}
-
-Shape trailing(const Tensor& t) {
-  return Shape(t.shape().begin() + 1, t.shape().end());
-}
-
-size_t row_size(const Tensor& t) {
-  size_t bytes = dtype_size(t.dtype());
-  for (int64_t d : trailing(t)) bytes *= static_cast<size_t>(d);
-  return bytes;
-}
-
-struct Mismatch {
-  int rank;
-  std::string what;
-};
-
-// The in-process communicator's checks, in its order, over every rank's call.
 std::optional<Mismatch> common_checks(const std::vector<Call>& calls) {
-  const Call& first = calls[0];
-  for (size_t r = 0; r < calls.size(); ++r) {
-    if (calls[r].name != first.name) {
-      return Mismatch{static_cast<int>(r), "rank " + std::to_string(r) + " called " +
-                                               calls[r].name + " while rank 0 called " +
-                                               first.name};
-    }
-  }
-  for (size_t r = 0; r < calls.size(); ++r) {
-    if (!calls[r].local_error.empty()) {
-      return Mismatch{static_cast<int>(r),
-                      "rank " + std::to_string(r) + ": " + calls[r].local_error};
-    }
-  }
-  for (size_t r = 1; r < calls.size(); ++r) {
-    if (calls[r].signature != first.signature) {
-      return Mismatch{static_cast<int>(r), "rank " + std::to_string(r) + " passed " +
-                                               calls[r].signature + " but rank 0 passed " +
-                                               first.signature};
-    }
-  }
-  return std::nullopt;
+  std::vector<RankCall> views;
+  for (const Call& c : calls) views.push_back({c.name, c.local_error, c.signature});
+  return first_mismatch(views);
 }
 
 // A payload of an unexpected size despite matching signatures: a peer that does not speak this
@@ -576,8 +538,7 @@ class TcpCommunicator final : public Communicator {
   void all_reduce_sum(const Tensor& t) override {
     Call c;
     c.name = "all_reduce_sum";
-    c.local_error = check_tensor("tensor", t, true, false);
-    c.signature = t.defined() ? sig(t) : "";
+    set_args(c, all_reduce_args(t, placement()));
     stage(c, t);
     const std::vector<uint8_t> out = exchange(c);
     unstage(c.name, t, out);
@@ -586,17 +547,7 @@ class TcpCommunicator final : public Communicator {
   void all_gather(const Tensor& input, const Tensor& output) override {
     Call c;
     c.name = "all_gather";
-    c.local_error = check_tensor("input", input, false, true);
-    if (c.local_error.empty()) c.local_error = check_tensor("output", output, false, true);
-    if (c.local_error.empty()) {
-      Shape want = input.shape();
-      want[0] *= size_;
-      if (output.dtype() != input.dtype() || output.shape() != want) {
-        c.local_error = "output is " + sig(output) + " but must be " + dtype_name(input.dtype()) +
-                        shape_str(want) + " for input " + sig(input);
-      }
-    }
-    c.signature = input.defined() ? sig(input) : "";
+    set_args(c, all_gather_args(input, output, size_, placement()));
     stage(c, input);
     const std::vector<uint8_t> out = exchange(c);
     unstage(c.name, output, out);
@@ -605,17 +556,7 @@ class TcpCommunicator final : public Communicator {
   void reduce_scatter_sum(const Tensor& input, const Tensor& output) override {
     Call c;
     c.name = "reduce_scatter_sum";
-    c.local_error = check_tensor("input", input, true, true);
-    if (c.local_error.empty()) c.local_error = check_tensor("output", output, true, true);
-    if (c.local_error.empty()) {
-      Shape want = output.shape();
-      want[0] *= size_;
-      if (input.shape() != want) {
-        c.local_error = "input is " + sig(input) + " but must be f32" + shape_str(want) +
-                        " for output " + sig(output);
-      }
-    }
-    c.signature = input.defined() ? sig(input) : "";
+    set_args(c, reduce_scatter_args(input, output, size_, placement()));
     stage(c, input);
     const std::vector<uint8_t> out = exchange(c);
     unstage(c.name, output, out);
@@ -625,25 +566,11 @@ class TcpCommunicator final : public Communicator {
                   std::span<const int64_t> recv_rows) override {
     Call c;
     c.name = "all_to_all";
-    c.local_error = check_tensor("send", send, false, true);
-    if (c.local_error.empty()) c.local_error = check_tensor("recv", recv, false, true);
-    if (c.local_error.empty()) c.local_error = check_counts("send", send, send_rows);
-    if (c.local_error.empty()) c.local_error = check_counts("recv", recv, recv_rows);
-    if (c.local_error.empty() &&
-        (recv.dtype() != send.dtype() || trailing(recv) != trailing(send))) {
-      c.local_error = "recv " + sig(recv) + " does not match send " + sig(send) +
-                      " in dtype and trailing shape";
-    }
-    if (send.defined()) {
-      // "f32[rows, 8]": the row counts are checked pairwise, not against rank 0's.
-      c.signature = std::string(dtype_name(send.dtype())) + "[rows";
-      for (int64_t d : trailing(send)) c.signature += ", " + std::to_string(d);
-      c.signature += "]";
-    }
+    set_args(c, all_to_all_args(send, send_rows, recv, recv_rows, size_, placement()));
     if (c.local_error.empty()) {
       c.send_rows.assign(send_rows.begin(), send_rows.end());
       c.recv_rows.assign(recv_rows.begin(), recv_rows.end());
-      c.row_bytes = row_size(send);
+      c.row_bytes = row_bytes(send);
     }
     stage(c, send);
     const std::vector<uint8_t> out = exchange(c);
@@ -653,12 +580,7 @@ class TcpCommunicator final : public Communicator {
   void broadcast(const Tensor& t, int root) override {
     Call c;
     c.name = "broadcast";
-    c.local_error = check_tensor("tensor", t, false, false);
-    if (c.local_error.empty() && (root < 0 || root >= size_)) {
-      c.local_error =
-          "root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(size_);
-    }
-    c.signature = (t.defined() ? sig(t) : "") + " from root " + std::to_string(root);
+    set_args(c, broadcast_args(t, root, size_, placement()));
     c.root = root;
     stage(c, t);
     const std::vector<uint8_t> out = exchange(c);
@@ -708,41 +630,24 @@ class TcpCommunicator final : public Communicator {
     return result;
   }
 
-  // The problem with a tensor argument on its own, "" when it is fine.
-  std::string check_tensor(const char* arg, const Tensor& t, bool sum, bool rows) const {
-    if (!t.defined()) return std::string(arg) + " is undefined";
-    const DeviceKind kind = t.device().kind;
-    if (backend_ == nullptr && kind != DeviceKind::kCpu) {
-      return std::string(arg) + " is " + t.describe() +
-             ": a TCP communicator without a backend takes host tensors";
-    }
-    if (backend_ != nullptr && kind != DeviceKind::kCpu && kind != backend_->device_kind()) {
-      return std::string(arg) + " is " + t.describe() + " but the rank's backend is " +
-             backend_->name();
-    }
-    if (!t.is_contiguous()) return std::string(arg) + " " + t.describe() + " is not contiguous";
-    if (sum ? t.dtype() != DType::kF32 : (t.dtype() != DType::kF32 && t.dtype() != DType::kI32)) {
-      return std::string(arg) + " is " + sig(t) + " but must be f32" + (sum ? "" : " or i32");
-    }
-    if (rows && t.dim() < 1) return std::string(arg) + " " + sig(t) + " has no rows (dim 0)";
-    return "";
+  static void set_args(Call& c, const CollectiveArgs& a) {
+    c.local_error = a.local_error;
+    c.signature = a.signature;
   }
-
-  std::string check_counts(const char* arg, const Tensor& t, std::span<const int64_t> rows) const {
-    if (static_cast<int>(rows.size()) != size_) {
-      return std::string(arg) + "_rows has " + std::to_string(rows.size()) + " counts for " +
-             std::to_string(size_) + " ranks";
-    }
-    int64_t total = 0;
-    for (int64_t n : rows) {
-      if (n < 0) return std::string(arg) + "_rows holds a negative count " + std::to_string(n);
-      total += n;
-    }
-    if (total != t.size(0)) {
-      return std::string(arg) + " " + sig(t) + " has " + std::to_string(t.size(0)) + " rows but " +
-             arg + "_rows sum to " + std::to_string(total);
-    }
-    return "";
+  // Host tensors always; device tensors of the rank's backend, staged through the host.
+  PlacementRule placement() const {
+    return [this](const char* arg, const Tensor& t) -> std::string {
+      const DeviceKind kind = t.device().kind;
+      if (backend_ == nullptr && kind != DeviceKind::kCpu) {
+        return std::string(arg) + " is " + t.describe() +
+               ": a TCP communicator without a backend takes host tensors";
+      }
+      if (backend_ != nullptr && kind != DeviceKind::kCpu && kind != backend_->device_kind()) {
+        return std::string(arg) + " is " + t.describe() + " but the rank's backend is " +
+               backend_->name();
+      }
+      return "";
+    };
   }
 
   // Waits for the rank's stream, so the inputs are final (stream order of the contract).
