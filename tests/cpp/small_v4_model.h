@@ -54,4 +54,24 @@ inline EngineConfig small_v4_engine(const std::string& dir) {
   return c;
 }
 
+// Six prompts of 5..60 tokens, different from each other.
+inline std::vector<std::vector<int32_t>> small_v4_prompts() {
+  std::vector<std::vector<int32_t>> p;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> tokens;
+    for (int j = 0; j < 5 + 11 * i; ++j) tokens.push_back(2 + (37 * i + 13 * j) % 250);
+    p.push_back(tokens);
+  }
+  return p;
+}
+
+// Greedy, 12 tokens, past any EOS.
+inline SamplingParams greedy12() {
+  SamplingParams s;
+  s.temperature = 0.0f;
+  s.max_tokens = 12;
+  s.ignore_eos = true;
+  return s;
+}
+
 }  // namespace deepinfer::test

@@ -38,21 +38,10 @@ EngineConfig config_for(const std::string& dir, int ranks) {
 }
 
 std::vector<std::vector<int32_t>> prompts() {
-  std::vector<std::vector<int32_t>> p;
-  for (int i = 0; i < 6; ++i) {
-    std::vector<int32_t> tokens;
-    for (int j = 0; j < 5 + 11 * i; ++j) tokens.push_back(2 + (37 * i + 13 * j) % 250);
-    p.push_back(tokens);
-  }
-  return p;
+  return test::small_v4_prompts();
 }
-
 SamplingParams greedy() {
-  SamplingParams s;
-  s.temperature = 0.0f;
-  s.max_tokens = 12;
-  s.ignore_eos = true;
-  return s;
+  return test::greedy12();
 }
 
 // A front over n ranks; the others serve from their own threads until the front goes away.

@@ -3,6 +3,7 @@
 // in-process and TCP ones): the same checks give the same messages whichever carries the bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -10,8 +11,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "deepinfer/communicator.h"
 #include "deepinfer/tensor.h"
 
 namespace deepinfer::dist {
@@ -47,6 +50,29 @@ CollectiveArgs all_to_all_args(const Tensor& send, std::span<const int64_t> send
                                const Tensor& recv, std::span<const int64_t> recv_rows, int size,
                                const PlacementRule& placement);
 CollectiveArgs broadcast_args(const Tensor& t, int root, int size, const PlacementRule& placement);
+
+// acc[i] = acc[i] (op) x[i], the host all-reduce's element rule: kOr / kAnd bitwise, kSum
+// modulo 2^64, kMax signed for i64 and unsigned for u64. Ranks fold in rank order.
+template <typename T>
+void host_reduce_into(std::span<T> acc, std::span<const T> x, HostReduceOp op) {
+  using U = std::make_unsigned_t<T>;
+  for (size_t i = 0; i < acc.size(); ++i) {
+    switch (op) {
+      case HostReduceOp::kOr:
+        acc[i] = static_cast<T>(static_cast<U>(acc[i]) | static_cast<U>(x[i]));
+        break;
+      case HostReduceOp::kAnd:
+        acc[i] = static_cast<T>(static_cast<U>(acc[i]) & static_cast<U>(x[i]));
+        break;
+      case HostReduceOp::kSum:
+        acc[i] = static_cast<T>(static_cast<U>(acc[i]) + static_cast<U>(x[i]));
+        break;
+      case HostReduceOp::kMax:
+        acc[i] = std::max(acc[i], x[i]);
+        break;
+    }
+  }
+}
 
 // The first disagreement among every rank's arguments to one collective, the same on every rank
 // that computes it: a rank calling another collective than rank 0, then a rank's own argument

@@ -295,24 +295,7 @@ class InProcessCommunicator final : public Communicator {
           out.assign(static_cast<const T*>(rv_->post(0).host),
                      static_cast<const T*>(rv_->post(0).host) + n);
           for (int r = 1; r < size(); ++r) {
-            const T* x = static_cast<const T*>(rv_->post(r).host);
-            for (size_t i = 0; i < n; ++i) {
-              using U = std::make_unsigned_t<T>;
-              switch (op) {
-                case HostReduceOp::kOr:
-                  out[i] = static_cast<T>(static_cast<U>(out[i]) | static_cast<U>(x[i]));
-                  break;
-                case HostReduceOp::kAnd:
-                  out[i] = static_cast<T>(static_cast<U>(out[i]) & static_cast<U>(x[i]));
-                  break;
-                case HostReduceOp::kSum:
-                  out[i] = static_cast<T>(static_cast<U>(out[i]) + static_cast<U>(x[i]));
-                  break;
-                case HostReduceOp::kMax:
-                  out[i] = std::max(out[i], x[i]);
-                  break;
-              }
-            }
+            host_reduce_into<T>(out, {static_cast<const T*>(rv_->post(r).host), n}, op);
           }
         },
         [] {}, /*device=*/false);

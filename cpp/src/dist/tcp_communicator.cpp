@@ -415,25 +415,9 @@ std::vector<uint8_t> host_reduce(const std::vector<Call>& calls, HostReduceOp op
   const size_t n = calls[0].payload.size() / sizeof(T);
   std::vector<T> out(n), x(n);
   if (n > 0) std::memcpy(out.data(), calls[0].payload.data(), n * sizeof(T));
-  using U = std::make_unsigned_t<T>;
   for (size_t r = 1; r < calls.size(); ++r) {
     if (n > 0) std::memcpy(x.data(), calls[r].payload.data(), n * sizeof(T));
-    for (size_t i = 0; i < n; ++i) {
-      switch (op) {
-        case HostReduceOp::kOr:
-          out[i] = static_cast<T>(static_cast<U>(out[i]) | static_cast<U>(x[i]));
-          break;
-        case HostReduceOp::kAnd:
-          out[i] = static_cast<T>(static_cast<U>(out[i]) & static_cast<U>(x[i]));
-          break;
-        case HostReduceOp::kSum:
-          out[i] = static_cast<T>(static_cast<U>(out[i]) + static_cast<U>(x[i]));
-          break;
-        case HostReduceOp::kMax:
-          out[i] = std::max(out[i], x[i]);
-          break;
-      }
-    }
+    host_reduce_into<T>(out, x, op);
   }
   return as_bytes(out.data(), n * sizeof(T));
 }
