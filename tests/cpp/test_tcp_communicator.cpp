@@ -12,8 +12,12 @@
 //   AbortOnOneRankReachesTheOthers            abort() on rank 3 or rank 0: the others throw it
 //   DestroyedRankDisconnects                  a destroyed rank reads as "rank R disconnected"
 //   SetupErrors                               nobody listening, nobody connecting, a duplicate
+//   ASilentConnectionDoesNotHoldUpTheSetup    a stray connection is dropped, the rank joins
 // Every multi-rank test runs under run_ranks' watchdog, so a hang fails instead of blocking.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstring>
@@ -23,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "dist/byte_collectives.h"
@@ -488,6 +493,35 @@ TEST(TcpCommunicator, SetupErrors) {
         duplicate ? "rank 1 connected twice" : "rank 2 joined a group of 4 ranks but rank 0's";
     for (const auto& e : errors) EXPECT_NE(e.find(want), std::string::npos) << e;
   }
+}
+
+// A connection that never says hello (a port scan, a health check) is dropped after a few
+// seconds; the real rank, connecting behind it, still joins well within the setup timeout.
+TEST(TcpCommunicator, ASilentConnectionDoesNotHoldUpTheSetup) {
+  TcpListener listener(kLoopback, 0);
+  const int port = listener.port();
+  // Connects before any rank and sends nothing.
+  UniqueFd stray(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(stray.valid());
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::inet_pton(AF_INET, kLoopback, &to.sin_addr), 1);
+  ASSERT_EQ(::connect(stray.get(), reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+  std::string error;
+  std::thread rank1([&] {
+    try {
+      make_tcp_rank(1, 2, kLoopback, port, nullptr, 30s);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<Communicator> rank0;
+  EXPECT_NO_THROW(rank0 = make_tcp_rank0(std::move(listener), 2, nullptr, 30s));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  rank1.join();
+  EXPECT_EQ(error, "");
 }
 
 }  // namespace

@@ -860,6 +860,9 @@ class TcpCommunicator final : public Communicator {
   std::mutex send_mutex_;  // one frame at a time on the sockets (abort() may interleave)
 };
 
+// How long rank 0 waits for a connection's hello before dropping it as a stray.
+constexpr std::chrono::seconds kHelloWait(3);
+
 std::vector<uint8_t> hello_body(int rank, int size) {
   Writer w;
   w.u64(kMagic);
@@ -939,8 +942,12 @@ std::unique_ptr<Communicator> make_tcp_rank0(TcpListener&& listener_in, int size
       refuse(ErrorCode::kIo, who + ": accept failed: " + errno_text(errno), nullptr);
     }
     set_nodelay(conn.get());
+    // A rank says hello as soon as it connects; a connection that stays silent (a port scan, a
+    // health check) is dropped after kHelloWait instead of holding up the whole setup.
     Frame hello;
-    if (read_frame(conn.get(), hello, deadline, &err) != ReadStatus::kOk || hello.type != kHello) {
+    const auto hello_deadline = std::min(deadline, Clock::now() + kHelloWait);
+    if (read_frame(conn.get(), hello, hello_deadline, &err) != ReadStatus::kOk ||
+        hello.type != kHello) {
       continue;  // not a rank of ours (or it gave up): ignore the stray connection
     }
     int64_t rank = -1, their_size = -1;
