@@ -267,7 +267,8 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-parallel-size",
         type=int,
         help="data-parallel attention ranks (overrides the config's parallel.data); on the CPU "
-        "they are threads of this process, on CUDA rank r runs on cuda:r",
+        "they are threads of this process, on CUDA rank r is a process of its own on cuda:r "
+        "(engine option data_parallel_backend: threads keeps them in this process)",
     )
     parser.add_argument(
         "--expert-parallel-size",
