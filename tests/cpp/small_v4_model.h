@@ -54,6 +54,14 @@ inline EngineConfig small_v4_engine(const std::string& dir) {
   return c;
 }
 
+// small_v4_engine for a group of `ranks` data-parallel, expert-parallel ranks.
+inline EngineConfig small_v4_group(const std::string& dir, int ranks) {
+  EngineConfig c = small_v4_engine(dir);
+  c.parallel.data_parallel_size = ranks;
+  c.parallel.expert_parallel_size = ranks;
+  return c;
+}
+
 // Six prompts of 5..60 tokens, different from each other.
 inline std::vector<std::vector<int32_t>> small_v4_prompts() {
   std::vector<std::vector<int32_t>> p;

@@ -24,28 +24,15 @@
 namespace deepinfer {
 namespace {
 
-EngineConfig config_for(const std::string& dir, int ranks) {
-  EngineConfig c = test::small_v4_engine(dir);
-  c.parallel.data_parallel_size = ranks;
-  c.parallel.expert_parallel_size = ranks;
-  return c;
-}
-
-std::vector<std::vector<int32_t>> prompts() {
-  return test::small_v4_prompts();
-}
-SamplingParams greedy() {
-  return test::greedy12();
-}
-
 TEST(EngineRank, RanksOverCallerCommunicatorEqualOneEngine) {
   test::TempDir dir;
   test::write_small_v4(dir.path());
 
-  std::unique_ptr<Engine> single = Engine::create(config_for(dir.path(), 1));
+  std::unique_ptr<Engine> single = Engine::create(test::small_v4_group(dir.path(), 1));
   std::map<RequestId, size_t> single_ids;
-  for (const auto& p : prompts()) single_ids[single->add_request(p, greedy())] = single_ids.size();
-  std::vector<std::vector<int32_t>> want(prompts().size());
+  for (const auto& p : test::small_v4_prompts())
+    single_ids[single->add_request(p, test::greedy12())] = single_ids.size();
+  std::vector<std::vector<int32_t>> want(test::small_v4_prompts().size());
   for (const RequestOutput& o : single->run_until_idle()) {
     auto& t = want[single_ids.at(o.id)];
     t.insert(t.end(), o.tokens.begin(), o.tokens.end());
@@ -61,18 +48,18 @@ TEST(EngineRank, RanksOverCallerCommunicatorEqualOneEngine) {
   std::vector<std::unique_ptr<dist::Communicator>> comms = dist::make_inprocess_group(raw);
   std::vector<std::unique_ptr<Engine>> ranks;
   for (int r = 0; r < n; ++r) {
-    ranks.push_back(Engine::create_rank(config_for(dir.path(), n),
+    ranks.push_back(Engine::create_rank(test::small_v4_group(dir.path(), n),
                                         std::move(backends[static_cast<size_t>(r)]),
                                         *comms[static_cast<size_t>(r)]));
   }
   // The caller routes: request i to rank i % 2. An id names its rank.
   std::map<RequestId, size_t> ids;
-  for (size_t i = 0; i < prompts().size(); ++i) {
-    const RequestId id = ranks[i % n]->add_request(prompts()[i], greedy());
+  for (size_t i = 0; i < test::small_v4_prompts().size(); ++i) {
+    const RequestId id = ranks[i % n]->add_request(test::small_v4_prompts()[i], test::greedy12());
     EXPECT_EQ(static_cast<size_t>((id - 1) % n), i % n);
     ids[id] = i;
   }
-  std::vector<std::vector<int32_t>> got(prompts().size());
+  std::vector<std::vector<int32_t>> got(test::small_v4_prompts().size());
   int steps = 0;
   while (ranks[0]->has_unfinished() || ranks[1]->has_unfinished()) {
     ASSERT_LT(++steps, 1000) << "the ranks did not finish";
@@ -108,7 +95,7 @@ TEST(EngineRank, SizeMismatchNamesTheOption) {
   std::vector<std::unique_ptr<dist::Communicator>> comms =
       dist::make_inprocess_group(std::vector<Backend*>{backends[0].get()});
   try {
-    Engine::create_rank(config_for(dir.path(), 2), std::move(backends[0]), *comms[0]);
+    Engine::create_rank(test::small_v4_group(dir.path(), 2), std::move(backends[0]), *comms[0]);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);

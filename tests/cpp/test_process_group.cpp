@@ -30,20 +30,6 @@
 namespace deepinfer {
 namespace {
 
-EngineConfig config_for(const std::string& dir, int ranks) {
-  EngineConfig c = test::small_v4_engine(dir);
-  c.parallel.data_parallel_size = ranks;
-  c.parallel.expert_parallel_size = ranks;
-  return c;
-}
-
-std::vector<std::vector<int32_t>> prompts() {
-  return test::small_v4_prompts();
-}
-SamplingParams greedy() {
-  return test::greedy12();
-}
-
 // A front over n ranks; the others serve from their own threads until the front goes away.
 struct Group {
   std::unique_ptr<Engine> front;
@@ -63,13 +49,15 @@ struct Group {
       servers.emplace_back(
           [this, dir, n, r, b = std::move(backends[static_cast<size_t>(r)])]() mutable {
             try {
-              Engine::serve_rank(config_for(dir, n), std::move(b), *comms[static_cast<size_t>(r)]);
+              Engine::serve_rank(test::small_v4_group(dir, n), std::move(b),
+                                 *comms[static_cast<size_t>(r)]);
             } catch (const Error& e) {
               server_errors[static_cast<size_t>(r)] = e.what();
             }
           });
     }
-    front = Engine::create_front(config_for(dir, n), std::move(backends[0]), std::move(comms[0]));
+    front = Engine::create_front(test::small_v4_group(dir, n), std::move(backends[0]),
+                                 std::move(comms[0]));
   }
   ~Group() {
     front.reset();  // sends the shutdown
@@ -79,7 +67,8 @@ struct Group {
 
 std::vector<std::vector<int32_t>> run(Engine& e) {
   std::map<RequestId, size_t> ids;
-  for (const auto& p : prompts()) ids[e.add_request(p, greedy())] = ids.size();
+  for (const auto& p : test::small_v4_prompts())
+    ids[e.add_request(p, test::greedy12())] = ids.size();
   std::vector<std::vector<int32_t>> tokens(ids.size());
   for (const RequestOutput& o : e.run_until_idle()) {
     auto& t = tokens[ids.at(o.id)];
@@ -91,7 +80,8 @@ std::vector<std::vector<int32_t>> run(Engine& e) {
 TEST(ProcessGroup, FrontEqualsOneEngine) {
   test::TempDir dir;
   test::write_small_v4(dir.path());
-  const std::vector<std::vector<int32_t>> want = run(*Engine::create(config_for(dir.path(), 1)));
+  const std::vector<std::vector<int32_t>> want =
+      run(*Engine::create(test::small_v4_group(dir.path(), 1)));
   for (int n : {2, 4}) {
     SCOPED_TRACE("ranks " + std::to_string(n));
     std::string errors;
@@ -100,7 +90,7 @@ TEST(ProcessGroup, FrontEqualsOneEngine) {
       EXPECT_EQ(run(*g.front), want);
       const EngineStats s = g.front->stats();
       EXPECT_GT(s.dp_group_steps, 0u);
-      EXPECT_EQ(s.generated_tokens, prompts().size() * 12);
+      EXPECT_EQ(s.generated_tokens, test::small_v4_prompts().size() * 12);
       EXPECT_EQ(s.num_blocks_free, s.num_blocks_total);
       EXPECT_EQ(g.front->num_unfinished(), 0);
       g.front.reset();
@@ -117,9 +107,9 @@ TEST(ProcessGroup, AbortsReachTheirRank) {
   test::write_small_v4(dir.path());
   Group g(dir.path(), 2);
   std::vector<RequestId> ids;
-  SamplingParams long_run = greedy();
+  SamplingParams long_run = test::greedy12();
   long_run.max_tokens = 200;
-  for (const auto& p : prompts()) ids.push_back(g.front->add_request(p, long_run));
+  for (const auto& p : test::small_v4_prompts()) ids.push_back(g.front->add_request(p, long_run));
   g.front->step();
   g.front->step();
   for (RequestId id : ids) g.front->abort(id);
@@ -137,7 +127,7 @@ TEST(ProcessGroup, FailedRankFailsTheFront) {
   test::TempDir dir;
   test::write_small_v4(dir.path());
   Group g(dir.path(), 2);
-  g.front->add_request(prompts()[0], greedy());
+  g.front->add_request(test::small_v4_prompts()[0], test::greedy12());
   g.front->step();
   g.comms[1]->abort("rank 1 lost its device");
   try {
@@ -157,7 +147,8 @@ TEST(ProcessGroup, FailedRankFailsTheFront) {
 TEST(ProcessGroup, OverTcp) {
   test::TempDir dir;
   test::write_small_v4(dir.path());
-  const std::vector<std::vector<int32_t>> want = run(*Engine::create(config_for(dir.path(), 1)));
+  const std::vector<std::vector<int32_t>> want =
+      run(*Engine::create(test::small_v4_group(dir.path(), 1)));
   const int n = 2;
   RankListener listener("127.0.0.1", 0);
   const int port = listener.port();
@@ -165,14 +156,15 @@ TEST(ProcessGroup, OverTcp) {
   std::string server_error;
   std::thread server([&] {
     try {
-      serve_tcp_rank(config_for(dir.path(), n), 1, 0, "127.0.0.1", port, std::chrono::seconds(30));
+      serve_tcp_rank(test::small_v4_group(dir.path(), n), 1, 0, "127.0.0.1", port,
+                     std::chrono::seconds(30));
     } catch (const Error& e) {
       server_error = e.what();
     }
   });
   {
-    std::unique_ptr<Engine> front =
-        create_tcp_front(config_for(dir.path(), n), std::move(listener), std::chrono::seconds(30));
+    std::unique_ptr<Engine> front = create_tcp_front(test::small_v4_group(dir.path(), n),
+                                                     std::move(listener), std::chrono::seconds(30));
     EXPECT_EQ(run(*front), want);
     EXPECT_GT(front->stats().dp_group_steps, 0u);
   }  // the front's destruction closes the group
