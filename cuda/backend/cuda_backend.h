@@ -108,6 +108,14 @@ class CudaBackend final : public Backend {
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const HcParams& params) override;
+  HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
+                                   const Tensor& scale, const Tensor& prev_pre,
+                                   const HcParams& params) override;
+  Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre) override;
+  Tensor engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
+                          const EngramHashParams& params) override;
+  Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
+                          const Tensor& k_weight, float eps) override;
 
   Routing moe_route_impl(const Tensor& x, const Tensor& gate_w, const Tensor& bias,
                          const Tensor& tid2eid, const Tensor& token_ids, int top_k,
@@ -126,6 +134,13 @@ class CudaBackend final : public Backend {
   Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                            const BatchLayout& layout, int ratio, int top_k, float score_scale,
                            float weight_scale) override;
+  Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
+                                 const BatchLayout& layout, int ratio, int block_entries,
+                                 int top_blocks, float score_scale, float weight_scale) override;
+  Tensor indexer_topk_in_candidates_impl(const Tensor& q, const Tensor& weights,
+                                         const Tensor& index_cache, const BatchLayout& layout,
+                                         int ratio, const Tensor& candidates, int block_entries,
+                                         int top_k, float score_scale, float weight_scale) override;
   Tensor attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
                         const Tensor& entries, const Tensor& topk, const Tensor& sinks,
                         const BatchLayout& layout, const AttentionSpec& spec) override;

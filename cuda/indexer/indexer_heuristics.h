@@ -1,6 +1,7 @@
-// How indexer_topk is cut into launches: whether a token's scores fit in the select kernel's
-// shared memory, how many tokens share one scratch allocation, and how many blocks score one
-// token. Host code on shapes only.
+// How the indexer ops (indexer_topk, indexer_candidates, indexer_topk_in_candidates) are cut
+// into launches: whether a token's scores fit in the select kernel's shared memory, how many
+// tokens share one scratch allocation, and how many blocks score one token. Host code on shapes
+// only.
 #pragma once
 
 #include <algorithm>
@@ -11,8 +12,8 @@
 
 namespace deepinfer::cuda {
 
-// Scratch scores of one group of tokens at most: the tokens of a call are scored and selected
-// in groups that fit.
+// Scratch of one group of tokens at most: the tokens of a call are scored and selected in groups
+// that fit.
 constexpr int64_t kScoreScratchBytes = int64_t{256} << 20;
 
 struct IndexerProblem {
@@ -20,11 +21,19 @@ struct IndexerProblem {
   int64_t heads;
   int64_t dim;
   int64_t top_k;
-  int64_t bound;  // max entries of a sequence: max_blocks_per_seq * epb (> 0)
+  int64_t scored;         // the most slots the score kernel scores for a token (> 0)
+  int64_t selected;       // the most slots the select kernel ranks for a token (> 0)
+  int64_t scratch_bytes;  // scratch of one token: its scores and whatever else the op keeps
 };
 
+// indexer_topk: every visible entry, up to bound = max_blocks_per_seq * epb, scored and ranked.
+inline IndexerProblem topk_problem(int64_t tokens, int64_t heads, int64_t dim, int64_t top_k,
+                                   int64_t bound) {
+  return {tokens, heads, dim, top_k, bound, bound, bound * int64_t{sizeof(float)}};
+}
+
 struct IndexerConfig {
-  int64_t cap;             // pairs the select kernel collects: min(top_k, bound)
+  int64_t cap;             // pairs the select kernel collects: min(top_k, selected)
   size_t score_smem;       // the score kernel's shared memory
   size_t select_min_smem;  // the select kernel's with the scores left in global memory
   bool fits;               // both kernels fit the device's shared memory
@@ -37,18 +46,32 @@ struct IndexerConfig {
 inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem) {
   IndexerConfig c{};
   c.score_smem = score_smem_bytes(p.heads, p.dim);
-  c.cap = std::min<int64_t>(p.top_k, p.bound);
-  c.select_min_smem = select_smem_bytes(c.cap, p.bound, false);
+  c.cap = std::min<int64_t>(p.top_k, p.selected);
+  c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
-  c.scores_in_smem = select_smem_bytes(c.cap, p.bound, true) <= max_smem;
-  c.select_smem = select_smem_bytes(c.cap, p.bound, c.scores_in_smem);
-  // Tokens per launch, so that the scratch scores stay within kScoreScratchBytes.
-  c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / (p.bound * 4)));
-  // Splits per token: enough blocks for two waves, no more than the tiles of the bound.
-  const int64_t tiles = (p.bound + kScoreKeys - 1) / kScoreKeys;
+  c.scores_in_smem = select_smem_bytes(c.cap, p.selected, true) <= max_smem;
+  c.select_smem = select_smem_bytes(c.cap, p.selected, c.scores_in_smem);
+  // Tokens per launch, so that the scratch stays within kScoreScratchBytes.
+  c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / p.scratch_bytes));
+  // Splits per token: enough blocks for two waves, no more than the tiles of the slots.
+  const int64_t tiles = (p.scored + kScoreKeys - 1) / kScoreKeys;
   const int64_t want = (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
   c.splits = std::max<int64_t>(1, std::min({want, tiles, int64_t{65535}}));
   return c;
+}
+
+// The block-max kernel of indexer_candidates: blocks of kBlocksThreads threads, one per entry
+// block, enough of them per token for two waves.
+inline int64_t block_max_splits(int64_t tokens_in_group, int64_t blocks, int num_sms) {
+  const int64_t tiles = (blocks + kBlocksThreads - 1) / kBlocksThreads;
+  const int64_t want = (2 * static_cast<int64_t>(num_sms) + tokens_in_group - 1) / tokens_in_group;
+  return std::max<int64_t>(1, std::min({want, tiles, int64_t{65535}}));
+}
+
+// The candidate-list kernel keeps a token's block bitmap in shared memory when it fits next to
+// the kernel's own (a block scan); else in global scratch.
+inline bool candidate_bitmap_in_smem(int64_t words, size_t max_smem) {
+  return static_cast<size_t>(words) * sizeof(uint32_t) + 1024 <= max_smem;
 }
 
 }  // namespace deepinfer::cuda

@@ -1,6 +1,10 @@
 // The lightning indexer's kernels (docs/model.md#lightning-indexer): their tile constants,
-// arguments, shared-memory sizes and launches. indexer_topk.cu chooses the config
-// (indexer_heuristics.h) and calls these.
+// arguments, shared-memory sizes and launches. indexer_topk.cu and indexer_candidates.cu choose
+// the config (indexer_heuristics.h) and call these.
+//
+// The score and select kernels rank "slots" of a token: its visible entries (indexer_topk), the
+// blocks of its visible entries (indexer_candidates' selection) or the entries of its candidate
+// list (indexer_topk_in_candidates, CandidateList below).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,14 +22,35 @@ constexpr int kScoreWarps = kScoreThreads / 32;
 constexpr int kScoreKeys = 32;  // entries per tile: one per lane
 constexpr int kScoreHeads = 8;  // heads per register group of a thread
 constexpr int kSelectThreads = 512;
+constexpr int kBlocksThreads = 256;
+
+// A token's candidate entries, in ascending entry order: slot i is entry
+// blocks[g][i / block_entries] * block_entries + i % block_entries for i < counts[g] (g: the
+// token's index in its group). Every listed block but the last is wholly visible, so the slots
+// are exactly the visible entries of the listed blocks. Null `blocks`: slot j is entry j.
+struct CandidateList {
+  const int32_t* blocks;  // [tokens of the group, stride]: distinct visible blocks, ascending
+  const int32_t* counts;  // [tokens of the group]: candidate entries
+  int64_t stride;
+  int block_entries;
+};
+
+// Slot i's entry under list `c` for token g of the group.
+__device__ __forceinline__ int64_t slot_entry(const CandidateList& c, int g, int64_t i) {
+  if (c.blocks == nullptr) return i;
+  const int64_t block = c.blocks[static_cast<int64_t>(g) * c.stride + i / c.block_entries];
+  return block * c.block_entries + i % c.block_entries;
+}
 
 struct ScoreArgs {
   const float* q;        // [T, heads, dim]
   const float* weights;  // [T, heads]
   const uint8_t* cache;  // [cache_rows] rows of key.row_bytes bytes
   KvRowFormat key;       // the index cache's rows: f32, bf16 or fp8 index-key records
-  float* scores;         // [tokens of the group, bound]
+  float* scores;         // [tokens of the group, row]: the score of each slot
+  int64_t row;           // floats per scores row
   int64_t bound;         // max entries of a sequence: max_blocks_per_seq * epb
+  CandidateList list;    // the slots: all visible entries, or a candidate list
   int64_t cache_rows;
   int token0;  // first token of the group
   int heads;
@@ -42,23 +67,57 @@ inline size_t score_smem_bytes(int64_t heads, int64_t dim) {
   return static_cast<size_t>(floats) * sizeof(float) + kScoreKeys * sizeof(int64_t);
 }
 
+// The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
+// visible entries grouped by `per_slot` (1: entries; block_entries: the blocks of
+// indexer_candidates, scored by their max). Outputs are the slots' entries (slot_entry).
 struct SelectArgs {
-  const float* scores;  // [tokens of the group, bound]
+  const float* scores;  // [tokens of the group, row]
   int32_t* out;         // [T, top_k]
+  int64_t row;          // floats per scores row: the most slots of a token
   int64_t bound;
-  int64_t cap;  // pairs buf can hold: min(top_k, bound)
+  int64_t cap;  // pairs buf can hold: min(top_k, row)
+  CandidateList list;
+  int per_slot;
   int token0;
   int top_k;
   int ratio;
   bool scores_in_smem;
 };
 
-inline size_t select_smem_bytes(int64_t cap, int64_t bound, bool scores_in_smem) {
+inline size_t select_smem_bytes(int64_t cap, int64_t row, bool scores_in_smem) {
   size_t bytes =
       static_cast<size_t>(cap) * sizeof(uint64_t) + 256 * sizeof(uint32_t) + 40 * sizeof(int);
-  if (scores_in_smem) bytes += static_cast<size_t>(bound) * sizeof(float);
+  if (scores_in_smem) bytes += static_cast<size_t>(row) * sizeof(float);
   return bytes;
 }
+
+// indexer_candidates' block scores: block c of a token is the max of its visible entries' scores.
+struct BlockMaxArgs {
+  const float* scores;  // [tokens of the group, entry_row]
+  float* block_scores;  // [tokens of the group, block_row]
+  int64_t entry_row;
+  int64_t block_row;
+  int64_t bound;
+  int token0;
+  int ratio;
+  int block_entries;
+};
+
+// indexer_topk_in_candidates' lists: the distinct visible blocks of each token's candidates,
+// ascending, through a bitmap of the token's blocks (in shared memory, or `bitmap` in global
+// scratch when it does not fit there).
+struct CandidateListArgs {
+  const int32_t* candidates;  // [T, kb] block ids, -1 = none
+  int32_t* blocks;            // [tokens of the group, kb]
+  int32_t* counts;            // [tokens of the group]
+  uint32_t* bitmap;           // [tokens of the group, words] or null: shared memory
+  int64_t kb;
+  int64_t words;  // bitmap words of a token: ceil(ceil(bound / block_entries) / 32)
+  int64_t bound;
+  int token0;
+  int ratio;
+  int block_entries;
+};
 
 // indexer_score.cu: grid (n tokens of the group, splits).
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
@@ -67,5 +126,13 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
                            cudaStream_t stream);
+
+// indexer_blocks.cu: grid (n tokens of the group, splits).
+void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int64_t n,
+                              int64_t splits, cudaStream_t stream);
+
+// indexer_blocks.cu: one block per token of the group; smem is the bitmap's (0 when global).
+void launch_indexer_candidate_list(const CandidateListArgs& a, const DeviceLayout& l, int64_t n,
+                                   size_t smem, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

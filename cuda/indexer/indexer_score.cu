@@ -1,8 +1,9 @@
-// The indexer's scoring kernel: score(t, j) for every visible entry j of token t, written to a
-// scratch row of `bound` = max_blocks_per_seq * epb floats (no sequence can address more entries
-// than its block table has columns). Grid (token, split): each block stages the token's q
-// [h, Di] in shared memory and scores tiles of 32 visible entries (one per lane; the warps split
-// the heads). Key tiles are staged as f32: an f32 cache with cp.async, a bf16 or fp8 one decoded
+// The indexer's scoring kernel: score(t, j) for every slot of token t (its visible entries, or
+// the entries of its candidate list: indexer_launch.h), written to a scratch row of `row` floats
+// (for all visible entries, `bound` = max_blocks_per_seq * epb: no sequence can address more
+// entries than its block table has columns). Grid (token, split): each block stages the token's
+// q [h, Di] in shared memory and scores tiles of 32 slots (one per lane; the warps split the
+// heads). Key tiles are staged as f32: an f32 cache with cp.async, a bf16 or fp8 one decoded
 // (exactly) on the way into shared memory.
 #include <cstdint>
 
@@ -17,7 +18,8 @@ namespace deepinfer::cuda {
 namespace {
 
 // score(t, j) = sum_h (weights[t,h] * weight_scale) * (relu(q[t,h] . k_j) * score_scale).
-// Block (token of the group, split); the split walks tiles first = split*32, + splits*32, ...
+// Block (token of the group, split); the split walks tiles of slots first = split*32,
+// + splits*32, ...
 // F is a.key.format, fixed at compile time so that the f32 path keeps its plain cp.async staging.
 template <KvFormat F>
 __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs a, DeviceLayout l) {
@@ -25,11 +27,14 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int t = a.token0 + static_cast<int>(blockIdx.x);
+  const int g = static_cast<int>(blockIdx.x);
+  const int t = a.token0 + g;
   const int b = seq_of_row(l, t);
-  const int64_t visible = visible_entries(l.positions[t], a.ratio, a.bound);
+  const int64_t slots = a.list.blocks != nullptr
+                            ? a.list.counts[g]
+                            : visible_entries(l.positions[t], a.ratio, a.bound);
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kScoreKeys;
-  if (first >= visible) return;  // uniform over the block
+  if (first >= slots) return;  // uniform over the block
   const int dim = a.dim;
   const int d4 = dim / 4;
   const int heads = a.heads;
@@ -52,12 +57,12 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
   KvRowFormat key_format = a.key;
   key_format.format = F;
   const int64_t row_bytes = key_format.row_bytes;
-  float* out = a.scores + static_cast<int64_t>(blockIdx.x) * a.bound;
+  float* out = a.scores + static_cast<int64_t>(g) * a.row;
 
-  for (int64_t j0 = first; j0 < visible; j0 += static_cast<int64_t>(gridDim.y) * kScoreKeys) {
+  for (int64_t j0 = first; j0 < slots; j0 += static_cast<int64_t>(gridDim.y) * kScoreKeys) {
     if (tid < kScoreKeys) {
       const int64_t j = j0 + tid;
-      rows[tid] = j < visible ? entry_row(l, b, j, a.epb, a.cache_rows) : -1;
+      rows[tid] = j < slots ? entry_row(l, b, slot_entry(a.list, g, j), a.epb, a.cache_rows) : -1;
     }
     __syncthreads();
     for (int i = tid; i < kScoreKeys * d4; i += blockDim.x) {
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
       for (int w = 0; w < kScoreWarps; ++w) s += red[w * kScoreKeys + lane];
       if (rows[lane] < 0 || isnan(s)) s = -INFINITY;  // unmapped entry / NaN: ranks last
       if (s == 0.0f) s = 0.0f;                        // -0 ties with +0, as in a float compare
-      if (j < visible) out[j] = s;
+      if (j < slots) out[j] = s;
     }
     // The next tile's first barrier orders warp 0's reads of rows/red before their rewrite.
   }
@@ -131,7 +136,7 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
       launch(indexer_score_kernel<KvFormat::kFp8>);
       break;
   }
-  DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
+  DEEPINFER_CUDA_LAUNCH_CHECK("indexer score");
 }
 
 }  // namespace deepinfer::cuda

@@ -1,8 +1,10 @@
 // The indexer's selection kernel, one block per token: an exact radix select of the top
-// min(top_k, visible) scores, then a rank sort of the chosen (score, index) pairs by score
-// descending, index ascending. The token's scores are copied into shared memory when `bound`
-// floats fit there; otherwise the same code reads them from the global scratch row. Scores
-// compare as floats (the CPU's order): the scoring kernel turned NaN into -inf and -0 into +0.
+// min(top_k, slots) scores, then a rank sort of the chosen (score, slot) pairs by score
+// descending, slot ascending; the outputs are the slots' entries (or blocks), which ascend with
+// the slots, so ties go to the lower index. The token's scores are copied into shared memory
+// when a scores row fits there; otherwise the same code reads them from the global scratch row.
+// Scores compare as floats (the CPU's order): the scoring kernel turned NaN into -inf and -0 into
+// +0.
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
@@ -26,7 +28,7 @@ __device__ uint64_t pack_pair(uint32_t key, int64_t j) {
   return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(j));
 }
 
-// One block per token: the top k = min(top_k, n) of the token's n visible scores.
+// One block per token: the top k = min(top_k, n) of the token's n slot scores.
 //  1. Radix select (8 bits per pass, most significant first) finds the k-th largest key `thr`
 //     and how many keys equal to it are taken (`take_eq`, the lowest indices among them).
 //  2. Every key > thr and the first take_eq keys == thr (in index order, by a block scan) are
@@ -39,20 +41,26 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int nthreads = blockDim.x;
-  const int t = a.token0 + static_cast<int>(blockIdx.x);
+  const int g = static_cast<int>(blockIdx.x);
+  const int t = a.token0 + g;
   uint64_t* buf = reinterpret_cast<uint64_t*>(smem4);         // [cap]
   uint32_t* hist = reinterpret_cast<uint32_t*>(buf + a.cap);  // [256]
   int* misc = reinterpret_cast<int*>(hist + 256);  // [0, 32): scan; 32, 33: select; 34: count
   float* scores_smem = reinterpret_cast<float*>(misc + 40);
 
-  const int64_t n = visible_entries(l.positions[t], a.ratio, a.bound);
+  int64_t n = 0;
+  if (a.list.blocks != nullptr) {
+    n = a.list.counts[g];
+  } else {
+    n = (visible_entries(l.positions[t], a.ratio, a.bound) + a.per_slot - 1) / a.per_slot;
+  }
   const int k = static_cast<int>(n < a.top_k ? n : a.top_k);
   int32_t* out = a.out + static_cast<int64_t>(t) * a.top_k;
   if (k == 0) {
     for (int i = tid; i < a.top_k; i += nthreads) out[i] = -1;
     return;
   }
-  const float* sc = a.scores + static_cast<int64_t>(blockIdx.x) * a.bound;
+  const float* sc = a.scores + static_cast<int64_t>(g) * a.row;
   if (a.scores_in_smem) {
     for (int64_t i = tid; i < n; i += nthreads) cp_async_4(scores_smem + i, sc + i);
     cp_async_wait_all();
@@ -150,7 +158,8 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
     int rank = 0;
 #pragma unroll 4
     for (int j = 0; j < k; ++j) rank += buf[j] > mine;
-    out[rank] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(mine));
+    const auto slot = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(mine));
+    out[rank] = static_cast<int32_t>(slot_entry(a.list, g, slot));
   }
   for (int i = k + tid; i < a.top_k; i += nthreads) out[i] = -1;
 }
@@ -161,7 +170,7 @@ void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n
                            cudaStream_t stream) {
   allow_smem(indexer_select_kernel, smem);
   indexer_select_kernel<<<static_cast<unsigned>(n), kSelectThreads, smem, stream>>>(a, l);
-  DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
+  DEEPINFER_CUDA_LAUNCH_CHECK("indexer select");
 }
 
 }  // namespace deepinfer::cuda

@@ -26,27 +26,21 @@
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/indexer/indexer_args.h"
 #include "cuda/indexer/indexer_heuristics.h"
 #include "cuda/indexer/indexer_launch.h"
 
 namespace deepinfer::cuda {
 
-Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
-                                      const Tensor& index_cache, const BatchLayout& layout,
-                                      int ratio, int top_k, float score_scale, float weight_scale) {
-  const char* op = "indexer_topk";
-  const int64_t heads = q.size(1);
+int64_t indexer_bound(const BatchLayout& layout, int ratio) {
+  return static_cast<int64_t>(layout.max_blocks_per_seq) * (layout.block_size / ratio);
+}
+
+ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weights,
+                             const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                             float score_scale, float weight_scale) {
   const int64_t dim = q.size(2);
-  const int64_t tokens = layout.num_tokens;
-  Tensor out = empty({tokens, top_k}, DType::kI32);
-  if (tokens == 0 || top_k == 0) return out;
-  const int64_t epb = layout.block_size / ratio;
-  const int64_t bound = static_cast<int64_t>(layout.max_blocks_per_seq) * epb;
-  if (bound == 0 || index_cache.size(0) == 0) {
-    // No entry is addressable: every row is all -1.
-    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), stream()));
-    return out;
-  }
+  const int64_t bound = indexer_bound(layout, ratio);
   if (dim % 4 != 0) {
     throw Error(
         ErrorCode::kUnsupported,
@@ -55,38 +49,63 @@ Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
   if (bound > 0x7fffffff) fail(op, "layout.max_blocks_per_seq * entries per block overflows");
   check_vec4(op, "q", q);
   check_vec4(op, "index_cache", index_cache);
-  const size_t smem_max = max_shared_memory_per_block();
-  const IndexerConfig c = choose_indexer({tokens, heads, dim, top_k, bound}, num_sms(), smem_max);
-  if (!c.fits) {
-    throw Error(ErrorCode::kUnsupported,
-                std::string(op) + ": " + std::to_string(heads) + " heads of " +
-                    std::to_string(dim) + " channels and top_k " + std::to_string(top_k) +
-                    " need " + std::to_string(std::max(c.score_smem, c.select_min_smem)) +
-                    " bytes of shared memory per block, the device has " +
-                    std::to_string(smem_max));
+  ScoreArgs a{};
+  a.q = q.data<float>();
+  a.weights = weights.data<float>();
+  a.cache = static_cast<const uint8_t*>(index_cache.raw_data());
+  a.key = kv_row_format(index_cache.dtype(), dim, /*rope_dim=*/0);
+  a.row = bound;
+  a.bound = bound;
+  a.cache_rows = index_cache.size(0);
+  a.heads = static_cast<int>(q.size(1));
+  a.dim = static_cast<int>(dim);
+  a.ratio = ratio;
+  a.epb = layout.block_size / ratio;
+  a.score_scale = score_scale;
+  a.weight_scale = weight_scale;
+  return a;
+}
+
+void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& q, int64_t top_k,
+                          size_t max_smem) {
+  if (c.fits) return;
+  throw Error(ErrorCode::kUnsupported,
+              std::string(op) + ": " + std::to_string(q.size(1)) + " heads of " +
+                  std::to_string(q.size(2)) + " channels and top " + std::to_string(top_k) +
+                  " need " + std::to_string(std::max(c.score_smem, c.select_min_smem)) +
+                  " bytes of shared memory per block, the device has " + std::to_string(max_smem));
+}
+
+Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
+                                      const Tensor& index_cache, const BatchLayout& layout,
+                                      int ratio, int top_k, float score_scale, float weight_scale) {
+  const char* op = "indexer_topk";
+  const int64_t tokens = layout.num_tokens;
+  Tensor out = empty({tokens, top_k}, DType::kI32);
+  if (tokens == 0 || top_k == 0) return out;
+  const int64_t bound = indexer_bound(layout, ratio);
+  if (bound == 0 || index_cache.size(0) == 0) {
+    // No entry is addressable: every row is all -1.
+    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), stream()));
+    return out;
   }
+  ScoreArgs sa =
+      indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
+  const size_t smem_max = max_shared_memory_per_block();
+  const IndexerConfig c =
+      choose_indexer(topk_problem(tokens, q.size(1), q.size(2), top_k, bound), num_sms(), smem_max);
+  require_indexer_fits(op, c, q, top_k, smem_max);
 
   Tensor scores = scratch(static_cast<size_t>(c.group * bound) * sizeof(float));
   const DeviceLayout dl = device_layout(layout);
-  ScoreArgs sa{};
-  sa.q = q.data<float>();
-  sa.weights = weights.data<float>();
-  sa.cache = static_cast<const uint8_t*>(index_cache.raw_data());
-  sa.key = kv_row_format(index_cache.dtype(), dim, /*rope_dim=*/0);
   sa.scores = reinterpret_cast<float*>(scores.raw_data());
-  sa.bound = bound;
-  sa.cache_rows = index_cache.size(0);
-  sa.heads = static_cast<int>(heads);
-  sa.dim = static_cast<int>(dim);
-  sa.ratio = ratio;
-  sa.epb = static_cast<int>(epb);
-  sa.score_scale = score_scale;
-  sa.weight_scale = weight_scale;
   SelectArgs se{};
   se.scores = sa.scores;
   se.out = out.data<int32_t>();
+  se.row = bound;
   se.bound = bound;
   se.cap = c.cap;
+  se.per_slot = 1;
   se.top_k = top_k;
   se.ratio = ratio;
   se.scores_in_smem = c.scores_in_smem;

@@ -1,0 +1,30 @@
+// The host setup the indexer ops share (defined in indexer_topk.cu): the checks of the kernels'
+// limits and the score kernel's arguments. indexer_topk, indexer_candidates and
+// indexer_topk_in_candidates call them before their launches.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/indexer/indexer_heuristics.h"
+#include "cuda/indexer/indexer_launch.h"
+#include "deepinfer/backend.h"
+
+namespace deepinfer::cuda {
+
+// Entries a sequence can address: layout.max_blocks_per_seq * (block_size / ratio).
+int64_t indexer_bound(const BatchLayout& layout, int ratio);
+
+// The score kernel's arguments over all visible entries (row = bound; `list` and `scores` for the
+// caller to set). Throws Error(kUnsupported) when q or the cache do not suit the kernels (a head
+// dim not a multiple of 4, a base off 16 bytes) and Error(kInvalidArgument) when the bound
+// overflows i32. Needs bound > 0.
+ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weights,
+                             const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                             float score_scale, float weight_scale);
+
+// Throws Error(kUnsupported) when the config does not fit the device's shared memory.
+void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& q, int64_t top_k,
+                          size_t max_smem);
+
+}  // namespace deepinfer::cuda
