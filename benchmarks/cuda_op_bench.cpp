@@ -5,9 +5,11 @@
 // "(graph)" replay the `iters` calls from one captured CUDA graph instead, as a decode step does.
 //
 // The quantized formats' cases (cuda_quant_bench.cpp) run first; `--only fp8`, `--only moe-quant`
-// or `--only quant` (both) runs just those.
+// or `--only quant` (both) runs just those. `--only v41` runs the V4.1 ops (cuda_v41_bench.cpp),
+// which the full run leaves out.
 //
-// Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant]   (one JSON object per line)
+// Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant|attention|indexer|v41]
+// (one JSON object per line)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -26,6 +28,7 @@
 
 #include "cuda_attention_bench.h"
 #include "cuda_quant_bench.h"
+#include "cuda_v41_bench.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/weight.h"
 #include "op_bench_util.h"
@@ -41,10 +44,11 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
-      only != "attention" && only != "indexer") {
-    std::fprintf(
-        stderr, "cuda_op_bench: --only takes fp8, moe-quant, quant, attention or indexer, got %s\n",
-        only.c_str());
+      only != "attention" && only != "indexer" && only != "v41") {
+    std::fprintf(stderr,
+                 "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, indexer or v41, "
+                 "got %s\n",
+                 only.c_str());
     return 2;
   }
   auto be = make_backend("cuda");
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "moe-quant" || only == "quant") bench_moe_experts_mxfp4(*be, iters);
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters);
   if (only.empty() || only == "indexer") bench_indexer(*be, iters);
+  if (only == "v41") bench_v41(*be, iters);
   if (!only.empty()) return 0;
 
   {                               // roofline: device-to-device copy (bytes read + written)

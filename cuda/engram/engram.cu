@@ -12,7 +12,6 @@
 // engram_gate sums in double, as the CPU does (its mean squares and the gate's dot product);
 // the products that feed the sums, the gate and the update are rounded as the CPU rounds them
 // (no FMA contraction). Differences come from the summation order and expf.
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -173,10 +172,8 @@ Tensor CudaBackend::engram_hash_impl(const Tensor& ngram, const Tensor& token_ma
   a.pad = static_cast<uint64_t>(params.pad_id);
   a.n = n;
   a.heads = heads;
-  const int64_t total = tokens * heads;
-  const unsigned blocks = static_cast<unsigned>(
-      std::min<int64_t>(ceil_div(total, kEngramHashThreads), int64_t{num_sms()} * 8));
-  engram_hash_kernel<<<blocks, kEngramHashThreads, 0, stream()>>>(a);
+  engram_hash_kernel<<<engram_hash_blocks(tokens * heads, num_sms()), kEngramHashThreads, 0,
+                       stream()>>>(a);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return rows;
 }

@@ -11,7 +11,15 @@ namespace deepinfer::cuda {
 constexpr int kEngramMaxTables = 128;
 constexpr int kEngramMaxOrder = 16;
 
+// The hash runs one thread per (token, head) over a grid-stride loop: enough blocks to fill the
+// device, never more than the pairs need.
 constexpr int kEngramHashThreads = 256;
+
+inline unsigned engram_hash_blocks(int64_t pairs, int num_sms) {
+  const int64_t need = (pairs + kEngramHashThreads - 1) / kEngramHashThreads;
+  const int64_t fill = static_cast<int64_t>(num_sms) * 8;
+  return static_cast<unsigned>(need < fill ? need : fill);
+}
 
 // The gate runs one block per (token, stream) row of H channels. Few rows (decode: T * N = 4 at
 // V4.1-Flash) leave most SMs idle, so each row then gets more threads to shorten its reductions;
