@@ -9,8 +9,9 @@
 // visible block (the restriction is a no-op: the row equals indexer_topk), random block ids with
 // repeats, -1 and blocks past the visible ones, or distinct visible blocks fewer than the token
 // has (the restriction is active). V4.1-Flash contexts sit below (10,000 entries) and above
-// (40,000 and 131,072 entries) the 2048 x 8 = 16,384 entries the candidates cover. Random-float
-// rows compare the chosen ids by score.
+// (40,000 and 131,072 entries) the 2048 x 8 = 16,384 entries the candidates cover; other rows
+// take the kernels' paths for large rows (scores and bitmaps in global memory). Random-float rows
+// compare the chosen ids by score.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -283,6 +284,14 @@ std::vector<OpCase> v41_indexer_cases() {
   Indexer empty = tiny;
   empty.seqs = {{100, 0, 0}};
   add_exact(t, {"tiny_t0", empty, 8, {16}, 4, {Pick::kRandom}, {16}});
+  // A block table of 16,384 columns (2,097,152 addressable entries, blocks of 1): the candidate
+  // lists' bitmap (256 KB) does not fit shared memory and goes to global scratch.
+  Indexer wide = tiny;
+  wide.block = 128;
+  wide.ratio = 1;
+  wide.max_blocks = 16384;
+  wide.seqs = {{1000, 2, 0}, {5, 3, 1}};
+  add_exact(t, {"wide_table", wide, 1, {}, 600, {Pick::kRandom, Pick::kDistinct}, {64}});
   // No candidate columns: every row is -1.
   add_exact(t, {"tiny_kb0", tiny, 8, {}, 0, {Pick::kRandom}, {5}});
 
@@ -306,6 +315,10 @@ std::vector<OpCase> v41_indexer_cases() {
   // 131,072 entries (16,384 blocks) at decode.
   v41.seqs = {{131071, 1, 0}};
   add_exact(t, {"v41_ctx131072", v41, 8, {2048}, 2048, {Pick::kDistinct}, {512}});
+  // The selection's scores in global memory: 131,072 single-entry blocks (512 KB of block
+  // scores), and 8192 candidate blocks of 8 (65,536 candidate entries, 256 KB of scores).
+  add_exact(t, {"v41_ctx131072", v41, 1, {2048}, 0, {}, {}});
+  add_exact(t, {"v41_ctx131072", v41, 8, {}, 8192, {Pick::kDistinct}, {512}});
   // T = 0 at V4.1 width.
   v41.seqs = {{40000, 0, 0}};
   add_exact(t, {"v41_t0", v41, 8, {2048}, 2048, {Pick::kDistinct}, {512}});
