@@ -75,6 +75,7 @@ void add_shifted(std::vector<OpCase>& t) {
                     HcParams p;
                     p.hc_mult = c.n;
                     p.sinkhorn_iters = c.sinkhorn_iters;
+                    p.norm_eps = 1e-20f;  // V4.1's rms_norm_eps
                     HcShiftedMix m = be.hc_pre_shifted(up(be, in[0]), up(be, in[1]), up(be, in[2]),
                                                        up(be, in[3]), up(be, in[4]), p);
                     return Outputs{{"pre", m.pre}, {"post", m.post}, {"comb", m.comb}, {"y", m.y}};
