@@ -2,8 +2,10 @@
 // `--only moe-quant`, `--only quant`): the FP8 block-scaled linears (cuda/gemm/
 // gemm_fp8_heuristics.h) against a >= 1 GiB memcpy (decode, GB/s of weight bytes) and cuBLASLt's
 // block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
-// bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens. Each line carries
-// its ratio ("of_roofline").
+// bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
+// experts in GB/s at 1, 4 and 16 pairs per expert (the "_vs_copy" lines name the decode kernel,
+// DEEPINFER_MOE_QUANT_DECODE=registers for the register-prefetch one). Each line carries its
+// ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
 #include <cublasLt.h>
