@@ -54,7 +54,10 @@ int main(int argc, char** argv) {
   auto be = make_backend("cuda");
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
   if (only.empty() || only == "fp8" || only == "quant") bench_fp8(*be, iters);
-  if (only.empty() || only == "moe-quant" || only == "quant") bench_moe_experts_mxfp4(*be, iters);
+  if (only.empty() || only == "moe-quant" || only == "quant") {
+    bench_moe_experts_mxfp4(*be, iters);
+    bench_moe_experts_fp8(*be, iters);
+  }
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters);
   if (only.empty() || only == "indexer") bench_indexer(*be, iters);
   if (only == "v41") bench_v41(*be, iters);

@@ -2,8 +2,10 @@
 // `--only moe-quant`, `--only quant`): the FP8 block-scaled linears (cuda/gemm/
 // gemm_fp8_heuristics.h) against a >= 1 GiB memcpy (decode, GB/s of weight bytes) and cuBLASLt's
 // block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
-// bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens. Each line carries
-// its ratio ("of_roofline").
+// bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
+// experts in GB/s at 1, 4 and 16 pairs per expert (the "_vs_copy" lines name the decode kernel,
+// DEEPINFER_MOE_QUANT_DECODE=registers for the register-prefetch one). Each line carries its
+// ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
 #include <cublasLt.h>
@@ -258,6 +260,14 @@ Tensor random_device_bytes(Backend& be, const Shape& shape, DType dtype, uint64_
   return be.upload_weight(h, dtype);
 }
 
+// The decode kernel of the quantized experts the CUDA backend was created with
+// (cuda/moe/moe_heuristics.h): DEEPINFER_MOE_QUANT_DECODE=registers selects the register-prefetch
+// kernel, the default the streaming one.
+const char* quant_decode_kernel() {
+  const char* v = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
+  return v != nullptr && std::strcmp(v, "registers") == 0 ? "registers" : "streaming";
+}
+
 // The routed experts on MXFP4 weights at V4-Flash shapes (E 256, top-6, H 4096, I 2048; act
 // groups of 32 as DeepSeek's W4A8 experts): GB/s of the weight bytes touched (values + scales,
 // 13.4 MB per expert) at 1, 4 and 16 pairs per expert (every expert exactly that many: tokens
@@ -318,15 +328,76 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
              " k=6 E=256 I=2048 H=4096 act32",
          us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
     std::printf(
-        "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"pairs_per_expert\": %d, "
-        "\"fraction_of_copy_GBps\": %.3f}\n",
-        m, bytes / us / 1e3 / copy_gbps);
+        "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"decode_kernel\": \"%s\", "
+        "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
+        quant_decode_kernel(), m, bytes / us / 1e3 / copy_gbps);
   }
   for (int tokens : {4096, 16384}) {
     const double us = run(tokens, int64_t{tokens} * kk, false);
     emit("moe_experts_mxfp4", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 act32", us,
          e * expert_bytes * ((tokens + 4095) / 4096),
          static_cast<double>(tokens) * kk * 3.0 * 2 * inter * h);
+  }
+}
+
+// The routed experts on FP8 weights (e4m3, 128 x 128 f32 block scales, activations quantized per
+// 128) at V4-Flash shapes, decode only: GB/s of the weight bytes touched (values + scales,
+// 25.2 MB per expert) at 1, 4 and 16 pairs per expert, as the MXFP4 cases.
+void bench_moe_experts_fp8(Backend& be, int iters) {
+  const int e = 256, inter = 2048, h = 4096, kk = 6, blk = 128;
+  const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
+  // e4m3 bytes with exponent fields <= 7 (no NaN), block scales 2^-6.
+  Tensor gu_v = random_device_bytes(be, {int64_t{e} * 2 * inter, h}, DType::kF8E4M3, 5, 0xbf, 0);
+  Tensor dn_v = random_device_bytes(be, {int64_t{e} * h, inter}, DType::kF8E4M3, 6, 0xbf, 0);
+  auto scales = [&](int64_t rows, int64_t cols) {
+    const int64_t n = rows / blk * (cols / blk);
+    return be.upload_weight(
+        Tensor::from_vector(std::vector<float>(static_cast<size_t>(n), 1.0f / 64),
+                            {rows / blk, cols / blk}),
+        DType::kF32);
+  };
+  Tensor gu_s = scales(int64_t{e} * 2 * inter, h);
+  Tensor dn_s = scales(int64_t{e} * h, inter);
+  auto fp8 = [blk](Tensor v, Tensor s) {
+    MatrixWeight w;
+    w.values = std::move(v);
+    w.scales = std::move(s);
+    w.format = WeightFormat::kFp8Block;
+    w.block_rows = blk;
+    w.block_cols = blk;
+    w.act_group = blk;
+    return w;
+  };
+  ExpertWeights ex;
+  const int64_t gb = inter / blk, db = h / blk;  // scale rows per expert matrix
+  for (int j = 0; j < e; ++j) {
+    const int64_t r = int64_t{j} * 2 * inter;
+    ex.w1.push_back(fp8(gu_v.narrow(0, r, inter), gu_s.narrow(0, 2 * j * gb, gb)));
+    ex.w3.push_back(fp8(gu_v.narrow(0, r + inter, inter), gu_s.narrow(0, (2 * j + 1) * gb, gb)));
+    ex.w2.push_back(fp8(dn_v.narrow(0, int64_t{j} * h, h), dn_s.narrow(0, j * db, db)));
+  }
+  const double expert_bytes = 3.0 * inter * h * (1.0 + 4.0 / (blk * blk));
+  for (int m : {1, 4, 16}) {
+    const int tokens = (e * m + kk - 1) / kk;
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int64_t p = 0; p < int64_t{tokens} * kk; ++p) {
+      ids.push_back(p < int64_t{e} * m ? static_cast<int32_t>(p % e) : -1);
+      wts.push_back(0.25f);
+    }
+    Tensor x = rnd(be, {tokens, h}, DType::kF32, 44);
+    Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
+              be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
+    const double us = time_graph_us(be, iters, [&] { (void)be.moe_experts(x, r, ex, 10.0f); });
+    const double bytes = e * expert_bytes;
+    emit("moe_experts_fp8(graph)",
+         std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
+             " k=6 E=256 I=2048 H=4096 blk128 act128",
+         us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
+    std::printf(
+        "{\"op\": \"moe_experts_fp8_vs_copy\", \"decode_kernel\": \"%s\", "
+        "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
+        quant_decode_kernel(), m, bytes / us / 1e3 / copy_gbps);
   }
 }
 

@@ -10,5 +10,7 @@ namespace deepinfer::bench {
 void bench_fp8(Backend& be, int iters);
 // MXFP4 routed experts at V4-Flash shapes next to the copy roofline.
 void bench_moe_experts_mxfp4(Backend& be, int iters);
+// FP8 (128 x 128 block-scaled) routed experts at decode widths, likewise.
+void bench_moe_experts_fp8(Backend& be, int iters);
 
 }  // namespace deepinfer::bench

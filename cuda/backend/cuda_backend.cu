@@ -1,5 +1,6 @@
 // The CUDA backend's device plumbing: construction, memory, uploads and host copies, events and
 // graph capture. The ops live in the kernel families (cuda/<family>/).
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/backend/cuda_backend.h"
@@ -101,6 +102,10 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   num_sms_ = prop.multiProcessorCount;
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
+  // A/B switch of the quantized experts' decode shape, read once here (moe_heuristics.h).
+  const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
+  moe_quant_register_decode_ =
+      quant_decode != nullptr && std::strcmp(quant_decode, "registers") == 0;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

@@ -62,6 +62,9 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
+  // DEEPINFER_MOE_QUANT_DECODE=registers at creation: quantized experts decode on the register-
+  // prefetch kernel instead of the streaming one (an A/B switch for benchmarks).
+  bool moe_quant_register_decode() const { return moe_quant_register_decode_; }
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
   // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
@@ -150,6 +153,7 @@ class CudaBackend final : public Backend {
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
+  bool moe_quant_register_decode_ = false;
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;

@@ -25,6 +25,23 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
                : "memory");
 }
 
+// cp_async_16 that also has L2 fetch the kPrefetch-byte (128 or 256) aligned block around the
+// source: a stream read 64 bytes per row at a time then reaches DRAM in whole lines, the rest
+// of each line waiting in L2 for the next copies.
+template <int kPrefetch>
+__device__ __forceinline__ void cp_async_16_prefetch(void* smem, const void* gmem) {
+  static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch sizes of cp.async");
+  if constexpr (kPrefetch == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr(smem)),
+                 "l"(gmem)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr(smem)),
+                 "l"(gmem)
+                 : "memory");
+  }
+}
+
 // 8 bytes global -> shared through L1 (.ca; .cg takes only 16).
 __device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem)

@@ -17,7 +17,8 @@
 // list): decode (experts_gemv.cu), prefill with bf16 weights on tensor cores
 // (sm80/experts_mma.cu, 64- or 128-row tiles), prefill otherwise (experts_tiled.cu). Quantized
 // experts (MXFP4, block-scaled FP8) stay in their shipped bytes and take sm80/experts_quant.cu
-// in both shapes (16-row tiles up to 16 pairs per expert on average, 64-row tiles above), with
+// (16-row tiles up to 16 pairs per expert on average, their weights streamed through shared
+// memory by sm80/experts_quant_stream.cu; 64-row tiles above), with
 // the weights' activation quantization (act_group) of x before gate/up and of the SwiGLU output
 // before down, as the CPU op. Dense weights with an act_group (quantized checkpoints a backend
 // dequantized) quantize x and act likewise and take the f32-activation kernels.
@@ -105,6 +106,7 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   const int64_t pairs = tokens * p.top_k;
   ExpertsPassProblem prob{pairs, experts, p.hidden, p.inter, false, true};
   prob.quantized = true;
+  prob.quant_register_decode = be.moe_quant_register_decode();
   const ExpertsPassConfig c = choose_experts_pass(prob, be.max_shared_memory_per_block());
   Tensor sorted = be.empty({pairs}, DType::kI32);
   Tensor tile_meta = be.empty({3 * c.max_tiles + 1}, DType::kI32);

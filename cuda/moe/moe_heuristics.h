@@ -37,7 +37,9 @@ enum class ExpertsKernel {
   kMma64,         // prefill, bf16 weights: sm80/experts_mma.cu, 64-row tiles
   kMma128,        // the same, 128-row tiles
   kTiled,         // prefill otherwise: experts_tiled.cu (f32 FMA)
-  kQuantDecode,   // quantized weights, few pairs per expert: sm80/experts_quant.cu, 16-row tiles
+  kQuantStream,   // quantized weights, few pairs per expert: sm80/experts_quant_stream.cu
+                  // (shared-memory weight ring), 16-row tiles
+  kQuantDecode,   // the same shape on sm80/experts_quant.cu (register prefetch), for A/B runs
   kQuantPrefill,  // quantized weights otherwise: the same kernel, 64-row tiles
 };
 
@@ -54,7 +56,10 @@ struct ExpertsPassProblem {
   int64_t inter;
   bool bf16_weights;
   bool vec;                // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
-  bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant.cu in either shape
+  bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant*.cu in either shape
+  // The decode shape on the register-prefetch kernel (kQuantDecode) instead of the streaming one
+  // (the backend's DEEPINFER_MOE_QUANT_DECODE=registers, read once at its creation).
+  bool quant_register_decode = false;
 };
 
 inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
@@ -62,10 +67,14 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
   const int experts = p.experts;
   if (p.quantized) {
     // 16-row tiles while experts average at most kExpertQuantDecodeMaxPairs pairs (each touched
-    // expert's weights then stream once), 64-row tiles above.
+    // expert's weights then stream once), 64-row tiles above. The decode shape streams the
+    // weights through a shared-memory ring where the device has the shared memory for it.
     const bool decode = pairs <= kExpertQuantDecodeMaxPairs * experts;
+    const bool stream = !p.quant_register_decode && smem_max >= kExpertQuantStreamMaxSmem;
     ExpertsPassConfig c{};
-    c.kernel = decode ? ExpertsKernel::kQuantDecode : ExpertsKernel::kQuantPrefill;
+    c.kernel = !decode  ? ExpertsKernel::kQuantPrefill
+               : stream ? ExpertsKernel::kQuantStream
+                        : ExpertsKernel::kQuantDecode;
     c.tile_rows = decode ? ExpertQuantDecode::kTok : ExpertQuantPrefill::kTok;
     c.max_tiles = (pairs + c.tile_rows - 1) / c.tile_rows + std::min<int64_t>(experts, pairs);
     return c;

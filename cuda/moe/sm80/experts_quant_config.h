@@ -46,6 +46,56 @@ using ExpertQuantDecodeFp8 = ExpertQuantTile<8, 2, 16>;
 // Prefill: 64-token tiles, eight warps of 32 weight rows (64 accumulators per thread).
 using ExpertQuantPrefill = ExpertQuantTile<8, 2, 64>;
 
+// The streaming decode shape (experts_quant_stream.cu): kWarps warps of kMTiles m16 weight tiles
+// times kTok token rows, every lane copying its own 16-byte weight chunks into a ring of kStages
+// slices in shared memory (cp.async), so that kStages - 1 slices of weights are in flight while
+// one is multiplied; the activation slices share the ring.
+template <int kWarpsT, int kMTilesT, int kTokT, int kStagesT>
+struct ExpertQuantStreamTile {
+  static constexpr int kWarps = kWarpsT;
+  static constexpr int kMTiles = kMTilesT;
+  static constexpr int kTok = kTokT;  // the tile list's tile_rows
+  static constexpr int kStages = kStagesT;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWeightRows = 16 * kMTiles * kWarps;
+  static_assert(kMTiles % 2 == 0 && kTok % 8 == 0 && kStages >= 2, "gate/up pairs m16 tiles");
+  // 16-byte weight chunks a thread copies per slice: rows g and g + 8 of each m16 tile, `loads`
+  // chunks each (1 for MXFP4, 2 for FP8).
+  static constexpr size_t weight_slice_bytes(int loads) {
+    return size_t{16} * kThreads * kMTiles * 2 * loads;
+  }
+  static constexpr size_t act_slice_bytes(int planes) {
+    return size_t{4} * planes * kTok * kQuantRowWords;
+  }
+  static constexpr size_t smem_bytes(int loads, int planes) {
+    return kStages * (weight_slice_bytes(loads) + act_slice_bytes(planes));
+  }
+};
+
+// L2 prefetch of the streaming kernel's weight copies (cp.async .L2::128B): each copy of 64
+// bytes of a row fetches its whole 128-byte line, whose other half the next slice copies.
+constexpr int kExpertQuantStreamL2Prefetch = 128;
+
+// MXFP4: 256 weight rows (16 KB of weights per slice), 5 stages: 103 KB of shared memory with
+// quantized activations, so 2 CTAs (16 warps) and 8 slices (128 KB) of weights in flight per SM.
+using ExpertQuantStreamMx = ExpertQuantStreamTile<8, 2, 16, 5>;
+// FP8: 256 weight rows (32 KB per slice), 3 stages: 110 KB, 2 CTAs and 128 KB in flight per SM.
+using ExpertQuantStreamFp8 = ExpertQuantStreamTile<8, 2, 16, 3>;
+// Two CTAs per SM on sm_90 with quantized activations: 228 KB of shared memory per SM, 1 KB of it
+// reserved per CTA, and 1 KB of static shared memory per CTA (ptxas: 1152 bytes).
+constexpr size_t kSm90SmemPerSm = 228 * 1024;
+static_assert(2 * (ExpertQuantStreamMx::smem_bytes(1, 1) + 2048 + 128) <= kSm90SmemPerSm &&
+                  2 * (ExpertQuantStreamFp8::smem_bytes(2, 1) + 2048 + 128) <= kSm90SmemPerSm,
+              "two streaming CTAs per SM");
+static_assert(ExpertQuantStreamMx::kTok == ExpertQuantDecode::kTok &&
+                  ExpertQuantStreamFp8::kTok == ExpertQuantDecode::kTok,
+              "the streaming and register decode shapes share the tile list");
+// The most shared memory either streaming shape asks for (FP8, three activation planes).
+constexpr size_t kExpertQuantStreamMaxSmem = ExpertQuantStreamFp8::smem_bytes(2, 3) >
+                                                     ExpertQuantStreamMx::smem_bytes(1, 3)
+                                                 ? ExpertQuantStreamFp8::smem_bytes(2, 3)
+                                                 : ExpertQuantStreamMx::smem_bytes(1, 3);
+
 // Pairs per expert on average up to which a pass takes the decode shape.
 constexpr int64_t kExpertQuantDecodeMaxPairs = 16;
 

@@ -1,0 +1,275 @@
+// The decode shape (16-row tiles) of the quantized expert GEMMs, built to stream the weight bytes
+// at HBM speed. At <= 16 tokens per expert each weight byte is used by at most 16 tokens, so the
+// GEMM is bound by the weight bytes the SMs keep in flight (Little's law: ~4.3 TB/s x ~1 us of
+// latency under load is ~32 KB per SM at the very least).
+//
+// The register-prefetch kernel (experts_quant.cu) holds one slice of weights ahead in registers:
+// few bytes in flight, many registers, two CTAs of 4 warps per SM. Here every lane copies its own
+// 16-byte weight chunks (the same chunks, in the same mma order) into a ring of kStages slices
+// in shared memory with cp.async, kStages - 1 slices ahead of the one it multiplies: the bytes
+// in flight are bounded by shared memory, not registers (ExpertQuantStreamMx: 2 CTAs of 8 warps
+// and 128 KB of weights in flight per SM). A lane reads back only the chunks it copied itself,
+// so its own cp.async.wait_group orders them; the activation slices share the ring and the one
+// __syncthreads per slice that publishes them also frees the oldest slot for refilling.
+//
+// The decode, the mma order and the epilogue are experts_quant_tile.cuh's, as in the register
+// kernel: every output element is reduced over K in slice order with the same fixed order inside
+// a slice, so both kernels give bit-identical results.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/common/ptx_sm80.cuh"
+#include "cuda/moe/sm80/experts_quant_config.h"
+#include "cuda/moe/sm80/experts_quant_stream.h"
+#include "cuda/moe/sm80/experts_quant_tile.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+using namespace quant_tile;  // NOLINT(google-build-using-namespace): this family's pieces
+
+// The lane's chunk c = (2 mt + hr) kLoads + l of a slice, in slot `slot` of the weight ring
+// [kStages][chunks][kThreads] (uint4): a warp's 16-byte reads of one chunk are contiguous.
+template <class C>
+__device__ __forceinline__ uint4* weight_chunk(uint4* ring, int slot, int chunks, int c, int tid) {
+  return ring + (static_cast<int64_t>(slot) * chunks + c) * C::kThreads + tid;
+}
+
+// Copies the lane's weight chunks of slice `slice` into ring slot `slot`; chunks at or past K
+// (wholly: K is a multiple of the chunk) are zeros, stored by the lane itself.
+template <QuantFormat F, class C>
+__device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
+                                                  const WeightRows<C::kMTiles>& rows, int slice,
+                                                  int q, int64_t K, int tid) {
+  using Tr = QuantTraits<F>;
+  constexpr int kChunks = C::kMTiles * 2 * Tr::kLoads;
+#pragma unroll
+  for (int l = 0; l < Tr::kLoads; ++l) {
+    const int64_t k0 =
+        static_cast<int64_t>(slice) * kQuantSliceK + l * 4 * Tr::kChunk + q * Tr::kChunk;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        uint4* dst = weight_chunk<C>(ring, slot, kChunks, (2 * mt + hr) * Tr::kLoads + l, tid);
+        if (k0 < K) {
+          cp_async_16_prefetch<kExpertQuantStreamL2Prefetch>(
+              dst, rows.values[mt][hr] + (Tr::kMx ? k0 / 2 : k0));
+        } else {
+          *dst = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  }
+}
+
+// The lane's scales of slice `slice` (MXFP4: the e8m0 byte of each chunk; FP8: the f32 bits of
+// the chunk's block), neutral past K. Read through L1, one slice ahead of their use.
+template <QuantFormat F, int kMTiles>
+__device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTraits<F>::kLoads],
+                                            const WeightRows<kMTiles>& rows, int slice, int q,
+                                            int64_t K, int block_cols_log2) {
+  using Tr = QuantTraits<F>;
+#pragma unroll
+  for (int l = 0; l < Tr::kLoads; ++l) {
+    const int64_t k0 =
+        static_cast<int64_t>(slice) * kQuantSliceK + l * 4 * Tr::kChunk + q * Tr::kChunk;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        if (k0 >= K) {
+          sc[mt][hr][l] = Tr::kMx ? 127u : __float_as_uint(1.0f);
+        } else if constexpr (Tr::kMx) {
+          sc[mt][hr][l] = __ldg(static_cast<const uint8_t*>(rows.scales[mt][hr]) + k0 / 32);
+        } else {
+          sc[mt][hr][l] = __float_as_uint(
+              __ldg(static_cast<const float*>(rows.scales[mt][hr]) + (k0 >> block_cols_log2)));
+        }
+      }
+    }
+  }
+}
+
+// experts_quant.cu's expert_quant_kernel with the weights streamed through the ring. kGateUp:
+// act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for C::kWeightRows / 2 columns n
+// per CTA; otherwise y[pair, n] = act[row] . w2_e[n] for C::kWeightRows columns. CTA blockIdx.x
+// works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles. Two CTAs per SM
+// (128 registers per thread at most).
+template <QuantFormat F, bool kGateUp, class C, int kPlanes>
+__global__ void __launch_bounds__(C::kThreads, 2)
+    expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
+                               const int32_t* __restrict__ sorted_pair, TileList tiles,
+                               int max_tiles, QuantMatrices lo, QuantMatrices hi, int block_rows,
+                               int block_cols_log2, float limit, float* __restrict__ out) {
+  using Tr = QuantTraits<F>;
+  constexpr int kM = C::kMTiles;
+  constexpr int kHalf = kGateUp ? kM / 2 : kM;  // m16 tiles per matrix
+  constexpr int kActWords = kPlanes * C::kTok * kQuantRowWords;
+  constexpr int kChunks = kM * 2 * Tr::kLoads;  // 16-byte weight chunks per thread per slice
+  extern __shared__ int4 stream_smem_raw[];
+  uint32_t* act_ring = reinterpret_cast<uint32_t*>(stream_smem_raw);  // [kStages][kActWords]
+  uint4* weight_ring = reinterpret_cast<uint4*>(act_ring + C::kStages * kActWords);
+  __shared__ int64_t row_src[C::kTok];
+
+  const int tile = static_cast<int>(blockIdx.x % static_cast<unsigned>(max_tiles));
+  const int col = static_cast<int>(blockIdx.x / static_cast<unsigned>(max_tiles));
+  if (tile >= *tiles.count) return;  // uniform over the CTA: before any barrier
+  const int e = tiles.expert[tile];
+  const int start = tiles.start[tile];
+  const int rows = tiles.rows[tile];
+  const int n8 = (rows + 7) / 8;
+  const int64_t Kp = (K + kQuantSliceK - 1) / kQuantSliceK * kQuantSliceK;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int q = lane & 3;
+
+  // Where each token row's staged planes start (-1 past the tile's rows).
+  if (tid < C::kTok) {
+    int64_t src = -1;
+    if (tid < rows) {
+      const int64_t row = kGateUp ? sorted_pair[start + tid] / top_k : start + tid;
+      src = row * kPlanes * Kp;
+    }
+    row_src[tid] = src;
+  }
+
+  // The lane's weight rows (clamped to N - 1: tail rows copy valid bytes and are never stored).
+  const int64_t n_warp = static_cast<int64_t>(col) * (C::kWeightRows / (kGateUp ? 2 : 1)) +
+                         static_cast<int64_t>(warp) * 16 * kHalf;
+  WeightRows<kM> wr;
+  const int64_t row_bytes = Tr::kMx ? K / 2 : K;
+  const int64_t kblocks = Tr::kMx ? K / 32 : ((K - 1) >> block_cols_log2) + 1;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    const QuantMatrices& m = (kGateUp && mt >= kHalf) ? hi : lo;
+    const uint8_t* values = m.values[e];
+    const void* scales = m.scales[e];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      int64_t n = n_warp + 16 * (mt % kHalf) + g + 8 * hr;
+      n = n < N ? n : N - 1;
+      wr.values[mt][hr] = values + n * row_bytes;
+      if constexpr (Tr::kMx) {
+        wr.scales[mt][hr] = static_cast<const uint8_t*>(scales) + n * kblocks;
+      } else {
+        wr.scales[mt][hr] = static_cast<const float*>(scales) + (n / block_rows) * kblocks;
+      }
+    }
+  }
+
+  float acc[kM][C::kTok / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+    for (int j = 0; j < C::kTok / 8; ++j)
+      acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+  }
+
+  const int slices = static_cast<int>(Kp / kQuantSliceK);
+  const int staged = 8 * n8;
+  // Weights first: their copies need no barrier, so they go out while row_src is published.
+#pragma unroll 1
+  for (int s = 0; s < C::kStages - 1 && s < slices; ++s) {
+    copy_weight_slice<F, C>(weight_ring, s, wr, s, q, K, tid);
+  }
+  uint32_t sc[kM][2][Tr::kLoads];
+  load_scales<F, kM>(sc, wr, 0, q, K, block_cols_log2);
+  __syncthreads();  // row_src
+  // One cp.async group per prologue slice (the first also holds the weights above).
+#pragma unroll 1
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < slices) stage_slice<C, kPlanes>(act_ring + s * kActWords, a, row_src, staged, s, Kp);
+    cp_async_commit();
+  }
+
+  int read_slot = 0;
+  int fill_slot = C::kStages - 1;
+#pragma unroll 1
+  for (int s = 0; s < slices; ++s) {
+    uint32_t sc_next[kM][2][Tr::kLoads];
+    load_scales<F, kM>(sc_next, wr, s + 1, q, K, block_cols_log2);
+    // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
+    // pieces of it are visible, and every warp is done with slice s - 1, whose slot is refilled.
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    const int fill = s + C::kStages - 1;
+    if (fill < slices) {
+      copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, q, K, tid);
+      stage_slice<C, kPlanes>(act_ring + fill_slot * kActWords, a, row_src, staged, fill, Kp);
+    }
+    cp_async_commit();
+    // The lane reads back only the chunks it copied: its own wait above ordered them.
+    const uint4* slot = weight_chunk<C>(weight_ring, read_slot, kChunks, 0, tid);
+    multiply_slice<F, C, kPlanes>(
+        acc,
+        [&](int mt, int hr, int l) { return slot[((2 * mt + hr) * Tr::kLoads + l) * C::kThreads]; },
+        sc, act_ring + read_slot * kActWords, n8, g, q);
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+        for (int l = 0; l < Tr::kLoads; ++l) sc[mt][hr][l] = sc_next[mt][hr][l];
+      }
+    }
+    read_slot = read_slot + 1 == C::kStages ? 0 : read_slot + 1;
+    fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
+  }
+  cp_async_wait_all();  // no copy outlives the CTA's shared memory
+
+  store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
+}
+
+template <QuantFormat F, bool kGateUp, class C, int kPlanes>
+void launch_stream_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float* out,
+                        cudaStream_t stream) {
+  const int64_t K = kGateUp ? p.hidden : p.inter;
+  const int64_t N = kGateUp ? p.inter : p.hidden;
+  const int64_t cols_per_cta = C::kWeightRows / (kGateUp ? 2 : 1);
+  const int64_t cols = (N + cols_per_cta - 1) / cols_per_cta;
+  const size_t smem = C::smem_bytes(QuantTraits<F>::kLoads, kPlanes);
+  auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes>;
+  allow_smem(kernel, smem);
+  // Grid size: checked against gridDim.x's limit by the caller.
+  kernel<<<static_cast<unsigned>(p.max_tiles * cols), C::kThreads, smem, stream>>>(
+      a, K, N, p.top_k, p.sorted_pair, p.tiles, static_cast<int>(p.max_tiles),
+      kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2, p.limit, out);
+  DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+}
+
+template <QuantFormat F, class C>
+void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes,
+                          const __nv_bfloat16* a, float* out, cudaStream_t stream) {
+  if (gate_up) {
+    if (planes == 1) {
+      launch_stream_gemm<F, true, C, 1>(p, a, out, stream);
+    } else {
+      launch_stream_gemm<F, true, C, 3>(p, a, out, stream);
+    }
+  } else if (planes == 1) {
+    launch_stream_gemm<F, false, C, 1>(p, a, out, stream);
+  } else {
+    launch_stream_gemm<F, false, C, 3>(p, a, out, stream);
+  }
+}
+
+}  // namespace
+
+void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes,
+                                const __nv_bfloat16* a, float* out, cudaStream_t stream) {
+  if (p.format == QuantFormat::kMxfp4) {
+    launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, a, out,
+                                                                   stream);
+  } else {
+    launch_stream_format<QuantFormat::kFp8, ExpertQuantStreamFp8>(p, gate_up, planes, a, out,
+                                                                  stream);
+  }
+}
+
+}  // namespace deepinfer::cuda

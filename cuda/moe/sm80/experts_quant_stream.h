@@ -1,0 +1,18 @@
+// The decode-shape GEMMs of the quantized experts that stream the weights through a ring of
+// shared-memory slices (experts_quant_stream.cu), called by experts_quant.cu's pass.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/moe/moe_launch.h"
+
+namespace deepinfer::cuda {
+
+// gate/up + SwiGLU -> out = act [pairs, I] (gate_up) or down -> out = y [pairs, H] over the 16-row
+// tiles of p.tiles, from activations `a` staged in `planes` bf16 planes (1 or 3) as
+// stage_activations_kernel writes them.
+void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes,
+                                const __nv_bfloat16* a, float* out, cudaStream_t stream);
+
+}  // namespace deepinfer::cuda

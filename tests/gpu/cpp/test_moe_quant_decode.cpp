@@ -1,0 +1,135 @@
+// The two decode-shape kernels of the quantized routed experts (cuda/moe/sm80/
+// experts_quant_stream.cu, the default, and experts_quant.cu's register-prefetch kernel, chosen
+// by DEEPINFER_MOE_QUANT_DECODE=registers at backend creation) reduce every output element over
+// K in the same order, so moe_experts gives bit-identical results on both: at V4-Flash widths
+// with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and without
+// activation quantization (three bf16 planes). Their agreement with the CPU reference is the op
+// table's (tests/backend_ops/cases_moe_quant.cpp). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/weight.h"
+#include "device_backends.h"
+#include "inputs.h"
+#include "moe_inputs.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+struct DecodeCase {
+  WeightFormat format;
+  int block;      // kFp8Block: square scale blocks
+  int act_group;  // 0: no activation quantization
+  int experts, top_k, hidden, inter, tokens;
+};
+
+// A random [n, k] weight in `format`: random e2m1 bytes with e8m0 scales near 2^-7, or e4m3
+// bytes (exponent fields 0..10, no NaN) with power-of-two block scales near 2^-6.
+MatrixWeight random_weight(std::mt19937& rng, WeightFormat format, int64_t n, int64_t k, int block,
+                           int act_group) {
+  MatrixWeight w;
+  w.format = format;
+  w.act_group = act_group;
+  std::uniform_int_distribution<int> jitter(-1, 1);
+  if (format == WeightFormat::kMxfp4) {
+    w.block_rows = 1;
+    w.block_cols = 32;
+    w.values = random_bytes(rng, {n, k / 2}, DType::kE2M1x2);
+    w.scales = Tensor::zeros({n, k / 32}, DType::kE8M0);
+    auto* s = static_cast<uint8_t*>(w.scales.raw_data());
+    for (int64_t i = 0; i < w.scales.numel(); ++i) s[i] = static_cast<uint8_t>(120 + jitter(rng));
+    return w;
+  }
+  w.block_rows = block;
+  w.block_cols = block;
+  w.values = random_bytes(rng, {n, k}, DType::kF8E4M3);
+  auto* v = static_cast<uint8_t*>(w.values.raw_data());
+  std::uniform_int_distribution<int> exponent(0, 10);
+  for (int64_t i = 0; i < w.values.numel(); ++i) {
+    v[i] = static_cast<uint8_t>((v[i] & 0x87) | (exponent(rng) << 3));
+  }
+  w.scales = Tensor::zeros(weight_scale_shape(n, k, block, block), DType::kF32);
+  float* s = w.scales.data<float>();
+  for (int64_t i = 0; i < w.scales.numel(); ++i) s[i] = std::ldexp(1.0f, -6 + jitter(rng));
+  return w;
+}
+
+// A CUDA backend created with DEEPINFER_MOE_QUANT_DECODE set to `decode` ("" for unset).
+std::unique_ptr<Backend> cuda_backend_with_decode(const char* decode) {
+  if (decode[0] == '\0') {
+    unsetenv("DEEPINFER_MOE_QUANT_DECODE");
+  } else {
+    setenv("DEEPINFER_MOE_QUANT_DECODE", decode, 1);
+  }
+  std::unique_ptr<Backend> be = make_backend("cuda");
+  unsetenv("DEEPINFER_MOE_QUANT_DECODE");
+  return be;
+}
+
+Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
+                   const std::vector<MatrixWeight>& w3, const std::vector<MatrixWeight>& w2,
+                   const Tensor& x, const HostRouting& routing) {
+  ExpertWeights w;
+  for (size_t e = 0; e < w1.size(); ++e) {
+    w.w1.push_back(be.upload_matrix_weight(w1[e]));
+    w.w3.push_back(be.upload_matrix_weight(w3[e]));
+    w.w2.push_back(be.upload_matrix_weight(w2[e]));
+  }
+  const Routing r{be.upload(routing.ids, DType::kI32), be.upload(routing.weights, DType::kF32)};
+  return be.to_host(be.moe_experts(be.upload(x, DType::kF32), r, w, 10.0f));
+}
+
+TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
+  std::string why;
+  if (shared_backend("cuda", &why) == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  std::unique_ptr<Backend> streaming = cuda_backend_with_decode("");
+  std::unique_ptr<Backend> registers = cuda_backend_with_decode("registers");
+  constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
+  // 16 experts, top-6: 3, 11 and 42 tokens are about 1, 4 and 16 pairs per expert (the decode
+  // shape up to 16 on average).
+  const std::vector<DecodeCase> cases = {
+      {kMx, 32, 32, 16, 6, 4096, 2048, 3},     {kMx, 32, 32, 16, 6, 4096, 2048, 11},
+      {kMx, 32, 32, 16, 6, 4096, 2048, 42},    {kFp8, 128, 128, 16, 6, 4096, 2048, 3},
+      {kFp8, 128, 128, 16, 6, 4096, 2048, 42}, {kMx, 32, 0, 8, 2, 96, 352, 5},
+      {kMx, 32, 32, 8, 2, 352, 96, 7},         {kFp8, 32, 0, 8, 2, 160, 96, 5},
+      {kFp8, 16, 16, 8, 2, 64, 32, 1},
+  };
+  std::mt19937 rng(20261201);
+  for (const DecodeCase& c : cases) {
+    SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " act " +
+                 std::to_string(c.act_group) + " H " + std::to_string(c.hidden) + " I " +
+                 std::to_string(c.inter) + " T " + std::to_string(c.tokens));
+    std::vector<MatrixWeight> w1, w3, w2;
+    for (int e = 0; e < c.experts; ++e) {
+      w1.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
+      w3.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
+      w2.push_back(random_weight(rng, c.format, c.hidden, c.inter, c.block, c.act_group));
+    }
+    const Tensor x = random_f32(rng, {c.tokens, c.hidden});
+    const HostRouting routing = random_routing(c.tokens, c.experts, c.top_k, rng);
+    const Tensor a = run_experts(*streaming, w1, w3, w2, x, routing);
+    const Tensor b = run_experts(*registers, w1, w3, w2, x, routing);
+    ASSERT_EQ(a.nbytes(), b.nbytes());
+    double norm = 0.0;
+    for (int64_t i = 0; i < a.numel(); ++i) norm += std::fabs(a.item(i));
+    EXPECT_GT(norm, 0.0) << "all-zero output";
+    int64_t differ = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) differ += a.item(i) != b.item(i) ? 1 : 0;
+    EXPECT_EQ(differ, 0) << "elements that differ between the streaming and register kernels, of "
+                         << a.numel();
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
