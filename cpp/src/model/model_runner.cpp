@@ -2,12 +2,16 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/json.h"
 #include "deepinfer/error.h"
 #include "model/batch_plan.h"
 #include "model/model_instance.h"
+#include "model/v41_runner.h"
 
 namespace deepinfer {
 
@@ -23,6 +27,8 @@ class CheckpointModelRunner final : public ModelRunner {
   const ModelConfig& config() const override { return instance_->config; }
   const RunnerOptions& options() const override { return options_; }
   Backend& backend() override { return *instance_->backend; }
+
+  std::vector<std::string> load_notes() const override { return instance_->notes; }
 
   DecodeGraphStats decode_graph_stats() const override {
     return instance_->graphs ? instance_->graphs->stats() : DecodeGraphStats{};
@@ -148,6 +154,22 @@ std::string config_path(const std::string& checkpoint_dir) {
   return (std::filesystem::path(checkpoint_dir) / "config.json").string();
 }
 
+// Whether config.json names a DeepSeek-V4.1 checkpoint (a missing or malformed file is left to
+// the config parser, whose errors name it).
+bool is_v41_checkpoint(const std::string& checkpoint_dir) {
+  std::ifstream in(config_path(checkpoint_dir), std::ios::binary);
+  if (!in) return false;
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    const json::Value root = json::parse(text.str(), config_path(checkpoint_dir));
+    const json::Value* type = root.is_object() ? root.find("model_type") : nullptr;
+    return type != nullptr && type->is_string() && type->as_string() == "deepseek_v41";
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 CacheShape cache_shape(const RunnerOptions& options) {
   CacheShape shape;
   shape.num_blocks = options.num_blocks;
@@ -160,6 +182,7 @@ CacheShape cache_shape(const RunnerOptions& options) {
 
 std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir,
                                                const RunnerOptions& options) {
+  if (is_v41_checkpoint(checkpoint_dir)) return load_v41_runner(checkpoint_dir, options);
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
                           cache_shape(options), options.device, options.num_threads,
