@@ -11,7 +11,9 @@ skipped tensor families and that errors name the offending tensor and the expect
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -220,3 +222,65 @@ def test_v41_loader_needs_engram_tables(tmp_path) -> None:
     (path / "engram_tables.json").unlink()
     with pytest.raises(Exception, match=r"engram_tables\.json"):
         deepinfer_core.ModelRunner(str(path), num_blocks=4, num_state_slots=1, device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Real formats: FP8 on 32x32 blocks, MXFP4 experts, BF16 dense (model.md C.9)
+
+_FP8 = re.compile(
+    r"layers\.\d+\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123]"
+    r"|engram\.wkv)\.weight"
+)
+_FP4 = re.compile(r"layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight")
+# Dense tensors V4.1 ships in F32; the other dense float tensors are BF16. The Engram table stays
+# dense here (the loader does not read the FP8 table yet).
+_F32 = re.compile(r".*\.(hc_(attn|ffn)_(fn|base|scale)|attn_sink|gate\.bias|gate\.bias_vl)")
+
+
+def quantize_like_v41(m: ref.V41Model) -> tuple[ref.V41Model, dict]:
+    """The checkpoint tensors of `m` in V4.1's shipped formats, and a copy of `m` whose every
+    weight is the exact value stored (codes times scales, or the bf16 value)."""
+    import quant_checkpoint as qc
+
+    exact = copy.deepcopy(m)
+    tensors = {}
+    params = dict(exact.named_parameters())
+    with torch.no_grad():
+        for name, w in m.state_dict().items():
+            base = name[: -len(".weight")]
+            if _FP4.fullmatch(name):
+                packed, scale = qc.quantize_mxfp4(w)
+                tensors[name], tensors[base + ".scale"] = packed, qc.as_e8m0(scale)
+                params[name].copy_(qc.dequantize_mxfp4(packed, qc.e8m0_decode(scale)))
+            elif _FP8.fullmatch(name):
+                codes, scale = qc.quantize_fp8_blocks(w, (32, 32))
+                tensors[name], tensors[base + ".scale"] = codes, qc.as_e8m0(scale)
+                params[name].copy_(qc.dequantize_fp8_blocks(codes, qc.e8m0_decode(scale), (32, 32)))
+            elif _F32.fullmatch(name):
+                tensors[name] = w.contiguous()
+            else:
+                tensors[name] = w.to(torch.bfloat16)
+                params[name].copy_(tensors[name].float())
+    return exact, tensors
+
+
+@pytest.mark.parametrize("schedule", ["one_shot", "chunked"])
+@pytest.mark.parametrize("name", list(ref.TINY_CONFIGS))
+def test_v41_real_format_checkpoint(name: str, schedule: str, tmp_path_factory) -> None:
+    from safetensors.torch import save_file
+
+    key = f"fp8_{name}"
+    if key not in _drivers:
+        exact, tensors = quantize_like_v41(model(name))
+        path = write_checkpoint(exact, tmp_path_factory.mktemp(f"v41_{key}"))
+        save_file(tensors, str(path / "model.safetensors"))
+        _models[key] = exact
+        _drivers[key] = RunnerDriver(
+            str(path), max_seqs=1, max_len=PROMPT_LEN + 64, activation_quant="none"
+        )
+    tokens = prompt(name)
+    ours = _drivers[key].run_schedule(tokens, SCHEDULES[schedule])
+    want = reference_schedule(_models[key], tokens, SCHEDULES[schedule])
+    assert_close(ours, want, f"config {name} (FP8 + MXFP4), {schedule}")
+    # The quantization moved the logits: the test compares against the dequantized reference.
+    assert float(np.abs(want - model(name).forward(tokens).numpy()).max()) > 1e-3
