@@ -360,17 +360,24 @@ TEST(V41Config, QuantizationMustBeB3s) {
   expect_field_error(edit(a, R"("text_config":{)", R"("text_config":7,"x":{)"), "text_config");
 }
 
-TEST(V41Config, ModelConfigRefusesV41AndPointsToTheV41Parser) {
-  try {
-    ModelConfig::from_json_text(kFlash, "config.json");
-    ADD_FAILURE() << "ModelConfig accepted a deepseek_v41 config";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    const std::string what = e.what();
-    EXPECT_NE(what.find("'model_type'"), std::string::npos) << what;
-    EXPECT_NE(what.find("V41TextConfig::from_json_text"), std::string::npos) << what;
-    EXPECT_NE(what.find("the engine does not serve V4.1 yet"), std::string::npos) << what;
-  }
+TEST(V41Config, ModelConfigReadsV41ThroughV41TextConfig) {
+  const ModelConfig c = ModelConfig::from_json_text(kFlash, "config.json");
+  ASSERT_NE(c.v41, nullptr);
+  EXPECT_EQ(c.v41->kv_source_layer_ids, (std::vector<int>{2, 8, 14, 20}));
+  // The shared view: widths, MoE, norms and quantization as the V4.1 config gives them.
+  EXPECT_EQ(c.vocab_size, 129280);
+  EXPECT_EQ(c.hidden_size, 5120);
+  EXPECT_EQ(c.num_hidden_layers, 40);
+  EXPECT_EQ(c.n_routed_experts, 384);
+  EXPECT_EQ(c.rms_norm_eps, 1e-20);
+  EXPECT_EQ(c.quantization.weight_block_rows, 32);
+  EXPECT_TRUE(c.quantization.experts_fp4);
+  EXPECT_EQ(c.num_nextn_predict_layers, 0);  // the DSpark blocks are not run
+  // Layer kinds carry each layer's ratio (0, C2, C1) for the batch plan.
+  EXPECT_EQ(c.compress_rate(0), 0);
+  EXPECT_EQ(c.compress_rate(2), 2);
+  EXPECT_EQ(c.compress_rate(20), 1);
+  EXPECT_EQ(c.compress_rate(39), 1);
 }
 
 }  // namespace

@@ -75,7 +75,9 @@ class ModelRunner {
  public:
   // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches. A
   // config.json of model_type "deepseek_v41" runs the DeepSeek-V4.1 text graph
-  // (docs/model.md#deepseek-v41-text-model).
+  // (docs/model.md#deepseek-v41-text-model); its Engram layers need the tokens before each chunk,
+  // which the runner keeps per state slot, so a chunk must start at or before the end of what its
+  // slot was fed.
   static std::unique_ptr<ModelRunner> load(const std::string& checkpoint_dir,
                                            const RunnerOptions& options = {});
   // The model described by `config_json` (a config.json path) with random weights whose matrices

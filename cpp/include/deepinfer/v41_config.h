@@ -125,6 +125,7 @@ struct V41TextConfig {
   // for the shared weight loader and batch plan. Its layer kinds only carry each layer's ratio
   // (C2 as kCompressedSparse with csa_compress_rate 2, C1 as kHeavilyCompressed with
   // hca_compress_rate 1); no V4 graph may be built from it. No MTP blocks (DSpark is not run).
+  // Its `v41` holds a copy of this config.
   ModelConfig model_config() const;
 
   // Reads and validates a deepseek_v41 config.json (the outer config with its text_config).

@@ -9,6 +9,7 @@
 #include "config/field_reader.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
+#include "deepinfer/v41_config.h"
 
 namespace deepinfer {
 
@@ -190,19 +191,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.source = source;
 
   const std::string model_type = r.get_string("model_type", "");
-  if (model_type == "deepseek_v41") {
-    // The V4.1 text graph runs under ModelRunner (model/deepseek_v41.h), which reads the config
-    // with V41TextConfig; the engine's path (scheduler, prefix-cache state snapshots, KV tiers,
-    // decode graphs, Engram n-grams of carried tokens) is not wired for it: refuse rather than
-    // run it as V4.
-    throw Error(ErrorCode::kUnsupported,
-                source +
-                    ": field 'model_type' is \"deepseek_v41\": the DeepSeek-V4.1 text config is "
-                    "parsed by V41TextConfig::from_json_text and its graph runs under ModelRunner, "
-                    "but the engine does not serve V4.1 yet (no prefix-cache state snapshots, KV "
-                    "tiers, decode graphs or carried-token Engram n-grams for it; YOCO "
-                    "truncation, V4.1 KV formats and the DSpark drafter are missing too)");
-  }
+  if (model_type == "deepseek_v41")
+    return V41TextConfig::from_json_text(text, source).model_config();
   if (model_type != "deepseek_v4") {
     std::string got = r.has("model_type") ? "\"" + model_type + "\"" : "nothing";
     r.fail("model_type", "must be \"deepseek_v4\", got " + got);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "common/json.h"
@@ -430,6 +431,7 @@ ModelConfig V41TextConfig::model_config() const {
   m.mlp_layer_types.assign(static_cast<size_t>(num_hidden_layers), MlpKind::kMoe);
   m.num_nextn_predict_layers = 0;
   m.mtp_layer_types.clear();
+  m.v41 = std::make_shared<const V41TextConfig>(*this);
   return m;
 }
 

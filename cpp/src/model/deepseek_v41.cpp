@@ -1,12 +1,71 @@
 #include "model/deepseek_v41.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "deepinfer/error.h"
 #include "model/graph_blocks.h"
 
 namespace deepinfer {
+
+namespace {
+
+// A compressed layer's entries: its kv source's (share-KV readers own none).
+const Tensor& entries_of(ModelCaches& caches, int layer, const V41TextConfig& config) {
+  return caches.layer(config.kv_source.at(static_cast<size_t>(layer))).comp_entries;
+}
+
+}  // namespace
+
+Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config,
+                     const Tensor& previous) {
+  if (config.engram_layer_ids.empty()) return Tensor();
+  const int64_t n = config.engram_max_ngram_size;
+  int64_t total = 0;
+  for (const ForwardRow& r : rows) total += r.num_tokens;
+  Tensor host = Tensor::zeros({total, n}, DType::kI32);
+  std::vector<int32_t> remap(static_cast<size_t>(total * n), -1);
+  bool carries = false;
+  int32_t* out = host.data<int32_t>();
+  int64_t cell = 0;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const ForwardRow& r = rows[b];
+    const int64_t needed = std::min<int64_t>(r.start_pos, n - 1);
+    if (static_cast<int64_t>(r.history.size()) < needed) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "forward batch: sequence " + std::to_string(b) + ": 'history' has " +
+                      std::to_string(r.history.size()) +
+                      " tokens, the Engram n-grams at start_pos " + std::to_string(r.start_pos) +
+                      " need the last " + std::to_string(needed));
+    }
+    const int64_t hist = static_cast<int64_t>(r.history.size());
+    for (int64_t i = 0; i < r.num_tokens; ++i) {
+      for (int64_t back = 0; back < n; ++back, ++cell) {
+        const int64_t chunk_index = i - back;
+        if (r.start_pos + chunk_index < 0) {
+          out[cell] = -1;
+        } else if (chunk_index >= 0) {
+          out[cell] = r.tokens[static_cast<size_t>(chunk_index)];
+          if (chunk_index == 0 && r.token_from_previous >= 0) {
+            remap[static_cast<size_t>(cell)] = r.token_from_previous;
+            carries = true;
+          }
+        } else {
+          out[cell] = r.history[static_cast<size_t>(hist + chunk_index)];
+        }
+      }
+    }
+  }
+  Tensor ngram = backend.upload(host, DType::kI32);
+  if (carries) {
+    backend.select_tokens(ngram.reshape({total * n}),
+                          backend.upload(Tensor::from_vector(remap, {total * n}), DType::kI32),
+                          previous);
+  }
+  return ngram;
+}
 
 DeepseekV41Model::DeepseekV41Model(const V41TextConfig& config, V41Weights weights,
                                    Backend& backend)
@@ -19,7 +78,7 @@ DeepseekV41Model::DeepseekV41Model(const V41TextConfig& config, V41Weights weigh
   eps_ = static_cast<float>(config.rms_norm_eps);
 }
 
-Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, V41Caches& caches) {
+Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches) {
   Backend& be = backend_;
   const BatchLayout& layout = plan.layout;
   if (!config_.engram_layer_ids.empty() && !ngram.defined()) {
@@ -71,7 +130,7 @@ Tensor DeepseekV41Model::engram(const EngramWeights& w, const Tensor& trunk, con
 }
 
 Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchPlan& plan,
-                                   V41Caches& caches, SharedSelection& shared) {
+                                   ModelCaches& caches, SharedSelection& shared) {
   Backend& be = backend_;
   const BatchLayout& layout = plan.layout;
   const V41AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
@@ -102,15 +161,15 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchPlan& 
   spec.sparse = ratio > 0;  // every compressed layer has an index source (validated)
   spec.rope_dim = own.rope_dim;
   const Tensor out =
-      be.attention(q, kv, own.swa_ring, ratio > 0 ? caches.entries_for(layer) : Tensor(), topk,
-                   w.sinks, layout, spec);
+      be.attention(q, kv, own.swa_ring, ratio > 0 ? entries_of(caches, layer, config_) : Tensor(),
+                   topk, w.sinks, layout, spec);
   // The ring is written after attention read the keys this chunk's queries need from it.
   be.ring_write(own.swa_ring, kv, layout, own.rope_dim);
   return attention_output(be, out, layout.positions, inv_freq, w.wo_a, w.wo_b, config_.o_groups);
 }
 
 void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& plan,
-                                V41Caches& caches) {
+                                ModelCaches& caches) {
   Backend& be = backend_;
   const V41AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
   const Tensor& inv_freq = weights_.layers[static_cast<size_t>(layer)].inv_freq;
@@ -146,7 +205,7 @@ void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& pla
 }
 
 Tensor DeepseekV41Model::select_entries(int layer, const Tensor& qa, const Tensor& x,
-                                        const BatchPlan& plan, V41Caches& caches,
+                                        const BatchPlan& plan, ModelCaches& caches,
                                         SharedSelection& shared) {
   Backend& be = backend_;
   if (!config_.is_index_source(layer)) {  // share-index: the nearest index source's top-k
@@ -162,7 +221,8 @@ Tensor DeepseekV41Model::select_entries(int layer, const Tensor& qa, const Tenso
   const Tensor qi = be.rope(be.linear(qa, w.wq_b).reshape({t, hi, di}), layout.positions, inv_freq,
                             /*inverse=*/false);
   const Tensor weights = be.linear(x, MatrixWeight(w.weights_proj));
-  const Tensor& keys = caches.index_keys_for(layer);
+  const Tensor& keys =
+      caches.layer(config_.index_k_source.at(static_cast<size_t>(layer))).index_entries;
   // No 1/sqrt(Di), 1/sqrt(hi) factors (C.3.4): they cannot change the selection.
   constexpr float kScoreScale = 1.0f;
   constexpr float kWeightScale = 1.0f;

@@ -2,16 +2,12 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "common/json.h"
 #include "deepinfer/error.h"
 #include "model/batch_plan.h"
 #include "model/model_instance.h"
-#include "model/v41_runner.h"
 
 namespace deepinfer {
 
@@ -119,7 +115,35 @@ class CheckpointModelRunner final : public ModelRunner {
       r.block_table = c.block_table;
       rows_.push_back(r);
     }
-    return validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
+    const size_t max_blocks =
+        validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
+    if (m.config.v41 != nullptr) take_histories();
+    return max_blocks;
+  }
+
+  // DeepSeek-V4.1's Engram n-grams read the tokens before each chunk. A chunk carries only its
+  // own, so the runner keeps each state slot's tokens (those its caches were computed from; a
+  // chunk that starts earlier rolls them back, as it does the caches) and points the rows at them.
+  void take_histories() {
+    if (histories_.empty())
+      histories_.resize(static_cast<size_t>(instance_->caches->shape().num_state_slots));
+    for (size_t b = 0; b < rows_.size(); ++b) {
+      ForwardRow& r = rows_[b];
+      std::vector<int32_t>& h = histories_[static_cast<size_t>(r.slot)];
+      if (static_cast<int64_t>(h.size()) < r.start_pos) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "forward batch: sequence " + std::to_string(b) + ": 'start_pos' " +
+                        std::to_string(r.start_pos) + " is past the " + std::to_string(h.size()) +
+                        " tokens slot " + std::to_string(r.slot) +
+                        " holds (feed the earlier positions first)");
+      }
+    }
+    for (ForwardRow& r : rows_) {
+      std::vector<int32_t>& h = histories_[static_cast<size_t>(r.slot)];
+      h.resize(static_cast<size_t>(r.start_pos));
+      h.insert(h.end(), r.tokens.begin(), r.tokens.end());
+      r.history = std::span<const int32_t>(h).first(static_cast<size_t>(r.start_pos));
+    }
   }
 
   // The host trunk `hidden` of rows_ on the device, after checking its shape.
@@ -148,26 +172,12 @@ class CheckpointModelRunner final : public ModelRunner {
   std::unique_ptr<ModelInstance> instance_;
   RunnerOptions options_;
   std::vector<ForwardRow> rows_;  // reused
+  // DeepSeek-V4.1 only: per state slot, the tokens its caches hold (take_histories).
+  std::vector<std::vector<int32_t>> histories_;
 };
 
 std::string config_path(const std::string& checkpoint_dir) {
   return (std::filesystem::path(checkpoint_dir) / "config.json").string();
-}
-
-// Whether config.json names a DeepSeek-V4.1 checkpoint (a missing or malformed file is left to
-// the config parser, whose errors name it).
-bool is_v41_checkpoint(const std::string& checkpoint_dir) {
-  std::ifstream in(config_path(checkpoint_dir), std::ios::binary);
-  if (!in) return false;
-  std::ostringstream text;
-  text << in.rdbuf();
-  try {
-    const json::Value root = json::parse(text.str(), config_path(checkpoint_dir));
-    const json::Value* type = root.is_object() ? root.find("model_type") : nullptr;
-    return type != nullptr && type->is_string() && type->as_string() == "deepseek_v41";
-  } catch (const Error&) {
-    return false;
-  }
 }
 
 CacheShape cache_shape(const RunnerOptions& options) {
@@ -182,7 +192,6 @@ CacheShape cache_shape(const RunnerOptions& options) {
 
 std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir,
                                                const RunnerOptions& options) {
-  if (is_v41_checkpoint(checkpoint_dir)) return load_v41_runner(checkpoint_dir, options);
   return std::make_unique<CheckpointModelRunner>(
       ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
                           cache_shape(options), options.device, options.num_threads,

@@ -1,0 +1,90 @@
+"""DeepSeek-V4.1 through the engine (deepinfer_core.Engine, CPU, f32 KV): greedy continuations equal
+the torch reference v41_reference.py on tiny config A (every layer role, Engram), under chunked
+prefill, batching, zero-overhead scheduling on and off (a decode row's first token is carried on
+the device, so its Engram n-gram is patched there) and prefix-cache hits (the V4.1 state snapshot:
+SWA rings and C2 compressor rings; the n-gram history comes from the sequence's tokens).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import v41_reference as ref
+from engine_helpers import assert_pools_full, cpu_engine, run_all
+from test_v41_parity import write_checkpoint
+
+dc = pytest.importorskip("deepinfer_core")
+
+NAME = "A"
+MAX_TOKENS = 12
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model() -> ref.V41Model:
+    return ref.V41Model(ref.TINY_CONFIGS[NAME], seed=0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model, tmp_path_factory):
+    return write_checkpoint(model, tmp_path_factory.mktemp("v41_engine"))
+
+
+def greedy_reference(m: ref.V41Model, prompt: list[int], n: int) -> list[int]:
+    cache = m.new_cache("off")
+    logits = m.forward_chunk(cache, prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(torch.argmax(logits[-1])))
+        logits = m.forward_chunk(cache, [out[-1]])
+    return out
+
+
+def prompts(n: int, lengths: list[int]) -> list[list[int]]:
+    vocab = ref.TINY_CONFIGS[NAME].vocab_size
+    return [ref.random_tokens(length, vocab, 100 + i) for i, length in enumerate(lengths[:n])]
+
+
+GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.mark.parametrize("zero_overhead", [True, False])
+def test_v41_engine_greedy_equals_reference(model, checkpoint, zero_overhead: bool) -> None:
+    ps = prompts(3, [37, 21, 50])
+    engine = cpu_engine(
+        checkpoint, max_num_seqs=4, max_num_batched_tokens=32, zero_overhead=zero_overhead
+    )
+    outs, _ = run_all(engine, ps, GREEDY)
+    assert outs == [greedy_reference(model, p, MAX_TOKENS) for p in ps]
+    assert_pools_full(engine)
+
+
+def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
+    (p,) = prompts(1, [300])
+    params = dc.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
+    cold_engine = cpu_engine(checkpoint, enable_prefix_cache=False)
+    cold, cold_trace = run_all(cold_engine, [p], params)
+    warm_engine = cpu_engine(checkpoint)
+    run_all(warm_engine, [p[:270] + [17]], params)  # caches 2 blocks and the snapshot at 256
+    warm, warm_trace = run_all(warm_engine, [p], params)
+    (cold_id,), (warm_id,) = list(cold_trace.outputs), list(warm_trace.outputs)
+    assert warm_trace.ready(warm_id).prompt_cache_hit_tokens == 256
+    cold_lp = [lp for o in cold_trace.outputs[cold_id] for lp in o.logprobs]
+    warm_lp = [lp for o in warm_trace.outputs[warm_id] for lp in o.logprobs]
+    assert warm_lp == cold_lp
+    assert warm == cold == [greedy_reference(model, p, 6)]
+    assert_pools_full(warm_engine)
+
+
+def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:
+    with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
+        cpu_engine(checkpoint, kv_cache_dtype="bf16")
+    with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
+        cpu_engine(checkpoint, load_format="dummy")
