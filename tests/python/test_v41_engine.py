@@ -88,3 +88,10 @@ def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:
         cpu_engine(checkpoint, kv_cache_dtype="bf16")
     with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
         cpu_engine(checkpoint, load_format="dummy")
+
+
+def test_v41_engine_load_notes(model, tmp_path) -> None:
+    extra = {"mtp.0.attn.wq_a.weight": torch.zeros(4, 4), "vision.patch.weight": torch.zeros(2)}
+    engine = cpu_engine(write_checkpoint(model, tmp_path / "ckpt", extra))
+    notes = "\n".join(engine.load_notes)
+    assert "skipped 1 mtp.* tensors" in notes and "skipped 1 vision.* tensors" in notes
