@@ -1,8 +1,9 @@
-"""DeepSeek-V4.1 through the engine (deepinfer_core.Engine, CPU, f32 KV): greedy continuations equal
-the torch reference v41_reference.py on tiny config A (every layer role, Engram), under chunked
-prefill, batching, zero-overhead scheduling on and off (a decode row's first token is carried on
-the device, so its Engram n-gram is patched there) and prefix-cache hits (the V4.1 state snapshot:
-SWA rings and C2 compressor rings; the n-gram history comes from the sequence's tokens).
+"""DeepSeek-V4.1 through the engine (deepinfer_core.Engine, CPU, f32 KV): greedy continuations
+equal the torch reference v41_reference.py on tiny configs A, B and C (every layer role, Engram),
+under chunked prefill, batching, zero-overhead scheduling on and off (a decode row's first token is
+carried on the device, so its Engram n-gram is patched there) and prefix-cache hits (the V4.1
+state snapshot: SWA rings and C2 compressor rings; the n-gram history comes from the sequence's
+tokens).
 """
 
 from __future__ import annotations
@@ -27,14 +28,32 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
+_models: dict = {}
+_checkpoints: dict = {}
+
+
+def model_of(name: str) -> ref.V41Model:
+    if name not in _models:
+        _models[name] = ref.V41Model(ref.TINY_CONFIGS[name], seed=0)
+    return _models[name]
+
+
+def checkpoint_of(name: str, tmp_path_factory):
+    if name not in _checkpoints:
+        _checkpoints[name] = write_checkpoint(
+            model_of(name), tmp_path_factory.mktemp(f"v41_engine_{name}")
+        )
+    return _checkpoints[name]
+
+
+@pytest.fixture
 def model() -> ref.V41Model:
-    return ref.V41Model(ref.TINY_CONFIGS[NAME], seed=0)
+    return model_of(NAME)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(model, tmp_path_factory):
-    return write_checkpoint(model, tmp_path_factory.mktemp("v41_engine"))
+@pytest.fixture
+def checkpoint(tmp_path_factory):
+    return checkpoint_of(NAME, tmp_path_factory)
 
 
 def greedy_reference(m: ref.V41Model, prompt: list[int], n: int) -> list[int]:
@@ -47,22 +66,29 @@ def greedy_reference(m: ref.V41Model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def prompts(n: int, lengths: list[int]) -> list[list[int]]:
-    vocab = ref.TINY_CONFIGS[NAME].vocab_size
+def prompts(n: int, lengths: list[int], name: str = NAME) -> list[list[int]]:
+    vocab = ref.TINY_CONFIGS[name].vocab_size
     return [ref.random_tokens(length, vocab, 100 + i) for i, length in enumerate(lengths[:n])]
 
 
 GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.mark.parametrize("zero_overhead", [True, False])
-def test_v41_engine_greedy_equals_reference(model, checkpoint, zero_overhead: bool) -> None:
-    ps = prompts(3, [37, 21, 50])
+@pytest.mark.parametrize(
+    ("name", "zero_overhead"), [("A", True), ("A", False), ("B", True), ("C", True)]
+)
+def test_v41_engine_greedy_equals_reference(
+    name: str, zero_overhead: bool, tmp_path_factory
+) -> None:
+    ps = prompts(3, [37, 21, 50], name)
     engine = cpu_engine(
-        checkpoint, max_num_seqs=4, max_num_batched_tokens=32, zero_overhead=zero_overhead
+        checkpoint_of(name, tmp_path_factory),
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        zero_overhead=zero_overhead,
     )
     outs, _ = run_all(engine, ps, GREEDY)
-    assert outs == [greedy_reference(model, p, MAX_TOKENS) for p in ps]
+    assert outs == [greedy_reference(model_of(name), p, MAX_TOKENS) for p in ps]
     assert_pools_full(engine)
 
 
