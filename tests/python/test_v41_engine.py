@@ -121,3 +121,23 @@ def test_v41_engine_load_notes(model, tmp_path) -> None:
     engine = cpu_engine(write_checkpoint(model, tmp_path / "ckpt", extra))
     notes = "\n".join(engine.load_notes)
     assert "skipped 1 mtp.* tensors" in notes and "skipped 1 vision.* tensors" in notes
+
+
+def test_v41_engine_host_tier_hit_equals_reference(model, checkpoint) -> None:
+    """Blocks (compressed entries and index keys of the sources) and the state snapshot written
+    through to the host tier come back as a hit equal to the reference."""
+    vocab = ref.TINY_CONFIGS[NAME].vocab_size
+    shared = ref.random_tokens(300, vocab, 7)  # 2 full blocks before the last prompt token
+    unrelated = ref.random_tokens(400, vocab, 8)
+    variants = [shared + [11, 12], shared + [21]]
+    params = dc.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    # 4 usable blocks: the unrelated prompt reuses every cached one.
+    engine = cpu_engine(checkpoint, kv_host_cache_bytes=1 << 28, num_kv_blocks=5)
+    run_all(engine, [shared + [99]], params)
+    run_all(engine, [unrelated], params)
+    assert engine.stats()["prompt_tokens_cached"] == 0
+    warm, trace = run_all(engine, variants, params)
+    assert [trace.ready(r).prompt_cache_hit_tokens for r in sorted(trace.outputs)] == [256, 256]
+    assert engine.stats()["host_hit_tokens"] > 0
+    assert warm == [greedy_reference(model, p, 4) for p in variants]
+    assert_pools_full(engine)
