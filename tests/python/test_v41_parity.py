@@ -284,3 +284,16 @@ def test_v41_real_format_checkpoint(name: str, schedule: str, tmp_path_factory) 
     assert_close(ours, want, f"config {name} (FP8 + MXFP4), {schedule}")
     # The quantization moved the logits: the test compares against the dequantized reference.
     assert float(np.abs(want - model(name).forward(tokens).numpy()).max()) > 1e-3
+
+
+def test_v41_loader_refuses_the_fp8_engram_table(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    m = model("C")
+    state = {k: v.contiguous() for k, v in m.state_dict().items()}
+    name = "layers.0.engram.embed.weight"
+    state[name] = state[name].to(torch.float8_e4m3fn)
+    path = write_checkpoint(m, tmp_path / "ckpt")
+    save_file(state, str(path / "model.safetensors"))
+    with pytest.raises(Exception, match=rf"'{re.escape(name)}' is F8_E4M3.*not implemented yet"):
+        deepinfer_core.ModelRunner(str(path), num_blocks=4, num_state_slots=1, device="cpu")

@@ -55,8 +55,8 @@ CompressorWeights v41_compressor(WeightLoader& w, Backend& backend, const V41Tex
   return out;
 }
 
-V41LayerWeights v41_layer(WeightLoader& w, Backend& backend, const V41TextConfig& c,
-                          const EngramTables& tables, int layer) {
+V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint& checkpoint, Backend& backend,
+                          const V41TextConfig& c, const EngramTables& tables, int layer) {
   const std::string p = "layers." + std::to_string(layer) + ".";
   const int64_t h = c.hidden_size;
   const int64_t n = c.hc_mult;
@@ -117,8 +117,15 @@ V41LayerWeights v41_layer(WeightLoader& w, Backend& backend, const V41TextConfig
     eg.hash.primes = c.engram_primes[e];
     eg.hash.heads = c.engram_n_heads;
     eg.hash.pad_id = tables.token_map[static_cast<size_t>(c.engram_pad_token_id)];
-    eg.embed =
-        w.load_matrix(p + "engram.embed.weight", {c.engram_num_embeddings[e], c.engram_head_dim});
+    const std::string table = p + "engram.embed.weight";
+    if (checkpoint.contains(table) && checkpoint.entry(table).dtype_name == "F8_E4M3") {
+      throw Error(ErrorCode::kUnsupported,
+                  checkpoint.file_of(table).path() + ": tensor '" + table + "' is F8_E4M3" +
+                      shape_str(checkpoint.entry(table).shape) +
+                      ": the FP8 Engram table (dequantized per looked-up row, model.md C.7.4) is "
+                      "not implemented yet; only a dense (F32/BF16) table loads");
+    }
+    eg.embed = w.load_matrix(table, {c.engram_num_embeddings[e], c.engram_head_dim});
     eg.wkv = w.load_linear(p + "engram.wkv.weight", {(n + 1) * h, e_dim}, false);
     eg.q_weight = w.load(p + "engram.q_weight", {n, h});
     eg.k_weight = w.load(p + "engram.k_weight", {n, h});
@@ -203,7 +210,7 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
         DType::kI32);
   }
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
-    m.layers.push_back(v41_layer(w, backend, config, tables, layer));
+    m.layers.push_back(v41_layer(w, checkpoint, backend, config, tables, layer));
     w.report_progress(layer + 2);
   }
 
