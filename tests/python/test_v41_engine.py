@@ -141,3 +141,34 @@ def test_v41_engine_host_tier_hit_equals_reference(model, checkpoint) -> None:
     assert engine.stats()["host_hit_tokens"] > 0
     assert warm == [greedy_reference(model, p, 4) for p in variants]
     assert_pools_full(engine)
+
+
+class ReferenceDrafter(dc.Drafter):
+    """Drafts the reference's own greedy continuation, wrong at every third position."""
+
+    def __init__(self, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+        super().__init__()
+        self.by_prompt = {tuple(p): o for p, o in zip(prompts, outputs, strict=True)}
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        for prompt, out in self.by_prompt.items():
+            if tuple(tokens[: len(prompt)]) == prompt:
+                i = len(tokens) - len(prompt)
+                vocab = ref.TINY_CONFIGS[NAME].vocab_size
+                cont = out[i : i + max_drafts]
+                return [t if (i + k) % 3 != 2 else (t + 1) % vocab for k, t in enumerate(cont)]
+        return []
+
+
+def test_v41_engine_speculation_equals_reference(model, checkpoint) -> None:
+    """Verify rows (the last token and the drafts at once) hash the drafts into their n-grams;
+    accepted drafts become the history of the next rows."""
+    ps = prompts(2, [30, 19])
+    want = [greedy_reference(model, p, MAX_TOKENS) for p in ps]
+    engine = cpu_engine(checkpoint, num_speculative_tokens=3, speculative_method="external")
+    engine.set_drafter(ReferenceDrafter(ps, want))
+    outs, _ = run_all(engine, ps, GREEDY)
+    s = engine.stats()
+    assert s["accepted_draft_tokens"] > 0 and s["accepted_draft_tokens"] < s["draft_tokens"], s
+    assert outs == want
+    assert_pools_full(engine)
