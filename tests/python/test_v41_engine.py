@@ -114,6 +114,8 @@ def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:
         cpu_engine(checkpoint, kv_cache_dtype="bf16")
     with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
         cpu_engine(checkpoint, load_format="dummy")
+    with pytest.raises(Exception, match=r"DeepSeek-V4\.1 runs on one rank only"):
+        cpu_engine(checkpoint, data_parallel_size=2)
 
 
 def test_v41_engine_load_notes(model, tmp_path) -> None:
