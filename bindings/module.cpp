@@ -279,6 +279,8 @@ NB_MODULE(deepinfer_core, m) {
           "FP8 / MXFP4 in DeepSeek's formats when the config has a quantization_config), for "
           "benchmarks at real widths without a checkpoint.")
       .def_prop_ro("config", &deepinfer::ModelRunner::config, nb::rv_policy::reference_internal)
+      .def_prop_ro("load_notes", &deepinfer::ModelRunner::load_notes,
+                   "What loading left out on purpose (skipped tensor families), for the user.")
       .def(
           "decode_graph_stats",
           [](const deepinfer::ModelRunner& runner) {

@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace deepinfer {
+
+struct V41TextConfig;  // deepinfer/v41_config.h
 
 enum class AttentionKind { kSliding, kCompressedSparse, kHeavilyCompressed };
 enum class MlpKind { kHashMoe, kMoe };
@@ -87,7 +90,14 @@ struct ModelConfig {
 
   QuantConfig quantization;  // all defaults (fp8 false): bf16/f32 weights
 
-  // Reads and validates `path` (a config.json). Throws deepinfer::Error naming the file and the
+  // Set for a DeepSeek-V4.1 checkpoint (model_type "deepseek_v41"): its text config with the
+  // layer roles. The fields above are then V41TextConfig::model_config()'s view (widths, MoE,
+  // norms, ropes, quantization; layer kinds carry only each layer's ratio) and the model is the
+  // V4.1 graph. Null for DeepSeek-V4.
+  std::shared_ptr<const V41TextConfig> v41;
+
+  // Reads and validates `path` (a config.json): model_type "deepseek_v4", or "deepseek_v41"
+  // (read by V41TextConfig, see `v41`). Throws deepinfer::Error naming the file and the
   // field: kNotFound (no file), kCorruptFile (bad JSON), kInvalidConfig (wrong type, bad value,
   // inconsistent values, unknown model_type), kUnsupported (a valid feature this build lacks, e.g.
   // a quant_method other than fp8).

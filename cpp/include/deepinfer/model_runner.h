@@ -73,7 +73,11 @@ struct MtpDraft {
 
 class ModelRunner {
  public:
-  // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches.
+  // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches. A
+  // config.json of model_type "deepseek_v41" runs the DeepSeek-V4.1 text graph
+  // (docs/model.md#deepseek-v41-text-model); its Engram layers need the tokens before each chunk,
+  // which the runner keeps per state slot, so a chunk must start at or before the end of what its
+  // slot was fed.
   static std::unique_ptr<ModelRunner> load(const std::string& checkpoint_dir,
                                            const RunnerOptions& options = {});
   // The model described by `config_json` (a config.json path) with random weights whose matrices
@@ -93,6 +97,8 @@ class ModelRunner {
   // taken on the device, so only the token ids travel to the host (forward copies [B, vocab]).
   virtual Tensor greedy(const std::vector<SequenceChunk>& batch) = 0;
   virtual DecodeGraphStats decode_graph_stats() const = 0;
+  // What loading left out on purpose ("skipped 31 mtp.* tensors ..."), for the user.
+  virtual std::vector<std::string> load_notes() const = 0;
 
   // ---- speculative drafting with the checkpoint's MTP block (docs/model.md#mtp-block) ----------
   // MTP blocks loaded (0: the checkpoint has none; the calls below then throw kInvalidArgument).

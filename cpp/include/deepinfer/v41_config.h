@@ -3,9 +3,10 @@
 // roles of model.md C.2 derived from it: kv sources and share-KV readers, index-K sources, index
 // sources and share-index readers, the candidate source, the YOCO boundary, Engram layers.
 //
-// Config only: the engine has no V4.1 graph yet (ModelConfig::from_json_text rejects
-// "deepseek_v41"). The roles are derived exactly as tests/python/v41_reference.py's
-// V41TextConfig derives them (its "Spec reading" 4 and 5 included).
+// ModelRunner::load runs a deepseek_v41 checkpoint with the V4.1 graph
+// (cpp/src/model/deepseek_v41.h); the engine does not yet (ModelConfig::from_json_text rejects
+// "deepseek_v41"). The roles are derived exactly as tests/python/v41_reference.py's V41TextConfig
+// derives them (its "Spec reading" 4 and 5 included).
 #pragma once
 
 #include <cstdint>
@@ -119,6 +120,13 @@ struct V41TextConfig {
   const RopeConfig& layer_rope(int layer) const {
     return ratio(layer) == 0 ? main_rope : compress_rope;
   }
+
+  // The fields V4.1 shares with V4's ModelConfig (widths, MoE, norms, mHC, ropes, quantization),
+  // for the shared weight loader and batch plan. Its layer kinds only carry each layer's ratio
+  // (C2 as kCompressedSparse with csa_compress_rate 2, C1 as kHeavilyCompressed with
+  // hca_compress_rate 1); no V4 graph may be built from it. No MTP blocks (DSpark is not run).
+  // Its `v41` holds a copy of this config.
+  ModelConfig model_config() const;
 
   // Reads and validates a deepseek_v41 config.json (the outer config with its text_config).
   // Throws deepinfer::Error naming the file and the field ('text_config.compress_ratios[3]', ...):

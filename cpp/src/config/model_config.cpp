@@ -9,6 +9,7 @@
 #include "config/field_reader.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
+#include "deepinfer/v41_config.h"
 
 namespace deepinfer {
 
@@ -190,17 +191,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.source = source;
 
   const std::string model_type = r.get_string("model_type", "");
-  if (model_type == "deepseek_v41") {
-    // The V4.1 text config parses (V41TextConfig::from_json_text, deepinfer/v41_config.h), but
-    // the engine has no V4.1 model graph: refuse rather than run it as V4.
-    throw Error(ErrorCode::kUnsupported,
-                source +
-                    ": field 'model_type' is \"deepseek_v41\": the DeepSeek-V4.1 text config is "
-                    "parsed by V41TextConfig::from_json_text, but the V4.1 model graph is not "
-                    "implemented yet (missing: shared KV/index sources and candidate blocks, "
-                    "YOCO, Engram, shifted mHC, C1/C2 compressors, 32x32 FP8 weights, the "
-                    "DSpark drafter), so this engine cannot run it");
-  }
+  if (model_type == "deepseek_v41")
+    return V41TextConfig::from_json_text(text, source).model_config();
   if (model_type != "deepseek_v4") {
     std::string got = r.has("model_type") ? "\"" + model_type + "\"" : "nothing";
     r.fail("model_type", "must be \"deepseek_v4\", got " + got);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "common/json.h"
@@ -387,6 +388,51 @@ bool V41TextConfig::uses_candidates(int layer) const {
 }
 bool V41TextConfig::is_engram_layer(int layer) const {
   return contains(engram_layer_ids, layer);
+}
+
+ModelConfig V41TextConfig::model_config() const {
+  ModelConfig m;
+  m.source = source;
+  m.vocab_size = vocab_size;
+  m.hidden_size = hidden_size;
+  m.num_hidden_layers = num_hidden_layers;
+  m.num_attention_heads = num_attention_heads;
+  m.head_dim = head_dim;
+  m.rope_head_dim = rope_head_dim;
+  m.q_lora_rank = q_lora_rank;
+  m.o_groups = o_groups;
+  m.o_lora_rank = o_lora_rank;
+  m.sliding_window = sliding_window;
+  m.index_n_heads = index_n_heads;
+  m.index_head_dim = index_head_dim;
+  m.index_topk = index_topk;
+  m.csa_compress_rate = 2;
+  m.hca_compress_rate = 1;
+  m.n_routed_experts = n_routed_experts;
+  m.num_experts_per_tok = num_experts_per_tok;
+  m.moe_intermediate_size = moe_intermediate_size;
+  m.routed_scaling_factor = routed_scaling_factor;
+  m.swiglu_limit = swiglu_limit;
+  m.hc_mult = hc_mult;
+  m.hc_sinkhorn_iters = hc_sinkhorn_iters;
+  m.hc_eps = hc_eps;
+  m.rms_norm_eps = rms_norm_eps;
+  m.max_position_embeddings = max_position_embeddings;
+  m.main_rope = main_rope;
+  m.compress_rope = compress_rope;
+  m.quantization = quantization;
+  m.layer_types.clear();
+  for (int layer = 0; layer < num_hidden_layers; ++layer) {
+    const int r = ratio(layer);
+    m.layer_types.push_back(r == 0   ? AttentionKind::kSliding
+                            : r == 2 ? AttentionKind::kCompressedSparse
+                                     : AttentionKind::kHeavilyCompressed);
+  }
+  m.mlp_layer_types.assign(static_cast<size_t>(num_hidden_layers), MlpKind::kMoe);
+  m.num_nextn_predict_layers = 0;
+  m.mtp_layer_types.clear();
+  m.v41 = std::make_shared<const V41TextConfig>(*this);
+  return m;
 }
 
 V41TextConfig V41TextConfig::from_file(const std::string& path, int yoco_keep_tokens) {

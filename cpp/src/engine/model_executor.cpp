@@ -79,6 +79,13 @@ bool needs_previous_tokens(const StepPlan& plan) {
 }
 
 std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o, ParallelRank& rank) {
+  if (o.model_config.v41 != nullptr && rank.comm != nullptr) {
+    // The rows other ranks receive carry no token history (Engram), and there is no V4.1 expert
+    // parallelism yet.
+    throw Error(ErrorCode::kUnsupported,
+                o.model_config.source +
+                    ": DeepSeek-V4.1 runs on one rank only for now (data_parallel_size 1)");
+  }
   const KvSizing sizing{o.gpu_memory_utilization, o.max_num_batched_tokens, o.max_num_seqs};
   const PlacementConfig& p = o.placement;
   ModelInstance::RankTarget target;
@@ -145,7 +152,8 @@ SamplingBatch sampling_constants(Backend& be, const StepPlan& plan, bool per_log
 ModelExecutor::ModelExecutor(const ModelExecutorOptions& options, ParallelRank rank)
     : options_(options), model_(load_model(options, rank)) {
   options_.progress = {};  // used while loading only; the caller's callback is not kept
-  if (rank.eplb && rank.comm != nullptr && model_->model->expert_parallel() != nullptr) {
+  if (rank.eplb && rank.comm != nullptr && model_->model != nullptr &&
+      model_->model->expert_parallel() != nullptr) {
     balancer_ =
         std::make_unique<ExpertBalancer>(*model_->model, *rank.comm, *rank.eplb,
                                          [this](int layer, std::span<const int32_t> experts) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "deepinfer/error.h"
+#include "deepinfer/v41_config.h"
 #include "kv/cache_geometry.h"
 #include "tensor/kv_record.h"
 
@@ -64,6 +65,10 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
             std::to_string(shape.num_blocks) + ", " + std::to_string(shape.num_state_slots) + ", " +
             std::to_string(shape.block_size) + ", " + std::to_string(shape.max_backtrack) + ")");
   }
+  if (config.v41 != nullptr) {
+    init_v41(*config.v41, backend);
+    return;
+  }
   const int64_t slots = shape.num_state_slots + std::max(0, shape.num_scratch_slots);
   const int64_t d = config.head_dim;
   const int64_t di = config.index_head_dim;
@@ -113,6 +118,49 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
       c.trunk_ring = backend.zeros({slots, shape.max_backtrack, trunk}, DType::kF32);
       bytes_per_slot_ += shape.max_backtrack * trunk * f32;
     }
+    layers_.push_back(std::move(c));
+  }
+}
+
+void ModelCaches::init_v41(const V41TextConfig& config, Backend& backend) {
+  const CacheShape& shape = shape_;
+  if (shape.kv_dtype != KvCacheDType::kF32) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string("kv_cache_dtype \"") + kv_cache_dtype_name(shape.kv_dtype) +
+                    "\" is not available for DeepSeek-V4.1 yet: its caches are f32 (V4.1's FP8 "
+                    "SWA and FP4 compressed/index formats are not implemented)");
+  }
+  const int64_t slots = shape.num_state_slots + std::max(0, shape.num_scratch_slots);
+  const int64_t d = config.head_dim;
+  const int64_t di = config.index_head_dim;
+  const int64_t f32 = 4;
+  main_layers_ = config.num_hidden_layers;
+  for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
+    LayerCaches c;
+    c.rope_dim = config.rope_head_dim;
+    const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
+    c.swa_ring = backend.zeros({slots, swa_len, d}, DType::kF32);
+    bytes_per_slot_ += swa_len * d * f32;
+    int64_t block_bytes = 0;
+    // Only sources own compressed entries (and, for C2, the compressor ring) and index keys;
+    // their readers read them (V4.1's share-KV and index-K sources, model.md C.3.7).
+    if (config.is_kv_source(layer)) {
+      const int ratio = config.ratio(layer);
+      const int64_t epb = kv::entries_per_block(ratio, shape.block_size);
+      c.comp_entries = backend.zeros({shape.num_blocks * epb, d}, DType::kF32);
+      block_bytes += epb * d * f32;
+      if (ratio > 1) {  // C1 needs no ring: an entry is one token
+        const int64_t ring_len = kv::compressor_ring_len(ratio, false, shape.max_backtrack);
+        c.comp_ring = backend.zeros({slots, ring_len, 2 * d}, DType::kF32);
+        bytes_per_slot_ += ring_len * 2 * d * f32;
+      }
+      if (config.is_index_k_source(layer)) {
+        c.index_entries = backend.zeros({shape.num_blocks * epb, di}, DType::kF32);
+        block_bytes += epb * di * f32;
+      }
+    }
+    bytes_per_block_ += block_bytes;
+    block_layer_bytes_.push_back(block_bytes);
     layers_.push_back(std::move(c));
   }
 }

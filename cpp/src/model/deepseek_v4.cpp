@@ -4,6 +4,7 @@
 
 #include "deepinfer/error.h"
 #include "dist/expert_parallel.h"
+#include "model/graph_blocks.h"
 
 namespace deepinfer {
 
@@ -113,10 +114,7 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   // The ring is written after attention read the keys this chunk's queries need from it.
   be.ring_write(caches.swa_ring, kv, layout, caches.rope_dim);
 
-  // V carries RoPE (K == V), so the output's rope channels are rotated back at the query position.
-  out = be.rope(out, layout.positions, inv_freq, /*inverse=*/true);
-  Tensor grouped = be.grouped_linear(out.reshape({t, nh * d}), w.wo_a, config_.o_groups);
-  return be.linear(grouped, w.wo_b);
+  return attention_output(be, out, layout.positions, inv_freq, w.wo_a, w.wo_b, config_.o_groups);
 }
 
 void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan,
@@ -147,9 +145,7 @@ Tensor DeepseekV4Model::moe(int layer, const MoeWeights& w, const Tensor& x,
       be.moe_route(x, w.gate, w.bias, w.tid2eid, token_ids, config_.num_experts_per_tok,
                    static_cast<float>(config_.routed_scaling_factor));
   Tensor routed = routed_experts(layer, w, x, routing);
-  Tensor shared = be.linear(be.swiglu(be.linear(x, w.shared_w1), be.linear(x, w.shared_w3), limit),
-                            w.shared_w2);
-  return be.add(routed, shared);
+  return be.add(routed, shared_expert(be, w, x, limit));
 }
 
 Tensor DeepseekV4Model::routed_experts(int layer, const MoeWeights& w, const Tensor& x,

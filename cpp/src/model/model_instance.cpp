@@ -8,6 +8,7 @@
 
 #include "deepinfer/error.h"
 #include "model/checkpoint.h"
+#include "model/v41_weights.h"
 #include "model/weights.h"
 
 namespace deepinfer {
@@ -54,6 +55,16 @@ ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, Lo
   const BatchPlan plan =
       build_batch_plan(rows, config, caches->shape(), *backend, mode, max_blocks);
   take_carried_tokens(*backend, rows, plan, previous_tokens);
+  if (v41_model != nullptr) {
+    if (hidden != nullptr) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "DeepSeek-V4.1 forward: the hidden trunk is for the MTP drafter, which V4.1 "
+                  "does not have yet (DSpark is not implemented)");
+    }
+    caches->wait_all_imports(*backend);
+    const Tensor ngram = engram_ngrams(*backend, rows, *config.v41, previous_tokens);
+    return {v41_model->forward(plan, ngram, *caches), plan.next_positions};
+  }
   return {model->forward(plan, *caches, hidden), plan.next_positions};
 }
 
@@ -265,6 +276,31 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
   }
 }
 
+// The DeepSeek-V4.1 instance of `checkpoint` (docs/model.md#deepseek-v41-text-model): eager,
+// without drafter or expert parallelism, f32 KV ("auto" included: V4.1's own KV formats are not
+// implemented).
+void load_v41(ModelInstance& m, const Checkpoint& checkpoint, const CacheShape& shape,
+              const std::string& activation_quant, const std::string& kv_cache_dtype,
+              const std::function<void(int, int)>& progress, const KvSizing& sizing,
+              const ModelInstance::RankTarget& rank) {
+  if (!rank.expert_slots.empty()) {
+    throw Error(ErrorCode::kUnsupported,
+                m.config.source + ": expert parallelism is not available for DeepSeek-V4.1 yet");
+  }
+  WeightLoadOptions options;
+  options.quantize_activations = resolve_activation_quant(activation_quant, *m.backend);
+  options.progress = progress;
+  CacheShape sized = shape;
+  sized.kv_dtype = kv_cache_dtype == "auto"
+                       ? KvCacheDType::kF32
+                       : resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(), false);
+  V41Weights weights = load_v41_weights(checkpoint, *m.config.v41, m.config, *m.backend, options);
+  m.notes = weights.notes;
+  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(m, sized, sizing, 0);
+  m.caches = std::make_unique<ModelCaches>(m.config, sized, *m.backend);
+  m.v41_model = std::make_unique<DeepseekV41Model>(*m.config.v41, std::move(weights), *m.backend);
+}
+
 }  // namespace
 
 bool resolve_activation_quant(const std::string& mode, const Backend& backend) {
@@ -289,6 +325,10 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   m->config = config;
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
+  if (config.v41 != nullptr) {
+    load_v41(*m, checkpoint, shape, activation_quant, kv_cache_dtype, progress, sizing, rank);
+    return m;
+  }
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.progress = progress;
@@ -311,6 +351,12 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
     uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
     const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank) {
+  if (config.v41 != nullptr) {
+    throw Error(ErrorCode::kUnsupported,
+                config.source +
+                    ": random weights (load_format dummy) are not available for "
+                    "DeepSeek-V4.1 yet; load a checkpoint");
+  }
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);

@@ -12,6 +12,7 @@
 #include "model/cache_tensors.h"
 #include "model/decode_graphs.h"
 #include "model/deepseek_v4.h"
+#include "model/deepseek_v41.h"
 #include "model/mtp.h"
 
 namespace deepinfer {
@@ -36,7 +37,10 @@ struct ModelInstance {
   ModelConfig config;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ModelCaches> caches;
-  std::unique_ptr<DeepseekV4Model> model;
+  std::unique_ptr<DeepseekV4Model> model;  // DeepSeek-V4; null for V4.1
+  // DeepSeek-V4.1 (config.v41 set; docs/model.md#deepseek-v41-text-model): eager only (no decode
+  // graphs), no drafter, no expert parallelism, f32 KV. Null for V4.
+  std::unique_ptr<DeepseekV41Model> v41_model;
   // The checkpoint's MTP drafter; null when it ships no mtp.* block. Refers to `model`.
   std::unique_ptr<MtpDrafter> mtp;
   // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.

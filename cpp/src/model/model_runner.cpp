@@ -24,6 +24,8 @@ class CheckpointModelRunner final : public ModelRunner {
   const RunnerOptions& options() const override { return options_; }
   Backend& backend() override { return *instance_->backend; }
 
+  std::vector<std::string> load_notes() const override { return instance_->notes; }
+
   DecodeGraphStats decode_graph_stats() const override {
     return instance_->graphs ? instance_->graphs->stats() : DecodeGraphStats{};
   }
@@ -113,7 +115,35 @@ class CheckpointModelRunner final : public ModelRunner {
       r.block_table = c.block_table;
       rows_.push_back(r);
     }
-    return validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
+    const size_t max_blocks =
+        validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
+    if (m.config.v41 != nullptr) take_histories();
+    return max_blocks;
+  }
+
+  // DeepSeek-V4.1's Engram n-grams read the tokens before each chunk. A chunk carries only its
+  // own, so the runner keeps each state slot's tokens (those its caches were computed from; a
+  // chunk that starts earlier rolls them back, as it does the caches) and points the rows at them.
+  void take_histories() {
+    if (histories_.empty())
+      histories_.resize(static_cast<size_t>(instance_->caches->shape().num_state_slots));
+    for (size_t b = 0; b < rows_.size(); ++b) {
+      ForwardRow& r = rows_[b];
+      std::vector<int32_t>& h = histories_[static_cast<size_t>(r.slot)];
+      if (static_cast<int64_t>(h.size()) < r.start_pos) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "forward batch: sequence " + std::to_string(b) + ": 'start_pos' " +
+                        std::to_string(r.start_pos) + " is past the " + std::to_string(h.size()) +
+                        " tokens slot " + std::to_string(r.slot) +
+                        " holds (feed the earlier positions first)");
+      }
+    }
+    for (ForwardRow& r : rows_) {
+      std::vector<int32_t>& h = histories_[static_cast<size_t>(r.slot)];
+      h.resize(static_cast<size_t>(r.start_pos));
+      h.insert(h.end(), r.tokens.begin(), r.tokens.end());
+      r.history = std::span<const int32_t>(h).first(static_cast<size_t>(r.start_pos));
+    }
   }
 
   // The host trunk `hidden` of rows_ on the device, after checking its shape.
@@ -142,6 +172,8 @@ class CheckpointModelRunner final : public ModelRunner {
   std::unique_ptr<ModelInstance> instance_;
   RunnerOptions options_;
   std::vector<ForwardRow> rows_;  // reused
+  // DeepSeek-V4.1 only: per state slot, the tokens its caches hold (take_histories).
+  std::vector<std::vector<int32_t>> histories_;
 };
 
 std::string config_path(const std::string& checkpoint_dir) {

@@ -228,6 +228,8 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int3
   } else {
     f.tokens = std::span<const int32_t>(s.tokens.data() + start, static_cast<size_t>(q));
   }
+  // Every token before `start` is committed (a carried row starts at num_tokens()).
+  f.history = std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(start));
   const size_t blocks = static_cast<size_t>(kv_.blocks_for(start + q));
   DEEPINFER_CHECK(s.block_table.size() >= blocks, "a planned row's blocks are not allocated");
   f.block_table = std::span<const int32_t>(s.block_table).first(blocks);

@@ -1,0 +1,257 @@
+#include "model/deepseek_v41.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "deepinfer/error.h"
+#include "model/graph_blocks.h"
+
+namespace deepinfer {
+
+namespace {
+
+// A compressed layer's entries: its kv source's (share-KV readers own none).
+const Tensor& entries_of(ModelCaches& caches, int layer, const V41TextConfig& config) {
+  return caches.layer(config.kv_source.at(static_cast<size_t>(layer))).comp_entries;
+}
+
+}  // namespace
+
+Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config,
+                     const Tensor& previous) {
+  if (config.engram_layer_ids.empty()) return Tensor();
+  const int64_t n = config.engram_max_ngram_size;
+  int64_t total = 0;
+  for (const ForwardRow& r : rows) total += r.num_tokens;
+  Tensor host = Tensor::zeros({total, n}, DType::kI32);
+  std::vector<int32_t> remap(static_cast<size_t>(total * n), -1);
+  bool carries = false;
+  int32_t* out = host.data<int32_t>();
+  int64_t cell = 0;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const ForwardRow& r = rows[b];
+    const int64_t needed = std::min<int64_t>(r.start_pos, n - 1);
+    if (static_cast<int64_t>(r.history.size()) < needed) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "forward batch: sequence " + std::to_string(b) + ": 'history' has " +
+                      std::to_string(r.history.size()) +
+                      " tokens, the Engram n-grams at start_pos " + std::to_string(r.start_pos) +
+                      " need the last " + std::to_string(needed));
+    }
+    const int64_t hist = static_cast<int64_t>(r.history.size());
+    for (int64_t i = 0; i < r.num_tokens; ++i) {
+      for (int64_t back = 0; back < n; ++back, ++cell) {
+        const int64_t chunk_index = i - back;
+        if (r.start_pos + chunk_index < 0) {
+          out[cell] = -1;
+        } else if (chunk_index >= 0) {
+          out[cell] = r.tokens[static_cast<size_t>(chunk_index)];
+          if (chunk_index == 0 && r.token_from_previous >= 0) {
+            remap[static_cast<size_t>(cell)] = r.token_from_previous;
+            carries = true;
+          }
+        } else {
+          out[cell] = r.history[static_cast<size_t>(hist + chunk_index)];
+        }
+      }
+    }
+  }
+  Tensor ngram = backend.upload(host, DType::kI32);
+  if (carries) {
+    backend.select_tokens(ngram.reshape({total * n}),
+                          backend.upload(Tensor::from_vector(remap, {total * n}), DType::kI32),
+                          previous);
+  }
+  return ngram;
+}
+
+DeepseekV41Model::DeepseekV41Model(const V41TextConfig& config, V41Weights weights,
+                                   Backend& backend)
+    : config_(config), weights_(std::move(weights)), backend_(backend) {
+  hc_params_.hc_mult = config.hc_mult;
+  hc_params_.sinkhorn_iters = config.hc_sinkhorn_iters;
+  hc_params_.hc_eps = static_cast<float>(config.hc_eps);
+  // C.4: the HC norm (unweighted; fn has the weight folded in) uses rms_norm_eps.
+  hc_params_.norm_eps = static_cast<float>(config.rms_norm_eps);
+  eps_ = static_cast<float>(config.rms_norm_eps);
+}
+
+Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches) {
+  Backend& be = backend_;
+  const BatchLayout& layout = plan.layout;
+  if (!config_.engram_layer_ids.empty() && !ngram.defined()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "DeepSeek-V4.1 forward: the model has Engram layers but no 'ngram' was given");
+  }
+
+  Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
+  // Shifted mHC (C.4): each sub-layer collapses its input with the previous sub-layer's pre; the
+  // first one (undefined pre) takes stream 0.
+  Tensor pre;
+  SharedSelection shared;
+  for (int layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    const V41LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+    // Engram rewrites the trunk after the previous post, before this layer's attention mix (C.7).
+    if (w.has_engram) trunk = engram(w.engram, trunk, ngram);
+
+    HcShiftedMix mix =
+        be.hc_pre_shifted(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, pre, hc_params_);
+    const Tensor attn_out =
+        attention(layer, be.rms_norm(mix.y, w.attn_norm, eps_), plan, caches, shared);
+    trunk = be.hc_post(trunk, attn_out, mix.post, mix.comb);
+    pre = mix.pre;
+
+    mix = be.hc_pre_shifted(trunk, w.hc_ffn.fn, w.hc_ffn.base, w.hc_ffn.scale, pre, hc_params_);
+    const Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps_), layout.token_ids);
+    trunk = be.hc_post(trunk, ffn_out, mix.post, mix.comb);
+    pre = mix.pre;
+  }
+
+  if (plan.num_logit_rows == 0) return Tensor();
+  if (plan.logit_rows.defined()) {
+    trunk = be.gather_rows(trunk, plan.logit_rows);
+    pre = be.gather_rows(pre, plan.logit_rows);
+  }
+  // No HyperHead: the final collapse uses the last FFN sub-layer's pre (C.4).
+  const Tensor hidden = be.hc_collapse(trunk, pre);
+  return be.linear(be.rms_norm(hidden, weights_.norm, eps_), weights_.head);
+}
+
+Tensor DeepseekV41Model::engram(const EngramWeights& w, const Tensor& trunk, const Tensor& ngram) {
+  Backend& be = backend_;
+  const int64_t t = trunk.shape()[0];
+  const Tensor rows = be.engram_hash(ngram, weights_.engram_token_map, w.hash);  // [T, (n-1)*heads]
+  const int64_t per_token = rows.shape()[1];
+  const Tensor looked_up = be.embedding(w.embed, rows.reshape({t * per_token}));
+  const Tensor kv = be.linear(looked_up.reshape({t, per_token * w.embed.shape()[1]}), w.wkv);
+  return be.engram_gate(trunk, kv, w.q_weight, w.k_weight, eps_);
+}
+
+Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchPlan& plan,
+                                   ModelCaches& caches, SharedSelection& shared) {
+  Backend& be = backend_;
+  const BatchLayout& layout = plan.layout;
+  const V41AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
+  const Tensor& inv_freq = weights_.layers[static_cast<size_t>(layer)].inv_freq;
+  const int64_t t = layout.num_tokens;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t d = config_.head_dim;
+  const int ratio = config_.ratio(layer);
+
+  // q-LoRA queries without a per-head norm (C.3.1); one shared K=V vector per token.
+  const Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps_);
+  const Tensor q = be.rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), layout.positions, inv_freq,
+                           /*inverse=*/false);
+  const Tensor kv = be.rope(be.rms_norm(be.linear(x, w.wkv), w.kv_norm, eps_), layout.positions,
+                            inv_freq, /*inverse=*/false);
+
+  LayerCaches& own = caches.layer(layer);
+  Tensor topk;
+  if (ratio > 0) {
+    if (w.has_compressor) compress(layer, x, plan, caches);
+    topk = select_entries(layer, qa, x, plan, caches, shared);
+  }
+
+  AttentionSpec spec;
+  spec.window = config_.sliding_window;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  spec.ratio = ratio;
+  spec.sparse = ratio > 0;  // every compressed layer has an index source (validated)
+  spec.rope_dim = own.rope_dim;
+  const Tensor out =
+      be.attention(q, kv, own.swa_ring, ratio > 0 ? entries_of(caches, layer, config_) : Tensor(),
+                   topk, w.sinks, layout, spec);
+  // The ring is written after attention read the keys this chunk's queries need from it.
+  be.ring_write(own.swa_ring, kv, layout, own.rope_dim);
+  return attention_output(be, out, layout.positions, inv_freq, w.wo_a, w.wo_b, config_.o_groups);
+}
+
+void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& plan,
+                                ModelCaches& caches) {
+  Backend& be = backend_;
+  const V41AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
+  const Tensor& inv_freq = weights_.layers[static_cast<size_t>(layer)].inv_freq;
+  LayerCaches& own = caches.layer(layer);
+  const int ratio = config_.ratio(layer);
+  const EntryBatch& entries = plan.entries.at(ratio);
+  Tensor pooled;
+  if (ratio == 1) {
+    // C1: one entry per token, in token row order (the plan lists a call's windows that way).
+    if (entries.num_entries > 0) pooled = be.linear(x, w.compressor.wkv_gate);
+  } else {
+    // C2: a per-channel softmax of wgate over the window's 2 tokens weighs their wkv (no ape).
+    const Tensor proj = be.linear(x, w.compressor.wkv_gate);  // [T, 2D] = [kv | gate]
+    if (entries.num_entries > 0) {
+      CompressSpec spec;
+      spec.ratio = ratio;
+      spec.overlap = false;
+      spec.head_dim = config_.head_dim;
+      pooled = be.compress_pool(proj, own.comp_ring, w.compressor.ape, plan.layout, entries, spec);
+    }
+    be.ring_write(own.comp_ring, proj, plan.layout);
+  }
+  if (entries.num_entries == 0) return;
+  // `pre` (normed, pre-RoPE) also feeds the index keys (C.3.3, C.3.4).
+  const Tensor pre = be.rms_norm(pooled, w.compressor.norm, eps_);
+  be.scatter_rows(own.comp_entries, be.rope(pre, entries.rope_pos, inv_freq, /*inverse=*/false),
+                  entries.dest, own.rope_dim);
+  if (w.indexer.owns_k) {
+    const Tensor k = be.rms_norm(be.linear(pre, w.indexer.wk), w.indexer.k_norm, eps_);
+    be.scatter_rows(own.index_entries, be.rope(k, entries.rope_pos, inv_freq, /*inverse=*/false),
+                    entries.dest, /*rope_dim=*/0);
+  }
+}
+
+Tensor DeepseekV41Model::select_entries(int layer, const Tensor& qa, const Tensor& x,
+                                        const BatchPlan& plan, ModelCaches& caches,
+                                        SharedSelection& shared) {
+  Backend& be = backend_;
+  if (!config_.is_index_source(layer)) {  // share-index: the nearest index source's top-k
+    return shared.topk.at(config_.index_source.at(static_cast<size_t>(layer)));
+  }
+  const BatchLayout& layout = plan.layout;
+  const V41IndexerWeights& w = weights_.layers[static_cast<size_t>(layer)].attn.indexer;
+  const Tensor& inv_freq = weights_.layers[static_cast<size_t>(layer)].inv_freq;
+  const int64_t t = layout.num_tokens;
+  const int64_t hi = config_.index_n_heads;
+  const int64_t di = config_.index_head_dim;
+  const int ratio = config_.ratio(layer);
+  const Tensor qi = be.rope(be.linear(qa, w.wq_b).reshape({t, hi, di}), layout.positions, inv_freq,
+                            /*inverse=*/false);
+  const Tensor weights = be.linear(x, MatrixWeight(w.weights_proj));
+  const Tensor& keys =
+      caches.layer(config_.index_k_source.at(static_cast<size_t>(layer))).index_entries;
+  // No 1/sqrt(Di), 1/sqrt(hi) factors (C.3.4): they cannot change the selection.
+  constexpr float kScoreScale = 1.0f;
+  constexpr float kWeightScale = 1.0f;
+  if (config_.is_candidate_source(layer)) {
+    shared.candidates =
+        be.indexer_candidates(qi, weights, keys, layout, ratio, config_.candidate_block_size,
+                              config_.candidate_topk_blocks, kScoreScale, kWeightScale);
+  }
+  Tensor topk;
+  if (config_.uses_candidates(layer)) {
+    topk = be.indexer_topk_in_candidates(qi, weights, keys, layout, ratio, shared.candidates,
+                                         config_.candidate_block_size, config_.index_topk,
+                                         kScoreScale, kWeightScale);
+  } else {  // the candidate source itself scans every visible entry
+    topk = be.indexer_topk(qi, weights, keys, layout, ratio, config_.index_topk, kScoreScale,
+                           kWeightScale);
+  }
+  shared.topk[layer] = topk;
+  return topk;
+}
+
+Tensor DeepseekV41Model::moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids) {
+  Backend& be = backend_;
+  const float limit = static_cast<float>(config_.swiglu_limit);
+  // C.5: sqrt(softplus) scores, selection by scores + bias, no hash layers.
+  const Routing routing =
+      be.moe_route(x, w.gate, w.bias, Tensor(), token_ids, config_.num_experts_per_tok,
+                   static_cast<float>(config_.routed_scaling_factor));
+  return be.add(be.moe_experts(x, routing, w.experts, limit), shared_expert(be, w, x, limit));
+}
+
+}  // namespace deepinfer

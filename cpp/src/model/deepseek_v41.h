@@ -1,0 +1,67 @@
+// The DeepSeek-V4.1 text forward graph (docs/model.md#deepseek-v41-text-model; model.md B.3, C),
+// written once against Backend ops: shifted mHC without a HyperHead, V4.1 attention (no per-head q
+// norm; C2/C1 compressors at kv sources only, share-KV readers; index-K sources, index sources and
+// share-index layers; the candidate source and candidate-restricted index sources), V4.1 MoE
+// (sqrt-softplus scores + bias, no hash layers) and Engram. YOCO runs in mode "off" (exact): the
+// consumer layers see every row.
+#pragma once
+
+#include <map>
+
+#include "deepinfer/backend.h"
+#include "deepinfer/v41_config.h"
+#include "model/batch_plan.h"
+#include "model/cache_tensors.h"
+#include "model/v41_weights.h"
+
+namespace deepinfer {
+
+// The Engram n-grams of `rows` on the device: [T, n] i32 (n = engram_max_ngram_size), column r
+// the token at position t - r (-1 before the sequence start), from each row's tokens and its
+// `history`. A row whose first token is carried (token_from_previous) takes it from `previous`
+// (the previous step's sampled tokens) wherever it appears. Undefined when the model has no
+// Engram layer. Error(kInvalidArgument) naming the row when its history is too short.
+Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config,
+                     const Tensor& previous);
+
+class DeepseekV41Model {
+ public:
+  DeepseekV41Model(const V41TextConfig& config, V41Weights weights, Backend& backend);
+
+  // Enqueues one forward call; returns the device logits [plan.num_logit_rows, V], or an
+  // undefined tensor when no row wants logits. `ngram` (engram_ngrams) holds each token row's
+  // n-gram for the Engram layers (undefined when the model has none). Reads and writes the caches
+  // (ModelCaches in the V4.1 layout) of the plan's slots and blocks.
+  Tensor forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches);
+
+  const V41TextConfig& config() const { return config_; }
+  const V41Weights& weights() const { return weights_; }
+
+ private:
+  // What one forward's layers hand to later layers (C.3.7): each index source's top-k and the
+  // candidate source's blocks.
+  struct SharedSelection {
+    std::map<int, Tensor> topk;  // index source -> [T, index_topk] i32
+    Tensor candidates;           // [T, candidate_topk_blocks] i32
+  };
+
+  Tensor attention(int layer, const Tensor& x, const BatchPlan& plan, ModelCaches& caches,
+                   SharedSelection& shared);
+  // Kv source `layer`: the entries closing in this call, normed, RoPE'd at j * ratio and stored;
+  // on an index-K source also their index keys from the normed pre-RoPE entries.
+  void compress(int layer, const Tensor& x, const BatchPlan& plan, ModelCaches& caches);
+  // The compressed entries the rows of compressed layer `layer` attend to: [T, index_topk] i32.
+  // Share-KV readers and share-index layers read their sources' caches.
+  Tensor select_entries(int layer, const Tensor& qa, const Tensor& x, const BatchPlan& plan,
+                        ModelCaches& caches, SharedSelection& shared);
+  Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids);
+  Tensor engram(const EngramWeights& w, const Tensor& trunk, const Tensor& ngram);
+
+  const V41TextConfig& config_;
+  V41Weights weights_;
+  Backend& backend_;
+  HcParams hc_params_;
+  float eps_ = 0.0f;
+};
+
+}  // namespace deepinfer

@@ -1,0 +1,28 @@
+// Pieces of the decoder layer that the V4 and V4.1 graphs compute the same way.
+#pragma once
+
+#include <cstdint>
+
+#include "deepinfer/backend.h"
+#include "model/weights.h"
+
+namespace deepinfer {
+
+// The attention output projection: K == V carries RoPE, so the output's rope channels are rotated
+// back at the query position; then the grouped wo_a and wo_b. out [T, nh, D] -> [T, H].
+inline Tensor attention_output(Backend& be, const Tensor& out, const Tensor& positions,
+                               const Tensor& inv_freq, const MatrixWeight& wo_a,
+                               const MatrixWeight& wo_b, int o_groups) {
+  const int64_t t = out.shape()[0];
+  const int64_t width = out.shape()[1] * out.shape()[2];
+  Tensor back = be.rope(out, positions, inv_freq, /*inverse=*/true);
+  return be.linear(be.grouped_linear(back.reshape({t, width}), wo_a, o_groups), wo_b);
+}
+
+// The shared expert: w2(swiglu(w1 x, w3 x)).
+inline Tensor shared_expert(Backend& be, const MoeWeights& w, const Tensor& x, float swiglu_limit) {
+  return be.linear(be.swiglu(be.linear(x, w.shared_w1), be.linear(x, w.shared_w3), swiglu_limit),
+                   w.shared_w2);
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,231 @@
+#include "model/v41_weights.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/json.h"
+#include "deepinfer/error.h"
+#include "model/weight_loader.h"
+
+namespace deepinfer {
+
+namespace {
+
+// The C.9 tensor families the text model does not read, with the note each gets.
+struct SkippedFamily {
+  const char* prefix;
+  const char* why;
+};
+constexpr SkippedFamily kSkippedFamilies[] = {
+    {"vision.", "the vision tower (text only)"},
+    {"aligner.", "the vision projector (text only)"},
+    {"image_", "the image start/end/newline embeddings (text only)"},
+    {"mtp.", "the DSpark drafter is not run yet"},
+};
+
+[[noreturn]] void bad_tables(const std::string& file, const std::string& field,
+                             const std::string& what) {
+  throw Error(ErrorCode::kInvalidConfig, file + ": field '" + field + "' " + what);
+}
+
+// The compressor of kv source `layer` (ratio 2: wkv and wgate stacked, zero ape; ratio 1: wkv).
+CompressorWeights v41_compressor(WeightLoader& w, Backend& backend, const V41TextConfig& c,
+                                 const std::string& p, int ratio) {
+  const int64_t d = c.head_dim;
+  const int64_t h = c.hidden_size;
+  CompressorWeights out;
+  out.norm = w.load(p + "norm.weight", {d});
+  if (ratio == 1) {
+    out.wkv_gate = w.load_matrix(p + "wkv.weight", {d, h});
+    return out;
+  }
+  const Tensor kv_stored = w.host(p + "wkv.weight", {d, h}, /*integer=*/false);
+  const DType stored = kv_stored.dtype();
+  const Tensor kv = kv_stored.to(stored);
+  const Tensor gate = w.host(p + "wgate.weight", {d, h}, /*integer=*/false).to(stored);
+  Tensor stacked = Tensor::zeros({2 * d, h}, stored);
+  std::memcpy(stacked.raw_data(), kv.raw_data(), kv.nbytes());
+  std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(), gate.nbytes());
+  out.wkv_gate = backend.upload_weight(stacked, backend.weight_dtype(stored));
+  out.ape = backend.zeros({2, d}, DType::kF32);  // C2 pools without a position bias
+  return out;
+}
+
+V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint& checkpoint, Backend& backend,
+                          const V41TextConfig& c, const EngramTables& tables, int layer) {
+  const std::string p = "layers." + std::to_string(layer) + ".";
+  const int64_t h = c.hidden_size;
+  const int64_t n = c.hc_mult;
+  const int64_t nh = c.num_attention_heads;
+  const int64_t d = c.head_dim;
+  const int64_t q = c.q_lora_rank;
+  const int64_t g = c.o_groups;
+  const int64_t i_size = c.moe_intermediate_size;
+  V41LayerWeights L;
+  L.attn_norm = w.load(p + "attn_norm.weight", {h});
+  L.ffn_norm = w.load(p + "ffn_norm.weight", {h});
+  L.hc_attn = w.hc(p + "hc_attn_", (2 + n) * n);
+  L.hc_ffn = w.hc(p + "hc_ffn_", (2 + n) * n);
+  L.inv_freq = w.inv_freq(c.layer_rope(layer));
+
+  V41AttentionWeights& a = L.attn;
+  a.wq_a = w.load_linear(p + "attn.wq_a.weight", {q, h}, false);
+  a.q_norm = w.load(p + "attn.q_norm.weight", {q});
+  a.wq_b = w.load_linear(p + "attn.wq_b.weight", {nh * d, q}, false);
+  a.wkv = w.load_linear(p + "attn.wkv.weight", {d, h}, false);
+  a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
+  a.wo_a = w.load_linear(p + "attn.wo_a.weight", {g * c.o_lora_rank, nh * d / g}, false);
+  a.wo_b = w.load_linear(p + "attn.wo_b.weight", {h, g * c.o_lora_rank}, false);
+  a.sinks = w.load(p + "attn.attn_sink", {nh});
+  if (c.is_kv_source(layer)) {
+    a.has_compressor = true;
+    a.compressor = v41_compressor(w, backend, c, p + "attn.compressor.", c.ratio(layer));
+  }
+  if (c.is_index_source(layer)) {
+    const int64_t hi = c.index_n_heads;
+    const int64_t di = c.index_head_dim;
+    a.has_indexer = true;
+    a.indexer.wq_b = w.load_linear(p + "attn.indexer.wq_b.weight", {hi * di, q}, false);
+    a.indexer.weights_proj = w.load_matrix(p + "attn.indexer.weights_proj.weight", {hi, h});
+  }
+  if (c.is_index_k_source(layer)) {
+    const int64_t di = c.index_head_dim;
+    a.indexer.owns_k = true;
+    a.indexer.wk = w.load_matrix(p + "attn.indexer.wk.weight", {di, d});
+    a.indexer.k_norm = w.load(p + "attn.indexer.k_norm.weight", {di});
+  }
+
+  MoeWeights& f = L.ffn;
+  f.gate = w.load_matrix(p + "ffn.gate.weight", {c.n_routed_experts, h});
+  f.bias = w.load(p + "ffn.gate.bias", {c.n_routed_experts});
+  f.experts = w.experts(p + "ffn.experts.");
+  f.shared_w1 = w.load_linear(p + "ffn.shared_experts.w1.weight", {i_size, h}, false);
+  f.shared_w3 = w.load_linear(p + "ffn.shared_experts.w3.weight", {i_size, h}, false);
+  f.shared_w2 = w.load_linear(p + "ffn.shared_experts.w2.weight", {h, i_size}, false);
+
+  for (size_t e = 0; e < c.engram_layer_ids.size(); ++e) {
+    if (c.engram_layer_ids[e] != layer) continue;
+    const int64_t orders = c.engram_max_ngram_size - 1;
+    const int64_t e_dim = orders * c.engram_n_heads * c.engram_head_dim;
+    L.has_engram = true;
+    EngramWeights& eg = L.engram;
+    eg.hash.multipliers = tables.multipliers[e];
+    eg.hash.primes = c.engram_primes[e];
+    eg.hash.heads = c.engram_n_heads;
+    eg.hash.pad_id = tables.token_map[static_cast<size_t>(c.engram_pad_token_id)];
+    const std::string table = p + "engram.embed.weight";
+    if (checkpoint.contains(table) && checkpoint.entry(table).dtype_name == "F8_E4M3") {
+      throw Error(ErrorCode::kUnsupported,
+                  checkpoint.file_of(table).path() + ": tensor '" + table + "' is F8_E4M3" +
+                      shape_str(checkpoint.entry(table).shape) +
+                      ": the FP8 Engram table (dequantized per looked-up row, model.md C.7.4) is "
+                      "not implemented yet; only a dense (F32/BF16) table loads");
+    }
+    eg.embed = w.load_matrix(table, {c.engram_num_embeddings[e], c.engram_head_dim});
+    eg.wkv = w.load_linear(p + "engram.wkv.weight", {(n + 1) * h, e_dim}, false);
+    eg.q_weight = w.load(p + "engram.q_weight", {n, h});
+    eg.k_weight = w.load(p + "engram.k_weight", {n, h});
+  }
+  return L;
+}
+
+}  // namespace
+
+EngramTables read_engram_tables(const std::string& dir, const V41TextConfig& c) {
+  EngramTables t;
+  if (c.engram_layer_ids.empty()) return t;
+  const std::string file = (std::filesystem::path(dir) / kEngramTablesFile).string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw Error(ErrorCode::kNotFound,
+                file +
+                    ": cannot open the Engram tables (the compressed-token map and the "
+                    "multipliers of engram_layer_ids, precomputed offline)");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  const json::Value root = json::parse(text.str(), file);
+  if (!root.is_object()) bad_tables(file, "(root)", "must be an object");
+  const json::Value* map = root.find("token_map");
+  if (map == nullptr || !map->is_array() ||
+      map->as_array().size() != static_cast<size_t>(c.vocab_size)) {
+    bad_tables(file, "token_map",
+               "must be an array of vocab_size = " + std::to_string(c.vocab_size) + " ids");
+  }
+  for (size_t i = 0; i < map->as_array().size(); ++i) {
+    const json::Value& v = map->as_array()[i];
+    if (!v.is_integer() || v.as_int() < 0 || v.as_int() >= c.engram_compressed_vocab_size) {
+      bad_tables(file, "token_map[" + std::to_string(i) + "]",
+                 "= " + v.dump() + " is not in [0, engram_compressed_vocab_size = " +
+                     std::to_string(c.engram_compressed_vocab_size) + ")");
+    }
+    t.token_map.push_back(static_cast<int32_t>(v.as_int()));
+  }
+  const json::Value* mult = root.find("multipliers");
+  if (mult == nullptr || !mult->is_object()) bad_tables(file, "multipliers", "must be an object");
+  for (int layer : c.engram_layer_ids) {
+    const std::string key = std::to_string(layer);
+    const std::string field = "multipliers." + key;
+    const json::Value* m = mult->find(key);
+    if (m == nullptr || !m->is_array() ||
+        m->as_array().size() != static_cast<size_t>(c.engram_max_ngram_size)) {
+      bad_tables(file, field,
+                 "must list engram_max_ngram_size = " + std::to_string(c.engram_max_ngram_size) +
+                     " multipliers of Engram layer " + key);
+    }
+    std::vector<int64_t> values;
+    for (const json::Value& v : m->as_array()) {
+      if (!v.is_integer() || v.as_int() <= 0 || v.as_int() % 2 == 0) {
+        bad_tables(file, field, "holds " + v.dump() + ", expected odd positive integers");
+      }
+      values.push_back(v.as_int());
+    }
+    t.multipliers.push_back(std::move(values));
+  }
+  return t;
+}
+
+V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& config,
+                            const ModelConfig& shared, Backend& backend,
+                            const WeightLoadOptions& options) {
+  WeightLoadOptions o = options;
+  o.expert_slots.clear();
+  WeightLoader w(&checkpoint, shared, backend, o);
+  const EngramTables tables = read_engram_tables(checkpoint.dir(), config);
+  const int64_t h = config.hidden_size;
+  const int64_t v = config.vocab_size;
+
+  V41Weights m;
+  m.embed = w.load_matrix("embed.weight", {v, h});
+  m.head = w.load_matrix("head.weight", {v, h});
+  m.norm = w.load("norm.weight", {h});
+  w.report_progress(1);
+  if (!tables.token_map.empty()) {
+    m.engram_token_map = backend.upload(
+        Tensor::from_vector(tables.token_map, {static_cast<int64_t>(tables.token_map.size())}),
+        DType::kI32);
+  }
+  for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
+    m.layers.push_back(v41_layer(w, checkpoint, backend, config, tables, layer));
+    w.report_progress(layer + 2);
+  }
+
+  std::vector<int64_t> skipped(std::size(kSkippedFamilies), 0);
+  for (const std::string& name : checkpoint.names()) {
+    for (size_t f = 0; f < skipped.size(); ++f) {
+      if (name.starts_with(kSkippedFamilies[f].prefix)) ++skipped[f];
+    }
+  }
+  for (size_t f = 0; f < skipped.size(); ++f) {
+    if (skipped[f] == 0) continue;
+    m.notes.push_back("skipped " + std::to_string(skipped[f]) + " " + kSkippedFamilies[f].prefix +
+                      "* tensors (" + kSkippedFamilies[f].why + ")");
+  }
+  return m;
+}
+
+}  // namespace deepinfer

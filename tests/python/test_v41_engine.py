@@ -1,0 +1,176 @@
+"""DeepSeek-V4.1 through the engine (deepinfer_core.Engine, CPU, f32 KV): greedy continuations
+equal the torch reference v41_reference.py on tiny configs A, B and C (every layer role, Engram),
+under chunked prefill, batching, zero-overhead scheduling on and off (a decode row's first token is
+carried on the device, so its Engram n-gram is patched there) and prefix-cache hits (the V4.1
+state snapshot: SWA rings and C2 compressor rings; the n-gram history comes from the sequence's
+tokens).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import v41_reference as ref
+from engine_helpers import assert_pools_full, cpu_engine, run_all
+from test_v41_parity import write_checkpoint
+
+dc = pytest.importorskip("deepinfer_core")
+
+NAME = "A"
+MAX_TOKENS = 12
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+_models: dict = {}
+_checkpoints: dict = {}
+
+
+def model_of(name: str) -> ref.V41Model:
+    if name not in _models:
+        _models[name] = ref.V41Model(ref.TINY_CONFIGS[name], seed=0)
+    return _models[name]
+
+
+def checkpoint_of(name: str, tmp_path_factory):
+    if name not in _checkpoints:
+        _checkpoints[name] = write_checkpoint(
+            model_of(name), tmp_path_factory.mktemp(f"v41_engine_{name}")
+        )
+    return _checkpoints[name]
+
+
+@pytest.fixture
+def model() -> ref.V41Model:
+    return model_of(NAME)
+
+
+@pytest.fixture
+def checkpoint(tmp_path_factory):
+    return checkpoint_of(NAME, tmp_path_factory)
+
+
+def greedy_reference(m: ref.V41Model, prompt: list[int], n: int) -> list[int]:
+    cache = m.new_cache("off")
+    logits = m.forward_chunk(cache, prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(torch.argmax(logits[-1])))
+        logits = m.forward_chunk(cache, [out[-1]])
+    return out
+
+
+def prompts(n: int, lengths: list[int], name: str = NAME) -> list[list[int]]:
+    vocab = ref.TINY_CONFIGS[name].vocab_size
+    return [ref.random_tokens(length, vocab, 100 + i) for i, length in enumerate(lengths[:n])]
+
+
+GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "zero_overhead"), [("A", True), ("A", False), ("B", True), ("C", True)]
+)
+def test_v41_engine_greedy_equals_reference(
+    name: str, zero_overhead: bool, tmp_path_factory
+) -> None:
+    ps = prompts(3, [37, 21, 50], name)
+    engine = cpu_engine(
+        checkpoint_of(name, tmp_path_factory),
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        zero_overhead=zero_overhead,
+    )
+    outs, _ = run_all(engine, ps, GREEDY)
+    assert outs == [greedy_reference(model_of(name), p, MAX_TOKENS) for p in ps]
+    assert_pools_full(engine)
+
+
+def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
+    (p,) = prompts(1, [300])
+    params = dc.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
+    cold_engine = cpu_engine(checkpoint, enable_prefix_cache=False)
+    cold, cold_trace = run_all(cold_engine, [p], params)
+    warm_engine = cpu_engine(checkpoint)
+    run_all(warm_engine, [p[:270] + [17]], params)  # caches 2 blocks and the snapshot at 256
+    warm, warm_trace = run_all(warm_engine, [p], params)
+    (cold_id,), (warm_id,) = list(cold_trace.outputs), list(warm_trace.outputs)
+    assert warm_trace.ready(warm_id).prompt_cache_hit_tokens == 256
+    cold_lp = [lp for o in cold_trace.outputs[cold_id] for lp in o.logprobs]
+    warm_lp = [lp for o in warm_trace.outputs[warm_id] for lp in o.logprobs]
+    assert warm_lp == cold_lp
+    assert warm == cold == [greedy_reference(model, p, 6)]
+    assert_pools_full(warm_engine)
+
+
+def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:
+    with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
+        cpu_engine(checkpoint, kv_cache_dtype="bf16")
+    with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
+        cpu_engine(checkpoint, load_format="dummy")
+    with pytest.raises(Exception, match=r"DeepSeek-V4\.1 runs on one rank only"):
+        cpu_engine(checkpoint, data_parallel_size=2)
+
+
+def test_v41_engine_load_notes(model, tmp_path) -> None:
+    extra = {"mtp.0.attn.wq_a.weight": torch.zeros(4, 4), "vision.patch.weight": torch.zeros(2)}
+    engine = cpu_engine(write_checkpoint(model, tmp_path / "ckpt", extra))
+    notes = "\n".join(engine.load_notes)
+    assert "skipped 1 mtp.* tensors" in notes and "skipped 1 vision.* tensors" in notes
+
+
+def test_v41_engine_host_tier_hit_equals_reference(model, checkpoint) -> None:
+    """Blocks (compressed entries and index keys of the sources) and the state snapshot written
+    through to the host tier come back as a hit equal to the reference."""
+    vocab = ref.TINY_CONFIGS[NAME].vocab_size
+    shared = ref.random_tokens(300, vocab, 7)  # 2 full blocks before the last prompt token
+    unrelated = ref.random_tokens(400, vocab, 8)
+    variants = [shared + [11, 12], shared + [21]]
+    params = dc.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    # 4 usable blocks: the unrelated prompt reuses every cached one.
+    engine = cpu_engine(checkpoint, kv_host_cache_bytes=1 << 28, num_kv_blocks=5)
+    run_all(engine, [shared + [99]], params)
+    run_all(engine, [unrelated], params)
+    assert engine.stats()["prompt_tokens_cached"] == 0
+    warm, trace = run_all(engine, variants, params)
+    assert [trace.ready(r).prompt_cache_hit_tokens for r in sorted(trace.outputs)] == [256, 256]
+    assert engine.stats()["host_hit_tokens"] > 0
+    assert warm == [greedy_reference(model, p, 4) for p in variants]
+    assert_pools_full(engine)
+
+
+class ReferenceDrafter(dc.Drafter):
+    """Drafts the reference's own greedy continuation, wrong at every third position."""
+
+    def __init__(self, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+        super().__init__()
+        self.by_prompt = {tuple(p): o for p, o in zip(prompts, outputs, strict=True)}
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        for prompt, out in self.by_prompt.items():
+            if tuple(tokens[: len(prompt)]) == prompt:
+                i = len(tokens) - len(prompt)
+                vocab = ref.TINY_CONFIGS[NAME].vocab_size
+                cont = out[i : i + max_drafts]
+                return [t if (i + k) % 3 != 2 else (t + 1) % vocab for k, t in enumerate(cont)]
+        return []
+
+
+def test_v41_engine_speculation_equals_reference(model, checkpoint) -> None:
+    """Verify rows (the last token and the drafts at once) hash the drafts into their n-grams;
+    accepted drafts become the history of the next rows."""
+    ps = prompts(2, [30, 19])
+    want = [greedy_reference(model, p, MAX_TOKENS) for p in ps]
+    engine = cpu_engine(checkpoint, num_speculative_tokens=3, speculative_method="external")
+    engine.set_drafter(ReferenceDrafter(ps, want))
+    outs, _ = run_all(engine, ps, GREEDY)
+    s = engine.stats()
+    assert s["accepted_draft_tokens"] > 0 and s["accepted_draft_tokens"] < s["draft_tokens"], s
+    assert outs == want
+    assert_pools_full(engine)
