@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 on the CUDA backend against the CPU reference backend: the same tiny fp32
 checkpoints as tests/python/test_v41_parity.py (configs A, B, C), f32 KV, logits of a chunked
-schedule within 1e-4 * max |logit| and identical greedy continuations. Skips (naming the op) while
-the CUDA backend lacks a V4.1 op."""
+schedule within 1e-4 * max |logit| and identical greedy continuations. Prints the measured error
+(`-s` shows it)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,15 @@ def test_gpu_v41_matches_cpu(name: str, tmp_path) -> None:
     tokens = prompt(name)
     cpu = driver(path, "cpu")
     want = cpu.run_schedule(tokens, CHUNKS)
-    gpu = driver(path, "cuda")
-    try:
-        ours = gpu.run_schedule(tokens, CHUNKS)
-    except Exception as e:  # the V4.1 op defaults throw kUnsupported naming the op
-        if "not implemented on the cuda" in str(e):
-            pytest.skip(f"CUDA backend lacks a V4.1 op: {e}")
-        raise
-    assert_close(ours, want, f"config {name}, cuda vs cpu")
+    ours = driver(path, "cuda").run_schedule(tokens, CHUNKS)
     assert np.isfinite(ours).all()
-    assert driver(path, "cuda").greedy(tokens, GREEDY_TOKENS) == cpu.greedy(tokens, GREEDY_TOKENS)
+    rel = float(np.abs(ours - want).max() / np.abs(want).max())
+    greedy_gpu = driver(path, "cuda").greedy(tokens, GREEDY_TOKENS)
+    greedy_cpu = cpu.greedy(tokens, GREEDY_TOKENS)
+    same = sum(a == b for a, b in zip(greedy_gpu, greedy_cpu, strict=True))
+    print(
+        f"\nV41-GPU config {name}: max|cuda - cpu| / max|cpu| = {rel:.2e} over {ours.shape[0]} "
+        f"positions; greedy {same}/{len(greedy_cpu)} identical"
+    )
+    assert_close(ours, want, f"config {name}, cuda vs cpu")
+    assert greedy_gpu == greedy_cpu
