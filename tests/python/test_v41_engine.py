@@ -8,6 +8,8 @@ tokens).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import v41_reference as ref
@@ -112,10 +114,26 @@ def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
 def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:
     with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
         cpu_engine(checkpoint, kv_cache_dtype="bf16")
-    with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
-        cpu_engine(checkpoint, load_format="dummy")
     with pytest.raises(Exception, match=r"DeepSeek-V4\.1 runs on one rank only"):
         cpu_engine(checkpoint, data_parallel_size=2)
+
+
+@pytest.mark.parametrize("name", list(ref.TINY_CONFIGS))
+def test_v41_engine_random_weights(name: str, tmp_path) -> None:
+    """load_format dummy (the benchmarks' V4.1-Flash-width models): only config.json is read, the
+    weights are random in the config's formats (FP8 32x32 and MXFP4 experts here), and the same
+    seed gives the same tokens."""
+    (tmp_path / "config.json").write_text(json.dumps(ref.TINY_CONFIGS[name].to_hf_config()))
+    params = dc.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        engine = cpu_engine(tmp_path, load_format="dummy", seed=3)
+        assert any("random weights" in note for note in engine.load_notes)
+        outs, _ = run_all(engine, prompts(2, [40, 150], name), params)
+        assert [len(o) for o in outs] == [5, 5]
+        assert_pools_full(engine)
+        runs.append(outs)
+    assert runs[0] == runs[1]
 
 
 def test_v41_engine_load_notes(model, tmp_path) -> None:

@@ -276,13 +276,13 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
   }
 }
 
-// The DeepSeek-V4.1 instance of `checkpoint` (docs/model.md#deepseek-v41-text-model): eager,
-// without drafter or expert parallelism, f32 KV ("auto" included: V4.1's own KV formats are not
-// implemented).
-void load_v41(ModelInstance& m, const Checkpoint& checkpoint, const CacheShape& shape,
+// The DeepSeek-V4.1 instance (docs/model.md#deepseek-v41-text-model) of `checkpoint`, or of random
+// weights when it is null: eager, without drafter or expert parallelism, f32 KV ("auto" included:
+// V4.1's own KV formats are not implemented).
+void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& shape,
               const std::string& activation_quant, const std::string& kv_cache_dtype,
               const std::function<void(int, int)>& progress, const KvSizing& sizing,
-              const ModelInstance::RankTarget& rank) {
+              const ModelInstance::RankTarget& rank, uint64_t seed, DType stored) {
   if (!rank.expert_slots.empty()) {
     throw Error(ErrorCode::kUnsupported,
                 m.config.source + ": expert parallelism is not available for DeepSeek-V4.1 yet");
@@ -294,8 +294,14 @@ void load_v41(ModelInstance& m, const Checkpoint& checkpoint, const CacheShape& 
   sized.kv_dtype = kv_cache_dtype == "auto"
                        ? KvCacheDType::kF32
                        : resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(), false);
-  V41Weights weights = load_v41_weights(checkpoint, *m.config.v41, m.config, *m.backend, options);
+  V41Weights weights =
+      checkpoint != nullptr
+          ? load_v41_weights(*checkpoint, *m.config.v41, m.config, *m.backend, options)
+          : random_v41_weights(*m.config.v41, m.config, *m.backend, seed, stored, options);
   m.notes = weights.notes;
+  if (checkpoint == nullptr) {
+    m.notes.push_back("random weights (load_format dummy): outputs are meaningless");
+  }
   if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(m, sized, sizing, 0);
   m.caches = std::make_unique<ModelCaches>(m.config, sized, *m.backend);
   m.v41_model = std::make_unique<DeepseekV41Model>(*m.config.v41, std::move(weights), *m.backend);
@@ -326,7 +332,8 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   if (config.v41 != nullptr) {
-    load_v41(*m, checkpoint, shape, activation_quant, kv_cache_dtype, progress, sizing, rank);
+    make_v41(*m, &checkpoint, shape, activation_quant, kv_cache_dtype, progress, sizing, rank,
+             /*seed=*/0, DType::kBF16);
     return m;
   }
   WeightLoadOptions options;
@@ -351,15 +358,14 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
     uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
     const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank) {
-  if (config.v41 != nullptr) {
-    throw Error(ErrorCode::kUnsupported,
-                config.source +
-                    ": random weights (load_format dummy) are not available for "
-                    "DeepSeek-V4.1 yet; load a checkpoint");
-  }
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
+  if (config.v41 != nullptr) {
+    make_v41(*m, nullptr, shape, activation_quant, kv_cache_dtype, {}, sizing, rank, seed, stored);
+    m->backend->synchronize();
+    return m;
+  }
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.expert_slots = std::move(rank.expert_slots);

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,6 +44,11 @@ CompressorWeights v41_compressor(WeightLoader& w, Backend& backend, const V41Tex
     out.wkv_gate = w.load_matrix(p + "wkv.weight", {d, h});
     return out;
   }
+  out.ape = backend.zeros({2, d}, DType::kF32);  // C2 pools without a position bias
+  if (w.is_random()) {
+    out.wkv_gate = w.load_matrix(p + "wkv_gate.weight", {2 * d, h});
+    return out;
+  }
   const Tensor kv_stored = w.host(p + "wkv.weight", {d, h}, /*integer=*/false);
   const DType stored = kv_stored.dtype();
   const Tensor kv = kv_stored.to(stored);
@@ -51,11 +57,10 @@ CompressorWeights v41_compressor(WeightLoader& w, Backend& backend, const V41Tex
   std::memcpy(stacked.raw_data(), kv.raw_data(), kv.nbytes());
   std::memcpy(static_cast<char*>(stacked.raw_data()) + kv.nbytes(), gate.raw_data(), gate.nbytes());
   out.wkv_gate = backend.upload_weight(stacked, backend.weight_dtype(stored));
-  out.ape = backend.zeros({2, d}, DType::kF32);  // C2 pools without a position bias
   return out;
 }
 
-V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint& checkpoint, Backend& backend,
+V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend& backend,
                           const V41TextConfig& c, const EngramTables& tables, int layer) {
   const std::string p = "layers." + std::to_string(layer) + ".";
   const int64_t h = c.hidden_size;
@@ -118,10 +123,11 @@ V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint& checkpoint, Backend
     eg.hash.heads = c.engram_n_heads;
     eg.hash.pad_id = tables.token_map[static_cast<size_t>(c.engram_pad_token_id)];
     const std::string table = p + "engram.embed.weight";
-    if (checkpoint.contains(table) && checkpoint.entry(table).dtype_name == "F8_E4M3") {
+    if (checkpoint != nullptr && checkpoint->contains(table) &&
+        checkpoint->entry(table).dtype_name == "F8_E4M3") {
       throw Error(ErrorCode::kUnsupported,
-                  checkpoint.file_of(table).path() + ": tensor '" + table + "' is F8_E4M3" +
-                      shape_str(checkpoint.entry(table).shape) +
+                  checkpoint->file_of(table).path() + ": tensor '" + table + "' is F8_E4M3" +
+                      shape_str(checkpoint->entry(table).shape) +
                       ": the FP8 Engram table (dequantized per looked-up row, model.md C.7.4) is "
                       "not implemented yet; only a dense (F32/BF16) table loads");
     }
@@ -189,16 +195,13 @@ EngramTables read_engram_tables(const std::string& dir, const V41TextConfig& c) 
   return t;
 }
 
-V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& config,
-                            const ModelConfig& shared, Backend& backend,
-                            const WeightLoadOptions& options) {
-  WeightLoadOptions o = options;
-  o.expert_slots.clear();
-  WeightLoader w(&checkpoint, shared, backend, o);
-  const EngramTables tables = read_engram_tables(checkpoint.dir(), config);
+namespace {
+
+// Both entry points: `checkpoint` null makes random weights with `tables` given.
+V41Weights build_v41_weights(const Checkpoint* checkpoint, const EngramTables& tables,
+                             WeightLoader& w, const V41TextConfig& config, Backend& backend) {
   const int64_t h = config.hidden_size;
   const int64_t v = config.vocab_size;
-
   V41Weights m;
   m.embed = w.load_matrix("embed.weight", {v, h});
   m.head = w.load_matrix("head.weight", {v, h});
@@ -213,6 +216,19 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
     m.layers.push_back(v41_layer(w, checkpoint, backend, config, tables, layer));
     w.report_progress(layer + 2);
   }
+  return m;
+}
+
+}  // namespace
+
+V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& config,
+                            const ModelConfig& shared, Backend& backend,
+                            const WeightLoadOptions& options) {
+  WeightLoadOptions o = options;
+  o.expert_slots.clear();
+  WeightLoader w(&checkpoint, shared, backend, o);
+  const EngramTables tables = read_engram_tables(checkpoint.dir(), config);
+  V41Weights m = build_v41_weights(&checkpoint, tables, w, config, backend);
 
   std::vector<int64_t> skipped(std::size(kSkippedFamilies), 0);
   for (const std::string& name : checkpoint.names()) {
@@ -226,6 +242,44 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
                       "* tensors (" + kSkippedFamilies[f].why + ")");
   }
   return m;
+}
+
+V41Weights random_v41_weights(const V41TextConfig& config, const ModelConfig& shared,
+                              Backend& backend, uint64_t seed, DType stored,
+                              const WeightLoadOptions& options) {
+  WeightLoadOptions o = options;
+  o.expert_slots.clear();
+  WeightLoader w(nullptr, shared, backend, o, seed, stored);
+  return build_v41_weights(nullptr, random_engram_tables(config, seed), w, config, backend);
+}
+
+EngramTables random_engram_tables(const V41TextConfig& config, uint64_t seed) {
+  EngramTables t;
+  if (config.engram_layer_ids.empty()) return t;
+  const int64_t compressed = config.engram_compressed_vocab_size;
+  t.token_map.reserve(static_cast<size_t>(config.vocab_size));
+  for (int64_t v = 0; v < config.vocab_size; ++v) {
+    t.token_map.push_back(static_cast<int32_t>(v % compressed));
+  }
+  // model.md C.7.3: multipliers are odd and below 2 * bound + 1 with
+  // bound = (INT64_MAX / compressed vocab) / 2, so every product with a compressed id fits.
+  const uint64_t bound =
+      static_cast<uint64_t>(std::numeric_limits<int64_t>::max() / compressed) / 2;
+  uint64_t state = seed ^ 0x9e3779b97f4a7c15ULL;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  for (size_t e = 0; e < config.engram_layer_ids.size(); ++e) {
+    std::vector<int64_t> values;
+    for (int n = 0; n < config.engram_max_ngram_size; ++n) {
+      values.push_back(static_cast<int64_t>((next() % bound) * 2 + 1));
+    }
+    t.multipliers.push_back(std::move(values));
+  }
+  return t;
 }
 
 }  // namespace deepinfer

@@ -98,4 +98,16 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
                             const ModelConfig& shared, Backend& backend,
                             const WeightLoadOptions& options = {});
 
+// Random weights of the same shapes and formats (load_format dummy, for benchmarks): the V4
+// loader's random init (WeightLoader with no checkpoint, quantized when the config says so) and
+// random Engram tables (random_engram_tables). Outputs are meaningless.
+V41Weights random_v41_weights(const V41TextConfig& config, const ModelConfig& shared,
+                              Backend& backend, uint64_t seed, DType stored,
+                              const WeightLoadOptions& options = {});
+
+// Engram tables for random weights: token v maps to compressed id v mod
+// engram_compressed_vocab_size, and each Engram layer gets engram_max_ngram_size odd multipliers
+// below the bound of model.md C.7.3 (so the hash products stay below 2^63), drawn from `seed`.
+EngramTables random_engram_tables(const V41TextConfig& config, uint64_t seed);
+
 }  // namespace deepinfer

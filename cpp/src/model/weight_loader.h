@@ -70,6 +70,9 @@ class WeightLoader {
   // expert, as DeepSeek ships them).
   bool contains(const std::string& name) const;
 
+  // Random weights (no checkpoint): load_format dummy.
+  bool is_random() const { return ckpt_ == nullptr; }
+
   const std::string& file_of(const std::string& name) const;
 
   HcWeights hc(const std::string& prefix, int64_t rows);
