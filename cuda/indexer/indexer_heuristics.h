@@ -1,6 +1,7 @@
-// How indexer_topk is cut into launches: whether a token's scores fit in the select kernel's
-// shared memory, how many tokens share one scratch allocation, and how many blocks score one
-// token. Host code on shapes only.
+// How indexer_topk is cut into launches: which kernel scores (tensor cores for bf16 and fp8 keys
+// at the shapes indexer_score_mma.cu takes, else the f32 CUDA-core kernel, which also serves f32
+// keys), whether a token's scores fit in the select kernel's shared memory, how many tokens share
+// one scratch allocation, and how many blocks score one token. Host code on shapes only.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/indexer/indexer_launch.h"
+#include "cuda/indexer/indexer_options.h"
 
 namespace deepinfer::cuda {
 
@@ -21,9 +23,18 @@ struct IndexerProblem {
   int64_t dim;
   int64_t top_k;
   int64_t bound;  // max entries of a sequence: max_blocks_per_seq * epb (> 0)
+  KvFormat keys;  // the index cache's format
 };
 
+// Whether indexer_score_mma.cu takes the problem: its keys are exact in an MMA input type (f32
+// keys are not) and its warps cover the heads.
+inline bool score_mma_takes(const IndexerProblem& p) {
+  return p.keys != KvFormat::kF32 && p.dim == kMmaDim && p.heads > 0 &&
+         p.heads % kMmaHeadsPerWarp == 0 && p.heads <= kMmaMaxHeads;
+}
+
 struct IndexerConfig {
+  bool mma;                // tensor-core scores (indexer_score_mma.cu)
   int64_t cap;             // pairs the select kernel collects: min(top_k, bound)
   size_t score_smem;       // the score kernel's shared memory
   size_t select_min_smem;  // the select kernel's with the scores left in global memory
@@ -34,9 +45,14 @@ struct IndexerConfig {
   int64_t splits;  // score blocks per token
 };
 
-inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem) {
+// `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
+// leaves `mma` false and the caller refuses.
+inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem,
+                                    IndexerScoreKernel want = IndexerScoreKernel::kAuto) {
   IndexerConfig c{};
-  c.score_smem = score_smem_bytes(p.heads, p.dim);
+  c.mma = want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
+          score_mma_smem_bytes(p.heads, p.keys) <= max_smem;
+  c.score_smem = c.mma ? score_mma_smem_bytes(p.heads, p.keys) : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.bound);
   c.select_min_smem = select_smem_bytes(c.cap, p.bound, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
@@ -44,10 +60,14 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.select_smem = select_smem_bytes(c.cap, p.bound, c.scores_in_smem);
   // Tokens per launch, so that the scratch scores stay within kScoreScratchBytes.
   c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / (p.bound * 4)));
-  // Splits per token: enough blocks for two waves, no more than the tiles of the bound.
-  const int64_t tiles = (p.bound + kScoreKeys - 1) / kScoreKeys;
-  const int64_t want = (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
-  c.splits = std::max<int64_t>(1, std::min({want, tiles, int64_t{65535}}));
+  // Splits per token, at most the tiles of the bound. The CUDA-core kernel: enough blocks for
+  // two waves. The tensor-core kernel (two blocks per SM, __launch_bounds__): at most one wave
+  // of blocks, each walking its tiles, so that no second, partial wave doubles the time.
+  const int64_t tile = c.mma ? kMmaKeys : kScoreKeys;
+  const int64_t tiles = (p.bound + tile - 1) / tile;
+  const int64_t blocks = c.mma ? 2 * static_cast<int64_t>(num_sms) / c.group
+                               : (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
+  c.splits = std::max<int64_t>(1, std::min({blocks, tiles, int64_t{65535}}));
   return c;
 }
 

@@ -19,6 +19,15 @@ constexpr int kScoreKeys = 32;  // entries per tile: one per lane
 constexpr int kScoreHeads = 8;  // heads per register group of a thread
 constexpr int kSelectThreads = 512;
 
+// The tensor-core scoring kernel (indexer_score_mma.cu): 16 heads per warp, tiles of 64 keys
+// scored by kMmaKeyGroups warps per head group, kMmaStages tiles in flight.
+constexpr int kMmaDim = 128;  // the index head dim it takes (V4, V4.1)
+constexpr int kMmaHeadsPerWarp = 16;
+constexpr int kMmaMaxHeads = 64;
+constexpr int kMmaKeys = 64;
+constexpr int kMmaKeyGroups = 2;
+constexpr int kMmaStages = 4;
+
 struct ScoreArgs {
   const float* q;        // [T, heads, dim]
   const float* weights;  // [T, heads]
@@ -42,6 +51,20 @@ inline size_t score_smem_bytes(int64_t heads, int64_t dim) {
   return static_cast<size_t>(floats) * sizeof(float) + kScoreKeys * sizeof(int64_t);
 }
 
+// Threads of the tensor-core kernel for `heads` (a multiple of kMmaHeadsPerWarp).
+inline int score_mma_threads(int64_t heads) {
+  return static_cast<int>(heads / kMmaHeadsPerWarp) * kMmaKeyGroups * 32;
+}
+
+// Shared memory of the tensor-core kernel: per stage the keys' channels (fp8 or bf16), their
+// scales and mapped flags; the head groups' partial scores.
+inline size_t score_mma_smem_bytes(int64_t heads, KvFormat format) {
+  const int64_t elem = format == KvFormat::kFp8 ? 1 : 2;
+  const int64_t stage = kMmaKeys * (kMmaDim * elem + sizeof(float) + sizeof(int));
+  return static_cast<size_t>(kMmaStages * stage +
+                             heads / kMmaHeadsPerWarp * kMmaKeys * sizeof(float));
+}
+
 struct SelectArgs {
   const float* scores;  // [tokens of the group, bound]
   int32_t* out;         // [T, top_k]
@@ -63,6 +86,12 @@ inline size_t select_smem_bytes(int64_t cap, int64_t bound, bool scores_in_smem)
 // indexer_score.cu: grid (n tokens of the group, splits).
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
                           size_t smem, cudaStream_t stream);
+
+// indexer_score_mma.cu: the same scores on tensor cores, for bf16 and fp8 keys of kMmaDim
+// channels and heads a multiple of kMmaHeadsPerWarp up to kMmaMaxHeads; grid (n, splits) over
+// tiles of kMmaKeys.
+void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
+                              size_t smem, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
