@@ -137,8 +137,10 @@ __device__ __forceinline__ float load_query_row(const float* __restrict__ q_head
 
 // Copies tile keys j0 .. j0 + kMmaKeys - 1 of sequence b (those visible and mapped) into one
 // stage: channels into `keys` (chunks swizzled, indexer_mma_layout.h), fp8 row scales into
-// `scales`, and mapped[n] = whether key n was copied. A warp copies one key (fp8) or two (bf16)
-// per pass.
+// `scales`, and mapped[n] = whether key n was copied. Warp w copies its keys m = 0, 1, ... (key
+// n = w k + (m / k) warps k + m % k, k keys per pass: one for fp8, two for bf16); lane m looks up
+// key m's row first, so that the block-table reads are in flight together (the copies, asm with
+// a memory clobber, would otherwise serialize them).
 template <KvFormat F>
 __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceLayout& l, int b,
                                                int64_t j0, int64_t visible, uint8_t* keys,
@@ -146,14 +148,25 @@ __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceL
   using K = MmaKeys<F>;
   constexpr int kKeysPerPass = 32 / K::kLanesPerKey;
   const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
-  const int u = lane % K::kLanesPerKey;
-  for (int n = (threadIdx.x >> 5) * kKeysPerPass + lane / K::kLanesPerKey; n < kMmaKeys;
-       n += warps * kKeysPerPass) {
+  const int warp_keys = kMmaKeys / warps;  // <= 32: at least two warps
+  auto key_of = [&](int m) {
+    return warp * kKeysPerPass + (m / kKeysPerPass) * warps * kKeysPerPass + m % kKeysPerPass;
+  };
+  int64_t my_row = -1;
+  if (lane < warp_keys) {
+    const int n = key_of(lane);
     const int64_t j = j0 + n;
-    const int64_t row = j < visible ? entry_row(l, b, j, a.epb, a.cache_rows) : -1;
-    if (u == 0) mapped[n] = row >= 0;
+    my_row = j < visible ? entry_row(l, b, j, a.epb, a.cache_rows) : -1;
+    mapped[n] = my_row >= 0;
+  }
+  const int u = lane % K::kLanesPerKey;
+  for (int m0 = 0; m0 < warp_keys; m0 += kKeysPerPass) {
+    const int m = m0 + lane / K::kLanesPerKey;
+    const int64_t row = __shfl_sync(kFullMask, my_row, m);
     if (row < 0) continue;
+    const int n = key_of(m);
     const uint8_t* src = a.cache + row * a.key.row_bytes;
     uint8_t* dst = keys + n * K::kRowBytes;
     if constexpr (F == KvFormat::kFp8) {
