@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
@@ -84,7 +85,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 // bytes are those of the index keys read. Rows:
 //  - indexer_topk: the op as the backend runs it (its scoring kernel named), plain and in a
 //    graph; for bf16 / fp8 keys also with the f32 CUDA-core scores (graph), the A/B pair;
-//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys;
+//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, and the
+//    tensor-core one with q in one part (what the op's second MMA costs);
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel; its bytes
 //    are the scores read.
 void run_indexer(Backend& be, int iters, int batch, int ctx, DType kv) {
@@ -117,12 +119,15 @@ void run_indexer(Backend& be, int iters, int batch, int ctx, DType kv) {
   // The stages apart, on a scores buffer of the caller's: [batch, blocks * entries per block].
   Tensor scores = be.empty({batch, int64_t{blocks} * (128 / ratio)}, DType::kF32);
   float* sp = scores.data<float>();
-  for (const IndexerScoreKernel k :
-       {IndexerScoreKernel::kTensorCore, IndexerScoreKernel::kCudaCore}) {
-    if (k == IndexerScoreKernel::kTensorCore && !tensor_cores) continue;
+  const std::pair<IndexerScoreKernel, std::string> kernels[] = {
+      {IndexerScoreKernel::kTensorCore, tc},
+      {IndexerScoreKernel::kTensorCoreOnePass, tc + ", q in one part (below the op's precision)"},
+      {IndexerScoreKernel::kCudaCore, cc}};
+  for (const auto& [k, label] : kernels) {
+    if (k != IndexerScoreKernel::kCudaCore && !tensor_cores) continue;
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
-    emit("indexer_scores", shape + (k == IndexerScoreKernel::kTensorCore ? tc : cc) + " (graph)",
-         time_graph_us(be, iters, score_only), bytes, flops);
+    emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
+         flops);
   }
   run({.run_select = false, .scores = sp});  // the op's own scores, for the selection alone
   auto select_only = [&] { run({.run_scores = false, .scores = sp}); };

@@ -35,6 +35,7 @@ inline bool score_mma_takes(const IndexerProblem& p) {
 
 struct IndexerConfig {
   bool mma;                // tensor-core scores (indexer_score_mma.cu)
+  bool mma_q_one_part;     // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   int64_t cap;             // pairs the select kernel collects: min(top_k, bound)
   size_t score_smem;       // the score kernel's shared memory
   size_t select_min_smem;  // the select kernel's with the scores left in global memory
@@ -52,6 +53,7 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   IndexerConfig c{};
   c.mma = want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
           score_mma_smem_bytes(p.heads, p.keys) <= max_smem;
+  c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.score_smem = c.mma ? score_mma_smem_bytes(p.heads, p.keys) : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.bound);
   c.select_min_smem = select_smem_bytes(c.cap, p.bound, false);

@@ -89,9 +89,9 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
 
 // indexer_score_mma.cu: the same scores on tensor cores, for bf16 and fp8 keys of kMmaDim
 // channels and heads a multiple of kMmaHeadsPerWarp up to kMmaMaxHeads; grid (n, splits) over
-// tiles of kMmaKeys.
+// tiles of kMmaKeys. q_one_part: q rounded once, without its lo part (measurement only).
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                              size_t smem, cudaStream_t stream);
+                              size_t smem, bool q_one_part, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

@@ -14,6 +14,10 @@ enum class IndexerScoreKernel {
   kAuto,        // indexer_heuristics.h decides
   kCudaCore,    // indexer_score.cu: f32 math, every key format and shape
   kTensorCore,  // indexer_score_mma.cu: bf16 / fp8 keys at its shapes, else kUnsupported
+  // kTensorCore with q rounded once to the MMA input (one MMA instead of two; q to 8 significant
+  // bits for bf16 keys, 11 for fp8): what the split of q costs. Measurement only: its scores
+  // are not held to the CPU op's, and kAuto never picks it.
+  kTensorCoreOnePass,
 };
 
 struct IndexerRunOptions {

@@ -178,8 +178,9 @@ __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceL
   }
 }
 
-// acc[nt] += q . k over the warp's n-tiles of one staged tile (keys `key0` + 8 nt + g).
-template <KvFormat F>
+// acc[nt] += q . k over the warp's n-tiles of one staged tile (keys `key0` + 8 nt + g), from
+// q's hi part, and its lo part when kQParts is 2.
+template <KvFormat F, int kQParts>
 __device__ __forceinline__ void score_key_tile(const uint8_t* keys, int key0, int lane_g,
                                                int lane_c, const QueryFragments& q,
                                                float (&acc)[kWarpTiles][4]) {
@@ -206,21 +207,23 @@ __device__ __forceinline__ void score_key_tile(const uint8_t* keys, int key0, in
           memcpy(&r0, &b0, sizeof(r0));
           memcpy(&r1, &b1, sizeof(r1));
           mma_f16(acc[nt], q.hi[4 * i + u], r0, r1);
-          mma_f16(acc[nt], q.lo[4 * i + u], r0, r1);
+          if constexpr (kQParts == 2) mma_f16(acc[nt], q.lo[4 * i + u], r0, r1);
         }
       } else {
         // Words 2u, 2u + 1: registers 0, 1 of step 2i + u.
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           mma_bf16(acc[nt], q.hi[2 * i + u], w[2 * u], w[2 * u + 1]);
-          mma_bf16(acc[nt], q.lo[2 * i + u], w[2 * u], w[2 * u + 1]);
+          if constexpr (kQParts == 2) mma_bf16(acc[nt], q.lo[2 * i + u], w[2 * u], w[2 * u + 1]);
         }
       }
     }
   }
 }
 
-template <KvFormat F>
+// kQParts 2 is the op's kernel; 1 (q rounded once to the MMA input: 8 significant bits for bf16
+// keys, 11 for fp8) only measures what the second MMA costs (IndexerScoreKernel).
+template <KvFormat F, int kQParts>
 __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroups * 32, 2)
     indexer_score_mma_kernel(ScoreArgs a, DeviceLayout l) {
   using K = MmaKeys<F>;
@@ -284,7 +287,7 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
       for (int r = 0; r < 4; ++r) acc[nt][r] = 0.0f;
     }
     const int key0 = key_group * kWarpKeys;
-    score_key_tile<F>(keys + st * kMmaKeys * K::kRowBytes, key0, lane_g, lane_c, qf, acc);
+    score_key_tile<F, kQParts>(keys + st * kMmaKeys * K::kRowBytes, key0, lane_g, lane_c, qf, acc);
     // Epilogue: C holds heads g, g + 8 (registers 0, 1 / 2, 3) of keys 2c, 2c + 1 of each
     // n-tile. ReLU (after the key's scale), the weights, then the sum over the warp's heads.
 #pragma unroll
@@ -321,7 +324,7 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
 }  // namespace
 
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                              size_t smem, cudaStream_t stream) {
+                              size_t smem, bool q_one_part, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
   const int threads = score_mma_threads(a.heads);
   auto launch = [&](auto kernel) {
@@ -330,10 +333,18 @@ void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t
   };
   switch (a.key.format) {
     case KvFormat::kBf16:
-      launch(indexer_score_mma_kernel<KvFormat::kBf16>);
+      if (q_one_part) {
+        launch(indexer_score_mma_kernel<KvFormat::kBf16, 1>);
+      } else {
+        launch(indexer_score_mma_kernel<KvFormat::kBf16, 2>);
+      }
       break;
     case KvFormat::kFp8:
-      launch(indexer_score_mma_kernel<KvFormat::kFp8>);
+      if (q_one_part) {
+        launch(indexer_score_mma_kernel<KvFormat::kFp8, 1>);
+      } else {
+        launch(indexer_score_mma_kernel<KvFormat::kFp8, 2>);
+      }
       break;
     case KvFormat::kF32:
       throw Error(ErrorCode::kUnsupported,

@@ -61,7 +61,9 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   const KvRowFormat key = kv_row_format(index_cache.dtype(), dim, /*rope_dim=*/0);
   const IndexerConfig c = choose_indexer({tokens, heads, dim, top_k, bound, key.format},
                                          be.num_sms(), smem_max, opt.score_kernel);
-  if (opt.score_kernel == IndexerScoreKernel::kTensorCore && !c.mma) {
+  const bool forced_mma = opt.score_kernel == IndexerScoreKernel::kTensorCore ||
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass;
+  if (forced_mma && !c.mma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the tensor-core scores take bf16 or fp8 keys of " +
                     std::to_string(kMmaDim) + " channels and a multiple of " +
@@ -117,7 +119,7 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     se.token0 = static_cast<int>(t0);
     if (opt.run_scores) {
       if (c.mma) {
-        launch_indexer_score_mma(sa, dl, n, c.splits, c.score_smem, be.stream());
+        launch_indexer_score_mma(sa, dl, n, c.splits, c.score_smem, c.mma_q_one_part, be.stream());
       } else {
         launch_indexer_score(sa, dl, n, c.splits, c.score_smem, be.stream());
       }
