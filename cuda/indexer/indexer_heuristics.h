@@ -27,10 +27,11 @@ struct IndexerProblem {
 };
 
 // Whether indexer_score_mma.cu takes the problem: its keys are exact in an MMA input type (f32
-// keys are not) and its warps cover the heads.
+// keys are not), its warps cover the heads (16 each), and their count divides a tile's keys
+// (heads 16, 32 or 64).
 inline bool score_mma_takes(const IndexerProblem& p) {
   return p.keys != KvFormat::kF32 && p.dim == kMmaDim && p.heads > 0 &&
-         p.heads % kMmaHeadsPerWarp == 0 && p.heads <= kMmaMaxHeads;
+         p.heads % kMmaHeadsPerWarp == 0 && kMmaMaxHeads % p.heads == 0;
 }
 
 struct IndexerConfig {

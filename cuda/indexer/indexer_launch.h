@@ -88,7 +88,7 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
                           size_t smem, cudaStream_t stream);
 
 // indexer_score_mma.cu: the same scores on tensor cores, for bf16 and fp8 keys of kMmaDim
-// channels and heads a multiple of kMmaHeadsPerWarp up to kMmaMaxHeads; grid (n, splits) over
+// channels and heads 16, 32 or 64 (score_mma_takes); grid (n, splits) over
 // tiles of kMmaKeys. q_one_part: q rounded once, without its lo part (measurement only).
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
                               size_t smem, bool q_one_part, cudaStream_t stream);

@@ -66,10 +66,8 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   if (forced_mma && !c.mma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the tensor-core scores take bf16 or fp8 keys of " +
-                    std::to_string(kMmaDim) + " channels and a multiple of " +
-                    std::to_string(kMmaHeadsPerWarp) + " heads up to " +
-                    std::to_string(kMmaMaxHeads) + ", got q " + q.describe() + " and keys " +
-                    index_cache.describe());
+                    std::to_string(kMmaDim) + " channels and 16, 32 or 64 heads, got q " +
+                    q.describe() + " and keys " + index_cache.describe());
   }
   if (!c.fits) {
     throw Error(ErrorCode::kUnsupported,
