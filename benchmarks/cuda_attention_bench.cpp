@@ -4,8 +4,11 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/indexer/indexer_options.h"
 #include "op_bench_util.h"
 #include "tensor/kv_record.h"
 
@@ -77,24 +80,64 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   emit("attention_decode", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
 }
 
-// The lightning indexer at V4-Flash widths (64 heads x 128, ratio 4, top 512) for `batch` decode
-// rows at context `ctx`: scores over the ctx/4 index keys in a cache of `kv`, then the top-k. The
-// bytes are those of the index keys read.
-void run_indexer(Backend& be, int iters, int batch, int ctx, DType kv) {
+// The lightning indexer at V4-Flash widths (64 heads x 128, ratio 4, top 512) for `batch`
+// sequences of `s_q` rows (1: decode; more: the last prefill chunk) at context `ctx`: scores over
+// the about ctx/4 index keys in a cache of `kv`, then the top-k. The bytes are those of the index
+// keys each row scores (a prefill chunk's rows share theirs through L2). Rows:
+//  - indexer_topk: the op as the backend runs it (its scoring kernel named), plain and in a
+//    graph; for bf16 / fp8 keys also with the f32 CUDA-core scores (graph), the A/B pair;
+//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, and the
+//    tensor-core one with q in one part (what the op's second MMA costs);
+//  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel; its bytes
+//    are the scores read.
+void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) {
   const int heads = 64, dim = 128, ratio = 4, top_k = 512;
   const int blocks = ctx / 128;
-  BatchLayout L = decode_layout(be, batch, 1, ctx, blocks);
-  Tensor q = rnd(be, {batch, heads, dim}, DType::kF32, 30);
-  Tensor w = rnd(be, {batch, heads}, DType::kF32, 31);
+  const int t = batch * s_q;
+  BatchLayout L = decode_layout(be, batch, s_q, ctx, blocks);
+  Tensor q = rnd(be, {t, heads, dim}, DType::kF32, 30);
+  Tensor w = rnd(be, {t, heads}, DType::kF32, 31);
   Tensor cache = random_cache(be, (int64_t{batch} * blocks + 1) * (128 / ratio), dim, 0, kv, 32);
-  auto call = [&] { (void)be.indexer_topk(q, w, cache, L, ratio, top_k, 0.0884f, 0.125f); };
-  const double keys = static_cast<double>(ctx / ratio);
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
+  using cuda::IndexerScoreKernel;
+  auto run = [&](const cuda::IndexerRunOptions& opt) {
+    (void)cuda::indexer_topk_run(cuda_be, q, w, cache, L, ratio, top_k, 0.0884f, 0.125f, opt);
+  };
+  const bool tensor_cores = kv != DType::kF32;  // what indexer_heuristics.h picks here
+  // Keys each row scores: row j of a sequence sits at position ctx - s_q + j.
+  double keys = 0;
+  for (int j = 0; j < s_q; ++j) keys += static_cast<double>((ctx - s_q + j + 1) / ratio);
   const double bytes = batch * keys * cache.size(1) * dtype_size(kv);
   const double flops = batch * keys * heads * dim * 2.0;
-  const std::string shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                            " h=64 d=128 top512 " + kv_name(kv) + " keys";
-  emit("indexer_topk", shape, time_us(be, iters, call), bytes, flops);
-  emit("indexer_topk", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
+  const std::string shape =
+      "B=" + std::to_string(batch) + (s_q > 1 ? " s_q=" + std::to_string(s_q) : std::string()) +
+      " ctx=" + std::to_string(ctx) + " h=64 d=128 top512 " + kv_name(kv) + " keys";
+  const std::string tc = ", tensor-core scores", cc = ", cuda-core scores";
+  auto op = [&] { run({}); };
+  emit("indexer_topk", shape + (tensor_cores ? tc : cc), time_us(be, iters, op), bytes, flops);
+  emit("indexer_topk", shape + (tensor_cores ? tc : cc) + " (graph)", time_graph_us(be, iters, op),
+       bytes, flops);
+  if (tensor_cores) {
+    auto op_cc = [&] { run({.score_kernel = IndexerScoreKernel::kCudaCore}); };
+    emit("indexer_topk", shape + cc + " (graph)", time_graph_us(be, iters, op_cc), bytes, flops);
+  }
+  // The stages apart, on a scores buffer of the caller's: [batch, blocks * entries per block].
+  Tensor scores = be.empty({t, int64_t{blocks} * (128 / ratio)}, DType::kF32);
+  float* sp = scores.data<float>();
+  const std::pair<IndexerScoreKernel, std::string> kernels[] = {
+      {IndexerScoreKernel::kTensorCore, tc},
+      {IndexerScoreKernel::kTensorCoreOnePass, tc + ", q in one part (below the op's precision)"},
+      {IndexerScoreKernel::kCudaCore, cc}};
+  for (const auto& [k, label] : kernels) {
+    if (k != IndexerScoreKernel::kCudaCore && !tensor_cores) continue;
+    auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
+    emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
+         flops);
+  }
+  run({.run_select = false, .scores = sp});  // the op's own scores, for the selection alone
+  auto select_only = [&] { run({.run_scores = false, .scores = sp}); };
+  emit("indexer_select", shape + " (graph)", time_graph_us(be, iters, select_only),
+       batch * keys * sizeof(float), 0);
 }
 
 }  // namespace
@@ -110,7 +153,10 @@ void bench_indexer(Backend& be, int iters) {
   for (const int ctx : {32768, 131072})
     for (const int batch : {1, 64})
       for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
-        run_indexer(be, iters, batch, ctx, kv);
+        run_indexer(be, iters, batch, 1, ctx, kv);
+  // Prefill: the last 1024-row chunk of a 32K prompt.
+  for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
+    run_indexer(be, iters, 1, 1024, 32768, kv);
 }
 
 void bench_attention_decode(Backend& be, int iters) {

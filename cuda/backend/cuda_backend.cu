@@ -2,6 +2,9 @@
 // graph capture. The ops live in the kernel families (cuda/<family>/).
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/backend/cuda_context.h"
@@ -52,13 +55,15 @@ class CudaEvent final : public Event {
 
 class CudaGraph final : public Graph {
  public:
-  CudaGraph(std::shared_ptr<CudaContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec)
-      : ctx_(std::move(ctx)), graph_(graph), exec_(exec) {}
+  CudaGraph(std::shared_ptr<CudaContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec,
+            std::vector<void*> dropped)
+      : ctx_(std::move(ctx)), graph_(graph), exec_(exec), dropped_(std::move(dropped)) {}
   ~CudaGraph() override {
     // A replay may still be running; its graph memory must not be torn down under it.
     cudaStreamSynchronize(ctx_->stream);
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
+    for (void* p : dropped_) cudaFreeAsync(p, ctx_->stream);
   }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
@@ -68,7 +73,18 @@ class CudaGraph final : public Graph {
   std::shared_ptr<CudaContext> ctx_;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  std::vector<void*> dropped_;  // buffers dropped during the capture that the graph may read
 };
+
+// The buffers allocated before the capture and dropped during it (CudaContext::capture_id).
+std::vector<void*> take_dropped_in_capture(CudaContext& ctx) {
+  std::lock_guard<std::mutex> lock(ctx.dropped_mu);
+  return std::exchange(ctx.dropped_in_capture, {});
+}
+
+void free_now(CudaContext& ctx, const std::vector<void*>& buffers) {
+  for (void* p : buffers) cudaFreeAsync(p, ctx.stream);
+}
 
 // Device -> pinned -> pageable host: the last hop runs in a stream callback.
 struct HostCopyJob {
@@ -210,9 +226,19 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
     DEEPINFER_CUDA_CHECK(err);
   }
   std::shared_ptr<CudaContext> ctx = ctx_;
-  auto storage = Storage::adopt(ptr, nbytes, Device{DeviceKind::kCuda, device_}, [ctx](void* p) {
-    if (p != nullptr) cudaFreeAsync(p, ctx->stream);  // stream-ordered: after every earlier use
-  });
+  const uint64_t allocated_in = ctx_->capture_id;
+  auto storage =
+      Storage::adopt(ptr, nbytes, Device{DeviceKind::kCuda, device_}, [ctx, allocated_in](void* p) {
+        if (p == nullptr) return;
+        if (ctx->capture_id != 0 && ctx->capture_id != allocated_in) {
+          // Not this graph's allocation: a captured free of it fails (and leaves
+          // cudaErrorInvalidValue for the next launch check to report).
+          std::lock_guard<std::mutex> lock(ctx->dropped_mu);
+          ctx->dropped_in_capture.push_back(p);
+          return;
+        }
+        cudaFreeAsync(p, ctx->stream);  // stream-ordered: after every earlier use
+      });
   return Tensor(std::move(storage), dtype, shape, 0);
 }
 
@@ -343,26 +369,33 @@ std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
   DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
   DEEPINFER_CUDA_CHECK(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
+  ctx_->capture_id = ++ctx_->captures;
   cudaGraph_t graph = nullptr;
   try {
     body();
   } catch (...) {
     capturing_ = false;
+    ctx_->capture_id = 0;
     if (cudaStreamEndCapture(ctx_->stream, &graph) == cudaSuccess && graph != nullptr)
       cudaGraphDestroy(graph);
     cudaGetLastError();
+    free_now(*ctx_, take_dropped_in_capture(*ctx_));
     throw;
   }
   capturing_ = false;
-  DEEPINFER_CUDA_CHECK(cudaStreamEndCapture(ctx_->stream, &graph));
+  ctx_->capture_id = 0;
+  std::vector<void*> dropped = take_dropped_in_capture(*ctx_);
+  cudaError_t err = cudaStreamEndCapture(ctx_->stream, &graph);
   cudaGraphExec_t exec = nullptr;
-  cudaError_t err =
-      cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  if (err == cudaSuccess) {
+    err = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    if (err != cudaSuccess) cudaGraphDestroy(graph);
+  }
   if (err != cudaSuccess) {
-    cudaGraphDestroy(graph);
+    free_now(*ctx_, dropped);
     DEEPINFER_CUDA_CHECK(err);
   }
-  return std::make_unique<CudaGraph>(ctx_, graph, exec);
+  return std::make_unique<CudaGraph>(ctx_, graph, exec, std::move(dropped));
 }
 
 const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {

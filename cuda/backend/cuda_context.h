@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -92,6 +93,13 @@ struct CudaContext {
   void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 0;
   PinnedPool pinned;
+  // The graph capture in progress (0: none) and the last one begun. A captured free may only free
+  // the graph's own allocations: a buffer allocated outside the capture and dropped during it is
+  // set aside in `dropped_in_capture` (the graph may read it) and freed with the graph.
+  uint64_t capture_id = 0;
+  uint64_t captures = 0;
+  std::mutex dropped_mu;
+  std::vector<void*> dropped_in_capture;
   ~CudaContext() {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);

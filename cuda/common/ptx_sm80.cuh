@@ -1,7 +1,7 @@
 // PTX wrappers for instructions of sm_80 and later (built here for sm_90a and sm_100a):
-// cp.async copies, ldmatrix, mma.sync m16n8k16 on bf16 and named barriers. Fragment layouts are
-// the PTX ISA's (A row-major 16x16, B "col" 16x8, C 16x8 f32: c0, c1 in row lane/4 and c2, c3 in
-// row lane/4 + 8, columns 2(lane%4) + {0, 1}).
+// cp.async copies, ldmatrix, mma.sync m16n8k16 on bf16 and f16 and named barriers. Fragment layouts
+// are the PTX ISA's (A row-major 16x16, B "col" 16x8, C 16x8 f32: c0, c1 in row lane/4 and c2, c3
+// in row lane/4 + 8, columns 2(lane%4) + {0, 1}).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -90,6 +90,16 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                                          uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a b as mma_bf16, for f16 A and B.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

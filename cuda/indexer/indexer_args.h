@@ -27,4 +27,9 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
 void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& q, int64_t top_k,
                           size_t max_smem);
 
+// The scores of the group's n tokens by the kernel `c` chose: indexer_score_mma.cu when c.mma,
+// else indexer_score.cu.
+void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
+                           int64_t n, cudaStream_t stream);
+
 }  // namespace deepinfer::cuda

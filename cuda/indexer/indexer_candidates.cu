@@ -10,6 +10,9 @@
 // Both give sets with the CPU's tie rule (lower index first), in the CPU's order. Every
 // per-token quantity is computed on the device; the host sizes grids and scratch from shapes
 // and layout.max_blocks_per_seq, so no op waits for the stream and both can be captured.
+// indexer_candidates' entry scores are indexer_topk's (tensor cores for bf16 and fp8 keys where
+// indexer_heuristics.h chooses them); the candidate entries of indexer_topk_in_candidates are
+// scored by the CUDA-core kernel, which reads a candidate list.
 //
 // Content errors cannot be raised without a host sync. Where the CPU ops throw, these kernels
 // behave as indexer_topk does (indexer_topk.cu), and a candidate block id below -1 is no
@@ -49,7 +52,9 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
                          top_blocks,
                          /*scored=*/bound,
                          /*selected=*/block_row,
-                         /*scratch_bytes=*/(bound + block_row) * int64_t{sizeof(float)}};
+                         /*scratch_bytes=*/(bound + block_row) * int64_t{sizeof(float)},
+                         sa.key.format,
+                         /*listed=*/false};
   const size_t smem_max = max_shared_memory_per_block();
   const IndexerConfig c = choose_indexer(p, num_sms(), smem_max);
   require_indexer_fits(op, c, q, top_blocks, smem_max);
@@ -79,7 +84,7 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
   for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = bm.token0 = se.token0 = static_cast<int>(t0);
-    launch_indexer_score(sa, dl, n, c.splits, c.score_smem, stream());
+    launch_indexer_scores(sa, c, dl, n, stream());
     launch_indexer_block_max(bm, dl, n, block_max_splits(n, block_row, num_sms()), stream());
     launch_indexer_select(se, dl, n, c.select_smem, stream());
   }
@@ -112,7 +117,8 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
   const bool bitmap_in_smem = candidate_bitmap_in_smem(words, smem_max);
   const int64_t scratch_bytes =
       (row + kb + 1 + (bitmap_in_smem ? 0 : words)) * int64_t{sizeof(int32_t)};
-  const IndexerProblem p{tokens, q.size(1), q.size(2), top_k, row, row, scratch_bytes};
+  const IndexerProblem p{tokens, q.size(1),     q.size(2),     top_k,          row,
+                         row,    scratch_bytes, sa.key.format, /*listed=*/true};
   const IndexerConfig c = choose_indexer(p, num_sms(), smem_max);
   require_indexer_fits(op, c, q, top_k, smem_max);
 
@@ -151,7 +157,7 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
     const int64_t n = std::min(c.group, tokens - t0);
     cl.token0 = sa.token0 = se.token0 = static_cast<int>(t0);
     launch_indexer_candidate_list(cl, dl, n, list_smem, stream());
-    launch_indexer_score(sa, dl, n, c.splits, c.score_smem, stream());
+    launch_indexer_scores(sa, c, dl, n, stream());
     launch_indexer_select(se, dl, n, c.select_smem, stream());
   }
   return out;

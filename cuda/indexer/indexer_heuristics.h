@@ -1,5 +1,7 @@
 // How the indexer ops (indexer_topk, indexer_candidates, indexer_topk_in_candidates) are cut
-// into launches: whether a token's scores fit in the select kernel's shared memory, how many
+// into launches: which kernel scores (tensor cores for bf16 and fp8 keys at the shapes
+// indexer_score_mma.cu takes, else the f32 CUDA-core kernel, which also serves f32 keys and
+// candidate lists), whether a token's scores fit in the select kernel's shared memory, how many
 // tokens share one scratch allocation, and how many blocks score one token. Host code on shapes
 // only.
 #pragma once
@@ -9,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/indexer/indexer_launch.h"
+#include "cuda/indexer/indexer_options.h"
 
 namespace deepinfer::cuda {
 
@@ -24,15 +27,27 @@ struct IndexerProblem {
   int64_t scored;         // the most slots the score kernel scores for a token (> 0)
   int64_t selected;       // the most slots the select kernel ranks for a token (> 0)
   int64_t scratch_bytes;  // scratch of one token: its scores and whatever else the op keeps
+  KvFormat keys;          // the index cache's format
+  bool listed;            // the scored slots are a candidate list, not the visible entries
 };
 
 // indexer_topk: every visible entry, up to bound = max_blocks_per_seq * epb, scored and ranked.
 inline IndexerProblem topk_problem(int64_t tokens, int64_t heads, int64_t dim, int64_t top_k,
-                                   int64_t bound) {
-  return {tokens, heads, dim, top_k, bound, bound, bound * int64_t{sizeof(float)}};
+                                   int64_t bound, KvFormat keys) {
+  return {tokens, heads, dim, top_k, bound, bound, bound * int64_t{sizeof(float)}, keys, false};
+}
+
+// Whether indexer_score_mma.cu takes the problem: it scores visible entries (no candidate list),
+// its keys are exact in an MMA input type (f32 keys are not), its warps cover the heads (16 each),
+// and their count divides a tile's keys (heads 16, 32 or 64).
+inline bool score_mma_takes(const IndexerProblem& p) {
+  return !p.listed && p.keys != KvFormat::kF32 && p.dim == kMmaDim && p.heads > 0 &&
+         p.heads % kMmaHeadsPerWarp == 0 && kMmaMaxHeads % p.heads == 0;
 }
 
 struct IndexerConfig {
+  bool mma;                // tensor-core scores (indexer_score_mma.cu)
+  bool mma_q_one_part;     // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   int64_t cap;             // pairs the select kernel collects: min(top_k, selected)
   size_t score_smem;       // the score kernel's shared memory
   size_t select_min_smem;  // the select kernel's with the scores left in global memory
@@ -43,9 +58,15 @@ struct IndexerConfig {
   int64_t splits;  // score blocks per token
 };
 
-inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem) {
+// `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
+// leaves `mma` false and the caller refuses.
+inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem,
+                                    IndexerScoreKernel want = IndexerScoreKernel::kAuto) {
   IndexerConfig c{};
-  c.score_smem = score_smem_bytes(p.heads, p.dim);
+  c.mma = want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
+          score_mma_smem_bytes(p.heads, p.keys) <= max_smem;
+  c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
+  c.score_smem = c.mma ? score_mma_smem_bytes(p.heads, p.keys) : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
@@ -53,10 +74,14 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.select_smem = select_smem_bytes(c.cap, p.selected, c.scores_in_smem);
   // Tokens per launch, so that the scratch stays within kScoreScratchBytes.
   c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / p.scratch_bytes));
-  // Splits per token: enough blocks for two waves, no more than the tiles of the slots.
-  const int64_t tiles = (p.scored + kScoreKeys - 1) / kScoreKeys;
-  const int64_t want = (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
-  c.splits = std::max<int64_t>(1, std::min({want, tiles, int64_t{65535}}));
+  // Splits per token, at most the tiles of the scored slots. The CUDA-core kernel: enough blocks
+  // for two waves. The tensor-core kernel (two blocks per SM, __launch_bounds__): at most one
+  // wave of blocks, each walking its tiles, so that no second, partial wave doubles the time.
+  const int64_t tile = c.mma ? kMmaKeys : kScoreKeys;
+  const int64_t tiles = (p.scored + tile - 1) / tile;
+  const int64_t blocks = c.mma ? 2 * static_cast<int64_t>(num_sms) / c.group
+                               : (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
+  c.splits = std::max<int64_t>(1, std::min({blocks, tiles, int64_t{65535}}));
   return c;
 }
 

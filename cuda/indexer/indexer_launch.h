@@ -42,6 +42,15 @@ __device__ __forceinline__ int64_t slot_entry(const CandidateList& c, int g, int
   return block * c.block_entries + i % c.block_entries;
 }
 
+// The tensor-core scoring kernel (indexer_score_mma.cu): 16 heads per warp, tiles of 64 keys
+// scored by kMmaKeyGroups warps per head group, kMmaStages tiles in flight.
+constexpr int kMmaDim = 128;  // the index head dim it takes (V4, V4.1)
+constexpr int kMmaHeadsPerWarp = 16;
+constexpr int kMmaMaxHeads = 64;
+constexpr int kMmaKeys = 64;
+constexpr int kMmaKeyGroups = 2;
+constexpr int kMmaStages = 4;
+
 struct ScoreArgs {
   const float* q;        // [T, heads, dim]
   const float* weights;  // [T, heads]
@@ -65,6 +74,20 @@ inline size_t score_smem_bytes(int64_t heads, int64_t dim) {
   const int64_t floats =
       heads * dim + kScoreKeys * (dim + 4) + (heads + 3) / 4 * 4 + kScoreWarps * kScoreKeys;
   return static_cast<size_t>(floats) * sizeof(float) + kScoreKeys * sizeof(int64_t);
+}
+
+// Threads of the tensor-core kernel for `heads` (a multiple of kMmaHeadsPerWarp).
+inline int score_mma_threads(int64_t heads) {
+  return static_cast<int>(heads / kMmaHeadsPerWarp) * kMmaKeyGroups * 32;
+}
+
+// Shared memory of the tensor-core kernel: per stage the keys' channels (fp8 or bf16), their
+// scales and mapped flags; the head groups' partial scores.
+inline size_t score_mma_smem_bytes(int64_t heads, KvFormat format) {
+  const int64_t elem = format == KvFormat::kFp8 ? 1 : 2;
+  const int64_t stage = kMmaKeys * (kMmaDim * elem + sizeof(float) + sizeof(int));
+  return static_cast<size_t>(kMmaStages * stage +
+                             heads / kMmaHeadsPerWarp * kMmaKeys * sizeof(float));
 }
 
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
@@ -122,6 +145,13 @@ struct CandidateListArgs {
 // indexer_score.cu: grid (n tokens of the group, splits).
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
                           size_t smem, cudaStream_t stream);
+
+// indexer_score_mma.cu: the same scores on tensor cores, for bf16 and fp8 keys of kMmaDim
+// channels and heads 16, 32 or 64, over all visible entries (no candidate list: score_mma_takes);
+// grid (n, splits) over tiles of kMmaKeys. q_one_part: q rounded once, without its lo part
+// (measurement only).
+void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
+                              size_t smem, bool q_one_part, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

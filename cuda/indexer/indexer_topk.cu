@@ -1,8 +1,9 @@
 // The lightning indexer's top-k on the CUDA backend (docs/model.md#lightning-indexer), over the
 // paged layout (docs/model.md#kv-and-state-layout). It matches the CPU reference op in
-// cpp/src/backend/cpu_ops_attention.cpp on the same inputs; f32 math throughout. A bf16 or fp8
-// index cache is decoded exactly to f32 (kv_record.cuh) as its keys are staged, as the CPU op
-// decodes them before the same math.
+// cpp/src/backend/cpu_ops_attention.cpp on the same inputs. f32 keys are scored with f32 math
+// (indexer_score.cu); bf16 and fp8 keys, exact in bf16 / f16, on tensor cores with q split into
+// two parts (indexer_score_mma.cu says how close to f32 that is) where that kernel takes the
+// shape, else as f32 too (indexer_heuristics.h chooses).
 //
 // Every per-token quantity (sequence, position, context length, visible entries) is computed in
 // the kernels from the device BatchLayout; the host only sizes grids and scratch from metadata it
@@ -10,8 +11,8 @@
 //
 // indexer_topk runs two kernels per group of tokens (indexer_heuristics.h sizes the groups so
 // that the scratch stays under kScoreScratchBytes):
-//  1. indexer_score.cu, grid (token, split): score[t][j] of every visible entry j into a scratch
-//     row of `bound` = max_blocks_per_seq * epb floats.
+//  1. indexer_score_mma.cu or indexer_score.cu, grid (token, split): score[t][j] of every
+//     visible entry j into a scratch row of `bound` = max_blocks_per_seq * epb floats.
 //  2. indexer_select.cu, one block per token: an exact radix select of the top
 //     min(top_k, visible) keys, then a rank sort by score descending, index ascending.
 //
@@ -29,6 +30,7 @@
 #include "cuda/indexer/indexer_args.h"
 #include "cuda/indexer/indexer_heuristics.h"
 #include "cuda/indexer/indexer_launch.h"
+#include "cuda/indexer/indexer_options.h"
 
 namespace deepinfer::cuda {
 
@@ -76,29 +78,56 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
                   " bytes of shared memory per block, the device has " + std::to_string(max_smem));
 }
 
-Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
-                                      const Tensor& index_cache, const BatchLayout& layout,
-                                      int ratio, int top_k, float score_scale, float weight_scale) {
+void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
+                           int64_t n, cudaStream_t stream) {
+  if (c.mma) {
+    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, stream);
+  } else {
+    launch_indexer_score(a, l, n, c.splits, c.score_smem, stream);
+  }
+}
+
+Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
+                        const Tensor& index_cache, const BatchLayout& layout, int ratio, int top_k,
+                        float score_scale, float weight_scale, const IndexerRunOptions& opt) {
   const char* op = "indexer_topk";
   const int64_t tokens = layout.num_tokens;
-  Tensor out = empty({tokens, top_k}, DType::kI32);
+  Tensor out = be.empty({tokens, top_k}, DType::kI32);
   if (tokens == 0 || top_k == 0) return out;
   const int64_t bound = indexer_bound(layout, ratio);
   if (bound == 0 || index_cache.size(0) == 0) {
     // No entry is addressable: every row is all -1.
-    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), stream()));
+    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), be.stream()));
     return out;
   }
   ScoreArgs sa =
       indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
-  const size_t smem_max = max_shared_memory_per_block();
+  const size_t smem_max = be.max_shared_memory_per_block();
   const IndexerConfig c =
-      choose_indexer(topk_problem(tokens, q.size(1), q.size(2), top_k, bound), num_sms(), smem_max);
+      choose_indexer(topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format),
+                     be.num_sms(), smem_max, opt.score_kernel);
+  const bool forced_mma = opt.score_kernel == IndexerScoreKernel::kTensorCore ||
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass;
+  if (forced_mma && !c.mma) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": the tensor-core scores take bf16 or fp8 keys of " +
+                    std::to_string(kMmaDim) + " channels and 16, 32 or 64 heads, got q " +
+                    q.describe() + " and keys " + index_cache.describe());
+  }
   require_indexer_fits(op, c, q, top_k, smem_max);
+  if (opt.scores != nullptr ? c.group < tokens : !opt.run_scores) {
+    fail(op, "caller's scores need all " + std::to_string(tokens) +
+                 " tokens in one group (and are needed when the scores are not computed)");
+  }
 
-  Tensor scores = scratch(static_cast<size_t>(c.group * bound) * sizeof(float));
+  Tensor scratch_scores;
+  float* scores = opt.scores;
+  if (scores == nullptr) {
+    scratch_scores = be.scratch(static_cast<size_t>(c.group * bound) * sizeof(float));
+    scores = reinterpret_cast<float*>(scratch_scores.raw_data());
+  }
   const DeviceLayout dl = device_layout(layout);
-  sa.scores = reinterpret_cast<float*>(scores.raw_data());
+  sa.scores = scores;
   SelectArgs se{};
   se.scores = sa.scores;
   se.out = out.data<int32_t>();
@@ -113,10 +142,17 @@ Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = static_cast<int>(t0);
     se.token0 = static_cast<int>(t0);
-    launch_indexer_score(sa, dl, n, c.splits, c.score_smem, stream());
-    launch_indexer_select(se, dl, n, c.select_smem, stream());
+    if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.stream());
+    if (opt.run_select) launch_indexer_select(se, dl, n, c.select_smem, be.stream());
   }
   return out;
+}
+
+Tensor CudaBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
+                                      const Tensor& index_cache, const BatchLayout& layout,
+                                      int ratio, int top_k, float score_scale, float weight_scale) {
+  return indexer_topk_run(*this, q, weights, index_cache, layout, ratio, top_k, score_scale,
+                          weight_scale, IndexerRunOptions{});
 }
 
 }  // namespace deepinfer::cuda

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -135,6 +136,67 @@ void add_exact(std::vector<OpCase>& t, const CandidateRows& r) {
              });
     }
   }
+}
+
+// Both ops replayed from a graph as cuda_op_bench times them: the output of a call made before
+// the capture is dropped inside it (the captured calls reassign it), the graph runs twice and its
+// last call's ids are compared. A captured free may only free the graph's own allocations; the
+// CUDA backend once left the failed free's error for the next call's launch check to report.
+void add_graph_rows(std::vector<OpCase>& t, const std::string& label, const Indexer& c, int bs,
+                    int top_blocks, int kb, int top_k) {
+  const std::string base = kv_label(c.cache) + label + "_be" + std::to_string(bs);
+  add(t, Case<IndexerIn>{
+             .op = "indexer_candidates",
+             .label = base + "_top" + std::to_string(top_blocks) + "_graph",
+             .draw = [c](Rng& rng) { return draw_indexer(c, rng); },
+             .run =
+                 [=](Backend& be, const IndexerIn& in) {
+                   const Tensor q = up(be, in.q), w = up(be, in.w), cache = up_same(be, in.cache);
+                   const BatchLayout layout = in.hb.upload(be);
+                   auto call = [&] {
+                     return be.indexer_candidates(q, w, cache, layout, c.ratio, bs, top_blocks,
+                                                  kScoreScale, kWeightScale);
+                   };
+                   Tensor ids = call();
+                   std::unique_ptr<Graph> graph = be.capture([&] {
+                     for (int i = 0; i < 2; ++i) ids = call();
+                   });
+                   graph->replay();
+                   graph->replay();
+                   return out(ids);
+                 },
+             .expect = exact(),
+         });
+  add(t, Case<InCandidatesIn>{
+             .op = "indexer_topk_in_candidates",
+             .label = base + "_kb" + std::to_string(kb) + "_distinct_top" + std::to_string(top_k) +
+                      "_graph",
+             .draw =
+                 [=](Rng& rng) {
+                   InCandidatesIn in{draw_indexer(c, rng), {}};
+                   in.candidates = draw_candidates(rng, in.ix.hb, c.ratio, bs, kb, Pick::kDistinct);
+                   return in;
+                 },
+             .run =
+                 [=](Backend& be, const InCandidatesIn& in) {
+                   const Tensor q = up(be, in.ix.q), w = up(be, in.ix.w);
+                   const Tensor cache = up_same(be, in.ix.cache);
+                   const Tensor cand = up(be, in.candidates);
+                   const BatchLayout layout = in.ix.hb.upload(be);
+                   auto call = [&] {
+                     return be.indexer_topk_in_candidates(q, w, cache, layout, c.ratio, cand, bs,
+                                                          top_k, kScoreScale, kWeightScale);
+                   };
+                   Tensor ids = call();
+                   std::unique_ptr<Graph> graph = be.capture([&] {
+                     for (int i = 0; i < 2; ++i) ids = call();
+                   });
+                   graph->replay();
+                   graph->replay();
+                   return out(ids);
+                 },
+             .expect = exact(),
+         });
 }
 
 // score(t, j) in double over the keys as the ops read them.
@@ -312,6 +374,15 @@ std::vector<OpCase> v41_indexer_cases() {
   // (fewer visible entries than top_k), a prefill chunk across the limit.
   v41.seqs = {{39999, 1, 0}, {3000, 4, 1}, {0, 50, 2}, {16350, 40, 3}};
   add_exact(t, {"v41_ragged", v41, 8, {2048}, 2048, {Pick::kDistinct, Pick::kRandom}, {512}});
+  // cuda_op_bench --only v41's first shape (32,768 entries at decode), plainly and in a graph.
+  v41.seqs = {{32767, 1, 0}};
+  add_exact(t, {"v41_ctx32768", v41, 8, {2048}, 2048, {Pick::kDistinct}, {512}});
+  add_graph_rows(t, "v41_ctx32768", v41, 8, 2048, 2048, 512);
+  for (const DType dtype : {DType::kBF16, DType::kU8}) {
+    Indexer kv = v41;
+    kv.cache = dtype;
+    add_graph_rows(t, "v41_ctx32768", kv, 8, 2048, 2048, 512);
+  }
   // 131,072 entries (16,384 blocks) at decode.
   v41.seqs = {{131071, 1, 0}};
   add_exact(t, {"v41_ctx131072", v41, 8, {2048}, 2048, {Pick::kDistinct}, {512}});

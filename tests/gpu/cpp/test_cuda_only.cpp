@@ -298,5 +298,27 @@ TEST_F(CudaOnly, SampleRowIndependentOfBatch) {
   }
 }
 
+// ---- graph capture --------------------------------------------------------------------------
+
+// A captured free may only free the graph's own allocations. An output allocated before the
+// capture and reassigned inside it (cuda_op_bench's pattern) once made the failed free's error
+// surface at the next captured call's launch check; the graph now frees such buffers itself.
+TEST_F(CudaOnly, CaptureMayDropABufferAllocatedBeforeIt) {
+  const Tensor x = f32(randn({4, 256}));
+  const Tensor want = gpu().to_host(gpu().rms_norm(x, Tensor(), 1e-6f));
+  Tensor y = gpu().rms_norm(x, Tensor(), 1e-6f);
+  std::unique_ptr<Graph> graph = gpu().capture([&] {
+    for (int i = 0; i < 3; ++i) y = gpu().rms_norm(x, Tensor(), 1e-6f);
+  });
+  graph->replay();
+  graph->replay();
+  const Tensor got = gpu().to_host(y);
+  for (int64_t i = 0; i < want.numel(); ++i)
+    ASSERT_EQ(got.item(i), want.item(i)) << "element " << i;
+  graph.reset();
+  // Nothing was left for a later launch check to report.
+  EXPECT_NO_THROW(gpu().to_host(gpu().rms_norm(x, Tensor(), 1e-6f)));
+}
+
 }  // namespace
 }  // namespace deepinfer::backend_ops

@@ -1,0 +1,38 @@
+// Choices of the CUDA indexer_topk that a benchmark may force (plain C++, no CUDA headers):
+// which kernel scores, and which of the two stages run, so that one run can compare the scoring
+// kernels and time the scores and the selection apart. The backend's op uses the defaults.
+#pragma once
+
+#include "deepinfer/backend.h"
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::cuda {
+
+class CudaBackend;
+
+enum class IndexerScoreKernel {
+  kAuto,        // indexer_heuristics.h decides
+  kCudaCore,    // indexer_score.cu: f32 math, every key format and shape
+  kTensorCore,  // indexer_score_mma.cu: bf16 / fp8 keys at its shapes, else kUnsupported
+  // kTensorCore with q rounded once to the MMA input (one MMA instead of two; q to 8 significant
+  // bits for bf16 keys, 11 for fp8): what the split of q costs. Measurement only: its scores
+  // are not held to the CPU op's, and kAuto never picks it.
+  kTensorCoreOnePass,
+};
+
+struct IndexerRunOptions {
+  IndexerScoreKernel score_kernel = IndexerScoreKernel::kAuto;
+  bool run_scores = true;  // false: select from `scores` as they stand
+  bool run_select = true;  // false: only the scores (the returned indices stay unwritten)
+  // The caller's scores, [tokens, max_blocks_per_seq * entries per block] f32, all tokens in one
+  // group; null: the backend's scratch (then run_scores must be true).
+  float* scores = nullptr;
+};
+
+// indexer_topk on `be`'s stream with `opt`'s choices (arguments as Backend::indexer_topk, which
+// checks them; this entry point does not).
+Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
+                        const Tensor& index_cache, const BatchLayout& layout, int ratio, int top_k,
+                        float score_scale, float weight_scale, const IndexerRunOptions& opt);
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,147 @@
+// The channel permutation and shared-memory swizzle of the tensor-core indexer kernel
+// (cuda/indexer/indexer_mma_layout.h), checked on the host: the device cannot run here, and a
+// wrong index there gives wrong scores only on the GPU. The test plays the kernel's lanes: it
+// builds q's A fragments and the keys' B fragments the way indexer_score_mma.cu reads them, runs
+// mma.sync m16n8k16 by the PTX ISA's fragment layout, and compares with the plain dot products.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cuda/indexer/indexer_mma_layout.h"
+
+namespace deepinfer::cuda::indexer_mma {
+namespace {
+
+constexpr int kDim = 128;  // kMmaDim
+constexpr int kSteps = kDim / 16;
+
+TEST(IndexerMmaLayout, EveryChannelPlaysExactlyOneK) {
+  for (const int elem : {1, 2}) {
+    std::set<int> seen;
+    for (int s = 0; s < kSteps; ++s)
+      for (int c = 0; c < kQuad; ++c)
+        for (int r = 0; r < 2; ++r)
+          for (int e = 0; e < 2; ++e) {
+            const int ch = mma_channel(s, c, r, e, elem);
+            EXPECT_GE(ch, 0);
+            EXPECT_LT(ch, kDim);
+            EXPECT_TRUE(seen.insert(ch).second) << "elem " << elem << " channel " << ch;
+          }
+    EXPECT_EQ(seen.size(), size_t{kDim}) << "elem " << elem;
+  }
+}
+
+// A lane's 32-bit word u of its chunk i holds the channels mma_channel names: the register pairs
+// the kernel hands to the MMA are the channels its q fragments took.
+TEST(IndexerMmaLayout, ChunkWordsHoldTheNamedChannels) {
+  for (const int elem : {1, 2}) {
+    const int per_chunk = chunk_channels(elem);
+    for (int s = 0; s < kSteps; ++s)
+      for (int c = 0; c < kQuad; ++c)
+        for (int r = 0; r < 2; ++r) {
+          // fp8: word u = s % 4, low half register 0 and high half register 1 (2 codes each);
+          // bf16: word 2 (s % 2) + r (2 channels).
+          const int first_in_chunk = elem == 1 ? 4 * (s % 4) + 2 * r : 2 * (2 * (s % 2) + r);
+          const int chunk = lane_chunk(s, c, elem);
+          EXPECT_EQ(mma_channel(s, c, r, 0, elem), chunk * per_chunk + first_in_chunk);
+          EXPECT_EQ(mma_channel(s, c, r, 1, elem), chunk * per_chunk + first_in_chunk + 1);
+        }
+  }
+}
+
+// The 8 lanes of one phase of a 16-byte shared-memory load (keys n, n + 1 at even n, lanes c =
+// 0..3 of each) cover 32 distinct banks, for every chunk index a lane reads.
+TEST(IndexerMmaLayout, QuadLoadsAreFreeOfBankConflicts) {
+  for (const int elem : {1, 2}) {
+    const int row_bytes = kDim * elem;
+    const int lane_chunks = row_bytes / kChunkBytes / kQuad;
+    for (int n0 = 0; n0 < 64; n0 += 2)
+      for (int i = 0; i < lane_chunks; ++i) {
+        std::set<int> banks;
+        for (int k = 0; k < 2; ++k)
+          for (int c = 0; c < kQuad; ++c) {
+            const int n = n0 + k;
+            const int byte = n * row_bytes + kChunkBytes * smem_chunk(n, kQuad * i + c);
+            for (int w = 0; w < 4; ++w) banks.insert((byte / 4 + w) % 32);
+          }
+        EXPECT_EQ(banks.size(), 32u) << "elem " << elem << " keys " << n0 << " chunk " << i;
+      }
+  }
+}
+
+// The whole product: 16 heads x 8 keys of small integers (exact in any order), fragments built
+// and multiplied as the kernel does, against the plain dot products.
+TEST(IndexerMmaLayout, EmulatedMmaMatchesTheDotProducts) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> val(-8, 8);
+  for (const int elem : {1, 2}) {
+    std::vector<std::array<int, kDim>> q(16), k(8);
+    for (auto& row : q)
+      for (int& x : row) x = val(rng);
+    for (auto& row : k)
+      for (int& x : row) x = val(rng);
+    // Shared memory as issue_key_tile fills it: chunk q of key n at smem_chunk(n, q), each
+    // channel one element (its value, not its bytes: the layout is what is checked).
+    const int per_chunk = chunk_channels(elem);
+    std::vector<int> smem(8 * kDim);
+    for (int n = 0; n < 8; ++n)
+      for (int ch = 0; ch < kDim; ++ch)
+        smem[n * kDim + smem_chunk(n, ch / per_chunk) * per_chunk + ch % per_chunk] = k[n][ch];
+    int64_t acc[32][4] = {};
+    for (int s = 0; s < kSteps; ++s) {
+      // Per lane: A (a0..a3, two halves each) and B (b0, b1) as the kernel loads them.
+      int a[32][4][2], b[32][2][2];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int r = 0; r < 2; ++r)
+          for (int e = 0; e < 2; ++e) {
+            const int ch = mma_channel(s, c, r, e, elem);
+            a[lane][2 * r][e] = q[g][ch];
+            a[lane][2 * r + 1][e] = q[g + 8][ch];
+            // The key element at that channel, found through the lane's swizzled chunk read.
+            const int chunk = lane_chunk(s, c, elem);
+            const int in_chunk = ch - chunk * per_chunk;
+            b[lane][r][e] = smem[g * kDim + smem_chunk(g, chunk) * per_chunk + in_chunk];
+          }
+      }
+      // mma.sync m16n8k16 (PTX ISA fragment layouts): A[row][col] with row = g (+8 for a1, a3)
+      // and col = 2c + e (+8 for a2, a3); B[k][n] with k = 2c + e (+8 for b1) and n = g.
+      int A[16][16], B[16][8];
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int e = 0; e < 2; ++e) {
+          A[g][2 * c + e] = a[lane][0][e];
+          A[g + 8][2 * c + e] = a[lane][1][e];
+          A[g][2 * c + 8 + e] = a[lane][2][e];
+          A[g + 8][2 * c + 8 + e] = a[lane][3][e];
+          B[2 * c + e][g] = b[lane][0][e];
+          B[2 * c + 8 + e][g] = b[lane][1][e];
+        }
+      }
+      // C: lane holds C[g][2c + {0, 1}] and C[g + 8][2c + {0, 1}].
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int x = 0; x < 4; ++x) {
+          const int row = g + 8 * (x / 2), col = 2 * c + x % 2;
+          for (int kk = 0; kk < 16; ++kk) acc[lane][x] += int64_t{A[row][kk]} * B[kk][col];
+        }
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, c = lane % 4;
+      for (int x = 0; x < 4; ++x) {
+        const int h = g + 8 * (x / 2), n = 2 * c + x % 2;
+        int64_t want = 0;
+        for (int ch = 0; ch < kDim; ++ch) want += int64_t{q[h][ch]} * k[n][ch];
+        EXPECT_EQ(acc[lane][x], want) << "elem " << elem << " head " << h << " key " << n;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda::indexer_mma
