@@ -77,12 +77,17 @@ def write_config(config: dict, directory: str) -> str:
     return str(path)
 
 
-def kv_capacity(config_path: str) -> tuple[int, int]:
+def kv_capacity(config_path: str, kv_cache_dtype: str) -> tuple[int, int]:
     """(paged KV bytes per token, paged blocks that fit next to the weights) of an engine with
     random weights on this GPU, its KV sized from the free memory."""
     import deepinfer_core as dc
 
-    engine = dc.Engine(str(Path(config_path).parent), device="cuda", load_format="dummy")
+    engine = dc.Engine(
+        str(Path(config_path).parent),
+        device="cuda",
+        load_format="dummy",
+        kv_cache_dtype=kv_cache_dtype,
+    )
     cap = engine.kv_capacity
     out = (cap.bytes_per_token, cap.num_blocks)
     del engine
@@ -90,19 +95,26 @@ def kv_capacity(config_path: str) -> tuple[int, int]:
     return out
 
 
-def measure(name: str, config: dict, contexts: list[int], batches: list[int], emit) -> dict:
+def measure(
+    name: str, config: dict, contexts: list[int], batches: list[int], kv_cache_dtype: str, emit
+) -> dict:
     import deepinfer_core as dc
 
     out: dict = {"decode_ms": {}, "prefill_tok_s": {}}
     with tempfile.TemporaryDirectory() as d:
         path = write_config(config, d)
-        out["kv_bytes_per_token"], capacity = kv_capacity(path)
+        out["kv_bytes_per_token"], capacity = kv_capacity(path, kv_cache_dtype)
         # The runner holds fewer sequences' rings than the engine did: 90% of its blocks leaves
         # room for the prefill activations.
         blocks = int(0.9 * capacity)
         emit({"model": name, "kv_bytes_per_token": out["kv_bytes_per_token"], "blocks": blocks})
         runner = dc.ModelRunner.random(
-            path, num_blocks=blocks, num_state_slots=max(batches) + 1, device="cuda", seed=1
+            path,
+            num_blocks=blocks,
+            num_state_slots=max(batches) + 1,
+            device="cuda",
+            seed=1,
+            kv_cache_dtype=kv_cache_dtype,
         )
         for ctx in contexts:
             per_seq = (ctx + 128) // 128 + 1
@@ -126,6 +138,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="32768,131072")
     parser.add_argument("--decode-batches", default="1,64,256")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="f32",
+        help="KV dtype of both models (f32 is the one V4.1 has in common with V4 today)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -137,8 +154,9 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
 
-    results["v41"] = measure("v4.1", v41_config(), contexts, batches, emit)
-    results["v4"] = measure("v4", v4_config(), contexts, batches, emit)
+    kv = args.kv_cache_dtype
+    results["v41"] = measure("v4.1", v41_config(), contexts, batches, kv, emit)
+    results["v4"] = measure("v4", v4_config(), contexts, batches, kv, emit)
     for key, ms in results["v41"]["decode_ms"].items():
         if key in results["v4"]["decode_ms"]:
             emit({"context/batch": key, "v41_over_v4_decode": ms / results["v4"]["decode_ms"][key]})
