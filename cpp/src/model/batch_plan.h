@@ -38,7 +38,7 @@ struct ForwardRow {
   int32_t num_logits = 1;
   // The sequence's tokens before start_pos (the last ones at least; oldest first): DeepSeek-V4.1's
   // Engram layers hash each position's previous engram_max_ngram_size - 1 tokens. Unused by V4.
-  std::span<const int32_t> history;
+  std::span<const int32_t> history{};
 };
 using RowSpan = StridedSpan<const ForwardRow>;
 
