@@ -3,9 +3,9 @@
 // gemm_fp8_heuristics.h) against a >= 1 GiB memcpy (decode, GB/s of weight bytes) and cuBLASLt's
 // block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
 // bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
-// experts in GB/s at 1, 4 and 16 pairs per expert (the "_vs_copy" lines name the decode kernel,
-// DEEPINFER_MOE_QUANT_DECODE=registers for the register-prefetch one). Each line carries its
-// ratio ("of_roofline").
+// experts in GB/s at 1, 4 and 16 pairs per expert (the "_vs_copy" lines name the kernel that ran;
+// DEEPINFER_MOE_QUANT_DECODE=registers or prefill picks another for the decode shape). Each line
+// carries its ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
 #include <cublasLt.h>
@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/backend/cuda_backend.h"
 #include "deepinfer/weight.h"
 #include "op_bench_util.h"
 
@@ -260,12 +261,11 @@ Tensor random_device_bytes(Backend& be, const Shape& shape, DType dtype, uint64_
   return be.upload_weight(h, dtype);
 }
 
-// The decode kernel of the quantized experts the CUDA backend was created with
-// (cuda/moe/moe_heuristics.h): DEEPINFER_MOE_QUANT_DECODE=registers selects the register-prefetch
-// kernel, the default the streaming one.
-const char* quant_decode_kernel() {
-  const char* v = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
-  return v != nullptr && std::strcmp(v, "registers") == 0 ? "registers" : "streaming";
+// The kernel the latest quantized moe_experts pass of `be` ran (cuda/moe/moe_heuristics.h; the
+// backend's DEEPINFER_MOE_QUANT_DECODE picks streaming, registers or prefill for the decode shape).
+const char* quant_experts_kernel_ran(Backend& be) {
+  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
+  return cuda_be == nullptr ? "?" : cuda::experts_kernel_name(cuda_be->last_quant_experts_kernel());
 }
 
 // The routed experts on MXFP4 weights at V4-Flash shapes (E 256, top-6, H 4096, I 2048; act
@@ -330,7 +330,7 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
     std::printf(
         "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"decode_kernel\": \"%s\", "
         "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
-        quant_decode_kernel(), m, bytes / us / 1e3 / copy_gbps);
+        quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
   }
   for (int tokens : {4096, 16384}) {
     const double us = run(tokens, int64_t{tokens} * kk, false);
@@ -397,7 +397,7 @@ void bench_moe_experts_fp8(Backend& be, int iters) {
     std::printf(
         "{\"op\": \"moe_experts_fp8_vs_copy\", \"decode_kernel\": \"%s\", "
         "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
-        quant_decode_kernel(), m, bytes / us / 1e3 / copy_gbps);
+        quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
   }
 }
 

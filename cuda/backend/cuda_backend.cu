@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -120,8 +121,14 @@ CudaBackend::CudaBackend(int device_index)
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
   // A/B switch of the quantized experts' decode shape, read once here (moe_heuristics.h).
   const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
-  moe_quant_register_decode_ =
-      quant_decode != nullptr && std::strcmp(quant_decode, "registers") == 0;
+  const std::optional<QuantDecodeChoice> choice = parse_quant_decode(quant_decode);
+  if (!choice) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_MOE_QUANT_DECODE: expected streaming, registers or prefill, "
+                            "got '") +
+                    quant_decode + "'");
+  }
+  moe_quant_decode_ = *choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
 
 namespace deepinfer::cuda {
@@ -62,9 +63,13 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
-  // DEEPINFER_MOE_QUANT_DECODE=registers at creation: quantized experts decode on the register-
-  // prefetch kernel instead of the streaming one (an A/B switch for benchmarks).
-  bool moe_quant_register_decode() const { return moe_quant_register_decode_; }
+  // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
+  // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
+  QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
+  // The GEMM kernel the latest pass of moe_experts on quantized weights was launched with (set by
+  // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
+  ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
+  void set_last_quant_experts_kernel(ExpertsKernel k) { last_quant_experts_kernel_ = k; }
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
   // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
@@ -153,7 +158,8 @@ class CudaBackend final : public Backend {
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
-  bool moe_quant_register_decode_ = false;
+  QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
+  ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;

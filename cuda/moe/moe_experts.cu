@@ -106,8 +106,9 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   const int64_t pairs = tokens * p.top_k;
   ExpertsPassProblem prob{pairs, experts, p.hidden, p.inter, false, true};
   prob.quantized = true;
-  prob.quant_register_decode = be.moe_quant_register_decode();
+  prob.quant_decode = be.moe_quant_decode();
   const ExpertsPassConfig c = choose_experts_pass(prob, be.max_shared_memory_per_block());
+  be.set_last_quant_experts_kernel(c.kernel);
   Tensor sorted = be.empty({pairs}, DType::kI32);
   Tensor tile_meta = be.empty({3 * c.max_tiles + 1}, DType::kI32);
   const int in_planes = p.in_group > 0 ? 1 : 3;

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <string_view>
 
 #include "cuda/moe/moe_config.h"
 #include "cuda/moe/sm80/experts_mma_config.h"
@@ -43,6 +45,44 @@ enum class ExpertsKernel {
   kQuantPrefill,  // quantized weights otherwise: the same kernel, 64-row tiles
 };
 
+// Name of a kernel choice, as the benchmarks print it.
+inline const char* experts_kernel_name(ExpertsKernel k) {
+  switch (k) {
+    case ExpertsKernel::kGemv:
+      return "gemv";
+    case ExpertsKernel::kMma64:
+      return "mma64";
+    case ExpertsKernel::kMma128:
+      return "mma128";
+    case ExpertsKernel::kTiled:
+      return "tiled";
+    case ExpertsKernel::kQuantStream:
+      return "streaming";
+    case ExpertsKernel::kQuantDecode:
+      return "registers";
+    case ExpertsKernel::kQuantPrefill:
+      return "prefill";
+  }
+  return "?";
+}
+
+// Which kernel quantized experts take in the decode shape (an A/B switch for benchmarks and
+// tests: the backend's DEEPINFER_MOE_QUANT_DECODE, read once at its creation).
+enum class QuantDecodeChoice {
+  kStreaming,  // "streaming" or unset: kQuantStream where the device has the shared memory
+  kRegisters,  // "registers": kQuantDecode
+  kPrefill,    // "prefill": kQuantPrefill (64-row tiles) at every size
+};
+
+// The choice DEEPINFER_MOE_QUANT_DECODE names (nullptr: unset); nullopt for an unknown name.
+inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
+  const std::string_view v = name == nullptr ? "" : name;
+  if (v.empty() || v == "streaming") return QuantDecodeChoice::kStreaming;
+  if (v == "registers") return QuantDecodeChoice::kRegisters;
+  if (v == "prefill") return QuantDecodeChoice::kPrefill;
+  return std::nullopt;
+}
+
 struct ExpertsPassConfig {
   ExpertsKernel kernel;
   int tile_rows;      // rows of a tile of the tile list
@@ -57,20 +97,22 @@ struct ExpertsPassProblem {
   bool bf16_weights;
   bool vec;                // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
   bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant*.cu in either shape
-  // The decode shape on the register-prefetch kernel (kQuantDecode) instead of the streaming one
-  // (the backend's DEEPINFER_MOE_QUANT_DECODE=registers, read once at its creation).
-  bool quant_register_decode = false;
+  QuantDecodeChoice quant_decode = QuantDecodeChoice::kStreaming;
 };
 
 inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
   const int64_t pairs = p.pairs;
   const int experts = p.experts;
   if (p.quantized) {
-    // 16-row tiles while experts average at most kExpertQuantDecodeMaxPairs pairs (each touched
-    // expert's weights then stream once), 64-row tiles above. The decode shape streams the
-    // weights through a shared-memory ring where the device has the shared memory for it.
-    const bool decode = pairs <= kExpertQuantDecodeMaxPairs * experts;
-    const bool stream = !p.quant_register_decode && smem_max >= kExpertQuantStreamMaxSmem;
+    // 16-row tiles while experts average at most kExpertQuantDecodeMaxPairs pairs, rounded down
+    // (each touched expert's weights then stream about once), 64-row tiles above. Rounded down:
+    // `pairs` counts every slot of the pass's tokens, and ceil(16 E / top_k) tokens, the smallest
+    // count that gives every expert 16 pairs, carry up to top_k - 1 slots more. The decode shape
+    // streams the weights through a shared-memory ring where the device has the shared memory.
+    const bool decode = p.quant_decode != QuantDecodeChoice::kPrefill &&
+                        pairs / std::max(experts, 1) <= kExpertQuantDecodeMaxPairs;
+    const bool stream =
+        p.quant_decode == QuantDecodeChoice::kStreaming && smem_max >= kExpertQuantStreamMaxSmem;
     ExpertsPassConfig c{};
     c.kernel = !decode  ? ExpertsKernel::kQuantPrefill
                : stream ? ExpertsKernel::kQuantStream

@@ -38,26 +38,35 @@ __device__ __forceinline__ uint4* weight_chunk(uint4* ring, int slot, int chunks
   return ring + (static_cast<int64_t>(slot) * chunks + c) * C::kThreads + tid;
 }
 
+// The lane's weight rows with its own offsets folded in, so a slice adds one 32-bit offset:
+// values at the lane's first chunk of a slice (16 q bytes in), MXFP4 scales at its group q.
+template <QuantFormat F, int kMTiles>
+struct LaneRows {
+  const uint8_t* values[kMTiles][2];
+  const void* scales[kMTiles][2];  // MXFP4: e8m0 bytes; FP8: the row's block row (f32)
+};
+
 // Copies the lane's weight chunks of slice `slice` into ring slot `slot`; chunks at or past K
-// (wholly: K is a multiple of the chunk) are zeros, stored by the lane itself.
+// (wholly: K is a multiple of the chunk) are zeros, stored by the lane itself. k_lane: the
+// lane's first input of slice 0 (q kChunk).
 template <QuantFormat F, class C>
 __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
-                                                  const WeightRows<C::kMTiles>& rows, int slice,
-                                                  int q, int64_t K, int tid) {
+                                                  const LaneRows<F, C::kMTiles>& rows, int slice,
+                                                  int k_lane, int K, int tid) {
   using Tr = QuantTraits<F>;
   constexpr int kChunks = C::kMTiles * 2 * Tr::kLoads;
+  constexpr int kSliceBytes = Tr::kMx ? kQuantSliceK / 2 : kQuantSliceK;  // per row
 #pragma unroll
   for (int l = 0; l < Tr::kLoads; ++l) {
-    const int64_t k0 =
-        static_cast<int64_t>(slice) * kQuantSliceK + l * 4 * Tr::kChunk + q * Tr::kChunk;
+    const int k0 = slice * kQuantSliceK + l * 4 * Tr::kChunk + k_lane;
+    const int off = slice * kSliceBytes + l * 64;
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         uint4* dst = weight_chunk<C>(ring, slot, kChunks, (2 * mt + hr) * Tr::kLoads + l, tid);
         if (k0 < K) {
-          cp_async_16_prefetch<kExpertQuantStreamL2Prefetch>(
-              dst, rows.values[mt][hr] + (Tr::kMx ? k0 / 2 : k0));
+          cp_async_16_prefetch<kExpertQuantStreamL2Prefetch>(dst, rows.values[mt][hr] + off);
         } else {
           *dst = make_uint4(0, 0, 0, 0);
         }
@@ -70,13 +79,12 @@ __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
 // the chunk's block), neutral past K. Read through L1, one slice ahead of their use.
 template <QuantFormat F, int kMTiles>
 __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTraits<F>::kLoads],
-                                            const WeightRows<kMTiles>& rows, int slice, int q,
-                                            int64_t K, int block_cols_log2) {
+                                            const LaneRows<F, kMTiles>& rows, int slice, int k_lane,
+                                            int K, int block_cols_log2) {
   using Tr = QuantTraits<F>;
 #pragma unroll
   for (int l = 0; l < Tr::kLoads; ++l) {
-    const int64_t k0 =
-        static_cast<int64_t>(slice) * kQuantSliceK + l * 4 * Tr::kChunk + q * Tr::kChunk;
+    const int k0 = slice * kQuantSliceK + l * 4 * Tr::kChunk + k_lane;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -84,12 +92,57 @@ __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTrai
         if (k0 >= K) {
           sc[mt][hr][l] = Tr::kMx ? 127u : __float_as_uint(1.0f);
         } else if constexpr (Tr::kMx) {
-          sc[mt][hr][l] = __ldg(static_cast<const uint8_t*>(rows.scales[mt][hr]) + k0 / 32);
+          // The lane's group q is folded into the pointer: slice s adds its 4 groups.
+          sc[mt][hr][l] = __ldg(static_cast<const uint8_t*>(rows.scales[mt][hr]) + 4 * slice);
         } else {
           sc[mt][hr][l] = __float_as_uint(
               __ldg(static_cast<const float*>(rows.scales[mt][hr]) + (k0 >> block_cols_log2)));
         }
       }
+    }
+  }
+}
+
+// The thread's share of every slice's activation copies, fixed for the CTA (C::kThreads ==
+// 16 kTok: thread tid copies the 16-byte piece tid % 16 of token row tid / 16 of each plane,
+// stage_slice's assignment): its source at slice 0 (nullptr: zeros, a row past the tile) and its
+// word offset in a slot (-1: a row past the staged ones, never read).
+struct ActivationPiece {
+  const __nv_bfloat16* src;
+  int dst;
+};
+
+template <bool kGateUp, class C, int kPlanes>
+__device__ __forceinline__ ActivationPiece activation_piece(const __nv_bfloat16* a,
+                                                            const int32_t* sorted_pair, int top_k,
+                                                            int start, int rows, int staged,
+                                                            int64_t Kp, int tid) {
+  static_assert(C::kThreads == 16 * C::kTok, "one piece of each plane per thread");
+  const int pp = tid & 15;
+  const int r = tid >> 4;
+  ActivationPiece p{nullptr, -1};
+  if (r >= staged) return p;
+  p.dst = r * kQuantRowWords + piece_word(pp >> 2, pp & 3);
+  if (r < rows) {
+    const int64_t row = kGateUp ? sorted_pair[start + r] / top_k : start + r;
+    p.src = a + row * kPlanes * Kp + pp * 8;
+  }
+  return p;
+}
+
+// Copies the thread's activation pieces of slice `slice` into `buf`
+// [kPlanes][kTok][kQuantRowWords].
+template <class C, int kPlanes>
+__device__ __forceinline__ void copy_activation_slice(uint32_t* buf, const ActivationPiece& p,
+                                                      int slice, int64_t Kp) {
+  if (p.dst < 0) return;
+#pragma unroll
+  for (int pl = 0; pl < kPlanes; ++pl) {
+    uint32_t* d = buf + p.dst + pl * C::kTok * kQuantRowWords;
+    if (p.src != nullptr) {
+      cp_async_16(d, p.src + pl * Kp + slice * kQuantSliceK);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -113,7 +166,6 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   extern __shared__ int4 stream_smem_raw[];
   uint32_t* act_ring = reinterpret_cast<uint32_t*>(stream_smem_raw);  // [kStages][kActWords]
   uint4* weight_ring = reinterpret_cast<uint4*>(act_ring + C::kStages * kActWords);
-  __shared__ int64_t row_src[C::kTok];
 
   const int tile = static_cast<int>(blockIdx.x % static_cast<unsigned>(max_tiles));
   const int col = static_cast<int>(blockIdx.x / static_cast<unsigned>(max_tiles));
@@ -128,21 +180,14 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   const int warp = tid >> 5;
   const int g = lane >> 2;
   const int q = lane & 3;
-
-  // Where each token row's staged planes start (-1 past the tile's rows).
-  if (tid < C::kTok) {
-    int64_t src = -1;
-    if (tid < rows) {
-      const int64_t row = kGateUp ? sorted_pair[start + tid] / top_k : start + tid;
-      src = row * kPlanes * Kp;
-    }
-    row_src[tid] = src;
-  }
+  const int k_lane = q * Tr::kChunk;
+  const ActivationPiece piece =
+      activation_piece<kGateUp, C, kPlanes>(a, sorted_pair, top_k, start, rows, 8 * n8, Kp, tid);
 
   // The lane's weight rows (clamped to N - 1: tail rows copy valid bytes and are never stored).
   const int64_t n_warp = static_cast<int64_t>(col) * (C::kWeightRows / (kGateUp ? 2 : 1)) +
                          static_cast<int64_t>(warp) * 16 * kHalf;
-  WeightRows<kM> wr;
+  LaneRows<F, kM> wr;
   const int64_t row_bytes = Tr::kMx ? K / 2 : K;
   const int64_t kblocks = Tr::kMx ? K / 32 : ((K - 1) >> block_cols_log2) + 1;
 #pragma unroll
@@ -154,9 +199,9 @@ __global__ void __launch_bounds__(C::kThreads, 2)
     for (int hr = 0; hr < 2; ++hr) {
       int64_t n = n_warp + 16 * (mt % kHalf) + g + 8 * hr;
       n = n < N ? n : N - 1;
-      wr.values[mt][hr] = values + n * row_bytes;
+      wr.values[mt][hr] = values + n * row_bytes + 16 * q;
       if constexpr (Tr::kMx) {
-        wr.scales[mt][hr] = static_cast<const uint8_t*>(scales) + n * kblocks;
+        wr.scales[mt][hr] = static_cast<const uint8_t*>(scales) + n * kblocks + q;
       } else {
         wr.scales[mt][hr] = static_cast<const float*>(scales) + (n / block_rows) * kblocks;
       }
@@ -172,36 +217,33 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   }
 
   const int slices = static_cast<int>(Kp / kQuantSliceK);
-  const int staged = 8 * n8;
-  // Weights first: their copies need no barrier, so they go out while row_src is published.
-#pragma unroll 1
-  for (int s = 0; s < C::kStages - 1 && s < slices; ++s) {
-    copy_weight_slice<F, C>(weight_ring, s, wr, s, q, K, tid);
-  }
-  uint32_t sc[kM][2][Tr::kLoads];
-  load_scales<F, kM>(sc, wr, 0, q, K, block_cols_log2);
-  __syncthreads();  // row_src
-  // One cp.async group per prologue slice (the first also holds the weights above).
+  const int k_end = static_cast<int>(K);
+  // One cp.async group per prologue slice.
 #pragma unroll 1
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < slices) stage_slice<C, kPlanes>(act_ring + s * kActWords, a, row_src, staged, s, Kp);
+    if (s < slices) {
+      copy_weight_slice<F, C>(weight_ring, s, wr, s, k_lane, k_end, tid);
+      copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s, Kp);
+    }
     cp_async_commit();
   }
+  uint32_t sc[kM][2][Tr::kLoads];
+  load_scales<F, kM>(sc, wr, 0, k_lane, k_end, block_cols_log2);
 
   int read_slot = 0;
   int fill_slot = C::kStages - 1;
 #pragma unroll 1
   for (int s = 0; s < slices; ++s) {
     uint32_t sc_next[kM][2][Tr::kLoads];
-    load_scales<F, kM>(sc_next, wr, s + 1, q, K, block_cols_log2);
+    load_scales<F, kM>(sc_next, wr, s + 1, k_lane, k_end, block_cols_log2);
     // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
     // pieces of it are visible, and every warp is done with slice s - 1, whose slot is refilled.
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
     const int fill = s + C::kStages - 1;
     if (fill < slices) {
-      copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, q, K, tid);
-      stage_slice<C, kPlanes>(act_ring + fill_slot * kActWords, a, row_src, staged, fill, Kp);
+      copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
+      copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, fill, Kp);
     }
     cp_async_commit();
     // The lane reads back only the chunks it copied: its own wait above ordered them.

@@ -3,8 +3,12 @@
 // by DEEPINFER_MOE_QUANT_DECODE=registers at backend creation) reduce every output element over
 // K in the same order, so moe_experts gives bit-identical results on both: at V4-Flash widths
 // with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and without
-// activation quantization (three bf16 planes). Their agreement with the CPU reference is the op
-// table's (tests/backend_ops/cases_moe_quant.cpp). Skips without a GPU.
+// activation quantization (three bf16 planes). Each case first checks, on the heuristic the
+// backend calls (cuda/moe/moe_heuristics.h) with this device's shared memory, that the two
+// backends do take the two decode kernels at its shape (not the 64-row prefill tiles for both).
+// Their agreement with the CPU reference is the op table's (tests/backend_ops/
+// cases_moe_quant.cpp). Skips without a GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/weight.h"
 #include "device_backends.h"
@@ -74,6 +79,19 @@ std::unique_ptr<Backend> cuda_backend_with_decode(const char* decode) {
   return be;
 }
 
+// The kernel moe_experts takes for case `c` on the current device with decode choice `choice`.
+cuda::ExpertsKernel chosen_kernel(const DecodeCase& c, cuda::QuantDecodeChoice choice) {
+  int device = 0, smem = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+            cudaSuccess);
+  cuda::ExpertsPassProblem p{
+      int64_t{c.tokens} * c.top_k, c.experts, c.hidden, c.inter, false, true};
+  p.quantized = true;
+  p.quant_decode = choice;
+  return cuda::choose_experts_pass(p, static_cast<size_t>(smem)).kernel;
+}
+
 Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
                    const std::vector<MatrixWeight>& w3, const std::vector<MatrixWeight>& w2,
                    const Tensor& x, const HostRouting& routing) {
@@ -96,11 +114,11 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
   std::unique_ptr<Backend> streaming = cuda_backend_with_decode("");
   std::unique_ptr<Backend> registers = cuda_backend_with_decode("registers");
   constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
-  // 16 experts, top-6: 3, 11 and 42 tokens are about 1, 4 and 16 pairs per expert (the decode
-  // shape up to 16 on average).
+  // 16 experts, top-6: 3, 11 and 43 tokens are about 1, 4 and 16 pairs per expert (43: 258
+  // pairs, the benchmark's ceil(16 E / 6) tokens, which the decode shape must still take).
   const std::vector<DecodeCase> cases = {
       {kMx, 32, 32, 16, 6, 4096, 2048, 3},     {kMx, 32, 32, 16, 6, 4096, 2048, 11},
-      {kMx, 32, 32, 16, 6, 4096, 2048, 42},    {kFp8, 128, 128, 16, 6, 4096, 2048, 3},
+      {kMx, 32, 32, 16, 6, 4096, 2048, 43},    {kFp8, 128, 128, 16, 6, 4096, 2048, 3},
       {kFp8, 128, 128, 16, 6, 4096, 2048, 42}, {kMx, 32, 0, 8, 2, 96, 352, 5},
       {kMx, 32, 32, 8, 2, 352, 96, 7},         {kFp8, 32, 0, 8, 2, 160, 96, 5},
       {kFp8, 16, 16, 8, 2, 64, 32, 1},
@@ -110,6 +128,10 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
     SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " act " +
                  std::to_string(c.act_group) + " H " + std::to_string(c.hidden) + " I " +
                  std::to_string(c.inter) + " T " + std::to_string(c.tokens));
+    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kStreaming),
+              cuda::ExpertsKernel::kQuantStream);
+    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kRegisters),
+              cuda::ExpertsKernel::kQuantDecode);
     std::vector<MatrixWeight> w1, w3, w2;
     for (int e = 0; e < c.experts; ++e) {
       w1.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
