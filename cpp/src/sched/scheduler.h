@@ -101,9 +101,14 @@ class Scheduler {
   bool has_decode_work() const;
   void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
   void propose_drafts(Sequence& s);
+  void propose_within(Sequence& s, int budget);
+  // Zero-overhead scheduling with drafting: whether `s`, with a step in flight, gets no row in
+  // this step (scheduler_drafts.cpp says when).
+  bool sits_out(Sequence& s);
   // The executor's drafts for `s`'s next row came with their MTP probabilities.
   static bool has_draft_probs(const Sequence& s);
   int draft_limit(const Sequence& s) const;
+  int drafts_allowed(const Sequence& s) const;
   bool drafting() const { return (drafter_ != nullptr || executor_drafts_) && max_drafts_ > 0; }
   void unreserve(const StepPlan& plan);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
@@ -126,7 +131,9 @@ class Scheduler {
   int num_unfinished_ = 0;
   int num_holding_ = 0;  // sequences holding a state slot and blocks
   uint64_t next_step_id_ = 1;
-  int num_sampling_rows_ = 0;  // in the plan being built
+  // Tokens the device output of the plan being built holds so far: one per logits row of its
+  // sampling rows (1 + d for a verify row), the index a carried row of the next step names.
+  int num_sampled_tokens_ = 0;
   std::shared_ptr<Drafter> drafter_;
   bool executor_drafts_ = false;  // use_executor_drafts
   int max_drafts_ = 0;
