@@ -247,8 +247,19 @@ def test_invariants_randomized_with_fetch_states(tmp_path, zero_overhead: bool) 
     assert aborts_while_fetching > 0
 
 
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> None:
+class RepeatDrafter(dc.Drafter):
+    """Proposes the last token again, every time."""
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        return [tokens[-1]] * max_drafts
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "drafts"),
+    [(dtype, 0) for dtype in KV_DTYPES] + [(KV_DTYPES[0], 3)],
+)
+def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype, drafts) -> None:
+    # drafts > 0: drafts that repeat the last token, under zero-overhead scheduling (the default).
     engine = dc.Engine(
         str(tiny_checkpoint),
         max_num_seqs=6,
@@ -256,7 +267,12 @@ def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> No
         max_num_batched_tokens=256,
         max_model_len=1024,
         kv_cache_dtype=kv_cache_dtype,
+        num_speculative_tokens=drafts,
+        speculative_method="external",
     )
+    repeat = RepeatDrafter()
+    if drafts:
+        engine.set_drafter(repeat)
     assert engine.config.cache.kv_cache_dtype == kv_cache_dtype
     slots = live_slots(engine)
     rng = random.Random(7)
@@ -278,6 +294,9 @@ def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> No
     assert_pools_full(engine, slots)
     for rid in prompts:
         trace.check_contract(rid)
+    if drafts:
+        assert engine.config.scheduler.zero_overhead
+        assert engine.stats()["draft_tokens"] > 0
 
 
 # ---- leaks: one targeted run per terminal path -------------------------------------------------

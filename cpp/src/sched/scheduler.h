@@ -13,15 +13,16 @@
 // finishes). With zero-overhead scheduling the step being planned may overlap one step still in
 // flight: lengths are optimistic (committed + in-flight reservation), a row whose input token is
 // still on the device is marked carried, and a preemption that would hit an in-flight sequence
-// asks the engine to drain first. A sequence admitted on a KV tier hit whose blocks are still being
-// read waits in `fetching` (SeqState::kFetching), holding its blocks and slot (it counts toward
-// max_num_seqs and KV usage like any admitted sequence) while the steps go on without it;
-// poll_fetches, at the start of each step, moves a finished one to the head of `waiting` to
-// prefill the rest of its prompt, or, when the fetch failed, back to the head unadmitted. A
-// sequence whose tier hit would read blocks another fetch is already reading waits in `fetching`
-// too, holding nothing (not counted toward max_num_seqs), until that fetch is over; it then goes
-// back to the head of `waiting`, behind the sequence it waited for, and its admission takes the
-// fetched blocks from the GPU index.
+// asks the engine to drain first. With drafting, a sequence whose in-flight row verifies drafts
+// gets no row (its next position depends on what the device accepts; sits_out). A sequence admitted
+// on a KV tier hit whose blocks are still being read waits in `fetching` (SeqState::kFetching),
+// holding its blocks and slot (it counts toward max_num_seqs and KV usage like any admitted
+// sequence) while the steps go on without it; poll_fetches, at the start of each step, moves a
+// finished one to the head of `waiting` to prefill the rest of its prompt, or, when the fetch
+// failed, back to the head unadmitted. A sequence whose tier hit would read blocks another fetch is
+// already reading waits in `fetching` too, holding nothing (not counted toward max_num_seqs), until
+// that fetch is over; it then goes back to the head of `waiting`, behind the sequence it waited
+// for, and its admission takes the fetched blocks from the GPU index.
 #pragma once
 
 #include <deque>
