@@ -97,11 +97,7 @@ bool Scheduler::sits_out(Sequence& s) {
   if (s.inflight.has_drafts()) return true;
   const int n = drafts_allowed(s);
   if (n <= 0) return false;
-  std::vector<double> cumulative;
-  s.draft_estimate.cumulative(n, cumulative);
-  double expected = 0;
-  for (double a : cumulative) expected += a;
-  if (expected > 1.0 || !s.drafter_asked) {
+  if (s.draft_estimate.expected_accepted(n) > 1.0 || !s.drafter_asked) {
     s.skipped_to_draft = true;
     return true;
   }
