@@ -236,6 +236,28 @@ def test_drafts_stop_at_max_tokens_and_eos(tiny_checkpoint, prompts, plain) -> N
     assert_pools_full(engine)
 
 
+def test_forced_tokens_next_to_verify_rows(tiny_checkpoint, prompts, plain) -> None:
+    """Under zero-overhead scheduling a request with forced tokens (no drafts) decodes on in steps
+    whose other rows verify drafts; its next row takes the forced token from that step's device
+    output, which holds one sample per logits row."""
+    forced = [7, 8, 9, 10, 11, 12]
+
+    def params() -> list[dc.SamplingParams]:
+        ps = [greedy() for _ in prompts]
+        ps[3] = dc.SamplingParams(
+            temperature=0.0, max_tokens=16, ignore_eos=True, forced_tokens=forced
+        )
+        return ps
+
+    want = run_all(cpu_engine(tiny_checkpoint, max_num_seqs=8), prompts, params())[0]
+    assert want[3][: len(forced)] == forced
+    engine = spec_engine(tiny_checkpoint, Oracle(prompts, plain), max_num_seqs=8)
+    assert engine.config.scheduler.zero_overhead
+    assert run_all(engine, prompts, params())[0] == want
+    assert engine.stats()["accepted_draft_tokens"] > 0
+    assert_pools_full(engine)
+
+
 def test_bad_drafters_mean_no_drafts(tiny_checkpoint, prompts, plain) -> None:
     class Broken(dc.Drafter):
         def propose(self, request_id, tokens, max_drafts):
