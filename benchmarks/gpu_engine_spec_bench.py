@@ -2,12 +2,15 @@
 weights in the shipped formats, load_format dummy), greedy, next to speculation off.
 
     python benchmarks/gpu_engine_spec_bench.py [--layers sliding,csa,hca] [--batches 1,8,64]
+        [--spec-zero-overhead both|on|off]
 
 For each batch size B: B requests of --prompt random tokens generate --tokens tokens each.
 Modes: speculation off with zero-overhead scheduling (the default engine), speculation off
 without it (what drafting costs in scheduling alone), and an oracle drafter fed the plain run's
 greedy continuation with k drafts per step that are always right, right with probability 0.8 and
-0.5 per position (independent), and always wrong. TPOT is the mean per request of (finish - first
+0.5 per position (independent), and always wrong, each with zero-overhead scheduling on (a
+sequence whose verify row is in flight skips the next step, cpp/src/engine/README.md) and off
+(--spec-zero-overhead picks). TPOT is the mean per request of (finish - first
 token) / (tokens - 1); tok/s counts the output tokens of the decode phase (first token to last
 finish). The verify steps run eagerly (decode graphs hold one-token rows), the plain decode
 steps through graphs.
@@ -120,6 +123,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--drafts", type=int, default=3)
+    parser.add_argument(
+        "--spec-zero-overhead",
+        choices=("both", "on", "off"),
+        default="both",
+        help="zero-overhead scheduling of the drafting engines",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -135,15 +144,23 @@ def main() -> None:
             "max_num_batched_tokens": 8192,
             "max_model_len": args.prompt + args.tokens + 16,
             "enable_prefix_cache": False,
-            # Three engines share the device: explicit KV blocks (the batch's full lengths)
+            # The engines share the device: explicit KV blocks (the batch's full lengths)
             # rather than each sizing itself from the memory the others leave.
             "num_kv_blocks": max(batches) * ((args.prompt + args.tokens + 16) // 128 + 2) + 8,
         }
         plain = dc.Engine(tmp, **common)
         no_zos = dc.Engine(tmp, zero_overhead=False, **common)
-        spec = dc.Engine(
-            tmp, num_speculative_tokens=args.drafts, speculative_method="external", **common
-        )
+        zos_modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.spec_zero_overhead]
+        specs = {
+            zos: dc.Engine(
+                tmp,
+                num_speculative_tokens=args.drafts,
+                speculative_method="external",
+                zero_overhead=zos,
+                **common,
+            )
+            for zos in zos_modes
+        }
         for b in batches:
             rng = random.Random(b)
             prompts = [[rng.randrange(2, 129000) for _ in range(args.prompt)] for _ in range(b)]
@@ -153,15 +170,17 @@ def main() -> None:
                 "off (no zero-overhead)": run(no_zos, prompts, args.tokens)[1],
             }
             for name, p in (("right", 1.0), ("p=0.8", 0.8), ("p=0.5", 0.5), ("wrong", 0.0)):
-                spec.set_drafter(Oracle(prompts, want, p))
-                outs, row = run(spec, prompts, args.tokens)
-                same = sum(
-                    a == c
-                    for x, y in zip(want, outs, strict=True)
-                    for a, c in zip(x, y, strict=True)
-                )
-                row["greedy_agreement"] = same / sum(len(x) for x in want)
-                rows[f"k={args.drafts} {name}"] = row
+                for zos, spec in specs.items():
+                    spec.set_drafter(Oracle(prompts, want, p))
+                    outs, row = run(spec, prompts, args.tokens)
+                    same = sum(
+                        a == c
+                        for x, y in zip(want, outs, strict=True)
+                        for a, c in zip(x, y, strict=True)
+                    )
+                    row["greedy_agreement"] = same / sum(len(x) for x in want)
+                    zos_name = "zero-overhead" if zos else "no zero-overhead"
+                    rows[f"k={args.drafts} {name} ({zos_name})"] = row
             for mode, row in rows.items():
                 rec = {"B": b, "mode": mode, **row, "tpot_vs_off": row["tpot_ms"] / base["tpot_ms"]}
                 results.append(rec)

@@ -34,6 +34,9 @@ accepted, the calibration error of the acceptance estimates (Engine.stats()'s
 spec_calibration_error, over this run's drafts), greedy agreement with the plain run, and the
 tok/s ratios to fixed and to off (confidence / fixed is the number the issue asks for).
 
+The drafting engines run without zero-overhead scheduling unless --spec-zero-overhead on: with
+it the confidence budget gets no step timings and stays at k (cpp/src/engine/README.md).
+
 Defaults (3 layers [sliding, CSA, HCA], prompt 512, 64 output tokens, one warm-up) keep the run
 to a few minutes on one H200: 3 concurrencies x 3 engines x 2 runs.
 """
@@ -98,6 +101,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="the tiny checkpoint on the CPU")
+    parser.add_argument(
+        "--spec-zero-overhead",
+        choices=("on", "off"),
+        default="off",
+        help="zero-overhead scheduling of the drafting engines",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.smoke:
@@ -115,7 +124,11 @@ def main() -> None:
         # than each sizing itself from the memory the others leave.
         "num_kv_blocks": max(concurrency) * (max_len // 128 + 2) + 8,
     }
-    spec = {"num_speculative_tokens": args.k, "speculative_method": "external"}
+    spec = {
+        "num_speculative_tokens": args.k,
+        "speculative_method": "external",
+        "zero_overhead": args.spec_zero_overhead == "on",
+    }
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:

@@ -22,6 +22,18 @@ TEST(DraftEstimate, UpdatesOnlyThePositionsReached) {
   EXPECT_GT(e.conditional[1], 0.99);
 }
 
+// The expected accepted drafts of a row of n: the sum of the cumulative products, capped at the
+// estimate's kMaxDrafts positions.
+TEST(DraftEstimate, ExpectedAcceptedIsTheSumOfTheCumulativeProducts) {
+  DraftEstimate e = DraftEstimate::of_probabilities(std::vector<float>{0.5f, 0.5f, 1.0f});
+  EXPECT_DOUBLE_EQ(e.expected_accepted(0), 0.0);
+  EXPECT_DOUBLE_EQ(e.expected_accepted(1), 0.5);
+  EXPECT_DOUBLE_EQ(e.expected_accepted(3), 0.5 + 0.25 + 0.25);
+  EXPECT_DOUBLE_EQ(e.expected_accepted(9), 1.0);  // no draft past the probabilities given
+  const DraftEstimate prior;
+  EXPECT_NEAR(prior.expected_accepted(3), 0.6 + 0.36 + 0.216, 1e-12);
+}
+
 void feed(DraftBudget& b, double base, double slope) {
   for (int t = 1; t <= 64; t += 3) b.observe_step(t, base + slope * t);
 }

@@ -333,6 +333,75 @@ TEST(Scheduler, APrefixHitRestoresTheSnapshotAndComputesOnlyTheRest) {
   h.commit(p3);
 }
 
+// A host drafter proposing `drafts` for the sequences in `drafting`, nothing for the others.
+class FixedDrafter final : public Drafter {
+ public:
+  FixedDrafter(std::vector<RequestId> drafting, std::vector<int32_t> drafts)
+      : drafting_(std::move(drafting)), drafts_(std::move(drafts)) {}
+  void propose(RequestId id, std::span<const int32_t>, int max_drafts,
+               std::vector<int32_t>& drafts) override {
+    if (std::find(drafting_.begin(), drafting_.end(), id) == drafting_.end()) return;
+    drafts.assign(drafts_.begin(), drafts_.begin() + std::min<ptrdiff_t>(max_drafts, 3));
+  }
+
+ private:
+  std::vector<RequestId> drafting_;
+  std::vector<int32_t> drafts_;
+};
+
+// Zero-overhead scheduling with a host drafter: a step is planned while the one before it is in
+// flight. A sequence whose in-flight row verifies drafts gets no row (its next position depends
+// on the accepted count); one with a plain row in flight skips a step to draft only while its
+// expected accepted drafts exceed one, and a skip that found no drafts counts as a rejection.
+TEST(Scheduler, ZeroOverheadDraftingSkipsAStepAfterAVerifyRow) {
+  Harness h({});
+  const RequestId a = h.add(prompt_of(10, 1), 8);
+  const RequestId b = h.add(prompt_of(10, 2), 8);
+  h.scheduler().set_drafter(
+      std::make_shared<FixedDrafter>(std::vector<RequestId>{a}, std::vector<int32_t>{7, 7, 7}), 3,
+      1000);
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  ASSERT_EQ(p1.rows.size(), 2u);
+  // With p1 in flight both would rather draft next (prior estimate: 0.6 + 0.36 + 0.216 > 1).
+  StepPlan p2;
+  EXPECT_EQ(h.schedule(p2), Outcome::kIdle);
+  h.commit(p1, {7, 8});
+  StepPlan p3;
+  ASSERT_EQ(h.schedule(p3), Outcome::kScheduled);
+  ASSERT_EQ(p3.rows.size(), 2u);
+  EXPECT_EQ(p3.rows[0].num_drafts, 3);  // a verifies from committed tokens
+  EXPECT_FALSE(p3.rows[0].carried());
+  EXPECT_EQ(p3.rows[1].num_drafts, 0);  // b's drafter found nothing
+  // With p3 in flight: a skips (a verify row is in flight); b, whose skip found no drafts, no
+  // longer expects drafting to pay and decodes on, its token taken from p3's output, which holds
+  // one sample per logits row: a's four, then b's.
+  StepPlan p4;
+  ASSERT_EQ(h.schedule(p4), Outcome::kScheduled);
+  ASSERT_EQ(p4.rows.size(), 1u);
+  EXPECT_EQ(p4.rows[0].seq_id, b);
+  EXPECT_EQ(p4.rows[0].forward.token_from_previous, 4);
+  EXPECT_EQ(p4.rows[0].forward.start_pos, 11);
+  h.commit_drafts(p3, {7, 9, 11}, {2, 1}, {});  // a accepted one draft
+  EXPECT_EQ(h.seq(a).num_tokens(), 13);
+  EXPECT_EQ(h.seq(a).num_computed, 12);
+  // With p4 in flight: a has nothing in flight and verifies again where its tokens end; b is
+  // carried from p4's only sample.
+  StepPlan p5;
+  ASSERT_EQ(h.schedule(p5), Outcome::kScheduled);
+  ASSERT_EQ(p5.rows.size(), 2u);
+  EXPECT_EQ(p5.rows[0].seq_id, a);
+  EXPECT_EQ(p5.rows[0].forward.start_pos, 12);
+  EXPECT_EQ(p5.rows[0].num_drafts, 3);
+  EXPECT_EQ(p5.rows[1].forward.token_from_previous, 0);
+  h.commit(p4, {13});
+  h.commit_drafts(p5, {7, 7, 7, 5, 17}, {4, 1}, {});
+  EXPECT_EQ(h.seq(a).num_tokens(), 17);
+  EXPECT_EQ(h.seq(b).num_tokens(), 14);
+  EXPECT_EQ(h.scheduler().stats().draft_tokens, 6u);
+  EXPECT_EQ(h.scheduler().stats().accepted_draft_tokens, 4u);
+}
+
 // speculative_method "mtp": the drafts a step's result carries for a row are the next decode row's
 // drafts, only while nothing else was committed for that sequence since.
 TEST(Scheduler, ExecutorDraftsFeedTheNextDecodeRowOnly) {

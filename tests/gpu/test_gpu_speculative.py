@@ -39,7 +39,8 @@ def run(engine: dc.Engine, prompts, params) -> list[list[int]]:
     return [out[i] for i in ids]
 
 
-def test_speculative_decoding_on_the_device() -> None:
+@pytest.mark.parametrize("zero_overhead", [True, False], ids=["zos", "sync"])
+def test_speculative_decoding_on_the_device(zero_overhead: bool) -> None:
     path = str(ensure_tiny_checkpoint())
     rng = random.Random(9)
     prompts = [[rng.randrange(2, 129000) for _ in range(n)] for n in (5, 40, 130, 260, 17, 90)]
@@ -51,6 +52,7 @@ def test_speculative_decoding_on_the_device() -> None:
         max_num_seqs=8,
         num_speculative_tokens=4,
         speculative_method="external",
+        zero_overhead=zero_overhead,
     )
     engine.set_drafter(Oracle(prompts, plain))
     spec = run(engine, prompts, params)
@@ -58,7 +60,8 @@ def test_speculative_decoding_on_the_device() -> None:
     same = sum(a == b for x, y in zip(plain, spec, strict=True) for a, b in zip(x, y, strict=True))
     total = sum(len(x) for x in plain)
     print(
-        f"\nSPEC-GPU greedy agreement {same}/{total}, drafts {s['draft_tokens']} accepted "
+        f"\nSPEC-GPU zero_overhead={zero_overhead} greedy agreement {same}/{total}, drafts "
+        f"{s['draft_tokens']} accepted "
         f"{s['accepted_draft_tokens']} verify rows {s['verify_rows']} steps {s['num_steps']}"
     )
     assert s["accepted_draft_tokens"] > 0.8 * s["draft_tokens"]

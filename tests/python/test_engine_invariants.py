@@ -47,6 +47,25 @@ def scripted(**kw) -> ScriptedEngine:
     return ScriptedEngine(**kw)
 
 
+class OracleDrafter(dc.Drafter):
+    """Drafts the emulation's own continuation, each draft right with probability 0.7 (decided
+    by the context length and the draft index, so every run sees the same drafts)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        ctx, drafts = list(tokens), []
+        for j in range(max_drafts):
+            t = self.model.next_token(ctx)
+            if random.Random(len(ctx) * 131 + j).random() >= 0.7:
+                t = 2 + (t + 1) % (VOCAB - 2)
+            drafts.append(t)
+            ctx.append(t)
+        return drafts
+
+
 def live_slots(engine) -> int:
     return engine.stats()["num_state_slots_free"]
 
@@ -108,11 +127,21 @@ def random_events(engine, rng: random.Random, n_events: int) -> tuple[Trace, dic
             max_num_batched_tokens=2048,
         ),
         dict(zero_overhead=True, preemption="stop", enable_prefix_cache=False),
+        dict(
+            zero_overhead=True,
+            preemption="recompute",
+            num_speculative_tokens=3,
+            speculative_method="external",
+        ),
     ],
-    ids=["zos-recompute", "sync-stop-unchunked", "zos-stop-nocache"],
+    ids=["zos-recompute", "sync-stop-unchunked", "zos-stop-nocache", "zos-recompute-drafts"],
 )
 def test_invariants_randomized_scripted(options) -> None:
     engine = scripted(eos_probability=0.02, **options)
+    drafting = options.get("speculative_method") == "external"
+    if drafting:
+        engine.drafter = OracleDrafter(engine.model)  # kept alive beside the engine
+        engine.set_drafter(engine.drafter)
     slots = live_slots(engine)
     rng = random.Random(hash(tuple(sorted(options.items()))) & 0xFFFF)
     trace, prompts, aborted = random_events(engine, rng, 10_000)
@@ -135,6 +164,8 @@ def test_invariants_randomized_scripted(options) -> None:
     assert stats["num_preemptions"] > 0, stats
     if options.get("enable_prefix_cache", True):
         assert stats["prompt_tokens_cached"] > 0, stats
+    if drafting:
+        assert 0 < stats["accepted_draft_tokens"] < stats["draft_tokens"], stats
 
 
 def damage_one_file(root: Path, rng: random.Random) -> bool:
@@ -216,8 +247,19 @@ def test_invariants_randomized_with_fetch_states(tmp_path, zero_overhead: bool) 
     assert aborts_while_fetching > 0
 
 
-@pytest.mark.parametrize("kv_cache_dtype", KV_DTYPES)
-def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> None:
+class RepeatDrafter(dc.Drafter):
+    """Proposes the last token again, every time."""
+
+    def propose(self, request_id: int, tokens: list[int], max_drafts: int) -> list[int]:
+        return [tokens[-1]] * max_drafts
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "drafts"),
+    [(dtype, 0) for dtype in KV_DTYPES] + [(KV_DTYPES[0], 3)],
+)
+def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype, drafts) -> None:
+    # drafts > 0: drafts that repeat the last token, under zero-overhead scheduling (the default).
     engine = dc.Engine(
         str(tiny_checkpoint),
         max_num_seqs=6,
@@ -225,7 +267,12 @@ def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> No
         max_num_batched_tokens=256,
         max_model_len=1024,
         kv_cache_dtype=kv_cache_dtype,
+        num_speculative_tokens=drafts,
+        speculative_method="external",
     )
+    repeat = RepeatDrafter()
+    if drafts:
+        engine.set_drafter(repeat)
     assert engine.config.cache.kv_cache_dtype == kv_cache_dtype
     slots = live_slots(engine)
     rng = random.Random(7)
@@ -247,6 +294,9 @@ def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype) -> No
     assert_pools_full(engine, slots)
     for rid in prompts:
         trace.check_contract(rid)
+    if drafts:
+        assert engine.config.scheduler.zero_overhead
+        assert engine.stats()["draft_tokens"] > 0
 
 
 # ---- leaks: one targeted run per terminal path -------------------------------------------------

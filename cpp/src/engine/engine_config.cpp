@@ -119,7 +119,10 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                         std::to_string(s.prompt_lookup_min) + " and " +
                                         std::to_string(s.prompt_lookup_max));
   }
-  if (s.num_speculative_tokens > 0) s.zero_overhead = false;  // drafts need committed tokens
+  // The MTP drafts of a step are made once its tokens are on the host (ModelExecutor::wait), which
+  // under zero-overhead scheduling would wait for the next step's forward too: not overlapped.
+  // Host drafters overlap (Scheduler::sits_out).
+  if (s.num_speculative_tokens > 0 && s.speculative_method == "mtp") s.zero_overhead = false;
   const bool sized_at_load = kv_from_device_memory && c.placement.device.starts_with("cuda");
   const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
   if (cache.num_kv_blocks == 0 && !sized_at_load) {

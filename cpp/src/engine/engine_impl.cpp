@@ -284,9 +284,9 @@ std::vector<RequestOutput> EngineImpl::step() {
     // A DP rank whose decode rows all went away (preempted) still joins its group's step.
     idle_pass = comm_ != nullptr && outcome != sched::Scheduler::Outcome::kScheduled;
   }
-  // Without zero-overhead scheduling (always the case while drafting) a decode step is launched
-  // and committed within this call, so its wall time is the step's: the confidence budget's
-  // cost model.
+  // Without zero-overhead scheduling a decode step is launched and committed within this call,
+  // so its wall time is the step's: the confidence budget's cost model. (With it the host's
+  // wall time is not the step's; the budget then stays at the fixed maximum.)
   const auto started = std::chrono::steady_clock::now();
   const bool timed_decode = outcome == sched::Scheduler::Outcome::kScheduled &&
                             !config_.scheduler.zero_overhead && !plan.is_prefill;

@@ -444,18 +444,25 @@ void ModelExecutor::verify(const StepPlan& plan, const Tensor& logits, const Ten
   batch.position = next_positions;
   sampling_keys_.clear();  // the cached per-request constants no longer match the device's
   const SampleResult result = be.sample(logits, batch);
-  step.sampled = result.tokens;
+  step.sampled = apply_forced_tokens(plan, result.tokens);
   copy_results_to_host(step, result, max_logprobs);
 }
 
 Tensor ModelExecutor::apply_forced_tokens(const StepPlan& plan, const Tensor& sampled) {
+  // One sample per logits row (1 + d for a verify row; forced tokens come only on plain rows):
+  // a carried row of the next step reads its token here.
   std::vector<int32_t> forced, keep;
   bool any_forced = false;
   for (const StepRow& r : plan.rows) {
     if (!r.samples()) continue;
-    any_forced = any_forced || r.forced_token >= 0;
-    forced.push_back(r.forced_token >= 0 ? r.forced_token : 0);
-    keep.push_back(r.forced_token >= 0 ? -1 : static_cast<int32_t>(keep.size()));
+    const bool force = r.forced_token >= 0 && !r.verifies();
+    any_forced = any_forced || force;
+    forced.push_back(force ? r.forced_token : 0);
+    keep.push_back(force ? -1 : static_cast<int32_t>(keep.size()));
+    for (int j = 0; j < r.num_drafts; ++j) {
+      forced.push_back(0);
+      keep.push_back(static_cast<int32_t>(keep.size()));
+    }
   }
   if (!any_forced) return sampled;
   Backend& be = *model_->backend;

@@ -118,12 +118,14 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   // committed outputs and uploaded; nothing defined when no row asks for any. A constraint that
   // throws leaves its row unmasked and is reported in `step` (the commit ends the request).
   LogitAdjustments logit_adjustments(const StepPlan& plan, int64_t vocab, ModelStep& step);
-  // SamplingParams::forced_tokens: the forced ids replace the sampled ones on the device, so the
-  // next step's carried rows read them like any sampled token.
+  // SamplingParams::forced_tokens: the forced ids replace the sampled ones on the device (one
+  // per logits row of the sampling rows), so the next step's carried rows read them like any
+  // sampled token.
   Tensor apply_forced_tokens(const StepPlan& plan, const Tensor& sampled);
   // A step with verify rows (speculative decoding): every logits row sampled, the drafts
-  // accepted on the host while they match (verify_result), 1..1 + d tokens per sampling row (no
-  // carried row can follow: drafting turns zero-overhead scheduling off).
+  // accepted on the host while they match (verify_result), 1..1 + d tokens per sampling row. A
+  // carried row of the next step follows only a plain row (Scheduler::sits_out) and reads its
+  // sample at its logits row.
   void verify(const StepPlan& plan, const Tensor& logits, const Tensor& next_positions,
               ModelStep& step);
   static StepResult verify_result(ModelStep& step, StepResult result);

@@ -35,6 +35,16 @@ void DraftEstimate::cumulative(int n, std::vector<double>& out) const {
   }
 }
 
+double DraftEstimate::expected_accepted(int n) const {
+  double a = 1.0;
+  double sum = 0.0;
+  for (int j = 0; j < std::min(n, kMaxDrafts); ++j) {
+    a *= conditional[static_cast<size_t>(j)];
+    sum += a;
+  }
+  return sum;
+}
+
 void record_calibration(DraftCalibration& c, double estimate, bool accepted) {
   const double p = std::isnan(estimate) ? 0.0 : std::clamp(estimate, 0.0, 1.0);
   const auto bin = static_cast<size_t>(

@@ -49,6 +49,8 @@ struct DraftEstimate {
   static DraftEstimate of_probabilities(std::span<const float> probs);
   // a_j = c_0 ... c_j for j < n (n <= kMaxDrafts) into `out`.
   void cumulative(int n, std::vector<double>& out) const;
+  // sum_j a_j for j < n: the expected accepted drafts of a verify row with n drafts.
+  double expected_accepted(int n) const;
 };
 
 // Records a verified draft's estimate (clamped to [0, 1]) and outcome.

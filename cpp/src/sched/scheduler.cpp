@@ -158,7 +158,7 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
                                        std::optional<StepKind> voted) {
   retire_finished();
   plan.clear();
-  num_sampling_rows_ = 0;
+  num_sampled_tokens_ = 0;
 
   const bool decode_work = has_decode_work();
   bool prefill_work = false;
@@ -173,7 +173,7 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
   StepKind kind = voted ? *voted : interleave_.choose(prefill_work, decode_work);
   if (kind == StepKind::kPrefill && !schedule_prefill(plan, out)) {
     plan.clear();
-    num_sampling_rows_ = 0;
+    num_sampled_tokens_ = 0;
     // The group voted for prefill: this rank runs an empty one, never a decode.
     if (voted) return Outcome::kIdle;
     // Nothing admissible (blocks, slots or max_num_seqs exhausted): decode instead of idling.
@@ -186,6 +186,9 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
       plan.clear();
       return o;
     }
+    // Every decoding sequence skipped this step (Scheduler::sits_out): waiting prompts may use it.
+    if (plan.empty() && drafting() && prefill_work && !voted && schedule_prefill(plan, out))
+      kind = StepKind::kPrefill;
   }
   if (plan.empty()) return Outcome::kIdle;
 
@@ -246,7 +249,8 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int3
     const size_t output_index = static_cast<size_t>(start + q - s.num_prompt_tokens);
     if (output_index < s.params.forced_tokens.size())
       row.forced_token = s.params.forced_tokens[output_index];
-    s.inflight.last_sampling_row = num_sampling_rows_++;
+    s.inflight.last_sampling_row = num_sampled_tokens_;
+    num_sampled_tokens_ += f.num_logits;
   }
 
   s.inflight.steps += 1;
@@ -381,6 +385,7 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
     if (s.state != SeqState::kRunning || s.remaining_budget(config_.max_model_len) <= 0) continue;
+    if (s.inflight.steps > 0 && sits_out(s)) continue;
     const int pos = s.next_position();
     bool scheduled_self = true;
     while (!kv_.grow(s, pos + 1)) {

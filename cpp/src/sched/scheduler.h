@@ -13,15 +13,16 @@
 // finishes). With zero-overhead scheduling the step being planned may overlap one step still in
 // flight: lengths are optimistic (committed + in-flight reservation), a row whose input token is
 // still on the device is marked carried, and a preemption that would hit an in-flight sequence
-// asks the engine to drain first. A sequence admitted on a KV tier hit whose blocks are still being
-// read waits in `fetching` (SeqState::kFetching), holding its blocks and slot (it counts toward
-// max_num_seqs and KV usage like any admitted sequence) while the steps go on without it;
-// poll_fetches, at the start of each step, moves a finished one to the head of `waiting` to
-// prefill the rest of its prompt, or, when the fetch failed, back to the head unadmitted. A
-// sequence whose tier hit would read blocks another fetch is already reading waits in `fetching`
-// too, holding nothing (not counted toward max_num_seqs), until that fetch is over; it then goes
-// back to the head of `waiting`, behind the sequence it waited for, and its admission takes the
-// fetched blocks from the GPU index.
+// asks the engine to drain first. With drafting, a sequence whose in-flight row verifies drafts
+// gets no row (its next position depends on what the device accepts; sits_out). A sequence admitted
+// on a KV tier hit whose blocks are still being read waits in `fetching` (SeqState::kFetching),
+// holding its blocks and slot (it counts toward max_num_seqs and KV usage like any admitted
+// sequence) while the steps go on without it; poll_fetches, at the start of each step, moves a
+// finished one to the head of `waiting` to prefill the rest of its prompt, or, when the fetch
+// failed, back to the head unadmitted. A sequence whose tier hit would read blocks another fetch is
+// already reading waits in `fetching` too, holding nothing (not counted toward max_num_seqs), until
+// that fetch is over; it then goes back to the head of `waiting`, behind the sequence it waited
+// for, and its admission takes the fetched blocks from the GPU index.
 #pragma once
 
 #include <deque>
@@ -101,9 +102,14 @@ class Scheduler {
   bool has_decode_work() const;
   void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
   void propose_drafts(Sequence& s);
+  void propose_within(Sequence& s, int budget);
+  // Zero-overhead scheduling with drafting: whether `s`, with a step in flight, gets no row in
+  // this step (scheduler_drafts.cpp says when).
+  bool sits_out(Sequence& s);
   // The executor's drafts for `s`'s next row came with their MTP probabilities.
   static bool has_draft_probs(const Sequence& s);
   int draft_limit(const Sequence& s) const;
+  int drafts_allowed(const Sequence& s) const;
   bool drafting() const { return (drafter_ != nullptr || executor_drafts_) && max_drafts_ > 0; }
   void unreserve(const StepPlan& plan);
   void preempt(Sequence& s, std::vector<RequestOutput>& out);
@@ -126,7 +132,9 @@ class Scheduler {
   int num_unfinished_ = 0;
   int num_holding_ = 0;  // sequences holding a state slot and blocks
   uint64_t next_step_id_ = 1;
-  int num_sampling_rows_ = 0;  // in the plan being built
+  // Tokens the device output of the plan being built holds so far: one per logits row of its
+  // sampling rows (1 + d for a verify row), the index a carried row of the next step names.
+  int num_sampled_tokens_ = 0;
   std::shared_ptr<Drafter> drafter_;
   bool executor_drafts_ = false;  // use_executor_drafts
   int max_drafts_ = 0;

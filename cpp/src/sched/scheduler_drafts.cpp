@@ -58,10 +58,15 @@ void Scheduler::use_executor_drafts(int max_drafts) {
 }
 
 // The most drafts `s` may verify in the next decode step; 0 when it cannot draft: no drafter, a
-// step in flight (the context is not known yet), penalties or forced tokens, a constraint that
-// cannot roll back, or no token budget left.
+// step in flight (the context is not known yet), or drafts_allowed says none.
 int Scheduler::draft_limit(const Sequence& s) const {
-  if (!drafting() || s.inflight.steps > 0) return 0;
+  return s.inflight.steps > 0 ? 0 : drafts_allowed(s);
+}
+
+// The drafts `s` may verify once its context is known: none for penalties or forced tokens, a
+// constraint that cannot roll back, or no token budget left.
+int Scheduler::drafts_allowed(const Sequence& s) const {
+  if (!drafting()) return 0;
   // Penalties would need each draft row's own history: not yet. A constraint drafts when it can
   // roll back (the executor masks each verify row by accepting the drafts before it).
   const SamplingParams& p = s.params;
@@ -78,13 +83,43 @@ int Scheduler::draft_limit(const Sequence& s) const {
   return std::max(0, std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1));
 }
 
+// Zero-overhead scheduling plans this step while `s`'s previous one runs, so the host has not
+// seen that step's tokens: no drafter can draft for `s` now, and after a verify row even the next
+// position depends on how many drafts the device accepts. So after a verify row `s` skips this
+// step; its next row is planned from committed tokens once that step is committed (the pipeline
+// keeps running the other sequences). After a plain row the next row is carried (its token taken
+// on the device) unless drafting pays: skipping one step to verify up to n drafts in the next
+// yields 1 + sum_j a_j expected tokens per two steps (a_j: draft_budget.h), two carried rows 2,
+// so `s` skips when sum_j a_j > 1, or to try its drafter once (the prior alone may not promise
+// enough). A sequence that does not skip lets its estimates drift back toward the prior, so one
+// whose drafts failed for a while tries again.
+bool Scheduler::sits_out(Sequence& s) {
+  if (s.inflight.has_drafts()) return true;
+  const int n = drafts_allowed(s);
+  if (n <= 0) return false;
+  if (s.draft_estimate.expected_accepted(n) > 1.0 || !s.drafter_asked) {
+    s.skipped_to_draft = true;
+    return true;
+  }
+  s.draft_estimate.relax();
+  return false;
+}
+
 // Fills drafts_ for a decode row of `s`, within draft_limit and the confidence budget. A drafter
 // that throws or proposes a token outside the vocabulary proposes nothing.
 void Scheduler::propose_drafts(Sequence& s) {
   drafts_.clear();
+  const bool skipped = std::exchange(s.skipped_to_draft, false);
   int budget = draft_limit(s);
   if (s.draft_budget >= 0) budget = std::min(budget, s.draft_budget);
   if (budget <= 0) return;
+  s.drafter_asked = true;
+  propose_within(s, budget);
+  // A step skipped for drafts that did not come: as a rejected first draft (sits_out).
+  if (skipped && drafts_.empty()) s.draft_estimate.update(1, 0);
+}
+
+void Scheduler::propose_within(Sequence& s, int budget) {
   if (executor_drafts_) {
     // Made for exactly the committed tokens (the executor drafts past every sampling row).
     if (s.model_drafts_at != s.num_tokens()) return;

@@ -44,10 +44,14 @@ struct InflightLedger {
   int steps = 0;
   int reserved = 0;
   int kv = 0;
-  // Index of the sequence's sampling row among the sampling rows of the latest step that holds
-  // one: a decode row planned while that step is in flight (carried) takes its input token from
-  // the device output there.
+  // Where the sequence's sampled token lies in the device output of the latest step that samples
+  // for it (one token per logits row: 1 + d for a verify row with d drafts): a decode row planned
+  // while that step is in flight (carried) takes its input token from there.
   int32_t last_sampling_row = -1;
+
+  // Whether an outstanding row verifies drafts (each reserves 1 + d): then the next position
+  // depends on how many the device accepts, which the host learns only at the commit.
+  bool has_drafts() const { return reserved > steps; }
 };
 
 struct Sequence {
@@ -90,6 +94,11 @@ struct Sequence {
   std::vector<int32_t> model_drafts;
   std::vector<float> model_draft_probs;
   int model_drafts_at = -1;
+  // Zero-overhead scheduling with drafting: the sequence skipped a step so that its next row can
+  // draft from committed tokens (Scheduler::sits_out); a drafter that then proposes nothing
+  // counts as a rejected first draft, so a sequence without matches stops skipping.
+  bool skipped_to_draft = false;
+  bool drafter_asked = false;  // drafts were proposed for it at least once (or none found)
 
   bool ready_emitted = false;
   int prompt_cache_hit_tokens = 0;

@@ -15,10 +15,14 @@ class ScriptedExecutor::ScriptedStep final : public InflightStep {
   StepPlan plan;  // owned copy: the scheduler's spans are only valid until launch returns
   std::vector<std::vector<int32_t>> tokens;  // per row
   std::vector<std::vector<int32_t>> tables;  // per row
-  // Per sampling row, written by the worker. Shared: the next step's worker task reads it even
-  // after the engine has committed and dropped this step.
+  // One sample per logits row (1 + d for a verify row), written by the worker. Shared: the next
+  // step's worker task reads it even after the engine has committed and dropped this step.
   std::shared_ptr<std::vector<int32_t>> sampled = std::make_shared<std::vector<int32_t>>();
-  // (sequence, epoch) of each sampling row: a carried row of the next step must name its own.
+  // What the commit reads, written by the worker: per sampling row its tokens (a verify row's
+  // accepted drafts and final token) and their count.
+  std::vector<int32_t> committed;
+  std::vector<int> counts;
+  // (sequence, epoch) of each sample: a carried row of the next step must name its own.
   std::vector<std::pair<RequestId, uint32_t>> sampling_keys;
   std::shared_ptr<const std::vector<int32_t>> previous_sampled;
   std::unique_ptr<Event> done;
@@ -49,7 +53,9 @@ std::unique_ptr<InflightStep> ScriptedExecutor::launch(const StepPlan& plan,
   for (const sched::StepRow& row : step->plan.rows) {
     step->tokens.emplace_back(row.forward.tokens.begin(), row.forward.tokens.end());
     step->tables.emplace_back(row.forward.block_table.begin(), row.forward.block_table.end());
-    if (row.samples()) step->sampling_keys.emplace_back(row.seq_id, row.epoch);
+    if (row.samples())
+      step->sampling_keys.insert(step->sampling_keys.end(), static_cast<size_t>(1 + row.num_drafts),
+                                 {row.seq_id, row.epoch});
   }
   for (size_t i = 0; i < step->plan.rows.size(); ++i) {
     step->plan.rows[i].forward.tokens = step->tokens[i];
@@ -126,7 +132,11 @@ void ScriptedExecutor::run(ScriptedStep& step) {
                                             std::to_string(f.start_pos) +
                                             " over a block holding another prefix");
     }
-    for (int k = 0; k < f.num_tokens; ++k) {
+    // A verify row (input token, then d drafts) samples after each of its tokens; draft j is
+    // accepted while it equals the sample before it, and only the input token and the accepted
+    // drafts stay in the slot and its blocks (the rest is overwritten later, as on the device).
+    const int kept = row.verifies() ? 1 + accepted_drafts(row, slot.hash, step) : f.num_tokens;
+    for (int k = 0; k < kept; ++k) {
       int32_t token = f.tokens[static_cast<size_t>(k)];
       if (k == 0 && row.carried()) {
         token = step.previous_sampled->at(static_cast<size_t>(f.token_from_previous));
@@ -138,9 +148,12 @@ void ScriptedExecutor::run(ScriptedStep& step) {
         blocks_[static_cast<size_t>(f.block_table[b])] = slot.hash;
       }
     }
-    if (row.samples()) {
-      step.sampled->push_back(row.forced_token >= 0 ? row.forced_token
-                                                    : options_.model.token_after(slot.hash));
+    if (row.samples() && !row.verifies()) {
+      const int32_t token =
+          row.forced_token >= 0 ? row.forced_token : options_.model.token_after(slot.hash);
+      step.sampled->push_back(token);
+      step.committed.push_back(token);
+      step.counts.push_back(1);
     }
   }
   for (const auto& [src, dst] : step.plan.copies_after)
@@ -150,11 +163,34 @@ void ScriptedExecutor::run(ScriptedStep& step) {
   timings_.push_back(timing);
 }
 
+int ScriptedExecutor::accepted_drafts(const sched::StepRow& row, uint64_t hash,
+                                      ScriptedStep& step) const {
+  const ForwardRow& f = row.forward;
+  int accepted = -1;  // until a sample differs from the draft after it
+  for (int k = 0; k < f.num_tokens; ++k) {
+    hash = ScriptedModel::feed(hash, f.tokens[static_cast<size_t>(k)]);
+    const int32_t sample = options_.model.token_after(hash);
+    step.sampled->push_back(sample);
+    const bool last = k + 1 == f.num_tokens;
+    if (accepted < 0 && (last || sample != f.tokens[static_cast<size_t>(k) + 1])) {
+      accepted = k;
+      step.committed.push_back(sample);
+      step.counts.push_back(k + 1);
+    } else if (accepted < 0) {
+      step.committed.push_back(sample);
+    }
+  }
+  return accepted;
+}
+
 StepResult ScriptedExecutor::wait(InflightStep& step) {
   auto& s = dynamic_cast<ScriptedStep&>(step);
   s.done->wait();
   StepResult result;
-  result.tokens = *s.sampled;
+  result.tokens = s.committed;
+  const bool verifies = std::any_of(s.plan.rows.begin(), s.plan.rows.end(),
+                                    [](const sched::StepRow& r) { return r.verifies(); });
+  if (verifies) result.counts = s.counts;
   return result;
 }
 

@@ -8,7 +8,9 @@
 // hash after its last position, and a row that resumes at a block boundary checks that the block
 // before it agrees with its slot. Blocks and slots copy to and from host bytes (sched::KvTransfer,
 // on the same worker), so the KV tiers run over it: a wrongly imported block or snapshot changes
-// the outputs or trips that check.
+// the outputs or trips that check. A verify row samples after each of its tokens and keeps its
+// accepted drafts only, as the model executor's acceptance does; a row that starts anywhere but
+// where its slot ends (say, at a verify row's optimistic end) trips the position check.
 #pragma once
 
 #include <chrono>
@@ -67,6 +69,9 @@ class ScriptedExecutor final : public StepExecutor, private sched::KvTransfer {
   };
   class ScriptedStep;
   void run(ScriptedStep& step);
+  // Samples after each token of verify row `row` over a slot holding `hash` into `step`, and
+  // returns how many of its drafts are accepted.
+  int accepted_drafts(const sched::StepRow& row, uint64_t hash, ScriptedStep& step) const;
 
   // sched::KvTransfer: a block is its hash (8 bytes), a slot its length and hash (16 bytes).
   int64_t block_bytes() const override { return 8; }
