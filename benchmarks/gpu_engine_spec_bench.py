@@ -157,6 +157,7 @@ def main() -> None:
                 num_speculative_tokens=args.drafts,
                 speculative_method="external",
                 zero_overhead=zos,
+                speculative_zero_overhead=zos,
                 **common,
             )
             for zos in zos_modes

@@ -128,6 +128,7 @@ def main() -> None:
         "num_speculative_tokens": args.k,
         "speculative_method": "external",
         "zero_overhead": args.spec_zero_overhead == "on",
+        "speculative_zero_overhead": args.spec_zero_overhead == "on",
     }
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -279,6 +279,7 @@ void bind_engine_config(nb::module_& m) {
       .option<&SchedulerConfig::kv_admission_watermark>("kv_admission_watermark")
       .option<&SchedulerConfig::prefill_steps_per_decode_step>("prefill_steps_per_decode_step")
       .option<&SchedulerConfig::num_speculative_tokens>("num_speculative_tokens")
+      .option<&SchedulerConfig::speculative_zero_overhead>("speculative_zero_overhead")
       .option<&SchedulerConfig::speculative_method>("speculative_method")
       .option<&SchedulerConfig::prompt_lookup_min>("prompt_lookup_min")
       .option<&SchedulerConfig::prompt_lookup_max>("prompt_lookup_max")

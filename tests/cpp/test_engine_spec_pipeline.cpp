@@ -57,6 +57,7 @@ EngineConfig spec_config(bool zero_overhead, int drafts, int num_kv_blocks = 64)
   c.cache.num_kv_blocks = num_kv_blocks;
   c.cache.num_prefix_snapshots = 4;
   c.scheduler.zero_overhead = zero_overhead;
+  c.scheduler.speculative_zero_overhead = zero_overhead;
   c.scheduler.num_speculative_tokens = drafts;
   c.scheduler.speculative_method = "external";
   return c;

@@ -53,6 +53,7 @@ def test_speculative_decoding_on_the_device(zero_overhead: bool) -> None:
         num_speculative_tokens=4,
         speculative_method="external",
         zero_overhead=zero_overhead,
+        speculative_zero_overhead=zero_overhead,
     )
     engine.set_drafter(Oracle(prompts, plain))
     spec = run(engine, prompts, params)

@@ -132,6 +132,7 @@ def random_events(engine, rng: random.Random, n_events: int) -> tuple[Trace, dic
             preemption="recompute",
             num_speculative_tokens=3,
             speculative_method="external",
+            speculative_zero_overhead=True,
         ),
     ],
     ids=["zos-recompute", "sync-stop-unchunked", "zos-stop-nocache", "zos-recompute-drafts"],
@@ -259,7 +260,7 @@ class RepeatDrafter(dc.Drafter):
     [(dtype, 0) for dtype in KV_DTYPES] + [(KV_DTYPES[0], 3)],
 )
 def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype, drafts) -> None:
-    # drafts > 0: drafts that repeat the last token, under zero-overhead scheduling (the default).
+    # drafts > 0: drafts that repeat the last token, under zero-overhead scheduling.
     engine = dc.Engine(
         str(tiny_checkpoint),
         max_num_seqs=6,
@@ -269,6 +270,7 @@ def test_invariants_randomized_tiny_model(tiny_checkpoint, kv_cache_dtype, draft
         kv_cache_dtype=kv_cache_dtype,
         num_speculative_tokens=drafts,
         speculative_method="external",
+        speculative_zero_overhead=True,
     )
     repeat = RepeatDrafter()
     if drafts:

@@ -51,7 +51,10 @@ class Oracle(dc.Drafter):
 
 
 def spec_engine(checkpoint, drafter=None, k: int = 3, **options) -> dc.Engine:
+    """Drafting engine; zero_overhead (default on) asks for host drafts under zero-overhead
+    scheduling (speculative_zero_overhead), which the engine otherwise turns off."""
     method = "external" if drafter is not None else "ngram"
+    options.setdefault("speculative_zero_overhead", options.get("zero_overhead", True))
     engine = cpu_engine(checkpoint, num_speculative_tokens=k, speculative_method=method, **options)
     if drafter is not None:
         engine.set_drafter(drafter)
@@ -278,8 +281,11 @@ def test_speculative_options_are_checked(tiny_checkpoint) -> None:
         cpu_engine(tiny_checkpoint, num_speculative_tokens=6)
     with pytest.raises(ValueError, match="speculative_method"):
         cpu_engine(tiny_checkpoint, num_speculative_tokens=2, speculative_method="eagle")
-    # Host drafters keep zero-overhead scheduling (a sequence skips the step after a verify row).
+    # Drafting turns zero-overhead scheduling off unless speculative_zero_overhead asks for it
+    # (host drafters: a sequence skips the step after a verify row).
     engine = cpu_engine(tiny_checkpoint, num_speculative_tokens=2)
+    assert engine.config.scheduler.zero_overhead is False
+    engine = cpu_engine(tiny_checkpoint, num_speculative_tokens=2, speculative_zero_overhead=True)
     assert engine.config.scheduler.zero_overhead is True
 
 

@@ -121,8 +121,12 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
   }
   // The MTP drafts of a step are made once its tokens are on the host (ModelExecutor::wait), which
   // under zero-overhead scheduling would wait for the next step's forward too: not overlapped.
-  // Host drafters overlap (Scheduler::sits_out).
-  if (s.num_speculative_tokens > 0 && s.speculative_method == "mtp") s.zero_overhead = false;
+  // Host drafters overlap (Scheduler::sits_out), but only on request: a drafting sequence sits
+  // out every other step, which measured slower than drafting without ZOS (engine_config.h).
+  if (s.num_speculative_tokens > 0 &&
+      (s.speculative_method == "mtp" || !s.speculative_zero_overhead)) {
+    s.zero_overhead = false;
+  }
   const bool sized_at_load = kv_from_device_memory && c.placement.device.starts_with("cuda");
   const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
   if (cache.num_kv_blocks == 0 && !sized_at_load) {
