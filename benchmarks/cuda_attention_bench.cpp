@@ -85,11 +85,14 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 // the about ctx/4 index keys in a cache of `kv`, then the top-k. The bytes are those of the index
 // keys each row scores (a prefill chunk's rows share theirs through L2). Rows:
 //  - indexer_topk: the op as the backend runs it (its scoring kernel named), plain and in a
-//    graph; for bf16 / fp8 keys also with the f32 CUDA-core scores (graph), the A/B pair;
-//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, and the
-//    tensor-core one with q in one part (what the op's second MMA costs);
-//  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel; its bytes
-//    are the scores read.
+//    graph; for bf16 / fp8 keys also with the f32 CUDA-core scores (graph), the A/B pair; and
+//    with the one-block selection forced (graph);
+//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, the
+//    tensor-core one with q in one part (what the op's second MMA costs) and, for fp8 keys,
+//    with the records copied key by key (what the copies in runs of a block save);
+//  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
+//    heuristic picks it and with each selection kernel forced (the A/B pair); its bytes are the
+//    scores read.
 void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) {
   const int heads = 64, dim = 128, ratio = 4, top_k = 512;
   const int blocks = ctx / 128;
@@ -100,6 +103,7 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
   Tensor cache = random_cache(be, (int64_t{batch} * blocks + 1) * (128 / ratio), dim, 0, kv, 32);
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   using cuda::IndexerScoreKernel;
+  using cuda::IndexerSelectKernel;
   auto run = [&](const cuda::IndexerRunOptions& opt) {
     (void)cuda::indexer_topk_run(cuda_be, q, w, cache, L, ratio, top_k, 0.0884f, 0.125f, opt);
   };
@@ -121,23 +125,34 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
     auto op_cc = [&] { run({.score_kernel = IndexerScoreKernel::kCudaCore}); };
     emit("indexer_topk", shape + cc + " (graph)", time_graph_us(be, iters, op_cc), bytes, flops);
   }
+  auto op_one_block = [&] { run({.select_kernel = IndexerSelectKernel::kOneBlock}); };
+  emit("indexer_topk", shape + (tensor_cores ? tc : cc) + ", one-block selection (graph)",
+       time_graph_us(be, iters, op_one_block), bytes, flops);
   // The stages apart, on a scores buffer of the caller's: [batch, blocks * entries per block].
   Tensor scores = be.empty({t, int64_t{blocks} * (128 / ratio)}, DType::kF32);
   float* sp = scores.data<float>();
   const std::pair<IndexerScoreKernel, std::string> kernels[] = {
       {IndexerScoreKernel::kTensorCore, tc},
       {IndexerScoreKernel::kTensorCoreOnePass, tc + ", q in one part (below the op's precision)"},
+      {IndexerScoreKernel::kTensorCoreKeyByKey, tc + ", fp8 records copied key by key"},
       {IndexerScoreKernel::kCudaCore, cc}};
   for (const auto& [k, label] : kernels) {
     if (k != IndexerScoreKernel::kCudaCore && !tensor_cores) continue;
+    if (k == IndexerScoreKernel::kTensorCoreKeyByKey && kv != DType::kU8) continue;
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
     emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
          flops);
   }
   run({.run_select = false, .scores = sp});  // the op's own scores, for the selection alone
-  auto select_only = [&] { run({.run_scores = false, .scores = sp}); };
-  emit("indexer_select", shape + " (graph)", time_graph_us(be, iters, select_only),
-       batch * keys * sizeof(float), 0);
+  const std::pair<IndexerSelectKernel, std::string> selections[] = {
+      {IndexerSelectKernel::kAuto, ""},
+      {IndexerSelectKernel::kOneBlock, ", one block per row"},
+      {IndexerSelectKernel::kSplit, ", split over blocks"}};
+  for (const auto& [k, label] : selections) {
+    auto select_only = [&] { run({.select_kernel = k, .run_scores = false, .scores = sp}); };
+    emit("indexer_select", shape + label + " (graph)", time_graph_us(be, iters, select_only),
+         batch * keys * sizeof(float), 0);
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "cuda/indexer/indexer_heuristics.h"
 #include "cuda/indexer/indexer_launch.h"
 #include "deepinfer/backend.h"
+#include "deepinfer/tensor.h"
 
 namespace deepinfer::cuda {
 
@@ -26,6 +27,21 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.
 void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& q, int64_t top_k,
                           size_t max_smem);
+
+class CudaBackend;
+
+// The split selection's scratch for one group (empty when `c` selects with one block per token).
+struct SelectScratch {
+  Tensor hist;   // [group, kSplitBins + 1] u32
+  Tensor pairs;  // [group, row] u64
+};
+SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, int64_t row);
+
+// The selection of the group's n tokens by the kernel `c` chose: indexer_select_split.cu when
+// c.select_splits > 0, else indexer_select.cu.
+void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
+                              const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
+                              cudaStream_t stream);
 
 // The scores of the group's n tokens by the kernel `c` chose: indexer_score_mma.cu when c.mma,
 // else indexer_score.cu.

@@ -61,6 +61,7 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
 
   Tensor scores = scratch(static_cast<size_t>(c.group * bound) * sizeof(float));
   Tensor block_scores = scratch(static_cast<size_t>(c.group * block_row) * sizeof(float));
+  const SelectScratch select_scratch = indexer_select_scratch(*this, c, block_row);
   const DeviceLayout dl = device_layout(layout);
   sa.scores = reinterpret_cast<float*>(scores.raw_data());
   BlockMaxArgs bm{};
@@ -86,7 +87,7 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
     sa.token0 = bm.token0 = se.token0 = static_cast<int>(t0);
     launch_indexer_scores(sa, c, dl, n, stream());
     launch_indexer_block_max(bm, dl, n, block_max_splits(n, block_row, num_sms()), stream());
-    launch_indexer_select(se, dl, n, c.select_smem, stream());
+    launch_indexer_selection(se, c, select_scratch, dl, n, stream());
   }
   return out;
 }
@@ -126,6 +127,7 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
   Tensor lists = scratch(static_cast<size_t>(c.group * (kb + 1)) * sizeof(int32_t));
   Tensor bitmap;
   if (!bitmap_in_smem) bitmap = scratch(static_cast<size_t>(c.group * words) * sizeof(uint32_t));
+  const SelectScratch select_scratch = indexer_select_scratch(*this, c, row);
   const DeviceLayout dl = device_layout(layout);
   CandidateListArgs cl{};
   cl.candidates = candidates.data<int32_t>();
@@ -158,7 +160,7 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
     cl.token0 = sa.token0 = se.token0 = static_cast<int>(t0);
     launch_indexer_candidate_list(cl, dl, n, list_smem, stream());
     launch_indexer_scores(sa, c, dl, n, stream());
-    launch_indexer_select(se, dl, n, c.select_smem, stream());
+    launch_indexer_selection(se, c, select_scratch, dl, n, stream());
   }
   return out;
 }

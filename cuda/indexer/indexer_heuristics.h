@@ -1,7 +1,8 @@
 // How the indexer ops (indexer_topk, indexer_candidates, indexer_topk_in_candidates) are cut
 // into launches: which kernel scores (tensor cores for bf16 and fp8 keys at the shapes
 // indexer_score_mma.cu takes, else the f32 CUDA-core kernel, which also serves f32 keys and
-// candidate lists), whether a token's scores fit in the select kernel's shared memory, how many
+// candidate lists), which kernel selects (one block per token, or the split selection for a few
+// long rows), whether a token's scores fit in the select kernel's shared memory, how many
 // tokens share one scratch allocation, and how many blocks score one token. Host code on shapes
 // only.
 #pragma once
@@ -45,9 +46,20 @@ inline bool score_mma_takes(const IndexerProblem& p) {
          p.heads % kMmaHeadsPerWarp == 0 && kMmaMaxHeads % p.heads == 0;
 }
 
+// Whether the tensor-core kernel may copy fp8 keys in runs of a paged block with 16-byte copies
+// (indexer_score_mma.cu): a run of min(epb, kMmaKeys) records of kMmaDim + 4 bytes starts 16-byte
+// aligned when epb is a multiple of 4; a tile of kMmaKeys keys is whole runs when epb divides
+// kMmaKeys or kMmaKeys divides epb; and cache rows a multiple of 4 keep a run's copy, rounded up
+// to 16 bytes, inside the cache.
+inline bool score_mma_key_runs(KvFormat keys, int64_t epb, int64_t cache_rows) {
+  return keys == KvFormat::kFp8 && epb > 0 && epb % 4 == 0 &&
+         (kMmaKeys % epb == 0 || epb % kMmaKeys == 0) && cache_rows % 4 == 0;
+}
+
 struct IndexerConfig {
   bool mma;                // tensor-core scores (indexer_score_mma.cu)
   bool mma_q_one_part;     // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
+  bool mma_key_by_key;     // ... fp8 keys never in runs (IndexerScoreKernel::kTensorCoreKeyByKey)
   int64_t cap;             // pairs the select kernel collects: min(top_k, selected)
   size_t score_smem;       // the score kernel's shared memory
   size_t select_min_smem;  // the select kernel's with the scores left in global memory
@@ -56,24 +68,54 @@ struct IndexerConfig {
   size_t select_smem;
   int64_t group;   // tokens per launch pair
   int64_t splits;  // score blocks per token
+  // The split selection (indexer_select_split.cu): its blocks per token in steps 1 and 2, or 0
+  // for the one-block kernel (indexer_select.cu); and its step 3's shared memory.
+  int64_t select_splits;
+  size_t split_final_smem;
 };
+
+// The split selection's blocks per token: enough for two waves over the tokens, each block
+// reading at least kSplitSlotsPerBlock keys; the heuristic takes it from kSplitMinBlocks blocks
+// (long rows, few tokens), else 0 (the one-block kernel).
+constexpr int64_t kSplitSlotsPerBlock = 2048;
+constexpr int64_t kSplitMinBlocks = 4;
+
+inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms,
+                                   IndexerSelectKernel want) {
+  if (want == IndexerSelectKernel::kOneBlock) return 0;
+  const int64_t per_token = (2 * static_cast<int64_t>(num_sms) + tokens - 1) / tokens;
+  const int64_t by_slots = (selected + kSplitSlotsPerBlock - 1) / kSplitSlotsPerBlock;
+  const int64_t blocks = std::min({per_token, by_slots, int64_t{65535}});
+  if (want == IndexerSelectKernel::kSplit) return std::max<int64_t>(1, blocks);
+  return blocks >= kSplitMinBlocks ? blocks : 0;
+}
 
 // `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
 // leaves `mma` false and the caller refuses.
 inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem,
-                                    IndexerScoreKernel want = IndexerScoreKernel::kAuto) {
+                                    IndexerScoreKernel want = IndexerScoreKernel::kAuto,
+                                    IndexerSelectKernel want_select = IndexerSelectKernel::kAuto) {
   IndexerConfig c{};
   c.mma = want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
           score_mma_smem_bytes(p.heads, p.keys) <= max_smem;
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
+  c.mma_key_by_key = c.mma && want == IndexerScoreKernel::kTensorCoreKeyByKey;
   c.score_smem = c.mma ? score_mma_smem_bytes(p.heads, p.keys) : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
   c.scores_in_smem = select_smem_bytes(c.cap, p.selected, true) <= max_smem;
   c.select_smem = select_smem_bytes(c.cap, p.selected, c.scores_in_smem);
+  c.split_final_smem =
+      split_select_final_smem_bytes(c.cap, std::min<int64_t>(p.selected, kSplitSmemPairs));
+  c.select_splits = c.split_final_smem <= max_smem
+                        ? split_select_blocks(p.tokens, p.selected, num_sms, want_select)
+                        : 0;
   // Tokens per launch, so that the scratch stays within kScoreScratchBytes.
-  c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / p.scratch_bytes));
+  const int64_t scratch_bytes =
+      p.scratch_bytes +
+      (c.select_splits > 0 ? static_cast<int64_t>(split_select_scratch_bytes(p.selected)) : 0);
+  c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / scratch_bytes));
   // Splits per token, at most the tiles of the scored slots. The CUDA-core kernel: enough blocks
   // for two waves. The tensor-core kernel (two blocks per SM, __launch_bounds__): at most one
   // wave of blocks, each walking its tiles, so that no second, partial wave doubles the time.

@@ -107,11 +107,50 @@ struct SelectArgs {
   bool scores_in_smem;
 };
 
+// The number of slots the select kernels rank for token g of the group.
+__device__ __forceinline__ int64_t select_slots(const SelectArgs& a, const DeviceLayout& l, int g) {
+  if (a.list.blocks != nullptr) return a.list.counts[g];
+  const int64_t visible = visible_entries(l.positions[a.token0 + g], a.ratio, a.bound);
+  return (visible + a.per_slot - 1) / a.per_slot;
+}
+
 inline size_t select_smem_bytes(int64_t cap, int64_t row, bool scores_in_smem) {
   size_t bytes =
       static_cast<size_t>(cap) * sizeof(uint64_t) + 256 * sizeof(uint32_t) + 40 * sizeof(int);
   if (scores_in_smem) bytes += static_cast<size_t>(row) * sizeof(float);
   return bytes;
+}
+
+// The split selection (indexer_select_split.cu) spreads one token's selection over `splits`
+// blocks, so that a few tokens still fill the GPU:
+//  1. histogram: every block counts its share of the token's keys by their top kSplitBinBits
+//     bits into the token's global histogram;
+//  2. collect: every block finds the bin holding the k-th largest key from that histogram and
+//     appends its keys in that bin or above, as (key, slot) pairs, to the token's pair list;
+//  3. final (one block per token): an exact radix select of the top k pairs (pairs are
+//     distinct, and their order is score descending, slot ascending: the tie rule), then the
+//     one-block kernel's rank sort.
+// Typical rows leave a few times k pairs for step 3; a row of many equal keys leaves up to all.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitBinBits = 12;
+constexpr int kSplitBins = 1 << kSplitBinBits;
+constexpr int64_t kSplitSmemPairs = 8192;  // pairs step 3 copies into shared memory
+
+struct SplitSelectArgs {
+  SelectArgs s;        // the slots, outputs and k, as the one-block kernel takes them
+  uint32_t* hist;      // [tokens of the group, kSplitBins + 1], zeroed by the launch; the last
+                       // word of a token is its pair count
+  uint64_t* pairs;     // [tokens of the group, s.row]
+  int64_t smem_pairs;  // step 3 keeps a token's pairs in shared memory when they fit
+};
+
+inline size_t split_select_scratch_bytes(int64_t row) {
+  return (kSplitBins + 1) * sizeof(uint32_t) + static_cast<size_t>(row) * sizeof(uint64_t);
+}
+
+inline size_t split_select_final_smem_bytes(int64_t cap, int64_t smem_pairs) {
+  return static_cast<size_t>(cap + smem_pairs) * sizeof(uint64_t) + 256 * sizeof(uint32_t) +
+         40 * sizeof(int);
 }
 
 // indexer_candidates' block scores: block c of a token is the max of its visible entries' scores.
@@ -149,13 +188,19 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
 // indexer_score_mma.cu: the same scores on tensor cores, for bf16 and fp8 keys of kMmaDim
 // channels and heads 16, 32 or 64, over all visible entries (no candidate list: score_mma_takes);
 // grid (n, splits) over tiles of kMmaKeys. q_one_part: q rounded once, without its lo part
-// (measurement only).
+// (measurement only). key_runs: fp8 keys copied in runs of a paged block (where
+// score_mma_key_runs allows), else key by key.
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                              size_t smem, bool q_one_part, cudaStream_t stream);
+                              size_t smem, bool q_one_part, bool key_runs, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
                            cudaStream_t stream);
+
+// indexer_select_split.cu: the three steps above for the group's n tokens, `splits` blocks per
+// token in steps 1 and 2; final_smem is step 3's (split_select_final_smem_bytes).
+void launch_indexer_select_split(const SplitSelectArgs& a, const DeviceLayout& l, int64_t n,
+                                 int64_t splits, size_t final_smem, cudaStream_t stream);
 
 // indexer_blocks.cu: grid (n tokens of the group, splits).
 void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int64_t n,

@@ -1,6 +1,7 @@
 // Choices of the CUDA indexer_topk that a benchmark may force (plain C++, no CUDA headers):
-// which kernel scores, and which of the two stages run, so that one run can compare the scoring
-// kernels and time the scores and the selection apart. The backend's op uses the defaults.
+// which kernel scores, which selects, and which of the two stages run, so that one run can
+// compare the kernels and time the scores and the selection apart. The backend's op uses the
+// defaults.
 #pragma once
 
 #include "deepinfer/backend.h"
@@ -18,10 +19,20 @@ enum class IndexerScoreKernel {
   // bits for bf16 keys, 11 for fp8): what the split of q costs. Measurement only: its scores
   // are not held to the CPU op's, and kAuto never picks it.
   kTensorCoreOnePass,
+  // kTensorCore with fp8 keys copied key by key (33 four-byte copies per 132-byte record)
+  // instead of in runs of a paged block: what the runs save. Scores as kTensorCore's.
+  kTensorCoreKeyByKey,
+};
+
+enum class IndexerSelectKernel {
+  kAuto,      // indexer_heuristics.h decides
+  kOneBlock,  // indexer_select.cu: one block per token
+  kSplit,     // indexer_select_split.cu: a token's keys over several blocks (where it fits)
 };
 
 struct IndexerRunOptions {
   IndexerScoreKernel score_kernel = IndexerScoreKernel::kAuto;
+  IndexerSelectKernel select_kernel = IndexerSelectKernel::kAuto;
   bool run_scores = true;  // false: select from `scores` as they stand
   bool run_select = true;  // false: only the scores (the returned indices stay unwritten)
   // The caller's scores, [tokens, max_blocks_per_seq * entries per block] f32, all tokens in one

@@ -16,7 +16,9 @@
 // + splits, ... Warp w scores heads 16 (w % hg) .. + 15 (hg = heads / 16 head groups) against
 // keys 32 (w / hg) .. + 31 of each tile, its q fragments in registers for the whole block. Key
 // tiles are copied with cp.async kMmaStages deep, gathered through the block table, as the
-// cache stores them; fp8 codes become f16 in registers (cvt e4m3x2 -> f16x2). Lanes read the
+// cache stores them; fp8 codes become f16 in registers (cvt e4m3x2 -> f16x2). fp8 records (132
+// bytes, 4-byte aligned) are copied in runs of a paged block with 16-byte copies where the
+// block's entries allow it (score_mma_key_runs), else key by key with 4-byte copies. Lanes read the
 // key channels of their fragments directly (indexer_mma_layout.h): no ldmatrix, no decode pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,6 +55,12 @@ struct MmaKeys {
   static constexpr int kLanesPerKey = kRowBytes / kCopyBytes;
   static_assert(kLanesPerKey == 16 || kLanesPerKey == 32, "a key's copies fill a warp or half");
 };
+
+// fp8 keys staged in runs (score_mma_key_runs): a tile's records as the cache stores them, 132
+// bytes each (channels, then the f32 scale), so that whole runs of a paged block copy in 16-byte
+// pieces. A stage of records takes the bytes of a stage of swizzled rows and their scales.
+constexpr int kRecordBytes = kMmaDim + 4;
+static_assert(kRecordBytes == MmaKeys<KvFormat::kFp8>::kRowBytes + sizeof(float));
 
 // Two floats as f16x2 (round to nearest even), the first in the low half.
 __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
@@ -178,6 +186,72 @@ __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceL
   }
 }
 
+// Copies tile keys j0 .. j0 + kMmaKeys - 1 of sequence b as fp8 records into `records` (key n
+// at byte kRecordBytes n) with 16-byte cp.async, and sets mapped[n]. The tile is cut into runs of
+// min(epb, kMmaKeys) keys, each inside one paged block, so each run's records are contiguous in
+// the cache; a run and its first record start 16-byte aligned (score_mma_key_runs: epb and the
+// cache's rows are multiples of 4). A run copies its visible, mapped prefix, rounded up to whole
+// 16-byte pieces: the rounding reads at most into the run's next record, inside the cache.
+__device__ __forceinline__ void issue_key_runs(const ScoreArgs& a, const DeviceLayout& l, int b,
+                                               int64_t j0, int64_t visible, uint8_t* records,
+                                               int* mapped) {
+  constexpr int kPieceBytes = 16;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x);
+  if (tid < kMmaKeys) {
+    const int64_t j = j0 + tid;
+    mapped[tid] = j < visible && entry_row(l, b, j, a.epb, a.cache_rows) >= 0;
+  }
+  const int run_keys = min(a.epb, kMmaKeys);
+  const int run_pieces = run_keys * kRecordBytes / kPieceBytes;
+  const int pieces = kMmaKeys / run_keys * run_pieces;
+  for (int p = tid; p < pieces; p += threads) {
+    const int run = p / run_pieces;
+    const int piece = p % run_pieces;
+    const int64_t j = j0 + static_cast<int64_t>(run) * run_keys;
+    const int64_t row0 = j < visible ? entry_row(l, b, j, a.epb, a.cache_rows) : -1;
+    if (row0 < 0) continue;
+    // Keys of the run that are visible and inside the cache (rows of a run are consecutive).
+    const int64_t keys = min(min(visible - j, static_cast<int64_t>(run_keys)), a.cache_rows - row0);
+    if (static_cast<int64_t>(piece) * kPieceBytes >= keys * kRecordBytes) continue;
+    cp_async_16(records + (run * run_keys) * kRecordBytes + piece * kPieceBytes,
+                a.cache + row0 * kRecordBytes + piece * kPieceBytes);
+  }
+}
+
+// acc[nt] += q . k over the warp's n-tiles of fp8 records staged by issue_key_runs: lane c reads
+// words u of chunks c, 4 + c, ... of its key's channels (the channel order of the swizzled rows,
+// indexer_mma_layout.h) with 4-byte loads, the records being only 4-byte aligned.
+template <int kQParts>
+__device__ __forceinline__ void score_record_tile(const uint8_t* records, int key0, int lane_g,
+                                                  int lane_c, const QueryFragments& q,
+                                                  float (&acc)[kWarpTiles][4]) {
+  constexpr int kLaneChunks = kMmaDim / im::kChunkBytes / im::kQuad;
+#pragma unroll
+  for (int nt = 0; nt < kWarpTiles; ++nt) {
+    const int n = key0 + 8 * nt + lane_g;
+    const uint32_t* rec = reinterpret_cast<const uint32_t*>(records + n * kRecordBytes);
+#pragma unroll
+    for (int i = 0; i < kLaneChunks; ++i) {
+      const int chunk = im::kQuad * i + lane_c;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint32_t w = rec[chunk * (im::kChunkBytes / 4) + u];
+        // Word u: step 4i + u; its low two codes are register 0, its high two register 1.
+        const __half2_raw b0 =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+        const __half2_raw b1 =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+        uint32_t r0, r1;
+        memcpy(&r0, &b0, sizeof(r0));
+        memcpy(&r1, &b1, sizeof(r1));
+        mma_f16(acc[nt], q.hi[4 * i + u], r0, r1);
+        if constexpr (kQParts == 2) mma_f16(acc[nt], q.lo[4 * i + u], r0, r1);
+      }
+    }
+  }
+}
+
 // acc[nt] += q . k over the warp's n-tiles of one staged tile (keys `key0` + 8 nt + g), from
 // q's hi part, and its lo part when kQParts is 2.
 template <KvFormat F, int kQParts>
@@ -223,9 +297,11 @@ __device__ __forceinline__ void score_key_tile(const uint8_t* keys, int key0, in
 
 // kQParts 2 is the op's kernel; 1 (q rounded once to the MMA input: 8 significant bits for bf16
 // keys, 11 for fp8) only measures what the second MMA costs (IndexerScoreKernel).
-template <KvFormat F, int kQParts>
+// kRuns: fp8 records staged in runs (issue_key_runs), else key by key (issue_key_tile).
+template <KvFormat F, int kQParts, bool kRuns>
 __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroups * 32, 2)
     indexer_score_mma_kernel(ScoreArgs a, DeviceLayout l) {
+  static_assert(!kRuns || F == KvFormat::kFp8, "runs of records are fp8 index keys");
   using K = MmaKeys<F>;
   extern __shared__ float4 smem4[];
   const int tid = threadIdx.x;
@@ -250,10 +326,17 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
   auto tile_first = [&](int64_t i) {
     return (static_cast<int64_t>(blockIdx.y) + i * gridDim.y) * kMmaKeys;
   };
+  // With kRuns, stage st's records take bytes [st, st + 1) * kMmaKeys * kRecordBytes of the
+  // rows and scales (their kMmaStages stages, laid out together, have exactly those bytes).
   auto issue = [&](int64_t i) {
     const int st = static_cast<int>(i % kMmaStages);
-    issue_key_tile<F>(a, l, b, tile_first(i), visible, keys + st * kMmaKeys * K::kRowBytes,
-                      scales + st * kMmaKeys, mapped + st * kMmaKeys);
+    if constexpr (kRuns) {
+      issue_key_runs(a, l, b, tile_first(i), visible, keys + st * kMmaKeys * kRecordBytes,
+                     mapped + st * kMmaKeys);
+    } else {
+      issue_key_tile<F>(a, l, b, tile_first(i), visible, keys + st * kMmaKeys * K::kRowBytes,
+                        scales + st * kMmaKeys, mapped + st * kMmaKeys);
+    }
   };
 #pragma unroll
   for (int i = 0; i < kMmaStages - 1; ++i) {
@@ -287,14 +370,23 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
       for (int r = 0; r < 4; ++r) acc[nt][r] = 0.0f;
     }
     const int key0 = key_group * kWarpKeys;
-    score_key_tile<F, kQParts>(keys + st * kMmaKeys * K::kRowBytes, key0, lane_g, lane_c, qf, acc);
+    const uint8_t* records = keys + st * kMmaKeys * kRecordBytes;  // kRuns only
+    if constexpr (kRuns) {
+      score_record_tile<kQParts>(records, key0, lane_g, lane_c, qf, acc);
+    } else {
+      score_key_tile<F, kQParts>(keys + st * kMmaKeys * K::kRowBytes, key0, lane_g, lane_c, qf,
+                                 acc);
+    }
     // Epilogue: C holds heads g, g + 8 (registers 0, 1 / 2, 3) of keys 2c, 2c + 1 of each
     // n-tile. ReLU (after the key's scale), the weights, then the sum over the warp's heads.
 #pragma unroll
     for (int nt = 0; nt < kWarpTiles; ++nt) {
       const int n = key0 + 8 * nt + 2 * lane_c;
       float2 ks = make_float2(1.0f, 1.0f);
-      if constexpr (F == KvFormat::kFp8) {
+      if constexpr (kRuns) {
+        ks.x = *reinterpret_cast<const float*>(records + n * kRecordBytes + kMmaDim);
+        ks.y = *reinterpret_cast<const float*>(records + (n + 1) * kRecordBytes + kMmaDim);
+      } else if constexpr (F == KvFormat::kFp8) {
         ks = *reinterpret_cast<const float2*>(scales + st * kMmaKeys + n);
       }
       float p0 = wq_g * fmaxf(acc[nt][0] * ks.x, 0.0f) + wq_g8 * fmaxf(acc[nt][2] * ks.x, 0.0f);
@@ -324,7 +416,7 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
 }  // namespace
 
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                              size_t smem, bool q_one_part, cudaStream_t stream) {
+                              size_t smem, bool q_one_part, bool key_runs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
   const int threads = score_mma_threads(a.heads);
   auto launch = [&](auto kernel) {
@@ -334,16 +426,22 @@ void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t
   switch (a.key.format) {
     case KvFormat::kBf16:
       if (q_one_part) {
-        launch(indexer_score_mma_kernel<KvFormat::kBf16, 1>);
+        launch(indexer_score_mma_kernel<KvFormat::kBf16, 1, false>);
       } else {
-        launch(indexer_score_mma_kernel<KvFormat::kBf16, 2>);
+        launch(indexer_score_mma_kernel<KvFormat::kBf16, 2, false>);
       }
       break;
     case KvFormat::kFp8:
-      if (q_one_part) {
-        launch(indexer_score_mma_kernel<KvFormat::kFp8, 1>);
+      if (key_runs) {
+        if (q_one_part) {
+          launch(indexer_score_mma_kernel<KvFormat::kFp8, 1, true>);
+        } else {
+          launch(indexer_score_mma_kernel<KvFormat::kFp8, 2, true>);
+        }
+      } else if (q_one_part) {
+        launch(indexer_score_mma_kernel<KvFormat::kFp8, 1, false>);
       } else {
-        launch(indexer_score_mma_kernel<KvFormat::kFp8, 2>);
+        launch(indexer_score_mma_kernel<KvFormat::kFp8, 2, false>);
       }
       break;
     case KvFormat::kF32:

@@ -48,12 +48,7 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
   int* misc = reinterpret_cast<int*>(hist + 256);  // [0, 32): scan; 32, 33: select; 34: count
   float* scores_smem = reinterpret_cast<float*>(misc + 40);
 
-  int64_t n = 0;
-  if (a.list.blocks != nullptr) {
-    n = a.list.counts[g];
-  } else {
-    n = (visible_entries(l.positions[t], a.ratio, a.bound) + a.per_slot - 1) / a.per_slot;
-  }
+  const int64_t n = select_slots(a, l, g);
   const int k = static_cast<int>(n < a.top_k ? n : a.top_k);
   int32_t* out = a.out + static_cast<int64_t>(t) * a.top_k;
   if (k == 0) {

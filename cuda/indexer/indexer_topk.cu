@@ -14,7 +14,9 @@
 //  1. indexer_score_mma.cu or indexer_score.cu, grid (token, split): score[t][j] of every
 //     visible entry j into a scratch row of `bound` = max_blocks_per_seq * epb floats.
 //  2. indexer_select.cu, one block per token: an exact radix select of the top
-//     min(top_k, visible) keys, then a rank sort by score descending, index ascending.
+//     min(top_k, visible) keys, then a rank sort by score descending, index ascending; or, for
+//     a few long rows, indexer_select_split.cu: the same set and order with each token's keys
+//     read by several blocks.
 //
 // Content errors cannot be raised without a host sync. Where the CPU op throws, these kernels
 // stay inside their buffers and do the following instead:
@@ -81,10 +83,35 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, cudaStream_t stream) {
   if (c.mma) {
-    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, stream);
+    const bool key_runs =
+        !c.mma_key_by_key && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
+    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs, stream);
   } else {
     launch_indexer_score(a, l, n, c.splits, c.score_smem, stream);
   }
+}
+
+SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, int64_t row) {
+  SelectScratch s;
+  if (c.select_splits == 0) return s;
+  s.hist = be.scratch(static_cast<size_t>(c.group) * (kSplitBins + 1) * sizeof(uint32_t));
+  s.pairs = be.scratch(static_cast<size_t>(c.group * row) * sizeof(uint64_t));
+  return s;
+}
+
+void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
+                              const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
+                              cudaStream_t stream) {
+  if (c.select_splits == 0) {
+    launch_indexer_select(se, l, n, c.select_smem, stream);
+    return;
+  }
+  SplitSelectArgs a{};
+  a.s = se;
+  a.hist = reinterpret_cast<uint32_t*>(scratch.hist.raw_data());
+  a.pairs = reinterpret_cast<uint64_t*>(scratch.pairs.raw_data());
+  a.smem_pairs = std::min<int64_t>(se.row, kSplitSmemPairs);
+  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, stream);
 }
 
 Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
@@ -105,9 +132,10 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   const size_t smem_max = be.max_shared_memory_per_block();
   const IndexerConfig c =
       choose_indexer(topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format),
-                     be.num_sms(), smem_max, opt.score_kernel);
+                     be.num_sms(), smem_max, opt.score_kernel, opt.select_kernel);
   const bool forced_mma = opt.score_kernel == IndexerScoreKernel::kTensorCore ||
-                          opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass;
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass ||
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyByKey;
   if (forced_mma && !c.mma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the tensor-core scores take bf16 or fp8 keys of " +
@@ -126,6 +154,7 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     scratch_scores = be.scratch(static_cast<size_t>(c.group * bound) * sizeof(float));
     scores = reinterpret_cast<float*>(scratch_scores.raw_data());
   }
+  const SelectScratch select_scratch = indexer_select_scratch(be, c, bound);
   const DeviceLayout dl = device_layout(layout);
   sa.scores = scores;
   SelectArgs se{};
@@ -143,7 +172,7 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     sa.token0 = static_cast<int>(t0);
     se.token0 = static_cast<int>(t0);
     if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.stream());
-    if (opt.run_select) launch_indexer_select(se, dl, n, c.select_smem, be.stream());
+    if (opt.run_select) launch_indexer_selection(se, c, select_scratch, dl, n, be.stream());
   }
   return out;
 }

@@ -54,6 +54,14 @@ void add_indexer(std::vector<OpCase>& t) {
   add_indexer_exact(t, "v4_h64_d128_m4", v4, {512});
   v4.seqs = {{4096, 1, 0}};
   add_indexer_exact(t, "v4_b1_decode", v4, {512});
+  // Long rows at few tokens, which the split selection takes (indexer_select_split.cu): one
+  // decode row of 32,768 visible entries (cuda_op_bench's B = 1 at 128K); its integer scores tie
+  // often, so that many keys share the threshold's bin. Then a ragged batch: 32,768, 10,000,
+  // 2,250..2,250 and 375 visible entries (fewer than top_k: every one is taken).
+  v4.seqs = {{131071, 1, 0}};
+  add_indexer_exact(t, "v4_b1_ctx131072", v4, {512, 2048});
+  v4.seqs = {{131071, 1, 0}, {39999, 1, 1}, {8999, 2, 2}, {1499, 1, 3}};
+  add_indexer_exact(t, "v4_ragged_ctx131072", v4, {512});
 
   Indexer longc;
   longc.block = 128;  // 32 entries per block
@@ -75,6 +83,9 @@ void add_indexer(std::vector<OpCase>& t) {
   floats.integers = false;
   floats.seqs = {{4095, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
   add_indexer_floats(t, "v4_random_floats", floats, 512);
+  // Random floats in long rows: few keys share the threshold's bin.
+  floats.seqs = {{131071, 1, 0}, {39999, 1, 1}};
+  add_indexer_floats(t, "v4_random_floats_ctx131072", floats, 512);
 }
 
 // ---- attention ----------------------------------------------------------------------------------

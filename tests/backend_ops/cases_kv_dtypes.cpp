@@ -35,6 +35,9 @@ std::vector<OpCase> kv_dtype_cases() {
     // Long context at V4 width: 16,384 and 5,000 visible entries.
     v4.seqs = {{65535, 1, 0}, {19999, 2, 1}};
     add_indexer_exact(t, "v4_long_h64_d128_m4", v4, {512});
+    // One decode row of 32,768 visible entries (the split selection).
+    v4.seqs = {{131071, 1, 0}};
+    add_indexer_exact(t, "v4_b1_ctx131072", v4, {512});
 
     // 50,000 visible entries (the selection's scores in shared memory) at the small width.
     Indexer longc;

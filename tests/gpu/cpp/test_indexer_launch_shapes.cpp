@@ -33,6 +33,10 @@ void expect_launchable(const IndexerProblem& p, const std::string& what) {
   EXPECT_LE(c.select_smem, kH200MaxSmem) << what;
   EXPECT_GE(c.cap, 1) << what;
   EXPECT_EQ(c.mma, score_mma_takes(p)) << what;
+  EXPECT_GE(c.select_splits, 0) << what;
+  EXPECT_LE(c.select_splits, 65535) << what;
+  EXPECT_LE(c.group * c.select_splits, int64_t{1} << 31) << what;
+  if (c.select_splits > 0) EXPECT_LE(c.split_final_smem, kH200MaxSmem) << what;
 }
 
 TEST(IndexerLaunchShapes, BenchShapesAreLaunchable) {
@@ -78,6 +82,62 @@ TEST(IndexerLaunchShapes, TensorCoresScoreVisibleEntriesOfBf16AndFp8Keys) {
   EXPECT_FALSE(choose_indexer(topk_problem(1, 32, kDim, kTopK, 4096, KvFormat::kBf16), kH200Sms,
                               kH200MaxSmem, IndexerScoreKernel::kCudaCore)
                    .mma);
+}
+
+TEST(IndexerLaunchShapes, Fp8KeysCopyInRunsWhereBlocksAlign) {
+  // V4 (128-token blocks): ratio 4 gives 32 entries per block, ratio 128 one.
+  EXPECT_TRUE(score_mma_key_runs(KvFormat::kFp8, 32, 32 * 1000));
+  EXPECT_TRUE(score_mma_key_runs(KvFormat::kFp8, 4, 4 * 7));
+  EXPECT_TRUE(score_mma_key_runs(KvFormat::kFp8, 128, 128 * 3));
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 1, 1000));   // runs of 132 bytes: misaligned
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 2, 1000));   // 264 bytes: misaligned
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 12, 1200));  // tiles cut runs
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 32, 32 * 1000 + 2));  // a copy past the end
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kBf16, 32, 32 * 1000));     // 16-byte rows already
+  // A run of min(epb, kMmaKeys) records starts 16-byte aligned and ends on a 16-byte boundary.
+  for (const int64_t epb : {4, 8, 16, 32, 64, 128}) {
+    const int64_t run_bytes = std::min<int64_t>(epb, kMmaKeys) * (kMmaDim + 4);
+    EXPECT_EQ(run_bytes % 16, 0) << epb;
+    EXPECT_EQ(epb * (kMmaDim + 4) % 16, 0) << epb;
+  }
+}
+
+TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
+  constexpr int64_t kV4Heads = 64;
+  auto splits = [](int64_t tokens, int64_t entries, IndexerSelectKernel want) {
+    const IndexerProblem p = topk_problem(tokens, kV4Heads, kDim, kTopK, entries, KvFormat::kBf16);
+    return choose_indexer(p, kH200Sms, kH200MaxSmem, IndexerScoreKernel::kAuto, want).select_splits;
+  };
+  const auto kAuto = IndexerSelectKernel::kAuto;
+  // B = 1: a block per kSplitSlotsPerBlock keys (8,192 entries at 32K context, 32,768 at 128K).
+  EXPECT_EQ(splits(1, 8192, kAuto), 4);
+  EXPECT_EQ(splits(1, 32768, kAuto), 16);
+  // B = 64: two waves over the SMs, at most ceil(264 / 64) = 5 blocks per token.
+  EXPECT_EQ(splits(64, 8192, kAuto), 4);
+  EXPECT_EQ(splits(64, 32768, kAuto), 5);
+  // Short rows and prefill chunks keep one block per token.
+  EXPECT_EQ(splits(1, 4096, kAuto), 0);
+  EXPECT_EQ(splits(1024, 32768, kAuto), 0);
+  EXPECT_EQ(splits(87, 32768, kAuto), 4);
+  EXPECT_EQ(splits(88, 32768, kAuto), 0);
+  // Forced: one block always, the split wherever it fits (at least one block per token).
+  EXPECT_EQ(splits(1, 32768, IndexerSelectKernel::kOneBlock), 0);
+  EXPECT_EQ(splits(1, 100, IndexerSelectKernel::kSplit), 1);
+  EXPECT_EQ(splits(1024, 32768, IndexerSelectKernel::kSplit), 1);
+}
+
+TEST(IndexerLaunchShapes, SplitSelectionScratchCountsInTheGroup) {
+  // 1500 rows of 65,536 entries: the scores alone allow 1024 tokens per group; with the split
+  // selection's histogram and pairs (16 KB + 512 KB per token) fewer.
+  const IndexerProblem p = topk_problem(1500, 4, 32, kTopK, 65536, KvFormat::kF32);
+  const IndexerConfig one = choose_indexer(p, kH200Sms, kH200MaxSmem, IndexerScoreKernel::kAuto,
+                                           IndexerSelectKernel::kOneBlock);
+  const IndexerConfig split = choose_indexer(p, kH200Sms, kH200MaxSmem, IndexerScoreKernel::kAuto,
+                                             IndexerSelectKernel::kSplit);
+  EXPECT_EQ(one.group, 1024);
+  const int64_t per_token = 65536 * 4 + (kSplitBins + 1) * 4 + 65536 * 8;
+  EXPECT_EQ(split.group, kScoreScratchBytes / per_token);
+  EXPECT_EQ(split.split_final_smem, (kTopK + kSplitSmemPairs) * 8 + 256 * 4 + 40 * 4);
 }
 
 }  // namespace
