@@ -277,8 +277,7 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 }
 
 // The DeepSeek-V4.1 instance of `checkpoint` (docs/model.md#deepseek-v41-text-model): eager,
-// without drafter or expert parallelism, f32 KV ("auto" included: V4.1's own KV formats are not
-// implemented).
+// without drafter or expert parallelism; KV in f32, bf16 or V4.1's FP8/FP4 formats ("fp8").
 void load_v41(ModelInstance& m, const Checkpoint& checkpoint, const CacheShape& shape,
               const std::string& activation_quant, const std::string& kv_cache_dtype,
               const std::function<void(int, int)>& progress, const KvSizing& sizing,
@@ -291,9 +290,10 @@ void load_v41(ModelInstance& m, const Checkpoint& checkpoint, const CacheShape& 
   options.quantize_activations = resolve_activation_quant(activation_quant, *m.backend);
   options.progress = progress;
   CacheShape sized = shape;
-  sized.kv_dtype = kv_cache_dtype == "auto"
-                       ? KvCacheDType::kF32
-                       : resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(), false);
+  // As for V4: "auto" is f32 on the CPU, and on a device "fp8" (V4.1's shipped FP8/FP4 formats,
+  // v41_kv_dtypes) for an FP8 checkpoint, bf16 otherwise.
+  sized.kv_dtype =
+      resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(), m.config.quantization.fp8);
   V41Weights weights = load_v41_weights(checkpoint, *m.config.v41, m.config, *m.backend, options);
   m.notes = weights.notes;
   if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(m, sized, sizing, 0);
