@@ -108,7 +108,10 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
                              splits);
   };
 
-  if (spec.bf16_math) {
+  // The tensor-core kernel stages one format for every key, f32, bf16 or V4's fp8; V4.1's records
+  // (and its FP8-keys / FP4-entries pair) go through the f32 kernel's decode_kv4.
+  const bool mma_format = a.entf.format == a.kvf.format && !is_v41_format(a.kvf.format);
+  if (spec.bf16_math && mma_format) {
     const AttentionMmaConfig c =
         choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits);
     if (c.supported) {

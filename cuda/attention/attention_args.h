@@ -13,20 +13,22 @@ namespace deepinfer::cuda {
 // Key splits of one token at most: the split outputs' format, merged by attention_combine.cu.
 constexpr int kAttnMaxSplits = 64;
 
-// The keys (this call's kv, the ring, the entries) are rows of kvf.row_bytes bytes in the caches'
-// format (kv_record.cuh); with a bf16 or fp8 cache, this call's kv rows are encoded into that
-// format before the kernels run, so a key reads the same now as from the ring later.
+// The keys (this call's kv, the ring; the entries) are rows of kvf.row_bytes (entf.row_bytes)
+// bytes in the caches' formats (kv_record.cuh); with a bf16 or fp8 cache, this call's kv rows are
+// encoded into that format before the kernels run, so a key reads the same now as from the ring
+// later.
 struct AttentionArgs {
   const float* q;          // [T, heads, dim]
   const uint8_t* kv;       // [T] rows
   const uint8_t* ring;     // [slots, ring_len] rows
   const uint8_t* entries;  // [entry_rows] rows, or null
-  KvRowFormat kvf;
-  const int32_t* topk;  // [T, topk_cols] or null
-  const float* sinks;   // [heads]
-  float* out;           // [T, heads, dim] when there is one split
-  float* part_acc;      // [splits, T, heads, dim] otherwise
-  float* part_md;       // [splits, T, heads, 2]: running max, denominator
+  KvRowFormat kvf;         // kv's and the ring's rows
+  KvRowFormat entf;        // the entries' rows: kvf's, or V4.1's FP4 main record under FP8 keys
+  const int32_t* topk;     // [T, topk_cols] or null
+  const float* sinks;      // [heads]
+  float* out;              // [T, heads, dim] when there is one split
+  float* part_acc;         // [splits, T, heads, dim] otherwise
+  float* part_md;          // [splits, T, heads, 2]: running max, denominator
   int64_t slots;
   int64_t ring_len;
   int64_t entry_rows;
@@ -61,6 +63,7 @@ inline AttentionArgs attention_args(const Tensor& q, const void* kv_rows, const 
   a.ring = static_cast<const uint8_t*>(swa_ring.raw_data());
   a.entries = compressed ? static_cast<const uint8_t*>(entries.raw_data()) : nullptr;
   a.kvf = kv_row_format(swa_ring.dtype(), q.size(2), spec.rope_dim);
+  a.entf = compressed ? kv_row_format(entries.dtype(), q.size(2), spec.rope_dim) : a.kvf;
   a.topk = sparse ? topk.data<int32_t>() : nullptr;
   a.sinks = sinks.data<float>();
   a.out = out.data<float>();

@@ -10,8 +10,8 @@
 // pointers [32], and per head the running max, denominator and the tile's rescale factor.
 // The phases: load_query_group, then per tile
 //  - the tile's key addresses (key_at), then load_key_tile: cp.async of its rows from an f32
-//    cache, or the rows decoded to f32 from a bf16 / fp8 cache (kv_record.cuh); masked keys are
-//    zero rows.
+//    cache, or the rows decoded to f32 from a bf16 / fp8 / V4.1 FP8 or FP4 cache (kv_record.cuh);
+//    masked keys are zero rows.
 //  - score_key_tile: warp w owns heads w, w+8, ...; lane = key. It computes the logits, updates
 //    the head's online softmax with warp reductions and writes p = exp(logit - max) to the tile.
 //  - accumulate values: thread (column group c4 = tid % (D/4), head subgroup tid / (D/4)) keeps
@@ -54,23 +54,24 @@ __device__ __forceinline__ void load_query_group(const AttentionArgs& a, float* 
 }
 
 // The rows of the tile's keys kptr (null: a masked key, a zero row) into ks as f32: cp.async
-// from an f32 cache, decoded loads from a bf16 / fp8 one. Ends with the tile visible to the
+// from an f32 cache, decoded loads from a bf16 / fp8 one. Rows r < first_entry are sliding keys
+// (format kvf), the others compressed entries (format entf). Ends with the tile visible to the
 // whole block.
 __device__ __forceinline__ void load_key_tile(float* ks, const uint8_t* const* kptr,
-                                              const KvRowFormat& kvf, int d4, int kstride,
-                                              int tid) {
-  const bool f32 = kvf.format == KvFormat::kF32;
+                                              const KvRowFormat& kvf, const KvRowFormat& entf,
+                                              int64_t first_entry, int d4, int kstride, int tid) {
   for (int i = tid; i < kAttnKeys * d4; i += blockDim.x) {
     const int r = i / d4;
     const int c = i - r * d4;
     const uint8_t* src = kptr[r];
+    const KvRowFormat& f = r < first_entry ? kvf : entf;
     float* dst = ks + r * kstride + c * 4;
     if (src == nullptr) {
       *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
-    } else if (f32) {
+    } else if (f.format == KvFormat::kF32) {
       cp_async_16(dst, src + 16 * c);
     } else {
-      *reinterpret_cast<float4*>(dst) = decode_kv4(src, kvf, 4 * c);
+      *reinterpret_cast<float4*>(dst) = decode_kv4(src, f, 4 * c);
     }
   }
   cp_async_wait_all();
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   for (int64_t i0 = range.begin; i0 < range.end; i0 += kAttnKeys) {
     if (tid < kAttnKeys) kptr[tid] = key_at(i0 + tid);
     __syncthreads();
-    load_key_tile(ks, kptr, a.kvf, d4, kstride, tid);
+    load_key_tile(ks, kptr, a.kvf, a.entf, keys.n_sliding - i0, d4, kstride, tid);
     score_key_tile(a, qs, ks, ps, m_run, d_run, alpha, kptr, nhb, dim, d4, kstride, hbs, lane,
                    warp);
     __syncthreads();

@@ -29,7 +29,8 @@ struct AttentionKeys {
     n_keys = n_sliding + n_comp;
   }
 
-  // Key i (< n_keys) of the list (a row of a.kvf.row_bytes bytes), or null when it is masked.
+  // Key i (< n_keys) of the list (a row of a.kvf.row_bytes bytes for i < n_sliding, of
+  // a.entf.row_bytes after), or null when it is masked.
   __device__ const uint8_t* key(const AttentionArgs& a, const DeviceLayout& l, int64_t i) const {
     const int64_t rb = a.kvf.row_bytes;
     if (i < n_sliding) {
@@ -45,7 +46,7 @@ struct AttentionKeys {
     const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
     if (j < 0 || j >= visible) return nullptr;
     const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
-    return row >= 0 ? a.entries + row * rb : nullptr;
+    return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;
   }
 };
 

@@ -39,8 +39,15 @@ class CudaBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCuda; }
   std::string name() const override;
   DType weight_dtype(DType stored) const override;
-  // f32, bf16 and fp8 (kU8 records) caches: docs/model.md#kv-cache-dtypes.
+  // f32, bf16, V4's fp8 (kU8 records) and V4.1's FP8 / FP4 (kF8E4M3, kE2M1x2 records) caches:
+  // docs/model.md#kv-cache-dtypes.
   bool supports_kv_cache_dtype(DType dtype) const override {
+    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8 ||
+           dtype == DType::kF8E4M3 || dtype == DType::kE2M1x2;
+  }
+  // The indexer kernels (cuda/indexer/) decode f32, bf16 and V4's fp8 index keys; V4.1's FP4
+  // index-key records (kE2M1x2) are not read there yet.
+  bool supports_index_cache_dtype(DType dtype) const override {
     return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8;
   }
 

@@ -4,12 +4,19 @@
 // decoding is exact (e4m3 times a power of two, bf16 widened), so the CPU reference stays the
 // oracle of every KV dtype.
 //
-// A row of the cache is `row_bytes` bytes in one of three formats:
+// A row of the cache is `row_bytes` bytes in one of these formats:
 //  - kF32:  dim floats;
 //  - kBf16: dim bf16;
-//  - kFp8:  the main record when rope_dim > 0 (e4m3 non-RoPE channels, bf16 RoPE channels, one
-//           e8m0 scale per 64 non-RoPE channels), the index-key record when rope_dim == 0 (e4m3
-//           channels, one f32 scale).
+//  - kFp8:  V4's main record when rope_dim > 0 (e4m3 non-RoPE channels, bf16 RoPE channels, one
+//           e8m0 scale per 64 non-RoPE channels), V4's index-key record when rope_dim == 0 (e4m3
+//           channels, one f32 scale);
+//  - kV41Fp8:      V4.1's FP8 record (kF8E4M3 caches): dim e4m3, one UE8M0 scale per 32;
+//  - kV41Fp4Main:  V4.1's FP4 main record (kE2M1x2, rope_dim > 0): e2m1 pairs, an e4m3 scale
+//                  per 16 channels;
+//  - kV41Fp4Index: V4.1's FP4 index-key record (kE2M1x2, rope_dim == 0): e2m1 pairs, a UE8M0
+//                  scale per 32 channels.
+// V4.1's records have no alignment (a tiny model's rows may be 9 or 33 bytes): they are read and
+// written byte by byte.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -27,18 +34,34 @@
 
 namespace deepinfer::cuda {
 
-enum class KvFormat : int { kF32 = 0, kBf16 = 1, kFp8 = 2 };
+enum class KvFormat : int {
+  kF32 = 0,
+  kBf16 = 1,
+  kFp8 = 2,
+  kV41Fp8 = 3,
+  kV41Fp4Main = 4,
+  kV41Fp4Index = 5,
+};
 
-// The format of a cache tensor of `dtype` (the front checks admit only these three).
-inline KvFormat kv_format_of(DType dtype) {
+// The format of a cache tensor of `dtype` (the front checks admit only the KV cache dtypes).
+inline KvFormat kv_format_of(DType dtype, int64_t rope_dim) {
   switch (dtype) {
     case DType::kBF16:
       return KvFormat::kBf16;
     case DType::kU8:
       return KvFormat::kFp8;
+    case DType::kF8E4M3:
+      return KvFormat::kV41Fp8;
+    case DType::kE2M1x2:
+      return rope_dim > 0 ? KvFormat::kV41Fp4Main : KvFormat::kV41Fp4Index;
     default:
       return KvFormat::kF32;
   }
+}
+
+// Whether f is one of V4.1's records (byte-wise, decoded by decode_kv4 only).
+__host__ __device__ inline bool is_v41_format(KvFormat f) {
+  return f == KvFormat::kV41Fp8 || f == KvFormat::kV41Fp4Main || f == KvFormat::kV41Fp4Index;
 }
 
 // One cache's row format, passed to kernels by value.
@@ -53,8 +76,8 @@ struct KvRowFormat {
 
 inline KvRowFormat kv_row_format(DType dtype, int64_t dim, int64_t rope_dim) {
   const kv_record::RowCodec codec{dtype, dim, rope_dim};
-  return KvRowFormat{kv_format_of(dtype), static_cast<int>(dim), static_cast<int>(rope_dim),
-                     codec.row_bytes()};
+  return KvRowFormat{kv_format_of(dtype, rope_dim), static_cast<int>(dim),
+                     static_cast<int>(rope_dim), codec.row_bytes()};
 }
 
 // Refuses an fp8 main record with an odd number of non-RoPE channels: its bf16 RoPE channels
@@ -88,6 +111,85 @@ __device__ __forceinline__ float kv_bf16_value(uint32_t bits) {
   return __uint_as_float(bits << 16);
 }
 
+// The UE8M0 power of two 2^ceil(log2(max(amax, 1e-4) / 6)) of an e2m1 group
+// (kv_record::fp4_ue8m0_scale).
+__device__ __forceinline__ float kv_fp4_ue8m0_scale(float amax) {
+  const float ratio = __fdiv_rn(fmaxf(amax, 1e-4f), 6.0f);
+  const uint32_t bits = __float_as_uint(ratio);
+  const uint32_t exponent = (bits >> 23) + ((bits & 0x7fffffu) != 0 ? 1u : 0u);
+  return __uint_as_float(exponent << 23);
+}
+
+// The e4m3 code of the smallest e4m3 value >= max(amax, 1e-4) / 6, at most 448
+// (kv_record::fp4_e4m3_scale).
+__device__ __forceinline__ uint32_t kv_fp4_e4m3_scale_code(float amax) {
+  const float want = __fdiv_rn(fmaxf(amax, 1e-4f), 6.0f);
+  uint32_t code = kv_e4m3_byte(want);
+  if (kv_e4m3_value(code) < want && code < 0x7eu) ++code;
+  return code;
+}
+
+// The e2m1 nibble nearest to v, ties to the even code, saturating (kv_record::f32_to_e2m1).
+__device__ __forceinline__ uint32_t kv_e2m1_nibble(float v) {
+  const float a = fabsf(v);
+  uint32_t code = 7;
+  if (a <= 0.25f) {
+    code = 0;
+  } else if (a < 0.75f) {
+    code = 1;
+  } else if (a <= 1.25f) {
+    code = 2;
+  } else if (a < 1.75f) {
+    code = 3;
+  } else if (a <= 2.5f) {
+    code = 4;
+  } else if (a < 3.5f) {
+    code = 5;
+  } else if (a <= 5.0f) {
+    code = 6;
+  }
+  return code | (v < 0.0f ? 8u : 0u);
+}
+
+// V4.1's records (kv_record.h) with the whole block: warp w encodes the scale groups w,
+// w + warps, ..., one lane per channel; the even lane of a pair stores the byte of two e2m1s.
+__device__ __forceinline__ void encode_v41_row(const float* __restrict__ x,
+                                               uint8_t* __restrict__ dst, const KvRowFormat& f) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int dim = f.dim;
+  const int group = f.format == KvFormat::kV41Fp4Main ? kv_record::kV41Fp4MainGroup : 32;
+  const int groups = (dim + group - 1) / group;
+  uint8_t* scales = dst + (f.format == KvFormat::kV41Fp8 ? dim : (dim + 1) / 2);
+  for (int g = warp; g < groups; g += warps) {
+    const int c = g * group + lane;
+    const bool mine = lane < group && c < dim;
+    const float v = mine ? x[c] : 0.0f;
+    const float amax = warp_max(fabsf(v));
+    if (f.format == KvFormat::kV41Fp8) {
+      const float scale = act_group_scale(amax);
+      if (mine) dst[c] = kv_e4m3_byte(__fdiv_rn(v, scale));
+      if (lane == 0) scales[g] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+      continue;
+    }
+    float scale = 0.0f;
+    uint32_t scale_byte = 0;
+    if (f.format == KvFormat::kV41Fp4Main) {
+      scale_byte = kv_fp4_e4m3_scale_code(amax);
+      scale = kv_e4m3_value(scale_byte);
+    } else {
+      scale = kv_fp4_ue8m0_scale(amax);
+      scale_byte = __float_as_uint(scale) >> 23;
+    }
+    const uint32_t nibble = mine ? kv_e2m1_nibble(__fdiv_rn(v, scale)) : 0u;
+    const uint32_t high = __shfl_down_sync(0xffffffffu, nibble, 1);
+    // Groups start at even channels: the even lane of a pair holds the low nibble.
+    if (mine && (lane & 1) == 0) dst[c / 2] = static_cast<uint8_t>(nibble | (high << 4));
+    if (lane == 0) scales[g] = static_cast<uint8_t>(scale_byte);
+  }
+}
+
 // Encodes the row x (dim floats) into dst (f.row_bytes bytes) with the whole block (blockDim.x a
 // multiple of 32). No barrier inside: the block's threads write disjoint bytes.
 __device__ __forceinline__ void encode_kv_row(const float* __restrict__ x,
@@ -107,6 +209,11 @@ __device__ __forceinline__ void encode_kv_row(const float* __restrict__ x,
     }
     case KvFormat::kFp8:
       break;
+    case KvFormat::kV41Fp8:
+    case KvFormat::kV41Fp4Main:
+    case KvFormat::kV41Fp4Index:
+      encode_v41_row(x, dst, f);
+      return;
   }
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -158,6 +265,22 @@ __device__ __forceinline__ float4 decode_kv4(const uint8_t* __restrict__ row, co
     }
     case KvFormat::kFp8:
       break;
+    case KvFormat::kV41Fp8: {
+      const float scale = e8m0_to_float(row[f.dim + c / kv_record::kV41Fp8Group]);
+      return make_float4(kv_e4m3_value(row[c]) * scale, kv_e4m3_value(row[c + 1]) * scale,
+                         kv_e4m3_value(row[c + 2]) * scale, kv_e4m3_value(row[c + 3]) * scale);
+    }
+    case KvFormat::kV41Fp4Main:
+    case KvFormat::kV41Fp4Index: {
+      const uint8_t* scales = row + (f.dim + 1) / 2;
+      const float scale = f.format == KvFormat::kV41Fp4Main
+                              ? kv_e4m3_value(scales[c / kv_record::kV41Fp4MainGroup])
+                              : e8m0_to_float(scales[c / kv_record::kV41Fp4IndexGroup]);
+      const uint32_t lo = row[c / 2];
+      const uint32_t hi = row[c / 2 + 1];
+      return make_float4(e2m1_to_float(lo & 0xfu) * scale, e2m1_to_float(lo >> 4) * scale,
+                         e2m1_to_float(hi & 0xfu) * scale, e2m1_to_float(hi >> 4) * scale);
+    }
   }
   const int nope = f.nope();
   if (c >= nope) {  // RoPE channels, bf16

@@ -101,8 +101,10 @@ struct Attn {
   bool sparse = false;
   int topk_cols = 0;
   bool bf16 = false;       // AttentionSpec::bf16_math: the tensor-core path, bf16 tolerance
-  DType kv = DType::kF32;  // the caches' dtype: kF32, kBF16 or kU8 (fp8 records)
-  int rope = 0;            // rope_dim: the fp8 record's bf16 channels
+  DType kv = DType::kF32;  // the caches' dtype: kF32, kBF16, kU8 (fp8 records), kF8E4M3
+  // The entries' dtype where it differs from kv (V4.1: kE2M1x2 entries under kF8E4M3 keys).
+  DType entry_kv = DType::kF32;
+  int rope = 0;  // rope_dim: the fp8 record's bf16 channels
 };
 
 // Random f32 key rows of `dim` channels as a cache of `dtype` holds them ([.., row width]).
@@ -139,8 +141,9 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                              Tensor(),
                              Tensor()};
                    if (c.ratio > 0) {
+                     const DType entry_kv = c.entry_kv == DType::kF32 ? c.kv : c.entry_kv;
                      in.entries = random_cache(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio)},
-                                               c.dim, c.rope, c.kv);
+                                               c.dim, c.rope, entry_kv);
                      if (c.sparse) in.topk = random_topk(rng, hb, c.ratio, c.topk_cols);
                    }
                    return in;
@@ -208,8 +211,10 @@ void add_split_keys(std::vector<OpCase>& t, Attn c) {
 // V4-Flash widths: sliding, CSA (sparse, m = 4, top-512) and HCA (dense, m = 128) layers over
 // kFlashSeqs (with a 200-token prefill chunk from 0), a B = 1 decode, and for the tensor-core
 // kernel also decode batches and a prefill chunk after cached tokens.
-void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32) {
+void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
+               DType entry_kv = DType::kF32) {
   Attn c;
+  c.entry_kv = entry_kv;
   c.block = 128;
   c.heads = 64;
   c.dim = 512;
@@ -323,6 +328,28 @@ void add_kv_dtype_attention(std::vector<OpCase>& t) {
   }
 }
 
+// DeepSeek-V4.1's pair (kv_record.h): FP8 SWA keys (kF8E4M3 records) with FP4 compressed entries
+// (kE2M1x2 main records), rows labelled kv_v41_. The keys are decoded exactly (the f32 kernel
+// reads these records, also under bf16_math), so the tolerances are those of f32 caches. D 32
+// gives 33- and 18-byte rows (no alignment), D 512 V4.1's 528 and 288 bytes.
+void add_v41_kv_attention(std::vector<OpCase>& t) {
+  Attn c;
+  c.kv = DType::kF8E4M3;
+  c.entry_kv = DType::kE2M1x2;
+  c.rope = 8;
+  c.seqs = kTinySeqs;
+  add_attention(t, "tiny_sliding", c);
+  add_tiny_entries(t, c, 4);
+  c.bf16 = true;
+  c.dim = 64;
+  c.rope = 16;
+  add_attention(t, "tiny_sliding_h4_d64", c);
+  add_tiny_entries(t, c, 20);
+  add_split_keys(t, c);
+  add_flash(t, false, DType::kF8E4M3, DType::kE2M1x2);
+  add_flash(t, true, DType::kF8E4M3, DType::kE2M1x2);
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -331,6 +358,7 @@ std::vector<OpCase> attention_cases() {
   add_f32_attention(t);
   add_bf16_attention(t);
   add_kv_dtype_attention(t);
+  add_v41_kv_attention(t);
   return t;
 }
 

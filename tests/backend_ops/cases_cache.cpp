@@ -173,6 +173,11 @@ std::vector<OpCase> cache_cases() {
     add_ring_write(t, "v4_swa_r134_d512", flash, 4, 134, 512, kv, 64);
   }
   add_ring_write(t, "index_r14_d32", tiny, 5, 14, 32, DType::kU8, 0);
+  // V4.1's FP8 SWA record: 33-byte rows (D 32, no alignment), a partial scale group (D 6) and
+  // V4.1's 528 bytes (D 512); the RoPE channels are e4m3 like the others.
+  add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, DType::kF8E4M3, 8);
+  add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, DType::kF8E4M3, 2);
+  add_ring_write(t, "swa_r134_d512", flash, 4, 134, 512, DType::kF8E4M3, 64);
 
   // Windows from this call's rows only, from the wrapped ring plus this call, window 0 (no
   // previous window with overlap), a decode token closing a window, a 6-token verification step.
@@ -222,6 +227,16 @@ std::vector<OpCase> cache_cases() {
     add_scatter(t, 4096, 300, 512, 0, kv, 64);
     add_scatter(t, 4096, 50, 128, 0, kv, 0);
   }
+  // V4.1's FP4 records: main entries (rope > 0; e4m3 scales per 16; an odd width leaves a high
+  // nibble empty) and index keys (rope 0; UE8M0 per 32, partial groups), V4.1's 288 and 68 bytes;
+  // the FP8 record as entries (V4.1's MXFP8 option).
+  add_scatter(t, 64, 10, 96, 3, DType::kE2M1x2, 16);
+  add_scatter(t, 40, 7, 7, 0, DType::kE2M1x2, 2);
+  add_scatter(t, 64, 10, 36, 0, DType::kE2M1x2, 0);
+  add_scatter(t, 64, 10, 16, 0, DType::kE2M1x2, 0);
+  add_scatter(t, 4096, 300, 512, 0, DType::kE2M1x2, 64);
+  add_scatter(t, 4096, 50, 128, 0, DType::kE2M1x2, 0);
+  add_scatter(t, 4096, 300, 512, 0, DType::kF8E4M3, 64);
   return t;
 }
 

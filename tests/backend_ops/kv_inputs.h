@@ -1,5 +1,5 @@
-// KV cache inputs of the op tests in the bf16 and fp8 formats (cpp/src/tensor/kv_record.h): f32
-// rows that exercise the encoders' rounding, caches of garbage records, and keys stored through
+// KV cache inputs of the op tests in the bf16, fp8 and V4.1 formats (cpp/src/tensor/kv_record.h):
+// f32 rows that exercise the encoders' rounding, caches of garbage records, and keys stored through
 // the host codec.
 #pragma once
 
@@ -13,10 +13,14 @@
 
 namespace deepinfer::backend_ops {
 
-// The label prefix of a KV dtype variant: "" for f32, "kv_bf16_", "kv_fp8_" (kU8 records).
+// The label prefix of a KV dtype variant: "" for f32, "kv_bf16_", "kv_fp8_" (kU8 records),
+// "kv_v41_" (V4.1's kF8E4M3 FP8 records: also attention's FP8-keys / FP4-entries pair),
+// "kv_v41fp4_" (V4.1's kE2M1x2 FP4 records).
 inline std::string kv_label(DType dtype) {
   if (dtype == DType::kBF16) return "kv_bf16_";
   if (dtype == DType::kU8) return "kv_fp8_";
+  if (dtype == DType::kF8E4M3) return "kv_v41_";
+  if (dtype == DType::kE2M1x2) return "kv_v41fp4_";
   return "";
 }
 

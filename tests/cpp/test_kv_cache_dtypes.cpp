@@ -310,7 +310,8 @@ TEST_F(KvCacheOpsTest, FrontNamesTheCacheArgument) {
       [&] {
         be->scatter_rows(f16, up(rows, {2, dim}), up_i({0, 1}, {2}));
       },
-      ErrorCode::kInvalidArgument, "argument cache must be (f32 or bf16 or u8)");
+      ErrorCode::kInvalidArgument,
+      "argument cache must be (f32 or bf16 or f8_e4m3 or e2m1x2 or u8)");
   HostLayout hl({{0, 2, 0}}, 8, 1);
   Tensor ring = be->zeros({1, 4, dim}, DType::kBF16);
   be->ring_write(ring, up(rows, {2, dim}), hl.upload(*be), rope);  // bf16: rope_dim ignored

@@ -1,4 +1,5 @@
-"""DeepSeek-V4.1 through the engine (deepinfer_core.Engine, CPU, f32 KV): greedy continuations
+"""DeepSeek-V4.1 through the engine (deepinfer_core.Engine, CPU, f32 KV unless a test says
+otherwise: bf16 and V4.1's FP8/FP4 formats are checked too): greedy continuations
 equal the torch reference v41_reference.py on tiny configs A, B and C (every layer role, Engram),
 under chunked prefill, batching, zero-overhead scheduling on and off (a decode row's first token is
 carried on the device, so its Engram n-gram is patched there) and prefix-cache hits (the V4.1
@@ -58,8 +59,8 @@ def checkpoint(tmp_path_factory):
     return checkpoint_of(NAME, tmp_path_factory)
 
 
-def greedy_reference(m: ref.V41Model, prompt: list[int], n: int) -> list[int]:
-    cache = m.new_cache("off")
+def greedy_reference(m: ref.V41Model, prompt: list[int], n: int, kv: str = "f32") -> list[int]:
+    cache = m.new_cache("off", kv_format=kv)
     logits = m.forward_chunk(cache, prompt)
     out = []
     for _ in range(n):
@@ -94,6 +95,23 @@ def test_v41_engine_greedy_equals_reference(
     assert_pools_full(engine)
 
 
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_v41_engine_quantized_kv_greedy_equals_reference(kv: str, tmp_path_factory) -> None:
+    """kv_cache_dtype bf16, and fp8 (V4.1's FP8 SWA + FP4 entries and index keys): batched,
+    chunked, zero-overhead; the reference emulates the same formats."""
+    ps = prompts(3, [37, 21, 50], "A")
+    engine = cpu_engine(
+        checkpoint_of("A", tmp_path_factory),
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        kv_cache_dtype=kv,
+    )
+    assert engine.config.cache.kv_cache_dtype == kv
+    outs, _ = run_all(engine, ps, GREEDY)
+    assert outs == [greedy_reference(model_of("A"), p, MAX_TOKENS, kv) for p in ps]
+    assert_pools_full(engine)
+
+
 def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
     (p,) = prompts(1, [300])
     params = dc.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
@@ -112,8 +130,6 @@ def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
 
 
 def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:
-    with pytest.raises(Exception, match=r"not available for DeepSeek-V4\.1"):
-        cpu_engine(checkpoint, kv_cache_dtype="bf16")
     with pytest.raises(Exception, match=r"DeepSeek-V4\.1 runs on one rank only"):
         cpu_engine(checkpoint, data_parallel_size=2)
 

@@ -29,9 +29,16 @@ Implemented (model.md section in brackets):
 * ``V41Model.forward`` (one shot) and ``forward_chunk`` with an explicit ``V41Cache`` (prefill in
   chunks, token-by-token decode). The cache keeps every position (no rings, no paging).
 
-Not implemented: the DSpark/DFlash drafter (C.8; ``mtp.*``), every quantization format (FP8/FP4
-weights, FP8 SWA keys, FP4 compressed and index keys: this is plain fp32, so it is NOT
-bit-comparable with quantized kernels, see G.24/G.25), vision and image tokens (``vision.*``,
+KV formats (opt-in, ``new_cache(kv_format=...)``): "f32" (default) keeps every cached key in
+fp32; "bf16" rounds them to bf16; "fp8" fake-quantizes them exactly like the engine's V4.1 records
+(cpp/src/tensor/kv_record.h): SWA keys FP8 (e4m3, UE8M0 per 32), compressed entries FP4 (e2m1,
+e4m3 per 16, rounded up) and index keys FP4 (e2m1, UE8M0 per 32). The quantize-dequantize value
+is what attention and the indexer read, in prefill too (C.3.2 "cast_back"); the normed pre-RoPE
+entry handed to the index-K projection is not quantized.
+
+Not implemented: the DSpark/DFlash drafter (C.8; ``mtp.*``), quantized weights and the FP4
+quantization of the indexer queries (this is fp32 apart from the opt-in KV formats above, so it
+is NOT bit-comparable with quantized kernels, see G.24/G.25), vision and image tokens (``vision.*``,
 ``image_*``, ``gate.bias_vl`` exists but is never used, Engram's image cut-off), the compressed
 tokenizer itself (the token -> compressed-id map is an input table), rollback, batching.
 
@@ -656,6 +663,99 @@ class Block(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
+# KV formats: quantize-dequantize of the engine's records (kv_record.h), in fp32 like the C++ code
+
+KV_FORMATS = ("f32", "bf16", "fp8")
+
+
+def _groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[..., D] -> [..., ceil(D/group), group], zero-padded (zeros leave a group's amax alone)."""
+    pad = -x.shape[-1] % group
+    return F.pad(x, (0, pad)).unflatten(-1, (-1, group))
+
+
+def _ungroup(g: torch.Tensor, dim: int) -> torch.Tensor:
+    return g.flatten(-2)[..., :dim]
+
+
+def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """2^ceil(log2(max(amax, 1e-4) / qmax)) (kv_record.cpp pow2_scale)."""
+    ratio = amax.clamp(min=1e-4) / qmax
+    m, e = torch.frexp(ratio)
+    return torch.ldexp(torch.ones_like(ratio), torch.where(m == 0.5, e - 1, e))
+
+
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float8_e4m3fn).float()
+
+
+def _e4m3_scale_up(amax: torch.Tensor) -> torch.Tensor:
+    """Smallest e4m3 value >= max(amax, 1e-4) / 6, at most 448 (kv_record fp4_e4m3_scale)."""
+    want = amax.clamp(min=1e-4) / 6.0
+    code = want.clamp(max=448.0).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
+    below = (_e4m3_of_code(code) < want) & (code < 0x7E)
+    return _e4m3_of_code(code + below.to(torch.int32))
+
+
+def _e4m3_of_code(code: torch.Tensor) -> torch.Tensor:
+    return code.to(torch.uint8).view(torch.float8_e4m3fn).float()
+
+
+def _e2m1(v: torch.Tensor) -> torch.Tensor:
+    """Nearest e2m1 value, ties to the even code, saturating at +-6 (kv_record f32_to_e2m1)."""
+    a = v.abs()
+    mag = torch.full_like(a, 6.0)
+    for bound, value, inclusive in (
+        (5.0, 4.0, True),
+        (3.5, 3.0, False),
+        (2.5, 2.0, True),
+        (1.75, 1.5, False),
+        (1.25, 1.0, True),
+        (0.75, 0.5, False),
+        (0.25, 0.0, True),
+    ):
+        mag = torch.where(a <= bound if inclusive else a < bound, value, mag)
+    return torch.where(v < 0, -mag, mag)
+
+
+def fake_fp8_v41(x: torch.Tensor) -> torch.Tensor:
+    """The V4.1 FP8 record (SWA keys): e4m3 with a UE8M0 scale per 32 channels."""
+    g = _groups(x, 32)
+    scale = _pow2_scale(g.abs().amax(-1, keepdim=True), 448.0)
+    return _ungroup(_e4m3(g / scale) * scale, x.shape[-1])
+
+
+def fake_fp4_main(x: torch.Tensor) -> torch.Tensor:
+    """The V4.1 FP4 main record (compressed entries): e2m1 with an e4m3 scale per 16."""
+    g = _groups(x, 16)
+    scale = _e4m3_scale_up(g.abs().amax(-1, keepdim=True))
+    return _ungroup(_e2m1(g / scale) * scale, x.shape[-1])
+
+
+def fake_fp4_index(x: torch.Tensor) -> torch.Tensor:
+    """The V4.1 FP4 index-key record: e2m1 with a UE8M0 scale per 32."""
+    g = _groups(x, 32)
+    scale = _pow2_scale(g.abs().amax(-1, keepdim=True), 6.0)
+    return _ungroup(_e2m1(g / scale) * scale, x.shape[-1])
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+def _keep(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+# kv_format -> (SWA keys, compressed entries, index keys)
+_KV_QUANT = {
+    "f32": (_keep, _keep, _keep),
+    "bf16": (_bf16, _bf16, _bf16),
+    "fp8": (fake_fp8_v41, fake_fp4_main, fake_fp4_index),
+}
+
+
+# --------------------------------------------------------------------------------------------
 # Cache
 
 
@@ -664,6 +764,7 @@ class V41Cache:
     """Everything a later call needs, kept for every position (a reference, not a ring)."""
 
     yoco_mode: str = "off"
+    kv_format: str = "f32"  # KV_FORMATS: how cached keys are stored (quantize-dequantize)
     tokens: list = field(default_factory=list)
     swa: dict = field(default_factory=dict)  # layer -> [n, D] post-RoPE SWA keys by position
     comp_in: dict = field(default_factory=dict)  # C2 source -> [n, 2, D] (score, latent)
@@ -815,14 +916,15 @@ class V41Model(nn.Module):
             j = pos
             u = comp.wkv(xn)  # C1: one entry per token
         pre = comp.norm(u)
-        kv = apply_rope(pre, j * ratio, inv)
+        _, quant_entry, quant_index = _KV_QUANT[cache.kv_format]
+        kv = quant_entry(apply_rope(pre, j * ratio, inv))
         d = cfg.head_dim
         cache.comp_pre[layer] = torch.cat((cache.comp_pre.get(layer, xn.new_zeros(0, d)), pre))
         cache.comp_kv[layer] = torch.cat((cache.comp_kv.get(layer, xn.new_zeros(0, d)), kv))
         ix = attn.indexer
         if ix is not None and ix.wk is not None:
             # Spec reading: index K rotates at j*ratio with the layer rope like the entries.
-            ki = apply_rope(ix.k_norm(ix.wk(pre)), j * ratio, inv)
+            ki = quant_index(apply_rope(ix.k_norm(ix.wk(pre)), j * ratio, inv))
             di = cfg.index_head_dim
             cache.index_k[layer] = torch.cat((cache.index_k.get(layer, xn.new_zeros(0, di)), ki))
         assert cache.comp_kv[layer].shape[0] == total // ratio
@@ -875,7 +977,8 @@ class V41Model(nn.Module):
         nh, d, inv = cfg.num_attention_heads, cfg.head_dim, self.inv_freq[layer]
         qa = attn.q_norm(attn.wq_a(xn))
         q = apply_rope(attn.wq_b(qa).view(-1, nh, d), pos[:, None], inv)  # no per-head q norm
-        c = apply_rope(attn.kv_norm(attn.wkv(xn)), pos, inv)
+        # The stored (quantize-dequantized) key is the one attention reads, now and later.
+        c = _KV_QUANT[cache.kv_format][0](apply_rope(attn.kv_norm(attn.wkv(xn)), pos, inv))
         old = cache.swa.get(layer, xn.new_zeros(0, d))
         # compact YOCO: rows this call dropped hold zero keys; visibility never reaches them.
         keys = torch.cat((old, xn.new_zeros(n_dropped, d), c))
@@ -905,9 +1008,10 @@ class V41Model(nn.Module):
 
     # ---- forward ----
 
-    def new_cache(self, yoco_mode: str = "off") -> V41Cache:
+    def new_cache(self, yoco_mode: str = "off", kv_format: str = "f32") -> V41Cache:
         assert yoco_mode in YOCO_MODES
-        return V41Cache(yoco_mode=yoco_mode)
+        assert kv_format in KV_FORMATS
+        return V41Cache(yoco_mode=yoco_mode, kv_format=kv_format)
 
     @torch.no_grad()
     def forward(self, tokens, yoco_mode: str = "off", trace: dict | None = None) -> torch.Tensor:

@@ -170,8 +170,8 @@ struct AttentionSpec {
   // accumulation). Set for models whose matrix weights are bf16 (their activations already pass
   // through bf16 GEMMs); the CPU reference ignores it and stays f32.
   bool bf16_math = false;
-  // RoPE channels at the end of each key: selects the fp8 main-KV record of kU8 caches (see
-  // "KV caches" below); ignored for f32 and bf16 caches.
+  // RoPE channels at the end of each key: selects the main-KV record of kU8 and kE2M1x2 caches
+  // (see "KV caches" below); ignored for f32, bf16 and kF8E4M3 caches.
   int rope_dim = 0;
 };
 
@@ -197,12 +197,15 @@ struct DeviceMemory {
 // upload_matrix_weight produced on this backend.
 //
 // KV caches (the SWA ring of ring_write/attention, the entry caches of scatter_rows/attention,
-// the index cache of indexer_topk) may be stored as f32, bf16 or fp8 records (kU8); rows of C
+// the index cache of indexer_topk) may be stored as f32, bf16 or byte records; rows of C
 // channels go in as f32 and come out decoded. Their byte layout is defined once in
 // cpp/src/tensor/kv_record.h (docs/model.md#kv-cache-dtypes): bf16 [.., C]; a kU8 cache holds
-// the fp8 main-KV record of kv_record::main_record_bytes(C, rope_dim) bytes when rope_dim > 0,
-// the fp8 index-key record of C + 4 bytes when rope_dim == 0. Attention reads this call's keys
-// `kv` through the SWA ring's format too (quantized and decoded), so a key reads the same
+// V4's fp8 main-KV record of kv_record::main_record_bytes(C, rope_dim) bytes when rope_dim > 0,
+// V4's fp8 index-key record of C + 4 bytes when rope_dim == 0; a kF8E4M3 cache holds V4.1's FP8
+// record (C e4m3 + a UE8M0 scale per 32 channels), a kE2M1x2 cache V4.1's FP4 records (the main
+// record, e4m3 scales per 16, when rope_dim > 0; the index-key record, UE8M0 scales per 32, when
+// rope_dim == 0); the last dimension of a record cache counts bytes. Attention reads this call's
+// keys `kv` through the SWA ring's format too (quantized and decoded), so a key reads the same
 // whether it comes from this call or from the ring. A backend without kernels for a cache dtype
 // (supports_kv_cache_dtype) fails with Error(kUnsupported) before enqueuing anything.
 class Backend {
@@ -216,9 +219,14 @@ class Backend {
   // for its tensor cores. Vectors (norm weights, biases, sinks, mHC parameters, position biases)
   // are always f32.
   virtual DType weight_dtype(DType stored) const = 0;
-  // Whether the KV cache ops take caches of `dtype` (kF32, kBF16 or kU8 fp8 records). The CPU
-  // reference takes all three; the default is f32 only.
+  // Whether the KV cache ops take caches of `dtype` (kF32, kBF16, kU8 V4 fp8 records, kF8E4M3
+  // V4.1 FP8 records or kE2M1x2 V4.1 FP4 records). The CPU reference takes them all; the default
+  // is f32 only.
   virtual bool supports_kv_cache_dtype(DType dtype) const { return dtype == DType::kF32; }
+  // Whether the indexer ops read index caches of `dtype`; the default: supports_kv_cache_dtype.
+  virtual bool supports_index_cache_dtype(DType dtype) const {
+    return supports_kv_cache_dtype(dtype);
+  }
   // While forbidden, the backend's own host synchronisations (to_host, synchronize) throw
   // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
   // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden. (Event::wait
@@ -394,7 +402,8 @@ class Backend {
   // rows [N, C] f32; the cache f32 or a KV cache format (above: [rows, row width]).
   void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest, int rope_dim = 0);
   // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di]
-  // (f32 or bf16) or [blocks*epb, Di + 4] fp8 index-key records (kU8).
+  // (f32 or bf16), [blocks*epb, Di + 4] V4 fp8 index-key records (kU8) or V4.1 FP4 index-key
+  // records (kE2M1x2; supports_index_cache_dtype).
   // score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) * score_scale over the
   // visible entries j < (pos_t + 1) / ratio. Returns [T, top_k] i32: the indices of the top
   // min(top_k, visible) scores (ties: lower index first), then -1.
@@ -418,7 +427,8 @@ class Backend {
                                     float score_scale, float weight_scale);
   // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
   // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
-  // (the caches in one KV format, spec.rope_dim selecting the fp8 record; see above)
+  // (the caches in one KV format, or V4.1's pair kF8E4M3 ring and kE2M1x2 entries; spec.rope_dim
+  // selecting the record; see above)
   // compressed entries (undefined for sliding layers); topk [T, K] i32 the chosen entries of a
   // sparse layer (-1 = none). For query t at position p of sequence b the keys are the positions
   // (p - W, p] plus the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse);

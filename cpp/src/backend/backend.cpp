@@ -535,7 +535,7 @@ void check_indexer_inputs(const OpChecks& c, const Backend& backend, const Tenso
   c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
   c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
   c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
-             backend.supports_kv_cache_dtype(index_cache.dtype()));
+             backend.supports_index_cache_dtype(index_cache.dtype()));
 }
 
 }  // namespace
@@ -593,9 +593,11 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
     c.ratio(spec.ratio, layout);
     c.kv_cache("entries", entries, {-1, -1}, dim, spec.rope_dim,
                supports_kv_cache_dtype(entries.dtype()));
-    if (entries.dtype() != swa_ring.dtype()) {
+    // One dtype, or V4.1's pair: FP8 SWA keys with FP4 compressed entries.
+    const bool v41_pair = swa_ring.dtype() == DType::kF8E4M3 && entries.dtype() == DType::kE2M1x2;
+    if (entries.dtype() != swa_ring.dtype() && !v41_pair) {
       c.fail("arguments swa_ring " + swa_ring.describe() + " and entries " + entries.describe() +
-             " must be KV caches of one dtype");
+             " must be KV caches of one dtype, or f8_e4m3 and e2m1x2 (DeepSeek-V4.1's formats)");
     }
     if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
   }

@@ -20,6 +20,7 @@
 #include "backend/cpu_stream.h"
 #include "common/thread_pool.h"
 #include "deepinfer/backend.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer {
 
@@ -34,9 +35,10 @@ class CpuBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCpu; }
   std::string name() const override;
   DType weight_dtype(DType) const override { return DType::kF32; }
-  // f32, bf16 and fp8 records (kU8): the reference of every KV format.
+  // f32, bf16, V4's fp8 records (kU8) and V4.1's FP8 / FP4 records (kF8E4M3, kE2M1x2): the
+  // reference of every KV format.
   bool supports_kv_cache_dtype(DType dtype) const override {
-    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8;
+    return kv_record::is_kv_cache_dtype(dtype);
   }
 
   Tensor empty(const Shape& shape, DType dtype) override;

@@ -255,9 +255,13 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
     const int64_t topk_cols = sparse ? topk.size(1) : 0;
     // Keys are read through the caches' KV format (f32 caches are read in place). This call's
     // keys go through it too, so a key reads the same from `kv` as from the ring later.
+    // The ring and the entries may differ (V4.1: FP8 SWA keys, FP4 entries).
     const kv_record::RowCodec codec{swa_ring.dtype(), dim, spec.rope_dim};
+    const kv_record::RowCodec entry_codec{compressed ? entries.dtype() : DType::kF32, dim,
+                                          spec.rope_dim};
     const bool in_place = swa_ring.dtype() == DType::kF32;
     const int64_t row_bytes = codec.row_bytes();
+    const int64_t entry_row_bytes = entry_codec.row_bytes();
     std::vector<float> kv_stored;
     const float* kv_p = kv.data<float>();
     if (!in_place) {
@@ -274,11 +278,16 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
     const float* sink = sinks.data<float>();
     pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
       std::vector<const float*> keys;
-      // Cached keys still to decode: (index in keys, row in the cache).
-      std::vector<std::pair<size_t, const uint8_t*>> pending;
+      // Cached keys still to decode: (index in keys, row in the cache, its format).
+      struct Pending {
+        size_t key;
+        const uint8_t* row;
+        const kv_record::RowCodec* codec;
+      };
+      std::vector<Pending> pending;
       std::vector<float> decoded;
-      auto add_cached = [&](const uint8_t* row) {
-        if (!in_place) pending.emplace_back(keys.size(), row);
+      auto add_cached = [&](const uint8_t* row, const kv_record::RowCodec& row_codec) {
+        if (row_codec.dtype != DType::kF32) pending.push_back({keys.size(), row, &row_codec});
         keys.push_back(reinterpret_cast<const float*>(row));
       };
       for (int64_t t = begin; t < end; ++t) {
@@ -299,14 +308,15 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
                               " is no longer in the SWA ring (context " + std::to_string(ctx) +
                               ", ring of " + std::to_string(ring_len) + ")");
             }
-            add_cached(ring_p + (lv.slot[b] * ring_len + j % ring_len) * row_bytes);
+            add_cached(ring_p + (lv.slot[b] * ring_len + j % ring_len) * row_bytes, codec);
           }
         }
         if (compressed) {
           const int64_t visible = (p + 1) / spec.ratio;
           if (!sparse) {
             for (int64_t j = 0; j < visible; ++j) {
-              add_cached(ent + lv.entry_row(op, b, j, epb, entry_rows) * row_bytes);
+              add_cached(ent + lv.entry_row(op, b, j, epb, entry_rows) * entry_row_bytes,
+                         entry_codec);
             }
           } else {
             const int32_t* sel = topk.data<int32_t>() + t * topk_cols;
@@ -317,15 +327,16 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
                              "] = " + std::to_string(sel[i]) + " is not visible at position " +
                              std::to_string(p) + " (" + std::to_string(visible) + " entries)");
               }
-              add_cached(ent + lv.entry_row(op, b, sel[i], epb, entry_rows) * row_bytes);
+              add_cached(ent + lv.entry_row(op, b, sel[i], epb, entry_rows) * entry_row_bytes,
+                         entry_codec);
             }
           }
         }
         decoded.resize(pending.size() * static_cast<size_t>(dim));
         for (size_t i = 0; i < pending.size(); ++i) {
           float* key = decoded.data() + i * static_cast<size_t>(dim);
-          codec.decode(pending[i].second, key);
-          keys[pending[i].first] = key;
+          pending[i].codec->decode(pending[i].row, key);
+          keys[pending[i].key] = key;
         }
         // Heads in parallel when tokens are not (a nested parallel_for runs inline).
         pool.parallel_for(

@@ -226,7 +226,7 @@ void OpChecks::kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t d
          "] (the channels of a row of argument " + arg + ")");
   }
   // The dtype decides the row width; checked against the set first so a wrong dtype is named.
-  const DTypeSet kv_dtypes{DType::kF32, DType::kBF16, DType::kU8};
+  const DTypeSet kv_dtypes{DType::kF32, DType::kBF16, DType::kU8, DType::kF8E4M3, DType::kE2M1x2};
   defined_on(arg, t, device_, "a KV cache (" + kv_dtypes.str() + ")");
   const bool known = kv_dtypes.contains(t.dtype());
   const DType dtype = known ? t.dtype() : DType::kF32;
@@ -235,8 +235,8 @@ void OpChecks::kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t d
   if (!supported) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op_) + ": argument " + arg + " is a " + dtype_name(dtype) +
-                    " KV cache, which this backend cannot use yet (kv_cache_dtype: its kernels "
-                    "for bf16/fp8 KV caches are not built); use f32 caches");
+                    " KV cache, which this backend cannot use yet (kv_cache_dtype: it has no "
+                    "kernels for this KV format); use f32 caches");
   }
 }
 

@@ -66,9 +66,9 @@ class OpChecks {
   // block_table [B, max_blocks_per_seq].
   void layout(const BatchLayout& layout, bool need_block_table) const;
   // A KV cache (backend.h, "KV caches") whose shape is `shape` except for the last dimension,
-  // the width a row of `dim` channels takes in its dtype (f32 / bf16: dim; kU8: the fp8 record
-  // that `rope_dim` selects). `supported`: whether the backend has kernels for its dtype
-  // (otherwise Error(kUnsupported)).
+  // the width a row of `dim` channels takes in its dtype (f32 / bf16: dim; kU8, kF8E4M3,
+  // kE2M1x2: the record that the dtype and `rope_dim` select, kv_record.h). `supported`: whether
+  // the backend has kernels for its dtype (otherwise Error(kUnsupported)).
   void kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t dim, int64_t rope_dim,
                 bool supported) const;
   // A compression ratio >= 1 that divides the layout's block size.

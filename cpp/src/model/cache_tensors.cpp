@@ -36,6 +36,19 @@ KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device, 
       "kv_cache_dtype must be \"auto\", \"f32\", \"bf16\" or \"fp8\", got \"" + name + "\"");
 }
 
+V41KvDTypes v41_kv_dtypes(KvCacheDType dtype) {
+  switch (dtype) {
+    case KvCacheDType::kBF16:
+      return {DType::kBF16, DType::kBF16, DType::kBF16};
+    case KvCacheDType::kFp8:
+      // V4.1's shipped formats (model.md C.1, D.3): FP8 SWA, FP4 compressed KV and index keys.
+      return {DType::kF8E4M3, DType::kE2M1x2, DType::kE2M1x2};
+    case KvCacheDType::kF32:
+      break;
+  }
+  return {DType::kF32, DType::kF32, DType::kF32};
+}
+
 namespace {
 
 // The tensor dtype of a KV cache of `dtype`.
@@ -124,39 +137,55 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
 
 void ModelCaches::init_v41(const V41TextConfig& config, Backend& backend) {
   const CacheShape& shape = shape_;
-  if (shape.kv_dtype != KvCacheDType::kF32) {
+  const V41KvDTypes kv = v41_kv_dtypes(shape.kv_dtype);
+  const char* name = kv_cache_dtype_name(shape.kv_dtype);
+  for (const auto& [dtype, what] : {std::pair{kv.swa, "SWA keys"}, {kv.entries, "compressed KV"}}) {
+    if (!backend.supports_kv_cache_dtype(dtype)) {
+      throw Error(ErrorCode::kUnsupported, std::string("kv_cache_dtype \"") + name +
+                                               "\" of DeepSeek-V4.1 stores its " + what + " as " +
+                                               dtype_name(dtype) + " records, which the " +
+                                               backend.name() + " backend cannot use yet");
+    }
+  }
+  if (!backend.supports_index_cache_dtype(kv.index)) {
     throw Error(ErrorCode::kUnsupported,
-                std::string("kv_cache_dtype \"") + kv_cache_dtype_name(shape.kv_dtype) +
-                    "\" is not available for DeepSeek-V4.1 yet: its caches are f32 (V4.1's FP8 "
-                    "SWA and FP4 compressed/index formats are not implemented)");
+                std::string("kv_cache_dtype \"") + name +
+                    "\" of DeepSeek-V4.1 stores its index keys as " + dtype_name(kv.index) +
+                    " records (FP4 e2m1 + UE8M0 per 32), which the " + backend.name() +
+                    " backend's indexer cannot read yet; use kv_cache_dtype \"bf16\" or \"f32\"");
   }
   const int64_t slots = shape.num_state_slots + std::max(0, shape.num_scratch_slots);
   const int64_t d = config.head_dim;
   const int64_t di = config.index_head_dim;
   const int64_t f32 = 4;
+  const int rope = config.rope_head_dim;
+  // Bytes of one SWA key, one compressed entry and one index key (kv_record.h).
+  const kv_record::RowCodec swa{kv.swa, d, rope};
+  const kv_record::RowCodec entry{kv.entries, d, rope};
+  const kv_record::RowCodec index{kv.index, di, 0};
   main_layers_ = config.num_hidden_layers;
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
     LayerCaches c;
-    c.rope_dim = config.rope_head_dim;
+    c.rope_dim = rope;
     const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
-    c.swa_ring = backend.zeros({slots, swa_len, d}, DType::kF32);
-    bytes_per_slot_ += swa_len * d * f32;
+    c.swa_ring = backend.zeros({slots, swa_len, swa.row_width()}, kv.swa);
+    bytes_per_slot_ += swa_len * swa.row_bytes();
     int64_t block_bytes = 0;
     // Only sources own compressed entries (and, for C2, the compressor ring) and index keys;
     // their readers read them (V4.1's share-KV and index-K sources, model.md C.3.7).
     if (config.is_kv_source(layer)) {
       const int ratio = config.ratio(layer);
       const int64_t epb = kv::entries_per_block(ratio, shape.block_size);
-      c.comp_entries = backend.zeros({shape.num_blocks * epb, d}, DType::kF32);
-      block_bytes += epb * d * f32;
+      c.comp_entries = backend.zeros({shape.num_blocks * epb, entry.row_width()}, kv.entries);
+      block_bytes += epb * entry.row_bytes();
       if (ratio > 1) {  // C1 needs no ring: an entry is one token
         const int64_t ring_len = kv::compressor_ring_len(ratio, false, shape.max_backtrack);
         c.comp_ring = backend.zeros({slots, ring_len, 2 * d}, DType::kF32);
         bytes_per_slot_ += ring_len * 2 * d * f32;
       }
       if (config.is_index_k_source(layer)) {
-        c.index_entries = backend.zeros({shape.num_blocks * epb, di}, DType::kF32);
-        block_bytes += epb * di * f32;
+        c.index_entries = backend.zeros({shape.num_blocks * epb, index.row_width()}, kv.index);
+        block_bytes += epb * index.row_bytes();
       }
     }
     bytes_per_block_ += block_bytes;

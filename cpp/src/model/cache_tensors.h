@@ -31,6 +31,17 @@ const char* kv_cache_dtype_name(KvCacheDType dtype);  // "f32", "bf16", "fp8"
 KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device,
                                     bool fp8_weights = false);
 
+// The tensor dtypes of DeepSeek-V4.1's caches for a kv_cache_dtype: "f32" and "bf16" store
+// every cache so; "fp8" means V4.1's shipped formats (docs/model.md#kv-cache-dtypes): FP8 SWA
+// keys (kF8E4M3 records, 528 B for D 512), FP4 compressed entries and FP4 index keys
+// (kE2M1x2 records, 288 B and 68 B).
+struct V41KvDTypes {
+  DType swa;
+  DType entries;
+  DType index;
+};
+V41KvDTypes v41_kv_dtypes(KvCacheDType dtype);
+
 struct CacheShape {
   int num_blocks = 0;
   int num_state_slots = 0;
@@ -43,8 +54,9 @@ struct CacheShape {
 };
 
 struct LayerCaches {
-  // Shapes for f32 caches; a bf16 cache has the same shape, an fp8 one (kU8) the record width
-  // (kv_record.h) in place of D / Di. The compressor rings are always f32.
+  // Shapes for f32 caches; a bf16 cache has the same shape, a record cache (kU8, and V4.1's
+  // kF8E4M3 / kE2M1x2) the record width (kv_record.h) in place of D / Di. The compressor rings
+  // are always f32.
   Tensor swa_ring;       // [slots, W + backtrack, D]
   Tensor comp_ring;      // [slots, Rc, 2C]   (compressed layers)
   Tensor comp_entries;   // [blocks * 128/m, D]
@@ -55,15 +67,15 @@ struct LayerCaches {
   // layers (position p reads the token at p + 1), so it reads the trunk of a chunk's first
   // position - 1 from here (ModelInstance::forward_with_mtp).
   Tensor trunk_ring;
-  int rope_dim = 0;  // RoPE channels of swa_ring / comp_entries rows (their fp8 record)
+  int rope_dim = 0;  // RoPE channels of swa_ring / comp_entries rows (selects their record)
 };
 
 class ModelCaches {
  public:
   // The caches of the main layers and of `num_mtp_layers` MTP blocks. For a DeepSeek-V4.1 config
-  // (config.v41) the V4.1 layout instead: f32, an SWA ring per layer, compressed entries (and the
-  // C2 compressor ring) only at kv sources, index keys only at index-K sources; share-KV and
-  // share-index readers hold none and read their source's.
+  // (config.v41) the V4.1 layout instead (in v41_kv_dtypes(shape.kv_dtype)): an SWA ring per layer,
+  // compressed entries (and the C2 compressor ring) only at kv sources, index keys only at index-K
+  // sources; share-KV and share-index readers hold none and read their source's.
   //
   // V4: the caches of the main layers and of `num_mtp_layers` MTP blocks (their own rings and
   // entries, in the same slots and blocks as the main layers': a sequence's drafter state lives

@@ -277,8 +277,8 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 }
 
 // The DeepSeek-V4.1 instance (docs/model.md#deepseek-v41-text-model) of `checkpoint`, or of random
-// weights when it is null: eager, without drafter or expert parallelism, f32 KV ("auto" included:
-// V4.1's own KV formats are not implemented).
+// weights when it is null: eager, without drafter or expert parallelism; KV in f32, bf16 or V4.1's
+// FP8/FP4 formats ("fp8").
 void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& shape,
               const std::string& activation_quant, const std::string& kv_cache_dtype,
               const std::function<void(int, int)>& progress, const KvSizing& sizing,
@@ -291,9 +291,10 @@ void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& 
   options.quantize_activations = resolve_activation_quant(activation_quant, *m.backend);
   options.progress = progress;
   CacheShape sized = shape;
-  sized.kv_dtype = kv_cache_dtype == "auto"
-                       ? KvCacheDType::kF32
-                       : resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(), false);
+  // "auto" is f32 on the CPU and bf16 on a device: V4.1's shipped FP8/FP4 formats ("fp8",
+  // v41_kv_dtypes) need FP4 index keys, which the CUDA indexer does not read yet.
+  sized.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(),
+                                          /*fp8_weights=*/false);
   V41Weights weights =
       checkpoint != nullptr
           ? load_v41_weights(*checkpoint, *m.config.v41, m.config, *m.backend, options)

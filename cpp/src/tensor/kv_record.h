@@ -17,6 +17,26 @@
 // Every fp8 scale is the power of two 2^ceil(log2(max(amax, 1e-4) / 448)) over the channels it
 // covers (the activation-quantization rule, weight.h), so value / scale fits e4m3 (|.| <= 448)
 // and rounds to nearest even; decoding is e4m3 * scale, exact in f32.
+//
+// DeepSeek-V4.1's shipped formats (model.md C.3, D.3), one record per cache dtype:
+//  - kF8E4M3, the V4.1 FP8 record (SWA ring; v41_fp8_record_bytes(C) bytes):
+//      [0, C)                   every channel as e4m3 (RoPE channels included), value / scale
+//      [C, C + ceil(C/32))      one UE8M0 scale per 32 channels, fp8_scale of the group
+//    V4.1 (C 512): 512 + 16 = 528 bytes, token-interleaved [data | scales].
+//  - kE2M1x2 with rope_dim > 0, the V4.1 FP4 main record (compressed entries;
+//    v41_fp4_main_record_bytes(C) bytes):
+//      [0, ceil(C/2))           e2m1 pairs, channel 2i in the low nibble of byte i
+//      then ceil(C/16)          one e4m3 scale per 16 channels, fp4_e4m3_scale of the group
+//    V4.1 (C 512): 256 + 32 = 288 bytes.
+//  - kE2M1x2 with rope_dim == 0, the V4.1 FP4 index-key record (v41_fp4_index_record_bytes(C)):
+//      [0, ceil(C/2))           e2m1 pairs as above
+//      then ceil(C/32)          one UE8M0 scale per 32 channels, fp4_ue8m0_scale of the group
+//    V4.1 (Di 128): 64 + 4 = 68 bytes. DeepInfer lays a block's index keys out block-wide (all
+//    tokens' data, then all scales); ours stay token-interleaved: the layout is internal to the
+//    engine (no kernel of DeepInfer's reads our caches), the bytes per token are the same.
+// A last group may be partial (tiny test models); it takes one scale like a whole one. Every
+// e2m1 value is value / scale rounded to the nearest of +-{0, .5, 1, 1.5, 2, 3, 4, 6}, ties to
+// the even code, saturating at 6; decoding is e2m1 * scale, exact in f32.
 #pragma once
 
 #include <cstdint>
@@ -41,13 +61,50 @@ inline int64_t index_record_bytes(int64_t dim) {
 // The power-of-two scale of a group whose largest magnitude is `amax`.
 float fp8_scale(float amax);
 
+inline constexpr int kV41Fp8Group = 32;       // channels per UE8M0 scale of the V4.1 FP8 record
+inline constexpr int kV41Fp4MainGroup = 16;   // channels per e4m3 scale of the FP4 main record
+inline constexpr int kV41Fp4IndexGroup = 32;  // channels per UE8M0 scale of the FP4 index record
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+inline int64_t v41_fp8_record_bytes(int64_t dim) {
+  return dim + ceil_div(dim, kV41Fp8Group);
+}
+inline int64_t v41_fp4_main_record_bytes(int64_t dim) {
+  return ceil_div(dim, 2) + ceil_div(dim, kV41Fp4MainGroup);
+}
+inline int64_t v41_fp4_index_record_bytes(int64_t dim) {
+  return ceil_div(dim, 2) + ceil_div(dim, kV41Fp4IndexGroup);
+}
+
+// Spec reading ("round_sf", model.md C.3.2): the UE8M0 scale of an e2m1 group is the power of two
+// 2^ceil(log2(max(amax, 1e-4) / 6)), the FP8 rule (fp8_scale) with 6, e2m1's largest magnitude,
+// in place of 448: the group never saturates.
+float fp4_ue8m0_scale(float amax);
+// Spec reading (model.md C.3.3 says only "e4m3 scale per 16 channels"): the smallest e4m3 value
+// >= max(amax, 1e-4) / 6 (amax / 6 rounded up, not to nearest, so that no value of the group
+// exceeds 6 * scale and saturates), at most 448.
+float fp4_e4m3_scale(float amax);
+// The e2m1 nibble nearest to v (ties to the even code, saturating at +-6); bit 3 is v's sign
+// (v < 0).
+uint8_t f32_to_e2m1(float v);
+
+void encode_v41_fp8(const float* x, int64_t dim, uint8_t* record);
+void decode_v41_fp8(const uint8_t* record, int64_t dim, float* x);
+void encode_v41_fp4_main(const float* x, int64_t dim, uint8_t* record);
+void decode_v41_fp4_main(const uint8_t* record, int64_t dim, float* x);
+void encode_v41_fp4_index(const float* x, int64_t dim, uint8_t* record);
+void decode_v41_fp4_index(const uint8_t* record, int64_t dim, float* x);
+
 void encode_main(const float* x, int64_t dim, int64_t rope_dim, uint8_t* record);
 void decode_main(const uint8_t* record, int64_t dim, int64_t rope_dim, float* x);
 void encode_index(const float* x, int64_t dim, uint8_t* record);
 void decode_index(const uint8_t* record, int64_t dim, float* x);
 
-// One cache's row format: f32, bf16, or kU8 records (the main record when rope_dim > 0, the
-// index-key record when rope_dim == 0).
+// One cache's row format: f32, bf16, kU8 records (V4's main record when rope_dim > 0, V4's
+// index-key record when rope_dim == 0), kF8E4M3 V4.1 FP8 records, or kE2M1x2 V4.1 FP4 records
+// (the main record when rope_dim > 0, the index-key record when rope_dim == 0).
 struct RowCodec {
   DType dtype = DType::kF32;
   int64_t dim = 0;
@@ -61,7 +118,10 @@ struct RowCodec {
   void decode(const void* row, float* x) const;
 };
 
-// The row width a cache of `dtype` (f32, bf16 or kU8) needs for rows of `dim` channels.
+// Whether `dtype` is a KV cache dtype (f32, bf16, kU8, kF8E4M3, kE2M1x2).
+bool is_kv_cache_dtype(DType dtype);
+
+// The row width a cache of `dtype` (a KV cache dtype) needs for rows of `dim` channels.
 inline int64_t row_width(DType dtype, int64_t dim, int64_t rope_dim) {
   return RowCodec{dtype, dim, rope_dim}.row_width();
 }
