@@ -22,11 +22,12 @@ struct AttentionArgs {
   const uint8_t* ring;     // [slots, ring_len] rows
   const uint8_t* entries;  // [entry_rows] rows, or null
   KvRowFormat kvf;
-  const int32_t* topk;  // [T, topk_cols] or null
-  const float* sinks;   // [heads]
-  float* out;           // [T, heads, dim] when there is one split
-  float* part_acc;      // [splits, T, heads, dim] otherwise
-  float* part_md;       // [splits, T, heads, 2]: running max, denominator
+  const int32_t* topk;       // [T, topk_cols] or null
+  const float* sinks;        // [heads]
+  const int32_t* swa_start;  // [B] first visible sliding position per sequence, or null
+  float* out;                // [T, heads, dim] when there is one split
+  float* part_acc;           // [splits, T, heads, dim] otherwise
+  float* part_md;            // [splits, T, heads, 2]: running max, denominator
   int64_t slots;
   int64_t ring_len;
   int64_t entry_rows;
@@ -63,6 +64,7 @@ inline AttentionArgs attention_args(const Tensor& q, const void* kv_rows, const 
   a.kvf = kv_row_format(swa_ring.dtype(), q.size(2), spec.rope_dim);
   a.topk = sparse ? topk.data<int32_t>() : nullptr;
   a.sinks = sinks.data<float>();
+  a.swa_start = spec.swa_start.defined() ? spec.swa_start.data<int32_t>() : nullptr;
   a.out = out.data<float>();
   a.slots = swa_ring.size(0);
   a.ring_len = swa_ring.size(1);
