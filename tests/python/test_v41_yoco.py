@@ -202,6 +202,32 @@ def test_yoco_engine_prefix_hit_ends_before_the_kept_positions(mode: str, tmp_pa
     assert_pools_full(engine)
 
 
+def test_yoco_store_leaves_consumer_rings_out(tmp_path, tmp_path_factory) -> None:
+    """Bounded replay: under truncation the store's snapshots hold no consumer SWA rings (the
+    prefill of the tail a hit leaves rebuilds them), and a hit from the store after a restart
+    equals the reference."""
+    name, mode = "A", "compact"
+    cfg = ref.TINY_CONFIGS[name]
+    shared = ref.random_tokens(300, cfg.vocab_size, 7)
+    written = {}
+    for m in ("off", mode):
+        engine = yoco_engine(name, m, tmp_path_factory, kv_store_path=str(tmp_path / m))
+        run_all(engine, [shared[:270] + [17]], GREEDY)  # 2 blocks, the snapshot at 256
+        engine.flush_kv_tiers()
+        written[m] = engine.stats()["store_bytes_written"]
+        del engine
+    consumers = cfg.num_hidden_layers - cfg.n_prefill_layer
+    ring_bytes = (cfg.sliding_window + 6) * cfg.head_dim * 4  # the engine's 6 rollback slots
+    assert written["off"] - written[mode] == consumers * ring_bytes
+    engine = yoco_engine(name, mode, tmp_path_factory, kv_store_path=str(tmp_path / mode))
+    outs, trace = run_all(engine, [shared], GREEDY)
+    (rid,) = list(trace.outputs)
+    assert trace.ready(rid).prompt_cache_hit_tokens == 256
+    assert engine.stats()["store_hit_tokens"] == 256
+    assert outs == [greedy_reference(model(name), mode, shared, 8)]
+    assert_pools_full(engine)
+
+
 def test_yoco_options_are_validated(tmp_path_factory) -> None:
     path = str(checkpoint("A", tmp_path_factory))
     with pytest.raises(Exception, match=r"'yoco_prefill_truncation' must be"):
