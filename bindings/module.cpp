@@ -207,17 +207,20 @@ NB_MODULE(deepinfer_core, m) {
       .def(
           "__init__",
           [](deepinfer::SequenceChunk* self, int32_t slot, int64_t start_pos,
-             std::vector<int32_t> tokens, std::vector<int32_t> block_table) {
+             std::vector<int32_t> tokens, std::vector<int32_t> block_table, int64_t prompt_end) {
             new (self) deepinfer::SequenceChunk{slot, start_pos, std::move(tokens),
-                                                std::move(block_table)};
+                                                std::move(block_table), prompt_end};
           },
           "slot"_a, "start_pos"_a, "tokens"_a, "block_table"_a = std::vector<int32_t>{},
+          "prompt_end"_a = 0,
           "Tokens of one sequence at positions start_pos.., cached in state slot `slot` and the "
-          "paged blocks `block_table`.")
+          "paged blocks `block_table`. `prompt_end`: the end of the prefill the chunk belongs to "
+          "(0: the chunk's end), for DeepSeek-V4.1's YOCO prefill truncation.")
       .def_rw("slot", &deepinfer::SequenceChunk::slot)
       .def_rw("start_pos", &deepinfer::SequenceChunk::start_pos)
       .def_rw("tokens", &deepinfer::SequenceChunk::tokens)
-      .def_rw("block_table", &deepinfer::SequenceChunk::block_table);
+      .def_rw("block_table", &deepinfer::SequenceChunk::block_table)
+      .def_rw("prompt_end", &deepinfer::SequenceChunk::prompt_end);
 
   const deepinfer::RunnerOptions kRunner;  // the keyword defaults below
   nb::class_<deepinfer::ModelRunner>(
@@ -225,8 +228,11 @@ NB_MODULE(deepinfer_core, m) {
       .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
                        int max_backtrack, int num_threads, const std::string& device,
                        int decode_graph_max_batch, const std::string& activation_quant,
-                       const std::string& kv_cache_dtype) {
+                       const std::string& kv_cache_dtype,
+                       const std::string& yoco_prefill_truncation, int yoco_keep_tokens) {
              deepinfer::RunnerOptions options;
+             options.yoco_prefill_truncation = yoco_prefill_truncation;
+             options.yoco_keep_tokens = yoco_keep_tokens;
              options.activation_quant = activation_quant;
              options.kv_cache_dtype = kv_cache_dtype;
              options.decode_graph_max_batch = decode_graph_max_batch;
@@ -244,6 +250,8 @@ NB_MODULE(deepinfer_core, m) {
            "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
            "activation_quant"_a = kRunner.activation_quant,
            "kv_cache_dtype"_a = kRunner.kv_cache_dtype,
+           "yoco_prefill_truncation"_a = kRunner.yoco_prefill_truncation,
+           "yoco_keep_tokens"_a = kRunner.yoco_keep_tokens,
            "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
            "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
            "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
@@ -252,7 +260,9 @@ NB_MODULE(deepinfer_core, m) {
            "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
            "GPU's W8A8 exactly) or \"none\". `kv_cache_dtype` stores the KV caches as \"f32\", "
            "\"bf16\" or \"fp8\" (\"auto\": f32 on the CPU; on a GPU fp8 for an FP8 "
-           "checkpoint, bf16 otherwise).")
+           "checkpoint, bf16 otherwise). `yoco_prefill_truncation` (DeepSeek-V4.1): \"off\" "
+           "(exact), \"mask\" or \"compact\": the YOCO consumer layers keep the last "
+           "`yoco_keep_tokens` positions of a prefill (>= sliding_window + max_backtrack).")
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,

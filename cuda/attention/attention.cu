@@ -13,8 +13,9 @@
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
 // metadata it knows (shapes, layout.max_blocks_per_seq), so no op waits for the stream. The key
 // list of token t at position p (attention_keys.cuh, docs/model.md#keys-a-query-sees) is: the
-// sliding keys max(0, p-W+1) .. p (this call's kv rows from ctx_len on, the ring before), then
-// the compressed entries (dense: j < (p+1)/ratio; sparse: the K columns of topk[t], -1 masked).
+// sliding keys max(0, p-W+1, spec.swa_start[b]) .. p (this call's kv rows from ctx_len on, the ring
+// before), then the compressed entries (dense: j < (p+1)/ratio; sparse: the K columns of topk[t],
+// -1 masked).
 //
 // Content errors cannot be raised without a host sync. Where the CPU op throws, these kernels
 // stay inside their buffers and do the following instead:

@@ -22,13 +22,14 @@ struct AttentionArgs {
   const uint8_t* kv;       // [T] rows
   const uint8_t* ring;     // [slots, ring_len] rows
   const uint8_t* entries;  // [entry_rows] rows, or null
-  KvRowFormat kvf;         // kv's and the ring's rows
-  KvRowFormat entf;        // the entries' rows: kvf's, or V4.1's FP4 main record under FP8 keys
-  const int32_t* topk;     // [T, topk_cols] or null
-  const float* sinks;      // [heads]
-  float* out;              // [T, heads, dim] when there is one split
-  float* part_acc;         // [splits, T, heads, dim] otherwise
-  float* part_md;          // [splits, T, heads, 2]: running max, denominator
+  KvRowFormat kvf;           // kv's and the ring's rows
+  KvRowFormat entf;          // the entries' rows: kvf's, or V4.1's FP4 main record under FP8 keys
+  const int32_t* topk;       // [T, topk_cols] or null
+  const float* sinks;        // [heads]
+  const int32_t* swa_start;  // [B] first visible sliding position per sequence, or null
+  float* out;                // [T, heads, dim] when there is one split
+  float* part_acc;           // [splits, T, heads, dim] otherwise
+  float* part_md;            // [splits, T, heads, 2]: running max, denominator
   int64_t slots;
   int64_t ring_len;
   int64_t entry_rows;
@@ -66,6 +67,7 @@ inline AttentionArgs attention_args(const Tensor& q, const void* kv_rows, const 
   a.entf = compressed ? kv_row_format(entries.dtype(), q.size(2), spec.rope_dim) : a.kvf;
   a.topk = sparse ? topk.data<int32_t>() : nullptr;
   a.sinks = sinks.data<float>();
+  a.swa_start = spec.swa_start.defined() ? spec.swa_start.data<int32_t>() : nullptr;
   a.out = out.data<float>();
   a.slots = swa_ring.size(0);
   a.ring_len = swa_ring.size(1);

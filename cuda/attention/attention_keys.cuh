@@ -1,5 +1,6 @@
 // The key list of a query row (docs/model.md#keys-a-query-sees), shared by the f32 and the
-// tensor-core kernels so that both read the same keys: the sliding keys max(0, p-W+1) .. p (this
+// tensor-core kernels so that both read the same keys: the sliding keys max(0, p-W+1,
+// swa_start[b]) .. p (this
 // call's kv rows from ctx_len on, the ring before), then the compressed entries (dense: j <
 // visible; sparse: the topk columns of row t, -1 masked).
 #pragma once
@@ -23,7 +24,8 @@ struct AttentionKeys {
     row0 = l.q_start[b];
     slot = l.slot[b];
     lo = p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    n_sliding = p >= 0 ? p - lo + 1 : 0;
+    if (a.swa_start != nullptr && a.swa_start[b] > lo) lo = a.swa_start[b];
+    n_sliding = p >= lo ? p - lo + 1 : 0;
     visible = a.ratio > 0 ? visible_entries(p, a.ratio, a.entry_bound) : 0;
     const int64_t n_comp = a.ratio == 0 ? 0 : (a.sparse ? a.topk_cols : visible);
     n_keys = n_sliding + n_comp;

@@ -247,7 +247,7 @@ def load_config(path: str | os.PathLike) -> RunConfig:
 
 
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model and --device, for the command lines that take a run config."""
+    """--model, --device and the YOCO truncation, for the command lines that take a run config."""
     parser.add_argument(
         "--model",
         help='"tiny" or a checkpoint directory (overrides the config\'s model; a relative path is '
@@ -258,6 +258,20 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
         help='"auto", "cpu", "cuda" or "cuda:N" (overrides the config\'s engine.device; '
         '"auto", the default, picks the GPU when this build has the CUDA backend and a GPU is '
         "present, else the CPU)",
+    )
+    parser.add_argument(
+        "--yoco-prefill-truncation",
+        choices=("off", "mask", "compact"),
+        help="DeepSeek-V4.1 YOCO prefill truncation (overrides the config's "
+        "engine.yoco_prefill_truncation): off (exact, the default), mask or compact (the "
+        "consumer layers keep only the last --yoco-keep-tokens positions of a prefill: about "
+        "half the prefill FLOPs, an approximation of off; docs/model.md)",
+    )
+    parser.add_argument(
+        "--yoco-keep-tokens",
+        type=int,
+        help="positions of a prefill the YOCO consumer layers keep under mask/compact (default "
+        "140; at least sliding_window + num_speculative_tokens)",
     )
 
 
@@ -287,6 +301,10 @@ def apply_override_arguments(config: RunConfig, args: argparse.Namespace) -> Run
         )
     if args.device is not None:
         config.engine.placement.device = args.device
+    if getattr(args, "yoco_prefill_truncation", None) is not None:
+        config.engine.placement.yoco_prefill_truncation = args.yoco_prefill_truncation
+    if getattr(args, "yoco_keep_tokens", None) is not None:
+        config.engine.placement.yoco_keep_tokens = args.yoco_keep_tokens
     # add_parallel_arguments' flags, for the command lines that have them.
     if getattr(args, "data_parallel_size", None) is not None:
         config.engine.parallel.data_parallel_size = args.data_parallel_size

@@ -105,6 +105,8 @@ struct Attn {
   // The entries' dtype where it differs from kv (V4.1: kE2M1x2 entries under kF8E4M3 keys).
   DType entry_kv = DType::kF32;
   int rope = 0;  // rope_dim: the fp8 record's bf16 channels
+  // AttentionSpec::swa_start per sequence (YOCO truncation's narrowed windows); empty: none.
+  std::vector<int32_t> swa_start;
 };
 
 // Random f32 key rows of `dim` channels as a cache of `dtype` holds them ([.., row width]).
@@ -149,10 +151,16 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                    return in;
                  },
              .run =
-                 [spec](Backend& be, const AttnIn& in) {
+                 [spec, c](Backend& be, const AttnIn& in) {
+                   AttentionSpec s = spec;
+                   if (!c.swa_start.empty()) {
+                     s.swa_start =
+                         up(be, Tensor::from_vector(c.swa_start,
+                                                    {static_cast<int64_t>(c.swa_start.size())}));
+                   }
                    return out(be.attention(up(be, in.q), up(be, in.kv), up_same(be, in.ring),
                                            up_same(be, in.entries), up(be, in.topk),
-                                           up(be, in.sinks), in.hb.upload(be), spec));
+                                           up(be, in.sinks), in.hb.upload(be), s));
                  },
              .expect = c.bf16 ? bf16_math() : close(1e-5, 1e-6),
          });
@@ -190,6 +198,19 @@ void add_tiny_entries(std::vector<OpCase>& t, Attn c, int last_heads) {
   const std::string heads = c.heads == last_heads ? "" : "_h" + std::to_string(last_heads);
   c.heads = last_heads;
   add_attention(t, "tiny_sparse_m8_k3" + heads, c);
+}
+
+// YOCO truncation's per-sequence bound on the sliding keys (kTinySeqs): none, inside a decode
+// row's window, in the middle of a 30-token chunk (its first rows see no sliding key), past a
+// 3-token step's rows, 0.
+void add_swa_start(std::vector<OpCase>& t, Attn c) {
+  c.seqs = kTinySeqs;
+  c.swa_start = {0, 33, 35, 60, 0};
+  add_attention(t, "tiny_sliding_swa_start", c);
+  c.ratio = 4;
+  c.sparse = true;
+  c.topk_cols = 8;
+  add_attention(t, "tiny_sparse_m4_k8_swa_start", c);
 }
 
 // Few tokens over long key lists: the keys are split across blocks and combined.
@@ -273,6 +294,7 @@ void add_f32_attention(std::vector<OpCase>& t) {
   add_attention(t, "tiny_sliding_h12_d96", c);
   add_tiny_entries(t, Attn{}, 4);
   add_split_keys(t, Attn{});
+  add_swa_start(t, Attn{});
   add_flash(t, false);
 }
 
@@ -300,6 +322,7 @@ void add_bf16_attention(std::vector<OpCase>& t) {
   tiny.dim = 64;
   add_tiny_entries(t, tiny, 20);
   add_split_keys(t, tiny);
+  add_swa_start(t, tiny);
   add_flash(t, true);
 }
 

@@ -401,14 +401,15 @@ struct AttnWorld {
 };
 
 std::vector<double> ref_attention(const AttnWorld& a, const PagedEntries* pe, int ratio,
-                                  const std::vector<int32_t>* topk, int64_t topk_cols,
-                                  double scale) {
+                                  const std::vector<int32_t>* topk, int64_t topk_cols, double scale,
+                                  const std::vector<int32_t>* swa_start = nullptr) {
   std::vector<double> out;
   for (int t = 0; t < a.hl.num_tokens(); ++t) {
     const size_t b = sz(a.hl.token_seq[sz(t)]);
     const int64_t p = a.hl.positions[sz(t)];
     std::vector<const float*> keys;
-    for (int64_t j = std::max<int64_t>(0, p - a.W + 1); j <= p; ++j) keys.push_back(a.kv.at(b, j));
+    const int64_t lo = std::max<int64_t>({0, p - a.W + 1, swa_start ? (*swa_start)[b] : 0});
+    for (int64_t j = lo; j <= p; ++j) keys.push_back(a.kv.at(b, j));
     if (ratio > 0) {
       if (topk == nullptr) {
         for (int64_t j = 0; j < (p + 1) / ratio; ++j) {
@@ -520,6 +521,44 @@ TEST_F(CpuAttentionOpTest, SingleDecodeTokenLongContext) {
   AttnWorld a = world(seqs, 8, 32, 16, 16, block, pe.max_blocks, pe.table);
   Tensor got = run(a, 1, &pe, Tensor(), AttentionSpec{16, 0.1f, ratio, false});
   expect_close(fetch_f32(*be, got), ref_attention(a, &pe, ratio, nullptr, 0, 0.1), 1e-5, 1e-6);
+}
+
+// YOCO truncation's per-sequence lower bound: seq 0 unbounded, seq 1 (a decode row) bounded
+// inside its window, seq 2 (a chunk) bounded in the middle of the chunk, so its first rows see
+// no sliding key at all (only their compressed entries).
+TEST_F(CpuAttentionOpTest, SwaStartNarrowsTheSlidingWindow) {
+  const int ratio = 4, block = 8;
+  std::vector<SeqSpec> seqs = {{0, 5, 2}, {37, 1, 0}, {20, 9, 1}};
+  PagedEntries pe(rng, {5 / ratio, 38 / ratio, 29 / ratio}, block / ratio, 16, 5);
+  AttnWorld a = world(seqs, 3, 16, 8, 10, block, pe.max_blocks, pe.table);
+  const std::vector<int32_t> start = {0, 34, 24};
+  AttentionSpec spec{8, 0.25f, ratio, false};
+  spec.swa_start = up_i(start, {3});
+  Tensor got = run(a, 3, &pe, Tensor(), spec);
+  expect_close(fetch_f32(*be, got), ref_attention(a, &pe, ratio, nullptr, 0, 0.25, &start), 1e-5,
+               1e-6);
+  // Sliding only: rows before the bound see the sink alone, so their output is zero.
+  AttentionSpec sliding{8, 0.25f, 0, false};
+  sliding.swa_start = spec.swa_start;
+  got = run(a, 3, nullptr, Tensor(), sliding);
+  const std::vector<double> want = ref_attention(a, nullptr, 0, nullptr, 0, 0.25, &start);
+  expect_close(fetch_f32(*be, got), want, 1e-5, 1e-6);
+  EXPECT_EQ(want[sz(6 * 3 * 16)], 0.0);  // seq 2's first row, position 20 < 24
+  // The bound must have one entry per sequence.
+  sliding.swa_start = up_i(std::vector<int32_t>{0, 0}, {2});
+  expect_error([&] { run(a, 3, nullptr, Tensor(), sliding); }, ErrorCode::kInvalidArgument,
+               "spec.swa_start");
+}
+
+TEST_F(CpuAttentionOpTest, SwaStartSparesRingPositionsBeforeIt) {
+  // 7 past keys would be needed and the ring holds 4, but the bound hides all but 3 of them.
+  AttnWorld a = world({{30, 1, 0}}, 1, 8, 8, 4, 8, 1, {});
+  const std::vector<int32_t> start = {27};
+  AttentionSpec spec{8, 1.0f, 0, false};
+  spec.swa_start = up_i(start, {1});
+  Tensor got = run(a, 1, nullptr, Tensor(), spec);
+  expect_close(fetch_f32(*be, got), ref_attention(a, nullptr, 0, nullptr, 0, 1.0, &start), 1e-5,
+               1e-6);
 }
 
 TEST_F(CpuAttentionOpTest, RingTooShortIsAnInternalError) {

@@ -39,3 +39,41 @@ def test_gpu_v41_matches_cpu(name: str, tmp_path) -> None:
     )
     assert_close(ours, want, f"config {name}, cuda vs cpu")
     assert greedy_gpu == greedy_cpu
+
+
+@pytest.mark.parametrize("mode", ["mask", "compact"])
+@pytest.mark.parametrize("name", ["A", "B"])
+def test_gpu_v41_yoco_truncation_matches_cpu(name: str, mode: str, tmp_path) -> None:
+    """YOCO prefill truncation (docs/model.md#yoco-prefill-truncation) on CUDA: the attention
+    kernels' swa_start bound and compact's dropped rows, chunked with every chunk naming the
+    prefill's end; compact's dropped rows are NaN on both."""
+    cfg = ref.TINY_CONFIGS[name]
+    path = str(write_checkpoint(ref.V41Model(cfg, seed=0), tmp_path / name))
+    tokens = prompt(name)
+    options = {
+        "yoco_prefill_truncation": mode,
+        "yoco_keep_tokens": cfg.yoco_keep_tokens,
+        "max_backtrack": 1,  # keep >= sliding_window + max_backtrack on the tiny configs
+    }
+
+    def run(device: str) -> RunnerDriver:
+        return RunnerDriver(
+            path,
+            max_seqs=1,
+            max_len=PROMPT_LEN + 64,
+            device=device,
+            activation_quant="none",
+            **options,
+        )
+
+    want = run("cpu").run_schedule(tokens, CHUNKS, prompt_end=PROMPT_LEN)
+    ours = run("cuda").run_schedule(tokens, CHUNKS, prompt_end=PROMPT_LEN)
+    kept = ~np.isnan(want).any(-1)
+    assert np.array_equal(kept, ~np.isnan(ours).any(-1))
+    assert kept.sum() >= cfg.yoco_keep_tokens
+    rel = float(np.abs(ours[kept] - want[kept]).max() / np.abs(want[kept]).max())
+    greedy_gpu = run("cuda").greedy(tokens, GREEDY_TOKENS)
+    greedy_cpu = run("cpu").greedy(tokens, GREEDY_TOKENS)
+    print(f"\nV41-GPU YOCO {mode} config {name}: max|cuda - cpu| / max|cpu| = {rel:.2e} (kept)")
+    assert_close(ours[kept], want[kept], f"config {name}, yoco {mode}, cuda vs cpu")
+    assert greedy_gpu == greedy_cpu

@@ -7,6 +7,7 @@ bf16 or fp8 KV on a GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import deepinfer_core
 import numpy as np
@@ -23,6 +24,7 @@ class RunnerDriver:
         device: str = "cpu",
         activation_quant: str = "auto",
         kv_cache_dtype: str = "f32",
+        **runner_options: Any,
     ) -> None:
         self.blocks_per_seq = (max_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.runner = deepinfer_core.ModelRunner(
@@ -32,23 +34,30 @@ class RunnerDriver:
             device=device,
             activation_quant=activation_quant,
             kv_cache_dtype=kv_cache_dtype,
+            **runner_options,
         )
 
     def block_table(self, slot: int) -> list[int]:
         first = 1 + slot * self.blocks_per_seq
         return list(range(first, first + self.blocks_per_seq))
 
-    def chunk(self, slot: int, start: int, tokens: Sequence[int]) -> deepinfer_core.SequenceChunk:
-        return deepinfer_core.SequenceChunk(slot, start, list(tokens), self.block_table(slot))
+    def chunk(
+        self, slot: int, start: int, tokens: Sequence[int], prompt_end: int = 0
+    ) -> deepinfer_core.SequenceChunk:
+        return deepinfer_core.SequenceChunk(
+            slot, start, list(tokens), self.block_table(slot), prompt_end
+        )
 
     def run_schedule(
-        self, tokens: Sequence[int], schedule: Sequence[int], slot: int = 0
+        self, tokens: Sequence[int], schedule: Sequence[int], slot: int = 0, prompt_end: int = 0
     ) -> np.ndarray:
-        """Feeds `tokens` in chunks of the given sizes; logits of every position."""
+        """Feeds `tokens` in chunks of the given sizes; logits of every position. Every chunk
+        names `prompt_end` (0: its own end) as the end of its prefill (YOCO truncation)."""
         assert sum(schedule) == len(tokens)
         rows, pos = [], 0
         for n in schedule:
-            rows.append(self.runner.forward([self.chunk(slot, pos, tokens[pos : pos + n])]))
+            chunk = self.chunk(slot, pos, tokens[pos : pos + n], prompt_end)
+            rows.append(self.runner.forward([chunk]))
             pos += n
         return np.concatenate(rows, axis=0)
 

@@ -288,6 +288,23 @@ def test_relative_model_override_is_taken_from_the_working_directory(
     assert base.engine.placement.device == "cpu"  # the loaded config is left as it was
 
 
+def test_yoco_truncation_flags_override_the_config(tmp_path) -> None:
+    from deepinfer.config import add_override_arguments, apply_override_arguments
+
+    parser = argparse.ArgumentParser()
+    add_override_arguments(parser)
+    base = load_config(write(tmp_path, "engine: {yoco_prefill_truncation: mask}\n"))
+    assert base.engine.placement.yoco_prefill_truncation == "mask"
+    assert base.engine.placement.yoco_keep_tokens == 140
+    args = ["--yoco-prefill-truncation", "compact", "--yoco-keep-tokens", "150"]
+    config = apply_override_arguments(base, parser.parse_args(args))
+    assert config.engine.placement.yoco_prefill_truncation == "compact"
+    assert config.engine.placement.yoco_keep_tokens == 150
+    assert "--yoco-prefill-truncation" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--yoco-prefill-truncation", "drop"])
+
+
 def test_engine_reports_weight_loading_progress(tiny_checkpoint) -> None:
     config = dc.EngineConfig(device="cpu")
     config.model_path = str(tiny_checkpoint)

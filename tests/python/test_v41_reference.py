@@ -244,6 +244,25 @@ def test_yoco_mask_equals_compact(name):
     )
 
 
+@pytest.mark.parametrize("mode", ["mask", "compact"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_yoco_chunked_prefill_naming_its_end_equals_one_shot(name, mode):
+    """Chunks that name the prefill's end keep the same rectangle as one-shot prefill (engine.md
+    6.3), whether a chunk boundary lies before, inside or at the start of the kept positions."""
+    cfg, m, toks = ref.TINY_CONFIGS[name], model(name), prompt(name)
+    one = m(toks, yoco_mode=mode)
+    kept = ~one.isnan().any(-1)
+    first_kept = len(toks) - cfg.yoco_keep_tokens
+    for cuts in ((10,), (first_kept,), (first_kept + 3,), (5, first_kept - 2, len(toks) - 1)):
+        cache, rows, lo = m.new_cache(mode), [], 0
+        for hi in (*cuts, len(toks)):
+            rows.append(m.forward_chunk(cache, toks[lo:hi], prompt_end=len(toks)))
+            lo = hi
+        chunked = torch.cat(rows)
+        assert torch.equal(chunked.isnan(), one.isnan()), cuts
+        assert rel_err(chunked[kept], one[kept]) <= 1e-5, cuts
+
+
 def test_yoco_truncation_is_exercised():
     for name in CONFIGS:
         if name not in DRIFT:

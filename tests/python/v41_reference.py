@@ -63,12 +63,14 @@ Spec readings (where model.md leaves a choice; each is also marked "Spec reading
 7. Engram primes: one ``nextprime`` chain starting above ``engram_vocab_size - 1``, continued
    across layers, orders and heads in config order (C.7.3); checked against V4.1-Flash's
    ``engram_num_embeddings`` in the tests.
-8. YOCO truncation (``mask``/``compact``) applies in every forward call: with ``total`` tokens in
-   the cache after the call, consumer layers (>= n_prefill_layer) see SWA keys only in
-   ``[total - keep, total)``; ``compact`` runs the consumer layers (and the head) only on those
-   rows, after the boundary layer's compressor/index-K have run on every row. Logits of dropped
-   rows are NaN in ``compact``; in ``mask`` they are computed but meaningless. keep >= window, so
-   single-token decode is never truncated.
+8. YOCO truncation (``mask``/``compact``) applies in every forward call: with ``L`` the end of the
+   prefill the call belongs to (``prompt_end``; by default the cache length after the call, so
+   one-shot prefill and decode need not name it; the chunks of a chunked prefill name the same
+   ``L`` as engine.md 6.3 does, so chunked equals one-shot), consumer layers (>= n_prefill_layer)
+   see SWA keys only in ``[L - keep, L)``; ``compact`` runs the consumer layers (and the head)
+   only on those rows, after the boundary layer's compressor/index-K have run on every row.
+   Logits of dropped rows are NaN in ``compact``; in ``mask`` they are computed but meaningless.
+   keep >= window, so single-token decode is never truncated.
 9. The SWA key of a token and its C1 entry are separate keys; nothing is deduplicated (A.8).
 10. HC norm: unweighted RMSNorm with rms_norm_eps (fn has the weight folded in, C.4); mHC update
     and all arithmetic in fp32 (no bf16 rounding points are modelled).
@@ -1003,7 +1005,7 @@ class V41Model(nn.Module):
         o = apply_rope(o, pos[:, None], inv, inverse=True)
         g = cfg.o_groups
         wa = attn.wo_a.weight.view(g, cfg.o_lora_rank, -1)
-        z = torch.einsum("sgi,goi->sgo", o.reshape(o.shape[0], g, -1), wa).flatten(1)
+        z = torch.einsum("sgi,goi->sgo", o.reshape(o.shape[0], g, nh * d // g), wa).flatten(1)
         return attn.wo_b(z)
 
     # ---- forward ----
@@ -1019,8 +1021,17 @@ class V41Model(nn.Module):
         return self.forward_chunk(self.new_cache(yoco_mode), tokens, trace)
 
     @torch.no_grad()
-    def forward_chunk(self, cache: V41Cache, tokens, trace: dict | None = None) -> torch.Tensor:
+    def forward_chunk(
+        self,
+        cache: V41Cache,
+        tokens,
+        trace: dict | None = None,
+        prompt_end: int | None = None,
+    ) -> torch.Tensor:
         """Feed ``tokens`` after what ``cache`` holds; logits [S, vocab] of these tokens.
+
+        ``prompt_end``: the end of the prefill this chunk belongs to, for YOCO truncation (Spec
+        reading 8); None: the cache length after this call.
 
         ``trace`` (optional dict) receives per-row intermediates: ``y.k`` (sub-layer k's block
         input before its norm, k = 2*layer (+1 for the FFN)), ``trunk.l`` (trunk entering layer
@@ -1037,9 +1048,11 @@ class V41Model(nn.Module):
         mode = cache.yoco_mode
         boundary = cfg.n_prefill_layer
         # Spec reading: truncation holds in every call: consumer SWA keys only in
-        # [total - keep, total), total = tokens in the cache after this call (C.6).
+        # [L - keep, L), L = the prefill's end (by default the cache length after this call; C.6).
         truncating = mode != "off" and boundary is not None
-        keep_from = max(0, total - cfg.yoco_keep_tokens) if truncating else 0
+        end = total if prompt_end is None else prompt_end
+        assert end >= total, f"prompt_end {end} lies before the chunk's end {total}"
+        keep_from = max(0, end - cfg.yoco_keep_tokens) if truncating else 0
 
         x = self.embed(torch.tensor(tokens, dtype=torch.int64))
         trunk = x[:, None, :].expand(s, n_hc, cfg.hidden_size).clone()

@@ -173,6 +173,10 @@ struct AttentionSpec {
   // RoPE channels at the end of each key: selects the main-KV record of kU8 and kE2M1x2 caches
   // (see "KV caches" below); ignored for f32, bf16 and kF8E4M3 caches.
   int rope_dim = 0;
+  // [B] i32 or undefined (no bound): per sequence, the first position whose sliding key is
+  // visible, so query p sees the sliding keys [max(p - W + 1, swa_start[b], 0), p]. DeepSeek-V4.1's
+  // YOCO prefill truncation narrows the consumer layers' windows this way (engine.md 6.3).
+  Tensor swa_start{};
 };
 
 // A device's memory; zeros where the backend does not size it (the CPU backend: host memory is
@@ -431,8 +435,9 @@ class Backend {
   // selecting the record; see above)
   // compressed entries (undefined for sliding layers); topk [T, K] i32 the chosen entries of a
   // sparse layer (-1 = none). For query t at position p of sequence b the keys are the positions
-  // (p - W, p] plus the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse);
-  // softmax(q.k * scale ++ sinks[h]) without the sink column, times the keys. -> [T, nh, D].
+  // (p - W, p] (from spec.swa_start[b] on, when given) plus the compressed entries j < (p + 1) /
+  // ratio (dense) or in topk[t] (sparse); softmax(q.k * scale ++ sinks[h]) without the sink column,
+  // times the keys. -> [T, nh, D].
   Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
                    const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
                    const AttentionSpec& spec);

@@ -97,6 +97,14 @@ struct PlacementConfig {
   // path: exact f32 on the CPU, DeepSeek's dynamic FP8 on CUDA), "fp8" (always; on the CPU the
   // emulation that is the GPU's oracle) or "none" (never: exact dequantized weights).
   std::string activation_quant = "auto";
+  // DeepSeek-V4.1's YOCO prefill truncation (docs/model.md#yoco-prefill-truncation): "off"
+  // (exact), "mask" (every row, consumer windows narrowed) or "compact" (the consumer layers run
+  // on the last yoco_keep_tokens positions of a prefill only; about half the prefill FLOPs). Both
+  // approximate "off"; they agree with each other. yoco_keep_tokens >= sliding_window +
+  // num_speculative_tokens. A prefix-cache hit then ends at least yoco_keep_tokens before the
+  // prompt's end, so hits and cold runs agree.
+  std::string yoco_prefill_truncation = "off";
+  int yoco_keep_tokens = 140;
 
   bool operator==(const PlacementConfig&) const = default;
 };

@@ -32,6 +32,11 @@ struct RunnerOptions {
   std::string activation_quant = "auto";
   // KV cache storage: "auto", "f32", "bf16" or "fp8" (CacheConfig::kv_cache_dtype).
   std::string kv_cache_dtype = "auto";
+  // DeepSeek-V4.1's YOCO prefill truncation (docs/model.md#yoco-prefill-truncation): "off"
+  // (exact), "mask" or "compact", keeping the consumer layers' work in the last
+  // yoco_keep_tokens positions of a prefill (>= sliding_window + max_backtrack).
+  std::string yoco_prefill_truncation = "off";
+  int yoco_keep_tokens = 140;
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..
@@ -42,6 +47,9 @@ struct SequenceChunk {
   int64_t start_pos = 0;
   std::vector<int32_t> tokens;
   std::vector<int32_t> block_table;  // physical block of each logical 128-token block
+  // The end of the prefill this chunk belongs to (0: the chunk's end): the chunks of one prefill
+  // under YOCO truncation name the same end. Logits of rows the truncation dropped are NaN.
+  int64_t prompt_end = 0;
 };
 
 enum class LogitsMode { kAll, kLast };

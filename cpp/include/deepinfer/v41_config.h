@@ -17,6 +17,12 @@
 
 namespace deepinfer {
 
+// DeepInfer's YOCO prefill truncation (engine.md 6.3, model.md C.6): an engine option, not a
+// config.json field. kOff is exact; kMask runs every row with the consumer layers' sliding windows
+// narrowed to the last yoco_keep_tokens positions of the prefill; kCompact also drops the other
+// rows at the YOCO boundary (after its compressor and index keys saw them).
+enum class YocoTruncation { kOff, kMask, kCompact };
+
 struct V41TextConfig {
   std::string source;  // the file it was read from, for messages
 
@@ -97,6 +103,7 @@ struct V41TextConfig {
   // DeepInfer's YOCO KEEP_TOKENS (README default 140); not a config.json field. The consumer
   // layers of a truncated YOCO prefill run on the last keep tokens, so keep >= sliding_window.
   int yoco_keep_tokens = 140;
+  YocoTruncation yoco_truncation = YocoTruncation::kOff;  // set_yoco_truncation
 
   // ---- Derived (B.3 "Values derived by DeepInfer", C.2); -1 means none. ----
   // Per backbone layer: the nearest source at or before the layer (none on ratio-0 layers).
@@ -136,5 +143,13 @@ struct V41TextConfig {
   static V41TextConfig from_json_text(const std::string& text, const std::string& source,
                                       int yoco_keep_tokens = 140);
 };
+
+// Sets `config`'s YOCO prefill truncation from the options yoco_prefill_truncation ("off", "mask"
+// or "compact") and yoco_keep_tokens (its V4.1 text config is replaced by a copy). Throws
+// Error(kInvalidArgument) naming the option: an unknown mode, a mode other than "off" for a model
+// that is not DeepSeek-V4.1, or keep_tokens < sliding_window + max_rollback (the positions a
+// speculative step can roll back: decode must find a full window inside the kept positions).
+void set_yoco_truncation(ModelConfig& config, const std::string& mode, int keep_tokens,
+                         int max_rollback);
 
 }  // namespace deepinfer

@@ -601,6 +601,7 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
     }
     if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
   }
+  c.optional("spec.swa_start", spec.swa_start, DType::kI32, {layout.num_seqs});
   return attention_impl(q, kv, swa_ring, entries, topk, sinks, layout, spec);
 }
 

@@ -276,6 +276,7 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
     const auto* ring_p = static_cast<const uint8_t*>(swa_ring.raw_data());
     const auto* ent = compressed ? static_cast<const uint8_t*>(entries.raw_data()) : nullptr;
     const float* sink = sinks.data<float>();
+    const int32_t* swa_start = spec.swa_start.defined() ? spec.swa_start.data<int32_t>() : nullptr;
     pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
       std::vector<const float*> keys;
       // Cached keys still to decode: (index in keys, row in the cache, its format).
@@ -295,9 +296,11 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
         const int b = seq[static_cast<size_t>(t)];
         const int64_t p = lv.positions[t];
         const int64_t ctx = lv.ctx_len[b];
-        // Sliding keys (p - W, p]: this call's rows, or the ring for earlier tokens.
+        // Sliding keys (p - W, p] from swa_start on: this call's rows, or the ring for earlier
+        // tokens.
         keys.clear();
-        for (int64_t j = std::max<int64_t>(0, p - window + 1); j <= p; ++j) {
+        const int64_t lo = std::max<int64_t>({0, p - window + 1, swa_start ? swa_start[b] : 0});
+        for (int64_t j = lo; j <= p; ++j) {
           if (j >= ctx) {
             keys.push_back(kv_p + (lv.q_start[b] + j - ctx) * dim);
           } else {

@@ -464,4 +464,49 @@ V41TextConfig V41TextConfig::from_json_text(const std::string& text, const std::
   return c;
 }
 
+void set_yoco_truncation(ModelConfig& config, const std::string& mode, int keep_tokens,
+                         int max_rollback) {
+  YocoTruncation truncation = YocoTruncation::kOff;
+  if (mode == "mask") {
+    truncation = YocoTruncation::kMask;
+  } else if (mode == "compact") {
+    truncation = YocoTruncation::kCompact;
+  } else if (mode != "off") {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "'yoco_prefill_truncation' must be \"off\", \"mask\" or \"compact\", got \"" + mode + "\"");
+  }
+  if (config.v41 == nullptr) {
+    if (truncation == YocoTruncation::kOff) return;
+    throw Error(ErrorCode::kInvalidArgument,
+                "'yoco_prefill_truncation' \"" + mode + "\" needs a DeepSeek-V4.1 model (YOCO " +
+                    "consumer layers); " + config.source + " is not one");
+  }
+  const int needed = config.v41->sliding_window + max_rollback;
+  if (truncation != YocoTruncation::kOff && keep_tokens < needed) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "'yoco_keep_tokens' must be >= sliding_window (" +
+                    std::to_string(config.v41->sliding_window) + ") + the speculative rollback (" +
+                    std::to_string(max_rollback) + ") = " + std::to_string(needed) + ", got " +
+                    std::to_string(keep_tokens));
+  }
+  if (truncation != YocoTruncation::kOff) {
+    for (int layer : config.v41->kv_source_layer_ids) {
+      if (layer > config.v41->yoco_boundary) {
+        // Its compressor would see the kept rows only (compact) or narrowed hidden states (mask):
+        // its entries, which decode reads, would depend on where the prefill ended.
+        throw Error(ErrorCode::kInvalidArgument,
+                    "'yoco_prefill_truncation' \"" + mode + "\" needs the YOCO boundary " +
+                        std::to_string(config.v41->yoco_boundary) +
+                        " to be the last kv source, but layer " + std::to_string(layer) +
+                        " compresses too (" + config.source + ")");
+      }
+    }
+  }
+  auto v41 = std::make_shared<V41TextConfig>(*config.v41);
+  v41->yoco_truncation = truncation;
+  v41->yoco_keep_tokens = keep_tokens;
+  config.v41 = std::move(v41);
+}
+
 }  // namespace deepinfer

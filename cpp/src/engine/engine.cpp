@@ -9,6 +9,7 @@
 #include "deepinfer/communicator.h"
 #include "deepinfer/config.h"
 #include "deepinfer/error.h"
+#include "deepinfer/v41_config.h"
 #include "engine/dp_group.h"
 #include "engine/engine_config.h"
 #include "engine/engine_impl.h"
@@ -71,6 +72,10 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   p.resolved = engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true,
                                              auto_fp8_kv);
   const EngineConfig& resolved = p.resolved;
+  // A verify step rolls back at most num_speculative_tokens positions.
+  set_yoco_truncation(p.model, resolved.placement.yoco_prefill_truncation,
+                      resolved.placement.yoco_keep_tokens,
+                      resolved.scheduler.num_speculative_tokens);
   // Before the weights load; EngineImpl checks what was loaded.
   engine::check_mtp_blocks(resolved, p.model.num_nextn_predict_layers);
   engine::check_mtp_layer_kinds(resolved, p.model.mtp_layer_types);

@@ -21,6 +21,8 @@ sched::KvLayout kv_layout(const EngineConfig& c, const StepExecutor& ex) {
   l.num_live_slots = ex.num_state_slots();
   l.num_snapshot_slots = c.cache.enable_prefix_cache ? ex.num_snapshot_slots() : 0;
   l.prefix_cache = c.cache.enable_prefix_cache;
+  // YOCO prefill truncation (V4.1): a hit ends before the kept positions (PrefixCachePolicy).
+  if (c.placement.yoco_prefill_truncation != "off") l.hit_tail = c.placement.yoco_keep_tokens;
   return l;
 }
 

@@ -96,7 +96,7 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
  private:
   // sched::KvTransfer over the model's caches (ModelCaches::export_block and friends).
   int64_t block_bytes() const override { return model_->caches->bytes_per_block(); }
-  int64_t state_bytes() const override { return model_->caches->bytes_per_state_slot(); }
+  int64_t state_bytes() const override { return model_->caches->bytes_per_state_export(); }
   std::vector<uint64_t> block_bytes_per_layer() const override;
   void export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
                     const std::shared_ptr<const void>& keep_alive) override;

@@ -48,6 +48,10 @@ size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& 
       bad_row(b, "positions up to " + std::to_string(end - 1) + " exceed max_position_embeddings " +
                      std::to_string(config.max_position_embeddings));
     }
+    if (r.prompt_end != 0 && r.prompt_end < end) {
+      bad_row(b, "'prompt_end' " + std::to_string(r.prompt_end) + " lies before the row's end " +
+                     std::to_string(end) + " (0: the row's end)");
+    }
     if (check_tokens) {
       for (size_t i = 0; i < r.tokens.size(); ++i) {
         if (r.tokens[i] < 0 || r.tokens[i] >= config.vocab_size) {

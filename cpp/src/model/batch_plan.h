@@ -39,6 +39,11 @@ struct ForwardRow {
   // The sequence's tokens before start_pos (the last ones at least; oldest first): DeepSeek-V4.1's
   // Engram layers hash each position's previous engram_max_ngram_size - 1 tokens. Unused by V4.
   std::span<const int32_t> history{};
+  // The end of the prefill this row belongs to: the sequence's token count when the row was
+  // scheduled (0: the row's own end, start_pos + num_tokens). DeepSeek-V4.1's YOCO prefill
+  // truncation keeps the consumer layers' work in [prompt_end - keep, prompt_end) (engine.md 6.3),
+  // so the chunks of one prefill agree on it.
+  int32_t prompt_end = 0;
 };
 using RowSpan = StridedSpan<const ForwardRow>;
 

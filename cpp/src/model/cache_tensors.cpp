@@ -170,6 +170,8 @@ void ModelCaches::init_v41(const V41TextConfig& config, Backend& backend) {
     const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
     c.swa_ring = backend.zeros({slots, swa_len, swa.row_width()}, kv.swa);
     bytes_per_slot_ += swa_len * swa.row_bytes();
+    c.export_swa_ring =
+        config.yoco_truncation == YocoTruncation::kOff || !config.is_yoco_consumer(layer);
     int64_t block_bytes = 0;
     // Only sources own compressed entries (and, for C2, the compressor ring) and index keys;
     // their readers read them (V4.1's share-KV and index-K sources, model.md C.3.7).
@@ -269,6 +271,7 @@ std::vector<Tensor> ModelCaches::layer_state_views(int layer, int32_t slot) cons
   const LayerCaches& c = layers_.at(static_cast<size_t>(layer));
   std::vector<Tensor> views;
   for (const Tensor* t : {&c.swa_ring, &c.comp_ring, &c.index_ring, &c.trunk_ring}) {
+    if (t == &c.swa_ring && !c.export_swa_ring) continue;
     if (t->defined()) views.push_back(t->narrow(0, slot, 1));
   }
   return views;
@@ -320,6 +323,10 @@ void import_views(Backend& backend, const std::vector<Tensor>& views, std::span<
 void ModelCaches::export_block(Backend& backend, int32_t block, std::span<uint8_t> dst,
                                const std::shared_ptr<const void>& keep_alive) const {
   export_views(backend, block_views(block), dst, keep_alive, "export of a KV block");
+}
+
+int64_t ModelCaches::bytes_per_state_export() const {
+  return static_cast<int64_t>(payload_bytes(state_views(0)));
 }
 
 void ModelCaches::export_state_slot(Backend& backend, int32_t slot, std::span<uint8_t> dst,

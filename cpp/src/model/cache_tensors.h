@@ -68,6 +68,10 @@ struct LayerCaches {
   // position - 1 from here (ModelInstance::forward_with_mtp).
   Tensor trunk_ring;
   int rope_dim = 0;  // RoPE channels of swa_ring / comp_entries rows (selects their record)
+  // False for DeepSeek-V4.1's YOCO consumer layers under prefill truncation: their SWA ring is
+  // left out of state exports (KV tiers). A hit never reads it: it ends at least the keep count
+  // before the prompt's end, and the prefill of that tail rewrites it (bounded replay).
+  bool export_swa_ring = true;
 };
 
 class ModelCaches {
@@ -92,13 +96,16 @@ class ModelCaches {
   // capacity planning).
   int64_t bytes_per_block() const { return bytes_per_block_; }
   int64_t bytes_per_state_slot() const { return bytes_per_slot_; }
+  // Bytes of a state payload (export_state_slot): the slot without the rings not exported.
+  int64_t bytes_per_state_export() const;
   // Bytes of one paged block per layer (0 for sliding-window layers), in payload order.
   const std::vector<int64_t>& block_bytes_per_layer() const { return block_layer_bytes_; }
 
   // Host copies of one paged block and of one state slot, for the host and store tiers
   // (docs/kv_store.md). Block payload: for each layer in order, the block's compressed entries
   // then its index keys (bytes_per_block() in all). State payload: for each layer, the slot's SWA
-  // ring, compressor ring, indexer ring and trunk ring (bytes_per_state_slot() in all). Raw cache
+  // ring (unless !export_swa_ring), compressor ring, indexer ring and trunk ring
+  // (bytes_per_state_export() in all). Raw cache
   // bytes in the caches' dtype, so an import restores exactly what was exported. export_*: enqueues
   // the copies into `dst` (exactly the payload's size) behind all work enqueued so far; `dst` holds
   // them once an event recorded afterwards completes, and `keep_alive` owns dst's memory until

@@ -78,15 +78,19 @@ DeepseekV41Model::DeepseekV41Model(const V41TextConfig& config, V41Weights weigh
   eps_ = static_cast<float>(config.rms_norm_eps);
 }
 
-Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches) {
+Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches,
+                                 const YocoRows& yoco) {
   Backend& be = backend_;
-  const BatchLayout& layout = plan.layout;
+  // The rows the layers run on: every row, until YOCO compact truncation drops some.
+  const BatchLayout* layout = &plan.layout;
+  BatchLayout kept_layout;
+  Tensor swa_start;  // the consumer layers' narrowed windows (YOCO mask and compact)
   if (!config_.engram_layer_ids.empty() && !ngram.defined()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "DeepSeek-V4.1 forward: the model has Engram layers but no 'ngram' was given");
   }
 
-  Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
+  Tensor trunk = be.hc_expand(be.embedding(weights_.embed, plan.layout.token_ids), config_.hc_mult);
   // Shifted mHC (C.4): each sub-layer collapses its input with the previous sub-layer's pre; the
   // first one (undefined pre) takes stream 0.
   Tensor pre;
@@ -98,21 +102,42 @@ Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, Mod
 
     HcShiftedMix mix =
         be.hc_pre_shifted(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, pre, hc_params_);
-    const Tensor attn_out =
-        attention(layer, be.rms_norm(mix.y, w.attn_norm, eps_), plan, caches, shared);
+    Tensor x = be.rms_norm(mix.y, w.attn_norm, eps_);
+    // Kv sources compress every row of the call, the YOCO boundary's included (C.6).
+    if (w.attn.has_compressor) compress(layer, x, plan, caches);
+    if (config_.is_yoco_consumer(layer) && yoco.narrows) swa_start = yoco.swa_start;
+    if (layer == config_.yoco_boundary && yoco.drops) {
+      if (yoco.layout.num_tokens == 0) break;  // no row reaches the consumer layers
+      // Compact truncation: from here on only the kept rows, with what later layers read of
+      // the earlier ones (the trunk, this sub-layer's mix, the shared top-k and candidates).
+      const Tensor& kept = yoco.kept_rows;
+      kept_layout = yoco.layout;
+      kept_layout.token_ids = be.gather_rows(plan.layout.token_ids, kept);
+      layout = &kept_layout;
+      trunk = be.gather_rows(trunk, kept);
+      x = be.gather_rows(x, kept);
+      mix.post = be.gather_rows(mix.post, kept);
+      mix.comb = be.gather_rows(mix.comb, kept);
+      mix.pre = be.gather_rows(mix.pre, kept);
+      for (auto& [source, topk] : shared.topk) topk = be.gather_rows(topk, kept);
+      if (shared.candidates.defined()) shared.candidates = be.gather_rows(shared.candidates, kept);
+    }
+    const Tensor attn_out = attention(layer, x, *layout, swa_start, caches, shared);
     trunk = be.hc_post(trunk, attn_out, mix.post, mix.comb);
     pre = mix.pre;
 
     mix = be.hc_pre_shifted(trunk, w.hc_ffn.fn, w.hc_ffn.base, w.hc_ffn.scale, pre, hc_params_);
-    const Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps_), layout.token_ids);
+    const Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps_), layout->token_ids);
     trunk = be.hc_post(trunk, ffn_out, mix.post, mix.comb);
     pre = mix.pre;
   }
 
-  if (plan.num_logit_rows == 0) return Tensor();
-  if (plan.logit_rows.defined()) {
-    trunk = be.gather_rows(trunk, plan.logit_rows);
-    pre = be.gather_rows(pre, plan.logit_rows);
+  const int num_logit_rows = yoco.drops ? yoco.num_logit_rows : plan.num_logit_rows;
+  if (num_logit_rows == 0) return Tensor();
+  const Tensor& logit_rows = yoco.drops ? yoco.logit_rows : plan.logit_rows;
+  if (logit_rows.defined()) {
+    trunk = be.gather_rows(trunk, logit_rows);
+    pre = be.gather_rows(pre, logit_rows);
   }
   // No HyperHead: the final collapse uses the last FFN sub-layer's pre (C.4).
   const Tensor hidden = be.hc_collapse(trunk, pre);
@@ -129,10 +154,10 @@ Tensor DeepseekV41Model::engram(const EngramWeights& w, const Tensor& trunk, con
   return be.engram_gate(trunk, kv, w.q_weight, w.k_weight, eps_);
 }
 
-Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchPlan& plan,
-                                   ModelCaches& caches, SharedSelection& shared) {
+Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchLayout& layout,
+                                   const Tensor& swa_start, ModelCaches& caches,
+                                   SharedSelection& shared) {
   Backend& be = backend_;
-  const BatchLayout& layout = plan.layout;
   const V41AttentionWeights& w = weights_.layers[static_cast<size_t>(layer)].attn;
   const Tensor& inv_freq = weights_.layers[static_cast<size_t>(layer)].inv_freq;
   const int64_t t = layout.num_tokens;
@@ -149,10 +174,7 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchPlan& 
 
   LayerCaches& own = caches.layer(layer);
   Tensor topk;
-  if (ratio > 0) {
-    if (w.has_compressor) compress(layer, x, plan, caches);
-    topk = select_entries(layer, qa, x, plan, caches, shared);
-  }
+  if (ratio > 0) topk = select_entries(layer, qa, x, layout, caches, shared);
 
   AttentionSpec spec;
   spec.window = config_.sliding_window;
@@ -160,6 +182,7 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchPlan& 
   spec.ratio = ratio;
   spec.sparse = ratio > 0;  // every compressed layer has an index source (validated)
   spec.rope_dim = own.rope_dim;
+  spec.swa_start = swa_start;
   const Tensor out =
       be.attention(q, kv, own.swa_ring, ratio > 0 ? entries_of(caches, layer, config_) : Tensor(),
                    topk, w.sinks, layout, spec);
@@ -205,13 +228,12 @@ void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& pla
 }
 
 Tensor DeepseekV41Model::select_entries(int layer, const Tensor& qa, const Tensor& x,
-                                        const BatchPlan& plan, ModelCaches& caches,
+                                        const BatchLayout& layout, ModelCaches& caches,
                                         SharedSelection& shared) {
   Backend& be = backend_;
   if (!config_.is_index_source(layer)) {  // share-index: the nearest index source's top-k
     return shared.topk.at(config_.index_source.at(static_cast<size_t>(layer)));
   }
-  const BatchLayout& layout = plan.layout;
   const V41IndexerWeights& w = weights_.layers[static_cast<size_t>(layer)].attn.indexer;
   const Tensor& inv_freq = weights_.layers[static_cast<size_t>(layer)].inv_freq;
   const int64_t t = layout.num_tokens;

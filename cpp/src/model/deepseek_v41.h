@@ -2,8 +2,9 @@
 // written once against Backend ops: shifted mHC without a HyperHead, V4.1 attention (no per-head q
 // norm; C2/C1 compressors at kv sources only, share-KV readers; index-K sources, index sources and
 // share-index layers; the candidate source and candidate-restricted index sources), V4.1 MoE
-// (sqrt-softplus scores + bias, no hash layers) and Engram. YOCO runs in mode "off" (exact): the
-// consumer layers see every row.
+// (sqrt-softplus scores + bias, no hash layers) and Engram. YOCO prefill truncation
+// (V41TextConfig::yoco_truncation; model/yoco_rows.h) narrows the consumer layers' sliding windows
+// ("mask") and drops their rows before the kept positions ("compact").
 #pragma once
 
 #include <map>
@@ -13,6 +14,7 @@
 #include "model/batch_plan.h"
 #include "model/cache_tensors.h"
 #include "model/v41_weights.h"
+#include "model/yoco_rows.h"
 
 namespace deepinfer {
 
@@ -31,8 +33,11 @@ class DeepseekV41Model {
   // Enqueues one forward call; returns the device logits [plan.num_logit_rows, V], or an
   // undefined tensor when no row wants logits. `ngram` (engram_ngrams) holds each token row's
   // n-gram for the Engram layers (undefined when the model has none). Reads and writes the caches
-  // (ModelCaches in the V4.1 layout) of the plan's slots and blocks.
-  Tensor forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches);
+  // (ModelCaches in the V4.1 layout) of the plan's slots and blocks. `yoco` (plan_yoco_rows of the
+  // same rows) holds the consumer layers' rows; with rows dropped, the logits are those of the
+  // wanted rows that were kept (yoco.num_logit_rows; undefined when none).
+  Tensor forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches,
+                 const YocoRows& yoco);
 
   const V41TextConfig& config() const { return config_; }
   const V41Weights& weights() const { return weights_; }
@@ -45,14 +50,16 @@ class DeepseekV41Model {
     Tensor candidates;           // [T, candidate_topk_blocks] i32
   };
 
-  Tensor attention(int layer, const Tensor& x, const BatchPlan& plan, ModelCaches& caches,
-                   SharedSelection& shared);
+  // The attention sub-layer of `layout`'s rows (the kv source has compressed already);
+  // `swa_start` narrows the sliding window per sequence (AttentionSpec::swa_start).
+  Tensor attention(int layer, const Tensor& x, const BatchLayout& layout, const Tensor& swa_start,
+                   ModelCaches& caches, SharedSelection& shared);
   // Kv source `layer`: the entries closing in this call, normed, RoPE'd at j * ratio and stored;
   // on an index-K source also their index keys from the normed pre-RoPE entries.
   void compress(int layer, const Tensor& x, const BatchPlan& plan, ModelCaches& caches);
   // The compressed entries the rows of compressed layer `layer` attend to: [T, index_topk] i32.
   // Share-KV readers and share-index layers read their sources' caches.
-  Tensor select_entries(int layer, const Tensor& qa, const Tensor& x, const BatchPlan& plan,
+  Tensor select_entries(int layer, const Tensor& qa, const Tensor& x, const BatchLayout& layout,
                         ModelCaches& caches, SharedSelection& shared);
   Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids);
   Tensor engram(const EngramWeights& w, const Tensor& trunk, const Tensor& ngram);

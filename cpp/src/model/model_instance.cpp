@@ -63,7 +63,9 @@ ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, Lo
     }
     caches->wait_all_imports(*backend);
     const Tensor ngram = engram_ngrams(*backend, rows, *config.v41, previous_tokens);
-    return {v41_model->forward(plan, ngram, *caches), plan.next_positions};
+    const YocoRows yoco = plan_yoco_rows(rows, plan, *config.v41, mode, *backend);
+    return {v41_model->forward(plan, ngram, *caches, yoco),
+            yoco.drops ? yoco.next_positions : plan.next_positions};
   }
   return {model->forward(plan, *caches, hidden), plan.next_positions};
 }

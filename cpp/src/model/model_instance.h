@@ -56,7 +56,8 @@ struct ModelInstance {
   // Enqueues the forward of `rows` (checked by validate_rows, whose result is `max_blocks`):
   // replaying a recorded decode graph when one fits, else eagerly. Rows with token_from_previous
   // take their first token from `previous_tokens` on the device. The outputs stay valid until the
-  // next forward is enqueued (stream order).
+  // next forward is enqueued (stream order). Under V4.1's YOCO compact truncation the logits rows
+  // the truncation dropped (yoco_dropped_logit_rows) are left out.
   // With `hidden`, the call runs eagerly and *hidden receives the HC trunk after the last layer
   // ([T, hc_mult, H] on the device, every token row): what the MTP drafter reads.
   Output forward(RowSpan rows, size_t max_blocks, LogitsMode mode, const Tensor& previous_tokens,

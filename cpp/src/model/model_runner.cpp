@@ -1,13 +1,17 @@
 #include "deepinfer/model_runner.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "deepinfer/error.h"
+#include "deepinfer/v41_config.h"
 #include "model/batch_plan.h"
 #include "model/model_instance.h"
+#include "model/yoco_rows.h"
 
 namespace deepinfer {
 
@@ -31,13 +35,23 @@ class CheckpointModelRunner final : public ModelRunner {
   }
 
   Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) override {
-    return instance_->backend->to_host(device_logits(batch, mode));
+    const Tensor logits = device_logits(batch, mode);
+    const std::vector<int32_t> dropped = dropped_logit_rows(mode);
+    if (dropped.empty()) return instance_->backend->to_host(logits);
+    return with_dropped_rows(logits, dropped, batch, mode);
   }
 
   Tensor greedy(const std::vector<SequenceChunk>& batch) override {
     Backend& be = *instance_->backend;
-    const Tensor tokens = be.argmax(device_logits(batch, LogitsMode::kLast));
-    return be.to_host(tokens);
+    const Tensor logits = device_logits(batch, LogitsMode::kLast);
+    if (const std::vector<int32_t> dropped = dropped_logit_rows(LogitsMode::kLast);
+        !dropped.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "greedy: the last token of sequence " + std::to_string(dropped.front()) +
+                      " lies before its prompt_end's YOCO kept positions (compact truncation "
+                      "drops it): it has no logits");
+    }
+    return be.to_host(be.argmax(logits));
   }
 
   int num_mtp_blocks() const override {
@@ -101,6 +115,39 @@ class CheckpointModelRunner final : public ModelRunner {
   }
 
  private:
+  // The wanted logits rows of rows_ that YOCO compact truncation dropped (V4.1 only).
+  std::vector<int32_t> dropped_logit_rows(LogitsMode mode) const {
+    const ModelConfig& config = instance_->config;
+    if (config.v41 == nullptr) return {};
+    return yoco_dropped_logit_rows(rows_, *config.v41, mode);
+  }
+
+  // The host logits of every wanted row: the forward's (`kept`, on the device) where kept, NaN
+  // where the truncation dropped the row (as v41_reference.py reports them).
+  Tensor with_dropped_rows(const Tensor& kept, const std::vector<int32_t>& dropped,
+                           const std::vector<SequenceChunk>& batch, LogitsMode mode) {
+    int64_t wanted = 0;
+    for (const SequenceChunk& c : batch)
+      wanted += mode == LogitsMode::kAll ? static_cast<int64_t>(c.tokens.size()) : 1;
+    const int64_t vocab = instance_->config.vocab_size;
+    Tensor out = Tensor::zeros({wanted, vocab}, DType::kF32);
+    std::fill_n(out.data<float>(), wanted * vocab, std::numeric_limits<float>::quiet_NaN());
+    if (!kept.defined()) return out;
+    const Tensor host = instance_->backend->to_host(kept);
+    int64_t from = 0;
+    size_t next_dropped = 0;
+    for (int64_t row = 0; row < wanted; ++row) {
+      if (next_dropped < dropped.size() && dropped[next_dropped] == row) {
+        ++next_dropped;
+        continue;
+      }
+      std::memcpy(out.data<float>() + row * vocab, host.data<float>() + from * vocab,
+                  static_cast<size_t>(vocab) * sizeof(float));
+      ++from;
+    }
+    return out;
+  }
+
   // Fills rows_ from the public chunks and checks every field, token ids included (the public
   // entry point). Returns the longest block table.
   size_t set_rows(const std::vector<SequenceChunk>& batch) {
@@ -113,6 +160,7 @@ class CheckpointModelRunner final : public ModelRunner {
       r.num_tokens = static_cast<int32_t>(c.tokens.size());
       r.tokens = c.tokens;
       r.block_table = c.block_table;
+      r.prompt_end = static_cast<int32_t>(c.prompt_end);
       rows_.push_back(r);
     }
     const size_t max_blocks =
@@ -190,10 +238,18 @@ CacheShape cache_shape(const RunnerOptions& options) {
 
 }  // namespace
 
+// The checkpoint's model config with the runner's model options applied.
+ModelConfig model_config(const std::string& config_json, const RunnerOptions& options) {
+  ModelConfig config = ModelConfig::from_file(config_json);
+  set_yoco_truncation(config, options.yoco_prefill_truncation, options.yoco_keep_tokens,
+                      options.max_backtrack);
+  return config;
+}
+
 std::unique_ptr<ModelRunner> ModelRunner::load(const std::string& checkpoint_dir,
                                                const RunnerOptions& options) {
   return std::make_unique<CheckpointModelRunner>(
-      ModelInstance::load(checkpoint_dir, ModelConfig::from_file(config_path(checkpoint_dir)),
+      ModelInstance::load(checkpoint_dir, model_config(config_path(checkpoint_dir), options),
                           cache_shape(options), options.device, options.num_threads,
                           options.decode_graph_max_batch, options.activation_quant,
                           options.kv_cache_dtype),
@@ -204,7 +260,7 @@ std::unique_ptr<ModelRunner> ModelRunner::random(const std::string& config_json,
                                                  const RunnerOptions& options, uint64_t seed,
                                                  bool bf16) {
   return std::make_unique<CheckpointModelRunner>(
-      ModelInstance::random(ModelConfig::from_file(config_json), cache_shape(options),
+      ModelInstance::random(model_config(config_json, options), cache_shape(options),
                             options.device, options.num_threads, seed,
                             bf16 ? DType::kBF16 : DType::kF32, options.decode_graph_max_batch,
                             options.activation_quant, options.kv_cache_dtype),

@@ -15,7 +15,7 @@ KvAllocator::KvAllocator(const KvLayout& layout)
       blocks_(layout.num_blocks),
       live_(1, layout.num_live_slots - 1),
       prefix_(layout.block_size, layout.prefix_cache, layout.num_live_slots,
-              layout.num_snapshot_slots) {
+              layout.num_snapshot_slots, layout.hit_tail) {
   blocks_.set_eviction_listener([this](kv::BlockId b) { prefix_.on_block_evicted(b); });
 }
 
@@ -60,9 +60,8 @@ Admission KvAllocator::admit(Sequence& seq) {
 std::optional<Admission> KvAllocator::admit_from_tiers(Sequence& seq,
                                                        const PrefixCachePolicy::Hit& hit,
                                                        int needed) {
-  const int bs = layout_.block_size;
-  // The blocks a hit may cover: never the last prompt token (lookup extended these hashes).
-  const int limit = (seq.num_tokens() - 1) / bs;
+  // The blocks a hit may cover: never the prompt's tail (lookup extended these hashes).
+  const int limit = prefix_.hit_limit(seq);
   const int gpu_hit = static_cast<int>(hit.blocks.size());
   if (!prefix_.enabled() || limit <= gpu_hit) return std::nullopt;
   const KvTiers::Plan plan = tiers_->plan(

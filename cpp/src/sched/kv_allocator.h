@@ -21,6 +21,7 @@ struct KvLayout {
   int num_snapshot_slots = 0;
   int block_size = kv::kBlockSize;
   bool prefix_cache = true;
+  int hit_tail = 1;  // the prompt tokens a prefix-cache hit never covers (PrefixCachePolicy)
 };
 
 // kFetching: admitted on a tier hit whose blocks are still being read (poll_fetch finishes it).

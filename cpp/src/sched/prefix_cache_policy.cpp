@@ -8,9 +8,10 @@
 namespace deepinfer::sched {
 
 PrefixCachePolicy::PrefixCachePolicy(int block_size, bool enabled, int first_snapshot_slot,
-                                     int num_snapshot_slots)
+                                     int num_snapshot_slots, int tail)
     : block_size_(block_size),
       enabled_(enabled && num_snapshot_slots > 0),
+      tail_(std::max(1, tail)),
       snapshots_(first_snapshot_slot, num_snapshot_slots),
       index_(block_size) {}
 
@@ -25,12 +26,16 @@ void PrefixCachePolicy::extend_hashes(Sequence& seq, int num_full_blocks) const 
   }
 }
 
+int PrefixCachePolicy::hit_limit(const Sequence& seq) const {
+  return std::max(0, seq.num_tokens() - tail_) / block_size_;
+}
+
 PrefixCachePolicy::Hit PrefixCachePolicy::lookup(Sequence& seq) {
   Hit hit;
   if (!enabled_) return hit;
-  // Longest indexed prefix, never covering the last token, cut back to a block with a snapshot.
+  // Longest indexed prefix, never covering the tail, cut back to a block with a snapshot.
   const int bs = block_size_;
-  const int limit = (seq.num_tokens() - 1) / bs;
+  const int limit = hit_limit(seq);
   extend_hashes(seq, limit);
   std::vector<kv::BlockId> matched = index_.match(
       std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(limit) * bs),
@@ -57,7 +62,8 @@ void PrefixCachePolicy::touch(const Hit& hit) {
 int PrefixCachePolicy::checkpoint(const Sequence& seq) const {
   if (!enabled_) return 0;
   const int bs = block_size_;
-  const int checkpoint = (seq.num_tokens() - 1) / bs * bs;
+  // The furthest point a later hit on this prompt may resume from (hit_limit).
+  const int checkpoint = hit_limit(seq) * bs;
   return checkpoint > seq.num_computed ? checkpoint : 0;
 }
 

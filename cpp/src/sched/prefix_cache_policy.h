@@ -3,13 +3,16 @@
 // Paged blocks hold the compressed KV, but the sliding-window rings and compressor rings of a
 // sequence live in its state slot and cannot be rebuilt from blocks. So a hit resumes from a
 // state snapshot: when a prompt is admitted, its prefill is cut at the checkpoint
-// S = floor((prompt_len - 1) / B) * B (B = block size) and the state slot is copied into a
-// snapshot slot right after the chunk ending at S; the snapshot is attached to the block ending at
-// S. A later prompt with the same first S tokens restores the snapshot into its own slot and
-// computes only the rest. A hit is the longest run of indexed full blocks (never the whole prompt:
-// the last prompt token must be computed to sample from it), shortened to the last block that
-// carries a snapshot. Snapshots are evicted LRU when snapshot slots run out, and with their block
-// when the block pool reuses it (on_block_evicted).
+// S = floor((prompt_len - tail) / B) * B (B = block size, tail below) and the state slot is copied
+// into a snapshot slot right after the chunk ending at S; the snapshot is attached to the block
+// ending at S. A later prompt with the same first S tokens restores the snapshot into its own slot
+// and computes only the rest. A hit is the longest run of indexed full blocks (never the whole
+// prompt: the last prompt token must be computed to sample from it), shortened to the last block
+// that carries a snapshot. Under DeepSeek-V4.1's YOCO prefill truncation a hit also leaves the last
+// `tail` prompt tokens (the keep count) to compute: the consumer layers' rings there depend on
+// where the prompt ends, so a snapshot of another prompt's prefill cannot supply them, and a hit
+// then equals a cold run. Snapshots are evicted LRU when snapshot slots run out, and with their
+// block when the block pool reuses it (on_block_evicted).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +31,13 @@ class PrefixCachePolicy {
  public:
   // Snapshot slots are ids [first_snapshot_slot, + num_snapshot_slots). Without snapshot slots
   // (or with `enabled` false) nothing is indexed and every lookup misses.
-  PrefixCachePolicy(int block_size, bool enabled, int first_snapshot_slot, int num_snapshot_slots);
+  // `tail` (>= 1): the prompt tokens a hit never covers.
+  PrefixCachePolicy(int block_size, bool enabled, int first_snapshot_slot, int num_snapshot_slots,
+                    int tail = 1);
 
   bool enabled() const { return enabled_; }
+  // The most full blocks of `seq`'s prompt a hit may cover (the tail stays to compute).
+  int hit_limit(const Sequence& seq) const;
 
   struct Hit {
     std::vector<kv::BlockId> blocks;  // indexed blocks holding the prompt's first blocks
@@ -73,6 +80,7 @@ class PrefixCachePolicy {
 
   int block_size_;
   bool enabled_;
+  int tail_;
   kv::StatePool snapshots_;
   kv::PrefixIndex index_;
   std::list<kv::BlockId> snapshot_lru_;  // blocks carrying a snapshot, least recently used first

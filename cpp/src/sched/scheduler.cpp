@@ -230,6 +230,8 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int3
     f.token_from_previous = s.inflight.last_sampling_row;
   } else {
     f.tokens = std::span<const int32_t>(s.tokens.data() + start, static_cast<size_t>(q));
+    // Every chunk of a prefill names its end: V4.1's YOCO truncation keeps the positions before it.
+    f.prompt_end = s.num_tokens();
   }
   // Every token before `start` is committed (a carried row starts at num_tokens()).
   f.history = std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(start));
