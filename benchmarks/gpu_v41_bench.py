@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         default="f32",
-        help="KV dtype of both models (f32 is the one V4.1 has in common with V4 today)",
+        help="KV dtype of both models (f32 or bf16: V4.1's fp8 records do not run on CUDA yet)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

@@ -259,7 +259,7 @@ NB_MODULE(deepinfer_core, m) {
            "`activation_quant` sets the activations in front of FP8/MXFP4 weights: \"auto\" "
            "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
            "GPU's W8A8 exactly) or \"none\". `kv_cache_dtype` stores the KV caches as \"f32\", "
-           "\"bf16\" or \"fp8\" (\"auto\": f32 on the CPU; on a GPU fp8 for an FP8 "
+           "\"bf16\" or \"fp8\" (\"auto\": f32 on the CPU; on a GPU fp8 for an FP8 V4 "
            "checkpoint, bf16 otherwise). `yoco_prefill_truncation` (DeepSeek-V4.1): \"off\" "
            "(exact), \"mask\" or \"compact\": the YOCO consumer layers keep the last "
            "`yoco_keep_tokens` positions of a prefill (>= sliding_window + max_backtrack).")

@@ -53,3 +53,13 @@ def test_gpu_v41_fp8_kv_is_refused_naming_the_format(tmp_path) -> None:
     path = str(write_checkpoint(ref.V41Model(ref.TINY_CONFIGS["C"], seed=0), tmp_path / "C"))
     with pytest.raises(Exception, match="index keys as e2m1x2 records"):
         driver(path, "cuda", "fp8")
+
+
+def test_gpu_v41_auto_kv_is_bf16(tmp_path) -> None:
+    """kv_cache_dtype "auto" on an FP8 V4.1 checkpoint takes bf16 on a GPU (not fp8, which the
+    CUDA indexer cannot read yet), in the engine's resolved config and in the caches it builds."""
+    import deepinfer_core as dc
+
+    path = write_checkpoint(ref.V41Model(ref.TINY_CONFIGS["A"], seed=0), tmp_path / "A")
+    engine = dc.Engine(str(path), device="cuda", num_kv_blocks=16)
+    assert engine.config.cache.kv_cache_dtype == "bf16"

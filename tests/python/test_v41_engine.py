@@ -196,15 +196,30 @@ class ReferenceDrafter(dc.Drafter):
         return []
 
 
-def test_v41_engine_speculation_equals_reference(model, checkpoint) -> None:
+@pytest.mark.parametrize("zero_overhead", [False, True], ids=["sync", "zos"])
+def test_v41_engine_speculation_equals_reference(model, checkpoint, zero_overhead: bool) -> None:
     """Verify rows (the last token and the drafts at once) hash the drafts into their n-grams;
-    accepted drafts become the history of the next rows."""
+    accepted drafts become the history of the next rows. Under zero-overhead scheduling a
+    drafting sequence sits out the step after its verify row while the others' carried rows
+    patch their first token into the n-grams on the device."""
     ps = prompts(2, [30, 19])
     want = [greedy_reference(model, p, MAX_TOKENS) for p in ps]
-    engine = cpu_engine(checkpoint, num_speculative_tokens=3, speculative_method="external")
+    engine = cpu_engine(
+        checkpoint,
+        num_speculative_tokens=3,
+        speculative_method="external",
+        speculative_zero_overhead=zero_overhead,
+    )
+    assert engine.config.scheduler.zero_overhead is zero_overhead
     engine.set_drafter(ReferenceDrafter(ps, want))
     outs, _ = run_all(engine, ps, GREEDY)
     s = engine.stats()
     assert s["accepted_draft_tokens"] > 0 and s["accepted_draft_tokens"] < s["draft_tokens"], s
     assert outs == want
     assert_pools_full(engine)
+
+
+def test_v41_engine_auto_kv_is_f32_on_the_cpu(checkpoint) -> None:
+    """kv_cache_dtype "auto" on the CPU is f32 for V4.1 as for V4 (the tiny checkpoints declare
+    FP8 weights; on a GPU "auto" is bf16: tests/gpu/test_gpu_v41_kv.py)."""
+    assert cpu_engine(checkpoint).config.cache.kv_cache_dtype == "f32"

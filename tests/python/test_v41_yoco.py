@@ -139,8 +139,10 @@ def test_yoco_runner_greedy_equals_reference(name: str, mode: str, tmp_path_fact
     assert ours == want
 
 
-def greedy_reference(m: ref.V41Model, mode: str, prompt_ids: list[int], n: int) -> list[int]:
-    cache = m.new_cache(mode)
+def greedy_reference(
+    m: ref.V41Model, mode: str, prompt_ids: list[int], n: int, kv: str = "f32"
+) -> list[int]:
+    cache = m.new_cache(mode, kv_format=kv)
     logits = m.forward_chunk(cache, prompt_ids)
     out = []
     for _ in range(n):
@@ -256,3 +258,38 @@ def test_yoco_options_are_validated(tmp_path_factory) -> None:
 def test_yoco_needs_a_v41_model(tiny_checkpoint) -> None:
     with pytest.raises(Exception, match=r"'yoco_prefill_truncation' \"mask\" needs a DeepSeek-V4"):
         cpu_engine(tiny_checkpoint, yoco_prefill_truncation="mask")
+
+
+def test_yoco_needs_a_boundary(tmp_path_factory) -> None:
+    """Config C has no C1 layer, so no YOCO consumers: truncation is refused, naming why (it
+    used to blame a kv source for coming after boundary -1)."""
+    path = str(checkpoint("C", tmp_path_factory))
+    with pytest.raises(Exception, match=r"has no YOCO boundary \(no layer with compress ratio 1\)"):
+        cpu_engine(path, yoco_prefill_truncation="compact")
+    cpu_engine(path, yoco_prefill_truncation="off")
+
+
+def test_runner_greedy_refuses_a_dropped_last_row_before_running(tmp_path_factory) -> None:
+    """ModelRunner.greedy of a chunk whose last token compact truncation drops raises before the
+    forward: the slot's caches and Engram history stay as they were, so the prompt run again
+    after the refusal gives the reference's token."""
+    d = driver("A", "compact", tmp_path_factory)
+    tokens = prompt("A")
+    with pytest.raises(Exception, match=r"lies before its prompt_end's YOCO kept positions"):
+        d.runner.greedy([d.chunk(1, 0, tokens[:10], prompt_end=PROMPT_LEN)])
+    (token,) = d.runner.greedy([d.chunk(1, 0, tokens, prompt_end=PROMPT_LEN)]).tolist()
+    assert token == greedy_reference(model("A"), "compact", tokens, 1)[0]
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("mode", MODES)
+def test_yoco_with_kv_formats_equals_reference(mode: str, kv: str, tmp_path_factory) -> None:
+    """Truncation with V4.1's bf16 and FP8/FP4 caches: the consumer rings hold records, and the
+    engine equals the reference that fake-quantizes its caches the same way."""
+    name = "A"
+    vocab = ref.TINY_CONFIGS[name].vocab_size
+    ps = [ref.random_tokens(n, vocab, 200 + i) for i, n in enumerate([37, 50])]
+    engine = yoco_engine(name, mode, tmp_path_factory, kv_cache_dtype=kv, max_num_batched_tokens=16)
+    outs, _ = run_all(engine, ps, GREEDY)
+    assert outs == [greedy_reference(model(name), mode, p, 8, kv) for p in ps]
+    assert_pools_full(engine)

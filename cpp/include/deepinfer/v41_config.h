@@ -3,10 +3,9 @@
 // roles of model.md C.2 derived from it: kv sources and share-KV readers, index-K sources, index
 // sources and share-index readers, the candidate source, the YOCO boundary, Engram layers.
 //
-// ModelRunner::load runs a deepseek_v41 checkpoint with the V4.1 graph
-// (cpp/src/model/deepseek_v41.h); the engine does not yet (ModelConfig::from_json_text rejects
-// "deepseek_v41"). The roles are derived exactly as tests/python/v41_reference.py's V41TextConfig
-// derives them (its "Spec reading" 4 and 5 included).
+// ModelRunner and the engine run a deepseek_v41 checkpoint with the V4.1 graph
+// (cpp/src/model/deepseek_v41.h). The roles are derived exactly as tests/python/v41_reference.py's
+// V41TextConfig derives them (its "Spec reading" 4 and 5 included).
 #pragma once
 
 #include <cstdint>

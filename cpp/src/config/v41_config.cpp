@@ -490,6 +490,11 @@ void set_yoco_truncation(ModelConfig& config, const std::string& mode, int keep_
                     std::to_string(max_rollback) + ") = " + std::to_string(needed) + ", got " +
                     std::to_string(keep_tokens));
   }
+  if (truncation != YocoTruncation::kOff && config.v41->yoco_boundary < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "'yoco_prefill_truncation' \"" + mode + "\" needs YOCO consumer layers, but " +
+                    config.source + " has no YOCO boundary (no layer with compress ratio 1)");
+  }
   if (truncation != YocoTruncation::kOff) {
     for (int layer : config.v41->kv_source_layer_ids) {
       if (layer > config.v41->yoco_boundary) {

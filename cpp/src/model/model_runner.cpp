@@ -42,8 +42,9 @@ class CheckpointModelRunner final : public ModelRunner {
   }
 
   Tensor greedy(const std::vector<SequenceChunk>& batch) override {
-    Backend& be = *instance_->backend;
-    const Tensor logits = device_logits(batch, LogitsMode::kLast);
+    ModelInstance& m = *instance_;
+    // Checked before anything runs: a refused call leaves the caches and histories as they were.
+    const size_t max_blocks = fill_rows(batch);
     if (const std::vector<int32_t> dropped = dropped_logit_rows(LogitsMode::kLast);
         !dropped.empty()) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -51,7 +52,13 @@ class CheckpointModelRunner final : public ModelRunner {
                       " lies before its prompt_end's YOCO kept positions (compact truncation "
                       "drops it): it has no logits");
     }
-    return be.to_host(be.argmax(logits));
+    if (m.config.v41 != nullptr) take_histories();
+    Tensor logits;
+    {
+      HostSyncForbidden no_sync(*m.backend);
+      logits = m.forward(rows_, max_blocks, LogitsMode::kLast, Tensor()).logits;
+    }
+    return m.backend->to_host(m.backend->argmax(logits));
   }
 
   int num_mtp_blocks() const override {
@@ -151,6 +158,13 @@ class CheckpointModelRunner final : public ModelRunner {
   // Fills rows_ from the public chunks and checks every field, token ids included (the public
   // entry point). Returns the longest block table.
   size_t set_rows(const std::vector<SequenceChunk>& batch) {
+    const size_t max_blocks = fill_rows(batch);
+    if (instance_->config.v41 != nullptr) take_histories();
+    return max_blocks;
+  }
+
+  // set_rows without the V4.1 histories (which it advances).
+  size_t fill_rows(const std::vector<SequenceChunk>& batch) {
     ModelInstance& m = *instance_;
     rows_.clear();
     for (const SequenceChunk& c : batch) {
@@ -163,10 +177,7 @@ class CheckpointModelRunner final : public ModelRunner {
       r.prompt_end = static_cast<int32_t>(c.prompt_end);
       rows_.push_back(r);
     }
-    const size_t max_blocks =
-        validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
-    if (m.config.v41 != nullptr) take_histories();
-    return max_blocks;
+    return validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);
   }
 
   // DeepSeek-V4.1's Engram n-grams read the tokens before each chunk. A chunk carries only its
