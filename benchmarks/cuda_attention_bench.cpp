@@ -89,7 +89,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 //    with the one-block selection forced (graph);
 //  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, the
 //    tensor-core one with q in one part (what the op's second MMA costs) and, for fp8 keys,
-//    with the records copied key by key (what the copies in runs of a block save);
+//    with the records copied in runs of a block (the default copies them key by key);
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B pair); its bytes are the
 //    scores read.
@@ -134,11 +134,11 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
   const std::pair<IndexerScoreKernel, std::string> kernels[] = {
       {IndexerScoreKernel::kTensorCore, tc},
       {IndexerScoreKernel::kTensorCoreOnePass, tc + ", q in one part (below the op's precision)"},
-      {IndexerScoreKernel::kTensorCoreKeyByKey, tc + ", fp8 records copied key by key"},
+      {IndexerScoreKernel::kTensorCoreKeyRuns, tc + ", fp8 records copied in runs of a block"},
       {IndexerScoreKernel::kCudaCore, cc}};
   for (const auto& [k, label] : kernels) {
     if (k != IndexerScoreKernel::kCudaCore && !tensor_cores) continue;
-    if (k == IndexerScoreKernel::kTensorCoreKeyByKey && kv != DType::kU8) continue;
+    if (k == IndexerScoreKernel::kTensorCoreKeyRuns && kv != DType::kU8) continue;
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
     emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
          flops);

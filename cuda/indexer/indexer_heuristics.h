@@ -57,11 +57,11 @@ inline bool score_mma_key_runs(KvFormat keys, int64_t epb, int64_t cache_rows) {
 }
 
 struct IndexerConfig {
-  bool mma;                // tensor-core scores (indexer_score_mma.cu)
-  bool mma_q_one_part;     // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
-  bool mma_key_by_key;     // ... fp8 keys never in runs (IndexerScoreKernel::kTensorCoreKeyByKey)
-  int64_t cap;             // pairs the select kernel collects: min(top_k, selected)
-  size_t score_smem;       // the score kernel's shared memory
+  bool mma;             // tensor-core scores (indexer_score_mma.cu)
+  bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
+  bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
+  int64_t cap;        // pairs the select kernel collects: min(top_k, selected)
+  size_t score_smem;  // the score kernel's shared memory
   size_t select_min_smem;  // the select kernel's with the scores left in global memory
   bool fits;               // both kernels fit the device's shared memory
   bool scores_in_smem;     // the select kernel copies a token's scores into shared memory
@@ -78,7 +78,9 @@ struct IndexerConfig {
 // reading at least kSplitSlotsPerBlock keys; the heuristic takes it from kSplitMinBlocks blocks
 // (long rows, few tokens), else 0 (the one-block kernel).
 constexpr int64_t kSplitSlotsPerBlock = 2048;
-constexpr int64_t kSplitMinBlocks = 4;
+// From 5: on the H200 the split lost at 4 blocks per token (32K context: 31.0 vs 28.6 us at B = 1,
+// 35.6 vs 32.9 us at B = 64) and won from 5 (128K: 31 vs 90 us at B = 1, 64 vs 105 us at B = 64).
+constexpr int64_t kSplitMinBlocks = 5;
 
 inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms,
                                    IndexerSelectKernel want) {
@@ -99,7 +101,7 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.mma = want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
           score_mma_smem_bytes(p.heads, p.keys) <= max_smem;
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
-  c.mma_key_by_key = c.mma && want == IndexerScoreKernel::kTensorCoreKeyByKey;
+  c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
   c.score_smem = c.mma ? score_mma_smem_bytes(p.heads, p.keys) : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);

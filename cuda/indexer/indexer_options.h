@@ -19,9 +19,11 @@ enum class IndexerScoreKernel {
   // bits for bf16 keys, 11 for fp8): what the split of q costs. Measurement only: its scores
   // are not held to the CPU op's, and kAuto never picks it.
   kTensorCoreOnePass,
-  // kTensorCore with fp8 keys copied key by key (33 four-byte copies per 132-byte record)
-  // instead of in runs of a paged block: what the runs save. Scores as kTensorCore's.
-  kTensorCoreKeyByKey,
+  // kTensorCore with fp8 keys copied in runs of a paged block (16-byte copies) where
+  // score_mma_key_runs allows, instead of key by key (33 four-byte copies per 132-byte record).
+  // Scores as kTensorCore's. Not the default: on the H200 the runs measured slower at B = 64
+  // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1.
+  kTensorCoreKeyRuns,
 };
 
 enum class IndexerSelectKernel {

@@ -17,8 +17,9 @@
 // keys 32 (w / hg) .. + 31 of each tile, its q fragments in registers for the whole block. Key
 // tiles are copied with cp.async kMmaStages deep, gathered through the block table, as the
 // cache stores them; fp8 codes become f16 in registers (cvt e4m3x2 -> f16x2). fp8 records (132
-// bytes, 4-byte aligned) are copied in runs of a paged block with 16-byte copies where the
-// block's entries allow it (score_mma_key_runs), else key by key with 4-byte copies. Lanes read the
+// bytes, 4-byte aligned) are copied key by key with 4-byte copies, or, when asked
+// (IndexerScoreKernel::kTensorCoreKeyRuns; slower on the H200), in runs of a paged block with
+// 16-byte copies where the block's entries allow it (score_mma_key_runs). Lanes read the
 // key channels of their fragments directly (indexer_mma_layout.h): no ldmatrix, no decode pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

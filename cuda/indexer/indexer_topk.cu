@@ -83,8 +83,7 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, cudaStream_t stream) {
   if (c.mma) {
-    const bool key_runs =
-        !c.mma_key_by_key && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
+    const bool key_runs = c.mma_key_runs && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
     launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs, stream);
   } else {
     launch_indexer_score(a, l, n, c.splits, c.score_smem, stream);
@@ -135,7 +134,7 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
                      be.num_sms(), smem_max, opt.score_kernel, opt.select_kernel);
   const bool forced_mma = opt.score_kernel == IndexerScoreKernel::kTensorCore ||
                           opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass ||
-                          opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyByKey;
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyRuns;
   if (forced_mma && !c.mma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the tensor-core scores take bf16 or fp8 keys of " +

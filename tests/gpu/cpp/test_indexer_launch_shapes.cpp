@@ -110,16 +110,18 @@ TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
   };
   const auto kAuto = IndexerSelectKernel::kAuto;
   // B = 1: a block per kSplitSlotsPerBlock keys (8,192 entries at 32K context, 32,768 at 128K).
-  EXPECT_EQ(splits(1, 8192, kAuto), 4);
+  // The split takes a token from kSplitMinBlocks = 5 blocks (measured: it loses at 4).
+  EXPECT_EQ(splits(1, 8192, kAuto), 0);
+  EXPECT_EQ(splits(1, 10240, kAuto), 5);
   EXPECT_EQ(splits(1, 32768, kAuto), 16);
   // B = 64: two waves over the SMs, at most ceil(264 / 64) = 5 blocks per token.
-  EXPECT_EQ(splits(64, 8192, kAuto), 4);
+  EXPECT_EQ(splits(64, 8192, kAuto), 0);
   EXPECT_EQ(splits(64, 32768, kAuto), 5);
   // Short rows and prefill chunks keep one block per token.
   EXPECT_EQ(splits(1, 4096, kAuto), 0);
   EXPECT_EQ(splits(1024, 32768, kAuto), 0);
-  EXPECT_EQ(splits(87, 32768, kAuto), 4);
-  EXPECT_EQ(splits(88, 32768, kAuto), 0);
+  EXPECT_EQ(splits(65, 32768, kAuto), 5);  // ceil(264 / 65) = 5
+  EXPECT_EQ(splits(66, 32768, kAuto), 0);  // 4
   // Forced: one block always, the split wherever it fits (at least one block per token).
   EXPECT_EQ(splits(1, 32768, IndexerSelectKernel::kOneBlock), 0);
   EXPECT_EQ(splits(1, 100, IndexerSelectKernel::kSplit), 1);
