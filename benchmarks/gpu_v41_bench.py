@@ -14,8 +14,9 @@ layers (2 sliding, 3 CSA, 2 HCA) at the same widths (hidden 5120, 64 heads of 51
 
 Decode runs one token per sequence at `context` (each sequence's blocks are its own), V4 only:
 V4.1's Engram layers need each sequence's earlier tokens, which the runner has only for what it
-was fed (decode at 32K would need the 32K-token prefill of every sequence first; not done yet). Prefill is one sequence of 4096 tokens, last-row logits.
-KV bytes per token come from the engine's KV capacity (`Engine.kv_capacity.bytes_per_token`).
+was fed (decode at 32K would need the 32K-token prefill of every sequence first; not done yet).
+Prefill is one sequence of 4096 tokens, last-row logits. KV bytes per token come from the
+engine's KV capacity (`Engine.kv_capacity.bytes_per_token`).
 """
 
 from __future__ import annotations
