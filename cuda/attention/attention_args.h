@@ -18,10 +18,10 @@ constexpr int kAttnMaxSplits = 64;
 // encoded into that format before the kernels run, so a key reads the same now as from the ring
 // later.
 struct AttentionArgs {
-  const float* q;          // [T, heads, dim]
-  const uint8_t* kv;       // [T] rows
-  const uint8_t* ring;     // [slots, ring_len] rows
-  const uint8_t* entries;  // [entry_rows] rows, or null
+  const float* q;            // [T, heads, dim]
+  const uint8_t* kv;         // [T] rows
+  const uint8_t* ring;       // [slots, ring_len] rows
+  const uint8_t* entries;    // [entry_rows] rows, or null
   KvRowFormat kvf;           // kv's and the ring's rows
   KvRowFormat entf;          // the entries' rows: kvf's, or V4.1's FP4 main record under FP8 keys
   const int32_t* topk;       // [T, topk_cols] or null
