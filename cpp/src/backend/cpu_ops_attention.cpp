@@ -121,30 +121,48 @@ void top_by_score(const std::vector<float>& score, const std::vector<int64_t>& i
   std::fill(dst + chosen, dst + k, -1);
 }
 
+// Per-thread buffers of the indexer ops' token loop, reused across its tokens.
+struct IndexScratch {
+  std::vector<float> score;
+  std::vector<float> block_score;
+  std::vector<int64_t> entries;
+  std::vector<int32_t> order;
+};
+
+// The loop the indexer ops share (on the backend's stream, with its pool): the layout checked
+// once, then the query tokens in parallel, each given to `body(t, sequence, visible entries,
+// scorer, scratch)`. With a single token the scorer's own loop takes the pool instead.
+template <typename Body>
+void for_each_index_token(ThreadPool& pool, const char* op, const Tensor& q, const Tensor& weights,
+                          const Tensor& index_cache, const BatchLayout& layout, int ratio,
+                          float score_scale, float weight_scale, Body body) {
+  const LayoutView lv(op, layout, -1);
+  const std::vector<int> seq = seq_of_rows(lv);
+  const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
+  pool.parallel_for(layout.num_tokens, [&](int64_t begin, int64_t end) {
+    IndexScratch scratch;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
+      body(t, seq[static_cast<size_t>(t)], visible, scorer, scratch);
+    }
+  });
+}
+
 }  // namespace
 
 Tensor CpuBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
                                      const Tensor& index_cache, const BatchLayout& layout,
                                      int ratio, int top_k, float score_scale, float weight_scale) {
-  const char* op = "indexer_topk";
-  const int64_t tokens = layout.num_tokens;
   const int64_t k = top_k;
-  Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
+  Tensor out = Tensor::zeros({layout.num_tokens, k}, DType::kI32);
   enqueue([=](ThreadPool& pool) {
-    const LayoutView lv(op, layout, -1);
-    const std::vector<int> seq = seq_of_rows(lv);
-    const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
-    // Tokens in parallel; with a single token the scoring loop takes the pool instead.
-    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
-      std::vector<float> score;
-      std::vector<int32_t> order;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
-        score.assign(static_cast<size_t>(visible), 0.0f);
-        scorer.score(t, seq[static_cast<size_t>(t)], {}, score, pool);
-        top_by_score(score, {}, k, order, out.data<int32_t>() + t * k);
-      }
-    });
+    for_each_index_token(
+        pool, "indexer_topk", q, weights, index_cache, layout, ratio, score_scale, weight_scale,
+        [&](int64_t t, int b, int64_t visible, const IndexScorer& scorer, IndexScratch& s) {
+          s.score.assign(static_cast<size_t>(visible), 0.0f);
+          scorer.score(t, b, {}, s.score, pool);
+          top_by_score(s.score, {}, k, s.order, out.data<int32_t>() + t * k);
+        });
   });
   return out;
 }
@@ -153,37 +171,29 @@ Tensor CpuBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weight
                                            const Tensor& index_cache, const BatchLayout& layout,
                                            int ratio, int block_entries, int top_blocks,
                                            float score_scale, float weight_scale) {
-  const char* op = "indexer_candidates";
-  const int64_t tokens = layout.num_tokens;
   const int64_t k = top_blocks;
   const int64_t bs = block_entries;
-  Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
+  Tensor out = Tensor::zeros({layout.num_tokens, k}, DType::kI32);
   enqueue([=](ThreadPool& pool) {
-    const LayoutView lv(op, layout, -1);
-    const std::vector<int> seq = seq_of_rows(lv);
-    const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
-    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
-      std::vector<float> score;
-      std::vector<float> block_score;
-      std::vector<int32_t> order;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
-        score.assign(static_cast<size_t>(visible), 0.0f);
-        scorer.score(t, seq[static_cast<size_t>(t)], {}, score, pool);
-        // A block with any visible entry is a candidate; the last one may be partly visible and
-        // is scored by its visible entries only.
-        const int64_t blocks = (visible + bs - 1) / bs;
-        block_score.assign(static_cast<size_t>(blocks), 0.0f);
-        for (int64_t c = 0; c < blocks; ++c) {
-          const int64_t last = std::min(visible, (c + 1) * bs);
-          float mx = score[static_cast<size_t>(c * bs)];
-          for (int64_t j = c * bs + 1; j < last; ++j)
-            mx = std::fmax(mx, score[static_cast<size_t>(j)]);
-          block_score[static_cast<size_t>(c)] = mx;
-        }
-        top_by_score(block_score, {}, k, order, out.data<int32_t>() + t * k);
-      }
-    });
+    for_each_index_token(
+        pool, "indexer_candidates", q, weights, index_cache, layout, ratio, score_scale,
+        weight_scale,
+        [&](int64_t t, int b, int64_t visible, const IndexScorer& scorer, IndexScratch& s) {
+          s.score.assign(static_cast<size_t>(visible), 0.0f);
+          scorer.score(t, b, {}, s.score, pool);
+          // A block with any visible entry is a candidate; the last one may be partly visible
+          // and is scored by its visible entries only.
+          const int64_t blocks = (visible + bs - 1) / bs;
+          s.block_score.assign(static_cast<size_t>(blocks), 0.0f);
+          for (int64_t c = 0; c < blocks; ++c) {
+            const int64_t last = std::min(visible, (c + 1) * bs);
+            float mx = s.score[static_cast<size_t>(c * bs)];
+            for (int64_t j = c * bs + 1; j < last; ++j)
+              mx = std::fmax(mx, s.score[static_cast<size_t>(j)]);
+            s.block_score[static_cast<size_t>(c)] = mx;
+          }
+          top_by_score(s.block_score, {}, k, s.order, out.data<int32_t>() + t * k);
+        });
   });
   return out;
 }
@@ -195,41 +205,34 @@ Tensor CpuBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tensor
                                                    int top_k, float score_scale,
                                                    float weight_scale) {
   const char* op = "indexer_topk_in_candidates";
-  const int64_t tokens = layout.num_tokens;
   const int64_t k = top_k;
   const int64_t bs = block_entries;
   const int64_t kb = candidates.size(1);
-  Tensor out = Tensor::zeros({tokens, k}, DType::kI32);
+  Tensor out = Tensor::zeros({layout.num_tokens, k}, DType::kI32);
   enqueue([=](ThreadPool& pool) {
-    const LayoutView lv(op, layout, -1);
-    const std::vector<int> seq = seq_of_rows(lv);
-    const IndexScorer scorer(op, q, weights, index_cache, lv, ratio, score_scale, weight_scale);
-    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
-      std::vector<int64_t> entries;
-      std::vector<float> score;
-      std::vector<int32_t> order;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t visible = (static_cast<int64_t>(lv.positions[t]) + 1) / ratio;
-        const int32_t* cand = candidates.data<int32_t>() + t * kb;
-        // The visible entries of the candidate blocks, ascending and once each (a repeated block
-        // must not count twice), so ties still go to the lower absolute index.
-        entries.clear();
-        for (int64_t i = 0; i < kb; ++i) {
-          const int64_t c = cand[i];
-          if (c == -1) continue;
-          if (c < 0) {
-            fail(op, "candidates[" + std::to_string(t) + "][" + std::to_string(i) +
-                         "] = " + std::to_string(c) + " is negative and not -1");
+    for_each_index_token(
+        pool, op, q, weights, index_cache, layout, ratio, score_scale, weight_scale,
+        [&](int64_t t, int b, int64_t visible, const IndexScorer& scorer, IndexScratch& s) {
+          const int32_t* cand = candidates.data<int32_t>() + t * kb;
+          // The visible entries of the candidate blocks, ascending and once each (a repeated
+          // block must not count twice), so ties still go to the lower absolute index.
+          s.entries.clear();
+          for (int64_t i = 0; i < kb; ++i) {
+            const int64_t c = cand[i];
+            if (c == -1) continue;
+            if (c < 0) {
+              fail(op, "candidates[" + std::to_string(t) + "][" + std::to_string(i) +
+                           "] = " + std::to_string(c) + " is negative and not -1");
+            }
+            for (int64_t j = c * bs; j < std::min(visible, (c + 1) * bs); ++j)
+              s.entries.push_back(j);
           }
-          for (int64_t j = c * bs; j < std::min(visible, (c + 1) * bs); ++j) entries.push_back(j);
-        }
-        std::sort(entries.begin(), entries.end());
-        entries.erase(std::unique(entries.begin(), entries.end()), entries.end());
-        score.assign(entries.size(), 0.0f);
-        if (!entries.empty()) scorer.score(t, seq[static_cast<size_t>(t)], entries, score, pool);
-        top_by_score(score, entries, k, order, out.data<int32_t>() + t * k);
-      }
-    });
+          std::sort(s.entries.begin(), s.entries.end());
+          s.entries.erase(std::unique(s.entries.begin(), s.entries.end()), s.entries.end());
+          s.score.assign(s.entries.size(), 0.0f);
+          if (!s.entries.empty()) scorer.score(t, b, s.entries, s.score, pool);
+          top_by_score(s.score, s.entries, k, s.order, out.data<int32_t>() + t * k);
+        });
   });
   return out;
 }
