@@ -329,6 +329,17 @@ NB_MODULE(deepinfer_core, m) {
           "batch"_a,
           "Run one forward call over `batch` and return each sequence's greedy next token (int32, "
           "the argmax of its last logits row, taken on the device: only the ids are copied).")
+      .def(
+          "set_history",
+          [](deepinfer::ModelRunner& runner, int slot, const std::vector<int32_t>& tokens) {
+            nb::gil_scoped_release release;
+            runner.set_history(slot, tokens);
+          },
+          "slot"_a, "tokens"_a,
+          "DeepSeek-V4.1: make `tokens` the history of state slot `slot` (the tokens at "
+          "positions 0.. that its Engram n-grams read) without running them, so a chunk may "
+          "start anywhere up to len(tokens). The caches are not touched: they keep what earlier "
+          "calls wrote (the benchmarks decode over caches not filled by a prefill).")
       .def_prop_ro("num_mtp_blocks", &deepinfer::ModelRunner::num_mtp_blocks,
                    "MTP blocks (mtp.K.*) loaded from the checkpoint; 0 when it ships none.")
       .def(
