@@ -201,7 +201,14 @@ NB_MODULE(deepinfer_core, m) {
       .def_ro("bos_token_id", &deepinfer::ModelConfig::bos_token_id)
       .def_ro("eos_token_ids", &deepinfer::ModelConfig::eos_token_ids)
       .def_prop_ro("layer_types", &layer_type_names)
-      .def_prop_ro("mlp_layer_types", &mlp_type_names);
+      .def_prop_ro("mlp_layer_types", &mlp_type_names)
+      .def_prop_ro(
+          "model_type",
+          [](const deepinfer::ModelConfig& c) {
+            return std::string(c.v41 != nullptr ? "deepseek_v41" : "deepseek_v4");
+          },
+          "The config.json's model_type: \"deepseek_v4\" or \"deepseek_v41\" (DeepSeek-V4.1, "
+          "whose chat prompts the V4.1 encoding renders).");
 
   nb::class_<deepinfer::SequenceChunk>(m, "SequenceChunk")
       .def(
