@@ -201,7 +201,14 @@ NB_MODULE(deepinfer_core, m) {
       .def_ro("bos_token_id", &deepinfer::ModelConfig::bos_token_id)
       .def_ro("eos_token_ids", &deepinfer::ModelConfig::eos_token_ids)
       .def_prop_ro("layer_types", &layer_type_names)
-      .def_prop_ro("mlp_layer_types", &mlp_type_names);
+      .def_prop_ro("mlp_layer_types", &mlp_type_names)
+      .def_prop_ro(
+          "model_type",
+          [](const deepinfer::ModelConfig& c) {
+            return std::string(c.v41 != nullptr ? "deepseek_v41" : "deepseek_v4");
+          },
+          "The config.json's model_type: \"deepseek_v4\" or \"deepseek_v41\" (DeepSeek-V4.1, "
+          "whose chat prompts the V4.1 encoding renders).");
 
   nb::class_<deepinfer::SequenceChunk>(m, "SequenceChunk")
       .def(
@@ -329,6 +336,17 @@ NB_MODULE(deepinfer_core, m) {
           "batch"_a,
           "Run one forward call over `batch` and return each sequence's greedy next token (int32, "
           "the argmax of its last logits row, taken on the device: only the ids are copied).")
+      .def(
+          "set_history",
+          [](deepinfer::ModelRunner& runner, int slot, const std::vector<int32_t>& tokens) {
+            nb::gil_scoped_release release;
+            runner.set_history(slot, tokens);
+          },
+          "slot"_a, "tokens"_a,
+          "DeepSeek-V4.1: make `tokens` the history of state slot `slot` (the tokens at "
+          "positions 0.. that its Engram n-grams read) without running them, so a chunk may "
+          "start anywhere up to len(tokens). The caches are not touched: they keep what earlier "
+          "calls wrote (the benchmarks decode over caches not filled by a prefill).")
       .def_prop_ro("num_mtp_blocks", &deepinfer::ModelRunner::num_mtp_blocks,
                    "MTP blocks (mtp.K.*) loaded from the checkpoint; 0 when it ships none.")
       .def(
