@@ -163,16 +163,28 @@ def yoco_engine(name: str, mode: str, tmp_path_factory, **options) -> dc.Engine:
 GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
+@pytest.mark.parametrize("graphs", [0, 4], ids=["eager", "graphs"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", YOCO_CONFIGS)
-def test_yoco_engine_greedy_equals_reference(name: str, mode: str, tmp_path_factory) -> None:
+def test_yoco_engine_greedy_equals_reference(
+    name: str, mode: str, graphs: int, tmp_path_factory
+) -> None:
     """Chunked prefill (16-token steps: chunks end before, at and inside the kept positions) and
-    batching of three prompts."""
+    batching of three prompts; with decode graphs, the decode rows (never narrowed: keep >=
+    sliding_window) replay them."""
     vocab = ref.TINY_CONFIGS[name].vocab_size
     ps = [ref.random_tokens(n, vocab, 100 + i) for i, n in enumerate([37, 21, 50])]
-    engine = yoco_engine(name, mode, tmp_path_factory, max_num_seqs=4, max_num_batched_tokens=16)
+    engine = yoco_engine(
+        name,
+        mode,
+        tmp_path_factory,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        decode_graph_max_batch=graphs,
+    )
     outs, _ = run_all(engine, ps, GREEDY)
     assert outs == [greedy_reference(model(name), mode, p, 8) for p in ps]
+    assert (engine.stats()["num_graph_steps"] > 0) == (graphs > 0)
     assert_pools_full(engine)
 
 
