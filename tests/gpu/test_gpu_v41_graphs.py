@@ -1,8 +1,9 @@
 """DeepSeek-V4.1 decode steps replayed from CUDA graphs (cpp/src/model/decode_graphs.h) against the
 eager CUDA engine: tiny config A (every layer role, Engram), greedy, through the engine with
-decode_graph_max_batch auto (-1: graphs up to 256 rows) and 0 (eager), zero-overhead scheduling
-on and off. Requests of different lengths finish apart, so decode batches run at 6 (bucket 8), 5,
-4, 3 (bucket 4), 2 and 1 rows; a second round hits the prefix cache. Tokens must be identical and
+decode_graph_max_batch auto (-1: graphs up to max_num_seqs = 8 rows, buckets 1, 2, 4, 8) and 0
+(eager), zero-overhead scheduling on and off. Requests of different lengths finish apart, so the
+decode batches shrink from 6 (bucket 8) through 3 (bucket 4) to 1; a second round hits the prefix
+cache. Tokens must be identical and
 logprobs (the sampled token's and the top-k) within 1e-6; the graph engine must have replayed
 decode steps, the eager one none."""
 
@@ -37,9 +38,13 @@ def logprobs_of(trace, rid: int) -> list[tuple[float, list]]:
 
 
 def run(checkpoint: str, graphs: int, zero_overhead: bool) -> dict:
+    # Activations unquantized as the other tiny V4.1 GPU tests; KV "auto" (bf16 on CUDA); a few
+    # blocks, so the eager and the graph engine do not each size the KV cache to the whole GPU.
     engine = dc.Engine(
         checkpoint,
         device="cuda",
+        activation_quant="none",
+        num_kv_blocks=64,
         max_num_seqs=8,
         max_num_batched_tokens=64,
         zero_overhead=zero_overhead,

@@ -143,7 +143,7 @@ def test_v41_engine_decode_graphs_equal_eager(checkpoint, zero_overhead: bool) -
     metadata and Engram n-grams, and under zero-overhead scheduling the carried token patched into
     both on the device are the code CUDA graphs replay. The CPU computes each row on its own, so
     tokens and logprobs equal the eager engine's bitwise. Requests of different lengths finish
-    apart: decode batches of 4, 3, 2 and 1; a limit of 2 sends the larger ones eagerly."""
+    apart, so decode batches shrink from 4 to 1; a limit of 2 sends the larger ones eagerly."""
     ps = prompts(4, [37, 21, 50, 9])
     params = [
         dc.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=3)

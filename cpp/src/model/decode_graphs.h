@@ -20,7 +20,8 @@
 // with a remap staged the same way), as into the metadata. Calls whose rows YOCO prefill
 // truncation narrows run eagerly (accepts() is false): the recording passes no consumer rows.
 // With keep >= sliding_window (validated) neither a decode row nor a prefill's last one-token
-// chunk is narrowed, so that is a safety net.
+// chunk is narrowed; a one-token chunk inside a longer prefill that asks for its logits (a
+// ModelRunner call) can be.
 #pragma once
 
 #include <atomic>
