@@ -30,6 +30,9 @@ enum class IndexerSelectKernel {
   kAuto,      // indexer_heuristics.h decides
   kOneBlock,  // indexer_select.cu: one block per token
   kSplit,     // indexer_select_split.cu: a token's keys over several blocks (where it fits)
+  // indexer_select_binned.cu: one wide block per token, the row in shared memory (where it fits;
+  // elsewhere kAuto's choice among the other two).
+  kBinned,
 };
 
 struct IndexerRunOptions {
