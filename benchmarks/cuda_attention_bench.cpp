@@ -130,10 +130,15 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
       {IndexerSelectKernel::kBinned, ", binned: one wide block per row"},
       {IndexerSelectKernel::kOneBlock, ", one block per row"},
       {IndexerSelectKernel::kSplit, ", split over blocks"}};
-  // The whole op with each selection kernel forced (a forced binned or split selection that does
-  // not fit the row runs the heuristic's choice among the others, indexer_heuristics.h).
+  // The whole op with each selection kernel forced; the binned one only where a row fits its
+  // shared memory (forced elsewhere, the op would run the heuristic's other choice).
+  const bool binned_fits =
+      cuda::indexer_binned_selection_fits(cuda_be, top_k, int64_t{blocks} * (128 / ratio));
+  auto skipped = [&](IndexerSelectKernel k) {
+    return k == IndexerSelectKernel::kBinned && !binned_fits;
+  };
   for (const auto& [k, label] : selections) {
-    if (k == IndexerSelectKernel::kAuto) continue;
+    if (k == IndexerSelectKernel::kAuto || skipped(k)) continue;
     auto op_forced = [&] { run({.select_kernel = k}); };
     emit("indexer_topk", shape + (tensor_cores ? tc : cc) + ", selection" + label + " (graph)",
          time_graph_us(be, iters, op_forced), bytes, flops);
@@ -155,6 +160,7 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
   }
   run({.run_select = false, .scores = sp});  // the op's own scores, for the selection alone
   for (const auto& [k, label] : selections) {
+    if (skipped(k)) continue;
     auto select_only = [&] { run({.select_kernel = k, .run_scores = false, .scores = sp}); };
     emit("indexer_select", shape + label + " (graph)", time_graph_us(be, iters, select_only),
          batch * keys * sizeof(float), 0);

@@ -4,6 +4,8 @@
 // defaults.
 #pragma once
 
+#include <cstdint>
+
 #include "deepinfer/backend.h"
 #include "deepinfer/tensor.h"
 
@@ -44,6 +46,11 @@ struct IndexerRunOptions {
   // group; null: the backend's scratch (then run_scores must be true).
   float* scores = nullptr;
 };
+
+// Whether the binned selection takes a token row of `row` slots at `top_k` on `be`'s device
+// (its keys and pairs fit one block's shared memory); elsewhere a forced kBinned runs kAuto's
+// choice among the other kernels.
+bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row);
 
 // indexer_topk on `be`'s stream with `opt`'s choices (arguments as Backend::indexer_topk, which
 // checks them; this entry point does not).

@@ -119,6 +119,10 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
   launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, stream);
 }
 
+bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row) {
+  return binned_select_smem_bytes(std::min(top_k, row), row) <= be.max_shared_memory_per_block();
+}
+
 Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
                         const Tensor& index_cache, const BatchLayout& layout, int ratio, int top_k,
                         float score_scale, float weight_scale, const IndexerRunOptions& opt) {
