@@ -31,6 +31,7 @@ constexpr int kKeyShift = 32 - kBinnedBits;
 // Bins a thread sums in a scan: the widest pass's bins over the block's threads.
 constexpr int kBinsPerThread = kBins / kBinnedThreads;
 static_assert(kBins % kBinnedThreads == 0);
+constexpr int kLoads = 4;  // score loads per thread in flight
 
 // misc[] words after the scan's 32 warp sums.
 constexpr int kMiscBin = 32;        // the bin a scan found
@@ -135,18 +136,18 @@ __global__ void __launch_bounds__(kBinnedThreads)
   __syncthreads();
 
   // 1. Load and count. The trip count is the block's, so that every lane takes part in
-  //    __match_any_sync; four loads per thread are in flight per step.
+  //    __match_any_sync; kLoads loads per thread are in flight per step.
   const float* sc = a.scores + static_cast<int64_t>(g) * a.row;
   const bool count = k < n;  // with k == n every key is taken
-  for (int base = 0; base < n; base += 4 * kBinnedThreads) {
-    float v[4];
+  for (int base = 0; base < n; base += kLoads * kBinnedThreads) {
+    float v[kLoads];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kLoads; ++u) {
       const int i = base + u * kBinnedThreads + tid;
       v[u] = i < n ? sc[i] : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < kLoads; ++u) {
       const int i = base + u * kBinnedThreads + tid;
       int bin = kBins;  // none
       if (i < n) {
