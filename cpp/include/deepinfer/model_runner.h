@@ -37,6 +37,8 @@ struct RunnerOptions {
   // yoco_keep_tokens positions of a prefill (>= sliding_window + max_backtrack).
   std::string yoco_prefill_truncation = "off";
   int yoco_keep_tokens = 140;
+  // Where DeepSeek-V4.1's Engram tables live: "auto", "device" or "host" (PlacementConfig).
+  std::string engram_table_memory = "auto";
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..

@@ -165,7 +165,10 @@ Tensor DeepseekV41Model::engram(const EngramWeights& w, const Tensor& trunk, con
   const int64_t t = trunk.shape()[0];
   const Tensor rows = be.engram_hash(ngram, weights_.engram_token_map, w.hash);  // [T, (n-1)*heads]
   const int64_t per_token = rows.shape()[1];
-  const Tensor looked_up = be.embedding(w.embed, rows.reshape({t * per_token}));
+  const Tensor flat = rows.reshape({t * per_token});
+  const Tensor looked_up = w.embed_scales.defined()
+                               ? be.embedding_fp8(w.embed, w.embed_scales, flat)
+                               : be.embedding(w.embed, flat);
   const Tensor kv = be.linear(looked_up.reshape({t, per_token * w.embed.shape()[1]}), w.wkv);
   return be.engram_gate(trunk, kv, w.q_weight, w.k_weight, eps_);
 }

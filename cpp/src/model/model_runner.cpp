@@ -279,6 +279,7 @@ ModelConfig model_config(const std::string& config_json, const RunnerOptions& op
   ModelConfig config = ModelConfig::from_file(config_json);
   set_yoco_truncation(config, options.yoco_prefill_truncation, options.yoco_keep_tokens,
                       options.max_backtrack);
+  set_engram_table_memory(config, options.engram_table_memory);
   return config;
 }
 
