@@ -137,3 +137,15 @@ def test_dspark_missing_tensor_is_named(tmp_path: Path) -> None:
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(FileNotFoundError, match=re.escape("'mtp.0.markov_head.head.weight'")):
         RunnerDriver(str(path), max_seqs=1, max_len=64)
+
+
+def test_dspark_needs_rings_past_the_window(tmp_path: Path) -> None:
+    """A draft block's keys sit past the window in the rings: with max_backtrack below the block
+    size the model still loads and runs, and drafting is refused naming both."""
+    m = model("C")  # block size 5
+    path = dref.write_checkpoint(m, tmp_path / "ckpt")
+    d = RunnerDriver(str(path), max_seqs=1, max_len=64, max_backtrack=2)
+    assert d.runner.num_dspark_blocks == m.cfg.num_nextn_predict_layers
+    d.runner.forward([d.chunk(0, 0, [1, 2, 3])])
+    with pytest.raises(ValueError, match=r"dspark_block_size = 5 .*max_backtrack is 2"):
+        d.runner.dspark_draft([d.chunk(0, 3, [4])])

@@ -9,21 +9,12 @@
 
 namespace deepinfer {
 
-DSparkDrafter::DSparkDrafter(DeepseekV41Model& model, const CacheShape& shape) : model_(model) {
-  const V41TextConfig& c = model.config();
+DSparkDrafter::DSparkDrafter(DeepseekV41Model& model, const CacheShape& shape)
+    : model_(model), max_backtrack_(shape.max_backtrack) {
   if (model.weights().dspark.blocks.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "DSparkDrafter: the model has no DSpark drafter loaded (no mtp.* tensors in the "
                 "checkpoint, or they were not requested)");
-  }
-  if (shape.max_backtrack < c.dspark_block_size) {
-    throw Error(ErrorCode::kInvalidConfig,
-                c.source + ": dspark_block_size = " + std::to_string(c.dspark_block_size) +
-                    " needs SWA rings of at least sliding_window + " +
-                    std::to_string(c.dspark_block_size) +
-                    " positions (a draft block's keys past the window), but the caches' "
-                    "max_backtrack is " +
-                    std::to_string(shape.max_backtrack));
   }
 }
 
@@ -69,6 +60,14 @@ DSparkOutput DSparkDrafter::draft(const BatchPlan& plan, const BatchPlan& attend
   const int64_t b = c.dspark_block_size;
   const int64_t s = layout.num_seqs;
   const auto eps = static_cast<float>(c.rms_norm_eps);
+  if (max_backtrack_ < b) {
+    throw Error(ErrorCode::kInvalidConfig,
+                c.source + ": dspark_block_size = " + std::to_string(b) +
+                    " needs SWA rings of at least sliding_window + " + std::to_string(b) +
+                    " positions (a draft block's keys past the window), but the caches' "
+                    "max_backtrack is " +
+                    std::to_string(max_backtrack_));
+  }
   if (layout.num_tokens != s * b || attend.layout.num_tokens != s * b ||
       attend.layout.num_seqs != s * b) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -41,16 +41,17 @@ inline float dspark_confidence(float logit, float temperature = 1.0f) {
 
 class DSparkDrafter {
  public:
-  // The drafter over `model`'s weights().dspark (at least one block); Error(kInvalidArgument)
-  // without it, Error(kInvalidConfig) when the caches' rings cannot hold a draft block past the
-  // window (shape.max_backtrack < dspark_block_size).
+  // The drafter over `model`'s weights().dspark (at least one block; Error(kInvalidArgument)
+  // without it) and caches of `shape`.
   DSparkDrafter(DeepseekV41Model& model, const CacheShape& shape);
 
   int block_size() const { return model_.config().dspark_block_size; }
 
   // One draft step. `plan`: per sequence one row of B tokens [golden, noise...] at ap + 1 (its
   // logits unused); `attend`: per sequence B one-token rows at ap + B in the same slot, in the
-  // same order (the attention layout above).
+  // same order (the attention layout above). Error(kInvalidConfig) when the caches' rings cannot
+  // hold a draft block past the window (shape.max_backtrack < dspark_block_size), so a model
+  // loaded with short rings still runs, without drafting.
   DSparkOutput draft(const BatchPlan& plan, const BatchPlan& attend, ModelCaches& caches);
 
  private:
@@ -58,6 +59,7 @@ class DSparkDrafter {
                    const Tensor& last_rows, ModelCaches& caches);
 
   DeepseekV41Model& model_;
+  int max_backtrack_;
 };
 
 }  // namespace deepinfer
