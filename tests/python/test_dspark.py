@@ -65,26 +65,41 @@ def model(name: str) -> dref.DSparkModel:
     return _models[name]
 
 
-@pytest.mark.parametrize(("name", "kv"), [("A", "f32"), ("B", "f32"), ("C", "f32"), ("A", "fp8")])
-def test_dspark_drafts_match_reference(name: str, kv: str, tmp_path: Path) -> None:
+CASES = [("A", "f32", "off"), ("B", "f32", "off"), ("C", "f32", "off"), ("A", "fp8", "off")]
+# YOCO compact truncation: only the prompt's last yoco_keep_tokens rows reach the target layers
+# and get main keys (keep >= sliding_window + max_backtrack; config A keeps 12 of window 8).
+CASES += [("A", "f32", "compact")]
+
+
+@pytest.mark.parametrize(("name", "kv", "yoco"), CASES)
+def test_dspark_drafts_match_reference(name: str, kv: str, yoco: str, tmp_path: Path) -> None:
     m = model(name)
     cfg = m.cfg
+    options = {}
+    if yoco != "off":
+        options = {
+            "yoco_prefill_truncation": yoco,
+            "yoco_keep_tokens": cfg.yoco_keep_tokens,
+            "max_backtrack": cfg.dspark_block_size,
+        }
     d = RunnerDriver(
         str(dref.write_checkpoint(m, tmp_path / "ckpt")),
         max_seqs=2,
         max_len=PROMPT_LEN + 64,
         kv_cache_dtype=kv,
+        **options,
     )
     assert d.runner.num_dspark_blocks == cfg.num_nextn_predict_layers
     prompts = [
         ref.random_tokens(PROMPT_LEN, cfg.vocab_size, 11),
         ref.random_tokens(SHORT_LEN, cfg.vocab_size, 12),
     ]
-    caches = [m.new_cache(kv_format=kv) for _ in prompts]
+    caches = [m.new_cache(yoco, kv) for _ in prompts]
     goldens = []
     for slot, p in enumerate(prompts):
-        ours = d.runner.forward([d.chunk(slot, 0, p)])
-        want = m.forward_chunk(caches[slot], p).numpy()
+        # The last row (compact truncation leaves the dropped rows' logits NaN on both sides).
+        ours = d.runner.forward([d.chunk(slot, 0, p, prompt_end=len(p))])[-1:]
+        want = m.forward_chunk(caches[slot], p, prompt_end=len(p)).numpy()[-1:]
         assert_close(ours, want, f"{name}: prompt {slot} logits")
         goldens.append(int(np.argmax(want[-1])))
 
@@ -93,7 +108,7 @@ def test_dspark_drafts_match_reference(name: str, kv: str, tmp_path: Path) -> No
         ours = d.runner.dspark_draft(batch)
         wants = [m.draft(caches[s], goldens[s]) for s in range(2)]
         for s in range(2):
-            assert_draft(ours, s, wants[s], f"{name}/{kv}: {what}, sequence {s}")
+            assert_draft(ours, s, wants[s], f"{name}/{kv}/{yoco}: {what}, sequence {s}")
         return wants
 
     drafts = draft_both("after the prompt")
