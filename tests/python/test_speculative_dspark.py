@@ -10,6 +10,7 @@ accepts them into the constraint to mask each row, then rolls them back).
 
 from __future__ import annotations
 
+import json
 import random
 
 import dspark_reference as dref
@@ -108,3 +109,16 @@ def test_dspark_needs_mtp_tensors(prompts, tmp_path) -> None:
     path = dref.write_checkpoint(dref.make_model(NAME), tmp_path / "ckpt", with_mtp=False)
     with pytest.raises(ValueError, match=r"'speculative_method' is \"mtp\".*no MTP block"):
         dspark_engine(path, 2)
+
+
+def test_dummy_weights_draft_with_dspark(prompts, tmp_path) -> None:
+    """load_format dummy makes random DSpark weights too when the engine drafts with them (for
+    benchmarks at real widths); the target's random weights do not depend on it."""
+    cfg = dref.TINY_DSPARK_CONFIGS[NAME]
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_config()))
+    plain_engine = cpu_engine(tmp_path, load_format="dummy", seed=3, max_num_seqs=4)
+    want = run_all(plain_engine, prompts, greedy())[0]
+    engine = dspark_engine(tmp_path, 3, load_format="dummy", seed=3)
+    assert run_all(engine, prompts, greedy())[0] == want
+    assert engine.stats()["draft_tokens"] > 0
+    assert_pools_full(engine)

@@ -102,7 +102,8 @@ std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o, Paralle
     const DType stored = p.device.starts_with("cuda") ? DType::kBF16 : DType::kF32;
     m = ModelInstance::random(o.model_config, cache_shape(o), p.device, p.num_threads, o.seed,
                               stored, p.decode_graph_max_batch, p.activation_quant,
-                              o.kv_cache_dtype, sizing, std::move(target));
+                              o.kv_cache_dtype, sizing, std::move(target),
+                              /*load_mtp=*/o.num_mtp_drafts > 0);
   } else {
     m = ModelInstance::load(o.checkpoint_dir, o.model_config, cache_shape(o), p.device,
                             p.num_threads, p.decode_graph_max_batch, p.activation_quant,

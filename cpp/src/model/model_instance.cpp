@@ -332,8 +332,8 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 
 // The DeepSeek-V4.1 instance (docs/model.md#deepseek-v41-text-model) of `checkpoint`, or of random
 // weights when it is null: eager, without expert parallelism; KV in f32, bf16 or V4.1's FP8/FP4
-// formats ("fp8"). The DSpark drafter loads with the checkpoint's mtp.* when `load_mtp` is on
-// (random weights have none).
+// formats ("fp8"). With `load_mtp` the DSpark drafter loads too (the checkpoint's mtp.*, or
+// random weights).
 void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& shape,
               const std::string& activation_quant, const std::string& kv_cache_dtype,
               const std::function<void(int, int)>& progress, const KvSizing& sizing,
@@ -416,13 +416,13 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
 std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
     uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
-    const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank) {
+    const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank, bool load_mtp) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   if (config.v41 != nullptr) {
     make_v41(*m, nullptr, shape, activation_quant, kv_cache_dtype, {}, sizing, rank, seed, stored,
-             /*load_mtp=*/false);
+             load_mtp);
     m->backend->synchronize();
     return m;
   }

@@ -128,14 +128,13 @@ struct ModelInstance {
       const std::function<void(int, int)>& progress = {}, const KvSizing& sizing = {},
       bool load_mtp = true, RankTarget rank = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
-  // formats when config.quantization says so), for benchmarks.
-  static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
-                                               const std::string& device, int num_threads,
-                                               uint64_t seed, DType stored,
-                                               int decode_graph_max_batch = 0,
-                                               const std::string& activation_quant = "auto",
-                                               const std::string& kv_cache_dtype = "auto",
-                                               const KvSizing& sizing = {}, RankTarget rank = {});
+  // formats when config.quantization says so), for benchmarks. `load_mtp`: DeepSeek-V4.1's
+  // DSpark drafter gets random weights too (V4's MTP blocks always do).
+  static std::unique_ptr<ModelInstance> random(
+      const ModelConfig& config, const CacheShape& shape, const std::string& device,
+      int num_threads, uint64_t seed, DType stored, int decode_graph_max_batch = 0,
+      const std::string& activation_quant = "auto", const std::string& kv_cache_dtype = "auto",
+      const KvSizing& sizing = {}, RankTarget rank = {}, bool load_mtp = false);
 };
 
 // Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of

@@ -223,9 +223,12 @@ V41Weights build_v41_weights(const Checkpoint* checkpoint, const EngramTables& t
 
 // The DSpark drafter of `checkpoint` (C.9). Its blocks' MoE has dspark_n_routed_experts experts,
 // so they load through a loader whose config says so.
-DSparkWeights load_dspark(const Checkpoint& checkpoint, const V41TextConfig& c,
+// `checkpoint` null: random weights of the same shapes and formats (seed, stored as the
+// loader's).
+DSparkWeights load_dspark(const Checkpoint* checkpoint, const V41TextConfig& c,
                           const ModelConfig& shared, Backend& backend,
-                          const WeightLoadOptions& options, const EngramTables& tables) {
+                          const WeightLoadOptions& options, const EngramTables& tables,
+                          uint64_t seed = 0, DType stored = DType::kBF16) {
   const int n = c.num_hidden_layers;
   for (int k = 0; k < c.num_nextn_predict_layers; ++k) {
     if (c.ratio(n + k) != 0) {
@@ -256,14 +259,14 @@ DSparkWeights load_dspark(const Checkpoint& checkpoint, const V41TextConfig& c,
   ModelConfig moe = shared;
   moe.n_routed_experts = c.dspark_n_routed_experts;
   moe.num_experts_per_tok = c.dspark_num_experts_per_tok;
-  WeightLoader w(&checkpoint, moe, backend, options);
+  WeightLoader w(checkpoint, moe, backend, options, seed, stored);
   const int64_t h = c.hidden_size;
   const int64_t v = c.vocab_size;
   const int64_t r = c.dspark_markov_rank;
   const auto targets = static_cast<int64_t>(c.dspark_target_layer_ids.size());
   DSparkWeights d;
   for (int k = 0; k < c.num_nextn_predict_layers; ++k) {
-    d.blocks.push_back(v41_layer(w, &checkpoint, backend, c, tables, n + k,
+    d.blocks.push_back(v41_layer(w, checkpoint, backend, c, tables, n + k,
                                  "mtp." + std::to_string(k) + ".", c.dspark_n_routed_experts));
   }
   d.main_proj = w.load_linear("mtp.0.main_proj.weight", {h, targets * h}, false);
@@ -272,8 +275,14 @@ DSparkWeights load_dspark(const Checkpoint& checkpoint, const V41TextConfig& c,
   d.norm = w.load(last + "norm.weight", {h});
   d.markov_embed = w.load_matrix(last + "markov_head.embed.weight", {v, r});
   d.markov_head = w.load_linear(last + "markov_head.head.weight", {v, r}, false);
+  const std::string proj_name = last + "confidence_head.proj.weight";
+  if (w.is_random()) {
+    d.confidence_hidden = MatrixWeight(w.load_matrix(proj_name, {1, h}));
+    d.confidence_markov = MatrixWeight(w.load_matrix(proj_name + ".markov", {1, r}));
+    return d;
+  }
   // One row [h_i | Markov embedding]: the two column ranges are contiguous prefixes of it.
-  const Tensor proj = w.host(last + "confidence_head.proj.weight", {1, h + r}, false);
+  const Tensor proj = w.host(proj_name, {1, h + r}, false);
   const DType dt = backend.weight_dtype(proj.dtype());
   d.confidence_hidden = MatrixWeight(backend.upload_weight(proj.narrow(1, 0, h).contiguous(), dt));
   d.confidence_markov = MatrixWeight(backend.upload_weight(proj.narrow(1, h, r).contiguous(), dt));
@@ -294,7 +303,7 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
   for (const std::string& name : checkpoint.names())
     mtp_tensors += name.starts_with("mtp.") ? 1 : 0;
   if (mtp_tensors > 0 && options.load_mtp && config.num_nextn_predict_layers > 0) {
-    m.dspark = load_dspark(checkpoint, config, shared, backend, o, tables);
+    m.dspark = load_dspark(&checkpoint, config, shared, backend, o, tables);
   } else if (mtp_tensors > 0) {
     m.notes.push_back("skipped " + std::to_string(mtp_tensors) + " mtp.* tensors (" +
                       (options.load_mtp ? std::string("config.json's num_nextn_predict_layers is 0")
@@ -322,7 +331,12 @@ V41Weights random_v41_weights(const V41TextConfig& config, const ModelConfig& sh
   WeightLoadOptions o = options;
   o.expert_slots.clear();
   WeightLoader w(nullptr, shared, backend, o, seed, stored);
-  return build_v41_weights(nullptr, random_engram_tables(config, seed), w, config, backend);
+  const EngramTables tables = random_engram_tables(config, seed);
+  V41Weights m = build_v41_weights(nullptr, tables, w, config, backend);
+  if (options.load_mtp && config.num_nextn_predict_layers > 0) {
+    m.dspark = load_dspark(nullptr, config, shared, backend, o, tables, seed + 1, stored);
+  }
+  return m;
 }
 
 EngramTables random_engram_tables(const V41TextConfig& config, uint64_t seed) {

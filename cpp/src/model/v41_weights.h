@@ -117,7 +117,8 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
 
 // Random weights of the same shapes and formats (load_format dummy, for benchmarks): the V4
 // loader's random init (WeightLoader with no checkpoint, quantized when the config says so) and
-// random Engram tables (random_engram_tables). Outputs are meaningless.
+// random Engram tables (random_engram_tables); the DSpark drafter too when options.load_mtp is
+// on and the config has blocks. Outputs are meaningless.
 V41Weights random_v41_weights(const V41TextConfig& config, const ModelConfig& shared,
                               Backend& backend, uint64_t seed, DType stored,
                               const WeightLoadOptions& options = {});
