@@ -71,17 +71,9 @@ def test_greedy_outputs_identical_with_dspark_drafts(checkpoint, prompts, plain,
     assert_pools_full(engine)
 
 
-@pytest.mark.parametrize("budget", ["fixed", "confidence"])
-def test_drafts_and_estimates_are_the_drafters(checkpoint, prompts, plain, budget) -> None:
-    """Chunked prefill (64-token chunks): each verify row's drafts are dspark_draft's over the
-    committed tokens, and each verified draft's acceptance estimate (what the confidence budget
-    ranks drafts by) is the product of the confidences up to it: the engine's calibration bins
-    hold exactly these."""
-    k = 3
-    engine = dspark_engine(checkpoint, k, max_num_batched_tokens=64, speculative_budget=budget)
-    recorders = [Recorder(p) for p in prompts]
-    outs = run_all(engine, prompts, [greedy(12, r) for r in recorders])[0]
-    assert outs == plain
+def runner_drafts(checkpoint, recorders: list[Recorder], k: int) -> list[float]:
+    """Checks each verify row's drafts against dspark_draft over the committed tokens; returns
+    each verified draft's estimate, the product of the confidences up to it."""
     driver = RunnerDriver(str(checkpoint), max_seqs=1, max_len=512)
     estimates = []
     for rec in recorders:
@@ -96,6 +88,22 @@ def test_drafts_and_estimates_are_the_drafters(checkpoint, prompts, plain, budge
             for j in range(len(drafts)):
                 a *= float(confs[0, j])
                 estimates.append(a)
+    assert estimates
+    return estimates
+
+
+@pytest.mark.parametrize("budget", ["fixed", "confidence"])
+def test_drafts_and_estimates_are_the_drafters(checkpoint, prompts, plain, budget) -> None:
+    """Chunked prefill (64-token chunks): each verify row's drafts are dspark_draft's over the
+    committed tokens, and each verified draft's acceptance estimate (what the confidence budget
+    ranks drafts by) is the product of the confidences up to it: the engine's calibration bins
+    hold exactly these."""
+    k = 3
+    engine = dspark_engine(checkpoint, k, max_num_batched_tokens=64, speculative_budget=budget)
+    recorders = [Recorder(p) for p in prompts]
+    outs = run_all(engine, prompts, [greedy(12, r) for r in recorders])[0]
+    assert outs == plain
+    estimates = runner_drafts(checkpoint, recorders, k)
     s = engine.stats()
     assert len(estimates) == s["draft_tokens"] > 0
     bins = np.minimum((np.array(estimates) * 10).astype(int), 9)
@@ -103,6 +111,44 @@ def test_drafts_and_estimates_are_the_drafters(checkpoint, prompts, plain, budge
     sums = np.bincount(bins, weights=estimates, minlength=10)
     assert s["spec_calibration_estimate_sum"] == pytest.approx(sums.tolist(), rel=1e-5, abs=1e-9)
     assert_pools_full(engine)
+
+
+def test_dspark_drafts_with_prefix_hits(checkpoint, prompts) -> None:
+    """A prefix hit restores the DSpark rings (main keys) from the snapshot with the main ones."""
+    vocab = dref.TINY_DSPARK_CONFIGS[NAME].vocab_size
+    shared = (prompts[2] * 3)[:256]
+    variants = [shared + [11, 12], shared + [21, 22, 23]]
+    cold = run_all(cpu_engine(checkpoint, max_num_seqs=4), variants, greedy())[0]
+    engine = dspark_engine(checkpoint, 2)
+    run_all(engine, [shared + [vocab - 1]], greedy(2))
+    recorders = [Recorder(p) for p in variants]
+    outs, trace = run_all(engine, variants, [greedy(12, r) for r in recorders])
+    assert outs == cold
+    hits = [trace.ready(rid).prompt_cache_hit_tokens for rid in sorted(trace.outputs)]
+    assert hits == [256, 256], hits
+    runner_drafts(checkpoint, recorders, 2)
+    assert_pools_full(engine)
+
+
+def test_dspark_drafts_with_preemption_recompute(checkpoint) -> None:
+    """A recomputed request writes its prompt's main keys again: its drafts stay exact."""
+    rng = random.Random(6)
+    vocab = dref.TINY_DSPARK_CONFIGS[NAME].vocab_size
+    prompts = [[rng.randrange(0, vocab) for _ in range(rng.randrange(100, 126))] for _ in range(6)]
+    roomy = run_all(cpu_engine(checkpoint), prompts, greedy(24))[0]
+    tight = dspark_engine(checkpoint, 3, num_kv_blocks=6)
+    recorders = [Recorder(p) for p in prompts]
+    outs = run_all(tight, prompts, [greedy(24, r) for r in recorders])[0]
+    assert outs == roomy
+    assert tight.stats()["num_preemptions"] > 0
+    runner_drafts(checkpoint, recorders[:2], 3)
+    assert_pools_full(tight)
+
+
+def test_an_engine_not_drafting_keeps_no_dspark_state(checkpoint) -> None:
+    plain_slot = cpu_engine(checkpoint, max_num_seqs=2).kv_capacity.bytes_per_state_slot
+    drafting_slot = dspark_engine(checkpoint, 2).kv_capacity.bytes_per_state_slot
+    assert plain_slot < drafting_slot, (plain_slot, drafting_slot)
 
 
 def test_dspark_needs_mtp_tensors(prompts, tmp_path) -> None:
