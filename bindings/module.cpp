@@ -3,12 +3,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "deepinfer/backend.h"
 #include "deepinfer/build_info.h"
@@ -403,5 +405,23 @@ NB_MODULE(deepinfer_core, m) {
           "batch"_a, "hidden"_a, "num_drafts"_a,
           "Greedy MTP drafts: mtp_forward over `batch`, then num_drafts - 1 one-token steps fed "
           "the previous draft and trunk. Returns (tokens int32 [seqs, num_drafts], logits float32 "
-          "[seqs, num_drafts, vocab]).");
+          "[seqs, num_drafts, vocab]).")
+      .def_prop_ro(
+          "num_dspark_blocks", &deepinfer::ModelRunner::num_dspark_blocks,
+          "DeepSeek-V4.1 DSpark blocks (mtp.K.*) loaded; 0 when the checkpoint ships none.")
+      .def(
+          "dspark_draft",
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch) {
+            deepinfer::DSparkDraft out;
+            {
+              nb::gil_scoped_release release;
+              out = runner.dspark_draft(batch);
+            }
+            return std::make_tuple(to_numpy<int32_t>(out.tokens), to_numpy<float>(out.confidences),
+                                   to_numpy<float>(out.logits));
+          },
+          "batch"_a,
+          "One DSpark draft step: each chunk holds only the golden token (the target's sample) at "
+          "start_pos = the slot's fed length. Returns (tokens int32 [seqs, block], confidences "
+          "float32 [seqs, block], logits float32 [seqs, block, vocab]).");
 }

@@ -81,6 +81,13 @@ struct MtpDraft {
   Tensor logits;  // host f32 [num sequences, num_drafts, vocab]: the logits each was taken from
 };
 
+// One draft step of DeepSeek-V4.1's DSpark drafter (docs/model.md#dspark-drafter).
+struct DSparkDraft {
+  Tensor tokens;       // host i32 [num sequences, dspark_block_size]: draft i for ap + 2 + i
+  Tensor confidences;  // host f32 [num sequences, dspark_block_size]: sigmoid of the head's logit
+  Tensor logits;       // host f32 [num sequences, dspark_block_size, vocab] (Markov term included)
+};
+
 class ModelRunner {
  public:
   // Reads <dir>/config.json and the safetensors weights, creates the backend and the caches. A
@@ -136,6 +143,15 @@ class ModelRunner {
   // sequence, the previous draft at the next position, on the previous step's trunk.
   virtual MtpDraft mtp_draft(const std::vector<SequenceChunk>& batch, const Tensor& hidden,
                              int num_drafts) = 0;
+
+  // ---- DeepSeek-V4.1's DSpark drafter (docs/model.md#dspark-drafter) ---------------------------
+  // DSpark blocks loaded (0: none; dspark_draft then throws kInvalidArgument). Every forward of a
+  // model with them writes their main keys.
+  virtual int num_dspark_blocks() const = 0;
+  // One draft step per chunk: its single token is the golden token (the target's sample) at
+  // start_pos = ap + 1, ap being the last position its slot was fed. Writes the draft keys into
+  // the blocks' rings at ap + 1 .. ap + dspark_block_size (the next forward overwrites them).
+  virtual DSparkDraft dspark_draft(const std::vector<SequenceChunk>& batch) = 0;
 };
 
 }  // namespace deepinfer

@@ -94,7 +94,7 @@ struct V41TextConfig {
   // equal engram_num_embeddings (validated).
   std::vector<std::vector<int64_t>> engram_primes;
 
-  // DSpark drafter (C.8): parsed, not used.
+  // DSpark drafter (C.8; model/dspark.h).
   int num_nextn_predict_layers = 3;
   int dspark_block_size = 5;
   std::vector<int> dspark_target_layer_ids;
@@ -138,7 +138,8 @@ struct V41TextConfig {
   // The fields V4.1 shares with V4's ModelConfig (widths, MoE, norms, mHC, ropes, quantization),
   // for the shared weight loader and batch plan. Its layer kinds only carry each layer's ratio
   // (C2 as kCompressedSparse with csa_compress_rate 2, C1 as kHeavilyCompressed with
-  // hca_compress_rate 1); no V4 graph may be built from it. No MTP blocks (DSpark is not run).
+  // hca_compress_rate 1); no V4 graph may be built from it. No V4 MTP blocks (the DSpark blocks are
+  // this config's num_nextn_predict_layers).
   // Its `v41` holds a copy of this config.
   ModelConfig model_config() const;
 

@@ -77,8 +77,10 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
                       resolved.placement.yoco_keep_tokens,
                       resolved.scheduler.num_speculative_tokens);
   set_engram_table_memory(p.model, resolved.placement.engram_table_memory);
-  // Before the weights load; EngineImpl checks what was loaded.
-  engine::check_mtp_blocks(resolved, p.model.num_nextn_predict_layers);
+  // Before the weights load; EngineImpl checks what was loaded. V4.1's drafter blocks are DSpark's
+  // (its shared ModelConfig has no V4 MTP block).
+  engine::check_mtp_blocks(resolved, p.model.v41 != nullptr ? p.model.v41->num_nextn_predict_layers
+                                                            : p.model.num_nextn_predict_layers);
   engine::check_mtp_layer_kinds(resolved, p.model.mtp_layer_types);
   engine::ModelExecutorOptions& o = p.options;
   o.checkpoint_dir = resolved.model_path;

@@ -183,8 +183,9 @@ bool uses_mtp_drafts(const EngineConfig& config) {
 void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks) {
   if (uses_mtp_drafts(config) && num_mtp_blocks == 0) {
     bad_config("speculative_method",
-               "is \"mtp\", but the checkpoint has no MTP block (no mtp.* tensors, or "
-               "config.json's num_nextn_predict_layers is 0): use \"ngram\" or \"external\"");
+               "is \"mtp\", but the checkpoint has no MTP block or DSpark drafter (no mtp.* "
+               "tensors, or config.json's num_nextn_predict_layers is 0): use \"ngram\" or "
+               "\"external\"");
   }
 }
 

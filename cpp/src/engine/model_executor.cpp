@@ -102,7 +102,8 @@ std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o, Paralle
     const DType stored = p.device.starts_with("cuda") ? DType::kBF16 : DType::kF32;
     m = ModelInstance::random(o.model_config, cache_shape(o), p.device, p.num_threads, o.seed,
                               stored, p.decode_graph_max_batch, p.activation_quant,
-                              o.kv_cache_dtype, sizing, std::move(target));
+                              o.kv_cache_dtype, sizing, std::move(target),
+                              /*load_mtp=*/o.num_mtp_drafts > 0);
   } else {
     m = ModelInstance::load(o.checkpoint_dir, o.model_config, cache_shape(o), p.device,
                             p.num_threads, p.decode_graph_max_batch, p.activation_quant,
@@ -249,7 +250,8 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   // of layers it did not run (MTP blocks when drafting is off) are waited for now, so nothing
   // enqueued after this step can overtake them.
   m.caches->wait_all_imports(be);
-  if (mtp_on()) {
+  // DSpark's main keys were written by the forward itself (every V4.1 forward with the drafter).
+  if (mtp_on() || dspark_on()) {
     for (const StepRow& r : plan.rows) {
       const ForwardRow& f = r.forward;
       if (!r.samples()) continue;
@@ -493,6 +495,10 @@ void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
   const int k = options_.num_mtp_drafts;
   result.drafts.assign(step.draft_rows.size(), {});
   result.draft_probs.assign(step.draft_rows.size(), {});
+  if (dspark_on()) {
+    draft_dspark(step, result);
+    return;
+  }
   // Each sampling row's block pass stopped one position short of its last accepted one, whose
   // next token this step just sampled: the drafts start there (ModelInstance::forward_with_mtp),
   // with that token, on the trunk ring's row there.
@@ -546,6 +552,66 @@ void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
     for (size_t i = 0; i < drafting.size(); ++i) {
       result.drafts[drafting[i]].push_back(host[j].data<int32_t>()[i]);
       result.draft_probs[drafting[i]].push_back(std::exp(host_lp[j].data<float>()[i]));
+    }
+  }
+}
+
+void ModelExecutor::draft_dspark(ModelStep& step, StepResult& result) {
+  ModelInstance& m = *model_;
+  Backend& be = *m.backend;
+  const int b = m.config.v41->dspark_block_size;
+  const int k = std::min(options_.num_mtp_drafts, b);
+  // The token each sampling row just sampled is the golden token at ap + 1, ap being the row's
+  // last accepted position (its first logits row's position plus the accepted drafts).
+  std::vector<size_t> drafting;
+  draft_tokens_.clear();
+  mtp_rows_.clear();
+  size_t token = 0;
+  for (size_t i = 0; i < step.draft_rows.size(); ++i) {
+    const ModelStep::DraftRow& d = step.draft_rows[i];
+    const int count = result.counts.empty() ? 1 : result.counts[i];
+    token += static_cast<size_t>(count);
+    ForwardRow r;
+    r.slot = d.slot;
+    r.start_pos = d.first_logit_pos + count;
+    r.num_tokens = 1;
+    if (r.start_pos + b > max_position()) continue;  // no room for the block's positions
+    drafting.push_back(i);
+    draft_tokens_.push_back(result.tokens[token - 1]);
+    mtp_rows_.push_back(r);
+  }
+  if (drafting.empty()) return;
+  // The block's positions past the sequence's blocks name block 0 (never handed out); DSpark
+  // layers keep only ring state, so nothing is written there.
+  draft_tables_.resize(drafting.size());
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    ForwardRow& r = mtp_rows_[i];
+    std::vector<int32_t>& table = draft_tables_[i];
+    table = step.draft_rows[drafting[i]].block_table;
+    table.resize(
+        std::max(table.size(), static_cast<size_t>(kv::blocks_for_tokens(r.start_pos + b))), 0);
+    r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
+    r.block_table = table;
+  }
+  const auto n = static_cast<int64_t>(drafting.size());
+  std::vector<Tensor> host_tokens, host_conf;  // per draft i: [rows] i32, [rows, 1] f32
+  {
+    HostSyncForbidden no_sync(be);
+    const DSparkOutput out = m.dspark_draft(mtp_rows_, Tensor());
+    for (int j = 0; j < k; ++j) {
+      host_tokens.push_back(Tensor::zeros({n}, DType::kI32));
+      be.copy_to_host(out.tokens[static_cast<size_t>(j)], host_tokens.back());
+      host_conf.push_back(Tensor::zeros({n, 1}, DType::kF32));
+      be.copy_to_host(out.confidence[static_cast<size_t>(j)], host_conf.back());
+    }
+  }
+  be.record_event()->wait();
+  // The confidence head's c_j is the budget's per-draft estimate (sched/draft_budget.h).
+  for (int j = 0; j < k; ++j) {
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      result.drafts[drafting[i]].push_back(host_tokens[static_cast<size_t>(j)].data<int32_t>()[i]);
+      result.draft_probs[drafting[i]].push_back(
+          dspark_confidence(host_conf[static_cast<size_t>(j)].data<float>()[i]));
     }
   }
 }

@@ -86,7 +86,11 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   const std::vector<int>& eos_token_ids() const override { return model_->config.eos_token_ids; }
   const ModelConfig* model_config() const override { return &model_->config; }
   std::vector<std::string> load_notes() const override { return model_->notes; }
-  int num_mtp_blocks() const override { return model_->mtp ? model_->mtp->num_blocks() : 0; }
+  // The V4 MTP blocks, or V4.1's DSpark blocks (both drafters serve speculative_method "mtp").
+  int num_mtp_blocks() const override {
+    if (model_->mtp) return model_->mtp->num_blocks();
+    return model_->dspark ? static_cast<int>(model_->v41_model->weights().dspark.blocks.size()) : 0;
+  }
   uint64_t num_graph_steps() const override {
     return model_->graphs ? model_->graphs->stats().num_calls : 0;
   }
@@ -132,9 +136,11 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   static StepResult sampled_result(ModelStep& step);
   // speculative_method "mtp" (engine/README.md#mtp-drafts): once the step's tokens are on the
   // host, each sampling row's greedy drafts from the MTP block, run recurrently from its last
-  // accepted position.
+  // accepted position, or (V4.1) one DSpark draft step from the token just sampled.
   void draft_ahead(ModelStep& step, StepResult& result);
+  void draft_dspark(ModelStep& step, StepResult& result);
   bool mtp_on() const { return options_.num_mtp_drafts > 0 && model_->mtp != nullptr; }
+  bool dspark_on() const { return options_.num_mtp_drafts > 0 && model_->dspark != nullptr; }
   void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
 
   // Loads main layer `layer`'s experts for the EPLB shuffle as the initial load did.

@@ -79,7 +79,7 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
             std::to_string(shape.block_size) + ", " + std::to_string(shape.max_backtrack) + ")");
   }
   if (config.v41 != nullptr) {
-    init_v41(*config.v41, backend);
+    init_v41(*config.v41, backend, num_mtp_layers);
     return;
   }
   const int64_t slots = shape.num_state_slots + std::max(0, shape.num_scratch_slots);
@@ -135,7 +135,7 @@ ModelCaches::ModelCaches(const ModelConfig& config, const CacheShape& shape, Bac
   }
 }
 
-void ModelCaches::init_v41(const V41TextConfig& config, Backend& backend) {
+void ModelCaches::init_v41(const V41TextConfig& config, Backend& backend, int num_dspark) {
   const CacheShape& shape = shape_;
   const V41KvDTypes kv = v41_kv_dtypes(shape.kv_dtype);
   const char* name = kv_cache_dtype_name(shape.kv_dtype);
@@ -192,6 +192,17 @@ void ModelCaches::init_v41(const V41TextConfig& config, Backend& backend) {
     }
     bytes_per_block_ += block_bytes;
     block_layer_bytes_.push_back(block_bytes);
+    layers_.push_back(std::move(c));
+  }
+  // The DSpark blocks (layers num_hidden_layers + K): an SWA ring each, holding the main keys
+  // and a draft block's keys (model.md D.3 "DSpark rings").
+  for (int k = 0; k < num_dspark; ++k) {
+    LayerCaches c;
+    c.rope_dim = rope;
+    const int64_t swa_len = kv::swa_ring_len(config.sliding_window, shape.max_backtrack);
+    c.swa_ring = backend.zeros({slots, swa_len, swa.row_width()}, kv.swa);
+    bytes_per_slot_ += swa_len * swa.row_bytes();
+    block_layer_bytes_.push_back(0);
     layers_.push_back(std::move(c));
   }
 }

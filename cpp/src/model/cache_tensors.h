@@ -79,7 +79,8 @@ class ModelCaches {
   // The caches of the main layers and of `num_mtp_layers` MTP blocks. For a DeepSeek-V4.1 config
   // (config.v41) the V4.1 layout instead (in v41_kv_dtypes(shape.kv_dtype)): an SWA ring per layer,
   // compressed entries (and the C2 compressor ring) only at kv sources, index keys only at index-K
-  // sources; share-KV and share-index readers hold none and read their source's.
+  // sources; share-KV and share-index readers hold none and read their source's. There
+  // `num_mtp_layers` DSpark blocks follow, with an SWA ring each.
   //
   // V4: the caches of the main layers and of `num_mtp_layers` MTP blocks (their own rings and
   // entries, in the same slots and blocks as the main layers': a sequence's drafter state lives
@@ -154,7 +155,7 @@ class ModelCaches {
   // Per layer, the copy-stream events of imports not yet waited for (import_layered).
   std::vector<std::vector<std::unique_ptr<Event>>> pending_imports_;
 
-  void init_v41(const V41TextConfig& config, Backend& backend);
+  void init_v41(const V41TextConfig& config, Backend& backend, int num_dspark);
 
   // The device views making up one block's / one slot's payload, in payload order.
   std::vector<Tensor> block_views(int32_t block) const;

@@ -111,10 +111,19 @@ Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, Mod
   // first one (undefined pre) takes stream 0.
   Tensor pre;
   SharedSelection shared;
+  // DSpark (C.8): the stream mean of the trunk entering each target layer's attention mix.
+  const bool dspark = !weights_.dspark.blocks.empty();
+  std::vector<Tensor> features;
   for (int layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const V41LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
     // Engram rewrites the trunk after the previous post, before this layer's attention mix (C.7).
     if (w.has_engram) trunk = engram(w.engram, trunk, ngram);
+    if (dspark && std::ranges::find(config_.dspark_target_layer_ids, layer) !=
+                      config_.dspark_target_layer_ids.end()) {
+      const int64_t rows = layout->num_tokens;
+      reserve_dspark_rows(rows);
+      features.push_back(be.hc_collapse(trunk, dspark_rows_.mean.narrow(0, 0, rows)));
+    }
 
     HcShiftedMix mix =
         be.hc_pre_shifted(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, pre, hc_params_);
@@ -136,6 +145,7 @@ Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, Mod
       mix.comb = be.gather_rows(mix.comb, kept);
       mix.pre = be.gather_rows(mix.pre, kept);
       for (auto& [source, topk] : shared.topk) topk = be.gather_rows(topk, kept);
+      for (Tensor& f : features) f = be.gather_rows(f, kept);
       if (shared.candidates.defined()) shared.candidates = be.gather_rows(shared.candidates, kept);
     }
     const Tensor attn_out = attention(layer, x, *layout, swa_start, caches, shared);
@@ -143,9 +153,16 @@ Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, Mod
     pre = mix.pre;
 
     mix = be.hc_pre_shifted(trunk, w.hc_ffn.fn, w.hc_ffn.base, w.hc_ffn.scale, pre, hc_params_);
-    const Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps_), layout->token_ids);
+    const Tensor ffn_out = moe(w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps_), layout->token_ids,
+                               config_.num_experts_per_tok);
     trunk = be.hc_post(trunk, ffn_out, mix.post, mix.comb);
     pre = mix.pre;
+  }
+  // Only rows that reached every target layer have main keys (none when no row reached the
+  // consumer layers: the loop stopped early).
+  if (dspark && features.size() == config_.dspark_target_layer_ids.size() &&
+      layout->num_tokens > 0) {
+    dspark_main_keys(features, *layout, caches);
   }
 
   const int num_logit_rows = yoco.drops ? yoco.num_logit_rows : plan.num_logit_rows;
@@ -285,13 +302,63 @@ Tensor DeepseekV41Model::select_entries(int layer, const Tensor& qa, const Tenso
   return topk;
 }
 
-Tensor DeepseekV41Model::moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids) {
+void DeepseekV41Model::dspark_main_keys(const std::vector<Tensor>& features,
+                                        const BatchLayout& layout, ModelCaches& caches) {
+  Backend& be = backend_;
+  const DSparkWeights& d = weights_.dspark;
+  const int64_t t = layout.num_tokens;
+  const int64_t h = config_.hidden_size;
+  const auto targets = static_cast<int64_t>(features.size());
+  // [T, targets * H]: the features side by side, stored as rows t * targets + j of a
+  // [T * targets, H] buffer (the Backend has no concatenation).
+  Tensor feat = be.zeros({t * targets, h}, DType::kF32);
+  reserve_dspark_rows(t);
+  for (int64_t j = 0; j < targets; ++j) {
+    be.scatter_rows(feat, features[static_cast<size_t>(j)],
+                    dspark_rows_.feature_rows[static_cast<size_t>(j)].narrow(0, 0, t));
+  }
+  const Tensor mh =
+      be.rms_norm(be.linear(feat.reshape({t, targets * h}), d.main_proj), d.main_norm, eps_);
+  for (size_t k = 0; k < d.blocks.size(); ++k) {
+    const V41LayerWeights& w = d.blocks[k];
+    LayerCaches& own = caches.layer(config_.num_hidden_layers + static_cast<int>(k));
+    const Tensor key = be.rope(be.rms_norm(be.linear(mh, w.attn.wkv), w.attn.kv_norm, eps_),
+                               layout.positions, w.inv_freq, /*inverse=*/false);
+    be.ring_write(own.swa_ring, key, layout, own.rope_dim);
+  }
+}
+
+void DeepseekV41Model::reserve_dspark_rows(int64_t rows) {
+  if (rows <= dspark_rows_.rows) return;
+  // Decode graphs recorded earlier read the current tables: they stay alive (retired), and the
+  // size at least doubles so the retired ones total less than the live one.
+  if (dspark_rows_.rows > 0) {
+    dspark_rows_.retired.push_back(dspark_rows_.mean);
+    for (const Tensor& t : dspark_rows_.feature_rows) dspark_rows_.retired.push_back(t);
+  }
+  rows = std::max(rows, 2 * dspark_rows_.rows);
+  const int64_t n = config_.hc_mult;
+  const auto targets = static_cast<int64_t>(config_.dspark_target_layer_ids.size());
+  const std::vector<float> mean(static_cast<size_t>(rows * n), 1.0f / static_cast<float>(n));
+  dspark_rows_.mean = backend_.upload(Tensor::from_vector(mean, {rows, n}), DType::kF32);
+  dspark_rows_.feature_rows.clear();
+  for (int64_t j = 0; j < targets; ++j) {
+    std::vector<int32_t> dest(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      dest[static_cast<size_t>(r)] = static_cast<int32_t>(r * targets + j);
+    dspark_rows_.feature_rows.push_back(
+        backend_.upload(Tensor::from_vector(dest, {rows}), DType::kI32));
+  }
+  dspark_rows_.rows = rows;
+}
+
+Tensor DeepseekV41Model::moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids,
+                             int top_k) {
   Backend& be = backend_;
   const float limit = static_cast<float>(config_.swiglu_limit);
   // C.5: sqrt(softplus) scores, selection by scores + bias, no hash layers.
-  const Routing routing =
-      be.moe_route(x, w.gate, w.bias, Tensor(), token_ids, config_.num_experts_per_tok,
-                   static_cast<float>(config_.routed_scaling_factor));
+  const Routing routing = be.moe_route(x, w.gate, w.bias, Tensor(), token_ids, top_k,
+                                       static_cast<float>(config_.routed_scaling_factor));
   return be.add(be.moe_experts(x, routing, w.experts, limit), shared_expert(be, w, x, limit));
 }
 

@@ -48,11 +48,18 @@ class DeepseekV41Model {
   // (ModelCaches in the V4.1 layout) of the plan's slots and blocks. `yoco` (plan_yoco_rows of the
   // same rows) holds the consumer layers' rows; with rows dropped, the logits are those of the
   // wanted rows that were kept (yoco.num_logit_rows; undefined when none).
+  // With the DSpark drafter loaded (weights().dspark), the call also writes the drafter's main
+  // keys of every row that reaches the target layers into the DSpark blocks' rings (C.8).
   Tensor forward(const BatchPlan& plan, const Tensor& ngram, ModelCaches& caches,
                  const YocoRows& yoco);
 
   const V41TextConfig& config() const { return config_; }
   const V41Weights& weights() const { return weights_; }
+  Backend& backend() { return backend_; }
+  const HcParams& hc_params() const { return hc_params_; }
+
+  // The V4.1 MoE (C.5) of `w` on x [T, H] with `top_k` experts per token.
+  Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids, int top_k);
 
  private:
   // What one forward's layers hand to later layers (C.3.7): each index source's top-k and the
@@ -73,14 +80,30 @@ class DeepseekV41Model {
   // Share-KV readers and share-index layers read their sources' caches.
   Tensor select_entries(int layer, const Tensor& qa, const Tensor& x, const BatchLayout& layout,
                         ModelCaches& caches, SharedSelection& shared);
-  Tensor moe(const MoeWeights& w, const Tensor& x, const Tensor& token_ids);
+  // The DSpark main keys (C.8) of `layout`'s rows from the target layers' stream means
+  // `features` (one [T, H] per dspark_target_layer_ids entry, in list order).
+  void dspark_main_keys(const std::vector<Tensor>& features, const BatchLayout& layout,
+                        ModelCaches& caches);
   Tensor engram(const EngramWeights& w, const Tensor& trunk, const Tensor& ngram);
+  // Grows dspark_rows_ to at least `rows` rows (an upload: only in an eager call; a decode graph's
+  // capture follows an eager warm-up of the same shape, so it finds them large enough).
+  void reserve_dspark_rows(int64_t rows);
 
   const V41TextConfig& config_;
   V41Weights weights_;
   Backend& backend_;
   HcParams hc_params_;
   float eps_ = 0.0f;
+  // DSpark's per-row constants, shared by every call (narrowed to its rows): the stream-mean
+  // weights [R, hc_mult] (all 1 / hc_mult) and, per target layer j, the rows r * targets + j of
+  // the side-by-side features buffer [R].
+  struct DSparkRows {
+    int64_t rows = 0;
+    Tensor mean;
+    std::vector<Tensor> feature_rows;
+    std::vector<Tensor> retired;  // smaller tables that recorded graphs may still read
+  };
+  DSparkRows dspark_rows_;
 };
 
 }  // namespace deepinfer

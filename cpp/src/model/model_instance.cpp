@@ -58,8 +58,8 @@ ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, Lo
   if (v41_model != nullptr) {
     if (hidden != nullptr) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "DeepSeek-V4.1 forward: the hidden trunk is for the MTP drafter, which V4.1 "
-                  "does not have yet (DSpark is not implemented)");
+                  "DeepSeek-V4.1 forward: the hidden trunk is for the V4 MTP drafter; V4.1 "
+                  "drafts with DSpark (dspark_draft), whose main keys every forward writes");
     }
     caches->wait_all_imports(*backend);
     const Tensor ngram = engram_ngrams(*backend, rows, *config.v41, previous_tokens);
@@ -207,6 +207,58 @@ std::vector<Tensor> ModelInstance::mtp_draft(RowSpan rows, size_t max_blocks, co
   return tokens;
 }
 
+DSparkOutput ModelInstance::dspark_draft(RowSpan rows, const Tensor& previous_tokens) {
+  if (dspark == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "DSpark draft: the checkpoint has no DSpark drafter (mtp.* tensors), or it was "
+                "not loaded");
+  }
+  const V41TextConfig& c = *config.v41;
+  const int32_t b = c.dspark_block_size;
+  // Each sequence's block [golden, noise...] at ap + 1, and one attention row per query at
+  // ap + B in the same slot (DSparkDrafter).
+  std::vector<int32_t> block_tokens;
+  block_tokens.reserve(rows.size() * static_cast<size_t>(b));
+  for (const ForwardRow& r : rows) {
+    if (r.num_tokens != 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "DSpark draft: each row holds the golden token only, got a row of " +
+                      std::to_string(r.num_tokens) + " tokens");
+    }
+    block_tokens.push_back(r.tokens[0]);
+    block_tokens.insert(block_tokens.end(), static_cast<size_t>(b - 1), c.dspark_noise_token_id);
+  }
+  std::vector<ForwardRow> block(rows.size()), attend;
+  attend.reserve(rows.size() * static_cast<size_t>(b));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ForwardRow& f = block[i];
+    f = rows[i];
+    f.num_tokens = b;
+    f.tokens = std::span<const int32_t>(block_tokens)
+                   .subspan(i * static_cast<size_t>(b), static_cast<size_t>(b));
+    f.num_logits = 0;
+    for (int32_t j = 0; j < b; ++j) {
+      ForwardRow a;
+      a.slot = f.slot;
+      a.start_pos = f.start_pos + b - 1;
+      a.num_tokens = 1;
+      a.tokens = f.tokens.subspan(static_cast<size_t>(b - 1), 1);
+      a.block_table = f.block_table;
+      a.num_logits = 0;
+      attend.push_back(a);
+    }
+  }
+  const size_t max_blocks = validate_rows(block, config, caches->shape(), /*check_tokens=*/false);
+  Backend& be = *backend;
+  caches->wait_all_imports(be);
+  const BatchPlan plan =
+      build_batch_plan(block, config, caches->shape(), be, LogitsMode::kLast, max_blocks);
+  take_carried_tokens(be, block, plan, previous_tokens);
+  const BatchPlan attend_plan =
+      build_batch_plan(attend, config, caches->shape(), be, LogitsMode::kLast, max_blocks);
+  return dspark->draft(plan, attend_plan, *caches);
+}
+
 namespace {
 
 std::string gib(int64_t bytes) {
@@ -279,13 +331,14 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 }
 
 // The DeepSeek-V4.1 instance (docs/model.md#deepseek-v41-text-model) of `checkpoint`, or of random
-// weights when it is null: decode graphs as V4's (finish_instance), without drafter or expert
-// parallelism; KV in f32, bf16 or V4.1's FP8/FP4 formats ("fp8").
+// weights when it is null: decode graphs as V4's (finish_instance), without expert parallelism;
+// KV in f32, bf16 or V4.1's FP8/FP4 formats ("fp8"). With `load_mtp` the DSpark drafter loads too
+// (the checkpoint's mtp.*, or random weights).
 void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& shape,
               int decode_graph_max_batch, const std::string& activation_quant,
               const std::string& kv_cache_dtype, const std::function<void(int, int)>& progress,
               const KvSizing& sizing, const ModelInstance::RankTarget& rank, uint64_t seed,
-              DType stored) {
+              DType stored, bool load_mtp) {
   if (!rank.expert_slots.empty()) {
     throw Error(ErrorCode::kUnsupported,
                 m.config.source + ": expert parallelism is not available for DeepSeek-V4.1 yet");
@@ -293,6 +346,7 @@ void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& 
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m.backend);
   options.progress = progress;
+  options.load_mtp = load_mtp;
   CacheShape sized = shape;
   // "auto" is f32 on the CPU and bf16 on a device: V4.1's shipped FP8/FP4 formats ("fp8",
   // v41_kv_dtypes) need FP4 index keys, which the CUDA indexer does not read yet.
@@ -306,12 +360,14 @@ void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& 
   if (checkpoint == nullptr) {
     m.notes.push_back("random weights (load_format dummy): outputs are meaningless");
   }
-  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(m, sized, sizing, 0);
+  const auto num_dspark = static_cast<int>(weights.dspark.blocks.size());
+  if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(m, sized, sizing, num_dspark);
   const int max_batch =
       resolve_decode_graph_max_batch(decode_graph_max_batch, *m.backend, sized.num_state_slots);
   sized.num_scratch_slots = max_batch > 0 ? 1 : 0;  // the graphs' padding rows
-  m.caches = std::make_unique<ModelCaches>(m.config, sized, *m.backend);
+  m.caches = std::make_unique<ModelCaches>(m.config, sized, *m.backend, num_dspark);
   m.v41_model = std::make_unique<DeepseekV41Model>(*m.config.v41, std::move(weights), *m.backend);
+  if (num_dspark > 0) m.dspark = std::make_unique<DSparkDrafter>(*m.v41_model, sized);
   if (max_batch > 0) {
     m.graphs = std::make_unique<DecodeGraphs>(m.config, *m.v41_model, *m.caches, *m.backend,
                                               max_batch, /*scratch_slot=*/sized.num_state_slots);
@@ -344,7 +400,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   if (config.v41 != nullptr) {
     make_v41(*m, &checkpoint, shape, decode_graph_max_batch, activation_quant, kv_cache_dtype,
-             progress, sizing, rank, /*seed=*/0, DType::kBF16);
+             progress, sizing, rank, /*seed=*/0, DType::kBF16, load_mtp);
     return m;
   }
   WeightLoadOptions options;
@@ -368,13 +424,13 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
 std::unique_ptr<ModelInstance> ModelInstance::random(
     const ModelConfig& config, const CacheShape& shape, const std::string& device, int num_threads,
     uint64_t seed, DType stored, int decode_graph_max_batch, const std::string& activation_quant,
-    const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank) {
+    const std::string& kv_cache_dtype, const KvSizing& sizing, RankTarget rank, bool load_mtp) {
   auto m = std::make_unique<ModelInstance>();
   m->config = config;
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   if (config.v41 != nullptr) {
     make_v41(*m, nullptr, shape, decode_graph_max_batch, activation_quant, kv_cache_dtype, {},
-             sizing, rank, seed, stored);
+             sizing, rank, seed, stored, load_mtp);
     m->backend->synchronize();
     return m;
   }

@@ -13,6 +13,7 @@
 #include "model/decode_graphs.h"
 #include "model/deepseek_v4.h"
 #include "model/deepseek_v41.h"
+#include "model/dspark.h"
 #include "model/mtp.h"
 
 namespace deepinfer {
@@ -39,8 +40,11 @@ struct ModelInstance {
   std::unique_ptr<ModelCaches> caches;
   std::unique_ptr<DeepseekV4Model> model;  // DeepSeek-V4; null for V4.1
   // DeepSeek-V4.1 (config.v41 set; docs/model.md#deepseek-v41-text-model): decode graphs as V4,
-  // no drafter, no expert parallelism; KV f32, bf16 or V4.1's FP8/FP4 records. Null for V4.
+  // the DSpark drafter, no expert parallelism; KV f32, bf16 or V4.1's FP8/FP4 records. Null for V4.
   std::unique_ptr<DeepseekV41Model> v41_model;
+  // V4.1's DSpark drafter (docs/model.md#dspark-drafter); null when the checkpoint ships no mtp.*
+  // tensors or they were not loaded. Refers to `v41_model`.
+  std::unique_ptr<DSparkDrafter> dspark;
   // The checkpoint's MTP drafter; null when it ships no mtp.* block. Refers to `model`.
   std::unique_ptr<MtpDrafter> mtp;
   // Decode steps replayed as graphs; null when off. Declared last: it refers to the above.
@@ -97,6 +101,12 @@ struct ModelInstance {
   MtpStep mtp_forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
                       const Tensor& previous_tokens, const Tensor& hidden, int step);
 
+  // One DSpark draft step (DSparkDrafter::draft): `rows` has one row per sequence, its one token
+  // the golden token (the target's sample) at start_pos = ap + 1, where ap is the last position
+  // the main caches hold; a carried token (token_from_previous) comes from `previous_tokens`. Its
+  // block table must cover ap + dspark_block_size. Error(kInvalidArgument) without a drafter.
+  DSparkOutput dspark_draft(RowSpan rows, const Tensor& previous_tokens);
+
   // Loads the safetensors weights of <dir> (whose config.json is `config`) onto `device` ("cpu",
   // "cuda", "cuda:N"; `num_threads` is for the CPU backend). `decode_graph_max_batch`: the
   // largest decode batch replayed as a graph; 0 turns graphs off, -1 picks the backend's default
@@ -118,14 +128,13 @@ struct ModelInstance {
       const std::function<void(int, int)>& progress = {}, const KvSizing& sizing = {},
       bool load_mtp = true, RankTarget rank = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
-  // formats when config.quantization says so), for benchmarks.
-  static std::unique_ptr<ModelInstance> random(const ModelConfig& config, const CacheShape& shape,
-                                               const std::string& device, int num_threads,
-                                               uint64_t seed, DType stored,
-                                               int decode_graph_max_batch = 0,
-                                               const std::string& activation_quant = "auto",
-                                               const std::string& kv_cache_dtype = "auto",
-                                               const KvSizing& sizing = {}, RankTarget rank = {});
+  // formats when config.quantization says so), for benchmarks. `load_mtp`: DeepSeek-V4.1's
+  // DSpark drafter gets random weights too (V4's MTP blocks always do).
+  static std::unique_ptr<ModelInstance> random(
+      const ModelConfig& config, const CacheShape& shape, const std::string& device,
+      int num_threads, uint64_t seed, DType stored, int decode_graph_max_batch = 0,
+      const std::string& activation_quant = "auto", const std::string& kv_cache_dtype = "auto",
+      const KvSizing& sizing = {}, RankTarget rank = {}, bool load_mtp = false);
 };
 
 // Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of

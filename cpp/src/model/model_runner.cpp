@@ -146,6 +146,41 @@ class CheckpointModelRunner final : public ModelRunner {
     return out;
   }
 
+  int num_dspark_blocks() const override {
+    const ModelInstance& m = *instance_;
+    return m.dspark != nullptr ? static_cast<int>(m.v41_model->weights().dspark.blocks.size()) : 0;
+  }
+
+  DSparkDraft dspark_draft(const std::vector<SequenceChunk>& batch) override {
+    ModelInstance& m = *instance_;
+    Backend& be = *m.backend;
+    DSparkOutput drafts;
+    {
+      HostSyncForbidden no_sync(be);
+      fill_rows(batch);  // the golden token is not fed: the slot histories stay
+      drafts = m.dspark_draft(rows_, Tensor());
+    }
+    const auto seqs = static_cast<int64_t>(batch.size());
+    const auto b = static_cast<int64_t>(drafts.tokens.size());
+    const int64_t vocab = m.config.vocab_size;
+    DSparkDraft out;
+    out.tokens = Tensor::zeros({seqs, b}, DType::kI32);
+    out.confidences = Tensor::zeros({seqs, b}, DType::kF32);
+    out.logits = Tensor::zeros({seqs, b, vocab}, DType::kF32);
+    for (int64_t i = 0; i < b; ++i) {
+      const Tensor t = be.to_host(drafts.tokens[static_cast<size_t>(i)]);
+      const Tensor z = be.to_host(drafts.confidence[static_cast<size_t>(i)]);
+      const Tensor l = be.to_host(drafts.logits[static_cast<size_t>(i)]);
+      for (int64_t s = 0; s < seqs; ++s) {
+        out.tokens.data<int32_t>()[s * b + i] = t.data<int32_t>()[s];
+        out.confidences.data<float>()[s * b + i] = dspark_confidence(z.data<float>()[s]);
+        std::memcpy(out.logits.data<float>() + (s * b + i) * vocab, l.data<float>() + s * vocab,
+                    static_cast<size_t>(vocab) * sizeof(float));
+      }
+    }
+    return out;
+  }
+
  private:
   // The wanted logits rows of rows_ that YOCO compact truncation dropped (V4.1 only).
   std::vector<int32_t> dropped_logit_rows(LogitsMode mode) const {

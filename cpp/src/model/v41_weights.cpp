@@ -26,7 +26,6 @@ constexpr SkippedFamily kSkippedFamilies[] = {
     {"vision.", "the vision tower (text only)"},
     {"aligner.", "the vision projector (text only)"},
     {"image_", "the image start/end/newline embeddings (text only)"},
-    {"mtp.", "the DSpark drafter is not run yet"},
 };
 
 [[noreturn]] void bad_tables(const std::string& file, const std::string& field,
@@ -138,9 +137,11 @@ CompressorWeights v41_compressor(WeightLoader& w, Backend& backend, const V41Tex
   return out;
 }
 
+// Layer `layer`'s tensors under prefix `p` ("layers.L." or, for a DSpark block, "mtp.K."),
+// its MoE of `n_experts` routed experts (the loader's config has as many).
 V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend& backend,
-                          const V41TextConfig& c, const EngramTables& tables, int layer) {
-  const std::string p = "layers." + std::to_string(layer) + ".";
+                          const V41TextConfig& c, const EngramTables& tables, int layer,
+                          const std::string& p, int64_t n_experts) {
   const int64_t h = c.hidden_size;
   const int64_t n = c.hc_mult;
   const int64_t nh = c.num_attention_heads;
@@ -183,8 +184,8 @@ V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend
   }
 
   MoeWeights& f = L.ffn;
-  f.gate = w.load_matrix(p + "ffn.gate.weight", {c.n_routed_experts, h});
-  f.bias = w.load(p + "ffn.gate.bias", {c.n_routed_experts});
+  f.gate = w.load_matrix(p + "ffn.gate.weight", {n_experts, h});
+  f.bias = w.load(p + "ffn.gate.bias", {n_experts});
   f.experts = w.experts(p + "ffn.experts.");
   f.shared_w1 = w.load_linear(p + "ffn.shared_experts.w1.weight", {i_size, h}, false);
   f.shared_w3 = w.load_linear(p + "ffn.shared_experts.w3.weight", {i_size, h}, false);
@@ -297,10 +298,79 @@ V41Weights build_v41_weights(const Checkpoint* checkpoint, const EngramTables& t
         DType::kI32);
   }
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
-    m.layers.push_back(v41_layer(w, checkpoint, backend, config, tables, layer));
+    m.layers.push_back(v41_layer(w, checkpoint, backend, config, tables, layer,
+                                 "layers." + std::to_string(layer) + ".", config.n_routed_experts));
     w.report_progress(layer + 2);
   }
   return m;
+}
+
+// The DSpark drafter of `checkpoint` (C.9). Its blocks' MoE has dspark_n_routed_experts experts,
+// so they load through a loader whose config says so.
+// `checkpoint` null: random weights of the same shapes and formats (seed, stored as the
+// loader's).
+DSparkWeights load_dspark(const Checkpoint* checkpoint, const V41TextConfig& c,
+                          const ModelConfig& shared, Backend& backend,
+                          const WeightLoadOptions& options, const EngramTables& tables,
+                          uint64_t seed = 0, DType stored = DType::kBF16) {
+  const int n = c.num_hidden_layers;
+  for (int k = 0; k < c.num_nextn_predict_layers; ++k) {
+    if (c.ratio(n + k) != 0) {
+      throw Error(ErrorCode::kUnsupported,
+                  c.source + ": compress_ratios[" + std::to_string(n + k) + "] = " +
+                      std::to_string(c.ratio(n + k)) + " makes DSpark block " + std::to_string(k) +
+                      " compressed; the drafter's attention is sliding-window only (model.md C.2)");
+    }
+  }
+  if (c.dspark_target_layer_ids.empty()) {
+    throw Error(ErrorCode::kInvalidConfig,
+                c.source +
+                    ": field 'dspark_target_layer_ids' is empty; the DSpark drafter's main "
+                    "keys need at least one target layer");
+  }
+  if (c.dspark_noise_token_id >= c.vocab_size) {
+    throw Error(ErrorCode::kInvalidConfig,
+                c.source +
+                    ": field 'dspark_noise_token_id' = " + std::to_string(c.dspark_noise_token_id) +
+                    " is not below vocab_size = " + std::to_string(c.vocab_size));
+  }
+  if (c.dspark_num_experts_per_tok > c.dspark_n_routed_experts) {
+    throw Error(ErrorCode::kInvalidConfig, c.source + ": field 'dspark_num_experts_per_tok' = " +
+                                               std::to_string(c.dspark_num_experts_per_tok) +
+                                               " exceeds dspark_n_routed_experts = " +
+                                               std::to_string(c.dspark_n_routed_experts));
+  }
+  ModelConfig moe = shared;
+  moe.n_routed_experts = c.dspark_n_routed_experts;
+  moe.num_experts_per_tok = c.dspark_num_experts_per_tok;
+  WeightLoader w(checkpoint, moe, backend, options, seed, stored);
+  const int64_t h = c.hidden_size;
+  const int64_t v = c.vocab_size;
+  const int64_t r = c.dspark_markov_rank;
+  const auto targets = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+  DSparkWeights d;
+  for (int k = 0; k < c.num_nextn_predict_layers; ++k) {
+    d.blocks.push_back(v41_layer(w, checkpoint, backend, c, tables, n + k,
+                                 "mtp." + std::to_string(k) + ".", c.dspark_n_routed_experts));
+  }
+  d.main_proj = w.load_linear("mtp.0.main_proj.weight", {h, targets * h}, false);
+  d.main_norm = w.load("mtp.0.main_norm.weight", {h});
+  const std::string last = "mtp." + std::to_string(c.num_nextn_predict_layers - 1) + ".";
+  d.norm = w.load(last + "norm.weight", {h});
+  d.markov_embed = w.load_matrix(last + "markov_head.embed.weight", {v, r});
+  d.markov_head = w.load_linear(last + "markov_head.head.weight", {v, r}, false);
+  const std::string proj_name = last + "confidence_head.proj.weight";
+  if (w.is_random()) {
+    d.confidence_hidden = MatrixWeight(w.load_matrix(proj_name, {1, h}));
+    d.confidence_markov = MatrixWeight(w.load_matrix(proj_name + ".markov", {1, r}));
+    return d;
+  }
+  // One row [h_i | Markov embedding]: the two column ranges are contiguous prefixes of it.
+  const Tensor proj = w.host(proj_name, {1, h + r}, false);
+  const DType dt = backend.weight_dtype(proj.dtype());
+  d.confidence_hidden = MatrixWeight(backend.upload_weight(proj.narrow(1, 0, h).contiguous(), dt));
+  d.confidence_markov = MatrixWeight(backend.upload_weight(proj.narrow(1, h, r).contiguous(), dt));
+  return d;
 }
 
 }  // namespace
@@ -313,6 +383,17 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
   WeightLoader w(&checkpoint, shared, backend, o);
   const EngramTables tables = read_engram_tables(checkpoint.dir(), config);
   V41Weights m = build_v41_weights(&checkpoint, tables, w, config, backend);
+  int64_t mtp_tensors = 0;
+  for (const std::string& name : checkpoint.names())
+    mtp_tensors += name.starts_with("mtp.") ? 1 : 0;
+  if (mtp_tensors > 0 && options.load_mtp && config.num_nextn_predict_layers > 0) {
+    m.dspark = load_dspark(&checkpoint, config, shared, backend, o, tables);
+  } else if (mtp_tensors > 0) {
+    m.notes.push_back("skipped " + std::to_string(mtp_tensors) + " mtp.* tensors (" +
+                      (options.load_mtp ? std::string("config.json's num_nextn_predict_layers is 0")
+                                        : std::string("the DSpark drafter was not requested")) +
+                      ")");
+  }
 
   std::vector<int64_t> skipped(std::size(kSkippedFamilies), 0);
   for (const std::string& name : checkpoint.names()) {
@@ -341,7 +422,12 @@ V41Weights random_v41_weights(const V41TextConfig& config, const ModelConfig& sh
   WeightLoadOptions o = options;
   o.expert_slots.clear();
   WeightLoader w(nullptr, shared, backend, o, seed, stored);
-  return build_v41_weights(nullptr, random_engram_tables(config, seed), w, config, backend);
+  const EngramTables tables = random_engram_tables(config, seed);
+  V41Weights m = build_v41_weights(nullptr, tables, w, config, backend);
+  if (options.load_mtp && config.num_nextn_predict_layers > 0) {
+    m.dspark = load_dspark(nullptr, config, shared, backend, o, tables, seed + 1, stored);
+  }
+  return m;
 }
 
 EngramTables random_engram_tables(const V41TextConfig& config, uint64_t seed) {

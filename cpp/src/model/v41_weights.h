@@ -65,11 +65,27 @@ struct V41LayerWeights {
   Tensor inv_freq;  // [R/2] f32: the layer's rope (main, or compress with YaRN; C.2)
 };
 
+// The DSpark drafter (C.8, C.9): blocks mtp.K.* (layer num_hidden_layers + K: sliding attention
+// with the main rope, the DSpark MoE of dspark_n_routed_experts, mHC), the main-key projection
+// mtp.0 owns and the head parts the last block owns. The embedding and lm head are the model's.
+struct DSparkWeights {
+  std::vector<V41LayerWeights> blocks;
+  MatrixWeight main_proj;    // [H, targets * H]
+  Tensor main_norm;          // [H]
+  Tensor norm;               // [H]
+  Tensor markov_embed;       // [V, R] (a matrix weight: embedding table)
+  MatrixWeight markov_head;  // [V, R]
+  // confidence_head.proj [1, H + R] split by the input it weighs: h_i, then the Markov embedding.
+  MatrixWeight confidence_hidden;  // [1, H]
+  MatrixWeight confidence_markov;  // [1, R]
+};
+
 struct V41Weights {
   Tensor embed;  // [V, H]
   Tensor head;   // [V, H]
   Tensor norm;   // [H]
   std::vector<V41LayerWeights> layers;
+  DSparkWeights dspark;  // no blocks: the checkpoint ships none, or they were not requested
   // Token id -> compressed id (C.7.1), [V] i32; undefined without Engram layers.
   Tensor engram_token_map;
   // What the loader left out on purpose: "skipped 12 vision tensors ...".
@@ -96,16 +112,18 @@ EngramTables read_engram_tables(const std::string& dir, const V41TextConfig& con
 // "model." prefix is dropped by Checkpoint), with the V4 loader's checks and error style (a
 // missing tensor or a wrong shape names the tensor, its shape and the expected one). FP8 (block
 // size from quantization_config) and MXFP4 expert weights go through the quantized MatrixWeight
-// path. vision.* / aligner.* / image_* and the DSpark drafter mtp.* are skipped with a note;
-// gate.bias_vl (image tokens) is not read. options.load_mtp and expert_slots are ignored (no
-// drafter, no expert parallelism for V4.1 yet).
+// path. The DSpark drafter's mtp.* tensors load (every block of num_nextn_predict_layers, each
+// tensor required) when options.load_mtp is on and the checkpoint has any; otherwise they are
+// skipped with a note, as are vision.* / aligner.* / image_*. gate.bias_vl (image tokens) is not
+// read. expert_slots is ignored (no expert parallelism for V4.1 yet).
 V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& config,
                             const ModelConfig& shared, Backend& backend,
                             const WeightLoadOptions& options = {});
 
 // Random weights of the same shapes and formats (load_format dummy, for benchmarks): the V4
 // loader's random init (WeightLoader with no checkpoint, quantized when the config says so) and
-// random Engram tables (random_engram_tables). Outputs are meaningless.
+// random Engram tables (random_engram_tables); the DSpark drafter too when options.load_mtp is
+// on and the config has blocks. Outputs are meaningless.
 V41Weights random_v41_weights(const V41TextConfig& config, const ModelConfig& shared,
                               Backend& backend, uint64_t seed, DType stored,
                               const WeightLoadOptions& options = {});

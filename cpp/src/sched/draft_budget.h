@@ -2,10 +2,11 @@
 // ../shared/reference/engine.md §5.5): how many drafts each request verifies in a decode step.
 //
 // Every request has c_j, an estimate of P(draft j accepted | drafts 0..j-1 accepted):
-//  - MTP drafts (speculative_method "mtp"): the draft's own probability under the MTP block's
-//    softmax at temperature 1 (StepResult::draft_probs). The checkpoint has no confidence head,
-//    and the block is trained to predict that very token, so its probability is the per-draft
-//    signal the reference's confidence would be; it is known before the step, per draft.
+//  - MTP drafts (speculative_method "mtp"), StepResult::draft_probs, known before the step, per
+//    draft: on DeepSeek-V4.1 the DSpark confidence head's c_j = sigmoid(proj . [h_j ; markov_j]),
+//    trained for this very estimate (engine.md 5.5); on V4, whose checkpoint has no confidence
+//    head, the draft's own probability under the MTP block's softmax at temperature 1 (the block
+//    is trained to predict that very token, so it is the closest per-draft signal).
 //  - host drafters (ngram, external), and MTP drafts without probabilities: the request's own
 //    acceptance history (DraftEstimate: an exponential average of its verify outcomes per
 //    position, starting at the prior); such drafters have no probability of their own.

@@ -85,8 +85,9 @@ struct StepResult {
   // speculative_method "mtp": per sampling row, the MTP block's greedy drafts for the tokens
   // after this step's (empty: the executor drafts nothing).
   std::vector<std::vector<int32_t>> drafts;
-  // Parallel to `drafts` (empty: none known): each draft's probability under the MTP block's
-  // softmax (temperature 1), the confidence budget's estimate for it (draft_budget.h).
+  // Parallel to `drafts` (empty: none known): the confidence budget's estimate for each draft
+  // (draft_budget.h): V4.1's DSpark confidence, or the draft's probability under V4's MTP block
+  // softmax (temperature 1).
   std::vector<std::vector<float>> draft_probs;
 };
 
