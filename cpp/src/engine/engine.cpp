@@ -66,9 +66,9 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
       ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
   const int max_position = static_cast<int>(
       std::min<int64_t>(p.model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
-  // kv_cache_dtype "auto" takes fp8 on a device for an FP8 V4 checkpoint; V4.1's fp8 formats need
-  // FP4 index keys the CUDA indexer does not read yet, so it takes bf16 (ModelInstance's make_v41).
-  const bool auto_fp8_kv = p.model.quantization.fp8 && p.model.v41 == nullptr;
+  // kv_cache_dtype "auto" takes fp8 on a device for an FP8 V4 checkpoint, and for every V4.1 one:
+  // V4.1's shipped FP8 / FP4 formats, as DeepInfer stores them (ModelInstance's make_v41).
+  const bool auto_fp8_kv = p.model.quantization.fp8 || p.model.v41 != nullptr;
   p.resolved = engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true,
                                              auto_fp8_kv);
   const EngineConfig& resolved = p.resolved;
