@@ -95,12 +95,12 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 // keys each row scores (a prefill chunk's rows share theirs through L2). Rows:
 //  - indexer_topk: the op as the backend runs it (its scoring kernel named), plain and in a
 //    graph; for bf16 / fp8 / V4.1 FP4 keys also with the f32 CUDA-core scores (graph), the A/B
-//    pair; and with the one-block selection forced (graph);
+//    pair; and with each selection kernel forced (graph): binned, one block, split;
 //  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, the
 //    tensor-core one with q in one part (what the op's second MMA costs) and, for fp8 keys,
 //    with the records copied in runs of a block (the default copies them key by key);
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
-//    heuristic picks it and with each selection kernel forced (the A/B pair); its bytes are the
+//    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
 void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) {
   const int heads = 64, dim = 128, ratio = 4, top_k = 512;
@@ -134,9 +134,24 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
     auto op_cc = [&] { run({.score_kernel = IndexerScoreKernel::kCudaCore}); };
     emit("indexer_topk", shape + cc + " (graph)", time_graph_us(be, iters, op_cc), bytes, flops);
   }
-  auto op_one_block = [&] { run({.select_kernel = IndexerSelectKernel::kOneBlock}); };
-  emit("indexer_topk", shape + (tensor_cores ? tc : cc) + ", one-block selection (graph)",
-       time_graph_us(be, iters, op_one_block), bytes, flops);
+  const std::pair<IndexerSelectKernel, std::string> selections[] = {
+      {IndexerSelectKernel::kAuto, ""},
+      {IndexerSelectKernel::kBinned, ", binned: one wide block per row"},
+      {IndexerSelectKernel::kOneBlock, ", one block per row"},
+      {IndexerSelectKernel::kSplit, ", split over blocks"}};
+  // The whole op with each selection kernel forced; the binned one only where a row fits its
+  // shared memory (forced elsewhere, the op would run the heuristic's other choice).
+  const bool binned_fits =
+      cuda::indexer_binned_selection_fits(cuda_be, top_k, int64_t{blocks} * (128 / ratio));
+  auto skipped = [&](IndexerSelectKernel k) {
+    return k == IndexerSelectKernel::kBinned && !binned_fits;
+  };
+  for (const auto& [k, label] : selections) {
+    if (k == IndexerSelectKernel::kAuto || skipped(k)) continue;
+    auto op_forced = [&] { run({.select_kernel = k}); };
+    emit("indexer_topk", shape + (tensor_cores ? tc : cc) + ", selection" + label + " (graph)",
+         time_graph_us(be, iters, op_forced), bytes, flops);
+  }
   // The stages apart, on a scores buffer of the caller's: [batch, blocks * entries per block].
   Tensor scores = be.empty({t, int64_t{blocks} * (128 / ratio)}, DType::kF32);
   float* sp = scores.data<float>();
@@ -153,11 +168,8 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
          flops);
   }
   run({.run_select = false, .scores = sp});  // the op's own scores, for the selection alone
-  const std::pair<IndexerSelectKernel, std::string> selections[] = {
-      {IndexerSelectKernel::kAuto, ""},
-      {IndexerSelectKernel::kOneBlock, ", one block per row"},
-      {IndexerSelectKernel::kSplit, ", split over blocks"}};
   for (const auto& [k, label] : selections) {
+    if (skipped(k)) continue;
     auto select_only = [&] { run({.select_kernel = k, .run_scores = false, .scores = sp}); };
     emit("indexer_select", shape + label + " (graph)", time_graph_us(be, iters, select_only),
          batch * keys * sizeof(float), 0);

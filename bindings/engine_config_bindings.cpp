@@ -303,7 +303,8 @@ void bind_engine_config(nb::module_& m) {
       .option<&PlacementConfig::decode_graph_max_batch>("decode_graph_max_batch")
       .option<&PlacementConfig::activation_quant>("activation_quant")
       .option<&PlacementConfig::yoco_prefill_truncation>("yoco_prefill_truncation")
-      .option<&PlacementConfig::yoco_keep_tokens>("yoco_keep_tokens");
+      .option<&PlacementConfig::yoco_keep_tokens>("yoco_keep_tokens")
+      .option<&PlacementConfig::engram_table_memory>("engram_table_memory");
   PartBinder<&EngineConfig::parallel>(m, "ParallelConfig", "parallel",
                                       "Data/expert parallel ranks and DP voting (engine_config.h).")
       .option<&ParallelConfig::data_parallel_size>("data_parallel_size")

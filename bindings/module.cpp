@@ -201,7 +201,14 @@ NB_MODULE(deepinfer_core, m) {
       .def_ro("bos_token_id", &deepinfer::ModelConfig::bos_token_id)
       .def_ro("eos_token_ids", &deepinfer::ModelConfig::eos_token_ids)
       .def_prop_ro("layer_types", &layer_type_names)
-      .def_prop_ro("mlp_layer_types", &mlp_type_names);
+      .def_prop_ro("mlp_layer_types", &mlp_type_names)
+      .def_prop_ro(
+          "model_type",
+          [](const deepinfer::ModelConfig& c) {
+            return std::string(c.v41 != nullptr ? "deepseek_v41" : "deepseek_v4");
+          },
+          "The config.json's model_type: \"deepseek_v4\" or \"deepseek_v41\" (DeepSeek-V4.1, "
+          "whose chat prompts the V4.1 encoding renders).");
 
   nb::class_<deepinfer::SequenceChunk>(m, "SequenceChunk")
       .def(
@@ -225,44 +232,50 @@ NB_MODULE(deepinfer_core, m) {
   const deepinfer::RunnerOptions kRunner;  // the keyword defaults below
   nb::class_<deepinfer::ModelRunner>(
       m, "ModelRunner", "A DeepSeek-V4 checkpoint loaded on a backend, with its caches.")
-      .def(nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
-                       int max_backtrack, int num_threads, const std::string& device,
-                       int decode_graph_max_batch, const std::string& activation_quant,
-                       const std::string& kv_cache_dtype,
-                       const std::string& yoco_prefill_truncation, int yoco_keep_tokens) {
-             deepinfer::RunnerOptions options;
-             options.yoco_prefill_truncation = yoco_prefill_truncation;
-             options.yoco_keep_tokens = yoco_keep_tokens;
-             options.activation_quant = activation_quant;
-             options.kv_cache_dtype = kv_cache_dtype;
-             options.decode_graph_max_batch = decode_graph_max_batch;
-             options.num_blocks = num_blocks;
-             options.num_state_slots = num_state_slots;
-             options.max_backtrack = max_backtrack;
-             options.num_threads = num_threads;
-             options.device = device;
-             nb::gil_scoped_release release;
-             return deepinfer::ModelRunner::load(path, options);
-           }),
-           "path"_a, "num_blocks"_a = kRunner.num_blocks,
-           "num_state_slots"_a = kRunner.num_state_slots, "max_backtrack"_a = kRunner.max_backtrack,
-           "num_threads"_a = kRunner.num_threads, "device"_a = kRunner.device,
-           "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
-           "activation_quant"_a = kRunner.activation_quant,
-           "kv_cache_dtype"_a = kRunner.kv_cache_dtype,
-           "yoco_prefill_truncation"_a = kRunner.yoco_prefill_truncation,
-           "yoco_keep_tokens"_a = kRunner.yoco_keep_tokens,
-           "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
-           "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
-           "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
-           "replay recorded graphs (-1: 256 on CUDA, off on the CPU; 0: off). "
-           "`activation_quant` sets the activations in front of FP8/MXFP4 weights: \"auto\" "
-           "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
-           "GPU's W8A8 exactly) or \"none\". `kv_cache_dtype` stores the KV caches as \"f32\", "
-           "\"bf16\" or \"fp8\" (\"auto\": f32 on the CPU; on a GPU fp8 for an FP8 V4 "
-           "checkpoint, bf16 otherwise). `yoco_prefill_truncation` (DeepSeek-V4.1): \"off\" "
-           "(exact), \"mask\" or \"compact\": the YOCO consumer layers keep the last "
-           "`yoco_keep_tokens` positions of a prefill (>= sliding_window + max_backtrack).")
+      .def(
+          nb::new_([](const std::string& path, int num_blocks, int num_state_slots,
+                      int max_backtrack, int num_threads, const std::string& device,
+                      int decode_graph_max_batch, const std::string& activation_quant,
+                      const std::string& kv_cache_dtype, const std::string& yoco_prefill_truncation,
+                      int yoco_keep_tokens, const std::string& engram_table_memory) {
+            deepinfer::RunnerOptions options;
+            options.yoco_prefill_truncation = yoco_prefill_truncation;
+            options.yoco_keep_tokens = yoco_keep_tokens;
+            options.engram_table_memory = engram_table_memory;
+            options.activation_quant = activation_quant;
+            options.kv_cache_dtype = kv_cache_dtype;
+            options.decode_graph_max_batch = decode_graph_max_batch;
+            options.num_blocks = num_blocks;
+            options.num_state_slots = num_state_slots;
+            options.max_backtrack = max_backtrack;
+            options.num_threads = num_threads;
+            options.device = device;
+            nb::gil_scoped_release release;
+            return deepinfer::ModelRunner::load(path, options);
+          }),
+          "path"_a, "num_blocks"_a = kRunner.num_blocks,
+          "num_state_slots"_a = kRunner.num_state_slots, "max_backtrack"_a = kRunner.max_backtrack,
+          "num_threads"_a = kRunner.num_threads, "device"_a = kRunner.device,
+          "decode_graph_max_batch"_a = kRunner.decode_graph_max_batch,
+          "activation_quant"_a = kRunner.activation_quant,
+          "kv_cache_dtype"_a = kRunner.kv_cache_dtype,
+          "yoco_prefill_truncation"_a = kRunner.yoco_prefill_truncation,
+          "yoco_keep_tokens"_a = kRunner.yoco_keep_tokens,
+          "engram_table_memory"_a = kRunner.engram_table_memory,
+          "Load the Hugging Face checkpoint directory `path` (config.json + safetensors) with "
+          "`num_blocks` paged 128-token KV blocks and `num_state_slots` sequence state slots. "
+          "Decode calls (one token per sequence) of up to `decode_graph_max_batch` sequences "
+          "replay recorded graphs (-1: 256 on CUDA, off on the CPU; 0: off). "
+          "`activation_quant` sets the activations in front of FP8/MXFP4 weights: \"auto\" "
+          "(exact on the CPU, dynamic FP8 on CUDA), \"fp8\" (always; the CPU emulates the "
+          "GPU's W8A8 exactly) or \"none\". `kv_cache_dtype` stores the KV caches as \"f32\", "
+          "\"bf16\" or \"fp8\" (\"auto\": f32 on the CPU; on a GPU fp8 for an FP8 V4 "
+          "checkpoint, bf16 otherwise). `yoco_prefill_truncation` (DeepSeek-V4.1): \"off\" "
+          "(exact), \"mask\" or \"compact\": the YOCO consumer layers keep the last "
+          "`yoco_keep_tokens` positions of a prefill (>= sliding_window + max_backtrack). "
+          "`engram_table_memory` (DeepSeek-V4.1): where the Engram tables live, \"device\", "
+          "\"host\" (pinned host memory the GPU reads in place) or \"auto\" (host for a table "
+          "over 1/8 of the device's memory).")
       .def_static(
           "random",
           [](const std::string& config_json, int num_blocks, int num_state_slots, int num_threads,
@@ -329,6 +342,17 @@ NB_MODULE(deepinfer_core, m) {
           "batch"_a,
           "Run one forward call over `batch` and return each sequence's greedy next token (int32, "
           "the argmax of its last logits row, taken on the device: only the ids are copied).")
+      .def(
+          "set_history",
+          [](deepinfer::ModelRunner& runner, int slot, const std::vector<int32_t>& tokens) {
+            nb::gil_scoped_release release;
+            runner.set_history(slot, tokens);
+          },
+          "slot"_a, "tokens"_a,
+          "DeepSeek-V4.1: make `tokens` the history of state slot `slot` (the tokens at "
+          "positions 0.. that its Engram n-grams read) without running them, so a chunk may "
+          "start anywhere up to len(tokens). The caches are not touched: they keep what earlier "
+          "calls wrote (the benchmarks decode over caches not filled by a prefill).")
       .def_prop_ro("num_mtp_blocks", &deepinfer::ModelRunner::num_mtp_blocks,
                    "MTP blocks (mtp.K.*) loaded from the checkpoint; 0 when it ships none.")
       .def(

@@ -287,6 +287,32 @@ Tensor CudaBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   return out;
 }
 
+Tensor CudaBackend::upload_weight_mapped_impl(const Tensor& host) {
+  const Tensor src = host.contiguous();
+  const size_t nbytes = src.nbytes();
+  const Device device{DeviceKind::kCuda, device_};
+  if (nbytes == 0) return empty(host.shape(), host.dtype());
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+  // Pinned and mapped: kernels read it over the bus through its device-side address, so only
+  // the bytes they touch move (a copy, not a registration of `host`: a checkpoint's read-only
+  // file mapping cannot be pinned in place everywhere).
+  void* ptr = nullptr;
+  const cudaError_t err = cudaHostAlloc(&ptr, nbytes, cudaHostAllocMapped);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kIo, "upload_weight_mapped: cannot allocate " + std::to_string(nbytes) +
+                                    " bytes of pinned, mapped host memory for " + host.describe() +
+                                    " (cudaHostAlloc: " + cudaGetErrorString(err) + ")");
+  }
+  // Owns the allocation from here on, so a failure below frees it.
+  auto pinned = std::shared_ptr<void>(ptr, [](void* p) { cudaFreeHost(p); });
+  std::memcpy(ptr, src.raw_data(), nbytes);
+  void* mapped = nullptr;
+  DEEPINFER_CUDA_CHECK(cudaHostGetDevicePointer(&mapped, ptr, 0));
+  return Tensor(Storage::borrow(mapped, nbytes, device, std::move(pinned)), host.dtype(),
+                host.shape(), 0);
+}
+
 MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
   MatrixWeight out;
   out.act_group = host.act_group;

@@ -41,6 +41,8 @@ class CudaBackend final : public Backend {
   DType weight_dtype(DType stored) const override;
   // f32, bf16, V4's fp8 (kU8 records) and V4.1's FP8 / FP4 (kF8E4M3, kE2M1x2 records) caches:
   // docs/model.md#kv-cache-dtypes.
+  // Pinned host memory mapped into the device (cudaHostAllocMapped; UVA).
+  bool supports_mapped_host_weights() const override { return true; }
   bool supports_kv_cache_dtype(DType dtype) const override {
     return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8 ||
            dtype == DType::kF8E4M3 || dtype == DType::kE2M1x2;
@@ -87,6 +89,7 @@ class CudaBackend final : public Backend {
 
  private:
   Tensor upload_impl(const Tensor& host, DType dtype) override;
+  Tensor upload_weight_mapped_impl(const Tensor& host) override;
   Tensor upload_weight_impl(const Tensor& host, DType dtype) override;
   MatrixWeight upload_matrix_weight_impl(const MatrixWeight& host) override;
   Tensor to_host_impl(const Tensor& device) override;
@@ -130,6 +133,7 @@ class CudaBackend final : public Backend {
   Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre) override;
   Tensor engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
                           const EngramHashParams& params) override;
+  Tensor embedding_fp8_impl(const Tensor& values, const Tensor& scales, const Tensor& ids) override;
   Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
                           const Tensor& k_weight, float eps) override;
 

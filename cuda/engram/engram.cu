@@ -1,7 +1,11 @@
 // Engram ops of the CUDA backend (V4.1's n-gram memory, docs/model.md#v41-ops): the n-gram hash
 // rows and the per-stream gate, as the CPU reference computes them
-// (cpp/src/backend/cpu_ops_engram.cpp). The table lookup between them is `embedding`, the
-// projection `linear`.
+// (cpp/src/backend/cpu_ops_engram.cpp), and the lookup of a table kept as shipped
+// (embedding_fp8: e4m3 rows with a UE8M0 scale per 32 columns, decoded per looked-up row). A
+// dense table's lookup is `embedding`, the projection `linear`.
+//
+// embedding_fp8 is exact (e4m3 times a power of two is an f32), so it matches the CPU bit for
+// bit. Where the CPU op throws on an id outside the table, the kernel writes a zero row.
 //
 // engram_hash is integer math in unsigned 64-bit arithmetic, bit for bit the CPU's. Its constants
 // (multipliers, primes and the table offsets) travel as a kernel argument by value, so the op
@@ -17,6 +21,7 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/activation.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/engram/engram_heuristics.h"
@@ -136,7 +141,49 @@ __global__ void engram_gate_kernel(const float* __restrict__ X, const float* __r
   }
 }
 
+// One thread per (looked-up row, column) over a grid-stride loop: with rows of a multiple of 32
+// codes (Flash's 256) a warp reads one 32-byte sector of one row and one scale byte, so only the
+// looked-up rows' bytes cross the bus, wherever the table lives.
+__global__ void __launch_bounds__(kEngramLookupThreads)
+    embedding_fp8_kernel(const uint8_t* __restrict__ values, const uint8_t* __restrict__ scales,
+                         const int32_t* __restrict__ ids, float* __restrict__ out, int64_t vocab,
+                         int64_t cols, int64_t groups, int64_t total) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += stride) {
+    const int64_t t = e / cols;
+    const int64_t c = e % cols;
+    const int32_t id = ids[t];
+    float v = 0.0f;
+    if (id >= 0 && id < vocab) {
+      const int64_t row = id;
+      const __nv_fp8_storage_t code = values[row * cols + c];
+      const float decoded = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+      v = __fmul_rn(decoded, e8m0_to_float(scales[row * groups + c / 32]));
+    }
+    out[e] = v;
+  }
+}
+
 }  // namespace
+
+Tensor CudaBackend::embedding_fp8_impl(const Tensor& values, const Tensor& scales,
+                                       const Tensor& ids) {
+  const char* op = "embedding_fp8";
+  const int64_t vocab = values.size(0);
+  const int64_t cols = values.size(1);
+  const int64_t tokens = ids.size(0);
+  Tensor out = empty({tokens, cols}, DType::kF32);
+  const int64_t total = tokens * cols;
+  if (total == 0) return out;
+  embedding_fp8_kernel<<<engram_lookup_blocks(total, num_sms()), kEngramLookupThreads, 0,
+                         stream()>>>(static_cast<const uint8_t*>(values.raw_data()),
+                                     static_cast<const uint8_t*>(scales.raw_data()),
+                                     ids.data<int32_t>(), out.data<float>(), vocab, cols,
+                                     scales.size(1), total);
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return out;
+}
 
 Tensor CudaBackend::engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
                                      const EngramHashParams& params) {

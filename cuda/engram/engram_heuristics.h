@@ -1,5 +1,5 @@
-// Launch shapes of the Engram ops (engram.cu): the hash's threads and the gate's threads per
-// (token, stream) row. Host code on shapes only.
+// Launch shapes of the Engram ops (engram.cu): the hash's and the FP8 lookup's threads and the
+// gate's threads per (token, stream) row. Host code on shapes only.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,16 @@ constexpr int kEngramHashThreads = 256;
 
 inline unsigned engram_hash_blocks(int64_t pairs, int num_sms) {
   const int64_t need = (pairs + kEngramHashThreads - 1) / kEngramHashThreads;
+  const int64_t fill = static_cast<int64_t>(num_sms) * 8;
+  return static_cast<unsigned>(need < fill ? need : fill);
+}
+
+// embedding_fp8 runs one thread per (looked-up row, column) over a grid-stride loop, sized as
+// the hash's.
+constexpr int kEngramLookupThreads = 256;
+
+inline unsigned engram_lookup_blocks(int64_t elements, int num_sms) {
+  const int64_t need = (elements + kEngramLookupThreads - 1) / kEngramLookupThreads;
   const int64_t fill = static_cast<int64_t>(num_sms) * 8;
   return static_cast<unsigned>(need < fill ? need : fill);
 }

@@ -37,8 +37,8 @@ struct SelectScratch {
 };
 SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, int64_t row);
 
-// The selection of the group's n tokens by the kernel `c` chose: indexer_select_split.cu when
-// c.select_splits > 0, else indexer_select.cu.
+// The selection of the group's n tokens by the kernel `c` chose: indexer_select_binned.cu when
+// c.binned, else indexer_select_split.cu when c.select_splits > 0, else indexer_select.cu.
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
                               cudaStream_t stream);

@@ -1,10 +1,10 @@
 // How the indexer ops (indexer_topk, indexer_candidates, indexer_topk_in_candidates) are cut
 // into launches: which kernel scores (tensor cores for bf16, fp8 and FP4 keys at the shapes
 // indexer_score_mma.cu takes, else the f32 CUDA-core kernel, which also serves f32 keys and
-// candidate lists), which kernel selects (one block per token, or the split selection for a few
-// long rows), whether a token's scores fit in the select kernel's shared memory, how many
-// tokens share one scratch allocation, and how many blocks score one token. Host code on shapes
-// only.
+// candidate lists), which kernel selects (the binned one where a row fits its shared memory, else
+// one block per token, or the split selection for a few long rows), whether a token's scores fit in
+// the select kernel's shared memory, how many tokens share one scratch allocation, and how many
+// blocks score one token. Host code on shapes only.
 #pragma once
 
 #include <algorithm>
@@ -71,8 +71,11 @@ struct IndexerConfig {
   size_t select_smem;
   int64_t group;   // tokens per launch pair
   int64_t splits;  // score blocks per token
-  // The split selection (indexer_select_split.cu): its blocks per token in steps 1 and 2, or 0
+  // The binned selection (indexer_select_binned.cu) and its shared memory; when false:
+  // the split selection (indexer_select_split.cu): its blocks per token in steps 1 and 2, or 0
   // for the one-block kernel (indexer_select.cu); and its step 3's shared memory.
+  bool binned;
+  size_t binned_smem;
   int64_t select_splits;
   size_t split_final_smem;
 };
@@ -85,6 +88,7 @@ constexpr int64_t kSplitSlotsPerBlock = 2048;
 // 35.6 vs 32.9 us at B = 64) and won from 5 (128K: 31 vs 90 us at B = 1, 64 vs 105 us at B = 64).
 constexpr int64_t kSplitMinBlocks = 5;
 
+// A forced kBinned that does not fit counts as kAuto here.
 inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms,
                                    IndexerSelectKernel want) {
   if (want == IndexerSelectKernel::kOneBlock) return 0;
@@ -111,9 +115,19 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
   c.scores_in_smem = select_smem_bytes(c.cap, p.selected, true) <= max_smem;
   c.select_smem = select_smem_bytes(c.cap, p.selected, c.scores_in_smem);
+  // The binned selection wherever a row's keys and pairs fit one block's shared memory (top 512:
+  // rows up to 18,333 slots on the H200, 32K context at ratio 4 is 8,192), at every token count:
+  // it reads a row once from global memory and passes over it twice in shared memory, where the
+  // one-block kernel passes five times (four radix passes and the collect) and the split
+  // selection adds a memset, two more launches and a global round trip of the pairs. Longer rows
+  // keep the split selection (from kSplitMinBlocks blocks) or the one-block kernel.
+  c.binned_smem = binned_select_smem_bytes(c.cap, p.selected);
+  c.binned =
+      (want_select == IndexerSelectKernel::kAuto || want_select == IndexerSelectKernel::kBinned) &&
+      c.binned_smem <= max_smem;
   c.split_final_smem =
       split_select_final_smem_bytes(c.cap, std::min<int64_t>(p.selected, kSplitSmemPairs));
-  c.select_splits = c.split_final_smem <= max_smem
+  c.select_splits = !c.binned && c.split_final_smem <= max_smem
                         ? split_select_blocks(p.tokens, p.selected, num_sms, want_select)
                         : 0;
   // Tokens per launch, so that the scratch stays within kScoreScratchBytes.

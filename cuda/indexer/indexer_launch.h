@@ -159,6 +159,21 @@ inline size_t split_select_final_smem_bytes(int64_t cap, int64_t smem_pairs) {
          40 * sizeof(int);
 }
 
+// The binned selection (indexer_select_binned.cu): one block of kBinnedThreads per token keeps
+// the token's keys (4 bytes a slot) and the pairs of its threshold bin (8 bytes a slot, at most
+// the row) in shared memory, next to the winners (cap rounded up to 32), the histogram of the
+// widest pass (kBinnedBits bits) and kBinnedMiscWords words of scan and counters.
+constexpr int kBinnedThreads = 1024;
+constexpr int kBinnedBits = 11;
+constexpr int kBinnedMiscWords = 40;
+
+inline size_t binned_select_smem_bytes(int64_t cap, int64_t row) {
+  const int64_t cap32 = (cap + 31) / 32 * 32;
+  return static_cast<size_t>(cap32) * sizeof(uint64_t) +
+         static_cast<size_t>(row) * (sizeof(uint64_t) + sizeof(uint32_t)) +
+         (size_t{1} << kBinnedBits) * sizeof(uint32_t) + kBinnedMiscWords * sizeof(int);
+}
+
 // indexer_candidates' block scores: block c of a token is the max of its visible entries' scores.
 struct BlockMaxArgs {
   const float* scores;  // [tokens of the group, entry_row]
@@ -202,6 +217,10 @@ void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
                            cudaStream_t stream);
+
+// indexer_select_binned.cu: one block per token of the group; smem is binned_select_smem_bytes.
+void launch_indexer_select_binned(const SelectArgs& a, const DeviceLayout& l, int64_t n,
+                                  size_t smem, cudaStream_t stream);
 
 // indexer_select_split.cu: the three steps above for the group's n tokens, `splits` blocks per
 // token in steps 1 and 2; final_smem is step 3's (split_select_final_smem_bytes).

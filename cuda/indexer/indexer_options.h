@@ -4,6 +4,8 @@
 // defaults.
 #pragma once
 
+#include <cstdint>
+
 #include "deepinfer/backend.h"
 #include "deepinfer/tensor.h"
 
@@ -30,6 +32,9 @@ enum class IndexerSelectKernel {
   kAuto,      // indexer_heuristics.h decides
   kOneBlock,  // indexer_select.cu: one block per token
   kSplit,     // indexer_select_split.cu: a token's keys over several blocks (where it fits)
+  // indexer_select_binned.cu: one wide block per token, the row in shared memory (where it fits;
+  // elsewhere kAuto's choice among the other two).
+  kBinned,
 };
 
 struct IndexerRunOptions {
@@ -41,6 +46,11 @@ struct IndexerRunOptions {
   // group; null: the backend's scratch (then run_scores must be true).
   float* scores = nullptr;
 };
+
+// Whether the binned selection takes a token row of `row` slots at `top_k` on `be`'s device
+// (its keys and pairs fit one block's shared memory); elsewhere a forced kBinned runs kAuto's
+// choice among the other kernels.
+bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row);
 
 // indexer_topk on `be`'s stream with `opt`'s choices (arguments as Backend::indexer_topk, which
 // checks them; this entry point does not).

@@ -13,7 +13,9 @@
 // that the scratch stays under kScoreScratchBytes):
 //  1. indexer_score_mma.cu or indexer_score.cu, grid (token, split): score[t][j] of every
 //     visible entry j into a scratch row of `bound` = max_blocks_per_seq * epb floats.
-//  2. indexer_select.cu, one block per token: an exact radix select of the top
+//  2. indexer_select_binned.cu where a row fits one block's shared memory: one wide block per
+//     token, a histogram of the keys' top bits, then a radix select over the threshold bin's
+//     keys only; else indexer_select.cu, one block per token: an exact radix select of the top
 //     min(top_k, visible) keys, then a rank sort by score descending, index ascending; or, for
 //     a few long rows, indexer_select_split.cu: the same set and order with each token's keys
 //     read by several blocks.
@@ -101,6 +103,10 @@ SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, in
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
                               cudaStream_t stream) {
+  if (c.binned) {
+    launch_indexer_select_binned(se, l, n, c.binned_smem, stream);
+    return;
+  }
   if (c.select_splits == 0) {
     launch_indexer_select(se, l, n, c.select_smem, stream);
     return;
@@ -111,6 +117,10 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
   a.pairs = reinterpret_cast<uint64_t*>(scratch.pairs.raw_data());
   a.smem_pairs = std::min<int64_t>(se.row, kSplitSmemPairs);
   launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, stream);
+}
+
+bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row) {
+  return binned_select_smem_bytes(std::min(top_k, row), row) <= be.max_shared_memory_per_block();
 }
 
 Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,

@@ -273,6 +273,14 @@ def add_override_arguments(parser: argparse.ArgumentParser) -> None:
         help="positions of a prefill the YOCO consumer layers keep under mask/compact (default "
         "140; at least sliding_window + num_speculative_tokens)",
     )
+    parser.add_argument(
+        "--engram-table-memory",
+        choices=("auto", "device", "host"),
+        help="where DeepSeek-V4.1's Engram tables live (overrides the config's "
+        "engine.engram_table_memory): device memory, host memory the GPU reads in place "
+        "(pinned; only the looked-up rows cross the bus), or auto (the default: host for a "
+        "table over 1/8 of the device's memory, such as V4.1-Flash's ~98 GB ones)",
+    )
 
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
@@ -305,6 +313,8 @@ def apply_override_arguments(config: RunConfig, args: argparse.Namespace) -> Run
         config.engine.placement.yoco_prefill_truncation = args.yoco_prefill_truncation
     if getattr(args, "yoco_keep_tokens", None) is not None:
         config.engine.placement.yoco_keep_tokens = args.yoco_keep_tokens
+    if getattr(args, "engram_table_memory", None) is not None:
+        config.engine.placement.engram_table_memory = args.engram_table_memory
     # add_parallel_arguments' flags, for the command lines that have them.
     if getattr(args, "data_parallel_size", None) is not None:
         config.engine.parallel.data_parallel_size = args.data_parallel_size

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     core = app.state.server.core
+    print(f"prompts: {app.state.server.tokenizer_note}", file=sys.stderr)
     for note in core.load_notes:
         print(f"note: {note}", file=sys.stderr)
     print(describe_kv_cache(core), file=sys.stderr)

@@ -30,7 +30,7 @@ std::vector<OpCase> cache_cases();          // ring_write, compress_pool, scatte
 std::vector<OpCase> attention_cases();      // indexer_topk, attention
 std::vector<OpCase> kv_dtype_cases();       // indexer_topk over bf16 and fp8 index caches
 std::vector<OpCase> sample_cases();         // sample
-std::vector<OpCase> v41_cases();            // hc_pre_shifted, hc_collapse, engram_hash, engram_gate
+std::vector<OpCase> v41_cases();            // hc_pre_shifted, hc_collapse, engram_*, embedding_fp8
 std::vector<OpCase> v41_indexer_cases();    // indexer_candidates, indexer_topk_in_candidates
 
 }  // namespace deepinfer::backend_ops

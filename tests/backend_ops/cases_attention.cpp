@@ -63,6 +63,30 @@ void add_indexer(std::vector<OpCase>& t) {
   v4.seqs = {{131071, 1, 0}, {39999, 1, 1}, {8999, 2, 2}, {1499, 1, 3}};
   add_indexer_exact(t, "v4_ragged_ctx131072", v4, {512});
 
+  // The binned selection (indexer_select_binned.cu) takes the rows whose keys and pairs fit one
+  // block's shared memory (at top 512 up to 18,333 slots on the H200). B = 1 at 32K context
+  // (8,192 visible entries, cuda_op_bench's latency case) at top 512 and 2048; then a small
+  // batch of such rows, one of them shorter than top_k (375 entries: every one is taken).
+  v4.seqs = {{32767, 1, 0}};
+  add_indexer_exact(t, "v4_b1_ctx32768", v4, {512, 2048});
+  v4.seqs = {{32767, 1, 0}, {20000, 1, 1}, {1499, 1, 2}, {32000, 2, 3}};
+  add_indexer_exact(t, "v4_b4_ctx32768", v4, {512});
+  // Both sides of its limit at top 512: a block table of 572 blocks (18,304 slots) fits, one of
+  // 573 blocks (18,336 slots) does not and goes to the split selection.
+  v4.seqs = {{73215, 1, 0}};
+  add_indexer_exact(t, "v4_b1_bound18304", v4, {512});
+  v4.seqs = {{73343, 1, 0}};
+  add_indexer_exact(t, "v4_b1_bound18336", v4, {512});
+  // Many ties: 3 distinct keys (then a single one) repeated over the cache, so that the k-th
+  // score is shared by thousands of entries and the binned selection's refine passes reach the
+  // slot bits (the lowest entries win).
+  Indexer ties = v4;
+  ties.key_patterns = 3;
+  ties.seqs = {{32767, 1, 0}, {4095, 1, 1}};
+  add_indexer_exact(t, "v4_ties3_ctx32768", ties, {512, 2048});
+  ties.key_patterns = 1;
+  add_indexer_exact(t, "v4_ties1_ctx32768", ties, {512});
+
   Indexer longc;
   longc.block = 128;  // 32 entries per block
   // 50,000 visible entries: the block table reaches 50,016 entries, whose scores fit in shared

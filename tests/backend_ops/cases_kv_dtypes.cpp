@@ -35,7 +35,11 @@ std::vector<OpCase> kv_dtype_cases() {
     // Visible: 1024 (decode), 250..250 (fewer than top_k), 0..50 (prefill from 0), 750..751.
     v4.seqs = {{4095, 1, 0}, {1000, 4, 1}, {0, 200, 2}, {3000, 6, 3}};
     add_indexer_exact(t, "v4_h64_d128_m4", v4, {512});
-    // Long context at V4 width: 16,384 and 5,000 visible entries.
+    // cuda_op_bench's latency case: one decode row at 32K context (8,192 visible entries), the
+    // tensor-core scores then the binned selection.
+    v4.seqs = {{32767, 1, 0}};
+    add_indexer_exact(t, "v4_b1_ctx32768", v4, {512});
+    // Long context at V4 width: 16,384 and 5,000 visible entries (the binned selection).
     v4.seqs = {{65535, 1, 0}, {19999, 2, 1}};
     add_indexer_exact(t, "v4_long_h64_d128_m4", v4, {512});
     // One decode row of 32,768 visible entries (the split selection).

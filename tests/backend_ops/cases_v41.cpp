@@ -1,8 +1,9 @@
 // Rows of the V4.1 mHC and Engram ops (docs/model.md#v41-ops): hc_pre_shifted and hc_collapse
-// (summation order and expf ulps, as hc_pre's rows), engram_hash (integer math: exact) and
-// engram_gate (summation order and expf: ~1e-5 of the largest reference value). Shapes at tiny
-// widths and at V4.1-Flash's (hc_mult 4, H 5120; Engram orders 2..4, 8 heads, its layer-14
-// multipliers and primes), with T = 0, 1 and several rows.
+// (summation order and expf ulps, as hc_pre's rows), engram_hash (integer math: exact),
+// embedding_fp8 (the FP8 table's lookup: exact) and engram_gate (summation order and expf: ~1e-5 of
+// the largest reference value). Shapes at tiny widths and at V4.1-Flash's (hc_mult 4, H 5120;
+// Engram orders 2..4, 8 heads, its layer-14 multipliers and primes), with T = 0, 1 and several
+// rows.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -233,6 +234,56 @@ void add_engram(std::vector<OpCase>& t) {
                .run =
                    [](Backend& be, const EngramHashIn& in) {
                      return out(be.engram_hash(up(be, in.ngram), up(be, in.token_map), in.params));
+                   },
+               .expect = exact(),
+           });
+  }
+
+  // embedding_fp8: the FP8 table's lookup (exact: e4m3 times a power of two). Flash's row width
+  // 256 (8 scales per row) at decode and prefill sizes, partial scale groups (40, 8 columns) and
+  // T = 0; every draw looks up the table's first and last rows. `mapped`: the table in host
+  // memory the kernel reads in place (upload_weight_mapped; engram_table_memory "host").
+  struct LookupDims {
+    int64_t vocab, cols, tokens;
+    bool mapped;
+  };
+  for (const LookupDims d :
+       {LookupDims{1000, 256, 24, false}, LookupDims{5003, 256, 24 * 64, false},
+        LookupDims{97, 40, 33, false}, LookupDims{50, 8, 7, false}, LookupDims{10, 256, 0, false},
+        LookupDims{1, 32, 3, false}, LookupDims{5003, 256, 24 * 64, true},
+        LookupDims{97, 40, 33, true}}) {
+    add(t, Case<Tensors>{
+               .op = "embedding_fp8",
+               .label = "v" + std::to_string(d.vocab) + "_c" + std::to_string(d.cols) + "_t" +
+                        std::to_string(d.tokens) + (d.mapped ? "_mapped" : ""),
+               .draw =
+                   [d](Rng& rng) {
+                     Tensor values = random_bytes(rng, {d.vocab, d.cols}, DType::kF8E4M3);
+                     // 0x7f and 0xff are e4m3 NaN: no table holds them.
+                     for (int64_t i = 0; i < values.numel(); ++i) {
+                       uint8_t& b = values.data<uint8_t>()[i];
+                       if ((b & 0x7f) == 0x7f) b = static_cast<uint8_t>(b - 1);
+                     }
+                     // Scales 2^-27 .. 2^12 (e8m0 0xff is NaN, rejected at load).
+                     Tensor scales = random_bytes(rng, {d.vocab, (d.cols + 31) / 32}, DType::kE8M0);
+                     for (int64_t i = 0; i < scales.numel(); ++i) {
+                       uint8_t& b = scales.data<uint8_t>()[i];
+                       b = static_cast<uint8_t>(100 + b % 40);
+                     }
+                     Tensor ids = random_ids(rng, d.tokens, 0, static_cast<int32_t>(d.vocab - 1));
+                     if (d.tokens >= 2) {
+                       ids.data<int32_t>()[0] = static_cast<int32_t>(d.vocab - 1);
+                       ids.data<int32_t>()[d.tokens - 1] = 0;
+                     }
+                     return Tensors{values, scales, ids};
+                   },
+               .run =
+                   [d](Backend& be, const Tensors& in) {
+                     const auto place = [&](const Tensor& host) {
+                       return d.mapped ? be.upload_weight_mapped(host)
+                                       : be.upload_weight(host, host.dtype());
+                     };
+                     return out(be.embedding_fp8(place(in[0]), place(in[1]), up(be, in[2])));
                    },
                .expect = exact(),
            });

@@ -28,6 +28,9 @@ struct Indexer {
   int dim = 32;
   int ratio = 4;
   bool integers = true;
+  // > 0: only this many distinct keys, repeated over the cache's rows (key row r is a copy of
+  // row r % key_patterns), so that thousands of entries tie on their score.
+  int key_patterns = 0;
   DType cache = DType::kF32;  // the index cache's KV dtype (kv_record.h); labels get kv_label
 };
 
@@ -69,6 +72,12 @@ inline IndexerIn draw_indexer(const Indexer& c, std::mt19937& rng) {
     in.q = random_f32(rng, {t, c.heads, c.dim});
     in.w = random_f32(rng, {t, c.heads});
     in.keys = random_f32(rng, {rows, c.dim});
+  }
+  if (c.key_patterns > 0) {
+    float* k = in.keys.data<float>();
+    for (int64_t r = c.key_patterns; r < rows; ++r) {
+      std::copy_n(k + (r % c.key_patterns) * c.dim, c.dim, k + r * c.dim);
+    }
   }
   in.cache = in.keys;
   if (c.cache != DType::kF32) {

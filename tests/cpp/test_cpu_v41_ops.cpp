@@ -1,4 +1,4 @@
-// CPU backend V4.1 ops (hc_pre_shifted, hc_collapse, engram_hash, engram_gate,
+// CPU backend V4.1 ops (hc_pre_shifted, hc_collapse, engram_hash, embedding_fp8, engram_gate,
 // indexer_candidates, indexer_topk_in_candidates, and the C2 / C1 compressors as existing ops)
 // against the torch reference tests/python/v41_reference.py (fixtures below) and hand-computed
 // values.
@@ -301,6 +301,59 @@ TEST_F(CpuV41OpsTest, EngramArgumentAndContentErrors) {
         be->engram_gate(X, up(std::vector<float>(6), {1, 6}), w, w, 1e-20f);
       },
       ErrorCode::kInvalidArgument, "engram_gate: argument kv");
+}
+
+// Rows of a 3 x 40 FP8 table (two scale groups, the second partial): e4m3 0x38 = 1, 0xc0 = -2,
+// 0x01 = 2^-9 (subnormal); scales 2^(r) on columns 0..31 and 2^-7 on 32..39 of row r.
+TEST_F(CpuV41OpsTest, EmbeddingFp8HandComputed) {
+  Tensor values = Tensor::zeros({3, 40}, DType::kF8E4M3);
+  auto* code = values.data<uint8_t>();
+  for (int64_t i = 0; i < 3 * 40; ++i) code[i] = 0x38;
+  code[0] = 0x01;            // row 0, column 0
+  code[2 * 40 + 33] = 0xc0;  // row 2, column 33
+  Tensor scales = Tensor::zeros({3, 2}, DType::kE8M0);
+  for (int r = 0; r < 3; ++r) {
+    scales.data<uint8_t>()[2 * r] = static_cast<uint8_t>(127 + r);
+    scales.data<uint8_t>()[2 * r + 1] = 120;
+  }
+  const Tensor v = be->upload_weight(values, DType::kF8E4M3);
+  const Tensor sc = be->upload_weight(scales, DType::kE8M0);
+  std::vector<double> want;
+  for (const int row : {2, 0, 2}) {
+    for (int c = 0; c < 40; ++c) {
+      double x = 1.0;
+      if (row == 0 && c == 0) x = std::ldexp(1.0, -9);
+      if (row == 2 && c == 33) x = -2.0;
+      want.push_back(x * (c < 32 ? std::ldexp(1.0, row) : std::ldexp(1.0, -7)));
+    }
+  }
+  expect_close(fetch_f32(*be, be->embedding_fp8(v, sc, up_i({2, 0, 2}, {3}))), want, 0.0, 0.0,
+               "fp8 rows");
+  EXPECT_EQ(be->embedding_fp8(v, sc, up_i({}, {0})).shape(), (Shape{0, 40}));
+  // Host memory is the CPU backend's memory: a mapped table is the host tensor itself.
+  ASSERT_TRUE(be->supports_mapped_host_weights());
+  const Tensor mapped = be->upload_weight_mapped(values);
+  EXPECT_EQ(mapped.raw_data(), values.raw_data());
+  expect_close(fetch_f32(*be, be->embedding_fp8(mapped, be->upload_weight_mapped(scales),
+                                                up_i({2, 0, 2}, {3}))),
+               want, 0.0, 0.0, "fp8 rows, mapped");
+
+  expect_error(
+      [&] {
+        fetch_f32(*be, be->embedding_fp8(v, sc, up_i({0, 3}, {2})));
+      },
+      ErrorCode::kInvalidArgument, "embedding_fp8: ids[1] = 3 is outside the table's rows [0, 3)");
+  expect_error(
+      [&] {
+        be->embedding_fp8(v, be->upload_weight(Tensor::zeros({3, 1}, DType::kE8M0), DType::kE8M0),
+                          up_i({0}, {1}));
+      },
+      ErrorCode::kInvalidArgument, "embedding_fp8: argument scales must be e8m0[3, 2]");
+  expect_error(
+      [&] {
+        be->embedding_fp8(up(std::vector<float>(120), {3, 40}), sc, up_i({0}, {1}));
+      },
+      ErrorCode::kInvalidArgument, "embedding_fp8: argument values must be f8_e4m3");
 }
 
 // ---- candidate blocks ---------------------------------------------------------------------------

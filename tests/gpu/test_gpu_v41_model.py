@@ -1,7 +1,8 @@
 """DeepSeek-V4.1 on the CUDA backend against the CPU reference backend: the same tiny fp32
 checkpoints as tests/python/test_v41_parity.py (configs A, B, C), f32 KV, logits of a chunked
-schedule within 1e-4 * max |logit| and identical greedy continuations. Prints the measured error
-(`-s` shows it)."""
+schedule within 1e-4 * max |logit| and identical greedy continuations; the FP8 Engram table in
+device and in pinned host memory (engram_table_memory). Prints the measured error (`-s` shows
+it)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,51 @@ def test_gpu_v41_yoco_truncation_matches_cpu(name: str, mode: str, tmp_path) -> 
     print(f"\nV41-GPU YOCO {mode} config {name}: max|cuda - cpu| / max|cpu| = {rel:.2e} (kept)")
     assert_close(ours[kept], want[kept], f"config {name}, yoco {mode}, cuda vs cpu")
     assert greedy_gpu == greedy_cpu
+
+
+def fp8_engram_checkpoint(cfg: ref.V41TextConfig, path) -> str:
+    """The model's f32 weights with its Engram tables in V4.1's shipped format: e4m3 rows with a
+    UE8M0 scale per 32 columns (model.md C.7.4); the lookup is the only FP8 op."""
+    import quant_checkpoint as qc
+    from safetensors.torch import save_file
+
+    m = ref.V41Model(cfg, seed=0)
+    write_checkpoint(m, path)
+    state = {k: v.contiguous() for k, v in m.state_dict().items()}
+    for layer in cfg.engram_layer_ids:
+        name = f"layers.{layer}.engram.embed.weight"
+        codes, scale = qc.quantize_fp8_blocks(state[name], (1, 32))
+        state[name] = codes
+        state[f"layers.{layer}.engram.embed.scale"] = qc.as_e8m0(scale)
+    save_file(state, str(path / "model.safetensors"))
+    return str(path)
+
+
+@pytest.mark.parametrize("memory", ["device", "host"])
+def test_gpu_v41_fp8_engram_table_matches_cpu(memory: str, tmp_path) -> None:
+    """The FP8 Engram table (embedding_fp8) on CUDA in device memory and in pinned host memory
+    the kernel reads in place (engram_table_memory), against the CPU; 64-wide rows: two scales
+    per row."""
+    from dataclasses import replace
+
+    path = fp8_engram_checkpoint(replace(ref.TINY_A, engram_head_dim=64), tmp_path / "A")
+    tokens = prompt("A")
+
+    def run(device: str) -> RunnerDriver:
+        return RunnerDriver(
+            path,
+            max_seqs=1,
+            max_len=PROMPT_LEN + 64,
+            device=device,
+            activation_quant="none",
+            engram_table_memory=memory,
+        )
+
+    want = run("cpu").run_schedule(tokens, CHUNKS)
+    gpu = run("cuda")
+    on_host = [n for n in gpu.runner.load_notes if "pinned host memory" in n]
+    assert len(on_host) == (2 if memory == "host" else 0), gpu.runner.load_notes
+    ours = gpu.run_schedule(tokens, CHUNKS)
+    rel = float(np.abs(ours - want).max() / np.abs(want).max())
+    print(f"\nV41-GPU FP8 Engram table in {memory} memory: max|cuda - cpu| / max|cpu| = {rel:.2e}")
+    assert_close(ours, want, f"FP8 Engram table in {memory} memory, cuda vs cpu")

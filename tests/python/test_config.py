@@ -305,6 +305,21 @@ def test_yoco_truncation_flags_override_the_config(tmp_path) -> None:
         parser.parse_args(["--yoco-prefill-truncation", "drop"])
 
 
+def test_engram_table_memory_flag_overrides_the_config(tmp_path) -> None:
+    from deepinfer.config import add_override_arguments, apply_override_arguments
+
+    parser = argparse.ArgumentParser()
+    add_override_arguments(parser)
+    assert dc.EngineConfig().placement.engram_table_memory == "auto"
+    base = load_config(write(tmp_path, "engine: {engram_table_memory: host}\n"))
+    assert base.engine.placement.engram_table_memory == "host"
+    config = apply_override_arguments(base, parser.parse_args(["--engram-table-memory", "device"]))
+    assert config.engine.placement.engram_table_memory == "device"
+    assert base.engine.placement.engram_table_memory == "host"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--engram-table-memory", "disk"])
+
+
 def test_engine_reports_weight_loading_progress(tiny_checkpoint) -> None:
     config = dc.EngineConfig(device="cpu")
     config.model_path = str(tiny_checkpoint)

@@ -112,12 +112,14 @@ def test_v41_engine_quantized_kv_greedy_equals_reference(kv: str, tmp_path_facto
     assert_pools_full(engine)
 
 
-def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
+@pytest.mark.parametrize("graphs", [0, 4], ids=["eager", "graphs"])
+def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint, graphs: int) -> None:
     (p,) = prompts(1, [300])
     params = dc.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=5)
-    cold_engine = cpu_engine(checkpoint, enable_prefix_cache=False)
+    cold_engine = cpu_engine(checkpoint, enable_prefix_cache=False, decode_graph_max_batch=0)
     cold, cold_trace = run_all(cold_engine, [p], params)
-    warm_engine = cpu_engine(checkpoint)
+    # With graphs the warm run's decode steps replay them (its n-grams from the hit's history).
+    warm_engine = cpu_engine(checkpoint, decode_graph_max_batch=graphs)
     run_all(warm_engine, [p[:270] + [17]], params)  # caches 2 blocks and the snapshot at 256
     warm, warm_trace = run_all(warm_engine, [p], params)
     (cold_id,), (warm_id,) = list(cold_trace.outputs), list(warm_trace.outputs)
@@ -126,7 +128,51 @@ def test_v41_engine_prefix_hit_equals_cold_run(model, checkpoint) -> None:
     warm_lp = [lp for o in warm_trace.outputs[warm_id] for lp in o.logprobs]
     assert warm_lp == cold_lp
     assert warm == cold == [greedy_reference(model, p, 6)]
+    assert (warm_engine.stats()["num_graph_steps"] > 0) == (graphs > 0)
     assert_pools_full(warm_engine)
+
+
+def logprob_trace(trace, rid: int) -> list:
+    return [lp for o in trace.outputs[rid] for lp in o.logprobs]
+
+
+@pytest.mark.parametrize("zero_overhead", [True, False], ids=["zos", "sync"])
+def test_v41_engine_decode_graphs_equal_eager(checkpoint, zero_overhead: bool) -> None:
+    """Decode graphs (cpp/src/model/decode_graphs.h) on the CPU backend re-issue their recorded
+    calls: the padding to a bucket (a batch of 3 runs as 4), the scratch slot, the staged
+    metadata and Engram n-grams, and under zero-overhead scheduling the carried token patched into
+    both on the device are the code CUDA graphs replay. The CPU computes each row on its own, so
+    tokens and logprobs equal the eager engine's bitwise. Requests of different lengths finish
+    apart, so decode batches shrink from 4 to 1; a limit of 2 sends the larger ones eagerly."""
+    ps = prompts(4, [37, 21, 50, 9])
+    params = [
+        dc.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=3)
+        for n in (12, 9, 6, 3)
+    ]
+
+    def run(graphs: int) -> tuple[list[list[int]], list[list], int]:
+        engine = cpu_engine(
+            checkpoint,
+            max_num_seqs=4,
+            max_num_batched_tokens=32,
+            zero_overhead=zero_overhead,
+            decode_graph_max_batch=graphs,
+        )
+        outs, trace = run_all(engine, ps, params)
+        assert_pools_full(engine)
+        lps = [logprob_trace(trace, rid) for rid in sorted(trace.outputs)]
+        return outs, lps, engine.stats()["num_graph_steps"]
+
+    eager_outs, eager_lps, eager_steps = run(0)
+    assert eager_steps == 0
+    assert eager_outs == [
+        greedy_reference(model_of(NAME), p, len(o)) for p, o in zip(ps, eager_outs, strict=True)
+    ]
+    for limit in (4, 2):
+        outs, lps, steps = run(limit)
+        assert steps > 0, f"limit {limit}: no decode step replayed a graph"
+        assert outs == eager_outs, f"limit {limit}"
+        assert lps == eager_lps, f"limit {limit}"
 
 
 def test_v41_engine_refuses_what_it_lacks(checkpoint) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -232,8 +233,9 @@ _FP8 = re.compile(
     r"|engram\.wkv)\.weight"
 )
 _FP4 = re.compile(r"layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight")
-# Dense tensors V4.1 ships in F32; the other dense float tensors are BF16. The Engram table stays
-# dense here (the loader does not read the FP8 table yet).
+# The Engram table: FP8 with one UE8M0 scale per row and 32 columns (C.7.4, C.9).
+_FP8_ROWS = re.compile(r"layers\.\d+\.engram\.embed\.weight")
+# Dense tensors V4.1 ships in F32; the other dense float tensors are BF16.
 _F32 = re.compile(r".*\.(hc_(attn|ffn)_(fn|base|scale)|attn_sink|gate\.bias|gate\.bias_vl)")
 
 
@@ -252,6 +254,10 @@ def quantize_like_v41(m: ref.V41Model) -> tuple[ref.V41Model, dict]:
                 packed, scale = qc.quantize_mxfp4(w)
                 tensors[name], tensors[base + ".scale"] = packed, qc.as_e8m0(scale)
                 params[name].copy_(qc.dequantize_mxfp4(packed, qc.e8m0_decode(scale)))
+            elif _FP8_ROWS.fullmatch(name):
+                codes, scale = qc.quantize_fp8_blocks(w, (1, 32))
+                tensors[name], tensors[base + ".scale"] = codes, qc.as_e8m0(scale)
+                params[name].copy_(qc.dequantize_fp8_blocks(codes, qc.e8m0_decode(scale), (1, 32)))
             elif _FP8.fullmatch(name):
                 codes, scale = qc.quantize_fp8_blocks(w, (32, 32))
                 tensors[name], tensors[base + ".scale"] = codes, qc.as_e8m0(scale)
@@ -286,14 +292,141 @@ def test_v41_real_format_checkpoint(name: str, schedule: str, tmp_path_factory) 
     assert float(np.abs(want - model(name).forward(tokens).numpy()).max()) > 1e-3
 
 
-def test_v41_loader_refuses_the_fp8_engram_table(tmp_path) -> None:
+def test_v41_fp8_engram_table_of_several_scale_groups(tmp_path) -> None:
+    """Config A with 64-wide Engram rows (two UE8M0 scales per row, as Flash's 256 has eight):
+    the FP8 table's lookup decodes each 32-column group with its own scale."""
+    from safetensors.torch import save_file
+
+    m = ref.V41Model(replace(ref.TINY_A, engram_head_dim=64), seed=SEED)
+    exact, tensors = quantize_like_v41(m)
+    scale = tensors["layers.1.engram.embed.scale"]
+    assert scale.shape == (m.cfg.engram_num_embeddings[0], 2)
+    path = write_checkpoint(exact, tmp_path / "ckpt")
+    save_file(tensors, str(path / "model.safetensors"))
+    d = RunnerDriver(str(path), max_seqs=1, max_len=PROMPT_LEN + 64, activation_quant="none")
+    tokens = prompt("A")
+    ours = d.run_schedule(tokens, SCHEDULES["chunked"])
+    want = reference_schedule(exact, tokens, SCHEDULES["chunked"])
+    assert_close(ours, want, "config A, 64-wide FP8 Engram rows, chunked")
+
+
+def fp8_engram_checkpoint(tmp_path: Path, scale_of=None) -> tuple[Path, str]:
+    """Config C's weights with layer 0's Engram table in FP8; `scale_of(codes, scale)` returns
+    the scale tensor to store (None: none)."""
+    import quant_checkpoint as qc
     from safetensors.torch import save_file
 
     m = model("C")
     state = {k: v.contiguous() for k, v in m.state_dict().items()}
     name = "layers.0.engram.embed.weight"
-    state[name] = state[name].to(torch.float8_e4m3fn)
+    codes, scale = qc.quantize_fp8_blocks(state[name], (1, 32))
+    state[name] = codes
+    stored = scale_of(codes, qc.as_e8m0(scale)) if scale_of else None
+    if stored is not None:
+        state["layers.0.engram.embed.scale"] = stored
     path = write_checkpoint(m, tmp_path / "ckpt")
     save_file(state, str(path / "model.safetensors"))
-    with pytest.raises(Exception, match=rf"'{re.escape(name)}' is F8_E4M3.*not implemented yet"):
-        deepinfer_core.ModelRunner(str(path), num_blocks=4, num_state_slots=1, device="cpu")
+    return path, name
+
+
+def open_runner(path: Path) -> None:
+    deepinfer_core.ModelRunner(str(path), num_blocks=4, num_state_slots=1, device="cpu")
+
+
+def test_v41_loader_names_a_wrong_fp8_engram_scale_shape(tmp_path) -> None:
+    path, name = fp8_engram_checkpoint(tmp_path, lambda codes, s: torch.cat([s, s], dim=1))
+    rows = model("C").cfg.engram_num_embeddings[0]
+    scale = "layers.0.engram.embed.scale"
+    with pytest.raises(
+        Exception,
+        match=rf"scale tensor '{re.escape(scale)}' has shape \[{rows}, 2\] but "
+        rf"'{re.escape(name)}' \[{rows}, 8\] needs \[{rows}, 1\]",
+    ):
+        open_runner(path)
+
+
+def test_v41_loader_needs_the_fp8_engram_scale(tmp_path) -> None:
+    path, name = fp8_engram_checkpoint(tmp_path)
+    with pytest.raises(Exception, match=rf"'{re.escape(name)}' is F8_E4M3 but has no scale"):
+        open_runner(path)
+
+
+def test_v41_loader_names_a_wrong_fp8_engram_scale_dtype(tmp_path) -> None:
+    path, _ = fp8_engram_checkpoint(tmp_path, lambda codes, s: s.float())
+    with pytest.raises(Exception, match=r"engram\.embed\.scale' has dtype F32, expected F8_E8M0"):
+        open_runner(path)
+
+
+def test_v41_loader_names_a_nan_fp8_engram_scale(tmp_path) -> None:
+    def nan_at_3_0(codes: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        b = s.view(torch.uint8).clone()
+        b[3, 0] = 0xFF
+        return b.view(torch.float8_e8m0fnu)
+
+    path, _ = fp8_engram_checkpoint(tmp_path, nan_at_3_0)
+    with pytest.raises(Exception, match=r"holds 0xff \(e8m0 NaN\) at \[3, 0\]"):
+        open_runner(path)
+
+
+def test_v41_loader_names_a_wrong_fp8_engram_row_count(tmp_path) -> None:
+    import quant_checkpoint as qc
+    from safetensors.torch import save_file
+
+    m = model("C")
+    state = {k: v.contiguous() for k, v in m.state_dict().items()}
+    name = "layers.0.engram.embed.weight"
+    codes, scale = qc.quantize_fp8_blocks(state[name][:-1], (1, 32))
+    state[name], state["layers.0.engram.embed.scale"] = codes, qc.as_e8m0(scale)
+    path = write_checkpoint(m, tmp_path / "ckpt")
+    save_file(state, str(path / "model.safetensors"))
+    rows = m.cfg.engram_num_embeddings[0]
+    with pytest.raises(
+        Exception,
+        match=rf"'{re.escape(name)}' \(F8_E4M3\) has shape \[{rows - 1}, 8\] but config\.json "
+        rf"implies \[{rows}, 8\]",
+    ):
+        open_runner(path)
+
+
+def test_v41_engram_table_memory_option(tmp_path) -> None:
+    """engram_table_memory: on the CPU every placement is the same host memory (the checkpoint's
+    mapping), so "host" and "device" give the reference's logits too; an unknown mode, and a
+    placement for a model without Engram layers, fail naming the option."""
+    from safetensors.torch import save_file
+
+    exact, tensors = quantize_like_v41(model("C"))
+    path = write_checkpoint(exact, tmp_path / "ckpt")
+    save_file(tensors, str(path / "model.safetensors"))
+    tokens = prompt("C")
+    want = reference_schedule(exact, tokens, [PROMPT_LEN])
+    for mode in ("host", "device"):
+        d = RunnerDriver(
+            str(path),
+            max_seqs=1,
+            max_len=PROMPT_LEN + 64,
+            activation_quant="none",
+            engram_table_memory=mode,
+        )
+        assert_close(d.run_schedule(tokens, [PROMPT_LEN]), want, f"engram_table_memory {mode}")
+    with pytest.raises(Exception, match=r"'engram_table_memory' must be \"auto\", \"device\" or"):
+        deepinfer_core.ModelRunner(
+            str(path), num_blocks=4, num_state_slots=1, device="cpu", engram_table_memory="disk"
+        )
+    engine = deepinfer_core.EngineConfig(device="cpu", engram_table_memory="disk")
+    engine.model_path = str(path)
+    with pytest.raises(Exception, match=r"'engram_table_memory' must be"):
+        deepinfer_core.Engine(engine)
+
+    # Config C without its Engram layers.
+    no_engram = write_checkpoint(
+        ref.V41Model(replace(ref.TINY_C, engram_layer_ids=(), engram_num_embeddings=()), seed=SEED),
+        tmp_path / "no_engram",
+    )
+    with pytest.raises(Exception, match=r"'engram_table_memory' \"host\" needs a DeepSeek-V4\.1"):
+        deepinfer_core.ModelRunner(
+            str(no_engram),
+            num_blocks=4,
+            num_state_slots=1,
+            device="cpu",
+            engram_table_memory="host",
+        )

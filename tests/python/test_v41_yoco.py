@@ -126,6 +126,46 @@ def test_yoco_logits_match_reference(name: str, schedule: str, tmp_path_factory)
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_yoco_narrowed_one_token_chunk_runs_eagerly_under_graphs(mode: str, tmp_path_factory):
+    """Decode graphs (cpp/src/model/decode_graphs.h) carry no YOCO consumer rows. The "inside"
+    schedule's one-token chunk wants its logits and is narrowed (its prefill ends later), so it
+    must run eagerly; the decode steps after the prefill (never narrowed) replay graphs. On the
+    CPU, which re-issues the recorded calls, every logit equals the eager runner's bitwise."""
+    name = "A"
+    tokens = prompt(name)
+    sizes = schedules(name)["inside"]
+    assert 1 in sizes
+
+    def run(graphs: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        d = RunnerDriver(
+            str(checkpoint(name, tmp_path_factory)),
+            max_seqs=2,
+            max_len=PROMPT_LEN + 64,
+            max_backtrack=BACKTRACK,
+            yoco_prefill_truncation=mode,
+            yoco_keep_tokens=ref.TINY_CONFIGS[name].yoco_keep_tokens,
+            decode_graph_max_batch=graphs,
+        )
+        prefill = d.run_schedule(tokens, sizes, prompt_end=PROMPT_LEN)
+        prefill_calls = d.runner.decode_graph_stats()["num_calls"]
+        out, decode = [int(np.argmax(prefill[-1]))], []
+        for _ in range(4):
+            chunk = d.chunk(0, PROMPT_LEN + len(out) - 1, [out[-1]])
+            decode.append(d.runner.forward([chunk], logits="last"))
+            out.append(int(np.argmax(decode[-1][0])))
+        calls = d.runner.decode_graph_stats()["num_calls"]
+        return prefill, np.concatenate(decode), prefill_calls, calls
+
+    eager_prefill, eager_decode, _, eager_calls = run(0)
+    prefill, decode, prefill_calls, calls = run(2)
+    assert eager_calls == 0
+    assert prefill_calls == 0, "the narrowed one-token chunk replayed a graph"
+    assert calls == 4
+    np.testing.assert_array_equal(prefill, eager_prefill)  # compact's dropped rows: NaN on both
+    np.testing.assert_array_equal(decode, eager_decode)
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", YOCO_CONFIGS)
 def test_yoco_runner_greedy_equals_reference(name: str, mode: str, tmp_path_factory) -> None:
     m, tokens = model(name), prompt(name)
@@ -163,16 +203,28 @@ def yoco_engine(name: str, mode: str, tmp_path_factory, **options) -> dc.Engine:
 GREEDY = dc.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
+@pytest.mark.parametrize("graphs", [0, 4], ids=["eager", "graphs"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", YOCO_CONFIGS)
-def test_yoco_engine_greedy_equals_reference(name: str, mode: str, tmp_path_factory) -> None:
+def test_yoco_engine_greedy_equals_reference(
+    name: str, mode: str, graphs: int, tmp_path_factory
+) -> None:
     """Chunked prefill (16-token steps: chunks end before, at and inside the kept positions) and
-    batching of three prompts."""
+    batching of three prompts; with decode graphs, the decode rows (never narrowed: keep >=
+    sliding_window) replay them."""
     vocab = ref.TINY_CONFIGS[name].vocab_size
     ps = [ref.random_tokens(n, vocab, 100 + i) for i, n in enumerate([37, 21, 50])]
-    engine = yoco_engine(name, mode, tmp_path_factory, max_num_seqs=4, max_num_batched_tokens=16)
+    engine = yoco_engine(
+        name,
+        mode,
+        tmp_path_factory,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        decode_graph_max_batch=graphs,
+    )
     outs, _ = run_all(engine, ps, GREEDY)
     assert outs == [greedy_reference(model(name), mode, p, 8) for p in ps]
+    assert (engine.stats()["num_graph_steps"] > 0) == (graphs > 0)
     assert_pools_full(engine)
 
 

@@ -231,6 +231,9 @@ class Backend {
   virtual bool supports_index_cache_dtype(DType dtype) const {
     return supports_kv_cache_dtype(dtype);
   }
+  // Whether upload_weight_mapped works (kernels read host memory in place). The CPU backend:
+  // trivially; CUDA: through pinned, mapped host memory. The default: no.
+  virtual bool supports_mapped_host_weights() const { return false; }
   // While forbidden, the backend's own host synchronisations (to_host, synchronize) throw
   // Error(kInternal): the model graph and sampling are launched with it forbidden, so a hidden
   // sync that would stall the pipeline fails loudly instead. See HostSyncForbidden. (Event::wait
@@ -256,6 +259,14 @@ class Backend {
   // Like upload, for immutable data (weights): when the device is the host and no conversion is
   // needed the result aliases `host`, so weights mmap-ed from a checkpoint are not copied.
   Tensor upload_weight(const Tensor& host, DType dtype);
+  // Like upload_weight without a conversion, for a weight that stays in host memory and that the
+  // backend's kernels read in place, over the bus (a table too big for device memory that ops
+  // touch sparsely: V4.1's Engram tables). The result has `host`'s dtype and shape and counts as
+  // a tensor of this backend's device (ops take it), but its bytes are host memory, freed when its
+  // last view dies. CPU: `host` itself; CUDA: a copy in pinned host memory mapped into the device
+  // (cudaHostAllocMapped). Error(kUnsupported) without supports_mapped_host_weights(), Error(kIo)
+  // naming the bytes when the memory cannot be pinned.
+  Tensor upload_weight_mapped(const Tensor& host);
   // A matrix weight of a checkpoint (host tensors: values and scales as shipped, see weight.h)
   // in the format this backend computes with: the CPU reference dequantizes to f32 exactly; the
   // CUDA backend keeps the shipped bytes. act_group is kept. Checks the scales' shape against
@@ -366,8 +377,15 @@ class Backend {
   // maps to params.pad_id). h = c[0]*M[0], then for r = 1..n-1: h ^= c[r]*M[r] and, per head,
   // row = h mod P[r-1][head] + offset[r-1][head] (offset: exclusive prefix sum of the primes in
   // (order, head) order), in unsigned 64-bit arithmetic. -> [T, (n-1)*heads] i32 rows of the
-  // layer's table, in (order, head) order. The lookup is `embedding` on the flattened rows.
+  // layer's table, in (order, head) order. The lookup is `embedding` on the flattened rows, or
+  // `embedding_fp8` for a table kept as shipped.
   Tensor engram_hash(const Tensor& ngram, const Tensor& token_map, const EngramHashParams& params);
+  // Rows of a row-scaled FP8 table (V4.1's Engram table as shipped, model.md C.7.4), dequantized:
+  // values [V, C] f8_e4m3, scales [V, ceil(C / 32)] e8m0 (one per row and 32 columns), ids [T]
+  // i32 -> [T, C] f32, out[t][c] = e4m3(values[id][c]) * 2^(scales[id][c / 32] - 127) with
+  // id = ids[t] (exact in f32). The table stays in its stored format: only the looked-up rows are
+  // decoded.
+  Tensor embedding_fp8(const Tensor& values, const Tensor& scales, const Tensor& ids);
   // The Engram gate on the trunk X [T, N, H]: kv [T, (N+1)*H] is wkv of the looked-up rows, keys
   // k = kv[:, :N*H] as [T, N, H], value v = kv[:, N*H:]. Per stream s: d = sum_c x_s*wq_s*wk_s*k_s
   // * rsqrt(mean(x_s^2)+eps) * rsqrt(mean(k_s^2)+eps) / sqrt(H); g = sigmoid(sign(d) *
@@ -448,6 +466,7 @@ class Backend {
   virtual Tensor upload_impl(const Tensor& host, DType dtype) = 0;
   virtual Tensor upload_weight_impl(const Tensor& host, DType dtype) = 0;
   virtual MatrixWeight upload_matrix_weight_impl(const MatrixWeight& host) = 0;
+  virtual Tensor upload_weight_mapped_impl(const Tensor& host);
   virtual Tensor to_host_impl(const Tensor& device) = 0;
   virtual void copy_to_host_impl(const Tensor& device, const Tensor& host) = 0;
   virtual void synchronize_impl() = 0;
@@ -495,6 +514,7 @@ class Backend {
   virtual Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre);
   virtual Tensor engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
                                   const EngramHashParams& params);
+  virtual Tensor embedding_fp8_impl(const Tensor& values, const Tensor& scales, const Tensor& ids);
   virtual Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
                                   const Tensor& k_weight, float eps);
   virtual Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights,

@@ -105,6 +105,11 @@ struct PlacementConfig {
   // prompt's end, so hits and cold runs agree.
   std::string yoco_prefill_truncation = "off";
   int yoco_keep_tokens = 140;
+  // Where DeepSeek-V4.1's Engram tables live (docs/model.md#engram-tables): "device" (device
+  // memory), "host" (pinned host memory the GPU reads in place, only the looked-up rows cross the
+  // bus) or "auto" (device for a table up to 1/8 of the device's memory, else host). The CPU
+  // backend keeps them in host memory (the checkpoint's mapping) under every mode.
+  std::string engram_table_memory = "auto";
 
   bool operator==(const PlacementConfig&) const = default;
 };

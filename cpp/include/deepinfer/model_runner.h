@@ -37,6 +37,8 @@ struct RunnerOptions {
   // yoco_keep_tokens positions of a prefill (>= sliding_window + max_backtrack).
   std::string yoco_prefill_truncation = "off";
   int yoco_keep_tokens = 140;
+  // Where DeepSeek-V4.1's Engram tables live: "auto", "device" or "host" (PlacementConfig).
+  std::string engram_table_memory = "auto";
 };
 
 // The tokens of one sequence processed by a forward call: positions start_pos ..
@@ -105,6 +107,13 @@ class ModelRunner {
   // taken on the device, so only the token ids travel to the host (forward copies [B, vocab]).
   virtual Tensor greedy(const std::vector<SequenceChunk>& batch) = 0;
   virtual DecodeGraphStats decode_graph_stats() const = 0;
+  // DeepSeek-V4.1: makes `tokens` state slot `slot`'s history (what its Engram n-grams read
+  // before a chunk) without running them, so the next chunk may start at any position up to
+  // tokens.size(). The caches keep whatever earlier calls wrote: a benchmark decodes at a long
+  // context this way without prefilling it (the cost of a step depends on the lengths, not the
+  // cached values). Throws Error(kInvalidArgument) naming the slot or the token for a slot out of
+  // range or a token id outside the vocabulary, and for a DeepSeek-V4 model (it keeps no history).
+  virtual void set_history(int slot, const std::vector<int32_t>& tokens) = 0;
   // What loading left out on purpose ("skipped 31 mtp.* tensors ..."), for the user.
   virtual std::vector<std::string> load_notes() const = 0;
 

@@ -22,6 +22,13 @@ namespace deepinfer {
 // rows at the YOCO boundary (after its compressor and index keys saw them).
 enum class YocoTruncation { kOff, kMask, kCompact };
 
+// Where the Engram tables live (an engine option, engram_table_memory;
+// docs/model.md#engram-tables): kDevice in device memory (upload_weight), kHost in host memory the
+// kernels read in place (Backend::upload_weight_mapped), kAuto device memory for a table that takes
+// at most 1/8 of the device's memory, host memory for a bigger one (V4.1-Flash's ~98 GB tables). On
+// the CPU backend all three are the same host memory.
+enum class EngramTableMemory { kAuto, kDevice, kHost };
+
 struct V41TextConfig {
   std::string source;  // the file it was read from, for messages
 
@@ -102,7 +109,8 @@ struct V41TextConfig {
   // DeepInfer's YOCO KEEP_TOKENS (README default 140); not a config.json field. The consumer
   // layers of a truncated YOCO prefill run on the last keep tokens, so keep >= sliding_window.
   int yoco_keep_tokens = 140;
-  YocoTruncation yoco_truncation = YocoTruncation::kOff;  // set_yoco_truncation
+  YocoTruncation yoco_truncation = YocoTruncation::kOff;             // set_yoco_truncation
+  EngramTableMemory engram_table_memory = EngramTableMemory::kAuto;  // set_engram_table_memory
 
   // ---- Derived (B.3 "Values derived by DeepInfer", C.2); -1 means none. ----
   // Per backbone layer: the nearest source at or before the layer (none on ratio-0 layers).
@@ -150,5 +158,10 @@ struct V41TextConfig {
 // speculative step can roll back: decode must find a full window inside the kept positions).
 void set_yoco_truncation(ModelConfig& config, const std::string& mode, int keep_tokens,
                          int max_rollback);
+
+// Sets where `config`'s Engram tables live from the option engram_table_memory ("auto",
+// "device" or "host"; its V4.1 text config is replaced by a copy). Throws Error(kInvalidArgument)
+// naming the option: an unknown mode, or "device" / "host" for a model without Engram layers.
+void set_engram_table_memory(ModelConfig& config, const std::string& mode);
 
 }  // namespace deepinfer

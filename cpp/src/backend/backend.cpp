@@ -92,6 +92,23 @@ Tensor Backend::upload_weight(const Tensor& host, DType dtype) {
   return upload_weight_impl(host, dtype);
 }
 
+Tensor Backend::upload_weight_mapped(const Tensor& host) {
+  OpChecks("upload_weight_mapped", device_kind()).host("host", host, /*contiguous=*/false);
+  if (!supports_mapped_host_weights()) {
+    throw Error(ErrorCode::kUnsupported,
+                "upload_weight_mapped: the " + name() +
+                    " backend cannot read weights in host memory in place (" + host.describe() +
+                    ")");
+  }
+  return upload_weight_mapped_impl(host);
+}
+
+Tensor Backend::upload_weight_mapped_impl(const Tensor&) {
+  throw Error(ErrorCode::kInternal, "upload_weight_mapped: the " + name() +
+                                        " backend claims mapped host weights but has no "
+                                        "upload_weight_mapped_impl");
+}
+
 Tensor Backend::to_host(const Tensor& device) {
   OpChecks("to_host", device_kind()).on_device("device", device);
   check_host_sync_allowed("to_host");
@@ -402,6 +419,15 @@ Tensor Backend::engram_hash(const Tensor& ngram, const Tensor& token_map,
   return engram_hash_impl(ngram, token_map, params);
 }
 
+Tensor Backend::embedding_fp8(const Tensor& values, const Tensor& scales, const Tensor& ids) {
+  const OpChecks c("embedding_fp8", device_kind());
+  c.tensor("values", values, DType::kF8E4M3, {-1, -1});
+  const int64_t groups = (values.size(1) + 31) / 32;
+  c.tensor("scales", scales, DType::kE8M0, {values.size(0), groups});
+  c.tensor("ids", ids, DType::kI32, {-1});
+  return embedding_fp8_impl(values, scales, ids);
+}
+
 Tensor Backend::engram_gate(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
                             const Tensor& k_weight, float eps) {
   const OpChecks c("engram_gate", device_kind());
@@ -623,6 +649,10 @@ Tensor Backend::hc_collapse_impl(const Tensor&, const Tensor&) {
 
 Tensor Backend::engram_hash_impl(const Tensor&, const Tensor&, const EngramHashParams&) {
   unsupported("engram_hash");
+}
+
+Tensor Backend::embedding_fp8_impl(const Tensor&, const Tensor&, const Tensor&) {
+  unsupported("embedding_fp8");
 }
 
 Tensor Backend::engram_gate_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,

@@ -56,6 +56,10 @@ Tensor CpuBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   return convert_copy("upload_weight", host, dtype);
 }
 
+Tensor CpuBackend::upload_weight_mapped_impl(const Tensor& host) {
+  return upload_weight_impl(host, host.dtype());
+}
+
 MatrixWeight CpuBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
   // The reference computes in f32: a quantized weight becomes its exact f32 values once, here.
   // act_group stays, so the GEMM still sees the activations the weight's format implies.

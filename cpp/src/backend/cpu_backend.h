@@ -35,6 +35,8 @@ class CpuBackend final : public Backend {
   DeviceKind device_kind() const override { return DeviceKind::kCpu; }
   std::string name() const override;
   DType weight_dtype(DType) const override { return DType::kF32; }
+  // Host memory is device memory: a mapped weight is the host tensor itself.
+  bool supports_mapped_host_weights() const override { return true; }
   // f32, bf16, V4's fp8 records (kU8) and V4.1's FP8 / FP4 records (kF8E4M3, kE2M1x2): the
   // reference of every KV format.
   bool supports_kv_cache_dtype(DType dtype) const override {
@@ -47,6 +49,7 @@ class CpuBackend final : public Backend {
 
  private:
   Tensor upload_impl(const Tensor& host, DType dtype) override;
+  Tensor upload_weight_mapped_impl(const Tensor& host) override;
   Tensor upload_weight_impl(const Tensor& host, DType dtype) override;
   MatrixWeight upload_matrix_weight_impl(const MatrixWeight& host) override;
   Tensor to_host_impl(const Tensor& device) override;
@@ -86,6 +89,7 @@ class CpuBackend final : public Backend {
   Tensor hc_collapse_impl(const Tensor& X, const Tensor& pre) override;
   Tensor engram_hash_impl(const Tensor& ngram, const Tensor& token_map,
                           const EngramHashParams& params) override;
+  Tensor embedding_fp8_impl(const Tensor& values, const Tensor& scales, const Tensor& ids) override;
   Tensor engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,
                           const Tensor& k_weight, float eps) override;
 

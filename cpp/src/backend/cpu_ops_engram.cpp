@@ -1,5 +1,6 @@
-// Engram ops of the CPU backend (V4.1's n-gram memory, model.md C.7): the n-gram hash rows and
-// the per-stream gate. The table lookup between them is `embedding`, the projection `linear`.
+// Engram ops of the CPU backend (V4.1's n-gram memory, model.md C.7): the n-gram hash rows, the
+// lookup of a table kept as shipped (FP8 rows with a UE8M0 scale per 32 columns) and the
+// per-stream gate. A dense table's lookup is `embedding`, the projection `linear`.
 // See docs/model.md#v41-ops.
 #include <cmath>
 #include <cstdint>
@@ -76,6 +77,45 @@ Tensor CpuBackend::engram_hash_impl(const Tensor& ngram, const Tensor& token_map
         grain_for(n * heads * 4));
   });
   return rows;
+}
+
+Tensor CpuBackend::embedding_fp8_impl(const Tensor& values, const Tensor& scales,
+                                      const Tensor& ids) {
+  const int64_t vocab = values.size(0);
+  const int64_t cols = values.size(1);
+  const int64_t groups = scales.size(1);
+  const int64_t tokens = ids.size(0);
+  Tensor out = Tensor::zeros({tokens, cols}, DType::kF32);
+  enqueue([=](ThreadPool& pool) {
+    const int32_t* id = ids.data<int32_t>();
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (id[t] < 0 || id[t] >= vocab) {
+        fail("embedding_fp8", "ids[" + std::to_string(t) + "] = " + std::to_string(id[t]) +
+                                  " is outside the table's rows [0, " + std::to_string(vocab) +
+                                  ")");
+      }
+    }
+    // Only the looked-up rows are touched: an mmap-ed table is paged in row by row.
+    const auto* codes = static_cast<const uint8_t*>(values.raw_data());
+    const auto* exps = static_cast<const uint8_t*>(scales.raw_data());
+    float* dst = out.data<float>();
+    pool.parallel_for(
+        tokens,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            const int64_t row = id[t];
+            const uint8_t* v = codes + row * cols;
+            const uint8_t* e = exps + row * groups;
+            float* o = dst + t * cols;
+            for (int64_t c = 0; c < cols; ++c) {
+              // e4m3 times a power of two is exact in f32 (dtype.h).
+              o[c] = f8e4m3_to_f32(v[c]) * e8m0_to_f32(e[c / 32]);
+            }
+          }
+        },
+        grain_for(cols * 4));
+  });
+  return out;
 }
 
 Tensor CpuBackend::engram_gate_impl(const Tensor& X, const Tensor& kv, const Tensor& q_weight,

@@ -514,4 +514,27 @@ void set_yoco_truncation(ModelConfig& config, const std::string& mode, int keep_
   config.v41 = std::move(v41);
 }
 
+void set_engram_table_memory(ModelConfig& config, const std::string& mode) {
+  EngramTableMemory memory = EngramTableMemory::kAuto;
+  if (mode == "device") {
+    memory = EngramTableMemory::kDevice;
+  } else if (mode == "host") {
+    memory = EngramTableMemory::kHost;
+  } else if (mode != "auto") {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "'engram_table_memory' must be \"auto\", \"device\" or \"host\", got \"" + mode + "\"");
+  }
+  if (config.v41 == nullptr || config.v41->engram_layer_ids.empty()) {
+    if (memory == EngramTableMemory::kAuto) return;
+    throw Error(ErrorCode::kInvalidArgument,
+                "'engram_table_memory' \"" + mode +
+                    "\" needs a DeepSeek-V4.1 model with Engram layers; " + config.source +
+                    " has none");
+  }
+  auto v41 = std::make_shared<V41TextConfig>(*config.v41);
+  v41->engram_table_memory = memory;
+  config.v41 = std::move(v41);
+}
+
 }  // namespace deepinfer

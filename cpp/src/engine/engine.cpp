@@ -74,6 +74,7 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   set_yoco_truncation(p.model, resolved.placement.yoco_prefill_truncation,
                       resolved.placement.yoco_keep_tokens,
                       resolved.scheduler.num_speculative_tokens);
+  set_engram_table_memory(p.model, resolved.placement.engram_table_memory);
   // Before the weights load; EngineImpl checks what was loaded.
   engine::check_mtp_blocks(resolved, p.model.num_nextn_predict_layers);
   engine::check_mtp_layer_kinds(resolved, p.model.mtp_layer_types);

@@ -19,17 +19,23 @@ const Tensor& entries_of(ModelCaches& caches, int layer, const V41TextConfig& co
 
 }  // namespace
 
-Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config,
-                     const Tensor& previous) {
-  if (config.engram_layer_ids.empty()) return Tensor();
+bool pack_engram_ngrams(RowSpan rows, const V41TextConfig& config, int64_t num_token_rows,
+                        std::vector<int32_t>& ngram, std::vector<int32_t>& remap) {
   const int64_t n = config.engram_max_ngram_size;
   int64_t total = 0;
   for (const ForwardRow& r : rows) total += r.num_tokens;
-  Tensor host = Tensor::zeros({total, n}, DType::kI32);
-  std::vector<int32_t> remap(static_cast<size_t>(total * n), -1);
+  if (num_token_rows < total) {
+    throw Error(ErrorCode::kInvalidArgument, "Engram n-grams: " + std::to_string(num_token_rows) +
+                                                 " token rows asked for " + std::to_string(total) +
+                                                 " tokens of the batch");
+  }
+  // Every cell not written below is -1: before the sequence start, or not carried. A padding
+  // row's column 0 is its token 0.
+  ngram.assign(static_cast<size_t>(num_token_rows * n), -1);
+  remap.assign(static_cast<size_t>(num_token_rows * n), -1);
+  for (int64_t row = total; row < num_token_rows; ++row) ngram[static_cast<size_t>(row * n)] = 0;
   bool carries = false;
-  int32_t* out = host.data<int32_t>();
-  int64_t cell = 0;
+  size_t cell = 0;
   for (size_t b = 0; b < rows.size(); ++b) {
     const ForwardRow& r = rows[b];
     const int64_t needed = std::min<int64_t>(r.start_pos, n - 1);
@@ -44,21 +50,31 @@ Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config
     for (int64_t i = 0; i < r.num_tokens; ++i) {
       for (int64_t back = 0; back < n; ++back, ++cell) {
         const int64_t chunk_index = i - back;
-        if (r.start_pos + chunk_index < 0) {
-          out[cell] = -1;
-        } else if (chunk_index >= 0) {
-          out[cell] = r.tokens[static_cast<size_t>(chunk_index)];
+        if (r.start_pos + chunk_index < 0) continue;
+        if (chunk_index >= 0) {
+          ngram[cell] = r.tokens[static_cast<size_t>(chunk_index)];
           if (chunk_index == 0 && r.token_from_previous >= 0) {
-            remap[static_cast<size_t>(cell)] = r.token_from_previous;
+            remap[cell] = r.token_from_previous;
             carries = true;
           }
         } else {
-          out[cell] = r.history[static_cast<size_t>(hist + chunk_index)];
+          ngram[cell] = r.history[static_cast<size_t>(hist + chunk_index)];
         }
       }
     }
   }
-  Tensor ngram = backend.upload(host, DType::kI32);
+  return carries;
+}
+
+Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config,
+                     const Tensor& previous) {
+  if (config.engram_layer_ids.empty()) return Tensor();
+  const int64_t n = config.engram_max_ngram_size;
+  int64_t total = 0;
+  for (const ForwardRow& r : rows) total += r.num_tokens;
+  std::vector<int32_t> host, remap;
+  const bool carries = pack_engram_ngrams(rows, config, total, host, remap);
+  Tensor ngram = backend.upload(Tensor::from_vector(host, {total, n}), DType::kI32);
   if (carries) {
     backend.select_tokens(ngram.reshape({total * n}),
                           backend.upload(Tensor::from_vector(remap, {total * n}), DType::kI32),
@@ -149,7 +165,10 @@ Tensor DeepseekV41Model::engram(const EngramWeights& w, const Tensor& trunk, con
   const int64_t t = trunk.shape()[0];
   const Tensor rows = be.engram_hash(ngram, weights_.engram_token_map, w.hash);  // [T, (n-1)*heads]
   const int64_t per_token = rows.shape()[1];
-  const Tensor looked_up = be.embedding(w.embed, rows.reshape({t * per_token}));
+  const Tensor flat = rows.reshape({t * per_token});
+  const Tensor looked_up = w.embed_scales.defined()
+                               ? be.embedding_fp8(w.embed, w.embed_scales, flat)
+                               : be.embedding(w.embed, flat);
   const Tensor kv = be.linear(looked_up.reshape({t, per_token * w.embed.shape()[1]}), w.wkv);
   return be.engram_gate(trunk, kv, w.q_weight, w.k_weight, eps_);
 }

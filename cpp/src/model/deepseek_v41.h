@@ -7,7 +7,9 @@
 // ("mask") and drops their rows before the kept positions ("compact").
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <vector>
 
 #include "deepinfer/backend.h"
 #include "deepinfer/v41_config.h"
@@ -18,11 +20,21 @@
 
 namespace deepinfer {
 
-// The Engram n-grams of `rows` on the device: [T, n] i32 (n = engram_max_ngram_size), column r
-// the token at position t - r (-1 before the sequence start), from each row's tokens and its
-// `history`. A row whose first token is carried (token_from_previous) takes it from `previous`
-// (the previous step's sampled tokens) wherever it appears. Undefined when the model has no
-// Engram layer. Error(kInvalidArgument) naming the row when its history is too short.
+// The host half of engram_ngrams, shared with the recorded decode graphs (decode_graphs.h): the
+// n-grams of `rows` into `ngram` ([num_token_rows, n] row-major, resized; n =
+// engram_max_ngram_size), column r the token at position t - r (-1 before the sequence start),
+// from each row's tokens and its `history`; into `remap` (same size) the index into the previous
+// step's tokens of each cell holding a carried first token (token_from_previous), -1 elsewhere.
+// Token rows past those of `rows` are a graph's padding rows (token 0 at position 0, as pack_batch
+// writes them): [0, -1, ..., -1]. Returns whether any cell carries. Error(kInvalidArgument)
+// naming the row when its history is too short, or when `num_token_rows` is below the rows'
+// token count.
+bool pack_engram_ngrams(RowSpan rows, const V41TextConfig& config, int64_t num_token_rows,
+                        std::vector<int32_t>& ngram, std::vector<int32_t>& remap);
+
+// The Engram n-grams of `rows` on the device: [T, n] i32 (pack_engram_ngrams), a carried first
+// token taken from `previous` (the previous step's sampled tokens) wherever it appears. Undefined
+// when the model has no Engram layer.
 Tensor engram_ngrams(Backend& backend, RowSpan rows, const V41TextConfig& config,
                      const Tensor& previous);
 

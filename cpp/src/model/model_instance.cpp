@@ -279,12 +279,13 @@ void finish_instance(ModelInstance& m, CacheShape shape, int decode_graph_max_ba
 }
 
 // The DeepSeek-V4.1 instance (docs/model.md#deepseek-v41-text-model) of `checkpoint`, or of random
-// weights when it is null: eager, without drafter or expert parallelism; KV in f32, bf16 or V4.1's
-// FP8/FP4 formats ("fp8").
+// weights when it is null: decode graphs as V4's (finish_instance), without drafter or expert
+// parallelism; KV in f32, bf16 or V4.1's FP8/FP4 formats ("fp8").
 void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& shape,
-              const std::string& activation_quant, const std::string& kv_cache_dtype,
-              const std::function<void(int, int)>& progress, const KvSizing& sizing,
-              const ModelInstance::RankTarget& rank, uint64_t seed, DType stored) {
+              int decode_graph_max_batch, const std::string& activation_quant,
+              const std::string& kv_cache_dtype, const std::function<void(int, int)>& progress,
+              const KvSizing& sizing, const ModelInstance::RankTarget& rank, uint64_t seed,
+              DType stored) {
   if (!rank.expert_slots.empty()) {
     throw Error(ErrorCode::kUnsupported,
                 m.config.source + ": expert parallelism is not available for DeepSeek-V4.1 yet");
@@ -306,8 +307,15 @@ void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& 
     m.notes.push_back("random weights (load_format dummy): outputs are meaningless");
   }
   if (sized.num_blocks == 0) sized.num_blocks = blocks_from_memory(m, sized, sizing, 0);
+  const int max_batch =
+      resolve_decode_graph_max_batch(decode_graph_max_batch, *m.backend, sized.num_state_slots);
+  sized.num_scratch_slots = max_batch > 0 ? 1 : 0;  // the graphs' padding rows
   m.caches = std::make_unique<ModelCaches>(m.config, sized, *m.backend);
   m.v41_model = std::make_unique<DeepseekV41Model>(*m.config.v41, std::move(weights), *m.backend);
+  if (max_batch > 0) {
+    m.graphs = std::make_unique<DecodeGraphs>(m.config, *m.v41_model, *m.caches, *m.backend,
+                                              max_batch, /*scratch_slot=*/sized.num_state_slots);
+  }
 }
 
 }  // namespace
@@ -335,8 +343,8 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   if (config.v41 != nullptr) {
-    make_v41(*m, &checkpoint, shape, activation_quant, kv_cache_dtype, progress, sizing, rank,
-             /*seed=*/0, DType::kBF16);
+    make_v41(*m, &checkpoint, shape, decode_graph_max_batch, activation_quant, kv_cache_dtype,
+             progress, sizing, rank, /*seed=*/0, DType::kBF16);
     return m;
   }
   WeightLoadOptions options;
@@ -365,7 +373,8 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
   m->config = config;
   m->backend = rank.backend ? std::move(rank.backend) : make_backend(device, num_threads);
   if (config.v41 != nullptr) {
-    make_v41(*m, nullptr, shape, activation_quant, kv_cache_dtype, {}, sizing, rank, seed, stored);
+    make_v41(*m, nullptr, shape, decode_graph_max_batch, activation_quant, kv_cache_dtype, {},
+             sizing, rank, seed, stored);
     m->backend->synchronize();
     return m;
   }

@@ -38,9 +38,8 @@ struct ModelInstance {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<ModelCaches> caches;
   std::unique_ptr<DeepseekV4Model> model;  // DeepSeek-V4; null for V4.1
-  // DeepSeek-V4.1 (config.v41 set; docs/model.md#deepseek-v41-text-model): eager only (no decode
-  // graphs), no drafter, no expert parallelism; KV f32, bf16 or V4.1's FP8/FP4 records. Null for
-  // V4.
+  // DeepSeek-V4.1 (config.v41 set; docs/model.md#deepseek-v41-text-model): decode graphs as V4,
+  // no drafter, no expert parallelism; KV f32, bf16 or V4.1's FP8/FP4 records. Null for V4.
   std::unique_ptr<DeepseekV41Model> v41_model;
   // The checkpoint's MTP drafter; null when it ships no mtp.* block. Refers to `model`.
   std::unique_ptr<MtpDrafter> mtp;

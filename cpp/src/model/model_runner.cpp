@@ -61,6 +61,31 @@ class CheckpointModelRunner final : public ModelRunner {
     return m.backend->to_host(m.backend->argmax(logits));
   }
 
+  void set_history(int slot, const std::vector<int32_t>& tokens) override {
+    const ModelConfig& config = instance_->config;
+    if (config.v41 == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "set_history: a DeepSeek-V4 model has no Engram layers and keeps no token "
+                  "history (DeepSeek-V4.1 only)");
+    }
+    const int num_slots = instance_->caches->shape().num_state_slots;
+    if (slot < 0 || slot >= num_slots) {
+      throw Error(ErrorCode::kInvalidArgument, "set_history: 'slot' " + std::to_string(slot) +
+                                                   " is outside the runner's " +
+                                                   std::to_string(num_slots) + " state slots");
+    }
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= config.vocab_size) {
+        throw Error(ErrorCode::kInvalidArgument, "set_history: 'tokens'[" + std::to_string(i) +
+                                                     "] = " + std::to_string(tokens[i]) +
+                                                     " is outside the vocabulary [0, " +
+                                                     std::to_string(config.vocab_size) + ")");
+      }
+    }
+    if (histories_.empty()) histories_.resize(static_cast<size_t>(num_slots));
+    histories_[static_cast<size_t>(slot)] = tokens;
+  }
+
   int num_mtp_blocks() const override {
     return instance_->mtp != nullptr ? instance_->mtp->num_blocks() : 0;
   }
@@ -254,6 +279,7 @@ ModelConfig model_config(const std::string& config_json, const RunnerOptions& op
   ModelConfig config = ModelConfig::from_file(config_json);
   set_yoco_truncation(config, options.yoco_prefill_truncation, options.yoco_keep_tokens,
                       options.max_backtrack);
+  set_engram_table_memory(config, options.engram_table_memory);
   return config;
 }
 

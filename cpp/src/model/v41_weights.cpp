@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/json.h"
@@ -31,6 +32,83 @@ constexpr SkippedFamily kSkippedFamilies[] = {
 [[noreturn]] void bad_tables(const std::string& file, const std::string& field,
                              const std::string& what) {
   throw Error(ErrorCode::kInvalidConfig, file + ": field '" + field + "' " + what);
+}
+
+// Whether an Engram table of `bytes` goes to host memory the kernels read in place
+// (EngramTableMemory). "auto" picks it for a table over 1/8 of the device's memory; a backend
+// that reports none (the CPU: its memory is the host's) keeps it where upload_weight puts it.
+bool engram_table_on_host(Backend& backend, EngramTableMemory memory, int64_t bytes,
+                          const std::string& name) {
+  if (memory == EngramTableMemory::kDevice) return false;
+  if (memory == EngramTableMemory::kAuto) {
+    if (!backend.supports_mapped_host_weights()) return false;
+    const DeviceMemory m = backend.memory_info();
+    return m.total_bytes > 0 && bytes > m.total_bytes / 8;
+  }
+  if (!backend.supports_mapped_host_weights()) {
+    throw Error(ErrorCode::kUnsupported,
+                "'engram_table_memory' \"host\": the " + backend.name() +
+                    " backend cannot read host memory in place, so tensor '" + name +
+                    "' cannot stay there (use \"device\" or \"auto\")");
+  }
+  return true;
+}
+
+// `host` (a checkpoint tensor) on the backend, in host memory read in place or in device memory.
+Tensor place_engram_table(Backend& backend, const Tensor& host, DType dtype, bool on_host) {
+  if (!on_host) return backend.upload_weight(host, dtype);
+  return backend.upload_weight_mapped(host.dtype() == dtype ? host : host.to(dtype));
+}
+
+// An Engram table as V4.1 ships it (C.7.4, C.9): e4m3 codes [rows, cols] with `<base>.scale`
+// [rows, ceil(cols / 32)] F8_E8M0, one UE8M0 scale per row and 32 columns. It stays in that
+// format (V4.1-Flash's tables are ~98 GB each): embedding_fp8 decodes only the looked-up rows.
+// On the CPU backend both placements keep the checkpoint's mapping, so nothing is copied.
+void load_fp8_engram_table(const Checkpoint& ckpt, Backend& backend, const std::string& name,
+                           const Shape& shape, EngramTableMemory memory, EngramWeights& eg) {
+  const SafetensorsEntry& e = ckpt.entry(name);
+  const std::string& file = ckpt.file_of(name).path();
+  if (e.shape != shape) {
+    throw Error(ErrorCode::kInvalidConfig,
+                file + ": tensor '" + name + "' (F8_E4M3) has shape " + shape_str(e.shape) +
+                    " but config.json implies " + shape_str(shape) +
+                    " (engram_num_embeddings of the layer, engram_head_dim)");
+  }
+  const std::string scale_name =
+      name.substr(0, name.size() - std::string_view(".weight").size()) + ".scale";
+  const Shape grid{shape[0], (shape[1] + 31) / 32};
+  if (!ckpt.contains(scale_name)) {
+    throw Error(ErrorCode::kNotFound, file + ": tensor '" + name +
+                                          "' is F8_E4M3 but has no scale tensor '" + scale_name +
+                                          "' (expected F8_E8M0" + shape_str(grid) + ")");
+  }
+  const SafetensorsEntry& se = ckpt.entry(scale_name);
+  const std::string& scale_file = ckpt.file_of(scale_name).path();
+  if (se.dtype_name != "F8_E8M0") {
+    throw Error(ErrorCode::kUnsupported,
+                scale_file + ": scale tensor '" + scale_name + "' has dtype " + se.dtype_name +
+                    ", expected F8_E8M0 (the FP8 Engram table's UE8M0 scales, kept as shipped)");
+  }
+  if (se.shape != grid) {
+    throw Error(ErrorCode::kInvalidConfig,
+                scale_file + ": scale tensor '" + scale_name + "' has shape " +
+                    shape_str(se.shape) + " but '" + name + "' " + shape_str(shape) + " needs " +
+                    shape_str(grid) + " (one UE8M0 scale per row and 32 columns)");
+  }
+  const Tensor scales = ckpt.tensor(scale_name);
+  const auto* bits = static_cast<const uint8_t*>(scales.raw_data());
+  const void* nan = std::memchr(bits, 0xff, scales.nbytes());
+  if (nan != nullptr) {
+    const int64_t i = static_cast<const uint8_t*>(nan) - bits;
+    throw Error(ErrorCode::kCorruptFile,
+                scale_file + ": scale tensor '" + scale_name + "' holds 0xff (e8m0 NaN) at [" +
+                    std::to_string(i / grid[1]) + ", " + std::to_string(i % grid[1]) + "]");
+  }
+  const Tensor values = ckpt.tensor(name);
+  eg.embed_on_host = engram_table_on_host(
+      backend, memory, static_cast<int64_t>(values.nbytes() + scales.nbytes()), name);
+  eg.embed = place_engram_table(backend, values, DType::kF8E4M3, eg.embed_on_host);
+  eg.embed_scales = place_engram_table(backend, scales, DType::kE8M0, eg.embed_on_host);
 }
 
 // The compressor of kv source `layer` (ratio 2: wkv and wgate stacked, zero ape; ratio 1: wkv).
@@ -123,15 +201,21 @@ V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend
     eg.hash.heads = c.engram_n_heads;
     eg.hash.pad_id = tables.token_map[static_cast<size_t>(c.engram_pad_token_id)];
     const std::string table = p + "engram.embed.weight";
+    const Shape table_shape{c.engram_num_embeddings[e], c.engram_head_dim};
     if (checkpoint != nullptr && checkpoint->contains(table) &&
         checkpoint->entry(table).dtype_name == "F8_E4M3") {
-      throw Error(ErrorCode::kUnsupported,
-                  checkpoint->file_of(table).path() + ": tensor '" + table + "' is F8_E4M3" +
-                      shape_str(checkpoint->entry(table).shape) +
-                      ": the FP8 Engram table (dequantized per looked-up row, model.md C.7.4) is "
-                      "not implemented yet; only a dense (F32/BF16) table loads");
+      load_fp8_engram_table(*checkpoint, backend, table, table_shape, c.engram_table_memory, eg);
+    } else if (checkpoint != nullptr) {
+      // A dense table: the dtype load_matrix would give it, wherever it lives.
+      const Tensor host = w.host(table, table_shape, /*integer=*/false);
+      const DType dtype = backend.weight_dtype(host.dtype());
+      eg.embed_on_host = engram_table_on_host(
+          backend, c.engram_table_memory,
+          table_shape[0] * table_shape[1] * static_cast<int64_t>(dtype_size(dtype)), table);
+      eg.embed = place_engram_table(backend, host, dtype, eg.embed_on_host);
+    } else {
+      eg.embed = w.load_matrix(table, table_shape);
     }
-    eg.embed = w.load_matrix(table, {c.engram_num_embeddings[e], c.engram_head_dim});
     eg.wkv = w.load_linear(p + "engram.wkv.weight", {(n + 1) * h, e_dim}, false);
     eg.q_weight = w.load(p + "engram.q_weight", {n, h});
     eg.k_weight = w.load(p + "engram.k_weight", {n, h});
@@ -235,6 +319,13 @@ V41Weights load_v41_weights(const Checkpoint& checkpoint, const V41TextConfig& c
     for (size_t f = 0; f < skipped.size(); ++f) {
       if (name.starts_with(kSkippedFamilies[f].prefix)) ++skipped[f];
     }
+  }
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    if (!m.layers[l].engram.embed_on_host || backend.device_kind() == DeviceKind::kCpu) continue;
+    m.notes.push_back("layers." + std::to_string(l) + ".engram.embed.weight (" +
+                      m.layers[l].engram.embed.describe() +
+                      ") stays in pinned host memory the device reads in place "
+                      "(engram_table_memory)");
   }
   for (size_t f = 0; f < skipped.size(); ++f) {
     if (skipped[f] == 0) continue;

@@ -44,7 +44,12 @@ struct V41AttentionWeights {
 // One Engram layer (C.7): the hash constants, the table, the projection and the gate weights.
 struct EngramWeights {
   EngramHashParams hash;
-  Tensor embed;      // [rows, engram_head_dim] (dense; the FP8 table is not read yet)
+  // [rows, engram_head_dim]: dense (f32 / the backend's bf16), or as shipped (f8_e4m3 with
+  // embed_scales [rows, ceil(engram_head_dim / 32)] e8m0; only looked-up rows are decoded).
+  Tensor embed;
+  Tensor embed_scales;  // undefined for a dense table
+  // Both live in host memory the kernels read in place (engram_table_memory, upload_weight_mapped).
+  bool embed_on_host = false;
   MatrixWeight wkv;  // [(N+1)*H, (n-1)*heads*engram_head_dim]
   Tensor q_weight;   // [N, H]
   Tensor k_weight;   // [N, H]

