@@ -26,7 +26,16 @@ struct AttentionShape {
 };
 
 const char* kv_name(DType kv) {
-  return kv == DType::kF32 ? "f32" : kv == DType::kBF16 ? "bf16" : "fp8";
+  switch (kv) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kE2M1x2:
+      return "v41-fp4";  // V4.1's FP4 records (e2m1, UE8M0 per 32 for index keys)
+    default:
+      return "fp8";
+  }
 }
 
 // `rows` random key rows of `dim` channels in a cache of `kv`: drawn in f32 and written through
@@ -85,8 +94,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 // the about ctx/4 index keys in a cache of `kv`, then the top-k. The bytes are those of the index
 // keys each row scores (a prefill chunk's rows share theirs through L2). Rows:
 //  - indexer_topk: the op as the backend runs it (its scoring kernel named), plain and in a
-//    graph; for bf16 / fp8 keys also with the f32 CUDA-core scores (graph), the A/B pair; and
-//    with each selection kernel forced (graph): binned, one block, split;
+//    graph; for bf16 / fp8 / V4.1 FP4 keys also with the f32 CUDA-core scores (graph), the A/B
+//    pair; and with each selection kernel forced (graph): binned, one block, split;
 //  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, the
 //    tensor-core one with q in one part (what the op's second MMA costs) and, for fp8 keys,
 //    with the records copied in runs of a block (the default copies them key by key);
@@ -179,10 +188,10 @@ void bench_indexer(Backend& be, int iters) {
   }
   for (const int ctx : {32768, 131072})
     for (const int batch : {1, 64})
-      for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
+      for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
         run_indexer(be, iters, batch, 1, ctx, kv);
   // Prefill: the last 1024-row chunk of a 32K prompt.
-  for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
+  for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
     run_indexer(be, iters, 1, 1024, 32768, kv);
 }
 

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "op_bench_util.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer::bench {
 
@@ -75,17 +77,29 @@ void bench_engram(Backend& be, int iters, int64_t tokens) {
        bytes, tokens * kHcMult * kHidden * 8.0);
 }
 
-// Decode rows of `batch` sequences at `ctx` index entries (ratio 1: one entry per token).
+// Decode rows of `batch` sequences at `ctx` index entries (ratio 1: one entry per token), over
+// f32, bf16 or V4.1 FP4 index keys (kE2M1x2: what kv_cache_dtype "fp8" stores, written through
+// scatter_rows as the model writes them).
 void bench_candidates(Backend& be, int iters, int batch, int ctx, DType keys) {
   const int heads = 32, dim = 128, ratio = 1, block_entries = 8, top_blocks = 2048, top_k = 512;
   const int blocks = ctx / 128;
   BatchLayout L = decode_layout(be, batch, 1, ctx, blocks);
   Tensor q = rnd(be, {batch, heads, dim}, DType::kF32, 50);
   Tensor w = rnd(be, {batch, heads}, DType::kF32, 51);
-  Tensor cache = rnd(be, {(int64_t{batch} * blocks + 1) * 128, dim}, keys, 52);
+  const int64_t rows = (int64_t{batch} * blocks + 1) * 128;
+  Tensor cache;
+  if (keys == DType::kE2M1x2) {
+    cache = be.empty({rows, kv_record::row_width(keys, dim, 0)}, keys);
+    std::vector<int32_t> dest(static_cast<size_t>(rows));
+    std::iota(dest.begin(), dest.end(), 0);
+    be.scatter_rows(cache, rnd(be, {rows, dim}, DType::kF32, 52), i32(be, dest), 0);
+  } else {
+    cache = rnd(be, {rows, dim}, keys, 52);
+  }
+  const char* key_name = keys == DType::kF32 ? "f32" : keys == DType::kBF16 ? "bf16" : "v41-fp4";
   const std::string shape = "B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                            " h=32 d=128 be=8 " + (keys == DType::kF32 ? "f32" : "bf16") + " keys";
-  const double key_bytes = static_cast<double>(dtype_size(keys)) * dim;
+                            " h=32 d=128 be=8 " + key_name + " keys";
+  const double key_bytes = static_cast<double>(kv_record::RowCodec{keys, dim, 0}.row_bytes());
   Tensor cand;
   auto candidates = [&] {
     cand = be.indexer_candidates(q, w, cache, L, ratio, block_entries, top_blocks, 0.0884f, 1.0f);
@@ -116,7 +130,7 @@ void bench_v41(Backend& be, int iters) {
   }
   for (const int ctx : {32768, 131072})
     for (const int batch : {1, 64})
-      for (const DType keys : {DType::kF32, DType::kBF16})
+      for (const DType keys : {DType::kF32, DType::kBF16, DType::kE2M1x2})
         bench_candidates(be, iters, batch, ctx, keys);
 }
 

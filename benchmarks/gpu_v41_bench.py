@@ -250,7 +250,7 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         default="f32",
-        help="KV dtype of both models (f32 or bf16: V4.1's fp8 records do not run on CUDA yet)",
+        help="KV dtype of both models (f32, bf16 or fp8: V4's fp8 records, V4.1's FP8 / FP4 ones)",
     )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a --tiny smoke run")
     parser.add_argument("--tiny", action="store_true", help="tiny widths (a CPU smoke run)")

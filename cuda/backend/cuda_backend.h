@@ -47,10 +47,11 @@ class CudaBackend final : public Backend {
     return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8 ||
            dtype == DType::kF8E4M3 || dtype == DType::kE2M1x2;
   }
-  // The indexer kernels (cuda/indexer/) decode f32, bf16 and V4's fp8 index keys; V4.1's FP4
-  // index-key records (kE2M1x2) are not read there yet.
+  // The indexer kernels (cuda/indexer/) read f32, bf16, V4's fp8 (kU8) and V4.1's FP4 (kE2M1x2)
+  // index keys.
   bool supports_index_cache_dtype(DType dtype) const override {
-    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8;
+    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8 ||
+           dtype == DType::kE2M1x2;
   }
 
   Tensor empty(const Shape& shape, DType dtype) override;

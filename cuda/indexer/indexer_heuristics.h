@@ -1,5 +1,5 @@
 // How the indexer ops (indexer_topk, indexer_candidates, indexer_topk_in_candidates) are cut
-// into launches: which kernel scores (tensor cores for bf16 and fp8 keys at the shapes
+// into launches: which kernel scores (tensor cores for bf16, fp8 and FP4 keys at the shapes
 // indexer_score_mma.cu takes, else the f32 CUDA-core kernel, which also serves f32 keys and
 // candidate lists), which kernel selects (the binned one where a row fits its shared memory, else
 // one block per token, or the split selection for a few long rows), whether a token's scores fit in
@@ -39,10 +39,13 @@ inline IndexerProblem topk_problem(int64_t tokens, int64_t heads, int64_t dim, i
 }
 
 // Whether indexer_score_mma.cu takes the problem: it scores visible entries (no candidate list),
-// its keys are exact in an MMA input type (f32 keys are not), its warps cover the heads (16 each),
-// and their count divides a tile's keys (heads 16, 32 or 64).
+// its keys are exact in an MMA input type (bf16, V4 fp8 and V4.1 FP4 index keys; f32 keys are
+// not), its warps cover the heads (16 each), and their count divides a tile's keys (heads 16, 32
+// or 64).
 inline bool score_mma_takes(const IndexerProblem& p) {
-  return !p.listed && p.keys != KvFormat::kF32 && p.dim == kMmaDim && p.heads > 0 &&
+  const bool exact_keys =
+      p.keys == KvFormat::kBf16 || p.keys == KvFormat::kFp8 || p.keys == KvFormat::kV41Fp4Index;
+  return !p.listed && exact_keys && p.dim == kMmaDim && p.heads > 0 &&
          p.heads % kMmaHeadsPerWarp == 0 && kMmaMaxHeads % p.heads == 0;
 }
 

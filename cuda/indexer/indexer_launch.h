@@ -55,7 +55,7 @@ struct ScoreArgs {
   const float* q;        // [T, heads, dim]
   const float* weights;  // [T, heads]
   const uint8_t* cache;  // [cache_rows] rows of key.row_bytes bytes
-  KvRowFormat key;       // the index cache's rows: f32, bf16 or fp8 index-key records
+  KvRowFormat key;       // the index cache's rows: f32, bf16, V4 fp8 or V4.1 FP4 index keys
   float* scores;         // [tokens of the group, row]: the score of each slot
   int64_t row;           // floats per scores row
   int64_t bound;         // max entries of a sequence: max_blocks_per_seq * epb
@@ -81,11 +81,17 @@ inline int score_mma_threads(int64_t heads) {
   return static_cast<int>(heads / kMmaHeadsPerWarp) * kMmaKeyGroups * 32;
 }
 
-// Shared memory of the tensor-core kernel: per stage the keys' channels (fp8 or bf16), their
+// Bytes of one key staged by the tensor-core kernel: kMmaDim fp8 or bf16 channels, or a V4.1 FP4
+// index record (kMmaDim / 2 bytes of e2m1 pairs, then 4 UE8M0 scales: 68 bytes) padded to 80,
+// whose 20-word stride puts the 8 keys of an n-tile on distinct banks (indexer_score_mma.cu).
+__host__ __device__ constexpr int score_mma_key_bytes(KvFormat format) {
+  return format == KvFormat::kFp8 ? kMmaDim : format == KvFormat::kV41Fp4Index ? 80 : 2 * kMmaDim;
+}
+
+// Shared memory of the tensor-core kernel: per stage the keys (score_mma_key_bytes), their f32
 // scales and mapped flags; the head groups' partial scores.
 inline size_t score_mma_smem_bytes(int64_t heads, KvFormat format) {
-  const int64_t elem = format == KvFormat::kFp8 ? 1 : 2;
-  const int64_t stage = kMmaKeys * (kMmaDim * elem + sizeof(float) + sizeof(int));
+  const int64_t stage = kMmaKeys * (score_mma_key_bytes(format) + sizeof(float) + sizeof(int));
   return static_cast<size_t>(kMmaStages * stage +
                              heads / kMmaHeadsPerWarp * kMmaKeys * sizeof(float));
 }
@@ -200,7 +206,7 @@ struct CandidateListArgs {
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
                           size_t smem, cudaStream_t stream);
 
-// indexer_score_mma.cu: the same scores on tensor cores, for bf16 and fp8 keys of kMmaDim
+// indexer_score_mma.cu: the same scores on tensor cores, for bf16, fp8 and FP4 keys of kMmaDim
 // channels and heads 16, 32 or 64, over all visible entries (no candidate list: score_mma_takes);
 // grid (n, splits) over tiles of kMmaKeys. q_one_part: q rounded once, without its lo part
 // (measurement only). key_runs: fp8 keys copied in runs of a paged block (where

@@ -16,10 +16,10 @@ class CudaBackend;
 enum class IndexerScoreKernel {
   kAuto,        // indexer_heuristics.h decides
   kCudaCore,    // indexer_score.cu: f32 math, every key format and shape
-  kTensorCore,  // indexer_score_mma.cu: bf16 / fp8 keys at its shapes, else kUnsupported
+  kTensorCore,  // indexer_score_mma.cu: bf16 / fp8 / FP4 keys at its shapes, else kUnsupported
   // kTensorCore with q rounded once to the MMA input (one MMA instead of two; q to 8 significant
-  // bits for bf16 keys, 11 for fp8): what the split of q costs. Measurement only: its scores
-  // are not held to the CPU op's, and kAuto never picks it.
+  // bits for bf16 keys, 11 for fp8 and FP4): what the split of q costs. Measurement only: its
+  // scores are not held to the CPU op's, and kAuto never picks it.
   kTensorCoreOnePass,
   // kTensorCore with fp8 keys copied in runs of a paged block (16-byte copies) where
   // score_mma_key_runs allows, instead of key by key (33 four-byte copies per 132-byte record).

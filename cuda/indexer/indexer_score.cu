@@ -3,8 +3,8 @@
 // (for all visible entries, `bound` = max_blocks_per_seq * epb: no sequence can address more
 // entries than its block table has columns). Grid (token, split): each block stages the token's
 // q [h, Di] in shared memory and scores tiles of 32 slots (one per lane; the warps split the
-// heads). Key tiles are staged as f32: an f32 cache with cp.async, a bf16 or fp8 one decoded
-// (exactly) on the way into shared memory.
+// heads). Key tiles are staged as f32: an f32 cache with cp.async, a bf16, fp8 or V4.1 FP4 one
+// decoded (exactly: decode_kv4) on the way into shared memory.
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
@@ -135,6 +135,14 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
     case KvFormat::kFp8:
       launch(indexer_score_kernel<KvFormat::kFp8>);
       break;
+    case KvFormat::kV41Fp4Index:
+      launch(indexer_score_kernel<KvFormat::kV41Fp4Index>);
+      break;
+    case KvFormat::kV41Fp8:
+    case KvFormat::kV41Fp4Main:
+      // Not index-key formats: the front checks (supports_index_cache_dtype) admit neither.
+      throw Error(ErrorCode::kUnsupported,
+                  "indexer score: V4.1's FP8 and FP4 main records are not index keys");
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer score");
 }

@@ -1,13 +1,14 @@
 // The indexer's scoring kernel on tensor cores: the scores of indexer_score.cu (same scratch
-// rows, same -inf / +0 rules) for bf16 and fp8 index keys, with q . k on mma.sync m16n8k16 and
-// f32 accumulation.
+// rows, same -inf / +0 rules) for bf16, V4 fp8 and V4.1 FP4 index keys, with q . k on mma.sync
+// m16n8k16 and f32 accumulation.
 //
 // Precision. The keys are exact in the MMA's input type: fp8 keys as e4m3 codes in f16 (their
-// f32 row scale applied to the product), bf16 keys as they are. q is split into two parts,
-// q = hi + lo, and both are multiplied (two MMAs): in bf16 for bf16 keys (q to 16 significant
-// bits: relative error <= 2^-16 per channel), in f16 for fp8 keys after a power-of-two scale per
-// head that puts max |q_h| in [2^14, 2^15) (22 bits: <= 2^-22 per channel, channels below
-// 2^-28 max |q_h| to an absolute 2^-39 max |q_h|). Products are exact
+// f32 row scale applied to the product), FP4 keys as e2m1 codes in f16 (each 32-channel group's
+// UE8M0 scale applied to that group's product: score_fp4_tile), bf16 keys as they are. q is
+// split into two parts, q = hi + lo, and both are multiplied (two MMAs): in bf16 for bf16 keys
+// (q to 16 significant bits: relative error <= 2^-16 per channel), in f16 for fp8 and FP4 keys
+// after a power-of-two scale per head that puts max |q_h| in [2^14, 2^15) (22 bits: <= 2^-22
+// per channel, channels below 2^-28 max |q_h| to an absolute 2^-39 max |q_h|). Products are exact
 // in the f32 accumulators, whose sums on Hopper's tensor cores are a few bits short of IEEE f32
 // (they truncate). ReLU, the head weights and the sum over heads run in f32 in the epilogue.
 // Integer-valued q and keys (the op table's exact rows) are thus scored exactly.
@@ -21,6 +22,9 @@
 // (IndexerScoreKernel::kTensorCoreKeyRuns; slower on the H200), in runs of a paged block with
 // 16-byte copies where the block's entries allow it (score_mma_key_runs). Lanes read the
 // key channels of their fragments directly (indexer_mma_layout.h): no ldmatrix, no decode pass.
+// FP4 records (68 bytes) are copied whole, key by key with 4-byte copies, into rows of 80 bytes;
+// they take the bf16 keys' channel order, so that the 16 channels of an mma step lie in one
+// 32-channel scale group (steps 2i, 2i + 1: group i, the 4-byte words i*4 .. i*4 + 3 of codes).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -49,13 +53,40 @@ constexpr int kWarpTiles = kWarpKeys / 8;            // n-tiles of 8 keys
 // What differs between the key formats.
 template <KvFormat F>
 struct MmaKeys {
+  static constexpr bool kFp4 = F == KvFormat::kV41Fp4Index;
+  // The channel order (indexer_mma_layout.h) by element size: FP4 keys take bf16's.
   static constexpr int kElemBytes = F == KvFormat::kFp8 ? 1 : 2;
-  static constexpr int kRowBytes = kMmaDim * kElemBytes;  // staged channels of one key
-  // Bytes per cp.async: fp8 records are 132 bytes, so only 4-byte aligned.
-  static constexpr int kCopyBytes = F == KvFormat::kFp8 ? 4 : 16;
-  static constexpr int kLanesPerKey = kRowBytes / kCopyBytes;
+  // fp8 and FP4 keys go into f16 MMAs (e4m3 and e2m1 codes are exact there), bf16 keys into
+  // bf16 ones.
+  static constexpr bool kF16 = F != KvFormat::kBf16;
+  static constexpr int kRowBytes = score_mma_key_bytes(F);  // shared memory of one key
+  // Bytes per cp.async: fp8 records are 132 bytes and FP4 records 68, so only 4-byte aligned.
+  static constexpr int kCopyBytes = F == KvFormat::kBf16 ? 16 : 4;
+  // Lanes that copy a key's channels (an FP4 record's 64 bytes of codes; one of them also
+  // copies its scales).
+  static constexpr int kLanesPerKey = (kFp4 ? kMmaDim / 2 : kRowBytes) / kCopyBytes;
   static_assert(kLanesPerKey == 16 || kLanesPerKey == 32, "a key's copies fill a warp or half");
 };
+
+// An FP4 record staged in shared memory: the e2m1 pairs of the kMmaDim channels, then one UE8M0
+// scale byte per 32 channels.
+constexpr int kFp4CodeBytes = kMmaDim / 2;
+constexpr int kFp4Groups = kMmaDim / kv_record::kV41Fp4IndexGroup;
+static_assert(kFp4CodeBytes + kFp4Groups == 68 &&
+              kFp4CodeBytes + kFp4Groups <= score_mma_key_bytes(KvFormat::kV41Fp4Index));
+
+// The f16x2 B register of one byte of e2m1 pairs (the low nibble in the low half), each value
+// times 2^-14: the nibble's sign goes to the f16 sign bit and its exponent and mantissa bits
+// (e1 e0 m) to the f16 bits 11..9, so that e1 e0 are the exponent's low bits (bias 15 against
+// e2m1's 1: the 2^-14) and m its first mantissa bit; code 1 (0.5) becomes the f16 subnormal
+// 2^-15. Exact for all 16 codes.
+__device__ __forceinline__ uint32_t fp4_pair_f16(uint32_t byte) {
+  const uint32_t nibbles = (byte | (byte << 12)) & 0x000f000fu;  // low nibble at 0, high at 16
+  return ((nibbles & 0x00080008u) << 12) | ((nibbles & 0x00070007u) << 9);
+}
+
+// The 2^14 that fp4_pair_f16 takes out of every FP4 key, given back with the head weights.
+constexpr float kFp4KeyUnit = 16384.0f;
 
 // fp8 keys staged in runs (score_mma_key_runs): a tile's records as the cache stores them, 132
 // bytes each (channels, then the f32 scale), so that whole runs of a paged block copy in 16-byte
@@ -71,10 +102,10 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
   return r;
 }
 
-// x rounded to the MMA input type of F (f16 for fp8 keys, bf16 for bf16), back in f32.
+// x rounded to the MMA input type of F (f16 for fp8 and FP4 keys, bf16 for bf16), back in f32.
 template <KvFormat F>
 __device__ __forceinline__ float round_input(float x) {
-  if constexpr (F == KvFormat::kFp8) {
+  if constexpr (MmaKeys<F>::kF16) {
     return __half2float(__float2half_rn(x));
   } else {
     return __bfloat162float(__float2bfloat16_rn(x));
@@ -83,7 +114,7 @@ __device__ __forceinline__ float round_input(float x) {
 
 template <KvFormat F>
 __device__ __forceinline__ uint32_t pack_input(float lo, float hi) {
-  if constexpr (F == KvFormat::kFp8) {
+  if constexpr (MmaKeys<F>::kF16) {
     return pack_f16(lo, hi);
   } else {
     return pack_bf16(lo, hi);
@@ -113,7 +144,7 @@ __device__ __forceinline__ float load_query_row(const float* __restrict__ q_head
                                                 int row8, QueryFragments& f) {
   constexpr int kElem = MmaKeys<F>::kElemBytes;
   float scale = 1.0f;
-  if constexpr (F == KvFormat::kFp8) {
+  if constexpr (MmaKeys<F>::kF16) {
     float amax = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
@@ -145,11 +176,11 @@ __device__ __forceinline__ float load_query_row(const float* __restrict__ q_head
 }
 
 // Copies tile keys j0 .. j0 + kMmaKeys - 1 of sequence b (those visible and mapped) into one
-// stage: channels into `keys` (chunks swizzled, indexer_mma_layout.h), fp8 row scales into
-// `scales`, and mapped[n] = whether key n was copied. Warp w copies its keys m = 0, 1, ... (key
-// n = w k + (m / k) warps k + m % k, k keys per pass: one for fp8, two for bf16); lane m looks up
-// key m's row first, so that the block-table reads are in flight together (the copies, asm with
-// a memory clobber, would otherwise serialize them).
+// stage: channels into `keys` (chunks swizzled, indexer_mma_layout.h; FP4 records as they are),
+// fp8 row scales into `scales`, and mapped[n] = whether key n was copied. Warp w copies its keys m
+// = 0, 1, ... (key n = w k + (m / k) warps k + m % k, k keys per pass: one for fp8, two for bf16
+// and FP4); lane m looks up key m's row first, so that the block-table reads are in flight together
+// (the copies, asm with a memory clobber, would otherwise serialize them).
 template <KvFormat F>
 __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceLayout& l, int b,
                                                int64_t j0, int64_t visible, uint8_t* keys,
@@ -181,6 +212,9 @@ __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceL
     if constexpr (F == KvFormat::kFp8) {
       cp_async_4(dst + im::kChunkBytes * im::smem_chunk(n, u / 4) + 4 * (u % 4), src + 4 * u);
       if (u == 0) cp_async_4(scales + n, src + kMmaDim);  // the record's f32 scale
+    } else if constexpr (K::kFp4) {
+      cp_async_4(dst + 4 * u, src + 4 * u);
+      if (u == 0) cp_async_4(dst + kFp4CodeBytes, src + kFp4CodeBytes);  // the 4 scale bytes
     } else {
       cp_async_16(dst + im::kChunkBytes * im::smem_chunk(n, u), src + im::kChunkBytes * u);
     }
@@ -296,8 +330,45 @@ __device__ __forceinline__ void score_key_tile(const uint8_t* keys, int key0, in
   }
 }
 
+// acc[nt] += q . k over the warp's n-tiles of one stage of FP4 records (keys key0 + 8 nt + g),
+// times 2^-14 (fp4_pair_f16). Scale group i is mma steps 2i and 2i + 1, from word
+// kQuad i + c of the key's codes (lane c's chunk in the bf16 channel order: steps 2i + h take
+// its bytes 2h and 2h + 1); its product goes to a partial that takes the group's scale of each of
+// the lane's two C columns (keys 2c and 2c + 1 of the n-tile) before it joins acc.
+template <int kQParts>
+__device__ __forceinline__ void score_fp4_tile(const uint8_t* keys, int key0, int lane_g,
+                                               int lane_c, const QueryFragments& q,
+                                               float (&acc)[kWarpTiles][4]) {
+  constexpr int kRow = score_mma_key_bytes(KvFormat::kV41Fp4Index);
+#pragma unroll
+  for (int nt = 0; nt < kWarpTiles; ++nt) {
+    const uint8_t* row = keys + (key0 + 8 * nt + lane_g) * kRow;  // B: key g of the n-tile
+    const uint8_t* col = keys + (key0 + 8 * nt + 2 * lane_c) * kRow + kFp4CodeBytes;
+    const uint32_t scales0 = *reinterpret_cast<const uint32_t*>(col);  // C column 2c's scales
+    const uint32_t scales1 = *reinterpret_cast<const uint32_t*>(col + kRow);
+#pragma unroll
+    for (int i = 0; i < kFp4Groups; ++i) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 4 * (im::kQuad * i + lane_c));
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t b0 = fp4_pair_f16((w >> (16 * h)) & 0xffu);
+        const uint32_t b1 = fp4_pair_f16((w >> (16 * h + 8)) & 0xffu);
+        mma_f16(part, q.hi[2 * i + h], b0, b1);
+        if constexpr (kQParts == 2) mma_f16(part, q.lo[2 * i + h], b0, b1);
+      }
+      const float sc0 = e8m0_to_float(static_cast<uint8_t>(scales0 >> (8 * i)));
+      const float sc1 = e8m0_to_float(static_cast<uint8_t>(scales1 >> (8 * i)));
+      acc[nt][0] = fmaf(part[0], sc0, acc[nt][0]);
+      acc[nt][1] = fmaf(part[1], sc1, acc[nt][1]);
+      acc[nt][2] = fmaf(part[2], sc0, acc[nt][2]);
+      acc[nt][3] = fmaf(part[3], sc1, acc[nt][3]);
+    }
+  }
+}
+
 // kQParts 2 is the op's kernel; 1 (q rounded once to the MMA input: 8 significant bits for bf16
-// keys, 11 for fp8) only measures what the second MMA costs (IndexerScoreKernel).
+// keys, 11 for fp8 and FP4) only measures what the second MMA costs (IndexerScoreKernel).
 // kRuns: fp8 records staged in runs (issue_key_runs), else key by key (issue_key_tile).
 template <KvFormat F, int kQParts, bool kRuns>
 __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroups * 32, 2)
@@ -353,9 +424,11 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
   const float scale_g8 =
       load_query_row<F>(q_t + static_cast<int64_t>(h + 8) * kMmaDim, lane_c, 1, qf);
   const float* w_t = a.weights + static_cast<int64_t>(t) * a.heads;
-  // The head's weight with both scales, divided by its q scale (a power of two: exact).
-  const float wq_g = w_t[h] * a.weight_scale * a.score_scale / scale_g;
-  const float wq_g8 = w_t[h + 8] * a.weight_scale * a.score_scale / scale_g8;
+  // The head's weight with both scales, divided by its q scale (a power of two: exact); FP4
+  // keys' products also get back their 2^14 (kFp4KeyUnit).
+  const float unit = K::kFp4 ? kFp4KeyUnit : 1.0f;
+  const float wq_g = w_t[h] * a.weight_scale * a.score_scale * unit / scale_g;
+  const float wq_g8 = w_t[h + 8] * a.weight_scale * a.score_scale * unit / scale_g8;
   float* out = a.scores + static_cast<int64_t>(blockIdx.x) * a.row;
 
   for (int64_t i = 0; i < my_tiles; ++i) {
@@ -374,12 +447,15 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
     const uint8_t* records = keys + st * kMmaKeys * kRecordBytes;  // kRuns only
     if constexpr (kRuns) {
       score_record_tile<kQParts>(records, key0, lane_g, lane_c, qf, acc);
+    } else if constexpr (K::kFp4) {
+      score_fp4_tile<kQParts>(keys + st * kMmaKeys * K::kRowBytes, key0, lane_g, lane_c, qf, acc);
     } else {
       score_key_tile<F, kQParts>(keys + st * kMmaKeys * K::kRowBytes, key0, lane_g, lane_c, qf,
                                  acc);
     }
     // Epilogue: C holds heads g, g + 8 (registers 0, 1 / 2, 3) of keys 2c, 2c + 1 of each
-    // n-tile. ReLU (after the key's scale), the weights, then the sum over the warp's heads.
+    // n-tile. ReLU (after the key's scale: fp8's here, FP4's already in acc), the weights, then
+    // the sum over the warp's heads.
 #pragma unroll
     for (int nt = 0; nt < kWarpTiles; ++nt) {
       const int n = key0 + 8 * nt + 2 * lane_c;
@@ -445,9 +521,18 @@ void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t
         launch(indexer_score_mma_kernel<KvFormat::kFp8, 2, false>);
       }
       break;
+    case KvFormat::kV41Fp4Index:
+      if (q_one_part) {
+        launch(indexer_score_mma_kernel<KvFormat::kV41Fp4Index, 1, false>);
+      } else {
+        launch(indexer_score_mma_kernel<KvFormat::kV41Fp4Index, 2, false>);
+      }
+      break;
     case KvFormat::kF32:
+    case KvFormat::kV41Fp8:
+    case KvFormat::kV41Fp4Main:
       throw Error(ErrorCode::kUnsupported,
-                  "indexer_topk: the tensor-core scores take bf16 or fp8 keys, not f32");
+                  "indexer_topk: the tensor-core scores take bf16, fp8 or FP4 index keys");
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
 }

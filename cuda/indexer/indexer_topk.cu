@@ -1,8 +1,8 @@
 // The lightning indexer's top-k on the CUDA backend (docs/model.md#lightning-indexer), over the
 // paged layout (docs/model.md#kv-and-state-layout). It matches the CPU reference op in
 // cpp/src/backend/cpu_ops_attention.cpp on the same inputs. f32 keys are scored with f32 math
-// (indexer_score.cu); bf16 and fp8 keys, exact in bf16 / f16, on tensor cores with q split into
-// two parts (indexer_score_mma.cu says how close to f32 that is) where that kernel takes the
+// (indexer_score.cu); bf16, fp8 and FP4 keys, exact in bf16 / f16, on tensor cores with q split
+// into two parts (indexer_score_mma.cu says how close to f32 that is) where that kernel takes the
 // shape, else as f32 too (indexer_heuristics.h chooses).
 //
 // Every per-token quantity (sequence, position, context length, visible entries) is computed in
@@ -147,7 +147,7 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
                           opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyRuns;
   if (forced_mma && !c.mma) {
     throw Error(ErrorCode::kUnsupported,
-                std::string(op) + ": the tensor-core scores take bf16 or fp8 keys of " +
+                std::string(op) + ": the tensor-core scores take bf16, fp8 or FP4 keys of " +
                     std::to_string(kMmaDim) + " channels and 16, 32 or 64 heads, got q " +
                     q.describe() + " and keys " + index_cache.describe());
   }

@@ -1,9 +1,12 @@
-// Rows of indexer_topk over bf16 and fp8 index caches (kv_record.h: bf16 keys, or e4m3 keys with
-// one f32 scale), labelled kv_bf16_ / kv_fp8_: the rows of cases_attention.cpp (indexer_rows.h)
-// with the cache drawn as f32 keys stored through the host codec, so that both backends decode
-// the same records. The exact rows' keys (exact_kv_keys) survive both formats unchanged and keep
-// every score exact in f32; the random-float row's e4m3 keys use every code. (ring_write and
-// scatter_rows, which write these formats, have their bf16 / fp8 rows in cases_cache.cpp.)
+// Rows of indexer_topk over bf16, fp8 and V4.1 FP4 index caches (kv_record.h: bf16 keys, e4m3
+// keys with one f32 scale, or e2m1 keys with a UE8M0 scale per 32 channels), labelled kv_bf16_ /
+// kv_fp8_ / kv_v41fp4_: the rows of cases_attention.cpp (indexer_rows.h) with the cache drawn as
+// f32 keys stored through the host codec, so that both backends decode the same records. The
+// exact rows' keys (exact_kv_keys) survive bf16 and fp8 unchanged and keep every score exact in
+// f32; FP4 rounds them to e2m1 times a power of two per group (2 significant bits, so the scores
+// stay exact, and many keys tie), the ties decided by the tie rule. The random-float row's e4m3
+// and e2m1 keys use every code. (ring_write and scatter_rows, which write these formats, have
+// their rows in cases_cache.cpp.)
 #include <vector>
 
 #include "cases.h"
@@ -13,13 +16,13 @@ namespace deepinfer::backend_ops {
 
 std::vector<OpCase> kv_dtype_cases() {
   std::vector<OpCase> t;
-  for (const DType dtype : {DType::kBF16, DType::kU8}) {
+  for (const DType dtype : {DType::kBF16, DType::kU8, DType::kE2M1x2}) {
     Indexer c;
     c.cache = dtype;
     // Visible entries: 0..1 (fewer than top_k), 12 (decode), 7..8, 50..50, 250.
     c.seqs = {{0, 7, 0}, {48, 1, 1}, {29, 5, 2}, {200, 3, 3}, {999, 2, 4}};
     add_indexer_exact(t, "tiny_h4_d32_m4", c, {5, 64});
-    c.heads = 3;  // heads not a multiple of the warps; rows of 40 (bf16) and 24 (fp8) bytes
+    c.heads = 3;  // heads not a multiple of the warps; rows of 40 (bf16), 24 (fp8), 11 (FP4) bytes
     c.dim = 20;
     add_indexer_exact(t, "tiny_h3_d20_m4", c, {16});
 
@@ -55,6 +58,17 @@ std::vector<OpCase> kv_dtype_cases() {
     floats.seqs = {{4095, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
     add_indexer_floats(t, "v4_random_floats", floats, 512);
   }
+  // V4.1-Flash's width over its FP4 index keys: 32 heads of 128 (the tensor-core scores with two
+  // head groups), ratio 4: a ragged batch, then one decode row of 32,768 visible entries.
+  Indexer v41;
+  v41.cache = DType::kE2M1x2;
+  v41.block = 128;
+  v41.heads = 32;
+  v41.dim = 128;
+  v41.seqs = {{4095, 1, 0}, {1000, 4, 1}, {0, 200, 2}, {3000, 6, 3}};
+  add_indexer_exact(t, "v41_h32_d128_m4", v41, {512});
+  v41.seqs = {{131071, 1, 0}};
+  add_indexer_exact(t, "v41_b1_ctx131072", v41, {512, 2048});
   return t;
 }
 

@@ -11,7 +11,11 @@
 // has (the restriction is active). V4.1-Flash contexts sit below (10,000 entries) and above
 // (40,000 and 131,072 entries) the 2048 x 8 = 16,384 entries the candidates cover; other rows
 // take the kernels' paths for large rows (scores and bitmaps in global memory). Random-float rows
-// compare the chosen ids by score.
+// compare the chosen ids by score. V4.1's FP4 index keys (kE2M1x2 records, labelled kv_v41fp4_:
+// what kv_cache_dtype "fp8" stores) take the tiny rows (17-byte records, the CUDA-core scores),
+// V4.1 width (68-byte records, the tensor-core scores of indexer_candidates) at one and several
+// tokens, a graph and random floats; their exact keys are e2m1 times a power of two per 32
+// channels (cases_kv_dtypes.cpp), so the scores stay exact and tie often.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -356,6 +360,14 @@ std::vector<OpCase> v41_indexer_cases() {
   add_exact(t, {"wide_table", wide, 1, {}, 600, {Pick::kRandom, Pick::kDistinct}, {64}});
   // No candidate columns: every row is -1.
   add_exact(t, {"tiny_kb0", tiny, 8, {}, 0, {Pick::kRandom}, {5}});
+  // FP4 index keys at the tiny width: partial blocks of 3, and 8 (every candidate pick).
+  Indexer tiny_fp4 = tiny;
+  tiny_fp4.cache = DType::kE2M1x2;
+  for (const int bs : {3, 8}) {
+    add_exact(t, {"tiny_h4_d32_m4", tiny_fp4, bs, {1, 5, 64}, 70, {Pick::kAll}, {1, 16, 300}});
+    add_exact(t,
+              {"tiny_h4_d32_m4", tiny_fp4, bs, {}, 6, {Pick::kRandom, Pick::kDistinct}, {5, 64}});
+  }
 
   // V4.1-Flash: 32 index heads of 128, ratio 1 (128 entries per KV block), blocks of 8, top 2048
   // blocks, then top 512 entries among them.
@@ -378,7 +390,7 @@ std::vector<OpCase> v41_indexer_cases() {
   v41.seqs = {{32767, 1, 0}};
   add_exact(t, {"v41_ctx32768", v41, 8, {2048}, 2048, {Pick::kDistinct}, {512}});
   add_graph_rows(t, "v41_ctx32768", v41, 8, 2048, 2048, 512);
-  for (const DType dtype : {DType::kBF16, DType::kU8}) {
+  for (const DType dtype : {DType::kBF16, DType::kU8, DType::kE2M1x2}) {
     Indexer kv = v41;
     kv.cache = dtype;
     add_graph_rows(t, "v41_ctx32768", kv, 8, 2048, 2048, 512);
@@ -394,18 +406,29 @@ std::vector<OpCase> v41_indexer_cases() {
   v41.seqs = {{40000, 0, 0}};
   add_exact(t, {"v41_t0", v41, 8, {2048}, 2048, {Pick::kDistinct}, {512}});
 
-  // bf16 and fp8 index caches (the exact keys survive both formats).
-  for (const DType dtype : {DType::kBF16, DType::kU8}) {
+  // bf16, fp8 and FP4 index caches (the exact keys survive bf16 and fp8; FP4's keep exact
+  // scores).
+  for (const DType dtype : {DType::kBF16, DType::kU8, DType::kE2M1x2}) {
     Indexer kv = v41;
     kv.cache = dtype;
     kv.seqs = {{39999, 1, 0}, {3000, 4, 1}};
     add_exact(t, {"v41_ctx40000", kv, 8, {2048}, 2048, {Pick::kDistinct}, {512}});
   }
+  // FP4 at V4.1 width: decode below the candidate limit (every pick), and a ragged batch of
+  // decode, verification and prefill rows (fewer visible entries than top_k, partial KV blocks).
+  Indexer fp4 = v41;
+  fp4.cache = DType::kE2M1x2;
+  fp4.seqs = {{9999, 1, 0}};
+  add_exact(t, {"v41_ctx10000", fp4, 8, {2048}, 2048, all_picks, {512}});
+  fp4.seqs = {{39999, 1, 0}, {3000, 4, 1}, {0, 50, 2}, {16350, 40, 3}};
+  add_exact(t, {"v41_ragged", fp4, 8, {2048}, 2048, {Pick::kDistinct, Pick::kRandom}, {512}});
 
   // Random floats at V4.1 width, above the limit.
   Indexer floats = v41;
   floats.integers = false;
   floats.seqs = {{39999, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
+  add_floats(t, "v41_random_floats", floats, 8, 2048, 2048, 512);
+  floats.cache = DType::kE2M1x2;
   add_floats(t, "v41_random_floats", floats, 8, 2048, 2048, 512);
   return t;
 }

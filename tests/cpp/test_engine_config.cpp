@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "deepinfer/backend.h"
 #include "deepinfer/build_info.h"
 #include "deepinfer/engine_config.h"
 #include "deepinfer/error.h"
+#include "deepinfer/v41_config.h"
 #include "engine/engine_config.h"
 
 namespace deepinfer {
@@ -32,6 +34,28 @@ TEST(EngineConfig, DerivesSizesFromTheModel) {
   EXPECT_EQ(resolve_engine_config(EngineConfig{}, 1 << 20).scheduler.max_model_len, 8192);
   // Resolving is idempotent, and what is set stays set.
   EXPECT_EQ(resolve_engine_config(r, 1000), r);
+}
+
+// kv_cache_dtype "auto": f32 on the CPU; on a device fp8 for an FP8 V4 checkpoint and for every
+// V4.1 one (V4.1's FP8 / FP4 formats, which the CUDA backend runs), else bf16.
+TEST(EngineConfig, AutoKvDtypeFollowsTheModel) {
+  ModelConfig v4;
+  EXPECT_FALSE(engine::auto_kv_is_fp8(v4));
+  ModelConfig v4_fp8;
+  v4_fp8.quantization.fp8 = true;
+  EXPECT_TRUE(engine::auto_kv_is_fp8(v4_fp8));
+  ModelConfig v41;
+  v41.v41 = std::make_shared<const V41TextConfig>();
+  EXPECT_TRUE(engine::auto_kv_is_fp8(v41));  // whatever its weights' dtype
+  auto resolved_kv = [](const std::string& device, const ModelConfig& m) {
+    EngineConfig c;
+    c.placement.device = device;
+    return resolve_engine_config(c, 4096, false, engine::auto_kv_is_fp8(m)).cache.kv_cache_dtype;
+  };
+  EXPECT_EQ(resolved_kv("cuda", v41), "fp8");
+  EXPECT_EQ(resolved_kv("cuda", v4_fp8), "fp8");
+  EXPECT_EQ(resolved_kv("cuda", v4), "bf16");
+  EXPECT_EQ(resolved_kv("cpu", v41), "f32");
 }
 
 TEST(EngineConfig, AutoDeviceResolvesToOneInUse) {

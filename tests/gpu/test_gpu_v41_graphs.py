@@ -38,7 +38,8 @@ def logprobs_of(trace, rid: int) -> list[tuple[float, list]]:
 
 
 def run(checkpoint: str, graphs: int, zero_overhead: bool) -> dict:
-    # Activations unquantized as the other tiny V4.1 GPU tests; KV "auto" (bf16 on CUDA); a few
+    # Activations unquantized as the other tiny V4.1 GPU tests; KV "auto" (fp8 on CUDA: V4.1's
+    # FP8 / FP4 records, FP4 index keys included, replayed from the graphs as run eagerly); a few
     # blocks, so the eager and the graph engine do not each size the KV cache to the whole GPU.
     engine = dc.Engine(
         checkpoint,

@@ -267,5 +267,5 @@ def test_v41_engine_speculation_equals_reference(model, checkpoint, zero_overhea
 
 def test_v41_engine_auto_kv_is_f32_on_the_cpu(checkpoint) -> None:
     """kv_cache_dtype "auto" on the CPU is f32 for V4.1 as for V4 (the tiny checkpoints declare
-    FP8 weights; on a GPU "auto" is bf16: tests/gpu/test_gpu_v41_kv.py)."""
+    FP8 weights; on a GPU "auto" is fp8, V4.1's formats: tests/gpu/test_gpu_v41_kv.py)."""
     assert cpu_engine(checkpoint).config.cache.kv_cache_dtype == "f32"

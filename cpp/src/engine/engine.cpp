@@ -66,11 +66,9 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
       ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
   const int max_position = static_cast<int>(
       std::min<int64_t>(p.model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
-  // kv_cache_dtype "auto" takes fp8 on a device for an FP8 V4 checkpoint; V4.1's fp8 formats need
-  // FP4 index keys the CUDA indexer does not read yet, so it takes bf16 (ModelInstance's make_v41).
-  const bool auto_fp8_kv = p.model.quantization.fp8 && p.model.v41 == nullptr;
+  // ModelInstance's make_v41 resolves "auto" by the same rule.
   p.resolved = engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true,
-                                             auto_fp8_kv);
+                                             engine::auto_kv_is_fp8(p.model));
   const EngineConfig& resolved = p.resolved;
   // A verify step rolls back at most num_speculative_tokens positions.
   set_yoco_truncation(p.model, resolved.placement.yoco_prefill_truncation,

@@ -73,6 +73,10 @@ void resolve_parallel(EngineConfig& c) {
 
 }  // namespace
 
+bool auto_kv_is_fp8(const ModelConfig& model) {
+  return model.quantization.fp8 || model.v41 != nullptr;
+}
+
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                    bool kv_from_device_memory, bool fp8_weights) {
   EngineConfig c = config;

@@ -18,6 +18,10 @@ namespace deepinfer::engine {
 // decides what kv_cache_dtype "auto" becomes on a device (resolve_kv_cache_dtype).
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                    bool kv_from_device_memory = false, bool fp8_weights = false);
+// Whether kv_cache_dtype "auto" takes fp8 on a device for `model` (resolve_engine_config's
+// fp8_weights): for an FP8 V4 checkpoint (DeepSeek's records, as DeepSeek serves them) and for
+// every V4.1 one (V4.1's shipped FP8 / FP4 formats, as DeepInfer stores them).
+bool auto_kv_is_fp8(const ModelConfig& model);
 // speculative_method "mtp" with drafting on needs the checkpoint's MTP block: `num_mtp_blocks` is
 // what config.json declares (before loading) or what was loaded. Throws Error(kInvalidArgument)
 // naming 'speculative_method' when it is 0.

@@ -348,10 +348,10 @@ void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& 
   options.progress = progress;
   options.load_mtp = load_mtp;
   CacheShape sized = shape;
-  // "auto" is f32 on the CPU and bf16 on a device: V4.1's shipped FP8/FP4 formats ("fp8",
-  // v41_kv_dtypes) need FP4 index keys, which the CUDA indexer does not read yet.
+  // "auto" is f32 on the CPU (the oracle) and, on a device, V4.1's shipped FP8 / FP4 formats
+  // ("fp8", v41_kv_dtypes) whatever the weights' dtype, as DeepInfer stores V4.1's caches.
   sized.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(),
-                                          /*fp8_weights=*/false);
+                                          /*fp8_weights=*/true);
   V41Weights weights =
       checkpoint != nullptr
           ? load_v41_weights(*checkpoint, *m.config.v41, m.config, *m.backend, options)

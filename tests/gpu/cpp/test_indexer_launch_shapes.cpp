@@ -46,7 +46,8 @@ void expect_launchable(const IndexerProblem& p, const std::string& what) {
 TEST(IndexerLaunchShapes, BenchShapesAreLaunchable) {
   for (const int64_t ctx : {32768, 131072}) {
     for (const int64_t batch : {1, 64, 1024}) {
-      for (const KvFormat keys : {KvFormat::kF32, KvFormat::kBf16, KvFormat::kFp8}) {
+      for (const KvFormat keys :
+           {KvFormat::kF32, KvFormat::kBf16, KvFormat::kFp8, KvFormat::kV41Fp4Index}) {
         const std::string what = "ctx " + std::to_string(ctx) + " batch " + std::to_string(batch) +
                                  " keys " + std::to_string(static_cast<int>(keys));
         const int64_t block_row = (ctx + kBlockEntries - 1) / kBlockEntries;
@@ -74,12 +75,21 @@ TEST(IndexerLaunchShapes, BenchShapesAreLaunchable) {
   }
 }
 
-TEST(IndexerLaunchShapes, TensorCoresScoreVisibleEntriesOfBf16AndFp8Keys) {
+TEST(IndexerLaunchShapes, TensorCoresScoreVisibleEntriesOfBf16Fp8AndFp4Keys) {
   for (const int64_t heads : {16, 32, 64}) {
     EXPECT_TRUE(score_mma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kBf16)));
     EXPECT_TRUE(score_mma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kFp8)));
+    EXPECT_TRUE(score_mma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kV41Fp4Index)));
     EXPECT_FALSE(score_mma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kF32)));
+    // V4.1's FP8 and FP4 main records are not index keys.
+    EXPECT_FALSE(score_mma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kV41Fp8)));
+    EXPECT_FALSE(score_mma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kV41Fp4Main)));
   }
+  EXPECT_FALSE(score_mma_takes(topk_problem(1, 32, 64, kTopK, 4096, KvFormat::kV41Fp4Index)));
+  // An FP4 record (68 bytes) fits its 80-byte stage row; 4 stages of 64 keys at 64 heads stay far
+  // below the shared memory of two blocks per SM.
+  EXPECT_GE(score_mma_key_bytes(KvFormat::kV41Fp4Index), kMmaDim / 2 + kMmaDim / 32);
+  EXPECT_LE(2 * score_mma_smem_bytes(64, KvFormat::kV41Fp4Index), kH200MaxSmem);
   EXPECT_FALSE(score_mma_takes(topk_problem(1, 48, kDim, kTopK, 4096, KvFormat::kBf16)));
   EXPECT_FALSE(score_mma_takes(topk_problem(1, 32, 64, kTopK, 4096, KvFormat::kBf16)));
   // Forcing the CUDA cores always wins.
@@ -96,8 +106,9 @@ TEST(IndexerLaunchShapes, Fp8KeysCopyInRunsWhereBlocksAlign) {
   EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 1, 1000));   // runs of 132 bytes: misaligned
   EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 2, 1000));   // 264 bytes: misaligned
   EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 12, 1200));  // tiles cut runs
-  EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 32, 32 * 1000 + 2));  // a copy past the end
-  EXPECT_FALSE(score_mma_key_runs(KvFormat::kBf16, 32, 32 * 1000));     // 16-byte rows already
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kFp8, 32, 32 * 1000 + 2));      // a copy past the end
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kBf16, 32, 32 * 1000));         // 16-byte rows already
+  EXPECT_FALSE(score_mma_key_runs(KvFormat::kV41Fp4Index, 32, 32 * 1000));  // 68-byte records
   // A run of min(epb, kMmaKeys) records starts 16-byte aligned and ends on a 16-byte boundary.
   for (const int64_t epb : {4, 8, 16, 32, 64, 128}) {
     const int64_t run_bytes = std::min<int64_t>(epb, kMmaKeys) * (kMmaDim + 4);
