@@ -12,6 +12,7 @@
 #include "deepinfer/error.h"
 #include "deepinfer/v41_config.h"
 #include "engine/engine_config.h"
+#include "model/cache_tensors.h"
 
 namespace deepinfer {
 namespace {
@@ -40,17 +41,17 @@ TEST(EngineConfig, DerivesSizesFromTheModel) {
 // V4.1 one (V4.1's FP8 / FP4 formats, which the CUDA backend runs), else bf16.
 TEST(EngineConfig, AutoKvDtypeFollowsTheModel) {
   ModelConfig v4;
-  EXPECT_FALSE(engine::auto_kv_is_fp8(v4));
+  EXPECT_FALSE(auto_kv_is_fp8(v4));
   ModelConfig v4_fp8;
   v4_fp8.quantization.fp8 = true;
-  EXPECT_TRUE(engine::auto_kv_is_fp8(v4_fp8));
+  EXPECT_TRUE(auto_kv_is_fp8(v4_fp8));
   ModelConfig v41;
   v41.v41 = std::make_shared<const V41TextConfig>();
-  EXPECT_TRUE(engine::auto_kv_is_fp8(v41));  // whatever its weights' dtype
+  EXPECT_TRUE(auto_kv_is_fp8(v41));  // whatever its weights' dtype
   auto resolved_kv = [](const std::string& device, const ModelConfig& m) {
     EngineConfig c;
     c.placement.device = device;
-    return resolve_engine_config(c, 4096, false, engine::auto_kv_is_fp8(m)).cache.kv_cache_dtype;
+    return resolve_engine_config(c, 4096, false, auto_kv_is_fp8(m)).cache.kv_cache_dtype;
   };
   EXPECT_EQ(resolved_kv("cuda", v41), "fp8");
   EXPECT_EQ(resolved_kv("cuda", v4_fp8), "fp8");

@@ -171,10 +171,29 @@ def test_dummy_weights_draft_with_dspark(prompts, tmp_path) -> None:
 
 
 def test_dspark_drafts_next_to_decode_graphs(checkpoint, prompts, plain) -> None:
-    """With decode graphs on (the CPU backend re-issues the recorded calls), the main keys the
-    target layers write inside a recorded step come from the model's per-row tables, which the
-    eager warm-up before a recording has sized: greedy outputs still equal the plain run."""
+    """With decode graphs on (the CPU backend re-issues the recorded calls), a step replayed
+    from a recording writes the main keys the next drafts read: those drafts are still
+    dspark_draft's over the committed tokens (an eager runner), and greedy outputs equal the
+    plain run. (Stale device pointers in a recording can only show on CUDA:
+    tests/gpu/test_gpu_dspark.py.)"""
     engine = dspark_engine(checkpoint, 2, decode_graph_max_batch=4)
-    assert run_all(engine, prompts, greedy())[0] == plain
-    print("graph steps", engine.stats()["num_graph_steps"])
+    recorders = [Recorder(p) for p in prompts]
+    assert run_all(engine, prompts, [greedy(12, r) for r in recorders])[0] == plain
+    assert engine.stats()["num_graph_steps"] >= 1
+    runner_drafts(checkpoint, recorders, 2)
     assert_pools_full(engine)
+
+
+def test_dspark_block_longer_than_the_ring_slack_is_refused_at_startup(tmp_path) -> None:
+    """A DSpark block needs dspark_block_size ring positions past the window; the caches keep 6.
+    An engine that would draft with a longer block is refused when it is created, not at its
+    first drafting step."""
+    path = dref.write_checkpoint(dref.make_model(NAME), tmp_path / "ckpt")
+    config_path = path / "config.json"
+    config = json.loads(config_path.read_text())
+    text = config.get("text_config", config)
+    text["dspark_block_size"] = 7
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"'speculative_method'.*dspark_block_size = 7"):
+        dspark_engine(path, 2)
+    cpu_engine(path, max_num_seqs=1)  # not drafting: the block size does not matter

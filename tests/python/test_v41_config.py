@@ -39,3 +39,13 @@ def test_cpp_parser_errors_name_the_field() -> None:
     config["text_config"]["kv_source_layer_ids"] = [0]  # a sliding layer cannot be a kv source
     with pytest.raises(ValueError, match="kv_source_layer_ids"):
         dc.v41_layer_roles(json.dumps(config))
+
+
+@pytest.mark.parametrize("targets", [[7, 5], [5, 5]])
+def test_cpp_parser_refuses_unordered_dspark_targets(targets: list[int]) -> None:
+    """The forward collects DSpark's target features in layer order and main_proj's columns
+    follow the list, so a permuted or repeated list would feed main_proj the wrong features."""
+    config = ref.TINY_CONFIGS["A"].to_hf_config()
+    config["text_config"]["dspark_target_layer_ids"] = targets
+    with pytest.raises(ValueError, match=r"dspark_target_layer_ids\[1\].*strictly increasing"):
+        dc.v41_layer_roles(json.dumps(config))

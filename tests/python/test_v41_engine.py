@@ -196,6 +196,11 @@ def test_v41_engine_random_weights(name: str, tmp_path) -> None:
         assert_pools_full(engine)
         runs.append(outs)
     assert runs[0] == runs[1]
+    # Random weights keep a dense Engram table in the backend's memory: "host" is refused.
+    if not ref.TINY_CONFIGS[name].engram_layer_ids:
+        return
+    with pytest.raises(ValueError, match=r"engram\.embed\.weight: 'engram_table_memory' \"host\""):
+        cpu_engine(tmp_path, load_format="dummy", seed=3, engram_table_memory="host")
 
 
 def test_v41_engine_load_notes(model, tmp_path) -> None:

@@ -64,9 +64,9 @@ struct CacheConfig {
   // How the KV caches (SWA rings, compressed entries, CSA index keys) store their rows
   // (docs/model.md#kv-cache-dtypes): "f32" (the reference), "bf16" (rounded to nearest even),
   // "fp8" (DeepSeek-V4's records: e4m3 with power-of-two scales, the RoPE channels in bf16) or
-  // "auto". Interim state: "auto" resolves to "f32" on every backend, and "bf16"/"fp8" run on
-  // the CPU only: on CUDA they are Error(kUnsupported) until its KV kernels for them are built.
-  // The compressor rings stay f32 whatever this says.
+  // "auto" (f32 on the CPU; on a GPU fp8 for an FP8 V4 checkpoint and every DeepSeek-V4.1 one,
+  // where "fp8" means V4.1's FP8 / FP4 records; bf16 otherwise: auto_kv_is_fp8). The compressor
+  // rings stay f32 whatever this says.
   std::string kv_cache_dtype = "auto";
   // KV tiers beyond the GPU (docs/kv_store.md): prompts' full blocks up to their prefix-cache
   // checkpoint, with the state snapshot there, are written through to a host-memory cache and a

@@ -242,6 +242,17 @@ void read_roles(const FieldReader& r, V41TextConfig& c) {
   c.engram_num_embeddings = get_int_list(r, "engram_num_embeddings", {384006168, 384016682}, 1,
                                          std::numeric_limits<int64_t>::max());
   c.dspark_target_layer_ids = get_layer_list(r, "dspark_target_layer_ids", {37, 38, 39}, n - 1);
+  // The forward collects the target features as its layer loop reaches them, and main_proj's
+  // columns follow the list: both orders agree only for a strictly increasing list.
+  for (size_t i = 1; i < c.dspark_target_layer_ids.size(); ++i) {
+    if (c.dspark_target_layer_ids[i] <= c.dspark_target_layer_ids[i - 1]) {
+      r.fail("dspark_target_layer_ids[" + std::to_string(i) + "]",
+             "= " + std::to_string(c.dspark_target_layer_ids[i]) +
+                 " must be greater than the entry before it (" +
+                 std::to_string(c.dspark_target_layer_ids[i - 1]) +
+                 "): the list is strictly increasing");
+    }
+  }
 
   for (size_t i = 0; i < c.kv_source_layer_ids.size(); ++i) {
     int s = c.kv_source_layer_ids[i];

@@ -15,6 +15,7 @@
 #include "engine/engine_impl.h"
 #include "engine/model_executor.h"
 #include "engine/process_group.h"
+#include "model/cache_tensors.h"
 
 namespace deepinfer {
 
@@ -66,9 +67,9 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
       ModelConfig::from_file((std::filesystem::path(config.model_path) / "config.json").string());
   const int max_position = static_cast<int>(
       std::min<int64_t>(p.model.max_position_embeddings, std::numeric_limits<int32_t>::max()));
-  // ModelInstance's make_v41 resolves "auto" by the same rule.
+  // ModelInstance resolves "auto" by the same rule (auto_kv_is_fp8).
   p.resolved = engine::resolve_engine_config(config, max_position, /*kv_from_device_memory=*/true,
-                                             engine::auto_kv_is_fp8(p.model));
+                                             auto_kv_is_fp8(p.model));
   const EngineConfig& resolved = p.resolved;
   // A verify step rolls back at most num_speculative_tokens positions.
   set_yoco_truncation(p.model, resolved.placement.yoco_prefill_truncation,
@@ -79,6 +80,10 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   // (its shared ModelConfig has no V4 MTP block).
   engine::check_mtp_blocks(resolved, p.model.v41 != nullptr ? p.model.v41->num_nextn_predict_layers
                                                             : p.model.num_nextn_predict_layers);
+  if (p.model.v41 != nullptr) {
+    engine::check_dspark_block_size(resolved, p.model.v41->dspark_block_size,
+                                    engine::ModelExecutorOptions{}.max_backtrack);
+  }
   engine::check_mtp_layer_kinds(resolved, p.model.mtp_layer_types);
   engine::ModelExecutorOptions& o = p.options;
   o.checkpoint_dir = resolved.model_path;

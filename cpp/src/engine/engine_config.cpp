@@ -73,10 +73,6 @@ void resolve_parallel(EngineConfig& c) {
 
 }  // namespace
 
-bool auto_kv_is_fp8(const ModelConfig& model) {
-  return model.quantization.fp8 || model.v41 != nullptr;
-}
-
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                    bool kv_from_device_memory, bool fp8_weights) {
   EngineConfig c = config;
@@ -190,6 +186,18 @@ void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks) {
                "is \"mtp\", but the checkpoint has no MTP block or DSpark drafter (no mtp.* "
                "tensors, or config.json's num_nextn_predict_layers is 0): use \"ngram\" or "
                "\"external\"");
+  }
+}
+
+void check_dspark_block_size(const EngineConfig& config, int block_size, int max_backtrack) {
+  if (uses_mtp_drafts(config) && block_size > max_backtrack) {
+    bad_config("speculative_method",
+               "is \"mtp\", but the checkpoint's DSpark drafter has dspark_block_size = " +
+                   std::to_string(block_size) + ": its draft keys need " +
+                   std::to_string(block_size) +
+                   " ring positions past the sliding window and the "
+                   "caches keep " +
+                   std::to_string(max_backtrack));
   }
 }
 

@@ -18,14 +18,14 @@ namespace deepinfer::engine {
 // decides what kv_cache_dtype "auto" becomes on a device (resolve_kv_cache_dtype).
 EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                    bool kv_from_device_memory = false, bool fp8_weights = false);
-// Whether kv_cache_dtype "auto" takes fp8 on a device for `model` (resolve_engine_config's
-// fp8_weights): for an FP8 V4 checkpoint (DeepSeek's records, as DeepSeek serves them) and for
-// every V4.1 one (V4.1's shipped FP8 / FP4 formats, as DeepInfer stores them).
-bool auto_kv_is_fp8(const ModelConfig& model);
 // speculative_method "mtp" with drafting on needs the checkpoint's MTP block: `num_mtp_blocks` is
 // what config.json declares (before loading) or what was loaded. Throws Error(kInvalidArgument)
 // naming 'speculative_method' when it is 0.
 void check_mtp_blocks(const EngineConfig& config, int num_mtp_blocks);
+// speculative_method "mtp" on a V4.1 checkpoint drafts whole DSpark blocks past the window: the
+// rings' rollback slack (`max_backtrack`) must hold `block_size` positions. Throws
+// Error(kInvalidArgument) naming 'speculative_method' and dspark_block_size otherwise.
+void check_dspark_block_size(const EngineConfig& config, int block_size, int max_backtrack);
 // The engine's MTP drafting keeps the block one position behind the main layers; a compressed
 // MTP layer would pool an entry from a token past a shared prefix into a shared block
 // (cpp/src/engine/README.md#mtp-drafts), so drafting takes sliding MTP layers only (V4's kind).

@@ -21,6 +21,10 @@ const char* kv_cache_dtype_name(KvCacheDType dtype) {
   return "?";
 }
 
+bool auto_kv_is_fp8(const ModelConfig& model) {
+  return model.quantization.fp8 || model.v41 != nullptr;
+}
+
 KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device, bool fp8_weights) {
   if (name == "auto") {
     // The CPU reference keeps f32 KV (the oracle); a device takes DeepSeek's fp8 records for an

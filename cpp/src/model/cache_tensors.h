@@ -30,6 +30,11 @@ const char* kv_cache_dtype_name(KvCacheDType dtype);  // "f32", "bf16", "fp8"
 // (`fp8_weights`), bf16 otherwise. An unknown name is Error(kInvalidArgument).
 KvCacheDType resolve_kv_cache_dtype(const std::string& name, DeviceKind device,
                                     bool fp8_weights = false);
+// Whether kv_cache_dtype "auto" takes fp8 on a device for `model` (resolve_kv_cache_dtype's
+// fp8_weights; the engine and ModelInstance both ask here): for an FP8 V4 checkpoint (DeepSeek's
+// records, as DeepSeek serves them) and for every V4.1 one (V4.1's shipped FP8 / FP4 formats, as
+// DeepInfer stores them).
+bool auto_kv_is_fp8(const ModelConfig& model);
 
 // The tensor dtypes of DeepSeek-V4.1's caches for a kv_cache_dtype: "f32" and "bf16" store
 // every cache so; "fp8" means V4.1's shipped formats (docs/model.md#kv-cache-dtypes): FP8 SWA

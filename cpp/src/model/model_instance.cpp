@@ -350,8 +350,8 @@ void make_v41(ModelInstance& m, const Checkpoint* checkpoint, const CacheShape& 
   CacheShape sized = shape;
   // "auto" is f32 on the CPU (the oracle) and, on a device, V4.1's shipped FP8 / FP4 formats
   // ("fp8", v41_kv_dtypes) whatever the weights' dtype, as DeepInfer stores V4.1's caches.
-  sized.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(),
-                                          /*fp8_weights=*/true);
+  sized.kv_dtype =
+      resolve_kv_cache_dtype(kv_cache_dtype, m.backend->device_kind(), auto_kv_is_fp8(m.config));
   V41Weights weights =
       checkpoint != nullptr
           ? load_v41_weights(*checkpoint, *m.config.v41, m.config, *m.backend, options)
@@ -410,7 +410,7 @@ std::unique_ptr<ModelInstance> ModelInstance::load(
   options.expert_slots = std::move(rank.expert_slots);
   CacheShape sized = shape;
   sized.kv_dtype =
-      resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);
+      resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), auto_kv_is_fp8(config));
   ModelWeights weights = load_model_weights(checkpoint, m->config, *m->backend, options);
   m->notes = weights.notes;
   // The weights are on the device now: with 0 blocks asked for, what is left sizes the paged KV.
@@ -439,7 +439,7 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
   options.expert_slots = std::move(rank.expert_slots);
   CacheShape cache_shape = shape;
   cache_shape.kv_dtype =
-      resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), config.quantization.fp8);
+      resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), auto_kv_is_fp8(config));
   ModelWeights weights = random_model_weights(m->config, *m->backend, seed, stored, options);
   m->notes.push_back("random weights (load_format dummy): outputs are meaningless");
   // As in load: with 0 blocks asked for, the memory the weights leave sizes the paged KV.

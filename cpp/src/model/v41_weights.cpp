@@ -215,6 +215,14 @@ V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend
           table_shape[0] * table_shape[1] * static_cast<int64_t>(dtype_size(dtype)), table);
       eg.embed = place_engram_table(backend, host, dtype, eg.embed_on_host);
     } else {
+      // Random weights (load_format dummy) keep a dense table in the backend's memory.
+      if (c.engram_table_memory == EngramTableMemory::kHost) {
+        throw Error(ErrorCode::kInvalidConfig,
+                    table +
+                        ": 'engram_table_memory' \"host\" needs the checkpoint's table; "
+                        "random weights (load_format dummy) keep a dense table in the "
+                        "backend's memory (use \"auto\" or \"device\")");
+      }
       eg.embed = w.load_matrix(table, table_shape);
     }
     eg.wkv = w.load_linear(p + "engram.wkv.weight", {(n + 1) * h, e_dim}, false);
