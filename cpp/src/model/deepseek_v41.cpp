@@ -101,6 +101,10 @@ Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, Mod
   const BatchLayout* layout = &plan.layout;
   BatchLayout kept_layout;
   Tensor swa_start;  // the consumer layers' narrowed windows (YOCO mask and compact)
+  // The engine refuses kv_window_state bounded_replay for V4.1: its windows would need the
+  // per-sequence bound merged into every layer's swa_start, which this graph does not do yet.
+  DEEPINFER_CHECK(!plan.swa_start.defined(),
+                  "DeepSeek-V4.1 forward: rows with a swa_valid_start are not supported");
   if (!config_.engram_layer_ids.empty() && !ngram.defined()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "DeepSeek-V4.1 forward: the model has Engram layers but no 'ngram' was given");
