@@ -159,3 +159,17 @@ def test_abort_while_fetching_a_replay_hit_frees_everything(tiny_checkpoint, tmp
 def test_window_state_option_is_checked(tiny_checkpoint) -> None:
     with pytest.raises(ValueError, match="kv_window_state"):
         cpu_engine(tiny_checkpoint, kv_window_state="approximate")
+
+
+@pytest.mark.parametrize(("mode", "hit"), [({}, 0), (REPLAY, 256)])
+def test_a_replay_hit_may_end_at_any_stored_block(tiny_checkpoint, tmp_path, mode, hit) -> None:
+    # The writer stores blocks [0, 4) with the exact state only after block 3 (its checkpoint).
+    # A prompt sharing 2 of them: exact mode has no snapshot there; bounded_replay hits 256.
+    writer = cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path), **mode)
+    run_all(writer, [SHARED + [99]], LOGPROBS)
+    writer.flush_kv_tiers()
+    del writer
+    reader = cpu_engine(tiny_checkpoint, kv_store_path=str(tmp_path), **mode)
+    toks, _, got = run_traced(reader, SHARED[:300] + [7, 8, 9], LOGPROBS)
+    assert got == hit and len(toks) == 12
+    assert_pools_full(reader)
