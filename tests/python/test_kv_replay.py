@@ -173,3 +173,27 @@ def test_a_replay_hit_may_end_at_any_stored_block(tiny_checkpoint, tmp_path, mod
     toks, _, got = run_traced(reader, SHARED[:300] + [7, 8, 9], LOGPROBS)
     assert got == hit and len(toks) == 12
     assert_pools_full(reader)
+
+
+def test_mtp_drafting_after_a_replay_hit_keeps_the_outputs(tiny_checkpoint, tmp_path) -> None:
+    # The MTP block's first row of a replay starts at r (no trunk before it in a zeroed slot);
+    # drafts are verified, so the tokens equal the same replay hit without drafting.
+    from deepinfer.tiny import ensure_tiny_checkpoint
+
+    checkpoint = ensure_tiny_checkpoint(Path(tiny_checkpoint).parent, mtp=True)
+    params = dc.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = []
+    for k, spec in ((0, {}), (2, {"speculative_method": "mtp"})):
+        root = tmp_path / f"k{k}"
+        # The same drafting in both engines: the MTP block's caches are part of the blocks.
+        options = {"kv_store_path": str(root), "num_speculative_tokens": k, **spec, **REPLAY}
+        writer = cpu_engine(checkpoint, **options)
+        run_all(writer, [SHARED + [99]], params)
+        writer.flush_kv_tiers()
+        del writer
+        reader = cpu_engine(checkpoint, **options)
+        toks, _, hit = run_traced(reader, PROMPT, params)
+        assert hit == 512 and len(toks) == 12
+        assert_pools_full(reader)
+        outputs.append(toks)
+    assert outputs[0] == outputs[1]
