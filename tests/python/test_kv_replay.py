@@ -197,3 +197,29 @@ def test_mtp_drafting_after_a_replay_hit_keeps_the_outputs(tiny_checkpoint, tmp_
         assert_pools_full(reader)
         outputs.append(toks)
     assert outputs[0] == outputs[1]
+
+
+def test_decode_graphs_refuse_rows_whose_window_is_clamped(narrow_checkpoint) -> None:
+    # W = 8: a decode row at p with swa_valid_start > p - 7 must run eagerly (the recording has
+    # no swa_start), giving the eager runner's logits; once p - 7 >= the start, graphs take it.
+    def runner(graphs: int) -> dc.ModelRunner:
+        return dc.ModelRunner(
+            str(narrow_checkpoint),
+            num_blocks=4,
+            num_state_slots=2,
+            device="cpu",
+            decode_graph_max_batch=graphs,
+        )
+
+    prompt = tokens(16, 5)
+    logits = []
+    for r in (runner(0), runner(4)):
+        r.forward([dc.SequenceChunk(1, 0, prompt, [1])], "last")
+        clamped = r.forward([dc.SequenceChunk(1, 16, [7], [1], swa_valid_start=12)], "last")
+        assert r.decode_graph_stats()["num_calls"] == 0
+        free = r.forward([dc.SequenceChunk(1, 17, [8], [1], swa_valid_start=10)], "last")
+        logits.append((clamped, free))
+        graph_calls = r.decode_graph_stats()["num_calls"]
+    assert graph_calls == 1  # the second runner's unclamped row
+    for a, b in zip(logits[0], logits[1], strict=True):
+        assert (a == b).all()
