@@ -175,6 +175,33 @@ TEST_F(BatchPlanTest, AReplayedHitKeepsItsStoredEntriesAndCarriesItsWindowStart)
   EXPECT_FALSE(pack_and_view(*be_, rows_, plain, ratios_).swa_start.defined());
 }
 
+TEST_F(BatchPlanTest, AReplayedChunkListsTheTokenRowsOfItsPerTokenEntries) {
+  // Ratio 1 (V4.1's C1): one entry per token. A replayed chunk at 120..135 with its hit ending at
+  // 128 stores entries 128..135 only: token rows 2 + 8 .. 2 + 15, after row 0's two tokens.
+  std::vector<int32_t> tokens(16, 3);
+  const std::vector<int32_t> table = {5, 6};
+  const std::vector<int> ratios = {1};
+  std::vector<ForwardRow> rows = {rows_[2],
+                                  {.slot = 1,
+                                   .start_pos = 120,
+                                   .num_tokens = 16,
+                                   .tokens = tokens,
+                                   .block_table = table,
+                                   .num_logits = 1,
+                                   .history = {},
+                                   .swa_valid_start = 0,
+                                   .replay_end = 128}};
+  const BatchGeometry g = BatchGeometry::exact(rows, ratios, 2, LogitsMode::kLast);
+  EXPECT_EQ(g.num_entries, (std::vector<int>{2 + 8}));
+  EXPECT_EQ(g.entry_rows, 10);
+  const BatchPlan p = pack_and_view(*be_, rows, g, ratios);
+  EXPECT_EQ(read(*be_, p.entry_rows), (std::vector<int32_t>{0, 1, 10, 11, 12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(read(*be_, p.entries.at(1).window),
+            (std::vector<int32_t>{254, 255, 128, 129, 130, 131, 132, 133, 134, 135}));
+  // Without a replay the entries are the token rows themselves: no list.
+  EXPECT_EQ(BatchGeometry::exact(rows_, ratios, 2, LogitsMode::kLast).entry_rows, 0);
+}
+
 TEST_F(BatchPlanTest, ValidateRowsNamesTheRowAndField) {
   ModelConfig c;
   c.vocab_size = 12;

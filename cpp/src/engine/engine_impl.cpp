@@ -60,14 +60,6 @@ std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& 
                 "caches; this one has none");
   }
   const bool replay = cache.kv_window_state == "bounded_replay";
-  const ModelConfig* model = ex.model_config();
-  if (replay && model != nullptr && model->v41 != nullptr) {
-    // V4.1's graph narrows only its consumer layers' windows (YOCO); the per-sequence valid start
-    // is not wired into it yet.
-    throw Error(ErrorCode::kUnsupported,
-                "engine config: 'kv_window_state' bounded_replay is not supported for "
-                "DeepSeek-V4.1 checkpoints yet; use exact");
-  }
   sched::KvTiersConfig t;
   t.window_state_exact = !replay;
   t.host_bytes = cache.kv_host_cache_bytes;

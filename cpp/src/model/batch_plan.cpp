@@ -129,6 +129,7 @@ BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios,
       n += kv::num_entries(r.start_pos + r.num_tokens, ratio) - first_entry(r, ratio);
     }
     g.num_entries.push_back(static_cast<int>(n));
+    if (ratio == 1 && n < g.num_tokens) g.entry_rows = static_cast<int>(n);
   }
   return g;
 }
@@ -148,7 +149,8 @@ BatchGeometry BatchGeometry::padded(int bucket, int width, size_t num_ratios) {
 
 // Buffer order: token_ids, positions, token_seq [T]; seq_q_start [B + 1]; seq_ctx_len, seq_slot
 // [B]; block_table [B, W]; carry_remap [T] (if carry); logit_rows [S] (unless all_logits);
-// next_positions [S]; then per ratio seq, window, rope_pos, dest [E]; swa_start [B] (if swa_start).
+// next_positions [S]; then per ratio seq, window, rope_pos, dest [E]; swa_start [B] (if swa_start);
+// entry_rows [E of ratio 1] (if entry_rows).
 int64_t BatchGeometry::size() const {
   int64_t n = 3LL * num_tokens + (num_seqs + 1) + 2LL * num_seqs +
               static_cast<int64_t>(num_seqs) * table_width + num_logit_rows;
@@ -156,6 +158,7 @@ int64_t BatchGeometry::size() const {
   if (!all_logits) n += num_logit_rows;
   for (int e : num_entries) n += 4LL * e;
   if (swa_start) n += num_seqs;
+  n += entry_rows;
   return n;
 }
 
@@ -254,6 +257,17 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
   if (g.swa_start) {
     int32_t* swa_start = entries;  // padding rows: 0, no clamp
     for (int s = 0; s < real; ++s) swa_start[s] = rows[static_cast<size_t>(s)].swa_valid_start;
+    entries += g.num_seqs;
+  }
+  if (g.entry_rows > 0) {
+    // Ratio 1: window w is position w, so a row's entries are its last tokens from first_entry.
+    int32_t* out = entries;
+    for (int s = 0; s < real; ++s) {
+      const ForwardRow& r = rows[static_cast<size_t>(s)];
+      const int64_t first = first_entry(r, 1);
+      for (int64_t w = first; w < r.start_pos + r.num_tokens; ++w)
+        *out++ = static_cast<int32_t>(q_start[s] + (w - r.start_pos));
+    }
   }
 }
 
@@ -295,6 +309,7 @@ BatchPlan plan_views(const Tensor& metadata, const BatchGeometry& g, const std::
     plan.entries.emplace(ratios[k], std::move(e));
   }
   if (g.swa_start) plan.swa_start = take(b);
+  if (g.entry_rows > 0) plan.entry_rows = take(g.entry_rows);
   DEEPINFER_CHECK(offset == metadata.numel(), "batch metadata layout and size disagree");
   return plan;
 }

@@ -63,6 +63,9 @@ struct BatchPlan {
   Tensor carry_remap;      // [T] i32, previous-step index or -1; undefined when nothing carries
   // [B] i32 ForwardRow::swa_valid_start (AttentionSpec::swa_start); undefined when no row has one.
   Tensor swa_start;
+  // [E] i32 token rows of the ratio-1 entries (DeepSeek-V4.1's C1: one per token) when a replay
+  // stores fewer of them than the call has tokens; undefined: one per token row, in order.
+  Tensor entry_rows;
   Tensor metadata;  // the device buffer every tensor above is a view of
 };
 
@@ -89,6 +92,7 @@ struct BatchGeometry {
   int num_logit_rows = 0;
   bool carry = false;      // carry_remap is present
   bool swa_start = false;  // swa_start is present (a row has a swa_valid_start)
+  int entry_rows = 0;      // entry_rows' length (0: absent)
 
   // The exact geometry of `rows` (`max_blocks` from validate_rows).
   static BatchGeometry exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,
