@@ -63,13 +63,13 @@ def run_traced(engine, prompt: list[int], params) -> tuple[list[int], list[float
     return trace.tokens(rid), lps, trace.ready(rid).prompt_cache_hit_tokens
 
 
-def replay_hit(checkpoint, root: Path, prompt: list[int], writer_prompt: list[int]):
+def replay_hit(checkpoint, root: Path, prompt: list[int], writer_prompt: list[int], **options):
     """A bounded_replay reader over a store a bounded_replay writer filled with writer_prompt."""
-    writer = cpu_engine(checkpoint, kv_store_path=str(root), **REPLAY)
+    writer = cpu_engine(checkpoint, kv_store_path=str(root), **REPLAY, **options)
     run_all(writer, [writer_prompt], LOGPROBS)
     writer.flush_kv_tiers()
     del writer
-    reader = cpu_engine(checkpoint, kv_store_path=str(root), **REPLAY)
+    reader = cpu_engine(checkpoint, kv_store_path=str(root), **REPLAY, **options)
     result = run_traced(reader, prompt, LOGPROBS)
     assert_pools_full(reader)
     return result, reader
@@ -84,9 +84,13 @@ def test_replay_from_zero_equals_cold(tiny_checkpoint, tmp_path) -> None:
     assert s["store_hit_tokens"] == 128 and s["kv_tier_fetch_failures"] == 0, s
 
 
-def test_replay_within_a_narrow_window_equals_cold(narrow_checkpoint, tmp_path) -> None:
-    cold = run_traced(cpu_engine(narrow_checkpoint), PROMPT, LOGPROBS)
-    (toks, lps, hit), reader = replay_hit(narrow_checkpoint, tmp_path, PROMPT, SHARED + [99])
+@pytest.mark.parametrize("kv_cache_dtype", ["f32", "bf16", "fp8"])
+def test_replay_within_a_narrow_window_equals_cold(
+    narrow_checkpoint, tmp_path, kv_cache_dtype
+) -> None:
+    kv = {"kv_cache_dtype": kv_cache_dtype}
+    cold = run_traced(cpu_engine(narrow_checkpoint, **kv), PROMPT, LOGPROBS)
+    (toks, lps, hit), reader = replay_hit(narrow_checkpoint, tmp_path, PROMPT, SHARED + [99], **kv)
     assert hit == 512
     assert (toks, lps) == cold[:2]  # bit for bit: the replayed rings are the exact ones
     # The prompt was computed from r = 384 on (the 128 replayed tokens, then the rest), not 512.
