@@ -295,7 +295,8 @@ void bind_engine_config(nb::module_& m) {
       .option<&CacheConfig::kv_store_path>("kv_store_path")
       .option<&CacheConfig::kv_store_capacity_bytes>("kv_store_capacity_bytes")
       .option<&CacheConfig::kv_store_ttl_class>("kv_store_ttl_class")
-      .option<&CacheConfig::fetch_threads>("fetch_threads");
+      .option<&CacheConfig::fetch_threads>("fetch_threads")
+      .option<&CacheConfig::kv_window_state>("kv_window_state");
   PartBinder<&EngineConfig::placement>(m, "PlacementConfig", "placement",
                                        "Where the model runs (engine_config.h).")
       .option<&PlacementConfig::device>("device")

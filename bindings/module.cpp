@@ -216,20 +216,26 @@ NB_MODULE(deepinfer_core, m) {
       .def(
           "__init__",
           [](deepinfer::SequenceChunk* self, int32_t slot, int64_t start_pos,
-             std::vector<int32_t> tokens, std::vector<int32_t> block_table, int64_t prompt_end) {
-            new (self) deepinfer::SequenceChunk{slot, start_pos, std::move(tokens),
-                                                std::move(block_table), prompt_end};
+             std::vector<int32_t> tokens, std::vector<int32_t> block_table, int64_t prompt_end,
+             int64_t swa_valid_start, int64_t replay_end) {
+            new (self) deepinfer::SequenceChunk{
+                slot,       start_pos,       std::move(tokens), std::move(block_table),
+                prompt_end, swa_valid_start, replay_end};
           },
           "slot"_a, "start_pos"_a, "tokens"_a, "block_table"_a = std::vector<int32_t>{},
-          "prompt_end"_a = 0,
+          "prompt_end"_a = 0, "swa_valid_start"_a = 0, "replay_end"_a = 0,
           "Tokens of one sequence at positions start_pos.., cached in state slot `slot` and the "
           "paged blocks `block_table`. `prompt_end`: the end of the prefill the chunk belongs to "
-          "(0: the chunk's end), for DeepSeek-V4.1's YOCO prefill truncation.")
+          "(0: the chunk's end), for DeepSeek-V4.1's YOCO prefill truncation. `swa_valid_start`, "
+          "`replay_end`: a bounded-replay KV hit (sliding windows see keys >= swa_valid_start; "
+          "compressed entries of windows closing by replay_end are kept).")
       .def_rw("slot", &deepinfer::SequenceChunk::slot)
       .def_rw("start_pos", &deepinfer::SequenceChunk::start_pos)
       .def_rw("tokens", &deepinfer::SequenceChunk::tokens)
       .def_rw("block_table", &deepinfer::SequenceChunk::block_table)
-      .def_rw("prompt_end", &deepinfer::SequenceChunk::prompt_end);
+      .def_rw("prompt_end", &deepinfer::SequenceChunk::prompt_end)
+      .def_rw("swa_valid_start", &deepinfer::SequenceChunk::swa_valid_start)
+      .def_rw("replay_end", &deepinfer::SequenceChunk::replay_end);
 
   const deepinfer::RunnerOptions kRunner;  // the keyword defaults below
   nb::class_<deepinfer::ModelRunner>(

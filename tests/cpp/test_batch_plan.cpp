@@ -143,6 +143,65 @@ TEST_F(BatchPlanTest, StepRowsAreReadInPlaceThroughAStridedSpan) {
             (std::vector<int32_t>{131, 6, 7, 8, 9, 10, 11, 254, 255}));
 }
 
+TEST_F(BatchPlanTest, AReplayedHitKeepsItsStoredEntriesAndCarriesItsWindowStart) {
+  // A bounded-replay hit of 256 tokens replayed from 128: a chunk at 128..263. Windows closing by
+  // 256 (ratio 4: 32..63; ratio 128: window 1) came from the tiers; only 64 and 65 are stored.
+  std::vector<int32_t> tokens(136, 3);
+  const std::vector<int32_t> table = {5, 6, 7};
+  std::vector<ForwardRow> rows = {rows_[2],
+                                  {.slot = 1,
+                                   .start_pos = 128,
+                                   .num_tokens = 136,
+                                   .tokens = tokens,
+                                   .block_table = table,
+                                   .num_logits = 1,
+                                   .history = {},
+                                   .swa_valid_start = 128,
+                                   .replay_end = 256}};
+  const BatchGeometry g = BatchGeometry::exact(rows, ratios_, 3, LogitsMode::kLast);
+  EXPECT_TRUE(g.swa_start);
+  EXPECT_EQ(g.num_entries, (std::vector<int>{1 + 2, 1}));
+  const BatchPlan p = pack_and_view(*be_, rows, g, ratios_);
+  EXPECT_EQ(read(*be_, p.swa_start), (std::vector<int32_t>{0, 128}));
+  const EntryBatch& e4 = p.entries.at(4);
+  EXPECT_EQ(read(*be_, e4.seq), (std::vector<int32_t>{0, 1, 1}));
+  EXPECT_EQ(read(*be_, e4.window), (std::vector<int32_t>{63, 64, 65}));
+  EXPECT_EQ(read(*be_, e4.dest), (std::vector<int32_t>{7 * 32 + 31, 7 * 32 + 0, 7 * 32 + 1}));
+  // Ratio 128: only row 0's window 1 (row 1's window 1 closes at 256 = replay_end: kept).
+  EXPECT_EQ(read(*be_, p.entries.at(128).seq), (std::vector<int32_t>{0}));
+  // Without a replay there is no swa_start array.
+  const BatchGeometry plain = BatchGeometry::exact(rows_, ratios_, 2, LogitsMode::kLast);
+  EXPECT_FALSE(plain.swa_start);
+  EXPECT_FALSE(pack_and_view(*be_, rows_, plain, ratios_).swa_start.defined());
+}
+
+TEST_F(BatchPlanTest, AReplayedChunkListsTheTokenRowsOfItsPerTokenEntries) {
+  // Ratio 1 (V4.1's C1): one entry per token. A replayed chunk at 120..135 with its hit ending at
+  // 128 stores entries 128..135 only: token rows 2 + 8 .. 2 + 15, after row 0's two tokens.
+  std::vector<int32_t> tokens(16, 3);
+  const std::vector<int32_t> table = {5, 6};
+  const std::vector<int> ratios = {1};
+  std::vector<ForwardRow> rows = {rows_[2],
+                                  {.slot = 1,
+                                   .start_pos = 120,
+                                   .num_tokens = 16,
+                                   .tokens = tokens,
+                                   .block_table = table,
+                                   .num_logits = 1,
+                                   .history = {},
+                                   .swa_valid_start = 0,
+                                   .replay_end = 128}};
+  const BatchGeometry g = BatchGeometry::exact(rows, ratios, 2, LogitsMode::kLast);
+  EXPECT_EQ(g.num_entries, (std::vector<int>{2 + 8}));
+  EXPECT_EQ(g.entry_rows, 10);
+  const BatchPlan p = pack_and_view(*be_, rows, g, ratios);
+  EXPECT_EQ(read(*be_, p.entry_rows), (std::vector<int32_t>{0, 1, 10, 11, 12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(read(*be_, p.entries.at(1).window),
+            (std::vector<int32_t>{254, 255, 128, 129, 130, 131, 132, 133, 134, 135}));
+  // Without a replay the entries are the token rows themselves: no list.
+  EXPECT_EQ(BatchGeometry::exact(rows_, ratios, 2, LogitsMode::kLast).entry_rows, 0);
+}
+
 TEST_F(BatchPlanTest, ValidateRowsNamesTheRowAndField) {
   ModelConfig c;
   c.vocab_size = 12;
@@ -157,6 +216,11 @@ TEST_F(BatchPlanTest, ValidateRowsNamesTheRowAndField) {
   bad[0].num_logits = 7;
   EXPECT_EQ(error_message([&] { validate_rows(bad, c, shape, false); }),
             "forward batch: sequence 0: 'num_logits' 7 is outside [0, 6]");
+  bad[0].num_logits = 0;
+  bad[0].swa_valid_start = 7;
+  EXPECT_EQ(error_message([&] { validate_rows(bad, c, shape, false); }),
+            "forward batch: sequence 0: 'swa_valid_start' 7 is outside [0, start_pos 6]: a replay "
+            "computes every position from it on");
   std::vector<ForwardRow> twice = {rows_[0], rows_[0]};
   EXPECT_EQ(error_message([&] { validate_rows(twice, c, shape, false); }),
             "forward batch: sequence 1: 'slot' 1 is used by another sequence of the batch");

@@ -187,15 +187,21 @@ def damage_one_file(root: Path, rng: random.Random) -> bool:
     return True
 
 
+@pytest.mark.parametrize("window_state", ["exact", "bounded_replay"])
 @pytest.mark.parametrize("zero_overhead", [True, False], ids=["zos", "sync"])
-def test_invariants_randomized_with_fetch_states(tmp_path, zero_overhead: bool) -> None:
+def test_invariants_randomized_with_fetch_states(
+    tmp_path, zero_overhead: bool, window_state: str
+) -> None:
     # 16 usable blocks: shared prefixes leave the GPU index soon, so hits come from the store.
+    # bounded_replay: hits end at any stored block and replay the 128 tokens before it (the
+    # scripted model's outputs do not depend on the window, so they still equal the reference).
     engine = scripted(
         eos_probability=0.02,
         num_kv_blocks=17,
         max_num_seqs=6,
         kv_store_path=str(tmp_path),
         zero_overhead=zero_overhead,
+        kv_window_state=window_state,
     )
     slots = live_slots(engine)
     rng = random.Random(11 if zero_overhead else 12)

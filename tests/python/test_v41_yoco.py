@@ -345,3 +345,34 @@ def test_yoco_with_kv_formats_equals_reference(mode: str, kv: str, tmp_path_fact
     outs, _ = run_all(engine, ps, GREEDY)
     assert outs == [greedy_reference(model(name), mode, p, 8, kv) for p in ps]
     assert_pools_full(engine)
+
+
+@pytest.mark.parametrize("mode", ["off", *MODES])
+def test_bounded_replay_hit_equals_cold(mode: str, tmp_path, tmp_path_factory) -> None:
+    """kv_window_state bounded_replay (docs/kv_store.md#window-state-on-a-hit) on V4.1: config A's
+    window of 8 over 10 layers reaches back 10 * 7 + 8 = 78 <= 128 tokens, so a hit replayed from
+    r = h - 128 (windows clamped to r in producer and consumer layers, stored compressed entries
+    kept) rebuilds the exact rings: tokens and logprobs equal the cold run's bit for bit."""
+    name = "A"
+    cfg = ref.TINY_CONFIGS[name]
+    shared = ref.random_tokens(400, cfg.vocab_size, 7)
+    params = dc.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    replay = {"kv_window_state": "bounded_replay", "kv_store_path": str(tmp_path)}
+    writer = yoco_engine(name, mode, tmp_path_factory, **replay)
+    run_all(writer, [shared[:300] + [17]], params)  # stores blocks [0, 2): its checkpoint is 256
+    writer.flush_kv_tiers()
+    del writer
+
+    def run(engine: dc.Engine) -> tuple[list[int], list, int]:
+        outs, trace = run_all(engine, [shared], params)
+        (rid,) = list(trace.outputs)
+        lps = [lp for o in trace.outputs[rid] for lp in o.logprobs]
+        return outs[0], lps, trace.ready(rid).prompt_cache_hit_tokens
+
+    reader = yoco_engine(name, mode, tmp_path_factory, **replay)
+    toks, lps, hit = run(reader)
+    assert hit == 256 and reader.stats()["store_hit_tokens"] == 256
+    assert_pools_full(reader)
+    cold_toks, cold_lps, cold_hit = run(yoco_engine(name, mode, tmp_path_factory))
+    assert cold_hit == 0
+    assert (toks, lps) == (cold_toks, cold_lps)

@@ -81,6 +81,12 @@ struct CacheConfig {
   // Threads that read store files for fetches (at least 1; used only with kv_store_path). A store
   // on a network mount with high latency per file gains from more reads in flight.
   int fetch_threads = 2;
+  // The window state at a tier hit (docs/kv_store.md#window-state-on-a-hit): "exact" stores the
+  // SWA/compressor ring snapshot beside the checkpoint block and restores it (bit-identical to a
+  // cold run); "bounded_replay" stores blocks only (a hit may end at any full block) and
+  // recomputes the last kReplayTokens before the hit with the sliding windows confined to them
+  // (constant cost, approximate).
+  std::string kv_window_state = "exact";
 
   bool operator==(const CacheConfig&) const = default;
 };

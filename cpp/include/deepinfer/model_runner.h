@@ -52,6 +52,12 @@ struct SequenceChunk {
   // The end of the prefill this chunk belongs to (0: the chunk's end): the chunks of one prefill
   // under YOCO truncation name the same end. Logits of rows the truncation dropped are NaN.
   int64_t prompt_end = 0;
+  // A replayed KV-tier hit (kv_window_state bounded_replay,
+  // docs/kv_store.md#window-state-on-a-hit): every sliding window sees only keys at positions >=
+  // swa_valid_start, and the compressed entries of windows closing at or before replay_end are kept
+  // in the blocks, not rewritten.
+  int64_t swa_valid_start = 0;
+  int64_t replay_end = 0;
 };
 
 enum class LogitsMode { kAll, kLast };

@@ -152,6 +152,10 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
     bad_config("kv_store_ttl_class",
                "must be \"chat\" or \"agent\", got \"" + cache.kv_store_ttl_class + "\"");
   }
+  if (cache.kv_window_state != "exact" && cache.kv_window_state != "bounded_replay") {
+    bad_config("kv_window_state",
+               "must be \"exact\" or \"bounded_replay\", got \"" + cache.kv_window_state + "\"");
+  }
   if (cache.fetch_threads < 1 || cache.fetch_threads > 64) {
     bad_config("fetch_threads", "must be in [1, 64], got " + std::to_string(cache.fetch_threads));
   }

@@ -59,7 +59,9 @@ std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& 
                 "engine config: 'kv_host_cache_bytes' / 'kv_store_path' need an executor with KV "
                 "caches; this one has none");
   }
+  const bool replay = cache.kv_window_state == "bounded_replay";
   sched::KvTiersConfig t;
+  t.window_state_exact = !replay;
   t.host_bytes = cache.kv_host_cache_bytes;
   t.store_path = cache.kv_store_path;
   t.store_capacity_bytes = cache.kv_store_capacity_bytes;
@@ -75,6 +77,9 @@ std::unique_ptr<sched::KvTiers> make_tiers(const EngineConfig& c, StepExecutor& 
     t.state_layout = "state=rings/v1;state_bytes=" + std::to_string(transfer->state_bytes());
     // Only an engine that runs the MTP block keeps its rings in the snapshots it writes.
     if (uses_mtp_drafts(c)) t.state_layout += ";mtp_rings";
+    // Blocks without snapshots, whose entries may come from a replayed (approximate) window: a
+    // store of its own, never mixed with the exact mode's.
+    if (replay) t.state_layout = "state=none;window_state=bounded_replay";
   }
   return std::make_unique<sched::KvTiers>(t, *transfer);
 }

@@ -48,6 +48,12 @@ size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& 
       bad_row(b, "positions up to " + std::to_string(end - 1) + " exceed max_position_embeddings " +
                      std::to_string(config.max_position_embeddings));
     }
+    if (r.swa_valid_start < 0 || r.swa_valid_start > r.start_pos) {
+      bad_row(b, "'swa_valid_start' " + std::to_string(r.swa_valid_start) +
+                     " is outside [0, start_pos " + std::to_string(r.start_pos) +
+                     "]: a replay computes every position from it on");
+    }
+    if (r.replay_end < 0) bad_row(b, "'replay_end' " + std::to_string(r.replay_end) + " is < 0");
     if (r.prompt_end != 0 && r.prompt_end < end) {
       bad_row(b, "'prompt_end' " + std::to_string(r.prompt_end) + " lies before the row's end " +
                      std::to_string(end) + " (0: the row's end)");
@@ -90,6 +96,18 @@ std::vector<int> compress_ratios(const ModelConfig& config) {
   return {ratios.begin(), ratios.end()};
 }
 
+namespace {
+
+// The first window whose compressed entry a row stores: those closing at or before a replayed
+// hit's end came from the KV tiers (ForwardRow::replay_end), so the replay keeps them.
+int64_t first_entry(const ForwardRow& r, int ratio) {
+  const int64_t from = kv::num_entries(r.start_pos, ratio);
+  const int64_t last = kv::num_entries(r.start_pos + r.num_tokens, ratio);
+  return std::clamp<int64_t>(kv::num_entries(r.replay_end, ratio), from, last);
+}
+
+}  // namespace
+
 BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,
                                    LogitsMode mode) {
   BatchGeometry g;
@@ -100,6 +118,7 @@ BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios,
     g.num_tokens += r.num_tokens;
     g.num_logit_rows += r.num_logits;
     g.carry = g.carry || r.token_from_previous >= 0;
+    g.swa_start = g.swa_start || r.swa_valid_start > 0;
   }
   if (g.all_logits) g.num_logit_rows = g.num_tokens;
   // Windows [ctx / m, (ctx + q) / m) close in this call
@@ -107,9 +126,10 @@ BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios,
   for (int ratio : ratios) {
     int64_t n = 0;
     for (const ForwardRow& r : rows) {
-      n += kv::num_entries(r.start_pos + r.num_tokens, ratio) - kv::num_entries(r.start_pos, ratio);
+      n += kv::num_entries(r.start_pos + r.num_tokens, ratio) - first_entry(r, ratio);
     }
     g.num_entries.push_back(static_cast<int>(n));
+    if (ratio == 1 && n < g.num_tokens) g.entry_rows = static_cast<int>(n);
   }
   return g;
 }
@@ -129,13 +149,16 @@ BatchGeometry BatchGeometry::padded(int bucket, int width, size_t num_ratios) {
 
 // Buffer order: token_ids, positions, token_seq [T]; seq_q_start [B + 1]; seq_ctx_len, seq_slot
 // [B]; block_table [B, W]; carry_remap [T] (if carry); logit_rows [S] (unless all_logits);
-// next_positions [S]; then per ratio seq, window, rope_pos, dest [E].
+// next_positions [S]; then per ratio seq, window, rope_pos, dest [E]; swa_start [B] (if swa_start);
+// entry_rows [E of ratio 1] (if entry_rows).
 int64_t BatchGeometry::size() const {
   int64_t n = 3LL * num_tokens + (num_seqs + 1) + 2LL * num_seqs +
               static_cast<int64_t>(num_seqs) * table_width + num_logit_rows;
   if (carry) n += num_tokens;
   if (!all_logits) n += num_logit_rows;
   for (int e : num_entries) n += 4LL * e;
+  if (swa_start) n += num_seqs;
+  n += entry_rows;
   return n;
 }
 
@@ -221,7 +244,7 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
     int64_t n = 0;
     for (int s = 0; s < real; ++s) {
       const ForwardRow& r = rows[static_cast<size_t>(s)];
-      const int64_t first = kv::num_entries(r.start_pos, ratio);
+      const int64_t first = first_entry(r, ratio);
       const int64_t last = kv::num_entries(r.start_pos + r.num_tokens, ratio);
       for (int64_t w = first; w < last; ++w, ++n) {
         seq[n] = s;
@@ -229,6 +252,21 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
         rope_pos[n] = static_cast<int32_t>(w * ratio);
         dest[n] = static_cast<int32_t>(kv::entry_row(r.block_table, w, epb));
       }
+    }
+  }
+  if (g.swa_start) {
+    int32_t* swa_start = entries;  // padding rows: 0, no clamp
+    for (int s = 0; s < real; ++s) swa_start[s] = rows[static_cast<size_t>(s)].swa_valid_start;
+    entries += g.num_seqs;
+  }
+  if (g.entry_rows > 0) {
+    // Ratio 1: window w is position w, so a row's entries are its last tokens from first_entry.
+    int32_t* out = entries;
+    for (int s = 0; s < real; ++s) {
+      const ForwardRow& r = rows[static_cast<size_t>(s)];
+      const int64_t first = first_entry(r, 1);
+      for (int64_t w = first; w < r.start_pos + r.num_tokens; ++w)
+        *out++ = static_cast<int32_t>(q_start[s] + (w - r.start_pos));
     }
   }
 }
@@ -270,6 +308,8 @@ BatchPlan plan_views(const Tensor& metadata, const BatchGeometry& g, const std::
     e.dest = take(e.num_entries);
     plan.entries.emplace(ratios[k], std::move(e));
   }
+  if (g.swa_start) plan.swa_start = take(b);
+  if (g.entry_rows > 0) plan.entry_rows = take(g.entry_rows);
   DEEPINFER_CHECK(offset == metadata.numel(), "batch metadata layout and size disagree");
   return plan;
 }

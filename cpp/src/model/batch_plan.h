@@ -44,6 +44,12 @@ struct ForwardRow {
   // truncation keeps the consumer layers' work in [prompt_end - keep, prompt_end) (engine.md 6.3),
   // so the chunks of one prefill agree on it.
   int32_t prompt_end = 0;
+  // A KV tier hit replayed without its window state (kv_window_state bounded_replay,
+  // docs/kv_store.md#window-state-on-a-hit): every sliding window of the row sees only keys at
+  // positions >= swa_valid_start, and compressed entries of windows closing at or before
+  // replay_end are not stored (the tiers supplied them); the compressor rings are still written.
+  int32_t swa_valid_start = 0;
+  int32_t replay_end = 0;
 };
 using RowSpan = StridedSpan<const ForwardRow>;
 
@@ -55,7 +61,12 @@ struct BatchPlan {
   Tensor logit_rows;       // [S] i32 token rows whose logits are returned; undefined: every row
   Tensor next_positions;   // [S] i32, the position of the token each logits row predicts
   Tensor carry_remap;      // [T] i32, previous-step index or -1; undefined when nothing carries
-  Tensor metadata;         // the device buffer every tensor above is a view of
+  // [B] i32 ForwardRow::swa_valid_start (AttentionSpec::swa_start); undefined when no row has one.
+  Tensor swa_start;
+  // [E] i32 token rows of the ratio-1 entries (DeepSeek-V4.1's C1: one per token) when a replay
+  // stores fewer of them than the call has tokens; undefined: one per token row, in order.
+  Tensor entry_rows;
+  Tensor metadata;  // the device buffer every tensor above is a view of
 };
 
 // Checks the rows against the config and cache shape; every error (Error(kInvalidArgument)) names
@@ -79,7 +90,9 @@ struct BatchGeometry {
   bool entry_per_row = false;
   bool all_logits = false;  // logits of every token row (logit_rows stays undefined)
   int num_logit_rows = 0;
-  bool carry = false;  // carry_remap is present
+  bool carry = false;      // carry_remap is present
+  bool swa_start = false;  // swa_start is present (a row has a swa_valid_start)
+  int entry_rows = 0;      // entry_rows' length (0: absent)
 
   // The exact geometry of `rows` (`max_blocks` from validate_rows).
   static BatchGeometry exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,

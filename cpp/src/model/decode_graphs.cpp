@@ -82,7 +82,15 @@ bool DecodeGraphs::accepts(RowSpan rows) const {
   const bool decode = std::all_of(rows.begin(), rows.end(), [](const ForwardRow& r) {
     return r.num_tokens == 1 && r.num_logits == 1;
   });
-  if (!decode || v41_model_ == nullptr) return decode;
+  if (!decode) return false;
+  // A replayed hit's rows whose window is still clamped (or whose entry the tiers supplied): the
+  // recording carries no swa_start, so such a call runs eagerly.
+  const int window = config_.sliding_window;
+  const bool clamped = std::any_of(rows.begin(), rows.end(), [window](const ForwardRow& r) {
+    return r.swa_valid_start > std::max(0, r.start_pos - window + 1) || r.start_pos < r.replay_end;
+  });
+  if (clamped) return false;
+  if (v41_model_ == nullptr) return true;
   // Narrowed rows need the consumer layers' swa_start (and in compact, dropped rows), which the
   // recording does not carry: such a call runs eagerly.
   std::vector<YocoRowRange> ranges;

@@ -108,6 +108,7 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   spec.sparse = w.has_indexer;
   spec.bf16_math = bf16_math_;
   spec.rope_dim = caches.rope_dim;
+  spec.swa_start = plan.swa_start;  // a replayed hit's window bound (undefined: none)
   Tensor out =
       be.attention(q, kv, caches.swa_ring, w.has_compressor ? caches.comp_entries : Tensor(), topk,
                    w.sinks, layout, spec);

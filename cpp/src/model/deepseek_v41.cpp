@@ -100,7 +100,9 @@ Tensor DeepseekV41Model::forward(const BatchPlan& plan, const Tensor& ngram, Mod
   // The rows the layers run on: every row, until YOCO compact truncation drops some.
   const BatchLayout* layout = &plan.layout;
   BatchLayout kept_layout;
-  Tensor swa_start;  // the consumer layers' narrowed windows (YOCO mask and compact)
+  // Every layer's window bound: a replayed hit's (undefined: none), then in the consumer layers
+  // YOCO's narrowed windows, which include it (yoco_row_ranges).
+  Tensor swa_start = plan.swa_start;
   if (!config_.engram_layer_ids.empty() && !ngram.defined()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "DeepSeek-V4.1 forward: the model has Engram layers but no 'ngram' was given");
@@ -237,8 +239,12 @@ void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& pla
   const EntryBatch& entries = plan.entries.at(ratio);
   Tensor pooled;
   if (ratio == 1) {
-    // C1: one entry per token, in token row order (the plan lists a call's windows that way).
-    if (entries.num_entries > 0) pooled = be.linear(x, w.compressor.wkv_gate);
+    // C1: one entry per token, in token row order (the plan lists a call's windows that way);
+    // a replayed hit's rows before its end store none (plan.entry_rows lists the rest).
+    if (entries.num_entries > 0) {
+      pooled = be.linear(plan.entry_rows.defined() ? be.gather_rows(x, plan.entry_rows) : x,
+                         w.compressor.wkv_gate);
+    }
   } else {
     // C2: a per-channel softmax of wgate over the window's 2 tokens weighs their wkv (no ape).
     const Tensor proj = be.linear(x, w.compressor.wkv_gate);  // [T, 2D] = [kv | gate]

@@ -103,13 +103,16 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
   for (const ForwardRow& r : rows) {
     ForwardRow f = r;
     f.num_logits = 0;
-    if (r.start_pos > 0) {
+    // A replayed hit's first row (start_pos == swa_valid_start) has no trunk before it either:
+    // the slot was zeroed, and its window starts there.
+    if (r.start_pos > 0 && r.start_pos > r.swa_valid_start) {
       f.start_pos -= 1;
       ring_rows.push_back(static_cast<int32_t>(r.slot * backtrack + f.start_pos % backtrack));
       ring_dest.push_back(static_cast<int32_t>(trunk_rows.size()));
       trunk_rows.push_back(0);  // replaced by the ring's row
     } else {
-      // Position 0 has no predecessor: the block starts at the row's second token.
+      // Position 0 (or a replay's start) has no predecessor: the block starts at the row's
+      // second token.
       f.num_tokens -= 1;
       f.tokens = r.tokens.subspan(1);
     }

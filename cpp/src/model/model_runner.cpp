@@ -235,6 +235,8 @@ class CheckpointModelRunner final : public ModelRunner {
       r.tokens = c.tokens;
       r.block_table = c.block_table;
       r.prompt_end = static_cast<int32_t>(c.prompt_end);
+      r.swa_valid_start = static_cast<int32_t>(c.swa_valid_start);
+      r.replay_end = static_cast<int32_t>(c.replay_end);
       rows_.push_back(r);
     }
     return validate_rows(rows_, m.config, m.caches->shape(), /*check_tokens=*/true);

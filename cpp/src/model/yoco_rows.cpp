@@ -9,8 +9,13 @@ namespace deepinfer {
 
 bool yoco_row_ranges(RowSpan rows, const V41TextConfig& config, std::vector<YocoRowRange>& ranges) {
   ranges.clear();
-  if (config.yoco_truncation == YocoTruncation::kOff || config.yoco_boundary < 0) return false;
-  const bool compact = config.yoco_truncation == YocoTruncation::kCompact;
+  const bool yoco = config.yoco_truncation != YocoTruncation::kOff && config.yoco_boundary >= 0;
+  // A replayed KV-tier hit (ForwardRow::swa_valid_start) narrows every window, with or without
+  // truncation; its start never lies after the row's, so it keeps every row in compact.
+  const bool replay = std::any_of(rows.begin(), rows.end(),
+                                  [](const ForwardRow& r) { return r.swa_valid_start > 0; });
+  if (!yoco && !replay) return false;
+  const bool compact = yoco && config.yoco_truncation == YocoTruncation::kCompact;
   bool narrows = false;
   for (size_t b = 0; b < rows.size(); ++b) {
     const ForwardRow& r = rows[b];
@@ -23,7 +28,7 @@ bool yoco_row_ranges(RowSpan rows, const V41TextConfig& config, std::vector<Yoco
     }
     const int32_t prompt_end = r.prompt_end != 0 ? r.prompt_end : end;
     YocoRowRange range;
-    range.swa_start = std::max(0, prompt_end - config.yoco_keep_tokens);
+    range.swa_start = std::max(yoco ? prompt_end - config.yoco_keep_tokens : 0, r.swa_valid_start);
     range.first_kept = compact ? std::clamp(range.swa_start, r.start_pos, end) : r.start_pos;
     // The row's first query already sees no key before start_pos - W + 1.
     narrows = narrows || range.swa_start > std::max(0, r.start_pos - config.sliding_window + 1);

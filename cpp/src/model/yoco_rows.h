@@ -28,8 +28,9 @@ struct YocoRowRange {
 };
 
 // The ranges of `rows` under `config`'s truncation and keep count, and whether any query is
-// narrowed (false: the consumer layers run as in mode "off"). Error(kInvalidArgument) naming the
-// row when its prompt_end lies before its end.
+// narrowed (false: the consumer layers run as in mode "off"). A row's swa_valid_start (a replayed
+// KV-tier hit) bounds its swa_start too, also when truncation is off. Error(kInvalidArgument)
+// naming the row when its prompt_end lies before its end.
 bool yoco_row_ranges(RowSpan rows, const V41TextConfig& config, std::vector<YocoRowRange>& ranges);
 
 // The indices, among the logits rows a forward of `rows` in `mode` wants (BatchGeometry order),

@@ -28,6 +28,8 @@ Admission KvAllocator::admit(Sequence& seq) {
   const int bs = layout_.block_size;
   const int needed = blocks_for(seq.num_tokens());
   Admission result;
+  seq.swa_valid_start = 0;  // set again by a bounded_replay tier hit (complete_fetch)
+  seq.replay_end = 0;
   if (needed > blocks_.num_usable()) {
     result.status = AdmitStatus::kNever;
     return result;
@@ -154,11 +156,20 @@ Admission KvAllocator::complete_fetch(Sequence& seq, const KvTiers::Fetched& fet
                               static_cast<size_t>(fetched.num_blocks - fetched.reuse)),
                  seq.state_slot);
   prefix_.adopt_fetched(seq, fetched.reuse, fetched.num_blocks);
-  seq.num_computed = fetched.num_blocks * layout_.block_size;
+  const int hit = fetched.num_blocks * layout_.block_size;
+  seq.num_computed = hit;
   seq.num_indexed_blocks = fetched.num_blocks;
+  if (!tiers_->window_state_exact()) {
+    // No snapshot: the slot was zeroed by the import; the last kReplayTokens before the hit are
+    // computed again with their windows confined to them (docs/kv_store.md#window-state-on-a-hit).
+    static_assert(kReplayTokens % kv::kBlockSize == 0, "a replay must start on a block boundary");
+    seq.num_computed = std::max(0, hit - kReplayTokens);
+    seq.swa_valid_start = seq.num_computed;
+    seq.replay_end = hit;
+  }
   Admission result;
   result.status = AdmitStatus::kAdmitted;
-  result.hit_tokens = seq.num_computed;
+  result.hit_tokens = hit;  // the tokens the tiers supplied (the replay is counted as computed)
   return result;
 }
 

@@ -15,6 +15,11 @@
 
 namespace deepinfer::sched {
 
+// Tokens a kv_window_state bounded_replay hit recomputes before the hit point: one block, so the
+// replay starts on a block boundary (a multiple of every compression ratio: each compressor window
+// is closed there, and the replay writes no paged block, only the state slot).
+inline constexpr int kReplayTokens = kv::kBlockSize;
+
 struct KvLayout {
   int num_blocks = 0;      // including block 0
   int num_live_slots = 0;  // including slot 0

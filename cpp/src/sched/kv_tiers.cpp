@@ -26,7 +26,7 @@ KvTiers::KvTiers(const KvTiersConfig& config, KvTransfer& transfer)
     : config_(config),
       transfer_(transfer),
       kv_bytes_(static_cast<uint64_t>(transfer.block_bytes())),
-      state_bytes_(static_cast<uint64_t>(transfer.state_bytes())) {
+      state_bytes_(config.window_state_exact ? static_cast<uint64_t>(transfer.state_bytes()) : 0) {
   if (config.host_bytes > 0) host_ = std::make_unique<kv::HostBlockCache>(config.host_bytes);
   if (!config.store_path.empty()) {
     kv::KvBlockStoreConfig sc;
@@ -98,7 +98,11 @@ KvTiers::Plan KvTiers::plan(std::span<const kv::BlockHash> hashes, int gpu_index
     const int last = k - 1;
     const size_t l = static_cast<size_t>(last);
     Tier snapshot;
-    if (in(host, last) && host[l] == kv_bytes_ + state_bytes_) {
+    if (state_bytes_ == 0) {
+      // bounded_replay: no snapshot to find; the covered run is the hit (its last block from
+      // where it is read, or the GPU's own).
+      snapshot = in(host, last) ? Tier::kHost : Tier::kStore;
+    } else if (in(host, last) && host[l] == kv_bytes_ + state_bytes_) {
       snapshot = Tier::kHost;
     } else if (in(store, last) && store[l] == store_file_bytes(true)) {
       snapshot = Tier::kStore;
@@ -167,8 +171,8 @@ KvTiers::FetchId KvTiers::start_fetch(const Sequence& seq, const Plan& plan) {
   };
   for (int i = plan.reuse; i < plan.num_blocks; ++i)
     add(i, plan.sources[static_cast<size_t>(i - plan.reuse)], i == last);
-  // The GPU holds the KV; only its snapshot is gone.
-  if (plan.reuse == plan.num_blocks) add(last, plan.snapshot_source, true);
+  // The GPU holds the KV; only its snapshot is gone (bounded_replay needs none: nothing to read).
+  if (plan.reuse == plan.num_blocks && state_bytes_ > 0) add(last, plan.snapshot_source, true);
   // Host blocks are memory: taken now, so that the host tier's LRU cannot drop them meanwhile.
   for (FetchItem& item : job->items) {
     if (item.tier != Tier::kHost) continue;
@@ -288,7 +292,7 @@ KvTiers::FetchState KvTiers::finish_fetch(const Sequence& seq, FetchId id, Fetch
     uint64_t& n = t == Tier::kHost ? counters_.host_hit_tokens : counters_.store_hit_tokens;
     n += static_cast<uint64_t>(blocks) * static_cast<uint64_t>(config_.block_size);
   };
-  count(plan.snapshot_source, plan.reuse - plan.gpu_hit);
+  if (state_bytes_ > 0) count(plan.snapshot_source, plan.reuse - plan.gpu_hit);
   for (Tier t : plan.sources) count(t, 1);
   touch_chain_head_last(seq, plan.num_blocks);
   return FetchState::kReady;
@@ -356,6 +360,12 @@ void KvTiers::touch_chain_head_last(const Sequence& seq, int num_blocks) {
 void KvTiers::import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot) {
   DEEPINFER_CHECK(blocks.size() == fetched.blocks.size(),
                   "import of fetched KV into a different number of blocks");
+  if (state_bytes_ == 0) {
+    // bounded_replay: no snapshot; the slot starts zeroed and the replay rebuilds its rings.
+    const std::vector<uint8_t> zeros(static_cast<size_t>(transfer_.state_bytes()), 0);
+    transfer_.import_fetched(blocks, fetched.blocks, slot, zeros);
+    return;
+  }
   transfer_.import_fetched(blocks, fetched.blocks, slot, fetched.state);
 }
 
@@ -395,8 +405,8 @@ void KvTiers::write_through(const Sequence& seq, int num_blocks, int32_t snapsho
     b.tokens.assign(key.tokens.begin(), key.tokens.end());
     b.state_bytes = last ? state_bytes_ : 0;
     b.payload = std::make_shared<std::vector<uint8_t>>(kv_bytes_ + b.state_bytes);
-    transfer_.export_block(seq.block_table[static_cast<size_t>(i)], last ? snapshot_slot : -1,
-                           *b.payload, b.payload);
+    transfer_.export_block(seq.block_table[static_cast<size_t>(i)],
+                           b.state_bytes > 0 ? snapshot_slot : -1, *b.payload, b.payload);
     pending_hashes_.insert(b.hash);
     pending.blocks.push_back(std::move(b));
   }

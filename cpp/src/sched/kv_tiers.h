@@ -68,6 +68,10 @@ struct KvTiersConfig {
   int block_size = kv::kBlockSize;
   std::chrono::milliseconds sweep_interval{std::chrono::minutes(5)};
   int fetch_threads = 2;  // the fetch pool's threads (store reads); used only with a store
+  // false (kv_window_state bounded_replay): blocks are stored without the state snapshot, so a
+  // hit may end at any stored block; the fetch then carries no state and `import` zeroes the
+  // slot (the request replays the window, KvAllocator::complete_fetch).
+  bool window_state_exact = true;
 };
 
 struct KvTierCounters {
@@ -168,6 +172,7 @@ class KvTiers {
   KvTierCounters counters() const;
   bool has_host() const { return host_ != nullptr; }
   bool has_store() const { return store_ != nullptr; }
+  bool window_state_exact() const { return config_.window_state_exact; }
 
  private:
   struct ExportedBlock {
@@ -223,7 +228,7 @@ class KvTiers {
   KvTiersConfig config_;
   KvTransfer& transfer_;
   uint64_t kv_bytes_;
-  uint64_t state_bytes_;
+  uint64_t state_bytes_;  // of the snapshot the tiers store (0 in bounded_replay)
   std::unique_ptr<kv::HostBlockCache> host_;
   std::unique_ptr<kv::KvBlockStore> store_;
   std::unique_ptr<kv::KvStoreWriter> writer_;    // after store_: drains into it on destruction

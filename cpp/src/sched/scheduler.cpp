@@ -233,6 +233,8 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int3
     // Every chunk of a prefill names its end: V4.1's YOCO truncation keeps the positions before it.
     f.prompt_end = s.num_tokens();
   }
+  f.swa_valid_start = s.swa_valid_start;
+  f.replay_end = s.replay_end;
   // Every token before `start` is committed (a carried row starts at num_tokens()).
   f.history = std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(start));
   const size_t blocks = static_cast<size_t>(kv_.blocks_for(start + q));
@@ -364,7 +366,9 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
 
 void Scheduler::on_admitted(Sequence& s, const Admission& a, std::vector<RequestOutput>& out) {
   stats_.prompt_tokens_cached += static_cast<uint64_t>(a.hit_tokens);
-  s.prefix_checkpoint = kv_.prefix_cache().checkpoint(s);
+  // A replayed window is approximate: no snapshot of it goes into the prefix cache, whose hits
+  // are exact (nor through it to the tiers).
+  s.prefix_checkpoint = s.replay_end > 0 ? 0 : kv_.prefix_cache().checkpoint(s);
   if (!s.ready_emitted) {
     s.ready_emitted = true;
     s.prompt_cache_hit_tokens = a.hit_tokens;
@@ -437,6 +441,8 @@ void Scheduler::preempt(Sequence& s, std::vector<RequestOutput>& out) {
   s.skip_tiers = false;    // a failed fetch was one store hiccup: the next admission may hit
   s.num_computed = 0;
   s.prefix_checkpoint = 0;
+  s.swa_valid_start = 0;  // recomputed from its admission (a replay starts afresh)
+  s.replay_end = 0;
   s.state = SeqState::kWaiting;
   waiting_.push_front(&s);
 }

@@ -76,7 +76,13 @@ struct Sequence {
   uint64_t tier_fetch = 0;  // the KvTiers fetch filling this sequence's blocks (0: none)
   bool skip_tiers = false;  // a tier fetch for it failed: admit from the GPU index only
   uint64_t fetch_wait = 0;  // another sequence's fetch of its blocks it waits for, holding nothing
-  int prefix_checkpoint = 0;      // a prefill chunk must end here (state snapshot), 0 = none
+  int prefix_checkpoint = 0;  // a prefill chunk must end here (state snapshot), 0 = none
+  // A kv_window_state bounded_replay tier hit of `replay_end` tokens (KvAllocator::
+  // complete_fetch): prefill restarts at swa_valid_start with a zeroed state slot; every sliding
+  // window of this sequence sees only keys >= swa_valid_start, and compressed entries of windows
+  // closing before replay_end are kept from the tiers, not recomputed. 0, 0: no replay.
+  int swa_valid_start = 0;
+  int replay_end = 0;
   int32_t pending_snapshot = -1;  // snapshot slot being filled by an in-flight chunk
   // A verify row's input (the last committed token, then the drafts): the row's tokens span
   // points here until the step is launched.

@@ -101,6 +101,15 @@ void ScriptedExecutor::run(ScriptedStep& step) {
     }
     SlotState& slot = slots_[static_cast<size_t>(f.slot)];
     if (f.start_pos == 0) slot = SlotState{};  // a fresh (or recomputed) sequence
+    // A bounded-replay hit (kv_window_state bounded_replay) starts at swa_valid_start over a
+    // zeroed slot. The scripted model's outputs do not depend on the window, so the replay
+    // rebuilds the state exactly: from the tag of the block before the replay.
+    if (f.swa_valid_start > 0 && f.start_pos == f.swa_valid_start && slot.length == 0 &&
+        slot.hash == 0 && f.start_pos % kv::kBlockSize == 0) {
+      slot.hash = blocks_.at(static_cast<size_t>(
+          f.block_table[static_cast<size_t>(f.start_pos / kv::kBlockSize - 1)]));
+      slot.length = f.start_pos;
+    }
     // Positions below start_pos must already be in the slot: in order, none skipped or repeated.
     if (f.start_pos != slot.length) {
       throw Error(ErrorCode::kInternal,
@@ -145,7 +154,14 @@ void ScriptedExecutor::run(ScriptedStep& step) {
       ++slot.length;
       if (slot.length % bs == 0) {
         const auto b = static_cast<size_t>(slot.length / bs - 1);
-        blocks_[static_cast<size_t>(f.block_table[b])] = slot.hash;
+        uint64_t& tag = blocks_[static_cast<size_t>(f.block_table[b])];
+        // A replayed block keeps what the tiers supplied (the replay stores no entry of it).
+        if (slot.length <= f.replay_end && tag != slot.hash) {
+          throw Error(ErrorCode::kInternal, "scripted executor: sequence " +
+                                                std::to_string(row.seq_id) + " replays block " +
+                                                std::to_string(b) + " over another prefix");
+        }
+        tag = slot.hash;
       }
     }
     if (row.samples() && !row.verifies()) {
