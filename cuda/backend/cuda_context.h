@@ -15,6 +15,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/launch.cuh"
@@ -37,9 +38,11 @@ class PinnedPool {
       cudaEventDestroy(p.event);
       cudaFreeHost(p.block.ptr);
     }
-    for (Retained& r : retained_) {
-      cudaEventSynchronize(r.event);
-      cudaEventDestroy(r.event);
+    for (auto& [stream, retained] : retained_) {
+      for (Retained& r : retained) {
+        cudaEventSynchronize(r.event);
+        cudaEventDestroy(r.event);
+      }
     }
   }
   Block acquire(size_t n) {
@@ -78,7 +81,14 @@ class PinnedPool {
       DEEPINFER_CUDA_CHECK(err);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    retained_.push_back({std::move(owner), e});
+    for (auto& [s, retained] : retained_) {
+      if (s == stream) {
+        retained.push_back({std::move(owner), e});
+        return;
+      }
+    }
+    retained_.emplace_back(stream, std::deque<Retained>{});
+    retained_.back().second.push_back({std::move(owner), e});
   }
   // Releases what the completed copies no longer need (owners are dropped outside the lock: an
   // owner's release may take its arena's lock).
@@ -110,21 +120,20 @@ class PinnedPool {
       free_.push_back(pending_.front().block);
       pending_.pop_front();
     }
-    // Copies on the two streams complete out of order: scan them all.
-    for (auto it = retained_.begin(); it != retained_.end();) {
-      if (cudaEventQuery(it->event) == cudaSuccess) {
-        cudaEventDestroy(it->event);
-        done.push_back(std::move(it->owner));
-        it = retained_.erase(it);
-      } else {
-        ++it;
+    // Per stream, events complete in the order they were recorded: stop at the first pending.
+    for (auto& [stream, retained] : retained_) {
+      while (!retained.empty() && cudaEventQuery(retained.front().event) == cudaSuccess) {
+        cudaEventDestroy(retained.front().event);
+        done.push_back(std::move(retained.front().owner));
+        retained.pop_front();
       }
     }
   }
   std::mutex mu_;
   std::vector<Block> free_;
   std::deque<Pending> pending_;
-  std::deque<Retained> retained_;
+  // By stream (the compute and the copy stream: a short list).
+  std::vector<std::pair<cudaStream_t, std::deque<Retained>>> retained_;
 };
 
 struct CudaContext {
