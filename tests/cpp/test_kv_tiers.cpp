@@ -274,6 +274,26 @@ TEST_F(KvTiersStore, AHitWaitsFetchingThenImportsTheBytes) {
   release_all(gpu, b);
 }
 
+TEST_F(KvTiersStore, StoreBlocksArePromotedIntoTheArenaAndImportedFromThere) {
+  KvTiersConfig with_host = config;
+  with_host.host_bytes = 1 << 20;
+  KvTiers tiers(with_host, t);
+  ASSERT_EQ(t.arenas.size(), 1u);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  b.state = SeqState::kFetching;
+  ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kAdmitted);
+  expect_prompt_imported(t, b);
+  EXPECT_EQ(tiers.counters().store_hit_tokens, 384u);
+  // The store reads went into host tier blocks first, and the import read those blocks.
+  ASSERT_EQ(t.import_srcs.size(), 3u);
+  for (const uint8_t* p : t.import_srcs) EXPECT_TRUE(t.in_arena(p));
+  t.import_keep_alive.reset();
+  release_all(gpu, b);
+}
+
 TEST_F(KvTiersStore, ReleaseWhileFetchingFreesEverythingAndDropsTheRead) {
   {
     KvTiers tiers(config, t);

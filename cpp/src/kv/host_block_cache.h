@@ -11,7 +11,8 @@
 //
 // Blocks are handed out as shared_ptr<const HostBlock>: a block evicted while a copy from it is in
 // flight stays alive until that copy drops its handle. Capacity counts the blocks the cache
-// holds, so memory in use may briefly exceed it by blocks still held outside.
+// holds, so with a growing allocator memory in use may briefly exceed it by blocks still held
+// outside; with an arena it cannot, and those blocks' memory is what insert evicts around.
 //
 // Thread-safe (one mutex). The eviction listener runs after the lock is released, so it may call
 // back into the cache or hand the block to a KvStoreWriter (write-back on eviction); with a fixed

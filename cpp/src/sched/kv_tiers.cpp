@@ -290,9 +290,20 @@ KvTiers::FetchState KvTiers::finish_fetch(const Sequence& seq, FetchId id, Fetch
   const int last = plan.num_blocks - 1;
   for (size_t k = 0; k < job->items.size(); ++k) {
     FetchItem& item = job->items[k];
-    // A store block goes into the host tier: the next hit on it is served from memory.
-    if (item.tier == Tier::kStore && host_)
-      host_->insert(kv::BlockKey{item.hash, item.parent, item.tokens}, item.bytes);
+    // A store block goes into the host tier: the next hit on it is served from memory. Copied
+    // into an arena block first, so this import reads it from there too (pinned on CUDA: a
+    // direct copy instead of a staged one); the store read's buffer is freed.
+    if (item.tier == Tier::kStore && host_) {
+      const kv::BlockKey key{item.hash, item.parent, item.tokens};
+      if (std::shared_ptr<kv::HostBlock> block = host_->make_block(key, item.bytes.size())) {
+        std::copy(item.bytes.begin(), item.bytes.end(), block->mutable_bytes().begin());
+        item.bytes = block->bytes();
+        item.owner = block;
+        host_->insert_block(std::move(block));  // a key held already keeps its own block
+      } else {
+        host_->insert(key, item.bytes);
+      }
+    }
     const bool only_state = plan.reuse == plan.num_blocks;
     if (!only_state) out.blocks.push_back(item.bytes.first(kv_bytes_));
     if (item.block == last && item.with_state) out.state = item.bytes.subspan(kv_bytes_);
