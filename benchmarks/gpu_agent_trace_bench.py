@@ -167,6 +167,9 @@ def main() -> None:
         }
         engine = dc.Engine(model, **common, **tiered)
         print(f"KV bytes per token: {engine.kv_capacity.bytes_per_token}", flush=True)
+        # The host tier's arena: pinned on CUDA (direct copies), 0 when it is pageable (the CPU).
+        pinned_bytes = engine.stats()["kv_host_pinned_bytes"]
+        print(f"host tier: {pinned_bytes / (1 << 30):.2f} GiB pinned", flush=True)
         contexts = [grow([], random.Random(100 + s), args.start) for s in range(args.sessions)]
         rngs = [random.Random(200 + s) for s in range(args.sessions)]
         ttfts, prompts, hits = [], 0, 0
@@ -208,7 +211,12 @@ def main() -> None:
             f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['host_hit_tokens']} | "
             f"{r['store_hit_tokens']} | {r['store_bytes_read'] / 1e6:.1f} | {gbs} |"
         )
-    result = {"uncached_tok_s": uncached, "settings": vars(args) | {"out": None}, "rows": rows}
+    result = {
+        "uncached_tok_s": uncached,
+        "host_pinned_bytes": pinned_bytes,
+        "settings": vars(args) | {"out": None},
+        "rows": rows,
+    }
     print("AGENT-TRACE-BENCH " + json.dumps(result))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -143,6 +143,7 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["store_bytes_written"] = s.store_bytes_written;
   d["kv_blocks_written_through"] = s.kv_blocks_written_through;
   d["kv_tier_fetch_failures"] = s.kv_tier_fetch_failures;
+  d["kv_host_pinned_bytes"] = s.kv_host_pinned_bytes;
   d["kv_fetches"] = s.kv_fetches;
   d["kv_fetch_waits"] = s.kv_fetch_waits;
   d["dp_group_steps"] = s.dp_group_steps;

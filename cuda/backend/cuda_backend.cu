@@ -102,6 +102,16 @@ void CUDART_CB finish_host_copy(void* data) {
   delete job;
 }
 
+// Whether `p` is page-locked host memory the device can copy from and to directly.
+bool is_pinned_host(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // pageable memory on an old driver: not an error to keep
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(int device_index)
@@ -361,6 +371,7 @@ void CudaBackend::upload_into_impl(const Tensor& dst, const Tensor& host) {
 
 void CudaBackend::begin_copies_impl() {
   check_not_capturing("begin_copies");
+  ctx_->pinned.reclaim();  // host tier payloads that earlier copies no longer read
   CudaEvent compute_tail(ctx_);
   DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(ctx_->copy_stream, compute_tail.get(), 0));
 }
@@ -376,6 +387,32 @@ void CudaBackend::upload_into_on_copy_stream_impl(const Tensor& dst, const Tenso
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice,
                                        ctx_->copy_stream));
   ctx_->pinned.release_after(b, ctx_->copy_stream);
+}
+
+void CudaBackend::upload_pinned_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) {
+  check_not_capturing("upload_pinned_into_on_copy_stream");
+  if (dst.nbytes() == 0) return;
+  if (host.dtype() != dst.dtype() || !host.is_contiguous() || !is_pinned_host(host.raw_data())) {
+    upload_into_on_copy_stream_impl(dst, host);  // a conversion or pageable bytes: staged
+    return;
+  }
+  DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), host.raw_data(), dst.nbytes(),
+                                       cudaMemcpyHostToDevice, ctx_->copy_stream));
+  ctx_->pinned.retain_until(host.storage(), ctx_->copy_stream);
+}
+
+HostBuffer CudaBackend::allocate_pinned_host_impl(size_t bytes) {
+  DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
+  void* ptr = nullptr;
+  // Portable: page-locked for every CUDA context of the process, not only this device's.
+  const cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kIo,
+                "allocate_pinned_host: cannot pin " + std::to_string(bytes) +
+                    " bytes of host memory (cudaHostAlloc: " + cudaGetErrorString(err) + ")");
+  }
+  return HostBuffer(ptr, bytes, /*pinned=*/true, [](void* p) { cudaFreeHost(p); });
 }
 
 std::unique_ptr<Event> CudaBackend::record_copy_event_impl() {
@@ -458,6 +495,13 @@ Tensor CudaBackend::to_host_impl(const Tensor& device) {
 void CudaBackend::copy_to_host_impl(const Tensor& device, const Tensor& host) {
   check_not_capturing("copy_to_host");
   if (host.nbytes() == 0) return;
+  if (is_pinned_host(host.raw_data())) {
+    // Pinned (the KV host tier's arena): the copy lands there directly, no staging hop.
+    DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), device.raw_data(), host.nbytes(),
+                                         cudaMemcpyDeviceToHost, ctx_->stream));
+    ctx_->pinned.retain_until(host.storage(), ctx_->stream);
+    return;
+  }
   auto* job = new HostCopyJob{ctx_, ctx_->pinned.acquire(host.nbytes()), host, host.nbytes()};
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(job->block.ptr, device.raw_data(), job->nbytes,
                                        cudaMemcpyDeviceToHost, ctx_->stream));

@@ -13,14 +13,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/launch.cuh"
 
 namespace deepinfer::cuda {
 
-// Pinned host buffers reused once the copies that used them have completed.
+// Pinned host buffers reused once the copies that used them have completed, and the owners of
+// pinned memory that copies read or write directly (the KV host tier's arena), held until those
+// copies have completed.
 class PinnedPool {
  public:
   struct Block {
@@ -34,10 +38,17 @@ class PinnedPool {
       cudaEventDestroy(p.event);
       cudaFreeHost(p.block.ptr);
     }
+    for (auto& [stream, retained] : retained_) {
+      for (Retained& r : retained) {
+        cudaEventSynchronize(r.event);
+        cudaEventDestroy(r.event);
+      }
+    }
   }
   Block acquire(size_t n) {
+    std::vector<std::shared_ptr<const void>> done;  // released after the lock
     std::lock_guard<std::mutex> lock(mu_);
-    reclaim_locked();
+    reclaim_locked(done);
     for (size_t i = 0; i < free_.size(); ++i) {
       if (free_[i].size >= n) {
         Block b = free_[i];
@@ -58,6 +69,34 @@ class PinnedPool {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({b, e});
   }
+  // Keeps `owner` alive until `stream` has passed this point: a copy enqueued on it reads or
+  // writes the owner's pinned memory directly, so that memory must not be freed (and reused by
+  // another block of its arena) before the copy ran.
+  void retain_until(std::shared_ptr<const void> owner, cudaStream_t stream) {
+    cudaEvent_t e;
+    DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t err = cudaEventRecord(e, stream);
+    if (err != cudaSuccess) {
+      cudaEventDestroy(e);
+      DEEPINFER_CUDA_CHECK(err);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [s, retained] : retained_) {
+      if (s == stream) {
+        retained.push_back({std::move(owner), e});
+        return;
+      }
+    }
+    retained_.emplace_back(stream, std::deque<Retained>{});
+    retained_.back().second.push_back({std::move(owner), e});
+  }
+  // Releases what the completed copies no longer need (owners are dropped outside the lock: an
+  // owner's release may take its arena's lock).
+  void reclaim() {
+    std::vector<std::shared_ptr<const void>> done;
+    std::lock_guard<std::mutex> lock(mu_);
+    reclaim_locked(done);
+  }
   // Called from a stream callback, when the stream has passed the block's last use.
   void release_now(Block b) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -69,16 +108,32 @@ class PinnedPool {
     Block block;
     cudaEvent_t event;
   };
-  void reclaim_locked() {
+  struct Retained {
+    std::shared_ptr<const void> owner;
+    cudaEvent_t event;
+  };
+  // `done` receives the owners to drop; the caller declares it before its lock, so they are
+  // released after the lock is.
+  void reclaim_locked(std::vector<std::shared_ptr<const void>>& done) {
     while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
       cudaEventDestroy(pending_.front().event);
       free_.push_back(pending_.front().block);
       pending_.pop_front();
     }
+    // Per stream, events complete in the order they were recorded: stop at the first pending.
+    for (auto& [stream, retained] : retained_) {
+      while (!retained.empty() && cudaEventQuery(retained.front().event) == cudaSuccess) {
+        cudaEventDestroy(retained.front().event);
+        done.push_back(std::move(retained.front().owner));
+        retained.pop_front();
+      }
+    }
   }
   std::mutex mu_;
   std::vector<Block> free_;
   std::deque<Pending> pending_;
+  // By stream (the compute and the copy stream: a short list).
+  std::vector<std::pair<cudaStream_t, std::deque<Retained>>> retained_;
 };
 
 struct CudaContext {

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/backend.h"
@@ -46,6 +47,7 @@ class FakeTransfer final : public KvTransfer {
   void export_block(kv::BlockId block, int32_t slot, std::span<uint8_t> dst,
                     const std::shared_ptr<const void>&) override {
     ++exports;
+    export_dsts.push_back(dst.data());
     std::vector<uint8_t>& b = blocks[block];
     b.resize(kBlock);
     std::copy(b.begin(), b.end(), dst.begin());
@@ -65,10 +67,31 @@ class FakeTransfer final : public KvTransfer {
     slots[slot].assign(src.begin(), src.end());
   }
   void fill_block(kv::BlockId block, uint8_t value) { blocks[block].assign(kBlock, value); }
+  HostBuffer allocate_host_arena(size_t bytes) override {
+    HostBuffer arena = HostBuffer::ordinary(bytes);
+    arenas.emplace_back(arena.data(), arena.data() + bytes);
+    return arena;
+  }
+  void import_fetched(std::span<const kv::BlockId> ids,
+                      std::span<const std::span<const uint8_t>> payloads, int32_t slot,
+                      std::span<const uint8_t> state,
+                      const std::shared_ptr<const void>& keep_alive) override {
+    for (const auto& p : payloads) import_srcs.push_back(p.data());
+    import_keep_alive = keep_alive;
+    KvTransfer::import_fetched(ids, payloads, slot, state, keep_alive);
+  }
+  bool in_arena(const uint8_t* p) const {
+    for (const auto& [begin, end] : arenas)
+      if (p >= begin && p < end) return true;
+    return false;
+  }
 
   std::map<kv::BlockId, std::vector<uint8_t>> blocks;
   std::map<int32_t, std::vector<uint8_t>> slots;
   int exports = 0;
+  std::vector<const uint8_t*> export_dsts, import_srcs;
+  std::vector<std::pair<const uint8_t*, const uint8_t*>> arenas;  // host tier arenas handed out
+  std::shared_ptr<const void> import_keep_alive;
   bool fail_imports = false;
   int imports = 0;
 };
@@ -177,6 +200,40 @@ TEST(KvTiers, HostTierServesAPrefixTheGpuNoLongerHolds) {
   release_all(gpu, b);
 }
 
+TEST(KvTiers, TheHostTierLivesInOneArenaThatExportsAndImportsUseDirectly) {
+  FakeTransfer t;
+  KvTiersConfig config;
+  config.host_bytes = 1 << 20;
+  KvTiers tiers(config, t);
+  ASSERT_EQ(t.arenas.size(), 1u);  // allocated once, at the configured size
+  EXPECT_EQ(t.arenas[0].second - t.arenas[0].first, 1 << 20);
+  EXPECT_EQ(tiers.counters().host_pinned_bytes, 0u);  // ordinary memory: not pinned
+  std::vector<int32_t> prompt = distinct_tokens(400, 9);
+  {
+    KvAllocator gpu(layout());
+    gpu.set_tiers(&tiers);
+    Sequence a = compute_prompt(gpu, t, prompt);
+    // The exports' destinations are host tier blocks, carved from the arena.
+    ASSERT_EQ(t.export_dsts.size(), 3u);
+    for (const uint8_t* p : t.export_dsts) EXPECT_TRUE(t.in_arena(p));
+    tiers.poll();
+    gpu.release(a);
+  }
+  t.blocks.clear();
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kAdmitted);
+  expect_prompt_imported(t, b);
+  // The import reads the very blocks the exports filled (no copy in between), and its owner
+  // holds them.
+  ASSERT_EQ(t.import_srcs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(t.import_srcs[i], t.export_dsts[i]) << i;
+  ASSERT_NE(t.import_keep_alive, nullptr);
+  t.import_keep_alive.reset();
+  release_all(gpu, b);
+}
+
 TEST_F(KvTiersStore, AHitWaitsFetchingThenImportsTheBytes) {
   KvTiers tiers(config, t);
   tiers.hold_fetches(true);
@@ -214,6 +271,26 @@ TEST_F(KvTiersStore, AHitWaitsFetchingThenImportsTheBytes) {
   EXPECT_EQ(c.fetch_seconds_max, c.fetch_seconds_total);
   EXPECT_EQ(tiers.num_fetches(), 0);
   EXPECT_EQ(gpu.prefix_cache().index().size(), 3u);
+  release_all(gpu, b);
+}
+
+TEST_F(KvTiersStore, StoreBlocksArePromotedIntoTheArenaAndImportedFromThere) {
+  KvTiersConfig with_host = config;
+  with_host.host_bytes = 1 << 20;
+  KvTiers tiers(with_host, t);
+  ASSERT_EQ(t.arenas.size(), 1u);
+  KvAllocator gpu(layout());
+  gpu.set_tiers(&tiers);
+  Sequence b = make_seq(2, prompt);
+  ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
+  b.state = SeqState::kFetching;
+  ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kAdmitted);
+  expect_prompt_imported(t, b);
+  EXPECT_EQ(tiers.counters().store_hit_tokens, 384u);
+  // The store reads went into host tier blocks first, and the import read those blocks.
+  ASSERT_EQ(t.import_srcs.size(), 3u);
+  for (const uint8_t* p : t.import_srcs) EXPECT_TRUE(t.in_arena(p));
+  t.import_keep_alive.reset();
   release_all(gpu, b);
 }
 

@@ -1,6 +1,7 @@
 """KV tiers on the CUDA backend: a prompt whose blocks come back from the host tier (after the GPU
 evicted them) or from the store (after an engine restart) gives the same greedy tokens as the
-cold run. The imports go layer by layer on the backend's copy stream, and each layer's forward
+cold run. The host tier's blocks live in a pinned arena that the exports and imports copy to and
+from directly. The imports go layer by layer on the backend's copy stream, and each layer's forward
 waits for its own copies (docs/kv_store.md); this is where that path runs on a GPU.
 """
 
@@ -49,6 +50,9 @@ def test_gpu_tier_hits_equal_the_cold_run(tmp_path, kv: str) -> None:
     engine.flush_kv_tiers()
     host = [generate(engine, p) for p in prompts]
     host_hits = engine.stats()["host_hit_tokens"]
+    # The host tier's arena is page-locked on CUDA: its copies to and from the device skip the
+    # staging buffer (the hits above went through it).
+    assert engine.stats()["kv_host_pinned_bytes"] == tiers["kv_host_cache_bytes"]
     engine.flush_kv_tiers()
     del engine
     again = dc.Engine(path, **options, **tiers)  # a restart: the host tier is empty

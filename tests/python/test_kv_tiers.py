@@ -62,6 +62,8 @@ def test_host_tier_hit_equals_cold(tiny_checkpoint, cold) -> None:
     assert s["prompt_tokens_cached"] == 1024
     assert s["kv_blocks_written_through"] == 4 + 6, s  # checkpoints at 512 and 768
     assert s["store_bytes_written"] == 0 and s["kv_tier_fetch_failures"] == 0
+    # The CPU backend's host tier arena is ordinary memory (Backend::allocate_pinned_host).
+    assert s["kv_host_pinned_bytes"] == 0
     assert_pools_full(engine)
 
 

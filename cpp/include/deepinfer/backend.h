@@ -212,6 +212,35 @@ struct DeviceMemory {
 // keys `kv` through the SWA ring's format too (quantized and decoded), so a key reads the same
 // whether it comes from this call or from the ring. A backend without kernels for a cache dtype
 // (supports_kv_cache_dtype) fails with Error(kUnsupported) before enqueuing anything.
+// Host memory that the device copies from and to directly: page-locked (pinned) on a backend
+// whose copy engine needs it (CUDA), ordinary page-aligned memory elsewhere. Owns its bytes and
+// frees them through the backend's release function when it dies; move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(void* data, size_t size, bool pinned, std::function<void(void*)> release);
+  // Ordinary page-aligned host memory (what a backend without pinned memory hands out).
+  // Error(kIo) naming the bytes when it cannot be had.
+  static HostBuffer ordinary(size_t bytes);
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Whether the memory is page-locked for the device (false on the CPU backend).
+  bool pinned() const { return pinned_; }
+
+ private:
+  void reset() noexcept;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  bool pinned_ = false;
+  std::function<void(void*)> release_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -298,11 +327,22 @@ class Backend {
   void begin_copies();
   // upload_into, on the copy stream; `host` may be reused as soon as this returns.
   void upload_into_on_copy_stream(const Tensor& dst, const Tensor& host);
+  // upload_into_on_copy_stream for `host` bytes in memory from allocate_pinned_host, without a
+  // staging copy where the backend can: the copy reads `host` after this returns, so the caller
+  // must not write those bytes until an event recorded after it has completed (the backend keeps
+  // `host`'s storage alive until then). A backend that cannot copy directly (the CPU) stages it
+  // as upload_into_on_copy_stream does.
+  void upload_pinned_into_on_copy_stream(const Tensor& dst, const Tensor& host);
   // An event behind everything enqueued on the copy stream so far.
   std::unique_ptr<Event> record_copy_event();
   // Work enqueued on the compute stream from now on runs after `event` (one of this backend's
   // events) has completed; the host does not wait.
   void wait_event(Event& event);
+  // `bytes` of host memory for a tier that the device copies from and to (the KV host tier's
+  // arena), allocated once: CUDA pins it (cudaHostAlloc, portable across devices), so copies
+  // run at bus speed without staging, and copy_to_host into it lands directly; the CPU backend
+  // returns ordinary page-aligned memory. Error(kIo) naming the bytes when it cannot be had.
+  HostBuffer allocate_pinned_host(size_t bytes);
   // Records the ops `body` enqueues as a Graph, without running them. `body` must not upload,
   // synchronise or copy to the host, and every tensor it allocates must die before it returns
   // (results go into tensors allocated before the capture); the tensors it reads or writes must
@@ -478,6 +518,11 @@ class Backend {
     upload_into_impl(dst, host);
   }
   virtual std::unique_ptr<Event> record_copy_event_impl() { return record_event(); }
+  virtual void upload_pinned_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) {
+    upload_into_on_copy_stream_impl(dst, host);
+  }
+  // Default: ordinary page-aligned memory (not pinned).
+  virtual HostBuffer allocate_pinned_host_impl(size_t bytes);
   virtual void wait_event_impl(Event& event) { (void)event; }
 
   virtual Tensor embedding_impl(const Tensor& table, const Tensor& ids) = 0;

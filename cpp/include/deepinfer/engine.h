@@ -187,6 +187,8 @@ struct EngineStats : SchedulerCounters {
   uint64_t store_bytes_written = 0;        // whole block files this engine published
   uint64_t kv_blocks_written_through = 0;  // blocks copied out of the device for the tiers
   uint64_t kv_tier_fetch_failures = 0;     // tier hits that fell back to recompute
+  // The host tier's arena when it is pinned (CUDA; kv_host_cache_bytes); 0 with ordinary memory.
+  uint64_t kv_host_pinned_bytes = 0;
   // Speculative decoding, derived from the counters above (0 before the first verify row):
   // tokens per verify row (accepted drafts + 1), drafts verified and accepted per verify step,
   // and over every verified draft: the mean estimate p, the mean outcome (accepted: 1), and the

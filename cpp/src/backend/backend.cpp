@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -154,6 +155,70 @@ void Backend::upload_into_on_copy_stream(const Tensor& dst, const Tensor& host) 
   }
   check_convertible("upload_into_on_copy_stream", host, dst.dtype());
   upload_into_on_copy_stream_impl(dst, host);
+}
+
+void Backend::upload_pinned_into_on_copy_stream(const Tensor& dst, const Tensor& host) {
+  const OpChecks c("upload_pinned_into_on_copy_stream", device_kind());
+  c.dense("dst", dst);
+  c.host("host", host, /*contiguous=*/false);
+  if (host.shape() != dst.shape()) {
+    c.fail("argument host must have dst's shape, got " + dst.describe() + " and " +
+           host.describe());
+  }
+  check_convertible("upload_pinned_into_on_copy_stream", host, dst.dtype());
+  upload_pinned_into_on_copy_stream_impl(dst, host);
+}
+
+HostBuffer Backend::allocate_pinned_host(size_t bytes) {
+  return allocate_pinned_host_impl(bytes);
+}
+
+HostBuffer Backend::allocate_pinned_host_impl(size_t bytes) {
+  return HostBuffer::ordinary(bytes);
+}
+
+HostBuffer HostBuffer::ordinary(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  void* p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kPage), std::nothrow);
+  if (p == nullptr) {
+    throw Error(ErrorCode::kIo,
+                "HostBuffer: cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+  }
+  return HostBuffer(p, bytes, /*pinned=*/false,
+                    [](void* q) { ::operator delete(q, std::align_val_t(kPage)); });
+}
+
+HostBuffer::HostBuffer(void* data, size_t size, bool pinned, std::function<void(void*)> release)
+    : data_(static_cast<uint8_t*>(data)),
+      size_(size),
+      pinned_(pinned),
+      release_(std::move(release)) {}
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      pinned_(std::exchange(other.pinned_, false)),
+      release_(std::move(other.release_)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    pinned_ = std::exchange(other.pinned_, false);
+    release_ = std::move(other.release_);
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() {
+  reset();
+}
+
+void HostBuffer::reset() noexcept {
+  if (data_ != nullptr && release_) release_(data_);
+  data_ = nullptr;
+  size_ = 0;
 }
 
 std::unique_ptr<Event> Backend::record_copy_event() {

@@ -430,6 +430,7 @@ EngineStats EngineImpl::stats() const {
     s.store_bytes_written = t.store_bytes_written;
     s.kv_blocks_written_through = t.blocks_exported;
     s.kv_tier_fetch_failures = t.fetch_failures;
+    s.kv_host_pinned_bytes = t.host_pinned_bytes;
     s.kv_fetches = t.fetches;
     s.kv_fetch_seconds_total = t.fetch_seconds_total;
     s.kv_fetch_seconds_max = t.fetch_seconds_max;

@@ -219,8 +219,10 @@ void ModelExecutor::import_state(int32_t slot, std::span<const uint8_t> src) {
 
 void ModelExecutor::import_fetched(std::span<const kv::BlockId> blocks,
                                    std::span<const std::span<const uint8_t>> payloads, int32_t slot,
-                                   std::span<const uint8_t> state) {
-  model_->caches->import_layered(*model_->backend, blocks, payloads, slot, state);
+                                   std::span<const uint8_t> state,
+                                   const std::shared_ptr<const void>& keep_alive) {
+  model_->caches->import_layered(*model_->backend, blocks, payloads, slot, state, nullptr,
+                                 keep_alive);
 }
 
 int ModelExecutor::max_position() const {

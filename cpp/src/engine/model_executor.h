@@ -109,7 +109,11 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   void import_state(int32_t slot, std::span<const uint8_t> src) override;
   void import_fetched(std::span<const kv::BlockId> blocks,
                       std::span<const std::span<const uint8_t>> payloads, int32_t slot,
-                      std::span<const uint8_t> state) override;
+                      std::span<const uint8_t> state,
+                      const std::shared_ptr<const void>& keep_alive) override;
+  HostBuffer allocate_host_arena(size_t bytes) override {
+    return model_->backend->allocate_pinned_host(bytes);
+  }
 
   class ModelStep;
   // The sampling parameters of the plan's sampling rows on the device. They are per request, so

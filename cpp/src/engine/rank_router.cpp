@@ -93,6 +93,7 @@ void accumulate_stats(EngineStats& s, const EngineStats& r) {
   s.store_bytes_read += r.store_bytes_read;
   s.store_bytes_written += r.store_bytes_written;
   s.kv_blocks_written_through += r.kv_blocks_written_through;
+  s.kv_host_pinned_bytes += r.kv_host_pinned_bytes;
   s.kv_tier_fetch_failures += r.kv_tier_fetch_failures;
   s.kv_fetches += r.kv_fetches;
   s.kv_fetch_seconds_total += r.kv_fetch_seconds_total;

@@ -360,7 +360,8 @@ void ModelCaches::import_state_slot(Backend& backend, int32_t slot, std::span<co
 void ModelCaches::import_layered(Backend& backend, std::span<const int32_t> blocks,
                                  std::span<const std::span<const uint8_t>> payloads, int32_t slot,
                                  std::span<const uint8_t> state,
-                                 const std::function<void(int layer)>& layer_done) {
+                                 const std::function<void(int layer)>& layer_done,
+                                 const std::shared_ptr<const void>& keep_alive) {
   if (blocks.size() != payloads.size()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "layered import of " + std::to_string(payloads.size()) + " block payloads into " +
@@ -384,8 +385,14 @@ void ModelCaches::import_layered(Backend& backend, std::span<const int32_t> bloc
   }
   auto upload_all = [&](const std::vector<Tensor>& views, const uint8_t* bytes) {
     for (const Tensor& v : views) {
-      // upload_into_on_copy_stream copies `bytes` before it returns: no owner needed.
-      backend.upload_into_on_copy_stream(v, host_view(v, const_cast<uint8_t*>(bytes), nullptr));
+      const Tensor src = host_view(v, const_cast<uint8_t*>(bytes), keep_alive);
+      if (keep_alive) {
+        // Read in place when pinned; the backend holds `keep_alive` until the copy ran.
+        backend.upload_pinned_into_on_copy_stream(v, src);
+      } else {
+        // upload_into_on_copy_stream copies `bytes` before it returns: no owner needed.
+        backend.upload_into_on_copy_stream(v, src);
+      }
       bytes += v.nbytes();
     }
   };

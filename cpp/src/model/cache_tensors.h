@@ -132,11 +132,15 @@ class ModelCaches {
   // stream and kept as that layer's pending import. The forward waits for them layer by layer
   // (wait_layer); every other use of the caches on the compute stream waits for all of them
   // first (wait_all_imports). `layer_done`, when set, is called after each layer's event (tests).
-  // Sizes are checked before anything is enqueued.
+  // Sizes are checked before anything is enqueued. With `keep_alive` (the owner of the payload
+  // bytes, which must not be written while it lives) the copies read pinned bytes directly
+  // (Backend::upload_pinned_into_on_copy_stream, which holds it until they ran); without it they
+  // are staged, and the bytes may be reused as soon as this returns.
   void import_layered(Backend& backend, std::span<const int32_t> blocks,
                       std::span<const std::span<const uint8_t>> payloads, int32_t slot,
                       std::span<const uint8_t> state,
-                      const std::function<void(int layer)>& layer_done = nullptr);
+                      const std::function<void(int layer)>& layer_done = nullptr,
+                      const std::shared_ptr<const void>& keep_alive = nullptr);
   // The compute stream waits (on the device) for layer `index`'s pending imports, which are
   // dropped: the forward calls it right before the layer reads its caches.
   void wait_layer(Backend& backend, int index);

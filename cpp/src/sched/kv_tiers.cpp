@@ -27,7 +27,21 @@ KvTiers::KvTiers(const KvTiersConfig& config, KvTransfer& transfer)
       transfer_(transfer),
       kv_bytes_(static_cast<uint64_t>(transfer.block_bytes())),
       state_bytes_(config.window_state_exact ? static_cast<uint64_t>(transfer.state_bytes()) : 0) {
-  if (config.host_bytes > 0) host_ = std::make_unique<kv::HostBlockCache>(config.host_bytes);
+  if (config.host_bytes > 0) {
+    // One arena of the configured size, allocated once (pinned on CUDA): exports land in it and
+    // imports read from it without a staging copy.
+    HostBuffer arena;
+    try {
+      arena = transfer.allocate_host_arena(config.host_bytes);
+    } catch (const Error& e) {
+      throw Error(e.code(), "KV host tier: cannot allocate its arena of " +
+                                std::to_string(config.host_bytes) +
+                                " bytes (kv_host_cache_bytes): " + e.what() +
+                                "; lower kv_host_cache_bytes or free host memory");
+    }
+    host_ = std::make_unique<kv::HostBlockCache>(
+        config.host_bytes, std::make_shared<kv::ArenaHostAllocator>(std::move(arena)));
+  }
   if (!config.store_path.empty()) {
     kv::KvBlockStoreConfig sc;
     sc.root = config.store_path;
@@ -280,9 +294,20 @@ KvTiers::FetchState KvTiers::finish_fetch(const Sequence& seq, FetchId id, Fetch
   const int last = plan.num_blocks - 1;
   for (size_t k = 0; k < job->items.size(); ++k) {
     FetchItem& item = job->items[k];
-    // A store block goes into the host tier: the next hit on it is served from memory.
-    if (item.tier == Tier::kStore && host_)
-      host_->insert(kv::BlockKey{item.hash, item.parent, item.tokens}, item.bytes);
+    // A store block goes into the host tier: the next hit on it is served from memory. Copied
+    // into an arena block first, so this import reads it from there too (pinned on CUDA: a
+    // direct copy instead of a staged one); the store read's buffer is freed.
+    if (item.tier == Tier::kStore && host_) {
+      const kv::BlockKey key{item.hash, item.parent, item.tokens};
+      if (std::shared_ptr<kv::HostBlock> block = host_->make_block(key, item.bytes.size())) {
+        std::copy(item.bytes.begin(), item.bytes.end(), block->mutable_bytes().begin());
+        item.bytes = block->bytes();
+        item.owner = block;
+        host_->insert_block(std::move(block));  // a key held already keeps its own block
+      } else {
+        host_->insert(key, item.bytes);
+      }
+    }
     const bool only_state = plan.reuse == plan.num_blocks;
     if (!only_state) out.blocks.push_back(item.bytes.first(kv_bytes_));
     if (item.block == last && item.with_state) out.state = item.bytes.subspan(kv_bytes_);
@@ -360,13 +385,17 @@ void KvTiers::touch_chain_head_last(const Sequence& seq, int num_blocks) {
 void KvTiers::import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot) {
   DEEPINFER_CHECK(blocks.size() == fetched.blocks.size(),
                   "import of fetched KV into a different number of blocks");
+  // One owner for all the payloads: a direct (pinned) copy holds it until the copies ran, so a
+  // host block evicted meanwhile keeps its arena memory until then.
+  auto keep_alive =
+      std::make_shared<const std::vector<std::shared_ptr<const void>>>(fetched.owners);
   if (state_bytes_ == 0) {
     // bounded_replay: no snapshot; the slot starts zeroed and the replay rebuilds its rings.
     const std::vector<uint8_t> zeros(static_cast<size_t>(transfer_.state_bytes()), 0);
-    transfer_.import_fetched(blocks, fetched.blocks, slot, zeros);
+    transfer_.import_fetched(blocks, fetched.blocks, slot, zeros, keep_alive);
     return;
   }
-  transfer_.import_fetched(blocks, fetched.blocks, slot, fetched.state);
+  transfer_.import_fetched(blocks, fetched.blocks, slot, fetched.state, keep_alive);
 }
 
 bool KvTiers::held(const kv::BlockKey& key, bool with_snapshot) {
@@ -404,9 +433,20 @@ void KvTiers::write_through(const Sequence& seq, int num_blocks, int32_t snapsho
     b.parent = key.parent;
     b.tokens.assign(key.tokens.begin(), key.tokens.end());
     b.state_bytes = last ? state_bytes_ : 0;
-    b.payload = std::make_shared<std::vector<uint8_t>>(kv_bytes_ + b.state_bytes);
+    const size_t size = kv_bytes_ + b.state_bytes;
+    // Straight into the host tier's arena (a device copy into pinned memory, adopted at publish
+    // without a copy); ordinary memory when there is no host tier or its arena has no room.
+    if (host_) b.block = host_->make_block(key, size);
+    if (b.block) {
+      b.payload = b.block->mutable_bytes();
+      b.owner = b.block;
+    } else {
+      auto bytes = std::make_shared<std::vector<uint8_t>>(size);
+      b.payload = std::span<uint8_t>(*bytes);
+      b.owner = std::move(bytes);
+    }
     transfer_.export_block(seq.block_table[static_cast<size_t>(i)],
-                           b.state_bytes > 0 ? snapshot_slot : -1, *b.payload, b.payload);
+                           b.state_bytes > 0 ? snapshot_slot : -1, b.payload, b.owner);
     pending_hashes_.insert(b.hash);
     pending.blocks.push_back(std::move(b));
   }
@@ -424,8 +464,12 @@ void KvTiers::publish(PendingExport& pending) {
     const kv::BlockKey key{b.hash, b.parent, b.tokens};
     // A copy without the snapshot gives way to one with it (a hit needs the snapshot).
     const std::vector<uint64_t> sizes = host_->match_prefix_sizes({&b.hash, 1});
-    if (!sizes.empty() && sizes[0] != b.payload->size() && b.state_bytes > 0) host_->erase(b.hash);
-    host_->insert(key, *b.payload);
+    if (!sizes.empty() && sizes[0] != b.payload.size() && b.state_bytes > 0) host_->erase(b.hash);
+    if (b.block) {
+      host_->insert_block(b.block);  // adopted: the store writer shares the same bytes
+    } else {
+      host_->insert(key, b.payload);
+    }
   }
   for (ExportedBlock& b : pending.blocks) {
     pending_hashes_.erase(b.hash);
@@ -434,8 +478,8 @@ void KvTiers::publish(PendingExport& pending) {
       w.hash = b.hash;
       w.parent = b.parent;
       w.tokens = std::move(b.tokens);
-      w.payload = std::span<const uint8_t>(*b.payload);
-      w.payload_owner = b.payload;
+      w.payload = b.payload;
+      w.payload_owner = b.owner;
       w.options.traffic_class = pending.traffic_class;
       w.options.state_bytes = b.state_bytes;
       writer_->submit(std::move(w));  // a full queue drops it: a later miss recomputes
@@ -461,6 +505,10 @@ void KvTiers::flush() {
 
 KvTierCounters KvTiers::counters() const {
   KvTierCounters c = counters_;
+  if (host_) {
+    const kv::HostBlockCacheStats h = host_->stats();
+    c.host_pinned_bytes = h.arena_pinned ? h.arena_bytes : 0;
+  }
   if (store_) {
     const kv::KvStoreStats s = store_->stats();
     c.store_bytes_read = s.bytes_read;

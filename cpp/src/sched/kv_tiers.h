@@ -26,6 +26,12 @@
 // the allocator has it wait, holding nothing, until that fetch is finished or cancelled; its next
 // admission then takes the adopted blocks from the GPU index and fetches only what is left.
 //
+// Memory: the host tier's blocks live in one arena of host_bytes allocated once through
+// KvTransfer::allocate_host_arena (pinned on CUDA). Write-through exports copy from the device
+// straight into blocks carved from it (adopted by the tier when published, shared with the store
+// writer), and imports copy from them straight to the device; a block's shared owner keeps its
+// memory from being reused while such a copy or a store write still reads it.
+//
 // Import: the host -> device copy of a finished fetch goes through KvTransfer::import_fetched;
 // the model executor issues it layer by layer on the device's copy stream, and the next forward
 // waits for layer L's copies only before layer L (ModelCaches::import_layered).
@@ -84,6 +90,9 @@ struct KvTierCounters {
   uint64_t store_bytes_written = 0;
   uint64_t blocks_exported = 0;  // blocks copied out of the device for write-through
   uint64_t fetch_failures = 0;   // planned tier hits that fell back to recompute
+  // The host tier's arena (kv_host_cache_bytes) when it is pinned memory; 0 when it is ordinary
+  // memory (the CPU backend) or there is no host tier.
+  uint64_t host_pinned_bytes = 0;
   // Fetches that read the store on the pool (finished, failed or not; cancelled ones excluded),
   // and their time from admission until the last block was read.
   uint64_t fetches = 0;
@@ -179,7 +188,9 @@ class KvTiers {
     kv::BlockHash hash = 0;
     kv::BlockHash parent = 0;
     std::vector<int32_t> tokens;
-    std::shared_ptr<std::vector<uint8_t>> payload;
+    std::span<uint8_t> payload;            // in `owner`'s memory
+    std::shared_ptr<const void> owner;     // `block`, or a vector when the arena had no room
+    std::shared_ptr<kv::HostBlock> block;  // the host tier's block the export fills, if any
     uint64_t state_bytes = 0;
   };
   struct PendingExport {

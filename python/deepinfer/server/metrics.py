@@ -33,6 +33,7 @@ ENGINE_COUNTERS = {
 # derives from its counters (0 before the first verify row).
 ENGINE_GAUGES = {
     "num_fetching": "Requests waiting for their KV blocks to be read from the tiers",
+    "kv_host_pinned_bytes": "Pinned host memory of the KV host tier's arena (0: pageable)",
     "kv_fetch_seconds_max": "Longest KV tier fetch that read the store",
     "spec_mean_acceptance_length": "Mean tokens per verify row (accepted drafts + 1)",
     "spec_mean_verified_per_step": "Mean drafts verified per decode step with drafts",
