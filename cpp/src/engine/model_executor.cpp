@@ -491,6 +491,41 @@ void ModelExecutor::copy_results_to_host(ModelStep& step, const SampleResult& re
   }
 }
 
+std::vector<size_t> ModelExecutor::plan_draft_rows(const ModelStep& step, const StepResult& result,
+                                                   int position_offset, int reach) {
+  std::vector<size_t> drafting;
+  draft_tokens_.clear();
+  mtp_rows_.clear();
+  size_t token = 0;
+  for (size_t i = 0; i < step.draft_rows.size(); ++i) {
+    const ModelStep::DraftRow& d = step.draft_rows[i];
+    const int count = result.counts.empty() ? 1 : result.counts[i];
+    token += static_cast<size_t>(count);
+    ForwardRow r;
+    r.slot = d.slot;
+    r.start_pos = d.first_logit_pos + count + position_offset;
+    r.num_tokens = 1;
+    if (r.start_pos + reach > max_position()) continue;  // no room for the drafts' positions
+    drafting.push_back(i);
+    draft_tokens_.push_back(result.tokens[token - 1]);
+    mtp_rows_.push_back(r);
+  }
+  // Positions past the sequence's blocks name block 0, which is never handed out: the MTP
+  // block's throwaway compressed entries land there (positions inside the sequence are rewritten
+  // when they are computed), and DSpark layers keep only ring state.
+  draft_tables_.resize(drafting.size());
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    ForwardRow& r = mtp_rows_[i];
+    std::vector<int32_t>& table = draft_tables_[i];
+    table = step.draft_rows[drafting[i]].block_table;
+    table.resize(
+        std::max(table.size(), static_cast<size_t>(kv::blocks_for_tokens(r.start_pos + reach))), 0);
+    r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
+    r.block_table = table;
+  }
+  return drafting;
+}
+
 void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
   ModelInstance& m = *model_;
   Backend& be = *m.backend;
@@ -504,36 +539,8 @@ void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
   // Each sampling row's block pass stopped one position short of its last accepted one, whose
   // next token this step just sampled: the drafts start there (ModelInstance::forward_with_mtp),
   // with that token, on the trunk ring's row there.
-  std::vector<size_t> drafting;
-  draft_tokens_.clear();
-  mtp_rows_.clear();
-  size_t token = 0;
-  for (size_t b = 0; b < step.draft_rows.size(); ++b) {
-    const ModelStep::DraftRow& d = step.draft_rows[b];
-    const int count = result.counts.empty() ? 1 : result.counts[b];
-    token += static_cast<size_t>(count);
-    ForwardRow r;
-    r.slot = d.slot;
-    r.start_pos = d.first_logit_pos + count - 1;
-    r.num_tokens = 1;
-    if (r.start_pos + k > max_position()) continue;  // no room for the drafts' positions
-    drafting.push_back(b);
-    draft_tokens_.push_back(result.tokens[token - 1]);
-    mtp_rows_.push_back(r);
-  }
+  const std::vector<size_t> drafting = plan_draft_rows(step, result, /*position_offset=*/-1, k);
   if (drafting.empty()) return;
-  // Drafts past the sequence's blocks write their (throwaway) compressed entries into block 0,
-  // which is never handed out; positions inside them are rewritten when they are computed.
-  draft_tables_.resize(drafting.size());
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    ForwardRow& r = mtp_rows_[i];
-    std::vector<int32_t>& table = draft_tables_[i];
-    table = step.draft_rows[drafting[i]].block_table;
-    table.resize(
-        std::max(table.size(), static_cast<size_t>(kv::blocks_for_tokens(r.start_pos + k))), 0);
-    r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
-    r.block_table = table;
-  }
   const auto n = static_cast<int64_t>(drafting.size());
   std::vector<Tensor> host;     // [rows] i32 per draft step
   std::vector<Tensor> host_lp;  // [rows] f32 per draft step
@@ -565,36 +572,8 @@ void ModelExecutor::draft_dspark(ModelStep& step, StepResult& result) {
   const int k = std::min(options_.num_mtp_drafts, b);
   // The token each sampling row just sampled is the golden token at ap + 1, ap being the row's
   // last accepted position (its first logits row's position plus the accepted drafts).
-  std::vector<size_t> drafting;
-  draft_tokens_.clear();
-  mtp_rows_.clear();
-  size_t token = 0;
-  for (size_t i = 0; i < step.draft_rows.size(); ++i) {
-    const ModelStep::DraftRow& d = step.draft_rows[i];
-    const int count = result.counts.empty() ? 1 : result.counts[i];
-    token += static_cast<size_t>(count);
-    ForwardRow r;
-    r.slot = d.slot;
-    r.start_pos = d.first_logit_pos + count;
-    r.num_tokens = 1;
-    if (r.start_pos + b > max_position()) continue;  // no room for the block's positions
-    drafting.push_back(i);
-    draft_tokens_.push_back(result.tokens[token - 1]);
-    mtp_rows_.push_back(r);
-  }
+  const std::vector<size_t> drafting = plan_draft_rows(step, result, /*position_offset=*/0, b);
   if (drafting.empty()) return;
-  // The block's positions past the sequence's blocks name block 0 (never handed out); DSpark
-  // layers keep only ring state, so nothing is written there.
-  draft_tables_.resize(drafting.size());
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    ForwardRow& r = mtp_rows_[i];
-    std::vector<int32_t>& table = draft_tables_[i];
-    table = step.draft_rows[drafting[i]].block_table;
-    table.resize(
-        std::max(table.size(), static_cast<size_t>(kv::blocks_for_tokens(r.start_pos + b))), 0);
-    r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
-    r.block_table = table;
-  }
   const auto n = static_cast<int64_t>(drafting.size());
   std::vector<Tensor> host_tokens, host_conf;  // per draft i: [rows] i32, [rows, 1] f32
   {

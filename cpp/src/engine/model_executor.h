@@ -143,6 +143,11 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   // accepted position, or (V4.1) one DSpark draft step from the token just sampled.
   void draft_ahead(ModelStep& step, StepResult& result);
   void draft_dspark(ModelStep& step, StepResult& result);
+  // The drafting rows of draft_ahead (into draft_tokens_, mtp_rows_, draft_tables_): per sampling
+  // row that has room for `reach` positions, one token row at its last accepted position plus
+  // `position_offset`, with the token it just sampled. Returns the step rows that draft.
+  std::vector<size_t> plan_draft_rows(const ModelStep& step, const StepResult& result,
+                                      int position_offset, int reach);
   bool mtp_on() const { return options_.num_mtp_drafts > 0 && model_->mtp != nullptr; }
   bool dspark_on() const { return options_.num_mtp_drafts > 0 && model_->dspark != nullptr; }
   void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
