@@ -137,10 +137,13 @@ class LLM:
         if spec is None:
             raise ValueError("'structured_outputs' selects no constraint")
         if self._structured is None:
-            from deepinfer.server.app import tokenizer_json_path
+            from deepinfer.server.encoding import prompt_tokenizer
 
+            # The server's rule: the checkpoint's tokenizer.json, else the packaged one if it
+            # holds the model's special tokens (a V4.1 checkpoint needs its own).
+            tokenizer = prompt_tokenizer(self.model_path, self.engine.model_config.model_type)
             self._structured = StructuredCompiler(
-                tokenizer_json_path(self.model_path),
+                str(tokenizer.path),
                 self.engine.vocab_size,
                 list(self.engine.eos_token_ids),
             )

@@ -198,3 +198,17 @@ def test_server_v41_checkpoint_tokenizer_without_the_token_is_refused(tmp_path: 
     with pytest.raises(TokenizerError, match=SYSTEM) as e:
         create_app(config)
     assert str(d / "tokenizer.json") in str(e.value)
+
+
+def test_llm_structured_outputs_use_the_servers_tokenizer_rule(tmp_path: Path) -> None:
+    """LLM's structured outputs pick the tokenizer as the server does: a V4.1 checkpoint without
+    its own tokenizer.json is refused naming the token the packaged one lacks."""
+    from deepinfer.config import SamplingParams
+    from deepinfer.llm import LLM
+
+    bare = v41_checkpoint(tmp_path / "bare", tokenizer=False)
+    llm = LLM(str(bare), device="cpu", load_format="dummy", seed=1)
+    params = SamplingParams(structured_outputs={"choice": ["yes", "no"]}, max_tokens=4)
+    with pytest.raises(TokenizerError, match=SYSTEM):
+        llm.generate([[5, 6, 7]], params, use_tqdm=False)
+    assert not llm.engine.has_unfinished()
