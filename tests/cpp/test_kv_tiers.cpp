@@ -585,6 +585,67 @@ TEST(KvTiers, TheFetchPoolHasFetchThreadsReadingInParallel) {
   EXPECT_EQ(no_store.fetch_pool_size(), 0);
 }
 
+// kv_window_state bounded_replay: the tiers store no snapshot, so a sequence's full prompt blocks
+// (up to its hit limit) go through once the prompt is committed, checkpoint or not; a replayed
+// sequence, which takes none, writes its new blocks too. Exact mode writes only at a snapshot.
+TEST(KvTiers, BoundedReplayWritesThePromptThroughWithoutACheckpoint) {
+  for (const bool exact : {true, false}) {
+    SCOPED_TRACE(exact ? "exact" : "bounded_replay");
+    FakeTransfer t;
+    KvTiersConfig config;
+    config.host_bytes = 1 << 20;
+    config.window_state_exact = exact;
+    KvTiers tiers(config, t);
+    const std::vector<int32_t> prompt = distinct_tokens(400, 11);
+    {
+      KvAllocator gpu(layout());
+      gpu.set_tiers(&tiers);
+      Sequence a = make_seq(1, prompt);
+      ASSERT_EQ(gpu.admit(a).status, AdmitStatus::kAdmitted);
+      a.num_computed = 256;  // a chunk short of the hit limit (3 blocks)
+      gpu.on_committed(a, -1, 0);
+      EXPECT_EQ(t.exports, 0);
+      a.num_computed = 400;  // the rest, without a snapshot
+      gpu.on_committed(a, -1, 0);
+      // Blocks [0, 3); block 3 holds the last prompt token, which a hit never covers.
+      EXPECT_EQ(t.exports, exact ? 0 : 3);
+      a.tokens.push_back(7);  // a decode commit: nothing more (only prompt blocks go through)
+      a.num_computed = 401;
+      gpu.on_committed(a, -1, 0);
+      EXPECT_EQ(t.exports, exact ? 0 : 3);
+      EXPECT_EQ(gpu.prefix_cache().snapshot_slots().num_used(), 0);
+      if (exact) {
+        // An exact-mode block without its snapshot would store a state nobody computed.
+        EXPECT_THROW(tiers.write_through(a, 3, -1), Error);
+      }
+      tiers.poll();
+      gpu.release(a);
+    }
+    if (exact) continue;
+    // A later turn: the prompt, then 300 new tokens. A fresh GPU (as after eviction): the host
+    // tier's 3 blocks are a replay hit, and the commit writes only the 2 new full blocks.
+    t.blocks.clear();
+    KvAllocator gpu(layout());
+    gpu.set_tiers(&tiers);
+    std::vector<int32_t> turn2 = prompt;
+    const std::vector<int32_t> more = distinct_tokens(300, 12);
+    turn2.insert(turn2.end(), more.begin(), more.end());
+    Sequence b = make_seq(2, turn2);
+    const Admission hit = gpu.admit(b);
+    ASSERT_EQ(hit.status, AdmitStatus::kAdmitted);
+    EXPECT_EQ(hit.hit_tokens, 384);
+    EXPECT_EQ(b.replay_end, 384);
+    EXPECT_EQ(b.num_computed, 256);
+    b.num_computed = 700;
+    gpu.on_committed(b, -1, 0);
+    EXPECT_EQ(t.exports, 5);  // blocks 3 and 4 (384 and 512 on); [0, 3) are held already
+    EXPECT_EQ(gpu.prefix_cache().snapshot_slots().num_used(), 0);
+    tiers.poll();
+    gpu.check_invariants({&b});
+    release_all(gpu, b);
+  }
+}
+
 TEST(KvTiers, ExactCacheBytesRoundTripThroughExportAndImport) {
   ModelConfig c;
   c.num_hidden_layers = 3;

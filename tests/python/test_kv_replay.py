@@ -227,3 +227,37 @@ def test_decode_graphs_refuse_rows_whose_window_is_clamped(narrow_checkpoint) ->
     assert graph_calls == 1  # the second runner's unclamped row
     for a, b in zip(logits[0], logits[1], strict=True):
         assert (a == b).all()
+
+
+AGENT = dc.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def agent_turn(checkpoint, root: Path, prompt: list[int], mode: dict) -> tuple[list[int], int, int]:
+    """One turn on a fresh engine over the store at root (flushed after it): its tokens, its
+    prompt cache hit, and the blocks it wrote through."""
+    engine = cpu_engine(checkpoint, kv_store_path=str(root), **mode)
+    toks, _, hit = run_traced(engine, prompt, AGENT)
+    engine.flush_kv_tiers()
+    written = engine.stats()["kv_blocks_written_through"]
+    assert_pools_full(engine)
+    return toks, hit, written
+
+
+@pytest.mark.parametrize("mode", [REPLAY, {}], ids=["bounded_replay", "exact"])
+def test_an_agent_turn_hits_the_previous_turns_blocks(tiny_checkpoint, tmp_path, mode) -> None:
+    # Turn 1 (300 tokens) stores blocks [0, 2). Turn 2 resends it with its output and 300 new
+    # tokens (612): a hit of 256, in bounded_replay replayed from 128 and so without a prefix
+    # checkpoint; its full prompt blocks [0, 4) must still reach the store (2 and 3 are new), so
+    # that turn 3 (turn 2's prompt and output, then 50 new tokens) hits 512, not turn 1's 256.
+    turn1 = tokens(300, 7)
+    out1, hit1, written1 = agent_turn(tiny_checkpoint, tmp_path, turn1, mode)
+    assert (hit1, written1) == (0, 2)
+    turn2 = turn1 + out1 + tokens(300, 8)
+    out2, hit2, written2 = agent_turn(tiny_checkpoint, tmp_path, turn2, mode)
+    assert (hit2, written2) == (256, 2)
+    _, hit3, _ = agent_turn(tiny_checkpoint, tmp_path, turn2 + out2 + tokens(50, 9), mode)
+    assert hit3 == 512
+    # A prompt sharing 3 of turn 2's blocks: bounded_replay hits any stored block; exact mode
+    # only where a checkpoint stored the exact state (256, turn 1's), as before.
+    _, partial, _ = agent_turn(tiny_checkpoint, tmp_path, turn2[:400] + [7, 8, 9], mode)
+    assert partial == (384 if mode else 256)

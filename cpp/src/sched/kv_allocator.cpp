@@ -30,6 +30,7 @@ Admission KvAllocator::admit(Sequence& seq) {
   Admission result;
   seq.swa_valid_start = 0;  // set again by a bounded_replay tier hit (complete_fetch)
   seq.replay_end = 0;
+  seq.num_written_blocks = 0;
   if (needed > blocks_.num_usable()) {
     result.status = AdmitStatus::kNever;
     return result;
@@ -175,8 +176,26 @@ Admission KvAllocator::complete_fetch(Sequence& seq, const KvTiers::Fetched& fet
 
 void KvAllocator::on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos) {
   const bool attached = prefix_.on_committed(seq, snapshot, snapshot_pos);
-  if (attached && tiers_ != nullptr)
-    tiers_->write_through(seq, snapshot_pos / layout_.block_size, snapshot);
+  if (tiers_ == nullptr) return;
+  const int bs = layout_.block_size;
+  if (attached) {
+    tiers_->write_through(seq, snapshot_pos / bs, snapshot);
+    seq.num_written_blocks = std::max(seq.num_written_blocks, snapshot_pos / bs);
+  }
+  if (tiers_->window_state_exact() || !prefix_.enabled()) return;
+  // bounded_replay stores no snapshot, so the tiers need no checkpoint: once the prompt is
+  // committed up to the point a hit may cover (its tail stays to compute, as for the checkpoint),
+  // its full blocks go through. This covers a replayed sequence, which takes no checkpoint (its
+  // state is approximate and must not become a GPU snapshot), so the next turn of an agent-style
+  // conversation hits this turn's blocks too (docs/kv_store.md#window-state-on-a-hit). Prompt
+  // blocks below num_computed hold committed tokens only, never drafts.
+  const int prompt_blocks = std::max(0, seq.num_prompt_tokens - prefix_.tail()) / bs;
+  // A sequence that finished in this commit may have released its blocks already.
+  if (prompt_blocks > seq.num_written_blocks && seq.num_computed >= prompt_blocks * bs &&
+      static_cast<int>(seq.block_table.size()) >= prompt_blocks) {
+    tiers_->write_through(seq, prompt_blocks, -1);
+    seq.num_written_blocks = prompt_blocks;
+  }
 }
 
 bool KvAllocator::grow(Sequence& seq, int num_positions) {

@@ -67,7 +67,9 @@ class KvAllocator {
   // (adopted, failed or cancelled), clears seq.fetch_wait and the sequence is admitted again.
   bool fetch_waiting(Sequence& seq) const;
   // After a commit: the prefix cache takes the sequence's new full blocks and `snapshot`; once a
-  // snapshot is attached, the tiers write the prefix through.
+  // snapshot is attached, the tiers write the prefix through. Under kv_window_state
+  // bounded_replay the tiers also take the full prompt blocks once the prompt is committed up to
+  // its hit limit, snapshot or not (a replayed sequence takes none).
   void on_committed(Sequence& seq, int32_t snapshot, int snapshot_pos);
   // Grows the block table to cover positions [0, num_positions). False if no block is free.
   bool grow(Sequence& seq, int num_positions);

@@ -419,6 +419,9 @@ void KvTiers::write_through(const Sequence& seq, int num_blocks, int32_t snapsho
                       static_cast<size_t>(num_blocks) <= seq.block_table.size() &&
                       num_blocks * config_.block_size <= seq.num_computed,
                   "write-through of blocks that are not committed and full");
+  // An exact-mode block without its snapshot would store a state nobody computed.
+  DEEPINFER_CHECK(snapshot_slot >= 0 || state_bytes_ == 0,
+                  "write-through without a state snapshot under kv_window_state exact");
   PendingExport pending;
   const std::string& retention = seq.params.kv_retention;
   pending.traffic_class = retention.empty()      ? config_.traffic_class

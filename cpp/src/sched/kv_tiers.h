@@ -171,7 +171,8 @@ class KvTiers {
   void import(const Fetched& fetched, std::span<const kv::BlockId> blocks, int32_t slot);
 
   // Exports blocks [0, num_blocks) of `seq` (committed and full), the last one with the state
-  // snapshot held by `snapshot_slot`; blocks the tiers already hold are skipped.
+  // snapshot held by `snapshot_slot` (-1 under bounded_replay, which stores none); blocks the
+  // tiers already hold are skipped.
   void write_through(const Sequence& seq, int num_blocks, int32_t snapshot_slot);
   // Publishes the exports whose copies have completed, in order, without waiting.
   void poll();

@@ -36,6 +36,7 @@ class PrefixCachePolicy {
                     int tail = 1);
 
   bool enabled() const { return enabled_; }
+  int tail() const { return tail_; }  // the prompt tokens a hit never covers
   // The most full blocks of `seq`'s prompt a hit may cover (the tail stays to compute).
   int hit_limit(const Sequence& seq) const;
 

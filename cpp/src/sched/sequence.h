@@ -73,8 +73,9 @@ struct Sequence {
   int32_t state_slot = -1;
   std::vector<kv::BlockHash> block_hashes;  // chain hashes of the full blocks of `tokens`
   int num_indexed_blocks = 0;               // leading blocks offered to the prefix index
-  uint64_t tier_fetch = 0;  // the KvTiers fetch filling this sequence's blocks (0: none)
-  bool skip_tiers = false;  // a tier fetch for it failed: admit from the GPU index only
+  int num_written_blocks = 0;  // leading blocks offered to the KV tiers (write-through)
+  uint64_t tier_fetch = 0;     // the KvTiers fetch filling this sequence's blocks (0: none)
+  bool skip_tiers = false;     // a tier fetch for it failed: admit from the GPU index only
   uint64_t fetch_wait = 0;  // another sequence's fetch of its blocks it waits for, holding nothing
   int prefix_checkpoint = 0;  // a prefill chunk must end here (state snapshot), 0 = none
   // A kv_window_state bounded_replay tier hit of `replay_end` tokens (KvAllocator::
