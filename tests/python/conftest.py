@@ -9,6 +9,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pytest
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """torch on one thread for a test module (`pytestmark = pytest.mark.usefixtures(...)`): the
+    references' tiny ops run far faster so, and intra-op threads that spin on a busy 2-core
+    machine make them 10-100x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint():
     """The embedded tiny default checkpoint (generated into the deepinfer cache on first use)."""

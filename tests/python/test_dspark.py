@@ -18,7 +18,6 @@ from pathlib import Path
 import dspark_reference as dref
 import numpy as np
 import pytest
-import torch
 import v41_reference as ref
 from runner_driver import RunnerDriver
 
@@ -30,13 +29,8 @@ PROMPT_LEN = 40
 SHORT_LEN = 5  # below every tiny config's sliding window
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny torch ops run far faster on one thread on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def assert_close(ours: np.ndarray, want: np.ndarray, what: str) -> None:

@@ -16,7 +16,6 @@ import random
 import dspark_reference as dref
 import numpy as np
 import pytest
-import torch
 from engine_helpers import assert_pools_full, cpu_engine, run_all
 from runner_driver import RunnerDriver
 from test_speculative_mtp import Recorder, greedy
@@ -26,12 +25,8 @@ dc = pytest.importorskip("deepinfer_core")
 NAME = "A"  # 3 DSpark blocks, block size 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")

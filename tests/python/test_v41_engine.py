@@ -23,12 +23,8 @@ NAME = "A"
 MAX_TOKENS = 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 _models: dict = {}

@@ -15,7 +15,6 @@ import copy
 
 import numpy as np
 import pytest
-import torch
 import v41_reference as ref
 from runner_driver import RunnerDriver
 from test_v41_parity import assert_close, write_checkpoint
@@ -26,12 +25,8 @@ NAME = "A"
 PROMPT_LEN = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")

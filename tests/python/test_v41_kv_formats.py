@@ -30,13 +30,8 @@ from test_v41_parity import (
 deepinfer_core = pytest.importorskip("deepinfer_core")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny torch ops run far faster on one thread on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 _paths: dict = {}

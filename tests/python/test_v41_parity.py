@@ -32,13 +32,8 @@ CHUNKS = [13, 9, 1, 1, 1, 1, 1, 13]  # 40 tokens
 GREEDY_TOKENS = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny torch ops run far faster on one thread on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def write_checkpoint(model: ref.V41Model, path: Path, extra: dict | None = None) -> Path:

@@ -26,14 +26,8 @@ _models: dict = {}
 DRIFT: dict = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tiny ops run far faster on one thread, and intra-op threads that spin on a busy
-    2-core machine make them 10-100x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def model(name: str) -> ref.V41Model:

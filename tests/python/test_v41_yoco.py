@@ -33,12 +33,8 @@ YOCO_CONFIGS = ["A", "B"]
 BACKTRACK = 1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny torch ops on one thread (conftest.py).
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 _models: dict = {}
