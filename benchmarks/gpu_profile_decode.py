@@ -6,7 +6,9 @@
 
 Run under Nsight Compute (ncu) the kernel durations of the last steps are listed; their sum,
 against the wall time measured without ncu, tells kernel time from launch and host overhead.
-Same model as gpu_model_bench.py (V4-Flash widths, 3 layers, random bf16 weights).
+Same model as gpu_model_bench.py (V4-Flash widths, 3 layers, random bf16 weights); with
+--real-format the weights are DeepSeek's shipped formats instead (gpu_quant_bench.py's: FP8
+128x128 block-scaled linears, MXFP4 routed experts).
 """
 
 from __future__ import annotations
@@ -28,10 +30,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (one launch per kernel)")
     p.add_argument("--prefill", type=int, default=0, help="time prefills of this many tokens")
+    p.add_argument(
+        "--real-format",
+        action="store_true",
+        help="FP8 block-scaled weights, MXFP4 routed experts (as DeepSeek ships) instead of bf16",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
-        path.write_text(json.dumps(flash_config(["sliding", "csa", "hca"])))
+        config = flash_config(["sliding", "csa", "hca"])
+        if args.real_format:
+            from gpu_quant_bench import real_format  # imports torch: only when asked
+
+            config = real_format(config)
+        path.write_text(json.dumps(config))
         blocks = args.context // 128 + 2
         runner = dc.ModelRunner.random(
             str(path),
@@ -68,7 +80,16 @@ def main() -> None:
     for _ in range(args.steps):
         runner.greedy(batch)  # argmax on the device: no [B, vocab] logits copy
     ms = 1000 * (time.perf_counter() - t0) / args.steps
-    print(json.dumps({"batch": args.batch, "context": args.context, "wall_ms_per_step": ms}))
+    print(
+        json.dumps(
+            {
+                "batch": args.batch,
+                "context": args.context,
+                "real_format": args.real_format,
+                "wall_ms_per_step": ms,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
