@@ -3,7 +3,7 @@ uncached prefill, TTFT, and the bytes read from the host tier and the store, the
 engine restart (the store's hits survive it).
 
     python benchmarks/gpu_agent_trace_bench.py [--sessions 2] [--start 8192] [--end 77824]
-        [--growth 1.04] [--output 16] [--gpu-tokens 98304] [--out f]
+        [--growth 1.04] [--output 16] [--gpu-tokens 98304] [--kv-window-state exact] [--out f]
     python benchmarks/gpu_agent_trace_bench.py --smoke      # the tiny model on the CPU
 
 The trace: `--sessions` agents take turns; each turn resends its session's whole context (the
@@ -13,7 +13,9 @@ from --start to --end tokens (8K to 76K by default, the seed's average request b
 tokens). The GPU's KV cache holds --gpu-tokens tokens of context, about one session, so a session
 whose turn comes back finds its blocks evicted to the host tier (and written through to the
 store directory on this machine's local disk) and fetches them. The model: V4-Flash widths, the
-layers of --layers, random weights in the shipped formats (load_format dummy), fp8 KV.
+layers of --layers, random weights in the shipped formats (load_format dummy), fp8 KV. A hit's
+window state is restored as --kv-window-state says: `exact` (the stored snapshot) or
+`bounded_replay` (the last window of tokens before the hit recomputed; docs/kv_store.md).
 
 Reported: the uncached prefill rate of one cold context of --end tokens (prefix cache off); over
 the trace, prompt tokens / sum of TTFT ("prefill counting hits") and its ratio to the uncached
@@ -123,6 +125,12 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=16)
     parser.add_argument("--gpu-tokens", type=int, default=98304)
     parser.add_argument("--host-gib", type=float, default=16.0)
+    parser.add_argument(
+        "--kv-window-state",
+        choices=("exact", "bounded_replay"),
+        default="exact",
+        help="how a hit's sliding-window state comes back: stored snapshot or bounded replay",
+    )
     parser.add_argument("--smoke", action="store_true", help="the tiny model on the CPU")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -164,6 +172,7 @@ def main() -> None:
             "num_kv_blocks": args.gpu_tokens // 128 + 1,
             "kv_host_cache_bytes": int(args.host_gib * (1 << 30)),
             "kv_store_path": store,
+            "kv_window_state": args.kv_window_state,
         }
         engine = dc.Engine(model, **common, **tiered)
         print(f"KV bytes per token: {engine.kv_capacity.bytes_per_token}", flush=True)
@@ -197,6 +206,7 @@ def main() -> None:
         rows.append(summary("after restart", ttfts, prompts, hits, before, tiers(engine), uncached))
 
     print(f"uncached prefill: {uncached:,.0f} tok/s ({args.end} tokens cold)")
+    print(f"window state on a hit: {args.kv_window_state}")
     print(
         "| phase | turns | prompt tok | hit share | prefill tok/s counting hits | vs uncached "
         "| TTFT p50 ms | TTFT p99 ms | host hit tok | store hit tok | store MB read | "
