@@ -114,6 +114,8 @@ class CudaBackend final : public Backend {
   Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) override;
   Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                    bool inverse) override;
+  Tensor rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
+                            const Tensor& positions, const Tensor& inv_freq) override;
   Tensor argmax_impl(const Tensor& x) override;
   SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
   void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) override;

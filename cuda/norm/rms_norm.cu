@@ -8,6 +8,11 @@
 //   - anything else (a width not a multiple of 4, an unaligned base, wider rows): the scalar
 //     two-pass kernel.
 // The vector kernels keep the row in registers between the sum and the scaling, so x is read once.
+//
+// rms_norm_rope (the model's q-norm + RoPE, kv-norm + RoPE) runs the warp kernel with the rotation
+// of rope.cu applied to the normed values in registers before the store: one launch and one pass
+// over x instead of two, bit for bit the two kernels' result. Rows the warp kernel does not take,
+// or whose rotated channels do not start on a float4, run the two ops.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -44,12 +49,36 @@ __device__ __forceinline__ float4 norm_scale(float4 v, float inv) {
   return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
 }
 
+// The forward RoPE rotation (rope.cu's arithmetic: cosf / sinf of float(pos) * inv_freq[i], the
+// products rounded separately) of the two channel pairs of float4 `v`, whose first channel is
+// rotated pair i.
+__device__ __forceinline__ float4 rotate_pairs(float4 v, float pos, const float* inv_freq,
+                                               int64_t i) {
+  const float a0 = pos * inv_freq[i];
+  const float a1 = pos * inv_freq[i + 1];
+  const float c0 = cosf(a0), s0 = sinf(a0), c1 = cosf(a1), s1 = sinf(a1);
+  return make_float4(__fsub_rn(__fmul_rn(v.x, c0), __fmul_rn(v.y, s0)),
+                     __fadd_rn(__fmul_rn(v.y, c0), __fmul_rn(v.x, s0)),
+                     __fsub_rn(__fmul_rn(v.z, c1), __fmul_rn(v.w, s1)),
+                     __fadd_rn(__fmul_rn(v.w, c1), __fmul_rn(v.z, s1)));
+}
+
+// The rotation of rms_norm_rope: row r is token r / heads; float4 units from first_unit on are
+// rotated (the rotated channels start on a float4).
+struct RopeArgs {
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int64_t heads = 1;
+  int64_t first_unit = 0;
+};
+
 // One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
-// is loaded with the row so its latency overlaps the reduction.
-template <int kVec>
+// is loaded with the row so its latency overlaps the reduction. kRope: then rotated (RopeArgs).
+template <int kVec, bool kRope = false>
 __global__ void __launch_bounds__(kNormWarpThreads)
     rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
-                         float4* __restrict__ y, int64_t rows, int64_t units, float eps) {
+                         float4* __restrict__ y, int64_t rows, int64_t units, float eps,
+                         RopeArgs rope = {}) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -68,10 +97,19 @@ __global__ void __launch_bounds__(kNormWarpThreads)
 #pragma unroll
   for (int k = 0; k < kVec; ++k) acc = add_squares(acc, v[k]);  // padding adds exact zeros
   const float inv = rms_inv(warp_sum(acc), units * 4, eps);
+  [[maybe_unused]] float pos = 0.0f;
+  if constexpr (kRope) pos = static_cast<float>(rope.positions[row / rope.heads]);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t u = lane + 32 * k;
-    if (u < units) yr[u] = w != nullptr ? norm_scale(v[k], inv, g[k]) : norm_scale(v[k], inv);
+    if (u < units) {
+      float4 o = w != nullptr ? norm_scale(v[k], inv, g[k]) : norm_scale(v[k], inv);
+      if constexpr (kRope) {
+        if (u >= rope.first_unit)
+          o = rotate_pairs(o, pos, rope.inv_freq, 2 * (u - rope.first_unit));
+      }
+      yr[u] = o;
+    }
   }
 }
 
@@ -225,6 +263,48 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
       rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(dim), 0, stream()>>>(xp, wp, yp,
                                                                                       dim, eps);
       break;
+  }
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return out;
+}
+
+Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
+                                       const Tensor& positions, const Tensor& inv_freq) {
+  const char* op = "rms_norm_rope";
+  const int64_t dim = x.size(-1);
+  const int64_t rows = dim > 0 ? x.numel() / dim : 0;
+  const int64_t first = dim - 2 * inv_freq.size(0);  // the rotated channels trail
+  const float* xp = x.data<float>();
+  const float* wp = weight.defined() ? weight.data<float>() : nullptr;
+  const bool vec =
+      dim % 4 == 0 && first % 4 == 0 && aligned16(xp) && (wp == nullptr || aligned16(wp));
+  const RmsNormConfig c = choose_rms_norm(rows, dim, vec, num_sms());
+  if (rows == 0 || c.kernel != RmsNormKernel::kWarp) {
+    return Backend::rms_norm_rope_impl(x, weight, eps, positions, inv_freq);
+  }
+  Tensor out = empty(x.shape(), DType::kF32);  // a fresh allocation: 16-byte aligned
+  const auto* x4 = reinterpret_cast<const float4*>(xp);
+  const auto* w4 = reinterpret_cast<const float4*>(wp);
+  auto* y4 = reinterpret_cast<float4*>(out.data<float>());
+  const int64_t units = dim / 4;
+  RopeArgs rope;
+  rope.positions = positions.data<int32_t>();
+  rope.inv_freq = inv_freq.data<float>();
+  rope.heads = x.dim() == 3 ? x.size(1) : 1;
+  rope.first_unit = first / 4;
+  const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
+  if (c.warp_vec == 1) {
+    rms_norm_warp_kernel<1, true>
+        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
+  } else if (c.warp_vec == 2) {
+    rms_norm_warp_kernel<2, true>
+        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
+  } else if (c.warp_vec == 4) {
+    rms_norm_warp_kernel<4, true>
+        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
+  } else {
+    rms_norm_warp_kernel<8, true>
+        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;

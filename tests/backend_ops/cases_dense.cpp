@@ -255,6 +255,59 @@ void add_rope(std::vector<OpCase>& t) {
   }
 }
 
+// rms_norm_rope: the fused warp kernel (rows up to 1024 floats whose rotated channels start on a
+// float4: the q heads, kv and compressed entries at V4-Flash widths, tiny ones) and the two-op
+// fallback (a rotation starting mid-float4, a row too wide for a warp, an unaligned base).
+void add_rms_norm_rope(std::vector<OpCase>& t) {
+  struct NormRope {
+    Shape shape;
+    int64_t rope_dim;
+    int32_t max_pos;
+    bool unaligned;
+  };
+  for (const NormRope& c : std::vector<NormRope>{{{1, kHeads, kHeadDim}, kRopeDim, 1 << 20, false},
+                                                 {{3, kHeads, kHeadDim}, kRopeDim, 100000, false},
+                                                 {{1, kHeadDim}, kRopeDim, 4096, false},
+                                                 {{37, kHeadDim}, kRopeDim, 200000, false},
+                                                 {{5, 4, 64}, 16, 10, false},
+                                                 {{9, 128}, 64, 5000, false},
+                                                 {{2, 16}, 16, 50, false},
+                                                 {{4, 2, 8}, 0, 10, false},
+                                                 {{5, 10}, 6, 100, false},
+                                                 {{3, 2048}, 64, 1000, false},
+                                                 {{2, kHeadDim}, kRopeDim, 1000, true}}) {
+    for (const bool weighted : {true, false}) {
+      add(t, Case<Tensors>{
+                 .op = "rms_norm_rope",
+                 .label = std::string(weighted ? "weighted_" : "unweighted_") +
+                          (c.unaligned ? "unaligned_" : "") + dims(c.shape) + "_rope" +
+                          std::to_string(c.rope_dim),
+                 .draw =
+                     [c](Rng& rng) {
+                       Shape drawn = c.shape;
+                       if (c.unaligned) drawn.back() += 1;  // viewed one float in below
+                       return Tensors{random_f32(rng, drawn, 3.0f),
+                                      random_f32(rng, {c.shape.back()}),
+                                      random_ids(rng, c.shape[0], 0, c.max_pos),
+                                      rope_inv_freq(c.rope_dim, 10000.0)};
+                     },
+                 .run =
+                     [c, weighted](Backend& be, const Tensors& in) {
+                       Tensor x = up(be, in[0]);
+                       if (c.unaligned) {
+                         const int64_t dim = c.shape.back();
+                         x = x.reshape({x.numel()}).narrow(0, 1, dim * (x.numel() / (dim + 1)));
+                         x = x.reshape({x.numel() / dim, dim});
+                       }
+                       return out(be.rms_norm_rope(x, weighted ? up(be, in[1]) : Tensor(), 1e-6f,
+                                                   up(be, in[2]), up(be, in[3])));
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
+  }
+}
+
 // Rows [8, cols] of ties and special values, one pattern per row.
 Tensor argmax_special_values(Rng& rng, int64_t cols) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -347,6 +400,7 @@ std::vector<OpCase> dense_cases() {
   add_elementwise(t);
   add_rows(t);
   add_rope(t);
+  add_rms_norm_rope(t);
   add_argmax(t);
   return t;
 }

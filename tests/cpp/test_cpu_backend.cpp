@@ -388,5 +388,31 @@ TEST_F(CpuBackendTest, Rope) {
   EXPECT_THROW(be->rope(up(x2, {T, R}), up_i(pos, {T}), up(rng.uniform(5), {5}), false), Error);
 }
 
+// rms_norm_rope is rope(rms_norm(.)) bit for bit, weighted or not, and its checks name the
+// argument at fault.
+TEST_F(CpuBackendTest, RmsNormRopeIsTheNormThenTheRotation) {
+  const int64_t T = 3, heads = 2, d = 16, R = 8;
+  std::vector<float> inv_freq;
+  for (int64_t i = 0; i < R / 2; ++i) inv_freq.push_back(std::pow(10000.0f, -2.0f * i / R));
+  const Tensor pos = up_i({0, 9, 4099}, {T});
+  const Tensor freq = up(inv_freq, {R / 2});
+  const Tensor x = up(rng.uniform(sz(T * heads * d)), {T, heads, d});
+  const Tensor w = up(rng.uniform(sz(d)), {d});
+  for (const Tensor& weight : {w, Tensor()}) {
+    const auto fused = fetch_f32(*be, be->rms_norm_rope(x, weight, 1e-6f, pos, freq));
+    const auto two = fetch_f32(*be, be->rope(be->rms_norm(x, weight, 1e-6f), pos, freq, false));
+    EXPECT_EQ(fused, two);
+  }
+  try {
+    be->rms_norm_rope(x, w, 1e-6f, up_i({0, 1}, {2}), freq);
+    FAIL() << "positions of the wrong length were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rms_norm_rope: argument positions"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(be->rms_norm_rope(x, up(rng.uniform(5), {5}), 1e-6f, pos, freq), Error);
+  EXPECT_THROW(be->rms_norm_rope(x, w, 1e-6f, pos, up(rng.uniform(9), {9})), Error);
+}
+
 }  // namespace
 }  // namespace deepinfer

@@ -371,6 +371,12 @@ class Backend {
   // Interleaved RoPE on the trailing 2*len(inv_freq) channels of x [T, heads, d] (or [T, d]) at
   // positions [T] i32; angle = pos * inv_freq[i] in fp32; `inverse` rotates by -angle.
   Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse);
+  // rope(rms_norm(x, weight, eps), positions, inv_freq, /*inverse=*/false) as one op (the model's
+  // q-norm + RoPE and kv-norm + RoPE): RMSNorm over the last dim of x [T, d] or [T, heads, d],
+  // then the forward rotation of its trailing 2*len(inv_freq) channels. Same result as the two
+  // ops; a backend may fuse them into one pass over x.
+  Tensor rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
+                       const Tensor& inv_freq);
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
@@ -535,6 +541,9 @@ class Backend {
   virtual Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) = 0;
   virtual Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                            bool inverse) = 0;
+  // Default: rms_norm_impl then rope_impl.
+  virtual Tensor rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
+                                    const Tensor& positions, const Tensor& inv_freq);
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
   virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;

@@ -316,6 +316,25 @@ Tensor Backend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv
   return rope_impl(x, positions, inv_freq, inverse);
 }
 
+Tensor Backend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
+                              const Tensor& positions, const Tensor& inv_freq) {
+  const OpChecks c("rms_norm_rope", device_kind());
+  c.rank("x", x, DType::kF32, 2, 3);
+  c.optional("weight", weight, DType::kF32, {x.size(-1)});
+  c.tensor("positions", positions, DType::kI32, {x.size(0)});
+  c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
+  if (2 * inv_freq.size(0) > x.size(-1)) {
+    c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
+           " channels, more than x's last dimension " + std::to_string(x.size(-1)));
+  }
+  return rms_norm_rope_impl(x, weight, eps, positions, inv_freq);
+}
+
+Tensor Backend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
+                                   const Tensor& positions, const Tensor& inv_freq) {
+  return rope_impl(rms_norm_impl(x, weight, eps), positions, inv_freq, /*inverse=*/false);
+}
+
 Tensor Backend::argmax(const Tensor& x) {
   const OpChecks c("argmax", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});

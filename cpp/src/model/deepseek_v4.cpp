@@ -77,10 +77,9 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
 
   // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token.
   Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
-  Tensor q = be.rms_norm(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps);
-  q = be.rope(q, layout.positions, inv_freq, /*inverse=*/false);
-  Tensor kv = be.rope(be.rms_norm(be.linear(x, w.wkv), w.kv_norm, eps), layout.positions, inv_freq,
-                      /*inverse=*/false);
+  Tensor q = be.rms_norm_rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps,
+                              layout.positions, inv_freq);
+  Tensor kv = be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, inv_freq);
 
   Tensor topk;
   if (w.has_compressor) {
@@ -130,9 +129,9 @@ void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, cons
     spec.overlap = overlap;
     spec.head_dim = static_cast<int>(head_dim);
     Tensor pooled = be.compress_pool(proj, ring, w.ape, plan.layout, entries, spec);
-    pooled = be.rms_norm(pooled, w.norm, static_cast<float>(config_.rms_norm_eps));
     // An entry is rotated at its window's first position.
-    pooled = be.rope(pooled, entries.rope_pos, weights_.compress_inv_freq, /*inverse=*/false);
+    pooled = be.rms_norm_rope(pooled, w.norm, static_cast<float>(config_.rms_norm_eps),
+                              entries.rope_pos, weights_.compress_inv_freq);
     be.scatter_rows(entry_cache, pooled, entries.dest, rope_dim);
   }
   be.ring_write(ring, proj, plan.layout);

@@ -207,8 +207,8 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchLayout
   const Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps_);
   const Tensor q = be.rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), layout.positions, inv_freq,
                            /*inverse=*/false);
-  const Tensor kv = be.rope(be.rms_norm(be.linear(x, w.wkv), w.kv_norm, eps_), layout.positions,
-                            inv_freq, /*inverse=*/false);
+  const Tensor kv =
+      be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps_, layout.positions, inv_freq);
 
   LayerCaches& own = caches.layer(layer);
   Tensor topk;
@@ -263,9 +263,9 @@ void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& pla
   be.scatter_rows(own.comp_entries, be.rope(pre, entries.rope_pos, inv_freq, /*inverse=*/false),
                   entries.dest, own.rope_dim);
   if (w.indexer.owns_k) {
-    const Tensor k = be.rms_norm(be.linear(pre, w.indexer.wk), w.indexer.k_norm, eps_);
-    be.scatter_rows(own.index_entries, be.rope(k, entries.rope_pos, inv_freq, /*inverse=*/false),
-                    entries.dest, /*rope_dim=*/0);
+    const Tensor k = be.rms_norm_rope(be.linear(pre, w.indexer.wk), w.indexer.k_norm, eps_,
+                                      entries.rope_pos, inv_freq);
+    be.scatter_rows(own.index_entries, k, entries.dest, /*rope_dim=*/0);
   }
 }
 
@@ -328,8 +328,8 @@ void DeepseekV41Model::dspark_main_keys(const std::vector<Tensor>& features,
   for (size_t k = 0; k < d.blocks.size(); ++k) {
     const V41LayerWeights& w = d.blocks[k];
     LayerCaches& own = caches.layer(config_.num_hidden_layers + static_cast<int>(k));
-    const Tensor key = be.rope(be.rms_norm(be.linear(mh, w.attn.wkv), w.attn.kv_norm, eps_),
-                               layout.positions, w.inv_freq, /*inverse=*/false);
+    const Tensor key = be.rms_norm_rope(be.linear(mh, w.attn.wkv), w.attn.kv_norm, eps_,
+                                        layout.positions, w.inv_freq);
     be.ring_write(own.swa_ring, key, layout, own.rope_dim);
   }
 }

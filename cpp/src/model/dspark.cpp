@@ -35,8 +35,8 @@ Tensor DSparkDrafter::attention(int block, const Tensor& x, const BatchPlan& pla
   const Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
   const Tensor q = be.rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), layout.positions, lw.inv_freq,
                            /*inverse=*/false);
-  const Tensor kv = be.rope(be.rms_norm(be.linear(x, w.wkv), w.kv_norm, eps), layout.positions,
-                            lw.inv_freq, /*inverse=*/false);
+  const Tensor kv =
+      be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, lw.inv_freq);
   // The draft keys go to the ring first: the attention rows (one per query, at ap + B) read
   // ap + 1 .. ap + B - 1 from it and ap + B, their own "chunk", from `kv` (last_rows).
   be.ring_write(own.swa_ring, kv, layout, own.rope_dim);
