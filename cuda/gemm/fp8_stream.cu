@@ -8,8 +8,8 @@
 //   stage_quantized   one small kernel: x [M, G K] f32 -> xq [G][M][Kp] bf16, quantized per
 //                     act_group columns exactly as quantize_activations (e4m3 value times a
 //                     power-of-two scale, exact in bf16) and stored in the mma order of the
-//                     weight decode (slice_input), zeros past K; every CTA then copies only its
-//                     own slices of it.
+//                     weight decode (fp8_stream_layout.h), zeros past K; every CTA then copies
+//                     only its own slices of it.
 //   the ring          every lane copies its own 16-byte weight chunks (rows g, g + 8 of its
 //                     warp's two m16 tiles, 2 x 16 bytes per 128-input slice) into a ring of
 //                     kStages slices in shared memory with cp.async, kStages - 1 slices ahead of
@@ -36,6 +36,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/gemm/fp8_stream_layout.h"
 #include "cuda/gemm/gemm_launch.h"
 #include "cuda/moe/sm80/experts_quant_config.h"
 #include "cuda/moe/sm80/experts_quant_tile.cuh"
@@ -66,54 +67,54 @@ struct StreamShape {
   static constexpr int kMinBlocks = kTokT <= 16 ? 2 : 1;
 };
 
-constexpr int kStageThreads = 256;
+constexpr int kStageWarps = 8;
 
-// xq[g][row][Kp]: one CTA per (row, group). The act-group scales first (one warp per group, as
-// quantize_activations), then 8 bf16 per thread and step in slice_input's order: element
-// 8 pc + 2 i + h of a row is input k0 + slice_input(q, 2 t + i / 2, i % 2, h) of slice k0 / 128,
-// with pc = 16 (k0 / 128) + 4 q + t.
-__global__ void __launch_bounds__(kStageThreads)
-    stage_quantized(const float* __restrict__ x, __nv_bfloat16* __restrict__ xq, int64_t m,
-                    int64_t k, int64_t kp, int64_t groups, int act_group) {
-  extern __shared__ float stage_scales[];  // [ceil(K / act_group)]
-  const int64_t row = blockIdx.x / groups;
-  const int64_t g = blockIdx.x % groups;
-  const float* src = x + row * groups * k + g * k;
-  const int warp = static_cast<int>(threadIdx.x >> 5);
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t count = (k + act_group - 1) / act_group;
-  for (int64_t gi = warp; gi < count; gi += kStageThreads / 32) {
-    const int64_t c0 = gi * act_group;
-    const int64_t c1 = c0 + act_group < k ? c0 + act_group : k;
-    float amax = 0.0f;
-    for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
-    const float scale = act_group_scale(warp_max(amax));
-    if (lane == 0) stage_scales[gi] = scale;
-  }
-  __syncthreads();
-  __nv_bfloat16* dst = xq + (g * m + row) * kp;
-  for (int64_t pc = threadIdx.x; pc < kp / 8; pc += kStageThreads) {
-    const int64_t k0 = (pc / 16) * kFp8StreamSliceK;
-    const int pp = static_cast<int>(pc % 16);
-    const int q = pp >> 2, t = pp & 3;
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float v[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t c = k0 + slice_input<kFp8>(q, 2 * t + (i >> 1), i & 1, h);
-        if (c < k) {
-          const float scale = stage_scales[c / act_group];
-          v[h] = round_to_e4m3(src[c] * (1.0f / scale)) * scale;  // 1 / scale: exact
-        } else {
-          v[h] = 0.0f;
+// fp8_stream_staged_index inverts slice_input: the staged activations meet the weights they
+// were quantized against.
+constexpr bool staged_index_inverts_slice_input() {
+  for (int q = 0; q < 4; ++q) {
+    for (int s = 0; s < 8; ++s) {
+      for (int w = 0; w < 2; ++w) {
+        for (int h = 0; h < 2; ++h) {
+          const int i = 2 * (s & 1) + w;
+          const int staged = 8 * (4 * q + (s >> 1)) + 2 * i + h;
+          if (fp8_stream_staged_index(slice_input<kFp8>(q, s, w, h)) != staged) return false;
         }
       }
-      const __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);  // exact
-      memcpy(&out[i], &b, sizeof(uint32_t));
     }
-    *reinterpret_cast<uint4*>(dst + pc * 8) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+  return true;
+}
+static_assert(staged_index_inverts_slice_input(), "the staging order is the decode's");
+
+// xq[g][row][Kp] in fp8_stream_staged_index's order, zeros past K: one warp per (row, group, act
+// group), quantized exactly as quantize_activations (e4m3 value times a power-of-two scale: a
+// bf16 value). The warp of a row's last act group also writes the zeros.
+__global__ void __launch_bounds__(kStageWarps * 32)
+    stage_quantized(const float* __restrict__ x, __nv_bfloat16* __restrict__ xq, int64_t m,
+                    int64_t k, int64_t kp, int64_t groups, int act_group) {
+  const int64_t per_row = (k + act_group - 1) / act_group;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kStageWarps + (threadIdx.x >> 5);
+  if (item >= m * groups * per_row) return;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t gi = item % per_row;
+  const int64_t g = (item / per_row) % groups;
+  const int64_t row = item / (per_row * groups);
+  const float* src = x + row * groups * k + g * k;
+  __nv_bfloat16* dst = xq + (g * m + row) * kp;
+  const int64_t c0 = gi * act_group;
+  const int64_t c1 = c0 + act_group < k ? c0 + act_group : k;
+  float amax = 0.0f;
+  for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
+  const float scale = act_group_scale(warp_max(amax));
+  const float inv = 1.0f / scale;  // exact: a power of two
+  for (int64_t c = c0 + lane; c < c1; c += 32) {
+    dst[fp8_stream_staged_index(c)] = __float2bfloat16_rn(round_to_e4m3(src[c] * inv) * scale);
+  }
+  if (gi == per_row - 1) {
+    for (int64_t c = k + lane; c < kp; c += 32) {
+      dst[fp8_stream_staged_index(c)] = __float2bfloat16_rn(0.0f);
+    }
   }
 }
 
@@ -367,10 +368,8 @@ void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, cons
                        int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
                        cudaStream_t stream) {
   const int64_t kp = (p.k + kFp8StreamSliceK - 1) / kFp8StreamSliceK * kFp8StreamSliceK;
-  const int64_t act_groups = (p.k + p.act_group - 1) / p.act_group;
-  const size_t stage_smem = static_cast<size_t>(act_groups) * sizeof(float);
-  allow_smem(stage_quantized, stage_smem);
-  stage_quantized<<<static_cast<unsigned>(p.m * p.groups), kStageThreads, stage_smem, stream>>>(
+  const int64_t items = p.m * p.groups * ((p.k + p.act_group - 1) / p.act_group);
+  stage_quantized<<<ceil_div(items, kStageWarps), kStageWarps * 32, 0, stream>>>(
       x, xq, p.m, p.k, kp, p.groups, p.act_group);
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 stream): activation staging");
 

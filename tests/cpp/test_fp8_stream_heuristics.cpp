@@ -1,12 +1,16 @@
 // The tiling of the streaming FP8 linear (cuda/gemm/gemm_fp8_heuristics.h: choose_fp8_stream),
 // checked on the host: where it applies, that it never depends on M (a token's result must not
 // depend on the batch), that the K splits cover K with no empty split and fit one portable
-// cluster, and the tilings of the V4-Flash weights on an H200 (132 SMs).
+// cluster, and the tilings of the V4-Flash weights on an H200 (132 SMs). Also its staging order
+// (cuda/gemm/fp8_stream_layout.h): a permutation of each slice (fp8_stream.cu checks at compile
+// time that it inverts the decode's slice_input).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
+#include "cuda/gemm/fp8_stream_layout.h"
 #include "cuda/gemm/gemm_fp8_heuristics.h"
 
 namespace deepinfer::cuda {
@@ -111,6 +115,23 @@ TEST(Fp8StreamHeuristics, SharedMemoryPerTokenTile) {
       EXPECT_GE(fp8_stream_smem(warps, tokens), size_t{4} * tokens * kFp8StreamRowsPerWarp * warps);
     }
   }
+}
+
+TEST(Fp8StreamLayout, StagedIndexPermutesEachSlice) {
+  for (int64_t slice = 0; slice < 3; ++slice) {
+    std::vector<int> hits(128, 0);
+    for (int64_t k = slice * 128; k < (slice + 1) * 128; ++k) {
+      const int64_t at = fp8_stream_staged_index(k);
+      ASSERT_GE(at, slice * 128);
+      ASSERT_LT(at, (slice + 1) * 128);
+      ++hits[static_cast<size_t>(at - slice * 128)];
+    }
+    for (const int h : hits) EXPECT_EQ(h, 1);
+  }
+  // Lane 0's piece of steps 0 and 1 (the slice's first 8 staged elements): inputs 0, 2 (step 0,
+  // slots 2q, 2q + 1 as one bf16 pair), 1, 3 (slots 2q + 8, + 9), then 4, 6, 5, 7 (step 1).
+  const int64_t expect[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int64_t k = 0; k < 8; ++k) EXPECT_EQ(fp8_stream_staged_index(expect[k]), k) << k;
 }
 
 TEST(Fp8StreamHeuristics, ParsesTheSwitch) {
