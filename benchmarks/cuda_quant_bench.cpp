@@ -158,8 +158,9 @@ double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
 // The FP8 block-scaled linears of V4-Flash (128x128 blocks, activations quantized per 128): the
 // rooflines, then per weight GB/s at decode widths M = 1..64 (graph-timed; the calls cycle
 // through copies of the weight totalling >= 256 MiB, so the weights come from HBM, not L2), each
-// on both decode paths ("(stream)": fp8_stream.cu with its tiling, "(legacy)": the FP8 GEMV up to
-// 16 tokens and cuBLASLt above; DEEPINFER_FP8_LINEAR), and TFLOP/s at prefill widths.
+// on each decode path ("(stream)": fp8_stream.cu with its tiling, "(stream_pdl)": the same as a
+// programmatic dependent launch, "(legacy)": the FP8 GEMV up to 16 tokens and cuBLASLt above;
+// DEEPINFER_FP8_LINEAR), and TFLOP/s at prefill widths.
 }  // namespace
 
 void bench_fp8(Backend& be, int iters) {
@@ -224,12 +225,16 @@ void bench_fp8(Backend& be, int iters) {
       };
       const double fl = 2.0 * m * rows * s.k;
       if (m <= 64) {
-        // Both decode paths (DEEPINFER_FP8_LINEAR), the backend's own choice restored after.
+        // Every decode path (DEEPINFER_FP8_LINEAR), the backend's own choice restored after.
         const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
         for (const cuda::Fp8LinearChoice path :
-             {cuda::Fp8LinearChoice::kStream, cuda::Fp8LinearChoice::kLegacy}) {
+             {cuda::Fp8LinearChoice::kStream, cuda::Fp8LinearChoice::kStreamPdl,
+              cuda::Fp8LinearChoice::kLegacy}) {
           cuda_be.set_fp8_linear(path);
-          const bool stream = path == cuda::Fp8LinearChoice::kStream;
+          const bool stream = path != cuda::Fp8LinearChoice::kLegacy;
+          const char* tag = path == cuda::Fp8LinearChoice::kStream      ? "(stream)"
+                            : path == cuda::Fp8LinearChoice::kStreamPdl ? "(stream_pdl)"
+                                                                        : "(legacy)";
           const cuda::Fp8StreamConfig c =
               cuda::choose_fp8_stream({m, s.n, s.k, s.groups, 128, 128, 128}, cuda_be.num_sms());
           const std::string tiling =
@@ -237,7 +242,7 @@ void bench_fp8(Backend& be, int iters) {
                      : std::string();
           const double us = time_graph_us(be, iters, call);
           emit_ratio(
-              std::string("linear_fp8_") + s.name + (stream ? "(stream)" : "(legacy)"),
+              std::string("linear_fp8_") + s.name + tag,
               "M=" + std::to_string(m) + " " + dims + tiling + " (graph, weight GB/s vs memcpy)",
               us, wbytes, fl, wbytes / us / 1e3 / copy_gbps);
         }

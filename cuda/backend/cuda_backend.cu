@@ -142,9 +142,9 @@ CudaBackend::CudaBackend(int device_index)
   const char* fp8_linear = std::getenv("DEEPINFER_FP8_LINEAR");
   const std::optional<Fp8LinearChoice> fp8_choice = parse_fp8_linear(fp8_linear);
   if (!fp8_choice) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        std::string("DEEPINFER_FP8_LINEAR: expected stream or legacy, got '") + fp8_linear + "'");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_FP8_LINEAR: expected stream, stream_pdl or legacy, got '") +
+                    fp8_linear + "'");
   }
   fp8_linear_ = *fp8_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));

@@ -77,8 +77,8 @@ class CudaBackend final : public Backend {
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
-  // DEEPINFER_FP8_LINEAR at creation (stream, legacy): the path of FP8 linears at decode sizes
-  // (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one run.
+  // DEEPINFER_FP8_LINEAR at creation (stream, stream_pdl, legacy): the path of FP8 linears at
+  // decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one run.
   Fp8LinearChoice fp8_linear() const { return fp8_linear_; }
   void set_fp8_linear(Fp8LinearChoice choice) { fp8_linear_ = choice; }
   // The GEMM kernel the latest pass of moe_experts on quantized weights was launched with (set by

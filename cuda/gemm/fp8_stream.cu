@@ -18,6 +18,10 @@
 //                     (exact for power-of-two scales), bf16 mma.sync m16n8k16 with f32
 //                     accumulation: weights as A (16 rows per mma, so one token uses the tensor
 //                     cores), tokens as B.
+//   (optionally, DEEPINFER_FP8_LINEAR=stream_pdl) the kernel is launched as a programmatic
+//                     dependent of stage_quantized: its CTAs start their weight copies while the
+//                     activations are still being staged, and wait for them before their first
+//                     activation copy.
 //   reduce_splits     the `splits` CTAs of a row tile (one cluster, each a contiguous range of
 //                     slices) put their partial tiles in shared memory and add them through
 //                     distributed shared memory in split order (no atomics, no workspace).
@@ -93,6 +97,9 @@ static_assert(staged_index_inverts_slice_input(), "the staging order is the deco
 __global__ void __launch_bounds__(kStageWarps * 32)
     stage_quantized(const float* __restrict__ x, __nv_bfloat16* __restrict__ xq, int64_t m,
                     int64_t k, int64_t kp, int64_t groups, int act_group) {
+  // With programmatic dependent launch the streaming kernel may start now: it waits for this
+  // grid's completion (griddepcontrol.wait) before it reads xq.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t per_row = (k + act_group - 1) / act_group;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kStageWarps + (threadIdx.x >> 5);
   if (item >= m * groups * per_row) return;
@@ -247,15 +254,21 @@ __global__ void __launch_bounds__(kFp8StreamMaxWarps * 32, C::kMinBlocks)
       acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
   }
 
-  // One cp.async group per prologue slice.
+  // Prologue: the weights of the first kStages - 1 slices, then (once stage_quantized is done:
+  // a no-op unless launched as its programmatic dependent) their activations, all in one
+  // cp.async group followed by kStages - 2 empty ones, so that group i of the loop below still
+  // holds slice i: the loop's wait_group<kStages - 2> at slice i completes groups 0..i.
 #pragma unroll 1
   for (int i = 0; i < C::kStages - 1; ++i) {
-    if (i < count) {
-      copy_weight_slice(weight_ring, i, wr, s0 + i, q, a.k, threads, tid);
-      copy_activation_slice(act_ring + i * kActWords, xg, a, s0 + i, n8, threads, tid);
-    }
-    cp_async_commit();
+    if (i < count) copy_weight_slice(weight_ring, i, wr, s0 + i, q, a.k, threads, tid);
   }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll 1
+  for (int i = 0; i < C::kStages - 1; ++i) {
+    if (i < count) copy_activation_slice(act_ring + i * kActWords, xg, a, s0 + i, n8, threads, tid);
+  }
+#pragma unroll 1
+  for (int i = 0; i < C::kStages - 1; ++i) cp_async_commit();
   uint32_t sc[2][2][2];
   load_scales(sc, wr, s0, q, a.k, a.bc_log2);
 
@@ -336,7 +349,7 @@ __global__ void __launch_bounds__(kFp8StreamMaxWarps * 32, C::kMinBlocks)
 }
 
 template <int kTok, int kStages>
-void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups,
+void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups, bool pdl,
                   cudaStream_t stream) {
   using C = StreamShape<kTok, kStages>;
   const size_t smem = fp8_stream_smem(c.warps, kTok);
@@ -347,13 +360,15 @@ void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups,
   config.blockDim = dim3(static_cast<unsigned>(32 * c.warps));
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
+  cudaLaunchAttribute attribute[2] = {};
   attribute[0].id = cudaLaunchAttributeClusterDimension;
   attribute[0].val.clusterDim.x = 1;
   attribute[0].val.clusterDim.y = static_cast<unsigned>(c.splits);
   attribute[0].val.clusterDim.z = 1;
+  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = pdl ? 2 : 1;
   DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_stream_kernel<C>, a));
 }
 
@@ -366,7 +381,7 @@ size_t fp8_stream_scratch_elements(const Fp8Problem& p) {
 
 void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, const float* w_scales,
                        int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
-                       cudaStream_t stream) {
+                       bool pdl, cudaStream_t stream) {
   const int64_t kp = (p.k + kFp8StreamSliceK - 1) / kFp8StreamSliceK * kFp8StreamSliceK;
   const int64_t items = p.m * p.groups * ((p.k + p.act_group - 1) / p.act_group);
   stage_quantized<<<ceil_div(items, kStageWarps), kStageWarps * 32, 0, stream>>>(
@@ -389,11 +404,11 @@ void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, cons
   a.slab = c.slab;
   const int stages = fp8_stream_stages(c.tokens, c.warps);
   if (c.tokens <= 16) {
-    launch_shape<16, fp8_stream_stages(16, kFp8StreamMaxWarps)>(a, c, p.groups, stream);
+    launch_shape<16, fp8_stream_stages(16, kFp8StreamMaxWarps)>(a, c, p.groups, pdl, stream);
   } else if (stages == fp8_stream_stages(64, kFp8StreamMaxWarps)) {
-    launch_shape<64, fp8_stream_stages(64, kFp8StreamMaxWarps)>(a, c, p.groups, stream);
+    launch_shape<64, fp8_stream_stages(64, kFp8StreamMaxWarps)>(a, c, p.groups, pdl, stream);
   } else {
-    launch_shape<64, fp8_stream_stages(64, kFp8StreamMinWarps)>(a, c, p.groups, stream);
+    launch_shape<64, fp8_stream_stages(64, kFp8StreamMinWarps)>(a, c, p.groups, pdl, stream);
   }
 }
 

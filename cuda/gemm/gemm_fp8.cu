@@ -222,14 +222,15 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
                      w.block_rows, w.block_cols,      w.act_group};
   Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
   if (p.m == 0 || p.n == 0) return y;
-  if (be.fp8_linear() == Fp8LinearChoice::kStream) {
+  if (be.fp8_linear() != Fp8LinearChoice::kLegacy) {
     const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
     // Weights are whole allocations (aligned); a view that is not takes the other paths.
     if (stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0) {
       Tensor xq = be.empty({static_cast<int64_t>(fp8_stream_scratch_elements(p))}, DType::kBF16);
       launch_fp8_stream(x.data<float>(), xq.data<__nv_bfloat16>(),
                         static_cast<const uint8_t*>(w.values.raw_data()), w.scales.data<float>(),
-                        w.scales.size(1), y.data<float>(), p, stream, be.stream());
+                        w.scales.size(1), y.data<float>(), p, stream,
+                        be.fp8_linear() == Fp8LinearChoice::kStreamPdl, be.stream());
       DEEPINFER_CUDA_LAUNCH_CHECK(op);
       return y;
     }

@@ -1,7 +1,7 @@
 // The paths of linear / grouped_linear on block-scaled FP8 weights (kFp8Block, e4m3 values with
 // one f32 scale per block_rows x block_cols block) and the choice between them:
 //
-//   1. fp8_stream.cu (default, DEEPINFER_FP8_LINEAR=stream): the streaming kernel for
+//   1. fp8_stream.cu (default, DEEPINFER_FP8_LINEAR=stream or stream_pdl): the streaming kernel for
 //      1..kFp8StreamMaxTokens tokens with dynamic activation quantization (act_group > 0). It
 //      streams the weight bytes through a cp.async ring in shared memory and decodes them to bf16
 //      in registers (the routed experts' streaming kernel, applied to a dense weight).
@@ -100,14 +100,16 @@ inline bool fp8_cublaslt_applies(const Fp8Problem& p) {
 // Which FP8 path decode-sized linears take (an A/B switch for benchmarks and tests: the backend's
 // DEEPINFER_FP8_LINEAR, read once at its creation; benchmarks may set it per call).
 enum class Fp8LinearChoice {
-  kStream,  // "stream" or unset: fp8_stream.cu up to kFp8StreamMaxTokens tokens
-  kLegacy,  // "legacy": the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
+  kStream,     // "stream" or unset: fp8_stream.cu up to kFp8StreamMaxTokens tokens
+  kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
+  kLegacy,     // "legacy": the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
 };
 
 // The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
   if (v.empty() || v == "stream") return Fp8LinearChoice::kStream;
+  if (v == "stream_pdl") return Fp8LinearChoice::kStreamPdl;
   if (v == "legacy") return Fp8LinearChoice::kLegacy;
   return std::nullopt;
 }

@@ -34,9 +34,11 @@ size_t fp8_stream_scratch_elements(const Fp8Problem& p);
 // y = q(x) . w^T per group by the streaming kernel (fp8_stream.cu), for a config with c.use:
 // w [G N, K] e4m3 (16-byte aligned), w_scales [ceil(G N / block_rows), scale_ld] f32, x [M, G K]
 // f32, quantized per act_group columns into xq (fp8_stream_scratch_elements(p) bf16) first.
+// `pdl`: the streaming kernel is a programmatic dependent launch of the quantization (it starts
+// streaming weights before the activations are staged).
 void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, const float* w_scales,
                        int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
-                       cudaStream_t stream);
+                       bool pdl, cudaStream_t stream);
 
 // linear / grouped_linear of a kFp8Block weight on the streaming kernel, the GEMV or cuBLASLt
 // (gemm_fp8.cu). Returns an undefined tensor when neither applies (or cuBLASLt has no algorithm):
