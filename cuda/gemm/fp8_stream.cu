@@ -61,7 +61,7 @@ static_assert(kFp8StreamSliceK == kQuantSliceK && kFp8StreamRowWords == kQuantRo
 static_assert(Fp8Traits::kLoads == 2 && Fp8Traits::kChunk == 16, "two 16-byte chunks per slice");
 
 // The shape multiply_slice reads: two m16 tiles per warp, kTok token rows per slice; a ring of
-// kStages slices.
+// kStages slices (fp8_stream_stages).
 template <int kTokT, int kStagesT>
 struct StreamShape {
   static constexpr int kMTiles = kFp8StreamRowsPerWarp / 16;
@@ -402,13 +402,22 @@ void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, cons
   a.bc_log2 = 0;
   while ((1 << a.bc_log2) < p.block_cols) ++a.bc_log2;
   a.slab = c.slab;
+  // The ring depths fp8_stream_stages gives: 3 or 5 slices at 16 tokens, 3 or 4 at 64.
+  static_assert(fp8_stream_stages(16, 8) == 3 && fp8_stream_stages(16, 4) == 5 &&
+                    fp8_stream_stages(16, 2) == 5 && fp8_stream_stages(64, 8) == 4 &&
+                    fp8_stream_stages(64, 4) == 3 && fp8_stream_stages(64, 2) == 4,
+                "one kernel per ring depth");
   const int stages = fp8_stream_stages(c.tokens, c.warps);
   if (c.tokens <= 16) {
-    launch_shape<16, fp8_stream_stages(16, kFp8StreamMaxWarps)>(a, c, p.groups, pdl, stream);
-  } else if (stages == fp8_stream_stages(64, kFp8StreamMaxWarps)) {
-    launch_shape<64, fp8_stream_stages(64, kFp8StreamMaxWarps)>(a, c, p.groups, pdl, stream);
+    if (stages == 3) {
+      launch_shape<16, 3>(a, c, p.groups, pdl, stream);
+    } else {
+      launch_shape<16, 5>(a, c, p.groups, pdl, stream);
+    }
+  } else if (stages == 4) {
+    launch_shape<64, 4>(a, c, p.groups, pdl, stream);
   } else {
-    launch_shape<64, fp8_stream_stages(64, kFp8StreamMinWarps)>(a, c, p.groups, pdl, stream);
+    launch_shape<64, 3>(a, c, p.groups, pdl, stream);
   }
 }
 

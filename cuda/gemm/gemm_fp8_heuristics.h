@@ -134,11 +134,14 @@ constexpr int kFp8StreamRowWords = kFp8StreamSliceK / 2 + 8;
 constexpr int fp8_stream_tokens(int64_t m) {
   return m <= 16 ? 16 : 64;
 }
-// Ring depth (slices) of a CTA: 3 at 16 tokens (8 warps: 3 x 36.5 KiB, two CTAs and 128 KiB of
-// weights in flight per SM); at 64 tokens 4 for 8 warps (4 x 50 KiB, one CTA, 96 KiB in flight)
-// and 3 for fewer (two CTAs per SM).
+// Ring depth (slices) of a CTA, for two CTAs per SM except 8 warps x 64 tokens (one): 8 warps
+// hold 3 slices at 16 tokens (3 x 36.5 KiB, 128 KiB of weights in flight per SM) and 4 at 64 (4 x
+// 50 KiB, 96 KiB in flight); 4 warps 5 at 16 tokens (5 x 20.5 KiB) and 3 at 64 (3 x 34 KiB);
+// 2 warps 5 at 16 tokens and 4 at 64 (4 x 26 KiB). Small CTAs carry small weights: a deeper ring
+// keeps all of a split's few slices in flight at once.
 constexpr int fp8_stream_stages(int tokens, int warps) {
-  return tokens <= 16 || warps < kFp8StreamMaxWarps ? 3 : 4;
+  if (tokens <= 16) return warps == kFp8StreamMaxWarps ? 3 : 5;
+  return warps == kFp8StreamMinWarps || warps == kFp8StreamMaxWarps ? 4 : 3;
 }
 // Dynamic shared memory of a CTA: the ring of weight slices (rows x 128 bytes) and activation
 // slices (tokens x kFp8StreamRowWords words). The split partials reuse it after the last slice.
@@ -148,9 +151,12 @@ constexpr size_t fp8_stream_smem(int warps, int tokens) {
   return static_cast<size_t>(fp8_stream_stages(tokens, warps)) * (weights + acts);
 }
 static_assert(fp8_stream_smem(kFp8StreamMaxWarps, 64) <= 227 * 1024, "fits sm_90's opt-in");
-static_assert(2 * (fp8_stream_smem(kFp8StreamMaxWarps, 16) + 1024) <= 228 * 1024 &&
-                  2 * (fp8_stream_smem(kFp8StreamMaxWarps / 2, 64) + 1024) <= 228 * 1024,
-              "two CTAs per SM");
+static_assert(2 * (fp8_stream_smem(8, 16) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(4, 16) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(2, 16) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(4, 64) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(2, 64) + 1024) <= 228 * 1024,
+              "two CTAs per SM but at 8 warps x 64 tokens");
 
 struct Fp8StreamConfig {
   bool use = false;

@@ -110,6 +110,10 @@ TEST(Fp8StreamHeuristics, SharedMemoryPerTokenTile) {
   EXPECT_EQ(fp8_stream_smem(8, 16), size_t{3} * (32768 + 16 * 72 * 4));
   // 64 tokens: 4 slices; the partial tile (64 tokens x 256 rows of f32) fits in the ring.
   EXPECT_EQ(fp8_stream_smem(8, 64), size_t{4} * (32768 + 64 * 72 * 4));
+  // Smaller CTAs: deeper rings at 16 tokens (5 slices), 3 or 4 at 64.
+  EXPECT_EQ(fp8_stream_smem(2, 16), size_t{5} * (8192 + 16 * 72 * 4));
+  EXPECT_EQ(fp8_stream_smem(4, 64), size_t{3} * (16384 + 64 * 72 * 4));
+  EXPECT_EQ(fp8_stream_smem(2, 64), size_t{4} * (8192 + 64 * 72 * 4));
   for (const int warps : {2, 4, 8}) {
     for (const int tokens : {16, 64}) {
       EXPECT_GE(fp8_stream_smem(warps, tokens), size_t{4} * tokens * kFp8StreamRowsPerWarp * warps);
