@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/gemm/gemm_fp8_heuristics.h"
 #include "deepinfer/weight.h"
 #include "op_bench_util.h"
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/gemm/gemm_fp8_heuristics.h"
+#include "cuda/gemm/fp8_linear_choice.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
 

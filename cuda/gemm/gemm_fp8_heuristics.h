@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string_view>
+
+#include "cuda/gemm/fp8_linear_choice.h"
 
 namespace deepinfer::cuda {
 
@@ -96,23 +96,6 @@ inline bool fp8_cublaslt_applies(const Fp8Problem& p) {
 }
 
 // ---- the streaming kernel (fp8_stream.cu) -------------------------------------------------------
-
-// Which FP8 path decode-sized linears take (an A/B switch for benchmarks and tests: the backend's
-// DEEPINFER_FP8_LINEAR, read once at its creation; benchmarks may set it per call).
-enum class Fp8LinearChoice {
-  kStream,     // "stream" or unset: fp8_stream.cu up to kFp8StreamMaxTokens tokens
-  kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
-  kLegacy,     // "legacy": the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
-};
-
-// The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.
-inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {
-  const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "stream") return Fp8LinearChoice::kStream;
-  if (v == "stream_pdl") return Fp8LinearChoice::kStreamPdl;
-  if (v == "legacy") return Fp8LinearChoice::kLegacy;
-  return std::nullopt;
-}
 
 // Up to this M the streaming kernel (cuBLASLt's tiles are full enough above).
 constexpr int kFp8StreamMaxTokens = 64;
