@@ -34,7 +34,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
