@@ -112,8 +112,8 @@ constexpr int kFp8StreamMaxSplits = 8;
 // rows of 8 tokens start 8 banks apart: experts_quant_config.h's kQuantRowWords).
 constexpr int kFp8StreamRowWords = kFp8StreamSliceK / 2 + 8;
 
-// The token tile of a call: 16 (two CTAs per SM) up to 16 tokens, else 64 (one CTA per SM: twice
-// the accumulators). It changes no sum: each output's reduction over K is fixed by the K split.
+// The token tile of a call: 16 up to 16 tokens (16 accumulators per thread), else 64 (64). It
+// changes no sum: each output's reduction over K is fixed by the K split.
 constexpr int fp8_stream_tokens(int64_t m) {
   return m <= 16 ? 16 : 64;
 }
