@@ -352,7 +352,14 @@ void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups,
                   cudaStream_t stream) {
   using C = StreamShape<kTok, kStages>;
   const size_t smem = fp8_stream_smem(c.warps, kTok);
-  allow_smem(fp8_stream_kernel<C>, smem);
+  // The kernel's limit is set to the most any CTA width of this ring depth takes, so a call with
+  // fewer warps never lowers it below what another (say, a captured graph's) launches with.
+  constexpr size_t kMaxSmem =
+      static_cast<size_t>(kStages) *
+      (static_cast<size_t>(kFp8StreamMaxWarps) * kFp8StreamRowsPerWarp * kFp8StreamSliceK +
+       static_cast<size_t>(kTok) * kFp8StreamRowWords * 4);
+  static_assert(kMaxSmem <= 227 * 1024, "fits sm_90's opt-in");
+  allow_smem(fp8_stream_kernel<C>, kMaxSmem);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
                         static_cast<unsigned>(groups));
