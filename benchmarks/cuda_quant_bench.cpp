@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/gemm/gemm_fp8_heuristics.h"
 #include "deepinfer/weight.h"
 #include "op_bench_util.h"
 
@@ -156,12 +157,15 @@ double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
 }
 
 // The FP8 block-scaled linears of V4-Flash (128x128 blocks, activations quantized per 128): the
-// rooflines, then per weight GB/s at decode widths (graph-timed; the calls cycle through copies
-// of the weight totalling >= 256 MiB, so the weights come from HBM, not L2) and TFLOP/s at
-// prefill widths.
+// rooflines, then per weight GB/s at decode widths M = 1..64 (graph-timed; the calls cycle
+// through copies of the weight totalling >= 256 MiB, so the weights come from HBM, not L2), each
+// on each decode path ("(stream)": fp8_stream.cu with its tiling, "(stream_pdl)": the same as a
+// programmatic dependent launch, "(legacy)": the FP8 GEMV up to 16 tokens and cuBLASLt above;
+// DEEPINFER_FP8_LINEAR), and TFLOP/s at prefill widths.
 }  // namespace
 
 void bench_fp8(Backend& be, int iters) {
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   double copy_gbps = 0.0;
   {  // roofline: device-to-device memcpy of 2 GiB (bytes read + written)
     const int64_t bytes = int64_t{2} << 30;
@@ -213,7 +217,7 @@ void bench_fp8(Backend& be, int iters) {
     for (int i = 0; i < copies; ++i) w.push_back(be.upload_matrix_weight(host));
     const std::string dims = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
                              (s.groups > 1 ? " G=" + std::to_string(s.groups) : std::string());
-    for (int64_t m : {1, 4, 16, 64, 4096, 16384}) {
+    for (int64_t m : {1, 4, 16, 32, 64, 4096, 16384}) {
       Tensor x = rnd(be, {m, s.groups * s.k}, DType::kF32, 40);
       int next = 0;
       auto call = [&] {
@@ -222,10 +226,28 @@ void bench_fp8(Backend& be, int iters) {
       };
       const double fl = 2.0 * m * rows * s.k;
       if (m <= 64) {
-        const double us = time_graph_us(be, iters, call);
-        emit_ratio(std::string("linear_fp8_") + s.name,
-                   "M=" + std::to_string(m) + " " + dims + " (graph, weight GB/s vs memcpy)", us,
-                   wbytes, fl, wbytes / us / 1e3 / copy_gbps);
+        // Every decode path (DEEPINFER_FP8_LINEAR), the backend's own choice restored after.
+        const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
+        for (const cuda::Fp8LinearChoice path :
+             {cuda::Fp8LinearChoice::kStream, cuda::Fp8LinearChoice::kStreamPdl,
+              cuda::Fp8LinearChoice::kLegacy}) {
+          cuda_be.set_fp8_linear(path);
+          const bool stream = path != cuda::Fp8LinearChoice::kLegacy;
+          const char* tag = path == cuda::Fp8LinearChoice::kStream      ? "(stream)"
+                            : path == cuda::Fp8LinearChoice::kStreamPdl ? "(stream_pdl)"
+                                                                        : "(legacy)";
+          const cuda::Fp8StreamConfig c =
+              cuda::choose_fp8_stream({m, s.n, s.k, s.groups, 128, 128, 128}, cuda_be.num_sms());
+          const std::string tiling =
+              stream ? " warps=" + std::to_string(c.warps) + " splits=" + std::to_string(c.splits)
+                     : std::string();
+          const double us = time_graph_us(be, iters, call);
+          emit_ratio(
+              std::string("linear_fp8_") + s.name + tag,
+              "M=" + std::to_string(m) + " " + dims + tiling + " (graph, weight GB/s vs memcpy)",
+              us, wbytes, fl, wbytes / us / 1e3 / copy_gbps);
+        }
+        cuda_be.set_fp8_linear(own);
       } else {
         const double us = time_us(be, m >= 16384 ? 3 : 5, call);
         emit_ratio(std::string("linear_fp8_") + s.name,

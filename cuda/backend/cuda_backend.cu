@@ -139,6 +139,14 @@ CudaBackend::CudaBackend(int device_index)
                     quant_decode + "'");
   }
   moe_quant_decode_ = *choice;
+  const char* fp8_linear = std::getenv("DEEPINFER_FP8_LINEAR");
+  const std::optional<Fp8LinearChoice> fp8_choice = parse_fp8_linear(fp8_linear);
+  if (!fp8_choice) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_FP8_LINEAR: expected stream, stream_pdl or legacy, got '") +
+                    fp8_linear + "'");
+  }
+  fp8_linear_ = *fp8_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

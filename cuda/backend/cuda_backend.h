@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm/fp8_linear_choice.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
 
@@ -76,6 +77,10 @@ class CudaBackend final : public Backend {
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
+  // DEEPINFER_FP8_LINEAR at creation (stream, stream_pdl, legacy): the path of FP8 linears at
+  // decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one run.
+  Fp8LinearChoice fp8_linear() const { return fp8_linear_; }
+  void set_fp8_linear(Fp8LinearChoice choice) { fp8_linear_ = choice; }
   // The GEMM kernel the latest pass of moe_experts on quantized weights was launched with (set by
   // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
   ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
@@ -175,6 +180,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
+  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kStream;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;

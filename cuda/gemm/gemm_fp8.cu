@@ -1,6 +1,6 @@
 // linear / grouped_linear on block-scaled FP8 weights (gemm_fp8_heuristics.h has the paths):
-// the choice between the GEMV and cuBLASLt, cuBLASLt's W8A8 GEMM with the activation
-// quantization that feeds it, and the dequantization of the bf16 fallback.
+// the choice between the streaming kernel, the GEMV and cuBLASLt, cuBLASLt's W8A8 GEMM with the
+// activation quantization that feeds it, and the dequantization of the bf16 fallback.
 //
 // cuBLASLt computes Y^T = W . Xq^T in its column-major terms: A = W (K x N, transposed, the
 // 128x128 block scales [ceil(N / 128), ceil(K / 128)] as stored), B = Xq (K x M, the 1x128
@@ -222,6 +222,19 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
                      w.block_rows, w.block_cols,      w.act_group};
   Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
   if (p.m == 0 || p.n == 0) return y;
+  if (be.fp8_linear() != Fp8LinearChoice::kLegacy) {
+    const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
+    // Weights are whole allocations (aligned); a view that is not takes the other paths.
+    if (stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0) {
+      Tensor xq = be.empty({static_cast<int64_t>(fp8_stream_scratch_elements(p))}, DType::kBF16);
+      launch_fp8_stream(x.data<float>(), xq.data<__nv_bfloat16>(),
+                        static_cast<const uint8_t*>(w.values.raw_data()), w.scales.data<float>(),
+                        w.scales.size(1), y.data<float>(), p, stream,
+                        be.fp8_linear() == Fp8LinearChoice::kStreamPdl, be.stream());
+      DEEPINFER_CUDA_LAUNCH_CHECK(op);
+      return y;
+    }
+  }
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
   if (gemv.use) {
     launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(w.values.raw_data()),

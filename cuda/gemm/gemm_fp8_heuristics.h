@@ -1,17 +1,24 @@
 // The paths of linear / grouped_linear on block-scaled FP8 weights (kFp8Block, e4m3 values with
 // one f32 scale per block_rows x block_cols block) and the choice between them:
 //
-//   1. gemv_fp8.cu: the decode GEMV on FP8 tensor cores, for 1..kFp8GemvMaxTokens tokens with
-//      dynamic activation quantization (act_group > 0) that the kernel does itself.
-//   2. gemm_fp8.cu, cuBLASLt: W8A8 FP8 tensor-core GEMM with DeepSeek's scaling (1x128 on the
+//   1. fp8_stream.cu (default, DEEPINFER_FP8_LINEAR=stream or stream_pdl): the streaming kernel for
+//      1..kFp8StreamMaxTokens tokens with dynamic activation quantization (act_group > 0). It
+//      streams the weight bytes through a cp.async ring in shared memory and decodes them to bf16
+//      in registers (the routed experts' streaming kernel, applied to a dense weight).
+//   2. gemv_fp8.cu (DEEPINFER_FP8_LINEAR=legacy only): the decode GEMV on FP8 tensor cores, for
+//      1..kFp8GemvMaxTokens tokens with act_group > 0, which quantizes x itself.
+//   3. gemm_fp8.cu, cuBLASLt: W8A8 FP8 tensor-core GEMM with DeepSeek's scaling (1x128 on the
 //      activations, 128x128 on the weights), for every other M when the weight has 128x128
 //      blocks and act_group == 128.
-//   3. The fallback (everything else: other blocks such as 32x32 at prefill, act_group == 0,
+//   4. The fallback (everything else: other blocks such as 32x32 at prefill, act_group == 0,
 //      shapes cuBLASLt rejects): the weight dequantized into a bf16 scratch and the bf16 path.
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+
+#include "cuda/gemm/fp8_linear_choice.h"
 
 namespace deepinfer::cuda {
 
@@ -86,6 +93,110 @@ inline bool fp8_cublaslt_applies(const Fp8Problem& p) {
   const int64_t scale_cols = (p.k + 127) / 128;
   return p.block_rows == 128 && p.block_cols == 128 && p.act_group == 128 && p.k % 16 == 0 &&
          p.n % 16 == 0 && scale_cols % 4 == 0 && (p.groups == 1 || p.n % 128 == 0) && p.m >= 1;
+}
+
+// ---- the streaming kernel (fp8_stream.cu) -------------------------------------------------------
+
+// Up to this M the streaming kernel (cuBLASLt's tiles are full enough above).
+constexpr int kFp8StreamMaxTokens = 64;
+// K per slice of the ring: one step of the weight copies and of the activation staging.
+constexpr int kFp8StreamSliceK = 128;
+// A warp owns two m16 tiles: 32 weight rows; a CTA 2, 4 or 8 warps.
+constexpr int kFp8StreamRowsPerWarp = 32;
+constexpr int kFp8StreamMaxWarps = 8;
+constexpr int kFp8StreamMinWarps = 2;
+// K splits = CTAs of one cluster (the portable cluster size), reduced through distributed shared
+// memory in split order.
+constexpr int kFp8StreamMaxSplits = 8;
+// 32-bit words of one staged activation row of a slice (bf16 pairs, padded by 8 words so that the
+// rows of 8 tokens start 8 banks apart: experts_quant_config.h's kQuantRowWords).
+constexpr int kFp8StreamRowWords = kFp8StreamSliceK / 2 + 8;
+
+// The token tile of a call: 16 up to 16 tokens (16 accumulators per thread), else 64 (64). It
+// changes no sum: each output's reduction over K is fixed by the K split.
+constexpr int fp8_stream_tokens(int64_t m) {
+  return m <= 16 ? 16 : 64;
+}
+// Ring depth (slices) of a CTA, for two CTAs per SM except 8 warps x 64 tokens (one): 8 warps
+// hold 3 slices at 16 tokens (3 x 36.5 KiB, 128 KiB of weights in flight per SM) and 4 at 64 (4 x
+// 50 KiB, 96 KiB in flight); 4 warps 5 at 16 tokens (5 x 20.5 KiB) and 3 at 64 (3 x 34 KiB);
+// 2 warps 5 at 16 tokens and 4 at 64 (4 x 26 KiB). Small CTAs carry small weights: a deeper ring
+// keeps all of a split's few slices in flight at once.
+constexpr int fp8_stream_stages(int tokens, int warps) {
+  if (tokens <= 16) return warps == kFp8StreamMaxWarps ? 3 : 5;
+  return warps == kFp8StreamMinWarps || warps == kFp8StreamMaxWarps ? 4 : 3;
+}
+// Dynamic shared memory of a CTA: the ring of weight slices (rows x 128 bytes) and activation
+// slices (tokens x kFp8StreamRowWords words). The split partials reuse it after the last slice.
+constexpr size_t fp8_stream_smem(int warps, int tokens) {
+  const size_t weights = static_cast<size_t>(warps) * kFp8StreamRowsPerWarp * kFp8StreamSliceK;
+  const size_t acts = static_cast<size_t>(tokens) * kFp8StreamRowWords * 4;
+  return static_cast<size_t>(fp8_stream_stages(tokens, warps)) * (weights + acts);
+}
+static_assert(fp8_stream_smem(kFp8StreamMaxWarps, 64) <= 227 * 1024, "fits sm_90's opt-in");
+static_assert(2 * (fp8_stream_smem(8, 16) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(4, 16) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(2, 16) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(4, 64) + 1024) <= 228 * 1024 &&
+                  2 * (fp8_stream_smem(2, 64) + 1024) <= 228 * 1024,
+              "two CTAs per SM but at 8 warps x 64 tokens");
+
+struct Fp8StreamConfig {
+  bool use = false;
+  int warps = kFp8StreamMaxWarps;  // per CTA; the CTA covers 32 * warps weight rows
+  int splits = 1;                  // CTAs over K of the same rows: one cluster
+  int slab = 0;                    // slices of K per split (the last split may have fewer)
+  int64_t row_tiles = 0;           // CTAs over N per group
+  int tokens = 16;                 // token tile (fp8_stream_tokens)
+};
+
+// The streaming kernel applies for 1 <= M <= kFp8StreamMaxTokens, act_group > 0 (the quantized
+// activations are exact in bf16), block_cols a power of two >= 16 (a 16-byte weight chunk never
+// straddles a scale) and K % 16 == 0 (16-byte aligned weight rows). The tiling depends on N, K, G
+// and the SM count only, never on M: a token's result does not depend on the other tokens. It
+// takes the widest CTA (8, 4, then 2 warps) that gives at least one CTA per SM with up to 8 K
+// splits, and the splits that fill the slots of two CTAs per SM best (CTAs / (waves x slots);
+// the fewest splits among equals): small weights get many CTAs, so enough bytes in flight, and
+// no wave is left a quarter full.
+inline Fp8StreamConfig choose_fp8_stream(const Fp8Problem& p, int num_sms) {
+  Fp8StreamConfig c;
+  const bool pow2_cols = p.block_cols >= 16 && (p.block_cols & (p.block_cols - 1)) == 0;
+  if (p.m < 1 || p.m > kFp8StreamMaxTokens || p.act_group <= 0 || !pow2_cols || p.block_rows < 1 ||
+      p.k < 16 || p.k % 16 != 0 || p.n < 1 || p.groups < 1 || p.groups > 65535 || num_sms < 1) {
+    return c;
+  }
+  const int64_t slices = (p.k + kFp8StreamSliceK - 1) / kFp8StreamSliceK;
+  const int64_t max_splits = std::min<int64_t>(kFp8StreamMaxSplits, slices);
+  const int64_t slots = 2 * static_cast<int64_t>(num_sms);
+  int64_t splits = 1;
+  int warps = kFp8StreamMaxWarps;
+  for (;; warps /= 2) {
+    const int64_t rows = static_cast<int64_t>(kFp8StreamRowsPerWarp) * warps;
+    const int64_t tiles = (p.n + rows - 1) / rows * p.groups;
+    // Fill of s splits: ctas / waves (over slots); s beats the best when strictly fuller.
+    int64_t best_ctas = tiles, best_waves = (tiles + slots - 1) / slots;
+    splits = 1;
+    for (int64_t s = 2; s <= max_splits; ++s) {
+      const int64_t ctas = tiles * s;
+      const int64_t waves = (ctas + slots - 1) / slots;
+      if (ctas * best_waves > best_ctas * waves) {
+        best_ctas = ctas;
+        best_waves = waves;
+        splits = s;
+      }
+    }
+    if (tiles * splits >= num_sms || warps == kFp8StreamMinWarps) break;
+  }
+  const int64_t rows = static_cast<int64_t>(kFp8StreamRowsPerWarp) * warps;
+  const int64_t row_tiles = (p.n + rows - 1) / rows;
+  if (row_tiles > 0x7fffffff) return c;
+  c.use = true;
+  c.warps = warps;
+  c.slab = static_cast<int>((slices + splits - 1) / splits);
+  c.splits = static_cast<int>((slices + c.slab - 1) / c.slab);
+  c.row_tiles = row_tiles;
+  c.tokens = fp8_stream_tokens(p.m);
+  return c;
 }
 
 }  // namespace deepinfer::cuda

@@ -1,11 +1,12 @@
 // The launches and helpers of the gemm family that linear.cu composes: the bf16 GEMV and the
-// dense GEMM (linear.cu), and the FP8 paths (gemv_fp8.cu, gemm_fp8.cu; the choice is
-// gemm_fp8_heuristics.h's).
+// dense GEMM (linear.cu), and the FP8 paths (fp8_stream.cu, gemv_fp8.cu, gemm_fp8.cu; the choice
+// is gemm_fp8_heuristics.h's).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/gemm/gemm_fp8_heuristics.h"
@@ -26,9 +27,22 @@ void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const Ge
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
                      float* y, const Fp8Problem& p, const Fp8GemvConfig& c, cudaStream_t stream);
 
-// linear / grouped_linear of a kFp8Block weight on the GEMV or cuBLASLt (gemm_fp8.cu). Returns an
-// undefined tensor when neither applies (or cuBLASLt has no algorithm): the caller falls back to
-// dequantize_fp8 and the dense path.
+// Elements of the bf16 scratch launch_fp8_stream stages the quantized activations in:
+// [G][M][K rounded up to kFp8StreamSliceK].
+size_t fp8_stream_scratch_elements(const Fp8Problem& p);
+
+// y = q(x) . w^T per group by the streaming kernel (fp8_stream.cu), for a config with c.use:
+// w [G N, K] e4m3 (16-byte aligned), w_scales [ceil(G N / block_rows), scale_ld] f32, x [M, G K]
+// f32, quantized per act_group columns into xq (fp8_stream_scratch_elements(p) bf16) first.
+// `pdl`: the streaming kernel is a programmatic dependent launch of the quantization (it starts
+// streaming weights before the activations are staged).
+void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, const float* w_scales,
+                       int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
+                       bool pdl, cudaStream_t stream);
+
+// linear / grouped_linear of a kFp8Block weight on the streaming kernel, the GEMV or cuBLASLt
+// (gemm_fp8.cu). Returns an undefined tensor when neither applies (or cuBLASLt has no algorithm):
+// the caller falls back to dequantize_fp8 and the dense path.
 Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
                   int groups);
 

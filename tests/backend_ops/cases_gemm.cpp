@@ -12,8 +12,9 @@
 // Block-scaled FP8 weights (kFp8Block) are drawn as N(0, 1) values quantized per block to e4m3
 // with a power-of-two scale, as DeepSeek ships them; the CPU reference dequantizes them exactly
 // and quantize-dequantizes x when act_group > 0. The rows cover each CUDA path
-// (cuda/gemm/gemm_fp8_heuristics.h): the FP8 tensor-core GEMV (act_group > 0, M <= 16), cuBLASLt's
-// block-scaled GEMM (128x128 blocks, act_group 128, M > 16) and the bf16 fallback (other blocks,
+// (cuda/gemm/gemm_fp8_heuristics.h): the streaming kernel (act_group > 0, M <= 64; with
+// DEEPINFER_FP8_LINEAR=legacy the FP8 tensor-core GEMV up to M = 16 instead), cuBLASLt's
+// block-scaled GEMM (128x128 blocks, act_group 128, larger M) and the bf16 fallback (other blocks,
 // act_group 0, ragged K), at ragged N and K. Every product of an e4m3 weight and an e4m3
 // activation is exact and every scale a power of two, so the device differs from the reference
 // by the summation only: f32 in the fallback, and on the FP8 tensor cores partial sums of 32-128
@@ -232,22 +233,43 @@ std::vector<OpCase> gemm_cases() {
   add_bf16_unaligned(t, true);
   add_bf16_unaligned(t, false);
 
-  // FP8 block-scaled weights. GEMV (M <= 16, act_group > 0): ragged N and K (K % 16 == 0), the
-  // 16-byte (128x128) and 8-byte (32x32 blocks or act_group 32) steps, grouped, V4-Flash shapes.
+  // FP8 block-scaled weights, M <= 16 with act_group > 0: the streaming kernel (with
+  // DEEPINFER_FP8_LINEAR=legacy the GEMV, whose 16-byte (128x128) and 8-byte (32x32 blocks or
+  // act_group 32) steps these rows cover): ragged N and K (K % 16 == 0), grouped, V4-Flash shapes.
   for (const int64_t m : {1, 3, 16}) {
     add_fp8(t, {{m, 1040, 300, 0}, 128, 128, 128});
     add_fp8(t, {{m, 1040, 300, 0}, 32, 32, 128});
     add_fp8(t, {{m, 1024, 72, 3}, 128, 128, 128});
   }
   add_fp8(t, {{5, 544, 200, 0}, 32, 32, 32});
-  add_fp8(t, {{9, 8192, 100, 0}, 128, 128, 128});  // 8 splits of one slab each
+  add_fp8(t, {{9, 8192, 100, 0}, 128, 128, 128});  // GEMV: 8 splits of one slab each
   for (const int64_t m : {1, 16}) {
     add_fp8(t, {{m, kHidden, 1024, 0}, 128, 128, 128});  // wq_a
     add_fp8(t, {{m, 1024, 32768, 0}, 128, 128, 128});    // wq_b
     add_fp8(t, {{m, kHidden, 1024, 8}, 128, 128, 128});  // wo_a
     add_fp8(t, {{m, 8192, kHidden, 0}, 128, 128, 128});  // wo_b
   }
-  // cuBLASLt (128x128, act_group 128, M > 16): ragged M and N (N % 16 == 0), grouped.
+  // The streaming kernel (fp8_stream.cu; M <= 64, act_group > 0, K % 16 == 0): both token tiles
+  // (16 and 64) and the boundaries (16 | 17, 64 | 65 on cuBLASLt or the fallback), CTAs of 2
+  // warps with 8 K splits (wq_a; grouped with ragged N), 4 warps (wo_b), 8 warps (wo_a, wq_b),
+  // K whose last split has fewer slices (K 1040: 9 slices in 5 splits of 2), a partial single
+  // slice (K 48, 16x16 blocks).
+  // (The rows above cover M = 1, 3, 16 of the first shapes.)
+  for (const int64_t m : {17, 33, 64, 65}) {
+    add_fp8(t, {{m, 1040, 300, 0}, 32, 32, 128});
+    add_fp8(t, {{m, 1024, 72, 3}, 128, 128, 128});
+  }
+  for (const int64_t m : {3, 17, 33, 64, 65}) {
+    add_fp8(t, {{m, kHidden, 1024, 0}, 128, 128, 128});  // wq_a
+  }
+  for (const int64_t m : {1, 3, 16, 17, 33, 64, 65}) {
+    add_fp8(t, {{m, 48, 200, 2}, 16, 16, 16});
+  }
+  add_fp8(t, {{33, 8192, kHidden, 0}, 128, 128, 128});  // wo_b: 4 warps, 8 slices per split
+  add_fp8(t, {{64, kHidden, 1024, 8}, 128, 128, 128});  // wo_a: grouped, 8 warps
+  add_fp8(t, {{40, 1024, 32768, 0}, 128, 128, 128});    // wq_b: 8 warps, 2 splits
+  // cuBLASLt (128x128, act_group 128, M > 64; legacy: M > 16): ragged M and N (N % 16 == 0),
+  // grouped.
   for (const int64_t m : {17, 300, 1024}) {
     add_fp8(t, {{m, 1024, 512, 0}, 128, 128, 128});
     add_fp8(t, {{m, 1536, 400, 0}, 128, 128, 128});

@@ -1,0 +1,151 @@
+// The tiling of the streaming FP8 linear (cuda/gemm/gemm_fp8_heuristics.h: choose_fp8_stream),
+// checked on the host: where it applies, that it never depends on M (a token's result must not
+// depend on the batch), that the K splits cover K with no empty split and fit one portable
+// cluster, and the tilings of the V4-Flash weights on an H200 (132 SMs). Also its staging order
+// (cuda/gemm/fp8_stream_layout.h): a permutation of each slice (fp8_stream.cu checks at compile
+// time that it inverts the decode's slice_input).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cuda/gemm/fp8_stream_layout.h"
+#include "cuda/gemm/gemm_fp8_heuristics.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+constexpr int kH200Sms = 132;
+
+Fp8Problem problem(int64_t m, int64_t n, int64_t k, int64_t groups = 1, int block = 128,
+                   int act_group = 128) {
+  return Fp8Problem{m, n, k, groups, block, block, act_group};
+}
+
+TEST(Fp8StreamHeuristics, AppliesToDecodeSizesWithQuantizedActivations) {
+  EXPECT_TRUE(choose_fp8_stream(problem(1, 1024, 4096), kH200Sms).use);
+  EXPECT_TRUE(choose_fp8_stream(problem(kFp8StreamMaxTokens, 1024, 4096), kH200Sms).use);
+  EXPECT_FALSE(choose_fp8_stream(problem(0, 1024, 4096), kH200Sms).use);
+  EXPECT_FALSE(choose_fp8_stream(problem(kFp8StreamMaxTokens + 1, 1024, 4096), kH200Sms).use);
+  // act_group 0: f32 activations are not exact in bf16.
+  EXPECT_FALSE(choose_fp8_stream(problem(1, 1024, 4096, 1, 128, 0), kH200Sms).use);
+  // K % 16 != 0: weight rows are not 16-byte aligned.
+  EXPECT_FALSE(choose_fp8_stream(problem(1, 1024, 4100), kH200Sms).use);
+  // Scale blocks narrower than a 16-byte chunk, or not a power of two.
+  EXPECT_FALSE(choose_fp8_stream(problem(1, 64, 64, 1, 8, 8), kH200Sms).use);
+  EXPECT_FALSE(choose_fp8_stream(Fp8Problem{1, 64, 96, 1, 48, 48, 48}, kH200Sms).use);
+  EXPECT_TRUE(choose_fp8_stream(problem(1, 64, 32, 1, 16, 16), kH200Sms).use);
+  EXPECT_TRUE(choose_fp8_stream(Fp8Problem{1, 96, 48, 1, 64, 32, 32}, kH200Sms).use);
+}
+
+TEST(Fp8StreamHeuristics, TilingDoesNotDependOnM) {
+  for (const Fp8Problem& base :
+       {problem(1, 1024, 4096), problem(1, 32768, 1024), problem(1, 1024, 4096, 8),
+        problem(1, 300, 1040, 1, 32), problem(1, 72, 1024, 3), problem(1, 200, 48, 2, 16, 16)}) {
+    const Fp8StreamConfig first = choose_fp8_stream(base, kH200Sms);
+    ASSERT_TRUE(first.use);
+    for (int64_t m = 2; m <= kFp8StreamMaxTokens; ++m) {
+      Fp8Problem p = base;
+      p.m = m;
+      const Fp8StreamConfig c = choose_fp8_stream(p, kH200Sms);
+      ASSERT_TRUE(c.use) << m;
+      EXPECT_EQ(c.warps, first.warps) << m;
+      EXPECT_EQ(c.splits, first.splits) << m;
+      EXPECT_EQ(c.slab, first.slab) << m;
+      EXPECT_EQ(c.row_tiles, first.row_tiles) << m;
+      EXPECT_EQ(c.tokens, m <= 16 ? 16 : 64) << m;
+    }
+  }
+}
+
+TEST(Fp8StreamHeuristics, SplitsCoverKInOneCluster) {
+  for (const int sms : {16, 78, 114, 132, 148}) {
+    for (const int64_t n : {1, 16, 72, 300, 512, 1024, 4096, 32768}) {
+      for (const int64_t k : {16, 48, 128, 144, 1040, 2048, 4096, 8192, 16384}) {
+        for (const int64_t groups : {1, 3, 8}) {
+          const Fp8StreamConfig c = choose_fp8_stream(problem(1, n, k, groups), sms);
+          ASSERT_TRUE(c.use);
+          const int64_t slices = (k + kFp8StreamSliceK - 1) / kFp8StreamSliceK;
+          EXPECT_GE(c.splits, 1);
+          EXPECT_LE(c.splits, kFp8StreamMaxSplits);
+          EXPECT_GE(int64_t{c.slab} * c.splits, slices);        // K covered
+          EXPECT_LT(int64_t{c.slab} * (c.splits - 1), slices);  // no empty split
+          EXPECT_TRUE(c.warps == 2 || c.warps == 4 || c.warps == 8);
+          EXPECT_GE(c.row_tiles * kFp8StreamRowsPerWarp * c.warps, n);  // N covered
+          EXPECT_LT((c.row_tiles - 1) * kFp8StreamRowsPerWarp * c.warps, n);
+        }
+      }
+    }
+  }
+}
+
+// The V4-Flash weights on 132 SMs: the widest CTA giving one per SM with up to 8 splits, the
+// fewest splits giving two.
+TEST(Fp8StreamHeuristics, V4FlashShapesOnH200) {
+  struct Expect {
+    int64_t n, k, groups;
+    int warps, splits, slab;
+  };
+  for (const Expect& e : {
+           Expect{1024, 4096, 1, 2, 8, 4},   // wq_a: 16 x 8 = 128 CTAs of 64 rows
+           Expect{32768, 1024, 1, 8, 2, 4},  // wq_b: 128 x 2
+           Expect{512, 4096, 1, 2, 8, 4},    // wkv: 8 x 8 (the smallest CTA)
+           Expect{1024, 4096, 8, 8, 8, 4},   // wo_a: 32 x 8
+           Expect{4096, 8192, 1, 4, 8, 8},   // wo_b: 32 x 8
+           Expect{2048, 4096, 1, 2, 8, 4},   // shared w1 / w3: 32 x 8
+           Expect{4096, 2048, 1, 4, 8, 2},   // shared w2: 32 x 8
+           Expect{8192, 1024, 1, 8, 8, 1},   // indexer wq_b: 32 x 8
+       }) {
+    const Fp8StreamConfig c = choose_fp8_stream(problem(1, e.n, e.k, e.groups), kH200Sms);
+    ASSERT_TRUE(c.use);
+    EXPECT_EQ(c.warps, e.warps) << e.n << "x" << e.k;
+    EXPECT_EQ(c.splits, e.splits) << e.n << "x" << e.k;
+    EXPECT_EQ(c.slab, e.slab) << e.n << "x" << e.k;
+  }
+}
+
+TEST(Fp8StreamHeuristics, SharedMemoryPerTokenTile) {
+  // 16 tokens: 3 slices of 32 KiB of weights and 4.5 KiB of activations at 8 warps.
+  EXPECT_EQ(fp8_stream_smem(8, 16), size_t{3} * (32768 + 16 * 72 * 4));
+  // 64 tokens: 4 slices; the partial tile (64 tokens x 256 rows of f32) fits in the ring.
+  EXPECT_EQ(fp8_stream_smem(8, 64), size_t{4} * (32768 + 64 * 72 * 4));
+  // Smaller CTAs: deeper rings at 16 tokens (5 slices), 3 or 4 at 64.
+  EXPECT_EQ(fp8_stream_smem(2, 16), size_t{5} * (8192 + 16 * 72 * 4));
+  EXPECT_EQ(fp8_stream_smem(4, 64), size_t{3} * (16384 + 64 * 72 * 4));
+  EXPECT_EQ(fp8_stream_smem(2, 64), size_t{4} * (8192 + 64 * 72 * 4));
+  for (const int warps : {2, 4, 8}) {
+    for (const int tokens : {16, 64}) {
+      EXPECT_GE(fp8_stream_smem(warps, tokens), size_t{4} * tokens * kFp8StreamRowsPerWarp * warps);
+    }
+  }
+}
+
+TEST(Fp8StreamLayout, StagedIndexPermutesEachSlice) {
+  for (int64_t slice = 0; slice < 3; ++slice) {
+    std::vector<int> hits(128, 0);
+    for (int64_t k = slice * 128; k < (slice + 1) * 128; ++k) {
+      const int64_t at = fp8_stream_staged_index(k);
+      ASSERT_GE(at, slice * 128);
+      ASSERT_LT(at, (slice + 1) * 128);
+      ++hits[static_cast<size_t>(at - slice * 128)];
+    }
+    for (const int h : hits) EXPECT_EQ(h, 1);
+  }
+  // Lane 0's piece of steps 0 and 1 (the slice's first 8 staged elements): inputs 0, 2 (step 0,
+  // slots 2q, 2q + 1 as one bf16 pair), 1, 3 (slots 2q + 8, + 9), then 4, 6, 5, 7 (step 1).
+  const int64_t expect[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+  for (int64_t k = 0; k < 8; ++k) EXPECT_EQ(fp8_stream_staged_index(expect[k]), k) << k;
+}
+
+TEST(Fp8StreamHeuristics, ParsesTheSwitch) {
+  EXPECT_EQ(parse_fp8_linear(nullptr), Fp8LinearChoice::kStream);
+  EXPECT_EQ(parse_fp8_linear(""), Fp8LinearChoice::kStream);
+  EXPECT_EQ(parse_fp8_linear("stream"), Fp8LinearChoice::kStream);
+  EXPECT_EQ(parse_fp8_linear("stream_pdl"), Fp8LinearChoice::kStreamPdl);
+  EXPECT_EQ(parse_fp8_linear("legacy"), Fp8LinearChoice::kLegacy);
+  EXPECT_EQ(parse_fp8_linear("gemv"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda
