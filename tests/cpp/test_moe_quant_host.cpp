@@ -30,7 +30,7 @@ float e2m1_value(uint32_t c) {
   return (c & 8u) != 0 ? -kMagnitude[c & 7u] : kMagnitude[c & 7u];
 }
 
-TEST(MoeQuantDecode, PairBitsAreEveryNibbleTimes2ToMinus126) {
+TEST(MoeQuantDecodeBits, PairBitsAreEveryNibbleTimes2ToMinus126) {
   std::mt19937 rng(7);
   for (int p = 0; p < 4; ++p) {
     for (uint32_t lo = 0; lo < 16; ++lo) {
