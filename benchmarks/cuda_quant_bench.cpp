@@ -5,8 +5,9 @@
 // bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
 // experts in GB/s at 1, 4 and 16 pairs per expert; for both formats the decode steps of 1 and 64
 // tokens (random top-6 routing) on the bytes of the experts they touch (the "_vs_copy" lines name
-// the kernel that ran and its K splits; DEEPINFER_MOE_QUANT_DECODE=streaming-unsplit, registers
-// or prefill picks another for the decode shape). Each line carries its ratio ("of_roofline").
+// the kernel that ran, the decode steps' also its K splits; DEEPINFER_MOE_QUANT_DECODE=
+// streaming-unsplit, registers or prefill picks another for the decode shape). Each line carries
+// its ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
 #include <cublasLt.h>
