@@ -49,6 +49,12 @@ inline bool score_mma_takes(const IndexerProblem& p) {
          p.heads % kMmaHeadsPerWarp == 0 && kMmaMaxHeads % p.heads == 0;
 }
 
+// Whether indexer_score_wgmma.cu takes the problem (on an sm_90 device): every visible entry of
+// V4 fp8 index keys, 64 heads of kMmaDim channels.
+inline bool score_wgmma_takes(const IndexerProblem& p) {
+  return !p.listed && p.keys == KvFormat::kFp8 && p.dim == kMmaDim && p.heads == kWgmmaHeads;
+}
+
 // Whether the tensor-core kernel may copy fp8 keys in runs of a paged block with 16-byte copies
 // (indexer_score_mma.cu): a run of min(epb, kMmaKeys) records of kMmaDim + 4 bytes starts 16-byte
 // aligned when epb is a multiple of 4; a tile of kMmaKeys keys is whole runs when epb divides
@@ -60,7 +66,8 @@ inline bool score_mma_key_runs(KvFormat keys, int64_t epb, int64_t cache_rows) {
 }
 
 struct IndexerConfig {
-  bool mma;             // tensor-core scores (indexer_score_mma.cu)
+  bool mma;             // tensor-core scores (indexer_score_mma.cu, or the wgmma kernel below)
+  bool wgmma;           // ... fp8 keys on wgmma (indexer_score_wgmma.cu)
   bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
   int64_t cap;        // pairs the select kernel collects: min(top_k, selected)
@@ -100,16 +107,25 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
 }
 
 // `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
-// leaves `mma` false and the caller refuses.
+// leaves `mma` false and the caller refuses. fp8_wgmma: the device runs wgmma (sm_90) and the
+// wgmma kernel is not switched off (indexer_fp8_wgmma, indexer_args.h); then kAuto and kTensorCore
+// score fp8 keys at 64 heads there, kTensorCoreMmaSync (and the mma.sync measurement variants)
+// on indexer_score_mma.cu.
 inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem,
                                     IndexerScoreKernel want = IndexerScoreKernel::kAuto,
-                                    IndexerSelectKernel want_select = IndexerSelectKernel::kAuto) {
+                                    IndexerSelectKernel want_select = IndexerSelectKernel::kAuto,
+                                    bool fp8_wgmma = false) {
   IndexerConfig c{};
-  c.mma = want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
-          score_mma_smem_bytes(p.heads, p.keys) <= max_smem;
+  c.wgmma = fp8_wgmma &&
+            (want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore) &&
+            score_wgmma_takes(p) && score_wgmma_smem_bytes() <= max_smem;
+  c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
+                      score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
-  c.score_smem = c.mma ? score_mma_smem_bytes(p.heads, p.keys) : score_smem_bytes(p.heads, p.dim);
+  c.score_smem = c.wgmma ? score_wgmma_smem_bytes()
+                 : c.mma ? score_mma_smem_bytes(p.heads, p.keys)
+                         : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
@@ -136,11 +152,13 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
       (c.select_splits > 0 ? static_cast<int64_t>(split_select_scratch_bytes(p.selected)) : 0);
   c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / scratch_bytes));
   // Splits per token, at most the tiles of the scored slots. The CUDA-core kernel: enough blocks
-  // for two waves. The tensor-core kernel (two blocks per SM, __launch_bounds__): at most one
-  // wave of blocks, each walking its tiles, so that no second, partial wave doubles the time.
+  // for two waves. The tensor-core kernels (two mma.sync or kWgmmaBlocksPerSm wgmma blocks per
+  // SM, __launch_bounds__): at most one wave of blocks, each walking its tiles, so that no
+  // second, partial wave doubles the time.
   const int64_t tile = c.mma ? kMmaKeys : kScoreKeys;
   const int64_t tiles = (p.scored + tile - 1) / tile;
-  const int64_t blocks = c.mma ? 2 * static_cast<int64_t>(num_sms) / c.group
+  const int64_t per_sm = c.wgmma ? kWgmmaBlocksPerSm : 2;
+  const int64_t blocks = c.mma ? per_sm * static_cast<int64_t>(num_sms) / c.group
                                : (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
   c.splits = std::max<int64_t>(1, std::min({blocks, tiles, int64_t{65535}}));
   return c;

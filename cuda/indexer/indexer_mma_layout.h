@@ -48,4 +48,24 @@ DEEPINFER_HOST_DEVICE constexpr int smem_chunk(int key, int chunk) {
   return chunk ^ ((key & 1) << 2);
 }
 
+// The wgmma kernel over fp8 keys (indexer_score_wgmma.cu): thread (g, c) of a warp holds, for
+// k-step s of wgmma.m64nNk16, the 4-byte word 8c + s of each of its keys' codes, i.e. stored
+// channels 32c + 4s + 2r + e (byte 2r + e of the word); its A registers take them as k =
+// 2c + 8r + e of the step (the low two codes, r = 0, in registers 0 / 1; the high two in 2 / 3).
+// Word 8c + s keeps the 32 lanes' loads on distinct banks for records of 33 words.
+DEEPINFER_HOST_DEVICE constexpr int wgmma_k_of_channel(int ch) {
+  return 16 * ((ch % 32) / 4) + 8 * ((ch % 4) / 2) + 2 * (ch / 32) + ch % 2;
+}
+
+constexpr int kWgmmaCoreBytes = 128;  // a core matrix: 8 rows of 16 bytes
+constexpr int kWgmmaKChunks = 16;     // core matrices along k (128 channels of 8)
+
+// q's B tile for wgmma (f16, K-major, no swizzle): element (k, column) in core matrix
+// (column / 8, k / 8), laid out [column / 8][k / 8], row column % 8 of 16 bytes, element k % 8.
+// A k-step's descriptor then starts at core matrix 2s with a leading byte offset of one core
+// matrix (along k) and a stride byte offset of kWgmmaKChunks core matrices (along the columns).
+DEEPINFER_HOST_DEVICE constexpr int wgmma_q_offset(int k, int column) {
+  return ((column / 8) * kWgmmaKChunks + k / 8) * kWgmmaCoreBytes + (column % 8) * 16 + (k % 8) * 2;
+}
+
 }  // namespace deepinfer::cuda::indexer_mma

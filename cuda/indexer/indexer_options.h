@@ -26,6 +26,10 @@ enum class IndexerScoreKernel {
   // Scores as kTensorCore's. Not the default: on the H200 the runs measured slower at B = 64
   // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1.
   kTensorCoreKeyRuns,
+  // The mma.sync kernel (indexer_score_mma.cu) for every format: for fp8 keys at 64 heads on
+  // sm_90, where kAuto and kTensorCore take the wgmma kernel (indexer_score_wgmma.cu), the
+  // previous kernel, for A/B. Scores as kTensorCore's.
+  kTensorCoreMmaSync,
 };
 
 enum class IndexerSelectKernel {

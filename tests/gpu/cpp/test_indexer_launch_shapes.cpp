@@ -117,6 +117,50 @@ TEST(IndexerLaunchShapes, Fp8KeysCopyInRunsWhereBlocksAlign) {
   }
 }
 
+// fp8 keys at V4's 64 heads take the wgmma kernel where the device allows it, unless the
+// mma.sync kernel (or one of its measurement variants, or the CUDA cores) is forced; its blocks
+// (kWgmmaBlocksPerSm per SM) make at most one wave.
+TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
+  using K = IndexerScoreKernel;
+  for (const int64_t batch : {1, 3, 64}) {
+    for (const int64_t ctx : {4096, 32768, 131072}) {
+      const IndexerProblem p = topk_problem(batch, 64, kDim, kTopK, ctx, KvFormat::kFp8);
+      const std::string what = std::to_string(batch) + " x " + std::to_string(ctx);
+      for (const K want : {K::kAuto, K::kTensorCore}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, true);
+        EXPECT_TRUE(c.wgmma && c.mma) << what;
+        EXPECT_EQ(c.score_smem, score_wgmma_smem_bytes()) << what;
+        EXPECT_GE(c.splits, 1) << what;
+        EXPECT_LE(c.group * c.splits, int64_t{kWgmmaBlocksPerSm} * kH200Sms) << what;
+        EXPECT_LE(c.splits, (ctx + kMmaKeys - 1) / kMmaKeys) << what;
+      }
+      for (const K want : {K::kTensorCoreMmaSync, K::kTensorCoreOnePass, K::kTensorCoreKeyRuns}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, true);
+        EXPECT_TRUE(c.mma && !c.wgmma) << what;
+        EXPECT_EQ(c.score_smem, score_mma_smem_bytes(64, KvFormat::kFp8)) << what;
+      }
+      EXPECT_FALSE(
+          choose_indexer(p, kH200Sms, kH200MaxSmem, K::kCudaCore, IndexerSelectKernel::kAuto, true)
+              .mma);
+      EXPECT_FALSE(choose_indexer(p, kH200Sms, kH200MaxSmem).wgmma) << "off the device's sm_90";
+    }
+  }
+  // Other heads, formats and candidate lists stay on mma.sync or the CUDA cores.
+  for (const int64_t heads : {16, 32}) {
+    EXPECT_FALSE(score_wgmma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kFp8)));
+  }
+  EXPECT_FALSE(score_wgmma_takes(topk_problem(1, 64, kDim, kTopK, 4096, KvFormat::kBf16)));
+  EXPECT_FALSE(score_wgmma_takes(topk_problem(1, 64, kDim, kTopK, 4096, KvFormat::kV41Fp4Index)));
+  EXPECT_FALSE(score_wgmma_takes(topk_problem(1, 64, 64, kTopK, 4096, KvFormat::kFp8)));
+  IndexerProblem listed = topk_problem(1, 64, kDim, kTopK, 4096, KvFormat::kFp8);
+  listed.listed = true;
+  EXPECT_FALSE(score_wgmma_takes(listed));
+  // kWgmmaBlocksPerSm blocks fit an H200 SM's 228 KiB (1 KiB reserved per block).
+  EXPECT_LE(kWgmmaBlocksPerSm * (score_wgmma_smem_bytes() + 1024), size_t{228} * 1024);
+}
+
 TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
   constexpr int64_t kV4Heads = 64;
   auto splits = [](int64_t tokens, int64_t entries, IndexerSelectKernel want) {
