@@ -26,11 +26,10 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
 
 class CudaBackend;
 
-// Whether fp8 index keys are scored on wgmma (indexer_score_wgmma.cu, where it takes the shape):
-// `be`'s device is sm_90 and DEEPINFER_INDEXER_FP8_SCORES (read once per process) is unset or
-// wgmma; mma_sync keeps them on indexer_score_mma.cu, the A/B switch. Throws
-// Error(kInvalidArgument) on any other value.
-bool indexer_fp8_wgmma(const CudaBackend& be);
+// Where the wgmma kernel may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
+// by default where DEEPINFER_INDEXER_FP8_SCORES (read once per process) is wgmma (mma_sync or
+// unset: indexer_score_mma.cu; the A/B switch). Throws Error(kInvalidArgument) on any other value.
+WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
 
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.
 void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& q, int64_t top_k,

@@ -106,21 +106,28 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
   return blocks >= kSplitMinBlocks ? blocks : 0;
 }
 
+// Where the wgmma kernel (indexer_score_wgmma.cu) may score fp8 keys: `device`, the device runs
+// wgmma (sm_90); `by_default`, kAuto and kTensorCore take it where it takes the problem (else
+// only a forced kTensorCoreWgmma does). indexer_wgmma_choice (indexer_args.h) fills it.
+struct WgmmaChoice {
+  bool device = false;
+  bool by_default = false;
+};
+
 // `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
-// leaves `mma` false and the caller refuses. fp8_wgmma: the device runs wgmma (sm_90) and the
-// wgmma kernel is not switched off (indexer_fp8_wgmma, indexer_args.h); then kAuto and kTensorCore
-// score fp8 keys at 64 heads there, kTensorCoreMmaSync (and the mma.sync measurement variants)
-// on indexer_score_mma.cu.
+// leaves `mma` (or, for kTensorCoreWgmma, `wgmma`) false and the caller refuses.
 inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t max_smem,
                                     IndexerScoreKernel want = IndexerScoreKernel::kAuto,
                                     IndexerSelectKernel want_select = IndexerSelectKernel::kAuto,
-                                    bool fp8_wgmma = false) {
+                                    WgmmaChoice wgmma = {}) {
   IndexerConfig c{};
-  c.wgmma = fp8_wgmma &&
-            (want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore) &&
+  const bool auto_tc = want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore;
+  c.wgmma = wgmma.device &&
+            (want == IndexerScoreKernel::kTensorCoreWgmma || (wgmma.by_default && auto_tc)) &&
             score_wgmma_takes(p) && score_wgmma_smem_bytes() <= max_smem;
-  c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && score_mma_takes(p) &&
-                      score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
+  c.mma = c.wgmma ||
+          (want != IndexerScoreKernel::kCudaCore && want != IndexerScoreKernel::kTensorCoreWgmma &&
+           score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
   c.score_smem = c.wgmma ? score_wgmma_smem_bytes()

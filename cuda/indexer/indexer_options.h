@@ -26,10 +26,13 @@ enum class IndexerScoreKernel {
   // Scores as kTensorCore's. Not the default: on the H200 the runs measured slower at B = 64
   // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1.
   kTensorCoreKeyRuns,
-  // The mma.sync kernel (indexer_score_mma.cu) for every format: for fp8 keys at 64 heads on
-  // sm_90, where kAuto and kTensorCore take the wgmma kernel (indexer_score_wgmma.cu), the
-  // previous kernel, for A/B. Scores as kTensorCore's.
+  // The mma.sync kernel (indexer_score_mma.cu) for every format it takes, also where kAuto and
+  // kTensorCore take the wgmma kernel (DEEPINFER_INDEXER_FP8_SCORES=wgmma). Scores as
+  // kTensorCore's.
   kTensorCoreMmaSync,
+  // The wgmma kernel (indexer_score_wgmma.cu): fp8 keys at 64 heads of 128 channels on sm_90
+  // (indexer_wgmma_runs), else kUnsupported. Scores as kTensorCore's.
+  kTensorCoreWgmma,
 };
 
 enum class IndexerSelectKernel {
@@ -50,6 +53,9 @@ struct IndexerRunOptions {
   // group; null: the backend's scratch (then run_scores must be true).
   float* scores = nullptr;
 };
+
+// Whether kTensorCoreWgmma can run on `be`'s device (sm_90).
+bool indexer_wgmma_runs(const CudaBackend& be);
 
 // Whether the binned selection takes a token row of `row` slots at `top_k` on `be`'s device
 // (its keys and pairs fit one block's shared memory); elsewhere a forced kBinned runs kAuto's

@@ -84,21 +84,26 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
                   " bytes of shared memory per block, the device has " + std::to_string(max_smem));
 }
 
-bool indexer_fp8_wgmma(const CudaBackend& be) {
-  static const bool allowed = [] {
+bool indexer_wgmma_runs(const CudaBackend& be) {
+  int major = 0;
+  DEEPINFER_CUDA_CHECK(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device_index()));
+  return major == 9;  // wgmma: sm_90 only (Blackwell has tcgen05 instead)
+}
+
+WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
+  // The wgmma kernel is not the default until an H200 run has checked it against the CPU op
+  // (the op table's kv_fp8_ rows under DEEPINFER_INDEXER_FP8_SCORES=wgmma).
+  static const bool by_default = [] {
     const char* v = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
-    const std::string name = v == nullptr ? "wgmma" : v;
+    const std::string name = v == nullptr ? "mma_sync" : v;
     if (name != "wgmma" && name != "mma_sync") {
       throw Error(ErrorCode::kInvalidArgument,
                   "DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '" + name + "'");
     }
     return name == "wgmma";
   }();
-  if (!allowed) return false;
-  int major = 0;
-  DEEPINFER_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device_index()));
-  return major == 9;  // wgmma: sm_90 only (Blackwell has tcgen05 instead)
+  return {indexer_wgmma_runs(be), by_default};
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
@@ -163,7 +168,13 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   const size_t smem_max = be.max_shared_memory_per_block();
   const IndexerConfig c = choose_indexer(
       topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format), be.num_sms(),
-      smem_max, opt.score_kernel, opt.select_kernel, indexer_fp8_wgmma(be));
+      smem_max, opt.score_kernel, opt.select_kernel, indexer_wgmma_choice(be));
+  if (opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma && !c.wgmma) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": the wgmma scores take fp8 keys of " + std::to_string(kMmaDim) +
+                    " channels and " + std::to_string(kWgmmaHeads) + " heads on sm_90, got q " +
+                    q.describe() + " and keys " + index_cache.describe());
+  }
   const bool forced_mma = opt.score_kernel == IndexerScoreKernel::kTensorCore ||
                           opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass ||
                           opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyRuns ||

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cuda/indexer/indexer_heuristics.h"
 
@@ -117,18 +118,21 @@ TEST(IndexerLaunchShapes, Fp8KeysCopyInRunsWhereBlocksAlign) {
   }
 }
 
-// fp8 keys at V4's 64 heads take the wgmma kernel where the device allows it, unless the
-// mma.sync kernel (or one of its measurement variants, or the CUDA cores) is forced; its blocks
-// (kWgmmaBlocksPerSm per SM) make at most one wave.
+// fp8 keys at V4's 64 heads take the wgmma kernel on an sm_90 device when it is the default
+// (DEEPINFER_INDEXER_FP8_SCORES=wgmma) or forced, unless the mma.sync kernel (or one of its
+// measurement variants, or the CUDA cores) is forced; its blocks (kWgmmaBlocksPerSm per SM) make
+// at most one wave.
 TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
   using K = IndexerScoreKernel;
+  const WgmmaChoice on{true, true}, forced_only{true, false}, off_device{false, true};
   for (const int64_t batch : {1, 3, 64}) {
     for (const int64_t ctx : {4096, 32768, 131072}) {
       const IndexerProblem p = topk_problem(batch, 64, kDim, kTopK, ctx, KvFormat::kFp8);
       const std::string what = std::to_string(batch) + " x " + std::to_string(ctx);
-      for (const K want : {K::kAuto, K::kTensorCore}) {
+      for (const auto& [want, choice] : {std::pair{K::kAuto, on}, std::pair{K::kTensorCore, on},
+                                         std::pair{K::kTensorCoreWgmma, forced_only}}) {
         const IndexerConfig c =
-            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, true);
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
         EXPECT_TRUE(c.wgmma && c.mma) << what;
         EXPECT_EQ(c.score_smem, score_wgmma_smem_bytes()) << what;
         EXPECT_GE(c.splits, 1) << what;
@@ -137,14 +141,21 @@ TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
       }
       for (const K want : {K::kTensorCoreMmaSync, K::kTensorCoreOnePass, K::kTensorCoreKeyRuns}) {
         const IndexerConfig c =
-            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, true);
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, on);
         EXPECT_TRUE(c.mma && !c.wgmma) << what;
         EXPECT_EQ(c.score_smem, score_mma_smem_bytes(64, KvFormat::kFp8)) << what;
       }
       EXPECT_FALSE(
-          choose_indexer(p, kH200Sms, kH200MaxSmem, K::kCudaCore, IndexerSelectKernel::kAuto, true)
+          choose_indexer(p, kH200Sms, kH200MaxSmem, K::kCudaCore, IndexerSelectKernel::kAuto, on)
               .mma);
-      EXPECT_FALSE(choose_indexer(p, kH200Sms, kH200MaxSmem).wgmma) << "off the device's sm_90";
+      // Not the default: kAuto stays on mma.sync. Off sm_90: a forced wgmma takes nothing.
+      const IndexerConfig by_mma = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kAuto,
+                                                  IndexerSelectKernel::kAuto, forced_only);
+      EXPECT_TRUE(by_mma.mma && !by_mma.wgmma) << what;
+      EXPECT_FALSE(choose_indexer(p, kH200Sms, kH200MaxSmem).wgmma) << what;
+      const IndexerConfig off = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kTensorCoreWgmma,
+                                               IndexerSelectKernel::kAuto, off_device);
+      EXPECT_FALSE(off.wgmma || off.mma) << what;
     }
   }
   // Other heads, formats and candidate lists stay on mma.sync or the CUDA cores.
