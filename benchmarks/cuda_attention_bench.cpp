@@ -162,14 +162,17 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
       {IndexerScoreKernel::kTensorCoreKeyRuns, tc + ", fp8 records copied in runs of a block"},
       {IndexerScoreKernel::kTensorCoreMmaSync, tc + ", mma.sync"},
       {IndexerScoreKernel::kTensorCoreWgmma, tc + ", wgmma: each key converted once for 64 heads"},
+      {IndexerScoreKernel::kTensorCoreWgmmaLoE4m3,
+       tc + ", wgmma, q's lo part in e4m3 (below the op's precision)"},
       {IndexerScoreKernel::kCudaCore, cc}};
   for (const auto& [k, label] : kernels) {
     if (k != IndexerScoreKernel::kCudaCore && !tensor_cores) continue;
     const bool fp8_only =
         k == IndexerScoreKernel::kTensorCoreKeyRuns || k == IndexerScoreKernel::kTensorCoreMmaSync;
     if (fp8_only && kv != DType::kU8) continue;
-    if (k == IndexerScoreKernel::kTensorCoreWgmma &&
-        (kv != DType::kU8 || !cuda::indexer_wgmma_runs(cuda_be))) {
+    const bool wgmma = k == IndexerScoreKernel::kTensorCoreWgmma ||
+                       k == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
+    if (wgmma && (kv != DType::kU8 || !cuda::indexer_wgmma_runs(cuda_be))) {
       continue;
     }
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };

@@ -68,6 +68,7 @@ inline bool score_mma_key_runs(KvFormat keys, int64_t epb, int64_t cache_rows) {
 struct IndexerConfig {
   bool mma;             // tensor-core scores (indexer_score_mma.cu, or the wgmma kernel below)
   bool wgmma;           // ... fp8 keys on wgmma (indexer_score_wgmma.cu)
+  bool wgmma_lo_e4m3;   // ... q's lo parts in e4m3 (IndexerScoreKernel::kTensorCoreWgmmaLoE4m3)
   bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
   int64_t cap;        // pairs the select kernel collects: min(top_k, selected)
@@ -122,12 +123,13 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
                                     WgmmaChoice wgmma = {}) {
   IndexerConfig c{};
   const bool auto_tc = want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore;
-  c.wgmma = wgmma.device &&
-            (want == IndexerScoreKernel::kTensorCoreWgmma || (wgmma.by_default && auto_tc)) &&
+  const bool forced_wgmma = want == IndexerScoreKernel::kTensorCoreWgmma ||
+                            want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
+  c.wgmma = wgmma.device && (forced_wgmma || (wgmma.by_default && auto_tc)) &&
             score_wgmma_takes(p) && score_wgmma_smem_bytes() <= max_smem;
-  c.mma = c.wgmma ||
-          (want != IndexerScoreKernel::kCudaCore && want != IndexerScoreKernel::kTensorCoreWgmma &&
-           score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
+  c.wgmma_lo_e4m3 = c.wgmma && want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
+  c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && !forced_wgmma &&
+                      score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
   c.score_smem = c.wgmma ? score_wgmma_smem_bytes()

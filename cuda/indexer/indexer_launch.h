@@ -232,9 +232,10 @@ void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t
 
 // indexer_score_wgmma.cu: the same scores for fp8 keys at 64 heads of kMmaDim channels on sm_90a
 // (score_wgmma_takes), grid (n, splits) over tiles of kMmaKeys; key_runs: records copied in runs
-// of a paged block (where score_mma_key_runs allows), else key by key.
+// of a paged block (where score_mma_key_runs allows), else key by key; lo_e4m3: q's lo parts in
+// e4m3 (measurement only, IndexerScoreKernel::kTensorCoreWgmmaLoE4m3).
 void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                int64_t splits, bool key_runs, cudaStream_t stream);
+                                int64_t splits, bool key_runs, bool lo_e4m3, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

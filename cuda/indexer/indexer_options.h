@@ -33,6 +33,10 @@ enum class IndexerScoreKernel {
   // The wgmma kernel (indexer_score_wgmma.cu): fp8 keys at 64 heads of 128 channels on sm_90
   // (indexer_wgmma_runs), else kUnsupported. Scores as kTensorCore's.
   kTensorCoreWgmma,
+  // kTensorCoreWgmma with q's lo parts in e4m3 (an e4m3 MMA at twice the f16 rate on the codes as
+  // loaded; q to 15 significant bits instead of 22): what an fp8 lo part would save. Measurement
+  // only: its scores are not held to the CPU op's, and kAuto never picks it.
+  kTensorCoreWgmmaLoE4m3,
 };
 
 enum class IndexerSelectKernel {

@@ -50,6 +50,11 @@ constexpr int kKChunks = im::kWgmmaKChunks;
 static_assert(kKChunks * 8 == kMmaDim);
 static_assert(kWgmmaThreads == 128 && kMmaKeys == 64, "one warpgroup, one m64 tile of keys");
 static_assert(kWgmmaQBytes == kCols * kMmaDim * 2);
+// kLoE4m3's tiles: the hi parts (f16) in columns 0 .. 63 of the q tile, the lo parts (e4m3)
+// after them.
+constexpr int kLoTileOffset = kWgmmaHeads * kMmaDim * 2;
+static_assert(kLoTileOffset + kWgmmaHeads * kMmaDim <= kWgmmaQBytes);
+constexpr float kLoE4m3Unit = 32.0f;
 
 // A shared-memory matrix descriptor (no swizzle): start address, leading byte offset (between
 // core matrices along k) and stride byte offset (between core matrices along the columns).
@@ -119,6 +124,56 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint3
 #endif
 }
 
+// d (64 x 64 f32) = a (64 x 16 f16, registers) b (16 x 64 f16, shared) + d when accumulate.
+__device__ __forceinline__ void wgmma_m64n64k16_f16(float* d, const uint32_t (&a)[4], uint64_t b,
+                                                    bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
+      "1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
+// d (64 x 64 f32) = a (64 x 32 e4m3, registers) b (32 x 64 e4m3, shared) + d when accumulate.
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float* d, const uint32_t (&a)[4], uint64_t b,
+                                                     bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
+      "1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
 // An f16x2 register of two e4m3 codes (the low code in the low half): exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
   const __half2_raw h =
@@ -141,7 +196,11 @@ __device__ __forceinline__ float f16_head_scale(float amax) {
 // kMmaKeys keys, kWgmmaStages deep in cp.async (records staged whole: indexer_fp8_records.cuh;
 // kRuns picks the copy). Shared memory (score_wgmma_smem_bytes): q's B tile, the head weights,
 // then per stage the records and mapped flags.
-template <bool kRuns>
+// kLoE4m3 (measurement, IndexerScoreKernel::kTensorCoreWgmmaLoE4m3): q's lo parts times
+// kLoE4m3Unit in e4m3 (|lo| <= 8 after the head scale: at most 256 of e4m3's 448), multiplied
+// with the codes as they are on wgmma.m64n64k32 (twice the f16 rate, no conversion), the hi parts
+// on m64n64k16: 15 significant bits of q instead of 22.
+template <bool kRuns, bool kLoE4m3>
 __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     indexer_score_wgmma_kernel(ScoreArgs a, DeviceLayout l) {
   extern __shared__ float4 smem4[];
@@ -202,7 +261,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
       const __half2 lo = __floats2half2_rn(x0 - hf.x, x1 - hf.y);  // x - hi is exact in f32
       const int k = im::wgmma_k_of_channel(ch0 + i);  // even: k + 1 plays channel ch0 + i + 1
       *reinterpret_cast<__half2*>(q_tile + im::wgmma_q_offset(k, h)) = hi;
-      *reinterpret_cast<__half2*>(q_tile + im::wgmma_q_offset(k, kWgmmaHeads + h)) = lo;
+      if constexpr (kLoE4m3) {
+        const __nv_fp8x2_storage_t lo8 = __nv_cvt_float2_to_fp8x2(
+            make_float2((x0 - hf.x) * kLoE4m3Unit, (x1 - hf.y) * kLoE4m3Unit), __NV_SATFINITE,
+            __NV_E4M3);
+        const int k8 = im::wgmma_k8_of_channel(ch0 + i);  // even, as k
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(q_tile + kLoTileOffset +
+                                                 im::wgmma_q8_offset(k8, h)) = lo8;
+      } else {
+        *reinterpret_cast<__half2*>(q_tile + im::wgmma_q_offset(k, kWgmmaHeads + h)) = lo;
+      }
     }
     // The head's weight with both scales, over its q scale (a power of two: exact).
     if (ch0 == 0) {
@@ -221,6 +289,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     wq[j][1] = v.y;
   }
   const uint64_t q_desc = wgmma_desc(q_tile, kCoreBytes, kKChunks * kCoreBytes);
+  const uint64_t lo_desc =
+      wgmma_desc(q_tile + kLoTileOffset, kCoreBytes, kKChunks / 2 * kCoreBytes);  // kLoE4m3
   float* out = a.scores + static_cast<int64_t>(blockIdx.x) * a.row;
   const int key0 = 16 * warp + lane_g;  // this thread's keys: key0 and key0 + 8
   float acc[64];
@@ -238,10 +308,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     const uint32_t* k1 = reinterpret_cast<const uint32_t*>(tile + (key0 + 8) * kFp8RecordBytes);
     // A fragments: registers 0 / 1 rows key0 / key0 + 8 at k 2c, 2c + 1; 2 / 3 at k 2c + 8, 2c + 9.
     uint32_t frag[kSteps][4];
+    uint32_t words[kSteps][2];  // the codes as loaded: kLoE4m3's A registers
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const uint32_t w0 = k0[8 * lane_c + s];
       const uint32_t w1 = k1[8 * lane_c + s];
+      words[s][0] = w0;
+      words[s][1] = w1;
       frag[s][0] = e4m3x2_to_f16x2(w0);
       frag[s][1] = e4m3x2_to_f16x2(w1);
       frag[s][2] = e4m3x2_to_f16x2(w0 >> 16);
@@ -251,23 +324,40 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     const float ks1 = reinterpret_cast<const float*>(k1)[kMmaDim / 4];
     fence_accumulators(acc);
     wgmma_fence();
+    if constexpr (kLoE4m3) {
+      // hi parts: acc[0, 32) on f16 steps as below; lo parts: acc[32, 64) on e4m3 steps of 32
+      // channels (k rows 32t .. 32t + 31: core matrices 2t, 2t + 1 of the lo tile).
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      // k-step s: B's k rows 16s .. 16s + 15 are core matrices 2s, 2s + 1 along k.
-      wgmma_m64n128k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+      for (int s = 0; s < kSteps; ++s) {
+        wgmma_m64n64k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+      }
+#pragma unroll
+      for (int t = 0; t < kSteps / 2; ++t) {
+        const uint32_t a8[4] = {words[2 * t][0], words[2 * t][1], words[2 * t + 1][0],
+                                words[2 * t + 1][1]};
+        wgmma_m64n64k32_e4m3(acc + 32, a8, lo_desc + ((2 * t * kCoreBytes) >> 4), t > 0);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        // k-step s: B's k rows 16s .. 16s + 15 are core matrices 2s, 2s + 1 along k.
+        wgmma_m64n128k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+      }
     }
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(acc);
     // Epilogue: acc[4j + x] is column 8j + 2c + (x & 1) of key key0 (x < 2) or key0 + 8; columns
-    // 8j + .. (j < 8) are the hi parts of heads 8j + 2c + e, 8(j + 8) + .. their lo parts.
+    // 8j + .. (j < 8) are the hi parts of heads 8j + 2c + e, 8(j + 8) + .. their lo parts (with
+    // kLoE4m3: acc[32 + ..] of the 64 columns of lo parts, times kLoE4m3Unit).
+    constexpr float kLoWeight = kLoE4m3 ? 1.0f / kLoE4m3Unit : 1.0f;
     float p0 = 0.0f, p1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < kWgmmaHeads / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float d0 = acc[4 * j + e] + acc[4 * (j + 8) + e];
-        const float d1 = acc[4 * j + 2 + e] + acc[4 * (j + 8) + 2 + e];
+        const float d0 = acc[4 * j + e] + acc[4 * (j + 8) + e] * kLoWeight;
+        const float d1 = acc[4 * j + 2 + e] + acc[4 * (j + 8) + 2 + e] * kLoWeight;
         p0 += wq[j][e] * fmaxf(d0 * ks0, 0.0f);
         p1 += wq[j][e] * fmaxf(d1 * ks1, 0.0f);
       }
@@ -291,7 +381,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
 }  // namespace
 
 void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                int64_t splits, bool key_runs, cudaStream_t stream) {
+                                int64_t splits, bool key_runs, bool lo_e4m3, cudaStream_t stream) {
   if (a.heads != kWgmmaHeads || a.dim != kMmaDim || a.key.format != KvFormat::kFp8 ||
       a.key.row_bytes != kFp8RecordBytes) {
     throw Error(ErrorCode::kUnsupported,
@@ -303,10 +393,16 @@ void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64
     allow_smem(kernel, smem);
     kernel<<<grid, kWgmmaThreads, smem, stream>>>(a, l);
   };
-  if (key_runs) {
-    launch(indexer_score_wgmma_kernel<true>);
+  if (lo_e4m3) {
+    if (key_runs) {
+      launch(indexer_score_wgmma_kernel<true, true>);
+    } else {
+      launch(indexer_score_wgmma_kernel<false, true>);
+    }
+  } else if (key_runs) {
+    launch(indexer_score_wgmma_kernel<true, false>);
   } else {
-    launch(indexer_score_wgmma_kernel<false>);
+    launch(indexer_score_wgmma_kernel<false, false>);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
 }

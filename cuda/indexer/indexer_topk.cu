@@ -110,7 +110,8 @@ void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const Dev
                            int64_t n, cudaStream_t stream) {
   if (c.wgmma) {
     launch_indexer_score_wgmma(a, l, n, c.splits,
-                               score_mma_key_runs(a.key.format, a.epb, a.cache_rows), stream);
+                               score_mma_key_runs(a.key.format, a.epb, a.cache_rows),
+                               c.wgmma_lo_e4m3, stream);
   } else if (c.mma) {
     const bool key_runs = c.mma_key_runs && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
     launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs, stream);
@@ -169,7 +170,9 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   const IndexerConfig c = choose_indexer(
       topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format), be.num_sms(),
       smem_max, opt.score_kernel, opt.select_kernel, indexer_wgmma_choice(be));
-  if (opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma && !c.wgmma) {
+  if ((opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma ||
+       opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3) &&
+      !c.wgmma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the wgmma scores take fp8 keys of " + std::to_string(kMmaDim) +
                     " channels and " + std::to_string(kWgmmaHeads) + " heads on sm_90, got q " +

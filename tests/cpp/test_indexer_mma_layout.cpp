@@ -214,5 +214,70 @@ TEST(IndexerMmaLayout, WgmmaChannelsAndQTileGiveTheDotProducts) {
     }
 }
 
+// The lo-part variant's e4m3 steps (wgmma.m64n64k32 on the codes as loaded): each thread's A
+// registers are its keys' words 8c + 2t and 8c + 2t + 1 (PTX ISA: registers 0 / 1 rows g / g + 8
+// at k 4c .. 4c + 3, registers 2 / 3 at k 16 + 4c ..), q's lo tile written at wgmma_q8_offset of
+// each channel's k and read back through the K-major canonical layout of 16-byte rows.
+TEST(IndexerMmaLayout, WgmmaE4m3StepsGiveTheDotProducts) {
+  constexpr int kKeys = 64, kCols = 64, kTileBytes = kCols * kDim;
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> dist(-7, 7);
+  std::vector<std::array<int, kDim>> k(kKeys), q(kCols);
+  for (auto& row : k)
+    for (int& x : row) x = dist(rng);
+  for (auto& row : q)
+    for (int& x : row) x = dist(rng);
+  std::set<int> ks;
+  for (int ch = 0; ch < kDim; ++ch) ks.insert(wgmma_k8_of_channel(ch));
+  EXPECT_EQ(ks.size(), size_t{kDim});
+  EXPECT_EQ(*ks.rbegin(), kDim - 1);
+  std::vector<int> tile(kTileBytes, 1 << 30);
+  for (int col = 0; col < kCols; ++col)
+    for (int ch = 0; ch < kDim; ch += 2) {  // the kernel stores channel pairs
+      const int k0 = wgmma_k8_of_channel(ch);
+      EXPECT_EQ(wgmma_k8_of_channel(ch + 1), k0 + 1);
+      const int off = wgmma_q8_offset(k0, col);
+      ASSERT_EQ(off % 2, 0);
+      ASSERT_LT(off + 1, kTileBytes);
+      EXPECT_EQ(tile[size_t(off)], 1 << 30) << "written twice";
+      tile[size_t(off)] = q[size_t(col)][size_t(ch)];
+      tile[size_t(off + 1)] = q[size_t(col)][size_t(ch + 1)];
+    }
+  std::vector<std::array<int64_t, kCols>> acc(kKeys);
+  for (auto& row : acc) row.fill(0);
+  for (int t = 0; t < kDim / 32; ++t) {
+    int A[kKeys][32];
+    for (int w = 0; w < 4; ++w)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int half = 0; half < 2; ++half) {
+          const int key = 16 * w + g + 8 * half;
+          for (int u = 0; u < 2; ++u)
+            for (int byte = 0; byte < 4; ++byte) {
+              const int ch = 4 * (8 * c + 2 * t + u) + byte;
+              const int kk = 16 * u + 4 * c + byte;
+              EXPECT_EQ(32 * t + kk, wgmma_k8_of_channel(ch));
+              A[key][kk] = k[size_t(key)][size_t(ch)];
+            }
+        }
+      }
+    const int start = 2 * t * kWgmmaCoreBytes, lead = kWgmmaCoreBytes,
+              stride = kWgmmaKChunks / 2 * kWgmmaCoreBytes;
+    for (int m = 0; m < kKeys; ++m)
+      for (int n = 0; n < kCols; ++n)
+        for (int kk = 0; kk < 32; ++kk) {
+          const int off = start + (n / 8) * stride + (n % 8) * 16 + (kk / 16) * lead + kk % 16;
+          acc[size_t(m)][size_t(n)] += int64_t{A[m][kk]} * tile[size_t(off)];
+        }
+  }
+  for (int m = 0; m < kKeys; ++m)
+    for (int n = 0; n < kCols; ++n) {
+      int64_t want = 0;
+      for (int ch = 0; ch < kDim; ++ch)
+        want += int64_t{q[size_t(n)][size_t(ch)]} * k[size_t(m)][size_t(ch)];
+      EXPECT_EQ(acc[size_t(m)][size_t(n)], want) << "key " << m << " column " << n;
+    }
+}
+
 }  // namespace
 }  // namespace deepinfer::cuda::indexer_mma

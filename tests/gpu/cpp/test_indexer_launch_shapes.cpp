@@ -133,7 +133,7 @@ TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
                                          std::pair{K::kTensorCoreWgmma, forced_only}}) {
         const IndexerConfig c =
             choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
-        EXPECT_TRUE(c.wgmma && c.mma) << what;
+        EXPECT_TRUE(c.wgmma && c.mma && !c.wgmma_lo_e4m3) << what;
         EXPECT_EQ(c.score_smem, score_wgmma_smem_bytes()) << what;
         EXPECT_GE(c.splits, 1) << what;
         EXPECT_LE(c.group * c.splits, int64_t{kWgmmaBlocksPerSm} * kH200Sms) << what;
@@ -148,6 +148,10 @@ TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
       EXPECT_FALSE(
           choose_indexer(p, kH200Sms, kH200MaxSmem, K::kCudaCore, IndexerSelectKernel::kAuto, on)
               .mma);
+      // The lo-e4m3 measurement variant only when forced.
+      const IndexerConfig lo8 = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kTensorCoreWgmmaLoE4m3,
+                                               IndexerSelectKernel::kAuto, forced_only);
+      EXPECT_TRUE(lo8.wgmma && lo8.wgmma_lo_e4m3 && lo8.mma) << what;
       // Not the default: kAuto stays on mma.sync. Off sm_90: a forced wgmma takes nothing.
       const IndexerConfig by_mma = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kAuto,
                                                   IndexerSelectKernel::kAuto, forced_only);

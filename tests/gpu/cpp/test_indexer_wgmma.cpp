@@ -5,8 +5,10 @@
 // contexts end mid-block, and a prefill chunk. Both kernels split q the same way (f16 hi + lo
 // after the same power-of-two head scale) and keep exact products, so integer inputs (the op
 // table's exact rows) give bit-identical scores and the same top-k; random floats differ by
-// summation order only. Their agreement with the CPU op is the op table's (kv_fp8_wgmma_ rows,
-// run with DEEPINFER_INDEXER_FP8_SCORES=wgmma). Skips without a GPU or off sm_90.
+// summation order only. The measurement variant with q's lo parts in e4m3 is checked too (exact
+// on integers, within its 15 bits on floats). Their agreement with the CPU op is the op table's
+// (kv_fp8_wgmma_ rows, run with DEEPINFER_INDEXER_FP8_SCORES=wgmma). Skips without a GPU or off
+// sm_90.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
@@ -95,23 +98,30 @@ TEST(IndexerWgmma, ScoresMatchTheMmaSyncKernel) {
                                                 sscale, wscale, opt));
     };
     const Tensor want = scores_of(K::kTensorCoreMmaSync);
-    const Tensor got = scores_of(K::kTensorCoreWgmma);
-    const float* wp = want.data<float>();
-    const float* gp = got.data<float>();
-    int64_t checked = 0;
-    for (int64_t t = 0; t < tokens; ++t) {
-      const int64_t visible = std::min<int64_t>((in.hb.positions[size_t(t)] + 1) / c.ratio, bound);
-      for (int64_t j = 0; j < visible; ++j) {
-        const float a = wp[t * bound + j], b = gp[t * bound + j];
-        if (wc.integers) {
-          ASSERT_EQ(a, b) << "token " << t << " entry " << j;
-        } else {
-          ASSERT_NEAR(a, b, 1e-5 * (1.0 + std::fabs(a))) << "token " << t << " entry " << j;
+    // The lo-e4m3 variant (q to 15 significant bits): integer q has no lo part, so it is exact
+    // there too; random floats within 2^-15 of each product's size, at most 2.4e-4 here.
+    for (const auto& [kernel, tol] :
+         {std::pair{K::kTensorCoreWgmma, 1e-5}, std::pair{K::kTensorCoreWgmmaLoE4m3, 5e-4}}) {
+      SCOPED_TRACE(kernel == K::kTensorCoreWgmma ? "wgmma" : "wgmma, lo in e4m3");
+      const Tensor got = scores_of(kernel);
+      const float* wp = want.data<float>();
+      const float* gp = got.data<float>();
+      int64_t checked = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        const int64_t visible =
+            std::min<int64_t>((in.hb.positions[size_t(t)] + 1) / c.ratio, bound);
+        for (int64_t j = 0; j < visible; ++j) {
+          const float a = wp[t * bound + j], b = gp[t * bound + j];
+          if (wc.integers) {
+            ASSERT_EQ(a, b) << "token " << t << " entry " << j;
+          } else {
+            ASSERT_NEAR(a, b, tol * (1.0 + std::fabs(a))) << "token " << t << " entry " << j;
+          }
+          ++checked;
         }
-        ++checked;
       }
+      EXPECT_GT(checked, 0);
     }
-    EXPECT_GT(checked, 0);
     if (wc.integers) {
       const Tensor ia = top_k_of(K::kTensorCoreMmaSync), ib = top_k_of(K::kTensorCoreWgmma);
       for (int64_t i = 0; i < ia.numel(); ++i) {
