@@ -18,34 +18,35 @@ constexpr int kFp8RecordBytes = kMmaDim + 4;
 // Copies tile keys j0 .. j0 + kMmaKeys - 1 of sequence b as fp8 records into `records` with
 // 16-byte cp.async, and sets mapped[n] (whether key n is visible and mapped). The tile is cut
 // into runs of min(epb, kMmaKeys) keys, each inside one paged block, so each run's records are
-// contiguous in the cache; a run and its first record start 16-byte aligned (score_mma_key_runs:
-// epb and the cache's rows are multiples of 4). A run copies its visible, mapped prefix, rounded
-// up to whole 16-byte pieces: the rounding reads at most into the run's next record, inside the
-// cache. Any block size of at least kMmaKeys threads.
+// contiguous in the cache (rows row0, row0 + 1, ...: key n of a run is mapped when row0 is and
+// row0 + n is inside the cache); a run and its first record start 16-byte aligned
+// (score_mma_key_runs: epb and the cache's rows are multiples of 4). A run copies its visible,
+// mapped prefix, rounded up to whole 16-byte pieces: the rounding reads at most into the run's
+// next record, inside the cache. Every thread looks up each run's row (one block-table read, the
+// same for all), so that the pieces need no index math. Any block size of at least
+// min(epb, kMmaKeys) threads.
 __device__ __forceinline__ void issue_fp8_record_runs(const ScoreArgs& a, const DeviceLayout& l,
                                                       int b, int64_t j0, int64_t visible,
                                                       uint8_t* records, int* mapped) {
   constexpr int kPieceBytes = 16;
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = static_cast<int>(blockDim.x);
-  if (tid < kMmaKeys) {
-    const int64_t j = j0 + tid;
-    mapped[tid] = j < visible && entry_row(l, b, j, a.epb, a.cache_rows) >= 0;
-  }
   const int run_keys = min(a.epb, kMmaKeys);
-  const int run_pieces = run_keys * kFp8RecordBytes / kPieceBytes;
-  const int pieces = kMmaKeys / run_keys * run_pieces;
-  for (int p = tid; p < pieces; p += threads) {
-    const int run = p / run_pieces;
-    const int piece = p % run_pieces;
+  for (int run = 0; run < kMmaKeys / run_keys; ++run) {
     const int64_t j = j0 + static_cast<int64_t>(run) * run_keys;
     const int64_t row0 = j < visible ? entry_row(l, b, j, a.epb, a.cache_rows) : -1;
-    if (row0 < 0) continue;
-    // Keys of the run that are visible and inside the cache (rows of a run are consecutive).
-    const int64_t keys = min(min(visible - j, static_cast<int64_t>(run_keys)), a.cache_rows - row0);
-    if (static_cast<int64_t>(piece) * kPieceBytes >= keys * kFp8RecordBytes) continue;
-    cp_async_16(records + (run * run_keys) * kFp8RecordBytes + piece * kPieceBytes,
-                a.cache + row0 * kFp8RecordBytes + piece * kPieceBytes);
+    // Keys of the run that are visible and inside the cache.
+    const int keys = row0 < 0
+                         ? 0
+                         : static_cast<int>(min(min(visible - j, static_cast<int64_t>(run_keys)),
+                                                a.cache_rows - row0));
+    if (tid < run_keys) mapped[run * run_keys + tid] = tid < keys;
+    if (keys == 0) continue;  // uniform over the block
+    const uint8_t* src = a.cache + row0 * kFp8RecordBytes;
+    uint8_t* dst = records + run * run_keys * kFp8RecordBytes;
+    for (int piece = tid; piece * kPieceBytes < keys * kFp8RecordBytes; piece += threads) {
+      cp_async_16(dst + piece * kPieceBytes, src + piece * kPieceBytes);
+    }
   }
 }
 
