@@ -24,7 +24,8 @@ enum class IndexerScoreKernel {
   // kTensorCore with fp8 keys copied in runs of a paged block (16-byte copies) where
   // score_mma_key_runs allows, instead of key by key (33 four-byte copies per 132-byte record).
   // Scores as kTensorCore's. Not the default: on the H200 the runs measured slower at B = 64
-  // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1.
+  // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1, when every
+  // 16-byte piece still looked up its row (now each run does, once).
   kTensorCoreKeyRuns,
   // The mma.sync kernel (indexer_score_mma.cu) for every format it takes, also where kAuto and
   // kTensorCore take the wgmma kernel (DEEPINFER_INDEXER_FP8_SCORES=wgmma). Scores as
