@@ -96,9 +96,10 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 //  - indexer_topk: the op as the backend runs it (its scoring kernel named), plain and in a
 //    graph; for bf16 / fp8 / V4.1 FP4 keys also with the f32 CUDA-core scores (graph), the A/B
 //    pair; and with each selection kernel forced (graph): binned, one block, split;
-//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys, the
-//    tensor-core one with q in one part (what the op's second MMA costs) and, for fp8 keys,
-//    with the records copied in runs of a block (the default copies them key by key);
+//  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys: the
+//    tensor-core one as the op picks it (fp8 keys at 64 heads: wgmma on sm_90), the mma.sync one
+//    with q in one part (what the op's second MMA costs) and, for fp8 keys, the mma.sync one with
+//    the records copied in runs of a block and as it stands (the previous fp8 kernel: the A/B);
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
@@ -159,10 +160,21 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
       {IndexerScoreKernel::kTensorCore, tc},
       {IndexerScoreKernel::kTensorCoreOnePass, tc + ", q in one part (below the op's precision)"},
       {IndexerScoreKernel::kTensorCoreKeyRuns, tc + ", fp8 records copied in runs of a block"},
+      {IndexerScoreKernel::kTensorCoreMmaSync, tc + ", mma.sync"},
+      {IndexerScoreKernel::kTensorCoreWgmma, tc + ", wgmma: each key converted once for 64 heads"},
+      {IndexerScoreKernel::kTensorCoreWgmmaLoE4m3,
+       tc + ", wgmma, q's lo part in e4m3 (below the op's precision)"},
       {IndexerScoreKernel::kCudaCore, cc}};
   for (const auto& [k, label] : kernels) {
     if (k != IndexerScoreKernel::kCudaCore && !tensor_cores) continue;
-    if (k == IndexerScoreKernel::kTensorCoreKeyRuns && kv != DType::kU8) continue;
+    const bool fp8_only =
+        k == IndexerScoreKernel::kTensorCoreKeyRuns || k == IndexerScoreKernel::kTensorCoreMmaSync;
+    if (fp8_only && kv != DType::kU8) continue;
+    const bool wgmma = k == IndexerScoreKernel::kTensorCoreWgmma ||
+                       k == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
+    if (wgmma && (kv != DType::kU8 || !cuda::indexer_wgmma_runs(cuda_be))) {
+      continue;
+    }
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
     emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
          flops);

@@ -24,11 +24,16 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
                              const Tensor& index_cache, const BatchLayout& layout, int ratio,
                              float score_scale, float weight_scale);
 
+class CudaBackend;
+
+// Where the wgmma kernel may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
+// by default where DEEPINFER_INDEXER_FP8_SCORES (read once per process) is wgmma (mma_sync or
+// unset: indexer_score_mma.cu; the A/B switch). Throws Error(kInvalidArgument) on any other value.
+WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
+
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.
 void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& q, int64_t top_k,
                           size_t max_smem);
-
-class CudaBackend;
 
 // The split selection's scratch for one group (empty when `c` selects with one block per token).
 struct SelectScratch {

@@ -56,7 +56,8 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
                          sa.key.format,
                          /*listed=*/false};
   const size_t smem_max = max_shared_memory_per_block();
-  const IndexerConfig c = choose_indexer(p, num_sms(), smem_max);
+  const IndexerConfig c = choose_indexer(p, num_sms(), smem_max, IndexerScoreKernel::kAuto,
+                                         IndexerSelectKernel::kAuto, indexer_wgmma_choice(*this));
   require_indexer_fits(op, c, q, top_blocks, smem_max);
 
   Tensor scores = scratch(static_cast<size_t>(c.group * bound) * sizeof(float));

@@ -96,6 +96,22 @@ inline size_t score_mma_smem_bytes(int64_t heads, KvFormat format) {
                              heads / kMmaHeadsPerWarp * kMmaKeys * sizeof(float));
 }
 
+// The wgmma scoring kernel over fp8 index keys (indexer_score_wgmma.cu, sm_90a): one warpgroup
+// per block scores tiles of kMmaKeys keys against all kWgmmaHeads heads, kWgmmaStages tiles in
+// flight, kWgmmaBlocksPerSm blocks per SM.
+constexpr int kWgmmaThreads = 128;
+constexpr int kWgmmaHeads = 64;
+constexpr int kWgmmaStages = 4;
+constexpr int kWgmmaBlocksPerSm = 3;
+constexpr int kWgmmaQBytes = 2 * kWgmmaHeads * kMmaDim * 2;  // q's hi and lo parts in f16
+
+// Its shared memory: q's tile, the head weights, per stage kMmaKeys records of kMmaDim + 4 bytes
+// and their mapped flags.
+inline size_t score_wgmma_smem_bytes() {
+  return static_cast<size_t>(kWgmmaQBytes) + kWgmmaHeads * sizeof(float) +
+         static_cast<size_t>(kWgmmaStages) * kMmaKeys * (kMmaDim + 4 + sizeof(int));
+}
+
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
 // visible entries grouped by `per_slot` (1: entries; block_entries: the blocks of
 // indexer_candidates, scored by their max). Outputs are the slots' entries (slot_entry).
@@ -213,6 +229,13 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
 // score_mma_key_runs allows), else key by key.
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
                               size_t smem, bool q_one_part, bool key_runs, cudaStream_t stream);
+
+// indexer_score_wgmma.cu: the same scores for fp8 keys at 64 heads of kMmaDim channels on sm_90a
+// (score_wgmma_takes), grid (n, splits) over tiles of kMmaKeys; key_runs: records copied in runs
+// of a paged block (where score_mma_key_runs allows), else key by key; lo_e4m3: q's lo parts in
+// e4m3 (measurement only, IndexerScoreKernel::kTensorCoreWgmmaLoE4m3).
+void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
+                                int64_t splits, bool key_runs, bool lo_e4m3, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

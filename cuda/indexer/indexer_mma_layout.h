@@ -48,4 +48,40 @@ DEEPINFER_HOST_DEVICE constexpr int smem_chunk(int key, int chunk) {
   return chunk ^ ((key & 1) << 2);
 }
 
+// The wgmma kernel over fp8 keys (indexer_score_wgmma.cu): thread (g, c) of a warp holds, for
+// k-step s of wgmma.m64nNk16, the 4-byte word 8c + s of each of its keys' codes, i.e. stored
+// channels 32c + 4s + 2r + e (byte 2r + e of the word); its A registers take them as k =
+// 2c + 8r + e of the step (the low two codes, r = 0, in registers 0 / 1; the high two in 2 / 3).
+// Word 8c + s keeps the 32 lanes' loads on distinct banks for records of 33 words.
+DEEPINFER_HOST_DEVICE constexpr int wgmma_k_of_channel(int ch) {
+  return 16 * ((ch % 32) / 4) + 8 * ((ch % 4) / 2) + 2 * (ch / 32) + ch % 2;
+}
+
+// The same words as the A registers of wgmma.m64nNk32 on e4m3 codes (the kernel's lo-part
+// variant): for k-step t (32 channels) thread (g, c) hands over words 8c + 2t (registers 0 / 1,
+// k = 4c .. 4c + 3) and 8c + 2t + 1 (registers 2 / 3, k = 16 + 4c ..), so stored channel
+// ch = 32c + 4s + b (s = 2t + u) plays k = 16u + 4c + b of step t.
+DEEPINFER_HOST_DEVICE constexpr int wgmma_k8_of_channel(int ch) {
+  return 32 * ((ch % 32) / 8) + 16 * ((ch % 8) / 4) + 4 * (ch / 32) + ch % 4;
+}
+
+constexpr int kWgmmaCoreBytes = 128;  // a core matrix: 8 rows of 16 bytes
+constexpr int kWgmmaKChunks = 16;     // core matrices along k (128 channels of 8)
+
+// q's B tile for wgmma (f16, K-major, no swizzle): element (k, column) in core matrix
+// (column / 8, k / 8), laid out [column / 8][k / 8], row column % 8 of 16 bytes, element k % 8.
+// A k-step's descriptor then starts at core matrix 2s with a leading byte offset of one core
+// matrix (along k) and a stride byte offset of kWgmmaKChunks core matrices (along the columns).
+DEEPINFER_HOST_DEVICE constexpr int wgmma_q_offset(int k, int column) {
+  return ((column / 8) * kWgmmaKChunks + k / 8) * kWgmmaCoreBytes + (column % 8) * 16 + (k % 8) * 2;
+}
+
+// q's lo parts in e4m3 for the k32 steps: element (k, column) in core matrix (column / 8, k / 16)
+// of 8 columns x 16 k, laid out [column / 8][k / 16]: leading byte offset one core matrix, stride
+// byte offset kWgmmaKChunks / 2 of them.
+DEEPINFER_HOST_DEVICE constexpr int wgmma_q8_offset(int k, int column) {
+  return ((column / 8) * (kWgmmaKChunks / 2) + k / 16) * kWgmmaCoreBytes + (column % 8) * 16 +
+         k % 16;
+}
+
 }  // namespace deepinfer::cuda::indexer_mma

@@ -24,8 +24,20 @@ enum class IndexerScoreKernel {
   // kTensorCore with fp8 keys copied in runs of a paged block (16-byte copies) where
   // score_mma_key_runs allows, instead of key by key (33 four-byte copies per 132-byte record).
   // Scores as kTensorCore's. Not the default: on the H200 the runs measured slower at B = 64
-  // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1.
+  // (130 vs 116 us at 32K context, 488 vs 426 us at 128K) and no faster at B = 1, when every
+  // 16-byte piece still looked up its row (now each run does, once).
   kTensorCoreKeyRuns,
+  // The mma.sync kernel (indexer_score_mma.cu) for every format it takes, also where kAuto and
+  // kTensorCore take the wgmma kernel (DEEPINFER_INDEXER_FP8_SCORES=wgmma). Scores as
+  // kTensorCore's.
+  kTensorCoreMmaSync,
+  // The wgmma kernel (indexer_score_wgmma.cu): fp8 keys at 64 heads of 128 channels on sm_90
+  // (indexer_wgmma_runs), else kUnsupported. Scores as kTensorCore's.
+  kTensorCoreWgmma,
+  // kTensorCoreWgmma with q's lo parts in e4m3 (an e4m3 MMA at twice the f16 rate on the codes as
+  // loaded; q to 15 significant bits instead of 22): what an fp8 lo part would save. Measurement
+  // only: its scores are not held to the CPU op's, and kAuto never picks it.
+  kTensorCoreWgmmaLoE4m3,
 };
 
 enum class IndexerSelectKernel {
@@ -46,6 +58,9 @@ struct IndexerRunOptions {
   // group; null: the backend's scratch (then run_scores must be true).
   float* scores = nullptr;
 };
+
+// Whether kTensorCoreWgmma can run on `be`'s device (sm_90).
+bool indexer_wgmma_runs(const CudaBackend& be);
 
 // Whether the binned selection takes a token row of `row` slots at `top_k` on `be`'s device
 // (its keys and pairs fit one block's shared memory); elsewhere a forced kBinned runs kAuto's

@@ -37,6 +37,7 @@
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
+#include "cuda/indexer/indexer_fp8_records.cuh"
 #include "cuda/indexer/indexer_launch.h"
 #include "cuda/indexer/indexer_mma_layout.h"
 
@@ -91,7 +92,7 @@ constexpr float kFp4KeyUnit = 16384.0f;
 // fp8 keys staged in runs (score_mma_key_runs): a tile's records as the cache stores them, 132
 // bytes each (channels, then the f32 scale), so that whole runs of a paged block copy in 16-byte
 // pieces. A stage of records takes the bytes of a stage of swizzled rows and their scales.
-constexpr int kRecordBytes = kMmaDim + 4;
+constexpr int kRecordBytes = kFp8RecordBytes;
 static_assert(kRecordBytes == MmaKeys<KvFormat::kFp8>::kRowBytes + sizeof(float));
 
 // Two floats as f16x2 (round to nearest even), the first in the low half.
@@ -221,42 +222,9 @@ __device__ __forceinline__ void issue_key_tile(const ScoreArgs& a, const DeviceL
   }
 }
 
-// Copies tile keys j0 .. j0 + kMmaKeys - 1 of sequence b as fp8 records into `records` (key n
-// at byte kRecordBytes n) with 16-byte cp.async, and sets mapped[n]. The tile is cut into runs of
-// min(epb, kMmaKeys) keys, each inside one paged block, so each run's records are contiguous in
-// the cache; a run and its first record start 16-byte aligned (score_mma_key_runs: epb and the
-// cache's rows are multiples of 4). A run copies its visible, mapped prefix, rounded up to whole
-// 16-byte pieces: the rounding reads at most into the run's next record, inside the cache.
-__device__ __forceinline__ void issue_key_runs(const ScoreArgs& a, const DeviceLayout& l, int b,
-                                               int64_t j0, int64_t visible, uint8_t* records,
-                                               int* mapped) {
-  constexpr int kPieceBytes = 16;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int threads = static_cast<int>(blockDim.x);
-  if (tid < kMmaKeys) {
-    const int64_t j = j0 + tid;
-    mapped[tid] = j < visible && entry_row(l, b, j, a.epb, a.cache_rows) >= 0;
-  }
-  const int run_keys = min(a.epb, kMmaKeys);
-  const int run_pieces = run_keys * kRecordBytes / kPieceBytes;
-  const int pieces = kMmaKeys / run_keys * run_pieces;
-  for (int p = tid; p < pieces; p += threads) {
-    const int run = p / run_pieces;
-    const int piece = p % run_pieces;
-    const int64_t j = j0 + static_cast<int64_t>(run) * run_keys;
-    const int64_t row0 = j < visible ? entry_row(l, b, j, a.epb, a.cache_rows) : -1;
-    if (row0 < 0) continue;
-    // Keys of the run that are visible and inside the cache (rows of a run are consecutive).
-    const int64_t keys = min(min(visible - j, static_cast<int64_t>(run_keys)), a.cache_rows - row0);
-    if (static_cast<int64_t>(piece) * kPieceBytes >= keys * kRecordBytes) continue;
-    cp_async_16(records + (run * run_keys) * kRecordBytes + piece * kPieceBytes,
-                a.cache + row0 * kRecordBytes + piece * kPieceBytes);
-  }
-}
-
-// acc[nt] += q . k over the warp's n-tiles of fp8 records staged by issue_key_runs: lane c reads
-// words u of chunks c, 4 + c, ... of its key's channels (the channel order of the swizzled rows,
-// indexer_mma_layout.h) with 4-byte loads, the records being only 4-byte aligned.
+// acc[nt] += q . k over the warp's n-tiles of fp8 records staged by issue_fp8_record_runs: lane c
+// reads words u of chunks c, 4 + c, ... of its key's channels (the channel order of the swizzled
+// rows, indexer_mma_layout.h) with 4-byte loads, the records being only 4-byte aligned.
 template <int kQParts>
 __device__ __forceinline__ void score_record_tile(const uint8_t* records, int key0, int lane_g,
                                                   int lane_c, const QueryFragments& q,
@@ -369,7 +337,7 @@ __device__ __forceinline__ void score_fp4_tile(const uint8_t* keys, int key0, in
 
 // kQParts 2 is the op's kernel; 1 (q rounded once to the MMA input: 8 significant bits for bf16
 // keys, 11 for fp8 and FP4) only measures what the second MMA costs (IndexerScoreKernel).
-// kRuns: fp8 records staged in runs (issue_key_runs), else key by key (issue_key_tile).
+// kRuns: fp8 records staged in runs (issue_fp8_record_runs), else key by key (issue_key_tile).
 template <KvFormat F, int kQParts, bool kRuns>
 __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroups * 32, 2)
     indexer_score_mma_kernel(ScoreArgs a, DeviceLayout l) {
@@ -403,8 +371,8 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
   auto issue = [&](int64_t i) {
     const int st = static_cast<int>(i % kMmaStages);
     if constexpr (kRuns) {
-      issue_key_runs(a, l, b, tile_first(i), visible, keys + st * kMmaKeys * kRecordBytes,
-                     mapped + st * kMmaKeys);
+      issue_fp8_record_runs(a, l, b, tile_first(i), visible, keys + st * kMmaKeys * kRecordBytes,
+                            mapped + st * kMmaKeys);
     } else {
       issue_key_tile<F>(a, l, b, tile_first(i), visible, keys + st * kMmaKeys * K::kRowBytes,
                         scales + st * kMmaKeys, mapped + st * kMmaKeys);

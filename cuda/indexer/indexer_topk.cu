@@ -11,7 +11,8 @@
 //
 // indexer_topk runs two kernels per group of tokens (indexer_heuristics.h sizes the groups so
 // that the scratch stays under kScoreScratchBytes):
-//  1. indexer_score_mma.cu or indexer_score.cu, grid (token, split): score[t][j] of every
+//  1. indexer_score_wgmma.cu (fp8 keys at 64 heads on sm_90), indexer_score_mma.cu or
+//     indexer_score.cu, grid (token, split): score[t][j] of every
 //     visible entry j into a scratch row of `bound` = max_blocks_per_seq * epb floats.
 //  2. indexer_select_binned.cu where a row fits one block's shared memory: one wide block per
 //     token, a histogram of the keys' top bits, then a radix select over the threshold bin's
@@ -26,6 +27,7 @@
 //  - an entry whose block is negative or maps past the cache is scored -inf (it ranks last).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
@@ -82,9 +84,35 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
                   " bytes of shared memory per block, the device has " + std::to_string(max_smem));
 }
 
+bool indexer_wgmma_runs(const CudaBackend& be) {
+  int major = 0;
+  DEEPINFER_CUDA_CHECK(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device_index()));
+  return major == 9;  // wgmma: sm_90 only (Blackwell has tcgen05 instead)
+}
+
+WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
+  // The wgmma kernel is not the default until an H200 run has checked it against the CPU op
+  // (the op table's kv_fp8_ rows under DEEPINFER_INDEXER_FP8_SCORES=wgmma).
+  static const bool by_default = [] {
+    const char* v = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
+    const std::string name = v == nullptr ? "mma_sync" : v;
+    if (name != "wgmma" && name != "mma_sync") {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '" + name + "'");
+    }
+    return name == "wgmma";
+  }();
+  return {indexer_wgmma_runs(be), by_default};
+}
+
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, cudaStream_t stream) {
-  if (c.mma) {
+  if (c.wgmma) {
+    launch_indexer_score_wgmma(a, l, n, c.splits,
+                               score_mma_key_runs(a.key.format, a.epb, a.cache_rows),
+                               c.wgmma_lo_e4m3, stream);
+  } else if (c.mma) {
     const bool key_runs = c.mma_key_runs && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
     launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs, stream);
   } else {
@@ -139,12 +167,21 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   ScoreArgs sa =
       indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
   const size_t smem_max = be.max_shared_memory_per_block();
-  const IndexerConfig c =
-      choose_indexer(topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format),
-                     be.num_sms(), smem_max, opt.score_kernel, opt.select_kernel);
+  const IndexerConfig c = choose_indexer(
+      topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format), be.num_sms(),
+      smem_max, opt.score_kernel, opt.select_kernel, indexer_wgmma_choice(be));
+  if ((opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma ||
+       opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3) &&
+      !c.wgmma) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": the wgmma scores take fp8 keys of " + std::to_string(kMmaDim) +
+                    " channels and " + std::to_string(kWgmmaHeads) + " heads on sm_90, got q " +
+                    q.describe() + " and keys " + index_cache.describe());
+  }
   const bool forced_mma = opt.score_kernel == IndexerScoreKernel::kTensorCore ||
                           opt.score_kernel == IndexerScoreKernel::kTensorCoreOnePass ||
-                          opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyRuns;
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreKeyRuns ||
+                          opt.score_kernel == IndexerScoreKernel::kTensorCoreMmaSync;
   if (forced_mma && !c.mma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the tensor-core scores take bf16, fp8 or FP4 keys of " +

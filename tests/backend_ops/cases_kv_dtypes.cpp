@@ -58,6 +58,36 @@ std::vector<OpCase> kv_dtype_cases() {
     floats.seqs = {{4095, 1, 0}, {1000, 4, 1}, {37, 5, 2}};
     add_indexer_floats(t, "v4_random_floats", floats, 512);
   }
+  // V4's width over fp8 keys, the shapes of the wgmma kernel (indexer_score_wgmma.cu, 64 heads on
+  // sm_90): B = 1, 3 and 64 decode rows whose contexts end mid-block and mid-tile (records
+  // copied in runs of a 32-entry block at ratio 4), a prefill chunk, and ratio 128 (one entry per
+  // block: records copied key by key), exact and in random floats.
+  Indexer fp8;
+  fp8.cache = DType::kU8;
+  fp8.block = 128;
+  fp8.heads = 64;
+  fp8.dim = 128;
+  fp8.seqs = {{9999, 1, 0}};  // 2,500 visible: 39 tiles and 4 keys
+  add_indexer_exact(t, "wgmma_b1_mid_block", fp8, {512});
+  fp8.seqs = {{5000, 1, 0}, {777, 1, 1}, {12345, 1, 2}};
+  add_indexer_exact(t, "wgmma_b3_mid_block", fp8, {512});
+  fp8.seqs.clear();
+  for (int b = 0; b < 64; ++b) fp8.seqs.push_back({300 + 61 * b, 1, b});
+  add_indexer_exact(t, "wgmma_b64_mid_block", fp8, {512});
+  fp8.seqs = {{2000, 37, 0}, {130, 3, 1}};
+  add_indexer_exact(t, "wgmma_prefill", fp8, {512});
+  Indexer fp8_hca = fp8;
+  fp8_hca.ratio = 128;
+  fp8_hca.seqs = {{20000, 1, 0}, {9000, 3, 1}, {100, 1, 2}};  // 156, 70..71 and 0 visible
+  add_indexer_exact(t, "wgmma_ratio128", fp8_hca, {64, 512});
+  Indexer fp8_floats = fp8;
+  fp8_floats.integers = false;
+  fp8_floats.seqs.clear();
+  for (int b = 0; b < 64; ++b) fp8_floats.seqs.push_back({500 + 97 * b, 1, b});
+  add_indexer_floats(t, "wgmma_b64_random_floats", fp8_floats, 512);
+  fp8_hca.integers = false;
+  add_indexer_floats(t, "wgmma_ratio128_random_floats", fp8_hca, 64);
+
   // V4.1-Flash's width over its FP4 index keys: 32 heads of 128 (the tensor-core scores with two
   // head groups), ratio 4: a ragged batch, then one decode row of 32,768 visible entries.
   Indexer v41;

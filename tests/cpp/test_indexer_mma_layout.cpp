@@ -143,5 +143,141 @@ TEST(IndexerMmaLayout, EmulatedMmaMatchesTheDotProducts) {
   }
 }
 
+// The wgmma kernel over fp8 keys (indexer_score_wgmma.cu), played the same way: each thread's A
+// registers from the words it loads of its two keys' codes, q's B tile written as the kernel
+// writes it and read back through the descriptor's canonical layout (K-major, no swizzle: rows of
+// 16 bytes, the next 8 k at the leading byte offset, the next 8 columns at the stride byte
+// offset), wgmma.m64n128k16 by the PTX ISA's fragment layout (warp w: rows 16w + g, 16w + g + 8).
+TEST(IndexerMmaLayout, WgmmaChannelsAndQTileGiveTheDotProducts) {
+  constexpr int kKeys = 64, kCols = 128, kTileBytes = kCols * kDim * 2;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> dist(-7, 7);
+  std::vector<std::array<int, kDim>> k(kKeys), q(kCols);
+  for (auto& row : k)
+    for (int& x : row) x = dist(rng);
+  for (auto& row : q)
+    for (int& x : row) x = dist(rng);
+  // Every channel plays exactly one k.
+  std::set<int> ks;
+  for (int ch = 0; ch < kDim; ++ch) ks.insert(wgmma_k_of_channel(ch));
+  EXPECT_EQ(ks.size(), size_t{kDim});
+  EXPECT_EQ(*ks.begin(), 0);
+  EXPECT_EQ(*ks.rbegin(), kDim - 1);
+  // q's tile: the kernel writes channel pairs (ch, ch + 1), ch even, at wgmma_q_offset(k of ch):
+  // channel ch + 1 must be the next element.
+  std::vector<int> tile(kTileBytes / 2, 1 << 30);
+  for (int col = 0; col < kCols; ++col)
+    for (int ch = 0; ch < kDim; ch += 2) {
+      const int k0 = wgmma_k_of_channel(ch);
+      EXPECT_EQ(wgmma_k_of_channel(ch + 1), k0 + 1);
+      const int off = wgmma_q_offset(k0, col);
+      ASSERT_EQ(off % 4, 0);
+      ASSERT_LT(off + 2, kTileBytes);
+      EXPECT_EQ(tile[size_t(off / 2)], 1 << 30) << "written twice";
+      tile[size_t(off / 2)] = q[size_t(col)][size_t(ch)];
+      tile[size_t(off / 2 + 1)] = q[size_t(col)][size_t(ch + 1)];
+    }
+  std::vector<std::array<int64_t, kCols>> acc(kKeys);
+  for (auto& row : acc) row.fill(0);
+  for (int s = 0; s < kSteps; ++s) {
+    int A[kKeys][16];
+    for (int w = 0; w < 4; ++w)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int half = 0; half < 2; ++half) {  // keys 16w + g and 16w + g + 8
+          const int key = 16 * w + g + 8 * half;
+          // Word 8c + s of the key's codes: bytes 0, 1 -> register half (k 2c, 2c + 1), bytes
+          // 2, 3 -> register 2 + half (k 2c + 8, 2c + 9).
+          for (int byte = 0; byte < 4; ++byte) {
+            const int ch = 4 * (8 * c + s) + byte;
+            const int kk = 2 * c + 8 * (byte / 2) + byte % 2;
+            EXPECT_EQ(16 * s + kk, wgmma_k_of_channel(ch));
+            A[key][kk] = k[size_t(key)][size_t(ch)];
+          }
+        }
+      }
+    const int start = 2 * s * kWgmmaCoreBytes, lead = kWgmmaCoreBytes,
+              stride = kWgmmaKChunks * kWgmmaCoreBytes;
+    for (int m = 0; m < kKeys; ++m)
+      for (int n = 0; n < kCols; ++n)
+        for (int kk = 0; kk < 16; ++kk) {
+          const int off = start + (n / 8) * stride + (n % 8) * 16 + (kk / 8) * lead + (kk % 8) * 2;
+          acc[size_t(m)][size_t(n)] += int64_t{A[m][kk]} * tile[size_t(off / 2)];
+        }
+  }
+  for (int m = 0; m < kKeys; ++m)
+    for (int n = 0; n < kCols; ++n) {
+      int64_t want = 0;
+      for (int ch = 0; ch < kDim; ++ch)
+        want += int64_t{q[size_t(n)][size_t(ch)]} * k[size_t(m)][size_t(ch)];
+      EXPECT_EQ(acc[size_t(m)][size_t(n)], want) << "key " << m << " column " << n;
+    }
+}
+
+// The lo-part variant's e4m3 steps (wgmma.m64n64k32 on the codes as loaded): each thread's A
+// registers are its keys' words 8c + 2t and 8c + 2t + 1 (PTX ISA: registers 0 / 1 rows g / g + 8
+// at k 4c .. 4c + 3, registers 2 / 3 at k 16 + 4c ..), q's lo tile written at wgmma_q8_offset of
+// each channel's k and read back through the K-major canonical layout of 16-byte rows.
+TEST(IndexerMmaLayout, WgmmaE4m3StepsGiveTheDotProducts) {
+  constexpr int kKeys = 64, kCols = 64, kTileBytes = kCols * kDim;
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> dist(-7, 7);
+  std::vector<std::array<int, kDim>> k(kKeys), q(kCols);
+  for (auto& row : k)
+    for (int& x : row) x = dist(rng);
+  for (auto& row : q)
+    for (int& x : row) x = dist(rng);
+  std::set<int> ks;
+  for (int ch = 0; ch < kDim; ++ch) ks.insert(wgmma_k8_of_channel(ch));
+  EXPECT_EQ(ks.size(), size_t{kDim});
+  EXPECT_EQ(*ks.rbegin(), kDim - 1);
+  std::vector<int> tile(kTileBytes, 1 << 30);
+  for (int col = 0; col < kCols; ++col)
+    for (int ch = 0; ch < kDim; ch += 2) {  // the kernel stores channel pairs
+      const int k0 = wgmma_k8_of_channel(ch);
+      EXPECT_EQ(wgmma_k8_of_channel(ch + 1), k0 + 1);
+      const int off = wgmma_q8_offset(k0, col);
+      ASSERT_EQ(off % 2, 0);
+      ASSERT_LT(off + 1, kTileBytes);
+      EXPECT_EQ(tile[size_t(off)], 1 << 30) << "written twice";
+      tile[size_t(off)] = q[size_t(col)][size_t(ch)];
+      tile[size_t(off + 1)] = q[size_t(col)][size_t(ch + 1)];
+    }
+  std::vector<std::array<int64_t, kCols>> acc(kKeys);
+  for (auto& row : acc) row.fill(0);
+  for (int t = 0; t < kDim / 32; ++t) {
+    int A[kKeys][32];
+    for (int w = 0; w < 4; ++w)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int half = 0; half < 2; ++half) {
+          const int key = 16 * w + g + 8 * half;
+          for (int u = 0; u < 2; ++u)
+            for (int byte = 0; byte < 4; ++byte) {
+              const int ch = 4 * (8 * c + 2 * t + u) + byte;
+              const int kk = 16 * u + 4 * c + byte;
+              EXPECT_EQ(32 * t + kk, wgmma_k8_of_channel(ch));
+              A[key][kk] = k[size_t(key)][size_t(ch)];
+            }
+        }
+      }
+    const int start = 2 * t * kWgmmaCoreBytes, lead = kWgmmaCoreBytes,
+              stride = kWgmmaKChunks / 2 * kWgmmaCoreBytes;
+    for (int m = 0; m < kKeys; ++m)
+      for (int n = 0; n < kCols; ++n)
+        for (int kk = 0; kk < 32; ++kk) {
+          const int off = start + (n / 8) * stride + (n % 8) * 16 + (kk / 16) * lead + kk % 16;
+          acc[size_t(m)][size_t(n)] += int64_t{A[m][kk]} * tile[size_t(off)];
+        }
+  }
+  for (int m = 0; m < kKeys; ++m)
+    for (int n = 0; n < kCols; ++n) {
+      int64_t want = 0;
+      for (int ch = 0; ch < kDim; ++ch)
+        want += int64_t{q[size_t(n)][size_t(ch)]} * k[size_t(m)][size_t(ch)];
+      EXPECT_EQ(acc[size_t(m)][size_t(n)], want) << "key " << m << " column " << n;
+    }
+}
+
 }  // namespace
 }  // namespace deepinfer::cuda::indexer_mma

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cuda/indexer/indexer_heuristics.h"
 
@@ -115,6 +116,64 @@ TEST(IndexerLaunchShapes, Fp8KeysCopyInRunsWhereBlocksAlign) {
     EXPECT_EQ(run_bytes % 16, 0) << epb;
     EXPECT_EQ(epb * (kMmaDim + 4) % 16, 0) << epb;
   }
+}
+
+// fp8 keys at V4's 64 heads take the wgmma kernel on an sm_90 device when it is the default
+// (DEEPINFER_INDEXER_FP8_SCORES=wgmma) or forced, unless the mma.sync kernel (or one of its
+// measurement variants, or the CUDA cores) is forced; its blocks (kWgmmaBlocksPerSm per SM) make
+// at most one wave.
+TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
+  using K = IndexerScoreKernel;
+  const WgmmaChoice on{true, true}, forced_only{true, false}, off_device{false, true};
+  for (const int64_t batch : {1, 3, 64}) {
+    for (const int64_t ctx : {4096, 32768, 131072}) {
+      const IndexerProblem p = topk_problem(batch, 64, kDim, kTopK, ctx, KvFormat::kFp8);
+      const std::string what = std::to_string(batch) + " x " + std::to_string(ctx);
+      for (const auto& [want, choice] : {std::pair{K::kAuto, on}, std::pair{K::kTensorCore, on},
+                                         std::pair{K::kTensorCoreWgmma, forced_only}}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
+        EXPECT_TRUE(c.wgmma && c.mma && !c.wgmma_lo_e4m3) << what;
+        EXPECT_EQ(c.score_smem, score_wgmma_smem_bytes()) << what;
+        EXPECT_GE(c.splits, 1) << what;
+        EXPECT_LE(c.group * c.splits, int64_t{kWgmmaBlocksPerSm} * kH200Sms) << what;
+        EXPECT_LE(c.splits, (ctx + kMmaKeys - 1) / kMmaKeys) << what;
+      }
+      for (const K want : {K::kTensorCoreMmaSync, K::kTensorCoreOnePass, K::kTensorCoreKeyRuns}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, on);
+        EXPECT_TRUE(c.mma && !c.wgmma) << what;
+        EXPECT_EQ(c.score_smem, score_mma_smem_bytes(64, KvFormat::kFp8)) << what;
+      }
+      EXPECT_FALSE(
+          choose_indexer(p, kH200Sms, kH200MaxSmem, K::kCudaCore, IndexerSelectKernel::kAuto, on)
+              .mma);
+      // The lo-e4m3 measurement variant only when forced.
+      const IndexerConfig lo8 = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kTensorCoreWgmmaLoE4m3,
+                                               IndexerSelectKernel::kAuto, forced_only);
+      EXPECT_TRUE(lo8.wgmma && lo8.wgmma_lo_e4m3 && lo8.mma) << what;
+      // Not the default: kAuto stays on mma.sync. Off sm_90: a forced wgmma takes nothing.
+      const IndexerConfig by_mma = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kAuto,
+                                                  IndexerSelectKernel::kAuto, forced_only);
+      EXPECT_TRUE(by_mma.mma && !by_mma.wgmma) << what;
+      EXPECT_FALSE(choose_indexer(p, kH200Sms, kH200MaxSmem).wgmma) << what;
+      const IndexerConfig off = choose_indexer(p, kH200Sms, kH200MaxSmem, K::kTensorCoreWgmma,
+                                               IndexerSelectKernel::kAuto, off_device);
+      EXPECT_FALSE(off.wgmma || off.mma) << what;
+    }
+  }
+  // Other heads, formats and candidate lists stay on mma.sync or the CUDA cores.
+  for (const int64_t heads : {16, 32}) {
+    EXPECT_FALSE(score_wgmma_takes(topk_problem(1, heads, kDim, kTopK, 4096, KvFormat::kFp8)));
+  }
+  EXPECT_FALSE(score_wgmma_takes(topk_problem(1, 64, kDim, kTopK, 4096, KvFormat::kBf16)));
+  EXPECT_FALSE(score_wgmma_takes(topk_problem(1, 64, kDim, kTopK, 4096, KvFormat::kV41Fp4Index)));
+  EXPECT_FALSE(score_wgmma_takes(topk_problem(1, 64, 64, kTopK, 4096, KvFormat::kFp8)));
+  IndexerProblem listed = topk_problem(1, 64, kDim, kTopK, 4096, KvFormat::kFp8);
+  listed.listed = true;
+  EXPECT_FALSE(score_wgmma_takes(listed));
+  // kWgmmaBlocksPerSm blocks fit an H200 SM's 228 KiB (1 KiB reserved per block).
+  EXPECT_LE(kWgmmaBlocksPerSm * (score_wgmma_smem_bytes() + 1024), size_t{228} * 1024);
 }
 
 TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
