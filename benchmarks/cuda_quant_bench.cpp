@@ -3,11 +3,9 @@
 // gemm_fp8_heuristics.h) against a >= 1 GiB memcpy (decode, GB/s of weight bytes) and cuBLASLt's
 // block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
 // bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
-// experts in GB/s at 1, 4 and 16 pairs per expert; for both formats the decode steps of 1 and 64
-// tokens (random top-6 routing) on the bytes of the experts they touch (the "_vs_copy" lines name
-// the kernel that ran, the decode steps' also its K splits; DEEPINFER_MOE_QUANT_DECODE=
-// streaming-unsplit, registers or prefill picks another for the decode shape). Each line carries
-// its ratio ("of_roofline").
+// experts in GB/s at 1, 4 and 16 pairs per expert (the "_vs_copy" lines name the kernel that ran;
+// DEEPINFER_MOE_QUANT_DECODE=registers or prefill picks another for the decode shape). Each line
+// carries its ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
 #include <cublasLt.h>
@@ -286,76 +284,17 @@ Tensor random_device_bytes(Backend& be, const Shape& shape, DType dtype, uint64_
 }
 
 // The kernel the latest quantized moe_experts pass of `be` ran (cuda/moe/moe_heuristics.h; the
-// backend's DEEPINFER_MOE_QUANT_DECODE picks streaming, streaming-unsplit, registers or prefill
-// for the decode shape).
+// backend's DEEPINFER_MOE_QUANT_DECODE picks streaming, registers or prefill for the decode shape).
 const char* quant_experts_kernel_ran(Backend& be) {
   auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
   return cuda_be == nullptr ? "?" : cuda::experts_kernel_name(cuda_be->last_quant_experts_kernel());
 }
 
-// The K splits of that pass's gate/up and down GEMMs, as "gate_up/down".
-std::string quant_experts_splits(Backend& be) {
-  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
-  if (cuda_be == nullptr) return "?";
-  return std::to_string(cuda_be->last_quant_gate_up_splits()) + "/" +
-         std::to_string(cuda_be->last_quant_down_splits());
-}
-
-// The routing of a decode step of `tokens` tokens: top-k distinct experts of `experts` per token,
-// uniformly at random (seeded), and the number of distinct experts the step touches.
-std::vector<int32_t> random_step_ids(int tokens, int k, int experts, uint32_t seed, int* touched) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> perm(static_cast<size_t>(experts)), ids;
-  std::vector<bool> used(static_cast<size_t>(experts), false);
-  for (int i = 0; i < experts; ++i) perm[static_cast<size_t>(i)] = i;
-  for (int t = 0; t < tokens; ++t) {
-    for (int j = 0; j < k; ++j) {  // a partial Fisher-Yates shuffle: k distinct experts
-      std::uniform_int_distribution<int> pick(j, experts - 1);
-      std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(pick(rng))]);
-      ids.push_back(perm[static_cast<size_t>(j)]);
-      used[static_cast<size_t>(perm[static_cast<size_t>(j)])] = true;
-    }
-  }
-  *touched = static_cast<int>(std::count(used.begin(), used.end(), true));
-  return ids;
-}
-
-// The model's decode steps on moe_experts with weights `ex` (E experts, top-k): one token (k
-// experts with one pair each, the rest idle) and 64 tokens routed at random (~200 of 256 experts
-// touched, ~1.9 pairs each), in graph replay, graded on the bytes of the experts they touch
-// against copy bandwidth. `what` names the format in the printed op names.
-void bench_decode_steps(Backend& be, int iters, const ExpertWeights& ex, int e, int kk, int h,
-                        double expert_bytes, double copy_gbps, const std::string& what,
-                        const std::string& dims) {
-  for (const int tokens : {1, 64}) {
-    int touched = 0;
-    const std::vector<int32_t> ids =
-        random_step_ids(tokens, kk, e, 20261202u + static_cast<uint32_t>(tokens), &touched);
-    const std::vector<float> wts(ids.size(), 1.0f / static_cast<float>(kk));
-    Tensor x = rnd(be, {tokens, h}, DType::kF32, 46);
-    Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
-              be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
-    const double us = time_graph_us(be, iters, [&] { (void)be.moe_experts(x, r, ex, 10.0f); });
-    const double bytes = touched * expert_bytes;
-    const double pairs = static_cast<double>(tokens) * kk;
-    const double inter = static_cast<double>(ex.w1[0].rows());
-    emit("moe_experts_" + what + "_step(graph)",
-         "B=" + std::to_string(tokens) + " " + std::to_string(touched) + " experts touched " + dims,
-         us, bytes, pairs * 3.0 * 2 * inter * h);
-    std::printf(
-        "{\"op\": \"moe_experts_%s_step_vs_copy\", \"decode_kernel\": \"%s\", \"splits\": "
-        "\"%s\", \"batch\": %d, \"experts_touched\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
-        what.c_str(), quant_experts_kernel_ran(be), quant_experts_splits(be).c_str(), tokens,
-        touched, bytes / us / 1e3 / copy_gbps);
-  }
-}
-
 // The routed experts on MXFP4 weights at V4-Flash shapes (E 256, top-6, H 4096, I 2048; act
 // groups of 32 as DeepSeek's W4A8 experts): GB/s of the weight bytes touched (values + scales,
 // 13.4 MB per expert) at 1, 4 and 16 pairs per expert (every expert exactly that many: tokens
-// ceil(256 m / 6), the slots past 256 m dropped by an out-of-range id), the decode steps of one
-// and 64 tokens (bench_decode_steps), and TFLOP/s at 4096 and 16384 tokens (experts evenly
-// loaded), next to the copy roofline.
+// ceil(256 m / 6), the slots past 256 m dropped by an out-of-range id), and TFLOP/s at 4096 and
+// 16384 tokens (experts evenly loaded), next to the copy roofline.
 }  // namespace
 
 void bench_moe_experts_mxfp4(Backend& be, int iters) {
@@ -415,8 +354,6 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
         "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
         quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
   }
-  bench_decode_steps(be, iters, ex, e, kk, h, expert_bytes, copy_gbps, "mxfp4",
-                     "k=6 E=256 I=2048 H=4096 act32");
   for (int tokens : {4096, 16384}) {
     const double us = run(tokens, int64_t{tokens} * kk, false);
     emit("moe_experts_mxfp4", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 act32", us,
@@ -427,8 +364,7 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
 
 // The routed experts on FP8 weights (e4m3, 128 x 128 f32 block scales, activations quantized per
 // 128) at V4-Flash shapes, decode only: GB/s of the weight bytes touched (values + scales,
-// 25.2 MB per expert) at 1, 4 and 16 pairs per expert and the decode steps of one and 64 tokens,
-// as the MXFP4 cases.
+// 25.2 MB per expert) at 1, 4 and 16 pairs per expert, as the MXFP4 cases.
 void bench_moe_experts_fp8(Backend& be, int iters) {
   const int e = 256, inter = 2048, h = 4096, kk = 6, blk = 128;
   const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
@@ -485,8 +421,6 @@ void bench_moe_experts_fp8(Backend& be, int iters) {
         "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
         quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
   }
-  bench_decode_steps(be, iters, ex, e, kk, h, expert_bytes, copy_gbps, "fp8",
-                     "k=6 E=256 I=2048 H=4096 blk128 act128");
 }
 
 }  // namespace deepinfer::bench

@@ -133,13 +133,10 @@ CudaBackend::CudaBackend(int device_index)
   const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
   const std::optional<QuantDecodeChoice> choice = parse_quant_decode(quant_decode);
   if (!choice) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        std::string(
-            "DEEPINFER_MOE_QUANT_DECODE: expected streaming, streaming-unsplit, registers or "
-            "prefill, "
-            "got '") +
-            quant_decode + "'");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_MOE_QUANT_DECODE: expected streaming, registers or prefill, "
+                            "got '") +
+                    quant_decode + "'");
   }
   moe_quant_decode_ = *choice;
   const char* fp8_linear = std::getenv("DEEPINFER_FP8_LINEAR");

@@ -74,9 +74,8 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
-  // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, streaming-unsplit, registers, prefill): the
-  // kernel quantized experts take in the decode shape (an A/B switch for benchmarks,
-  // moe_heuristics.h).
+  // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
+  // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
   // DEEPINFER_FP8_LINEAR at creation (stream, stream_pdl, legacy): the path of FP8 linears at
   // decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one run.
@@ -86,12 +85,6 @@ class CudaBackend final : public Backend {
   // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
   ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
   void set_last_quant_experts_kernel(ExpertsKernel k) { last_quant_experts_kernel_ = k; }
-  // The K splits of that pass's gate/up and down GEMMs (1, 1 unless the streaming kernel split).
-  int last_quant_gate_up_splits() const { return last_quant_splits_[0]; }
-  int last_quant_down_splits() const { return last_quant_splits_[1]; }
-  void set_last_quant_splits(int gate_up, int down) {
-    last_quant_splits_[0] = gate_up, last_quant_splits_[1] = down;
-  }
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
   // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
@@ -189,7 +182,6 @@ class CudaBackend final : public Backend {
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kStream;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
-  int last_quant_splits_[2] = {1, 1};
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;

@@ -21,15 +21,13 @@ __global__ void __launch_bounds__(kGroupThreads)
     group_pairs_kernel(const int32_t* __restrict__ ids, int pairs, int experts, int tile_rows,
                        int max_tiles, int32_t* __restrict__ sorted_pair,
                        int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_start,
-                       int32_t* __restrict__ tile_count_rows, int32_t* __restrict__ num_tiles,
-                       int32_t* __restrict__ zero, int zero_count) {
+                       int32_t* __restrict__ tile_count_rows, int32_t* __restrict__ num_tiles) {
   using BlockScan = cub::BlockScan<int, kGroupThreads>;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   extern __shared__ int group_smem[];
   int* counts = group_smem;          // [E]
   int* fill = group_smem + experts;  // [E] next free sorted row of each expert
   const int tid = static_cast<int>(threadIdx.x);
-  for (int i = tid; i < zero_count; i += kGroupThreads) zero[i] = 0;
   for (int e = tid; e < experts; e += kGroupThreads) counts[e] = 0;
   __syncthreads();
   for (int p = tid; p < pairs; p += kGroupThreads) {
@@ -76,13 +74,12 @@ __global__ void __launch_bounds__(kGroupThreads)
 
 void launch_group_pairs(const int32_t* ids, int64_t pairs, int experts, int tile_rows,
                         int64_t max_tiles, int32_t* sorted_pair, int32_t* tile_meta,
-                        cudaStream_t stream, int32_t* zero, int64_t zero_count) {
+                        cudaStream_t stream) {
   int32_t* meta = tile_meta;
   const size_t group_smem = 2 * static_cast<size_t>(experts) * sizeof(int);
   group_pairs_kernel<<<1, kGroupThreads, group_smem, stream>>>(
       ids, static_cast<int>(pairs), experts, tile_rows, static_cast<int>(max_tiles), sorted_pair,
-      meta, meta + max_tiles, meta + 2 * max_tiles, meta + 3 * max_tiles, zero,
-      static_cast<int>(zero_count));
+      meta, meta + max_tiles, meta + 2 * max_tiles, meta + 3 * max_tiles);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 

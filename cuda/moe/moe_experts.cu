@@ -35,7 +35,6 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/moe/moe_heuristics.h"
 #include "cuda/moe/moe_launch.h"
-#include "cuda/moe/sm80/experts_quant_stream.h"
 #include "cuda/quant/quant_launch.h"
 
 namespace deepinfer::cuda {
@@ -110,20 +109,8 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   prob.quant_decode = be.moe_quant_decode();
   const ExpertsPassConfig c = choose_experts_pass(prob, be.max_shared_memory_per_block());
   be.set_last_quant_experts_kernel(c.kernel);
-  p.max_tiles = c.max_tiles;
-  // Split K on the streaming kernel when few tiles can be live: every tile holds a pair, so at
-  // most min(max_tiles, pairs) are.
-  QuantStreamSplits splits{1, 1, 0, 0};
-  if (c.kernel == ExpertsKernel::kQuantStream &&
-      prob.quant_decode == QuantDecodeChoice::kStreaming) {
-    splits = plan_quant_stream_splits(p, std::min(c.max_tiles, pairs), be.num_sms());
-  }
-  be.set_last_quant_splits(splits.gate_up, splits.down);
   Tensor sorted = be.empty({pairs}, DType::kI32);
-  // The tile list, then the split GEMMs' arrival counters (zeroed by group_pairs).
-  Tensor tile_meta = be.empty({3 * c.max_tiles + 1 + splits.arrivals}, DType::kI32);
-  Tensor partials =
-      splits.partial_floats > 0 ? be.empty({splits.partial_floats}, DType::kF32) : Tensor();
+  Tensor tile_meta = be.empty({3 * c.max_tiles + 1}, DType::kI32);
   const int in_planes = p.in_group > 0 ? 1 : 3;
   const int down_planes = p.down_group > 0 ? 1 : 3;
   Tensor xq = p.in_group > 0 ? be.empty({tokens, p.hidden}, DType::kF32) : Tensor();
@@ -134,12 +121,9 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   int32_t* meta = tile_meta.data<int32_t>();
   p.sorted_pair = sorted.data<int32_t>();
   p.tiles = {meta, meta + c.max_tiles, meta + 2 * c.max_tiles, meta + 3 * c.max_tiles};
-  p.gate_up_splits = splits.gate_up;
-  p.down_splits = splits.down;
-  p.split_partials = partials.defined() ? partials.data<float>() : nullptr;
-  p.split_arrivals = splits.arrivals > 0 ? meta + 3 * c.max_tiles + 1 : nullptr;
+  p.max_tiles = c.max_tiles;
   launch_group_pairs(ids, pairs, experts, c.tile_rows, c.max_tiles, sorted.data<int32_t>(), meta,
-                     stream, p.split_arrivals, splits.arrivals);
+                     stream);
   launch_experts_quant(p, c.kernel, x, tokens, xq.defined() ? xq.data<float>() : nullptr,
                        static_cast<__nv_bfloat16*>(xs.raw_data()), act.data<float>(),
                        static_cast<__nv_bfloat16*>(as.raw_data()), y.data<float>(), stream);

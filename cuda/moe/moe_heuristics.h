@@ -69,18 +69,15 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
 // Which kernel quantized experts take in the decode shape (an A/B switch for benchmarks and
 // tests: the backend's DEEPINFER_MOE_QUANT_DECODE, read once at its creation).
 enum class QuantDecodeChoice {
-  kStreaming,         // "streaming" or unset: kQuantStream where the device has the shared memory,
-                      // K split across CTAs when few tiles are live
-  kStreamingUnsplit,  // "streaming-unsplit": kQuantStream, every CTA over the whole K
-  kRegisters,         // "registers": kQuantDecode
-  kPrefill,           // "prefill": kQuantPrefill (64-row tiles) at every size
+  kStreaming,  // "streaming" or unset: kQuantStream where the device has the shared memory
+  kRegisters,  // "registers": kQuantDecode
+  kPrefill,    // "prefill": kQuantPrefill (64-row tiles) at every size
 };
 
 // The choice DEEPINFER_MOE_QUANT_DECODE names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
   if (v.empty() || v == "streaming") return QuantDecodeChoice::kStreaming;
-  if (v == "streaming-unsplit") return QuantDecodeChoice::kStreamingUnsplit;
   if (v == "registers") return QuantDecodeChoice::kRegisters;
   if (v == "prefill") return QuantDecodeChoice::kPrefill;
   return std::nullopt;
@@ -114,9 +111,8 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
     // streams the weights through a shared-memory ring where the device has the shared memory.
     const bool decode = p.quant_decode != QuantDecodeChoice::kPrefill &&
                         pairs / std::max(experts, 1) <= kExpertQuantDecodeMaxPairs;
-    const bool stream = (p.quant_decode == QuantDecodeChoice::kStreaming ||
-                         p.quant_decode == QuantDecodeChoice::kStreamingUnsplit) &&
-                        smem_max >= kExpertQuantStreamMaxSmem;
+    const bool stream =
+        p.quant_decode == QuantDecodeChoice::kStreaming && smem_max >= kExpertQuantStreamMaxSmem;
     ExpertsPassConfig c{};
     c.kernel = !decode  ? ExpertsKernel::kQuantPrefill
                : stream ? ExpertsKernel::kQuantStream

@@ -61,11 +61,10 @@ struct ExpertsPassArgs {
   int64_t pairs;               // (0: none)
 };
 
-// Groups the pairs by expert and writes the tile list of tile_rows-row tiles (experts_group.cu);
-// also zeroes `zero_count` ints at `zero` (the split GEMMs' arrival counters) in stream order.
+// Groups the pairs by expert and writes the tile list of tile_rows-row tiles (experts_group.cu).
 void launch_group_pairs(const int32_t* ids, int64_t pairs, int experts, int tile_rows,
                         int64_t max_tiles, int32_t* sorted_pair, int32_t* tile_meta,
-                        cudaStream_t stream, int32_t* zero = nullptr, int64_t zero_count = 0);
+                        cudaStream_t stream);
 
 // gate/up + SwiGLU -> act [pairs, I] and down -> y [pairs, H] on the decode GEMV kernels
 // (experts_gemv.cu) or the f32 tiled kernels (experts_tiled.cu); W is float or __nv_bfloat16.
@@ -101,12 +100,6 @@ struct QuantExpertsArgs {
   int in_group;    // activation quantization of x (w1's act_group; 0: none)
   int down_group;  // activation quantization of the SwiGLU output (w2's act_group)
   float limit;
-  // Split K of the streaming decode GEMMs (sm80/experts_quant_stream.h): K ranges per CTA of
-  // gate/up and of down, the f32 partial sums and the arrival counters (zero) they need.
-  int gate_up_splits = 1;
-  int down_splits = 1;
-  float* split_partials = nullptr;
-  int32_t* split_arrivals = nullptr;
 };
 
 // Elements of the staged bf16 activations of `rows` rows of K columns (activation planes: 1 when

@@ -146,23 +146,6 @@ void add_all_quant_experts(std::vector<OpCase>& t) {
     add_quant_experts(t, {kMx, 32, 32, 8, 6, 4096, 2048, tokens});
   }
   add_quant_experts(t, {kFp8, 128, 128, 8, 6, 4096, 2048, 20});
-  // Split K of the streaming decode kernel (few live tiles; experts_quant_config.h's
-  // choose_quant_stream_splits, counts for 132 SMs): one token (6 live tiles, 4 K ranges per
-  // GEMM) in both formats and on three activation planes; 12 tokens (9 pairs per expert: both n8
-  // groups, 5 gate/up and 3 down ranges); one or two live tiles with K tails (1056 = 8.25 x 128 and
-  // 1184 = 9.25 x 128: 2 ranges per GEMM; 1600 and 1632 in 13 slices: 3 ranges of 5, 4, 4) and N
-  // tails.
-  add_quant_experts(t, {kMx, 32, 32, 8, 6, 4096, 2048, 1});
-  add_quant_experts(t, {kMx, 32, 0, 8, 6, 4096, 2048, 1});
-  add_quant_experts(t, {kFp8, 128, 128, 8, 6, 4096, 2048, 1});
-  add_quant_experts(t, {kMx, 32, 32, 8, 6, 4096, 2048, 12});
-  for (const auto& [format, block, act] : {std::array<int, 3>{static_cast<int>(kMx), 32, 32},
-                                           {static_cast<int>(kFp8), 128, 128},
-                                           {static_cast<int>(kFp8), 32, 0}}) {
-    const auto f = static_cast<WeightFormat>(format);
-    add_quant_experts(t, {f, block, act, 8, 2, 1056, 1184, 1});
-    add_quant_experts(t, {f, block, act, 8, 1, 1600, 1632, 1});
-  }
   // The tiny real-format checkpoints of tests/python/test_quantized_parity.py (H 64, I 32 and
   // H 96, I 48, 8 experts, top-2).
   for (const int tokens : {1, 5, 72}) add_quant_experts(t, {kMx, 32, 32, 8, 2, 64, 32, tokens});

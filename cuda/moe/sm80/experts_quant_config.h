@@ -2,7 +2,6 @@
 // heuristics, which choose between them.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -99,51 +98,5 @@ constexpr size_t kExpertQuantStreamMaxSmem = ExpertQuantStreamFp8::smem_bytes(2,
 
 // Pairs per expert on average up to which a pass takes the decode shape.
 constexpr int64_t kExpertQuantDecodeMaxPairs = 16;
-
-// Split K of the streaming decode kernel. With few live tiles (a decode step of one token: 6
-// tiles x 16 column blocks = 96 CTAs on 132 SMs) each CTA streaming its whole K leaves SMs idle
-// and the rest at one CTA: the K slices of a (tile, column block) are then cut into `splits`
-// contiguous ranges, one CTA each, whose f32 partial sums the last CTA to finish adds in range
-// order (experts_quant_stream.cu). At most kExpertQuantStreamMaxSplits ranges of at least
-// kExpertQuantStreamMinSplitSlices slices (a range shorter than the ring's depth keeps fewer
-// bytes in flight than it could).
-constexpr int kExpertQuantStreamMaxSplits = 8;
-constexpr int kExpertQuantStreamMinSplitSlices = 4;
-
-// The split count for a GEMM of `slices` K slices over `cols` column blocks of at most
-// `live_tiles` tiles (a host bound: the grid is sized from it, so the split is fixed at graph
-// capture) on `sms` SMs. The CTAs of a split GEMM are equal work units; the busiest SM runs
-// ceil(live_tiles x cols x splits / sms) of them, each 1 / splits of a whole K: the count that
-// minimizes that product (the smallest on ties: every split adds a partial-sum round trip).
-inline int choose_quant_stream_splits(int64_t live_tiles, int64_t cols, int64_t slices, int sms) {
-  const int64_t ctas = live_tiles * cols;
-  if (ctas <= 0 || sms <= 0) return 1;
-  const int64_t most = std::min<int64_t>(
-      kExpertQuantStreamMaxSplits, std::max<int64_t>(slices / kExpertQuantStreamMinSplitSlices, 1));
-  int best = 1;
-  // Compared as busiest-SM CTAs x best / s against those of `best` without division.
-  int64_t best_load = (ctas + sms - 1) / sms;  // CTAs on the busiest SM at `best` splits
-  for (int s = 2; s <= most; ++s) {
-    const int64_t load = (ctas * s + sms - 1) / sms;
-    if (load * best < best_load * s) {
-      best = s;
-      best_load = load;
-    }
-  }
-  return best;
-}
-
-// The K slices [begin, end) of range `split` of `splits` over `slices`: contiguous, in order,
-// the first slices % splits ranges one slice longer; empty only when splits > slices.
-struct SliceRange {
-  int begin;
-  int end;
-};
-inline constexpr SliceRange split_slice_range(int slices, int splits, int split) {
-  const int base = slices / splits;
-  const int extra = slices % splits;
-  const int begin = split * base + (split < extra ? split : extra);
-  return {begin, begin + base + (split < extra ? 1 : 0)};
-}
 
 }  // namespace deepinfer::cuda

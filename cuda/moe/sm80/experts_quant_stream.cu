@@ -14,18 +14,9 @@
 //
 // The decode, the mma order and the epilogue are experts_quant_tile.cuh's, as in the register
 // kernel: every output element is reduced over K in slice order with the same fixed order inside
-// a slice, so both kernels give bit-identical results when K is not split.
-//
-// Split K (few live tiles, experts_quant_config.h's choose_quant_stream_splits): CTA split s of
-// a (tile, column block) multiplies the slice range split_slice_range(slices, splits, s) into
-// its own accumulators from zero, stores them as f32 to `partials`, and counts itself in the
-// unit's arrival counter; the CTA that arrives last adds the ranges' partial sums in range order
-// (0, 1, ...) whichever CTA it is, resets the counter for the next GEMM or graph replay, and runs
-// the epilogue. The result is run-to-run deterministic and depends on the split count, which the
-// host fixes from the batch size; it differs from the unsplit sum by f32 rounding only.
+// a slice, so both kernels give bit-identical results.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
@@ -156,87 +147,17 @@ __device__ __forceinline__ void copy_activation_slice(uint32_t* buf, const Activ
   }
 }
 
-// The lane's float4 of accumulators (mt, j) in the partial sums of split unit `unit`
-// [units][kMTiles][kTok / 8][kThreads]: a warp's 16-byte accesses are contiguous.
-template <class C>
-__device__ __forceinline__ float4* partial_at(float4* partials, int unit, int mt, int j, int tid) {
-  return partials +
-         (static_cast<int64_t>(unit * C::kMTiles + mt) * (C::kTok / 8) + j) * C::kThreads + tid;
-}
-
-// Split K: stores the CTA's partial sums of range `split` of unit `unit_tc` (its tile and column
-// block, blockIdx.x % (max_tiles cols)); returns true in the CTA that arrives last, with acc
-// replaced by the sum of every range's partials in range order. Only the n8 token groups the
-// tile has are stored and read. Uniform over the CTA.
-template <class C>
-__device__ __forceinline__ bool reduce_splits(float (&acc)[C::kMTiles][C::kTok / 8][4],
-                                              float4* partials, int* arrivals, int unit_tc,
-                                              int splits, int split, int n8, int tid) {
-  __shared__ int last_arrival;
-  const int unit0 = unit_tc * splits;
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-    for (int j = 0; j < C::kTok / 8; ++j) {
-      if (j >= n8) break;
-      *partial_at<C>(partials, unit0 + split, mt, j, tid) =
-          make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
-    }
-  }
-  // Release: every thread's partials are visible device-wide before the CTA's arrival counts.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int before = atomicAdd(arrivals + unit_tc, 1);
-    const bool last = before == splits - 1;
-    // Every range has arrived: nothing else touches the counter in this GEMM.
-    if (last) arrivals[unit_tc] = 0;
-    last_arrival = last ? 1 : 0;
-  }
-  __syncthreads();
-  if (last_arrival == 0) return false;
-  // Acquire: the other CTAs' partials, read from L2 (.cg: never a stale L1 line).
-  __threadfence();
-#pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-    for (int j = 0; j < C::kTok / 8; ++j) {
-      acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
-    }
-  }
-#pragma unroll 1
-  for (int sp = 0; sp < splits; ++sp) {
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-      for (int j = 0; j < C::kTok / 8; ++j) {
-        if (j >= n8) break;
-        const float4 v = __ldcg(partial_at<C>(partials, unit0 + sp, mt, j, tid));
-        acc[mt][j][0] += v.x;
-        acc[mt][j][1] += v.y;
-        acc[mt][j][2] += v.z;
-        acc[mt][j][3] += v.w;
-      }
-    }
-  }
-  return true;
-}
-
 // experts_quant.cu's expert_quant_kernel with the weights streamed through the ring. kGateUp:
 // act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for C::kWeightRows / 2 columns n
 // per CTA; otherwise y[pair, n] = act[row] . w2_e[n] for C::kWeightRows columns. CTA blockIdx.x
-// works on tile blockIdx.x % max_tiles, column block (blockIdx.x / max_tiles) % cols and K range
-// blockIdx.x / (max_tiles cols) of `splits` (splits > 1: partials [max_tiles cols splits]
-// [kMTiles][kTok / 8][kThreads] float4 and arrivals [max_tiles cols], zero at launch; unit
-// blockIdx.x % (max_tiles cols) of each). Two CTAs per SM (128 registers per thread at most).
+// works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles. Two CTAs per SM
+// (128 registers per thread at most).
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
 __global__ void __launch_bounds__(C::kThreads, 2)
     expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
                                const int32_t* __restrict__ sorted_pair, TileList tiles,
-                               int max_tiles, int cols, int splits, QuantMatrices lo,
-                               QuantMatrices hi, int block_rows, int block_cols_log2, float limit,
-                               float* __restrict__ out, float4* __restrict__ partials,
-                               int* __restrict__ arrivals) {
+                               int max_tiles, QuantMatrices lo, QuantMatrices hi, int block_rows,
+                               int block_cols_log2, float limit, float* __restrict__ out) {
   using Tr = QuantTraits<F>;
   constexpr int kM = C::kMTiles;
   constexpr int kHalf = kGateUp ? kM / 2 : kM;  // m16 tiles per matrix
@@ -247,9 +168,7 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   uint4* weight_ring = reinterpret_cast<uint4*>(act_ring + C::kStages * kActWords);
 
   const int tile = static_cast<int>(blockIdx.x % static_cast<unsigned>(max_tiles));
-  const int tile_col = static_cast<int>(blockIdx.x / static_cast<unsigned>(max_tiles));
-  const int col = tile_col % cols;
-  const int split = tile_col / cols;
+  const int col = static_cast<int>(blockIdx.x / static_cast<unsigned>(max_tiles));
   if (tile >= *tiles.count) return;  // uniform over the CTA: before any barrier
   const int e = tiles.expert[tile];
   const int start = tiles.start[tile];
@@ -297,28 +216,24 @@ __global__ void __launch_bounds__(C::kThreads, 2)
       acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
   }
 
-  // The CTA's K slices [first, last) (all of them unless K is split).
-  const SliceRange range = split_slice_range(static_cast<int>(Kp / kQuantSliceK), splits, split);
-  const int first = range.begin;
-  const int last = range.end;
+  const int slices = static_cast<int>(Kp / kQuantSliceK);
   const int k_end = static_cast<int>(K);
   // One cp.async group per prologue slice.
 #pragma unroll 1
-  for (int i = 0; i < C::kStages - 1; ++i) {
-    const int s = first + i;
-    if (s < last) {
-      copy_weight_slice<F, C>(weight_ring, i, wr, s, k_lane, k_end, tid);
-      copy_activation_slice<C, kPlanes>(act_ring + i * kActWords, piece, s, Kp);
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < slices) {
+      copy_weight_slice<F, C>(weight_ring, s, wr, s, k_lane, k_end, tid);
+      copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s, Kp);
     }
     cp_async_commit();
   }
   uint32_t sc[kM][2][Tr::kLoads];
-  load_scales<F, kM>(sc, wr, first, k_lane, k_end, block_cols_log2);
+  load_scales<F, kM>(sc, wr, 0, k_lane, k_end, block_cols_log2);
 
   int read_slot = 0;
   int fill_slot = C::kStages - 1;
 #pragma unroll 1
-  for (int s = first; s < last; ++s) {
+  for (int s = 0; s < slices; ++s) {
     uint32_t sc_next[kM][2][Tr::kLoads];
     load_scales<F, kM>(sc_next, wr, s + 1, k_lane, k_end, block_cols_log2);
     // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
@@ -326,7 +241,7 @@ __global__ void __launch_bounds__(C::kThreads, 2)
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
     const int fill = s + C::kStages - 1;
-    if (fill < last) {
+    if (fill < slices) {
       copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
       copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, fill, Kp);
     }
@@ -350,28 +265,7 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   }
   cp_async_wait_all();  // no copy outlives the CTA's shared memory
 
-  if (splits > 1) {
-    // The unit (tile, column block) and range, from a fresh read of the CTA index: the values
-    // computed before the loop would stay live across it, where every register is spoken for.
-    uint32_t cta;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-    const uint32_t units = static_cast<uint32_t>(max_tiles) * static_cast<uint32_t>(cols);
-    if (!reduce_splits<C>(acc, partials, arrivals, static_cast<int>(cta % units), splits,
-                          static_cast<int>(cta / units), n8, tid)) {
-      return;
-    }
-  }
   store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
-}
-
-// Column blocks and K slices of one streaming GEMM of shape C.
-template <class C>
-int64_t stream_cols(int64_t n, bool gate_up) {
-  const int64_t cols_per_cta = C::kWeightRows / (gate_up ? 2 : 1);
-  return (n + cols_per_cta - 1) / cols_per_cta;
-}
-inline int64_t stream_slices(int64_t k) {
-  return (k + kQuantSliceK - 1) / kQuantSliceK;
 }
 
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
@@ -379,36 +273,16 @@ void launch_stream_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float
                         cudaStream_t stream) {
   const int64_t K = kGateUp ? p.hidden : p.inter;
   const int64_t N = kGateUp ? p.inter : p.hidden;
-  const int64_t cols = stream_cols<C>(N, kGateUp);
-  const int splits = kGateUp ? p.gate_up_splits : p.down_splits;
+  const int64_t cols_per_cta = C::kWeightRows / (kGateUp ? 2 : 1);
+  const int64_t cols = (N + cols_per_cta - 1) / cols_per_cta;
   const size_t smem = C::smem_bytes(QuantTraits<F>::kLoads, kPlanes);
   auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes>;
   allow_smem(kernel, smem);
-  // Grid size: checked against gridDim.x's limit by the caller (splits > 1 only for few tiles).
-  kernel<<<static_cast<unsigned>(p.max_tiles * cols * splits), C::kThreads, smem, stream>>>(
+  // Grid size: checked against gridDim.x's limit by the caller.
+  kernel<<<static_cast<unsigned>(p.max_tiles * cols), C::kThreads, smem, stream>>>(
       a, K, N, p.top_k, p.sorted_pair, p.tiles, static_cast<int>(p.max_tiles),
-      static_cast<int>(cols), splits, kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows,
-      p.block_cols_log2, p.limit, out, reinterpret_cast<float4*>(p.split_partials),
-      p.split_arrivals);
+      kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2, p.limit, out);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
-}
-
-template <class C>
-QuantStreamSplits plan_splits(const QuantExpertsArgs& p, int64_t live_tiles, int sms) {
-  QuantStreamSplits plan{};
-  const int64_t gu_cols = stream_cols<C>(p.inter, true);
-  const int64_t dn_cols = stream_cols<C>(p.hidden, false);
-  plan.gate_up = choose_quant_stream_splits(live_tiles, gu_cols, stream_slices(p.hidden), sms);
-  plan.down = choose_quant_stream_splits(live_tiles, dn_cols, stream_slices(p.inter), sms);
-  // Floats of one (tile, column block, range) unit's partial sums: a float4 per thread and
-  // accumulator group.
-  constexpr int64_t kUnitFloats = int64_t{4} * C::kMTiles * (C::kTok / 8) * C::kThreads;
-  int64_t units = 0;
-  if (plan.gate_up > 1) units = p.max_tiles * gu_cols * plan.gate_up;
-  if (plan.down > 1) units = std::max(units, p.max_tiles * dn_cols * plan.down);
-  plan.partial_floats = units * kUnitFloats;
-  plan.arrivals = units > 0 ? p.max_tiles * std::max(gu_cols, dn_cols) : 0;
-  return plan;
 }
 
 template <QuantFormat F, class C>
@@ -428,11 +302,6 @@ void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes,
 }
 
 }  // namespace
-
-QuantStreamSplits plan_quant_stream_splits(const QuantExpertsArgs& p, int64_t live_tiles, int sms) {
-  return p.format == QuantFormat::kMxfp4 ? plan_splits<ExpertQuantStreamMx>(p, live_tiles, sms)
-                                         : plan_splits<ExpertQuantStreamFp8>(p, live_tiles, sms);
-}
 
 void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes,
                                 const __nv_bfloat16* a, float* out, cudaStream_t stream) {

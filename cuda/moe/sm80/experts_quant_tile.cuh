@@ -13,7 +13,6 @@
 #include "cuda/common/activation.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/moe/sm80/experts_quant_config.h"
-#include "cuda/moe/sm80/experts_quant_decode.h"
 
 namespace deepinfer::cuda::quant_tile {
 
@@ -94,12 +93,28 @@ __device__ __forceinline__ Multiplier fp8_multiplier(float scale) {
 // Decoded pair f of a load (see slice_input), before the multiplier: the magnitude bits moved to
 // the bottom of a bf16's exponent and top of its mantissa, the sign to bit 15 (Marlin's trick).
 // e2m1 code (e, m) becomes the bf16 2^(e - 127) (1 + m / 2) (e > 0) or m 2^-127 (e == 0, a
-// subnormal): 2^-126 times its value (experts_quant_decode.h). e4m3 likewise becomes 2^-120
-// times its value.
+// subnormal): 2^-126 times its value. e4m3 likewise becomes 2^-120 times its value.
 template <QuantFormat F>
 __device__ __forceinline__ uint32_t decode_pair(const uint4& raw, int f) {
   if constexpr (F == QuantFormat::kMxfp4) {
-    return e2m1_pair_bits(word_of(raw, f >> 2), f & 3);
+    const uint32_t r = word_of(raw, f >> 2);
+    const int p = f & 3;
+    // Nibble p + 4i to bits 6..8 (+ 16i), its sign bit 4p + 3 (+ 16i) to bit 15 (+ 16i).
+    uint32_t sign, mag;
+    if (p == 3) {
+      sign = r;
+      mag = r >> 6;
+    } else if (p == 2) {
+      sign = r << 4;
+      mag = r >> 2;
+    } else if (p == 1) {
+      sign = r << 8;
+      mag = r << 2;
+    } else {
+      sign = r << 12;
+      mag = r << 6;
+    }
+    return (sign & 0x80008000u) | (mag & 0x01C001C0u);
   } else {
     const uint32_t r = word_of(raw, f >> 1);
     if ((f & 1) != 0) return (r & 0x80008000u) | ((r >> 4) & 0x07F007F0u);

@@ -1,19 +1,16 @@
-// The decode-shape kernels of the quantized routed experts. experts_quant_stream.cu without
-// split K (DEEPINFER_MOE_QUANT_DECODE=streaming-unsplit at backend creation) and experts_quant.cu's
-// register-prefetch kernel (=registers) reduce every output element over K in the same order, so
-// moe_experts gives bit-identical results on both: at V4-Flash widths with 1, 4 and 16 pairs per
-// expert, and on small shapes with K and N tails and without activation quantization (three bf16
-// planes). Each case first checks, on the heuristic the backend calls (cuda/moe/
-// moe_heuristics.h) with this device's shared memory, that the two backends do take the two
-// decode kernels at its shape (not the 64-row prefill tiles for both). The default streaming
-// kernel splits K across CTAs when few tiles are live: at shapes where the host's split count
-// (experts_quant_config.h) is above one, its results are bit-identical from run to run and agree
-// with the unsplit kernel to f32 summation order. Their agreement with the CPU reference is the
-// op table's (tests/backend_ops/cases_moe_quant.cpp). Skips without a GPU.
+// The two decode-shape kernels of the quantized routed experts (cuda/moe/sm80/
+// experts_quant_stream.cu, the default, and experts_quant.cu's register-prefetch kernel, chosen
+// by DEEPINFER_MOE_QUANT_DECODE=registers at backend creation) reduce every output element over
+// K in the same order, so moe_experts gives bit-identical results on both: at V4-Flash widths
+// with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and without
+// activation quantization (three bf16 planes). Each case first checks, on the heuristic the
+// backend calls (cuda/moe/moe_heuristics.h) with this device's shared memory, that the two
+// backends do take the two decode kernels at its shape (not the 64-row prefill tiles for both).
+// Their agreement with the CPU reference is the op table's (tests/backend_ops/
+// cases_moe_quant.cpp). Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -114,7 +111,7 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
     if (device_required()) FAIL() << why;
     GTEST_SKIP() << why;
   }
-  std::unique_ptr<Backend> streaming = cuda_backend_with_decode("streaming-unsplit");
+  std::unique_ptr<Backend> streaming = cuda_backend_with_decode("");
   std::unique_ptr<Backend> registers = cuda_backend_with_decode("registers");
   constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
   // 16 experts, top-6: 3, 11 and 43 tokens are about 1, 4 and 16 pairs per expert (43: 258
@@ -131,7 +128,7 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
     SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " act " +
                  std::to_string(c.act_group) + " H " + std::to_string(c.hidden) + " I " +
                  std::to_string(c.inter) + " T " + std::to_string(c.tokens));
-    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kStreamingUnsplit),
+    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kStreaming),
               cuda::ExpertsKernel::kQuantStream);
     ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kRegisters),
               cuda::ExpertsKernel::kQuantDecode);
@@ -153,79 +150,6 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
     for (int64_t i = 0; i < a.numel(); ++i) differ += a.item(i) != b.item(i) ? 1 : 0;
     EXPECT_EQ(differ, 0) << "elements that differ between the streaming and register kernels, of "
                          << a.numel();
-  }
-}
-
-// The split count the backend's plan gives the gate/up (gate_up) or down GEMM of case `c` on this
-// device (the streaming shapes' 128 SwiGLU columns or 256 rows per CTA; at most min(max_tiles,
-// pairs) live tiles).
-int split_count(const DecodeCase& c, bool gate_up) {
-  int device = 0, sms = 0, smem = 0;
-  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
-  EXPECT_EQ(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-            cudaSuccess);
-  const int64_t pairs = int64_t{c.tokens} * c.top_k;
-  cuda::ExpertsPassProblem p{pairs, c.experts, c.hidden, c.inter, false, true};
-  p.quantized = true;
-  const int64_t max_tiles = cuda::choose_experts_pass(p, static_cast<size_t>(smem)).max_tiles;
-  const int64_t n = gate_up ? c.inter : c.hidden;
-  const int64_t k = gate_up ? c.hidden : c.inter;
-  const int64_t per_cta = gate_up ? 128 : 256;
-  return cuda::choose_quant_stream_splits(std::min(max_tiles, pairs), (n + per_cta - 1) / per_cta,
-                                          (k + cuda::kQuantSliceK - 1) / cuda::kQuantSliceK, sms);
-}
-
-TEST(MoeQuantDecode, SplitStreamingIsDeterministicAndMatchesUnsplit) {
-  std::string why;
-  if (shared_backend("cuda", &why) == nullptr) {
-    if (device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
-  std::unique_ptr<Backend> split = cuda_backend_with_decode("");
-  std::unique_ptr<Backend> unsplit = cuda_backend_with_decode("streaming-unsplit");
-  constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
-  // No activation quantization (three bf16 planes): the split and unsplit sums differ by f32
-  // rounding only, never by an e4m3 rounding of the SwiGLU output that lands the other way. One
-  // token over 8 experts at V4-Flash widths (6 live tiles), 12 tokens (both n8 groups), and one
-  // live tile with K and N tails.
-  const std::vector<DecodeCase> cases = {
-      {kMx, 32, 0, 8, 6, 4096, 2048, 1},  {kFp8, 128, 0, 8, 6, 4096, 2048, 1},
-      {kMx, 32, 0, 8, 6, 4096, 2048, 12}, {kMx, 32, 0, 8, 1, 1600, 1632, 1},
-      {kFp8, 32, 0, 8, 2, 1056, 1184, 1},
-  };
-  std::mt19937 rng(20261202);
-  for (const DecodeCase& c : cases) {
-    SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " H " +
-                 std::to_string(c.hidden) + " I " + std::to_string(c.inter) + " T " +
-                 std::to_string(c.tokens));
-    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kStreaming),
-              cuda::ExpertsKernel::kQuantStream);
-    EXPECT_GT(split_count(c, true), 1) << "gate/up is not split at this shape";
-    EXPECT_GT(split_count(c, false), 1) << "down is not split at this shape";
-    std::vector<MatrixWeight> w1, w3, w2;
-    for (int e = 0; e < c.experts; ++e) {
-      w1.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
-      w3.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
-      w2.push_back(random_weight(rng, c.format, c.hidden, c.inter, c.block, c.act_group));
-    }
-    const Tensor x = random_f32(rng, {c.tokens, c.hidden});
-    const HostRouting routing = random_routing(c.tokens, c.experts, c.top_k, rng);
-    const Tensor a = run_experts(*split, w1, w3, w2, x, routing);
-    const Tensor a2 = run_experts(*split, w1, w3, w2, x, routing);
-    const Tensor b = run_experts(*unsplit, w1, w3, w2, x, routing);
-    ASSERT_EQ(a.nbytes(), b.nbytes());
-    double peak = 0.0;
-    for (int64_t i = 0; i < b.numel(); ++i) peak = std::max(peak, std::fabs(double{b.item(i)}));
-    EXPECT_GT(peak, 0.0) << "all-zero output";
-    int64_t rerun_differ = 0, far = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      rerun_differ += a.item(i) != a2.item(i) ? 1 : 0;
-      // f32 sums of up to 4096 exact products in another order: ~1e-6 of the output's scale.
-      far += std::fabs(double{a.item(i)} - double{b.item(i)}) > 1e-5 * peak ? 1 : 0;
-    }
-    EXPECT_EQ(rerun_differ, 0) << "elements that differ between two runs of the split kernel";
-    EXPECT_EQ(far, 0) << "elements of the split kernel off the unsplit one by > 1e-5 of the peak";
   }
 }
 
