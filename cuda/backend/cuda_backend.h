@@ -180,7 +180,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
-  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kStream;
+  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;
