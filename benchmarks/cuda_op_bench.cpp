@@ -6,9 +6,11 @@
 //
 // The quantized formats' cases (cuda_quant_bench.cpp) run first; `--only fp8`, `--only moe-quant`
 // or `--only quant` (both) runs just those. `--only v41` runs the V4.1 ops (cuda_v41_bench.cpp),
-// which the full run leaves out.
+// which the full run leaves out. `--only hc` runs the mHC ops (cuda_hc_bench.cpp) twice, on a
+// backend created under DEEPINFER_HC_PRE=fused and one under legacy (the A/B of the fused
+// decode kernel); the full run leaves it out too.
 //
-// Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant|attention|indexer|v41]
+// Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant|attention|indexer|v41|hc]
 // (one JSON object per line)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "cuda_attention_bench.h"
+#include "cuda_hc_bench.h"
 #include "cuda_quant_bench.h"
 #include "cuda_v41_bench.h"
 #include "deepinfer/backend.h"
@@ -44,12 +47,23 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
-      only != "attention" && only != "indexer" && only != "v41") {
+      only != "attention" && only != "indexer" && only != "v41" && only != "hc") {
     std::fprintf(stderr,
-                 "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, indexer or v41, "
-                 "got %s\n",
+                 "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, indexer, v41 or "
+                 "hc, got %s\n",
                  only.c_str());
     return 2;
+  }
+  if (only == "hc") {
+    // The backend reads DEEPINFER_HC_PRE at creation: one backend per path.
+    for (const char* path : {"fused", "legacy"}) {
+      setenv("DEEPINFER_HC_PRE", path, 1);
+      auto hc_be = make_backend("cuda");
+      if (std::strcmp(path, "fused") == 0)
+        std::printf("{\"device\": \"%s\"}\n", hc_be->name().c_str());
+      bench_mhc(*hc_be, iters, path);
+    }
+    return 0;
   }
   auto be = make_backend("cuda");
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());

@@ -4,12 +4,14 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/backend/cuda_context.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/hc/hc_heuristics.h"
 
 namespace deepinfer {
 
@@ -148,6 +150,15 @@ CudaBackend::CudaBackend(int device_index)
                     fp8_linear + "'");
   }
   fp8_linear_ = *fp8_choice;
+  // A/B switch of the mHC ops' fused decode path, read once here (hc/hc_heuristics.h).
+  if (const char* hc_pre = std::getenv("DEEPINFER_HC_PRE"); hc_pre != nullptr) {
+    const std::string value = hc_pre;
+    if (value != "fused" && value != "legacy") {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "DEEPINFER_HC_PRE: expected fused or legacy, got '" + value + "'");
+    }
+    hc_fused_ = value == "fused";
+  }
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {
@@ -171,6 +182,11 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index));
   uint64_t threshold = UINT64_MAX;
   DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  hc_barrier_ = zeros({2 * kHcFusedMaxGroups}, DType::kI32);
+}
+
+unsigned* CudaBackend::hc_barrier() const {
+  return reinterpret_cast<unsigned*>(hc_barrier_.raw_data());
 }
 
 void CudaBackend::make_current() {

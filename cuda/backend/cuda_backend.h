@@ -85,6 +85,14 @@ class CudaBackend final : public Backend {
   // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
   ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
   void set_last_quant_experts_kernel(ExpertsKernel k) { last_quant_experts_kernel_ = k; }
+  // DEEPINFER_HC_PRE at creation: fused (default) or legacy. Whether hc_pre, hc_head and
+  // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_grid) where
+  // it applies, or always the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel): an A/B
+  // switch for benchmarks.
+  bool hc_fused() const { return hc_fused_; }
+  // The fused hc kernel's barrier slots ({count, generation} per token group), zero at creation
+  // and left zero by every launch (so graph replays need no reset).
+  unsigned* hc_barrier() const;
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
   // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
@@ -136,6 +144,10 @@ class CudaBackend final : public Backend {
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const HcParams& params) override;
+  // The fused kernel at decode sizes (hc_fused_grid), else hc_post then hc_pre.
+  HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                             const Tensor& comb, const Tensor& fn, const Tensor& base,
+                             const Tensor& scale, const HcParams& params) override;
   HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                    const Tensor& scale, const Tensor& prev_pre,
                                    const HcParams& params) override;
@@ -182,7 +194,9 @@ class CudaBackend final : public Backend {
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
+  bool hc_fused_ = true;
   std::shared_ptr<CudaContext> ctx_;
+  Tensor hc_barrier_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
 };

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "common/host_device.h"
+
 namespace deepinfer::cuda {
 
 // The per-token kernels keep the stream weights (and hc_pre's n x n matrix) in shared memory;
@@ -42,6 +44,63 @@ inline CollapseGrid collapse_grid(int num_sms, int64_t tokens, int64_t hidden) {
 // Blocks of hc_pre's weight role: one warp per token when n * n <= 32, else a block per token.
 inline int64_t hc_weight_blocks(int n, int64_t tokens) {
   return n * n <= 32 ? (tokens + kHcThreads / 32 - 1) / (kHcThreads / 32) : tokens;
+}
+
+// The fused decode path of hc_pre, hc_post_pre and hc_head (hc_fused_kernel): one launch
+// computes the mix GEMV, the norm, the weights and the collapse (and hc_post_pre's trunk update).
+// Token group g (tokens_per_cta consecutive tokens) is split over `splits` CTAs, CTA s taking
+// channels [s * chunk, (s + 1) * chunk) of every stream; the CTAs of a group meet at a spin
+// barrier, so the whole grid must be resident at once: groups * splits <= num_sms, one CTA per SM.
+// Larger T keeps the unfused path (rms_norm, cuBLAS, finish kernel), where the GEMM's tile reuse
+// pays.
+constexpr int kHcFusedThreads = 256;
+// The fused kernel's threads hold sums of up to 24 fn rows in registers: (2 + n) * n <= 24, n <= 4.
+constexpr int kHcFusedMaxN = 4;
+constexpr int kHcFusedMaxRows = (2 + kHcFusedMaxN) * kHcFusedMaxN;
+constexpr int64_t kHcFusedMaxTokens = 256;
+// A CTA's slice is at least this many channels (the last one may be shorter), so the partial
+// sums stay few against the work.
+constexpr int64_t kHcFusedMinChunk = 32;
+// Barrier slots (count, generation) of the backend's persistent buffer: one per token group.
+constexpr int64_t kHcFusedMaxGroups = 1024;
+
+struct HcFusedGrid {
+  bool fused = false;  // false: the unfused path
+  int tokens_per_cta = 0;
+  int64_t groups = 0;
+  int64_t splits = 0;
+  int64_t chunk = 0;  // channels per CTA, a multiple of 4 (float4 loads)
+};
+
+// Decode sizes (T <= kHcFusedMaxTokens, hc_mult <= kHcFusedMaxN, hidden a multiple of 4) take
+// the fused kernel; up to 8 tokens one token per CTA group, else 4 (the fn slice each CTA reads
+// is then shared by 4 tokens). The groups get num_sms / groups splits each (as many as fit one
+// CTA per SM), at least kHcFusedMinChunk channels per split.
+inline HcFusedGrid hc_fused_grid(int num_sms, int64_t tokens, int n, int64_t hidden) {
+  HcFusedGrid g;
+  if (tokens < 1 || tokens > kHcFusedMaxTokens || n < 1 || n > kHcFusedMaxN || hidden < 4 ||
+      hidden % 4 != 0) {
+    return g;
+  }
+  g.tokens_per_cta = tokens <= 8 ? 1 : 4;
+  g.groups = (tokens + g.tokens_per_cta - 1) / g.tokens_per_cta;
+  if (g.groups > num_sms || g.groups > kHcFusedMaxGroups) return g;
+  const int64_t max_splits = hidden >= 2 * kHcFusedMinChunk ? hidden / kHcFusedMinChunk : 1;
+  int64_t splits = num_sms / g.groups;
+  splits = splits > max_splits ? max_splits : splits;
+  const int64_t per_split = (hidden + splits - 1) / splits;
+  g.chunk = (per_split + 3) / 4 * 4;
+  g.splits = (hidden + g.chunk - 1) / g.chunk;
+  g.fused = true;
+  return g;
+}
+
+// The column of a token's flattened row [n * hidden] that unit u of a fused CTA reads (4 from
+// there): the CTA's slice starts at channel h_begin and holds `quads` float4 columns of each
+// stream; unit u is stream u / quads, float4 column u % quads.
+DEEPINFER_HOST_DEVICE inline int64_t hc_fused_column(int64_t u, int64_t quads, int64_t hidden,
+                                                     int64_t h_begin) {
+  return u / quads * hidden + h_begin + u % quads * 4;
 }
 
 }  // namespace deepinfer::cuda

@@ -1,5 +1,5 @@
-// Rows of the hyper-connection ops: hc_expand (exact), hc_pre, hc_post, hc_head (summation order
-// and expf ulps: ~1e-5 of the largest reference value).
+// Rows of the hyper-connection ops: hc_expand (exact), hc_pre, hc_post, hc_post_pre, hc_head
+// (summation order and expf ulps: ~1e-5 of the largest reference value).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -31,7 +31,21 @@ struct HcDims {
 // n = 5: the largest n * n <= 32 (one warp per token in hc_pre, idle lanes); n = 6 and 9: the
 // block path of hc_pre's weights (n = 9 also takes two batches of stream loads in the collapse);
 // T = 203 at full width: several channel chunks per token, the last one partial.
-const std::vector<HcDims> kHcDims = {{1, 4, 64, 20},
+// The fused CUDA decode path of hc_pre / hc_post_pre / hc_head (cuda/hc/hc_heuristics.h:
+// hc_fused_grid, n <= 4, T <= 256): full width at T = 1 (128 splits of one token), 2, 7 and 8 (one
+// token per CTA group), 9 (4 per group, the last group one token), 64 (16 groups of 8 splits), 256
+// (the largest fused T) and 257 (the first unfused one, as 203); H = 64 splits in two, H = 32 and
+// 40 take one CTA per group (no barrier).
+const std::vector<HcDims> kHcDims = {{1, kHcMult, kHidden, 20},
+                                     {2, kHcMult, kHidden, 20},
+                                     {7, kHcMult, kHidden, 20},
+                                     {8, kHcMult, kHidden, 20},
+                                     {9, kHcMult, kHidden, 20},
+                                     {64, kHcMult, kHidden, 20},
+                                     {256, kHcMult, kHidden, 20},
+                                     {257, kHcMult, kHidden, 20},
+                                     {2, 4, 32, 20},
+                                     {1, 4, 64, 20},
                                      {5, 4, 64, 20},
                                      {37, 4, 64, 20},
                                      {7, 2, 64, 1},
@@ -95,6 +109,32 @@ std::vector<OpCase> hc_cases() {
                    [](Backend& be, const Tensors& in) {
                      return out(
                          be.hc_post(up(be, in[0]), up(be, in[1]), up(be, in[2]), up(be, in[3])));
+                   },
+               .expect = close(kRtol, kAtol),
+           });
+    add(t, Case<Tensors>{
+               .op = "hc_post_pre",
+               .label = c.label(),
+               .draw =
+                   [c, width, fn_scale](Rng& rng) {
+                     const int64_t fn_rows = static_cast<int64_t>(2 + c.n) * c.n;
+                     return Tensors{random_f32(rng, {c.tokens, c.n, c.hidden}),
+                                    random_f32(rng, {c.tokens, c.hidden}),
+                                    random_f32(rng, {c.tokens, c.n}),
+                                    random_f32(rng, {c.tokens, c.n, c.n}, 0.5f),
+                                    random_f32(rng, {fn_rows, width}, fn_scale),
+                                    random_f32(rng, {fn_rows}, 0.5f),
+                                    Tensor::from_vector(std::vector<float>{0.8f, 1.3f, 2.0f}, {3})};
+                   },
+               .run =
+                   [c](Backend& be, const Tensors& in) {
+                     HcPostPre r =
+                         be.hc_post_pre(up(be, in[0]), up(be, in[1]), up(be, in[2]), up(be, in[3]),
+                                        up(be, in[4]), up(be, in[5]), up(be, in[6]), c.params());
+                     return Outputs{{"trunk", r.trunk},
+                                    {"post", r.mix.post},
+                                    {"comb", r.mix.comb},
+                                    {"y", r.mix.y}};
                    },
                .expect = close(kRtol, kAtol),
            });

@@ -1,5 +1,5 @@
-// CPU backend hyper-connection (hc_expand, hc_pre, hc_post, hc_head) and MoE (moe_route,
-// moe_experts) ops against double-precision references on random inputs.
+// CPU backend hyper-connection (hc_expand, hc_pre, hc_post, hc_post_pre, hc_head) and MoE
+// (moe_route, moe_experts) ops against double-precision references on random inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -148,6 +148,33 @@ TEST_F(CpuHcMoeTest, HcPost) {
     }
   }
   expect_close(got, want, 1e-5, 1e-6);
+}
+
+// hc_post_pre is hc_post, then hc_pre of its result: the same bits; and its checks are both ops'.
+TEST_F(CpuHcMoeTest, HcPostPreIsPostThenPre) {
+  HcParams p;
+  const int64_t T = 3, N = 4, H = 6, M = (2 + N) * N;
+  Tensor X = up(rng.uniform(sz(T * N * H), -2, 2), {T, N, H});
+  Tensor out = up(rng.uniform(sz(T * H)), {T, H});
+  Tensor post = up(rng.uniform(sz(T * N), 0, 2), {T, N});
+  Tensor comb = up(rng.uniform(sz(T * N * N), 0, 1), {T, N, N});
+  Tensor fn = up(rng.uniform(sz(M * N * H), -0.3f, 0.3f), {M, N * H});
+  Tensor base = up(rng.uniform(sz(M)), {M});
+  Tensor scale = up(std::vector<float>{0.7f, 1.3f, 2.0f}, {3});
+  const HcPostPre fused = be->hc_post_pre(X, out, post, comb, fn, base, scale, p);
+  const Tensor trunk = be->hc_post(X, out, post, comb);
+  const HcMix mix = be->hc_pre(trunk, fn, base, scale, p);
+  auto want = [&](const Tensor& t) {
+    const std::vector<float> v = fetch_f32(*be, t);
+    return std::vector<double>(v.begin(), v.end());
+  };
+  expect_close(fetch_f32(*be, fused.trunk), want(trunk), 0, 0, "trunk");
+  expect_close(fetch_f32(*be, fused.mix.post), want(mix.post), 0, 0, "post");
+  expect_close(fetch_f32(*be, fused.mix.comb), want(mix.comb), 0, 0, "comb");
+  expect_close(fetch_f32(*be, fused.mix.y), want(mix.y), 0, 0, "y");
+  // hc_post's checks (comb's shape) and hc_pre's (fn's rows), under the op's name.
+  EXPECT_THROW(be->hc_post_pre(X, out, post, post, fn, base, scale, p), Error);
+  EXPECT_THROW(be->hc_post_pre(X, out, post, comb, base, base, scale, p), Error);
 }
 
 TEST_F(CpuHcMoeTest, HcHead) {

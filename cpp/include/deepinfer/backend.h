@@ -61,6 +61,13 @@ struct HcMix {
   Tensor y;
 };
 
+// Output of hc_post_pre: the updated trunk [T, N, H] (hc_post's result) and the next
+// sub-layer's hc_pre of it.
+struct HcPostPre {
+  Tensor trunk;
+  HcMix mix;
+};
+
 // Output of hc_pre_shifted (V4.1 shifted mHC, docs/model.md#v41-ops): this sub-layer's pre [T, N]
 // (for the next sub-layer's collapse), post [T, N], comb [T, N, N] as in HcMix, and the block
 // input y [T, H] collapsed with the *previous* sub-layer's pre.
@@ -403,6 +410,11 @@ class Backend {
                const HcParams& params);
   // X_new[t, j] = post[t, j] * out[t] + sum_i comb[t, i, j] * X[t, i].
   Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb);
+  // hc_post(X, out, post, comb), then hc_pre of its result with the next sub-layer's fn, base
+  // and scale: one op so a backend can mix the trunk as it writes it (the default runs the two).
+  HcPostPre hc_post_pre(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb,
+                        const Tensor& fn, const Tensor& base, const Tensor& scale,
+                        const HcParams& params);
   // Final collapse: fn [N, N*H], base [N], scale [1] -> [T, H].
   Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                  const HcParams& params);
@@ -559,6 +571,10 @@ class Backend {
                               const Tensor& comb) = 0;
   virtual Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                               const Tensor& scale, const HcParams& params) = 0;
+  // The default is literally hc_post_impl, then hc_pre_impl of its result (the CPU reference).
+  virtual HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                                     const Tensor& comb, const Tensor& fn, const Tensor& base,
+                                     const Tensor& scale, const HcParams& params);
 
   // V4.1 ops: the defaults throw Error(kUnsupported) naming the op and the backend, so a backend
   // without them yet still builds and fails loudly when a V4.1 graph reaches it.

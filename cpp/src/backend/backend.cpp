@@ -59,6 +59,29 @@ void check_hc_mult(const OpChecks& c, int hc_mult) {
   if (hc_mult <= 0) c.fail("hc_mult must be positive, got " + std::to_string(hc_mult));
 }
 
+// The checks of hc_pre's arguments (X [T, N, H] and the mix weights), shared with hc_post_pre.
+void check_hc_pre(const OpChecks& c, const Tensor& X, const Tensor& fn, const Tensor& base,
+                  const Tensor& scale, const HcParams& params) {
+  check_hc_mult(c, params.hc_mult);
+  c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
+  const int64_t n = params.hc_mult;
+  check_hc_weights(c, X, fn, base, scale, (2 + n) * n, 3);
+  if (params.sinkhorn_iters < 1) {
+    c.fail("sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
+  }
+}
+
+// The checks of hc_post's arguments, shared with hc_post_pre.
+void check_hc_post(const OpChecks& c, const Tensor& X, const Tensor& out, const Tensor& post,
+                   const Tensor& comb) {
+  c.tensor("X", X, DType::kF32, {-1, -1, -1});
+  const int64_t tokens = X.size(0);
+  const int64_t n = X.size(1);
+  c.tensor("out", out, DType::kF32, {tokens, X.size(2)});
+  c.tensor("post", post, DType::kF32, {tokens, n});
+  c.tensor("comb", comb, DType::kF32, {tokens, n, n});
+}
+
 }  // namespace
 
 // ---- memory and synchronisation --------------------------------------------------------------
@@ -419,26 +442,31 @@ Tensor Backend::hc_expand(const Tensor& x, int hc_mult) {
 HcMix Backend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const HcParams& params) {
   const OpChecks c("hc_pre", device_kind());
-  check_hc_mult(c, params.hc_mult);
-  c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
-  const int64_t n = params.hc_mult;
-  check_hc_weights(c, X, fn, base, scale, (2 + n) * n, 3);
-  if (params.sinkhorn_iters < 1) {
-    c.fail("sinkhorn_iters must be >= 1, got " + std::to_string(params.sinkhorn_iters));
-  }
+  check_hc_pre(c, X, fn, base, scale, params);
   return hc_pre_impl(X, fn, base, scale, params);
 }
 
 Tensor Backend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
                         const Tensor& comb) {
   const OpChecks c("hc_post", device_kind());
-  c.tensor("X", X, DType::kF32, {-1, -1, -1});
-  const int64_t tokens = X.size(0);
-  const int64_t n = X.size(1);
-  c.tensor("out", out, DType::kF32, {tokens, X.size(2)});
-  c.tensor("post", post, DType::kF32, {tokens, n});
-  c.tensor("comb", comb, DType::kF32, {tokens, n, n});
+  check_hc_post(c, X, out, post, comb);
   return hc_post_impl(X, out, post, comb);
+}
+
+HcPostPre Backend::hc_post_pre(const Tensor& X, const Tensor& out, const Tensor& post,
+                               const Tensor& comb, const Tensor& fn, const Tensor& base,
+                               const Tensor& scale, const HcParams& params) {
+  const OpChecks c("hc_post_pre", device_kind());
+  check_hc_post(c, X, out, post, comb);
+  check_hc_pre(c, X, fn, base, scale, params);  // the new trunk has X's shape
+  return hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+}
+
+HcPostPre Backend::hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                                    const Tensor& comb, const Tensor& fn, const Tensor& base,
+                                    const Tensor& scale, const HcParams& params) {
+  Tensor trunk = hc_post_impl(X, out, post, comb);
+  return {trunk, hc_pre_impl(trunk, fn, base, scale, params)};
 }
 
 Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,

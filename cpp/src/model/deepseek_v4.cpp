@@ -1,6 +1,7 @@
 #include "model/deepseek_v4.h"
 
 #include <cmath>
+#include <optional>
 
 #include "deepinfer/error.h"
 #include "dist/expert_parallel.h"
@@ -25,14 +26,26 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
   const BatchLayout& layout = plan.layout;
 
   // The residual trunk is hc_mult parallel streams, mixed in and out of every sub-layer (mHC).
+  // Each trunk update (hc_post) but the last is one op with the next sub-layer's mix (hc_pre).
   Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
+  std::optional<PendingHcPost> pending;
   for (int li = 0; li < config_.num_hidden_layers; ++li) {
     // KV tier imports on the copy stream: layer L waits only for its own blocks' copies, so the
     // copies of later layers overlap the compute of earlier ones (ModelCaches::import_layered).
     caches.wait_layer(be, li);
-    trunk =
-        decoder_layer(li, weights_.layers[static_cast<size_t>(li)], trunk, plan, caches.layer(li));
+    const LayerWeights& w = weights_.layers[static_cast<size_t>(li)];
+    HcMix mix;
+    if (pending) {
+      HcPostPre next = be.hc_post_pre(pending->trunk, pending->out, pending->post, pending->comb,
+                                      w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+      trunk = next.trunk;
+      mix = next.mix;
+    } else {
+      mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+    }
+    pending = layer_after_mix(li, w, trunk, mix, plan, caches.layer(li));
   }
+  if (pending) trunk = be.hc_post(pending->trunk, pending->out, pending->post, pending->comb);
   if (hidden != nullptr) *hidden = trunk;
   // The head runs only on the rows whose logits are wanted (none for a prefill step whose chunks
   // all stop short of their prompt's end).
@@ -44,14 +57,24 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
 Tensor DeepseekV4Model::decoder_layer(int layer, const LayerWeights& w, const Tensor& trunk,
                                       const BatchPlan& plan, LayerCaches& caches) {
   Backend& be = backend_;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  HcMix mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
-  Tensor attn_out = attention(layer, w.attn, be.rms_norm(mix.y, w.attn_norm, eps), plan, caches);
-  Tensor out = be.hc_post(trunk, attn_out, mix.post, mix.comb);
+  const HcMix mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+  const PendingHcPost p = layer_after_mix(layer, w, trunk, mix, plan, caches);
+  return be.hc_post(p.trunk, p.out, p.post, p.comb);
+}
 
-  mix = be.hc_pre(out, w.hc_ffn.fn, w.hc_ffn.base, w.hc_ffn.scale, hc_params_);
-  Tensor ffn_out = moe(layer, w.ffn, be.rms_norm(mix.y, w.ffn_norm, eps), plan.layout.token_ids);
-  return be.hc_post(out, ffn_out, mix.post, mix.comb);
+DeepseekV4Model::PendingHcPost DeepseekV4Model::layer_after_mix(int layer, const LayerWeights& w,
+                                                                const Tensor& trunk,
+                                                                const HcMix& mix,
+                                                                const BatchPlan& plan,
+                                                                LayerCaches& caches) {
+  Backend& be = backend_;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  Tensor attn_out = attention(layer, w.attn, be.rms_norm(mix.y, w.attn_norm, eps), plan, caches);
+  HcPostPre ffn = be.hc_post_pre(trunk, attn_out, mix.post, mix.comb, w.hc_ffn.fn, w.hc_ffn.base,
+                                 w.hc_ffn.scale, hc_params_);
+  Tensor ffn_out =
+      moe(layer, w.ffn, be.rms_norm(ffn.mix.y, w.ffn_norm, eps), plan.layout.token_ids);
+  return {ffn.trunk, ffn_out, ffn.mix.post, ffn.mix.comb};
 }
 
 Tensor DeepseekV4Model::head(const Tensor& trunk, const HcWeights& hc, const Tensor& norm) {

@@ -64,6 +64,18 @@ class DeepseekV4Model {
   const HcParams& hc_params() const { return hc_params_; }
 
  private:
+  // A layer's output before its last trunk update: hc_post(trunk, out, post, comb) is due, and
+  // forward fuses it with the next layer's hc_pre (hc_post_pre).
+  struct PendingHcPost {
+    Tensor trunk;
+    Tensor out;
+    Tensor post;
+    Tensor comb;
+  };
+  // The layer from its attention mix (hc_pre of `trunk`) on: attention, its trunk update fused
+  // with the MoE's hc_pre, the MoE; the MoE's trunk update is left to the caller.
+  PendingHcPost layer_after_mix(int layer, const LayerWeights& w, const Tensor& trunk,
+                                const HcMix& mix, const BatchPlan& plan, LayerCaches& caches);
   Tensor attention(int layer, const AttentionWeights& w, const Tensor& x, const BatchPlan& plan,
                    LayerCaches& caches);
   // Runs a compressor over this call's tokens: stores the windows that close as normalised,

@@ -1,0 +1,18 @@
+// The mHC op benchmark of the CUDA backend (cuda_hc_bench.cpp), run by cuda_op_bench --only hc.
+#pragma once
+
+#include <string>
+
+#include "deepinfer/backend.h"
+
+namespace deepinfer::bench {
+
+// hc_pre, hc_head, hc_post_pre and hc_post at V4-Flash widths (n = 4, H = 4096) for T = 1, 7, 64
+// and 256, as graph replays. `path` labels the rows with the backend's DEEPINFER_HC_PRE choice
+// (fused, or legacy: the backend was created under it; legacy's hc_post_pre is hc_post then
+// hc_pre). The ops with mix weights run twice: over one weight set (fn stays in L2 across the
+// replayed calls) and rotating over enough sets that fn comes from HBM, as in a decode step that
+// streams the layers' weights between two mHC ops.
+void bench_mhc(Backend& be, int iters, const std::string& path);
+
+}  // namespace deepinfer::bench

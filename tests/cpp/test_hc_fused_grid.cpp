@@ -1,0 +1,95 @@
+// The launch shape of the fused hc_pre / hc_head kernel (cuda/hc/hc_heuristics.h), checked on
+// the host: the kernel's CTAs of a token group wait for each other at a spin barrier, so the
+// grid must fit the SMs, and its slices must read every column of a token's flattened row once.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/hc/hc_heuristics.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+TEST(HcFusedGrid, DecodeSizesFitOneCtaPerSm) {
+  for (const int sms : {1, 8, 78, 132}) {
+    for (int64_t tokens = 1; tokens <= kHcFusedMaxTokens + 1; ++tokens) {
+      for (const int64_t hidden : {4, 32, 36, 40, 64, 4096, 7168}) {
+        const HcFusedGrid g = hc_fused_grid(sms, tokens, 4, hidden);
+        const int per_cta = tokens <= 8 ? 1 : 4;
+        const bool expected =
+            tokens <= kHcFusedMaxTokens && (tokens + per_cta - 1) / per_cta <= sms;
+        ASSERT_EQ(g.fused, expected) << sms << " SMs, T " << tokens << ", H " << hidden;
+        if (!g.fused) continue;
+        EXPECT_EQ(g.tokens_per_cta, per_cta);
+        EXPECT_GE(g.groups * g.tokens_per_cta, tokens);
+        EXPECT_LT((g.groups - 1) * g.tokens_per_cta, tokens);
+        EXPECT_LE(g.groups * g.splits, sms);
+        EXPECT_LE(g.groups, kHcFusedMaxGroups);
+        EXPECT_EQ(g.chunk % 4, 0);
+        // The splits cover the channels, the last one non-empty.
+        EXPECT_GE(g.splits * g.chunk, hidden);
+        EXPECT_LT((g.splits - 1) * g.chunk, hidden);
+        if (g.splits > 1) {
+          EXPECT_GE(g.chunk, kHcFusedMinChunk);
+        }
+      }
+    }
+  }
+}
+
+TEST(HcFusedGrid, OtherShapesTakeTheUnfusedPath) {
+  EXPECT_FALSE(hc_fused_grid(132, 0, 4, 4096).fused);
+  EXPECT_FALSE(hc_fused_grid(132, kHcFusedMaxTokens + 1, 4, 4096).fused);
+  EXPECT_FALSE(hc_fused_grid(132, 1, kHcFusedMaxN + 1, 4096).fused);
+  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 42).fused);  // float4 rows need hidden % 4 == 0
+  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 0).fused);
+  EXPECT_TRUE(hc_fused_grid(132, 1, 1, 4).fused);
+}
+
+// The V4-Flash shapes: T = 1 spreads one token over 128 CTAs of 32 channels; T = 64 takes 16
+// groups of 4 tokens, 8 splits each.
+TEST(HcFusedGrid, FlashShapes) {
+  const HcFusedGrid one = hc_fused_grid(132, 1, 4, 4096);
+  EXPECT_EQ(one.groups, 1);
+  EXPECT_EQ(one.splits, 128);
+  EXPECT_EQ(one.chunk, 32);
+  const HcFusedGrid batch = hc_fused_grid(132, 64, 4, 4096);
+  EXPECT_EQ(batch.groups, 16);
+  EXPECT_EQ(batch.splits, 8);
+  EXPECT_EQ(batch.chunk, 512);
+}
+
+// The CTAs' units (hc_fused_column) read each float4 column of the flattened row exactly once.
+TEST(HcFusedGrid, UnitsCoverEveryColumnOnce) {
+  for (const int n : {1, 2, 3, 4}) {
+    for (const int64_t hidden : {4, 36, 40, 64, 4096}) {
+      for (const int64_t tokens : {1, 7, 64}) {
+        const HcFusedGrid g = hc_fused_grid(132, tokens, n, hidden);
+        ASSERT_TRUE(g.fused);
+        std::vector<int> reads(static_cast<size_t>(n * hidden), 0);
+        for (int64_t split = 0; split < g.splits; ++split) {
+          const int64_t h_begin = split * g.chunk;
+          const int64_t h_end = h_begin + g.chunk < hidden ? h_begin + g.chunk : hidden;
+          const int64_t quads = (h_end - h_begin) / 4;
+          for (int64_t u = 0; u < n * quads; ++u) {
+            const int64_t k = hc_fused_column(u, quads, hidden, h_begin);
+            ASSERT_GE(k, 0);
+            ASSERT_LE(k + 4, n * hidden);
+            // Inside this split's channels of its stream.
+            EXPECT_GE(k % hidden, h_begin);
+            EXPECT_LE(k % hidden + 4, h_end);
+            for (int e = 0; e < 4; ++e) ++reads[static_cast<size_t>(k + e)];
+          }
+        }
+        for (size_t k = 0; k < reads.size(); ++k) {
+          ASSERT_EQ(reads[k], 1) << "n " << n << " H " << hidden << " T " << tokens << " column "
+                                 << k;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda
