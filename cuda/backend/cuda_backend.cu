@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -139,6 +140,13 @@ CudaBackend::CudaBackend(int device_index)
                     quant_decode + "'");
   }
   moe_quant_decode_ = *choice;
+  // A/B switches of the tensor-core attention's plan (attention_plan.h), read once here.
+  std::string bad_attention;
+  const std::optional<AttentionMmaChoice> attention_choice = parse_attention_mma_choice(
+      std::getenv("DEEPINFER_ATTENTION_COMBINE"), std::getenv("DEEPINFER_ATTENTION_ROWS"),
+      std::getenv("DEEPINFER_ATTENTION_SPLITS"), &bad_attention);
+  if (!attention_choice) throw Error(ErrorCode::kInvalidArgument, bad_attention);
+  attention_mma_choice_ = *attention_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {
@@ -162,6 +170,8 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index));
   uint64_t threshold = UINT64_MAX;
   DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  // Zeroed once; the fused attention combine leaves every counter at zero after each launch.
+  attention_counters_ = zeros({kAttentionCounterSlots}, DType::kI32);
 }
 
 void CudaBackend::make_current() {
