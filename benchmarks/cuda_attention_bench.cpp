@@ -97,8 +97,11 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   auto plan_label = [&] {
     const cuda::AttentionMmaPlan p = cuda_be.last_attention_plan();
-    return std::string(p.fused ? ", fused combine" : ", separate combine") +
-           " (rows=" + std::to_string(p.rows) + " splits=" + std::to_string(p.splits) + ")";
+    const char* path = p.splits == 1 ? ", no split"
+                       : p.fused     ? ", fused combine"
+                                     : ", separate combine";
+    return std::string(path) + " (rows=" + std::to_string(p.rows) +
+           " splits=" + std::to_string(p.splits) + ")";
   };
   const double us = time_us(be, iters, call);
   emit("attention_decode", shape + plan_label(), us, bytes, flops);
