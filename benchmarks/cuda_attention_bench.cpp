@@ -85,8 +85,32 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   const std::string shape = "B=" + std::to_string(s.batch) + " s_q=" + std::to_string(s.s_q) +
                             " h=" + std::to_string(s.heads) + " topk=" + std::to_string(s.topk) +
                             " " + kv_name(s.kv) + " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
-  emit("attention_decode", shape, time_us(be, iters, call), bytes, flops);
-  emit("attention_decode", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
+  if (!s.bf16_math) {
+    emit("attention_decode", shape, time_us(be, iters, call), bytes, flops);
+    emit("attention_decode", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
+    return;
+  }
+  // The tensor-core kernel's two combine paths (attention_plan.h), each with the plan it ran:
+  // the backend's choice (DEEPINFER_ATTENTION_*: by default the fused combine and the cost
+  // model's rows and splits), then the separate combine kernel of the pre-fusion plan.
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
+  const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
+  auto plan_label = [&] {
+    const cuda::AttentionMmaPlan p = cuda_be.last_attention_plan();
+    const char* path = p.splits == 1 ? ", no split"
+                       : p.fused     ? ", fused combine"
+                                     : ", separate combine";
+    return std::string(path) + " (rows=" + std::to_string(p.rows) +
+           " splits=" + std::to_string(p.splits) + ")";
+  };
+  const double us = time_us(be, iters, call);
+  emit("attention_decode", shape + plan_label(), us, bytes, flops);
+  const double graph_us = time_graph_us(be, iters, call);
+  emit("attention_decode", shape + plan_label() + " (graph)", graph_us, bytes, flops);
+  cuda_be.set_attention_mma_choice({.fused_combine = false});
+  const double separate_us = time_graph_us(be, iters, call);
+  emit("attention_decode", shape + plan_label() + " (graph)", separate_us, bytes, flops);
+  cuda_be.set_attention_mma_choice(backend_choice);
 }
 
 // The lightning indexer at V4-Flash widths (64 heads x 128, ratio 4, top 512) for `batch`
@@ -210,7 +234,7 @@ void bench_indexer(Backend& be, int iters) {
 void bench_attention_decode(Backend& be, int iters) {
   std::vector<AttentionShape> shapes;
   for (const auto& [b, sq] :
-       std::vector<std::pair<int, int>>{{1, 1}, {64, 1}, {256, 1}, {256, 2}}) {
+       std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {64, 1}, {256, 1}, {256, 2}}) {
     shapes.push_back({b, sq, false, DType::kF32, 512, 64});
     for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
       shapes.push_back({b, sq, true, kv, 512, 64});

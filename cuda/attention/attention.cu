@@ -4,10 +4,12 @@
 // This file checks the kernels' limits, chooses a kernel and its config (attention_heuristics.h)
 // and launches it:
 //  - AttentionSpec::bf16_math and a supported shape: the tensor-core kernel
-//    (sm80/attention_mma.cu: bf16 operands, f32 accumulation);
+//    (sm80/attention_mma.cu: bf16 operands, f32 accumulation), with the plan of attention_plan.h
+//    (heads per block, key splits, and by default the splits merged by the kernel's last block:
+//    DEEPINFER_ATTENTION_COMBINE=separate restores the separate combine);
 //  - otherwise the f32 kernel (attention_f32.cu);
-// and, when the keys are split (flash-decoding: few tokens then still spread over the SMs), the
-// combine kernel (attention_combine.cu), which serves both.
+// and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
+// kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -114,11 +116,14 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   const bool mma_format = a.entf.format == a.kvf.format && !is_v41_format(a.kvf.format);
   if (spec.bf16_math && mma_format) {
     const AttentionMmaConfig c =
-        choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits);
+        choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits,
+                             kAttentionCounterSlots, attention_mma_choice());
     if (c.supported) {
-      split_outputs(c.splits);
+      last_attention_plan_ = c.plan;
+      split_outputs(c.plan.splits);
+      if (c.plan.fused) a.counters = attention_counters();
       launch_attention_mma(a, dl, c, tokens, stream());
-      combine(c.splits);
+      if (!c.plan.fused) combine(c.plan.splits);
       return out;
     }
   }

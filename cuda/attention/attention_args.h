@@ -30,6 +30,9 @@ struct AttentionArgs {
   float* out;                // [T, heads, dim] when there is one split
   float* part_acc;           // [splits, T, heads, dim] otherwise
   float* part_md;            // [splits, T, heads, 2]: running max, denominator
+  // The tensor-core kernel's fused combine: [T, head groups] arrival counts of the splits, zero
+  // between launches (the last block resets its count); null: attention_combine.cu merges.
+  int* counters;
   int64_t slots;
   int64_t ring_len;
   int64_t entry_rows;

@@ -1,6 +1,6 @@
 // How attention is cut into blocks: heads per block and key splits of the f32 kernel, and
-// whether and with how many key splits the tensor-core kernel runs. Host code on the problem's
-// metadata only (shapes, the host's bound on the key list), never on device contents.
+// whether and with which plan (attention_plan.h) the tensor-core kernel runs. Host code on the
+// problem's metadata only (shapes, the host's bound on the key list), never on device contents.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 
 #include "cuda/attention/attention_args.h"
 #include "cuda/attention/attention_f32_config.h"
+#include "cuda/attention/attention_plan.h"
 #include "cuda/attention/sm80/attention_mma_config.h"
 
 namespace deepinfer::cuda {
@@ -53,36 +54,22 @@ inline AttentionF32Config choose_attention_f32(const AttentionProblem& p, int nu
 
 struct AttentionMmaConfig {
   bool supported;  // false: the f32 kernel runs instead
-  int64_t head_groups;
-  int64_t splits;
+  AttentionMmaPlan plan;
   size_t smem;
 };
 
 // The tensor-core kernel runs for D in {64, 128, 256, 512} when its shared memory fits the device
-// and the head groups fit gridDim.y.
+// and the head groups fit gridDim.y; attention_plan.h chooses its heads per block and key splits
+// and whether the kernel merges the splits itself (with `counter_slots` counters).
 inline AttentionMmaConfig choose_attention_mma(const AttentionProblem& p, int num_sms,
-                                               size_t max_smem, int64_t max_splits) {
+                                               size_t max_smem, int64_t max_splits,
+                                               int64_t counter_slots,
+                                               const AttentionMmaChoice& choice) {
   AttentionMmaConfig c{};
   c.smem = mma_smem_bytes(p.dim);
-  c.head_groups = (p.heads + kMmaRows - 1) / kMmaRows;
-  c.supported = c.smem > 0 && c.smem <= max_smem && c.head_groups <= 65535;
-  if (!c.supported) return c;
-  // Splits of each token's key list. A block fills an SM (its shared memory allows one per SM),
-  // so pick the split count that minimises waves x (tiles per split + overhead), from the host's
-  // bound on the list (W + entries); ties go to fewer splits (less combine work).
-  const int64_t tiles = std::max<int64_t>(1, (p.max_keys + kMmaKeys - 1) / kMmaKeys);
-  const int64_t blocks = p.tokens * c.head_groups;
-  const int64_t sms = std::max(1, num_sms);
-  c.splits = 1;
-  int64_t best = -1;
-  for (int64_t s = 1; s <= std::min(tiles, max_splits); ++s) {
-    const int64_t waves = (blocks * s + sms - 1) / sms;
-    const int64_t cost = waves * ((tiles + s - 1) / s + kMmaOverheadTiles);
-    if (best < 0 || cost < best) {
-      best = cost;
-      c.splits = s;
-    }
-  }
+  c.plan = choose_mma_plan(p.tokens, p.heads, p.dim, p.max_keys, num_sms, max_splits,
+                           kMmaOverheadTiles, counter_slots, choice);
+  c.supported = c.smem > 0 && c.smem <= max_smem && c.plan.head_groups <= 65535;
   return c;
 }
 

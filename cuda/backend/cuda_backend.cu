@@ -159,6 +159,13 @@ CudaBackend::CudaBackend(int device_index)
     }
     hc_fused_ = value == "fused";
   }
+  // A/B switches of the tensor-core attention's plan (attention_plan.h), read once here.
+  std::string bad_attention;
+  const std::optional<AttentionMmaChoice> attention_choice = parse_attention_mma_choice(
+      std::getenv("DEEPINFER_ATTENTION_COMBINE"), std::getenv("DEEPINFER_ATTENTION_ROWS"),
+      std::getenv("DEEPINFER_ATTENTION_SPLITS"), &bad_attention);
+  if (!attention_choice) throw Error(ErrorCode::kInvalidArgument, bad_attention);
+  attention_mma_choice_ = *attention_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {
@@ -183,6 +190,8 @@ CudaBackend::CudaBackend(int device_index)
   uint64_t threshold = UINT64_MAX;
   DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   hc_barrier_ = zeros({2 * kHcFusedMaxGroups}, DType::kI32);
+  // Zeroed once; the fused attention combine leaves every counter at zero after each launch.
+  attention_counters_ = zeros({kAttentionCounterSlots}, DType::kI32);
 }
 
 unsigned* CudaBackend::hc_barrier() const {

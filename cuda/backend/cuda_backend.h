@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention/attention_plan.h"
 #include "cuda/gemm/fp8_linear_choice.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
@@ -81,6 +82,14 @@ class CudaBackend final : public Backend {
   // decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one run.
   Fp8LinearChoice fp8_linear() const { return fp8_linear_; }
   void set_fp8_linear(Fp8LinearChoice choice) { fp8_linear_ = choice; }
+  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS at creation: the tensor-core attention's plan
+  // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
+  AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
+  void set_attention_mma_choice(const AttentionMmaChoice& c) { attention_mma_choice_ = c; }
+  // The plan the latest tensor-core attention call ran (read by benchmarks).
+  AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
+  // The fused combine's arrival counters: kAttentionCounterSlots ints, zero between launches.
+  int* attention_counters() const { return attention_counters_.data<int32_t>(); }
   // The GEMM kernel the latest pass of moe_experts on quantized weights was launched with (set by
   // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
   ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
@@ -193,12 +202,15 @@ class CudaBackend final : public Backend {
   size_t max_smem_optin_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
+  AttentionMmaChoice attention_mma_choice_;
+  AttentionMmaPlan last_attention_plan_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   bool hc_fused_ = true;
   std::shared_ptr<CudaContext> ctx_;
   Tensor hc_barrier_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
+  Tensor attention_counters_;
 };
 
 }  // namespace deepinfer::cuda

@@ -284,6 +284,41 @@ void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
   add_attention(t, "v4_csa_b1_decode", csa);
   csa.seqs = {{2047, 2, 0}, {1500, 2, 1}};
   add_attention(t, "v4_csa_two_2token_steps", csa);
+  // The tensor-core kernel's plans (cuda/attention/attention_plan.h) over small batches: the
+  // 16-head layout with the fused combine (B = 1, 2, 5; s_q 1..4), the 64-head one with the fused
+  // combine (B = 37, 64) or without splits; top-k 1024; 128 heads; a sliding-only layer. V4.1's
+  // records go through the f32 kernel (attention.cu): none of these rows for them.
+  if (bf16 && kv != DType::kF8E4M3) {
+    csa.seqs = decode_seqs(2, 1);
+    add_attention(t, "v4_csa_b2_decode", csa);
+    csa.seqs = decode_seqs(5, 1);
+    add_attention(t, "v4_csa_b5_decode", csa);
+    csa.seqs = decode_seqs(64, 1);
+    add_attention(t, "v4_csa_b64_decode", csa);
+    csa.seqs = {{4093, 3, 0}};
+    add_attention(t, "v4_csa_b1_sq3", csa);
+    csa.seqs = {{4092, 4, 0}, {3001, 4, 1}};
+    add_attention(t, "v4_csa_b2_sq4", csa);
+    csa.seqs = {{4094, 2, 0}, {3900, 2, 1}, {2222, 2, 2}, {4000, 2, 3}, {3500, 2, 4}};
+    add_attention(t, "v4_csa_b5_sq2", csa);
+    Attn k1024 = csa;
+    k1024.topk_cols = 1024;
+    k1024.seqs = {{4096, 1, 0}};
+    add_attention(t, "v4_csa_top1024_b1_decode", k1024);
+    k1024.seqs = {{4095, 1, 0}, {4000, 1, 1}, {3333, 2, 2}, {4096, 1, 3}, {2000, 1, 4}};
+    add_attention(t, "v4_csa_top1024_b5", k1024);
+    Attn h128 = csa;
+    h128.heads = 128;
+    h128.seqs = {{4096, 1, 0}};
+    add_attention(t, "v4_csa_h128_b1_decode", h128);
+    h128.seqs = {{4000, 2, 0}, {2500, 1, 1}};
+    add_attention(t, "v4_csa_h128_b2", h128);
+    Attn swa = c;
+    swa.seqs = {{4000, 2, 0}, {100, 1, 1}};
+    add_attention(t, "v4_sliding_b2", swa);
+    swa.seqs = decode_seqs(5, 1);
+    add_attention(t, "v4_sliding_b5_decode", swa);
+  }
   if (bf16) {
     csa.seqs = decode_seqs(8, 1);
     add_attention(t, "v4_csa_b8_decode", csa);

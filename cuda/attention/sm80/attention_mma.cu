@@ -14,48 +14,65 @@
 // bf16 (1 KB) or the fp8 record (584 B), so global traffic bounds the kernel; everything else is
 // arranged so that the next tile's copy is in flight while the current one is multiplied.
 //
-// Block (token t, group of 64 heads, key split), 8 warps. Shared memory (D = 512: 214 KB):
+// Block (token t, group of 64 or 16 heads, key split), 8 warps (two warp layouts, kSlices below).
+// Shared memory (D = 512: 217 KB):
 //   q      [64][D+8] bf16   q of the group's heads, rounded once (rows past the heads are 0)
-//   stage  [32][4D]  bytes  the next key tile's rows as stored, copied with cp.async
-//   kb     2 x [32][D+8] bf16  the current key tile (double buffered), rounded from stage
-//   ss     2 x [64][40] f32    partial logits of the two halves of D
+//   stage  [32][4D]  bytes  the next key tile's f32 rows or fp8 records, copied with cp.async
+//   kb     2 x [32][D+8] bf16  the key tiles (double buffered): rounded or decoded from the
+//                              stage, or (bf16 caches) the rows copied there directly
+//   ss     [slices][rows][40] f32  partial logits of the slices of D (8 x 16 rows of 40 floats)
+//   ssum   [16][40] f32     summed logits (the 8-slice layout)
 //   valid  2 x [32] int       which keys of a kb buffer are real (masked keys are zero rows)
 // The +8 bf16 of padding (16 bytes) puts the 8 rows an ldmatrix reads in 8 different bank groups.
 //
 // The pipeline, phase by phase (the device functions below, in this order):
 //  - load_query_tile: q of the group's heads, rounded to bf16, while key tile 0 is in flight.
-//  - per tile: round_key_tile (f32) or decode_key_tile (bf16, fp8: after a __syncwarp, as a
-//    key's scale bytes come from its other threads) from the stage to kb[i%2], then one
-//    __syncthreads; issue_key_copy of the
-//    next tile, score_key_tile (S partial over the warp's half of D), pair_barrier,
-//    online_softmax_update (logits, the running max and denominator, P as A fragments),
-//    accumulate_values (O = O * alpha + P V), and the next key's address.
-//  - store_output: the sink and out, or the split's partial sums.
+//  - per tile: round_key_tile (f32) or decode_key_tile (fp8: after a __syncwarp, as a key's
+//    scale bytes come from its other threads) from the stage to kb[i%2] (bf16: nothing, the
+//    copies landed in kb[i%2]), then one __syncthreads; issue_key_copy (copy_bf16_key into
+//    kb[(i+1)%2]) of the next tile, score_key_tile (S partial over the warp's
+//    slice of D), row_group_barrier, gather_logits (the slices' sums), online_softmax_update
+//    (the running max and denominator, P as A fragments), accumulate_values (O = O * alpha +
+//    P V), and the next key's address.
+//  - store_output: the sink and out, or the split's partial sums;
+//  - combine_if_last_split (the fused combine, a.counters set): the last split block of the
+//    (token, head group) merges the partial sums into out.
 //
 // Copy and conversion: thread tid owns key tid/8 of a tile and its float4 columns tid%8 + 8j.
 // It issues the cp.async of its own columns, and later converts exactly those columns to bf16,
 // so the stage needs no block barrier: cp.async.wait_all makes a thread's own copies visible to
 // it. One __syncthreads per tile then publishes kb[i%2] (and orders it after every warp is done
-// with tile i-2, the previous user of that buffer, and with ss of tile i-1).
+// with tile i-2, the previous user of that buffer, and with ss of tile i-1). bf16 rows need no
+// conversion: each thread's copies go to kb[(i+1)%2] once the barrier of tile i shows every warp
+// done with tile i-1, and the barrier of tile i+1 (after each thread's cp.async.wait_all)
+// publishes them.
 //
-// Warp w: row group rg = w % 4 (heads 16rg .. 16rg+15), half = w / 4 (channels half*D/2 ..).
-//  - S = Q K^T: the warp multiplies its 16 rows by all 32 keys of the tile over ITS half of D
+// Warp layouts (template parameter kSlices): warp w is in row group rg = w % (8 / kSlices) (heads
+// 16rg .. 16rg+15) and slice = w / (8 / kSlices) (channels slice*D/kSlices ..).
+//  - kSlices 2: 4 row groups x 2 halves of D, 64 heads per block: each key tile feeds all heads
+//    of a token, the layout for many tokens.
+//  - kSlices 8: 1 row group x 8 slices of D, 16 heads per block: a quarter of the products per
+//    tile spread over all 8 warps, so few tokens (B = 1) split over 4x more blocks, with 4x less
+//    partial output per block for the fused combine; each key is read once per 16 heads.
+//  - S = Q K^T: the warp multiplies its 16 rows by all 32 keys of the tile over ITS slice of D
 //    (ldmatrix for both operands: K is stored key-major, i.e. exactly the "col" B operand) and
-//    writes the partial sums to ss[half]. After a named barrier of the warp pair (bar.sync 1+rg,
-//    64 threads) each warp adds ss[0] + ss[1] in that order, so both warps of a pair hold
-//    bit-identical logits, run the identical online softmax, and keep identical (max, sum)
-//    registers: no second exchange is needed. Splitting D (rather than the keys) for S halves the
-//    q fragments each warp loads per tile.
+//    writes the partial sums to ss[slice]. After a named barrier of the row group's warps
+//    (bar.sync 1+rg) the partials are added in slice order (gather_logits), so every warp of the
+//    group holds bit-identical logits, runs the identical online softmax, and keeps identical
+//    (max, sum) registers: no second exchange is needed. Splitting D (rather than the keys) for S
+//    divides the q fragments each warp loads per tile.
 //  - softmax: per head row in registers (the m16n8 accumulator layout: c0, c1 in row lane/4,
 //    c2, c3 in row lane/4 + 8, columns 2*(lane%4) + {0, 1}); masked keys get -inf. The
 //    probabilities are rounded to bf16 and, because the C layout of two adjacent n8 tiles is the
 //    A layout of one k16 step, become the A fragments of P V without going through shared memory.
-//  - O += P V: the warp owns O[16 rows][its half of D] in registers (D/4 floats per thread; 128
-//    at D = 512) and reads V = the same kb tile with ldmatrix.trans (kb is [key][channel], i.e.
-//    a row-major K x N operand).
+//  - O += P V: the warp owns O[16 rows][its slice of D] in registers (D/(2 kSlices) floats per
+//    thread; 128 at D = 512 with 2 slices) and reads V = the same kb tile with ldmatrix.trans (kb
+//    is [key][channel], i.e. a row-major K x N operand).
 // With one split the block applies the sink and writes out; otherwise it writes the unnormalised
-// O and (max, denominator) per head in the f32 kernel's part_acc / part_md layout and
-// attention_combine.cu merges the splits with the sink.
+// O and (max, denominator) per head in the f32 kernel's part_acc / part_md layout, merged with
+// the sink either by the last split block of the (token, head group) (a.counters: its arrival
+// counter, reset by that block so a graph replay starts from zero; in split order, so the result
+// is deterministic) or by attention_combine.cu.
 //
 // Robustness is that of the f32 kernel (see attention.cu): invalid or masked keys are zero rows
 // with logit -inf, out-of-range entries are not visible, no host sync, grid and scratch sized
@@ -79,14 +96,25 @@ namespace deepinfer::cuda {
 
 namespace {
 
-// Barrier of the two warps of a row group (ids 1..4; 0 is __syncthreads).
-__device__ __forceinline__ void pair_barrier(int rg) {
-  named_barrier<64>(1 + rg);
+// The warp layout of kSlices warps per row group of 16 heads: 2 (64 heads per block, 4 row groups
+// x 2 halves of D) or 8 (16 heads per block, 1 row group x 8 slices of D).
+template <int kSlices>
+struct WarpLayout {
+  static_assert(kSlices == 2 || kSlices == 8, "two warp layouts");
+  static constexpr int kRowGroups = kMmaWarps / kSlices;
+  static constexpr int kRows = 16 * kRowGroups;  // heads per block
+};
+
+// Barrier of the kSlices warps of a row group (ids 1..4; 0 is __syncthreads).
+template <int kSlices>
+__device__ __forceinline__ void row_group_barrier(int rg) {
+  named_barrier<32 * kSlices>(1 + rg);
 }
 
 // Copies this thread's chunks cs + 8j of one key's row (src, null = masked: nothing to copy)
-// into its row of the stage; 8 threads cover 8 adjacent chunks of a key per instruction. f32 and
-// bf16 rows move in 16-byte chunks; fp8 records (584 bytes at D = 512) in 8-byte ones.
+// into its row of the stage; 8 threads cover 8 adjacent chunks of a key per instruction. f32
+// rows move in 16-byte chunks; fp8 records (584 bytes at D = 512) in 8-byte ones. (bf16 rows
+// skip the stage: copy_bf16_key.)
 template <int kDim, KvFormat kFmt>
 __device__ __forceinline__ void issue_key_copy(uint8_t* my_stage, const uint8_t* src, int cs,
                                                int row_bytes) {
@@ -94,7 +122,8 @@ __device__ __forceinline__ void issue_key_copy(uint8_t* my_stage, const uint8_t*
   if constexpr (kFmt == KvFormat::kFp8) {
     for (int c = cs; c < row_bytes / 8; c += 8) cp_async_8(my_stage + 8 * c, src + 8 * c);
   } else {
-    constexpr int kChunks = kDim * (kFmt == KvFormat::kF32 ? 4 : 2) / 16 / 8;
+    static_assert(kFmt == KvFormat::kF32, "bf16 rows go to kb directly (copy_bf16_key)");
+    constexpr int kChunks = kDim * 4 / 16 / 8;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = cs + 8 * j;
@@ -103,16 +132,37 @@ __device__ __forceinline__ void issue_key_copy(uint8_t* my_stage, const uint8_t*
   }
 }
 
-// q rows of the group into qs, rounded to bf16 (rows past the heads are 0); loads batched so
-// their latencies overlap.
+// bf16 rows are already the tile's format: this thread's 16-byte chunks cs + 8j of its key go
+// straight into its row of kb (no stage, no conversion pass), a masked key's chunks are zeroed
+// there (0 * V must stay 0), and the key's valid flag is set. Called for the kb buffer the tile
+// will use, at the points where issue_key_copy is (after the barrier that frees that buffer).
 template <int kDim>
+__device__ __forceinline__ void copy_bf16_key(__nv_bfloat16* kb, int* valid, const uint8_t* src,
+                                              int cr, int cs) {
+  constexpr int kChunks = kDim * 2 / 16 / 8;
+  uint8_t* dst = reinterpret_cast<uint8_t*>(kb + cr * MmaLayout<kDim>::kStride);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = cs + 8 * j;
+    if (src != nullptr) {
+      cp_async_16(dst + 16 * c, src + 16 * c);
+    } else {
+      *reinterpret_cast<uint4*>(dst + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  if (cs == 0) valid[cr] = src != nullptr ? 1 : 0;
+}
+
+// kRows q rows of the group into qs, rounded to bf16 (rows past the heads are 0); loads batched
+// so their latencies overlap.
+template <int kDim, int kRows>
 __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, __nv_bfloat16* qs, int t,
                                                 int h_first, int nhb, int tid) {
   constexpr int kStride = MmaLayout<kDim>::kStride;
   const float4* q4 =
       reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h_first) * kDim);
   constexpr int kQ4 = kDim / 4;
-  constexpr int kQIters = kMmaRows * kQ4 / kMmaThreads;
+  constexpr int kQIters = kRows * kQ4 / kMmaThreads;
   constexpr int kQBatch = kQIters < 16 ? kQIters : 16;
   static_assert(kQIters % kQBatch == 0, "q batches");
 #pragma unroll 1
@@ -151,12 +201,12 @@ __device__ __forceinline__ void round_key_tile(__nv_bfloat16* kb, int* valid, co
   if (cs == 0) valid[cr] = my_valid ? 1 : 0;
 }
 
-// The bf16 / fp8 twin of round_key_tile: this thread's channels 8(cs + 8j) .. +7 of its key,
-// decoded from the staged row into kb. The decode is exact (bf16 as stored; e4m3 times a power
-// of two and the bf16 RoPE channels are bf16 values), so the tile equals the f32 path's rounding
-// of the decoded key. The row's scale bytes were copied by other threads of the key (the same
-// warp): the caller orders their copies before this with __syncwarp.
-template <int kDim, KvFormat kFmt>
+// The fp8 twin of round_key_tile: this thread's channels 8(cs + 8j) .. +7 of its key, decoded
+// from the staged record into kb. The decode is exact (e4m3 times a power of two and the bf16
+// RoPE channels are bf16 values), so the tile equals the f32 path's rounding of the decoded key.
+// The record's scale bytes were copied by other threads of the key (the same warp): the caller
+// orders their copies before this with __syncwarp.
+template <int kDim>
 __device__ __forceinline__ void decode_key_tile(__nv_bfloat16* kb, int* valid,
                                                 const uint8_t* my_stage, bool my_valid, int cr,
                                                 int cs, int nope, int rope_dim) {
@@ -167,9 +217,7 @@ __device__ __forceinline__ void decode_key_tile(__nv_bfloat16* kb, int* valid,
     const int c = 8 * (cs + 8 * j);
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (my_valid) {
-      if constexpr (kFmt == KvFormat::kBf16) {
-        v = *reinterpret_cast<const uint4*>(my_stage + 2 * c);
-      } else if (c >= nope) {  // RoPE channels, stored as bf16 (8-byte aligned: nope % 8 == 0)
+      if (c >= nope) {  // RoPE channels, stored as bf16 (8-byte aligned: nope % 8 == 0)
         const uint2 lo = *reinterpret_cast<const uint2*>(my_stage + nope + 2 * (c - nope));
         const uint2 hi = *reinterpret_cast<const uint2*>(my_stage + nope + 2 * (c - nope) + 8);
         v = make_uint4(lo.x, lo.y, hi.x, hi.y);
@@ -194,12 +242,12 @@ __device__ __forceinline__ void decode_key_tile(__nv_bfloat16* kb, int* valid,
   if (cs == 0) valid[cr] = my_valid ? 1 : 0;
 }
 
-// S partial over this warp's half of D: its 16 rows x the tile's 32 keys, written to ss_mine.
-template <int kDim>
+// S partial over this warp's slice of D: its 16 rows x the tile's 32 keys, written to ss_mine.
+template <int kDim, int kSlices>
 __device__ __forceinline__ void score_key_tile(const __nv_bfloat16* q_frag, const __nv_bfloat16* kb,
                                                int k_frag, float* ss_mine, int g, int qd) {
   constexpr int kStride = MmaLayout<kDim>::kStride;
-  constexpr int kKSteps = kDim / 2 / 16;  // k16 steps of S over a warp's half of D
+  constexpr int kKSteps = kDim / kSlices / 16;  // k16 steps of S over a warp's slice of D
   float sacc[4][4];
 #pragma unroll
   for (int n = 0; n < 4; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f;
@@ -224,27 +272,62 @@ __device__ __forceinline__ void score_key_tile(const __nv_bfloat16* q_frag, cons
   }
 }
 
-// Logits = (half 0 + half 1) * scale, the same order in both warps of a pair (masked keys -inf),
-// then the online softmax of rows g and g + 8: the new running max and denominator, the rescale
-// factor alpha of the old O, and P rounded to bf16 as the A fragments of the two k16 steps of
-// P V (the C layout of n8 tiles 2k, 2k+1 is the A layout of k16 step k).
-__device__ __forceinline__ void online_softmax_update(const float* ss0, const float* ss1,
-                                                      const int* valid, float scale, int g, int qd,
-                                                      float (&m_run)[2], float (&d_run)[2],
-                                                      float (&alpha)[2], uint32_t (&pa)[2][4]) {
-  float s[4][4];
+// The logits of rows g, g + 8 (this lane's columns 8n + 2qd + {0, 1}) of the warp's row group:
+// the slices' partial sums of ss_rows added in slice order, times scale, masked keys -inf. Every
+// warp of a row group gets bit-identical logits, so they run identical online softmaxes and keep
+// identical (max, sum) registers: no second exchange is needed.
+//  - 2 slices: each warp adds the two partials itself.
+//  - 8 slices: warp `slice` adds the 8 partials of keys 4 slice .. 4 slice + 3 of the 16 rows into
+//    ssum, and after a second barrier of the row group every warp reads ssum (each partial is
+//    read once instead of by every warp).
+template <int kSlices>
+__device__ __forceinline__ void gather_logits(const float* ss_rows, float* ssum, const int* valid,
+                                              float scale, int slice, int rg, int lane,
+                                              float (&s)[4][4]) {
+  constexpr int kPartStride = WarpLayout<kSlices>::kRows * kMmaSStride;  // between slices
+  const int g = lane >> 2;
+  const int qd = lane & 3;
+  const float* sum_rows = ssum;
+  if constexpr (kSlices == 8) {
+    const int row = lane >> 1;
+    const int col = 4 * slice + 2 * (lane & 1);
+    float2 acc = *reinterpret_cast<const float2*>(ss_rows + row * kMmaSStride + col);
+#pragma unroll
+    for (int p = 1; p < kSlices; ++p) {
+      const float2 x =
+          *reinterpret_cast<const float2*>(ss_rows + p * kPartStride + row * kMmaSStride + col);
+      acc.x += x.x;
+      acc.y += x.y;
+    }
+    *reinterpret_cast<float2*>(ssum + row * kMmaSStride + col) = acc;
+    row_group_barrier<kSlices>(rg);
+  }
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int off = (g + 8 * r) * kMmaSStride + 8 * n + 2 * qd;
-      const float2 x0 = *reinterpret_cast<const float2*>(ss0 + off);
-      const float2 x1 = *reinterpret_cast<const float2*>(ss1 + off);
+      float2 x;
+      if constexpr (kSlices == 2) {
+        const float2 x0 = *reinterpret_cast<const float2*>(ss_rows + off);
+        const float2 x1 = *reinterpret_cast<const float2*>(ss_rows + kPartStride + off);
+        x = make_float2(x0.x + x1.x, x0.y + x1.y);
+      } else {
+        x = *reinterpret_cast<const float2*>(sum_rows + off);
+      }
       const int key = 8 * n + 2 * qd;
-      s[n][2 * r] = valid[key] ? (x0.x + x1.x) * scale : -INFINITY;
-      s[n][2 * r + 1] = valid[key + 1] ? (x0.y + x1.y) * scale : -INFINITY;
+      s[n][2 * r] = valid[key] ? x.x * scale : -INFINITY;
+      s[n][2 * r + 1] = valid[key + 1] ? x.y * scale : -INFINITY;
     }
   }
+}
+
+// The online softmax of rows g and g + 8 over the tile's logits s: the new running max and
+// denominator, the rescale factor alpha of the old O, and P rounded to bf16 as the A fragments of
+// the two k16 steps of P V (the C layout of n8 tiles 2k, 2k+1 is the A layout of k16 step k).
+__device__ __forceinline__ void online_softmax_update(float (&s)[4][4], float (&m_run)[2],
+                                                      float (&d_run)[2], float (&alpha)[2],
+                                                      uint32_t (&pa)[2][4]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -283,19 +366,24 @@ __device__ __forceinline__ void online_softmax_update(const float* ss0, const fl
   }
 }
 
-// O = O * alpha + P V over this warp's half of D (V = the kb tile, read with ldmatrix.trans).
-template <int kDim>
-__device__ __forceinline__ void accumulate_values(float (&o)[kDim / 16][4], const float (&alpha)[2],
+// O = O * alpha + P V over this warp's slice of D (V = the kb tile, read with ldmatrix.trans).
+template <int kDim, int kSlices>
+__device__ __forceinline__ void accumulate_values(float (&o)[kDim / kSlices / 8][4],
+                                                  const float (&alpha)[2],
                                                   const uint32_t (&pa)[2][4],
                                                   const __nv_bfloat16* kb, int v_frag) {
   constexpr int kStride = MmaLayout<kDim>::kStride;
-  constexpr int kNTiles = kDim / 16;  // n8 tiles of a warp's O
+  constexpr int kNTiles = kDim / kSlices / 8;  // n8 tiles of a warp's O
+  // Once the running maxima settle, most tiles leave every row's max unchanged (alpha 1): the
+  // warp then skips the multiplications, which would not change O.
+  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-    o[j][0] *= alpha[0];
-    o[j][1] *= alpha[0];
-    o[j][2] *= alpha[1];
-    o[j][3] *= alpha[1];
+    for (int j = 0; j < kNTiles; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
   }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -311,14 +399,14 @@ __device__ __forceinline__ void accumulate_values(float (&o)[kDim / 16][4], cons
 
 // Rows g and g + 8 of the warp's O: with one split out = O / (d e^(m-M) + e^(sink-M)), else the
 // unnormalised O and (max, denominator) of the split for attention_combine.
-template <int kDim>
+template <int kDim, int kSlices>
 __device__ __forceinline__ void store_output(const AttentionArgs& a, const DeviceLayout& l,
-                                             const float (&o)[kDim / 16][4],
+                                             const float (&o)[kDim / kSlices / 8][4],
                                              const float (&m_run)[2], const float (&d_run)[2],
-                                             int t, int h_first, int nhb, int rg, int half, int g,
+                                             int t, int h_first, int nhb, int rg, int slice, int g,
                                              int qd) {
-  constexpr int kHalf = kDim / 2;
-  constexpr int kNTiles = kDim / 16;
+  constexpr int kSliceDim = kDim / kSlices;
+  constexpr int kNTiles = kSliceDim / 8;
   const int split = blockIdx.z;
   const int splits = gridDim.z;
 #pragma unroll
@@ -335,19 +423,19 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Devic
       const float mx = fmaxf(m, sink);
       const float em = m == -INFINITY ? 0.0f : expf(m - mx);
       const float f = em / (d * em + expf(sink - mx));
-      float* dst = a.out + idx * kDim + half * kHalf + 2 * qd;
+      float* dst = a.out + idx * kDim + slice * kSliceDim + 2 * qd;
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * r] * f, o[j][2 * r + 1] * f);
       }
     } else {
       const int64_t pidx = static_cast<int64_t>(split) * l.num_tokens * a.heads + idx;
-      float* dst = a.part_acc + pidx * kDim + half * kHalf + 2 * qd;
+      float* dst = a.part_acc + pidx * kDim + slice * kSliceDim + 2 * qd;
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[j][2 * r], o[j][2 * r + 1]);
       }
-      if (half == 0 && qd == 0) {
+      if (slice == 0 && qd == 0) {
         a.part_md[2 * pidx] = m;
         a.part_md[2 * pidx + 1] = d;
       }
@@ -355,31 +443,118 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Devic
   }
 }
 
-template <int kDim, KvFormat kFmt>
+// The fused combine of a split block, after its store_output: the block counts its arrival in
+// a.counters[t, head group]; the last of the token's gridDim.z splits to arrive resets the counter
+// (the next launch, a graph replay included, starts from 0) and merges every split's partial
+// sums with the sink into out, in split order, so the result does not depend on which block came
+// last (it equals attention_combine.cu's). The partials are read from L2 (ld.global.cg): this
+// block's L1 may hold none of them, but the loads must not be served from it either.
+// `scratch` holds kAttnMaxSplits x kMmaRows split weights and kMmaRows inverse denominators.
+template <int kDim>
+__device__ __forceinline__ void combine_if_last_split(const AttentionArgs& a, const DeviceLayout& l,
+                                                      int t, int h_first, int nhb, float* scratch,
+                                                      int* last_flag) {
+  const int tid = threadIdx.x;
+  const int splits = gridDim.z;
+  __threadfence();  // this block's partials before its arrival is counted
+  __syncthreads();
+  if (tid == 0) {
+    int* counter = a.counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+    const bool last = atomicAdd(counter, 1) == splits - 1;
+    if (last) atomicExch(counter, 0);
+    *last_flag = last ? 1 : 0;
+  }
+  __syncthreads();
+  if (*last_flag == 0) return;
+  __threadfence();  // the other splits' partials, after their arrivals were counted
+  const int64_t stride = static_cast<int64_t>(l.num_tokens) * a.heads;  // between splits
+  const int64_t idx0 = static_cast<int64_t>(t) * a.heads + h_first;
+  float* w = scratch;                                // [split][kMmaRows]
+  float* inv = scratch + kAttnMaxSplits * kMmaRows;  // [kMmaRows]
+  for (int r = tid; r < nhb; r += kMmaThreads) {
+    const float sink = a.sinks[h_first + r];
+    float mx = sink;
+    for (int s = 0; s < splits; ++s)
+      mx = fmaxf(mx, __ldcg(a.part_md + 2 * (s * stride + idx0 + r)));
+    float den = expf(sink - mx);
+    for (int s = 0; s < splits; ++s) {
+      const float2 md = __ldcg(reinterpret_cast<const float2*>(a.part_md) + s * stride + idx0 + r);
+      const float ws = md.x == -INFINITY ? 0.0f : expf(md.x - mx);  // an empty split weighs 0
+      w[s * kMmaRows + r] = ws;
+      den += md.y * ws;
+    }
+    inv[r] = 1.0f / den;
+  }
+  __syncthreads();
+  // The sums: kGroup float4 outputs per thread per pass, splits outermost, so that one block has
+  // kGroup x 4 loads per thread in flight (a single block reads every split's partials; one
+  // output at a time would wait out an L2 round trip per few loads). Each output still adds its
+  // splits in split order.
+  constexpr int kQ4 = kDim / 4;
+  constexpr int kGroup = 8;
+  const float4* acc4 = reinterpret_cast<const float4*>(a.part_acc);
+  const int n4 = nhb * kQ4;
+  for (int e0 = tid; e0 < n4; e0 += kGroup * kMmaThreads) {
+    int row[kGroup];
+    int64_t base[kGroup];  // float4 index of the output (split 0's partial: the same index)
+    float4 v[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int e = min(e0 + k * kMmaThreads, n4 - 1);  // past n4: a repeat, not stored
+      row[k] = e / kQ4;
+      base[k] = (idx0 + row[k]) * kQ4 + (e - row[k] * kQ4);
+      v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      const float4* part = acc4 + s * stride * kQ4;
+      const float* ws = w + s * kMmaRows;
+#pragma unroll
+      for (int k = 0; k < kGroup; ++k) v[k] = fma4(ws[row[k]], __ldcg(part + base[k]), v[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      if (e0 + k * kMmaThreads >= n4) break;
+      const float f = inv[row[k]];
+      reinterpret_cast<float4*>(a.out)[base[k]] =
+          make_float4(v[k].x * f, v[k].y * f, v[k].z * f, v[k].w * f);
+    }
+  }
+}
+
+template <int kDim, KvFormat kFmt, int kSlices>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     attention_mma_kernel(AttentionArgs a, DeviceLayout l) {
   using L = MmaLayout<kDim>;
+  using W = WarpLayout<kSlices>;
   constexpr int kStride = L::kStride;
-  constexpr int kHalf = kDim / 2;     // channels of a warp (S partial sums and O)
-  constexpr int kNTiles = kHalf / 8;  // n8 tiles of a warp's O
+  constexpr int kRows = W::kRows;
+  constexpr int kSliceDim = kDim / kSlices;  // channels of a warp (S partial sums and O)
+  constexpr int kNTiles = kSliceDim / 8;     // n8 tiles of a warp's O
+  static_assert(kSliceDim % 16 == 0 && kNTiles % 2 == 0, "whole k16 steps and n16 pairs");
+  static_assert(
+      L::kValidOff - L::kCombineOff >= (size_t{kAttnMaxSplits} + 1) * kMmaRows * sizeof(float),
+      "the fused combine's weights fit the regions it overwrites");
   extern __shared__ int4 smem_raw[];
+  __shared__ int last_flag;
   char* smem = reinterpret_cast<char*>(smem_raw);
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   uint8_t* stage = reinterpret_cast<uint8_t*>(smem + L::kStageOff);
   __nv_bfloat16* kb_base = reinterpret_cast<__nv_bfloat16*>(smem + L::kKbOff);
   float* ss = reinterpret_cast<float*>(smem + L::kSsOff);
+  float* ssum = reinterpret_cast<float*>(smem + L::kSumOff);
   int* valid_base = reinterpret_cast<int*>(smem + L::kValidOff);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int rg = warp & 3;
-  const int half = warp >> 2;
+  const int rg = warp % W::kRowGroups;
+  const int slice = warp / W::kRowGroups;
   const int g = lane >> 2;  // accumulator row (and row + 8)
   const int qd = lane & 3;  // accumulator columns 2qd, 2qd + 1
   const int t = blockIdx.x;
-  const int h_first = blockIdx.y * kMmaRows;
-  const int nhb = min(kMmaRows, a.heads - h_first);
+  const int h_first = blockIdx.y * kRows;
+  const int nhb = min(kRows, a.heads - h_first);
 
   // This token's key list (the same keys as the f32 kernel) and this split's range of it.
   const AttentionKeys keys(a, l, t);
@@ -400,7 +575,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   for (int j = 0; j < kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g + 8
   float d_run[2] = {0.0f, 0.0f};
-  const bool active = rg * 16 < nhb;  // uniform over a warp pair: rows past the heads are idle
+  const bool active = rg * 16 < nhb;  // uniform over a row group: rows past the heads are idle
 
   // A key's address takes dependent loads (topk, then the block table), so it is resolved one
   // tile ahead, at the end of the previous iteration, where its latency overlaps the wait for
@@ -409,10 +584,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const uint8_t* src_next = nullptr;  // this thread's key of the next tile to issue
   if (range.begin < range.end) {
     const uint8_t* src0 = key_at(range.begin + cr);
-    issue_key_copy<kDim, kFmt>(my_stage, src0, cs, row_bytes);  // flies while q is rounded
+    if constexpr (kFmt == KvFormat::kBf16) {  // flies while q is rounded
+      copy_bf16_key<kDim>(kb_base, valid_base, src0, cr, cs);
+    } else {
+      issue_key_copy<kDim, kFmt>(my_stage, src0, cs, row_bytes);
+    }
     my_valid = src0 != nullptr;
     src_next = key_at(range.begin + kMmaKeys + cr);
-    load_query_tile<kDim>(a, qs, t, h_first, nhb, tid);
+    load_query_tile<kDim, kRows>(a, qs, t, h_first, nhb, tid);
   }
 
   // Per-lane ldmatrix row addresses (see the fragment layouts in the header):
@@ -425,12 +604,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int bit3 = (lane >> 3) & 1;
   const int bit4 = lane >> 4;
   const __nv_bfloat16* q_frag =
-      qs + (16 * rg + lrow + 8 * bit3) * kStride + half * kHalf + 8 * bit4;
-  const int k_frag = (lrow + 8 * bit4) * kStride + half * kHalf + 8 * bit3;
-  const int v_frag = (lrow + 8 * bit3) * kStride + half * kHalf + 8 * bit4;
-  float* ss_mine = ss + half * (kMmaRows * kMmaSStride) + 16 * rg * kMmaSStride;
-  const float* ss0 = ss + 16 * rg * kMmaSStride;
-  const float* ss1 = ss0 + kMmaRows * kMmaSStride;
+      qs + (16 * rg + lrow + 8 * bit3) * kStride + slice * kSliceDim + 8 * bit4;
+  const int k_frag = (lrow + 8 * bit4) * kStride + slice * kSliceDim + 8 * bit3;
+  const int v_frag = (lrow + 8 * bit3) * kStride + slice * kSliceDim + 8 * bit4;
+  // ss: [slice][kRows][kMmaSStride]; this row group's rows of slice 0 start at ss_rows.
+  const float* ss_rows = ss + 16 * rg * kMmaSStride;
+  float* ss_mine = ss + slice * (kRows * kMmaSStride) + 16 * rg * kMmaSStride;
 
   int it = 0;
   for (int64_t i0 = range.begin; i0 < range.end; i0 += kMmaKeys, ++it) {
@@ -439,42 +618,66 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     cp_async_wait_all();
     if constexpr (kFmt == KvFormat::kF32) {
       round_key_tile<kDim>(kb, valid, reinterpret_cast<const float*>(my_stage), my_valid, cr, cs);
-    } else {
+    } else if constexpr (kFmt == KvFormat::kFp8) {
       __syncwarp();  // the key's other 7 threads copied its scale bytes
-      decode_key_tile<kDim, kFmt>(kb, valid, my_stage, my_valid, cr, cs, a.kvf.nope(),
-                                  a.kvf.rope_dim);
-    }
+      decode_key_tile<kDim>(kb, valid, my_stage, my_valid, cr, cs, a.kvf.nope(), a.kvf.rope_dim);
+    }  // bf16: the copies landed in kb itself
     __syncthreads();
     // The next tile's copy overlaps this tile's products. The stage is free: every thread is past
     // its conversion (the barrier above), including the fp8 decoders that read their key's
-    // scale and RoPE bytes copied by other threads.
+    // scale and RoPE bytes copied by other threads. So is the other kb buffer (bf16 copies go
+    // there): every warp is past tile i - 1, its previous user.
     if (i0 + kMmaKeys < range.end) {
-      issue_key_copy<kDim, kFmt>(my_stage, src_next, cs, row_bytes);
+      if constexpr (kFmt == KvFormat::kBf16) {
+        const int next = (it + 1) & 1;
+        copy_bf16_key<kDim>(kb_base + next * (kMmaKeys * kStride), valid_base + next * kMmaKeys,
+                            src_next, cr, cs);
+      } else {
+        issue_key_copy<kDim, kFmt>(my_stage, src_next, cs, row_bytes);
+      }
       my_valid = src_next != nullptr;
     }
     if (active) {
-      score_key_tile<kDim>(q_frag, kb, k_frag, ss_mine, g, qd);
-      pair_barrier(rg);
+      score_key_tile<kDim, kSlices>(q_frag, kb, k_frag, ss_mine, g, qd);
+      row_group_barrier<kSlices>(rg);
+      float sl[4][4];  // the tile's logits of rows g, g + 8
+      gather_logits<kSlices>(ss_rows, ssum, valid, a.scale, slice, rg, lane, sl);
       float alpha[2];
       uint32_t pa[2][4];  // P as the A fragments of the two k16 steps of P V
-      online_softmax_update(ss0, ss1, valid, a.scale, g, qd, m_run, d_run, alpha, pa);
-      accumulate_values<kDim>(o, alpha, pa, kb, v_frag);
+      online_softmax_update(sl, m_run, d_run, alpha, pa);
+      accumulate_values<kDim, kSlices>(o, alpha, pa, kb, v_frag);
     }                                           // active
     src_next = key_at(i0 + 2 * kMmaKeys + cr);  // null past range.end
   }
 
-  if (!active) return;
-  store_output<kDim>(a, l, o, m_run, d_run, t, h_first, nhb, rg, half, g, qd);
+  if (active) store_output<kDim, kSlices>(a, l, o, m_run, d_run, t, h_first, nhb, rg, slice, g, qd);
+  if (a.counters != nullptr && gridDim.z > 1) {
+    // Every thread is past the key loop (the barrier inside), so the stage, kb and ss are free.
+    combine_if_last_split<kDim>(a, l, t, h_first, nhb,
+                                reinterpret_cast<float*>(smem + L::kCombineOff), &last_flag);
+  }
+}
+
+template <int kDim, KvFormat kFmt, int kSlices>
+void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
+                int64_t tokens, cudaStream_t stream) {
+  allow_smem(attention_mma_kernel<kDim, kFmt, kSlices>, MmaLayout<kDim>::kBytes);
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(c.plan.head_groups),
+                  static_cast<unsigned>(c.plan.splits));
+  attention_mma_kernel<kDim, kFmt, kSlices>
+      <<<grid, kMmaThreads, MmaLayout<kDim>::kBytes, stream>>>(a, l);
+  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
 }
 
 template <int kDim, KvFormat kFmt>
-void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
-                int64_t tokens, cudaStream_t stream) {
-  allow_smem(attention_mma_kernel<kDim, kFmt>, MmaLayout<kDim>::kBytes);
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(c.head_groups),
-                  static_cast<unsigned>(c.splits));
-  attention_mma_kernel<kDim, kFmt><<<grid, kMmaThreads, MmaLayout<kDim>::kBytes, stream>>>(a, l);
-  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+void launch_mma_slices(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
+                       int64_t tokens, cudaStream_t stream) {
+  if (c.plan.slices == 2) return launch_mma<kDim, kFmt, 2>(a, l, c, tokens, stream);
+  if constexpr (mma_rows16_supported(kDim)) {
+    if (c.plan.slices == 8) return launch_mma<kDim, kFmt, 8>(a, l, c, tokens, stream);
+  }
+  fail("attention", "no tensor-core kernel of " + std::to_string(c.plan.rows) +
+                        " heads per block for head dim " + std::to_string(kDim));
 }
 
 template <int kDim>
@@ -482,11 +685,11 @@ void launch_mma_dim(const AttentionArgs& a, const DeviceLayout& l, const Attenti
                     int64_t tokens, cudaStream_t stream) {
   switch (a.kvf.format) {
     case KvFormat::kF32:
-      return launch_mma<kDim, KvFormat::kF32>(a, l, c, tokens, stream);
+      return launch_mma_slices<kDim, KvFormat::kF32>(a, l, c, tokens, stream);
     case KvFormat::kBf16:
-      return launch_mma<kDim, KvFormat::kBf16>(a, l, c, tokens, stream);
+      return launch_mma_slices<kDim, KvFormat::kBf16>(a, l, c, tokens, stream);
     case KvFormat::kFp8:
-      return launch_mma<kDim, KvFormat::kFp8>(a, l, c, tokens, stream);
+      return launch_mma_slices<kDim, KvFormat::kFp8>(a, l, c, tokens, stream);
   }
 }
 

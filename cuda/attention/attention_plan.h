@@ -1,0 +1,181 @@
+// How the tensor-core attention kernel (sm80/attention_mma.cu) cuts a call into blocks: heads
+// per block (its two warp layouts), key splits, and whether the splits are merged inside the
+// kernel (the last block of a token's head group combines, "fused") or by the separate combine
+// kernel (attention_combine.cu). Plain C++ on host metadata (shapes, the host's bound on the key
+// list), so host tests check it (tests/cpp/test_attention_plan.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace deepinfer::cuda {
+
+// Choices a benchmark or a device run may force (CudaBackend reads DEEPINFER_ATTENTION_COMBINE,
+// DEEPINFER_ATTENTION_ROWS and DEEPINFER_ATTENTION_SPLITS at creation; benchmarks set them per
+// call). Defaults: the fused combine and the cost model's rows and splits.
+struct AttentionMmaChoice {
+  bool fused_combine = true;  // false: the pre-fusion path (64 heads per block, separate combine)
+  int64_t rows = 0;           // heads per block, 16 or 64; 0: the cost model's
+  int64_t splits = 0;         // key splits per token; 0: the cost model's
+};
+
+// What the kernel runs with.
+struct AttentionMmaPlan {
+  int64_t rows = 64;        // heads per block: 64 (4 row groups x 2 halves of D) or 16 (1 x 8)
+  int64_t slices = 2;       // warps sharing a row group, each over D / slices channels
+  int64_t head_groups = 1;  // ceil(heads / rows)
+  int64_t splits = 1;       // key splits per token
+  bool fused = false;       // splits > 1 merged by the kernel's last block (needs counters)
+};
+
+// Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
+// fused launch may have.
+constexpr int64_t kAttentionCounterSlots = 8192;
+
+// The threads of a block (8 warps): rows = 16 x (8 / slices).
+constexpr int64_t kMmaPlanWarps = 8;
+constexpr int64_t kMmaPlanKeys = 32;  // keys per tile (attention_mma_config.h's kMmaKeys)
+
+// The 16-row layout splits D over 8 warps, each taking whole k16 steps: D a multiple of 128.
+constexpr bool mma_rows16_supported(int64_t dim) {
+  return dim % (kMmaPlanWarps * 16) == 0;
+}
+
+// The fused path's cost model, in estimated microseconds on an H200 (to be tuned with the
+// DEEPINFER_ATTENTION_ROWS / _SPLITS overrides): a 32-key tile of 64 heads takes about 4 us in the
+// steady state (B = 256: 158.8 us for two waves of 20 tiles); the 16-head layout does a quarter of
+// the products per tile with all 8 warps, with a little less overlap. A block starts with
+// dependent loads (top-k index, block table, first keys, q). The last block of a head group reads
+// every split's partial sums (rows x D f32 each) alone, at about 100 GB/s from L2.
+constexpr double kMmaTileUs64 = 4.0;
+constexpr double kMmaTileUs16 = 1.3;
+constexpr double kMmaStartUs = 3.0;
+constexpr double kMmaCombineFixedUs = 0.5;
+constexpr double kMmaCombineBytesPerUs = 1.0e5;
+
+// Estimated time of one candidate (rows, splits) for `tokens` tokens.
+inline double mma_plan_cost(int64_t tokens, int64_t heads, int64_t dim, int64_t tiles, int64_t sms,
+                            int64_t rows, int64_t splits) {
+  const int64_t blocks = tokens * ((heads + rows - 1) / rows) * splits;
+  const int64_t waves = (blocks + sms - 1) / sms;
+  const double tile_us = rows == 64 ? kMmaTileUs64 : kMmaTileUs16;
+  double us = static_cast<double>(waves) *
+              (static_cast<double>((tiles + splits - 1) / splits) * tile_us + kMmaStartUs);
+  if (splits > 1) {
+    const double bytes = static_cast<double>(splits * std::min(rows, heads) * (dim + 2) * 4);
+    us += kMmaCombineFixedUs + bytes / kMmaCombineBytesPerUs;
+  }
+  return us;
+}
+
+// The separate-combine plan (the kernel before fusion): 64 heads per block, the split count
+// that minimises waves x (tiles per split + overhead_tiles); ties go to fewer splits.
+inline AttentionMmaPlan separate_mma_plan(int64_t tokens, int64_t heads, int64_t max_keys,
+                                          int64_t sms, int64_t max_splits, int64_t overhead_tiles) {
+  AttentionMmaPlan p;
+  p.head_groups = (heads + 63) / 64;
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kMmaPlanKeys - 1) / kMmaPlanKeys);
+  const int64_t blocks = tokens * p.head_groups;
+  sms = std::max<int64_t>(1, sms);
+  int64_t best = -1;
+  for (int64_t s = 1; s <= std::min(tiles, max_splits); ++s) {
+    const int64_t waves = (blocks * s + sms - 1) / sms;
+    const int64_t cost = waves * ((tiles + s - 1) / s + overhead_tiles);
+    if (best < 0 || cost < best) {
+      best = cost;
+      p.splits = s;
+    }
+  }
+  return p;
+}
+
+// The plan for `choice`. Unforced and not fused: separate_mma_plan, the kernel as it was before
+// the fused combine. Otherwise the (rows, splits) of least mma_plan_cost among those the choice
+// allows, ties to 64 rows and fewer splits. The 16-row layout is a candidate only for D a
+// multiple of 128 and, unless forced, for few tokens (its blocks read each key once per 16 heads,
+// which costs L2 bandwidth once 64-row blocks alone fill the SMs). The fused combine needs a
+// counter per (token, head group): a plan with more than `counter_slots` of them and splits > 1
+// is no candidate.
+inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t dim,
+                                        int64_t max_keys, int64_t sms, int64_t max_splits,
+                                        int64_t overhead_tiles, int64_t counter_slots,
+                                        const AttentionMmaChoice& choice) {
+  sms = std::max<int64_t>(1, sms);
+  if (!choice.fused_combine && choice.rows == 0 && choice.splits == 0)
+    return separate_mma_plan(tokens, heads, max_keys, sms, max_splits, overhead_tiles);
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kMmaPlanKeys - 1) / kMmaPlanKeys);
+  const int64_t split_cap = std::max<int64_t>(1, std::min(tiles, max_splits));
+  const bool few_tokens = tokens * ((heads + 63) / 64) * 2 <= sms;
+  const bool rows16_ok = mma_rows16_supported(dim) && (few_tokens || choice.rows == 16);
+  AttentionMmaPlan best;
+  double best_cost = -1;
+  bool found = false;
+  for (const int64_t rows : {int64_t{64}, int64_t{16}}) {
+    if (rows == 16 && !rows16_ok) continue;
+    if (choice.rows != 0 && choice.rows != rows) continue;
+    const int64_t groups = (heads + rows - 1) / rows;
+    const bool counters_fit = tokens * groups <= counter_slots;
+    for (int64_t s = 1; s <= split_cap; ++s) {
+      if (choice.splits != 0 && s != std::min(choice.splits, split_cap)) continue;
+      if (choice.fused_combine && s > 1 && !counters_fit) continue;
+      const double cost = mma_plan_cost(tokens, heads, dim, tiles, sms, rows, s);
+      if (!found || cost < best_cost) {
+        found = true;
+        best_cost = cost;
+        best.rows = rows;
+        best.slices = kMmaPlanWarps / (rows / 16);
+        best.head_groups = groups;
+        best.splits = s;
+        best.fused = choice.fused_combine && s > 1;
+      }
+    }
+  }
+  if (!found) return separate_mma_plan(tokens, heads, max_keys, sms, max_splits, overhead_tiles);
+  return best;
+}
+
+// DEEPINFER_ATTENTION_COMBINE (fused | separate, unset: fused), DEEPINFER_ATTENTION_ROWS (16 | 64,
+// unset: the cost model's) and DEEPINFER_ATTENTION_SPLITS (1..64, unset: the cost model's) as a
+// choice; nullopt names the variable whose value is not understood (`bad`).
+inline std::optional<AttentionMmaChoice> parse_attention_mma_choice(const char* combine,
+                                                                    const char* rows,
+                                                                    const char* splits,
+                                                                    std::string* bad) {
+  AttentionMmaChoice c;
+  const std::string_view cv = combine == nullptr ? "" : combine;
+  if (cv == "separate") {
+    c.fused_combine = false;
+  } else if (!cv.empty() && cv != "fused") {
+    *bad = "DEEPINFER_ATTENTION_COMBINE: expected fused or separate, got '" + std::string(cv) + "'";
+    return std::nullopt;
+  }
+  const std::string_view rv = rows == nullptr ? "" : rows;
+  if (rv == "16" || rv == "64") {
+    c.rows = rv == "16" ? 16 : 64;
+  } else if (!rv.empty()) {
+    *bad = "DEEPINFER_ATTENTION_ROWS: expected 16 or 64, got '" + std::string(rv) + "'";
+    return std::nullopt;
+  }
+  const std::string_view sv = splits == nullptr ? "" : splits;
+  if (!sv.empty()) {
+    int64_t n = 0;
+    for (const char ch : sv) {
+      if (ch < '0' || ch > '9' || n > 64) {
+        n = -1;
+        break;
+      }
+      n = n * 10 + (ch - '0');
+    }
+    if (n < 1 || n > 64) {
+      *bad = "DEEPINFER_ATTENTION_SPLITS: expected 1..64, got '" + std::string(sv) + "'";
+      return std::nullopt;
+    }
+    c.splits = n;
+  }
+  return c;
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,148 @@
+// The tensor-core attention's plan (cuda/attention/attention_plan.h), checked on the host: heads
+// per block, key splits and the fused combine for the shapes the device runs, the forced choices
+// of DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS, and that the separate path keeps the split
+// rule of the kernel before the fused combine.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/attention/attention_plan.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+constexpr int64_t kSms = 132;  // H200
+constexpr int64_t kMaxSplits = 64;
+constexpr int64_t kOverheadTiles = 2;
+
+AttentionMmaPlan plan(int64_t tokens, int64_t heads, int64_t dim, int64_t keys,
+                      const AttentionMmaChoice& choice = {},
+                      int64_t counters = kAttentionCounterSlots) {
+  return choose_mma_plan(tokens, heads, dim, keys, kSms, kMaxSplits, kOverheadTiles, counters,
+                         choice);
+}
+
+// The split rule of the kernel before the fused combine, written out independently.
+int64_t pre_fusion_splits(int64_t tokens, int64_t heads, int64_t keys) {
+  const int64_t tiles = std::max<int64_t>(1, (keys + 31) / 32);
+  const int64_t blocks = tokens * ((heads + 63) / 64);
+  int64_t best = -1, splits = 1;
+  for (int64_t s = 1; s <= std::min<int64_t>(tiles, kMaxSplits); ++s) {
+    const int64_t cost = (blocks * s + kSms - 1) / kSms * ((tiles + s - 1) / s + kOverheadTiles);
+    if (best < 0 || cost < best) {
+      best = cost;
+      splits = s;
+    }
+  }
+  return splits;
+}
+
+TEST(AttentionPlan, SeparateKeepsThePreFusionPlan) {
+  for (const int64_t tokens : {1, 2, 5, 37, 64, 256, 512})
+    for (const int64_t heads : {4, 64, 72, 128})
+      for (const int64_t keys : {8, 108, 640, 1152}) {
+        const AttentionMmaPlan p = plan(tokens, heads, 512, keys, {.fused_combine = false});
+        EXPECT_EQ(p.rows, 64);
+        EXPECT_EQ(p.slices, 2);
+        EXPECT_EQ(p.head_groups, (heads + 63) / 64);
+        EXPECT_FALSE(p.fused);
+        EXPECT_EQ(p.splits, pre_fusion_splits(tokens, heads, keys))
+            << tokens << " tokens, " << heads << " heads, " << keys << " keys";
+      }
+}
+
+TEST(AttentionPlan, FusedPlansAreConsistent) {
+  for (const int64_t dim : {64, 128, 256, 512})
+    for (const int64_t tokens : {1, 2, 5, 8, 20, 37, 64, 128, 256, 512, 4096})
+      for (const int64_t heads : {4, 20, 64, 72, 128})
+        for (const int64_t keys : {1, 32, 108, 640, 1152, 100000}) {
+          const AttentionMmaPlan p = plan(tokens, heads, dim, keys);
+          const std::string what = std::to_string(tokens) + " tokens, " + std::to_string(heads) +
+                                   " heads of " + std::to_string(dim) + ", " +
+                                   std::to_string(keys) + " keys";
+          ASSERT_TRUE(p.rows == 64 || p.rows == 16) << what;
+          EXPECT_EQ(p.slices * (p.rows / 16), kMmaPlanWarps) << what;
+          EXPECT_TRUE(p.rows == 64 || mma_rows16_supported(dim)) << what;
+          EXPECT_EQ(p.head_groups, (heads + p.rows - 1) / p.rows) << what;
+          const int64_t tiles = std::max<int64_t>(1, (keys + 31) / 32);
+          EXPECT_GE(p.splits, 1) << what;
+          EXPECT_LE(p.splits, std::min(tiles, kMaxSplits)) << what;
+          EXPECT_EQ(p.fused, p.splits > 1) << what;
+          EXPECT_TRUE(!p.fused || tokens * p.head_groups <= kAttentionCounterSlots) << what;
+        }
+}
+
+// V4-Flash's CSA decode (64 heads x 512, 128 + 512 keys) at B = 1: the 16-head layout over
+// several splits, merged by the kernel, on a good part of the SMs; at B = 256 one wave-filling
+// block per token, no split.
+TEST(AttentionPlan, V4DecodeShapes) {
+  const AttentionMmaPlan b1 = plan(1, 64, 512, 640);
+  EXPECT_EQ(b1.rows, 16);
+  EXPECT_TRUE(b1.fused);
+  EXPECT_GE(b1.head_groups * b1.splits, 32);
+  const AttentionMmaPlan b256 = plan(256, 64, 512, 640);
+  EXPECT_EQ(b256.rows, 64);
+  EXPECT_EQ(b256.splits, 1);
+  EXPECT_FALSE(b256.fused);
+}
+
+TEST(AttentionPlan, ForcedChoices) {
+  AttentionMmaPlan p = plan(1, 64, 512, 640, {.rows = 64, .splits = 7});
+  EXPECT_EQ(p.rows, 64);
+  EXPECT_EQ(p.splits, 7);
+  EXPECT_TRUE(p.fused);
+  p = plan(256, 64, 512, 640, {.rows = 16, .splits = 3});  // forced past the few-token rule
+  EXPECT_EQ(p.rows, 16);
+  EXPECT_EQ(p.slices, 8);
+  EXPECT_EQ(p.head_groups, 4);
+  EXPECT_EQ(p.splits, 3);
+  p = plan(1, 64, 512, 640, {.splits = 64});  // clamped to the 20 tiles
+  EXPECT_EQ(p.splits, 20);
+  p = plan(1, 4, 64, 108, {.rows = 16});  // D = 64 has no 16-row layout: the separate plan
+  EXPECT_EQ(p.rows, 64);
+  EXPECT_FALSE(p.fused);
+  p = plan(1, 64, 512, 640, {.fused_combine = false, .rows = 16, .splits = 5});
+  EXPECT_EQ(p.rows, 16);
+  EXPECT_EQ(p.splits, 5);
+  EXPECT_FALSE(p.fused);
+}
+
+// More (token, head group) pairs than counters: no fused split.
+TEST(AttentionPlan, CountersBoundTheFusedCombine) {
+  const AttentionMmaPlan p = plan(64, 64, 512, 640, {}, /*counters=*/32);
+  EXPECT_FALSE(p.fused);
+  EXPECT_EQ(p.splits, 1);
+  const AttentionMmaPlan q = plan(20, 64, 512, 640, {}, /*counters=*/80);
+  EXPECT_LE(20 * q.head_groups, 80);
+  EXPECT_TRUE(q.fused);
+}
+
+TEST(AttentionPlan, ParsesTheEnvironment) {
+  std::string bad;
+  auto c = parse_attention_mma_choice(nullptr, nullptr, nullptr, &bad);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->fused_combine);
+  EXPECT_EQ(c->rows, 0);
+  EXPECT_EQ(c->splits, 0);
+  c = parse_attention_mma_choice("separate", "16", "12", &bad);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->fused_combine);
+  EXPECT_EQ(c->rows, 16);
+  EXPECT_EQ(c->splits, 12);
+  c = parse_attention_mma_choice("fused", "", "", &bad);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->fused_combine);
+  EXPECT_FALSE(parse_attention_mma_choice("fast", nullptr, nullptr, &bad).has_value());
+  EXPECT_NE(bad.find("DEEPINFER_ATTENTION_COMBINE"), std::string::npos);
+  EXPECT_FALSE(parse_attention_mma_choice(nullptr, "32", nullptr, &bad).has_value());
+  EXPECT_NE(bad.find("DEEPINFER_ATTENTION_ROWS"), std::string::npos);
+  for (const char* s : {"0", "65", "x", "-1", "100000000000000000000"}) {
+    EXPECT_FALSE(parse_attention_mma_choice(nullptr, nullptr, s, &bad).has_value()) << s;
+    EXPECT_NE(bad.find("DEEPINFER_ATTENTION_SPLITS"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda
