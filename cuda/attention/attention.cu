@@ -5,8 +5,8 @@
 // and launches it:
 //  - AttentionSpec::bf16_math and a supported shape: the tensor-core kernel
 //    (sm80/attention_mma.cu: bf16 operands, f32 accumulation), with the plan of attention_plan.h
-//    (heads per block, key splits, and by default the splits merged by the kernel's last block:
-//    DEEPINFER_ATTENTION_COMBINE=separate restores the separate combine);
+//    (heads per block, key splits; with DEEPINFER_ATTENTION_COMBINE=fused the splits merged by the
+//    kernel's last block, opt-in: it measured slower than the separate combine on the H200);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.

@@ -145,7 +145,7 @@ CudaBackend::CudaBackend(int device_index)
   const std::optional<Fp8LinearChoice> fp8_choice = parse_fp8_linear(fp8_linear);
   if (!fp8_choice) {
     throw Error(ErrorCode::kInvalidArgument,
-                std::string("DEEPINFER_FP8_LINEAR: expected auto, stream, stream_pdl or legacy, "
+                std::string("DEEPINFER_FP8_LINEAR: expected legacy, stream or stream_pdl, "
                             "got '") +
                     fp8_linear + "'");
   }

@@ -78,8 +78,9 @@ class CudaBackend final : public Backend {
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
-  // DEEPINFER_FP8_LINEAR at creation (stream, stream_pdl, legacy): the path of FP8 linears at
-  // decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one run.
+  // DEEPINFER_FP8_LINEAR at creation (legacy: the default, stream, stream_pdl): the path of FP8
+  // linears at decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one
+  // run.
   Fp8LinearChoice fp8_linear() const { return fp8_linear_; }
   void set_fp8_linear(Fp8LinearChoice choice) { fp8_linear_ = choice; }
   // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS at creation: the tensor-core attention's plan
@@ -94,10 +95,12 @@ class CudaBackend final : public Backend {
   // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
   ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
   void set_last_quant_experts_kernel(ExpertsKernel k) { last_quant_experts_kernel_ = k; }
-  // DEEPINFER_HC_PRE at creation: fused (default) or legacy. Whether hc_pre, hc_head and
+  // DEEPINFER_HC_PRE at creation: legacy (default) or fused. Whether hc_pre, hc_head and
   // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_grid) where
-  // it applies, or always the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel): an A/B
-  // switch for benchmarks.
+  // it applies, or always the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel). Opt-in:
+  // its spin barrier needs every CTA of a token group resident at once, which nothing
+  // guarantees beside another process or backend on the device, and the H200's decode step did
+  // not get faster with it (benchmarks/RESULTS.md, session 8).
   bool hc_fused() const { return hc_fused_; }
   // The fused hc kernel's barrier slots ({count, generation} per token group), zero at creation
   // and left zero by every launch (so graph replays need no reset).
@@ -201,11 +204,11 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
-  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
+  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
   AttentionMmaPlan last_attention_plan_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
-  bool hc_fused_ = true;
+  bool hc_fused_ = false;
   std::shared_ptr<CudaContext> ctx_;
   Tensor hc_barrier_;
   bool capturing_ = false;

@@ -9,20 +9,21 @@ namespace deepinfer::cuda {
 
 // Which FP8 path decode-sized linears take (an A/B switch for benchmarks and tests: the backend's
 // DEEPINFER_FP8_LINEAR, read once at its creation; benchmarks may set it per call).
+// The default is the GEMV and cuBLASLt: on the H200 the streaming kernel won only at 9..16 tokens
+// (fp8_stream.cu's header has the table), and a per-M switch there would make a token's result
+// depend on whether its batch has 8 or 9 rows.
 enum class Fp8LinearChoice {
-  kAuto,       // "auto" or unset: fp8_stream.cu where it measured faster (fp8_stream_wins)
+  kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
   kStream,     // "stream": fp8_stream.cu up to kFp8StreamMaxTokens tokens
   kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
-  kLegacy,     // "legacy": the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
 };
 
 // The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "auto") return Fp8LinearChoice::kAuto;
+  if (v.empty() || v == "legacy") return Fp8LinearChoice::kLegacy;
   if (v == "stream") return Fp8LinearChoice::kStream;
   if (v == "stream_pdl") return Fp8LinearChoice::kStreamPdl;
-  if (v == "legacy") return Fp8LinearChoice::kLegacy;
   return std::nullopt;
 }
 

@@ -222,9 +222,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
                      w.block_rows, w.block_cols,      w.act_group};
   Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
   if (p.m == 0 || p.n == 0) return y;
-  const Fp8LinearChoice choice = be.fp8_linear();
-  if (choice == Fp8LinearChoice::kStream || choice == Fp8LinearChoice::kStreamPdl ||
-      (choice == Fp8LinearChoice::kAuto && fp8_stream_wins(p.m))) {
+  if (be.fp8_linear() != Fp8LinearChoice::kLegacy) {
     const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
     // Weights are whole allocations (aligned); a view that is not takes the other paths.
     if (stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0) {

@@ -1,14 +1,13 @@
 // The paths of linear / grouped_linear on block-scaled FP8 weights (kFp8Block, e4m3 values with
 // one f32 scale per block_rows x block_cols block) and the choice between them:
 //
-//   1. fp8_stream.cu: the streaming kernel with dynamic activation quantization (act_group > 0),
-//      by default for 9..16 tokens, where it measured faster (fp8_stream_wins);
-//      DEEPINFER_FP8_LINEAR=stream (or stream_pdl) takes it for 1..kFp8StreamMaxTokens. It
+//   1. fp8_stream.cu (opt-in: DEEPINFER_FP8_LINEAR=stream or stream_pdl): the streaming kernel
+//      for 1..kFp8StreamMaxTokens tokens with dynamic activation quantization (act_group > 0). It
 //      streams the weight bytes through a cp.async ring in shared memory and decodes them to bf16
-//      in registers (the routed experts' streaming kernel, applied to a dense weight).
-//   2. gemv_fp8.cu: the decode GEMV on FP8 tensor cores, which quantizes x itself, for the other
-//      1..kFp8GemvMaxTokens tokens with act_group > 0 (all of them with
-//      DEEPINFER_FP8_LINEAR=legacy).
+//      in registers (the routed experts' streaming kernel, applied to a dense weight). It
+//      assumes power-of-two block scales (DeepSeek's ue8m0), which bf16 holds exactly.
+//   2. gemv_fp8.cu (the default): the decode GEMV on FP8 tensor cores, which quantizes x itself,
+//      for 1..kFp8GemvMaxTokens tokens with act_group > 0.
 //   3. gemm_fp8.cu, cuBLASLt: W8A8 FP8 tensor-core GEMM with DeepSeek's scaling (1x128 on the
 //      activations, 128x128 on the weights), for every other M when the weight has 128x128
 //      blocks and act_group == 128.
@@ -101,15 +100,6 @@ inline bool fp8_cublaslt_applies(const Fp8Problem& p) {
 
 // Up to this M the streaming kernel (cuBLASLt's tiles are full enough above).
 constexpr int kFp8StreamMaxTokens = 64;
-
-// Where the default (Fp8LinearChoice::kAuto) takes the streaming kernel: 9..16 tokens, where the
-// GEMV needs a second m16n8k32 token group. Measured on the H200 (cuda_op_bench --only fp8, graph
-// replay, the V4-Flash weights), streaming / the other path: 0.54-0.92 at M = 16 on all eight
-// weights; 0.83-1.57 at M = 4 and 0.90-1.67 at M = 1 (the GEMV wins on the wide-K weights);
-// 0.43-4.3 at M = 32 and 64 (cuBLASLt's GEMM wins except on the grouped wo_a).
-inline bool fp8_stream_wins(int64_t m) {
-  return m > 8 && m <= 16;
-}
 // K per slice of the ring: one step of the weight copies and of the activation staging.
 constexpr int kFp8StreamSliceK = 128;
 // A warp owns two m16 tiles: 32 weight rows; a CTA 2, 4 or 8 warps.

@@ -14,8 +14,8 @@
 //
 // At decode sizes (hc_fused_grid: T <= 256, n <= 4) hc_pre and hc_head are instead one kernel,
 // hc_fused_kernel: the GEMV split over the channels across CTAs, a spin barrier per token group,
-// then each CTA finishes the mix, the weights and its channels of the collapse; DEEPINFER_HC_PRE=
-// legacy keeps the path above (CudaBackend::hc_fused).
+// then each CTA finishes the mix, the weights and its channels of the collapse. Opt-in
+// (DEEPINFER_HC_PRE=fused, CudaBackend::hc_fused): the barrier assumes the whole grid resident.
 //
 // Products that feed sums are rounded separately (__fmul_rn / __fadd_rn) because the CPU build has
 // no FMA contraction, and every sum runs in the CPU's order; the weights, the collapse and hc_post
@@ -845,9 +845,11 @@ HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, cons
                          empty({tokens, hidden}, DType::kF32)}};
   const HcTrunkUpdate update{out.data<float>(), post.data<float>(), comb.data<float>(),
                              result.trunk.data<float>()};
-  launch_hc_fused(*this, X, fn, base, scale, params, result.mix.post.data<float>(),
-                  result.mix.comb.data<float>(), result.mix.y.data<float>(), "hc_post_pre",
-                  &update);
+  if (!launch_hc_fused(*this, X, fn, base, scale, params, result.mix.post.data<float>(),
+                       result.mix.comb.data<float>(), result.mix.y.data<float>(), "hc_post_pre",
+                       &update)) {
+    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+  }
   return result;
 }
 

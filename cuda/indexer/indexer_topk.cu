@@ -88,7 +88,12 @@ bool indexer_wgmma_runs(const CudaBackend& be) {
   int major = 0;
   DEEPINFER_CUDA_CHECK(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device_index()));
-  return major == 9;  // wgmma: sm_90 only (Blackwell has tcgen05 instead)
+  // wgmma: sm_90 only (Blackwell has tcgen05 instead), and only a build with sm_90a code has it.
+#ifdef DEEPINFER_HAVE_SM90A
+  return major == 9;
+#else
+  return false;
+#endif
 }
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {

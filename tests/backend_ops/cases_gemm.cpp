@@ -12,8 +12,8 @@
 // Block-scaled FP8 weights (kFp8Block) are drawn as N(0, 1) values quantized per block to e4m3
 // with a power-of-two scale, as DeepSeek ships them; the CPU reference dequantizes them exactly
 // and quantize-dequantizes x when act_group > 0. The rows cover each CUDA path
-// (cuda/gemm/gemm_fp8_heuristics.h): the streaming kernel (act_group > 0, M <= 64; with
-// DEEPINFER_FP8_LINEAR=legacy the FP8 tensor-core GEMV up to M = 16 instead), cuBLASLt's
+// (cuda/gemm/gemm_fp8_heuristics.h): the FP8 tensor-core GEMV (act_group > 0, M <= 16; with
+// DEEPINFER_FP8_LINEAR=stream the streaming kernel up to M = 64 instead), cuBLASLt's
 // block-scaled GEMM (128x128 blocks, act_group 128, larger M) and the bf16 fallback (other blocks,
 // act_group 0, ragged K), at ragged N and K. Every product of an e4m3 weight and an e4m3
 // activation is exact and every scale a power of two, so the device differs from the reference
@@ -233,9 +233,9 @@ std::vector<OpCase> gemm_cases() {
   add_bf16_unaligned(t, true);
   add_bf16_unaligned(t, false);
 
-  // FP8 block-scaled weights, M <= 16 with act_group > 0: the streaming kernel (with
-  // DEEPINFER_FP8_LINEAR=legacy the GEMV, whose 16-byte (128x128) and 8-byte (32x32 blocks or
-  // act_group 32) steps these rows cover): ragged N and K (K % 16 == 0), grouped, V4-Flash shapes.
+  // FP8 block-scaled weights, M <= 16 with act_group > 0: the GEMV, whose 16-byte (128x128) and
+  // 8-byte (32x32 blocks or act_group 32) steps these rows cover (with DEEPINFER_FP8_LINEAR=stream
+  // the streaming kernel): ragged N and K (K % 16 == 0), grouped, V4-Flash shapes.
   for (const int64_t m : {1, 3, 16}) {
     add_fp8(t, {{m, 1040, 300, 0}, 128, 128, 128});
     add_fp8(t, {{m, 1040, 300, 0}, 32, 32, 128});

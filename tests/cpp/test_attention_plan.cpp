@@ -17,8 +17,9 @@ constexpr int64_t kSms = 132;  // H200
 constexpr int64_t kMaxSplits = 64;
 constexpr int64_t kOverheadTiles = 2;
 
+// The planner with the fused combine allowed (opt-in in the backend) unless `choice` says not.
 AttentionMmaPlan plan(int64_t tokens, int64_t heads, int64_t dim, int64_t keys,
-                      const AttentionMmaChoice& choice = {},
+                      const AttentionMmaChoice& choice = {.fused_combine = true},
                       int64_t counters = kAttentionCounterSlots) {
   return choose_mma_plan(tokens, heads, dim, keys, kSms, kMaxSplits, kOverheadTiles, counters,
                          choice);
@@ -89,18 +90,20 @@ TEST(AttentionPlan, V4DecodeShapes) {
 }
 
 TEST(AttentionPlan, ForcedChoices) {
-  AttentionMmaPlan p = plan(1, 64, 512, 640, {.rows = 64, .splits = 7});
+  AttentionMmaPlan p = plan(1, 64, 512, 640, {.fused_combine = true, .rows = 64, .splits = 7});
   EXPECT_EQ(p.rows, 64);
   EXPECT_EQ(p.splits, 7);
   EXPECT_TRUE(p.fused);
-  p = plan(256, 64, 512, 640, {.rows = 16, .splits = 3});  // forced past the few-token rule
+  p = plan(256, 64, 512, 640,
+           {.fused_combine = true, .rows = 16, .splits = 3});  // forced past the few-token rule
   EXPECT_EQ(p.rows, 16);
   EXPECT_EQ(p.slices, 8);
   EXPECT_EQ(p.head_groups, 4);
   EXPECT_EQ(p.splits, 3);
-  p = plan(1, 64, 512, 640, {.splits = 64});  // clamped to the 20 tiles
+  p = plan(1, 64, 512, 640, {.fused_combine = true, .splits = 64});  // clamped to the 20 tiles
   EXPECT_EQ(p.splits, 20);
-  p = plan(1, 4, 64, 108, {.rows = 16});  // D = 64 has no 16-row layout: the separate plan
+  p = plan(1, 4, 64, 108,
+           {.fused_combine = true, .rows = 16});  // D = 64 has no 16-row layout: the separate plan
   EXPECT_EQ(p.rows, 64);
   EXPECT_FALSE(p.fused);
   p = plan(1, 64, 512, 640, {.fused_combine = false, .rows = 16, .splits = 5});
@@ -111,10 +114,10 @@ TEST(AttentionPlan, ForcedChoices) {
 
 // More (token, head group) pairs than counters: no fused split.
 TEST(AttentionPlan, CountersBoundTheFusedCombine) {
-  const AttentionMmaPlan p = plan(64, 64, 512, 640, {}, /*counters=*/32);
+  const AttentionMmaPlan p = plan(64, 64, 512, 640, {.fused_combine = true}, /*counters=*/32);
   EXPECT_FALSE(p.fused);
   EXPECT_EQ(p.splits, 1);
-  const AttentionMmaPlan q = plan(20, 64, 512, 640, {}, /*counters=*/80);
+  const AttentionMmaPlan q = plan(20, 64, 512, 640, {.fused_combine = true}, /*counters=*/80);
   EXPECT_LE(20 * q.head_groups, 80);
   EXPECT_TRUE(q.fused);
 }
@@ -123,7 +126,7 @@ TEST(AttentionPlan, ParsesTheEnvironment) {
   std::string bad;
   auto c = parse_attention_mma_choice(nullptr, nullptr, nullptr, &bad);
   ASSERT_TRUE(c.has_value());
-  EXPECT_TRUE(c->fused_combine);
+  EXPECT_FALSE(c->fused_combine);  // the separate combine by default (measured faster)
   EXPECT_EQ(c->rows, 0);
   EXPECT_EQ(c->splits, 0);
   c = parse_attention_mma_choice("separate", "16", "12", &bad);

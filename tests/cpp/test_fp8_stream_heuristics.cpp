@@ -139,9 +139,8 @@ TEST(Fp8StreamLayout, StagedIndexPermutesEachSlice) {
 }
 
 TEST(Fp8StreamHeuristics, ParsesTheSwitch) {
-  EXPECT_EQ(parse_fp8_linear(nullptr), Fp8LinearChoice::kAuto);
-  EXPECT_EQ(parse_fp8_linear(""), Fp8LinearChoice::kAuto);
-  EXPECT_EQ(parse_fp8_linear("auto"), Fp8LinearChoice::kAuto);
+  EXPECT_EQ(parse_fp8_linear(nullptr), Fp8LinearChoice::kLegacy);
+  EXPECT_EQ(parse_fp8_linear(""), Fp8LinearChoice::kLegacy);
   EXPECT_EQ(parse_fp8_linear("stream"), Fp8LinearChoice::kStream);
   EXPECT_EQ(parse_fp8_linear("stream_pdl"), Fp8LinearChoice::kStreamPdl);
   EXPECT_EQ(parse_fp8_linear("legacy"), Fp8LinearChoice::kLegacy);

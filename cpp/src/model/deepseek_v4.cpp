@@ -30,9 +30,6 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
   Tensor trunk = be.hc_expand(be.embedding(weights_.embed, layout.token_ids), config_.hc_mult);
   std::optional<PendingHcPost> pending;
   for (int li = 0; li < config_.num_hidden_layers; ++li) {
-    // KV tier imports on the copy stream: layer L waits only for its own blocks' copies, so the
-    // copies of later layers overlap the compute of earlier ones (ModelCaches::import_layered).
-    caches.wait_layer(be, li);
     const LayerWeights& w = weights_.layers[static_cast<size_t>(li)];
     HcMix mix;
     if (pending) {
@@ -43,6 +40,10 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
     } else {
       mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
     }
+    // KV tier imports on the copy stream: layer L waits only for its own blocks' copies (its
+    // attention is the first reader), so the copies of later layers overlap the compute of
+    // earlier ones (ModelCaches::import_layered).
+    caches.wait_layer(be, li);
     pending = layer_after_mix(li, w, trunk, mix, plan, caches.layer(li));
   }
   if (pending) trunk = be.hc_post(pending->trunk, pending->out, pending->post, pending->comb);

@@ -211,8 +211,8 @@ TEST_F(CudaOnly, GemmBf16GemvIsDeterministicAndPerToken) {
 }
 
 // The FP8 decode path up to 16 tokens with act_group > 0 (the backend's DEEPINFER_FP8_LINEAR: the
-// streaming kernel cuda/gemm/fp8_stream.cu by default, test_fp8_stream.cpp's subject; the
-// tensor-core GEMV cuda/gemm/gemv_fp8.cu with "legacy"): the same bytes on a second run, and a
+// tensor-core GEMV cuda/gemm/gemv_fp8.cu by default; the streaming kernel cuda/gemm/fp8_stream.cu
+// with "stream", test_fp8_stream.cpp's subject): the same bytes on a second run, and a
 // token's row does not depend on the other tokens of the batch (its tiling and K splits are
 // chosen without M; 8 and 9 tokens take the GEMV's one- and two-n8-tile kernels).
 TEST_F(CudaOnly, GemmFp8GemvIsDeterministicAndPerToken) {

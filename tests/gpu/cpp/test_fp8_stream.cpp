@@ -1,4 +1,4 @@
-// The streaming FP8 linear (cuda/gemm/fp8_stream.cu, DEEPINFER_FP8_LINEAR=stream, the default,
+// The streaming FP8 linear (cuda/gemm/fp8_stream.cu, opt-in: DEEPINFER_FP8_LINEAR=stream
 // or stream_pdl) at decode batch sizes: the same bytes on a second run and as a programmatic
 // dependent launch, and a token's row does not depend on the other tokens of the batch (its K
 // splits are chosen without M, and the 16- and 64-token tiles reduce every output in the same
