@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 from pathlib import Path
 
 import deepinfer_core as dc
@@ -144,7 +145,9 @@ def test_invariants_randomized_scripted(options) -> None:
         engine.drafter = OracleDrafter(engine.model)  # kept alive beside the engine
         engine.set_drafter(engine.drafter)
     slots = live_slots(engine)
-    rng = random.Random(hash(tuple(sorted(options.items()))) & 0xFFFF)
+    # A seed from the options' text: hash() of strings changes per process (PYTHONHASHSEED), which
+    # made the event trace, and whether it reached a preemption, differ from run to run.
+    rng = random.Random(zlib.crc32(repr(sorted(options.items())).encode()))
     trace, prompts, aborted = random_events(engine, rng, 10_000)
     assert_pools_full(engine, slots)
     finishes = {}
