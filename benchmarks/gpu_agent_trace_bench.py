@@ -145,8 +145,7 @@ def main() -> None:
             model = str(ensure_tiny_checkpoint())
             common = {"device": "cpu"}
         else:
-            from gpu_quant_bench import real_format
-            from v4_flash_config import flash_config
+            from v4_flash_config import flash_config, real_format
 
             model = tmp
             config = real_format(flash_config(args.layers.split(",")))

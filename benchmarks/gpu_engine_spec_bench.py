@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 import deepinfer_core as dc
-from gpu_quant_bench import real_format
-from v4_flash_config import flash_config
+from v4_flash_config import flash_config, real_format
 
 
 class Oracle(dc.Drafter):

@@ -137,8 +137,7 @@ def main() -> None:
 
             model, common["device"] = str(ensure_tiny_checkpoint()), "cpu"
         else:
-            from gpu_quant_bench import real_format
-            from v4_flash_config import flash_config
+            from v4_flash_config import flash_config, real_format
 
             config = real_format(flash_config(args.layers.split(",")))
             (Path(tmp) / "config.json").write_text(json.dumps(config))

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import deepinfer_core as dc
-from v4_flash_config import decode_token, flash_config
+from v4_flash_config import decode_token, flash_config, real_format
 
 
 def main() -> None:
@@ -40,8 +40,6 @@ def main() -> None:
         path = Path(d) / "config.json"
         config = flash_config(["sliding", "csa", "hca"])
         if args.real_format:
-            from gpu_quant_bench import real_format  # imports torch: only when asked
-
             config = real_format(config)
         path.write_text(json.dumps(config))
         blocks = args.context // 128 + 2

@@ -31,15 +31,7 @@ from pathlib import Path
 import torch
 from gpu_model_bench import rooflines as dense_rooflines
 from gpu_model_bench import timed
-from v4_flash_config import LAYER_TYPES, decode_token, flash_config
-
-QUANT = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "scale_fmt": "ue8m0",
-    "weight_block_size": [128, 128],
-    "activation_scheme": "dynamic",
-}
+from v4_flash_config import LAYER_TYPES, decode_token, flash_config, real_format
 
 
 def rooflines() -> dict:
@@ -52,10 +44,6 @@ def rooflines() -> dict:
     fp8_s = timed(lambda: torch._scaled_mm(x, y, one, one, out_dtype=torch.bfloat16), 10)
     out["fp8_gemm_TFLOPs"] = 2 * 8192**3 / fp8_s / 1e12
     return out
-
-
-def real_format(config: dict) -> dict:
-    return dict(config, quantization_config=dict(QUANT), expert_dtype="fp4")
 
 
 def step_bytes(config: dict, batch: int, context: int, quantized: bool) -> float:

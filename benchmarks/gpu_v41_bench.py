@@ -43,8 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gpu_quant_bench import QUANT
-from v4_flash_config import decode_token, flash_config
+from v4_flash_config import QUANT, decode_token, flash_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 import v41_reference as ref

@@ -56,3 +56,18 @@ def decode_token(seq: int) -> int:
     """The input token of sequence `seq` in the decode benchmarks: distinct per sequence, so a
     batch routes to different experts as real decoding does (identical rows would share six)."""
     return (5 + 7919 * seq) % 129000 + 2
+
+
+# DeepSeek's shipped formats: FP8 e4m3 128x128 block-scaled linears with power-of-two scales.
+QUANT = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+    "activation_scheme": "dynamic",
+}
+
+
+def real_format(config: dict) -> dict:
+    """`config` in DeepSeek's shipped formats: FP8 linears (QUANT) and MXFP4 routed experts."""
+    return dict(config, quantization_config=dict(QUANT), expert_dtype="fp4")
