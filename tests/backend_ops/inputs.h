@@ -50,6 +50,24 @@ inline Tensor random_bytes(std::mt19937& rng, const Shape& shape, DType dtype) {
   return t;
 }
 
+// A block-scaled FP8 weight [rows, cols] of random e4m3 codes with |v| < 2 (no NaN), every
+// `block` x `block` scale 0.25, activations quantized per `act_group` columns: the weight of the
+// GPU tests that compare a kernel's bytes across runs and batch sizes.
+inline MatrixWeight random_fp8_block_weight(std::mt19937& rng, int64_t rows, int64_t cols,
+                                            int block, int act_group) {
+  MatrixWeight w;
+  w.values = random_bytes(rng, {rows, cols}, DType::kF8E4M3);
+  auto* bytes = static_cast<uint8_t*>(w.values.raw_data());
+  for (size_t i = 0; i < w.values.nbytes(); ++i) bytes[i] &= 0xbf;  // clears the top exponent bit
+  const int64_t sr = (rows + block - 1) / block, sc = (cols + block - 1) / block;
+  w.scales = Tensor::from_vector(std::vector<float>(static_cast<size_t>(sr * sc), 0.25f), {sr, sc});
+  w.format = WeightFormat::kFp8Block;
+  w.block_rows = block;
+  w.block_cols = block;
+  w.act_group = act_group;
+  return w;
+}
+
 // The f32 values a bf16 copy of `t` holds. A matrix a device keeps in bf16 is drawn rounded, so
 // the f32 reference and the bf16 device copy hold the same values.
 inline Tensor round_bf16(const Tensor& t) {

@@ -225,17 +225,7 @@ TEST_F(CudaOnly, GemmFp8GemvIsDeterministicAndPerToken) {
   for (const Shape2& s : {Shape2{1024, 4096, 0, 128}, Shape2{1024, 4096, 8, 128},
                           Shape2{300, 8192, 0, 128}, Shape2{4096, 1024, 0, 32}}) {
     const int g = s.groups ? s.groups : 1;
-    MatrixWeight host;
-    host.values = random_bytes(rng_, {g * s.n, s.k}, DType::kF8E4M3);
-    auto* bytes = static_cast<uint8_t*>(host.values.raw_data());
-    for (size_t i = 0; i < host.values.nbytes(); ++i) bytes[i] &= 0xbf;  // |v| < 2, no NaN
-    const int64_t sr = (g * s.n + s.block - 1) / s.block, sc = (s.k + s.block - 1) / s.block;
-    host.scales =
-        Tensor::from_vector(std::vector<float>(static_cast<size_t>(sr * sc), 0.25f), {sr, sc});
-    host.format = WeightFormat::kFp8Block;
-    host.block_rows = s.block;
-    host.block_cols = s.block;
-    host.act_group = 128;
+    const MatrixWeight host = random_fp8_block_weight(rng_, g * s.n, s.k, s.block, 128);
     const MatrixWeight w = gpu().upload_matrix_weight(host);
     Tensor x = f32(randn({kTokens, g * s.k}));
     const auto run = [&](int64_t m) {
