@@ -33,6 +33,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
 #include "cuda/common/ptx_sm80.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/indexer/indexer_fp8_records.cuh"
 #include "cuda/indexer/indexer_launch.h"
 #include "cuda/indexer/indexer_mma_layout.h"
@@ -55,42 +56,6 @@ static_assert(kWgmmaQBytes == kCols * kMmaDim * 2);
 constexpr int kLoTileOffset = kWgmmaHeads * kMmaDim * 2;
 static_assert(kLoTileOffset + kWgmmaHeads * kMmaDim <= kWgmmaQBytes);
 constexpr float kLoE4m3Unit = 32.0f;
-
-// A shared-memory matrix descriptor (no swizzle): start address, leading byte offset (between
-// core matrices along k) and stride byte offset (between core matrices along the columns).
-__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lead, uint32_t stride) {
-  const uint32_t addr = smem_addr(smem);
-  return static_cast<uint64_t>((addr & 0x3ffffu) >> 4) | (static_cast<uint64_t>(lead >> 4) << 16) |
-         (static_cast<uint64_t>(stride >> 4) << 32);
-}
-
-// wgmma exists on sm_90a only: built for other targets (sm_100a), the wrappers trap, and the
-// host never launches the kernel there (indexer_fp8_wgmma, indexer_args.h).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DEEPINFER_WGMMA(...) asm volatile(__VA_ARGS__)
-#else
-#define DEEPINFER_WGMMA(...) __trap()
-#endif
-
-__device__ __forceinline__ void wgmma_fence() {
-  DEEPINFER_WGMMA("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  DEEPINFER_WGMMA("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  DEEPINFER_WGMMA("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
-__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// fence.proxy.async: q's tile, written by plain stores, becomes visible to wgmma's reads.
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // d (64 x 128 f32) = a (64 x 16 f16, registers) b (16 x 128 f16, shared, descriptor) + d when
 // accumulate, else a b.
