@@ -28,6 +28,8 @@ figures after a restart.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import random
 import statistics
@@ -74,6 +76,108 @@ def turn(engine: dc.Engine, prompt: list[int], output: int) -> tuple[list[int], 
     return tokens, ttft, hit
 
 
+def concurrent_trace(
+    engine: dc.Engine, contexts: list[list[int]], rngs: list[random.Random], args
+) -> tuple[list[float], int, int, float]:
+    """Every session keeps one turn in flight: when a session's turn ends, its context grows and
+    its next turn is added, until every session has reached --end. Returns the TTFTs, the prompt
+    and hit tokens and the wall time of the whole trace (the throughput a loaded prefill card
+    sees: suffixes of several sessions share a step, as production prefill batches do)."""
+    params = dc.SamplingParams(temperature=0.0, max_tokens=args.output, ignore_eos=True)
+    live: dict[int, tuple[int, float]] = {}  # request id -> (session, start)
+    out_tokens: dict[int, list[int]] = {}
+    ttft_of: dict[int, float] = {}
+    ttfts: list[float] = []
+    prompts = hits = 0
+
+    def submit(s: int) -> None:
+        nonlocal prompts
+        rid = engine.add_request(contexts[s], params)
+        live[rid] = (s, time.perf_counter())
+        out_tokens[rid] = []
+        prompts += len(contexts[s])
+
+    start = time.perf_counter()
+    for s in range(len(contexts)):
+        submit(s)
+    while live:
+        for o in engine.step():
+            if o.id not in live:
+                continue
+            s, began = live[o.id]
+            if o.ready:
+                hits += o.prompt_cache_hit_tokens
+            if o.tokens and o.id not in ttft_of:
+                ttft_of[o.id] = time.perf_counter() - began
+                ttfts.append(ttft_of[o.id])
+            out_tokens[o.id] += o.tokens
+            if o.finish is None:
+                continue
+            del live[o.id]
+            if o.id not in ttft_of:
+                raise RuntimeError(
+                    f"a {len(contexts[s])}-token turn produced no token ({o.finish})"
+                )
+            grown = contexts[s] + out_tokens.pop(o.id)
+            contexts[s] = grow(grown, rngs[s], int(len(grown) * args.growth))
+            if len(contexts[s]) < args.end:
+                submit(s)
+    while engine.has_unfinished():
+        engine.step()
+    return ttfts, prompts, hits, time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def torch_profile(path: Path):
+    """Profiles the block with torch.profiler (CUPTI sees every kernel and CUDA call of the
+    process, the engine's included) and writes a summary: the share of the wall time the GPU
+    was busy (union of kernel and copy intervals), the top kernels, and the CUDA API calls by
+    host time."""
+    import torch  # a harness-only dependency: only this option needs it
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    begin = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        yield
+    wall_us = (time.perf_counter() - begin) * 1e6
+    gpu, api = [], collections.defaultdict(lambda: [0, 0.0])
+    kernels = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            gpu.append((e.time_range.start, e.time_range.end))
+            k = kernels[e.name[:90]]
+            k[0] += 1
+            k[1] += e.time_range.elapsed_us()
+        elif e.name.startswith("cuda"):
+            a = api[e.name]
+            a[0] += 1
+            a[1] += e.time_range.elapsed_us()
+    gpu.sort()
+    busy, end = 0.0, -1.0
+    for a, b in gpu:
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]
+    summary = {
+        "wall_ms": wall_us / 1e3,
+        "gpu_busy_ms": busy / 1e3,
+        "gpu_busy_share": busy / wall_us,
+        "kernels": [{"name": n, "calls": c, "ms": t / 1e3} for n, (c, t) in top],
+        "cuda_api": [
+            {"name": n, "calls": c, "ms": t / 1e3}
+            for n, (c, t) in sorted(api.items(), key=lambda kv: -kv[1][1])
+        ],
+    }
+    path.write_text(json.dumps(summary, indent=1))
+    print(
+        f"profile: wall {summary['wall_ms']:.0f} ms, GPU busy {summary['gpu_busy_ms']:.0f} ms "
+        f"({summary['gpu_busy_share']:.2f}); details in {path}",
+        flush=True,
+    )
+
+
 def tiers(engine: dc.Engine) -> dict:
     s = engine.stats()
     return {k: s[k] for k in TIER_KEYS}
@@ -87,9 +191,11 @@ def summary(
     before: dict,
     after: dict,
     uncached_tok_s: float,
+    wall: float | None = None,
 ) -> dict:
     d = {k: after[k] - before[k] for k in TIER_KEYS}
-    total = sum(ttfts)
+    # One turn at a time: the prefill time is the TTFTs' sum; concurrent: the trace's wall time.
+    total = sum(ttfts) if wall is None else wall
     rate = prompts / total
     ordered = sorted(ttfts)
     return {
@@ -131,6 +237,31 @@ def main() -> None:
         default="exact",
         help="how a hit's sliding-window state comes back: stored snapshot or bounded replay",
     )
+    parser.add_argument(
+        "--phase",
+        choices=("all", "cold", "trace"),
+        default="all",
+        help="cold: only the uncached prefill; trace: skip it (the ratio then uses "
+        "--uncached-tok-s); for profiling one phase at a time",
+    )
+    parser.add_argument(
+        "--uncached-tok-s",
+        type=float,
+        default=0.0,
+        help="the uncached rate the trace's ratio is taken against when --phase trace",
+    )
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="all --sessions run at once (each keeps one turn in flight) and the rate is prompt "
+        "tokens over the trace's wall time; default: one turn at a time, rate over the TTFTs' sum",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="with --concurrent: profile the trace (torch.profiler, CUPTI) and write where the "
+        "time went (GPU busy share, kernels, CUDA API calls) to this JSON file",
+    )
     parser.add_argument("--smoke", action="store_true", help="the tiny model on the CPU")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -152,20 +283,27 @@ def main() -> None:
             (Path(tmp) / "config.json").write_text(json.dumps(config))
             common = {"device": "cuda", "load_format": "dummy", "seed": 1}
         common |= {
-            "max_num_seqs": 2,
+            "max_num_seqs": max(2, args.sessions if args.concurrent else 2),
             "max_num_batched_tokens": 8192,
             # The last turn's context grows past --end by one step.
             "max_model_len": int(args.end * args.growth) + 2 * args.output + 1024,
             "kv_cache_dtype": "fp8" if not args.smoke else "auto",
         }
-        # Uncached: one cold context of --end tokens, prefix cache off.
-        cold = dc.Engine(model, enable_prefix_cache=False, **common)
-        rng = random.Random(0)
-        long_prompt = [rng.randrange(2, 129000) for _ in range(args.end)]
-        turn(cold, long_prompt[:1024], 2)  # warm-up
-        _, cold_ttft, _ = turn(cold, long_prompt, 2)
-        uncached = args.end / cold_ttft
-        del cold
+        uncached = args.uncached_tok_s
+        if args.phase != "trace":
+            # Uncached: one cold context of --end tokens, prefix cache off.
+            cold = dc.Engine(model, enable_prefix_cache=False, **common)
+            rng = random.Random(0)
+            long_prompt = [rng.randrange(2, 129000) for _ in range(args.end)]
+            turn(cold, long_prompt[:1024], 2)  # warm-up
+            _, cold_ttft, _ = turn(cold, long_prompt, 2)
+            uncached = args.end / cold_ttft
+            del cold
+            print(f"uncached prefill: {uncached:,.0f} tok/s ({args.end} tokens cold)", flush=True)
+            if args.phase == "cold":
+                return
+        elif uncached <= 0:
+            parser.error("--phase trace needs --uncached-tok-s")
 
         tiered = {
             "num_kv_blocks": args.gpu_tokens // 128 + 1,
@@ -180,9 +318,14 @@ def main() -> None:
         print(f"host tier: {pinned_bytes / (1 << 30):.2f} GiB pinned", flush=True)
         contexts = [grow([], random.Random(100 + s), args.start) for s in range(args.sessions)]
         rngs = [random.Random(200 + s) for s in range(args.sessions)]
-        ttfts, prompts, hits = [], 0, 0
+        ttfts, prompts, hits, wall = [], 0, 0, None
         before = tiers(engine)
-        while all(len(c) < args.end for c in contexts):
+        if args.concurrent and args.profile:
+            with torch_profile(args.profile):
+                ttfts, prompts, hits, wall = concurrent_trace(engine, contexts, rngs, args)
+        elif args.concurrent:
+            ttfts, prompts, hits, wall = concurrent_trace(engine, contexts, rngs, args)
+        while not args.concurrent and all(len(c) < args.end for c in contexts):
             for s in range(args.sessions):
                 out, ttft, hit = turn(engine, contexts[s], args.output)
                 ttfts.append(ttft)
@@ -190,7 +333,7 @@ def main() -> None:
                 hits += hit
                 contexts[s] = grow(contexts[s] + out, rngs[s], int(len(contexts[s]) * args.growth))
         engine.flush_kv_tiers()
-        rows = [summary("trace", ttfts, prompts, hits, before, tiers(engine), uncached)]
+        rows = [summary("trace", ttfts, prompts, hits, before, tiers(engine), uncached, wall)]
         del engine
 
         # Restart: a new engine on the same store, host tier empty; one more turn per session.
@@ -206,6 +349,11 @@ def main() -> None:
 
     print(f"uncached prefill: {uncached:,.0f} tok/s ({args.end} tokens cold)")
     print(f"window state on a hit: {args.kv_window_state}")
+    mode = f"{args.sessions} sessions at once" if args.concurrent else "one turn at a time"
+    print(
+        f"trace: {mode}; rate = prompt tokens / "
+        + ("wall time" if args.concurrent else "sum of TTFTs")
+    )
     print(
         "| phase | turns | prompt tok | hit share | prefill tok/s counting hits | vs uncached "
         "| TTFT p50 ms | TTFT p99 ms | host hit tok | store hit tok | store MB read | "
