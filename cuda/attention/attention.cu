@@ -125,7 +125,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   if (spec.bf16_math && mma_format && attention_kernel_ == AttentionKernelChoice::kWgmma &&
       attention_wgmma_available_ &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
-      a.entf.row_bytes == a.kvf.row_bytes && wgmma_attention_shape(heads, dim, a.kvf.row_bytes) &&
+      a.entf.row_bytes == a.kvf.row_bytes &&
+      wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
       WgmmaAttnLayout::kBytes <= max_shared_memory_per_block()) {
     const AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
                                                     kAttnMaxSplits, attention_mma_choice_.splits);

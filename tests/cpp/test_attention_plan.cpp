@@ -161,12 +161,12 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
 
 TEST(AttentionPlan, WgmmaShapesAndSplits) {
   // V4-Flash / V4-Pro heads of 512 channels over bf16 rows (1 KB) or the fp8 record (584 B).
-  EXPECT_TRUE(wgmma_attention_shape(64, 512, 1024));
-  EXPECT_TRUE(wgmma_attention_shape(128, 512, 584));
-  EXPECT_FALSE(wgmma_attention_shape(32, 512, 1024));      // not whole groups of 64 heads
-  EXPECT_FALSE(wgmma_attention_shape(64, 256, 512));       // another head dim
-  EXPECT_FALSE(wgmma_attention_shape(64, 512, 2048));      // f32 rows do not fit the stage
-  EXPECT_LE(WgmmaAttnLayout::kBytes, size_t{227} * 1024);  // the H200's opt-in shared memory
+  EXPECT_TRUE(wgmma_attention_shape(64, 512, false, 1024));
+  EXPECT_TRUE(wgmma_attention_shape(128, 512, true, 584));
+  EXPECT_FALSE(wgmma_attention_shape(32, 512, false, 1024));  // not whole groups of 64 heads
+  EXPECT_FALSE(wgmma_attention_shape(64, 256, false, 512));   // another head dim
+  EXPECT_FALSE(wgmma_attention_shape(64, 512, true, 1040));   // a record past the stage's rows
+  EXPECT_LE(WgmmaAttnLayout::kBytes, size_t{227} * 1024);     // the H200's opt-in shared memory
   // 640 keys = 10 tiles of 64. B = 1 spreads them over the SMs; B = 256 fills the SMs unsplit.
   const AttentionMmaPlan b1 = wgmma_attention_plan(1, 64, 640, kSms, kMaxSplits, 0);
   EXPECT_EQ(b1.head_groups, 1);

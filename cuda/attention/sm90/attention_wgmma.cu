@@ -11,27 +11,32 @@
 //
 // Block (token, group of 64 heads, key split), 256 threads = two warpgroups; wg = tid / 128.
 // Per tile of 64 keys (all in shared memory, wgmma's no-swizzle core-matrix layout,
-// attention_wgmma_config.h):
-//  - score_tile: warpgroup wg computes S = q K^T for all 64 heads and ITS 32 keys (32wg ..
+// attention_wgmma_config.h; 226 KB in all):
+//  - issue_scores: warpgroup wg computes S = q K^T for all 64 heads and ITS 32 keys (32wg ..
 //    32wg + 31) over all 512 channels: 32 x wgmma.m64n32k16, A = q, B = the keys' rows
 //    (K-major). 16 f32 accumulators per thread.
 //  - softmax_tile: masked keys -inf, the row maxima of the two halves exchanged through shared
 //    memory (max is exact, so both warpgroups hold the identical running max), p = exp(s - max)
 //    rounded to bf16 into the shared probability tile. Each warpgroup keeps the denominator of
 //    ITS keys (d = d * alpha + sum: alpha is common, so the halves add up at the end).
-//  - accumulate_values: O = O * alpha + P V for the warpgroup's 256 channels (256 wg ..):
+//  - issue_values: O = O * alpha + P V for the warpgroup's 256 channels (256 wg ..):
 //    4 x wgmma.m64n256k16, A = P, B = the same key tile read N-major (imm-trans-b: MQA, V = K).
 //    128 f32 accumulators per thread.
-// Key copies (copy role: thread tid owns key tid / 4 of a tile, 16-byte chunks tid % 4 + 4j):
-//  - bf16 rows: cp.async straight into the tile buffer not in use (two buffers), issued right
-//    after the barrier that starts a tile, so the next tile's bytes fly during this tile's MMAs.
-//  - fp8 records: cp.async of the next tile's records into the stage during this tile's MMAs,
-//    then decoded (exact: e4m3 x power of two, bf16 RoPE channels) into the single tile buffer
-//    between tiles (shared memory has no room for a second bf16 buffer next to the stage).
+// Two key buffers: tile i is multiplied from kb[i % 2] while tile i + 1 fills kb[(i + 1) % 2].
+//  - bf16 rows (copy role: thread tid owns key tid / 4, 16-byte chunks tid % 4 + 4j): cp.async
+//    straight into the other buffer, issued right after the barrier that starts a tile, so the
+//    next tile's bytes fly during this tile's products.
+//  - fp8 records (copy role: thread tid owns key tid / 8 of a half tile, pieces tid % 8 + 8j):
+//    staged half a tile at a time (shared memory has room for two bf16 buffers plus half a tile
+//    of records) and decoded into the other buffer while the tensor cores run: the first half of
+//    tile i + 1 is decoded while tile i's scores run, the second half staged and then decoded
+//    while its values run, and the first half of tile i + 2 staged. The decode is exact (e4m3 x
+//    power of two, bf16 RoPE channels). A key's threads are one warp, so __syncwarp orders
+//    their accesses to its stage row.
 // Synchronisation: every wgmma group is waited for before the thread reaches the next block
 // barrier, so a barrier orders all reads of a buffer before its rewrite; plain and cp.async
 // stores are made visible to wgmma by fence.proxy.async before the barrier that publishes them.
-// Three barriers per tile (bf16: tile ready, maxima, probabilities), four with fp8.
+// Three block barriers per tile: tile ready, maxima, probabilities.
 //
 // Output: as the mma.sync kernel's store_output: with one split out = O / (d e^(m-M) +
 // e^(sink-M)), else the unnormalised O and (max, denominator) per head in part_acc / part_md,
@@ -105,23 +110,28 @@ __device__ __forceinline__ void copy_bf16_key(uint8_t* kb, int* valid, const uin
   if (sub == 0) valid[key] = src != nullptr ? 1 : 0;
 }
 
-// This thread's 8-byte pieces sub + 4j of one key's fp8 record into its stage row.
-__device__ __forceinline__ void copy_fp8_record(uint8_t* stage_row, const uint8_t* src, int sub,
+// fp8 records move half a tile (kStageKeys keys) at a time, 8 threads per key (one warp holds
+// all threads of a key, so __syncwarp orders their accesses to its stage row).
+constexpr int kStageKeys = kWgmmaAttnStageKeys;
+static_assert(kThreads == 8 * kStageKeys, "8 copy threads per staged key");
+
+// This thread's 8-byte pieces sub8 + 8j of one key's fp8 record into its stage row.
+__device__ __forceinline__ void copy_fp8_record(uint8_t* stage_row, const uint8_t* src, int sub8,
                                                 int row_bytes) {
   if (src == nullptr) return;
 #pragma unroll 4
-  for (int c = sub; c < row_bytes / 8; c += 4) cp_async_8(stage_row + 8 * c, src + 8 * c);
+  for (int c = sub8; c < row_bytes / 8; c += 8) cp_async_8(stage_row + 8 * c, src + 8 * c);
 }
 
-// This thread's channel chunks sub + 4j of its key, decoded from the staged record into the
-// tile (zero for a masked key), and the key's valid flag. As decode_key_tile of the mma.sync
+// This thread's channel chunks sub8 + 8j of tile row `key`, decoded from the staged record into
+// the tile (zero for a masked key), and the key's valid flag. As decode_key_tile of the mma.sync
 // kernel: exact, so the tile equals the f32 path's rounding of the decoded key.
 __device__ __forceinline__ void decode_fp8_key(uint8_t* kb, int* valid, const uint8_t* rec,
-                                               bool real, int key, int sub, int nope,
+                                               bool real, int key, int sub8, int nope,
                                                int rope_dim) {
-#pragma unroll 4
-  for (int j = 0; j < kChunks / 4; ++j) {
-    const int chunk = sub + 4 * j;
+#pragma unroll 2
+  for (int j = 0; j < kChunks / 8; ++j) {
+    const int chunk = sub8 + 8 * j;
     const int c = 8 * chunk;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (real) {
@@ -147,7 +157,7 @@ __device__ __forceinline__ void decode_fp8_key(uint8_t* kb, int* valid, const ui
     }
     *reinterpret_cast<uint4*>(kb + tile_offset(key, chunk)) = v;
   }
-  if (sub == 0) valid[key] = real ? 1 : 0;
+  if (sub8 == 0) valid[key] = real ? 1 : 0;
 }
 
 // q of the group's 64 heads, rounded to bf16 into the q tile; loads batched so their latencies
@@ -176,8 +186,9 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, uint8_t*
   }
 }
 
-// S for all 64 heads x the warpgroup's 32 keys of the tile over the 512 channels.
-__device__ __forceinline__ void score_tile(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
+// Issues S for all 64 heads x the warpgroup's 32 keys of the tile over the 512 channels (one
+// wgmma group; wait_scores ends it).
+__device__ __forceinline__ void issue_scores(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kDim / 16; ++ks) {
@@ -186,8 +197,13 @@ __device__ __forceinline__ void score_tile(float (&s)[16], uint64_t q_desc, uint
     wgmma_m64n32k16_bf16_kk(s, q_desc + step, k_desc + step, ks > 0);
   }
   wgmma_commit();
+}
+
+// Waits for this thread's wgmma groups (the scores or the values in flight).
+template <int kCount>
+__device__ __forceinline__ void wait_products(float (&acc)[kCount]) {
   wgmma_wait_all();
-  fence_accumulators(s);
+  fence_accumulators(acc);
 }
 
 // The online softmax of the thread's rows (heads row0 and row0 + 8) over the tile's 64 keys, of
@@ -254,9 +270,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, f
   }
 }
 
-// O = O * alpha + P V over the warpgroup's 256 channels (V: the key tile, N-major).
-__device__ __forceinline__ void accumulate_values(float (&o)[kOAcc], const float (&alpha)[2],
-                                                  uint64_t p_desc, uint64_t v_desc) {
+// Issues O = O * alpha + P V over the warpgroup's 256 channels (V: the key tile, N-major) as one
+// wgmma group; wait_products(o) ends it. The previous group must be done (O is rescaled here).
+__device__ __forceinline__ void issue_values(float (&o)[kOAcc], const float (&alpha)[2],
+                                             uint64_t p_desc, uint64_t v_desc) {
   // Once the maxima settle most tiles leave alpha at 1: the warp then skips the rescale.
   if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -276,8 +293,6 @@ __device__ __forceinline__ void accumulate_values(float (&o)[kOAcc], const float
                              v_desc + static_cast<uint64_t>((16 * ks * 16) >> 4), true);
   }
   wgmma_commit();
-  wgmma_wait_all();
-  fence_accumulators(o);
 }
 
 // The thread's rows of O (channels 256wg + 8j + 2qd + {0, 1}): with one split out = O / (d
@@ -325,13 +340,11 @@ template <KvFormat kFmt>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(AttentionArgs a, DeviceLayout l) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
+  constexpr bool kFp8 = kFmt == KvFormat::kFp8;
   extern __shared__ int4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
   uint8_t* qs = smem + Layout::kQOff;
-  // Key buffer b at kb_base + b * kKbStride (buffer 1, bf16 only, is region 2).
-  uint8_t* kb_base = smem + Layout::kKb0Off;
-  constexpr size_t kKbStride = Layout::kRegion2Off - Layout::kKb0Off;
-  uint8_t* stage = smem + Layout::kRegion2Off;  // fp8 only
+  uint8_t* kb_base = smem + Layout::kKbOff;  // buffer b at kb_base + b * kKbBytes
   uint8_t* ps = smem + Layout::kPOff;
   float* xchg = reinterpret_cast<float*>(smem + Layout::kXchgOff);
   int* valid_base = reinterpret_cast<int*>(smem + Layout::kValidOff);
@@ -349,11 +362,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto key_at = [&](int64_t i) -> const uint8_t* {
     return i < range.end ? keys.key(a, l, i) : nullptr;
   };
+  auto kb_of = [&](int b) { return kb_base + b * Layout::kKbBytes; };
+  auto valid_of = [&](int b) { return valid_base + b * kKeys; };
   const int row_bytes = static_cast<int>(a.kvf.row_bytes);
-  // Copy role: key `ck` of each tile, chunks `sub` + 4j.
+  const int nope = a.kvf.nope();
+  const int rope_dim = a.kvf.rope_dim;
+  // bf16 copy role: key `ck` of each tile, chunks `sub` + 4j. fp8 role: key `hk` of each half
+  // tile (tile row 32 half + hk), record pieces and channel chunks `sub8` + 8j.
   const int ck = tid >> 2;
   const int sub = tid & 3;
-  uint8_t* my_stage = stage + ck * row_bytes;
+  const int hk = tid >> 3;
+  const int sub8 = tid & 7;
+  uint8_t* my_stage = smem + Layout::kStageOff + hk * row_bytes;
 
   float o[kOAcc];
 #pragma unroll
@@ -361,56 +381,81 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m_run[2] = {-INFINITY, -INFINITY};
   float d_run[2] = {0.0f, 0.0f};  // over this warpgroup's keys only
 
-  // A key's address takes dependent loads (topk, block table): resolved a tile ahead.
-  bool my_real = false;  // fp8: this thread's key of the records in the stage
+  // fp8: the half tile in the stage and the address of the next half to stage. A key's address
+  // takes dependent loads (topk, block table), so it is resolved a half tile ahead.
+  bool staged_real = false;
   const uint8_t* src_next = nullptr;
+  // Stages half `half` of the tile at key i0 (src_next: its key of this thread), and resolves
+  // the next half's.
+  auto stage_half = [&](int64_t i0, int half) {
+    copy_fp8_record(my_stage, src_next, sub8, row_bytes);
+    staged_real = src_next != nullptr;
+    src_next = key_at(i0 + kStageKeys * (half + 1) + hk);
+  };
+  // Decodes the staged half `half` into buffer b once this thread's copies and those of its key's
+  // other threads (the same warp) have landed; after it the stage row is free again.
+  auto decode_half = [&](int b, int half) {
+    cp_async_wait_all();
+    __syncwarp();
+    decode_fp8_key(kb_of(b), valid_of(b), my_stage, staged_real, kStageKeys * half + hk, sub8, nope,
+                   rope_dim);
+    __syncwarp();
+  };
+
   if (range.begin < range.end) {
-    const uint8_t* src0 = key_at(range.begin + ck);
-    if constexpr (kFmt == KvFormat::kBf16) {
-      copy_bf16_key(kb_base, valid_base, src0, ck, sub);
+    if constexpr (kFp8) {
+      src_next = key_at(range.begin + hk);
+      stage_half(range.begin, 0);
+      load_query_tile(a, qs, t, h_first, tid);
+      decode_half(0, 0);
+      stage_half(range.begin, 1);
+      decode_half(0, 1);
+      if (range.begin + kKeys < range.end) stage_half(range.begin + kKeys, 0);
     } else {
-      copy_fp8_record(my_stage, src0, sub, row_bytes);
+      copy_bf16_key(kb_of(0), valid_of(0), key_at(range.begin + ck), ck, sub);
+      src_next = key_at(range.begin + kKeys + ck);
+      load_query_tile(a, qs, t, h_first, tid);
     }
-    my_real = src0 != nullptr;
-    src_next = key_at(range.begin + kKeys + ck);
-    load_query_tile(a, qs, t, h_first, tid);
   }
 
   const uint64_t q_desc = kmajor_desc(qs);
   const uint64_t p_desc = kmajor_desc(ps);
   int it = 0;
   for (int64_t i0 = range.begin; i0 < range.end; i0 += kKeys, ++it) {
-    const int buf = kFmt == KvFormat::kBf16 ? (it & 1) : 0;
-    uint8_t* kb = kb_base + buf * kKbStride;
-    int* valid = valid_base + buf * kKeys;
+    const int buf = it & 1;
+    uint8_t* kb = kb_of(buf);
     const bool more = i0 + kKeys < range.end;
-    if constexpr (kFmt == KvFormat::kBf16) {
-      cp_async_wait_all();
-      fence_async_shared();  // this thread's copies, zero rows and q, for wgmma
-      __syncthreads();       // tile `it` in kb; every thread past tile it - 1 (the other buffer)
-      if (more) {
-        copy_bf16_key(kb_base + (buf ^ 1) * kKbStride, valid_base + (buf ^ 1) * kKeys, src_next, ck,
-                      sub);
-      }
-    } else {
-      cp_async_wait_all();
-      __syncthreads();  // the records staged (scale bytes from the key's other threads); kb free
-      decode_fp8_key(kb, valid, my_stage, my_real, ck, sub, a.kvf.nope(), a.kvf.rope_dim);
-      fence_async_shared();
-      __syncthreads();  // kb (and q) published; the stage free
-      if (more) {
-        copy_fp8_record(my_stage, src_next, sub, row_bytes);
-        my_real = src_next != nullptr;
-      }
+    if constexpr (!kFp8) cp_async_wait_all();
+    fence_async_shared();  // this thread's copies, decodes, zero rows and q, for wgmma
+    __syncthreads();       // tile `it` in kb; every thread past tile it - 1 (the other buffer)
+    if constexpr (!kFp8) {
+      if (more) copy_bf16_key(kb_of(buf ^ 1), valid_of(buf ^ 1), src_next, ck, sub);
     }
     float s[16] = {};
-    score_tile(s, q_desc, kmajor_desc(kb + kHalfKeys * wg * 16));
+    issue_scores(s, q_desc, kmajor_desc(kb + kHalfKeys * wg * 16));
+    if constexpr (kFp8) {
+      // The staged first half of the next tile decoded while the scores run; its second half
+      // staged to land while the values run.
+      if (more) {
+        decode_half(buf ^ 1, 0);
+        stage_half(i0 + kKeys, 1);
+      }
+    }
+    wait_products(s);
     float alpha[2];
-    softmax_tile(s, valid, xchg, ps, a.scale, wg, row0, qd, m_run, d_run, alpha);
+    softmax_tile(s, valid_of(buf), xchg, ps, a.scale, wg, row0, qd, m_run, d_run, alpha);
     fence_async_shared();
     __syncthreads();  // P of both halves
-    accumulate_values(o, alpha, p_desc, nmajor_desc(kb + wg * (kHalfDim / 8) * kChunkStride));
-    src_next = key_at(i0 + 2 * kKeys + ck);  // null past range.end
+    issue_values(o, alpha, p_desc, nmajor_desc(kb + wg * (kHalfDim / 8) * kChunkStride));
+    if constexpr (kFp8) {
+      if (more) {
+        decode_half(buf ^ 1, 1);
+        if (i0 + 2 * kKeys < range.end) stage_half(i0 + 2 * kKeys, 0);
+      }
+    } else {
+      src_next = key_at(i0 + 2 * kKeys + ck);  // null past range.end
+    }
+    wait_products(o);
   }
 
   // The denominator: the two halves' sums, added in the same order by both warpgroups.
@@ -438,8 +483,8 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
 
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                             const AttentionMmaPlan& p, int64_t tokens, cudaStream_t stream) {
-  if (!wgmma_attention_shape(a.heads, a.dim, a.kvf.row_bytes) || a.entf.format != a.kvf.format ||
-      a.entf.row_bytes != a.kvf.row_bytes ||
+  if (!wgmma_attention_shape(a.heads, a.dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) ||
+      a.entf.format != a.kvf.format || a.entf.row_bytes != a.kvf.row_bytes ||
       (a.kvf.format != KvFormat::kBf16 && a.kvf.format != KvFormat::kFp8)) {
     throw Error(ErrorCode::kUnsupported,
                 "attention: the wgmma kernel takes 64 heads (or a multiple) of 512 channels over "

@@ -15,43 +15,46 @@ constexpr int kWgmmaAttnThreads = 256;  // two warpgroups, each owning half of t
 constexpr int kWgmmaAttnRows = 64;      // heads per block: wgmma's M
 constexpr int kWgmmaAttnDim = 512;      // the one head dim (V4's MQA width)
 constexpr int kWgmmaAttnKeys = 64;      // keys per tile; each warpgroup scores half of them
-// A staged fp8 record of D = 512 channels: at most 2D + D/64 + 8 bytes (kv_record.cuh).
-constexpr int kWgmmaAttnStageRowBytes = 2 * kWgmmaAttnDim + kWgmmaAttnDim / 64 + 8;
+// fp8 records are staged half a tile (32 keys) at a time, each in a row of at most this many
+// bytes: V4's record of 512 channels with 64 RoPE channels is 584 (kv_record.cuh); the bound is
+// what the shared memory of two bf16 key buffers leaves.
+constexpr int kWgmmaAttnStageKeys = kWgmmaAttnKeys / 2;
+constexpr int kWgmmaAttnStageRowBytes = 800;
 
 // Shared memory, in the order of the regions (every bf16 tile in wgmma's no-swizzle core-matrix
 // layout: 8 rows x 16 bytes per 128-byte core matrix, core matrices [channel / 8][row / 8]):
 //   q       [64 chunks of 8 channels][64 heads][8]  bf16   64 KB
-//   kb0     [64 chunks][64 keys][8]                 bf16   64 KB   key tile (buffer 0)
-//   region2 bf16 KV: kb1, the second key buffer; fp8 KV: the staged records of the next tile
+//   kb0/1   [64 chunks][64 keys][8]                 bf16   2 x 64 KB   the key tiles
 //   p       [8 chunks of 8 keys][64 heads][8]       bf16    8 KB   the tile's probabilities
+//   stage   [32 keys][row bytes]                    fp8 records of half a tile (fp8 KV only)
 //   xchg    [2 warpgroups][64] f32                 row maxima, at the end the denominators
 //   valid   [2 buffers][64] int                    which keys of a tile are real
 struct WgmmaAttnLayout {
   static constexpr size_t kQBytes = size_t{kWgmmaAttnRows} * kWgmmaAttnDim * 2;
   static constexpr size_t kKbBytes = size_t{kWgmmaAttnKeys} * kWgmmaAttnDim * 2;
-  static constexpr size_t kStageBytes = size_t{kWgmmaAttnKeys} * kWgmmaAttnStageRowBytes;
-  static constexpr size_t kRegion2Bytes = kStageBytes > kKbBytes ? kStageBytes : kKbBytes;
   static constexpr size_t kPBytes = size_t{kWgmmaAttnRows} * kWgmmaAttnKeys * 2;
+  static constexpr size_t kStageBytes = size_t{kWgmmaAttnStageKeys} * kWgmmaAttnStageRowBytes;
   static constexpr size_t kQOff = 0;
-  static constexpr size_t kKb0Off = kQOff + kQBytes;
-  static constexpr size_t kRegion2Off = kKb0Off + kKbBytes;
-  static constexpr size_t kPOff = kRegion2Off + kRegion2Bytes;
-  static constexpr size_t kXchgOff = kPOff + kPBytes;
+  static constexpr size_t kKbOff = kQOff + kQBytes;  // buffer b at kKbOff + b * kKbBytes
+  static constexpr size_t kPOff = kKbOff + 2 * kKbBytes;
+  static constexpr size_t kStageOff = kPOff + kPBytes;
+  static constexpr size_t kXchgOff = kStageOff + kStageBytes;
   static constexpr size_t kValidOff = kXchgOff + 2 * kWgmmaAttnRows * sizeof(float);
   static constexpr size_t kBytes = kValidOff + 2 * kWgmmaAttnKeys * sizeof(int);
-  static_assert(kKb0Off % 128 == 0 && kRegion2Off % 128 == 0 && kPOff % 128 == 0 &&
+  static_assert(kKbOff % 128 == 0 && kPOff % 128 == 0 && kStageOff % 16 == 0 &&
                     kXchgOff % 16 == 0 && kValidOff % 16 == 0,
                 "aligned regions (wgmma core matrices, cp.async)");
+  static_assert(kBytes <= 227 * 1024, "fits Hopper's opt-in shared memory per block");
 };
 
 // Tiles a block is assumed to spend beyond its key tiles (q, the first copy, the epilogue).
 constexpr int64_t kWgmmaAttnOverheadTiles = 1;
 
-// Whether the kernel takes the shape: 64 heads or a multiple, D = 512, a record that fits the
-// stage (bf16 rows always do).
-constexpr bool wgmma_attention_shape(int64_t heads, int64_t dim, int64_t row_bytes) {
+// Whether the kernel takes the shape: 64 heads or a multiple, D = 512, bf16 rows or (fp8) records
+// of at most kWgmmaAttnStageRowBytes bytes, a multiple of 8 (the 8-byte copies).
+constexpr bool wgmma_attention_shape(int64_t heads, int64_t dim, bool fp8, int64_t row_bytes) {
   return heads > 0 && heads % kWgmmaAttnRows == 0 && dim == kWgmmaAttnDim &&
-         row_bytes <= kWgmmaAttnStageRowBytes && row_bytes % 8 == 0;
+         (!fp8 || (row_bytes <= kWgmmaAttnStageRowBytes && row_bytes % 8 == 0));
 }
 
 // 64 heads per block and the split count that minimises waves x (tiles per split + overhead),
