@@ -32,7 +32,8 @@
 //    tile i + 1 is decoded while tile i's scores run, the second half staged and then decoded
 //    while its values run, and the first half of tile i + 2 staged. The decode is exact (e4m3 x
 //    power of two, bf16 RoPE channels). A key's threads are one warp, so __syncwarp orders
-//    their accesses to its stage row.
+//    their accesses to its stage row. Tile 0's records are staged whole in buffer 1 (free
+//    until then), so that a block's first tile waits for one round trip, not two.
 // Synchronisation: every wgmma group is waited for before the thread reaches the next block
 // barrier, so a barrier orders all reads of a buffer before its rewrite; plain and cp.async
 // stores are made visible to wgmma by fence.proxy.async before the barrier that publishes them.
@@ -187,7 +188,7 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, uint8_t*
 }
 
 // Issues S for all 64 heads x the warpgroup's 32 keys of the tile over the 512 channels (one
-// wgmma group; wait_scores ends it).
+// wgmma group; wait_products ends it).
 __device__ __forceinline__ void issue_scores(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();
 #pragma unroll
@@ -404,12 +405,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (range.begin < range.end) {
     if constexpr (kFp8) {
-      src_next = key_at(range.begin + hk);
-      stage_half(range.begin, 0);
+      // Tile 0's records are staged whole in buffer 1 (free until tile 1 is decoded into it), so
+      // both halves fly together with q's loads.
+      static_assert(size_t{kKeys} * kWgmmaAttnStageRowBytes <= Layout::kKbBytes, "tile 0 fits");
+      const uint8_t* src_lo = key_at(range.begin + hk);
+      const uint8_t* src_hi = key_at(range.begin + kStageKeys + hk);
+      uint8_t* rec_lo = kb_of(1) + hk * row_bytes;
+      uint8_t* rec_hi = kb_of(1) + (kStageKeys + hk) * row_bytes;
+      copy_fp8_record(rec_lo, src_lo, sub8, row_bytes);
+      copy_fp8_record(rec_hi, src_hi, sub8, row_bytes);
+      src_next = key_at(range.begin + kKeys + hk);
       load_query_tile(a, qs, t, h_first, tid);
-      decode_half(0, 0);
-      stage_half(range.begin, 1);
-      decode_half(0, 1);
+      cp_async_wait_all();
+      __syncwarp();  // the records' pieces copied by the keys' other threads (this warp)
+      decode_fp8_key(kb_of(0), valid_of(0), rec_lo, src_lo != nullptr, hk, sub8, nope, rope_dim);
+      decode_fp8_key(kb_of(0), valid_of(0), rec_hi, src_hi != nullptr, kStageKeys + hk, sub8, nope,
+                     rope_dim);
       if (range.begin + kKeys < range.end) stage_half(range.begin + kKeys, 0);
     } else {
       copy_bf16_key(kb_of(0), valid_of(0), key_at(range.begin + ck), ck, sub);
