@@ -92,16 +92,20 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   }
   // The tensor-core kernel's two combine paths (attention_plan.h), each with the plan it ran:
   // the backend's choice (DEEPINFER_ATTENTION_*: by default the fused combine and the cost
-  // model's rows and splits), then the separate combine kernel of the pre-fusion plan.
+  // model's rows and splits; DEEPINFER_ATTENTION_KERNEL picks mma.sync or wgmma for these two
+  // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
+  // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
+  // mma_sync and wgmma (graph), the A/B pair. Every row names the kernel that ran.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
+  const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
   auto plan_label = [&] {
     const cuda::AttentionMmaPlan p = cuda_be.last_attention_plan();
     const char* path = p.splits == 1 ? ", no split"
                        : p.fused     ? ", fused combine"
                                      : ", separate combine";
-    return std::string(path) + " (rows=" + std::to_string(p.rows) +
-           " splits=" + std::to_string(p.splits) + ")";
+    return std::string(cuda_be.last_attention_wgmma() ? ", wgmma" : ", mma_sync") + path +
+           " (rows=" + std::to_string(p.rows) + " splits=" + std::to_string(p.splits) + ")";
   };
   const double us = time_us(be, iters, call);
   emit("attention_decode", shape + plan_label(), us, bytes, flops);
@@ -110,6 +114,15 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   cuda_be.set_attention_mma_choice({.fused_combine = false});
   const double separate_us = time_graph_us(be, iters, call);
   emit("attention_decode", shape + plan_label() + " (graph)", separate_us, bytes, flops);
+  if (cuda_be.attention_wgmma_available() && s.kv != DType::kF32 && s.heads % 64 == 0) {
+    for (const cuda::AttentionKernelChoice k :
+         {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma}) {
+      cuda_be.set_attention_kernel(k);
+      const double k_us = time_graph_us(be, iters, call);
+      emit("attention_decode", shape + plan_label() + " (graph)", k_us, bytes, flops);
+    }
+    cuda_be.set_attention_kernel(backend_kernel);
+  }
   cuda_be.set_attention_mma_choice(backend_choice);
 }
 

@@ -7,6 +7,9 @@
 //    (sm80/attention_mma.cu: bf16 operands, f32 accumulation), with the plan of attention_plan.h
 //    (heads per block, key splits; with DEEPINFER_ATTENTION_COMBINE=fused the splits merged by the
 //    kernel's last block, opt-in: it measured slower than the separate combine on the H200);
+//  - with DEEPINFER_ATTENTION_KERNEL=wgmma (opt-in) and V4's MQA shape (64 heads or a multiple,
+//    D = 512, bf16 or fp8 KV) on an sm_90 device: the Hopper kernel sm90/attention_wgmma.cu
+//    instead (same numerics and split format; its own split count over 64-key tiles);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -32,6 +35,7 @@
 #include "cuda/attention/attention_args.h"
 #include "cuda/attention/attention_heuristics.h"
 #include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm90/attention_wgmma_config.h"
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
@@ -114,6 +118,27 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // The tensor-core kernel stages one format for every key, f32, bf16 or V4's fp8; V4.1's records
   // (and its FP8-keys / FP4-entries pair) go through the f32 kernel's decode_kv4.
   const bool mma_format = a.entf.format == a.kvf.format && !is_v41_format(a.kvf.format);
+  // The Hopper kernel where it is asked for (DEEPINFER_ATTENTION_KERNEL=wgmma) and takes the
+  // shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an sm_90 device;
+  // its splits always go through the separate combine.
+  last_attention_wgmma_ = false;
+  if (spec.bf16_math && mma_format && attention_kernel_ == AttentionKernelChoice::kWgmma &&
+      attention_wgmma_available_ &&
+      (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
+      a.entf.row_bytes == a.kvf.row_bytes &&
+      wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
+      WgmmaAttnLayout::kBytes <= max_shared_memory_per_block()) {
+    const AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
+                                                    kAttnMaxSplits, attention_mma_choice_.splits);
+    if (p.head_groups <= 65535) {
+      last_attention_plan_ = p;
+      last_attention_wgmma_ = true;
+      split_outputs(p.splits);
+      launch_attention_wgmma(a, dl, p, tokens, stream());
+      combine(p.splits);
+      return out;
+    }
+  }
   if (spec.bf16_math && mma_format) {
     const AttentionMmaConfig c =
         choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits,

@@ -21,6 +21,12 @@ void launch_attention_f32(const AttentionArgs& a, const DeviceLayout& l,
 void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
                           const AttentionMmaConfig& c, int64_t tokens, cudaStream_t stream);
 
+// The Hopper kernel (sm90/attention_wgmma.cu, sm_90a builds only) for wgmma_attention_shape over
+// bf16 rows or fp8 records, 64 heads per block and p.splits key splits; outputs as the f32
+// kernel's (the splits merged by launch_attention_combine).
+void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
+                            const AttentionMmaPlan& p, int64_t tokens, cudaStream_t stream);
+
 // Merges `splits` > 1 split outputs with the sinks into out (attention_combine.cu).
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, int64_t tokens, int64_t heads,

@@ -139,6 +139,22 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
   return best;
 }
 
+// Which tensor-core kernel runs bf16_math attention where both take the shape: mma.sync
+// (sm80/attention_mma.cu, the default) or Hopper's wgmma (sm90/attention_wgmma.cu: 64 heads or a
+// multiple, D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs).
+enum class AttentionKernelChoice { kMmaSync, kWgmma };
+
+// DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma, unset: mma_sync); nullopt names the variable and
+// the value not understood (`bad`).
+inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
+                                                                   std::string* bad) {
+  const std::string_view v = value == nullptr ? "" : value;
+  if (v.empty() || v == "mma_sync") return AttentionKernelChoice::kMmaSync;
+  if (v == "wgmma") return AttentionKernelChoice::kWgmma;
+  *bad = "DEEPINFER_ATTENTION_KERNEL: expected mma_sync or wgmma, got '" + std::string(v) + "'";
+  return std::nullopt;
+}
+
 // DEEPINFER_ATTENTION_COMBINE (fused | separate, unset: separate), DEEPINFER_ATTENTION_ROWS (16 |
 // 64, unset: the cost model's) and DEEPINFER_ATTENTION_SPLITS (1..64, unset: the cost model's) as a
 // choice; nullopt names the variable whose value is not understood (`bad`).

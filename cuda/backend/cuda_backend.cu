@@ -166,6 +166,13 @@ CudaBackend::CudaBackend(int device_index)
       std::getenv("DEEPINFER_ATTENTION_SPLITS"), &bad_attention);
   if (!attention_choice) throw Error(ErrorCode::kInvalidArgument, bad_attention);
   attention_mma_choice_ = *attention_choice;
+  const std::optional<AttentionKernelChoice> attention_kernel =
+      parse_attention_kernel(std::getenv("DEEPINFER_ATTENTION_KERNEL"), &bad_attention);
+  if (!attention_kernel) throw Error(ErrorCode::kInvalidArgument, bad_attention);
+  attention_kernel_ = *attention_kernel;
+#ifdef DEEPINFER_HAVE_SM90A
+  attention_wgmma_available_ = prop.major == 9;  // wgmma: sm_90 only, with sm_90a code built
+#endif
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

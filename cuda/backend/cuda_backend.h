@@ -87,8 +87,17 @@ class CudaBackend final : public Backend {
   // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
   AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
   void set_attention_mma_choice(const AttentionMmaChoice& c) { attention_mma_choice_ = c; }
+  // DEEPINFER_ATTENTION_KERNEL at creation (mma_sync: the default, wgmma): the tensor-core
+  // attention kernel where both take the shape (attention.cu); benchmarks and tests set it per
+  // call to compare the two in one run.
+  AttentionKernelChoice attention_kernel() const { return attention_kernel_; }
+  void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
+  // Whether this build and device run the wgmma attention (sm_90a code on an sm_90 device).
+  bool attention_wgmma_available() const { return attention_wgmma_available_; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
+  // Whether the latest tensor-core attention call ran the wgmma kernel (read by tests, benches).
+  bool last_attention_wgmma() const { return last_attention_wgmma_; }
   // The fused combine's arrival counters: kAttentionCounterSlots ints, zero between launches.
   int* attention_counters() const { return attention_counters_.data<int32_t>(); }
   // The GEMM kernel the latest pass of moe_experts on quantized weights was launched with (set by
@@ -207,6 +216,9 @@ class CudaBackend final : public Backend {
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
   AttentionMmaPlan last_attention_plan_;
+  AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
+  bool attention_wgmma_available_ = false;
+  bool last_attention_wgmma_ = false;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   bool hc_fused_ = false;
   std::shared_ptr<CudaContext> ctx_;

@@ -1,7 +1,8 @@
 // The tensor-core attention's plan (cuda/attention/attention_plan.h), checked on the host: heads
 // per block, key splits and the fused combine for the shapes the device runs, the forced choices
 // of DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS, and that the separate path keeps the split
-// rule of the kernel before the fused combine.
+// rule of the kernel before the fused combine; DEEPINFER_ATTENTION_KERNEL and the wgmma kernel's
+// shapes and splits (cuda/attention/sm90/attention_wgmma_config.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "cuda/attention/attention_plan.h"
+#include "cuda/attention/sm90/attention_wgmma_config.h"
 
 namespace deepinfer::cuda {
 namespace {
@@ -145,6 +147,37 @@ TEST(AttentionPlan, ParsesTheEnvironment) {
     EXPECT_FALSE(parse_attention_mma_choice(nullptr, nullptr, s, &bad).has_value()) << s;
     EXPECT_NE(bad.find("DEEPINFER_ATTENTION_SPLITS"), std::string::npos);
   }
+}
+
+TEST(AttentionPlan, ParsesTheKernelSwitch) {
+  std::string bad;
+  EXPECT_EQ(parse_attention_kernel(nullptr, &bad), AttentionKernelChoice::kMmaSync);
+  EXPECT_EQ(parse_attention_kernel("", &bad), AttentionKernelChoice::kMmaSync);
+  EXPECT_EQ(parse_attention_kernel("mma_sync", &bad), AttentionKernelChoice::kMmaSync);
+  EXPECT_EQ(parse_attention_kernel("wgmma", &bad), AttentionKernelChoice::kWgmma);
+  EXPECT_FALSE(parse_attention_kernel("WGMMA", &bad).has_value());
+  EXPECT_NE(bad.find("DEEPINFER_ATTENTION_KERNEL"), std::string::npos);
+}
+
+TEST(AttentionPlan, WgmmaShapesAndSplits) {
+  // V4-Flash / V4-Pro heads of 512 channels over bf16 rows (1 KB) or the fp8 record (584 B).
+  EXPECT_TRUE(wgmma_attention_shape(64, 512, false, 1024));
+  EXPECT_TRUE(wgmma_attention_shape(128, 512, true, 584));
+  EXPECT_FALSE(wgmma_attention_shape(32, 512, false, 1024));  // not whole groups of 64 heads
+  EXPECT_FALSE(wgmma_attention_shape(64, 256, false, 512));   // another head dim
+  EXPECT_FALSE(wgmma_attention_shape(64, 512, true, 1040));   // a record past the stage's rows
+  EXPECT_LE(WgmmaAttnLayout::kBytes, size_t{227} * 1024);     // the H200's opt-in shared memory
+  // 640 keys = 10 tiles of 64. B = 1 spreads them over the SMs; B = 256 fills the SMs unsplit.
+  const AttentionMmaPlan b1 = wgmma_attention_plan(1, 64, 640, kSms, kMaxSplits, 0);
+  EXPECT_EQ(b1.head_groups, 1);
+  EXPECT_GT(b1.splits, 1);
+  EXPECT_LE(b1.splits, 10);
+  EXPECT_EQ(wgmma_attention_plan(256, 64, 640, kSms, kMaxSplits, 0).splits, 1);
+  EXPECT_EQ(wgmma_attention_plan(3, 128, 640, kSms, kMaxSplits, 0).head_groups, 2);
+  // Forced splits are taken, capped by the tiles.
+  EXPECT_EQ(wgmma_attention_plan(3, 64, 640, kSms, kMaxSplits, 3).splits, 3);
+  EXPECT_EQ(wgmma_attention_plan(3, 64, 640, kSms, kMaxSplits, 64).splits, 10);
+  EXPECT_FALSE(wgmma_attention_plan(3, 64, 640, kSms, kMaxSplits, 3).fused);
 }
 
 }  // namespace
