@@ -2,8 +2,10 @@
 // graph capture. The ops live in the kernel families (cuda/<family>/).
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -440,6 +442,47 @@ void CudaBackend::upload_pinned_into_on_copy_stream_impl(const Tensor& dst, cons
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), host.raw_data(), dst.nbytes(),
                                        cudaMemcpyHostToDevice, ctx_->copy_stream));
   ctx_->pinned.retain_until(host.storage(), ctx_->copy_stream);
+}
+
+void CudaBackend::upload_pinned_batch_on_copy_stream_impl(std::span<const Tensor> dsts,
+                                                          std::span<const Tensor> hosts) {
+  check_not_capturing("upload_pinned_batch_on_copy_stream");
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  std::vector<size_t> sizes;
+  auto owners = std::make_shared<std::vector<std::shared_ptr<const void>>>();
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const Tensor& dst = dsts[i];
+    const Tensor& host = hosts[i];
+    if (dst.nbytes() == 0) continue;
+    if (host.dtype() != dst.dtype() || !host.is_contiguous() || !is_pinned_host(host.raw_data())) {
+      upload_into_on_copy_stream_impl(dst, host);  // a conversion or pageable bytes: staged
+      continue;
+    }
+    to.push_back(dst.raw_data());
+    from.push_back(host.raw_data());
+    sizes.push_back(dst.nbytes());
+    owners->push_back(host.storage());
+  }
+  if (to.empty()) return;
+  // The sources are read in stream order (after what the copy stream waits for), like
+  // cudaMemcpyAsync; one attribute entry covers every copy of the batch.
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t first_copy = 0;
+  const cudaError_t err = cudaMemcpyBatchAsync(to.data(), from.data(), sizes.data(), to.size(),
+                                               &attr, &first_copy, 1, ctx_->copy_stream);
+  if (err == cudaErrorNotSupported) {
+    cudaGetLastError();  // a driver without batched copies: one copy per view
+    for (size_t i = 0; i < to.size(); ++i) {
+      DEEPINFER_CUDA_CHECK(
+          cudaMemcpyAsync(to[i], from[i], sizes[i], cudaMemcpyHostToDevice, ctx_->copy_stream));
+    }
+  } else {
+    DEEPINFER_CUDA_CHECK(err);
+  }
+  ctx_->pinned.retain_until(std::move(owners), ctx_->copy_stream);
 }
 
 HostBuffer CudaBackend::allocate_pinned_host_impl(size_t bytes) {

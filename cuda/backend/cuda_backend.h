@@ -134,6 +134,8 @@ class CudaBackend final : public Backend {
   void begin_copies_impl() override;
   void upload_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) override;
   void upload_pinned_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) override;
+  void upload_pinned_batch_on_copy_stream_impl(std::span<const Tensor> dsts,
+                                               std::span<const Tensor> hosts) override;
   HostBuffer allocate_pinned_host_impl(size_t bytes) override;
   std::unique_ptr<Event> record_copy_event_impl() override;
   void wait_event_impl(Event& event) override;

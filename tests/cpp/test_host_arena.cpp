@@ -297,5 +297,39 @@ TEST_F(CpuPinnedHostTest, UploadPinnedIntoCopyStreamCopiesTheBytes) {
   EXPECT_THROW(be->upload_pinned_into_on_copy_stream(be->zeros({3, 2}, DType::kF32), host), Error);
 }
 
+TEST_F(CpuPinnedHostTest, BatchedUploadCopiesEveryPairAndNamesABadOne) {
+  HostBuffer buf = be->allocate_pinned_host(10 * sizeof(float));
+  const std::vector<float> want = {1, -2, 3.5f, 4, 5, 6, 7, 8, 9, 10};
+  std::memcpy(buf.data(), want.data(), buf.size());
+  auto owner = std::make_shared<HostBuffer>(std::move(buf));
+  auto host_at = [&](int64_t first, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return Tensor(Storage::borrow(owner->data() + first * 4, static_cast<size_t>(n) * 4,
+                                  Device{DeviceKind::kCpu, 0}, owner),
+                  DType::kF32, std::move(shape));
+  };
+  Tensor a = be->zeros({2, 3}, DType::kF32), b = be->zeros({4}, DType::kF32);
+  const std::vector<Tensor> dsts = {a, b}, hosts = {host_at(0, {2, 3}), host_at(6, {4})};
+  be->begin_copies();
+  be->upload_pinned_batch_on_copy_stream(dsts, hosts);
+  be->wait_event(*be->record_copy_event());
+  EXPECT_EQ(testing::fetch_f32(*be, a), std::vector<float>(want.begin(), want.begin() + 6));
+  EXPECT_EQ(testing::fetch_f32(*be, b), std::vector<float>(want.begin() + 6, want.end()));
+  // Lengths that differ, and a pair whose shapes differ: each error names what is wrong.
+  try {
+    be->upload_pinned_batch_on_copy_stream(dsts, std::vector<Tensor>{hosts[0]});
+    ADD_FAILURE() << "no error for lists of different lengths";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("same length"), std::string::npos) << e.what();
+  }
+  try {
+    be->upload_pinned_batch_on_copy_stream(dsts, std::vector<Tensor>{hosts[0], host_at(6, {2, 2})});
+    ADD_FAILURE() << "no error for a pair of different shapes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hosts[1]"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer

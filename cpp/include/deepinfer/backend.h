@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -340,6 +341,12 @@ class Backend {
   // `host`'s storage alive until then). A backend that cannot copy directly (the CPU) stages it
   // as upload_into_on_copy_stream does.
   void upload_pinned_into_on_copy_stream(const Tensor& dst, const Tensor& host);
+  // upload_pinned_into_on_copy_stream of dsts[i] from hosts[i] for every i, in one call: a KV
+  // tier import moves a few small views per block and layer (hundreds per request), and one
+  // batched copy costs the host what one copy does (CUDA: cudaMemcpyBatchAsync and one retained
+  // owner list instead of a copy, an event and a pointer query per view).
+  void upload_pinned_batch_on_copy_stream(std::span<const Tensor> dsts,
+                                          std::span<const Tensor> hosts);
   // An event behind everything enqueued on the copy stream so far.
   std::unique_ptr<Event> record_copy_event();
   // Work enqueued on the compute stream from now on runs after `event` (one of this backend's
@@ -539,6 +546,9 @@ class Backend {
   virtual void upload_pinned_into_on_copy_stream_impl(const Tensor& dst, const Tensor& host) {
     upload_into_on_copy_stream_impl(dst, host);
   }
+  // Default: one upload_pinned_into_on_copy_stream_impl per pair, in order.
+  virtual void upload_pinned_batch_on_copy_stream_impl(std::span<const Tensor> dsts,
+                                                       std::span<const Tensor> hosts);
   // Default: ordinary page-aligned memory (not pinned).
   virtual HostBuffer allocate_pinned_host_impl(size_t bytes);
   virtual void wait_event_impl(Event& event) { (void)event; }

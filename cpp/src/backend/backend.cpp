@@ -192,6 +192,32 @@ void Backend::upload_pinned_into_on_copy_stream(const Tensor& dst, const Tensor&
   upload_pinned_into_on_copy_stream_impl(dst, host);
 }
 
+void Backend::upload_pinned_batch_on_copy_stream(std::span<const Tensor> dsts,
+                                                 std::span<const Tensor> hosts) {
+  const OpChecks c("upload_pinned_batch_on_copy_stream", device_kind());
+  if (dsts.size() != hosts.size()) {
+    c.fail("dsts and hosts must have the same length, got " + std::to_string(dsts.size()) +
+           " and " + std::to_string(hosts.size()));
+  }
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const std::string at = "[" + std::to_string(i) + "]";
+    c.dense(("dsts" + at).c_str(), dsts[i]);
+    c.host(("hosts" + at).c_str(), hosts[i], /*contiguous=*/false);
+    if (hosts[i].shape() != dsts[i].shape()) {
+      c.fail("argument hosts" + at + " must have dsts" + at + "'s shape, got " +
+             dsts[i].describe() + " and " + hosts[i].describe());
+    }
+    check_convertible("upload_pinned_batch_on_copy_stream", hosts[i], dsts[i].dtype());
+  }
+  upload_pinned_batch_on_copy_stream_impl(dsts, hosts);
+}
+
+void Backend::upload_pinned_batch_on_copy_stream_impl(std::span<const Tensor> dsts,
+                                                      std::span<const Tensor> hosts) {
+  for (size_t i = 0; i < dsts.size(); ++i)
+    upload_pinned_into_on_copy_stream_impl(dsts[i], hosts[i]);
+}
+
 HostBuffer Backend::allocate_pinned_host(size_t bytes) {
   return allocate_pinned_host_impl(bytes);
 }

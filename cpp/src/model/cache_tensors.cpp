@@ -383,18 +383,26 @@ void ModelCaches::import_layered(Backend& backend, std::span<const int32_t> bloc
         block_off[i] + (blocks.empty() ? 0 : payload_bytes(layer_block_views(li, blocks[0])));
     state_off[i + 1] = state_off[i] + payload_bytes(layer_state_views(li, slot));
   }
-  auto upload_all = [&](const std::vector<Tensor>& views, const uint8_t* bytes) {
+  // A layer's views of every block and of the slot, with their host bytes, go up together.
+  std::vector<Tensor> dsts, srcs;
+  auto add_all = [&](const std::vector<Tensor>& views, const uint8_t* bytes) {
     for (const Tensor& v : views) {
-      const Tensor src = host_view(v, const_cast<uint8_t*>(bytes), keep_alive);
-      if (keep_alive) {
-        // Read in place when pinned; the backend holds `keep_alive` until the copy ran.
-        backend.upload_pinned_into_on_copy_stream(v, src);
-      } else {
-        // upload_into_on_copy_stream copies `bytes` before it returns: no owner needed.
-        backend.upload_into_on_copy_stream(v, src);
-      }
+      dsts.push_back(v);
+      srcs.push_back(host_view(v, const_cast<uint8_t*>(bytes), keep_alive));
       bytes += v.nbytes();
     }
+  };
+  auto upload_layer = [&] {
+    if (keep_alive) {
+      // Read in place when pinned, in one batch; the backend holds `keep_alive` until the copies
+      // ran.
+      backend.upload_pinned_batch_on_copy_stream(dsts, srcs);
+    } else {
+      // upload_into_on_copy_stream copies the bytes before it returns: no owner needed.
+      for (size_t k = 0; k < dsts.size(); ++k) backend.upload_into_on_copy_stream(dsts[k], srcs[k]);
+    }
+    dsts.clear();
+    srcs.clear();
   };
   // The MTP blocks go first: forward_with_mtp reads their trunk ring before the main layers run,
   // so waiting for them must not mean waiting for every main layer's copies too.
@@ -405,8 +413,9 @@ void ModelCaches::import_layered(Backend& backend, std::span<const int32_t> bloc
   for (int li : order) {
     const auto i = static_cast<size_t>(li);
     for (size_t k = 0; k < blocks.size(); ++k)
-      upload_all(layer_block_views(li, blocks[k]), payloads[k].data() + block_off[i]);
-    upload_all(layer_state_views(li, slot), state.data() + state_off[i]);
+      add_all(layer_block_views(li, blocks[k]), payloads[k].data() + block_off[i]);
+    add_all(layer_state_views(li, slot), state.data() + state_off[i]);
+    upload_layer();
     pending_imports_[i].push_back(backend.record_copy_event());
     if (layer_done) layer_done(li);
   }
