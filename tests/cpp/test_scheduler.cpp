@@ -333,6 +333,36 @@ TEST(Scheduler, APrefixHitRestoresTheSnapshotAndComputesOnlyTheRest) {
   h.commit(p3);
 }
 
+// A prompt cut at its prefix checkpoint keeps its place in the queue, and the prompts behind it
+// still fill the step: each of three 300-token prompts runs its 256 tokens up to the checkpoint
+// in the first step (the old rule ended the batch at the first cut: one prompt per step), and
+// their 44-token rests together in the second, in queue order.
+TEST(Scheduler, ACheckpointCutDoesNotEndTheBatch) {
+  Harness h({.max_num_batched_tokens = 1024, .num_snapshot_slots = 8});
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(h.add(prompt_of(300, 10 + i), 1));
+  StepPlan p1;
+  ASSERT_EQ(h.schedule(p1), Outcome::kScheduled);
+  ASSERT_EQ(p1.rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p1.rows[i].seq_id, ids[i]);
+    EXPECT_EQ(p1.rows[i].forward.start_pos, 0);
+    EXPECT_EQ(p1.rows[i].forward.num_tokens, 256);
+    EXPECT_GE(p1.rows[i].snapshot, 0);
+  }
+  EXPECT_EQ(p1.copies_after.size(), 3u);
+  h.commit(p1, {});
+  StepPlan p2;
+  ASSERT_EQ(h.schedule(p2), Outcome::kScheduled);
+  ASSERT_EQ(p2.rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(p2.rows[i].seq_id, ids[i]);
+    EXPECT_EQ(p2.rows[i].forward.start_pos, 256);
+    EXPECT_EQ(p2.rows[i].forward.num_tokens, 44);
+  }
+  h.commit(p2);
+}
+
 // A host drafter proposing `drafts` for the sequences in `drafting`, nothing for the others.
 class FixedDrafter final : public Drafter {
  public:

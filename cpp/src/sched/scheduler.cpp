@@ -275,16 +275,21 @@ void Scheduler::unreserve(const StepPlan& plan) {
 
 bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out) {
   int budget = config_.max_num_batched_tokens;
-  while (!waiting_.empty() && budget > 0) {
-    Sequence& s = *waiting_.front();
+  // In queue order. A prompt cut at its prefix checkpoint keeps its place (its next piece goes
+  // after this step's snapshot) and the ones behind it may still fill the step, so `next` only
+  // moves past such a sequence; every other one leaves the queue or ends the batch.
+  size_t next = 0;
+  auto leave_queue = [&] { waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(next)); };
+  while (next < waiting_.size() && budget > 0) {
+    Sequence& s = *waiting_[next];
     if (s.state != SeqState::kWaiting) {
-      waiting_.pop_front();  // finished while queued; retire_finished frees it
+      leave_queue();  // finished while queued; retire_finished frees it
       continue;
     }
     if (!s.holds_resources()) {
       if (num_holding_ >= config_.max_num_seqs) break;
       if (s.num_tokens() >= config_.max_model_len) {
-        waiting_.pop_front();
+        leave_queue();
         finish(s, FinishReason::kRejected,
                "the prompt has " + std::to_string(s.num_tokens()) + " tokens; max_model_len is " +
                    std::to_string(config_.max_model_len) + " (prompt plus at least one new token)",
@@ -293,7 +298,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
       }
       if (!config_.enable_chunked_prefill && s.num_output_tokens() == 0 &&
           s.num_tokens() > config_.max_num_batched_tokens) {
-        waiting_.pop_front();
+        leave_queue();
         finish(s, FinishReason::kRejected,
                "the prompt has " + std::to_string(s.num_tokens()) +
                    " tokens, more than max_num_batched_tokens " +
@@ -304,7 +309,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
       if (kv_.blocks().usage() > config_.kv_admission_watermark) break;
       Admission a = kv_.admit(s);
       if (a.status == AdmitStatus::kNever) {
-        waiting_.pop_front();
+        leave_queue();
         finish(s, FinishReason::kRejected,
                "the sequence needs " + std::to_string(kv_.blocks_for(s.num_tokens())) +
                    " KV blocks; the cache has " + std::to_string(kv_.blocks().num_usable()),
@@ -315,7 +320,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
       if (a.status == AdmitStatus::kWaitFetch) {
         // Another request's fetch reads its blocks: it waits for that one, holding nothing, and
         // is admitted again (from the GPU index then) once poll_fetches sees it over.
-        waiting_.pop_front();
+        leave_queue();
         s.state = SeqState::kFetching;
         fetching_.push_back(&s);
         ++stats_.kv_fetch_waits;
@@ -324,7 +329,7 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
       ++num_holding_;
       if (a.status == AdmitStatus::kFetching) {
         // Its blocks come up in the background; the requests behind it go on meanwhile.
-        waiting_.pop_front();
+        leave_queue();
         s.state = SeqState::kFetching;
         fetching_.push_back(&s);
         continue;
@@ -356,8 +361,15 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
         plan.rows.back().snapshot_pos = pos + q;
       }
     }
-    if (q < remaining) break;  // a partial prefill ends the batch and keeps its place at the head
-    waiting_.pop_front();
+    if (q < remaining) {
+      // A chunk the budget cut ends the batch and keeps its place; a checkpoint cut keeps its
+      // place while the sequences behind it go on (an agent's suffixes: each stops at its last
+      // block boundary, so without this a step would hold one of them).
+      if (!checkpoint_cut) break;
+      ++next;
+      continue;
+    }
+    leave_queue();
     s.state = SeqState::kRunning;
     insert_running(&s);
   }
