@@ -166,6 +166,15 @@ CudaBackend::CudaBackend(int device_index)
       std::getenv("DEEPINFER_ATTENTION_SPLITS"), &bad_attention);
   if (!attention_choice) throw Error(ErrorCode::kInvalidArgument, bad_attention);
   attention_mma_choice_ = *attention_choice;
+  // A/B switch of the indexer's fp8 scores (indexer/indexer_options.h), read once here.
+  const char* fp8_scores = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
+  const std::optional<IndexerFp8Scores> scores_choice = parse_indexer_fp8_scores(fp8_scores);
+  if (!scores_choice) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '") +
+                    fp8_scores + "'");
+  }
+  indexer_fp8_scores_ = *scores_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

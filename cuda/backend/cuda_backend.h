@@ -24,6 +24,7 @@
 
 #include "cuda/attention/attention_plan.h"
 #include "cuda/gemm/fp8_linear_choice.h"
+#include "cuda/indexer/indexer_options.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
 
@@ -87,6 +88,9 @@ class CudaBackend final : public Backend {
   // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
   AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
   void set_attention_mma_choice(const AttentionMmaChoice& c) { attention_mma_choice_ = c; }
+  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma: the default, mma_sync): which kernel scores
+  // fp8 index keys at 64 heads on sm_90 unless a benchmark forces one (indexer_options.h).
+  IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
   // The fused combine's arrival counters: kAttentionCounterSlots ints, zero between launches.
@@ -206,6 +210,7 @@ class CudaBackend final : public Backend {
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
+  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmma;
   AttentionMmaPlan last_attention_plan_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   bool hc_fused_ = false;

@@ -27,7 +27,6 @@
 //  - an entry whose block is negative or maps past the cache is scored -inf (it ranks last).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
@@ -97,19 +96,7 @@ bool indexer_wgmma_runs(const CudaBackend& be) {
 }
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
-  // The wgmma kernel by default: on the H200 it passed the op table's indexer rows and scored fp8
-  // keys 1.6-1.8x faster than the mma.sync kernel at B = 64 (32K: 71.5 vs 114.6 us; 128K: 238.9
-  // vs 425.5 us), level with it at B = 1. DEEPINFER_INDEXER_FP8_SCORES=mma_sync keeps the other.
-  static const bool by_default = [] {
-    const char* v = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
-    const std::string name = v == nullptr ? "wgmma" : v;
-    if (name != "wgmma" && name != "mma_sync") {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '" + name + "'");
-    }
-    return name == "wgmma";
-  }();
-  return {indexer_wgmma_runs(be), by_default};
+  return {indexer_wgmma_runs(be), be.indexer_fp8_scores() == IndexerFp8Scores::kWgmma};
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
