@@ -131,6 +131,7 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   num_sms_ = prop.multiProcessorCount;
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
+  compute_capability_major_ = prop.major;
   // A/B switch of the quantized experts' decode shape, read once here (moe_heuristics.h).
   const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
   const std::optional<QuantDecodeChoice> choice = parse_quant_decode(quant_decode);

@@ -76,6 +76,9 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
+  // The device's compute capability (major), read once at creation: the ops that pick a kernel by
+  // architecture (the indexer's wgmma scores on sm_90) ask this instead of the device.
+  int compute_capability_major() const { return compute_capability_major_; }
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
@@ -207,6 +210,7 @@ class CudaBackend final : public Backend {
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
+  int compute_capability_major_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;

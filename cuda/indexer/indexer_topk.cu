@@ -84,13 +84,11 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
 }
 
 bool indexer_wgmma_runs(const CudaBackend& be) {
-  int major = 0;
-  DEEPINFER_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device_index()));
   // wgmma: sm_90 only (Blackwell has tcgen05 instead), and only a build with sm_90a code has it.
 #ifdef DEEPINFER_HAVE_SM90A
-  return major == 9;
+  return be.compute_capability_major() == 9;
 #else
+  (void)be;
   return false;
 #endif
 }
