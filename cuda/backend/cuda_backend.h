@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda/attention/attention_plan.h"
+#include "cuda/common/smem_limits.h"
 #include "cuda/gemm/fp8_linear_choice.h"
 #include "cuda/indexer/indexer_options.h"
 #include "cuda/moe/moe_heuristics.h"
@@ -112,6 +113,9 @@ class CudaBackend final : public Backend {
   // The fused hc kernel's barrier slots ({count, generation} per token group), zero at creation
   // and left zero by every launch (so graph replays need no reset).
   unsigned* hc_barrier() const;
+  // The dynamic shared memory limits this backend raised on its kernels (smem_limits.h): a launch
+  // of a kernel that may take more than 48 KiB asks it first.
+  KernelSmemLimits& smem_limits() { return smem_limits_; }
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
   // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
@@ -223,6 +227,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
   Tensor attention_counters_;
+  KernelSmemLimits smem_limits_;
 };
 
 }  // namespace deepinfer::cuda

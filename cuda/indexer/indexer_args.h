@@ -46,11 +46,11 @@ SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, in
 // c.binned, else indexer_select_split.cu when c.select_splits > 0, else indexer_select.cu.
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
-                              cudaStream_t stream);
+                              KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // The scores of the group's n tokens by the kernel `c` chose: indexer_score_mma.cu when c.mma,
 // else indexer_score.cu.
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
-                           int64_t n, cudaStream_t stream);
+                           int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

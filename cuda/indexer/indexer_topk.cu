@@ -98,16 +98,17 @@ WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
-                           int64_t n, cudaStream_t stream) {
+                           int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (c.wgmma) {
     launch_indexer_score_wgmma(a, l, n, c.splits,
                                score_mma_key_runs(a.key.format, a.epb, a.cache_rows),
-                               c.wgmma_lo_e4m3, stream);
+                               c.wgmma_lo_e4m3, smem_limits, stream);
   } else if (c.mma) {
     const bool key_runs = c.mma_key_runs && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
-    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs, stream);
+    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs,
+                             smem_limits, stream);
   } else {
-    launch_indexer_score(a, l, n, c.splits, c.score_smem, stream);
+    launch_indexer_score(a, l, n, c.splits, c.score_smem, smem_limits, stream);
   }
 }
 
@@ -121,13 +122,13 @@ SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, in
 
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
-                              cudaStream_t stream) {
+                              KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (c.binned) {
-    launch_indexer_select_binned(se, l, n, c.binned_smem, stream);
+    launch_indexer_select_binned(se, l, n, c.binned_smem, smem_limits, stream);
     return;
   }
   if (c.select_splits == 0) {
-    launch_indexer_select(se, l, n, c.select_smem, stream);
+    launch_indexer_select(se, l, n, c.select_smem, smem_limits, stream);
     return;
   }
   SplitSelectArgs a{};
@@ -135,7 +136,7 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
   a.hist = reinterpret_cast<uint32_t*>(scratch.hist.raw_data());
   a.pairs = reinterpret_cast<uint64_t*>(scratch.pairs.raw_data());
   a.smem_pairs = std::min<int64_t>(se.row, kSplitSmemPairs);
-  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, stream);
+  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, smem_limits, stream);
 }
 
 bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row) {
@@ -208,8 +209,10 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = static_cast<int>(t0);
     se.token0 = static_cast<int>(t0);
-    if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.stream());
-    if (opt.run_select) launch_indexer_selection(se, c, select_scratch, dl, n, be.stream());
+    if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.smem_limits(), be.stream());
+    if (opt.run_select) {
+      launch_indexer_selection(se, c, select_scratch, dl, n, be.smem_limits(), be.stream());
+    }
   }
   return out;
 }
