@@ -35,6 +35,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
@@ -360,22 +361,15 @@ void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups,
        static_cast<size_t>(kTok) * kFp8StreamRowWords * 4);
   static_assert(kMaxSmem <= 227 * 1024, "fits sm_90's opt-in");
   smem_limits.allow(fp8_stream_kernel<C>, kMaxSmem);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
-                        static_cast<unsigned>(groups));
-  config.blockDim = dim3(static_cast<unsigned>(32 * c.warps));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2] = {};
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(c.splits);
-  attribute[0].val.clusterDim.z = 1;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 2 : 1;
-  DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_stream_kernel<C>, a));
+  ClusterLaunch l;
+  l.grid = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
+                static_cast<unsigned>(groups));
+  l.block = dim3(static_cast<unsigned>(32 * c.warps));
+  l.cluster = dim3(1, static_cast<unsigned>(c.splits), 1);
+  l.smem = smem;
+  l.stream = stream;
+  l.pdl = pdl;
+  launch_clustered("linear (fp8 stream)", l, fp8_stream_kernel<C>, a);
 }
 
 }  // namespace

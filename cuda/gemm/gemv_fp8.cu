@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/reduce.cuh"
@@ -269,20 +270,14 @@ void launch_variant(const Fp8GemvArgs& a, const Fp8GemvConfig& c, int64_t groups
                     KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const size_t smem = gemv_fp8_smem(NT, c.slab, a.ag, c.warps);
   smem_limits.allow(gemv_fp8_kernel<KS, NT>, smem);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
-                        static_cast<unsigned>(groups));
-  config.blockDim = dim3(static_cast<unsigned>(32 * c.warps));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(c.splits);
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_fp8_kernel<KS, NT>, a));
+  ClusterLaunch l;
+  l.grid = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
+                static_cast<unsigned>(groups));
+  l.block = dim3(static_cast<unsigned>(32 * c.warps));
+  l.cluster = dim3(1, static_cast<unsigned>(c.splits), 1);
+  l.smem = smem;
+  l.stream = stream;
+  launch_clustered("linear (fp8 gemv)", l, gemv_fp8_kernel<KS, NT>, a);
 }
 
 }  // namespace
