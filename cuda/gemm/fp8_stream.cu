@@ -35,7 +35,6 @@
 
 #include <cstdint>
 
-#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
@@ -361,13 +360,7 @@ void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups,
        static_cast<size_t>(kTok) * kFp8StreamRowWords * 4);
   static_assert(kMaxSmem <= 227 * 1024, "fits sm_90's opt-in");
   smem_limits.allow(fp8_stream_kernel<C>, kMaxSmem);
-  ClusterLaunch l;
-  l.grid = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
-                static_cast<unsigned>(groups));
-  l.block = dim3(static_cast<unsigned>(32 * c.warps));
-  l.cluster = dim3(1, static_cast<unsigned>(c.splits), 1);
-  l.smem = smem;
-  l.stream = stream;
+  ClusterLaunch l = fp8_split_cluster(c, groups, smem, stream);
   l.pdl = pdl;
   launch_clustered("linear (fp8 stream)", l, fp8_stream_kernel<C>, a);
 }

@@ -25,7 +25,6 @@
 
 #include <cstdint>
 
-#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/reduce.cuh"
@@ -270,14 +269,8 @@ void launch_variant(const Fp8GemvArgs& a, const Fp8GemvConfig& c, int64_t groups
                     KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const size_t smem = gemv_fp8_smem(NT, c.slab, a.ag, c.warps);
   smem_limits.allow(gemv_fp8_kernel<KS, NT>, smem);
-  ClusterLaunch l;
-  l.grid = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
-                static_cast<unsigned>(groups));
-  l.block = dim3(static_cast<unsigned>(32 * c.warps));
-  l.cluster = dim3(1, static_cast<unsigned>(c.splits), 1);
-  l.smem = smem;
-  l.stream = stream;
-  launch_clustered("linear (fp8 gemv)", l, gemv_fp8_kernel<KS, NT>, a);
+  launch_clustered("linear (fp8 gemv)", fp8_split_cluster(c, groups, smem, stream),
+                   gemv_fp8_kernel<KS, NT>, a);
 }
 
 }  // namespace
