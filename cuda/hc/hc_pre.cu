@@ -255,6 +255,27 @@ Tensor hc_mix(Backend& be, const Tensor& X, const Tensor& fn, const HcParams& pa
              : be.zeros({tokens, fn_rows}, DType::kF32);
 }
 
+// hc_pre_finish_kernel's arguments for X [T, n, H] and its mix: hc_pre's (pre and prev_pre null;
+// hc_pre_shifted sets them).
+HcFinishArgs hc_finish_args(const Tensor& X, const Tensor& mix, const Tensor& base,
+                            const Tensor& scale, const HcParams& params, const Tensor& post,
+                            const Tensor& comb, const Tensor& y) {
+  HcFinishArgs a{};
+  a.X = X.data<float>();
+  a.mix = mix.data<float>();
+  a.base = base.data<float>();
+  a.scale = scale.data<float>();
+  a.post = post.data<float>();
+  a.comb = comb.data<float>();
+  a.y = y.data<float>();
+  a.n = params.hc_mult;
+  a.tokens = X.size(0);
+  a.hidden = X.size(2);
+  a.iters = params.sinkhorn_iters;
+  a.eps = params.hc_eps;
+  return a;
+}
+
 // Launches hc_pre_finish_kernel for the mix of a.X; fills the launch shape of `a`.
 void launch_hc_pre_finish(HcFinishArgs a, int num_sms, cudaStream_t stream, const char* op) {
   const CollapseGrid g = collapse_grid(num_sms, a.tokens, a.hidden);
@@ -280,19 +301,8 @@ HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& 
     return result;
   }
   Tensor mix = hc_mix(*this, X, fn, params);
-  HcFinishArgs a{};
-  a.X = X.data<float>();
-  a.mix = mix.data<float>();
-  a.base = base.data<float>();
-  a.scale = scale.data<float>();
-  a.post = result.post.data<float>();
-  a.comb = result.comb.data<float>();
-  a.y = result.y.data<float>();
-  a.n = n;
-  a.tokens = tokens;
-  a.hidden = hidden;
-  a.iters = params.sinkhorn_iters;
-  a.eps = params.hc_eps;
+  const HcFinishArgs a =
+      hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
   launch_hc_pre_finish(a, num_sms(), stream(), "hc_pre");
   return result;
 }
@@ -305,21 +315,9 @@ HcShiftedMix CudaBackend::hc_pre_shifted_impl(const Tensor& X, const Tensor& fn,
                       empty({tokens, n, n}, DType::kF32), empty({tokens, hidden}, DType::kF32)};
   if (tokens == 0) return result;
   Tensor mix = hc_mix(*this, X, fn, params);
-  HcFinishArgs a{};
-  a.X = X.data<float>();
-  a.mix = mix.data<float>();
-  a.base = base.data<float>();
-  a.scale = scale.data<float>();
+  HcFinishArgs a = hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
   a.prev_pre = prev_pre.defined() ? prev_pre.data<float>() : nullptr;
   a.pre = result.pre.data<float>();
-  a.post = result.post.data<float>();
-  a.comb = result.comb.data<float>();
-  a.y = result.y.data<float>();
-  a.n = n;
-  a.tokens = tokens;
-  a.hidden = hidden;
-  a.iters = params.sinkhorn_iters;
-  a.eps = params.hc_eps;
   launch_hc_pre_finish(a, num_sms(), stream(), "hc_pre_shifted");
   return result;
 }
