@@ -133,6 +133,7 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   num_sms_ = prop.multiProcessorCount;
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
+  compute_capability_major_ = prop.major;
   // A/B switch of the quantized experts' decode shape, read once here (moe_heuristics.h).
   const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
   const std::optional<QuantDecodeChoice> choice = parse_quant_decode(quant_decode);
@@ -175,6 +176,15 @@ CudaBackend::CudaBackend(int device_index)
 #ifdef DEEPINFER_HAVE_SM90A
   attention_wgmma_available_ = prop.major == 9;  // wgmma: sm_90 only, with sm_90a code built
 #endif
+  // A/B switch of the indexer's fp8 scores (indexer/indexer_options.h), read once here.
+  const char* fp8_scores = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
+  const std::optional<IndexerFp8Scores> scores_choice = parse_indexer_fp8_scores(fp8_scores);
+  if (!scores_choice) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '") +
+                    fp8_scores + "'");
+  }
+  indexer_fp8_scores_ = *scores_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

@@ -23,7 +23,9 @@
 #include <vector>
 
 #include "cuda/attention/attention_plan.h"
+#include "cuda/common/smem_limits.h"
 #include "cuda/gemm/fp8_linear_choice.h"
+#include "cuda/indexer/indexer_options.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
 
@@ -75,6 +77,9 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
+  // The device's compute capability (major), read once at creation: the ops that pick a kernel by
+  // architecture (the indexer's wgmma scores on sm_90) ask this instead of the device.
+  int compute_capability_major() const { return compute_capability_major_; }
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
@@ -94,6 +99,9 @@ class CudaBackend final : public Backend {
   void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
   // Whether this build and device run the wgmma attention (sm_90a code on an sm_90 device).
   bool attention_wgmma_available() const { return attention_wgmma_available_; }
+  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma: the default, mma_sync): which kernel scores
+  // fp8 index keys at 64 heads on sm_90 unless a benchmark forces one (indexer_options.h).
+  IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
   // Whether the latest tensor-core attention call ran the wgmma kernel (read by tests, benches).
@@ -114,6 +122,9 @@ class CudaBackend final : public Backend {
   // The fused hc kernel's barrier slots ({count, generation} per token group), zero at creation
   // and left zero by every launch (so graph replays need no reset).
   unsigned* hc_barrier() const;
+  // The dynamic shared memory limits this backend raised on its kernels (smem_limits.h): a launch
+  // of a kernel that may take more than 48 KiB asks it first.
+  KernelSmemLimits& smem_limits() { return smem_limits_; }
   // Device scratch of `nbytes` freed (stream-ordered) when the returned tensor dies.
   Tensor scratch(size_t nbytes);
   // Device copy of a table of device pointers (i64), uploaded once per distinct table and kept
@@ -214,9 +225,11 @@ class CudaBackend final : public Backend {
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
+  int compute_capability_major_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
+  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmma;
   AttentionMmaPlan last_attention_plan_;
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool attention_wgmma_available_ = false;
@@ -228,6 +241,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
   Tensor attention_counters_;
+  KernelSmemLimits smem_limits_;
 };
 
 }  // namespace deepinfer::cuda

@@ -56,7 +56,8 @@ inline void check_vec4(const char* op, const char* arg, const Tensor& t) {
   }
 }
 
-// Raises a kernel's dynamic shared memory limit when it needs more than the default 48 KiB.
+// Raises a kernel's dynamic shared memory limit when it needs more than the default 48 KiB, at
+// every call. The backend's KernelSmemLimits (smem_limits.h) does it once per kernel instead.
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024) {

@@ -349,33 +349,20 @@ __global__ void __launch_bounds__(kFp8StreamMaxWarps * 32, C::kMinBlocks)
 
 template <int kTok, int kStages>
 void launch_shape(const StreamArgs& a, const Fp8StreamConfig& c, int64_t groups, bool pdl,
-                  cudaStream_t stream) {
+                  KernelSmemLimits& smem_limits, cudaStream_t stream) {
   using C = StreamShape<kTok, kStages>;
   const size_t smem = fp8_stream_smem(c.warps, kTok);
-  // The kernel's limit is set to the most any CTA width of this ring depth takes, so a call with
-  // fewer warps never lowers it below what another (say, a captured graph's) launches with.
+  // The kernel's limit is raised to the most any CTA width of this ring depth takes, once per
+  // kernel (the registry never lowers a limit, so a captured graph's launch keeps what it needs).
   constexpr size_t kMaxSmem =
       static_cast<size_t>(kStages) *
       (static_cast<size_t>(kFp8StreamMaxWarps) * kFp8StreamRowsPerWarp * kFp8StreamSliceK +
        static_cast<size_t>(kTok) * kFp8StreamRowWords * 4);
   static_assert(kMaxSmem <= 227 * 1024, "fits sm_90's opt-in");
-  allow_smem(fp8_stream_kernel<C>, kMaxSmem);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
-                        static_cast<unsigned>(groups));
-  config.blockDim = dim3(static_cast<unsigned>(32 * c.warps));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2] = {};
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(c.splits);
-  attribute[0].val.clusterDim.z = 1;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 2 : 1;
-  DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_stream_kernel<C>, a));
+  smem_limits.allow(fp8_stream_kernel<C>, kMaxSmem);
+  ClusterLaunch l = fp8_split_cluster(c, groups, smem, stream);
+  l.pdl = pdl;
+  launch_clustered("linear (fp8 stream)", l, fp8_stream_kernel<C>, a);
 }
 
 }  // namespace
@@ -387,7 +374,7 @@ size_t fp8_stream_scratch_elements(const Fp8Problem& p) {
 
 void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, const float* w_scales,
                        int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
-                       bool pdl, cudaStream_t stream) {
+                       bool pdl, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const int64_t kp = (p.k + kFp8StreamSliceK - 1) / kFp8StreamSliceK * kFp8StreamSliceK;
   const int64_t items = p.m * p.groups * ((p.k + p.act_group - 1) / p.act_group);
   stage_quantized<<<ceil_div(items, kStageWarps), kStageWarps * 32, 0, stream>>>(
@@ -416,14 +403,14 @@ void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, cons
   const int stages = fp8_stream_stages(c.tokens, c.warps);
   if (c.tokens <= 16) {
     if (stages == 3) {
-      launch_shape<16, 3>(a, c, p.groups, pdl, stream);
+      launch_shape<16, 3>(a, c, p.groups, pdl, smem_limits, stream);
     } else {
-      launch_shape<16, 5>(a, c, p.groups, pdl, stream);
+      launch_shape<16, 5>(a, c, p.groups, pdl, smem_limits, stream);
     }
   } else if (stages == 4) {
-    launch_shape<64, 4>(a, c, p.groups, pdl, stream);
+    launch_shape<64, 4>(a, c, p.groups, pdl, smem_limits, stream);
   } else {
-    launch_shape<64, 3>(a, c, p.groups, pdl, stream);
+    launch_shape<64, 3>(a, c, p.groups, pdl, smem_limits, stream);
   }
 }
 

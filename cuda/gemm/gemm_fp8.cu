@@ -230,7 +230,8 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
       launch_fp8_stream(x.data<float>(), xq.data<__nv_bfloat16>(),
                         static_cast<const uint8_t*>(w.values.raw_data()), w.scales.data<float>(),
                         w.scales.size(1), y.data<float>(), p, stream,
-                        be.fp8_linear() == Fp8LinearChoice::kStreamPdl, be.stream());
+                        be.fp8_linear() == Fp8LinearChoice::kStreamPdl, be.smem_limits(),
+                        be.stream());
       DEEPINFER_CUDA_LAUNCH_CHECK(op);
       return y;
     }
@@ -239,7 +240,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   if (gemv.use) {
     launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(w.values.raw_data()),
                     w.scales.data<float>(), w.scales.size(1), y.data<float>(), p, gemv,
-                    be.stream());
+                    be.smem_limits(), be.stream());
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   }

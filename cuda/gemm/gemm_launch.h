@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
+#include "cuda/common/smem_limits.h"
 #include "cuda/gemm/gemm_fp8_heuristics.h"
 #include "cuda/gemm/gemv_heuristics.h"
 #include "deepinfer/weight.h"
@@ -25,7 +27,23 @@ void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const Ge
 // w [G N, K] e4m3, w_scales [ceil(G N / block_rows), scale_ld] f32, x [M, G K] f32 quantized
 // inside the kernel per act_group columns.
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
-                     float* y, const Fp8Problem& p, const Fp8GemvConfig& c, cudaStream_t stream);
+                     float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
+                     KernelSmemLimits& smem_limits, cudaStream_t stream);
+
+// The launch shape the FP8 decode kernels (gemv_fp8.cu, fp8_stream.cu) share: CTA (row tile,
+// split, group) of 32 * c.warps threads, the splits of a row tile one cluster (they add their
+// partial sums through distributed shared memory). `Config`: Fp8GemvConfig or Fp8StreamConfig.
+template <typename Config>
+ClusterLaunch fp8_split_cluster(const Config& c, int64_t groups, size_t smem, cudaStream_t stream) {
+  ClusterLaunch l;
+  l.grid = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
+                static_cast<unsigned>(groups));
+  l.block = dim3(static_cast<unsigned>(32 * c.warps));
+  l.cluster = dim3(1, static_cast<unsigned>(c.splits), 1);
+  l.smem = smem;
+  l.stream = stream;
+  return l;
+}
 
 // Elements of the bf16 scratch launch_fp8_stream stages the quantized activations in:
 // [G][M][K rounded up to kFp8StreamSliceK].
@@ -38,7 +56,7 @@ size_t fp8_stream_scratch_elements(const Fp8Problem& p);
 // streaming weights before the activations are staged).
 void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, const float* w_scales,
                        int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
-                       bool pdl, cudaStream_t stream);
+                       bool pdl, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // linear / grouped_linear of a kFp8Block weight on the streaming kernel, the GEMV or cuBLASLt
 // (gemm_fp8.cu). Returns an undefined tensor when neither applies (or cuBLASLt has no algorithm):

@@ -266,29 +266,18 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
 
 template <int KS, int NT>
 void launch_variant(const Fp8GemvArgs& a, const Fp8GemvConfig& c, int64_t groups,
-                    cudaStream_t stream) {
+                    KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const size_t smem = gemv_fp8_smem(NT, c.slab, a.ag, c.warps);
-  allow_smem(gemv_fp8_kernel<KS, NT>, smem);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(c.splits),
-                        static_cast<unsigned>(groups));
-  config.blockDim = dim3(static_cast<unsigned>(32 * c.warps));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = 1;
-  attribute[0].val.clusterDim.y = static_cast<unsigned>(c.splits);
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, gemv_fp8_kernel<KS, NT>, a));
+  smem_limits.allow(gemv_fp8_kernel<KS, NT>, smem);
+  launch_clustered("linear (fp8 gemv)", fp8_split_cluster(c, groups, smem, stream),
+                   gemv_fp8_kernel<KS, NT>, a);
 }
 
 }  // namespace
 
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
-                     float* y, const Fp8Problem& p, const Fp8GemvConfig& c, cudaStream_t stream) {
+                     float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
+                     KernelSmemLimits& smem_limits, cudaStream_t stream) {
   Fp8GemvArgs a;
   a.x = x;
   a.w = w;
@@ -306,11 +295,11 @@ void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, in
   a.ag = p.act_group;
   const bool two = p.m > 8;
   if (c.kstep == 64) {
-    two ? launch_variant<64, 2>(a, c, p.groups, stream)
-        : launch_variant<64, 1>(a, c, p.groups, stream);
+    two ? launch_variant<64, 2>(a, c, p.groups, smem_limits, stream)
+        : launch_variant<64, 1>(a, c, p.groups, smem_limits, stream);
   } else {
-    two ? launch_variant<32, 2>(a, c, p.groups, stream)
-        : launch_variant<32, 1>(a, c, p.groups, stream);
+    two ? launch_variant<32, 2>(a, c, p.groups, smem_limits, stream)
+        : launch_variant<32, 1>(a, c, p.groups, smem_limits, stream);
   }
 }
 

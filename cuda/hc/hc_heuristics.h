@@ -1,5 +1,5 @@
-// The launch shapes of the mHC ops (hc.cu): the collapse's blocks per token and the blocks of
-// hc_pre's weight role.
+// The launch shapes of the mHC ops (hc_pre.cu, hc_fused.cu): the collapse's blocks per token and
+// the blocks of hc_pre's weight role.
 #pragma once
 
 #include <cstdint>

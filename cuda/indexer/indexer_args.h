@@ -27,8 +27,8 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
 class CudaBackend;
 
 // Where the wgmma kernel may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
-// by default where DEEPINFER_INDEXER_FP8_SCORES (read once per process) is wgmma (mma_sync or
-// unset: indexer_score_mma.cu; the A/B switch). Throws Error(kInvalidArgument) on any other value.
+// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma (or unset; mma_sync:
+// indexer_score_mma.cu; the A/B switch, read at the backend's creation).
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
 
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.
@@ -46,11 +46,11 @@ SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, in
 // c.binned, else indexer_select_split.cu when c.select_splits > 0, else indexer_select.cu.
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
-                              cudaStream_t stream);
+                              KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // The scores of the group's n tokens by the kernel `c` chose: indexer_score_mma.cu when c.mma,
 // else indexer_score.cu.
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
-                           int64_t n, cudaStream_t stream);
+                           int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

@@ -92,8 +92,9 @@ void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int6
 }
 
 void launch_indexer_candidate_list(const CandidateListArgs& a, const DeviceLayout& l, int64_t n,
-                                   size_t smem, cudaStream_t stream) {
-  allow_smem(indexer_candidate_list_kernel, smem);
+                                   size_t smem, KernelSmemLimits& smem_limits,
+                                   cudaStream_t stream) {
+  smem_limits.allow(indexer_candidate_list_kernel, smem);
   indexer_candidate_list_kernel<<<static_cast<unsigned>(n), kBlocksThreads, smem, stream>>>(a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk_in_candidates");
 }

@@ -14,6 +14,7 @@
 
 #include "cuda/cache/kv_record.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/smem_limits.h"
 
 namespace deepinfer::cuda {
 
@@ -220,7 +221,7 @@ struct CandidateListArgs {
 
 // indexer_score.cu: grid (n tokens of the group, splits).
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                          size_t smem, cudaStream_t stream);
+                          size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_score_mma.cu: the same scores on tensor cores, for bf16, fp8 and FP4 keys of kMmaDim
 // channels and heads 16, 32 or 64, over all visible entries (no candidate list: score_mma_takes);
@@ -228,27 +229,30 @@ void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, 
 // (measurement only). key_runs: fp8 keys copied in runs of a paged block (where
 // score_mma_key_runs allows), else key by key.
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                              size_t smem, bool q_one_part, bool key_runs, cudaStream_t stream);
+                              size_t smem, bool q_one_part, bool key_runs,
+                              KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_score_wgmma.cu: the same scores for fp8 keys at 64 heads of kMmaDim channels on sm_90a
 // (score_wgmma_takes), grid (n, splits) over tiles of kMmaKeys; key_runs: records copied in runs
 // of a paged block (where score_mma_key_runs allows), else key by key; lo_e4m3: q's lo parts in
 // e4m3 (measurement only, IndexerScoreKernel::kTensorCoreWgmmaLoE4m3).
 void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                int64_t splits, bool key_runs, bool lo_e4m3, cudaStream_t stream);
+                                int64_t splits, bool key_runs, bool lo_e4m3,
+                                KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
-                           cudaStream_t stream);
+                           KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_select_binned.cu: one block per token of the group; smem is binned_select_smem_bytes.
 void launch_indexer_select_binned(const SelectArgs& a, const DeviceLayout& l, int64_t n,
-                                  size_t smem, cudaStream_t stream);
+                                  size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_select_split.cu: the three steps above for the group's n tokens, `splits` blocks per
 // token in steps 1 and 2; final_smem is step 3's (split_select_final_smem_bytes).
 void launch_indexer_select_split(const SplitSelectArgs& a, const DeviceLayout& l, int64_t n,
-                                 int64_t splits, size_t final_smem, cudaStream_t stream);
+                                 int64_t splits, size_t final_smem, KernelSmemLimits& smem_limits,
+                                 cudaStream_t stream);
 
 // indexer_blocks.cu: grid (n tokens of the group, splits).
 void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int64_t n,
@@ -256,6 +260,6 @@ void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int6
 
 // indexer_blocks.cu: one block per token of the group; smem is the bitmap's (0 when global).
 void launch_indexer_candidate_list(const CandidateListArgs& a, const DeviceLayout& l, int64_t n,
-                                   size_t smem, cudaStream_t stream);
+                                   size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

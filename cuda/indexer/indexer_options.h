@@ -1,10 +1,13 @@
 // Choices of the CUDA indexer_topk that a benchmark may force (plain C++, no CUDA headers):
 // which kernel scores, which selects, and which of the two stages run, so that one run can
 // compare the kernels and time the scores and the selection apart. The backend's op uses the
-// defaults.
+// defaults. Also the A/B switch the backend reads at its creation (DEEPINFER_INDEXER_FP8_SCORES),
+// here so that the backend's header holds it without the heuristics.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "deepinfer/backend.h"
 #include "deepinfer/tensor.h"
@@ -12,6 +15,24 @@
 namespace deepinfer::cuda {
 
 class CudaBackend;
+
+// Which kernel scores V4 fp8 index keys at 64 heads by default on an sm_90 device (kAuto and
+// kTensorCore), the backend's DEEPINFER_INDEXER_FP8_SCORES at its creation. wgmma by default: on
+// the H200 it passed the op table's indexer rows and scored fp8 keys 1.6-1.8x faster than the
+// mma.sync kernel at B = 64 (32K: 71.5 vs 114.6 us; 128K: 238.9 vs 425.5 us), level with it at
+// B = 1.
+enum class IndexerFp8Scores {
+  kWgmma,    // "wgmma" or unset: indexer_score_wgmma.cu where it takes the problem
+  kMmaSync,  // "mma_sync": indexer_score_mma.cu
+};
+
+// The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
+inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name) {
+  const std::string_view v = name == nullptr ? "" : name;
+  if (v.empty() || v == "wgmma") return IndexerFp8Scores::kWgmma;
+  if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
+  return std::nullopt;
+}
 
 enum class IndexerScoreKernel {
   kAuto,        // indexer_heuristics.h decides

@@ -119,10 +119,10 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(ScoreArgs 
 }  // namespace
 
 void launch_indexer_score(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                          size_t smem, cudaStream_t stream) {
+                          size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
   auto launch = [&](auto kernel) {
-    allow_smem(kernel, smem);
+    smem_limits.allow(kernel, smem);
     kernel<<<grid, kScoreThreads, smem, stream>>>(a, l);
   };
   switch (a.key.format) {

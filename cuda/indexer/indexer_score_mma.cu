@@ -461,11 +461,12 @@ __global__ void __launch_bounds__(kMmaMaxHeads / kMmaHeadsPerWarp * kMmaKeyGroup
 }  // namespace
 
 void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t n, int64_t splits,
-                              size_t smem, bool q_one_part, bool key_runs, cudaStream_t stream) {
+                              size_t smem, bool q_one_part, bool key_runs,
+                              KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
   const int threads = score_mma_threads(a.heads);
   auto launch = [&](auto kernel) {
-    allow_smem(kernel, smem);
+    smem_limits.allow(kernel, smem);
     kernel<<<grid, threads, smem, stream>>>(a, l);
   };
   switch (a.key.format) {

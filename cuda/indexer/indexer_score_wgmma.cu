@@ -346,7 +346,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
 }  // namespace
 
 void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                int64_t splits, bool key_runs, bool lo_e4m3, cudaStream_t stream) {
+                                int64_t splits, bool key_runs, bool lo_e4m3,
+                                KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (a.heads != kWgmmaHeads || a.dim != kMmaDim || a.key.format != KvFormat::kFp8 ||
       a.key.row_bytes != kFp8RecordBytes) {
     throw Error(ErrorCode::kUnsupported,
@@ -355,7 +356,7 @@ void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
   const size_t smem = score_wgmma_smem_bytes();
   auto launch = [&](auto kernel) {
-    allow_smem(kernel, smem);
+    smem_limits.allow(kernel, smem);
     kernel<<<grid, kWgmmaThreads, smem, stream>>>(a, l);
   };
   if (lo_e4m3) {

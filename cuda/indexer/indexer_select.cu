@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
 }  // namespace
 
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
-                           cudaStream_t stream) {
-  allow_smem(indexer_select_kernel, smem);
+                           KernelSmemLimits& smem_limits, cudaStream_t stream) {
+  smem_limits.allow(indexer_select_kernel, smem);
   indexer_select_kernel<<<static_cast<unsigned>(n), kSelectThreads, smem, stream>>>(a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select");
 }

@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(kBinnedThreads)
 }  // namespace
 
 void launch_indexer_select_binned(const SelectArgs& a, const DeviceLayout& l, int64_t n,
-                                  size_t smem, cudaStream_t stream) {
-  allow_smem(indexer_select_binned_kernel, smem);
+                                  size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream) {
+  smem_limits.allow(indexer_select_binned_kernel, smem);
   indexer_select_binned_kernel<<<static_cast<unsigned>(n), kBinnedThreads, smem, stream>>>(a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select binned");
 }

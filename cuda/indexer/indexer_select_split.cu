@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(kSelectThreads)
 }  // namespace
 
 void launch_indexer_select_split(const SplitSelectArgs& a, const DeviceLayout& l, int64_t n,
-                                 int64_t splits, size_t final_smem, cudaStream_t stream) {
+                                 int64_t splits, size_t final_smem, KernelSmemLimits& smem_limits,
+                                 cudaStream_t stream) {
   DEEPINFER_CUDA_CHECK(cudaMemsetAsync(
       a.hist, 0, static_cast<size_t>(n) * (kSplitBins + 1) * sizeof(uint32_t), stream));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
@@ -227,7 +228,7 @@ void launch_indexer_select_split(const SplitSelectArgs& a, const DeviceLayout& l
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select histogram");
   indexer_select_collect_kernel<<<grid, kSplitThreads, 0, stream>>>(a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select collect");
-  allow_smem(indexer_select_final_kernel, final_smem);
+  smem_limits.allow(indexer_select_final_kernel, final_smem);
   indexer_select_final_kernel<<<static_cast<unsigned>(n), kSelectThreads, final_smem, stream>>>(a,
                                                                                                 l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select final");

@@ -27,7 +27,6 @@
 //  - an entry whose block is negative or maps past the cache is scored -inf (it ranks last).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
@@ -85,44 +84,31 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
 }
 
 bool indexer_wgmma_runs(const CudaBackend& be) {
-  int major = 0;
-  DEEPINFER_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be.device_index()));
   // wgmma: sm_90 only (Blackwell has tcgen05 instead), and only a build with sm_90a code has it.
 #ifdef DEEPINFER_HAVE_SM90A
-  return major == 9;
+  return be.compute_capability_major() == 9;
 #else
+  (void)be;
   return false;
 #endif
 }
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
-  // The wgmma kernel by default: on the H200 it passed the op table's indexer rows and scored fp8
-  // keys 1.6-1.8x faster than the mma.sync kernel at B = 64 (32K: 71.5 vs 114.6 us; 128K: 238.9
-  // vs 425.5 us), level with it at B = 1. DEEPINFER_INDEXER_FP8_SCORES=mma_sync keeps the other.
-  static const bool by_default = [] {
-    const char* v = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
-    const std::string name = v == nullptr ? "wgmma" : v;
-    if (name != "wgmma" && name != "mma_sync") {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '" + name + "'");
-    }
-    return name == "wgmma";
-  }();
-  return {indexer_wgmma_runs(be), by_default};
+  return {indexer_wgmma_runs(be), be.indexer_fp8_scores() == IndexerFp8Scores::kWgmma};
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
-                           int64_t n, cudaStream_t stream) {
+                           int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (c.wgmma) {
     launch_indexer_score_wgmma(a, l, n, c.splits,
                                score_mma_key_runs(a.key.format, a.epb, a.cache_rows),
-                               c.wgmma_lo_e4m3, stream);
+                               c.wgmma_lo_e4m3, smem_limits, stream);
   } else if (c.mma) {
     const bool key_runs = c.mma_key_runs && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
-    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs, stream);
+    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs,
+                             smem_limits, stream);
   } else {
-    launch_indexer_score(a, l, n, c.splits, c.score_smem, stream);
+    launch_indexer_score(a, l, n, c.splits, c.score_smem, smem_limits, stream);
   }
 }
 
@@ -136,13 +122,13 @@ SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, in
 
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
-                              cudaStream_t stream) {
+                              KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (c.binned) {
-    launch_indexer_select_binned(se, l, n, c.binned_smem, stream);
+    launch_indexer_select_binned(se, l, n, c.binned_smem, smem_limits, stream);
     return;
   }
   if (c.select_splits == 0) {
-    launch_indexer_select(se, l, n, c.select_smem, stream);
+    launch_indexer_select(se, l, n, c.select_smem, smem_limits, stream);
     return;
   }
   SplitSelectArgs a{};
@@ -150,7 +136,7 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
   a.hist = reinterpret_cast<uint32_t*>(scratch.hist.raw_data());
   a.pairs = reinterpret_cast<uint64_t*>(scratch.pairs.raw_data());
   a.smem_pairs = std::min<int64_t>(se.row, kSplitSmemPairs);
-  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, stream);
+  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, smem_limits, stream);
 }
 
 bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row) {
@@ -223,8 +209,10 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = static_cast<int>(t0);
     se.token0 = static_cast<int>(t0);
-    if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.stream());
-    if (opt.run_select) launch_indexer_selection(se, c, select_scratch, dl, n, be.stream());
+    if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.smem_limits(), be.stream());
+    if (opt.run_select) {
+      launch_indexer_selection(se, c, select_scratch, dl, n, be.smem_limits(), be.stream());
+    }
   }
   return out;
 }

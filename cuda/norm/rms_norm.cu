@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/norm/rms_norm_heuristics.h"
@@ -233,20 +234,13 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
       break;
     }
     case RmsNormKernel::kCluster: {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>(rows * c.cluster));
-      config.blockDim = dim3(c.threads);
-      config.dynamicSmemBytes = 0;
-      config.stream = stream();
-      cudaLaunchAttribute attribute[1] = {};
-      attribute[0].id = cudaLaunchAttributeClusterDimension;
-      attribute[0].val.clusterDim.x = static_cast<unsigned>(c.cluster);
-      attribute[0].val.clusterDim.y = 1;
-      attribute[0].val.clusterDim.z = 1;
-      config.attrs = attribute;
-      config.numAttrs = 1;
-      DEEPINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, rms_norm_block_kernel<true, true>, x4, w4,
-                                              y4, units, c.per_block, eps));
+      ClusterLaunch l;
+      l.grid = dim3(static_cast<unsigned>(rows * c.cluster));
+      l.block = dim3(c.threads);
+      l.cluster = dim3(static_cast<unsigned>(c.cluster), 1, 1);
+      l.stream = stream();
+      launch_clustered("rms_norm", l, rms_norm_block_kernel<true, true>, x4, w4, y4, units,
+                       c.per_block, eps);
       break;
     }
     case RmsNormKernel::kBlock:

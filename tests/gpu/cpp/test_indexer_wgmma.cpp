@@ -8,12 +8,15 @@
 // summation order only. The measurement variant with q's lo parts in e4m3 is checked too (exact
 // on integers, within its 15 bits on floats). Their agreement with the CPU op is the op table's
 // (kv_fp8_wgmma_ rows, run with DEEPINFER_INDEXER_FP8_SCORES=wgmma). Skips without a GPU or off
-// sm_90.
+// sm_90. Also: the switch is read when a backend is created, and an unknown value is refused
+// there, naming the variable and the value.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -23,6 +26,7 @@
 #include "cuda/indexer/indexer_options.h"
 #include "deepinfer/backend.h"
 #include "device_backends.h"
+#include "error_message.h"
 #include "indexer_rows.h"
 #include "inputs.h"
 
@@ -35,6 +39,37 @@ struct WgmmaCase {
   int ratio;
   bool integers;
 };
+
+// A CUDA backend created with DEEPINFER_INDEXER_FP8_SCORES set to `value` (null: unset).
+std::unique_ptr<Backend> cuda_backend_with_fp8_scores(const char* value) {
+  struct Unset {
+    ~Unset() { unsetenv("DEEPINFER_INDEXER_FP8_SCORES"); }
+  } unset;
+  if (value != nullptr) setenv("DEEPINFER_INDEXER_FP8_SCORES", value, 1);
+  return make_backend("cuda");
+}
+
+TEST(IndexerWgmma, Fp8ScoresSwitchIsReadWhenTheBackendIsCreated) {
+  std::string why;
+  if (shared_backend("cuda", &why) == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  using cuda::IndexerFp8Scores;
+  const auto scores_of = [](const std::unique_ptr<Backend>& be) {
+    return dynamic_cast<const cuda::CudaBackend&>(*be).indexer_fp8_scores();
+  };
+  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores(nullptr)), IndexerFp8Scores::kWgmma);
+  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma")), IndexerFp8Scores::kWgmma);
+  // The value at creation stays the backend's: a later change of the variable does not reach it.
+  const std::unique_ptr<Backend> mma = cuda_backend_with_fp8_scores("mma_sync");
+  setenv("DEEPINFER_INDEXER_FP8_SCORES", "wgmma", 1);
+  EXPECT_EQ(scores_of(mma), IndexerFp8Scores::kMmaSync);
+  unsetenv("DEEPINFER_INDEXER_FP8_SCORES");
+  const std::string m = testing::error_message([] { (void)cuda_backend_with_fp8_scores("mma"); });
+  EXPECT_NE(m.find("DEEPINFER_INDEXER_FP8_SCORES"), std::string::npos) << m;
+  EXPECT_NE(m.find("'mma'"), std::string::npos) << m;
+}
 
 TEST(IndexerWgmma, ScoresMatchTheMmaSyncKernel) {
   std::string why;

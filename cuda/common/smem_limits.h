@@ -1,0 +1,37 @@
+// The dynamic shared memory limits a backend raises on its device's kernels. A kernel that takes
+// more than the default 48 KiB of dynamic shared memory per block needs its limit raised first
+// (cudaFuncAttributeMaxDynamicSharedMemorySize); this registry does it once per kernel and
+// backend instead of on every launch. Host code only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <mutex>
+#include <unordered_map>
+
+namespace deepinfer::cuda {
+
+// One per backend (CudaBackend::smem_limits), keyed by the kernel's address. Limits only go up:
+// the attribute belongs to the device's context, which every backend of that device shares, so a
+// kernel's limit is read from the device the first time (another backend may have raised it) and
+// raised only when a launch needs more; lowering it could fail another backend's (or a captured
+// graph's) launch. Launches of kernels that need at most 48 KiB leave it alone.
+class KernelSmemLimits {
+ public:
+  // Before a launch of `kernel` with `bytes` of dynamic shared memory (on the current device,
+  // the backend's).
+  template <typename Kernel>
+  void allow(Kernel kernel, size_t bytes) {
+    if (bytes > kDefaultBytes) allow_address(reinterpret_cast<const void*>(kernel), bytes);
+  }
+
+ private:
+  static constexpr size_t kDefaultBytes = 48 * 1024;
+  void allow_address(const void* kernel, size_t bytes);
+
+  std::mutex mu_;
+  std::unordered_map<const void*, size_t> limits_;  // at least the kernel's limit on the device
+};
+
+}  // namespace deepinfer::cuda

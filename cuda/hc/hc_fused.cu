@@ -1,0 +1,405 @@
+// The fused decode path of the mHC ops (hc_launch.h): at decode sizes (hc_fused_grid: T <= 256,
+// n <= 4) hc_pre, hc_head and hc_post_pre are one kernel each, hc_fused_kernel: the GEMV split
+// over the channels across CTAs, a spin barrier per token group, then each CTA finishes the mix,
+// the weights and its channels of the collapse. Opt-in (DEEPINFER_HC_PRE=fused,
+// CudaBackend::hc_fused): the barrier assumes the whole grid resident. The weights and the
+// collapse are the CPU's arithmetic (hc_weights.cuh); the mix differs from the CPU's GEMM by
+// summation order only.
+#include <cstdint>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/common/launch.cuh"
+#include "cuda/hc/hc_heuristics.h"
+#include "cuda/hc/hc_launch.h"
+#include "cuda/hc/hc_weights.cuh"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// Sum over the 32 lanes by a butterfly: a fixed tree, so the same bits every run (every lane
+// ends with the same value).
+__device__ __forceinline__ float warp_sum_fixed(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Waits until all `ctas` CTAs of a group have arrived. slot = {count, generation} in persistent
+// device memory (zero at creation): the last CTA to arrive resets the count and bumps the
+// generation the others wait on, so the slot is ready for the next launch (and a graph replay)
+// without a reset. The fences publish each CTA's partial sums before its arrival. Every thread
+// of the CTA must call it; all CTAs of the group must be resident (hc_fused_grid).
+__device__ void group_barrier(unsigned* slot, unsigned ctas) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* generation = slot + 1;
+    const unsigned seen = *generation;  // before arriving: the bump comes after all arrivals
+    __threadfence();
+    if (atomicAdd(slot, 1u) == ctas - 1) {
+      atomicExch(slot, 0u);
+      __threadfence();
+      atomicAdd(slot + 1, 1u);
+    } else {
+      while (*generation == seen) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// The arguments of hc_fused_kernel. hc_pre: rows = (2 + n) * n, post and comb set; hc_head:
+// rows = n, post and comb null (pre is its only weight). hc_post_pre: hc_pre's, plus `update`.
+struct HcFusedArgs {
+  const float* X;        // [T, n, hidden]
+  const float* fn;       // [rows, n * hidden]
+  const float* base;     // [rows]
+  const float* scale;    // [3] (hc_pre) or [1] (hc_head)
+  float* partial;        // [groups, splits, tokens_per_cta, rows + 1] scratch
+  unsigned* barrier;     // [2 * groups] {count, generation}, persistent
+  float* post;           // [T, n] or null
+  float* comb;           // [T, n, n] or null
+  float* y;              // [T, hidden]
+  HcTrunkUpdate update;  // kPost only
+  int n;
+  int rows;
+  int64_t tokens;
+  int64_t hidden;
+  int64_t splits;
+  int64_t chunk;
+  int iters;
+  float hc_eps;
+  float norm_eps;
+};
+
+// Channels [h, h + 4) of stream s of token t's updated trunk (hc_post's formula in the CPU's order
+// and rounding): post[s] * out[h] + sum_i comb[i][s] * X[i][h], i ascending. pw / cw: the token's
+// post [n] and comb [n * n] (shared memory).
+__device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
+                                               const float* __restrict__ ot, const float* pw,
+                                               const float* cw, int n, int s, int64_t hidden,
+                                               int64_t h) {
+  const float4 o = __ldg(reinterpret_cast<const float4*>(ot + h));
+  float4 xs[kHcFusedMaxN];
+#pragma unroll
+  for (int i = 0; i < kHcFusedMaxN; ++i) {
+    if (i < n) xs[i] = __ldg(reinterpret_cast<const float4*>(xt + i * hidden + h));
+  }
+  const float p = pw[s];
+  float4 v =
+      make_float4(__fmul_rn(p, o.x), __fmul_rn(p, o.y), __fmul_rn(p, o.z), __fmul_rn(p, o.w));
+#pragma unroll
+  for (int i = 0; i < kHcFusedMaxN; ++i) {
+    if (i < n) {
+      const float c = cw[i * n + s];
+      v.x = mul_add_rn(c, xs[i].x, v.x);
+      v.y = mul_add_rn(c, xs[i].y, v.y);
+      v.z = mul_add_rn(c, xs[i].z, v.z);
+      v.w = mul_add_rn(c, xs[i].w, v.w);
+    }
+  }
+  return v;
+}
+
+// hc_pre / hc_head of a decode batch in one launch. CTA (group, split) takes the TB tokens of
+// its group and channels [split * chunk, +chunk) of every stream:
+//  1. partial mix sums fn[r] . x and the sum of squares of its slice of each token's flattened
+//     row (float4 loads of fn and X; thread rows: RG groups of ceil(24 / RG) fn rows), reduced
+//     over the CTA in a fixed order and written to `partial`;
+//  2. the group's barrier;
+//  3. every CTA sums the group's partials in split order (so all see the same mix), scales by
+//     the inverse RMS (the CPU normalises first; the GEMM sum then differs by rounding only) and
+//     computes pre; split 0 of hc_pre also computes post and comb (a warp per token, on the
+//     last TB warps, alongside the collapse);
+//  4. the collapse y = sum_s pre[s] * X[s] of its channels, in the CPU's order and rounding.
+// kPost (hc_post_pre): step 1 reads the updated trunk, computing it from X, out, post and comb
+// (row group 0 writes it), and step 4 collapses it: the trunk a CTA collapses is its own slice.
+template <int TB, int RG, bool kPost>
+__global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArgs a) {
+  constexpr int kWarps = kHcFusedThreads / 32;
+  constexpr int kUnitsPerPass = kHcFusedThreads / RG;
+  constexpr int kWarpsPerRowGroup = kWarps / RG;
+  constexpr int kRowsPerThread = (kHcFusedMaxRows + RG - 1) / RG;
+  static_assert(kUnitsPerPass % 32 == 0, "a warp takes rows of one row group");
+  static_assert(TB < kWarps, "one weights warp per token, and warps left to collapse");
+  __shared__ float warp_sums[kWarps][TB][kRowsPerThread + 1];
+  __shared__ float totals[TB][kHcFusedMaxRows + 1];  // mix row, then the sum of squares
+  __shared__ float pre[TB][kHcFusedMaxN];
+  __shared__ float update_post[kPost ? TB : 1][kHcFusedMaxN];
+  __shared__ float update_comb[kPost ? TB : 1][kHcFusedMaxN * kHcFusedMaxN];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int n = a.n;
+  const int rows = a.rows;
+  const int64_t hidden = a.hidden;
+  const int64_t width = n * hidden;
+  const int64_t group = blockIdx.x / a.splits;
+  const int64_t split = blockIdx.x % a.splits;
+  const int64_t t0 = group * TB;
+  const int64_t h_begin = split * a.chunk;
+  const int64_t h_end = h_begin + a.chunk < hidden ? h_begin + a.chunk : hidden;
+  const int64_t quads = (h_end - h_begin) / 4;  // float4 columns of one stream in this slice
+  if constexpr (kPost) {
+    for (int p = tid; p < TB * n; p += kHcFusedThreads) {
+      const int64_t t = t0 + p / n;
+      update_post[p / n][p % n] = t < a.tokens ? a.update.post[t * n + p % n] : 0.0f;
+    }
+    for (int p = tid; p < TB * n * n; p += kHcFusedThreads) {
+      const int64_t t = t0 + p / (n * n);
+      update_comb[p / (n * n)][p % (n * n)] =
+          t < a.tokens ? a.update.comb[t * n * n + p % (n * n)] : 0.0f;
+    }
+    __syncthreads();
+  }
+
+  // 1. Partial sums. Unit u = (stream, float4 column); thread rows r = row_group * RPT + i.
+  const int row_group = tid / kUnitsPerPass;
+  float acc[TB][kRowsPerThread];
+  float squares[TB];
+#pragma unroll
+  for (int j = 0; j < TB; ++j) {
+    squares[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) acc[j][i] = 0.0f;
+  }
+  for (int64_t u = tid % kUnitsPerPass; u < n * quads; u += kUnitsPerPass) {
+    const int64_t k = hc_fused_column(u, quads, hidden, h_begin);
+    float4 x[TB];
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      const int64_t t = t0 + j;
+      if (t >= a.tokens) {
+        x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      } else if constexpr (kPost) {
+        const int s = static_cast<int>(u / quads);
+        x[j] = hc_post_quad(a.X + t * width, a.update.out + t * hidden, update_post[j],
+                            update_comb[j], n, s, hidden, k - s * hidden);
+        if (row_group == 0) *reinterpret_cast<float4*>(a.update.trunk + t * width + k) = x[j];
+      } else {
+        x[j] = __ldg(reinterpret_cast<const float4*>(a.X + t * width + k));
+      }
+    }
+    float4 w[kRowsPerThread];
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int r = row_group * kRowsPerThread + i;
+      w[i] = r < rows ? __ldg(reinterpret_cast<const float4*>(a.fn + r * width + k))
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      if (row_group == 0) {
+        squares[j] = fmaf(x[j].x, x[j].x, squares[j]);
+        squares[j] = fmaf(x[j].y, x[j].y, squares[j]);
+        squares[j] = fmaf(x[j].z, x[j].z, squares[j]);
+        squares[j] = fmaf(x[j].w, x[j].w, squares[j]);
+      }
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        acc[j][i] = fmaf(w[i].x, x[j].x, acc[j][i]);
+        acc[j][i] = fmaf(w[i].y, x[j].y, acc[j][i]);
+        acc[j][i] = fmaf(w[i].z, x[j].z, acc[j][i]);
+        acc[j][i] = fmaf(w[i].w, x[j].w, acc[j][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < TB; ++j) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const float v = warp_sum_fixed(acc[j][i]);
+      if (lane == 0) warp_sums[warp][j][i] = v;
+    }
+    const float v = warp_sum_fixed(squares[j]);  // zero on warps past row group 0
+    if (lane == 0) warp_sums[warp][j][kRowsPerThread] = v;
+  }
+  __syncthreads();
+  const int stride = rows + 1;
+  float* part = a.partial + (group * a.splits + split) * TB * stride;
+  for (int p = tid; p < TB * stride; p += kHcFusedThreads) {
+    const int j = p / stride;
+    const int r = p % stride;
+    const int g = r < rows ? r / kRowsPerThread : 0;
+    const int slot = r < rows ? r % kRowsPerThread : kRowsPerThread;
+    float sum = 0.0f;
+    for (int w = g * kWarpsPerRowGroup; w < (g + 1) * kWarpsPerRowGroup; ++w) {
+      sum += warp_sums[w][j][slot];
+    }
+    part[p] = sum;
+  }
+
+  // 2. Meet the group's other CTAs.
+  if (a.splits > 1)
+    group_barrier(a.barrier + 2 * group, static_cast<unsigned>(a.splits));
+  else
+    __syncthreads();
+
+  // 3. The mix rows this CTA needs (all for split 0 of hc_pre, else pre's n) and the squares,
+  // summed over the splits in order: lanes take splits, then the fixed butterfly.
+  const bool weights_cta = a.post != nullptr && split == 0;
+  const int needed = weights_cta ? rows : n;
+  const float* group_part = a.partial + group * a.splits * TB * stride;
+  for (int p = warp; p < TB * (needed + 1); p += kWarps) {
+    const int j = p / (needed + 1);
+    const int r = p % (needed + 1) < needed ? p % (needed + 1) : rows;
+    float sum = 0.0f;
+    for (int64_t sp = lane; sp < a.splits; sp += 32) {
+      sum += __ldcg(group_part + (sp * TB + j) * stride + r);
+    }
+    sum = warp_sum_fixed(sum);
+    if (lane == 0) totals[j][r] = sum;
+  }
+  __syncthreads();
+  for (int p = tid; p < TB * needed; p += kHcFusedThreads) {
+    const int j = p / needed;
+    const float inv_rms = 1.0f / sqrtf(totals[j][rows] / static_cast<float>(width) + a.norm_eps);
+    totals[j][p % needed] *= inv_rms;
+  }
+  __syncthreads();
+  for (int p = tid; p < TB * n; p += kHcFusedThreads) {
+    pre[p / n][p % n] = hc_pre_weight(totals[p / n], a.base, a.scale[0], p % n, a.hc_eps);
+  }
+  __syncthreads();
+  // Split 0 of hc_pre: post and comb, token j on warp kWarps - TB + j (hc_comb_warp, as the
+  // unfused finish kernel), while the other warps collapse.
+  if (weights_cta && warp >= kWarps - TB) {
+    const int j = warp - (kWarps - TB);
+    const int64_t t = t0 + j;
+    if (t >= a.tokens) return;  // uniform over the warp, as the shuffles need
+    const float* m = totals[j];
+    float* post = a.post + t * n;
+    float* comb = a.comb + t * n * n;
+    switch (n) {
+      case 1:
+        hc_comb_warp<1>(m, a.base, a.scale, a.iters, a.hc_eps, nullptr, post, comb);
+        break;
+      case 2:
+        hc_comb_warp<2>(m, a.base, a.scale, a.iters, a.hc_eps, nullptr, post, comb);
+        break;
+      case 3:
+        hc_comb_warp<3>(m, a.base, a.scale, a.iters, a.hc_eps, nullptr, post, comb);
+        break;
+      case 4:
+        hc_comb_warp<4>(m, a.base, a.scale, a.iters, a.hc_eps, nullptr, post, comb);
+        break;
+      default:
+        break;  // n <= kHcFusedMaxN (hc_fused_grid)
+    }
+    return;  // no barrier follows
+  }
+
+  // 4. The collapse of this CTA's channels, float4 at a time. kPost: the trunk this CTA wrote
+  // (the barrier above orders it; coherent loads, not the read-only path).
+  const float* collapsed = kPost ? a.update.trunk : a.X;
+  const int collapse_threads = weights_cta ? kHcFusedThreads - 32 * TB : kHcFusedThreads;
+  for (int64_t o = tid; o < TB * quads; o += collapse_threads) {
+    const int j = static_cast<int>(o / quads);
+    const int64_t t = t0 + j;
+    if (t >= a.tokens) break;  // o ascends with j
+    const int64_t h = h_begin + o % quads * 4;
+    const float* xt = collapsed + t * width + h;
+    float4 xs[kHcFusedMaxN];
+#pragma unroll
+    for (int s = 0; s < kHcFusedMaxN; ++s) {
+      if (s < n) {
+        xs[s] = kPost ? __ldcg(reinterpret_cast<const float4*>(xt + s * hidden))
+                      : __ldg(reinterpret_cast<const float4*>(xt + s * hidden));
+      }
+    }
+    const float* pt = pre[j];
+    float4 y = make_float4(__fmul_rn(pt[0], xs[0].x), __fmul_rn(pt[0], xs[0].y),
+                           __fmul_rn(pt[0], xs[0].z), __fmul_rn(pt[0], xs[0].w));
+#pragma unroll
+    for (int s = 1; s < kHcFusedMaxN; ++s) {
+      if (s < n) {
+        y.x = mul_add_rn(pt[s], xs[s].x, y.x);
+        y.y = mul_add_rn(pt[s], xs[s].y, y.y);
+        y.z = mul_add_rn(pt[s], xs[s].z, y.z);
+        y.w = mul_add_rn(pt[s], xs[s].w, y.w);
+      }
+    }
+    *reinterpret_cast<float4*>(a.y + t * hidden + h) = y;
+  }
+}
+
+}  // namespace
+
+bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
+                      const HcParams& params) {
+  return be.hc_fused() && hc_fused_grid(be.num_sms(), X.size(0), params.hc_mult, X.size(2)).fused &&
+         aligned16(X.raw_data()) && aligned16(fn.raw_data());
+}
+
+bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
+                     const Tensor& scale, const HcParams& params, float* post, float* comb,
+                     float* y, const char* op, const HcTrunkUpdate* update) {
+  if (!hc_fused_applies(be, X, fn, params)) return false;
+  const int64_t tokens = X.size(0);
+  const int n = params.hc_mult;
+  const int64_t hidden = X.size(2);
+  const HcFusedGrid g = hc_fused_grid(be.num_sms(), tokens, n, hidden);
+  HcFusedArgs a{};
+  a.rows = post != nullptr ? (2 + n) * n : n;
+  Tensor partial = be.scratch(static_cast<size_t>(g.groups * g.splits * g.tokens_per_cta) *
+                              static_cast<size_t>(a.rows + 1) * sizeof(float));
+  a.X = X.data<float>();
+  a.fn = fn.data<float>();
+  a.base = base.data<float>();
+  a.scale = scale.data<float>();
+  a.partial = reinterpret_cast<float*>(partial.raw_data());
+  a.barrier = be.hc_barrier();
+  a.post = post;
+  a.comb = comb;
+  a.y = y;
+  if (update != nullptr) a.update = *update;
+  a.n = n;
+  a.tokens = tokens;
+  a.hidden = hidden;
+  a.splits = g.splits;
+  a.chunk = g.chunk;
+  a.iters = params.sinkhorn_iters;
+  a.hc_eps = params.hc_eps;
+  a.norm_eps = params.norm_eps;
+  const unsigned blocks = static_cast<unsigned>(g.groups * g.splits);
+  // 4 tokens per CTA: 2 row groups of 12 fn rows; hc_post_pre's trunk update holds more
+  // registers, so 4 row groups of 6 there.
+  if (g.tokens_per_cta == 1) {
+    if (update != nullptr) {
+      hc_fused_kernel<1, 4, true><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
+    } else {
+      hc_fused_kernel<1, 4, false><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
+    }
+  } else if (update != nullptr) {
+    hc_fused_kernel<4, 4, true><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
+  } else {
+    hc_fused_kernel<4, 2, false><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
+  }
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
+  return true;
+}
+
+HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
+                                        const Tensor& comb, const Tensor& fn, const Tensor& base,
+                                        const Tensor& scale, const HcParams& params) {
+  if (!hc_fused_applies(*this, X, fn, params) || !aligned16(out.raw_data())) {
+    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+  }
+  const int64_t tokens = X.size(0);
+  const int64_t n = params.hc_mult;
+  const int64_t hidden = X.size(2);
+  HcPostPre result{empty(X.shape(), DType::kF32),
+                   HcMix{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
+                         empty({tokens, hidden}, DType::kF32)}};
+  const HcTrunkUpdate update{out.data<float>(), post.data<float>(), comb.data<float>(),
+                             result.trunk.data<float>()};
+  if (!launch_hc_fused(*this, X, fn, base, scale, params, result.mix.post.data<float>(),
+                       result.mix.comb.data<float>(), result.mix.y.data<float>(), "hc_post_pre",
+                       &update)) {
+    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+  }
+  return result;
+}
+
+}  // namespace deepinfer::cuda

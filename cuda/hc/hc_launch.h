@@ -1,0 +1,34 @@
+// The fused decode path of the mHC ops (hc_fused.cu) as the unfused ops (hc_pre.cu) call it: at
+// decode sizes (hc_fused_grid: T <= 256, n <= 4) hc_pre, hc_head and hc_post_pre are one kernel
+// each, hc_fused_kernel. Opt-in (DEEPINFER_HC_PRE=fused, CudaBackend::hc_fused): its spin
+// barrier assumes the whole grid resident.
+#pragma once
+
+#include "deepinfer/backend.h"
+#include "deepinfer/tensor.h"
+
+namespace deepinfer::cuda {
+
+class CudaBackend;
+
+// The trunk update of hc_post_pre: trunk = hc_post(X, out, post, comb), which the fused kernel
+// computes as it reads the trunk for the mix.
+struct HcTrunkUpdate {
+  const float* out;   // [T, hidden]
+  const float* post;  // [T, n]
+  const float* comb;  // [T, n, n]
+  float* trunk;       // [T, n, hidden]
+};
+
+// Whether the fused kernel takes a call on X [T, n, H] with weights fn: the backend's switch, a
+// decode size (hc_fused_grid) and 16-byte aligned rows (float4 loads).
+bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
+                      const HcParams& params);
+
+// Launches hc_fused_kernel when hc_fused_applies; false leaves the call to the unfused path.
+// post / comb null: hc_head. update set (hc_post_pre): X is the trunk before hc_post.
+bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
+                     const Tensor& scale, const HcParams& params, float* post, float* comb,
+                     float* y, const char* op, const HcTrunkUpdate* update = nullptr);
+
+}  // namespace deepinfer::cuda
