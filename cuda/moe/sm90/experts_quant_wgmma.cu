@@ -32,11 +32,12 @@
 // Pipeline of a CTA: a ring of kStages slices in shared memory (ExpertQuantWgmma: 4 for MXFP4
 // with quantized activations, 3 for FP8, 2 for MXFP4 with three planes; FP8 with three planes
 // does not fit and keeps the mma.sync kernel), each the tile's activation rows and every lane's
-// own weight chunks, filled by cp.async kStages - 1 slices ahead; the scales of slice s + 1 are
-// loaded into registers during slice s. Per k-step of a slice a
+// own weight chunks, filled by cp.async kStages - 2 slices ahead (kStages - 1 with two slots);
+// the scales of slice s + 1 are loaded into registers during slice s. One __syncthreads per
+// slice; gemm_tile says why the slot it refills is free. Per k-step of a slice a
 // warpgroup decodes its A fragments, then issues one wgmma per m64 tile and plane and commits;
-// one group stays in flight while the next step decodes. At the end of a slice every group is
-// waited for, so the __syncthreads at the top of the next slice also frees its ring slot.
+// one group stays in flight while the next step decodes, across slices too where the ring has
+// three or more slots.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -335,9 +336,10 @@ __device__ __forceinline__ void fence_tile_accumulators(
 }
 
 // acc += the warpgroup's weight rows (the lane's chunks in `weights`, scales `sc`) x the slice's
-// staged token rows at `act`, on wgmma n kN (64 or 128): per k-step, decode both m16 tiles' A
-// fragments, then one wgmma per m64 tile and plane. Returns with every MMA done.
-template <QuantFormat F, int kPlanes, int kN, bool kTwo>
+// staged token rows at `act`, on wgmma n kN (32, 64, 96 or 128): per k-step, decode both m16
+// tiles' A fragments, then one wgmma per m64 tile and plane, one group per step. Returns with
+// the last step's group still running (kLag) or with every MMA done.
+template <QuantFormat F, int kPlanes, int kN, bool kTwo, bool kLag>
 __device__ __forceinline__ void multiply_slice_wgmma(float (&acc)[Tile::kMTiles][Tile::kTok / 8][4],
                                                      const uint8_t* weights,
                                                      const SliceScales<F>& sc, const uint8_t* act) {
@@ -395,13 +397,19 @@ __device__ __forceinline__ void multiply_slice_wgmma(float (&acc)[Tile::kMTiles]
       }
     }
     wgmma_commit();
-    wgmma_wait<1>();  // step s - 1 done: its fragments (af[(s + 1) & 1]) may be overwritten
+    // Step s - 1 done (at s = 0: the previous slice's last step): its fragments (af[(s + 1) & 1])
+    // may be overwritten.
+    wgmma_wait<1>();
   }
-  wgmma_wait<0>();
+  if constexpr (!kLag) wgmma_wait<0>();
   fence_tile_accumulators(acc);
 }
 
-// The K loop of a CTA on wgmma n kN: see the head comment's pipeline.
+// The K loop of a CTA on wgmma n kN: see the head comment's pipeline. With three or more ring
+// slots (kLag) a warpgroup leaves its last group of a slice running into the next one, and the
+// copies run kStages - 2 slices ahead: the slot refilled at slice s held slice s - 2, whose MMAs
+// every warpgroup had waited for (in slice s - 1's first step) before the barrier of slice s.
+// With two slots each slice ends with every MMA done and the copies run one slice ahead.
 template <QuantFormat F, int kPlanes, int kN>
 __device__ __forceinline__ void gemm_tile(float (&acc)[Tile::kMTiles][Tile::kTok / 8][4],
                                           uint8_t* smem, const __nv_bfloat16* a,
@@ -411,6 +419,8 @@ __device__ __forceinline__ void gemm_tile(float (&acc)[Tile::kMTiles][Tile::kTok
   constexpr int kLoads = QuantTraits<F>::kLoads;
   constexpr int kStages = Tile::stages(kPlanes, kLoads);
   static_assert(kStages >= 2, "a ring of at least two slices");
+  constexpr bool kLag = kStages >= 3;
+  constexpr int kAhead = kLag ? kStages - 2 : kStages - 1;  // slices in flight
   constexpr size_t kActBytes = Tile::act_stage_bytes(kPlanes);
   constexpr size_t kStageBytes = Tile::stage_bytes(kPlanes, kLoads);
   const int slices = static_cast<int>(Kp / kQuantSliceK);
@@ -420,7 +430,7 @@ __device__ __forceinline__ void gemm_tile(float (&acc)[Tile::kMTiles][Tile::kTok
     stage_weights<F>(slot + kActBytes, wr, slice, q, K);
   };
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < kAhead; ++st) {
     if (st < slices) issue(st);
     cp_async_commit();
   }
@@ -430,22 +440,24 @@ __device__ __forceinline__ void gemm_tile(float (&acc)[Tile::kMTiles][Tile::kTok
   for (int s = 0; s < slices; ++s) {
     // Slice s + 1's scales in flight during slice s.
     load_scales<F>(nxt, wr, s + 1, q, K, block_cols_log2);
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<kAhead - 1>();
     fence_async_shared();  // this thread's copies of slice s visible to wgmma
-    // Slice s landed for every thread; every warpgroup is done with slice s - 1, whose ring
-    // slot is refilled below. The two-factor decode where any lane of the CTA needs it (wgmma
-    // wants the warpgroup on one instruction stream).
+    // Slice s landed for every thread, and the slot refilled below is free (see above). The
+    // two-factor decode where any lane of the CTA needs it (wgmma wants the warpgroup on one
+    // instruction stream).
     const bool two = __syncthreads_or(needs_two_factors<F>(cur) ? 1 : 0) != 0;
-    if (s + kStages - 1 < slices) issue(s + kStages - 1);
+    if (s + kAhead < slices) issue(s + kAhead);
     cp_async_commit();
     const uint8_t* slot = smem + (s % kStages) * kStageBytes;
     if (two) {
-      multiply_slice_wgmma<F, kPlanes, kN, true>(acc, slot + kActBytes, cur, slot);
+      multiply_slice_wgmma<F, kPlanes, kN, true, kLag>(acc, slot + kActBytes, cur, slot);
     } else {
-      multiply_slice_wgmma<F, kPlanes, kN, false>(acc, slot + kActBytes, cur, slot);
+      multiply_slice_wgmma<F, kPlanes, kN, false, kLag>(acc, slot + kActBytes, cur, slot);
     }
     cur = nxt;
   }
+  wgmma_wait<0>();
+  fence_tile_accumulators(acc);
 }
 
 // kGateUp: act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for the tile's rows and
