@@ -14,7 +14,8 @@
 // FP8 weights without activation quantization (three planes) keep the mma.sync kernel (the
 // wgmma ring does not fit): checked too. Agreement with the CPU reference is the op table's
 // (tests/backend_ops/cases_moe_quant.cpp, run with DEEPINFER_MOE_QUANT_PREFILL=wgmma). Skips
-// without a GPU, and off sm_90 or in a build without sm_90a code.
+// without a GPU, and off sm_90 or in a build without sm_90a code. The heuristic's choice
+// (cuda/moe/moe_heuristics.h) is checked on the host first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -132,6 +133,39 @@ Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
   }
   const Routing r{be.upload(routing.ids, DType::kI32), be.upload(routing.weights, DType::kF32)};
   return be.to_host(be.moe_experts(be.upload(x, DType::kF32), r, w, 10.0f));
+}
+
+// The choice on the host (needs no device): the wgmma shape (128-row tiles) only in the prefill
+// shape, only when asked for and where it runs; FP8 without activation quantization never.
+TEST(MoeQuantPrefillWgmma, HeuristicsTakeItOnlyWhereAskedAndWhereItRuns) {
+  EXPECT_EQ(cuda::parse_quant_prefill(nullptr), cuda::QuantPrefillChoice::kMmaSync);
+  EXPECT_EQ(cuda::parse_quant_prefill("mma_sync"), cuda::QuantPrefillChoice::kMmaSync);
+  EXPECT_EQ(cuda::parse_quant_prefill("wgmma"), cuda::QuantPrefillChoice::kWgmma);
+  EXPECT_FALSE(cuda::parse_quant_prefill("wgmma2").has_value());
+  constexpr size_t kH200Smem = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+  EXPECT_TRUE(cuda::quant_wgmma_fits(true, 1, 1, kH200Smem));   // MXFP4, quantized activations
+  EXPECT_TRUE(cuda::quant_wgmma_fits(true, 1, 3, kH200Smem));   // MXFP4, three planes
+  EXPECT_TRUE(cuda::quant_wgmma_fits(true, 2, 1, kH200Smem));   // FP8, quantized activations
+  EXPECT_FALSE(cuda::quant_wgmma_fits(true, 2, 3, kH200Smem));  // FP8, three planes
+  EXPECT_FALSE(cuda::quant_wgmma_fits(false, 1, 1, kH200Smem));
+  EXPECT_FALSE(cuda::quant_wgmma_fits(true, 1, 1, 101376));  // sm_89's 99 KB
+  // V4-Flash at 4096 tokens: 96 pairs per expert on average.
+  cuda::ExpertsPassProblem p{4096 * 6, 256, 4096, 2048, false, true};
+  p.quantized = true;
+  p.quant_wgmma = true;
+  cuda::ExpertsPassConfig c = cuda::choose_experts_pass(p, kH200Smem);
+  EXPECT_EQ(c.kernel, cuda::ExpertsKernel::kQuantPrefill);  // not asked for
+  EXPECT_EQ(c.tile_rows, 64);
+  p.quant_prefill = cuda::QuantPrefillChoice::kWgmma;
+  c = cuda::choose_experts_pass(p, kH200Smem);
+  EXPECT_EQ(c.kernel, cuda::ExpertsKernel::kQuantPrefillWgmma);
+  EXPECT_EQ(c.tile_rows, 128);
+  EXPECT_EQ(c.max_tiles, 4096 * 6 / 128 + 256);
+  p.quant_wgmma = false;  // does not run here
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel, cuda::ExpertsKernel::kQuantPrefill);
+  p.quant_wgmma = true;
+  p.pairs = 16 * 256;  // the decode shape stays
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel, cuda::ExpertsKernel::kQuantStream);
 }
 
 TEST(MoeQuantPrefillWgmma, MatchesTheMmaSyncKernel) {
