@@ -3,8 +3,10 @@
 // gemm_fp8_heuristics.h) against a >= 1 GiB memcpy (decode, GB/s of weight bytes) and cuBLASLt's
 // block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
 // bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
-// experts in GB/s at 1, 4 and 16 pairs per expert (the "_vs_copy" lines name the kernel that ran;
-// DEEPINFER_MOE_QUANT_DECODE=registers or prefill picks another for the decode shape). Each line
+// experts likewise (the "_vs_copy" lines name the kernel that ran; DEEPINFER_MOE_QUANT_DECODE=
+// registers or prefill picks another for the decode shape). The prefill lines run once per
+// prefill kernel, named at the end of the shape: "prefill" (mma.sync) and, on sm_90 with sm_90a
+// code, "prefill_wgmma" (the backend's DEEPINFER_MOE_QUANT_PREFILL is restored after). Each line
 // carries its ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
@@ -290,6 +292,26 @@ const char* quant_experts_kernel_ran(Backend& be) {
   return cuda_be == nullptr ? "?" : cuda::experts_kernel_name(cuda_be->last_quant_experts_kernel());
 }
 
+// Runs `body` once per prefill kernel of the quantized experts (DEEPINFER_MOE_QUANT_PREFILL:
+// mma_sync, then wgmma where it runs), passing the name of the kernel the backend takes; restores
+// the backend's choice. Other backends run it once.
+template <class Body>
+void for_each_prefill_kernel(Backend& be, const Body& body) {
+  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
+  if (cuda_be == nullptr) {
+    body("?");
+    return;
+  }
+  const cuda::QuantPrefillChoice configured = cuda_be->moe_quant_prefill();
+  for (const cuda::QuantPrefillChoice c :
+       {cuda::QuantPrefillChoice::kMmaSync, cuda::QuantPrefillChoice::kWgmma}) {
+    if (c == cuda::QuantPrefillChoice::kWgmma && !cuda_be->wgmma_device()) continue;
+    cuda_be->set_moe_quant_prefill(c);
+    body(c == cuda::QuantPrefillChoice::kWgmma ? "prefill_wgmma" : "prefill");
+  }
+  cuda_be->set_moe_quant_prefill(configured);
+}
+
 // The routed experts on MXFP4 weights at V4-Flash shapes (E 256, top-6, H 4096, I 2048; act
 // groups of 32 as DeepSeek's W4A8 experts): GB/s of the weight bytes touched (values + scales,
 // 13.4 MB per expert) at 1, 4 and 16 pairs per expert (every expert exactly that many: tokens
@@ -355,16 +377,20 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
         quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
   }
   for (int tokens : {4096, 16384}) {
-    const double us = run(tokens, int64_t{tokens} * kk, false);
-    emit("moe_experts_mxfp4", "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 act32", us,
-         e * expert_bytes * ((tokens + 4095) / 4096),
-         static_cast<double>(tokens) * kk * 3.0 * 2 * inter * h);
+    for_each_prefill_kernel(be, [&](const char* kernel) {
+      const double us = run(tokens, int64_t{tokens} * kk, false);
+      emit("moe_experts_mxfp4",
+           "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 act32 " + kernel, us,
+           e * expert_bytes * ((tokens + 4095) / 4096),
+           static_cast<double>(tokens) * kk * 3.0 * 2 * inter * h);
+    });
   }
 }
 
 // The routed experts on FP8 weights (e4m3, 128 x 128 f32 block scales, activations quantized per
-// 128) at V4-Flash shapes, decode only: GB/s of the weight bytes touched (values + scales,
-// 25.2 MB per expert) at 1, 4 and 16 pairs per expert, as the MXFP4 cases.
+// 128) at V4-Flash shapes: GB/s of the weight bytes touched (values + scales, 25.2 MB per
+// expert) at 1, 4 and 16 pairs per expert, as the MXFP4 cases, and TFLOP/s at 4096 and 16384
+// tokens on each prefill kernel.
 void bench_moe_experts_fp8(Backend& be, int iters) {
   const int e = 256, inter = 2048, h = 4096, kk = 6, blk = 128;
   const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
@@ -420,6 +446,26 @@ void bench_moe_experts_fp8(Backend& be, int iters) {
         "{\"op\": \"moe_experts_fp8_vs_copy\", \"decode_kernel\": \"%s\", "
         "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
         quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
+  }
+  // Prefill: TFLOP/s at 4096 and 16384 tokens (experts evenly loaded), on each prefill kernel.
+  for (int tokens : {4096, 16384}) {
+    std::vector<int32_t> ids;
+    std::vector<float> wts;
+    for (int64_t p = 0; p < int64_t{tokens} * kk; ++p) {
+      ids.push_back(static_cast<int32_t>(p % e));
+      wts.push_back(0.25f);
+    }
+    Tensor x = rnd(be, {tokens, h}, DType::kF32, 45);
+    Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
+              be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
+    for_each_prefill_kernel(be, [&](const char* kernel) {
+      const double us =
+          time_us(be, std::min(iters, 10), [&] { (void)be.moe_experts(x, r, ex, 10.0f); });
+      emit("moe_experts_fp8",
+           "T=" + std::to_string(tokens) + " k=6 E=256 I=2048 H=4096 blk128 act128 " + kernel, us,
+           e * expert_bytes * ((tokens + 4095) / 4096),
+           static_cast<double>(tokens) * kk * 3.0 * 2 * inter * h);
+    });
   }
 }
 

@@ -144,6 +144,18 @@ CudaBackend::CudaBackend(int device_index)
                     quant_decode + "'");
   }
   moe_quant_decode_ = *choice;
+  const char* quant_prefill = std::getenv("DEEPINFER_MOE_QUANT_PREFILL");
+  const std::optional<QuantPrefillChoice> prefill_choice = parse_quant_prefill(quant_prefill);
+  if (!prefill_choice) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("DEEPINFER_MOE_QUANT_PREFILL: expected mma_sync or wgmma, got '") +
+                    quant_prefill + "'");
+  }
+  moe_quant_prefill_ = *prefill_choice;
+  // wgmma kernels have bodies only in sm_90a code (cuda/CMakeLists.txt), and run on sm_90 only.
+#ifdef DEEPINFER_HAVE_SM90A
+  wgmma_device_ = prop.major == 9;
+#endif
   const char* fp8_linear = std::getenv("DEEPINFER_FP8_LINEAR");
   const std::optional<Fp8LinearChoice> fp8_choice = parse_fp8_linear(fp8_linear);
   if (!fp8_choice) {

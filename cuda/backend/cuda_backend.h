@@ -83,6 +83,13 @@ class CudaBackend final : public Backend {
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
+  // DEEPINFER_MOE_QUANT_PREFILL at creation (mma_sync: the default, wgmma): the kernel quantized
+  // experts take in the prefill shape (an A/B switch for benchmarks, moe_heuristics.h); wgmma
+  // only where it runs (sm_90a build, sm_90 device), mma_sync elsewhere.
+  QuantPrefillChoice moe_quant_prefill() const { return moe_quant_prefill_; }
+  void set_moe_quant_prefill(QuantPrefillChoice choice) { moe_quant_prefill_ = choice; }
+  // Whether this build and device run wgmma kernels (sm_90a code, compute capability 9.x).
+  bool wgmma_device() const { return wgmma_device_; }
   // DEEPINFER_FP8_LINEAR at creation (legacy: the default, stream, stream_pdl): the path of FP8
   // linears at decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one
   // run.
@@ -227,6 +234,8 @@ class CudaBackend final : public Backend {
   size_t max_smem_optin_ = 0;
   int compute_capability_major_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
+  QuantPrefillChoice moe_quant_prefill_ = QuantPrefillChoice::kMmaSync;
+  bool wgmma_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmma;

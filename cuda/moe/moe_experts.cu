@@ -99,7 +99,13 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
                          stream);
 }
 
-// One pass of moe_experts on quantized weights (sm80/experts_quant.cu).
+// Activation planes of staged rows: 1 after activation quantization (group > 0), else 3.
+int in_planes_of(int group) {
+  return group > 0 ? 1 : 3;
+}
+
+// One pass of moe_experts on quantized weights (sm80/experts_quant.cu, or on sm_90 with
+// DEEPINFER_MOE_QUANT_PREFILL=wgmma sm90/experts_quant_wgmma.cu in the prefill shape).
 void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x, const int32_t* ids,
                             const float* weights, int64_t tokens, int experts, float* out) {
   cudaStream_t stream = be.stream();
@@ -107,6 +113,11 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   ExpertsPassProblem prob{pairs, experts, p.hidden, p.inter, false, true};
   prob.quantized = true;
   prob.quant_decode = be.moe_quant_decode();
+  prob.quant_prefill = be.moe_quant_prefill();
+  prob.quant_wgmma =
+      quant_wgmma_fits(be.wgmma_device(), p.format == QuantFormat::kMxfp4 ? 1 : 2,
+                       std::max(in_planes_of(p.in_group), in_planes_of(p.down_group)),
+                       be.max_shared_memory_per_block());
   const ExpertsPassConfig c = choose_experts_pass(prob, be.max_shared_memory_per_block());
   be.set_last_quant_experts_kernel(c.kernel);
   Tensor sorted = be.empty({pairs}, DType::kI32);

@@ -35,14 +35,16 @@ inline bool use_route_select_warp(int top_k, bool hashed, int64_t experts) {
 }
 
 enum class ExpertsKernel {
-  kGemv,          // decode: experts_gemv.cu
-  kMma64,         // prefill, bf16 weights: sm80/experts_mma.cu, 64-row tiles
-  kMma128,        // the same, 128-row tiles
-  kTiled,         // prefill otherwise: experts_tiled.cu (f32 FMA)
-  kQuantStream,   // quantized weights, few pairs per expert: sm80/experts_quant_stream.cu
-                  // (shared-memory weight ring), 16-row tiles
-  kQuantDecode,   // the same shape on sm80/experts_quant.cu (register prefetch), for A/B runs
-  kQuantPrefill,  // quantized weights otherwise: the same kernel, 64-row tiles
+  kGemv,               // decode: experts_gemv.cu
+  kMma64,              // prefill, bf16 weights: sm80/experts_mma.cu, 64-row tiles
+  kMma128,             // the same, 128-row tiles
+  kTiled,              // prefill otherwise: experts_tiled.cu (f32 FMA)
+  kQuantStream,        // quantized weights, few pairs per expert: sm80/experts_quant_stream.cu
+                       // (shared-memory weight ring), 16-row tiles
+  kQuantDecode,        // the same shape on sm80/experts_quant.cu (register prefetch), for A/B runs
+  kQuantPrefill,       // quantized weights otherwise: the same kernel, 64-row tiles
+  kQuantPrefillWgmma,  // the same shape on Hopper's wgmma (sm90/experts_quant_wgmma.cu),
+                       // 128-row tiles
 };
 
 // Name of a kernel choice, as the benchmarks print it.
@@ -62,6 +64,8 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
       return "registers";
     case ExpertsKernel::kQuantPrefill:
       return "prefill";
+    case ExpertsKernel::kQuantPrefillWgmma:
+      return "prefill_wgmma";
   }
   return "?";
 }
@@ -83,6 +87,30 @@ inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
   return std::nullopt;
 }
 
+// Which kernel quantized experts take in the prefill shape (an A/B switch for benchmarks and
+// tests: the backend's DEEPINFER_MOE_QUANT_PREFILL, read once at its creation).
+enum class QuantPrefillChoice {
+  kMmaSync,  // "mma_sync" or unset: kQuantPrefill
+  kWgmma,    // "wgmma": kQuantPrefillWgmma where it runs (ExpertsPassProblem::quant_wgmma)
+};
+
+// The choice DEEPINFER_MOE_QUANT_PREFILL names (nullptr: unset); nullopt for an unknown name.
+inline std::optional<QuantPrefillChoice> parse_quant_prefill(const char* name) {
+  const std::string_view v = name == nullptr ? "" : name;
+  if (v.empty() || v == "mma_sync") return QuantPrefillChoice::kMmaSync;
+  if (v == "wgmma") return QuantPrefillChoice::kWgmma;
+  return std::nullopt;
+}
+
+// Whether the wgmma prefill kernel runs a pass: a build with sm_90a code on an sm_90 device
+// (`wgmma_device`), a ring of at least two slices for the format (16-byte weight loads per
+// slice: MXFP4 1, FP8 2) and activation planes (1 quantized, 3 otherwise), and its shared memory
+// on the device.
+inline bool quant_wgmma_fits(bool wgmma_device, int weight_loads, int planes, size_t smem_max) {
+  return wgmma_device && ExpertQuantWgmma::fits(planes, weight_loads) &&
+         ExpertQuantWgmma::smem_bytes(planes, weight_loads) + 1024 <= smem_max;
+}
+
 struct ExpertsPassConfig {
   ExpertsKernel kernel;
   int tile_rows;      // rows of a tile of the tile list
@@ -98,6 +126,8 @@ struct ExpertsPassProblem {
   bool vec;                // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
   bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant*.cu in either shape
   QuantDecodeChoice quant_decode = QuantDecodeChoice::kStreaming;
+  QuantPrefillChoice quant_prefill = QuantPrefillChoice::kMmaSync;
+  bool quant_wgmma = false;  // quant_wgmma_fits for this pass (both GEMMs)
 };
 
 inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
@@ -113,11 +143,16 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
                         pairs / std::max(experts, 1) <= kExpertQuantDecodeMaxPairs;
     const bool stream =
         p.quant_decode == QuantDecodeChoice::kStreaming && smem_max >= kExpertQuantStreamMaxSmem;
+    // The prefill shape on wgmma where asked for and where it runs (128-row tiles).
+    const bool wgmma = !decode && p.quant_prefill == QuantPrefillChoice::kWgmma && p.quant_wgmma;
     ExpertsPassConfig c{};
-    c.kernel = !decode  ? ExpertsKernel::kQuantPrefill
-               : stream ? ExpertsKernel::kQuantStream
-                        : ExpertsKernel::kQuantDecode;
-    c.tile_rows = decode ? ExpertQuantDecode::kTok : ExpertQuantPrefill::kTok;
+    c.kernel = wgmma     ? ExpertsKernel::kQuantPrefillWgmma
+               : !decode ? ExpertsKernel::kQuantPrefill
+               : stream  ? ExpertsKernel::kQuantStream
+                         : ExpertsKernel::kQuantDecode;
+    c.tile_rows = decode  ? ExpertQuantDecode::kTok
+                  : wgmma ? ExpertQuantWgmma::kTok
+                          : ExpertQuantPrefill::kTok;
     c.max_tiles = (pairs + c.tile_rows - 1) / c.tile_rows + std::min<int64_t>(experts, pairs);
     return c;
   }

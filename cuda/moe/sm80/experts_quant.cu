@@ -46,6 +46,7 @@
 #include "cuda/moe/moe_launch.h"
 #include "cuda/moe/sm80/experts_quant_stream.h"
 #include "cuda/moe/sm80/experts_quant_tile.cuh"
+#include "cuda/moe/sm90/experts_quant_wgmma.h"
 #include "cuda/quant/quant_launch.h"
 
 namespace deepinfer::cuda {
@@ -317,6 +318,10 @@ int64_t quant_staged_elems(int64_t rows, int64_t k, int planes) {
 void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const float* x,
                           int64_t tokens, float* xq, __nv_bfloat16* xs, float* act,
                           __nv_bfloat16* as, float* y, cudaStream_t stream) {
+  if (kernel == ExpertsKernel::kQuantPrefillWgmma) {
+    launch_experts_quant_wgmma(p, x, tokens, xq, xs, act, as, y, stream);
+    return;
+  }
   const bool stream_weights = kernel == ExpertsKernel::kQuantStream;
   const bool decode = stream_weights || kernel == ExpertsKernel::kQuantDecode;
   if (p.format == QuantFormat::kMxfp4) {

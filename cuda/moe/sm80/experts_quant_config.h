@@ -96,6 +96,48 @@ constexpr size_t kExpertQuantStreamMaxSmem = ExpertQuantStreamFp8::smem_bytes(2,
                                                  ? ExpertQuantStreamFp8::smem_bytes(2, 3)
                                                  : ExpertQuantStreamMx::smem_bytes(1, 3);
 
+// The Hopper prefill shape (sm90/experts_quant_wgmma.cu): two warpgroups of 128 weight rows each
+// (two m64 wgmma tiles: gate/up one of w1 and the same columns of w3; down two of w2) times kTok
+// token rows of one tile of the tile list. A ring of `stages` slices (kQuantSliceK inputs) in
+// shared memory, each the tile's activation rows (the wgmma B operand) and every lane's own
+// 16-byte weight chunks (decoded in registers into the A operand), filled by cp.async.
+struct ExpertQuantWgmma {
+  static constexpr int kWarps = 8;
+  static constexpr int kMTiles = 2;  // m16 tiles per warp: one row block of each m64 tile
+  static constexpr int kTok = 128;   // the tile list's tile_rows: wgmma n of a full tile
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWeightRows = 16 * kMTiles * kWarps;
+  static constexpr int kMaxStages = 4;
+  // Dynamic shared memory a CTA may take on sm_90 (227 KB opt-in) less its static row table.
+  static constexpr size_t kSmemBudget = 227 * 1024 - 2048;
+  static_assert(kWeightRows == 256, "the column blocks of the mma.sync prefill shape");
+  // One slice of the tile's staged rows: planes x kTok rows x 256 bytes.
+  static constexpr size_t act_stage_bytes(int planes) {
+    return size_t{2} * planes * kTok * kQuantSliceK;
+  }
+  // One slice of weights: `loads` 16-byte chunks (MXFP4 1, FP8 2) of rows g and g + 8 of each of
+  // a lane's m16 tiles.
+  static constexpr size_t weight_stage_bytes(int loads) {
+    return size_t{16} * kThreads * kMTiles * 2 * loads;
+  }
+  static constexpr size_t stage_bytes(int planes, int loads) {
+    return act_stage_bytes(planes) + weight_stage_bytes(loads);
+  }
+  static constexpr int stages(int planes, int loads) {
+    const size_t fit = kSmemBudget / stage_bytes(planes, loads);
+    return fit < kMaxStages ? static_cast<int>(fit) : kMaxStages;
+  }
+  // Whether the ring has at least two slots for this format (loads) and plane count: all but
+  // FP8 without activation quantization (3 planes), which keeps the mma.sync prefill kernel.
+  static constexpr bool fits(int planes, int loads) { return stages(planes, loads) >= 2; }
+  static constexpr size_t smem_bytes(int planes, int loads) {
+    return stages(planes, loads) * stage_bytes(planes, loads);
+  }
+};
+static_assert(ExpertQuantWgmma::stages(1, 1) == 4 && ExpertQuantWgmma::stages(3, 1) == 2 &&
+                  ExpertQuantWgmma::stages(1, 2) == 3 && !ExpertQuantWgmma::fits(3, 2),
+              "the ring depths the head comment of sm90/experts_quant_wgmma.cu describes");
+
 // Pairs per expert on average up to which a pass takes the decode shape.
 constexpr int64_t kExpertQuantDecodeMaxPairs = 16;
 
