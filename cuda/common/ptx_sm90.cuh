@@ -40,7 +40,9 @@ template <int kPending = 0>
 __device__ __forceinline__ void wgmma_wait() {
   DEEPINFER_WGMMA("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
+__device__ __forceinline__ void wgmma_wait_all() {
+  wgmma_wait<0>();
+}
 
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
 template <int kCount>

@@ -169,7 +169,8 @@ void Backend::upload_pinned_batch_on_copy_stream(std::span<const Tensor> dsts,
 
 void Backend::upload_pinned_batch_on_copy_stream_impl(std::span<const Tensor> dsts,
                                                       std::span<const Tensor> hosts) {
-  for (size_t i = 0; i < dsts.size(); ++i) upload_pinned_into_on_copy_stream_impl(dsts[i], hosts[i]);
+  for (size_t i = 0; i < dsts.size(); ++i)
+    upload_pinned_into_on_copy_stream_impl(dsts[i], hosts[i]);
 }
 
 HostBuffer Backend::allocate_pinned_host(size_t bytes) {
