@@ -363,6 +363,37 @@ TEST(Scheduler, ACheckpointCutDoesNotEndTheBatch) {
   h.commit(p2);
 }
 
+// Prompts held at their checkpoint cut must not wait behind a sequence that cannot be admitted:
+// R decodes until it needs a block the held prompts A and B took, preempts itself and goes back
+// to the head of the queue, where it cannot be admitted until A or B finish. A and B must still
+// run their rests (and finish, freeing R's blocks); stopping the scan at R idled the engine.
+TEST(Scheduler, HeldPromptsRunPastAHeadThatCannotBeAdmitted) {
+  Harness h({.num_blocks = 8,
+             .max_num_seqs = 4,
+             .max_num_batched_tokens = 1024,
+             .num_snapshot_slots = 4});
+  const RequestId r = h.add(prompt_of(127, 1), 200);
+  StepPlan p0;
+  ASSERT_EQ(h.schedule(p0), Outcome::kScheduled);
+  h.commit(p0);
+  const RequestId a = h.add(prompt_of(300, 2), 1);
+  const RequestId b = h.add(prompt_of(300, 3), 1);
+  // A step may come out empty (R's decode step preempts R itself); the work must still finish.
+  bool preempted = false;
+  for (int i = 0;
+       i < 400 && (h.finish_of(a) == FinishReason::kNone || h.finish_of(b) == FinishReason::kNone ||
+                   h.finish_of(r) == FinishReason::kNone);
+       ++i) {
+    StepPlan p;
+    if (h.schedule(p) == Outcome::kScheduled) h.commit(p);
+    preempted = preempted || h.scheduler().stats().num_preemptions > 0;
+  }
+  EXPECT_TRUE(preempted) << "the scenario needs R to preempt itself";
+  EXPECT_EQ(h.finish_of(a), FinishReason::kLength);
+  EXPECT_EQ(h.finish_of(b), FinishReason::kLength);
+  EXPECT_EQ(h.finish_of(r), FinishReason::kLength);
+}
+
 // A host drafter proposing `drafts` for the sequences in `drafting`, nothing for the others.
 class FixedDrafter final : public Drafter {
  public:

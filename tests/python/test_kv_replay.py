@@ -229,35 +229,43 @@ def test_decode_graphs_refuse_rows_whose_window_is_clamped(narrow_checkpoint) ->
         assert (a == b).all()
 
 
-AGENT = dc.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-
-
-def agent_turn(checkpoint, root: Path, prompt: list[int], mode: dict) -> tuple[list[int], int, int]:
+def agent_turn(
+    checkpoint, root: Path, prompt: list[int], mode: dict, max_tokens: int
+) -> tuple[list[int], int, int]:
     """One turn on a fresh engine over the store at root (flushed after it): its tokens, its
     prompt cache hit, and the blocks it wrote through."""
     engine = cpu_engine(checkpoint, kv_store_path=str(root), **mode)
-    toks, _, hit = run_traced(engine, prompt, AGENT)
+    params = dc.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    toks, _, hit = run_traced(engine, prompt, params)
     engine.flush_kv_tiers()
     written = engine.stats()["kv_blocks_written_through"]
     assert_pools_full(engine)
     return toks, hit, written
 
 
+@pytest.mark.parametrize("max_tokens", [12, 1], ids=["decoding", "prefill_only"])
 @pytest.mark.parametrize("mode", [REPLAY, {}], ids=["bounded_replay", "exact"])
-def test_an_agent_turn_hits_the_previous_turns_blocks(tiny_checkpoint, tmp_path, mode) -> None:
+def test_an_agent_turn_hits_the_previous_turns_blocks(
+    tiny_checkpoint, tmp_path, mode, max_tokens
+) -> None:
     # Turn 1 (300 tokens) stores blocks [0, 2). Turn 2 resends it with its output and 300 new
-    # tokens (612): a hit of 256, in bounded_replay replayed from 128 and so without a prefix
-    # checkpoint; its full prompt blocks [0, 4) must still reach the store (2 and 3 are new), so
-    # that turn 3 (turn 2's prompt and output, then 50 new tokens) hits 512, not turn 1's 256.
+    # tokens (601 or 612): a hit of 256, in bounded_replay replayed from 128 and so without a
+    # prefix checkpoint; its full prompt blocks [0, 4) must still reach the store (2 and 3 are
+    # new), so that turn 3 (turn 2's prompt and output, then 50 new tokens) hits 512, not turn
+    # 1's 256. With max_tokens 1 (a prefill card's requests) turn 2 finishes in the row that
+    # completes its prompt: its blocks must go through before the finish releases them.
+    def turn(prompt: list[int]) -> tuple[list[int], int, int]:
+        return agent_turn(tiny_checkpoint, tmp_path, prompt, mode, max_tokens)
+
     turn1 = tokens(300, 7)
-    out1, hit1, written1 = agent_turn(tiny_checkpoint, tmp_path, turn1, mode)
+    out1, hit1, written1 = turn(turn1)
     assert (hit1, written1) == (0, 2)
     turn2 = turn1 + out1 + tokens(300, 8)
-    out2, hit2, written2 = agent_turn(tiny_checkpoint, tmp_path, turn2, mode)
+    out2, hit2, written2 = turn(turn2)
     assert (hit2, written2) == (256, 2)
-    _, hit3, _ = agent_turn(tiny_checkpoint, tmp_path, turn2 + out2 + tokens(50, 9), mode)
+    _, hit3, _ = turn(turn2 + out2 + tokens(50, 9))
     assert hit3 == 512
     # A prompt sharing 3 of turn 2's blocks: bounded_replay hits any stored block; exact mode
     # only where a checkpoint stored the exact state (256, turn 1's), as before.
-    _, partial, _ = agent_turn(tiny_checkpoint, tmp_path, turn2[:400] + [7, 8, 9], mode)
+    _, partial, _ = turn(turn2[:400] + [7, 8, 9])
     assert partial == (384 if mode else 256)

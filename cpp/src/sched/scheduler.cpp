@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -143,13 +144,22 @@ LocalWish Scheduler::dp_wish() {
   sweep_dead_waiting(waiting_);
   LocalWish wish;
   wish.has_decode = has_decode_work();
+  // As schedule_prefill: the first sequence to admit decides whether admission goes on, and a
+  // sequence that holds its blocks (cut at a checkpoint) runs wherever it stands.
+  bool first = true;
   for (const Sequence* s : waiting_) {
     if (s->state != SeqState::kWaiting) continue;
-    // The head decides (admission never skips it).
-    wish.wants_prefill =
-        s->holds_resources() || (num_holding_ < config_.max_num_seqs &&
-                                 kv_.blocks().usage() <= config_.kv_admission_watermark);
-    break;
+    if (s->holds_resources()) {
+      wish.wants_prefill = true;
+      break;
+    }
+    if (!first) continue;
+    first = false;
+    if (num_holding_ < config_.max_num_seqs &&
+        kv_.blocks().usage() <= config_.kv_admission_watermark) {
+      wish.wants_prefill = true;
+      break;
+    }
   }
   return wish;
 }
@@ -280,6 +290,14 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
   // moves past such a sequence; every other one leaves the queue or ends the batch.
   size_t next = 0;
   auto leave_queue = [&] { waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(next)); };
+  // Admission is first come, first served: once one sequence cannot be admitted, none behind it
+  // is. The ones behind it that already hold their blocks (cut at a checkpoint) still run: they
+  // may be what frees the blocks it waits for (a preempted sequence goes back to the head).
+  bool admitting = true;
+  auto stop_admitting = [&] {
+    admitting = false;
+    ++next;
+  };
   while (next < waiting_.size() && budget > 0) {
     Sequence& s = *waiting_[next];
     if (s.state != SeqState::kWaiting) {
@@ -287,7 +305,14 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
       continue;
     }
     if (!s.holds_resources()) {
-      if (num_holding_ >= config_.max_num_seqs) break;
+      if (!admitting) {
+        ++next;
+        continue;
+      }
+      if (num_holding_ >= config_.max_num_seqs) {
+        stop_admitting();
+        continue;
+      }
       if (s.num_tokens() >= config_.max_model_len) {
         leave_queue();
         finish(s, FinishReason::kRejected,
@@ -306,7 +331,10 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
                out);
         continue;
       }
-      if (kv_.blocks().usage() > config_.kv_admission_watermark) break;
+      if (kv_.blocks().usage() > config_.kv_admission_watermark) {
+        stop_admitting();
+        continue;
+      }
       Admission a = kv_.admit(s);
       if (a.status == AdmitStatus::kNever) {
         leave_queue();
@@ -316,7 +344,10 @@ bool Scheduler::schedule_prefill(StepPlan& plan, std::vector<RequestOutput>& out
                out);
         continue;
       }
-      if (a.status == AdmitStatus::kLater) break;
+      if (a.status == AdmitStatus::kLater) {
+        stop_admitting();
+        continue;
+      }
       if (a.status == AdmitStatus::kWaitFetch) {
         // Another request's fetch reads its blocks: it waits for that one, holding nothing, and
         // is admitted again (from the GPU index then) once poll_fetches sees it over.
@@ -531,6 +562,11 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
     const int computed_before = s.num_computed;
     const int input_positions = r.verifies() ? 0 : r.forward.num_tokens - 1;
     s.num_computed += input_positions;
+    // How the request ends, if it ends in this row: applied after on_committed below, because
+    // finishing releases the blocks (nothing else in flight), and the committed prompt's blocks
+    // must reach the prefix index and the tiers first (a prefill-only request, max_tokens 1,
+    // finishes in the row that completes its prompt).
+    std::optional<std::pair<FinishReason, std::string>> ending;
     for (size_t k = 0; k < my_count; ++k) {
       const int32_t token = result.tokens[my_first + k];
       s.tokens.push_back(token);  // kept even when dropped below: the next step computes its KV
@@ -544,7 +580,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       if (!constraint_error.empty()) {
         // Drawn without a mask (the constraint failed before sampling) or refused by it: not the
         // request's output either way.
-        finish(s, FinishReason::kGrammarError, constraint_error, out);
+        ending.emplace(FinishReason::kGrammarError, constraint_error);
         break;
       }
       ++stats_.generated_tokens;
@@ -555,16 +591,16 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       }
       out.push_back(std::move(o));
       if (is_stop_token(s, token) || constraint_done) {
-        finish(s, FinishReason::kStop, "", out);
+        ending.emplace(FinishReason::kStop, "");
         break;
       }
       if (s.num_output_tokens() >= s.params.max_tokens || s.num_tokens() >= config_.max_model_len) {
-        finish(s, FinishReason::kLength, "", out);
+        ending.emplace(FinishReason::kLength, "");
         break;
       }
     }
     DEEPINFER_CHECK(s.num_computed > computed_before, "a sampling row computed nothing");
-    if (!s.finished() && my_sample < result.drafts.size()) {
+    if (!ending && my_sample < result.drafts.size()) {
       s.model_drafts = result.drafts[my_sample];
       if (my_sample < result.draft_probs.size())
         s.model_draft_probs = result.draft_probs[my_sample];
@@ -573,6 +609,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       s.model_drafts_at = s.num_tokens();
     }
     kv_.on_committed(s, r.snapshot, r.snapshot_pos);
+    if (ending) finish(s, ending->first, std::move(ending->second), out);
   }
   DEEPINFER_CHECK(
       sample_index == (result.counts.empty() ? result.tokens.size() : result.counts.size()) &&

@@ -3,9 +3,12 @@
 // The model in one paragraph: requests arrive in a FIFO `waiting` queue. Each step is all-prefill
 // or all-decode (InterleavePolicy picks when both have work). A prefill step takes sequences from
 // the head of `waiting` while the token budget (max_num_batched_tokens) and max_num_seqs allow;
-// a sequence that does not fit whole is cut (chunked prefill), ends the batch, and stays at the
-// head so its next chunk goes first (head-of-line: admission never skips the head, so arrival
-// order is admission order; only recompute-preempted sequences jump back to the head). A new
+// a sequence the budget cuts (chunked prefill) ends the batch and stays in its place, so its next
+// chunk goes first. One cut at its prefix checkpoint (the state snapshot is taken after the step)
+// also stays in its place, holding its blocks, but the sequences behind it still fill the step.
+// Admission never skips: once a sequence cannot be admitted, none behind it is (arrival order is
+// admission order; only recompute-preempted sequences jump back to the head), while the ones
+// behind it that already hold their blocks still run their next pieces. A new
 // sequence gets its state slot and the blocks of its whole prompt (less its prefix-cache hit) at
 // admission, and only while KV usage is at most the watermark. A decode step gives every running
 // sequence one token; when a sequence needs a block and none is free, the newest running sequence
