@@ -133,7 +133,6 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   num_sms_ = prop.multiProcessorCount;
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
-  compute_capability_major_ = prop.major;
   // A/B switch of the quantized experts' decode shape, read once here (moe_heuristics.h).
   const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
   const std::optional<QuantDecodeChoice> choice = parse_quant_decode(quant_decode);
@@ -185,9 +184,6 @@ CudaBackend::CudaBackend(int device_index)
       parse_attention_kernel(std::getenv("DEEPINFER_ATTENTION_KERNEL"), &bad_attention);
   if (!attention_kernel) throw Error(ErrorCode::kInvalidArgument, bad_attention);
   attention_kernel_ = *attention_kernel;
-#ifdef DEEPINFER_HAVE_SM90A
-  attention_wgmma_available_ = prop.major == 9;  // wgmma: sm_90 only, with sm_90a code built
-#endif
   // A/B switch of the indexer's fp8 scores (indexer/indexer_options.h), read once here.
   const char* fp8_scores = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
   const std::optional<IndexerFp8Scores> scores_choice = parse_indexer_fp8_scores(fp8_scores);
@@ -487,19 +483,28 @@ void CudaBackend::upload_pinned_batch_on_copy_stream_impl(std::span<const Tensor
     owners->push_back(host.storage());
   }
   if (to.empty()) return;
+  cudaError_t err = cudaErrorNotSupported;
+#if CUDART_VERSION >= 13000  // the signature without failIdx (CUDA 12.8 and 12.9 have one more)
   // The sources are read in stream order (after what the copy stream waits for), like
-  // cudaMemcpyAsync; one attribute entry covers every copy of the batch.
+  // cudaMemcpyAsync; one attribute entry, applying from copy 0, covers the whole batch.
   cudaMemcpyAttributes attr{};
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-  size_t first_copy = 0;
-  const cudaError_t err = cudaMemcpyBatchAsync(to.data(), from.data(), sizes.data(), to.size(),
-                                               &attr, &first_copy, 1, ctx_->copy_stream);
+  size_t attr_from_copy = 0;
+  err = cudaMemcpyBatchAsync(to.data(), from.data(), sizes.data(), to.size(), &attr,
+                             &attr_from_copy, 1, ctx_->copy_stream);
+#endif
   if (err == cudaErrorNotSupported) {
-    cudaGetLastError();  // a driver without batched copies: one copy per view
-    for (size_t i = 0; i < to.size(); ++i) {
-      DEEPINFER_CUDA_CHECK(
-          cudaMemcpyAsync(to[i], from[i], sizes[i], cudaMemcpyHostToDevice, ctx_->copy_stream));
+    cudaGetLastError();  // no batched copies (driver or toolkit): one copy per view
+    try {
+      for (size_t i = 0; i < to.size(); ++i) {
+        DEEPINFER_CUDA_CHECK(
+            cudaMemcpyAsync(to[i], from[i], sizes[i], cudaMemcpyHostToDevice, ctx_->copy_stream));
+      }
+    } catch (...) {
+      // The copies queued before the failure still read the owners' memory.
+      ctx_->pinned.retain_until(std::move(owners), ctx_->copy_stream);
+      throw;
     }
   } else {
     DEEPINFER_CUDA_CHECK(err);

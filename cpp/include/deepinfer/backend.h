@@ -205,9 +205,10 @@ class Backend {
   // as upload_into_on_copy_stream does.
   void upload_pinned_into_on_copy_stream(const Tensor& dst, const Tensor& host);
   // upload_pinned_into_on_copy_stream of dsts[i] from hosts[i] for every i, in one call: a KV
-  // tier import moves a few small views per block and layer (hundreds per request), and one
-  // batched copy costs the host what one copy does (CUDA: cudaMemcpyBatchAsync and one retained
-  // owner list instead of a copy, an event and a pointer query per view).
+  // tier import moves a few small views per block and layer (hundreds per request). CUDA: one
+  // cudaMemcpyBatchAsync and one event for the owners instead of a copy and an event per view
+  // (each view's memory is still checked to be pinned); on the H200, 700 views took 1.45 ms of
+  // host time against 2.04 ms one by one.
   void upload_pinned_batch_on_copy_stream(std::span<const Tensor> dsts,
                                           std::span<const Tensor> hosts);
   // An event behind everything enqueued on the copy stream so far.
