@@ -114,7 +114,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   cuda_be.set_attention_mma_choice({.fused_combine = false});
   const double separate_us = time_graph_us(be, iters, call);
   emit("attention_decode", shape + plan_label() + " (graph)", separate_us, bytes, flops);
-  if (cuda_be.attention_wgmma_available() && s.kv != DType::kF32 && s.heads % 64 == 0) {
+  if (cuda_be.wgmma_device() && s.kv != DType::kF32 && s.heads % 64 == 0) {
     for (const cuda::AttentionKernelChoice k :
          {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma}) {
       cuda_be.set_attention_kernel(k);

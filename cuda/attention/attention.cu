@@ -123,8 +123,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // its splits always go through the separate combine.
   last_attention_wgmma_ = false;
   if (spec.bf16_math && mma_format && attention_kernel_ == AttentionKernelChoice::kWgmma &&
-      attention_wgmma_available_ &&
-      (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
+      wgmma_device_ && (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
       wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
       WgmmaAttnLayout::kBytes <= max_shared_memory_per_block()) {

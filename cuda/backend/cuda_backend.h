@@ -77,9 +77,6 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
-  // The device's compute capability (major), read once at creation: the ops that pick a kernel by
-  // architecture (the indexer's wgmma scores on sm_90) ask this instead of the device.
-  int compute_capability_major() const { return compute_capability_major_; }
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
@@ -88,7 +85,8 @@ class CudaBackend final : public Backend {
   // only where it runs (sm_90a build, sm_90 device), mma_sync elsewhere.
   QuantPrefillChoice moe_quant_prefill() const { return moe_quant_prefill_; }
   void set_moe_quant_prefill(QuantPrefillChoice choice) { moe_quant_prefill_ = choice; }
-  // Whether this build and device run wgmma kernels (sm_90a code, compute capability 9.x).
+  // Whether this build and device run wgmma kernels (sm_90a code, compute capability 9.x): the
+  // one answer every wgmma path (attention, experts, indexer) asks.
   bool wgmma_device() const { return wgmma_device_; }
   // DEEPINFER_FP8_LINEAR at creation (legacy: the default, stream, stream_pdl): the path of FP8
   // linears at decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one
@@ -104,8 +102,6 @@ class CudaBackend final : public Backend {
   // call to compare the two in one run.
   AttentionKernelChoice attention_kernel() const { return attention_kernel_; }
   void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
-  // Whether this build and device run the wgmma attention (sm_90a code on an sm_90 device).
-  bool attention_wgmma_available() const { return attention_wgmma_available_; }
   // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma: the default, mma_sync): which kernel scores
   // fp8 index keys at 64 heads on sm_90 unless a benchmark forces one (indexer_options.h).
   IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }
@@ -232,7 +228,6 @@ class CudaBackend final : public Backend {
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
-  int compute_capability_major_ = 0;
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
   QuantPrefillChoice moe_quant_prefill_ = QuantPrefillChoice::kMmaSync;
   bool wgmma_device_ = false;
@@ -241,7 +236,6 @@ class CudaBackend final : public Backend {
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmma;
   AttentionMmaPlan last_attention_plan_;
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
-  bool attention_wgmma_available_ = false;
   bool last_attention_wgmma_ = false;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   bool hc_fused_ = false;

@@ -85,12 +85,7 @@ void require_indexer_fits(const char* op, const IndexerConfig& c, const Tensor& 
 
 bool indexer_wgmma_runs(const CudaBackend& be) {
   // wgmma: sm_90 only (Blackwell has tcgen05 instead), and only a build with sm_90a code has it.
-#ifdef DEEPINFER_HAVE_SM90A
-  return be.compute_capability_major() == 9;
-#else
-  (void)be;
-  return false;
-#endif
+  return be.wgmma_device();
 }
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
