@@ -265,6 +265,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="the tiny model on the CPU")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.profile and not args.concurrent:
+        parser.error("--profile profiles the concurrent trace: add --concurrent")
     if args.smoke:
         args.start, args.end, args.gpu_tokens, args.host_gib = 200, 700, 1024, 0.25
         args.growth = 1.25
