@@ -19,16 +19,15 @@
 #include "deepinfer/weight.h"
 #include "device_backends.h"
 #include "inputs.h"
+#include "scoped_env.h"
 
 namespace deepinfer::backend_ops {
 namespace {
 
 // A CUDA backend created with DEEPINFER_FP8_LINEAR set to `path`.
 std::unique_ptr<Backend> cuda_backend_with_path(const char* path) {
-  setenv("DEEPINFER_FP8_LINEAR", path, 1);
-  std::unique_ptr<Backend> be = make_backend("cuda");
-  unsetenv("DEEPINFER_FP8_LINEAR");
-  return be;
+  const ScopedEnv env("DEEPINFER_FP8_LINEAR", path);
+  return make_backend("cuda");
 }
 
 TEST(Fp8Stream, DeterministicPerTokenAndSameAsDependentLaunch) {

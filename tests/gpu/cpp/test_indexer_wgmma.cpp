@@ -29,6 +29,7 @@
 #include "error_message.h"
 #include "indexer_rows.h"
 #include "inputs.h"
+#include "scoped_env.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -42,10 +43,7 @@ struct WgmmaCase {
 
 // A CUDA backend created with DEEPINFER_INDEXER_FP8_SCORES set to `value` (null: unset).
 std::unique_ptr<Backend> cuda_backend_with_fp8_scores(const char* value) {
-  struct Unset {
-    ~Unset() { unsetenv("DEEPINFER_INDEXER_FP8_SCORES"); }
-  } unset;
-  if (value != nullptr) setenv("DEEPINFER_INDEXER_FP8_SCORES", value, 1);
+  const ScopedEnv env("DEEPINFER_INDEXER_FP8_SCORES", value);
   return make_backend("cuda");
 }
 
@@ -63,9 +61,10 @@ TEST(IndexerWgmma, Fp8ScoresSwitchIsReadWhenTheBackendIsCreated) {
   EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma")), IndexerFp8Scores::kWgmma);
   // The value at creation stays the backend's: a later change of the variable does not reach it.
   const std::unique_ptr<Backend> mma = cuda_backend_with_fp8_scores("mma_sync");
-  setenv("DEEPINFER_INDEXER_FP8_SCORES", "wgmma", 1);
-  EXPECT_EQ(scores_of(mma), IndexerFp8Scores::kMmaSync);
-  unsetenv("DEEPINFER_INDEXER_FP8_SCORES");
+  {
+    const ScopedEnv later("DEEPINFER_INDEXER_FP8_SCORES", "wgmma");
+    EXPECT_EQ(scores_of(mma), IndexerFp8Scores::kMmaSync);
+  }
   const std::string m = testing::error_message([] { (void)cuda_backend_with_fp8_scores("mma"); });
   EXPECT_NE(m.find("DEEPINFER_INDEXER_FP8_SCORES"), std::string::npos) << m;
   EXPECT_NE(m.find("'mma'"), std::string::npos) << m;

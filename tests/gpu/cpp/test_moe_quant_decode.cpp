@@ -25,6 +25,7 @@
 #include "device_backends.h"
 #include "inputs.h"
 #include "moe_inputs.h"
+#include "scoped_env.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -69,14 +70,8 @@ MatrixWeight random_weight(std::mt19937& rng, WeightFormat format, int64_t n, in
 
 // A CUDA backend created with DEEPINFER_MOE_QUANT_DECODE set to `decode` ("" for unset).
 std::unique_ptr<Backend> cuda_backend_with_decode(const char* decode) {
-  if (decode[0] == '\0') {
-    unsetenv("DEEPINFER_MOE_QUANT_DECODE");
-  } else {
-    setenv("DEEPINFER_MOE_QUANT_DECODE", decode, 1);
-  }
-  std::unique_ptr<Backend> be = make_backend("cuda");
-  unsetenv("DEEPINFER_MOE_QUANT_DECODE");
-  return be;
+  const ScopedEnv env("DEEPINFER_MOE_QUANT_DECODE", decode);
+  return make_backend("cuda");
 }
 
 // The kernel moe_experts takes for case `c` on the current device with decode choice `choice`.

@@ -35,6 +35,7 @@
 #include "device_backends.h"
 #include "inputs.h"
 #include "moe_inputs.h"
+#include "scoped_env.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -113,14 +114,8 @@ HostRouting skewed_routing(int tokens, int experts, int top_k, std::mt19937& rng
 
 // A CUDA backend created with DEEPINFER_MOE_QUANT_PREFILL set to `prefill` ("" for unset).
 std::unique_ptr<Backend> cuda_backend_with_prefill(const char* prefill) {
-  if (prefill[0] == '\0') {
-    unsetenv("DEEPINFER_MOE_QUANT_PREFILL");
-  } else {
-    setenv("DEEPINFER_MOE_QUANT_PREFILL", prefill, 1);
-  }
-  std::unique_ptr<Backend> be = make_backend("cuda");
-  unsetenv("DEEPINFER_MOE_QUANT_PREFILL");
-  return be;
+  const ScopedEnv env("DEEPINFER_MOE_QUANT_PREFILL", prefill);
+  return make_backend("cuda");
 }
 
 Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
