@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/backend/backend_switches.h"
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/backend/cuda_context.h"
 #include "cuda/common/launch.cuh"
@@ -133,66 +134,19 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   num_sms_ = prop.multiProcessorCount;
   max_smem_optin_ = prop.sharedMemPerBlockOptin;
-  // A/B switch of the quantized experts' decode shape, read once here (moe_heuristics.h).
-  const char* quant_decode = std::getenv("DEEPINFER_MOE_QUANT_DECODE");
-  const std::optional<QuantDecodeChoice> choice = parse_quant_decode(quant_decode);
-  if (!choice) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("DEEPINFER_MOE_QUANT_DECODE: expected streaming, registers or prefill, "
-                            "got '") +
-                    quant_decode + "'");
-  }
-  moe_quant_decode_ = *choice;
-  const char* quant_prefill = std::getenv("DEEPINFER_MOE_QUANT_PREFILL");
-  const std::optional<QuantPrefillChoice> prefill_choice = parse_quant_prefill(quant_prefill);
-  if (!prefill_choice) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("DEEPINFER_MOE_QUANT_PREFILL: expected mma_sync or wgmma, got '") +
-                    quant_prefill + "'");
-  }
-  moe_quant_prefill_ = *prefill_choice;
+  // The A/B switches (backend_switches.h), read once here.
+  const BackendSwitches switches = read_backend_switches();
+  moe_quant_decode_ = switches.moe_quant_decode;
+  moe_quant_prefill_ = switches.moe_quant_prefill;
+  fp8_linear_ = switches.fp8_linear;
+  hc_fused_ = switches.hc_fused;
+  attention_mma_choice_ = switches.attention_mma;
+  attention_kernel_ = switches.attention_kernel;
+  indexer_fp8_scores_ = switches.indexer_fp8_scores;
   // wgmma kernels have bodies only in sm_90a code (cuda/CMakeLists.txt), and run on sm_90 only.
 #ifdef DEEPINFER_HAVE_SM90A
   wgmma_device_ = prop.major == 9;
 #endif
-  const char* fp8_linear = std::getenv("DEEPINFER_FP8_LINEAR");
-  const std::optional<Fp8LinearChoice> fp8_choice = parse_fp8_linear(fp8_linear);
-  if (!fp8_choice) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("DEEPINFER_FP8_LINEAR: expected legacy, stream or stream_pdl, "
-                            "got '") +
-                    fp8_linear + "'");
-  }
-  fp8_linear_ = *fp8_choice;
-  // A/B switch of the mHC ops' fused decode path, read once here (hc/hc_heuristics.h).
-  if (const char* hc_pre = std::getenv("DEEPINFER_HC_PRE"); hc_pre != nullptr) {
-    const std::string value = hc_pre;
-    if (value != "fused" && value != "legacy") {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "DEEPINFER_HC_PRE: expected fused or legacy, got '" + value + "'");
-    }
-    hc_fused_ = value == "fused";
-  }
-  // A/B switches of the tensor-core attention's plan (attention_plan.h), read once here.
-  std::string bad_attention;
-  const std::optional<AttentionMmaChoice> attention_choice = parse_attention_mma_choice(
-      std::getenv("DEEPINFER_ATTENTION_COMBINE"), std::getenv("DEEPINFER_ATTENTION_ROWS"),
-      std::getenv("DEEPINFER_ATTENTION_SPLITS"), &bad_attention);
-  if (!attention_choice) throw Error(ErrorCode::kInvalidArgument, bad_attention);
-  attention_mma_choice_ = *attention_choice;
-  const std::optional<AttentionKernelChoice> attention_kernel =
-      parse_attention_kernel(std::getenv("DEEPINFER_ATTENTION_KERNEL"), &bad_attention);
-  if (!attention_kernel) throw Error(ErrorCode::kInvalidArgument, bad_attention);
-  attention_kernel_ = *attention_kernel;
-  // A/B switch of the indexer's fp8 scores (indexer/indexer_options.h), read once here.
-  const char* fp8_scores = std::getenv("DEEPINFER_INDEXER_FP8_SCORES");
-  const std::optional<IndexerFp8Scores> scores_choice = parse_indexer_fp8_scores(fp8_scores);
-  if (!scores_choice) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("DEEPINFER_INDEXER_FP8_SCORES: expected wgmma or mma_sync, got '") +
-                    fp8_scores + "'");
-  }
-  indexer_fp8_scores_ = *scores_choice;
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {

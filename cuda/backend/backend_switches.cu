@@ -1,0 +1,59 @@
+// Reading the CUDA backend's A/B switches (backend_switches.h). Host code only.
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "cuda/backend/backend_switches.h"
+#include "deepinfer/error.h"
+
+namespace deepinfer::cuda {
+
+namespace {
+
+// The environment variable `name` through `parse` (unset: parse(nullptr), the default).
+template <typename T>
+T read_switch(const char* name, std::optional<T> (*parse)(const char*), const char* expected) {
+  const char* value = std::getenv(name);
+  const std::optional<T> choice = parse(value);
+  if (!choice) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected " + expected +
+                                                 ", got '" + (value ? value : "") + "'");
+  }
+  return *choice;
+}
+
+std::optional<bool> parse_hc_pre(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "legacy") return false;
+  if (v == "fused") return true;
+  return std::nullopt;
+}
+
+}  // namespace
+
+BackendSwitches read_backend_switches() {
+  BackendSwitches s;
+  s.moe_quant_decode = read_switch("DEEPINFER_MOE_QUANT_DECODE", parse_quant_decode,
+                                   "streaming, registers or prefill");
+  s.moe_quant_prefill =
+      read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "mma_sync or wgmma");
+  s.fp8_linear =
+      read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "legacy, stream or stream_pdl");
+  s.hc_fused = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "fused or legacy");
+  s.indexer_fp8_scores =
+      read_switch("DEEPINFER_INDEXER_FP8_SCORES", parse_indexer_fp8_scores, "wgmma or mma_sync");
+  // The attention's parsers name the variable themselves (three variables make one choice).
+  std::string bad;
+  const std::optional<AttentionMmaChoice> mma = parse_attention_mma_choice(
+      std::getenv("DEEPINFER_ATTENTION_COMBINE"), std::getenv("DEEPINFER_ATTENTION_ROWS"),
+      std::getenv("DEEPINFER_ATTENTION_SPLITS"), &bad);
+  if (!mma) throw Error(ErrorCode::kInvalidArgument, bad);
+  s.attention_mma = *mma;
+  const std::optional<AttentionKernelChoice> kernel =
+      parse_attention_kernel(std::getenv("DEEPINFER_ATTENTION_KERNEL"), &bad);
+  if (!kernel) throw Error(ErrorCode::kInvalidArgument, bad);
+  s.attention_kernel = *kernel;
+  return s;
+}
+
+}  // namespace deepinfer::cuda

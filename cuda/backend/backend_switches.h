@@ -1,0 +1,27 @@
+// The CUDA backend's A/B switches, read from the environment once, when a backend is created:
+// which kernel family an op takes where two can (benchmarks and device runs compare them; the
+// defaults are what the H200 measured faster). An unknown value is an error that names the
+// variable, the values it takes and the value it got.
+#pragma once
+
+#include "cuda/attention/attention_plan.h"
+#include "cuda/gemm/fp8_linear_choice.h"
+#include "cuda/indexer/indexer_options.h"
+#include "cuda/moe/moe_heuristics.h"
+
+namespace deepinfer::cuda {
+
+struct BackendSwitches {
+  QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kStreaming;  // DEEPINFER_MOE_QUANT_DECODE
+  QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kMmaSync;  // _MOE_QUANT_PREFILL
+  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;                // DEEPINFER_FP8_LINEAR
+  bool hc_fused = false;                                                // DEEPINFER_HC_PRE
+  AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
+  AttentionKernelChoice attention_kernel = AttentionKernelChoice::kMmaSync;  // _ATTENTION_KERNEL
+  IndexerFp8Scores indexer_fp8_scores = IndexerFp8Scores::kWgmma;            // _INDEXER_FP8_SCORES
+};
+
+// The switches as the environment sets them now; throws Error(kInvalidArgument) on a bad value.
+BackendSwitches read_backend_switches();
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,66 @@
+// The CUDA backend's A/B switches (cuda/backend/backend_switches.h), read from the environment
+// when a backend is created: unset or empty is each switch's default, the names choose, and a
+// bad value is an error naming the variable and the value. Host code only: runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cuda/backend/backend_switches.h"
+#include "deepinfer/error.h"
+#include "scoped_env.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+constexpr const char* kSwitches[] = {
+    "DEEPINFER_MOE_QUANT_DECODE",   "DEEPINFER_MOE_QUANT_PREFILL",
+    "DEEPINFER_FP8_LINEAR",         "DEEPINFER_HC_PRE",
+    "DEEPINFER_INDEXER_FP8_SCORES", "DEEPINFER_ATTENTION_KERNEL",
+    "DEEPINFER_ATTENTION_COMBINE",  "DEEPINFER_ATTENTION_ROWS",
+    "DEEPINFER_ATTENTION_SPLITS",
+};
+
+TEST(BackendSwitches, UnsetOrEmptyAreTheDefaults) {
+  for (const char* empty : {static_cast<const char*>(nullptr), ""}) {
+    ScopedEnv e0(kSwitches[0], empty), e1(kSwitches[1], empty), e2(kSwitches[2], empty),
+        e3(kSwitches[3], empty), e4(kSwitches[4], empty), e5(kSwitches[5], empty),
+        e6(kSwitches[6], empty), e7(kSwitches[7], empty), e8(kSwitches[8], empty);
+    const cuda::BackendSwitches s = cuda::read_backend_switches();
+    const cuda::BackendSwitches defaults;
+    EXPECT_EQ(s.moe_quant_decode, defaults.moe_quant_decode);
+    EXPECT_EQ(s.moe_quant_prefill, defaults.moe_quant_prefill);
+    EXPECT_EQ(s.fp8_linear, defaults.fp8_linear);
+    EXPECT_EQ(s.hc_fused, defaults.hc_fused);
+    EXPECT_EQ(s.indexer_fp8_scores, defaults.indexer_fp8_scores);
+    EXPECT_EQ(s.attention_kernel, defaults.attention_kernel);
+  }
+}
+
+TEST(BackendSwitches, NamesChoose) {
+  ScopedEnv prefill("DEEPINFER_MOE_QUANT_PREFILL", "wgmma"), hc("DEEPINFER_HC_PRE", "fused"),
+      kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma"), fp8("DEEPINFER_FP8_LINEAR", "stream"),
+      scores("DEEPINFER_INDEXER_FP8_SCORES", "mma_sync");
+  const cuda::BackendSwitches s = cuda::read_backend_switches();
+  EXPECT_EQ(s.moe_quant_prefill, cuda::QuantPrefillChoice::kWgmma);
+  EXPECT_TRUE(s.hc_fused);
+  EXPECT_EQ(s.attention_kernel, cuda::AttentionKernelChoice::kWgmma);
+  EXPECT_EQ(s.fp8_linear, cuda::Fp8LinearChoice::kStream);
+  EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
+}
+
+TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
+  for (const char* name : kSwitches) {
+    ScopedEnv bad(name, "no-such-choice");
+    try {
+      (void)cuda::read_backend_switches();
+      ADD_FAILURE() << name << "=no-such-choice was accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(name), std::string::npos) << m;
+      EXPECT_NE(m.find("no-such-choice"), std::string::npos) << m;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
