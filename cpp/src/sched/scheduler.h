@@ -122,6 +122,7 @@ class Scheduler {
   void retire_finished();
   void insert_running(Sequence* s);
   bool is_stop_token(const Sequence& s, int32_t token) const;
+  static RequestOutput make_output(const Sequence& s);
 
   SchedulerConfig config_;
   std::vector<int> eos_token_ids_;
