@@ -219,7 +219,8 @@ void bench_fp8(Backend& be, int iters) {
     for (int i = 0; i < copies; ++i) w.push_back(be.upload_matrix_weight(host));
     const std::string dims = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
                              (s.groups > 1 ? " G=" + std::to_string(s.groups) : std::string());
-    for (int64_t m : {1, 4, 16, 32, 64, 4096, 16384}) {
+    // 1387: a token count that is not a multiple of 16, as an agent turn's suffix is.
+    for (int64_t m : {1, 4, 16, 32, 64, 1387, 4096, 16384}) {
       Tensor x = rnd(be, {m, s.groups * s.k}, DType::kF32, 40);
       int next = 0;
       auto call = [&] {
@@ -252,9 +253,15 @@ void bench_fp8(Backend& be, int iters) {
         cuda_be.set_fp8_linear(own);
       } else {
         const double us = time_us(be, m >= 16384 ? 3 : 5, call);
-        emit_ratio(std::string("linear_fp8_") + s.name,
-                   "M=" + std::to_string(m) + " " + dims + " (TFLOP/s vs cuBLASLt fp8 peak)", us,
-                   wbytes, fl, fp8_peak > 0 ? fl / us / 1e6 / fp8_peak : 0.0);
+        const char* path = cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kCublasLt
+                               ? "cublaslt"
+                           : cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kDequant
+                               ? "dequantized to bf16"
+                               : "other";
+        emit_ratio(
+            std::string("linear_fp8_") + s.name,
+            "M=" + std::to_string(m) + " " + dims + " " + path + " (TFLOP/s vs cuBLASLt fp8 peak)",
+            us, wbytes, fl, fp8_peak > 0 ? fl / us / 1e6 / fp8_peak : 0.0);
       }
     }
   }

@@ -115,6 +115,9 @@ class CudaBackend final : public Backend {
   // moe_experts, read by benchmarks to print which kernel ran; kQuantPrefill before any).
   ExpertsKernel last_quant_experts_kernel() const { return last_quant_experts_kernel_; }
   void set_last_quant_experts_kernel(ExpertsKernel k) { last_quant_experts_kernel_ = k; }
+  // The path the latest FP8 linear took (set by linear.cu / gemm_fp8.cu; read by benchmarks).
+  Fp8LinearPath last_fp8_linear_path() const { return last_fp8_linear_path_; }
+  void set_last_fp8_linear_path(Fp8LinearPath p) { last_fp8_linear_path_ = p; }
   // DEEPINFER_HC_PRE at creation: legacy (default) or fused. Whether hc_pre, hc_head and
   // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_grid) where
   // it applies, or always the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel). Opt-in:
@@ -238,6 +241,7 @@ class CudaBackend final : public Backend {
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool last_attention_wgmma_ = false;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
+  Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
   bool hc_fused_ = false;
   std::shared_ptr<CudaContext> ctx_;
   Tensor hc_barrier_;

@@ -18,6 +18,16 @@ enum class Fp8LinearChoice {
   kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
 };
 
+// The path the latest FP8 linear took (CudaBackend::last_fp8_linear_path: benchmarks print it).
+enum class Fp8LinearPath {
+  kNone,      // no FP8 linear yet
+  kStream,    // fp8_stream.cu
+  kGemv,      // gemv_fp8.cu
+  kCublasLt,  // cuBLASLt's block-scaled FP8 GEMM
+  kDequant,   // weights dequantized to bf16 (or f32) for the dense GEMM: cuBLASLt had no
+              // algorithm, or the problem is outside fp8_cublaslt_applies
+};
+
 // The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;

@@ -227,6 +227,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
     // Weights are whole allocations (aligned); a view that is not takes the other paths.
     if (stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0) {
       Tensor xq = be.empty({static_cast<int64_t>(fp8_stream_scratch_elements(p))}, DType::kBF16);
+      be.set_last_fp8_linear_path(Fp8LinearPath::kStream);
       launch_fp8_stream(x.data<float>(), xq.data<__nv_bfloat16>(),
                         static_cast<const uint8_t*>(w.values.raw_data()), w.scales.data<float>(),
                         w.scales.size(1), y.data<float>(), p, stream,
@@ -238,13 +239,17 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   }
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
   if (gemv.use) {
+    be.set_last_fp8_linear_path(Fp8LinearPath::kGemv);
     launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(w.values.raw_data()),
                     w.scales.data<float>(), w.scales.size(1), y.data<float>(), p, gemv,
                     be.smem_limits(), be.stream());
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   }
-  if (fp8_cublaslt_applies(p) && cublaslt_fp8(be, x, w, p, y)) return y;
+  if (fp8_cublaslt_applies(p) && cublaslt_fp8(be, x, w, p, y)) {
+    be.set_last_fp8_linear_path(Fp8LinearPath::kCublasLt);
+    return y;
+  }
   return Tensor();
 }
 

@@ -131,6 +131,7 @@ Tensor any_linear(CudaBackend& be, const char* op, const Tensor& x, const Matrix
     // Quantized activations are exact in bf16, so the bf16 GEMM is exact up to summation order;
     // exact f32 activations (act_group 0) need the f32 GEMM, which keeps them unrounded.
     const DType dtype = w.act_group > 0 ? DType::kBF16 : DType::kF32;
+    be.set_last_fp8_linear_path(Fp8LinearPath::kDequant);
     return gemm(be, op, quantized_input(be, x, w, groups), dequantize_fp8(be, w, dtype), groups);
   }
   return gemm(be, op, quantized_input(be, x, w, groups), w.values, groups);
