@@ -282,8 +282,12 @@ TEST_F(KvTiersStore, StoreBlocksArePromotedIntoTheArenaAndImportedFromThere) {
   KvAllocator gpu(layout());
   gpu.set_tiers(&tiers);
   Sequence b = make_seq(2, prompt);
+  // Held until admit has returned: otherwise the pool may finish the read first, and admit
+  // (which polls once) returns the hit at once (a CI run saw kAdmitted here).
+  tiers.hold_fetches(true);
   ASSERT_EQ(gpu.admit(b).status, AdmitStatus::kFetching);
   b.state = SeqState::kFetching;
+  tiers.hold_fetches(false);
   ASSERT_EQ(poll_until_done(gpu, tiers, b).status, AdmitStatus::kAdmitted);
   expect_prompt_imported(t, b);
   EXPECT_EQ(tiers.counters().store_hit_tokens, 384u);
