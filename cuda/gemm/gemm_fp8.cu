@@ -30,15 +30,23 @@ namespace {
 constexpr int kLtGroup =
     128;  // the 1x128 activation blocks of CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 constexpr int kQuantWarps = 8;
+// cuBLASLt's heuristic finds no block-scaled algorithm for some token counts (the VEC128 scales of
+// B are M-major, and their columns need 16-byte alignment: DeepSeek's kernels pad M to 4 as
+// well); the engine's prefill chunks are arbitrary (a cache hit's suffix), and without an
+// algorithm such a call fell back to dequantizing the whole weight to bf16. So B and D are
+// padded to a multiple of this many rows; the pad rows are zeros and their outputs are dropped.
+constexpr int64_t kLtRowPad = 16;
 
-// x [M, G K] f32 -> xq [G][M][K] e4m3 and scales [G][ceil(K / 128)][M] (M-major, as cuBLASLt's
-// VEC128 scales of B), per (row, group, 128 columns) exactly as quantize_activations. One warp
-// per (row, group, block); K % 16 == 0, so a lane's 4 bytes are all in or all out.
+// x [M, G K] f32 -> xq [G][M_pad][K] e4m3 and scales [G][ceil(K / 128)][M_pad] (M-major, as
+// cuBLASLt's VEC128 scales of B), per (row, group, 128 columns) exactly as quantize_activations;
+// rows M..M_pad - 1 are zeros (their outputs are dropped). One warp per (row, group, block);
+// K % 16 == 0, so a lane's 4 bytes are all in or all out.
 __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restrict__ xq,
-                                   float* __restrict__ xs, int64_t m, int64_t k, int64_t groups) {
+                                   float* __restrict__ xs, int64_t m, int64_t m_pad, int64_t k,
+                                   int64_t groups) {
   const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
-  if (item >= m * groups * kb_count) return;
+  if (item >= m_pad * groups * kb_count) return;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t kb = item % kb_count;
   const int64_t g = (item / kb_count) % groups;
@@ -48,7 +56,7 @@ __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restr
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const bool in = c < k;
   float amax = 0.0f;
-  if (in) {
+  if (in && row < m) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       v[i] = src[i];
@@ -64,9 +72,9 @@ __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restr
       const uint32_t b = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
       packed |= b << (8 * i);
     }
-    *reinterpret_cast<uint32_t*>(xq + (g * m + row) * k + c) = packed;
+    *reinterpret_cast<uint32_t*>(xq + (g * m_pad + row) * k + c) = packed;
   }
-  if (lane == 0) xs[(g * kb_count + kb) * m + row] = scale;
+  if (lane == 0) xs[(g * kb_count + kb) * m_pad + row] = scale;
 }
 
 // out[r][c] = Out(e4m3(values[r][c]) * scales[r / br][c / bc]) (Out: bf16 or f32).
@@ -130,14 +138,16 @@ uint32_t alignment_of(const void* base, int64_t step_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-// Y[M, G N] by cuBLASLt's block-scaled FP8 GEMM, one call per group. False (nothing enqueued
-// but the activation quantization's scratch) when cuBLASLt has no algorithm for the problem.
-bool cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const Fp8Problem& p,
-                  const Tensor& y) {
+// Y[M, G N] by cuBLASLt's block-scaled FP8 GEMM, one call per group: a view of the first M rows
+// of a [M_pad, G N] result (kLtRowPad). Undefined (nothing enqueued) when cuBLASLt has no
+// algorithm for the problem.
+Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const Fp8Problem& p) {
   const int64_t m = p.m, n = p.n, k = p.k, groups = p.groups;
+  const int64_t m_pad = ceil_div(m, kLtRowPad) * kLtRowPad;
   const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
   const auto* wq = static_cast<const uint8_t*>(w.values.raw_data());
   const float* ws = w.scales.data<float>();
+  Tensor y = be.empty({m_pad, groups * n}, DType::kF32);
   float* yp = y.data<float>();
 
   LtDesc desc;
@@ -154,11 +164,11 @@ bool cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const
   set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
            static_cast<int32_t>(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
   const LtLayout a = lt_layout(CUDA_R_8F_E4M3, k, n, k);
-  const LtLayout b = lt_layout(CUDA_R_8F_E4M3, k, m, k);
-  const LtLayout d = lt_layout(CUDA_R_32F, n, m, groups * n);
+  const LtLayout b = lt_layout(CUDA_R_8F_E4M3, k, m_pad, k);
+  const LtLayout d = lt_layout(CUDA_R_32F, n, m_pad, groups * n);
 
-  Tensor xq = be.scratch(static_cast<size_t>(groups * m * k));
-  Tensor xs = be.empty({groups * kb_count * m}, DType::kF32);
+  Tensor xq = be.scratch(static_cast<size_t>(groups * m_pad * k));
+  Tensor xs = be.empty({groups * kb_count * m_pad}, DType::kF32);
   auto* xqp = static_cast<uint8_t*>(xq.raw_data());
 
   LtPref pref;
@@ -173,7 +183,7 @@ bool cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const
            "cublasLtMatmulPreferenceSetAttribute");
   // The groups' operands start at these offsets: the algorithm must allow their alignment.
   const uint32_t align_a = alignment_of(wq, n * k);
-  const uint32_t align_b = alignment_of(xqp, m * k);
+  const uint32_t align_b = alignment_of(xqp, m_pad * k);
   const uint32_t align_d = alignment_of(yp, n * 4);
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
@@ -193,10 +203,10 @@ bool cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(be.cublaslt(), desc.get(), a.get(), b.get(), d.get(), d.get(),
                                      pref.get(), 1, &heuristic, &found);
-  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return Tensor();
 
-  quantize_rows_e4m3<<<ceil_div(m * groups * kb_count, kQuantWarps), 32 * kQuantWarps, 0,
-                       be.stream()>>>(x.data<float>(), xqp, xs.data<float>(), m, k, groups);
+  quantize_rows_e4m3<<<ceil_div(m_pad * groups * kb_count, kQuantWarps), 32 * kQuantWarps, 0,
+                       be.stream()>>>(x.data<float>(), xqp, xs.data<float>(), m, m_pad, k, groups);
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): activation quantization");
   const float alpha = 1.0f, beta = 0.0f;
   const int64_t scale_ld = w.scales.size(1);
@@ -204,14 +214,14 @@ bool cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, const
     set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
              static_cast<const void*>(ws + g * (n / 128) * scale_ld));
     set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-             static_cast<const void*>(xs.data<float>() + g * kb_count * m));
+             static_cast<const void*>(xs.data<float>() + g * kb_count * m_pad));
     float* dst = yp + g * n;
     lt_check(cublasLtMatmul(be.cublaslt(), desc.get(), &alpha, wq + g * n * k, a.get(),
-                            xqp + g * m * k, b.get(), &beta, dst, d.get(), dst, d.get(),
+                            xqp + g * m_pad * k, b.get(), &beta, dst, d.get(), dst, d.get(),
                             &heuristic.algo, be.cublas_workspace(), ws_bytes, be.stream()),
              "cublasLtMatmul");
   }
-  return true;
+  return m_pad == m ? y : y.narrow(0, 0, m);
 }
 
 }  // namespace
@@ -220,13 +230,13 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
                   int groups) {
   const Fp8Problem p{x.size(0),    w.rows() / groups, w.cols(),   groups,
                      w.block_rows, w.block_cols,      w.act_group};
-  Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
-  if (p.m == 0 || p.n == 0) return y;
+  if (p.m == 0 || p.n == 0) return be.empty({p.m, groups * p.n}, DType::kF32);
   if (be.fp8_linear() != Fp8LinearChoice::kLegacy) {
     const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
     // Weights are whole allocations (aligned); a view that is not takes the other paths.
     if (stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0) {
       Tensor xq = be.empty({static_cast<int64_t>(fp8_stream_scratch_elements(p))}, DType::kBF16);
+      Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
       be.set_last_fp8_linear_path(Fp8LinearPath::kStream);
       launch_fp8_stream(x.data<float>(), xq.data<__nv_bfloat16>(),
                         static_cast<const uint8_t*>(w.values.raw_data()), w.scales.data<float>(),
@@ -239,6 +249,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   }
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
   if (gemv.use) {
+    Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
     be.set_last_fp8_linear_path(Fp8LinearPath::kGemv);
     launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(w.values.raw_data()),
                     w.scales.data<float>(), w.scales.size(1), y.data<float>(), p, gemv,
@@ -246,9 +257,12 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   }
-  if (fp8_cublaslt_applies(p) && cublaslt_fp8(be, x, w, p, y)) {
-    be.set_last_fp8_linear_path(Fp8LinearPath::kCublasLt);
-    return y;
+  if (fp8_cublaslt_applies(p)) {
+    Tensor lt = cublaslt_fp8(be, x, w, p);
+    if (lt.defined()) {
+      be.set_last_fp8_linear_path(Fp8LinearPath::kCublasLt);
+      return lt;
+    }
   }
   return Tensor();
 }

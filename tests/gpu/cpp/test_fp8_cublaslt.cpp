@@ -1,0 +1,70 @@
+// Block-scaled FP8 linears above the GEMV's token counts take cuBLASLt's W8A8 GEMM at every token
+// count, not only multiples of four: its heuristic found no algorithm for an odd M, and such a call
+// fell back to dequantizing the whole weight to bf16 (about 1.6x the GPU time per computed token
+// on the agent trace, whose prefill suffixes have arbitrary lengths). gemm_fp8.cu now pads M.
+// Agreement with the CPU reference is the op table's (tests/backend_ops/cases_gemm.cpp: rows at
+// 17, 33 and 65 tokens). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "cuda/backend/cuda_backend.h"
+#include "deepinfer/backend.h"
+#include "deepinfer/weight.h"
+#include "device_backends.h"
+#include "inputs.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+const char* path_name(cuda::Fp8LinearPath p) {
+  switch (p) {
+    case cuda::Fp8LinearPath::kNone:
+      return "none";
+    case cuda::Fp8LinearPath::kStream:
+      return "stream";
+    case cuda::Fp8LinearPath::kGemv:
+      return "gemv";
+    case cuda::Fp8LinearPath::kCublasLt:
+      return "cublaslt";
+    case cuda::Fp8LinearPath::kDequant:
+      return "dequant";
+  }
+  return "?";
+}
+
+TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheGemv) {
+  std::string why;
+  Backend* be = shared_backend("cuda", &why);
+  if (be == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+  std::mt19937 rng(20261202);
+  // wq_a-like (linear) and wo_a-like (8 groups).
+  struct Shape2 {
+    int64_t n, k;
+    int groups;  // 0: linear
+  };
+  for (const Shape2& s : {Shape2{1024, 4096, 0}, Shape2{1024, 4096, 8}}) {
+    const int g = s.groups ? s.groups : 1;
+    const MatrixWeight w =
+        be->upload_matrix_weight(random_fp8_block_weight(rng, g * s.n, s.k, 128, 128));
+    for (const int64_t m : {17, 18, 19, 33, 64, 65, 127, 1387}) {
+      const Tensor x = be->upload(random_f32(rng, {m, g * s.k}), DType::kF32);
+      const Tensor y = s.groups ? be->grouped_linear(x, w, s.groups) : be->linear(x, w);
+      be->synchronize();
+      EXPECT_EQ(y.size(0), m);
+      EXPECT_EQ(y.size(1), g * s.n);
+      EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kCublasLt)
+          << "m " << m << " groups " << s.groups << ": took "
+          << path_name(cuda_be.last_fp8_linear_path());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
