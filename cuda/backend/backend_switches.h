@@ -13,9 +13,9 @@ namespace deepinfer::cuda {
 
 struct BackendSwitches {
   QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kStreaming;  // DEEPINFER_MOE_QUANT_DECODE
-  QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kMmaSync;  // _MOE_QUANT_PREFILL
-  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;                // DEEPINFER_FP8_LINEAR
-  bool hc_fused = false;                                                // DEEPINFER_HC_PRE
+  QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;   // _MOE_QUANT_PREFILL
+  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;               // DEEPINFER_FP8_LINEAR
+  bool hc_fused = false;                                               // DEEPINFER_HC_PRE
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel = AttentionKernelChoice::kMmaSync;  // _ATTENTION_KERNEL
   IndexerFp8Scores indexer_fp8_scores = IndexerFp8Scores::kWgmma;            // _INDEXER_FP8_SCORES

@@ -80,7 +80,7 @@ class CudaBackend final : public Backend {
   // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
   // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
-  // DEEPINFER_MOE_QUANT_PREFILL at creation (mma_sync: the default, wgmma): the kernel quantized
+  // DEEPINFER_MOE_QUANT_PREFILL at creation (wgmma: the default, mma_sync): the kernel quantized
   // experts take in the prefill shape (an A/B switch for benchmarks, moe_heuristics.h); wgmma
   // only where it runs (sm_90a build, sm_90 device), mma_sync elsewhere.
   QuantPrefillChoice moe_quant_prefill() const { return moe_quant_prefill_; }

@@ -104,8 +104,8 @@ int in_planes_of(int group) {
   return group > 0 ? 1 : 3;
 }
 
-// One pass of moe_experts on quantized weights (sm80/experts_quant.cu, or on sm_90 with
-// DEEPINFER_MOE_QUANT_PREFILL=wgmma sm90/experts_quant_wgmma.cu in the prefill shape).
+// One pass of moe_experts on quantized weights (sm80/experts_quant.cu, or on sm_90 unless
+// DEEPINFER_MOE_QUANT_PREFILL=mma_sync, sm90/experts_quant_wgmma.cu in the prefill shape).
 void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x, const int32_t* ids,
                             const float* weights, int64_t tokens, int experts, float* out) {
   cudaStream_t stream = be.stream();

@@ -89,16 +89,19 @@ inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
 
 // Which kernel quantized experts take in the prefill shape (an A/B switch for benchmarks and
 // tests: the backend's DEEPINFER_MOE_QUANT_PREFILL, read once at its creation).
+// The default is wgmma: on the H200 it ran the V4-Flash prefill passes 1.57x faster (239-243
+// against 152-155 TFLOP/s at 4096-16384 tokens) with the same numerics (session 9,
+// benchmarks/RESULTS.md).
 enum class QuantPrefillChoice {
-  kMmaSync,  // "mma_sync" or unset: kQuantPrefill
-  kWgmma,    // "wgmma": kQuantPrefillWgmma where it runs (ExpertsPassProblem::quant_wgmma)
+  kMmaSync,  // "mma_sync": kQuantPrefill
+  kWgmma,    // "wgmma" or unset: kQuantPrefillWgmma where it runs (ExpertsPassProblem::quant_wgmma)
 };
 
 // The choice DEEPINFER_MOE_QUANT_PREFILL names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<QuantPrefillChoice> parse_quant_prefill(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "mma_sync") return QuantPrefillChoice::kMmaSync;
-  if (v == "wgmma") return QuantPrefillChoice::kWgmma;
+  if (v == "mma_sync") return QuantPrefillChoice::kMmaSync;
+  if (v.empty() || v == "wgmma") return QuantPrefillChoice::kWgmma;
   return std::nullopt;
 }
 
@@ -126,7 +129,7 @@ struct ExpertsPassProblem {
   bool vec;                // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
   bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant*.cu in either shape
   QuantDecodeChoice quant_decode = QuantDecodeChoice::kStreaming;
-  QuantPrefillChoice quant_prefill = QuantPrefillChoice::kMmaSync;
+  QuantPrefillChoice quant_prefill = QuantPrefillChoice::kWgmma;
   bool quant_wgmma = false;  // quant_wgmma_fits for this pass (both GEMMs)
 };
 

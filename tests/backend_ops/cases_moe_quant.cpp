@@ -125,10 +125,10 @@ void add_all_quant_experts(std::vector<OpCase>& t) {
   // CUDA (cuda/moe/sm80/experts_quant.cu): up to 16 pairs per expert on average the decode shape
   // (16-row tiles), above the prefill shape (64-row tiles, several per expert from 65 pairs);
   // act_group 0: three bf16 activation planes. H and I are multiples of 32 but not all of the
-  // 128-input slices or of the 128 / 256 output columns of a CTA. With
-  // DEEPINFER_MOE_QUANT_PREFILL=wgmma on sm_90 the prefill shape is sm90/experts_quant_wgmma.cu
-  // (128-row tiles, wgmma n 32 / 64 / 96 / 128 by a tile's rows: 360 tokens give about 90 pairs
-  // per expert, 600 about 150, i.e. a full tile and a short one).
+  // 128-input slices or of the 128 / 256 output columns of a CTA. On
+  // sm_90 (unless DEEPINFER_MOE_QUANT_PREFILL=mma_sync) the prefill shape is
+  // sm90/experts_quant_wgmma.cu (128-row tiles, wgmma n 32 / 64 / 96 / 128 by a tile's rows: 360
+  // tokens give about 90 pairs per expert, 600 about 150, i.e. a full tile and a short one).
   for (const auto& [format, block, act] : {std::array<int, 3>{static_cast<int>(kMx), 32, 32},
                                            {static_cast<int>(kMx), 32, 0},
                                            {static_cast<int>(kFp8), 128, 128},

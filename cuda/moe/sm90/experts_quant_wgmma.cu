@@ -1,7 +1,7 @@
 // The prefill shape of the quantized expert GEMMs on Hopper's warpgroup MMA (wgmma, sm_90a only):
 // the pass of sm80/experts_quant.cu (same tile list, same outputs, same numerics) with
-// wgmma.m64nNk16 bf16 x bf16 -> f32 in place of mma.sync, selected by the backend's
-// DEEPINFER_MOE_QUANT_PREFILL=wgmma (moe_heuristics.h).
+// wgmma.m64nNk16 bf16 x bf16 -> f32 in place of mma.sync, the default on sm_90 (the backend's
+// DEEPINFER_MOE_QUANT_PREFILL=mma_sync keeps the mma.sync kernel; moe_heuristics.h).
 //
 // Why. The mma.sync prefill kernel (64-token tiles, eight warps of 32 weight rows) reads every
 // B fragment from shared memory per warp and issues at mma.sync's rate; on the H200 it reached

@@ -37,11 +37,11 @@ TEST(BackendSwitches, UnsetOrEmptyAreTheDefaults) {
 }
 
 TEST(BackendSwitches, NamesChoose) {
-  ScopedEnv prefill("DEEPINFER_MOE_QUANT_PREFILL", "wgmma"), hc("DEEPINFER_HC_PRE", "fused"),
+  ScopedEnv prefill("DEEPINFER_MOE_QUANT_PREFILL", "mma_sync"), hc("DEEPINFER_HC_PRE", "fused"),
       kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma"), fp8("DEEPINFER_FP8_LINEAR", "stream"),
       scores("DEEPINFER_INDEXER_FP8_SCORES", "mma_sync");
   const cuda::BackendSwitches s = cuda::read_backend_switches();
-  EXPECT_EQ(s.moe_quant_prefill, cuda::QuantPrefillChoice::kWgmma);
+  EXPECT_EQ(s.moe_quant_prefill, cuda::QuantPrefillChoice::kMmaSync);
   EXPECT_TRUE(s.hc_fused);
   EXPECT_EQ(s.attention_kernel, cuda::AttentionKernelChoice::kWgmma);
   EXPECT_EQ(s.fp8_linear, cuda::Fp8LinearChoice::kStream);

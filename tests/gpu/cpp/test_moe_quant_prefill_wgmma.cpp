@@ -1,8 +1,8 @@
 // The wgmma prefill kernel of the quantized routed experts (cuda/moe/sm90/experts_quant_wgmma.cu,
-// chosen by DEEPINFER_MOE_QUANT_PREFILL=wgmma at backend creation) against the mma.sync prefill
-// kernel (sm80/experts_quant.cu, the default) on the same inputs: prefill-size passes with a
-// skewed routing (experts with several 128-row tiles, tiles that take each wgmma n of 32, 64, 96
-// and 128, one expert with a single pair, one with none), K and N not multiples of the CTA's
+// the default on sm_90) against the mma.sync prefill kernel (sm80/experts_quant.cu, chosen by
+// DEEPINFER_MOE_QUANT_PREFILL=mma_sync at backend creation) on the same inputs: prefill-size passes
+// with a skewed routing (experts with several 128-row tiles, tiles that take each wgmma n of 32,
+// 64, 96 and 128, one expert with a single pair, one with none), K and N not multiples of the CTA's
 // slice and column block, with and without activation quantization, MXFP4 and FP8 weights.
 //
 // Why a tight tolerance holds. Both kernels multiply the same bf16 values (exact products) and
@@ -13,9 +13,10 @@
 // ~1e-7 of the output; 1e-5 of max |y| fails on any wrong fragment, k order, scale or row.
 // FP8 weights without activation quantization (three planes) keep the mma.sync kernel (the
 // wgmma ring does not fit): checked too. Agreement with the CPU reference is the op table's
-// (tests/backend_ops/cases_moe_quant.cpp, run with DEEPINFER_MOE_QUANT_PREFILL=wgmma). Skips
-// without a GPU, and off sm_90 or in a build without sm_90a code. The heuristic's choice
-// (cuda/moe/moe_heuristics.h) is checked on the host first.
+// (tests/backend_ops/cases_moe_quant.cpp: its default takes wgmma;
+// DEEPINFER_MOE_QUANT_PREFILL=mma_sync the other). Skips without a GPU, and off sm_90 or in a build
+// without sm_90a code. The heuristic's choice (cuda/moe/moe_heuristics.h) is checked on the host
+// first.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -134,7 +135,7 @@ Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
 // The choice on the host (needs no device): the wgmma shape (128-row tiles) only in the prefill
 // shape, only when asked for and where it runs; FP8 without activation quantization never.
 TEST(MoeQuantPrefillWgmma, HeuristicsTakeItOnlyWhereAskedAndWhereItRuns) {
-  EXPECT_EQ(cuda::parse_quant_prefill(nullptr), cuda::QuantPrefillChoice::kMmaSync);
+  EXPECT_EQ(cuda::parse_quant_prefill(nullptr), cuda::QuantPrefillChoice::kWgmma);
   EXPECT_EQ(cuda::parse_quant_prefill("mma_sync"), cuda::QuantPrefillChoice::kMmaSync);
   EXPECT_EQ(cuda::parse_quant_prefill("wgmma"), cuda::QuantPrefillChoice::kWgmma);
   EXPECT_FALSE(cuda::parse_quant_prefill("wgmma2").has_value());
@@ -149,6 +150,7 @@ TEST(MoeQuantPrefillWgmma, HeuristicsTakeItOnlyWhereAskedAndWhereItRuns) {
   cuda::ExpertsPassProblem p{4096 * 6, 256, 4096, 2048, false, true};
   p.quantized = true;
   p.quant_wgmma = true;
+  p.quant_prefill = cuda::QuantPrefillChoice::kMmaSync;
   cuda::ExpertsPassConfig c = cuda::choose_experts_pass(p, kH200Smem);
   EXPECT_EQ(c.kernel, cuda::ExpertsKernel::kQuantPrefill);  // not asked for
   EXPECT_EQ(c.tile_rows, 64);
@@ -170,8 +172,8 @@ TEST(MoeQuantPrefillWgmma, MatchesTheMmaSyncKernel) {
     if (device_required()) FAIL() << why;
     GTEST_SKIP() << why;
   }
-  std::unique_ptr<Backend> mma_sync = cuda_backend_with_prefill("");
-  std::unique_ptr<Backend> wgmma = cuda_backend_with_prefill("wgmma");
+  std::unique_ptr<Backend> mma_sync = cuda_backend_with_prefill("mma_sync");
+  std::unique_ptr<Backend> wgmma = cuda_backend_with_prefill("");  // the default
   auto& wgmma_be = dynamic_cast<cuda::CudaBackend&>(*wgmma);
   if (!wgmma_be.wgmma_device()) {
     int major = 0;
