@@ -348,6 +348,9 @@ def main() -> None:
             prompts += len(contexts[s])
             hits += hit
         rows.append(summary("after restart", ttfts, prompts, hits, before, tiers(engine), uncached))
+        # Its write-through must end before the store directory is removed with the block.
+        engine.flush_kv_tiers()
+        del engine
 
     measured = f"{args.end} tokens cold" if args.phase == "all" else "given by --uncached-tok-s"
     print(f"uncached prefill: {uncached:,.0f} tok/s ({measured})")

@@ -30,12 +30,13 @@ namespace {
 constexpr int kLtGroup =
     128;  // the 1x128 activation blocks of CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 constexpr int kQuantWarps = 8;
-// cuBLASLt's heuristic finds no block-scaled algorithm for some token counts (the VEC128 scales of
-// B are M-major, and their columns need 16-byte alignment: DeepSeek's kernels pad M to 4 as
-// well); the engine's prefill chunks are arbitrary (a cache hit's suffix), and without an
-// algorithm such a call fell back to dequantizing the whole weight to bf16. So B and D are
-// padded to a multiple of this many rows; the pad rows are zeros and their outputs are dropped.
-constexpr int64_t kLtRowPad = 16;
+// cuBLASLt's heuristic finds no block-scaled algorithm (A BLK128x128, B VEC128) unless M is a
+// multiple of 4: on the H200 (cuBLAS 13) it found one for M = 16, 20, 24, 64, 128, 1388, 1392 and
+// none for 17, 18, 19, 33, 65, 127, 1387. The engine's prefill chunks have any length (a cache
+// hit's suffix), and without an algorithm such a call fell back to dequantizing the whole weight
+// to bf16. So B and D are padded to a multiple of this many rows; the pad rows are zeros and
+// their outputs are dropped.
+constexpr int64_t kLtRowPad = 4;
 
 // x [M, G K] f32 -> xq [G][M_pad][K] e4m3 and scales [G][ceil(K / 128)][M_pad] (M-major, as
 // cuBLASLt's VEC128 scales of B), per (row, group, 128 columns) exactly as quantize_activations;
