@@ -3,6 +3,7 @@
 // its arguments' metadata once for all backends before the backend's implementation. The ops'
 // front is backend.cpp.
 #include <cstdint>
+#include <cstdio>
 #include <new>
 #include <string>
 #include <utility>
@@ -154,12 +155,16 @@ void Backend::upload_pinned_batch_on_copy_stream(std::span<const Tensor> dsts,
     c.fail("dsts and hosts must have the same length, got " + std::to_string(dsts.size()) +
            " and " + std::to_string(hosts.size()));
   }
+  // A layer's import checks hundreds of pairs: the names are formatted on the stack.
+  char dst_name[32];
+  char host_name[32];
   for (size_t i = 0; i < dsts.size(); ++i) {
-    const std::string at = "[" + std::to_string(i) + "]";
-    c.dense(("dsts" + at).c_str(), dsts[i]);
-    c.host(("hosts" + at).c_str(), hosts[i], /*contiguous=*/false);
+    std::snprintf(dst_name, sizeof dst_name, "dsts[%zu]", i);
+    std::snprintf(host_name, sizeof host_name, "hosts[%zu]", i);
+    c.dense(dst_name, dsts[i]);
+    c.host(host_name, hosts[i], /*contiguous=*/false);
     if (hosts[i].shape() != dsts[i].shape()) {
-      c.fail("argument hosts" + at + " must have dsts" + at + "'s shape, got " +
+      c.fail(std::string("argument ") + host_name + " must have " + dst_name + "'s shape, got " +
              dsts[i].describe() + " and " + hosts[i].describe());
     }
     check_convertible("upload_pinned_batch_on_copy_stream", hosts[i], dsts[i].dtype());
