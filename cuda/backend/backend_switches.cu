@@ -36,7 +36,7 @@ BackendSwitches read_backend_switches() {
   s.moe_quant_decode = read_switch("DEEPINFER_MOE_QUANT_DECODE", parse_quant_decode,
                                    "streaming, registers or prefill");
   s.moe_quant_prefill =
-      read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "mma_sync or wgmma");
+      read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "mma_sync, wgmma or wgmma_fp8");
   s.fp8_linear =
       read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "legacy, stream or stream_pdl");
   s.hc_fused = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "fused or legacy");
