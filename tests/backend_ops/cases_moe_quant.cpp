@@ -85,7 +85,10 @@ void add_quant_experts(std::vector<OpCase>& t, const QuantExperts& c) {
   // reference by f32 summation order only, which is ~1e-6 of the output. Activation quantization
   // rounds the SwiGLU output to e4m3 (3 mantissa bits): an element whose gate/up sums land within
   // an f32 rounding of an e4m3 midpoint may round the other way on the device, moving one term of
-  // a down-GEMM sum by 2^-4 of itself, ~1e-3 of the output at the sizes here (and rarely). A wrong
+  // a down-GEMM sum by 2^-4 of itself, ~1e-3 of the output at the sizes here (and rarely). The
+  // FP8 wgmma kernel (DEEPINFER_MOE_QUANT_PREFILL=wgmma_fp8) adds the FP8 tensor cores' ~14-bit
+  // accumulation per 32 products and, for act groups below 128, activation slices folded to one
+  // scale (2^-10 of it per value at most): ~1e-4 of the output, and more such flips. A wrong
   // fragment, nibble order or scale is off by O(1).
   const double rtol = c.act_group > 0 ? 5e-3 : 1e-4;
   add(t, Case<QuantExpertsIn>{

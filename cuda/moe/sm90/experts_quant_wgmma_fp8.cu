@@ -63,8 +63,11 @@
 // nibbles), issues slice s and promotes slice s - 1. The slot refilled at slice s held slice
 // s - 2, whose MMAs every warpgroup waited for before the barrier of slice s.
 //
-// Resources (ptxas -v, sm_90a, nvcc 13.0): see the report of the branch that added it (filled in
-// below once measured).
+// Resources (ptxas -v, sm_90a, nvcc 13.0): 254-255 registers per thread (__launch_bounds__(256,
+// 1): one CTA of eight warps per SM; two accumulator sets of kN / 2 plus the f32 totals are 192
+// at n 128), no spills but 8 bytes in the MXFP4 gate/up kernel (the activation copies are a
+// rolled loop for that); dynamic shared memory 196 KB for MXFP4 (8 x 24.5 KB) and 195 KB for FP8
+// (6 x 32.5 KB), plus 1 KB of static row offsets and the 256-byte MXFP4 table.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -93,8 +96,9 @@ using Tile = ExpertQuantWgmmaFp8;
 using experts_wgmma_fp8::wgmma_e4m3;
 
 // The input (within a 128-input slice) that k 16 h + 4 q + b of k-step s (0 .. 3) of the wgmma
-// multiplies: byte b of A register a(2h) of lane q, i.e. word 2 (s & 1) + h of the lane's FP8
-// chunk s / 2, or nibble 4 h + b of word s of its MXFP4 chunk.
+// multiplies: byte b of lane q's A registers a[2 h] (row g) and a[2 h + 1] (row g + 8), i.e. of
+// word 2 (s & 1) + h of the rows' FP8 chunk s / 2, or of nibble 4 h + b of word s of their MXFP4
+// chunk.
 template <QuantFormat F>
 __host__ __device__ constexpr int fp8_slice_input(int s, int h, int q, int b) {
   if constexpr (F == QuantFormat::kMxfp4) {

@@ -1,17 +1,22 @@
-// Inputs and helpers shared by the GPU tests of the quantized experts' prefill kernels
-// (test_moe_quant_prefill_wgmma.cpp, test_moe_quant_prefill_wgmma_fp8.cpp): weights with narrow
-// power-of-two scales, small-integer activations, a skewed routing, a backend created with a
-// DEEPINFER_MOE_QUANT_PREFILL value, one moe_experts run, and the largest difference of two
-// outputs.
+// Inputs and helpers shared by the GPU tests of the quantized experts' wgmma prefill kernels
+// (test_moe_quant_prefill_wgmma.cpp, test_moe_quant_prefill_wgmma_fp8.cpp): whether they can run
+// here, weights with narrow power-of-two scales, small-integer activations, a skewed routing, a
+// backend created with a DEEPINFER_MOE_QUANT_PREFILL value, one moe_experts run, and the check
+// of two outputs against each other.
 #pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "cuda/backend/cuda_backend.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/weight.h"
 #include "device_backends.h"
@@ -20,6 +25,23 @@
 #include "scoped_env.h"
 
 namespace deepinfer::backend_ops::moe_prefill {
+
+// Why the wgmma kernels cannot run here ("" when they can): no CUDA device, or not an sm_90 one
+// with sm_90a code built. `must_fail`: whether that fails the test where the device must be
+// tested (device_required()): always without a device, and on an sm_90 device that lacks the
+// sm_90a code (a build error, not a missing device).
+inline std::string wgmma_unavailable(bool* must_fail) {
+  std::string why;
+  Backend* be = shared_backend("cuda", &why);
+  *must_fail = device_required();
+  if (be == nullptr) return why;
+  if (dynamic_cast<cuda::CudaBackend&>(*be).wgmma_device()) return "";
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  *must_fail = *must_fail && major == 9;
+  return *must_fail ? "an sm_90 device, but no sm_90a code built"
+                    : "wgmma needs an sm_90 device and a build with sm_90a code";
+}
 
 struct PrefillCase {
   WeightFormat format;
@@ -112,24 +134,52 @@ inline Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
   return be.to_host(be.moe_experts(be.upload(x, DType::kF32), r, w, 10.0f));
 }
 
-// The largest |a - b| (NaN counts as the largest), where it is and max |a|.
-struct OutputDiff {
-  double max_ref = 0.0;
-  double max_diff = 0.0;
-  int64_t worst = -1;
-};
+// The case, for SCOPED_TRACE.
+inline std::string describe(const PrefillCase& c) {
+  return "format " + std::to_string(static_cast<int>(c.format)) + " act " +
+         std::to_string(c.act_group) + " E " + std::to_string(c.experts) + " H " +
+         std::to_string(c.hidden) + " I " + std::to_string(c.inter) + " T " +
+         std::to_string(c.tokens);
+}
 
-inline OutputDiff output_diff(const Tensor& a, const Tensor& b) {
-  OutputDiff d;
+// The moe_experts outputs of two backends on one draw of case c's inputs (weights, small-integer
+// activations, skewed routing).
+struct TwoRuns {
+  Tensor first, second;
+};
+inline TwoRuns run_both(Backend& first, Backend& second, const PrefillCase& c, std::mt19937& rng) {
+  std::vector<MatrixWeight> w1, w3, w2;
+  for (int e = 0; e < c.experts; ++e) {
+    w1.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
+    w3.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
+    w2.push_back(random_weight(rng, c.format, c.hidden, c.inter, c.block, c.act_group));
+  }
+  const Tensor x = small_integers(rng, c.tokens, c.hidden);
+  const HostRouting routing = skewed_routing(c.tokens, c.experts, c.top_k, rng);
+  return {run_experts(first, w1, w3, w2, x, routing), run_experts(second, w1, w3, w2, x, routing)};
+}
+
+// Expects max |a - b| <= rtol * max |a| (NaN fails), naming the worst element (token and channel
+// of [tokens, hidden] outputs) and the two kernels.
+inline void expect_close(const Tensor& a, const Tensor& b, double rtol, int64_t hidden,
+                         const char* name_a, const char* name_b) {
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  double max_ref = 0.0, max_diff = 0.0;
+  int64_t worst = -1;
   for (int64_t i = 0; i < a.numel(); ++i) {
-    d.max_ref = std::max(d.max_ref, std::fabs(static_cast<double>(a.item(i))));
-    const double x = std::fabs(static_cast<double>(a.item(i)) - b.item(i));
-    if (!(x <= d.max_diff)) {  // NaN counts as worst
-      d.max_diff = std::isnan(x) ? INFINITY : x;
-      d.worst = i;
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(a.item(i))));
+    const double d = std::fabs(static_cast<double>(a.item(i)) - b.item(i));
+    if (!(d <= max_diff)) {  // NaN counts as worst
+      max_diff = std::isnan(d) ? INFINITY : d;
+      worst = i;
     }
   }
-  return d;
+  EXPECT_GT(max_ref, 0.0) << "all-zero output";
+  EXPECT_LE(max_diff, rtol * max_ref)
+      << "worst element " << worst << " of " << a.numel() << " (token " << worst / hidden
+      << ", channel " << worst % hidden << "): " << name_a << " "
+      << (worst >= 0 ? a.item(worst) : 0.0f) << ", " << name_b << " "
+      << (worst >= 0 ? b.item(worst) : 0.0f) << ", max |y| " << max_ref;
 }
 
 }  // namespace deepinfer::backend_ops::moe_prefill

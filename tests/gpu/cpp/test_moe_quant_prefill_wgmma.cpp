@@ -16,13 +16,8 @@
 // (tests/backend_ops/cases_moe_quant.cpp, run with DEEPINFER_MOE_QUANT_PREFILL=wgmma). Skips
 // without a GPU, and off sm_90 or in a build without sm_90a code. The heuristic's choice
 // (cuda/moe/moe_heuristics.h) is checked on the host first.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -31,12 +26,7 @@
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
-#include "deepinfer/weight.h"
-#include "device_backends.h"
-#include "inputs.h"
-#include "moe_inputs.h"
 #include "moe_quant_prefill_inputs.h"
-#include "scoped_env.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -77,21 +67,14 @@ TEST(MoeQuantPrefillWgmma, HeuristicsTakeItOnlyWhereAskedAndWhereItRuns) {
 }
 
 TEST(MoeQuantPrefillWgmma, MatchesTheMmaSyncKernel) {
-  std::string why;
-  if (shared_backend("cuda", &why) == nullptr) {
-    if (device_required()) FAIL() << why;
+  bool must_fail = false;
+  if (const std::string why = wgmma_unavailable(&must_fail); !why.empty()) {
+    if (must_fail) FAIL() << why;
     GTEST_SKIP() << why;
   }
   std::unique_ptr<Backend> mma_sync = cuda_backend_with_prefill("");
   std::unique_ptr<Backend> wgmma = cuda_backend_with_prefill("wgmma");
   auto& wgmma_be = dynamic_cast<cuda::CudaBackend&>(*wgmma);
-  if (!wgmma_be.wgmma_device()) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    // On an sm_90 device that must be tested, a build without sm_90a code fails, not skips.
-    if (device_required() && major == 9) FAIL() << "an sm_90 device, but no sm_90a code built";
-    GTEST_SKIP() << "wgmma needs an sm_90 device and a build with sm_90a code";
-  }
   auto& mma_be = dynamic_cast<cuda::CudaBackend&>(*mma_sync);
   constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
   const std::vector<PrefillCase> cases = {
@@ -110,31 +93,13 @@ TEST(MoeQuantPrefillWgmma, MatchesTheMmaSyncKernel) {
   };
   std::mt19937 rng(20261202);
   for (const PrefillCase& c : cases) {
-    SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " act " +
-                 std::to_string(c.act_group) + " E " + std::to_string(c.experts) + " H " +
-                 std::to_string(c.hidden) + " I " + std::to_string(c.inter) + " T " +
-                 std::to_string(c.tokens));
-    std::vector<MatrixWeight> w1, w3, w2;
-    for (int e = 0; e < c.experts; ++e) {
-      w1.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
-      w3.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
-      w2.push_back(random_weight(rng, c.format, c.hidden, c.inter, c.block, c.act_group));
-    }
-    const Tensor x = small_integers(rng, c.tokens, c.hidden);
-    const HostRouting routing = skewed_routing(c.tokens, c.experts, c.top_k, rng);
-    const Tensor a = run_experts(*mma_sync, w1, w3, w2, x, routing);
+    SCOPED_TRACE(describe(c));
+    const TwoRuns r = run_both(*mma_sync, *wgmma, c, rng);
     ASSERT_EQ(mma_be.last_quant_experts_kernel(), cuda::ExpertsKernel::kQuantPrefill);
-    const Tensor b = run_experts(*wgmma, w1, w3, w2, x, routing);
     const bool fits = c.format == kMx || c.act_group > 0;
     ASSERT_EQ(wgmma_be.last_quant_experts_kernel(),
               fits ? cuda::ExpertsKernel::kQuantPrefillWgmma : cuda::ExpertsKernel::kQuantPrefill);
-    ASSERT_EQ(a.nbytes(), b.nbytes());
-    const auto [max_ref, max_diff, worst] = output_diff(a, b);
-    EXPECT_GT(max_ref, 0.0) << "all-zero output";
-    EXPECT_LE(max_diff, 1e-5 * max_ref)
-        << "worst element " << worst << " of " << a.numel() << " (token " << worst / c.hidden
-        << ", channel " << worst % c.hidden << "): mma_sync " << (worst >= 0 ? a.item(worst) : 0.0f)
-        << ", wgmma " << (worst >= 0 ? b.item(worst) : 0.0f) << ", max |y| " << max_ref;
+    expect_close(r.first, r.second, 1e-5, c.hidden, "mma_sync", "wgmma");
   }
 }
 
