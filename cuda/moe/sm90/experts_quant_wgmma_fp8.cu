@@ -17,8 +17,8 @@
 //   multiple of 128 (FP8 experts: 128) this is exact (S is at most the group's scale, and an
 //   e4m3 value times 2^k, k >= 0, stays e4m3 while at most 448). With smaller groups (MXFP4
 //   experts: 32) a group whose scale is 2^-d of S loses the bits that fall below e4m3's
-//   subnormal step: each such value moves by at most 2^-10 S (round to nearest), ~2e-6 of the
-//   slice's largest |x| (448 S / 2 or more); normal values stay exact.
+//   subnormal step: each such value moves by at most 2^-10 S (round to nearest), under 5e-6 of
+//   the slice's largest |x| (above 224 S); values that stay e4m3 normals are exact.
 // - FP8 weights: e4m3 bytes as shipped (exact), one f32 scale per 128 x block_cols block
 //   (block_cols >= 128, else the pass keeps the other kernels), applied at promotion.
 // - MXFP4 weights: an e2m1 value times its per-32 scale 2^(s_j - 127) is written as the e4m3 of
@@ -65,9 +65,9 @@
 //
 // Resources (ptxas -v, sm_90a, nvcc 13.0): 254-255 registers per thread (__launch_bounds__(256,
 // 1): one CTA of eight warps per SM; two accumulator sets of kN / 2 plus the f32 totals are 192
-// at n 128), no spills but 8 bytes in the MXFP4 gate/up kernel (the activation copies are a
-// rolled loop for that); dynamic shared memory 196 KB for MXFP4 (8 x 24.5 KB) and 195 KB for FP8
-// (6 x 32.5 KB), plus 1 KB of static row offsets and the 256-byte MXFP4 table.
+// at n 128), no spills except 8 bytes in the MXFP4 gate/up kernel (the activation copy loop is
+// kept rolled to get there); dynamic shared memory 196 KB for MXFP4 (8 x 24.5 KB) and 195 KB for
+// FP8 (6 x 32.5 KB), plus 1 KB of static row offsets and the 256-byte MXFP4 table.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
