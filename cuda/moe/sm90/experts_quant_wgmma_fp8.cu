@@ -55,19 +55,20 @@
 //
 // Pipeline of a CTA: a ring of kStages slices in shared memory (MXFP4 8, FP8 6), each the
 // tile's e4m3 activation rows and scales and every lane's own weight chunks, filled by cp.async
-// kStages - 2 slices ahead. One __syncthreads per slice. A warpgroup multiplies slice s into one
-// of two accumulator sets (four wgmma, the first one overwriting) while it promotes slice s - 1
-// from the other set, so its tensor-core work runs back to back while the other warpgroup's
-// MMAs fill the gaps: per slice it waits for slice s - 1's MMAs, moves slice s's A fragments
-// into registers (FP8: four 16-byte shared loads; MXFP4: two, and a prmt table lookup per four
-// nibbles), issues slice s and promotes slice s - 1. The slot refilled at slice s held slice
-// s - 2, whose MMAs every warpgroup waited for before the barrier of slice s.
+// kStages - 2 slices ahead (the first slices' weight copies go out before the barrier that
+// publishes the tile's rows: they need no pair index). One __syncthreads per slice. A warpgroup
+// multiplies slice s into one of two accumulator sets (four wgmma, the first one overwriting) while
+// it promotes slice s - 1 from the other set, so its tensor-core work runs back to back while the
+// other warpgroup's MMAs fill the gaps: per slice it waits for slice s - 1's MMAs, moves slice s's
+// A fragments into registers (FP8: four 16-byte shared loads; MXFP4: two, and a prmt table lookup
+// per four nibbles), issues slice s and promotes slice s - 1. The slot refilled at slice s held
+// slice s - 2, whose MMAs every warpgroup waited for before the barrier of slice s.
 //
-// Resources (ptxas -v, sm_90a, nvcc 13.0): 254-255 registers per thread (__launch_bounds__(256,
-// 1): one CTA of eight warps per SM; two accumulator sets of kN / 2 plus the f32 totals are 192
-// at n 128), no spills except 8 bytes in the MXFP4 gate/up kernel (the activation copy loop is
-// kept rolled to get there); dynamic shared memory 196 KB for MXFP4 (8 x 24.5 KB) and 195 KB for
-// FP8 (6 x 32.5 KB), plus 1 KB of static row offsets and the 256-byte MXFP4 table.
+// Resources (ptxas -v, sm_90a, nvcc 13.0): 255 registers per thread, no spills
+// (__launch_bounds__(256, 1): one CTA of eight warps per SM; two accumulator sets of kN / 2 plus
+// the f32 totals are 192 at n 128; the activation copy loop is kept rolled to stay there);
+// dynamic shared memory 196 KB for MXFP4 (8 x 24.5 KB) and 195 KB for FP8 (6 x 32.5 KB), plus
+// 1 KB of static row offsets and the 256-byte MXFP4 table.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -217,9 +218,10 @@ struct TileGemm {
   }
 
   // cp.async of slice `s`: the tile's activation rows (16-byte chunk c of row r to core matrix
-  // [r / 8][c], 8 lanes per 128 contiguous shared bytes), their scales, the lane's weight chunks
-  // (zeros past K: an e4m3 NaN code times a zero activation would not vanish).
-  __device__ __forceinline__ void issue(int s) const {
+  // [r / 8][c], 8 lanes per 128 contiguous shared bytes) and their scales (issue_acts), the lane's
+  // weight chunks (issue_weights; zeros past K: an e4m3 NaN code times a zero activation would
+  // not vanish).
+  __device__ __forceinline__ void issue_acts(int s) const {
     uint8_t* dst = slot(s);
     constexpr int kChunks = Tile::kTok * (kQuantSliceK / 16);
     static_assert(kChunks % Tile::kThreads == 0);
@@ -236,7 +238,9 @@ struct TileGemm {
     if (tid < rows) {
       cp_async_4(dst + Tile::kActStageBytes + 4 * tid, act_scales + row_src[tid] * slices + s);
     }
-    uint8_t* w = dst + Tile::kActStageBytes + Tile::kActScaleBytes;
+  }
+  __device__ __forceinline__ void issue_weights(int s) const {
+    uint8_t* w = slot(s) + Tile::kActStageBytes + Tile::kActScaleBytes;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
 #pragma unroll
@@ -250,6 +254,10 @@ struct TileGemm {
         }
       }
     }
+  }
+  __device__ __forceinline__ void issue(int s) const {
+    issue_acts(s);
+    issue_weights(s);
   }
 
   // The lane's raw scales of slice `s` (MXFP4: its own group's byte, 0 past K so that it never
@@ -377,12 +385,21 @@ struct TileGemm {
     float acc[2][kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[0][i] = acc[1][i] = total[i] = 0.0f;
+      // The first slices' weights and scales before the barrier that publishes the tile's rows
+      // (their loads do not wait for the tile's pair indices), in one group ahead of the
+      // activations' groups: waiting for slice s's activations waits for it too.
 #pragma unroll
     for (int st = 0; st < kAhead; ++st) {
-      if (st < slices) issue(st);
+      if (st < slices) issue_weights(st);
+    }
+    cp_async_commit();
+    RawScales raw = fetch_scales(0);
+    __syncthreads();  // row_src and mx_table written
+#pragma unroll
+    for (int st = 0; st < kAhead; ++st) {
+      if (st < slices) issue_acts(st);
       cp_async_commit();
     }
-    RawScales raw = fetch_scales(0);
     float prev[2] = {0.0f, 0.0f};  // slice s - 1's weight factors
 #pragma unroll 1
     for (int s = 0; s < slices; s += 2) {
@@ -433,7 +450,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     row_src[tid] = src;
   }
   if (QuantTraits<F>::kMx && tid < 32) mx_table[tid] = mx_table_entry(tid);
-  __syncthreads();
+  // Published by the barrier in TileGemm::run, after the first weight copies are issued.
 
   // The lane's weight rows: gate/up column n of w1 (row g) and w3 (row g + 8); down rows n, n + 8
   // of w2. Clamped to N - 1 for the loads (tail rows are never stored).
