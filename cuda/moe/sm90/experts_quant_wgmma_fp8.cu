@@ -385,13 +385,10 @@ struct TileGemm {
     float acc[2][kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[0][i] = acc[1][i] = total[i] = 0.0f;
-      // The first slices' weights and scales before the barrier that publishes the tile's rows
-      // (their loads do not wait for the tile's pair indices), in one group ahead of the
-      // activations' groups: waiting for slice s's activations waits for it too.
-#pragma unroll
-    for (int st = 0; st < kAhead; ++st) {
-      if (st < slices) issue_weights(st);
-    }
+    // The first slices' weights and scales before the barrier that publishes the tile's rows
+    // (their loads do not wait for the tile's pair indices), in one group ahead of the
+    // activations' groups: waiting for slice s's activations waits for it too.
+    for (int st = 0; st < kAhead && st < slices; ++st) issue_weights(st);
     cp_async_commit();
     RawScales raw = fetch_scales(0);
     __syncthreads();  // row_src and mx_table written
