@@ -12,8 +12,8 @@ greedy continuation with k drafts per step that are always right, right with pro
 sequence whose verify row is in flight skips the next step, cpp/src/engine/README.md) and off
 (--spec-zero-overhead picks). TPOT is the mean per request of (finish - first
 token) / (tokens - 1); tok/s counts the output tokens of the decode phase (first token to last
-finish). The verify steps run eagerly (decode graphs hold one-token rows), the plain decode
-steps through graphs.
+finish). Plain decode steps and (up to 64 rows) verify steps replay decode graphs;
+graph_verify_steps next to verify_steps says how many did.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ SPEC_COUNTERS = (
     "accepted_draft_tokens",
     "verify_rows",
     "verify_steps",
+    "num_graph_steps",
+    "num_graph_verify_steps",
 )
 CALIBRATION_BINS = (
     "spec_calibration_drafts",
@@ -99,6 +101,10 @@ def run(engine: dc.Engine, prompts: list[list[int]], tokens: int) -> tuple[list[
         "acceptance": accepted / drafts if drafts else None,
         "steps": d["num_steps"],
         "verify_steps": vsteps,
+        # Steps replayed from decode graphs, and those of them with a verify row (DeepSeek-V4
+        # verify steps of up to 64 rows replay, cpp/src/model/decode_graphs.h).
+        "graph_steps": d["num_graph_steps"],
+        "graph_verify_steps": d["num_graph_verify_steps"],
         # Per decode step with at least one verify row, and per verify row (request and step).
         "verified_per_step": drafts / vsteps if vsteps else None,
         "accepted_per_step": accepted / vsteps if vsteps else None,

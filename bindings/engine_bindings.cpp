@@ -137,6 +137,7 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["spec_calibration_estimate_sum"] =
       std::vector<double>(c.estimate_sum.begin(), c.estimate_sum.end());
   d["num_graph_steps"] = s.num_graph_steps;
+  d["num_graph_verify_steps"] = s.num_graph_verify_steps;
   d["host_hit_tokens"] = s.host_hit_tokens;
   d["store_hit_tokens"] = s.store_hit_tokens;
   d["store_bytes_read"] = s.store_bytes_read;

@@ -320,9 +320,11 @@ NB_MODULE(deepinfer_core, m) {
             nb::dict d;
             d["num_recorded"] = s.num_recorded;
             d["num_calls"] = s.num_calls;
+            d["num_verify_calls"] = s.num_verify_calls;
             return d;
           },
-          "Decode graphs used so far: shapes recorded and forward calls they served.")
+          "Decode graphs used so far: shapes recorded, forward calls they served, and those "
+          "with a speculative verify row.")
       .def(
           "forward",
           [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,
@@ -340,17 +342,21 @@ NB_MODULE(deepinfer_core, m) {
           "one row per token (logits=\"all\") or per sequence (logits=\"last\").")
       .def(
           "greedy",
-          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch) {
+          [](deepinfer::ModelRunner& runner, const std::vector<deepinfer::SequenceChunk>& batch,
+             const std::string& logits) {
+            deepinfer::LogitsMode mode = parse_logits_mode(logits);
             deepinfer::Tensor out;
             {
               nb::gil_scoped_release release;
-              out = runner.greedy(batch);
+              out = runner.greedy(batch, mode);
             }
             return to_numpy<int32_t>(out);
           },
-          "batch"_a,
+          "batch"_a, "logits"_a = "last",
           "Run one forward call over `batch` and return each sequence's greedy next token (int32, "
-          "the argmax of its last logits row, taken on the device: only the ids are copied).")
+          "the argmax of its last logits row, taken on the device: only the ids are copied); "
+          "logits=\"all\": the argmax of every token row, as a speculative verify step scores "
+          "them.")
       .def(
           "set_history",
           [](deepinfer::ModelRunner& runner, int slot, const std::vector<int32_t>& tokens) {

@@ -65,7 +65,11 @@ def prompts() -> list[list[int]]:
 def eager(tiny_checkpoint, prompts) -> list[np.ndarray]:
     driver = make_driver(tiny_checkpoint, 0)
     out = decode_trace(driver, prompts, steps=24)
-    assert driver.runner.decode_graph_stats() == {"num_recorded": 0, "num_calls": 0}
+    assert driver.runner.decode_graph_stats() == {
+        "num_recorded": 0,
+        "num_calls": 0,
+        "num_verify_calls": 0,
+    }
     return out
 
 
@@ -82,6 +86,64 @@ def test_graph_decode_matches_eager(tiny_checkpoint, prompts, eager, graph_max_b
     assert stats["num_recorded"] == (4 if graph_max_batch == MAX_SEQS else 3)
     for i, (g, e) in enumerate(zip(graphs, eager, strict=True)):
         np.testing.assert_array_equal(g, e, err_msg=f"call {i} differs")
+
+
+def verify_trace(driver: RunnerDriver, prompts: list[list[int]], steps: int) -> list[np.ndarray]:
+    """Prefills every prompt alone, then runs steps shaped as a speculative engine's: each member
+    is a verify row (its next token and 1..5 random drafts, every position scored) or a plain
+    decode row, and moves on by 1 + a (a random count of accepted drafts), so the next row
+    overwrites the rejected positions' keys as the engine's does."""
+    outputs = []
+    next_token, cursor = {}, {}
+    for slot, prompt in enumerate(prompts):
+        logits = driver.runner.forward([driver.chunk(slot, 0, prompt)], logits="last")
+        next_token[slot] = int(np.argmax(logits[0]))
+        cursor[slot] = len(prompt)
+    rng = random.Random(13)
+    for step in range(steps):
+        size = 1 + step % len(prompts)
+        members = sorted(rng.sample(range(len(prompts)), size))
+        drafts = {
+            s: [rng.randrange(2, 129000) for _ in range(rng.choice([0, 0, 1, 3, 5]))]
+            for s in members
+        }
+        if step % 4 == 0:  # some steps with one long verify row at least
+            drafts[members[0]] = [rng.randrange(2, 129000) for _ in range(5)]
+        batch = [driver.chunk(s, cursor[s], [next_token[s], *drafts[s]]) for s in members]
+        logits = driver.runner.forward(batch, logits="all")
+        row = 0
+        for s in members:
+            n = 1 + len(drafts[s])
+            accepted = rng.randrange(0, n)
+            next_token[s] = int(np.argmax(logits[row + accepted]))
+            cursor[s] += 1 + accepted
+            row += n
+        assert row == logits.shape[0]
+        outputs.append(logits)
+    return outputs
+
+
+def test_verify_steps_replay_graphs_and_match_eager(tiny_checkpoint, prompts) -> None:
+    eager_driver = make_driver(tiny_checkpoint, 0)
+    eager = verify_trace(eager_driver, prompts, steps=16)
+    graph_driver = make_driver(tiny_checkpoint, MAX_SEQS)
+    graphs = verify_trace(graph_driver, prompts, steps=16)
+    stats = graph_driver.runner.decode_graph_stats()
+    # A step has a verify row when it scores more rows than it has members.
+    verify_steps = sum(1 for i, e in enumerate(eager) if e.shape[0] > 1 + i % len(prompts))
+    assert verify_steps >= 4
+    assert stats["num_calls"] == 16, stats
+    assert stats["num_verify_calls"] == verify_steps, stats
+    for i, (g, e) in enumerate(zip(graphs, eager, strict=True)):
+        np.testing.assert_array_equal(g, e, err_msg=f"step {i} differs")
+    # greedy(logits="all") replays too and is the argmax of every scored row.
+    batch = [graph_driver.chunk(0, 200, [5, 6, 7]), graph_driver.chunk(1, 201, [8])]
+    want = eager_driver.runner.forward(
+        [eager_driver.chunk(0, 200, [5, 6, 7]), eager_driver.chunk(1, 201, [8])], logits="all"
+    ).argmax(axis=-1)
+    calls = graph_driver.runner.decode_graph_stats()["num_verify_calls"]
+    assert graph_driver.runner.greedy(batch, logits="all").tolist() == want.tolist()
+    assert graph_driver.runner.decode_graph_stats()["num_verify_calls"] == calls + 1
 
 
 @pytest.mark.parametrize("graph_max_batch", [0, MAX_SEQS])

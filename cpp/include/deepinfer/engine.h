@@ -176,7 +176,8 @@ struct EngineStats : SchedulerCounters {
   int num_blocks_free = 0;
   int num_blocks_cached = 0;  // free blocks still holding an indexed prefix
   int num_state_slots_free = 0;
-  uint64_t num_graph_steps = 0;  // decode steps replayed from recorded graphs (or recorded)
+  uint64_t num_graph_steps = 0;         // decode steps replayed from recorded graphs (or recorded)
+  uint64_t num_graph_verify_steps = 0;  // those of them with a speculative verify row
   // KV tiers (CacheConfig::kv_host_cache_bytes, kv_store_path). host_ + store_hit_tokens: the
   // prompt tokens the tiers added to the GPU prefix cache's own hits (prompt_tokens_cached counts
   // them too), by the tier that supplied the blocks (or only the state snapshot, for blocks the

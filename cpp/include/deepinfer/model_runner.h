@@ -64,8 +64,9 @@ enum class LogitsMode { kAll, kLast };
 
 // Decode graphs used so far (RunnerOptions::decode_graph_max_batch).
 struct DecodeGraphStats {
-  int num_recorded = 0;    // (bucket, block-table width) shapes recorded
-  uint64_t num_calls = 0;  // forward calls served by a graph (the recording call included)
+  int num_recorded = 0;           // (bucket, tokens per row, block-table width) shapes recorded
+  uint64_t num_calls = 0;         // forward calls served by a graph (the recording call included)
+  uint64_t num_verify_calls = 0;  // those of them with a speculative verify row
 };
 
 // forward() with the hidden state the MTP drafter reads.
@@ -118,7 +119,10 @@ class ModelRunner {
   virtual Tensor forward(const std::vector<SequenceChunk>& batch, LogitsMode mode) = 0;
   // Greedy next tokens (host [num sequences] i32): the argmax of each sequence's last logits row,
   // taken on the device, so only the token ids travel to the host (forward copies [B, vocab]).
-  virtual Tensor greedy(const std::vector<SequenceChunk>& batch) = 0;
+  // kAll: the argmax of every token row ([total tokens] i32), as a speculative verify step scores
+  // every position of its rows.
+  virtual Tensor greedy(const std::vector<SequenceChunk>& batch,
+                        LogitsMode mode = LogitsMode::kLast) = 0;
   virtual DecodeGraphStats decode_graph_stats() const = 0;
   // DeepSeek-V4.1: makes `tokens` state slot `slot`'s history (what its Engram n-grams read
   // before a chunk) without running them, so the next chunk may start at any position up to

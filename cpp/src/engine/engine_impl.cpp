@@ -403,6 +403,7 @@ EngineStats EngineImpl::stats() const {
   s.num_blocks_cached = kv_.num_cached_free_blocks();
   s.num_state_slots_free = kv_.live_slots().num_free();
   s.num_graph_steps = executor_->num_graph_steps();
+  s.num_graph_verify_steps = executor_->num_graph_verify_steps();
   s.dp_group_steps = dp_group_steps_;
   s.dp_idle_passes = dp_idle_passes_;
   executor_->eplb_stats(s);

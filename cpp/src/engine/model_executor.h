@@ -94,6 +94,9 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   uint64_t num_graph_steps() const override {
     return model_->graphs ? model_->graphs->stats().num_calls : 0;
   }
+  uint64_t num_graph_verify_steps() const override {
+    return model_->graphs ? model_->graphs->stats().num_verify_calls : 0;
+  }
   sched::KvTransfer* kv_transfer() override { return this; }
   std::string model_identity() const override;
 

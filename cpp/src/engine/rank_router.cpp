@@ -88,6 +88,7 @@ void accumulate_stats(EngineStats& s, const EngineStats& r) {
   s.num_blocks_cached += r.num_blocks_cached;
   s.num_state_slots_free += r.num_state_slots_free;
   s.num_graph_steps += r.num_graph_steps;
+  s.num_graph_verify_steps += r.num_graph_verify_steps;
   s.host_hit_tokens += r.host_hit_tokens;
   s.store_hit_tokens += r.store_hit_tokens;
   s.store_bytes_read += r.store_bytes_read;

@@ -80,6 +80,8 @@ class StepExecutor {
   virtual std::vector<std::string> load_notes() const { return {}; }
   // Decode steps run through recorded graphs so far (callable from any thread).
   virtual uint64_t num_graph_steps() const { return 0; }
+  // Those of them with a speculative verify row.
+  virtual uint64_t num_graph_verify_steps() const { return 0; }
   // Block and state copies to and from host bytes, for the host and store tiers; null when the
   // executor has no caches (test doubles).
   virtual sched::KvTransfer* kv_transfer() { return nullptr; }

@@ -141,8 +141,45 @@ BatchGeometry BatchGeometry::padded(int bucket, int width, size_t num_ratios) {
   g.table_width = width;
   g.num_entries.assign(num_ratios, bucket);
   g.entry_per_row = true;
+  g.has_padding = true;
   g.all_logits = true;
   g.num_logit_rows = bucket;
+  g.carry = true;
+  return g;
+}
+
+int BatchGeometry::padded_verify_entries(int bucket, int row_tokens, int ratio) {
+  // sum_r ceil(n_r / m) <= sum_r (n_r + m - 1) / m over at most `bucket` rows of sum_r n_r <=
+  // bucket * row_tokens tokens; and each ceil(n_r / m) <= min(n_r, ceil(kMaxPaddedRowTokens / m)).
+  const int64_t tokens = int64_t{bucket} * row_tokens;
+  const int64_t by_sum = (tokens + int64_t{bucket} * (ratio - 1)) / ratio;
+  const int64_t by_row = int64_t{bucket} * ((kMaxPaddedRowTokens + ratio - 1) / ratio);
+  return static_cast<int>(std::min({tokens, by_sum, by_row}));
+}
+
+BatchGeometry BatchGeometry::padded_verify(int bucket, int row_tokens, int width,
+                                           const std::vector<int>& ratios) {
+  if (bucket < 1 || row_tokens < 1 || row_tokens > kMaxPaddedRowTokens) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "padded verify batch: bucket " + std::to_string(bucket) + " and row_tokens " +
+                    std::to_string(row_tokens) + " must be >= 1 and <= " +
+                    std::to_string(kMaxPaddedRowTokens) + " respectively");
+  }
+  // Ratio-1 entries are read one per token row, in order (BatchPlan::entry_rows), which a padded
+  // layout does not keep.
+  if (std::find(ratios.begin(), ratios.end(), 1) != ratios.end()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "padded verify batch: compression ratio 1 (DeepSeek-V4.1's C1) is not supported");
+  }
+  BatchGeometry g;
+  g.num_seqs = bucket + 1;
+  g.num_tokens = bucket * row_tokens + 1;
+  g.table_width = width;
+  for (int ratio : ratios)
+    g.num_entries.push_back(padded_verify_entries(bucket, row_tokens, ratio));
+  g.has_padding = true;
+  g.all_logits = true;
+  g.num_logit_rows = g.num_tokens;
   g.carry = true;
   return g;
 }
@@ -183,16 +220,41 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
   int32_t* entries = next_positions + g.num_logit_rows;
 
   const int real = static_cast<int>(rows.size());
+  int64_t real_tokens = 0;
+  for (const ForwardRow& r : rows) {
+    real_tokens += r.num_tokens;
+    if (g.entry_per_row && r.num_tokens != 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "forward batch: a padded decode batch holds one-token rows, got a row of " +
+                      std::to_string(r.num_tokens));
+    }
+  }
+  // Padding rows share the token rows the real ones leave, as evenly as they can, one at least.
+  const int64_t pad_rows = g.num_seqs - real;
+  const int64_t pad_tokens = g.num_tokens - real_tokens;
+  const bool fits = pad_rows >= 0 && (pad_rows == 0 ? pad_tokens == 0 : pad_tokens >= pad_rows) &&
+                    (g.has_padding || pad_rows == 0);
+  if (!fits) {
+    throw Error(ErrorCode::kInvalidArgument, "forward batch: " + std::to_string(real) +
+                                                 " rows of " + std::to_string(real_tokens) +
+                                                 " tokens do not fit a layout of " +
+                                                 std::to_string(g.num_seqs) + " rows and " +
+                                                 std::to_string(g.num_tokens) + " tokens");
+  }
   int32_t row = 0;    // token row
   int32_t logit = 0;  // logits row
   for (int s = 0; s < g.num_seqs; ++s) {
     q_start[s] = row;
-    if (s >= real) {  // padding: token 0 at position 0 of the scratch slot
+    if (s >= real) {  // padding: tokens 0 at positions 0, 1, ... of the scratch slot
       slot[s] = scratch_slot;
-      token_seq[row] = s;
-      if (carry != nullptr) carry[row] = -1;
-      if (g.all_logits) next_positions[logit++] = 1;
-      ++row;
+      const int64_t pad = s - real;
+      const int64_t n = pad_tokens / pad_rows + (pad < pad_tokens % pad_rows ? 1 : 0);
+      for (int32_t i = 0; i < n; ++i, ++row) {
+        positions[row] = i;
+        token_seq[row] = s;
+        if (carry != nullptr) carry[row] = -1;
+        if (g.all_logits) next_positions[logit++] = i + 1;
+      }
       continue;
     }
     const ForwardRow& r = rows[static_cast<size_t>(s)];
@@ -246,12 +308,24 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
       const ForwardRow& r = rows[static_cast<size_t>(s)];
       const int64_t first = first_entry(r, ratio);
       const int64_t last = kv::num_entries(r.start_pos + r.num_tokens, ratio);
+      if (n + (last - first) > e) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "forward batch: the rows close more than the layout's " + std::to_string(e) +
+                        " entries of ratio " + std::to_string(ratio));
+      }
       for (int64_t w = first; w < last; ++w, ++n) {
         seq[n] = s;
         window[n] = static_cast<int32_t>(w);
         rope_pos[n] = static_cast<int32_t>(w * ratio);
         dest[n] = static_cast<int32_t>(kv::entry_row(r.block_table, w, epb));
       }
+    }
+    // A padded layout's spare entry slots: padding entries of its last (padding) row.
+    for (; n < e; ++n) {
+      seq[n] = g.num_seqs - 1;
+      window[n] = -1;
+      rope_pos[n] = 0;
+      dest[n] = -1;
     }
   }
   if (g.swa_start) {

@@ -6,7 +6,8 @@
 // SequenceChunk. Everything the graph reads about a call (the BatchLayout, the compressed entries
 // that close in it, the rows whose logits are wanted, carried tokens) is packed on the host into
 // one i32 buffer and uploaded with one call, so the graph never reads the device. A recorded
-// decode graph packs the same way into its own fixed-size buffer (BatchGeometry::padded).
+// decode graph packs the same way into its own fixed-size buffer (BatchGeometry::padded, and
+// BatchGeometry::padded_verify for steps with speculative verify rows).
 #pragma once
 
 #include <cstdint>
@@ -88,6 +89,9 @@ struct BatchGeometry {
   // window -1 where no window closes.
   std::vector<int> num_entries;
   bool entry_per_row = false;
+  // Rows past the call's are padding rows that take every token row the real rows leave (at
+  // least one each), and entry slots past the real entries are padding (window -1, dest -1).
+  bool has_padding = false;
   bool all_logits = false;  // logits of every token row (logit_rows stays undefined)
   int num_logit_rows = 0;
   bool carry = false;      // carry_remap is present
@@ -100,12 +104,29 @@ struct BatchGeometry {
   // A decode batch (one token per row) padded to `bucket` rows and `width` table columns, with
   // logits and a carry remap for every row.
   static BatchGeometry padded(int bucket, int width, size_t num_ratios);
+  // A step with speculative verify rows (rows of up to a few tokens, each wanting the logits of
+  // all of them), as a recorded graph holds it: up to `bucket` real rows of at most
+  // bucket * row_tokens tokens in all (counting one per padding row), plus one padding row, so
+  // bucket + 1 rows and bucket * row_tokens + 1 token rows; logits of every token row, a carry
+  // remap, and per ratio the most entries such rows can close (padded_verify_entries).
+  static BatchGeometry padded_verify(int bucket, int row_tokens, int width,
+                                     const std::vector<int>& ratios);
+  // The most compressed entries of `ratio` that rows of padded_verify(bucket, row_tokens) can
+  // close: a row of n tokens closes at most ceil(n / ratio), and the rows hold at most
+  // bucket * row_tokens tokens (at most kMaxPaddedRowTokens each) in at most `bucket` rows.
+  static int padded_verify_entries(int bucket, int row_tokens, int ratio);
+  // The most tokens a row of a padded_verify batch may have: the last committed token and up to 5
+  // drafts (the rings' max_backtrack slack, engine README "Speculative decoding").
+  static constexpr int kMaxPaddedRowTokens = 6;
   int64_t size() const;  // i32 elements of the packed buffer
 };
 
 // Writes the metadata of `rows` laid out as `geometry` into `host` (resized). Padding rows (past
 // rows.size()) are one-token sequences at position 0 in `scratch_slot`, with a zero block table
-// and padding entries (window -1, dest -1): they write only state no caller owns.
+// and padding entries (window -1, dest -1): they write only state no caller owns. In a
+// padded_verify geometry the padding rows share the token rows the real rows leave as evenly as
+// they can (each a sequence at positions 0, 1, ... of `scratch_slot`, none of whose entries is
+// stored). Error(kInvalidArgument) when `rows` do not fit `geometry`.
 void pack_batch(RowSpan rows, const BatchGeometry& geometry, const std::vector<int>& ratios,
                 int block_size, int32_t scratch_slot, std::vector<int32_t>& host);
 // The plan whose tensors are views of `metadata` (a device i32 buffer of geometry.size()).

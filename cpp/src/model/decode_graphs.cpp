@@ -16,8 +16,8 @@ constexpr int kMinTableWidth = 16;
 
 }  // namespace
 
-// One recorded decode step: its metadata buffer (which the plan's tensors view), for V4.1 with
-// Engram layers its n-grams and their carry remap, and the graph.
+// One recorded step: its metadata buffer (which the plan's tensors view), for V4.1 with Engram
+// layers its n-grams and their carry remap, and the graph.
 struct DecodeGraphs::Recording {
   BatchGeometry geometry;
   BatchPlan plan;
@@ -59,9 +59,15 @@ DecodeGraphs::DecodeGraphs(const ModelConfig& config, DeepseekV4Model* model,
       caches_(caches),
       backend_(backend),
       max_batch_(max_batch),
+      max_verify_batch_(0),
       scratch_slot_(scratch_slot),
       buckets_(buckets_up_to(max_batch)),
       ratios_(compress_ratios(config)) {
+  // V4.1 (ratio-1 entries, Engram n-grams, YOCO) keeps its verify steps eager.
+  const bool has_ratio_one = std::find(ratios_.begin(), ratios_.end(), 1) != ratios_.end();
+  if (v41_model == nullptr && !has_ratio_one) {
+    max_verify_batch_ = std::min(max_batch, kMaxVerifyBatch);
+  }
   if (max_batch < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 "decode graphs need max_batch >= 1, got " + std::to_string(max_batch));
@@ -77,12 +83,42 @@ DecodeGraphs::DecodeGraphs(const ModelConfig& config, DeepseekV4Model* model,
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-bool DecodeGraphs::accepts(RowSpan rows) const {
-  if (rows.empty() || static_cast<int>(rows.size()) > max_batch_) return false;
-  const bool decode = std::all_of(rows.begin(), rows.end(), [](const ForwardRow& r) {
-    return r.num_tokens == 1 && r.num_logits == 1;
-  });
-  if (!decode) return false;
+bool DecodeGraphs::rows_fit(RowSpan rows, LogitsMode mode, int max_batch, int max_verify_batch) {
+  if (rows.empty()) return false;
+  bool verify = false;
+  for (const ForwardRow& r : rows) {
+    if (r.num_tokens < 1) return false;
+    if (mode != LogitsMode::kAll && r.num_logits != r.num_tokens) return false;
+    if (r.num_tokens > BatchGeometry::kMaxPaddedRowTokens) return false;
+    verify = verify || r.num_tokens > 1;
+  }
+  return static_cast<int>(rows.size()) <= (verify ? max_verify_batch : max_batch);
+}
+
+DecodeGraphs::Shape DecodeGraphs::shape_for(RowSpan rows, const std::vector<int>& buckets,
+                                            size_t max_blocks) {
+  const int real = static_cast<int>(rows.size());
+  const auto it = std::lower_bound(buckets.begin(), buckets.end(), real);
+  if (real < 1 || it == buckets.end()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "decode graphs: no bucket holds " + std::to_string(real) + " sequences");
+  }
+  Shape shape;
+  shape.bucket = *it;
+  shape.width = static_cast<int>(std::bit_ceil(std::max<size_t>(max_blocks, kMinTableWidth)));
+  int64_t tokens = 0;
+  for (const ForwardRow& r : rows) tokens += r.num_tokens;
+  if (tokens > real) {
+    // Each padding row below the bucket takes one token row at least (the row past it, the one
+    // padded_verify adds, takes the rest).
+    const int64_t needed = tokens + (shape.bucket - real);
+    shape.row_tokens = static_cast<int>((needed + shape.bucket - 1) / shape.bucket);
+  }
+  return shape;
+}
+
+bool DecodeGraphs::accepts(RowSpan rows, LogitsMode mode) const {
+  if (!rows_fit(rows, mode, max_batch_, max_verify_batch_)) return false;
   // A replayed hit's rows whose window is still clamped (or whose entry the tiers supplied): the
   // recording carries no swa_start, so such a call runs eagerly.
   const int window = config_.sliding_window;
@@ -97,12 +133,14 @@ bool DecodeGraphs::accepts(RowSpan rows) const {
   return !yoco_row_ranges(rows, *config_.v41, ranges);
 }
 
-DecodeGraphs::Recording& DecodeGraphs::recording_for(int bucket, int width) {
-  auto key = std::make_pair(bucket, width);
-  auto it = recordings_.find(key);
+DecodeGraphs::Recording& DecodeGraphs::recording_for(const Shape& shape) {
+  auto it = recordings_.find(shape);
   if (it != recordings_.end()) return *it->second;
+  const int bucket = shape.bucket;
   auto rec = std::make_unique<Recording>();
-  rec->geometry = BatchGeometry::padded(bucket, width, ratios_.size());
+  rec->geometry = shape.row_tokens == 1 ? BatchGeometry::padded(bucket, shape.width, ratios_.size())
+                                        : BatchGeometry::padded_verify(bucket, shape.row_tokens,
+                                                                       shape.width, ratios_);
   const Tensor metadata = backend_.zeros({rec->geometry.size()}, DType::kI32);
   rec->plan = plan_views(metadata, rec->geometry, ratios_, caches_.shape().block_size);
   if (v41_model_ != nullptr && !config_.v41->engram_layer_ids.empty()) {
@@ -110,7 +148,7 @@ DecodeGraphs::Recording& DecodeGraphs::recording_for(int bucket, int width) {
     rec->ngram = backend_.zeros({bucket, n}, DType::kI32);
     rec->ngram_remap = backend_.zeros({bucket * n}, DType::kI32);
   }
-  return *recordings_.emplace(key, std::move(rec)).first->second;
+  return *recordings_.emplace(shape, std::move(rec)).first->second;
 }
 
 void DecodeGraphs::stage_ngrams(RowSpan rows, Recording& rec, const Tensor& previous_tokens) {
@@ -125,25 +163,32 @@ void DecodeGraphs::stage_ngrams(RowSpan rows, Recording& rec, const Tensor& prev
 }
 
 DecodeGraphs::Output DecodeGraphs::forward(RowSpan rows, size_t max_blocks,
-                                           const Tensor& previous_tokens) {
-  if (!accepts(rows)) {
+                                           const Tensor& previous_tokens, LogitsMode mode) {
+  if (!accepts(rows, mode)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "decode graphs: a batch of 1 to " + std::to_string(max_batch_) +
-                    " one-token sequences wanting their logits was expected, got " +
+                    " one-token sequences (or 1 to " + std::to_string(max_verify_batch_) +
+                    " with verify rows of up to " +
+                    std::to_string(BatchGeometry::kMaxPaddedRowTokens) +
+                    " tokens) wanting all their logits was expected, got " +
                     std::to_string(rows.size()) + " sequences");
   }
-  const int real = static_cast<int>(rows.size());
-  const int bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), real);
-  const int width = static_cast<int>(std::bit_ceil(std::max<size_t>(max_blocks, kMinTableWidth)));
-  Recording& rec = recording_for(bucket, width);
+  const Shape shape = shape_for(rows, buckets_, max_blocks);
+  const bool verify = shape.row_tokens > 1;
+  Recording& rec = recording_for(shape);
   pack_batch(rows, rec.geometry, ratios_, caches_.shape().block_size, scratch_slot_,
              host_metadata_);
   backend_.upload_into(rec.plan.metadata,
                        Tensor::from_vector(host_metadata_, {rec.plan.metadata.numel()}));
   take_carried_tokens(backend_, rows, rec.plan, previous_tokens);
   if (rec.ngram.defined()) stage_ngrams(rows, rec, previous_tokens);
-  if (!logits_.defined()) logits_ = backend_.empty({max_batch_, config_.vocab_size}, DType::kF32);
-  Tensor out = logits_.narrow(0, 0, bucket);
+  Tensor* logits = verify ? &verify_logits_ : &logits_;
+  if (!logits->defined()) {
+    const int64_t capacity =
+        verify ? int64_t{max_verify_batch_} * BatchGeometry::kMaxPaddedRowTokens + 1 : max_batch_;
+    *logits = backend_.empty({capacity, config_.vocab_size}, DType::kF32);
+  }
+  Tensor out = logits->narrow(0, 0, rec.geometry.num_logit_rows);
   if (rec.graph) {
     rec.graph->replay();
   } else {
@@ -162,7 +207,12 @@ DecodeGraphs::Output DecodeGraphs::forward(RowSpan rows, size_t max_blocks,
     num_recorded_.fetch_add(1);
   }
   num_calls_.fetch_add(1);
-  return {logits_.narrow(0, 0, real), rec.plan.next_positions.narrow(0, 0, real)};
+  if (verify) num_verify_calls_.fetch_add(1);
+  // Every row wants the logits of all its tokens (rows_fit), and real rows come first: the first
+  // `tokens` logits rows are the call's, in order.
+  int64_t tokens = 0;
+  for (const ForwardRow& r : rows) tokens += r.num_tokens;
+  return {logits->narrow(0, 0, tokens), rec.plan.next_positions.narrow(0, 0, tokens)};
 }
 
 }  // namespace deepinfer

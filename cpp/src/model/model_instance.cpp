@@ -46,10 +46,10 @@ int64_t kv_blocks_from_memory(const DeviceMemory& memory, double utilization, in
 
 ModelInstance::Output ModelInstance::forward(RowSpan rows, size_t max_blocks, LogitsMode mode,
                                              const Tensor& previous_tokens, Tensor* hidden) {
-  if (hidden == nullptr && graphs != nullptr && graphs->accepts(rows)) {
+  if (hidden == nullptr && graphs != nullptr && graphs->accepts(rows, mode)) {
     // A replay cannot wait layer by layer: KV tier imports still pending are waited for whole.
     caches->wait_all_imports(*backend);
-    DecodeGraphs::Output out = graphs->forward(rows, max_blocks, previous_tokens);
+    DecodeGraphs::Output out = graphs->forward(rows, max_blocks, previous_tokens, mode);
     return {out.logits, out.next_positions};
   }
   const BatchPlan plan =

@@ -41,22 +41,21 @@ class CheckpointModelRunner final : public ModelRunner {
     return with_dropped_rows(logits, dropped, batch, mode);
   }
 
-  Tensor greedy(const std::vector<SequenceChunk>& batch) override {
+  Tensor greedy(const std::vector<SequenceChunk>& batch, LogitsMode mode) override {
     ModelInstance& m = *instance_;
     // Checked before anything runs: a refused call leaves the caches and histories as they were.
     const size_t max_blocks = fill_rows(batch);
-    if (const std::vector<int32_t> dropped = dropped_logit_rows(LogitsMode::kLast);
-        !dropped.empty()) {
+    if (const std::vector<int32_t> dropped = dropped_logit_rows(mode); !dropped.empty()) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "greedy: the last token of sequence " + std::to_string(dropped.front()) +
-                      " lies before its prompt_end's YOCO kept positions (compact truncation "
-                      "drops it): it has no logits");
+                  "greedy: logits row " + std::to_string(dropped.front()) +
+                      " (with logits=\"last\", the sequence) lies before its prompt_end's YOCO "
+                      "kept positions (compact truncation drops it): it has no logits");
     }
     if (m.config.v41 != nullptr) take_histories();
     Tensor logits;
     {
       HostSyncForbidden no_sync(*m.backend);
-      logits = m.forward(rows_, max_blocks, LogitsMode::kLast, Tensor()).logits;
+      logits = m.forward(rows_, max_blocks, mode, Tensor()).logits;
     }
     return m.backend->to_host(m.backend->argmax(logits));
   }
