@@ -58,6 +58,7 @@
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/common/smem_limits.h"
 #include "cuda/common/vec.cuh"
 
 namespace deepinfer::cuda {
@@ -480,20 +481,270 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The prefetching variant (DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch, opt-in): the same tiles,
+// products, softmax and output as attention_wgmma_kernel (bit-identical results), with the key
+// loads moved off the tile's critical path. The kernel above waits for memory several times per
+// tile (the fp8 stage holds half a tile, so each half is copied and then waited for within one
+// tile; a key's address, a top-k column and then a block-table entry, is resolved right before
+// its copy), and at B >= 64 its tiles took 7-9 us where the products take about 1.5. Here:
+//  - fp8 records go to registers, not to a shared stage: thread tid holds a quarter of the
+//    record of key tid / 4 (nope bytes 112 part .., RoPE bytes 32 part .., the scale bytes; 19
+//    8-byte loads, V4's 584-byte record only), loaded during tile i for tile i + 2's ... decoded
+//    while tile i + 1's scores run: each load has a whole tile to land;
+//  - bf16 rows are copied with cp.async a tile ahead, as before;
+//  - a key's address is resolved in two steps a tile before its loads are issued: the top-k
+//    column loaded while the scores run, the block-table entry while the values run.
+// ---------------------------------------------------------------------------------------------
+
+// V4's fp8 main record (attention_wgmma_config.h): the register shares are cut for it only.
+constexpr int kV4Nope = kWgmmaPrefetchNope;
+constexpr int kV4Rope = kWgmmaPrefetchRope;
+constexpr int kV4RecordBytes = kWgmmaPrefetchRecordBytes;
+constexpr int kShareNopeBytes = kV4Nope / 4;      // 112: 14 chunks of 8 channels
+constexpr int kShareRopeBytes = 2 * kV4Rope / 4;  // 32: 2 chunks
+constexpr int kShareNopeChunks = kShareNopeBytes / 8;
+static_assert(kV4Nope + 2 * kV4Rope + (kV4Nope + 63) / 64 <= kV4RecordBytes, "V4's record");
+static_assert(kV4Nope + kV4Rope == kDim, "the record's channels are the tile's");
+
+// One thread's quarter of an fp8 record (part `part` of key tid / 4).
+struct Fp8Share {
+  uint2 nope[kShareNopeChunks];     // e4m3 bytes 112 part ..
+  uint2 rope[kShareRopeBytes / 8];  // bf16 RoPE bytes 32 part ..
+  uint2 scales;                     // the 7 e8m0 scales and the pad byte
+};
+
+// Loads the thread's share of the record at `rec` (null: nothing, the key is masked).
+__device__ __forceinline__ void load_fp8_share(Fp8Share& sh, const uint8_t* rec, int part) {
+  if (rec == nullptr) return;
+  const uint2* nope = reinterpret_cast<const uint2*>(rec + kShareNopeBytes * part);
+#pragma unroll
+  for (int i = 0; i < kShareNopeChunks; ++i) sh.nope[i] = __ldg(nope + i);
+  const uint2* rope = reinterpret_cast<const uint2*>(rec + kV4Nope + kShareRopeBytes * part);
+#pragma unroll
+  for (int i = 0; i < kShareRopeBytes / 8; ++i) sh.rope[i] = __ldg(rope + i);
+  sh.scales = __ldg(reinterpret_cast<const uint2*>(rec + kV4Nope + 2 * kV4Rope));
+}
+
+// Decodes the share into tile row `key` (zeros for a masked key) and sets the key's valid flag:
+// decode_fp8_key's arithmetic on the same bytes, so the tile is the same bits.
+__device__ __forceinline__ void decode_fp8_share(uint8_t* kb, int* valid, const Fp8Share& sh,
+                                                 bool real, int key, int part) {
+  const uint64_t scales = (static_cast<uint64_t>(sh.scales.y) << 32) | sh.scales.x;
+#pragma unroll
+  for (int i = 0; i < kShareNopeChunks; ++i) {
+    const int chunk = kShareNopeChunks * part + i;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (real) {
+      // Chunk c holds channels 8c ..: scale group 8c / 64.
+      const float scale =
+          e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (8 * chunk / kv_record::kFp8Group))));
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = k < 2 ? sh.nope[i].x : sh.nope[i].y;
+        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+        const __half2 h =
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+        const float2 f = __half22float2(h);
+        packed[k] = pack_bf16(f.x * scale, f.y * scale);
+      }
+      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    *reinterpret_cast<uint4*>(kb + tile_offset(key, chunk)) = v;
+  }
+#pragma unroll
+  for (int i = 0; i < kShareRopeBytes / 16; ++i) {
+    const int chunk = kV4Nope / 8 + (kShareRopeBytes / 16) * part + i;
+    const uint4 v = real ? make_uint4(sh.rope[2 * i].x, sh.rope[2 * i].y, sh.rope[2 * i + 1].x,
+                                      sh.rope[2 * i + 1].y)
+                         : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(kb + tile_offset(key, chunk)) = v;
+  }
+  if (part == 0) valid[key] = real ? 1 : 0;
+}
+
+// A key's address in two steps (AttentionKeys::key's keys and masks): pending_key reads what
+// needs no dependent load (a sliding key's row, a compressed key's entry index: the top-k
+// column), resolve_key the block table. Each step's loads land while the tensor cores run.
+struct PendingKey {
+  const uint8_t* row;  // the row when entry < 0 (null: masked or past the split)
+  int64_t entry;       // >= 0: a visible compressed entry, its row still to look up
+};
+
+__device__ __forceinline__ PendingKey pending_key(const AttentionArgs& a, const DeviceLayout& l,
+                                                  const AttentionKeys& keys, int64_t i,
+                                                  int64_t end) {
+  if (i >= end) return {nullptr, -1};
+  if (i < keys.n_sliding) return {keys.key(a, l, i), -1};
+  const int64_t c = i - keys.n_sliding;
+  const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(keys.t) * a.topk_cols + c] : c;
+  return {nullptr, j >= 0 && j < keys.visible ? j : -1};
+}
+
+__device__ __forceinline__ const uint8_t* resolve_key(const AttentionArgs& a, const DeviceLayout& l,
+                                                      const AttentionKeys& keys, PendingKey k) {
+  if (k.entry < 0) return k.row;
+  const int64_t row = entry_row(l, keys.b, k.entry, a.epb, a.entry_rows);
+  return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;
+}
+
+template <KvFormat kFmt>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_wgmma_prefetch_kernel(AttentionArgs a, DeviceLayout l) {
+  static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
+  constexpr bool kFp8 = kFmt == KvFormat::kFp8;
+  extern __shared__ int4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  uint8_t* qs = smem + Layout::kQOff;
+  uint8_t* kb_base = smem + Layout::kKbOff;  // buffer b at kb_base + b * kKbBytes
+  uint8_t* ps = smem + Layout::kPOff;
+  float* xchg = reinterpret_cast<float*>(smem + Layout::kXchgOff);
+  int* valid_base = reinterpret_cast<int*>(smem + Layout::kValidOff);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int wg = tid >> 7;                               // warpgroup: keys of S, channels of O
+  const int row0 = 16 * ((tid >> 5) & 3) + (lane >> 2);  // the thread's heads: row0, row0 + 8
+  const int qd = lane & 3;
+  const int t = blockIdx.x;
+  const int h_first = blockIdx.y * kRows;
+  // Copy role (both formats): key `ck` of each tile; bf16 chunks `part` + 4j, fp8 share `part`.
+  const int ck = tid >> 2;
+  const int part = tid & 3;
+  // The combine of the splits (a programmatic dependent launch of this grid) may start: it
+  // waits for this grid's completion before it reads anything.
+  let_dependents_launch();
+
+  const AttentionKeys keys(a, l, t);
+  const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
+  auto pending_at = [&](int64_t i0) { return pending_key(a, l, keys, i0 + ck, range.end); };
+  auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
+  auto kb_of = [&](int b) { return kb_base + b * Layout::kKbBytes; };
+  auto valid_of = [&](int b) { return valid_base + b * kKeys; };
+
+  float o[kOAcc];
+#pragma unroll
+  for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float d_run[2] = {0.0f, 0.0f};  // over this warpgroup's keys only
+
+  // fp8: the share of the record the thread decodes next (tile it + 1 during tile it) and
+  // whether its key is real. Both formats: the address of the key the thread loads next
+  // (tile it + 2 during tile it for fp8, tile it + 1 for bf16).
+  Fp8Share share;
+  bool share_real = false;
+  const uint8_t* src_next = nullptr;
+
+  if (range.begin < range.end) {
+    // The first tiles' addresses: top-k columns and block-table entries, which the grids before
+    // the kv rows' encoding wrote (complete: that grid is an ordinary launch).
+    const PendingKey k0 = pending_at(range.begin);
+    const PendingKey k1 = pending_at(range.begin + kKeys);
+    const PendingKey k2 = pending_at(range.begin + 2 * kKeys);
+    const uint8_t* src0 = resolve(k0);
+    const uint8_t* src1 = resolve(k1);
+    // A sliding key may be one of this call's kv rows: the previous grid's output (with a
+    // programmatic dependent launch this kernel started while that grid ran).
+    wait_for_previous_grid();
+    if constexpr (kFp8) {
+      load_fp8_share(share, src0, part);
+      load_query_tile(a, qs, t, h_first, tid);
+      decode_fp8_share(kb_of(0), valid_of(0), share, src0 != nullptr, ck, part);
+      fence_async_shared();  // tile 0 and q, for wgmma
+      load_fp8_share(share, src1, part);
+      share_real = src1 != nullptr;
+      src_next = resolve(k2);
+    } else {
+      copy_bf16_key(kb_of(0), valid_of(0), src0, ck, part);
+      load_query_tile(a, qs, t, h_first, tid);
+      src_next = src1;
+    }
+  }
+
+  const uint64_t q_desc = kmajor_desc(qs);
+  const uint64_t p_desc = kmajor_desc(ps);
+  int it = 0;
+  for (int64_t i0 = range.begin; i0 < range.end; i0 += kKeys, ++it) {
+    const int buf = it & 1;
+    uint8_t* kb = kb_of(buf);
+    const bool more = i0 + kKeys < range.end;
+    if constexpr (!kFp8) {
+      cp_async_wait_all();
+      fence_async_shared();  // this thread's copies, zero rows and q, for wgmma
+    }  // fp8: the decodes are fenced where they end, before the next loads are issued
+    __syncthreads();  // tile `it` in kb; every thread past tile it - 1 (the other buffer)
+    PendingKey pending;
+    if constexpr (!kFp8) {
+      if (more) copy_bf16_key(kb_of(buf ^ 1), valid_of(buf ^ 1), src_next, ck, part);
+      pending = pending_at(i0 + 2 * kKeys);  // tile it + 2, copied at the next tile
+    }
+    float s[16] = {};
+    issue_scores(s, q_desc, kmajor_desc(kb + kHalfKeys * wg * 16));
+    if constexpr (kFp8) {
+      pending = pending_at(i0 + 3 * kKeys);  // tile it + 3, loaded at the next tile
+      // Tile it + 1, loaded during the previous tile, decoded while the scores run; tile it + 2
+      // loaded to land during the next one.
+      if (more) decode_fp8_share(kb_of(buf ^ 1), valid_of(buf ^ 1), share, share_real, ck, part);
+      fence_async_shared();  // the decoded tile, for wgmma after the next tile's barrier
+      load_fp8_share(share, src_next, part);
+      share_real = src_next != nullptr;
+    }
+    wait_products(s);
+    float alpha[2];
+    softmax_tile(s, valid_of(buf), xchg, ps, a.scale, wg, row0, qd, m_run, d_run, alpha);
+    fence_async_shared();
+    __syncthreads();  // P of both halves
+    issue_values(o, alpha, p_desc, nmajor_desc(kb + wg * (kHalfDim / 8) * kChunkStride));
+    src_next = resolve(pending);  // the block-table load lands while the values run
+    wait_products(o);
+  }
+
+  // The denominator: the two halves' sums, added in the same order by both warpgroups.
+  __syncthreads();  // every thread past the last tile's reads of xchg
+  if (qd == 0) {
+    xchg[wg * kRows + row0] = d_run[0];
+    xchg[wg * kRows + row0 + 8] = d_run[1];
+  }
+  __syncthreads();
+  const float d[2] = {xchg[row0] + xchg[kRows + row0], xchg[row0 + 8] + xchg[kRows + row0 + 8]};
+  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
+}
+
 template <KvFormat kFmt>
 void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
-            int64_t tokens, cudaStream_t stream) {
-  allow_smem(attention_wgmma_kernel<kFmt>, Layout::kBytes);
+            int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(p.head_groups),
                   static_cast<unsigned>(p.splits));
-  attention_wgmma_kernel<kFmt><<<grid, kThreads, Layout::kBytes, stream>>>(a, l);
-  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+  if (!p.prefetch) {
+    allow_smem(attention_wgmma_kernel<kFmt>, Layout::kBytes);
+    attention_wgmma_kernel<kFmt><<<grid, kThreads, Layout::kBytes, stream>>>(a, l);
+    DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+    return;
+  }
+  // The prefetching kernel is a programmatic dependent launch of the grid before it (the kv
+  // rows' encoding): it resolves its first keys' addresses while that grid runs.
+  auto* kernel = attention_wgmma_prefetch_kernel<kFmt>;
+  smem_limits.allow(kernel, Layout::kBytes);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Layout::kBytes;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1] = {};
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = 1;
+  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l),
+                                "attention: the prefetching wgmma kernel's launch");
 }
 
 }  // namespace
 
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
-                            const AttentionMmaPlan& p, int64_t tokens, cudaStream_t stream) {
+                            const AttentionMmaPlan& p, int64_t tokens,
+                            KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (!wgmma_attention_shape(a.heads, a.dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) ||
       a.entf.format != a.kvf.format || a.entf.row_bytes != a.kvf.row_bytes ||
       (a.kvf.format != KvFormat::kBf16 && a.kvf.format != KvFormat::kFp8)) {
@@ -502,8 +753,17 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "bf16 rows or fp8 records, got " +
                     std::to_string(a.heads) + " heads of " + std::to_string(a.dim));
   }
-  if (a.kvf.format == KvFormat::kBf16) return launch<KvFormat::kBf16>(a, l, p, tokens, stream);
-  return launch<KvFormat::kFp8>(a, l, p, tokens, stream);
+  if (p.prefetch && !wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim, a.kvf.rope_dim,
+                                          a.kvf.row_bytes)) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: the prefetching wgmma kernel takes bf16 rows or V4's 584-byte fp8 "
+                "record (448 + 64 channels), got a record of " +
+                    std::to_string(a.kvf.row_bytes) + " bytes");
+  }
+  if (a.kvf.format == KvFormat::kBf16) {
+    return launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream);
+  }
+  return launch<KvFormat::kFp8>(a, l, p, tokens, smem_limits, stream);
 }
 
 }  // namespace deepinfer::cuda

@@ -48,6 +48,12 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariant) {
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaPrefetch);
+}
+
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
   for (const char* name : kSwitches) {
     ScopedEnv bad(name, "no-such-choice");
