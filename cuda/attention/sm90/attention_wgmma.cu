@@ -489,41 +489,51 @@ __global__ void __launch_bounds__(kThreads, 1)
 // tile; a key's address, a top-k column and then a block-table entry, is resolved right before
 // its copy), and at B >= 64 its tiles took 7-9 us where the products take about 1.5. Here:
 //  - fp8 records go to registers, not to a shared stage: thread tid holds a quarter of the
-//    record of key tid / 4 (nope bytes 112 part .., RoPE bytes 32 part .., the scale bytes; 19
-//    8-byte loads, V4's 584-byte record only), loaded during tile i for tile i + 2's ... decoded
-//    while tile i + 1's scores run: each load has a whole tile to land;
+//    record of key tid / 4 (19 8-byte loads, Fp8Share; V4's 584-byte record only), loaded
+//    during tile i and decoded while tile i + 1's scores run: each load has a tile to land;
 //  - bf16 rows are copied with cp.async a tile ahead, as before;
 //  - a key's address is resolved in two steps a tile before its loads are issued: the top-k
-//    column loaded while the scores run, the block-table entry while the values run.
+//    column loaded while the scores run, the block-table entry while the values run;
+//  - it is a programmatic dependent launch of the kv rows' encoding (attention.cu's first grid):
+//    a block resolves its first tiles' addresses while that grid runs and waits for it
+//    (griddepcontrol.wait) before it reads a key; the split combine after it likewise starts
+//    early and waits for this grid. At B = 1 (one tile per block) the chain of dependent loads
+//    and the three launches are most of the time.
+// Numerics and outputs: exactly attention_wgmma_kernel's (the same tile contents, products and
+// softmax in the same order), which tests/gpu/cpp/test_attention_wgmma.cpp checks byte for byte.
 // ---------------------------------------------------------------------------------------------
 
 // V4's fp8 main record (attention_wgmma_config.h): the register shares are cut for it only.
 constexpr int kV4Nope = kWgmmaPrefetchNope;
 constexpr int kV4Rope = kWgmmaPrefetchRope;
 constexpr int kV4RecordBytes = kWgmmaPrefetchRecordBytes;
-constexpr int kShareNopeBytes = kV4Nope / 4;      // 112: 14 chunks of 8 channels
-constexpr int kShareRopeBytes = 2 * kV4Rope / 4;  // 32: 2 chunks
-constexpr int kShareNopeChunks = kShareNopeBytes / 8;
+constexpr int kPieces = 4;                             // threads (shares) per record
+constexpr int kShareNope = kV4Nope / 8 / kPieces;      // 14 8-byte pieces of e4m3 channels
+constexpr int kShareRope = 2 * kV4Rope / 8 / kPieces;  // 4 8-byte pieces of bf16 channels
 static_assert(kV4Nope + 2 * kV4Rope + (kV4Nope + 63) / 64 <= kV4RecordBytes, "V4's record");
 static_assert(kV4Nope + kV4Rope == kDim, "the record's channels are the tile's");
+static_assert(kThreads == kPieces * kKeys, "a share per thread");
 
-// One thread's quarter of an fp8 record (part `part` of key tid / 4).
+// One thread's share of an fp8 record (part `part` of key tid / 4): the record's 8-byte pieces
+// kPieces i + part of its e4m3 bytes and of its bf16 RoPE bytes, so that the 4 threads of a key
+// read 32 contiguous bytes per load, and the scale bytes.
 struct Fp8Share {
-  uint2 nope[kShareNopeChunks];     // e4m3 bytes 112 part ..
-  uint2 rope[kShareRopeBytes / 8];  // bf16 RoPE bytes 32 part ..
-  uint2 scales;                     // the 7 e8m0 scales and the pad byte
+  uint2 nope[kShareNope];  // channels 8 (4i + part) .. + 7: tile chunk 4i + part
+  uint2 rope[kShareRope];  // RoPE channels 4 (4i + part) .. + 3: half a tile chunk
+  uint2 scales;            // the 7 e8m0 scales and the pad byte
 };
 
-// Loads the thread's share of the record at `rec` (null: nothing, the key is masked).
+// Loads the thread's share of the record at `rec` (null: nothing, the key is masked), through
+// L2 only (each byte is read once per block).
 __device__ __forceinline__ void load_fp8_share(Fp8Share& sh, const uint8_t* rec, int part) {
   if (rec == nullptr) return;
-  const uint2* nope = reinterpret_cast<const uint2*>(rec + kShareNopeBytes * part);
+  const uint2* nope = reinterpret_cast<const uint2*>(rec) + part;
 #pragma unroll
-  for (int i = 0; i < kShareNopeChunks; ++i) sh.nope[i] = __ldg(nope + i);
-  const uint2* rope = reinterpret_cast<const uint2*>(rec + kV4Nope + kShareRopeBytes * part);
+  for (int i = 0; i < kShareNope; ++i) sh.nope[i] = __ldcg(nope + kPieces * i);
+  const uint2* rope = reinterpret_cast<const uint2*>(rec + kV4Nope) + part;
 #pragma unroll
-  for (int i = 0; i < kShareRopeBytes / 8; ++i) sh.rope[i] = __ldg(rope + i);
-  sh.scales = __ldg(reinterpret_cast<const uint2*>(rec + kV4Nope + 2 * kV4Rope));
+  for (int i = 0; i < kShareRope; ++i) sh.rope[i] = __ldcg(rope + kPieces * i);
+  sh.scales = __ldcg(reinterpret_cast<const uint2*>(rec + kV4Nope + 2 * kV4Rope));
 }
 
 // Decodes the share into tile row `key` (zeros for a masked key) and sets the key's valid flag:
@@ -532,11 +542,10 @@ __device__ __forceinline__ void decode_fp8_share(uint8_t* kb, int* valid, const 
                                                  bool real, int key, int part) {
   const uint64_t scales = (static_cast<uint64_t>(sh.scales.y) << 32) | sh.scales.x;
 #pragma unroll
-  for (int i = 0; i < kShareNopeChunks; ++i) {
-    const int chunk = kShareNopeChunks * part + i;
+  for (int i = 0; i < kShareNope; ++i) {
+    const int chunk = kPieces * i + part;  // channels 8 chunk ..: scale group 8 chunk / 64
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (real) {
-      // Chunk c holds channels 8c ..: scale group 8c / 64.
       const float scale =
           e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (8 * chunk / kv_record::kFp8Group))));
       uint32_t packed[4];
@@ -554,12 +563,10 @@ __device__ __forceinline__ void decode_fp8_share(uint8_t* kb, int* valid, const 
     *reinterpret_cast<uint4*>(kb + tile_offset(key, chunk)) = v;
   }
 #pragma unroll
-  for (int i = 0; i < kShareRopeBytes / 16; ++i) {
-    const int chunk = kV4Nope / 8 + (kShareRopeBytes / 16) * part + i;
-    const uint4 v = real ? make_uint4(sh.rope[2 * i].x, sh.rope[2 * i].y, sh.rope[2 * i + 1].x,
-                                      sh.rope[2 * i + 1].y)
-                         : make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4*>(kb + tile_offset(key, chunk)) = v;
+  for (int i = 0; i < kShareRope; ++i) {
+    const int piece = kPieces * i + part;  // RoPE channels 4 piece ..: half of chunk piece / 2
+    *reinterpret_cast<uint2*>(kb + tile_offset(key, kV4Nope / 8 + piece / 2) + 8 * (piece & 1)) =
+        real ? sh.rope[i] : make_uint2(0u, 0u);
   }
   if (part == 0) valid[key] = real ? 1 : 0;
 }
