@@ -95,8 +95,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   // model's rows and splits; DEEPINFER_ATTENTION_KERNEL picks mma.sync or wgmma for these two
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
-  // mma_sync, wgmma and wgmma_prefetch (graph), the A/B rows. Every row names the kernel that
-  // ran.
+  // mma_sync, wgmma, wgmma_prefetch and wgmma_prefetch_pdl (graph), the A/B rows. Every row
+  // names the kernel that ran.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -106,6 +106,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
                        : p.fused     ? ", fused combine"
                                      : ", separate combine";
     const char* kernel = !cuda_be.last_attention_wgmma() ? ", mma_sync"
+                         : p.pdl                         ? ", wgmma_prefetch_pdl"
                          : p.prefetch                    ? ", wgmma_prefetch"
                                                          : ", wgmma";
     return std::string(kernel) + path + " (rows=" + std::to_string(p.rows) +
@@ -121,7 +122,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   if (cuda_be.wgmma_device() && s.kv != DType::kF32 && s.heads % 64 == 0) {
     for (const cuda::AttentionKernelChoice k :
          {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma,
-          cuda::AttentionKernelChoice::kWgmmaPrefetch}) {
+          cuda::AttentionKernelChoice::kWgmmaPrefetch,
+          cuda::AttentionKernelChoice::kWgmmaPrefetchPdl}) {
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit("attention_decode", shape + plan_label() + " (graph)", k_us, bytes, flops);

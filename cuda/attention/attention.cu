@@ -11,7 +11,9 @@
 //    D = 512, bf16 or fp8 KV) on an sm_90 device: the Hopper kernel sm90/attention_wgmma.cu
 //    instead (same numerics and split format; its own split count over 64-key tiles); with
 //    DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch its prefetching variant (the same results, the key
-//    loads a tile further ahead; fp8 only for V4's record, other records run the plain one);
+//    loads a tile further ahead; fp8 only for V4's record, other records run the plain one), and
+//    with wgmma_prefetch_pdl that variant as a programmatic dependent launch of the encoding below
+//    (and the combine one of it);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -50,8 +52,8 @@ namespace {
 // This call's keys in the caches' format: block t encodes row t (kv_record.cuh).
 __global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __restrict__ rows,
                                       KvRowFormat f) {
-  // The prefetching wgmma kernel after it is a programmatic dependent launch: it may start now
-  // and waits for this grid before it reads the rows.
+  // With wgmma_prefetch_pdl the kernel after it is a programmatic dependent launch: it may start
+  // now and waits for this grid before it reads the rows (an ordinary launch ignores this).
   let_dependents_launch();
   const int64_t t = blockIdx.x;
   encode_kv_row(kv + t * f.dim, rows + t * f.row_bytes, f);
@@ -128,8 +130,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // and takes the shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
-  const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma ||
-                           attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetch;
+  const bool prefetch_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetch ||
+                              attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetchPdl;
+  const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma || prefetch_asked;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
@@ -138,15 +141,15 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
                                               kAttnMaxSplits, attention_mma_choice_.splits);
     // The prefetching variant where asked for and it takes the record (V4's, or bf16 rows).
-    p.prefetch = attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetch &&
-                 wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim, a.kvf.rope_dim,
-                                      a.kvf.row_bytes);
+    p.prefetch = prefetch_asked && wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
+                                                        a.kvf.rope_dim, a.kvf.row_bytes);
+    p.pdl = p.prefetch && attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetchPdl;
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;
       split_outputs(p.splits);
       launch_attention_wgmma(a, dl, p, tokens, smem_limits(), stream());
-      combine(p.splits, p.prefetch);
+      combine(p.splits, p.pdl);
       return out;
     }
   }

@@ -32,6 +32,7 @@ struct AttentionMmaPlan {
   int64_t splits = 1;       // key splits per token
   bool fused = false;       // splits > 1 merged by the kernel's last block (needs counters)
   bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/attention_wgmma.cu)
+  bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -145,19 +146,24 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // multiple, D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs).
 // kWgmmaPrefetch: the wgmma kernel's prefetching variant (the same tiles and results, the key
 // loads a tile further ahead: fp8 records in registers, for V4's record; other fp8 records run
-// the plain wgmma kernel).
-enum class AttentionKernelChoice { kMmaSync, kWgmma, kWgmmaPrefetch };
+// the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
+// of the kv rows' encoding, and the split combine one of it (each starts while the grid before
+// it runs and waits for it before reading its output).
+enum class AttentionKernelChoice { kMmaSync, kWgmma, kWgmmaPrefetch, kWgmmaPrefetchPdl };
 
-// DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch, unset: mma_sync); nullopt names
-// the variable and the value not understood (`bad`).
+// DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl, unset:
+// mma_sync); nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
   if (v.empty() || v == "mma_sync") return AttentionKernelChoice::kMmaSync;
   if (v == "wgmma") return AttentionKernelChoice::kWgmma;
   if (v == "wgmma_prefetch") return AttentionKernelChoice::kWgmmaPrefetch;
-  *bad = "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma or wgmma_prefetch, got '" +
-         std::string(v) + "'";
+  if (v == "wgmma_prefetch_pdl") return AttentionKernelChoice::kWgmmaPrefetchPdl;
+  *bad =
+      "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch or "
+      "wgmma_prefetch_pdl, got '" +
+      std::string(v) + "'";
   return std::nullopt;
 }
 

@@ -156,6 +156,8 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_EQ(parse_attention_kernel("mma_sync", &bad), AttentionKernelChoice::kMmaSync);
   EXPECT_EQ(parse_attention_kernel("wgmma", &bad), AttentionKernelChoice::kWgmma);
   EXPECT_EQ(parse_attention_kernel("wgmma_prefetch", &bad), AttentionKernelChoice::kWgmmaPrefetch);
+  EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_pdl", &bad),
+            AttentionKernelChoice::kWgmmaPrefetchPdl);
   EXPECT_FALSE(parse_attention_kernel("WGMMA", &bad).has_value());
   EXPECT_FALSE(parse_attention_kernel("wgmma_", &bad).has_value());
   EXPECT_NE(bad.find("DEEPINFER_ATTENTION_KERNEL"), std::string::npos);

@@ -494,11 +494,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 //  - bf16 rows are copied with cp.async a tile ahead, as before;
 //  - a key's address is resolved in two steps a tile before its loads are issued: the top-k
 //    column loaded while the scores run, the block-table entry while the values run;
-//  - it is a programmatic dependent launch of the kv rows' encoding (attention.cu's first grid):
-//    a block resolves its first tiles' addresses while that grid runs and waits for it
-//    (griddepcontrol.wait) before it reads a key; the split combine after it likewise starts
-//    early and waits for this grid. At B = 1 (one tile per block) the chain of dependent loads
-//    and the three launches are most of the time.
+//  - with wgmma_prefetch_pdl (kPdl) it is a programmatic dependent launch of the kv rows'
+//    encoding (attention.cu's first grid): a block resolves its first tiles' addresses while that
+//    grid runs and waits for it (griddepcontrol.wait) before it reads a key; the split combine
+//    after it likewise starts early and waits for this grid. At B = 1 (one tile per block) the
+//    chain of dependent loads and the three launches are most of the time.
 // Numerics and outputs: exactly attention_wgmma_kernel's (the same tile contents, products and
 // softmax in the same order), which tests/gpu/cpp/test_attention_wgmma.cpp checks byte for byte.
 // ---------------------------------------------------------------------------------------------
@@ -596,7 +596,9 @@ __device__ __forceinline__ const uint8_t* resolve_key(const AttentionArgs& a, co
   return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;
 }
 
-template <KvFormat kFmt>
+// kPdl: launched as a programmatic dependent launch (the griddepcontrol instructions are only in
+// that instantiation).
+template <KvFormat kFmt, bool kPdl>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_prefetch_kernel(AttentionArgs a, DeviceLayout l) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
@@ -621,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int part = tid & 3;
   // The combine of the splits (a programmatic dependent launch of this grid) may start: it
   // waits for this grid's completion before it reads anything.
-  let_dependents_launch();
+  if constexpr (kPdl) let_dependents_launch();
 
   const AttentionKeys keys(a, l, t);
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
@@ -653,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint8_t* src1 = resolve(k1);
     // A sliding key may be one of this call's kv rows: the previous grid's output (with a
     // programmatic dependent launch this kernel started while that grid ran).
-    wait_for_previous_grid();
+    if constexpr (kPdl) wait_for_previous_grid();
     if constexpr (kFp8) {
       load_fp8_share(share, src0, part);
       load_query_tile(a, qs, t, h_first, tid);
@@ -729,9 +731,10 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     DEEPINFER_CUDA_LAUNCH_CHECK("attention");
     return;
   }
-  // The prefetching kernel is a programmatic dependent launch of the grid before it (the kv
-  // rows' encoding): it resolves its first keys' addresses while that grid runs.
-  auto* kernel = attention_wgmma_prefetch_kernel<kFmt>;
+  // The prefetching kernel; with p.pdl a programmatic dependent launch of the grid before it
+  // (the kv rows' encoding): it resolves its first keys' addresses while that grid runs.
+  auto* kernel = p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true>
+                       : attention_wgmma_prefetch_kernel<kFmt, false>;
   smem_limits.allow(kernel, Layout::kBytes);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -742,7 +745,7 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
-  config.numAttrs = 1;
+  config.numAttrs = p.pdl ? 1 : 0;
   DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l),
                                 "attention: the prefetching wgmma kernel's launch");
 }

@@ -8,10 +8,11 @@
 // over different tiles (64 vs 32 keys: other running maxima, so other roundings of P), so they
 // agree to the bf16 tolerance, not bit for bit; the wgmma kernel must also be deterministic and
 // must actually have run. Its prefetching variant (DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch: the
-// same tiles, the key loads further ahead) must give the wgmma kernel's bytes exactly. Agreement
-// with the CPU op is the op table's (the V4-width bf16_ rows of cases_attention.cpp, run with
-// DEEPINFER_ATTENTION_KERNEL=wgmma or wgmma_prefetch). Skips without a GPU or without the wgmma
-// kernel (a build without sm_90a code, a device other than sm_90).
+// same tiles, the key loads further ahead; wgmma_prefetch_pdl: also programmatic dependent
+// launches) must give the wgmma kernel's bytes exactly. Agreement with the CPU op is the op
+// table's (the V4-width bf16_ rows of cases_attention.cpp, run with DEEPINFER_ATTENTION_KERNEL=
+// wgmma or a prefetch value). Skips without a GPU or without the wgmma kernel (a build without
+// sm_90a code, a device other than sm_90).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -117,10 +118,12 @@ TEST(AttentionWgmma, MatchesTheMmaSyncKernel) {
         const cuda::AttentionMmaPlan plan = cuda_be.last_attention_plan();
         cuda_be.set_attention_kernel(kernel0);
         cuda_be.set_attention_mma_choice(choice0);
-        const bool prefetch = k == cuda::AttentionKernelChoice::kWgmmaPrefetch;
+        const bool pdl = k == cuda::AttentionKernelChoice::kWgmmaPrefetchPdl;
+        const bool prefetch = k == cuda::AttentionKernelChoice::kWgmmaPrefetch || pdl;
         EXPECT_EQ(wgmma, k == cuda::AttentionKernelChoice::kWgmma || prefetch);
         // V4's fp8 record and bf16 rows both take the prefetching variant: it must have run.
         EXPECT_EQ(wgmma && plan.prefetch, prefetch);
+        EXPECT_EQ(wgmma && plan.pdl, pdl);
         if (wc.splits > 0 && wgmma) {
           EXPECT_GT(plan.splits, 1);
         }
@@ -130,8 +133,11 @@ TEST(AttentionWgmma, MatchesTheMmaSyncKernel) {
       const Tensor got = run(cuda::AttentionKernelChoice::kWgmma);
       EXPECT_TRUE(bf16_close(ref, got));
       EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmma)));
-      // The prefetching variant runs the same tiles, products and softmax: the same bytes.
+      // The prefetching variant runs the same tiles, products and softmax: the same bytes, also
+      // as programmatic dependent launches (a kernel that read this call's kv rows before their
+      // encoding finished, or a combine that read the splits early, would differ).
       EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaPrefetch)));
+      EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaPrefetchPdl)));
     }
   }
 }

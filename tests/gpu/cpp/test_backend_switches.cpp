@@ -48,10 +48,15 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
 }
 
-TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariant) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");
+TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
+  {
+    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");
+    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+              cuda::AttentionKernelChoice::kWgmmaPrefetch);
+  }
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_pdl");
   EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaPrefetch);
+            cuda::AttentionKernelChoice::kWgmmaPrefetchPdl);
 }
 
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
