@@ -188,6 +188,31 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, uint8_t*
   }
 }
 
+// load_query_tile in two steps, for the prefetching kernel: all of the thread's loads issued at
+// once (before the block resolves its keys, so that their latencies overlap), then the stores.
+constexpr int kQueryLoads = kRows * kDim / 4 / kThreads;  // float4 per thread: 32
+
+__device__ __forceinline__ void issue_query_loads(const AttentionArgs& a, int t, int h_first,
+                                                  int tid, float4 (&v)[kQueryLoads]) {
+  const float4* q4 =
+      reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h_first) * kDim);
+#pragma unroll
+  for (int u = 0; u < kQueryLoads; ++u) v[u] = __ldg(q4 + tid + u * kThreads);
+}
+
+__device__ __forceinline__ void store_query_tile(uint8_t* qs, int tid,
+                                                 const float4 (&v)[kQueryLoads]) {
+  constexpr int kQ4 = kDim / 4;  // float4 per head
+#pragma unroll
+  for (int u = 0; u < kQueryLoads; ++u) {
+    const int i = tid + u * kThreads;
+    const int head = i / kQ4;
+    const int col4 = i % kQ4;  // channels 4 col4 .. + 3: chunk col4 / 2, half col4 % 2
+    *reinterpret_cast<uint2*>(qs + tile_offset(head, col4 / 2) + 8 * (col4 & 1)) =
+        make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+  }
+}
+
 // Issues S for all 64 heads x the warpgroup's 32 keys of the tile over the 512 channels (one
 // wgmma group; wait_products ends it).
 __device__ __forceinline__ void issue_scores(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
@@ -492,6 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 //    record of key tid / 4 (19 8-byte loads, Fp8Share; V4's 584-byte record only), loaded
 //    during tile i and decoded while tile i + 1's scores run: each load has a tile to land;
 //  - bf16 rows are copied with cp.async a tile ahead, as before;
+//  - q's loads are all issued first, before the block resolves its first keys;
 //  - a key's address is resolved in two steps a tile before its loads are issued: the top-k
 //    column loaded while the scores run, the block-table entry while the values run;
 //  - with wgmma_prefetch_pdl (kPdl) it is a programmatic dependent launch of the kv rows'
@@ -624,6 +650,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The combine of the splits (a programmatic dependent launch of this grid) may start: it
   // waits for this grid's completion before it reads anything.
   if constexpr (kPdl) let_dependents_launch();
+  // q first (the grids before the kv rows' encoding wrote it): it flies while the block resolves
+  // its keys.
+  float4 q_loads[kQueryLoads];
+  issue_query_loads(a, t, h_first, tid, q_loads);
 
   const AttentionKeys keys(a, l, t);
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
@@ -653,12 +683,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const PendingKey k2 = pending_at(range.begin + 2 * kKeys);
     const uint8_t* src0 = resolve(k0);
     const uint8_t* src1 = resolve(k1);
+    store_query_tile(qs, tid, q_loads);
     // A sliding key may be one of this call's kv rows: the previous grid's output (with a
     // programmatic dependent launch this kernel started while that grid ran).
     if constexpr (kPdl) wait_for_previous_grid();
     if constexpr (kFp8) {
       load_fp8_share(share, src0, part);
-      load_query_tile(a, qs, t, h_first, tid);
       decode_fp8_share(kb_of(0), valid_of(0), share, src0 != nullptr, ck, part);
       fence_async_shared();  // tile 0 and q, for wgmma
       load_fp8_share(share, src1, part);
@@ -666,7 +696,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       src_next = resolve(k2);
     } else {
       copy_bf16_key(kb_of(0), valid_of(0), src0, ck, part);
-      load_query_tile(a, qs, t, h_first, tid);
       src_next = src1;
     }
   }
