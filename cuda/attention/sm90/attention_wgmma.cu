@@ -517,7 +517,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 //    record of key tid / 4 (19 8-byte loads, Fp8Share; V4's 584-byte record only), loaded
 //    during tile i and decoded while tile i + 1's scores run: each load has a tile to land;
 //  - bf16 rows are copied with cp.async a tile ahead, as before;
-//  - q's loads are all issued first, before the block resolves its first keys;
+//  - q's loads are all issued first, before the block resolves its first keys, and the row's
+//    sequence is found by a warp-wide search (seq_of_row_warp: 2 dependent loads at B = 256);
 //  - a key's address is resolved in two steps a tile before its loads are issued: the top-k
 //    column loaded while the scores run, the block-table entry while the values run;
 //  - with wgmma_prefetch_pdl (kPdl) it is a programmatic dependent launch of the kv rows'
@@ -655,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float4 q_loads[kQueryLoads];
   issue_query_loads(a, t, h_first, tid, q_loads);
 
-  const AttentionKeys keys(a, l, t);
+  const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   auto pending_at = [&](int64_t i0) { return pending_key(a, l, keys, i0 + ck, range.end); };
   auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
