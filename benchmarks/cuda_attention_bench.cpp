@@ -95,8 +95,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   // model's rows and splits; DEEPINFER_ATTENTION_KERNEL picks mma.sync or wgmma for these two
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
-  // mma_sync, wgmma, wgmma_prefetch and wgmma_prefetch_pdl (graph), the A/B rows. Every row
-  // names the kernel that ran.
+  // mma_sync, wgmma and the wgmma_prefetch variants (graph), the A/B rows. Every row names the
+  // kernel that ran.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -105,11 +105,12 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
     const char* path = p.splits == 1 ? ", no split"
                        : p.fused     ? ", fused combine"
                                      : ", separate combine";
-    const char* kernel = !cuda_be.last_attention_wgmma() ? ", mma_sync"
-                         : p.pdl                         ? ", wgmma_prefetch_pdl"
+    std::string kernel = !cuda_be.last_attention_wgmma() ? ", mma_sync"
                          : p.prefetch                    ? ", wgmma_prefetch"
                                                          : ", wgmma";
-    return std::string(kernel) + path + " (rows=" + std::to_string(p.rows) +
+    if (p.swizzle) kernel += "_sw128";
+    if (p.pdl) kernel += "_pdl";
+    return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
   const double us = time_us(be, iters, call);
@@ -123,7 +124,9 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
     for (const cuda::AttentionKernelChoice k :
          {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma,
           cuda::AttentionKernelChoice::kWgmmaPrefetch,
-          cuda::AttentionKernelChoice::kWgmmaPrefetchPdl}) {
+          cuda::AttentionKernelChoice::kWgmmaPrefetchPdl,
+          cuda::AttentionKernelChoice::kWgmmaPrefetchSw128,
+          cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl}) {
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit("attention_decode", shape + plan_label() + " (graph)", k_us, bytes, flops);

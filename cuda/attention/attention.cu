@@ -13,7 +13,8 @@
 //    DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch its prefetching variant (the same results, the key
 //    loads a tile further ahead; fp8 only for V4's record, other records run the plain one), and
 //    with wgmma_prefetch_pdl that variant as a programmatic dependent launch of the encoding below
-//    (and the combine one of it);
+//    (and the combine one of it); wgmma_prefetch_sw128(_pdl): the same with 128-byte swizzled
+//    tiles;
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -130,9 +131,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // and takes the shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
-  const bool prefetch_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetch ||
-                              attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetchPdl;
-  const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma || prefetch_asked;
+  const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
+  const bool wgmma_asked =
+      attention_kernel_ == AttentionKernelChoice::kWgmma || prefetch_asked.prefetch;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
@@ -141,9 +142,11 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
                                               kAttnMaxSplits, attention_mma_choice_.splits);
     // The prefetching variant where asked for and it takes the record (V4's, or bf16 rows).
-    p.prefetch = prefetch_asked && wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
+    p.prefetch =
+        prefetch_asked.prefetch && wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
                                                         a.kvf.rope_dim, a.kvf.row_bytes);
-    p.pdl = p.prefetch && attention_kernel_ == AttentionKernelChoice::kWgmmaPrefetchPdl;
+    p.pdl = p.prefetch && prefetch_asked.pdl;
+    p.swizzle = p.prefetch && prefetch_asked.swizzle;
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;

@@ -95,14 +95,67 @@ __device__ __forceinline__ uint64_t nmajor_desc(const void* tile) {
   return wgmma_desc(tile, 128, kChunkStride);
 }
 
+// The tiles' shared-memory layout, a choice of the prefetching kernel (kSw128, opt-in
+// DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch_sw128...): the no-swizzle core matrices above, or
+// wgmma's 128-byte swizzle: a 64-row tile as blocks of 64 channels (8 KB; P is one block of 64
+// keys), each row's 128 bytes holding its 16-byte chunk c at position c ^ (row % 8) (the
+// hardware XORs address bits 4-6 with bits 7-9, so every tile starts at a multiple of 1 KB).
+// Descriptors (cute's canonical GMMA layouts): K-major, rows 128 bytes apart and 8-row groups
+// at the stride byte offset (1 KB), a k16 step 32 bytes along the row (the next block after 4);
+// N-major (the keys as V), 8-key groups at the stride byte offset (1 KB) and 64-channel blocks
+// at the leading byte offset (8 KB), a k16 step 16 rows (2 KB).
+constexpr int kSwBlock = kKeys * 128;  // a 64-channel block of a 64-row tile: 8 KB
+
+template <bool kSw128>
+struct Tiles {
+  // Byte offset of chunk `chunk` (8 channels; of P, 8 keys) of row `row` in a 64-row tile.
+  static __device__ __forceinline__ int offset(int row, int chunk) {
+    if constexpr (kSw128) {
+      return (chunk >> 3) * kSwBlock + row * 128 + (((chunk ^ row) & 7) << 4);
+    } else {
+      return tile_offset(row, chunk);
+    }
+  }
+  static __device__ __forceinline__ uint64_t kmajor(const void* tile) {
+    if constexpr (kSw128) {
+      return wgmma_desc(tile, 16, 1024) | (uint64_t{1} << 62);  // leading offset unused
+    } else {
+      return kmajor_desc(tile);
+    }
+  }
+  static __device__ __forceinline__ uint64_t nmajor(const void* tile) {
+    if constexpr (kSw128) {
+      return wgmma_desc(tile, kSwBlock, 1024) | (uint64_t{1} << 62);
+    } else {
+      return nmajor_desc(tile);
+    }
+  }
+  // Descriptor advance (16-byte units) of K-major k16 step ks, and of the N-major one.
+  static constexpr uint64_t kmajor_step(int ks) {
+    return static_cast<uint64_t>(kSw128 ? ((ks >> 2) * kSwBlock + (ks & 3) * 32) >> 4
+                                        : (2 * ks * kChunkStride) >> 4);
+  }
+  static constexpr uint64_t nmajor_step(int ks) {
+    return static_cast<uint64_t>(kSw128 ? (16 * ks * 128) >> 4 : (16 * ks * 16) >> 4);
+  }
+  // Where warpgroup wg's operands start in a key tile: its 32 keys (S), its 256 channels (V).
+  static constexpr int score_keys(int wg) {
+    return kSw128 ? kHalfKeys * wg * 128 : kHalfKeys * wg * 16;
+  }
+  static constexpr int value_channels(int wg) {
+    return kSw128 ? wg * (kHalfDim / 64) * kSwBlock : wg * (kHalfDim / 8) * kChunkStride;
+  }
+};
+
 // This thread's chunks sub + 4j of one key's bf16 row (null = masked: zero chunks) into the tile,
 // and the key's valid flag.
+template <bool kSw128 = false>
 __device__ __forceinline__ void copy_bf16_key(uint8_t* kb, int* valid, const uint8_t* src, int key,
                                               int sub) {
 #pragma unroll
   for (int j = 0; j < kChunks / 4; ++j) {
     const int c = sub + 4 * j;
-    uint8_t* dst = kb + tile_offset(key, c);
+    uint8_t* dst = kb + Tiles<kSw128>::offset(key, c);
     if (src != nullptr) {
       cp_async_16(dst, src + 16 * c);
     } else {
@@ -200,6 +253,7 @@ __device__ __forceinline__ void issue_query_loads(const AttentionArgs& a, int t,
   for (int u = 0; u < kQueryLoads; ++u) v[u] = __ldg(q4 + tid + u * kThreads);
 }
 
+template <bool kSw128>
 __device__ __forceinline__ void store_query_tile(uint8_t* qs, int tid,
                                                  const float4 (&v)[kQueryLoads]) {
   constexpr int kQ4 = kDim / 4;  // float4 per head
@@ -208,19 +262,20 @@ __device__ __forceinline__ void store_query_tile(uint8_t* qs, int tid,
     const int i = tid + u * kThreads;
     const int head = i / kQ4;
     const int col4 = i % kQ4;  // channels 4 col4 .. + 3: chunk col4 / 2, half col4 % 2
-    *reinterpret_cast<uint2*>(qs + tile_offset(head, col4 / 2) + 8 * (col4 & 1)) =
+    *reinterpret_cast<uint2*>(qs + Tiles<kSw128>::offset(head, col4 / 2) + 8 * (col4 & 1)) =
         make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
   }
 }
 
 // Issues S for all 64 heads x the warpgroup's 32 keys of the tile over the 512 channels (one
 // wgmma group; wait_products ends it).
+template <bool kSw128 = false>
 __device__ __forceinline__ void issue_scores(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kDim / 16; ++ks) {
-    // k-step ks: channels 16ks .. 16ks + 15, chunk planes 2ks and 2ks + 1.
-    const uint64_t step = static_cast<uint64_t>((2 * ks * kChunkStride) >> 4);
+    // k-step ks: channels 16ks .. 16ks + 15 (no swizzle: chunk planes 2ks and 2ks + 1).
+    const uint64_t step = Tiles<kSw128>::kmajor_step(ks);
     wgmma_m64n32k16_bf16_kk(s, q_desc + step, k_desc + step, ks > 0);
   }
   wgmma_commit();
@@ -237,6 +292,7 @@ __device__ __forceinline__ void wait_products(float (&acc)[kCount]) {
 // which this warpgroup scored 32 (s: columns 8j + 2qd + {0, 1} of its half). Returns alpha (the
 // rescale of the old O) per row; P, rounded to bf16, goes to the shared probability tile.
 // Contains the maxima's block barrier; the caller publishes P with the next one.
+template <bool kSw128 = false>
 __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, float* xchg,
                                              uint8_t* ps, float scale, int wg, int row0, int qd,
                                              float (&m_run)[2], float (&d_run)[2],
@@ -291,7 +347,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, f
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      *reinterpret_cast<uint32_t*>(ps + tile_offset(row0 + 8 * r, 4 * wg + j) + 4 * qd) =
+      *reinterpret_cast<uint32_t*>(ps + Tiles<kSw128>::offset(row0 + 8 * r, 4 * wg + j) + 4 * qd) =
           pack_bf16(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
     }
   }
@@ -299,6 +355,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, f
 
 // Issues O = O * alpha + P V over the warpgroup's 256 channels (V: the key tile, N-major) as one
 // wgmma group; wait_products(o) ends it. The previous group must be done (O is rescaled here).
+template <bool kSw128 = false>
 __device__ __forceinline__ void issue_values(float (&o)[kOAcc], const float (&alpha)[2],
                                              uint64_t p_desc, uint64_t v_desc) {
   // Once the maxima settle most tiles leave alpha at 1: the warp then skips the rescale.
@@ -316,8 +373,8 @@ __device__ __forceinline__ void issue_values(float (&o)[kOAcc], const float (&al
 #pragma unroll
   for (int ks = 0; ks < kKeys / 16; ++ks) {
     // k-step ks: keys 16ks .. 16ks + 15 = P's chunk planes 2ks, 2ks + 1 and V's rows 16ks ..
-    wgmma_m64n256k16_bf16_kn(o, p_desc + static_cast<uint64_t>((2 * ks * kChunkStride) >> 4),
-                             v_desc + static_cast<uint64_t>((16 * ks * 16) >> 4), true);
+    wgmma_m64n256k16_bf16_kn(o, p_desc + Tiles<kSw128>::kmajor_step(ks),
+                             v_desc + Tiles<kSw128>::nmajor_step(ks), true);
   }
   wgmma_commit();
 }
@@ -565,6 +622,7 @@ __device__ __forceinline__ void load_fp8_share(Fp8Share& sh, const uint8_t* rec,
 
 // Decodes the share into tile row `key` (zeros for a masked key) and sets the key's valid flag:
 // decode_fp8_key's arithmetic on the same bytes, so the tile is the same bits.
+template <bool kSw128>
 __device__ __forceinline__ void decode_fp8_share(uint8_t* kb, int* valid, const Fp8Share& sh,
                                                  bool real, int key, int part) {
   const uint64_t scales = (static_cast<uint64_t>(sh.scales.y) << 32) | sh.scales.x;
@@ -587,13 +645,13 @@ __device__ __forceinline__ void decode_fp8_share(uint8_t* kb, int* valid, const 
       }
       v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
-    *reinterpret_cast<uint4*>(kb + tile_offset(key, chunk)) = v;
+    *reinterpret_cast<uint4*>(kb + Tiles<kSw128>::offset(key, chunk)) = v;
   }
 #pragma unroll
   for (int i = 0; i < kShareRope; ++i) {
     const int piece = kPieces * i + part;  // RoPE channels 4 piece ..: half of chunk piece / 2
-    *reinterpret_cast<uint2*>(kb + tile_offset(key, kV4Nope / 8 + piece / 2) + 8 * (piece & 1)) =
-        real ? sh.rope[i] : make_uint2(0u, 0u);
+    *reinterpret_cast<uint2*>(kb + Tiles<kSw128>::offset(key, kV4Nope / 8 + piece / 2) +
+                              8 * (piece & 1)) = real ? sh.rope[i] : make_uint2(0u, 0u);
   }
   if (part == 0) valid[key] = real ? 1 : 0;
 }
@@ -624,10 +682,11 @@ __device__ __forceinline__ const uint8_t* resolve_key(const AttentionArgs& a, co
 }
 
 // kPdl: launched as a programmatic dependent launch (the griddepcontrol instructions are only in
-// that instantiation).
-template <KvFormat kFmt, bool kPdl>
+// that instantiation). kSw128: the tiles in wgmma's 128-byte swizzle (Tiles).
+template <KvFormat kFmt, bool kPdl, bool kSw128>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_prefetch_kernel(AttentionArgs a, DeviceLayout l) {
+  using T = Tiles<kSw128>;
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
   constexpr bool kFp8 = kFmt == KvFormat::kFp8;
   extern __shared__ int4 smem_raw[];
@@ -637,6 +696,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ps = smem + Layout::kPOff;
   float* xchg = reinterpret_cast<float*>(smem + Layout::kXchgOff);
   int* valid_base = reinterpret_cast<int*>(smem + Layout::kValidOff);
+  if constexpr (kSw128) {
+    // The swizzle is of absolute address bits: the tiles must start at multiples of 1 KB.
+    static_assert(Layout::kQOff % 1024 == 0 && Layout::kKbOff % 1024 == 0 &&
+                      Layout::kKbBytes % 1024 == 0 && Layout::kPOff % 1024 == 0,
+                  "1 KB aligned tiles");
+    if ((smem_addr(smem) & 1023u) != 0) __trap();
+  }
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -684,25 +750,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const PendingKey k2 = pending_at(range.begin + 2 * kKeys);
     const uint8_t* src0 = resolve(k0);
     const uint8_t* src1 = resolve(k1);
-    store_query_tile(qs, tid, q_loads);
+    store_query_tile<kSw128>(qs, tid, q_loads);
     // A sliding key may be one of this call's kv rows: the previous grid's output (with a
     // programmatic dependent launch this kernel started while that grid ran).
     if constexpr (kPdl) wait_for_previous_grid();
     if constexpr (kFp8) {
       load_fp8_share(share, src0, part);
-      decode_fp8_share(kb_of(0), valid_of(0), share, src0 != nullptr, ck, part);
+      decode_fp8_share<kSw128>(kb_of(0), valid_of(0), share, src0 != nullptr, ck, part);
       fence_async_shared();  // tile 0 and q, for wgmma
       load_fp8_share(share, src1, part);
       share_real = src1 != nullptr;
       src_next = resolve(k2);
     } else {
-      copy_bf16_key(kb_of(0), valid_of(0), src0, ck, part);
+      copy_bf16_key<kSw128>(kb_of(0), valid_of(0), src0, ck, part);
       src_next = src1;
     }
   }
 
-  const uint64_t q_desc = kmajor_desc(qs);
-  const uint64_t p_desc = kmajor_desc(ps);
+  const uint64_t q_desc = T::kmajor(qs);
+  const uint64_t p_desc = T::kmajor(ps);
   int it = 0;
   for (int64_t i0 = range.begin; i0 < range.end; i0 += kKeys, ++it) {
     const int buf = it & 1;
@@ -715,26 +781,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // tile `it` in kb; every thread past tile it - 1 (the other buffer)
     PendingKey pending;
     if constexpr (!kFp8) {
-      if (more) copy_bf16_key(kb_of(buf ^ 1), valid_of(buf ^ 1), src_next, ck, part);
+      if (more) copy_bf16_key<kSw128>(kb_of(buf ^ 1), valid_of(buf ^ 1), src_next, ck, part);
       pending = pending_at(i0 + 2 * kKeys);  // tile it + 2, copied at the next tile
     }
     float s[16] = {};
-    issue_scores(s, q_desc, kmajor_desc(kb + kHalfKeys * wg * 16));
+    issue_scores<kSw128>(s, q_desc, T::kmajor(kb + T::score_keys(wg)));
     if constexpr (kFp8) {
       pending = pending_at(i0 + 3 * kKeys);  // tile it + 3, loaded at the next tile
       // Tile it + 1, loaded during the previous tile, decoded while the scores run; tile it + 2
       // loaded to land during the next one.
-      if (more) decode_fp8_share(kb_of(buf ^ 1), valid_of(buf ^ 1), share, share_real, ck, part);
+      if (more) {
+        decode_fp8_share<kSw128>(kb_of(buf ^ 1), valid_of(buf ^ 1), share, share_real, ck, part);
+      }
       fence_async_shared();  // the decoded tile, for wgmma after the next tile's barrier
       load_fp8_share(share, src_next, part);
       share_real = src_next != nullptr;
     }
     wait_products(s);
     float alpha[2];
-    softmax_tile(s, valid_of(buf), xchg, ps, a.scale, wg, row0, qd, m_run, d_run, alpha);
+    softmax_tile<kSw128>(s, valid_of(buf), xchg, ps, a.scale, wg, row0, qd, m_run, d_run, alpha);
     fence_async_shared();
     __syncthreads();  // P of both halves
-    issue_values(o, alpha, p_desc, nmajor_desc(kb + wg * (kHalfDim / 8) * kChunkStride));
+    issue_values<kSw128>(o, alpha, p_desc, T::nmajor(kb + T::value_channels(wg)));
     src_next = resolve(pending);  // the block-table load lands while the values run
     wait_products(o);
   }
@@ -763,8 +831,10 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
   }
   // The prefetching kernel; with p.pdl a programmatic dependent launch of the grid before it
   // (the kv rows' encoding): it resolves its first keys' addresses while that grid runs.
-  auto* kernel = p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true>
-                       : attention_wgmma_prefetch_kernel<kFmt, false>;
+  auto* kernel = p.swizzle ? (p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true, true>
+                                    : attention_wgmma_prefetch_kernel<kFmt, false, true>)
+                           : (p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true, false>
+                                    : attention_wgmma_prefetch_kernel<kFmt, false, false>);
   smem_limits.allow(kernel, Layout::kBytes);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;

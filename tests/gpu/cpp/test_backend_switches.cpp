@@ -54,9 +54,14 @@ TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
     EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
               cuda::AttentionKernelChoice::kWgmmaPrefetch);
   }
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_pdl");
+  {
+    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_pdl");
+    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+              cuda::AttentionKernelChoice::kWgmmaPrefetchPdl);
+  }
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_sw128_pdl");
   EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaPrefetchPdl);
+            cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
 }
 
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
