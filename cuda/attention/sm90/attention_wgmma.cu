@@ -583,6 +583,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 //    grid runs and waits for it (griddepcontrol.wait) before it reads a key; the split combine
 //    after it likewise starts early and waits for this grid. At B = 1 (one tile per block) the
 //    chain of dependent loads and the three launches are most of the time.
+//  - with wgmma_prefetch_sw128(_pdl) (kSw128) the tiles are in wgmma's 128-byte swizzle
+//    (Tiles) instead of the no-swizzle core matrices.
 // Numerics and outputs: exactly attention_wgmma_kernel's (the same tile contents, products and
 // softmax in the same order), which tests/gpu/cpp/test_attention_wgmma.cpp checks byte for byte.
 // ---------------------------------------------------------------------------------------------
