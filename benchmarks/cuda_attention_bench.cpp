@@ -95,7 +95,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   // model's rows and splits; DEEPINFER_ATTENTION_KERNEL picks mma.sync or wgmma for these two
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
-  // mma_sync and wgmma (graph), the A/B pair. Every row names the kernel that ran.
+  // mma_sync, wgmma and the wgmma_prefetch variants (graph), the A/B rows. Every row names the
+  // kernel that ran.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -104,8 +105,13 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
     const char* path = p.splits == 1 ? ", no split"
                        : p.fused     ? ", fused combine"
                                      : ", separate combine";
-    return std::string(cuda_be.last_attention_wgmma() ? ", wgmma" : ", mma_sync") + path +
-           " (rows=" + std::to_string(p.rows) + " splits=" + std::to_string(p.splits) + ")";
+    std::string kernel = !cuda_be.last_attention_wgmma() ? ", mma_sync"
+                         : p.prefetch                    ? ", wgmma_prefetch"
+                                                         : ", wgmma";
+    if (p.swizzle) kernel += "_sw128";
+    if (p.pdl) kernel += "_pdl";
+    return kernel + path + " (rows=" + std::to_string(p.rows) +
+           " splits=" + std::to_string(p.splits) + ")";
   };
   const double us = time_us(be, iters, call);
   emit("attention_decode", shape + plan_label(), us, bytes, flops);
@@ -116,7 +122,11 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   emit("attention_decode", shape + plan_label() + " (graph)", separate_us, bytes, flops);
   if (cuda_be.wgmma_device() && s.kv != DType::kF32 && s.heads % 64 == 0) {
     for (const cuda::AttentionKernelChoice k :
-         {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma}) {
+         {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma,
+          cuda::AttentionKernelChoice::kWgmmaPrefetch,
+          cuda::AttentionKernelChoice::kWgmmaPrefetchPdl,
+          cuda::AttentionKernelChoice::kWgmmaPrefetchSw128,
+          cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl}) {
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit("attention_decode", shape + plan_label() + " (graph)", k_us, bytes, flops);

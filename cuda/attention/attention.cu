@@ -9,7 +9,12 @@
 //    kernel's last block, opt-in: it measured slower than the separate combine on the H200);
 //  - with DEEPINFER_ATTENTION_KERNEL=wgmma (opt-in) and V4's MQA shape (64 heads or a multiple,
 //    D = 512, bf16 or fp8 KV) on an sm_90 device: the Hopper kernel sm90/attention_wgmma.cu
-//    instead (same numerics and split format; its own split count over 64-key tiles);
+//    instead (same numerics and split format; its own split count over 64-key tiles); with
+//    DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch its prefetching variant (the same results, the key
+//    loads a tile further ahead; fp8 only for V4's record, other records run the plain one), and
+//    with wgmma_prefetch_pdl that variant as a programmatic dependent launch of the encoding below
+//    (and the combine one of it); wgmma_prefetch_sw128(_pdl): the same with 128-byte swizzled
+//    tiles;
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -39,6 +44,7 @@
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 
 namespace deepinfer::cuda {
 
@@ -47,6 +53,9 @@ namespace {
 // This call's keys in the caches' format: block t encodes row t (kv_record.cuh).
 __global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __restrict__ rows,
                                       KvRowFormat f) {
+  // With wgmma_prefetch_pdl the kernel after it is a programmatic dependent launch: it may start
+  // now and waits for this grid before it reads the rows (an ordinary launch ignores this).
+  let_dependents_launch();
   const int64_t t = blockIdx.x;
   encode_kv_row(kv + t * f.dim, rows + t * f.row_bytes, f);
 }
@@ -109,32 +118,41 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     a.part_acc = reinterpret_cast<float*>(partials.raw_data());
     a.part_md = a.part_acc + rows * dim;
   };
-  auto combine = [&](int64_t splits) {
+  auto combine = [&](int64_t splits, bool pdl = false) {
     if (splits == 1) return;
     launch_attention_combine(stream(), a.part_acc, a.part_md, a.sinks, a.out, tokens, heads, dim,
-                             splits);
+                             splits, pdl);
   };
 
   // The tensor-core kernel stages one format for every key, f32, bf16 or V4's fp8; V4.1's records
   // (and its FP8-keys / FP4-entries pair) go through the f32 kernel's decode_kv4.
   const bool mma_format = a.entf.format == a.kvf.format && !is_v41_format(a.kvf.format);
-  // The Hopper kernel where it is asked for (DEEPINFER_ATTENTION_KERNEL=wgmma) and takes the
-  // shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an sm_90 device;
-  // its splits always go through the separate combine.
+  // The Hopper kernel where it is asked for (DEEPINFER_ATTENTION_KERNEL=wgmma or wgmma_prefetch)
+  // and takes the shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an
+  // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
-  if (spec.bf16_math && mma_format && attention_kernel_ == AttentionKernelChoice::kWgmma &&
-      wgmma_device_ && (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
+  const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
+  const bool wgmma_asked =
+      attention_kernel_ == AttentionKernelChoice::kWgmma || prefetch_asked.prefetch;
+  if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
+      (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
       wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
       WgmmaAttnLayout::kBytes <= max_shared_memory_per_block()) {
-    const AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
-                                                    kAttnMaxSplits, attention_mma_choice_.splits);
+    AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
+                                              kAttnMaxSplits, attention_mma_choice_.splits);
+    // The prefetching variant where asked for and it takes the record (V4's, or bf16 rows).
+    p.prefetch =
+        prefetch_asked.prefetch && wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
+                                                        a.kvf.rope_dim, a.kvf.row_bytes);
+    p.pdl = p.prefetch && prefetch_asked.pdl;
+    p.swizzle = p.prefetch && prefetch_asked.swizzle;
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;
       split_outputs(p.splits);
-      launch_attention_wgmma(a, dl, p, tokens, stream());
-      combine(p.splits);
+      launch_attention_wgmma(a, dl, p, tokens, smem_limits(), stream());
+      combine(p.splits, p.pdl);
       return out;
     }
   }

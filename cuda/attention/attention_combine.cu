@@ -1,11 +1,14 @@
 // The merge of attention's key splits (flash-decoding: with few tokens the key list is split
 // over several blocks so the SMs fill). Both attention kernels write the same split format:
 // part_acc [splits, T, heads, D] unnormalised sums, part_md [splits, T, heads, 2] (running max,
-// denominator); this kernel adds the sink and normalises.
+// denominator); this kernel adds the sink and normalises. After the prefetching wgmma kernel of
+// DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch_pdl it is a programmatic dependent launch (it starts
+// while the splits run and waits for them).
 #include <cstdint>
 
 #include "cuda/attention/attention_launch.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/vec.cuh"
 
 namespace deepinfer::cuda {
@@ -15,6 +18,8 @@ namespace {
 // Block (token, head): merges the splits' (max, denominator, unnormalised sum) with the sink.
 // The splits' statistics are staged in shared memory so each is loaded once, and the sums are
 // loaded a few splits at a time.
+// kPdl: a programmatic dependent launch of the split kernel (it waits for that grid first).
+template <bool kPdl>
 __global__ void attention_combine_kernel(const float* __restrict__ part_acc,
                                          const float* __restrict__ part_md,
                                          const float* __restrict__ sinks, float* __restrict__ out,
@@ -22,6 +27,7 @@ __global__ void attention_combine_kernel(const float* __restrict__ part_acc,
   __shared__ float m_s[kAttnMaxSplits];
   __shared__ float d_s[kAttnMaxSplits];
   __shared__ float w_s[kAttnMaxSplits];
+  if constexpr (kPdl) wait_for_previous_grid();  // the splits
   const int64_t t = blockIdx.x;
   const int64_t h = blockIdx.y;
   const int64_t stride = static_cast<int64_t>(num_tokens) * heads;  // between splits
@@ -60,12 +66,29 @@ __global__ void attention_combine_kernel(const float* __restrict__ part_acc,
 
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, int64_t tokens, int64_t heads,
-                              int64_t dim, int64_t splits) {
-  attention_combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(heads)), 128,
-                             0, stream>>>(part_acc, part_md, sinks, out, static_cast<int>(tokens),
-                                          static_cast<int>(heads), static_cast<int>(dim),
-                                          static_cast<int>(splits));
-  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+                              int64_t dim, int64_t splits, bool pdl) {
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
+  if (!pdl) {
+    attention_combine_kernel<false><<<grid, 128, 0, stream>>>(
+        part_acc, part_md, sinks, out, static_cast<int>(tokens), static_cast<int>(heads),
+        static_cast<int>(dim), static_cast<int>(splits));
+    DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  DEEPINFER_CUDA_THROW_IF_ERROR(
+      cudaLaunchKernelEx(&config, attention_combine_kernel<true>, part_acc, part_md, sinks, out,
+                         static_cast<int>(tokens), static_cast<int>(heads), static_cast<int>(dim),
+                         static_cast<int>(splits)),
+      "attention: the combine's programmatic launch");
 }
 
 }  // namespace deepinfer::cuda

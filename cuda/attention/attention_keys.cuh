@@ -17,8 +17,12 @@ struct AttentionKeys {
   int b;
   int64_t ctx, row0, slot, lo, n_sliding, visible, n_keys;
 
-  __device__ AttentionKeys(const AttentionArgs& a, const DeviceLayout& l, int row) : t(row) {
-    b = seq_of_row(l, t);
+  __device__ AttentionKeys(const AttentionArgs& a, const DeviceLayout& l, int row)
+      : AttentionKeys(a, l, row, seq_of_row(l, row)) {}
+
+  // With the row's sequence `seq` already known (seq_of_row or seq_of_row_warp).
+  __device__ AttentionKeys(const AttentionArgs& a, const DeviceLayout& l, int row, int seq)
+      : t(row), b(seq) {
     const int64_t p = l.positions[t];
     ctx = l.ctx_len[b];
     row0 = l.q_start[b];

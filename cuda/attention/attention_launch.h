@@ -9,6 +9,7 @@
 #include "cuda/attention/attention_args.h"
 #include "cuda/attention/attention_heuristics.h"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/smem_limits.h"
 
 namespace deepinfer::cuda {
 
@@ -23,13 +24,17 @@ void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
 
 // The Hopper kernel (sm90/attention_wgmma.cu, sm_90a builds only) for wgmma_attention_shape over
 // bf16 rows or fp8 records, 64 heads per block and p.splits key splits; outputs as the f32
-// kernel's (the splits merged by launch_attention_combine).
+// kernel's (the splits merged by launch_attention_combine). p.prefetch: its prefetching variant
+// (wgmma_prefetch_takes); p.pdl: that as a programmatic dependent launch of the grid before it.
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
-                            const AttentionMmaPlan& p, int64_t tokens, cudaStream_t stream);
+                            const AttentionMmaPlan& p, int64_t tokens,
+                            KernelSmemLimits& smem_limits, cudaStream_t stream);
 
-// Merges `splits` > 1 split outputs with the sinks into out (attention_combine.cu).
+// Merges `splits` > 1 split outputs with the sinks into out (attention_combine.cu). `pdl`: a
+// programmatic dependent launch of the split kernel (which lets it start early; it waits for that
+// grid before it reads the splits).
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, int64_t tokens, int64_t heads,
-                              int64_t dim, int64_t splits);
+                              int64_t dim, int64_t splits, bool pdl = false);
 
 }  // namespace deepinfer::cuda

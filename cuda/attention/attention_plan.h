@@ -31,6 +31,9 @@ struct AttentionMmaPlan {
   int64_t head_groups = 1;  // ceil(heads / rows)
   int64_t splits = 1;       // key splits per token
   bool fused = false;       // splits > 1 merged by the kernel's last block (needs counters)
+  bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/attention_wgmma.cu)
+  bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
+  bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -142,16 +145,59 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // Which tensor-core kernel runs bf16_math attention where both take the shape: mma.sync
 // (sm80/attention_mma.cu, the default) or Hopper's wgmma (sm90/attention_wgmma.cu: 64 heads or a
 // multiple, D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs).
-enum class AttentionKernelChoice { kMmaSync, kWgmma };
+// kWgmmaPrefetch: the wgmma kernel's prefetching variant (the same tiles and results, the key
+// loads a tile further ahead: fp8 records in registers, for V4's record; other fp8 records run
+// the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
+// of the kv rows' encoding, and the split combine one of it (each starts while the grid before
+// it runs and waits for it before reading its output). The _Sw128 pair: the same with the tiles
+// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices.
+enum class AttentionKernelChoice {
+  kMmaSync,
+  kWgmma,
+  kWgmmaPrefetch,
+  kWgmmaPrefetchPdl,
+  kWgmmaPrefetchSw128,
+  kWgmmaPrefetchSw128Pdl,
+};
 
-// DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma, unset: mma_sync); nullopt names the variable and
-// the value not understood (`bad`).
+// Which prefetching variant a choice asks for (none for mma_sync and wgmma).
+struct WgmmaPrefetchChoice {
+  bool prefetch = false;
+  bool pdl = false;
+  bool swizzle = false;
+};
+
+inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
+  switch (c) {
+    case AttentionKernelChoice::kWgmmaPrefetch:
+      return {true, false, false};
+    case AttentionKernelChoice::kWgmmaPrefetchPdl:
+      return {true, true, false};
+    case AttentionKernelChoice::kWgmmaPrefetchSw128:
+      return {true, false, true};
+    case AttentionKernelChoice::kWgmmaPrefetchSw128Pdl:
+      return {true, true, true};
+    default:
+      return {};
+  }
+}
+
+// DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl, unset: mma_sync); nullopt names the variable
+// and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
   if (v.empty() || v == "mma_sync") return AttentionKernelChoice::kMmaSync;
   if (v == "wgmma") return AttentionKernelChoice::kWgmma;
-  *bad = "DEEPINFER_ATTENTION_KERNEL: expected mma_sync or wgmma, got '" + std::string(v) + "'";
+  if (v == "wgmma_prefetch") return AttentionKernelChoice::kWgmmaPrefetch;
+  if (v == "wgmma_prefetch_pdl") return AttentionKernelChoice::kWgmmaPrefetchPdl;
+  if (v == "wgmma_prefetch_sw128") return AttentionKernelChoice::kWgmmaPrefetchSw128;
+  if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
+  *bad =
+      "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
+      "wgmma_prefetch_sw128 or wgmma_prefetch_sw128_pdl, got '" +
+      std::string(v) + "'";
   return std::nullopt;
 }
 

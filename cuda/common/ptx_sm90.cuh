@@ -57,4 +57,19 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Programmatic dependent launch (sm_90+; elsewhere nothing): let_dependents_launch lets the
+// grid launched after this one with cudaLaunchAttributeProgrammaticStreamSerialization start
+// before this grid ends; wait_for_previous_grid waits until the grid this one was launched after
+// has completed and its writes are visible (at once when this grid was an ordinary launch).
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 }  // namespace deepinfer::cuda

@@ -155,8 +155,31 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_EQ(parse_attention_kernel("", &bad), AttentionKernelChoice::kMmaSync);
   EXPECT_EQ(parse_attention_kernel("mma_sync", &bad), AttentionKernelChoice::kMmaSync);
   EXPECT_EQ(parse_attention_kernel("wgmma", &bad), AttentionKernelChoice::kWgmma);
+  EXPECT_EQ(parse_attention_kernel("wgmma_prefetch", &bad), AttentionKernelChoice::kWgmmaPrefetch);
+  EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_pdl", &bad),
+            AttentionKernelChoice::kWgmmaPrefetchPdl);
+  EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_sw128", &bad),
+            AttentionKernelChoice::kWgmmaPrefetchSw128);
+  EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_sw128_pdl", &bad),
+            AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
+  const WgmmaPrefetchChoice both =
+      wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
+  EXPECT_TRUE(both.prefetch && both.pdl && both.swizzle);
+  const WgmmaPrefetchChoice plain = wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetch);
+  EXPECT_TRUE(plain.prefetch && !plain.pdl && !plain.swizzle);
   EXPECT_FALSE(parse_attention_kernel("WGMMA", &bad).has_value());
+  EXPECT_FALSE(parse_attention_kernel("wgmma_", &bad).has_value());
   EXPECT_NE(bad.find("DEEPINFER_ATTENTION_KERNEL"), std::string::npos);
+}
+
+TEST(AttentionPlan, WgmmaPrefetchTakesV4sRecordAndBf16Rows) {
+  EXPECT_TRUE(wgmma_prefetch_takes(false, 512, 64, 1024));  // bf16 rows
+  EXPECT_TRUE(wgmma_prefetch_takes(false, 512, 0, 1024));
+  EXPECT_TRUE(wgmma_prefetch_takes(true, 512, 64, 584));    // V4's fp8 record
+  EXPECT_FALSE(wgmma_prefetch_takes(true, 512, 128, 520));  // other fp8 records
+  EXPECT_FALSE(wgmma_prefetch_takes(true, 512, 64, 592));
+  EXPECT_FALSE(wgmma_prefetch_takes(true, 512, 0, 584));
 }
 
 TEST(AttentionPlan, WgmmaShapesAndSplits) {

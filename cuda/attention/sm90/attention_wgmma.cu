@@ -58,6 +58,7 @@
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/common/smem_limits.h"
 #include "cuda/common/vec.cuh"
 
 namespace deepinfer::cuda {
@@ -94,14 +95,67 @@ __device__ __forceinline__ uint64_t nmajor_desc(const void* tile) {
   return wgmma_desc(tile, 128, kChunkStride);
 }
 
+// The tiles' shared-memory layout, a choice of the prefetching kernel (kSw128, opt-in
+// DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch_sw128...): the no-swizzle core matrices above, or
+// wgmma's 128-byte swizzle: a 64-row tile as blocks of 64 channels (8 KB; P is one block of 64
+// keys), each row's 128 bytes holding its 16-byte chunk c at position c ^ (row % 8) (the
+// hardware XORs address bits 4-6 with bits 7-9, so every tile starts at a multiple of 1 KB).
+// Descriptors (cute's canonical GMMA layouts): K-major, rows 128 bytes apart and 8-row groups
+// at the stride byte offset (1 KB), a k16 step 32 bytes along the row (the next block after 4);
+// N-major (the keys as V), 8-key groups at the stride byte offset (1 KB) and 64-channel blocks
+// at the leading byte offset (8 KB), a k16 step 16 rows (2 KB).
+constexpr int kSwBlock = kKeys * 128;  // a 64-channel block of a 64-row tile: 8 KB
+
+template <bool kSw128>
+struct Tiles {
+  // Byte offset of chunk `chunk` (8 channels; of P, 8 keys) of row `row` in a 64-row tile.
+  static __device__ __forceinline__ int offset(int row, int chunk) {
+    if constexpr (kSw128) {
+      return (chunk >> 3) * kSwBlock + row * 128 + (((chunk ^ row) & 7) << 4);
+    } else {
+      return tile_offset(row, chunk);
+    }
+  }
+  static __device__ __forceinline__ uint64_t kmajor(const void* tile) {
+    if constexpr (kSw128) {
+      return wgmma_desc(tile, 16, 1024) | (uint64_t{1} << 62);  // leading offset unused
+    } else {
+      return kmajor_desc(tile);
+    }
+  }
+  static __device__ __forceinline__ uint64_t nmajor(const void* tile) {
+    if constexpr (kSw128) {
+      return wgmma_desc(tile, kSwBlock, 1024) | (uint64_t{1} << 62);
+    } else {
+      return nmajor_desc(tile);
+    }
+  }
+  // Descriptor advance (16-byte units) of K-major k16 step ks, and of the N-major one.
+  static constexpr uint64_t kmajor_step(int ks) {
+    return static_cast<uint64_t>(kSw128 ? ((ks >> 2) * kSwBlock + (ks & 3) * 32) >> 4
+                                        : (2 * ks * kChunkStride) >> 4);
+  }
+  static constexpr uint64_t nmajor_step(int ks) {
+    return static_cast<uint64_t>(kSw128 ? (16 * ks * 128) >> 4 : (16 * ks * 16) >> 4);
+  }
+  // Where warpgroup wg's operands start in a key tile: its 32 keys (S), its 256 channels (V).
+  static constexpr int score_keys(int wg) {
+    return kSw128 ? kHalfKeys * wg * 128 : kHalfKeys * wg * 16;
+  }
+  static constexpr int value_channels(int wg) {
+    return kSw128 ? wg * (kHalfDim / 64) * kSwBlock : wg * (kHalfDim / 8) * kChunkStride;
+  }
+};
+
 // This thread's chunks sub + 4j of one key's bf16 row (null = masked: zero chunks) into the tile,
 // and the key's valid flag.
+template <bool kSw128 = false>
 __device__ __forceinline__ void copy_bf16_key(uint8_t* kb, int* valid, const uint8_t* src, int key,
                                               int sub) {
 #pragma unroll
   for (int j = 0; j < kChunks / 4; ++j) {
     const int c = sub + 4 * j;
-    uint8_t* dst = kb + tile_offset(key, c);
+    uint8_t* dst = kb + Tiles<kSw128>::offset(key, c);
     if (src != nullptr) {
       cp_async_16(dst, src + 16 * c);
     } else {
@@ -187,14 +241,41 @@ __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, uint8_t*
   }
 }
 
+// load_query_tile in two steps, for the prefetching kernel: all of the thread's loads issued at
+// once (before the block resolves its keys, so that their latencies overlap), then the stores.
+constexpr int kQueryLoads = kRows * kDim / 4 / kThreads;  // float4 per thread: 32
+
+__device__ __forceinline__ void issue_query_loads(const AttentionArgs& a, int t, int h_first,
+                                                  int tid, float4 (&v)[kQueryLoads]) {
+  const float4* q4 =
+      reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h_first) * kDim);
+#pragma unroll
+  for (int u = 0; u < kQueryLoads; ++u) v[u] = __ldg(q4 + tid + u * kThreads);
+}
+
+template <bool kSw128>
+__device__ __forceinline__ void store_query_tile(uint8_t* qs, int tid,
+                                                 const float4 (&v)[kQueryLoads]) {
+  constexpr int kQ4 = kDim / 4;  // float4 per head
+#pragma unroll
+  for (int u = 0; u < kQueryLoads; ++u) {
+    const int i = tid + u * kThreads;
+    const int head = i / kQ4;
+    const int col4 = i % kQ4;  // channels 4 col4 .. + 3: chunk col4 / 2, half col4 % 2
+    *reinterpret_cast<uint2*>(qs + Tiles<kSw128>::offset(head, col4 / 2) + 8 * (col4 & 1)) =
+        make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+  }
+}
+
 // Issues S for all 64 heads x the warpgroup's 32 keys of the tile over the 512 channels (one
 // wgmma group; wait_products ends it).
+template <bool kSw128 = false>
 __device__ __forceinline__ void issue_scores(float (&s)[16], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kDim / 16; ++ks) {
-    // k-step ks: channels 16ks .. 16ks + 15, chunk planes 2ks and 2ks + 1.
-    const uint64_t step = static_cast<uint64_t>((2 * ks * kChunkStride) >> 4);
+    // k-step ks: channels 16ks .. 16ks + 15 (no swizzle: chunk planes 2ks and 2ks + 1).
+    const uint64_t step = Tiles<kSw128>::kmajor_step(ks);
     wgmma_m64n32k16_bf16_kk(s, q_desc + step, k_desc + step, ks > 0);
   }
   wgmma_commit();
@@ -211,6 +292,7 @@ __device__ __forceinline__ void wait_products(float (&acc)[kCount]) {
 // which this warpgroup scored 32 (s: columns 8j + 2qd + {0, 1} of its half). Returns alpha (the
 // rescale of the old O) per row; P, rounded to bf16, goes to the shared probability tile.
 // Contains the maxima's block barrier; the caller publishes P with the next one.
+template <bool kSw128 = false>
 __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, float* xchg,
                                              uint8_t* ps, float scale, int wg, int row0, int qd,
                                              float (&m_run)[2], float (&d_run)[2],
@@ -265,7 +347,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, f
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      *reinterpret_cast<uint32_t*>(ps + tile_offset(row0 + 8 * r, 4 * wg + j) + 4 * qd) =
+      *reinterpret_cast<uint32_t*>(ps + Tiles<kSw128>::offset(row0 + 8 * r, 4 * wg + j) + 4 * qd) =
           pack_bf16(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
     }
   }
@@ -273,6 +355,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* valid, f
 
 // Issues O = O * alpha + P V over the warpgroup's 256 channels (V: the key tile, N-major) as one
 // wgmma group; wait_products(o) ends it. The previous group must be done (O is rescaled here).
+template <bool kSw128 = false>
 __device__ __forceinline__ void issue_values(float (&o)[kOAcc], const float (&alpha)[2],
                                              uint64_t p_desc, uint64_t v_desc) {
   // Once the maxima settle most tiles leave alpha at 1: the warp then skips the rescale.
@@ -290,8 +373,8 @@ __device__ __forceinline__ void issue_values(float (&o)[kOAcc], const float (&al
 #pragma unroll
   for (int ks = 0; ks < kKeys / 16; ++ks) {
     // k-step ks: keys 16ks .. 16ks + 15 = P's chunk planes 2ks, 2ks + 1 and V's rows 16ks ..
-    wgmma_m64n256k16_bf16_kn(o, p_desc + static_cast<uint64_t>((2 * ks * kChunkStride) >> 4),
-                             v_desc + static_cast<uint64_t>((16 * ks * 16) >> 4), true);
+    wgmma_m64n256k16_bf16_kn(o, p_desc + Tiles<kSw128>::kmajor_step(ks),
+                             v_desc + Tiles<kSw128>::nmajor_step(ks), true);
   }
   wgmma_commit();
 }
@@ -480,20 +563,300 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The prefetching variant (DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch, opt-in): the same tiles,
+// products, softmax and output as attention_wgmma_kernel (bit-identical results), with the key
+// loads moved off the tile's critical path. The kernel above waits for memory several times per
+// tile (the fp8 stage holds half a tile, so each half is copied and then waited for within one
+// tile; a key's address, a top-k column and then a block-table entry, is resolved right before
+// its copy), and at B >= 64 its tiles took 7-9 us where the products take about 1.5. Here:
+//  - fp8 records go to registers, not to a shared stage: thread tid holds a quarter of the
+//    record of key tid / 4 (19 8-byte loads, Fp8Share; V4's 584-byte record only), loaded
+//    during tile i and decoded while tile i + 1's scores run: each load has a tile to land;
+//  - bf16 rows are copied with cp.async a tile ahead, as before;
+//  - q's loads are all issued first, before the block resolves its first keys, and the row's
+//    sequence is found by a warp-wide search (seq_of_row_warp: 2 dependent loads at B = 256);
+//  - a key's address is resolved in two steps a tile before its loads are issued: the top-k
+//    column loaded while the scores run, the block-table entry while the values run;
+//  - with wgmma_prefetch_pdl (kPdl) it is a programmatic dependent launch of the kv rows'
+//    encoding (attention.cu's first grid): a block resolves its first tiles' addresses while that
+//    grid runs and waits for it (griddepcontrol.wait) before it reads a key; the split combine
+//    after it likewise starts early and waits for this grid. At B = 1 (one tile per block) the
+//    chain of dependent loads and the three launches are most of the time.
+//  - with wgmma_prefetch_sw128(_pdl) (kSw128) the tiles are in wgmma's 128-byte swizzle
+//    (Tiles) instead of the no-swizzle core matrices.
+// Numerics and outputs: exactly attention_wgmma_kernel's (the same tile contents, products and
+// softmax in the same order), which tests/gpu/cpp/test_attention_wgmma.cpp checks byte for byte.
+// ---------------------------------------------------------------------------------------------
+
+// V4's fp8 main record (attention_wgmma_config.h): the register shares are cut for it only.
+constexpr int kV4Nope = kWgmmaPrefetchNope;
+constexpr int kV4Rope = kWgmmaPrefetchRope;
+constexpr int kV4RecordBytes = kWgmmaPrefetchRecordBytes;
+constexpr int kPieces = 4;                             // threads (shares) per record
+constexpr int kShareNope = kV4Nope / 8 / kPieces;      // 14 8-byte pieces of e4m3 channels
+constexpr int kShareRope = 2 * kV4Rope / 8 / kPieces;  // 4 8-byte pieces of bf16 channels
+static_assert(kV4Nope + 2 * kV4Rope + (kV4Nope + 63) / 64 <= kV4RecordBytes, "V4's record");
+static_assert(kV4Nope + kV4Rope == kDim, "the record's channels are the tile's");
+static_assert(kThreads == kPieces * kKeys, "a share per thread");
+
+// One thread's share of an fp8 record (part `part` of key tid / 4): the record's 8-byte pieces
+// kPieces i + part of its e4m3 bytes and of its bf16 RoPE bytes, so that the 4 threads of a key
+// read 32 contiguous bytes per load, and the scale bytes.
+struct Fp8Share {
+  uint2 nope[kShareNope];  // channels 8 (4i + part) .. + 7: tile chunk 4i + part
+  uint2 rope[kShareRope];  // RoPE channels 4 (4i + part) .. + 3: half a tile chunk
+  uint2 scales;            // the 7 e8m0 scales and the pad byte
+};
+
+// Loads the thread's share of the record at `rec` (null: nothing, the key is masked), through
+// L2 only (each byte is read once per block).
+__device__ __forceinline__ void load_fp8_share(Fp8Share& sh, const uint8_t* rec, int part) {
+  if (rec == nullptr) return;
+  const uint2* nope = reinterpret_cast<const uint2*>(rec) + part;
+#pragma unroll
+  for (int i = 0; i < kShareNope; ++i) sh.nope[i] = __ldcg(nope + kPieces * i);
+  const uint2* rope = reinterpret_cast<const uint2*>(rec + kV4Nope) + part;
+#pragma unroll
+  for (int i = 0; i < kShareRope; ++i) sh.rope[i] = __ldcg(rope + kPieces * i);
+  sh.scales = __ldcg(reinterpret_cast<const uint2*>(rec + kV4Nope + 2 * kV4Rope));
+}
+
+// Decodes the share into tile row `key` (zeros for a masked key) and sets the key's valid flag:
+// decode_fp8_key's arithmetic on the same bytes, so the tile is the same bits.
+template <bool kSw128>
+__device__ __forceinline__ void decode_fp8_share(uint8_t* kb, int* valid, const Fp8Share& sh,
+                                                 bool real, int key, int part) {
+  const uint64_t scales = (static_cast<uint64_t>(sh.scales.y) << 32) | sh.scales.x;
+#pragma unroll
+  for (int i = 0; i < kShareNope; ++i) {
+    const int chunk = kPieces * i + part;  // channels 8 chunk ..: scale group 8 chunk / 64
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (real) {
+      const float scale =
+          e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (8 * chunk / kv_record::kFp8Group))));
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = k < 2 ? sh.nope[i].x : sh.nope[i].y;
+        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+        const __half2 h =
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+        const float2 f = __half22float2(h);
+        packed[k] = pack_bf16(f.x * scale, f.y * scale);
+      }
+      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    *reinterpret_cast<uint4*>(kb + Tiles<kSw128>::offset(key, chunk)) = v;
+  }
+#pragma unroll
+  for (int i = 0; i < kShareRope; ++i) {
+    const int piece = kPieces * i + part;  // RoPE channels 4 piece ..: half of chunk piece / 2
+    *reinterpret_cast<uint2*>(kb + Tiles<kSw128>::offset(key, kV4Nope / 8 + piece / 2) +
+                              8 * (piece & 1)) = real ? sh.rope[i] : make_uint2(0u, 0u);
+  }
+  if (part == 0) valid[key] = real ? 1 : 0;
+}
+
+// A key's address in two steps (AttentionKeys::key's keys and masks): pending_key reads what
+// needs no dependent load (a sliding key's row, a compressed key's entry index: the top-k
+// column), resolve_key the block table. Each step's loads land while the tensor cores run.
+struct PendingKey {
+  const uint8_t* row;  // the row when entry < 0 (null: masked or past the split)
+  int64_t entry;       // >= 0: a visible compressed entry, its row still to look up
+};
+
+__device__ __forceinline__ PendingKey pending_key(const AttentionArgs& a, const DeviceLayout& l,
+                                                  const AttentionKeys& keys, int64_t i,
+                                                  int64_t end) {
+  if (i >= end) return {nullptr, -1};
+  if (i < keys.n_sliding) return {keys.key(a, l, i), -1};
+  const int64_t c = i - keys.n_sliding;
+  const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(keys.t) * a.topk_cols + c] : c;
+  return {nullptr, j >= 0 && j < keys.visible ? j : -1};
+}
+
+__device__ __forceinline__ const uint8_t* resolve_key(const AttentionArgs& a, const DeviceLayout& l,
+                                                      const AttentionKeys& keys, PendingKey k) {
+  if (k.entry < 0) return k.row;
+  const int64_t row = entry_row(l, keys.b, k.entry, a.epb, a.entry_rows);
+  return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;
+}
+
+// kPdl: launched as a programmatic dependent launch (the griddepcontrol instructions are only in
+// that instantiation). kSw128: the tiles in wgmma's 128-byte swizzle (Tiles).
+template <KvFormat kFmt, bool kPdl, bool kSw128>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_wgmma_prefetch_kernel(AttentionArgs a, DeviceLayout l) {
+  using T = Tiles<kSw128>;
+  static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
+  constexpr bool kFp8 = kFmt == KvFormat::kFp8;
+  extern __shared__ int4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  uint8_t* qs = smem + Layout::kQOff;
+  uint8_t* kb_base = smem + Layout::kKbOff;  // buffer b at kb_base + b * kKbBytes
+  uint8_t* ps = smem + Layout::kPOff;
+  float* xchg = reinterpret_cast<float*>(smem + Layout::kXchgOff);
+  int* valid_base = reinterpret_cast<int*>(smem + Layout::kValidOff);
+  if constexpr (kSw128) {
+    // The swizzle is of absolute address bits: the tiles must start at multiples of 1 KB.
+    static_assert(Layout::kQOff % 1024 == 0 && Layout::kKbOff % 1024 == 0 &&
+                      Layout::kKbBytes % 1024 == 0 && Layout::kPOff % 1024 == 0,
+                  "1 KB aligned tiles");
+    if ((smem_addr(smem) & 1023u) != 0) __trap();
+  }
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int wg = tid >> 7;                               // warpgroup: keys of S, channels of O
+  const int row0 = 16 * ((tid >> 5) & 3) + (lane >> 2);  // the thread's heads: row0, row0 + 8
+  const int qd = lane & 3;
+  const int t = blockIdx.x;
+  const int h_first = blockIdx.y * kRows;
+  // Copy role (both formats): key `ck` of each tile; bf16 chunks `part` + 4j, fp8 share `part`.
+  const int ck = tid >> 2;
+  const int part = tid & 3;
+  // The combine of the splits (a programmatic dependent launch of this grid) may start: it
+  // waits for this grid's completion before it reads anything.
+  if constexpr (kPdl) let_dependents_launch();
+  // q first (the grids before the kv rows' encoding wrote it): it flies while the block resolves
+  // its keys.
+  float4 q_loads[kQueryLoads];
+  issue_query_loads(a, t, h_first, tid, q_loads);
+
+  const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
+  const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
+  auto pending_at = [&](int64_t i0) { return pending_key(a, l, keys, i0 + ck, range.end); };
+  auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
+  auto kb_of = [&](int b) { return kb_base + b * Layout::kKbBytes; };
+  auto valid_of = [&](int b) { return valid_base + b * kKeys; };
+
+  float o[kOAcc];
+#pragma unroll
+  for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float d_run[2] = {0.0f, 0.0f};  // over this warpgroup's keys only
+
+  // fp8: the share of the record the thread decodes next (tile it + 1 during tile it) and
+  // whether its key is real. Both formats: the address of the key the thread loads next
+  // (tile it + 2 during tile it for fp8, tile it + 1 for bf16).
+  Fp8Share share;
+  bool share_real = false;
+  const uint8_t* src_next = nullptr;
+
+  if (range.begin < range.end) {
+    // The first tiles' addresses: top-k columns and block-table entries, which the grids before
+    // the kv rows' encoding wrote (complete: that grid is an ordinary launch).
+    const PendingKey k0 = pending_at(range.begin);
+    const PendingKey k1 = pending_at(range.begin + kKeys);
+    const PendingKey k2 = pending_at(range.begin + 2 * kKeys);
+    const uint8_t* src0 = resolve(k0);
+    const uint8_t* src1 = resolve(k1);
+    store_query_tile<kSw128>(qs, tid, q_loads);
+    // A sliding key may be one of this call's kv rows: the previous grid's output (with a
+    // programmatic dependent launch this kernel started while that grid ran).
+    if constexpr (kPdl) wait_for_previous_grid();
+    if constexpr (kFp8) {
+      load_fp8_share(share, src0, part);
+      decode_fp8_share<kSw128>(kb_of(0), valid_of(0), share, src0 != nullptr, ck, part);
+      fence_async_shared();  // tile 0 and q, for wgmma
+      load_fp8_share(share, src1, part);
+      share_real = src1 != nullptr;
+      src_next = resolve(k2);
+    } else {
+      copy_bf16_key<kSw128>(kb_of(0), valid_of(0), src0, ck, part);
+      src_next = src1;
+    }
+  }
+
+  const uint64_t q_desc = T::kmajor(qs);
+  const uint64_t p_desc = T::kmajor(ps);
+  int it = 0;
+  for (int64_t i0 = range.begin; i0 < range.end; i0 += kKeys, ++it) {
+    const int buf = it & 1;
+    uint8_t* kb = kb_of(buf);
+    const bool more = i0 + kKeys < range.end;
+    if constexpr (!kFp8) {
+      cp_async_wait_all();
+      fence_async_shared();  // this thread's copies, zero rows and q, for wgmma
+    }  // fp8: the decodes are fenced where they end, before the next loads are issued
+    __syncthreads();  // tile `it` in kb; every thread past tile it - 1 (the other buffer)
+    PendingKey pending;
+    if constexpr (!kFp8) {
+      if (more) copy_bf16_key<kSw128>(kb_of(buf ^ 1), valid_of(buf ^ 1), src_next, ck, part);
+      pending = pending_at(i0 + 2 * kKeys);  // tile it + 2, copied at the next tile
+    }
+    float s[16] = {};
+    issue_scores<kSw128>(s, q_desc, T::kmajor(kb + T::score_keys(wg)));
+    if constexpr (kFp8) {
+      pending = pending_at(i0 + 3 * kKeys);  // tile it + 3, loaded at the next tile
+      // Tile it + 1, loaded during the previous tile, decoded while the scores run; tile it + 2
+      // loaded to land during the next one.
+      if (more) {
+        decode_fp8_share<kSw128>(kb_of(buf ^ 1), valid_of(buf ^ 1), share, share_real, ck, part);
+      }
+      fence_async_shared();  // the decoded tile, for wgmma after the next tile's barrier
+      load_fp8_share(share, src_next, part);
+      share_real = src_next != nullptr;
+    }
+    wait_products(s);
+    float alpha[2];
+    softmax_tile<kSw128>(s, valid_of(buf), xchg, ps, a.scale, wg, row0, qd, m_run, d_run, alpha);
+    fence_async_shared();
+    __syncthreads();  // P of both halves
+    issue_values<kSw128>(o, alpha, p_desc, T::nmajor(kb + T::value_channels(wg)));
+    src_next = resolve(pending);  // the block-table load lands while the values run
+    wait_products(o);
+  }
+
+  // The denominator: the two halves' sums, added in the same order by both warpgroups.
+  __syncthreads();  // every thread past the last tile's reads of xchg
+  if (qd == 0) {
+    xchg[wg * kRows + row0] = d_run[0];
+    xchg[wg * kRows + row0 + 8] = d_run[1];
+  }
+  __syncthreads();
+  const float d[2] = {xchg[row0] + xchg[kRows + row0], xchg[row0 + 8] + xchg[kRows + row0 + 8]};
+  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
+}
+
 template <KvFormat kFmt>
 void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
-            int64_t tokens, cudaStream_t stream) {
-  allow_smem(attention_wgmma_kernel<kFmt>, Layout::kBytes);
+            int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(p.head_groups),
                   static_cast<unsigned>(p.splits));
-  attention_wgmma_kernel<kFmt><<<grid, kThreads, Layout::kBytes, stream>>>(a, l);
-  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+  if (!p.prefetch) {
+    allow_smem(attention_wgmma_kernel<kFmt>, Layout::kBytes);
+    attention_wgmma_kernel<kFmt><<<grid, kThreads, Layout::kBytes, stream>>>(a, l);
+    DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+    return;
+  }
+  // The prefetching kernel; with p.pdl a programmatic dependent launch of the grid before it
+  // (the kv rows' encoding): it resolves its first keys' addresses while that grid runs.
+  auto* kernel = p.swizzle ? (p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true, true>
+                                    : attention_wgmma_prefetch_kernel<kFmt, false, true>)
+                           : (p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true, false>
+                                    : attention_wgmma_prefetch_kernel<kFmt, false, false>);
+  smem_limits.allow(kernel, Layout::kBytes);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Layout::kBytes;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1] = {};
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = p.pdl ? 1 : 0;
+  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l),
+                                "attention: the prefetching wgmma kernel's launch");
 }
 
 }  // namespace
 
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
-                            const AttentionMmaPlan& p, int64_t tokens, cudaStream_t stream) {
+                            const AttentionMmaPlan& p, int64_t tokens,
+                            KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (!wgmma_attention_shape(a.heads, a.dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) ||
       a.entf.format != a.kvf.format || a.entf.row_bytes != a.kvf.row_bytes ||
       (a.kvf.format != KvFormat::kBf16 && a.kvf.format != KvFormat::kFp8)) {
@@ -502,8 +865,17 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "bf16 rows or fp8 records, got " +
                     std::to_string(a.heads) + " heads of " + std::to_string(a.dim));
   }
-  if (a.kvf.format == KvFormat::kBf16) return launch<KvFormat::kBf16>(a, l, p, tokens, stream);
-  return launch<KvFormat::kFp8>(a, l, p, tokens, stream);
+  if (p.prefetch && !wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim, a.kvf.rope_dim,
+                                          a.kvf.row_bytes)) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: the prefetching wgmma kernel takes bf16 rows or V4's 584-byte fp8 "
+                "record (448 + 64 channels), got a record of " +
+                    std::to_string(a.kvf.row_bytes) + " bytes");
+  }
+  if (a.kvf.format == KvFormat::kBf16) {
+    return launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream);
+  }
+  return launch<KvFormat::kFp8>(a, l, p, tokens, smem_limits, stream);
 }
 
 }  // namespace deepinfer::cuda

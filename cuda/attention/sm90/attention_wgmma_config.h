@@ -57,6 +57,18 @@ constexpr bool wgmma_attention_shape(int64_t heads, int64_t dim, bool fp8, int64
          (!fp8 || (row_bytes <= kWgmmaAttnStageRowBytes && row_bytes % 8 == 0));
 }
 
+// The prefetching variant (attention_wgmma_prefetch_kernel, DEEPINFER_ATTENTION_KERNEL=
+// wgmma_prefetch) holds fp8 records in registers, cut for V4's main record only: 448 e4m3
+// channels, 64 bf16 RoPE channels, 7 scales and a pad byte (kv_record.h). bf16 rows: any.
+constexpr int kWgmmaPrefetchNope = 448;
+constexpr int kWgmmaPrefetchRope = 64;
+constexpr int kWgmmaPrefetchRecordBytes = 584;
+
+constexpr bool wgmma_prefetch_takes(bool fp8, int64_t dim, int64_t rope_dim, int64_t row_bytes) {
+  return !fp8 || (dim - rope_dim == kWgmmaPrefetchNope && rope_dim == kWgmmaPrefetchRope &&
+                  row_bytes == kWgmmaPrefetchRecordBytes);
+}
+
 // 64 heads per block and the split count that minimises waves x (tiles per split + overhead),
 // ties to fewer splits (separate_mma_plan's rule over 64-key tiles); `forced_splits` > 0 (the
 // DEEPINFER_ATTENTION_SPLITS choice) is taken as it is, capped by the tiles. The splits are

@@ -7,9 +7,12 @@
 // splits. Both kernels round q, the keys and the probabilities to bf16 and accumulate in f32, but
 // over different tiles (64 vs 32 keys: other running maxima, so other roundings of P), so they
 // agree to the bf16 tolerance, not bit for bit; the wgmma kernel must also be deterministic and
-// must actually have run. Agreement with the CPU op is the op table's (the V4-width bf16_ rows of
-// cases_attention.cpp, run with DEEPINFER_ATTENTION_KERNEL=wgmma). Skips without a GPU or without
-// the wgmma kernel (a build without sm_90a code, a device other than sm_90).
+// must actually have run. Its prefetching variant (DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch: the
+// same tiles, the key loads further ahead; _pdl: also programmatic dependent launches; _sw128:
+// the tiles in wgmma's 128-byte swizzle) must give the wgmma kernel's bytes exactly. Agreement with
+// the CPU op is the op table's (the V4-width bf16_ rows of cases_attention.cpp, run with
+// DEEPINFER_ATTENTION_KERNEL= wgmma or a prefetch value). Skips without a GPU or without the wgmma
+// kernel (a build without sm_90a code, a device other than sm_90).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -112,12 +115,18 @@ TEST(AttentionWgmma, MatchesTheMmaSyncKernel) {
         cuda_be.set_attention_mma_choice({.splits = wc.splits});
         Tensor o = be->to_host(be->attention(q, kv_rows, ring, entries, topk, sinks, layout, spec));
         const bool wgmma = cuda_be.last_attention_wgmma();
-        const int64_t splits = cuda_be.last_attention_plan().splits;
+        const cuda::AttentionMmaPlan plan = cuda_be.last_attention_plan();
         cuda_be.set_attention_kernel(kernel0);
         cuda_be.set_attention_mma_choice(choice0);
-        EXPECT_EQ(wgmma, k == cuda::AttentionKernelChoice::kWgmma);
-        if (wc.splits > 0 && k == cuda::AttentionKernelChoice::kWgmma) {
-          EXPECT_GT(splits, 1);
+        const cuda::WgmmaPrefetchChoice asked = cuda::wgmma_prefetch_choice(k);
+        EXPECT_EQ(wgmma, k == cuda::AttentionKernelChoice::kWgmma || asked.prefetch);
+        // V4's fp8 record and bf16 rows both take the prefetching variants: the one asked for
+        // must have run.
+        EXPECT_EQ(wgmma && plan.prefetch, asked.prefetch);
+        EXPECT_EQ(wgmma && plan.pdl, asked.pdl);
+        EXPECT_EQ(wgmma && plan.swizzle, asked.swizzle);
+        if (wc.splits > 0 && wgmma) {
+          EXPECT_GT(plan.splits, 1);
         }
         return o;
       };
@@ -125,6 +134,19 @@ TEST(AttentionWgmma, MatchesTheMmaSyncKernel) {
       const Tensor got = run(cuda::AttentionKernelChoice::kWgmma);
       EXPECT_TRUE(bf16_close(ref, got));
       EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmma)));
+      // The prefetching variant runs the same tiles, products and softmax: the same bytes, also
+      // as programmatic dependent launches (a kernel that read this call's kv rows before their
+      // encoding finished, or a combine that read the splits early, would differ).
+      // With the tiles in the 128-byte swizzle the products are the same too (a wrong
+      // descriptor or store address would not be).
+      for (const cuda::AttentionKernelChoice k :
+           {cuda::AttentionKernelChoice::kWgmmaPrefetch,
+            cuda::AttentionKernelChoice::kWgmmaPrefetchPdl,
+            cuda::AttentionKernelChoice::kWgmmaPrefetchSw128,
+            cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl}) {
+        SCOPED_TRACE(static_cast<int>(k));
+        EXPECT_TRUE(same_bytes(got, run(k)));
+      }
     }
   }
 }

@@ -53,6 +53,22 @@ TEST(BackendSwitches, MoeQuantPrefillTakesWgmmaFp8) {
   EXPECT_EQ(cuda::read_backend_switches().moe_quant_prefill, cuda::QuantPrefillChoice::kWgmmaFp8);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
+  {
+    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");
+    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+              cuda::AttentionKernelChoice::kWgmmaPrefetch);
+  }
+  {
+    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_pdl");
+    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+              cuda::AttentionKernelChoice::kWgmmaPrefetchPdl);
+  }
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_sw128_pdl");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
+}
+
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
   for (const char* name : kSwitches) {
     ScopedEnv bad(name, "no-such-choice");
