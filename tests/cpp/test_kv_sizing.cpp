@@ -37,6 +37,12 @@ TEST(KvSizing, ActivationReserveGrowsWithTheBatch) {
   const int64_t per_token = 2 * 4 * (2 * 4 * 4096 + 5 * 64 * 512 + 8 * 1024 + 6 * (12288));
   EXPECT_EQ(large - small, per_token * (2048 - 256));
   EXPECT_EQ(activation_reserve_bytes(c, 256, 3) - small, 2 * 2 * int64_t{c.vocab_size} * 4);
+  // Speculative decoding also reserves the verify graphs' logits: min(max_seqs, 64) rows of up
+  // to 6 tokens, plus one.
+  EXPECT_EQ(activation_reserve_bytes(c, 256, 3, true) - activation_reserve_bytes(c, 256, 3),
+            (3 * 6 + 1) * int64_t{c.vocab_size} * 4);
+  EXPECT_EQ(activation_reserve_bytes(c, 256, 300, true) - activation_reserve_bytes(c, 256, 300),
+            (64 * 6 + 1) * int64_t{c.vocab_size} * 4);
 }
 
 // An executor that reports a block count sized from device memory; never launched.

@@ -99,6 +99,7 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   o.gpu_memory_utilization = resolved.cache.gpu_memory_utilization;
   o.max_num_batched_tokens = resolved.scheduler.max_num_batched_tokens;
   o.max_num_seqs = resolved.scheduler.max_num_seqs;
+  o.speculative = resolved.scheduler.num_speculative_tokens > 0;
   o.num_state_slots = engine::live_state_slots(resolved);
   o.num_snapshot_slots =
       resolved.cache.enable_prefix_cache ? resolved.cache.num_prefix_snapshots : 0;

@@ -86,7 +86,8 @@ std::unique_ptr<ModelInstance> load_model(const ModelExecutorOptions& o, Paralle
                 o.model_config.source +
                     ": DeepSeek-V4.1 runs on one rank only for now (data_parallel_size 1)");
   }
-  const KvSizing sizing{o.gpu_memory_utilization, o.max_num_batched_tokens, o.max_num_seqs};
+  const KvSizing sizing{o.gpu_memory_utilization, o.max_num_batched_tokens, o.max_num_seqs,
+                        o.speculative};
   const PlacementConfig& p = o.placement;
   ModelInstance::RankTarget target;
   target.backend = std::move(rank.backend);

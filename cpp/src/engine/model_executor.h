@@ -35,7 +35,8 @@ struct ModelExecutorOptions {
   double gpu_memory_utilization = 0.9;
   int max_num_batched_tokens = 2048;  // for the activation reserve of that sizing
   int max_num_seqs = 1;
-  int num_state_slots = 0;  // live slots including slot 0
+  bool speculative = false;  // num_speculative_tokens > 0: verify steps (their graphs' logits)
+  int num_state_slots = 0;   // live slots including slot 0
   int num_snapshot_slots = 0;
   int max_backtrack = 6;
   PlacementConfig placement;            // the engine's, resolved

@@ -24,13 +24,20 @@ int resolve_decode_graph_max_batch(int requested, const Backend& backend, int nu
   return std::min(wanted, num_state_slots);
 }
 
-int64_t activation_reserve_bytes(const ModelConfig& c, int max_batch_tokens, int max_seqs) {
+int64_t activation_reserve_bytes(const ModelConfig& c, int max_batch_tokens, int max_seqs,
+                                 bool speculative) {
   const int64_t h = c.hidden_size;
   const int64_t heads_dim = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t per_token =
       4 * (2 * int64_t{c.hc_mult} * h + 5 * heads_dim + int64_t{c.o_groups} * c.o_lora_rank +
            int64_t{c.num_experts_per_tok} * (2 * h + 2 * int64_t{c.moe_intermediate_size}));
-  const int64_t logits = 2 * int64_t{max_seqs} * c.vocab_size * 4;  // logits and sampling
+  int64_t logits = 2 * int64_t{max_seqs} * c.vocab_size * 4;  // logits and sampling
+  if (speculative) {
+    const int64_t rows = int64_t{std::min(max_seqs, DecodeGraphs::kMaxVerifyBatch)} *
+                             BatchGeometry::kMaxPaddedRowTokens +
+                         1;
+    logits += rows * c.vocab_size * 4;
+  }
   return 2 * per_token * max_batch_tokens + logits + (int64_t{1} << 30);
 }
 
@@ -293,8 +300,8 @@ int blocks_from_memory(ModelInstance& m, const CacheShape& shape, const KvSizing
   }
   KvSizingReport& r = m.kv_sizing;
   r.memory_after_weights = memory;
-  r.activation_reserve_bytes =
-      activation_reserve_bytes(m.config, sizing.max_batch_tokens, sizing.max_seqs);
+  r.activation_reserve_bytes = activation_reserve_bytes(m.config, sizing.max_batch_tokens,
+                                                        sizing.max_seqs, sizing.speculative);
   r.state_bytes = per_slot * (shape.num_state_slots + 1);
   const int64_t blocks = kv_blocks_from_memory(
       memory, sizing.gpu_memory_utilization, r.activation_reserve_bytes, r.state_bytes, per_block);

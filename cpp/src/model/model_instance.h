@@ -25,6 +25,7 @@ struct KvSizing {
   double gpu_memory_utilization = 0.9;
   int max_batch_tokens = 2048;
   int max_seqs = 1;
+  bool speculative = false;  // verify steps may come: their decode graphs' logits buffer too
 };
 
 // What load() measured when it sized the KV cache from memory (all zero otherwise).
@@ -140,8 +141,10 @@ struct ModelInstance {
 // Bytes kept free for one forward's activations at max_batch_tokens tokens (and the logits of
 // max_seqs rows): twice the f32 bytes per token of the largest tensors alive at once in a layer
 // (the trunk before and after, queries with their norm and RoPE copies, the attention output and
-// its projections, the routed pairs' rows), plus 1 GiB for library workspaces and graphs.
-int64_t activation_reserve_bytes(const ModelConfig& config, int max_batch_tokens, int max_seqs);
+// its projections, the routed pairs' rows), plus 1 GiB for library workspaces and graphs; with
+// `speculative`, also the logits buffer the verify steps' decode graphs share (decode_graphs.h).
+int64_t activation_reserve_bytes(const ModelConfig& config, int max_batch_tokens, int max_seqs,
+                                 bool speculative = false);
 // Paged KV blocks of `bytes_per_block` that fit in `utilization` of `memory` (measured with the
 // weights loaded) next to `reserve_bytes` and `state_bytes`; 0 when none do.
 int64_t kv_blocks_from_memory(const DeviceMemory& memory, double utilization, int64_t reserve_bytes,
