@@ -6,8 +6,8 @@
 // experts likewise (the "_vs_copy" lines name the kernel that ran; DEEPINFER_MOE_QUANT_DECODE=
 // registers or prefill picks another for the decode shape). The prefill lines run once per
 // prefill kernel, named at the end of the shape: "prefill" (mma.sync) and, on sm_90 with sm_90a
-// code, "prefill_wgmma" (bf16 wgmma) and "prefill_wgmma_fp8" (FP8 wgmma; the backend's
-// DEEPINFER_MOE_QUANT_PREFILL is restored after). Each line carries its ratio ("of_roofline").
+// code, "prefill_wgmma" (the backend's DEEPINFER_MOE_QUANT_PREFILL is restored after). Each line
+// carries its ratio ("of_roofline").
 #include "cuda_quant_bench.h"
 
 #include <cublasLt.h>
@@ -300,8 +300,8 @@ const char* quant_experts_kernel_ran(Backend& be) {
 }
 
 // Runs `body` once per prefill kernel of the quantized experts (DEEPINFER_MOE_QUANT_PREFILL:
-// mma_sync, then wgmma and wgmma_fp8 where they run), passing the name of the kernel the backend
-// takes; restores the backend's choice. Other backends run it once.
+// mma_sync, then wgmma where it runs), passing the name of the kernel the backend takes; restores
+// the backend's choice. Other backends run it once.
 template <class Body>
 void for_each_prefill_kernel(Backend& be, const Body& body) {
   auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
@@ -311,13 +311,10 @@ void for_each_prefill_kernel(Backend& be, const Body& body) {
   }
   const cuda::QuantPrefillChoice configured = cuda_be->moe_quant_prefill();
   for (const cuda::QuantPrefillChoice c :
-       {cuda::QuantPrefillChoice::kMmaSync, cuda::QuantPrefillChoice::kWgmma,
-        cuda::QuantPrefillChoice::kWgmmaFp8}) {
-    if (c != cuda::QuantPrefillChoice::kMmaSync && !cuda_be->wgmma_device()) continue;
+       {cuda::QuantPrefillChoice::kMmaSync, cuda::QuantPrefillChoice::kWgmma}) {
+    if (c == cuda::QuantPrefillChoice::kWgmma && !cuda_be->wgmma_device()) continue;
     cuda_be->set_moe_quant_prefill(c);
-    body(c == cuda::QuantPrefillChoice::kWgmmaFp8 ? "prefill_wgmma_fp8"
-         : c == cuda::QuantPrefillChoice::kWgmma  ? "prefill_wgmma"
-                                                  : "prefill");
+    body(c == cuda::QuantPrefillChoice::kWgmma ? "prefill_wgmma" : "prefill");
   }
   cuda_be->set_moe_quant_prefill(configured);
 }

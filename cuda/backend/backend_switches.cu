@@ -35,8 +35,8 @@ BackendSwitches read_backend_switches() {
   BackendSwitches s;
   s.moe_quant_decode = read_switch("DEEPINFER_MOE_QUANT_DECODE", parse_quant_decode,
                                    "streaming, registers or prefill");
-  s.moe_quant_prefill = read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill,
-                                    "wgmma, mma_sync or wgmma_fp8");
+  s.moe_quant_prefill =
+      read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "wgmma or mma_sync");
   s.fp8_linear =
       read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "legacy, stream or stream_pdl");
   s.hc_fused = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "fused or legacy");

@@ -35,7 +35,6 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/moe/moe_heuristics.h"
 #include "cuda/moe/moe_launch.h"
-#include "cuda/moe/sm90/experts_quant_wgmma_fp8.h"
 #include "cuda/quant/quant_launch.h"
 
 namespace deepinfer::cuda {
@@ -106,8 +105,7 @@ int in_planes_of(int group) {
 }
 
 // One pass of moe_experts on quantized weights (sm80/experts_quant.cu, or on sm_90 unless
-// DEEPINFER_MOE_QUANT_PREFILL=mma_sync, sm90/experts_quant_wgmma.cu in the prefill shape;
-// =wgmma_fp8 sm90/experts_quant_wgmma_fp8.cu where it runs).
+// DEEPINFER_MOE_QUANT_PREFILL=mma_sync, sm90/experts_quant_wgmma.cu in the prefill shape).
 void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x, const int32_t* ids,
                             const float* weights, int64_t tokens, int experts, float* out) {
   cudaStream_t stream = be.stream();
@@ -120,10 +118,6 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
       quant_wgmma_fits(be.wgmma_device(), p.format == QuantFormat::kMxfp4 ? 1 : 2,
                        std::max(in_planes_of(p.in_group), in_planes_of(p.down_group)),
                        be.max_shared_memory_per_block());
-  prob.quant_wgmma_fp8 = quant_wgmma_fp8_fits(
-      be.wgmma_device(), p.in_group, p.down_group, p.format == QuantFormat::kMxfp4 ? 1 : 2,
-      p.format == QuantFormat::kMxfp4 ? 0 : 1 << p.block_cols_log2,
-      be.max_shared_memory_per_block());
   const ExpertsPassConfig c = choose_experts_pass(prob, be.max_shared_memory_per_block());
   be.set_last_quant_experts_kernel(c.kernel);
   Tensor sorted = be.empty({pairs}, DType::kI32);
@@ -141,15 +135,9 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   p.max_tiles = c.max_tiles;
   launch_group_pairs(ids, pairs, experts, c.tile_rows, c.max_tiles, sorted.data<int32_t>(), meta,
                      stream);
-  if (c.kernel == ExpertsKernel::kQuantPrefillWgmmaFp8) {
-    // Its staged rows (e4m3 bytes + f32 scales per slice) fit in xs and as (bf16-sized).
-    launch_experts_quant_wgmma_fp8(p, x, tokens, xq.data<float>(), xs.raw_data(), act.data<float>(),
-                                   as.raw_data(), y.data<float>(), be.smem_limits(), stream);
-  } else {
-    launch_experts_quant(p, c.kernel, x, tokens, xq.defined() ? xq.data<float>() : nullptr,
-                         static_cast<__nv_bfloat16*>(xs.raw_data()), act.data<float>(),
-                         static_cast<__nv_bfloat16*>(as.raw_data()), y.data<float>(), stream);
-  }
+  launch_experts_quant(p, c.kernel, x, tokens, xq.defined() ? xq.data<float>() : nullptr,
+                       static_cast<__nv_bfloat16*>(xs.raw_data()), act.data<float>(),
+                       static_cast<__nv_bfloat16*>(as.raw_data()), y.data<float>(), stream);
   launch_experts_combine(y.data<float>(), ids, weights, tokens, p.top_k, p.hidden, experts, out,
                          stream);
 }

@@ -45,8 +45,6 @@ enum class ExpertsKernel {
   kQuantPrefill,       // quantized weights otherwise: the same kernel, 64-row tiles
   kQuantPrefillWgmma,  // the same shape on Hopper's wgmma (sm90/experts_quant_wgmma.cu),
                        // 128-row tiles
-  kQuantPrefillWgmmaFp8,  // the prefill shape on FP8 tensor cores, quantized activations only
-                          // (sm90/experts_quant_wgmma_fp8.cu), 128-row tiles
 };
 
 // Name of a kernel choice, as the benchmarks print it.
@@ -68,8 +66,6 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
       return "prefill";
     case ExpertsKernel::kQuantPrefillWgmma:
       return "prefill_wgmma";
-    case ExpertsKernel::kQuantPrefillWgmmaFp8:
-      return "prefill_wgmma_fp8";
   }
   return "?";
 }
@@ -99,8 +95,6 @@ inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
 enum class QuantPrefillChoice {
   kMmaSync,  // "mma_sync": kQuantPrefill
   kWgmma,    // "wgmma" or unset: kQuantPrefillWgmma where it runs (ExpertsPassProblem::quant_wgmma)
-  kWgmmaFp8,  // "wgmma_fp8": kQuantPrefillWgmmaFp8 where it runs (quant_wgmma_fp8), else as
-              // "wgmma"
 };
 
 // The choice DEEPINFER_MOE_QUANT_PREFILL names (nullptr: unset); nullopt for an unknown name.
@@ -108,7 +102,6 @@ inline std::optional<QuantPrefillChoice> parse_quant_prefill(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
   if (v == "mma_sync") return QuantPrefillChoice::kMmaSync;
   if (v.empty() || v == "wgmma") return QuantPrefillChoice::kWgmma;
-  if (v == "wgmma_fp8") return QuantPrefillChoice::kWgmmaFp8;
   return std::nullopt;
 }
 
@@ -119,17 +112,6 @@ inline std::optional<QuantPrefillChoice> parse_quant_prefill(const char* name) {
 inline bool quant_wgmma_fits(bool wgmma_device, int weight_loads, int planes, size_t smem_max) {
   return wgmma_device && ExpertQuantWgmma::fits(planes, weight_loads) &&
          ExpertQuantWgmma::smem_bytes(planes, weight_loads) + 1024 <= smem_max;
-}
-
-// Whether the FP8 wgmma prefill kernel runs a pass: a build with sm_90a code on an sm_90 device,
-// both GEMMs' activations quantized (act groups > 0: e4m3 values, one plane), FP8 weights with
-// scale blocks of at least one 128-input slice along K (block_cols >= 128; MXFP4 always), and its
-// shared memory on the device (`weight_loads`: 16-byte weight loads per slice, MXFP4 1, FP8 2).
-inline bool quant_wgmma_fp8_fits(bool wgmma_device, int in_group, int down_group, int weight_loads,
-                                 int fp8_block_cols, size_t smem_max) {
-  return wgmma_device && in_group > 0 && down_group > 0 &&
-         (weight_loads == 1 || fp8_block_cols >= 128) &&
-         ExpertQuantWgmmaFp8::smem_bytes(weight_loads) + 1024 <= smem_max;
 }
 
 struct ExpertsPassConfig {
@@ -148,8 +130,7 @@ struct ExpertsPassProblem {
   bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant*.cu in either shape
   QuantDecodeChoice quant_decode = QuantDecodeChoice::kStreaming;
   QuantPrefillChoice quant_prefill = QuantPrefillChoice::kWgmma;
-  bool quant_wgmma = false;      // quant_wgmma_fits for this pass (both GEMMs)
-  bool quant_wgmma_fp8 = false;  // quant_wgmma_fp8_fits for this pass
+  bool quant_wgmma = false;  // quant_wgmma_fits for this pass (both GEMMs)
 };
 
 inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
@@ -165,24 +146,16 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
                         pairs / std::max(experts, 1) <= kExpertQuantDecodeMaxPairs;
     const bool stream =
         p.quant_decode == QuantDecodeChoice::kStreaming && smem_max >= kExpertQuantStreamMaxSmem;
-    // The prefill shape on wgmma where asked for and where it runs (128-row tiles): FP8 tensor
-    // cores where asked for and where they run, else bf16 ones where those run.
-    const bool fp8 =
-        !decode && p.quant_prefill == QuantPrefillChoice::kWgmmaFp8 && p.quant_wgmma_fp8;
-    const bool wgmma = !decode && !fp8 &&
-                       (p.quant_prefill == QuantPrefillChoice::kWgmma ||
-                        p.quant_prefill == QuantPrefillChoice::kWgmmaFp8) &&
-                       p.quant_wgmma;
-    static_assert(ExpertQuantWgmmaFp8::kTok == ExpertQuantWgmma::kTok, "one tile list");
+    // The prefill shape on wgmma where asked for and where it runs (128-row tiles).
+    const bool wgmma = !decode && p.quant_prefill == QuantPrefillChoice::kWgmma && p.quant_wgmma;
     ExpertsPassConfig c{};
-    c.kernel = fp8       ? ExpertsKernel::kQuantPrefillWgmmaFp8
-               : wgmma   ? ExpertsKernel::kQuantPrefillWgmma
+    c.kernel = wgmma     ? ExpertsKernel::kQuantPrefillWgmma
                : !decode ? ExpertsKernel::kQuantPrefill
                : stream  ? ExpertsKernel::kQuantStream
                          : ExpertsKernel::kQuantDecode;
-    c.tile_rows = decode         ? ExpertQuantDecode::kTok
-                  : wgmma || fp8 ? ExpertQuantWgmma::kTok
-                                 : ExpertQuantPrefill::kTok;
+    c.tile_rows = decode  ? ExpertQuantDecode::kTok
+                  : wgmma ? ExpertQuantWgmma::kTok
+                          : ExpertQuantPrefill::kTok;
     c.max_tiles = (pairs + c.tile_rows - 1) / c.tile_rows + std::min<int64_t>(experts, pairs);
     return c;
   }

@@ -138,39 +138,6 @@ static_assert(ExpertQuantWgmma::stages(1, 1) == 4 && ExpertQuantWgmma::stages(3,
                   ExpertQuantWgmma::stages(1, 2) == 3 && !ExpertQuantWgmma::fits(3, 2),
               "the ring depths the head comment of sm90/experts_quant_wgmma.cu describes");
 
-// The Hopper prefill shape on FP8 tensor cores (sm90/experts_quant_wgmma_fp8.cu): two
-// warpgroups of one m64 wgmma tile each (gate/up: 32 columns of w1 and the same of w3; down: 64
-// rows of w2), 128 weight rows per CTA, times kTok token rows of one tile of the tile list (the
-// bf16 wgmma shape's list). A ring of `stages` slices (kQuantSliceK inputs) in shared memory,
-// each the tile's e4m3 activation rows (the wgmma B operand) and their scales, and every lane's
-// own 16-byte weight chunks (moved into the A operand's registers, MXFP4 through a table).
-struct ExpertQuantWgmmaFp8 {
-  static constexpr int kWarps = 8;
-  static constexpr int kTok = 128;  // the tile list's tile_rows: wgmma n of a full tile
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kWeightRows = 16 * kWarps;  // one m16 row block per warp
-  static constexpr int kMaxStages = 8;
-  // Dynamic shared memory a CTA may take on sm_90 (227 KB opt-in) less its static tables.
-  static constexpr size_t kSmemBudget = 227 * 1024 - 2048;
-  // One slice of the tile's rows: kTok rows x 128 e4m3 bytes, then kTok f32 scales.
-  static constexpr size_t kActStageBytes = size_t{kTok} * kQuantSliceK;
-  static constexpr size_t kActScaleBytes = size_t{4} * kTok;
-  // One slice of weights: `loads` 16-byte chunks (MXFP4 1, FP8 2) of rows g and g + 8 per lane.
-  static constexpr size_t weight_stage_bytes(int loads) {
-    return size_t{16} * kThreads * 2 * loads;
-  }
-  static constexpr size_t stage_bytes(int loads) {
-    return kActStageBytes + kActScaleBytes + weight_stage_bytes(loads);
-  }
-  static constexpr int stages(int loads) {
-    const size_t fit = kSmemBudget / stage_bytes(loads);
-    return fit < kMaxStages ? static_cast<int>(fit) : kMaxStages;
-  }
-  static constexpr size_t smem_bytes(int loads) { return stages(loads) * stage_bytes(loads); }
-};
-static_assert(ExpertQuantWgmmaFp8::stages(1) == 8 && ExpertQuantWgmmaFp8::stages(2) == 6,
-              "the ring depths the head comment of sm90/experts_quant_wgmma_fp8.cu describes");
-
 // Pairs per expert on average up to which a pass takes the decode shape.
 constexpr int64_t kExpertQuantDecodeMaxPairs = 16;
 

@@ -48,11 +48,6 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
 }
 
-TEST(BackendSwitches, MoeQuantPrefillTakesWgmmaFp8) {
-  ScopedEnv prefill("DEEPINFER_MOE_QUANT_PREFILL", "wgmma_fp8");
-  EXPECT_EQ(cuda::read_backend_switches().moe_quant_prefill, cuda::QuantPrefillChoice::kWgmmaFp8);
-}
-
 TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
   {
     ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");
