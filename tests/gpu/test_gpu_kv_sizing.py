@@ -26,3 +26,28 @@ def test_kv_cache_is_sized_from_device_memory() -> None:
     assert len(tokens) == 3
     with pytest.raises(OSError, match="not enough device memory for the KV cache"):
         dc.Engine(path, device="cuda", gpu_memory_utilization=0.001)
+
+
+@pytest.mark.parametrize("zero_overhead", [True, False], ids=["zos", "sync"])
+def test_a_destroyed_engine_gives_its_memory_back(zero_overhead: bool) -> None:
+    """Engines sized from memory one after another in one process: each takes ~90% of the
+    device, so the next one starts only if the last one's KV cache went back when it was
+    dropped (no garbage collection asked for). A GPU pytest run once saw an engine fail here
+    with the previous engine's memory still in use."""
+    path = str(ensure_tiny_checkpoint())
+    params = dc.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    for _ in range(3):
+        engine = dc.Engine(
+            path,
+            device="cuda",
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
+            zero_overhead=zero_overhead,
+        )
+        assert engine.kv_capacity.sized_from_memory
+        for prompt in ([5, 6, 7], list(range(2, 300))):
+            engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
+        engine.step()
+        del engine
