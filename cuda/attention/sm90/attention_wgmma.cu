@@ -420,6 +420,22 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Devic
   }
 }
 
+// After the last tile: each warpgroup's rows summed only its half of the keys, so the
+// denominator is both halves' sums, added in the same order by both warpgroups; then the output.
+__device__ __forceinline__ void finish_rows(const AttentionArgs& a, const DeviceLayout& l,
+                                            const float (&o)[kOAcc], const float (&m_run)[2],
+                                            const float (&d_run)[2], float* xchg, int t,
+                                            int h_first, int wg, int row0, int qd) {
+  __syncthreads();  // every thread past the last tile's reads of xchg
+  if (qd == 0) {
+    xchg[wg * kRows + row0] = d_run[0];
+    xchg[wg * kRows + row0 + 8] = d_run[1];
+  }
+  __syncthreads();
+  const float d[2] = {xchg[row0] + xchg[kRows + row0], xchg[row0 + 8] + xchg[kRows + row0 + 8]};
+  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
+}
+
 template <KvFormat kFmt>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(AttentionArgs a, DeviceLayout l) {
@@ -552,15 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_products(o);
   }
 
-  // The denominator: the two halves' sums, added in the same order by both warpgroups.
-  __syncthreads();  // every thread past the last tile's reads of xchg
-  if (qd == 0) {
-    xchg[wg * kRows + row0] = d_run[0];
-    xchg[wg * kRows + row0 + 8] = d_run[1];
-  }
-  __syncthreads();
-  const float d[2] = {xchg[row0] + xchg[kRows + row0], xchg[row0 + 8] + xchg[kRows + row0 + 8]};
-  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
+  finish_rows(a, l, o, m_run, d_run, xchg, t, h_first, wg, row0, qd);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -809,15 +817,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wait_products(o);
   }
 
-  // The denominator: the two halves' sums, added in the same order by both warpgroups.
-  __syncthreads();  // every thread past the last tile's reads of xchg
-  if (qd == 0) {
-    xchg[wg * kRows + row0] = d_run[0];
-    xchg[wg * kRows + row0 + 8] = d_run[1];
-  }
-  __syncthreads();
-  const float d[2] = {xchg[row0] + xchg[kRows + row0], xchg[row0 + 8] + xchg[kRows + row0 + 8]};
-  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
+  finish_rows(a, l, o, m_run, d_run, xchg, t, h_first, wg, row0, qd);
 }
 
 template <KvFormat kFmt>
