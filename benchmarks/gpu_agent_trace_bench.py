@@ -5,6 +5,10 @@ engine restart (the store's hits survive it).
     python benchmarks/gpu_agent_trace_bench.py [--sessions 2] [--start 8192] [--end 77824]
         [--growth 1.04] [--output 16] [--gpu-tokens 98304] [--kv-window-state exact] [--out f]
     python benchmarks/gpu_agent_trace_bench.py --smoke      # the tiny model on the CPU
+    # A loaded prefill card (benchmarks/RESULTS.md, session 10: 21.6x): 32 agents at once, the GPU
+    # holding 16 contexts, so most hits still come from the host tier.
+    python benchmarks/gpu_agent_trace_bench.py --phase trace --uncached-tok-s RATE --concurrent \
+        --sessions 32 --gpu-tokens 1310720 --output 1
 
 The trace: `--sessions` agents take turns; each turn resends its session's whole context (the
 previous context, the previous turn's output, and new tokens: the context grows by --growth per
