@@ -31,7 +31,7 @@ struct AttentionMmaPlan {
   int64_t head_groups = 1;  // ceil(heads / rows)
   int64_t splits = 1;       // key splits per token
   bool fused = false;       // splits > 1 merged by the kernel's last block (needs counters)
-  bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/attention_wgmma.cu)
+  bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/*_prefetch.cu)
   bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
   bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
 };

@@ -1,0 +1,20 @@
+// The prefetching variant of the Hopper attention kernel (sm90/attention_wgmma_prefetch.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/attention/attention_args.h"
+#include "cuda/attention/attention_plan.h"
+#include "cuda/common/smem_limits.h"
+
+namespace deepinfer::cuda {
+
+// launch_attention_wgmma's p.prefetch path, after its checks (wgmma_prefetch_takes): bf16 rows or
+// V4's fp8 record, the tiles swizzled with p.swizzle, a programmatic dependent launch with p.pdl.
+void launch_attention_wgmma_prefetch(const AttentionArgs& a, const DeviceLayout& l,
+                                     const AttentionMmaPlan& p, int64_t tokens,
+                                     KernelSmemLimits& smem_limits, cudaStream_t stream);
+
+}  // namespace deepinfer::cuda
