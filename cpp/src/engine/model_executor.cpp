@@ -9,37 +9,13 @@
 #include <span>
 
 #include "deepinfer/error.h"
+#include "engine/model_executor_internal.h"
 #include "kv/cache_geometry.h"
 #include "model/batch_plan.h"
 #include "model/checkpoint.h"
 #include "sched/sequence.h"
 
 namespace deepinfer::engine {
-
-class ModelExecutor::ModelStep final : public InflightStep {
- public:
-  Tensor sampled;       // device [S] i32: read by the next step's carried rows
-  Tensor host_tokens;   // host [S] i32, filled by the stream
-  Tensor host_logprob;  // host [S] f32
-  Tensor host_top_ids;  // host [S, N] i32 (N = max logprobs asked), undefined if none
-  Tensor host_top_lp;   // host [S, N] f32
-  std::unique_ptr<Event> done;
-  // Kept from the forward while the sample is deferred (finish_launch).
-  Tensor logits;
-  Tensor next_positions;
-  std::vector<std::pair<int, std::string>> constraint_errors;
-  // A step with verify rows: each sampling row's drafts (host_tokens etc. then hold one sample
-  // per logits row), and the forced tokens of plain rows, applied on the host.
-  std::vector<std::vector<int32_t>> verify_drafts;
-  std::vector<int32_t> forced;
-  // speculative_method "mtp": per sampling row, what drafting past it needs.
-  struct DraftRow {
-    int32_t slot = 0;
-    int32_t first_logit_pos = 0;  // position of the row's first logits row
-    std::vector<int32_t> block_table;
-  };
-  std::vector<DraftRow> draft_rows;
-};
 
 namespace {
 
@@ -55,19 +31,6 @@ template <typename T>
 Tensor upload_vector(Backend& backend, const std::vector<T>& values) {
   return backend.upload(Tensor::from_vector(values, {static_cast<int64_t>(values.size())}),
                         DTypeOf<T>::value);
-}
-
-// The widest block table of the rows. The scheduler's rows are checked where they are made
-// (prompts at admission, blocks by the allocator); debug builds check them again here.
-size_t table_width(RowSpan rows, const ModelInstance& m) {
-#ifdef DEEPINFER_DEBUG_INVARIANTS
-  return validate_rows(rows, m.config, m.caches->shape(), /*check_tokens=*/true);
-#else
-  (void)m;
-  size_t width = 1;
-  for (const ForwardRow& r : rows) width = std::max(width, r.block_table.size());
-  return width;
-#endif
 }
 
 // Whether a carried row's sampling depends on the token the previous step is still sampling.
@@ -489,112 +452,6 @@ void ModelExecutor::copy_results_to_host(ModelStep& step, const SampleResult& re
     be.copy_to_host(result.logprobs, step.host_logprob);
     be.copy_to_host(result.top_ids, step.host_top_ids);
     be.copy_to_host(result.top_logprobs, step.host_top_lp);
-  }
-}
-
-std::vector<size_t> ModelExecutor::plan_draft_rows(const ModelStep& step, const StepResult& result,
-                                                   int position_offset, int reach) {
-  std::vector<size_t> drafting;
-  draft_tokens_.clear();
-  mtp_rows_.clear();
-  size_t token = 0;
-  for (size_t i = 0; i < step.draft_rows.size(); ++i) {
-    const ModelStep::DraftRow& d = step.draft_rows[i];
-    const int count = result.counts.empty() ? 1 : result.counts[i];
-    token += static_cast<size_t>(count);
-    ForwardRow r;
-    r.slot = d.slot;
-    r.start_pos = d.first_logit_pos + count + position_offset;
-    r.num_tokens = 1;
-    if (r.start_pos + reach > max_position()) continue;  // no room for the drafts' positions
-    drafting.push_back(i);
-    draft_tokens_.push_back(result.tokens[token - 1]);
-    mtp_rows_.push_back(r);
-  }
-  // Positions past the sequence's blocks name block 0, which is never handed out: the MTP
-  // block's throwaway compressed entries land there (positions inside the sequence are rewritten
-  // when they are computed), and DSpark layers keep only ring state.
-  draft_tables_.resize(drafting.size());
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    ForwardRow& r = mtp_rows_[i];
-    std::vector<int32_t>& table = draft_tables_[i];
-    table = step.draft_rows[drafting[i]].block_table;
-    table.resize(
-        std::max(table.size(), static_cast<size_t>(kv::blocks_for_tokens(r.start_pos + reach))), 0);
-    r.tokens = std::span<const int32_t>(draft_tokens_).subspan(i, 1);
-    r.block_table = table;
-  }
-  return drafting;
-}
-
-void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
-  ModelInstance& m = *model_;
-  Backend& be = *m.backend;
-  const int k = options_.num_mtp_drafts;
-  result.drafts.assign(step.draft_rows.size(), {});
-  result.draft_probs.assign(step.draft_rows.size(), {});
-  if (dspark_on()) {
-    draft_dspark(step, result);
-    return;
-  }
-  // Each sampling row's block pass stopped one position short of its last accepted one, whose
-  // next token this step just sampled: the drafts start there (ModelInstance::forward_with_mtp),
-  // with that token, on the trunk ring's row there.
-  const std::vector<size_t> drafting = plan_draft_rows(step, result, /*position_offset=*/-1, k);
-  if (drafting.empty()) return;
-  const auto n = static_cast<int64_t>(drafting.size());
-  std::vector<Tensor> host;     // [rows] i32 per draft step
-  std::vector<Tensor> host_lp;  // [rows] f32 per draft step
-  {
-    HostSyncForbidden no_sync(be);
-    std::vector<Tensor> logprobs;
-    const std::vector<Tensor> drafts = m.mtp_draft(
-        mtp_rows_, table_width(mtp_rows_, m), m.mtp_ring_trunk(mtp_rows_), k, nullptr, &logprobs);
-    for (size_t j = 0; j < drafts.size(); ++j) {
-      host.push_back(Tensor::zeros({n}, DType::kI32));
-      be.copy_to_host(drafts[j], host.back());
-      host_lp.push_back(Tensor::zeros({n}, DType::kF32));
-      be.copy_to_host(logprobs[j], host_lp.back());
-    }
-  }
-  be.record_event()->wait();
-  for (size_t j = 0; j < host.size(); ++j) {
-    for (size_t i = 0; i < drafting.size(); ++i) {
-      result.drafts[drafting[i]].push_back(host[j].data<int32_t>()[i]);
-      result.draft_probs[drafting[i]].push_back(std::exp(host_lp[j].data<float>()[i]));
-    }
-  }
-}
-
-void ModelExecutor::draft_dspark(ModelStep& step, StepResult& result) {
-  ModelInstance& m = *model_;
-  Backend& be = *m.backend;
-  const int b = m.config.v41->dspark_block_size;
-  const int k = std::min(options_.num_mtp_drafts, b);
-  // The token each sampling row just sampled is the golden token at ap + 1, ap being the row's
-  // last accepted position (its first logits row's position plus the accepted drafts).
-  const std::vector<size_t> drafting = plan_draft_rows(step, result, /*position_offset=*/0, b);
-  if (drafting.empty()) return;
-  const auto n = static_cast<int64_t>(drafting.size());
-  std::vector<Tensor> host_tokens, host_conf;  // per draft i: [rows] i32, [rows, 1] f32
-  {
-    HostSyncForbidden no_sync(be);
-    const DSparkOutput out = m.dspark_draft(mtp_rows_, Tensor());
-    for (int j = 0; j < k; ++j) {
-      host_tokens.push_back(Tensor::zeros({n}, DType::kI32));
-      be.copy_to_host(out.tokens[static_cast<size_t>(j)], host_tokens.back());
-      host_conf.push_back(Tensor::zeros({n, 1}, DType::kF32));
-      be.copy_to_host(out.confidence[static_cast<size_t>(j)], host_conf.back());
-    }
-  }
-  be.record_event()->wait();
-  // The confidence head's c_j is the budget's per-draft estimate (sched/draft_budget.h).
-  for (int j = 0; j < k; ++j) {
-    for (size_t i = 0; i < drafting.size(); ++i) {
-      result.drafts[drafting[i]].push_back(host_tokens[static_cast<size_t>(j)].data<int32_t>()[i]);
-      result.draft_probs[drafting[i]].push_back(
-          dspark_confidence(host_conf[static_cast<size_t>(j)].data<float>()[i]));
-    }
   }
 }
 

@@ -1,0 +1,56 @@
+// What model_executor.cpp and model_executor_drafts.cpp share: the in-flight step's state and
+// the width of a call's block tables.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model_executor.h"
+#include "model/batch_plan.h"
+
+namespace deepinfer::engine {
+
+class ModelExecutor::ModelStep final : public InflightStep {
+ public:
+  Tensor sampled;       // device [S] i32: read by the next step's carried rows
+  Tensor host_tokens;   // host [S] i32, filled by the stream
+  Tensor host_logprob;  // host [S] f32
+  Tensor host_top_ids;  // host [S, N] i32 (N = max logprobs asked), undefined if none
+  Tensor host_top_lp;   // host [S, N] f32
+  std::unique_ptr<Event> done;
+  // Kept from the forward while the sample is deferred (finish_launch).
+  Tensor logits;
+  Tensor next_positions;
+  std::vector<std::pair<int, std::string>> constraint_errors;
+  // A step with verify rows: each sampling row's drafts (host_tokens etc. then hold one sample
+  // per logits row), and the forced tokens of plain rows, applied on the host.
+  std::vector<std::vector<int32_t>> verify_drafts;
+  std::vector<int32_t> forced;
+  // speculative_method "mtp": per sampling row, what drafting past it needs.
+  struct DraftRow {
+    int32_t slot = 0;
+    int32_t first_logit_pos = 0;  // position of the row's first logits row
+    std::vector<int32_t> block_table;
+  };
+  std::vector<DraftRow> draft_rows;
+};
+
+// The widest block table of the rows. The scheduler's rows are checked where they are made
+// (prompts at admission, blocks by the allocator); debug builds check them again here.
+inline size_t table_width(RowSpan rows, const ModelInstance& m) {
+#ifdef DEEPINFER_DEBUG_INVARIANTS
+  return validate_rows(rows, m.config, m.caches->shape(), /*check_tokens=*/true);
+#else
+  (void)m;
+  size_t width = 1;
+  for (const ForwardRow& r : rows) width = std::max(width, r.block_table.size());
+  return width;
+#endif
+}
+
+}  // namespace deepinfer::engine
