@@ -23,6 +23,10 @@ struct AttentionShape {
   DType kv;  // kF32, kBF16, kU8 (fp8 records)
   int topk;
   int heads;
+  // The sequences' context (positions ctx - s_q .. ctx - 1). A prefill shape (one sequence, s_q in
+  // the thousands) takes a long one, so that every query sees more than top-k compressed entries.
+  int ctx = 4096;
+  bool prefill = false;
 };
 
 const char* kv_name(DType kv) {
@@ -52,7 +56,7 @@ Tensor random_cache(Backend& be, int64_t rows, int64_t dim, int rope, DType kv, 
 }
 
 void run_shape(Backend& be, int iters, const AttentionShape& s) {
-  const int ctx = 4096, d = 512, rope = 64, w = 128, ratio = 4;
+  const int ctx = s.ctx, d = 512, rope = 64, w = 128, ratio = 4;
   const int blocks = ctx / 128;
   const int t = s.batch * s.s_q;
   BatchLayout L = decode_layout(be, s.batch, s.s_q, ctx, blocks);
@@ -62,9 +66,10 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   Tensor ring = ring_rows.reshape({s.batch + 1, ring_len, ring_rows.size(1)});
   Tensor entries =
       random_cache(be, (int64_t{s.batch} * blocks + 1) * (128 / ratio), d, rope, s.kv, 15);
-  // The selected entries spread over the 1024 visible ones (every other one for top-512).
+  // The selected entries spread over the visible ones (decode at 4K: every other one of 1024 for
+  // top-512); a prefill query at position p sees (p + 1) / ratio of them, at least 7,168 here.
   std::vector<int32_t> topk(static_cast<size_t>(t) * s.topk);
-  const int visible = ctx / ratio;
+  const int visible = (ctx - s.s_q + 1) / ratio;
   for (int i = 0; i < t; ++i)
     for (int j = 0; j < s.topk; ++j)
       topk[static_cast<size_t>(i) * s.topk + j] = (j * (visible / s.topk)) % visible;
@@ -80,14 +85,18 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
   auto call = [&] { (void)be.attention(q, kv, ring, entries, topk_t, sinks, L, spec); };
   const double keys = static_cast<double>(w + s.topk);
   const double row_bytes = static_cast<double>(ring_rows.size(1)) * dtype_size(s.kv);
-  const double bytes = s.batch * keys * row_bytes;
+  // Decode: each sequence's attended rows once. A prefill chunk's queries share their rows through
+  // L2, so no byte count says much there: compare its TFLOP/s.
+  const double bytes = s.prefill ? 0.0 : s.batch * keys * row_bytes;
   const double flops = t * keys * s.heads * d * 4.0;  // q.k and p.v, 2 flops per MAC
   const std::string shape = "B=" + std::to_string(s.batch) + " s_q=" + std::to_string(s.s_q) +
                             " h=" + std::to_string(s.heads) + " topk=" + std::to_string(s.topk) +
-                            " " + kv_name(s.kv) + " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
+                            (s.prefill ? " ctx=" + std::to_string(ctx) : std::string()) + " " +
+                            kv_name(s.kv) + " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
+  const char* name = s.prefill ? "attention_prefill" : "attention_decode";
   if (!s.bf16_math) {
-    emit("attention_decode", shape, time_us(be, iters, call), bytes, flops);
-    emit("attention_decode", shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
+    emit(name, shape, time_us(be, iters, call), bytes, flops);
+    emit(name, shape + " (graph)", time_graph_us(be, iters, call), bytes, flops);
     return;
   }
   // The tensor-core kernel's two combine paths (attention_plan.h), each with the plan it ran:
@@ -114,12 +123,12 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
            " splits=" + std::to_string(p.splits) + ")";
   };
   const double us = time_us(be, iters, call);
-  emit("attention_decode", shape + plan_label(), us, bytes, flops);
+  emit(name, shape + plan_label(), us, bytes, flops);
   const double graph_us = time_graph_us(be, iters, call);
-  emit("attention_decode", shape + plan_label() + " (graph)", graph_us, bytes, flops);
+  emit(name, shape + plan_label() + " (graph)", graph_us, bytes, flops);
   cuda_be.set_attention_mma_choice({.fused_combine = false});
   const double separate_us = time_graph_us(be, iters, call);
-  emit("attention_decode", shape + plan_label() + " (graph)", separate_us, bytes, flops);
+  emit(name, shape + plan_label() + " (graph)", separate_us, bytes, flops);
   if (cuda_be.wgmma_device() && s.kv != DType::kF32 && s.heads % 64 == 0) {
     for (const cuda::AttentionKernelChoice k :
          {cuda::AttentionKernelChoice::kMmaSync, cuda::AttentionKernelChoice::kWgmma,
@@ -129,7 +138,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl}) {
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
-      emit("attention_decode", shape + plan_label() + " (graph)", k_us, bytes, flops);
+      emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);
     }
     cuda_be.set_attention_kernel(backend_kernel);
   }
@@ -266,6 +275,13 @@ void bench_attention_decode(Backend& be, int iters) {
     shapes.push_back({b, 1, true, DType::kU8, 1024, 64});  // top-k 1024
     shapes.push_back({b, 1, true, DType::kU8, 512, 128});  // V4-Pro: 128 heads
   }
+  // Sparse prefill (the peer: FlashMLA's flash_mla_sparse_fwd at the same shape): one sequence's
+  // chunk of 4,096 or 16,384 queries at the end of a long context, each with its 128 sliding keys
+  // and 512 selected entries.
+  for (const DType kv : {DType::kBF16, DType::kU8})
+    shapes.push_back({1, 4096, true, kv, 512, 64, 32768, true});
+  shapes.push_back({1, 16384, true, DType::kBF16, 512, 64, 65536, true});
+  shapes.push_back({1, 4096, true, DType::kBF16, 512, 128, 32768, true});
   for (const AttentionShape& s : shapes) run_shape(be, iters, s);
 }
 
