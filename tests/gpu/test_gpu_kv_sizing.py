@@ -32,8 +32,9 @@ def test_kv_cache_is_sized_from_device_memory() -> None:
 def test_a_destroyed_engine_gives_its_memory_back(zero_overhead: bool) -> None:
     """Engines sized from memory one after another in one process: each takes ~90% of the
     device, so the next one starts only if the last one's KV cache went back when it was
-    dropped (no garbage collection asked for). A GPU pytest run once saw an engine fail here
-    with the previous engine's memory still in use."""
+    dropped (no garbage collection asked for). (A GPU test once saw an engine fail to start with
+    the previous engine's memory in use: it built the new engine with `engine = dc.Engine(...)`
+    while `engine` still held the old one, test_gpu_verify_graphs.py.)"""
     path = str(ensure_tiny_checkpoint())
     params = dc.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     for _ in range(3):
