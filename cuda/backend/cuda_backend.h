@@ -174,6 +174,7 @@ class CudaBackend final : public Backend {
   void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) override;
   void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                           const Tensor& previous) override;
+  void shift_rows_impl(const RowShift& shift) override;
   void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;
   void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) override;
 

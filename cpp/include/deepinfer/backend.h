@@ -266,6 +266,11 @@ class Backend {
   // entries keep their value. tokens [T] i32, remap [T] i32, previous [P] i32 (not overlapping
   // tokens).
   void select_tokens(const Tensor& tokens, const Tensor& remap, const Tensor& previous);
+  // Moves the rows RowShift names to the positions the previous step's accepted drafts give them
+  // (backend_args.h), rewriting the call's metadata on the device. A row shifted to before
+  // position 0, or entries past their batch's capacity, are the caller's error: the CPU op
+  // throws, device ops leave such values unchanged.
+  void shift_rows(const RowShift& shift);
   // Copies t[src[i]] -> t[dst[i]] along dim 0 of t (any dtype, rank >= 1); src, dst [N] i32
   // (state slots: snapshots for the prefix cache).
   void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst);
@@ -435,6 +440,7 @@ class Backend {
   virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;
   virtual void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                                   const Tensor& previous) = 0;
+  virtual void shift_rows_impl(const RowShift& shift) = 0;
   virtual void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
   virtual void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) = 0;
 

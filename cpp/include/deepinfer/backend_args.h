@@ -98,6 +98,31 @@ struct EntryBatch {
   Tensor dest;      // [E] i32, row of the paged entry cache the entry is stored to
 };
 
+// Rows of a forward call planned before the previous step's speculative verification was known
+// (zero-overhead scheduling, engine README "Drafting under zero-overhead scheduling"): row s with
+// shift_from[s] = k >= 0 was placed as if that step's verify row k had accepted all max_shift[s]
+// of its drafts; it accepted accepted[k] of them, so the row starts max_shift[s] - accepted[k]
+// positions earlier. Backend::shift_rows moves such rows there on the device, rewriting the
+// metadata below (views of the call's packed buffer, model/batch_plan.h) exactly as the host would
+// have packed it from the true positions.
+struct RowShift {
+  // positions [T] and seq_ctx_len [B] rewritten; seq_q_start, block_table and block_size read.
+  BatchLayout layout;
+  Tensor next_positions;  // [S] i32, rewritten: the position after its token row's
+  Tensor logit_rows;      // [S] i32, the token row of each logits row (undefined: row i, S == T)
+  Tensor carry_remap;     // [T] i32: a shifted row's first entry moves with it (undefined: none)
+  Tensor shift_from;      // [B] i32, -1: the row stays
+  Tensor max_shift;       // [B] i32, drafts the plan assumed accepted
+  Tensor accepted;        // [K] i32, drafts the previous step's verify rows accepted
+  // Rows from num_real_seqs on are padding rows (a recorded graph's): they own no entries.
+  int num_real_seqs = 0;
+  // The entries of every compression ratio, recomputed from the new positions: one slot per row
+  // (a decode graph's layout: slot s is row s's, window -1 where none closes), or dense in row
+  // order with padding entries (seq = the last row, window -1, rope_pos 0, dest -1) after them.
+  bool entry_per_row = false;
+  std::vector<std::pair<int, EntryBatch>> entries;  // (ratio, its entries)
+};
+
 struct CompressSpec {
   int ratio = 4;         // m: tokens per window
   bool overlap = false;  // CSA: entry w pools window w-1's first series and window w's second

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "backend/op_checks.h"
 #include "deepinfer/error.h"
@@ -211,6 +212,43 @@ void Backend::select_tokens(const Tensor& tokens, const Tensor& remap, const Ten
   c.tensor("remap", remap, DType::kI32, {tokens.size(0)});
   c.tensor("previous", previous, DType::kI32, {-1});
   select_tokens_impl(tokens, remap, previous);
+}
+
+void Backend::shift_rows(const RowShift& shift) {
+  const OpChecks c("shift_rows", device_kind());
+  const BatchLayout& l = shift.layout;
+  c.layout(l, /*need_block_table=*/true);
+  const int64_t b = l.num_seqs;
+  if (shift.num_real_seqs < 0 || shift.num_real_seqs > b) {
+    c.fail("num_real_seqs " + std::to_string(shift.num_real_seqs) + " is outside [0, num_seqs " +
+           std::to_string(b) + "]");
+  }
+  c.tensor("next_positions", shift.next_positions, DType::kI32, {-1});
+  const int64_t s = shift.next_positions.size(0);
+  if (shift.logit_rows.defined()) {
+    c.tensor("logit_rows", shift.logit_rows, DType::kI32, {s});
+  } else if (s != l.num_tokens) {
+    c.fail("next_positions has " + std::to_string(s) + " rows but logit_rows is undefined, " +
+           "which means one per token row (" + std::to_string(l.num_tokens) + ")");
+  }
+  c.optional("carry_remap", shift.carry_remap, DType::kI32, {l.num_tokens});
+  c.tensor("shift_from", shift.shift_from, DType::kI32, {b});
+  c.tensor("max_shift", shift.max_shift, DType::kI32, {b});
+  c.tensor("accepted", shift.accepted, DType::kI32, {-1});
+  for (const auto& [ratio, e] : shift.entries) {
+    c.ratio(ratio, l);
+    const std::string name = "entries[ratio " + std::to_string(ratio) + "]";
+    if (shift.entry_per_row && e.num_entries != b) {
+      c.fail(name + " has " + std::to_string(e.num_entries) +
+             " entries; entry_per_row needs one per row (" + std::to_string(b) + ")");
+    }
+    for (const auto& [field, t] :
+         {std::pair{".seq", &e.seq}, std::pair{".window", &e.window},
+          std::pair{".rope_pos", &e.rope_pos}, std::pair{".dest", &e.dest}}) {
+      c.tensor((name + field).c_str(), *t, DType::kI32, {e.num_entries});
+    }
+  }
+  shift_rows_impl(shift);
 }
 
 void Backend::copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst) {

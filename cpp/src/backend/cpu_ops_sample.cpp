@@ -1,6 +1,7 @@
 // Sampling ops of the CPU backend: per-row token sampling (sample::sample_row is the reference
 // every backend matches), the token selection that carries device-sampled tokens into the next
-// step, and row copies between state slots.
+// step, the move of rows planned before the previous step's verification was known, and row
+// copies between state slots.
 #include <algorithm>
 #include <cstring>
 #include <iterator>
@@ -12,6 +13,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/cpu_checks.h"
 #include "backend/cpu_math.h"
+#include "backend/row_shift.h"
 #include "sample/sampler.h"
 
 namespace deepinfer {
@@ -148,6 +150,71 @@ void CpuBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
     }
     for (int64_t i = 0; i < n; ++i) {
       if (r[i] >= 0) dst[i] = prev[r[i]];
+    }
+  });
+}
+
+void CpuBackend::shift_rows_impl(const RowShift& shift) {
+  const char* op = "shift_rows";
+  enqueue([shift, op](ThreadPool&) {
+    const BatchLayout& l = shift.layout;
+    const int32_t b = l.num_seqs;
+    const int32_t* q_start = l.seq_q_start.data<int32_t>();
+    const int32_t* from = shift.shift_from.data<int32_t>();
+    const int32_t* max_shift = shift.max_shift.data<int32_t>();
+    const int32_t* accepted = shift.accepted.data<int32_t>();
+    const int64_t num_accepted = shift.accepted.size(0);
+    int32_t* ctx_len = l.seq_ctx_len.data<int32_t>();
+    int32_t* positions = l.positions.data<int32_t>();
+    int32_t* carry = shift.carry_remap.defined() ? shift.carry_remap.data<int32_t>() : nullptr;
+    // Every row's move first, so a bad one leaves the metadata untouched.
+    std::vector<int32_t> moves(static_cast<size_t>(b), 0);
+    for (int32_t s = 0; s < shift.num_real_seqs; ++s) {
+      bool ok = true;
+      moves[s] =
+          row_shift::row_move(from[s], max_shift[s], accepted, num_accepted, ctx_len[s], &ok);
+      if (!ok) {
+        fail(op, "row " + std::to_string(s) + ": shift_from " + std::to_string(from[s]) +
+                     " and max_shift " + std::to_string(max_shift[s]) + " against " +
+                     std::to_string(num_accepted) +
+                     " accepted counts do not give a move in [-max_shift, 0] to a start >= 0");
+      }
+    }
+    for (int32_t s = 0; s < shift.num_real_seqs; ++s) {
+      if (moves[s] == 0) continue;
+      ctx_len[s] += moves[s];
+      for (int32_t r = q_start[s]; r < q_start[s + 1]; ++r) positions[r] += moves[s];
+      if (carry != nullptr && carry[q_start[s]] >= 0) carry[q_start[s]] += moves[s];
+    }
+    const int32_t* logit_rows =
+        shift.logit_rows.defined() ? shift.logit_rows.data<int32_t>() : nullptr;
+    int32_t* next = shift.next_positions.data<int32_t>();
+    for (int64_t i = 0; i < shift.next_positions.size(0); ++i)
+      next[i] = positions[logit_rows != nullptr ? logit_rows[i] : i] + 1;
+    const int32_t* table = l.block_table.data<int32_t>();
+    const int64_t width = l.max_blocks_per_seq;
+    for (const auto& [ratio, e] : shift.entries) {
+      const int32_t epb = l.block_size / ratio;
+      int32_t* seq = e.seq.data<int32_t>();
+      int32_t* window = e.window.data<int32_t>();
+      int32_t* rope_pos = e.rope_pos.data<int32_t>();
+      int32_t* dest = e.dest.data<int32_t>();
+      auto put = [&](int64_t i, const row_shift::Entry& x) {
+        seq[i] = x.seq;
+        window[i] = x.window;
+        rope_pos[i] = x.rope_pos;
+        dest[i] = x.dest;
+      };
+      if (shift.entry_per_row) {
+        for (int32_t s = 0; s < b; ++s) {
+          put(s, row_shift::row_entry(s, s < shift.num_real_seqs, ratio, epb, ctx_len[s],
+                                      table + s * width));
+        }
+      } else if (!row_shift::fill_dense_entries(ratio, epb, ctx_len, q_start, table, width,
+                                                shift.num_real_seqs, b, e.num_entries, put)) {
+        fail(op, "the shifted rows close more entries of ratio " + std::to_string(ratio) +
+                     " than the batch's " + std::to_string(e.num_entries));
+      }
     }
   });
 }

@@ -54,6 +54,26 @@ size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& 
                      "]: a replay computes every position from it on");
     }
     if (r.replay_end < 0) bad_row(b, "'replay_end' " + std::to_string(r.replay_end) + " is < 0");
+    if (r.shift_from < -1) {
+      bad_row(b, "'shift_from' " + std::to_string(r.shift_from) + " is < -1 (-1: the row stays)");
+    }
+    if (r.shift_from >= 0) {
+      // A moving row is a decode row: it reaches back at most the drafts of one verify row, and
+      // nothing about it depends on a replayed hit or a prefill's end.
+      if (r.max_shift < 1 || r.max_shift >= BatchGeometry::kMaxPaddedRowTokens) {
+        bad_row(b, "'max_shift' " + std::to_string(r.max_shift) + " is outside [1, " +
+                       std::to_string(BatchGeometry::kMaxPaddedRowTokens - 1) +
+                       "] for a row that may move");
+      }
+      if (r.start_pos < r.max_shift) {
+        bad_row(b, "'start_pos' " + std::to_string(r.start_pos) + " is below 'max_shift' " +
+                       std::to_string(r.max_shift) + ": the row could move before position 0");
+      }
+      if (r.replay_end != 0 || r.swa_valid_start != 0 || r.prompt_end != 0) {
+        bad_row(b, "a row that may move (shift_from " + std::to_string(r.shift_from) +
+                       ") must have replay_end, swa_valid_start and prompt_end 0");
+      }
+    }
     if (r.prompt_end != 0 && r.prompt_end < end) {
       bad_row(b, "'prompt_end' " + std::to_string(r.prompt_end) + " lies before the row's end " +
                      std::to_string(end) + " (0: the row's end)");
@@ -106,6 +126,19 @@ int64_t first_entry(const ForwardRow& r, int ratio) {
   return std::clamp<int64_t>(kv::num_entries(r.replay_end, ratio), from, last);
 }
 
+// The entry slots of ratio `ratio` an exact batch gives row r: what it closes, or for a row that
+// may move the most it closes at any start in [start_pos - max_shift, start_pos].
+int64_t entry_slots(const ForwardRow& r, int ratio) {
+  if (r.shift_from < 0)
+    return kv::num_entries(r.start_pos + r.num_tokens, ratio) - first_entry(r, ratio);
+  int64_t most = 0;
+  for (int64_t start = r.start_pos - r.max_shift; start <= r.start_pos; ++start) {
+    most = std::max(most,
+                    kv::num_entries(start + r.num_tokens, ratio) - kv::num_entries(start, ratio));
+  }
+  return most;
+}
+
 }  // namespace
 
 BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,
@@ -119,15 +152,14 @@ BatchGeometry BatchGeometry::exact(RowSpan rows, const std::vector<int>& ratios,
     g.num_logit_rows += r.num_logits;
     g.carry = g.carry || r.token_from_previous >= 0;
     g.swa_start = g.swa_start || r.swa_valid_start > 0;
+    g.shift = g.shift || r.shift_from >= 0;
   }
   if (g.all_logits) g.num_logit_rows = g.num_tokens;
   // Windows [ctx / m, (ctx + q) / m) close in this call
   // (docs/model.md#windows-that-close-in-a-call).
   for (int ratio : ratios) {
     int64_t n = 0;
-    for (const ForwardRow& r : rows) {
-      n += kv::num_entries(r.start_pos + r.num_tokens, ratio) - first_entry(r, ratio);
-    }
+    for (const ForwardRow& r : rows) n += entry_slots(r, ratio);
     g.num_entries.push_back(static_cast<int>(n));
     if (ratio == 1 && n < g.num_tokens) g.entry_rows = static_cast<int>(n);
   }
@@ -145,6 +177,7 @@ BatchGeometry BatchGeometry::padded(int bucket, int width, size_t num_ratios) {
   g.all_logits = true;
   g.num_logit_rows = bucket;
   g.carry = true;
+  g.shift = true;
   return g;
 }
 
@@ -181,13 +214,14 @@ BatchGeometry BatchGeometry::padded_verify(int bucket, int row_tokens, int width
   g.all_logits = true;
   g.num_logit_rows = g.num_tokens;
   g.carry = true;
+  g.shift = true;
   return g;
 }
 
 // Buffer order: token_ids, positions, token_seq [T]; seq_q_start [B + 1]; seq_ctx_len, seq_slot
 // [B]; block_table [B, W]; carry_remap [T] (if carry); logit_rows [S] (unless all_logits);
 // next_positions [S]; then per ratio seq, window, rope_pos, dest [E]; swa_start [B] (if swa_start);
-// entry_rows [E of ratio 1] (if entry_rows).
+// entry_rows [E of ratio 1] (if entry_rows); shift_from, max_shift [B] (if shift).
 int64_t BatchGeometry::size() const {
   int64_t n = 3LL * num_tokens + (num_seqs + 1) + 2LL * num_seqs +
               static_cast<int64_t>(num_seqs) * table_width + num_logit_rows;
@@ -196,6 +230,7 @@ int64_t BatchGeometry::size() const {
   for (int e : num_entries) n += 4LL * e;
   if (swa_start) n += num_seqs;
   n += entry_rows;
+  if (shift) n += 2LL * num_seqs;
   return n;
 }
 
@@ -342,6 +377,16 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
       for (int64_t w = first; w < r.start_pos + r.num_tokens; ++w)
         *out++ = static_cast<int32_t>(q_start[s] + (w - r.start_pos));
     }
+    entries += g.entry_rows;
+  }
+  if (g.shift) {
+    int32_t* shift_from = entries;  // padding rows: -1, 0: they never move
+    int32_t* max_shift = entries + g.num_seqs;
+    std::fill(shift_from, shift_from + g.num_seqs, -1);
+    for (int s = 0; s < real; ++s) {
+      shift_from[s] = rows[static_cast<size_t>(s)].shift_from;
+      max_shift[s] = rows[static_cast<size_t>(s)].max_shift;
+    }
   }
 }
 
@@ -384,6 +429,11 @@ BatchPlan plan_views(const Tensor& metadata, const BatchGeometry& g, const std::
   }
   if (g.swa_start) plan.swa_start = take(b);
   if (g.entry_rows > 0) plan.entry_rows = take(g.entry_rows);
+  if (g.shift) {
+    plan.shift_from = take(b);
+    plan.max_shift = take(b);
+  }
+  plan.entry_per_row = g.entry_per_row;
   DEEPINFER_CHECK(offset == metadata.numel(), "batch metadata layout and size disagree");
   return plan;
 }
@@ -398,6 +448,42 @@ void take_carried_tokens(Backend& backend, RowSpan rows, const BatchPlan& plan,
                 "forward batch: a row carries a token from the previous step, but there is none");
   }
   backend.select_tokens(plan.layout.token_ids, plan.carry_remap, previous);
+}
+
+void shift_carried_rows(Backend& backend, RowSpan rows, const BatchPlan& plan,
+                        const Tensor& accepted) {
+  const bool any =
+      std::any_of(rows.begin(), rows.end(), [](const ForwardRow& r) { return r.shift_from >= 0; });
+  if (!any) return;
+  if (!accepted.defined() || !plan.shift_from.defined()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "forward batch: a row moves by the previous step's accepted drafts, but there are "
+                "none");
+  }
+  // The entries are recomputed for every row from its start, which holds for decode rows only.
+  for (size_t s = 0; s < rows.size(); ++s) {
+    if (rows[s].replay_end != 0 || rows[s].swa_valid_start != 0) {
+      bad_row(s,
+              "a batch with a row that moves holds decode rows only, but this one replays a "
+              "hit (replay_end / swa_valid_start set)");
+    }
+  }
+  backend.shift_rows(row_shift_of(plan, static_cast<int>(rows.size()), accepted));
+}
+
+RowShift row_shift_of(const BatchPlan& plan, int num_real_seqs, const Tensor& accepted) {
+  RowShift shift;
+  shift.layout = plan.layout;
+  shift.next_positions = plan.next_positions;
+  shift.logit_rows = plan.logit_rows;
+  shift.carry_remap = plan.carry_remap;
+  shift.shift_from = plan.shift_from;
+  shift.max_shift = plan.max_shift;
+  shift.accepted = accepted;
+  shift.num_real_seqs = num_real_seqs;
+  shift.entry_per_row = plan.entry_per_row;
+  for (const auto& [ratio, e] : plan.entries) shift.entries.emplace_back(ratio, e);
+  return shift;
 }
 
 BatchPlan build_batch_plan(RowSpan rows, const ModelConfig& config, const CacheShape& caches,

@@ -51,6 +51,13 @@ struct ForwardRow {
   // replay_end are not stored (the tiers supplied them); the compressor rings are still written.
   int32_t swa_valid_start = 0;
   int32_t replay_end = 0;
+  // Zero-overhead scheduling with speculative verification: >= 0 when this row was planned as if
+  // the previous step's verify row `shift_from` (its index among that step's verify rows) had
+  // accepted all `max_shift` of its drafts. The forward then moves the row back by the drafts that
+  // row rejected, on the device (Backend::shift_rows, shift_carried_rows), before anything reads
+  // the metadata, so the host never waits for them.
+  int32_t shift_from = -1;
+  int32_t max_shift = 0;
 };
 using RowSpan = StridedSpan<const ForwardRow>;
 
@@ -67,7 +74,12 @@ struct BatchPlan {
   // [E] i32 token rows of the ratio-1 entries (DeepSeek-V4.1's C1: one per token) when a replay
   // stores fewer of them than the call has tokens; undefined: one per token row, in order.
   Tensor entry_rows;
-  Tensor metadata;  // the device buffer every tensor above is a view of
+  // [B] i32 ForwardRow::shift_from and max_shift; undefined when no row may move (an exact
+  // batch without such rows).
+  Tensor shift_from;
+  Tensor max_shift;
+  bool entry_per_row = false;  // BatchGeometry::entry_per_row
+  Tensor metadata;             // the device buffer every tensor above is a view of
 };
 
 // Checks the rows against the config and cache shape; every error (Error(kInvalidArgument)) names
@@ -97,6 +109,10 @@ struct BatchGeometry {
   bool carry = false;      // carry_remap is present
   bool swa_start = false;  // swa_start is present (a row has a swa_valid_start)
   int entry_rows = 0;      // entry_rows' length (0: absent)
+  // shift_from and max_shift are present: in a recorded graph's batch always, in an exact one when
+  // a row may move (ForwardRow::shift_from); its entries then have room for the most that row can
+  // close wherever it lands.
+  bool shift = false;
 
   // The exact geometry of `rows` (`max_blocks` from validate_rows).
   static BatchGeometry exact(RowSpan rows, const std::vector<int>& ratios, size_t max_blocks,
@@ -135,9 +151,19 @@ BatchPlan plan_views(const Tensor& metadata, const BatchGeometry& geometry,
 
 // Rows whose first token is still on the device (token_from_previous >= 0) take it from
 // `previous` ([P] i32, the previous step's sampled tokens): plan.layout.token_ids is patched in
-// place on the device. Enqueues nothing when no row carries.
+// place on the device. Enqueues nothing when no row carries. Call it after shift_carried_rows,
+// which moves a shifted row's carried token index with the row.
 void take_carried_tokens(Backend& backend, RowSpan rows, const BatchPlan& plan,
                          const Tensor& previous);
+
+// Rows planned before the previous step's verification was known (ForwardRow::shift_from) moved
+// to where its accepted drafts put them: `accepted` [K] i32, the previous step's accepted drafts
+// per verify row, still on the device. Enqueues nothing when no row moves.
+void shift_carried_rows(Backend& backend, RowSpan rows, const BatchPlan& plan,
+                        const Tensor& accepted);
+// The RowShift shift_carried_rows hands the backend: `plan`'s views (its first `num_real_seqs`
+// rows are real, the rest padding) and the accepted counts.
+RowShift row_shift_of(const BatchPlan& plan, int num_real_seqs, const Tensor& accepted);
 
 // Packs `rows` exactly, uploads the buffer in one call and returns the plan over it.
 BatchPlan build_batch_plan(RowSpan rows, const ModelConfig& config, const CacheShape& caches,
