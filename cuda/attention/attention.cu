@@ -7,14 +7,13 @@
 //    (sm80/attention_mma.cu: bf16 operands, f32 accumulation), with the plan of attention_plan.h
 //    (heads per block, key splits; with DEEPINFER_ATTENTION_COMBINE=fused the splits merged by the
 //    kernel's last block, opt-in: it measured slower than the separate combine on the H200);
-//  - with DEEPINFER_ATTENTION_KERNEL=wgmma (opt-in) and V4's MQA shape (64 heads or a multiple,
-//    D = 512, bf16 or fp8 KV) on an sm_90 device: the Hopper kernel sm90/attention_wgmma.cu
-//    instead (same numerics and split format; its own split count over 64-key tiles); with
-//    DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch its prefetching variant (the same results, the key
-//    loads a tile further ahead; fp8 only for V4's record, other records run the plain one), and
-//    with wgmma_prefetch_pdl that variant as a programmatic dependent launch of the encoding below
-//    (and the combine one of it); wgmma_prefetch_sw128(_pdl): the same with 128-byte swizzled
-//    tiles;
+//  - for V4's MQA shape (64 heads or a multiple, D = 512, bf16 or fp8 KV) on an sm_90 device, the
+//    Hopper kernels of sm90/ instead (same numerics and split format; their own split count over
+//    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: wgmma_prefetch_sw128 (the default: the key
+//    loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's record, other records run the
+//    plain kernel), wgmma (the plain kernel), wgmma_prefetch (no swizzle), the _pdl values (the
+//    kernel a programmatic dependent launch of the encoding below, and the combine one of it), or
+//    mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -127,8 +126,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // The tensor-core kernel stages one format for every key, f32, bf16 or V4's fp8; V4.1's records
   // (and its FP8-keys / FP4-entries pair) go through the f32 kernel's decode_kv4.
   const bool mma_format = a.entf.format == a.kvf.format && !is_v41_format(a.kvf.format);
-  // The Hopper kernel where it is asked for (DEEPINFER_ATTENTION_KERNEL=wgmma or wgmma_prefetch)
-  // and takes the shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an
+  // The Hopper kernel where it is chosen (DEEPINFER_ATTENTION_KERNEL other than mma_sync) and
+  // takes the shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
   const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);

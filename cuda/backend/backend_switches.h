@@ -17,8 +17,9 @@ struct BackendSwitches {
   Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;               // DEEPINFER_FP8_LINEAR
   bool hc_fused = false;                                               // DEEPINFER_HC_PRE
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
-  AttentionKernelChoice attention_kernel = AttentionKernelChoice::kMmaSync;  // _ATTENTION_KERNEL
-  IndexerFp8Scores indexer_fp8_scores = IndexerFp8Scores::kWgmma;            // _INDEXER_FP8_SCORES
+  AttentionKernelChoice attention_kernel =
+      AttentionKernelChoice::kWgmmaPrefetchSw128;                  // _ATTENTION_KERNEL
+  IndexerFp8Scores indexer_fp8_scores = IndexerFp8Scores::kWgmma;  // _INDEXER_FP8_SCORES
 };
 
 // The switches as the environment sets them now; throws Error(kInvalidArgument) on a bad value.

@@ -12,9 +12,9 @@
 //
 // attention differs by summation order and expf ulps; with AttentionSpec::bf16_math (the CUDA
 // tensor-core kernel) it is held to the bf16 tolerance. The V4-width bf16_ rows over bf16 and fp8
-// caches (64 and 128 heads of 512) are the shapes of the Hopper wgmma kernel too: run the table
-// with DEEPINFER_ATTENTION_KERNEL=wgmma (or wgmma_prefetch, its prefetching variant) to check it
-// against the CPU (on an sm_90 device).
+// caches (64 and 128 heads of 512) are the shapes of the Hopper wgmma kernels too, which take them
+// by default on an sm_90 device: run the table with DEEPINFER_ATTENTION_KERNEL=mma_sync (or another
+// value) to check the other kernels there against the CPU.
 #include <algorithm>
 #include <cmath>
 #include <string>
