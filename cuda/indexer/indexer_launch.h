@@ -119,7 +119,11 @@ inline size_t score_wgmma_smem_bytes() {
 // flight with bulk copies, one per run of a paged block (score_mma_key_runs).
 constexpr int kWgmmaPipeConsumers = 3;
 constexpr int kWgmmaPipeThreads = kWgmmaPipeConsumers * kWgmmaThreads + 32;
-constexpr int kWgmmaPipeStages = 16;
+// A multiple of kWgmmaPipeConsumers, so that each stage always goes to the same warpgroup: one
+// that waits on a stage's full barrier has consumed the stage's previous tile, so it never waits
+// two phases ahead (where the barrier's parity would answer for the wrong phase).
+constexpr int kWgmmaPipeStages = 15;
+static_assert(kWgmmaPipeStages % kWgmmaPipeConsumers == 0);
 
 // Its shared memory: q's tile, the head weights, per stage kMmaKeys records of kMmaDim + 4 bytes,
 // then per stage the mapped keys' mask and the full and empty barriers (8 bytes each).

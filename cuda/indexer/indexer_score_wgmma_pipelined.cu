@@ -15,8 +15,9 @@
 //
 // Which tiles. Block (token of the group, split) scores tiles split, split + splits, ... of
 // kMmaKeys keys (as indexer_score_wgmma.cu); its i-th tile sits in stage i % kWgmmaPipeStages
-// and is scored by consumer warpgroup i % kWgmmaPipeConsumers. The runs are those of
-// issue_fp8_record_runs (score_mma_key_runs must hold: the launch's caller checks): a run's
+// and is scored by consumer warpgroup i % kWgmmaPipeConsumers (so a stage always by the same
+// warpgroup, in order: kWgmmaPipeStages is a multiple of kWgmmaPipeConsumers). The runs are those
+// of issue_fp8_record_runs (score_mma_key_runs must hold: the launch's caller checks): a run's
 // visible, mapped prefix of records is contiguous in the cache and starts 16-byte aligned, and
 // its copy, rounded up to 16 bytes, stays inside the cache and inside the run's slots. A tile's
 // mask has bit n set when key n was copied (visible and mapped); other keys score -inf, as the
