@@ -25,7 +25,8 @@ enum class IndexerFp8Scores {
   kWgmma,    // "wgmma" or unset: indexer_score_wgmma.cu where it takes the problem
   kMmaSync,  // "mma_sync": indexer_score_mma.cu
   // "wgmma_pipelined": indexer_score_wgmma_pipelined.cu (the same scores, bit for bit) where
-  // kWgmma takes the problem and the records may be copied in runs (else kWgmma's kernel).
+  // kWgmma takes the problem and the records may be copied in runs (else kWgmma's kernel); also
+  // bf16 keys at 64 heads on indexer_score_wgmma_bf16.cu (instead of indexer_score_mma.cu).
   kWgmmaPipelined,
 };
 
@@ -65,8 +66,10 @@ enum class IndexerScoreKernel {
   kTensorCoreWgmmaLoE4m3,
   // The pipelined wgmma kernel (indexer_score_wgmma_pipelined.cu: a producer warp's bulk copies
   // of the records, three warpgroups scoring), where kTensorCoreWgmma runs and the records may be
-  // copied in runs of a paged block (score_mma_key_runs; elsewhere kTensorCoreWgmma's kernel),
-  // else kUnsupported. Scores bit-identical to kTensorCoreWgmma's.
+  // copied in runs of a paged block (score_mma_key_runs; elsewhere kTensorCoreWgmma's kernel);
+  // bf16 keys at 64 heads of 128 channels on sm_90: indexer_score_wgmma_bf16.cu (the same
+  // pipeline; scores as kTensorCore's to rounding); else kUnsupported. fp8 scores bit-identical
+  // to kTensorCoreWgmma's.
   kTensorCoreWgmmaPipelined,
 };
 
