@@ -43,7 +43,6 @@ constexpr int kStages = kWgmmaPipeStages;
 constexpr int kStageBytes = kMmaKeys * kFp8RecordBytes;
 static_assert(kStageBytes % 16 == 0, "stages start 16-byte aligned for the bulk copies");
 constexpr int kConsumerThreads = kWgmmaPipeConsumers * kWgmmaThreads;
-constexpr int kProducerWarp = kConsumerThreads / 32;
 static_assert(kWgmmaPipeThreads == kConsumerThreads + 32, "the consumers, then one producer warp");
 constexpr int kQReadyBarrier = 1;  // named barrier of the consumer warpgroups
 
