@@ -156,6 +156,9 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 //    tensor-core one as the op picks it (fp8 keys at 64 heads: wgmma on sm_90), the mma.sync one
 //    with q in one part (what the op's second MMA costs) and, for fp8 keys, the mma.sync one with
 //    the records copied in runs of a block and as it stands (the previous fp8 kernel: the A/B);
+//    on sm_90 the wgmma kernel forced, its pipelined variant (indexer_score_wgmma_pipelined.cu,
+//    the same scores: the A/B for DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined) and q's lo part
+//    in e4m3; for bf16 keys on sm_90 the pipelined wgmma kernel (indexer_score_wgmma_bf16.cu);
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
@@ -218,6 +221,8 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
       {IndexerScoreKernel::kTensorCoreKeyRuns, tc + ", fp8 records copied in runs of a block"},
       {IndexerScoreKernel::kTensorCoreMmaSync, tc + ", mma.sync"},
       {IndexerScoreKernel::kTensorCoreWgmma, tc + ", wgmma: each key converted once for 64 heads"},
+      {IndexerScoreKernel::kTensorCoreWgmmaPipelined,
+       tc + ", wgmma pipelined: a producer warp's bulk copies, 3 scoring warpgroups per SM"},
       {IndexerScoreKernel::kTensorCoreWgmmaLoE4m3,
        tc + ", wgmma, q's lo part in e4m3 (below the op's precision)"},
       {IndexerScoreKernel::kCudaCore, cc}};
@@ -228,7 +233,9 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
     if (fp8_only && kv != DType::kU8) continue;
     const bool wgmma = k == IndexerScoreKernel::kTensorCoreWgmma ||
                        k == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
-    if (wgmma && (kv != DType::kU8 || !cuda::indexer_wgmma_runs(cuda_be))) {
+    const bool pipelined = k == IndexerScoreKernel::kTensorCoreWgmmaPipelined;
+    const bool wgmma_keys = kv == DType::kU8 || (pipelined && kv == DType::kBF16);
+    if ((wgmma || pipelined) && (!wgmma_keys || !cuda::indexer_wgmma_runs(cuda_be))) {
       continue;
     }
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };

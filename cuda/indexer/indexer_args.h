@@ -27,8 +27,9 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
 class CudaBackend;
 
 // Where the wgmma kernel may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
-// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma (or unset; mma_sync:
-// indexer_score_mma.cu; the A/B switch, read at the backend's creation).
+// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma (or unset) or
+// wgmma_pipelined (then on indexer_score_wgmma_pipelined.cu; mma_sync: indexer_score_mma.cu; the
+// A/B switch, read at the backend's creation).
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
 
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.

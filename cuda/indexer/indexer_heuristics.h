@@ -55,6 +55,12 @@ inline bool score_wgmma_takes(const IndexerProblem& p) {
   return !p.listed && p.keys == KvFormat::kFp8 && p.dim == kMmaDim && p.heads == kWgmmaHeads;
 }
 
+// Whether indexer_score_wgmma_bf16.cu takes the problem (on an sm_90 device): every visible
+// entry of bf16 index keys, 64 heads of kMmaDim channels.
+inline bool score_wgmma_bf16_takes(const IndexerProblem& p) {
+  return !p.listed && p.keys == KvFormat::kBf16 && p.dim == kMmaDim && p.heads == kWgmmaHeads;
+}
+
 // Whether the tensor-core kernel may copy fp8 keys in runs of a paged block with 16-byte copies
 // (indexer_score_mma.cu): a run of min(epb, kMmaKeys) records of kMmaDim + 4 bytes starts 16-byte
 // aligned when epb is a multiple of 4; a tile of kMmaKeys keys is whole runs when epb divides
@@ -66,9 +72,13 @@ inline bool score_mma_key_runs(KvFormat keys, int64_t epb, int64_t cache_rows) {
 }
 
 struct IndexerConfig {
-  bool mma;             // tensor-core scores (indexer_score_mma.cu, or the wgmma kernel below)
-  bool wgmma;           // ... fp8 keys on wgmma (indexer_score_wgmma.cu)
-  bool wgmma_lo_e4m3;   // ... q's lo parts in e4m3 (IndexerScoreKernel::kTensorCoreWgmmaLoE4m3)
+  bool mma;            // tensor-core scores (indexer_score_mma.cu, or the wgmma kernel below)
+  bool wgmma;          // ... fp8 keys on wgmma (indexer_score_wgmma.cu)
+  bool wgmma_lo_e4m3;  // ... q's lo parts in e4m3 (IndexerScoreKernel::kTensorCoreWgmmaLoE4m3)
+  // ... on the pipelined kernel (indexer_score_wgmma_pipelined.cu) where the records may be
+  // copied in runs of a paged block (launch_indexer_scores checks; else the kernel above)
+  bool wgmma_pipelined;
+  bool wgmma_bf16;      // ... bf16 keys on wgmma (indexer_score_wgmma_bf16.cu)
   bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
   int64_t cap;        // pairs the select kernel collects: min(top_k, selected)
@@ -110,9 +120,12 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
 // Where the wgmma kernel (indexer_score_wgmma.cu) may score fp8 keys: `device`, the device runs
 // wgmma (sm_90); `by_default`, kAuto and kTensorCore take it where it takes the problem (else
 // only a forced kTensorCoreWgmma does). indexer_wgmma_choice (indexer_args.h) fills it.
+// `pipelined`: kAuto and kTensorCore take indexer_score_wgmma_pipelined.cu instead (with
+// by_default), and indexer_score_wgmma_bf16.cu for bf16 keys.
 struct WgmmaChoice {
   bool device = false;
   bool by_default = false;
+  bool pipelined = false;
 };
 
 // `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
@@ -123,18 +136,27 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
                                     WgmmaChoice wgmma = {}) {
   IndexerConfig c{};
   const bool auto_tc = want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore;
+  const bool forced_pipelined = want == IndexerScoreKernel::kTensorCoreWgmmaPipelined;
   const bool forced_wgmma = want == IndexerScoreKernel::kTensorCoreWgmma ||
-                            want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
+                            want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3 || forced_pipelined;
   c.wgmma = wgmma.device && (forced_wgmma || (wgmma.by_default && auto_tc)) &&
             score_wgmma_takes(p) && score_wgmma_smem_bytes() <= max_smem;
   c.wgmma_lo_e4m3 = c.wgmma && want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
-  c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && !forced_wgmma &&
-                      score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
+  c.wgmma_pipelined = c.wgmma && (forced_pipelined || (wgmma.pipelined && auto_tc)) &&
+                      score_wgmma_pipelined_smem_bytes() <= max_smem;
+  c.wgmma_bf16 = wgmma.device &&
+                 (forced_pipelined || (wgmma.by_default && wgmma.pipelined && auto_tc)) &&
+                 score_wgmma_bf16_takes(p) && score_wgmma_bf16_smem_bytes() <= max_smem;
+  c.mma = c.wgmma || c.wgmma_bf16 ||
+          (want != IndexerScoreKernel::kCudaCore && !forced_wgmma && score_mma_takes(p) &&
+           score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
-  c.score_smem = c.wgmma ? score_wgmma_smem_bytes()
-                 : c.mma ? score_mma_smem_bytes(p.heads, p.keys)
-                         : score_smem_bytes(p.heads, p.dim);
+  c.score_smem = c.wgmma_bf16        ? score_wgmma_bf16_smem_bytes()
+                 : c.wgmma_pipelined ? score_wgmma_pipelined_smem_bytes()
+                 : c.wgmma           ? score_wgmma_smem_bytes()
+                 : c.mma             ? score_mma_smem_bytes(p.heads, p.keys)
+                                     : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
@@ -162,11 +184,11 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.group = std::max<int64_t>(1, std::min<int64_t>(p.tokens, kScoreScratchBytes / scratch_bytes));
   // Splits per token, at most the tiles of the scored slots. The CUDA-core kernel: enough blocks
   // for two waves. The tensor-core kernels (two mma.sync or kWgmmaBlocksPerSm wgmma blocks per
-  // SM, __launch_bounds__): at most one wave of blocks, each walking its tiles, so that no
-  // second, partial wave doubles the time.
+  // SM, __launch_bounds__; the pipelined wgmma kernel's block fills an SM): at most one wave of
+  // blocks, each walking its tiles, so that no second, partial wave doubles the time.
   const int64_t tile = c.mma ? kMmaKeys : kScoreKeys;
   const int64_t tiles = (p.scored + tile - 1) / tile;
-  const int64_t per_sm = c.wgmma ? kWgmmaBlocksPerSm : 2;
+  const int64_t per_sm = c.wgmma_pipelined || c.wgmma_bf16 ? 1 : c.wgmma ? kWgmmaBlocksPerSm : 2;
   const int64_t blocks = c.mma ? per_sm * static_cast<int64_t>(num_sms) / c.group
                                : (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
   c.splits = std::max<int64_t>(1, std::min({blocks, tiles, int64_t{65535}}));

@@ -113,6 +113,41 @@ inline size_t score_wgmma_smem_bytes() {
          static_cast<size_t>(kWgmmaStages) * kMmaKeys * (kMmaDim + 4 + sizeof(int));
 }
 
+// The pipelined wgmma kernel (indexer_score_wgmma_pipelined.cu, sm_90a): one block per SM of
+// kWgmmaPipeConsumers warpgroups that score tiles of kMmaKeys keys in turn (the scores of the
+// kernel above, bit for bit) and one producer warp that keeps kWgmmaPipeStages tiles of records in
+// flight with bulk copies, one per run of a paged block (score_mma_key_runs).
+constexpr int kWgmmaPipeConsumers = 3;
+constexpr int kWgmmaPipeThreads = kWgmmaPipeConsumers * kWgmmaThreads + 32;
+// A multiple of kWgmmaPipeConsumers, so that each stage always goes to the same warpgroup: one
+// that waits on a stage's full barrier has consumed the stage's previous tile, so it never waits
+// two phases ahead (where the barrier's parity would answer for the wrong phase).
+constexpr int kWgmmaPipeStages = 15;
+static_assert(kWgmmaPipeStages % kWgmmaPipeConsumers == 0);
+
+// Its shared memory: q's tile, the head weights, per stage kMmaKeys records of kMmaDim + 4 bytes,
+// then per stage the mapped keys' mask and the full and empty barriers (8 bytes each).
+inline size_t score_wgmma_pipelined_smem_bytes() {
+  return static_cast<size_t>(kWgmmaQBytes) + kWgmmaHeads * sizeof(float) +
+         static_cast<size_t>(kWgmmaPipeStages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t));
+}
+
+// The pipelined wgmma kernel over bf16 index keys (indexer_score_wgmma_bf16.cu, sm_90a): the
+// same block shape, a producer warp's bulk copy per key (rows of kWgmmaBf16RowBytes in shared
+// memory: 256 bytes of channels, then padding that puts the two keys of a 16-byte load phase on
+// distinct banks) through kWgmmaBf16Stages stages (a multiple of kWgmmaPipeConsumers, as above).
+constexpr int kWgmmaBf16Stages = 9;
+constexpr int kWgmmaBf16RowBytes = 2 * kMmaDim + 64;
+static_assert(kWgmmaBf16Stages % kWgmmaPipeConsumers == 0);
+
+// Its shared memory: q's tile (bf16 hi and lo parts), the head weights, per stage kMmaKeys rows,
+// then per stage the mapped keys' mask and the full and empty barriers.
+inline size_t score_wgmma_bf16_smem_bytes() {
+  return static_cast<size_t>(kWgmmaQBytes) + kWgmmaHeads * sizeof(float) +
+         static_cast<size_t>(kWgmmaBf16Stages) *
+             (kMmaKeys * kWgmmaBf16RowBytes + 3 * sizeof(uint64_t));
+}
+
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
 // visible entries grouped by `per_slot` (1: entries; block_entries: the blocks of
 // indexer_candidates, scored by their max). Outputs are the slots' entries (slot_entry).
@@ -239,6 +274,21 @@ void launch_indexer_score_mma(const ScoreArgs& a, const DeviceLayout& l, int64_t
 void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
                                 int64_t splits, bool key_runs, bool lo_e4m3,
                                 KernelSmemLimits& smem_limits, cudaStream_t stream);
+
+// indexer_score_wgmma_pipelined.cu: launch_indexer_score_wgmma's scores (bit-identical, without
+// lo_e4m3) where fp8 records may be copied in runs of a paged block (score_mma_key_runs: the
+// caller checks), grid (n, splits) of one block per SM.
+void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
+                                          int64_t splits, KernelSmemLimits& smem_limits,
+                                          cudaStream_t stream);
+
+// indexer_score_wgmma_bf16.cu: the scores of bf16 index keys at 64 heads of kMmaDim channels on
+// sm_90a (score_wgmma_bf16_takes), q split into bf16 hi + lo as indexer_score_mma.cu splits it
+// (the same products; sums in another order), any paged layout; grid (n, splits) of one block
+// per SM.
+void launch_indexer_score_wgmma_bf16(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
+                                     int64_t splits, KernelSmemLimits& smem_limits,
+                                     cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

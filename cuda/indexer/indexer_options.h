@@ -24,6 +24,10 @@ class CudaBackend;
 enum class IndexerFp8Scores {
   kWgmma,    // "wgmma" or unset: indexer_score_wgmma.cu where it takes the problem
   kMmaSync,  // "mma_sync": indexer_score_mma.cu
+  // "wgmma_pipelined": indexer_score_wgmma_pipelined.cu (the same scores, bit for bit) where
+  // kWgmma takes the problem and the records may be copied in runs (else kWgmma's kernel); also
+  // bf16 keys at 64 heads on indexer_score_wgmma_bf16.cu (instead of indexer_score_mma.cu).
+  kWgmmaPipelined,
 };
 
 // The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
@@ -31,6 +35,7 @@ inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name
   const std::string_view v = name == nullptr ? "" : name;
   if (v.empty() || v == "wgmma") return IndexerFp8Scores::kWgmma;
   if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
+  if (v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
   return std::nullopt;
 }
 
@@ -59,6 +64,13 @@ enum class IndexerScoreKernel {
   // loaded; q to 15 significant bits instead of 22): what an fp8 lo part would save. Measurement
   // only: its scores are not held to the CPU op's, and kAuto never picks it.
   kTensorCoreWgmmaLoE4m3,
+  // The pipelined wgmma kernel (indexer_score_wgmma_pipelined.cu: a producer warp's bulk copies
+  // of the records, three warpgroups scoring), where kTensorCoreWgmma runs and the records may be
+  // copied in runs of a paged block (score_mma_key_runs; elsewhere kTensorCoreWgmma's kernel);
+  // bf16 keys at 64 heads of 128 channels on sm_90: indexer_score_wgmma_bf16.cu (the same
+  // pipeline; scores as kTensorCore's to rounding); else kUnsupported. fp8 scores bit-identical
+  // to kTensorCoreWgmma's.
+  kTensorCoreWgmmaPipelined,
 };
 
 enum class IndexerSelectKernel {

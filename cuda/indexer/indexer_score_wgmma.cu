@@ -28,7 +28,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
@@ -37,57 +36,14 @@
 #include "cuda/indexer/indexer_fp8_records.cuh"
 #include "cuda/indexer/indexer_launch.h"
 #include "cuda/indexer/indexer_mma_layout.h"
+#include "cuda/indexer/indexer_wgmma_tile.cuh"
 
 namespace deepinfer::cuda {
 
 namespace {
 
 namespace im = indexer_mma;
-
-constexpr int kSteps = kMmaDim / 16;    // k-steps of 16 channels
-constexpr int kCols = 2 * kWgmmaHeads;  // B columns: hi parts, then lo parts
-constexpr int kCoreBytes = im::kWgmmaCoreBytes;
-constexpr int kKChunks = im::kWgmmaKChunks;
-static_assert(kKChunks * 8 == kMmaDim);
-static_assert(kWgmmaThreads == 128 && kMmaKeys == 64, "one warpgroup, one m64 tile of keys");
-static_assert(kWgmmaQBytes == kCols * kMmaDim * 2);
-// kLoE4m3's tiles: the hi parts (f16) in columns 0 .. 63 of the q tile, the lo parts (e4m3)
-// after them.
-constexpr int kLoTileOffset = kWgmmaHeads * kMmaDim * 2;
-static_assert(kLoTileOffset + kWgmmaHeads * kMmaDim <= kWgmmaQBytes);
-constexpr float kLoE4m3Unit = 32.0f;
-
-// d (64 x 128 f32) = a (64 x 16 f16, registers) b (16 x 128 f16, shared, descriptor) + d when
-// accumulate, else a b.
-__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4],
-                                                     uint64_t b, bool accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
-#else
-  (void)d;
-  (void)a;
-  (void)b;
-  (void)accumulate;
-  __trap();
-#endif
-}
+using namespace indexer_wgmma;  // the steps both wgmma kernels share (indexer_wgmma_tile.cuh)
 
 // d (64 x 64 f32) = a (64 x 16 f16, registers) b (16 x 64 f16, shared) + d when accumulate.
 __device__ __forceinline__ void wgmma_m64n64k16_f16(float* d, const uint32_t (&a)[4], uint64_t b,
@@ -139,24 +95,6 @@ __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float* d, const uint32_t (&
 #endif
 }
 
-// An f16x2 register of two e4m3 codes (the low code in the low half): exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
-  uint32_t r;
-  memcpy(&r, &h, sizeof(r));
-  return r;
-}
-
-// The power of two that puts amax in [2^14, 2^15) (f16 keeps the head at full precision without
-// overflow); 1 for a zero or non-finite amax. As indexer_score_mma.cu's.
-__device__ __forceinline__ float f16_head_scale(float amax) {
-  if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
-  int e = 0;
-  frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-  return ldexpf(1.0f, min(15 - e, 126));
-}
-
 // Block (token of the group, split): the split walks tiles first = split, + splits, ... of
 // kMmaKeys keys, kWgmmaStages deep in cp.async (records staged whole: indexer_fp8_records.cuh;
 // kRuns picks the copy). Shared memory (score_wgmma_smem_bytes): q's B tile, the head weights,
@@ -203,56 +141,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     cp_async_commit();
   }
 
-  // q's B tile while the first tiles are in flight: thread pair (2h, 2h + 1) takes head h, each
-  // 64 of its channels.
-  {
-    const int h = tid >> 1;
-    const int ch0 = (tid & 1) * (kMmaDim / 2);
-    const float* q_h = a.q + (static_cast<int64_t>(t) * kWgmmaHeads + h) * kMmaDim + ch0;
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMmaDim / 2; i += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(q_h + i);
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    const float scale = f16_head_scale(amax);
-#pragma unroll 4
-    for (int i = 0; i < kMmaDim / 2; i += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(q_h + i);
-      const float x0 = v.x * scale, x1 = v.y * scale;
-      const __half2 hi = __floats2half2_rn(x0, x1);
-      const float2 hf = __half22float2(hi);
-      const __half2 lo = __floats2half2_rn(x0 - hf.x, x1 - hf.y);  // x - hi is exact in f32
-      const int k = im::wgmma_k_of_channel(ch0 + i);  // even: k + 1 plays channel ch0 + i + 1
-      *reinterpret_cast<__half2*>(q_tile + im::wgmma_q_offset(k, h)) = hi;
-      if constexpr (kLoE4m3) {
-        const __nv_fp8x2_storage_t lo8 = __nv_cvt_float2_to_fp8x2(
-            make_float2((x0 - hf.x) * kLoE4m3Unit, (x1 - hf.y) * kLoE4m3Unit), __NV_SATFINITE,
-            __NV_E4M3);
-        const int k8 = im::wgmma_k8_of_channel(ch0 + i);  // even, as k
-        *reinterpret_cast<__nv_fp8x2_storage_t*>(q_tile + kLoTileOffset +
-                                                 im::wgmma_q8_offset(k8, h)) = lo8;
-      } else {
-        *reinterpret_cast<__half2*>(q_tile + im::wgmma_q_offset(k, kWgmmaHeads + h)) = lo;
-      }
-    }
-    // The head's weight with both scales, over its q scale (a power of two: exact).
-    if (ch0 == 0) {
-      head_weights[h] = a.weights[static_cast<int64_t>(t) * kWgmmaHeads + h] * a.weight_scale *
-                        a.score_scale / scale;
-    }
-  }
+  // q's B tile while the first tiles are in flight.
+  stage_q_tile<kLoE4m3>(a, t, tid, q_tile, head_weights);
   fence_async_shared();
   __syncthreads();  // q's tile and head weights written
-  // The weights of this thread's accumulator columns (heads 8j + 2c + e).
   float wq[kWgmmaHeads / 8][2];
-#pragma unroll
-  for (int j = 0; j < kWgmmaHeads / 8; ++j) {
-    const float2 v = *reinterpret_cast<const float2*>(head_weights + 8 * j + 2 * lane_c);
-    wq[j][0] = v.x;
-    wq[j][1] = v.y;
-  }
+  load_column_weights(head_weights, lane_c, wq);
   const uint64_t q_desc = wgmma_desc(q_tile, kCoreBytes, kKChunks * kCoreBytes);
   const uint64_t lo_desc =
       wgmma_desc(q_tile + kLoTileOffset, kCoreBytes, kKChunks / 2 * kCoreBytes);  // kLoE4m3
@@ -269,24 +163,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     cp_async_commit();
     const int st = static_cast<int>(i % kWgmmaStages);
     const uint8_t* tile = records + st * kMmaKeys * kFp8RecordBytes;
-    const uint32_t* k0 = reinterpret_cast<const uint32_t*>(tile + key0 * kFp8RecordBytes);
-    const uint32_t* k1 = reinterpret_cast<const uint32_t*>(tile + (key0 + 8) * kFp8RecordBytes);
-    // A fragments: registers 0 / 1 rows key0 / key0 + 8 at k 2c, 2c + 1; 2 / 3 at k 2c + 8, 2c + 9.
-    uint32_t frag[kSteps][4];
-    uint32_t words[kSteps][2];  // the codes as loaded: kLoE4m3's A registers
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      const uint32_t w0 = k0[8 * lane_c + s];
-      const uint32_t w1 = k1[8 * lane_c + s];
-      words[s][0] = w0;
-      words[s][1] = w1;
-      frag[s][0] = e4m3x2_to_f16x2(w0);
-      frag[s][1] = e4m3x2_to_f16x2(w1);
-      frag[s][2] = e4m3x2_to_f16x2(w0 >> 16);
-      frag[s][3] = e4m3x2_to_f16x2(w1 >> 16);
-    }
-    const float ks0 = reinterpret_cast<const float*>(k0)[kMmaDim / 4];
-    const float ks1 = reinterpret_cast<const float*>(k1)[kMmaDim / 4];
+    KeyFragments f;
+    load_key_fragments(tile, key0, lane_c, f);
     fence_accumulators(acc);
     wgmma_fence();
     if constexpr (kLoE4m3) {
@@ -294,49 +172,25 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
       // channels (k rows 32t .. 32t + 31: core matrices 2t, 2t + 1 of the lo tile).
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
-        wgmma_m64n64k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+        wgmma_m64n64k16_f16(acc, f.frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
       }
 #pragma unroll
       for (int t = 0; t < kSteps / 2; ++t) {
-        const uint32_t a8[4] = {words[2 * t][0], words[2 * t][1], words[2 * t + 1][0],
-                                words[2 * t + 1][1]};
+        const uint32_t a8[4] = {f.words[2 * t][0], f.words[2 * t][1], f.words[2 * t + 1][0],
+                                f.words[2 * t + 1][1]};
         wgmma_m64n64k32_e4m3(acc + 32, a8, lo_desc + ((2 * t * kCoreBytes) >> 4), t > 0);
       }
     } else {
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        // k-step s: B's k rows 16s .. 16s + 15 are core matrices 2s, 2s + 1 along k.
-        wgmma_m64n128k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
-      }
+      issue_key_tile_mma(acc, f, q_desc);
     }
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(acc);
-    // Epilogue: acc[4j + x] is column 8j + 2c + (x & 1) of key key0 (x < 2) or key0 + 8; columns
-    // 8j + .. (j < 8) are the hi parts of heads 8j + 2c + e, 8(j + 8) + .. their lo parts (with
-    // kLoE4m3: acc[32 + ..] of the 64 columns of lo parts, times kLoE4m3Unit).
-    constexpr float kLoWeight = kLoE4m3 ? 1.0f / kLoE4m3Unit : 1.0f;
-    float p0 = 0.0f, p1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kWgmmaHeads / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float d0 = acc[4 * j + e] + acc[4 * (j + 8) + e] * kLoWeight;
-        const float d1 = acc[4 * j + 2 + e] + acc[4 * (j + 8) + 2 + e] * kLoWeight;
-        p0 += wq[j][e] * fmaxf(d0 * ks0, 0.0f);
-        p1 += wq[j][e] * fmaxf(d1 * ks1, 0.0f);
-      }
-    }
-    p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
-    p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
-    p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
-    p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
+    const float2 p = key_scores<kLoE4m3>(acc, wq, f.ks0, f.ks1);
     if (lane_c < 2) {
       const int n = key0 + 8 * lane_c;
       const int64_t j = tile_first(i) + n;
-      float s = lane_c == 0 ? p0 : p1;
-      if (!mapped[st * kMmaKeys + n] || isnan(s)) s = -INFINITY;  // unmapped / NaN: last
-      if (s == 0.0f) s = 0.0f;  // -0 ties with +0, as in a float compare
+      const float s = stored_score(lane_c == 0 ? p.x : p.y, mapped[st * kMmaKeys + n] != 0);
       if (j < visible) out[j] = s;
     }
     // The next tile's first barrier orders these reads of the stage before its rewrite.

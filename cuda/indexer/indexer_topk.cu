@@ -89,19 +89,24 @@ bool indexer_wgmma_runs(const CudaBackend& be) {
 }
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
-  return {indexer_wgmma_runs(be), be.indexer_fp8_scores() == IndexerFp8Scores::kWgmma};
+  const IndexerFp8Scores s = be.indexer_fp8_scores();
+  return {indexer_wgmma_runs(be),
+          s == IndexerFp8Scores::kWgmma || s == IndexerFp8Scores::kWgmmaPipelined,
+          s == IndexerFp8Scores::kWgmmaPipelined};
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
-  if (c.wgmma) {
-    launch_indexer_score_wgmma(a, l, n, c.splits,
-                               score_mma_key_runs(a.key.format, a.epb, a.cache_rows),
-                               c.wgmma_lo_e4m3, smem_limits, stream);
+  const bool key_runs = score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
+  if (c.wgmma_bf16) {
+    launch_indexer_score_wgmma_bf16(a, l, n, c.splits, smem_limits, stream);
+  } else if (c.wgmma_pipelined && key_runs) {
+    launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);
+  } else if (c.wgmma) {
+    launch_indexer_score_wgmma(a, l, n, c.splits, key_runs, c.wgmma_lo_e4m3, smem_limits, stream);
   } else if (c.mma) {
-    const bool key_runs = c.mma_key_runs && score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
-    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part, key_runs,
-                             smem_limits, stream);
+    launch_indexer_score_mma(a, l, n, c.splits, c.score_smem, c.mma_q_one_part,
+                             c.mma_key_runs && key_runs, smem_limits, stream);
   } else {
     launch_indexer_score(a, l, n, c.splits, c.score_smem, smem_limits, stream);
   }
@@ -157,9 +162,17 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   const IndexerConfig c = choose_indexer(
       topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format), be.num_sms(),
       smem_max, opt.score_kernel, opt.select_kernel, indexer_wgmma_choice(be));
-  if ((opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma ||
-       opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3) &&
-      !c.wgmma) {
+  const bool forced_wgmma = opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma ||
+                            opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
+  if (opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPipelined && !c.wgmma &&
+      !c.wgmma_bf16) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": the pipelined wgmma scores take fp8 or bf16 keys of " +
+                    std::to_string(kMmaDim) + " channels and " + std::to_string(kWgmmaHeads) +
+                    " heads on sm_90, got q " + q.describe() + " and keys " +
+                    index_cache.describe());
+  }
+  if (forced_wgmma && !c.wgmma) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the wgmma scores take fp8 keys of " + std::to_string(kMmaDim) +
                     " channels and " + std::to_string(kWgmmaHeads) + " heads on sm_90, got q " +

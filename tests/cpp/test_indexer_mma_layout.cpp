@@ -279,5 +279,73 @@ TEST(IndexerMmaLayout, WgmmaE4m3StepsGiveTheDotProducts) {
     }
 }
 
+// The wgmma kernel over bf16 keys (indexer_score_wgmma_bf16.cu): each thread's A registers from
+// the 16-byte chunks it loads of its two keys' rows, q's B tile as in the fp8 test, read back
+// through the descriptor; every channel plays one k and the products are the dot products.
+TEST(IndexerMmaLayout, WgmmaBf16ChannelsGiveTheDotProducts) {
+  constexpr int kKeys = 64, kCols = 128, kTileBytes = kCols * kDim * 2;
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> dist(-7, 7);
+  std::vector<std::array<int, kDim>> k(kKeys), q(kCols);
+  for (auto& row : k)
+    for (int& x : row) x = dist(rng);
+  for (auto& row : q)
+    for (int& x : row) x = dist(rng);
+  std::set<int> ks;
+  for (int ch = 0; ch < kDim; ++ch) ks.insert(wgmma_bf16_k_of_channel(ch));
+  EXPECT_EQ(ks.size(), size_t{kDim});
+  EXPECT_EQ(*ks.begin(), 0);
+  EXPECT_EQ(*ks.rbegin(), kDim - 1);
+  std::vector<int> tile(kTileBytes / 2, 1 << 30);
+  for (int col = 0; col < kCols; ++col)
+    for (int ch = 0; ch < kDim; ch += 2) {
+      const int k0 = wgmma_bf16_k_of_channel(ch);
+      EXPECT_EQ(wgmma_bf16_k_of_channel(ch + 1), k0 + 1);
+      const int off = wgmma_q_offset(k0, col);
+      ASSERT_EQ(off % 4, 0);
+      EXPECT_EQ(tile[size_t(off / 2)], 1 << 30) << "written twice";
+      tile[size_t(off / 2)] = q[size_t(col)][size_t(ch)];
+      tile[size_t(off / 2 + 1)] = q[size_t(col)][size_t(ch + 1)];
+    }
+  std::vector<std::array<int64_t, kCols>> acc(kKeys);
+  for (auto& row : acc) row.fill(0);
+  for (int s = 0; s < kSteps; ++s) {
+    int A[kKeys][16];
+    for (int w = 0; w < 4; ++w)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, c = lane % 4;
+        for (int half = 0; half < 2; ++half) {  // keys 16w + g and 16w + g + 8
+          const int key = 16 * w + g + 8 * half;
+          // Chunk 4t + c, t = s / 2; words u = 2 (s % 2) + r: register half + 2r.
+          const int t = s / 2;
+          for (int r = 0; r < 2; ++r) {
+            const int u = 2 * (s % 2) + r;
+            for (int e = 0; e < 2; ++e) {
+              const int ch = 8 * (4 * t + c) + 2 * u + e;
+              const int kk = 2 * c + 8 * r + e;
+              EXPECT_EQ(16 * s + kk, wgmma_bf16_k_of_channel(ch));
+              A[key][kk] = k[size_t(key)][size_t(ch)];
+            }
+          }
+        }
+      }
+    const int start = 2 * s * kWgmmaCoreBytes, lead = kWgmmaCoreBytes,
+              stride = kWgmmaKChunks * kWgmmaCoreBytes;
+    for (int m = 0; m < kKeys; ++m)
+      for (int n = 0; n < kCols; ++n)
+        for (int kk = 0; kk < 16; ++kk) {
+          const int off = start + (n / 8) * stride + (n % 8) * 16 + (kk / 8) * lead + (kk % 8) * 2;
+          acc[size_t(m)][size_t(n)] += int64_t{A[m][kk]} * tile[size_t(off / 2)];
+        }
+  }
+  for (int m = 0; m < kKeys; ++m)
+    for (int n = 0; n < kCols; ++n) {
+      int64_t want = 0;
+      for (int ch = 0; ch < kDim; ++ch)
+        want += int64_t{q[size_t(n)][size_t(ch)]} * k[size_t(m)][size_t(ch)];
+      EXPECT_EQ(acc[size_t(m)][size_t(n)], want) << "key " << m << " column " << n;
+    }
+}
+
 }  // namespace
 }  // namespace deepinfer::cuda::indexer_mma

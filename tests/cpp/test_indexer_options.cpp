@@ -1,6 +1,6 @@
 // The indexer's A/B switch DEEPINFER_INDEXER_FP8_SCORES (cuda/indexer/indexer_options.h), parsed
 // on the host as the CUDA backend parses it at its creation: unset or empty is the default
-// (wgmma), the two names choose, anything else is refused (the backend then throws naming the
+// (wgmma), the three names choose, anything else is refused (the backend then throws naming the
 // variable and the value).
 #include <gtest/gtest.h>
 
@@ -16,10 +16,11 @@ TEST(IndexerOptions, Fp8ScoresSwitchParses) {
   EXPECT_EQ(parse_indexer_fp8_scores(""), IndexerFp8Scores::kWgmma);
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma"), IndexerFp8Scores::kWgmma);
   EXPECT_EQ(parse_indexer_fp8_scores("mma_sync"), IndexerFp8Scores::kMmaSync);
+  EXPECT_EQ(parse_indexer_fp8_scores("wgmma_pipelined"), IndexerFp8Scores::kWgmmaPipelined);
 }
 
 TEST(IndexerOptions, Fp8ScoresSwitchRefusesOtherNames) {
-  for (const char* bad : {"mma", "WGMMA", "mma_sync ", "legacy", "1"}) {
+  for (const char* bad : {"mma", "WGMMA", "mma_sync ", "legacy", "1", "pipelined"}) {
     EXPECT_EQ(parse_indexer_fp8_scores(bad), std::nullopt) << bad;
   }
 }

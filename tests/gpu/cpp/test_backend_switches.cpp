@@ -48,6 +48,12 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
 }
 
+TEST(BackendSwitches, IndexerFp8ScoresTakesThePipelinedWgmmaKernel) {
+  ScopedEnv scores("DEEPINFER_INDEXER_FP8_SCORES", "wgmma_pipelined");
+  EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,
+            cuda::IndexerFp8Scores::kWgmmaPipelined);
+}
+
 TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
   {
     ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");

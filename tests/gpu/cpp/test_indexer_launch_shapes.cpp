@@ -176,6 +176,54 @@ TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
   EXPECT_LE(kWgmmaBlocksPerSm * (score_wgmma_smem_bytes() + 1024), size_t{228} * 1024);
 }
 
+// The pipelined wgmma kernel (indexer_score_wgmma_pipelined.cu): by default where the switch
+// says wgmma_pipelined, or forced; a forced plain wgmma stays on the plain kernel, so that one run
+// can compare both. Its block fills an SM: at most one block per SM in all.
+TEST(IndexerLaunchShapes, PipelinedWgmmaTakesOneBlockPerSm) {
+  using K = IndexerScoreKernel;
+  const WgmmaChoice pipelined{true, true, true}, plain{true, true, false}, forced_only{true, false};
+  for (const int64_t batch : {1, 3, 64, 1024}) {
+    for (const int64_t ctx : {4096, 32768, 131072}) {
+      const IndexerProblem p = topk_problem(batch, 64, kDim, kTopK, ctx, KvFormat::kFp8);
+      const std::string what = std::to_string(batch) + " x " + std::to_string(ctx);
+      for (const auto& [want, choice] :
+           {std::pair{K::kAuto, pipelined}, std::pair{K::kTensorCore, pipelined},
+            std::pair{K::kTensorCoreWgmmaPipelined, forced_only},
+            std::pair{K::kTensorCoreWgmmaPipelined, plain}}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
+        EXPECT_TRUE(c.wgmma && c.wgmma_pipelined && c.mma && !c.wgmma_lo_e4m3) << what;
+        EXPECT_EQ(c.score_smem, score_wgmma_pipelined_smem_bytes()) << what;
+        EXPECT_GE(c.splits, 1) << what;
+        EXPECT_LE(c.group * c.splits, std::max<int64_t>(c.group, kH200Sms)) << what;
+        EXPECT_LE(c.splits, (ctx + kMmaKeys - 1) / kMmaKeys) << what;
+      }
+      for (const auto& [want, choice] :
+           {std::pair{K::kAuto, plain}, std::pair{K::kTensorCoreWgmma, pipelined},
+            std::pair{K::kTensorCoreWgmmaLoE4m3, pipelined}}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
+        EXPECT_TRUE(c.wgmma && !c.wgmma_pipelined) << what;
+      }
+      EXPECT_FALSE(choose_indexer(p, kH200Sms, kH200MaxSmem, K::kTensorCoreWgmmaPipelined,
+                                  IndexerSelectKernel::kAuto, WgmmaChoice{false, true, true})
+                       .mma)
+          << what;
+    }
+  }
+  // B = 64 at 32K: two blocks per token on 132 SMs; B = 1: one per tile, up to the SMs.
+  const auto splits = [&](int64_t batch, int64_t ctx) {
+    return choose_indexer(topk_problem(batch, 64, kDim, kTopK, ctx, KvFormat::kFp8), kH200Sms,
+                          kH200MaxSmem, K::kAuto, IndexerSelectKernel::kAuto, pipelined)
+        .splits;
+  };
+  EXPECT_EQ(splits(64, 32768), 2);
+  EXPECT_EQ(splits(1, 8192), 128);
+  EXPECT_EQ(splits(1, 32768), kH200Sms);
+  // One block per SM fits: the pipelined kernel's shared memory within the opt-in limit.
+  EXPECT_LE(score_wgmma_pipelined_smem_bytes(), kH200MaxSmem);
+}
+
 TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
   constexpr int64_t kV4Heads = 64;
   auto splits = [](int64_t tokens, int64_t entries, IndexerSelectKernel want) {

@@ -1,0 +1,67 @@
+// PTX wrappers for shared-memory mbarriers and the bulk asynchronous copy (cp.async.bulk, sm_90+)
+// that a producer / consumer pipeline needs: a producer thread arms a stage's "full" barrier with
+// the bytes it expects and issues bulk copies that complete them; consumers wait on it, read the
+// stage and arrive on its "empty" barrier, which the producer waits on before refilling it.
+//
+// Parity: a barrier's phases alternate 0, 1, 0, ...; mbarrier_wait(bar, p) returns once the
+// phase of parity p has completed, so the n-th use of a barrier (from 0) waits on parity n & 1.
+// A waiter may lag at most one phase behind, which a full / empty pair guarantees.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/ptx_sm80.cuh"
+
+namespace deepinfer::cuda {
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals)
+               : "memory");
+}
+
+// Makes the mbarrier_init of this thread visible to the other threads' and the bulk copies'
+// barrier operations (with a __syncthreads after it).
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival (release at CTA scope: this thread's earlier shared-memory accesses happen before
+// the phase completes).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_addr(bar))
+      : "memory");
+}
+
+// One arrival that also adds `bytes` to the transactions the phase waits for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
+          smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
+// Blocks until the phase of parity `parity` has completed (acquire at CTA scope).
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing that
+// many transactions of `bar`'s current phase.
+__device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem, uint32_t bytes,
+                                                    uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,243 @@
+// The pipelined wgmma scores of fp8 index keys (cuda/indexer/indexer_score_wgmma_pipelined.cu)
+// against the wgmma kernel's (indexer_score_wgmma.cu), both forced through indexer_topk_run: the
+// two share every arithmetic step (indexer_wgmma_tile.cuh), so their scores must be the same
+// bytes, -inf of unmapped keys included, and the op's top-k the same. Random paged inputs at V4's
+// shape (64 heads of 128, ratio 4, 128-token blocks: runs of 32 records, which the pipelined
+// kernel needs): B = 1 and 64 at 4K and 32K contexts, lengths off the 64-key tile and mid-block,
+// block-table entries that are negative or past the cache (masked keys), rows with no visible
+// key, and a prefill chunk whose rows walk many tiles each (the stage ring wraps). Also the
+// switch: a backend created with DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined runs it by default.
+// And the bf16 keys' pipelined kernel (indexer_score_wgmma_bf16.cu) against the mma.sync one.
+// Skips without a GPU or off sm_90.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/indexer/indexer_options.h"
+#include "deepinfer/backend.h"
+#include "device_backends.h"
+#include "indexer_rows.h"
+#include "inputs.h"
+#include "scoped_env.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+struct PipelinedCase {
+  std::string name;
+  std::vector<SeqSpec> seqs;
+  bool integers;
+  bool masked;  // some block-table entries negative or past the cache
+};
+
+// Entries of sequence b's block table made unmapped: every seventh column of every third
+// sequence negative, every eleventh past the cache (the kernels score their keys -inf).
+void mask_blocks(HostBatch& hb) {
+  for (size_t b = 0; b < hb.seqs.size(); b += 3) {
+    for (int i = 0; i < hb.max_blocks; ++i) {
+      int32_t& e = hb.block_table[b * static_cast<size_t>(hb.max_blocks) + static_cast<size_t>(i)];
+      if (i % 7 == 3) e = -1;
+      if (i % 11 == 5) e = hb.num_blocks + 2 + i;
+    }
+  }
+}
+
+std::vector<PipelinedCase> pipelined_cases() {
+  std::vector<SeqSpec> b64_4k, b64_32k, b64_masked;
+  for (int b = 0; b < 64; ++b) {
+    b64_4k.push_back({4095 - 37 * (b % 5), 1, b});
+    b64_32k.push_back({32767 - 61 * b, 1, b});
+    // Rows 0 and 1 see no key (positions 0 and 2: (p + 1) / 4 = 0).
+    b64_masked.push_back({b == 0 ? 0 : b == 1 ? 2 : 4000 + 97 * b, 1, b});
+  }
+  return {
+      {"b1_ctx4096", {{4095, 1, 0}}, false, false},
+      {"b1_ctx32768", {{32767, 1, 0}}, false, false},
+      {"b1_ctx_off_tile", {{32599, 1, 0}}, false, false},  // 8150 keys: 22 past the last tile
+      {"b1_integers_masked", {{32599, 1, 0}}, true, true},
+      {"b1_empty_row", {{1, 1, 0}}, false, false},
+      {"b64_ctx4096", b64_4k, false, false},
+      {"b64_ctx32768", b64_32k, false, false},
+      {"b64_masked_and_empty", b64_masked, false, true},
+      {"prefill_32k", {{32000, 40, 0}, {5000, 3, 1}}, false, true},
+  };
+}
+
+// A CUDA backend created with DEEPINFER_INDEXER_FP8_SCORES set to `value`.
+std::unique_ptr<Backend> cuda_backend_with_fp8_scores(const char* value) {
+  const ScopedEnv env("DEEPINFER_INDEXER_FP8_SCORES", value);
+  return make_backend("cuda");
+}
+
+// The first float of `got` whose bytes differ from `want`'s, as a message ("" when none).
+std::string first_difference(const Tensor& want, const Tensor& got, int64_t row) {
+  const float* w = want.data<float>();
+  const float* g = got.data<float>();
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (std::memcmp(w + i, g + i, sizeof(float)) != 0) {
+      return "token " + std::to_string(i / row) + " entry " + std::to_string(i % row) + ": " +
+             std::to_string(w[i]) + " vs " + std::to_string(g[i]);
+    }
+  }
+  return "";
+}
+
+TEST(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
+  std::string why;
+  Backend* be = shared_backend("cuda", &why);
+  if (be == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+  if (!cuda::indexer_wgmma_runs(cuda_be)) GTEST_SKIP() << "wgmma needs an sm_90 device";
+  const std::unique_ptr<Backend> by_switch = cuda_backend_with_fp8_scores("wgmma_pipelined");
+  auto& switch_be = dynamic_cast<cuda::CudaBackend&>(*by_switch);
+  std::mt19937 rng(20261203);
+  for (const PipelinedCase& pc : pipelined_cases()) {
+    SCOPED_TRACE(pc.name);
+    Indexer c;
+    c.cache = DType::kU8;
+    c.block = 128;
+    c.heads = 64;
+    c.dim = 128;
+    c.ratio = 4;
+    c.integers = pc.integers;
+    c.seqs = pc.seqs;
+    IndexerIn in = draw_indexer(c, rng);
+    if (pc.masked) mask_blocks(in.hb);
+    // The pipelined kernel runs only where the records go in runs (score_mma_key_runs): entries
+    // per block a multiple of 4 that divides a tile of 64, cache rows a multiple of 4.
+    const int epb = c.block / c.ratio;
+    ASSERT_EQ(epb % 4, 0);
+    ASSERT_EQ(64 % epb, 0);
+    ASSERT_EQ(in.cache.size(0) % 4, 0);
+    const Tensor q = up(*be, in.q), w = up(*be, in.w), cache = up_same(*be, in.cache);
+    const BatchLayout layout = in.hb.upload(*be);
+    const int64_t tokens = in.hb.num_tokens();
+    const int64_t bound = int64_t{in.hb.max_blocks} * epb;
+    const float sscale = 0.0625f, wscale = 0.125f;
+    constexpr int kTopK = 512;
+    using K = cuda::IndexerScoreKernel;
+    // Each kernel's scores ([tokens, bound], all tokens in one group, zeros where not scored)
+    // and the whole op's top-k.
+    auto scores_of = [&](cuda::CudaBackend& on, K kernel, const Tensor& qd, const Tensor& wd,
+                         const Tensor& cd, const BatchLayout& ld) {
+      Tensor s = on.zeros({tokens, bound}, DType::kF32);
+      cuda::IndexerRunOptions opt;
+      opt.score_kernel = kernel;
+      opt.run_select = false;
+      opt.scores = s.data<float>();
+      (void)cuda::indexer_topk_run(on, qd, wd, cd, ld, c.ratio, kTopK, sscale, wscale, opt);
+      return on.to_host(s);
+    };
+    auto top_k_of = [&](K kernel) {
+      cuda::IndexerRunOptions opt;
+      opt.score_kernel = kernel;
+      return be->to_host(cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio, kTopK,
+                                                sscale, wscale, opt));
+    };
+    const Tensor want = scores_of(cuda_be, K::kTensorCoreWgmma, q, w, cache, layout);
+    const Tensor got = scores_of(cuda_be, K::kTensorCoreWgmmaPipelined, q, w, cache, layout);
+    ASSERT_EQ(first_difference(want, got, bound), "");
+    const Tensor ia = top_k_of(K::kTensorCoreWgmma), ib = top_k_of(K::kTensorCoreWgmmaPipelined);
+    ASSERT_EQ(ia.numel(), ib.numel());
+    for (int64_t i = 0; i < ia.numel(); ++i) {
+      ASSERT_EQ(ia.data<int32_t>()[i], ib.data<int32_t>()[i]) << "top-k slot " << i;
+    }
+    // The switch: kAuto on a backend created with wgmma_pipelined.
+    const Tensor q2 = up(*by_switch, in.q), w2 = up(*by_switch, in.w),
+                 cache2 = up_same(*by_switch, in.cache);
+    const BatchLayout layout2 = in.hb.upload(*by_switch);
+    const Tensor by_default = scores_of(switch_be, K::kAuto, q2, w2, cache2, layout2);
+    ASSERT_EQ(first_difference(want, by_default, bound), "");
+  }
+}
+
+// The bf16 keys' pipelined wgmma kernel (indexer_score_wgmma_bf16.cu) against the mma.sync
+// kernel (indexer_score_mma.cu): the same products (q in bf16 hi + lo, keys as they are), summed
+// in another order, so integer inputs (exact sums) give the same bytes and the same top-k, random
+// floats agree to rounding; unmapped keys are -inf in both. Also ratio 128 (one entry per block:
+// keys gathered one by one), which the fp8 pipelined kernel leaves to the plain one.
+TEST(IndexerWgmmaPipelined, Bf16ScoresMatchTheMmaSyncKernel) {
+  std::string why;
+  Backend* be = shared_backend("cuda", &why);
+  if (be == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+  if (!cuda::indexer_wgmma_runs(cuda_be)) GTEST_SKIP() << "wgmma needs an sm_90 device";
+  std::mt19937 rng(20261204);
+  std::vector<PipelinedCase> cases = pipelined_cases();
+  cases.push_back({"ratio128", {{20000, 1, 0}, {9000, 3, 1}, {100, 1, 2}}, true, true});
+  cases.push_back({"ratio128_floats", {{20000, 1, 0}, {9000, 3, 1}}, false, false});
+  for (const PipelinedCase& pc : cases) {
+    SCOPED_TRACE(pc.name);
+    Indexer c;
+    c.cache = DType::kBF16;
+    c.block = 128;
+    c.heads = 64;
+    c.dim = 128;
+    c.ratio = pc.name.rfind("ratio128", 0) == 0 ? 128 : 4;
+    c.integers = pc.integers;
+    c.seqs = pc.seqs;
+    IndexerIn in = draw_indexer(c, rng);
+    if (pc.masked) mask_blocks(in.hb);
+    const Tensor q = up(*be, in.q), w = up(*be, in.w), cache = up_same(*be, in.cache);
+    const BatchLayout layout = in.hb.upload(*be);
+    const int64_t tokens = in.hb.num_tokens();
+    const int64_t bound = int64_t{in.hb.max_blocks} * (c.block / c.ratio);
+    const float sscale = 0.0625f, wscale = 0.125f;
+    constexpr int kTopK = 512;
+    using K = cuda::IndexerScoreKernel;
+    auto scores_of = [&](K kernel) {
+      Tensor s = be->zeros({tokens, bound}, DType::kF32);
+      cuda::IndexerRunOptions opt;
+      opt.score_kernel = kernel;
+      opt.run_select = false;
+      opt.scores = s.data<float>();
+      (void)cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio, kTopK, sscale, wscale,
+                                   opt);
+      return be->to_host(s);
+    };
+    const Tensor want = scores_of(K::kTensorCoreMmaSync);
+    const Tensor got = scores_of(K::kTensorCoreWgmmaPipelined);
+    if (pc.integers) {
+      ASSERT_EQ(first_difference(want, got, bound), "");
+      cuda::IndexerRunOptions opt;
+      opt.score_kernel = K::kTensorCoreMmaSync;
+      const Tensor ia = be->to_host(cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio,
+                                                           kTopK, sscale, wscale, opt));
+      opt.score_kernel = K::kTensorCoreWgmmaPipelined;
+      const Tensor ib = be->to_host(cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio,
+                                                           kTopK, sscale, wscale, opt));
+      for (int64_t i = 0; i < ia.numel(); ++i) {
+        ASSERT_EQ(ia.data<int32_t>()[i], ib.data<int32_t>()[i]) << "top-k slot " << i;
+      }
+      continue;
+    }
+    const float* wp = want.data<float>();
+    const float* gp = got.data<float>();
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const float a = wp[i], b = gp[i];
+      if (!std::isfinite(a) || !std::isfinite(b)) {
+        ASSERT_EQ(std::memcmp(&a, &b, sizeof(float)), 0)
+            << "token " << i / bound << " entry " << i % bound << ": " << a << " vs " << b;
+      } else {
+        ASSERT_NEAR(a, b, 1e-5 * (1.0 + std::fabs(a)))
+            << "token " << i / bound << " entry " << i % bound;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
