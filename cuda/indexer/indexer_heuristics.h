@@ -121,7 +121,9 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
 // wgmma (sm_90); `by_default`, kAuto and kTensorCore take it where it takes the problem (else
 // only a forced kTensorCoreWgmma does). indexer_wgmma_choice (indexer_args.h) fills it.
 // `pipelined`: kAuto and kTensorCore take indexer_score_wgmma_pipelined.cu instead (with
-// by_default), and indexer_score_wgmma_bf16.cu for bf16 keys.
+// by_default). Its bf16-key twin (indexer_score_wgmma_bf16.cu) runs only when forced: on the H200
+// it scored 2.4-2.7x slower than the mma.sync kernel (B = 64: 196 vs 82 us at 32K, 775 vs 301 us
+// at 128K).
 struct WgmmaChoice {
   bool device = false;
   bool by_default = false;
@@ -144,9 +146,8 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.wgmma_lo_e4m3 = c.wgmma && want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
   c.wgmma_pipelined = c.wgmma && (forced_pipelined || (wgmma.pipelined && auto_tc)) &&
                       score_wgmma_pipelined_smem_bytes() <= max_smem;
-  c.wgmma_bf16 = wgmma.device &&
-                 (forced_pipelined || (wgmma.by_default && wgmma.pipelined && auto_tc)) &&
-                 score_wgmma_bf16_takes(p) && score_wgmma_bf16_smem_bytes() <= max_smem;
+  c.wgmma_bf16 = wgmma.device && forced_pipelined && score_wgmma_bf16_takes(p) &&
+                 score_wgmma_bf16_smem_bytes() <= max_smem;
   c.mma = c.wgmma || c.wgmma_bf16 ||
           (want != IndexerScoreKernel::kCudaCore && !forced_wgmma && score_mma_takes(p) &&
            score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
