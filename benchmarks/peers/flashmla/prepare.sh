@@ -29,7 +29,7 @@ printf 'FlashMLA %s\ncutlass %s: include/ tools/util/include/ only\n' "$FLASHMLA
 tar -czf "$out/flashmla_src.tar.gz" -C "$tmp" FlashMLA
 git -C "$cutlass_git" archive "$CUTLASS_COMMIT" include tools/util/include LICENSE.txt |
   gzip > "$out/cutlass_include.tar.gz"
-cp "$here"/{bench.py,build.sh,run.sh,setup_sm90.py,sm90_only_stubs.cpp} "$out/"
+cp "$here"/{bench.py,reference.py,build.sh,run.sh,setup_sm90.py,sm90_only_stubs.cpp} "$out/"
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$out" ninja
 ls -la "$out"
