@@ -37,7 +37,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   ./build/gpu/tests/backend_ops/deepinfer_backend_ops --gtest_brief=1 2>&1 |
     tee "$OUT/backend_ops.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-  ./build/gpu/tests/gpu/cpp/deepinfer_gpu_tests --gtest_brief=1 2>&1 | tee "$OUT/gpu_op_tests.log" | tail -40
+  # Under a time limit: a kernel whose barriers deadlock hangs rather than fails (exit 124 then).
+  timeout "${GPU_TESTS_TIMEOUT:-600}" ./build/gpu/tests/gpu/cpp/deepinfer_gpu_tests --gtest_brief=1 2>&1 |
+    tee "$OUT/gpu_op_tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   # The two binaries just ran; tests/gpu/test_cuda_ops.py (which runs them too) is left out here.
   # -s: the figures some GPU tests print (QUANT-GPU ...) reach the log.
