@@ -80,7 +80,30 @@ __global__ void __launch_bounds__(kShiftThreads) shift_rows_kernel(ShiftArgs a) 
   }
 }
 
+__global__ void __launch_bounds__(kShiftThreads)
+    accept_drafts_kernel(const int32_t* samples, const int32_t* tokens, const int32_t* row_start,
+                         int32_t* accepted, int64_t rows, int32_t num_tokens) {
+  // Row starts outside [0, T] or decreasing (the CPU op throws) are clamped into it.
+  for (int64_t r = threadIdx.x; r < rows; r += kShiftThreads) {
+    const int32_t begin = min(max(row_start[r], 0), num_tokens);
+    const int32_t end = min(max(row_start[r + 1], begin), num_tokens);
+    accepted[r] = row_shift::accepted_drafts(samples, tokens, begin, end);
+  }
+}
+
 }  // namespace
+
+Tensor CudaBackend::accept_drafts_impl(const Tensor& samples, const Tensor& tokens,
+                                       const Tensor& row_start) {
+  const int64_t rows = row_start.size(0) - 1;
+  Tensor accepted = empty({rows}, DType::kI32);
+  if (rows == 0) return accepted;
+  accept_drafts_kernel<<<1, kShiftThreads, 0, stream()>>>(
+      samples.data<int32_t>(), tokens.data<int32_t>(), row_start.data<int32_t>(),
+      accepted.data<int32_t>(), rows, static_cast<int32_t>(samples.size(0)));
+  DEEPINFER_CUDA_LAUNCH_CHECK("accept_drafts");
+  return accepted;
+}
 
 void CudaBackend::shift_rows_impl(const RowShift& shift) {
   const BatchLayout& l = shift.layout;

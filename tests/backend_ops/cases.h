@@ -21,7 +21,7 @@ constexpr double kAtol = 1e-6;
 
 std::vector<OpCase> dense_cases();          // embedding, rms_norm, elementwise, rows, rope, argmax
 std::vector<OpCase> select_tokens_cases();  // select_tokens
-std::vector<OpCase> shift_rows_cases();     // shift_rows
+std::vector<OpCase> shift_rows_cases();     // accept_drafts, shift_rows
 std::vector<OpCase> adjust_logits_cases();  // adjust_logits
 std::vector<OpCase> hc_cases();             // hc_expand, hc_pre, hc_post, hc_post_pre, hc_head
 std::vector<OpCase> gemm_cases();           // linear, grouped_linear

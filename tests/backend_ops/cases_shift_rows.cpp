@@ -1,7 +1,9 @@
-// Rows of shift_rows: a forward's packed metadata with rows planned at optimistic positions
-// (ForwardRow::shift_from), moved by the previous step's accepted drafts (model/batch_plan.h,
-// shift_carried_rows). Output: the whole buffer after the move, which must equal the CPU's
-// bit for bit (tests/cpp/test_row_shift.cpp checks the CPU against packing the true positions).
+// Rows of accept_drafts (the drafts each verify row accepted) and shift_rows: a forward's packed
+// metadata with rows planned at optimistic positions (ForwardRow::shift_from), moved by the
+// previous step's accepted drafts (model/batch_plan.h, shift_carried_rows). Output: the counts,
+// and the whole buffer after the move, which must equal the CPU's bit for bit
+// (tests/cpp/test_row_shift.cpp checks the CPU against the host rule and against packing the true
+// positions).
 #include <algorithm>
 #include <random>
 #include <string>
@@ -95,6 +97,29 @@ Outputs run_shift(Backend& be, const ShiftIn& in) {
 
 std::vector<OpCase> shift_rows_cases() {
   std::vector<OpCase> t;
+  // accept_drafts: rows of 1..6 token rows; three token values, so runs of matches of every
+  // length come up.
+  for (const int rows : {1, 7, 64, 300}) {
+    add(t,
+        Case<Tensors>{
+            .op = "accept_drafts",
+            .label = "rows" + std::to_string(rows),
+            .draw =
+                [rows](Rng& rng) {
+                  std::vector<int32_t> starts = {0};
+                  for (int r = 0; r < rows; ++r)
+                    starts.push_back(starts.back() + std::uniform_int_distribution<int>(1, 6)(rng));
+                  const int64_t n = starts.back();
+                  return Tensors{random_ids(rng, n, 0, 2), random_ids(rng, n, 0, 2),
+                                 Tensor::from_vector(starts, {rows + 1})};
+                },
+            .run =
+                [](Backend& be, const Tensors& in) {
+                  return out(be.accept_drafts(up(be, in[0]), up(be, in[1]), up(be, in[2])));
+                },
+            .expect = exact(),
+        });
+  }
   const std::pair<Layout, const char*> layouts[] = {{Layout::kExact, "exact"},
                                                     {Layout::kDecodeGraph, "decode_graph"},
                                                     {Layout::kVerifyGraph, "verify_graph"}};

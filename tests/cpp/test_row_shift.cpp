@@ -2,7 +2,8 @@
 // Backend::shift_rows): packed at their optimistic positions and moved on the device by the
 // drafts the previous step accepted, the metadata must be exactly what the host packs from the
 // true positions, in every layout a forward uses (an eager call's exact batch, a recorded decode
-// graph's one-token rows, a recorded verify step's rows of up to six tokens).
+// graph's one-token rows, a recorded verify step's rows of up to six tokens). And the accepted
+// counts themselves (Backend::accept_drafts) as the engine's host rule counts them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +99,55 @@ size_t max_blocks(const Batch& b) {
   size_t m = 1;
   for (const auto& t : b.tables) m = std::max(m, t.size());
   return m;
+}
+
+// The engine's host rule (engine/model_executor.cpp, verify_result): draft j of a row (its token
+// j + 1) is accepted while it equals sample j and every draft before it was.
+std::vector<int32_t> host_accepted(const std::vector<int32_t>& samples,
+                                   const std::vector<int32_t>& tokens,
+                                   const std::vector<int32_t>& starts) {
+  std::vector<int32_t> out;
+  for (size_t r = 0; r + 1 < starts.size(); ++r) {
+    const int32_t drafts = starts[r + 1] - starts[r] - 1;
+    int32_t a = 0;
+    while (a < drafts && samples[starts[r] + a] == tokens[starts[r] + a + 1]) ++a;
+    out.push_back(a);
+  }
+  return out;
+}
+
+TEST(AcceptDrafts, CountsWhatTheHostRuleAccepts) {
+  const std::unique_ptr<Backend> be = make_cpu_backend(1);
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int32_t> starts = {0};
+    const int rows = 1 + trial % 17;
+    for (int r = 0; r < rows; ++r)
+      starts.push_back(starts.back() + std::uniform_int_distribution<int>(1, 6)(rng));
+    const int64_t n = starts.back();
+    // Three token values, so that runs of matches of every length come up.
+    std::vector<int32_t> samples(static_cast<size_t>(n)), tokens(static_cast<size_t>(n));
+    for (auto& v : samples) v = static_cast<int32_t>(rng() % 3);
+    for (auto& v : tokens) v = static_cast<int32_t>(rng() % 3);
+    auto up = [&](const std::vector<int32_t>& v) {
+      return be->upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
+    };
+    const Tensor got = be->accept_drafts(up(samples), up(tokens), up(starts));
+    ASSERT_EQ(read(*be, got), host_accepted(samples, tokens, starts)) << "trial " << trial;
+  }
+}
+
+TEST(AcceptDrafts, BadRowStartsAreErrors) {
+  const std::unique_ptr<Backend> be = make_cpu_backend(1);
+  const Tensor five = be->upload(Tensor::from_vector(std::vector<int32_t>(5, 1), {5}), DType::kI32);
+  const Tensor starts =
+      be->upload(Tensor::from_vector(std::vector<int32_t>{0, 3, 2, 5}, {4}), DType::kI32);
+  const std::string msg =
+      error_message([&] { (void)be->to_host(be->accept_drafts(five, five, starts)); });
+  EXPECT_NE(msg.find("row_start[2]"), std::string::npos) << msg;
+  const Tensor four = be->upload(Tensor::from_vector(std::vector<int32_t>(4, 1), {4}), DType::kI32);
+  EXPECT_NE(error_message([&] { (void)be->accept_drafts(five, four, starts); }).find("tokens"),
+            std::string::npos);
 }
 
 TEST(RowShift, AnExactBatchMovesToWhatTheTruePositionsPack) {

@@ -271,6 +271,13 @@ class Backend {
   // position 0, or entries past their batch's capacity, are the caller's error: the CPU op
   // throws, device ops leave such values unchanged.
   void shift_rows(const RowShift& shift);
+  // The drafts each verify row of a step accepted, on the device: row r holds token rows
+  // [row_start[r], row_start[r + 1]) of `tokens` (its input token, then its drafts) and of
+  // `samples` (one sample per token row: sample j is the token after input j), and accepts its
+  // drafts while they equal the samples before them (sample/verify.h: greedy rows by match,
+  // sampled rows by the point-mass rejection rule). samples, tokens [T] i32, row_start [R + 1]
+  // i32 -> [R] i32 in [0, row length - 1]. A plain row (one token) accepts 0.
+  Tensor accept_drafts(const Tensor& samples, const Tensor& tokens, const Tensor& row_start);
   // Copies t[src[i]] -> t[dst[i]] along dim 0 of t (any dtype, rank >= 1); src, dst [N] i32
   // (state slots: snapshots for the prefix cache).
   void copy_rows(const Tensor& t, const Tensor& src, const Tensor& dst);
@@ -441,6 +448,8 @@ class Backend {
   virtual void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                                   const Tensor& previous) = 0;
   virtual void shift_rows_impl(const RowShift& shift) = 0;
+  virtual Tensor accept_drafts_impl(const Tensor& samples, const Tensor& tokens,
+                                    const Tensor& row_start) = 0;
   virtual void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) = 0;
   virtual void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) = 0;
 

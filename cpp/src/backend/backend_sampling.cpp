@@ -1,7 +1,7 @@
 // The Backend front of sampling and of the rows carried between steps (contract in
-// deepinfer/backend.h): argmax, sample, adjust_logits, select_tokens and shift_rows check their
-// arguments' metadata here, once for all backends, then call the backend's implementation. The
-// other ops' front is backend.cpp.
+// deepinfer/backend.h): argmax, sample, adjust_logits, select_tokens, shift_rows and
+// accept_drafts check their arguments' metadata here, once for all backends, then call the
+// backend's implementation. The other ops' front is backend.cpp.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -108,6 +108,16 @@ void Backend::shift_rows(const RowShift& shift) {
     }
   }
   shift_rows_impl(shift);
+}
+
+Tensor Backend::accept_drafts(const Tensor& samples, const Tensor& tokens,
+                              const Tensor& row_start) {
+  const OpChecks c("accept_drafts", device_kind());
+  c.tensor("samples", samples, DType::kI32, {-1});
+  c.tensor("tokens", tokens, DType::kI32, {samples.size(0)});
+  c.tensor("row_start", row_start, DType::kI32, {-1});
+  if (row_start.size(0) < 1) c.fail("row_start is empty: it holds R + 1 row starts");
+  return accept_drafts_impl(samples, tokens, row_start);
 }
 
 }  // namespace deepinfer

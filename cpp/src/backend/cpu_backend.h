@@ -74,6 +74,8 @@ class CpuBackend final : public Backend {
   void select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                           const Tensor& previous) override;
   void shift_rows_impl(const RowShift& shift) override;
+  Tensor accept_drafts_impl(const Tensor& samples, const Tensor& tokens,
+                            const Tensor& row_start) override;
   void copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) override;
   void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) override;
 

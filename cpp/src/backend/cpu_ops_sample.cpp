@@ -219,6 +219,29 @@ void CpuBackend::shift_rows_impl(const RowShift& shift) {
   });
 }
 
+Tensor CpuBackend::accept_drafts_impl(const Tensor& samples, const Tensor& tokens,
+                                      const Tensor& row_start) {
+  const char* op = "accept_drafts";
+  const int64_t rows = row_start.size(0) - 1;
+  Tensor accepted = Tensor::zeros({rows}, DType::kI32);
+  const int64_t n = samples.size(0);
+  enqueue([=](ThreadPool&) {
+    const int32_t* start = row_start.data<int32_t>();
+    for (int64_t r = 0; r <= rows; ++r) {
+      if (start[r] < 0 || start[r] > n || (r > 0 && start[r] < start[r - 1])) {
+        fail(op, "row_start[" + std::to_string(r) + "] = " + std::to_string(start[r]) +
+                     " is not a non-decreasing start in [0, " + std::to_string(n) + "]");
+      }
+    }
+    int32_t* out = accepted.data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      out[r] = row_shift::accepted_drafts(samples.data<int32_t>(), tokens.data<int32_t>(), start[r],
+                                          start[r + 1]);
+    }
+  });
+  return accepted;
+}
+
 void CpuBackend::copy_rows_impl(const Tensor& t, const Tensor& src, const Tensor& dst) {
   const char* op = "copy_rows";
   const int64_t n = src.size(0);

@@ -1,6 +1,7 @@
-// The arithmetic of Backend::shift_rows (deepinfer/backend_args.h, RowShift), one definition for
-// the CPU op and the CUDA kernel: how far a row moves, and the compressed entries its tokens close
-// once it has moved, packed as model/batch_plan.cpp's pack_batch packs them from host positions.
+// The arithmetic of Backend::shift_rows (deepinfer/backend_args.h, RowShift) and accept_drafts,
+// one definition for the CPU ops and the CUDA kernels: the drafts a verify row accepted, how far a
+// row then moves, and the compressed entries its tokens close once it has moved, packed as
+// model/batch_plan.cpp's pack_batch packs them from host positions.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,16 @@ DEEPINFER_HOST_DEVICE inline int32_t row_move(int32_t k, int32_t max_shift, cons
     return 0;
   }
   return move;
+}
+
+// The drafts a verify row accepted (Backend::accept_drafts): its token rows [begin, end) hold the
+// input token and the drafts; sample j is the token after input j, so draft j (token j + 1) is
+// accepted while it equals sample j and every draft before it was.
+DEEPINFER_HOST_DEVICE inline int32_t accepted_drafts(const int32_t* samples, const int32_t* tokens,
+                                                     int32_t begin, int32_t end) {
+  int32_t a = 0;
+  while (begin + a + 1 < end && samples[begin + a] == tokens[begin + a + 1]) ++a;
+  return a;
 }
 
 // One compressed entry: its fields, in EntryBatch's order.
