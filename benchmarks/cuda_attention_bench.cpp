@@ -158,7 +158,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
 //    the records copied in runs of a block and as it stands (the previous fp8 kernel: the A/B);
 //    on sm_90 the wgmma kernel forced, its pipelined variant (indexer_score_wgmma_pipelined.cu,
 //    the same scores: the A/B for DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined) and q's lo part
-//    in e4m3; for bf16 keys on sm_90 the pipelined wgmma kernel (indexer_score_wgmma_bf16.cu);
+//    in e4m3;
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
@@ -232,12 +232,9 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
         k == IndexerScoreKernel::kTensorCoreKeyRuns || k == IndexerScoreKernel::kTensorCoreMmaSync;
     if (fp8_only && kv != DType::kU8) continue;
     const bool wgmma = k == IndexerScoreKernel::kTensorCoreWgmma ||
-                       k == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
-    const bool pipelined = k == IndexerScoreKernel::kTensorCoreWgmmaPipelined;
-    const bool wgmma_keys = kv == DType::kU8 || (pipelined && kv == DType::kBF16);
-    if ((wgmma || pipelined) && (!wgmma_keys || !cuda::indexer_wgmma_runs(cuda_be))) {
-      continue;
-    }
+                       k == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3 ||
+                       k == IndexerScoreKernel::kTensorCoreWgmmaPipelined;
+    if (wgmma && (kv != DType::kU8 || !cuda::indexer_wgmma_runs(cuda_be))) continue;
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
     emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
          flops);

@@ -55,12 +55,6 @@ inline bool score_wgmma_takes(const IndexerProblem& p) {
   return !p.listed && p.keys == KvFormat::kFp8 && p.dim == kMmaDim && p.heads == kWgmmaHeads;
 }
 
-// Whether indexer_score_wgmma_bf16.cu takes the problem (on an sm_90 device): every visible
-// entry of bf16 index keys, 64 heads of kMmaDim channels.
-inline bool score_wgmma_bf16_takes(const IndexerProblem& p) {
-  return !p.listed && p.keys == KvFormat::kBf16 && p.dim == kMmaDim && p.heads == kWgmmaHeads;
-}
-
 // Whether the tensor-core kernel may copy fp8 keys in runs of a paged block with 16-byte copies
 // (indexer_score_mma.cu): a run of min(epb, kMmaKeys) records of kMmaDim + 4 bytes starts 16-byte
 // aligned when epb is a multiple of 4; a tile of kMmaKeys keys is whole runs when epb divides
@@ -78,7 +72,6 @@ struct IndexerConfig {
   // ... on the pipelined kernel (indexer_score_wgmma_pipelined.cu) where the records may be
   // copied in runs of a paged block (launch_indexer_scores checks; else the kernel above)
   bool wgmma_pipelined;
-  bool wgmma_bf16;      // ... bf16 keys on wgmma (indexer_score_wgmma_bf16.cu)
   bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
   int64_t cap;        // pairs the select kernel collects: min(top_k, selected)
@@ -121,9 +114,8 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
 // wgmma (sm_90); `by_default`, kAuto and kTensorCore take it where it takes the problem (else
 // only a forced kTensorCoreWgmma does). indexer_wgmma_choice (indexer_args.h) fills it.
 // `pipelined`: kAuto and kTensorCore take indexer_score_wgmma_pipelined.cu instead (with
-// by_default). Its bf16-key twin (indexer_score_wgmma_bf16.cu) runs only when forced: on the H200
-// it scored 2.4-2.7x slower than the mma.sync kernel (B = 64: 196 vs 82 us at 32K, 775 vs 301 us
-// at 128K).
+// by_default). (A bf16-key twin measured 2.4-2.7x slower than the mma.sync kernel on the H200 in
+// session 11, B = 64: 196 vs 82 us at 32K, 775 vs 301 us at 128K; it was removed.)
 struct WgmmaChoice {
   bool device = false;
   bool by_default = false;
@@ -146,18 +138,14 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.wgmma_lo_e4m3 = c.wgmma && want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
   c.wgmma_pipelined = c.wgmma && (forced_pipelined || (wgmma.pipelined && auto_tc)) &&
                       score_wgmma_pipelined_smem_bytes() <= max_smem;
-  c.wgmma_bf16 = wgmma.device && forced_pipelined && score_wgmma_bf16_takes(p) &&
-                 score_wgmma_bf16_smem_bytes() <= max_smem;
-  c.mma = c.wgmma || c.wgmma_bf16 ||
-          (want != IndexerScoreKernel::kCudaCore && !forced_wgmma && score_mma_takes(p) &&
-           score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
+  c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && !forced_wgmma &&
+                      score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
-  c.score_smem = c.wgmma_bf16        ? score_wgmma_bf16_smem_bytes()
-                 : c.wgmma_pipelined ? score_wgmma_pipelined_smem_bytes()
-                 : c.wgmma           ? score_wgmma_smem_bytes()
-                 : c.mma             ? score_mma_smem_bytes(p.heads, p.keys)
-                                     : score_smem_bytes(p.heads, p.dim);
+  c.score_smem = c.wgmma_pipelined ? score_wgmma_pipelined_smem_bytes()
+                 : c.wgmma         ? score_wgmma_smem_bytes()
+                 : c.mma           ? score_mma_smem_bytes(p.heads, p.keys)
+                                   : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
@@ -189,7 +177,7 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   // blocks, each walking its tiles, so that no second, partial wave doubles the time.
   const int64_t tile = c.mma ? kMmaKeys : kScoreKeys;
   const int64_t tiles = (p.scored + tile - 1) / tile;
-  const int64_t per_sm = c.wgmma_pipelined || c.wgmma_bf16 ? 1 : c.wgmma ? kWgmmaBlocksPerSm : 2;
+  const int64_t per_sm = c.wgmma_pipelined ? 1 : c.wgmma ? kWgmmaBlocksPerSm : 2;
   const int64_t blocks = c.mma ? per_sm * static_cast<int64_t>(num_sms) / c.group
                                : (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
   c.splits = std::max<int64_t>(1, std::min({blocks, tiles, int64_t{65535}}));

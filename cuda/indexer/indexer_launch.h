@@ -132,22 +132,6 @@ inline size_t score_wgmma_pipelined_smem_bytes() {
          static_cast<size_t>(kWgmmaPipeStages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t));
 }
 
-// The pipelined wgmma kernel over bf16 index keys (indexer_score_wgmma_bf16.cu, sm_90a): the
-// same block shape, a producer warp's bulk copy per key (rows of kWgmmaBf16RowBytes in shared
-// memory: 256 bytes of channels, then padding that puts the two keys of a 16-byte load phase on
-// distinct banks) through kWgmmaBf16Stages stages (a multiple of kWgmmaPipeConsumers, as above).
-constexpr int kWgmmaBf16Stages = 9;
-constexpr int kWgmmaBf16RowBytes = 2 * kMmaDim + 64;
-static_assert(kWgmmaBf16Stages % kWgmmaPipeConsumers == 0);
-
-// Its shared memory: q's tile (bf16 hi and lo parts), the head weights, per stage kMmaKeys rows,
-// then per stage the mapped keys' mask and the full and empty barriers.
-inline size_t score_wgmma_bf16_smem_bytes() {
-  return static_cast<size_t>(kWgmmaQBytes) + kWgmmaHeads * sizeof(float) +
-         static_cast<size_t>(kWgmmaBf16Stages) *
-             (kMmaKeys * kWgmmaBf16RowBytes + 3 * sizeof(uint64_t));
-}
-
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
 // visible entries grouped by `per_slot` (1: entries; block_entries: the blocks of
 // indexer_candidates, scored by their max). Outputs are the slots' entries (slot_entry).
@@ -281,14 +265,6 @@ void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64
 void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
                                           int64_t splits, KernelSmemLimits& smem_limits,
                                           cudaStream_t stream);
-
-// indexer_score_wgmma_bf16.cu: the scores of bf16 index keys at 64 heads of kMmaDim channels on
-// sm_90a (score_wgmma_bf16_takes), q split into bf16 hi + lo as indexer_score_mma.cu splits it
-// (the same products; sums in another order), any paged layout; grid (n, splits) of one block
-// per SM.
-void launch_indexer_score_wgmma_bf16(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                     int64_t splits, KernelSmemLimits& smem_limits,
-                                     cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

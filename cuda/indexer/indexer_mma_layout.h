@@ -65,16 +65,6 @@ DEEPINFER_HOST_DEVICE constexpr int wgmma_k8_of_channel(int ch) {
   return 32 * ((ch % 32) / 8) + 16 * ((ch % 8) / 4) + 4 * (ch / 32) + ch % 4;
 }
 
-// The wgmma kernel over bf16 keys (indexer_score_wgmma_bf16.cu): thread (g, c) loads the
-// 16-byte chunks 4t + c (t = 0 .. 3) of each of its keys' rows (8 channels a chunk); word u of
-// chunk 4t + c (stored channels 8 (4t + c) + 2u + e) is its A register for k-step 2t + u / 2 at
-// k = 2c + 8 (u % 2) + e (u even: registers 0 / 1, odd: 2 / 3).
-DEEPINFER_HOST_DEVICE constexpr int wgmma_bf16_k_of_channel(int ch) {
-  const int chunk = ch / 8;
-  const int u = (ch % 8) / 2;
-  return 16 * (2 * (chunk / 4) + u / 2) + 2 * (chunk % 4) + 8 * (u % 2) + ch % 2;
-}
-
 constexpr int kWgmmaCoreBytes = 128;  // a core matrix: 8 rows of 16 bytes
 constexpr int kWgmmaKChunks = 16;     // core matrices along k (128 channels of 8)
 

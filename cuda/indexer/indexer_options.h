@@ -69,9 +69,7 @@ enum class IndexerScoreKernel {
   // The pipelined wgmma kernel (indexer_score_wgmma_pipelined.cu: a producer warp's bulk copies
   // of the records, three warpgroups scoring), where kTensorCoreWgmma runs and the records may be
   // copied in runs of a paged block (score_mma_key_runs; elsewhere kTensorCoreWgmma's kernel);
-  // bf16 keys at 64 heads of 128 channels on sm_90: indexer_score_wgmma_bf16.cu (the same
-  // pipeline; scores as kTensorCore's to rounding); else kUnsupported. fp8 scores bit-identical
-  // to kTensorCoreWgmma's.
+  // else kUnsupported. Scores bit-identical to kTensorCoreWgmma's.
   kTensorCoreWgmmaPipelined,
 };
 

@@ -98,9 +98,7 @@ WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const bool key_runs = score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
-  if (c.wgmma_bf16) {
-    launch_indexer_score_wgmma_bf16(a, l, n, c.splits, smem_limits, stream);
-  } else if (c.wgmma_pipelined && key_runs) {
+  if (c.wgmma_pipelined && key_runs) {
     launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);
   } else if (c.wgmma) {
     launch_indexer_score_wgmma(a, l, n, c.splits, key_runs, c.wgmma_lo_e4m3, smem_limits, stream);
@@ -164,10 +162,9 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
       smem_max, opt.score_kernel, opt.select_kernel, indexer_wgmma_choice(be));
   const bool forced_wgmma = opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma ||
                             opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
-  if (opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPipelined && !c.wgmma &&
-      !c.wgmma_bf16) {
+  if (opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPipelined && !c.wgmma) {
     throw Error(ErrorCode::kUnsupported,
-                std::string(op) + ": the pipelined wgmma scores take fp8 or bf16 keys of " +
+                std::string(op) + ": the pipelined wgmma scores take fp8 keys of " +
                     std::to_string(kMmaDim) + " channels and " + std::to_string(kWgmmaHeads) +
                     " heads on sm_90, got q " + q.describe() + " and keys " +
                     index_cache.describe());

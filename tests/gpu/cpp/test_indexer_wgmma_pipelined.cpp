@@ -7,7 +7,6 @@
 // block-table entries that are negative or past the cache (masked keys), rows with no visible
 // key, and a prefill chunk whose rows walk many tiles each (the stage ring wraps). Also the
 // switch: a backend created with DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined runs it by default.
-// And the bf16 keys' pipelined kernel (indexer_score_wgmma_bf16.cu) against the mma.sync one.
 // Skips without a GPU or off sm_90.
 #include <gtest/gtest.h>
 
@@ -158,84 +157,6 @@ TEST(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
     const BatchLayout layout2 = in.hb.upload(*by_switch);
     const Tensor by_default = scores_of(switch_be, K::kAuto, q2, w2, cache2, layout2);
     ASSERT_EQ(first_difference(want, by_default, bound), "");
-  }
-}
-
-// The bf16 keys' pipelined wgmma kernel (indexer_score_wgmma_bf16.cu) against the mma.sync
-// kernel (indexer_score_mma.cu): the same products (q in bf16 hi + lo, keys as they are), summed
-// in another order, so integer inputs (exact sums) give the same bytes and the same top-k, random
-// floats agree to rounding; unmapped keys are -inf in both. Also ratio 128 (one entry per block:
-// keys gathered one by one), which the fp8 pipelined kernel leaves to the plain one.
-TEST(IndexerWgmmaPipelined, Bf16ScoresMatchTheMmaSyncKernel) {
-  std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
-  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
-  if (!cuda::indexer_wgmma_runs(cuda_be)) GTEST_SKIP() << "wgmma needs an sm_90 device";
-  std::mt19937 rng(20261204);
-  std::vector<PipelinedCase> cases = pipelined_cases();
-  cases.push_back({"ratio128", {{20000, 1, 0}, {9000, 3, 1}, {100, 1, 2}}, true, true});
-  cases.push_back({"ratio128_floats", {{20000, 1, 0}, {9000, 3, 1}}, false, false});
-  for (const PipelinedCase& pc : cases) {
-    SCOPED_TRACE(pc.name);
-    Indexer c;
-    c.cache = DType::kBF16;
-    c.block = 128;
-    c.heads = 64;
-    c.dim = 128;
-    c.ratio = pc.name.rfind("ratio128", 0) == 0 ? 128 : 4;
-    c.integers = pc.integers;
-    c.seqs = pc.seqs;
-    IndexerIn in = draw_indexer(c, rng);
-    if (pc.masked) mask_blocks(in.hb);
-    const Tensor q = up(*be, in.q), w = up(*be, in.w), cache = up_same(*be, in.cache);
-    const BatchLayout layout = in.hb.upload(*be);
-    const int64_t tokens = in.hb.num_tokens();
-    const int64_t bound = int64_t{in.hb.max_blocks} * (c.block / c.ratio);
-    const float sscale = 0.0625f, wscale = 0.125f;
-    constexpr int kTopK = 512;
-    using K = cuda::IndexerScoreKernel;
-    auto scores_of = [&](K kernel) {
-      Tensor s = be->zeros({tokens, bound}, DType::kF32);
-      cuda::IndexerRunOptions opt;
-      opt.score_kernel = kernel;
-      opt.run_select = false;
-      opt.scores = s.data<float>();
-      (void)cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio, kTopK, sscale, wscale,
-                                   opt);
-      return be->to_host(s);
-    };
-    const Tensor want = scores_of(K::kTensorCoreMmaSync);
-    const Tensor got = scores_of(K::kTensorCoreWgmmaPipelined);
-    if (pc.integers) {
-      ASSERT_EQ(first_difference(want, got, bound), "");
-      cuda::IndexerRunOptions opt;
-      opt.score_kernel = K::kTensorCoreMmaSync;
-      const Tensor ia = be->to_host(cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio,
-                                                           kTopK, sscale, wscale, opt));
-      opt.score_kernel = K::kTensorCoreWgmmaPipelined;
-      const Tensor ib = be->to_host(cuda::indexer_topk_run(cuda_be, q, w, cache, layout, c.ratio,
-                                                           kTopK, sscale, wscale, opt));
-      for (int64_t i = 0; i < ia.numel(); ++i) {
-        ASSERT_EQ(ia.data<int32_t>()[i], ib.data<int32_t>()[i]) << "top-k slot " << i;
-      }
-      continue;
-    }
-    const float* wp = want.data<float>();
-    const float* gp = got.data<float>();
-    for (int64_t i = 0; i < want.numel(); ++i) {
-      const float a = wp[i], b = gp[i];
-      if (!std::isfinite(a) || !std::isfinite(b)) {
-        ASSERT_EQ(std::memcmp(&a, &b, sizeof(float)), 0)
-            << "token " << i / bound << " entry " << i % bound << ": " << a << " vs " << b;
-      } else {
-        ASSERT_NEAR(a, b, 1e-5 * (1.0 + std::fabs(a)))
-            << "token " << i / bound << " entry " << i % bound;
-      }
-    }
   }
 }
 
