@@ -55,7 +55,7 @@ Tensor random_cache(Backend& be, int64_t rows, int64_t dim, int rope, DType kv, 
   return cache;
 }
 
-void run_shape(Backend& be, int iters, const AttentionShape& s) {
+void run_shape(Backend& be, int iters, const AttentionShape& s, const std::string& match) {
   const int ctx = s.ctx, d = 512, rope = 64, w = 128, ratio = 4;
   const int blocks = ctx / 128;
   const int t = s.batch * s.s_q;
@@ -93,6 +93,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s) {
                             " h=" + std::to_string(s.heads) + " topk=" + std::to_string(s.topk) +
                             (s.prefill ? " ctx=" + std::to_string(ctx) : std::string()) + " " +
                             kv_name(s.kv) + " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
+  if (shape.find(match) == std::string::npos) return;
   const char* name = s.prefill ? "attention_prefill" : "attention_decode";
   if (!s.bf16_math) {
     emit(name, shape, time_us(be, iters, call), bytes, flops);
@@ -267,7 +268,7 @@ void bench_indexer(Backend& be, int iters) {
     run_indexer(be, iters, 1, 1024, 32768, kv);
 }
 
-void bench_attention_decode(Backend& be, int iters) {
+void bench_attention_decode(Backend& be, int iters, const std::string& match) {
   std::vector<AttentionShape> shapes;
   for (const auto& [b, sq] :
        std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {1, 2}, {64, 1}, {256, 1}, {256, 2}}) {
@@ -286,7 +287,7 @@ void bench_attention_decode(Backend& be, int iters) {
     shapes.push_back({1, 4096, true, kv, 512, 64, 32768, true});
   shapes.push_back({1, 16384, true, DType::kBF16, 512, 64, 65536, true});
   shapes.push_back({1, 4096, true, DType::kBF16, 512, 128, 32768, true});
-  for (const AttentionShape& s : shapes) run_shape(be, iters, s);
+  for (const AttentionShape& s : shapes) run_shape(be, iters, s, match);
 }
 
 }  // namespace deepinfer::bench

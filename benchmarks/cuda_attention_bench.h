@@ -2,6 +2,8 @@
 // cuda_op_bench.
 #pragma once
 
+#include <string>
+
 #include "deepinfer/backend.h"
 
 namespace deepinfer::bench {
@@ -9,7 +11,8 @@ namespace deepinfer::bench {
 // Decode attention at the V4-Flash CSA shape (64 heads x 512, window 128 + top-k selected
 // entries, sinks) over f32, bf16 and fp8 KV caches, at top-k 512 and 1024 and at 128 heads (the
 // V4-Pro shape). Each row is timed eagerly and as graph replays.
-void bench_attention_decode(Backend& be, int iters);
+// Only shapes whose label contains `match` run (all for ""): one shape under a profiler.
+void bench_attention_decode(Backend& be, int iters, const std::string& match = "");
 // The lightning indexer (scores and top-512) at V4-Flash widths over f32, bf16 and fp8 index keys
 // at context 32K and 128K, B = 1 and 64.
 void bench_indexer(Backend& be, int iters);

@@ -88,7 +88,10 @@ std::string first_difference(const Tensor& want, const Tensor& got, int64_t row)
   return "";
 }
 
-TEST(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
+// One test per case, so a slow or stuck case names itself.
+class IndexerWgmmaPipelined : public ::testing::TestWithParam<PipelinedCase> {};
+
+TEST_P(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
   std::string why;
   Backend* be = shared_backend("cuda", &why);
   if (be == nullptr) {
@@ -100,8 +103,8 @@ TEST(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
   const std::unique_ptr<Backend> by_switch = cuda_backend_with_fp8_scores("wgmma_pipelined");
   auto& switch_be = dynamic_cast<cuda::CudaBackend&>(*by_switch);
   std::mt19937 rng(20261203);
-  for (const PipelinedCase& pc : pipelined_cases()) {
-    SCOPED_TRACE(pc.name);
+  {
+    const PipelinedCase& pc = GetParam();
     Indexer c;
     c.cache = DType::kU8;
     c.block = 128;
@@ -159,6 +162,11 @@ TEST(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
     ASSERT_EQ(first_difference(want, by_default, bound), "");
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Cases, IndexerWgmmaPipelined, ::testing::ValuesIn(pipelined_cases()),
+                         [](const ::testing::TestParamInfo<PipelinedCase>& param_info) {
+                           return param_info.param.name;
+                         });
 
 }  // namespace
 }  // namespace deepinfer::backend_ops
