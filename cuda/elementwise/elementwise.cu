@@ -19,8 +19,9 @@ __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y,
   }
 }
 
-__global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                           float* __restrict__ y, int64_t n) {
+template <typename T>
+__global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
+                           int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -52,11 +53,16 @@ Tensor CudaBackend::scale_impl(const Tensor& x, float factor) {
 
 Tensor CudaBackend::add_impl(const Tensor& a, const Tensor& b) {
   const char* op = "add";
-  Tensor out = empty(a.shape(), DType::kF32);
+  Tensor out = empty(a.shape(), a.dtype());
   const int64_t n = a.numel();
   if (n == 0) return out;
-  add_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-      a.data<float>(), b.data<float>(), out.data<float>(), n);
+  if (a.dtype() == DType::kI32) {
+    add_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
+        a.data<int32_t>(), b.data<int32_t>(), out.data<int32_t>(), n);
+  } else {
+    add_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
+        a.data<float>(), b.data<float>(), out.data<float>(), n);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }

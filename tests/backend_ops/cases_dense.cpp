@@ -149,6 +149,21 @@ void add_elementwise(std::vector<OpCase>& t) {
                          const Tensors& in) { return out(be.add(up(be, in[0]), up(be, in[1]))); },
                .expect = exact(),
            });
+    // i32: index arithmetic (a row's first logits row plus the drafts it accepted).
+    add(t, Case<Tensors>{
+               .op = "add",
+               .label = "i32_" + dims(s),
+               .draw =
+                   [s](Rng& rng) {
+                     int64_t n = 1;
+                     for (const int64_t e : s) n *= e;
+                     return Tensors{random_ids(rng, n, -100000, 100000).reshape(s),
+                                    random_ids(rng, n, -7, 7).reshape(s)};
+                   },
+               .run = [](Backend& be,
+                         const Tensors& in) { return out(be.add(up(be, in[0]), up(be, in[1]))); },
+               .expect = exact(),
+           });
     for (const float limit : {10.0f, 3.0f, 1e30f}) {
       add(t, Case<Tensors>{
                  .op = "swiglu",

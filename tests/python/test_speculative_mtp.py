@@ -161,6 +161,24 @@ def test_estimates_are_the_mtp_probabilities(mtp_checkpoint, prompts, plain, k) 
         assert s["spec_calibration_error"] == pytest.approx(abs(np.mean(estimates) - outcome))
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_mtp_drafts_under_zero_overhead_scheduling(mtp_checkpoint, prompts, plain, k) -> None:
+    """With speculative_zero_overhead the block drafts on the device within each step's launch
+    (no host sync between a step and its drafts) while the next step is planned: greedy outputs
+    are identical, the drafts are still mtp_draft's over the committed tokens, and nothing
+    leaks."""
+    engine = mtp_engine(
+        mtp_checkpoint, k, max_num_seqs=8, max_num_batched_tokens=64, speculative_zero_overhead=True
+    )
+    assert engine.config.scheduler.zero_overhead is True
+    outs, recorders = recorded_run(engine, prompts)
+    assert outs == plain
+    s = engine.stats()
+    assert s["verify_rows"] > 0 and s["draft_tokens"] > 0
+    assert_drafts_match_the_runner(mtp_checkpoint, recorders, k)
+    assert_pools_full(engine)
+
+
 def test_mtp_drafts_with_prefix_hits(mtp_checkpoint, prompts) -> None:
     """A prefix hit restores the block's rings from the snapshot with the main layers' ones."""
     shared = prompts[3][:256]

@@ -243,6 +243,8 @@ class Backend {
   // returned dequantized: [M, K] f32 whose values are e4m3 values times powers of two.
   Tensor quantize_activations(const Tensor& x, int group);
   Tensor scale(const Tensor& x, float factor);
+  // a + b elementwise: f32, or i32 (index arithmetic on the device, e.g. a row's first index plus
+  // the drafts it accepted); both of one dtype and shape.
   Tensor add(const Tensor& a, const Tensor& b);
   // Rows of x [T, ...] (any dtype) picked by rows [R] i32 -> [R, ...].
   Tensor gather_rows(const Tensor& x, const Tensor& rows);

@@ -112,8 +112,9 @@ Tensor Backend::scale(const Tensor& x, float factor) {
 
 Tensor Backend::add(const Tensor& a, const Tensor& b) {
   const OpChecks c("add", device_kind());
-  c.rank("a", a, DType::kF32, 0, 8);
-  c.tensor("b", b, DType::kF32, a.shape());
+  c.dense("a", a, {DType::kF32, DType::kI32});
+  if (a.dim() > 8) c.fail("a: rank " + std::to_string(a.dim()) + " is above 8");
+  c.tensor("b", b, a.dtype(), a.shape());
   return add_impl(a, b);
 }
 

@@ -143,18 +143,29 @@ Tensor CpuBackend::scale_impl(const Tensor& x, float factor) {
   return out;
 }
 
+namespace {
+template <typename T>
+void add_values(ThreadPool& pool, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* dst = out.data<T>();
+  pool.parallel_for(
+      a.numel(),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) dst[i] = pa[i] + pb[i];
+      },
+      grain_for(1));
+}
+}  // namespace
+
 Tensor CpuBackend::add_impl(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::zeros(a.shape(), DType::kF32);
+  Tensor out = Tensor::zeros(a.shape(), a.dtype());
   enqueue([=](ThreadPool& pool) {
-    const float* pa = a.data<float>();
-    const float* pb = b.data<float>();
-    float* dst = out.data<float>();
-    pool.parallel_for(
-        a.numel(),
-        [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) dst[i] = pa[i] + pb[i];
-        },
-        grain_for(1));
+    if (a.dtype() == DType::kI32) {
+      add_values<int32_t>(pool, a, b, out);
+    } else {
+      add_values<float>(pool, a, b, out);
+    }
   });
   return out;
 }

@@ -83,6 +83,9 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   if (p.model.v41 != nullptr) {
     engine::check_dspark_block_size(resolved, p.model.v41->dspark_block_size,
                                     engine::ModelExecutorOptions{}.max_backtrack);
+    // DSpark drafts once a step's tokens are on the host (ModelExecutor::wait), which under
+    // zero-overhead scheduling would also wait for the next step's forward.
+    if (engine::uses_mtp_drafts(resolved)) p.resolved.scheduler.zero_overhead = false;
   }
   engine::check_mtp_layer_kinds(resolved, p.model.mtp_layer_types);
   engine::ModelExecutorOptions& o = p.options;

@@ -119,14 +119,12 @@ EngineConfig resolve_engine_config(const EngineConfig& config, int max_position,
                                         std::to_string(s.prompt_lookup_min) + " and " +
                                         std::to_string(s.prompt_lookup_max));
   }
-  // The MTP drafts of a step are made once its tokens are on the host (ModelExecutor::wait), which
-  // under zero-overhead scheduling would wait for the next step's forward too: not overlapped.
-  // Host drafters overlap (Scheduler::sits_out), but only on request: a drafting sequence sits
-  // out every other step, which measured slower than drafting without ZOS (engine_config.h).
-  if (s.num_speculative_tokens > 0 &&
-      (s.speculative_method == "mtp" || !s.speculative_zero_overhead)) {
-    s.zero_overhead = false;
-  }
+  // Drafting overlaps with zero-overhead scheduling (Scheduler::sits_out) only on request: a
+  // sequence whose row verifies drafts sits out the next step, which measured slower than
+  // drafting without ZOS for host drafters (engine_config.h). V4's MTP drafts are made on the
+  // device in the step's launch, so they overlap too; V4.1's DSpark drafts are made on the host's
+  // cue (ModelExecutor::wait), which engine.cpp's prepare() turns ZOS off for.
+  if (s.num_speculative_tokens > 0 && !s.speculative_zero_overhead) s.zero_overhead = false;
   const bool sized_at_load = kv_from_device_memory && c.placement.device.starts_with("cuda");
   const int blocks_per_seq = static_cast<int>(kv::blocks_for_tokens(s.max_model_len));
   if (cache.num_kv_blocks == 0 && !sized_at_load) {

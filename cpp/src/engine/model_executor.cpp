@@ -210,7 +210,8 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   // The MTP block follows the main layers in the same launch (eagerly: no decode graph), so its
   // caches are snapshotted with theirs.
   const ModelInstance::Output forward =
-      mtp_on() ? m.forward_with_mtp(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens)
+      mtp_on() ? m.forward_with_mtp(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens,
+                                    &step->at_logits)
                : m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
   // The forward waited for each layer's pending KV tier imports right before that layer; those
   // of layers it did not run (MTP blocks when drafting is off) are waited for now, so nothing
@@ -222,7 +223,7 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
       const ForwardRow& f = r.forward;
       if (!r.samples()) continue;
       step->draft_rows.push_back(
-          {f.slot, f.start_pos + f.num_tokens - f.num_logits,
+          {f.slot, f.start_pos + f.num_tokens - f.num_logits, f.num_logits,
            std::vector<int32_t>(f.block_table.begin(), f.block_table.end())});
     }
   }
@@ -236,6 +237,8 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
     sample(plan, forward.logits, forward.next_positions, *step);
   }
   m.caches->copy_state_slots(be, plan.copies_after);
+  // After the snapshots: they hold what the committed tokens give, not the draft positions.
+  if (mtp_on()) drafts_on_device(*step);
   step->done = be.record_event();
   return step;
 }
@@ -249,6 +252,7 @@ void ModelExecutor::finish_launch(InflightStep& inflight, const StepPlan& plan) 
   step.logits = Tensor();
   step.next_positions = Tensor();
   model_->caches->copy_state_slots(be, plan.copies_after);
+  if (mtp_on()) drafts_on_device(step);
   step.done = be.record_event();
   step.sample_deferred = false;
 }
@@ -460,7 +464,11 @@ StepResult ModelExecutor::wait(InflightStep& step) {
   DEEPINFER_CHECK(!s.sample_deferred, "waiting for a step whose sampling was never launched");
   s.done->wait();
   StepResult result = sampled_result(s);
-  if (!s.draft_rows.empty()) draft_ahead(s, result);
+  if (mtp_on()) {
+    take_device_drafts(s, result);
+  } else if (dspark_on() && !s.draft_rows.empty()) {
+    draft_dspark(s, result);
+  }
   return result;
 }
 

@@ -142,16 +142,18 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
               ModelStep& step);
   static StepResult verify_result(ModelStep& step, StepResult result);
   static StepResult sampled_result(ModelStep& step);
-  // speculative_method "mtp" (engine/README.md#mtp-drafts): once the step's tokens are on the
-  // host, each sampling row's greedy drafts from the MTP block, run recurrently from its last
-  // accepted position, or (V4.1) one DSpark draft step from the token just sampled.
-  void draft_ahead(ModelStep& step, StepResult& result);
+  // speculative_method "mtp" with V4's MTP block (engine/README.md#mtp-drafts): enqueued right
+  // after the step sampled (ModelInstance::mtp_draft_on_device) and copied to the host with its
+  // tokens; take_device_drafts picks each sampling row's drafts past the drafts it accepted.
+  void drafts_on_device(ModelStep& step);
+  void take_device_drafts(const ModelStep& step, StepResult& result) const;
+  // V4.1's DSpark drafter: once the step's tokens are on the host, one DSpark draft step per
+  // sampling row from the token just sampled.
   void draft_dspark(ModelStep& step, StepResult& result);
-  // The drafting rows of draft_ahead (into draft_tokens_, mtp_rows_, draft_tables_): per sampling
-  // row that has room for `reach` positions, one token row at its last accepted position plus
-  // `position_offset`, with the token it just sampled. Returns the step rows that draft.
-  std::vector<size_t> plan_draft_rows(const ModelStep& step, const StepResult& result,
-                                      int position_offset, int reach);
+  // The drafting rows of draft_dspark (into draft_tokens_, mtp_rows_, draft_tables_): per
+  // sampling row that has room for `reach` positions, one token row at its last accepted position
+  // + 1, with the token it just sampled. Returns the step rows that draft.
+  std::vector<size_t> plan_draft_rows(const ModelStep& step, const StepResult& result, int reach);
   bool mtp_on() const { return options_.num_mtp_drafts > 0 && model_->mtp != nullptr; }
   bool dspark_on() const { return options_.num_mtp_drafts > 0 && model_->dspark != nullptr; }
   void copy_results_to_host(ModelStep& step, const SampleResult& result, int max_logprobs);
@@ -166,7 +168,7 @@ class ModelExecutor final : public StepExecutor, private sched::KvTransfer {
   // The sampling constants last uploaded, and the (request, epoch) of each row they describe.
   std::vector<std::pair<RequestId, uint32_t>> sampling_keys_;
   SamplingBatch sampling_;
-  // Host buffers of draft_ahead, reused.
+  // Host buffers of draft_dspark, reused.
   std::vector<int32_t> draft_tokens_;
   std::vector<ForwardRow> mtp_rows_;
   std::vector<std::vector<int32_t>> draft_tables_;

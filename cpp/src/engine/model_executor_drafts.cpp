@@ -1,6 +1,6 @@
-// ModelExecutor's drafting with the checkpoint's own drafter (speculative_method "mtp"): once a
-// step's tokens are on the host, the V4 MTP block or V4.1's DSpark block drafts past each sampling
-// row (engine/README.md#mtp-drafts).
+// ModelExecutor's drafting with the checkpoint's own drafter (speculative_method "mtp"): V4's
+// MTP block drafts on the device right after a step samples; V4.1's DSpark block once the step's
+// tokens are on the host (engine/README.md#mtp-drafts).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,7 +14,7 @@
 namespace deepinfer::engine {
 
 std::vector<size_t> ModelExecutor::plan_draft_rows(const ModelStep& step, const StepResult& result,
-                                                   int position_offset, int reach) {
+                                                   int reach) {
   std::vector<size_t> drafting;
   draft_tokens_.clear();
   mtp_rows_.clear();
@@ -25,16 +25,15 @@ std::vector<size_t> ModelExecutor::plan_draft_rows(const ModelStep& step, const 
     token += static_cast<size_t>(count);
     ForwardRow r;
     r.slot = d.slot;
-    r.start_pos = d.first_logit_pos + count + position_offset;
+    r.start_pos = d.first_logit_pos + count;
     r.num_tokens = 1;
     if (r.start_pos + reach > max_position()) continue;  // no room for the drafts' positions
     drafting.push_back(i);
     draft_tokens_.push_back(result.tokens[token - 1]);
     mtp_rows_.push_back(r);
   }
-  // Positions past the sequence's blocks name block 0, which is never handed out: the MTP
-  // block's throwaway compressed entries land there (positions inside the sequence are rewritten
-  // when they are computed), and DSpark layers keep only ring state.
+  // Positions past the sequence's blocks name block 0, which is never handed out: DSpark layers
+  // keep only ring state there.
   draft_tables_.resize(drafting.size());
   for (size_t i = 0; i < drafting.size(); ++i) {
     ForwardRow& r = mtp_rows_[i];
@@ -48,41 +47,64 @@ std::vector<size_t> ModelExecutor::plan_draft_rows(const ModelStep& step, const 
   return drafting;
 }
 
-void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
+void ModelExecutor::drafts_on_device(ModelStep& step) {
   ModelInstance& m = *model_;
   Backend& be = *m.backend;
   const int k = options_.num_mtp_drafts;
+  if (!step.at_logits.trunk.defined()) return;
+  // Each sampling row drafts from its last accepted position p (its first logits row's position
+  // plus the drafts it accepts), which the device knows and the host does not yet: the rows are
+  // planned at the furthest p and need room for k positions past it.
+  std::vector<ModelInstance::MtpDraftRow> rows;
+  int32_t logit_row = 0, first = 0;
+  for (size_t i = 0; i < step.draft_rows.size(); ++i) {
+    const ModelStep::DraftRow& d = step.draft_rows[i];
+    const int32_t last = d.first_logit_pos + d.num_logits - 1;
+    if (last + k <= max_position()) {
+      rows.push_back({.slot = d.slot,
+                      .first_logit_pos = d.first_logit_pos,
+                      .num_logits = d.num_logits,
+                      .first_logit_row = logit_row,
+                      .block_table = d.block_table});
+      step.drafting.push_back(i);
+      step.drafting_first.push_back(first);
+      first += d.num_logits;
+    }
+    logit_row += d.num_logits;
+  }
+  if (rows.empty()) return;
+  const ModelInstance::MtpDrafts drafts =
+      m.mtp_draft_on_device(rows, step.at_logits, step.sampled, k);
+  auto to_host = [&](const Tensor& t) {
+    Tensor host = Tensor::zeros(t.shape(), t.dtype());
+    be.copy_to_host(t, host);
+    return host;
+  };
+  step.host_first_draft = to_host(drafts.first);
+  step.host_first_logprob = to_host(drafts.first_logprob);
+  for (size_t j = 0; j < drafts.later.size(); ++j) {
+    step.host_later_drafts.push_back(to_host(drafts.later[j]));
+    step.host_later_logprobs.push_back(to_host(drafts.later_logprob[j]));
+  }
+  step.at_logits = {};
+}
+
+void ModelExecutor::take_device_drafts(const ModelStep& step, StepResult& result) const {
   result.drafts.assign(step.draft_rows.size(), {});
   result.draft_probs.assign(step.draft_rows.size(), {});
-  if (dspark_on()) {
-    draft_dspark(step, result);
-    return;
-  }
-  // Each sampling row's block pass stopped one position short of its last accepted one, whose
-  // next token this step just sampled: the drafts start there (ModelInstance::forward_with_mtp),
-  // with that token, on the trunk ring's row there.
-  const std::vector<size_t> drafting = plan_draft_rows(step, result, /*position_offset=*/-1, k);
-  if (drafting.empty()) return;
-  const auto n = static_cast<int64_t>(drafting.size());
-  std::vector<Tensor> host;     // [rows] i32 per draft step
-  std::vector<Tensor> host_lp;  // [rows] f32 per draft step
-  {
-    HostSyncForbidden no_sync(be);
-    std::vector<Tensor> logprobs;
-    const std::vector<Tensor> drafts = m.mtp_draft(
-        mtp_rows_, table_width(mtp_rows_, m), m.mtp_ring_trunk(mtp_rows_), k, nullptr, &logprobs);
-    for (size_t j = 0; j < drafts.size(); ++j) {
-      host.push_back(Tensor::zeros({n}, DType::kI32));
-      be.copy_to_host(drafts[j], host.back());
-      host_lp.push_back(Tensor::zeros({n}, DType::kF32));
-      be.copy_to_host(logprobs[j], host_lp.back());
-    }
-  }
-  be.record_event()->wait();
-  for (size_t j = 0; j < host.size(); ++j) {
-    for (size_t i = 0; i < drafting.size(); ++i) {
-      result.drafts[drafting[i]].push_back(host[j].data<int32_t>()[i]);
-      result.draft_probs[drafting[i]].push_back(std::exp(host_lp[j].data<float>()[i]));
+  for (size_t q = 0; q < step.drafting.size(); ++q) {
+    const size_t i = step.drafting[q];
+    // The drafts past the ones this row accepted: draft 1 from the block's pass at that logits
+    // row, the further ones from the rows the device moved there.
+    const int accepted = result.counts.empty() ? 0 : result.counts[i] - 1;
+    const int32_t at = step.drafting_first[q] + accepted;
+    std::vector<int32_t>& drafts = result.drafts[i];
+    std::vector<float>& probs = result.draft_probs[i];
+    drafts.push_back(step.host_first_draft.data<int32_t>()[at]);
+    probs.push_back(std::exp(step.host_first_logprob.data<float>()[at]));
+    for (size_t j = 0; j < step.host_later_drafts.size(); ++j) {
+      drafts.push_back(step.host_later_drafts[j].data<int32_t>()[q]);
+      probs.push_back(std::exp(step.host_later_logprobs[j].data<float>()[q]));
     }
   }
 }
@@ -90,11 +112,13 @@ void ModelExecutor::draft_ahead(ModelStep& step, StepResult& result) {
 void ModelExecutor::draft_dspark(ModelStep& step, StepResult& result) {
   ModelInstance& m = *model_;
   Backend& be = *m.backend;
+  result.drafts.assign(step.draft_rows.size(), {});
+  result.draft_probs.assign(step.draft_rows.size(), {});
   const int b = m.config.v41->dspark_block_size;
   const int k = std::min(options_.num_mtp_drafts, b);
   // The token each sampling row just sampled is the golden token at ap + 1, ap being the row's
   // last accepted position (its first logits row's position plus the accepted drafts).
-  const std::vector<size_t> drafting = plan_draft_rows(step, result, /*position_offset=*/0, b);
+  const std::vector<size_t> drafting = plan_draft_rows(step, result, b);
   if (drafting.empty()) return;
   const auto n = static_cast<int64_t>(drafting.size());
   std::vector<Tensor> host_tokens, host_conf;  // per draft i: [rows] i32, [rows, 1] f32

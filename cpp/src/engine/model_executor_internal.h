@@ -35,9 +35,21 @@ class ModelExecutor::ModelStep final : public InflightStep {
   struct DraftRow {
     int32_t slot = 0;
     int32_t first_logit_pos = 0;  // position of the row's first logits row
+    int32_t num_logits = 1;       // 1 + the drafts it verifies
     std::vector<int32_t> block_table;
   };
   std::vector<DraftRow> draft_rows;
+  // The V4 MTP block drafts on the device right after sampling (drafts_on_device): forward_with_
+  // mtp's inputs at the logits rows (kept while the sample is deferred), the sampling rows that
+  // drafted (indices into draft_rows) with the first of their logits rows among the drafts'
+  // MtpDrafts::first, and the host copies of the drafts.
+  ModelInstance::LogitsRowInputs at_logits;
+  std::vector<size_t> drafting;
+  std::vector<int32_t> drafting_first;
+  Tensor host_first_draft;                  // [sum num_logits of drafting rows] i32
+  Tensor host_first_logprob;                // same, f32
+  std::vector<Tensor> host_later_drafts;    // per further draft: [drafting rows] i32
+  std::vector<Tensor> host_later_logprobs;  // f32
 };
 
 // The widest block table of the rows. The scheduler's rows are checked where they are made

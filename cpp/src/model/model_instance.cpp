@@ -94,7 +94,8 @@ ModelInstance::MtpStep ModelInstance::mtp_forward(RowSpan rows, size_t max_block
 
 ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_blocks,
                                                       LogitsMode mode,
-                                                      const Tensor& previous_tokens) {
+                                                      const Tensor& previous_tokens,
+                                                      LogitsRowInputs* at_logits) {
   if (mtp == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 "forward with MTP: the checkpoint has no mtp.* block (or it was not loaded)");
@@ -144,6 +145,12 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
   Tensor hidden;
   const Tensor logits = model->forward(plan, *caches, &hidden);
   be.ring_write(ring, hidden.reshape({t, width}), plan.layout);
+  if (at_logits != nullptr && logits.defined()) {
+    const bool every_row = !plan.logit_rows.defined();
+    at_logits->trunk = every_row ? hidden : be.gather_rows(hidden, plan.logit_rows);
+    at_logits->tokens =
+        every_row ? plan.layout.token_ids : be.gather_rows(plan.layout.token_ids, plan.logit_rows);
+  }
   if (!follow.empty()) {
     const Tensor x = be.gather_rows(hidden, upload_i32(trunk_rows));
     if (before.defined()) be.scatter_rows(x.reshape({-1, width}), before, upload_i32(ring_dest));
@@ -173,18 +180,8 @@ std::vector<Tensor> ModelInstance::mtp_draft(RowSpan rows, size_t max_blocks, co
   // With log-probabilities asked for, a greedy sample gives the argmax (lowest id on ties, as
   // argmax) and its log-probability in one pass over each row.
   SamplingBatch greedy;
-  if (logprobs != nullptr) {
-    const auto n = static_cast<int64_t>(rows.size());
-    auto zeros = [&](DType dtype) { return backend->upload(Tensor::zeros({n}, dtype), dtype); };
-    greedy.num_rows = static_cast<int>(n);
-    greedy.temperature = zeros(DType::kF32);
-    greedy.top_k = zeros(DType::kI32);
-    greedy.top_p = backend->upload(Tensor::from_vector(std::vector<float>(rows.size(), 1.0f), {n}),
-                                   DType::kF32);
-    greedy.seed = zeros(DType::kI64);
-    greedy.position = zeros(DType::kI32);
-    greedy.num_logprobs = zeros(DType::kI32);
-  }
+  if (logprobs != nullptr)
+    greedy = greedy_sampling_batch(*backend, static_cast<int64_t>(rows.size()));
   auto draft = [&](const Tensor& step_logits) {
     if (logits != nullptr) logits->push_back(step_logits);
     if (logprobs == nullptr) return backend->argmax(step_logits);

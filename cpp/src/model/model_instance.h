@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct KvSizingReport {
   int64_t activation_reserve_bytes = 0;
   int64_t state_bytes = 0;
 };
+
+// Greedy sampling parameters for `rows` rows (temperature 0, no top-k/top-p, no logprobs
+// columns): Backend::sample then gives each row's argmax (lowest id on ties) and its
+// log-probability in one pass, as the drafters want.
+SamplingBatch greedy_sampling_batch(Backend& backend, int64_t rows);
 
 struct ModelInstance {
   ModelConfig config;
@@ -80,8 +86,14 @@ struct ModelInstance {
   // start - 1 from the slot's trunk ring, which then receives the row's trunk. So the block's
   // caches and the trunk ring of a slot depend only on the tokens its main caches hold, and are
   // copied, snapshotted and exported with them. Needs an MTP block.
+  // With `at_logits`, it also receives the main trunk and the input token at each logits row:
+  // what drafting on the device (mtp_draft_on_device) starts from.
+  struct LogitsRowInputs {
+    Tensor trunk;   // [logit rows, hc_mult, H] f32
+    Tensor tokens;  // [logit rows] i32: each logits row's input token (carried ones resolved)
+  };
   Output forward_with_mtp(RowSpan rows, size_t max_blocks, LogitsMode mode,
-                          const Tensor& previous_tokens);
+                          const Tensor& previous_tokens, LogitsRowInputs* at_logits = nullptr);
   // The trunk ring's row at each row's start_pos (written by forward_with_mtp within the last
   // max_backtrack positions): [rows, hc_mult, H] on the device.
   Tensor mtp_ring_trunk(RowSpan rows);
@@ -95,6 +107,37 @@ struct ModelInstance {
   std::vector<Tensor> mtp_draft(RowSpan rows, size_t max_blocks, const Tensor& hidden,
                                 int num_drafts, std::vector<Tensor>* logits = nullptr,
                                 std::vector<Tensor>* logprobs = nullptr);
+
+  // One sampling row of a step that drafts on the device (mtp_draft_on_device).
+  struct MtpDraftRow {
+    int32_t slot = 0;
+    int32_t first_logit_pos = 0;  // position of its first logits row
+    int32_t num_logits = 1;       // 1 + the drafts it verified
+    int32_t first_logit_row = 0;  // index of its first logits row among the step's
+    // Covers first_logit_pos + num_logits - 1 + num_drafts (entries past the sequence's blocks
+    // name block 0, where the throwaway draft positions land).
+    std::span<const int32_t> block_table;
+  };
+  struct MtpDrafts {
+    // Per logits row of the rows, in order: the first draft past it, i.e. the row's first draft
+    // if the step accepted exactly that row's index of its drafts, and its log-probability.
+    Tensor first;          // [sum num_logits] i32
+    Tensor first_logprob;  // [sum num_logits] f32
+    // Drafts 2 .. num_drafts past each row's accepted drafts: [rows] i32 / f32 per draft.
+    std::vector<Tensor> later;
+    std::vector<Tensor> later_logprob;
+  };
+  // Greedy MTP drafts past a step's sampling rows, enqueued right after the step sampled, with
+  // no host sync (engine/README.md#mtp-drafts). `samples`: the step's sampled token per logits
+  // row; `at_logits`: forward_with_mtp's. The block runs at every logits position p of a row with
+  // the token sampled there, so whichever number of its drafts the row accepted, the first draft
+  // past it was computed (MtpDrafts::first); the further drafts run one row per sequence at the
+  // position the row would have with all its drafts accepted, moved back on the device by the
+  // drafts it rejected (Backend::accept_drafts, Backend::shift_rows), so they equal mtp_draft's
+  // from the accepted position. Needs an MTP block; rows must have room for num_drafts positions
+  // past their last logits row.
+  MtpDrafts mtp_draft_on_device(std::span<const MtpDraftRow> rows, const LogitsRowInputs& at_logits,
+                                const Tensor& samples, int num_drafts);
 
   // Enqueues MTP draft step `step` (MtpDrafter::forward) over `rows` (validate_rows' result is
   // `max_blocks`), whose tokens are each position's next token; carried tokens as in forward.
