@@ -154,12 +154,14 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
 //    graph; for bf16 / fp8 / V4.1 FP4 keys also with the f32 CUDA-core scores (graph), the A/B
 //    pair; and with each selection kernel forced (graph): binned, one block, split;
 //  - indexer_scores: the scoring kernels alone (graph), each kernel that takes the keys: the
-//    tensor-core one as the op picks it (fp8 keys at 64 heads: wgmma on sm_90), the mma.sync one
-//    with q in one part (what the op's second MMA costs) and, for fp8 keys, the mma.sync one with
-//    the records copied in runs of a block and as it stands (the previous fp8 kernel: the A/B);
-//    on sm_90 the wgmma kernel forced, its pipelined variant (indexer_score_wgmma_pipelined.cu,
-//    the same scores: the A/B for DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined) and q's lo part
-//    in e4m3;
+//    tensor-core one as the op picks it (fp8 keys at 64 heads: pipelined wgmma on sm_90), the
+//    mma.sync one with q in one part (what the op's second MMA costs) and, for fp8 keys, the
+//    mma.sync one with the records copied in runs of a block and as it stands (the previous fp8
+//    kernel: the A/B); on sm_90 the wgmma kernel forced, its pipelined variant
+//    (indexer_score_wgmma_pipelined.cu, the same scores, the default; the A/B for
+//    DEEPINFER_INDEXER_FP8_SCORES=wgmma) and q's lo part in e4m3;
+//  - fp8 keys with q in fp8 (the engine's path: quantize_indexer_q): the scores alone, the op
+//    with the quantization, and the quantization alone;
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
@@ -239,6 +241,27 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
     auto score_only = [&] { run({.score_kernel = k, .run_select = false, .scores = sp}); };
     emit("indexer_scores", shape + label + " (graph)", time_graph_us(be, iters, score_only), bytes,
          flops);
+  }
+  if (kv == DType::kU8) {
+    // q in fp8, as the engine runs fp8 index keys (quantize_indexer_q, then the op's default
+    // scores over the codes: on sm_90 the pipelined wgmma kernel's one MMA per tile), and the
+    // quantization alone (its bytes: q read, codes and weights written).
+    const IndexerQFp8 q8 = be.quantize_indexer_q(q, w);
+    auto fp8_q_scores = [&] {
+      (void)cuda::indexer_topk_run(cuda_be, q8.q, q8.weights, cache, L, ratio, top_k, 0.0884f,
+                                   0.125f, {.run_select = false, .scores = sp});
+    };
+    emit("indexer_scores", shape + tc + ", q in fp8 (quantize_indexer_q; one MMA per tile) (graph)",
+         time_graph_us(be, iters, fp8_q_scores), bytes, flops);
+    auto fp8_q_op = [&] {
+      const IndexerQFp8 r = be.quantize_indexer_q(q, w);
+      (void)be.indexer_topk(r.q, r.weights, cache, L, ratio, top_k, 0.0884f, 0.125f);
+    };
+    emit("indexer_topk", shape + tc + ", q in fp8: quantize_indexer_q + the op (graph)",
+         time_graph_us(be, iters, fp8_q_op), bytes, flops);
+    auto quantize = [&] { (void)be.quantize_indexer_q(q, w); };
+    emit("quantize_indexer_q", "T=" + std::to_string(t) + " h=64 d=128",
+         time_graph_us(be, iters, quantize), t * heads * (dim * 5.0 + 8), 0);
   }
   run({.run_select = false, .scores = sp});  // the op's own scores, for the selection alone
   for (const auto& [k, label] : selections) {

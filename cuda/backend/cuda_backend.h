@@ -102,9 +102,9 @@ class CudaBackend final : public Backend {
   // call to compare the two in one run.
   AttentionKernelChoice attention_kernel() const { return attention_kernel_; }
   void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
-  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma: the default, wgmma_pipelined, mma_sync):
-  // which kernel scores
-  // fp8 index keys at 64 heads on sm_90 unless a benchmark forces one (indexer_options.h).
+  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma_pipelined: the default, wgmma, mma_sync):
+  // which kernel scores fp8 index keys at 64 heads on sm_90 unless a benchmark forces one
+  // (indexer_options.h).
   IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
@@ -219,6 +219,7 @@ class CudaBackend final : public Backend {
   Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                            const BatchLayout& layout, int ratio, int top_k, float score_scale,
                            float weight_scale) override;
+  IndexerQFp8 quantize_indexer_q_impl(const Tensor& q, const Tensor& weights) override;
   Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                                  const BatchLayout& layout, int ratio, int block_entries,
                                  int top_blocks, float score_scale, float weight_scale) override;
@@ -240,7 +241,7 @@ class CudaBackend final : public Backend {
   bool wgmma_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
-  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmma;
+  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPipelined;
   AttentionMmaPlan last_attention_plan_;
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool last_attention_wgmma_ = false;

@@ -26,10 +26,15 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
 
 class CudaBackend;
 
-// Where the wgmma kernel may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
-// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma (or unset) or
-// wgmma_pipelined (then on indexer_score_wgmma_pipelined.cu; mma_sync: indexer_score_mma.cu; the
-// A/B switch, read at the backend's creation).
+// q's values for the score kernels, f32: q itself, or quantize_indexer_q's e4m3 codes decoded on
+// `be`'s stream (exact; the caller sets ScoreArgs::q_fp8). The caller keeps it until its score
+// launches are enqueued.
+Tensor indexer_q_values(CudaBackend& be, const Tensor& q);
+
+// Where the wgmma kernels may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
+// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma_pipelined (or unset: on
+// indexer_score_wgmma_pipelined.cu) or wgmma (indexer_score_wgmma.cu; mma_sync:
+// indexer_score_mma.cu; the A/B switch, read at the backend's creation).
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
 
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.

@@ -43,8 +43,10 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
     DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), stream()));
     return out;
   }
-  ScoreArgs sa =
-      indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
+  const Tensor q_values = indexer_q_values(*this, q);
+  ScoreArgs sa = indexer_score_args(op, q_values, weights, index_cache, layout, ratio, score_scale,
+                                    weight_scale);
+  sa.q_fp8 = q.dtype() == DType::kF8E4M3;
   const int64_t block_row = (bound + block_entries - 1) / block_entries;
   const IndexerProblem p{tokens,
                          q.size(1),
@@ -110,8 +112,10 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
     DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), stream()));
     return out;
   }
-  ScoreArgs sa =
-      indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
+  const Tensor q_values = indexer_q_values(*this, q);
+  ScoreArgs sa = indexer_score_args(op, q_values, weights, index_cache, layout, ratio, score_scale,
+                                    weight_scale);
+  sa.q_fp8 = q.dtype() == DType::kF8E4M3;
   // A token's slots: at most kb blocks of block_entries entries, and at most its bound.
   const int64_t row = std::min(bound, kb * block_entries);
   const int64_t words = ((bound + block_entries - 1) / block_entries + 31) / 32;

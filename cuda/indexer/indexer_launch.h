@@ -69,6 +69,9 @@ struct ScoreArgs {
   int epb;
   float score_scale;
   float weight_scale;
+  // q holds the values of e4m3 codes (quantize_indexer_q): one f16 part holds each head exactly,
+  // so the pipelined wgmma kernel multiplies it alone (one MMA per tile instead of hi and lo).
+  bool q_fp8;
 };
 
 inline size_t score_smem_bytes(int64_t heads, int64_t dim) {

@@ -17,27 +17,26 @@ namespace deepinfer::cuda {
 class CudaBackend;
 
 // Which kernel scores V4 fp8 index keys at 64 heads by default on an sm_90 device (kAuto and
-// kTensorCore), the backend's DEEPINFER_INDEXER_FP8_SCORES at its creation. wgmma by default: on
-// the H200 it passed the op table's indexer rows and scored fp8 keys 1.6-1.8x faster than the
-// mma.sync kernel at B = 64 (32K: 71.5 vs 114.6 us; 128K: 238.9 vs 425.5 us), level with it at
-// B = 1. wgmma_pipelined scored them another 1.6-1.8x faster in session 11 (B = 64: 42.0 vs 73.9
-// us at 32K, 149.2 vs 240.7 us at 128K) and passed the op table's 183 indexer rows against the
-// CPU, but its own byte-for-byte test against the wgmma kernel did not finish within the run's
-// limit, so it is not the default yet.
+// kTensorCore), the backend's DEEPINFER_INDEXER_FP8_SCORES at its creation. wgmma_pipelined by
+// default: on the H200 it scored fp8 keys 1.6-1.8x faster than the wgmma kernel in session 11
+// (B = 64: 42.0 vs 73.9 us at 32K, 149.2 vs 240.7 us at 128K), passed the op table's 183 indexer
+// rows against the CPU and, in session 12, its own byte-for-byte test against the wgmma kernel.
+// The wgmma kernel had in turn scored them 1.6-1.8x faster than the mma.sync kernel at B = 64
+// (32K: 71.5 vs 114.6 us; 128K: 238.9 vs 425.5 us), level with it at B = 1.
 enum class IndexerFp8Scores {
-  kWgmma,    // "wgmma" or unset: indexer_score_wgmma.cu where it takes the problem
-  kMmaSync,  // "mma_sync": indexer_score_mma.cu
-  // "wgmma_pipelined": indexer_score_wgmma_pipelined.cu (the same scores, bit for bit) where
-  // kWgmma takes the problem and the records may be copied in runs (else kWgmma's kernel).
+  // "wgmma_pipelined" or unset: indexer_score_wgmma_pipelined.cu where kWgmma's kernel takes the
+  // problem and the records may be copied in runs (else kWgmma's kernel).
   kWgmmaPipelined,
+  kWgmma,    // "wgmma": indexer_score_wgmma.cu where it takes the problem (the same scores)
+  kMmaSync,  // "mma_sync": indexer_score_mma.cu
 };
 
 // The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "wgmma") return IndexerFp8Scores::kWgmma;
+  if (v.empty() || v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
+  if (v == "wgmma") return IndexerFp8Scores::kWgmma;
   if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
-  if (v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
   return std::nullopt;
 }
 
@@ -56,7 +55,7 @@ enum class IndexerScoreKernel {
   // 16-byte piece still looked up its row (now each run does, once).
   kTensorCoreKeyRuns,
   // The mma.sync kernel (indexer_score_mma.cu) for every format it takes, also where kAuto and
-  // kTensorCore take the wgmma kernel (DEEPINFER_INDEXER_FP8_SCORES=wgmma). Scores as
+  // kTensorCore take a wgmma kernel (DEEPINFER_INDEXER_FP8_SCORES unset or wgmma). Scores as
   // kTensorCore's.
   kTensorCoreMmaSync,
   // The wgmma kernel (indexer_score_wgmma.cu): fp8 keys at 64 heads of 128 channels on sm_90

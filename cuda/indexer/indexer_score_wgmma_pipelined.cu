@@ -1,6 +1,8 @@
 // The wgmma scores of indexer_score_wgmma.cu over V4 fp8 index keys, bit for bit (the same
 // fragments, MMAs and epilogue: indexer_wgmma_tile.cuh), with the loads of the records taken off
-// the warps that multiply.
+// the warps that multiply. With q in fp8 (ScoreArgs::q_fp8: DeepSeek's indexer q,
+// quantize_indexer_q) q's lo parts are zero and each tile takes one MMA (the hi columns, n = 64)
+// instead of two parts' (n = 128): the same scores.
 //
 // Why. In indexer_score_wgmma.cu each block is one warpgroup that, per tile, waits for its
 // cp.async group, looks up the block table of the tile three ahead (a dependent global load),
@@ -139,7 +141,10 @@ __device__ __forceinline__ void produce_tiles(const ScoreArgs& a, const DeviceLa
 }
 
 // Consumer warpgroup `group` (thread tid of it): its tiles group, group + kWgmmaPipeConsumers,
-// ... as indexer_score_wgmma.cu scores a tile.
+// ... as indexer_score_wgmma.cu scores a tile. kQFp8: q holds e4m3 values (ScoreArgs::q_fp8), so
+// its lo parts are zero and only the hi columns are multiplied; the lo accumulators stay zero and
+// the epilogue's sums are the two-part kernel's, bit for bit.
+template <bool kQFp8>
 __device__ __forceinline__ void consume_tiles(const ScoreArgs& a, const BlockTiles& tiles,
                                               const PipeSmem& sm, int group, int tid) {
   const int lane = tid & 31;
@@ -164,7 +169,7 @@ __device__ __forceinline__ void consume_tiles(const ScoreArgs& a, const BlockTil
     mbarrier_arrive(&sm.empty[st]);  // the stage's bytes this thread needs are in registers
     fence_accumulators(acc);
     wgmma_fence();
-    issue_key_tile_mma(acc, f, q_desc);
+    issue_key_tile_mma<kQFp8>(acc, f, q_desc);
     wgmma_commit();
     wgmma_wait_all();
     fence_accumulators(acc);
@@ -178,6 +183,7 @@ __device__ __forceinline__ void consume_tiles(const ScoreArgs& a, const BlockTil
   }
 }
 
+template <bool kQFp8>
 __global__ void __launch_bounds__(kWgmmaPipeThreads, 1)
     indexer_score_wgmma_pipelined_kernel(ScoreArgs a, DeviceLayout l) {
   extern __shared__ float4 smem4[];
@@ -206,7 +212,7 @@ __global__ void __launch_bounds__(kWgmmaPipeThreads, 1)
   if (tid < kWgmmaThreads) stage_q_tile<false>(a, t, tid, sm.q_tile, sm.head_weights);
   fence_async_shared();
   named_barrier<kConsumerThreads>(kQReadyBarrier);  // q's tile and head weights written
-  consume_tiles(a, tiles, sm, tid / kWgmmaThreads, tid % kWgmmaThreads);
+  consume_tiles<kQFp8>(a, tiles, sm, tid / kWgmmaThreads, tid % kWgmmaThreads);
 }
 
 }  // namespace
@@ -222,8 +228,10 @@ void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout
   }
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
   const size_t smem = score_wgmma_pipelined_smem_bytes();
-  smem_limits.allow(indexer_score_wgmma_pipelined_kernel, smem);
-  indexer_score_wgmma_pipelined_kernel<<<grid, kWgmmaPipeThreads, smem, stream>>>(a, l);
+  const auto kernel = a.q_fp8 ? indexer_score_wgmma_pipelined_kernel<true>
+                              : indexer_score_wgmma_pipelined_kernel<false>;
+  smem_limits.allow(kernel, smem);
+  kernel<<<grid, kWgmmaPipeThreads, smem, stream>>>(a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
 }
 

@@ -11,7 +11,8 @@
 //
 // indexer_topk runs two kernels per group of tokens (indexer_heuristics.h sizes the groups so
 // that the scratch stays under kScoreScratchBytes):
-//  1. indexer_score_wgmma.cu (fp8 keys at 64 heads on sm_90), indexer_score_mma.cu or
+//  1. indexer_score_wgmma_pipelined.cu or indexer_score_wgmma.cu (fp8 keys at 64 heads on
+//     sm_90), indexer_score_mma.cu or
 //     indexer_score.cu, grid (token, split): score[t][j] of every
 //     visible entry j into a scratch row of `bound` = max_blocks_per_seq * epb floats.
 //  2. indexer_select_binned.cu where a row fits one block's shared memory: one wide block per
@@ -99,7 +100,7 @@ void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const Dev
                            int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const bool key_runs = score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
   if (c.wgmma_pipelined && key_runs) {
-    launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);
+    launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);  // a.q_fp8: 1 MMA
   } else if (c.wgmma) {
     launch_indexer_score_wgmma(a, l, n, c.splits, key_runs, c.wgmma_lo_e4m3, smem_limits, stream);
   } else if (c.mma) {
@@ -154,8 +155,10 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), be.stream()));
     return out;
   }
-  ScoreArgs sa =
-      indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
+  const Tensor q_values = indexer_q_values(be, q);
+  ScoreArgs sa = indexer_score_args(op, q_values, weights, index_cache, layout, ratio, score_scale,
+                                    weight_scale);
+  sa.q_fp8 = q.dtype() == DType::kF8E4M3;
   const size_t smem_max = be.max_shared_memory_per_block();
   const IndexerConfig c = choose_indexer(
       topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format), be.num_sms(),

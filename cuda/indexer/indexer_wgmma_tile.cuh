@@ -67,6 +67,32 @@ __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[64], const uint3
 #endif
 }
 
+// d (64 x 64 f32) = a (64 x 16 f16, registers) b (16 x 64 f16, shared) + d when accumulate:
+// the first 64 columns of q's tile (the hi parts).
+__device__ __forceinline__ void wgmma_m64n64k16_f16(float* d, const uint32_t (&a)[4], uint64_t b,
+                                                    bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
+      "1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
 // An f16x2 register of two e4m3 codes (the low code in the low half): exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
   const __half2_raw h =
@@ -170,11 +196,18 @@ __device__ __forceinline__ void load_key_fragments(const uint8_t* tile, int key0
 
 // acc = the tile's dot products with q's hi and lo columns, in k-steps s = 0 .. kSteps - 1 (B's
 // k rows 16s .. 16s + 15 are core matrices 2s, 2s + 1 along k); issued, not waited for.
+// kHiOnly: with the hi columns only, acc[0, 32) (acc[32, 64), the lo parts, left as they are):
+// where q's lo parts are zero (ScoreArgs::q_fp8) the same sums at half the MMA work.
+template <bool kHiOnly = false>
 __device__ __forceinline__ void issue_key_tile_mma(float (&acc)[64], const KeyFragments& f,
                                                    uint64_t q_desc) {
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
-    wgmma_m64n128k16_f16(acc, f.frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+    if constexpr (kHiOnly) {
+      wgmma_m64n64k16_f16(acc, f.frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+    } else {
+      wgmma_m64n128k16_f16(acc, f.frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
+    }
   }
 }
 

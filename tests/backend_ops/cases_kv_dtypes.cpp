@@ -87,6 +87,60 @@ std::vector<OpCase> kv_dtype_cases() {
   add_indexer_floats(t, "wgmma_b64_random_floats", fp8_floats, 512);
   fp8_hca.integers = false;
   add_indexer_floats(t, "wgmma_ratio128_random_floats", fp8_hca, 64);
+  // The same shapes with q in fp8 (quantize_indexer_q, then the op over the codes and scaled
+  // weights: the engine's path over fp8 index keys; the pipelined wgmma kernel's one-MMA tiles at
+  // ratio 4 on sm_90), labelled kv_fp8_q8_: exact (integer q is exact in e4m3 after its scale),
+  // in random floats, and the small shapes of the other kernels (mma.sync, CUDA cores).
+  Indexer q8 = fp8;
+  q8.fp8_q = true;
+  q8.seqs = {{9999, 1, 0}};
+  add_indexer_exact(t, "wgmma_b1_mid_block", q8, {512});
+  q8.seqs.clear();
+  for (int b = 0; b < 64; ++b) q8.seqs.push_back({300 + 61 * b, 1, b});
+  add_indexer_exact(t, "wgmma_b64_mid_block", q8, {512});
+  q8.seqs = {{2000, 37, 0}, {130, 3, 1}};
+  add_indexer_exact(t, "wgmma_prefill", q8, {512});
+  q8.seqs = {{32767, 1, 0}};
+  add_indexer_exact(t, "v4_b1_ctx32768", q8, {512});
+  Indexer q8_floats = fp8_floats;
+  q8_floats.fp8_q = true;
+  add_indexer_floats(t, "wgmma_b64_random_floats", q8_floats, 512);
+  Indexer q8_hca = fp8_hca;
+  q8_hca.fp8_q = true;
+  add_indexer_floats(t, "wgmma_ratio128_random_floats", q8_hca, 64);
+  Indexer q8_small;
+  q8_small.cache = DType::kU8;
+  q8_small.fp8_q = true;
+  q8_small.seqs = {{0, 7, 0}, {48, 1, 1}, {29, 5, 2}, {200, 3, 3}, {999, 2, 4}};
+  add_indexer_exact(t, "tiny_h4_d32_m4", q8_small, {5, 64});
+  q8_small.heads = 16;
+  q8_small.dim = 128;
+  q8_small.integers = false;
+  add_indexer_floats(t, "h16_d128_random_floats", q8_small, 64);
+  // The quantization alone: codes and scaled weights, bytes for bytes (rows of zeros, of tiny
+  // values near the 1e-4 floor, of large ones, and random ones).
+  add(t, Case<Tensors>{
+             .op = "quantize_indexer_q",
+             .label = "t37_h64_d128",
+             .draw =
+                 [](std::mt19937& rng) {
+                   Tensor q = random_f32(rng, {37, 64, 128});
+                   float* p = q.data<float>();
+                   for (int64_t i = 0; i < 128; ++i) {
+                     p[i] = 0.0f;                 // row 0: zeros
+                     p[128 + i] *= 1e-6f;         // row 1: below the floor
+                     p[256 + i] *= 1e5f;          // row 2: large
+                     p[384 + i] = float(i) - 64;  // row 3: integers
+                   }
+                   return Tensors{q, random_f32(rng, {37, 64})};
+                 },
+             .run =
+                 [](Backend& be, const Tensors& in) {
+                   const IndexerQFp8 r = be.quantize_indexer_q(up(be, in[0]), up(be, in[1]));
+                   return Outputs{{"q", r.q}, {"weights", r.weights}};
+                 },
+             .expect = {bytes(), bytes()},
+         });
 
   // V4.1-Flash's width over its FP4 index keys: 32 heads of 128 (the tensor-core scores with two
   // head groups), ratio 4: a ragged batch, then one decode row of 32,768 visible entries.

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batch_layout.h"
@@ -17,6 +18,7 @@
 #include "inputs.h"
 #include "kv_inputs.h"
 #include "op_case.h"
+#include "tensor/indexer_q.h"
 
 namespace deepinfer::backend_ops {
 
@@ -32,6 +34,9 @@ struct Indexer {
   // row r % key_patterns), so that thousands of entries tie on their score.
   int key_patterns = 0;
   DType cache = DType::kF32;  // the index cache's KV dtype (kv_record.h); labels get kv_label
+  // q in fp8 (quantize_indexer_q on each backend, then the op over codes and scaled weights:
+  // DeepSeek's indexer q over fp8 keys); labels get "q8_".
+  bool fp8_q = false;
 };
 
 struct IndexerIn {
@@ -89,8 +94,32 @@ inline IndexerIn draw_indexer(const Indexer& c, std::mt19937& rng) {
 
 inline Outputs run_indexer(Backend& be, const Indexer& c, const IndexerIn& in, int top_k,
                            float score_scale, float weight_scale) {
-  return out(be.indexer_topk(up(be, in.q), up(be, in.w), up_same(be, in.cache), in.hb.upload(be),
-                             c.ratio, top_k, score_scale, weight_scale));
+  Tensor q = up(be, in.q), w = up(be, in.w);
+  if (c.fp8_q) {
+    IndexerQFp8 q8 = be.quantize_indexer_q(q, w);
+    q = std::move(q8.q);
+    w = std::move(q8.weights);
+  }
+  return out(be.indexer_topk(q, w, up_same(be, in.cache), in.hb.upload(be), c.ratio, top_k,
+                             score_scale, weight_scale));
+}
+
+// The q a fp8_q row's op scores (tensor/indexer_q.h): each (token, head) row rounded to e4m3
+// relative to its power-of-two scale, as f32 values (codes times scale); the weights unchanged.
+inline Tensor fp8_q_values(const Tensor& q) {
+  Tensor out = Tensor::zeros(q.shape(), DType::kF32);
+  const int64_t dim = q.size(2);
+  std::vector<uint8_t> codes(static_cast<size_t>(dim));
+  for (int64_t r = 0; r < q.size(0) * q.size(1); ++r) {
+    float* row = out.data<float>() + r * dim;
+    const float s = indexer_q::quantize_row(q.data<float>() + r * dim, dim, codes.data());
+    for (int64_t i = 0; i < dim; ++i) row[i] = f8e4m3_to_f32(codes[static_cast<size_t>(i)]) * s;
+  }
+  return out;
+}
+
+inline std::string indexer_label(const Indexer& c) {
+  return kv_label(c.cache) + (c.fp8_q ? "q8_" : "");
 }
 
 // Exact rows, one per top_k.
@@ -99,7 +128,7 @@ inline void add_indexer_exact(std::vector<OpCase>& t, const std::string& label, 
   for (const int top_k : top_ks) {
     add(t, Case<IndexerIn>{
                .op = "indexer_topk",
-               .label = kv_label(c.cache) + label + "_top" + std::to_string(top_k),
+               .label = indexer_label(c) + label + "_top" + std::to_string(top_k),
                .draw = [c](std::mt19937& rng) { return draw_indexer(c, rng); },
                .run =
                    [c, top_k](Backend& be, const IndexerIn& in) {
@@ -159,14 +188,14 @@ inline void add_indexer_floats(std::vector<OpCase>& t, const std::string& label,
   add(t,
       Case<IndexerIn>{
           .op = "indexer_topk",
-          .label = kv_label(c.cache) + label + "_top" + std::to_string(top_k),
+          .label = indexer_label(c) + label + "_top" + std::to_string(top_k),
           .draw = [c](std::mt19937& rng) { return draw_indexer(c, rng); },
           .run = [=](Backend& be,
                      const IndexerIn& in) { return run_indexer(be, c, in, top_k, sscale, wscale); },
           .expect =
               [=](const IndexerIn& in, const Outputs& ref, const Outputs& dev) {
-                check_indexer_scores(in.hb, in.q, in.w, in.keys, c.ratio, top_k, sscale, wscale,
-                                     ref[0].value, dev[0].value);
+                check_indexer_scores(in.hb, c.fp8_q ? fp8_q_values(in.q) : in.q, in.w, in.keys,
+                                     c.ratio, top_k, sscale, wscale, ref[0].value, dev[0].value);
               },
       });
 }

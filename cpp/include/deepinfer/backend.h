@@ -366,7 +366,8 @@ class Backend {
   // cache [rows, C]: cache[dest[i]] = rows[i]; dest[i] == -1 (a padding entry) is skipped.
   // rows [N, C] f32; the cache f32 or a KV cache format (above: [rows, row width]).
   void scatter_rows(const Tensor& cache, const Tensor& rows, const Tensor& dest, int rope_dim = 0);
-  // Lightning indexer. q [T, h, Di] (roped), weights [T, h] f32, index_cache [blocks*epb, Di]
+  // Lightning indexer. q [T, h, Di] (roped) f32, or e4m3 codes (kF8E4M3: q's values are the
+  // codes', see quantize_indexer_q), weights [T, h] f32, index_cache [blocks*epb, Di]
   // (f32 or bf16), [blocks*epb, Di + 4] V4 fp8 index-key records (kU8) or V4.1 FP4 index-key
   // records (kE2M1x2; supports_index_cache_dtype).
   // score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) * score_scale over the
@@ -375,6 +376,11 @@ class Backend {
   Tensor indexer_topk(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                       const BatchLayout& layout, int ratio, int top_k, float score_scale,
                       float weight_scale);
+  // The indexer's fp8 q, as DeepSeek's engine feeds it with fp8 index keys (tensor/indexer_q.h):
+  // q [T, h, Di] f32, weights [T, h] f32 -> q as e4m3 codes [T, h, Di] kF8E4M3 of q / s and
+  // weights * s, s = 2^ceil(log2(max(amax, 1e-4) / 448)) per (token, head) row. The indexer ops
+  // score the pair as they score q and weights, with q rounded to e4m3 relative to its row.
+  IndexerQFp8 quantize_indexer_q(const Tensor& q, const Tensor& weights);
   // V4.1 candidate blocks (long-context indexer): the indexer_topk scores of the visible entries
   // j < (pos_t + 1) / ratio, grouped into blocks [c*block_entries, (c+1)*block_entries); a block's
   // score is the max over its visible entries. Returns [T, top_blocks] i32: the top
@@ -482,6 +488,7 @@ class Backend {
                                          const Tensor& index_cache, const BatchLayout& layout,
                                          int ratio, int block_entries, int top_blocks,
                                          float score_scale, float weight_scale);
+  virtual IndexerQFp8 quantize_indexer_q_impl(const Tensor& q, const Tensor& weights);
   virtual Tensor indexer_topk_in_candidates_impl(const Tensor& q, const Tensor& weights,
                                                  const Tensor& index_cache,
                                                  const BatchLayout& layout, int ratio,

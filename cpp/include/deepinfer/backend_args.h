@@ -45,6 +45,13 @@ struct HcShiftedMix {
   Tensor y;
 };
 
+// Output of quantize_indexer_q: the indexer's q as e4m3 codes [T, h, Di] kF8E4M3 and its head
+// weights [T, h] f32 times each row's power-of-two scale.
+struct IndexerQFp8 {
+  Tensor q;
+  Tensor weights;
+};
+
 // Constants of one Engram layer's n-gram hash (V4.1, docs/model.md#v41-ops). n = multipliers.size()
 // is the largest n-gram order (orders 2..n are hashed).
 struct EngramHashParams {

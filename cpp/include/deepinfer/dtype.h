@@ -38,7 +38,7 @@ uint16_t f32_to_f16(float value);
 float f8e4m3_to_f32(uint8_t bits);
 uint8_t f32_to_f8e4m3(float value);
 // `value` rounded to the nearest e4m3 value (ties to even), saturating at +-448, as f32. The
-// quantize-dequantize of activation emulation; f8e4m3_to_f32(f32_to_f8e4m3(v)) without the scan.
+// quantize-dequantize of activation emulation; f8e4m3_to_f32(f32_to_f8e4m3(v)).
 float round_to_f8e4m3(float value);
 // 2^(bits - 127); 0xff is NaN.
 float e8m0_to_f32(uint8_t bits);

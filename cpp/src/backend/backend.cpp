@@ -410,7 +410,7 @@ void check_indexer_inputs(const OpChecks& c, const Backend& backend, const Tenso
                           const BatchLayout& layout, int ratio) {
   c.layout(layout, /*need_block_table=*/true);
   c.ratio(ratio, layout);
-  c.tensor("q", q, DType::kF32, {layout.num_tokens, -1, -1});
+  c.tensor("q", q, {DType::kF32, DType::kF8E4M3}, {layout.num_tokens, -1, -1});
   c.tensor("weights", weights, DType::kF32, {layout.num_tokens, q.size(1)});
   c.kv_cache("index_cache", index_cache, {-1, -1}, q.size(2), /*rope_dim=*/0,
              backend.supports_index_cache_dtype(index_cache.dtype()));
@@ -426,6 +426,13 @@ Tensor Backend::indexer_topk(const Tensor& q, const Tensor& weights, const Tenso
   if (top_k < 0) c.fail("top_k must be >= 0, got " + std::to_string(top_k));
   return indexer_topk_impl(q, weights, index_cache, layout, ratio, top_k, score_scale,
                            weight_scale);
+}
+
+IndexerQFp8 Backend::quantize_indexer_q(const Tensor& q, const Tensor& weights) {
+  const OpChecks c("quantize_indexer_q", device_kind());
+  c.tensor("q", q, DType::kF32, {-1, -1, -1});
+  c.tensor("weights", weights, DType::kF32, {q.size(0), q.size(1)});
+  return quantize_indexer_q_impl(q, weights);
 }
 
 Tensor Backend::indexer_candidates(const Tensor& q, const Tensor& weights,
@@ -510,6 +517,10 @@ Tensor Backend::embedding_fp8_impl(const Tensor&, const Tensor&, const Tensor&) 
 Tensor Backend::engram_gate_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                  float) {
   unsupported("engram_gate");
+}
+
+IndexerQFp8 Backend::quantize_indexer_q_impl(const Tensor&, const Tensor&) {
+  unsupported("quantize_indexer_q");
 }
 
 Tensor Backend::indexer_candidates_impl(const Tensor&, const Tensor&, const Tensor&,

@@ -113,6 +113,7 @@ class CpuBackend final : public Backend {
   Tensor indexer_topk_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                            const BatchLayout& layout, int ratio, int top_k, float score_scale,
                            float weight_scale) override;
+  IndexerQFp8 quantize_indexer_q_impl(const Tensor& q, const Tensor& weights) override;
   Tensor indexer_candidates_impl(const Tensor& q, const Tensor& weights, const Tensor& index_cache,
                                  const BatchLayout& layout, int ratio, int block_entries,
                                  int top_blocks, float score_scale, float weight_scale) override;

@@ -11,6 +11,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/cpu_checks.h"
 #include "backend/cpu_math.h"
+#include "tensor/indexer_q.h"
 #include "tensor/kv_record.h"
 
 namespace deepinfer {
@@ -31,7 +32,8 @@ std::vector<int> seq_of_rows(const LayoutView& lv) {
 
 // The lightning indexer's score of entries for one row at a time, shared by indexer_topk and the
 // V4.1 candidate ops: score(t, j) = sum_h weights[t,h] * weight_scale * relu(q[t,h] . k_j) *
-// score_scale, the keys read through the index cache's KV format.
+// score_scale, the keys read through the index cache's KV format, q as f32 or as the e4m3 codes of
+// quantize_indexer_q (decoded once: exact).
 class IndexScorer {
  public:
   IndexScorer(const char* op, const Tensor& q, const Tensor& weights, const Tensor& index_cache,
@@ -39,7 +41,8 @@ class IndexScorer {
       : op_(op),
         heads_(q.size(1)),
         dim_(q.size(2)),
-        q_(q.data<float>()),
+        q_decoded_(q.dtype() == DType::kF8E4M3 ? q.to(DType::kF32) : Tensor()),
+        q_(q_decoded_.defined() ? q_decoded_.data<float>() : q.data<float>()),
         weights_(weights.data<float>()),
         lv_(lv),
         epb_(lv.block_size / ratio),
@@ -88,6 +91,7 @@ class IndexScorer {
   const char* op_;
   int64_t heads_;
   int64_t dim_;
+  Tensor q_decoded_;
   const float* q_;
   const float* weights_;
   const LayoutView& lv_;
@@ -163,6 +167,25 @@ Tensor CpuBackend::indexer_topk_impl(const Tensor& q, const Tensor& weights,
           scorer.score(t, b, {}, s.score, pool);
           top_by_score(s.score, {}, k, s.order, out.data<int32_t>() + t * k);
         });
+  });
+  return out;
+}
+
+IndexerQFp8 CpuBackend::quantize_indexer_q_impl(const Tensor& q, const Tensor& weights) {
+  const int64_t rows = q.size(0) * q.size(1), dim = q.size(2);
+  IndexerQFp8 out{Tensor::zeros(q.shape(), DType::kF8E4M3),
+                  Tensor::zeros(weights.shape(), DType::kF32)};
+  enqueue([=](ThreadPool& pool) {
+    pool.parallel_for(
+        rows,
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            auto* codes = static_cast<uint8_t*>(out.q.raw_data()) + r * dim;
+            const float s = indexer_q::quantize_row(q.data<float>() + r * dim, dim, codes);
+            out.weights.data<float>()[r] = weights.data<float>()[r] * s;
+          }
+        },
+        cpu::grain_for(dim * 4));
   });
   return out;
 }

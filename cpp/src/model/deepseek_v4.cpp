@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "deepinfer/error.h"
 #include "dist/expert_parallel.h"
@@ -118,6 +119,13 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
       Tensor qi = be.rope(be.linear(qa, w.indexer.wq_b).reshape({t, hi, di}), layout.positions,
                           weights_.compress_inv_freq, /*inverse=*/false);
       Tensor index_weights = be.linear(x, w.indexer.weights_proj);
+      // Over fp8 index keys the indexer takes q in fp8, its per-row scales in the weights, as
+      // DeepSeek's engine runs it (tensor/indexer_q.h); f32 and bf16 keys keep q exact.
+      if (caches.index_entries.dtype() == DType::kU8) {
+        IndexerQFp8 q8 = be.quantize_indexer_q(qi, index_weights);
+        qi = std::move(q8.q);
+        index_weights = std::move(q8.weights);
+      }
       topk = be.indexer_topk(qi, index_weights, caches.index_entries, layout, ratio,
                              config_.index_topk, 1.0f / std::sqrt(static_cast<float>(di)),
                              1.0f / std::sqrt(static_cast<float>(hi)));

@@ -118,8 +118,8 @@ TEST(IndexerLaunchShapes, Fp8KeysCopyInRunsWhereBlocksAlign) {
   }
 }
 
-// fp8 keys at V4's 64 heads take the wgmma kernel on an sm_90 device when it is the default
-// (DEEPINFER_INDEXER_FP8_SCORES=wgmma) or forced, unless the mma.sync kernel (or one of its
+// fp8 keys at V4's 64 heads take the wgmma kernel on an sm_90 device when the switch says so
+// (DEEPINFER_INDEXER_FP8_SCORES=wgmma) or it is forced, unless the mma.sync kernel (or one of its
 // measurement variants, or the CUDA cores) is forced; its blocks (kWgmmaBlocksPerSm per SM) make
 // at most one wave.
 TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
@@ -177,8 +177,8 @@ TEST(IndexerLaunchShapes, Fp8KeysAt64HeadsTakeWgmmaOnSm90) {
 }
 
 // The pipelined wgmma kernel (indexer_score_wgmma_pipelined.cu): by default where the switch
-// says wgmma_pipelined, or forced; a forced plain wgmma stays on the plain kernel, so that one run
-// can compare both. Its block fills an SM: at most one block per SM in all.
+// says wgmma_pipelined (its default: unset), or forced; a forced plain wgmma stays on the plain
+// kernel, so that one run can compare both. Its block fills an SM: at most one block per SM in all.
 TEST(IndexerLaunchShapes, PipelinedWgmmaTakesOneBlockPerSm) {
   using K = IndexerScoreKernel;
   const WgmmaChoice pipelined{true, true, true}, plain{true, true, false}, forced_only{true, false};

@@ -7,7 +7,8 @@
 // table's exact rows) give bit-identical scores and the same top-k; random floats differ by
 // summation order only. The measurement variant with q's lo parts in e4m3 is checked too (exact
 // on integers, within its 15 bits on floats). Their agreement with the CPU op is the op table's
-// (kv_fp8_wgmma_ rows, run with DEEPINFER_INDEXER_FP8_SCORES=wgmma). Skips without a GPU or off
+// (kv_fp8_wgmma_ rows: the pipelined kernel by default, this one with
+// DEEPINFER_INDEXER_FP8_SCORES=wgmma). Skips without a GPU or off
 // sm_90. Also: the switch is read when a backend is created, and an unknown value is refused
 // there, naming the variable and the value.
 #include <gtest/gtest.h>
@@ -57,7 +58,7 @@ TEST(IndexerWgmma, Fp8ScoresSwitchIsReadWhenTheBackendIsCreated) {
   const auto scores_of = [](const std::unique_ptr<Backend>& be) {
     return dynamic_cast<const cuda::CudaBackend&>(*be).indexer_fp8_scores();
   };
-  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores(nullptr)), IndexerFp8Scores::kWgmma);
+  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores(nullptr)), IndexerFp8Scores::kWgmmaPipelined);
   EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma")), IndexerFp8Scores::kWgmma);
   // The value at creation stays the backend's: a later change of the variable does not reach it.
   const std::unique_ptr<Backend> mma = cuda_backend_with_fp8_scores("mma_sync");

@@ -5,9 +5,13 @@
 // shape (64 heads of 128, ratio 4, 128-token blocks: runs of 32 records, which the pipelined
 // kernel needs): B = 1 and 64 at 4K and 32K contexts, lengths off the 64-key tile and mid-block,
 // block-table entries that are negative or past the cache (masked keys), rows with no visible
-// key, and a prefill chunk whose rows walk many tiles each (the stage ring wraps). Also the
-// switch: a backend created with DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined runs it by default.
-// Skips without a GPU or off sm_90.
+// key, and a prefill chunk whose rows walk many tiles each (the stage ring wraps); and with q in
+// fp8 (quantize_indexer_q: the pipelined kernel's one MMA per tile against the wgmma kernel's two
+// parts, whose lo parts are then zero: the same bytes). Also the
+// switch: a backend created with DEEPINFER_INDEXER_FP8_SCORES unset (its default) runs it by
+// default. Skips without a GPU or off sm_90. The inputs of the 32K cases are 67M key values:
+// drawn in a second or two since f32_to_f8e4m3 computes its code (it scanned the 127 codes per
+// value, and the b64 32K case took 77 s on the host).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +20,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
@@ -34,6 +39,9 @@ struct PipelinedCase {
   std::vector<SeqSpec> seqs;
   bool integers;
   bool masked;  // some block-table entries negative or past the cache
+  // q in fp8 (quantize_indexer_q on the device): the pipelined kernel's one-MMA tiles against
+  // the wgmma kernel's two parts over the same codes.
+  bool fp8_q = false;
 };
 
 // Entries of sequence b's block table made unmapped: every seventh column of every third
@@ -66,6 +74,10 @@ std::vector<PipelinedCase> pipelined_cases() {
       {"b64_ctx32768", b64_32k, false, false},
       {"b64_masked_and_empty", b64_masked, false, true},
       {"prefill_32k", {{32000, 40, 0}, {5000, 3, 1}}, false, true},
+      {"b1_integers_masked_q8", {{32599, 1, 0}}, true, true, true},
+      {"b64_ctx32768_q8", b64_32k, false, false, true},
+      {"b64_masked_and_empty_q8", b64_masked, false, true, true},
+      {"prefill_32k_q8", {{32000, 40, 0}, {5000, 3, 1}}, false, true, true},
   };
 }
 
@@ -100,7 +112,7 @@ TEST_P(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
   }
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   if (!cuda::indexer_wgmma_runs(cuda_be)) GTEST_SKIP() << "wgmma needs an sm_90 device";
-  const std::unique_ptr<Backend> by_switch = cuda_backend_with_fp8_scores("wgmma_pipelined");
+  const std::unique_ptr<Backend> by_switch = cuda_backend_with_fp8_scores(nullptr);
   auto& switch_be = dynamic_cast<cuda::CudaBackend&>(*by_switch);
   std::mt19937 rng(20261203);
   {
@@ -121,7 +133,16 @@ TEST_P(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
     ASSERT_EQ(epb % 4, 0);
     ASSERT_EQ(64 % epb, 0);
     ASSERT_EQ(in.cache.size(0) % 4, 0);
-    const Tensor q = up(*be, in.q), w = up(*be, in.w), cache = up_same(*be, in.cache);
+    // q and weights on `on`, quantized there for the fp8-q cases.
+    auto q_and_weights = [&](Backend& on) {
+      Tensor q = up(on, in.q), w = up(on, in.w);
+      if (!pc.fp8_q) return std::pair{q, w};
+      IndexerQFp8 q8 = on.quantize_indexer_q(q, w);
+      return std::pair{q8.q, q8.weights};
+    };
+    const std::pair<Tensor, Tensor> qw = q_and_weights(*be);
+    const Tensor &q = qw.first, &w = qw.second;
+    const Tensor cache = up_same(*be, in.cache);
     const BatchLayout layout = in.hb.upload(*be);
     const int64_t tokens = in.hb.num_tokens();
     const int64_t bound = int64_t{in.hb.max_blocks} * epb;
@@ -154,9 +175,10 @@ TEST_P(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
     for (int64_t i = 0; i < ia.numel(); ++i) {
       ASSERT_EQ(ia.data<int32_t>()[i], ib.data<int32_t>()[i]) << "top-k slot " << i;
     }
-    // The switch: kAuto on a backend created with wgmma_pipelined.
-    const Tensor q2 = up(*by_switch, in.q), w2 = up(*by_switch, in.w),
-                 cache2 = up_same(*by_switch, in.cache);
+    // The switch: kAuto on a backend created with it unset.
+    const std::pair<Tensor, Tensor> qw2 = q_and_weights(*by_switch);
+    const Tensor &q2 = qw2.first, &w2 = qw2.second;
+    const Tensor cache2 = up_same(*by_switch, in.cache);
     const BatchLayout layout2 = in.hb.upload(*by_switch);
     const Tensor by_default = scores_of(switch_be, K::kAuto, q2, w2, cache2, layout2);
     ASSERT_EQ(first_difference(want, by_default, bound), "");
