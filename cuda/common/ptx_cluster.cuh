@@ -72,11 +72,13 @@ __device__ __forceinline__ void st_cluster_4(uint32_t addr, uint32_t v) {
   DEEPINFER_CLUSTER_PTX("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// fence.proxy.async over the cluster's shared memory: this thread's plain stores, local or
-// through map_shared_to_rank, become visible to the async proxy (a later barrier publishes them
-// to the owning block's wgmma).
-__device__ __forceinline__ void fence_async_shared_cluster() {
-  DEEPINFER_CLUSTER_PTX("fence.proxy.async.shared::cluster;\n" ::: "memory");
+// fence.proxy.async over every state space: this thread's plain stores, to its own block's
+// shared memory or through map_shared_to_rank to another's, become visible to the async proxy
+// (a later cluster barrier publishes them to the owning block's wgmma). The unrestricted form:
+// .shared::cluster would likely do, but whether it covers stores through the block's own
+// (shared::cta) addresses is not spelled out, and the fence runs once per tile.
+__device__ __forceinline__ void fence_async_all() {
+  DEEPINFER_CLUSTER_PTX("fence.proxy.async;\n" ::: "memory");
 }
 
 #undef DEEPINFER_CLUSTER_PTX

@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   cluster_wait_acquire();  // the start rendezvous: every path, both blocks
   if (any_keys) {
     store_share(buffer(0), share, real0, ck, part);
-    fence_async_shared_cluster();  // tile 0 (both blocks') and q, for wgmma
+    fence_async_all();  // tile 0 (both blocks') and q, for wgmma
     load_share(share, src1, part);
     share_real = src1 != nullptr;
     src_next = resolve(k2);
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Tile it + 1, loaded during the previous tile, stored while the scores run; tile it + 2
     // loaded to land during the next one.
     if (more) store_share(buffer(buf ^ 1), share, share_real, ck, part);
-    fence_async_shared_cluster();  // both blocks' halves, for wgmma after the next barrier
+    fence_async_all();  // both blocks' halves, for wgmma after the next barrier
     load_share(share, src_next, part);
     share_real = src_next != nullptr;
     wait_products(s);
