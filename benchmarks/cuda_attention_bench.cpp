@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/attention/sm90/attention_wgmma_config.h"
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/indexer/indexer_options.h"
 #include "op_bench_util.h"
@@ -105,8 +106,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // model's rows and splits; DEEPINFER_ATTENTION_KERNEL picks mma.sync or wgmma for these two
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
-  // mma_sync, wgmma and the wgmma_prefetch variants (graph), the A/B rows. Every row names the
-  // kernel that ran.
+  // mma_sync, wgmma, the wgmma_prefetch variants and, at 128 heads or a multiple, wgmma_pair
+  // (graph), the A/B rows. Every row names the kernel that ran.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -120,6 +121,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
                                                          : ", wgmma";
     if (p.swizzle) kernel += "_sw128";
     if (p.pdl) kernel += "_pdl";
+    if (p.pair) kernel = ", wgmma_pair";
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
@@ -136,7 +138,10 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
           cuda::AttentionKernelChoice::kWgmmaPrefetch,
           cuda::AttentionKernelChoice::kWgmmaPrefetchPdl,
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128,
-          cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl}) {
+          cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl,
+          cuda::AttentionKernelChoice::kWgmmaPair}) {
+      if (k == cuda::AttentionKernelChoice::kWgmmaPair && !cuda::wgmma_pair_takes(s.heads))
+        continue;
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);

@@ -12,8 +12,10 @@
 //    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: wgmma_prefetch_sw128 (the default: the key
 //    loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's record, other records run the
 //    plain kernel), wgmma (the plain kernel), wgmma_prefetch (no swizzle), the _pdl values (the
-//    kernel a programmatic dependent launch of the encoding below, and the combine one of it), or
-//    mma_sync (the kernel above everywhere);
+//    kernel a programmatic dependent launch of the encoding below, and the combine one of it),
+//    wgmma_pair (at 128 heads or a multiple: the swizzled prefetching kernel with a token's two
+//    64-head blocks one cluster that shares the key tiles, sm90/attention_wgmma_pair.cu; other
+//    head counts as the default), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -146,6 +148,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
                                                         a.kvf.rope_dim, a.kvf.row_bytes);
     p.pdl = p.prefetch && prefetch_asked.pdl;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
+    p.pair = p.swizzle && prefetch_asked.pair && wgmma_pair_takes(heads);
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;

@@ -34,6 +34,9 @@ struct AttentionMmaPlan {
   bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/*_prefetch.cu)
   bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
   bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
+  // prefetch + swizzle, 128 heads or a multiple: the two blocks of a token's 128 heads a cluster
+  // sharing the key tiles (sm90/attention_wgmma_pair.cu)
+  bool pair = false;
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -152,7 +155,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
 // of the kv rows' encoding, and the split combine one of it (each starts while the grid before
 // it runs and waits for it before reading its output). The _Sw128 pair: the same with the tiles
-// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices.
+// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaPair: at 128 heads or
+// a multiple, the swizzled prefetching kernel with the two blocks of a token's 128 heads as one
+// cluster, each loading and decoding half of every key tile for both (the same results; other
+// head counts run kWgmmaPrefetchSw128).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -160,6 +166,7 @@ enum class AttentionKernelChoice {
   kWgmmaPrefetchPdl,
   kWgmmaPrefetchSw128,
   kWgmmaPrefetchSw128Pdl,
+  kWgmmaPair,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -167,6 +174,7 @@ struct WgmmaPrefetchChoice {
   bool prefetch = false;
   bool pdl = false;
   bool swizzle = false;
+  bool pair = false;  // at 128 heads or a multiple: sm90/attention_wgmma_pair.cu
 };
 
 inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
@@ -179,14 +187,16 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
       return {true, false, true};
     case AttentionKernelChoice::kWgmmaPrefetchSw128Pdl:
       return {true, true, true};
+    case AttentionKernelChoice::kWgmmaPair:
+      return {true, false, true, true};
     default:
       return {};
   }
 }
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
-// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl, unset: wgmma_prefetch_sw128); nullopt names the
-// variable and the value not understood (`bad`).
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair, unset: wgmma_prefetch_sw128);
+// nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
@@ -197,9 +207,10 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_prefetch_pdl") return AttentionKernelChoice::kWgmmaPrefetchPdl;
   if (v == "wgmma_prefetch_sw128") return AttentionKernelChoice::kWgmmaPrefetchSw128;
   if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
+  if (v == "wgmma_pair") return AttentionKernelChoice::kWgmmaPair;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
-      "wgmma_prefetch_sw128 or wgmma_prefetch_sw128_pdl, got '" +
+      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl or wgmma_pair, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }

@@ -162,7 +162,12 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
             AttentionKernelChoice::kWgmmaPrefetchSw128);
   EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_sw128_pdl", &bad),
             AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
+  EXPECT_EQ(parse_attention_kernel("wgmma_pair", &bad), AttentionKernelChoice::kWgmmaPair);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
+  // The pair is the swizzled prefetching kernel, without programmatic dependent launches.
+  const WgmmaPrefetchChoice pair = wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPair);
+  EXPECT_TRUE(pair.prefetch && !pair.pdl && pair.swizzle && pair.pair);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetchSw128).pair);
   const WgmmaPrefetchChoice both =
       wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
   EXPECT_TRUE(both.prefetch && both.pdl && both.swizzle);
@@ -180,6 +185,14 @@ TEST(AttentionPlan, WgmmaPrefetchTakesV4sRecordAndBf16Rows) {
   EXPECT_FALSE(wgmma_prefetch_takes(true, 512, 128, 520));  // other fp8 records
   EXPECT_FALSE(wgmma_prefetch_takes(true, 512, 64, 592));
   EXPECT_FALSE(wgmma_prefetch_takes(true, 512, 0, 584));
+}
+
+TEST(AttentionPlan, WgmmaPairTakesMultiplesOf128Heads) {
+  EXPECT_TRUE(wgmma_pair_takes(128));
+  EXPECT_TRUE(wgmma_pair_takes(256));
+  EXPECT_FALSE(wgmma_pair_takes(64));
+  EXPECT_FALSE(wgmma_pair_takes(192));
+  EXPECT_FALSE(wgmma_pair_takes(0));
 }
 
 TEST(AttentionPlan, WgmmaShapesAndSplits) {

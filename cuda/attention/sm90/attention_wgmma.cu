@@ -50,6 +50,7 @@
 #include <string>
 
 #include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm90/attention_wgmma_pair.h"
 #include "cuda/attention/sm90/attention_wgmma_prefetch.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
 #include "cuda/common/launch.cuh"
@@ -225,6 +226,7 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "record (448 + 64 channels), got a record of " +
                     std::to_string(a.kvf.row_bytes) + " bytes");
   }
+  if (p.pair) return launch_attention_wgmma_pair(a, l, p, tokens, smem_limits, stream);
   if (p.prefetch) return launch_attention_wgmma_prefetch(a, l, p, tokens, smem_limits, stream);
   if (a.kvf.format == KvFormat::kBf16) {
     return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, stream);

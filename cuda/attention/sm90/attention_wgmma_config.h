@@ -100,4 +100,10 @@ inline AttentionMmaPlan wgmma_attention_plan(int64_t tokens, int64_t heads, int6
   return p;
 }
 
+// The paired variant (sm90/attention_wgmma_pair.cu, DEEPINFER_ATTENTION_KERNEL=wgmma_pair): two
+// blocks of 64 heads per cluster, so a multiple of 128 heads; the plan is wgmma_attention_plan's.
+constexpr bool wgmma_pair_takes(int64_t heads) {
+  return heads > 0 && heads % (2 * kWgmmaAttnRows) == 0;
+}
+
 }  // namespace deepinfer::cuda
