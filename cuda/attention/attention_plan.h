@@ -34,6 +34,7 @@ struct AttentionMmaPlan {
   bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/*_prefetch.cu)
   bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
   bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
+  bool overlap = false;     // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -152,7 +153,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
 // of the kv rows' encoding, and the split combine one of it (each starts while the grid before
 // it runs and waits for it before reading its output). The _Sw128 pair: the same with the tiles
-// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices.
+// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaOverlap (opt-in, not
+// yet measured): the warp-specialised variant (sm90/attention_wgmma_overlap.cu: a producer
+// warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
+// records as the prefetching variant take, other fp8 records run the plain kernel).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -160,6 +164,7 @@ enum class AttentionKernelChoice {
   kWgmmaPrefetchPdl,
   kWgmmaPrefetchSw128,
   kWgmmaPrefetchSw128Pdl,
+  kWgmmaOverlap,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -185,8 +190,8 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
 }
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
-// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl, unset: wgmma_prefetch_sw128); nullopt names the
-// variable and the value not understood (`bad`).
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap, unset: wgmma_prefetch_sw128);
+// nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
@@ -197,9 +202,10 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_prefetch_pdl") return AttentionKernelChoice::kWgmmaPrefetchPdl;
   if (v == "wgmma_prefetch_sw128") return AttentionKernelChoice::kWgmmaPrefetchSw128;
   if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
+  if (v == "wgmma_overlap") return AttentionKernelChoice::kWgmmaOverlap;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
-      "wgmma_prefetch_sw128 or wgmma_prefetch_sw128_pdl, got '" +
+      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl or wgmma_overlap, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }
