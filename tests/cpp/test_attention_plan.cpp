@@ -162,6 +162,8 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
             AttentionKernelChoice::kWgmmaPrefetchSw128);
   EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_sw128_pdl", &bad),
             AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
   const WgmmaPrefetchChoice both =
       wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
