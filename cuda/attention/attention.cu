@@ -15,7 +15,8 @@
 //    kernel a programmatic dependent launch of the encoding below, and the combine one of it),
 //    wgmma_pair (at 128 heads or a multiple: the swizzled prefetching kernel with a token's two
 //    64-head blocks one cluster that shares the key tiles, sm90/attention_wgmma_pair.cu; other
-//    head counts as the default), or mma_sync (the kernel above everywhere);
+//    head counts as the default), wgmma_overlap (the warp-specialised variant, same records as
+//    the prefetching one), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -133,8 +134,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
   const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
-  const bool wgmma_asked =
-      attention_kernel_ == AttentionKernelChoice::kWgmma || prefetch_asked.prefetch;
+  const bool overlap_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlap;
+  const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma ||
+                           prefetch_asked.prefetch || overlap_asked;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
@@ -142,10 +144,12 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       WgmmaAttnLayout::kBytes <= max_shared_memory_per_block()) {
     AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
                                               kAttnMaxSplits, attention_mma_choice_.splits);
-    // The prefetching variant where asked for and it takes the record (V4's, or bf16 rows).
-    p.prefetch =
-        prefetch_asked.prefetch && wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
-                                                        a.kvf.rope_dim, a.kvf.row_bytes);
+    // The prefetching or the warp-specialised variant where asked for and it takes the record
+    // (V4's, or bf16 rows).
+    const bool variant_takes = wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
+                                                    a.kvf.rope_dim, a.kvf.row_bytes);
+    p.prefetch = prefetch_asked.prefetch && variant_takes;
+    p.overlap = overlap_asked && variant_takes;
     p.pdl = p.prefetch && prefetch_asked.pdl;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
     p.pair = p.swizzle && prefetch_asked.pair && wgmma_pair_takes(heads);

@@ -25,7 +25,8 @@ void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
 // The Hopper kernel (sm90/attention_wgmma.cu, sm_90a builds only) for wgmma_attention_shape over
 // bf16 rows or fp8 records, 64 heads per block and p.splits key splits; outputs as the f32
 // kernel's (the splits merged by launch_attention_combine). p.prefetch: its prefetching variant
-// (wgmma_prefetch_takes); p.pdl: that as a programmatic dependent launch of the grid before it.
+// (wgmma_prefetch_takes); p.pdl: that as a programmatic dependent launch of the grid before it;
+// p.overlap: the warp-specialised variant (the same records).
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                             const AttentionMmaPlan& p, int64_t tokens,
                             KernelSmemLimits& smem_limits, cudaStream_t stream);

@@ -37,6 +37,7 @@ struct AttentionMmaPlan {
   // prefetch + swizzle, 128 heads or a multiple: the two blocks of a token's 128 heads a cluster
   // sharing the key tiles (sm90/attention_wgmma_pair.cu)
   bool pair = false;
+  bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -159,6 +160,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // a multiple, the swizzled prefetching kernel with the two blocks of a token's 128 heads as one
 // cluster, each loading and decoding half of every key tile for both (the same results; other
 // head counts run kWgmmaPrefetchSw128).
+// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaOverlap (opt-in, not
+// yet measured): the warp-specialised variant (sm90/attention_wgmma_overlap.cu: a producer
+// warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
+// records as the prefetching variant take, other fp8 records run the plain kernel).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -167,6 +172,7 @@ enum class AttentionKernelChoice {
   kWgmmaPrefetchSw128,
   kWgmmaPrefetchSw128Pdl,
   kWgmmaPair,
+  kWgmmaOverlap,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -195,7 +201,8 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
 }
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
-// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair, unset: wgmma_prefetch_sw128);
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap, unset:
+// wgmma_prefetch_sw128);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -208,9 +215,10 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_prefetch_sw128") return AttentionKernelChoice::kWgmmaPrefetchSw128;
   if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
   if (v == "wgmma_pair") return AttentionKernelChoice::kWgmmaPair;
+  if (v == "wgmma_overlap") return AttentionKernelChoice::kWgmmaOverlap;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
-      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl or wgmma_pair, got '" +
+      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair or wgmma_overlap, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }

@@ -113,4 +113,11 @@ __device__ __forceinline__ void named_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
+// Arrives at barrier `id` over kThreads threads without waiting (the producer side of a
+// producer / consumer pair: the consumers bar.sync the same id with the same count).
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
 }  // namespace deepinfer::cuda

@@ -57,6 +57,24 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// setmaxnreg (sm_90a; elsewhere nothing): a warpgroup of a warp-specialised kernel gives
+// registers back (dec) or takes them (inc) up to kRegs per thread (a multiple of 8 in 24..256).
+// Every warp of the warpgroup executes it.
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_regs_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg's range");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_regs_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg's range");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 // Programmatic dependent launch (sm_90+; elsewhere nothing): let_dependents_launch lets the
 // grid launched after this one with cudaLaunchAttributeProgrammaticStreamSerialization start
 // before this grid ends; wait_for_previous_grid waits until the grid this one was launched after

@@ -163,6 +163,8 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_sw128_pdl", &bad),
             AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
   EXPECT_EQ(parse_attention_kernel("wgmma_pair", &bad), AttentionKernelChoice::kWgmmaPair);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
   // The pair is the swizzled prefetching kernel, without programmatic dependent launches.
   const WgmmaPrefetchChoice pair = wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPair);

@@ -50,6 +50,7 @@
 #include <string>
 
 #include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm90/attention_wgmma_overlap.h"
 #include "cuda/attention/sm90/attention_wgmma_pair.h"
 #include "cuda/attention/sm90/attention_wgmma_prefetch.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
@@ -219,14 +220,16 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "bf16 rows or fp8 records, got " +
                     std::to_string(a.heads) + " heads of " + std::to_string(a.dim));
   }
-  if (p.prefetch && !wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim, a.kvf.rope_dim,
-                                          a.kvf.row_bytes)) {
+  if ((p.prefetch || p.overlap) && !wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
+                                                         a.kvf.rope_dim, a.kvf.row_bytes)) {
     throw Error(ErrorCode::kUnsupported,
-                "attention: the prefetching wgmma kernel takes bf16 rows or V4's 584-byte fp8 "
+                "attention: the prefetching and overlapping wgmma kernels take bf16 rows or V4's "
+                "584-byte fp8 "
                 "record (448 + 64 channels), got a record of " +
                     std::to_string(a.kvf.row_bytes) + " bytes");
   }
   if (p.pair) return launch_attention_wgmma_pair(a, l, p, tokens, smem_limits, stream);
+  if (p.overlap) return launch_attention_wgmma_overlap(a, l, p, tokens, smem_limits, stream);
   if (p.prefetch) return launch_attention_wgmma_prefetch(a, l, p, tokens, smem_limits, stream);
   if (a.kvf.format == KvFormat::kBf16) {
     return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, stream);

@@ -29,6 +29,31 @@ __device__ __forceinline__ void wgmma_m64n32k16_bf16_kk(float (&d)[16], uint64_t
 #endif
 }
 
+// d (64 x 64) = a (64 x 16, K-major) b (16 x 64, K-major: the keys' rows) + d when accumulate
+// (the overlapping kernel's scores: one warpgroup scores the whole 64-key tile).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_kk(float (&d)[32], uint64_t a, uint64_t b,
+                                                        bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, "
+      "0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, "
+      "%26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+#else
+  (void)d;
+  (void)a;
+  (void)b;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
 // d (64 x 256) = a (64 x 16, K-major) b (16 x 256, N-major: rows of channels, read transposed)
 // + d when accumulate.
 __device__ __forceinline__ void wgmma_m64n256k16_bf16_kn(float (&d)[128], uint64_t a, uint64_t b,

@@ -76,6 +76,12 @@ TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPair) {
             cuda::AttentionKernelChoice::kWgmmaPair);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaKernel) {
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaOverlap);
+}
+
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
   for (const char* name : kSwitches) {
     ScopedEnv bad(name, "no-such-choice");

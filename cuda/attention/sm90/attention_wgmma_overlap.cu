@@ -1,0 +1,440 @@
+// The warp-specialised variant of the Hopper attention kernel (DEEPINFER_ATTENTION_KERNEL=
+// wgmma_overlap, opt-in; sm_90a only). The prefetching kernel (attention_wgmma_prefetch.cu) runs a
+// tile's phases one after another in the same 8 warps (decode, scores, softmax with a max exchange
+// between its two warpgroups, probabilities to shared memory, values): at B >= 64 it is latency
+// bound (0.36 eligible warps per scheduler; a 64-key tile took ~8 us where its products take ~1.1).
+// Here three warpgroups (384 threads) each keep one job, so the phases of neighbouring tiles
+// overlap:
+//  - warpgroup 2, the producer (setmaxnreg: 120 registers): decodes V4's fp8 records (held in
+//    registers, loaded a tile ahead; a key's address resolved two tiles ahead) or copies bf16 rows
+//    (cp.async, a tile ahead) into two 128-byte-swizzled key buffers. Its stores are conflict-free:
+//    8 consecutive lanes write one chunk of 8 consecutive keys, 8 different 16-byte positions of
+//    the swizzle (the prefetching kernel's 4 threads per key wrote 2 keys x 4 chunks of one 64-byte
+//    half, a 2-way conflict).
+//  - warpgroup 0, the scorer (216 registers): S = q K^T for all 64 keys of a tile (m64n64: no max
+//    exchange), the online softmax, P and the rescale alpha to shared memory (double-buffered, for
+//    warpgroup 1), then O = O alpha + P V over channels 0..255. The values of tile i stay in flight
+//    while it waits for and scores tile i + 1.
+//  - warpgroup 1 (168 registers): O = O alpha + P V over channels 256..511 as soon as P is there.
+// The arithmetic is the prefetching kernel's (bf16 q, keys and P, f32 products and softmax, the
+// denominator summed per 32-key half and the halves added at the end, in the same order), so the
+// output is meant to be byte-identical to attention_wgmma_kernel's; the one difference is that the
+// scores of a tile are one m64n64 product instead of two m64n32 halves
+// (tests/gpu/cpp/test_attention_wgmma_overlap.cpp checks both).
+//
+// Synchronisation: named barriers only (no phases to track), each used by a fixed pair of roles:
+//   kTileFull + b   producer arrives (tile decoded into buffer b), scorer syncs       256 threads
+//   kTileEmpty + b  scorer and warpgroup 1 arrive once done with buffer b, producer   384 threads
+//                   syncs before it rewrites b; only for tiles i with i + 2 < tiles (the tiles
+//                   whose buffer is rewritten), so every arrival has its sync
+//   kProbsReady + b scorer arrives (P[b], alpha[b] written), warpgroup 1 syncs        256 threads
+//   kProbsFree + b  warpgroup 1 arrives (done reading P[b]; again only if i + 2 < tiles), the
+//                   scorer syncs before writing P[b] at tile i + 2                    256 threads
+//   kRowsReady      scorer arrives (final max and denominator), warpgroup 1 syncs     256 threads
+// No role arrives twice on a barrier before its partner synced (each next arrival needs a sync of
+// the partner first), and no wait depends on itself: the scorer releases buffer i - 1 after it has
+// synced tile i, which the producer published before it waited for buffer i - 1.
+#include <cstdint>
+
+#include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm90/attention_wgmma_keys.cuh"
+#include "cuda/attention/sm90/attention_wgmma_overlap.h"
+#include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/smem_limits.h"
+
+namespace deepinfer::cuda {
+
+namespace attention_wgmma {
+namespace {
+
+using T = Tiles<true>;  // 128-byte swizzled tiles only
+
+constexpr int kOverlapThreads = 384;
+constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1
+constexpr int kProducerThreads = 128;  // warpgroup 2
+constexpr int kScorerRegs = 216;
+constexpr int kValueRegs = 168;  // __launch_bounds__(384, 1)'s share: warpgroup 1 keeps it
+constexpr int kProducerRegs = 120;
+static_assert(kScorerRegs + kValueRegs + kProducerRegs == 3 * 168,
+              "setmaxnreg moves registers between the warpgroups, the total stays the block's");
+
+enum OverlapBarrier : int {
+  kTileFull = 1,    // + buffer
+  kTileEmpty = 3,   // + buffer
+  kProbsReady = 5,  // + buffer
+  kProbsFree = 7,   // + buffer
+  kRowsReady = 9,
+  kStartBarrier = 10,
+};
+
+// Shared memory: q, two key tiles, two probability tiles (all 1 KB aligned for the swizzle),
+// the keys' valid flags and the rescale alphas per buffer, the final max and denominator per row.
+struct OverlapLayout {
+  static constexpr size_t kQBytes = size_t{kRows} * kDim * 2;
+  static constexpr size_t kKbBytes = size_t{kKeys} * kDim * 2;
+  static constexpr size_t kPBytes = size_t{kRows} * kKeys * 2;
+  static constexpr size_t kQOff = 0;
+  static constexpr size_t kKbOff = kQOff + kQBytes;  // buffer b at kKbOff + b * kKbBytes
+  static constexpr size_t kPOff = kKbOff + 2 * kKbBytes;
+  static constexpr size_t kValidOff = kPOff + 2 * kPBytes;
+  static constexpr size_t kAlphaOff = kValidOff + 2 * kKeys * sizeof(int);
+  static constexpr size_t kRowsOff = kAlphaOff + 2 * kRows * sizeof(float);  // max, then denom
+  static constexpr size_t kBytes = kRowsOff + 2 * kRows * sizeof(float);
+  static_assert(kKbOff % 1024 == 0 && kKbBytes % 1024 == 0 && kPOff % 1024 == 0 &&
+                    kPBytes % 1024 == 0,
+                "1 KB aligned tiles");
+  static_assert(kBytes <= 227 * 1024, "fits Hopper's opt-in shared memory per block");
+};
+
+// V4's fp8 main record (kv_record.h): 448 e4m3 channels, 64 bf16 RoPE channels, 7 e8m0 scales
+// and a pad byte; 8-byte aligned. A producer thread holds half of a record: the tile chunks
+// (8 channels) 2i + part.
+constexpr int kNopeChunks = kWgmmaPrefetchNope / 8;       // 56
+constexpr int kRopeChunks = 2 * kWgmmaPrefetchRope / 16;  // 8 (16 bytes of bf16 each)
+constexpr int kHalfNope = kNopeChunks / 2;                // 28
+constexpr int kHalfRope = kRopeChunks / 2;                // 4
+constexpr int kScalesPiece = (kWgmmaPrefetchNope + 2 * kWgmmaPrefetchRope) / 8;  // 72
+static_assert(kNopeChunks + kRopeChunks == kChunks, "the record's channels are the tile's");
+static_assert(8 * kScalesPiece + 8 == kWgmmaPrefetchRecordBytes, "scales in the last 8 bytes");
+static_assert(kProducerThreads == 2 * kKeys, "two producer threads per key");
+
+struct Fp8Half {
+  uint2 nope[kHalfNope];      // e4m3 bytes of tile chunk 2i + part
+  uint2 rope[2 * kHalfRope];  // bf16 bytes of RoPE chunk 2i + part: pieces 2i, 2i + 1
+  uint2 scales;
+};
+
+__device__ __forceinline__ void load_fp8_half(Fp8Half& h, const uint8_t* rec, int part) {
+  if (rec == nullptr) return;
+  const uint2* p = reinterpret_cast<const uint2*>(rec);
+#pragma unroll
+  for (int i = 0; i < kHalfNope; ++i) h.nope[i] = __ldg(p + 2 * i + part);
+#pragma unroll
+  for (int i = 0; i < kHalfRope; ++i) {
+    const int piece = kNopeChunks + 2 * (2 * i + part);  // 8-byte pieces of the RoPE chunk
+    h.rope[2 * i] = __ldg(p + piece);
+    h.rope[2 * i + 1] = __ldg(p + piece + 1);
+  }
+  h.scales = __ldg(p + kScalesPiece);
+}
+
+// Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key), with
+// decode_fp8_share's arithmetic (the same bits); the key's valid flag.
+__device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const Fp8Half& h,
+                                                bool real, int key, int part) {
+  const uint64_t scales = (static_cast<uint64_t>(h.scales.y) << 32) | h.scales.x;
+#pragma unroll
+  for (int i = 0; i < kHalfNope; ++i) {
+    const int chunk = 2 * i + part;
+    // Channels 8 chunk .. + 7: scale group 8 chunk / 64, the same for 2i and 2i + 1 (so known at
+    // compile time).
+    static_assert(kv_record::kFp8Group == 64, "scale groups of 64 channels (8 chunks)");
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (real) {
+      const float scale = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4))));
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = k < 2 ? h.nope[i].x : h.nope[i].y;
+        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+        const __half2 hv =
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+        const float2 f = __half22float2(hv);
+        packed[k] = pack_bf16(f.x * scale, f.y * scale);
+      }
+      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    *reinterpret_cast<uint4*>(kb + T::offset(key, chunk)) = v;
+  }
+#pragma unroll
+  for (int i = 0; i < kHalfRope; ++i) {
+    const int chunk = kNopeChunks + 2 * i + part;
+    const uint4 v = real ? make_uint4(h.rope[2 * i].x, h.rope[2 * i].y, h.rope[2 * i + 1].x,
+                                      h.rope[2 * i + 1].y)
+                         : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(kb + T::offset(key, chunk)) = v;
+  }
+  if (part == 0) valid[key] = real ? 1 : 0;
+}
+
+// bf16 rows: tile row `key`'s chunks 2i + part by cp.async (zeros for a masked key).
+__device__ __forceinline__ void copy_bf16_half(uint8_t* kb, int* valid, const uint8_t* src, int key,
+                                               int part) {
+#pragma unroll
+  for (int i = 0; i < kChunks / 2; ++i) {
+    const int chunk = 2 * i + part;
+    uint8_t* dst = kb + T::offset(key, chunk);
+    if (src != nullptr) {
+      cp_async_16(dst, src + 16 * chunk);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  if (part == 0) valid[key] = src != nullptr ? 1 : 0;
+}
+
+// Issues S for all 64 heads x the tile's 64 keys over the 512 channels (one wgmma group).
+__device__ __forceinline__ void issue_scores64(float (&s)[32], uint64_t q_desc, uint64_t k_desc) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    const uint64_t step = T::kmajor_step(ks);
+    wgmma_m64n64k16_bf16_kk(s, q_desc + step, k_desc + step, ks > 0);
+  }
+  wgmma_commit();
+}
+
+// softmax_tile over the whole 64-key tile (s: columns 8j + 2qd + {0, 1}, keys 0..31 in j < 4,
+// keys 32..63 in j >= 4), with its arithmetic: the two 32-key halves' sums kept apart (d_half[h],
+// what warpgroup h kept there), so the denominators come out the same. P and alpha go to shared
+// memory (alpha for warpgroup 1).
+__device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid, uint8_t* ps,
+                                               float* alpha_s, float scale, int row0, int qd,
+                                               float (&m_run)[2], float (&d_half)[2][2],
+                                               float (&alpha)[2]) {
+  const int key0 = 2 * qd;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool real = valid[key0 + 8 * j + e] != 0;
+      s[4 * j + e] = real ? s[4 * j + e] * scale : -INFINITY;
+      s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * scale : -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mh[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int j = 4 * h; j < 4 * h + 4; ++j) {
+        m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      }
+      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
+      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
+      mh[h] = m;
+    }
+    const float m_new = fmaxf(m_run[r], fmaxf(mh[0], mh[1]));
+    const bool none = m_new == -INFINITY;  // no real key yet: nothing to add, nothing to rescale
+    alpha[r] = none ? 1.0f : __expf(m_run[r] - m_new);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 4 * h; j < 4 * h + 4; ++j) {
+        if (none) {
+          s[4 * j + 2 * r] = s[4 * j + 2 * r + 1] = 0.0f;
+        } else {
+          s[4 * j + 2 * r] = __expf(s[4 * j + 2 * r] - m_new);
+          s[4 * j + 2 * r + 1] = __expf(s[4 * j + 2 * r + 1] - m_new);
+          sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        }
+      }
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      d_half[h][r] = d_half[h][r] * alpha[r] + sum;
+    }
+    m_run[r] = m_new;
+    if (qd == 0) alpha_s[row0 + 8 * r] = alpha[r];
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      *reinterpret_cast<uint32_t*>(ps + T::offset(row0 + 8 * r, j) + 4 * qd) =
+          pack_bf16(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
+template <KvFormat kFmt>
+__global__ void __launch_bounds__(kOverlapThreads, 1)
+    attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l) {
+  static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
+  extern __shared__ int4 smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
+  using L = OverlapLayout;
+  uint8_t* qs = smem + L::kQOff;
+  // The swizzle is of absolute address bits: the tiles must start at multiples of 1 KB.
+  if ((smem_addr(smem) & 1023u) != 0) __trap();
+  auto kb_of = [&](int b) { return smem + L::kKbOff + b * L::kKbBytes; };
+  auto ps_of = [&](int b) { return smem + L::kPOff + b * L::kPBytes; };
+  auto valid_of = [&](int b) { return reinterpret_cast<int*>(smem + L::kValidOff) + b * kKeys; };
+  auto alpha_of = [&](int b) { return reinterpret_cast<float*>(smem + L::kAlphaOff) + b * kRows; };
+  float* rows_m = reinterpret_cast<float*>(smem + L::kRowsOff);
+  float* rows_d = rows_m + kRows;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int wg = tid >> 7;
+  const int t = blockIdx.x;
+  const int h_first = blockIdx.y * kRows;
+  const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
+  const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
+  const int tiles = static_cast<int>((range.end - range.begin + kKeys - 1) / kKeys);
+
+  if (wg == 2) {
+    // Producer role: key `key` of each tile, chunks 2i + part; lanes 8k .. 8k + 7 hold 8
+    // consecutive keys (conflict-free swizzled stores).
+    const int pt = tid - kConsumerThreads;
+    const int key = (pt & 7) + 8 * (pt >> 4);
+    const int part = (pt >> 3) & 1;
+    auto pending_at = [&](int i) {
+      return pending_key(a, l, keys, range.begin + int64_t{kKeys} * i + key, range.end);
+    };
+    auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
+    PendingKey pending{nullptr, -1};
+    const uint8_t* src_next = nullptr;
+    if constexpr (kFmt == KvFormat::kFp8) {
+      Fp8Half half;
+      bool half_real = false;
+      if (tiles > 0) {
+        const PendingKey k1 = pending_at(1);
+        pending = pending_at(2);
+        const uint8_t* src0 = resolve(pending_at(0));
+        load_fp8_half(half, src0, part);
+        half_real = src0 != nullptr;
+        src_next = resolve(k1);
+      }
+      named_barrier<kOverlapThreads>(kStartBarrier);
+      warpgroup_regs_dec<kProducerRegs>();
+#pragma unroll 1
+      for (int i = 0; i < tiles; ++i) {
+        const int b = i & 1;
+        if (i >= 2) named_barrier<kOverlapThreads>(kTileEmpty + b);  // tile i - 2 consumed
+        decode_fp8_half(kb_of(b), valid_of(b), half, half_real, key, part);
+        fence_async_shared();  // the tile, for wgmma
+        named_barrier_arrive<kConsumerThreads>(kTileFull + b);
+        if (i + 1 < tiles) {  // tile i + 1's records land while tile i is consumed
+          load_fp8_half(half, src_next, part);
+          half_real = src_next != nullptr;
+          src_next = resolve(pending);
+          pending = pending_at(i + 3);
+        }
+      }
+    } else {
+      if (tiles > 0) {
+        const PendingKey k1 = pending_at(1);
+        pending = pending_at(2);
+        copy_bf16_half(kb_of(0), valid_of(0), resolve(pending_at(0)), key, part);
+        src_next = resolve(k1);
+      }
+      named_barrier<kOverlapThreads>(kStartBarrier);
+      warpgroup_regs_dec<kProducerRegs>();
+#pragma unroll 1
+      for (int i = 0; i < tiles; ++i) {
+        const int b = i & 1;
+        cp_async_wait_all();
+        fence_async_shared();  // this thread's copies and zero rows of tile i, for wgmma
+        named_barrier_arrive<kConsumerThreads>(kTileFull + b);
+        if (i + 1 < tiles) {  // tile i + 1's rows fly while tile i is consumed
+          if (i + 1 >= 2) named_barrier<kOverlapThreads>(kTileEmpty + (b ^ 1));  // tile i - 1
+          copy_bf16_half(kb_of(b ^ 1), valid_of(b ^ 1), src_next, key, part);
+          src_next = resolve(pending);
+          pending = pending_at(i + 3);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: q first (all 256 threads), rounded to bf16 into its tile.
+  {
+    float4 q_loads[kQueryLoads];
+    issue_query_loads(a, t, h_first, tid, q_loads);
+    store_query_tile<true>(qs, tid, q_loads);
+  }
+  fence_async_shared();  // q, for wgmma
+  named_barrier<kOverlapThreads>(kStartBarrier);
+  const int row0 = 16 * ((tid >> 5) & 3) + (lane >> 2);  // the thread's heads: row0, row0 + 8
+  const int qd = lane & 3;
+  const uint64_t q_desc = T::kmajor(qs);
+  float o[kOAcc];
+#pragma unroll
+  for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
+
+  if (wg == 0) {
+    warpgroup_regs_inc<kScorerRegs>();
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float d_half[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [key half][row]
+#pragma unroll 1
+    for (int i = 0; i < tiles; ++i) {
+      const int b = i & 1;
+      named_barrier<kConsumerThreads>(kTileFull + b);
+      float s[32];
+      issue_scores64(s, q_desc, T::kmajor(kb_of(b)));
+      if (i > 0) {
+        wgmma_wait<1>();  // the values of tile i - 1 (committed before the scores)
+        fence_accumulators(o);
+        if (i + 1 < tiles) named_barrier_arrive<kOverlapThreads>(kTileEmpty + (b ^ 1));
+      }
+      wait_products(s);
+      if (i >= 2) named_barrier<kConsumerThreads>(kProbsFree + b);  // warpgroup 1 read P[b]
+      float alpha[2];
+      softmax_tile64(s, valid_of(b), ps_of(b), alpha_of(b), a.scale, row0, qd, m_run, d_half,
+                     alpha);
+      fence_async_shared();  // P, for both warpgroups' wgmma
+      named_barrier_arrive<kConsumerThreads>(kProbsReady + b);
+      issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(0)));
+    }
+    wait_products(o);  // also with no tiles: an unconditional wait lets ptxas see O settled
+    const float d[2] = {d_half[0][0] + d_half[1][0], d_half[0][1] + d_half[1][1]};
+    if (qd == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        rows_m[row0 + 8 * r] = m_run[r];
+        rows_d[row0 + 8 * r] = d[r];
+      }
+    }
+    named_barrier_arrive<kConsumerThreads>(kRowsReady);
+    store_output(a, l, o, m_run, d, t, h_first, 0, row0, qd);
+    return;
+  }
+
+  // Warpgroup 1: the values over channels 256..511.
+#pragma unroll 1
+  for (int i = 0; i < tiles; ++i) {
+    const int b = i & 1;
+    named_barrier<kConsumerThreads>(kProbsReady + b);
+    const float* alpha_s = alpha_of(b);
+    const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
+    issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(1)));
+    wait_products(o);
+    if (i + 2 < tiles) {
+      named_barrier_arrive<kConsumerThreads>(kProbsFree + b);
+      named_barrier_arrive<kOverlapThreads>(kTileEmpty + b);
+    }
+  }
+  named_barrier<kConsumerThreads>(kRowsReady);
+  const float m_run[2] = {rows_m[row0], rows_m[row0 + 8]};
+  const float d[2] = {rows_d[row0], rows_d[row0 + 8]};
+  store_output(a, l, o, m_run, d, t, h_first, 1, row0, qd);
+}
+
+template <KvFormat kFmt>
+void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
+            int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(p.head_groups),
+                  static_cast<unsigned>(p.splits));
+  auto* kernel = attention_wgmma_overlap_kernel<kFmt>;
+  smem_limits.allow(kernel, OverlapLayout::kBytes);
+  kernel<<<grid, kOverlapThreads, OverlapLayout::kBytes, stream>>>(a, l);
+  DEEPINFER_CUDA_LAUNCH_CHECK("attention: the overlapping wgmma kernel");
+}
+
+}  // namespace
+}  // namespace attention_wgmma
+
+void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
+                                    const AttentionMmaPlan& p, int64_t tokens,
+                                    KernelSmemLimits& smem_limits, cudaStream_t stream) {
+  if (a.kvf.format == KvFormat::kBf16) {
+    return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream);
+  }
+  return attention_wgmma::launch<KvFormat::kFp8>(a, l, p, tokens, smem_limits, stream);
+}
+
+}  // namespace deepinfer::cuda

@@ -1,0 +1,21 @@
+// The warp-specialised variant of the Hopper attention kernel (sm90/attention_wgmma_overlap.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/attention/attention_args.h"
+#include "cuda/attention/attention_plan.h"
+#include "cuda/common/smem_limits.h"
+
+namespace deepinfer::cuda {
+
+// launch_attention_wgmma's p.overlap path, after its checks (wgmma_prefetch_takes: bf16 rows or
+// V4's fp8 record): 384 threads per block (producer, scorer and value warpgroups), the tiles in
+// wgmma's 128-byte swizzle, an ordinary launch.
+void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
+                                    const AttentionMmaPlan& p, int64_t tokens,
+                                    KernelSmemLimits& smem_limits, cudaStream_t stream);
+
+}  // namespace deepinfer::cuda

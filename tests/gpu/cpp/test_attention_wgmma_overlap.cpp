@@ -1,0 +1,147 @@
+// The warp-specialised Hopper attention kernel (cuda/attention/sm90/attention_wgmma_overlap.cu,
+// opt-in: DEEPINFER_ATTENTION_KERNEL=wgmma_overlap) against the plain wgmma kernel and the
+// mma.sync kernel on the same inputs at V4 widths (64 and 128 heads of 512 channels, W = 128,
+// ring 134, CSA ratio 4 with top-512, HCA ratio 128 with dense entries) over bf16 rows and V4's
+// fp8 record: decode batches with s_q = 1..4, B up to 128 (several waves of blocks, so the
+// producer's buffers turn over many times), random sinks, masked keys (top-k columns of -1,
+// sliding keys before position 0), key lists shorter than one tile (an empty split: no tiles at
+// all) and forced key splits (the combine kernel). Its tiles, softmax and denominators follow
+// the wgmma kernels' arithmetic, so the bytes are expected to equal attention_wgmma_kernel's;
+// the scores are one m64n64 product per tile there instead of two m64n32 halves, which the
+// hardware is expected to round alike (if only same_bytes fails while bf16_close passes, that
+// expectation is what broke, not the kernel's logic). Also: the kernel is deterministic and
+// actually ran (the plan says so). One test per case: a case whose barriers deadlock hangs its
+// own test (gpu_check.sh runs the binary under a time limit). Agreement with the CPU op: the op
+// table (deepinfer_backend_ops) with DEEPINFER_ATTENTION_KERNEL=wgmma_overlap. Skips without a GPU
+// or without the wgmma kernels (a build without sm_90a code, a device other than sm_90).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "batch_layout.h"
+#include "compare.h"
+#include "cuda/backend/cuda_backend.h"
+#include "deepinfer/backend.h"
+#include "device_backends.h"
+#include "inputs.h"
+#include "kv_inputs.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+struct OverlapCase {
+  std::string name;
+  std::vector<SeqSpec> seqs;
+  int heads = 64;
+  int ratio = 4;       // 4: sparse top-512 (CSA); 128: dense entries (HCA)
+  int64_t splits = 0;  // forced key splits (DEEPINFER_ATTENTION_SPLITS); 0: the plan's own
+};
+
+// Decode rows of `batch` sequences at spread-out contexts (as the op table's decode_seqs).
+std::vector<SeqSpec> spread_batch(int batch, int s_q) {
+  std::vector<SeqSpec> seqs;
+  for (int i = 0; i < batch; ++i) seqs.push_back({200 + (i * 997) % 3900, s_q, i});
+  return seqs;
+}
+
+std::vector<OverlapCase> overlap_cases() {
+  return {
+      {"b1_decode", {{4095, 1, 0}}},
+      {"b1_sq4", {{3000, 4, 0}}},
+      {"b3_sq3", spread_batch(3, 3)},
+      {"b3_sq2_split3", spread_batch(3, 2), 64, 4, 3},
+      {"b64_decode", spread_batch(64, 1)},
+      {"b64_sq2", spread_batch(64, 2)},
+      {"b128_decode", spread_batch(128, 1)},
+      // Position 0 and 5: fewer keys than one tile (1 and 6 sliding keys, 0 and 1 entries);
+      // with 4 forced splits most splits have no tile at all.
+      {"short_lists_split4", {{0, 1, 0}, {5, 1, 1}, {60, 2, 2}}, 64, 4, 4},
+      {"h128_b3", spread_batch(3, 1), 128},
+      {"hca_dense_b3", spread_batch(3, 2), 64, 128},
+  };
+}
+
+// Random rows of `dim` channels as a cache of `kv` holds them.
+Tensor random_cache_rows(std::mt19937& rng, const Shape& lead, int64_t dim, int rope, DType kv) {
+  Shape shape = lead;
+  shape.push_back(dim);
+  return encode_kv_rows(random_f32(rng, shape), kv, rope);
+}
+
+class AttentionWgmmaOverlap : public testing::TestWithParam<std::tuple<DType, OverlapCase>> {};
+
+TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
+  const DType kv = std::get<0>(GetParam());
+  const OverlapCase& wc = std::get<1>(GetParam());
+  std::string why;
+  Backend* be = shared_backend("cuda", &why);
+  if (be == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+  if (!cuda_be.wgmma_device()) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    if (device_required() && major == 9) FAIL() << "an sm_90 device, but no sm_90a code built";
+    GTEST_SKIP() << "the wgmma attention needs sm_90a code and an sm_90 device";
+  }
+  const cuda::AttentionKernelChoice kernel0 = cuda_be.attention_kernel();
+  const cuda::AttentionMmaChoice choice0 = cuda_be.attention_mma_choice();
+  constexpr int kDim = 512, kRope = 64, kWindow = 128, kRingLen = 134, kBlock = 128;
+  std::mt19937 rng(20261212);
+  const HostBatch hb(rng, wc.seqs, kBlock);
+  const int64_t tokens = hb.num_tokens();
+  int slots = 0;
+  for (const SeqSpec& s : wc.seqs) slots = std::max(slots, s.slot + 1);
+  const bool sparse = wc.ratio == 4;
+  const Tensor q = up(*be, random_f32(rng, {tokens, wc.heads, kDim}));
+  const Tensor kv_rows = up(*be, random_f32(rng, {tokens, kDim}));
+  const Tensor ring = up_same(*be, random_cache_rows(rng, {slots, kRingLen}, kDim, kRope, kv));
+  const Tensor entries = up_same(
+      *be, random_cache_rows(rng, {int64_t{hb.num_blocks} * (kBlock / wc.ratio)}, kDim, kRope, kv));
+  const Tensor topk = sparse ? up(*be, random_topk(rng, hb, wc.ratio, 512)) : Tensor();
+  // Sinks up to +-4: comparable with the logits, so a sink dropped or added twice shows.
+  const Tensor sinks = up(*be, random_f32(rng, {wc.heads}, 4.0f));
+  const BatchLayout layout = hb.upload(*be);
+  AttentionSpec spec{kWindow, 1.0f / std::sqrt(float(kDim)), wc.ratio, sparse};
+  spec.bf16_math = true;
+  spec.rope_dim = kRope;
+  auto run = [&](cuda::AttentionKernelChoice k) {
+    cuda_be.set_attention_kernel(k);
+    cuda_be.set_attention_mma_choice({.splits = wc.splits});
+    Tensor o = be->to_host(be->attention(q, kv_rows, ring, entries, topk, sinks, layout, spec));
+    const bool wgmma = cuda_be.last_attention_wgmma();
+    const cuda::AttentionMmaPlan plan = cuda_be.last_attention_plan();
+    cuda_be.set_attention_kernel(kernel0);
+    cuda_be.set_attention_mma_choice(choice0);
+    EXPECT_EQ(wgmma && plan.overlap, k == cuda::AttentionKernelChoice::kWgmmaOverlap);
+    if (wc.splits > 0 && wgmma) {
+      EXPECT_GT(plan.splits, 1);
+    }
+    return o;
+  };
+  const Tensor got = run(cuda::AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_TRUE(bf16_close(run(cuda::AttentionKernelChoice::kMmaSync), got));
+  EXPECT_TRUE(same_bytes(run(cuda::AttentionKernelChoice::kWgmma), got));
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlap)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionWgmmaOverlap,
+    testing::Combine(testing::Values(DType::kBF16, DType::kU8), testing::ValuesIn(overlap_cases())),
+    [](const testing::TestParamInfo<AttentionWgmmaOverlap::ParamType>& param_info) {
+      return (std::get<0>(param_info.param) == DType::kU8 ? std::string("fp8_")
+                                                          : std::string("bf16_")) +
+             std::get<1>(param_info.param).name;
+    });
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
