@@ -69,23 +69,33 @@ def test_speculative_decoding_on_the_device(zero_overhead: bool) -> None:
     assert same >= 0.97 * total
 
 
-def test_mtp_drafting_on_the_device() -> None:
+@pytest.mark.parametrize("zero_overhead", [False, True], ids=["sync", "zos"])
+def test_mtp_drafting_on_the_device(zero_overhead: bool) -> None:
     """The checkpoint's MTP block drafting inside the engine on the GPU (speculative_method
-    "mtp"): greedy tokens against the same engine without drafts, and the draft statistics."""
+    "mtp"; drafts made on the device within each step, with and without zero-overhead
+    scheduling): greedy tokens against the same engine without drafts, and the draft
+    statistics."""
     path = str(ensure_tiny_checkpoint(mtp=True))
     rng = random.Random(10)
     prompts = [[rng.randrange(2, 129000) for _ in range(n)] for n in (5, 40, 130, 260)]
     params = dc.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     plain = run(dc.Engine(path, device="cuda", max_num_seqs=8), prompts, params)
     engine = dc.Engine(
-        path, device="cuda", max_num_seqs=8, num_speculative_tokens=3, speculative_method="mtp"
+        path,
+        device="cuda",
+        max_num_seqs=8,
+        num_speculative_tokens=3,
+        speculative_method="mtp",
+        speculative_zero_overhead=zero_overhead,
     )
+    assert engine.config.scheduler.zero_overhead is zero_overhead
     spec = run(engine, prompts, params)
     s = engine.stats()
     same = sum(a == b for x, y in zip(plain, spec, strict=True) for a, b in zip(x, y, strict=True))
     total = sum(len(x) for x in plain)
     print(
-        f"\nMTP-SPEC-GPU greedy agreement {same}/{total}, drafts {s['draft_tokens']} accepted "
+        f"\nMTP-SPEC-GPU zero_overhead={zero_overhead} greedy agreement {same}/{total}, "
+        f"drafts {s['draft_tokens']} accepted "
         f"{s['accepted_draft_tokens']} verify rows {s['verify_rows']} steps {s['num_steps']} "
         f"mean estimate {s['spec_mean_estimate']:.3g} calibration error "
         f"{s['spec_calibration_error']:.3g}"

@@ -32,6 +32,7 @@
 #include <string>
 
 #include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm90/attention_wgmma_keys.cuh"
 #include "cuda/attention/sm90/attention_wgmma_pair.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
 #include "cuda/common/cluster_launch.cuh"
@@ -167,31 +168,6 @@ __device__ __forceinline__ void store_share(const PairBuffer& buf,
               real ? sh.chunk[j] : make_uint4(0u, 0u, 0u, 0u));
   }
   if (part == 0) buf.put_valid(key, real);
-}
-
-// A key's address in two steps (the prefetching kernel's pending_key / resolve_key): the part
-// without a dependent load (a sliding key's row, a compressed key's top-k column), then the
-// block table.
-struct PendingKey {
-  const uint8_t* row;  // the row when entry < 0 (null: masked or past the split)
-  int64_t entry;       // >= 0: a visible compressed entry, its row still to look up
-};
-
-__device__ __forceinline__ PendingKey pending_key(const AttentionArgs& a, const DeviceLayout& l,
-                                                  const AttentionKeys& keys, int64_t i,
-                                                  int64_t end) {
-  if (i >= end) return {nullptr, -1};
-  if (i < keys.n_sliding) return {keys.key(a, l, i), -1};
-  const int64_t c = i - keys.n_sliding;
-  const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(keys.t) * a.topk_cols + c] : c;
-  return {nullptr, j >= 0 && j < keys.visible ? j : -1};
-}
-
-__device__ __forceinline__ const uint8_t* resolve_key(const AttentionArgs& a, const DeviceLayout& l,
-                                                      const AttentionKeys& keys, PendingKey k) {
-  if (k.entry < 0) return k.row;
-  const int64_t row = entry_row(l, keys.b, k.entry, a.epb, a.entry_rows);
-  return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;
 }
 
 // The cluster barrier that starts a tile: arrive (release) and wait (acquire).
