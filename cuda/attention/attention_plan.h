@@ -149,8 +149,11 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // Which tensor-core kernel runs bf16_math attention where both take the shape: mma.sync
 // (sm80/attention_mma.cu) or Hopper's wgmma (sm90/attention_wgmma.cu: 64 heads or a multiple,
 // D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs). The default
-// is kWgmmaPrefetchSw128: on the H200 it was as fast as mma.sync or faster at every V4 shape
-// measured (1.5x at B = 256 with bf16 KV) except fp8 KV at B = 1 (17.6 against 17.3 us).
+// is kWgmmaOverlap: the warp-specialised variant (sm90/attention_wgmma_overlap.cu: a producer
+// warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
+// records as the prefetching variant take, other fp8 records run the plain kernel), on the H200
+// 1.2-1.4x faster than kWgmmaPrefetchSw128 over fp8 KV at B >= 64 (64 and 128 heads) and no
+// slower at B = 1, with the same bytes. kWgmmaPrefetchSw128 was the default before it.
 // kWgmmaPrefetch: the wgmma kernel's prefetching variant (the same tiles and results, the key
 // loads a tile further ahead: fp8 records in registers, for V4's record; other fp8 records run
 // the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
@@ -160,10 +163,6 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // a multiple, the swizzled prefetching kernel with the two blocks of a token's 128 heads as one
 // cluster, each loading and decoding half of every key tile for both (the same results; other
 // head counts run kWgmmaPrefetchSw128).
-// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaOverlap (opt-in, not
-// yet measured): the warp-specialised variant (sm90/attention_wgmma_overlap.cu: a producer
-// warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
-// records as the prefetching variant take, other fp8 records run the plain kernel).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -202,12 +201,12 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap, unset:
-// wgmma_prefetch_sw128);
+// wgmma_overlap);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
-  if (v.empty()) return AttentionKernelChoice::kWgmmaPrefetchSw128;
+  if (v.empty()) return AttentionKernelChoice::kWgmmaOverlap;
   if (v == "mma_sync") return AttentionKernelChoice::kMmaSync;
   if (v == "wgmma") return AttentionKernelChoice::kWgmma;
   if (v == "wgmma_prefetch") return AttentionKernelChoice::kWgmmaPrefetch;
