@@ -25,7 +25,8 @@
 //     recall = |top512_dtype & top512_f32| / 512 (mean and min over queries), and the relative
 //     error of the scores of the entries the dtype's indexer selected, the score computed on the
 //     host with the decoded keys vs with the f32 keys (||s_dtype - s_f32|| / ||s_f32|| over the
-//     512 entries; max and mean over queries).
+//     512 entries; max and mean over queries). For fp8 keys also "fp8+q8": q rounded to e4m3
+//     per (token, head) first (quantize_indexer_q), as the model does with fp8 index keys.
 //
 // Usage: kv_accuracy [--device cpu|cuda] [--contexts 4096,32768,131072] [--queries 4]
 //                    [--seed 1] [--threads 0]
@@ -383,57 +384,71 @@ static int run(int argc, char** argv) {
                        -1, hca_secs});
 
       // Indexer: recall of the f32 set, and the selected entries' scores with the stored keys.
+      // With fp8 keys the model also rounds q to e4m3 per (token, head) (quantize_indexer_q, as
+      // DeepSeek's engine does): its row, "fp8+q8", is what the engine selects.
       const kv_record::RowCodec codec{dtype, kIndexDim, 0};
       Tensor icache_host = be.to_host(icache);
       const auto* ibytes = static_cast<const uint8_t*>(icache_host.raw_data());
       std::vector<float> decoded(kIndexDim);
-      double recall_sum = 0, recall_min = 1, err_max = 0, err_sum = 0;
-      for (int t = 0; t < Q; ++t) {
-        const int32_t* mine = &top[sz(t * kTopK)];
-        std::vector<int32_t> a(mine, mine + kTopK),
-            b(&ref_top[sz(t * kTopK)], &ref_top[sz(t * kTopK)] + kTopK);
-        std::sort(a.begin(), a.end());
-        std::sort(b.begin(), b.end());
-        std::vector<int32_t> both;
-        std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
-        const double recall = static_cast<double>(both.size()) / kTopK;
-        recall_sum += recall;
-        recall_min = std::min(recall_min, recall);
-        // The indexer's score formula (backend.h), in double, with either key.
-        auto score = [&](const float* key) {
-          double s = 0;
-          for (int h = 0; h < kIndexHeads; ++h) {
-            const float* qh = &index_q[sz((t * kIndexHeads + h) * kIndexDim)];
-            double d = 0;
-            for (int c = 0; c < kIndexDim; ++c) d += static_cast<double>(qh[c]) * key[c];
-            s += static_cast<double>(index_w[sz(t * kIndexHeads + h)]) * weight_scale *
-                 std::max(d, 0.0) * score_scale;
+      auto indexer_row = [&](const std::vector<int32_t>& selected, const std::string& label,
+                             double secs) {
+        double recall_sum = 0, recall_min = 1, err_max = 0, err_sum = 0;
+        for (int t = 0; t < Q; ++t) {
+          const int32_t* mine = &selected[sz(t * kTopK)];
+          std::vector<int32_t> a(mine, mine + kTopK),
+              b(&ref_top[sz(t * kTopK)], &ref_top[sz(t * kTopK)] + kTopK);
+          std::sort(a.begin(), a.end());
+          std::sort(b.begin(), b.end());
+          std::vector<int32_t> both;
+          std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+          const double recall = static_cast<double>(both.size()) / kTopK;
+          recall_sum += recall;
+          recall_min = std::min(recall_min, recall);
+          // The indexer's score formula (backend.h), in double, with either key.
+          auto score = [&](const float* key) {
+            double s = 0;
+            for (int h = 0; h < kIndexHeads; ++h) {
+              const float* qh = &index_q[sz((t * kIndexHeads + h) * kIndexDim)];
+              double d = 0;
+              for (int c = 0; c < kIndexDim; ++c) d += static_cast<double>(qh[c]) * key[c];
+              s += static_cast<double>(index_w[sz(t * kIndexHeads + h)]) * weight_scale *
+                   std::max(d, 0.0) * score_scale;
+            }
+            return s;
+          };
+          double num = 0, den = 0;
+          for (int i = 0; i < kTopK; ++i) {
+            const int32_t j = mine[i];
+            if (j < 0) continue;
+            codec.decode(ibytes + j * codec.row_bytes(), decoded.data());
+            const double s_ref = score(&index_keys[sz(int64_t{j} * kIndexDim)]);
+            const double s_dt = score(decoded.data());
+            num += (s_dt - s_ref) * (s_dt - s_ref);
+            den += s_ref * s_ref;
           }
-          return s;
-        };
-        double num = 0, den = 0;
-        for (int i = 0; i < kTopK; ++i) {
-          const int32_t j = mine[i];
-          if (j < 0) continue;
-          codec.decode(ibytes + j * codec.row_bytes(), decoded.data());
-          const double s_ref = score(&index_keys[sz(int64_t{j} * kIndexDim)]);
-          const double s_dt = score(decoded.data());
-          num += (s_dt - s_ref) * (s_dt - s_ref);
-          den += s_ref * s_ref;
+          const double err = std::sqrt(num / std::max(den, 1e-300));
+          err_max = std::max(err_max, err);
+          err_sum += err;
         }
-        const double err = std::sqrt(num / std::max(den, 1e-300));
-        err_max = std::max(err_max, err);
-        err_sum += err;
+        const double recall_mean = recall_sum / Q, err_mean = err_sum / Q;
+        std::printf(
+            "{\"test\": \"indexer_topk\", \"context\": %d, \"dtype\": \"%s\", \"entries\": %d, "
+            "\"top_k\": %d, \"queries\": %d, \"recall_mean\": %.4f, \"recall_min\": %.4f, "
+            "\"score_rel_err_max\": %.4e, \"score_rel_err_mean\": %.4e, \"s\": %.3f}\n",
+            L, label.c_str(), csa_entries, kTopK, Q, recall_mean, recall_min, err_max, err_mean,
+            secs);
+        std::fflush(stdout);
+        table.push_back({"indexer_topk", L, label, csa_entries, recall_mean, recall_min, err_max,
+                         err_mean, secs});
+      };
+      indexer_row(top, name, idx_secs);
+      if (dtype == DType::kU8) {
+        t0 = Clock::now();
+        const IndexerQFp8 q8 = be.quantize_indexer_q(iq_t, iw_t);
+        const std::vector<int32_t> top_q8 = bench.fetch_i32(be.indexer_topk(
+            q8.q, q8.weights, icache, attn_layout, kCsaRatio, kTopK, score_scale, weight_scale));
+        indexer_row(top_q8, std::string(name) + "+q8", seconds_since(t0));
       }
-      const double recall_mean = recall_sum / Q, err_mean = err_sum / Q;
-      std::printf(
-          "{\"test\": \"indexer_topk\", \"context\": %d, \"dtype\": \"%s\", \"entries\": %d, "
-          "\"top_k\": %d, \"queries\": %d, \"recall_mean\": %.4f, \"recall_min\": %.4f, "
-          "\"score_rel_err_max\": %.4e, \"score_rel_err_mean\": %.4e, \"s\": %.3f}\n",
-          L, name, csa_entries, kTopK, Q, recall_mean, recall_min, err_max, err_mean, idx_secs);
-      std::fflush(stdout);
-      table.push_back({"indexer_topk", L, name, csa_entries, recall_mean, recall_min, err_max,
-                       err_mean, idx_secs});
     }
   }
 
