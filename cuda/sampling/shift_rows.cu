@@ -53,8 +53,10 @@ __global__ void __launch_bounds__(kShiftThreads) shift_rows_kernel(ShiftArgs a) 
                                              a.num_accepted, a.ctx_len[s], &ok);
     if (move == 0) continue;
     a.ctx_len[s] += move;
-    for (int32_t r = a.q_start[s]; r < a.q_start[s + 1]; ++r) a.positions[r] += move;
-    if (a.carry != nullptr && a.carry[a.q_start[s]] >= 0) a.carry[a.q_start[s]] += move;
+    for (int32_t r = a.q_start[s]; r < a.q_start[s + 1]; ++r) {
+      a.positions[r] += move;
+      if (a.carry != nullptr && a.carry[r] >= 0) a.carry[r] += move;
+    }
   }
   __syncthreads();
   for (int32_t i = tid; i < a.num_logits; i += kShiftThreads)

@@ -224,6 +224,31 @@ TEST_F(BatchPlanTest, ValidateRowsNamesTheRowAndField) {
   std::vector<ForwardRow> twice = {rows_[0], rows_[0]};
   EXPECT_EQ(error_message([&] { validate_rows(twice, c, shape, false); }),
             "forward batch: sequence 1: 'slot' 1 is used by another sequence of the batch");
+  bad[0].swa_valid_start = 0;
+  bad[0].carried_tokens = 7;
+  EXPECT_EQ(error_message([&] { validate_rows(bad, c, shape, false); }),
+            "forward batch: sequence 0: 'carried_tokens' 7 with 'carried_stride' 0: expected 1 .. "
+            "num_tokens (6) carried tokens, a stride >= 1 for more than one");
+  bad[0].carried_tokens = 3;
+  bad[0].carried_stride = 8;
+  EXPECT_EQ(validate_rows(bad, c, shape, false), 1u);
+}
+
+// A row may carry all its tokens from the previous step (a carried verify row): its carry entries
+// are token_from_previous + j * carried_stride for its first carried_tokens tokens.
+TEST_F(BatchPlanTest, ARowCarriesSeveralTokensAtAStride) {
+  std::vector<ForwardRow> rows = {rows_[1]};
+  rows[0].token_from_previous = 5;
+  rows[0].carried_tokens = 2;
+  rows[0].carried_stride = 40;
+  const BatchGeometry g = BatchGeometry::exact(rows, ratios_, 1, LogitsMode::kLast);
+  std::vector<int32_t> host;
+  pack_batch(rows, g, ratios_, 128, /*scratch_slot=*/0, host);
+  const Tensor meta = be_->upload(Tensor::from_vector(host, {g.size()}), DType::kI32);
+  const BatchPlan plan = plan_views(meta, g, ratios_, 128);
+  const Tensor remap = be_->to_host(plan.carry_remap);
+  const std::vector<int32_t> got(remap.data<int32_t>(), remap.data<int32_t>() + remap.numel());
+  EXPECT_EQ(got, (std::vector<int32_t>{5, 45, -1, -1, -1, -1}));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // Backend::shift_rows): packed at their optimistic positions and moved on the device by the
 // drafts the previous step accepted, the metadata must be exactly what the host packs from the
 // true positions, in every layout a forward uses (an eager call's exact batch, a recorded decode
-// graph's one-token rows, a recorded verify step's rows of up to six tokens). And the accepted
+// graph's one-token rows, a recorded verify step's rows of up to six tokens), rows that carry
+// every token included. And the accepted
 // counts themselves (Backend::accept_drafts) as the engine's host rule counts them.
 #include <gtest/gtest.h>
 
@@ -70,6 +71,12 @@ Batch random_batch(std::mt19937& rng, int num_rows, int max_tokens, int max_star
       r.token_from_previous = 6 * k + max_shift;  // where its final token is if all were accepted
       t.start_pos = start - (max_shift - accepted);
       t.token_from_previous = 6 * k + accepted;
+      if (rng() % 2 == 0) {
+        // A carried verify row: every token from the previous step, one region of its outputs
+        // per token (the sample, then each draft, per logits row), so all of them move.
+        r.carried_tokens = t.carried_tokens = n;
+        r.carried_stride = t.carried_stride = 997;
+      }
     } else if (rng() % 2 == 0) {
       r.token_from_previous = t.token_from_previous = 1000 + s;  // carried after a plain row
     }

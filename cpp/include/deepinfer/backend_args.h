@@ -117,10 +117,13 @@ struct RowShift {
   BatchLayout layout;
   Tensor next_positions;  // [S] i32, rewritten: the position after its token row's
   Tensor logit_rows;      // [S] i32, the token row of each logits row (undefined: row i, S == T)
-  Tensor carry_remap;     // [T] i32: a shifted row's first entry moves with it (undefined: none)
-  Tensor shift_from;      // [B] i32, -1: the row stays
-  Tensor max_shift;       // [B] i32, drafts the plan assumed accepted
-  Tensor accepted;        // [K] i32, drafts the previous step's verify rows accepted
+  // [T] i32: every carried entry (>= 0) of a shifted row moves with it (undefined: none). A
+  // carried verify row's tokens are laid out per logits row of the previous step, so all of
+  // them move by the row's move.
+  Tensor carry_remap;
+  Tensor shift_from;  // [B] i32, -1: the row stays
+  Tensor max_shift;   // [B] i32, drafts the plan assumed accepted
+  Tensor accepted;    // [K] i32, drafts the previous step's verify rows accepted
   // Rows from num_real_seqs on are padding rows (a recorded graph's): they own no entries.
   int num_real_seqs = 0;
   // The entries of every compression ratio, recomputed from the new positions: one slot per row

@@ -183,8 +183,10 @@ void CpuBackend::shift_rows_impl(const RowShift& shift) {
     for (int32_t s = 0; s < shift.num_real_seqs; ++s) {
       if (moves[s] == 0) continue;
       ctx_len[s] += moves[s];
-      for (int32_t r = q_start[s]; r < q_start[s + 1]; ++r) positions[r] += moves[s];
-      if (carry != nullptr && carry[q_start[s]] >= 0) carry[q_start[s]] += moves[s];
+      for (int32_t r = q_start[s]; r < q_start[s + 1]; ++r) {
+        positions[r] += moves[s];
+        if (carry != nullptr && carry[r] >= 0) carry[r] += moves[s];
+      }
     }
     const int32_t* logit_rows =
         shift.logit_rows.defined() ? shift.logit_rows.data<int32_t>() : nullptr;

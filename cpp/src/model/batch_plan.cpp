@@ -78,6 +78,13 @@ size_t validate_rows(RowSpan rows, const ModelConfig& config, const CacheShape& 
       bad_row(b, "'prompt_end' " + std::to_string(r.prompt_end) + " lies before the row's end " +
                      std::to_string(end) + " (0: the row's end)");
     }
+    if (r.carried_tokens < 1 || r.carried_tokens > r.num_tokens ||
+        (r.carried_tokens > 1 && r.carried_stride < 1)) {
+      bad_row(b, "'carried_tokens' " + std::to_string(r.carried_tokens) +
+                     " with 'carried_stride' " + std::to_string(r.carried_stride) +
+                     ": expected 1 .. num_tokens (" + std::to_string(r.num_tokens) +
+                     ") carried tokens, a stride >= 1 for more than one");
+    }
     if (check_tokens) {
       for (size_t i = 0; i < r.tokens.size(); ++i) {
         if (r.tokens[i] < 0 || r.tokens[i] >= config.vocab_size) {
@@ -301,7 +308,11 @@ void pack_batch(RowSpan rows, const BatchGeometry& g, const std::vector<int>& ra
       token_ids[row] = r.tokens[static_cast<size_t>(i)];
       positions[row] = r.start_pos + i;
       token_seq[row] = s;
-      if (carry != nullptr) carry[row] = i == 0 ? r.token_from_previous : -1;
+      if (carry != nullptr) {
+        carry[row] = r.token_from_previous >= 0 && i < r.carried_tokens
+                         ? r.token_from_previous + i * r.carried_stride
+                         : -1;
+      }
       if (g.all_logits) next_positions[logit++] = r.start_pos + i + 1;
     }
     if (!g.all_logits) {

@@ -33,6 +33,12 @@ struct ForwardRow {
   // >= 0: tokens[0] is entry `token_from_previous` of the tokens the previous step sampled, still
   // on the device; the forward takes it from there (Backend::select_tokens) without a host sync.
   int32_t token_from_previous = -1;
+  // With token_from_previous >= 0: tokens[j] for j < carried_tokens is entry token_from_previous
+  // + j * carried_stride of those tokens (a verify row whose input token and drafts are all still
+  // on the device, laid out per logits row of the previous step; Backend::shift_rows moves every
+  // carried entry of a moved row). DeepSeek-V4 only: V4.1's Engram hashes carry one token.
+  int32_t carried_tokens = 1;
+  int32_t carried_stride = 0;
   // The forward returns the logits of this row's last `num_logits` tokens (0: none). One for a
   // decode row or a final prefill chunk; more when several positions are scored at once
   // (speculative verification).

@@ -38,6 +38,12 @@ bool pack_engram_ngrams(RowSpan rows, const V41TextConfig& config, int64_t num_t
   size_t cell = 0;
   for (size_t b = 0; b < rows.size(); ++b) {
     const ForwardRow& r = rows[b];
+    if (r.token_from_previous >= 0 && r.carried_tokens > 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "forward batch: sequence " + std::to_string(b) + ": carries " +
+                      std::to_string(r.carried_tokens) +
+                      " tokens from the previous step; the Engram n-grams take one");
+    }
     const int64_t needed = std::min<int64_t>(r.start_pos, n - 1);
     if (static_cast<int64_t>(r.history.size()) < needed) {
       throw Error(ErrorCode::kInvalidArgument,
