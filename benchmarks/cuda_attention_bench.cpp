@@ -309,6 +309,9 @@ void bench_attention_decode(Backend& be, int iters, const std::string& match) {
     for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
       shapes.push_back({b, sq, true, kv, 512, 64});
   }
+  // Small batches between (the launches and a block's chain of dependent loads dominate there):
+  // V4's fp8 records only.
+  for (const int b : {4, 8}) shapes.push_back({b, 1, true, DType::kU8, 512, 64});
   for (const int b : {1, 64, 256}) {
     shapes.push_back({b, 1, true, DType::kU8, 1024, 64});  // top-k 1024
     shapes.push_back({b, 1, true, DType::kU8, 512, 128});  // V4-Pro: 128 heads
