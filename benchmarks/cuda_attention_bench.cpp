@@ -106,16 +106,18 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // model's rows and splits; DEEPINFER_ATTENTION_KERNEL picks mma.sync or wgmma for these two
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
-  // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap and, at 128 heads or a multiple,
-  // wgmma_pair (graph), the A/B rows. Every row names the kernel that ran.
+  // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
+  // splits merged by their cluster) and, at 128 heads or a multiple, wgmma_pair (graph), the A/B
+  // rows. Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
   auto plan_label = [&] {
     const cuda::AttentionMmaPlan p = cuda_be.last_attention_plan();
-    const char* path = p.splits == 1 ? ", no split"
-                       : p.fused     ? ", fused combine"
-                                     : ", separate combine";
+    const char* path = p.splits == 1     ? ", no split"
+                       : p.fused         ? ", fused combine"
+                       : p.cluster_merge ? ", cluster merge"
+                                         : ", separate combine";
     std::string kernel = !cuda_be.last_attention_wgmma() ? ", mma_sync"
                          : p.overlap                     ? ", wgmma_overlap"
                          : p.prefetch                    ? ", wgmma_prefetch"
@@ -140,7 +142,9 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
           cuda::AttentionKernelChoice::kWgmmaPrefetchPdl,
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128,
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl,
-          cuda::AttentionKernelChoice::kWgmmaOverlap, cuda::AttentionKernelChoice::kWgmmaPair}) {
+          cuda::AttentionKernelChoice::kWgmmaOverlap, cuda::AttentionKernelChoice::kWgmmaOverlapPdl,
+          cuda::AttentionKernelChoice::kWgmmaOverlapFused,
+          cuda::AttentionKernelChoice::kWgmmaPair}) {
       if (k == cuda::AttentionKernelChoice::kWgmmaPair && !cuda::wgmma_pair_takes(s.heads))
         continue;
       cuda_be.set_attention_kernel(k);
@@ -305,6 +309,9 @@ void bench_attention_decode(Backend& be, int iters, const std::string& match) {
     for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8})
       shapes.push_back({b, sq, true, kv, 512, 64});
   }
+  // Small batches between (the launches and a block's chain of dependent loads dominate there):
+  // V4's fp8 records only.
+  for (const int b : {4, 8}) shapes.push_back({b, 1, true, DType::kU8, 512, 64});
   for (const int b : {1, 64, 256}) {
     shapes.push_back({b, 1, true, DType::kU8, 1024, 64});  // top-k 1024
     shapes.push_back({b, 1, true, DType::kU8, 512, 128});  // V4-Pro: 128 heads

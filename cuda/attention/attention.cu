@@ -16,7 +16,9 @@
 //    wgmma_pair (at 128 heads or a multiple: the swizzled prefetching kernel with a token's two
 //    64-head blocks one cluster that shares the key tiles, sm90/attention_wgmma_pair.cu; other
 //    head counts as the default), wgmma_overlap (the warp-specialised variant, same records as
-//    the prefetching one), or mma_sync (the kernel above everywhere);
+//    the prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of
+//    the encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits
+//    one cluster that merges them: no combine kernel), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -55,8 +57,9 @@ namespace {
 // This call's keys in the caches' format: block t encodes row t (kv_record.cuh).
 __global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __restrict__ rows,
                                       KvRowFormat f) {
-  // With wgmma_prefetch_pdl the kernel after it is a programmatic dependent launch: it may start
-  // now and waits for this grid before it reads the rows (an ordinary launch ignores this).
+  // With the _pdl kernels (and wgmma_overlap_fused) the kernel after it is a programmatic
+  // dependent launch: it may start now and waits for this grid before it reads the rows (an
+  // ordinary launch ignores this).
   let_dependents_launch();
   const int64_t t = blockIdx.x;
   encode_kv_row(kv + t * f.dim, rows + t * f.row_bytes, f);
@@ -134,7 +137,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
   const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
-  const bool overlap_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlap;
+  const WgmmaOverlapChoice overlap_choice = wgmma_overlap_choice(attention_kernel_);
+  const bool overlap_asked = overlap_choice.overlap;
   const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma ||
                            prefetch_asked.prefetch || overlap_asked;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
@@ -142,15 +146,19 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       a.entf.row_bytes == a.kvf.row_bytes &&
       wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
       WgmmaAttnLayout::kBytes <= max_shared_memory_per_block()) {
+    // The in-kernel merge takes a token's splits as one cluster: at most a portable cluster's.
+    const int64_t max_splits =
+        overlap_choice.cluster_merge ? kWgmmaClusterMergeMaxSplits : int64_t{kAttnMaxSplits};
     AttentionMmaPlan p = wgmma_attention_plan(tokens, heads, problem.max_keys, num_sms(),
-                                              kAttnMaxSplits, attention_mma_choice_.splits);
+                                              max_splits, attention_mma_choice_.splits);
     // The prefetching or the warp-specialised variant where asked for and it takes the record
     // (V4's, or bf16 rows).
     const bool variant_takes = wgmma_prefetch_takes(a.kvf.format == KvFormat::kFp8, a.kvf.dim,
                                                     a.kvf.rope_dim, a.kvf.row_bytes);
     p.prefetch = prefetch_asked.prefetch && variant_takes;
     p.overlap = overlap_asked && variant_takes;
-    p.pdl = p.prefetch && prefetch_asked.pdl;
+    p.pdl = (p.prefetch && prefetch_asked.pdl) || (p.overlap && overlap_choice.pdl);
+    p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
     p.pair = p.swizzle && prefetch_asked.pair && wgmma_pair_takes(heads);
     if (p.head_groups <= 65535) {
@@ -158,7 +166,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       last_attention_wgmma_ = true;
       split_outputs(p.splits);
       launch_attention_wgmma(a, dl, p, tokens, smem_limits(), stream());
-      combine(p.splits, p.pdl);
+      if (!p.cluster_merge) combine(p.splits, p.pdl);
       return out;
     }
   }

@@ -38,6 +38,9 @@ struct AttentionMmaPlan {
   // sharing the key tiles (sm90/attention_wgmma_pair.cu)
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
+  // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
+  // (no combine kernel); at most kWgmmaClusterMergeMaxSplits splits
+  bool cluster_merge = false;
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -162,7 +165,13 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaPair: at 128 heads or
 // a multiple, the swizzled prefetching kernel with the two blocks of a token's 128 heads as one
 // cluster, each loading and decoding half of every key tile for both (the same results; other
-// head counts run kWgmmaPrefetchSw128).
+// head counts run kWgmmaPrefetchSw128). For few tokens (B = 1..8), where the launches and a
+// block's chain of dependent loads are most of the time: kWgmmaOverlapPdl, the warp-specialised
+// kernel as a programmatic dependent launch of the kv rows' encoding (it resolves its first keys
+// while that grid runs) and the combine one of it; kWgmmaOverlapFused, the same launch with a
+// token's key splits one thread-block cluster (at most 8 splits) whose blocks merge the splits
+// after a cluster barrier, each a slice of the heads, so no combine kernel runs (the combine's
+// arithmetic: the same bytes).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -172,6 +181,8 @@ enum class AttentionKernelChoice {
   kWgmmaPrefetchSw128Pdl,
   kWgmmaPair,
   kWgmmaOverlap,
+  kWgmmaOverlapPdl,
+  kWgmmaOverlapFused,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -199,9 +210,29 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
   }
 }
 
+// Which warp-specialised variant a choice asks for (none for the others).
+struct WgmmaOverlapChoice {
+  bool overlap = false;
+  bool pdl = false;            // programmatic dependent launches (encode -> it -> combine)
+  bool cluster_merge = false;  // the splits merged in the kernel by their cluster
+};
+
+inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
+  switch (c) {
+    case AttentionKernelChoice::kWgmmaOverlap:
+      return {true, false, false};
+    case AttentionKernelChoice::kWgmmaOverlapPdl:
+      return {true, true, false};
+    case AttentionKernelChoice::kWgmmaOverlapFused:
+      return {true, true, true};
+    default:
+      return {};
+  }
+}
+
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
-// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap, unset:
-// wgmma_overlap);
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap |
+// wgmma_overlap_pdl | wgmma_overlap_fused, unset: wgmma_overlap);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -215,9 +246,12 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
   if (v == "wgmma_pair") return AttentionKernelChoice::kWgmmaPair;
   if (v == "wgmma_overlap") return AttentionKernelChoice::kWgmmaOverlap;
+  if (v == "wgmma_overlap_pdl") return AttentionKernelChoice::kWgmmaOverlapPdl;
+  if (v == "wgmma_overlap_fused") return AttentionKernelChoice::kWgmmaOverlapFused;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
-      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair or wgmma_overlap, got '" +
+      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair, wgmma_overlap, "
+      "wgmma_overlap_pdl or wgmma_overlap_fused, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }

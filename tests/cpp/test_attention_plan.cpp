@@ -164,6 +164,19 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
             AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
   EXPECT_EQ(parse_attention_kernel("wgmma_pair", &bad), AttentionKernelChoice::kWgmmaPair);
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pdl", &bad),
+            AttentionKernelChoice::kWgmmaOverlapPdl);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap_fused", &bad),
+            AttentionKernelChoice::kWgmmaOverlapFused);
+  // The overlap variants: plain, with programmatic launches, and those with the cluster merge.
+  const WgmmaOverlapChoice overlap = wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_TRUE(overlap.overlap && !overlap.pdl && !overlap.cluster_merge);
+  const WgmmaOverlapChoice opdl = wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPdl);
+  EXPECT_TRUE(opdl.overlap && opdl.pdl && !opdl.cluster_merge);
+  const WgmmaOverlapChoice fused = wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapFused);
+  EXPECT_TRUE(fused.overlap && fused.pdl && fused.cluster_merge);
+  EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaPrefetchSw128Pdl).overlap);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapFused).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
   // The pair is the swizzled prefetching kernel, without programmatic dependent launches.
@@ -216,6 +229,12 @@ TEST(AttentionPlan, WgmmaShapesAndSplits) {
   EXPECT_EQ(wgmma_attention_plan(3, 64, 640, kSms, kMaxSplits, 3).splits, 3);
   EXPECT_EQ(wgmma_attention_plan(3, 64, 640, kSms, kMaxSplits, 64).splits, 10);
   EXPECT_FALSE(wgmma_attention_plan(3, 64, 640, kSms, kMaxSplits, 3).fused);
+  // The in-kernel merge's cap (a portable cluster): at B = 1 the 10 tiles in 5 splits of 2
+  // (8 splits would leave 3 empty), forced splits capped too.
+  const int64_t merge_cap = kWgmmaClusterMergeMaxSplits;
+  EXPECT_EQ(wgmma_attention_plan(1, 64, 640, kSms, merge_cap, 0).splits, 5);
+  EXPECT_EQ(wgmma_attention_plan(8, 64, 640, kSms, merge_cap, 0).splits, 5);
+  EXPECT_EQ(wgmma_attention_plan(1, 64, 640, kSms, merge_cap, 64).splits, 8);
 }
 
 }  // namespace

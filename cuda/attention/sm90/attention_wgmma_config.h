@@ -100,6 +100,10 @@ inline AttentionMmaPlan wgmma_attention_plan(int64_t tokens, int64_t heads, int6
   return p;
 }
 
+// The warp-specialised variant's in-kernel merge (AttentionMmaPlan::cluster_merge): a token's
+// splits are one cluster, at most the portable cluster size (8 blocks, each an SM of its own).
+constexpr int64_t kWgmmaClusterMergeMaxSplits = 8;
+
 // The paired variant (sm90/attention_wgmma_pair.cu, DEEPINFER_ATTENTION_KERNEL=wgmma_pair): two
 // blocks of 64 heads per cluster, so a multiple of 128 heads; the plan is wgmma_attention_plan's.
 constexpr bool wgmma_pair_takes(int64_t heads) {

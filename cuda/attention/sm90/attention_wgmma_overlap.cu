@@ -22,6 +22,12 @@
 // scores of a tile are one m64n64 product instead of two m64n32 halves
 // (tests/gpu/cpp/test_attention_wgmma_overlap.cpp checks both).
 //
+// For few tokens (DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pdl / _fused) the same body runs as a
+// programmatic dependent launch of the kv rows' encoding (kPdl: the producer resolves its first
+// keys' addresses while that grid runs and waits for it before it loads a key; the combine after
+// it starts early likewise) and, with kMerge, with a token's splits one cluster that merges them
+// (attention_wgmma_merge.cuh) instead of the combine kernel.
+//
 // Synchronisation: named barriers only (no phases to track), each used by a fixed pair of roles:
 //   kTileFull + b   producer arrives (tile decoded into buffer b), scorer syncs       256 threads
 //   kTileEmpty + b  scorer and warpgroup 1 arrive once done with buffer b, producer   384 threads
@@ -35,11 +41,14 @@
 // the partner first), and no wait depends on itself: the scorer releases buffer i - 1 after it has
 // synced tile i, which the producer published before it waited for buffer i - 1.
 #include <cstdint>
+#include <string>
 
 #include "cuda/attention/attention_launch.h"
 #include "cuda/attention/sm90/attention_wgmma_keys.cuh"
+#include "cuda/attention/sm90/attention_wgmma_merge.cuh"
 #include "cuda/attention/sm90/attention_wgmma_overlap.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/smem_limits.h"
 
@@ -66,6 +75,7 @@ enum OverlapBarrier : int {
   kProbsFree = 7,   // + buffer
   kRowsReady = 9,
   kStartBarrier = 10,
+  kMergeBarrier = 11,  // the consumers, in merge_cluster_splits
 };
 
 // Shared memory: q, two key tiles, two probability tiles (all 1 KB aligned for the swizzle),
@@ -250,10 +260,17 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
   }
 }
 
-template <KvFormat kFmt>
+// kPdl: a programmatic dependent launch of the kv rows' encoding (the griddepcontrol
+// instructions are only in that instantiation). kMerge: launched in clusters of a token's splits,
+// which merge them (AttentionMmaPlan::cluster_merge).
+template <KvFormat kFmt, bool kPdl, bool kMerge>
 __global__ void __launch_bounds__(kOverlapThreads, 1)
     attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
+  static_assert(kMergeSmemBytes <= OverlapLayout::kPBytes * 2, "the merge's scratch in P's place");
+  // The combine (a programmatic dependent launch of this grid) may start: it waits for this grid
+  // to end before it reads anything.
+  if constexpr (kPdl) let_dependents_launch();
   extern __shared__ int4 smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_raw);
   using L = OverlapLayout;
@@ -295,6 +312,8 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         const PendingKey k1 = pending_at(1);
         pending = pending_at(2);
         const uint8_t* src0 = resolve(pending_at(0));
+        // A sliding key may be one of this call's kv rows: the encoding's output.
+        if constexpr (kPdl) wait_for_previous_grid();
         load_fp8_half(half, src0, part);
         half_real = src0 != nullptr;
         src_next = resolve(k1);
@@ -319,7 +338,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       if (tiles > 0) {
         const PendingKey k1 = pending_at(1);
         pending = pending_at(2);
-        copy_bf16_half(kb_of(0), valid_of(0), resolve(pending_at(0)), key, part);
+        const uint8_t* src0 = resolve(pending_at(0));
+        if constexpr (kPdl) wait_for_previous_grid();  // as for fp8
+        copy_bf16_half(kb_of(0), valid_of(0), src0, key, part);
         src_next = resolve(k1);
       }
       named_barrier<kOverlapThreads>(kStartBarrier);
@@ -391,6 +412,10 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     }
     named_barrier_arrive<kConsumerThreads>(kRowsReady);
     store_output(a, l, o, m_run, d, t, h_first, 0, row0, qd);
+    if constexpr (kMerge) {
+      merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
+          a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
+    }
     return;
   }
 
@@ -412,17 +437,54 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const float m_run[2] = {rows_m[row0], rows_m[row0 + 8]};
   const float d[2] = {rows_d[row0], rows_d[row0 + 8]};
   store_output(a, l, o, m_run, d, t, h_first, 1, row0, qd);
+  if constexpr (kMerge) {
+    merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
+        a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
+  }
 }
 
+// p.pdl: a programmatic dependent launch; p.cluster_merge: clusters (1, 1, splits) that merge
+// (the kPdl instantiation either way: griddepcontrol.wait returns at once in an ordinary launch).
 template <KvFormat kFmt>
 void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
             int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(p.head_groups),
                   static_cast<unsigned>(p.splits));
-  auto* kernel = attention_wgmma_overlap_kernel<kFmt>;
+  if (p.cluster_merge) {
+    if (p.splits > kWgmmaClusterMergeMaxSplits) {
+      throw Error(ErrorCode::kUnsupported,
+                  "attention: the overlapping wgmma kernel merges at most " +
+                      std::to_string(kWgmmaClusterMergeMaxSplits) + " splits in a cluster, got " +
+                      std::to_string(p.splits));
+    }
+    auto* kernel = attention_wgmma_overlap_kernel<kFmt, true, true>;
+    smem_limits.allow(kernel, OverlapLayout::kBytes);
+    ClusterLaunch cl;
+    cl.grid = grid;
+    cl.block = dim3(kOverlapThreads);
+    cl.cluster = dim3(1, 1, static_cast<unsigned>(p.splits));
+    cl.smem = OverlapLayout::kBytes;
+    cl.stream = stream;
+    cl.pdl = p.pdl;
+    launch_clustered("attention (the overlapping wgmma kernel, merging its splits)", cl, kernel, a,
+                     l);
+    return;
+  }
+  auto* kernel = p.pdl ? attention_wgmma_overlap_kernel<kFmt, true, false>
+                       : attention_wgmma_overlap_kernel<kFmt, false, false>;
   smem_limits.allow(kernel, OverlapLayout::kBytes);
-  kernel<<<grid, kOverlapThreads, OverlapLayout::kBytes, stream>>>(a, l);
-  DEEPINFER_CUDA_LAUNCH_CHECK("attention: the overlapping wgmma kernel");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kOverlapThreads);
+  config.dynamicSmemBytes = OverlapLayout::kBytes;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1] = {};
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = p.pdl ? 1 : 0;
+  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l),
+                                "attention: the overlapping wgmma kernel's launch");
 }
 
 }  // namespace

@@ -13,7 +13,9 @@ namespace deepinfer::cuda {
 
 // launch_attention_wgmma's p.overlap path, after its checks (wgmma_prefetch_takes: bf16 rows or
 // V4's fp8 record): 384 threads per block (producer, scorer and value warpgroups), the tiles in
-// wgmma's 128-byte swizzle, an ordinary launch.
+// wgmma's 128-byte swizzle; p.pdl: a programmatic dependent launch of the grid before it (the kv
+// rows' encoding); p.cluster_merge: a token's splits one cluster that merges them into the output
+// (at most kWgmmaClusterMergeMaxSplits; no combine kernel after it).
 void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
                                     const AttentionMmaPlan& p, int64_t tokens,
                                     KernelSmemLimits& smem_limits, cudaStream_t stream);

@@ -82,6 +82,17 @@ TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaKernel) {
             cuda::AttentionKernelChoice::kWgmmaOverlap);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesTheSmallBatchOverlapVariants) {
+  {
+    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_pdl");
+    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+              cuda::AttentionKernelChoice::kWgmmaOverlapPdl);
+  }
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_fused");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaOverlapFused);
+}
+
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
   for (const char* name : kSwitches) {
     ScopedEnv bad(name, "no-such-choice");
