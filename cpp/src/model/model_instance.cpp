@@ -95,7 +95,8 @@ ModelInstance::MtpStep ModelInstance::mtp_forward(RowSpan rows, size_t max_block
 ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_blocks,
                                                       LogitsMode mode,
                                                       const Tensor& previous_tokens,
-                                                      LogitsRowInputs* at_logits) {
+                                                      LogitsRowInputs* at_logits,
+                                                      const PreviousStep* previous) {
   if (mtp == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 "forward with MTP: the checkpoint has no mtp.* block (or it was not loaded)");
@@ -107,13 +108,30 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
   // (a row's first position, when it is start - 1) the ring's.
   std::vector<ForwardRow> follow;
   std::vector<int32_t> trunk_rows, ring_rows, ring_dest;
+  // Rows moved by the previous step's accepted drafts (ForwardRow::shift_from): the trunk at
+  // start - 1 is that step's at the logits row the row's first token was sampled at, which only
+  // the device knows (its carried index, after the move); the ring's slot is not known either.
+  std::vector<int32_t> moved_first_rows, moved_dest;
+  bool moves = false;
   int32_t t = 0;
   for (const ForwardRow& r : rows) {
     ForwardRow f = r;
     f.num_logits = 0;
+    moves = moves || r.shift_from >= 0;
     // A replayed hit's first row (start_pos == swa_valid_start) has no trunk before it either:
     // the slot was zeroed, and its window starts there.
-    if (r.start_pos > 0 && r.start_pos > r.swa_valid_start) {
+    if (r.shift_from >= 0) {
+      if (r.token_from_previous < 0 || r.start_pos == 0) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "forward with MTP: a row that moves by the previous step's accepted drafts "
+                    "must carry its first token from that step (token_from_previous) and start "
+                    "past position 0");
+      }
+      f.start_pos -= 1;
+      moved_first_rows.push_back(t);
+      moved_dest.push_back(static_cast<int32_t>(trunk_rows.size()));
+      trunk_rows.push_back(0);  // replaced by the previous step's row
+    } else if (r.start_pos > 0 && r.start_pos > r.swa_valid_start) {
       f.start_pos -= 1;
       ring_rows.push_back(static_cast<int32_t>(r.slot * backtrack + f.start_pos % backtrack));
       ring_dest.push_back(static_cast<int32_t>(trunk_rows.size()));
@@ -140,7 +158,14 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
   Tensor before;
   if (!ring_rows.empty()) before = be.gather_rows(ring.reshape({-1, width}), upload_i32(ring_rows));
 
+  if (moves &&
+      (previous == nullptr || !previous->accepted.defined() || !previous->trunk.defined())) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "forward with MTP: a row moves by the previous step's accepted drafts, but no "
+                "previous step's accepted counts and trunk were given");
+  }
   const BatchPlan plan = build_batch_plan(rows, config, caches->shape(), be, mode, max_blocks);
+  if (moves) shift_carried_rows(be, rows, plan, previous->accepted);
   take_carried_tokens(be, rows, plan, previous_tokens);
   Tensor hidden;
   const Tensor logits = model->forward(plan, *caches, &hidden);
@@ -154,8 +179,16 @@ ModelInstance::Output ModelInstance::forward_with_mtp(RowSpan rows, size_t max_b
   if (!follow.empty()) {
     const Tensor x = be.gather_rows(hidden, upload_i32(trunk_rows));
     if (before.defined()) be.scatter_rows(x.reshape({-1, width}), before, upload_i32(ring_dest));
+    if (!moved_dest.empty()) {
+      // The moved carried index of each such row's first token is the previous step's logits row
+      // it was sampled at (region 0 of the carried outputs, ForwardRow::carried_tokens).
+      const Tensor at = be.gather_rows(plan.carry_remap, upload_i32(moved_first_rows));
+      const Tensor trunk = be.gather_rows(previous->trunk, at);
+      be.scatter_rows(x.reshape({-1, width}), trunk.reshape({-1, width}), upload_i32(moved_dest));
+    }
     const BatchPlan next =
         build_batch_plan(follow, config, caches->shape(), be, LogitsMode::kLast, max_blocks);
+    if (moves) shift_carried_rows(be, follow, next, previous->accepted);
     take_carried_tokens(be, follow, next, previous_tokens);
     mtp->forward(next, x, *caches, 0);
   }
@@ -444,6 +477,7 @@ std::unique_ptr<ModelInstance> ModelInstance::random(
   WeightLoadOptions options;
   options.quantize_activations = resolve_activation_quant(activation_quant, *m->backend);
   options.expert_slots = std::move(rank.expert_slots);
+  options.load_mtp = load_mtp;
   CacheShape cache_shape = shape;
   cache_shape.kv_dtype =
       resolve_kv_cache_dtype(kv_cache_dtype, m->backend->device_kind(), auto_kv_is_fp8(config));

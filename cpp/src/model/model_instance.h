@@ -92,8 +92,16 @@ struct ModelInstance {
     Tensor trunk;   // [logit rows, hc_mult, H] f32
     Tensor tokens;  // [logit rows] i32: each logits row's input token (carried ones resolved)
   };
+  // Rows with shift_from >= 0 (a carried verify row, planned before the previous step's accepted
+  // drafts were known) move on the device by `previous`'s accepted counts, and read the trunk at
+  // start - 1 from `previous`'s trunk at the logits row their first token was sampled at.
+  struct PreviousStep {
+    Tensor accepted;  // [sampling rows] i32: drafts each of that step's sampling rows accepted
+    Tensor trunk;     // [logit rows, hc_mult, H]: its main trunk at its logits rows
+  };
   Output forward_with_mtp(RowSpan rows, size_t max_blocks, LogitsMode mode,
-                          const Tensor& previous_tokens, LogitsRowInputs* at_logits = nullptr);
+                          const Tensor& previous_tokens, LogitsRowInputs* at_logits = nullptr,
+                          const PreviousStep* previous = nullptr);
   // The trunk ring's row at each row's start_pos (written by forward_with_mtp within the last
   // max_backtrack positions): [rows, hc_mult, H] on the device.
   Tensor mtp_ring_trunk(RowSpan rows);
@@ -138,6 +146,14 @@ struct ModelInstance {
   // past their last logits row.
   MtpDrafts mtp_draft_on_device(std::span<const MtpDraftRow> rows, const LogitsRowInputs& at_logits,
                                 const Tensor& samples, int num_drafts);
+  // What a carried verify row of the next step reads (ForwardRow::carried_tokens, stride L): one
+  // region of L entries per token, L = the step's logits rows (`samples` [L] i32): region 0 the
+  // sample at each logits row, region 1 the first draft past it (MtpDrafts::first), region j >= 2
+  // the row's draft j, repeated at each of its logits rows. So the row's tokens sit at one logits
+  // row index in every region, which moves with the accepted count. [(1 + num_drafts) * L] i32;
+  // entries of rows that did not draft are 0.
+  Tensor carried_outputs(const Tensor& samples, const MtpDrafts& drafts,
+                         std::span<const MtpDraftRow> rows, int num_drafts);
 
   // Enqueues MTP draft step `step` (MtpDrafter::forward) over `rows` (validate_rows' result is
   // `max_blocks`), whose tokens are each position's next token; carried tokens as in forward.
@@ -172,8 +188,8 @@ struct ModelInstance {
       const std::function<void(int, int)>& progress = {}, const KvSizing& sizing = {},
       bool load_mtp = true, RankTarget rank = {});
   // The model of `config` with random weights (matrices stored as `stored`, or in the real
-  // formats when config.quantization says so), for benchmarks. `load_mtp`: DeepSeek-V4.1's
-  // DSpark drafter gets random weights too (V4's MTP blocks always do).
+  // formats when config.quantization says so), for benchmarks. `load_mtp`: the config's V4 MTP
+  // blocks (num_nextn_predict_layers) or DeepSeek-V4.1's DSpark drafter get random weights too.
   static std::unique_ptr<ModelInstance> random(
       const ModelConfig& config, const CacheShape& shape, const std::string& device,
       int num_threads, uint64_t seed, DType stored, int decode_graph_max_batch = 0,

@@ -142,4 +142,44 @@ ModelInstance::MtpDrafts ModelInstance::mtp_draft_on_device(std::span<const MtpD
   return drafts;
 }
 
+Tensor ModelInstance::carried_outputs(const Tensor& samples, const MtpDrafts& drafts,
+                                      std::span<const MtpDraftRow> rows, int num_drafts) {
+  Backend& be = *backend;
+  const int64_t L = samples.numel();
+  const int64_t regions = 1 + int64_t{num_drafts};
+  if (static_cast<int64_t>(drafts.later.size()) + 1 != (drafts.first.defined() ? num_drafts : 1)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "carried outputs: " + std::to_string(drafts.later.size()) +
+                    " further drafts for num_drafts " + std::to_string(num_drafts));
+  }
+  Tensor out = be.upload(Tensor::zeros({regions * L}, DType::kI32), DType::kI32);
+  std::vector<int32_t> remap;
+  auto fill = [&](int64_t region, const Tensor& source, auto&& index_of) {
+    remap.assign(static_cast<size_t>(regions * L), -1);
+    index_of(remap.data() + region * L);
+    be.select_tokens(out, be.upload(Tensor::from_vector(remap, {regions * L}), DType::kI32),
+                     source);
+  };
+  fill(0, samples, [&](int32_t* r) {
+    for (int64_t l = 0; l < L; ++l) r[l] = static_cast<int32_t>(l);
+  });
+  if (!drafts.first.defined()) return out;
+  fill(1, drafts.first, [&](int32_t* r) {
+    int32_t at = 0;  // the row's first entry in MtpDrafts::first
+    for (const MtpDraftRow& row : rows) {
+      for (int32_t j = 0; j < row.num_logits; ++j) r[row.first_logit_row + j] = at + j;
+      at += row.num_logits;
+    }
+  });
+  for (int j = 2; j <= num_drafts; ++j) {
+    fill(j, drafts.later[static_cast<size_t>(j - 2)], [&](int32_t* r) {
+      for (size_t q = 0; q < rows.size(); ++q) {
+        for (int32_t i = 0; i < rows[q].num_logits; ++i)
+          r[rows[q].first_logit_row + i] = static_cast<int32_t>(q);
+      }
+    });
+  }
+  return out;
+}
+
 }  // namespace deepinfer

@@ -72,7 +72,12 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
                                   DType stored, const WeightLoadOptions& options) {
   WeightLoader w(nullptr, config, backend, options, seed, stored);
-  return build_weights(w, config, true);
+  ModelWeights m = build_weights(w, config, true);
+  if (options.load_mtp) {
+    for (int k = 0; k < config.num_nextn_predict_layers; ++k)
+      m.mtp.push_back(build_mtp(w, config, k));
+  }
+  return m;
 }
 
 ExpertWeights load_layer_experts(const Checkpoint* checkpoint, const ModelConfig& config,

@@ -114,7 +114,7 @@ ModelWeights load_model_weights(const Checkpoint& checkpoint, const ModelConfig&
 // Random weights with every tensor's shape (no checkpoint): matrices as if stored in `stored`
 // (kept in backend.weight_dtype(stored)), drawn on the backend; with config.quantization.fp8 the
 // GEMM weights DeepSeek quantizes are random FP8 / MXFP4 in the shipped format instead. For
-// benchmarks.
+// benchmarks. With options.load_mtp, the config's num_nextn_predict_layers MTP blocks too.
 ModelWeights random_model_weights(const ModelConfig& config, Backend& backend, uint64_t seed,
                                   DType stored, const WeightLoadOptions& options = {});
 
