@@ -5,8 +5,9 @@
 // Backend::shift_rows), takes its tokens from ModelInstance::carried_outputs and the MTP block's
 // trunk at start - 1 from the previous step's trunk. Its logits must be bit for bit those of the
 // same row planned on the host from the committed tokens, as the engine plans rows today (CPU, a
-// small V4 model with an MTP block and random weights). (Drafting past a moved row, and the
-// scheduler planning such rows, are not built yet.)
+// small V4 model with an MTP block and random weights), and so must the MTP drafts made past it
+// on the device (ModelInstance::mtp_draft_on_device with the row's move). (The scheduler and the
+// executor planning such rows are not built yet.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -159,7 +160,8 @@ TEST_F(CarriedVerifyRow, EqualsTheRowPlannedFromCommittedTokens) {
   EXPECT_EQ(host_i32(be, next.next_positions),
             (std::vector<int32_t>{n + accepted + 2, n + accepted + 3, n + accepted + 4}));
   // The MTP block's state: its window ring (which the lagging pass over the moved row wrote from
-  // the previous step's trunk at start - 1) and the trunk ring, slot 1, byte for byte.
+  // the previous step's trunk at start - 1) and the trunk ring, slot 1, byte for byte (before
+  // drafting, which writes throwaway positions past the committed ones differently).
   const int mtp_layer = dev->config.num_hidden_layers;
   for (const auto& [name, of] : {std::pair{"swa_ring", &LayerCaches::swa_ring},
                                  std::pair{"trunk_ring", &LayerCaches::trunk_ring}}) {
@@ -172,6 +174,45 @@ TEST_F(CarriedVerifyRow, EqualsTheRowPlannedFromCommittedTokens) {
               0)
         << name;
   }
+
+  // The drafts past the moved row: on the device from where it was planned (moved by both
+  // steps' accepted counts), and on the host's cue from its true position.
+  const Tensor next_samples = be.argmax(next.logits);
+  const ModelInstance::MtpDraftRow moved_row{.slot = 1,
+                                             .first_logit_pos = n + 4,
+                                             .num_logits = 1 + kDrafts,
+                                             .first_logit_row = 0,
+                                             .block_table = table_,
+                                             .shift_from = 0,
+                                             .max_shift = 3};
+  const std::vector<ModelInstance::MtpDraftRow> moved_rows = {moved_row};
+  const ModelInstance::MtpDrafts next_drafts =
+      dev->mtp_draft_on_device(moved_rows, next_at_logits, next_samples, kDrafts, counts);
+  const std::vector<int32_t> ref_next_samples = host_i32(be, next_samples);
+  int32_t next_accepted = 0;
+  while (next_accepted < kDrafts && ref_next_samples[static_cast<size_t>(next_accepted)] ==
+                                        next_tokens[static_cast<size_t>(next_accepted) + 1])
+    ++next_accepted;
+  std::vector<int32_t> ref_next_drafts;
+  std::vector<float> ref_logprobs;  // the drafts' log-probabilities: bits, not just the argmax
+  {
+    const std::vector<int32_t> token = {ref_next_samples[static_cast<size_t>(next_accepted)]};
+    std::vector<ForwardRow> rows = {row(n + accepted + 1 + next_accepted, token, 1)};
+    std::vector<Tensor> logprobs;
+    for (const Tensor& d :
+         ref->mtp_draft(rows, 1, ref->mtp_ring_trunk(rows), kDrafts, nullptr, &logprobs))
+      ref_next_drafts.push_back(host_i32(*ref->backend, d)[0]);
+    for (const Tensor& lp : logprobs) ref_logprobs.push_back(host_f32(*ref->backend, lp)[0]);
+  }
+  std::vector<int32_t> got_drafts = {
+      host_i32(be, next_drafts.first)[static_cast<size_t>(next_accepted)]};
+  for (const Tensor& d : next_drafts.later) got_drafts.push_back(host_i32(be, d)[0]);
+  EXPECT_EQ(got_drafts, ref_next_drafts) << "accepted " << next_accepted;
+  std::vector<float> got_logprobs = {
+      host_f32(be, next_drafts.first_logprob)[static_cast<size_t>(next_accepted)]};
+  for (const Tensor& lp : next_drafts.later_logprob) got_logprobs.push_back(host_f32(be, lp)[0]);
+  ASSERT_EQ(got_logprobs.size(), ref_logprobs.size());
+  EXPECT_EQ(std::memcmp(got_logprobs.data(), ref_logprobs.data(), ref_logprobs.size() * 4), 0);
 }
 
 }  // namespace

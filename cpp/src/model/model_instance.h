@@ -125,6 +125,10 @@ struct ModelInstance {
     // Covers first_logit_pos + num_logits - 1 + num_drafts (entries past the sequence's blocks
     // name block 0, where the throwaway draft positions land).
     std::span<const int32_t> block_table;
+    // A row the step moved (a carried verify row, ForwardRow::shift_from): first_logit_pos is
+    // where it was planned, and it moved by previous_accepted[shift_from] - max_shift.
+    int32_t shift_from = -1;
+    int32_t max_shift = 0;
   };
   struct MtpDrafts {
     // Per logits row of the rows, in order: the first draft past it, i.e. the row's first draft
@@ -144,8 +148,11 @@ struct ModelInstance {
   // drafts it rejected (Backend::accept_drafts, Backend::shift_rows), so they equal mtp_draft's
   // from the accepted position. Needs an MTP block; rows must have room for num_drafts positions
   // past their last logits row.
+  // `previous_accepted`: the accepted counts the step's moved rows moved by (MtpDraftRow::
+  // shift_from), needed when a row moved.
   MtpDrafts mtp_draft_on_device(std::span<const MtpDraftRow> rows, const LogitsRowInputs& at_logits,
-                                const Tensor& samples, int num_drafts);
+                                const Tensor& samples, int num_drafts,
+                                const Tensor& previous_accepted = Tensor());
   // What a carried verify row of the next step reads (ForwardRow::carried_tokens, stride L): one
   // region of L entries per token, L = the step's logits rows (`samples` [L] i32): region 0 the
   // sample at each logits row, region 1 the first draft past it (MtpDrafts::first), region j >= 2

@@ -29,7 +29,8 @@ SamplingBatch greedy_sampling_batch(Backend& backend, int64_t rows) {
 
 ModelInstance::MtpDrafts ModelInstance::mtp_draft_on_device(std::span<const MtpDraftRow> rows,
                                                             const LogitsRowInputs& at_logits,
-                                                            const Tensor& samples, int num_drafts) {
+                                                            const Tensor& samples, int num_drafts,
+                                                            const Tensor& previous_accepted) {
   if (mtp == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 "MTP drafts on the device: the checkpoint has no mtp.* block (or it was not "
@@ -43,8 +44,35 @@ ModelInstance::MtpDrafts ModelInstance::mtp_draft_on_device(std::span<const MtpD
   MtpDrafts drafts;
   if (rows.empty()) return drafts;
   Backend& be = *backend;
+  // Rows the step itself moved (carried verify rows) move here too, by the same counts, besides
+  // the moves of this step's own acceptance.
+  std::vector<int32_t> moved_from, moved_max;
+  bool moved = false;
+  for (const MtpDraftRow& r : rows) {
+    moved_from.push_back(r.shift_from);
+    moved_max.push_back(r.max_shift);
+    moved = moved || r.shift_from >= 0;
+  }
+  if (moved && !previous_accepted.defined()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "MTP drafts on the device: a row moved by the previous step's accepted drafts, but "
+                "no counts were given");
+  }
   auto upload_i32 = [&](const std::vector<int32_t>& v) {
     return be.upload(Tensor::from_vector(v, {static_cast<int64_t>(v.size())}), DType::kI32);
+  };
+  // The previous step's moves of the moved rows, on a plan of the rows in order; carried token
+  // indices stay (they index this step's outputs), and the compressed entries are left as packed:
+  // the block's layer is a sliding one, which reads none (check_mtp_layer_kinds), and the plan
+  // reserved no room for these moves.
+  auto move_back = [&](const BatchPlan& plan) {
+    if (!moved) return;
+    RowShift shift = row_shift_of(plan, static_cast<int>(rows.size()), previous_accepted);
+    shift.carry_remap = Tensor();
+    shift.entries.clear();
+    shift.shift_from = upload_i32(moved_from);
+    shift.max_shift = upload_i32(moved_max);
+    be.shift_rows(shift);
   };
   auto greedy = [&](const Tensor& logits, Tensor* logprob) {
     SampleResult r = be.sample(logits, greedy_sampling_batch(be, logits.size(0)));
@@ -78,6 +106,7 @@ ModelInstance::MtpDrafts ModelInstance::mtp_draft_on_device(std::span<const MtpD
   size_t max_blocks = validate_rows(pass, config, caches->shape(), /*check_tokens=*/false);
   const BatchPlan first_plan =
       build_batch_plan(pass, config, caches->shape(), be, LogitsMode::kLast, max_blocks);
+  move_back(first_plan);
   const Tensor index = upload_i32(logit_index);
   be.select_tokens(first_plan.layout.token_ids, index, samples);
   const MtpOutput first = mtp->forward(first_plan, be.gather_rows(at_logits.trunk, index), *caches,
@@ -131,6 +160,7 @@ ModelInstance::MtpDrafts ModelInstance::mtp_draft_on_device(std::span<const MtpD
       if (j > 1) shift.carry_remap = Tensor();
       be.shift_rows(shift);
     }
+    move_back(plan);
     take_carried_tokens(be, next, plan, previous);
     if (j == 1) hidden = be.gather_rows(hidden, plan.carry_remap);
     const MtpOutput out = mtp->forward(plan, hidden, *caches, j);
