@@ -6,8 +6,9 @@
 // Here three warpgroups (384 threads) each keep one job, so the phases of neighbouring tiles
 // overlap:
 //  - warpgroup 2, the producer (setmaxnreg: 120 registers): decodes V4's fp8 records (held in
-//    registers, loaded a tile ahead; a key's address resolved two tiles ahead) or copies bf16 rows
-//    (cp.async, a tile ahead) into two 128-byte-swizzled key buffers. Its stores are conflict-free:
+//    registers, loaded a tile ahead, prefetched into L2 a tile before that; a key's address
+//    resolved three tiles ahead) or copies bf16 rows (cp.async a tile ahead, the same L2
+//    prefetch) into two 128-byte-swizzled key buffers. Its stores are conflict-free:
 //    8 consecutive lanes write one chunk of 8 consecutive keys, 8 different 16-byte positions of
 //    the swizzle (the prefetching kernel's 4 threads per key wrote 2 keys x 4 chunks of one 64-byte
 //    half, a 2-way conflict).
@@ -174,6 +175,16 @@ __device__ __forceinline__ void copy_bf16_half(uint8_t* kb, int* valid, const ui
   if (part == 0) valid[key] = src != nullptr ? 1 : 0;
 }
 
+// Has L2 fetch this thread's share of the lines of a key's row (`bytes` long at `src`; null:
+// masked, nothing): part 0 and part 1 take every other 128 bytes and part 1 the last byte, so
+// together they touch every line whatever the row's alignment. Issued a tile before the row's
+// loads, which then wait for L2 instead of DRAM.
+__device__ __forceinline__ void prefetch_row_l2(const uint8_t* src, int bytes, int part) {
+  if (src == nullptr) return;
+  for (int off = 128 * part; off < bytes; off += 256) prefetch_l2(src + off);
+  if (part == 1) prefetch_l2(src + bytes - 1);
+}
+
 // Issues S for all 64 heads x the tile's 64 keys over the 512 channels (one wgmma group).
 __device__ __forceinline__ void issue_scores64(float (&s)[32], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();
@@ -286,18 +297,39 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       return pending_key(a, l, keys, range.begin + int64_t{kKeys} * i + key, range.end);
     };
     auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
+    // The key's address pipeline, at the top of tile i: src_next is tile i + 1's (resolved),
+    // src_ahead tile i + 2's (its block-table load in flight), pending tile i + 3's (its top-k
+    // load in flight). Tile i + 2's row is prefetched into L2 once its address has landed (the
+    // end of tile i), a whole tile before its loads (the end of tile i + 1): the register half
+    // holds one tile, so without it a tile's loads wait for DRAM while nothing else is in flight.
     PendingKey pending{nullptr, -1};
     const uint8_t* src_next = nullptr;
+    const uint8_t* src_ahead = nullptr;
+    constexpr int kRowBytes =
+        kFmt == KvFormat::kFp8 ? kWgmmaPrefetchRecordBytes : kWgmmaAttnDim * 2;
+    auto start_addresses = [&]() {  // tile 0's address; tiles 1..3 in flight
+      const PendingKey k1 = pending_at(1);
+      const PendingKey k2 = pending_at(2);
+      pending = pending_at(3);
+      const uint8_t* src0 = resolve(pending_at(0));
+      src_next = resolve(k1);
+      src_ahead = resolve(k2);
+      return src0;
+    };
+    auto advance_addresses = [&](int i) {  // at the end of tile i, once tile i + 1's loads went
+      prefetch_row_l2(src_ahead, kRowBytes, part);
+      src_next = src_ahead;
+      src_ahead = resolve(pending);
+      pending = pending_at(i + 4);
+    };
     if constexpr (kFmt == KvFormat::kFp8) {
       Fp8Half half;
       bool half_real = false;
       if (tiles > 0) {
-        const PendingKey k1 = pending_at(1);
-        pending = pending_at(2);
-        const uint8_t* src0 = resolve(pending_at(0));
+        const uint8_t* src0 = start_addresses();
         load_fp8_half(half, src0, part);
         half_real = src0 != nullptr;
-        src_next = resolve(k1);
+        prefetch_row_l2(src_next, kRowBytes, part);  // tile 1 while tile 0 lands
       }
       named_barrier<kOverlapThreads>(kStartBarrier);
       warpgroup_regs_dec<kProducerRegs>();
@@ -311,16 +343,13 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         if (i + 1 < tiles) {  // tile i + 1's records land while tile i is consumed
           load_fp8_half(half, src_next, part);
           half_real = src_next != nullptr;
-          src_next = resolve(pending);
-          pending = pending_at(i + 3);
+          advance_addresses(i);
         }
       }
     } else {
       if (tiles > 0) {
-        const PendingKey k1 = pending_at(1);
-        pending = pending_at(2);
-        copy_bf16_half(kb_of(0), valid_of(0), resolve(pending_at(0)), key, part);
-        src_next = resolve(k1);
+        copy_bf16_half(kb_of(0), valid_of(0), start_addresses(), key, part);
+        prefetch_row_l2(src_next, kRowBytes, part);
       }
       named_barrier<kOverlapThreads>(kStartBarrier);
       warpgroup_regs_dec<kProducerRegs>();
@@ -333,8 +362,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         if (i + 1 < tiles) {  // tile i + 1's rows fly while tile i is consumed
           if (i + 1 >= 2) named_barrier<kOverlapThreads>(kTileEmpty + (b ^ 1));  // tile i - 1
           copy_bf16_half(kb_of(b ^ 1), valid_of(b ^ 1), src_next, key, part);
-          src_next = resolve(pending);
-          pending = pending_at(i + 3);
+          advance_addresses(i);
         }
       }
     }
