@@ -16,7 +16,9 @@
 //    wgmma_pair (at 128 heads or a multiple: the swizzled prefetching kernel with a token's two
 //    64-head blocks one cluster that shares the key tiles, sm90/attention_wgmma_pair.cu; other
 //    head counts as the default), wgmma_overlap (the warp-specialised variant, same records as
-//    the prefetching one), or mma_sync (the kernel above everywhere);
+//    the prefetching one), wgmma_overlap_pair (at 128 heads or a multiple: wgmma_overlap with a
+//    token's two 64-head blocks one cluster sharing the decoded key tiles; other head counts as
+//    wgmma_overlap), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -134,7 +136,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
   const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
-  const bool overlap_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlap;
+  const bool overlap_pair_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapPair;
+  const bool overlap_asked =
+      attention_kernel_ == AttentionKernelChoice::kWgmmaOverlap || overlap_pair_asked;
   const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma ||
                            prefetch_asked.prefetch || overlap_asked;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
@@ -152,7 +156,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.overlap = overlap_asked && variant_takes;
     p.pdl = p.prefetch && prefetch_asked.pdl;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
-    p.pair = p.swizzle && prefetch_asked.pair && wgmma_pair_takes(heads);
+    p.pair = ((p.swizzle && prefetch_asked.pair) || (p.overlap && overlap_pair_asked)) &&
+             wgmma_pair_takes(heads);
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;

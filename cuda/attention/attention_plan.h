@@ -34,8 +34,9 @@ struct AttentionMmaPlan {
   bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/*_prefetch.cu)
   bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
   bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
-  // prefetch + swizzle, 128 heads or a multiple: the two blocks of a token's 128 heads a cluster
-  // sharing the key tiles (sm90/attention_wgmma_pair.cu)
+  // prefetch + swizzle (sm90/attention_wgmma_pair.cu) or overlap (the overlap kernel's pair
+  // mode), 128 heads or a multiple: the two blocks of a token's 128 heads a cluster sharing the
+  // key tiles
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
 };
@@ -162,7 +163,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaPair: at 128 heads or
 // a multiple, the swizzled prefetching kernel with the two blocks of a token's 128 heads as one
 // cluster, each loading and decoding half of every key tile for both (the same results; other
-// head counts run kWgmmaPrefetchSw128).
+// head counts run kWgmmaPrefetchSw128). kWgmmaOverlapPair: at 128 heads or a multiple, the
+// warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
+// key tiles, each producer decoding half; the same results; other head counts run
+// kWgmmaOverlap).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -172,6 +176,7 @@ enum class AttentionKernelChoice {
   kWgmmaPrefetchSw128Pdl,
   kWgmmaPair,
   kWgmmaOverlap,
+  kWgmmaOverlapPair,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -200,8 +205,8 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
 }
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
-// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap, unset:
-// wgmma_overlap);
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap |
+// wgmma_overlap_pair, unset: wgmma_overlap);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -215,9 +220,11 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
   if (v == "wgmma_pair") return AttentionKernelChoice::kWgmmaPair;
   if (v == "wgmma_overlap") return AttentionKernelChoice::kWgmmaOverlap;
+  if (v == "wgmma_overlap_pair") return AttentionKernelChoice::kWgmmaOverlapPair;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
-      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair or wgmma_overlap, got '" +
+      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair, wgmma_overlap or "
+      "wgmma_overlap_pair, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }

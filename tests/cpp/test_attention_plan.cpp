@@ -164,6 +164,10 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
             AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
   EXPECT_EQ(parse_attention_kernel("wgmma_pair", &bad), AttentionKernelChoice::kWgmmaPair);
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pair", &bad),
+            AttentionKernelChoice::kWgmmaOverlapPair);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).prefetch);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
   // The pair is the swizzled prefetching kernel, without programmatic dependent launches.

@@ -13,7 +13,8 @@ namespace deepinfer::cuda {
 
 // launch_attention_wgmma's p.overlap path, after its checks (wgmma_prefetch_takes: bf16 rows or
 // V4's fp8 record): 384 threads per block (producer, scorer and value warpgroups), the tiles in
-// wgmma's 128-byte swizzle, an ordinary launch.
+// wgmma's 128-byte swizzle, an ordinary launch; with p.pair (a multiple of 128 heads, else it
+// throws) the cluster-pair mode, a clustered launch of (1, 2, 1).
 void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
                                     const AttentionMmaPlan& p, int64_t tokens,
                                     KernelSmemLimits& smem_limits, cudaStream_t stream);
