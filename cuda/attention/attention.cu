@@ -18,7 +18,9 @@
 //    head counts as the default), wgmma_overlap (the warp-specialised variant, same records as
 //    the prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of
 //    the encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits
-//    one cluster that merges them: no combine kernel), or mma_sync (the kernel above everywhere);
+//    one cluster that merges them: no combine kernel), wgmma_overlap_pair (at 128 heads or a
+//    multiple: wgmma_overlap with a token's two 64-head blocks one cluster sharing the decoded
+//    key tiles; other head counts as wgmma_overlap), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -139,6 +141,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
   const WgmmaOverlapChoice overlap_choice = wgmma_overlap_choice(attention_kernel_);
   const bool overlap_asked = overlap_choice.overlap;
+  const bool overlap_pair_asked = overlap_choice.pair;
   const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma ||
                            prefetch_asked.prefetch || overlap_asked;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
@@ -160,7 +163,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.pdl = (p.prefetch && prefetch_asked.pdl) || (p.overlap && overlap_choice.pdl);
     p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
-    p.pair = p.swizzle && prefetch_asked.pair && wgmma_pair_takes(heads);
+    p.pair = ((p.swizzle && prefetch_asked.pair) || (p.overlap && overlap_pair_asked)) &&
+             wgmma_pair_takes(heads);
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;

@@ -34,8 +34,9 @@ struct AttentionMmaPlan {
   bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/*_prefetch.cu)
   bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
   bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
-  // prefetch + swizzle, 128 heads or a multiple: the two blocks of a token's 128 heads a cluster
-  // sharing the key tiles (sm90/attention_wgmma_pair.cu)
+  // prefetch + swizzle (sm90/attention_wgmma_pair.cu) or overlap (the overlap kernel's pair
+  // mode), 128 heads or a multiple: the two blocks of a token's 128 heads a cluster sharing the
+  // key tiles
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
   // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
@@ -171,7 +172,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // while that grid runs) and the combine one of it; kWgmmaOverlapFused, the same launch with a
 // token's key splits one thread-block cluster (at most 8 splits) whose blocks merge the splits
 // after a cluster barrier, each a slice of the heads, so no combine kernel runs (the combine's
-// arithmetic: the same bytes).
+// arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
+// warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
+// key tiles, each producer decoding half; the same results; other head counts run
+// kWgmmaOverlap).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -183,6 +187,7 @@ enum class AttentionKernelChoice {
   kWgmmaOverlap,
   kWgmmaOverlapPdl,
   kWgmmaOverlapFused,
+  kWgmmaOverlapPair,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -215,6 +220,7 @@ struct WgmmaOverlapChoice {
   bool overlap = false;
   bool pdl = false;            // programmatic dependent launches (encode -> it -> combine)
   bool cluster_merge = false;  // the splits merged in the kernel by their cluster
+  bool pair = false;           // at 128 heads or a multiple: cluster pairs sharing the key tiles
 };
 
 inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
@@ -225,6 +231,8 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
       return {true, true, false};
     case AttentionKernelChoice::kWgmmaOverlapFused:
       return {true, true, true};
+    case AttentionKernelChoice::kWgmmaOverlapPair:
+      return {true, false, false, true};
     default:
       return {};
   }
@@ -232,7 +240,7 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap |
-// wgmma_overlap_pdl | wgmma_overlap_fused, unset: wgmma_overlap);
+// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair, unset: wgmma_overlap);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -248,10 +256,11 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_overlap") return AttentionKernelChoice::kWgmmaOverlap;
   if (v == "wgmma_overlap_pdl") return AttentionKernelChoice::kWgmmaOverlapPdl;
   if (v == "wgmma_overlap_fused") return AttentionKernelChoice::kWgmmaOverlapFused;
+  if (v == "wgmma_overlap_pair") return AttentionKernelChoice::kWgmmaOverlapPair;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
       "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair, wgmma_overlap, "
-      "wgmma_overlap_pdl or wgmma_overlap_fused, got '" +
+      "wgmma_overlap_pdl, wgmma_overlap_fused or wgmma_overlap_pair, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }

@@ -81,6 +81,28 @@ __device__ __forceinline__ void fence_async_all() {
   DEEPINFER_CLUSTER_PTX("fence.proxy.async;\n" ::: "memory");
 }
 
+// One arrival on the mbarrier at shared::cluster address `addr` (map_shared_to_rank's: this
+// block's own or a peer's), with release semantics at cluster scope: this thread's earlier
+// stores, local or remote, happen before the accesses of a thread whose wait sees the phase
+// complete.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t addr) {
+  DEEPINFER_CLUSTER_PTX("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr)
+                        : "memory");
+}
+
+// Blocks until the phase of parity `parity` of this block's mbarrier at shared-memory address
+// `addr` (smem_addr's) has completed, with acquire semantics at cluster scope (the arrivals may
+// come from the peer blocks).
+__device__ __forceinline__ void mbarrier_wait_cluster(uint32_t addr, uint32_t parity) {
+  DEEPINFER_CLUSTER_PTX(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+
 #undef DEEPINFER_CLUSTER_PTX
 
 }  // namespace deepinfer::cuda

@@ -69,6 +69,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// Asks L2 to fetch the line holding global address `gmem` (no register, no completion): a load
+// issued a while later finds it there instead of waiting for DRAM.
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
+}
+
 // ---- ldmatrix and mma.sync ----------------------------------------------------------------------
 
 // Four 8x8 b16 matrices; lanes 8i .. 8i+7 give the row addresses of matrix i, and lane l gets

@@ -177,6 +177,10 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_TRUE(fused.overlap && fused.pdl && fused.cluster_merge);
   EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaPrefetchSw128Pdl).overlap);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapFused).prefetch);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pair", &bad),
+            AttentionKernelChoice::kWgmmaOverlapPair);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).prefetch);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
   // The pair is the swizzled prefetching kernel, without programmatic dependent launches.

@@ -228,7 +228,8 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "record (448 + 64 channels), got a record of " +
                     std::to_string(a.kvf.row_bytes) + " bytes");
   }
-  if (p.pair) return launch_attention_wgmma_pair(a, l, p, tokens, smem_limits, stream);
+  if (p.pair && !p.overlap)
+    return launch_attention_wgmma_pair(a, l, p, tokens, smem_limits, stream);
   if (p.overlap) return launch_attention_wgmma_overlap(a, l, p, tokens, smem_limits, stream);
   if (p.prefetch) return launch_attention_wgmma_prefetch(a, l, p, tokens, smem_limits, stream);
   if (a.kvf.format == KvFormat::kBf16) {

@@ -6,8 +6,9 @@
 // Here three warpgroups (384 threads) each keep one job, so the phases of neighbouring tiles
 // overlap:
 //  - warpgroup 2, the producer (setmaxnreg: 120 registers): decodes V4's fp8 records (held in
-//    registers, loaded a tile ahead; a key's address resolved two tiles ahead) or copies bf16 rows
-//    (cp.async, a tile ahead) into two 128-byte-swizzled key buffers. Its stores are conflict-free:
+//    registers, loaded a tile ahead, prefetched into L2 a tile before that; a key's address
+//    resolved three tiles ahead) or copies bf16 rows (cp.async a tile ahead, the same L2
+//    prefetch) into two 128-byte-swizzled key buffers. Its stores are conflict-free:
 //    8 consecutive lanes write one chunk of 8 consecutive keys, 8 different 16-byte positions of
 //    the swizzle (the prefetching kernel's 4 threads per key wrote 2 keys x 4 chunks of one 64-byte
 //    half, a 2-way conflict).
@@ -40,6 +41,24 @@
 // No role arrives twice on a barrier before its partner synced (each next arrival needs a sync of
 // the partner first), and no wait depends on itself: the scorer releases buffer i - 1 after it has
 // synced tile i, which the producer published before it waited for buffer i - 1.
+//
+// Cluster-pair mode (kPair; DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair, opt-in, 128 heads or a
+// multiple): the two 64-head blocks of a token and split (head groups 2k, 2k + 1) are one
+// cluster (1, 2, 1). Each producer loads and decodes 32 keys of every tile (rank r: keys
+// 32r .. 32r + 31, 4 threads per key) and stores them, and their valid flags, into its own
+// buffer and the peer's (st.shared::cluster), so each block does half of the key loads and
+// decode. The tile handshakes become cluster-scope mbarriers in each block:
+//   full[b]   every producer thread of both blocks arrives (release.cluster, after
+//             fence.proxy.async) on both blocks' full[b] once per tile; the scorer waits
+//             (acquire.cluster) for the phase of tile i (parity (i / 2) & 1): both halves there
+//   empty[b]  each consumer warp of both blocks arrives on both blocks' empty[b] when done
+//             with buffer b (the same tiles as kTileEmpty's arrivals); a producer waits for the
+//             phase of tile i - 2 before writing tile i, so neither overwrites a buffer that a
+//             consumer of either block still reads
+// The other barriers stay named and per block. Both blocks have the same key range and number of
+// tiles, so every arrival has its wait in both; every thread of both blocks passes a cluster
+// barrier once at the start (initialised mbarriers, peer running, before any remote access) and
+// once at the end (no block exits while the peer may still store or arrive into it).
 #include <cstdint>
 #include <string>
 
@@ -47,9 +66,12 @@
 #include "cuda/attention/sm90/attention_wgmma_keys.cuh"
 #include "cuda/attention/sm90/attention_wgmma_merge.cuh"
 #include "cuda/attention/sm90/attention_wgmma_overlap.h"
+#include "cuda/attention/sm90/attention_wgmma_overlap_share.cuh"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx_cluster.cuh"
+#include "cuda/common/ptx_mbarrier.cuh"
 #include "cuda/common/smem_limits.h"
 
 namespace deepinfer::cuda {
@@ -67,6 +89,12 @@ constexpr int kValueRegs = 168;  // __launch_bounds__(384, 1)'s share: warpgroup
 constexpr int kProducerRegs = 120;
 static_assert(kScorerRegs + kValueRegs + kProducerRegs == 3 * 168,
               "setmaxnreg moves registers between the warpgroups, the total stays the block's");
+
+// Pair mode: a full[b] phase takes one arrival per producer thread of both blocks, an empty[b]
+// phase one per consumer warp of both blocks.
+constexpr int kPairBlocks = 2;
+constexpr uint32_t kPairFullArrivals = kPairBlocks * kProducerThreads;
+constexpr uint32_t kPairEmptyArrivals = kPairBlocks * kConsumerThreads / 32;
 
 enum OverlapBarrier : int {
   kTileFull = 1,    // + buffer
@@ -91,6 +119,11 @@ struct OverlapLayout {
   static constexpr size_t kAlphaOff = kValidOff + 2 * kKeys * sizeof(int);
   static constexpr size_t kRowsOff = kAlphaOff + 2 * kRows * sizeof(float);  // max, then denom
   static constexpr size_t kBytes = kRowsOff + 2 * kRows * sizeof(float);
+  // The pair mode's mbarriers after the rest: full[2], then empty[2].
+  static constexpr size_t kBarOff = kBytes;
+  static constexpr size_t kPairBytes = kBarOff + 4 * sizeof(uint64_t);
+  static_assert(kBarOff % 8 == 0, "aligned mbarriers");
+  static_assert(kPairBytes <= 227 * 1024, "fits Hopper's opt-in shared memory per block");
   static_assert(kKbOff % 1024 == 0 && kKbBytes % 1024 == 0 && kPOff % 1024 == 0 &&
                     kPBytes % 1024 == 0,
                 "1 KB aligned tiles");
@@ -262,11 +295,14 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
 
 // kPdl: a programmatic dependent launch of the kv rows' encoding (the griddepcontrol
 // instructions are only in that instantiation). kMerge: launched in clusters of a token's splits,
-// which merge them (AttentionMmaPlan::cluster_merge).
-template <KvFormat kFmt, bool kPdl, bool kMerge>
+// which merge them (AttentionMmaPlan::cluster_merge). kPair: the cluster-pair mode (grid (token,
+// head group, split), cluster (1, 2, 1); the file's head comment). kMerge and kPair exclude each
+// other (one cluster shape).
+template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair>
 __global__ void __launch_bounds__(kOverlapThreads, 1)
     attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
+  static_assert(!(kMerge && kPair), "one cluster shape: the splits' or the pair's");
   static_assert(kMergeSmemBytes <= OverlapLayout::kPBytes * 2, "the merge's scratch in P's place");
   // The combine (a programmatic dependent launch of this grid) may start: it waits for this grid
   // to end before it reads anything.
@@ -289,34 +325,129 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const int wg = tid >> 7;
   const int t = blockIdx.x;
   const int h_first = blockIdx.y * kRows;
+
+  // Pair mode: this block's mbarriers (full[b]: both producers' threads arrive once per tile of
+  // buffer b; empty[b]: each warp of both blocks' consumers once), their shared::cluster
+  // addresses here and in the peer, and the start rendezvous (its wait comes before any remote
+  // access; every thread of both blocks passes it once, and once more at the end).
+  const uint32_t bar_base = smem_addr(smem + L::kBarOff);
+  uint32_t rank = 0;
+  uint32_t bar_local = 0;
+  uint32_t bar_peer = 0;
+  if constexpr (kPair) {
+    if (tid == 0) {
+      uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+      for (int b = 0; b < 2; ++b) {
+        mbarrier_init(bars + b, kPairFullArrivals);
+        mbarrier_init(bars + 2 + b, kPairEmptyArrivals);
+      }
+      mbarrier_init_fence();
+    }
+    cluster_arrive_release();
+    rank = cluster_block_rank();
+    bar_local = map_shared_to_rank(bar_base, rank);
+    bar_peer = map_shared_to_rank(bar_base, rank ^ 1u);
+  }
+  auto full_bar = [&](int b) { return static_cast<uint32_t>(8 * b); };
+  auto empty_bar = [&](int b) { return static_cast<uint32_t>(8 * (2 + b)); };
+  auto arrive_both = [&](uint32_t off) {  // this block's mbarrier and the peer's
+    mbarrier_arrive_cluster(bar_local + off);
+    mbarrier_arrive_cluster(bar_peer + off);
+  };
+  // Every thread of both blocks once at the end, so no block exits while its peer may still
+  // store into its buffers or arrive on its mbarriers.
+  auto pair_finish = [&]() {
+    if constexpr (kPair) {
+      cluster_arrive_release();
+      cluster_wait_acquire();
+    }
+  };
+
+  // Both blocks of a pair have the same token and split: the same range and number of tiles.
   const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   const int tiles = static_cast<int>((range.end - range.begin + kKeys - 1) / kKeys);
 
   if (wg == 2) {
-    // Producer role: key `key` of each tile, chunks 2i + part; lanes 8k .. 8k + 7 hold 8
-    // consecutive keys (conflict-free swizzled stores).
+    // Producer role: key `key` of each tile, chunks kParts i + part; lanes 8k .. 8k + 7 hold 8
+    // consecutive keys (conflict-free swizzled stores). Unpaired: 2 threads per key, all 64
+    // keys; pair mode: 4 threads per key, the block's 32 keys 32 rank .. + 31.
+    constexpr int kParts = kPair ? kQuarterParts : 2;
     const int pt = tid - kConsumerThreads;
-    const int key = (pt & 7) + 8 * (pt >> 4);
-    const int part = (pt >> 3) & 1;
+    const int key = kPair ? static_cast<int>(rank) * kPairKeys + (pt & 7) + 8 * (pt >> 5)
+                          : (pt & 7) + 8 * (pt >> 4);
+    const int part = kPair ? (pt >> 3) & 3 : (pt >> 3) & 1;
     auto pending_at = [&](int i) {
       return pending_key(a, l, keys, range.begin + int64_t{kKeys} * i + key, range.end);
     };
     auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
+    // The key's address pipeline, at the top of tile i: src_next is tile i + 1's (resolved),
+    // src_ahead tile i + 2's (its block-table load in flight), pending tile i + 3's (its top-k
+    // load in flight). Tile i + 2's row is prefetched into L2 once its address has landed (the
+    // end of tile i), a whole tile before its loads (the end of tile i + 1): the register half
+    // holds one tile, so without it a tile's loads wait for DRAM while nothing else is in flight.
     PendingKey pending{nullptr, -1};
     const uint8_t* src_next = nullptr;
-    if constexpr (kFmt == KvFormat::kFp8) {
+    const uint8_t* src_ahead = nullptr;
+    constexpr int kRowBytes =
+        kFmt == KvFormat::kFp8 ? kWgmmaPrefetchRecordBytes : kWgmmaAttnDim * 2;
+    auto start_addresses = [&]() {  // tile 0's address; tiles 1..3 in flight
+      const PendingKey k1 = pending_at(1);
+      const PendingKey k2 = pending_at(2);
+      pending = pending_at(3);
+      const uint8_t* src0 = resolve(pending_at(0));
+      src_next = resolve(k1);
+      src_ahead = resolve(k2);
+      return src0;
+    };
+    auto advance_addresses = [&](int i) {  // at the end of tile i, once tile i + 1's loads went
+      prefetch_row_l2<kParts>(src_ahead, kRowBytes, part);
+      src_next = src_ahead;
+      src_ahead = resolve(pending);
+      pending = pending_at(i + 4);
+    };
+    if constexpr (kPair) {
+      PairQuarter<kFmt> share;
+      bool share_real = false;
+      if (tiles > 0) {
+        const uint8_t* src0 = start_addresses();
+        load_quarter(share, src0, part);
+        share_real = src0 != nullptr;
+        prefetch_row_l2<kParts>(src_next, kRowBytes, part);
+      }
+      named_barrier<kOverlapThreads>(kStartBarrier);
+      cluster_wait_acquire();  // the peer runs, its mbarriers are initialised
+      warpgroup_regs_dec<kProducerRegs>();
+      const uint32_t kb_peer = map_shared_to_rank(smem_addr(kb_of(0)), rank ^ 1u);
+      const uint32_t valid_peer = map_shared_to_rank(smem_addr(valid_of(0)), rank ^ 1u);
+#pragma unroll 1
+      for (int i = 0; i < tiles; ++i) {
+        const int b = i & 1;
+        // Tile i - 2 consumed in both blocks (the (i / 2 - 1)-th phase of empty[b]).
+        if (i >= 2) mbarrier_wait_cluster(bar_base + empty_bar(b), ((i >> 1) - 1) & 1);
+        const PairKeyBuffer buf{kb_of(b), valid_of(b),
+                                kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
+                                valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int))};
+        store_quarter(buf, share, share_real, key, part);
+        fence_async_all();  // both blocks' copies of the half tile, for their wgmma
+        arrive_both(full_bar(b));
+        if (i + 1 < tiles) {
+          load_quarter(share, src_next, part);
+          share_real = src_next != nullptr;
+          advance_addresses(i);
+        }
+      }
+      pair_finish();
+    } else if constexpr (kFmt == KvFormat::kFp8) {
       Fp8Half half;
       bool half_real = false;
       if (tiles > 0) {
-        const PendingKey k1 = pending_at(1);
-        pending = pending_at(2);
-        const uint8_t* src0 = resolve(pending_at(0));
+        const uint8_t* src0 = start_addresses();
         // A sliding key may be one of this call's kv rows: the encoding's output.
         if constexpr (kPdl) wait_for_previous_grid();
         load_fp8_half(half, src0, part);
         half_real = src0 != nullptr;
-        src_next = resolve(k1);
+        prefetch_row_l2<kParts>(src_next, kRowBytes, part);  // tile 1 while tile 0 lands
       }
       named_barrier<kOverlapThreads>(kStartBarrier);
       warpgroup_regs_dec<kProducerRegs>();
@@ -330,18 +461,15 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         if (i + 1 < tiles) {  // tile i + 1's records land while tile i is consumed
           load_fp8_half(half, src_next, part);
           half_real = src_next != nullptr;
-          src_next = resolve(pending);
-          pending = pending_at(i + 3);
+          advance_addresses(i);
         }
       }
     } else {
       if (tiles > 0) {
-        const PendingKey k1 = pending_at(1);
-        pending = pending_at(2);
-        const uint8_t* src0 = resolve(pending_at(0));
+        const uint8_t* src0 = start_addresses();
         if constexpr (kPdl) wait_for_previous_grid();  // as for fp8
         copy_bf16_half(kb_of(0), valid_of(0), src0, key, part);
-        src_next = resolve(k1);
+        prefetch_row_l2<kParts>(src_next, kRowBytes, part);
       }
       named_barrier<kOverlapThreads>(kStartBarrier);
       warpgroup_regs_dec<kProducerRegs>();
@@ -354,8 +482,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         if (i + 1 < tiles) {  // tile i + 1's rows fly while tile i is consumed
           if (i + 1 >= 2) named_barrier<kOverlapThreads>(kTileEmpty + (b ^ 1));  // tile i - 1
           copy_bf16_half(kb_of(b ^ 1), valid_of(b ^ 1), src_next, key, part);
-          src_next = resolve(pending);
-          pending = pending_at(i + 3);
+          advance_addresses(i);
         }
       }
     }
@@ -370,6 +497,25 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   }
   fence_async_shared();  // q, for wgmma
   named_barrier<kOverlapThreads>(kStartBarrier);
+  if constexpr (kPair) cluster_wait_acquire();  // the start rendezvous (see above)
+  // Tile i in buffer b: published by the producer (pair mode: by both producers, the
+  // (i / 2)-th phase of full[b]).
+  auto wait_tile = [&](int i, int b) {
+    if constexpr (kPair) {
+      mbarrier_wait_cluster(bar_base + full_bar(b), (i >> 1) & 1);
+    } else {
+      named_barrier<kConsumerThreads>(kTileFull + b);
+    }
+  };
+  // This warpgroup is done with buffer b (its wgmma reads completed): the producer (pair mode:
+  // both blocks' producers, one arrival per warp) may rewrite it.
+  auto release_tile = [&](int b) {
+    if constexpr (kPair) {
+      if (lane == 0) arrive_both(empty_bar(b));
+    } else {
+      named_barrier_arrive<kOverlapThreads>(kTileEmpty + b);
+    }
+  };
   const int row0 = 16 * ((tid >> 5) & 3) + (lane >> 2);  // the thread's heads: row0, row0 + 8
   const int qd = lane & 3;
   const uint64_t q_desc = T::kmajor(qs);
@@ -384,13 +530,13 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 #pragma unroll 1
     for (int i = 0; i < tiles; ++i) {
       const int b = i & 1;
-      named_barrier<kConsumerThreads>(kTileFull + b);
+      wait_tile(i, b);
       float s[32];
       issue_scores64(s, q_desc, T::kmajor(kb_of(b)));
       if (i > 0) {
         wgmma_wait<1>();  // the values of tile i - 1 (committed before the scores)
         fence_accumulators(o);
-        if (i + 1 < tiles) named_barrier_arrive<kOverlapThreads>(kTileEmpty + (b ^ 1));
+        if (i + 1 < tiles) release_tile(b ^ 1);
       }
       wait_products(s);
       if (i >= 2) named_barrier<kConsumerThreads>(kProbsFree + b);  // warpgroup 1 read P[b]
@@ -416,6 +562,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
           a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
     }
+    pair_finish();
     return;
   }
 
@@ -430,7 +577,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     wait_products(o);
     if (i + 2 < tiles) {
       named_barrier_arrive<kConsumerThreads>(kProbsFree + b);
-      named_barrier_arrive<kOverlapThreads>(kTileEmpty + b);
+      release_tile(b);
     }
   }
   named_barrier<kConsumerThreads>(kRowsReady);
@@ -441,6 +588,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
         a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
   }
+  pair_finish();
 }
 
 // p.pdl: a programmatic dependent launch; p.cluster_merge: clusters (1, 1, splits) that merge
@@ -457,7 +605,7 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
                       std::to_string(kWgmmaClusterMergeMaxSplits) + " splits in a cluster, got " +
                       std::to_string(p.splits));
     }
-    auto* kernel = attention_wgmma_overlap_kernel<kFmt, true, true>;
+    auto* kernel = attention_wgmma_overlap_kernel<kFmt, true, true, false>;
     smem_limits.allow(kernel, OverlapLayout::kBytes);
     ClusterLaunch cl;
     cl.grid = grid;
@@ -470,8 +618,20 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
                      l);
     return;
   }
-  auto* kernel = p.pdl ? attention_wgmma_overlap_kernel<kFmt, true, false>
-                       : attention_wgmma_overlap_kernel<kFmt, false, false>;
+  if (p.pair) {
+    auto* kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true>;
+    smem_limits.allow(kernel, OverlapLayout::kPairBytes);
+    ClusterLaunch cl;
+    cl.grid = grid;
+    cl.block = dim3(kOverlapThreads);
+    cl.cluster = dim3(1, kPairBlocks, 1);
+    cl.smem = OverlapLayout::kPairBytes;
+    cl.stream = stream;
+    launch_clustered("attention (the overlapping wgmma kernel, cluster pairs)", cl, kernel, a, l);
+    return;
+  }
+  auto* kernel = p.pdl ? attention_wgmma_overlap_kernel<kFmt, true, false, false>
+                       : attention_wgmma_overlap_kernel<kFmt, false, false, false>;
   smem_limits.allow(kernel, OverlapLayout::kBytes);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -493,6 +653,13 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
 void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
                                     const AttentionMmaPlan& p, int64_t tokens,
                                     KernelSmemLimits& smem_limits, cudaStream_t stream) {
+  if (p.pair && (a.heads % (2 * kWgmmaAttnRows) != 0 || p.head_groups % 2 != 0)) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: the overlapping wgmma kernel's cluster pairs take a multiple of 128 "
+                "heads, got " +
+                    std::to_string(a.heads) + " heads in " + std::to_string(p.head_groups) +
+                    " head groups");
+  }
   if (a.kvf.format == KvFormat::kBf16) {
     return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream);
   }

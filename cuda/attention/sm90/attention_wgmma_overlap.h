@@ -15,7 +15,8 @@ namespace deepinfer::cuda {
 // V4's fp8 record): 384 threads per block (producer, scorer and value warpgroups), the tiles in
 // wgmma's 128-byte swizzle; p.pdl: a programmatic dependent launch of the grid before it (the kv
 // rows' encoding); p.cluster_merge: a token's splits one cluster that merges them into the output
-// (at most kWgmmaClusterMergeMaxSplits; no combine kernel after it).
+// (at most kWgmmaClusterMergeMaxSplits; no combine kernel after it); p.pair (a multiple of 128
+// heads, else it throws): the cluster-pair mode, a clustered launch of (1, 2, 1).
 void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
                                     const AttentionMmaPlan& p, int64_t tokens,
                                     KernelSmemLimits& smem_limits, cudaStream_t stream);

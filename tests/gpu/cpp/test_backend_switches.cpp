@@ -93,6 +93,12 @@ TEST(BackendSwitches, AttentionKernelTakesTheSmallBatchOverlapVariants) {
             cuda::AttentionKernelChoice::kWgmmaOverlapFused);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaPair) {
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_pair");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaOverlapPair);
+}
+
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
   for (const char* name : kSwitches) {
     ScopedEnv bad(name, "no-such-choice");

@@ -1,0 +1,146 @@
+// The producer's key shares of the warp-specialised Hopper attention kernel
+// (sm90/attention_wgmma_overlap.cu) in its cluster-pair mode (DEEPINFER_ATTENTION_KERNEL=
+// wgmma_overlap_pair): each of a token's two 64-head blocks loads and decodes 32 keys of every
+// 64-key tile, 4 producer threads per key, and stores the bf16 rows into its own key buffer and
+// through distributed shared memory into its peer's. Also the L2 prefetch of a key's row that
+// both modes issue a tile ahead of its loads.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+#include "cuda/common/ptx_cluster.cuh"
+
+namespace deepinfer::cuda::attention_wgmma {
+
+// Has L2 fetch this thread's share of the lines of a key's row (`bytes` long at `src`; null:
+// masked, nothing): part p of kParts takes the 128-byte steps p, p + kParts, ... and the last
+// part the row's last byte, so together they touch every line whatever the row's alignment.
+template <int kParts>
+__device__ __forceinline__ void prefetch_row_l2(const uint8_t* src, int bytes, int part) {
+  if (src == nullptr) return;
+  for (int off = 128 * part; off < bytes; off += 128 * kParts) prefetch_l2(src + off);
+  if (part == kParts - 1) prefetch_l2(src + bytes - 1);
+}
+
+constexpr int kPairKeys = kKeys / 2;  // keys of a tile one block of the pair loads: 32
+constexpr int kQuarterParts = 4;      // producer threads per loaded key
+constexpr int kQuarterNope = kWgmmaPrefetchNope / 8 / kQuarterParts;       // 14 e4m3 chunks
+constexpr int kQuarterRope = 2 * kWgmmaPrefetchRope / 16 / kQuarterParts;  // 2 RoPE chunks
+constexpr int kQuarterBf16 = kChunks / kQuarterParts;                      // 16 bf16 chunks
+static_assert(kQuarterNope * kQuarterParts * 8 == kWgmmaPrefetchNope &&
+                  (kWgmmaPrefetchNope / 8 + kQuarterRope * kQuarterParts) == kChunks,
+              "V4's record cut into 4 equal shares of tile chunks");
+
+// A producer thread's share of its key: tile chunks kQuarterParts i + part. fp8: the e4m3
+// bytes of those chunks (one 8-byte piece each), the RoPE chunks' bf16 bytes (two pieces each)
+// and the record's 8 scale bytes; bf16: the chunks themselves. A warp's load reads 32 (fp8) or
+// 64 (bf16) contiguous bytes of each of its 8 keys.
+template <KvFormat kFmt>
+struct PairQuarter;
+template <>
+struct PairQuarter<KvFormat::kFp8> {
+  uint2 nope[kQuarterNope];
+  uint2 rope[2 * kQuarterRope];
+  uint2 scales;
+};
+template <>
+struct PairQuarter<KvFormat::kBf16> {
+  uint4 chunk[kQuarterBf16];
+};
+
+__device__ __forceinline__ void load_quarter(PairQuarter<KvFormat::kFp8>& q, const uint8_t* rec,
+                                             int part) {
+  if (rec == nullptr) return;
+  const uint2* p = reinterpret_cast<const uint2*>(rec);
+  constexpr int kNopePieces = kWgmmaPrefetchNope / 8;  // the RoPE bytes start at piece 56
+#pragma unroll
+  for (int i = 0; i < kQuarterNope; ++i) q.nope[i] = __ldg(p + kQuarterParts * i + part);
+#pragma unroll
+  for (int j = 0; j < kQuarterRope; ++j) {
+    const int piece = kNopePieces + 2 * (kQuarterParts * j + part);
+    q.rope[2 * j] = __ldg(p + piece);
+    q.rope[2 * j + 1] = __ldg(p + piece + 1);
+  }
+  q.scales = __ldg(p + (kWgmmaPrefetchRecordBytes - 8) / 8);
+}
+
+__device__ __forceinline__ void load_quarter(PairQuarter<KvFormat::kBf16>& q, const uint8_t* row,
+                                             int part) {
+  if (row == nullptr) return;
+  const uint4* p = reinterpret_cast<const uint4*>(row);
+#pragma unroll
+  for (int i = 0; i < kQuarterBf16; ++i) q.chunk[i] = __ldg(p + kQuarterParts * i + part);
+}
+
+// A key buffer in both blocks of the pair: this block's tile and valid flags, and the peer's
+// (shared::cluster addresses of the same offsets). Every store goes to both.
+struct PairKeyBuffer {
+  uint8_t* kb;
+  int* valid;
+  uint32_t kb_peer;
+  uint32_t valid_peer;
+
+  __device__ __forceinline__ void put16(int offset, uint4 v) const {
+    *reinterpret_cast<uint4*>(kb + offset) = v;
+    st_cluster_16(kb_peer + static_cast<uint32_t>(offset), v);
+  }
+  __device__ __forceinline__ void put_valid(int key, bool real) const {
+    valid[key] = real ? 1 : 0;
+    st_cluster_4(valid_peer + 4u * static_cast<uint32_t>(key), real ? 1u : 0u);
+  }
+};
+
+// Tile row `key`'s chunks kQuarterParts i + part from the share (zeros for a masked key) into
+// both blocks, and the key's valid flag. The fp8 arithmetic is decode_fp8_half's (the same
+// bits): e4m3 -> half -> f32, times the chunk's power-of-two scale, rounded to bf16.
+__device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
+                                              const PairQuarter<KvFormat::kFp8>& q, bool real,
+                                              int key, int part) {
+  using T = Tiles<true>;
+  const uint64_t scales = (static_cast<uint64_t>(q.scales.y) << 32) | q.scales.x;
+  static_assert(kv_record::kFp8Group == 64 && kQuarterParts == 4,
+                "chunk 4i + part lies in scale group i / 2 (groups of 8 chunks)");
+#pragma unroll
+  for (int i = 0; i < kQuarterNope; ++i) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (real) {
+      const float scale = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 2))));
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = k < 2 ? q.nope[i].x : q.nope[i].y;
+        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+        const __half2 hv =
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+        const float2 f = __half22float2(hv);
+        packed[k] = pack_bf16(f.x * scale, f.y * scale);
+      }
+      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    buf.put16(T::offset(key, kQuarterParts * i + part), v);
+  }
+#pragma unroll
+  for (int j = 0; j < kQuarterRope; ++j) {
+    const int chunk = kWgmmaPrefetchNope / 8 + kQuarterParts * j + part;
+    const uint4 v = real ? make_uint4(q.rope[2 * j].x, q.rope[2 * j].y, q.rope[2 * j + 1].x,
+                                      q.rope[2 * j + 1].y)
+                         : make_uint4(0u, 0u, 0u, 0u);
+    buf.put16(T::offset(key, chunk), v);
+  }
+  if (part == 0) buf.put_valid(key, real);
+}
+
+__device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
+                                              const PairQuarter<KvFormat::kBf16>& q, bool real,
+                                              int key, int part) {
+  using T = Tiles<true>;
+#pragma unroll
+  for (int i = 0; i < kQuarterBf16; ++i) {
+    buf.put16(T::offset(key, kQuarterParts * i + part),
+              real ? q.chunk[i] : make_uint4(0u, 0u, 0u, 0u));
+  }
+  if (part == 0) buf.put_valid(key, real);
+}
+
+}  // namespace deepinfer::cuda::attention_wgmma
