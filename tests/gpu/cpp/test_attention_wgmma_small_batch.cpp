@@ -111,7 +111,7 @@ TEST_P(AttentionWgmmaSmallBatch, MatchesTheDefaultKernel) {
     cuda_be.set_attention_kernel(k);
     cuda_be.set_attention_mma_choice({.splits = splits});
     Tensor o = be->to_host(be->attention(q, kv_rows, ring, entries, topk, sinks, layout, spec));
-    EXPECT_TRUE(cuda_be.last_attention_wgmma());
+    EXPECT_EQ(cuda_be.last_attention_wgmma(), k != cuda::AttentionKernelChoice::kMmaSync);
     plan = cuda_be.last_attention_plan();
     cuda_be.set_attention_kernel(kernel0);
     cuda_be.set_attention_mma_choice(choice0);
