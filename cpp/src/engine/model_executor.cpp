@@ -201,9 +201,17 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   auto step = std::make_unique<ModelStep>();
   step->step_id = plan.step_id;
 
-  // Carried rows name their token's index in the previous step's sampled tokens.
+  // Carried rows name their token's index in the previous step's sampled tokens, or (a carried
+  // verify row, V4's MTP drafts) in its samples and drafts per logits row, whose first region is
+  // the samples.
   Tensor previous_tokens;
-  if (previous != nullptr) previous_tokens = dynamic_cast<ModelStep&>(*previous).sampled;
+  ModelInstance::PreviousStep previous_step;
+  if (previous != nullptr) {
+    const auto& p = dynamic_cast<const ModelStep&>(*previous);
+    previous_tokens = p.carried.defined() ? p.carried : p.sampled;
+    previous_step = {.accepted = p.accepted, .trunk = p.trunk};
+    step->previous_accepted = p.accepted;
+  }
 
   m.caches->copy_state_slots(be, plan.copies_before);
   const RowSpan rows = plan.forward_rows();
@@ -211,7 +219,7 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
   // caches are snapshotted with theirs.
   const ModelInstance::Output forward =
       mtp_on() ? m.forward_with_mtp(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens,
-                                    &step->at_logits)
+                                    &step->at_logits, &previous_step)
                : m.forward(rows, table_width(rows, m), LogitsMode::kLast, previous_tokens);
   // The forward waited for each layer's pending KV tier imports right before that layer; those
   // of layers it did not run (MTP blocks when drafting is off) are waited for now, so nothing
@@ -222,9 +230,9 @@ std::unique_ptr<InflightStep> ModelExecutor::launch(const StepPlan& plan, Inflig
     for (const StepRow& r : plan.rows) {
       const ForwardRow& f = r.forward;
       if (!r.samples()) continue;
-      step->draft_rows.push_back(
-          {f.slot, f.start_pos + f.num_tokens - f.num_logits, f.num_logits,
-           std::vector<int32_t>(f.block_table.begin(), f.block_table.end())});
+      step->draft_rows.push_back({f.slot, f.start_pos + f.num_tokens - f.num_logits, f.num_logits,
+                                  std::vector<int32_t>(f.block_table.begin(), f.block_table.end()),
+                                  f.shift_from, f.max_shift});
     }
   }
   if (forward.logits.defined()) {
@@ -305,6 +313,9 @@ LogitAdjustments ModelExecutor::logit_adjustments(const StepPlan& plan, int64_t 
       }
     }
     if (p.constraint == nullptr) continue;
+    // Its rows are masked from its drafts, which a carried verify row does not have on the host
+    // (the scheduler plans none for a constrained request).
+    DEEPINFER_CHECK(!(r.verifies() && r.carried()), "a carried verify row with a constraint");
     if (allowed.empty()) allowed.assign(static_cast<size_t>(num_rows * words), ~0u);
     auto row_mask = [&](int j) {
       return std::span<uint32_t>(
@@ -410,6 +421,11 @@ void ModelExecutor::verify(const StepPlan& plan, const Tensor& logits, const Ten
     for (int j = 0; j < r.num_drafts; ++j)
       step.verify_drafts.back().push_back(r.forward.tokens[static_cast<size_t>(j) + 1]);
     step.forced.push_back(r.forced_token);
+    // A carried verify row's drafts are still on the device (its tokens are placeholders here):
+    // the device counts what it accepted (drafts_on_device).
+    const bool on_device = r.verifies() && r.carried();
+    DEEPINFER_CHECK(!on_device || mtp_on(), "a carried verify row without device drafting");
+    step.verify_on_device.push_back(on_device ? 1 : 0);
   }
   SamplingBatch batch = sampling_constants(be, plan, /*per_logits_row=*/true);
   const int max_logprobs = batch.max_logprobs;
@@ -502,9 +518,15 @@ StepResult ModelExecutor::verify_result(ModelStep& s, StepResult result) {
   for (size_t b = 0; b < s.verify_drafts.size(); ++b) {
     const std::vector<int32_t>& drafts = s.verify_drafts[b];
     size_t accepted = 0;
-    while (accepted < drafts.size() &&
-           sampled[row + static_cast<int64_t>(accepted)] == drafts[accepted])
-      ++accepted;
+    if (s.verify_on_device[b] != 0) {
+      accepted = static_cast<size_t>(s.host_accepted.data<int32_t>()[b]);
+      DEEPINFER_CHECK(accepted <= drafts.size(),
+                      "the device accepted more drafts than the row had");
+    } else {
+      while (accepted < drafts.size() &&
+             sampled[row + static_cast<int64_t>(accepted)] == drafts[accepted])
+        ++accepted;
+    }
     result.counts.push_back(static_cast<int>(accepted) + 1);
     for (size_t j = 0; j <= accepted; ++j) {
       const int64_t at = row + static_cast<int64_t>(j);

@@ -56,6 +56,7 @@ void ModelExecutor::drafts_on_device(ModelStep& step) {
   // plus the drafts it accepts), which the device knows and the host does not yet: the rows are
   // planned at the furthest p and need room for k positions past it.
   std::vector<ModelInstance::MtpDraftRow> rows;
+  std::vector<int32_t> row_start = {0};  // every sampling row's logits rows
   int32_t logit_row = 0, first = 0;
   for (size_t i = 0; i < step.draft_rows.size(); ++i) {
     const ModelStep::DraftRow& d = step.draft_rows[i];
@@ -65,28 +66,40 @@ void ModelExecutor::drafts_on_device(ModelStep& step) {
                       .first_logit_pos = d.first_logit_pos,
                       .num_logits = d.num_logits,
                       .first_logit_row = logit_row,
-                      .block_table = d.block_table});
+                      .block_table = d.block_table,
+                      .shift_from = d.shift_from,
+                      .max_shift = d.max_shift});
       step.drafting.push_back(i);
       step.drafting_first.push_back(first);
       first += d.num_logits;
     }
     logit_row += d.num_logits;
+    row_start.push_back(logit_row);
   }
-  if (rows.empty()) return;
-  const ModelInstance::MtpDrafts drafts =
-      m.mtp_draft_on_device(rows, step.at_logits, step.sampled, k);
   auto to_host = [&](const Tensor& t) {
     Tensor host = Tensor::zeros(t.shape(), t.dtype());
     be.copy_to_host(t, host);
     return host;
   };
+  // The drafts each sampling row accepted (0 for a plain row): the moves of the next step's
+  // carried verify rows, and this step's carried verify rows' counts for the host.
+  step.accepted = be.accept_drafts(
+      step.sampled, step.at_logits.tokens,
+      be.upload(Tensor::from_vector(row_start, {static_cast<int64_t>(row_start.size())}),
+                DType::kI32));
+  step.host_accepted = to_host(step.accepted);
+  step.trunk = step.at_logits.trunk;
+  const ModelInstance::MtpDrafts drafts =
+      m.mtp_draft_on_device(rows, step.at_logits, step.sampled, k, step.previous_accepted);
+  step.carried = m.carried_outputs(step.sampled, drafts, rows, k);
+  step.at_logits = {};
+  if (rows.empty()) return;
   step.host_first_draft = to_host(drafts.first);
   step.host_first_logprob = to_host(drafts.first_logprob);
   for (size_t j = 0; j < drafts.later.size(); ++j) {
     step.host_later_drafts.push_back(to_host(drafts.later[j]));
     step.host_later_logprobs.push_back(to_host(drafts.later_logprob[j]));
   }
-  step.at_logits = {};
 }
 
 void ModelExecutor::take_device_drafts(const ModelStep& step, StepResult& result) const {

@@ -34,9 +34,11 @@ class ModelExecutor::ModelStep final : public InflightStep {
   // speculative_method "mtp": per sampling row, what drafting past it needs.
   struct DraftRow {
     int32_t slot = 0;
-    int32_t first_logit_pos = 0;  // position of the row's first logits row
+    int32_t first_logit_pos = 0;  // position of the row's first logits row (as planned)
     int32_t num_logits = 1;       // 1 + the drafts it verifies
     std::vector<int32_t> block_table;
+    int32_t shift_from = -1;  // a carried verify row: how the forward moved it (ForwardRow)
+    int32_t max_shift = 0;
   };
   std::vector<DraftRow> draft_rows;
   // The V4 MTP block drafts on the device right after sampling (drafts_on_device): forward_with_
@@ -50,6 +52,18 @@ class ModelExecutor::ModelStep final : public InflightStep {
   Tensor host_first_logprob;                // same, f32
   std::vector<Tensor> host_later_drafts;    // per further draft: [drafting rows] i32
   std::vector<Tensor> host_later_logprobs;  // f32
+  // What the next step's carried verify rows read (ForwardRow::carried_tokens,
+  // ModelInstance::PreviousStep): the samples and drafts per logits row
+  // (ModelInstance::carried_outputs), the drafts each sampling row accepted, and the main trunk
+  // at the logits rows; the accepted counts also on the host, where a carried verify row's commit
+  // takes them (its drafts were never on the host). `previous_accepted`: the previous step's,
+  // which this step's carried verify rows moved by.
+  Tensor carried;
+  Tensor accepted;
+  Tensor trunk;
+  Tensor host_accepted;
+  Tensor previous_accepted;
+  std::vector<char> verify_on_device;  // per sampling row of a verify step: counted on the device
 };
 
 // The widest block table of the rows. The scheduler's rows are checked where they are made
