@@ -112,6 +112,8 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["draft_tokens"] = s.draft_tokens;
   d["accepted_draft_tokens"] = s.accepted_draft_tokens;
   d["verify_rows"] = s.verify_rows;
+  d["device_carried_rows"] = s.device_carried_rows;
+  d["device_carried_verify_rows"] = s.device_carried_verify_rows;
   d["drafter_errors"] = s.drafter_errors;
   d["drafts_at_position"] =
       std::vector<uint64_t>(s.drafts_at_position.begin(), s.drafts_at_position.end());

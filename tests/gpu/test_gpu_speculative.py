@@ -97,11 +97,16 @@ def test_mtp_drafting_on_the_device(zero_overhead: bool) -> None:
         f"\nMTP-SPEC-GPU zero_overhead={zero_overhead} greedy agreement {same}/{total}, "
         f"drafts {s['draft_tokens']} accepted "
         f"{s['accepted_draft_tokens']} verify rows {s['verify_rows']} steps {s['num_steps']} "
+        f"device-carried rows {s['device_carried_rows']} "
+        f"(verify {s['device_carried_verify_rows']}) "
         f"mean estimate {s['spec_mean_estimate']:.3g} calibration error "
         f"{s['spec_calibration_error']:.3g}"
     )
     assert s["draft_tokens"] > 0
     assert same >= 0.97 * total
+    # Under zero-overhead scheduling each row is planned while the one before it runs, its tokens
+    # and drafts carried and moved on the device.
+    assert (s["device_carried_verify_rows"] > 0) is zero_overhead
     # Each verified draft's estimate is its MTP probability product, from the device's sample op.
     assert sum(s["spec_calibration_drafts"]) == s["draft_tokens"]
     assert 0 < s["spec_mean_estimate"] <= 1

@@ -179,6 +179,59 @@ def test_mtp_drafts_under_zero_overhead_scheduling(mtp_checkpoint, prompts, plai
     assert_pools_full(engine)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_rows_carried_on_the_device_verify_the_devices_drafts(
+    mtp_checkpoint, prompts, k, sampled
+) -> None:
+    """Under zero-overhead scheduling a sequence's next row is planned while its previous one
+    runs: at the position it has if every draft is accepted, verifying the drafts the block made
+    past that row, all its tokens still on the device, moved back there by the drafts rejected.
+    Outputs (greedy, and seeded sampling) equal those without drafts; nothing leaks."""
+    params = [
+        dc.SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=12, ignore_eos=True)
+        if sampled
+        else greedy()
+        for i in range(len(prompts))
+    ]
+    want = run_all(cpu_engine(mtp_checkpoint, max_num_seqs=8), prompts, params)[0]
+    engine = mtp_engine(mtp_checkpoint, k, max_num_seqs=8, speculative_zero_overhead=True)
+    assert run_all(engine, prompts, params)[0] == want
+    s = engine.stats()
+    assert (
+        s["device_carried_verify_rows"] > 0
+        and s["device_carried_rows"] >= s["device_carried_verify_rows"]
+    ), s
+    assert s["draft_tokens"] >= s["device_carried_verify_rows"]
+    assert_pools_full(engine)
+
+
+def test_rows_carried_on_the_device_with_preemption_and_aborts(mtp_checkpoint, prompts, plain):
+    rng = random.Random(5)
+    long_prompts = [
+        [rng.randrange(2, 129000) for _ in range(rng.randrange(100, 126))] for _ in range(6)
+    ]
+    roomy = run_all(cpu_engine(mtp_checkpoint), long_prompts, greedy(24))[0]
+    tight = mtp_engine(mtp_checkpoint, 3, num_kv_blocks=6, speculative_zero_overhead=True)
+    assert run_all(tight, long_prompts, greedy(24))[0] == roomy
+    s = tight.stats()
+    assert s["num_preemptions"] > 0 and s["device_carried_verify_rows"] > 0, s
+    assert_pools_full(tight)
+    engine = mtp_engine(mtp_checkpoint, 3, max_num_seqs=8, speculative_zero_overhead=True)
+    ids = [engine.add_request(p, greedy(30)) for p in prompts]
+    trace = Trace()
+    for _ in range(5):
+        trace.record(engine.step())
+    assert engine.stats()["device_carried_verify_rows"] > 0
+    engine.abort(ids[1])
+    engine.abort(ids[4])
+    drain(engine, trace)
+    assert trace.finish(ids[1]) == "abort" and trace.finish(ids[4]) == "abort"
+    for i in (0, 2, 3, 5, 6):
+        assert trace.tokens(ids[i])[:12] == plain[i]
+    assert_pools_full(engine)
+
+
 def test_mtp_drafts_with_prefix_hits(mtp_checkpoint, prompts) -> None:
     """A prefix hit restores the block's rings from the snapshot with the main layers' ones."""
     shared = prompts[3][:256]

@@ -156,6 +156,11 @@ struct SchedulerCounters {
   uint64_t draft_tokens = 0;
   uint64_t accepted_draft_tokens = 0;
   uint64_t verify_rows = 0;
+  // Rows planned while the step before them ran, with their tokens and drafts still on the
+  // device and moved there by its accepted drafts (V4's MTP drafts under zero-overhead
+  // scheduling): rows, and those of them that verified drafts.
+  uint64_t device_carried_rows = 0;
+  uint64_t device_carried_verify_rows = 0;
   // Per draft position j (0 = the first draft of a verify row): drafts proposed there, and those
   // accepted (accepted[j] / drafts[j] is the acceptance rate at j).
   std::array<uint64_t, 5> drafts_at_position{};

@@ -33,12 +33,14 @@ struct SchedulerConfig {
   // occurrence of the context's last n tokens, n from prompt_lookup_max down to
   // prompt_lookup_min), "external" (Engine::set_drafter) or "mtp" (the checkpoint's MTP block,
   // greedy; needs mtp.* tensors). Drafting turns zero_overhead off unless
-  // speculative_zero_overhead is set: then a drafting sequence verifies drafts every other
-  // step, the step between running the others while the host commits its tokens
-  // (cpp/src/engine/README.md). Off by default: on the H200 it measured slower than drafting
-  // without zero-overhead scheduling (benchmarks/RESULTS.md). V4.1's DSpark drafter ("mtp" on a
-  // V4.1 checkpoint) always turns zero_overhead off (its drafts are made on the host's cue once a
-  // step's tokens are known); V4's MTP block drafts on the device within the step.
+  // speculative_zero_overhead is set. Then a host drafter's sequence verifies drafts every other
+  // step, the step between running the others while the host commits its tokens; with V4's MTP
+  // block, which drafts on the device within each step, every step's row is planned while the
+  // one before it runs, carrying its tokens and drafts on the device (cpp/src/engine/README.md).
+  // Off by default: for host drafters it measured slower on the H200 than drafting without
+  // zero-overhead scheduling (benchmarks/RESULTS.md). V4.1's DSpark drafter ("mtp" on a V4.1
+  // checkpoint) always turns zero_overhead off (its drafts are made on the host's cue once a
+  // step's tokens are known).
   int num_speculative_tokens = 0;
   bool speculative_zero_overhead = false;
   std::string speculative_method = "ngram";

@@ -13,7 +13,8 @@ namespace deepinfer::sched {
 namespace {
 
 // Host input of a carried row: the forward takes the real token from the device.
-constexpr int32_t kCarriedPlaceholder[1] = {0};
+// A carried row's host tokens (the device supplies them): the input token and up to 5 drafts.
+constexpr int32_t kCarriedPlaceholder[6] = {};
 
 }  // namespace
 
@@ -148,6 +149,7 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
   retire_finished();
   plan.clear();
   num_sampled_tokens_ = 0;
+  num_sampling_rows_ = 0;
 
   const bool decode_work = has_decode_work();
   bool prefill_work = false;
@@ -163,6 +165,8 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
   if (kind == StepKind::kPrefill && !schedule_prefill(plan, out)) {
     plan.clear();
     num_sampled_tokens_ = 0;
+    num_sampling_rows_ = 0;
+    num_sampling_rows_ = 0;
     // The group voted for prefill: this rank runs an empty one, never a decode.
     if (voted) return Outcome::kIdle;
     // Nothing admissible (blocks, slots or max_num_seqs exhausted): decode instead of idling.
@@ -182,6 +186,10 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
   if (plan.empty()) return Outcome::kIdle;
 
   interleave_.record(kind);
+  // The stride of the carried outputs a row of the next step may read (InflightLedger).
+  for (const StepRow& r : plan.rows) {
+    if (r.samples()) seqs_.at(r.seq_id)->inflight.last_step_logit_rows = num_sampled_tokens_;
+  }
   plan.step_id = next_step_id_++;
   plan.is_prefill = kind == StepKind::kPrefill;
   ++stats_.num_steps;
@@ -194,14 +202,36 @@ Scheduler::Outcome Scheduler::schedule(StepPlan& plan, std::vector<RequestOutput
 
 // Appends a row and reserves its in-flight accounting (released in commit, or by unreserve when
 // the plan is dropped).
-void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts) {
+void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts,
+                        int device_drafts) {
   StepRow& row = plan.rows.emplace_back();
   const int start = s.next_position();
   ForwardRow& f = row.forward;
   f.slot = s.state_slot;
   f.start_pos = start;
   f.num_tokens = q;
-  if (!drafts.empty()) {
+  if (device_drafts >= 0) {
+    // Planned as if the in-flight row's drafts were all accepted: its tokens (the sample after
+    // them, then the drafts the device made past it) and its place are moved back on the device
+    // by the drafts it rejects (ForwardRow::carried_tokens, shift_from).
+    const InflightLedger& in = s.inflight;
+    DEEPINFER_CHECK(q == 1 + device_drafts &&
+                        q <= static_cast<int>(std::size(kCarriedPlaceholder)) && in.steps == 1 &&
+                        in.last_sampling_row >= 0 && in.last_step_logit_rows > 0 &&
+                        start >= s.num_tokens(),
+                    "a row carried on the device must follow the sampling row in flight");
+    f.tokens = std::span<const int32_t>(kCarriedPlaceholder, static_cast<size_t>(q));
+    f.token_from_previous = in.last_sampling_row + in.last_num_drafts;
+    f.carried_tokens = q;
+    f.carried_stride = in.last_step_logit_rows;
+    if (in.last_num_drafts > 0) {
+      f.shift_from = in.last_sampling_index;
+      f.max_shift = in.last_num_drafts;
+    }
+    row.num_drafts = device_drafts;
+    ++stats_.device_carried_rows;
+    if (device_drafts > 0) ++stats_.device_carried_verify_rows;
+  } else if (!drafts.empty()) {
     // A verify row: the last committed token, then the drafts at the positions after it.
     DEEPINFER_CHECK(start == s.num_tokens() - 1 && q == 1 + static_cast<int>(drafts.size()) &&
                         s.inflight.steps == 0,
@@ -224,8 +254,10 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int3
   }
   f.swa_valid_start = s.swa_valid_start;
   f.replay_end = s.replay_end;
-  // Every token before `start` is committed (a carried row starts at num_tokens()).
-  f.history = std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(start));
+  // Every token before `start` is committed (a carried row starts at num_tokens(); one carried on
+  // the device may start further, as planned: V4.1, which reads the history, never plans those).
+  f.history = std::span<const int32_t>(s.tokens.data(),
+                                       static_cast<size_t>(std::min(start, s.num_tokens())));
   const size_t blocks = static_cast<size_t>(kv_.blocks_for(start + q));
   DEEPINFER_CHECK(s.block_table.size() >= blocks, "a planned row's blocks are not allocated");
   f.block_table = std::span<const int32_t>(s.block_table).first(blocks);
@@ -243,6 +275,8 @@ void Scheduler::add_row(StepPlan& plan, Sequence& s, int q, std::span<const int3
     if (output_index < s.params.forced_tokens.size())
       row.forced_token = s.params.forced_tokens[output_index];
     s.inflight.last_sampling_row = num_sampled_tokens_;
+    s.inflight.last_sampling_index = num_sampling_rows_++;
+    s.inflight.last_num_drafts = row.num_drafts;
     num_sampled_tokens_ += f.num_logits;
   }
 
@@ -413,7 +447,8 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
     if (s.state != SeqState::kRunning || s.remaining_budget(config_.max_model_len) <= 0) continue;
-    if (s.inflight.steps > 0 && sits_out(s)) continue;
+    const bool on_device = s.inflight.steps > 0 && device_carries();
+    if (s.inflight.steps > 0 && !on_device && sits_out(s)) continue;
     const int pos = s.next_position();
     bool scheduled_self = true;
     while (!kv_.grow(s, pos + 1)) {
@@ -430,10 +465,21 @@ Scheduler::Outcome Scheduler::schedule_decode(StepPlan& plan, std::vector<Reques
       }
     }
     if (!scheduled_self) continue;
+    const int later = static_cast<int>(running_.size() - i - 1);
+    if (on_device) {
+      int m = device_carried_drafts(s, pos);
+      // Drafts grow only into spare blocks, as below.
+      const int more = kv_.blocks_for(pos + 1 + m) - static_cast<int>(s.block_table.size());
+      if (m > 0 &&
+          !((more <= 0 || more <= kv_.blocks().num_free() - later) && kv_.grow(s, pos + 1 + m))) {
+        m = 0;
+      }
+      add_row(plan, s, 1 + m, {}, m);
+      continue;
+    }
     propose_drafts(s);
     // Drafts grow only into spare blocks: each running sequence after this one may still need
     // a block for its own token, and a draft must never cost another request a preemption.
-    const int later = static_cast<int>(running_.size() - i - 1);
     const int draft_blocks = kv_.blocks_for(pos + 1 + static_cast<int>(drafts_.size())) -
                              static_cast<int>(s.block_table.size());
     if (!drafts_.empty() &&

@@ -103,12 +103,24 @@ class Scheduler {
   void on_admitted(Sequence& s, const Admission& a, std::vector<RequestOutput>& out);
   Outcome schedule_decode(StepPlan& plan, std::vector<RequestOutput>& out);
   bool has_decode_work() const;
-  void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {});
+  // `device_drafts` >= 0: a row carried on the device after `s`'s in-flight one, verifying that
+  // many of the drafts the device made past it (device_carries).
+  void add_row(StepPlan& plan, Sequence& s, int q, std::span<const int32_t> drafts = {},
+               int device_drafts = -1);
   void propose_drafts(Sequence& s);
   void propose_within(Sequence& s, int budget);
   // Zero-overhead scheduling with drafting: whether `s`, with a step in flight, gets no row in
   // this step (scheduler_drafts.cpp says when).
   bool sits_out(Sequence& s);
+  // Zero-overhead scheduling with drafts the executor makes on the device within each step (V4's
+  // MTP block): a sequence with a step in flight gets a row carried on the device, planned where
+  // every draft of the in-flight row is accepted and moved back by the device, verifying the
+  // drafts the device made past that row (scheduler_drafts.cpp).
+  bool device_carries() const {
+    return executor_drafts_ && config_.zero_overhead && max_drafts_ > 0;
+  }
+  // How many of those drafts `s`'s carried row at `pos` verifies.
+  int device_carried_drafts(const Sequence& s, int pos) const;
   // The executor's drafts for `s`'s next row came with their MTP probabilities.
   static bool has_draft_probs(const Sequence& s);
   int draft_limit(const Sequence& s) const;
@@ -139,6 +151,7 @@ class Scheduler {
   // Tokens the device output of the plan being built holds so far: one per logits row of its
   // sampling rows (1 + d for a verify row), the index a carried row of the next step names.
   int num_sampled_tokens_ = 0;
+  int num_sampling_rows_ = 0;  // sampling rows of the plan being built
   std::shared_ptr<Drafter> drafter_;
   bool executor_drafts_ = false;  // use_executor_drafts
   int max_drafts_ = 0;

@@ -91,6 +91,12 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result,
       s.draft_estimate.update(r.num_drafts, static_cast<int>(my_count) - 1);
       ++stats_.verify_rows;
       verified = true;
+      // A row carried on the device verified the drafts made past the step before it, whose
+      // probabilities came with that step's commit (scheduler_drafts.cpp: device_carries).
+      if (r.carried()) {
+        DraftEstimate::of_probabilities(s.model_draft_probs)
+            .cumulative(r.num_drafts, s.verify_estimates);
+      }
       DEEPINFER_CHECK(s.verify_estimates.size() >= static_cast<size_t>(r.num_drafts),
                       "a verify row has fewer acceptance estimates than drafts");
       for (size_t j = 0; j < static_cast<size_t>(r.num_drafts); ++j) {

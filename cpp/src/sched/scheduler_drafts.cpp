@@ -83,6 +83,16 @@ int Scheduler::drafts_allowed(const Sequence& s) const {
   return std::max(0, std::min(max_drafts_, s.remaining_budget(config_.max_model_len) - 1));
 }
 
+// The drafts the device made past `s`'s in-flight row (ModelExecutor::drafts_on_device: V4's MTP
+// block, max_drafts_ of them when the row had room for them before the model's last position;
+// max_model_len is at most that) verified by its carried row at `pos`: within drafts_allowed,
+// and none for a constraint, whose verify rows are masked from drafts the host does not have.
+int Scheduler::device_carried_drafts(const Sequence& s, int pos) const {
+  if (s.params.constraint != nullptr) return 0;
+  if (pos - 1 + max_drafts_ > config_.max_model_len) return 0;
+  return drafts_allowed(s);
+}
+
 // Zero-overhead scheduling plans this step while `s`'s previous one runs, so the host has not
 // seen that step's tokens: no drafter can draft for `s` now, and after a verify row even the next
 // position depends on how many drafts the device accepts. So after a verify row `s` skips this

@@ -48,6 +48,13 @@ struct InflightLedger {
   // for it (one token per logits row: 1 + d for a verify row with d drafts): a decode row planned
   // while that step is in flight (carried) takes its input token from there.
   int32_t last_sampling_row = -1;
+  // Of that row: its index among the step's sampling rows, the drafts it verifies, and the
+  // step's logits rows. A row carried after it on the device (Scheduler::device_carries) takes
+  // its tokens at last_sampling_row + last_num_drafts + j * last_step_logit_rows of that step's
+  // outputs, moved back by the drafts the device rejected (ForwardRow::shift_from).
+  int32_t last_sampling_index = -1;
+  int32_t last_num_drafts = 0;
+  int32_t last_step_logit_rows = 0;
 
   // Whether an outstanding row verifies drafts (each reserves 1 + d): then the next position
   // depends on how many the device accepts, which the host learns only at the commit.
