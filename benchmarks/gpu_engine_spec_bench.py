@@ -2,19 +2,21 @@
 weights in the shipped formats, load_format dummy), greedy, next to speculation off.
 
     python benchmarks/gpu_engine_spec_bench.py [--layers sliding,csa,hca] [--batches 1,8,64]
-        [--spec-zero-overhead both|on|off]
+        [--spec-zero-overhead both|on|off] [--mtp off|also|only]
 
-For each batch size B: B requests of --prompt random tokens generate --tokens tokens each.
-Modes: speculation off with zero-overhead scheduling (the default engine), speculation off
-without it (what drafting costs in scheduling alone), and an oracle drafter fed the plain run's
-greedy continuation with k drafts per step that are always right, right with probability 0.8 and
-0.5 per position (independent), and always wrong, each with zero-overhead scheduling on (a
-sequence whose verify row is in flight skips the next step, cpp/src/engine/README.md) and off
-(--spec-zero-overhead picks). TPOT is the mean per request of (finish - first
-token) / (tokens - 1); tok/s counts the output tokens of the decode phase (first token to last
-finish). Each mode runs --warmup times untimed first: a step shape's first use records its graph,
-which would otherwise land in the first mode's time. Plain decode steps and (up to 64 rows)
-verify steps replay decode graphs; graph_verify_steps next to verify_steps says how many did.
+For each batch size B: B requests of --prompt random tokens generate --tokens tokens each. Modes:
+speculation off with zero-overhead scheduling (the default engine), speculation off without it
+(what drafting costs in scheduling alone), and an oracle drafter fed the plain run's greedy
+continuation with k drafts per step that are always right, right with probability 0.8 and 0.5 per
+position (independent), and always wrong, each with zero-overhead scheduling on (a sequence whose
+verify row is in flight skips the next step, cpp/src/engine/README.md) and off (--spec-zero-overhead
+picks); with --mtp, the checkpoint's MTP block drafting (random weights: drafts almost
+never accepted), with zero-overhead scheduling carrying each row on the device. TPOT is the mean
+per request of (finish - first token) / (tokens - 1); tok/s counts the output tokens of the decode
+phase (first token to last finish). Each mode runs --warmup times untimed first: a step shape's
+first use records its graph, which would otherwise land in the first mode's time. Plain decode
+steps and (up to 64 rows) verify steps replay decode graphs; graph_verify_steps next to
+verify_steps says how many did.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ SPEC_COUNTERS = (
     "verify_steps",
     "num_graph_steps",
     "num_graph_verify_steps",
+    "device_carried_rows",
+    "device_carried_verify_rows",
 )
 CALIBRATION_BINS = (
     "spec_calibration_drafts",
@@ -141,6 +145,14 @@ def main() -> None:
         default=1,
         help="untimed runs of each mode first (they record the decode graphs its steps replay)",
     )
+    parser.add_argument(
+        "--mtp",
+        choices=("off", "also", "only"),
+        default="off",
+        help="also (or only, without the oracle modes) the checkpoint's MTP block drafting "
+        "(speculative_method mtp; random weights, so its drafts are almost never accepted: what "
+        "drafting and, with zero-overhead scheduling, rows carried on the device cost)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -174,6 +186,17 @@ def main() -> None:
             )
             for zos in zos_modes
         }
+        mtp_specs = {
+            zos: dc.Engine(
+                tmp,
+                num_speculative_tokens=args.drafts,
+                speculative_method="mtp",
+                zero_overhead=zos,
+                speculative_zero_overhead=zos,
+                **common,
+            )
+            for zos in (zos_modes if args.mtp != "off" else ())
+        }
         for b in batches:
             rng = random.Random(b)
             prompts = [[rng.randrange(2, 129000) for _ in range(args.prompt)] for _ in range(b)]
@@ -185,7 +208,24 @@ def main() -> None:
                 "off (zero-overhead)": base,
                 "off (no zero-overhead)": run(no_zos, prompts, args.tokens)[1],
             }
-            for name, p in (("right", 1.0), ("p=0.8", 0.8), ("p=0.5", 0.5), ("wrong", 0.0)):
+            for zos, spec in mtp_specs.items():
+                for _ in range(args.warmup):
+                    run(spec, prompts, args.tokens)
+                outs, row = run(spec, prompts, args.tokens)
+                same = sum(
+                    a == c
+                    for x, y in zip(want, outs, strict=True)
+                    for a, c in zip(x, y, strict=True)
+                )
+                row["greedy_agreement"] = same / sum(len(x) for x in want)
+                zos_name = "zero-overhead" if zos else "no zero-overhead"
+                rows[f"k={args.drafts} MTP ({zos_name})"] = row
+            oracle = (
+                []
+                if args.mtp == "only"
+                else [("right", 1.0), ("p=0.8", 0.8), ("p=0.5", 0.5), ("wrong", 0.0)]
+            )
+            for name, p in oracle:
                 for zos, spec in specs.items():
                     spec.set_drafter(Oracle(prompts, want, p))
                     for _ in range(args.warmup):
