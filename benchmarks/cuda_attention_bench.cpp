@@ -107,8 +107,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
-  // splits merged by their cluster) and, at 128 heads or a multiple, wgmma_pair and
-  // wgmma_overlap_pair (graph), the A/B rows. Every row names the kernel that ran and its merge.
+  // splits merged by their cluster) and, at 128 heads or a multiple, wgmma_overlap_pair
+  // (graph), the A/B rows. Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -124,7 +124,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
                                                          : ", wgmma";
     if (p.swizzle) kernel += "_sw128";
     if (p.pdl) kernel += "_pdl";
-    if (p.pair) kernel = p.overlap ? ", wgmma_overlap_pair" : ", wgmma_pair";
+    if (p.pair) kernel = ", wgmma_overlap_pair";
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
@@ -143,11 +143,10 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128,
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl,
           cuda::AttentionKernelChoice::kWgmmaOverlap, cuda::AttentionKernelChoice::kWgmmaOverlapPdl,
-          cuda::AttentionKernelChoice::kWgmmaOverlapFused, cuda::AttentionKernelChoice::kWgmmaPair,
+          cuda::AttentionKernelChoice::kWgmmaOverlapFused,
           cuda::AttentionKernelChoice::kWgmmaOverlapPair}) {
-      const bool paired = k == cuda::AttentionKernelChoice::kWgmmaPair ||
-                          k == cuda::AttentionKernelChoice::kWgmmaOverlapPair;
-      if (paired && !cuda::wgmma_pair_takes(s.heads)) continue;
+      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapPair && !cuda::wgmma_pair_takes(s.heads))
+        continue;
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);

@@ -13,9 +13,7 @@
 //    loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's record, other records run the
 //    plain kernel), wgmma (the plain kernel), wgmma_prefetch (no swizzle), the _pdl values (the
 //    kernel a programmatic dependent launch of the encoding below, and the combine one of it),
-//    wgmma_pair (at 128 heads or a multiple: the swizzled prefetching kernel with a token's two
-//    64-head blocks one cluster that shares the key tiles, sm90/attention_wgmma_pair.cu; other
-//    head counts as the default), wgmma_overlap (the warp-specialised variant, same records as
+//    wgmma_overlap (the warp-specialised variant, same records as
 //    the prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of
 //    the encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits
 //    one cluster that merges them: no combine kernel), wgmma_overlap_pair (at 128 heads or a
@@ -163,8 +161,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.pdl = (p.prefetch && prefetch_asked.pdl) || (p.overlap && overlap_choice.pdl);
     p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
-    p.pair = ((p.swizzle && prefetch_asked.pair) || (p.overlap && overlap_pair_asked)) &&
-             wgmma_pair_takes(heads);
+    p.pair = p.overlap && overlap_pair_asked && wgmma_pair_takes(heads);
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;

@@ -34,9 +34,8 @@ struct AttentionMmaPlan {
   bool prefetch = false;    // the wgmma kernel's prefetching variant (sm90/*_prefetch.cu)
   bool pdl = false;         // prefetch: programmatic dependent launches (encode -> it -> combine)
   bool swizzle = false;     // prefetch: the tiles in wgmma's 128-byte swizzle
-  // prefetch + swizzle (sm90/attention_wgmma_pair.cu) or overlap (the overlap kernel's pair
-  // mode), 128 heads or a multiple: the two blocks of a token's 128 heads a cluster sharing the
-  // key tiles
+  // overlap, 128 heads or a multiple: the two blocks of a token's 128 heads a cluster sharing the
+  // key tiles (the overlap kernel's pair mode)
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
   // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
@@ -165,16 +164,13 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
 // of the kv rows' encoding, and the split combine one of it (each starts while the grid before
 // it runs and waits for it before reading its output). The _Sw128 pair: the same with the tiles
-// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. kWgmmaPair: at 128 heads or
-// a multiple, the swizzled prefetching kernel with the two blocks of a token's 128 heads as one
-// cluster, each loading and decoding half of every key tile for both (the same results; other
-// head counts run kWgmmaPrefetchSw128). For few tokens (B = 1..8), where the launches and a
-// block's chain of dependent loads are most of the time: kWgmmaOverlapPdl, the warp-specialised
-// kernel as a programmatic dependent launch of the kv rows' encoding (it resolves its first keys
-// while that grid runs) and the combine one of it; kWgmmaOverlapFused, the same launch with a
-// token's key splits one thread-block cluster (at most 8 splits) whose blocks merge the splits
-// after a cluster barrier, each a slice of the heads, so no combine kernel runs (the combine's
-// arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
+// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. For few tokens (B = 1..8),
+// where the launches and a block's chain of dependent loads are most of the time: kWgmmaOverlapPdl,
+// the warp-specialised kernel as a programmatic dependent launch of the kv rows' encoding (it
+// resolves its first keys while that grid runs) and the combine one of it; kWgmmaOverlapFused, the
+// same launch with a token's key splits one thread-block cluster (at most 8 splits) whose blocks
+// merge the splits after a cluster barrier, each a slice of the heads, so no combine kernel runs
+// (the combine's arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
 // warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
 // key tiles, each producer decoding half; the same results; other head counts run
 // kWgmmaOverlap).
@@ -185,7 +181,6 @@ enum class AttentionKernelChoice {
   kWgmmaPrefetchPdl,
   kWgmmaPrefetchSw128,
   kWgmmaPrefetchSw128Pdl,
-  kWgmmaPair,
   kWgmmaOverlap,
   kWgmmaOverlapPdl,
   kWgmmaOverlapFused,
@@ -197,7 +192,6 @@ struct WgmmaPrefetchChoice {
   bool prefetch = false;
   bool pdl = false;
   bool swizzle = false;
-  bool pair = false;  // at 128 heads or a multiple: sm90/attention_wgmma_pair.cu
 };
 
 inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
@@ -210,8 +204,6 @@ inline WgmmaPrefetchChoice wgmma_prefetch_choice(AttentionKernelChoice c) {
       return {true, false, true};
     case AttentionKernelChoice::kWgmmaPrefetchSw128Pdl:
       return {true, true, true};
-    case AttentionKernelChoice::kWgmmaPair:
-      return {true, false, true, true};
     default:
       return {};
   }
@@ -241,7 +233,7 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 }
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
-// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_pair | wgmma_overlap |
+// wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap |
 // wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair, unset: wgmma_overlap_pair);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
@@ -254,14 +246,13 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_prefetch_pdl") return AttentionKernelChoice::kWgmmaPrefetchPdl;
   if (v == "wgmma_prefetch_sw128") return AttentionKernelChoice::kWgmmaPrefetchSw128;
   if (v == "wgmma_prefetch_sw128_pdl") return AttentionKernelChoice::kWgmmaPrefetchSw128Pdl;
-  if (v == "wgmma_pair") return AttentionKernelChoice::kWgmmaPair;
   if (v == "wgmma_overlap") return AttentionKernelChoice::kWgmmaOverlap;
   if (v == "wgmma_overlap_pdl") return AttentionKernelChoice::kWgmmaOverlapPdl;
   if (v == "wgmma_overlap_fused") return AttentionKernelChoice::kWgmmaOverlapFused;
   if (v == "wgmma_overlap_pair") return AttentionKernelChoice::kWgmmaOverlapPair;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
-      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_pair, wgmma_overlap, "
+      "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_overlap, "
       "wgmma_overlap_pdl, wgmma_overlap_fused or wgmma_overlap_pair, got '" +
       std::string(v) + "'";
   return std::nullopt;

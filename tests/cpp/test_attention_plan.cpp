@@ -162,7 +162,6 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
             AttentionKernelChoice::kWgmmaPrefetchSw128);
   EXPECT_EQ(parse_attention_kernel("wgmma_prefetch_sw128_pdl", &bad),
             AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
-  EXPECT_EQ(parse_attention_kernel("wgmma_pair", &bad), AttentionKernelChoice::kWgmmaPair);
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pdl", &bad),
             AttentionKernelChoice::kWgmmaOverlapPdl);
@@ -180,13 +179,11 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pair", &bad),
             AttentionKernelChoice::kWgmmaOverlapPair);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).prefetch);
-  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair);
+  EXPECT_TRUE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair);
+  // wgmma_pair (the prefetching kernel in pairs) gave way to wgmma_overlap_pair.
+  EXPECT_FALSE(parse_attention_kernel("wgmma_pair", &bad).has_value());
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmma).prefetch);
-  // The pair is the swizzled prefetching kernel, without programmatic dependent launches.
-  const WgmmaPrefetchChoice pair = wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPair);
-  EXPECT_TRUE(pair.prefetch && !pair.pdl && pair.swizzle && pair.pair);
-  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetchSw128).pair);
   const WgmmaPrefetchChoice both =
       wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
   EXPECT_TRUE(both.prefetch && both.pdl && both.swizzle);

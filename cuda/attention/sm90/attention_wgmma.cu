@@ -51,7 +51,6 @@
 
 #include "cuda/attention/attention_launch.h"
 #include "cuda/attention/sm90/attention_wgmma_overlap.h"
-#include "cuda/attention/sm90/attention_wgmma_pair.h"
 #include "cuda/attention/sm90/attention_wgmma_prefetch.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
 #include "cuda/common/launch.cuh"
@@ -228,8 +227,6 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "record (448 + 64 channels), got a record of " +
                     std::to_string(a.kvf.row_bytes) + " bytes");
   }
-  if (p.pair && !p.overlap)
-    return launch_attention_wgmma_pair(a, l, p, tokens, smem_limits, stream);
   if (p.overlap) return launch_attention_wgmma_overlap(a, l, p, tokens, smem_limits, stream);
   if (p.prefetch) return launch_attention_wgmma_prefetch(a, l, p, tokens, smem_limits, stream);
   if (a.kvf.format == KvFormat::kBf16) {

@@ -1,6 +1,5 @@
 // A key's address in two steps, for the Hopper kernels that resolve keys ahead of their loads
-// (sm90/attention_wgmma_prefetch.cu, sm90/attention_wgmma_overlap.cu,
-// sm90/attention_wgmma_pair.cu): pending_key reads what
+// (sm90/attention_wgmma_prefetch.cu, sm90/attention_wgmma_overlap.cu): pending_key reads what
 // needs no dependent load (a sliding key's row, a compressed key's entry index: the top-k column),
 // resolve_key the block table (AttentionKeys::key's keys and masks). Each step's loads land while
 // the tensor cores run.

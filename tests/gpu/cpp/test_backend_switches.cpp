@@ -70,12 +70,6 @@ TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
             cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
 }
 
-TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPair) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_pair");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaPair);
-}
-
 TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaKernel) {
   ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap");
   EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
