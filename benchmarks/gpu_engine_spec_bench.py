@@ -57,6 +57,12 @@ class Oracle(dc.Drafter):
         return drafts
 
 
+def agreement(want: list[list[int]], got: list[list[int]]) -> float:
+    """The fraction of output positions where `got` has `want`'s token."""
+    same = sum(a == c for x, y in zip(want, got, strict=True) for a, c in zip(x, y, strict=True))
+    return same / sum(len(x) for x in want)
+
+
 SPEC_COUNTERS = (
     "num_steps",
     "draft_tokens",
@@ -212,12 +218,7 @@ def main() -> None:
                 for _ in range(args.warmup):
                     run(spec, prompts, args.tokens)
                 outs, row = run(spec, prompts, args.tokens)
-                same = sum(
-                    a == c
-                    for x, y in zip(want, outs, strict=True)
-                    for a, c in zip(x, y, strict=True)
-                )
-                row["greedy_agreement"] = same / sum(len(x) for x in want)
+                row["greedy_agreement"] = agreement(want, outs)
                 zos_name = "zero-overhead" if zos else "no zero-overhead"
                 rows[f"k={args.drafts} MTP ({zos_name})"] = row
             oracle = (
@@ -231,12 +232,7 @@ def main() -> None:
                     for _ in range(args.warmup):
                         run(spec, prompts, args.tokens)
                     outs, row = run(spec, prompts, args.tokens)
-                    same = sum(
-                        a == c
-                        for x, y in zip(want, outs, strict=True)
-                        for a, c in zip(x, y, strict=True)
-                    )
-                    row["greedy_agreement"] = same / sum(len(x) for x in want)
+                    row["greedy_agreement"] = agreement(want, outs)
                     zos_name = "zero-overhead" if zos else "no zero-overhead"
                     rows[f"k={args.drafts} {name} ({zos_name})"] = row
             for mode, row in rows.items():
