@@ -152,13 +152,13 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // Which tensor-core kernel runs bf16_math attention where both take the shape: mma.sync
 // (sm80/attention_mma.cu) or Hopper's wgmma (sm90/attention_wgmma.cu: 64 heads or a multiple,
 // D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs). The default
-// is kWgmmaOverlapPair: kWgmmaOverlap, the warp-specialised variant
-// (sm90/attention_wgmma_overlap.cu: a producer warpgroup decodes the keys while a scoring and a
-// value warpgroup run the products; the same records as the prefetching variant take, other fp8
-// records run the plain kernel), in cluster pairs at 128 heads or a multiple. On the H200 over
-// fp8 KV: 1.3-1.4x faster than kWgmmaPrefetchSw128 at B >= 64 with 64 heads, the pairs 1.15x
-// faster again at 128 heads, no slower at B = 1; the same bytes as the wgmma kernel.
-// kWgmmaPrefetchSw128 was the default before it.
+// is kWgmmaOverlap, the warp-specialised variant (sm90/attention_wgmma_overlap.cu: a producer
+// warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
+// records as the prefetching variant take, other fp8 records run the plain kernel): on the H200
+// over fp8 KV 1.3-1.4x faster than kWgmmaPrefetchSw128 at B >= 64 (64 and 128 heads), no slower
+// at B = 1, with the same bytes as the wgmma kernel. Its pair mode (kWgmmaOverlapPair) is 1.15x
+// faster again for fp8 decode at 128 heads but 1.23x slower for a bf16 prefill chunk there, so
+// it is opt-in. kWgmmaPrefetchSw128 was the default before.
 // kWgmmaPrefetch: the wgmma kernel's prefetching variant (the same tiles and results, the key
 // loads a tile further ahead: fp8 records in registers, for V4's record; other fp8 records run
 // the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
@@ -234,12 +234,12 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap |
-// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair, unset: wgmma_overlap_pair);
+// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair, unset: wgmma_overlap);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
-  if (v.empty()) return AttentionKernelChoice::kWgmmaOverlapPair;
+  if (v.empty()) return AttentionKernelChoice::kWgmmaOverlap;
   if (v == "mma_sync") return AttentionKernelChoice::kMmaSync;
   if (v == "wgmma") return AttentionKernelChoice::kWgmma;
   if (v == "wgmma_prefetch") return AttentionKernelChoice::kWgmmaPrefetch;

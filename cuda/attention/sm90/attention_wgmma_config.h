@@ -104,7 +104,7 @@ inline AttentionMmaPlan wgmma_attention_plan(int64_t tokens, int64_t heads, int6
 // splits are one cluster, at most the portable cluster size (8 blocks, each an SM of its own).
 constexpr int64_t kWgmmaClusterMergeMaxSplits = 8;
 
-// The overlap kernel's pair mode (DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair, the default): two
+// The overlap kernel's pair mode (DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair, opt-in): two
 // blocks of 64 heads per cluster, so a multiple of 128 heads; the plan is wgmma_attention_plan's.
 constexpr bool wgmma_pair_takes(int64_t heads) {
   return heads > 0 && heads % (2 * kWgmmaAttnRows) == 0;
