@@ -1,9 +1,10 @@
 // The producer's key shares of the warp-specialised Hopper attention kernel
-// (sm90/attention_wgmma_overlap.cu) in its cluster-pair mode (DEEPINFER_ATTENTION_KERNEL=
-// wgmma_overlap_pair): each of a token's two 64-head blocks loads and decodes 32 keys of every
-// 64-key tile, 4 producer threads per key, and stores the bf16 rows into its own key buffer and
-// through distributed shared memory into its peer's. Also the L2 prefetch of a key's row that
-// both modes issue a tile ahead of its loads.
+// (sm90/attention_wgmma_overlap.cu): unpaired, two producer threads per key, each holding half of
+// its record (or copying half of its bf16 row) for all 64 keys of a tile; in the cluster-pair mode
+// (DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair) each of a token's two 64-head blocks loads and
+// decodes 32 keys of every 64-key tile, 4 producer threads per key, and stores the bf16 rows into
+// its own key buffer and through distributed shared memory into its peer's. Also the L2 prefetch
+// of a key's row that both modes issue a tile ahead of its loads.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,92 @@ __device__ __forceinline__ void prefetch_row_l2(const uint8_t* src, int bytes, i
   if (src == nullptr) return;
   for (int off = 128 * part; off < bytes; off += 128 * kParts) prefetch_l2(src + off);
   if (part == kParts - 1) prefetch_l2(src + bytes - 1);
+}
+
+// V4's fp8 main record (kv_record.h): 448 e4m3 channels, 64 bf16 RoPE channels, 7 e8m0 scales
+// and a pad byte; 8-byte aligned. A producer thread holds half of a record: the tile chunks
+// (8 channels) 2i + part.
+constexpr int kNopeChunks = kWgmmaPrefetchNope / 8;       // 56
+constexpr int kRopeChunks = 2 * kWgmmaPrefetchRope / 16;  // 8 (16 bytes of bf16 each)
+constexpr int kHalfNope = kNopeChunks / 2;                // 28
+constexpr int kHalfRope = kRopeChunks / 2;                // 4
+constexpr int kScalesPiece = (kWgmmaPrefetchNope + 2 * kWgmmaPrefetchRope) / 8;  // 72
+static_assert(kNopeChunks + kRopeChunks == kChunks, "the record's channels are the tile's");
+static_assert(8 * kScalesPiece + 8 == kWgmmaPrefetchRecordBytes, "scales in the last 8 bytes");
+
+struct Fp8Half {
+  uint2 nope[kHalfNope];      // e4m3 bytes of tile chunk 2i + part
+  uint2 rope[2 * kHalfRope];  // bf16 bytes of RoPE chunk 2i + part: pieces 2i, 2i + 1
+  uint2 scales;
+};
+
+__device__ __forceinline__ void load_fp8_half(Fp8Half& h, const uint8_t* rec, int part) {
+  if (rec == nullptr) return;
+  const uint2* p = reinterpret_cast<const uint2*>(rec);
+#pragma unroll
+  for (int i = 0; i < kHalfNope; ++i) h.nope[i] = __ldg(p + 2 * i + part);
+#pragma unroll
+  for (int i = 0; i < kHalfRope; ++i) {
+    const int piece = kNopeChunks + 2 * (2 * i + part);  // 8-byte pieces of the RoPE chunk
+    h.rope[2 * i] = __ldg(p + piece);
+    h.rope[2 * i + 1] = __ldg(p + piece + 1);
+  }
+  h.scales = __ldg(p + kScalesPiece);
+}
+
+// Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key), with
+// decode_fp8_share's arithmetic (the same bits); the key's valid flag.
+__device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const Fp8Half& h,
+                                                bool real, int key, int part) {
+  const uint64_t scales = (static_cast<uint64_t>(h.scales.y) << 32) | h.scales.x;
+#pragma unroll
+  for (int i = 0; i < kHalfNope; ++i) {
+    const int chunk = 2 * i + part;
+    // Channels 8 chunk .. + 7: scale group 8 chunk / 64, the same for 2i and 2i + 1 (so known at
+    // compile time).
+    static_assert(kv_record::kFp8Group == 64, "scale groups of 64 channels (8 chunks)");
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (real) {
+      const float scale = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4))));
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = k < 2 ? h.nope[i].x : h.nope[i].y;
+        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+        const __half2 hv =
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+        const float2 f = __half22float2(hv);
+        packed[k] = pack_bf16(f.x * scale, f.y * scale);
+      }
+      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, chunk)) = v;
+  }
+#pragma unroll
+  for (int i = 0; i < kHalfRope; ++i) {
+    const int chunk = kNopeChunks + 2 * i + part;
+    const uint4 v = real ? make_uint4(h.rope[2 * i].x, h.rope[2 * i].y, h.rope[2 * i + 1].x,
+                                      h.rope[2 * i + 1].y)
+                         : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, chunk)) = v;
+  }
+  if (part == 0) valid[key] = real ? 1 : 0;
+}
+
+// bf16 rows: tile row `key`'s chunks 2i + part by cp.async (zeros for a masked key).
+__device__ __forceinline__ void copy_bf16_half(uint8_t* kb, int* valid, const uint8_t* src, int key,
+                                               int part) {
+#pragma unroll
+  for (int i = 0; i < kChunks / 2; ++i) {
+    const int chunk = 2 * i + part;
+    uint8_t* dst = kb + Tiles<true>::offset(key, chunk);
+    if (src != nullptr) {
+      cp_async_16(dst, src + 16 * chunk);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  if (part == 0) valid[key] = src != nullptr ? 1 : 0;
 }
 
 constexpr int kPairKeys = kKeys / 2;  // keys of a tile one block of the pair loads: 32
