@@ -98,6 +98,8 @@ Prepared prepare(const EngineConfig& config, const LoadProgress& progress) {
   o.kv_cache_dtype = resolved.cache.kv_cache_dtype;
   o.num_mtp_drafts =
       engine::uses_mtp_drafts(resolved) ? resolved.scheduler.num_speculative_tokens : 0;
+  // The scheduler's rule (Scheduler::device_carries); V4.1's DSpark turned zero_overhead off.
+  o.device_carried_rows = o.num_mtp_drafts > 0 && resolved.scheduler.zero_overhead;
   o.num_kv_blocks = resolved.cache.num_kv_blocks;
   o.gpu_memory_utilization = resolved.cache.gpu_memory_utilization;
   o.max_num_batched_tokens = resolved.scheduler.max_num_batched_tokens;

@@ -424,7 +424,8 @@ void ModelExecutor::verify(const StepPlan& plan, const Tensor& logits, const Ten
     // A carried verify row's drafts are still on the device (its tokens are placeholders here):
     // the device counts what it accepted (drafts_on_device).
     const bool on_device = r.verifies() && r.carried();
-    DEEPINFER_CHECK(!on_device || mtp_on(), "a carried verify row without device drafting");
+    DEEPINFER_CHECK(!on_device || (mtp_on() && options_.device_carried_rows),
+                    "a carried verify row without device drafting");
     step.verify_on_device.push_back(on_device ? 1 : 0);
   }
   SamplingBatch batch = sampling_constants(be, plan, /*per_logits_row=*/true);

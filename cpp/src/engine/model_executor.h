@@ -44,6 +44,9 @@ struct ModelExecutorOptions {
   // speculative_method "mtp": the checkpoint's MTP block follows every step and drafts this many
   // tokens past each sampling row (StepResult::drafts); 0: off.
   int num_mtp_drafts = 0;
+  // Zero-overhead scheduling with those drafts: the scheduler plans rows carried on the device
+  // (Scheduler::device_carries), so each step leaves what they read (ModelStep::carried).
+  bool device_carried_rows = false;
   LoadProgress progress;  // Engine::create's, for the weight load
 };
 

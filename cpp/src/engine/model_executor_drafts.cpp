@@ -81,17 +81,20 @@ void ModelExecutor::drafts_on_device(ModelStep& step) {
     be.copy_to_host(t, host);
     return host;
   };
-  // The drafts each sampling row accepted (0 for a plain row): the moves of the next step's
-  // carried verify rows, and this step's carried verify rows' counts for the host.
-  step.accepted = be.accept_drafts(
-      step.sampled, step.at_logits.tokens,
-      be.upload(Tensor::from_vector(row_start, {static_cast<int64_t>(row_start.size())}),
-                DType::kI32));
-  step.host_accepted = to_host(step.accepted);
-  step.trunk = step.at_logits.trunk;
+  // With rows carried on the device (zero-overhead scheduling): the drafts each sampling row
+  // accepted (0 for a plain row), the moves of the next step's carried rows and this step's
+  // carried verify rows' counts for the host, and what the next step's carried rows read.
+  if (options_.device_carried_rows) {
+    step.accepted = be.accept_drafts(
+        step.sampled, step.at_logits.tokens,
+        be.upload(Tensor::from_vector(row_start, {static_cast<int64_t>(row_start.size())}),
+                  DType::kI32));
+    step.host_accepted = to_host(step.accepted);
+    step.trunk = step.at_logits.trunk;
+  }
   const ModelInstance::MtpDrafts drafts =
       m.mtp_draft_on_device(rows, step.at_logits, step.sampled, k, step.previous_accepted);
-  step.carried = m.carried_outputs(step.sampled, drafts, rows, k);
+  if (options_.device_carried_rows) step.carried = m.carried_outputs(step.sampled, drafts, rows, k);
   step.at_logits = {};
   if (rows.empty()) return;
   step.host_first_draft = to_host(drafts.first);
