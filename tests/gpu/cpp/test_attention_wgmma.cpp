@@ -13,7 +13,6 @@
 // the CPU op is the op table's (the V4-width bf16_ rows of cases_attention.cpp, run with
 // DEEPINFER_ATTENTION_KERNEL= wgmma or a prefetch value). Skips without a GPU or without the wgmma
 // kernel (a build without sm_90a code, a device other than sm_90).
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include "device_backends.h"
 #include "inputs.h"
 #include "kv_inputs.h"
+#include "wgmma_backend.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -58,20 +58,14 @@ Tensor random_rows(std::mt19937& rng, const Shape& lead, int64_t dim, int rope, 
 
 TEST(AttentionWgmma, MatchesTheMmaSyncKernel) {
   std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
+  bool must_fail = false;
+  cuda::CudaBackend* wgmma_be = wgmma_cuda_backend(&why, &must_fail);
+  if (wgmma_be == nullptr) {
+    if (must_fail) FAIL() << why;
     GTEST_SKIP() << why;
   }
-  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
-  if (!cuda_be.wgmma_device()) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    // On an sm_90 device that must be tested, a build without sm_90a code fails, not skips.
-    if (device_required() && major == 9) FAIL() << "an sm_90 device, but no sm_90a code built";
-    GTEST_SKIP() << "the wgmma attention needs sm_90a code (DEEPINFER_CUDA_ARCHITECTURES with 90a) "
-                    "and an sm_90 device";
-  }
+  cuda::CudaBackend& cuda_be = *wgmma_be;
+  Backend* be = wgmma_be;
   const cuda::AttentionKernelChoice kernel0 = cuda_be.attention_kernel();
   const cuda::AttentionMmaChoice choice0 = cuda_be.attention_mma_choice();
   constexpr int kDim = 512, kRope = 64, kWindow = 128, kRingLen = 134, kBlock = 128;

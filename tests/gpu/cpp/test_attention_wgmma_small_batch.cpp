@@ -12,7 +12,6 @@
 // and the plans say which ran (pdl, cluster_merge, no merge with one split). Agreement with the
 // CPU op: the op table (deepinfer_backend_ops) under either value. Skips without a GPU or without
 // the wgmma kernels (a build without sm_90a code, a device other than sm_90).
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include "device_backends.h"
 #include "inputs.h"
 #include "kv_inputs.h"
+#include "wgmma_backend.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -75,18 +75,14 @@ TEST_P(AttentionWgmmaSmallBatch, MatchesTheDefaultKernel) {
   const DType kv = std::get<0>(GetParam());
   const SmallBatchCase& wc = std::get<1>(GetParam());
   std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
+  bool must_fail = false;
+  cuda::CudaBackend* wgmma_be = wgmma_cuda_backend(&why, &must_fail);
+  if (wgmma_be == nullptr) {
+    if (must_fail) FAIL() << why;
     GTEST_SKIP() << why;
   }
-  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
-  if (!cuda_be.wgmma_device()) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    if (device_required() && major == 9) FAIL() << "an sm_90 device, but no sm_90a code built";
-    GTEST_SKIP() << "the wgmma attention needs sm_90a code and an sm_90 device";
-  }
+  cuda::CudaBackend& cuda_be = *wgmma_be;
+  Backend* be = wgmma_be;
   const cuda::AttentionKernelChoice kernel0 = cuda_be.attention_kernel();
   const cuda::AttentionMmaChoice choice0 = cuda_be.attention_mma_choice();
   constexpr int kDim = 512, kRope = 64, kWindow = 128, kRingLen = 134, kBlock = 128, kRatio = 4;
