@@ -175,8 +175,13 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
-void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) {
+void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
+                 const std::string& match) {
   const int heads = 64, dim = 128, ratio = 4, top_k = 512;
+  const std::string shape =
+      "B=" + std::to_string(batch) + (s_q > 1 ? " s_q=" + std::to_string(s_q) : std::string()) +
+      " ctx=" + std::to_string(ctx) + " h=64 d=128 top512 " + kv_name(kv) + " keys";
+  if (!match.empty() && shape.find(match) == std::string::npos) return;
   const int blocks = ctx / 128;
   const int t = batch * s_q;
   BatchLayout L = decode_layout(be, batch, s_q, ctx, blocks);
@@ -195,9 +200,6 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
   for (int j = 0; j < s_q; ++j) keys += static_cast<double>((ctx - s_q + j + 1) / ratio);
   const double bytes = batch * keys * cache.size(1) * dtype_size(kv);
   const double flops = batch * keys * heads * dim * 2.0;
-  const std::string shape =
-      "B=" + std::to_string(batch) + (s_q > 1 ? " s_q=" + std::to_string(s_q) : std::string()) +
-      " ctx=" + std::to_string(ctx) + " h=64 d=128 top512 " + kv_name(kv) + " keys";
   const std::string tc = ", tensor-core scores", cc = ", cuda-core scores";
   auto op = [&] { run({}); };
   emit("indexer_topk", shape + (tensor_cores ? tc : cc), time_us(be, iters, op), bytes, flops);
@@ -284,8 +286,8 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv) 
 
 }  // namespace
 
-void bench_indexer(Backend& be, int iters) {
-  {  // the copy roofline of the same run (bytes read + written), which the indexer's GB/s face
+void bench_indexer(Backend& be, int iters, const std::string& match) {
+  if (match.empty()) {  // the copy roofline of the same run (bytes read + written), which the indexer's GB/s face
     const int64_t n = int64_t{1} << 30;
     Tensor a = rnd(be, {n / 4, 4}, DType::kF32, 1);
     Tensor b;
@@ -295,10 +297,10 @@ void bench_indexer(Backend& be, int iters) {
   for (const int ctx : {32768, 131072})
     for (const int batch : {1, 64})
       for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
-        run_indexer(be, iters, batch, 1, ctx, kv);
+        run_indexer(be, iters, batch, 1, ctx, kv, match);
   // Prefill: the last 1024-row chunk of a 32K prompt.
   for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
-    run_indexer(be, iters, 1, 1024, 32768, kv);
+    run_indexer(be, iters, 1, 1024, 32768, kv, match);
 }
 
 void bench_attention_decode(Backend& be, int iters, const std::string& match) {

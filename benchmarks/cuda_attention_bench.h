@@ -15,6 +15,6 @@ namespace deepinfer::bench {
 void bench_attention_decode(Backend& be, int iters, const std::string& match = "");
 // The lightning indexer (scores and top-512) at V4-Flash widths over f32, bf16 and fp8 index keys
 // at context 32K and 128K, B = 1 and 64.
-void bench_indexer(Backend& be, int iters);
+void bench_indexer(Backend& be, int iters, const std::string& match = "");
 
 }  // namespace deepinfer::bench

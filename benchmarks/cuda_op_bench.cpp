@@ -11,7 +11,7 @@
 // decode kernel); the full run leaves it out too.
 //
 // Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant|attention|indexer|v41|hc]
-//                     [--match SHAPE] (attention rows whose shape label contains SHAPE)
+//                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE)
 // (one JSON object per line)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -43,7 +43,7 @@ using namespace deepinfer::bench;
 int main(int argc, char** argv) {
   int iters = 50;
   std::string only;
-  std::string match;  // attention shapes: only labels containing it
+  std::string match;  // attention and indexer shapes: only labels containing it
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     bench_moe_experts_fp8(*be, iters);
   }
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters, match);
-  if (only.empty() || only == "indexer") bench_indexer(*be, iters);
+  if (only.empty() || only == "indexer") bench_indexer(*be, iters, match);
   if (only == "v41") bench_v41(*be, iters);
   if (!only.empty()) return 0;
 
