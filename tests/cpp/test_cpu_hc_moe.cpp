@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "cpu_test_util.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
+#include "error_message.h"
 
 namespace deepinfer {
 namespace {
@@ -352,6 +354,17 @@ TEST_F(CpuHcMoeTest, MoeExperts) {
     }
   }
   expect_close(got, want, 1e-5, 1e-6);
+  // Metadata errors name the expert matrix (the front checks all 3 x E of them).
+  const Tensor xs = up(x, {T, H});
+  ExpertWeights bad = ew;
+  bad.w3[2] = up(rng.uniform(sz(I * (H + 1))), {I, H + 1});
+  std::string m = testing::error_message([&] { be->moe_experts(xs, r, bad, L); });
+  EXPECT_NE(m.find("experts.w3[2]"), std::string::npos) << m;
+  bad = ew;
+  bad.w2[1].act_group = 4;
+  m = testing::error_message([&] { be->moe_experts(xs, r, bad, L); });
+  EXPECT_NE(m.find("experts.w2[1]"), std::string::npos) << m;
+  EXPECT_NE(m.find("one format for all experts"), std::string::npos) << m;
   // An expert id outside the list is a content error.
   ids[4] = 4;
   be->moe_experts(up(x, {T, H}), Routing{up_i(ids, {T, K}), up(wts, {T, K})}, ew, L);

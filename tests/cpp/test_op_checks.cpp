@@ -3,13 +3,17 @@
 // backend's side is tests/gpu/cpp/test_cuda_dense.cpp).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "backend/op_checks.h"
 #include "cpu_test_util.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
+#include "deepinfer/weight.h"
 #include "error_message.h"
 
 namespace deepinfer {
@@ -65,6 +69,81 @@ TEST(OpChecks, MessagesNameTheOpTheArgumentAndWhatWasExpected) {
             "add: argument b must be in host memory, got i32[2, 4] on cuda");
   cpu.optional("weight", Tensor(), DType::kF32, {4});  // an undefined optional argument is fine
   EXPECT_NO_THROW(cuda.on_device("w", w.narrow(1, 0, 2)));
+}
+
+// weight_ok is weight's passing case without its messages (the MoE front checks 768 expert
+// matrices per call with it): every bad part weight names must fail it too, or a bad weight
+// would pass unchecked.
+TEST(OpChecks, WeightOkFailsWhereverWeightFails) {
+  const OpChecks cuda("moe_experts", DeviceKind::kCuda);
+  MatrixWeight fp8;
+  fp8.format = WeightFormat::kFp8Block;
+  fp8.block_rows = 2;
+  fp8.block_cols = 2;
+  fp8.values = fake_cuda(DType::kF8E4M3, {3, 4});
+  fp8.scales = fake_cuda(DType::kF32, {2, 2});
+  MatrixWeight fp4;
+  fp4.format = WeightFormat::kMxfp4;
+  fp4.block_rows = 1;
+  fp4.block_cols = 32;
+  fp4.values = fake_cuda(DType::kE2M1x2, {2, 32});  // logical [2, 64]
+  fp4.scales = fake_cuda(DType::kE8M0, {2, 2});
+  MatrixWeight dense(fake_cuda(DType::kBF16, {3, 4}));
+  const std::vector<std::tuple<const char*, MatrixWeight, int64_t, int64_t>> good = {
+      {"fp8", fp8, 3, 4}, {"fp4", fp4, 2, 64}, {"dense", dense, -1, 4}};
+  std::vector<std::pair<std::string, std::function<void(MatrixWeight&)>>> breaks = {
+      {"values undefined", [](MatrixWeight& w) { w.values = Tensor(); }},
+      {"values on the host",
+       [](MatrixWeight& w) { w.values = Tensor::zeros(w.values.shape(), w.values.dtype()); }},
+      {"values strided",
+       [](MatrixWeight& w) {
+         w.values = w.values.reshape({1, -1}).narrow(1, 0, w.values.size(1));
+       }},
+      {"values of rank 1",
+       [](MatrixWeight& w) { w.values = fake_cuda(w.values.dtype(), {w.values.numel()}); }},
+      {"values dtype",
+       [](MatrixWeight& w) { w.values = fake_cuda(DType::kI32, w.values.shape()); }},
+      {"act_group", [](MatrixWeight& w) { w.act_group = -1; }},
+      {"scales on a dense weight or undefined",
+       [](MatrixWeight& w) {
+         w.scales = w.quantized() ? Tensor() : fake_cuda(DType::kF32, {1, 1});
+       }},
+      {"scales dtype",
+       [](MatrixWeight& w) {
+         if (w.quantized()) w.scales = fake_cuda(DType::kI32, w.scales.shape());
+       }},
+      {"scales shape",
+       [](MatrixWeight& w) {
+         if (w.quantized()) w.scales = fake_cuda(w.scales.dtype(), {1, 1});
+       }},
+      {"blocks",
+       [](MatrixWeight& w) {
+         if (w.quantized()) w.block_cols = w.format == WeightFormat::kMxfp4 ? 16 : 0;
+       }},
+  };
+  for (const auto& [name, weight, rows, cols] : good) {
+    EXPECT_TRUE(cuda.weight_ok(weight, DType::kBF16, rows, cols)) << name;
+    EXPECT_NO_THROW(cuda.weight("w", weight, DType::kBF16, rows, cols)) << name;
+    EXPECT_FALSE(cuda.weight_ok(weight, DType::kBF16, rows + 1, cols)) << name;
+    EXPECT_FALSE(cuda.weight_ok(weight, DType::kBF16, rows, cols + 32)) << name;
+    for (const auto& [what, bend] : breaks) {
+      MatrixWeight bad = weight;
+      bend(bad);
+      bool throws = false;
+      try {
+        cuda.weight("w", bad, DType::kBF16, rows, cols);
+      } catch (const Error&) {
+        throws = true;
+      }
+      EXPECT_EQ(cuda.weight_ok(bad, DType::kBF16, rows, cols), !throws) << name << ": " << what;
+    }
+  }
+  // mxfp4 columns must be a multiple of its block: the logical width 2 * 20 = 40 is not.
+  MatrixWeight ragged = fp4;
+  ragged.values = fake_cuda(DType::kE2M1x2, {2, 20});
+  ragged.scales = fake_cuda(DType::kE8M0, {2, 2});
+  EXPECT_FALSE(cuda.weight_ok(ragged, DType::kBF16, 2, 40));
+  EXPECT_THROW(cuda.weight("w", ragged, DType::kBF16, 2, 40), Error);
 }
 
 TEST(OpChecks, LayoutNeedsASequenceForItsRows) {

@@ -73,15 +73,21 @@ void OpChecks::contiguous(const char* arg, const Tensor& t) const {
   }
 }
 
+bool OpChecks::placed(const Tensor& t, DeviceKind device) const {
+  return t.defined() && t.device().kind == device && t.is_contiguous();
+}
+
 void OpChecks::tensor(const char* arg, const Tensor& t, DTypeSet dtypes, const Shape& shape) const {
+  // The passing case builds no strings: checks run before every op, eager steps call hundreds.
+  bool ok = placed(t, device_) && dtypes.contains(t.dtype()) && t.shape().size() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
+  if (ok) return;
   const std::string names = dtypes.str();
   const std::string expected =
       (names.find(' ') == std::string::npos ? names : "(" + names + ")") + shape_pattern(shape);
   defined_on(arg, t, device_, expected);
   contiguous(arg, t);
-  bool ok = dtypes.contains(t.dtype()) && t.shape().size() == shape.size();
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
-  if (!ok) fail(std::string("argument ") + arg + " must be " + expected + ", got " + t.describe());
+  fail(std::string("argument ") + arg + " must be " + expected + ", got " + t.describe());
 }
 
 void OpChecks::optional(const char* arg, const Tensor& t, DTypeSet dtypes,
@@ -91,6 +97,8 @@ void OpChecks::optional(const char* arg, const Tensor& t, DTypeSet dtypes,
 
 void OpChecks::rank(const char* arg, const Tensor& t, DType dtype, int64_t min_rank,
                     int64_t max_rank) const {
+  if (placed(t, device_) && t.dtype() == dtype && t.dim() >= min_rank && t.dim() <= max_rank)
+    return;
   const std::string expected = std::string(dtype_name(dtype)) + " of rank " +
                                std::to_string(min_rank) +
                                (max_rank != min_rank ? "-" + std::to_string(max_rank) : "");
@@ -114,8 +122,33 @@ void OpChecks::dense(const char* arg, const Tensor& t, DTypeSet dtypes, int64_t 
   }
 }
 
+bool OpChecks::weight_ok(const MatrixWeight& w, DTypeSet dense_dtypes, int64_t rows, int64_t cols,
+                         bool on_host) const {
+  const DeviceKind where = on_host ? DeviceKind::kCpu : device_;
+  if (!placed(w.values, where) || w.values.dim() != 2 || w.act_group < 0) return false;
+  if ((rows >= 0 && w.rows() != rows) || (cols >= 0 && w.cols() != cols)) return false;
+  switch (w.format) {
+    case WeightFormat::kDense:
+      return dense_dtypes.contains(w.values.dtype()) && !w.scales.defined();
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kMxfp4: {
+      const bool fp8 = w.format == WeightFormat::kFp8Block;
+      if (w.values.dtype() != (fp8 ? DType::kF8E4M3 : DType::kE2M1x2)) return false;
+      if (fp8 ? (w.block_rows < 1 || w.block_cols < 1)
+              : (w.block_rows != 1 || w.block_cols != 32 || w.cols() % 32 != 0))
+        return false;
+      const Shape& s = w.scales.shape();
+      return placed(w.scales, where) && w.scales.dtype() == (fp8 ? DType::kF32 : DType::kE8M0) &&
+             s.size() == 2 && s[0] == (w.rows() + w.block_rows - 1) / w.block_rows &&
+             s[1] == (w.cols() + w.block_cols - 1) / w.block_cols;
+    }
+  }
+  return false;
+}
+
 void OpChecks::weight(const std::string& arg, const MatrixWeight& w, DTypeSet dense_dtypes,
                       int64_t rows, int64_t cols, bool on_host) const {
+  if (weight_ok(w, dense_dtypes, rows, cols, on_host)) return;
   if (w.format == WeightFormat::kDense && !on_host) {
     // A dense weight is checked as the plain matrix it is (the messages name it `arg`).
     tensor(arg.c_str(), w.values, dense_dtypes, {rows, cols});
@@ -227,7 +260,8 @@ void OpChecks::kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t d
   }
   // The dtype decides the row width; checked against the set first so a wrong dtype is named.
   const DTypeSet kv_dtypes{DType::kF32, DType::kBF16, DType::kU8, DType::kF8E4M3, DType::kE2M1x2};
-  defined_on(arg, t, device_, "a KV cache (" + kv_dtypes.str() + ")");
+  if (!t.defined()) defined_on(arg, t, device_, "a KV cache (" + kv_dtypes.str() + ")");
+  defined_on(arg, t, device_, "a KV cache");
   const bool known = kv_dtypes.contains(t.dtype());
   const DType dtype = known ? t.dtype() : DType::kF32;
   shape.back() = kv_record::row_width(dtype, dim, rope_dim);

@@ -56,6 +56,10 @@ class OpChecks {
   // scales and blocks agree with each other (weight.h). Messages name `arg` and the part.
   void weight(const std::string& arg, const MatrixWeight& w, DTypeSet dense_dtypes, int64_t rows,
               int64_t cols, bool on_host = false) const;
+  // Whether `weight` would pass, building no strings (for callers that name the argument only
+  // when it fails, e.g. the 768 expert matrices of a V4 MoE layer).
+  bool weight_ok(const MatrixWeight& w, DTypeSet dense_dtypes, int64_t rows, int64_t cols,
+                 bool on_host = false) const;
   // A defined tensor on the device, any dtype and strides.
   void on_device(const char* arg, const Tensor& t) const;
   // A defined tensor in host memory, any dtype; `contiguous` also requires a contiguous one.
@@ -78,6 +82,8 @@ class OpChecks {
   void defined_on(const char* arg, const Tensor& t, DeviceKind device,
                   const std::string& expected) const;
   void contiguous(const char* arg, const Tensor& t) const;
+  // Defined, on `device` and contiguous (the passing case of defined_on + contiguous).
+  bool placed(const Tensor& t, DeviceKind device) const;
 
   const char* op_;
   DeviceKind device_;
