@@ -114,6 +114,7 @@ nb::dict stats_dict(const deepinfer::EngineStats& s) {
   d["verify_rows"] = s.verify_rows;
   d["device_carried_rows"] = s.device_carried_rows;
   d["device_carried_verify_rows"] = s.device_carried_verify_rows;
+  d["budget_step_times"] = s.budget_step_times;
   d["drafter_errors"] = s.drafter_errors;
   d["drafts_at_position"] =
       std::vector<uint64_t>(s.drafts_at_position.begin(), s.drafts_at_position.end());

@@ -27,6 +27,7 @@ struct Options {
   int num_snapshot_slots = 0;
   PreemptionMode preemption = PreemptionMode::kRecompute;
   std::string speculative_budget = "fixed";
+  bool zero_overhead = true;
 };
 
 // A scheduler over its own allocator, with the outputs it produced so far.
@@ -98,6 +99,7 @@ class Harness {
     c.max_model_len = o.max_model_len;
     c.preemption = o.preemption;
     c.speculative_budget = o.speculative_budget;
+    c.zero_overhead = o.zero_overhead;
     return c;
   }
   KvAllocator kv_;
@@ -563,6 +565,39 @@ TEST(Scheduler, ConfidenceBudgetVerifiesOnlyLikelyMtpDrafts) {
   ASSERT_EQ(h.schedule(none), Outcome::kScheduled);
   EXPECT_EQ(none.rows[0].num_drafts, 0);
   h.commit(none);
+}
+
+// Under zero-overhead scheduling with MTP drafts, a row carried on the device verifies the drafts
+// the step in flight is making, whose probabilities the plan cannot know yet: the confidence
+// budget sizes it from the request's acceptance history (the prior here, a = 0.6, 0.36, 0.216).
+// With a step cost proportional to its tokens (1 ms + 1 ms per token) one draft pays
+// (1.6 / 3 ms against 1 / 2 ms) and a second does not (1.96 / 4 ms); the fixed budget verifies
+// all three.
+TEST(Scheduler, ConfidenceBudgetSizesRowsCarriedOnTheDevice) {
+  for (const std::string budget : {"confidence", "fixed"}) {
+    Harness h({.speculative_budget = budget});
+    h.scheduler().use_executor_drafts(3);
+    for (int t = 1; t <= 64; t += 3) h.scheduler().observe_decode_step(t, 0.001 + 0.001 * t);
+    const RequestId id = h.add(prompt_of(10), 16);
+    StepPlan prefill;
+    ASSERT_EQ(h.schedule(prefill), Outcome::kScheduled);
+    StepPlan carried;  // planned while the prefill is in flight
+    ASSERT_EQ(h.schedule(carried), Outcome::kScheduled);
+    ASSERT_EQ(carried.rows.size(), 1u);
+    const StepRow& r = carried.rows[0];
+    EXPECT_TRUE(r.carried());
+    const int want = budget == "confidence" ? 1 : 3;
+    EXPECT_EQ(r.num_drafts, want) << budget;
+    EXPECT_EQ(r.forward.carried_tokens, 1 + want) << budget;
+    EXPECT_EQ(h.scheduler().stats().device_carried_verify_rows, 1u);
+    // The prefill drafted 11, 12, 13; the carried row accepts its first draft and samples 5.
+    h.commit_drafts(prefill, {7}, {}, {{11, 12, 13}}, {{0.9f, 0.9f, 0.9f}});
+    h.commit_drafts(carried, {11, 5}, {2}, {});
+    EXPECT_EQ(h.seq(id).tokens.back(), 5);
+    EXPECT_EQ(h.seq(id).num_tokens(), 13) << budget;
+    EXPECT_EQ(h.scheduler().stats().draft_tokens, static_cast<uint64_t>(want));
+    EXPECT_EQ(h.scheduler().stats().accepted_draft_tokens, 1u);
+  }
 }
 
 }  // namespace

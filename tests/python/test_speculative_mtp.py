@@ -206,6 +206,28 @@ def test_rows_carried_on_the_device_verify_the_devices_drafts(
     assert_pools_full(engine)
 
 
+def test_rows_carried_on_the_device_under_the_confidence_budget(mtp_checkpoint, prompts) -> None:
+    """The confidence budget sizes carried rows from each request's acceptance history (their
+    drafts' probabilities arrive with the step still in flight; tests/cpp/test_scheduler.cpp checks
+    the sizes) and a step cost model fed under zero-overhead scheduling: whatever it picks, greedy
+    outputs are those without drafts and nothing leaks."""
+    engine = mtp_engine(
+        mtp_checkpoint,
+        3,
+        max_num_seqs=8,
+        speculative_zero_overhead=True,
+        speculative_budget="confidence",
+    )
+    want = run_all(cpu_engine(mtp_checkpoint, max_num_seqs=8), prompts, greedy(24))[0]
+    assert run_all(engine, prompts, greedy(24))[0] == want
+    s = engine.stats()
+    assert s["device_carried_rows"] > 0
+    # The cost model is fed under zero-overhead scheduling too (the time between two pipelined
+    # decode steps' commits), past the 16 samples it needs to size rows at all.
+    assert s["budget_step_times"] >= 16, s
+    assert_pools_full(engine)
+
+
 def test_rows_carried_on_the_device_with_preemption_and_aborts(mtp_checkpoint, prompts, plain):
     rng = random.Random(5)
     long_prompts = [

@@ -167,6 +167,9 @@ struct SchedulerCounters {
   std::array<uint64_t, 5> accepted_at_position{};
   uint64_t drafter_errors = 0;  // proposals dropped: the drafter threw or named a bad token
   uint64_t verify_steps = 0;    // decode steps with at least one verify row
+  // Decode step times the confidence budget's cost model observed (speculative_budget
+  // "confidence": until 16, every request verifies the most drafts).
+  uint64_t budget_step_times = 0;
   DraftCalibration calibration;
   // Admissions that waited for another request's KV tier fetch of the same blocks (holding
   // nothing) instead of reading them again.

@@ -244,6 +244,16 @@ void EngineImpl::commit_oldest(std::vector<RequestOutput>& out) {
   Launched l = std::move(inflight_.front());
   inflight_.pop_front();
   StepResult result = executor_->wait(*l.step);
+  // Zero-overhead scheduling: a decode step queued behind a decode step starts when that one
+  // ends, so the time between their commits is its cost (the device's, or the host's when the
+  // host is the slower): the confidence budget's cost model.
+  const auto now = std::chrono::steady_clock::now();
+  if (l.pipelined_decode && last_commit_decode_ && last_commit_.has_value()) {
+    scheduler_.observe_decode_step(l.plan.num_tokens(),
+                                   std::chrono::duration<double>(now - *last_commit_).count());
+  }
+  last_commit_ = now;
+  last_commit_decode_ = !l.plan.is_prefill;
   scheduler_.commit(l.plan, result, out);
   spare_plans_.push_back(std::move(l.plan));
 }
@@ -292,16 +302,18 @@ std::vector<RequestOutput> EngineImpl::step() {
     idle_pass = comm_ != nullptr && outcome != sched::Scheduler::Outcome::kScheduled;
   }
   // Without zero-overhead scheduling a decode step is launched and committed within this call,
-  // so its wall time is the step's: the confidence budget's cost model. (With it the host's
-  // wall time is not the step's; the budget then stays at the fixed maximum.)
+  // so its wall time is the step's: the confidence budget's cost model. (With it, the time
+  // between two pipelined decode steps' commits is: commit_oldest.)
   const auto started = std::chrono::steady_clock::now();
   const bool timed_decode = outcome == sched::Scheduler::Outcome::kScheduled &&
                             !config_.scheduler.zero_overhead && !plan.is_prefill;
   const int step_tokens = plan.num_tokens();
   if (outcome == sched::Scheduler::Outcome::kScheduled) {
     InflightStep* previous = inflight_.empty() ? nullptr : inflight_.back().step.get();
+    const bool pipelined_decode =
+        previous != nullptr && !plan.is_prefill && !inflight_.back().plan.is_prefill;
     std::unique_ptr<InflightStep> launched = executor_->launch(plan, previous);
-    inflight_.push_back(Launched{std::move(launched), std::move(plan)});
+    inflight_.push_back(Launched{std::move(launched), std::move(plan), pipelined_decode});
     DEEPINFER_CHECK(inflight_.size() <= 2, "more than two steps launched and not committed");
     // A DP rank launches only in steps its group runs; the forward's MoE exchanges are done.
     if (comm_ != nullptr) executor_->record_group_step();

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -76,9 +77,16 @@ class EngineImpl final : public Engine {
   struct Launched {
     std::unique_ptr<InflightStep> step;
     StepPlan plan;
+    // A decode step launched behind another still in flight (zero-overhead scheduling): the
+    // pipeline was full, so the time from its predecessor's commit to its own is its cost.
+    bool pipelined_decode = false;
   };
   void drain_inbox(std::vector<RequestOutput>& out);
   void commit_oldest(std::vector<RequestOutput>& out);
+  // When the last step was committed, and whether it was a decode step (the confidence budget's
+  // step times under zero-overhead scheduling: commit_oldest).
+  std::optional<std::chrono::steady_clock::time_point> last_commit_;
+  bool last_commit_decode_ = false;
   void count_finishes(const std::vector<RequestOutput>& out, size_t from);
   // The group's vote for this step (DP ranks only): plans this rank's part of the step the group
   // runs into `plan`. Returns the step kind to plan again after a drain (none: nothing to plan);

@@ -72,6 +72,9 @@ void accumulate_stats(EngineStats& s, const EngineStats& r) {
   s.draft_tokens += r.draft_tokens;
   s.accepted_draft_tokens += r.accepted_draft_tokens;
   s.verify_rows += r.verify_rows;
+  s.device_carried_rows += r.device_carried_rows;
+  s.device_carried_verify_rows += r.device_carried_verify_rows;
+  s.budget_step_times += r.budget_step_times;
   add(s.drafts_at_position, r.drafts_at_position);
   add(s.accepted_at_position, r.accepted_at_position);
   s.drafter_errors += r.drafter_errors;

@@ -7,9 +7,11 @@
 //    trained for this very estimate (engine.md 5.5); on V4, whose checkpoint has no confidence
 //    head, the draft's own probability under the MTP block's softmax at temperature 1 (the block
 //    is trained to predict that very token, so it is the closest per-draft signal).
-//  - host drafters (ngram, external), and MTP drafts without probabilities: the request's own
-//    acceptance history (DraftEstimate: an exponential average of its verify outcomes per
-//    position, starting at the prior); such drafters have no probability of their own.
+//  - host drafters (ngram, external), MTP drafts without probabilities, and rows carried on the
+//    device under zero-overhead scheduling (their drafts are made by the step still in flight, so
+//    their probabilities arrive after the plan): the request's own acceptance history
+//    (DraftEstimate: an exponential average of its verify outcomes per position, starting at the
+//    prior); such drafters have no probability of their own.
 // a_j = c_0 ... c_j is then the chance that draft j is accepted, non-increasing in j. A step with
 // T tokens costs time(T) = base + slope * T, least squares over recent decode steps. With n
 // requests, start at T = n (one token each, E = n expected tokens) and add candidate drafts in

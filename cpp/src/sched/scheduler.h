@@ -92,6 +92,7 @@ class Scheduler {
   // A decode step of `num_tokens` tokens took `seconds`: the confidence budget's cost model.
   void observe_decode_step(int num_tokens, double seconds) {
     budget_.observe_step(num_tokens, seconds);
+    ++stats_.budget_step_times;
   }
 
   // Throws Error(kInternal) on the first broken invariant (sequences, ledgers, pools).

@@ -11,13 +11,17 @@
 namespace deepinfer::sched {
 
 // The confidence budget: drafts per running sequence for this decode step (draft_budget);
-// -1 everywhere with the fixed budget or without a drafter.
+// -1 everywhere with the fixed budget or without a drafter. A sequence whose row will be carried
+// on the device (device_carries) takes part too: its drafts are being made by the step in flight,
+// so their probabilities are not known yet, and its estimate is its acceptance history.
 void Scheduler::plan_draft_budget() {
   std::vector<Sequence*> eligible;
   const bool on = drafting() && config_.speculative_budget == "confidence";
+  auto carried = [this](const Sequence& s) { return s.inflight.steps > 0 && device_carries(); };
   for (Sequence* s : running_) {
     s->draft_budget = -1;
-    if (!on || s->state != SeqState::kRunning || draft_limit(*s) <= 0) continue;
+    if (!on || s->state != SeqState::kRunning) continue;
+    if ((carried(*s) ? drafts_allowed(*s) : draft_limit(*s)) <= 0) continue;
     eligible.push_back(s);
   }
   if (eligible.empty()) return;
@@ -28,7 +32,9 @@ void Scheduler::plan_draft_budget() {
   std::vector<const DraftEstimate*> estimates;
   for (Sequence* s : eligible) {
     const DraftEstimate* e = &s->draft_estimate;
-    if (executor_drafts_ && has_draft_probs(*s)) {
+    if (carried(*s)) {
+      // the history (above)
+    } else if (executor_drafts_ && has_draft_probs(*s)) {
       owned.push_back(DraftEstimate::of_probabilities(s->model_draft_probs));
       e = &owned.back();
     } else if (executor_drafts_ && s->model_drafts_at != s->num_tokens()) {
@@ -85,12 +91,14 @@ int Scheduler::drafts_allowed(const Sequence& s) const {
 
 // The drafts the device made past `s`'s in-flight row (ModelExecutor::drafts_on_device: V4's MTP
 // block, max_drafts_ of them when the row had room for them before the model's last position;
-// max_model_len is at most that) verified by its carried row at `pos`: within drafts_allowed,
-// and none for a constraint, whose verify rows are masked from drafts the host does not have.
+// max_model_len is at most that) verified by its carried row at `pos`: within drafts_allowed and
+// the confidence budget, and none for a constraint, whose verify rows are masked from drafts the
+// host does not have.
 int Scheduler::device_carried_drafts(const Sequence& s, int pos) const {
   if (s.params.constraint != nullptr) return 0;
   if (pos - 1 + max_drafts_ > config_.max_model_len) return 0;
-  return drafts_allowed(s);
+  const int allowed = drafts_allowed(s);
+  return s.draft_budget >= 0 ? std::min(allowed, s.draft_budget) : allowed;
 }
 
 // Zero-overhead scheduling plans this step while `s`'s previous one runs, so the host has not
