@@ -170,8 +170,10 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
 //    kernel: the A/B); on sm_90 the wgmma kernel forced, its pipelined variant
 //    (indexer_score_wgmma_pipelined.cu, the same scores, the default; the A/B for
 //    DEEPINFER_INDEXER_FP8_SCORES=wgmma) and q's lo part in e4m3;
-//  - fp8 keys with q in fp8 (the engine's path: quantize_indexer_q): the scores alone, the op
-//    with the quantization, and the quantization alone;
+//  - fp8 keys with q in fp8 (the engine's path: quantize_indexer_q): the scores alone, by the
+//    op's choice and by each fp8 kernel forced on sm_90 (pipelined, persistent with 3 of 8 and
+//    with all k-steps through cvt), the op on the persistent scores, the op with the
+//    quantization, and the quantization alone;
 //  - indexer_select: the top-k alone (graph) over the scores of the op's own kernel, as the
 //    heuristic picks it and with each selection kernel forced (the A/B); its bytes are the
 //    scores read.
@@ -265,6 +267,36 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
     };
     emit("indexer_scores", shape + tc + ", q in fp8 (quantize_indexer_q; one MMA per tile) (graph)",
          time_graph_us(be, iters, fp8_q_scores), bytes, flops);
+    // The same scores by each fp8 kernel forced (sm_90): the pipelined one (the default, whatever
+    // DEEPINFER_INDEXER_FP8_SCORES says) and the persistent one (indexer_score_wgmma_persistent.cu,
+    // the same bytes) with both conversion splits, the A/B; then the whole op on the persistent
+    // kernel.
+    const std::pair<IndexerScoreKernel, std::string> fp8_q_kernels[] = {
+        {IndexerScoreKernel::kTensorCoreWgmmaPipelined, ", wgmma pipelined"},
+        {IndexerScoreKernel::kTensorCoreWgmmaPersistent,
+         ", wgmma persistent: blocks over the flattened tiles, q from its codes, 3 of 8 k-steps "
+         "converted by cvt"},
+        {IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt,
+         ", wgmma persistent, every k-step converted by cvt"}};
+    for (const auto& [k, label] : fp8_q_kernels) {
+      if (!cuda::indexer_wgmma_runs(cuda_be)) break;
+      auto forced_scores = [&] {
+        (void)cuda::indexer_topk_run(cuda_be, q8.q, q8.weights, cache, L, ratio, top_k, 0.0884f,
+                                     0.125f,
+                                     {.score_kernel = k, .run_select = false, .scores = sp});
+      };
+      emit("indexer_scores", shape + tc + ", q in fp8" + label + " (graph)",
+           time_graph_us(be, iters, forced_scores), bytes, flops);
+    }
+    if (cuda::indexer_wgmma_runs(cuda_be)) {
+      auto persistent_op = [&] {
+        (void)cuda::indexer_topk_run(
+            cuda_be, q8.q, q8.weights, cache, L, ratio, top_k, 0.0884f, 0.125f,
+            {.score_kernel = IndexerScoreKernel::kTensorCoreWgmmaPersistent});
+      };
+      emit("indexer_topk", shape + tc + ", q in fp8, wgmma persistent scores (graph)",
+           time_graph_us(be, iters, persistent_op), bytes, flops);
+    }
     auto fp8_q_op = [&] {
       const IndexerQFp8 r = be.quantize_indexer_q(q, w);
       (void)be.indexer_topk(r.q, r.weights, cache, L, ratio, top_k, 0.0884f, 0.125f);
@@ -287,7 +319,8 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
 }  // namespace
 
 void bench_indexer(Backend& be, int iters, const std::string& match) {
-  if (match.empty()) {  // the copy roofline of the same run (bytes read + written), which the indexer's GB/s face
+  if (match.empty()) {  // the copy roofline of the same run (bytes read + written), which the
+                        // indexer's GB/s face
     const int64_t n = int64_t{1} << 30;
     Tensor a = rnd(be, {n / 4, 4}, DType::kF32, 1);
     Tensor b;

@@ -17,9 +17,11 @@ namespace deepinfer::cuda {
 int64_t indexer_bound(const BatchLayout& layout, int ratio);
 
 // The score kernel's arguments over all visible entries (row = bound; `list` and `scores` for the
-// caller to set). Throws Error(kUnsupported) when q or the cache do not suit the kernels (a head
-// dim not a multiple of 4, a base off 16 bytes) and Error(kInvalidArgument) when the bound
-// overflows i32. Needs bound > 0.
+// caller to set). q in fp8 (quantize_indexer_q's codes) sets q_codes and q_fp8 and leaves q null:
+// the caller decodes it (indexer_q_values) unless the chosen kernel takes the codes
+// (indexer_scores_take_codes), and then clears q_codes. Throws Error(kUnsupported) when q or the
+// cache do not suit the kernels (a head dim not a multiple of 4, a base off 16 bytes) and
+// Error(kInvalidArgument) when the bound overflows i32. Needs bound > 0.
 ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weights,
                              const Tensor& index_cache, const BatchLayout& layout, int ratio,
                              float score_scale, float weight_scale);
@@ -34,7 +36,8 @@ Tensor indexer_q_values(CudaBackend& be, const Tensor& q);
 // Where the wgmma kernels may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
 // by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma_pipelined (or unset: on
 // indexer_score_wgmma_pipelined.cu) or wgmma (indexer_score_wgmma.cu; mma_sync:
-// indexer_score_mma.cu; the A/B switch, read at the backend's creation).
+// indexer_score_mma.cu; wgmma_persistent / _cvt: indexer_score_wgmma_persistent.cu for q in fp8,
+// else as wgmma_pipelined; the A/B switch, read at the backend's creation).
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
 
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.
@@ -54,8 +57,9 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
                               KernelSmemLimits& smem_limits, cudaStream_t stream);
 
-// The scores of the group's n tokens by the kernel `c` chose: indexer_score_mma.cu when c.mma,
-// else indexer_score.cu.
+// The scores of the group's n tokens by the kernel `c` chose: indexer_score_wgmma_persistent.cu
+// when a.q_codes is set, the wgmma kernels, indexer_score_mma.cu when c.mma, else
+// indexer_score.cu.
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream);
 

@@ -30,6 +30,7 @@ struct IndexerProblem {
   int64_t scratch_bytes;  // scratch of one token: its scores and whatever else the op keeps
   KvFormat keys;          // the index cache's format
   bool listed;            // the scored slots are a candidate list, not the visible entries
+  bool q_fp8 = false;     // q comes as e4m3 codes (quantize_indexer_q)
 };
 
 // indexer_topk: every visible entry, up to bound = max_blocks_per_seq * epb, scored and ranked.
@@ -72,6 +73,12 @@ struct IndexerConfig {
   // ... on the pipelined kernel (indexer_score_wgmma_pipelined.cu) where the records may be
   // copied in runs of a paged block (launch_indexer_scores checks; else the kernel above)
   bool wgmma_pipelined;
+  // ... for q in fp8, on the persistent kernel (indexer_score_wgmma_persistent.cu) where the
+  // records may be copied in runs (indexer_scores_take_codes), over persistent_ctas blocks, its
+  // key codes of persistent_cvt_steps k-steps (of 8) through cvt
+  bool wgmma_persistent;
+  int persistent_cvt_steps;
+  int64_t persistent_ctas;
   bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
   int64_t cap;        // pairs the select kernel collects: min(top_k, selected)
@@ -116,10 +123,14 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
 // `pipelined`: kAuto and kTensorCore take indexer_score_wgmma_pipelined.cu instead (with
 // by_default). (A bf16-key twin measured 2.4-2.7x slower than the mma.sync kernel on the H200 in
 // session 11, B = 64: 196 vs 82 us at 32K, 775 vs 301 us at 128K; it was removed.)
+// `persistent`: for q in fp8 they take indexer_score_wgmma_persistent.cu instead, `persistent_cvt`
+// its variant with every key code through cvt.
 struct WgmmaChoice {
   bool device = false;
   bool by_default = false;
   bool pipelined = false;
+  bool persistent = false;
+  bool persistent_cvt = false;
 };
 
 // `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
@@ -131,21 +142,30 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   IndexerConfig c{};
   const bool auto_tc = want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore;
   const bool forced_pipelined = want == IndexerScoreKernel::kTensorCoreWgmmaPipelined;
+  const bool forced_persistent = want == IndexerScoreKernel::kTensorCoreWgmmaPersistent ||
+                                 want == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt;
   const bool forced_wgmma = want == IndexerScoreKernel::kTensorCoreWgmma ||
-                            want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3 || forced_pipelined;
+                            want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3 ||
+                            forced_pipelined || forced_persistent;
   c.wgmma = wgmma.device && (forced_wgmma || (wgmma.by_default && auto_tc)) &&
             score_wgmma_takes(p) && score_wgmma_smem_bytes() <= max_smem;
   c.wgmma_lo_e4m3 = c.wgmma && want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
   c.wgmma_pipelined = c.wgmma && (forced_pipelined || (wgmma.pipelined && auto_tc)) &&
                       score_wgmma_pipelined_smem_bytes() <= max_smem;
+  c.wgmma_persistent = c.wgmma && p.q_fp8 && (forced_persistent || (wgmma.persistent && auto_tc)) &&
+                       score_wgmma_persistent_smem_bytes() <= max_smem;
+  const bool all_cvt = forced_persistent ? want == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt
+                                         : wgmma.persistent_cvt;
+  c.persistent_cvt_steps = all_cvt ? kMmaDim / 16 : kPersistMixedCvtSteps;
   c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && !forced_wgmma &&
                       score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
-  c.score_smem = c.wgmma_pipelined ? score_wgmma_pipelined_smem_bytes()
-                 : c.wgmma         ? score_wgmma_smem_bytes()
-                 : c.mma           ? score_mma_smem_bytes(p.heads, p.keys)
-                                   : score_smem_bytes(p.heads, p.dim);
+  c.score_smem = c.wgmma_persistent  ? score_wgmma_persistent_smem_bytes()
+                 : c.wgmma_pipelined ? score_wgmma_pipelined_smem_bytes()
+                 : c.wgmma           ? score_wgmma_smem_bytes()
+                 : c.mma             ? score_mma_smem_bytes(p.heads, p.keys)
+                                     : score_smem_bytes(p.heads, p.dim);
   c.cap = std::min<int64_t>(p.top_k, p.selected);
   c.select_min_smem = select_smem_bytes(c.cap, p.selected, false);
   c.fits = c.score_smem <= max_smem && c.select_min_smem <= max_smem;
@@ -181,7 +201,16 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   const int64_t blocks = c.mma ? per_sm * static_cast<int64_t>(num_sms) / c.group
                                : (2 * static_cast<int64_t>(num_sms) + c.group - 1) / c.group;
   c.splits = std::max<int64_t>(1, std::min({blocks, tiles, int64_t{65535}}));
+  // The persistent kernel: one block per SM at most, each a share of the group's tiles.
+  c.persistent_ctas = std::max<int64_t>(1, std::min<int64_t>(num_sms, c.group * tiles));
   return c;
+}
+
+// Whether the scores of config `c` read q's e4m3 codes (the persistent kernel), so that the caller
+// need not decode them: where it chose that kernel and the records go in runs (key_runs:
+// score_mma_key_runs), as launch_indexer_scores launches it.
+inline bool indexer_scores_take_codes(const IndexerConfig& c, bool key_runs) {
+  return c.wgmma_persistent && key_runs;
 }
 
 // The block-max kernel of indexer_candidates: blocks of kBlocksThreads threads, one per entry

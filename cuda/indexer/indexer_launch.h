@@ -72,6 +72,9 @@ struct ScoreArgs {
   // q holds the values of e4m3 codes (quantize_indexer_q): one f16 part holds each head exactly,
   // so the pipelined wgmma kernel multiplies it alone (one MMA per tile instead of hi and lo).
   bool q_fp8;
+  // The e4m3 codes themselves ([T, heads, dim] bytes), for the persistent wgmma kernel, which
+  // reads them instead of `q` (then null: the caller skips decoding them); null elsewhere.
+  const uint8_t* q_codes;
 };
 
 inline size_t score_smem_bytes(int64_t heads, int64_t dim) {
@@ -133,6 +136,29 @@ static_assert(kWgmmaPipeStages % kWgmmaPipeConsumers == 0);
 inline size_t score_wgmma_pipelined_smem_bytes() {
   return static_cast<size_t>(kWgmmaQBytes) + kWgmmaHeads * sizeof(float) +
          static_cast<size_t>(kWgmmaPipeStages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t));
+}
+
+// The persistent wgmma kernel (indexer_score_wgmma_persistent.cu, sm_90a, q as e4m3 codes): one
+// block per SM walks its share of the group's tiles, flattened over the tokens. Its loader
+// warpgroup holds one warp that bulk-copies the records (the pipelined kernel's copies) into a
+// ring of kPersistStages stages and kPersistQWarps warps that turn each token's q codes into the
+// f16 B tile of a ring of kPersistQSlots; kPersistConsumers warpgroups score the tiles in turn.
+constexpr int kPersistConsumers = 3;
+constexpr int kPersistQWarps = 3;
+constexpr int kPersistThreads = (kPersistConsumers + 1) * kWgmmaThreads;
+constexpr int kPersistStages = 15;  // a multiple of kPersistConsumers (as kWgmmaPipeStages)
+static_assert(kPersistStages % kPersistConsumers == 0);
+constexpr int kPersistQSlots = 2;
+constexpr int kPersistQTileBytes = kWgmmaHeads * kMmaDim * 2;  // q's f16 B tile: one part
+// A q slot's token: the scaled head weights, then where its tiles sit (16-byte multiple).
+constexpr int kPersistQMetaBytes = kWgmmaHeads * 4 + 32;
+
+// Its shared memory: the q slots (tiles, then their metadata), the record stages, then per stage
+// the copied keys' mask and two barriers, per q slot two barriers, and the prologue's scan.
+inline size_t score_wgmma_persistent_smem_bytes() {
+  return static_cast<size_t>(kPersistQSlots) * (kPersistQTileBytes + kPersistQMetaBytes) +
+         static_cast<size_t>(kPersistStages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t)) +
+         2 * kPersistQSlots * sizeof(uint64_t) + (kPersistThreads / 32 + 4) * sizeof(int64_t);
 }
 
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
@@ -268,6 +294,16 @@ void launch_indexer_score_wgmma(const ScoreArgs& a, const DeviceLayout& l, int64
 void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
                                           int64_t splits, KernelSmemLimits& smem_limits,
                                           cudaStream_t stream);
+
+// indexer_score_wgmma_persistent.cu: launch_indexer_score_wgmma_pipelined's scores (the same
+// bytes for q in fp8) from a.q_codes, where fp8 records may be copied in runs of a paged block
+// (score_mma_key_runs: the caller checks), over `ctas` blocks (one per SM at most) that share the
+// group's n tokens' tiles. cvt_steps: the k-steps (of 8) whose key codes go through cvt, the
+// rest through integer operations (indexer_e4m3_bits.h); 8 or kPersistMixedCvtSteps.
+constexpr int kPersistMixedCvtSteps = 3;
+void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
+                                           int64_t ctas, int cvt_steps,
+                                           KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,

@@ -29,6 +29,14 @@ enum class IndexerFp8Scores {
   kWgmmaPipelined,
   kWgmma,    // "wgmma": indexer_score_wgmma.cu where it takes the problem (the same scores)
   kMmaSync,  // "mma_sync": indexer_score_mma.cu
+  // "wgmma_persistent": indexer_score_wgmma_persistent.cu where q comes in fp8 (the engine's
+  // path: quantize_indexer_q) and kWgmmaPipelined's kernel would run, 3 of its 8 k-steps' key codes
+  // through cvt and 5 through integer operations; elsewhere kWgmmaPipelined's choice. The same
+  // score bytes as kWgmmaPipelined (its GPU test). Not yet measured on the device.
+  kWgmmaPersistent,
+  // "wgmma_persistent_cvt": the same kernel with every key code through cvt (the A/B of the
+  // conversion split).
+  kWgmmaPersistentCvt,
 };
 
 // The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
@@ -37,6 +45,8 @@ inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name
   if (v.empty() || v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
   if (v == "wgmma") return IndexerFp8Scores::kWgmma;
   if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
+  if (v == "wgmma_persistent") return IndexerFp8Scores::kWgmmaPersistent;
+  if (v == "wgmma_persistent_cvt") return IndexerFp8Scores::kWgmmaPersistentCvt;
   return std::nullopt;
 }
 
@@ -70,6 +80,13 @@ enum class IndexerScoreKernel {
   // copied in runs of a paged block (score_mma_key_runs; elsewhere kTensorCoreWgmma's kernel);
   // else kUnsupported. Scores bit-identical to kTensorCoreWgmma's.
   kTensorCoreWgmmaPipelined,
+  // The persistent wgmma kernel (indexer_score_wgmma_persistent.cu: blocks over the flattened
+  // tiles, q staged from its e4m3 codes, key codes split between cvt and integer conversion) where
+  // q is in fp8 and kTensorCoreWgmmaPipelined's kernel would run; else kUnsupported. Scores
+  // bit-identical to kTensorCoreWgmmaPipelined's.
+  kTensorCoreWgmmaPersistent,
+  // ... with every key code through cvt.
+  kTensorCoreWgmmaPersistentCvt,
 };
 
 enum class IndexerSelectKernel {

@@ -58,7 +58,12 @@ ScoreArgs indexer_score_args(const char* op, const Tensor& q, const Tensor& weig
   check_vec4(op, "q", q);
   check_vec4(op, "index_cache", index_cache);
   ScoreArgs a{};
-  a.q = q.data<float>();
+  if (q.dtype() == DType::kF8E4M3) {
+    a.q_codes = static_cast<const uint8_t*>(q.raw_data());
+    a.q_fp8 = true;
+  } else {
+    a.q = q.data<float>();
+  }
   a.weights = weights.data<float>();
   a.cache = static_cast<const uint8_t*>(index_cache.raw_data());
   a.key = kv_row_format(index_cache.dtype(), dim, /*rope_dim=*/0);
@@ -91,15 +96,23 @@ bool indexer_wgmma_runs(const CudaBackend& be) {
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
   const IndexerFp8Scores s = be.indexer_fp8_scores();
+  const bool persistent =
+      s == IndexerFp8Scores::kWgmmaPersistent || s == IndexerFp8Scores::kWgmmaPersistentCvt;
+  // The persistent choices keep the pipelined kernel for q in f32.
   return {indexer_wgmma_runs(be),
-          s == IndexerFp8Scores::kWgmma || s == IndexerFp8Scores::kWgmmaPipelined,
-          s == IndexerFp8Scores::kWgmmaPipelined};
+          s == IndexerFp8Scores::kWgmma || s == IndexerFp8Scores::kWgmmaPipelined || persistent,
+          s == IndexerFp8Scores::kWgmmaPipelined || persistent, persistent,
+          s == IndexerFp8Scores::kWgmmaPersistentCvt};
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
                            int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
   const bool key_runs = score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
-  if (c.wgmma_pipelined && key_runs) {
+  if (a.q_codes != nullptr) {
+    // The caller left q as codes: indexer_scores_take_codes(c, key_runs) held.
+    launch_indexer_score_wgmma_persistent(a, l, n, c.persistent_ctas, c.persistent_cvt_steps,
+                                          smem_limits, stream);
+  } else if (c.wgmma_pipelined && key_runs) {
     launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);  // a.q_fp8: 1 MMA
   } else if (c.wgmma) {
     launch_indexer_score_wgmma(a, l, n, c.splits, key_runs, c.wgmma_lo_e4m3, smem_limits, stream);
@@ -155,14 +168,32 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     DEEPINFER_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0xff, out.nbytes(), be.stream()));
     return out;
   }
-  const Tensor q_values = indexer_q_values(be, q);
-  ScoreArgs sa = indexer_score_args(op, q_values, weights, index_cache, layout, ratio, score_scale,
-                                    weight_scale);
-  sa.q_fp8 = q.dtype() == DType::kF8E4M3;
+  // q's codes as they are (the persistent kernel reads them), else decoded to f32 values.
+  ScoreArgs sa =
+      indexer_score_args(op, q, weights, index_cache, layout, ratio, score_scale, weight_scale);
   const size_t smem_max = be.max_shared_memory_per_block();
-  const IndexerConfig c = choose_indexer(
-      topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format), be.num_sms(),
-      smem_max, opt.score_kernel, opt.select_kernel, indexer_wgmma_choice(be));
+  IndexerProblem problem = topk_problem(tokens, q.size(1), q.size(2), top_k, bound, sa.key.format);
+  problem.q_fp8 = sa.q_fp8;
+  const IndexerConfig c = choose_indexer(problem, be.num_sms(), smem_max, opt.score_kernel,
+                                         opt.select_kernel, indexer_wgmma_choice(be));
+  const bool take_codes =
+      indexer_scores_take_codes(c, score_mma_key_runs(sa.key.format, sa.epb, sa.cache_rows));
+  const bool forced_persistent =
+      opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPersistent ||
+      opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt;
+  if (forced_persistent && !take_codes) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(op) + ": the persistent wgmma scores take q in fp8 over fp8 keys of " +
+                    std::to_string(kMmaDim) + " channels, " + std::to_string(kWgmmaHeads) +
+                    " heads on sm_90, copied in runs of a block, got q " + q.describe() +
+                    " and keys " + index_cache.describe());
+  }
+  Tensor q_values;  // kept until the score launches are enqueued
+  if (sa.q_fp8 && !take_codes) {
+    q_values = indexer_q_values(be, q);
+    sa.q = q_values.data<float>();
+    sa.q_codes = nullptr;
+  }
   const bool forced_wgmma = opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmma ||
                             opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
   if (opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPipelined && !c.wgmma) {

@@ -54,6 +54,17 @@ TEST(BackendSwitches, IndexerFp8ScoresTakesThePipelinedWgmmaKernel) {
             cuda::IndexerFp8Scores::kWgmmaPipelined);
 }
 
+TEST(BackendSwitches, IndexerFp8ScoresTakesThePersistentWgmmaKernel) {
+  {
+    ScopedEnv scores("DEEPINFER_INDEXER_FP8_SCORES", "wgmma_persistent");
+    EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,
+              cuda::IndexerFp8Scores::kWgmmaPersistent);
+  }
+  ScopedEnv scores("DEEPINFER_INDEXER_FP8_SCORES", "wgmma_persistent_cvt");
+  EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,
+            cuda::IndexerFp8Scores::kWgmmaPersistentCvt);
+}
+
 TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
   {
     ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "cuda/indexer/indexer_heuristics.h"
@@ -222,6 +223,69 @@ TEST(IndexerLaunchShapes, PipelinedWgmmaTakesOneBlockPerSm) {
   EXPECT_EQ(splits(1, 32768), kH200Sms);
   // One block per SM fits: the pipelined kernel's shared memory within the opt-in limit.
   EXPECT_LE(score_wgmma_pipelined_smem_bytes(), kH200MaxSmem);
+}
+
+// The persistent wgmma kernel (indexer_score_wgmma_persistent.cu): for q in fp8 where the switch
+// says wgmma_persistent(_cvt), or forced; q in f32 keeps the pipelined kernel under that switch,
+// and a forced persistent kernel takes nothing there. One block per SM at most, no more than the
+// group's tiles; its shared memory within the opt-in limit.
+TEST(IndexerLaunchShapes, PersistentWgmmaTakesQInFp8) {
+  using K = IndexerScoreKernel;
+  const WgmmaChoice persistent{true, true, true, true, false},
+      persistent_cvt{true, true, true, true, true}, pipelined{true, true, true},
+      forced_only{true, false};
+  for (const int64_t batch : {1, 3, 64, 1024}) {
+    for (const int64_t ctx : {4096, 32768, 131072}) {
+      IndexerProblem p = topk_problem(batch, 64, kDim, kTopK, ctx, KvFormat::kFp8);
+      p.q_fp8 = true;
+      const std::string what = std::to_string(batch) + " x " + std::to_string(ctx);
+      const int64_t tiles = (ctx + kMmaKeys - 1) / kMmaKeys;
+      for (const auto& [want, choice, cvt_steps] :
+           {std::tuple{K::kAuto, persistent, kPersistMixedCvtSteps},
+            std::tuple{K::kTensorCore, persistent_cvt, 8},
+            std::tuple{K::kTensorCoreWgmmaPersistent, forced_only, kPersistMixedCvtSteps},
+            std::tuple{K::kTensorCoreWgmmaPersistentCvt, pipelined, 8}}) {
+        const IndexerConfig c =
+            choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
+        EXPECT_TRUE(c.wgmma && c.wgmma_persistent && c.mma && c.fits) << what;
+        EXPECT_TRUE(indexer_scores_take_codes(c, true)) << what;
+        EXPECT_FALSE(indexer_scores_take_codes(c, false)) << what;
+        EXPECT_EQ(c.persistent_cvt_steps, cvt_steps) << what;
+        EXPECT_EQ(c.score_smem, score_wgmma_persistent_smem_bytes()) << what;
+        EXPECT_GE(c.persistent_ctas, 1) << what;
+        EXPECT_LE(c.persistent_ctas, std::min<int64_t>(kH200Sms, c.group * tiles)) << what;
+      }
+      // Not by default, nor under the pipelined switch; q in f32 under the persistent switch keeps
+      // the pipelined kernel; forced on q in f32 it takes nothing (indexer_topk_run refuses).
+      EXPECT_FALSE(
+          choose_indexer(p, kH200Sms, kH200MaxSmem, K::kAuto, IndexerSelectKernel::kAuto, pipelined)
+              .wgmma_persistent)
+          << what;
+      IndexerProblem f32_q = p;
+      f32_q.q_fp8 = false;
+      const IndexerConfig kept = choose_indexer(f32_q, kH200Sms, kH200MaxSmem, K::kAuto,
+                                                IndexerSelectKernel::kAuto, persistent);
+      EXPECT_TRUE(kept.wgmma_pipelined && !kept.wgmma_persistent) << what;
+      EXPECT_FALSE(choose_indexer(f32_q, kH200Sms, kH200MaxSmem, K::kTensorCoreWgmmaPersistent,
+                                  IndexerSelectKernel::kAuto, forced_only)
+                       .wgmma_persistent)
+          << what;
+    }
+  }
+  // B = 64 at 32K: every SM; B = 1 at 8K entries: its 128 tiles.
+  IndexerProblem b64 = topk_problem(64, 64, kDim, kTopK, 8192, KvFormat::kFp8);
+  b64.q_fp8 = true;
+  EXPECT_EQ(
+      choose_indexer(b64, kH200Sms, kH200MaxSmem, K::kAuto, IndexerSelectKernel::kAuto, persistent)
+          .persistent_ctas,
+      kH200Sms);
+  IndexerProblem b1 = b64;
+  b1.tokens = 1;
+  EXPECT_EQ(
+      choose_indexer(b1, kH200Sms, kH200MaxSmem, K::kAuto, IndexerSelectKernel::kAuto, persistent)
+          .persistent_ctas,
+      128);
+  EXPECT_LE(score_wgmma_persistent_smem_bytes(), kH200MaxSmem);
 }
 
 TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
