@@ -185,14 +185,17 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
 // One traced launch of the overlap kernel (`kernel`: wgmma_overlap or its ilp variant) on the
 // shape, every block traced (attention_wgmma_trace.h), summarised as one JSON line: the blocks'
 // clock, their prologue / tile loop / epilogue, and per role the mean cycles per steady-state
-// tile spent waiting (wait_*) and working, and the period of its loop. The second of two traced
-// calls is the one summarised (the first warms the caches and the launch path).
+// tile spent waiting (wait_*) and working, and the period of its loop. The last of 6 traced calls
+// is the one summarised; us_untraced / us_traced (eager, 5 calls each after a warm-up) show how
+// much the stamps slow the kernel (the traced instantiation keeps its record pointer on the
+// stack: a local load per stamp).
 void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::AttentionKernelChoice kernel,
                  const char* kernel_name) {
   const AttentionCase c(be, s);
   const cuda::AttentionKernelChoice kernel0 = be.attention_kernel();
   be.set_attention_kernel(kernel);
-  c.call(be);  // untraced: the plan, allocations
+  auto call = [&] { c.call(be); };
+  const double untraced_us = time_us(be, 5, call);  // also the plan, allocations
   const cuda::AttentionMmaPlan p = be.last_attention_plan();
   if (!be.last_attention_wgmma() || !p.overlap) {
     be.set_attention_kernel(kernel0);
@@ -205,8 +208,7 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
   const int ctas = static_cast<int>(int64_t{s.batch} * s.s_q * p.head_groups * p.splits);
   const Tensor stamps = be.zeros({cuda::overlap_trace_words(ctas)}, DType::kI64);
   be.set_attention_trace({static_cast<int64_t*>(stamps.raw_data()), ctas});
-  c.call(be);
-  c.call(be);
+  const double traced_us = time_us(be, 5, call);
   be.set_attention_trace({});
   be.set_attention_kernel(kernel0);
   const Tensor host = be.to_host(stamps);
@@ -216,6 +218,7 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
   const double us_per_tile = t.clock_ghz > 0 ? t.scorer_period / t.clock_ghz / 1e3 : 0.0;
   std::printf(
       "{\"trace\": \"attention_overlap\", \"shape\": \"%s\", \"kernel\": \"%s\", "
+      "\"us_untraced\": %.2f, \"us_traced\": %.2f, "
       "\"splits\": %lld, \"ctas\": %d, \"tiles\": %.1f, \"steady_tiles\": %.0f, "
       "\"clock_ghz\": %.3f, \"us_per_tile\": %.3f, \"cycles\": {\"block\": %.0f, "
       "\"prologue\": %.0f, \"loop\": %.0f, \"epilogue\": %.0f}, "
@@ -226,12 +229,13 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
       "\"period\": %.0f}, "
       "\"value\": {\"wait_probs\": %.0f, \"products\": %.0f, \"release\": %.0f, "
       "\"period\": %.0f}}\n",
-      shape_label(s).c_str(), kernel_name, static_cast<long long>(p.splits), t.ctas, t.tiles,
-      t.steady, t.clock_ghz, us_per_tile, t.block_cycles, t.prologue_cycles, t.loop_cycles,
-      t.epilogue_cycles, t.producer_wait_free, t.producer_wait_landed, t.producer_decode,
-      t.producer_issue, t.producer_period, t.scorer_wait_full, t.scorer_wait_prev_values,
-      t.scorer_wait_scores, t.scorer_wait_probs_free, t.scorer_softmax, t.scorer_issue_values,
-      t.scorer_period, t.value_wait_probs, t.value_products, t.value_release, t.value_period);
+      shape_label(s).c_str(), kernel_name, untraced_us, traced_us, static_cast<long long>(p.splits),
+      t.ctas, t.tiles, t.steady, t.clock_ghz, us_per_tile, t.block_cycles, t.prologue_cycles,
+      t.loop_cycles, t.epilogue_cycles, t.producer_wait_free, t.producer_wait_landed,
+      t.producer_decode, t.producer_issue, t.producer_period, t.scorer_wait_full,
+      t.scorer_wait_prev_values, t.scorer_wait_scores, t.scorer_wait_probs_free, t.scorer_softmax,
+      t.scorer_issue_values, t.scorer_period, t.value_wait_probs, t.value_products, t.value_release,
+      t.value_period);
   std::fflush(stdout);
 }
 

@@ -313,7 +313,8 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       pair_finish();
     } else if constexpr (kFmt == KvFormat::kFp8) {
       Fp8Half half;
-      if constexpr (kIlp) half = Fp8Half{};  // a masked key decodes (and drops) defined bytes
+      // A masked key decodes (kIlp) or digests (kTrace) defined bytes, then drops them.
+      if constexpr (kIlp || kTrace) half = Fp8Half{};
       bool half_real = false;
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
