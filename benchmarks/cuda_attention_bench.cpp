@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/attention/sm90/attention_wgmma_config.h"
+#include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/indexer/indexer_options.h"
 #include "op_bench_util.h"
@@ -56,45 +58,67 @@ Tensor random_cache(Backend& be, int64_t rows, int64_t dim, int rope, DType kv, 
   return cache;
 }
 
-void run_shape(Backend& be, int iters, const AttentionShape& s, const std::string& match) {
-  const int ctx = s.ctx, d = 512, rope = 64, w = 128, ratio = 4;
-  const int blocks = ctx / 128;
-  const int t = s.batch * s.s_q;
-  BatchLayout L = decode_layout(be, s.batch, s.s_q, ctx, blocks);
-  Tensor q = rnd(be, {t, s.heads, d}, DType::kF32, 12), kv = rnd(be, {t, d}, DType::kF32, 13);
-  const int64_t ring_len = w + 6;
-  Tensor ring_rows = random_cache(be, (s.batch + 1) * ring_len, d, rope, s.kv, 14);
-  Tensor ring = ring_rows.reshape({s.batch + 1, ring_len, ring_rows.size(1)});
-  Tensor entries =
-      random_cache(be, (int64_t{s.batch} * blocks + 1) * (128 / ratio), d, rope, s.kv, 15);
-  // The selected entries spread over the visible ones (decode at 4K: every other one of 1024 for
-  // top-512); a prefill query at position p sees (p + 1) / ratio of them, at least 7,168 here.
-  std::vector<int32_t> topk(static_cast<size_t>(t) * s.topk);
-  const int visible = (ctx - s.s_q + 1) / ratio;
-  for (int i = 0; i < t; ++i)
-    for (int j = 0; j < s.topk; ++j)
-      topk[static_cast<size_t>(i) * s.topk + j] = (j * (visible / s.topk)) % visible;
-  Tensor topk_t = be.upload(Tensor::from_vector(topk, {t, s.topk}), DType::kI32);
-  Tensor sinks = rnd(be, {s.heads}, DType::kF32, 16);
+std::string shape_label(const AttentionShape& s) {
+  return "B=" + std::to_string(s.batch) + " s_q=" + std::to_string(s.s_q) +
+         " h=" + std::to_string(s.heads) + " topk=" + std::to_string(s.topk) +
+         (s.prefill ? " ctx=" + std::to_string(s.ctx) : std::string()) + " " + kv_name(s.kv) +
+         " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
+}
+
+// A shape's inputs (V4-Flash CSA widths: D = 512 with 64 RoPE channels, window 128, ratio 4,
+// sparse top-k) and the op's call on them.
+struct AttentionCase {
+  static constexpr int kDim = 512, kRope = 64, kWindow = 128, kRatio = 4;
+  BatchLayout layout;
+  Tensor q, kv, ring_rows, ring, entries, topk, sinks;
   AttentionSpec spec;
-  spec.window = w;
-  spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  spec.ratio = ratio;
-  spec.sparse = true;
-  spec.bf16_math = s.bf16_math;
-  spec.rope_dim = s.kv == DType::kF32 ? 0 : rope;
-  auto call = [&] { (void)be.attention(q, kv, ring, entries, topk_t, sinks, L, spec); };
-  const double keys = static_cast<double>(w + s.topk);
-  const double row_bytes = static_cast<double>(ring_rows.size(1)) * dtype_size(s.kv);
+
+  AttentionCase(Backend& be, const AttentionShape& s) {
+    const int ctx = s.ctx;
+    const int blocks = ctx / 128;
+    const int t = s.batch * s.s_q;
+    layout = decode_layout(be, s.batch, s.s_q, ctx, blocks);
+    q = rnd(be, {t, s.heads, kDim}, DType::kF32, 12);
+    kv = rnd(be, {t, kDim}, DType::kF32, 13);
+    const int64_t ring_len = kWindow + 6;
+    ring_rows = random_cache(be, (s.batch + 1) * ring_len, kDim, kRope, s.kv, 14);
+    ring = ring_rows.reshape({s.batch + 1, ring_len, ring_rows.size(1)});
+    entries =
+        random_cache(be, (int64_t{s.batch} * blocks + 1) * (128 / kRatio), kDim, kRope, s.kv, 15);
+    // The selected entries spread over the visible ones (decode at 4K: every other one of 1024
+    // for top-512); a prefill query at position p sees (p + 1) / ratio of them, at least 7,168
+    // here.
+    std::vector<int32_t> picks(static_cast<size_t>(t) * s.topk);
+    const int visible = (ctx - s.s_q + 1) / kRatio;
+    for (int i = 0; i < t; ++i)
+      for (int j = 0; j < s.topk; ++j)
+        picks[static_cast<size_t>(i) * s.topk + j] = (j * (visible / s.topk)) % visible;
+    topk = be.upload(Tensor::from_vector(picks, {t, s.topk}), DType::kI32);
+    sinks = rnd(be, {s.heads}, DType::kF32, 16);
+    spec.window = kWindow;
+    spec.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    spec.ratio = kRatio;
+    spec.sparse = true;
+    spec.bf16_math = s.bf16_math;
+    spec.rope_dim = s.kv == DType::kF32 ? 0 : kRope;
+  }
+  void call(Backend& be) const {
+    (void)be.attention(q, kv, ring, entries, topk, sinks, layout, spec);
+  }
+};
+
+void run_shape(Backend& be, int iters, const AttentionShape& s, const std::string& match) {
+  const std::string shape = shape_label(s);
+  if (shape.find(match) == std::string::npos) return;
+  const AttentionCase c(be, s);
+  auto call = [&] { c.call(be); };
+  const int t = s.batch * s.s_q;
+  const double keys = static_cast<double>(AttentionCase::kWindow + s.topk);
+  const double row_bytes = static_cast<double>(c.ring_rows.size(1)) * dtype_size(s.kv);
   // Decode: each sequence's attended rows once. A prefill chunk's queries share their rows through
   // L2, so no byte count says much there: compare its TFLOP/s.
   const double bytes = s.prefill ? 0.0 : s.batch * keys * row_bytes;
-  const double flops = t * keys * s.heads * d * 4.0;  // q.k and p.v, 2 flops per MAC
-  const std::string shape = "B=" + std::to_string(s.batch) + " s_q=" + std::to_string(s.s_q) +
-                            " h=" + std::to_string(s.heads) + " topk=" + std::to_string(s.topk) +
-                            (s.prefill ? " ctx=" + std::to_string(ctx) : std::string()) + " " +
-                            kv_name(s.kv) + " KV" + (s.bf16_math ? ", bf16 mma" : ", f32");
-  if (shape.find(match) == std::string::npos) return;
+  const double flops = t * keys * s.heads * AttentionCase::kDim * 4.0;  // q.k, p.v: 2 per MAC
   const char* name = s.prefill ? "attention_prefill" : "attention_decode";
   if (!s.bf16_math) {
     emit(name, shape, time_us(be, iters, call), bytes, flops);
@@ -107,8 +131,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
-  // splits merged by their cluster) and, at 128 heads or a multiple, wgmma_overlap_pair
-  // (graph), the A/B rows. Every row names the kernel that ran and its merge.
+  // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair, and
+  // wgmma_overlap_ilp (graph), the A/B rows. Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -125,6 +149,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
     if (p.swizzle) kernel += "_sw128";
     if (p.pdl) kernel += "_pdl";
     if (p.pair) kernel = ", wgmma_overlap_pair";
+    if (p.ilp) kernel = ", wgmma_overlap_ilp";
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
@@ -144,7 +169,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
           cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl,
           cuda::AttentionKernelChoice::kWgmmaOverlap, cuda::AttentionKernelChoice::kWgmmaOverlapPdl,
           cuda::AttentionKernelChoice::kWgmmaOverlapFused,
-          cuda::AttentionKernelChoice::kWgmmaOverlapPair}) {
+          cuda::AttentionKernelChoice::kWgmmaOverlapPair,
+          cuda::AttentionKernelChoice::kWgmmaOverlapIlp}) {
       if (k == cuda::AttentionKernelChoice::kWgmmaOverlapPair && !cuda::wgmma_pair_takes(s.heads))
         continue;
       cuda_be.set_attention_kernel(k);
@@ -154,6 +180,63 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
     cuda_be.set_attention_kernel(backend_kernel);
   }
   cuda_be.set_attention_mma_choice(backend_choice);
+}
+
+// One traced launch of the overlap kernel (`kernel`: wgmma_overlap or its ilp variant) on the
+// shape, every block traced (attention_wgmma_trace.h), summarised as one JSON line: the blocks'
+// clock, their prologue / tile loop / epilogue, and per role the mean cycles per steady-state
+// tile spent waiting (wait_*) and working, and the period of its loop. The last of 6 traced calls
+// is the one summarised; us_untraced / us_traced (eager, 5 calls each after a warm-up) show how
+// much the stamps slow the kernel (the traced instantiation keeps its record pointer on the
+// stack: a local load per stamp).
+void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::AttentionKernelChoice kernel,
+                 const char* kernel_name) {
+  const AttentionCase c(be, s);
+  const cuda::AttentionKernelChoice kernel0 = be.attention_kernel();
+  be.set_attention_kernel(kernel);
+  auto call = [&] { c.call(be); };
+  const double untraced_us = time_us(be, 5, call);  // also the plan, allocations
+  const cuda::AttentionMmaPlan p = be.last_attention_plan();
+  if (!be.last_attention_wgmma() || !p.overlap) {
+    be.set_attention_kernel(kernel0);
+    std::printf(
+        "{\"trace\": \"attention_overlap\", \"shape\": \"%s\", \"kernel\": \"%s\", "
+        "\"skipped\": \"the overlap kernel does not run here\"}\n",
+        shape_label(s).c_str(), kernel_name);
+    return;
+  }
+  const int ctas = static_cast<int>(int64_t{s.batch} * s.s_q * p.head_groups * p.splits);
+  const Tensor stamps = be.zeros({cuda::overlap_trace_words(ctas)}, DType::kI64);
+  be.set_attention_trace({static_cast<int64_t*>(stamps.raw_data()), ctas});
+  const double traced_us = time_us(be, 5, call);
+  be.set_attention_trace({});
+  be.set_attention_kernel(kernel0);
+  const Tensor host = be.to_host(stamps);
+  const int64_t* w = host.data<int64_t>();
+  const cuda::OverlapTraceSummary t = cuda::summarize_overlap_trace(
+      std::vector<int64_t>(w, w + cuda::overlap_trace_words(ctas)), ctas);
+  const double us_per_tile = t.clock_ghz > 0 ? t.scorer_period / t.clock_ghz / 1e3 : 0.0;
+  std::printf(
+      "{\"trace\": \"attention_overlap\", \"shape\": \"%s\", \"kernel\": \"%s\", "
+      "\"us_untraced\": %.2f, \"us_traced\": %.2f, "
+      "\"splits\": %lld, \"ctas\": %d, \"tiles\": %.1f, \"steady_tiles\": %.0f, "
+      "\"clock_ghz\": %.3f, \"us_per_tile\": %.3f, \"cycles\": {\"block\": %.0f, "
+      "\"prologue\": %.0f, \"loop\": %.0f, \"epilogue\": %.0f}, "
+      "\"producer\": {\"wait_free\": %.0f, \"wait_landed\": %.0f, \"decode\": %.0f, "
+      "\"issue_next\": %.0f, \"period\": %.0f}, "
+      "\"scorer\": {\"wait_full\": %.0f, \"wait_prev_values\": %.0f, \"wait_scores\": %.0f, "
+      "\"wait_probs_free\": %.0f, \"softmax\": %.0f, \"issue_values\": %.0f, "
+      "\"period\": %.0f}, "
+      "\"value\": {\"wait_probs\": %.0f, \"products\": %.0f, \"release\": %.0f, "
+      "\"period\": %.0f}}\n",
+      shape_label(s).c_str(), kernel_name, untraced_us, traced_us, static_cast<long long>(p.splits),
+      t.ctas, t.tiles, t.steady, t.clock_ghz, us_per_tile, t.block_cycles, t.prologue_cycles,
+      t.loop_cycles, t.epilogue_cycles, t.producer_wait_free, t.producer_wait_landed,
+      t.producer_decode, t.producer_issue, t.producer_period, t.scorer_wait_full,
+      t.scorer_wait_prev_values, t.scorer_wait_scores, t.scorer_wait_probs_free, t.scorer_softmax,
+      t.scorer_issue_values, t.scorer_period, t.value_wait_probs, t.value_products, t.value_release,
+      t.value_period);
+  std::fflush(stdout);
 }
 
 // The lightning indexer at V4-Flash widths (64 heads x 128, ratio 4, top 512) for `batch`
@@ -334,6 +417,20 @@ void bench_indexer(Backend& be, int iters, const std::string& match) {
   // Prefill: the last 1024-row chunk of a 32K prompt.
   for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
     run_indexer(be, iters, 1, 1024, 32768, kv, match);
+}
+
+void bench_attention_trace(Backend& be, const std::string& match) {
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
+  // fp8 KV, top-k 512: 64 heads at B = 64 and 256, 128 heads at B = 64 and 256.
+  const std::vector<AttentionShape> shapes = {{256, 1, true, DType::kU8, 512, 64},
+                                              {64, 1, true, DType::kU8, 512, 128},
+                                              {64, 1, true, DType::kU8, 512, 64},
+                                              {256, 1, true, DType::kU8, 512, 128}};
+  for (const AttentionShape& s : shapes) {
+    if (shape_label(s).find(match) == std::string::npos) continue;
+    trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlap, "wgmma_overlap");
+    trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapIlp, "wgmma_overlap_ilp");
+  }
 }
 
 void bench_attention_decode(Backend& be, int iters, const std::string& match) {

@@ -10,7 +10,11 @@
 // backend created under DEEPINFER_HC_PRE=fused and one under legacy (the A/B of the fused
 // decode kernel); the full run leaves it out too.
 //
-// Usage: cuda_op_bench [--iters N] [--only fp8|moe-quant|quant|attention|indexer|v41|hc]
+// `--only attention-trace` runs the overlap attention kernel's timing trace instead of timing
+// rows (bench_attention_trace; `--match` picks its shapes too).
+//
+// Usage: cuda_op_bench [--iters N]
+//                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc]
 //                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE)
 // (one JSON object per line)
 #include <cublasLt.h>
@@ -50,10 +54,11 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--match") == 0) match = argv[i + 1];
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
-      only != "attention" && only != "indexer" && only != "v41" && only != "hc") {
+      only != "attention" && only != "attention-trace" && only != "indexer" && only != "v41" &&
+      only != "hc") {
     std::fprintf(stderr,
-                 "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, indexer, v41 or "
-                 "hc, got %s\n",
+                 "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, attention-trace, "
+                 "indexer, v41 or hc, got %s\n",
                  only.c_str());
     return 2;
   }
@@ -76,6 +81,7 @@ int main(int argc, char** argv) {
     bench_moe_experts_fp8(*be, iters);
   }
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters, match);
+  if (only == "attention-trace") bench_attention_trace(*be, match);
   if (only.empty() || only == "indexer") bench_indexer(*be, iters, match);
   if (only == "v41") bench_v41(*be, iters);
   if (!only.empty()) return 0;

@@ -18,7 +18,9 @@
 //    the encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits
 //    one cluster that merges them: no combine kernel), wgmma_overlap_pair (at 128 heads or a
 //    multiple: wgmma_overlap with a token's two 64-head blocks one cluster sharing the decoded
-//    key tiles; other head counts as wgmma_overlap), or mma_sync (the kernel above everywhere);
+//    key tiles; other head counts as wgmma_overlap), wgmma_overlap_ilp (wgmma_overlap with a
+//    branch-free decode and softmax and the output staged through shared memory, the same
+//    bytes), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -162,11 +164,12 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
     p.pair = p.overlap && overlap_pair_asked && wgmma_pair_takes(heads);
+    p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge && !p.pair;
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;
       split_outputs(p.splits);
-      launch_attention_wgmma(a, dl, p, tokens, smem_limits(), stream());
+      launch_attention_wgmma(a, dl, p, tokens, smem_limits(), stream(), attention_trace_);
       if (!p.cluster_merge) combine(p.splits, p.pdl);
       return out;
     }

@@ -8,6 +8,7 @@
 
 #include "cuda/attention/attention_args.h"
 #include "cuda/attention/attention_heuristics.h"
+#include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/common/layout.cuh"
 #include "cuda/common/smem_limits.h"
 
@@ -26,10 +27,12 @@ void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
 // bf16 rows or fp8 records, 64 heads per block and p.splits key splits; outputs as the f32
 // kernel's (the splits merged by launch_attention_combine). p.prefetch: its prefetching variant
 // (wgmma_prefetch_takes); p.pdl: that as a programmatic dependent launch of the grid before it;
-// p.overlap: the warp-specialised variant (the same records).
+// p.overlap: the warp-specialised variant (the same records; p.ilp its wgmma_overlap_ilp form).
+// trace.stamps: the overlap kernel's timing trace (launch_attention_wgmma_overlap's condition).
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                             const AttentionMmaPlan& p, int64_t tokens,
-                            KernelSmemLimits& smem_limits, cudaStream_t stream);
+                            KernelSmemLimits& smem_limits, cudaStream_t stream,
+                            const OverlapTraceBuffer& trace = {});
 
 // Merges `splits` > 1 split outputs with the sinks into out (attention_combine.cu). `pdl`: a
 // programmatic dependent launch of the split kernel (which lets it start early; it waits for that

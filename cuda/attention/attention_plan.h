@@ -38,6 +38,9 @@ struct AttentionMmaPlan {
   // key tiles (the overlap kernel's pair mode)
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
+  // overlap, unpaired and unmerged: its wgmma_overlap_ilp variant (branch-free decode and
+  // softmax, the output staged through shared memory; the same bytes)
+  bool ilp = false;
   // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
   // (no combine kernel); at most kWgmmaClusterMergeMaxSplits splits
   bool cluster_merge = false;
@@ -173,7 +176,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // (the combine's arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
 // warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
 // key tiles, each producer decoding half; the same results; other head counts run
-// kWgmmaOverlap).
+// kWgmmaOverlap). kWgmmaOverlapIlp (opt-in, to be measured): kWgmmaOverlap with the producer's
+// fp8 decode and the scorer's softmax free of branches (one block each, which ptxas interleaves;
+// the same operations and bits) and the output staged through the free key buffers so its global
+// stores are whole rows; the same bytes as kWgmmaOverlap.
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -185,6 +191,7 @@ enum class AttentionKernelChoice {
   kWgmmaOverlapPdl,
   kWgmmaOverlapFused,
   kWgmmaOverlapPair,
+  kWgmmaOverlapIlp,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -215,6 +222,7 @@ struct WgmmaOverlapChoice {
   bool pdl = false;            // programmatic dependent launches (encode -> it -> combine)
   bool cluster_merge = false;  // the splits merged in the kernel by their cluster
   bool pair = false;           // at 128 heads or a multiple: cluster pairs sharing the key tiles
+  bool ilp = false;  // the branch-free decode and softmax, the output staged (the same bytes)
 };
 
 inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
@@ -227,6 +235,8 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
       return {true, true, true};
     case AttentionKernelChoice::kWgmmaOverlapPair:
       return {true, false, false, true};
+    case AttentionKernelChoice::kWgmmaOverlapIlp:
+      return {true, false, false, false, true};
     default:
       return {};
   }
@@ -234,7 +244,8 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap |
-// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair, unset: wgmma_overlap);
+// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair | wgmma_overlap_ilp, unset:
+// wgmma_overlap);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -250,10 +261,11 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_overlap_pdl") return AttentionKernelChoice::kWgmmaOverlapPdl;
   if (v == "wgmma_overlap_fused") return AttentionKernelChoice::kWgmmaOverlapFused;
   if (v == "wgmma_overlap_pair") return AttentionKernelChoice::kWgmmaOverlapPair;
+  if (v == "wgmma_overlap_ilp") return AttentionKernelChoice::kWgmmaOverlapIlp;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
       "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_overlap, "
-      "wgmma_overlap_pdl, wgmma_overlap_fused or wgmma_overlap_pair, got '" +
+      "wgmma_overlap_pdl, wgmma_overlap_fused, wgmma_overlap_pair or wgmma_overlap_ilp, got '" +
       std::string(v) + "'";
   return std::nullopt;
 }

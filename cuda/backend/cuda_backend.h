@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cuda/attention/attention_plan.h"
+#include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/common/smem_limits.h"
 #include "cuda/gemm/fp8_linear_choice.h"
 #include "cuda/indexer/indexer_options.h"
@@ -107,6 +108,11 @@ class CudaBackend final : public Backend {
   // which kernel scores fp8 index keys at 64 heads on sm_90 unless a benchmark forces one
   // (indexer_options.h).
   IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }
+  // Where the overlap attention kernel records its timing trace (attention_wgmma_trace.h; a
+  // benchmark's device buffer), or {} (the default): untraced. While set, the overlap kernel
+  // runs its traced instantiation (fp8 records, plain or ilp launch; other overlap modes throw).
+  OverlapTraceBuffer attention_trace() const { return attention_trace_; }
+  void set_attention_trace(const OverlapTraceBuffer& t) { attention_trace_ = t; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
   // Whether the latest tensor-core attention call ran the wgmma kernel (read by tests, benches).
@@ -246,6 +252,7 @@ class CudaBackend final : public Backend {
   AttentionMmaPlan last_attention_plan_;
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool last_attention_wgmma_ = false;
+  OverlapTraceBuffer attention_trace_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
   bool hc_fused_ = false;

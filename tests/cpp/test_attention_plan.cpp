@@ -180,6 +180,13 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
             AttentionKernelChoice::kWgmmaOverlapPair);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).prefetch);
   EXPECT_TRUE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair);
+  // The ilp variant: the plain overlap launch (no pdl, merge or pair) with its own flag.
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap_ilp", &bad),
+            AttentionKernelChoice::kWgmmaOverlapIlp);
+  const WgmmaOverlapChoice ilp = wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapIlp);
+  EXPECT_TRUE(ilp.overlap && ilp.ilp && !ilp.pdl && !ilp.cluster_merge && !ilp.pair);
+  EXPECT_FALSE(overlap.ilp);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapIlp).prefetch);
   // wgmma_pair (the prefetching kernel in pairs) gave way to wgmma_overlap_pair.
   EXPECT_FALSE(parse_attention_kernel("wgmma_pair", &bad).has_value());
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);

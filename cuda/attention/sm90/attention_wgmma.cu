@@ -210,7 +210,8 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
 
 void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                             const AttentionMmaPlan& p, int64_t tokens,
-                            KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                            KernelSmemLimits& smem_limits, cudaStream_t stream,
+                            const OverlapTraceBuffer& trace) {
   if (!wgmma_attention_shape(a.heads, a.dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) ||
       a.entf.format != a.kvf.format || a.entf.row_bytes != a.kvf.row_bytes ||
       (a.kvf.format != KvFormat::kBf16 && a.kvf.format != KvFormat::kFp8)) {
@@ -227,7 +228,13 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "record (448 + 64 channels), got a record of " +
                     std::to_string(a.kvf.row_bytes) + " bytes");
   }
-  if (p.overlap) return launch_attention_wgmma_overlap(a, l, p, tokens, smem_limits, stream);
+  if (p.overlap) {
+    return launch_attention_wgmma_overlap(a, l, p, tokens, smem_limits, stream, trace);
+  }
+  if (trace.stamps != nullptr) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: only the overlapping wgmma kernel records a timing trace");
+  }
   if (p.prefetch) return launch_attention_wgmma_prefetch(a, l, p, tokens, smem_limits, stream);
   if (a.kvf.format == KvFormat::kBf16) {
     return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, stream);

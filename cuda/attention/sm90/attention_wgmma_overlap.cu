@@ -38,6 +38,9 @@
 //   kProbsFree + b  warpgroup 1 arrives (done reading P[b]; again only if i + 2 < tiles), the
 //                   scorer syncs before writing P[b] at tile i + 2                    256 threads
 //   kRowsReady      scorer arrives (final max and denominator), warpgroup 1 syncs     256 threads
+//   kIlp only: kOutputBarrier (both consumer warpgroups sync once, past their last products:
+//   the key buffers become the output's stage) and kStageBarrier + wg (each warpgroup's 128
+//   threads sync once, rows staged). kTrace adds no synchronisation (timing stamps only).
 // No role arrives twice on a barrier before its partner synced (each next arrival needs a sync of
 // the partner first), and no wait depends on itself: the scorer releases buffer i - 1 after it has
 // synced tile i, which the producer published before it waited for buffer i - 1.
@@ -66,8 +69,11 @@
 #include "cuda/attention/sm90/attention_wgmma_keys.cuh"
 #include "cuda/attention/sm90/attention_wgmma_merge.cuh"
 #include "cuda/attention/sm90/attention_wgmma_overlap.h"
+#include "cuda/attention/sm90/attention_wgmma_overlap_output.cuh"
 #include "cuda/attention/sm90/attention_wgmma_overlap_share.cuh"
+#include "cuda/attention/sm90/attention_wgmma_overlap_softmax.cuh"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+#include "cuda/attention/sm90/attention_wgmma_trace.cuh"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_cluster.cuh"
@@ -104,6 +110,10 @@ enum OverlapBarrier : int {
   kRowsReady = 9,
   kStartBarrier = 10,
   kMergeBarrier = 11,  // the consumers, in merge_cluster_splits
+  // kIlp: both consumer warpgroups past their last products (the key buffers free for the
+  // output), then each warpgroup's own barrier (+ warpgroup) once its rows are staged.
+  kOutputBarrier = 12,
+  kStageBarrier = 13,
 };
 
 // Shared memory: q, two key tiles, two probability tiles (all 1 KB aligned for the swizzle),
@@ -132,92 +142,22 @@ struct OverlapLayout {
 
 static_assert(kProducerThreads == 2 * kKeys, "two producer threads per key (unpaired)");
 
-// Issues S for all 64 heads x the tile's 64 keys over the 512 channels (one wgmma group).
-__device__ __forceinline__ void issue_scores64(float (&s)[32], uint64_t q_desc, uint64_t k_desc) {
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kDim / 16; ++ks) {
-    const uint64_t step = T::kmajor_step(ks);
-    wgmma_m64n64k16_bf16_kk(s, q_desc + step, k_desc + step, ks > 0);
-  }
-  wgmma_commit();
-}
-
-// softmax_tile over the whole 64-key tile (s: columns 8j + 2qd + {0, 1}, keys 0..31 in j < 4,
-// keys 32..63 in j >= 4), with its arithmetic: the two 32-key halves' sums kept apart (d_half[h],
-// what warpgroup h kept there), so the denominators come out the same. P and alpha go to shared
-// memory (alpha for warpgroup 1).
-__device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid, uint8_t* ps,
-                                               float* alpha_s, float scale, int row0, int qd,
-                                               float (&m_run)[2], float (&d_half)[2][2],
-                                               float (&alpha)[2]) {
-  const int key0 = 2 * qd;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const bool real = valid[key0 + 8 * j + e] != 0;
-      s[4 * j + e] = real ? s[4 * j + e] * scale : -INFINITY;
-      s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * scale : -INFINITY;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mh[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int j = 4 * h; j < 4 * h + 4; ++j) {
-        m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      }
-      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
-      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
-      mh[h] = m;
-    }
-    const float m_new = fmaxf(m_run[r], fmaxf(mh[0], mh[1]));
-    const bool none = m_new == -INFINITY;  // no real key yet: nothing to add, nothing to rescale
-    alpha[r] = none ? 1.0f : __expf(m_run[r] - m_new);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 4 * h; j < 4 * h + 4; ++j) {
-        if (none) {
-          s[4 * j + 2 * r] = s[4 * j + 2 * r + 1] = 0.0f;
-        } else {
-          s[4 * j + 2 * r] = __expf(s[4 * j + 2 * r] - m_new);
-          s[4 * j + 2 * r + 1] = __expf(s[4 * j + 2 * r + 1] - m_new);
-          sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-        }
-      }
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      d_half[h][r] = d_half[h][r] * alpha[r] + sum;
-    }
-    m_run[r] = m_new;
-    if (qd == 0) alpha_s[row0 + 8 * r] = alpha[r];
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      *reinterpret_cast<uint32_t*>(ps + T::offset(row0 + 8 * r, j) + 4 * qd) =
-          pack_bf16(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
-    }
-  }
-}
-
 // kPdl: a programmatic dependent launch of the kv rows' encoding (the griddepcontrol
 // instructions are only in that instantiation). kMerge: launched in clusters of a token's splits,
 // which merge them (AttentionMmaPlan::cluster_merge). kPair: the cluster-pair mode (grid (token,
 // head group, split), cluster (1, 2, 1); the file's head comment). kMerge and kPair exclude each
-// other (one cluster shape).
-template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair>
+// other (one cluster shape). kTrace: records the roles' timing into `trace`
+// (attention_wgmma_trace.h; fp8, unpaired and unmerged only); the other instantiations ignore
+// `trace` and contain no trace code. kIlp: the wgmma_overlap_ilp variant (unpaired, unmerged):
+// the producer's fp8 decode and the scorer's softmax without branches (the same bits) and the
+// output staged through the free key buffers (attention_wgmma_overlap_output.cuh).
+template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair, bool kTrace = false, bool kIlp = false>
 __global__ void __launch_bounds__(kOverlapThreads, 1)
-    attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l) {
+    attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l, OverlapTraceBuffer trace) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
   static_assert(!(kMerge && kPair), "one cluster shape: the splits' or the pair's");
+  static_assert(!((kTrace || kIlp) && (kMerge || kPair)), "traced / ilp: unpaired and unmerged");
+  static_assert(!kTrace || kFmt == KvFormat::kFp8, "the trace's producer events are fp8's");
   static_assert(kMergeSmemBytes <= OverlapLayout::kPBytes * 2, "the merge's scratch in P's place");
   // The combine (a programmatic dependent launch of this grid) may start: it waits for this grid
   // to end before it reads anything.
@@ -240,6 +180,21 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const int wg = tid >> 7;
   const int t = blockIdx.x;
   const int h_first = blockIdx.y * kRows;
+  // Trace builds: each role's first thread clears its events; the scorer's keeps the header.
+  const OverlapTraceRecorder<kTrace> rec(trace, tid);
+  if constexpr (kTrace) {
+    if (wg == 0) {
+      rec.header_clock(kTraceClockStart);
+      rec.header_timer(kTraceTimerStart);
+      rec.header(kTraceSm, trace_smid());
+    }
+    rec.clear(wg == 2   ? kProducerTop
+              : wg == 0 ? kScorerTop
+                        : kValueTop,
+              wg == 2   ? kScorerTop
+              : wg == 0 ? kValueTop
+                        : kOverlapTraceEvents);
+  }
 
   // Pair mode: this block's mbarriers (full[b]: both producers' threads arrive once per tile of
   // buffer b; empty[b]: each warp of both blocks' consumers once), their shared::cluster
@@ -282,6 +237,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   const int tiles = static_cast<int>((range.end - range.begin + kKeys - 1) / kKeys);
+  if constexpr (kTrace) {
+    if (wg == 0) rec.header(kTraceTiles, tiles);
+  }
 
   if (wg == 2) {
     // Producer role: key `key` of each tile, chunks kParts i + part; lanes 8k .. 8k + 7 hold 8
@@ -355,6 +313,8 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       pair_finish();
     } else if constexpr (kFmt == KvFormat::kFp8) {
       Fp8Half half;
+      // A masked key decodes (kIlp) or digests (kTrace) defined bytes, then drops them.
+      if constexpr (kIlp || kTrace) half = Fp8Half{};
       bool half_real = false;
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
@@ -369,16 +329,23 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 #pragma unroll 1
       for (int i = 0; i < tiles; ++i) {
         const int b = i & 1;
+        rec.stamp(kProducerTop, i);
         if (i >= 2) named_barrier<kOverlapThreads>(kTileEmpty + b);  // tile i - 2 consumed
-        decode_fp8_half(kb_of(b), valid_of(b), half, half_real, key, part);
+        rec.stamp(kProducerFree, i);
+        if constexpr (kTrace) trace_wait_for(fp8_half_digest(half));
+        rec.stamp(kProducerLanded, i);
+        decode_fp8_half<kIlp>(kb_of(b), valid_of(b), half, half_real, key, part);
         fence_async_shared();  // the tile, for wgmma
         named_barrier_arrive<kConsumerThreads>(kTileFull + b);
+        rec.stamp(kProducerPublished, i);
         if (i + 1 < tiles) {  // tile i + 1's records land while tile i is consumed
           load_fp8_half(half, src_next, part);
           half_real = src_next != nullptr;
           advance_addresses(i);
         }
+        rec.stamp(kProducerIssued, i);
       }
+      if constexpr (kTrace) rec.header_clock(kTraceClockProducerEnd);
     } else {
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
@@ -413,6 +380,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   fence_async_shared();  // q, for wgmma
   named_barrier<kOverlapThreads>(kStartBarrier);
   if constexpr (kPair) cluster_wait_acquire();  // the start rendezvous (see above)
+  if constexpr (kTrace) {
+    if (wg == 0) rec.header_clock(kTraceClockPrologue);
+  }
   // Tile i in buffer b: published by the producer (pair mode: by both producers, the
   // (i / 2)-th phase of full[b]).
   auto wait_tile = [&](int i, int b) {
@@ -445,7 +415,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 #pragma unroll 1
     for (int i = 0; i < tiles; ++i) {
       const int b = i & 1;
+      rec.stamp(kScorerTop, i);
       wait_tile(i, b);
+      rec.stamp(kScorerFull, i);
       float s[32];
       issue_scores64(s, q_desc, T::kmajor(kb_of(b)));
       if (i > 0) {
@@ -453,15 +425,21 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         fence_accumulators(o);
         if (i + 1 < tiles) release_tile(b ^ 1);
       }
+      rec.stamp(kScorerPrevValues, i);
       wait_products(s);
+      rec.stamp(kScorerScores, i);
       if (i >= 2) named_barrier<kConsumerThreads>(kProbsFree + b);  // warpgroup 1 read P[b]
+      rec.stamp(kScorerProbsFree, i);
       float alpha[2];
-      softmax_tile64(s, valid_of(b), ps_of(b), alpha_of(b), a.scale, row0, qd, m_run, d_half,
-                     alpha);
+      softmax_tile64<kIlp>(s, valid_of(b), ps_of(b), alpha_of(b), a.scale, row0, qd, m_run, d_half,
+                           alpha);
       fence_async_shared();  // P, for both warpgroups' wgmma
       named_barrier_arrive<kConsumerThreads>(kProbsReady + b);
+      rec.stamp(kScorerPublished, i);
       issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(0)));
+      rec.stamp(kScorerIssued, i);
     }
+    rec.header_clock(kTraceClockLoopEnd);
     wait_products(o);  // also with no tiles: an unconditional wait lets ptxas see O settled
     const float d[2] = {d_half[0][0] + d_half[1][0], d_half[0][1] + d_half[1][1]};
     if (qd == 0) {
@@ -472,7 +450,14 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       }
     }
     named_barrier_arrive<kConsumerThreads>(kRowsReady);
-    store_output(a, l, o, m_run, d, t, h_first, 0, row0, qd);
+    if constexpr (kIlp) {
+      named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
+      store_output_staged(a, l, o, m_run, d, t, h_first, 0, row0, qd, kb_of(0), kStageBarrier + 0);
+    } else {
+      store_output(a, l, o, m_run, d, t, h_first, 0, row0, qd);
+    }
+    rec.header_clock(kTraceClockEnd);
+    rec.header_timer(kTraceTimerEnd);
     if constexpr (kMerge) {
       merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
           a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
@@ -485,11 +470,14 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 #pragma unroll 1
   for (int i = 0; i < tiles; ++i) {
     const int b = i & 1;
+    rec.stamp(kValueTop, i);
     named_barrier<kConsumerThreads>(kProbsReady + b);
+    rec.stamp(kValueReady, i);
     const float* alpha_s = alpha_of(b);
     const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
     issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(1)));
     wait_products(o);
+    rec.stamp(kValueDone, i);
     if (i + 2 < tiles) {
       named_barrier_arrive<kConsumerThreads>(kProbsFree + b);
       release_tile(b);
@@ -498,7 +486,13 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   named_barrier<kConsumerThreads>(kRowsReady);
   const float m_run[2] = {rows_m[row0], rows_m[row0 + 8]};
   const float d[2] = {rows_d[row0], rows_d[row0 + 8]};
-  store_output(a, l, o, m_run, d, t, h_first, 1, row0, qd);
+  if constexpr (kIlp) {
+    named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
+    store_output_staged(a, l, o, m_run, d, t, h_first, 1, row0, qd, kb_of(1), kStageBarrier + 1);
+  } else {
+    store_output(a, l, o, m_run, d, t, h_first, 1, row0, qd);
+  }
+  rec.header_clock(kTraceClockValueEnd);
   if constexpr (kMerge) {
     merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
         a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
@@ -508,9 +502,12 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 
 // p.pdl: a programmatic dependent launch; p.cluster_merge: clusters (1, 1, splits) that merge
 // (the kPdl instantiation either way: griddepcontrol.wait returns at once in an ordinary launch).
+// p.ilp: the wgmma_overlap_ilp variant (unpaired, unmerged, no pdl); trace.stamps: the traced
+// instantiation of the plain or the ilp launch (fp8 only).
 template <KvFormat kFmt>
 void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
-            int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream) {
+            int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream,
+            const OverlapTraceBuffer& trace) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(p.head_groups),
                   static_cast<unsigned>(p.splits));
   if (p.cluster_merge) {
@@ -530,7 +527,7 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     cl.stream = stream;
     cl.pdl = p.pdl;
     launch_clustered("attention (the overlapping wgmma kernel, merging its splits)", cl, kernel, a,
-                     l);
+                     l, OverlapTraceBuffer{});
     return;
   }
   if (p.pair) {
@@ -542,11 +539,20 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     cl.cluster = dim3(1, kPairBlocks, 1);
     cl.smem = OverlapLayout::kPairBytes;
     cl.stream = stream;
-    launch_clustered("attention (the overlapping wgmma kernel, cluster pairs)", cl, kernel, a, l);
+    launch_clustered("attention (the overlapping wgmma kernel, cluster pairs)", cl, kernel, a, l,
+                     OverlapTraceBuffer{});
     return;
   }
-  auto* kernel = p.pdl ? attention_wgmma_overlap_kernel<kFmt, true, false, false>
-                       : attention_wgmma_overlap_kernel<kFmt, false, false, false>;
+  using Kernel = void (*)(AttentionArgs, DeviceLayout, OverlapTraceBuffer);
+  Kernel kernel = p.pdl ? attention_wgmma_overlap_kernel<kFmt, true, false, false>
+                        : attention_wgmma_overlap_kernel<kFmt, false, false, false>;
+  if (p.ilp) kernel = attention_wgmma_overlap_kernel<kFmt, false, false, false, false, true>;
+  if constexpr (kFmt == KvFormat::kFp8) {
+    if (trace.stamps != nullptr) {
+      kernel = p.ilp ? attention_wgmma_overlap_kernel<kFmt, false, false, false, true, true>
+                     : attention_wgmma_overlap_kernel<kFmt, false, false, false, true, false>;
+    }
+  }
   smem_limits.allow(kernel, OverlapLayout::kBytes);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -558,7 +564,7 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
   config.numAttrs = p.pdl ? 1 : 0;
-  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l),
+  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l, trace),
                                 "attention: the overlapping wgmma kernel's launch");
 }
 
@@ -567,7 +573,8 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
 
 void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& l,
                                     const AttentionMmaPlan& p, int64_t tokens,
-                                    KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                                    KernelSmemLimits& smem_limits, cudaStream_t stream,
+                                    const OverlapTraceBuffer& trace) {
   if (p.pair && (a.heads % (2 * kWgmmaAttnRows) != 0 || p.head_groups % 2 != 0)) {
     throw Error(ErrorCode::kUnsupported,
                 "attention: the overlapping wgmma kernel's cluster pairs take a multiple of 128 "
@@ -575,10 +582,21 @@ void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& 
                     std::to_string(a.heads) + " heads in " + std::to_string(p.head_groups) +
                     " head groups");
   }
-  if (a.kvf.format == KvFormat::kBf16) {
-    return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream);
+  if (p.ilp && (p.pair || p.cluster_merge || p.pdl)) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: the overlapping wgmma kernel's ilp variant is unpaired, unmerged and "
+                "launched without pdl");
   }
-  return attention_wgmma::launch<KvFormat::kFp8>(a, l, p, tokens, smem_limits, stream);
+  if (trace.stamps != nullptr &&
+      (a.kvf.format != KvFormat::kFp8 || p.pair || p.cluster_merge || p.pdl || trace.ctas < 0)) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: the overlapping wgmma kernel's trace takes fp8 records and its plain "
+                "or ilp launch (no pair, merge or pdl)");
+  }
+  if (a.kvf.format == KvFormat::kBf16) {
+    return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream, trace);
+  }
+  return attention_wgmma::launch<KvFormat::kFp8>(a, l, p, tokens, smem_limits, stream, trace);
 }
 
 }  // namespace deepinfer::cuda

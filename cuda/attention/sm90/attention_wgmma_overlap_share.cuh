@@ -55,33 +55,66 @@ __device__ __forceinline__ void load_fp8_half(Fp8Half& h, const uint8_t* rec, in
   h.scales = __ldg(p + kScalesPiece);
 }
 
+// The XOR of a half record's words: a value that depends on every load into it (the trace's
+// "records landed" stamp waits for it).
+__device__ __forceinline__ uint32_t fp8_half_digest(const Fp8Half& h) {
+  uint32_t x = h.scales.x ^ h.scales.y;
+#pragma unroll
+  for (int i = 0; i < kHalfNope; ++i) x ^= h.nope[i].x ^ h.nope[i].y;
+#pragma unroll
+  for (int i = 0; i < 2 * kHalfRope; ++i) x ^= h.rope[i].x ^ h.rope[i].y;
+  return x;
+}
+
 // Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key), with
-// decode_fp8_share's arithmetic (the same bits); the key's valid flag.
+// decode_fp8_share's arithmetic (the same bits); the key's valid flag. kBranchFree (the
+// wgmma_overlap_ilp variant): the same operations, every chunk decoded and a masked key's
+// zeros selected at the end, and each scale group's scale converted once, so the 28 chunks form
+// one block that ptxas can interleave (a branch per chunk keeps them one after another, each a
+// chain of dependent conversions, with one producer warp per scheduler to hide it). A masked
+// key's registers hold an earlier key's bytes (or the zeros the caller started with): decoded
+// and dropped.
+template <bool kBranchFree = false>
 __device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const Fp8Half& h,
                                                 bool real, int key, int part) {
   const uint64_t scales = (static_cast<uint64_t>(h.scales.y) << 32) | h.scales.x;
+  // Channels 8 chunk .. + 7: scale group 8 chunk / 64, the same for 2i and 2i + 1 (so known at
+  // compile time).
+  static_assert(kv_record::kFp8Group == 64, "scale groups of 64 channels (8 chunks)");
+  auto decode_chunk = [&](const uint2 bytes, float scale) {
+    uint32_t packed[4];
 #pragma unroll
-  for (int i = 0; i < kHalfNope; ++i) {
-    const int chunk = 2 * i + part;
-    // Channels 8 chunk .. + 7: scale group 8 chunk / 64, the same for 2i and 2i + 1 (so known at
-    // compile time).
-    static_assert(kv_record::kFp8Group == 64, "scale groups of 64 channels (8 chunks)");
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (real) {
-      const float scale = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4))));
-      uint32_t packed[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t word = k < 2 ? h.nope[i].x : h.nope[i].y;
-        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-        const __half2 hv =
-            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-        const float2 f = __half22float2(hv);
-        packed[k] = pack_bf16(f.x * scale, f.y * scale);
-      }
-      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t word = k < 2 ? bytes.x : bytes.y;
+      const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+      const __half2 hv =
+          __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+      const float2 f = __half22float2(hv);
+      packed[k] = pack_bf16(f.x * scale, f.y * scale);
     }
-    *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, chunk)) = v;
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  };
+  if constexpr (kBranchFree) {
+    constexpr int kGroups = (kHalfNope + 3) / 4;  // 7: chunks 2i + part with i / 4 = g
+    float scale[kGroups];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      scale[g] = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * g)));
+    }
+#pragma unroll
+    for (int i = 0; i < kHalfNope; ++i) {
+      const uint4 v = decode_chunk(h.nope[i], scale[i / 4]);
+      *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, 2 * i + part)) =
+          real ? v : make_uint4(0u, 0u, 0u, 0u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kHalfNope; ++i) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (real)
+        v = decode_chunk(h.nope[i], e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4)))));
+      *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, 2 * i + part)) = v;
+    }
   }
 #pragma unroll
   for (int i = 0; i < kHalfRope; ++i) {

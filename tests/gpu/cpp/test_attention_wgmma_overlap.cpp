@@ -14,6 +14,9 @@
 // own test (gpu_check.sh runs the binary under a time limit). Agreement with the CPU op: the op
 // table (deepinfer_backend_ops) with DEEPINFER_ATTENTION_KERNEL=wgmma_overlap. Skips without a GPU
 // or without the wgmma kernels (a build without sm_90a code, a device other than sm_90).
+// wgmma_overlap_ilp (the same kernel, branch-free decode and softmax, the output staged) is
+// expected to give the same bytes; so are the traced instantiations of both (fp8), whose stamps
+// must run in each role's program order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,7 +121,10 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
     const cuda::AttentionMmaPlan plan = cuda_be.last_attention_plan();
     cuda_be.set_attention_kernel(kernel0);
     cuda_be.set_attention_mma_choice(choice0);
-    EXPECT_EQ(wgmma && plan.overlap, k == cuda::AttentionKernelChoice::kWgmmaOverlap);
+    const bool overlap_asked = k == cuda::AttentionKernelChoice::kWgmmaOverlap ||
+                               k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp;
+    EXPECT_EQ(wgmma && plan.overlap, overlap_asked);
+    EXPECT_EQ(wgmma && plan.ilp, k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp);
     if (wc.splits > 0 && wgmma) {
       EXPECT_GT(plan.splits, 1);
     }
@@ -128,6 +134,48 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
   EXPECT_TRUE(bf16_close(run(cuda::AttentionKernelChoice::kMmaSync), got));
   EXPECT_TRUE(same_bytes(run(cuda::AttentionKernelChoice::kWgmma), got));
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlap)));
+  // The ilp variant: the same operations in another order of issue, the same bytes.
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapIlp)));
+  if (kv != DType::kU8) return;
+  // The traced instantiations (fp8 only) of both: the same bytes, and each traced block's
+  // stamps in program order per role and tile.
+  constexpr int kCtas = 4;
+  for (const cuda::AttentionKernelChoice k : {cuda::AttentionKernelChoice::kWgmmaOverlap,
+                                              cuda::AttentionKernelChoice::kWgmmaOverlapIlp}) {
+    const Tensor stamps = be->zeros({cuda::overlap_trace_words(kCtas)}, DType::kI64);
+    cuda_be.set_attention_trace({static_cast<int64_t*>(stamps.raw_data()), kCtas});
+    const Tensor traced = run(k);
+    cuda_be.set_attention_trace({});
+    EXPECT_TRUE(same_bytes(got, traced));
+    const Tensor host = be->to_host(stamps);
+    const int64_t* w = host.data<int64_t>();
+    const std::vector<int64_t> words(w, w + cuda::overlap_trace_words(kCtas));
+    const cuda::OverlapTraceSummary s = cuda::summarize_overlap_trace(words, kCtas);
+    EXPECT_GE(s.ctas, 1);
+    const std::vector<std::vector<int>> roles = {
+        {cuda::kProducerTop, cuda::kProducerFree, cuda::kProducerLanded, cuda::kProducerPublished,
+         cuda::kProducerIssued},
+        {cuda::kScorerTop, cuda::kScorerFull, cuda::kScorerPrevValues, cuda::kScorerScores,
+         cuda::kScorerProbsFree, cuda::kScorerPublished, cuda::kScorerIssued},
+        {cuda::kValueTop, cuda::kValueReady, cuda::kValueDone}};
+    for (int c = 0; c < kCtas; ++c) {
+      const int64_t* rec = w + c * cuda::kOverlapTraceWordsPerCta;
+      if (rec[cuda::kTraceClockEnd] == 0) continue;  // a grid of fewer blocks
+      const int tiles =
+          static_cast<int>(std::min<int64_t>(rec[cuda::kTraceTiles], cuda::kOverlapTraceTiles));
+      for (const std::vector<int>& events : roles) {
+        int64_t last = rec[cuda::kTraceClockStart];
+        for (int i = 0; i < tiles; ++i) {
+          for (const int e : events) {
+            const int64_t v =
+                rec[cuda::kOverlapTraceHeaderWords + e * cuda::kOverlapTraceTiles + i];
+            EXPECT_GE(v, last) << "block " << c << " tile " << i << " event " << e;
+            last = v;
+          }
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -104,6 +104,12 @@ TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaPair) {
             cuda::AttentionKernelChoice::kWgmmaOverlapPair);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesTheOverlapIlpVariant) {
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_ilp");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaOverlapIlp);
+}
+
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
   for (const char* name : kSwitches) {
     ScopedEnv bad(name, "no-such-choice");

@@ -1,0 +1,77 @@
+// The wgmma_overlap_ilp variant's output (sm90/attention_wgmma_overlap.cu): store_output's
+// values, staged through a free key buffer so that the global stores are whole rows. Stored from
+// the accumulators, each warp instruction writes 8 heads' 32 bytes (8 lines for 256 bytes; a
+// warpgroup's 64 KB is 4,096 such instructions); staged, it writes 512 contiguous bytes of one
+// head (4 lines), and 64 KB takes 128 instructions plus the shared-memory round trip.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+
+namespace deepinfer::cuda::attention_wgmma {
+
+// The stage: warpgroup wg's 64 rows x 256 f32 channels, a row 1 KB, its 16-byte units XOR-ed
+// with row % 8 so that the accumulators' stores (8 rows x 32 bytes per warp instruction) and the
+// rows' loads (512 contiguous bytes) are both free of bank conflicts.
+__device__ __forceinline__ uint32_t staged_offset(int row, int unit) {
+  return static_cast<uint32_t>(row * 1024 + ((unit ^ (row & 7)) << 4));
+}
+
+// store_output's writes (out with one split, else part_acc and part_md), the same values:
+// every thread of warpgroup wg stages its accumulators (times the rows' factor with one split,
+// as store_output multiplies them) into `stage` (64 KB, free: no product reads it any more),
+// syncs the warpgroup on named barrier `barrier` (128 threads), then each warp copies 16 rows.
+__device__ __forceinline__ void store_output_staged(const AttentionArgs& a, const DeviceLayout& l,
+                                                    const float (&o)[kOAcc],
+                                                    const float (&m_run)[2], const float (&d)[2],
+                                                    int t, int h_first, int wg, int row0, int qd,
+                                                    uint8_t* stage, int barrier) {
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    const int64_t head = h_first + row;
+    const int64_t idx = static_cast<int64_t>(t) * a.heads + head;
+    float f = 1.0f;
+    if (splits == 1) {
+      const float m = m_run[r];
+      const float sink = a.sinks[head];
+      const float mx = fmaxf(m, sink);
+      const float em = m == -INFINITY ? 0.0f : expf(m - mx);
+      f = em / (d[r] * em + expf(sink - mx));
+    } else if (wg == 0 && qd == 0) {
+      const int64_t pidx = static_cast<int64_t>(split) * l.num_tokens * a.heads + idx;
+      a.part_md[2 * pidx] = m_run[r];
+      a.part_md[2 * pidx + 1] = d[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kOAcc / 4; ++j) {
+      // Channels 8j + 2qd, + 1: unit 2j + qd / 2, bytes 8 (qd % 2) of it.
+      const float x = o[4 * j + 2 * r], y = o[4 * j + 2 * r + 1];
+      const float2 v = splits == 1 ? make_float2(x * f, y * f) : make_float2(x, y);
+      *reinterpret_cast<float2*>(stage + staged_offset(row, 2 * j + (qd >> 1)) + 8 * (qd & 1)) = v;
+    }
+  }
+  named_barrier<kRows * 2>(barrier);  // the warpgroup's 128 threads: all rows staged
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x >> 5) & 3;
+#pragma unroll 4
+  for (int k = 0; k < kRows / 4; ++k) {
+    const int row = 16 * warp + k;
+    const int64_t idx = static_cast<int64_t>(t) * a.heads + h_first + row;
+    float* dst =
+        splits == 1
+            ? a.out + idx * kDim
+            : a.part_acc + (static_cast<int64_t>(split) * l.num_tokens * a.heads + idx) * kDim;
+    dst += kHalfDim * wg;
+#pragma unroll
+    for (int u = lane; u < kHalfDim / 4; u += 32) {
+      *reinterpret_cast<float4*>(dst + 4 * u) =
+          *reinterpret_cast<const float4*>(stage + staged_offset(row, u));
+    }
+  }
+}
+
+}  // namespace deepinfer::cuda::attention_wgmma
