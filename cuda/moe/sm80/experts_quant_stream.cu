@@ -15,6 +15,12 @@
 // The decode, the mma order and the epilogue are experts_quant_tile.cuh's, as in the register
 // kernel: every output element is reduced over K in slice order with the same fixed order inside
 // a slice, so both kernels give bit-identical results.
+//
+// The lean variant (kLean, DEEPINFER_MOE_QUANT_DECODE=streaming_lean, for K a multiple of the
+// slice) issues fewer instructions per slice for the same bits: MXFP4 words decoded by
+// decode_mx_word (11 integer instructions per 8 values instead of 15) with one-instruction
+// multipliers, no per-chunk bounds checks, and branch-free activation copies (zero rows by a
+// zero-byte cp.async source).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -38,6 +44,15 @@ __device__ __forceinline__ uint4* weight_chunk(uint4* ring, int slot, int chunks
   return ring + (static_cast<int64_t>(slot) * chunks + c) * C::kThreads + tid;
 }
 
+// cp.async of 16 bytes that reads src_bytes (16 or 0) of the source and zero-fills the rest, so a
+// zero row needs no branch (the source address must still be valid).
+__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem,
+                                                  uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+
 // The lane's weight rows with its own offsets folded in, so a slice adds one 32-bit offset:
 // values at the lane's first chunk of a slice (16 q bytes in), MXFP4 scales at its group q.
 template <QuantFormat F, int kMTiles>
@@ -49,7 +64,7 @@ struct LaneRows {
 // Copies the lane's weight chunks of slice `slice` into ring slot `slot`; chunks at or past K
 // (wholly: K is a multiple of the chunk) are zeros, stored by the lane itself. k_lane: the
 // lane's first input of slice 0 (q kChunk).
-template <QuantFormat F, class C>
+template <QuantFormat F, class C, bool kLean>
 __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
                                                   const LaneRows<F, C::kMTiles>& rows, int slice,
                                                   int k_lane, int K, int tid) {
@@ -65,7 +80,7 @@ __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         uint4* dst = weight_chunk<C>(ring, slot, kChunks, (2 * mt + hr) * Tr::kLoads + l, tid);
-        if (k0 < K) {
+        if (kLean || k0 < K) {  // kLean: K is a multiple of the slice
           cp_async_16_prefetch<kExpertQuantStreamL2Prefetch>(dst, rows.values[mt][hr] + off);
         } else {
           *dst = make_uint4(0, 0, 0, 0);
@@ -77,7 +92,7 @@ __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
 
 // The lane's scales of slice `slice` (MXFP4: the e8m0 byte of each chunk; FP8: the f32 bits of
 // the chunk's block), neutral past K. Read through L1, one slice ahead of their use.
-template <QuantFormat F, int kMTiles>
+template <QuantFormat F, int kMTiles, bool kLean>
 __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTraits<F>::kLoads],
                                             const LaneRows<F, kMTiles>& rows, int slice, int k_lane,
                                             int K, int block_cols_log2) {
@@ -89,7 +104,7 @@ __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTrai
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        if (k0 >= K) {
+        if (!kLean && k0 >= K) {
           sc[mt][hr][l] = Tr::kMx ? 127u : __float_as_uint(1.0f);
         } else if constexpr (Tr::kMx) {
           // The lane's group q is folded into the pointer: slice s adds its 4 groups.
@@ -110,6 +125,7 @@ __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTrai
 struct ActivationPiece {
   const __nv_bfloat16* src;
   int dst;
+  uint32_t src_bytes = 16;  // lean pieces: 0 for a row past the tile (src: the staged rows' start)
 };
 
 template <bool kGateUp, class C, int kPlanes>
@@ -130,11 +146,39 @@ __device__ __forceinline__ ActivationPiece activation_piece(const __nv_bfloat16*
   return p;
 }
 
+// activation_piece for the lean kernel: every thread's piece is copied (rows past the staged
+// ones too: never read), a row past the tile as 16 zero bytes (its source, `a` itself, is a valid
+// address at every plane and slice offset and is not read).
+template <bool kGateUp, class C, int kPlanes>
+__device__ __forceinline__ ActivationPiece activation_piece_lean(const __nv_bfloat16* a,
+                                                                 const int32_t* sorted_pair,
+                                                                 int top_k, int start, int rows,
+                                                                 int64_t Kp, int tid) {
+  static_assert(C::kThreads == 16 * C::kTok, "one piece of each plane per thread");
+  const int pp = tid & 15;
+  const int r = tid >> 4;
+  ActivationPiece p{a, r * kQuantRowWords + piece_word(pp >> 2, pp & 3), 0u};
+  if (r < rows) {
+    const int64_t row = kGateUp ? sorted_pair[start + r] / top_k : start + r;
+    p.src = a + row * kPlanes * Kp + pp * 8;
+    p.src_bytes = 16;
+  }
+  return p;
+}
+
 // Copies the thread's activation pieces of slice `slice` into `buf`
-// [kPlanes][kTok][kQuantRowWords].
-template <class C, int kPlanes>
+// [kPlanes][kTok][kQuantRowWords]. kLean: activation_piece_lean's piece, copied without a branch.
+template <class C, int kPlanes, bool kLean>
 __device__ __forceinline__ void copy_activation_slice(uint32_t* buf, const ActivationPiece& p,
                                                       int slice, int64_t Kp) {
+  if constexpr (kLean) {
+#pragma unroll
+    for (int pl = 0; pl < kPlanes; ++pl) {
+      cp_async_16_zfill(buf + p.dst + pl * C::kTok * kQuantRowWords,
+                        p.src + pl * Kp + slice * kQuantSliceK, p.src_bytes);
+    }
+    return;
+  }
   if (p.dst < 0) return;
 #pragma unroll
   for (int pl = 0; pl < kPlanes; ++pl) {
@@ -151,8 +195,9 @@ __device__ __forceinline__ void copy_activation_slice(uint32_t* buf, const Activ
 // act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for C::kWeightRows / 2 columns n
 // per CTA; otherwise y[pair, n] = act[row] . w2_e[n] for C::kWeightRows columns. CTA blockIdx.x
 // works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles. Two CTAs per SM
-// (128 registers per thread at most).
-template <QuantFormat F, bool kGateUp, class C, int kPlanes>
+// (128 registers per thread at most). kLean: the lean variant (head comment), K a multiple of
+// kQuantSliceK.
+template <QuantFormat F, bool kGateUp, class C, int kPlanes, bool kLean>
 __global__ void __launch_bounds__(C::kThreads, 2)
     expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
                                const int32_t* __restrict__ sorted_pair, TileList tiles,
@@ -181,8 +226,10 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   const int g = lane >> 2;
   const int q = lane & 3;
   const int k_lane = q * Tr::kChunk;
-  const ActivationPiece piece =
-      activation_piece<kGateUp, C, kPlanes>(a, sorted_pair, top_k, start, rows, 8 * n8, Kp, tid);
+  const ActivationPiece piece = kLean ? activation_piece_lean<kGateUp, C, kPlanes>(
+                                            a, sorted_pair, top_k, start, rows, Kp, tid)
+                                      : activation_piece<kGateUp, C, kPlanes>(
+                                            a, sorted_pair, top_k, start, rows, 8 * n8, Kp, tid);
 
   // The lane's weight rows (clamped to N - 1: tail rows copy valid bytes and are never stored).
   const int64_t n_warp = static_cast<int64_t>(col) * (C::kWeightRows / (kGateUp ? 2 : 1)) +
@@ -222,33 +269,35 @@ __global__ void __launch_bounds__(C::kThreads, 2)
 #pragma unroll 1
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < slices) {
-      copy_weight_slice<F, C>(weight_ring, s, wr, s, k_lane, k_end, tid);
-      copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s, Kp);
+      copy_weight_slice<F, C, kLean>(weight_ring, s, wr, s, k_lane, k_end, tid);
+      copy_activation_slice<C, kPlanes, kLean>(act_ring + s * kActWords, piece, s, Kp);
     }
     cp_async_commit();
   }
   uint32_t sc[kM][2][Tr::kLoads];
-  load_scales<F, kM>(sc, wr, 0, k_lane, k_end, block_cols_log2);
+  load_scales<F, kM, kLean>(sc, wr, 0, k_lane, k_end, block_cols_log2);
 
   int read_slot = 0;
   int fill_slot = C::kStages - 1;
 #pragma unroll 1
   for (int s = 0; s < slices; ++s) {
     uint32_t sc_next[kM][2][Tr::kLoads];
-    load_scales<F, kM>(sc_next, wr, s + 1, k_lane, k_end, block_cols_log2);
+    // kLean reads in bounds only: past the last slice it reloads the last (never used).
+    load_scales<F, kM, kLean>(sc_next, wr, kLean ? min(s + 1, slices - 1) : s + 1, k_lane, k_end,
+                              block_cols_log2);
     // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
     // pieces of it are visible, and every warp is done with slice s - 1, whose slot is refilled.
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
     const int fill = s + C::kStages - 1;
     if (fill < slices) {
-      copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
-      copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, fill, Kp);
+      copy_weight_slice<F, C, kLean>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
+      copy_activation_slice<C, kPlanes, kLean>(act_ring + fill_slot * kActWords, piece, fill, Kp);
     }
     cp_async_commit();
     // The lane reads back only the chunks it copied: its own wait above ordered them.
     const uint4* slot = weight_chunk<C>(weight_ring, read_slot, kChunks, 0, tid);
-    multiply_slice<F, C, kPlanes>(
+    multiply_slice<F, C, kPlanes, kLean>(
         acc,
         [&](int mt, int hr, int l) { return slot[((2 * mt + hr) * Tr::kLoads + l) * C::kThreads]; },
         sc, act_ring + read_slot * kActWords, n8, g, q);
@@ -269,14 +318,17 @@ __global__ void __launch_bounds__(C::kThreads, 2)
 }
 
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
-void launch_stream_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float* out,
+void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat16* a, float* out,
                         cudaStream_t stream) {
   const int64_t K = kGateUp ? p.hidden : p.inter;
   const int64_t N = kGateUp ? p.inter : p.hidden;
   const int64_t cols_per_cta = C::kWeightRows / (kGateUp ? 2 : 1);
   const int64_t cols = (N + cols_per_cta - 1) / cols_per_cta;
   const size_t smem = C::smem_bytes(QuantTraits<F>::kLoads, kPlanes);
-  auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes>;
+  // The lean variant where asked for and K is whole slices (its copies check no bounds).
+  auto kernel = lean && K % kQuantSliceK == 0
+                    ? expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true>
+                    : expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
   allow_smem(kernel, smem);
   // Grid size: checked against gridDim.x's limit by the caller.
   kernel<<<static_cast<unsigned>(p.max_tiles * cols), C::kThreads, smem, stream>>>(
@@ -286,30 +338,30 @@ void launch_stream_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float
 }
 
 template <QuantFormat F, class C>
-void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes,
+void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
                           const __nv_bfloat16* a, float* out, cudaStream_t stream) {
   if (gate_up) {
     if (planes == 1) {
-      launch_stream_gemm<F, true, C, 1>(p, a, out, stream);
+      launch_stream_gemm<F, true, C, 1>(p, lean, a, out, stream);
     } else {
-      launch_stream_gemm<F, true, C, 3>(p, a, out, stream);
+      launch_stream_gemm<F, true, C, 3>(p, lean, a, out, stream);
     }
   } else if (planes == 1) {
-    launch_stream_gemm<F, false, C, 1>(p, a, out, stream);
+    launch_stream_gemm<F, false, C, 1>(p, lean, a, out, stream);
   } else {
-    launch_stream_gemm<F, false, C, 3>(p, a, out, stream);
+    launch_stream_gemm<F, false, C, 3>(p, lean, a, out, stream);
   }
 }
 
 }  // namespace
 
-void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes,
+void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
                                 const __nv_bfloat16* a, float* out, cudaStream_t stream) {
   if (p.format == QuantFormat::kMxfp4) {
-    launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, a, out,
+    launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, lean, a, out,
                                                                    stream);
   } else {
-    launch_stream_format<QuantFormat::kFp8, ExpertQuantStreamFp8>(p, gate_up, planes, a, out,
+    launch_stream_format<QuantFormat::kFp8, ExpertQuantStreamFp8>(p, gate_up, planes, lean, a, out,
                                                                   stream);
   }
 }
