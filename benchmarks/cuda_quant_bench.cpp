@@ -4,7 +4,9 @@
 // block-scaled FP8 GEMM at 8192^3 (prefill, TFLOP/s); the MXFP4 routed experts in GB/s of weight
 // bytes at 1, 4 and 16 pairs per expert and TFLOP/s at 4096 and 16384 tokens, and the FP8 routed
 // experts likewise (the "_vs_copy" lines name the kernel that ran; DEEPINFER_MOE_QUANT_DECODE=
-// registers or prefill picks another for the decode shape). The prefill lines run once per
+// registers or prefill picks another for the decode shape; with the streaming kernel, the
+// default, the decode lines run again on its lean variant, "streaming_lean" at the end of the
+// shape, and the backend's choice is restored after). The prefill lines run once per
 // prefill kernel, named at the end of the shape: "prefill" (mma.sync) and, on sm_90 with sm_90a
 // code, "prefill_wgmma" (the backend's DEEPINFER_MOE_QUANT_PREFILL is restored after). Each line
 // carries its ratio ("of_roofline").
@@ -299,6 +301,28 @@ const char* quant_experts_kernel_ran(Backend& be) {
   return cuda_be == nullptr ? "?" : cuda::experts_kernel_name(cuda_be->last_quant_experts_kernel());
 }
 
+// Runs `body` once per decode kernel to compare: the backend's choice (DEEPINFER_MOE_QUANT_DECODE)
+// with suffix "", and when that is a streaming kernel, the lean streaming variant too with
+// suffix " streaming_lean" (the lean one alone when it is the choice); restores the choice. Other
+// backends run it once.
+template <class Body>
+void for_each_decode_kernel(Backend& be, const Body& body) {
+  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
+  if (cuda_be == nullptr) {
+    body("");
+    return;
+  }
+  const cuda::QuantDecodeChoice configured = cuda_be->moe_quant_decode();
+  if (configured != cuda::QuantDecodeChoice::kStreaming) {
+    body(configured == cuda::QuantDecodeChoice::kStreamingLean ? " streaming_lean" : "");
+    return;
+  }
+  body("");
+  cuda_be->set_moe_quant_decode(cuda::QuantDecodeChoice::kStreamingLean);
+  body(" streaming_lean");
+  cuda_be->set_moe_quant_decode(configured);
+}
+
 // Runs `body` once per prefill kernel of the quantized experts (DEEPINFER_MOE_QUANT_PREFILL:
 // mma_sync, then wgmma where it runs), passing the name of the kernel the backend takes; restores
 // the backend's choice. Other backends run it once.
@@ -370,19 +394,21 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
     auto fn = [&] { (void)be.moe_experts(x, r, ex, 10.0f); };
     return graph ? time_graph_us(be, n, fn) : time_us(be, n, fn);
   };
-  for (int m : {1, 4, 16}) {
-    const int tokens = (e * m + kk - 1) / kk;
-    const double us = run(tokens, int64_t{e} * m, true);
-    const double bytes = e * expert_bytes;
-    emit("moe_experts_mxfp4(graph)",
-         std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
-             " k=6 E=256 I=2048 H=4096 act32",
-         us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
-    std::printf(
-        "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"decode_kernel\": \"%s\", "
-        "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
-        quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
-  }
+  for_each_decode_kernel(be, [&](const char* suffix) {
+    for (int m : {1, 4, 16}) {
+      const int tokens = (e * m + kk - 1) / kk;
+      const double us = run(tokens, int64_t{e} * m, true);
+      const double bytes = e * expert_bytes;
+      emit("moe_experts_mxfp4(graph)",
+           std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
+               " k=6 E=256 I=2048 H=4096 act32" + suffix,
+           us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
+      std::printf(
+          "{\"op\": \"moe_experts_mxfp4_vs_copy\", \"decode_kernel\": \"%s\", "
+          "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
+          quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
+    }
+  });
   for (int tokens : {4096, 16384}) {
     for_each_prefill_kernel(be, [&](const char* kernel) {
       const double us = run(tokens, int64_t{tokens} * kk, false);
@@ -432,28 +458,30 @@ void bench_moe_experts_fp8(Backend& be, int iters) {
     ex.w2.push_back(fp8(dn_v.narrow(0, int64_t{j} * h, h), dn_s.narrow(0, j * db, db)));
   }
   const double expert_bytes = 3.0 * inter * h * (1.0 + 4.0 / (blk * blk));
-  for (int m : {1, 4, 16}) {
-    const int tokens = (e * m + kk - 1) / kk;
-    std::vector<int32_t> ids;
-    std::vector<float> wts;
-    for (int64_t p = 0; p < int64_t{tokens} * kk; ++p) {
-      ids.push_back(p < int64_t{e} * m ? static_cast<int32_t>(p % e) : -1);
-      wts.push_back(0.25f);
+  for_each_decode_kernel(be, [&](const char* suffix) {
+    for (int m : {1, 4, 16}) {
+      const int tokens = (e * m + kk - 1) / kk;
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      for (int64_t p = 0; p < int64_t{tokens} * kk; ++p) {
+        ids.push_back(p < int64_t{e} * m ? static_cast<int32_t>(p % e) : -1);
+        wts.push_back(0.25f);
+      }
+      Tensor x = rnd(be, {tokens, h}, DType::kF32, 44);
+      Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
+                be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
+      const double us = time_graph_us(be, iters, [&] { (void)be.moe_experts(x, r, ex, 10.0f); });
+      const double bytes = e * expert_bytes;
+      emit("moe_experts_fp8(graph)",
+           std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
+               " k=6 E=256 I=2048 H=4096 blk128 act128" + suffix,
+           us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
+      std::printf(
+          "{\"op\": \"moe_experts_fp8_vs_copy\", \"decode_kernel\": \"%s\", "
+          "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
+          quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
     }
-    Tensor x = rnd(be, {tokens, h}, DType::kF32, 44);
-    Routing r{be.upload(Tensor::from_vector(ids, {tokens, kk}), DType::kI32),
-              be.upload(Tensor::from_vector(wts, {tokens, kk}), DType::kF32)};
-    const double us = time_graph_us(be, iters, [&] { (void)be.moe_experts(x, r, ex, 10.0f); });
-    const double bytes = e * expert_bytes;
-    emit("moe_experts_fp8(graph)",
-         std::to_string(m) + " pairs/expert T=" + std::to_string(tokens) +
-             " k=6 E=256 I=2048 H=4096 blk128 act128",
-         us, bytes, static_cast<double>(e) * m * 3.0 * 2 * inter * h);
-    std::printf(
-        "{\"op\": \"moe_experts_fp8_vs_copy\", \"decode_kernel\": \"%s\", "
-        "\"pairs_per_expert\": %d, \"fraction_of_copy_GBps\": %.3f}\n",
-        quant_experts_kernel_ran(be), m, bytes / us / 1e3 / copy_gbps);
-  }
+  });
   // Prefill: TFLOP/s at 4096 and 16384 tokens (experts evenly loaded), on each prefill kernel.
   for (int tokens : {4096, 16384}) {
     std::vector<int32_t> ids;

@@ -78,9 +78,11 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
-  // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, registers, prefill): the kernel quantized
-  // experts take in the decode shape (an A/B switch for benchmarks, moe_heuristics.h).
+  // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, streaming_lean, registers, prefill): the
+  // kernel quantized experts take in the decode shape (an A/B switch for benchmarks,
+  // moe_heuristics.h); benchmarks set it to time the streaming variants in one run.
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
+  void set_moe_quant_decode(QuantDecodeChoice choice) { moe_quant_decode_ = choice; }
   // DEEPINFER_MOE_QUANT_PREFILL at creation (wgmma: the default, mma_sync): the kernel quantized
   // experts take in the prefill shape (an A/B switch for benchmarks, moe_heuristics.h); wgmma
   // only where it runs (sm_90a build, sm_90 device), mma_sync elsewhere.

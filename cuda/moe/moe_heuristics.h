@@ -41,6 +41,7 @@ enum class ExpertsKernel {
   kTiled,              // prefill otherwise: experts_tiled.cu (f32 FMA)
   kQuantStream,        // quantized weights, few pairs per expert: sm80/experts_quant_stream.cu
                        // (shared-memory weight ring), 16-row tiles
+  kQuantStreamLean,    // its lean variant (the same bits in fewer instructions), for A/B runs
   kQuantDecode,        // the same shape on sm80/experts_quant.cu (register prefetch), for A/B runs
   kQuantPrefill,       // quantized weights otherwise: the same kernel, 64-row tiles
   kQuantPrefillWgmma,  // the same shape on Hopper's wgmma (sm90/experts_quant_wgmma.cu),
@@ -60,6 +61,8 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
       return "tiled";
     case ExpertsKernel::kQuantStream:
       return "streaming";
+    case ExpertsKernel::kQuantStreamLean:
+      return "streaming_lean";
     case ExpertsKernel::kQuantDecode:
       return "registers";
     case ExpertsKernel::kQuantPrefill:
@@ -73,15 +76,17 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
 // Which kernel quantized experts take in the decode shape (an A/B switch for benchmarks and
 // tests: the backend's DEEPINFER_MOE_QUANT_DECODE, read once at its creation).
 enum class QuantDecodeChoice {
-  kStreaming,  // "streaming" or unset: kQuantStream where the device has the shared memory
-  kRegisters,  // "registers": kQuantDecode
-  kPrefill,    // "prefill": kQuantPrefill (64-row tiles) at every size
+  kStreaming,      // "streaming" or unset: kQuantStream where the device has the shared memory
+  kStreamingLean,  // "streaming_lean": kQuantStreamLean there (K whole slices; else kQuantStream)
+  kRegisters,      // "registers": kQuantDecode
+  kPrefill,        // "prefill": kQuantPrefill (64-row tiles) at every size
 };
 
 // The choice DEEPINFER_MOE_QUANT_DECODE names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
   if (v.empty() || v == "streaming") return QuantDecodeChoice::kStreaming;
+  if (v == "streaming_lean") return QuantDecodeChoice::kStreamingLean;
   if (v == "registers") return QuantDecodeChoice::kRegisters;
   if (v == "prefill") return QuantDecodeChoice::kPrefill;
   return std::nullopt;
@@ -144,14 +149,15 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
     // streams the weights through a shared-memory ring where the device has the shared memory.
     const bool decode = p.quant_decode != QuantDecodeChoice::kPrefill &&
                         pairs / std::max(experts, 1) <= kExpertQuantDecodeMaxPairs;
-    const bool stream =
-        p.quant_decode == QuantDecodeChoice::kStreaming && smem_max >= kExpertQuantStreamMaxSmem;
+    const bool lean = p.quant_decode == QuantDecodeChoice::kStreamingLean;
+    const bool stream = (p.quant_decode == QuantDecodeChoice::kStreaming || lean) &&
+                        smem_max >= kExpertQuantStreamMaxSmem;
     // The prefill shape on wgmma where asked for and where it runs (128-row tiles).
     const bool wgmma = !decode && p.quant_prefill == QuantPrefillChoice::kWgmma && p.quant_wgmma;
     ExpertsPassConfig c{};
     c.kernel = wgmma     ? ExpertsKernel::kQuantPrefillWgmma
                : !decode ? ExpertsKernel::kQuantPrefill
-               : stream  ? ExpertsKernel::kQuantStream
+               : stream  ? (lean ? ExpertsKernel::kQuantStreamLean : ExpertsKernel::kQuantStream)
                          : ExpertsKernel::kQuantDecode;
     c.tile_rows = decode  ? ExpertQuantDecode::kTok
                   : wgmma ? ExpertQuantWgmma::kTok

@@ -107,8 +107,8 @@ struct QuantExpertsArgs {
 int64_t quant_staged_elems(int64_t rows, int64_t k, int planes);
 
 // gate/up + SwiGLU -> act [pairs, I] f32 and down -> y [pairs, H] f32 on quantized weights, kernel
-// kQuantStream, kQuantDecode, kQuantPrefill or kQuantPrefillWgmma: x (quantized into xq
-// [tokens, H] f32 when in_group > 0) is staged into xs, act (quantized in place when
+// kQuantStream, kQuantStreamLean, kQuantDecode, kQuantPrefill or kQuantPrefillWgmma: x (quantized
+// into xq [tokens, H] f32 when in_group > 0) is staged into xs, act (quantized in place when
 // down_group > 0) into as; the sizes are quant_staged_elems of (tokens, H) and (pairs, I).
 void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const float* x,
                           int64_t tokens, float* xq, __nv_bfloat16* xs, float* act,

@@ -289,21 +289,21 @@ void launch_gemm_planes(const QuantExpertsArgs& p, int group, const __nv_bfloat1
 }
 
 // One pass on tile shape C (register prefetch), or on the streaming kernel (`stream`, whose
-// shapes experts_quant_stream.cu picks by format).
+// shapes experts_quant_stream.cu picks by format; `lean`: its lean variant).
 template <QuantFormat F, class C>
-void run_pass(const QuantExpertsArgs& p, bool stream_weights, const float* x, int64_t tokens,
-              float* xq, __nv_bfloat16* xs, float* act, __nv_bfloat16* as, float* y,
+void run_pass(const QuantExpertsArgs& p, bool stream_weights, bool lean, const float* x,
+              int64_t tokens, float* xq, __nv_bfloat16* xs, float* act, __nv_bfloat16* as, float* y,
               cudaStream_t stream) {
   const int64_t pairs = tokens * p.top_k;
   quantize_and_stage<F>(x, xq, tokens, p.hidden, p.in_group, xs, stream);
   if (stream_weights) {
-    launch_expert_quant_stream(p, true, p.in_group > 0 ? 1 : 3, xs, act, stream);
+    launch_expert_quant_stream(p, true, p.in_group > 0 ? 1 : 3, lean, xs, act, stream);
   } else {
     launch_gemm_planes<F, true, C>(p, p.in_group, xs, act, stream);
   }
   quantize_and_stage<F>(act, act, pairs, p.inter, p.down_group, as, stream);
   if (stream_weights) {
-    launch_expert_quant_stream(p, false, p.down_group > 0 ? 1 : 3, as, y, stream);
+    launch_expert_quant_stream(p, false, p.down_group > 0 ? 1 : 3, lean, as, y, stream);
   } else {
     launch_gemm_planes<F, false, C>(p, p.down_group, as, y, stream);
   }
@@ -322,23 +322,24 @@ void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const
     launch_experts_quant_wgmma(p, x, tokens, xq, xs, act, as, y, stream);
     return;
   }
-  const bool stream_weights = kernel == ExpertsKernel::kQuantStream;
+  const bool lean = kernel == ExpertsKernel::kQuantStreamLean;
+  const bool stream_weights = lean || kernel == ExpertsKernel::kQuantStream;
   const bool decode = stream_weights || kernel == ExpertsKernel::kQuantDecode;
   if (p.format == QuantFormat::kMxfp4) {
     if (decode) {
-      run_pass<QuantFormat::kMxfp4, ExpertQuantDecode>(p, stream_weights, x, tokens, xq, xs, act,
-                                                       as, y, stream);
+      run_pass<QuantFormat::kMxfp4, ExpertQuantDecode>(p, stream_weights, lean, x, tokens, xq, xs,
+                                                       act, as, y, stream);
     } else {
-      run_pass<QuantFormat::kMxfp4, ExpertQuantPrefill>(p, false, x, tokens, xq, xs, act, as, y,
-                                                        stream);
+      run_pass<QuantFormat::kMxfp4, ExpertQuantPrefill>(p, false, false, x, tokens, xq, xs, act, as,
+                                                        y, stream);
     }
   } else {
     if (decode) {
-      run_pass<QuantFormat::kFp8, ExpertQuantDecodeFp8>(p, stream_weights, x, tokens, xq, xs, act,
-                                                        as, y, stream);
+      run_pass<QuantFormat::kFp8, ExpertQuantDecodeFp8>(p, stream_weights, lean, x, tokens, xq, xs,
+                                                        act, as, y, stream);
     } else {
-      run_pass<QuantFormat::kFp8, ExpertQuantPrefill>(p, false, x, tokens, xq, xs, act, as, y,
-                                                      stream);
+      run_pass<QuantFormat::kFp8, ExpertQuantPrefill>(p, false, false, x, tokens, xq, xs, act, as,
+                                                      y, stream);
     }
   }
 }

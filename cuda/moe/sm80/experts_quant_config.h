@@ -70,6 +70,8 @@ struct ExpertQuantStreamTile {
   static constexpr size_t smem_bytes(int loads, int planes) {
     return kStages * (weight_slice_bytes(loads) + act_slice_bytes(planes));
   }
+  // The lean MXFP4 variant's scale ring after the weights: 4 e8m0 bytes per weight row and slice.
+  static constexpr size_t scale_ring_bytes() { return size_t{4} * kStages * kWeightRows; }
 };
 
 // L2 prefetch of the streaming kernel's weight copies (cp.async .L2::128B): each copy of 64
@@ -84,17 +86,21 @@ using ExpertQuantStreamFp8 = ExpertQuantStreamTile<8, 2, 16, 3>;
 // Two CTAs per SM on sm_90 with quantized activations: 228 KB of shared memory per SM, 1 KB of it
 // reserved per CTA, and 1 KB of static shared memory per CTA (ptxas: 1152 bytes).
 constexpr size_t kSm90SmemPerSm = 228 * 1024;
-static_assert(2 * (ExpertQuantStreamMx::smem_bytes(1, 1) + 2048 + 128) <= kSm90SmemPerSm &&
+static_assert(2 * (ExpertQuantStreamMx::smem_bytes(1, 1) + ExpertQuantStreamMx::scale_ring_bytes() +
+                   2048 + 128) <=
+                      kSm90SmemPerSm &&
                   2 * (ExpertQuantStreamFp8::smem_bytes(2, 1) + 2048 + 128) <= kSm90SmemPerSm,
               "two streaming CTAs per SM");
 static_assert(ExpertQuantStreamMx::kTok == ExpertQuantDecode::kTok &&
                   ExpertQuantStreamFp8::kTok == ExpertQuantDecode::kTok,
               "the streaming and register decode shapes share the tile list");
-// The most shared memory either streaming shape asks for (FP8, three activation planes).
-constexpr size_t kExpertQuantStreamMaxSmem = ExpertQuantStreamFp8::smem_bytes(2, 3) >
-                                                     ExpertQuantStreamMx::smem_bytes(1, 3)
-                                                 ? ExpertQuantStreamFp8::smem_bytes(2, 3)
-                                                 : ExpertQuantStreamMx::smem_bytes(1, 3);
+// The most shared memory either streaming shape asks for (three activation planes; MXFP4 with
+// the lean variant's scale ring).
+constexpr size_t kExpertQuantStreamMaxSmem =
+    ExpertQuantStreamFp8::smem_bytes(2, 3) >
+            ExpertQuantStreamMx::smem_bytes(1, 3) + ExpertQuantStreamMx::scale_ring_bytes()
+        ? ExpertQuantStreamFp8::smem_bytes(2, 3)
+        : ExpertQuantStreamMx::smem_bytes(1, 3) + ExpertQuantStreamMx::scale_ring_bytes();
 
 // The Hopper prefill shape (sm90/experts_quant_wgmma.cu): two warpgroups of 128 weight rows each
 // (two m64 wgmma tiles: gate/up one of w1 and the same columns of w3; down two of w2) times kTok

@@ -15,6 +15,12 @@
 // The decode, the mma order and the epilogue are experts_quant_tile.cuh's, as in the register
 // kernel: every output element is reduced over K in slice order with the same fixed order inside
 // a slice, so both kernels give bit-identical results.
+//
+// The lean variant (kLean, DEEPINFER_MOE_QUANT_DECODE=streaming_lean, for K a multiple of the
+// slice) issues fewer instructions per slice for the same bits: MXFP4 words decoded by
+// decode_mx_word (11 integer instructions per 8 values instead of 15) with one-instruction
+// multipliers, no per-chunk bounds checks, and branch-free activation copies (zero rows by a
+// zero-byte cp.async source).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -36,6 +42,25 @@ using namespace quant_tile;  // NOLINT(google-build-using-namespace): this famil
 template <class C>
 __device__ __forceinline__ uint4* weight_chunk(uint4* ring, int slot, int chunks, int c, int tid) {
   return ring + (static_cast<int64_t>(slot) * chunks + c) * C::kThreads + tid;
+}
+
+// cp.async to a 32-bit shared-memory address (the lean kernel keeps its destinations as such):
+// 16 bytes with the L2 prefetch of the weight stream, 16 bytes of which the source gives
+// `src_bytes` (16 or 0: zeros without a branch; the source address must still be valid), and 4
+// bytes through L1.
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src) {
+  static_assert(kExpertQuantStreamL2Prefetch == 128, "the prefetch size written below");
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_16_zfill_to(uint32_t dst, const void* src,
+                                                     uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 // The lane's weight rows with its own offsets folded in, so a slice adds one 32-bit offset:
@@ -77,7 +102,7 @@ __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
 
 // The lane's scales of slice `slice` (MXFP4: the e8m0 byte of each chunk; FP8: the f32 bits of
 // the chunk's block), neutral past K. Read through L1, one slice ahead of their use.
-template <QuantFormat F, int kMTiles>
+template <QuantFormat F, int kMTiles, bool kLean>
 __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTraits<F>::kLoads],
                                             const LaneRows<F, kMTiles>& rows, int slice, int k_lane,
                                             int K, int block_cols_log2) {
@@ -89,7 +114,7 @@ __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTrai
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        if (k0 >= K) {
+        if (!kLean && k0 >= K) {
           sc[mt][hr][l] = Tr::kMx ? 127u : __float_as_uint(1.0f);
         } else if constexpr (Tr::kMx) {
           // The lane's group q is folded into the pointer: slice s adds its 4 groups.
@@ -103,6 +128,24 @@ __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTrai
   }
 }
 
+// MXFP4 lean: the e8m0 scales of the CTA's weight row `tid` (rows in lane order: warp w's rows
+// 32 w + 16 mt + 8 hr + g are its lanes' rows g, g + 8 of m16 tile mt), whose 4 bytes of each
+// slice this thread copies into the scale ring (clamped to N - 1 as the weight rows).
+template <bool kGateUp, class C>
+__device__ __forceinline__ const uint8_t* thread_scale_row(const QuantMatrices& lo,
+                                                           const QuantMatrices& hi, int e,
+                                                           int64_t n_cta, int64_t N,
+                                                           int64_t kblocks, int tid) {
+  static_assert(C::kMTiles == 2 && C::kThreads == C::kWeightRows, "one scale row per thread");
+  constexpr int kHalf = kGateUp ? C::kMTiles / 2 : C::kMTiles;
+  const int i = tid & 31;
+  const int mt = i >> 4;
+  int64_t n = n_cta + static_cast<int64_t>(tid >> 5) * 16 * kHalf + 16 * (mt % kHalf) + (i & 15);
+  n = n < N ? n : N - 1;
+  const QuantMatrices& m = (kGateUp && mt >= kHalf) ? hi : lo;
+  return static_cast<const uint8_t*>(m.scales[e]) + n * kblocks;
+}
+
 // The thread's share of every slice's activation copies, fixed for the CTA (C::kThreads ==
 // 16 kTok: thread tid copies the 16-byte piece tid % 16 of token row tid / 16 of each plane,
 // stage_slice's assignment): its source at slice 0 (nullptr: zeros, a row past the tile) and its
@@ -110,6 +153,7 @@ __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTrai
 struct ActivationPiece {
   const __nv_bfloat16* src;
   int dst;
+  uint32_t src_bytes = 16;  // lean pieces: 0 for a row past the tile (src: the staged rows' start)
 };
 
 template <bool kGateUp, class C, int kPlanes>
@@ -126,6 +170,26 @@ __device__ __forceinline__ ActivationPiece activation_piece(const __nv_bfloat16*
   if (r < rows) {
     const int64_t row = kGateUp ? sorted_pair[start + r] / top_k : start + r;
     p.src = a + row * kPlanes * Kp + pp * 8;
+  }
+  return p;
+}
+
+// activation_piece for the lean kernel: every thread's piece is copied (rows past the staged
+// ones too: never read), a row past the tile as 16 zero bytes (its source, `a` itself, is a valid
+// address at every plane and slice offset and is not read).
+template <bool kGateUp, class C, int kPlanes>
+__device__ __forceinline__ ActivationPiece activation_piece_lean(const __nv_bfloat16* a,
+                                                                 const int32_t* sorted_pair,
+                                                                 int top_k, int start, int rows,
+                                                                 int64_t Kp, int tid) {
+  static_assert(C::kThreads == 16 * C::kTok, "one piece of each plane per thread");
+  const int pp = tid & 15;
+  const int r = tid >> 4;
+  ActivationPiece p{a, r * kQuantRowWords + piece_word(pp >> 2, pp & 3), 0u};
+  if (r < rows) {
+    const int64_t row = kGateUp ? sorted_pair[start + r] / top_k : start + r;
+    p.src = a + row * kPlanes * Kp + pp * 8;
+    p.src_bytes = 16;
   }
   return p;
 }
@@ -147,12 +211,62 @@ __device__ __forceinline__ void copy_activation_slice(uint32_t* buf, const Activ
   }
 }
 
+// The lean kernel's copies of one slice into a ring slot, from sources that advance by one slice
+// per fill (loop-carried: kept in registers instead of recomputed from the thread index every
+// slice): the lane's weight chunks, the thread's activation piece (activation_piece_lean) and,
+// for MXFP4, the 4 scale bytes of weight row `tid` (thread_scale_row). Destinations are 32-bit
+// shared addresses in slot 0; K is a multiple of kQuantSliceK (no bounds checks).
+template <QuantFormat F, class C, int kPlanes>
+struct LeanFill {
+  using Tr = QuantTraits<F>;
+  static constexpr int kChunks = C::kMTiles * 2 * Tr::kLoads;
+  static constexpr uint32_t kWeightSlot = kChunks * C::kThreads * 16;
+  static constexpr uint32_t kActPlane = C::kTok * kQuantRowWords * 4;
+  static constexpr uint32_t kActSlot = kPlanes * kActPlane;
+  static constexpr uint32_t kScaleSlot = C::kWeightRows * 4;
+  static constexpr int kRowSliceBytes = Tr::kMx ? kQuantSliceK / 2 : kQuantSliceK;
+
+  const uint8_t* weights[C::kMTiles][2];  // the next slice's first chunk of each lane row
+  const __nv_bfloat16* act;               // the next slice's activation piece, plane 0
+  const uint8_t* scales;                  // MXFP4: the next slice's scale bytes of row tid
+  int64_t plane_elems;                    // Kp: elements between activation planes
+  uint32_t act_bytes;                     // 16, or 0 for a row past the tile
+  uint32_t weight_dst, act_dst, scale_dst;
+
+  __device__ __forceinline__ void fill(int slot) {
+    const uint32_t w = weight_dst + slot * kWeightSlot;
+#pragma unroll
+    for (int l = 0; l < Tr::kLoads; ++l) {
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          cp_async_16_to(w + ((2 * mt + hr) * Tr::kLoads + l) * C::kThreads * 16,
+                         weights[mt][hr] + l * 64);
+          if (l == Tr::kLoads - 1) weights[mt][hr] += kRowSliceBytes;
+        }
+      }
+    }
+    const uint32_t a = act_dst + slot * kActSlot;
+#pragma unroll
+    for (int pl = 0; pl < kPlanes; ++pl) {
+      cp_async_16_zfill_to(a + pl * kActPlane, act + pl * plane_elems, act_bytes);
+    }
+    act += kQuantSliceK;
+    if constexpr (Tr::kMx) {
+      cp_async_4_to(scale_dst + slot * kScaleSlot, scales);
+      scales += 4;
+    }
+  }
+};
+
 // experts_quant.cu's expert_quant_kernel with the weights streamed through the ring. kGateUp:
 // act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for C::kWeightRows / 2 columns n
 // per CTA; otherwise y[pair, n] = act[row] . w2_e[n] for C::kWeightRows columns. CTA blockIdx.x
 // works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles. Two CTAs per SM
-// (128 registers per thread at most).
-template <QuantFormat F, bool kGateUp, class C, int kPlanes>
+// (128 registers per thread at most). kLean: the lean variant (head comment), K a multiple of
+// kQuantSliceK.
+template <QuantFormat F, bool kGateUp, class C, int kPlanes, bool kLean>
 __global__ void __launch_bounds__(C::kThreads, 2)
     expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
                                const int32_t* __restrict__ sorted_pair, TileList tiles,
@@ -166,6 +280,11 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   extern __shared__ int4 stream_smem_raw[];
   uint32_t* act_ring = reinterpret_cast<uint32_t*>(stream_smem_raw);  // [kStages][kActWords]
   uint4* weight_ring = reinterpret_cast<uint4*>(act_ring + C::kStages * kActWords);
+  // MXFP4 lean: the slices' scale bytes come through the ring too, 4 per weight row and slice
+  // ([kStages][kWeightRows] words, each copied by one thread, read by the row's 4 lanes).
+  constexpr bool kScaleRing = kLean && Tr::kMx;
+  uint32_t* scale_ring =
+      reinterpret_cast<uint32_t*>(weight_ring + C::kStages * kChunks * C::kThreads);
 
   const int tile = static_cast<int>(blockIdx.x % static_cast<unsigned>(max_tiles));
   const int col = static_cast<int>(blockIdx.x / static_cast<unsigned>(max_tiles));
@@ -181,8 +300,10 @@ __global__ void __launch_bounds__(C::kThreads, 2)
   const int g = lane >> 2;
   const int q = lane & 3;
   const int k_lane = q * Tr::kChunk;
-  const ActivationPiece piece =
-      activation_piece<kGateUp, C, kPlanes>(a, sorted_pair, top_k, start, rows, 8 * n8, Kp, tid);
+  const ActivationPiece piece = kLean ? activation_piece_lean<kGateUp, C, kPlanes>(
+                                            a, sorted_pair, top_k, start, rows, Kp, tid)
+                                      : activation_piece<kGateUp, C, kPlanes>(
+                                            a, sorted_pair, top_k, start, rows, 8 * n8, Kp, tid);
 
   // The lane's weight rows (clamped to N - 1: tail rows copy valid bytes and are never stored).
   const int64_t n_warp = static_cast<int64_t>(col) * (C::kWeightRows / (kGateUp ? 2 : 1)) +
@@ -208,6 +329,13 @@ __global__ void __launch_bounds__(C::kThreads, 2)
     }
   }
 
+  const uint8_t* scale_src = nullptr;
+  if constexpr (kScaleRing) {
+    scale_src = thread_scale_row<kGateUp, C>(
+        lo, hi, e, static_cast<int64_t>(col) * (C::kWeightRows / (kGateUp ? 2 : 1)), N, kblocks,
+        tid);
+  }
+
   float acc[kM][C::kTok / 8][4];
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
@@ -218,50 +346,121 @@ __global__ void __launch_bounds__(C::kThreads, 2)
 
   const int slices = static_cast<int>(Kp / kQuantSliceK);
   const int k_end = static_cast<int>(K);
-  // One cp.async group per prologue slice.
-#pragma unroll 1
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < slices) {
-      copy_weight_slice<F, C>(weight_ring, s, wr, s, k_lane, k_end, tid);
-      copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s, Kp);
-    }
-    cp_async_commit();
-  }
   uint32_t sc[kM][2][Tr::kLoads];
-  load_scales<F, kM>(sc, wr, 0, k_lane, k_end, block_cols_log2);
-
-  int read_slot = 0;
-  int fill_slot = C::kStages - 1;
-#pragma unroll 1
-  for (int s = 0; s < slices; ++s) {
-    uint32_t sc_next[kM][2][Tr::kLoads];
-    load_scales<F, kM>(sc_next, wr, s + 1, k_lane, k_end, block_cols_log2);
-    // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
-    // pieces of it are visible, and every warp is done with slice s - 1, whose slot is refilled.
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-    const int fill = s + C::kStages - 1;
-    if (fill < slices) {
-      copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
-      copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, fill, Kp);
-    }
-    cp_async_commit();
-    // The lane reads back only the chunks it copied: its own wait above ordered them.
-    const uint4* slot = weight_chunk<C>(weight_ring, read_slot, kChunks, 0, tid);
-    multiply_slice<F, C, kPlanes>(
-        acc,
-        [&](int mt, int hr, int l) { return slot[((2 * mt + hr) * Tr::kLoads + l) * C::kThreads]; },
-        sc, act_ring + read_slot * kActWords, n8, g, q);
+  if constexpr (kLean) {
+    LeanFill<F, C, kPlanes> lf;
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-#pragma unroll
-        for (int l = 0; l < Tr::kLoads; ++l) sc[mt][hr][l] = sc_next[mt][hr][l];
-      }
+      lf.weights[mt][0] = wr.values[mt][0];
+      lf.weights[mt][1] = wr.values[mt][1];
     }
-    read_slot = read_slot + 1 == C::kStages ? 0 : read_slot + 1;
-    fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
+    lf.act = piece.src;
+    lf.act_bytes = piece.src_bytes;
+    lf.plane_elems = Kp;
+    lf.scales = scale_src;
+    lf.weight_dst = smem_addr(weight_ring) + tid * 16;
+    lf.act_dst = smem_addr(act_ring) + piece.dst * 4;
+    lf.scale_dst = smem_addr(scale_ring) + tid * 4;
+    // One cp.async group per prologue slice.
+#pragma unroll 1
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < slices) lf.fill(s);
+      cp_async_commit();
+    }
+    if constexpr (!kScaleRing) load_scales<F, kM, true>(sc, wr, 0, k_lane, k_end, block_cols_log2);
+    int read_slot = 0;
+    int fill_slot = C::kStages - 1;
+#pragma unroll 1
+    for (int s = 0; s < slices; ++s) {
+      uint32_t sc_next[kM][2][Tr::kLoads];
+      if constexpr (!kScaleRing) {
+        // In bounds only: past the last slice it reloads the last (never used).
+        load_scales<F, kM, true>(sc_next, wr, min(s + 1, slices - 1), k_lane, k_end,
+                                 block_cols_log2);
+      }
+      // As the default loop below: slice s landed and is published, slice s - 1's slot is free.
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();
+      if (s + C::kStages - 1 < slices) lf.fill(fill_slot);
+      cp_async_commit();
+      if constexpr (kScaleRing) {
+        // Lane (g, q)'s byte q of its rows' scale words (published by the barrier).
+        const uint8_t* row_scales = reinterpret_cast<const uint8_t*>(
+                                        scale_ring + read_slot * C::kWeightRows + warp * 32 + g) +
+                                    q;
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) sc[mt][hr][0] = row_scales[4 * (16 * mt + 8 * hr)];
+        }
+      }
+      const uint4* slot = weight_chunk<C>(weight_ring, read_slot, kChunks, 0, tid);
+      multiply_slice<F, C, kPlanes, true>(
+          acc,
+          [&](int mt, int hr, int l) {
+            return slot[((2 * mt + hr) * Tr::kLoads + l) * C::kThreads];
+          },
+          sc, act_ring + read_slot * kActWords, n8, g, q);
+      if constexpr (!kScaleRing) {
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+            for (int l = 0; l < Tr::kLoads; ++l) sc[mt][hr][l] = sc_next[mt][hr][l];
+          }
+        }
+      }
+      read_slot = read_slot + 1 == C::kStages ? 0 : read_slot + 1;
+      fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
+    }
+  } else {
+    // One cp.async group per prologue slice.
+#pragma unroll 1
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < slices) {
+        copy_weight_slice<F, C>(weight_ring, s, wr, s, k_lane, k_end, tid);
+        copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s, Kp);
+      }
+      cp_async_commit();
+    }
+    load_scales<F, kM, false>(sc, wr, 0, k_lane, k_end, block_cols_log2);
+
+    int read_slot = 0;
+    int fill_slot = C::kStages - 1;
+#pragma unroll 1
+    for (int s = 0; s < slices; ++s) {
+      uint32_t sc_next[kM][2][Tr::kLoads];
+      load_scales<F, kM, false>(sc_next, wr, s + 1, k_lane, k_end, block_cols_log2);
+      // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
+      // pieces of it are visible, and every warp is done with slice s - 1, whose slot is refilled.
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();
+      const int fill = s + C::kStages - 1;
+      if (fill < slices) {
+        copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
+        copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, fill, Kp);
+      }
+      cp_async_commit();
+      // The lane reads back only the chunks it copied: its own wait above ordered them.
+      const uint4* slot = weight_chunk<C>(weight_ring, read_slot, kChunks, 0, tid);
+      multiply_slice<F, C, kPlanes>(
+          acc,
+          [&](int mt, int hr, int l) {
+            return slot[((2 * mt + hr) * Tr::kLoads + l) * C::kThreads];
+          },
+          sc, act_ring + read_slot * kActWords, n8, g, q);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+          for (int l = 0; l < Tr::kLoads; ++l) sc[mt][hr][l] = sc_next[mt][hr][l];
+        }
+      }
+      read_slot = read_slot + 1 == C::kStages ? 0 : read_slot + 1;
+      fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
+    }
   }
   cp_async_wait_all();  // no copy outlives the CTA's shared memory
 
@@ -269,14 +468,19 @@ __global__ void __launch_bounds__(C::kThreads, 2)
 }
 
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
-void launch_stream_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float* out,
+void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat16* a, float* out,
                         cudaStream_t stream) {
   const int64_t K = kGateUp ? p.hidden : p.inter;
   const int64_t N = kGateUp ? p.inter : p.hidden;
   const int64_t cols_per_cta = C::kWeightRows / (kGateUp ? 2 : 1);
   const int64_t cols = (N + cols_per_cta - 1) / cols_per_cta;
-  const size_t smem = C::smem_bytes(QuantTraits<F>::kLoads, kPlanes);
-  auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes>;
+  // The lean variant where asked for and K is whole slices (its copies check no bounds); MXFP4's
+  // adds the scale ring.
+  lean = lean && K % kQuantSliceK == 0;
+  const size_t smem = C::smem_bytes(QuantTraits<F>::kLoads, kPlanes) +
+                      (lean && QuantTraits<F>::kMx ? C::scale_ring_bytes() : 0);
+  auto kernel = lean ? expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true>
+                     : expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
   allow_smem(kernel, smem);
   // Grid size: checked against gridDim.x's limit by the caller.
   kernel<<<static_cast<unsigned>(p.max_tiles * cols), C::kThreads, smem, stream>>>(
@@ -286,30 +490,30 @@ void launch_stream_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float
 }
 
 template <QuantFormat F, class C>
-void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes,
+void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
                           const __nv_bfloat16* a, float* out, cudaStream_t stream) {
   if (gate_up) {
     if (planes == 1) {
-      launch_stream_gemm<F, true, C, 1>(p, a, out, stream);
+      launch_stream_gemm<F, true, C, 1>(p, lean, a, out, stream);
     } else {
-      launch_stream_gemm<F, true, C, 3>(p, a, out, stream);
+      launch_stream_gemm<F, true, C, 3>(p, lean, a, out, stream);
     }
   } else if (planes == 1) {
-    launch_stream_gemm<F, false, C, 1>(p, a, out, stream);
+    launch_stream_gemm<F, false, C, 1>(p, lean, a, out, stream);
   } else {
-    launch_stream_gemm<F, false, C, 3>(p, a, out, stream);
+    launch_stream_gemm<F, false, C, 3>(p, lean, a, out, stream);
   }
 }
 
 }  // namespace
 
-void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes,
+void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
                                 const __nv_bfloat16* a, float* out, cudaStream_t stream) {
   if (p.format == QuantFormat::kMxfp4) {
-    launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, a, out,
+    launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, lean, a, out,
                                                                    stream);
   } else {
-    launch_stream_format<QuantFormat::kFp8, ExpertQuantStreamFp8>(p, gate_up, planes, a, out,
+    launch_stream_format<QuantFormat::kFp8, ExpertQuantStreamFp8>(p, gate_up, planes, lean, a, out,
                                                                   stream);
   }
 }

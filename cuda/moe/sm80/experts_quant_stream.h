@@ -11,8 +11,9 @@ namespace deepinfer::cuda {
 
 // gate/up + SwiGLU -> out = act [pairs, I] (gate_up) or down -> out = y [pairs, H] over the 16-row
 // tiles of p.tiles, from activations `a` staged in `planes` bf16 planes (1 or 3) as
-// stage_activations_kernel writes them.
-void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes,
+// stage_activations_kernel writes them. `lean`: the lean variant (kQuantStreamLean; the same bits
+// in fewer instructions) where K is a multiple of kQuantSliceK, the default kernel elsewhere.
+void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
                                 const __nv_bfloat16* a, float* out, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

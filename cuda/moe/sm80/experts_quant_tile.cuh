@@ -122,13 +122,47 @@ __device__ __forceinline__ uint32_t decode_pair(const uint4& raw, int f) {
   }
 }
 
+// The four decoded pairs of MXFP4 word r (pair p: nibbles p, p + 4), bit for bit decode_pair's
+// (checked for every 32-bit word), in 11 integer instructions instead of 15. Two selects each
+// gather, for two pairs, every sign where a mask keeps it and every magnitude 6 bits to its
+// right (w: pairs 2, 3 from r and r >> 6; v: pairs 0, 1 from r << 8 and r << 2). One mask, after
+// a shift by 4 for pairs 0 and 2, then picks out a pair: the other bits a select leaves in place
+// never reach the kept bits 6..8, 15 (+ 16). The selects are opaque (asm) so that the compiler
+// does not fold them back into a mask per pair.
+__device__ __forceinline__ uint32_t select_bits(uint32_t where_a, uint32_t a, uint32_t b) {
+  uint32_t out;  // (a & where_a) | (b & ~where_a)
+  asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(out) : "r"(a), "r"(where_a), "r"(b));
+  return out;
+}
+
+__device__ __forceinline__ void decode_mx_word(uint32_t r, uint32_t (&pair)[4]) {
+  constexpr uint32_t kSigns = 0x88008800u;  // bits 11, 15 (+ 16): signs of pairs 0, 2 and 1, 3
+  constexpr uint32_t kKeep = 0x81C081C0u;   // sign bit 15 and magnitude bits 6..8 (+ 16)
+  const uint32_t w = select_bits(kSigns, r, r >> 6);
+  const uint32_t v = select_bits(kSigns, r << 8, r << 2);
+  pair[0] = (v << 4) & kKeep;
+  pair[1] = v & kKeep;
+  pair[2] = (w << 4) & kKeep;
+  pair[3] = w & kKeep;
+}
+
+// mx_multiplier's one factor (e <= 128) in one integer multiply-add: (e + 126) << 7 in both halves.
+__device__ __forceinline__ uint32_t mx_multiplier_one(uint32_t e) {
+  return e * 0x00800080u + 0x3F003F00u;
+}
+
 // kTwo: some multiplier of the warp's slice has two factors (m.two); without, the second
 // multiply is left out of the code (a predicated one would still take an issue slot per pair).
-template <QuantFormat F, bool kTwo>
-__device__ __forceinline__ uint32_t decode_scaled(const uint4& raw, int f, const Multiplier& m) {
-  uint32_t v = mul_bf16x2(decode_pair<F>(raw, f), m.first);
+template <bool kTwo>
+__device__ __forceinline__ uint32_t apply_multiplier(uint32_t decoded, const Multiplier& m) {
+  uint32_t v = mul_bf16x2(decoded, m.first);
   if (kTwo && m.two) v = mul_bf16x2(v, m.second);
   return v;
+}
+
+template <QuantFormat F, bool kTwo>
+__device__ __forceinline__ uint32_t decode_scaled(const uint4& raw, int f, const Multiplier& m) {
+  return apply_multiplier<kTwo>(decode_pair<F>(raw, f), m);
 }
 
 // Where a lane's weight rows live: rows g and g + 8 (hr = 0, 1) of each of its m16 tiles.
@@ -187,13 +221,16 @@ __device__ __forceinline__ void stage_slice(uint32_t* buf, const __nv_bfloat16* 
 // group of the tile (n8 of them) and plane, one shared load and 2 kMTiles mma. raw(mt, hr, l)
 // gives the lane's 16-byte load l of row hr of m16 tile mt; each is fetched once, just before
 // its first step (FP8's second load only halfway through the slice).
-template <QuantFormat F, class C, int kPlanes, bool kTwo, class RawAt>
+// kLean (MXFP4): the same values from fewer instructions, decode_mx_word per 32-bit word and
+// mx_multiplier_one where no multiplier has two factors.
+template <QuantFormat F, class C, int kPlanes, bool kTwo, bool kLean, class RawAt>
 __device__ __forceinline__ void multiply_decoded(
     float (&acc)[C::kMTiles][C::kTok / 8][4], const RawAt& raw,
     const uint32_t (&scale)[C::kMTiles][2][QuantTraits<F>::kLoads], const uint32_t* buf, int n8,
     int g, int q) {
   using Tr = QuantTraits<F>;
   constexpr int kM = C::kMTiles;
+  constexpr bool kWordDecode = kLean && Tr::kMx;
   Multiplier mul[kM][2][Tr::kLoads];
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
@@ -201,8 +238,12 @@ __device__ __forceinline__ void multiply_decoded(
     for (int hr = 0; hr < 2; ++hr) {
 #pragma unroll
       for (int l = 0; l < Tr::kLoads; ++l) {
-        mul[mt][hr][l] = Tr::kMx ? mx_multiplier(scale[mt][hr][l])
-                                 : fp8_multiplier(__uint_as_float(scale[mt][hr][l]));
+        if constexpr (kWordDecode && !kTwo) {
+          mul[mt][hr][l] = {mx_multiplier_one(scale[mt][hr][l]), 0u, false};
+        } else {
+          mul[mt][hr][l] = Tr::kMx ? mx_multiplier(scale[mt][hr][l])
+                                   : fp8_multiplier(__uint_as_float(scale[mt][hr][l]));
+        }
       }
     }
   }
@@ -219,16 +260,33 @@ __device__ __forceinline__ void multiply_decoded(
       }
     }
     uint32_t af[2][kM][4];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int sl = (2 * t + u) % Tr::kStepsPerLoad;
+    if constexpr (kWordDecode) {
+      // Steps 2t, 2t + 1 take pairs 4t .. 4t + 3: the four pairs of word t (slice_input).
 #pragma unroll
       for (int mt = 0; mt < kM; ++mt) {
-        // a0a1: row g, k 2q..; a2a3: row g + 8; a4a5, a6a7: the same rows at k 2q + 8.
-        af[u][mt][0] = decode_scaled<F, kTwo>(chunk[mt][0], 2 * sl, mul[mt][0][l]);
-        af[u][mt][1] = decode_scaled<F, kTwo>(chunk[mt][1], 2 * sl, mul[mt][1][l]);
-        af[u][mt][2] = decode_scaled<F, kTwo>(chunk[mt][0], 2 * sl + 1, mul[mt][0][l]);
-        af[u][mt][3] = decode_scaled<F, kTwo>(chunk[mt][1], 2 * sl + 1, mul[mt][1][l]);
+        uint32_t pr[2][4];
+        decode_mx_word(word_of(chunk[mt][0], t), pr[0]);
+        decode_mx_word(word_of(chunk[mt][1], t), pr[1]);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          af[u][mt][0] = apply_multiplier<kTwo>(pr[0][2 * u], mul[mt][0][0]);
+          af[u][mt][1] = apply_multiplier<kTwo>(pr[1][2 * u], mul[mt][1][0]);
+          af[u][mt][2] = apply_multiplier<kTwo>(pr[0][2 * u + 1], mul[mt][0][0]);
+          af[u][mt][3] = apply_multiplier<kTwo>(pr[1][2 * u + 1], mul[mt][1][0]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int sl = (2 * t + u) % Tr::kStepsPerLoad;
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          // a0a1: row g, k 2q..; a2a3: row g + 8; a4a5, a6a7: the same rows at k 2q + 8.
+          af[u][mt][0] = decode_scaled<F, kTwo>(chunk[mt][0], 2 * sl, mul[mt][0][l]);
+          af[u][mt][1] = decode_scaled<F, kTwo>(chunk[mt][1], 2 * sl, mul[mt][1][l]);
+          af[u][mt][2] = decode_scaled<F, kTwo>(chunk[mt][0], 2 * sl + 1, mul[mt][0][l]);
+          af[u][mt][3] = decode_scaled<F, kTwo>(chunk[mt][1], 2 * sl + 1, mul[mt][1][l]);
+        }
       }
     }
     const int word = piece_word(q, t);
@@ -252,7 +310,7 @@ __device__ __forceinline__ void multiply_decoded(
 // multiply_decoded with the lane's scales (MXFP4: e8m0 bytes; FP8: f32 bits); the two-factor
 // code only where some lane of the warp needs it (the branch is warp-uniform: mma.sync needs
 // the whole warp).
-template <QuantFormat F, class C, int kPlanes, class RawAt>
+template <QuantFormat F, class C, int kPlanes, bool kLean = false, class RawAt>
 __device__ __forceinline__ void multiply_slice(
     float (&acc)[C::kMTiles][C::kTok / 8][4], const RawAt& raw,
     const uint32_t (&scale)[C::kMTiles][2][QuantTraits<F>::kLoads], const uint32_t* buf, int n8,
@@ -271,9 +329,9 @@ __device__ __forceinline__ void multiply_slice(
     }
   }
   if (__any_sync(0xffffffffu, two)) {
-    multiply_decoded<F, C, kPlanes, true>(acc, raw, scale, buf, n8, g, q);
+    multiply_decoded<F, C, kPlanes, true, kLean>(acc, raw, scale, buf, n8, g, q);
   } else {
-    multiply_decoded<F, C, kPlanes, false>(acc, raw, scale, buf, n8, g, q);
+    multiply_decoded<F, C, kPlanes, false, kLean>(acc, raw, scale, buf, n8, g, q);
   }
 }
 

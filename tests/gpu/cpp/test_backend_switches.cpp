@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "cuda/backend/backend_switches.h"
 #include "deepinfer/error.h"
@@ -46,6 +47,19 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.attention_kernel, cuda::AttentionKernelChoice::kWgmma);
   EXPECT_EQ(s.fp8_linear, cuda::Fp8LinearChoice::kStream);
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
+}
+
+TEST(BackendSwitches, MoeQuantDecodeTakesEveryDecodeKernel) {
+  const std::pair<const char*, cuda::QuantDecodeChoice> names[] = {
+      {"streaming", cuda::QuantDecodeChoice::kStreaming},
+      {"streaming_lean", cuda::QuantDecodeChoice::kStreamingLean},
+      {"registers", cuda::QuantDecodeChoice::kRegisters},
+      {"prefill", cuda::QuantDecodeChoice::kPrefill},
+  };
+  for (const auto& [name, choice] : names) {
+    ScopedEnv decode("DEEPINFER_MOE_QUANT_DECODE", name);
+    EXPECT_EQ(cuda::read_backend_switches().moe_quant_decode, choice) << name;
+  }
 }
 
 TEST(BackendSwitches, IndexerFp8ScoresTakesThePipelinedWgmmaKernel) {

@@ -1,13 +1,15 @@
-// The two decode-shape kernels of the quantized routed experts (cuda/moe/sm80/
-// experts_quant_stream.cu, the default, and experts_quant.cu's register-prefetch kernel, chosen
-// by DEEPINFER_MOE_QUANT_DECODE=registers at backend creation) reduce every output element over
-// K in the same order, so moe_experts gives bit-identical results on both: at V4-Flash widths
-// with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and without
-// activation quantization (three bf16 planes). Each case first checks, on the heuristic the
-// backend calls (cuda/moe/moe_heuristics.h) with this device's shared memory, that the two
-// backends do take the two decode kernels at its shape (not the 64-row prefill tiles for both).
-// Their agreement with the CPU reference is the op table's (tests/backend_ops/
-// cases_moe_quant.cpp). Skips without a GPU.
+// The decode-shape kernels of the quantized routed experts (cuda/moe/sm80/
+// experts_quant_stream.cu, the default, its lean variant chosen by
+// DEEPINFER_MOE_QUANT_DECODE=streaming_lean, and experts_quant.cu's register-prefetch kernel,
+// chosen by =registers at backend creation) reduce every output element over K in the same order
+// with the same decoded values, so moe_experts gives bit-identical results on all three: at
+// V4-Flash widths with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and
+// without activation quantization (three bf16 planes; the lean variant falls back to the default
+// kernel where K is not whole 128-input slices). Each case first checks, on the heuristic the
+// backend calls (cuda/moe/moe_heuristics.h) with this device's shared memory, that the backends
+// do take the kernels compared at its shape (not the 64-row prefill tiles for both). Their
+// agreement with the CPU reference is the op table's (tests/backend_ops/cases_moe_quant.cpp; run
+// it with DEEPINFER_MOE_QUANT_DECODE=streaming_lean for the lean variant). Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -35,12 +37,13 @@ struct DecodeCase {
   int block;      // kFp8Block: square scale blocks
   int act_group;  // 0: no activation quantization
   int experts, top_k, hidden, inter, tokens;
+  int mx_scale = 120;  // MXFP4: e8m0 scale bytes mx_scale - 1 .. mx_scale + 1 (> 128: two factors)
 };
 
-// A random [n, k] weight in `format`: random e2m1 bytes with e8m0 scales near 2^-7, or e4m3
-// bytes (exponent fields 0..10, no NaN) with power-of-two block scales near 2^-6.
+// A random [n, k] weight in `format`: random e2m1 bytes with e8m0 scales near 2^(mx_scale - 127),
+// or e4m3 bytes (exponent fields 0..10, no NaN) with power-of-two block scales near 2^-6.
 MatrixWeight random_weight(std::mt19937& rng, WeightFormat format, int64_t n, int64_t k, int block,
-                           int act_group) {
+                           int act_group, int mx_scale) {
   MatrixWeight w;
   w.format = format;
   w.act_group = act_group;
@@ -51,7 +54,8 @@ MatrixWeight random_weight(std::mt19937& rng, WeightFormat format, int64_t n, in
     w.values = random_bytes(rng, {n, k / 2}, DType::kE2M1x2);
     w.scales = Tensor::zeros({n, k / 32}, DType::kE8M0);
     auto* s = static_cast<uint8_t*>(w.scales.raw_data());
-    for (int64_t i = 0; i < w.scales.numel(); ++i) s[i] = static_cast<uint8_t>(120 + jitter(rng));
+    for (int64_t i = 0; i < w.scales.numel(); ++i)
+      s[i] = static_cast<uint8_t>(mx_scale + jitter(rng));
     return w;
   }
   w.block_rows = block;
@@ -100,6 +104,52 @@ Tensor run_experts(Backend& be, const std::vector<MatrixWeight>& w1,
   return be.to_host(be.moe_experts(be.upload(x, DType::kF32), r, w, 10.0f));
 }
 
+// The elements of a and b that differ (both f32 of one shape), after checking that a is not all
+// zeros.
+int64_t differing_elements(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.nbytes(), b.nbytes());
+  double norm = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) norm += std::fabs(a.item(i));
+  EXPECT_GT(norm, 0.0) << "all-zero output";
+  int64_t differ = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) differ += a.item(i) != b.item(i) ? 1 : 0;
+  return differ;
+}
+
+// Runs every case on backends `a` and `b` (their decode choices `choice_a`, `choice_b`, checked to
+// take kernels `kernel_a`, `kernel_b`) and expects bit-identical outputs.
+void expect_bit_identical(Backend& a, cuda::QuantDecodeChoice choice_a,
+                          cuda::ExpertsKernel kernel_a, Backend& b,
+                          cuda::QuantDecodeChoice choice_b, cuda::ExpertsKernel kernel_b,
+                          const std::vector<DecodeCase>& cases) {
+  std::mt19937 rng(20261201);
+  for (const DecodeCase& c : cases) {
+    SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " act " +
+                 std::to_string(c.act_group) + " H " + std::to_string(c.hidden) + " I " +
+                 std::to_string(c.inter) + " T " + std::to_string(c.tokens));
+    ASSERT_EQ(chosen_kernel(c, choice_a), kernel_a);
+    ASSERT_EQ(chosen_kernel(c, choice_b), kernel_b);
+    std::vector<MatrixWeight> w1, w3, w2;
+    for (int e = 0; e < c.experts; ++e) {
+      w1.push_back(
+          random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group, c.mx_scale));
+      w3.push_back(
+          random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group, c.mx_scale));
+      w2.push_back(
+          random_weight(rng, c.format, c.hidden, c.inter, c.block, c.act_group, c.mx_scale));
+    }
+    const Tensor x = random_f32(rng, {c.tokens, c.hidden});
+    const HostRouting routing = random_routing(c.tokens, c.experts, c.top_k, rng);
+    const Tensor out_a = run_experts(a, w1, w3, w2, x, routing);
+    const Tensor out_b = run_experts(b, w1, w3, w2, x, routing);
+    EXPECT_EQ(differing_elements(out_a, out_b), 0)
+        << "elements that differ between " << cuda::experts_kernel_name(kernel_a) << " and "
+        << cuda::experts_kernel_name(kernel_b) << ", of " << out_a.numel();
+  }
+}
+
+constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
+
 TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
   std::string why;
   if (shared_backend("cuda", &why) == nullptr) {
@@ -108,7 +158,6 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
   }
   std::unique_ptr<Backend> streaming = cuda_backend_with_decode("");
   std::unique_ptr<Backend> registers = cuda_backend_with_decode("registers");
-  constexpr WeightFormat kMx = WeightFormat::kMxfp4, kFp8 = WeightFormat::kFp8Block;
   // 16 experts, top-6: 3, 11 and 43 tokens are about 1, 4 and 16 pairs per expert (43: 258
   // pairs, the benchmark's ceil(16 E / 6) tokens, which the decode shape must still take).
   const std::vector<DecodeCase> cases = {
@@ -118,34 +167,34 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
       {kMx, 32, 32, 8, 2, 352, 96, 7},         {kFp8, 32, 0, 8, 2, 160, 96, 5},
       {kFp8, 16, 16, 8, 2, 64, 32, 1},
   };
-  std::mt19937 rng(20261201);
-  for (const DecodeCase& c : cases) {
-    SCOPED_TRACE("format " + std::to_string(static_cast<int>(c.format)) + " act " +
-                 std::to_string(c.act_group) + " H " + std::to_string(c.hidden) + " I " +
-                 std::to_string(c.inter) + " T " + std::to_string(c.tokens));
-    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kStreaming),
-              cuda::ExpertsKernel::kQuantStream);
-    ASSERT_EQ(chosen_kernel(c, cuda::QuantDecodeChoice::kRegisters),
-              cuda::ExpertsKernel::kQuantDecode);
-    std::vector<MatrixWeight> w1, w3, w2;
-    for (int e = 0; e < c.experts; ++e) {
-      w1.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
-      w3.push_back(random_weight(rng, c.format, c.inter, c.hidden, c.block, c.act_group));
-      w2.push_back(random_weight(rng, c.format, c.hidden, c.inter, c.block, c.act_group));
-    }
-    const Tensor x = random_f32(rng, {c.tokens, c.hidden});
-    const HostRouting routing = random_routing(c.tokens, c.experts, c.top_k, rng);
-    const Tensor a = run_experts(*streaming, w1, w3, w2, x, routing);
-    const Tensor b = run_experts(*registers, w1, w3, w2, x, routing);
-    ASSERT_EQ(a.nbytes(), b.nbytes());
-    double norm = 0.0;
-    for (int64_t i = 0; i < a.numel(); ++i) norm += std::fabs(a.item(i));
-    EXPECT_GT(norm, 0.0) << "all-zero output";
-    int64_t differ = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) differ += a.item(i) != b.item(i) ? 1 : 0;
-    EXPECT_EQ(differ, 0) << "elements that differ between the streaming and register kernels, of "
-                         << a.numel();
+  expect_bit_identical(
+      *streaming, cuda::QuantDecodeChoice::kStreaming, cuda::ExpertsKernel::kQuantStream,
+      *registers, cuda::QuantDecodeChoice::kRegisters, cuda::ExpertsKernel::kQuantDecode, cases);
+}
+
+// The lean streaming variant against the default one: MXFP4 (its own word decode) and FP8 at
+// V4-Flash widths with 1, 4 and 16 pairs per expert, MXFP4 without activation quantization
+// (three planes) at whole slices, with scales past 2^1 (multipliers of two factors), and a K
+// tail (H 352: the gate/up GEMM falls back to the default kernel, the down GEMM at I 256 takes
+// the lean one).
+TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
+  std::string why;
+  if (shared_backend("cuda", &why) == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
   }
+  std::unique_ptr<Backend> streaming = cuda_backend_with_decode("streaming");
+  std::unique_ptr<Backend> lean = cuda_backend_with_decode("streaming_lean");
+  const std::vector<DecodeCase> cases = {
+      {kMx, 32, 32, 16, 6, 4096, 2048, 3},     {kMx, 32, 32, 16, 6, 4096, 2048, 11},
+      {kMx, 32, 32, 16, 6, 4096, 2048, 43},    {kFp8, 128, 128, 16, 6, 4096, 2048, 3},
+      {kFp8, 128, 128, 16, 6, 4096, 2048, 11}, {kFp8, 128, 128, 16, 6, 4096, 2048, 43},
+      {kMx, 32, 0, 8, 2, 256, 384, 5},         {kMx, 32, 32, 8, 2, 256, 384, 9, 128},
+      {kMx, 32, 32, 8, 2, 352, 256, 7},        {kFp8, 128, 0, 8, 2, 256, 384, 9},
+  };
+  expect_bit_identical(
+      *lean, cuda::QuantDecodeChoice::kStreamingLean, cuda::ExpertsKernel::kQuantStreamLean,
+      *streaming, cuda::QuantDecodeChoice::kStreaming, cuda::ExpertsKernel::kQuantStream, cases);
 }
 
 }  // namespace
