@@ -18,8 +18,9 @@ struct BackendSwitches {
   bool hc_fused = false;                                               // DEEPINFER_HC_PRE
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel =
-      AttentionKernelChoice::kWgmmaOverlap;                                 // _ATTENTION_KERNEL
-  IndexerFp8Scores indexer_fp8_scores = IndexerFp8Scores::kWgmmaPipelined;  // _INDEXER_FP8_SCORES
+      AttentionKernelChoice::kWgmmaOverlapIlp;  // DEEPINFER_ATTENTION_KERNEL
+  IndexerFp8Scores indexer_fp8_scores =
+      IndexerFp8Scores::kWgmmaPersistentCvt;  // DEEPINFER_INDEXER_FP8_SCORES
 };
 
 // The switches as the environment sets them now; throws Error(kInvalidArgument) on a bad value.

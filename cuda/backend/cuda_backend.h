@@ -250,7 +250,7 @@ class CudaBackend final : public Backend {
   bool wgmma_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
-  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPipelined;
+  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentCvt;
   AttentionMmaPlan last_attention_plan_;
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool last_attention_wgmma_ = false;

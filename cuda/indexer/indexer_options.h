@@ -17,32 +17,36 @@ namespace deepinfer::cuda {
 class CudaBackend;
 
 // Which kernel scores V4 fp8 index keys at 64 heads by default on an sm_90 device (kAuto and
-// kTensorCore), the backend's DEEPINFER_INDEXER_FP8_SCORES at its creation. wgmma_pipelined by
-// default: on the H200 it scored fp8 keys 1.6-1.8x faster than the wgmma kernel in session 11
-// (B = 64: 42.0 vs 73.9 us at 32K, 149.2 vs 240.7 us at 128K), passed the op table's 183 indexer
+// kTensorCore), the backend's DEEPINFER_INDEXER_FP8_SCORES at its creation. For q in fp8 (the
+// engine's path with fp8 index keys) wgmma_persistent_cvt by default (below), otherwise
+// wgmma_pipelined: on the H200 it scored fp8 keys 1.6-1.8x faster than the wgmma kernel in session
+// 11 (B = 64: 42.0 vs 73.9 us at 32K, 149.2 vs 240.7 us at 128K), passed the op table's 183 indexer
 // rows against the CPU and, in session 12, its own byte-for-byte test against the wgmma kernel.
 // The wgmma kernel had in turn scored them 1.6-1.8x faster than the mma.sync kernel at B = 64
 // (32K: 71.5 vs 114.6 us; 128K: 238.9 vs 425.5 us), level with it at B = 1.
 enum class IndexerFp8Scores {
-  // "wgmma_pipelined" or unset: indexer_score_wgmma_pipelined.cu where kWgmma's kernel takes the
-  // problem and the records may be copied in runs (else kWgmma's kernel).
+  // "wgmma_pipelined": indexer_score_wgmma_pipelined.cu where kWgmma's kernel takes the problem
+  // and the records may be copied in runs (else kWgmma's kernel); the default for q in f32.
   kWgmmaPipelined,
   kWgmma,    // "wgmma": indexer_score_wgmma.cu where it takes the problem (the same scores)
   kMmaSync,  // "mma_sync": indexer_score_mma.cu
   // "wgmma_persistent": indexer_score_wgmma_persistent.cu where q comes in fp8 (the engine's
   // path: quantize_indexer_q) and kWgmmaPipelined's kernel would run, 3 of its 8 k-steps' key codes
   // through cvt and 5 through integer operations; elsewhere kWgmmaPipelined's choice. The same
-  // score bytes as kWgmmaPipelined (its GPU test). Not yet measured on the device.
+  // score bytes as kWgmmaPipelined (its GPU test, session 13 on the H200).
   kWgmmaPersistent,
-  // "wgmma_persistent_cvt": the same kernel with every key code through cvt (the A/B of the
-  // conversion split).
+  // "wgmma_persistent_cvt" or unset: the same kernel with every key code through cvt; the default
+  // since session 13: on the H200, B = 64, 35.4 us at 32K (pipelined 38.8, kWgmmaPersistent 36.8)
+  // and 122.5 us at 128K (131.1, 125.9); B = 1 at 32K 6.6 us (8.7). The same score bytes as
+  // kWgmmaPipelined (its GPU test).
   kWgmmaPersistentCvt,
 };
 
 // The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
+  if (v.empty()) return IndexerFp8Scores::kWgmmaPersistentCvt;
+  if (v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
   if (v == "wgmma") return IndexerFp8Scores::kWgmma;
   if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
   if (v == "wgmma_persistent") return IndexerFp8Scores::kWgmmaPersistent;

@@ -151,8 +151,9 @@ TEST(AttentionPlan, ParsesTheEnvironment) {
 
 TEST(AttentionPlan, ParsesTheKernelSwitch) {
   std::string bad;
-  EXPECT_EQ(parse_attention_kernel(nullptr, &bad), AttentionKernelChoice::kWgmmaOverlap);
-  EXPECT_EQ(parse_attention_kernel("", &bad), AttentionKernelChoice::kWgmmaOverlap);
+  EXPECT_EQ(parse_attention_kernel(nullptr, &bad), AttentionKernelChoice::kWgmmaOverlapIlp);
+  EXPECT_EQ(parse_attention_kernel("", &bad), AttentionKernelChoice::kWgmmaOverlapIlp);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
   EXPECT_EQ(parse_attention_kernel("mma_sync", &bad), AttentionKernelChoice::kMmaSync);
   EXPECT_EQ(parse_attention_kernel("wgmma", &bad), AttentionKernelChoice::kWgmma);
   EXPECT_EQ(parse_attention_kernel("wgmma_prefetch", &bad), AttentionKernelChoice::kWgmmaPrefetch);
