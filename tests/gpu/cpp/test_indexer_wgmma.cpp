@@ -58,7 +58,10 @@ TEST(IndexerWgmma, Fp8ScoresSwitchIsReadWhenTheBackendIsCreated) {
   const auto scores_of = [](const std::unique_ptr<Backend>& be) {
     return dynamic_cast<const cuda::CudaBackend&>(*be).indexer_fp8_scores();
   };
-  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores(nullptr)), IndexerFp8Scores::kWgmmaPipelined);
+  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores(nullptr)),
+            IndexerFp8Scores::kWgmmaPersistentCvt);
+  EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma_pipelined")),
+            IndexerFp8Scores::kWgmmaPipelined);
   EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma")), IndexerFp8Scores::kWgmma);
   // The value at creation stays the backend's: a later change of the variable does not reach it.
   const std::unique_ptr<Backend> mma = cuda_backend_with_fp8_scores("mma_sync");
