@@ -31,15 +31,15 @@ void Scheduler::plan_draft_budget() {
   owned.reserve(eligible.size());
   std::vector<const DraftEstimate*> estimates;
   for (Sequence* s : eligible) {
-    const DraftEstimate* e = &s->draft_estimate;
-    if (carried(*s)) {
-      // the history (above)
-    } else if (executor_drafts_ && has_draft_probs(*s)) {
-      owned.push_back(DraftEstimate::of_probabilities(s->model_draft_probs));
-      e = &owned.back();
-    } else if (executor_drafts_ && s->model_drafts_at != s->num_tokens()) {
-      owned.push_back(DraftEstimate::of_probabilities({}));  // no drafts for this step
-      e = &owned.back();
+    const DraftEstimate* e = &s->draft_estimate;  // the history (a carried row's, always)
+    if (executor_drafts_ && !carried(*s)) {
+      if (has_draft_probs(*s)) {
+        owned.push_back(DraftEstimate::of_probabilities(s->model_draft_probs));
+        e = &owned.back();
+      } else if (s->model_drafts_at != s->num_tokens()) {
+        owned.push_back(DraftEstimate::of_probabilities({}));  // no drafts for this step
+        e = &owned.back();
+      }
     }
     estimates.push_back(e);
   }
