@@ -161,6 +161,23 @@ def test_estimates_are_the_mtp_probabilities(mtp_checkpoint, prompts, plain, k) 
         assert s["spec_calibration_error"] == pytest.approx(abs(np.mean(estimates) - outcome))
 
 
+def abort_two_while_drafting(engine, prompts, plain, drafting_stat: str) -> None:
+    """Five steps in (with `drafting_stat` > 0: drafts in flight), requests 1 and 4 are aborted:
+    they finish as aborted, the others keep the outputs without drafts, and nothing leaks."""
+    ids = [engine.add_request(p, greedy(30)) for p in prompts]
+    trace = Trace()
+    for _ in range(5):
+        trace.record(engine.step())
+    assert engine.stats()[drafting_stat] > 0
+    engine.abort(ids[1])
+    engine.abort(ids[4])
+    drain(engine, trace)
+    assert trace.finish(ids[1]) == "abort" and trace.finish(ids[4]) == "abort"
+    for i in (0, 2, 3, 5, 6):
+        assert trace.tokens(ids[i])[:12] == plain[i]
+    assert_pools_full(engine)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_mtp_drafts_under_zero_overhead_scheduling(mtp_checkpoint, prompts, plain, k) -> None:
     """With speculative_zero_overhead the block drafts on the device within each step's launch
@@ -240,18 +257,7 @@ def test_rows_carried_on_the_device_with_preemption_and_aborts(mtp_checkpoint, p
     assert s["num_preemptions"] > 0 and s["device_carried_verify_rows"] > 0, s
     assert_pools_full(tight)
     engine = mtp_engine(mtp_checkpoint, 3, max_num_seqs=8, speculative_zero_overhead=True)
-    ids = [engine.add_request(p, greedy(30)) for p in prompts]
-    trace = Trace()
-    for _ in range(5):
-        trace.record(engine.step())
-    assert engine.stats()["device_carried_verify_rows"] > 0
-    engine.abort(ids[1])
-    engine.abort(ids[4])
-    drain(engine, trace)
-    assert trace.finish(ids[1]) == "abort" and trace.finish(ids[4]) == "abort"
-    for i in (0, 2, 3, 5, 6):
-        assert trace.tokens(ids[i])[:12] == plain[i]
-    assert_pools_full(engine)
+    abort_two_while_drafting(engine, prompts, plain, "device_carried_verify_rows")
 
 
 def test_mtp_drafts_with_prefix_hits(mtp_checkpoint, prompts) -> None:
@@ -285,18 +291,7 @@ def test_mtp_drafts_with_preemption_recompute(mtp_checkpoint) -> None:
 
 def test_aborts_with_mtp_drafts_leak_nothing(mtp_checkpoint, prompts, plain) -> None:
     engine = mtp_engine(mtp_checkpoint, 3, max_num_seqs=8)
-    ids = [engine.add_request(p, greedy(30)) for p in prompts]
-    trace = Trace()
-    for _ in range(5):
-        trace.record(engine.step())
-    assert engine.stats()["draft_tokens"] > 0
-    engine.abort(ids[1])
-    engine.abort(ids[4])
-    drain(engine, trace)
-    assert trace.finish(ids[1]) == "abort" and trace.finish(ids[4]) == "abort"
-    for i in (0, 2, 3, 5, 6):
-        assert trace.tokens(ids[i])[:12] == plain[i]
-    assert_pools_full(engine)
+    abort_two_while_drafting(engine, prompts, plain, "draft_tokens")
 
 
 def test_mtp_needs_an_mtp_block(tiny_checkpoint, mtp_checkpoint) -> None:
