@@ -190,7 +190,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
 // much the stamps slow the kernel (the traced instantiation keeps its record pointer on the
 // stack: a local load per stamp).
 void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::AttentionKernelChoice kernel,
-                 const char* kernel_name) {
+                 const char* kernel_name, int ablate = 0) {
   const AttentionCase c(be, s);
   const cuda::AttentionKernelChoice kernel0 = be.attention_kernel();
   be.set_attention_kernel(kernel);
@@ -207,7 +207,7 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
   }
   const int ctas = static_cast<int>(int64_t{s.batch} * s.s_q * p.head_groups * p.splits);
   const Tensor stamps = be.zeros({cuda::overlap_trace_words(ctas)}, DType::kI64);
-  be.set_attention_trace({static_cast<int64_t*>(stamps.raw_data()), ctas});
+  be.set_attention_trace({static_cast<int64_t*>(stamps.raw_data()), ctas, ablate});
   const double traced_us = time_us(be, 5, call);
   be.set_attention_trace({});
   be.set_attention_kernel(kernel0);
@@ -217,7 +217,7 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
       std::vector<int64_t>(w, w + cuda::overlap_trace_words(ctas)), ctas);
   const double us_per_tile = t.clock_ghz > 0 ? t.scorer_period / t.clock_ghz / 1e3 : 0.0;
   std::printf(
-      "{\"trace\": \"attention_overlap\", \"shape\": \"%s\", \"kernel\": \"%s\", "
+      "{\"trace\": \"attention_overlap\", \"ablate\": %d, \"shape\": \"%s\", \"kernel\": \"%s\", "
       "\"us_untraced\": %.2f, \"us_traced\": %.2f, "
       "\"splits\": %lld, \"ctas\": %d, \"tiles\": %.1f, \"steady_tiles\": %.0f, "
       "\"clock_ghz\": %.3f, \"us_per_tile\": %.3f, \"cycles\": {\"block\": %.0f, "
@@ -229,13 +229,13 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
       "\"period\": %.0f}, "
       "\"value\": {\"wait_probs\": %.0f, \"products\": %.0f, \"release\": %.0f, "
       "\"period\": %.0f}}\n",
-      shape_label(s).c_str(), kernel_name, untraced_us, traced_us, static_cast<long long>(p.splits),
-      t.ctas, t.tiles, t.steady, t.clock_ghz, us_per_tile, t.block_cycles, t.prologue_cycles,
-      t.loop_cycles, t.epilogue_cycles, t.producer_wait_free, t.producer_wait_landed,
-      t.producer_decode, t.producer_issue, t.producer_period, t.scorer_wait_full,
-      t.scorer_wait_prev_values, t.scorer_wait_scores, t.scorer_wait_probs_free, t.scorer_softmax,
-      t.scorer_issue_values, t.scorer_period, t.value_wait_probs, t.value_products, t.value_release,
-      t.value_period);
+      ablate, shape_label(s).c_str(), kernel_name, untraced_us, traced_us,
+      static_cast<long long>(p.splits), t.ctas, t.tiles, t.steady, t.clock_ghz, us_per_tile,
+      t.block_cycles, t.prologue_cycles, t.loop_cycles, t.epilogue_cycles, t.producer_wait_free,
+      t.producer_wait_landed, t.producer_decode, t.producer_issue, t.producer_period,
+      t.scorer_wait_full, t.scorer_wait_prev_values, t.scorer_wait_scores, t.scorer_wait_probs_free,
+      t.scorer_softmax, t.scorer_issue_values, t.scorer_period, t.value_wait_probs,
+      t.value_products, t.value_release, t.value_period);
   std::fflush(stdout);
 }
 
@@ -419,7 +419,7 @@ void bench_indexer(Backend& be, int iters, const std::string& match) {
     run_indexer(be, iters, 1, 1024, 32768, kv, match);
 }
 
-void bench_attention_trace(Backend& be, const std::string& match) {
+void bench_attention_trace(Backend& be, const std::string& match, int ablate) {
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   // fp8 KV, top-k 512: 64 heads at B = 64 and 256, 128 heads at B = 64 and 256.
   const std::vector<AttentionShape> shapes = {{256, 1, true, DType::kU8, 512, 64},
@@ -428,6 +428,13 @@ void bench_attention_trace(Backend& be, const std::string& match) {
                                               {256, 1, true, DType::kU8, 512, 128}};
   for (const AttentionShape& s : shapes) {
     if (shape_label(s).find(match) == std::string::npos) continue;
+    if (ablate != 0) {  // the default kernel with and without the ablation
+      for (const int bits : {0, ablate}) {
+        trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapIlp, "wgmma_overlap_ilp",
+                    bits);
+      }
+      continue;
+    }
     trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlap, "wgmma_overlap");
     trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapIlp, "wgmma_overlap_ilp");
   }

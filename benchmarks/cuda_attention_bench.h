@@ -16,8 +16,9 @@ void bench_attention_decode(Backend& be, int iters, const std::string& match = "
 // The overlap attention kernel's timing trace (cuda/attention/sm90/attention_wgmma_trace.h),
 // default and ilp variant, at fp8 KV, top-k 512: h=64 B=256 and B=64, h=128 B=64 and B=256 (those
 // whose label contains `match`). One JSON line per shape and kernel: mean cycles per tile each
-// role waits and works, the loop periods, the blocks' prologue and epilogue.
-void bench_attention_trace(Backend& be, const std::string& match = "");
+// role waits and works, the loop periods, the blocks' prologue and epilogue. ablate != 0: the ilp
+// variant only, traced as it is and with the OverlapAblation bits `ablate` (an "ablate" field).
+void bench_attention_trace(Backend& be, const std::string& match = "", int ablate = 0);
 // The lightning indexer (scores and top-512) at V4-Flash widths over f32, bf16 and fp8 index keys
 // at context 32K and 128K, B = 1 and 64.
 void bench_indexer(Backend& be, int iters, const std::string& match = "");

@@ -11,11 +11,13 @@
 // decode kernel); the full run leaves it out too.
 //
 // `--only attention-trace` runs the overlap attention kernel's timing trace instead of timing
-// rows (bench_attention_trace; `--match` picks its shapes too).
+// rows (bench_attention_trace; `--match` picks its shapes too; `--ablate BITS` traces the ilp
+// variant with and without the OverlapAblation work left out, attention_wgmma_trace.h).
 //
 // Usage: cuda_op_bench [--iters N]
 //                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc]
 //                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE)
+//                     [--ablate BITS] (attention-trace only)
 // (one JSON object per line)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -48,10 +50,12 @@ int main(int argc, char** argv) {
   int iters = 50;
   std::string only;
   std::string match;  // attention and indexer shapes: only labels containing it
+  int ablate = 0;     // attention-trace: OverlapAblation bits, traced next to the full kernel
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
     if (std::strcmp(argv[i], "--match") == 0) match = argv[i + 1];
+    if (std::strcmp(argv[i], "--ablate") == 0) ablate = std::atoi(argv[i + 1]);
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
       only != "attention" && only != "attention-trace" && only != "indexer" && only != "v41" &&
@@ -81,7 +85,7 @@ int main(int argc, char** argv) {
     bench_moe_experts_fp8(*be, iters);
   }
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters, match);
-  if (only == "attention-trace") bench_attention_trace(*be, match);
+  if (only == "attention-trace") bench_attention_trace(*be, match, ablate);
   if (only.empty() || only == "indexer") bench_indexer(*be, iters, match);
   if (only == "v41") bench_v41(*be, iters);
   if (!only.empty()) return 0;

@@ -7,11 +7,11 @@
 // overlap:
 //  - warpgroup 2, the producer (setmaxnreg: 120 registers): decodes V4's fp8 records (held in
 //    registers, loaded a tile ahead, prefetched into L2 a tile before that; a key's address
-//    resolved three tiles ahead) or copies bf16 rows (cp.async a tile ahead, the same L2
-//    prefetch) into two 128-byte-swizzled key buffers. Its stores are conflict-free:
-//    8 consecutive lanes write one chunk of 8 consecutive keys, 8 different 16-byte positions of
-//    the swizzle (the prefetching kernel's 4 threads per key wrote 2 keys x 4 chunks of one 64-byte
-//    half, a 2-way conflict).
+//    resolved over the three tiles before, one dependent load per tile) or copies bf16 rows
+//    (cp.async a tile ahead, the same L2 prefetch) into two 128-byte-swizzled key buffers. Its
+//    stores are conflict-free: 8 consecutive lanes write one chunk of 8 consecutive keys, 8
+//    different 16-byte positions of the swizzle (the prefetching kernel's 4 threads per key wrote 2
+//    keys x 4 chunks of one 64-byte half, a 2-way conflict).
 //  - warpgroup 0, the scorer (216 registers): S = q K^T for all 64 keys of a tile (m64n64: no max
 //    exchange), the online softmax, P and the rescale alpha to shared memory (double-buffered, for
 //    warpgroup 1), then O = O alpha + P V over channels 0..255. The values of tile i stay in flight
@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const int h_first = blockIdx.y * kRows;
   // Trace builds: each role's first thread clears its events; the scorer's keeps the header.
   const OverlapTraceRecorder<kTrace> rec(trace, tid);
+  const int ablate = kTrace ? trace.ablate : 0;
   if constexpr (kTrace) {
     if (wg == 0) {
       rec.header_clock(kTraceClockStart);
@@ -250,34 +251,42 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     const int key = kPair ? static_cast<int>(rank) * kPairKeys + (pt & 7) + 8 * (pt >> 5)
                           : (pt & 7) + 8 * (pt >> 4);
     const int part = kPair ? (pt >> 3) & 3 : (pt >> 3) & 1;
-    auto pending_at = [&](int i) {
-      return pending_key(a, l, keys, range.begin + int64_t{kKeys} * i + key, range.end);
+    auto index_at = [&](int i) {
+      return key_index(a, l, keys, range.begin + int64_t{kKeys} * i + key, range.end);
     };
-    auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
-    // The key's address pipeline, at the top of tile i: src_next is tile i + 1's (resolved),
-    // src_ahead tile i + 2's (its block-table load in flight), pending tile i + 3's (its top-k
-    // load in flight). Tile i + 2's row is prefetched into L2 once its address has landed (the
+    auto lookup = [&](KeyIndex k) { return key_lookup(a, l, keys, k); };
+    // The key's address pipeline (attention_wgmma_keys.cuh), at the top of tile i: src_next is
+    // tile i + 1's row, src_ahead tile i + 2's, looked tile i + 3's (its block-table load in
+    // flight), index tile i + 4's (its top-k load in flight). Each advance looks at what landed
+    // during the tile before it. Tile i + 2's row is prefetched into L2 once it is known (the
     // end of tile i), a whole tile before its loads (the end of tile i + 1): the register half
     // holds one tile, so without it a tile's loads wait for DRAM while nothing else is in flight.
-    PendingKey pending{nullptr, -1};
+    KeyIndex index{nullptr, 0, false};
+    KeyLookup looked{nullptr, 0, 0, false};
     const uint8_t* src_next = nullptr;
     const uint8_t* src_ahead = nullptr;
     constexpr int kRowBytes =
         kFmt == KvFormat::kFp8 ? kWgmmaPrefetchRecordBytes : kWgmmaAttnDim * 2;
-    auto start_addresses = [&]() {  // tile 0's address; tiles 1..3 in flight
-      const PendingKey k1 = pending_at(1);
-      const PendingKey k2 = pending_at(2);
-      pending = pending_at(3);
-      const uint8_t* src0 = resolve(pending_at(0));
-      src_next = resolve(k1);
-      src_ahead = resolve(k2);
-      return src0;
+    auto start_addresses = [&]() {  // tile 0's row; tiles 1..4 in the pipeline
+      const KeyIndex k0 = index_at(0);
+      const KeyIndex k1 = index_at(1);
+      const KeyIndex k2 = index_at(2);
+      const KeyIndex k3 = index_at(3);
+      index = index_at(4);
+      const KeyLookup l0 = lookup(k0);
+      const KeyLookup l1 = lookup(k1);
+      const KeyLookup l2 = lookup(k2);
+      looked = lookup(k3);
+      src_next = key_row(a, l1);
+      src_ahead = key_row(a, l2);
+      return key_row(a, l0);
     };
     auto advance_addresses = [&](int i) {  // at the end of tile i, once tile i + 1's loads went
       prefetch_row_l2<kParts>(src_ahead, kRowBytes, part);
       src_next = src_ahead;
-      src_ahead = resolve(pending);
-      pending = pending_at(i + 4);
+      src_ahead = key_row(a, looked);
+      looked = lookup(index);
+      index = index_at(i + 5);
     };
     if constexpr (kPair) {
       PairQuarter<kFmt> share;
@@ -334,11 +343,14 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         rec.stamp(kProducerFree, i);
         if constexpr (kTrace) trace_wait_for(fp8_half_digest(half));
         rec.stamp(kProducerLanded, i);
-        decode_fp8_half<kIlp>(kb_of(b), valid_of(b), half, half_real, key, part);
+        if (!(ablate & kAblateDecode)) {
+          decode_fp8_half<kIlp>(kb_of(b), valid_of(b), half, half_real, key, part);
+        }
         fence_async_shared();  // the tile, for wgmma
         named_barrier_arrive<kConsumerThreads>(kTileFull + b);
         rec.stamp(kProducerPublished, i);
-        if (i + 1 < tiles) {  // tile i + 1's records land while tile i is consumed
+        // Tile i + 1's records land while tile i is consumed.
+        if (i + 1 < tiles && !(ablate & kAblateLoads)) {
           load_fp8_half(half, src_next, part);
           half_real = src_next != nullptr;
           advance_addresses(i);
@@ -430,13 +442,21 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       rec.stamp(kScorerScores, i);
       if (i >= 2) named_barrier<kConsumerThreads>(kProbsFree + b);  // warpgroup 1 read P[b]
       rec.stamp(kScorerProbsFree, i);
-      float alpha[2];
-      softmax_tile64<kIlp>(s, valid_of(b), ps_of(b), alpha_of(b), a.scale, row0, qd, m_run, d_half,
-                           alpha);
+      float alpha[2] = {1.0f, 1.0f};
+      if (!(ablate & kAblateSoftmax)) {
+        softmax_tile64<kIlp>(s, valid_of(b), ps_of(b), alpha_of(b), a.scale, row0, qd, m_run,
+                             d_half, alpha);
+      }
       fence_async_shared();  // P, for both warpgroups' wgmma
       named_barrier_arrive<kConsumerThreads>(kProbsReady + b);
       rec.stamp(kScorerPublished, i);
-      issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(0)));
+      if (!(ablate & kAblateValues)) {
+        issue_values<true>(o, alpha, T::kmajor(ps_of(b)),
+                           T::nmajor(kb_of(b) + T::value_channels(0)));
+      } else {
+        wgmma_fence();
+        wgmma_commit();
+      }
       rec.stamp(kScorerIssued, i);
     }
     rec.header_clock(kTraceClockLoopEnd);
@@ -475,7 +495,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     rec.stamp(kValueReady, i);
     const float* alpha_s = alpha_of(b);
     const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
-    issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(1)));
+    if (!(ablate & kAblateValues)) {
+      issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(1)));
+    }
     wait_products(o);
     rec.stamp(kValueDone, i);
     if (i + 2 < tiles) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+#include "cuda/common/e4m3_bits.h"
 #include "cuda/common/ptx_cluster.cuh"
 
 namespace deepinfer::cuda::attention_wgmma {
@@ -66,12 +67,30 @@ __device__ __forceinline__ uint32_t fp8_half_digest(const Fp8Half& h) {
   return x;
 }
 
-// Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key), with
-// decode_fp8_share's arithmetic (the same bits); the key's valid flag. kBranchFree (the
-// wgmma_overlap_ilp variant): the same operations, every chunk decoded and a masked key's
-// zeros selected at the end, and each scale group's scale converted once, so the 28 chunks form
-// one block that ptxas can interleave (a branch per chunk keeps them one after another, each a
-// chain of dependent conversions, with one producer warp per scheduler to hide it). A masked
+// bf16x2 products a * b, rounded to nearest (exact for the decode's powers of two).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// The bf16x2 bits of an e8m0 scale 2^(e - 127) in both halves (e8m0_to_float's value: 2^-127, a
+// bf16 subnormal, for e = 0; infinity for e = 255).
+__device__ __forceinline__ uint32_t e8m0_to_bf16x2(uint32_t e) {
+  const uint32_t bits = e == 0 ? 0x0040u : e << 7;
+  return bits | (bits << 16);
+}
+
+// Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key), the
+// same bits as decode_fp8_share's arithmetic; the key's valid flag. kBranchFree (the
+// wgmma_overlap_ilp variant): every chunk decoded and a masked key's zeros selected at the end,
+// with no conversion unit: each pair of codes through the integer e4m3 -> bf16 form
+// (cuda/common/e4m3_bits.h; the code times 2^-120), then two exact bf16 products, by 2^120 and by
+// the group's power-of-two scale, which round once as the f32 product's rounding to bf16 does
+// (tests/cpp/test_e4m3_bits.cpp checks every code and scale the KV writer stores; NaN codes,
+// which it never stores, decode to finite values). The conversion units (e4m3 -> f16 -> f32 ->
+// bf16, three per pair at a quarter of the integer rate) took the whole decode time; the integer
+// form runs on idle pipes, and the 28 chunks form one block that ptxas can interleave. A masked
 // key's registers hold an earlier key's bytes (or the zeros the caller started with): decoded
 // and dropped.
 template <bool kBranchFree = false>
@@ -81,33 +100,43 @@ __device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const F
   // Channels 8 chunk .. + 7: scale group 8 chunk / 64, the same for 2i and 2i + 1 (so known at
   // compile time).
   static_assert(kv_record::kFp8Group == 64, "scale groups of 64 channels (8 chunks)");
-  auto decode_chunk = [&](const uint2 bytes, float scale) {
-    uint32_t packed[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t word = k < 2 ? bytes.x : bytes.y;
-      const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-      const __half2 hv =
-          __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-      const float2 f = __half22float2(hv);
-      packed[k] = pack_bf16(f.x * scale, f.y * scale);
-    }
-    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  };
   if constexpr (kBranchFree) {
+    using e4m3_bits::e4m3x2_to_bf16x2_times_2m120;
+    constexpr uint32_t kTwoPow120 = e4m3_bits::kBf16TwoPow120 * 0x10001u;
     constexpr int kGroups = (kHalfNope + 3) / 4;  // 7: chunks 2i + part with i / 4 = g
-    float scale[kGroups];
+    uint32_t scale[kGroups];
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      scale[g] = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * g)));
-    }
+    for (int g = 0; g < kGroups; ++g) scale[g] = e8m0_to_bf16x2((scales >> (8 * g)) & 0xffu);
 #pragma unroll
     for (int i = 0; i < kHalfNope; ++i) {
-      const uint4 v = decode_chunk(h.nope[i], scale[i / 4]);
+      const uint2 bytes = h.nope[i];
+      const uint32_t pairs[4] = {e4m3x2_to_bf16x2_times_2m120<false>(bytes.x),
+                                 e4m3x2_to_bf16x2_times_2m120<true>(bytes.x),
+                                 e4m3x2_to_bf16x2_times_2m120<false>(bytes.y),
+                                 e4m3x2_to_bf16x2_times_2m120<true>(bytes.y)};
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        packed[k] = mul_bf16x2(mul_bf16x2(pairs[k], kTwoPow120), scale[i / 4]);
+      }
+      const uint4 v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
       *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, 2 * i + part)) =
           real ? v : make_uint4(0u, 0u, 0u, 0u);
     }
   } else {
+    auto decode_chunk = [&](const uint2 bytes, float scale) {
+      uint32_t packed[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = k < 2 ? bytes.x : bytes.y;
+        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+        const __half2 hv =
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+        const float2 f = __half22float2(hv);
+        packed[k] = pack_bf16(f.x * scale, f.y * scale);
+      }
+      return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    };
 #pragma unroll
     for (int i = 0; i < kHalfNope; ++i) {
       uint4 v = make_uint4(0u, 0u, 0u, 0u);

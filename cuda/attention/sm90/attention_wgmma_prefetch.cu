@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
-  auto pending_at = [&](int64_t i0) { return pending_key(a, l, keys, i0 + ck, range.end); };
-  auto resolve = [&](PendingKey k) { return resolve_key(a, l, keys, k); };
+  auto pending_at = [&](int64_t i0) { return key_index(a, l, keys, i0 + ck, range.end); };
+  auto resolve = [&](KeyIndex k) { return key_row(a, key_lookup(a, l, keys, k)); };
   auto kb_of = [&](int b) { return kb_base + b * Layout::kKbBytes; };
   auto valid_of = [&](int b) { return valid_base + b * kKeys; };
 
@@ -169,9 +169,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (range.begin < range.end) {
     // The first tiles' addresses: top-k columns and block-table entries, which the grids before
     // the kv rows' encoding wrote (complete: that grid is an ordinary launch).
-    const PendingKey k0 = pending_at(range.begin);
-    const PendingKey k1 = pending_at(range.begin + kKeys);
-    const PendingKey k2 = pending_at(range.begin + 2 * kKeys);
+    const KeyIndex k0 = pending_at(range.begin);
+    const KeyIndex k1 = pending_at(range.begin + kKeys);
+    const KeyIndex k2 = pending_at(range.begin + 2 * kKeys);
     const uint8_t* src0 = resolve(k0);
     const uint8_t* src1 = resolve(k1);
     store_query_tile<kSw128>(qs, tid, q_loads);
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_async_shared();  // this thread's copies, zero rows and q, for wgmma
     }  // fp8: the decodes are fenced where they end, before the next loads are issued
     __syncthreads();  // tile `it` in kb; every thread past tile it - 1 (the other buffer)
-    PendingKey pending;
+    KeyIndex pending;
     if constexpr (!kFp8) {
       if (more) copy_bf16_key<kSw128>(kb_of(buf ^ 1), valid_of(buf ^ 1), src_next, ck, part);
       pending = pending_at(i0 + 2 * kKeys);  // tile it + 2, copied at the next tile

@@ -21,6 +21,17 @@ namespace deepinfer::cuda {
 struct OverlapTraceBuffer {
   int64_t* stamps = nullptr;
   int ctas = 0;
+  int ablate = 0;  // OverlapAblation bits: work the traced blocks skip
+};
+
+// What a traced launch may leave out (cuda_op_bench --only attention-trace --ablate BITS), to see
+// which role's work sets the pace: the output is wrong then, the timing tells what the skipped
+// work cost. Only the trace instantiations read it.
+enum OverlapAblation : int {
+  kAblateDecode = 1,   // producer: no fp8 decode (the tile is fenced and published as it is)
+  kAblateLoads = 2,    // producer: no record loads or address steps after tile 0's
+  kAblateSoftmax = 4,  // scorer: no softmax (P left as it is, alpha 1)
+  kAblateValues = 8,   // both consumers: no P.V products (empty wgmma groups)
 };
 
 // Tiles a block records (later tiles run untimed).
