@@ -147,10 +147,12 @@ static_assert(kProducerThreads == 2 * kKeys, "two producer threads per key (unpa
 // which merge them (AttentionMmaPlan::cluster_merge). kPair: the cluster-pair mode (grid (token,
 // head group, split), cluster (1, 2, 1); the file's head comment). kMerge and kPair exclude each
 // other (one cluster shape). kTrace: records the roles' timing into `trace`
-// (attention_wgmma_trace.h; fp8, unpaired and unmerged only); the other instantiations ignore
-// `trace` and contain no trace code. kIlp: the wgmma_overlap_ilp variant (unpaired, unmerged):
-// the producer's fp8 decode and the scorer's softmax without branches (the same bits) and the
-// output staged through the free key buffers (attention_wgmma_overlap_output.cuh).
+// (attention_wgmma_trace.h; fp8, unpaired and unmerged only), leaving out the work that
+// trace.ablate names; the other instantiations ignore `trace` and contain no trace code. kIlp:
+// the wgmma_overlap_ilp variant (unpaired, unmerged): the producer's fp8 decode through integer
+// operations (decode_fp8_half<true>: no conversion units) and the scorer's softmax without
+// branches (the same bits), the output staged through the free key buffers
+// (attention_wgmma_overlap_output.cuh).
 template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair, bool kTrace = false, bool kIlp = false>
 __global__ void __launch_bounds__(kOverlapThreads, 1)
     attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l, OverlapTraceBuffer trace) {
