@@ -1,6 +1,6 @@
 // e4m3 codes to f16 or bf16 by integer operations: plain C++ (with the device's byte permute
-// beside its host model), so that host tests (tests/cpp/test_indexer_e4m3_bits.cpp,
-// tests/cpp/test_e4m3_bits.cpp) check the bit tricks the device cannot show here.
+// beside its host model), so that a host test (tests/cpp/test_e4m3_bits.cpp) checks the bit
+// tricks the device cannot show here.
 //
 // Why. Hopper converts e4m3x2 -> f16x2 (cvt, F2FP), f16 -> f32 and f32 -> bf16 at a quarter of
 // the integer pipe's rate, and the fp8 kernels convert every code they read: the indexer's

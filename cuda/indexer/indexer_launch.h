@@ -299,7 +299,7 @@ void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout
 // bytes for q in fp8) from a.q_codes, where fp8 records may be copied in runs of a paged block
 // (score_mma_key_runs: the caller checks), over `ctas` blocks (one per SM at most) that share the
 // group's n tokens' tiles. cvt_steps: the k-steps (of 8) whose key codes go through cvt, the
-// rest through integer operations (indexer_e4m3_bits.h); 8 or kPersistMixedCvtSteps.
+// rest through integer operations (common/e4m3_bits.h); 8 or kPersistMixedCvtSteps.
 constexpr int kPersistMixedCvtSteps = 3;
 void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
                                            int64_t ctas, int cvt_steps,

@@ -20,7 +20,7 @@
 //    where its tiles sit (QSlotMeta); consumers take a slot per token and release it.
 //  - Scores: kPersistConsumers warpgroups take the block's tiles in turn. The k-steps below
 //    kCvtSteps convert codes with cvt; the others with a byte permute, a shift and a mask
-//    (indexer_e4m3_bits.h), which gives each code's value times 2^-8, on the integer pipes.
+//    (common/e4m3_bits.h), which gives each code's value times 2^-8, on the integer pipes.
 //
 // The same bytes as the pipelined kernel over q in fp8. Its products are q's f16 value (the codes
 // times the head's power-of-two scale, as stage_q_tile makes it) times the key's exact f16 value;
@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/e4m3_bits.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
 #include "cuda/common/ptx_mbarrier.cuh"
@@ -350,10 +351,10 @@ __device__ __forceinline__ void score_tile(const PersistSmem& sm, int f, int key
       frag[s][2] = e4m3x2_to_f16x2(w0[s] >> 16);
       frag[s][3] = e4m3x2_to_f16x2(w1[s] >> 16);
     } else {
-      frag[s][0] = indexer_e4m3::e4m3x2_to_f16x2_times_2m8<false>(w0[s]);
-      frag[s][1] = indexer_e4m3::e4m3x2_to_f16x2_times_2m8<false>(w1[s]);
-      frag[s][2] = indexer_e4m3::e4m3x2_to_f16x2_times_2m8<true>(w0[s]);
-      frag[s][3] = indexer_e4m3::e4m3x2_to_f16x2_times_2m8<true>(w1[s]);
+      frag[s][0] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<false>(w0[s]);
+      frag[s][1] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<false>(w1[s]);
+      frag[s][2] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<true>(w0[s]);
+      frag[s][3] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<true>(w1[s]);
     }
   }
   fence_accumulators(acc);
