@@ -148,8 +148,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
                                                          : ", wgmma";
     if (p.swizzle) kernel += "_sw128";
     if (p.pdl) kernel += "_pdl";
-    if (p.pair) kernel = ", wgmma_overlap_pair";
     if (p.ilp) kernel = ", wgmma_overlap_ilp";
+    if (p.pair) kernel = ", wgmma_overlap_pair";
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
@@ -461,7 +461,8 @@ void bench_attention_decode(Backend& be, int iters, const std::string& match) {
   for (const DType kv : {DType::kBF16, DType::kU8})
     shapes.push_back({1, 4096, true, kv, 512, 64, 32768, true});
   shapes.push_back({1, 16384, true, DType::kBF16, 512, 64, 65536, true});
-  shapes.push_back({1, 4096, true, DType::kBF16, 512, 128, 32768, true});
+  for (const DType kv : {DType::kBF16, DType::kU8})
+    shapes.push_back({1, 4096, true, kv, 512, 128, 32768, true});
   for (const AttentionShape& s : shapes) run_shape(be, iters, s, match);
 }
 

@@ -114,6 +114,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     kv_bytes = kv_rows.raw_data();
   }
   AttentionArgs a = attention_args(q, kv_bytes, swa_ring, entries, topk, sinks, layout, spec, out);
+  a.sms = static_cast<int>(num_sms());
   const AttentionProblem problem{tokens, heads, dim, max_attention_keys(a)};
   const DeviceLayout dl = device_layout(layout);
   // Scratch of the split outputs, in the format both kernels write and the combine reads.
@@ -164,7 +165,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
     p.pair = p.overlap && overlap_pair_asked && wgmma_pair_takes(heads);
-    p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge && !p.pair;
+    p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge;
     if (p.head_groups <= 65535) {
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;

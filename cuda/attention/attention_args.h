@@ -49,6 +49,9 @@ struct AttentionArgs {
   int topk_cols;
   bool sparse;
   float scale;
+  // The device's SMs: the Hopper kernel's guess at which block starts next (its L2 prefetch of
+  // that block's q and top-k row); 0: no prefetch.
+  int sms;
 };
 
 // The arguments of one attention call, except the split outputs (part_acc, part_md) and the f32

@@ -38,8 +38,9 @@ struct AttentionMmaPlan {
   // key tiles (the overlap kernel's pair mode)
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
-  // overlap, unpaired and unmerged: its wgmma_overlap_ilp variant (branch-free decode and
-  // softmax, the output staged through shared memory; the same bytes)
+  // overlap, unmerged: its wgmma_overlap_ilp variant (the integer fp8 decode, branch-free
+  // softmax, the output staged through shared memory; the same bytes); the pair mode's always
+  // (wgmma_overlap_pair)
   bool ilp = false;
   // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
   // (no combine kernel); at most kWgmmaClusterMergeMaxSplits splits
@@ -159,9 +160,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
 // records as the prefetching variant take, other fp8 records run the plain kernel): on the H200
 // over fp8 KV 1.3-1.4x faster than kWgmmaPrefetchSw128 at B >= 64 (64 and 128 heads), no slower
-// at B = 1, with the same bytes as the wgmma kernel. Its pair mode (kWgmmaOverlapPair) is 1.15x
-// faster again for fp8 decode at 128 heads but 1.23x slower for a bf16 prefill chunk there, so
-// it is opt-in. kWgmmaPrefetchSw128 was the default before.
+// at B = 1, with the same bytes as the wgmma kernel. Its pair mode (kWgmmaOverlapPair, on the
+// ilp variant since session 15) is 1.03-1.05x faster than the ilp default for fp8 decode at 128
+// heads (B = 64, 256) but 1.09x slower for an fp8 prefill chunk there and 1.39x for a bf16 one,
+// so it is opt-in. kWgmmaPrefetchSw128 was the default before.
 // kWgmmaPrefetch: the wgmma kernel's prefetching variant (the same tiles and results, the key
 // loads a tile further ahead: fp8 records in registers, for V4's record; other fp8 records run
 // the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
@@ -175,13 +177,14 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // merge the splits after a cluster barrier, each a slice of the heads, so no combine kernel runs
 // (the combine's arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
 // warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
-// key tiles, each producer decoding half; the same results; other head counts run
-// kWgmmaOverlap). kWgmmaOverlapIlp (the default since session 13: on the H200 5% faster than
-// kWgmmaOverlap at B = 256 with fp8 KV, 119.1 -> 113.1 us, and 6% at 128 heads, B = 64, 63.7
-// -> 60.1 us; its byte-for-byte test and the op table's 179 attention rows passed): kWgmmaOverlap
-// with the producer's fp8 decode and the scorer's softmax free of branches (one block each, which
-// ptxas interleaves; the same operations and bits) and the output staged through the free key
-// buffers so its global stores are whole rows; the same bytes as kWgmmaOverlap.
+// key tiles, each producer decoding half; the same results), as the ilp variant (other head
+// counts run kWgmmaOverlapIlp). kWgmmaOverlapIlp (the default since session 13: on the H200
+// 5% faster than kWgmmaOverlap at B = 256 with fp8 KV, 119.1 -> 113.1 us, and 6% at 128 heads,
+// B = 64, 63.7 -> 60.1 us; its byte-for-byte test and the op table's 179 attention rows passed):
+// kWgmmaOverlap with the producer's fp8 decode and the scorer's softmax free of branches (one block
+// each, which ptxas interleaves; the same operations and bits), the output staged through the
+// free key buffers so its global stores are whole rows, and the next block's q and top-k row
+// prefetched into L2 (prefill 4-6% faster); the same bytes as kWgmmaOverlap.
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -236,7 +239,7 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
     case AttentionKernelChoice::kWgmmaOverlapFused:
       return {true, true, true};
     case AttentionKernelChoice::kWgmmaOverlapPair:
-      return {true, false, false, true};
+      return {true, false, false, true, true};
     case AttentionKernelChoice::kWgmmaOverlapIlp:
       return {true, false, false, false, true};
     default:

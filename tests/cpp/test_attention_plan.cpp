@@ -180,7 +180,9 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pair", &bad),
             AttentionKernelChoice::kWgmmaOverlapPair);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapPair).prefetch);
-  EXPECT_TRUE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair);
+  // The pairs run the ilp variant (its integer fp8 decode, the same bytes).
+  const WgmmaOverlapChoice pair = wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPair);
+  EXPECT_TRUE(pair.overlap && pair.pair && pair.ilp && !pair.pdl && !pair.cluster_merge);
   // The ilp variant: the plain overlap launch (no pdl, merge or pair) with its own flag.
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap_ilp", &bad),
             AttentionKernelChoice::kWgmmaOverlapIlp);

@@ -95,16 +95,17 @@ using T = Tiles<true>;  // 128-byte swizzled tiles only
 // other (one cluster shape). kTrace: records the roles' timing into `trace`
 // (attention_wgmma_trace.h; fp8, unpaired and unmerged only), leaving out the work that
 // trace.ablate names; the other instantiations ignore `trace` and contain no trace code. kIlp:
-// the wgmma_overlap_ilp variant (unpaired, unmerged): the producer's fp8 decode through integer
-// operations (decode_fp8_half<true>: no conversion units) and the scorer's softmax without
-// branches (the same bits), the output staged through the free key buffers
+// the wgmma_overlap_ilp variant (unmerged, no pdl; unpaired or in pairs): the producer's fp8
+// decode through integer operations (decode_e4m3_chunk: no conversion units) and the scorer's
+// softmax without branches (the same bits), the output staged through the free key buffers
 // (attention_wgmma_overlap_output.cuh).
 template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair, bool kTrace = false, bool kIlp = false>
 __global__ void __launch_bounds__(kOverlapThreads, 1)
     attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l, OverlapTraceBuffer trace) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
   static_assert(!(kMerge && kPair), "one cluster shape: the splits' or the pair's");
-  static_assert(!((kTrace || kIlp) && (kMerge || kPair)), "traced / ilp: unpaired and unmerged");
+  static_assert(!(kTrace && (kMerge || kPair)), "traced: unpaired and unmerged");
+  static_assert(!(kIlp && (kMerge || kPdl)), "ilp: unmerged, no pdl");
   static_assert(!kTrace || kFmt == KvFormat::kFp8, "the trace's producer events are fp8's");
   static_assert(kMergeSmemBytes <= OverlapLayout::kPBytes * 2, "the merge's scratch in P's place");
   // The combine (a programmatic dependent launch of this grid) may start: it waits for this grid
@@ -238,6 +239,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     };
     if constexpr (kPair) {
       PairQuarter<kFmt> share;
+      if constexpr (kIlp) share = PairQuarter<kFmt>{};  // a masked key decodes defined bytes
       bool share_real = false;
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         const PairKeyBuffer buf{kb_of(b), valid_of(b),
                                 kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
                                 valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int))};
-        store_quarter(buf, share, share_real, key, part);
+        store_quarter<kIlp>(buf, share, share_real, key, part);
         fence_async_all();  // both blocks' copies of the half tile, for their wgmma
         arrive_both(full_bar(b));
         if (i + 1 < tiles) {
@@ -405,6 +407,12 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         wgmma_fence();
         wgmma_commit();
       }
+      // kIlp: three tiles before the end (while its products run), the next block's q and
+      // top-k row into L2, so that its prologue does not wait for DRAM. Not traced: in the
+      // traced instantiation the addresses spill the scorer's registers.
+      if (kIlp && !kTrace && i == max(tiles - 3, 0)) {
+        prefetch_next_block_start(a, tid, kConsumerThreads / 2);
+      }
       rec.stamp(kScorerIssued, i);
     }
     rec.header_clock(kTraceClockLoopEnd);
@@ -472,8 +480,8 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 
 // p.pdl: a programmatic dependent launch; p.cluster_merge: clusters (1, 1, splits) that merge
 // (the kPdl instantiation either way: griddepcontrol.wait returns at once in an ordinary launch).
-// p.ilp: the wgmma_overlap_ilp variant (unpaired, unmerged, no pdl); trace.stamps: the traced
-// instantiation of the plain or the ilp launch (fp8 only).
+// p.ilp: the wgmma_overlap_ilp variant (unmerged, no pdl; with p.pair in cluster pairs);
+// trace.stamps: the traced instantiation of the plain or the ilp launch (fp8, unpaired only).
 template <KvFormat kFmt>
 void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
             int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream,
@@ -501,7 +509,8 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     return;
   }
   if (p.pair) {
-    auto* kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true>;
+    // The ilp instantiation: the plan asks for it with every pair.
+    auto* kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true, false, true>;
     smem_limits.allow(kernel, OverlapLayout::kPairBytes);
     ClusterLaunch cl;
     cl.grid = grid;
@@ -552,10 +561,10 @@ void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& 
                     std::to_string(a.heads) + " heads in " + std::to_string(p.head_groups) +
                     " head groups");
   }
-  if (p.ilp && (p.pair || p.cluster_merge || p.pdl)) {
+  if ((p.ilp && (p.cluster_merge || p.pdl)) || (p.pair && !p.ilp)) {
     throw Error(ErrorCode::kUnsupported,
-                "attention: the overlapping wgmma kernel's ilp variant is unpaired, unmerged and "
-                "launched without pdl");
+                "attention: the overlapping wgmma kernel's ilp variant is unmerged and launched "
+                "without pdl, and its pairs are the ilp variant's");
   }
   if (trace.stamps != nullptr &&
       (a.kvf.format != KvFormat::kFp8 || p.pair || p.cluster_merge || p.pdl || trace.ctas < 0)) {

@@ -81,67 +81,72 @@ __device__ __forceinline__ uint32_t e8m0_to_bf16x2(uint32_t e) {
   return bits | (bits << 16);
 }
 
-// Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key), the
-// same bits as decode_fp8_share's arithmetic; the key's valid flag. kBranchFree (the
-// wgmma_overlap_ilp variant): every chunk decoded and a masked key's zeros selected at the end,
-// with no conversion unit: each pair of codes through the integer e4m3 -> bf16 form
-// (cuda/common/e4m3_bits.h; the code times 2^-120), then two exact bf16 products, by 2^120 and by
-// the group's power-of-two scale, which round once as the f32 product's rounding to bf16 does
-// (tests/cpp/test_e4m3_bits.cpp checks every code and scale the KV writer stores; NaN codes,
-// which it never stores, decode to finite values). The conversion units (e4m3 -> f16 -> f32 ->
-// bf16, three per pair at a quarter of the integer rate) took the whole decode time; the integer
-// form runs on idle pipes, and the 28 chunks form one block that ptxas can interleave. A masked
-// key's registers hold an earlier key's bytes (or the zeros the caller started with): decoded
-// and dropped.
-template <bool kBranchFree = false>
+// One tile chunk (8 channels) of e4m3 codes `bytes` times the bf16x2 power of two `scale`
+// (e8m0_to_bf16x2), without conversion units: each pair of codes through the integer
+// e4m3 -> bf16 form (cuda/common/e4m3_bits.h; the code times 2^-120), then two exact bf16
+// products, by 2^120 and by the scale, which round once as the f32 product's rounding to bf16
+// does (tests/cpp/test_e4m3_bits.cpp checks every code and scale the KV writer stores; NaN codes,
+// which it never stores, decode to finite values).
+__device__ __forceinline__ uint4 decode_e4m3_chunk(uint2 bytes, uint32_t scale) {
+  using e4m3_bits::e4m3x2_to_bf16x2_times_2m120;
+  constexpr uint32_t kTwoPow120 = e4m3_bits::kBf16TwoPow120 * 0x10001u;
+  const uint32_t pairs[4] = {
+      e4m3x2_to_bf16x2_times_2m120<false>(bytes.x), e4m3x2_to_bf16x2_times_2m120<true>(bytes.x),
+      e4m3x2_to_bf16x2_times_2m120<false>(bytes.y), e4m3x2_to_bf16x2_times_2m120<true>(bytes.y)};
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) packed[k] = mul_bf16x2(mul_bf16x2(pairs[k], kTwoPow120), scale);
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// The same chunk through the conversion units (e4m3 -> f16 -> f32, times the f32 scale, rounded
+// to bf16): the plain wgmma_overlap kernel's decode (its pdl, merged and traced launches too).
+// Three conversions per pair at a quarter of the integer rate: they took its whole decode time.
+__device__ __forceinline__ uint4 decode_e4m3_chunk_cvt(uint2 bytes, float scale) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = k < 2 ? bytes.x : bytes.y;
+    const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+    const __half2 hv =
+        __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+    const float2 f = __half22float2(hv);
+    packed[k] = pack_bf16(f.x * scale, f.y * scale);
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key); the
+// key's valid flag. kIntegerDecode (the wgmma_overlap_ilp variant): decode_e4m3_chunk, every
+// chunk decoded and a masked key's zeros selected at the end, so the 28 chunks form one block
+// that ptxas interleaves (a masked key's registers hold an earlier key's bytes, or the zeros the
+// caller started with: decoded and dropped); otherwise decode_e4m3_chunk_cvt. The same bits.
+template <bool kIntegerDecode = false>
 __device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const Fp8Half& h,
                                                 bool real, int key, int part) {
   const uint64_t scales = (static_cast<uint64_t>(h.scales.y) << 32) | h.scales.x;
   // Channels 8 chunk .. + 7: scale group 8 chunk / 64, the same for 2i and 2i + 1 (so known at
   // compile time).
   static_assert(kv_record::kFp8Group == 64, "scale groups of 64 channels (8 chunks)");
-  if constexpr (kBranchFree) {
-    using e4m3_bits::e4m3x2_to_bf16x2_times_2m120;
-    constexpr uint32_t kTwoPow120 = e4m3_bits::kBf16TwoPow120 * 0x10001u;
+  if constexpr (kIntegerDecode) {
     constexpr int kGroups = (kHalfNope + 3) / 4;  // 7: chunks 2i + part with i / 4 = g
     uint32_t scale[kGroups];
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) scale[g] = e8m0_to_bf16x2((scales >> (8 * g)) & 0xffu);
 #pragma unroll
     for (int i = 0; i < kHalfNope; ++i) {
-      const uint2 bytes = h.nope[i];
-      const uint32_t pairs[4] = {e4m3x2_to_bf16x2_times_2m120<false>(bytes.x),
-                                 e4m3x2_to_bf16x2_times_2m120<true>(bytes.x),
-                                 e4m3x2_to_bf16x2_times_2m120<false>(bytes.y),
-                                 e4m3x2_to_bf16x2_times_2m120<true>(bytes.y)};
-      uint32_t packed[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        packed[k] = mul_bf16x2(mul_bf16x2(pairs[k], kTwoPow120), scale[i / 4]);
-      }
-      const uint4 v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      const uint4 v = decode_e4m3_chunk(h.nope[i], scale[i / 4]);
       *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, 2 * i + part)) =
           real ? v : make_uint4(0u, 0u, 0u, 0u);
     }
   } else {
-    auto decode_chunk = [&](const uint2 bytes, float scale) {
-      uint32_t packed[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t word = k < 2 ? bytes.x : bytes.y;
-        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-        const __half2 hv =
-            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-        const float2 f = __half22float2(hv);
-        packed[k] = pack_bf16(f.x * scale, f.y * scale);
-      }
-      return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    };
 #pragma unroll
     for (int i = 0; i < kHalfNope; ++i) {
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (real)
-        v = decode_chunk(h.nope[i], e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4)))));
+      if (real) {
+        v = decode_e4m3_chunk_cvt(h.nope[i],
+                                  e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4)))));
+      }
       *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, 2 * i + part)) = v;
     }
   }
@@ -241,8 +246,9 @@ struct PairKeyBuffer {
 };
 
 // Tile row `key`'s chunks kQuarterParts i + part from the share (zeros for a masked key) into
-// both blocks, and the key's valid flag. The fp8 arithmetic is decode_fp8_half's (the same
-// bits): e4m3 -> half -> f32, times the chunk's power-of-two scale, rounded to bf16.
+// both blocks, and the key's valid flag. kIntegerDecode (the pair mode runs the wgmma_overlap_ilp
+// variant): decode_fp8_half's integer form; otherwise decode_e4m3_chunk_cvt. The same bits.
+template <bool kIntegerDecode>
 __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
                                               const PairQuarter<KvFormat::kFp8>& q, bool real,
                                               int key, int part) {
@@ -250,24 +256,26 @@ __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
   const uint64_t scales = (static_cast<uint64_t>(q.scales.y) << 32) | q.scales.x;
   static_assert(kv_record::kFp8Group == 64 && kQuarterParts == 4,
                 "chunk 4i + part lies in scale group i / 2 (groups of 8 chunks)");
+  if constexpr (kIntegerDecode) {
+    constexpr int kGroups = (kQuarterNope + 1) / 2;  // 7: chunks 4i + part with i / 2 = g
+    uint32_t scale[kGroups];
 #pragma unroll
-  for (int i = 0; i < kQuarterNope; ++i) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (real) {
-      const float scale = e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 2))));
-      uint32_t packed[4];
+    for (int g = 0; g < kGroups; ++g) scale[g] = e8m0_to_bf16x2((scales >> (8 * g)) & 0xffu);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t word = k < 2 ? q.nope[i].x : q.nope[i].y;
-        const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-        const __half2 hv =
-            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-        const float2 f = __half22float2(hv);
-        packed[k] = pack_bf16(f.x * scale, f.y * scale);
-      }
-      v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    for (int i = 0; i < kQuarterNope; ++i) {
+      const uint4 v = decode_e4m3_chunk(q.nope[i], scale[i / 2]);
+      buf.put16(T::offset(key, kQuarterParts * i + part), real ? v : make_uint4(0u, 0u, 0u, 0u));
     }
-    buf.put16(T::offset(key, kQuarterParts * i + part), v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kQuarterNope; ++i) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (real) {
+        v = decode_e4m3_chunk_cvt(q.nope[i],
+                                  e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 2)))));
+      }
+      buf.put16(T::offset(key, kQuarterParts * i + part), v);
+    }
   }
 #pragma unroll
   for (int j = 0; j < kQuarterRope; ++j) {
@@ -280,6 +288,8 @@ __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
   if (part == 0) buf.put_valid(key, real);
 }
 
+// The bf16 rows (pair mode): copied, whatever the decode choice.
+template <bool kIntegerDecode>
 __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
                                               const PairQuarter<KvFormat::kBf16>& q, bool real,
                                               int key, int part) {

@@ -214,6 +214,29 @@ __device__ __forceinline__ void issue_query_loads(const AttentionArgs& a, int t,
   for (int u = 0; u < kQueryLoads; ++u) v[u] = __ldg(q4 + tid + u * kThreads);
 }
 
+// Has L2 fetch the start of the block likely to start next on some SM: the one a.sms linear
+// block ids after this one (one block per SM; blocks start in the order of their linear ids as
+// earlier ones end). Its q rows (kRows x kDim f32: 128 KB) and its top-k row: a wave's blocks
+// each read their q from DRAM at once, which took ~15,000 cycles of a block's prologue. Thread
+// `thread` of `threads` issues its share of the lines; nothing past the grid's last block.
+__device__ __forceinline__ void prefetch_next_block_start(const AttentionArgs& a, int thread,
+                                                          int threads) {
+  const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const uint32_t next = linear + static_cast<uint32_t>(a.sms);
+  if (a.sms <= 0 || next >= gridDim.x * gridDim.y * gridDim.z) return;
+  const int64_t t = next % gridDim.x;
+  const int64_t h_first = static_cast<int64_t>((next / gridDim.x) % gridDim.y) * kRows;
+  const char* q = reinterpret_cast<const char*>(a.q + (t * a.heads + h_first) * kDim);
+  constexpr int kQueryBytes = kRows * kDim * 4;
+  for (int off = 128 * thread; off < kQueryBytes; off += 128 * threads) prefetch_l2(q + off);
+  if (a.topk != nullptr) {
+    const char* row = reinterpret_cast<const char*>(a.topk + t * a.topk_cols);
+    for (int off = 128 * thread; off < 4 * a.topk_cols; off += 128 * threads) {
+      prefetch_l2(row + off);
+    }
+  }
+}
+
 template <bool kSw128>
 __device__ __forceinline__ void store_query_tile(uint8_t* qs, int tid,
                                                  const float4 (&v)[kQueryLoads]) {

@@ -136,6 +136,7 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   // The pair ran where it takes the heads (the unpaired kernel elsewhere), with its splits.
   EXPECT_TRUE(wgmma && plan.overlap);
   EXPECT_EQ(plan.pair, cuda::wgmma_pair_takes(pc.heads));
+  EXPECT_TRUE(plan.ilp);  // pairs or not, the integer decode (the same bytes)
   EXPECT_EQ(plan.splits, ref_plan.splits);
   if (pc.splits > 0) {
     EXPECT_GT(plan.splits, 1);
