@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   static_assert(!(kMerge && kPair), "one cluster shape: the splits' or the pair's");
   static_assert(!(kTrace && (kMerge || kPair)), "traced: unpaired and unmerged");
   static_assert(!(kIlp && (kMerge || kPdl)), "ilp: unmerged, no pdl");
+  static_assert(!kPair || kIlp, "the pairs run the ilp variant");
   static_assert(!kTrace || kFmt == KvFormat::kFp8, "the trace's producer events are fp8's");
   static_assert(kMergeSmemBytes <= OverlapLayout::kPBytes * 2, "the merge's scratch in P's place");
   // The combine (a programmatic dependent launch of this grid) may start: it waits for this grid
@@ -238,8 +239,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       index = index_at(i + 5);
     };
     if constexpr (kPair) {
-      PairQuarter<kFmt> share;
-      if constexpr (kIlp) share = PairQuarter<kFmt>{};  // a masked key decodes defined bytes
+      PairQuarter<kFmt> share{};  // a masked key decodes defined bytes, then drops them
       bool share_real = false;
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         const PairKeyBuffer buf{kb_of(b), valid_of(b),
                                 kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
                                 valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int))};
-        store_quarter<kIlp>(buf, share, share_real, key, part);
+        store_quarter(buf, share, share_real, key, part);
         fence_async_all();  // both blocks' copies of the half tile, for their wgmma
         arrive_both(full_bar(b));
         if (i + 1 < tiles) {

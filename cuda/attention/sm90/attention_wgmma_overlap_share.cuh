@@ -246,9 +246,9 @@ struct PairKeyBuffer {
 };
 
 // Tile row `key`'s chunks kQuarterParts i + part from the share (zeros for a masked key) into
-// both blocks, and the key's valid flag. kIntegerDecode (the pair mode runs the wgmma_overlap_ilp
-// variant): decode_fp8_half's integer form; otherwise decode_e4m3_chunk_cvt. The same bits.
-template <bool kIntegerDecode>
+// both blocks, and the key's valid flag. The pair mode runs the wgmma_overlap_ilp variant:
+// decode_fp8_half's integer form (every chunk decoded, a masked key's zeros selected at the
+// end), the same bits.
 __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
                                               const PairQuarter<KvFormat::kFp8>& q, bool real,
                                               int key, int part) {
@@ -256,26 +256,14 @@ __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
   const uint64_t scales = (static_cast<uint64_t>(q.scales.y) << 32) | q.scales.x;
   static_assert(kv_record::kFp8Group == 64 && kQuarterParts == 4,
                 "chunk 4i + part lies in scale group i / 2 (groups of 8 chunks)");
-  if constexpr (kIntegerDecode) {
-    constexpr int kGroups = (kQuarterNope + 1) / 2;  // 7: chunks 4i + part with i / 2 = g
-    uint32_t scale[kGroups];
+  constexpr int kGroups = (kQuarterNope + 1) / 2;  // 7: chunks 4i + part with i / 2 = g
+  uint32_t scale[kGroups];
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) scale[g] = e8m0_to_bf16x2((scales >> (8 * g)) & 0xffu);
+  for (int g = 0; g < kGroups; ++g) scale[g] = e8m0_to_bf16x2((scales >> (8 * g)) & 0xffu);
 #pragma unroll
-    for (int i = 0; i < kQuarterNope; ++i) {
-      const uint4 v = decode_e4m3_chunk(q.nope[i], scale[i / 2]);
-      buf.put16(T::offset(key, kQuarterParts * i + part), real ? v : make_uint4(0u, 0u, 0u, 0u));
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kQuarterNope; ++i) {
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (real) {
-        v = decode_e4m3_chunk_cvt(q.nope[i],
-                                  e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 2)))));
-      }
-      buf.put16(T::offset(key, kQuarterParts * i + part), v);
-    }
+  for (int i = 0; i < kQuarterNope; ++i) {
+    const uint4 v = decode_e4m3_chunk(q.nope[i], scale[i / 2]);
+    buf.put16(T::offset(key, kQuarterParts * i + part), real ? v : make_uint4(0u, 0u, 0u, 0u));
   }
 #pragma unroll
   for (int j = 0; j < kQuarterRope; ++j) {
@@ -288,8 +276,7 @@ __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
   if (part == 0) buf.put_valid(key, real);
 }
 
-// The bf16 rows (pair mode): copied, whatever the decode choice.
-template <bool kIntegerDecode>
+// The bf16 rows (pair mode): copied.
 __device__ __forceinline__ void store_quarter(const PairKeyBuffer& buf,
                                               const PairQuarter<KvFormat::kBf16>& q, bool real,
                                               int key, int part) {
