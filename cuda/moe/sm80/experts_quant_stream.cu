@@ -8,19 +8,21 @@
 // 16-byte weight chunks (the same chunks, in the same mma order) into a ring of kStages slices
 // in shared memory with cp.async, kStages - 1 slices ahead of the one it multiplies: the bytes
 // in flight are bounded by shared memory, not registers (ExpertQuantStreamMx: 2 CTAs of 8 warps
-// and 128 KB of weights in flight per SM). A lane reads back only the chunks it copied itself,
-// so its own cp.async.wait_group orders them; the activation slices share the ring and the one
-// __syncthreads per slice that publishes them also frees the oldest slot for refilling.
+// and 128 KB of weights in flight per SM; 96 KB in the lean loop, which reads a slice ahead). A
+// lane reads back only the chunks it copied itself, so its own cp.async.wait_group orders them;
+// the activation slices share the ring and the one __syncthreads per slice that publishes them
+// also frees the oldest slot for refilling.
 //
 // The decode, the mma order and the epilogue are experts_quant_tile.cuh's, as in the register
 // kernel: every output element is reduced over K in slice order with the same fixed order inside
 // a slice, so both kernels give bit-identical results.
 //
-// The lean variant (kLean, DEEPINFER_MOE_QUANT_DECODE=streaming_lean, for K a multiple of the
-// slice) issues fewer instructions per slice for the same bits: MXFP4 words decoded by
-// decode_mx_word (11 integer instructions per 8 values instead of 15) with one-instruction
-// multipliers, no per-chunk bounds checks, and branch-free activation copies (zero rows by a
-// zero-byte cp.async source).
+// The lean variant (kLean, DEEPINFER_MOE_QUANT_DECODE=streaming_lean and the default for MXFP4,
+// for K a multiple of the slice) issues fewer instructions per slice for the same bits: MXFP4
+// words decoded by decode_mx_word (11 integer instructions per 8 values instead of 15) with
+// one-instruction multipliers, no per-chunk bounds checks, and branch-free activation copies
+// (zero rows by a zero-byte cp.async source). Its MXFP4 loop reads a slice's weight chunks and
+// scale bytes from the ring into registers one slice ahead of their multiply.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -367,33 +369,75 @@ __global__ void __launch_bounds__(C::kThreads, 2)
       if (s < slices) lf.fill(s);
       cp_async_commit();
     }
-    if constexpr (!kScaleRing) load_scales<F, kM, true>(sc, wr, 0, k_lane, k_end, block_cols_log2);
+    if constexpr (kScaleRing) {
+      // MXFP4: a slice's weight chunks and scale bytes are read from the ring into registers
+      // one slice ahead of their multiply, so no shared-memory read latency sits between a
+      // slice's barrier and its decode (waits on shared-memory reads were this loop's largest
+      // stall in Nsight Compute). Slice s + 1 must then have landed at slice s's barrier: one
+      // slice fewer in flight (96 KB per SM instead of 128).
+      static_assert(C::kStages >= 3, "a slice in flight besides the two read");
+      const uint4* weight_base = weight_chunk<C>(weight_ring, 0, kChunks, 0, tid);
+      const uint8_t* scale_base = reinterpret_cast<const uint8_t*>(scale_ring + warp * 32 + g) + q;
+      auto read_operands = [&](int slot, uint4(&chunk)[kM][2], uint32_t(&scale)[kM][2][1]) {
+        const uint4* w = weight_base + slot * (kChunks * C::kThreads);
+        const uint8_t* sr = scale_base + slot * (C::kWeightRows * 4);
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            chunk[mt][hr] = w[(2 * mt + hr) * C::kThreads];
+            scale[mt][hr][0] = sr[4 * (16 * mt + 8 * hr)];
+          }
+        }
+      };
+      cp_async_wait<C::kStages - 2>();  // slice 0
+      __syncthreads();
+      uint4 chunks[2][kM][2];  // ping-pong: slice s reads set s % 2 and fills the other
+      uint32_t scales[2][kM][2][1];
+      read_operands(0, chunks[0], scales[0]);
+      int read_slot = 0;
+      int fill_slot = C::kStages - 1;
+      auto step = [&](int s, const uint4(&cur)[kM][2], const uint32_t(&cur_scales)[kM][2][1],
+                      uint4(&nxt)[kM][2], uint32_t(&nxt_scales)[kM][2][1]) {
+        // Slice s + 1 landed and is published; every warp is done with slice s - 1's slot (its
+        // activations read in slice s - 1, its weights and scales in slice s - 2).
+        cp_async_wait<C::kStages - 3>();
+        __syncthreads();
+        if (s + C::kStages - 1 < slices) lf.fill(fill_slot);
+        cp_async_commit();
+        const int next_slot = s + 1 < slices ? (read_slot + 1 == C::kStages ? 0 : read_slot + 1)
+                                             : read_slot;  // past the last: re-read, unused
+        read_operands(next_slot, nxt, nxt_scales);
+        multiply_slice<F, C, kPlanes, true>(
+            acc, [&](int mt, int hr, int) { return cur[mt][hr]; }, cur_scales,
+            act_ring + read_slot * kActWords, n8, g, q);
+        read_slot = next_slot;
+        fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
+      };
+      // Two slices per iteration, so that the sets swap roles without register moves.
+#pragma unroll 1
+      for (int s = 0; s < slices; s += 2) {
+        step(s, chunks[0], scales[0], chunks[1], scales[1]);
+        if (s + 1 < slices) step(s + 1, chunks[1], scales[1], chunks[0], scales[0]);
+      }
+      cp_async_wait_all();  // no copy outlives the CTA's shared memory
+      store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
+      return;
+    }
+    load_scales<F, kM, true>(sc, wr, 0, k_lane, k_end, block_cols_log2);
     int read_slot = 0;
     int fill_slot = C::kStages - 1;
 #pragma unroll 1
     for (int s = 0; s < slices; ++s) {
+      // FP8 (MXFP4 returned above). In bounds only: past the last slice it reloads the last
+      // slice's scales (never used).
       uint32_t sc_next[kM][2][Tr::kLoads];
-      if constexpr (!kScaleRing) {
-        // In bounds only: past the last slice it reloads the last (never used).
-        load_scales<F, kM, true>(sc_next, wr, min(s + 1, slices - 1), k_lane, k_end,
-                                 block_cols_log2);
-      }
+      load_scales<F, kM, true>(sc_next, wr, min(s + 1, slices - 1), k_lane, k_end, block_cols_log2);
       // As the default loop below: slice s landed and is published, slice s - 1's slot is free.
       cp_async_wait<C::kStages - 2>();
       __syncthreads();
       if (s + C::kStages - 1 < slices) lf.fill(fill_slot);
       cp_async_commit();
-      if constexpr (kScaleRing) {
-        // Lane (g, q)'s byte q of its rows' scale words (published by the barrier).
-        const uint8_t* row_scales = reinterpret_cast<const uint8_t*>(
-                                        scale_ring + read_slot * C::kWeightRows + warp * 32 + g) +
-                                    q;
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) sc[mt][hr][0] = row_scales[4 * (16 * mt + 8 * hr)];
-        }
-      }
       const uint4* slot = weight_chunk<C>(weight_ring, read_slot, kChunks, 0, tid);
       multiply_slice<F, C, kPlanes, true>(
           acc,
@@ -401,14 +445,12 @@ __global__ void __launch_bounds__(C::kThreads, 2)
             return slot[((2 * mt + hr) * Tr::kLoads + l) * C::kThreads];
           },
           sc, act_ring + read_slot * kActWords, n8, g, q);
-      if constexpr (!kScaleRing) {
 #pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
+      for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
+        for (int hr = 0; hr < 2; ++hr) {
 #pragma unroll
-            for (int l = 0; l < Tr::kLoads; ++l) sc[mt][hr][l] = sc_next[mt][hr][l];
-          }
+          for (int l = 0; l < Tr::kLoads; ++l) sc[mt][hr][l] = sc_next[mt][hr][l];
         }
       }
       read_slot = read_slot + 1 == C::kStages ? 0 : read_slot + 1;

@@ -1,6 +1,7 @@
 // The decode-shape kernels of the quantized routed experts (cuda/moe/sm80/
-// experts_quant_stream.cu, the default, its lean variant chosen by
-// DEEPINFER_MOE_QUANT_DECODE=streaming_lean, and experts_quant.cu's register-prefetch kernel,
+// experts_quant_stream.cu, chosen by DEEPINFER_MOE_QUANT_DECODE=streaming and the default for
+// FP8, its lean variant chosen by =streaming_lean and the default for MXFP4, and
+// experts_quant.cu's register-prefetch kernel,
 // chosen by =registers at backend creation) reduce every output element over K in the same order
 // with the same decoded values, so moe_experts gives bit-identical results on all three: at
 // V4-Flash widths with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and
@@ -87,6 +88,7 @@ cuda::ExpertsKernel chosen_kernel(const DecodeCase& c, cuda::QuantDecodeChoice c
   cuda::ExpertsPassProblem p{
       int64_t{c.tokens} * c.top_k, c.experts, c.hidden, c.inter, false, true};
   p.quantized = true;
+  p.mxfp4 = c.format == WeightFormat::kMxfp4;
   p.quant_decode = choice;
   return cuda::choose_experts_pass(p, static_cast<size_t>(smem)).kernel;
 }
@@ -156,7 +158,7 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
     if (device_required()) FAIL() << why;
     GTEST_SKIP() << why;
   }
-  std::unique_ptr<Backend> streaming = cuda_backend_with_decode("");
+  std::unique_ptr<Backend> streaming = cuda_backend_with_decode("streaming");
   std::unique_ptr<Backend> registers = cuda_backend_with_decode("registers");
   // 16 experts, top-6: 3, 11 and 43 tokens are about 1, 4 and 16 pairs per expert (43: 258
   // pairs, the benchmark's ceil(16 E / 6) tokens, which the decode shape must still take).
@@ -174,9 +176,10 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
 
 // The lean streaming variant against the default one: MXFP4 (its own word decode) and FP8 at
 // V4-Flash widths with 1, 4 and 16 pairs per expert, MXFP4 without activation quantization
-// (three planes) at whole slices, with scales past 2^1 (multipliers of two factors), and a K
-// tail (H 352: the gate/up GEMM falls back to the default kernel, the down GEMM at I 256 takes
-// the lean one).
+// (three planes) at whole slices, with scales past 2^1 (multipliers of two factors), a K tail
+// (H 352: the gate/up GEMM falls back to the default kernel, the down GEMM at I 256 takes the
+// lean one), and for MXFP4's operands read a slice ahead: an odd slice count (K 384) and a single
+// slice (K 128).
 TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
   std::string why;
   if (shared_backend("cuda", &why) == nullptr) {
@@ -191,6 +194,7 @@ TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
       {kFp8, 128, 128, 16, 6, 4096, 2048, 11}, {kFp8, 128, 128, 16, 6, 4096, 2048, 43},
       {kMx, 32, 0, 8, 2, 256, 384, 5},         {kMx, 32, 32, 8, 2, 256, 384, 9, 128},
       {kMx, 32, 32, 8, 2, 352, 256, 7},        {kFp8, 128, 0, 8, 2, 256, 384, 9},
+      {kMx, 32, 32, 8, 2, 128, 128, 6},
   };
   expect_bit_identical(
       *lean, cuda::QuantDecodeChoice::kStreamingLean, cuda::ExpertsKernel::kQuantStreamLean,
