@@ -301,9 +301,10 @@ const char* quant_experts_kernel_ran(Backend& be) {
   return cuda_be == nullptr ? "?" : cuda::experts_kernel_name(cuda_be->last_quant_experts_kernel());
 }
 
-// Runs `body` once per decode kernel to compare: the backend's choice (DEEPINFER_MOE_QUANT_DECODE)
-// with suffix "", and when that is a streaming kernel, the lean streaming variant too with
-// suffix " streaming_lean" (the lean one alone when it is the choice); restores the choice. Other
+// Runs `body` once per decode kernel to compare: under the default choice (auto) or "streaming",
+// the streaming kernel with suffix "" and its lean variant with suffix " streaming_lean" (auto
+// takes the lean one for MXFP4 and the other for FP8); under another DEEPINFER_MOE_QUANT_DECODE,
+// that choice alone (suffix " streaming_lean" for the lean one). Restores the choice. Other
 // backends run it once.
 template <class Body>
 void for_each_decode_kernel(Backend& be, const Body& body) {
@@ -313,10 +314,12 @@ void for_each_decode_kernel(Backend& be, const Body& body) {
     return;
   }
   const cuda::QuantDecodeChoice configured = cuda_be->moe_quant_decode();
-  if (configured != cuda::QuantDecodeChoice::kStreaming) {
+  if (configured != cuda::QuantDecodeChoice::kStreaming &&
+      configured != cuda::QuantDecodeChoice::kAuto) {
     body(configured == cuda::QuantDecodeChoice::kStreamingLean ? " streaming_lean" : "");
     return;
   }
+  cuda_be->set_moe_quant_decode(cuda::QuantDecodeChoice::kStreaming);
   body("");
   cuda_be->set_moe_quant_decode(cuda::QuantDecodeChoice::kStreamingLean);
   body(" streaming_lean");

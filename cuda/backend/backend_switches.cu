@@ -34,7 +34,7 @@ std::optional<bool> parse_hc_pre(const char* value) {
 BackendSwitches read_backend_switches() {
   BackendSwitches s;
   s.moe_quant_decode = read_switch("DEEPINFER_MOE_QUANT_DECODE", parse_quant_decode,
-                                   "streaming, streaming_lean, registers or prefill");
+                                   "auto, streaming, streaming_lean, registers or prefill");
   s.moe_quant_prefill =
       read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "wgmma or mma_sync");
   s.fp8_linear =

@@ -12,10 +12,10 @@
 namespace deepinfer::cuda {
 
 struct BackendSwitches {
-  QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kStreaming;  // DEEPINFER_MOE_QUANT_DECODE
-  QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;   // _MOE_QUANT_PREFILL
-  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;               // DEEPINFER_FP8_LINEAR
-  bool hc_fused = false;                                               // DEEPINFER_HC_PRE
+  QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kAuto;      // DEEPINFER_MOE_QUANT_DECODE
+  QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;  // _MOE_QUANT_PREFILL
+  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;              // DEEPINFER_FP8_LINEAR
+  bool hc_fused = false;                                              // DEEPINFER_HC_PRE
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel =
       AttentionKernelChoice::kWgmmaOverlapIlp;  // DEEPINFER_ATTENTION_KERNEL

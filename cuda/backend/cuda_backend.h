@@ -78,8 +78,8 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_; }
   int num_sms() const { return num_sms_; }
   size_t max_shared_memory_per_block() const { return max_smem_optin_; }
-  // DEEPINFER_MOE_QUANT_DECODE at creation (streaming, streaming_lean, registers, prefill): the
-  // kernel quantized experts take in the decode shape (an A/B switch for benchmarks,
+  // DEEPINFER_MOE_QUANT_DECODE at creation (auto, streaming, streaming_lean, registers, prefill):
+  // the kernel quantized experts take in the decode shape (an A/B switch for benchmarks,
   // moe_heuristics.h); benchmarks set it to time the streaming variants in one run.
   QuantDecodeChoice moe_quant_decode() const { return moe_quant_decode_; }
   void set_moe_quant_decode(QuantDecodeChoice choice) { moe_quant_decode_ = choice; }
@@ -245,7 +245,7 @@ class CudaBackend final : public Backend {
   int device_;
   int num_sms_ = 0;
   size_t max_smem_optin_ = 0;
-  QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kStreaming;
+  QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kAuto;
   QuantPrefillChoice moe_quant_prefill_ = QuantPrefillChoice::kMmaSync;
   bool wgmma_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;

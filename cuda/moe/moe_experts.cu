@@ -112,6 +112,7 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   const int64_t pairs = tokens * p.top_k;
   ExpertsPassProblem prob{pairs, experts, p.hidden, p.inter, false, true};
   prob.quantized = true;
+  prob.mxfp4 = p.format == QuantFormat::kMxfp4;
   prob.quant_decode = be.moe_quant_decode();
   prob.quant_prefill = be.moe_quant_prefill();
   prob.quant_wgmma =

@@ -75,8 +75,13 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
 
 // Which kernel quantized experts take in the decode shape (an A/B switch for benchmarks and
 // tests: the backend's DEEPINFER_MOE_QUANT_DECODE, read once at its creation).
+// The default (auto) is the lean streaming kernel for MXFP4 and the streaming one for FP8: on the
+// H200 the lean one, with its operands read a slice ahead, streamed the V4-Flash MXFP4 experts
+// 1.03-1.09x faster at 1, 4 and 16 pairs per expert; on FP8 the two were within 3% either way
+// (session 16, benchmarks/RESULTS.md).
 enum class QuantDecodeChoice {
-  kStreaming,      // "streaming" or unset: kQuantStream where the device has the shared memory
+  kAuto,           // "auto" or unset: kStreamingLean for MXFP4, kStreaming for FP8
+  kStreaming,      // "streaming": kQuantStream where the device has the shared memory
   kStreamingLean,  // "streaming_lean": kQuantStreamLean there (K whole slices; else kQuantStream)
   kRegisters,      // "registers": kQuantDecode
   kPrefill,        // "prefill": kQuantPrefill (64-row tiles) at every size
@@ -85,7 +90,8 @@ enum class QuantDecodeChoice {
 // The choice DEEPINFER_MOE_QUANT_DECODE names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<QuantDecodeChoice> parse_quant_decode(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "streaming") return QuantDecodeChoice::kStreaming;
+  if (v.empty() || v == "auto") return QuantDecodeChoice::kAuto;
+  if (v == "streaming") return QuantDecodeChoice::kStreaming;
   if (v == "streaming_lean") return QuantDecodeChoice::kStreamingLean;
   if (v == "registers") return QuantDecodeChoice::kRegisters;
   if (v == "prefill") return QuantDecodeChoice::kPrefill;
@@ -133,7 +139,8 @@ struct ExpertsPassProblem {
   bool bf16_weights;
   bool vec;                // 16-byte aligned rows: H % 8 == 0, I % 8 == 0, aligned bases
   bool quantized = false;  // MXFP4 or FP8 weights: sm80/experts_quant*.cu in either shape
-  QuantDecodeChoice quant_decode = QuantDecodeChoice::kStreaming;
+  bool mxfp4 = false;      // quantized as MXFP4 (else FP8): what kAuto decides by
+  QuantDecodeChoice quant_decode = QuantDecodeChoice::kAuto;
   QuantPrefillChoice quant_prefill = QuantPrefillChoice::kWgmma;
   bool quant_wgmma = false;  // quant_wgmma_fits for this pass (both GEMMs)
 };
@@ -149,8 +156,10 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
     // streams the weights through a shared-memory ring where the device has the shared memory.
     const bool decode = p.quant_decode != QuantDecodeChoice::kPrefill &&
                         pairs / std::max(experts, 1) <= kExpertQuantDecodeMaxPairs;
-    const bool lean = p.quant_decode == QuantDecodeChoice::kStreamingLean;
-    const bool stream = (p.quant_decode == QuantDecodeChoice::kStreaming || lean) &&
+    const bool lean = p.quant_decode == QuantDecodeChoice::kStreamingLean ||
+                      (p.quant_decode == QuantDecodeChoice::kAuto && p.mxfp4);
+    const bool stream = (p.quant_decode == QuantDecodeChoice::kStreaming ||
+                         p.quant_decode == QuantDecodeChoice::kAuto || lean) &&
                         smem_max >= kExpertQuantStreamMaxSmem;
     // The prefill shape on wgmma where asked for and where it runs (128-row tiles).
     const bool wgmma = !decode && p.quant_prefill == QuantPrefillChoice::kWgmma && p.quant_wgmma;

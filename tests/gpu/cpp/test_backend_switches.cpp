@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cuda/backend/backend_switches.h"
+#include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/error.h"
 #include "scoped_env.h"
 
@@ -51,6 +52,8 @@ TEST(BackendSwitches, NamesChoose) {
 
 TEST(BackendSwitches, MoeQuantDecodeTakesEveryDecodeKernel) {
   const std::pair<const char*, cuda::QuantDecodeChoice> names[] = {
+      {"", cuda::QuantDecodeChoice::kAuto},
+      {"auto", cuda::QuantDecodeChoice::kAuto},
       {"streaming", cuda::QuantDecodeChoice::kStreaming},
       {"streaming_lean", cuda::QuantDecodeChoice::kStreamingLean},
       {"registers", cuda::QuantDecodeChoice::kRegisters},
@@ -59,6 +62,28 @@ TEST(BackendSwitches, MoeQuantDecodeTakesEveryDecodeKernel) {
   for (const auto& [name, choice] : names) {
     ScopedEnv decode("DEEPINFER_MOE_QUANT_DECODE", name);
     EXPECT_EQ(cuda::read_backend_switches().moe_quant_decode, choice) << name;
+  }
+}
+
+// The default decode choice takes the lean streaming kernel for MXFP4 and the streaming one for
+// FP8 (V4-Flash at 4 pairs per expert); an explicit choice takes its kernel for both formats.
+TEST(BackendSwitches, MoeQuantDecodeAutoTakesTheLeanKernelForMxfp4Only) {
+  constexpr size_t kH200Smem = 232448;  // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+  cuda::ExpertsPassProblem p{4 * 256, 256, 4096, 2048, false, true};
+  p.quantized = true;
+  EXPECT_EQ(p.quant_decode, cuda::QuantDecodeChoice::kAuto);
+  p.mxfp4 = true;
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel, cuda::ExpertsKernel::kQuantStreamLean);
+  p.mxfp4 = false;
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel, cuda::ExpertsKernel::kQuantStream);
+  for (const bool mxfp4 : {false, true}) {
+    p.mxfp4 = mxfp4;
+    p.quant_decode = cuda::QuantDecodeChoice::kStreaming;
+    EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel, cuda::ExpertsKernel::kQuantStream);
+    p.quant_decode = cuda::QuantDecodeChoice::kStreamingLean;
+    EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel,
+              cuda::ExpertsKernel::kQuantStreamLean);
+    p.quant_decode = cuda::QuantDecodeChoice::kAuto;
   }
 }
 
