@@ -76,9 +76,9 @@ inline const char* experts_kernel_name(ExpertsKernel k) {
 // Which kernel quantized experts take in the decode shape (an A/B switch for benchmarks and
 // tests: the backend's DEEPINFER_MOE_QUANT_DECODE, read once at its creation).
 // The default (auto) is the lean streaming kernel for MXFP4 and the streaming one for FP8: on the
-// H200 the lean one, with its operands read a slice ahead, streamed the V4-Flash MXFP4 experts
-// 1.03-1.09x faster at 1, 4 and 16 pairs per expert; on FP8 the two were within 3% either way
-// (session 16, benchmarks/RESULTS.md).
+// H200 the lean one (operands read a slice ahead, a loop for tiles of at most 8 rows) streamed
+// the V4-Flash MXFP4 experts 1.08-1.13x faster at 1, 4 and 16 pairs per expert; on FP8 the two
+// were within 3% either way (session 16, benchmarks/RESULTS.md).
 enum class QuantDecodeChoice {
   kAuto,           // "auto" or unset: kStreamingLean for MXFP4, kStreaming for FP8
   kStreaming,      // "streaming": kQuantStream where the device has the shared memory

@@ -22,10 +22,12 @@
 // words decoded by decode_mx_word (11 integer instructions per 8 values instead of 15) with
 // one-instruction multipliers, no per-chunk bounds checks, and branch-free activation copies
 // (zero rows by a zero-byte cp.async source). Its MXFP4 loop reads a slice's weight chunks and
-// scale bytes from the ring into registers one slice ahead of their multiply.
+// scale bytes from the ring into registers one slice ahead of their multiply, and has a copy for
+// tiles of at most 8 rows (no predicated-off work for a second group of 8 tokens).
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
@@ -392,33 +394,43 @@ __global__ void __launch_bounds__(C::kThreads, 2)
       };
       cp_async_wait<C::kStages - 2>();  // slice 0
       __syncthreads();
-      uint4 chunks[2][kM][2];  // ping-pong: slice s reads set s % 2 and fills the other
-      uint32_t scales[2][kM][2][1];
-      read_operands(0, chunks[0], scales[0]);
-      int read_slot = 0;
-      int fill_slot = C::kStages - 1;
-      auto step = [&](int s, const uint4(&cur)[kM][2], const uint32_t(&cur_scales)[kM][2][1],
-                      uint4(&nxt)[kM][2], uint32_t(&nxt_scales)[kM][2][1]) {
-        // Slice s + 1 landed and is published; every warp is done with slice s - 1's slot (its
-        // activations read in slice s - 1, its weights and scales in slice s - 2).
-        cp_async_wait<C::kStages - 3>();
-        __syncthreads();
-        if (s + C::kStages - 1 < slices) lf.fill(fill_slot);
-        cp_async_commit();
-        const int next_slot = s + 1 < slices ? (read_slot + 1 == C::kStages ? 0 : read_slot + 1)
-                                             : read_slot;  // past the last: re-read, unused
-        read_operands(next_slot, nxt, nxt_scales);
-        multiply_slice<F, C, kPlanes, true>(
-            acc, [&](int mt, int hr, int) { return cur[mt][hr]; }, cur_scales,
-            act_ring + read_slot * kActWords, n8, g, q);
-        read_slot = next_slot;
-        fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
-      };
-      // Two slices per iteration, so that the sets swap roles without register moves.
+      // The slice loop, compiled for tiles of at most 8 rows (kMaxN8 1: no predicated-off mma
+      // for a second group of 8 tokens) and for full tiles; each CTA takes one (n8 is uniform).
+      auto slice_loop = [&](auto max_n8) {
+        constexpr int kMaxN8 = decltype(max_n8)::value;
+        uint4 chunks[2][kM][2];  // ping-pong: slice s reads set s % 2 and fills the other
+        uint32_t scales[2][kM][2][1];
+        read_operands(0, chunks[0], scales[0]);
+        int read_slot = 0;
+        int fill_slot = C::kStages - 1;
+        auto step = [&](int s, const uint4(&cur)[kM][2], const uint32_t(&cur_scales)[kM][2][1],
+                        uint4(&nxt)[kM][2], uint32_t(&nxt_scales)[kM][2][1]) {
+          // Slice s + 1 landed and is published; every warp is done with slice s - 1's slot
+          // (its activations read in slice s - 1, its weights and scales in slice s - 2).
+          cp_async_wait<C::kStages - 3>();
+          __syncthreads();
+          if (s + C::kStages - 1 < slices) lf.fill(fill_slot);
+          cp_async_commit();
+          const int next_slot = s + 1 < slices ? (read_slot + 1 == C::kStages ? 0 : read_slot + 1)
+                                               : read_slot;  // past the last: re-read, unused
+          read_operands(next_slot, nxt, nxt_scales);
+          multiply_slice<F, C, kPlanes, true, kMaxN8>(
+              acc, [&](int mt, int hr, int) { return cur[mt][hr]; }, cur_scales,
+              act_ring + read_slot * kActWords, n8, g, q);
+          read_slot = next_slot;
+          fill_slot = fill_slot + 1 == C::kStages ? 0 : fill_slot + 1;
+        };
+        // Two slices per iteration, so that the sets swap roles without register moves.
 #pragma unroll 1
-      for (int s = 0; s < slices; s += 2) {
-        step(s, chunks[0], scales[0], chunks[1], scales[1]);
-        if (s + 1 < slices) step(s + 1, chunks[1], scales[1], chunks[0], scales[0]);
+        for (int s = 0; s < slices; s += 2) {
+          step(s, chunks[0], scales[0], chunks[1], scales[1]);
+          if (s + 1 < slices) step(s + 1, chunks[1], scales[1], chunks[0], scales[0]);
+        }
+      };
+      if (n8 == 1) {
+        slice_loop(std::integral_constant<int, 1>{});
+      } else {
+        slice_loop(std::integral_constant<int, C::kTok / 8>{});
       }
       cp_async_wait_all();  // no copy outlives the CTA's shared memory
       store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);

@@ -222,8 +222,10 @@ __device__ __forceinline__ void stage_slice(uint32_t* buf, const __nv_bfloat16* 
 // gives the lane's 16-byte load l of row hr of m16 tile mt; each is fetched once, just before
 // its first step (FP8's second load only halfway through the slice).
 // kLean (MXFP4): the same values from fewer instructions, decode_mx_word per 32-bit word and
-// mx_multiplier_one where no multiplier has two factors.
-template <QuantFormat F, class C, int kPlanes, bool kTwo, bool kLean, class RawAt>
+// mx_multiplier_one where no multiplier has two factors. kMaxN8: a compile-time bound on n8 (a
+// caller that knows the tile has at most 8 rows passes 1: no predicated-off work for the second
+// group of 8).
+template <QuantFormat F, class C, int kPlanes, bool kTwo, bool kLean, int kMaxN8, class RawAt>
 __device__ __forceinline__ void multiply_decoded(
     float (&acc)[C::kMTiles][C::kTok / 8][4], const RawAt& raw,
     const uint32_t (&scale)[C::kMTiles][2][QuantTraits<F>::kLoads], const uint32_t* buf, int n8,
@@ -291,7 +293,7 @@ __device__ __forceinline__ void multiply_decoded(
     }
     const int word = piece_word(q, t);
 #pragma unroll
-    for (int j = 0; j < C::kTok / 8; ++j) {
+    for (int j = 0; j < kMaxN8; ++j) {
       if (j >= n8) break;
 #pragma unroll
       for (int pl = 0; pl < kPlanes; ++pl) {
@@ -310,7 +312,8 @@ __device__ __forceinline__ void multiply_decoded(
 // multiply_decoded with the lane's scales (MXFP4: e8m0 bytes; FP8: f32 bits); the two-factor
 // code only where some lane of the warp needs it (the branch is warp-uniform: mma.sync needs
 // the whole warp).
-template <QuantFormat F, class C, int kPlanes, bool kLean = false, class RawAt>
+template <QuantFormat F, class C, int kPlanes, bool kLean = false, int kMaxN8 = C::kTok / 8,
+          class RawAt>
 __device__ __forceinline__ void multiply_slice(
     float (&acc)[C::kMTiles][C::kTok / 8][4], const RawAt& raw,
     const uint32_t (&scale)[C::kMTiles][2][QuantTraits<F>::kLoads], const uint32_t* buf, int n8,
@@ -329,9 +332,9 @@ __device__ __forceinline__ void multiply_slice(
     }
   }
   if (__any_sync(0xffffffffu, two)) {
-    multiply_decoded<F, C, kPlanes, true, kLean>(acc, raw, scale, buf, n8, g, q);
+    multiply_decoded<F, C, kPlanes, true, kLean, kMaxN8>(acc, raw, scale, buf, n8, g, q);
   } else {
-    multiply_decoded<F, C, kPlanes, false, kLean>(acc, raw, scale, buf, n8, g, q);
+    multiply_decoded<F, C, kPlanes, false, kLean, kMaxN8>(acc, raw, scale, buf, n8, g, q);
   }
 }
 
