@@ -352,15 +352,17 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
          time_graph_us(be, iters, fp8_q_scores), bytes, flops);
     // The same scores by each fp8 kernel forced (sm_90): the pipelined one (the default, whatever
     // DEEPINFER_INDEXER_FP8_SCORES says) and the persistent one (indexer_score_wgmma_persistent.cu,
-    // the same bytes) with both conversion splits, the A/B; then the whole op on the persistent
-    // kernel.
+    // the same bytes) with both conversion splits, the A/B, and without conversion (e4m3 MMAs,
+    // not the same bytes); then the whole op on the persistent kernel.
     const std::pair<IndexerScoreKernel, std::string> fp8_q_kernels[] = {
         {IndexerScoreKernel::kTensorCoreWgmmaPipelined, ", wgmma pipelined"},
         {IndexerScoreKernel::kTensorCoreWgmmaPersistent,
          ", wgmma persistent: blocks over the flattened tiles, q from its codes, 3 of 8 k-steps "
          "converted by cvt"},
         {IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt,
-         ", wgmma persistent, every k-step converted by cvt"}};
+         ", wgmma persistent, every k-step converted by cvt"},
+        {IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8,
+         ", wgmma persistent, codes on e4m3 MMAs (measurement: fp8 MMA sums)"}};
     for (const auto& [k, label] : fp8_q_kernels) {
       if (!cuda::indexer_wgmma_runs(cuda_be)) break;
       auto forced_scores = [&] {

@@ -42,7 +42,8 @@ BackendSwitches read_backend_switches() {
   s.hc_fused = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "fused or legacy");
   s.indexer_fp8_scores =
       read_switch("DEEPINFER_INDEXER_FP8_SCORES", parse_indexer_fp8_scores,
-                  "wgmma_pipelined, wgmma, mma_sync, wgmma_persistent or wgmma_persistent_cvt");
+                  "wgmma_pipelined, wgmma, mma_sync, wgmma_persistent, wgmma_persistent_cvt or "
+                  "wgmma_persistent_fp8");
   // The attention's parsers name the variable themselves (three variables make one choice).
   std::string bad;
   const std::optional<AttentionMmaChoice> mma = parse_attention_mma_choice(

@@ -105,8 +105,8 @@ class CudaBackend final : public Backend {
   // call to compare the two in one run.
   AttentionKernelChoice attention_kernel() const { return attention_kernel_; }
   void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
-  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma_pipelined: the default, wgmma, mma_sync,
-  // wgmma_persistent, wgmma_persistent_cvt):
+  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma_persistent_cvt: the default,
+  // wgmma_pipelined, wgmma, mma_sync, wgmma_persistent, wgmma_persistent_fp8):
   // which kernel scores fp8 index keys at 64 heads on sm_90 unless a benchmark forces one
   // (indexer_options.h).
   IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }

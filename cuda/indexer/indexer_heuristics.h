@@ -78,6 +78,7 @@ struct IndexerConfig {
   // key codes of persistent_cvt_steps k-steps (of 8) through cvt
   bool wgmma_persistent;
   int persistent_cvt_steps;
+  bool persistent_fp8_mma;  // ... its codes on e4m3 MMAs instead (kTensorCoreWgmmaPersistentFp8)
   int64_t persistent_ctas;
   bool mma_q_one_part;  // ... without q's lo part (IndexerScoreKernel::kTensorCoreOnePass)
   bool mma_key_runs;  // ... fp8 keys in runs where allowed (IndexerScoreKernel::kTensorCoreKeyRuns)
@@ -124,13 +125,14 @@ inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms
 // by_default). (A bf16-key twin measured 2.4-2.7x slower than the mma.sync kernel on the H200 in
 // session 11, B = 64: 196 vs 82 us at 32K, 775 vs 301 us at 128K; it was removed.)
 // `persistent`: for q in fp8 they take indexer_score_wgmma_persistent.cu instead, `persistent_cvt`
-// its variant with every key code through cvt.
+// its variant with every key code through cvt, `persistent_fp8` the one with none (e4m3 MMAs).
 struct WgmmaChoice {
   bool device = false;
   bool by_default = false;
   bool pipelined = false;
   bool persistent = false;
   bool persistent_cvt = false;
+  bool persistent_fp8 = false;
 };
 
 // `want` forces the scoring kernel; a forced tensor-core kernel that does not take the problem
@@ -143,7 +145,8 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   const bool auto_tc = want == IndexerScoreKernel::kAuto || want == IndexerScoreKernel::kTensorCore;
   const bool forced_pipelined = want == IndexerScoreKernel::kTensorCoreWgmmaPipelined;
   const bool forced_persistent = want == IndexerScoreKernel::kTensorCoreWgmmaPersistent ||
-                                 want == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt;
+                                 want == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt ||
+                                 want == IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8;
   const bool forced_wgmma = want == IndexerScoreKernel::kTensorCoreWgmma ||
                             want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3 ||
                             forced_pipelined || forced_persistent;
@@ -152,16 +155,19 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   c.wgmma_lo_e4m3 = c.wgmma && want == IndexerScoreKernel::kTensorCoreWgmmaLoE4m3;
   c.wgmma_pipelined = c.wgmma && (forced_pipelined || (wgmma.pipelined && auto_tc)) &&
                       score_wgmma_pipelined_smem_bytes() <= max_smem;
+  const bool fp8_mma = forced_persistent ? want == IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8
+                                         : wgmma.persistent_fp8;
   c.wgmma_persistent = c.wgmma && p.q_fp8 && (forced_persistent || (wgmma.persistent && auto_tc)) &&
-                       score_wgmma_persistent_smem_bytes() <= max_smem;
+                       score_wgmma_persistent_smem_bytes(fp8_mma) <= max_smem;
   const bool all_cvt = forced_persistent ? want == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt
                                          : wgmma.persistent_cvt;
   c.persistent_cvt_steps = all_cvt ? kMmaDim / 16 : kPersistMixedCvtSteps;
+  c.persistent_fp8_mma = c.wgmma_persistent && fp8_mma;
   c.mma = c.wgmma || (want != IndexerScoreKernel::kCudaCore && !forced_wgmma &&
                       score_mma_takes(p) && score_mma_smem_bytes(p.heads, p.keys) <= max_smem);
   c.mma_q_one_part = c.mma && want == IndexerScoreKernel::kTensorCoreOnePass;
   c.mma_key_runs = c.mma && want == IndexerScoreKernel::kTensorCoreKeyRuns;
-  c.score_smem = c.wgmma_persistent  ? score_wgmma_persistent_smem_bytes()
+  c.score_smem = c.wgmma_persistent  ? score_wgmma_persistent_smem_bytes(c.persistent_fp8_mma)
                  : c.wgmma_pipelined ? score_wgmma_pipelined_smem_bytes()
                  : c.wgmma           ? score_wgmma_smem_bytes()
                  : c.mma             ? score_mma_smem_bytes(p.heads, p.keys)

@@ -153,12 +153,31 @@ constexpr int kPersistQTileBytes = kWgmmaHeads * kMmaDim * 2;  // q's f16 B tile
 // A q slot's token: the scaled head weights, then where its tiles sit (16-byte multiple).
 constexpr int kPersistQMetaBytes = kWgmmaHeads * 4 + 32;
 
+// The fp8-MMA variant (launch_indexer_score_wgmma_persistent's fp8_mma) needs fewer registers
+// per consumer thread (90 against 128), so its block runs four consumer warpgroups and 16 stages.
+// On the H200 (session 17, B = 64) four beat three (28.96 vs 30.35 us at 32K, 92.7 vs 100.7 at
+// 128K), five (15 stages, the weights read from shared memory to fit 85 registers) were slower
+// (32.0, 106.9), and so were 20 stages (30.6, 101.4).
+constexpr int kPersistFp8Consumers = 4;
+constexpr int kPersistFp8Stages = 16;
+static_assert(kPersistFp8Stages % kPersistFp8Consumers == 0);
+struct PersistentShape {
+  int consumers;
+  int stages;
+  constexpr int threads() const { return (consumers + 1) * kWgmmaThreads; }
+};
+constexpr PersistentShape persistent_shape(bool fp8_mma) {
+  return fp8_mma ? PersistentShape{kPersistFp8Consumers, kPersistFp8Stages}
+                 : PersistentShape{kPersistConsumers, kPersistStages};
+}
+
 // Its shared memory: the q slots (tiles, then their metadata), the record stages, then per stage
 // the copied keys' mask and two barriers, per q slot two barriers, and the prologue's scan.
-inline size_t score_wgmma_persistent_smem_bytes() {
+inline size_t score_wgmma_persistent_smem_bytes(bool fp8_mma = false) {
+  const PersistentShape s = persistent_shape(fp8_mma);
   return static_cast<size_t>(kPersistQSlots) * (kPersistQTileBytes + kPersistQMetaBytes) +
-         static_cast<size_t>(kPersistStages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t)) +
-         2 * kPersistQSlots * sizeof(uint64_t) + (kPersistThreads / 32 + 4) * sizeof(int64_t);
+         static_cast<size_t>(s.stages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t)) +
+         2 * kPersistQSlots * sizeof(uint64_t) + (s.threads() / 32 + 4) * sizeof(int64_t);
 }
 
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its
@@ -299,10 +318,12 @@ void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout
 // bytes for q in fp8) from a.q_codes, where fp8 records may be copied in runs of a paged block
 // (score_mma_key_runs: the caller checks), over `ctas` blocks (one per SM at most) that share the
 // group's n tokens' tiles. cvt_steps: the k-steps (of 8) whose key codes go through cvt, the
-// rest through integer operations (common/e4m3_bits.h); 8 or kPersistMixedCvtSteps.
+// rest through integer operations (common/e4m3_bits.h); 8 or kPersistMixedCvtSteps. fp8_mma:
+// instead no conversion, the codes multiplied on e4m3 MMAs (IndexerScoreKernel::
+// kTensorCoreWgmmaPersistentFp8: not the pipelined kernel's bytes; cvt_steps is then unused).
 constexpr int kPersistMixedCvtSteps = 3;
 void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                           int64_t ctas, int cvt_steps,
+                                           int64_t ctas, int cvt_steps, bool fp8_mma,
                                            KernelSmemLimits& smem_limits, cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.

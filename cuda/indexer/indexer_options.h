@@ -40,6 +40,11 @@ enum class IndexerFp8Scores {
   // and 122.5 us at 128K (131.1, 125.9); B = 1 at 32K 6.6 us (8.7). The same score bytes as
   // kWgmmaPipelined (its GPU test).
   kWgmmaPersistentCvt,
+  // "wgmma_persistent_fp8": the persistent kernel with no key conversion, the codes on e4m3 MMAs
+  // (IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8): DeepSeek's numerics, not the CPU op's
+  // scores to f32 rounding (within ~5e-4 of a row's largest score on the H200, session 17).
+  // Opt-in; q in f32 keeps kWgmmaPipelined's choice.
+  kWgmmaPersistentFp8,
 };
 
 // The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
@@ -51,6 +56,7 @@ inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name
   if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
   if (v == "wgmma_persistent") return IndexerFp8Scores::kWgmmaPersistent;
   if (v == "wgmma_persistent_cvt") return IndexerFp8Scores::kWgmmaPersistentCvt;
+  if (v == "wgmma_persistent_fp8") return IndexerFp8Scores::kWgmmaPersistentFp8;
   return std::nullopt;
 }
 
@@ -91,6 +97,11 @@ enum class IndexerScoreKernel {
   kTensorCoreWgmmaPersistent,
   // ... with every key code through cvt.
   kTensorCoreWgmmaPersistentCvt,
+  // ... with no conversion: the key and q codes multiplied on e4m3 MMAs (wgmma.m64n64k32), as
+  // DeepSeek's paged MQA logits kernels do on Hopper. Measurement only: Hopper's fp8 MMAs keep
+  // fewer bits of their sums than f32 (SageAttention2 reports 13 mantissa bits), so its scores
+  // are not the CPU op's to f32 rounding and kAuto never picks it.
+  kTensorCoreWgmmaPersistentFp8,
 };
 
 enum class IndexerSelectKernel {

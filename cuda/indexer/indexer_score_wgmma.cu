@@ -45,31 +45,6 @@ namespace {
 namespace im = indexer_mma;
 using namespace indexer_wgmma;  // the steps both wgmma kernels share (indexer_wgmma_tile.cuh)
 
-// d (64 x 64 f32) = a (64 x 32 e4m3, registers) b (32 x 64 e4m3, shared) + d when accumulate.
-__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float* d, const uint32_t (&a)[4], uint64_t b,
-                                                     bool accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
-      "1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
-#else
-  (void)d;
-  (void)a;
-  (void)b;
-  (void)accumulate;
-  __trap();
-#endif
-}
-
 // Block (token of the group, split): the split walks tiles first = split, + splits, ... of
 // kMmaKeys keys, kWgmmaStages deep in cp.async (records staged whole: indexer_fp8_records.cuh;
 // kRuns picks the copy). Shared memory (score_wgmma_smem_bytes): q's B tile, the head weights,

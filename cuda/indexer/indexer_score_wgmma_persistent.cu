@@ -13,14 +13,15 @@
 //    per SM (launch: min(SMs, tiles)). Each block finds its first token with a scan of the tokens'
 //    tile counts (locate_block_range).
 //  - Keys: one producer warp bulk-copies each tile's runs of a paged block into a ring of
-//    kPersistStages stages (the pipelined kernel's copies, full / empty mbarriers), walking the
+//    Shape::kStages stages (the pipelined kernel's copies, full / empty mbarriers), walking the
 //    block's tokens in order.
 //  - q: kPersistQWarps warps stage each token's f16 B tile from its e4m3 codes (a.q_codes; no
 //    decode kernel) into a ring of kPersistQSlots slots with the token's scaled head weights and
 //    where its tiles sit (QSlotMeta); consumers take a slot per token and release it.
-//  - Scores: kPersistConsumers warpgroups take the block's tiles in turn. The k-steps below
-//    kCvtSteps convert codes with cvt; the others with a byte permute, a shift and a mask
-//    (common/e4m3_bits.h), which gives each code's value times 2^-8, on the integer pipes.
+//  - Scores: Shape::kConsumers warpgroups (3; 4 without conversion) take the block's tiles in
+//    turn. The k-steps below kCvtSteps convert codes with cvt; the others with a byte permute, a
+//    shift and a mask (common/e4m3_bits.h), which gives each code's value times 2^-8, on the
+//    integer pipes.
 //
 // The same bytes as the pipelined kernel over q in fp8. Its products are q's f16 value (the codes
 // times the head's power-of-two scale, as stage_q_tile makes it) times the key's exact f16 value;
@@ -32,6 +33,15 @@
 // key_scores. (The pipelined kernel adds q's zero lo parts to each d first: that turns -0 into +0
 // only, which changes no sum.) Key codes 0x7f / 0xff (NaN, which no encoder here writes) score
 // finite values in the integer steps instead of -inf.
+//
+// The fp8-MMA variant (kFp8Mma: IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8, opt-in as
+// DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent_fp8) converts nothing, as DeepSeek's paged MQA
+// logits kernels on Hopper: q's B tile holds its codes (wgmma_q8_offset), the key words as loaded
+// are the A registers of four wgmma.m64n64k32 e4m3 steps (wgmma_k8_of_channel), and the head
+// weight carries only the two op scales. The products are exact, but Hopper's fp8 MMAs keep fewer
+// bits of their sums than f32, so its scores differ from the others' in the low bits (within
+// 5.4e-4 of a row's largest score on the H200; its GPU test). Needing 90 registers per thread, it
+// runs four consumer warpgroups.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -61,17 +71,26 @@ using indexer_persistent::SpanToken;
 using indexer_persistent::SpanWalker;
 namespace im = indexer_mma;
 
-constexpr int kStages = kPersistStages;
 constexpr int kQSlots = kPersistQSlots;
 constexpr int kStageBytes = kMmaKeys * kFp8RecordBytes;
 static_assert(kStageBytes % 16 == 0, "stages start 16-byte aligned for the bulk copies");
-constexpr int kConsumerThreads = kPersistConsumers * kWgmmaThreads;
 constexpr int kQThreads = kPersistQWarps * 32;
-static_assert(kPersistThreads == kConsumerThreads + 32 + kQThreads,
-              "the consumers, then the loader warpgroup: one producer warp and the q warps");
-constexpr int kWarps = kPersistThreads / 32;
 constexpr float kTwoToMinus8 = 1.0f / 256.0f;
 constexpr float kTwoTo8 = 256.0f;
+
+// The block's shape: kConsumers warpgroups, then the loader warpgroup (one producer warp and the
+// q warps); kStages record stages. The fp8-MMA variant's consumers need fewer registers (90
+// against the conversion paths' 128), so it runs four (persistent_shape, indexer_launch.h).
+template <bool kFp8Mma>
+struct Shape {
+  static constexpr PersistentShape kShape = persistent_shape(kFp8Mma);
+  static constexpr int kConsumers = kShape.consumers;
+  static constexpr int kStages = kShape.stages;
+  static constexpr int kConsumerThreads = kConsumers * kWgmmaThreads;
+  static constexpr int kThreads = kShape.threads();
+  static constexpr int kWarps = kThreads / 32;
+  static_assert(kThreads == kConsumerThreads + 32 + kQThreads);
+};
 
 // A q slot's token, after its weights.
 struct QSlotMeta {
@@ -87,7 +106,7 @@ static_assert(kWgmmaHeads * sizeof(float) + sizeof(QSlotMeta) <= kPersistQMetaBy
 struct PersistSmem {
   uint8_t* q_tiles;   // [kQSlots][kPersistQTileBytes]: q's B tiles (wgmma_q_offset)
   uint8_t* q_meta;    // [kQSlots][kPersistQMetaBytes]: the head weights, then QSlotMeta
-  uint8_t* records;   // [kStages][kStageBytes]
+  uint8_t* records;   // [kStages][kStageBytes] (Shape::kStages)
   uint64_t* masks;    // [kStages]: bit n, key n of the stage's tile was copied
   uint64_t* full;     // [kStages]: the producer's arrival + the copies' bytes
   uint64_t* empty;    // [kStages]: the consuming warpgroup's 128 arrivals
@@ -105,6 +124,7 @@ struct PersistSmem {
   __device__ uint8_t* q_tile(int slot) const { return q_tiles + slot * kPersistQTileBytes; }
 };
 
+template <int kStages>
 __device__ __forceinline__ PersistSmem persist_smem(uint8_t* base) {
   PersistSmem s;
   s.q_tiles = base;
@@ -122,12 +142,14 @@ __device__ __forceinline__ PersistSmem persist_smem(uint8_t* base) {
 // The block's range of the flattened tiles (every thread of the block, which returns the same):
 // each thread sums the tile counts of a contiguous share of the group's n tokens, a block scan
 // places the shares, and the thread whose share holds the range's first tile names its token.
+template <class S>
 __device__ BlockRange locate_block_range(const ScoreArgs& a, const DeviceLayout& l, int n,
                                          int64_t* scan) {
+  constexpr int kWarps = S::kWarps;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int per = (n + kPersistThreads - 1) / kPersistThreads;
+  const int per = (n + S::kThreads - 1) / S::kThreads;
   const int lo = min(n, tid * per);
   const int hi = min(n, lo + per);
   auto tiles_of = [&](int g) {
@@ -173,6 +195,7 @@ __device__ BlockRange locate_block_range(const ScoreArgs& a, const DeviceLayout&
 // the pipelined kernel's produce_tiles: lane m owns run m % runs of tile m / runs of each batch
 // of 32 runs, looks up its block-table entry a batch ahead (within a token), and per tile lane 0
 // stores the mask and arms the stage's full barrier with the tile's bytes once the stage is free.
+template <int kStages>
 __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n,
                                 const BlockRange& range, const PersistSmem& sm) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -252,7 +275,9 @@ __device__ __forceinline__ __half2 q_pair(float2 v, float scale, int step) {
 // q's B tile of token t, half `item & 1` of head item / 2 (64 channels), from the e4m3 codes:
 // the values stage_q_tile reads after indexer_q_values decodes them, the same head scale and
 // weight; the pair of halves of a head sits in adjacent lanes (the amax shuffle).
-template <int kCvtSteps>
+// kFp8Mma: the codes themselves, 4 channels per 32-bit store at their k of the e4m3 k32 steps
+// (wgmma_q8_offset), and the head's weight with both scales only (no head scale).
+template <int kCvtSteps, bool kFp8Mma>
 __device__ __forceinline__ void stage_q_half(const ScoreArgs& a, int t, int item, uint8_t* q_tile,
                                              float* head_weights) {
   const int h = item >> 1;
@@ -267,6 +292,19 @@ __device__ __forceinline__ void stage_q_half(const ScoreArgs& a, int t, int item
     words[4 * i + 1] = v.y;
     words[4 * i + 2] = v.z;
     words[4 * i + 3] = v.w;
+  }
+  if constexpr (kFp8Mma) {
+#pragma unroll
+    for (int i = 0; i < kMmaDim / 8; ++i) {
+      // Channels ch0 + 4i .. + 3 play k8 .. k8 + 3 of one core-matrix row.
+      const int k8 = im::wgmma_k8_of_channel(ch0 + 4 * i);
+      *reinterpret_cast<uint32_t*>(q_tile + im::wgmma_q8_offset(k8, h)) = words[i];
+    }
+    if (ch0 == 0) {
+      head_weights[h] =
+          a.weights[static_cast<int64_t>(t) * kWgmmaHeads + h] * a.weight_scale * a.score_scale;
+    }
+    return;
   }
   // Codes ch0 + i, ch0 + i + 1 (even i) as f32: exact, as decode_e4m3_kernel gives them.
   auto values = [&](int i) {
@@ -297,7 +335,7 @@ __device__ __forceinline__ void stage_q_half(const ScoreArgs& a, int t, int item
 
 // The q warps (thread qtid of kQThreads): each token of the block's range into the next q slot,
 // once every consumer released the slot's previous token.
-template <int kCvtSteps>
+template <int kCvtSteps, bool kFp8Mma>
 __device__ void stage_q_slots(const ScoreArgs& a, const DeviceLayout& l, int n,
                               const BlockRange& range, const PersistSmem& sm, int qtid) {
   SpanWalker walk(a, l, n, range);
@@ -310,7 +348,7 @@ __device__ void stage_q_slots(const ScoreArgs& a, const DeviceLayout& l, int n,
     // Items 0 .. 95 in the first round, 96 .. 127 by the first q warp in the second: a head's
     // two halves stay in one warp.
     for (int item = qtid; item < 2 * kWgmmaHeads; item += kQThreads) {
-      stage_q_half<kCvtSteps>(a, t, item, sm.q_tile(slot), sm.weights(slot));
+      stage_q_half<kCvtSteps, kFp8Mma>(a, t, item, sm.q_tile(slot), sm.weights(slot));
     }
     if (qtid == 0) *sm.meta(slot) = QSlotMeta{tok.visible, tok.first_tile, tok.tiles, tok.g, 0};
     fence_async_shared();               // the tile, for wgmma's reads
@@ -318,15 +356,26 @@ __device__ void stage_q_slots(const ScoreArgs& a, const DeviceLayout& l, int n,
   }
 }
 
-// One tile of a consumer warpgroup (thread (g, c) of warp w: keys key0 = 16 w + g and key0 + 8):
-// the pipelined kernel's consume step with the conversion split at kCvtSteps and the epilogue's
-// key scales times 256 (the header says why the scores are its bytes).
-// kSlot: the token's q slot, a constant so that the MMAs' descriptors stay in uniform registers.
-template <int kCvtSteps, int kSlot>
-__device__ __forceinline__ void score_tile(const PersistSmem& sm, int f, int key0, int lane_c,
-                                           const float (&wq)[kWgmmaHeads / 8][2], float (&acc)[32],
-                                           float* out, int entry0, int visible) {
-  const uint64_t q_desc = wgmma_desc(sm.q_tile(kSlot), kCoreBytes, kKChunks * kCoreBytes);
+// What the epilogue of a tile issued by issue_tile needs besides its accumulators: its keys'
+// scales (times 256 on the conversion paths) and its stage's mask of copied keys.
+struct TileTail {
+  float ks0, ks1;
+  uint64_t mask;
+};
+
+// The MMAs of one tile of a consumer warpgroup (thread (g, c) of warp w: keys key0 = 16 w + g and
+// key0 + 8), issued and committed, not waited for: the pipelined kernel's consume step with the
+// conversion split at kCvtSteps and the key scales times 256 (the header says why the scores are
+// its bytes). kFp8Mma: no conversion; the codes as loaded are the A registers of four e4m3 k32
+// MMAs. kSlot: the token's q slot, a constant so that the MMAs' descriptors stay in uniform
+// registers.
+template <int kCvtSteps, bool kFp8Mma, int kSlot>
+__device__ __forceinline__ TileTail issue_tile(const PersistSmem& sm, int f, int key0, int lane_c,
+                                               float (&acc)[32]) {
+  const uint64_t q_desc = kFp8Mma
+                              ? wgmma_desc(sm.q_tile(kSlot), kCoreBytes, kKChunks / 2 * kCoreBytes)
+                              : wgmma_desc(sm.q_tile(kSlot), kCoreBytes, kKChunks * kCoreBytes);
+  constexpr int kStages = Shape<kFp8Mma>::kStages;
   const int st = f % kStages;
   mbarrier_wait(&sm.full[st], static_cast<uint32_t>((f / kStages) & 1));
   const uint8_t* tile = sm.records + st * kStageBytes;
@@ -338,42 +387,66 @@ __device__ __forceinline__ void score_tile(const PersistSmem& sm, int f, int key
     w0[s] = k0[8 * lane_c + s];
     w1[s] = k1[8 * lane_c + s];
   }
-  const float ks0 = reinterpret_cast<const float*>(k0)[kMmaDim / 4] * kTwoTo8;
-  const float ks1 = reinterpret_cast<const float*>(k1)[kMmaDim / 4] * kTwoTo8;
-  const uint64_t mask = sm.masks[st];
+  constexpr float kKeyScale = kFp8Mma ? 1.0f : kTwoTo8;
+  const TileTail tail{reinterpret_cast<const float*>(k0)[kMmaDim / 4] * kKeyScale,
+                      reinterpret_cast<const float*>(k1)[kMmaDim / 4] * kKeyScale, sm.masks[st]};
   mbarrier_arrive(&sm.empty[st]);  // the stage's bytes this thread needs are in registers
-  uint32_t frag[kSteps][4];
+  if constexpr (kFp8Mma) {
+    // k-step t takes words 8c + 2t (registers 0 / 1) and 8c + 2t + 1 (2 / 3): wgmma_k8_of_channel.
+    uint32_t frag8[kSteps / 2][4];
 #pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    if (s < kCvtSteps) {
-      frag[s][0] = e4m3x2_to_f16x2(w0[s]);
-      frag[s][1] = e4m3x2_to_f16x2(w1[s]);
-      frag[s][2] = e4m3x2_to_f16x2(w0[s] >> 16);
-      frag[s][3] = e4m3x2_to_f16x2(w1[s] >> 16);
-    } else {
-      frag[s][0] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<false>(w0[s]);
-      frag[s][1] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<false>(w1[s]);
-      frag[s][2] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<true>(w0[s]);
-      frag[s][3] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<true>(w1[s]);
+    for (int t = 0; t < kSteps / 2; ++t) {
+      frag8[t][0] = w0[2 * t];
+      frag8[t][1] = w1[2 * t];
+      frag8[t][2] = w0[2 * t + 1];
+      frag8[t][3] = w1[2 * t + 1];
+    }
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < kSteps / 2; ++t) {
+      wgmma_m64n64k32_e4m3(acc, frag8[t], q_desc + ((2 * t * kCoreBytes) >> 4), t > 0);
+    }
+  } else {
+    uint32_t frag[kSteps][4];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if (s < kCvtSteps) {
+        frag[s][0] = e4m3x2_to_f16x2(w0[s]);
+        frag[s][1] = e4m3x2_to_f16x2(w1[s]);
+        frag[s][2] = e4m3x2_to_f16x2(w0[s] >> 16);
+        frag[s][3] = e4m3x2_to_f16x2(w1[s] >> 16);
+      } else {
+        frag[s][0] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<false>(w0[s]);
+        frag[s][1] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<false>(w1[s]);
+        frag[s][2] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<true>(w0[s]);
+        frag[s][3] = e4m3_bits::e4m3x2_to_f16x2_times_2m8<true>(w1[s]);
+      }
+    }
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      wgmma_m64n64k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
     }
   }
-  fence_accumulators(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    wgmma_m64n64k16_f16(acc, frag[s], q_desc + ((2 * s * kCoreBytes) >> 4), s > 0);
-  }
   wgmma_commit();
-  wgmma_wait_all();
+  return tail;
+}
+
+// The epilogue of a tile whose MMAs are done: key_scores' sums over the hi columns, in its order,
+// stored at entries entry0 + key (below `visible`).
+__device__ __forceinline__ void finish_tile(float (&acc)[32], const TileTail& tail,
+                                            const float (&wq)[kWgmmaHeads / 8][2], int key0,
+                                            int lane_c, float* out, int entry0, int visible) {
   fence_accumulators(acc);
-  // key_scores' sums over the hi columns, in its order.
   float p0 = 0.0f, p1 = 0.0f;
 #pragma unroll
   for (int j = 0; j < kWgmmaHeads / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      p0 += wq[j][e] * fmaxf(acc[4 * j + e] * ks0, 0.0f);
-      p1 += wq[j][e] * fmaxf(acc[4 * j + 2 + e] * ks1, 0.0f);
+      p0 += wq[j][e] * fmaxf(acc[4 * j + e] * tail.ks0, 0.0f);
+      p1 += wq[j][e] * fmaxf(acc[4 * j + 2 + e] * tail.ks1, 0.0f);
     }
   }
   p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
@@ -383,15 +456,15 @@ __device__ __forceinline__ void score_tile(const PersistSmem& sm, int f, int key
   if (lane_c < 2) {
     const int n = key0 + 8 * lane_c;
     const int j = entry0 + n;
-    const float s = stored_score(lane_c == 0 ? p0 : p1, ((mask >> n) & 1u) != 0);
+    const float s = stored_score(lane_c == 0 ? p0 : p1, ((tail.mask >> n) & 1u) != 0);
     if (j < visible) out[j] = s;
   }
 }
 
-// Consumer warpgroup `group` (thread tid of it): the block's tiles group, group +
-// kPersistConsumers, ... Every token of the range passes through it (its q slot taken and
-// released, tiles or not), so that the q warps can reuse the slots.
-template <int kCvtSteps>
+// Consumer warpgroup `group` (thread tid of it): the block's tiles group, group + kConsumers,
+// ... Every token of the range passes through it (its q slot taken and released, tiles or not),
+// so that the q warps can reuse the slots.
+template <int kCvtSteps, bool kFp8Mma>
 __device__ void consume_tiles(const ScoreArgs& a, const BlockRange& range, const PersistSmem& sm,
                               int group, int tid) {
   const int lane = tid & 31;
@@ -420,53 +493,59 @@ __device__ void consume_tiles(const ScoreArgs& a, const BlockRange& range, const
     out = a.scores + static_cast<int64_t>(m.g) * a.row;
     load_column_weights(sm.weights(slot), lane_c, wq);
   };
-  static_assert(kQSlots == 2, "a tile's q slot picks one of two instances of score_tile");
-  for (int f = group; f < count; f += kPersistConsumers) {
+  static_assert(kQSlots == 2, "a tile's q slot picks one of two instances of issue_tile");
+  for (int f = group; f < count; f += Shape<kFp8Mma>::kConsumers) {
     while (f >= start + tiles) take_next_token();
     if (u % kQSlots == 0) {
-      score_tile<kCvtSteps, 0>(sm, f, key0, lane_c, wq, acc, out, entry0 + f * kMmaKeys, visible);
+      const TileTail tail = issue_tile<kCvtSteps, kFp8Mma, 0>(sm, f, key0, lane_c, acc);
+      wgmma_wait_all();
+      finish_tile(acc, tail, wq, key0, lane_c, out, entry0 + f * kMmaKeys, visible);
     } else {
-      score_tile<kCvtSteps, 1>(sm, f, key0, lane_c, wq, acc, out, entry0 + f * kMmaKeys, visible);
+      const TileTail tail = issue_tile<kCvtSteps, kFp8Mma, 1>(sm, f, key0, lane_c, acc);
+      wgmma_wait_all();
+      finish_tile(acc, tail, wq, key0, lane_c, out, entry0 + f * kMmaKeys, visible);
     }
   }
   while (start + tiles < count) take_next_token();
   if (u >= 0) mbarrier_arrive(&sm.q_empty[u % kQSlots]);
 }
 
-template <int kCvtSteps>
-__global__ void __launch_bounds__(kPersistThreads, 1)
+template <int kCvtSteps, bool kFp8Mma>
+__global__ void __launch_bounds__(Shape<kFp8Mma>::kThreads, 1)
     indexer_score_wgmma_persistent_kernel(ScoreArgs a, DeviceLayout l, int n) {
+  using S = Shape<kFp8Mma>;
   extern __shared__ float4 smem4[];
   const int tid = static_cast<int>(threadIdx.x);
-  const PersistSmem sm = persist_smem(reinterpret_cast<uint8_t*>(smem4));
+  const PersistSmem sm = persist_smem<S::kStages>(reinterpret_cast<uint8_t*>(smem4));
   if (tid == 0) {
-    for (int st = 0; st < kStages; ++st) {
+    for (int st = 0; st < S::kStages; ++st) {
       mbarrier_init(&sm.full[st], 1);
       mbarrier_init(&sm.empty[st], kWgmmaThreads);
     }
     for (int slot = 0; slot < kQSlots; ++slot) {
       mbarrier_init(&sm.q_full[slot], kQThreads);
-      mbarrier_init(&sm.q_empty[slot], kConsumerThreads);
+      mbarrier_init(&sm.q_empty[slot], S::kConsumerThreads);
     }
     mbarrier_init_fence();
   }
-  const BlockRange range = locate_block_range(a, l, n, sm.scan);  // syncs: barriers initialised
-  if (range.count == 0) return;                                   // uniform over the block
-  if (tid >= kConsumerThreads) {
-    if (tid < kConsumerThreads + 32) {
-      produce_records(a, l, n, range, sm);
+  // Syncs: the barriers are initialised after it.
+  const BlockRange range = locate_block_range<S>(a, l, n, sm.scan);
+  if (range.count == 0) return;  // uniform over the block
+  if (tid >= S::kConsumerThreads) {
+    if (tid < S::kConsumerThreads + 32) {
+      produce_records<S::kStages>(a, l, n, range, sm);
     } else {
-      stage_q_slots<kCvtSteps>(a, l, n, range, sm, tid - kConsumerThreads - 32);
+      stage_q_slots<kCvtSteps, kFp8Mma>(a, l, n, range, sm, tid - S::kConsumerThreads - 32);
     }
     return;
   }
-  consume_tiles<kCvtSteps>(a, range, sm, tid / kWgmmaThreads, tid % kWgmmaThreads);
+  consume_tiles<kCvtSteps, kFp8Mma>(a, range, sm, tid / kWgmmaThreads, tid % kWgmmaThreads);
 }
 
 }  // namespace
 
 void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
-                                           int64_t ctas, int cvt_steps,
+                                           int64_t ctas, int cvt_steps, bool fp8_mma,
                                            KernelSmemLimits& smem_limits, cudaStream_t stream) {
   if (a.heads != kWgmmaHeads || a.dim != kMmaDim || a.key.format != KvFormat::kFp8 ||
       a.key.row_bytes != kFp8RecordBytes || a.q_codes == nullptr) {
@@ -481,12 +560,14 @@ void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayou
                     std::to_string(cvt_steps));
   }
   if (n <= 0 || ctas <= 0) return;
-  const size_t smem = score_wgmma_persistent_smem_bytes();
-  const auto kernel = cvt_steps == kSteps
-                          ? indexer_score_wgmma_persistent_kernel<kSteps>
-                          : indexer_score_wgmma_persistent_kernel<kPersistMixedCvtSteps>;
+  const size_t smem = score_wgmma_persistent_smem_bytes(fp8_mma);
+  const auto kernel = fp8_mma ? indexer_score_wgmma_persistent_kernel<0, true>
+                      : cvt_steps == kSteps
+                          ? indexer_score_wgmma_persistent_kernel<kSteps, false>
+                          : indexer_score_wgmma_persistent_kernel<kPersistMixedCvtSteps, false>;
   smem_limits.allow(kernel, smem);
-  kernel<<<static_cast<unsigned>(ctas), kPersistThreads, smem, stream>>>(a, l, static_cast<int>(n));
+  const int threads = persistent_shape(fp8_mma).threads();
+  kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(a, l, static_cast<int>(n));
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
 }
 

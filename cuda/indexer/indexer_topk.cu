@@ -96,13 +96,16 @@ bool indexer_wgmma_runs(const CudaBackend& be) {
 
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
   const IndexerFp8Scores s = be.indexer_fp8_scores();
-  const bool persistent =
-      s == IndexerFp8Scores::kWgmmaPersistent || s == IndexerFp8Scores::kWgmmaPersistentCvt;
+  const bool persistent = s == IndexerFp8Scores::kWgmmaPersistent ||
+                          s == IndexerFp8Scores::kWgmmaPersistentCvt ||
+                          s == IndexerFp8Scores::kWgmmaPersistentFp8;
   // The persistent choices keep the pipelined kernel for q in f32.
   return {indexer_wgmma_runs(be),
           s == IndexerFp8Scores::kWgmma || s == IndexerFp8Scores::kWgmmaPipelined || persistent,
-          s == IndexerFp8Scores::kWgmmaPipelined || persistent, persistent,
-          s == IndexerFp8Scores::kWgmmaPersistentCvt};
+          s == IndexerFp8Scores::kWgmmaPipelined || persistent,
+          persistent,
+          s == IndexerFp8Scores::kWgmmaPersistentCvt,
+          s == IndexerFp8Scores::kWgmmaPersistentFp8};
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
@@ -111,7 +114,7 @@ void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const Dev
   if (a.q_codes != nullptr) {
     // The caller left q as codes: indexer_scores_take_codes(c, key_runs) held.
     launch_indexer_score_wgmma_persistent(a, l, n, c.persistent_ctas, c.persistent_cvt_steps,
-                                          smem_limits, stream);
+                                          c.persistent_fp8_mma, smem_limits, stream);
   } else if (c.wgmma_pipelined && key_runs) {
     launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);  // a.q_fp8: 1 MMA
   } else if (c.wgmma) {
@@ -180,7 +183,8 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
       indexer_scores_take_codes(c, score_mma_key_runs(sa.key.format, sa.epb, sa.cache_rows));
   const bool forced_persistent =
       opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPersistent ||
-      opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt;
+      opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt ||
+      opt.score_kernel == IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8;
   if (forced_persistent && !take_codes) {
     throw Error(ErrorCode::kUnsupported,
                 std::string(op) + ": the persistent wgmma scores take q in fp8 over fp8 keys of " +

@@ -17,6 +17,8 @@ TEST(IndexerOptions, Fp8ScoresSwitchParses) {
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma_persistent_cvt"),
             IndexerFp8Scores::kWgmmaPersistentCvt);
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma_persistent"), IndexerFp8Scores::kWgmmaPersistent);
+  EXPECT_EQ(parse_indexer_fp8_scores("wgmma_persistent_fp8"),
+            IndexerFp8Scores::kWgmmaPersistentFp8);
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma"), IndexerFp8Scores::kWgmma);
   EXPECT_EQ(parse_indexer_fp8_scores("mma_sync"), IndexerFp8Scores::kMmaSync);
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma_pipelined"), IndexerFp8Scores::kWgmmaPipelined);

@@ -99,6 +99,11 @@ TEST(BackendSwitches, IndexerFp8ScoresTakesThePersistentWgmmaKernel) {
     EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,
               cuda::IndexerFp8Scores::kWgmmaPersistent);
   }
+  {
+    ScopedEnv scores("DEEPINFER_INDEXER_FP8_SCORES", "wgmma_persistent_fp8");
+    EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,
+              cuda::IndexerFp8Scores::kWgmmaPersistentFp8);
+  }
   ScopedEnv scores("DEEPINFER_INDEXER_FP8_SCORES", "wgmma_persistent_cvt");
   EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,
             cuda::IndexerFp8Scores::kWgmmaPersistentCvt);

@@ -226,13 +226,14 @@ TEST(IndexerLaunchShapes, PipelinedWgmmaTakesOneBlockPerSm) {
 }
 
 // The persistent wgmma kernel (indexer_score_wgmma_persistent.cu): for q in fp8 where the switch
-// says wgmma_persistent(_cvt), or forced; q in f32 keeps the pipelined kernel under that switch,
-// and a forced persistent kernel takes nothing there. One block per SM at most, no more than the
-// group's tiles; its shared memory within the opt-in limit.
+// says wgmma_persistent(_cvt, _fp8), or forced; q in f32 keeps the pipelined kernel under that
+// switch, and a forced persistent kernel takes nothing there. One block per SM at most, no more
+// than the group's tiles; its shared memory within the opt-in limit.
 TEST(IndexerLaunchShapes, PersistentWgmmaTakesQInFp8) {
   using K = IndexerScoreKernel;
   const WgmmaChoice persistent{true, true, true, true, false},
-      persistent_cvt{true, true, true, true, true}, pipelined{true, true, true},
+      persistent_cvt{true, true, true, true, true},
+      persistent_fp8{true, true, true, true, false, true}, pipelined{true, true, true},
       forced_only{true, false};
   for (const int64_t batch : {1, 3, 64, 1024}) {
     for (const int64_t ctx : {4096, 32768, 131072}) {
@@ -240,18 +241,24 @@ TEST(IndexerLaunchShapes, PersistentWgmmaTakesQInFp8) {
       p.q_fp8 = true;
       const std::string what = std::to_string(batch) + " x " + std::to_string(ctx);
       const int64_t tiles = (ctx + kMmaKeys - 1) / kMmaKeys;
-      for (const auto& [want, choice, cvt_steps] :
-           {std::tuple{K::kAuto, persistent, kPersistMixedCvtSteps},
-            std::tuple{K::kTensorCore, persistent_cvt, 8},
-            std::tuple{K::kTensorCoreWgmmaPersistent, forced_only, kPersistMixedCvtSteps},
-            std::tuple{K::kTensorCoreWgmmaPersistentCvt, pipelined, 8}}) {
+      // The fp8-MMA variant under its switch (kAuto) or forced, whatever the switch says.
+      for (const auto& [want, choice, cvt_steps, fp8_mma] :
+           {std::tuple{K::kAuto, persistent, kPersistMixedCvtSteps, false},
+            std::tuple{K::kTensorCore, persistent_cvt, 8, false},
+            std::tuple{K::kTensorCoreWgmmaPersistent, forced_only, kPersistMixedCvtSteps, false},
+            std::tuple{K::kTensorCoreWgmmaPersistentCvt, pipelined, 8, false},
+            std::tuple{K::kAuto, persistent_fp8, kPersistMixedCvtSteps, true},
+            std::tuple{K::kTensorCoreWgmmaPersistentFp8, forced_only, kPersistMixedCvtSteps, true},
+            std::tuple{K::kTensorCoreWgmmaPersistent, persistent_fp8, kPersistMixedCvtSteps,
+                       false}}) {
         const IndexerConfig c =
             choose_indexer(p, kH200Sms, kH200MaxSmem, want, IndexerSelectKernel::kAuto, choice);
         EXPECT_TRUE(c.wgmma && c.wgmma_persistent && c.mma && c.fits) << what;
         EXPECT_TRUE(indexer_scores_take_codes(c, true)) << what;
         EXPECT_FALSE(indexer_scores_take_codes(c, false)) << what;
         EXPECT_EQ(c.persistent_cvt_steps, cvt_steps) << what;
-        EXPECT_EQ(c.score_smem, score_wgmma_persistent_smem_bytes()) << what;
+        EXPECT_EQ(c.persistent_fp8_mma, fp8_mma) << what;
+        EXPECT_EQ(c.score_smem, score_wgmma_persistent_smem_bytes(fp8_mma)) << what;
         EXPECT_GE(c.persistent_ctas, 1) << what;
         EXPECT_LE(c.persistent_ctas, std::min<int64_t>(kH200Sms, c.group * tiles)) << what;
       }
@@ -286,6 +293,7 @@ TEST(IndexerLaunchShapes, PersistentWgmmaTakesQInFp8) {
           .persistent_ctas,
       128);
   EXPECT_LE(score_wgmma_persistent_smem_bytes(), kH200MaxSmem);
+  EXPECT_LE(score_wgmma_persistent_smem_bytes(true), kH200MaxSmem);
 }
 
 TEST(IndexerLaunchShapes, SplitSelectionTakesFewLongRows) {
