@@ -362,7 +362,7 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
         {IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt,
          ", wgmma persistent, every k-step converted by cvt"},
         {IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8,
-         ", wgmma persistent, codes on e4m3 MMAs (measurement: fp8 MMA sums)"}};
+         ", wgmma persistent, codes on e4m3 MMAs (fp8 MMA sums, opt-in)"}};
     for (const auto& [k, label] : fp8_q_kernels) {
       if (!cuda::indexer_wgmma_runs(cuda_be)) break;
       auto forced_scores = [&] {

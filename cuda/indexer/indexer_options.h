@@ -98,9 +98,9 @@ enum class IndexerScoreKernel {
   // ... with every key code through cvt.
   kTensorCoreWgmmaPersistentCvt,
   // ... with no conversion: the key and q codes multiplied on e4m3 MMAs (wgmma.m64n64k32), as
-  // DeepSeek's paged MQA logits kernels do on Hopper. Measurement only: Hopper's fp8 MMAs keep
-  // fewer bits of their sums than f32 (SageAttention2 reports 13 mantissa bits), so its scores
-  // are not the CPU op's to f32 rounding and kAuto never picks it.
+  // DeepSeek's paged MQA logits kernels do on Hopper. Hopper's fp8 MMAs keep fewer bits of their
+  // sums than f32 (SageAttention2 reports 13 mantissa bits), so its scores are not the CPU op's
+  // to f32 rounding: kAuto takes it only under DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent_fp8.
   kTensorCoreWgmmaPersistentFp8,
 };
 
