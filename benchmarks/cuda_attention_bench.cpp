@@ -184,11 +184,13 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
 
 // One traced launch of the overlap kernel (`kernel`: wgmma_overlap or its ilp variant) on the
 // shape, every block traced (attention_wgmma_trace.h), summarised as one JSON line: the blocks'
-// clock, their prologue / tile loop / epilogue, and per role the mean cycles per steady-state
-// tile spent waiting (wait_*) and working, and the period of its loop. The last of 6 traced calls
-// is the one summarised; us_untraced / us_traced (eager, 5 calls each after a warm-up) show how
-// much the stamps slow the kernel (the traced instantiation keeps its record pointer on the
-// stack: a local load per stamp).
+// clock, their prologue / tile loop / epilogue, the prologue's parts (cycles from entry to the key
+// list known, q stored, tile 0's row resolved, landed, published and full) and the epilogue's
+// (from the last values issued to the scorer's and both warpgroups' values done), and per role
+// the mean cycles per steady-state tile spent waiting (wait_*) and working, and the period of
+// its loop. The last of 6 traced calls is the one summarised; us_untraced / us_traced (eager, 5
+// calls each after a warm-up) show how much the stamps slow the kernel (the traced instantiation
+// keeps its record pointer on the stack: a local load per stamp).
 void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::AttentionKernelChoice kernel,
                  const char* kernel_name, int ablate = 0) {
   const AttentionCase c(be, s);
@@ -222,6 +224,9 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
       "\"splits\": %lld, \"ctas\": %d, \"tiles\": %.1f, \"steady_tiles\": %.0f, "
       "\"clock_ghz\": %.3f, \"us_per_tile\": %.3f, \"cycles\": {\"block\": %.0f, "
       "\"prologue\": %.0f, \"loop\": %.0f, \"epilogue\": %.0f}, "
+      "\"prologue_from_entry\": {\"keys\": %.0f, \"q_stored\": %.0f, \"tile0_addresses\": %.0f, "
+      "\"tile0_landed\": %.0f, \"tile0_published\": %.0f, \"tile0_full\": %.0f}, "
+      "\"epilogue_from_loop_end\": {\"scorer_values_done\": %.0f, \"both_values_done\": %.0f}, "
       "\"producer\": {\"wait_free\": %.0f, \"wait_landed\": %.0f, \"decode\": %.0f, "
       "\"issue_next\": %.0f, \"period\": %.0f}, "
       "\"scorer\": {\"wait_full\": %.0f, \"wait_prev_values\": %.0f, \"wait_scores\": %.0f, "
@@ -231,11 +236,13 @@ void trace_shape(cuda::CudaBackend& be, const AttentionShape& s, cuda::Attention
       "\"period\": %.0f}}\n",
       ablate, shape_label(s).c_str(), kernel_name, untraced_us, traced_us,
       static_cast<long long>(p.splits), t.ctas, t.tiles, t.steady, t.clock_ghz, us_per_tile,
-      t.block_cycles, t.prologue_cycles, t.loop_cycles, t.epilogue_cycles, t.producer_wait_free,
-      t.producer_wait_landed, t.producer_decode, t.producer_issue, t.producer_period,
-      t.scorer_wait_full, t.scorer_wait_prev_values, t.scorer_wait_scores, t.scorer_wait_probs_free,
-      t.scorer_softmax, t.scorer_issue_values, t.scorer_period, t.value_wait_probs,
-      t.value_products, t.value_release, t.value_period);
+      t.block_cycles, t.prologue_cycles, t.loop_cycles, t.epilogue_cycles, t.prologue_keys,
+      t.prologue_query, t.first_addresses, t.first_landed, t.first_published, t.first_full,
+      t.epilogue_values, t.epilogue_ready, t.producer_wait_free, t.producer_wait_landed,
+      t.producer_decode, t.producer_issue, t.producer_period, t.scorer_wait_full,
+      t.scorer_wait_prev_values, t.scorer_wait_scores, t.scorer_wait_probs_free, t.scorer_softmax,
+      t.scorer_issue_values, t.scorer_period, t.value_wait_probs, t.value_products, t.value_release,
+      t.value_period);
   std::fflush(stdout);
 }
 
@@ -423,11 +430,13 @@ void bench_indexer(Backend& be, int iters, const std::string& match) {
 
 void bench_attention_trace(Backend& be, const std::string& match, int ablate) {
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
-  // fp8 KV, top-k 512: 64 heads at B = 64 and 256, 128 heads at B = 64 and 256.
+  // fp8 KV, top-k 512: 64 heads at B = 64 and 256, 128 heads at B = 64 and 256, and a prefill
+  // chunk of 4,096 queries at 64 heads (bench_attention_decode's).
   const std::vector<AttentionShape> shapes = {{256, 1, true, DType::kU8, 512, 64},
                                               {64, 1, true, DType::kU8, 512, 128},
                                               {64, 1, true, DType::kU8, 512, 64},
-                                              {256, 1, true, DType::kU8, 512, 128}};
+                                              {256, 1, true, DType::kU8, 512, 128},
+                                              {1, 4096, true, DType::kU8, 512, 64, 32768, true}};
   for (const AttentionShape& s : shapes) {
     if (shape_label(s).find(match) == std::string::npos) continue;
     if (ablate != 0) {  // the default kernel with and without the ablation

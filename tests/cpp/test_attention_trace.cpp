@@ -21,6 +21,11 @@ std::vector<int64_t> synthetic_record(int tiles, int64_t start) {
   w[kTraceClockPrologue] = start + 500;
   w[kTraceClockLoopEnd] = start + 500 + 1000 * tiles;
   w[kTraceClockEnd] = start + 800 + 1000 * tiles;
+  w[kTraceClockKeys] = start + 100;
+  w[kTraceClockProducerAddresses] = start + 200;
+  w[kTraceClockQuery] = start + 300;
+  w[kTraceClockValuesDone] = start + 600 + 1000 * tiles;
+  w[kTraceClockOutputReady] = start + 650 + 1000 * tiles;
   w[kTraceTimerStart] = 10'000;
   w[kTraceTimerEnd] = 10'000 + (800 + 1000 * tiles) / 2;  // a 2 GHz clock
   for (int i = 0; i < tiles; ++i) {
@@ -56,6 +61,14 @@ TEST(AttentionTrace, SummaryMeansAreTheRecordsIntervals) {
   EXPECT_DOUBLE_EQ(s.prologue_cycles, 500);
   EXPECT_DOUBLE_EQ(s.loop_cycles, 10'000);
   EXPECT_DOUBLE_EQ(s.epilogue_cycles, 300);
+  EXPECT_DOUBLE_EQ(s.prologue_keys, 100);
+  EXPECT_DOUBLE_EQ(s.first_addresses, 200);
+  EXPECT_DOUBLE_EQ(s.prologue_query, 300);
+  EXPECT_DOUBLE_EQ(s.first_landed, 650);  // tile 0's stamps: 500 + 150, + 750, + 200
+  EXPECT_DOUBLE_EQ(s.first_published, 1250);
+  EXPECT_DOUBLE_EQ(s.first_full, 700);
+  EXPECT_DOUBLE_EQ(s.epilogue_values, 100);
+  EXPECT_DOUBLE_EQ(s.epilogue_ready, 150);
   EXPECT_DOUBLE_EQ(s.producer_wait_free, 100);
   EXPECT_DOUBLE_EQ(s.producer_wait_landed, 50);
   EXPECT_DOUBLE_EQ(s.producer_decode, 600);

@@ -189,7 +189,10 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   const int tiles = static_cast<int>((range.end - range.begin + kKeys - 1) / kKeys);
   if constexpr (kTrace) {
-    if (wg == 0) rec.header(kTraceTiles, tiles);
+    if (wg == 0) {
+      rec.header(kTraceTiles, tiles);
+      rec.header_clock(kTraceClockKeys);
+    }
   }
 
   if (wg == 2) {
@@ -277,6 +280,10 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       bool half_real = false;
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
+        if constexpr (kTrace) {  // once tile 0's row is known (its block-table entry landed)
+          trace_wait_for(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src0)));
+          rec.header_clock(kTraceClockProducerAddresses);
+        }
         // A sliding key may be one of this call's kv rows: the encoding's output.
         if constexpr (kPdl) wait_for_previous_grid();
         load_fp8_half(half, src0, part);
@@ -338,6 +345,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     float4 q_loads[kQueryLoads];
     issue_query_loads(a, t, h_first, tid, q_loads);
     store_query_tile<true>(qs, tid, q_loads);
+  }
+  if constexpr (kTrace) {
+    if (wg == 0) rec.header_clock(kTraceClockQuery);
   }
   fence_async_shared();  // q, for wgmma
   named_barrier<kOverlapThreads>(kStartBarrier);
@@ -417,6 +427,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     }
     rec.header_clock(kTraceClockLoopEnd);
     wait_products(o);  // also with no tiles: an unconditional wait lets ptxas see O settled
+    rec.header_clock(kTraceClockValuesDone);
     const float d[2] = {d_half[0][0] + d_half[1][0], d_half[0][1] + d_half[1][1]};
     if (qd == 0) {
 #pragma unroll
@@ -428,6 +439,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     named_barrier_arrive<kConsumerThreads>(kRowsReady);
     if constexpr (kIlp) {
       named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
+      rec.header_clock(kTraceClockOutputReady);
       store_output_staged(a, l, o, m_run, d, t, h_first, 0, row0, qd, kb_of(0), kStageBarrier + 0);
     } else {
       store_output(a, l, o, m_run, d, t, h_first, 0, row0, qd);

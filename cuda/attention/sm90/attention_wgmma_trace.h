@@ -49,6 +49,12 @@ enum OverlapTraceHeader : int {
   kTraceTimerEnd,          // %globaltimer at kTraceClockEnd
   kTraceClockValueEnd,     // the value warpgroup's output stored
   kTraceClockProducerEnd,  // the producer's last tile published (and its loop left)
+  // Inside the prologue and the epilogue:
+  kTraceClockKeys,               // the scorer past the block's key list (its length known)
+  kTraceClockQuery,              // the scorer's share of q loaded and stored
+  kTraceClockProducerAddresses,  // the producer's tile-0 row resolved (its loads next)
+  kTraceClockValuesDone,         // the scorer's last values done (after kTraceClockLoopEnd)
+  kTraceClockOutputReady,        // the scorer past the barrier after both warpgroups' values
   kOverlapTraceHeaderWords = 16,
 };
 
@@ -99,6 +105,14 @@ struct OverlapTraceSummary {
   double prologue_cycles = 0;  // entry to the start barrier
   double loop_cycles = 0;      // start barrier to the last values issued
   double epilogue_cycles = 0;  // last values issued to output stored
+  // The prologue's parts, from entry: the key list known; q stored (the scorer); tile 0's row
+  // resolved (tiles 1..4 in the pipeline), its records landed, it published (the producer's
+  // first thread); tile 0 full (the scorer). The epilogue's, from the last values issued: the
+  // scorer's last values done; both warpgroups' values done (the ilp variant's output barrier;
+  // 0 for wgmma_overlap, which has none). The rest is the output staged and stored.
+  double prologue_keys = 0, prologue_query = 0, first_addresses = 0, first_landed = 0,
+         first_published = 0, first_full = 0;
+  double epilogue_values = 0, epilogue_ready = 0;
   // Producer.
   double producer_wait_free = 0, producer_wait_landed = 0, producer_decode = 0, producer_issue = 0,
          producer_period = 0;
@@ -129,6 +143,21 @@ inline OverlapTraceSummary summarize_overlap_trace(const std::vector<int64_t>& w
     s.prologue_cycles += static_cast<double>(h[kTraceClockPrologue] - h[kTraceClockStart]);
     s.loop_cycles += static_cast<double>(h[kTraceClockLoopEnd] - h[kTraceClockPrologue]);
     s.epilogue_cycles += static_cast<double>(h[kTraceClockEnd] - h[kTraceClockLoopEnd]);
+    const auto since_start = [&](int64_t v) {
+      return static_cast<double>(v - h[kTraceClockStart]);
+    };
+    s.prologue_keys += since_start(h[kTraceClockKeys]);
+    s.prologue_query += since_start(h[kTraceClockQuery]);
+    s.first_addresses += since_start(h[kTraceClockProducerAddresses]);
+    if (tiles > 0) {
+      s.first_landed += since_start(at(c, kProducerLanded, 0));
+      s.first_published += since_start(at(c, kProducerPublished, 0));
+      s.first_full += since_start(at(c, kScorerFull, 0));
+    }
+    s.epilogue_values += static_cast<double>(h[kTraceClockValuesDone] - h[kTraceClockLoopEnd]);
+    if (h[kTraceClockOutputReady] != 0) {  // the ilp variant's barrier (wgmma_overlap: none)
+      s.epilogue_ready += static_cast<double>(h[kTraceClockOutputReady] - h[kTraceClockLoopEnd]);
+    }
     for (int i = 1; i + 1 < tiles; ++i) {
       s.steady += 1;
       auto d = [&](int from, int to) { return static_cast<double>(at(c, to, i) - at(c, from, i)); };
@@ -156,7 +185,9 @@ inline OverlapTraceSummary summarize_overlap_trace(const std::vector<int64_t>& w
   if (s.ctas == 0) return s;
   s.clock_ghz = ns > 0 ? cycles / ns : 0.0;
   for (double* v :
-       {&s.tiles, &s.block_cycles, &s.prologue_cycles, &s.loop_cycles, &s.epilogue_cycles}) {
+       {&s.tiles, &s.block_cycles, &s.prologue_cycles, &s.loop_cycles, &s.epilogue_cycles,
+        &s.prologue_keys, &s.prologue_query, &s.first_addresses, &s.first_landed,
+        &s.first_published, &s.first_full, &s.epilogue_values, &s.epilogue_ready}) {
     *v /= s.ctas;
   }
   if (s.steady > 0) {
