@@ -16,7 +16,8 @@
 //
 // Usage: cuda_op_bench [--iters N]
 //                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc]
-//                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE)
+//                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE;
+//                     fp8: the weights whose name contains it, decode token counts only)
 //                     [--ablate BITS] (attention-trace only)
 // (one JSON object per line)
 #include <cublasLt.h>
@@ -49,7 +50,7 @@ using namespace deepinfer::bench;
 int main(int argc, char** argv) {
   int iters = 50;
   std::string only;
-  std::string match;  // attention and indexer shapes: only labels containing it
+  std::string match;  // attention and indexer shapes: only labels containing it; fp8 weights
   int ablate = 0;     // attention-trace: OverlapAblation bits, traced next to the full kernel
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::atoi(argv[i + 1]);
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
   }
   auto be = make_backend("cuda");
   std::printf("{\"device\": \"%s\"}\n", be->name().c_str());
-  if (only.empty() || only == "fp8" || only == "quant") bench_fp8(*be, iters);
+  if (only.empty() || only == "fp8" || only == "quant") bench_fp8(*be, iters, match);
   if (only.empty() || only == "moe-quant" || only == "quant") {
     bench_moe_experts_mxfp4(*be, iters);
     bench_moe_experts_fp8(*be, iters);

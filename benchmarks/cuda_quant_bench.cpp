@@ -168,7 +168,7 @@ double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
 // DEEPINFER_FP8_LINEAR), and TFLOP/s at prefill widths.
 }  // namespace
 
-void bench_fp8(Backend& be, int iters) {
+void bench_fp8(Backend& be, int iters, const std::string& match) {
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   double copy_gbps = 0.0;
   {  // roofline: device-to-device memcpy of 2 GiB (bytes read + written)
@@ -182,12 +182,13 @@ void bench_fp8(Backend& be, int iters) {
   }
   const int64_t n = 8192;
   const double flops = 2.0 * n * n * n;
-  const double bf16_peak = cublaslt_peak_tflops(be, false, n, 20);
+  const bool decode_only = !match.empty();
+  const double bf16_peak = decode_only ? 0.0 : cublaslt_peak_tflops(be, false, n, 20);
   // A peak of 0 (cuBLASLt found no algorithm) prints as us 0, TFLOPs 0.
   const auto peak_us = [flops](double tflops) { return tflops > 0 ? flops / tflops / 1e6 : 0.0; };
   emit_ratio("roofline_cublaslt_bf16", "8192^3 bf16 -> bf16", peak_us(bf16_peak), 0,
              bf16_peak > 0 ? flops : 0, 1.0);
-  const double fp8_peak = cublaslt_peak_tflops(be, true, n, 20);
+  const double fp8_peak = decode_only ? 0.0 : cublaslt_peak_tflops(be, true, n, 20);
   emit_ratio("roofline_cublaslt_fp8_blockscaled", "8192^3 e4m3 1x128 x 128x128 -> f32",
              peak_us(fp8_peak), 0, fp8_peak > 0 ? flops : 0, 1.0);
 
@@ -204,6 +205,7 @@ void bench_fp8(Backend& be, int iters) {
                                              {"shared_w13", 2048, 4096, 1},
                                              {"shared_w2", 4096, 2048, 1},
                                              {"indexer_wq_b", 8192, 1024, 1}}) {
+    if (decode_only && std::string(s.name).find(match) == std::string::npos) continue;
     const int64_t rows = s.groups * s.n;
     MatrixWeight host;
     host.values = random_e4m3({rows, s.k}, 7);
@@ -223,6 +225,7 @@ void bench_fp8(Backend& be, int iters) {
                              (s.groups > 1 ? " G=" + std::to_string(s.groups) : std::string());
     // 1387: a token count that is not a multiple of 16, as an agent turn's suffix is.
     for (int64_t m : {1, 4, 16, 32, 64, 1387, 4096, 16384}) {
+      if (decode_only && m > 64) break;
       Tensor x = rnd(be, {m, s.groups * s.k}, DType::kF32, 40);
       int next = 0;
       auto call = [&] {

@@ -47,14 +47,18 @@ struct Fp8GemvConfig {
 };
 
 // The GEMV applies for act_group > 0 (the tensor cores take the e4m3 activations), act_group and
-// block_cols multiples of 32 (a tensor-core step never straddles a scale), K % 16 == 0 (16-byte
-// aligned weight rows), act_group <= kFp8GemvMaxSlab and K small enough for 8 splits. The tiling
-// depends on N, K, G, the blocks and the SM count, never on M: a token's result does not depend
-// on the other tokens of the batch.
+// block_cols multiples of 32 (a tensor-core step never straddles a scale), act_group, block_cols
+// and block_rows powers of two (the kernel finds a column's scales by shifts: DeepSeek's blocks
+// are 128 or 32, its activation groups 128), K % 16 == 0 (16-byte aligned weight rows),
+// act_group <= kFp8GemvMaxSlab and K small enough for 8 splits. The tiling depends on N, K, G,
+// the blocks and the SM count, never on M: a token's result does not depend on the other tokens
+// of the batch.
 inline Fp8GemvConfig choose_fp8_gemv(const Fp8Problem& p, int num_sms) {
   Fp8GemvConfig c;
+  const auto power_of_two = [](int v) { return v > 0 && (v & (v - 1)) == 0; };
   if (p.m < 1 || p.m > kFp8GemvMaxTokens || p.act_group <= 0 || p.act_group % 32 != 0 ||
-      p.act_group > kFp8GemvMaxSlab || p.block_cols % 32 != 0 || p.k < 16 || p.k % 16 != 0 ||
+      p.act_group > kFp8GemvMaxSlab || p.block_cols % 32 != 0 || !power_of_two(p.act_group) ||
+      !power_of_two(p.block_cols) || !power_of_two(p.block_rows) || p.k < 16 || p.k % 16 != 0 ||
       p.n < 1 || p.groups > 65535) {
     return c;
   }

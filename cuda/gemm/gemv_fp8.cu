@@ -5,10 +5,10 @@
 // and each covers a slab of K (a multiple of act_group). A CTA runs three phases:
 //   quantize_slab   x[:, slab] -> e4m3 bytes and one power-of-two scale per (token, act group) in
 //                   shared memory, exactly as quantize_activations (same amax, scale, rounding);
-//   stream_weights  each warp streams 16 weight rows of the slab with 16-byte (8-byte) loads that
-//                   bypass L1 and feeds them with the e4m3 activations to
-//                   mma.m16n8k32.e4m3.e4m3.f32 (one per 8 tokens), folding each 64-column (32)
-//                   step's f32 partial into the accumulator times w_scale * x_scale;
+//   load_chunk /    each warp streams 16 weight rows of the slab, 256 columns at a time, with
+//   math_chunk      16-byte (8-byte) loads that bypass L1, and feeds them with the e4m3
+//                   activations to mma.m16n8k32.e4m3.e4m3.f32 (one per 8 tokens), folding each
+//                   64-column (32) step's f32 partial into the accumulator times w_scale * x_scale;
 //   reduce_splits   the cluster's CTAs add their partial tiles through distributed shared memory,
 //                   in split order, and store y (no atomics, no workspace, no memset).
 // Products of two e4m3 values are exact and the scales are powers of two (the activation scales
@@ -20,6 +20,10 @@
 // weight bytes of row r and its 16 contiguous activation bytes of token t (at the same k) are the
 // four A registers (rows g, g + 8) and two B registers of two mma steps, whose k positions the
 // fragment layout fixes identically for A and B. So neither operand needs a shuffle or ldmatrix.
+//
+// The kernel is latency bound at decode sizes (one or two warps per scheduler), so its
+// instruction count is its time: index arithmetic uses shifts and 32-bit offsets, never a 64-bit
+// division (session 19: 2,546 -> 1,425 instructions per warp at N 512, K 4096; 9.5 -> 6.1 us).
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
@@ -43,7 +47,10 @@ struct Fp8GemvArgs {
   float* y;          // [M, ldy]; group g writes columns [g N, (g + 1) N)
   int64_t ldx, ldy, ws_ld;
   int64_t n, k, slab;
-  int m, br, bc, ag;
+  int m, ag;
+  // log2 of the weight blocks' rows and columns and of act_group (choose_fp8_gemv takes powers
+  // of two only): a column's scales are found by shifts, not divisions.
+  int br_shift, bc_shift, ag_shift;
 };
 
 // Bytes of a lane's load per row and step: 16 (kstep 64) or 8 (kstep 32).
@@ -104,93 +111,129 @@ __host__ __device__ inline size_t gemv_fp8_smem(int nt, int64_t slab, int ag, in
   return static_cast<size_t>(tok * slab_xld(slab) + tok * (slab / ag) * 4 + tok * 16 * warps * 4);
 }
 
-// Phase 1: x[:, k0:k1] of group g as e4m3 bytes and scales (one warp per (token, act group)).
-// Tokens past M and columns past k1 are zeros, so they add nothing in the tensor-core steps.
+// Phase 1: x[:, k0:k1] of group g as e4m3 bytes and scales. Tokens past M and columns past k1
+// are zeros, so they add nothing in the tensor-core steps: the rows of tokens past M are cleared
+// with 16-byte stores; each (token < M, act group) takes one warp, the warps striding over them
+// in (token, group) order. No divisions but one per warp (a 64-bit division by a runtime value
+// costs a warp ~70 instructions, more than the rest of an act group's work).
 template <int NT>
 __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g, int64_t k0,
                               int64_t k1) {
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int warps = static_cast<int>(blockDim.x >> 5);
-  const int64_t items = 8 * NT * s.per_row;
-  for (int64_t item = warp; item < items; item += warps) {
-    const int64_t t = item / s.per_row;
-    const int64_t gi = item % s.per_row;
-    const int64_t c0 = k0 + gi * a.ag;
-    const int64_t c1 = c0 + a.ag < k1 ? c0 + a.ag : k1;
-    uint8_t* dst = s.xq + t * s.xld + gi * a.ag;
-    if (t >= a.m || c0 >= k1) {
-      for (int j = lane; j < a.ag; j += 32) dst[j] = 0;
-      if (lane == 0) s.xs[t * s.per_row + gi] = 0.0f;
-      continue;
+  const int per_row = static_cast<int>(s.per_row);
+  const int xld = static_cast<int>(s.xld);
+  const int width = static_cast<int>(k1 - k0);  // the slab's columns that exist
+  {
+    // xld = slab + 16 is a multiple of 16 (slab is of act_group, a multiple of 32).
+    uint4* zeros = reinterpret_cast<uint4*>(s.xq + a.m * xld);
+    const int words = (8 * NT - a.m) * xld / 16;
+    for (int i = static_cast<int>(threadIdx.x); i < words; i += static_cast<int>(blockDim.x)) {
+      zeros[i] = make_uint4(0u, 0u, 0u, 0u);
     }
-    const float* src = a.x + t * a.ldx + g * a.k;
+    const int scales = (8 * NT - a.m) * per_row;
+    for (int i = static_cast<int>(threadIdx.x); i < scales; i += static_cast<int>(blockDim.x)) {
+      s.xs[a.m * per_row + i] = 0.0f;
+    }
+  }
+  int t = warp / per_row;
+  int gi = warp - t * per_row;
+  while (t < a.m) {
+    const int c0 = gi * a.ag;
+    const int c1 = min(c0 + a.ag, width);
+    uint8_t* dst = s.xq + t * xld + c0;
+    const float* src = a.x + t * a.ldx + g * a.k + k0;
     float amax = 0.0f;
-    for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
+    for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
+    // A group wholly past k1 (the last split's tail) has amax 0: scale 1, zero bytes.
     const float scale = act_group_scale(warp_max(amax));
     const float inv = 1.0f / scale;  // exact: a power of two
     for (int j = lane; j < a.ag; j += 32) {
-      const int64_t c = c0 + j;
+      const int c = c0 + j;
       dst[j] =
           c < c1
               ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(src[c] * inv, __NV_SATFINITE, __NV_E4M3))
               : uint8_t{0};
     }
-    if (lane == 0) s.xs[t * s.per_row + gi] = scale;
+    if (lane == 0) s.xs[t * per_row + gi] = c0 < c1 ? scale : 0.0f;
+    gi += warps;
+    while (gi >= per_row) {
+      gi -= per_row;
+      ++t;
+    }
   }
 }
 
-// Phase 2: acc[j] (rows g, g + 8 of the warp's 16; tokens 2 q, 2 q + 1 of the j-th 8) over
-// columns [k0, k1). U steps' loads are issued before their math.
-template <int KS, int NT>
-__device__ void stream_weights(const Fp8GemvArgs& a, const SlabSmem& s, const uint8_t* wa,
-                               const uint8_t* wb, const float* wsa, const float* wsb, int64_t k0,
-                               int64_t k1, float (&acc)[NT][4]) {
+// Phase 2, in chunks of kChunkCols columns: a lane's weight bytes of rows g and g + 8 and the
+// two rows' weight scales of each of the chunk's KS-column steps, loaded together (one round
+// trip), then multiplied.
+constexpr int kChunkCols = 256;
+template <int KS>
+struct WeightChunk {
+  static constexpr int kSteps = kChunkCols / KS;
+  typename Frag<KS>::Raw ra[kSteps], rb[kSteps];
+  float sa[kSteps], sb[kSteps];
+};
+
+// Issues chunk [kk, kk + kChunkCols)'s loads; steps at or past k1 load nothing (zeros).
+template <int KS>
+__device__ __forceinline__ void load_chunk(WeightChunk<KS>& c, const uint8_t* wa, const uint8_t* wb,
+                                           const float* wsa, const float* wsb, int64_t kk,
+                                           int64_t k1, int64_t lane_k, int bc_shift) {
   using F = Frag<KS>;
   using Raw = typename F::Raw;
-  constexpr int kBytes = KS / 4;  // per lane, row and step
-  constexpr int kU = KS == 64 ? 4 : 8;
+#pragma unroll
+  for (int u = 0; u < WeightChunk<KS>::kSteps; ++u) {
+    const int64_t ks = kk + u * KS;
+    const int64_t k = ks + lane_k;
+    const bool in = k < k1;  // K % 16 == 0: a lane's bytes are all in or all out
+    c.ra[u] = in ? F::load_stream(wa + k) : Raw{};
+    c.rb[u] = in ? F::load_stream(wb + k) : Raw{};
+    const bool step_in = ks < k1;
+    c.sa[u] = step_in ? __ldg(wsa + (ks >> bc_shift)) : 0.0f;
+    c.sb[u] = step_in ? __ldg(wsb + (ks >> bc_shift)) : 0.0f;
+  }
+}
+
+// acc[j] (rows g, g + 8 of the warp's 16; tokens 2 q, 2 q + 1 of the j-th 8) += chunk [kk, ..)
+// of columns [k0, k1), each KS-column step's f32 partial folded in times w_scale * x_scale.
+template <int KS, int NT>
+__device__ __forceinline__ void math_chunk(const Fp8GemvArgs& a, const SlabSmem& s,
+                                           const WeightChunk<KS>& c, int64_t kk, int64_t k0,
+                                           int64_t k1, float (&acc)[NT][4]) {
+  using F = Frag<KS>;
+  using Raw = typename F::Raw;
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2;
   const int q = lane & 3;
-  const int64_t lane_k = static_cast<int64_t>(q) * kBytes;
-  for (int64_t kk = k0; kk < k1; kk += KS * kU) {
-    Raw ra[kU], rb[kU];
+  const int64_t lane_k = static_cast<int64_t>(q) * (KS / 4);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t k = kk + u * KS + lane_k;
-      const bool in = k < k1;  // K % 16 == 0: a lane's bytes are all in or all out
-      ra[u] = in ? F::load_stream(wa + k) : Raw{};
-      rb[u] = in ? F::load_stream(wb + k) : Raw{};
+  for (int u = 0; u < WeightChunk<KS>::kSteps; ++u) {
+    const int64_t ks = kk + u * KS;
+    if (ks >= k1) break;
+    const int64_t off = ks - k0;
+    float part[NT][4] = {};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const Raw xb = *reinterpret_cast<const Raw*>(s.xq + (g + 8 * j) * s.xld + off + lane_k);
+#pragma unroll
+      for (int st = 0; st < F::kWords / 2; ++st) {
+        mma_e4m3(part[j], F::word(c.ra[u], 2 * st), F::word(c.rb[u], 2 * st),
+                 F::word(c.ra[u], 2 * st + 1), F::word(c.rb[u], 2 * st + 1), F::word(xb, 2 * st),
+                 F::word(xb, 2 * st + 1));
+      }
     }
+    const int gi = static_cast<int>(off >> a.ag_shift);
+    const int per_row = static_cast<int>(s.per_row);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t ks = kk + u * KS;
-      if (ks >= k1) break;
-      const int64_t off = ks - k0;
-      float part[NT][4] = {};
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const Raw xb = *reinterpret_cast<const Raw*>(s.xq + (g + 8 * j) * s.xld + off + lane_k);
-#pragma unroll
-        for (int st = 0; st < F::kWords / 2; ++st) {
-          mma_e4m3(part[j], F::word(ra[u], 2 * st), F::word(rb[u], 2 * st),
-                   F::word(ra[u], 2 * st + 1), F::word(rb[u], 2 * st + 1), F::word(xb, 2 * st),
-                   F::word(xb, 2 * st + 1));
-        }
-      }
-      const float sa = __ldg(wsa + ks / a.bc);
-      const float sb = __ldg(wsb + ks / a.bc);
-      const int64_t gi = off / a.ag;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const float x0 = s.xs[(2 * q + 8 * j) * s.per_row + gi];
-        const float x1 = s.xs[(2 * q + 1 + 8 * j) * s.per_row + gi];
-        acc[j][0] = fmaf(part[j][0], sa * x0, acc[j][0]);
-        acc[j][1] = fmaf(part[j][1], sa * x1, acc[j][1]);
-        acc[j][2] = fmaf(part[j][2], sb * x0, acc[j][2]);
-        acc[j][3] = fmaf(part[j][3], sb * x1, acc[j][3]);
-      }
+    for (int j = 0; j < NT; ++j) {
+      const float x0 = s.xs[(2 * q + 8 * j) * per_row + gi];
+      const float x1 = s.xs[(2 * q + 1 + 8 * j) * per_row + gi];
+      acc[j][0] = fmaf(part[j][0], c.sa[u] * x0, acc[j][0]);
+      acc[j][1] = fmaf(part[j][1], c.sa[u] * x1, acc[j][1]);
+      acc[j][2] = fmaf(part[j][2], c.sb[u] * x0, acc[j][2]);
+      acc[j][3] = fmaf(part[j][3], c.sb[u] * x1, acc[j][3]);
     }
   }
 }
@@ -201,7 +244,8 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   const int warps = static_cast<int>(blockDim.x >> 5);
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const int rows_cta = 16 * warps;
+  const int rows_cta = 16 * warps;  // warps is 4 or 8: a power of two
+  const int rows_shift = 31 - __clz(rows_cta);
   const int64_t g = blockIdx.z;
   const int split = static_cast<int>(blockIdx.y);
   const int splits = static_cast<int>(gridDim.y);
@@ -224,10 +268,18 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   const int64_t rb = min(row0 + (lane >> 2) + 8, a.n - 1);
   const uint8_t* wa = a.w + (g * a.n + ra) * a.k;
   const uint8_t* wb = a.w + (g * a.n + rb) * a.k;
-  const float* wsa = a.ws + (g * a.n + ra) / a.br * a.ws_ld;
-  const float* wsb = a.ws + (g * a.n + rb) / a.br * a.ws_ld;
+  const float* wsa = a.ws + ((g * a.n + ra) >> a.br_shift) * a.ws_ld;
+  const float* wsb = a.ws + ((g * a.n + rb) >> a.br_shift) * a.ws_ld;
+  const int64_t lane_k = static_cast<int64_t>(lane & 3) * (KS / 4);
   float acc[NT][4] = {};
-  stream_weights<KS, NT>(a, s, wa, wb, wsa, wsb, k0, k1, acc);
+  // One chunk in registers at a time: issuing the next chunk's loads (or the first before the
+  // quantization) raised the registers to 110-180 and measured slower on the large weights (fewer
+  // CTAs per SM) for at most 1 us on the small ones (session 19).
+  for (int64_t kk = k0; kk < k1; kk += kChunkCols) {
+    WeightChunk<KS> c;
+    load_chunk<KS>(c, wa, wb, wsa, wsb, kk, k1, lane_k, a.bc_shift);
+    math_chunk<KS, NT>(a, s, c, kk, k0, k1, acc);
+  }
 
   // Phase 3: the partial tile in shared memory ([token][row of the CTA]), then y.
   const int q = lane & 3;
@@ -244,8 +296,8 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   if (splits == 1) {
     __syncthreads();
     for (int e = static_cast<int>(threadIdx.x); e < entries; e += static_cast<int>(blockDim.x)) {
-      const int64_t n = tile0 + e % rows_cta;
-      if (n < a.n) a.y[(e / rows_cta) * a.ldy + g * a.n + n] = s.part[e];
+      const int64_t n = tile0 + (e & (rows_cta - 1));
+      if (n < a.n) a.y[(e >> rows_shift) * a.ldy + g * a.n + n] = s.part[e];
     }
     return;
   }
@@ -258,10 +310,16 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   for (int e = begin + static_cast<int>(threadIdx.x); e < end; e += static_cast<int>(blockDim.x)) {
     float v = *cluster.map_shared_rank(s.part + e, 0);
     for (int r = 1; r < splits; ++r) v += *cluster.map_shared_rank(s.part + e, r);
-    const int64_t n = tile0 + e % rows_cta;
-    if (n < a.n) a.y[(e / rows_cta) * a.ldy + g * a.n + n] = v;
+    const int64_t n = tile0 + (e & (rows_cta - 1));
+    if (n < a.n) a.y[(e >> rows_shift) * a.ldy + g * a.n + n] = v;
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+int log2_of_power_of_two(int v) {
+  int shift = 0;
+  while ((1 << shift) < v) ++shift;
+  return shift;
 }
 
 template <int KS, int NT>
@@ -290,9 +348,10 @@ void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, in
   a.k = p.k;
   a.slab = c.slab;
   a.m = static_cast<int>(p.m);
-  a.br = p.block_rows;
-  a.bc = p.block_cols;
   a.ag = p.act_group;
+  a.br_shift = log2_of_power_of_two(p.block_rows);
+  a.bc_shift = log2_of_power_of_two(p.block_cols);
+  a.ag_shift = log2_of_power_of_two(p.act_group);
   const bool two = p.m > 8;
   if (c.kstep == 64) {
     two ? launch_variant<64, 2>(a, c, p.groups, smem_limits, stream)
