@@ -111,11 +111,16 @@ __host__ __device__ inline size_t gemv_fp8_smem(int nt, int64_t slab, int ag, in
   return static_cast<size_t>(tok * slab_xld(slab) + tok * (slab / ag) * 4 + tok * 16 * warps * 4);
 }
 
+// Phase 1's batching: act groups of up to 32 kQuantVals columns are quantized kQuantBatch at a
+// time per warp, their values in registers.
+constexpr int kQuantBatch = 4;
+constexpr int kQuantVals = 4;
+
 // Phase 1: x[:, k0:k1] of group g as e4m3 bytes and scales. Tokens past M and columns past k1
 // are zeros, so they add nothing in the tensor-core steps: the rows of tokens past M are cleared
 // with 16-byte stores; each (token < M, act group) takes one warp, the warps striding over them
-// in (token, group) order. No divisions but one per warp (a 64-bit division by a runtime value
-// costs a warp ~70 instructions, more than the rest of an act group's work).
+// in (token, group) order. Offsets are 32-bit (a 64-bit division by a runtime value costs a warp
+// ~70 instructions, more than the rest of an act group's work).
 template <int NT>
 __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g, int64_t k0,
                               int64_t k1) {
@@ -137,18 +142,66 @@ __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g
       s.xs[a.m * per_row + i] = 0.0f;
     }
   }
+  const float* x = a.x + g * a.k + k0;
+  const int items = a.m * per_row;
+  if (a.ag <= 32 * kQuantVals) {
+    // A lane holds a group's columns lane + 32 i (i < ag / 32) of kQuantBatch items at once: the
+    // items' loads are in flight together (one L2 round trip per batch, not per item: at 16
+    // tokens a warp has 16 groups to quantize).
+    const int vals = a.ag >> 5;
+    for (int first = warp; first < items; first += kQuantBatch * warps) {
+      float v[kQuantBatch][kQuantVals];
+      float amax[kQuantBatch];
+#pragma unroll
+      for (int b = 0; b < kQuantBatch; ++b) {
+        const int item = first + b * warps;
+        const int t = item / per_row;
+        const int c0 = (item - t * per_row) * a.ag;
+        amax[b] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kQuantVals; ++i) {
+          const int c = c0 + lane + 32 * i;
+          v[b][i] = item < items && i < vals && c < width ? x[t * a.ldx + c] : 0.0f;
+          amax[b] = fmaxf(amax[b], fabsf(v[b][i]));
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kQuantBatch; ++b) amax[b] = warp_max(amax[b]);
+#pragma unroll
+      for (int b = 0; b < kQuantBatch; ++b) {
+        const int item = first + b * warps;
+        if (item >= items) break;
+        const int t = item / per_row;
+        const int gi = item - t * per_row;
+        const int c0 = gi * a.ag;
+        // A group wholly past k1 (the last split's tail) has amax 0: scale 1, zero bytes.
+        const float scale = act_group_scale(amax[b]);
+        const float inv = __frcp_rn(scale);  // exact: a power of two
+        uint8_t* dst = s.xq + t * xld + c0;
+#pragma unroll
+        for (int i = 0; i < kQuantVals; ++i) {
+          if (i < vals) {
+            dst[lane + 32 * i] = static_cast<uint8_t>(
+                __nv_cvt_float_to_fp8(v[b][i] * inv, __NV_SATFINITE, __NV_E4M3));
+          }
+        }
+        if (lane == 0) s.xs[t * per_row + gi] = c0 < width ? scale : 0.0f;
+      }
+    }
+    return;
+  }
   int t = warp / per_row;
   int gi = warp - t * per_row;
   while (t < a.m) {
     const int c0 = gi * a.ag;
     const int c1 = min(c0 + a.ag, width);
     uint8_t* dst = s.xq + t * xld + c0;
-    const float* src = a.x + t * a.ldx + g * a.k + k0;
+    const float* src = x + t * a.ldx;
     float amax = 0.0f;
     for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
     // A group wholly past k1 (the last split's tail) has amax 0: scale 1, zero bytes.
     const float scale = act_group_scale(warp_max(amax));
-    const float inv = 1.0f / scale;  // exact: a power of two
+    const float inv = __frcp_rn(scale);  // exact: a power of two
     for (int j = lane; j < a.ag; j += 32) {
       const int c = c0 + j;
       dst[j] =

@@ -243,6 +243,12 @@ std::vector<OpCase> gemm_cases() {
   }
   add_fp8(t, {{5, 544, 200, 0}, 32, 32, 32});
   add_fp8(t, {{9, 8192, 100, 0}, 128, 128, 128});  // GEMV: 8 splits of one slab each
+  // The GEMV's activation groups: 64 columns (two values per lane in its batched quantization)
+  // and 256 (its per-group loop), each with a partial last group (K 1040).
+  for (const int64_t m : {3, 16}) {
+    add_fp8(t, {{m, 1040, 300, 0}, 128, 128, 64});
+    add_fp8(t, {{m, 1040, 300, 0}, 128, 128, 256});
+  }
   for (const int64_t m : {1, 16}) {
     add_fp8(t, {{m, kHidden, 1024, 0}, 128, 128, 128});  // wq_a
     add_fp8(t, {{m, 1024, 32768, 0}, 128, 128, 128});    // wq_b
