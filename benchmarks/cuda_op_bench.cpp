@@ -15,7 +15,7 @@
 // variant with and without the OverlapAblation work left out, attention_wgmma_trace.h).
 //
 // Usage: cuda_op_bench [--iters N]
-//                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc]
+//                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc|rope]
 //                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE;
 //                     fp8: the weights whose name contains it, decode token counts only)
 //                     [--ablate BITS] (attention-trace only)
@@ -60,10 +60,10 @@ int main(int argc, char** argv) {
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
       only != "attention" && only != "attention-trace" && only != "indexer" && only != "v41" &&
-      only != "hc") {
+      only != "hc" && only != "rope") {
     std::fprintf(stderr,
                  "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, attention-trace, "
-                 "indexer, v41 or hc, got %s\n",
+                 "indexer, v41, hc or rope, got %s\n",
                  only.c_str());
     return 2;
   }
@@ -89,6 +89,33 @@ int main(int argc, char** argv) {
   if (only == "attention-trace") bench_attention_trace(*be, match, ablate);
   if (only.empty() || only == "indexer") bench_indexer(*be, iters, match);
   if (only == "v41") bench_v41(*be, iters);
+  if (only.empty() || only == "rope") {
+    // The inverse rotation of the attention output ([T, 64 heads, 512], 64 rope channels) at
+    // decode batches and a prefill chunk; bytes: x read, y written.
+    for (const int64_t tokens : {1, 64, 256, 4096}) {
+      Tensor x = rnd(*be, {tokens, 64, 512}, DType::kF32, 23);
+      std::vector<int32_t> pos(static_cast<size_t>(tokens));
+      for (int64_t i = 0; i < tokens; ++i)
+        pos[static_cast<size_t>(i)] = static_cast<int32_t>(4096 + i);
+      Tensor positions = i32(*be, pos);
+      std::vector<float> freq(32);
+      for (size_t i = 0; i < freq.size(); ++i)
+        freq[i] = std::pow(10000.0f, -static_cast<float>(i) / 32.0f);
+      Tensor inv_freq = be->upload(Tensor::from_vector(freq, {32}), DType::kF32);
+      // The same bytes one float past a 16-byte boundary take the element kernel.
+      Tensor shifted =
+          rnd(*be, {x.numel() + 4}, DType::kF32, 24).narrow(0, 1, x.numel()).reshape(x.shape());
+      for (const bool aligned : {true, false}) {
+        const Tensor& in = aligned ? x : shifted;
+        const double us =
+            time_graph_us(*be, iters, [&] { (void)be->rope(in, positions, inv_freq, true); });
+        emit("rope_inverse",
+             "T=" + std::to_string(tokens) + " 64x512 rope 64" +
+                 (aligned ? "" : " unaligned (element kernel)") + " (graph)",
+             us, 2.0 * static_cast<double>(x.nbytes()), 0);
+      }
+    }
+  }
   if (!only.empty()) return 0;
 
   {                               // roofline: device-to-device copy (bytes read + written)

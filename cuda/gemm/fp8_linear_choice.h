@@ -14,6 +14,7 @@ namespace deepinfer::cuda {
 // depend on whether its batch has 8 or 9 rows.
 enum class Fp8LinearChoice {
   kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
+               // (grouped linears: the streaming kernel up to kFp8StreamMaxTokens first)
   kStream,     // "stream": fp8_stream.cu up to kFp8StreamMaxTokens tokens
   kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
 };

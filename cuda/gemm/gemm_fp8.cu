@@ -232,22 +232,21 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   const Fp8Problem p{x.size(0),    w.rows() / groups, w.cols(),   groups,
                      w.block_rows, w.block_cols,      w.act_group};
   if (p.m == 0 || p.n == 0) return be.empty({p.m, groups * p.n}, DType::kF32);
-  if (be.fp8_linear() != Fp8LinearChoice::kLegacy) {
-    const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
-    // Weights are whole allocations (aligned); a view that is not takes the other paths.
-    if (stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0) {
-      Tensor xq = be.empty({static_cast<int64_t>(fp8_stream_scratch_elements(p))}, DType::kBF16);
-      Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
-      be.set_last_fp8_linear_path(Fp8LinearPath::kStream);
-      launch_fp8_stream(x.data<float>(), xq.data<__nv_bfloat16>(),
-                        static_cast<const uint8_t*>(w.values.raw_data()), w.scales.data<float>(),
-                        w.scales.size(1), y.data<float>(), p, stream,
-                        be.fp8_linear() == Fp8LinearChoice::kStreamPdl, be.smem_limits(),
-                        be.stream());
-      DEEPINFER_CUDA_LAUNCH_CHECK(op);
-      return y;
-    }
-  }
+  const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
+  // Weights are whole allocations (aligned); a view that is not takes the other paths.
+  const bool stream_ok = stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0;
+  const auto run_stream = [&]() {
+    Tensor xq = be.empty({static_cast<int64_t>(fp8_stream_scratch_elements(p))}, DType::kBF16);
+    Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
+    be.set_last_fp8_linear_path(Fp8LinearPath::kStream);
+    launch_fp8_stream(
+        x.data<float>(), xq.data<__nv_bfloat16>(), static_cast<const uint8_t*>(w.values.raw_data()),
+        w.scales.data<float>(), w.scales.size(1), y.data<float>(), p, stream,
+        be.fp8_linear() == Fp8LinearChoice::kStreamPdl, be.smem_limits(), be.stream());
+    DEEPINFER_CUDA_LAUNCH_CHECK(op);
+    return y;
+  };
+  if (be.fp8_linear() != Fp8LinearChoice::kLegacy && stream_ok) return run_stream();
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
   if (gemv.use) {
     Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
@@ -258,6 +257,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   }
+  if (stream_ok && fp8_grouped_takes_stream(p)) return run_stream();
   if (fp8_cublaslt_applies(p)) {
     Tensor lt = cublaslt_fp8(be, x, w, p);
     if (lt.defined()) {

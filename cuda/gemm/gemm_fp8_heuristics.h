@@ -1,7 +1,8 @@
 // The paths of linear / grouped_linear on block-scaled FP8 weights (kFp8Block, e4m3 values with
 // one f32 scale per block_rows x block_cols block) and the choice between them:
 //
-//   1. fp8_stream.cu (opt-in: DEEPINFER_FP8_LINEAR=stream or stream_pdl): the streaming kernel
+//   1. fp8_stream.cu (DEEPINFER_FP8_LINEAR=stream or stream_pdl; by default only for grouped
+//      linears above the GEMV's tokens: fp8_grouped_takes_stream): the streaming kernel
 //      for 1..kFp8StreamMaxTokens tokens with dynamic activation quantization (act_group > 0). It
 //      streams the weight bytes through a cp.async ring in shared memory and decodes them to bf16
 //      in registers (the routed experts' streaming kernel, applied to a dense weight). It
@@ -202,6 +203,14 @@ inline Fp8StreamConfig choose_fp8_stream(const Fp8Problem& p, int num_sms) {
   c.row_tiles = row_tiles;
   c.tokens = fp8_stream_tokens(p.m);
   return c;
+}
+
+// The default (legacy) choice's one use of the streaming kernel: a grouped linear (V4's wo_a,
+// 8 groups) with more tokens than the GEMV takes. cuBLASLt runs it as one GEMM per group, each
+// latency bound at these sizes (H200, wo_a 8 x 1024 x 4096, session 19: 117 us at 32 tokens and
+// 121 at 64, against the streaming kernel's 52 and 75).
+inline bool fp8_grouped_takes_stream(const Fp8Problem& p) {
+  return p.groups > 1 && p.m > kFp8GemvMaxTokens && p.m <= kFp8StreamMaxTokens;
 }
 
 }  // namespace deepinfer::cuda

@@ -7,7 +7,8 @@
 // Block-scaled FP8 weights (kFp8Block, kept as shipped: e4m3 values + f32 block scales) take one
 // of the paths of gemm_fp8_heuristics.h: with act_group > 0, the FP8 tensor-core GEMV of
 // gemv_fp8.cu up to kFp8GemvMaxTokens tokens (DEEPINFER_FP8_LINEAR=stream: the streaming kernel
-// of fp8_stream.cu up to kFp8StreamMaxTokens instead); 128x128 blocks with act_group 128
+// of fp8_stream.cu up to kFp8StreamMaxTokens instead; grouped linears take it above the GEMV's
+// tokens by default); 128x128 blocks with act_group 128
 // cuBLASLt's block-scaled W8A8 GEMM (gemm_fp8.cu); everything else dequantizes the weight into a
 // bf16 scratch and runs the bf16 path above on the quantize-dequantized x (exact for power-of-two
 // scales, DeepSeek's: e4m3 times 2^e, for weights and activations alike, is a bf16 value, so only

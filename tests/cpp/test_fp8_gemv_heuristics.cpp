@@ -2,7 +2,7 @@
 // on the host: where it applies (the kernel finds a column's scales by shifts, so the blocks and
 // the activation groups must be powers of two), that it never depends on M (a token's result
 // must not depend on the batch), and that its K splits cover K with no empty split in one
-// portable cluster.
+// portable cluster. Also where the default takes the streaming kernel instead of cuBLASLt.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -64,6 +64,20 @@ TEST(Fp8GemvHeuristics, TilingDoesNotDependOnMAndSplitsCoverK) {
       EXPECT_EQ(c.row_tiles, first.row_tiles) << m;
     }
   }
+}
+
+// The default choice's streaming range: grouped linears above the GEMV's tokens, up to the
+// streaming kernel's; plain linears never (cuBLASLt is faster there).
+TEST(Fp8GemvHeuristics, GroupedLinearsAboveTheGemvTakeTheStreamingKernel) {
+  for (const int64_t m : {int64_t{1}, int64_t{kFp8GemvMaxTokens}}) {
+    EXPECT_FALSE(fp8_grouped_takes_stream(problem(m, 1024, 4096, 8))) << m;
+  }
+  for (const int64_t m :
+       {int64_t{kFp8GemvMaxTokens + 1}, int64_t{32}, int64_t{kFp8StreamMaxTokens}}) {
+    EXPECT_TRUE(fp8_grouped_takes_stream(problem(m, 1024, 4096, 8))) << m;
+    EXPECT_FALSE(fp8_grouped_takes_stream(problem(m, 1024, 4096))) << m;
+  }
+  EXPECT_FALSE(fp8_grouped_takes_stream(problem(kFp8StreamMaxTokens + 1, 1024, 4096, 8)));
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // to dequantizing the whole weight to bf16 (the agent trace's prefill suffixes have any length;
 // with the fix its rate went from 15.9x to 18.7x of uncached on the H200). gemm_fp8.cu pads M to
 // a multiple of 4. Agreement with the CPU reference is the op table's
-// (tests/backend_ops/cases_gemm.cpp: rows at 17, 33 and 65 tokens). Skips without a GPU.
+// (tests/backend_ops/cases_gemm.cpp: rows at 17, 33 and 65 tokens). A grouped linear (wo_a) with
+// 17..kFp8StreamMaxTokens tokens takes the streaming kernel instead (gemm_fp8_heuristics.h:
+// fp8_grouped_takes_stream; cuBLASLt runs one GEMM per group). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/gemm/gemm_fp8_heuristics.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/weight.h"
 #include "device_backends.h"
@@ -35,7 +38,7 @@ const char* path_name(cuda::Fp8LinearPath p) {
   return "?";
 }
 
-TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheGemv) {
+TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
   std::string why;
   Backend* be = shared_backend("cuda", &why);
   if (be == nullptr) {
@@ -59,7 +62,9 @@ TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheGemv) {
       be->synchronize();
       EXPECT_EQ(y.size(0), m);
       EXPECT_EQ(y.size(1), g * s.n);
-      EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kCublasLt)
+      const bool grouped_stream = s.groups > 0 && m <= cuda::kFp8StreamMaxTokens;
+      EXPECT_EQ(cuda_be.last_fp8_linear_path(),
+                grouped_stream ? cuda::Fp8LinearPath::kStream : cuda::Fp8LinearPath::kCublasLt)
           << "m " << m << " groups " << s.groups << ": took "
           << path_name(cuda_be.last_fp8_linear_path());
     }
