@@ -23,7 +23,7 @@
 //
 // The kernel is latency bound at decode sizes (one or two warps per scheduler), so its
 // instruction count is its time: index arithmetic uses shifts and 32-bit offsets, never a 64-bit
-// division (session 19: 2,546 -> 1,425 instructions per warp at N 512, K 4096; 9.5 -> 6.1 us).
+// division (session 19: they were ~45% of its instructions at N 512, K 4096; 9.5 -> 6.1 us).
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   float acc[NT][4] = {};
   // One chunk in registers at a time: issuing the next chunk's loads (or the first before the
   // quantization) raised the registers to 110-180 and measured slower on the large weights (fewer
-  // CTAs per SM) for at most 1 us on the small ones (session 19).
+  // CTAs per SM), for at most 1.6 us gained on the others (session 19).
   for (int64_t kk = k0; kk < k1; kk += kChunkCols) {
     WeightChunk<KS> c;
     load_chunk<KS>(c, wa, wb, wsa, wsb, kk, k1, lane_k, a.bc_shift);
