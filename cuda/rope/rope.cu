@@ -2,7 +2,6 @@
 // inv_freq channels of each head, as the CPU reference op (cpp/src/backend/cpu_ops_dense.cpp)
 // computes it. The CPU build has no FMA contraction, so the products are rounded separately
 // (__fmul_rn / __fsub_rn) and the angle's cos and sin are cosf / sinf (within 2 ulp of glibc's).
-#include <climits>
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
@@ -45,8 +44,9 @@ __global__ void rope_kernel(const float* __restrict__ x, const int32_t* __restri
 // whole pairs when the quad is rotated) with 32-bit offsets: one division per quad instead of
 // three 64-bit ones per element (the inverse rotation of the attention output reads and writes
 // all of [T, heads, 512] every layer). Needs dim % 4 == 0, an even `first` (a quad never
-// straddles a pair), 16-byte aligned x and y and n / 4 quads that fit an int. The angles, cos, sin
-// and products are the element kernel's, so the bytes are too.
+// straddles a pair), 16-byte aligned x and y and fewer than 2^30 quads (the grid-stride index
+// stays an int). The angles, cos, sin and products are the element kernel's, so the bytes are
+// meant to be too (tests/gpu/cpp/test_cuda_only.cpp: RopeQuadsMatchTheElementKernel).
 __global__ void rope_quads_kernel(const float4* __restrict__ x,
                                   const int32_t* __restrict__ positions,
                                   const float* __restrict__ inv_freq, float4* __restrict__ y,
@@ -90,7 +90,7 @@ Tensor CudaBackend::rope_impl(const Tensor& x, const Tensor& positions, const Te
   const int64_t n = x.numel();
   if (n == 0) return out;
   const int64_t first = dim - 2 * half;
-  if (dim % 4 == 0 && first % 2 == 0 && n / 4 <= INT32_MAX && aligned16(x.raw_data()) &&
+  if (dim % 4 == 0 && first % 2 == 0 && n / 4 < (int64_t{1} << 30) && aligned16(x.raw_data()) &&
       aligned16(out.raw_data())) {
     const int64_t quads = n / 4;
     rope_quads_kernel<<<elementwise_blocks(num_sms(), quads), kElementwiseThreads, 0, stream()>>>(

@@ -244,6 +244,31 @@ TEST_F(CudaOnly, GemmFp8GemvIsDeterministicAndPerToken) {
   }
 }
 
+// rope's two kernels (cuda/rope/rope.cu): the quads kernel (16-byte aligned rows whose width is a
+// multiple of 4) and the element kernel (here: the same values one float off a 16-byte boundary)
+// compute the same angles, cos, sin and products, so their bytes agree, both directions.
+TEST_F(CudaOnly, RopeQuadsMatchTheElementKernel) {
+  const int64_t tokens = 37, heads = 64, dim = 512, half = 32;
+  const Tensor host = randn({tokens, heads, dim});
+  Tensor aligned = f32(host);
+  Tensor padded = gpu().empty({tokens * heads * dim + 4}, DType::kF32);
+  Tensor shifted = padded.narrow(0, 1, tokens * heads * dim).reshape({tokens, heads, dim});
+  gpu().copy_into(shifted, aligned);
+  std::vector<int32_t> pos(static_cast<size_t>(tokens));
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(977 * i + 3);
+  std::vector<float> freq(static_cast<size_t>(half));
+  for (size_t i = 0; i < freq.size(); ++i) {
+    freq[i] = std::pow(10000.0f, -static_cast<float>(i) / static_cast<float>(half));
+  }
+  const Tensor positions = ids(pos);
+  const Tensor inv_freq = f32(Tensor::from_vector(freq, {half}));
+  for (const bool inverse : {false, true}) {
+    const Tensor quads = gpu().to_host(gpu().rope(aligned, positions, inv_freq, inverse));
+    const Tensor elements = gpu().to_host(gpu().rope(shifted, positions, inv_freq, inverse));
+    EXPECT_TRUE(same_bytes(quads, elements)) << (inverse ? "inverse" : "forward");
+  }
+}
+
 // bf16_math really takes the tensor-core kernel at V4 widths (its result differs from the f32
 // kernel's, within the bf16 tolerance), and without it the f32 kernel runs (bit-identical to an
 // explicit bf16_math = false call).
