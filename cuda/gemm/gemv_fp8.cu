@@ -111,8 +111,8 @@ __host__ __device__ inline size_t gemv_fp8_smem(int nt, int64_t slab, int ag, in
   return static_cast<size_t>(tok * slab_xld(slab) + tok * (slab / ag) * 4 + tok * 16 * warps * 4);
 }
 
-// Phase 1's batching: act groups of up to 32 kQuantVals columns are quantized kQuantBatch at a
-// time per warp, their values in registers.
+// Phase 1's batching: act groups of up to 32 x kQuantVals columns are quantized kQuantBatch at
+// a time per warp, their values in registers.
 constexpr int kQuantBatch = 4;
 constexpr int kQuantVals = 4;
 
@@ -174,7 +174,7 @@ __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g
         const int t = item / per_row;
         const int gi = item - t * per_row;
         const int c0 = gi * a.ag;
-        // A group wholly past k1 (the last split's tail) has amax 0: scale 1, zero bytes.
+        // A group wholly past k1 (the last split's tail): zero bytes, its scale stored as 0.
         const float scale = act_group_scale(amax[b]);
         const float inv = __frcp_rn(scale);  // exact: a power of two
         uint8_t* dst = s.xq + t * xld + c0;
@@ -199,7 +199,7 @@ __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g
     const float* src = x + t * a.ldx;
     float amax = 0.0f;
     for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
-    // A group wholly past k1 (the last split's tail) has amax 0: scale 1, zero bytes.
+    // A group wholly past k1 (the last split's tail): zero bytes, its scale stored as 0.
     const float scale = act_group_scale(warp_max(amax));
     const float inv = __frcp_rn(scale);  // exact: a power of two
     for (int j = lane; j < a.ag; j += 32) {
