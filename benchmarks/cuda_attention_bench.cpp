@@ -132,7 +132,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
   // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair, and
-  // wgmma_overlap_ilp (graph), the A/B rows. Every row names the kernel that ran and its merge.
+  // wgmma_overlap_ilp (graph), the A/B rows, and wgmma_overlap_ilp with the output in bf16 (the
+  // engine's call). Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -176,6 +177,14 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);
+      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp) {
+        // The engine's call (DeepseekV4Model sets bf16_output with bf16_math): the output in
+        // bf16, as FlashMLA's interface writes it.
+        AttentionCase bf16_out = c;
+        bf16_out.spec.bf16_output = true;
+        const double out_us = time_graph_us(be, iters, [&] { bf16_out.call(be); });
+        emit(name, shape + plan_label() + " bf16 out (graph)", out_us, bytes, flops);
+      }
     }
     cuda_be.set_attention_kernel(backend_kernel);
   }

@@ -24,6 +24,9 @@
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
+// The output is f32, except with AttentionSpec::bf16_output on the wgmma_overlap_ilp kernel (the
+// default on sm_90): there its epilogue (one split) or the combine rounds it to bf16, half the
+// bytes written and read by the inverse RoPE after it.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -128,8 +131,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   };
   auto combine = [&](int64_t splits, bool pdl = false) {
     if (splits == 1) return;
-    launch_attention_combine(stream(), a.part_acc, a.part_md, a.sinks, a.out, tokens, heads, dim,
-                             splits, pdl);
+    launch_attention_combine(stream(), a.part_acc, a.part_md, a.sinks, a.out, a.out_bf16, tokens,
+                             heads, dim, splits, pdl);
   };
 
   // The tensor-core kernel stages one format for every key, f32, bf16 or V4's fp8; V4.1's records
@@ -167,6 +170,12 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.pair = p.overlap && overlap_pair_asked && wgmma_pair_takes(heads);
     p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge;
     if (p.head_groups <= 65535) {
+      if (spec.bf16_output && p.ilp) {
+        // The ilp variant's epilogue (one split) or the combine writes the output in bf16.
+        out = empty({tokens, heads, dim}, DType::kBF16);
+        a.out = nullptr;
+        a.out_bf16 = static_cast<__nv_bfloat16*>(out.raw_data());
+      }
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;
       split_outputs(p.splits);

@@ -3,6 +3,8 @@
 // same sinks and the same split-output format. docs/model.md#attention has the op.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "cuda/cache/kv_record.cuh"
@@ -30,6 +32,9 @@ struct AttentionArgs {
   float* out;                // [T, heads, dim] when there is one split
   float* part_acc;           // [splits, T, heads, dim] otherwise
   float* part_md;            // [splits, T, heads, 2]: running max, denominator
+  // The output in bf16 instead of `out` (AttentionSpec::bf16_output; out is then null): written
+  // by the wgmma_overlap_ilp variant's epilogue with one split, by the combine with several.
+  __nv_bfloat16* out_bf16;
   // The tensor-core kernel's fused combine: [T, head groups] arrival counts of the splits, zero
   // between launches (the last block resets its count); null: attention_combine.cu merges.
   int* counters;

@@ -3,8 +3,9 @@
 // part_acc [splits, T, heads, D] unnormalised sums, part_md [splits, T, heads, 2] (running max,
 // denominator); this kernel adds the sink and normalises. After the prefetching wgmma kernel of
 // DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch_pdl it is a programmatic dependent launch (it starts
-// while the splits run and waits for them).
+// while the splits run and waits for them). It writes out in f32, or out_bf16 (non-null) in bf16.
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/attention/attention_launch.h"
 #include "cuda/common/launch.cuh"
@@ -23,7 +24,8 @@ template <bool kPdl>
 __global__ void attention_combine_kernel(const float* __restrict__ part_acc,
                                          const float* __restrict__ part_md,
                                          const float* __restrict__ sinks, float* __restrict__ out,
-                                         int num_tokens, int heads, int dim, int splits) {
+                                         __nv_bfloat16* __restrict__ out_bf16, int num_tokens,
+                                         int heads, int dim, int splits) {
   __shared__ float m_s[kAttnMaxSplits];
   __shared__ float d_s[kAttnMaxSplits];
   __shared__ float w_s[kAttnMaxSplits];
@@ -58,19 +60,29 @@ __global__ void attention_combine_kernel(const float* __restrict__ part_acc,
     r.y *= inv;
     r.z *= inv;
     r.w *= inv;
-    reinterpret_cast<float4*>(out + idx * dim)[c4] = r;
+    if (out_bf16 != nullptr) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(r.x, r.y);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(r.z, r.w);
+      uint2 packed;
+      memcpy(&packed.x, &lo, 4);
+      memcpy(&packed.y, &hi, 4);
+      reinterpret_cast<uint2*>(out_bf16 + idx * dim)[c4] = packed;
+    } else {
+      reinterpret_cast<float4*>(out + idx * dim)[c4] = r;
+    }
   }
 }
 
 }  // namespace
 
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
-                              const float* sinks, float* out, int64_t tokens, int64_t heads,
-                              int64_t dim, int64_t splits, bool pdl) {
+                              const float* sinks, float* out, __nv_bfloat16* out_bf16,
+                              int64_t tokens, int64_t heads, int64_t dim, int64_t splits,
+                              bool pdl) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
   if (!pdl) {
     attention_combine_kernel<false><<<grid, 128, 0, stream>>>(
-        part_acc, part_md, sinks, out, static_cast<int>(tokens), static_cast<int>(heads),
+        part_acc, part_md, sinks, out, out_bf16, static_cast<int>(tokens), static_cast<int>(heads),
         static_cast<int>(dim), static_cast<int>(splits));
     DEEPINFER_CUDA_LAUNCH_CHECK("attention");
     return;
@@ -86,8 +98,8 @@ void launch_attention_combine(cudaStream_t stream, const float* part_acc, const 
   config.numAttrs = 1;
   DEEPINFER_CUDA_THROW_IF_ERROR(
       cudaLaunchKernelEx(&config, attention_combine_kernel<true>, part_acc, part_md, sinks, out,
-                         static_cast<int>(tokens), static_cast<int>(heads), static_cast<int>(dim),
-                         static_cast<int>(splits)),
+                         out_bf16, static_cast<int>(tokens), static_cast<int>(heads),
+                         static_cast<int>(dim), static_cast<int>(splits)),
       "attention: the combine's programmatic launch");
 }
 

@@ -34,11 +34,12 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                             KernelSmemLimits& smem_limits, cudaStream_t stream,
                             const OverlapTraceBuffer& trace = {});
 
-// Merges `splits` > 1 split outputs with the sinks into out (attention_combine.cu). `pdl`: a
-// programmatic dependent launch of the split kernel (which lets it start early; it waits for that
-// grid before it reads the splits).
+// Merges `splits` > 1 split outputs with the sinks into out, or into out_bf16 in bf16 when it is
+// non-null (attention_combine.cu). `pdl`: a programmatic dependent launch of the split kernel
+// (which lets it start early; it waits for that grid before it reads the splits).
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
-                              const float* sinks, float* out, int64_t tokens, int64_t heads,
-                              int64_t dim, int64_t splits, bool pdl = false);
+                              const float* sinks, float* out, __nv_bfloat16* out_bf16,
+                              int64_t tokens, int64_t heads, int64_t dim, int64_t splits,
+                              bool pdl = false);
 
 }  // namespace deepinfer::cuda

@@ -2,6 +2,10 @@
 // inv_freq channels of each head, as the CPU reference op (cpp/src/backend/cpu_ops_dense.cpp)
 // computes it. The CPU build has no FMA contraction, so the products are rounded separately
 // (__fmul_rn / __fsub_rn) and the angle's cos and sin are cosf / sinf (within 2 ulp of glibc's).
+// x is f32, or bf16 (the attention output under AttentionSpec::bf16_output), widened exactly on
+// load; the result is f32.
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
@@ -11,11 +15,30 @@ namespace deepinfer::cuda {
 
 namespace {
 
+__device__ __forceinline__ float widen(float v) {
+  return v;
+}
+__device__ __forceinline__ float widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Elements 4 qd .. 4 qd + 3 of x (16-byte aligned f32, 8-byte aligned bf16).
+__device__ __forceinline__ float4 load_quad(const float* x, int qd) {
+  return reinterpret_cast<const float4*>(x)[qd];
+}
+__device__ __forceinline__ float4 load_quad(const __nv_bfloat16* x, int qd) {
+  const uint2 u = reinterpret_cast<const uint2*>(x)[qd];
+  // A bf16's bits are the high half of its f32's.
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xFFFF0000u));
+}
+
 // One thread per output element of x viewed as [rows = T * heads, dim]. Channels before `first`
 // are copied; channel first + 2i (+1) is the first (second) element of rotated pair i. Both
 // threads of a pair compute the same angle, cos and sin as the CPU: float(pos) * inv_freq[i],
 // cosf, sinf (not the __cosf intrinsics), products rounded separately.
-__global__ void rope_kernel(const float* __restrict__ x, const int32_t* __restrict__ positions,
+template <typename T>
+__global__ void rope_kernel(const T* __restrict__ x, const int32_t* __restrict__ positions,
                             const float* __restrict__ inv_freq, float* __restrict__ y,
                             int64_t heads, int64_t dim, int64_t first, bool inverse, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -23,15 +46,15 @@ __global__ void rope_kernel(const float* __restrict__ x, const int32_t* __restri
        e += stride) {
     const int64_t c = e % dim;
     if (c < first) {
-      y[e] = x[e];
+      y[e] = widen(x[e]);
       continue;
     }
     const int64_t row = e / dim;
     const int64_t k = c - first;
     const int64_t i = k / 2;
     const int64_t pair = e - (k % 2);  // flat index of the pair's first element
-    const float a = x[pair];
-    const float b = x[pair + 1];
+    const float a = widen(x[pair]);
+    const float b = widen(x[pair + 1]);
     const float angle = static_cast<float>(positions[row / heads]) * inv_freq[i];
     const float co = cosf(angle);
     const float si = inverse ? -sinf(angle) : sinf(angle);
@@ -44,11 +67,11 @@ __global__ void rope_kernel(const float* __restrict__ x, const int32_t* __restri
 // whole pairs when the quad is rotated) with 32-bit offsets: one division per quad instead of
 // three 64-bit ones per element (the inverse rotation of the attention output reads and writes
 // all of [T, heads, 512] every layer). Needs dim % 4 == 0, an even `first` (a quad never
-// straddles a pair), 16-byte aligned x and y and fewer than 2^30 quads (the grid-stride index
-// stays an int). The angles, cos, sin and products are the element kernel's, so the bytes are
-// meant to be too (tests/gpu/cpp/test_cuda_only.cpp: RopeQuadsMatchTheElementKernel).
-__global__ void rope_quads_kernel(const float4* __restrict__ x,
-                                  const int32_t* __restrict__ positions,
+// straddles a pair), 16-byte aligned y and x (8-byte for bf16 x) and fewer than 2^30 quads (the
+// grid-stride index stays an int). The angles, cos, sin and products are the element kernel's, so
+// the bytes are meant to be too (tests/gpu/cpp/test_cuda_only.cpp: RopeQuadsMatchTheElementKernel).
+template <typename T>
+__global__ void rope_quads_kernel(const T* __restrict__ x, const int32_t* __restrict__ positions,
                                   const float* __restrict__ inv_freq, float4* __restrict__ y,
                                   int heads, int quads_per_row, int first, bool inverse,
                                   int quads) {
@@ -56,7 +79,7 @@ __global__ void rope_quads_kernel(const float4* __restrict__ x,
   for (int qd = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); qd < quads; qd += stride) {
     const int row = qd / quads_per_row;
     const int c = (qd - row * quads_per_row) * 4;
-    const float4 v = x[qd];
+    const float4 v = load_quad(x, qd);
     if (c < first) {
       y[qd] = v;
       continue;
@@ -90,21 +113,28 @@ Tensor CudaBackend::rope_impl(const Tensor& x, const Tensor& positions, const Te
   const int64_t n = x.numel();
   if (n == 0) return out;
   const int64_t first = dim - 2 * half;
-  if (dim % 4 == 0 && first % 2 == 0 && n / 4 < (int64_t{1} << 30) && aligned16(x.raw_data()) &&
-      aligned16(out.raw_data())) {
-    const int64_t quads = n / 4;
-    rope_quads_kernel<<<elementwise_blocks(num_sms(), quads), kElementwiseThreads, 0, stream()>>>(
-        reinterpret_cast<const float4*>(x.data<float>()), positions.data<int32_t>(),
-        inv_freq.data<float>(), reinterpret_cast<float4*>(out.data<float>()),
-        static_cast<int>(heads), static_cast<int>(dim / 4), static_cast<int>(first), inverse,
-        static_cast<int>(quads));
+  auto run = [&](const auto* src) {
+    const auto x_addr = reinterpret_cast<uintptr_t>(src);
+    const bool x_aligned = x_addr % (4 * sizeof(*src)) == 0;
+    if (dim % 4 == 0 && first % 2 == 0 && n / 4 < (int64_t{1} << 30) && x_aligned &&
+        aligned16(out.raw_data())) {
+      const int64_t quads = n / 4;
+      rope_quads_kernel<<<elementwise_blocks(num_sms(), quads), kElementwiseThreads, 0, stream()>>>(
+          src, positions.data<int32_t>(), inv_freq.data<float>(),
+          reinterpret_cast<float4*>(out.data<float>()), static_cast<int>(heads),
+          static_cast<int>(dim / 4), static_cast<int>(first), inverse, static_cast<int>(quads));
+    } else {
+      rope_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
+          src, positions.data<int32_t>(), inv_freq.data<float>(), out.data<float>(), heads, dim,
+          first, inverse, n);
+    }
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
-    return out;
+  };
+  if (x.dtype() == DType::kBF16) {
+    run(static_cast<const __nv_bfloat16*>(x.raw_data()));
+  } else {
+    run(x.data<float>());
   }
-  rope_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-      x.data<float>(), positions.data<int32_t>(), inv_freq.data<float>(), out.data<float>(), heads,
-      dim, dim - 2 * half, inverse, n);
-  DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }
 

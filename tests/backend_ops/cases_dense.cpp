@@ -268,6 +268,26 @@ void add_rope(std::vector<OpCase>& t) {
              });
     }
   }
+  // bf16 x (the attention output under AttentionSpec::bf16_output), widened exactly: the quads
+  // kernel at V4's shape and the element kernel at an odd width; the result is f32.
+  for (const Rope& c : std::vector<Rope>{
+           {{3, kHeads, kHeadDim}, kRopeDim, 1 << 20}, {{37, 4, 64}, 64, 5000}, {{5, 7}, 6, 100}}) {
+    add(t, Case<Tensors>{
+               .op = "rope",
+               .label = "inverse_bf16_" + dims(c.shape) + "_rope" + std::to_string(c.rope_dim),
+               .draw =
+                   [c](Rng& rng) {
+                     return Tensors{random_f32(rng, c.shape).to(DType::kBF16),
+                                    random_ids(rng, c.shape[0], 0, c.max_pos),
+                                    rope_inv_freq(c.rope_dim, 10000.0)};
+                   },
+               .run =
+                   [](Backend& be, const Tensors& in) {
+                     return out(be.rope(up_same(be, in[0]), up(be, in[1]), up(be, in[2]), true));
+                   },
+               .expect = close(kRtol, kAtol),
+           });
+  }
 }
 
 // rms_norm_rope: the fused warp kernel (rows up to 1024 floats whose rotated channels start on a

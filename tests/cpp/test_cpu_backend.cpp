@@ -347,6 +347,13 @@ TEST_F(CpuBackendTest, Argmax) {
   }
 }
 
+// inv_freq of R rotated channels at theta 10000.
+std::vector<float> rope_inv_freq(int64_t R) {
+  std::vector<float> inv_freq;
+  for (int64_t i = 0; i < R / 2; ++i) inv_freq.push_back(std::pow(10000.0f, -2.0f * i / R));
+  return inv_freq;
+}
+
 std::vector<double> ref_rope(const std::vector<float>& x, const std::vector<int32_t>& pos,
                              const std::vector<float>& inv_freq, int64_t heads, int64_t d,
                              bool inverse) {
@@ -370,8 +377,7 @@ std::vector<double> ref_rope(const std::vector<float>& x, const std::vector<int3
 
 TEST_F(CpuBackendTest, Rope) {
   const int64_t T = 4, heads = 3, d = 12, R = 8;
-  std::vector<float> inv_freq;
-  for (int64_t i = 0; i < R / 2; ++i) inv_freq.push_back(std::pow(10000.0f, -2.0f * i / R));
+  const std::vector<float> inv_freq = rope_inv_freq(R);
   std::vector<int32_t> pos = {0, 1, 17, 4099};
   auto x = rng.uniform(sz(T * heads * d));
   for (bool inverse : {false, true}) {
@@ -388,12 +394,37 @@ TEST_F(CpuBackendTest, Rope) {
   EXPECT_THROW(be->rope(up(x2, {T, R}), up_i(pos, {T}), up(rng.uniform(5), {5}), false), Error);
 }
 
+// A bf16 x (an attention output under AttentionSpec::bf16_output) is widened exactly: the result
+// is f32 and equals the rotation of the widened values bit for bit. Other dtypes are refused by
+// name.
+TEST_F(CpuBackendTest, RopeTakesBf16InputAsItsF32Widening) {
+  const int64_t T = 3, heads = 2, d = 16, R = 8;
+  const std::vector<float> inv_freq = rope_inv_freq(R);
+  const Tensor pos = up_i({0, 9, 4099}, {T});
+  const Tensor freq = up(inv_freq, {R / 2});
+  const Tensor host_bf16 =
+      Tensor::from_vector(rng.uniform(sz(T * heads * d)), {T, heads, d}).to(DType::kBF16);
+  const Tensor x_bf16 = be->upload(host_bf16, DType::kBF16);
+  const Tensor x_wide = be->upload(host_bf16.to(DType::kF32), DType::kF32);
+  for (bool inverse : {false, true}) {
+    const Tensor got = be->rope(x_bf16, pos, freq, inverse);
+    EXPECT_EQ(got.dtype(), DType::kF32);
+    EXPECT_EQ(fetch_f32(*be, got), fetch_f32(*be, be->rope(x_wide, pos, freq, inverse)));
+  }
+  try {
+    be->rope(up_i(std::vector<int32_t>(sz(T * d), 1), {T, d}), pos, freq, false);
+    FAIL() << "an i32 x was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rope: argument x must be f32 or bf16"), std::string::npos)
+        << e.what();
+  }
+}
+
 // rms_norm_rope is rope(rms_norm(.)) bit for bit, weighted or not, and its checks name the
 // argument at fault.
 TEST_F(CpuBackendTest, RmsNormRopeIsTheNormThenTheRotation) {
   const int64_t T = 3, heads = 2, d = 16, R = 8;
-  std::vector<float> inv_freq;
-  for (int64_t i = 0; i < R / 2; ++i) inv_freq.push_back(std::pow(10000.0f, -2.0f * i / R));
+  const std::vector<float> inv_freq = rope_inv_freq(R);
   const Tensor pos = up_i({0, 9, 4099}, {T});
   const Tensor freq = up(inv_freq, {R / 2});
   const Tensor x = up(rng.uniform(sz(T * heads * d)), {T, heads, d});

@@ -249,7 +249,9 @@ class Backend {
   // Rows of x [T, ...] (any dtype) picked by rows [R] i32 -> [R, ...].
   Tensor gather_rows(const Tensor& x, const Tensor& rows);
   // Interleaved RoPE on the trailing 2*len(inv_freq) channels of x [T, heads, d] (or [T, d]) at
-  // positions [T] i32; angle = pos * inv_freq[i] in fp32; `inverse` rotates by -angle.
+  // positions [T] i32; angle = pos * inv_freq[i] in fp32; `inverse` rotates by -angle. x is f32,
+  // or bf16 (an attention output under AttentionSpec::bf16_output), widened exactly; the result
+  // is f32 either way.
   Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, bool inverse);
   // rope(rms_norm(x, weight, eps), positions, inv_freq, /*inverse=*/false) as one op (the model's
   // q-norm + RoPE and kv-norm + RoPE): RMSNorm over the last dim of x [T, d] or [T, heads, d],

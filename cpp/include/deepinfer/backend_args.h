@@ -179,6 +179,11 @@ struct AttentionSpec {
   // accumulation). Set for models whose matrix weights are bf16 (their activations already pass
   // through bf16 GEMMs); the CPU reference ignores it and stays f32.
   bool bf16_math = false;
+  // The backend may return the output in bf16 (the f32 result rounded to nearest even) instead
+  // of f32. Set by models whose consumer of the output (the inverse RoPE) takes either; halves
+  // the bytes the kernel writes and the next op reads. The CPU reference ignores it and returns
+  // f32; the CUDA backend honours it on its default Hopper kernel (and its combine).
+  bool bf16_output = false;
   // RoPE channels at the end of each key: selects the main-KV record of kU8 and kE2M1x2 caches
   // (see "KV caches" in backend.h); ignored for f32, bf16 and kF8E4M3 caches.
   int rope_dim = 0;

@@ -128,7 +128,8 @@ Tensor Backend::gather_rows(const Tensor& x, const Tensor& rows) {
 Tensor Backend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                      bool inverse) {
   const OpChecks c("rope", device_kind());
-  c.rank("x", x, DType::kF32, 2, 3);
+  // bf16 x: the attention output a backend may return under AttentionSpec::bf16_output.
+  c.rank("x", x, {DType::kF32, DType::kBF16}, 2, 3);
   c.tensor("positions", positions, DType::kI32, {x.size(0)});
   c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
   if (2 * inv_freq.size(0) > x.size(-1)) {

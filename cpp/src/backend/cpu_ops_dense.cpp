@@ -201,11 +201,15 @@ Tensor CpuBackend::rope_impl(const Tensor& x, const Tensor& positions, const Ten
   const int64_t half = inv_freq.size(0);
   Tensor out = Tensor::zeros(x.shape(), DType::kF32);
   enqueue([=](ThreadPool& pool) {
-    const float* src = x.data<float>();
     const int32_t* pos = positions.data<int32_t>();
     const float* freq = inv_freq.data<float>();
     float* dst = out.data<float>();
-    std::memcpy(dst, src, out.nbytes());
+    if (x.dtype() == DType::kBF16) {  // widened exactly, then rotated in f32 as f32 x is
+      const auto* src = static_cast<const uint16_t*>(x.raw_data());
+      for (int64_t i = 0; i < x.numel(); ++i) dst[i] = bf16_to_f32(src[i]);
+    } else {
+      std::memcpy(dst, x.data<float>(), out.nbytes());
+    }
     const int64_t first = dim - 2 * half;  // the rotated channels trail the "nope" ones
     pool.parallel_for(
         tokens,

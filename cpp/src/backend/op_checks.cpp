@@ -95,16 +95,16 @@ void OpChecks::optional(const char* arg, const Tensor& t, DTypeSet dtypes,
   if (t.defined()) tensor(arg, t, dtypes, shape);
 }
 
-void OpChecks::rank(const char* arg, const Tensor& t, DType dtype, int64_t min_rank,
+void OpChecks::rank(const char* arg, const Tensor& t, DTypeSet dtypes, int64_t min_rank,
                     int64_t max_rank) const {
-  if (placed(t, device_) && t.dtype() == dtype && t.dim() >= min_rank && t.dim() <= max_rank)
+  if (placed(t, device_) && dtypes.contains(t.dtype()) && t.dim() >= min_rank &&
+      t.dim() <= max_rank)
     return;
-  const std::string expected = std::string(dtype_name(dtype)) + " of rank " +
-                               std::to_string(min_rank) +
+  const std::string expected = dtypes.str() + " of rank " + std::to_string(min_rank) +
                                (max_rank != min_rank ? "-" + std::to_string(max_rank) : "");
   defined_on(arg, t, device_, expected);
   contiguous(arg, t);
-  if (t.dtype() != dtype || t.dim() < min_rank || t.dim() > max_rank) {
+  if (!dtypes.contains(t.dtype()) || t.dim() < min_rank || t.dim() > max_rank) {
     fail(std::string("argument ") + arg + " must be " + expected + ", got " + t.describe());
   }
 }

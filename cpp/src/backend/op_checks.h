@@ -44,8 +44,9 @@ class OpChecks {
   void tensor(const char* arg, const Tensor& t, DTypeSet dtypes, const Shape& shape) const;
   // `tensor` when `t` is defined; an undefined `t` is accepted (an optional argument).
   void optional(const char* arg, const Tensor& t, DTypeSet dtypes, const Shape& shape) const;
-  // A defined, contiguous tensor on the device of `dtype` with a rank in [min_rank, max_rank].
-  void rank(const char* arg, const Tensor& t, DType dtype, int64_t min_rank,
+  // A defined, contiguous tensor on the device of one of `dtypes` with a rank in
+  // [min_rank, max_rank].
+  void rank(const char* arg, const Tensor& t, DTypeSet dtypes, int64_t min_rank,
             int64_t max_rank) const;
   // A defined, contiguous tensor on the device of one of `dtypes` (any shape) with at least
   // `min_rank` dimensions.

@@ -138,6 +138,9 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   spec.ratio = ratio;
   spec.sparse = w.has_indexer;
   spec.bf16_math = bf16_math_;
+  // The same condition lets the output come back in bf16 (attention_output's inverse RoPE takes
+  // either): half the bytes, rounded once more before wo_a's activation quantization to e4m3.
+  spec.bf16_output = bf16_math_;
   spec.rope_dim = caches.rope_dim;
   spec.swa_start = plan.swa_start;  // a replayed hit's window bound (undefined: none)
   Tensor out =

@@ -15,8 +15,9 @@
 // table (deepinfer_backend_ops) with DEEPINFER_ATTENTION_KERNEL=wgmma_overlap. Skips without a GPU
 // or without the wgmma kernels (a build without sm_90a code, a device other than sm_90).
 // wgmma_overlap_ilp (the same kernel, branch-free decode and softmax, the output staged) is
-// expected to give the same bytes; so are the traced instantiations of both (fp8), whose stamps
-// must run in each role's program order.
+// expected to give the same bytes, and under AttentionSpec::bf16_output those bytes rounded to
+// bf16; so are the traced instantiations of both (fp8), whose stamps must run in each role's
+// program order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -136,6 +137,14 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlap)));
   // The ilp variant: the same operations in another order of issue, the same bytes.
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapIlp)));
+  // AttentionSpec::bf16_output: the ilp variant returns the same values rounded to bf16 (its
+  // epilogue with one split, the combine with several); another kernel keeps f32.
+  spec.bf16_output = true;
+  const Tensor ilp_bf16 = run(cuda::AttentionKernelChoice::kWgmmaOverlapIlp);
+  EXPECT_EQ(ilp_bf16.dtype(), DType::kBF16);
+  EXPECT_TRUE(same_bytes(got.to(DType::kBF16), ilp_bf16));
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlap)));
+  spec.bf16_output = false;
   if (kv != DType::kU8) return;
   // The traced instantiations (fp8 only) of both: the same bytes, and each traced block's
   // stamps in program order per role and tile.
