@@ -1,0 +1,120 @@
+"""Kernel timeline of decode steps replayed from CUDA graphs: per kernel, its time per step.
+
+    python benchmarks/gpu_trace_decode.py --batch 1                  # real formats, B = 1
+    python benchmarks/gpu_trace_decode.py --batch 64 --bf16 --steps 3
+    python benchmarks/gpu_trace_decode.py --batch 1 --sequence       # also the last step in order
+
+Nsight Compute times each kernel alone, outside its graph; this records the graph replays as they
+run (torch.profiler's CUPTI trace sees the kernels of any library in the process), so the idle
+time between kernels and the step's span are the engine's own. Same model as gpu_profile_decode.py
+(V4-Flash widths, 3 layers [sliding, CSA, HCA], context 4096; by default DeepSeek's shipped
+formats, with --bf16 random bf16 weights). Needs torch with CUDA: a harness, not the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import tempfile
+from pathlib import Path
+
+import deepinfer_core as dc
+from v4_flash_config import decode_token, flash_config, real_format
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without its argument list, return type and this project's namespaces."""
+    name = name.replace("void ", "").replace("(anonymous namespace)::", "")
+    name = re.sub(r"^deepinfer::cuda::", "", name)
+    depth, out = 0, []
+    for ch in name:
+        if ch == "(" and depth == 0:
+            break
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        out.append(ch)
+    return "".join(out)[:100]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=5, help="steps traced (after 3 untraced ones)")
+    p.add_argument("--bf16", action="store_true", help="random bf16 weights, not real formats")
+    p.add_argument("--top", type=int, default=40, help="kernels listed, by time per step")
+    p.add_argument("--sequence", action="store_true", help="list the last step's kernels in order")
+    p.add_argument("--trace", type=Path, help="keep the Chrome trace here")
+    args = p.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        config = flash_config(["sliding", "csa", "hca"])
+        path.write_text(json.dumps(config if args.bf16 else real_format(config)))
+        blocks = args.context // 128 + 2
+        runner = dc.ModelRunner.random(
+            str(path),
+            num_blocks=1 + args.batch * blocks,
+            num_state_slots=args.batch + 1,
+            device="cuda",
+            seed=1,
+            decode_graph_max_batch=-1,
+        )
+    batch = [
+        dc.SequenceChunk(
+            i,
+            args.context - 1,
+            [decode_token(i)],
+            list(range(1 + i * blocks, 1 + (i + 1) * blocks)),
+        )
+        for i in range(args.batch)
+    ]
+    for _ in range(3):  # the graph is recorded on the first
+        runner.greedy(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            runner.greedy(batch)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        trace = args.trace or Path(d) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if not kernels:
+        raise SystemExit("no kernels recorded: is this torch's CUDA profiler (CUPTI) available?")
+    steps = args.steps
+    span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]
+    busy = sum(e["dur"] for e in kernels)
+    print(
+        json.dumps(
+            {
+                "batch": args.batch,
+                "kernels_per_step": len(kernels) / steps,
+                "span_us_per_step": span / steps,
+                "kernel_us_per_step": busy / steps,
+            }
+        )
+    )
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        entry = totals[short_name(e["name"])]
+        entry[0] += 1
+        entry[1] += e["dur"]
+    for name, (calls, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[: args.top]:
+        per_step, per_call = us / steps, us / calls
+        print(f"{per_step:9.1f} us/step {calls / steps:6.1f} calls {per_call:8.2f} us/call  {name}")
+    if args.sequence:
+        last = kernels[-(len(kernels) // steps) :]
+        print("--- the last step: us, idle us before it, kernel")
+        for i, e in enumerate(last):
+            idle = e["ts"] - (last[i - 1]["ts"] + last[i - 1]["dur"]) if i else 0.0
+            print(f"{e['dur']:8.2f} {idle:6.2f}  {short_name(e['name'])}")
+
+
+if __name__ == "__main__":
+    main()
