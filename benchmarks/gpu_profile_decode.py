@@ -23,6 +23,35 @@ import deepinfer_core as dc
 from v4_flash_config import decode_token, flash_config, real_format
 
 
+def decode_model(
+    batch: int, context: int, real: bool, graphs: bool
+) -> tuple[dc.ModelRunner, list[dc.SequenceChunk], int]:
+    """The benchmarks' 3-layer V4-Flash-width model on the GPU (random weights: DeepSeek's formats
+    with `real`, else bf16) sized for `batch` sequences of `context` tokens, the decode rows of
+    those sequences (one distinct token each, so they route as real decoding does) and the KV
+    blocks per sequence."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        config = flash_config(["sliding", "csa", "hca"])
+        path.write_text(json.dumps(real_format(config) if real else config))
+        blocks = context // 128 + 2
+        runner = dc.ModelRunner.random(
+            str(path),
+            num_blocks=1 + batch * blocks,
+            num_state_slots=batch + 1,
+            device="cuda",
+            seed=1,
+            decode_graph_max_batch=-1 if graphs else 0,
+        )
+    rows = [
+        dc.SequenceChunk(
+            i, context - 1, [decode_token(i)], list(range(1 + i * blocks, 1 + (i + 1) * blocks))
+        )
+        for i in range(batch)
+    ]
+    return runner, rows, blocks
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1)
@@ -36,21 +65,9 @@ def main() -> None:
         help="FP8 block-scaled weights, MXFP4 routed experts (as DeepSeek ships) instead of bf16",
     )
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "config.json"
-        config = flash_config(["sliding", "csa", "hca"])
-        if args.real_format:
-            config = real_format(config)
-        path.write_text(json.dumps(config))
-        blocks = args.context // 128 + 2
-        runner = dc.ModelRunner.random(
-            str(path),
-            num_blocks=1 + args.batch * blocks,
-            num_state_slots=args.batch + 1,
-            device="cuda",
-            seed=1,
-            decode_graph_max_batch=0 if args.eager else -1,
-        )
+    runner, batch, blocks = decode_model(
+        args.batch, args.context, args.real_format, graphs=not args.eager
+    )
     if args.prefill:
         tokens = [(7 * i) % 129000 + 2 for i in range(args.prefill)]
         table = list(range(1, 1 + blocks))
@@ -63,16 +80,6 @@ def main() -> None:
         rate = args.prefill / ms * 1e3
         print(json.dumps({"prefill": args.prefill, "wall_ms": ms, "tok_s": rate}))
         return
-    # Distinct tokens, so the sequences route to different experts as real decoding does.
-    batch = [
-        dc.SequenceChunk(
-            i,
-            args.context - 1,
-            [decode_token(i)],
-            list(range(1 + i * blocks, 1 + (i + 1) * blocks)),
-        )
-        for i in range(args.batch)
-    ]
     runner.greedy(batch)  # warm up (and record the graph)
     t0 = time.perf_counter()
     for _ in range(args.steps):

@@ -7,8 +7,9 @@
 Nsight Compute times each kernel alone, outside its graph; this records the graph replays as they
 run (torch.profiler's CUPTI trace sees the kernels of any library in the process), so the idle
 time between kernels and the step's span are the engine's own. Same model as gpu_profile_decode.py
-(V4-Flash widths, 3 layers [sliding, CSA, HCA], context 4096; by default DeepSeek's shipped
-formats, with --bf16 random bf16 weights). Needs torch with CUDA: a harness, not the engine.
+(its decode_model: V4-Flash widths, 3 layers [sliding, CSA, HCA], context 4096; by default
+DeepSeek's shipped formats, with --bf16 random bf16 weights). Needs torch with CUDA: a harness,
+not the engine.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import re
 import tempfile
 from pathlib import Path
 
-import deepinfer_core as dc
-from v4_flash_config import decode_token, flash_config, real_format
+from gpu_profile_decode import decode_model
 
 
 def short_name(name: str) -> str:
@@ -51,28 +51,7 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "config.json"
-        config = flash_config(["sliding", "csa", "hca"])
-        path.write_text(json.dumps(config if args.bf16 else real_format(config)))
-        blocks = args.context // 128 + 2
-        runner = dc.ModelRunner.random(
-            str(path),
-            num_blocks=1 + args.batch * blocks,
-            num_state_slots=args.batch + 1,
-            device="cuda",
-            seed=1,
-            decode_graph_max_batch=-1,
-        )
-    batch = [
-        dc.SequenceChunk(
-            i,
-            args.context - 1,
-            [decode_token(i)],
-            list(range(1 + i * blocks, 1 + (i + 1) * blocks)),
-        )
-        for i in range(args.batch)
-    ]
+    runner, batch, _ = decode_model(args.batch, args.context, real=not args.bf16, graphs=True)
     for _ in range(3):  # the graph is recorded on the first
         runner.greedy(batch)
     torch.cuda.synchronize()
