@@ -132,8 +132,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
   // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair, and
-  // wgmma_overlap_ilp (graph), the A/B rows, and wgmma_overlap_ilp with the output in bf16 (the
-  // engine's call). Every row names the kernel that ran and its merge.
+  // wgmma_overlap_ilp (graph), the A/B rows, and wgmma_overlap_ilp and _pair with the output in
+  // bf16 (the engine's call). Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -177,7 +177,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);
-      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp) {
+      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp ||
+          k == cuda::AttentionKernelChoice::kWgmmaOverlapPair) {
         // The engine's call (DeepseekV4Model sets bf16_output with bf16_math): the output in
         // bf16, as FlashMLA's interface writes it.
         AttentionCase bf16_out = c;
@@ -457,6 +458,9 @@ void bench_attention_trace(Backend& be, const std::string& match, int ablate) {
     }
     trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlap, "wgmma_overlap");
     trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapIlp, "wgmma_overlap_ilp");
+    if (cuda::wgmma_pair_takes(s.heads)) {  // the cluster pairs, where they run
+      trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapPair, "wgmma_overlap_pair");
+    }
   }
 }
 
@@ -474,6 +478,7 @@ void bench_attention_decode(Backend& be, int iters, const std::string& match) {
   for (const int b : {1, 64, 256}) {
     shapes.push_back({b, 1, true, DType::kU8, 1024, 64});  // top-k 1024
     shapes.push_back({b, 1, true, DType::kU8, 512, 128});  // V4-Pro: 128 heads
+    shapes.push_back({b, 1, true, DType::kBF16, 512, 128});
   }
   // Sparse prefill (the peer: FlashMLA's flash_mla_sparse_fwd at the same shape): one sequence's
   // chunk of 4,096 or 16,384 queries at the end of a long context, each with its 128 sliding keys

@@ -9,24 +9,26 @@
 //    kernel's last block, opt-in: it measured slower than the separate combine on the H200);
 //  - for V4's MQA shape (64 heads or a multiple, D = 512, bf16 or fp8 KV) on an sm_90 device, the
 //    Hopper kernels of sm90/ instead (same numerics and split format; their own split count over
-//    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: wgmma_prefetch_sw128 (the default: the key
-//    loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's record, other records run the
-//    plain kernel), wgmma (the plain kernel), wgmma_prefetch (no swizzle), the _pdl values (the
-//    kernel a programmatic dependent launch of the encoding below, and the combine one of it),
-//    wgmma_overlap (the warp-specialised variant, same records as
-//    the prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of
-//    the encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits
-//    one cluster that merges them: no combine kernel), wgmma_overlap_pair (at 128 heads or a
-//    multiple: wgmma_overlap with a token's two 64-head blocks one cluster sharing the decoded
-//    key tiles; other head counts as wgmma_overlap), wgmma_overlap_ilp (wgmma_overlap with a
-//    branch-free decode and softmax and the output staged through shared memory, the same
-//    bytes), or mma_sync (the kernel above everywhere);
+//    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: auto (the default: wgmma_overlap_pair over
+//    fp8 records at 128 heads or a multiple, wgmma_overlap_ilp otherwise; attention_plan.h has
+//    the measurements), wgmma_prefetch_sw128 (the key loads a tile ahead, 128-byte swizzled
+//    tiles; fp8 only for V4's record, other records run the plain kernel), wgmma (the plain
+//    kernel), wgmma_prefetch (no swizzle), the _pdl values (the kernel a programmatic dependent
+//    launch of the encoding below, and the combine one of it), wgmma_overlap (the
+//    warp-specialised variant, same records as the prefetching one), wgmma_overlap_pdl (that
+//    kernel as a programmatic dependent launch of the encoding, the combine one of it),
+//    wgmma_overlap_fused (the same launch, a token's splits one cluster that merges them: no
+//    combine kernel), wgmma_overlap_pair (at 128 heads or a multiple: a token's two 64-head
+//    blocks one cluster sharing the decoded key tiles, the ilp variant; other head counts as
+//    wgmma_overlap_ilp), wgmma_overlap_ilp (wgmma_overlap with a branch-free decode and softmax
+//    and the output staged through shared memory, the same bytes), or mma_sync (the kernel above
+//    everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
-// The output is f32, except with AttentionSpec::bf16_output on the wgmma_overlap_ilp kernel (the
-// default on sm_90): there its epilogue (one split) or the combine rounds it to bf16, half the
-// bytes written and read by the inverse RoPE after it.
+// The output is f32, except with AttentionSpec::bf16_output on the wgmma_overlap_ilp kernel, in
+// pairs or not (the default on sm_90): there its epilogue (one split) or the combine rounds it to
+// bf16, half the bytes written and read by the inverse RoPE after it.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -167,7 +169,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.pdl = (p.prefetch && prefetch_asked.pdl) || (p.overlap && overlap_choice.pdl);
     p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
-    p.pair = p.overlap && overlap_pair_asked && wgmma_pair_takes(heads);
+    p.pair = p.overlap &&
+             (overlap_pair_asked || (overlap_choice.pair_fp8 && a.kvf.format == KvFormat::kFp8)) &&
+             wgmma_pair_takes(heads);
     p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge;
     if (p.head_groups <= 65535) {
       if (spec.bf16_output && p.ilp) {

@@ -178,13 +178,20 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // (the combine's arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
 // warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
 // key tiles, each producer decoding half; the same results), as the ilp variant (other head
-// counts run kWgmmaOverlapIlp). kWgmmaOverlapIlp (the default since session 13: on the H200
-// 5% faster than kWgmmaOverlap at B = 256 with fp8 KV, 119.1 -> 113.1 us, and 6% at 128 heads,
-// B = 64, 63.7 -> 60.1 us; its byte-for-byte test and the op table's 179 attention rows passed):
+// counts run kWgmmaOverlapIlp; its producers store into the peer by st.async). kWgmmaOverlapIlp
+// (the default from session 13 to 21: on the H200 5% faster than kWgmmaOverlap at B = 256 with
+// fp8 KV, 119.1 -> 113.1 us, and 6% at 128 heads, B = 64, 63.7 -> 60.1 us; its byte-for-byte test
+// and the op table's 179 attention rows passed):
 // kWgmmaOverlap with the producer's fp8 decode and the scorer's softmax free of branches (one block
 // each, which ptxas interleaves; the same operations and bits), the output staged through the
 // free key buffers so its global stores are whole rows, and the next block's q and top-k row
 // prefetched into L2 (prefill 4-6% faster); the same bytes as kWgmmaOverlap.
+// kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): kWgmmaOverlapPair
+// over V4's fp8 records at 128 heads or a multiple, kWgmmaOverlapIlp otherwise. On the H200 the
+// pairs over fp8 took 151.9 / 41.5 / 17.5 us at B = 256 / 64 / 1 against the ilp kernel's
+// 183.9 / 51.2 / 18.1 (bf16 output, session 21), and the same time for an fp8 prefill chunk; over
+// bf16 rows they were no faster (172.4 against 168.2 us at B = 256) and a bf16 prefill chunk 1.35x
+// slower, so bf16 rows stay unpaired.
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -197,6 +204,7 @@ enum class AttentionKernelChoice {
   kWgmmaOverlapFused,
   kWgmmaOverlapPair,
   kWgmmaOverlapIlp,
+  kWgmmaOverlapAuto,
 };
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
@@ -227,7 +235,8 @@ struct WgmmaOverlapChoice {
   bool pdl = false;            // programmatic dependent launches (encode -> it -> combine)
   bool cluster_merge = false;  // the splits merged in the kernel by their cluster
   bool pair = false;           // at 128 heads or a multiple: cluster pairs sharing the key tiles
-  bool ilp = false;  // the branch-free decode and softmax, the output staged (the same bytes)
+  bool ilp = false;       // the branch-free decode and softmax, the output staged (the same bytes)
+  bool pair_fp8 = false;  // at 128 heads or a multiple: cluster pairs over fp8 records only
 };
 
 inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
@@ -242,6 +251,8 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
       return {true, false, false, true, true};
     case AttentionKernelChoice::kWgmmaOverlapIlp:
       return {true, false, false, false, true};
+    case AttentionKernelChoice::kWgmmaOverlapAuto:
+      return {true, false, false, false, true, true};
     default:
       return {};
   }
@@ -249,13 +260,13 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap |
-// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair | wgmma_overlap_ilp, unset:
-// wgmma_overlap_ilp);
+// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair | wgmma_overlap_ilp | auto,
+// unset: auto);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
   const std::string_view v = value == nullptr ? "" : value;
-  if (v.empty()) return AttentionKernelChoice::kWgmmaOverlapIlp;
+  if (v.empty() || v == "auto") return AttentionKernelChoice::kWgmmaOverlapAuto;
   if (v == "mma_sync") return AttentionKernelChoice::kMmaSync;
   if (v == "wgmma") return AttentionKernelChoice::kWgmma;
   if (v == "wgmma_prefetch") return AttentionKernelChoice::kWgmmaPrefetch;
@@ -270,7 +281,8 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
       "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_overlap, "
-      "wgmma_overlap_pdl, wgmma_overlap_fused, wgmma_overlap_pair or wgmma_overlap_ilp, got '" +
+      "wgmma_overlap_pdl, wgmma_overlap_fused, wgmma_overlap_pair, wgmma_overlap_ilp or auto, got "
+      "'" +
       std::string(v) + "'";
   return std::nullopt;
 }

@@ -18,7 +18,7 @@ struct BackendSwitches {
   bool hc_fused = false;                                              // DEEPINFER_HC_PRE
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel =
-      AttentionKernelChoice::kWgmmaOverlapIlp;  // DEEPINFER_ATTENTION_KERNEL
+      AttentionKernelChoice::kWgmmaOverlapAuto;  // DEEPINFER_ATTENTION_KERNEL
   IndexerFp8Scores indexer_fp8_scores =
       IndexerFp8Scores::kWgmmaPersistentCvt;  // DEEPINFER_INDEXER_FP8_SCORES
 };

@@ -2,8 +2,8 @@
 // between the blocks of a cluster needs: the block's rank, the split cluster barrier
 // (barrier.cluster.arrive / wait, so that independent work can run between the two), the
 // mapping of a shared-memory address to the same address in another block of the cluster
-// (mapa), stores through that mapping (distributed shared memory) and the proxy fence that makes
-// such stores visible to the async proxy (wgmma, TMA) of the block that owns the memory.
+// (mapa), asynchronous stores through that mapping (distributed shared memory) that complete on
+// an mbarrier of the block that owns the memory, and mbarrier arrivals, local or remote.
 //
 // Every block of a cluster must execute the same sequence of cluster barriers: one that skips a
 // barrier leaves the others waiting forever. The .aligned forms need the whole warp converged.
@@ -57,37 +57,48 @@ __device__ __forceinline__ uint32_t map_shared_to_rank(uint32_t addr, uint32_t r
   return mapped;
 }
 
-// Stores to a shared::cluster address (map_shared_to_rank's), 16, 8 and 4 bytes.
-__device__ __forceinline__ void st_cluster_16(uint32_t addr, uint4 v) {
-  DEEPINFER_CLUSTER_PTX("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x),
-                        "r"(v.y), "r"(v.z), "r"(v.w)
-                        : "memory");
+// Asynchronous stores into another block's shared memory (st.async, distributed shared memory),
+// 16 and 4 bytes at shared::cluster address `addr` (map_shared_to_rank's), each completing its
+// bytes as transactions of the mbarrier at `bar`, which must live in the same block as `addr`:
+// a thread waiting on that mbarrier's phase sees the bytes, so the storing thread needs neither
+// a fence nor a remote arrival (the owning block's producer arms the phase with
+// mbarrier_arrive_expect_tx_at). The stores are fire-and-forget: nothing here waits for them.
+__device__ __forceinline__ void st_async_16(uint32_t addr, uint4 v, uint32_t bar) {
+  DEEPINFER_CLUSTER_PTX(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(addr),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+      : "memory");
 }
-__device__ __forceinline__ void st_cluster_8(uint32_t addr, uint2 v) {
-  DEEPINFER_CLUSTER_PTX("st.shared::cluster.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(v.x),
-                        "r"(v.y)
-                        : "memory");
-}
-__device__ __forceinline__ void st_cluster_4(uint32_t addr, uint32_t v) {
-  DEEPINFER_CLUSTER_PTX("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+__device__ __forceinline__ void st_async_4(uint32_t addr, uint32_t v, uint32_t bar) {
+  DEEPINFER_CLUSTER_PTX(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+      "r"(v), "r"(bar)
+      : "memory");
 }
 
-// fence.proxy.async over every state space: this thread's plain stores, to its own block's
-// shared memory or through map_shared_to_rank to another's, become visible to the async proxy
-// (a later cluster barrier publishes them to the owning block's wgmma). The unrestricted form:
-// .shared::cluster would likely do, but whether it covers stores through the block's own
-// (shared::cta) addresses is not spelled out, and the fence runs once per tile.
-__device__ __forceinline__ void fence_async_all() {
-  DEEPINFER_CLUSTER_PTX("fence.proxy.async;\n" ::: "memory");
+// One arrival on this block's mbarrier at shared-memory address `addr` (smem_addr's), release
+// at CTA scope; with `tx_bytes` > 0 it also adds that many bytes to the transactions the phase
+// waits for (the peer's st_async_* stores into this block, which may land before or after it:
+// the phase completes once every arrival is in and the count is back at zero).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx_at(uint32_t addr, uint32_t tx_bytes) {
+  DEEPINFER_CLUSTER_PTX(
+      "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr),
+      "r"(tx_bytes)
+      : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_at(uint32_t addr) {
+  DEEPINFER_CLUSTER_PTX("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(addr)
+                        : "memory");
 }
 
 // One arrival on the mbarrier at shared::cluster address `addr` (map_shared_to_rank's: this
-// block's own or a peer's), with release semantics at cluster scope: this thread's earlier
-// stores, local or remote, happen before the accesses of a thread whose wait sees the phase
-// complete.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t addr) {
-  DEEPINFER_CLUSTER_PTX("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(addr)
-                        : "memory");
+// block's own or a peer's) with the default semantics (release at CTA scope), as CUTLASS's
+// cluster pipelines release a consumed stage to its producers: for a consumer whose reads of the
+// stage have completed (wgmma.wait_group), so it only says "done" and orders nothing across
+// blocks.
+__device__ __forceinline__ void mbarrier_arrive_remote(uint32_t addr) {
+  DEEPINFER_CLUSTER_PTX("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(addr) : "memory");
 }
 
 // Blocks until the phase of parity `parity` of this block's mbarrier at shared-memory address

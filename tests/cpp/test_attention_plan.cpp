@@ -151,8 +151,18 @@ TEST(AttentionPlan, ParsesTheEnvironment) {
 
 TEST(AttentionPlan, ParsesTheKernelSwitch) {
   std::string bad;
-  EXPECT_EQ(parse_attention_kernel(nullptr, &bad), AttentionKernelChoice::kWgmmaOverlapIlp);
-  EXPECT_EQ(parse_attention_kernel("", &bad), AttentionKernelChoice::kWgmmaOverlapIlp);
+  EXPECT_EQ(parse_attention_kernel(nullptr, &bad), AttentionKernelChoice::kWgmmaOverlapAuto);
+  EXPECT_EQ(parse_attention_kernel("", &bad), AttentionKernelChoice::kWgmmaOverlapAuto);
+  EXPECT_EQ(parse_attention_kernel("auto", &bad), AttentionKernelChoice::kWgmmaOverlapAuto);
+  // auto: the ilp variant, in cluster pairs over fp8 records only (the plan's pair_fp8); the
+  // explicit values never pair by format.
+  const WgmmaOverlapChoice automatic =
+      wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapAuto);
+  EXPECT_TRUE(automatic.overlap && automatic.ilp && automatic.pair_fp8 && !automatic.pair &&
+              !automatic.pdl && !automatic.cluster_merge);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapAuto).prefetch);
+  EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapIlp).pair_fp8);
+  EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPair).pair_fp8);
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap", &bad), AttentionKernelChoice::kWgmmaOverlap);
   EXPECT_EQ(parse_attention_kernel("mma_sync", &bad), AttentionKernelChoice::kMmaSync);
   EXPECT_EQ(parse_attention_kernel("wgmma", &bad), AttentionKernelChoice::kWgmma);

@@ -49,15 +49,18 @@
 // multiple): the two 64-head blocks of a token and split (head groups 2k, 2k + 1) are one
 // cluster (1, 2, 1). Each producer loads and decodes 32 keys of every tile (rank r: keys
 // 32r .. 32r + 31, 4 threads per key) and stores them, and their valid flags, into its own
-// buffer and the peer's (st.shared::cluster), so each block does half of the key loads and
-// decode. The tile handshakes become cluster-scope mbarriers in each block:
-//   full[b]   every producer thread of both blocks arrives (release.cluster, after
-//             fence.proxy.async) on both blocks' full[b] once per tile; the scorer waits
-//             (acquire.cluster) for the phase of tile i (parity (i / 2) & 1): both halves there
+// buffer (plain stores) and the peer's (st.async, each store completing its bytes on the peer's
+// full[b], as FlashMLA's paired decode does). The tile handshakes become mbarriers in each block:
+//   full[b]   this block's producer threads arrive once per tile (release.cta, after
+//             fence.proxy.async), the first arming the kPairPeerBytes the peer's producers
+//             store into this block; the phase of tile i (parity (i / 2) & 1) completes when
+//             both halves are there. The consumers wait for it (acquire.cluster) and fence the
+//             async proxy before their wgmma reads the peer's bytes
 //   empty[b]  each consumer warp of both blocks arrives on both blocks' empty[b] when done
 //             with buffer b (the same tiles as kTileEmpty's arrivals); a producer waits for the
 //             phase of tile i - 2 before writing tile i, so neither overwrites a buffer that a
-//             consumer of either block still reads
+//             consumer of either block still reads, and no peer store of tile i reaches full[b]
+//             before its phase of tile i - 2 completed
 // The other barriers stay named and per block. Both blocks have the same key range and number of
 // tiles, so every arrival has its wait in both; every thread of both blocks passes a cluster
 // barrier once at the start (initialised mbarriers, peer running, before any remote access) and
@@ -93,9 +96,9 @@ using T = Tiles<true>;  // 128-byte swizzled tiles only
 // which merge them (AttentionMmaPlan::cluster_merge). kPair: the cluster-pair mode (grid (token,
 // head group, split), cluster (1, 2, 1); the file's head comment). kMerge and kPair exclude each
 // other (one cluster shape). kTrace: records the roles' timing into `trace`
-// (attention_wgmma_trace.h; fp8, unpaired and unmerged only), leaving out the work that
-// trace.ablate names; the other instantiations ignore `trace` and contain no trace code. kIlp:
-// the wgmma_overlap_ilp variant (unmerged, no pdl; unpaired or in pairs): the producer's fp8
+// (attention_wgmma_trace.h; fp8, unmerged only; paired: not the decode ablation), leaving out the
+// work that trace.ablate names; the other instantiations ignore `trace` and contain no trace code.
+// kIlp: the wgmma_overlap_ilp variant (unmerged, no pdl; unpaired or in pairs): the producer's fp8
 // decode through integer operations (decode_e4m3_chunk: no conversion units) and the scorer's
 // softmax without branches (the same bits), the output staged through the free key buffers
 // (attention_wgmma_overlap_output.cuh).
@@ -104,7 +107,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l, OverlapTraceBuffer trace) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
   static_assert(!(kMerge && kPair), "one cluster shape: the splits' or the pair's");
-  static_assert(!(kTrace && (kMerge || kPair)), "traced: unpaired and unmerged");
+  static_assert(!(kTrace && kMerge), "traced: unmerged");
   static_assert(!(kIlp && (kMerge || kPdl)), "ilp: unmerged, no pdl");
   static_assert(!kPair || kIlp, "the pairs run the ilp variant");
   static_assert(!kTrace || kFmt == KvFormat::kFp8, "the trace's producer events are fp8's");
@@ -171,9 +174,13 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   }
   auto full_bar = [&](int b) { return static_cast<uint32_t>(8 * b); };
   auto empty_bar = [&](int b) { return static_cast<uint32_t>(8 * (2 + b)); };
-  auto arrive_both = [&](uint32_t off) {  // this block's mbarrier and the peer's
-    mbarrier_arrive_cluster(bar_local + off);
-    mbarrier_arrive_cluster(bar_peer + off);
+  // empty[b] in this block and the peer: the consumer's wgmma reads of the buffer completed
+  // (wgmma.wait_group), so the arrival only signals (CTA-scope release, as CUTLASS's cluster
+  // pipelines release a stage); a cluster-scope release cost the value warpgroup ~1,100 cycles
+  // per tile (its release step 1,296 -> 171 cycles, session 21's trace).
+  auto arrive_both = [&](uint32_t off) {
+    mbarrier_arrive_remote(bar_local + off);
+    mbarrier_arrive_remote(bar_peer + off);
   };
   // Every thread of both blocks once at the end, so no block exits while its peer may still
   // store into its buffers or arrive on its mbarriers.
@@ -246,6 +253,10 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       bool share_real = false;
       if (tiles > 0) {
         const uint8_t* src0 = start_addresses();
+        if constexpr (kTrace) {  // as unpaired
+          trace_wait_for(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src0)));
+          rec.header_clock(kTraceClockProducerAddresses);
+        }
         load_quarter(share, src0, part);
         share_real = src0 != nullptr;
         prefetch_row_l2<kParts>(src_next, kRowBytes, part);
@@ -258,20 +269,33 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 #pragma unroll 1
       for (int i = 0; i < tiles; ++i) {
         const int b = i & 1;
+        rec.stamp(kProducerTop, i);
         // Tile i - 2 consumed in both blocks (the (i / 2 - 1)-th phase of empty[b]).
         if (i >= 2) mbarrier_wait_cluster(bar_base + empty_bar(b), ((i >> 1) - 1) & 1);
-        const PairKeyBuffer buf{kb_of(b), valid_of(b),
-                                kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
-                                valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int))};
+        rec.stamp(kProducerFree, i);
+        if constexpr (kTrace) trace_wait_for(fp8_share_digest(share));
+        rec.stamp(kProducerLanded, i);
+        const PairKeyBuffer buf{
+            kb_of(b), valid_of(b), kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
+            valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int)), bar_peer + full_bar(b)};
         store_quarter(buf, share, share_real, key, part);
-        fence_async_all();  // both blocks' copies of the half tile, for their wgmma
-        arrive_both(full_bar(b));
-        if (i + 1 < tiles) {
+        fence_async_shared();  // this block's copy of the half tile, for its wgmma
+        // The (i / 2)-th phase of this block's full[b]: its producer threads arrive, the first
+        // also arming the bytes the peer's producers store into it.
+        if (pt == 0) {
+          mbarrier_arrive_expect_tx_at(bar_base + full_bar(b), kPairPeerBytes);
+        } else {
+          mbarrier_arrive_at(bar_base + full_bar(b));
+        }
+        rec.stamp(kProducerPublished, i);
+        if (i + 1 < tiles && !(ablate & kAblateLoads)) {
           load_quarter(share, src_next, part);
           share_real = src_next != nullptr;
           advance_addresses(i);
         }
+        rec.stamp(kProducerIssued, i);
       }
+      if constexpr (kTrace) rec.header_clock(kTraceClockProducerEnd);
       pair_finish();
     } else if constexpr (kFmt == KvFormat::kFp8) {
       Fp8Half half;
@@ -298,7 +322,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
         rec.stamp(kProducerTop, i);
         if (i >= 2) named_barrier<kOverlapThreads>(kTileEmpty + b);  // tile i - 2 consumed
         rec.stamp(kProducerFree, i);
-        if constexpr (kTrace) trace_wait_for(fp8_half_digest(half));
+        if constexpr (kTrace) trace_wait_for(fp8_share_digest(half));
         rec.stamp(kProducerLanded, i);
         if (!(ablate & kAblateDecode)) {
           decode_fp8_half<kIlp>(kb_of(b), valid_of(b), half, half_real, key, part);
@@ -360,6 +384,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   auto wait_tile = [&](int i, int b) {
     if constexpr (kPair) {
       mbarrier_wait_cluster(bar_base + full_bar(b), (i >> 1) & 1);
+      fence_async_shared();  // the peer's asynchronous stores, seen here, for this wgmma
     } else {
       named_barrier<kConsumerThreads>(kTileFull + b);
     }
@@ -460,6 +485,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     const int b = i & 1;
     rec.stamp(kValueTop, i);
     named_barrier<kConsumerThreads>(kProbsReady + b);
+    if constexpr (kPair) fence_async_shared();  // as the scorer's after its wait: the peer's bytes
     rec.stamp(kValueReady, i);
     const float* alpha_s = alpha_of(b);
     const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
@@ -493,7 +519,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 // p.pdl: a programmatic dependent launch; p.cluster_merge: clusters (1, 1, splits) that merge
 // (the kPdl instantiation either way: griddepcontrol.wait returns at once in an ordinary launch).
 // p.ilp: the wgmma_overlap_ilp variant (unmerged, no pdl; with p.pair in cluster pairs);
-// trace.stamps: the traced instantiation of the plain or the ilp launch (fp8, unpaired only).
+// trace.stamps: the traced instantiation of the plain, the ilp or the pair launch (fp8).
 template <KvFormat kFmt>
 void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPlan& p,
             int64_t tokens, KernelSmemLimits& smem_limits, cudaStream_t stream,
@@ -521,8 +547,14 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     return;
   }
   if (p.pair) {
-    // The ilp instantiation: the plan asks for it with every pair.
-    auto* kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true, false, true>;
+    // The ilp instantiation: the plan asks for it with every pair (traced: fp8 only).
+    using PairKernel = void (*)(AttentionArgs, DeviceLayout, OverlapTraceBuffer);
+    PairKernel kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true, false, true>;
+    if constexpr (kFmt == KvFormat::kFp8) {
+      if (trace.stamps != nullptr) {
+        kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true, true, true>;
+      }
+    }
     smem_limits.allow(kernel, OverlapLayout::kPairBytes);
     ClusterLaunch cl;
     cl.grid = grid;
@@ -531,7 +563,7 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     cl.smem = OverlapLayout::kPairBytes;
     cl.stream = stream;
     launch_clustered("attention (the overlapping wgmma kernel, cluster pairs)", cl, kernel, a, l,
-                     OverlapTraceBuffer{});
+                     trace);
     return;
   }
   using Kernel = void (*)(AttentionArgs, DeviceLayout, OverlapTraceBuffer);
@@ -579,10 +611,15 @@ void launch_attention_wgmma_overlap(const AttentionArgs& a, const DeviceLayout& 
                 "without pdl, and its pairs are the ilp variant's");
   }
   if (trace.stamps != nullptr &&
-      (a.kvf.format != KvFormat::kFp8 || p.pair || p.cluster_merge || p.pdl || trace.ctas < 0)) {
+      (a.kvf.format != KvFormat::kFp8 || p.cluster_merge || p.pdl || trace.ctas < 0)) {
     throw Error(ErrorCode::kUnsupported,
-                "attention: the overlapping wgmma kernel's trace takes fp8 records and its plain "
-                "or ilp launch (no pair, merge or pdl)");
+                "attention: the overlapping wgmma kernel's trace takes fp8 records and its plain, "
+                "ilp or pair launch (no merge or pdl)");
+  }
+  if (trace.stamps != nullptr && p.pair && (trace.ablate & kAblateDecode) != 0) {
+    throw Error(ErrorCode::kUnsupported,
+                "attention: the paired kernel's trace cannot leave out the decode (the peer "
+                "waits for its bytes)");
   }
   if (a.kvf.format == KvFormat::kBf16) {
     return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, smem_limits, stream, trace);

@@ -19,10 +19,10 @@ constexpr int kProducerRegs = 120;
 static_assert(kScorerRegs + kValueRegs + kProducerRegs == 3 * 168,
               "setmaxnreg moves registers between the warpgroups, the total stays the block's");
 
-// Pair mode: a full[b] phase takes one arrival per producer thread of both blocks, an empty[b]
-// phase one per consumer warp of both blocks.
+// Pair mode: a full[b] phase takes one arrival per producer thread of its own block (and the
+// peer's bytes as transactions), an empty[b] phase one per consumer warp of both blocks.
 constexpr int kPairBlocks = 2;
-constexpr uint32_t kPairFullArrivals = kPairBlocks * kProducerThreads;
+constexpr uint32_t kPairFullArrivals = kProducerThreads;
 constexpr uint32_t kPairEmptyArrivals = kPairBlocks * kConsumerThreads / 32;
 
 enum OverlapBarrier : int {

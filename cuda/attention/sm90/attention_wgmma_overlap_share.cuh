@@ -56,14 +56,15 @@ __device__ __forceinline__ void load_fp8_half(Fp8Half& h, const uint8_t* rec, in
   h.scales = __ldg(p + kScalesPiece);
 }
 
-// The XOR of a half record's words: a value that depends on every load into it (the trace's
-// "records landed" stamp waits for it).
-__device__ __forceinline__ uint32_t fp8_half_digest(const Fp8Half& h) {
+// The XOR of an fp8 share's words (Fp8Half, PairQuarter<kFp8>): a value that depends on every
+// load into it (the trace's "records landed" stamp waits for it).
+template <class Share>
+__device__ __forceinline__ uint32_t fp8_share_digest(const Share& h) {
   uint32_t x = h.scales.x ^ h.scales.y;
 #pragma unroll
-  for (int i = 0; i < kHalfNope; ++i) x ^= h.nope[i].x ^ h.nope[i].y;
+  for (const uint2& v : h.nope) x ^= v.x ^ v.y;
 #pragma unroll
-  for (int i = 0; i < 2 * kHalfRope; ++i) x ^= h.rope[i].x ^ h.rope[i].y;
+  for (const uint2& v : h.rope) x ^= v.x ^ v.y;
   return x;
 }
 
@@ -228,22 +229,31 @@ __device__ __forceinline__ void load_quarter(PairQuarter<KvFormat::kBf16>& q, co
 }
 
 // A key buffer in both blocks of the pair: this block's tile and valid flags, and the peer's
-// (shared::cluster addresses of the same offsets). Every store goes to both.
+// (shared::cluster addresses of the same offsets) with the peer's full mbarrier of the buffer.
+// Every value goes to both: a plain store here, an asynchronous one (st.async) there that
+// completes its bytes on the peer's mbarrier, so neither a fence nor a remote arrival waits for
+// the peer (the peer's producer arms that phase with kPairPeerBytes).
 struct PairKeyBuffer {
   uint8_t* kb;
   int* valid;
   uint32_t kb_peer;
   uint32_t valid_peer;
+  uint32_t full_peer;
 
   __device__ __forceinline__ void put16(int offset, uint4 v) const {
     *reinterpret_cast<uint4*>(kb + offset) = v;
-    st_cluster_16(kb_peer + static_cast<uint32_t>(offset), v);
+    st_async_16(kb_peer + static_cast<uint32_t>(offset), v, full_peer);
   }
   __device__ __forceinline__ void put_valid(int key, bool real) const {
     valid[key] = real ? 1 : 0;
-    st_cluster_4(valid_peer + 4u * static_cast<uint32_t>(key), real ? 1u : 0u);
+    st_async_4(valid_peer + 4u * static_cast<uint32_t>(key), real ? 1u : 0u, full_peer);
   }
 };
+
+// The bytes one block's producers store into the peer per tile: their 32 keys' rows (every
+// chunk, zeros for masked keys) and valid flags.
+constexpr uint32_t kPairPeerBytes =
+    static_cast<uint32_t>(kPairKeys * (kChunks * 16 + static_cast<int>(sizeof(int))));
 
 // Tile row `key`'s chunks kQuarterParts i + part from the share (zeros for a masked key) into
 // both blocks, and the key's valid flag. The pair mode runs the wgmma_overlap_ilp variant:

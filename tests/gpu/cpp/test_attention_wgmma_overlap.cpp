@@ -35,6 +35,7 @@
 #include "device_backends.h"
 #include "inputs.h"
 #include "kv_inputs.h"
+#include "overlap_trace_check.h"
 #include "wgmma_backend.h"
 
 namespace deepinfer::backend_ops {
@@ -157,33 +158,7 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
     cuda_be.set_attention_trace({});
     EXPECT_TRUE(same_bytes(got, traced));
     const Tensor host = be->to_host(stamps);
-    const int64_t* w = host.data<int64_t>();
-    const std::vector<int64_t> words(w, w + cuda::overlap_trace_words(kCtas));
-    const cuda::OverlapTraceSummary s = cuda::summarize_overlap_trace(words, kCtas);
-    EXPECT_GE(s.ctas, 1);
-    const std::vector<std::vector<int>> roles = {
-        {cuda::kProducerTop, cuda::kProducerFree, cuda::kProducerLanded, cuda::kProducerPublished,
-         cuda::kProducerIssued},
-        {cuda::kScorerTop, cuda::kScorerFull, cuda::kScorerPrevValues, cuda::kScorerScores,
-         cuda::kScorerProbsFree, cuda::kScorerPublished, cuda::kScorerIssued},
-        {cuda::kValueTop, cuda::kValueReady, cuda::kValueDone}};
-    for (int c = 0; c < kCtas; ++c) {
-      const int64_t* rec = w + c * cuda::kOverlapTraceWordsPerCta;
-      if (rec[cuda::kTraceClockEnd] == 0) continue;  // a grid of fewer blocks
-      const int tiles =
-          static_cast<int>(std::min<int64_t>(rec[cuda::kTraceTiles], cuda::kOverlapTraceTiles));
-      for (const std::vector<int>& events : roles) {
-        int64_t last = rec[cuda::kTraceClockStart];
-        for (int i = 0; i < tiles; ++i) {
-          for (const int e : events) {
-            const int64_t v =
-                rec[cuda::kOverlapTraceHeaderWords + e * cuda::kOverlapTraceTiles + i];
-            EXPECT_GE(v, last) << "block " << c << " tile " << i << " event " << e;
-            last = v;
-          }
-        }
-      }
-    }
+    expect_trace_in_program_order(host.data<int64_t>(), kCtas);
   }
 }
 

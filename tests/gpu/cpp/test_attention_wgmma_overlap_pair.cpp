@@ -3,7 +3,7 @@
 // DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair) against the unpaired kernel (wgmma_overlap) on
 // the same inputs: at 128 heads or a multiple the two blocks of a token's 128 heads are one
 // cluster, each producer loading and decoding half of every key tile into both blocks' buffers
-// (distributed shared memory, cluster-scope mbarriers); the tiles, products and softmax are the
+// (st.async into the peer, completing on its mbarriers); the tiles, products and softmax are the
 // unpaired kernel's, so the outputs must be the same bytes. Cases at V4 widths (512 channels,
 // W = 128, ring 134, CSA ratio 4 with top-512, HCA ratio 128 with dense entries) over bf16 rows
 // and V4's fp8 record: s_q 1 to 4, B = 1, 3, 64 and 128 (many tiles per buffer, so both
@@ -15,7 +15,8 @@
 // would differ from run to run). One test per format and case, so a case that hangs (a wait
 // without its arrivals) names itself; gpu_check.sh runs the binary under a time limit. Skips
 // without a GPU or without the wgmma kernels (a build without sm_90a code, a device other than
-// sm_90).
+// sm_90). Also: the default kernel choice (auto: pairs over fp8 only), the bf16 output (the f32
+// bytes rounded) and the traced pair (fp8: the same bytes, its stamps in program order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include "device_backends.h"
 #include "inputs.h"
 #include "kv_inputs.h"
+#include "overlap_trace_check.h"
 #include "wgmma_backend.h"
 
 namespace deepinfer::backend_ops {
@@ -144,6 +146,26 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   EXPECT_TRUE(same_bytes(ref, got));
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapPair)));
   EXPECT_TRUE(bf16_close(run(cuda::AttentionKernelChoice::kMmaSync), got));
+  // The default (auto): pairs over fp8 records where they take the heads, the unpaired ilp
+  // kernel over bf16 rows; the same bytes either way.
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapAuto)));
+  EXPECT_TRUE(wgmma && plan.overlap && plan.ilp);
+  EXPECT_EQ(plan.pair, kv == DType::kU8 && cuda::wgmma_pair_takes(pc.heads));
+  // AttentionSpec::bf16_output: the same values rounded to bf16 (the pairs run the ilp epilogue).
+  spec.bf16_output = true;
+  const Tensor got_bf16 = run(cuda::AttentionKernelChoice::kWgmmaOverlapPair);
+  spec.bf16_output = false;
+  EXPECT_EQ(got_bf16.dtype(), DType::kBF16);
+  EXPECT_TRUE(same_bytes(got.to(DType::kBF16), got_bf16));
+  if (kv != DType::kU8 || !plan.pair) return;
+  // The traced pair (fp8): the same bytes, and each traced block's stamps in program order.
+  constexpr int kCtas = 4;
+  const Tensor stamps = be->zeros({cuda::overlap_trace_words(kCtas)}, DType::kI64);
+  cuda_be.set_attention_trace({static_cast<int64_t*>(stamps.raw_data()), kCtas});
+  const Tensor traced = run(cuda::AttentionKernelChoice::kWgmmaOverlapPair);
+  cuda_be.set_attention_trace({});
+  EXPECT_TRUE(same_bytes(got, traced));
+  expect_trace_in_program_order(be->to_host(stamps).data<int64_t>(), kCtas);
 }
 
 INSTANTIATE_TEST_SUITE_P(
