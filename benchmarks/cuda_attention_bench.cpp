@@ -440,13 +440,12 @@ void bench_indexer(Backend& be, int iters, const std::string& match) {
 
 void bench_attention_trace(Backend& be, const std::string& match, int ablate) {
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
-  // fp8 KV, top-k 512: 64 heads at B = 64 and 256, 128 heads at B = 64 and 256, and a prefill
-  // chunk of 4,096 queries at 64 heads (bench_attention_decode's).
-  const std::vector<AttentionShape> shapes = {{256, 1, true, DType::kU8, 512, 64},
-                                              {64, 1, true, DType::kU8, 512, 128},
-                                              {64, 1, true, DType::kU8, 512, 64},
-                                              {256, 1, true, DType::kU8, 512, 128},
-                                              {1, 4096, true, DType::kU8, 512, 64, 32768, true}};
+  // fp8 KV, top-k 512: 64 heads at B = 1 (10 splits of about one tile), 64 and 256, 128 heads at
+  // B = 64 and 256, and a prefill chunk of 4,096 queries at 64 heads (bench_attention_decode's).
+  const std::vector<AttentionShape> shapes = {
+      {1, 1, true, DType::kU8, 512, 64},    {256, 1, true, DType::kU8, 512, 64},
+      {64, 1, true, DType::kU8, 512, 128},  {64, 1, true, DType::kU8, 512, 64},
+      {256, 1, true, DType::kU8, 512, 128}, {1, 4096, true, DType::kU8, 512, 64, 32768, true}};
   for (const AttentionShape& s : shapes) {
     if (shape_label(s).find(match) == std::string::npos) continue;
     if (ablate != 0) {  // the default kernel with and without the ablation

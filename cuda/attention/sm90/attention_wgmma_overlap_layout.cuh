@@ -56,6 +56,7 @@ struct OverlapLayout {
   static constexpr size_t kBarOff = kBytes;
   static constexpr size_t kPairBytes = kBarOff + 4 * sizeof(uint64_t);
   static_assert(kBarOff % 8 == 0, "aligned mbarriers");
+  static_assert(kValidOff % 8 == 0, "the softmax reads a key pair's flags in one 8-byte load");
   static_assert(kPairBytes <= 227 * 1024, "fits Hopper's opt-in shared memory per block");
   static_assert(kKbOff % 1024 == 0 && kKbBytes % 1024 == 0 && kPOff % 1024 == 0 &&
                     kPBytes % 1024 == 0,

@@ -37,28 +37,25 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
   const int key0 = 2 * qd;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
+    // The flags of keys 8j + 2qd and + 1: one 8-byte load (key0 is even, the flags 1 KB aligned).
+    const int2 flags = *reinterpret_cast<const int2*>(valid + key0 + 8 * j);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const bool real = valid[key0 + 8 * j + e] != 0;
+      const bool real = (e == 0 ? flags.x : flags.y) != 0;
       s[4 * j + e] = real ? s[4 * j + e] * scale : -INFINITY;
       s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * scale : -INFINITY;
     }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mh[2];
+    // The row's maximum over the whole tile, then across its 4 lanes: a maximum is exact in any
+    // order, so this is the per-half maxima's value with half the shuffles on the chain.
+    float m = -INFINITY;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int j = 4 * h; j < 4 * h + 4; ++j) {
-        m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      }
-      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
-      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
-      mh[h] = m;
-    }
-    const float m_new = fmaxf(m_run[r], fmaxf(mh[0], mh[1]));
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
+    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
+    const float m_new = fmaxf(m_run[r], m);
     const bool none = m_new == -INFINITY;  // no real key yet: nothing to add, nothing to rescale
     alpha[r] = none ? 1.0f : __expf(m_run[r] - m_new);
 #pragma unroll
