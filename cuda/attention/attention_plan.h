@@ -155,43 +155,40 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 
 // Which tensor-core kernel runs bf16_math attention where both take the shape: mma.sync
 // (sm80/attention_mma.cu) or Hopper's wgmma (sm90/attention_wgmma.cu: 64 heads or a multiple,
-// D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs). The default
-// is kWgmmaOverlap, the warp-specialised variant (sm90/attention_wgmma_overlap.cu: a producer
-// warpgroup decodes the keys while a scoring and a value warpgroup run the products; the same
-// records as the prefetching variant take, other fp8 records run the plain kernel): on the H200
-// over fp8 KV 1.3-1.4x faster than kWgmmaPrefetchSw128 at B >= 64 (64 and 128 heads), no slower
-// at B = 1, with the same bytes as the wgmma kernel. Its pair mode (kWgmmaOverlapPair, on the
-// ilp variant since session 15) is 1.03-1.05x faster than the ilp default for fp8 decode at 128
-// heads (B = 64, 256) but 1.09x slower for an fp8 prefill chunk there and 1.39x for a bf16 one,
-// so it is opt-in. kWgmmaPrefetchSw128 was the default before.
-// kWgmmaPrefetch: the wgmma kernel's prefetching variant (the same tiles and results, the key
-// loads a tile further ahead: fp8 records in registers, for V4's record; other fp8 records run
-// the plain wgmma kernel). kWgmmaPrefetchPdl: the same kernel as a programmatic dependent launch
-// of the kv rows' encoding, and the split combine one of it (each starts while the grid before
-// it runs and waits for it before reading its output). The _Sw128 pair: the same with the tiles
-// in wgmma's 128-byte swizzle instead of the no-swizzle core matrices. For few tokens (B = 1..8),
-// where the launches and a block's chain of dependent loads are most of the time: kWgmmaOverlapPdl,
-// the warp-specialised kernel as a programmatic dependent launch of the kv rows' encoding (it
-// resolves its first keys while that grid runs) and the combine one of it; kWgmmaOverlapFused, the
-// same launch with a token's key splits one thread-block cluster (at most 8 splits) whose blocks
-// merge the splits after a cluster barrier, each a slice of the heads, so no combine kernel runs
-// (the combine's arithmetic: the same bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the
-// warp-specialised kernel in cluster pairs (its two 64-head blocks of a token share the decoded
-// key tiles, each producer decoding half; the same results), as the ilp variant (other head
-// counts run kWgmmaOverlapIlp; its producers store into the peer by st.async). kWgmmaOverlapIlp
-// (the default from session 13 to 21: on the H200 5% faster than kWgmmaOverlap at B = 256 with
-// fp8 KV, 119.1 -> 113.1 us, and 6% at 128 heads, B = 64, 63.7 -> 60.1 us; its byte-for-byte test
-// and the op table's 179 attention rows passed):
-// kWgmmaOverlap with the producer's fp8 decode and the scorer's softmax free of branches (one block
-// each, which ptxas interleaves; the same operations and bits), the output staged through the
-// free key buffers so its global stores are whole rows, and the next block's q and top-k row
-// prefetched into L2 (prefill 4-6% faster); the same bytes as kWgmmaOverlap.
+// D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs). The
+// kernels descend from kWgmmaOverlap, the warp-specialised variant
+// (sm90/attention_wgmma_overlap.cu: a producer warpgroup decodes the keys while a scoring and a
+// value warpgroup run the products; the same records as the prefetching variant take, other fp8
+// records run the plain kernel): on the H200 over fp8 KV 1.3-1.4x faster than kWgmmaPrefetchSw128
+// (the default before it) at B >= 64 (64 and 128 heads), no slower at B = 1, with the same bytes as
+// the wgmma kernel. The default now is kWgmmaOverlapAuto, below. kWgmmaPrefetch: the wgmma kernel's
+// prefetching variant (the same tiles and results, the key loads a tile further ahead: fp8 records
+// in registers, for V4's record; other fp8 records run the plain wgmma kernel). kWgmmaPrefetchPdl:
+// the same kernel as a programmatic dependent launch of the kv rows' encoding, and the split
+// combine one of it (each starts while the grid before it runs and waits for it before reading its
+// output). The _Sw128 pair: the same with the tiles in wgmma's 128-byte swizzle instead of the
+// no-swizzle core matrices. For few tokens (B = 1..8), where the launches and a block's chain of
+// dependent loads are most of the time: kWgmmaOverlapPdl, the warp-specialised kernel as a
+// programmatic dependent launch of the kv rows' encoding (it resolves its first keys while that
+// grid runs) and the combine one of it; kWgmmaOverlapFused, the same launch with a token's key
+// splits one thread-block cluster (at most 8 splits) whose blocks merge the splits after a cluster
+// barrier, each a slice of the heads, so no combine kernel runs (the combine's arithmetic: the same
+// bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the warp-specialised kernel in cluster
+// pairs (its two 64-head blocks of a token share the decoded key tiles, each producer decoding
+// half; the same results), as the ilp variant (other head counts run kWgmmaOverlapIlp; its
+// producers store into the peer by st.async). kWgmmaOverlapIlp (the default from session 13 to 21:
+// on the H200 5% faster than kWgmmaOverlap at B = 256 with fp8 KV, 119.1 -> 113.1 us, and 6% at 128
+// heads, B = 64, 63.7 -> 60.1 us; its byte-for-byte test and the op table's 179 attention rows
+// passed): kWgmmaOverlap with the producer's fp8 decode and the scorer's softmax free of branches
+// (one block each, which ptxas interleaves; the same operations and bits), the output staged
+// through the free key buffers so its global stores are whole rows, and the next block's q and
+// top-k row prefetched into L2 (prefill 4-6% faster); the same bytes as kWgmmaOverlap.
 // kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): kWgmmaOverlapPair
 // over V4's fp8 records at 128 heads or a multiple, kWgmmaOverlapIlp otherwise. On the H200 the
-// pairs over fp8 took 151.9 / 41.5 / 17.5 us at B = 256 / 64 / 1 against the ilp kernel's
-// 183.9 / 51.2 / 18.1 (bf16 output, session 21), and the same time for an fp8 prefill chunk; over
-// bf16 rows they were no faster (172.4 against 168.2 us at B = 256) and a bf16 prefill chunk 1.35x
-// slower, so bf16 rows stay unpaired.
+// pairs over fp8 took 152.3 / 42.4 / 17.7 us at B = 256 / 64 / 1 against the ilp kernel's
+// 183.4 / 51.6 / 18.2 (bf16 output, session 21), and 2,155 against 2,409 us for an fp8 prefill
+// chunk of 4,096 queries; over bf16 rows they were no faster (172.4 against 168.2 us at B = 256)
+// and a bf16 prefill chunk 1.35x slower, so bf16 rows stay unpaired.
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
