@@ -131,9 +131,10 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // rows), then the separate combine kernel of the pre-fusion plan. Then, where the wgmma kernel
   // takes the shape (bf16 / fp8 KV on an sm_90 device with sm_90a code), each kernel forced:
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
-  // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair, and
-  // wgmma_overlap_ilp (graph), the A/B rows, and wgmma_overlap_ilp and _pair with the output in
-  // bf16 (the engine's call). Every row names the kernel that ran and its merge.
+  // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair and
+  // wgmma_overlap_pair_blocks (a cluster per unit), and wgmma_overlap_ilp (graph), the A/B rows,
+  // and wgmma_overlap_ilp and both pairs with the output in bf16 (the engine's call; the pairs
+  // over fp8 persistent there). Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -150,7 +151,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
     if (p.swizzle) kernel += "_sw128";
     if (p.pdl) kernel += "_pdl";
     if (p.ilp) kernel = ", wgmma_overlap_ilp";
-    if (p.pair) kernel = ", wgmma_overlap_pair";
+    if (p.pair) kernel = p.persistent ? ", wgmma_overlap_pair" : ", wgmma_overlap_pair_blocks";
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
@@ -171,14 +172,15 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
           cuda::AttentionKernelChoice::kWgmmaOverlap, cuda::AttentionKernelChoice::kWgmmaOverlapPdl,
           cuda::AttentionKernelChoice::kWgmmaOverlapFused,
           cuda::AttentionKernelChoice::kWgmmaOverlapPair,
+          cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks,
           cuda::AttentionKernelChoice::kWgmmaOverlapIlp}) {
-      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapPair && !cuda::wgmma_pair_takes(s.heads))
-        continue;
+      const bool pair = k == cuda::AttentionKernelChoice::kWgmmaOverlapPair ||
+                        k == cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks;
+      if (pair && !cuda::wgmma_pair_takes(s.heads)) continue;
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);
-      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp ||
-          k == cuda::AttentionKernelChoice::kWgmmaOverlapPair) {
+      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp || pair) {
         // The engine's call (DeepseekV4Model sets bf16_output with bf16_math): the output in
         // bf16, as FlashMLA's interface writes it.
         AttentionCase bf16_out = c;
@@ -457,8 +459,10 @@ void bench_attention_trace(Backend& be, const std::string& match, int ablate) {
     }
     trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlap, "wgmma_overlap");
     trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapIlp, "wgmma_overlap_ilp");
-    if (cuda::wgmma_pair_takes(s.heads)) {  // the cluster pairs, where they run
-      trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapPair, "wgmma_overlap_pair");
+    if (cuda::wgmma_pair_takes(s.heads)) {  // the cluster pairs, where they run (traced: a
+      // cluster per unit, as the persistent launch is not traced)
+      trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks,
+                  "wgmma_overlap_pair_blocks");
     }
   }
 }

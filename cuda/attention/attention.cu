@@ -19,10 +19,12 @@
 //    kernel as a programmatic dependent launch of the encoding, the combine one of it),
 //    wgmma_overlap_fused (the same launch, a token's splits one cluster that merges them: no
 //    combine kernel), wgmma_overlap_pair (at 128 heads or a multiple: a token's two 64-head
-//    blocks one cluster sharing the decoded key tiles, the ilp variant; other head counts as
-//    wgmma_overlap_ilp), wgmma_overlap_ilp (wgmma_overlap with a branch-free decode and softmax
-//    and the output staged through shared memory, the same bytes), or mma_sync (the kernel above
-//    everywhere);
+//    blocks one cluster sharing the decoded key tiles, the ilp variant; over fp8 records with
+//    bf16 output of one split persistent clusters where there are more units than clusters fit
+//    at once; other head counts as wgmma_overlap_ilp),
+//    wgmma_overlap_pair_blocks (the same pairs, a cluster per unit), wgmma_overlap_ilp
+//    (wgmma_overlap with a branch-free decode and softmax and the output staged through shared
+//    memory, the same bytes), or mma_sync (the kernel above everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
@@ -173,6 +175,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
              (overlap_pair_asked || (overlap_choice.pair_fp8 && a.kvf.format == KvFormat::kFp8)) &&
              wgmma_pair_takes(heads);
     p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge;
+    p.persistent = p.pair && overlap_choice.persistent;
     if (p.head_groups <= 65535) {
       if (spec.bf16_output && p.ilp) {
         // The ilp variant's epilogue (one split) or the combine writes the output in bf16.

@@ -45,6 +45,10 @@ struct AttentionMmaPlan {
   // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
   // (no combine kernel); at most kWgmmaClusterMergeMaxSplits splits
   bool cluster_merge = false;
+  // pair: persistent clusters, as many as the device runs at once, each walking units (a
+  // token's 128 heads, a split) so that a unit's start overlaps the previous unit's end; the
+  // launch takes it over fp8 records with bf16 output and one split (else a cluster per unit)
+  bool persistent = false;
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -176,7 +180,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the warp-specialised kernel in cluster
 // pairs (its two 64-head blocks of a token share the decoded key tiles, each producer decoding
 // half; the same results), as the ilp variant (other head counts run kWgmmaOverlapIlp; its
-// producers store into the peer by st.async). kWgmmaOverlapIlp (the default from session 13 to 21:
+// producers store into the peer by st.async), persistent with bf16 output and one split (as many
+// clusters as run at once, each walking units of a token's 128 heads, so that a unit's start
+// overlaps the previous one's end); kWgmmaOverlapPairBlocks: the same pairs with a cluster per
+// unit (the launch before the persistent one). kWgmmaOverlapIlp (the default from session 13 to 21:
 // on the H200 5% faster than kWgmmaOverlap at B = 256 with fp8 KV, 119.1 -> 113.1 us, and 6% at 128
 // heads, B = 64, 63.7 -> 60.1 us; its byte-for-byte test and the op table's 179 attention rows
 // passed): kWgmmaOverlap with the producer's fp8 decode and the scorer's softmax free of branches
@@ -188,7 +195,9 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // pairs over fp8 took 152.3 / 42.4 / 17.7 us at B = 256 / 64 / 1 against the ilp kernel's
 // 183.4 / 51.6 / 18.2 (bf16 output, session 21), and 2,155 against 2,409 us for an fp8 prefill
 // chunk of 4,096 queries; over bf16 rows they were no faster (172.4 against 168.2 us at B = 256)
-// and a bf16 prefill chunk 1.35x slower, so bf16 rows stay unpaired.
+// and a bf16 prefill chunk 1.35x slower, so bf16 rows stay unpaired. Persistent where the units
+// outnumber the clusters that fit (session 22, bf16 output): 149.1 against 152.6 us with a
+// cluster per unit at B = 256, 1,961 against 2,115 us for the fp8 prefill chunk.
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -200,6 +209,7 @@ enum class AttentionKernelChoice {
   kWgmmaOverlapPdl,
   kWgmmaOverlapFused,
   kWgmmaOverlapPair,
+  kWgmmaOverlapPairBlocks,
   kWgmmaOverlapIlp,
   kWgmmaOverlapAuto,
 };
@@ -234,6 +244,7 @@ struct WgmmaOverlapChoice {
   bool pair = false;           // at 128 heads or a multiple: cluster pairs sharing the key tiles
   bool ilp = false;       // the branch-free decode and softmax, the output staged (the same bytes)
   bool pair_fp8 = false;  // at 128 heads or a multiple: cluster pairs over fp8 records only
+  bool persistent = false;  // the pairs persistent (AttentionMmaPlan::persistent)
 };
 
 inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
@@ -245,11 +256,13 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
     case AttentionKernelChoice::kWgmmaOverlapFused:
       return {true, true, true};
     case AttentionKernelChoice::kWgmmaOverlapPair:
-      return {true, false, false, true, true};
+      return {true, false, false, true, true, false, true};
+    case AttentionKernelChoice::kWgmmaOverlapPairBlocks:
+      return {true, false, false, true, true, false, false};
     case AttentionKernelChoice::kWgmmaOverlapIlp:
       return {true, false, false, false, true};
     case AttentionKernelChoice::kWgmmaOverlapAuto:
-      return {true, false, false, false, true, true};
+      return {true, false, false, false, true, true, true};
     default:
       return {};
   }
@@ -257,8 +270,8 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap |
-// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair | wgmma_overlap_ilp | auto,
-// unset: auto);
+// wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair | wgmma_overlap_pair_blocks |
+// wgmma_overlap_ilp | auto, unset: auto);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -274,11 +287,13 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_overlap_pdl") return AttentionKernelChoice::kWgmmaOverlapPdl;
   if (v == "wgmma_overlap_fused") return AttentionKernelChoice::kWgmmaOverlapFused;
   if (v == "wgmma_overlap_pair") return AttentionKernelChoice::kWgmmaOverlapPair;
+  if (v == "wgmma_overlap_pair_blocks") return AttentionKernelChoice::kWgmmaOverlapPairBlocks;
   if (v == "wgmma_overlap_ilp") return AttentionKernelChoice::kWgmmaOverlapIlp;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
       "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_overlap, "
-      "wgmma_overlap_pdl, wgmma_overlap_fused, wgmma_overlap_pair, wgmma_overlap_ilp or auto, got "
+      "wgmma_overlap_pdl, wgmma_overlap_fused, wgmma_overlap_pair, wgmma_overlap_pair_blocks, "
+      "wgmma_overlap_ilp or auto, got "
       "'" +
       std::string(v) + "'";
   return std::nullopt;

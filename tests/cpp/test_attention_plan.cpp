@@ -193,6 +193,15 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   // The pairs run the ilp variant (its integer fp8 decode, the same bytes).
   const WgmmaOverlapChoice pair = wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPair);
   EXPECT_TRUE(pair.overlap && pair.pair && pair.ilp && !pair.pdl && !pair.cluster_merge);
+  // Persistent pairs by default and under auto; _blocks: a cluster per unit.
+  EXPECT_TRUE(pair.persistent && automatic.persistent);
+  EXPECT_EQ(parse_attention_kernel("wgmma_overlap_pair_blocks", &bad),
+            AttentionKernelChoice::kWgmmaOverlapPairBlocks);
+  const WgmmaOverlapChoice blocks =
+      wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapPairBlocks);
+  EXPECT_TRUE(blocks.overlap && blocks.pair && blocks.ilp && !blocks.persistent && !blocks.pdl &&
+              !blocks.cluster_merge && !blocks.pair_fp8);
+  EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaOverlapIlp).persistent);
   // The ilp variant: the plain overlap launch (no pdl, merge or pair) with its own flag.
   EXPECT_EQ(parse_attention_kernel("wgmma_overlap_ilp", &bad),
             AttentionKernelChoice::kWgmmaOverlapIlp);

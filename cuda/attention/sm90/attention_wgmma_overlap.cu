@@ -65,6 +65,19 @@
 // tiles, so every arrival has its wait in both; every thread of both blocks passes a cluster
 // barrier once at the start (initialised mbarriers, peer running, before any remote access) and
 // once at the end (no block exits while the peer may still store or arrive into it).
+//
+// Persistent pairs (kWalks: fp8 records, bf16 output of one split, more units than clusters fit
+// at once): cluster c walks units c, c + clusters, ... (a unit: a token's 128 heads and a split,
+// OverlapWork). The key buffers and their mbarriers count the cluster's tiles g across units
+// (buffer g & 1, phase (g / 2) & 1), so the producer goes on to the next unit's addresses and
+// first records as soon as its last tile went, and rewrites a buffer once both blocks released
+// it: with a unit after, the consumers also release the unit's last two buffers (the scorer the
+// last one after its final wait). P, alpha and their named barriers count the unit's own tiles
+// (kOutputBarrier ends a unit's use of them). Between units each consumer warpgroup stages its
+// rows in its half of q's tile, writes them out, then loads its half of the next unit's q there;
+// warpgroup 1 arrives on kQueryReady once its half is stored, which the scorer syncs before the
+// next unit's first scores.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -91,26 +104,51 @@ namespace {
 
 using T = Tiles<true>;  // 128-byte swizzled tiles only
 
+// Persistent pairs, between units: warpgroup wg stages its rows of unit `done` in its half of
+// q's tile and writes them out, then (more: a unit follows) loads its half of unit `next`'s q
+// into that half, in rounds of 8 float4 a thread (the accumulators keep most registers).
+__device__ __forceinline__ void output_then_next_query(const AttentionArgs& a,
+                                                       const float (&o)[kOAcc],
+                                                       const float (&m_run)[2], const float (&d)[2],
+                                                       const OverlapUnit& done, bool more,
+                                                       const OverlapUnit& next, uint8_t* qs, int wg,
+                                                       int row0, int qd) {
+  uint8_t* stage = qs + wg * (OverlapLayout::kQBytes / 2);
+  stage_output_bf16(a, o, m_run, d, done.h_first, row0, qd, stage, kStageBarrier + wg);
+  copy_output_bf16(a, done.t, done.h_first, wg, stage);
+  if (!more) return;
+  named_barrier<kConsumerThreads / 2>(kStageBarrier + wg);  // the stage read out
+  load_query_half(a, next.t, next.h_first, wg, threadIdx.x & 127, qs);
+  fence_async_shared();  // q, for the next unit's wgmma
+}
+
 // kPdl: a programmatic dependent launch of the kv rows' encoding (the griddepcontrol
 // instructions are only in that instantiation). kMerge: launched in clusters of a token's splits,
-// which merge them (AttentionMmaPlan::cluster_merge). kPair: the cluster-pair mode (grid (token,
-// head group, split), cluster (1, 2, 1); the file's head comment). kMerge and kPair exclude each
-// other (one cluster shape). kTrace: records the roles' timing into `trace`
-// (attention_wgmma_trace.h; fp8, unmerged only; paired: not the decode ablation), leaving out the
-// work that trace.ablate names; the other instantiations ignore `trace` and contain no trace code.
-// kIlp: the wgmma_overlap_ilp variant (unmerged, no pdl; unpaired or in pairs): the producer's fp8
-// decode through integer operations (decode_e4m3_chunk: no conversion units) and the scorer's
-// softmax without branches (the same bits), the output staged through the free key buffers
+// which merge them (AttentionMmaPlan::cluster_merge). kPair: the cluster-pair mode (grid (2 x
+// clusters), cluster (2, 1, 1), cluster c taking unit c of OverlapWork; the file's head comment).
+// kWalks (pairs over fp8, untraced): each cluster walks units c, c + clusters, ... (persistent;
+// the other pair instantiations take one unit per cluster and leave the walk's code out, which
+// costs registers). kMerge and kPair exclude each other (one cluster shape). kTrace: records the
+// roles' timing into `trace` (attention_wgmma_trace.h; fp8, unmerged only; paired: not the decode
+// ablation), leaving out the work that trace.ablate names; the other instantiations ignore `trace`
+// and contain no trace code. kIlp: the wgmma_overlap_ilp variant (unmerged, no pdl; unpaired or in
+// pairs): the producer's fp8 decode through integer operations (decode_e4m3_chunk: no conversion
+// units) and the scorer's softmax without branches (the same bits), the output staged through the
+// free key buffers, or in pairs with bf16 output of one split through q's tile
 // (attention_wgmma_overlap_output.cuh).
-template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair, bool kTrace = false, bool kIlp = false>
+template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair, bool kTrace = false, bool kIlp = false,
+          bool kWalks = false>
 __global__ void __launch_bounds__(kOverlapThreads, 1)
-    attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l, OverlapTraceBuffer trace) {
+    attention_wgmma_overlap_kernel(AttentionArgs a, DeviceLayout l, OverlapWork w,
+                                   OverlapTraceBuffer trace) {
   static_assert(kFmt == KvFormat::kBf16 || kFmt == KvFormat::kFp8, "bf16 rows or fp8 records");
   static_assert(!(kMerge && kPair), "one cluster shape: the splits' or the pair's");
   static_assert(!(kTrace && kMerge), "traced: unmerged");
   static_assert(!(kIlp && (kMerge || kPdl)), "ilp: unmerged, no pdl");
   static_assert(!kPair || kIlp, "the pairs run the ilp variant");
   static_assert(!kTrace || kFmt == KvFormat::kFp8, "the trace's producer events are fp8's");
+  static_assert(!kWalks || (kPair && kFmt == KvFormat::kFp8 && !kTrace),
+                "the untraced pairs over fp8 walk units");
   static_assert(kMergeSmemBytes <= OverlapLayout::kPBytes * 2, "the merge's scratch in P's place");
   // The combine (a programmatic dependent launch of this grid) may start: it waits for this grid
   // to end before it reads anything.
@@ -131,8 +169,6 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int wg = tid >> 7;
-  const int t = blockIdx.x;
-  const int h_first = blockIdx.y * kRows;
   // Trace builds: each role's first thread clears its events; the scorer's keeps the header.
   const OverlapTraceRecorder<kTrace> rec(trace, tid);
   const int ablate = kTrace ? trace.ablate : 0;
@@ -191,10 +227,47 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     }
   };
 
-  // Both blocks of a pair have the same token and split: the same range and number of tiles.
-  const AttentionKeys keys(a, l, t, seq_of_row_warp(l, t));
-  const KeyRange range = split_key_range<kKeys>(keys.n_keys, blockIdx.z, gridDim.z);
-  const int tiles = static_cast<int>((range.end - range.begin + kKeys - 1) / kKeys);
+  // The units of work: unpaired, the block's (token, head group, split); pair mode, cluster
+  // blockIdx.x / 2 walks units of w (OverlapWork), this block the head group of its rank. Both
+  // blocks of a pair have the same token and split: the same range and number of tiles. keys,
+  // range and tiles are the current unit's (next_unit moves them on).
+  const int unit_first = kPair ? static_cast<int>(blockIdx.x >> 1) : 0;
+  const int unit_step = kPair ? w.clusters : 1;
+  const int unit_end = kPair ? w.units : 1;
+  const int splits = kPair ? w.splits : static_cast<int>(gridDim.z);
+  auto unit_at = [&](int u) {
+    if constexpr (kPair) {
+      const int rest = u / w.tokens;
+      return OverlapUnit{u % w.tokens, (2 * (rest % w.head_pairs) + static_cast<int>(rank)) * kRows,
+                         rest / w.head_pairs};
+    } else {
+      return OverlapUnit{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y) * kRows,
+                         static_cast<int>(blockIdx.z)};
+    }
+  };
+  // The pairs stage bf16 output of one split through q's tile (a walking cluster's key buffers
+  // may hold the next unit's tiles by then); other outputs go through the key buffers, which
+  // only a cluster per unit leaves free (the launch sees to it).
+  const bool stage_in_q = kPair && a.out_bf16 != nullptr && splits == 1;
+  if (w.clusters < w.units && !(kWalks && stage_in_q)) __trap();
+  OverlapUnit unit = unit_at(unit_first);
+  AttentionKeys keys(a, l, unit.t, seq_of_row_warp(l, unit.t));
+  KeyRange range = split_key_range<kKeys>(keys.n_keys, unit.split, splits);
+  auto tiles_of = [](const KeyRange& r) {
+    return static_cast<int>((r.end - r.begin + kKeys - 1) / kKeys);
+  };
+  int tiles = tiles_of(range);
+  auto next_unit = [&](int u) {  // the producer's
+    unit = unit_at(u);
+    keys = AttentionKeys(a, l, unit.t, seq_of_row_warp(l, unit.t));
+    range = split_key_range<kKeys>(keys.n_keys, unit.split, splits);
+    tiles = tiles_of(range);
+  };
+  auto tiles_at = [&](int u) {  // the consumers' (they keep no unit's keys)
+    const OverlapUnit n = unit_at(u);
+    const AttentionKeys k(a, l, n.t, seq_of_row_warp(l, n.t));
+    return tiles_of(split_key_range<kKeys>(k.n_keys, n.split, splits));
+  };
   if constexpr (kTrace) {
     if (wg == 0) {
       rec.header(kTraceTiles, tiles);
@@ -251,49 +324,62 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     if constexpr (kPair) {
       PairQuarter<kFmt> share{};  // a masked key decodes defined bytes, then drops them
       bool share_real = false;
-      if (tiles > 0) {
-        const uint8_t* src0 = start_addresses();
-        if constexpr (kTrace) {  // as unpaired
-          trace_wait_for(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src0)));
-          rec.header_clock(kTraceClockProducerAddresses);
-        }
-        load_quarter(share, src0, part);
-        share_real = src0 != nullptr;
-        prefetch_row_l2<kParts>(src_next, kRowBytes, part);
-      }
-      named_barrier<kOverlapThreads>(kStartBarrier);
-      cluster_wait_acquire();  // the peer runs, its mbarriers are initialised
-      warpgroup_regs_dec<kProducerRegs>();
-      const uint32_t kb_peer = map_shared_to_rank(smem_addr(kb_of(0)), rank ^ 1u);
-      const uint32_t valid_peer = map_shared_to_rank(smem_addr(valid_of(0)), rank ^ 1u);
+      uint32_t kb_peer = 0;
+      uint32_t valid_peer = 0;
+      int g = 0;  // the cluster's tiles so far: tile g in buffer g & 1, phase (g / 2) & 1
 #pragma unroll 1
-      for (int i = 0; i < tiles; ++i) {
-        const int b = i & 1;
-        rec.stamp(kProducerTop, i);
-        // Tile i - 2 consumed in both blocks (the (i / 2 - 1)-th phase of empty[b]).
-        if (i >= 2) mbarrier_wait_cluster(bar_base + empty_bar(b), ((i >> 1) - 1) & 1);
-        rec.stamp(kProducerFree, i);
-        if constexpr (kTrace) trace_wait_for(fp8_share_digest(share));
-        rec.stamp(kProducerLanded, i);
-        const PairKeyBuffer buf{
-            kb_of(b), valid_of(b), kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
-            valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int)), bar_peer + full_bar(b)};
-        store_quarter(buf, share, share_real, key, part);
-        fence_async_shared();  // this block's copy of the half tile, for its wgmma
-        // The (i / 2)-th phase of this block's full[b]: its producer threads arrive, the first
-        // also arming the bytes the peer's producers store into it.
-        if (pt == 0) {
-          mbarrier_arrive_expect_tx_at(bar_base + full_bar(b), kPairPeerBytes);
-        } else {
-          mbarrier_arrive_at(bar_base + full_bar(b));
+      for (int u = unit_first;;) {
+        // The unit's first keys: after the previous unit's last tile went, so their addresses
+        // and records land while the consumers finish that unit.
+        if (tiles > 0) {
+          const uint8_t* src0 = start_addresses();
+          if constexpr (kTrace) {  // as unpaired
+            trace_wait_for(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src0)));
+            rec.header_clock(kTraceClockProducerAddresses);
+          }
+          load_quarter(share, src0, part);
+          share_real = src0 != nullptr;
+          prefetch_row_l2<kParts>(src_next, kRowBytes, part);
         }
-        rec.stamp(kProducerPublished, i);
-        if (i + 1 < tiles && !(ablate & kAblateLoads)) {
-          load_quarter(share, src_next, part);
-          share_real = src_next != nullptr;
-          advance_addresses(i);
+        if (u == unit_first) {
+          named_barrier<kOverlapThreads>(kStartBarrier);
+          cluster_wait_acquire();  // the peer runs, its mbarriers are initialised
+          warpgroup_regs_dec<kProducerRegs>();
+          kb_peer = map_shared_to_rank(smem_addr(kb_of(0)), rank ^ 1u);
+          valid_peer = map_shared_to_rank(smem_addr(valid_of(0)), rank ^ 1u);
         }
-        rec.stamp(kProducerIssued, i);
+#pragma unroll 1
+        for (int i = 0; i < tiles; ++i, ++g) {
+          const int b = g & 1;
+          rec.stamp(kProducerTop, i);
+          // Tile g - 2 consumed in both blocks (the (g / 2 - 1)-th phase of empty[b]).
+          if (g >= 2) mbarrier_wait_cluster(bar_base + empty_bar(b), ((g >> 1) - 1) & 1);
+          rec.stamp(kProducerFree, i);
+          if constexpr (kTrace) trace_wait_for(fp8_share_digest(share));
+          rec.stamp(kProducerLanded, i);
+          const PairKeyBuffer buf{
+              kb_of(b), valid_of(b), kb_peer + static_cast<uint32_t>(b * L::kKbBytes),
+              valid_peer + static_cast<uint32_t>(b * kKeys * sizeof(int)), bar_peer + full_bar(b)};
+          store_quarter(buf, share, share_real, key, part);
+          fence_async_shared();  // this block's copy of the half tile, for its wgmma
+          // The (g / 2)-th phase of this block's full[b]: its producer threads arrive, the first
+          // also arming the bytes the peer's producers store into it.
+          if (pt == 0) {
+            mbarrier_arrive_expect_tx_at(bar_base + full_bar(b), kPairPeerBytes);
+          } else {
+            mbarrier_arrive_at(bar_base + full_bar(b));
+          }
+          rec.stamp(kProducerPublished, i);
+          if (i + 1 < tiles && !(ablate & kAblateLoads)) {
+            load_quarter(share, src_next, part);
+            share_real = src_next != nullptr;
+            advance_addresses(i);
+          }
+          rec.stamp(kProducerIssued, i);
+        }
+        u += unit_step;
+        if (!kWalks || u >= unit_end) break;
+        next_unit(u);
       }
       if constexpr (kTrace) rec.header_clock(kTraceClockProducerEnd);
       pair_finish();
@@ -367,7 +453,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   // Consumers: q first (all 256 threads), rounded to bf16 into its tile.
   {
     float4 q_loads[kQueryLoads];
-    issue_query_loads(a, t, h_first, tid, q_loads);
+    issue_query_loads(a, unit.t, unit.h_first, tid, q_loads);
     store_query_tile<true>(qs, tid, q_loads);
   }
   if constexpr (kTrace) {
@@ -379,11 +465,11 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   if constexpr (kTrace) {
     if (wg == 0) rec.header_clock(kTraceClockPrologue);
   }
-  // Tile i in buffer b: published by the producer (pair mode: by both producers, the
-  // (i / 2)-th phase of full[b]).
-  auto wait_tile = [&](int i, int b) {
+  // Tile g (the cluster's count; unpaired the block's) in buffer b: published by the producer
+  // (pair mode: by both producers, the (g / 2)-th phase of full[b]).
+  auto wait_tile = [&](int g, int b) {
     if constexpr (kPair) {
-      mbarrier_wait_cluster(bar_base + full_bar(b), (i >> 1) & 1);
+      mbarrier_wait_cluster(bar_base + full_bar(b), (g >> 1) & 1);
       fence_async_shared();  // the peer's asynchronous stores, seen here, for this wgmma
     } else {
       named_barrier<kConsumerThreads>(kTileFull + b);
@@ -398,120 +484,176 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       named_barrier_arrive<kOverlapThreads>(kTileEmpty + b);
     }
   };
+  // The unit after u that some SM starts next (persistent: this cluster's), for the scorer's
+  // prefetch into L2: one unit per cluster, the clusters start in unit order as others end.
+  auto prefetch_next_unit = [&](int u) {
+    if constexpr (kPair) {
+      const int next = u + min(w.clusters, max(a.sms / kPairBlocks, 1));
+      if (next < unit_end) {
+        const OverlapUnit n = unit_at(next);
+        prefetch_unit_start(a, n.t, n.h_first, tid, kConsumerThreads / 2);
+      }
+    } else {
+      prefetch_next_block_start(a, tid, kConsumerThreads / 2);
+    }
+  };
   const int row0 = 16 * ((tid >> 5) & 3) + (lane >> 2);  // the thread's heads: row0, row0 + 8
   const int qd = lane & 3;
   const uint64_t q_desc = T::kmajor(qs);
   float o[kOAcc];
-#pragma unroll
-  for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
 
   if (wg == 0) {
     warpgroup_regs_inc<kScorerRegs>();
-    float m_run[2] = {-INFINITY, -INFINITY};
-    float d_half[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [key half][row]
+    int g0 = 0;  // the cluster's tiles before this unit (unpaired: 0)
+    int unit_tiles = tiles;
 #pragma unroll 1
-    for (int i = 0; i < tiles; ++i) {
-      const int b = i & 1;
-      rec.stamp(kScorerTop, i);
-      wait_tile(i, b);
-      rec.stamp(kScorerFull, i);
-      float s[32];
-      issue_scores64(s, q_desc, T::kmajor(kb_of(b)));
-      if (i > 0) {
-        wgmma_wait<1>();  // the values of tile i - 1 (committed before the scores)
-        fence_accumulators(o);
-        if (i + 1 < tiles) release_tile(b ^ 1);
-      }
-      rec.stamp(kScorerPrevValues, i);
-      wait_products(s);
-      rec.stamp(kScorerScores, i);
-      if (i >= 2) named_barrier<kConsumerThreads>(kProbsFree + b);  // warpgroup 1 read P[b]
-      rec.stamp(kScorerProbsFree, i);
-      float alpha[2] = {1.0f, 1.0f};
-      if (!(ablate & kAblateSoftmax)) {
-        softmax_tile64<kIlp>(s, valid_of(b), ps_of(b), alpha_of(b), a.scale, row0, qd, m_run,
-                             d_half, alpha);
-      }
-      fence_async_shared();  // P, for both warpgroups' wgmma
-      named_barrier_arrive<kConsumerThreads>(kProbsReady + b);
-      rec.stamp(kScorerPublished, i);
-      if (!(ablate & kAblateValues)) {
-        issue_values<true>(o, alpha, T::kmajor(ps_of(b)),
-                           T::nmajor(kb_of(b) + T::value_channels(0)));
-      } else {
-        wgmma_fence();
-        wgmma_commit();
-      }
-      // kIlp: three tiles before the end (while its products run), the next block's q and
-      // top-k row into L2, so that its prologue does not wait for DRAM. Not traced: in the
-      // traced instantiation the addresses spill the scorer's registers.
-      if (kIlp && !kTrace && i == max(tiles - 3, 0)) {
-        prefetch_next_block_start(a, tid, kConsumerThreads / 2);
-      }
-      rec.stamp(kScorerIssued, i);
-    }
-    rec.header_clock(kTraceClockLoopEnd);
-    wait_products(o);  // also with no tiles: an unconditional wait lets ptxas see O settled
-    rec.header_clock(kTraceClockValuesDone);
-    const float d[2] = {d_half[0][0] + d_half[1][0], d_half[0][1] + d_half[1][1]};
-    if (qd == 0) {
+    for (int u = unit_first;;) {
+      const int u_next = u + unit_step;
+      const bool more = kWalks && u_next < unit_end;       // the key buffers then hold its tiles
+      const int next_tiles = more ? tiles_at(u_next) : 0;  // its loads land during this unit
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        rows_m[row0 + 8 * r] = m_run[r];
-        rows_d[row0 + 8 * r] = d[r];
+      for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
+      float m_run[2] = {-INFINITY, -INFINITY};
+      float d_half[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [key half][row]
+#pragma unroll 1
+      for (int i = 0; i < unit_tiles; ++i) {
+        const int b = (g0 + i) & 1;  // the key buffer
+        const int pb = i & 1;        // P's (the unit's own)
+        rec.stamp(kScorerTop, i);
+        wait_tile(g0 + i, b);
+        rec.stamp(kScorerFull, i);
+        float s[32];
+        issue_scores64(s, q_desc, T::kmajor(kb_of(b)));
+        if (i > 0) {
+          wgmma_wait<1>();  // the values of tile i - 1 (committed before the scores)
+          fence_accumulators(o);
+          if (i + 1 < unit_tiles || more) release_tile(b ^ 1);
+        }
+        rec.stamp(kScorerPrevValues, i);
+        wait_products(s);
+        rec.stamp(kScorerScores, i);
+        if (i >= 2) named_barrier<kConsumerThreads>(kProbsFree + pb);  // warpgroup 1 read P[pb]
+        rec.stamp(kScorerProbsFree, i);
+        float alpha[2] = {1.0f, 1.0f};
+        if (!(ablate & kAblateSoftmax)) {
+          softmax_tile64<kIlp>(s, valid_of(b), ps_of(pb), alpha_of(pb), a.scale, row0, qd, m_run,
+                               d_half, alpha);
+        }
+        fence_async_shared();  // P, for both warpgroups' wgmma
+        named_barrier_arrive<kConsumerThreads>(kProbsReady + pb);
+        rec.stamp(kScorerPublished, i);
+        if (!(ablate & kAblateValues)) {
+          issue_values<true>(o, alpha, T::kmajor(ps_of(pb)),
+                             T::nmajor(kb_of(b) + T::value_channels(0)));
+        } else {
+          wgmma_fence();
+          wgmma_commit();
+        }
+        // kIlp: three tiles before the end (while its products run), the next unit's q and
+        // top-k row into L2, so that its prologue does not wait for DRAM. Not traced: in the
+        // traced instantiation the addresses spill the scorer's registers.
+        if (kIlp && !kTrace && i == max(unit_tiles - 3, 0)) prefetch_next_unit(u);
+        rec.stamp(kScorerIssued, i);
       }
-    }
-    named_barrier_arrive<kConsumerThreads>(kRowsReady);
-    if constexpr (kIlp) {
-      named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
-      rec.header_clock(kTraceClockOutputReady);
-      store_output_staged(a, l, o, m_run, d, t, h_first, 0, row0, qd, kb_of(0), kStageBarrier + 0);
-    } else {
-      store_output(a, l, o, m_run, d, t, h_first, 0, row0, qd);
-    }
-    rec.header_clock(kTraceClockEnd);
-    rec.header_timer(kTraceTimerEnd);
-    if constexpr (kMerge) {
-      merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
-          a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
+      rec.header_clock(kTraceClockLoopEnd);
+      wait_products(o);  // also with no tiles: an unconditional wait lets ptxas see O settled
+      if (more && unit_tiles > 0) release_tile((g0 + unit_tiles - 1) & 1);
+      rec.header_clock(kTraceClockValuesDone);
+      const float d[2] = {d_half[0][0] + d_half[1][0], d_half[0][1] + d_half[1][1]};
+      if (qd == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          rows_m[row0 + 8 * r] = m_run[r];
+          rows_d[row0 + 8 * r] = d[r];
+        }
+      }
+      named_barrier_arrive<kConsumerThreads>(kRowsReady);
+      const OverlapUnit this_unit = unit_at(u);
+      if constexpr (kIlp) {
+        named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
+        rec.header_clock(kTraceClockOutputReady);
+        if (stage_in_q) {
+          output_then_next_query(a, o, m_run, d, this_unit, more, unit_at(u_next), qs, 0, row0, qd);
+        } else {
+          store_output_staged(a, l, o, m_run, d, this_unit.t, this_unit.h_first, 0, row0, qd,
+                              this_unit.split, splits, kb_of(0), kStageBarrier + 0);
+        }
+      } else {
+        store_output(a, l, o, m_run, d, this_unit.t, this_unit.h_first, 0, row0, qd,
+                     this_unit.split, splits);
+      }
+      rec.header_clock(kTraceClockEnd);
+      rec.header_timer(kTraceTimerEnd);
+      if constexpr (kMerge) {
+        merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
+            a, l, this_unit.t, this_unit.h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
+      }
+      if (!more) break;
+      // Both halves of the next unit's q stored (this warpgroup's fenced above).
+      named_barrier<kConsumerThreads>(kQueryReady);
+      g0 += unit_tiles;
+      unit_tiles = next_tiles;
+      u = u_next;
     }
     pair_finish();
     return;
   }
 
   // Warpgroup 1: the values over channels 256..511.
+  int g0 = 0;
+  int unit_tiles = tiles;
 #pragma unroll 1
-  for (int i = 0; i < tiles; ++i) {
-    const int b = i & 1;
-    rec.stamp(kValueTop, i);
-    named_barrier<kConsumerThreads>(kProbsReady + b);
-    if constexpr (kPair) fence_async_shared();  // as the scorer's after its wait: the peer's bytes
-    rec.stamp(kValueReady, i);
-    const float* alpha_s = alpha_of(b);
-    const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
-    if (!(ablate & kAblateValues)) {
-      issue_values<true>(o, alpha, T::kmajor(ps_of(b)), T::nmajor(kb_of(b) + T::value_channels(1)));
+  for (int u = unit_first;;) {
+    const int u_next = u + unit_step;
+    const bool more = kWalks && u_next < unit_end;
+    const int next_tiles = more ? tiles_at(u_next) : 0;
+#pragma unroll
+    for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
+#pragma unroll 1
+    for (int i = 0; i < unit_tiles; ++i) {
+      const int b = (g0 + i) & 1;
+      const int pb = i & 1;
+      rec.stamp(kValueTop, i);
+      named_barrier<kConsumerThreads>(kProbsReady + pb);
+      if constexpr (kPair) fence_async_shared();  // the peer's bytes, as the scorer's
+      rec.stamp(kValueReady, i);
+      const float* alpha_s = alpha_of(pb);
+      const float alpha[2] = {alpha_s[row0], alpha_s[row0 + 8]};
+      if (!(ablate & kAblateValues)) {
+        issue_values<true>(o, alpha, T::kmajor(ps_of(pb)),
+                           T::nmajor(kb_of(b) + T::value_channels(1)));
+      }
+      wait_products(o);
+      rec.stamp(kValueDone, i);
+      if (i + 2 < unit_tiles) named_barrier_arrive<kConsumerThreads>(kProbsFree + pb);
+      if (i + 2 < unit_tiles || more) release_tile(b);
     }
-    wait_products(o);
-    rec.stamp(kValueDone, i);
-    if (i + 2 < tiles) {
-      named_barrier_arrive<kConsumerThreads>(kProbsFree + b);
-      release_tile(b);
+    named_barrier<kConsumerThreads>(kRowsReady);
+    const float m_run[2] = {rows_m[row0], rows_m[row0 + 8]};
+    const float d[2] = {rows_d[row0], rows_d[row0 + 8]};
+    const OverlapUnit this_unit = unit_at(u);
+    if constexpr (kIlp) {
+      named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
+      if (stage_in_q) {
+        output_then_next_query(a, o, m_run, d, this_unit, more, unit_at(u_next), qs, 1, row0, qd);
+      } else {
+        store_output_staged(a, l, o, m_run, d, this_unit.t, this_unit.h_first, 1, row0, qd,
+                            this_unit.split, splits, kb_of(1), kStageBarrier + 1);
+      }
+    } else {
+      store_output(a, l, o, m_run, d, this_unit.t, this_unit.h_first, 1, row0, qd, this_unit.split,
+                   splits);
     }
-  }
-  named_barrier<kConsumerThreads>(kRowsReady);
-  const float m_run[2] = {rows_m[row0], rows_m[row0 + 8]};
-  const float d[2] = {rows_d[row0], rows_d[row0 + 8]};
-  if constexpr (kIlp) {
-    named_barrier<kConsumerThreads>(kOutputBarrier);  // both warpgroups' products done
-    store_output_staged(a, l, o, m_run, d, t, h_first, 1, row0, qd, kb_of(1), kStageBarrier + 1);
-  } else {
-    store_output(a, l, o, m_run, d, t, h_first, 1, row0, qd);
-  }
-  rec.header_clock(kTraceClockValueEnd);
-  if constexpr (kMerge) {
-    merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
-        a, l, t, h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
+    rec.header_clock(kTraceClockValueEnd);
+    if constexpr (kMerge) {
+      merge_cluster_splits<kConsumerThreads, kMergeBarrier>(
+          a, l, this_unit.t, this_unit.h_first, tid, reinterpret_cast<float*>(smem + L::kPOff));
+    }
+    if (!more) break;
+    named_barrier_arrive<kConsumerThreads>(kQueryReady);  // its half of the next q stored
+    g0 += unit_tiles;
+    unit_tiles = next_tiles;
+    u = u_next;
   }
   pair_finish();
 }
@@ -543,12 +685,12 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     cl.stream = stream;
     cl.pdl = p.pdl;
     launch_clustered("attention (the overlapping wgmma kernel, merging its splits)", cl, kernel, a,
-                     l, OverlapTraceBuffer{});
+                     l, OverlapWork{}, OverlapTraceBuffer{});
     return;
   }
   if (p.pair) {
     // The ilp instantiation: the plan asks for it with every pair (traced: fp8 only).
-    using PairKernel = void (*)(AttentionArgs, DeviceLayout, OverlapTraceBuffer);
+    using PairKernel = void (*)(AttentionArgs, DeviceLayout, OverlapWork, OverlapTraceBuffer);
     PairKernel kernel = attention_wgmma_overlap_kernel<kFmt, false, false, true, false, true>;
     if constexpr (kFmt == KvFormat::kFp8) {
       if (trace.stamps != nullptr) {
@@ -556,17 +698,45 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
       }
     }
     smem_limits.allow(kernel, OverlapLayout::kPairBytes);
+    OverlapWork w;
+    w.tokens = static_cast<int>(tokens);
+    w.head_pairs = static_cast<int>(p.head_groups / kPairBlocks);
+    w.splits = static_cast<int>(p.splits);
+    const int64_t units = tokens * w.head_pairs * p.splits;
+    if (units <= 0 || units > (int64_t{1} << 30)) {
+      throw Error(ErrorCode::kUnsupported,
+                  "attention: the overlapping wgmma kernel's cluster pairs take 1 to 2^30 units "
+                  "(tokens x head pairs x splits), got " +
+                      std::to_string(units));
+    }
+    w.units = static_cast<int>(units);
+    w.clusters = w.units;
     ClusterLaunch cl;
-    cl.grid = grid;
     cl.block = dim3(kOverlapThreads);
-    cl.cluster = dim3(1, kPairBlocks, 1);
+    cl.cluster = dim3(kPairBlocks, 1, 1);
     cl.smem = OverlapLayout::kPairBytes;
     cl.stream = stream;
-    launch_clustered("attention (the overlapping wgmma kernel, cluster pairs)", cl, kernel, a, l,
+    // Persistent (p.persistent, fp8 records, bf16 output of one split, untraced) where the units
+    // outnumber the clusters the device runs at once: that many clusters, each walking its units,
+    // so that a unit's start (its keys' addresses and first records) overlaps the previous unit's
+    // last tiles.
+    if constexpr (kFmt == KvFormat::kFp8) {
+      if (p.persistent && a.out_bf16 != nullptr && p.splits == 1 && trace.stamps == nullptr) {
+        auto* walking = attention_wgmma_overlap_kernel<kFmt, false, false, true, false, true, true>;
+        smem_limits.allow(walking, OverlapLayout::kPairBytes);
+        const int fit = smem_limits.max_active_clusters(walking, cl.block, cl.cluster, cl.smem);
+        if (fit < w.units) {
+          w.clusters = fit;
+          kernel = walking;
+        }
+      }
+    }
+    cl.grid = dim3(static_cast<unsigned>(kPairBlocks * w.clusters));
+    launch_clustered("attention (the overlapping wgmma kernel, cluster pairs)", cl, kernel, a, l, w,
                      trace);
     return;
   }
-  using Kernel = void (*)(AttentionArgs, DeviceLayout, OverlapTraceBuffer);
+  using Kernel = void (*)(AttentionArgs, DeviceLayout, OverlapWork, OverlapTraceBuffer);
   Kernel kernel = p.pdl ? attention_wgmma_overlap_kernel<kFmt, true, false, false>
                         : attention_wgmma_overlap_kernel<kFmt, false, false, false>;
   if (p.ilp) kernel = attention_wgmma_overlap_kernel<kFmt, false, false, false, false, true>;
@@ -587,7 +757,7 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
   config.numAttrs = p.pdl ? 1 : 0;
-  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l, trace),
+  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l, OverlapWork{}, trace),
                                 "attention: the overlapping wgmma kernel's launch");
 }
 

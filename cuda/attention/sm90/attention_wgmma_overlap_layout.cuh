@@ -36,7 +36,29 @@ enum OverlapBarrier : int {
   // kIlp: both consumer warpgroups past their last products (the key buffers free for the
   // output), then each warpgroup's own barrier (+ warpgroup) once its rows are staged.
   kOutputBarrier = 12,
-  kStageBarrier = 13,
+  kStageBarrier = 13,  // + warpgroup 0 or 1: 13, 14
+  // Persistent pairs: warpgroup 1 arrives once its half of the next unit's q is stored, the
+  // scorer syncs before that unit's first scores.
+  kQueryReady = 15,
+};
+
+// The launch's units of work (pair mode): a token's two 64-head groups and one key split each,
+// unit u = t + tokens (head pair + head_pairs split); cluster c walks units c, c + clusters, ...
+// (persistent when clusters < units). Unpaired launches ignore it (a block's unit is its
+// blockIdx).
+struct OverlapWork {
+  int tokens = 0;
+  int head_pairs = 0;
+  int splits = 1;
+  int units = 0;     // tokens x head_pairs x splits
+  int clusters = 0;  // the launch's clusters, at most units
+};
+
+// A block's current unit: its token, first head and key split.
+struct OverlapUnit {
+  int t;
+  int h_first;
+  int split;
 };
 
 // Shared memory: q, two key tiles, two probability tiles (all 1 KB aligned for the swizzle),

@@ -21,6 +21,7 @@ __device__ __forceinline__ uint32_t staged_offset(int row, int unit) {
   return static_cast<uint32_t>(row * 1024 + ((unit ^ (row & 7)) << 4));
 }
 
+// Split `split` of `splits`: the block's unless a persistent launch walks other units.
 // store_output's writes (out with one split, else part_acc and part_md), the same values:
 // every thread of warpgroup wg stages its accumulators (times the rows' factor with one split,
 // as store_output multiplies them) into `stage` (64 KB, free: no product reads it any more),
@@ -31,9 +32,8 @@ __device__ __forceinline__ void store_output_staged(const AttentionArgs& a, cons
                                                     const float (&o)[kOAcc],
                                                     const float (&m_run)[2], const float (&d)[2],
                                                     int t, int h_first, int wg, int row0, int qd,
-                                                    uint8_t* stage, int barrier) {
-  const int split = blockIdx.z;
-  const int splits = gridDim.z;
+                                                    int split, int splits, uint8_t* stage,
+                                                    int barrier) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
@@ -95,6 +95,54 @@ __device__ __forceinline__ void store_output_staged(const AttentionArgs& a, cons
       *reinterpret_cast<float4*>(dst + 4 * u) =
           *reinterpret_cast<const float4*>(stage + staged_offset(row, u));
     }
+  }
+}
+
+// The persistent pairs' output (one split, bf16 out): store_output_staged's bf16 rows, staged
+// in bf16 through warpgroup wg's half of q's tile (32 KB at `stage`: free once the block's
+// scores are done, while the key buffers may already hold the next unit's tiles). A row is
+// 512 bytes, its 16-byte units XOR-ed with row % 8 (the accumulators' stores, 8 rows x 16 bytes
+// per warp instruction, and a row's loads are free of bank conflicts). stage_output_bf16 stages
+// the rows and syncs the warpgroup on `barrier`; copy_output_bf16 then writes them, a row per
+// warp instruction (16 bytes a lane).
+__device__ __forceinline__ uint32_t staged_bf16_offset(int row, int unit) {
+  return static_cast<uint32_t>(row * 512 + ((unit ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ void stage_output_bf16(const AttentionArgs& a, const float (&o)[kOAcc],
+                                                  const float (&m_run)[2], const float (&d)[2],
+                                                  int h_first, int row0, int qd, uint8_t* stage,
+                                                  int barrier) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    const float m = m_run[r];
+    const float sink = a.sinks[h_first + row];
+    const float mx = fmaxf(m, sink);
+    const float em = m == -INFINITY ? 0.0f : expf(m - mx);
+    const float f = em / (d[r] * em + expf(sink - mx));
+#pragma unroll
+    for (int j = 0; j < kOAcc / 4; ++j) {
+      // Channels 8j + 2qd, + 1: unit j, bytes 4 qd of it (rounded as store_output_staged does).
+      const __nv_bfloat162 v =
+          __floats2bfloat162_rn(o[4 * j + 2 * r] * f, o[4 * j + 2 * r + 1] * f);
+      memcpy(stage + staged_bf16_offset(row, j) + 4 * qd, &v, 4);
+    }
+  }
+  named_barrier<kRows * 2>(barrier);  // the warpgroup's 128 threads: all rows staged
+}
+
+__device__ __forceinline__ void copy_output_bf16(const AttentionArgs& a, int t, int h_first, int wg,
+                                                 const uint8_t* stage) {
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x >> 5) & 3;
+#pragma unroll 4
+  for (int k = 0; k < kRows / 4; ++k) {
+    const int row = 16 * warp + k;
+    const int64_t idx = static_cast<int64_t>(t) * a.heads + h_first + row;
+    __nv_bfloat16* dst = a.out_bf16 + idx * kDim + kHalfDim * wg;
+    *reinterpret_cast<int4*>(dst + 8 * lane) =
+        *reinterpret_cast<const int4*>(stage + staged_bf16_offset(row, lane));
   }
 }
 

@@ -214,18 +214,10 @@ __device__ __forceinline__ void issue_query_loads(const AttentionArgs& a, int t,
   for (int u = 0; u < kQueryLoads; ++u) v[u] = __ldg(q4 + tid + u * kThreads);
 }
 
-// Has L2 fetch the start of the block likely to start next on some SM: the one a.sms linear
-// block ids after this one (one block per SM; blocks start in the order of their linear ids as
-// earlier ones end). Its q rows (kRows x kDim f32: 128 KB) and its top-k row: a wave's blocks
-// each read their q from DRAM at once, which took ~15,000 cycles of a block's prologue. Thread
-// `thread` of `threads` issues its share of the lines; nothing past the grid's last block.
-__device__ __forceinline__ void prefetch_next_block_start(const AttentionArgs& a, int thread,
-                                                          int threads) {
-  const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const uint32_t next = linear + static_cast<uint32_t>(a.sms);
-  if (a.sms <= 0 || next >= gridDim.x * gridDim.y * gridDim.z) return;
-  const int64_t t = next % gridDim.x;
-  const int64_t h_first = static_cast<int64_t>((next / gridDim.x) % gridDim.y) * kRows;
+// Has L2 fetch the start of the block of token t, heads h_first..: its q rows (kRows x kDim f32:
+// 128 KB) and its top-k row. Thread `thread` of `threads` issues its share of the lines.
+__device__ __forceinline__ void prefetch_unit_start(const AttentionArgs& a, int64_t t,
+                                                    int64_t h_first, int thread, int threads) {
   const char* q = reinterpret_cast<const char*>(a.q + (t * a.heads + h_first) * kDim);
   constexpr int kQueryBytes = kRows * kDim * 4;
   for (int off = 128 * thread; off < kQueryBytes; off += 128 * threads) prefetch_l2(q + off);
@@ -233,6 +225,47 @@ __device__ __forceinline__ void prefetch_next_block_start(const AttentionArgs& a
     const char* row = reinterpret_cast<const char*>(a.topk + t * a.topk_cols);
     for (int off = 128 * thread; off < 4 * a.topk_cols; off += 128 * threads) {
       prefetch_l2(row + off);
+    }
+  }
+}
+
+// prefetch_unit_start of the block likely to start next on some SM: the one a.sms linear block
+// ids after this one (one block per SM; blocks start in the order of their linear ids as earlier
+// ones end). A wave's blocks each read their q from DRAM at once, which took ~15,000 cycles of a
+// block's prologue. Nothing past the grid's last block.
+__device__ __forceinline__ void prefetch_next_block_start(const AttentionArgs& a, int thread,
+                                                          int threads) {
+  const uint32_t linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const uint32_t next = linear + static_cast<uint32_t>(a.sms);
+  if (a.sms <= 0 || next >= gridDim.x * gridDim.y * gridDim.z) return;
+  prefetch_unit_start(a, next % gridDim.x,
+                      static_cast<int64_t>((next / gridDim.x) % gridDim.y) * kRows, thread,
+                      threads);
+}
+
+// q's channels 256 wg .. + 255 of the block's 64 heads into warpgroup wg's half of the 128-byte
+// swizzled tile (the 64-channel blocks 4 wg .. 4 wg + 3, bytes 32 KB wg ..), the values
+// store_query_tile writes there, for a persistent launch's next unit: thread `wt` of the
+// warpgroup's 128, 1 KB of a head per 64 threads, in 4 rounds of 8 float4 (loads, then stores).
+__device__ __forceinline__ void load_query_half(const AttentionArgs& a, int64_t t, int64_t h_first,
+                                                int wg, int wt, uint8_t* qs) {
+  constexpr int kC4 = kHalfDim / 4;  // float4 of a head's half
+  constexpr int kRound = 8;
+  const float* q = a.q + (t * a.heads + h_first) * kDim + kHalfDim * wg;
+#pragma unroll 1
+  for (int r = 0; r < kRows * kC4 / 128; r += kRound) {
+    float4 v[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int i = wt + 128 * (r + u);
+      v[u] = __ldg(reinterpret_cast<const float4*>(q + (i / kC4) * kDim) + i % kC4);
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int i = wt + 128 * (r + u);
+      const int col4 = i % kC4 + kC4 * wg;  // as store_query_tile's
+      *reinterpret_cast<uint2*>(qs + Tiles<true>::offset(i / kC4, col4 / 2) + 8 * (col4 & 1)) =
+          make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
     }
   }
 }
@@ -365,12 +398,11 @@ __device__ __forceinline__ void issue_values(float (&o)[kOAcc], const float (&al
 
 // The thread's rows of O (channels 256wg + 8j + 2qd + {0, 1}): with one split out = O / (d
 // e^(m-M) + e^(sink-M)), else the unnormalised O and (max, denominator) for attention_combine.
+// Split `split` of `splits` (the block's unless a persistent launch walks other units).
 __device__ __forceinline__ void store_output(const AttentionArgs& a, const DeviceLayout& l,
                                              const float (&o)[kOAcc], const float (&m_run)[2],
                                              const float (&d)[2], int t, int h_first, int wg,
-                                             int row0, int qd) {
-  const int split = blockIdx.z;
-  const int splits = gridDim.z;
+                                             int row0, int qd, int split, int splits) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t head = h_first + row0 + 8 * r;
@@ -417,7 +449,8 @@ __device__ __forceinline__ void finish_rows(const AttentionArgs& a, const Device
   }
   __syncthreads();
   const float d[2] = {xchg[row0] + xchg[kRows + row0], xchg[row0 + 8] + xchg[kRows + row0 + 8]};
-  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd);
+  store_output(a, l, o, m_run, d, t, h_first, wg, row0, qd, static_cast<int>(blockIdx.z),
+               static_cast<int>(gridDim.z));
 }
 
 }  // namespace deepinfer::cuda::attention_wgmma

@@ -16,7 +16,10 @@
 // without its arrivals) names itself; gpu_check.sh runs the binary under a time limit. Skips
 // without a GPU or without the wgmma kernels (a build without sm_90a code, a device other than
 // sm_90). Also: the default kernel choice (auto: pairs over fp8 only), the bf16 output (the f32
-// bytes rounded) and the traced pair (fp8: the same bytes, its stamps in program order).
+// bytes rounded; over fp8 the persistent launch, whose clusters walk several units when there
+// are more than fit at once, B >= 128 here, also with some units of one tile among long ones:
+// the same bytes as a cluster per unit, wgmma_overlap_pair_blocks) and the traced pair (fp8:
+// the same bytes, its stamps in program order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,6 +59,13 @@ std::vector<SeqSpec> spread_seqs(int batch, int s_q) {
   return seqs;
 }
 
+// As spread_seqs, with every fifth sequence at position 0 .. 6 (one tile among long lists).
+std::vector<SeqSpec> mixed_seqs(int batch) {
+  std::vector<SeqSpec> seqs = spread_seqs(batch, 1);
+  for (int i = 0; i < batch; i += 5) seqs[i].ctx = i % 7;
+  return seqs;
+}
+
 std::vector<OverlapPairCase> overlap_pair_cases() {
   return {
       {"b1_decode", {{4095, 1, 0}}},
@@ -66,6 +76,8 @@ std::vector<OverlapPairCase> overlap_pair_cases() {
       {"b64_decode", spread_seqs(64, 1)},
       {"b64_sq2", spread_seqs(64, 2)},
       {"b128_decode", spread_seqs(128, 1)},
+      {"b300_decode", spread_seqs(300, 1)},
+      {"b200_mixed_lengths", mixed_seqs(200)},
       // Position 0 and 5: fewer keys than one tile (1 and 6 sliding keys, 0 and 1 entries); with
       // 4 forced splits most splits have no tile at all.
       {"short_lists_split4", {{0, 1, 0}, {5, 1, 1}, {60, 2, 2}}, 128, 4, 4},
@@ -157,6 +169,13 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   spec.bf16_output = false;
   EXPECT_EQ(got_bf16.dtype(), DType::kBF16);
   EXPECT_TRUE(same_bytes(got.to(DType::kBF16), got_bf16));
+  EXPECT_EQ(plan.persistent, plan.pair);
+  // A cluster per unit: the same bytes.
+  spec.bf16_output = true;
+  const Tensor blocks_bf16 = run(cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks);
+  spec.bf16_output = false;
+  EXPECT_TRUE(plan.pair == cuda::wgmma_pair_takes(pc.heads) && !plan.persistent);
+  EXPECT_TRUE(same_bytes(got_bf16, blocks_bf16));
   if (kv != DType::kU8 || !plan.pair) return;
   // The traced pair (fp8): the same bytes, and each traced block's stamps in program order.
   constexpr int kCtas = 4;

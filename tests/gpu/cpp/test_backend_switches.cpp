@@ -148,6 +148,12 @@ TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaPair) {
             cuda::AttentionKernelChoice::kWgmmaOverlapPair);
 }
 
+TEST(BackendSwitches, AttentionKernelTakesThePairsWithAClusterPerUnit) {
+  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_pair_blocks");
+  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
+            cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks);
+}
+
 TEST(BackendSwitches, AttentionKernelTakesAuto) {
   ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "auto");
   EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
