@@ -109,61 +109,24 @@ TEST(BackendSwitches, IndexerFp8ScoresTakesThePersistentWgmmaKernel) {
             cuda::IndexerFp8Scores::kWgmmaPersistentCvt);
 }
 
-TEST(BackendSwitches, AttentionKernelTakesTheWgmmaPrefetchVariants) {
-  {
-    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch");
-    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-              cuda::AttentionKernelChoice::kWgmmaPrefetch);
+// Each DEEPINFER_ATTENTION_KERNEL value the switches read, and the choice it names.
+TEST(BackendSwitches, AttentionKernelTakesEachValue) {
+  const std::pair<const char*, cuda::AttentionKernelChoice> values[] = {
+      {"wgmma_prefetch", cuda::AttentionKernelChoice::kWgmmaPrefetch},
+      {"wgmma_prefetch_pdl", cuda::AttentionKernelChoice::kWgmmaPrefetchPdl},
+      {"wgmma_prefetch_sw128_pdl", cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl},
+      {"wgmma_overlap", cuda::AttentionKernelChoice::kWgmmaOverlap},
+      {"wgmma_overlap_pdl", cuda::AttentionKernelChoice::kWgmmaOverlapPdl},
+      {"wgmma_overlap_fused", cuda::AttentionKernelChoice::kWgmmaOverlapFused},
+      {"wgmma_overlap_pair", cuda::AttentionKernelChoice::kWgmmaOverlapPair},
+      {"wgmma_overlap_pair_blocks", cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks},
+      {"auto", cuda::AttentionKernelChoice::kWgmmaOverlapAuto},
+      {"wgmma_overlap_ilp", cuda::AttentionKernelChoice::kWgmmaOverlapIlp},
+  };
+  for (const auto& [value, choice] : values) {
+    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", value);
+    EXPECT_EQ(cuda::read_backend_switches().attention_kernel, choice) << value;
   }
-  {
-    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_pdl");
-    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-              cuda::AttentionKernelChoice::kWgmmaPrefetchPdl);
-  }
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_prefetch_sw128_pdl");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaPrefetchSw128Pdl);
-}
-
-TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaKernel) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaOverlap);
-}
-
-TEST(BackendSwitches, AttentionKernelTakesTheSmallBatchOverlapVariants) {
-  {
-    ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_pdl");
-    EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-              cuda::AttentionKernelChoice::kWgmmaOverlapPdl);
-  }
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_fused");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaOverlapFused);
-}
-
-TEST(BackendSwitches, AttentionKernelTakesTheOverlappingWgmmaPair) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_pair");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaOverlapPair);
-}
-
-TEST(BackendSwitches, AttentionKernelTakesThePairsWithAClusterPerUnit) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_pair_blocks");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks);
-}
-
-TEST(BackendSwitches, AttentionKernelTakesAuto) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "auto");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaOverlapAuto);
-}
-
-TEST(BackendSwitches, AttentionKernelTakesTheOverlapIlpVariant) {
-  ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma_overlap_ilp");
-  EXPECT_EQ(cuda::read_backend_switches().attention_kernel,
-            cuda::AttentionKernelChoice::kWgmmaOverlapIlp);
 }
 
 TEST(BackendSwitches, ABadValueNamesTheVariableAndTheValue) {
