@@ -21,9 +21,6 @@ namespace deepinfer::cuda {
 void launch_router_gemv(const Tensor& x, const Tensor& gate_w, RouterLogits path, float* logits,
                         cudaStream_t stream);
 
-// out = f32(in), n elements (router_logits.cu).
-void launch_widen_bf16(const __nv_bfloat16* in, float* out, int64_t n, cudaStream_t stream);
-
 struct RouteSelectArgs {
   const float* logits;       // [T, E]
   const float* bias;         // [E] or null

@@ -9,6 +9,7 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/elementwise/widen_bf16.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "cuda/moe/moe_launch.h"
 
@@ -39,7 +40,8 @@ Routing CudaBackend::moe_route_impl(const Tensor& x, const Tensor& gate_w, const
     // exactly into a temporary first. Same values as the GEMV up to summation order.
     if (gate_w.dtype() == DType::kBF16) {
       Tensor wide = empty({experts, hidden}, DType::kF32);
-      launch_widen_bf16(gate_w.data<__nv_bfloat16>(), wide.data<float>(), experts * hidden, s);
+      launch_widen_bf16(gate_w.data<__nv_bfloat16>(), wide.data<float>(), experts * hidden, s,
+                        "moe_route");
       logits = linear(x, wide);
     } else {
       logits = linear(x, gate_w);

@@ -4,9 +4,9 @@
 //    threads split K, so one token's 2 MB of bf16 gate weights (V4-Flash) are read by every SM at
 //    once, at memory latency rather than in per-warp chains of loads.
 //  - larger T (prefill): the backend's own f32 linear (cuBLAS SGEMM, IEEE f32, no TF32), bf16
-//    weights first widened exactly into an [E, H] f32 temporary by widen_bf16_kernel. f32 FMA on
-//    CUDA cores in a hand-written kernel reached ~5 TFLOP/s here; the GEMM only changes the
-//    summation order.
+//    weights first widened exactly into an [E, H] f32 temporary (elementwise/widen_bf16.h). f32
+//    FMA on CUDA cores in a hand-written kernel reached ~5 TFLOP/s here; the GEMM only changes
+//    the summation order.
 #include <algorithm>
 #include <cstdint>
 
@@ -70,27 +70,6 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
-// bf16 -> f32 (exact) copy of the gate weights, so the prefill router logits run as an IEEE f32
-// SGEMM (the linear op with f32 weights) instead of a bf16 GEMM that would round x. kVec: 8
-
-template <bool kVec>
-__global__ void widen_bf16_kernel(const __nv_bfloat16* __restrict__ in, float* __restrict__ out,
-                                  int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if constexpr (kVec) {
-    for (int64_t i = first; i < n / 8; i += stride) {
-      float v[8];
-      load16(in + 8 * i, v);
-      float4* dst = reinterpret_cast<float4*>(out + 8 * i);
-      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-  } else {
-    for (int64_t i = first; i < n; i += stride) out[i] = __bfloat162float(in[i]);
-  }
-}
-
 template <typename W, int kE, int kR>
 void launch_router_tiles(const Tensor& x, const Tensor& gate_w, float* logits,
                          cudaStream_t stream) {
@@ -129,17 +108,6 @@ void launch_router_gemv(const Tensor& x, const Tensor& gate_w, RouterLogits path
   } else {
     launch_router_path<float>(x, gate_w, path, logits, stream);
   }
-}
-
-void launch_widen_bf16(const __nv_bfloat16* in, float* out, int64_t n, cudaStream_t stream) {
-  if (n % 8 == 0 && aligned16(in)) {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n / 8 + 255) / 256, 4096));
-    widen_bf16_kernel<true><<<blocks, 256, 0, stream>>>(in, out, n);
-  } else {
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
-    widen_bf16_kernel<false><<<blocks, 256, 0, stream>>>(in, out, n);
-  }
-  DEEPINFER_CUDA_LAUNCH_CHECK("moe_route");
 }
 
 }  // namespace deepinfer::cuda
