@@ -133,8 +133,9 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
   // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair and
   // wgmma_overlap_pair_blocks (a cluster per unit), and wgmma_overlap_ilp (graph), the A/B rows,
-  // and wgmma_overlap_ilp and both pairs with the output in bf16 (the engine's call; the pairs
-  // over fp8 persistent there). Every row names the kernel that ran and its merge.
+  // and wgmma_overlap_ilp and both pairs with the output in bf16 (the pairs over fp8 persistent
+  // there), then also with q in bf16 (the engine's call). Every row names the kernel that ran and
+  // its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -187,6 +188,11 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
         bf16_out.spec.bf16_output = true;
         const double out_us = time_graph_us(be, iters, [&] { bf16_out.call(be); });
         emit(name, shape + plan_label() + " bf16 out (graph)", out_us, bytes, flops);
+        // And q in bf16, as the engine's rms_norm_rope now returns it (FlashMLA's q dtype).
+        AttentionCase engine = bf16_out;
+        engine.q = rnd(be, c.q.shape(), DType::kBF16, 12);
+        const double engine_us = time_graph_us(be, iters, [&] { engine.call(be); });
+        emit(name, shape + plan_label() + " bf16 q, bf16 out (graph)", engine_us, bytes, flops);
       }
     }
     cuda_be.set_attention_kernel(backend_kernel);

@@ -30,7 +30,10 @@
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
 // The output is f32, except with AttentionSpec::bf16_output on the wgmma_overlap_ilp kernel, in
 // pairs or not (the default on sm_90): there its epilogue (one split) or the combine rounds it to
-// bf16, half the bytes written and read by the inverse RoPE after it.
+// bf16, half the bytes written and read by the inverse RoPE after it. q may come in bf16 (the
+// engine's, from rms_norm_rope under bf16_output): the warp-specialised kernels copy it into their
+// bf16 tile as it is (cp.async, half the bytes of f32 q, no registers); the launch widens it to
+// f32 for the others.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -58,6 +61,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
 #include "cuda/common/ptx_sm90.cuh"
+#include "cuda/elementwise/widen_bf16.h"
 
 namespace deepinfer::cuda {
 
@@ -122,6 +126,16 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   }
   AttentionArgs a = attention_args(q, kv_bytes, swa_ring, entries, topk, sinks, layout, spec, out);
   a.sms = static_cast<int>(num_sms());
+  // bf16 q goes as it is to the warp-specialised Hopper kernel; the others read f32 q, widened
+  // exactly first.
+  Tensor q_wide;
+  auto f32_query = [&]() {
+    if (a.q != nullptr) return;
+    q_wide = scratch(static_cast<size_t>(q.numel()) * sizeof(float));
+    launch_widen_bf16(a.q_bf16, static_cast<float*>(q_wide.raw_data()), q.numel(), stream(), op);
+    a.q = static_cast<const float*>(q_wide.raw_data());
+    a.q_bf16 = nullptr;
+  };
   const AttentionProblem problem{tokens, heads, dim, max_attention_keys(a)};
   const DeviceLayout dl = device_layout(layout);
   // Scratch of the split outputs, in the format both kernels write and the combine reads.
@@ -183,6 +197,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
         a.out = nullptr;
         a.out_bf16 = static_cast<__nv_bfloat16*>(out.raw_data());
       }
+      if (!p.overlap) f32_query();
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;
       split_outputs(p.splits);
@@ -191,6 +206,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       return out;
     }
   }
+  f32_query();
   if (spec.bf16_math && mma_format) {
     const AttentionMmaConfig c =
         choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits,

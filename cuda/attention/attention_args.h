@@ -20,7 +20,11 @@ constexpr int kAttnMaxSplits = 64;
 // encoded into that format before the kernels run, so a key reads the same now as from the ring
 // later.
 struct AttentionArgs {
-  const float* q;            // [T, heads, dim]
+  // q [T, heads, dim]: f32 in q, or bf16 in q_bf16 (a backend's rms_norm_rope under bf16_output,
+  // read by the warp-specialised Hopper kernel, attention_wgmma_overlap.cu, as the bf16 tile it
+  // makes of f32 q; the launch widens it into q for the other kernels). The other is null.
+  const float* q;
+  const __nv_bfloat16* q_bf16;
   const uint8_t* kv;         // [T] rows
   const uint8_t* ring;       // [slots, ring_len] rows
   const uint8_t* entries;    // [entry_rows] rows, or null
@@ -70,7 +74,11 @@ inline AttentionArgs attention_args(const Tensor& q, const void* kv_rows, const 
   const bool sparse = compressed && spec.sparse;
   const int64_t epb = compressed ? layout.block_size / spec.ratio : 0;
   AttentionArgs a{};
-  a.q = q.data<float>();
+  if (q.dtype() == DType::kBF16) {
+    a.q_bf16 = static_cast<const __nv_bfloat16*>(q.raw_data());
+  } else {
+    a.q = q.data<float>();
+  }
   a.kv = static_cast<const uint8_t*>(kv_rows);
   a.ring = static_cast<const uint8_t*>(swa_ring.raw_data());
   a.entries = compressed ? static_cast<const uint8_t*>(entries.raw_data()) : nullptr;

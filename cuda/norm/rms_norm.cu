@@ -12,7 +12,9 @@
 // rms_norm_rope (the model's q-norm + RoPE, kv-norm + RoPE) runs the warp kernel with the rotation
 // of rope.cu applied to the normed values in registers before the store: one launch and one pass
 // over x instead of two, bit for bit the two kernels' result. Rows the warp kernel does not take,
-// or whose rotated channels do not start on a float4, run the two ops.
+// or whose rotated channels do not start on a float4, run the two ops. Under bf16_output the warp
+// kernel rounds its stores to bf16 (to nearest even: the f32 result rounded), the engine's q for
+// the Hopper attention kernel; the two ops' path returns f32.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/common/vec.cuh"
 #include "cuda/norm/rms_norm_heuristics.h"
 
 namespace deepinfer::cuda {
@@ -73,18 +76,27 @@ struct RopeArgs {
   int64_t first_unit = 0;
 };
 
+// Unit u of a row of y: f32, or (rms_norm_rope under bf16_output) rounded to nearest even bf16.
+__device__ __forceinline__ void store_unit(float4* y, int64_t u, float4 v) {
+  y[u] = v;
+}
+__device__ __forceinline__ void store_unit(uint2* y, int64_t u, float4 v) {
+  y[u] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+}
+
 // One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
 // is loaded with the row so its latency overlaps the reduction. kRope: then rotated (RopeArgs).
-template <int kVec, bool kRope = false>
+// Out: float4 (f32 y) or uint2 (4 bf16).
+template <int kVec, bool kRope = false, typename Out = float4>
 __global__ void __launch_bounds__(kNormWarpThreads)
     rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
-                         float4* __restrict__ y, int64_t rows, int64_t units, float eps,
+                         Out* __restrict__ y, int64_t rows, int64_t units, float eps,
                          RopeArgs rope = {}) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
   const int lane = static_cast<int>(threadIdx.x % 32);
   const float4* xr = x + row * units;
-  float4* yr = y + row * units;
+  Out* yr = y + row * units;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float4 v[kVec];
   float4 g[kVec];
@@ -109,7 +121,7 @@ __global__ void __launch_bounds__(kNormWarpThreads)
         if (u >= rope.first_unit)
           o = rotate_pairs(o, pos, rope.inv_freq, 2 * (u - rope.first_unit));
       }
-      yr[u] = o;
+      store_unit(yr, u, o);
     }
   }
 }
@@ -263,7 +275,8 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
 }
 
 Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
-                                       const Tensor& positions, const Tensor& inv_freq) {
+                                       const Tensor& positions, const Tensor& inv_freq,
+                                       bool bf16_output) {
   const char* op = "rms_norm_rope";
   const int64_t dim = x.size(-1);
   const int64_t rows = dim > 0 ? x.numel() / dim : 0;
@@ -274,12 +287,13 @@ Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, fl
       dim % 4 == 0 && first % 4 == 0 && aligned16(xp) && (wp == nullptr || aligned16(wp));
   const RmsNormConfig c = choose_rms_norm(rows, dim, vec, num_sms());
   if (rows == 0 || c.kernel != RmsNormKernel::kWarp) {
-    return Backend::rms_norm_rope_impl(x, weight, eps, positions, inv_freq);
+    // f32 (bf16_output permits, does not require, bf16).
+    return Backend::rms_norm_rope_impl(x, weight, eps, positions, inv_freq, bf16_output);
   }
-  Tensor out = empty(x.shape(), DType::kF32);  // a fresh allocation: 16-byte aligned
+  // A fresh allocation: 16-byte aligned.
+  Tensor out = empty(x.shape(), bf16_output ? DType::kBF16 : DType::kF32);
   const auto* x4 = reinterpret_cast<const float4*>(xp);
   const auto* w4 = reinterpret_cast<const float4*>(wp);
-  auto* y4 = reinterpret_cast<float4*>(out.data<float>());
   const int64_t units = dim / 4;
   RopeArgs rope;
   rope.positions = positions.data<int32_t>();
@@ -287,18 +301,25 @@ Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, fl
   rope.heads = x.dim() == 3 ? x.size(1) : 1;
   rope.first_unit = first / 4;
   const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
-  if (c.warp_vec == 1) {
-    rms_norm_warp_kernel<1, true>
-        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
-  } else if (c.warp_vec == 2) {
-    rms_norm_warp_kernel<2, true>
-        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
-  } else if (c.warp_vec == 4) {
-    rms_norm_warp_kernel<4, true>
-        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
+  auto run = [&]<typename Out>(Out* y) {
+    if (c.warp_vec == 1) {
+      rms_norm_warp_kernel<1, true>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
+    } else if (c.warp_vec == 2) {
+      rms_norm_warp_kernel<2, true>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
+    } else if (c.warp_vec == 4) {
+      rms_norm_warp_kernel<4, true>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
+    } else {
+      rms_norm_warp_kernel<8, true>
+          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
+    }
+  };
+  if (bf16_output) {
+    run(static_cast<uint2*>(out.raw_data()));
   } else {
-    rms_norm_warp_kernel<8, true>
-        <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps, rope);
+    run(reinterpret_cast<float4*>(out.data<float>()));
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;

@@ -18,10 +18,12 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batch_layout.h"
 #include "cases.h"
+#include "compare.h"
 #include "indexer_rows.h"
 #include "inputs.h"
 #include "kv_inputs.h"
@@ -134,6 +136,11 @@ struct Attn {
   int rope = 0;  // rope_dim: the fp8 record's bf16 channels
   // AttentionSpec::swa_start per sequence (YOCO truncation's narrowed windows); empty: none.
   std::vector<int32_t> swa_start;
+  // q in bf16 (rms_norm_rope's under bf16_output), drawn as f32 and rounded: the CPU widens it.
+  bool q_bf16 = false;
+  // AttentionSpec::bf16_output (the engine's call with bf16_math): a device may return bf16,
+  // held widened against the CPU's f32 at the bf16 tolerance.
+  bool out_bf16 = false;
 };
 
 // Random f32 key rows of `dim` channels as a cache of `dtype` holds them ([.., row width]).
@@ -152,10 +159,20 @@ struct AttnIn {
 void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn& c) {
   AttentionSpec spec{c.window, 1.0f / std::sqrt(float(c.dim)), c.ratio, c.sparse};
   spec.bf16_math = c.bf16;
+  spec.bf16_output = c.out_bf16;
   spec.rope_dim = c.rope;
+  // V4.1's records go through the f32 kernel even under bf16_math (attention.cu).
+  Expect<AttnIn> expect = c.bf16 && c.kv != DType::kF8E4M3 ? bf16_math() : close(1e-5, 1e-6);
+  if (c.out_bf16) {
+    expect = Expect<AttnIn>([](const AttnIn&, const Outputs& ref, const Outputs& dev) {
+      EXPECT_TRUE(bf16_close(ref[0].value, dev[0].value.to(DType::kF32)))
+          << "device output " << dev[0].value.describe();
+    });
+  }
   add(t, Case<AttnIn>{
              .op = "attention",
-             .label = kv_label(c.kv) + (c.bf16 ? "bf16_" : "") + label,
+             .label = kv_label(c.kv) + (c.bf16 ? "bf16_" : "") + (c.q_bf16 ? "qbf16_" : "") +
+                      (c.out_bf16 ? "outbf16_" : "") + label,
              .draw =
                  [c](Rng& rng) {
                    HostBatch hb(rng, c.seqs, c.block);
@@ -169,6 +186,7 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                              random_f32(rng, {c.heads}),
                              Tensor(),
                              Tensor()};
+                   if (c.q_bf16) in.q = in.q.to(DType::kBF16);
                    if (c.ratio > 0) {
                      const DType entry_kv = c.entry_kv == DType::kF32 ? c.kv : c.entry_kv;
                      in.entries = random_cache(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio)},
@@ -185,12 +203,11 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                          up(be, Tensor::from_vector(c.swa_start,
                                                     {static_cast<int64_t>(c.swa_start.size())}));
                    }
-                   return out(be.attention(up(be, in.q), up(be, in.kv), up_same(be, in.ring),
+                   return out(be.attention(up_same(be, in.q), up(be, in.kv), up_same(be, in.ring),
                                            up_same(be, in.entries), up(be, in.topk),
                                            up(be, in.sinks), in.hb.upload(be), s));
                  },
-             // V4.1's records go through the f32 kernel even under bf16_math (attention.cu).
-             .expect = c.bf16 && c.kv != DType::kF8E4M3 ? bf16_math() : close(1e-5, 1e-6),
+             .expect = std::move(expect),
          });
 }
 
@@ -260,8 +277,9 @@ void add_split_keys(std::vector<OpCase>& t, Attn c) {
 // V4-Flash widths: sliding, CSA (sparse, m = 4, top-512) and HCA (dense, m = 128) layers over
 // kFlashSeqs (with a 200-token prefill chunk from 0), a B = 1 decode, and for the tensor-core
 // kernel also decode batches and a prefill chunk after cached tokens.
-void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
-               DType entry_kv = DType::kF32) {
+// A V4-Flash-width layer's Attn (64 heads of 512, W = 128, ring 134, blocks of 128) over caches of
+// kv (its entries of entry_kv where that differs), sliding only.
+Attn flash_widths(bool bf16, DType kv, DType entry_kv = DType::kF32) {
   Attn c;
   c.entry_kv = entry_kv;
   c.block = 128;
@@ -272,6 +290,12 @@ void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
   c.bf16 = bf16;
   c.kv = kv;
   c.rope = kv == DType::kF32 ? 0 : 64;
+  return c;
+}
+
+void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
+               DType entry_kv = DType::kF32) {
+  Attn c = flash_widths(bf16, kv, entry_kv);
   c.seqs = kFlashSeqs;
   add_attention(t, "v4_sliding", c);
   c.seqs = {{4000, 1, 0}};
@@ -436,6 +460,50 @@ void add_v41_kv_attention(std::vector<OpCase>& t) {
   add_flash(t, true, DType::kF8E4M3, DType::kE2M1x2);
 }
 
+// q in bf16 (the engine's under bf16_math: rms_norm_rope's bf16 output): the Hopper overlap
+// kernels copy it into their q tile (V4 widths over bf16 and fp8 caches, 64 and 128 heads, decode
+// batches and a prefill chunk, and with bf16 output, the engine's call); the other CUDA kernels
+// read it widened (f32 caches, tiny widths, with and without bf16_math).
+void add_bf16_query_attention(std::vector<OpCase>& t) {
+  Attn tiny;
+  tiny.q_bf16 = true;
+  tiny.seqs = kTinySeqs;
+  add_attention(t, "tiny_sliding", tiny);
+  tiny.bf16 = true;
+  tiny.dim = 64;
+  add_tiny_entries(t, tiny, 20);
+  for (const DType kv : {DType::kBF16, DType::kU8}) {
+    Attn csa = flash_widths(/*bf16=*/true, kv);
+    csa.q_bf16 = true;
+    csa.ratio = 4;
+    csa.sparse = true;
+    csa.topk_cols = 512;
+    csa.seqs = kFlashSeqs;
+    add_attention(t, "v4_csa_top512", csa);
+    csa.seqs = decode_seqs(64, 1);
+    add_attention(t, "v4_csa_b64_decode", csa);
+    csa.heads = 128;
+    csa.seqs = {{4000, 2, 0}, {2500, 1, 1}};
+    add_attention(t, "v4_csa_h128_b2", csa);
+    // The engine's call: bf16 output too; with more units than clusters fit, the persistent
+    // pairs walk (fp8).
+    csa.out_bf16 = true;
+    csa.seqs = decode_seqs(150, 1);
+    add_attention(t, "v4_csa_h128_b150_decode", csa);
+    csa.heads = 64;
+    csa.seqs = decode_seqs(64, 1);
+    add_attention(t, "v4_csa_b64_decode", csa);
+    csa.out_bf16 = false;
+    Attn hca = csa;
+    hca.heads = 64;
+    hca.ratio = 128;
+    hca.sparse = false;
+    hca.topk_cols = 0;
+    hca.seqs = kFlashSeqs;
+    add_attention(t, "v4_hca_dense", hca);
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -445,6 +513,7 @@ std::vector<OpCase> attention_cases() {
   add_bf16_attention(t);
   add_kv_dtype_attention(t);
   add_v41_kv_attention(t);
+  add_bf16_query_attention(t);
   return t;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cases.h"
+#include "compare.h"
 #include "inputs.h"
 
 namespace deepinfer::backend_ops {
@@ -343,6 +344,44 @@ void add_rms_norm_rope(std::vector<OpCase>& t) {
   }
 }
 
+// rms_norm_rope under bf16_output (the engine's q under bf16_math): a device may return bf16 (the
+// warp kernel: its f32 result rounded to nearest even) or f32 (the two-op path: a rotation from
+// mid-float4, an unaligned base); either way within bf16's rounding of the CPU's f32.
+void add_rms_norm_rope_bf16_output(std::vector<OpCase>& t) {
+  struct NormRope {
+    Shape shape;
+    int64_t rope_dim;
+  };
+  for (const NormRope& c : std::vector<NormRope>{{{1, kHeads, kHeadDim}, kRopeDim},
+                                                 {{3, kHeads, kHeadDim}, kRopeDim},
+                                                 {{5, 4, 64}, 16},
+                                                 {{5, 10}, 6}}) {
+    add(t, Case<Tensors>{
+               .op = "rms_norm_rope",
+               .label = "bf16_output_" + dims(c.shape) + "_rope" + std::to_string(c.rope_dim),
+               .draw =
+                   [c](Rng& rng) {
+                     return Tensors{random_f32(rng, c.shape, 3.0f),
+                                    random_ids(rng, c.shape[0], 0, 100000),
+                                    rope_inv_freq(c.rope_dim, 10000.0)};
+                   },
+               .run =
+                   [](Backend& be, const Tensors& in) {
+                     return out(be.rms_norm_rope(up(be, in[0]), Tensor(), 1e-6f, up(be, in[1]),
+                                                 up(be, in[2]), /*bf16_output=*/true));
+                   },
+               .expect = Expect<Tensors>([](const Tensors&, const Outputs& ref,
+                                            const Outputs& dev) {
+                 const Tensor& got = dev[0].value;
+                 EXPECT_TRUE(got.dtype() == DType::kF32 || got.dtype() == DType::kBF16)
+                     << got.describe();
+                 // A bf16 value is within 2^-9 of its own size of the f32 it rounds.
+                 EXPECT_TRUE(max_abs_close(ref[0].value, got.to(DType::kF32), 0x1p-8, kAtol));
+               }),
+           });
+  }
+}
+
 // Rows [8, cols] of ties and special values, one pattern per row.
 Tensor argmax_special_values(Rng& rng, int64_t cols) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -436,6 +475,7 @@ std::vector<OpCase> dense_cases() {
   add_rows(t);
   add_rope(t);
   add_rms_norm_rope(t);
+  add_rms_norm_rope_bf16_output(t);
   add_argmax(t);
   return t;
 }

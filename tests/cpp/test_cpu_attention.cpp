@@ -454,11 +454,13 @@ class CpuAttentionOpTest : public CpuAttentionTest {
     auto sinks = rng.uniform(sz(heads), -1, 2);
     return AttnWorld{seqs, heads, D, W, R, kv, hl, q, sinks};
   }
+  // q_dtype: q uploaded as f32, or as bf16 (rounded to nearest even by the upload).
   Tensor run(const AttnWorld& a, int64_t slots, const PagedEntries* pe, const Tensor& topk,
-             AttentionSpec spec) {
+             AttentionSpec spec, DType q_dtype = DType::kF32) {
     const int64_t T = a.hl.num_tokens();
     Tensor entries = pe ? up(pe->cache, {int64_t(pe->num_blocks) * pe->epb, a.D}) : Tensor();
-    return be->attention(up(a.q, {T, a.heads, a.D}), up(a.kv.chunk(a.seqs), {T, a.D}),
+    const Tensor q = be->upload(host_f32(a.q, {T, a.heads, a.D}), q_dtype);
+    return be->attention(q, up(a.kv.chunk(a.seqs), {T, a.D}),
                          up(a.kv.ring(rng, a.seqs, slots, a.R), {slots, a.R, a.D}), entries, topk,
                          up(a.sinks, {a.heads}), a.hl.upload(*be), spec);
   }
@@ -512,6 +514,31 @@ TEST_F(CpuAttentionOpTest, SparseCompressed) {
         run(a, 3, &pe, up_i(future, {T, K}), AttentionSpec{8, scale, ratio, true});
       },
       ErrorCode::kInvalidArgument, "not visible");
+}
+
+// bf16 q (a device's rms_norm_rope under bf16_output) is widened exactly: the result is that of
+// f32 q holding the rounded values, bit for bit. Other dtypes are refused by name.
+TEST_F(CpuAttentionOpTest, Bf16QueryIsWidenedExactly) {
+  const int ratio = 4, block = 8;
+  std::vector<SeqSpec> seqs = {{0, 5, 2}, {37, 1, 0}, {20, 9, 1}};
+  PagedEntries pe(rng, {5 / ratio, 38 / ratio, 29 / ratio}, block / ratio, 16, 5);
+  AttnWorld a = world(seqs, 3, 16, 8, 10, block, pe.max_blocks, pe.table);
+  for (float& v : a.q) v = bf16_to_f32(f32_to_bf16(v));
+  const AttentionSpec spec{8, 0.25f, ratio, false};
+  const Tensor q_bf16 = be->upload(host_f32(a.q, {a.hl.num_tokens(), a.heads, a.D}), DType::kBF16);
+  EXPECT_EQ(q_bf16.dtype(), DType::kBF16);
+  EXPECT_EQ(fetch_f32(*be, run(a, 3, &pe, Tensor(), spec, DType::kBF16)),
+            fetch_f32(*be, run(a, 3, &pe, Tensor(), spec)));
+  const int64_t T = a.hl.num_tokens();
+  const Tensor q_i32 = up_i(std::vector<int32_t>(sz(T * a.heads * a.D), 1), {T, a.heads, a.D});
+  expect_error(
+      [&] {
+        be->attention(q_i32, up(a.kv.chunk(a.seqs), {T, a.D}),
+                      up(a.kv.ring(rng, a.seqs, 3, a.R), {3, a.R, a.D}),
+                      up(pe.cache, {int64_t(pe.num_blocks) * pe.epb, a.D}), Tensor(),
+                      up(a.sinks, {a.heads}), a.hl.upload(*be), spec);
+      },
+      ErrorCode::kInvalidArgument, "attention: argument q");
 }
 
 TEST_F(CpuAttentionOpTest, SingleDecodeTokenLongContext) {

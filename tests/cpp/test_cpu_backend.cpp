@@ -433,6 +433,10 @@ TEST_F(CpuBackendTest, RmsNormRopeIsTheNormThenTheRotation) {
     const auto fused = fetch_f32(*be, be->rms_norm_rope(x, weight, 1e-6f, pos, freq));
     const auto two = fetch_f32(*be, be->rope(be->rms_norm(x, weight, 1e-6f), pos, freq, false));
     EXPECT_EQ(fused, two);
+    // bf16_output permits a device to round; the CPU reference stays f32.
+    const Tensor kept = be->rms_norm_rope(x, weight, 1e-6f, pos, freq, /*bf16_output=*/true);
+    EXPECT_EQ(kept.dtype(), DType::kF32);
+    EXPECT_EQ(fetch_f32(*be, kept), fused);
   }
   try {
     be->rms_norm_rope(x, w, 1e-6f, up_i({0, 1}, {2}), freq);

@@ -256,9 +256,11 @@ class Backend {
   // rope(rms_norm(x, weight, eps), positions, inv_freq, /*inverse=*/false) as one op (the model's
   // q-norm + RoPE and kv-norm + RoPE): RMSNorm over the last dim of x [T, d] or [T, heads, d],
   // then the forward rotation of its trailing 2*len(inv_freq) channels. Same result as the two
-  // ops; a backend may fuse them into one pass over x.
+  // ops; a backend may fuse them into one pass over x. bf16_output: the backend may return the
+  // result in bf16 (the f32 result rounded to nearest even), for a consumer that takes either
+  // (attention's q under AttentionSpec::bf16_math); the CPU reference ignores it and returns f32.
   Tensor rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
-                       const Tensor& inv_freq);
+                       const Tensor& inv_freq, bool bf16_output = false);
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
@@ -398,15 +400,15 @@ class Backend {
                                     const Tensor& index_cache, const BatchLayout& layout, int ratio,
                                     const Tensor& candidates, int block_entries, int top_k,
                                     float score_scale, float weight_scale);
-  // Attention with the shared K=V vector and a per-head sink. q [T, nh, D]; kv [T, D] are this
-  // call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
-  // (the caches in one KV format, or V4.1's pair kF8E4M3 ring and kE2M1x2 entries; spec.rope_dim
-  // selecting the record; see above)
-  // compressed entries (undefined for sliding layers); topk [T, K] i32 the chosen entries of a
-  // sparse layer (-1 = none). For query t at position p of sequence b the keys are the positions
-  // (p - W, p] (from spec.swa_start[b] on, when given) plus the compressed entries j < (p + 1) /
-  // ratio (dense) or in topk[t] (sparse); softmax(q.k * scale ++ sinks[h]) without the sink column,
-  // times the keys. -> [T, nh, D].
+  // Attention with the shared K=V vector and a per-head sink. q [T, nh, D] is f32, or bf16 (a
+  // backend's rms_norm_rope under bf16_output; the CPU reference widens it exactly); kv [T, D] are
+  // this call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
+  // compressed entries (undefined for sliding layers), the caches in one KV format or V4.1's pair
+  // (a kF8E4M3 ring and kE2M1x2 entries; spec.rope_dim selecting the record; see above); topk
+  // [T, K] i32 the chosen entries of a sparse layer (-1 = none). For query t at position p of
+  // sequence b the keys are the positions (p - W, p] (from spec.swa_start[b] on, when given) plus
+  // the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse); softmax(q.k * scale
+  // ++ sinks[h]) without the sink column, times the keys. -> [T, nh, D].
   Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
                    const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
                    const AttentionSpec& spec);
@@ -449,9 +451,10 @@ class Backend {
   virtual Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) = 0;
   virtual Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                            bool inverse) = 0;
-  // Default: rms_norm_impl then rope_impl.
+  // Default: rms_norm_impl then rope_impl (f32, whatever bf16_output says).
   virtual Tensor rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
-                                    const Tensor& positions, const Tensor& inv_freq);
+                                    const Tensor& positions, const Tensor& inv_freq,
+                                    bool bf16_output);
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
   virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;

@@ -140,7 +140,7 @@ Tensor Backend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv
 }
 
 Tensor Backend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
-                              const Tensor& positions, const Tensor& inv_freq) {
+                              const Tensor& positions, const Tensor& inv_freq, bool bf16_output) {
   const OpChecks c("rms_norm_rope", device_kind());
   c.rank("x", x, DType::kF32, 2, 3);
   c.optional("weight", weight, DType::kF32, {x.size(-1)});
@@ -150,11 +150,12 @@ Tensor Backend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
     c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
            " channels, more than x's last dimension " + std::to_string(x.size(-1)));
   }
-  return rms_norm_rope_impl(x, weight, eps, positions, inv_freq);
+  return rms_norm_rope_impl(x, weight, eps, positions, inv_freq, bf16_output);
 }
 
 Tensor Backend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
-                                   const Tensor& positions, const Tensor& inv_freq) {
+                                   const Tensor& positions, const Tensor& inv_freq,
+                                   bool /*bf16_output*/) {
   return rope_impl(rms_norm_impl(x, weight, eps), positions, inv_freq, /*inverse=*/false);
 }
 
@@ -471,7 +472,8 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
   c.layout(layout, /*need_block_table=*/compressed);
   if (spec.window < 1) c.fail("spec.window must be >= 1, got " + std::to_string(spec.window));
   const int64_t tokens = layout.num_tokens;
-  c.tensor("q", q, DType::kF32, {tokens, -1, -1});
+  // bf16 q: rms_norm_rope's under bf16_output (see rms_norm_rope).
+  c.tensor("q", q, {DType::kF32, DType::kBF16}, {tokens, -1, -1});
   const int64_t dim = q.size(2);
   c.tensor("kv", kv, DType::kF32, {tokens, dim});
   c.kv_cache("swa_ring", swa_ring, {-1, -1, -1}, dim, spec.rope_dim,

@@ -299,6 +299,14 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
       }
       kv_p = kv_stored.data();
     }
+    // bf16 q (a backend's rms_norm_rope under bf16_output) widened exactly.
+    std::vector<float> q_wide;
+    const float* q_p = q.dtype() == DType::kF32 ? q.data<float>() : nullptr;
+    if (q_p == nullptr) {
+      q_wide.resize(static_cast<size_t>(q.numel()));
+      convert_elements(q.raw_data(), q.dtype(), q_wide.data(), DType::kF32, q_wide.size());
+      q_p = q_wide.data();
+    }
     const auto* ring_p = static_cast<const uint8_t*>(swa_ring.raw_data());
     const auto* ent = compressed ? static_cast<const uint8_t*>(entries.raw_data()) : nullptr;
     const float* sink = sinks.data<float>();
@@ -373,7 +381,7 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
             [&](int64_t h0, int64_t h1) {
               std::vector<float> logit(keys.size());
               for (int64_t h = h0; h < h1; ++h) {
-                const float* qh = q.data<float>() + (t * heads + h) * dim;
+                const float* qh = q_p + (t * heads + h) * dim;
                 float mx = sink[h];
                 for (size_t j = 0; j < keys.size(); ++j) {
                   logit[j] = cpu::dot(qh, keys[j], dim) * spec.scale;

@@ -100,10 +100,12 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   const Tensor& inv_freq =
       kind == AttentionKind::kSliding ? weights_.main_inv_freq : weights_.compress_inv_freq;
 
-  // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token.
+  // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token. Under
+  // bf16_math (attention may round q to bf16) the backend may return q in bf16: the Hopper
+  // attention kernel reads half the bytes, and the norm writes half.
   Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
   Tensor q = be.rms_norm_rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps,
-                              layout.positions, inv_freq);
+                              layout.positions, inv_freq, /*bf16_output=*/bf16_math_);
   Tensor kv = be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, inv_freq);
 
   Tensor topk;

@@ -235,6 +235,11 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
     throw Error(ErrorCode::kUnsupported,
                 "attention: only the overlapping wgmma kernel records a timing trace");
   }
+  if (a.q == nullptr) {
+    throw Error(ErrorCode::kInternal,
+                "attention: only the overlapping wgmma kernel reads bf16 q (the op widens it for "
+                "the others)");
+  }
   if (p.prefetch) return launch_attention_wgmma_prefetch(a, l, p, tokens, smem_limits, stream);
   if (a.kvf.format == KvFormat::kBf16) {
     return attention_wgmma::launch<KvFormat::kBf16>(a, l, p, tokens, stream);

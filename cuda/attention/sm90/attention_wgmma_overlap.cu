@@ -106,7 +106,8 @@ using T = Tiles<true>;  // 128-byte swizzled tiles only
 
 // Persistent pairs, between units: warpgroup wg stages its rows of unit `done` in its half of
 // q's tile and writes them out, then (more: a unit follows) loads its half of unit `next`'s q
-// into that half, in rounds of 8 float4 a thread (the accumulators keep most registers).
+// into that half: bf16 q by cp.async, f32 q in rounds of 8 float4 a thread (the accumulators
+// keep most registers).
 __device__ __forceinline__ void output_then_next_query(const AttentionArgs& a,
                                                        const float (&o)[kOAcc],
                                                        const float (&m_run)[2], const float (&d)[2],
@@ -118,7 +119,13 @@ __device__ __forceinline__ void output_then_next_query(const AttentionArgs& a,
   copy_output_bf16(a, done.t, done.h_first, wg, stage);
   if (!more) return;
   named_barrier<kConsumerThreads / 2>(kStageBarrier + wg);  // the stage read out
-  load_query_half(a, next.t, next.h_first, wg, threadIdx.x & 127, qs);
+  if (a.q_bf16 != nullptr) {
+    copy_query_bf16<kConsumerThreads / 2, kChunks / 2>(a, next.t, next.h_first, wg * kChunks / 2,
+                                                       threadIdx.x & 127, qs);
+    cp_async_wait_all();
+  } else {
+    load_query_half(a, next.t, next.h_first, wg, threadIdx.x & 127, qs);
+  }
   fence_async_shared();  // q, for the next unit's wgmma
 }
 
@@ -450,8 +457,11 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     return;
   }
 
-  // Consumers: q first (all 256 threads), rounded to bf16 into its tile.
-  {
+  // Consumers: q first (all 256 threads) into its tile, bf16 q as it is, f32 q rounded.
+  if (a.q_bf16 != nullptr) {
+    copy_query_bf16<kConsumerThreads, kChunks>(a, unit.t, unit.h_first, 0, tid, qs);
+    cp_async_wait_all();
+  } else {
     float4 q_loads[kQueryLoads];
     issue_query_loads(a, unit.t, unit.h_first, tid, q_loads);
     store_query_tile<true>(qs, tid, q_loads);

@@ -214,13 +214,37 @@ __device__ __forceinline__ void issue_query_loads(const AttentionArgs& a, int t,
   for (int u = 0; u < kQueryLoads; ++u) v[u] = __ldg(q4 + tid + u * kThreads);
 }
 
-// Has L2 fetch the start of the block of token t, heads h_first..: its q rows (kRows x kDim f32:
-// 128 KB) and its top-k row. Thread `thread` of `threads` issues its share of the lines.
+// bf16 q (AttentionArgs::q_bf16) into the 128-byte swizzled q tile: chunks chunk_first ..
+// chunk_first + kHeadChunks - 1 (8 channels each) of each of the block's heads, copied by
+// cp.async as they are, thread `thread` of kCopyThreads taking every kCopyThreads-th chunk
+// (consecutive threads: consecutive chunks of a head). q_bf16 is f32 q rounded to nearest even,
+// as pack_bf16 rounds, so the tile holds the bytes store_query_tile writes from f32 q, at half
+// the bytes read and no registers. The caller waits for its copies and fences them for wgmma.
+template <int kCopyThreads, int kHeadChunks>
+__device__ __forceinline__ void copy_query_bf16(const AttentionArgs& a, int64_t t, int64_t h_first,
+                                                int chunk_first, int thread, uint8_t* qs) {
+  static_assert(kRows * kHeadChunks % kCopyThreads == 0, "whole rounds of copies");
+  const __nv_bfloat16* q = a.q_bf16 + (t * a.heads + h_first) * kDim;
+#pragma unroll
+  for (int u = 0; u < kRows * kHeadChunks / kCopyThreads; ++u) {
+    const int i = thread + u * kCopyThreads;
+    const int head = i / kHeadChunks;
+    const int chunk = chunk_first + i % kHeadChunks;
+    cp_async_16(qs + Tiles<true>::offset(head, chunk), q + head * kDim + 8 * chunk);
+  }
+}
+
+// Has L2 fetch the start of the block of token t, heads h_first..: its q rows (kRows x kDim: 128
+// KB of f32, 64 KB of bf16) and its top-k row. Thread `thread` of `threads` issues its share of
+// the lines.
 __device__ __forceinline__ void prefetch_unit_start(const AttentionArgs& a, int64_t t,
                                                     int64_t h_first, int thread, int threads) {
-  const char* q = reinterpret_cast<const char*>(a.q + (t * a.heads + h_first) * kDim);
-  constexpr int kQueryBytes = kRows * kDim * 4;
-  for (int off = 128 * thread; off < kQueryBytes; off += 128 * threads) prefetch_l2(q + off);
+  const int64_t first = (t * a.heads + h_first) * kDim;
+  const bool bf16 = a.q_bf16 != nullptr;
+  const char* q = bf16 ? reinterpret_cast<const char*>(a.q_bf16 + first)
+                       : reinterpret_cast<const char*>(a.q + first);
+  const int query_bytes = kRows * kDim * (bf16 ? 2 : 4);
+  for (int off = 128 * thread; off < query_bytes; off += 128 * threads) prefetch_l2(q + off);
   if (a.topk != nullptr) {
     const char* row = reinterpret_cast<const char*>(a.topk + t * a.topk_cols);
     for (int off = 128 * thread; off < 4 * a.topk_cols; off += 128 * threads) {

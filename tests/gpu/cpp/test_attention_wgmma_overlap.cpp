@@ -17,7 +17,8 @@
 // wgmma_overlap_ilp (the same kernel, branch-free decode and softmax, the output staged) is
 // expected to give the same bytes, and under AttentionSpec::bf16_output those bytes rounded to
 // bf16; so are the traced instantiations of both (fp8), whose stamps must run in each role's
-// program order.
+// program order. With q in bf16 (f32 q rounded, as rms_norm_rope's bf16 output) every kernel
+// gives f32 q's bytes: the overlap kernels copy it as their tile, the others read it widened.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -103,7 +104,8 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
   int slots = 0;
   for (const SeqSpec& s : wc.seqs) slots = std::max(slots, s.slot + 1);
   const bool sparse = wc.ratio == 4;
-  const Tensor q = up(*be, random_f32(rng, {tokens, wc.heads, kDim}));
+  const Tensor q_f32 = up(*be, random_f32(rng, {tokens, wc.heads, kDim}));
+  Tensor q = q_f32;  // the runs' q: f32, or below bf16
   const Tensor kv_rows = up(*be, random_f32(rng, {tokens, kDim}));
   const Tensor ring = up_same(*be, random_cache_rows(rng, {slots, kRingLen}, kDim, kRope, kv));
   const Tensor entries = up_same(
@@ -146,6 +148,17 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
   EXPECT_TRUE(same_bytes(got.to(DType::kBF16), ilp_bf16));
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlap)));
   spec.bf16_output = false;
+  // bf16 q (the engine's, rms_norm_rope under bf16_output): the overlap kernels copy it into the
+  // tile they round f32 q into, and the op widens it for the other kernels, which round it back;
+  // the same bytes either way.
+  q = up_same(*be, be->to_host(q_f32).to(DType::kBF16));
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlap)));
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapIlp)));
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmma)));
+  spec.bf16_output = true;
+  EXPECT_TRUE(same_bytes(ilp_bf16, run(cuda::AttentionKernelChoice::kWgmmaOverlapIlp)));
+  spec.bf16_output = false;
+  q = q_f32;
   if (kv != DType::kU8) return;
   // The traced instantiations (fp8 only) of both: the same bytes, and each traced block's
   // stamps in program order per role and tile.

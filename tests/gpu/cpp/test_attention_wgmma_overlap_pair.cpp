@@ -18,8 +18,9 @@
 // sm_90). Also: the default kernel choice (auto: pairs over fp8 only), the bf16 output (the f32
 // bytes rounded; over fp8 the persistent launch, whose clusters walk several units when there
 // are more than fit at once, B >= 128 here, also with some units of one tile among long ones:
-// the same bytes as a cluster per unit, wgmma_overlap_pair_blocks) and the traced pair (fp8:
-// the same bytes, its stamps in program order).
+// the same bytes as a cluster per unit, wgmma_overlap_pair_blocks), q in bf16 (f32 q rounded:
+// the same bytes, persistent or not) and the traced pair (fp8: the same bytes, its stamps in
+// program order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -119,7 +120,8 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   int slots = 0;
   for (const SeqSpec& s : pc.seqs) slots = std::max(slots, s.slot + 1);
   const bool sparse = pc.ratio == 4;
-  const Tensor q = up(*be, random_f32(rng, {tokens, pc.heads, kDim}));
+  const Tensor q_f32 = up(*be, random_f32(rng, {tokens, pc.heads, kDim}));
+  Tensor q = q_f32;  // the runs' q: f32, or below bf16
   const Tensor kv_rows = up(*be, random_f32(rng, {tokens, kDim}));
   const Tensor ring = up_same(*be, random_kv_rows(rng, {slots, kRingLen}, kDim, kRope, kv));
   const Tensor entries = up_same(
@@ -176,6 +178,16 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   spec.bf16_output = false;
   EXPECT_TRUE(plan.pair == cuda::wgmma_pair_takes(pc.heads) && !plan.persistent);
   EXPECT_TRUE(same_bytes(got_bf16, blocks_bf16));
+  // bf16 q (f32 q rounded, as rms_norm_rope's bf16 output): copied as the q tile, at the start
+  // and (persistent) between units; the same bytes.
+  q = up_same(*be, be->to_host(q_f32).to(DType::kBF16));
+  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapPair)));
+  spec.bf16_output = true;
+  EXPECT_TRUE(same_bytes(got_bf16, run(cuda::AttentionKernelChoice::kWgmmaOverlapPair)));
+  EXPECT_EQ(plan.persistent, plan.pair);
+  EXPECT_TRUE(same_bytes(got_bf16, run(cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks)));
+  spec.bf16_output = false;
+  q = q_f32;
   if (kv != DType::kU8 || !plan.pair) return;
   // The traced pair (fp8): the same bytes, and each traced block's stamps in program order.
   constexpr int kCtas = 4;
