@@ -80,6 +80,17 @@ __global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __r
 
 }  // namespace
 
+bool CudaBackend::attention_rounds_query(int64_t head_dim, DType kv_dtype,
+                                         const AttentionSpec& spec) const {
+  if (!spec.bf16_math || !supports_kv_cache_dtype(kv_dtype) || head_dim <= 0) return false;
+  const KvRowFormat kvf = kv_row_format(kv_dtype, head_dim, spec.rope_dim);
+  // As attention_impl chooses: the tensor-core kernels (the Hopper ones take a subset of these
+  // shapes) for one format of theirs where their shared memory fits; V4.1's records and other
+  // head dims run the f32 kernel, which reads q as it is.
+  const size_t smem = mma_smem_bytes(head_dim);
+  return !is_v41_format(kvf.format) && smem > 0 && smem <= max_shared_memory_per_block();
+}
+
 Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tensor& swa_ring,
                                    const Tensor& entries, const Tensor& topk, const Tensor& sinks,
                                    const BatchLayout& layout, const AttentionSpec& spec) {

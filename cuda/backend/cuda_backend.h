@@ -52,6 +52,11 @@ class CudaBackend final : public Backend {
     return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kU8 ||
            dtype == DType::kF8E4M3 || dtype == DType::kE2M1x2;
   }
+  // Under bf16_math, caches of one of the tensor-core kernels' formats (f32, bf16, V4's fp8) and a
+  // head dim they take (64, 128, 256, 512): every kernel but the f32 one rounds q to bf16
+  // (cuda/attention/attention.cu).
+  bool attention_rounds_query(int64_t head_dim, DType kv_dtype,
+                              const AttentionSpec& spec) const override;
   // The indexer kernels (cuda/indexer/) read f32, bf16, V4's fp8 (kU8) and V4.1's FP4 (kE2M1x2)
   // index keys.
   bool supports_index_cache_dtype(DType dtype) const override {

@@ -438,6 +438,10 @@ TEST_F(CpuBackendTest, RmsNormRopeIsTheNormThenTheRotation) {
     EXPECT_EQ(kept.dtype(), DType::kF32);
     EXPECT_EQ(fetch_f32(*be, kept), fused);
   }
+  // Nor does its attention round q, so the model asks it for f32 q.
+  AttentionSpec spec;
+  spec.bf16_math = true;
+  EXPECT_FALSE(be->attention_rounds_query(512, DType::kU8, spec));
   try {
     be->rms_norm_rope(x, w, 1e-6f, up_i({0, 1}, {2}), freq);
     FAIL() << "positions of the wrong length were accepted";

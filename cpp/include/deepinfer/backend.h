@@ -131,6 +131,14 @@ class Backend {
   virtual bool supports_index_cache_dtype(DType dtype) const {
     return supports_kv_cache_dtype(dtype);
   }
+  // Whether attention under `spec` over caches of kv_dtype (the ring's and the entries') with
+  // heads of head_dim channels reads q rounded to bf16 (a tensor-core kernel under
+  // spec.bf16_math), so that q may come in bf16 (rms_norm_rope's bf16_output) at no cost in
+  // precision. The default, and the CPU reference: no.
+  virtual bool attention_rounds_query(int64_t /*head_dim*/, DType /*kv_dtype*/,
+                                      const AttentionSpec& /*spec*/) const {
+    return false;
+  }
   // Whether upload_weight_mapped works (kernels read host memory in place). The CPU backend:
   // trivially; CUDA: through pinned, mapped host memory. The default: no.
   virtual bool supports_mapped_host_weights() const { return false; }
@@ -258,7 +266,7 @@ class Backend {
   // then the forward rotation of its trailing 2*len(inv_freq) channels. Same result as the two
   // ops; a backend may fuse them into one pass over x. bf16_output: the backend may return the
   // result in bf16 (the f32 result rounded to nearest even), for a consumer that takes either
-  // (attention's q under AttentionSpec::bf16_math); the CPU reference ignores it and returns f32.
+  // (attention's q, where attention_rounds_query); the CPU reference ignores it and returns f32.
   Tensor rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
                        const Tensor& inv_freq, bool bf16_output = false);
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).

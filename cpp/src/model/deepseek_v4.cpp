@@ -100,12 +100,25 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   const Tensor& inv_freq =
       kind == AttentionKind::kSliding ? weights_.main_inv_freq : weights_.compress_inv_freq;
 
-  // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token. Under
-  // bf16_math (attention may round q to bf16) the backend may return q in bf16: the Hopper
-  // attention kernel reads half the bytes, and the norm writes half.
+  AttentionSpec spec;
+  spec.window = config_.sliding_window;
+  spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  spec.ratio = ratio;
+  spec.sparse = w.has_indexer;
+  spec.bf16_math = bf16_math_;
+  // The same condition lets the output come back in bf16 (attention_output's inverse RoPE takes
+  // either): half the bytes, rounded once more before wo_a's activation quantization to e4m3.
+  spec.bf16_output = bf16_math_;
+  spec.rope_dim = caches.rope_dim;
+  spec.swa_start = plan.swa_start;  // a replayed hit's window bound (undefined: none)
+
+  // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token. Where the
+  // backend's attention rounds q to bf16 anyway, q may come in bf16: the attention kernel reads
+  // half the bytes, and the norm writes half.
+  const bool q_bf16 = be.attention_rounds_query(d, caches.swa_ring.dtype(), spec);
   Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
   Tensor q = be.rms_norm_rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps,
-                              layout.positions, inv_freq, /*bf16_output=*/bf16_math_);
+                              layout.positions, inv_freq, /*bf16_output=*/q_bf16);
   Tensor kv = be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, inv_freq);
 
   Tensor topk;
@@ -134,17 +147,6 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
     }
   }
 
-  AttentionSpec spec;
-  spec.window = config_.sliding_window;
-  spec.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  spec.ratio = ratio;
-  spec.sparse = w.has_indexer;
-  spec.bf16_math = bf16_math_;
-  // The same condition lets the output come back in bf16 (attention_output's inverse RoPE takes
-  // either): half the bytes, rounded once more before wo_a's activation quantization to e4m3.
-  spec.bf16_output = bf16_math_;
-  spec.rope_dim = caches.rope_dim;
-  spec.swa_start = plan.swa_start;  // a replayed hit's window bound (undefined: none)
   Tensor out =
       be.attention(q, kv, caches.swa_ring, w.has_compressor ? caches.comp_entries : Tensor(), topk,
                    w.sinks, layout, spec);

@@ -41,6 +41,25 @@ class CudaOnly : public ::testing::Test {
   Backend* cuda_ = nullptr;
 };
 
+// ---- which attention reads q rounded to bf16 (so that the model may hand it q in bf16) ----------
+
+// Under bf16_math the tensor-core kernels (head dims 64 .. 512 over f32, bf16 or V4's fp8 caches)
+// round q; the f32 kernel (other head dims, V4.1's records) and f32 math read it as it is.
+TEST_F(CudaOnly, AttentionRoundsQueryWhereATensorCoreKernelRuns) {
+  AttentionSpec spec;
+  spec.bf16_math = true;
+  spec.rope_dim = 64;
+  EXPECT_TRUE(gpu().attention_rounds_query(512, DType::kU8, spec));
+  EXPECT_TRUE(gpu().attention_rounds_query(512, DType::kBF16, spec));
+  EXPECT_TRUE(gpu().attention_rounds_query(128, DType::kF32, spec));
+  EXPECT_TRUE(gpu().attention_rounds_query(64, DType::kBF16, spec));
+  EXPECT_FALSE(gpu().attention_rounds_query(32, DType::kBF16, spec));  // the f32 kernel's
+  EXPECT_FALSE(gpu().attention_rounds_query(96, DType::kF32, spec));
+  EXPECT_FALSE(gpu().attention_rounds_query(512, DType::kF8E4M3, spec));  // V4.1's records
+  spec.bf16_math = false;
+  EXPECT_FALSE(gpu().attention_rounds_query(512, DType::kU8, spec));
+}
+
 // ---- out-of-range ids: the CPU op throws, the device cannot and does something harmless ---------
 
 TEST_F(CudaOnly, EmbeddingOutOfRangeIdGivesZeroRow) {
