@@ -20,8 +20,8 @@
 //    wgmma_overlap_fused (the same launch, a token's splits one cluster that merges them: no
 //    combine kernel), wgmma_overlap_pair (at 128 heads or a multiple: a token's two 64-head
 //    blocks one cluster sharing the decoded key tiles, the ilp variant; over fp8 records with
-//    bf16 output of one split persistent clusters where there are more units than clusters fit
-//    at once; other head counts as wgmma_overlap_ilp),
+//    bf16 q and bf16 output of one split persistent clusters where there are more units than
+//    clusters fit at once; other head counts as wgmma_overlap_ilp),
 //    wgmma_overlap_pair_blocks (the same pairs, a cluster per unit), wgmma_overlap_ilp
 //    (wgmma_overlap with a branch-free decode and softmax and the output staged through shared
 //    memory, the same bytes), or mma_sync (the kernel above everywhere);

@@ -47,7 +47,8 @@ struct AttentionMmaPlan {
   bool cluster_merge = false;
   // pair: persistent clusters, as many as the device runs at once, each walking units (a
   // token's 128 heads, a split) so that a unit's start overlaps the previous unit's end; the
-  // launch takes it over fp8 records with bf16 output and one split (else a cluster per unit)
+  // launch takes it over fp8 records with bf16 q, bf16 output and one split (else a cluster per
+  // unit)
   bool persistent = false;
 };
 
@@ -180,7 +181,7 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // bytes). kWgmmaOverlapPair: at 128 heads or a multiple, the warp-specialised kernel in cluster
 // pairs (its two 64-head blocks of a token share the decoded key tiles, each producer decoding
 // half; the same results), as the ilp variant (other head counts run kWgmmaOverlapIlp; its
-// producers store into the peer by st.async), persistent with bf16 output and one split (as many
+// producers store into the peer by st.async), persistent with bf16 q and output, one split (as many
 // clusters as run at once, each walking units of a token's 128 heads, so that a unit's start
 // overlaps the previous one's end); kWgmmaOverlapPairBlocks: the same pairs with a cluster per
 // unit (the launch before the persistent one). kWgmmaOverlapIlp (the default from session 13 to 21:

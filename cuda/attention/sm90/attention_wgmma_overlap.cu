@@ -66,15 +66,15 @@
 // barrier once at the start (initialised mbarriers, peer running, before any remote access) and
 // once at the end (no block exits while the peer may still store or arrive into it).
 //
-// Persistent pairs (kWalks: fp8 records, bf16 output of one split, more units than clusters fit
-// at once): cluster c walks units c, c + clusters, ... (a unit: a token's 128 heads and a split,
-// OverlapWork). The key buffers and their mbarriers count the cluster's tiles g across units
-// (buffer g & 1, phase (g / 2) & 1), so the producer goes on to the next unit's addresses and
+// Persistent pairs (kWalks: fp8 records, bf16 q, bf16 output of one split, more units than
+// clusters fit at once): cluster c walks units c, c + clusters, ... (a unit: a token's 128 heads
+// and a split, OverlapWork). The key buffers and their mbarriers count the cluster's tiles g across
+// units (buffer g & 1, phase (g / 2) & 1), so the producer goes on to the next unit's addresses and
 // first records as soon as its last tile went, and rewrites a buffer once both blocks released
 // it: with a unit after, the consumers also release the unit's last two buffers (the scorer the
 // last one after its final wait). P, alpha and their named barriers count the unit's own tiles
 // (kOutputBarrier ends a unit's use of them). Between units each consumer warpgroup stages its
-// rows in its half of q's tile, writes them out, then loads its half of the next unit's q there;
+// rows in its half of q's tile, writes them out, then copies its half of the next unit's q there;
 // warpgroup 1 arrives on kQueryReady once its half is stored, which the scorer syncs before the
 // next unit's first scores.
 #include <algorithm>
@@ -152,12 +152,14 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     cl.cluster = dim3(kPairBlocks, 1, 1);
     cl.smem = OverlapLayout::kPairBytes;
     cl.stream = stream;
-    // Persistent (p.persistent, fp8 records, bf16 output of one split, untraced) where the units
-    // outnumber the clusters the device runs at once: that many clusters, each walking its units,
-    // so that a unit's start (its keys' addresses and first records) overlaps the previous unit's
-    // last tiles.
+    // Persistent (p.persistent, fp8 records, bf16 q, bf16 output of one split, untraced) where
+    // the units outnumber the clusters the device runs at once: that many clusters, each walking
+    // its units, so that a unit's start (its keys' addresses and first records) overlaps the
+    // previous unit's last tiles. f32 q goes through registers between units, which made the
+    // walk slower than a cluster per unit (benchmarks/RESULTS.md, session 23).
     if constexpr (kFmt == KvFormat::kFp8) {
-      if (p.persistent && a.out_bf16 != nullptr && p.splits == 1 && trace.stamps == nullptr) {
+      if (p.persistent && a.q_bf16 != nullptr && a.out_bf16 != nullptr && p.splits == 1 &&
+          trace.stamps == nullptr) {
         auto* walking = attention_wgmma_overlap_kernel<kFmt, false, false, true, false, true, true>;
         smem_limits.allow(walking, OverlapLayout::kPairBytes);
         const int fit = smem_limits.max_active_clusters(walking, cl.block, cl.cluster, cl.smem);

@@ -18,7 +18,7 @@ namespace deepinfer::cuda {
 // rows' encoding); p.cluster_merge: a token's splits one cluster that merges them into the output
 // (at most kWgmmaClusterMergeMaxSplits; no combine kernel after it); p.pair (a multiple of 128
 // heads, else it throws): the cluster-pair mode, clusters of (2, 1, 1), always with p.ilp, and
-// with p.persistent over fp8 records with bf16 output of one split as many clusters as fit at
+// with p.persistent over fp8 records with bf16 q and output of one split as many clusters as fit at
 // once (KernelSmemLimits::max_active_clusters) walking the units where there are more; p.ilp: the
 // wgmma_overlap_ilp variant (unmerged, no pdl, else it throws). trace.stamps: the traced
 // instantiation records the first trace.ctas blocks' timing (attention_wgmma_trace.h; fp8 records,

@@ -26,9 +26,8 @@ namespace deepinfer::cuda::attention_wgmma {
 using OverlapTiles = Tiles<true>;  // 128-byte swizzled tiles only
 
 // Persistent pairs, between units: warpgroup wg stages its rows of unit `done` in its half of
-// q's tile and writes them out, then (more: a unit follows) loads its half of unit `next`'s q
-// into that half: bf16 q by cp.async, f32 q in rounds of 8 float4 a thread (the accumulators
-// keep most registers).
+// q's tile and writes them out, then (more: a unit follows) copies its half of unit `next`'s q
+// (bf16: the walk takes no other) into that half by cp.async.
 __device__ __forceinline__ void output_then_next_query(const AttentionArgs& a,
                                                        const float (&o)[kOAcc],
                                                        const float (&m_run)[2], const float (&d)[2],
@@ -40,13 +39,9 @@ __device__ __forceinline__ void output_then_next_query(const AttentionArgs& a,
   copy_output_bf16(a, done.t, done.h_first, wg, stage);
   if (!more) return;
   named_barrier<kConsumerThreads / 2>(kStageBarrier + wg);  // the stage read out
-  if (a.q_bf16 != nullptr) {
-    copy_query_bf16<kConsumerThreads / 2, kChunks / 2>(a, next.t, next.h_first, wg * kChunks / 2,
-                                                       threadIdx.x & 127, qs);
-    cp_async_wait_all();
-  } else {
-    load_query_half(a, next.t, next.h_first, wg, threadIdx.x & 127, qs);
-  }
+  copy_query_bf16<kConsumerThreads / 2, kChunks / 2>(a, next.t, next.h_first, wg * kChunks / 2,
+                                                     threadIdx.x & 127, qs);
+  cp_async_wait_all();
   fence_async_shared();  // q, for the next unit's wgmma
 }
 
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
   // may hold the next unit's tiles by then); other outputs go through the key buffers, which
   // only a cluster per unit leaves free (the launch sees to it).
   const bool stage_in_q = kPair && a.out_bf16 != nullptr && splits == 1;
-  if (w.clusters < w.units && !(kWalks && stage_in_q)) __trap();
+  if (w.clusters < w.units && !(kWalks && stage_in_q && a.q_bf16 != nullptr)) __trap();
   OverlapUnit unit = unit_at(unit_first);
   AttentionKeys keys(a, l, unit.t, seq_of_row_warp(l, unit.t));
   KeyRange range = split_key_range<kKeys>(keys.n_keys, unit.split, splits);
@@ -378,8 +373,9 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
     return;
   }
 
-  // Consumers: q first (all 256 threads) into its tile, bf16 q as it is, f32 q rounded.
-  if (a.q_bf16 != nullptr) {
+  // Consumers: q first (all 256 threads) into its tile, bf16 q as it is, f32 q rounded (not in
+  // a walk: the launch walks with bf16 q only).
+  if (kWalks || a.q_bf16 != nullptr) {
     copy_query_bf16<kConsumerThreads, kChunks>(a, unit.t, unit.h_first, 0, tid, qs);
     cp_async_wait_all();
   } else {

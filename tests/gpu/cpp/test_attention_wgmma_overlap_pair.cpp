@@ -16,11 +16,11 @@
 // without its arrivals) names itself; gpu_check.sh runs the binary under a time limit. Skips
 // without a GPU or without the wgmma kernels (a build without sm_90a code, a device other than
 // sm_90). Also: the default kernel choice (auto: pairs over fp8 only), the bf16 output (the f32
-// bytes rounded; over fp8 the persistent launch, whose clusters walk several units when there
-// are more than fit at once, B >= 128 here, also with some units of one tile among long ones:
-// the same bytes as a cluster per unit, wgmma_overlap_pair_blocks), q in bf16 (f32 q rounded:
-// the same bytes, persistent or not) and the traced pair (fp8: the same bytes, its stamps in
-// program order).
+// bytes rounded, a cluster per unit or, wgmma_overlap_pair_blocks, forced), q in bf16 (f32 q
+// rounded: the same bytes; over fp8 with bf16 output the persistent launch, whose clusters walk
+// several units when there are more than fit at once, B >= 128 here, also with some units of
+// one tile among long ones) and the traced pair (fp8: the same bytes, its stamps in program
+// order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -179,7 +179,7 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   EXPECT_TRUE(plan.pair == cuda::wgmma_pair_takes(pc.heads) && !plan.persistent);
   EXPECT_TRUE(same_bytes(got_bf16, blocks_bf16));
   // bf16 q (f32 q rounded, as rms_norm_rope's bf16 output): copied as the q tile, at the start
-  // and (persistent) between units; the same bytes.
+  // and (persistent: bf16 q and output over fp8) between units; the same bytes.
   q = up_same(*be, be->to_host(q_f32).to(DType::kBF16));
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapPair)));
   spec.bf16_output = true;
