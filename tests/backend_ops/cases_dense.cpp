@@ -356,29 +356,29 @@ void add_rms_norm_rope_bf16_output(std::vector<OpCase>& t) {
                                                  {{3, kHeads, kHeadDim}, kRopeDim},
                                                  {{5, 4, 64}, 16},
                                                  {{5, 10}, 6}}) {
-    add(t, Case<Tensors>{
-               .op = "rms_norm_rope",
-               .label = "bf16_output_" + dims(c.shape) + "_rope" + std::to_string(c.rope_dim),
-               .draw =
-                   [c](Rng& rng) {
-                     return Tensors{random_f32(rng, c.shape, 3.0f),
-                                    random_ids(rng, c.shape[0], 0, 100000),
-                                    rope_inv_freq(c.rope_dim, 10000.0)};
-                   },
-               .run =
-                   [](Backend& be, const Tensors& in) {
-                     return out(be.rms_norm_rope(up(be, in[0]), Tensor(), 1e-6f, up(be, in[1]),
-                                                 up(be, in[2]), /*bf16_output=*/true));
-                   },
-               .expect = Expect<Tensors>([](const Tensors&, const Outputs& ref,
-                                            const Outputs& dev) {
-                 const Tensor& got = dev[0].value;
-                 EXPECT_TRUE(got.dtype() == DType::kF32 || got.dtype() == DType::kBF16)
-                     << got.describe();
-                 // A bf16 value is within 2^-9 of its own size of the f32 it rounds.
-                 EXPECT_TRUE(max_abs_close(ref[0].value, got.to(DType::kF32), 0x1p-8, kAtol));
-               }),
-           });
+    add(t,
+        Case<Tensors>{
+            .op = "rms_norm_rope",
+            .label = "bf16_output_" + dims(c.shape) + "_rope" + std::to_string(c.rope_dim),
+            .draw =
+                [c](Rng& rng) {
+                  return Tensors{random_f32(rng, c.shape, 3.0f),
+                                 random_ids(rng, c.shape[0], 0, 100000),
+                                 rope_inv_freq(c.rope_dim, 10000.0)};
+                },
+            .run =
+                [](Backend& be, const Tensors& in) {
+                  return out(be.rms_norm_rope(up(be, in[0]), Tensor(), 1e-6f, up(be, in[1]),
+                                              up(be, in[2]), /*bf16_output=*/true));
+                },
+            .expect = Expect<Tensors>([](const Tensors&, const Outputs& ref, const Outputs& dev) {
+              const Tensor& got = dev[0].value;
+              EXPECT_TRUE(got.dtype() == DType::kF32 || got.dtype() == DType::kBF16)
+                  << got.describe();
+              // A bf16 value is within 2^-9 of its own size of the f32 it rounds.
+              EXPECT_TRUE(max_abs_close(ref[0].value, got.to(DType::kF32), 0x1p-8, kAtol));
+            }),
+        });
   }
 }
 
