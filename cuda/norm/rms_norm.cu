@@ -13,8 +13,8 @@
 // of rope.cu applied to the normed values in registers before the store: one launch and one pass
 // over x instead of two, bit for bit the two kernels' result. Rows the warp kernel does not take,
 // or whose rotated channels do not start on a float4, run the two ops. Under bf16_output the warp
-// kernel rounds its stores to bf16 (to nearest even: the f32 result rounded), the engine's q for
-// the Hopper attention kernel; the two ops' path returns f32.
+// kernel rounds its stores to bf16 (to nearest even: the f32 result rounded), the engine's q
+// where its attention rounds q anyway (attention_rounds_query); the two ops' path returns f32.
 #include <cooperative_groups.h>
 
 #include <cstdint>
