@@ -267,33 +267,6 @@ __device__ __forceinline__ void prefetch_next_block_start(const AttentionArgs& a
                       threads);
 }
 
-// q's channels 256 wg .. + 255 of the block's 64 heads into warpgroup wg's half of the 128-byte
-// swizzled tile (the 64-channel blocks 4 wg .. 4 wg + 3, bytes 32 KB wg ..), the values
-// store_query_tile writes there, for a persistent launch's next unit: thread `wt` of the
-// warpgroup's 128, 1 KB of a head per 64 threads, in 4 rounds of 8 float4 (loads, then stores).
-__device__ __forceinline__ void load_query_half(const AttentionArgs& a, int64_t t, int64_t h_first,
-                                                int wg, int wt, uint8_t* qs) {
-  constexpr int kC4 = kHalfDim / 4;  // float4 of a head's half
-  constexpr int kRound = 8;
-  const float* q = a.q + (t * a.heads + h_first) * kDim + kHalfDim * wg;
-#pragma unroll 1
-  for (int r = 0; r < kRows * kC4 / 128; r += kRound) {
-    float4 v[kRound];
-#pragma unroll
-    for (int u = 0; u < kRound; ++u) {
-      const int i = wt + 128 * (r + u);
-      v[u] = __ldg(reinterpret_cast<const float4*>(q + (i / kC4) * kDim) + i % kC4);
-    }
-#pragma unroll
-    for (int u = 0; u < kRound; ++u) {
-      const int i = wt + 128 * (r + u);
-      const int col4 = i % kC4 + kC4 * wg;  // as store_query_tile's
-      *reinterpret_cast<uint2*>(qs + Tiles<true>::offset(i / kC4, col4 / 2) + 8 * (col4 & 1)) =
-          make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
-    }
-  }
-}
-
 template <bool kSw128>
 __device__ __forceinline__ void store_query_tile(uint8_t* qs, int tid,
                                                  const float4 (&v)[kQueryLoads]) {
