@@ -4,7 +4,8 @@ reference dspark_reference.py, on tiny V4.1 configs with 1 to 3 DSpark blocks.
 Each case writes the reference's random weights (target and mtp.*) as a checkpoint and loads it
 with deepinfer_core.ModelRunner. Every forward writes the blocks' main keys; dspark_draft runs one
 draft step after the golden token. Drafts must be identical to the reference's, confidences
-within 1e-4, draft logits within 1e-4 * max |logit|: after a one-shot prompt, after a verify
+within 1e-4, draft logits within 1e-4 * max |logit| (with fp8 KV 5e-2, a draft may differ at a
+near-tie: see QUANTIZED_REL_TOL): after a one-shot prompt, after a verify
 chunk whose last drafts were rejected (their main keys stay in the ring past the accepted
 position) and after a decode step that overwrites them, for two sequences drafted together (one
 shorter than the sliding window).
@@ -25,6 +26,13 @@ deepinfer_core = pytest.importorskip("deepinfer_core")
 
 REL_TOL = 1e-4
 CONF_TOL = 1e-4
+# Quantized KV (fp8: V4.1's FP8 SWA keys, FP4 entries and index keys): a last-bit difference
+# between the engine and torch can round one cached value to the next grid point
+# (quantized_kv_checks.py). Here that moved the logits by 1.3% of their largest (MKL's AVX2 path
+# before tests/conftest.py pinned it); reading the keys in a wrong format moves them by 20% or more
+# (f32 or bf16 keys against fp8: 0.20 to 1.3). A draft may then differ at a near-tie; after it
+# the Markov term sees different tokens, so the comparison stops there.
+QUANTIZED_REL_TOL = 0.05
 PROMPT_LEN = 40
 SHORT_LEN = 5  # below every tiny config's sliding window
 
@@ -33,21 +41,37 @@ SHORT_LEN = 5  # below every tiny config's sliding window
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
-def assert_close(ours: np.ndarray, want: np.ndarray, what: str) -> None:
+def assert_close(ours: np.ndarray, want: np.ndarray, what: str, rel_tol: float = REL_TOL) -> None:
     assert ours.shape == want.shape, f"{what}: shape {ours.shape} != {want.shape}"
     scale = float(np.abs(want).max())
     err = float(np.abs(ours - want).max())
-    assert err <= REL_TOL * scale, f"{what}: max abs diff {err:.3e} > {REL_TOL} * {scale:.3e}"
+    assert err <= rel_tol * scale, f"{what}: max abs diff {err:.3e} > {rel_tol} * {scale:.3e}"
 
 
 def assert_draft(
-    ours: tuple[np.ndarray, np.ndarray, np.ndarray], row: int, want: dref.Draft, what: str
+    ours: tuple[np.ndarray, np.ndarray, np.ndarray],
+    row: int,
+    want: dref.Draft,
+    what: str,
+    rel_tol: float = REL_TOL,
 ) -> None:
     tokens, confs, logits = ours
-    assert tokens[row].tolist() == want.tokens, f"{what}: drafts"
-    err = float(np.abs(confs[row] - np.array(want.confidences)).max())
-    assert err <= CONF_TOL, f"{what}: confidence diff {err:.3e}"
-    assert_close(logits[row], want.logits.numpy(), f"{what}: draft logits")
+    got, want_logits = tokens[row].tolist(), want.logits.numpy()
+    n = len(want.tokens)
+    if rel_tol > REL_TOL and got != want.tokens:
+        n = next(i for i, (a, b) in enumerate(zip(got, want.tokens, strict=True)) if a != b) + 1
+        best, ours_logit = want_logits[n - 1].max(), want_logits[n - 1, got[n - 1]]
+        scale = float(np.abs(want_logits).max())
+        assert best - ours_logit <= rel_tol * scale, (
+            f"{what}: draft {n - 1} is {got[n - 1]} (reference logit {ours_logit:.4f}), not a "
+            f"near-tie with the reference's {want.tokens[n - 1]} ({best:.4f})"
+        )
+    else:
+        assert got == want.tokens, f"{what}: drafts {got} != {want.tokens}"
+    conf_tol = CONF_TOL if rel_tol == REL_TOL else rel_tol
+    err = float(np.abs(confs[row][:n] - np.array(want.confidences[:n])).max())
+    assert err <= conf_tol, f"{what}: confidence diff {err:.3e}"
+    assert_close(logits[row][:n], want_logits[:n], f"{what}: draft logits", rel_tol)
 
 
 _models: dict = {}
@@ -84,6 +108,7 @@ def test_dspark_drafts_match_reference(name: str, kv: str, yoco: str, tmp_path: 
         **options,
     )
     assert d.runner.num_dspark_blocks == cfg.num_nextn_predict_layers
+    tol = REL_TOL if kv == "f32" else QUANTIZED_REL_TOL
     prompts = [
         ref.random_tokens(PROMPT_LEN, cfg.vocab_size, 11),
         ref.random_tokens(SHORT_LEN, cfg.vocab_size, 12),
@@ -94,7 +119,7 @@ def test_dspark_drafts_match_reference(name: str, kv: str, yoco: str, tmp_path: 
         # The last row (compact truncation leaves the dropped rows' logits NaN on both sides).
         ours = d.runner.forward([d.chunk(slot, 0, p, prompt_end=len(p))])[-1:]
         want = m.forward_chunk(caches[slot], p, prompt_end=len(p)).numpy()[-1:]
-        assert_close(ours, want, f"{name}: prompt {slot} logits")
+        assert_close(ours, want, f"{name}: prompt {slot} logits", tol)
         goldens.append(int(np.argmax(want[-1])))
 
     def draft_both(what: str) -> list[dref.Draft]:
@@ -102,7 +127,7 @@ def test_dspark_drafts_match_reference(name: str, kv: str, yoco: str, tmp_path: 
         ours = d.runner.dspark_draft(batch)
         wants = [m.draft(caches[s], goldens[s]) for s in range(2)]
         for s in range(2):
-            assert_draft(ours, s, wants[s], f"{name}/{kv}/{yoco}: {what}, sequence {s}")
+            assert_draft(ours, s, wants[s], f"{name}/{kv}/{yoco}: {what}, sequence {s}", tol)
         return wants
 
     drafts = draft_both("after the prompt")
@@ -113,7 +138,7 @@ def test_dspark_drafts_match_reference(name: str, kv: str, yoco: str, tmp_path: 
         wrong = [(t + 1) % cfg.vocab_size for t in drafts[s].tokens[:2]]
         ours = d.runner.forward([d.chunk(s, start, [goldens[s], *wrong])])
         want = m.forward_chunk(caches[s], [goldens[s]]).numpy()
-        assert_close(ours[:1], want, f"{name}: verify row {s}")
+        assert_close(ours[:1], want, f"{name}: verify row {s}", tol)
         goldens[s] = int(np.argmax(want[-1]))
     draft_both("after a partly rejected verify chunk")
     # A decode step over the rejected positions.
@@ -121,7 +146,7 @@ def test_dspark_drafts_match_reference(name: str, kv: str, yoco: str, tmp_path: 
         start = caches[s].main.length
         ours = d.runner.forward([d.chunk(s, start, [goldens[s]])])
         want = m.forward_chunk(caches[s], [goldens[s]]).numpy()
-        assert_close(ours, want, f"{name}: decode {s}")
+        assert_close(ours, want, f"{name}: decode {s}", tol)
         goldens[s] = int(np.argmax(want[-1]))
     draft_both("after a decode step")
 
