@@ -57,8 +57,8 @@ def checkpoint(tmp_path_factory):
     return checkpoint_of(NAME, tmp_path_factory)
 
 
-def greedy_reference(m: ref.V41Model, prompt: list[int], n: int, kv: str = "f32") -> list[int]:
-    cache = m.new_cache("off", kv_format=kv)
+def greedy_reference(m: ref.V41Model, prompt: list[int], n: int) -> list[int]:
+    cache = m.new_cache("off")
     logits = m.forward_chunk(cache, prompt)
     out = []
     for _ in range(n):

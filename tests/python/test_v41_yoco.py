@@ -176,10 +176,8 @@ def test_yoco_runner_greedy_equals_reference(name: str, mode: str, tmp_path_fact
     assert ours == want
 
 
-def greedy_reference(
-    m: ref.V41Model, mode: str, prompt_ids: list[int], n: int, kv: str = "f32"
-) -> list[int]:
-    cache = m.new_cache(mode, kv_format=kv)
+def greedy_reference(m: ref.V41Model, mode: str, prompt_ids: list[int], n: int) -> list[int]:
+    cache = m.new_cache(mode)
     logits = m.forward_chunk(cache, prompt_ids)
     out = []
     for _ in range(n):
