@@ -9,9 +9,10 @@ by half their largest on the tiny configs, and flip a near-tie in a greedy conti
 Measured in session 24 over torch's MKL paths (AVX-512, AVX2, AVX, SSE4.2, COMPATIBLE) and ATen's
 kernels (avx2, avx512, default): with a flip at least 28% of a 40-row schedule's rows stay within
 EXACT_REL_TOL of the reference (the first inexact row was 6 or later); reading the keys in another
-format (f32 or bf16 keys against fp8, f32 against bf16) leaves none within it. So: some rows
+format (f32 or bf16 keys against fp8, f32 against bf16) leaves none within it
+(test_v41_kv_formats.py::test_quantized_checks_reject_another_format). So: some rows
 exact, and greedy tokens the reference's argmax when it is fed the same tokens, but for MAX_FLIPS
-near-ties. conftest.py pins torch's CPU path so that a host's CPU does not pick the flips.
+near-ties. tests/conftest.py pins torch's CPU path so that a host's CPU does not pick the flips.
 """
 
 from __future__ import annotations

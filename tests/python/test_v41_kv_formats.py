@@ -106,3 +106,14 @@ def test_v41_quantized_kv_greedy_and_drift(name: str, kv: str, tmp_path_factory)
         f"\nV4.1 config {name}, {kv} KV vs f32 KV: max |d| / max |logit| = {drift:.2e}; "
         f"greedy {same}/{GREEDY_TOKENS} tokens equal"
     )
+
+
+@pytest.mark.parametrize(("kv", "other"), [("fp8", "bf16"), ("bf16", "f32")])
+@pytest.mark.parametrize("name", list(ref.TINY_CONFIGS))
+def test_quantized_checks_reject_another_format(name: str, kv: str, other: str, tmp_path_factory):
+    """quantized_kv_checks' allowance for flips does not let a format pass for another: the
+    engine's logits with ``kv`` keys against the reference reading ``other`` keys fail."""
+    tokens = prompt(name)
+    ours = engine(name, kv, tmp_path_factory).run_schedule(tokens, CHUNKS)
+    with pytest.raises(AssertionError, match="of the rows within"):
+        qkv.assert_logits_track(ours, reference(name, tokens, CHUNKS, other), f"{kv} vs {other}")
