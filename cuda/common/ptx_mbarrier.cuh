@@ -53,6 +53,14 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// One arrival on `bar` once all of this thread's earlier cp.async copies have landed (.noinc:
+// the arrival is one of the phase's expected count, so a barrier that producer threads signal
+// this way is initialised with their number). The thread itself does not wait.
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
+               : "memory");
+}
+
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing that
 // many transactions of `bar`'s current phase.
 __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem, uint32_t bytes,
@@ -62,6 +70,25 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem
           "r"(smem_addr(smem)),
       "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
+}
+
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) shared -> global by the bulk copy
+// engine, in this thread's bulk group (bulk_store_commit); the thread does not wait for it.
+// Shared memory written by plain stores needs fence_async_shared before it.
+__device__ __forceinline__ void bulk_store_to_global(void* gmem, const void* smem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(smem_addr(smem)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Waits until this thread's committed bulk stores have read their shared memory (not until
+// their writes are visible): after it the source may be reused or the block may end.
+__device__ __forceinline__ void bulk_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
 }  // namespace deepinfer::cuda

@@ -42,6 +42,15 @@ __device__ __forceinline__ void cp_async_16_prefetch(void* smem, const void* gme
   }
 }
 
+// cp_async_16_prefetch<256> of a row that may be masked: with `real` false no byte is read and
+// the 16 shared bytes are zero-filled (src-size 0), so a masked key costs no branch and its
+// zeros land with the thread's other copies (gmem must still be a valid address to form).
+__device__ __forceinline__ void cp_async_16_zfill_l2_256(void* smem, const void* gmem, bool real) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(real ? 16 : 0)
+               : "memory");
+}
+
 // 8 bytes global -> shared through L1 (.ca; .cg takes only 16).
 __device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem)
