@@ -29,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_inputs.h"
 #include "batch_layout.h"
 #include "compare.h"
 #include "cuda/backend/cuda_backend.h"
@@ -50,13 +51,6 @@ struct OverlapCase {
   int64_t splits = 0;  // forced key splits (DEEPINFER_ATTENTION_SPLITS); 0: the plan's own
 };
 
-// Decode rows of `batch` sequences at spread-out contexts (as the op table's decode_seqs).
-std::vector<SeqSpec> spread_batch(int batch, int s_q) {
-  std::vector<SeqSpec> seqs;
-  for (int i = 0; i < batch; ++i) seqs.push_back({200 + (i * 997) % 3900, s_q, i});
-  return seqs;
-}
-
 std::vector<OverlapCase> overlap_cases() {
   return {
       {"b1_decode", {{4095, 1, 0}}},
@@ -72,13 +66,6 @@ std::vector<OverlapCase> overlap_cases() {
       {"h128_b3", spread_batch(3, 1), 128},
       {"hca_dense_b3", spread_batch(3, 2), 64, 128},
   };
-}
-
-// Random rows of `dim` channels as a cache of `kv` holds them.
-Tensor random_cache_rows(std::mt19937& rng, const Shape& lead, int64_t dim, int rope, DType kv) {
-  Shape shape = lead;
-  shape.push_back(dim);
-  return encode_kv_rows(random_f32(rng, shape), kv, rope);
 }
 
 class AttentionWgmmaOverlap : public testing::TestWithParam<std::tuple<DType, OverlapCase>> {};
@@ -97,26 +84,14 @@ TEST_P(AttentionWgmmaOverlap, MatchesTheWgmmaKernels) {
   Backend* be = wgmma_be;
   const cuda::AttentionKernelChoice kernel0 = cuda_be.attention_kernel();
   const cuda::AttentionMmaChoice choice0 = cuda_be.attention_mma_choice();
-  constexpr int kDim = 512, kRope = 64, kWindow = 128, kRingLen = 134, kBlock = 128;
   std::mt19937 rng(20261212);
-  const HostBatch hb(rng, wc.seqs, kBlock);
-  const int64_t tokens = hb.num_tokens();
-  int slots = 0;
-  for (const SeqSpec& s : wc.seqs) slots = std::max(slots, s.slot + 1);
-  const bool sparse = wc.ratio == 4;
-  const Tensor q_f32 = up(*be, random_f32(rng, {tokens, wc.heads, kDim}));
+  V4AttentionInputs in(*be, rng, wc.seqs, wc.heads, wc.ratio, kv);
+  const Tensor& q_f32 = in.q_f32;
   Tensor q = q_f32;  // the runs' q: f32, or below bf16
-  const Tensor kv_rows = up(*be, random_f32(rng, {tokens, kDim}));
-  const Tensor ring = up_same(*be, random_cache_rows(rng, {slots, kRingLen}, kDim, kRope, kv));
-  const Tensor entries = up_same(
-      *be, random_cache_rows(rng, {int64_t{hb.num_blocks} * (kBlock / wc.ratio)}, kDim, kRope, kv));
-  const Tensor topk = sparse ? up(*be, random_topk(rng, hb, wc.ratio, 512)) : Tensor();
-  // Sinks up to +-4: comparable with the logits, so a sink dropped or added twice shows.
-  const Tensor sinks = up(*be, random_f32(rng, {wc.heads}, 4.0f));
-  const BatchLayout layout = hb.upload(*be);
-  AttentionSpec spec{kWindow, 1.0f / std::sqrt(float(kDim)), wc.ratio, sparse};
-  spec.bf16_math = true;
-  spec.rope_dim = kRope;
+  const Tensor &kv_rows = in.kv_rows, &ring = in.ring, &entries = in.entries, &topk = in.topk,
+               &sinks = in.sinks;
+  const BatchLayout& layout = in.layout;
+  AttentionSpec& spec = in.spec;
   auto run = [&](cuda::AttentionKernelChoice k) {
     cuda_be.set_attention_kernel(k);
     cuda_be.set_attention_mma_choice({.splits = wc.splits});

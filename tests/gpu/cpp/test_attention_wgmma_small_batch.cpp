@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_inputs.h"
 #include "batch_layout.h"
 #include "compare.h"
 #include "cuda/attention/sm90/attention_wgmma_config.h"
@@ -42,30 +43,18 @@ struct SmallBatchCase {
   int64_t splits = 5;  // the splits forced for the byte comparisons (DEEPINFER_ATTENTION_SPLITS)
 };
 
-std::vector<SeqSpec> spread_batch(int batch, int s_q) {
-  std::vector<SeqSpec> seqs;
-  for (int i = 0; i < batch; ++i) seqs.push_back({300 + (i * 997) % 3800, s_q, i});
-  return seqs;
-}
-
 std::vector<SmallBatchCase> small_batch_cases() {
   return {
       {"b1_sq1", {{4095, 1, 0}}},
       {"b1_sq2", {{4000, 2, 0}}},
-      {"b2_sq1", spread_batch(2, 1)},
-      {"b2_sq2", spread_batch(2, 2), 64, 8},
-      {"b8_sq1", spread_batch(8, 1), 64, 3},
-      {"b8_sq2", spread_batch(8, 2)},
+      {"b2_sq1", spread_batch(2, 1, 300, 3800)},
+      {"b2_sq2", spread_batch(2, 2, 300, 3800), 64, 8},
+      {"b8_sq1", spread_batch(8, 1, 300, 3800), 64, 3},
+      {"b8_sq2", spread_batch(8, 2, 300, 3800)},
       // Short key lists: most of the 8 splits have no tile (their outputs weigh 0).
       {"short_lists_split8", {{0, 1, 0}, {5, 1, 1}, {60, 2, 2}}, 64, 8},
-      {"h128_b2", spread_batch(2, 1), 128},
+      {"h128_b2", spread_batch(2, 1, 300, 3800), 128},
   };
-}
-
-Tensor random_cache_rows(std::mt19937& rng, const Shape& lead, int64_t dim, int rope, DType kv) {
-  Shape shape = lead;
-  shape.push_back(dim);
-  return encode_kv_rows(random_f32(rng, shape), kv, rope);
 }
 
 class AttentionWgmmaSmallBatch : public testing::TestWithParam<std::tuple<DType, SmallBatchCase>> {
