@@ -153,6 +153,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
     if (p.pdl) kernel += "_pdl";
     if (p.ilp) kernel = ", wgmma_overlap_ilp";
     if (p.pair) kernel = p.persistent ? ", wgmma_overlap_pair" : ", wgmma_overlap_pair_blocks";
+    if (p.keysplit) kernel = ", wgmma_keysplit";
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
@@ -174,14 +175,17 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
           cuda::AttentionKernelChoice::kWgmmaOverlapFused,
           cuda::AttentionKernelChoice::kWgmmaOverlapPair,
           cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks,
-          cuda::AttentionKernelChoice::kWgmmaOverlapIlp}) {
+          cuda::AttentionKernelChoice::kWgmmaOverlapIlp,
+          cuda::AttentionKernelChoice::kWgmmaKeySplit}) {
       const bool pair = k == cuda::AttentionKernelChoice::kWgmmaOverlapPair ||
                         k == cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks;
       if (pair && !cuda::wgmma_pair_takes(s.heads)) continue;
+      const bool keysplit = k == cuda::AttentionKernelChoice::kWgmmaKeySplit;
+      if (keysplit && s.kv != DType::kBF16) continue;  // bf16 rows only (else it runs auto)
       cuda_be.set_attention_kernel(k);
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);
-      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp || pair) {
+      if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp || pair || keysplit) {
         // The engine's call (DeepseekV4Model sets bf16_output with bf16_math): the output in
         // bf16, as FlashMLA's interface writes it.
         AttentionCase bf16_out = c;

@@ -10,18 +10,20 @@
 //  - for V4's MQA shape (64 heads or a multiple, D = 512, bf16 or fp8 KV) on an sm_90 device, the
 //    Hopper kernels of sm90/ instead (same numerics and split format; their own split count over
 //    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: auto (the default: wgmma_overlap_pair over
-//    fp8 records at 128 heads or a multiple, wgmma_overlap_ilp otherwise; attention_plan.h has
-//    the measurements), wgmma_prefetch_sw128 (the key loads a tile ahead, 128-byte swizzled
-//    tiles; fp8 only for V4's record, other records run the plain kernel), wgmma (the plain
-//    kernel), wgmma_prefetch (no swizzle), the _pdl values (the kernel a programmatic dependent
-//    launch of the encoding below, and the combine one of it), wgmma_overlap (the
-//    warp-specialised variant, same records as the prefetching one), wgmma_overlap_pdl (that
-//    kernel as a programmatic dependent launch of the encoding, the combine one of it),
-//    wgmma_overlap_fused (the same launch, a token's splits one cluster that merges them: no
-//    combine kernel), wgmma_overlap_pair (at 128 heads or a multiple: a token's two 64-head
-//    blocks one cluster sharing the decoded key tiles, the ilp variant; over fp8 records with
-//    bf16 q and bf16 output of one split persistent clusters where there are more units than
-//    clusters fit at once; other head counts as wgmma_overlap_ilp),
+//    fp8 records at 128 heads or a multiple, wgmma_keysplit over bf16 rows for prefill-like calls
+//    of 16 or more rows per sequence, wgmma_overlap_ilp otherwise; attention_plan.h has the
+//    measurements), wgmma_keysplit (bf16 rows: the two consumer warpgroups each score half of
+//    every 128 keys, sm90/attention_wgmma_keysplit.cu; other records run auto),
+//    wgmma_prefetch_sw128 (the key loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's
+//    record, other records run the plain kernel), wgmma (the plain kernel), wgmma_prefetch (no
+//    swizzle), the _pdl values (the kernel a programmatic dependent launch of the encoding below,
+//    and the combine one of it), wgmma_overlap (the warp-specialised variant, same records as the
+//    prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of the
+//    encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits one
+//    cluster that merges them: no combine kernel), wgmma_overlap_pair (at 128 heads or a multiple:
+//    a token's two 64-head blocks one cluster sharing the decoded key tiles, the ilp variant; over
+//    fp8 records with bf16 q and bf16 output of one split persistent clusters where there are more
+//    units than clusters fit at once; other head counts as wgmma_overlap_ilp),
 //    wgmma_overlap_pair_blocks (the same pairs, a cluster per unit), wgmma_overlap_ilp
 //    (wgmma_overlap with a branch-free decode and softmax and the output staged through shared
 //    memory, the same bytes), or mma_sync (the kernel above everywhere);
@@ -29,11 +31,11 @@
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.
 // The output is f32, except with AttentionSpec::bf16_output on the wgmma_overlap_ilp kernel, in
-// pairs or not (the default on sm_90): there its epilogue (one split) or the combine rounds it to
-// bf16, half the bytes written and read by the inverse RoPE after it. q may come in bf16 (the
-// engine's, from rms_norm_rope under bf16_output): the warp-specialised kernels copy it into their
-// bf16 tile as it is (cp.async, half the bytes of f32 q, no registers); the launch widens it to
-// f32 for the others.
+// pairs or not, and the key-split kernel (the defaults on sm_90): there its epilogue (one split) or
+// the combine rounds it to bf16, half the bytes written and read by the inverse RoPE after it. q
+// may come in bf16 (the engine's, from rms_norm_rope under bf16_output): the warp-specialised
+// kernels copy it into their bf16 tile as it is (cp.async, half the bytes of f32 q, no registers);
+// the launch widens it to f32 for the others.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -50,6 +52,7 @@
 //  - a sparse topk index >= the visible count: masked (the CPU throws "not visible").
 //  - a sliding key in the ring whose slot is outside the ring: masked. A position that fell out
 //    of the ring (the CPU's kInternal error) reads whatever its ring slot holds.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -57,6 +60,7 @@
 #include "cuda/attention/attention_heuristics.h"
 #include "cuda/attention/attention_launch.h"
 #include "cuda/attention/sm90/attention_wgmma_config.h"
+#include "cuda/attention/sm90/attention_wgmma_keysplit.h"
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
@@ -171,12 +175,22 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // takes the shape: 64 heads or a multiple of D = 512 over bf16 rows or fp8 records on an
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
-  const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(attention_kernel_);
-  const WgmmaOverlapChoice overlap_choice = wgmma_overlap_choice(attention_kernel_);
+  // The key-split kernel takes bf16 rows only; asked for over other records, auto runs. Auto
+  // takes it for prefill-like calls (keysplit_auto_takes).
+  const bool keysplit_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaKeySplit;
+  const bool keysplit_auto = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapAuto &&
+                             keysplit_auto_takes(tokens, layout.num_seqs);
+  const bool keysplit_takes =
+      (keysplit_asked || keysplit_auto) && a.kvf.format == KvFormat::kBf16 &&
+      attention_wgmma_keysplit_smem_bytes() <= max_shared_memory_per_block();
+  const AttentionKernelChoice kernel_choice =
+      keysplit_asked ? AttentionKernelChoice::kWgmmaOverlapAuto : attention_kernel_;
+  const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(kernel_choice);
+  const WgmmaOverlapChoice overlap_choice = wgmma_overlap_choice(kernel_choice);
   const bool overlap_asked = overlap_choice.overlap;
   const bool overlap_pair_asked = overlap_choice.pair;
-  const bool wgmma_asked = attention_kernel_ == AttentionKernelChoice::kWgmma ||
-                           prefetch_asked.prefetch || overlap_asked;
+  const bool wgmma_asked =
+      kernel_choice == AttentionKernelChoice::kWgmma || prefetch_asked.prefetch || overlap_asked;
   if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
@@ -201,14 +215,22 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
              wgmma_pair_takes(heads);
     p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge;
     p.persistent = p.pair && overlap_choice.persistent;
+    if (keysplit_takes) {
+      // Its splits are whole 128-key steps: the plan's count (sized for 64-key tiles) capped by
+      // the steps of the longest list.
+      p.splits = std::min(p.splits, std::max<int64_t>(1, (problem.max_keys + 127) / 128));
+      p.keysplit = true;
+      p.overlap = p.prefetch = p.pdl = p.cluster_merge = p.swizzle = p.pair = p.persistent = false;
+      p.ilp = false;
+    }
     if (p.head_groups <= 65535) {
-      if (spec.bf16_output && p.ilp) {
+      if (spec.bf16_output && (p.ilp || p.keysplit)) {
         // The ilp variant's epilogue (one split) or the combine writes the output in bf16.
         out = empty({tokens, heads, dim}, DType::kBF16);
         a.out = nullptr;
         a.out_bf16 = static_cast<__nv_bfloat16*>(out.raw_data());
       }
-      if (!p.overlap) f32_query();
+      if (!p.overlap && !p.keysplit) f32_query();
       last_attention_plan_ = p;
       last_attention_wgmma_ = true;
       split_outputs(p.splits);

@@ -50,6 +50,9 @@ struct AttentionMmaPlan {
   // launch takes it over fp8 records with bf16 q, bf16 output and one split (else a cluster per
   // unit)
   bool persistent = false;
+  // the key-split kernel (sm90/attention_wgmma_keysplit.cu, bf16 rows): two consumer warpgroups
+  // each scoring its own 64 keys of every 128, so one's softmax runs under the other's products
+  bool keysplit = false;
 };
 
 // Arrival counters of the fused combine a backend keeps: the most (token, head group) pairs a
@@ -199,6 +202,10 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // and a bf16 prefill chunk 1.35x slower, so bf16 rows stay unpaired. Persistent where the units
 // outnumber the clusters that fit (session 22, bf16 output): 149.1 against 152.6 us with a
 // cluster per unit at B = 256, 1,961 against 2,115 us for the fp8 prefill chunk.
+// kWgmmaKeySplit: over bf16 rows the key-split kernel (sm90/attention_wgmma_keysplit.cu: the two
+// consumer warpgroups each score half of every 128 keys and take turns on the tensor cores,
+// FlashMLA's sparse prefill scheme); other records run as auto. Auto takes it over bf16 rows for
+// prefill-like calls (keysplit_auto_takes).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -213,7 +220,19 @@ enum class AttentionKernelChoice {
   kWgmmaOverlapPairBlocks,
   kWgmmaOverlapIlp,
   kWgmmaOverlapAuto,
+  kWgmmaKeySplit,
 };
+
+// Whether auto runs the key-split kernel over bf16 rows: for calls of kKeySplitMinRowsPerSeq or
+// more query rows per sequence on average (prefill chunks), whose queries share their keys through
+// L2. On the H200 a chunk of 4,096 queries at 64 heads took 900.7 us against the ilp kernel's
+// 1,039.4 (128 heads: 1,748.9 against 2,030.5); decode rows, each reading its own keys from DRAM,
+// stay on the ilp kernel, which its deeper key pipeline suits (B = 256: 87.4 against 104.0 us).
+constexpr int64_t kKeySplitMinRowsPerSeq = 16;
+
+inline bool keysplit_auto_takes(int64_t tokens, int64_t seqs) {
+  return tokens >= kKeySplitMinRowsPerSeq * std::max<int64_t>(1, seqs);
+}
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).
 struct WgmmaPrefetchChoice {
@@ -272,7 +291,7 @@ inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {
 // DEEPINFER_ATTENTION_KERNEL (mma_sync | wgmma | wgmma_prefetch | wgmma_prefetch_pdl |
 // wgmma_prefetch_sw128 | wgmma_prefetch_sw128_pdl | wgmma_overlap |
 // wgmma_overlap_pdl | wgmma_overlap_fused | wgmma_overlap_pair | wgmma_overlap_pair_blocks |
-// wgmma_overlap_ilp | auto, unset: auto);
+// wgmma_overlap_ilp | wgmma_keysplit | auto, unset: auto);
 // nullopt names the variable and the value not understood (`bad`).
 inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* value,
                                                                    std::string* bad) {
@@ -290,11 +309,12 @@ inline std::optional<AttentionKernelChoice> parse_attention_kernel(const char* v
   if (v == "wgmma_overlap_pair") return AttentionKernelChoice::kWgmmaOverlapPair;
   if (v == "wgmma_overlap_pair_blocks") return AttentionKernelChoice::kWgmmaOverlapPairBlocks;
   if (v == "wgmma_overlap_ilp") return AttentionKernelChoice::kWgmmaOverlapIlp;
+  if (v == "wgmma_keysplit") return AttentionKernelChoice::kWgmmaKeySplit;
   *bad =
       "DEEPINFER_ATTENTION_KERNEL: expected mma_sync, wgmma, wgmma_prefetch, wgmma_prefetch_pdl, "
       "wgmma_prefetch_sw128, wgmma_prefetch_sw128_pdl, wgmma_overlap, "
       "wgmma_overlap_pdl, wgmma_overlap_fused, wgmma_overlap_pair, wgmma_overlap_pair_blocks, "
-      "wgmma_overlap_ilp or auto, got "
+      "wgmma_overlap_ilp, wgmma_keysplit or auto, got "
       "'" +
       std::string(v) + "'";
   return std::nullopt;

@@ -209,6 +209,18 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_TRUE(ilp.overlap && ilp.ilp && !ilp.pdl && !ilp.cluster_merge && !ilp.pair);
   EXPECT_FALSE(overlap.ilp);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlapIlp).prefetch);
+  // The key-split kernel: its own choice, none of the overlap or prefetch variants.
+  EXPECT_EQ(parse_attention_kernel("wgmma_keysplit", &bad), AttentionKernelChoice::kWgmmaKeySplit);
+  EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaKeySplit).overlap);
+  EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaKeySplit).prefetch);
+  // Auto takes it from 16 query rows per sequence on average (prefill chunks), not for decode
+  // (1 to 4 rows per sequence with MTP).
+  EXPECT_TRUE(keysplit_auto_takes(4096, 1));
+  EXPECT_TRUE(keysplit_auto_takes(16, 1));
+  EXPECT_FALSE(keysplit_auto_takes(15, 1));
+  EXPECT_FALSE(keysplit_auto_takes(256, 256));
+  EXPECT_FALSE(keysplit_auto_takes(1024, 256));
+  EXPECT_TRUE(keysplit_auto_takes(64, 0));  // no sequence count: as one sequence
   // wgmma_pair (the prefetching kernel in pairs) gave way to wgmma_overlap_pair.
   EXPECT_FALSE(parse_attention_kernel("wgmma_pair", &bad).has_value());
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);

@@ -50,6 +50,7 @@
 #include <string>
 
 #include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm90/attention_wgmma_keysplit.h"
 #include "cuda/attention/sm90/attention_wgmma_overlap.h"
 #include "cuda/attention/sm90/attention_wgmma_prefetch.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
@@ -227,6 +228,13 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                 "584-byte fp8 "
                 "record (448 + 64 channels), got a record of " +
                     std::to_string(a.kvf.row_bytes) + " bytes");
+  }
+  if (p.keysplit) {
+    if (trace.stamps != nullptr) {
+      throw Error(ErrorCode::kUnsupported,
+                  "attention: only the overlapping wgmma kernel records a timing trace");
+    }
+    return launch_attention_wgmma_keysplit(a, l, p, tokens, smem_limits, stream);
   }
   if (p.overlap) {
     return launch_attention_wgmma_overlap(a, l, p, tokens, smem_limits, stream, trace);

@@ -14,6 +14,14 @@
 
 namespace deepinfer::cuda::attention_wgmma {
 
+// A row's output factor with one split: the softmax's 1 / (d + e^(sink - m)), computed about
+// max(m, sink) so that neither exponential overflows; 0 for a row with no real key (m = -inf).
+__device__ __forceinline__ float output_row_factor(float m, float d, float sink) {
+  const float mx = fmaxf(m, sink);
+  const float em = m == -INFINITY ? 0.0f : expf(m - mx);
+  return em / (d * em + expf(sink - mx));
+}
+
 // The stage: warpgroup wg's 64 rows x 256 f32 channels, a row 1 KB, its 16-byte units XOR-ed
 // with row % 8 so that the accumulators' stores (8 rows x 32 bytes per warp instruction) and the
 // rows' loads (512 contiguous bytes) are both free of bank conflicts.
@@ -41,11 +49,7 @@ __device__ __forceinline__ void store_output_staged(const AttentionArgs& a, cons
     const int64_t idx = static_cast<int64_t>(t) * a.heads + head;
     float f = 1.0f;
     if (splits == 1) {
-      const float m = m_run[r];
-      const float sink = a.sinks[head];
-      const float mx = fmaxf(m, sink);
-      const float em = m == -INFINITY ? 0.0f : expf(m - mx);
-      f = em / (d[r] * em + expf(sink - mx));
+      f = output_row_factor(m_run[r], d[r], a.sinks[head]);
     } else if (wg == 0 && qd == 0) {
       const int64_t pidx = static_cast<int64_t>(split) * l.num_tokens * a.heads + idx;
       a.part_md[2 * pidx] = m_run[r];
@@ -116,11 +120,7 @@ __device__ __forceinline__ void stage_output_bf16(const AttentionArgs& a, const 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    const float m = m_run[r];
-    const float sink = a.sinks[h_first + row];
-    const float mx = fmaxf(m, sink);
-    const float em = m == -INFINITY ? 0.0f : expf(m - mx);
-    const float f = em / (d[r] * em + expf(sink - mx));
+    const float f = output_row_factor(m_run[r], d[r], a.sinks[h_first + row]);
 #pragma unroll
     for (int j = 0; j < kOAcc / 4; ++j) {
       // Channels 8j + 2qd, + 1: unit j, bytes 4 qd of it (rounded as store_output_staged does).

@@ -122,6 +122,7 @@ TEST(BackendSwitches, AttentionKernelTakesEachValue) {
       {"wgmma_overlap_pair_blocks", cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks},
       {"auto", cuda::AttentionKernelChoice::kWgmmaOverlapAuto},
       {"wgmma_overlap_ilp", cuda::AttentionKernelChoice::kWgmmaOverlapIlp},
+      {"wgmma_keysplit", cuda::AttentionKernelChoice::kWgmmaKeySplit},
   };
   for (const auto& [value, choice] : values) {
     ScopedEnv kernel("DEEPINFER_ATTENTION_KERNEL", value);
