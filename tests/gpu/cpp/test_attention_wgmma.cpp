@@ -57,13 +57,7 @@ Tensor random_rows(std::mt19937& rng, const Shape& lead, int64_t dim, int rope, 
 }
 
 TEST(AttentionWgmma, MatchesTheMmaSyncKernel) {
-  std::string why;
-  bool must_fail = false;
-  cuda::CudaBackend* wgmma_be = wgmma_cuda_backend(&why, &must_fail);
-  if (wgmma_be == nullptr) {
-    if (must_fail) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
+  DEEPINFER_WGMMA_BACKEND_OR_SKIP(wgmma_be);
   cuda::CudaBackend& cuda_be = *wgmma_be;
   Backend* be = wgmma_be;
   const cuda::AttentionKernelChoice kernel0 = cuda_be.attention_kernel();

@@ -63,13 +63,7 @@ class AttentionWgmmaKeySplit : public testing::TestWithParam<std::tuple<DType, K
 TEST_P(AttentionWgmmaKeySplit, IsCloseToTheOtherKernels) {
   const DType kv = std::get<0>(GetParam());
   const KeySplitCase& wc = std::get<1>(GetParam());
-  std::string why;
-  bool must_fail = false;
-  cuda::CudaBackend* wgmma_be = wgmma_cuda_backend(&why, &must_fail);
-  if (wgmma_be == nullptr) {
-    if (must_fail) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
+  DEEPINFER_WGMMA_BACKEND_OR_SKIP(wgmma_be);
   cuda::CudaBackend& cuda_be = *wgmma_be;
   Backend* be = wgmma_be;
   const cuda::AttentionKernelChoice kernel0 = cuda_be.attention_kernel();

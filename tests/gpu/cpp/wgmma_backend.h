@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <string>
 
@@ -32,3 +33,15 @@ inline cuda::CudaBackend* wgmma_cuda_backend(std::string* why, bool* must_fail) 
 }
 
 }  // namespace deepinfer::backend_ops
+
+// In a test body: declares `var`, the backend of wgmma_cuda_backend; without one the test fails
+// where the device must be tested, else it is skipped, naming the reason either way.
+#define DEEPINFER_WGMMA_BACKEND_OR_SKIP(var)                                      \
+  std::string var##_why;                                                          \
+  bool var##_must_fail = false;                                                   \
+  ::deepinfer::cuda::CudaBackend* var =                                           \
+      ::deepinfer::backend_ops::wgmma_cuda_backend(&var##_why, &var##_must_fail); \
+  if (var == nullptr) {                                                           \
+    if (var##_must_fail) FAIL() << var##_why;                                     \
+    GTEST_SKIP() << var##_why;                                                    \
+  }
