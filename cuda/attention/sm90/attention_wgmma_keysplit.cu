@@ -5,12 +5,13 @@
 // so that one's softmax runs under the other's products (the scheme of FlashMLA's SM90 sparse
 // prefill, written here over this file's own barriers and tiles). Per block: 64 heads of one
 // token and one key split; 384 threads.
-//  - warpgroup 2, the producer (88 registers): resolves the keys of a step (two 64-key tiles) a
-//    step ahead (attention_wgmma_keys.cuh) and copies their bf16 rows by cp.async into two
-//    128-byte-swizzled tiles kb[0], kb[1], zero-filling masked keys, each tile in two channel
-//    halves (0..255, 256..511) with their own barriers, in the order the consumers free them;
-//    a copy's completion arrives on the half's mbarrier by itself (cp.async.mbarrier.arrive), so
-//    the producer never waits for its loads.
+//  - warpgroup 2, the producer (88 registers): resolves the keys of a step (two 64-key tiles),
+//    one key per lane, in the three dependent loads of attention_wgmma_keys.cuh spread over the
+//    three steps before it, and copies their bf16 rows by cp.async into two 128-byte-swizzled
+//    tiles kb[0], kb[1], zero-filling masked keys, each tile in two channel halves (0..255,
+//    256..511) with their own barriers, in the order the consumers free them; a copy's
+//    completion arrives on the half's mbarrier by itself (cp.async.mbarrier.arrive), so the
+//    producer never waits for a load.
 //  - warpgroup 0 (208 registers) scores kb[0], warpgroup 1 kb[1]: S = q K^T, 64 heads x 64 keys.
 //    Both own O's rows; warpgroup 0 its channels 0..255, warpgroup 1 256..511. A step:
 //      w0: m0 = max(m, its rows' max); P0 = exp(S0 - m0); O0 = O0 a0 + P0 V0[:, 0:256]
@@ -114,29 +115,36 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
     const int kr = p >> 3;  // keys kr + 16 i
     const int sub = p & 7;  // chunks sub + 8 k of a half
     if (p < 32) prefetch_next_block_start(a, p, 32);
-    // The rows of step s's keys (null: masked or past the split), resolved a step ahead in the
-    // three dependent loads of attention_wgmma_keys.cuh, each issued for all 8 keys at once.
+    // Each lane resolves one key of every step (tile res_b, key res_key: the keys this warp's
+    // copying threads take), in the three dependent loads of attention_wgmma_keys.cuh spread over
+    // three steps: a step's row from the block-table entry loaded a step before, whose load took
+    // the top-k column loaded a step before that. So no load is waited for inside the loop (all
+    // three in a row cost the producer about 5,500 cycles a step, longer than the consumers'
+    // step: session 26's trace). The copying threads take their keys' rows by shuffles.
+    const int res_b = lane >> 4;
+    const int res_key = 4 * (p >> 5) + (lane & 3) + 16 * ((lane >> 2) & 3);
+    auto index_of = [&](int s) {
+      return range.begin + int64_t{s} * kStepKeys + res_b * kKeys + res_key;
+    };
+    KeyIndex index_ahead[3];
+#pragma unroll
+    for (int s = 0; s < 3; ++s) index_ahead[s] = key_index(a, l, keys, index_of(s), range.end);
+    const KeyLookup lookup0 = key_lookup(a, l, keys, index_ahead[0]);
+    KeyLookup lookup_ahead = key_lookup(a, l, keys, index_ahead[1]);  // step s + 1's
+    KeyIndex index_next = index_ahead[2];                              // step s + 2's
+    const uint8_t* my_row = key_row(a, lookup0);                       // step s's
+    // The rows of the step's keys this thread copies: keys kr + 16 i of tile b (null: masked or
+    // past the split), from the lanes that resolved them.
     const uint8_t* rows[2][kProducerKeys];
-    auto resolve = [&](int s) {
-      KeyIndex ki[2][kProducerKeys];
+    auto gather_rows = [&]() {
+      const auto mine = reinterpret_cast<unsigned long long>(my_row);
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
 #pragma unroll
         for (int i = 0; i < kProducerKeys; ++i) {
-          const int64_t idx = range.begin + int64_t{s} * kStepKeys + b * kKeys + kr + 16 * i;
-          ki[b][i] = key_index(a, l, keys, idx, range.end);
+          rows[b][i] = reinterpret_cast<const uint8_t*>(
+              __shfl_sync(kFullMask, mine, (kr & 3) + 4 * i + 16 * b));
         }
-      }
-      KeyLookup kl[2][kProducerKeys];
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-#pragma unroll
-        for (int i = 0; i < kProducerKeys; ++i) kl[b][i] = key_lookup(a, l, keys, ki[b][i]);
-      }
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-#pragma unroll
-        for (int i = 0; i < kProducerKeys; ++i) rows[b][i] = key_row(a, kl[b][i]);
       }
     };
     // Tile b's channel half h of this step: 4 keys x 4 chunks per thread (8 consecutive threads
@@ -160,19 +168,14 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
       cp_async_mbarrier_arrive(ready_bar(b, h));
     };
     auto write_flags = [&](int b) {
-      if (sub == 0) {
-#pragma unroll
-        for (int i = 0; i < kProducerKeys; ++i) {
-          flags[b * kKeys + kr + 16 * i] = rows[b][i] != nullptr ? 1 : 0;
-        }
-      }
+      if (res_b == b) flags[b * kKeys + res_key] = my_row != nullptr ? 1 : 0;
       mbarrier_arrive(flags_bar(b));
     };
-    if (steps > 0) resolve(0);
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
       // Phase parity of the consumers' releases of step s - 1 (the first step's pass at once).
       const uint32_t freed = (s & 1) ^ 1;
+      gather_rows();
       mbarrier_wait(free_bar(0, 0), freed);  // warpgroup 0's own values of s - 1 done
       copy_half(0, 0);
       write_flags(0);
@@ -183,7 +186,10 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
       copy_half(0, 1);
       mbarrier_wait(free_bar(1, 0), freed);  // warpgroup 0's shared values done
       copy_half(1, 0);
-      if (s + 1 < steps) resolve(s + 1);  // its loads fly while the consumers work
+      // Each resolution stage a step further (loads issued now are looked at a step later).
+      my_row = key_row(a, lookup_ahead);
+      lookup_ahead = key_lookup(a, l, keys, index_next);
+      index_next = key_index(a, l, keys, index_of(s + 3), range.end);
     }
     cp_async_wait_all();  // no copy outlives its thread
     return;
@@ -191,6 +197,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
 
   warpgroup_regs_inc<kSplitConsumerRegs>();
   const int ctid = tid;  // 0..255
+  // The rows' sinks, for the output: loaded with q, as in the epilogue their L2 round trip would
+  // hold it up.
+  const float sink = ctid < kRows ? a.sinks[h_first + ctid] : 0.0f;
   int steps = 0;
   if (a.q_bf16 != nullptr) {
     copy_query_bf16<kSplitConsumers, kChunks>(a, t, h_first, 0, ctid, qs);
@@ -202,6 +211,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
     store_query_tile<true>(qs, ctid, q_loads);
     steps = steps_of(AttentionKeys(a, l, t));  // (before the stores, q's registers spilled)
   }
+  if (ctid < kRows) sm.sinks()[ctid] = sink;
   fence_async_shared();  // q, for wgmma
   named_barrier<kSplitConsumers>(kQueryBarrier);
 

@@ -40,12 +40,12 @@ static_assert(kRows * kStageRowBytes <= 2 * KeySplitLayout::kKbBytes, "the stage
 template <int kWg>
 __device__ __forceinline__ void store_output_bulk(const AttentionArgs& a, const float (&o)[kOAcc],
                                                   const float (&m_run)[2], const float (&d)[2],
-                                                  int t, int h_first, int row0, int qd,
-                                                  uint8_t* stage) {
+                                                  const float (&sink)[2], int t, int h_first,
+                                                  int row0, int qd, uint8_t* stage) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    const float f = output_row_factor(m_run[r], d[r], a.sinks[h_first + row]);
+    const float f = output_row_factor(m_run[r], d[r], sink[r]);
     uint8_t* dst = stage + row * kStageRowBytes + kWg * kHalfDim * 2 + 4 * qd;
 #pragma unroll
     for (int j = 0; j < kOAcc / 4; ++j) {
@@ -326,7 +326,8 @@ __device__ __forceinline__ void keysplit_consumer(const AttentionArgs& a, const 
 #pragma unroll
   for (int r = 0; r < 2; ++r) den[r] = dens[row0 + 8 * r] + dens[kRows + row0 + 8 * r];
   if (splits == 1 && a.out_bf16 != nullptr) {
-    store_output_bulk<kWg>(a, o, m_run, den, t, h_first, row0, qd, kb_of(0));
+    const float sink[2] = {sm.sinks()[row0], sm.sinks()[row0 + 8]};
+    store_output_bulk<kWg>(a, o, m_run, den, sink, t, h_first, row0, qd, kb_of(0));
     return;
   }
   store_output_staged(a, l, o, m_run, den, t, h_first, kWg, row0, qd, split, splits, kb_of(kWg),

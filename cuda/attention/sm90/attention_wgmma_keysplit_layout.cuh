@@ -32,7 +32,7 @@ enum KeySplitBarrier : int {
 };
 
 // Shared memory: q, the two key tiles, P0' and P1, the flags, the maxima and denominators
-// exchanged, the mbarriers.
+// exchanged, the block's rows' sinks, the mbarriers.
 struct KeySplitLayout {
   static constexpr size_t kQBytes = size_t{kRows} * kDim * 2;
   static constexpr size_t kKbBytes = size_t{kKeys} * kDim * 2;
@@ -43,7 +43,8 @@ struct KeySplitLayout {
   static constexpr size_t kFlagsOff = kPOff + 2 * kPBytes;                // int [2][kKeys]
   static constexpr size_t kMaxOff = kFlagsOff + 2 * kKeys * sizeof(int);  // float [2][kRows]
   static constexpr size_t kDenOff = kMaxOff + 2 * kRows * sizeof(float);  // float [2][kRows]
-  static constexpr size_t kBarOff = kDenOff + 2 * kRows * sizeof(float);
+  static constexpr size_t kSinkOff = kDenOff + 2 * kRows * sizeof(float);  // float [kRows]
+  static constexpr size_t kBarOff = kSinkOff + kRows * sizeof(float);
   // ready[2][2], free[2][2], flags[2]
   static constexpr int kBars = 10;
   static constexpr size_t kBytes = kBarOff + kBars * sizeof(uint64_t);
@@ -63,6 +64,7 @@ struct KeySplitSmem {
   __device__ int* flags() const { return reinterpret_cast<int*>(base + L::kFlagsOff); }
   __device__ float* maxes() const { return reinterpret_cast<float*>(base + L::kMaxOff); }
   __device__ float* dens() const { return reinterpret_cast<float*>(base + L::kDenOff); }
+  __device__ float* sinks() const { return reinterpret_cast<float*>(base + L::kSinkOff); }
   __device__ uint64_t* bar(int i) const {
     return reinterpret_cast<uint64_t*>(base + L::kBarOff) + i;
   }
