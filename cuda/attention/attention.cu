@@ -176,13 +176,11 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   // sm_90 device; its splits always go through the separate combine.
   last_attention_wgmma_ = false;
   // The key-split kernel takes bf16 rows only; asked for over other records, auto runs. Auto
-  // takes it for prefill-like calls (keysplit_auto_takes).
+  // takes it for prefill-like calls and where the plan has one split (keysplit_auto_takes).
   const bool keysplit_asked = attention_kernel_ == AttentionKernelChoice::kWgmmaKeySplit;
-  const bool keysplit_auto = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapAuto &&
-                             keysplit_auto_takes(tokens, layout.num_seqs);
-  const bool keysplit_takes =
-      (keysplit_asked || keysplit_auto) && a.kvf.format == KvFormat::kBf16 &&
-      attention_wgmma_keysplit_smem_bytes() <= max_shared_memory_per_block();
+  const bool keysplit_auto = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapAuto;
+  const bool keysplit_rows = a.kvf.format == KvFormat::kBf16 &&
+                             attention_wgmma_keysplit_smem_bytes() <= max_shared_memory_per_block();
   const AttentionKernelChoice kernel_choice =
       keysplit_asked ? AttentionKernelChoice::kWgmmaOverlapAuto : attention_kernel_;
   const WgmmaPrefetchChoice prefetch_asked = wgmma_prefetch_choice(kernel_choice);
@@ -215,7 +213,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
              wgmma_pair_takes(heads);
     p.ilp = p.overlap && overlap_choice.ilp && !p.pdl && !p.cluster_merge;
     p.persistent = p.pair && overlap_choice.persistent;
-    if (keysplit_takes) {
+    if (keysplit_rows &&
+        (keysplit_asked ||
+         (keysplit_auto && keysplit_auto_takes(tokens, layout.num_seqs, p.splits)))) {
       // Its splits are whole 128-key steps: the plan's count (sized for 64-key tiles) capped by
       // the steps of the longest list.
       p.splits = std::min(p.splits, std::max<int64_t>(1, (problem.max_keys + 127) / 128));

@@ -205,7 +205,7 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // kWgmmaKeySplit: over bf16 rows the key-split kernel (sm90/attention_wgmma_keysplit.cu: the two
 // consumer warpgroups each score half of every 128 keys and take turns on the tensor cores,
 // FlashMLA's sparse prefill scheme); other records run as auto. Auto takes it over bf16 rows for
-// prefill-like calls (keysplit_auto_takes).
+// prefill-like calls and one-split decode (keysplit_auto_takes).
 enum class AttentionKernelChoice {
   kMmaSync,
   kWgmma,
@@ -224,14 +224,17 @@ enum class AttentionKernelChoice {
 };
 
 // Whether auto runs the key-split kernel over bf16 rows: for calls of kKeySplitMinRowsPerSeq or
-// more query rows per sequence on average (prefill chunks), whose queries share their keys through
-// L2. On the H200 a chunk of 4,096 queries at 64 heads took 900.7 us against the ilp kernel's
-// 1,039.4 (128 heads: 1,748.9 against 2,030.5); decode rows, each reading its own keys from DRAM,
-// stay on the ilp kernel, which its deeper key pipeline suits (B = 256: 87.4 against 104.0 us).
+// more query rows per sequence on average (prefill chunks, whose queries share their keys through
+// L2), and for decode where the wgmma plan (`plan_splits`: wgmma_attention_plan's) has one split,
+// i.e. the units fill the device. On the H200 (session 26) a chunk of 4,096 queries at 64 heads
+// took 742.0 us against the ilp kernel's 1,043.8 (128 heads: 1,507.4 against 2,046.5); decode at
+// B = 256 76.1 against 88.8 (s_q = 2: 122.4 against 155.0; 128 heads 137.1 against 160.0, and at
+// B = 64 39.0 against 46.2). With splits the ilp kernel stays, whose deeper key pipeline suits a
+// split's few steps (64 heads, B = 64, 2 splits: 42.2 against 44.7 us).
 constexpr int64_t kKeySplitMinRowsPerSeq = 16;
 
-inline bool keysplit_auto_takes(int64_t tokens, int64_t seqs) {
-  return tokens >= kKeySplitMinRowsPerSeq * std::max<int64_t>(1, seqs);
+inline bool keysplit_auto_takes(int64_t tokens, int64_t seqs, int64_t plan_splits) {
+  return plan_splits == 1 || tokens >= kKeySplitMinRowsPerSeq * std::max<int64_t>(1, seqs);
 }
 
 // Which prefetching variant a choice asks for (none for mma_sync and wgmma).

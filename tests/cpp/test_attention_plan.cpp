@@ -213,14 +213,15 @@ TEST(AttentionPlan, ParsesTheKernelSwitch) {
   EXPECT_EQ(parse_attention_kernel("wgmma_keysplit", &bad), AttentionKernelChoice::kWgmmaKeySplit);
   EXPECT_FALSE(wgmma_overlap_choice(AttentionKernelChoice::kWgmmaKeySplit).overlap);
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaKeySplit).prefetch);
-  // Auto takes it from 16 query rows per sequence on average (prefill chunks), not for decode
-  // (1 to 4 rows per sequence with MTP).
-  EXPECT_TRUE(keysplit_auto_takes(4096, 1));
-  EXPECT_TRUE(keysplit_auto_takes(16, 1));
-  EXPECT_FALSE(keysplit_auto_takes(15, 1));
-  EXPECT_FALSE(keysplit_auto_takes(256, 256));
-  EXPECT_FALSE(keysplit_auto_takes(1024, 256));
-  EXPECT_TRUE(keysplit_auto_takes(64, 0));  // no sequence count: as one sequence
+  // Auto takes it from 16 query rows per sequence on average (prefill chunks, with splits or
+  // not), and for decode (1 to 4 rows per sequence with MTP) only where the plan has one split.
+  EXPECT_TRUE(keysplit_auto_takes(4096, 1, 1));
+  EXPECT_TRUE(keysplit_auto_takes(16, 1, 4));
+  EXPECT_FALSE(keysplit_auto_takes(15, 1, 4));
+  EXPECT_TRUE(keysplit_auto_takes(256, 256, 1));
+  EXPECT_FALSE(keysplit_auto_takes(64, 64, 2));
+  EXPECT_FALSE(keysplit_auto_takes(1024, 256, 2));
+  EXPECT_TRUE(keysplit_auto_takes(64, 0, 2));  // no sequence count: as one sequence
   // wgmma_pair (the prefetching kernel in pairs) gave way to wgmma_overlap_pair.
   EXPECT_FALSE(parse_attention_kernel("wgmma_pair", &bad).has_value());
   EXPECT_FALSE(wgmma_prefetch_choice(AttentionKernelChoice::kWgmmaOverlap).prefetch);

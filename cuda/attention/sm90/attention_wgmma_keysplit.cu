@@ -32,9 +32,10 @@
 // warpgroup 0's own probabilities are rounded to bf16 before the rescale to m1, the shared copy
 // after it. So the result is close to theirs, not their bytes
 // (tests/gpu/cpp/test_attention_wgmma_keysplit.cpp). Measured on the H200 (benchmarks/RESULTS.md,
-// session 25): a bf16 prefill chunk of 4,096 queries at 64 heads 892.7 us against the ilp
-// kernel's 1,034.4 and FlashMLA's 651.6 (695.3 back to back); decode is slower than the ilp
-// kernel (B = 256: 102.5 against 88.8 us: its one buffer per tile exposes each step's DRAM loads).
+// session 26): a bf16 prefill chunk of 4,096 queries at 64 heads 742.0 us against the ilp kernel's
+// 1,043.8 and FlashMLA's 653.0 (657.4 back to back); decode at B = 256 76.1 against 88.8 us, but
+// with splits (B = 64) 44.7 against 42.2: a split's few steps each wait for their keys' loads,
+// which the one buffer per tile cannot start earlier.
 //
 // Synchronisation. mbarriers between the producer and the consumers, per tile b and channel half
 // h: ready[b][h] (the 128 producer threads' copies landed, one phase per step) and free[b][h] (the
@@ -131,8 +132,8 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
     for (int s = 0; s < 3; ++s) index_ahead[s] = key_index(a, l, keys, index_of(s), range.end);
     const KeyLookup lookup0 = key_lookup(a, l, keys, index_ahead[0]);
     KeyLookup lookup_ahead = key_lookup(a, l, keys, index_ahead[1]);  // step s + 1's
-    KeyIndex index_next = index_ahead[2];                              // step s + 2's
-    const uint8_t* my_row = key_row(a, lookup0);                       // step s's
+    KeyIndex index_next = index_ahead[2];                             // step s + 2's
+    const uint8_t* my_row = key_row(a, lookup0);                      // step s's
     // The rows of the step's keys this thread copies: keys kr + 16 i of tile b (null: masked or
     // past the split), from the lanes that resolved them.
     const uint8_t* rows[2][kProducerKeys];

@@ -40,9 +40,9 @@ struct KeySplitLayout {
   static constexpr size_t kQOff = 0;
   static constexpr size_t kKbOff = kQOff + kQBytes;  // tile b at kKbOff + b * kKbBytes
   static constexpr size_t kPOff = kKbOff + 2 * kKbBytes;
-  static constexpr size_t kFlagsOff = kPOff + 2 * kPBytes;                // int [2][kKeys]
-  static constexpr size_t kMaxOff = kFlagsOff + 2 * kKeys * sizeof(int);  // float [2][kRows]
-  static constexpr size_t kDenOff = kMaxOff + 2 * kRows * sizeof(float);  // float [2][kRows]
+  static constexpr size_t kFlagsOff = kPOff + 2 * kPBytes;                 // int [2][kKeys]
+  static constexpr size_t kMaxOff = kFlagsOff + 2 * kKeys * sizeof(int);   // float [2][kRows]
+  static constexpr size_t kDenOff = kMaxOff + 2 * kRows * sizeof(float);   // float [2][kRows]
   static constexpr size_t kSinkOff = kDenOff + 2 * kRows * sizeof(float);  // float [kRows]
   static constexpr size_t kBarOff = kSinkOff + kRows * sizeof(float);
   // ready[2][2], free[2][2], flags[2]

@@ -98,12 +98,14 @@ TEST_P(AttentionWgmmaKeySplit, IsCloseToTheOtherKernels) {
   }
   ASSERT_TRUE(keysplit_plan.keysplit);
   EXPECT_FALSE(keysplit_plan.overlap);
-  // Auto: the key-split kernel for prefill-like calls (the chunk), the ilp kernel for decode.
+  // Auto: the key-split kernel for prefill-like calls (the chunk) and one-split decode, the ilp
+  // kernel for decode with splits (its plan's count, uncapped there, decides).
   const Tensor automatic = run(cuda::AttentionKernelChoice::kWgmmaOverlapAuto);
-  const bool prefill_like = cuda::keysplit_auto_takes(tokens, static_cast<int64_t>(wc.seqs.size()));
-  EXPECT_EQ(plan.keysplit, prefill_like);
-  EXPECT_EQ(plan.ilp, !prefill_like);
-  if (prefill_like) {
+  const bool auto_keysplit =
+      cuda::keysplit_auto_takes(tokens, static_cast<int64_t>(wc.seqs.size()), plan.splits);
+  EXPECT_EQ(plan.keysplit, auto_keysplit);
+  EXPECT_EQ(plan.ilp, !auto_keysplit);
+  if (auto_keysplit) {
     EXPECT_TRUE(same_bytes(got, automatic));
   }
   if (wc.splits > 0) {

@@ -154,11 +154,21 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   EXPECT_TRUE(same_bytes(ref, got));
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapPair)));
   EXPECT_TRUE(bf16_close(run(cuda::AttentionKernelChoice::kMmaSync), got));
-  // The default (auto): pairs over fp8 records where they take the heads, the unpaired ilp
-  // kernel over bf16 rows; the same bytes either way.
-  EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapAuto)));
-  EXPECT_TRUE(wgmma && plan.overlap && plan.ilp);
-  EXPECT_EQ(plan.pair, kv == DType::kU8 && cuda::wgmma_pair_takes(pc.heads));
+  // The default (auto): pairs over fp8 records where they take the heads, over bf16 rows the
+  // key-split kernel where auto takes it (bf16-close), else the unpaired ilp kernel (the same
+  // bytes).
+  const Tensor automatic = run(cuda::AttentionKernelChoice::kWgmmaOverlapAuto);
+  const bool auto_keysplit =
+      kv == DType::kBF16 &&
+      cuda::keysplit_auto_takes(tokens, static_cast<int64_t>(pc.seqs.size()), ref_plan.splits);
+  EXPECT_EQ(plan.keysplit, auto_keysplit);
+  if (auto_keysplit) {
+    EXPECT_TRUE(bf16_close(automatic, got));
+  } else {
+    EXPECT_TRUE(same_bytes(got, automatic));
+    EXPECT_TRUE(wgmma && plan.overlap && plan.ilp);
+    EXPECT_EQ(plan.pair, kv == DType::kU8 && cuda::wgmma_pair_takes(pc.heads));
+  }
   // AttentionSpec::bf16_output: the same values rounded to bf16 (the pairs run the ilp epilogue).
   spec.bf16_output = true;
   const Tensor got_bf16 = run(cuda::AttentionKernelChoice::kWgmmaOverlapPair);
