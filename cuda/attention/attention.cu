@@ -25,8 +25,9 @@
 //    fp8 records with bf16 q and bf16 output of one split persistent clusters where there are more
 //    units than clusters fit at once; other head counts as wgmma_overlap_ilp),
 //    wgmma_overlap_pair_blocks (the same pairs, a cluster per unit), wgmma_overlap_ilp
-//    (wgmma_overlap with a branch-free decode and softmax and the output staged through shared
-//    memory, the same bytes), or mma_sync (the kernel above everywhere);
+//    (wgmma_overlap with a branch-free decode, its softmax in the key-split kernel's arithmetic and
+//    the output staged through shared memory: bf16-close), or mma_sync (the kernel above
+//    everywhere);
 //  - otherwise the f32 kernel (attention_f32.cu);
 // and, when the keys are split (flash-decoding: few tokens then still spread over the SMs) and the
 // kernel does not merge them itself, the combine kernel (attention_combine.cu), which serves both.

@@ -38,9 +38,9 @@ struct AttentionMmaPlan {
   // key tiles (the overlap kernel's pair mode)
   bool pair = false;
   bool overlap = false;  // the wgmma kernel's warp-specialised variant (sm90/*_overlap.cu)
-  // overlap, unmerged: its wgmma_overlap_ilp variant (the integer fp8 decode, branch-free
-  // softmax, the output staged through shared memory; the same bytes); the pair mode's always
-  // (wgmma_overlap_pair)
+  // overlap, unmerged: its wgmma_overlap_ilp variant (the integer fp8 decode, the branch-free
+  // softmax in the key-split kernel's arithmetic, the output staged through shared memory;
+  // bf16-close); the pair mode's always (wgmma_overlap_pair)
   bool ilp = false;
   // overlap, splits > 1: a token's splits one thread-block cluster that merges them itself
   // (no combine kernel); at most kWgmmaClusterMergeMaxSplits splits
@@ -191,9 +191,12 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // on the H200 5% faster than kWgmmaOverlap at B = 256 with fp8 KV, 119.1 -> 113.1 us, and 6% at 128
 // heads, B = 64, 63.7 -> 60.1 us; its byte-for-byte test and the op table's 179 attention rows
 // passed): kWgmmaOverlap with the producer's fp8 decode and the scorer's softmax free of branches
-// (one block each, which ptxas interleaves; the same operations and bits), the output staged
-// through the free key buffers so its global stores are whole rows, and the next block's q and
-// top-k row prefetched into L2 (prefill 4-6% faster); the same bytes as kWgmmaOverlap.
+// (one block each, which ptxas interleaves), the output staged through the free key buffers so its
+// global stores are whole rows, and the next block's q and top-k row prefetched into L2 (prefill
+// 4-6% faster). Since session 27 its softmax (and the pairs') takes the key-split kernel's
+// arithmetic (the scale folded into one FFMA per exponential, the row sums reduced across lanes
+// once per unit): 128 heads over fp8, B = 256 140.9-141.9 -> 134.7 us, B = 64 40.6-41.1 -> 39.3;
+// bf16-close to kWgmmaOverlap, no longer its bytes.
 // kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): kWgmmaOverlapPair
 // over V4's fp8 records at 128 heads or a multiple, kWgmmaOverlapIlp otherwise. On the H200 the
 // pairs over fp8 took 152.3 / 42.4 / 17.7 us at B = 256 / 64 / 1 against the ilp kernel's
@@ -265,9 +268,9 @@ struct WgmmaOverlapChoice {
   bool pdl = false;            // programmatic dependent launches (encode -> it -> combine)
   bool cluster_merge = false;  // the splits merged in the kernel by their cluster
   bool pair = false;           // at 128 heads or a multiple: cluster pairs sharing the key tiles
-  bool ilp = false;       // the branch-free decode and softmax, the output staged (the same bytes)
-  bool pair_fp8 = false;  // at 128 heads or a multiple: cluster pairs over fp8 records only
-  bool persistent = false;  // the pairs persistent (AttentionMmaPlan::persistent)
+  bool ilp = false;            // the branch-free decode and softmax, the output staged (bf16-close)
+  bool pair_fp8 = false;       // at 128 heads or a multiple: cluster pairs over fp8 records only
+  bool persistent = false;     // the pairs persistent (AttentionMmaPlan::persistent)
 };
 
 inline WgmmaOverlapChoice wgmma_overlap_choice(AttentionKernelChoice c) {

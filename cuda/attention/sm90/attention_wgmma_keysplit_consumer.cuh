@@ -18,16 +18,6 @@
 
 namespace deepinfer::cuda::attention_wgmma {
 
-constexpr float kLog2E = 1.4426950408889634f;
-
-// 2^x by the MUFU (ex2.approx.ftz: about 2 ulp; 2^-inf = 0), as __expf computes e^x after its
-// multiply by log2(e).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The bf16 output of one split (the engine's call) by the bulk copy engine: warpgroup kWg stages
 // its channels of the block's 64 rows in bf16 (store_output_staged's values) into rows of
 // kStageRowBytes at `stage` (the key tiles, free once both warpgroups passed kDoneBarrier; a

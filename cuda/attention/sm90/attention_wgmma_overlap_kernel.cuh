@@ -56,8 +56,9 @@ __device__ __forceinline__ void output_then_next_query(const AttentionArgs& a,
 // ablation), leaving out the work that trace.ablate names; the other instantiations ignore `trace`
 // and contain no trace code. kIlp: the wgmma_overlap_ilp variant (unmerged, no pdl; unpaired or in
 // pairs): the producer's fp8 decode through integer operations (decode_e4m3_chunk: no conversion
-// units) and the scorer's softmax without branches (the same bits), the output staged through the
-// free key buffers, or in pairs with bf16 output of one split through q's tile
+// units) and the scorer's softmax without branches, in the key-split kernel's arithmetic
+// (softmax_tile64: close to the plain kernel's result, not its bytes), the output staged through
+// the free key buffers, or in pairs with bf16 output of one split through q's tile
 // (attention_wgmma_overlap_output.cuh).
 template <KvFormat kFmt, bool kPdl, bool kMerge, bool kPair, bool kTrace = false, bool kIlp = false,
           bool kWalks = false>
@@ -441,7 +442,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
 #pragma unroll
       for (int i = 0; i < kOAcc; ++i) o[i] = 0.0f;
       float m_run[2] = {-INFINITY, -INFINITY};
-      float d_half[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [key half][row]
+      float d_half[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // softmax_tile64's sums
 #pragma unroll 1
       for (int i = 0; i < unit_tiles; ++i) {
         const int b = (g0 + i) & 1;  // the key buffer
@@ -486,7 +487,7 @@ __global__ void __launch_bounds__(kOverlapThreads, 1)
       wait_products(o);  // also with no tiles: an unconditional wait lets ptxas see O settled
       if (more && unit_tiles > 0) release_tile((g0 + unit_tiles - 1) & 1);
       rec.header_clock(kTraceClockValuesDone);
-      const float d[2] = {d_half[0][0] + d_half[1][0], d_half[0][1] + d_half[1][1]};
+      const float d[2] = {softmax_row_sum<kIlp>(d_half, 0), softmax_row_sum<kIlp>(d_half, 1)};
       if (qd == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

@@ -1,9 +1,7 @@
 // The scorer's steps of the warp-specialised Hopper attention kernel
 // (sm90/attention_wgmma_overlap.cu): S for a whole 64-key tile (one m64n64 product) and its
-// online softmax, with the prefetching kernel's arithmetic. kBranchFree (the wgmma_overlap_ilp
-// variant): the same operations and the same bits, but the "no real key yet" case selected
-// instead of branched around, so the tile's 32 exponentials form one block that ptxas can
-// interleave (the branchy form is 16 reconvergence regions on the scorer's critical path).
+// online softmax: the plain overlap kernel with the prefetching kernel's arithmetic, the
+// wgmma_overlap_ilp variant (kBranchFree) with the key-split kernel's (softmax_tile64).
 #pragma once
 
 #include <cstdint>
@@ -24,14 +22,24 @@ __device__ __forceinline__ void issue_scores64(float (&s)[32], uint64_t q_desc, 
   wgmma_commit();
 }
 
-// softmax_tile over the whole 64-key tile (s: columns 8j + 2qd + {0, 1}, keys 0..31 in j < 4,
-// keys 32..63 in j >= 4), with its arithmetic: the two 32-key halves' sums kept apart (d_half[h],
-// what warpgroup h kept there), so the denominators come out the same. P and alpha go to shared
-// memory (alpha for warpgroup 1).
+// The tile's probabilities P (s: columns 8j + 2qd + {0, 1}, keys 0..31 in j < 4, keys 32..63 in
+// j >= 4) into P's shared tile, the rows' rescale factors alpha (also to shared memory, for
+// warpgroup 1), the running maxima m_run (of the scaled scores) and denominators d.
+//  - kBranchFree = false (the plain overlap kernel): softmax_tile's arithmetic over the whole
+//    tile (the scores scaled first, e^x by __expf), the two 32-key halves' sums kept apart in
+//    d[h][r] and each reduced across the row's 4 lanes at every tile, so the bytes are the other
+//    wgmma kernels'.
+//  - kBranchFree = true (wgmma_overlap_ilp and its pairs): the key-split kernel's arithmetic, e^x
+//    as 2^(s scale log2(e) - m log2(e)), one FFMA and one MUFU per score with the scale folded in,
+//    a masked key's -inf giving 0 (also before any real key, where m is taken as 0); the row's
+//    sum kept per thread in d[0][r] and reduced across the 4 lanes once, by the caller at the
+//    end (softmax_row_sums). No branch and no per-tile shuffle of the sums on the scorer's chain
+//    (the softmax was 2,300 of a pair tile's 5,000 cycles: session 27's trace). Close to the
+//    other kernels' result, not their bytes.
 template <bool kBranchFree = false>
 __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid, uint8_t* ps,
                                                float* alpha_s, float scale, int row0, int qd,
-                                               float (&m_run)[2], float (&d_half)[2][2],
+                                               float (&m_run)[2], float (&d)[2][2],
                                                float (&alpha)[2]) {
   using T = Tiles<true>;
   const int key0 = 2 * qd;
@@ -42,10 +50,12 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const bool real = (e == 0 ? flags.x : flags.y) != 0;
-      s[4 * j + e] = real ? s[4 * j + e] * scale : -INFINITY;
-      s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * scale : -INFINITY;
+      const float f = kBranchFree ? 1.0f : scale;  // branch-free: the scale comes with the exp
+      s[4 * j + e] = real ? s[4 * j + e] * f : -INFINITY;
+      s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * f : -INFINITY;
     }
   }
+  const float scale_log2 = scale * kLog2E;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     // The row's maximum over the whole tile, then across its 4 lanes: a maximum is exact in any
@@ -55,33 +65,39 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
     for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
     m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
-    const float m_new = fmaxf(m_run[r], m);
+    // Branch-free: the raw maximum scaled (the scale is positive and rounding monotonic, so the
+    // maximum of the scaled scores, exactly).
+    const float m_new = fmaxf(m_run[r], kBranchFree ? m * scale : m);
     const bool none = m_new == -INFINITY;  // no real key yet: nothing to add, nothing to rescale
     alpha[r] = none ? 1.0f : __expf(m_run[r] - m_new);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    if constexpr (kBranchFree) {
+      const float m_log2 = none ? 0.0f : m_new * kLog2E;
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 4 * h; j < 4 * h + 4; ++j) {
-        if constexpr (kBranchFree) {
-          // none: the exponentials are NaN and dropped; sum stays +0 (0 + (0 + 0)), as the
-          // branch leaves it.
-          const float e0 = __expf(s[4 * j + 2 * r] - m_new);
-          const float e1 = __expf(s[4 * j + 2 * r + 1] - m_new);
-          s[4 * j + 2 * r] = none ? 0.0f : e0;
-          s[4 * j + 2 * r + 1] = none ? 0.0f : e1;
-          sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-        } else if (none) {
-          s[4 * j + 2 * r] = s[4 * j + 2 * r + 1] = 0.0f;
-        } else {
-          s[4 * j + 2 * r] = __expf(s[4 * j + 2 * r] - m_new);
-          s[4 * j + 2 * r + 1] = __expf(s[4 * j + 2 * r + 1] - m_new);
-          sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-        }
+      for (int j = 0; j < 8; ++j) {
+        s[4 * j + 2 * r] = exp2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -m_log2));
+        s[4 * j + 2 * r + 1] = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_log2));
+        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
       }
-      sum += __shfl_xor_sync(kFullMask, sum, 1);
-      sum += __shfl_xor_sync(kFullMask, sum, 2);
-      d_half[h][r] = d_half[h][r] * alpha[r] + sum;
+      d[0][r] = d[0][r] * alpha[r] + sum;
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 4 * h; j < 4 * h + 4; ++j) {
+          if (none) {
+            s[4 * j + 2 * r] = s[4 * j + 2 * r + 1] = 0.0f;
+          } else {
+            s[4 * j + 2 * r] = __expf(s[4 * j + 2 * r] - m_new);
+            s[4 * j + 2 * r + 1] = __expf(s[4 * j + 2 * r + 1] - m_new);
+            sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+          }
+        }
+        sum += __shfl_xor_sync(kFullMask, sum, 1);
+        sum += __shfl_xor_sync(kFullMask, sum, 2);
+        d[h][r] = d[h][r] * alpha[r] + sum;
+      }
     }
     m_run[r] = m_new;
     if (qd == 0) alpha_s[row0 + 8 * r] = alpha[r];
@@ -93,6 +109,18 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
       *reinterpret_cast<uint32_t*>(ps + T::offset(row0 + 8 * r, j) + 4 * qd) =
           pack_bf16(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
     }
+  }
+}
+
+// The rows' denominators from softmax_tile64's sums: kBranchFree, each thread's d[0][r] summed
+// over the row's 4 lanes (every lane gets the row's value); otherwise the two halves' sums.
+template <bool kBranchFree>
+__device__ __forceinline__ float softmax_row_sum(const float (&d)[2][2], int r) {
+  if constexpr (kBranchFree) {
+    float sum = d[0][r] + __shfl_xor_sync(kFullMask, d[0][r], 1);
+    return sum + __shfl_xor_sync(kFullMask, sum, 2);
+  } else {
+    return d[0][r] + d[1][r];
   }
 }
 

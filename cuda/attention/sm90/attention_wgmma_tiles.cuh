@@ -36,6 +36,16 @@ constexpr int kChunkStride = kKeys * 16;  // bytes between chunk planes of a 64-
 constexpr int kHalfKeys = kKeys / 2;      // keys a warpgroup scores
 constexpr int kHalfDim = kDim / 2;        // channels of O a warpgroup owns
 constexpr int kOAcc = kHalfDim / 2;       // its f32 accumulators per thread (64 x 256 / 128)
+
+constexpr float kLog2E = 1.4426950408889634f;
+
+// 2^x by the MUFU (ex2.approx.ftz: about 2 ulp; 2^-inf = 0), as __expf computes e^x after its
+// multiply by log2(e).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 static_assert(kRows == kKeys, "q and key tiles share the core-matrix layout");
 static_assert(kThreads == 4 * kKeys, "4 copy threads per key");
 

@@ -1,10 +1,11 @@
 // The warp-specialised Hopper attention kernel's cluster-pair mode
 // (cuda/attention/sm90/attention_wgmma_overlap.cu with kPair, opt-in:
-// DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair) against the unpaired kernel (wgmma_overlap) on
-// the same inputs: at 128 heads or a multiple the two blocks of a token's 128 heads are one
-// cluster, each producer loading and decoding half of every key tile into both blocks' buffers
-// (st.async into the peer, completing on its mbarriers); the tiles, products and softmax are the
-// unpaired kernel's, so the outputs must be the same bytes. Cases at V4 widths (512 channels,
+// DEEPINFER_ATTENTION_KERNEL=wgmma_overlap_pair) against the unpaired ilp kernel
+// (wgmma_overlap_ilp) on the same inputs: at 128 heads or a multiple the two blocks of a token's
+// 128 heads are one cluster, each producer loading and decoding half of every key tile into both
+// blocks' buffers (st.async into the peer, completing on its mbarriers); the tiles, products and
+// softmax are the unpaired ilp kernel's, so the outputs must be the same bytes (and bf16-close to
+// the plain wgmma_overlap kernel's, whose softmax arithmetic differs). Cases at V4 widths (512 channels,
 // W = 128, ring 134, CSA ratio 4 with top-512, HCA ratio 128 with dense entries) over bf16 rows
 // and V4's fp8 record: s_q 1 to 4, B = 1, 3, 64 and 128 (many tiles per buffer, so both
 // mbarrier parities turn over), masked keys (top-k columns of -1, sliding keys before position
@@ -139,9 +140,11 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
     cuda_be.set_attention_mma_choice(choice0);
     return o;
   };
-  const Tensor ref = run(cuda::AttentionKernelChoice::kWgmmaOverlap);
+  // The byte reference: the unpaired ilp kernel (the pairs run its decode and softmax).
+  const Tensor ref = run(cuda::AttentionKernelChoice::kWgmmaOverlapIlp);
   const cuda::AttentionMmaPlan ref_plan = plan;
-  EXPECT_TRUE(wgmma && ref_plan.overlap && !ref_plan.pair);
+  EXPECT_TRUE(wgmma && ref_plan.overlap && ref_plan.ilp && !ref_plan.pair);
+  EXPECT_TRUE(bf16_close(run(cuda::AttentionKernelChoice::kWgmmaOverlap), ref));
   const Tensor got = run(cuda::AttentionKernelChoice::kWgmmaOverlapPair);
   // The pair ran where it takes the heads (the unpaired kernel elsewhere), with its splits.
   EXPECT_TRUE(wgmma && plan.overlap);
