@@ -195,7 +195,7 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // global stores are whole rows, and the next block's q and top-k row prefetched into L2 (prefill
 // 4-6% faster). Since session 27 its softmax (and the pairs') takes the key-split kernel's
 // arithmetic (the scale folded into one FFMA per exponential, the row sums reduced across lanes
-// once per unit): 128 heads over fp8, B = 256 140.9-141.9 -> 134.7 us, B = 64 40.6-41.1 -> 39.3;
+// once per unit): 128 heads over fp8, B = 256 140.9-142.0 -> 134.7 us, B = 64 40.6-41.1 -> 39.3;
 // bf16-close to kWgmmaOverlap, no longer its bytes.
 // kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): kWgmmaOverlapPair
 // over V4's fp8 records at 128 heads or a multiple, kWgmmaOverlapIlp otherwise. On the H200 the
