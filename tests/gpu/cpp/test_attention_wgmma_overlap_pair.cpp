@@ -5,9 +5,9 @@
 // 128 heads are one cluster, each producer loading and decoding half of every key tile into both
 // blocks' buffers (st.async into the peer, completing on its mbarriers); the tiles, products and
 // softmax are the unpaired ilp kernel's, so the outputs must be the same bytes (and bf16-close to
-// the plain wgmma_overlap kernel's, whose softmax arithmetic differs). Cases at V4 widths (512 channels,
-// W = 128, ring 134, CSA ratio 4 with top-512, HCA ratio 128 with dense entries) over bf16 rows
-// and V4's fp8 record: s_q 1 to 4, B = 1, 3, 64 and 128 (many tiles per buffer, so both
+// the plain wgmma_overlap kernel's, whose softmax arithmetic differs). Cases at V4 widths (512
+// channels, W = 128, ring 134, CSA ratio 4 with top-512, HCA ratio 128 with dense entries) over
+// bf16 rows and V4's fp8 record: s_q 1 to 4, B = 1, 3, 64 and 128 (many tiles per buffer, so both
 // mbarrier parities turn over), masked keys (top-k columns of -1, sliding keys before position
 // 0), key lists shorter than a tile, forced key splits (most of them empty for the short
 // lists: no tile at all in either block), random sinks; 256 heads (two clusters per token);
