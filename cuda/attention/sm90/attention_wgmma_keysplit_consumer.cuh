@@ -121,25 +121,10 @@ __device__ __forceinline__ void keysplit_consumer(const AttentionArgs& a, const 
   auto masked_max = [&](int st, float(&mx)[2]) {
     mbarrier_wait(flags_bar(own), static_cast<uint32_t>(st & 1));
     const int* fl = flags + own * kKeys;
+    mask_tile64(s, fl, qd, 1.0f);
+    // The scale is positive: the maximum of the scaled scores, exactly.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int2 f = *reinterpret_cast<const int2*>(fl + 8 * j + 2 * qd);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool real = (e == 0 ? f.x : f.y) != 0;
-        s[4 * j + e] = real ? s[4 * j + e] : -INFINITY;
-        s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
-      // The scale is positive: the maximum of the scaled scores, exactly.
-      mx[r] = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2)) * a.scale;
-    }
+    for (int r = 0; r < 2; ++r) mx[r] = row_max_tile64(s, r) * a.scale;
   };
   // P = exp(scale S - m) as 2^(S scale log2(e) - m log2(e)), one FFMA and one MUFU per score
   // (0 where m is -inf: no real key yet, every score -inf), its row sums added to d after d is
@@ -149,13 +134,7 @@ __device__ __forceinline__ void keysplit_consumer(const AttentionArgs& a, const 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float m_log2 = m[r] == -INFINITY ? 0.0f : m[r] * kLog2E;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        s[4 * j + 2 * r] = exp2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -m_log2));
-        s[4 * j + 2 * r + 1] = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_log2));
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
+      float sum = exp2_row_tile64(s, r, scale_log2, m_log2);
       sum += __shfl_xor_sync(kFullMask, sum, 1);
       sum += __shfl_xor_sync(kFullMask, sum, 2);
       d[r] = d[r] * alpha[r] + sum;

@@ -42,29 +42,13 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
                                                float (&m_run)[2], float (&d)[2][2],
                                                float (&alpha)[2]) {
   using T = Tiles<true>;
-  const int key0 = 2 * qd;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    // The flags of keys 8j + 2qd and + 1: one 8-byte load (key0 is even, the flags 1 KB aligned).
-    const int2 flags = *reinterpret_cast<const int2*>(valid + key0 + 8 * j);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const bool real = (e == 0 ? flags.x : flags.y) != 0;
-      const float f = kBranchFree ? 1.0f : scale;  // branch-free: the scale comes with the exp
-      s[4 * j + e] = real ? s[4 * j + e] * f : -INFINITY;
-      s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * f : -INFINITY;
-    }
-  }
+  mask_tile64(s, valid, qd, kBranchFree ? 1.0f : scale);  // branch-free: scaled in the exp
   const float scale_log2 = scale * kLog2E;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    // The row's maximum over the whole tile, then across its 4 lanes: a maximum is exact in any
-    // order, so this is the per-half maxima's value with half the shuffles on the chain.
-    float m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));  // the 4 lanes of a row
-    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
+    // The row's maximum over the whole tile (the per-half maxima's value with half the shuffles
+    // on the chain).
+    const float m = row_max_tile64(s, r);
     // Branch-free: the raw maximum scaled (the scale is positive and rounding monotonic, so the
     // maximum of the scaled scores, exactly).
     const float m_new = fmaxf(m_run[r], kBranchFree ? m * scale : m);
@@ -72,14 +56,7 @@ __device__ __forceinline__ void softmax_tile64(float (&s)[32], const int* valid,
     alpha[r] = none ? 1.0f : __expf(m_run[r] - m_new);
     if constexpr (kBranchFree) {
       const float m_log2 = none ? 0.0f : m_new * kLog2E;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        s[4 * j + 2 * r] = exp2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -m_log2));
-        s[4 * j + 2 * r + 1] = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_log2));
-        sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-      }
-      d[0][r] = d[0][r] * alpha[r] + sum;
+      d[0][r] = d[0][r] * alpha[r] + exp2_row_tile64(s, r, scale_log2, m_log2);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

@@ -46,6 +46,48 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+
+// A thread's scores of a 64-key tile as wgmma leaves them (s: rows row0 and row0 + 8, columns
+// 8j + 2qd and + 1): each masked key's (its valid flag 0) set to -inf, each real one's times
+// `factor`. A key pair's flags come in one 8-byte load (2qd is even, the flags 8-byte aligned).
+__device__ __forceinline__ void mask_tile64(float (&s)[32], const int* valid, int qd,
+                                            float factor) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int2 flags = *reinterpret_cast<const int2*>(valid + 8 * j + 2 * qd);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool real = (e == 0 ? flags.x : flags.y) != 0;
+      s[4 * j + e] = real ? s[4 * j + e] * factor : -INFINITY;
+      s[4 * j + 2 + e] = real ? s[4 * j + 2 + e] * factor : -INFINITY;
+    }
+  }
+}
+
+// Row r's probabilities of the tile in place, 2^(s scale_log2 - m_log2) (e^(scale s - m) with
+// scale_log2 = scale log2(e), m_log2 = m log2(e)): one FFMA and one MUFU per score, -inf giving 0.
+// Returns their sum over this thread's 16.
+__device__ __forceinline__ float exp2_row_tile64(float (&s)[32], int r, float scale_log2,
+                                                 float m_log2) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[4 * j + 2 * r] = exp2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -m_log2));
+    s[4 * j + 2 * r + 1] = exp2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2, -m_log2));
+    sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+  }
+  return sum;
+}
+
+// Row r's (0: row0, 1: row0 + 8) maximum over the tile, then across its 4 lanes (every lane gets
+// it). A maximum is exact in any order.
+__device__ __forceinline__ float row_max_tile64(const float (&s)[32], int r) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+  m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 1));
+  return fmaxf(m, __shfl_xor_sync(kFullMask, m, 2));
+}
 static_assert(kRows == kKeys, "q and key tiles share the core-matrix layout");
 static_assert(kThreads == 4 * kKeys, "4 copy threads per key");
 
