@@ -33,7 +33,7 @@ __device__ __forceinline__ void issue_scores64(float (&s)[32], uint64_t q_desc, 
 //    as 2^(s scale log2(e) - m log2(e)), one FFMA and one MUFU per score with the scale folded in,
 //    a masked key's -inf giving 0 (also before any real key, where m is taken as 0); the row's
 //    sum kept per thread in d[0][r] and reduced across the 4 lanes once, by the caller at the
-//    end (softmax_row_sums). No branch and no per-tile shuffle of the sums on the scorer's chain
+//    end (softmax_row_sum). No branch and no per-tile shuffle of the sums on the scorer's chain
 //    (the softmax was 2,300 of a pair tile's 5,000 cycles: session 27's trace). Close to the
 //    other kernels' result, not their bytes.
 template <bool kBranchFree = false>
