@@ -134,8 +134,8 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair and
   // wgmma_overlap_pair_blocks (a cluster per unit), and wgmma_overlap_ilp (graph), the A/B rows,
   // and wgmma_overlap_ilp and both pairs with the output in bf16 (the pairs over fp8 persistent
-  // there), then also with q in bf16 (the engine's call). Every row names the kernel that ran and
-  // its merge.
+  // there), then also with q in bf16, then also with this call's keys in the ring's format (the
+  // engine's call). Every row names the kernel that ran and its merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -197,6 +197,13 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
         engine.q = rnd(be, c.q.shape(), DType::kBF16, 12);
         const double engine_us = time_graph_us(be, iters, [&] { engine.call(be); });
         emit(name, shape + plan_label() + " bf16 q, bf16 out (graph)", engine_us, bytes, flops);
+        // And this call's keys in the ring's format (the engine's kv from rms_norm_rope_kv): no
+        // encoding launch before the kernel, as FlashMLA's call, whose cache holds them already.
+        AttentionCase encoded = engine;
+        encoded.kv = random_cache(be, t, AttentionCase::kDim, AttentionCase::kRope, s.kv, 13);
+        const double encoded_us = time_graph_us(be, iters, [&] { encoded.call(be); });
+        emit(name, shape + plan_label() + " bf16 q, encoded kv, bf16 out (graph)", encoded_us,
+             bytes, flops);
       }
     }
     cuda_be.set_attention_kernel(backend_kernel);

@@ -16,9 +16,9 @@
 //    every 128 keys, sm90/attention_wgmma_keysplit.cu; other records run auto),
 //    wgmma_prefetch_sw128 (the key loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's
 //    record, other records run the plain kernel), wgmma (the plain kernel), wgmma_prefetch (no
-//    swizzle), the _pdl values (the kernel a programmatic dependent launch of the encoding below,
-//    and the combine one of it), wgmma_overlap (the warp-specialised variant, same records as the
-//    prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of the
+//    swizzle), the _pdl values (the kernel a programmatic dependent launch of the encoding of f32
+//    kv, and the combine one of it), wgmma_overlap (the warp-specialised variant, same records as
+//    the prefetching one), wgmma_overlap_pdl (that kernel as a programmatic dependent launch of the
 //    encoding, the combine one of it), wgmma_overlap_fused (the same launch, a token's splits one
 //    cluster that merges them: no combine kernel), wgmma_overlap_pair (at 128 heads or a multiple:
 //    a token's two 64-head blocks one cluster sharing the decoded key tiles, the ilp variant; over
@@ -36,7 +36,10 @@
 // the combine rounds it to bf16, half the bytes written and read by the inverse RoPE after it. q
 // may come in bf16 (the engine's, from rms_norm_rope under bf16_output): the warp-specialised
 // kernels copy it into their bf16 tile as it is (cp.async, half the bytes of f32 q, no registers);
-// the launch widens it to f32 for the others.
+// the launch widens it to f32 for the others. This call's keys kv come in f32, which a kernel
+// before the attention kernel encodes in the ring's format (cache/encode_rows.cuh; the _pdl
+// kernels are its programmatic dependent launches), or encoded already (the engine's, from
+// rms_norm_rope_kv), which the kernels read as they are: one launch fewer.
 //
 // Every per-token quantity (sequence, position, context length, visible entries, which keys) is
 // computed in the kernels from the device BatchLayout; the host only sizes grids and scratch from
@@ -63,27 +66,13 @@
 #include "cuda/attention/sm90/attention_wgmma_config.h"
 #include "cuda/attention/sm90/attention_wgmma_keysplit.h"
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/cache/encode_rows.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/elementwise/widen_bf16.h"
 
 namespace deepinfer::cuda {
-
-namespace {
-
-// This call's keys in the caches' format: block t encodes row t (kv_record.cuh).
-__global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __restrict__ rows,
-                                      KvRowFormat f) {
-  // With the _pdl kernels (and wgmma_overlap_fused) the kernel after it is a programmatic
-  // dependent launch: it may start now and waits for this grid before it reads the rows (an
-  // ordinary launch ignores this).
-  let_dependents_launch();
-  const int64_t t = blockIdx.x;
-  encode_kv_row(kv + t * f.dim, rows + t * f.row_bytes, f);
-}
-
-}  // namespace
 
 bool CudaBackend::attention_rounds_query(int64_t head_dim, DType kv_dtype,
                                          const AttentionSpec& spec) const {
@@ -130,14 +119,14 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   }
 
   // With a bf16 or fp8 cache this call's keys go through the cache format first, as the CPU op
-  // does, so that a key reads the same from kv now as from the ring in later steps.
+  // does, so that a key reads the same from kv now as from the ring in later steps; keys that
+  // come in that format already (rms_norm_rope_kv's rows, the model's) are read as they are.
   Tensor kv_rows;
   const void* kv_bytes = kv.raw_data();
-  if (kvf.format != KvFormat::kF32) {
+  if (kvf.format != KvFormat::kF32 && kv.dtype() == DType::kF32) {
     kv_rows = scratch(static_cast<size_t>(tokens * kvf.row_bytes));
-    encode_kv_rows_kernel<<<static_cast<unsigned>(tokens), 128, 0, stream()>>>(
-        kv.data<float>(), static_cast<uint8_t*>(kv_rows.raw_data()), kvf);
-    DEEPINFER_CUDA_LAUNCH_CHECK(op);
+    launch_encode_kv_rows(kv.data<float>(), static_cast<uint8_t*>(kv_rows.raw_data()), tokens, kvf,
+                          stream(), op);
     kv_bytes = kv_rows.raw_data();
   }
   AttentionArgs a = attention_args(q, kv_bytes, swa_ring, entries, topk, sinks, layout, spec, out);
@@ -207,6 +196,10 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     p.prefetch = prefetch_asked.prefetch && variant_takes;
     p.overlap = overlap_asked && variant_takes;
     p.pdl = (p.prefetch && prefetch_asked.pdl) || (p.overlap && overlap_choice.pdl);
+    // A programmatic dependent launch follows the encoding of this call's keys above. Keys that
+    // came encoded leave another op's grid before it, whose writes (top-k, the keys) the kernel
+    // must not read early: an ordinary launch then.
+    if (!kv_rows.defined()) p.pdl = false;
     p.cluster_merge = p.overlap && overlap_choice.cluster_merge && p.splits > 1;
     p.swizzle = p.prefetch && prefetch_asked.swizzle;
     p.pair = p.overlap &&

@@ -185,6 +185,9 @@ class CudaBackend final : public Backend {
   Tensor rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
                             const Tensor& positions, const Tensor& inv_freq,
                             bool bf16_output) override;
+  Tensor rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
+                               const Tensor& positions, const Tensor& inv_freq, DType kv_dtype,
+                               int rope_dim) override;
   Tensor argmax_impl(const Tensor& x) override;
   SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
   void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) override;

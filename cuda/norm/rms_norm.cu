@@ -15,12 +15,19 @@
 // or whose rotated channels do not start on a float4, run the two ops. Under bf16_output the warp
 // kernel rounds its stores to bf16 (to nearest even: the f32 result rounded), the engine's q
 // where its attention rounds q anyway (attention_rounds_query); the two ops' path returns f32.
+// rms_norm_rope_kv (the model's kv-norm + RoPE where the SWA ring is bf16 or fp8) runs the same
+// kernel encoding each row in registers: bf16 rows, or V4's fp8 main records (Fp8MainRecords, the
+// bytes encode_kv_row writes for the f32 row); other formats, or rows the warp kernel does not
+// take, run rms_norm_rope and then the encoding (cache/encode_rows.cuh).
 #include <cooperative_groups.h>
 
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/cache/encode_rows.cuh"
+#include "cuda/cache/kv_record.cuh"
 #include "cuda/common/cluster_launch.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
@@ -84,19 +91,70 @@ __device__ __forceinline__ void store_unit(uint2* y, int64_t u, float4 v) {
   y[u] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
 }
 
+// Where the warp kernel's rows go, unit by unit: every lane of the warp calls store for each of
+// its units (in_row false past the row's end, v zero there), then finish once.
+// Rows of `units` units of Out: float4 (f32) or uint2 (4 bf16: rms_norm_rope under bf16_output,
+// rms_norm_rope_kv's bf16 rows).
+template <typename Out>
+struct UnitRows {
+  Out* y;
+  int64_t units;
+  __device__ __forceinline__ void store(int64_t row, int64_t u, float4 v, bool in_row) const {
+    if (in_row) store_unit(y + row * units, u, v);
+  }
+  __device__ __forceinline__ void finish(int64_t, int) const {}
+};
+
+// rms_norm_rope_kv's V4 fp8 main records (kv_record.h), the bytes encode_kv_row writes for the
+// f32 row: e4m3 codes of the nope channels with a power-of-two scale per 64, the RoPE channels in
+// bf16, the scale bytes, zero padding. A 64-channel group is 16 units, the units of one
+// half-warp at one k (nope is a multiple of 64), so its amax takes 4 shuffles within the half
+// (max is exact in any order, so the same scale).
+struct Fp8MainRecords {
+  uint8_t* rows;
+  int64_t row_bytes;  // a multiple of 8: the code words and bf16 pairs below are aligned
+  int nope;
+  int rope_dim;
+  __device__ __forceinline__ void store(int64_t row, int64_t u, float4 v, bool in_row) const {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int m = 8; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    if (!in_row) return;
+    uint8_t* dst = rows + row * row_bytes;
+    const int c = 4 * static_cast<int>(u);
+    if (c < nope) {
+      const float scale = act_group_scale(amax);
+      const uint32_t codes = static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.x, scale))) |
+                             static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.y, scale))) << 8 |
+                             static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.z, scale))) << 16 |
+                             static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.w, scale))) << 24;
+      *reinterpret_cast<uint32_t*>(dst + c) = codes;
+      if (c % kv_record::kFp8Group == 0) {
+        dst[nope + 2 * rope_dim + c / kv_record::kFp8Group] =
+            static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+      }
+    } else {
+      *reinterpret_cast<uint2*>(dst + nope + 2 * (c - nope)) =
+          make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    }
+  }
+  __device__ __forceinline__ void finish(int64_t row, int lane) const {
+    const int64_t used = nope + 2 * rope_dim + nope / kv_record::kFp8Group;
+    for (int64_t i = used + lane; i < row_bytes; i += 32) rows[row * row_bytes + i] = 0;
+  }
+};
+
 // One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
 // is loaded with the row so its latency overlaps the reduction. kRope: then rotated (RopeArgs).
-// Out: float4 (f32 y) or uint2 (4 bf16).
-template <int kVec, bool kRope = false, typename Out = float4>
+// Sink: UnitRows<float4> (f32 y), UnitRows<uint2> (4 bf16) or Fp8MainRecords.
+template <int kVec, bool kRope = false, typename Sink = UnitRows<float4>>
 __global__ void __launch_bounds__(kNormWarpThreads)
-    rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
-                         Out* __restrict__ y, int64_t rows, int64_t units, float eps,
-                         RopeArgs rope = {}) {
+    rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w, Sink y,
+                         int64_t rows, int64_t units, float eps, RopeArgs rope = {}) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
   const int lane = static_cast<int>(threadIdx.x % 32);
   const float4* xr = x + row * units;
-  Out* yr = y + row * units;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float4 v[kVec];
   float4 g[kVec];
@@ -115,15 +173,17 @@ __global__ void __launch_bounds__(kNormWarpThreads)
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int64_t u = lane + 32 * k;
+    float4 o = zero;
     if (u < units) {
-      float4 o = w != nullptr ? norm_scale(v[k], inv, g[k]) : norm_scale(v[k], inv);
+      o = w != nullptr ? norm_scale(v[k], inv, g[k]) : norm_scale(v[k], inv);
       if constexpr (kRope) {
         if (u >= rope.first_unit)
           o = rotate_pairs(o, pos, rope.inv_freq, 2 * (u - rope.first_unit));
       }
-      store_unit(yr, u, o);
     }
+    y.store(row, u, o, u < units);
   }
+  y.finish(row, lane);
 }
 
 // One block per row (kCluster false), or a cluster of blocks per row (kCluster true; grid x =
@@ -209,6 +269,65 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
   }
 }
 
+// The warp kernel with kVec = warp_vec (1, 2, 4 or 8: choose_rms_norm's) over rows into `sink`.
+template <bool kRope, typename Sink>
+void launch_warp_kernel(int warp_vec, const float4* x, const float4* w, Sink sink, int64_t rows,
+                        int64_t units, float eps, const RopeArgs& rope, cudaStream_t stream) {
+  const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
+  if (warp_vec == 1) {
+    rms_norm_warp_kernel<1, kRope>
+        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+  } else if (warp_vec == 2) {
+    rms_norm_warp_kernel<2, kRope>
+        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+  } else if (warp_vec == 4) {
+    rms_norm_warp_kernel<4, kRope>
+        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+  } else {
+    rms_norm_warp_kernel<8, kRope>
+        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+  }
+}
+
+// What rms_norm_rope and rms_norm_rope_kv share: for x [T, d] or [T, heads, d], the kernel that
+// choose_rms_norm picks and, where it is the warp kernel (rows whose rotated channels start on a
+// float4), that kernel's arguments.
+struct NormRopeCall {
+  RmsNormConfig config;
+  const float4* x = nullptr;
+  const float4* w = nullptr;
+  int64_t rows = 0;
+  int64_t units = 0;
+  RopeArgs rope;
+
+  bool warp() const { return rows > 0 && config.kernel == RmsNormKernel::kWarp; }
+  template <typename Sink>
+  void launch(Sink sink, float eps, cudaStream_t stream) const {
+    launch_warp_kernel<true>(config.warp_vec, x, w, sink, rows, units, eps, rope, stream);
+  }
+};
+
+NormRopeCall norm_rope_call(const Tensor& x, const Tensor& weight, const Tensor& positions,
+                            const Tensor& inv_freq, int64_t sms) {
+  NormRopeCall call;
+  const int64_t dim = x.size(-1);
+  call.rows = dim > 0 ? x.numel() / dim : 0;
+  call.units = dim / 4;
+  const int64_t first = dim - 2 * inv_freq.size(0);  // the rotated channels trail
+  const float* xp = x.data<float>();
+  const float* wp = weight.defined() ? weight.data<float>() : nullptr;
+  const bool vec =
+      dim % 4 == 0 && first % 4 == 0 && aligned16(xp) && (wp == nullptr || aligned16(wp));
+  call.config = choose_rms_norm(call.rows, dim, vec, sms);
+  call.x = reinterpret_cast<const float4*>(xp);
+  call.w = reinterpret_cast<const float4*>(wp);
+  call.rope.positions = positions.data<int32_t>();
+  call.rope.inv_freq = inv_freq.data<float>();
+  call.rope.heads = x.dim() == 3 ? x.size(1) : 1;
+  call.rope.first_unit = first / 4;
+  return call;
+}
+
 }  // namespace
 
 Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) {
@@ -229,20 +348,8 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
   const RmsNormConfig c = choose_rms_norm(rows, dim, vec, num_sms());
   switch (c.kernel) {
     case RmsNormKernel::kWarp: {
-      const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
-      if (c.warp_vec == 1) {
-        rms_norm_warp_kernel<1>
-            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
-      } else if (c.warp_vec == 2) {
-        rms_norm_warp_kernel<2>
-            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
-      } else if (c.warp_vec == 4) {
-        rms_norm_warp_kernel<4>
-            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
-      } else {
-        rms_norm_warp_kernel<8>
-            <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y4, rows, units, eps);
-      }
+      launch_warp_kernel<false>(c.warp_vec, x4, w4, UnitRows<float4>{y4, units}, rows, units, eps,
+                                RopeArgs{}, stream());
       break;
     }
     case RmsNormKernel::kCluster: {
@@ -277,49 +384,54 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
 Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
                                        const Tensor& positions, const Tensor& inv_freq,
                                        bool bf16_output) {
-  const char* op = "rms_norm_rope";
-  const int64_t dim = x.size(-1);
-  const int64_t rows = dim > 0 ? x.numel() / dim : 0;
-  const int64_t first = dim - 2 * inv_freq.size(0);  // the rotated channels trail
-  const float* xp = x.data<float>();
-  const float* wp = weight.defined() ? weight.data<float>() : nullptr;
-  const bool vec =
-      dim % 4 == 0 && first % 4 == 0 && aligned16(xp) && (wp == nullptr || aligned16(wp));
-  const RmsNormConfig c = choose_rms_norm(rows, dim, vec, num_sms());
-  if (rows == 0 || c.kernel != RmsNormKernel::kWarp) {
+  const NormRopeCall call = norm_rope_call(x, weight, positions, inv_freq, num_sms());
+  if (!call.warp()) {
     // f32 (bf16_output permits, does not require, bf16).
     return Backend::rms_norm_rope_impl(x, weight, eps, positions, inv_freq, bf16_output);
   }
   // A fresh allocation: 16-byte aligned.
   Tensor out = empty(x.shape(), bf16_output ? DType::kBF16 : DType::kF32);
-  const auto* x4 = reinterpret_cast<const float4*>(xp);
-  const auto* w4 = reinterpret_cast<const float4*>(wp);
-  const int64_t units = dim / 4;
-  RopeArgs rope;
-  rope.positions = positions.data<int32_t>();
-  rope.inv_freq = inv_freq.data<float>();
-  rope.heads = x.dim() == 3 ? x.size(1) : 1;
-  rope.first_unit = first / 4;
-  const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
-  auto run = [&]<typename Out>(Out* y) {
-    if (c.warp_vec == 1) {
-      rms_norm_warp_kernel<1, true>
-          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
-    } else if (c.warp_vec == 2) {
-      rms_norm_warp_kernel<2, true>
-          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
-    } else if (c.warp_vec == 4) {
-      rms_norm_warp_kernel<4, true>
-          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
-    } else {
-      rms_norm_warp_kernel<8, true>
-          <<<blocks, kNormWarpThreads, 0, stream()>>>(x4, w4, y, rows, units, eps, rope);
-    }
-  };
   if (bf16_output) {
-    run(static_cast<uint2*>(out.raw_data()));
+    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, stream());
   } else {
-    run(reinterpret_cast<float4*>(out.data<float>()));
+    call.launch(UnitRows<float4>{reinterpret_cast<float4*>(out.data<float>()), call.units}, eps,
+                stream());
+  }
+  DEEPINFER_CUDA_LAUNCH_CHECK("rms_norm_rope");
+  return out;
+}
+
+Tensor CudaBackend::rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
+                                          const Tensor& positions, const Tensor& inv_freq,
+                                          DType kv_dtype, int rope_dim) {
+  const char* op = "rms_norm_rope_kv";
+  const KvRowFormat f = kv_row_format(kv_dtype, x.size(1), rope_dim);
+  check_kv_row_format(op, f);
+  if (f.format == KvFormat::kF32) {
+    return rms_norm_rope_impl(x, weight, eps, positions, inv_freq, /*bf16_output=*/false);
+  }
+  // A fresh allocation: 16-byte aligned.
+  Tensor out = empty({x.size(0), kv_record::row_width(kv_dtype, x.size(1), rope_dim)}, kv_dtype);
+  if (x.size(0) == 0) return out;
+  const NormRopeCall call = norm_rope_call(x, weight, positions, inv_freq, num_sms());
+  // The fused kernel's records: bf16 rows, or V4's fp8 main record whose 64-channel groups are
+  // whole half-warps and whose code words and bf16 pairs are aligned (V4: 448 + 64 in 584 bytes).
+  const bool fused_bf16 = call.warp() && f.format == KvFormat::kBf16;
+  const bool fused_fp8 = call.warp() && f.format == KvFormat::kFp8 && f.rope_dim > 0 &&
+                         f.nope() % kv_record::kFp8Group == 0 && f.rope_dim % 4 == 0 &&
+                         f.row_bytes % 8 == 0;
+  if (fused_bf16) {
+    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, stream());
+  } else if (fused_fp8) {
+    call.launch(
+        Fp8MainRecords{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.nope(), f.rope_dim},
+        eps, stream());
+  } else {
+    // The two steps: the f32 rows, then encoded.
+    const Tensor f32 = rms_norm_rope_impl(x, weight, eps, positions, inv_freq, false);
+    launch_encode_kv_rows(f32.data<float>(), static_cast<uint8_t*>(out.raw_data()), x.size(0), f,
+                          stream(), op);
+    return out;
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;

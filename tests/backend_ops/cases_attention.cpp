@@ -141,6 +141,9 @@ struct Attn {
   // AttentionSpec::bf16_output (the engine's call with bf16_math): a device may return bf16,
   // held widened against the CPU's f32 at the bf16 tolerance.
   bool out_bf16 = false;
+  // This call's keys passed in the ring's format (rms_norm_rope_kv's rows, the engine's call):
+  // drawn in f32 and encoded by the host codec; the op reads them as they are.
+  bool kv_encoded = false;
 };
 
 // Random f32 key rows of `dim` channels as a cache of `dtype` holds them ([.., row width]).
@@ -171,8 +174,8 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
   }
   add(t, Case<AttnIn>{
              .op = "attention",
-             .label = kv_label(c.kv) + (c.bf16 ? "bf16_" : "") + (c.q_bf16 ? "qbf16_" : "") +
-                      (c.out_bf16 ? "outbf16_" : "") + label,
+             .label = kv_label(c.kv) + (c.kv_encoded ? "kvenc_" : "") + (c.bf16 ? "bf16_" : "") +
+                      (c.q_bf16 ? "qbf16_" : "") + (c.out_bf16 ? "outbf16_" : "") + label,
              .draw =
                  [c](Rng& rng) {
                    HostBatch hb(rng, c.seqs, c.block);
@@ -187,6 +190,7 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                              Tensor(),
                              Tensor()};
                    if (c.q_bf16) in.q = in.q.to(DType::kBF16);
+                   if (c.kv_encoded) in.kv = encode_kv_rows(in.kv, c.kv, c.rope);
                    if (c.ratio > 0) {
                      const DType entry_kv = c.entry_kv == DType::kF32 ? c.kv : c.entry_kv;
                      in.entries = random_cache(rng, {int64_t{hb.num_blocks} * (c.block / c.ratio)},
@@ -203,9 +207,9 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
                          up(be, Tensor::from_vector(c.swa_start,
                                                     {static_cast<int64_t>(c.swa_start.size())}));
                    }
-                   return out(be.attention(up_same(be, in.q), up(be, in.kv), up_same(be, in.ring),
-                                           up_same(be, in.entries), up(be, in.topk),
-                                           up(be, in.sinks), in.hb.upload(be), s));
+                   return out(be.attention(up_same(be, in.q), up_same(be, in.kv),
+                                           up_same(be, in.ring), up_same(be, in.entries),
+                                           up(be, in.topk), up(be, in.sinks), in.hb.upload(be), s));
                  },
              .expect = std::move(expect),
          });
@@ -435,6 +439,17 @@ void add_kv_dtype_attention(std::vector<OpCase>& t) {
     add_split_keys(t, c);
     add_flash(t, false, kv);
     add_flash(t, true, kv);
+    // This call's keys in the ring's format (rms_norm_rope_kv's rows), through both kernels.
+    Attn enc;
+    enc.kv = kv;
+    enc.rope = 8;
+    enc.kv_encoded = true;
+    add_tiny_entries(t, enc, 4);
+    enc.bf16 = true;
+    enc.dim = 64;
+    enc.rope = 16;
+    add_tiny_entries(t, enc, 20);
+    add_split_keys(t, enc);
   }
 }
 
@@ -493,6 +508,14 @@ void add_bf16_query_attention(std::vector<OpCase>& t) {
     csa.heads = 64;
     csa.seqs = decode_seqs(64, 1);
     add_attention(t, "v4_csa_b64_decode", csa);
+    // And this call's keys encoded already (rms_norm_rope_kv's rows): no encoding launch.
+    csa.kv_encoded = true;
+    add_attention(t, "v4_csa_b64_decode", csa);
+    csa.heads = 128;
+    csa.seqs = decode_seqs(150, 1);
+    add_attention(t, "v4_csa_h128_b150_decode", csa);
+    csa.heads = 64;
+    csa.kv_encoded = false;
     csa.out_bf16 = false;
     Attn hca = csa;
     hca.heads = 64;

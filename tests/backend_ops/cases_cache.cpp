@@ -24,13 +24,15 @@ struct RingIn {
   Tensor ring, rows;
 };
 
-// Rows of `width` channels into a ring of `dtype` (rope_dim selecting the fp8 record).
+// Rows of `width` channels into a ring of `dtype` (rope_dim selecting the fp8 record); `encoded`:
+// the rows come in the ring's format (rms_norm_rope_kv's), encoded by the host codec.
 void add_ring_write(std::vector<OpCase>& t, const std::string& label,
                     const std::vector<SeqSpec>& seqs, int64_t slots, int64_t ring_len,
-                    int64_t width, DType dtype = DType::kF32, int rope_dim = 0) {
+                    int64_t width, DType dtype = DType::kF32, int rope_dim = 0,
+                    bool encoded = false) {
   add(t, Case<RingIn>{
              .op = "ring_write",
-             .label = kv_label(dtype) + label,
+             .label = kv_label(dtype) + (encoded ? "encoded_rows_" : "") + label,
              .draw =
                  [=](Rng& rng) {
                    HostBatch hb(rng, seqs, 128);
@@ -39,12 +41,14 @@ void add_ring_write(std::vector<OpCase>& t, const std::string& label,
                      return RingIn{hb, ring, random_f32(rng, {hb.num_tokens(), width})};
                    }
                    Tensor ring = random_kv_cache(rng, {slots, ring_len}, dtype, width, rope_dim);
-                   return RingIn{hb, ring, random_kv_rows(rng, hb.num_tokens(), width)};
+                   Tensor rows = random_kv_rows(rng, hb.num_tokens(), width);
+                   if (encoded) rows = encode_kv_rows(rows, dtype, rope_dim);
+                   return RingIn{hb, ring, rows};
                  },
              .run =
                  [rope_dim](Backend& be, const RingIn& in) {
                    Tensor ring = up_same(be, in.ring);
-                   be.ring_write(ring, up(be, in.rows), in.hb.upload(be), rope_dim);
+                   be.ring_write(ring, up_same(be, in.rows), in.hb.upload(be), rope_dim);
                    return out(ring);
                  },
              .expect = bytes(),
@@ -171,6 +175,11 @@ std::vector<OpCase> cache_cases() {
     add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, kv, 8);
     add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, kv, 2);
     add_ring_write(t, "v4_swa_r134_d512", flash, 4, 134, 512, kv, 64);
+    // Rows already in the ring's format: records copied (words where the record allows; the odd
+    // width's 7-byte fp8 record byte by byte).
+    add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, kv, 8, /*encoded=*/true);
+    add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, kv, 2, /*encoded=*/true);
+    add_ring_write(t, "v4_swa_r134_d512", flash, 4, 134, 512, kv, 64, /*encoded=*/true);
   }
   add_ring_write(t, "index_r14_d32", tiny, 5, 14, 32, DType::kU8, 0);
   // V4.1's FP8 SWA record: 33-byte rows (D 32, no alignment), a partial scale group (D 6) and

@@ -5,7 +5,9 @@
 // differences are summation order (rms) or expf/cosf/sinf ulps are held to ~1e-5 of the largest
 // reference value. A bf16 embedding table is drawn bf16-rounded, so the reference's f32 table and
 // the device's bf16 one hold the same values: exact.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "cases.h"
 #include "compare.h"
 #include "inputs.h"
+#include "kv_inputs.h"
 
 namespace deepinfer::backend_ops {
 namespace {
@@ -382,6 +385,81 @@ void add_rms_norm_rope_bf16_output(std::vector<OpCase>& t) {
   }
 }
 
+// rms_norm_rope_kv: the model's kv rows in a KV cache format. On the device each row must be
+// the bytes of its own rms_norm_rope result encoded by the host codec (the fused kernel: bf16 rows
+// and V4's fp8 main record at the warp kernel's widths; the two-step path elsewhere: an fp8
+// record with a partial scale group, the index-key record, a row too wide for a warp); against
+// the CPU the decoded values differ by at most one step of the format where the f32 results
+// differ in their last bits (and a scale where a group's amax sits at a power of two).
+void add_rms_norm_rope_kv(std::vector<OpCase>& t) {
+  struct NormRopeKv {
+    int64_t tokens, dim, rope_dim;
+    DType kv;
+  };
+  for (const NormRopeKv& c : std::vector<NormRopeKv>{{1, kHeadDim, kRopeDim, DType::kU8},
+                                                     {37, kHeadDim, kRopeDim, DType::kU8},
+                                                     {37, kHeadDim, kRopeDim, DType::kBF16},
+                                                     {5, kHeadDim, kRopeDim, DType::kF32},
+                                                     {9, 128, 64, DType::kU8},
+                                                     {6, 96, 32, DType::kU8},
+                                                     {6, 100, 20, DType::kU8},
+                                                     {4, 64, 0, DType::kU8},
+                                                     {3, 2048, 64, DType::kU8},
+                                                     {3, 2048, 64, DType::kBF16}}) {
+    add(t,
+        Case<Tensors>{
+            .op = "rms_norm_rope_kv",
+            .label = kv_label(c.kv) + "t" + std::to_string(c.tokens) + "_d" +
+                     std::to_string(c.dim) + "_rope" + std::to_string(c.rope_dim),
+            .draw =
+                [c](Rng& rng) {
+                  // The rotated channels are the record's RoPE channels (all of x's where the
+                  // record has none: the index-key record).
+                  const int64_t rotated = c.rope_dim > 0 ? c.rope_dim : c.dim;
+                  return Tensors{random_f32(rng, {c.tokens, c.dim}, 3.0f), random_f32(rng, {c.dim}),
+                                 random_ids(rng, c.tokens, 0, 100000),
+                                 rope_inv_freq(rotated, 10000.0)};
+                },
+            .run =
+                [c](Backend& be, const Tensors& in) {
+                  const Tensor x = up(be, in[0]), w = up(be, in[1]), pos = up(be, in[2]),
+                               freq = up(be, in[3]);
+                  return Outputs{{"rows", be.rms_norm_rope_kv(x, w, 1e-6f, pos, freq, c.kv,
+                                                              static_cast<int>(c.rope_dim))},
+                                 {"f32", be.rms_norm_rope(x, w, 1e-6f, pos, freq)}};
+                },
+            .expect = Expect<Tensors>([c](const Tensors&, const Outputs& ref, const Outputs& dev) {
+              const Tensor& got = dev[0].value;
+              ASSERT_EQ(got.dtype(), ref[0].value.dtype()) << got.describe();
+              ASSERT_EQ(got.shape(), ref[0].value.shape()) << got.describe();
+              const Tensor two_step = c.kv == DType::kF32
+                                          ? dev[1].value
+                                          : encode_kv_rows(dev[1].value, c.kv, c.rope_dim);
+              EXPECT_EQ(0, std::memcmp(got.raw_data(), two_step.raw_data(), got.nbytes()))
+                  << "the device's rows are not its rms_norm_rope result encoded";
+              if (c.kv == DType::kF32) {
+                EXPECT_TRUE(max_abs_close(ref[0].value, got, kRtol, kAtol));
+                return;
+              }
+              const Tensor want = decode_kv_rows(ref[0].value, c.dim, c.rope_dim);
+              const Tensor have = decode_kv_rows(got, c.dim, c.rope_dim);
+              const float* a = want.data<float>();
+              const float* b = have.data<float>();
+              for (int64_t r = 0; r < c.tokens; ++r) {
+                float amax = 0.0f;
+                for (int64_t i = 0; i < c.dim; ++i)
+                  amax = std::max(amax, std::fabs(a[r * c.dim + i]));
+                for (int64_t i = 0; i < c.dim; ++i) {
+                  const float x = a[r * c.dim + i], y = b[r * c.dim + i];
+                  ASSERT_LE(std::fabs(x - y), 0.125f * std::fabs(x) + 1e-3f * amax)
+                      << "row " << r << " channel " << i;
+                }
+              }
+            }),
+        });
+  }
+}
+
 // Rows [8, cols] of ties and special values, one pattern per row.
 Tensor argmax_special_values(Rng& rng, int64_t cols) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -476,6 +554,7 @@ std::vector<OpCase> dense_cases() {
   add_rope(t);
   add_rms_norm_rope(t);
   add_rms_norm_rope_bf16_output(t);
+  add_rms_norm_rope_kv(t);
   add_argmax(t);
   return t;
 }

@@ -161,6 +161,28 @@ class KvCacheOpsTest : public testing::BackendTest {
     }
     return out;
   }
+  // The attention tests' batch: a 5-token chunk from 0, a decode row, a 9-token chunk, over
+  // rows of 100 channels (20 RoPE), 3 heads, window 8 in rings of 10, ratio 4 in blocks of 8.
+  struct AttnGeometry {
+    int64_t dim = 100, rope = 20, heads = 3, window = 8, ring_len = 10, slots = 3;
+    int ratio = 4, block = 8, max_blocks = 5;
+    std::vector<SeqSpec> seqs = {{0, 5, 2}, {37, 1, 0}, {20, 9, 1}};
+    // Blocks 1, 2, ... in order, max_blocks per sequence.
+    std::vector<int32_t> table() const {
+      std::vector<int32_t> t(sz(seqs.size()) * sz(max_blocks));
+      std::iota(t.begin(), t.end(), 1);
+      return t;
+    }
+  };
+  // Each token's sparse top-3: its last visible entry and the ones 2 and 4 before (-1: none).
+  static std::vector<int32_t> three_entries(const HostLayout& hl, int ratio) {
+    std::vector<int32_t> topk;
+    for (int64_t t = 0; t < hl.num_tokens(); ++t) {
+      const int n = (hl.positions[sz(t)] + 1) / ratio;
+      for (int k = 0; k < 3; ++k) topk.push_back(n - 1 - 2 * k >= 0 ? n - 1 - 2 * k : -1);
+    }
+    return topk;
+  }
   // A cache of `rows` rows in `dtype` holding `values` [n, dim] at `dest` (others zero),
   // written by scatter_rows.
   Tensor cache_of(DType dtype, int64_t rows, int64_t dim, int64_t rope,
@@ -207,13 +229,14 @@ TEST_F(KvCacheOpsTest, ScatterAndRingWriteStoreEncodedRecords) {
 // Attention over a quantized SWA ring and entry cache equals the f32 op run on the decoded
 // caches and on this call's keys passed through the same format, bit for bit.
 TEST_F(KvCacheOpsTest, AttentionReadsThroughTheFormat) {
-  const int64_t dim = 100, rope = 20, heads = 3, W = 8, len = 10, slots = 3;
-  const int ratio = 4, block = 8, epb = block / ratio, max_blocks = 5;
-  const std::vector<SeqSpec> seqs = {{0, 5, 2}, {37, 1, 0}, {20, 9, 1}};
-  std::vector<int32_t> table(sz(3 * max_blocks));
-  std::iota(table.begin(), table.end(), 1);
+  const AttnGeometry g;
+  const int64_t dim = g.dim, rope = g.rope, heads = g.heads, W = g.window, len = g.ring_len,
+                slots = g.slots;
+  const int ratio = g.ratio, epb = g.block / g.ratio, max_blocks = g.max_blocks;
+  const std::vector<SeqSpec> seqs = g.seqs;
+  std::vector<int32_t> table = g.table();
   std::shuffle(table.begin(), table.end(), rng.engine());
-  HostLayout hl(seqs, block, max_blocks, table);
+  HostLayout hl(seqs, g.block, max_blocks, table);
   const int64_t T = hl.num_tokens(), entry_rows = (1 + 3 * max_blocks) * epb;
   // The ring: each sequence's past keys at their ring rows; entries: every visible entry.
   std::vector<float> ring_rows, entry_values;
@@ -233,11 +256,7 @@ TEST_F(KvCacheOpsTest, AttentionReadsThroughTheFormat) {
   auto q = rng.uniform(sz(T * heads * dim));
   auto kv = rng.uniform(sz(T * dim), -2, 2);
   auto sinks = rng.uniform(sz(heads), -1, 2);
-  std::vector<int32_t> topk;
-  for (int64_t t = 0; t < T; ++t) {
-    const int n = (hl.positions[sz(t)] + 1) / ratio;
-    for (int k = 0; k < 3; ++k) topk.push_back(n - 1 - 2 * k >= 0 ? n - 1 - 2 * k : -1);
-  }
+  const std::vector<int32_t> topk = three_entries(hl, ratio);
   for (DType dtype : {DType::kBF16, DType::kU8}) {
     Tensor ring = cache_of(dtype, slots * len, dim, rope, ring_rows, ring_dest)
                       .reshape({slots, len, kv_record::row_width(dtype, dim, rope)});
@@ -326,6 +345,137 @@ TEST_F(KvCacheOpsTest, FrontNamesTheCacheArgument) {
   be->copy_rows(bytes, up_i({0, 1}, {2}), up_i({2, 3}, {2}));
   const auto all = decode_cache(bytes, dim, rope);
   EXPECT_TRUE(std::equal(all.begin(), all.begin() + 2 * dim, all.begin() + 2 * dim));
+}
+
+// ---- this call's keys encoded where they are made (rms_norm_rope_kv) ---------------------------
+
+// rms_norm_rope_kv's rows are rms_norm_rope's result encoded by the codec, byte for byte (f32:
+// that result), weighted or not, at a tiny record (a partial scale group) and at V4's.
+TEST_F(KvCacheOpsTest, RmsNormRopeKvIsTheEncodedNormRope) {
+  struct Dims {
+    int64_t dim, rope;
+  };
+  for (const Dims d : {Dims{100, 20}, Dims{512, 64}}) {
+    const int64_t t = 5;
+    Tensor x = up(rng.uniform(sz(t * d.dim), -3, 3), {t, d.dim});
+    Tensor pos = up_i({0, 7, 4095, 100000, 3}, {t});
+    std::vector<float> freq(sz(d.rope / 2));
+    for (size_t i = 0; i < freq.size(); ++i) freq[i] = std::pow(10000.0f, -2.0f * i / d.rope);
+    Tensor inv_freq = up(freq, {d.rope / 2});
+    for (const bool weighted : {false, true}) {
+      Tensor w = weighted ? up(rng.uniform(sz(d.dim), 0.5, 1.5), {d.dim}) : Tensor();
+      const std::vector<float> f32 = fetch_f32(*be, be->rms_norm_rope(x, w, 1e-6f, pos, inv_freq));
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kU8}) {
+        const RowCodec codec{dtype, d.dim, d.rope};
+        Tensor rows = be->to_host(
+            be->rms_norm_rope_kv(x, w, 1e-6f, pos, inv_freq, dtype, static_cast<int>(d.rope)));
+        ASSERT_EQ(rows.dtype(), dtype);
+        ASSERT_EQ(rows.shape(), (Shape{t, codec.row_width()}));
+        std::vector<uint8_t> want(sz(t * codec.row_bytes()));
+        for (int64_t r = 0; r < t; ++r) {
+          codec.encode(&f32[sz(r * d.dim)], want.data() + r * codec.row_bytes());
+        }
+        EXPECT_EQ(0, std::memcmp(rows.raw_data(), want.data(), want.size()))
+            << dtype_name(dtype) << " dim " << d.dim << (weighted ? " weighted" : "");
+      }
+    }
+  }
+}
+
+// Keys passed in the ring's format read and store as the same keys passed in f32: ring_write
+// stores the same bytes, attention returns the same bits (dense and sparse entries, a prefill
+// chunk, decode rows).
+TEST_F(KvCacheOpsTest, EncodedKeysAreTheF32Keys) {
+  const AttnGeometry g;
+  const int64_t dim = g.dim, rope = g.rope, heads = g.heads, W = g.window, len = g.ring_len,
+                slots = g.slots;
+  const int ratio = g.ratio, epb = g.block / g.ratio, max_blocks = g.max_blocks;
+  HostLayout hl(g.seqs, g.block, max_blocks, g.table());
+  const int64_t T = hl.num_tokens(), entry_rows = (1 + 3 * max_blocks) * epb;
+  auto q = rng.uniform(sz(T * heads * dim));
+  auto kv = rng.uniform(sz(T * dim), -2, 2);
+  auto sinks = rng.uniform(sz(heads), -1, 2);
+  const std::vector<int32_t> topk = three_entries(hl, ratio);
+  for (DType dtype : {DType::kBF16, DType::kU8}) {
+    const RowCodec codec{dtype, dim, rope};
+    std::vector<uint8_t> records(sz(T * codec.row_bytes()));
+    for (int64_t t = 0; t < T; ++t) {
+      codec.encode(&kv[sz(t * dim)], records.data() + t * codec.row_bytes());
+    }
+    Tensor host = Tensor::zeros({T, codec.row_width()}, dtype);
+    std::memcpy(host.raw_data(), records.data(), records.size());
+    Tensor kv_rows = be->upload(host, dtype);
+    // ring_write: the same bytes from f32 rows and from records.
+    Tensor ring_f32 = be->zeros({slots, len, codec.row_width()}, dtype);
+    Tensor ring_rec = be->zeros({slots, len, codec.row_width()}, dtype);
+    be->ring_write(ring_f32, up(kv, {T, dim}), hl.upload(*be), static_cast<int>(rope));
+    be->ring_write(ring_rec, kv_rows, hl.upload(*be), static_cast<int>(rope));
+    Tensor a = be->to_host(ring_f32), b = be->to_host(ring_rec);
+    EXPECT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes())) << dtype_name(dtype);
+    // attention: the same bits, over the ring just written and random entries.
+    Tensor entries =
+        cache_of(dtype, entry_rows, dim, rope, rng.uniform(sz(entry_rows * dim), -2, 2), [&] {
+          std::vector<int32_t> d(sz(entry_rows));
+          std::iota(d.begin(), d.end(), 0);
+          return d;
+        }());
+    for (bool sparse : {false, true}) {
+      AttentionSpec spec{static_cast<int>(W), 0.3f, ratio, sparse};
+      spec.rope_dim = static_cast<int>(rope);
+      Tensor topk_t = sparse ? up_i(topk, {T, 3}) : Tensor();
+      auto from_f32 =
+          fetch_f32(*be, be->attention(up(q, {T, heads, dim}), up(kv, {T, dim}), ring_f32, entries,
+                                       topk_t, up(sinks, {heads}), hl.upload(*be), spec));
+      auto from_rows =
+          fetch_f32(*be, be->attention(up(q, {T, heads, dim}), kv_rows, ring_f32, entries, topk_t,
+                                       up(sinks, {heads}), hl.upload(*be), spec));
+      EXPECT_EQ(from_f32, from_rows) << dtype_name(dtype) << (sparse ? " sparse" : " dense");
+    }
+  }
+}
+
+// The fronts name the argument: keys in another format than the ring's, records of the wrong
+// width, an output format that is no KV cache dtype.
+TEST_F(KvCacheOpsTest, EncodedKeysNameTheirArgument) {
+  const int64_t dim = 100, rope = 20;
+  HostLayout hl({{0, 2, 0}}, 8, 1);
+  const RowCodec fp8{DType::kU8, dim, rope};
+  Tensor ring = be->zeros({1, 4, fp8.row_width()}, DType::kU8);
+  Tensor sinks = up(rng.uniform(2), {2});
+  Tensor q = up(rng.uniform(sz(2 * 2 * dim)), {2, 2, dim});
+  AttentionSpec spec{8, 0.3f, 0, false};
+  spec.rope_dim = static_cast<int>(rope);
+  expect_error(
+      [&] {
+        be->attention(q, be->zeros({2, dim}, DType::kBF16), ring, Tensor(), Tensor(), sinks,
+                      hl.upload(*be), spec);
+      },
+      ErrorCode::kInvalidArgument, "attention: argument kv bf16[2, 100]");
+  expect_error(
+      [&] {
+        be->attention(q, be->zeros({2, fp8.row_width() - 8}, DType::kU8), ring, Tensor(), Tensor(),
+                      sinks, hl.upload(*be), spec);
+      },
+      ErrorCode::kInvalidArgument, "attention: argument kv must be u8[2, 128]");
+  expect_error(
+      [&] {
+        be->ring_write(ring, be->zeros({2, fp8.row_width() + 8}, DType::kU8), hl.upload(*be),
+                       static_cast<int>(rope));
+      },
+      ErrorCode::kInvalidArgument, "ring_write: argument rows must be u8[2, 128]");
+  Tensor x = up(rng.uniform(sz(2 * dim)), {2, dim});
+  Tensor freq = up(rng.uniform(sz(rope / 2)), {rope / 2});
+  expect_error(
+      [&] {
+        be->rms_norm_rope_kv(x, Tensor(), 1e-6f, up_i({0, 1}, {2}), freq, DType::kI32,
+                             static_cast<int>(rope));
+      },
+      ErrorCode::kInvalidArgument, "rms_norm_rope_kv: kv_dtype must be a KV cache dtype");
+  expect_error(
+      [&] {
+        be->rms_norm_rope_kv(x, Tensor(), 1e-6f, up_i({0, 1}, {2}), freq, DType::kU8, 101);
+      },
+      ErrorCode::kInvalidArgument, "rms_norm_rope_kv: rope_dim 101 must be in [0, 100]");
 }
 
 // ---- capacity

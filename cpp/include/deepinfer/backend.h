@@ -269,6 +269,13 @@ class Backend {
   // (attention's q, where attention_rounds_query); the CPU reference ignores it and returns f32.
   Tensor rms_norm_rope(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
                        const Tensor& inv_freq, bool bf16_output = false);
+  // rms_norm_rope of the model's kv rows x [T, D] f32, returned in a KV cache format (kv_dtype and
+  // rope_dim as a cache's, above): [T, row width], each row the f32 result encoded as ring_write
+  // stores it. These are the rows that ring_write stores by copying and that attention reads as
+  // this call's keys without quantizing them again, so a backend quantizes the keys where they
+  // are made, in the norm's pass. An f32 kv_dtype gives rms_norm_rope's f32 result.
+  Tensor rms_norm_rope_kv(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
+                          const Tensor& inv_freq, DType kv_dtype, int rope_dim);
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
@@ -365,7 +372,8 @@ class Backend {
   // ring [slots, R, C] (R >= 1): for each sequence, rows [T, C] of its last min(q_len, R) tokens
   // are stored at ring[slot][pos % R]. Earlier rows of a longer chunk would be overwritten anyway.
   // rows are f32; the ring f32, or a KV cache format (above: [slots, R, row width], rope_dim
-  // selecting the fp8 record).
+  // selecting the fp8 record). rows may also come in the ring's format already (its dtype, [T, row
+  // width]: rms_norm_rope_kv's), which are stored as they are.
   void ring_write(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
                   int rope_dim = 0);
   // Pools the windows that close in this call. proj [T, 2C] holds each token's [kv | gate]
@@ -409,14 +417,16 @@ class Backend {
                                     const Tensor& candidates, int block_entries, int top_k,
                                     float score_scale, float weight_scale);
   // Attention with the shared K=V vector and a per-head sink. q [T, nh, D] is f32, or bf16 (a
-  // backend's rms_norm_rope under bf16_output; the CPU reference widens it exactly); kv [T, D] are
-  // this call's keys; swa_ring [slots, R, D] holds earlier keys; entries [blocks*epb, D] the paged
-  // compressed entries (undefined for sliding layers), the caches in one KV format or V4.1's pair
-  // (a kF8E4M3 ring and kE2M1x2 entries; spec.rope_dim selecting the record; see above); topk
-  // [T, K] i32 the chosen entries of a sparse layer (-1 = none). For query t at position p of
-  // sequence b the keys are the positions (p - W, p] (from spec.swa_start[b] on, when given) plus
-  // the compressed entries j < (p + 1) / ratio (dense) or in topk[t] (sparse); softmax(q.k * scale
-  // ++ sinks[h]) without the sink column, times the keys. -> [T, nh, D].
+  // backend's rms_norm_rope under bf16_output; the CPU reference widens it exactly); kv [T, D] f32
+  // are this call's keys (quantized through the ring's format here), or those keys already in the
+  // ring's format (its dtype, [T, row width]: rms_norm_rope_kv's rows); swa_ring [slots, R, D]
+  // holds earlier keys; entries [blocks*epb, D] the paged compressed entries (undefined for sliding
+  // layers), the caches in one KV format or V4.1's pair (a kF8E4M3 ring and kE2M1x2 entries;
+  // spec.rope_dim selecting the record; see above); topk [T, K] i32 the chosen entries of a sparse
+  // layer (-1 = none). For query t at position p of sequence b the keys are the positions (p - W,
+  // p] (from spec.swa_start[b] on, when given) plus the compressed entries j < (p + 1) / ratio
+  // (dense) or in topk[t] (sparse); softmax(q.k * scale ++ sinks[h]) without the sink column,
+  // times the keys. -> [T, nh, D].
   Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
                    const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
                    const AttentionSpec& spec);
@@ -463,6 +473,9 @@ class Backend {
   virtual Tensor rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
                                     const Tensor& positions, const Tensor& inv_freq,
                                     bool bf16_output);
+  virtual Tensor rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
+                                       const Tensor& positions, const Tensor& inv_freq,
+                                       DType kv_dtype, int rope_dim) = 0;
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
   virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;

@@ -13,6 +13,7 @@
 
 #include "backend/op_checks.h"
 #include "deepinfer/error.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer {
 
@@ -151,6 +152,22 @@ Tensor Backend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
            " channels, more than x's last dimension " + std::to_string(x.size(-1)));
   }
   return rms_norm_rope_impl(x, weight, eps, positions, inv_freq, bf16_output);
+}
+
+Tensor Backend::rms_norm_rope_kv(const Tensor& x, const Tensor& weight, float eps,
+                                 const Tensor& positions, const Tensor& inv_freq, DType kv_dtype,
+                                 int rope_dim) {
+  const OpChecks c("rms_norm_rope_kv", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  c.optional("weight", weight, DType::kF32, {x.size(1)});
+  c.tensor("positions", positions, DType::kI32, {x.size(0)});
+  c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
+  if (2 * inv_freq.size(0) > x.size(1)) {
+    c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
+           " channels, more than x's last dimension " + std::to_string(x.size(1)));
+  }
+  c.kv_dtype("kv_dtype", kv_dtype, x.size(1), rope_dim, supports_kv_cache_dtype(kv_dtype));
+  return rms_norm_rope_kv_impl(x, weight, eps, positions, inv_freq, kv_dtype, rope_dim);
 }
 
 Tensor Backend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
@@ -368,9 +385,17 @@ void Backend::ring_write(const Tensor& ring, const Tensor& rows, const BatchLayo
                          int rope_dim) {
   const OpChecks c("ring_write", device_kind());
   c.layout(layout, /*need_block_table=*/false);
-  c.tensor("rows", rows, DType::kF32, {layout.num_tokens, -1});
-  c.kv_cache("ring", ring, {-1, -1, -1}, rows.size(1), rope_dim,
-             supports_kv_cache_dtype(ring.dtype()));
+  if (rows.defined() && ring.defined() && rows.dtype() != DType::kF32 &&
+      rows.dtype() == ring.dtype() && kv_record::is_kv_cache_dtype(ring.dtype())) {
+    // Rows already in the ring's format (rms_norm_rope_kv's): one record per row.
+    c.dense("ring", ring, DTypeSet(ring.dtype()), 3);
+    c.tensor("rows", rows, ring.dtype(), {layout.num_tokens, ring.size(2)});
+    c.kv_cache_supported("ring", ring, supports_kv_cache_dtype(ring.dtype()));
+  } else {
+    c.tensor("rows", rows, DType::kF32, {layout.num_tokens, -1});
+    c.kv_cache("ring", ring, {-1, -1, -1}, rows.size(1), rope_dim,
+               supports_kv_cache_dtype(ring.dtype()));
+  }
   if (ring.size(1) == 0) c.fail("ring " + ring.describe() + " has no slots per sequence");
   ring_write_impl(ring, rows, layout, rope_dim);
 }
@@ -475,9 +500,18 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
   // bf16 q: rms_norm_rope's under bf16_output (see rms_norm_rope).
   c.tensor("q", q, {DType::kF32, DType::kBF16}, {tokens, -1, -1});
   const int64_t dim = q.size(2);
-  c.tensor("kv", kv, DType::kF32, {tokens, dim});
   c.kv_cache("swa_ring", swa_ring, {-1, -1, -1}, dim, spec.rope_dim,
              supports_kv_cache_dtype(swa_ring.dtype()));
+  if (kv.defined() && kv.dtype() != DType::kF32) {
+    // This call's keys already in the ring's format (rms_norm_rope_kv's rows).
+    if (kv.dtype() != swa_ring.dtype()) {
+      c.fail("argument kv " + kv.describe() +
+             " must be f32 rows, or rows in the format of swa_ring " + swa_ring.describe());
+    }
+    c.tensor("kv", kv, swa_ring.dtype(), {tokens, swa_ring.size(2)});
+  } else {
+    c.tensor("kv", kv, DType::kF32, {tokens, dim});
+  }
   c.tensor("sinks", sinks, DType::kF32, {q.size(1)});
   if (compressed) {
     c.ratio(spec.ratio, layout);

@@ -66,6 +66,9 @@ class CpuBackend final : public Backend {
   Tensor scale_impl(const Tensor& x, float factor) override;
   Tensor add_impl(const Tensor& a, const Tensor& b) override;
   Tensor gather_rows_impl(const Tensor& x, const Tensor& rows) override;
+  Tensor rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
+                               const Tensor& positions, const Tensor& inv_freq, DType kv_dtype,
+                               int rope_dim) override;
   Tensor rope_impl(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                    bool inverse) override;
   Tensor argmax_impl(const Tensor& x) override;

@@ -289,8 +289,16 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
     const int64_t row_bytes = codec.row_bytes();
     const int64_t entry_row_bytes = entry_codec.row_bytes();
     std::vector<float> kv_stored;
-    const float* kv_p = kv.data<float>();
-    if (!in_place) {
+    const float* kv_p = kv.dtype() == DType::kF32 ? kv.data<float>() : nullptr;
+    if (kv_p == nullptr) {
+      // Already in the ring's format (rms_norm_rope_kv's rows): decoded only.
+      kv_stored.resize(static_cast<size_t>(tokens * dim));
+      const auto* records = static_cast<const uint8_t*>(kv.raw_data());
+      for (int64_t t = 0; t < tokens; ++t) {
+        codec.decode(records + t * row_bytes, kv_stored.data() + t * dim);
+      }
+      kv_p = kv_stored.data();
+    } else if (!in_place) {
       kv_stored.resize(static_cast<size_t>(tokens * dim));
       std::vector<uint8_t> record(static_cast<size_t>(row_bytes));
       for (int64_t t = 0; t < tokens; ++t) {

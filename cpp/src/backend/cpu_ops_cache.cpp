@@ -17,16 +17,35 @@ namespace deepinfer {
 using cpu::fail;
 using cpu::LayoutView;
 
+Tensor CpuBackend::rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
+                                         const Tensor& positions, const Tensor& inv_freq,
+                                         DType kv_dtype, int rope_dim) {
+  Tensor f32 = rms_norm_rope_impl(x, weight, eps, positions, inv_freq, /*bf16_output=*/false);
+  if (kv_dtype == DType::kF32) return f32;
+  const kv_record::RowCodec codec{kv_dtype, x.size(1), rope_dim};
+  Tensor rows = Tensor::zeros({x.size(0), codec.row_width()}, kv_dtype);
+  enqueue([=](ThreadPool&) {
+    const float* src = f32.data<float>();
+    auto* dst = static_cast<uint8_t*>(rows.raw_data());
+    for (int64_t t = 0; t < rows.size(0); ++t) {
+      codec.encode(src + t * codec.dim, dst + t * codec.row_bytes());
+    }
+  });
+  return rows;
+}
+
 void CpuBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const BatchLayout& layout,
                                  int rope_dim) {
   const int64_t slots = ring.size(0);
   const int64_t ring_len = ring.size(1);
-  // Rows are stored in the ring's KV format (f32 rows are copied as they are).
-  const kv_record::RowCodec codec{ring.dtype(), rows.size(1), rope_dim};
-  const int64_t row_bytes = codec.row_bytes();
+  // Rows are stored in the ring's KV format (f32 rows are copied as they are); rows already in it
+  // (rms_norm_rope_kv's: the ring's dtype, not f32) are copied as records.
+  const bool encoded = rows.dtype() != DType::kF32;
+  const int64_t row_bytes = ring.size(2) * static_cast<int64_t>(dtype_size(ring.dtype()));
+  const kv_record::RowCodec codec{ring.dtype(), encoded ? 0 : rows.size(1), rope_dim};
   enqueue([=](ThreadPool&) {
     const LayoutView lv("ring_write", layout, slots);
-    const float* src = rows.data<float>();
+    const auto* src = static_cast<const uint8_t*>(rows.raw_data());
     auto* dst = static_cast<uint8_t*>(ring.raw_data());
     for (int b = 0; b < lv.num_seqs; ++b) {
       // Only the last ring_len rows survive; earlier ones would be overwritten by them.
@@ -34,7 +53,13 @@ void CpuBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const B
       const int64_t begin = std::max<int64_t>(lv.q_start[b], end - ring_len);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t slot_row = lv.slot[b] * ring_len + lv.positions[t] % ring_len;
-        codec.encode(src + t * codec.dim, dst + slot_row * row_bytes);
+        if (encoded) {
+          std::memcpy(dst + slot_row * row_bytes, src + t * row_bytes,
+                      static_cast<size_t>(row_bytes));
+        } else {
+          codec.encode(reinterpret_cast<const float*>(src) + t * codec.dim,
+                       dst + slot_row * row_bytes);
+        }
       }
     }
   });

@@ -252,6 +252,21 @@ void OpChecks::layout(const BatchLayout& layout, bool need_block_table) const {
   }
 }
 
+namespace {
+
+DTypeSet kv_dtypes() {
+  return {DType::kF32, DType::kBF16, DType::kU8, DType::kF8E4M3, DType::kE2M1x2};
+}
+
+[[noreturn]] void fail_unsupported_kv(const char* op, const char* arg, DType dtype) {
+  throw Error(ErrorCode::kUnsupported,
+              std::string(op) + ": argument " + arg + " is a " + dtype_name(dtype) +
+                  " KV cache, which this backend cannot use yet (kv_cache_dtype: it has no "
+                  "kernels for this KV format); use f32 caches");
+}
+
+}  // namespace
+
 void OpChecks::kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t dim,
                         int64_t rope_dim, bool supported) const {
   if (rope_dim < 0 || rope_dim > dim) {
@@ -259,19 +274,30 @@ void OpChecks::kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t d
          "] (the channels of a row of argument " + arg + ")");
   }
   // The dtype decides the row width; checked against the set first so a wrong dtype is named.
-  const DTypeSet kv_dtypes{DType::kF32, DType::kBF16, DType::kU8, DType::kF8E4M3, DType::kE2M1x2};
-  if (!t.defined()) defined_on(arg, t, device_, "a KV cache (" + kv_dtypes.str() + ")");
+  if (!t.defined()) defined_on(arg, t, device_, "a KV cache (" + kv_dtypes().str() + ")");
   defined_on(arg, t, device_, "a KV cache");
-  const bool known = kv_dtypes.contains(t.dtype());
+  const bool known = kv_dtypes().contains(t.dtype());
   const DType dtype = known ? t.dtype() : DType::kF32;
   shape.back() = kv_record::row_width(dtype, dim, rope_dim);
-  tensor(arg, t, known ? DTypeSet(dtype) : kv_dtypes, shape);
-  if (!supported) {
-    throw Error(ErrorCode::kUnsupported,
-                std::string(op_) + ": argument " + arg + " is a " + dtype_name(dtype) +
-                    " KV cache, which this backend cannot use yet (kv_cache_dtype: it has no "
-                    "kernels for this KV format); use f32 caches");
+  tensor(arg, t, known ? DTypeSet(dtype) : kv_dtypes(), shape);
+  if (!supported) fail_unsupported_kv(op_, arg, dtype);
+}
+
+void OpChecks::kv_dtype(const char* arg, DType dtype, int64_t dim, int64_t rope_dim,
+                        bool supported) const {
+  if (rope_dim < 0 || rope_dim > dim) {
+    fail("rope_dim " + std::to_string(rope_dim) + " must be in [0, " + std::to_string(dim) +
+         "] (the channels of a row of " + arg + ")");
   }
+  if (!kv_dtypes().contains(dtype)) {
+    fail(std::string(arg) + " must be a KV cache dtype (" + kv_dtypes().str() + "), got " +
+         dtype_name(dtype));
+  }
+  if (!supported) fail_unsupported_kv(op_, arg, dtype);
+}
+
+void OpChecks::kv_cache_supported(const char* arg, const Tensor& t, bool supported) const {
+  if (!supported) fail_unsupported_kv(op_, arg, t.dtype());
 }
 
 void OpChecks::ratio(int ratio, const BatchLayout& layout) const {

@@ -76,6 +76,11 @@ class OpChecks {
   // the backend has kernels for its dtype (otherwise Error(kUnsupported)).
   void kv_cache(const char* arg, const Tensor& t, Shape shape, int64_t dim, int64_t rope_dim,
                 bool supported) const;
+  // A KV cache dtype `dtype` (argument `arg`, not a tensor: an op's output format) for rows of
+  // `dim` channels with `rope_dim` RoPE channels, as kv_cache checks a cache's.
+  void kv_dtype(const char* arg, DType dtype, int64_t dim, int64_t rope_dim, bool supported) const;
+  // Error(kUnsupported) naming `arg`, a KV cache of t's dtype, unless `supported`.
+  void kv_cache_supported(const char* arg, const Tensor& t, bool supported) const;
   // A compression ratio >= 1 that divides the layout's block size.
   void ratio(int ratio, const BatchLayout& layout) const;
 

@@ -119,7 +119,10 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
   Tensor q = be.rms_norm_rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps,
                               layout.positions, inv_freq, /*bf16_output=*/q_bf16);
-  Tensor kv = be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, inv_freq);
+  // This call's keys in the SWA ring's format, quantized where they are made: attention reads them
+  // and ring_write stores them as they are.
+  Tensor kv = be.rms_norm_rope_kv(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, inv_freq,
+                                  caches.swa_ring.dtype(), caches.rope_dim);
 
   Tensor topk;
   if (w.has_compressor) {
