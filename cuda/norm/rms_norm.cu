@@ -16,9 +16,10 @@
 // kernel rounds its stores to bf16 (to nearest even: the f32 result rounded), the engine's q
 // where its attention rounds q anyway (attention_rounds_query); the two ops' path returns f32.
 // rms_norm_rope_kv (the model's kv-norm + RoPE where the SWA ring is bf16 or fp8) runs the same
-// kernel encoding each row in registers: bf16 rows, or V4's fp8 main records (Fp8MainRecords, the
-// bytes encode_kv_row writes for the f32 row); other formats, or rows the warp kernel does not
-// take, run rms_norm_rope and then the encoding (cache/encode_rows.cuh).
+// kernel encoding each row in registers: bf16 rows, V4's fp8 main records (Fp8MainRecords) or
+// V4.1's FP8 records (V41Fp8Records), the bytes encode_kv_row writes for the f32 row; other
+// formats, or rows the warp kernel does not take, run rms_norm_rope and then the encoding
+// (cache/encode_rows.cuh).
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -105,6 +106,15 @@ struct UnitRows {
   __device__ __forceinline__ void finish(int64_t, int) const {}
 };
 
+// The e4m3 codes of v / scale (kv_e4m3_byte each, as the encoders round), channel x in the low
+// byte.
+__device__ __forceinline__ uint32_t e4m3_word(float4 v, float scale) {
+  return static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.x, scale))) |
+         static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.y, scale))) << 8 |
+         static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.z, scale))) << 16 |
+         static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.w, scale))) << 24;
+}
+
 // rms_norm_rope_kv's V4 fp8 main records (kv_record.h), the bytes encode_kv_row writes for the
 // f32 row: e4m3 codes of the nope channels with a power-of-two scale per 64, the RoPE channels in
 // bf16, the scale bytes, zero padding. A 64-channel group is 16 units, the units of one
@@ -124,11 +134,7 @@ struct Fp8MainRecords {
     const int c = 4 * static_cast<int>(u);
     if (c < nope) {
       const float scale = act_group_scale(amax);
-      const uint32_t codes = static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.x, scale))) |
-                             static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.y, scale))) << 8 |
-                             static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.z, scale))) << 16 |
-                             static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.w, scale))) << 24;
-      *reinterpret_cast<uint32_t*>(dst + c) = codes;
+      *reinterpret_cast<uint32_t*>(dst + c) = e4m3_word(v, scale);
       if (c % kv_record::kFp8Group == 0) {
         dst[nope + 2 * rope_dim + c / kv_record::kFp8Group] =
             static_cast<uint8_t>(__float_as_uint(scale) >> 23);
@@ -142,6 +148,30 @@ struct Fp8MainRecords {
     const int64_t used = nope + 2 * rope_dim + nope / kv_record::kFp8Group;
     for (int64_t i = used + lane; i < row_bytes; i += 32) rows[row * row_bytes + i] = 0;
   }
+};
+
+// rms_norm_rope_kv's V4.1 FP8 records (kv_record.h: every channel e4m3, a UE8M0 scale per 32
+// after the codes), the bytes encode_v41_row writes for the f32 row. A 32-channel group is 8
+// units, the units of 8 consecutive lanes at one k (dim a multiple of 32), so its amax takes 3
+// shuffles within them.
+struct V41Fp8Records {
+  uint8_t* rows;
+  int64_t row_bytes;  // dim + dim / 32: a multiple of 4 here (aligned code words)
+  int dim;
+  __device__ __forceinline__ void store(int64_t row, int64_t u, float4 v, bool in_row) const {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    if (!in_row) return;
+    uint8_t* dst = rows + row * row_bytes;
+    const int c = 4 * static_cast<int>(u);
+    const float scale = act_group_scale(amax);
+    *reinterpret_cast<uint32_t*>(dst + c) = e4m3_word(v, scale);
+    if (c % kv_record::kV41Fp8Group == 0) {
+      dst[dim + c / kv_record::kV41Fp8Group] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+    }
+  }
+  __device__ __forceinline__ void finish(int64_t, int) const {}
 };
 
 // One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
@@ -420,12 +450,18 @@ Tensor CudaBackend::rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight,
   const bool fused_fp8 = call.warp() && f.format == KvFormat::kFp8 && f.rope_dim > 0 &&
                          f.nope() % kv_record::kFp8Group == 0 && f.rope_dim % 4 == 0 &&
                          f.row_bytes % 8 == 0;
+  // V4.1's FP8 record whose 32-channel groups are whole octets of lanes (V4.1: 528 bytes).
+  const bool fused_v41 = call.warp() && f.format == KvFormat::kV41Fp8 &&
+                         f.dim % kv_record::kV41Fp8Group == 0 && f.row_bytes % 4 == 0;
   if (fused_bf16) {
     call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, stream());
   } else if (fused_fp8) {
     call.launch(
         Fp8MainRecords{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.nope(), f.rope_dim},
         eps, stream());
+  } else if (fused_v41) {
+    call.launch(V41Fp8Records{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.dim}, eps,
+                stream());
   } else {
     // The two steps: the f32 rows, then encoded.
     const Tensor f32 = rms_norm_rope_impl(x, weight, eps, positions, inv_freq, false);

@@ -473,6 +473,16 @@ void add_v41_kv_attention(std::vector<OpCase>& t) {
   add_split_keys(t, c);
   add_flash(t, false, DType::kF8E4M3, DType::kE2M1x2);
   add_flash(t, true, DType::kF8E4M3, DType::kE2M1x2);
+  // This call's keys as V4.1's FP8 records (rms_norm_rope_kv's rows, V4.1's engine call).
+  c.kv_encoded = true;
+  add_tiny_entries(t, c, 20);
+  Attn csa = flash_widths(/*bf16=*/true, DType::kF8E4M3, DType::kE2M1x2);
+  csa.kv_encoded = true;
+  csa.ratio = 4;
+  csa.sparse = true;
+  csa.topk_cols = 512;
+  csa.seqs = kFlashSeqs;
+  add_attention(t, "v4_csa_top512", csa);
 }
 
 // q in bf16 (the engine's under bf16_math: rms_norm_rope's bf16 output): the Hopper overlap

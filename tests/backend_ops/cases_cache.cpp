@@ -187,6 +187,8 @@ std::vector<OpCase> cache_cases() {
   add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, DType::kF8E4M3, 8);
   add_ring_write(t, "odd_width_r7_w6", tiny, 6, 7, 6, DType::kF8E4M3, 2);
   add_ring_write(t, "swa_r134_d512", flash, 4, 134, 512, DType::kF8E4M3, 64);
+  add_ring_write(t, "swa_r134_d512", flash, 4, 134, 512, DType::kF8E4M3, 64, /*encoded=*/true);
+  add_ring_write(t, "swa_r14_d32", tiny, 5, 14, 32, DType::kF8E4M3, 8, /*encoded=*/true);
 
   // Windows from this call's rows only, from the wrapped ring plus this call, window 0 (no
   // previous window with overlap), a decode token closing a window, a 6-token verification step.

@@ -386,9 +386,10 @@ void add_rms_norm_rope_bf16_output(std::vector<OpCase>& t) {
 }
 
 // rms_norm_rope_kv: the model's kv rows in a KV cache format. On the device each row must be
-// the bytes of its own rms_norm_rope result encoded by the host codec (the fused kernel: bf16 rows
-// and V4's fp8 main record at the warp kernel's widths; the two-step path elsewhere: an fp8
-// record with a partial scale group, the index-key record, a row too wide for a warp); against
+// the bytes of its own rms_norm_rope result encoded by the host codec (the fused kernel: bf16 rows,
+// V4's fp8 main record and V4.1's FP8 record at the warp kernel's widths; the two-step path
+// elsewhere: records with a partial scale group, the index-key record, a row too wide for a
+// warp); against
 // the CPU the decoded values differ by at most one step of the format where the f32 results
 // differ in their last bits (and a scale where a group's amax sits at a power of two).
 void add_rms_norm_rope_kv(std::vector<OpCase>& t) {
@@ -405,7 +406,10 @@ void add_rms_norm_rope_kv(std::vector<OpCase>& t) {
                                                      {6, 100, 20, DType::kU8},
                                                      {4, 64, 0, DType::kU8},
                                                      {3, 2048, 64, DType::kU8},
-                                                     {3, 2048, 64, DType::kBF16}}) {
+                                                     {3, 2048, 64, DType::kBF16},
+                                                     {37, kHeadDim, kRopeDim, DType::kF8E4M3},
+                                                     {6, 96, 32, DType::kF8E4M3},
+                                                     {6, 100, 20, DType::kF8E4M3}}) {
     add(t,
         Case<Tensors>{
             .op = "rms_norm_rope_kv",

@@ -350,7 +350,8 @@ TEST_F(KvCacheOpsTest, FrontNamesTheCacheArgument) {
 // ---- this call's keys encoded where they are made (rms_norm_rope_kv) ---------------------------
 
 // rms_norm_rope_kv's rows are rms_norm_rope's result encoded by the codec, byte for byte (f32:
-// that result), weighted or not, at a tiny record (a partial scale group) and at V4's.
+// that result), weighted or not, at a tiny record (a partial scale group) and at V4's, in V4's
+// formats and V4.1's FP8 record.
 TEST_F(KvCacheOpsTest, RmsNormRopeKvIsTheEncodedNormRope) {
   struct Dims {
     int64_t dim, rope;
@@ -365,7 +366,7 @@ TEST_F(KvCacheOpsTest, RmsNormRopeKvIsTheEncodedNormRope) {
     for (const bool weighted : {false, true}) {
       Tensor w = weighted ? up(rng.uniform(sz(d.dim), 0.5, 1.5), {d.dim}) : Tensor();
       const std::vector<float> f32 = fetch_f32(*be, be->rms_norm_rope(x, w, 1e-6f, pos, inv_freq));
-      for (DType dtype : {DType::kF32, DType::kBF16, DType::kU8}) {
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kU8, DType::kF8E4M3}) {
         const RowCodec codec{dtype, d.dim, d.rope};
         Tensor rows = be->to_host(
             be->rms_norm_rope_kv(x, w, 1e-6f, pos, inv_freq, dtype, static_cast<int>(d.rope)));

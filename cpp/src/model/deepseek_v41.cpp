@@ -213,10 +213,12 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchLayout
   const Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps_);
   const Tensor q = be.rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), layout.positions, inv_freq,
                            /*inverse=*/false);
-  const Tensor kv =
-      be.rms_norm_rope(be.linear(x, w.wkv), w.kv_norm, eps_, layout.positions, inv_freq);
-
   LayerCaches& own = caches.layer(layer);
+  // This call's keys in the SWA ring's format, quantized where they are made: attention reads them
+  // and ring_write stores them as they are.
+  const Tensor kv = be.rms_norm_rope_kv(be.linear(x, w.wkv), w.kv_norm, eps_, layout.positions,
+                                        inv_freq, own.swa_ring.dtype(), own.rope_dim);
+
   Tensor topk;
   if (ratio > 0) topk = select_entries(layer, qa, x, layout, caches, shared);
 
