@@ -106,6 +106,18 @@ struct UnitRows {
   __device__ __forceinline__ void finish(int64_t, int) const {}
 };
 
+// The largest |channel| of the float4s of kLanes consecutive lanes (an aligned group of them;
+// every lane of the warp calls it). Max is exact in any order: the encoders' amax.
+template <int kLanes>
+__device__ __forceinline__ float group_amax(float4 v) {
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int m = kLanes / 2; m >= 1; m >>= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  }
+  return amax;
+}
+
 // The e4m3 codes of v / scale (kv_e4m3_byte each, as the encoders round), channel x in the low
 // byte.
 __device__ __forceinline__ uint32_t e4m3_word(float4 v, float scale) {
@@ -118,17 +130,14 @@ __device__ __forceinline__ uint32_t e4m3_word(float4 v, float scale) {
 // rms_norm_rope_kv's V4 fp8 main records (kv_record.h), the bytes encode_kv_row writes for the
 // f32 row: e4m3 codes of the nope channels with a power-of-two scale per 64, the RoPE channels in
 // bf16, the scale bytes, zero padding. A 64-channel group is 16 units, the units of one
-// half-warp at one k (nope is a multiple of 64), so its amax takes 4 shuffles within the half
-// (max is exact in any order, so the same scale).
+// half-warp at one k (nope is a multiple of 64), so its amax takes 4 shuffles within the half.
 struct Fp8MainRecords {
   uint8_t* rows;
   int64_t row_bytes;  // a multiple of 8: the code words and bf16 pairs below are aligned
   int nope;
   int rope_dim;
   __device__ __forceinline__ void store(int64_t row, int64_t u, float4 v, bool in_row) const {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int m = 8; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float amax = group_amax<16>(v);
     if (!in_row) return;
     uint8_t* dst = rows + row * row_bytes;
     const int c = 4 * static_cast<int>(u);
@@ -159,9 +168,7 @@ struct V41Fp8Records {
   int64_t row_bytes;  // dim + dim / 32: a multiple of 4 here (aligned code words)
   int dim;
   __device__ __forceinline__ void store(int64_t row, int64_t u, float4 v, bool in_row) const {
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int m = 4; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float amax = group_amax<8>(v);
     if (!in_row) return;
     uint8_t* dst = rows + row * row_bytes;
     const int c = 4 * static_cast<int>(u);

@@ -297,6 +297,16 @@ Attn flash_widths(bool bf16, DType kv, DType entry_kv = DType::kF32) {
   return c;
 }
 
+// A V4-Flash CSA layer's Attn (flash_widths, ratio 4, sparse top-512) over kFlashSeqs.
+Attn flash_csa(bool bf16, DType kv, DType entry_kv = DType::kF32) {
+  Attn c = flash_widths(bf16, kv, entry_kv);
+  c.ratio = 4;
+  c.sparse = true;
+  c.topk_cols = 512;
+  c.seqs = kFlashSeqs;
+  return c;
+}
+
 void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
                DType entry_kv = DType::kF32) {
   Attn c = flash_widths(bf16, kv, entry_kv);
@@ -305,11 +315,7 @@ void add_flash(std::vector<OpCase>& t, bool bf16, DType kv = DType::kF32,
   c.seqs = {{4000, 1, 0}};
   add_attention(t, "v4_sliding_b1_decode", c);
 
-  Attn csa = c;
-  csa.ratio = 4;
-  csa.sparse = true;
-  csa.topk_cols = 512;
-  csa.seqs = kFlashSeqs;
+  Attn csa = flash_csa(bf16, kv, entry_kv);
   add_attention(t, "v4_csa_top512", csa);
   csa.seqs = {{4096, 1, 0}};
   add_attention(t, "v4_csa_b1_decode", csa);
@@ -476,12 +482,8 @@ void add_v41_kv_attention(std::vector<OpCase>& t) {
   // This call's keys as V4.1's FP8 records (rms_norm_rope_kv's rows, V4.1's engine call).
   c.kv_encoded = true;
   add_tiny_entries(t, c, 20);
-  Attn csa = flash_widths(/*bf16=*/true, DType::kF8E4M3, DType::kE2M1x2);
+  Attn csa = flash_csa(/*bf16=*/true, DType::kF8E4M3, DType::kE2M1x2);
   csa.kv_encoded = true;
-  csa.ratio = 4;
-  csa.sparse = true;
-  csa.topk_cols = 512;
-  csa.seqs = kFlashSeqs;
   add_attention(t, "v4_csa_top512", csa);
 }
 
@@ -498,12 +500,8 @@ void add_bf16_query_attention(std::vector<OpCase>& t) {
   tiny.dim = 64;
   add_tiny_entries(t, tiny, 20);
   for (const DType kv : {DType::kBF16, DType::kU8}) {
-    Attn csa = flash_widths(/*bf16=*/true, kv);
+    Attn csa = flash_csa(/*bf16=*/true, kv);
     csa.q_bf16 = true;
-    csa.ratio = 4;
-    csa.sparse = true;
-    csa.topk_cols = 512;
-    csa.seqs = kFlashSeqs;
     add_attention(t, "v4_csa_top512", csa);
     csa.seqs = decode_seqs(64, 1);
     add_attention(t, "v4_csa_b64_decode", csa);
