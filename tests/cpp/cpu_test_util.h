@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -20,6 +21,13 @@ namespace deepinfer::testing {
 // Index conversion for test loops that count in int64_t.
 inline size_t sz(int64_t v) {
   return static_cast<size_t>(v);
+}
+
+// Bit-for-bit equality of two float vectors (-0 differs from +0; NaNs compare by payload). An
+// empty vector's data() may be null, which memcmp must not be given even for zero bytes.
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 class Rng {

@@ -17,7 +17,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu_test_util.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "dist/inprocess_communicator.h"
@@ -36,6 +36,7 @@ namespace {
 
 using testing::Comms;
 using testing::run_ranks;
+using testing::same_bits;
 
 using CpuGroup = testing::CpuRankGroup;
 
@@ -61,10 +62,6 @@ std::vector<float> host_floats(Backend& b, const Tensor& t) {
   const Tensor h = b.to_host(t);
   const float* p = h.data<float>();
   return {p, p + h.numel()};
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // (ranks, staged): the in-process communicator, and the host-staged one over it (for ranks on

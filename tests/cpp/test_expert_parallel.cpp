@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -185,7 +184,7 @@ void expect_matches_references(const Problem& pb, const ExpertPlacement& p) {
     EXPECT_EQ(res.slot_counts[sz(r)], want_counts);
     const auto want = per_pair_reference(*ref_be, pb, r);
     ASSERT_EQ(res.out[sz(r)].size(), want.size());
-    EXPECT_EQ(0, std::memcmp(res.out[sz(r)].data(), want.data(), want.size() * sizeof(float)));
+    EXPECT_TRUE(deepinfer::testing::same_bits(res.out[sz(r)], want));
     // The fused op adds a token's experts in expert-id order, not (token, j) order: equal to
     // rounding only.
     const auto fused = fused_reference(*ref_be, pb, r);

@@ -20,7 +20,6 @@
 #include <sys/socket.h>
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "cpu_test_util.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
 #include "dist/byte_collectives.h"
@@ -41,6 +41,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Comms;
 using testing::run_ranks;
+using testing::same_bits;
 
 constexpr const char* kLoopback = "127.0.0.1";
 
@@ -55,10 +56,6 @@ std::vector<float> rank_values(int rank, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(rank, i);
   return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // N TCP ranks over loopback, set up concurrently (rank 0 waits for the others), each over its own
