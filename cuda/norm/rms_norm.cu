@@ -127,6 +127,19 @@ __device__ __forceinline__ uint32_t e4m3_word(float4 v, float scale) {
          static_cast<uint32_t>(kv_e4m3_byte(__fdiv_rn(v.w, scale))) << 24;
 }
 
+// One unit's e4m3 codes at record + c (channel c = 4u) under its group's power-of-two scale, and
+// the scale's UE8M0 byte at record[scales_at + c / kGroup] when the unit opens its group: the
+// code and scale bytes both FP8 records write (encode_kv_row, encode_v41_row).
+template <int kGroup>
+__device__ __forceinline__ void store_e4m3_unit(uint8_t* record, int scales_at, int c, float4 v,
+                                                float amax) {
+  const float scale = act_group_scale(amax);
+  *reinterpret_cast<uint32_t*>(record + c) = e4m3_word(v, scale);
+  if (c % kGroup == 0) {
+    record[scales_at + c / kGroup] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
+  }
+}
+
 // rms_norm_rope_kv's V4 fp8 main records (kv_record.h), the bytes encode_kv_row writes for the
 // f32 row: e4m3 codes of the nope channels with a power-of-two scale per 64, the RoPE channels in
 // bf16, the scale bytes, zero padding. A 64-channel group is 16 units, the units of one
@@ -142,12 +155,7 @@ struct Fp8MainRecords {
     uint8_t* dst = rows + row * row_bytes;
     const int c = 4 * static_cast<int>(u);
     if (c < nope) {
-      const float scale = act_group_scale(amax);
-      *reinterpret_cast<uint32_t*>(dst + c) = e4m3_word(v, scale);
-      if (c % kv_record::kFp8Group == 0) {
-        dst[nope + 2 * rope_dim + c / kv_record::kFp8Group] =
-            static_cast<uint8_t>(__float_as_uint(scale) >> 23);
-      }
+      store_e4m3_unit<kv_record::kFp8Group>(dst, nope + 2 * rope_dim, c, v, amax);
     } else {
       *reinterpret_cast<uint2*>(dst + nope + 2 * (c - nope)) =
           make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
@@ -171,12 +179,7 @@ struct V41Fp8Records {
     const float amax = group_amax<8>(v);
     if (!in_row) return;
     uint8_t* dst = rows + row * row_bytes;
-    const int c = 4 * static_cast<int>(u);
-    const float scale = act_group_scale(amax);
-    *reinterpret_cast<uint32_t*>(dst + c) = e4m3_word(v, scale);
-    if (c % kv_record::kV41Fp8Group == 0) {
-      dst[dim + c / kv_record::kV41Fp8Group] = static_cast<uint8_t>(__float_as_uint(scale) >> 23);
-    }
+    store_e4m3_unit<kv_record::kV41Fp8Group>(dst, dim, 4 * static_cast<int>(u), v, amax);
   }
   __device__ __forceinline__ void finish(int64_t, int) const {}
 };
