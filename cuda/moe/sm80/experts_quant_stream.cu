@@ -67,20 +67,12 @@ __device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
-// The lane's weight rows with its own offsets folded in, so a slice adds one 32-bit offset:
-// values at the lane's first chunk of a slice (16 q bytes in), MXFP4 scales at its group q.
-template <QuantFormat F, int kMTiles>
-struct LaneRows {
-  const uint8_t* values[kMTiles][2];
-  const void* scales[kMTiles][2];  // MXFP4: e8m0 bytes; FP8: the row's block row (f32)
-};
-
 // Copies the lane's weight chunks of slice `slice` into ring slot `slot`; chunks at or past K
 // (wholly: K is a multiple of the chunk) are zeros, stored by the lane itself. k_lane: the
 // lane's first input of slice 0 (q kChunk).
 template <QuantFormat F, class C>
 __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
-                                                  const LaneRows<F, C::kMTiles>& rows, int slice,
+                                                  const WeightRows<C::kMTiles>& rows, int slice,
                                                   int k_lane, int K, int tid) {
   using Tr = QuantTraits<F>;
   constexpr int kChunks = C::kMTiles * 2 * Tr::kLoads;
@@ -108,7 +100,7 @@ __device__ __forceinline__ void copy_weight_slice(uint4* ring, int slot,
 // the chunk's block), neutral past K. Read through L1, one slice ahead of their use.
 template <QuantFormat F, int kMTiles, bool kLean>
 __device__ __forceinline__ void load_scales(uint32_t (&sc)[kMTiles][2][QuantTraits<F>::kLoads],
-                                            const LaneRows<F, kMTiles>& rows, int slice, int k_lane,
+                                            const WeightRows<kMTiles>& rows, int slice, int k_lane,
                                             int K, int block_cols_log2) {
   using Tr = QuantTraits<F>;
 #pragma unroll
@@ -309,29 +301,14 @@ __global__ void __launch_bounds__(C::kThreads, 2)
                                       : activation_piece<kGateUp, C, kPlanes>(
                                             a, sorted_pair, top_k, start, rows, 8 * n8, Kp, tid);
 
-  // The lane's weight rows (clamped to N - 1: tail rows copy valid bytes and are never stored).
+  // The warp's first weight row, and the lane's rows (lane_weight_rows) with its own offsets
+  // folded in, so a slice adds one 32-bit offset: values at the lane's first chunk of a slice
+  // (16 q bytes in), MXFP4 scales at its group q.
   const int64_t n_warp = static_cast<int64_t>(col) * (C::kWeightRows / (kGateUp ? 2 : 1)) +
                          static_cast<int64_t>(warp) * 16 * kHalf;
-  LaneRows<F, kM> wr;
-  const int64_t row_bytes = Tr::kMx ? K / 2 : K;
+  const WeightRows<kM> wr = lane_weight_rows<F, kM, kGateUp>(lo, hi, e, n_warp, g, N, K, block_rows,
+                                                             block_cols_log2, 16 * q, q);
   const int64_t kblocks = Tr::kMx ? K / 32 : ((K - 1) >> block_cols_log2) + 1;
-#pragma unroll
-  for (int mt = 0; mt < kM; ++mt) {
-    const QuantMatrices& m = (kGateUp && mt >= kHalf) ? hi : lo;
-    const uint8_t* values = m.values[e];
-    const void* scales = m.scales[e];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      int64_t n = n_warp + 16 * (mt % kHalf) + g + 8 * hr;
-      n = n < N ? n : N - 1;
-      wr.values[mt][hr] = values + n * row_bytes + 16 * q;
-      if constexpr (Tr::kMx) {
-        wr.scales[mt][hr] = static_cast<const uint8_t*>(scales) + n * kblocks + q;
-      } else {
-        wr.scales[mt][hr] = static_cast<const float*>(scales) + (n / block_rows) * kblocks;
-      }
-    }
-  }
 
   const uint8_t* scale_src = nullptr;
   if constexpr (kScaleRing) {

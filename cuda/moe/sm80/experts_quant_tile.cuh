@@ -12,6 +12,7 @@
 
 #include "cuda/common/activation.cuh"
 #include "cuda/common/ptx_sm80.cuh"
+#include "cuda/moe/moe_launch.h"
 #include "cuda/moe/sm80/experts_quant_config.h"
 
 namespace deepinfer::cuda::quant_tile {
@@ -172,6 +173,38 @@ struct WeightRows {
   const void* scales[kMTiles][2];     // MXFP4: the row's e8m0 bytes; FP8: its row of blocks
 };
 
+// The weight rows of the lane (g = lane / 4) in the warp whose first row is n_warp, in expert e:
+// under kGateUp the first half of the m16 tiles are gate rows (lo), the second half up rows (hi).
+// Rows are clamped to N - 1: tail rows load valid bytes and are never stored. value_offset and
+// mx_scale_offset fold a lane's own offsets in (bytes into the row, e8m0 bytes into its scales).
+template <QuantFormat F, int kMTiles, bool kGateUp>
+__device__ __forceinline__ WeightRows<kMTiles> lane_weight_rows(
+    const QuantMatrices& lo, const QuantMatrices& hi, int e, int64_t n_warp, int g, int64_t N,
+    int64_t K, int block_rows, int block_cols_log2, int value_offset = 0, int mx_scale_offset = 0) {
+  constexpr int kHalf = kGateUp ? kMTiles / 2 : kMTiles;  // m16 tiles per matrix
+  WeightRows<kMTiles> wr;
+  const int64_t row_bytes = QuantTraits<F>::kMx ? K / 2 : K;
+  const int64_t kblocks = QuantTraits<F>::kMx ? K / 32 : ((K - 1) >> block_cols_log2) + 1;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const QuantMatrices& m = (kGateUp && mt >= kHalf) ? hi : lo;
+    const uint8_t* values = m.values[e];
+    const void* scales = m.scales[e];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      int64_t n = n_warp + 16 * (mt % kHalf) + g + 8 * hr;
+      n = n < N ? n : N - 1;
+      wr.values[mt][hr] = values + n * row_bytes + value_offset;
+      if constexpr (QuantTraits<F>::kMx) {
+        wr.scales[mt][hr] = static_cast<const uint8_t*>(scales) + n * kblocks + mx_scale_offset;
+      } else {
+        wr.scales[mt][hr] = static_cast<const float*>(scales) + (n / block_rows) * kblocks;
+      }
+    }
+  }
+  return wr;
+}
+
 // A lane's weight bytes and scales of one slice.
 template <QuantFormat F, int kMTiles>
 struct SliceWeights {
@@ -179,9 +212,6 @@ struct SliceWeights {
   uint4 raw[kMTiles][2][kLoads];
   uint32_t scale[kMTiles][2][kLoads];  // MXFP4: the e8m0 byte; FP8: the f32 bits
 };
-
-// The lane's loads of slice `slice`; chunks at or past K (wholly, K being a multiple of the
-// chunk) are zero and never read.
 
 // ---- activations: shared-memory slices
 // --------------------------------------------------------------

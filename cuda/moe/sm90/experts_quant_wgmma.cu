@@ -407,29 +407,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   }
   __syncthreads();
 
-  // The lane's weight rows (clamped to N - 1: tail rows load valid bytes and are never stored).
+  // The warp's first weight row, and the lane's rows (lane_weight_rows).
   const int64_t n_warp = static_cast<int64_t>(col) * (Tile::kWeightRows / (kGateUp ? 2 : 1)) +
                          static_cast<int64_t>(warp) * 16 * kHalf;
-  WeightRows<kM> wr;
-  const int64_t row_bytes = QuantTraits<F>::kMx ? K / 2 : K;
-  const int64_t kblocks = QuantTraits<F>::kMx ? K / 32 : ((K - 1) >> block_cols_log2) + 1;
-#pragma unroll
-  for (int mt = 0; mt < kM; ++mt) {
-    const QuantMatrices& m = (kGateUp && mt >= kHalf) ? hi : lo;
-    const uint8_t* values = m.values[e];
-    const void* scales = m.scales[e];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      int64_t n = n_warp + 16 * (mt % kHalf) + g + 8 * hr;
-      n = n < N ? n : N - 1;
-      wr.values[mt][hr] = values + n * row_bytes;
-      if constexpr (QuantTraits<F>::kMx) {
-        wr.scales[mt][hr] = static_cast<const uint8_t*>(scales) + n * kblocks;
-      } else {
-        wr.scales[mt][hr] = static_cast<const float*>(scales) + (n / block_rows) * kblocks;
-      }
-    }
-  }
+  WeightRows<kM> wr =
+      lane_weight_rows<F, kM, kGateUp>(lo, hi, e, n_warp, g, N, K, block_rows, block_cols_log2);
 
   float acc[kM][Tile::kTok / 8][4];
 #pragma unroll
