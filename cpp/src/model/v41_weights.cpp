@@ -144,10 +144,8 @@ V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend
                           const std::string& p, int64_t n_experts) {
   const int64_t h = c.hidden_size;
   const int64_t n = c.hc_mult;
-  const int64_t nh = c.num_attention_heads;
   const int64_t d = c.head_dim;
   const int64_t q = c.q_lora_rank;
-  const int64_t g = c.o_groups;
   const int64_t i_size = c.moe_intermediate_size;
   V41LayerWeights L;
   L.attn_norm = w.load(p + "attn_norm.weight", {h});
@@ -157,14 +155,7 @@ V41LayerWeights v41_layer(WeightLoader& w, const Checkpoint* checkpoint, Backend
   L.inv_freq = w.inv_freq(c.layer_rope(layer));
 
   V41AttentionWeights& a = L.attn;
-  a.wq_a = w.load_linear(p + "attn.wq_a.weight", {q, h}, false);
-  a.q_norm = w.load(p + "attn.q_norm.weight", {q});
-  a.wq_b = w.load_linear(p + "attn.wq_b.weight", {nh * d, q}, false);
-  a.wkv = w.load_linear(p + "attn.wkv.weight", {d, h}, false);
-  a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
-  a.wo_a = w.load_linear(p + "attn.wo_a.weight", {g * c.o_lora_rank, nh * d / g}, false);
-  a.wo_b = w.load_linear(p + "attn.wo_b.weight", {h, g * c.o_lora_rank}, false);
-  a.sinks = w.load(p + "attn.attn_sink", {nh});
+  load_attention_projections(w, c, p, a);
   if (c.is_kv_source(layer)) {
     a.has_compressor = true;
     a.compressor = v41_compressor(w, backend, c, p + "attn.compressor.", c.ratio(layer));

@@ -27,14 +27,7 @@ struct V41IndexerWeights {
 };
 
 // No per-head q norm (C.3.1).
-struct V41AttentionWeights {
-  MatrixWeight wq_a;            // [Q, H]
-  Tensor q_norm;                // [Q]
-  MatrixWeight wq_b;            // [nh*D, Q]
-  MatrixWeight wkv;             // [D, H]: the SWA key
-  Tensor kv_norm;               // [D]
-  MatrixWeight wo_a, wo_b;      // [G*Og, nh*D/G], [H, G*Og]
-  Tensor sinks;                 // [nh]
+struct V41AttentionWeights : AttentionProjections {
   bool has_compressor = false;  // a kv source
   CompressorWeights compressor;
   bool has_indexer = false;  // an index source

@@ -103,4 +103,24 @@ class WeightLoader {
   std::vector<uint8_t> fp4_pool_;
 };
 
+// attn.wq_a .. attn.attn_sink of the layer under prefix `p`, at the widths of `config` (a
+// ModelConfig or a V41TextConfig: both name them alike).
+template <class Config>
+void load_attention_projections(WeightLoader& w, const Config& config, const std::string& p,
+                                AttentionProjections& a) {
+  const int64_t h = config.hidden_size;
+  const int64_t nh = config.num_attention_heads;
+  const int64_t d = config.head_dim;
+  const int64_t q = config.q_lora_rank;
+  const int64_t g = config.o_groups;
+  a.wq_a = w.load_linear(p + "attn.wq_a.weight", {q, h}, false);
+  a.q_norm = w.load(p + "attn.q_norm.weight", {q});
+  a.wq_b = w.load_linear(p + "attn.wq_b.weight", {nh * d, q}, false);
+  a.wkv = w.load_linear(p + "attn.wkv.weight", {d, h}, false);
+  a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
+  a.wo_a = w.load_linear(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g}, false);
+  a.wo_b = w.load_linear(p + "attn.wo_b.weight", {h, g * config.o_lora_rank}, false);
+  a.sinks = w.load(p + "attn.attn_sink", {nh});
+}
+
 }  // namespace deepinfer

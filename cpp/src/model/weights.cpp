@@ -130,10 +130,8 @@ LayerWeights build_layer(WeightLoader& w, const ModelConfig& config, const std::
                          int layer, MlpKind mlp) {
   const int64_t h = config.hidden_size;
   const int64_t n = config.hc_mult;
-  const int64_t nh = config.num_attention_heads;
   const int64_t d = config.head_dim;
   const int64_t q = config.q_lora_rank;
-  const int64_t g = config.o_groups;
   const int64_t i_size = config.moe_intermediate_size;
   LayerWeights L;
   L.attn_norm = w.load(p + "attn_norm.weight", {h});
@@ -142,14 +140,7 @@ LayerWeights build_layer(WeightLoader& w, const ModelConfig& config, const std::
   L.hc_ffn = w.hc(p + "hc_ffn_", (2 + n) * n);
 
   AttentionWeights& a = L.attn;
-  a.wq_a = w.load_linear(p + "attn.wq_a.weight", {q, h}, false);
-  a.q_norm = w.load(p + "attn.q_norm.weight", {q});
-  a.wq_b = w.load_linear(p + "attn.wq_b.weight", {nh * d, q}, false);
-  a.wkv = w.load_linear(p + "attn.wkv.weight", {d, h}, false);
-  a.kv_norm = w.load(p + "attn.kv_norm.weight", {d});
-  a.wo_a = w.load_linear(p + "attn.wo_a.weight", {g * config.o_lora_rank, nh * d / g}, false);
-  a.wo_b = w.load_linear(p + "attn.wo_b.weight", {h, g * config.o_lora_rank}, false);
-  a.sinks = w.load(p + "attn.attn_sink", {nh});
+  load_attention_projections(w, config, p, a);
   const AttentionKind kind = config.attention_kind(layer);
   const int ratio = config.compress_rate(layer);
   if (kind != AttentionKind::kSliding) {

@@ -36,14 +36,18 @@ struct IndexerWeights {
   Tensor weights_proj;           // [hi, H]
 };
 
-struct AttentionWeights {
+// The projections, norms and sinks of every V4-family attention layer (V4 and V4.1 alike).
+struct AttentionProjections {
   MatrixWeight wq_a;        // [Q, H]
   Tensor q_norm;            // [Q]
   MatrixWeight wq_b;        // [nh*D, Q]
-  MatrixWeight wkv;         // [D, H]
+  MatrixWeight wkv;         // [D, H]: V4.1's SWA key
   Tensor kv_norm;           // [D]
   MatrixWeight wo_a, wo_b;  // [G*Og, nh*D/G], [H, G*Og]
   Tensor sinks;             // [nh]
+};
+
+struct AttentionWeights : AttentionProjections {
   bool has_compressor = false;
   CompressorWeights compressor;
   bool has_indexer = false;
