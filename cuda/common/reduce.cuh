@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace deepinfer::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -28,6 +30,31 @@ __device__ __forceinline__ int warp_inclusive_scan(int v) {
     if (lane >= o) v += y;
   }
   return v;
+}
+
+// One step of a radix select over a 256-bin histogram of the candidates' next 8 key bits, by
+// one warp: the bin at which the count of keys in it and the bins above first reaches
+// `remaining` goes to select[0], the count still to take from that bin to select[1]. Lane l owns
+// bins 255 - 8l down to 248 - 8l; every lane of the warp calls it.
+__device__ __forceinline__ void radix_select_bin(const uint32_t* hist, int remaining, int* select) {
+  const int lane = threadIdx.x & 31;
+  int local = 0;
+  for (int q = 0; q < 8; ++q) local += static_cast<int>(hist[255 - 8 * lane - q]);
+  const int incl = warp_inclusive_scan(local);
+  const unsigned hit = __ballot_sync(kFullMask, incl >= remaining);
+  if (lane == __ffs(hit) - 1) {
+    int cum = incl - local;
+    for (int q = 0; q < 8; ++q) {
+      const int bin = 255 - 8 * lane - q;
+      const int c = static_cast<int>(hist[bin]);
+      if (cum + c >= remaining) {
+        select[0] = bin;
+        select[1] = remaining - cum;
+        break;
+      }
+      cum += c;
+    }
+  }
 }
 
 // Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, at most 1024);

@@ -94,26 +94,7 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
         }
       }
       __syncthreads();
-      if (warp == 0) {
-        // Lane l owns bins 255 - 8l down to 248 - 8l; counts accumulate from the top bin down.
-        int local = 0;
-        for (int q = 0; q < 8; ++q) local += static_cast<int>(hist[255 - 8 * lane - q]);
-        const int incl = warp_inclusive_scan(local);
-        const unsigned hit = __ballot_sync(kFullMask, incl >= remaining);
-        if (lane == __ffs(hit) - 1) {
-          int cum = incl - local;
-          for (int q = 0; q < 8; ++q) {
-            const int bin = 255 - 8 * lane - q;
-            const int c = static_cast<int>(hist[bin]);
-            if (cum + c >= remaining) {
-              misc[32] = bin;
-              misc[33] = remaining - cum;
-              break;
-            }
-            cum += c;
-          }
-        }
-      }
+      if (warp == 0) radix_select_bin(hist, remaining, misc + 32);
       __syncthreads();
       prefix |= static_cast<uint32_t>(misc[32]) << shift;
       mask |= 0xffu << shift;
