@@ -51,6 +51,25 @@ struct SelectScratch {
 };
 SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, int64_t row);
 
+// The selection's arguments for one call (SelectArgs::token0 is set per group by the caller):
+// score rows of `row` floats, one slot per `per_slot` entries, or the slots of `list`.
+inline SelectArgs indexer_select_args(const float* scores, int32_t* out, int64_t row, int64_t bound,
+                                      const IndexerConfig& c, int per_slot, int top_k, int ratio,
+                                      const CandidateList& list = {}) {
+  SelectArgs se{};
+  se.scores = scores;
+  se.out = out;
+  se.row = row;
+  se.bound = bound;
+  se.cap = c.cap;
+  se.list = list;
+  se.per_slot = per_slot;
+  se.top_k = top_k;
+  se.ratio = ratio;
+  se.scores_in_smem = c.scores_in_smem;
+  return se;
+}
+
 // The selection of the group's n tokens by the kernel `c` chose: indexer_select_binned.cu when
 // c.binned, else indexer_select_split.cu when c.select_splits > 0, else indexer_select.cu.
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,

@@ -75,16 +75,8 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
   bm.bound = bound;
   bm.ratio = ratio;
   bm.block_entries = block_entries;
-  SelectArgs se{};
-  se.scores = bm.block_scores;
-  se.out = out.data<int32_t>();
-  se.row = block_row;
-  se.bound = bound;
-  se.cap = c.cap;
-  se.per_slot = block_entries;
-  se.top_k = top_blocks;
-  se.ratio = ratio;
-  se.scores_in_smem = c.scores_in_smem;
+  SelectArgs se = indexer_select_args(bm.block_scores, out.data<int32_t>(), block_row, bound, c,
+                                      block_entries, top_blocks, ratio);
   for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = bm.token0 = se.token0 = static_cast<int>(t0);
@@ -149,17 +141,8 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
   sa.scores = reinterpret_cast<float*>(scores.raw_data());
   sa.row = row;
   sa.list = list;
-  SelectArgs se{};
-  se.scores = sa.scores;
-  se.out = out.data<int32_t>();
-  se.row = row;
-  se.bound = bound;
-  se.cap = c.cap;
-  se.list = list;
-  se.per_slot = 1;
-  se.top_k = top_k;
-  se.ratio = ratio;
-  se.scores_in_smem = c.scores_in_smem;
+  SelectArgs se =
+      indexer_select_args(sa.scores, out.data<int32_t>(), row, bound, c, 1, top_k, ratio, list);
   for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
     const int64_t n = std::min(c.group, tokens - t0);
     cl.token0 = sa.token0 = se.token0 = static_cast<int>(t0);

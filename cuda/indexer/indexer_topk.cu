@@ -238,16 +238,8 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
   const SelectScratch select_scratch = indexer_select_scratch(be, c, bound);
   const DeviceLayout dl = device_layout(layout);
   sa.scores = scores;
-  SelectArgs se{};
-  se.scores = sa.scores;
-  se.out = out.data<int32_t>();
-  se.row = bound;
-  se.bound = bound;
-  se.cap = c.cap;
-  se.per_slot = 1;
-  se.top_k = top_k;
-  se.ratio = ratio;
-  se.scores_in_smem = c.scores_in_smem;
+  SelectArgs se =
+      indexer_select_args(sa.scores, out.data<int32_t>(), bound, bound, c, 1, top_k, ratio);
   for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = static_cast<int>(t0);
