@@ -42,15 +42,19 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
       : "memory");
 }
 
-// Blocks until the phase of parity `parity` has completed (acquire at CTA scope).
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+// Blocks until the phase of parity `parity` has completed (acquire at CTA scope). The _at forms
+// here take shared-memory addresses (smem_addr's), so that a loop can form them once.
+__device__ __forceinline__ void mbarrier_wait_at(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  mbarrier_wait_at(smem_addr(bar), parity);
 }
 
 // One arrival on `bar` once all of this thread's earlier cp.async copies have landed (.noinc:
@@ -63,13 +67,17 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(uint64_t* bar) {
 
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing that
 // many transactions of `bar`'s current phase.
-__device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem, uint32_t bytes,
-                                                    uint64_t* bar) {
+__device__ __forceinline__ void bulk_copy_to_shared_at(uint32_t smem, const void* gmem,
+                                                       uint32_t bytes, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_addr(smem)),
-      "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+          "r"(smem),
+      "l"(gmem), "r"(bytes), "r"(bar)
       : "memory");
+}
+__device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem, uint32_t bytes,
+                                                    uint64_t* bar) {
+  bulk_copy_to_shared_at(smem_addr(smem), gmem, bytes, smem_addr(bar));
 }
 
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) shared -> global by the bulk copy

@@ -51,6 +51,7 @@
 #include "cuda/common/e4m3_bits.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/ptx_cluster.cuh"
 #include "cuda/common/ptx_mbarrier.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/ptx_sm90.cuh"
@@ -191,10 +192,14 @@ __device__ BlockRange locate_block_range(const ScoreArgs& a, const DeviceLayout&
   return {static_cast<int>(scan[kWarps]), scan[kWarps + 1], r.count};
 }
 
-// The producer warp: the records of the block's tiles, token by token, into the stage ring. As
-// the pipelined kernel's produce_tiles: lane m owns run m % runs of tile m / runs of each batch
-// of 32 runs, looks up its block-table entry a batch ahead (within a token), and per tile lane 0
-// stores the mask and arms the stage's full barrier with the tile's bytes once the stage is free.
+// The producer warp: the records of the block's tiles, token by token, into the stage ring. Lane
+// m owns run m % runs of tile m / runs of each batch of 32 runs (runs: a power of two,
+// score_mma_key_runs) and looks up its block-table entry a batch ahead (within a token). A tile's
+// bytes and mask of copied keys are summed over its runs' lanes once per batch; per tile, once the
+// stage is free, the tile's first lane stores the mask and arms the stage's full barrier with the
+// bytes, and each of its lanes with keys copies its run. The stream's rate is this warp's rate
+// per tile (session 29's profile: its chain of dependent instructions, not its waits), so the
+// chain is kept short: shared addresses formed once, no warp reductions per tile.
 template <int kStages>
 __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n,
                                 const BlockRange& range, const PersistSmem& sm) {
@@ -204,22 +209,26 @@ __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n
   const int batch_tiles = 32 / runs;
   const int my_u = lane / runs;
   const int my_run = lane % runs;
+  const uint32_t my_records = smem_addr(sm.records) + my_run * run_keys * kFp8RecordBytes;
+  const uint32_t full = smem_addr(sm.full);
+  const uint32_t empty = smem_addr(sm.empty);
   SpanWalker walk(a, l, n, range);
   SpanToken tok;
-  int64_t f0 = 0;  // the block's index of the token's first tile in the range
+  uint32_t f0 = 0;  // the block's index of the token's first tile in the range
   while (walk.next(tok)) {
     const int b = seq_of_row_warp(l, a.token0 + tok.g);
-    auto run_entry = [&](int64_t i) { return (tok.first_tile + i) * kMmaKeys + my_run * run_keys; };
+    const int32_t* table = l.block_table + static_cast<int64_t>(b) * l.max_blocks;
+    const int tiles = static_cast<int>(tok.tiles);
+    auto run_entry = [&](int i) { return (tok.first_tile + i) * kMmaKeys + my_run * run_keys; };
     // The block-table entry of this lane's run of the token's i-th tile in range, -1 where none.
-    auto table_block = [&](int64_t i) -> int64_t {
+    auto table_block = [&](int i) -> int64_t {
       const int64_t j = run_entry(i);
-      if (i >= tok.tiles || j >= tok.visible) return -1;
+      if (i >= tiles || j >= tok.visible) return -1;
       const int64_t logical = j / a.epb;
-      if (logical >= l.max_blocks) return -1;
-      return l.block_table[static_cast<int64_t>(b) * l.max_blocks + logical];
+      return logical < l.max_blocks ? table[logical] : -1;
     };
     int64_t next_block = table_block(my_u);
-    for (int64_t i0 = 0; i0 < tok.tiles; i0 += batch_tiles) {
+    for (int i0 = 0; i0 < tiles; i0 += batch_tiles) {
       const int64_t j = run_entry(i0 + my_u);
       const int64_t block = next_block;
       next_block = table_block(i0 + batch_tiles + my_u);  // in flight while this batch is issued
@@ -232,31 +241,33 @@ __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n
       const uint32_t bytes = (static_cast<uint32_t>(keys) * kFp8RecordBytes + 15u) & ~15u;
       const uint64_t bits =
           keys == 0 ? 0 : (keys == 64 ? ~0ull : (1ull << keys) - 1) << (my_run * run_keys);
-      for (int u = 0; u < batch_tiles; ++u) {
-        if (i0 + u >= tok.tiles) break;  // uniform over the warp
-        const int64_t f = f0 + i0 + u;
-        const int st = static_cast<int>(f % kStages);
+      // The tile's totals in each of its lanes (its runs' lanes are aligned groups of `runs`).
+      uint32_t tile_bytes = bytes;
+      uint32_t mask_lo = static_cast<uint32_t>(bits), mask_hi = static_cast<uint32_t>(bits >> 32);
+      for (int o = 1; o < runs; o <<= 1) {
+        tile_bytes += __shfl_xor_sync(0xffffffffu, tile_bytes, o);
+        mask_lo |= __shfl_xor_sync(0xffffffffu, mask_lo, o);
+        mask_hi |= __shfl_xor_sync(0xffffffffu, mask_hi, o);
+      }
+      const uint8_t* src = a.cache + row0 * kFp8RecordBytes;
+      const int batch = min(batch_tiles, tiles - i0);
+      for (int u = 0; u < batch; ++u) {
+        const uint32_t f = f0 + static_cast<uint32_t>(i0 + u);
+        const uint32_t st = f % kStages;
         // The consumer of tile f - kStages released the stage (that barrier's use f / kStages - 1).
-        if (f >= kStages)
-          mbarrier_wait(&sm.empty[st], static_cast<uint32_t>((f / kStages - 1) & 1));
+        if (f >= kStages) mbarrier_wait_at(empty + 8 * st, (f / kStages - 1) & 1);
         const bool mine = my_u == u;
-        const uint32_t tile_bytes = __reduce_add_sync(0xffffffffu, mine ? bytes : 0u);
-        const uint32_t mask_lo =
-            __reduce_or_sync(0xffffffffu, mine ? static_cast<uint32_t>(bits) : 0u);
-        const uint32_t mask_hi =
-            __reduce_or_sync(0xffffffffu, mine ? static_cast<uint32_t>(bits >> 32) : 0u);
-        if (lane == 0) {
+        if (mine && my_run == 0) {
           sm.masks[st] = static_cast<uint64_t>(mask_hi) << 32 | mask_lo;
-          mbarrier_arrive_expect_tx(&sm.full[st], tile_bytes);  // releases the mask
+          mbarrier_arrive_expect_tx_at(full + 8 * st, tile_bytes);  // releases the mask
         }
-        __syncwarp();
+        __syncwarp();  // the barrier armed before any of the tile's copies can complete it
         if (mine && keys > 0) {
-          bulk_copy_to_shared(sm.records + st * kStageBytes + my_run * run_keys * kFp8RecordBytes,
-                              a.cache + row0 * kFp8RecordBytes, bytes, &sm.full[st]);
+          bulk_copy_to_shared_at(my_records + st * kStageBytes, src, bytes, full + 8 * st);
         }
       }
     }
-    f0 += tok.tiles;
+    f0 += static_cast<uint32_t>(tiles);
   }
 }
 
