@@ -377,19 +377,20 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
   }
   if (kv == DType::kU8) {
     // q in fp8, as the engine runs fp8 index keys (quantize_indexer_q, then the op's default
-    // scores over the codes: on sm_90 the pipelined wgmma kernel's one MMA per tile), and the
-    // quantization alone (its bytes: q read, codes and weights written).
+    // scores over the codes: on sm_90 the persistent kernel's e4m3 MMAs), and the quantization
+    // alone (its bytes: q read, codes and weights written).
     const IndexerQFp8 q8 = be.quantize_indexer_q(q, w);
     auto fp8_q_scores = [&] {
       (void)cuda::indexer_topk_run(cuda_be, q8.q, q8.weights, cache, L, ratio, top_k, 0.0884f,
                                    0.125f, {.run_select = false, .scores = sp});
     };
-    emit("indexer_scores", shape + tc + ", q in fp8 (quantize_indexer_q; one MMA per tile) (graph)",
+    emit("indexer_scores",
+         shape + tc + ", q in fp8 (quantize_indexer_q; the default scores) (graph)",
          time_graph_us(be, iters, fp8_q_scores), bytes, flops);
-    // The same scores by each fp8 kernel forced (sm_90): the pipelined one (the default, whatever
-    // DEEPINFER_INDEXER_FP8_SCORES says) and the persistent one (indexer_score_wgmma_persistent.cu,
-    // the same bytes) with both conversion splits, the A/B, and without conversion (e4m3 MMAs,
-    // not the same bytes); then the whole op on the persistent kernel.
+    // The same scores by each fp8 kernel forced (sm_90): the pipelined one and the persistent one
+    // (indexer_score_wgmma_persistent.cu, the same bytes) with both conversion splits, the A/B,
+    // and without conversion (e4m3 MMAs, not the same bytes: the default); then the whole op on
+    // the persistent kernel with the 3-of-8 split.
     const std::pair<IndexerScoreKernel, std::string> fp8_q_kernels[] = {
         {IndexerScoreKernel::kTensorCoreWgmmaPipelined, ", wgmma pipelined"},
         {IndexerScoreKernel::kTensorCoreWgmmaPersistent,
@@ -398,7 +399,7 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
         {IndexerScoreKernel::kTensorCoreWgmmaPersistentCvt,
          ", wgmma persistent, every k-step converted by cvt"},
         {IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8,
-         ", wgmma persistent, codes on e4m3 MMAs (fp8 MMA sums, opt-in)"}};
+         ", wgmma persistent, codes on e4m3 MMAs (fp8 MMA sums, the default)"}};
     for (const auto& [k, label] : fp8_q_kernels) {
       if (!cuda::indexer_wgmma_runs(cuda_be)) break;
       auto forced_scores = [&] {

@@ -20,7 +20,7 @@ struct BackendSwitches {
   AttentionKernelChoice attention_kernel =
       AttentionKernelChoice::kWgmmaOverlapAuto;  // DEEPINFER_ATTENTION_KERNEL
   IndexerFp8Scores indexer_fp8_scores =
-      IndexerFp8Scores::kWgmmaPersistentCvt;  // DEEPINFER_INDEXER_FP8_SCORES
+      IndexerFp8Scores::kWgmmaPersistentFp8;  // DEEPINFER_INDEXER_FP8_SCORES
 };
 
 // The switches as the environment sets them now; throws Error(kInvalidArgument) on a bad value.

@@ -110,8 +110,8 @@ class CudaBackend final : public Backend {
   // call to compare the two in one run.
   AttentionKernelChoice attention_kernel() const { return attention_kernel_; }
   void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
-  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma_persistent_cvt: the default,
-  // wgmma_pipelined, wgmma, mma_sync, wgmma_persistent, wgmma_persistent_fp8):
+  // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma_persistent_fp8: the default,
+  // wgmma_persistent_cvt, wgmma_pipelined, wgmma, mma_sync, wgmma_persistent):
   // which kernel scores fp8 index keys at 64 heads on sm_90 unless a benchmark forces one
   // (indexer_options.h).
   IndexerFp8Scores indexer_fp8_scores() const { return indexer_fp8_scores_; }
@@ -259,7 +259,7 @@ class CudaBackend final : public Backend {
   bool wgmma_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
-  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentCvt;
+  IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentFp8;
   AttentionMmaPlan last_attention_plan_;
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool last_attention_wgmma_ = false;

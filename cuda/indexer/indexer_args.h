@@ -34,10 +34,11 @@ class CudaBackend;
 Tensor indexer_q_values(CudaBackend& be, const Tensor& q);
 
 // Where the wgmma kernels may score fp8 index keys (choose_indexer): `be`'s device is sm_90, and
-// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma_pipelined (or unset: on
-// indexer_score_wgmma_pipelined.cu) or wgmma (indexer_score_wgmma.cu; mma_sync:
-// indexer_score_mma.cu; wgmma_persistent / _cvt: indexer_score_wgmma_persistent.cu for q in fp8,
-// else as wgmma_pipelined; the A/B switch, read at the backend's creation).
+// by default where the backend's DEEPINFER_INDEXER_FP8_SCORES is wgmma_pipelined
+// (indexer_score_wgmma_pipelined.cu) or wgmma (indexer_score_wgmma.cu; mma_sync:
+// indexer_score_mma.cu; wgmma_persistent / _cvt / _fp8 (unset: _fp8):
+// indexer_score_wgmma_persistent.cu for q in fp8, else as wgmma_pipelined; the A/B switch, read
+// at the backend's creation).
 WgmmaChoice indexer_wgmma_choice(const CudaBackend& be);
 
 // Throws Error(kUnsupported) when the config does not fit the device's shared memory.

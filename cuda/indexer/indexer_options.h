@@ -18,7 +18,7 @@ class CudaBackend;
 
 // Which kernel scores V4 fp8 index keys at 64 heads by default on an sm_90 device (kAuto and
 // kTensorCore), the backend's DEEPINFER_INDEXER_FP8_SCORES at its creation. For q in fp8 (the
-// engine's path with fp8 index keys) wgmma_persistent_cvt by default (below), otherwise
+// engine's path with fp8 index keys) wgmma_persistent_fp8 by default (below), otherwise
 // wgmma_pipelined: on the H200 it scored fp8 keys 1.6-1.8x faster than the wgmma kernel in session
 // 11 (B = 64: 42.0 vs 73.9 us at 32K, 149.2 vs 240.7 us at 128K), passed the op table's 183 indexer
 // rows against the CPU and, in session 12, its own byte-for-byte test against the wgmma kernel.
@@ -35,22 +35,25 @@ enum class IndexerFp8Scores {
   // through cvt and 5 through integer operations; elsewhere kWgmmaPipelined's choice. The same
   // score bytes as kWgmmaPipelined (its GPU test, session 13 on the H200).
   kWgmmaPersistent,
-  // "wgmma_persistent_cvt" or unset: the same kernel with every key code through cvt; the default
-  // since session 13: on the H200, B = 64, 35.4 us at 32K (pipelined 38.8, kWgmmaPersistent 36.8)
-  // and 122.5 us at 128K (131.1, 125.9); B = 1 at 32K 6.6 us (8.7). The same score bytes as
-  // kWgmmaPipelined (its GPU test).
+  // "wgmma_persistent_cvt": the same kernel with every key code through cvt (the default from
+  // session 13 to 31): on the H200, B = 64, 35.4 us at 32K (pipelined 38.8, kWgmmaPersistent
+  // 36.8) and 122.5 us at 128K (131.1, 125.9); B = 1 at 32K 6.6 us (8.7). The same score bytes as
+  // kWgmmaPipelined (its GPU test): the choice for scores exact to f32 rounding.
   kWgmmaPersistentCvt,
-  // "wgmma_persistent_fp8": the persistent kernel with no key conversion, the codes on e4m3 MMAs
-  // (IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8): DeepSeek's numerics, not the CPU op's
-  // scores to f32 rounding (within ~5e-4 of a row's largest score on the H200, session 17).
-  // Opt-in; q in f32 keeps kWgmmaPipelined's choice.
+  // "wgmma_persistent_fp8" or unset: the persistent kernel with no key conversion, the codes on
+  // e4m3 MMAs (IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8), as DeepSeek's paged MQA logits
+  // kernels on Hopper (DeepInfer's indexer): their numerics, not the CPU op's scores to f32
+  // rounding (Hopper's fp8 MMAs keep 13 fraction bits of each k32 step's sum: within ~5e-4 of a
+  // row's largest score on the H200, session 17). The default since session 31: faster at every
+  // shape measured (session 30, B = 64: 27.7 against 31.0 us at 32K, 82.2 against 94.1 at 128K;
+  // B = 256 at 32K 81.0 against 96.6). q in f32 keeps kWgmmaPipelined's choice.
   kWgmmaPersistentFp8,
 };
 
 // The choice DEEPINFER_INDEXER_FP8_SCORES names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<IndexerFp8Scores> parse_indexer_fp8_scores(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty()) return IndexerFp8Scores::kWgmmaPersistentCvt;
+  if (v.empty()) return IndexerFp8Scores::kWgmmaPersistentFp8;
   if (v == "wgmma_pipelined") return IndexerFp8Scores::kWgmmaPipelined;
   if (v == "wgmma") return IndexerFp8Scores::kWgmma;
   if (v == "mma_sync") return IndexerFp8Scores::kMmaSync;
@@ -100,7 +103,8 @@ enum class IndexerScoreKernel {
   // ... with no conversion: the key and q codes multiplied on e4m3 MMAs (wgmma.m64n64k32), as
   // DeepSeek's paged MQA logits kernels do on Hopper. Hopper's fp8 MMAs keep fewer bits of their
   // sums than f32 (SageAttention2 reports 13 mantissa bits), so its scores are not the CPU op's
-  // to f32 rounding: kAuto takes it only under DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent_fp8.
+  // to f32 rounding. kAuto takes it under DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent_fp8 (the
+  // default).
   kTensorCoreWgmmaPersistentFp8,
 };
 

@@ -34,10 +34,10 @@
 // only, which changes no sum.) Key codes 0x7f / 0xff (NaN, which no encoder here writes) score
 // finite values in the integer steps instead of -inf.
 //
-// The fp8-MMA variant (kFp8Mma: IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8, opt-in as
-// DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent_fp8) converts nothing, as DeepSeek's paged MQA
-// logits kernels on Hopper: q's B tile holds its codes (wgmma_q8_offset), the key words as loaded
-// are the A registers of four wgmma.m64n64k32 e4m3 steps (wgmma_k8_of_channel), and the head
+// The fp8-MMA variant (kFp8Mma: IndexerScoreKernel::kTensorCoreWgmmaPersistentFp8, the default:
+// DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent_fp8 or unset) converts nothing, as DeepSeek's paged
+// MQA logits kernels on Hopper: q's B tile holds its codes (wgmma_q8_offset), the key words as
+// loaded are the A registers of four wgmma.m64n64k32 e4m3 steps (wgmma_k8_of_channel), and the head
 // weight carries only the two op scales. The products are exact, but Hopper's fp8 MMAs keep fewer
 // bits of their sums than f32, so its scores differ from the others' in the low bits (within
 // 5.4e-4 of a row's largest score on the H200; its GPU test). Needing 90 registers per thread, it

@@ -1,7 +1,7 @@
 // The indexer's A/B switch DEEPINFER_INDEXER_FP8_SCORES (cuda/indexer/indexer_options.h), parsed
 // on the host as the CUDA backend parses it at its creation: unset or empty is the default
-// (wgmma_pipelined), the three names choose (wgmma forces the previous default), anything else is
-// refused (the backend then throws naming the variable and the value).
+// (wgmma_persistent_fp8), each kernel's name chooses it, anything else is refused (the backend
+// then throws naming the variable and the value).
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -12,8 +12,8 @@ namespace deepinfer::cuda {
 namespace {
 
 TEST(IndexerOptions, Fp8ScoresSwitchParses) {
-  EXPECT_EQ(parse_indexer_fp8_scores(nullptr), IndexerFp8Scores::kWgmmaPersistentCvt);
-  EXPECT_EQ(parse_indexer_fp8_scores(""), IndexerFp8Scores::kWgmmaPersistentCvt);
+  EXPECT_EQ(parse_indexer_fp8_scores(nullptr), IndexerFp8Scores::kWgmmaPersistentFp8);
+  EXPECT_EQ(parse_indexer_fp8_scores(""), IndexerFp8Scores::kWgmmaPersistentFp8);
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma_persistent_cvt"),
             IndexerFp8Scores::kWgmmaPersistentCvt);
   EXPECT_EQ(parse_indexer_fp8_scores("wgmma_persistent"), IndexerFp8Scores::kWgmmaPersistent);

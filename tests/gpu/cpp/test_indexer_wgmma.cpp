@@ -59,7 +59,7 @@ TEST(IndexerWgmma, Fp8ScoresSwitchIsReadWhenTheBackendIsCreated) {
     return dynamic_cast<const cuda::CudaBackend&>(*be).indexer_fp8_scores();
   };
   EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores(nullptr)),
-            IndexerFp8Scores::kWgmmaPersistentCvt);
+            IndexerFp8Scores::kWgmmaPersistentFp8);
   EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma_pipelined")),
             IndexerFp8Scores::kWgmmaPipelined);
   EXPECT_EQ(scores_of(cuda_backend_with_fp8_scores("wgmma")), IndexerFp8Scores::kWgmma);

@@ -1,5 +1,5 @@
 // The persistent wgmma scores of fp8 index keys (cuda/indexer/indexer_score_wgmma_persistent.cu)
-// against the pipelined kernel's (indexer_score_wgmma_pipelined.cu, the default), both forced
+// against the pipelined kernel's (indexer_score_wgmma_pipelined.cu), both forced
 // through indexer_topk_run with q in fp8 (quantize_indexer_q on the device): the persistent
 // kernel's header says why its scores are the pipelined kernel's bytes (its integer key
 // conversion gives each code times 2^-8, its q columns and key scales undo that exactly), so the
@@ -13,7 +13,8 @@
 // (DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent) runs it by default for q in fp8 and keeps the
 // pipelined kernel for q in f32; forcing it on f32 q is refused. Skips without a GPU or off
 // sm_90. Host inputs: as test_indexer_wgmma_pipelined.cpp (a second or two for the 32K cases).
-// The fp8-MMA variant (no key conversion) is held to a tolerance instead (Fp8MmaScoresAreClose).
+// The fp8-MMA variant (no key conversion; the default for q in fp8) is held to a tolerance
+// instead (Fp8MmaScoresAreClose).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -223,7 +224,7 @@ TEST_P(IndexerWgmmaPersistent, ScoresAreThePipelinedKernelsBytes) {
   ASSERT_EQ(first_difference(want, scores_by_switch("wgmma_persistent", c), bound), "");
 }
 
-// The fp8-MMA variant (kTensorCoreWgmmaPersistentFp8, opt-in) against the pipelined kernel's
+// The fp8-MMA variant (kTensorCoreWgmmaPersistentFp8, the default) against the pipelined kernel's
 // scores: the same -inf entries, every other score within kFp8MmaTol of its row's largest |score|
 // (Hopper's e4m3 MMAs keep fewer bits of their sums over a key's 128 channels than f32: 5.4e-4
 // at most on the H200 in session 17; a misplaced code or weight is off by O(1) instead), and top-k

@@ -8,10 +8,11 @@
 // key, and a prefill chunk whose rows walk many tiles each (the stage ring wraps); and with q in
 // fp8 (quantize_indexer_q: the pipelined kernel's one MMA per tile against the wgmma kernel's two
 // parts, whose lo parts are then zero: the same bytes). Also the
-// switch: a backend created with DEEPINFER_INDEXER_FP8_SCORES unset (its default) runs it by
-// default. Skips without a GPU or off sm_90. The inputs of the 32K cases are 67M key values:
-// drawn in a second or two since f32_to_f8e4m3 computes its code (it scanned the 127 codes per
-// value, and the b64 32K case took 77 s on the host).
+// switch: a backend created with DEEPINFER_INDEXER_FP8_SCORES=wgmma_pipelined runs it by
+// default (for q in f32 every persistent choice, the default included, keeps it too). Skips without
+// a GPU or off sm_90. The inputs of the 32K cases are 67M key values: drawn in a second or two
+// since f32_to_f8e4m3 computes its code (it scanned the 127 codes per value, and the b64 32K case
+// took 77 s on the host).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,7 +113,7 @@ TEST_P(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
   }
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   if (!cuda::indexer_wgmma_runs(cuda_be)) GTEST_SKIP() << "wgmma needs an sm_90 device";
-  const std::unique_ptr<Backend> by_switch = cuda_backend_with_fp8_scores(nullptr);
+  const std::unique_ptr<Backend> by_switch = cuda_backend_with_fp8_scores("wgmma_pipelined");
   auto& switch_be = dynamic_cast<cuda::CudaBackend&>(*by_switch);
   std::mt19937 rng(20261203);
   {
@@ -175,7 +176,7 @@ TEST_P(IndexerWgmmaPipelined, ScoresAreTheWgmmaKernelsBytes) {
     for (int64_t i = 0; i < ia.numel(); ++i) {
       ASSERT_EQ(ia.data<int32_t>()[i], ib.data<int32_t>()[i]) << "top-k slot " << i;
     }
-    // The switch: kAuto on a backend created with it unset.
+    // The switch: kAuto on a backend created with it.
     const std::pair<Tensor, Tensor> qw2 = q_and_weights(*by_switch);
     const Tensor &q2 = qw2.first, &w2 = qw2.second;
     const Tensor cache2 = up_same(*by_switch, in.cache);
