@@ -441,8 +441,9 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
 }  // namespace
 
 void bench_indexer(Backend& be, int iters, const std::string& match) {
-  if (match.empty()) {  // the copy roofline of the same run (bytes read + written), which the
-                        // indexer's GB/s face
+  // The copy roofline of the same run (bytes read + written), which the indexer's GB/s face;
+  // `--match roofline` prints it alone, next to a filtered run.
+  if (match.empty() || match == "roofline") {
     const int64_t n = int64_t{1} << 30;
     Tensor a = rnd(be, {n / 4, 4}, DType::kF32, 1);
     Tensor b;

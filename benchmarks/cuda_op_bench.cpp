@@ -17,7 +17,8 @@
 // Usage: cuda_op_bench [--iters N]
 //                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc|rope]
 //                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE;
-//                     fp8: the weights whose name contains it, decode token counts only)
+//                     fp8: the weights whose name contains it, decode token counts only;
+//                     `--only indexer --match roofline`: the copy roofline alone)
 //                     [--ablate BITS] (attention-trace only)
 // (one JSON object per line)
 #include <cublasLt.h>
