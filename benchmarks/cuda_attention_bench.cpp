@@ -133,9 +133,9 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
   // mma_sync, wgmma, the wgmma_prefetch variants, wgmma_overlap (plain, _pdl and _fused: the
   // splits merged by their cluster), at 128 heads or a multiple wgmma_overlap_pair and
   // wgmma_overlap_pair_blocks (a cluster per unit), and wgmma_overlap_ilp (graph), the A/B rows,
-  // and wgmma_overlap_ilp and both pairs with the output in bf16 (the pairs over fp8 persistent
-  // there), then also with q in bf16, then also with this call's keys in the ring's format (the
-  // engine's call). Every row names the kernel that ran and its merge.
+  // and the engine's call (engine_rows) under the backend's choice, wgmma_overlap_ilp and both
+  // pairs (the pairs over fp8 persistent there). Every row names the kernel that ran and its
+  // merge.
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const cuda::AttentionMmaChoice backend_choice = cuda_be.attention_mma_choice();
   const cuda::AttentionKernelChoice backend_kernel = cuda_be.attention_kernel();
@@ -157,10 +157,31 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
     return kernel + path + " (rows=" + std::to_string(p.rows) +
            " splits=" + std::to_string(p.splits) + ")";
   };
+  // The engine's call under the kernel and plan in force (DeepseekV4Model sets bf16_output with
+  // bf16_math): the output in bf16, as FlashMLA's interface writes it; then also q in bf16, as the
+  // engine's rms_norm_rope returns it (FlashMLA's q dtype); then also this call's keys in the
+  // ring's format (the engine's kv from rms_norm_rope_kv): no encoding launch before the kernel,
+  // as FlashMLA's call, whose cache holds them already.
+  auto engine_rows = [&] {
+    AttentionCase bf16_out = c;
+    bf16_out.spec.bf16_output = true;
+    const double out_us = time_graph_us(be, iters, [&] { bf16_out.call(be); });
+    emit(name, shape + plan_label() + " bf16 out (graph)", out_us, bytes, flops);
+    AttentionCase engine = bf16_out;
+    engine.q = rnd(be, c.q.shape(), DType::kBF16, 12);
+    const double engine_us = time_graph_us(be, iters, [&] { engine.call(be); });
+    emit(name, shape + plan_label() + " bf16 q, bf16 out (graph)", engine_us, bytes, flops);
+    AttentionCase encoded = engine;
+    encoded.kv = random_cache(be, t, AttentionCase::kDim, AttentionCase::kRope, s.kv, 13);
+    const double encoded_us = time_graph_us(be, iters, [&] { encoded.call(be); });
+    emit(name, shape + plan_label() + " bf16 q, encoded kv, bf16 out (graph)", encoded_us, bytes,
+         flops);
+  };
   const double us = time_us(be, iters, call);
   emit(name, shape + plan_label(), us, bytes, flops);
   const double graph_us = time_graph_us(be, iters, call);
   emit(name, shape + plan_label() + " (graph)", graph_us, bytes, flops);
+  engine_rows();
   cuda_be.set_attention_mma_choice({.fused_combine = false});
   const double separate_us = time_graph_us(be, iters, call);
   emit(name, shape + plan_label() + " (graph)", separate_us, bytes, flops);
@@ -186,24 +207,7 @@ void run_shape(Backend& be, int iters, const AttentionShape& s, const std::strin
       const double k_us = time_graph_us(be, iters, call);
       emit(name, shape + plan_label() + " (graph)", k_us, bytes, flops);
       if (k == cuda::AttentionKernelChoice::kWgmmaOverlapIlp || pair || keysplit) {
-        // The engine's call (DeepseekV4Model sets bf16_output with bf16_math): the output in
-        // bf16, as FlashMLA's interface writes it.
-        AttentionCase bf16_out = c;
-        bf16_out.spec.bf16_output = true;
-        const double out_us = time_graph_us(be, iters, [&] { bf16_out.call(be); });
-        emit(name, shape + plan_label() + " bf16 out (graph)", out_us, bytes, flops);
-        // And q in bf16, as the engine's rms_norm_rope now returns it (FlashMLA's q dtype).
-        AttentionCase engine = bf16_out;
-        engine.q = rnd(be, c.q.shape(), DType::kBF16, 12);
-        const double engine_us = time_graph_us(be, iters, [&] { engine.call(be); });
-        emit(name, shape + plan_label() + " bf16 q, bf16 out (graph)", engine_us, bytes, flops);
-        // And this call's keys in the ring's format (the engine's kv from rms_norm_rope_kv): no
-        // encoding launch before the kernel, as FlashMLA's call, whose cache holds them already.
-        AttentionCase encoded = engine;
-        encoded.kv = random_cache(be, t, AttentionCase::kDim, AttentionCase::kRope, s.kv, 13);
-        const double encoded_us = time_graph_us(be, iters, [&] { encoded.call(be); });
-        emit(name, shape + plan_label() + " bf16 q, encoded kv, bf16 out (graph)", encoded_us,
-             bytes, flops);
+        engine_rows();
       }
     }
     cuda_be.set_attention_kernel(backend_kernel);
