@@ -447,13 +447,7 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
 void bench_indexer(Backend& be, int iters, const std::string& match) {
   // The copy roofline of the same run (bytes read + written), which the indexer's GB/s face;
   // `--match roofline` prints it alone, next to a filtered run.
-  if (match.empty() || match == "roofline") {
-    const int64_t n = int64_t{1} << 30;
-    Tensor a = rnd(be, {n / 4, 4}, DType::kF32, 1);
-    Tensor b;
-    const double us = time_us(be, 10, [&] { b = be.scale(a, 1.0f); });
-    emit("roofline_copy(scale x1.0)", "4GiB f32", us, 2.0 * static_cast<double>(n) * 4, 0);
-  }
+  if (match.empty() || match == "roofline") emit_copy_roofline(be);
   for (const int ctx : {32768, 131072}) {
     for (const int batch : {1, 64})
       for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})

@@ -119,13 +119,7 @@ int main(int argc, char** argv) {
   }
   if (!only.empty()) return 0;
 
-  {                               // roofline: device-to-device copy (bytes read + written)
-    const int64_t n = 1LL << 30;  // 4 GiB of f32 ... as 1 Gi rows of one element
-    Tensor a = rnd(*be, {n / 4, 4}, DType::kF32, 1);
-    Tensor b = be->empty({n / 4, 4}, DType::kF32);
-    double us = time_us(*be, 10, [&] { b = be->scale(a, 1.0f); });
-    emit("roofline_copy(scale x1.0)", "4GiB f32", us, 2.0 * static_cast<double>(n) * 4, 0);
-  }
+  emit_copy_roofline(*be);
   {  // roofline: bf16 GEMM 8192^3 via linear (bf16 weights, f32 activations cast to bf16)
     Tensor x = rnd(*be, {8192, 8192}, DType::kF32, 2);
     Tensor w = rnd(*be, {8192, 8192}, DType::kBF16, 3);

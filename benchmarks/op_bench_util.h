@@ -87,6 +87,16 @@ inline void emit(const std::string& name, const std::string& shape, double us, d
   std::fflush(stdout);
 }
 
+// The device-to-device copy roofline (4 GiB of f32 read and written, by scale x1.0) that a run's
+// bandwidth-bound rows are read against.
+inline void emit_copy_roofline(Backend& be) {
+  const int64_t n = int64_t{1} << 30;
+  Tensor a = rnd(be, {n / 4, 4}, DType::kF32, 1);
+  Tensor b;
+  const double us = time_us(be, 10, [&] { b = be.scale(a, 1.0f); });
+  emit("roofline_copy(scale x1.0)", "4GiB f32", us, 2.0 * static_cast<double>(n) * 4, 0);
+}
+
 inline void emit_ratio(const std::string& name, const std::string& shape, double us, double bytes,
                        double flops, double ratio) {
   const double gbps = us > 0 ? bytes / us / 1e3 : 0.0;
