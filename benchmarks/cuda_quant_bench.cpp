@@ -274,15 +274,6 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
 
 namespace {
 
-// Device-to-device copy bandwidth (bytes read + written per second, GB/s) of `bytes`, measured
-// next to the cases that are graded against it.
-double copy_roofline_gbps(Backend& be, int64_t bytes) {
-  Tensor a = rnd(be, {bytes / 4}, DType::kF32, 41);
-  Tensor b = be.empty({bytes / 4}, DType::kF32);
-  const double us = time_us(be, 10, [&] { be.copy_into(b, a); });
-  return 2.0 * static_cast<double>(bytes) / us / 1e3;
-}
-
 // Random bytes on the device, each (LCG byte & mask) | bits (a fast LCG on the host: the values
 // only need to be varied).
 Tensor random_device_bytes(Backend& be, const Shape& shape, DType dtype, uint64_t seed,
