@@ -80,6 +80,25 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem
   bulk_copy_to_shared_at(smem_addr(smem), gmem, bytes, smem_addr(bar));
 }
 
+// An L2 cache policy that evicts the lines it is given first (createpolicy), for data read once
+// that should not push out what others read again.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// bulk_copy_to_shared_at with an L2 cache policy for the lines it reads.
+__device__ __forceinline__ void bulk_copy_to_shared_hinted_at(uint32_t smem, const void* gmem,
+                                                              uint32_t bytes, uint32_t bar,
+                                                              uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1], %2, [%3], %4;\n" ::"r"(smem),
+      "l"(gmem), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) shared -> global by the bulk copy
 // engine, in this thread's bulk group (bulk_store_commit); the thread does not wait for it.
 // Shared memory written by plain stores needs fence_async_shared before it.
