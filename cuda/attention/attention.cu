@@ -131,8 +131,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   }
   AttentionArgs a = attention_args(q, kv_bytes, swa_ring, entries, topk, sinks, layout, spec, out);
   a.sms = static_cast<int>(num_sms());
-  // bf16 q goes as it is to the warp-specialised Hopper kernel; the others read f32 q, widened
-  // exactly first.
+  // bf16 q goes as it is to the warp-specialised Hopper kernels and mma.sync; the others read
+  // f32 q, widened exactly first.
   Tensor q_wide;
   auto f32_query = [&]() {
     if (a.q != nullptr) return;
@@ -233,13 +233,19 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       return out;
     }
   }
-  f32_query();
   if (spec.bf16_math && mma_format) {
+    // mma.sync reads q in bf16 as it is.
     const AttentionMmaConfig c =
         choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits,
                              kAttentionCounterSlots, attention_mma_choice());
     if (c.supported) {
       last_attention_plan_ = c.plan;
+      if (spec.bf16_output && c.plan.splits > 1 && !c.plan.fused) {
+        // The separate combine writes the output in bf16.
+        out = empty({tokens, heads, dim}, DType::kBF16);
+        a.out = nullptr;
+        a.out_bf16 = static_cast<__nv_bfloat16*>(out.raw_data());
+      }
       split_outputs(c.plan.splits);
       if (c.plan.fused) a.counters = attention_counters();
       launch_attention_mma(a, dl, c, tokens, stream());
@@ -247,6 +253,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       return out;
     }
   }
+  f32_query();
 
   const AttentionF32Config c = choose_attention_f32(problem, num_sms());
   if (c.smem > max_shared_memory_per_block() || c.head_groups > 65535) {

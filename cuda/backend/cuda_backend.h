@@ -105,9 +105,9 @@ class CudaBackend final : public Backend {
   // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
   AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
   void set_attention_mma_choice(const AttentionMmaChoice& c) { attention_mma_choice_ = c; }
-  // DEEPINFER_ATTENTION_KERNEL at creation (mma_sync: the default, wgmma): the tensor-core
-  // attention kernel where both take the shape (attention.cu); benchmarks and tests set it per
-  // call to compare the two in one run.
+  // DEEPINFER_ATTENTION_KERNEL at creation (auto: the default; mma_sync, wgmma and its variants,
+  // attention_plan.h): the tensor-core attention kernel where several take the shape
+  // (attention.cu); benchmarks and tests set it per call to compare them in one run.
   AttentionKernelChoice attention_kernel() const { return attention_kernel_; }
   void set_attention_kernel(AttentionKernelChoice c) { attention_kernel_ = c; }
   // DEEPINFER_INDEXER_FP8_SCORES at creation (wgmma_persistent_fp8: the default,

@@ -154,17 +154,37 @@ __device__ __forceinline__ void copy_bf16_key(__nv_bfloat16* kb, int* valid, con
 }
 
 // kRows q rows of the group into qs, rounded to bf16 (rows past the heads are 0); loads batched
-// so their latencies overlap.
+// so their latencies overlap. q in bf16 (a.q_bf16: rms_norm_rope's under bf16_output) is copied
+// as it is, which is what rounding its exact f32 widening would give.
 template <int kDim, int kRows>
 __device__ __forceinline__ void load_query_tile(const AttentionArgs& a, __nv_bfloat16* qs, int t,
                                                 int h_first, int nhb, int tid) {
   constexpr int kStride = MmaLayout<kDim>::kStride;
-  const float4* q4 =
-      reinterpret_cast<const float4*>(a.q + (static_cast<int64_t>(t) * a.heads + h_first) * kDim);
+  const int64_t q_first = (static_cast<int64_t>(t) * a.heads + h_first) * kDim;
   constexpr int kQ4 = kDim / 4;
   constexpr int kQIters = kRows * kQ4 / kMmaThreads;
   constexpr int kQBatch = kQIters < 16 ? kQIters : 16;
   static_assert(kQIters % kQBatch == 0, "q batches");
+  if (a.q_bf16 != nullptr) {  // uniform over the grid
+    const uint2* q4 = reinterpret_cast<const uint2*>(a.q_bf16 + q_first);
+#pragma unroll 1
+    for (int i0 = 0; i0 < kQIters; i0 += kQBatch) {
+      uint2 v[kQBatch];
+#pragma unroll
+      for (int u = 0; u < kQBatch; ++u) {
+        const int i = tid + (i0 + u) * kMmaThreads;
+        v[u] = i / kQ4 < nhb ? __ldg(q4 + i) : make_uint2(0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < kQBatch; ++u) {
+        const int i = tid + (i0 + u) * kMmaThreads;
+        const int r = i / kQ4;
+        *reinterpret_cast<uint2*>(qs + r * kStride + 4 * (i - r * kQ4)) = v[u];
+      }
+    }
+    return;
+  }
+  const float4* q4 = reinterpret_cast<const float4*>(a.q + q_first);
 #pragma unroll 1
   for (int i0 = 0; i0 < kQIters; i0 += kQBatch) {
     float4 v[kQBatch];
