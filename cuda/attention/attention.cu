@@ -9,11 +9,12 @@
 //    kernel's last block, opt-in: it measured slower than the separate combine on the H200);
 //  - for V4's MQA shape (64 heads or a multiple, D = 512, bf16 or fp8 KV) on an sm_90 device, the
 //    Hopper kernels of sm90/ instead (same numerics and split format; their own split count over
-//    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: auto (the default: wgmma_overlap_pair over
-//    fp8 records at 128 heads or a multiple, wgmma_keysplit over bf16 rows for prefill-like calls
-//    of 16 or more rows per sequence, wgmma_overlap_ilp otherwise; attention_plan.h has the
-//    measurements), wgmma_keysplit (bf16 rows: the two consumer warpgroups each score half of
-//    every 128 keys, sm90/attention_wgmma_keysplit.cu; other records run auto),
+//    64-key tiles), by DEEPINFER_ATTENTION_KERNEL: auto (the default: mma.sync's 16-head blocks
+//    for small batches (small_batch_mma_takes), wgmma_overlap_pair over fp8 records at 128 heads
+//    or a multiple, wgmma_keysplit over bf16 rows for prefill-like calls of 16 or more rows per
+//    sequence, wgmma_overlap_ilp otherwise; attention_plan.h has the measurements),
+//    wgmma_keysplit (bf16 rows: the two consumer warpgroups each score half of every 128 keys,
+//    sm90/attention_wgmma_keysplit.cu; other records run auto),
 //    wgmma_prefetch_sw128 (the key loads a tile ahead, 128-byte swizzled tiles; fp8 only for V4's
 //    record, other records run the plain kernel), wgmma (the plain kernel), wgmma_prefetch (no
 //    swizzle), the _pdl values (the kernel a programmatic dependent launch of the encoding of f32
@@ -179,7 +180,15 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   const bool overlap_pair_asked = overlap_choice.pair;
   const bool wgmma_asked =
       kernel_choice == AttentionKernelChoice::kWgmma || prefetch_asked.prefetch || overlap_asked;
-  if (spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
+  // Auto at small batches: mma.sync's 16-head blocks, over the shapes the Hopper kernels take
+  // (small_batch_mma_takes).
+  const bool small_batch_route =
+      attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapAuto && wgmma_device_ &&
+      spec.bf16_math && mma_format &&
+      (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
+      wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
+      small_batch_mma_takes(tokens, heads, dim);
+  if (!small_batch_route && spec.bf16_math && mma_format && wgmma_asked && wgmma_device_ &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       a.entf.row_bytes == a.kvf.row_bytes &&
       wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
@@ -234,10 +243,13 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
     }
   }
   if (spec.bf16_math && mma_format) {
-    // mma.sync reads q in bf16 as it is.
-    const AttentionMmaConfig c =
-        choose_attention_mma(problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits,
-                             kAttentionCounterSlots, attention_mma_choice());
+    // mma.sync reads q in bf16 as it is. Auto's small batches take its 16-head blocks
+    // (small_batch_mma_choice).
+    const AttentionMmaConfig c = choose_attention_mma(
+        problem, num_sms(), max_shared_memory_per_block(), kAttnMaxSplits, kAttentionCounterSlots,
+        small_batch_route ? small_batch_mma_choice(tokens, heads, problem.max_keys, num_sms(),
+                                                   attention_mma_choice_.splits)
+                          : attention_mma_choice());
     if (c.supported) {
       last_attention_plan_ = c.plan;
       if (spec.bf16_output && c.plan.splits > 1 && !c.plan.fused) {

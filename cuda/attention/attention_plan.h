@@ -161,6 +161,41 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
   return best;
 }
 
+// Auto at small batches (attention.cu; on sm_90 devices, over the shapes the Hopper kernels
+// take): mma.sync with 16-head blocks and about one 32-key tile per split, merged by the separate
+// combine, where the query rows times the 16-head groups are at most kSmallBatchMaxGroups at up
+// to kSmallBatchMaxHeads heads. There a call is a chain of dependent latencies (top-k index,
+// block table, key, softmax, merge) that the Hopper kernels' deeper pipelines lengthen. Session
+// 33, the V4-Flash CSA shape (fp8 KV, 64 heads, 640 keys), the engine's call (bf16 q, keys
+// encoded, bf16 output), graph replay, against the ilp kernel: on an H100, B = 1 10.9-11.0 us
+// (20 splits) against 13.9, B = 2 13.0 (10 splits) against 14.1, B = 1 with s_q = 2 12.8
+// against 13.9; B = 4 lost (19.2 at 5 splits against 14.9) and so did B = 8. 128 heads were not
+// measured.
+constexpr int64_t kSmallBatchMaxGroups = 8;
+constexpr int64_t kSmallBatchMaxHeads = 64;
+
+inline bool small_batch_mma_takes(int64_t tokens, int64_t heads, int64_t dim) {
+  return heads <= kSmallBatchMaxHeads && mma_rows16_supported(dim) &&
+         tokens * ((heads + 15) / 16) <= kSmallBatchMaxGroups;
+}
+
+// Its plan: as few 32-key tiles per split as keep the blocks (rows x groups x splits) within one
+// wave of `sms`, the splits then as few as that tile count allows (14 splits of 2 tiles measured
+// slower than 10); `splits_override` (DEEPINFER_ATTENTION_SPLITS) where set.
+inline AttentionMmaChoice small_batch_mma_choice(int64_t tokens, int64_t heads, int64_t max_keys,
+                                                 int64_t sms, int64_t splits_override) {
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kMmaPlanKeys - 1) / kMmaPlanKeys);
+  const int64_t units = std::max<int64_t>(1, tokens * ((heads + 15) / 16));
+  const int64_t max_splits = std::max<int64_t>(1, sms / units);
+  const int64_t tiles_per_split = (tiles + max_splits - 1) / max_splits;
+  AttentionMmaChoice choice;
+  choice.fused_combine = false;
+  choice.rows = 16;
+  choice.splits =
+      splits_override > 0 ? splits_override : (tiles + tiles_per_split - 1) / tiles_per_split;
+  return choice;
+}
+
 // Which tensor-core kernel runs bf16_math attention where both take the shape: mma.sync
 // (sm80/attention_mma.cu) or Hopper's wgmma (sm90/attention_wgmma.cu: 64 heads or a multiple,
 // D = 512, bf16 or fp8 KV, sm_90a builds on sm_90 devices; elsewhere mma.sync runs). The
@@ -197,8 +232,9 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // arithmetic (the scale folded into one FFMA per exponential, the row sums reduced across lanes
 // once per unit): 128 heads over fp8, B = 256 140.9-142.0 -> 134.7 us, B = 64 40.6-41.1 -> 39.3;
 // bf16-close to kWgmmaOverlap, no longer its bytes.
-// kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): kWgmmaOverlapPair
-// over V4's fp8 records at 128 heads or a multiple, kWgmmaOverlapIlp otherwise. On the H200 the
+// kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): mma.sync at small
+// batches (small_batch_mma_takes), else kWgmmaOverlapPair over V4's fp8 records at 128 heads or a
+// multiple, kWgmmaOverlapIlp otherwise. On the H200 the
 // pairs over fp8 took 152.3 / 42.4 / 17.7 us at B = 256 / 64 / 1 against the ilp kernel's
 // 183.4 / 51.6 / 18.2 (bf16 output, session 21), and 2,155 against 2,409 us for an fp8 prefill
 // chunk of 4,096 queries; over bf16 rows they were no faster (172.4 against 168.2 us at B = 256)

@@ -519,6 +519,16 @@ void add_bf16_query_attention(std::vector<OpCase>& t) {
     // And this call's keys encoded already (rms_norm_rope_kv's rows): no encoding launch.
     csa.kv_encoded = true;
     add_attention(t, "v4_csa_b64_decode", csa);
+    // The engine's call at small batches, where auto runs mma.sync's 16-head blocks with one key
+    // tile per split (attention_plan.h, small_batch_mma_choice): q read in bf16, the output
+    // written in bf16 by the separate combine.
+    csa.seqs = {{4096, 1, 0}};
+    add_attention(t, "v4_csa_b1_decode", csa);
+    csa.seqs = {{2047, 2, 0}};
+    add_attention(t, "v4_csa_b1_sq2", csa);
+    csa.seqs = decode_seqs(8, 1);
+    add_attention(t, "v4_csa_b8_decode", csa);
+    csa.seqs = decode_seqs(64, 1);
     csa.heads = 128;
     csa.seqs = decode_seqs(150, 1);
     add_attention(t, "v4_csa_h128_b150_decode", csa);

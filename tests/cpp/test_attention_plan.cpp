@@ -124,6 +124,33 @@ TEST(AttentionPlan, CountersBoundTheFusedCombine) {
   EXPECT_TRUE(q.fused);
 }
 
+// Auto's small-batch route (mma.sync, 16-head blocks): which calls take it, and its splits at
+// the V4-Flash CSA shape (640 keys: 20 tiles of 32) on 132 SMs.
+TEST(AttentionPlan, SmallBatchRoute) {
+  EXPECT_TRUE(small_batch_mma_takes(1, 64, 512));
+  EXPECT_TRUE(small_batch_mma_takes(2, 64, 512));    // B = 2, or one sequence with s_q = 2
+  EXPECT_FALSE(small_batch_mma_takes(3, 64, 512));   // 12 groups of 16 heads
+  EXPECT_FALSE(small_batch_mma_takes(4, 64, 512));   // measured slower than the ilp kernel
+  EXPECT_FALSE(small_batch_mma_takes(1, 128, 512));  // not measured
+  EXPECT_FALSE(small_batch_mma_takes(1, 64, 96));    // no 16-row layout for D = 96
+  // B = 1: one tile per split (80 blocks); two query rows: two tiles per split (10 splits, 80
+  // blocks; 14 splits of mostly two tiles measured slower); top-k 1024 (36 tiles) at B = 1:
+  // at most 33 splits fit one wave, so two tiles each.
+  EXPECT_EQ(small_batch_mma_choice(1, 64, 640, kSms, 0).splits, 20);
+  EXPECT_EQ(small_batch_mma_choice(2, 64, 640, kSms, 0).splits, 10);
+  EXPECT_EQ(small_batch_mma_choice(1, 64, 1152, kSms, 0).splits, 18);
+  EXPECT_EQ(small_batch_mma_choice(1, 64, 640, kSms, 7).splits, 7);  // the override
+  const AttentionMmaChoice c = small_batch_mma_choice(1, 64, 640, kSms, 0);
+  EXPECT_EQ(c.rows, 16);
+  EXPECT_FALSE(c.fused_combine);
+  // The planner keeps it: 4 groups x 20 splits, separate combine.
+  const AttentionMmaPlan p = plan(1, 64, 512, 640, c);
+  EXPECT_EQ(p.rows, 16);
+  EXPECT_EQ(p.head_groups, 4);
+  EXPECT_EQ(p.splits, 20);
+  EXPECT_FALSE(p.fused);
+}
+
 TEST(AttentionPlan, ParsesTheEnvironment) {
   std::string bad;
   auto c = parse_attention_mma_choice(nullptr, nullptr, nullptr, &bad);

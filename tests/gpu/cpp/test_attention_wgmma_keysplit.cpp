@@ -98,15 +98,22 @@ TEST_P(AttentionWgmmaKeySplit, IsCloseToTheOtherKernels) {
   }
   ASSERT_TRUE(keysplit_plan.keysplit);
   EXPECT_FALSE(keysplit_plan.overlap);
-  // Auto: the key-split kernel for prefill-like calls (the chunk) and one-split decode, the ilp
-  // kernel for decode with splits (its plan's count, uncapped there, decides).
+  // Auto: mma.sync's 16-head blocks at small batches (no Hopper plan then), else the key-split
+  // kernel for prefill-like calls (the chunk) and one-split decode, the ilp kernel for decode
+  // with splits (its plan's count, uncapped there, decides).
   const Tensor automatic = run(cuda::AttentionKernelChoice::kWgmmaOverlapAuto);
-  const bool auto_keysplit =
-      cuda::keysplit_auto_takes(tokens, static_cast<int64_t>(wc.seqs.size()), plan.splits);
-  EXPECT_EQ(plan.keysplit, auto_keysplit);
-  EXPECT_EQ(plan.ilp, !auto_keysplit);
-  if (auto_keysplit) {
-    EXPECT_TRUE(same_bytes(got, automatic));
+  if (cuda::small_batch_mma_takes(tokens, wc.heads, V4AttentionInputs::kDim)) {
+    EXPECT_FALSE(cuda_be.last_attention_wgmma());
+    EXPECT_EQ(cuda_be.last_attention_plan().rows, 16);
+    EXPECT_TRUE(bf16_close(automatic, got));
+  } else {
+    const bool auto_keysplit =
+        cuda::keysplit_auto_takes(tokens, static_cast<int64_t>(wc.seqs.size()), plan.splits);
+    EXPECT_EQ(plan.keysplit, auto_keysplit);
+    EXPECT_EQ(plan.ilp, !auto_keysplit);
+    if (auto_keysplit) {
+      EXPECT_TRUE(same_bytes(got, automatic));
+    }
   }
   if (wc.splits > 0) {
     EXPECT_GT(keysplit_plan.splits, 1);

@@ -157,15 +157,20 @@ TEST_P(AttentionWgmmaOverlapPair, GivesTheUnpairedKernelsBytes) {
   EXPECT_TRUE(same_bytes(ref, got));
   EXPECT_TRUE(same_bytes(got, run(cuda::AttentionKernelChoice::kWgmmaOverlapPair)));
   EXPECT_TRUE(bf16_close(run(cuda::AttentionKernelChoice::kMmaSync), got));
-  // The default (auto): pairs over fp8 records where they take the heads, over bf16 rows the
-  // key-split kernel where auto takes it (bf16-close), else the unpaired ilp kernel (the same
-  // bytes).
+  // The default (auto): mma.sync's 16-head blocks at small batches (bf16-close), pairs over fp8
+  // records where they take the heads, over bf16 rows the key-split kernel where auto takes it
+  // (bf16-close), else the unpaired ilp kernel (the same bytes).
   const Tensor automatic = run(cuda::AttentionKernelChoice::kWgmmaOverlapAuto);
+  const bool auto_small_batch = cuda::small_batch_mma_takes(tokens, pc.heads, kDim);
   const bool auto_keysplit =
-      kv == DType::kBF16 &&
+      !auto_small_batch && kv == DType::kBF16 &&
       cuda::keysplit_auto_takes(tokens, static_cast<int64_t>(pc.seqs.size()), ref_plan.splits);
   EXPECT_EQ(plan.keysplit, auto_keysplit);
-  if (auto_keysplit) {
+  if (auto_small_batch) {
+    EXPECT_FALSE(wgmma);
+    EXPECT_EQ(plan.rows, 16);
+    EXPECT_TRUE(bf16_close(automatic, got));
+  } else if (auto_keysplit) {
     EXPECT_TRUE(bf16_close(automatic, got));
   } else {
     EXPECT_TRUE(same_bytes(got, automatic));
