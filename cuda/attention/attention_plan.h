@@ -234,13 +234,13 @@ inline AttentionMmaChoice small_batch_mma_choice(int64_t tokens, int64_t heads, 
 // bf16-close to kWgmmaOverlap, no longer its bytes.
 // kWgmmaOverlapAuto (the default, DEEPINFER_ATTENTION_KERNEL=auto or unset): mma.sync at small
 // batches (small_batch_mma_takes), else kWgmmaOverlapPair over V4's fp8 records at 128 heads or a
-// multiple, kWgmmaOverlapIlp otherwise. On the H200 the
-// pairs over fp8 took 152.3 / 42.4 / 17.7 us at B = 256 / 64 / 1 against the ilp kernel's
-// 183.4 / 51.6 / 18.2 (bf16 output, session 21), and 2,155 against 2,409 us for an fp8 prefill
-// chunk of 4,096 queries; over bf16 rows they were no faster (172.4 against 168.2 us at B = 256)
-// and a bf16 prefill chunk 1.35x slower, so bf16 rows stay unpaired. Persistent where the units
-// outnumber the clusters that fit (session 22, bf16 output): 149.1 against 152.6 us with a
-// cluster per unit at B = 256, 1,961 against 2,115 us for the fp8 prefill chunk.
+// multiple, kWgmmaOverlapIlp otherwise. On the H200 the pairs over fp8 took 152.3 / 42.4 / 17.7
+// us at B = 256 / 64 / 1 against the ilp kernel's 183.4 / 51.6 / 18.2 (bf16 output, session 21),
+// and 2,155 against 2,409 us for an fp8 prefill chunk of 4,096 queries; over bf16 rows they were
+// no faster (172.4 against 168.2 us at B = 256) and a bf16 prefill chunk 1.35x slower, so bf16
+// rows stay unpaired. Persistent where the units outnumber the clusters that fit (session 22,
+// bf16 output): 149.1 against 152.6 us with a cluster per unit at B = 256, 1,961 against 2,115
+// us for the fp8 prefill chunk.
 // kWgmmaKeySplit: over bf16 rows the key-split kernel (sm90/attention_wgmma_keysplit.cu: the two
 // consumer warpgroups each score half of every 128 keys and take turns on the tensor cores,
 // FlashMLA's sparse prefill scheme); other records run as auto. Auto takes it over bf16 rows for
