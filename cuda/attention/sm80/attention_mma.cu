@@ -153,53 +153,51 @@ __device__ __forceinline__ void copy_bf16_key(__nv_bfloat16* kb, int* valid, con
   if (cs == 0) valid[cr] = src != nullptr ? 1 : 0;
 }
 
+// Four q channels as the bf16 the products take: f32 rounded, bf16 as it is.
+__device__ __forceinline__ uint2 query_bf16x4(float4 v) {
+  return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+}
+__device__ __forceinline__ uint2 query_bf16x4(uint2 v) {
+  return v;
+}
+
 // kRows q rows of the group into qs, rounded to bf16 (rows past the heads are 0); loads batched
 // so their latencies overlap. q in bf16 (a.q_bf16: rms_norm_rope's under bf16_output) is copied
-// as it is, which is what rounding its exact f32 widening would give.
-template <int kDim, int kRows>
-__device__ __forceinline__ void load_query_tile(const AttentionArgs& a, __nv_bfloat16* qs, int t,
-                                                int h_first, int nhb, int tid) {
+// as it is, which is what rounding its exact f32 widening would give. Chunk: four channels of
+// the source, float4 or uint2.
+template <int kDim, int kRows, typename Chunk>
+__device__ __forceinline__ void stage_query_rows(const Chunk* q4, __nv_bfloat16* qs, int nhb,
+                                                 int tid) {
   constexpr int kStride = MmaLayout<kDim>::kStride;
-  const int64_t q_first = (static_cast<int64_t>(t) * a.heads + h_first) * kDim;
   constexpr int kQ4 = kDim / 4;
   constexpr int kQIters = kRows * kQ4 / kMmaThreads;
   constexpr int kQBatch = kQIters < 16 ? kQIters : 16;
   static_assert(kQIters % kQBatch == 0, "q batches");
-  if (a.q_bf16 != nullptr) {  // uniform over the grid
-    const uint2* q4 = reinterpret_cast<const uint2*>(a.q_bf16 + q_first);
-#pragma unroll 1
-    for (int i0 = 0; i0 < kQIters; i0 += kQBatch) {
-      uint2 v[kQBatch];
-#pragma unroll
-      for (int u = 0; u < kQBatch; ++u) {
-        const int i = tid + (i0 + u) * kMmaThreads;
-        v[u] = i / kQ4 < nhb ? __ldg(q4 + i) : make_uint2(0u, 0u);
-      }
-#pragma unroll
-      for (int u = 0; u < kQBatch; ++u) {
-        const int i = tid + (i0 + u) * kMmaThreads;
-        const int r = i / kQ4;
-        *reinterpret_cast<uint2*>(qs + r * kStride + 4 * (i - r * kQ4)) = v[u];
-      }
-    }
-    return;
-  }
-  const float4* q4 = reinterpret_cast<const float4*>(a.q + q_first);
 #pragma unroll 1
   for (int i0 = 0; i0 < kQIters; i0 += kQBatch) {
-    float4 v[kQBatch];
+    Chunk v[kQBatch];
 #pragma unroll
     for (int u = 0; u < kQBatch; ++u) {
       const int i = tid + (i0 + u) * kMmaThreads;
-      v[u] = i / kQ4 < nhb ? __ldg(q4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[u] = i / kQ4 < nhb ? __ldg(q4 + i) : Chunk{};
     }
 #pragma unroll
     for (int u = 0; u < kQBatch; ++u) {
       const int i = tid + (i0 + u) * kMmaThreads;
       const int r = i / kQ4;
-      *reinterpret_cast<uint2*>(qs + r * kStride + 4 * (i - r * kQ4)) =
-          make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+      *reinterpret_cast<uint2*>(qs + r * kStride + 4 * (i - r * kQ4)) = query_bf16x4(v[u]);
     }
+  }
+}
+
+template <int kDim, int kRows>
+__device__ __forceinline__ void load_query_tile(const AttentionArgs& a, __nv_bfloat16* qs, int t,
+                                                int h_first, int nhb, int tid) {
+  const int64_t q_first = (static_cast<int64_t>(t) * a.heads + h_first) * kDim;
+  if (a.q_bf16 != nullptr) {  // uniform over the grid
+    stage_query_rows<kDim, kRows>(reinterpret_cast<const uint2*>(a.q_bf16 + q_first), qs, nhb, tid);
+  } else {
+    stage_query_rows<kDim, kRows>(reinterpret_cast<const float4*>(a.q + q_first), qs, nhb, tid);
   }
 }
 
