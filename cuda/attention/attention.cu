@@ -181,10 +181,12 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   const bool wgmma_asked =
       kernel_choice == AttentionKernelChoice::kWgmma || prefetch_asked.prefetch || overlap_asked;
   // Auto at small batches: mma.sync's 16-head blocks, over the shapes the Hopper kernels take
-  // (small_batch_mma_takes).
+  // (small_batch_mma_takes). The key-split choice over records it does not take runs auto, so
+  // it takes the route too.
+  const bool auto_runs = attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapAuto ||
+                         (keysplit_asked && !keysplit_rows);
   const bool small_batch_route =
-      attention_kernel_ == AttentionKernelChoice::kWgmmaOverlapAuto && wgmma_device_ &&
-      spec.bf16_math && mma_format &&
+      auto_runs && wgmma_device_ && spec.bf16_math && mma_format &&
       (a.kvf.format == KvFormat::kBf16 || a.kvf.format == KvFormat::kFp8) &&
       wgmma_attention_shape(heads, dim, a.kvf.format == KvFormat::kFp8, a.kvf.row_bytes) &&
       small_batch_mma_takes(tokens, heads, dim);
