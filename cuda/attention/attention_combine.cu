@@ -1,13 +1,15 @@
 // The merge of attention's key splits (flash-decoding: with few tokens the key list is split
 // over several blocks so the SMs fill). Both attention kernels write the same split format:
 // part_acc [splits, T, heads, D] unnormalised sums, part_md [splits, T, heads, 2] (running max,
-// denominator); this kernel adds the sink and normalises. After the prefetching wgmma kernel of
-// DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch_pdl it is a programmatic dependent launch (it starts
-// while the splits run and waits for them). It writes out in f32, or out_bf16 (non-null) in bf16.
+// denominator); this kernel adds the sink and normalises. After the mma.sync kernel and the
+// wgmma kernels launched with `pdl` (DEEPINFER_ATTENTION_KERNEL=wgmma_prefetch_pdl, ...) it is a
+// programmatic dependent launch (it starts while the splits run and waits for them). It writes
+// out in f32, or out_bf16 (non-null) in bf16.
 #include <cstdint>
 #include <cstring>
 
 #include "cuda/attention/attention_launch.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/vec.cuh"
@@ -87,20 +89,10 @@ void launch_attention_combine(cudaStream_t stream, const float* part_acc, const 
     DEEPINFER_CUDA_LAUNCH_CHECK("attention");
     return;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(128);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  DEEPINFER_CUDA_THROW_IF_ERROR(
-      cudaLaunchKernelEx(&config, attention_combine_kernel<true>, part_acc, part_md, sinks, out,
-                         out_bf16, static_cast<int>(tokens), static_cast<int>(heads),
-                         static_cast<int>(dim), static_cast<int>(splits)),
-      "attention: the combine's programmatic launch");
+  launch_programmatic("attention's combine", grid, dim3(128), 0, stream, /*pdl=*/true,
+                      attention_combine_kernel<true>, part_acc, part_md, sinks, out, out_bf16,
+                      static_cast<int>(tokens), static_cast<int>(heads), static_cast<int>(dim),
+                      static_cast<int>(splits));
 }
 
 }  // namespace deepinfer::cuda

@@ -89,6 +89,7 @@
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
 
@@ -563,6 +564,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   float* ssum = reinterpret_cast<float*>(smem + L::kSumOff);
   int* valid_base = reinterpret_cast<int*>(smem + L::kValidOff);
 
+  // The separate combine is a programmatic dependent launch of this grid: its blocks are
+  // scheduled while this grid runs and wait for it to complete (griddepcontrol.wait).
+  let_dependents_launch();
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
