@@ -169,10 +169,11 @@ inline AttentionMmaPlan choose_mma_plan(int64_t tokens, int64_t heads, int64_t d
 // 33, the V4-Flash CSA shape (fp8 KV, 64 heads, 640 keys), the engine's call (bf16 q, keys
 // encoded, bf16 output), graph replay, against the ilp kernel: on an H100, B = 1 10.9-11.0 us
 // (20 splits) against 13.9, B = 2 13.0 (10 splits) against 14.1, B = 1 with s_q = 2 12.8
-// against 13.9; B = 4 lost (19.2 at 5 splits against 14.9) and so did B = 8. 128 heads were not
-// measured.
+// against 13.9; B = 4 lost (19.2 at 5 splits against 14.9) and so did B = 8. Session 34, an
+// H100, 128 heads (V4-Pro) at B = 1: 12.95 us at 10 splits (13.23 at 16, 15.93 at 20) against
+// 14.62 for the paired Hopper kernel.
 constexpr int64_t kSmallBatchMaxGroups = 8;
-constexpr int64_t kSmallBatchMaxHeads = 64;
+constexpr int64_t kSmallBatchMaxHeads = 128;
 
 inline bool small_batch_mma_takes(int64_t tokens, int64_t heads, int64_t dim) {
   return heads <= kSmallBatchMaxHeads && mma_rows16_supported(dim) &&

@@ -131,7 +131,9 @@ TEST(AttentionPlan, SmallBatchRoute) {
   EXPECT_TRUE(small_batch_mma_takes(2, 64, 512));    // B = 2, or one sequence with s_q = 2
   EXPECT_FALSE(small_batch_mma_takes(3, 64, 512));   // 12 groups of 16 heads
   EXPECT_FALSE(small_batch_mma_takes(4, 64, 512));   // measured slower than the ilp kernel
-  EXPECT_FALSE(small_batch_mma_takes(1, 128, 512));  // not measured
+  EXPECT_TRUE(small_batch_mma_takes(1, 128, 512));   // V4-Pro's 128 heads at B = 1
+  EXPECT_FALSE(small_batch_mma_takes(2, 128, 512));  // 16 groups
+  EXPECT_FALSE(small_batch_mma_takes(1, 256, 512));  // not measured
   EXPECT_FALSE(small_batch_mma_takes(1, 64, 96));    // no 16-row layout for D = 96
   // B = 1: one tile per split (80 blocks); two query rows: two tiles per split (10 splits, 80
   // blocks; 14 splits of mostly two tiles measured slower); top-k 1024 (36 tiles) at B = 1:
@@ -139,7 +141,8 @@ TEST(AttentionPlan, SmallBatchRoute) {
   EXPECT_EQ(small_batch_mma_choice(1, 64, 640, kSms, 0).splits, 20);
   EXPECT_EQ(small_batch_mma_choice(2, 64, 640, kSms, 0).splits, 10);
   EXPECT_EQ(small_batch_mma_choice(1, 64, 1152, kSms, 0).splits, 18);
-  EXPECT_EQ(small_batch_mma_choice(1, 64, 640, kSms, 7).splits, 7);  // the override
+  EXPECT_EQ(small_batch_mma_choice(1, 128, 640, kSms, 0).splits, 10);  // 8 groups: 2 tiles each
+  EXPECT_EQ(small_batch_mma_choice(1, 64, 640, kSms, 7).splits, 7);    // the override
   const AttentionMmaChoice c = small_batch_mma_choice(1, 64, 640, kSms, 0);
   EXPECT_EQ(c.rows, 16);
   EXPECT_FALSE(c.fused_combine);
