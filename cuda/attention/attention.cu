@@ -264,8 +264,9 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       if (c.plan.fused) a.counters = attention_counters();
       launch_attention_mma(a, dl, c, tokens, stream());
       // The separate combine starts while the splits run (their kernel lets it launch), which
-      // took 0.3-0.4 us off B = 1, 2 and s_q = 2 on an H100 (session 34).
-      if (!c.plan.fused) combine(c.plan.splits, /*pdl=*/true);
+      // took 0.3-0.4 us off B = 1, 2 and s_q = 2 on an H100 (session 34); an ordinary launch
+      // before sm_90, where programmatic launches are not supported.
+      if (!c.plan.fused) combine(c.plan.splits, programmatic_launch_device_);
       return out;
     }
   }

@@ -143,6 +143,7 @@ CudaBackend::CudaBackend(int device_index)
   attention_mma_choice_ = switches.attention_mma;
   attention_kernel_ = switches.attention_kernel;
   indexer_fp8_scores_ = switches.indexer_fp8_scores;
+  programmatic_launch_device_ = prop.major >= 9;
   // wgmma kernels have bodies only in sm_90a code (cuda/CMakeLists.txt), and run on sm_90 only.
 #ifdef DEEPINFER_HAVE_SM90A
   wgmma_device_ = prop.major == 9;

@@ -257,6 +257,8 @@ class CudaBackend final : public Backend {
   QuantDecodeChoice moe_quant_decode_ = QuantDecodeChoice::kAuto;
   QuantPrefillChoice moe_quant_prefill_ = QuantPrefillChoice::kMmaSync;
   bool wgmma_device_ = false;
+  // Compute capability 9.0 or later: programmatic dependent launches take effect.
+  bool programmatic_launch_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
   AttentionMmaChoice attention_mma_choice_;
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentFp8;
