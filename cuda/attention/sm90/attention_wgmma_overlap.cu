@@ -185,18 +185,8 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
     }
   }
   smem_limits.allow(kernel, OverlapLayout::kBytes);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kOverlapThreads);
-  config.dynamicSmemBytes = OverlapLayout::kBytes;
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1] = {};
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = p.pdl ? 1 : 0;
-  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l, OverlapWork{}, trace),
-                                "attention: the overlapping wgmma kernel's launch");
+  launch_programmatic("attention's overlapping wgmma kernel", grid, dim3(kOverlapThreads),
+                      OverlapLayout::kBytes, stream, p.pdl, kernel, a, l, OverlapWork{}, trace);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "cuda/attention/sm90/attention_wgmma_keys.cuh"
 #include "cuda/attention/sm90/attention_wgmma_prefetch.h"
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/smem_limits.h"
 
@@ -246,18 +247,8 @@ void launch(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaPla
                            : (p.pdl ? attention_wgmma_prefetch_kernel<kFmt, true, false>
                                     : attention_wgmma_prefetch_kernel<kFmt, false, false>);
   smem_limits.allow(kernel, Layout::kBytes);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Layout::kBytes;
-  config.stream = stream;
-  cudaLaunchAttribute pdl[1] = {};
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = p.pdl ? 1 : 0;
-  DEEPINFER_CUDA_THROW_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a, l),
-                                "attention: the prefetching wgmma kernel's launch");
+  launch_programmatic("attention's prefetching wgmma kernel", grid, dim3(kThreads), Layout::kBytes,
+                      stream, p.pdl, kernel, a, l);
 }
 
 }  // namespace
