@@ -456,6 +456,9 @@ void bench_indexer(Backend& be, int iters, const std::string& match) {
     // checkpoints): the call's fixed part (launch, each block's first reads) weighs a quarter.
     run_indexer(be, iters, 256, 1, ctx, DType::kU8, match);
   }
+  // A short context over fp8 index keys: mostly the call's fixed part (launch, each block's
+  // prologue and first copies, its tail).
+  run_indexer(be, iters, 64, 1, 4096, DType::kU8, match);
   // Prefill: the last 1024-row chunk of a 32K prompt.
   for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
     run_indexer(be, iters, 1, 1024, 32768, kv, match);

@@ -50,14 +50,15 @@ __device__ __forceinline__ int seq_of_row(const DeviceLayout& l, int t) {
 // seq_of_row with a whole warp (all 32 lanes, converged, the same t): each step reads 32 spread
 // entries of q_start at once and narrows the range 32-fold, so a row's sequence takes
 // ceil(log32(B)) dependent loads instead of log2(B) (B = 256: 2 instead of 8).
-__device__ __forceinline__ int seq_of_row_warp(const DeviceLayout& l, int t) {
+// `q_start` may be a copy of l.q_start (in shared memory: no load leaves the SM).
+__device__ __forceinline__ int seq_of_row_warp(const int32_t* q_start, int num_seqs, int t) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   int lo = 0;  // q_start[lo] <= t (q_start[0] = 0)
-  int n = l.num_seqs;
+  int n = num_seqs;
   while (n > 1) {
     const int step = (n + 31) / 32;
     const int idx = lo + lane * step;
-    const bool le = lane * step < n && l.q_start[idx] <= t;
+    const bool le = lane * step < n && q_start[idx] <= t;
     // q_start is nondecreasing: the lanes with q_start[idx] <= t are a prefix, lane 0 one of
     // them for a valid row (none: 0, as seq_of_row answers for t < q_start[0]).
     const unsigned mask = __ballot_sync(0xffffffffu, le);
@@ -66,6 +67,10 @@ __device__ __forceinline__ int seq_of_row_warp(const DeviceLayout& l, int t) {
     n = min(step, n - k * step);
   }
   return lo;
+}
+
+__device__ __forceinline__ int seq_of_row_warp(const DeviceLayout& l, int t) {
+  return seq_of_row_warp(l.q_start, l.num_seqs, t);
 }
 
 // Entries visible at position p: (p + 1) / ratio, at most `bound` (the block table's reach).

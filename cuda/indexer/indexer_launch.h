@@ -172,12 +172,15 @@ constexpr PersistentShape persistent_shape(bool fp8_mma) {
 }
 
 // Its shared memory: the q slots (tiles, then their metadata), the record stages, then per stage
-// the copied keys' mask and two barriers, per q slot two barriers, and the prologue's scan.
+// the copied keys' mask and two barriers, per q slot two barriers, the prologue's scan, and its
+// tables: one int per thread for the tokens' visible entries, one more (and one) for q_start.
 inline size_t score_wgmma_persistent_smem_bytes(bool fp8_mma = false) {
   const PersistentShape s = persistent_shape(fp8_mma);
+  const size_t threads = static_cast<size_t>(s.threads());
   return static_cast<size_t>(kPersistQSlots) * (kPersistQTileBytes + kPersistQMetaBytes) +
          static_cast<size_t>(s.stages) * (kMmaKeys * (kMmaDim + 4) + 3 * sizeof(uint64_t)) +
-         2 * kPersistQSlots * sizeof(uint64_t) + (s.threads() / 32 + 4) * sizeof(int64_t);
+         2 * kPersistQSlots * sizeof(uint64_t) + (threads / 32 + 4) * sizeof(int64_t) +
+         (2 * threads + 1) * sizeof(int32_t);
 }
 
 // The select kernel ranks a token's slots: with a candidate list its counts[g] slots, else its

@@ -34,10 +34,14 @@ struct SpanToken {
 
 // The range's tokens in order for one converged warp: lane m holds the visible entries of token
 // base + m, so that runs of short tokens cost one load per 32 tokens.
+// `visible`: the tokens' visible entries in shared memory (the prologue's), or null: from the
+// positions.
 class SpanWalker {
  public:
-  __device__ SpanWalker(const ScoreArgs& a, const DeviceLayout& l, int n, const BlockRange& r)
+  __device__ SpanWalker(const ScoreArgs& a, const DeviceLayout& l, int n, const BlockRange& r,
+                        const int32_t* visible)
       : positions_(l.positions),
+        visible_(visible),
         token0_(a.token0),
         ratio_(a.ratio),
         bound_(a.bound),
@@ -82,10 +86,14 @@ class SpanWalker {
   __device__ void load(int base) {
     base_ = base;
     const int g = base + (static_cast<int>(threadIdx.x) & 31);
-    lane_visible_ = g < n_ ? visible_entries(positions_[token0_ + g], ratio_, bound_) : 0;
+    lane_visible_ = g >= n_ ? 0
+                    : visible_ != nullptr
+                        ? visible_[g]
+                        : visible_entries(positions_[token0_ + g], ratio_, bound_);
   }
 
   const int32_t* positions_;
+  const int32_t* visible_;
   int token0_;
   int ratio_;
   int64_t bound_;

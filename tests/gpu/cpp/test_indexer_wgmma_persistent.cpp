@@ -9,7 +9,10 @@
 // 4K and 32K, lengths off the 64-key tile, masked block-table entries, rows with no visible key,
 // a prefill chunk whose rows walk many tiles, a chunk of short rows (many tokens per block,
 // rows with no tile between them: the token walk), and 200 rows of spread lengths (more tokens
-// than SMs). One TEST per case, so that a hang names its case. Also: the switch
+// than SMs). The prefill chunk of short rows (705 tokens) is the one case with more tokens than
+// the block has threads, so its blocks walk the tokens from the positions in global memory; every
+// other case walks the prologue's tables in shared memory. One TEST per case, so that a hang names
+// its case. Also: the switch
 // (DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent) runs it by default for q in fp8 and keeps the
 // pipelined kernel for q in f32; forcing it on f32 q is refused. Skips without a GPU or off
 // sm_90. Host inputs: as test_indexer_wgmma_pipelined.cpp (a second or two for the 32K cases).
