@@ -73,6 +73,8 @@ namespace {
 
 using namespace indexer_wgmma;  // NOLINT: the shared steps
 using indexer_persistent::BlockRange;
+using indexer_persistent::BlockSchedule;
+using indexer_persistent::locate_block_range;
 using indexer_persistent::SpanToken;
 using indexer_persistent::SpanWalker;
 namespace im = indexer_mma;
@@ -148,82 +150,6 @@ __device__ __forceinline__ PersistSmem persist_smem(uint8_t* base) {
   s.tok_visible = reinterpret_cast<int32_t*>(s.scan + kThreads / 32 + 4);
   s.q_start = s.tok_visible + kThreads;
   return s;
-}
-
-// The block's range of the flattened tiles, and whether the prologue's tables are in shared
-// memory (every thread of the block gets the same).
-struct BlockSchedule {
-  BlockRange range;
-  bool tables;
-};
-
-// Each thread sums the tile counts of a contiguous share of the group's n tokens, a block scan
-// places the shares, and the thread whose share holds the range's first tile names its token.
-// With at most one token per thread and fewer sequences than threads (decode batches up to the
-// block's threads), the prologue's loads of positions and q_start go out together and their
-// values stay in shared memory as tables: the producer's and q warps' token walks and the
-// producer's sequence searches then read no global memory before the block-table entry of the
-// first copy. (Before, that copy waited on the positions again, then two dependent q_start reads
-// after the scan's; on the H200 the tables cut B = 64 at 32K from 26.2 to 25.1 us and at 4K
-// from 9.1 to 8.6, session 35.)
-template <class S>
-__device__ BlockSchedule locate_block_range(const ScoreArgs& a, const DeviceLayout& l, int n,
-                                            const PersistSmem& sm) {
-  constexpr int kWarps = S::kWarps;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const bool tables = n <= S::kThreads && l.num_seqs < S::kThreads;
-  const int per = (n + S::kThreads - 1) / S::kThreads;
-  const int lo = min(n, tid * per);
-  const int hi = min(n, lo + per);
-  auto tiles_of = [&](int g) {
-    return indexer_persistent::tiles_of(
-        visible_entries(l.positions[a.token0 + g], a.ratio, a.bound));
-  };
-  int64_t mine = 0;
-  if (tables) {
-    // One token per thread at most: both loads in flight at once.
-    const int32_t seq_start = tid <= l.num_seqs ? l.q_start[tid] : 0;
-    const int64_t visible =
-        lo < hi ? visible_entries(l.positions[a.token0 + lo], a.ratio, a.bound) : 0;
-    if (tid <= l.num_seqs) sm.q_start[tid] = seq_start;
-    if (lo < hi) sm.tok_visible[lo] = static_cast<int32_t>(visible);  // <= bound < 2^31
-    mine = indexer_persistent::tiles_of(visible);
-  } else {
-    for (int g = lo; g < hi; ++g) mine += tiles_of(g);
-  }
-  int64_t inclusive = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, o);
-    if (lane >= o) inclusive += v;
-  }
-  if (lane == 31) sm.scan[warp] = inclusive;
-  __syncthreads();
-  int64_t before = 0, total = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    const int64_t s = sm.scan[w];
-    if (w < warp) before += s;
-    total += s;
-  }
-  const indexer_e4m3::TileRange r =
-      indexer_e4m3::persistent_tile_range(total, gridDim.x, blockIdx.x);
-  int64_t at = before + inclusive - mine;  // the block's first tile of token lo
-  if (r.count > 0 && at <= r.first && r.first < at + mine) {
-    for (int g = lo; g < hi; ++g) {
-      const int64_t t = tables ? mine : tiles_of(g);  // tables: lo is the share's one token
-      if (r.first < at + t) {
-        sm.scan[kWarps] = g;
-        sm.scan[kWarps + 1] = r.first - at;
-        break;
-      }
-      at += t;
-    }
-  }
-  __syncthreads();
-  if (r.count == 0) return {{0, 0, 0}, tables};
-  return {{static_cast<int>(sm.scan[kWarps]), sm.scan[kWarps + 1], r.count}, tables};
 }
 
 // The producer warp: the records of the block's tiles, token by token, into the stage ring. Lane
@@ -583,7 +509,8 @@ __global__ void __launch_bounds__(Shape<kFp8Mma>::kThreads, 1)
     mbarrier_init_fence();
   }
   // Syncs: the barriers are initialised after it.
-  const BlockSchedule sc = locate_block_range<S>(a, l, n, sm);
+  const BlockSchedule sc =
+      locate_block_range<S::kThreads>(a, l, n, sm.scan, sm.tok_visible, sm.q_start);
   if (sc.range.count == 0) return;  // uniform over the block
   if (tid >= S::kConsumerThreads) {
     if (tid < S::kConsumerThreads + 32) {
