@@ -28,6 +28,7 @@
 
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/common/vec.cuh"
 #include "deepinfer/dtype.h"
 #include "deepinfer/error.h"
 #include "tensor/kv_record.h"
@@ -297,6 +298,31 @@ __device__ __forceinline__ float4 decode_kv4(const uint8_t* __restrict__ row, co
           : *reinterpret_cast<const float*>(row + f.dim);  // index record: 4-byte aligned
   return make_float4(kv_e4m3_value(q & 0xffu) * scale, kv_e4m3_value((q >> 8) & 0xffu) * scale,
                      kv_e4m3_value((q >> 16) & 0xffu) * scale, kv_e4m3_value(q >> 24) * scale);
+}
+
+// Channels c .. c+7 of V4's main fp8 record (rope_dim > 0; c a multiple of 8, nope a multiple of
+// 8) as eight bf16 for a tensor-core tile: the bf16 RoPE channels as stored (8-byte aligned), the
+// e4m3 codes times their group's e8m0 scale rounded to bf16 (the attention kernels' key tiles).
+__device__ __forceinline__ uint4 fp8_record_chunk_bf16(const uint8_t* rec, int c, int nope,
+                                                       int rope_dim) {
+  if (c >= nope) {
+    const uint2 lo = *reinterpret_cast<const uint2*>(rec + nope + 2 * (c - nope));
+    const uint2 hi = *reinterpret_cast<const uint2*>(rec + nope + 2 * (c - nope) + 8);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+  const uint2 q = *reinterpret_cast<const uint2*>(rec + c);
+  const float scale = e8m0_to_float(rec[nope + 2 * rope_dim + c / kv_record::kFp8Group]);
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = k < 2 ? q.x : q.y;
+    const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+    const __half2 h =
+        __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+    const float2 f = __half22float2(h);
+    packed[k] = pack_bf16(f.x * scale, f.y * scale);
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 }  // namespace deepinfer::cuda

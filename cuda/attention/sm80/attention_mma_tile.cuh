@@ -158,25 +158,7 @@ __device__ __forceinline__ void decode_key_tile(__nv_bfloat16* kb, int* valid,
     const int c = 8 * (cs + 8 * j);
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (my_valid) {
-      if (c >= nope) {  // RoPE channels, stored as bf16 (8-byte aligned: nope % 8 == 0)
-        const uint2 lo = *reinterpret_cast<const uint2*>(my_stage + nope + 2 * (c - nope));
-        const uint2 hi = *reinterpret_cast<const uint2*>(my_stage + nope + 2 * (c - nope) + 8);
-        v = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      } else {
-        const uint2 q = *reinterpret_cast<const uint2*>(my_stage + c);
-        const float scale = e8m0_to_float(my_stage[nope + 2 * rope_dim + c / kv_record::kFp8Group]);
-        uint32_t packed[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t word = k < 2 ? q.x : q.y;
-          const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-          const __half2 h = __half2(
-              __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-          const float2 f = __half22float2(h);
-          packed[k] = pack_bf16(f.x * scale, f.y * scale);
-        }
-        v = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-      }
+      v = fp8_record_chunk_bf16(my_stage, c, nope, rope_dim);
     }
     *reinterpret_cast<uint4*>(dst + c) = v;
   }
