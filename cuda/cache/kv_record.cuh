@@ -300,6 +300,22 @@ __device__ __forceinline__ float4 decode_kv4(const uint8_t* __restrict__ row, co
                      kv_e4m3_value((q >> 16) & 0xffu) * scale, kv_e4m3_value(q >> 24) * scale);
 }
 
+// Eight e4m3 codes (bytes, in channel order) times `scale`, rounded to bf16 (exact products in
+// f32, one rounding) through the conversion units: e4m3 -> f16 -> f32.
+__device__ __forceinline__ uint4 e4m3_chunk_to_bf16(uint2 bytes, float scale) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = k < 2 ? bytes.x : bytes.y;
+    const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
+    const __half2 h =
+        __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
+    const float2 f = __half22float2(h);
+    packed[k] = pack_bf16(f.x * scale, f.y * scale);
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 // Channels c .. c+7 of V4's main fp8 record (rope_dim > 0; c a multiple of 8, nope a multiple of
 // 8) as eight bf16 for a tensor-core tile: the bf16 RoPE channels as stored (8-byte aligned), the
 // e4m3 codes times their group's e8m0 scale rounded to bf16 (the attention kernels' key tiles).
@@ -310,19 +326,8 @@ __device__ __forceinline__ uint4 fp8_record_chunk_bf16(const uint8_t* rec, int c
     const uint2 hi = *reinterpret_cast<const uint2*>(rec + nope + 2 * (c - nope) + 8);
     return make_uint4(lo.x, lo.y, hi.x, hi.y);
   }
-  const uint2 q = *reinterpret_cast<const uint2*>(rec + c);
-  const float scale = e8m0_to_float(rec[nope + 2 * rope_dim + c / kv_record::kFp8Group]);
-  uint32_t packed[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t word = k < 2 ? q.x : q.y;
-    const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-    const __half2 h =
-        __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-    const float2 f = __half22float2(h);
-    packed[k] = pack_bf16(f.x * scale, f.y * scale);
-  }
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  return e4m3_chunk_to_bf16(*reinterpret_cast<const uint2*>(rec + c),
+                            e8m0_to_float(rec[nope + 2 * rope_dim + c / kv_record::kFp8Group]));
 }
 
 }  // namespace deepinfer::cuda

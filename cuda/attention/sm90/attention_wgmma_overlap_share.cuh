@@ -100,28 +100,15 @@ __device__ __forceinline__ uint4 decode_e4m3_chunk(uint2 bytes, uint32_t scale) 
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
-// The same chunk through the conversion units (e4m3 -> f16 -> f32, times the f32 scale, rounded
-// to bf16): the plain wgmma_overlap kernel's decode (its pdl, merged and traced launches too).
-// Three conversions per pair at a quarter of the integer rate: they took its whole decode time.
-__device__ __forceinline__ uint4 decode_e4m3_chunk_cvt(uint2 bytes, float scale) {
-  uint32_t packed[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t word = k < 2 ? bytes.x : bytes.y;
-    const uint32_t pair = (word >> (16 * (k & 1))) & 0xffffu;
-    const __half2 hv =
-        __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-    const float2 f = __half22float2(hv);
-    packed[k] = pack_bf16(f.x * scale, f.y * scale);
-  }
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
-
 // Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key); the
 // key's valid flag. kIntegerDecode (the wgmma_overlap_ilp variant): decode_e4m3_chunk, every
 // chunk decoded and a masked key's zeros selected at the end, so the 28 chunks form one block
 // that ptxas interleaves (a masked key's registers hold an earlier key's bytes, or the zeros the
-// caller started with: decoded and dropped); otherwise decode_e4m3_chunk_cvt. The same bits.
+// caller started with: decoded and dropped); otherwise the conversion units
+// (e4m3_chunk_to_bf16, cache/kv_record.cuh: e4m3 -> f16 -> f32, times the f32 scale, rounded to
+// bf16), the plain wgmma_overlap kernel's decode (its pdl, merged and traced launches too), whose
+// three conversions per pair at a quarter of the integer rate took its whole decode time. The
+// same bits.
 template <bool kIntegerDecode = false>
 __device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const Fp8Half& h,
                                                 bool real, int key, int part) {
@@ -145,8 +132,8 @@ __device__ __forceinline__ void decode_fp8_half(uint8_t* kb, int* valid, const F
     for (int i = 0; i < kHalfNope; ++i) {
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if (real) {
-        v = decode_e4m3_chunk_cvt(h.nope[i],
-                                  e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4)))));
+        v = e4m3_chunk_to_bf16(h.nope[i],
+                               e8m0_to_float(static_cast<uint8_t>(scales >> (8 * (i / 4)))));
       }
       *reinterpret_cast<uint4*>(kb + Tiles<true>::offset(key, 2 * i + part)) = v;
     }
