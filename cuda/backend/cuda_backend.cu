@@ -62,14 +62,19 @@ class CudaEvent final : public Event {
 class CudaGraph final : public Graph {
  public:
   CudaGraph(std::shared_ptr<CudaContext> ctx, cudaGraph_t graph, cudaGraphExec_t exec,
-            std::vector<void*> dropped)
-      : ctx_(std::move(ctx)), graph_(graph), exec_(exec), dropped_(std::move(dropped)) {}
+            std::vector<void*> dropped, uint64_t capture_id)
+      : ctx_(std::move(ctx)),
+        graph_(graph),
+        exec_(exec),
+        dropped_(std::move(dropped)),
+        capture_id_(capture_id) {}
   ~CudaGraph() override {
     // A replay may still be running; its graph memory must not be torn down under it.
     cudaStreamSynchronize(ctx_->stream);
     cudaGraphExecDestroy(exec_);
     cudaGraphDestroy(graph_);
     for (void* p : dropped_) cudaFreeAsync(p, ctx_->stream);
+    ctx_->capture_arena.release_graph(capture_id_);
   }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
@@ -80,6 +85,7 @@ class CudaGraph final : public Graph {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   std::vector<void*> dropped_;  // buffers dropped during the capture that the graph may read
+  uint64_t capture_id_;         // its blocks of the capture arena
 };
 
 // The buffers allocated before the capture and dropped during it (CudaContext::capture_id).
@@ -246,10 +252,18 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
     n *= s;
   }
   const size_t nbytes = static_cast<size_t>(n) * dtype_size(dtype);
+  const uint64_t allocated_in = ctx_->capture_id;
+  const bool from_arena = allocated_in != 0 && nbytes > 0;
   void* ptr = nullptr;
   if (nbytes > 0) {
     DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
-    cudaError_t err = cudaMallocAsync(&ptr, nbytes, ctx_->stream);
+    cudaError_t err = cudaSuccess;
+    if (from_arena) {
+      ptr = ctx_->capture_arena.take(nbytes, allocated_in);
+      if (ptr == nullptr) err = cudaErrorMemoryAllocation;
+    } else {
+      err = cudaMallocAsync(&ptr, nbytes, ctx_->stream);
+    }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw Error(ErrorCode::kIo, "out of CUDA memory allocating " + std::to_string(nbytes) +
@@ -259,10 +273,13 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
     DEEPINFER_CUDA_CHECK(err);
   }
   std::shared_ptr<CudaContext> ctx = ctx_;
-  const uint64_t allocated_in = ctx_->capture_id;
-  auto storage =
-      Storage::adopt(ptr, nbytes, Device{DeviceKind::kCuda, device_}, [ctx, allocated_in](void* p) {
+  auto storage = Storage::adopt(
+      ptr, nbytes, Device{DeviceKind::kCuda, device_}, [ctx, allocated_in, from_arena](void* p) {
         if (p == nullptr) return;
+        if (from_arena) {
+          ctx->capture_arena.give_back(p);
+          return;
+        }
         if (ctx->capture_id != 0 && ctx->capture_id != allocated_in) {
           // Not this graph's allocation: a captured free of it fails (and leaves
           // cudaErrorInvalidValue for the next launch check to report).
@@ -505,7 +522,8 @@ std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
   DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
   DEEPINFER_CUDA_CHECK(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
-  ctx_->capture_id = ++ctx_->captures;
+  const uint64_t capture_id = ++ctx_->captures;
+  ctx_->capture_id = capture_id;
   cudaGraph_t graph = nullptr;
   try {
     body();
@@ -516,12 +534,23 @@ std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
       cudaGraphDestroy(graph);
     cudaGetLastError();
     free_now(*ctx_, take_dropped_in_capture(*ctx_));
+    ctx_->capture_arena.release_graph(capture_id);
     throw;
   }
   capturing_ = false;
   ctx_->capture_id = 0;
+  const bool exclusive = ctx_->capture_arena.keep_live_blocks(capture_id);
   std::vector<void*> dropped = take_dropped_in_capture(*ctx_);
   cudaError_t err = cudaStreamEndCapture(ctx_->stream, &graph);
+  if (err == cudaSuccess && !exclusive) {
+    cudaGraphDestroy(graph);
+    free_now(*ctx_, dropped);
+    ctx_->capture_arena.release_graph(capture_id);
+    throw Error(ErrorCode::kInternal,
+                "capture: a tensor allocated while the graph was captured outlives the capture in "
+                "memory another graph replays into (graph outputs go to tensors allocated before "
+                "the capture)");
+  }
   cudaGraphExec_t exec = nullptr;
   if (err == cudaSuccess) {
     err = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
@@ -529,9 +558,10 @@ std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
   }
   if (err != cudaSuccess) {
     free_now(*ctx_, dropped);
+    ctx_->capture_arena.release_graph(capture_id);
     DEEPINFER_CUDA_CHECK(err);
   }
-  return std::make_unique<CudaGraph>(ctx_, graph, exec, std::move(dropped));
+  return std::make_unique<CudaGraph>(ctx_, graph, exec, std::move(dropped), capture_id);
 }
 
 const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {

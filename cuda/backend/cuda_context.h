@@ -136,6 +136,94 @@ class PinnedPool {
   std::vector<std::pair<cudaStream_t, std::deque<Retained>>> retained_;
 };
 
+// The device memory of tensors allocated while a graph is captured. Stream-ordered allocations
+// there would become memory nodes of the graph, and a kernel launched after such a node is no
+// longer a programmatic dependent of the kernel before it (measured on an H100: a chain of short
+// kernels lost all of PDL's gain). So a capture takes plain cudaMalloc blocks instead, and a
+// block whose tensor died is reused by a later allocation of the same capture or of a later one:
+// everything a graph runs is ordered on the one compute stream (a kernel that may start early
+// waits before it writes, cuda/common/pdl.cuh), and graphs replay one at a time on it. A block
+// still live when its capture ends is kept by that graph, for it alone, until the graph is
+// destroyed and the tensor died.
+class CaptureArena {
+ public:
+  CaptureArena() = default;
+  CaptureArena(const CaptureArena&) = delete;
+  CaptureArena& operator=(const CaptureArena&) = delete;
+  ~CaptureArena() {
+    for (const Block& b : blocks_) cudaFree(b.ptr);
+  }
+  // A block of at least `nbytes` for capture `capture_id`: the smallest free one that fits, else
+  // a new one. Returns nullptr when the device has no memory left.
+  void* take(size_t nbytes, uint64_t capture_id) {
+    const size_t size = (std::max<size_t>(nbytes, 1) + kAlign - 1) / kAlign * kAlign;
+    std::lock_guard<std::mutex> lock(mu_);
+    Block* best = nullptr;
+    for (Block& b : blocks_) {
+      if (b.free() && b.size >= size && (best == nullptr || b.size < best->size)) best = &b;
+    }
+    if (best == nullptr) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, size) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      blocks_.push_back({p, size});
+      best = &blocks_.back();
+    }
+    best->live = true;
+    if (std::find(best->graphs.begin(), best->graphs.end(), capture_id) == best->graphs.end()) {
+      best->graphs.push_back(capture_id);
+    }
+    return best->ptr;
+  }
+  // The tensor of block `p` died.
+  void give_back(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Block& b : blocks_) {
+      if (b.ptr == p) b.live = false;
+    }
+  }
+  // Capture `capture_id` ended: its graph keeps the blocks still live. Returns false when one of
+  // them is also a block another graph still replays into (a tensor of this capture outlived it
+  // in memory that graph may overwrite).
+  bool keep_live_blocks(uint64_t capture_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool exclusive = true;
+    for (Block& b : blocks_) {
+      if (b.live && b.used_by(capture_id)) {
+        b.kept_by = capture_id;
+        exclusive = exclusive && b.graphs.size() == 1;
+      }
+    }
+    return exclusive;
+  }
+  // The graph of capture `capture_id` was destroyed, or its capture failed.
+  void release_graph(uint64_t capture_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Block& b : blocks_) {
+      std::erase(b.graphs, capture_id);
+      if (b.kept_by == capture_id) b.kept_by = 0;
+    }
+  }
+
+ private:
+  static constexpr size_t kAlign = 256;
+  struct Block {
+    void* ptr = nullptr;
+    size_t size = 0;
+    bool live = false;             // its tensor exists
+    uint64_t kept_by = 0;          // the capture (live graph) whose tensor outlived it in it
+    std::vector<uint64_t> graphs;  // the captures (live graphs) that replay into it
+    bool free() const { return !live && kept_by == 0; }
+    bool used_by(uint64_t capture_id) const {
+      return std::find(graphs.begin(), graphs.end(), capture_id) != graphs.end();
+    }
+  };
+  std::mutex mu_;
+  std::deque<Block> blocks_;  // a deque: pointers into it stay valid as it grows
+};
+
 struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -155,6 +243,7 @@ struct CudaContext {
   uint64_t captures = 0;
   std::mutex dropped_mu;
   std::vector<void*> dropped_in_capture;
+  CaptureArena capture_arena;
   ~CudaContext() {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);

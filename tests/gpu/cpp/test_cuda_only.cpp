@@ -356,5 +356,70 @@ TEST_F(CudaOnly, CaptureMayDropABufferAllocatedBeforeIt) {
   EXPECT_NO_THROW(gpu().to_host(gpu().rms_norm(x, Tensor(), 1e-6f)));
 }
 
+// A chain of dependent ops whose temporaries die inside the capture: eagerly, then as two graphs
+// replayed in turns. Captures take their temporaries from the backend's capture arena, which
+// reuses a dead tensor's block within the capture and across graphs, and the kernels may start
+// before the one ahead of them finished (DEEPINFER_PDL): a block reused too early, or a kernel
+// that read before its wait, would change the bits.
+Tensor norm_chain(Backend& b, const Tensor& x, const Tensor& w, int links) {
+  Tensor h = x;
+  for (int i = 0; i < links; ++i) h = b.add(b.rms_norm(b.scale(h, 0.5f + i), w, 1e-6f), x);
+  return h;
+}
+
+TEST_F(CudaOnly, GraphsThatShareTheCaptureArenaReplayTheEagerBits) {
+  const Tensor x = f32(randn({3, 512}));
+  const Tensor x2 = f32(randn({5, 512}));
+  const Tensor w = f32(randn({512}));
+  const Tensor want_a = gpu().to_host(norm_chain(gpu(), x, w, 6));
+  const Tensor want_b = gpu().to_host(norm_chain(gpu(), x2, w, 9));
+  Tensor out_a = gpu().empty({3, 512}, DType::kF32);
+  Tensor out_b = gpu().empty({5, 512}, DType::kF32);
+  std::unique_ptr<Graph> a =
+      gpu().capture([&] { gpu().copy_into(out_a, norm_chain(gpu(), x, w, 6)); });
+  std::unique_ptr<Graph> b =
+      gpu().capture([&] { gpu().copy_into(out_b, norm_chain(gpu(), x2, w, 9)); });
+  for (int round = 0; round < 3; ++round) {
+    gpu().copy_into(out_a, gpu().zeros({3, 512}, DType::kF32));
+    gpu().copy_into(out_b, gpu().zeros({5, 512}, DType::kF32));
+    a->replay();
+    b->replay();
+    const Tensor got_a = gpu().to_host(out_a);
+    const Tensor got_b = gpu().to_host(out_b);
+    for (int64_t i = 0; i < want_a.numel(); ++i)
+      ASSERT_EQ(got_a.item(i), want_a.item(i)) << "graph a, round " << round << ", element " << i;
+    for (int64_t i = 0; i < want_b.numel(); ++i)
+      ASSERT_EQ(got_b.item(i), want_b.item(i)) << "graph b, round " << round << ", element " << i;
+  }
+}
+
+// A tensor of a capture that outlives it keeps its block for that graph; when the block is one
+// another live graph uses for a temporary, the capture fails rather than let the two graphs
+// overwrite each other. The odd size makes the block one only these captures take.
+TEST_F(CudaOnly, ACaptureWhoseOutputSharesAnotherGraphsTemporaryFails) {
+  constexpr int64_t kOdd = 77773;
+  const Tensor x = f32(randn({kOdd}));
+  std::unique_ptr<Graph> a = gpu().capture([&] {
+    Tensor temporary = gpu().scale(x, 2.0f);
+    gpu().copy_into(x, gpu().scale(temporary, 0.5f));
+  });
+  Tensor kept;
+  try {
+    std::unique_ptr<Graph> b = gpu().capture([&] { kept = gpu().scale(x, 3.0f); });
+    ADD_FAILURE() << "the capture kept a block graph a replays into";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(e.what()).find("outlives the capture"), std::string::npos) << e.what();
+  }
+  kept = Tensor();
+  a.reset();
+  // With graph a gone, the same capture keeps its output.
+  const Tensor want = gpu().to_host(gpu().scale(x, 3.0f));
+  std::unique_ptr<Graph> c = gpu().capture([&] { kept = gpu().scale(x, 3.0f); });
+  c->replay();
+  const Tensor got = gpu().to_host(kept);
+  for (int64_t i = 0; i < kOdd; ++i) ASSERT_EQ(got.item(i), want.item(i)) << "element " << i;
+}
+
 }  // namespace
 }  // namespace deepinfer::backend_ops
