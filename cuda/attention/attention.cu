@@ -127,7 +127,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   if (kvf.format != KvFormat::kF32 && kv.dtype() == DType::kF32) {
     kv_rows = scratch(static_cast<size_t>(tokens * kvf.row_bytes));
     launch_encode_kv_rows(kv.data<float>(), static_cast<uint8_t*>(kv_rows.raw_data()), tokens, kvf,
-                          stream(), op);
+                          pdl(), stream(), op);
     kv_bytes = kv_rows.raw_data();
   }
   AttentionArgs a = attention_args(q, kv_bytes, swa_ring, entries, topk, sinks, layout, spec, out);
@@ -138,7 +138,8 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
   auto f32_query = [&]() {
     if (a.q != nullptr) return;
     q_wide = scratch(static_cast<size_t>(q.numel()) * sizeof(float));
-    launch_widen_bf16(a.q_bf16, static_cast<float*>(q_wide.raw_data()), q.numel(), stream(), op);
+    launch_widen_bf16(a.q_bf16, static_cast<float*>(q_wide.raw_data()), q.numel(), pdl(), stream(),
+                      op);
     a.q = static_cast<const float*>(q_wide.raw_data());
     a.q_bf16 = nullptr;
   };
@@ -262,7 +263,7 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       }
       split_outputs(c.plan.splits);
       if (c.plan.fused) a.counters = attention_counters();
-      launch_attention_mma(a, dl, c, tokens, stream());
+      launch_attention_mma(a, dl, c, tokens, pdl(), stream());
       // The separate combine starts while the splits run (their kernel lets it launch), which
       // took 0.3-0.4 us off B = 1, 2 and s_q = 2 on an H100 (session 34); an ordinary launch
       // before sm_90, where programmatic launches are not supported.

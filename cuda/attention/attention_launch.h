@@ -20,8 +20,10 @@ void launch_attention_f32(const AttentionArgs& a, const DeviceLayout& l,
                           const AttentionF32Config& c, int64_t tokens, cudaStream_t stream);
 
 // The tensor-core kernel (sm80/attention_mma.cu) for c.supported; outputs as the f32 kernel's.
+// `pdl`: a programmatic dependent launch of the kernel before it (cuda/common/pdl.cuh).
 void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
-                          const AttentionMmaConfig& c, int64_t tokens, cudaStream_t stream);
+                          const AttentionMmaConfig& c, int64_t tokens, bool pdl,
+                          cudaStream_t stream);
 
 // The Hopper kernel (sm90/attention_wgmma.cu, sm_90a builds only) for wgmma_attention_shape over
 // bf16 rows or fp8 records, 64 heads per block and p.splits key splits; outputs as the f32

@@ -29,6 +29,13 @@ std::optional<bool> parse_hc_pre(const char* value) {
   return std::nullopt;
 }
 
+std::optional<bool> parse_pdl(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "on") return true;
+  if (v == "off") return false;
+  return std::nullopt;
+}
+
 }  // namespace
 
 BackendSwitches read_backend_switches() {
@@ -40,6 +47,7 @@ BackendSwitches read_backend_switches() {
   s.fp8_linear =
       read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "legacy, stream or stream_pdl");
   s.hc_fused = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "fused or legacy");
+  s.pdl = read_switch("DEEPINFER_PDL", parse_pdl, "on or off");
   s.indexer_fp8_scores =
       read_switch("DEEPINFER_INDEXER_FP8_SCORES", parse_indexer_fp8_scores,
                   "wgmma_pipelined, wgmma, mma_sync, wgmma_persistent, wgmma_persistent_cvt or "

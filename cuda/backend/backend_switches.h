@@ -16,6 +16,7 @@ struct BackendSwitches {
   QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;  // _MOE_QUANT_PREFILL
   Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;              // DEEPINFER_FP8_LINEAR
   bool hc_fused = false;                                              // DEEPINFER_HC_PRE
+  bool pdl = true;                                                    // DEEPINFER_PDL
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel =
       AttentionKernelChoice::kWgmmaOverlapAuto;  // DEEPINFER_ATTENTION_KERNEL

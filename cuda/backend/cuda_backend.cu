@@ -146,6 +146,7 @@ CudaBackend::CudaBackend(int device_index)
   moe_quant_prefill_ = switches.moe_quant_prefill;
   fp8_linear_ = switches.fp8_linear;
   hc_fused_ = switches.hc_fused;
+  pdl_ = switches.pdl;
   attention_mma_choice_ = switches.attention_mma;
   attention_kernel_ = switches.attention_kernel;
   indexer_fp8_scores_ = switches.indexer_fp8_scores;

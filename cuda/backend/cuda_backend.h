@@ -140,6 +140,11 @@ class CudaBackend final : public Backend {
   // guarantees beside another process or backend on the device, and the H200's decode step did
   // not get faster with it (benchmarks/RESULTS.md, session 8).
   bool hc_fused() const { return hc_fused_; }
+  // DEEPINFER_PDL at creation (on: the default, off): whether the kernels that start with
+  // enter_dependent_grid (cuda/common/pdl.cuh) are launched as programmatic dependents of the
+  // kernel before them; benchmarks set it to time both in one run.
+  bool pdl() const { return pdl_; }
+  void set_pdl(bool on) { pdl_ = on; }
   // The fused hc kernel's barrier slots ({count, generation} per token group), zero at creation
   // and left zero by every launch (so graph replays need no reset).
   unsigned* hc_barrier() const;
@@ -269,6 +274,7 @@ class CudaBackend final : public Backend {
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
   bool hc_fused_ = false;
+  bool pdl_ = true;
   std::shared_ptr<CudaContext> ctx_;
   Tensor hc_barrier_;
   bool capturing_ = false;

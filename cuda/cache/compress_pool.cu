@@ -19,8 +19,10 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/cache/compress_pool_heuristics.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -54,6 +56,7 @@ struct PoolArgs {
 // 0 merges the G partials of its channel through shared memory and writes num / den.
 __global__ void __launch_bounds__(kPoolMaxThreads)
     compress_pool_kernel(PoolArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   __shared__ float part_mx[kPoolMaxThreads];
   __shared__ float part_den[kPoolMaxThreads];
   __shared__ float part_num[kPoolMaxThreads];
@@ -196,7 +199,8 @@ Tensor CudaBackend::compress_pool_impl(const Tensor& proj, const Tensor& ring, c
   const PoolGeometry geo = choose_pool_geometry(m, dim, spec.overlap);
   const dim3 block(static_cast<unsigned>(geo.lanes), static_cast<unsigned>(geo.groups));
   const dim3 grid(static_cast<unsigned>(num_entries), ceil_div(dim, geo.lanes));
-  compress_pool_kernel<<<grid, block, 0, stream()>>>(a, device_layout(layout));
+  launch_programmatic(op, grid, block, 0, stream(), pdl(), compress_pool_kernel, a,
+                      device_layout(layout));
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }

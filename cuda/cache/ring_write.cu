@@ -9,8 +9,10 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/cache/copy_row.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -25,6 +27,7 @@ template <bool kEncoded>
 __global__ void ring_write_kernel(uint8_t* __restrict__ ring, const uint8_t* __restrict__ rows,
                                   DeviceLayout l, int64_t slots, int64_t ring_len, KvRowFormat f,
                                   bool vec4) {
+  enter_dependent_grid();
   const int t = blockIdx.x;
   const int b = seq_of_row(l, t);
   if (t < l.q_start[b + 1] - ring_len) return;
@@ -69,12 +72,12 @@ void CudaBackend::ring_write_impl(const Tensor& ring, const Tensor& rows, const 
   const dim3 grid(static_cast<unsigned>(layout.num_tokens));
   if (encoded) {
     const bool words = f.row_bytes % 4 == 0 && aligned16(dst) && aligned16(src);
-    ring_write_kernel<true><<<grid, kRowThreads, 0, stream()>>>(dst, src, device_layout(layout),
-                                                                slots, ring_len, f, words);
+    launch_programmatic(op, grid, dim3(kRowThreads), 0, stream(), pdl(), ring_write_kernel<true>,
+                        dst, src, device_layout(layout), slots, ring_len, f, words);
   } else {
     const bool vec4 = f.dim % 4 == 0 && aligned16(dst) && aligned16(src);
-    ring_write_kernel<false><<<grid, kRowThreads, 0, stream()>>>(dst, src, device_layout(layout),
-                                                                 slots, ring_len, f, vec4);
+    launch_programmatic(op, grid, dim3(kRowThreads), 0, stream(), pdl(), ring_write_kernel<false>,
+                        dst, src, device_layout(layout), slots, ring_len, f, vec4);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }

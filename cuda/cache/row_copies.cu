@@ -5,7 +5,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -16,6 +18,7 @@ namespace {
 template <typename U>
 __global__ void gather_rows_kernel(const U* __restrict__ src, const int32_t* __restrict__ rows,
                                    U* __restrict__ dst, int64_t src_rows, int64_t row_units) {
+  enter_dependent_grid();
   const int64_t i = blockIdx.x;
   const int32_t r = rows[i];
   U* d = dst + i * row_units;
@@ -36,6 +39,7 @@ template <typename U>
 __global__ void copy_rows_kernel(U* base, const int32_t* __restrict__ src,
                                  const int32_t* __restrict__ dst, int64_t num_rows,
                                  int64_t row_units) {
+  enter_dependent_grid();
   const int64_t i = blockIdx.x;
   const int32_t s = src[i];
   const int32_t d = dst[i];
@@ -112,8 +116,9 @@ Tensor CudaBackend::gather_rows_impl(const Tensor& x, const Tensor& rows) {
   const int32_t* r = rows.data<int32_t>();
   with_copy_unit(copy_unit(row_bytes, src, dst), [&]<typename U>() {
     const int64_t units = static_cast<int64_t>(row_bytes / sizeof(U));
-    gather_rows_kernel<U><<<copy_grid(shape[0], units), kCopyThreads, 0, stream()>>>(
-        static_cast<const U*>(src), r, static_cast<U*>(dst), src_rows, units);
+    launch_programmatic(op, copy_grid(shape[0], units), dim3(kCopyThreads), 0, stream(), pdl(),
+                        gather_rows_kernel<U>, static_cast<const U*>(src), r, static_cast<U*>(dst),
+                        src_rows, units);
   });
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
@@ -133,8 +138,8 @@ void CudaBackend::copy_rows_impl(const Tensor& t, const Tensor& src, const Tenso
   const int32_t* d = dst.data<int32_t>();
   with_copy_unit(copy_unit(row_bytes, base, base), [&]<typename U>() {
     const int64_t units = static_cast<int64_t>(row_bytes / sizeof(U));
-    copy_rows_kernel<U><<<copy_grid(n, units), kCopyThreads, 0, stream()>>>(static_cast<U*>(base),
-                                                                            s, d, num_rows, units);
+    launch_programmatic(op, copy_grid(n, units), dim3(kCopyThreads), 0, stream(), pdl(),
+                        copy_rows_kernel<U>, static_cast<U*>(base), s, d, num_rows, units);
   });
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }

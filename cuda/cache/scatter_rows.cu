@@ -8,7 +8,9 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/cache/copy_row.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -17,6 +19,7 @@ namespace {
 __global__ void scatter_rows_kernel(uint8_t* __restrict__ cache, const float* __restrict__ rows,
                                     const int32_t* __restrict__ dest, int64_t cache_rows,
                                     KvRowFormat f, bool vec4) {
+  enter_dependent_grid();
   const int64_t i = blockIdx.x;
   const int64_t d = dest[i];
   if (d < 0 || d >= cache_rows) return;
@@ -35,9 +38,9 @@ void CudaBackend::scatter_rows_impl(const Tensor& cache, const Tensor& rows, con
   if (n == 0 || f.row_bytes == 0) return;
   if (n > 0x7fffffff) fail(op, std::to_string(n) + " rows exceed one launch");  // gridDim.x
   const bool vec4 = dim % 4 == 0 && aligned16(cache.raw_data()) && aligned16(rows.raw_data());
-  scatter_rows_kernel<<<static_cast<unsigned>(n), kRowThreads, 0, stream()>>>(
-      static_cast<uint8_t*>(cache.raw_data()), rows.data<float>(), dest.data<int32_t>(),
-      cache.size(0), f, vec4);
+  launch_programmatic(op, dim3(static_cast<unsigned>(n)), dim3(kRowThreads), 0, stream(), pdl(),
+                      scatter_rows_kernel, static_cast<uint8_t*>(cache.raw_data()),
+                      rows.data<float>(), dest.data<int32_t>(), cache.size(0), f, vec4);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 
 namespace deepinfer::cuda {
@@ -72,21 +73,6 @@ __device__ __forceinline__ void warpgroup_regs_inc() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg's range");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
-}
-
-// Programmatic dependent launch (sm_90+; elsewhere nothing): let_dependents_launch lets the
-// grid launched after this one with cudaLaunchAttributeProgrammaticStreamSerialization start
-// before this grid ends; wait_for_previous_grid waits until the grid this one was launched after
-// has completed and its writes are visible (at once when this grid was an ordinary launch).
-__device__ __forceinline__ void let_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 

@@ -4,7 +4,9 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/activation.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -12,6 +14,7 @@ namespace {
 
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float factor,
                              int64_t n) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -22,6 +25,7 @@ __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y,
 template <typename T>
 __global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y,
                            int64_t n) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -31,6 +35,7 @@ __global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* 
 
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                               float* __restrict__ y, float limit, int64_t n) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -45,8 +50,9 @@ Tensor CudaBackend::scale_impl(const Tensor& x, float factor) {
   Tensor out = empty(x.shape(), DType::kF32);
   const int64_t n = x.numel();
   if (n == 0) return out;
-  scale_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-      x.data<float>(), out.data<float>(), factor, n);
+  const dim3 grid(elementwise_blocks(num_sms(), n));
+  launch_programmatic(op, grid, dim3(kElementwiseThreads), 0, stream(), pdl(), scale_kernel,
+                      x.data<float>(), out.data<float>(), factor, n);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }
@@ -56,12 +62,14 @@ Tensor CudaBackend::add_impl(const Tensor& a, const Tensor& b) {
   Tensor out = empty(a.shape(), a.dtype());
   const int64_t n = a.numel();
   if (n == 0) return out;
+  const dim3 grid(elementwise_blocks(num_sms(), n));
   if (a.dtype() == DType::kI32) {
-    add_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-        a.data<int32_t>(), b.data<int32_t>(), out.data<int32_t>(), n);
+    launch_programmatic(op, grid, dim3(kElementwiseThreads), 0, stream(), pdl(),
+                        add_kernel<int32_t>, a.data<int32_t>(), b.data<int32_t>(),
+                        out.data<int32_t>(), n);
   } else {
-    add_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-        a.data<float>(), b.data<float>(), out.data<float>(), n);
+    launch_programmatic(op, grid, dim3(kElementwiseThreads), 0, stream(), pdl(), add_kernel<float>,
+                        a.data<float>(), b.data<float>(), out.data<float>(), n);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
@@ -72,8 +80,9 @@ Tensor CudaBackend::swiglu_impl(const Tensor& gate, const Tensor& up, float swig
   Tensor out = empty(gate.shape(), DType::kF32);
   const int64_t n = gate.numel();
   if (n == 0) return out;
-  swiglu_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-      gate.data<float>(), up.data<float>(), out.data<float>(), swiglu_limit, n);
+  const dim3 grid(elementwise_blocks(num_sms(), n));
+  launch_programmatic(op, grid, dim3(kElementwiseThreads), 0, stream(), pdl(), swiglu_kernel,
+                      gate.data<float>(), up.data<float>(), out.data<float>(), swiglu_limit, n);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }

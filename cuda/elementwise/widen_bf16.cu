@@ -2,7 +2,9 @@
 // input allows it.
 #include <algorithm>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/elementwise/widen_bf16.h"
 
@@ -13,6 +15,7 @@ namespace {
 template <bool kVec>
 __global__ void widen_bf16_kernel(const __nv_bfloat16* __restrict__ in, float* __restrict__ out,
                                   int64_t n) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if constexpr (kVec) {
@@ -30,15 +33,17 @@ __global__ void widen_bf16_kernel(const __nv_bfloat16* __restrict__ in, float* _
 
 }  // namespace
 
-void launch_widen_bf16(const __nv_bfloat16* in, float* out, int64_t n, cudaStream_t stream,
-                       const char* op) {
+void launch_widen_bf16(const __nv_bfloat16* in, float* out, int64_t n, bool pdl,
+                       cudaStream_t stream, const char* op) {
   if (n == 0) return;
   if (n % 8 == 0 && aligned16(in) && aligned16(out)) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n / 8 + 255) / 256, 4096));
-    widen_bf16_kernel<true><<<blocks, 256, 0, stream>>>(in, out, n);
+    launch_programmatic(op, dim3(blocks), dim3(256), 0, stream, pdl, widen_bf16_kernel<true>, in,
+                        out, n);
   } else {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
-    widen_bf16_kernel<false><<<blocks, 256, 0, stream>>>(in, out, n);
+    launch_programmatic(op, dim3(blocks), dim3(256), 0, stream, pdl, widen_bf16_kernel<false>, in,
+                        out, n);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }

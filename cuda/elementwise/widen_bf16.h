@@ -10,8 +10,9 @@
 
 namespace deepinfer::cuda {
 
-// out = f32(in), n elements, on `stream`; a launch failure names `op`.
-void launch_widen_bf16(const __nv_bfloat16* in, float* out, int64_t n, cudaStream_t stream,
-                       const char* op);
+// out = f32(in), n elements, on `stream` (a programmatic dependent launch where `pdl`); a launch
+// failure names `op`.
+void launch_widen_bf16(const __nv_bfloat16* in, float* out, int64_t n, bool pdl,
+                       cudaStream_t stream, const char* op);
 
 }  // namespace deepinfer::cuda

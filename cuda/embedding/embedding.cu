@@ -5,7 +5,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/vec.cuh"
 
 namespace deepinfer::cuda {
@@ -16,6 +18,7 @@ namespace {
 template <typename T>
 __global__ void embedding_kernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
                                  float* __restrict__ out, int64_t vocab, int64_t hidden) {
+  enter_dependent_grid();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
@@ -35,13 +38,15 @@ Tensor CudaBackend::embedding_impl(const Tensor& table, const Tensor& ids) {
   const int64_t tokens = ids.size(0);
   Tensor out = empty({tokens, hidden}, DType::kF32);
   if (tokens == 0 || hidden == 0) return out;
-  const int threads = row_threads(hidden);
+  const dim3 grid(static_cast<unsigned>(tokens));
+  const dim3 block(row_threads(hidden));
   if (table.dtype() == DType::kF32) {
-    embedding_kernel<float><<<static_cast<unsigned>(tokens), threads, 0, stream()>>>(
-        table.data<float>(), ids.data<int32_t>(), out.data<float>(), vocab, hidden);
+    launch_programmatic(op, grid, block, 0, stream(), pdl(), embedding_kernel<float>,
+                        table.data<float>(), ids.data<int32_t>(), out.data<float>(), vocab, hidden);
   } else {
-    embedding_kernel<__nv_bfloat16><<<static_cast<unsigned>(tokens), threads, 0, stream()>>>(
-        table.data<__nv_bfloat16>(), ids.data<int32_t>(), out.data<float>(), vocab, hidden);
+    launch_programmatic(op, grid, block, 0, stream(), pdl(), embedding_kernel<__nv_bfloat16>,
+                        table.data<__nv_bfloat16>(), ids.data<int32_t>(), out.data<float>(), vocab,
+                        hidden);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;

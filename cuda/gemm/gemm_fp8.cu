@@ -18,8 +18,10 @@
 #include <type_traits>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/gemm/gemm_launch.h"
 
@@ -45,6 +47,7 @@ constexpr int64_t kLtRowPad = 4;
 __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restrict__ xq,
                                    float* __restrict__ xs, int64_t m, int64_t m_pad, int64_t k,
                                    int64_t groups) {
+  enter_dependent_grid();
   const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
   if (item >= m_pad * groups * kb_count) return;
@@ -206,8 +209,10 @@ Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, con
                                      pref.get(), 1, &heuristic, &found);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return Tensor();
 
-  quantize_rows_e4m3<<<ceil_div(m_pad * groups * kb_count, kQuantWarps), 32 * kQuantWarps, 0,
-                       be.stream()>>>(x.data<float>(), xqp, xs.data<float>(), m, m_pad, k, groups);
+  launch_programmatic("linear (fp8): activation quantization",
+                      dim3(ceil_div(m_pad * groups * kb_count, kQuantWarps)),
+                      dim3(32 * kQuantWarps), 0, be.stream(), be.pdl(), quantize_rows_e4m3,
+                      x.data<float>(), xqp, xs.data<float>(), m, m_pad, k, groups);
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): activation quantization");
   const float alpha = 1.0f, beta = 0.0f;
   const int64_t scale_ld = w.scales.size(1);
@@ -253,7 +258,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
     be.set_last_fp8_linear_path(Fp8LinearPath::kGemv);
     launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(w.values.raw_data()),
                     w.scales.data<float>(), w.scales.size(1), y.data<float>(), p, gemv,
-                    be.smem_limits(), be.stream());
+                    be.smem_limits(), be.pdl(), be.stream());
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   }

@@ -19,16 +19,17 @@ namespace deepinfer::cuda {
 
 class CudaBackend;
 
-// y = x . w^T per group by the bf16 GEMV (gemv_bf16.cu), for a config with c.use.
+// y = x . w^T per group by the bf16 GEMV (gemv_bf16.cu), for a config with c.use; `pdl`: a
+// programmatic dependent launch (pdl.cuh).
 void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const GemvProblem& p,
-                      const GemvConfig& c, cudaStream_t stream);
+                      const GemvConfig& c, bool pdl, cudaStream_t stream);
 
 // y = q(x) . w^T per group by the FP8 tensor-core GEMV (gemv_fp8.cu), for a config with c.use:
 // w [G N, K] e4m3, w_scales [ceil(G N / block_rows), scale_ld] f32, x [M, G K] f32 quantized
-// inside the kernel per act_group columns.
+// inside the kernel per act_group columns. `pdl`: a programmatic dependent launch (pdl.cuh).
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
                      float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
-                     KernelSmemLimits& smem_limits, cudaStream_t stream);
+                     KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
 
 // The launch shape the FP8 decode kernels (gemv_fp8.cu, fp8_stream.cu) share: CTA (row tile,
 // split, group) of 32 * c.warps threads, the splits of a row tile one cluster (they add their

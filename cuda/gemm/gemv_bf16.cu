@@ -23,7 +23,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/gemm/gemm_launch.h"
 
 namespace deepinfer::cuda {
@@ -104,6 +106,15 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_bf16_kernel(GemvArgs a) 
   const int64_t nblk = (a.k + kGemvBlockK - 1) / kGemvBlockK;
   const int64_t b0 = s * nblk / S;
   const int64_t b1 = (s + 1) * nblk / S;
+  // Before the wait for the previous kernel (weights are never written by one): the first
+  // blocks' lines of the rows into L2, one 128-byte line per row and block.
+  if (b0 + l8 < b1 && l8 < kGemvUnroll) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(w[r] + (b0 + l8) * kGemvBlockK));
+    }
+  }
+  enter_dependent_grid();
   float acc[R][MT] = {};
   const int64_t lane_k = static_cast<int64_t>(l8) * 8;
   // Fewer blocks in flight with more tokens (registers: their x vectors; more FMAs per load).
@@ -144,24 +155,26 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_bf16_kernel(GemvArgs a) 
 }
 
 template <int R>
-void launch_gemv_r(const GemvArgs& a, dim3 grid, cudaStream_t stream) {
+void launch_gemv_r(const GemvArgs& a, dim3 grid, bool pdl, cudaStream_t stream) {
+  const char* op = "linear (bf16 gemv)";
+  const dim3 block(kGemvThreads);
   if (a.m <= 1) {
-    gemv_bf16_kernel<1, R><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_programmatic(op, grid, block, 0, stream, pdl, gemv_bf16_kernel<1, R>, a);
   } else if (a.m <= 2) {
-    gemv_bf16_kernel<2, R><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_programmatic(op, grid, block, 0, stream, pdl, gemv_bf16_kernel<2, R>, a);
   } else if (a.m <= 4) {
-    gemv_bf16_kernel<4, R><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_programmatic(op, grid, block, 0, stream, pdl, gemv_bf16_kernel<4, R>, a);
   } else if (a.m <= 8) {
-    gemv_bf16_kernel<8, R><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_programmatic(op, grid, block, 0, stream, pdl, gemv_bf16_kernel<8, R>, a);
   } else {
-    gemv_bf16_kernel<16, R><<<grid, kGemvThreads, 0, stream>>>(a);
+    launch_programmatic(op, grid, block, 0, stream, pdl, gemv_bf16_kernel<16, R>, a);
   }
 }
 
 }  // namespace
 
 void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const GemvProblem& p,
-                      const GemvConfig& c, cudaStream_t stream) {
+                      const GemvConfig& c, bool pdl, cudaStream_t stream) {
   GemvArgs a;
   a.x = x;
   a.w = w;
@@ -174,9 +187,9 @@ void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const Ge
   a.splits = c.splits;
   const dim3 grid(static_cast<unsigned>(c.row_tiles), static_cast<unsigned>(p.groups));
   if (c.rows_per_lane == 2) {
-    launch_gemv_r<2>(a, grid, stream);
+    launch_gemv_r<2>(a, grid, pdl, stream);
   } else {
-    launch_gemv_r<1>(a, grid, stream);
+    launch_gemv_r<1>(a, grid, pdl, stream);
   }
 }
 

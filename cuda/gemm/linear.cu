@@ -17,7 +17,9 @@
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/gemm/gemm_launch.h"
 #include "cuda/gemm/gemv_heuristics.h"
 #include "cuda/quant/quant_launch.h"
@@ -29,6 +31,7 @@ namespace {
 // `vec4`: `in` is 16-byte aligned (a view of a tensor may not be; a float4 load would fault).
 __global__ void cast_f32_to_bf16(const float* __restrict__ in, __nv_bfloat16* __restrict__ out,
                                  int64_t n, bool vec4) {
+  enter_dependent_grid();
   int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (vec4 && i + 3 < n) {
     float4 v = *reinterpret_cast<const float4*>(in + i);
@@ -70,7 +73,7 @@ Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tensor& w, i
   const GemvConfig gemv = choose_gemv(problem, be.num_sms());
   if (gemv.use) {
     launch_gemv_bf16(x.data<float>(), w.data<__nv_bfloat16>(), y.data<float>(), problem, gemv,
-                     be.stream());
+                     be.pdl(), be.stream());
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   }
@@ -95,8 +98,8 @@ Tensor gemm(CudaBackend& be, const char* op, const Tensor& x, const Tensor& w, i
   Tensor xb = be.empty(x.shape(), DType::kBF16);
   const int64_t numel = x.numel();
   const bool vec4 = reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0;
-  cast_f32_to_bf16<<<ceil_div(numel, 4 * 256), 256, 0, be.stream()>>>(
-      x.data<float>(), xb.data<__nv_bfloat16>(), numel, vec4);
+  launch_programmatic(op, dim3(ceil_div(numel, 4 * 256)), dim3(256), 0, be.stream(), be.pdl(),
+                      cast_f32_to_bf16, x.data<float>(), xb.data<__nv_bfloat16>(), numel, vec4);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   cublas_check(cublasGemmStridedBatchedEx(
                    h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -113,7 +116,7 @@ Tensor quantized_input(CudaBackend& be, const Tensor& x, const MatrixWeight& w, 
   if (w.act_group == 0) return x;
   Tensor out = be.empty(x.shape(), DType::kF32);
   launch_quantize_activations(x.data<float>(), out.data<float>(), x.size(0) * groups,
-                              x.size(1) / groups, w.act_group, be.stream());
+                              x.size(1) / groups, w.act_group, be.pdl(), be.stream());
   DEEPINFER_CUDA_LAUNCH_CHECK("quantize_activations");
   return out;
 }

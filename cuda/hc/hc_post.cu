@@ -6,7 +6,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/hc/hc_weights.cuh"
 
 namespace deepinfer::cuda {
@@ -16,6 +18,7 @@ namespace {
 // out[t, s, h] = x[t, h].
 __global__ void hc_expand_kernel(const float* __restrict__ x, float* __restrict__ out, int n,
                                  int64_t hidden, int64_t total) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += stride) {
@@ -30,6 +33,7 @@ __global__ void hc_expand_kernel(const float* __restrict__ x, float* __restrict_
 __global__ void hc_post_kernel(const float* __restrict__ X, const float* __restrict__ out,
                                const float* __restrict__ post, const float* __restrict__ comb,
                                float* __restrict__ result, int n, int64_t hidden, int64_t total) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += stride) {
@@ -55,8 +59,9 @@ Tensor CudaBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
   Tensor out = empty({tokens, hc_mult, hidden}, DType::kF32);
   const int64_t total = out.numel();
   if (total == 0) return out;
-  hc_expand_kernel<<<elementwise_blocks(num_sms(), total), kElementwiseThreads, 0, stream()>>>(
-      x.data<float>(), out.data<float>(), hc_mult, hidden, total);
+  launch_programmatic(op, dim3(elementwise_blocks(num_sms(), total)), dim3(kElementwiseThreads), 0,
+                      stream(), pdl(), hc_expand_kernel, x.data<float>(), out.data<float>(),
+                      hc_mult, hidden, total);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }
@@ -70,9 +75,10 @@ Tensor CudaBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tenso
   Tensor result = empty(X.shape(), DType::kF32);
   const int64_t total = tokens * hidden;
   if (total == 0 || n == 0) return result;
-  hc_post_kernel<<<elementwise_blocks(num_sms(), total), kElementwiseThreads, 0, stream()>>>(
-      X.data<float>(), out.data<float>(), post.data<float>(), comb.data<float>(),
-      result.data<float>(), static_cast<int>(n), hidden, total);
+  launch_programmatic(op, dim3(elementwise_blocks(num_sms(), total)), dim3(kElementwiseThreads), 0,
+                      stream(), pdl(), hc_post_kernel, X.data<float>(), out.data<float>(),
+                      post.data<float>(), comb.data<float>(), result.data<float>(),
+                      static_cast<int>(n), hidden, total);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return result;
 }

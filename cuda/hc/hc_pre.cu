@@ -19,7 +19,9 @@
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
@@ -157,6 +159,7 @@ struct HcFinishArgs {
 // from mix). The two roles run concurrently, so the serial Sinkhorn chain of a token overlaps its
 // collapse. Dynamic shared memory: n * n + n floats.
 __global__ void __launch_bounds__(kHcThreads) hc_pre_finish_kernel(HcFinishArgs a) {
+  enter_dependent_grid();
   extern __shared__ float shared[];
   const int n = a.n;
   const int64_t fn_rows = static_cast<int64_t>(2 + n) * n;
@@ -222,6 +225,7 @@ __global__ void __launch_bounds__(kHcThreads)
                           const float* __restrict__ base, const float* __restrict__ scale, int n,
                           int64_t hidden, float eps, int64_t splits, int64_t chunk,
                           float* __restrict__ y) {
+  enter_dependent_grid();
   extern __shared__ float pre[];
   const CollapseSlice c = collapse_slice(blockIdx.x, splits, chunk, hidden);
   const int tid = static_cast<int>(threadIdx.x);
@@ -235,6 +239,7 @@ __global__ void __launch_bounds__(kHcThreads)
 __global__ void __launch_bounds__(kHcThreads)
     hc_collapse_kernel(const float* __restrict__ X, const float* __restrict__ pre, int n,
                        int64_t hidden, int64_t splits, int64_t chunk, float* __restrict__ y) {
+  enter_dependent_grid();
   extern __shared__ float weights[];
   const CollapseSlice c = collapse_slice(blockIdx.x, splits, chunk, hidden);
   for (int s = static_cast<int>(threadIdx.x); s < n; s += blockDim.x) {
@@ -277,14 +282,15 @@ HcFinishArgs hc_finish_args(const Tensor& X, const Tensor& mix, const Tensor& ba
 }
 
 // Launches hc_pre_finish_kernel for the mix of a.X; fills the launch shape of `a`.
-void launch_hc_pre_finish(HcFinishArgs a, int num_sms, cudaStream_t stream, const char* op) {
+void launch_hc_pre_finish(HcFinishArgs a, int num_sms, bool pdl, cudaStream_t stream,
+                          const char* op) {
   const CollapseGrid g = collapse_grid(num_sms, a.tokens, a.hidden);
   a.weight_blocks = hc_weight_blocks(a.n, a.tokens);
   a.splits = g.splits;
   a.chunk = g.chunk;
   const size_t smem = static_cast<size_t>(a.n + a.n * a.n) * sizeof(float);
-  hc_pre_finish_kernel<<<static_cast<unsigned>(a.weight_blocks + a.tokens * g.splits), kHcThreads,
-                         smem, stream>>>(a);
+  launch_programmatic(op, dim3(static_cast<unsigned>(a.weight_blocks + a.tokens * g.splits)),
+                      dim3(kHcThreads), smem, stream, pdl, hc_pre_finish_kernel, a);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 }
 
@@ -303,7 +309,7 @@ HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& 
   Tensor mix = hc_mix(*this, X, fn, params);
   const HcFinishArgs a =
       hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
-  launch_hc_pre_finish(a, num_sms(), stream(), "hc_pre");
+  launch_hc_pre_finish(a, num_sms(), pdl(), stream(), "hc_pre");
   return result;
 }
 
@@ -318,7 +324,7 @@ HcShiftedMix CudaBackend::hc_pre_shifted_impl(const Tensor& X, const Tensor& fn,
   HcFinishArgs a = hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
   a.prev_pre = prev_pre.defined() ? prev_pre.data<float>() : nullptr;
   a.pre = result.pre.data<float>();
-  launch_hc_pre_finish(a, num_sms(), stream(), "hc_pre_shifted");
+  launch_hc_pre_finish(a, num_sms(), pdl(), stream(), "hc_pre_shifted");
   return result;
 }
 
@@ -334,9 +340,10 @@ Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor
   Tensor mix = hc_mix(*this, X, fn, params);  // width = n * hidden > 0 here
   const CollapseGrid g = collapse_grid(num_sms(), tokens, hidden);
   const size_t smem = static_cast<size_t>(n) * sizeof(float);
-  hc_head_finish_kernel<<<static_cast<unsigned>(tokens * g.splits), kHcThreads, smem, stream()>>>(
-      X.data<float>(), mix.data<float>(), base.data<float>(), scale.data<float>(), n, hidden,
-      params.hc_eps, g.splits, g.chunk, y.data<float>());
+  launch_programmatic("hc_head", dim3(static_cast<unsigned>(tokens * g.splits)), dim3(kHcThreads),
+                      smem, stream(), pdl(), hc_head_finish_kernel, X.data<float>(),
+                      mix.data<float>(), base.data<float>(), scale.data<float>(), n, hidden,
+                      params.hc_eps, g.splits, g.chunk, y.data<float>());
   DEEPINFER_CUDA_LAUNCH_CHECK("hc_head");
   return y;
 }
@@ -354,9 +361,9 @@ Tensor CudaBackend::hc_collapse_impl(const Tensor& X, const Tensor& pre) {
   if (tokens == 0 || hidden == 0) return y;
   const CollapseGrid g = collapse_grid(num_sms(), tokens, hidden);
   const size_t smem = static_cast<size_t>(n) * sizeof(float);
-  hc_collapse_kernel<<<static_cast<unsigned>(tokens * g.splits), kHcThreads, smem, stream()>>>(
-      X.data<float>(), pre.data<float>(), static_cast<int>(n), hidden, g.splits, g.chunk,
-      y.data<float>());
+  launch_programmatic(op, dim3(static_cast<unsigned>(tokens * g.splits)), dim3(kHcThreads), smem,
+                      stream(), pdl(), hc_collapse_kernel, X.data<float>(), pre.data<float>(),
+                      static_cast<int>(n), hidden, g.splits, g.chunk, y.data<float>());
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return y;
 }

@@ -72,15 +72,17 @@ inline SelectArgs indexer_select_args(const float* scores, int32_t* out, int64_t
 }
 
 // The selection of the group's n tokens by the kernel `c` chose: indexer_select_binned.cu when
-// c.binned, else indexer_select_split.cu when c.select_splits > 0, else indexer_select.cu.
+// c.binned, else indexer_select_split.cu when c.select_splits > 0, else indexer_select.cu;
+// programmatic dependent launches where `pdl`.
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
-                              KernelSmemLimits& smem_limits, cudaStream_t stream);
+                              KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
 
 // The scores of the group's n tokens by the kernel `c` chose: indexer_score_wgmma_persistent.cu
 // when a.q_codes is set, the wgmma kernels, indexer_score_mma.cu when c.mma, else
-// indexer_score.cu.
+// indexer_score.cu. `pdl`: the persistent kernel as a programmatic dependent launch (the others
+// are ordinary launches).
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
-                           int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream);
+                           int64_t n, KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

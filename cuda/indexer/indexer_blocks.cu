@@ -7,8 +7,10 @@
 //    (the CandidateList the score and select kernels walk).
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/indexer/indexer_launch.h"
 
@@ -20,6 +22,7 @@ namespace {
 // are never NaN and never -0 (the score kernel maps those), so fmaxf is the CPU's fmax order.
 __global__ void __launch_bounds__(kBlocksThreads)
     indexer_block_max_kernel(BlockMaxArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   const int g = static_cast<int>(blockIdx.x);
   const int t = a.token0 + g;
   const int64_t visible = visible_entries(l.positions[t], a.ratio, a.bound);
@@ -43,6 +46,7 @@ __global__ void __launch_bounds__(kBlocksThreads)
 // the marked ids in ascending order and counts their visible entries.
 __global__ void __launch_bounds__(kBlocksThreads)
     indexer_candidate_list_kernel(CandidateListArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   extern __shared__ uint32_t smem_bits[];
   __shared__ int scan[32];
   const int tid = static_cast<int>(threadIdx.x);
@@ -85,17 +89,19 @@ __global__ void __launch_bounds__(kBlocksThreads)
 }  // namespace
 
 void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int64_t n,
-                              int64_t splits, cudaStream_t stream) {
+                              int64_t splits, bool pdl, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
-  indexer_block_max_kernel<<<grid, kBlocksThreads, 0, stream>>>(a, l);
+  launch_programmatic("indexer_candidates", grid, dim3(kBlocksThreads), 0, stream, pdl,
+                      indexer_block_max_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_candidates");
 }
 
 void launch_indexer_candidate_list(const CandidateListArgs& a, const DeviceLayout& l, int64_t n,
-                                   size_t smem, KernelSmemLimits& smem_limits,
+                                   size_t smem, KernelSmemLimits& smem_limits, bool pdl,
                                    cudaStream_t stream) {
   smem_limits.allow(indexer_candidate_list_kernel, smem);
-  indexer_candidate_list_kernel<<<static_cast<unsigned>(n), kBlocksThreads, smem, stream>>>(a, l);
+  launch_programmatic("indexer_topk_in_candidates", dim3(static_cast<unsigned>(n)),
+                      dim3(kBlocksThreads), smem, stream, pdl, indexer_candidate_list_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk_in_candidates");
 }
 

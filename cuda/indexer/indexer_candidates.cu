@@ -80,9 +80,9 @@ Tensor CudaBackend::indexer_candidates_impl(const Tensor& q, const Tensor& weigh
   for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = bm.token0 = se.token0 = static_cast<int>(t0);
-    launch_indexer_scores(sa, c, dl, n, smem_limits(), stream());
-    launch_indexer_block_max(bm, dl, n, block_max_splits(n, block_row, num_sms()), stream());
-    launch_indexer_selection(se, c, select_scratch, dl, n, smem_limits(), stream());
+    launch_indexer_scores(sa, c, dl, n, smem_limits(), pdl(), stream());
+    launch_indexer_block_max(bm, dl, n, block_max_splits(n, block_row, num_sms()), pdl(), stream());
+    launch_indexer_selection(se, c, select_scratch, dl, n, smem_limits(), pdl(), stream());
   }
   return out;
 }
@@ -146,9 +146,9 @@ Tensor CudaBackend::indexer_topk_in_candidates_impl(const Tensor& q, const Tenso
   for (int64_t t0 = 0; t0 < tokens; t0 += c.group) {
     const int64_t n = std::min(c.group, tokens - t0);
     cl.token0 = sa.token0 = se.token0 = static_cast<int>(t0);
-    launch_indexer_candidate_list(cl, dl, n, list_smem, smem_limits(), stream());
-    launch_indexer_scores(sa, c, dl, n, smem_limits(), stream());
-    launch_indexer_selection(se, c, select_scratch, dl, n, smem_limits(), stream());
+    launch_indexer_candidate_list(cl, dl, n, list_smem, smem_limits(), pdl(), stream());
+    launch_indexer_scores(sa, c, dl, n, smem_limits(), pdl(), stream());
+    launch_indexer_selection(se, c, select_scratch, dl, n, smem_limits(), pdl(), stream());
   }
   return out;
 }

@@ -5,6 +5,9 @@
 // The score and select kernels rank "slots" of a token: its visible entries (indexer_topk), the
 // blocks of its visible entries (indexer_candidates' selection) or the entries of its candidate
 // list (indexer_topk_in_candidates, CandidateList below).
+//
+// A launch function's `pdl`: its kernels go as programmatic dependent launches (each waits for the
+// previous kernel at its start, cuda/common/pdl.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -327,28 +330,31 @@ void launch_indexer_score_wgmma_pipelined(const ScoreArgs& a, const DeviceLayout
 constexpr int kPersistMixedCvtSteps = 3;
 void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
                                            int64_t ctas, int cvt_steps, bool fp8_mma,
-                                           KernelSmemLimits& smem_limits, cudaStream_t stream);
+                                           KernelSmemLimits& smem_limits, bool pdl,
+                                           cudaStream_t stream);
 
 // indexer_select.cu: one block per token of the group.
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
-                           KernelSmemLimits& smem_limits, cudaStream_t stream);
+                           KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
 
 // indexer_select_binned.cu: one block per token of the group; smem is binned_select_smem_bytes.
 void launch_indexer_select_binned(const SelectArgs& a, const DeviceLayout& l, int64_t n,
-                                  size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream);
+                                  size_t smem, KernelSmemLimits& smem_limits, bool pdl,
+                                  cudaStream_t stream);
 
 // indexer_select_split.cu: the three steps above for the group's n tokens, `splits` blocks per
 // token in steps 1 and 2; final_smem is step 3's (split_select_final_smem_bytes).
 void launch_indexer_select_split(const SplitSelectArgs& a, const DeviceLayout& l, int64_t n,
                                  int64_t splits, size_t final_smem, KernelSmemLimits& smem_limits,
-                                 cudaStream_t stream);
+                                 bool pdl, cudaStream_t stream);
 
 // indexer_blocks.cu: grid (n tokens of the group, splits).
 void launch_indexer_block_max(const BlockMaxArgs& a, const DeviceLayout& l, int64_t n,
-                              int64_t splits, cudaStream_t stream);
+                              int64_t splits, bool pdl, cudaStream_t stream);
 
 // indexer_blocks.cu: one block per token of the group; smem is the bitmap's (0 when global).
 void launch_indexer_candidate_list(const CandidateListArgs& a, const DeviceLayout& l, int64_t n,
-                                   size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream);
+                                   size_t smem, KernelSmemLimits& smem_limits, bool pdl,
+                                   cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

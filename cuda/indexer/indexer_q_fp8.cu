@@ -9,7 +9,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/indexer/indexer_args.h"
 
 namespace deepinfer::cuda {
@@ -31,6 +33,7 @@ __device__ __forceinline__ float fp8_pow2_scale(float amax) {
 __global__ void __launch_bounds__(kRowsPerBlock * 32)
     quantize_indexer_q_kernel(const float* q, const float* weights, uint8_t* codes,
                               float* scaled_weights, int64_t rows, int dim) {
+  enter_dependent_grid();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   if (r >= rows) return;  // uniform over the warp
@@ -49,6 +52,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_e4m3_kernel(const uint8_t* codes, float* out, int64_t n) {
+  enter_dependent_grid();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kDecodeThreads + threadIdx.x;
   if (i >= n) return;
   out[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(codes[i], __NV_E4M3)));
@@ -61,9 +65,10 @@ IndexerQFp8 CudaBackend::quantize_indexer_q_impl(const Tensor& q, const Tensor& 
   const int64_t rows = q.size(0) * q.size(1);
   if (rows == 0 || q.size(2) == 0) return out;
   const auto blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  quantize_indexer_q_kernel<<<blocks, kRowsPerBlock * 32, 0, stream()>>>(
-      q.data<float>(), weights.data<float>(), static_cast<uint8_t*>(out.q.raw_data()),
-      out.weights.data<float>(), rows, static_cast<int>(q.size(2)));
+  launch_programmatic("quantize_indexer_q", dim3(blocks), dim3(kRowsPerBlock * 32), 0, stream(),
+                      pdl(), quantize_indexer_q_kernel, q.data<float>(), weights.data<float>(),
+                      static_cast<uint8_t*>(out.q.raw_data()), out.weights.data<float>(), rows,
+                      static_cast<int>(q.size(2)));
   DEEPINFER_CUDA_LAUNCH_CHECK("quantize_indexer_q");
   return out;
 }
@@ -73,9 +78,10 @@ Tensor indexer_q_values(CudaBackend& be, const Tensor& q) {
   Tensor values = be.empty(q.shape(), DType::kF32);
   const int64_t n = q.numel();
   if (n == 0) return values;
-  decode_e4m3_kernel<<<static_cast<unsigned>((n + kDecodeThreads - 1) / kDecodeThreads),
-                       kDecodeThreads, 0, be.stream()>>>(static_cast<const uint8_t*>(q.raw_data()),
-                                                         values.data<float>(), n);
+  launch_programmatic("indexer_topk",
+                      dim3(static_cast<unsigned>((n + kDecodeThreads - 1) / kDecodeThreads)),
+                      dim3(kDecodeThreads), 0, be.stream(), be.pdl(), decode_e4m3_kernel,
+                      static_cast<const uint8_t*>(q.raw_data()), values.data<float>(), n);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
   return values;
 }

@@ -53,9 +53,11 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/e4m3_bits.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_cluster.cuh"
 #include "cuda/common/ptx_mbarrier.cuh"
 #include "cuda/common/ptx_sm80.cuh"
@@ -493,6 +495,7 @@ template <int kCvtSteps, bool kFp8Mma>
 __global__ void __launch_bounds__(Shape<kFp8Mma>::kThreads, 1)
     indexer_score_wgmma_persistent_kernel(ScoreArgs a, DeviceLayout l, int n,
                                           bool records_read_once) {
+  enter_dependent_grid();
   using S = Shape<kFp8Mma>;
   extern __shared__ float4 smem4[];
   const int tid = static_cast<int>(threadIdx.x);
@@ -527,7 +530,8 @@ __global__ void __launch_bounds__(Shape<kFp8Mma>::kThreads, 1)
 
 void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayout& l, int64_t n,
                                            int64_t ctas, int cvt_steps, bool fp8_mma,
-                                           KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                                           KernelSmemLimits& smem_limits, bool pdl,
+                                           cudaStream_t stream) {
   if (a.heads != kWgmmaHeads || a.dim != kMmaDim || a.key.format != KvFormat::kFp8 ||
       a.key.row_bytes != kFp8RecordBytes || a.q_codes == nullptr) {
     throw Error(ErrorCode::kUnsupported,
@@ -550,8 +554,8 @@ void launch_indexer_score_wgmma_persistent(const ScoreArgs& a, const DeviceLayou
   const int threads = persistent_shape(fp8_mma).threads();
   // No more query rows than sequences: decode, each sequence's records read by one token.
   const bool records_read_once = l.num_tokens <= l.num_seqs;
-  kernel<<<static_cast<unsigned>(ctas), threads, smem, stream>>>(a, l, static_cast<int>(n),
-                                                                 records_read_once);
+  launch_programmatic("indexer_topk", dim3(static_cast<unsigned>(ctas)), dim3(threads), smem,
+                      stream, pdl, kernel, a, l, static_cast<int>(n), records_read_once);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer_topk");
 }
 

@@ -7,8 +7,10 @@
 // +0.
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/indexer/indexer_launch.h"
@@ -36,6 +38,7 @@ __device__ uint64_t pack_pair(uint32_t key, int64_t j) {
 //  3. A rank sort writes them out by score descending, then index ascending.
 __global__ void __launch_bounds__(kSelectThreads, 2)
     indexer_select_kernel(SelectArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   extern __shared__ float4 smem4[];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -143,9 +146,10 @@ __global__ void __launch_bounds__(kSelectThreads, 2)
 }  // namespace
 
 void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n, size_t smem,
-                           KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                           KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream) {
   smem_limits.allow(indexer_select_kernel, smem);
-  indexer_select_kernel<<<static_cast<unsigned>(n), kSelectThreads, smem, stream>>>(a, l);
+  launch_programmatic("indexer select", dim3(static_cast<unsigned>(n)), dim3(kSelectThreads), smem,
+                      stream, pdl, indexer_select_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select");
 }
 

@@ -17,8 +17,10 @@
 // (binned_select_smem_bytes).
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/indexer/indexer_launch.h"
 
@@ -106,6 +108,7 @@ __device__ void find_bin(const uint32_t* hist, int bins, int remaining, int* mis
 
 __global__ void __launch_bounds__(kBinnedThreads)
     indexer_select_binned_kernel(SelectArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   extern __shared__ float4 smem4[];
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -277,9 +280,11 @@ __global__ void __launch_bounds__(kBinnedThreads)
 }  // namespace
 
 void launch_indexer_select_binned(const SelectArgs& a, const DeviceLayout& l, int64_t n,
-                                  size_t smem, KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                                  size_t smem, KernelSmemLimits& smem_limits, bool pdl,
+                                  cudaStream_t stream) {
   smem_limits.allow(indexer_select_binned_kernel, smem);
-  indexer_select_binned_kernel<<<static_cast<unsigned>(n), kBinnedThreads, smem, stream>>>(a, l);
+  launch_programmatic("indexer select binned", dim3(static_cast<unsigned>(n)), dim3(kBinnedThreads),
+                      smem, stream, pdl, indexer_select_binned_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select binned");
 }
 

@@ -6,8 +6,10 @@
 // has the larger score or, at equal scores, the lower slot.
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/layout.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/indexer/indexer_launch.h"
 
@@ -42,6 +44,7 @@ __device__ TokenRow token_row(const SelectArgs& s, const DeviceLayout& l, int g)
 // Step 1, grid (token of the group, split): the token's histogram of key bins.
 __global__ void __launch_bounds__(kSplitThreads)
     indexer_select_hist_kernel(SplitSelectArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   __shared__ uint32_t hist[kSplitBins];
   const int g = static_cast<int>(blockIdx.x);
   const TokenRow r = token_row(a.s, l, g);
@@ -71,6 +74,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 // keys in bins >= b), then the pairs of every key in bin b or above.
 __global__ void __launch_bounds__(kSplitThreads)
     indexer_select_collect_kernel(SplitSelectArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   __shared__ int warp_sums[32];
   __shared__ uint32_t threshold_bin;
   const int g = static_cast<int>(blockIdx.x);
@@ -126,6 +130,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 // by a radix select over their 64 bits (8 per pass, most significant first), then the rank sort.
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_select_final_kernel(SplitSelectArgs a, DeviceLayout l) {
+  enter_dependent_grid();
   extern __shared__ float4 smem4[];
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -201,17 +206,20 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void launch_indexer_select_split(const SplitSelectArgs& a, const DeviceLayout& l, int64_t n,
                                  int64_t splits, size_t final_smem, KernelSmemLimits& smem_limits,
-                                 cudaStream_t stream) {
+                                 bool pdl, cudaStream_t stream) {
   DEEPINFER_CUDA_CHECK(cudaMemsetAsync(
       a.hist, 0, static_cast<size_t>(n) * (kSplitBins + 1) * sizeof(uint32_t), stream));
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(splits));
-  indexer_select_hist_kernel<<<grid, kSplitThreads, 0, stream>>>(a, l);
+  const dim3 block(kSplitThreads);
+  launch_programmatic("indexer select histogram", grid, block, 0, stream, pdl,
+                      indexer_select_hist_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select histogram");
-  indexer_select_collect_kernel<<<grid, kSplitThreads, 0, stream>>>(a, l);
+  launch_programmatic("indexer select collect", grid, block, 0, stream, pdl,
+                      indexer_select_collect_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select collect");
   smem_limits.allow(indexer_select_final_kernel, final_smem);
-  indexer_select_final_kernel<<<static_cast<unsigned>(n), kSelectThreads, final_smem, stream>>>(a,
-                                                                                                l);
+  launch_programmatic("indexer select final", dim3(static_cast<unsigned>(n)), dim3(kSelectThreads),
+                      final_smem, stream, pdl, indexer_select_final_kernel, a, l);
   DEEPINFER_CUDA_LAUNCH_CHECK("indexer select final");
 }
 

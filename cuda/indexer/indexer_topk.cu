@@ -109,12 +109,13 @@ WgmmaChoice indexer_wgmma_choice(const CudaBackend& be) {
 }
 
 void launch_indexer_scores(const ScoreArgs& a, const IndexerConfig& c, const DeviceLayout& l,
-                           int64_t n, KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                           int64_t n, KernelSmemLimits& smem_limits, bool pdl,
+                           cudaStream_t stream) {
   const bool key_runs = score_mma_key_runs(a.key.format, a.epb, a.cache_rows);
   if (a.q_codes != nullptr) {
     // The caller left q as codes: indexer_scores_take_codes(c, key_runs) held.
     launch_indexer_score_wgmma_persistent(a, l, n, c.persistent_ctas, c.persistent_cvt_steps,
-                                          c.persistent_fp8_mma, smem_limits, stream);
+                                          c.persistent_fp8_mma, smem_limits, pdl, stream);
   } else if (c.wgmma_pipelined && key_runs) {
     launch_indexer_score_wgmma_pipelined(a, l, n, c.splits, smem_limits, stream);  // a.q_fp8: 1 MMA
   } else if (c.wgmma) {
@@ -137,13 +138,13 @@ SelectScratch indexer_select_scratch(CudaBackend& be, const IndexerConfig& c, in
 
 void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
-                              KernelSmemLimits& smem_limits, cudaStream_t stream) {
+                              KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream) {
   if (c.binned) {
-    launch_indexer_select_binned(se, l, n, c.binned_smem, smem_limits, stream);
+    launch_indexer_select_binned(se, l, n, c.binned_smem, smem_limits, pdl, stream);
     return;
   }
   if (c.select_splits == 0) {
-    launch_indexer_select(se, l, n, c.select_smem, smem_limits, stream);
+    launch_indexer_select(se, l, n, c.select_smem, smem_limits, pdl, stream);
     return;
   }
   SplitSelectArgs a{};
@@ -151,7 +152,8 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
   a.hist = reinterpret_cast<uint32_t*>(scratch.hist.raw_data());
   a.pairs = reinterpret_cast<uint64_t*>(scratch.pairs.raw_data());
   a.smem_pairs = std::min<int64_t>(se.row, kSplitSmemPairs);
-  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, smem_limits, stream);
+  launch_indexer_select_split(a, l, n, c.select_splits, c.split_final_smem, smem_limits, pdl,
+                              stream);
 }
 
 bool indexer_binned_selection_fits(const CudaBackend& be, int64_t top_k, int64_t row) {
@@ -244,9 +246,12 @@ Tensor indexer_topk_run(CudaBackend& be, const Tensor& q, const Tensor& weights,
     const int64_t n = std::min(c.group, tokens - t0);
     sa.token0 = static_cast<int>(t0);
     se.token0 = static_cast<int>(t0);
-    if (opt.run_scores) launch_indexer_scores(sa, c, dl, n, be.smem_limits(), be.stream());
+    if (opt.run_scores) {
+      launch_indexer_scores(sa, c, dl, n, be.smem_limits(), be.pdl(), be.stream());
+    }
     if (opt.run_select) {
-      launch_indexer_selection(se, c, select_scratch, dl, n, be.smem_limits(), be.stream());
+      launch_indexer_selection(se, c, select_scratch, dl, n, be.smem_limits(), be.pdl(),
+                               be.stream());
     }
   }
   return out;

@@ -4,7 +4,9 @@
 // nothing to its token), as group_pairs left it out of the GEMMs.
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/moe/moe_launch.h"
 
 namespace deepinfer::cuda {
@@ -21,6 +23,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
                    const float* __restrict__ weights, int top_k, int64_t hidden, int experts,
                    float* __restrict__ out) {
+  enter_dependent_grid();
   const int64_t t = blockIdx.y;
   const int64_t h0 =
       (static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x) * kCombineVec;
@@ -78,15 +81,15 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 void launch_experts_combine(const float* y, const int32_t* ids, const float* weights,
                             int64_t tokens, int top_k, int64_t hidden, int experts, float* out,
-                            cudaStream_t stream) {
+                            bool pdl, cudaStream_t stream) {
   // tokens <= kMaxPassTokens: within gridDim.y's limit.
   const dim3 grid3(ceil_div(hidden, kCombineThreads * kCombineVec), static_cast<unsigned>(tokens));
   if (hidden % kCombineVec == 0 && aligned16(out)) {  // y comes from empty(): aligned
-    combine_kernel<true>
-        <<<grid3, kCombineThreads, 0, stream>>>(y, ids, weights, top_k, hidden, experts, out);
+    launch_programmatic("moe_experts", grid3, dim3(kCombineThreads), 0, stream, pdl,
+                        combine_kernel<true>, y, ids, weights, top_k, hidden, experts, out);
   } else {
-    combine_kernel<false>
-        <<<grid3, kCombineThreads, 0, stream>>>(y, ids, weights, top_k, hidden, experts, out);
+    launch_programmatic("moe_experts", grid3, dim3(kCombineThreads), 0, stream, pdl,
+                        combine_kernel<false>, y, ids, weights, top_k, hidden, experts, out);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }

@@ -8,7 +8,9 @@
 #include <cstdint>
 
 #include "cuda/common/activation.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/moe/moe_launch.h"
 #include "cuda/moe/strided_dots.cuh"
@@ -26,6 +28,7 @@ __global__ void __launch_bounds__(kExpertGemvWarps * 32)
                         const int32_t* __restrict__ sorted_pair, TileList tiles,
                         const W* const* __restrict__ w1s, const W* const* __restrict__ w3s,
                         float limit, float* __restrict__ act) {
+  enter_dependent_grid();
   constexpr int kCols = kExpertGemvWeightRows / 2;
   const int tile = static_cast<int>(blockIdx.x);
   if (tile >= *tiles.count) return;
@@ -69,6 +72,7 @@ __global__ void __launch_bounds__(kExpertGemvWarps * 32)
     down_gemv_kernel(const float* __restrict__ act, int64_t hidden, int64_t inter,
                      const int32_t* __restrict__ sorted_pair, TileList tiles,
                      const W* const* __restrict__ w2s, float* __restrict__ y) {
+  enter_dependent_grid();
   constexpr int kCols = kExpertGemvWeightRows;
   const int tile = static_cast<int>(blockIdx.x);
   if (tile >= *tiles.count) return;
@@ -104,25 +108,28 @@ __global__ void __launch_bounds__(kExpertGemvWarps * 32)
 }  // namespace
 
 template <typename W>
-void launch_experts_gemv(const ExpertsPassArgs<W>& p, float* act, float* y, cudaStream_t stream) {
+void launch_experts_gemv(const ExpertsPassArgs<W>& p, float* act, float* y, bool pdl,
+                         cudaStream_t stream) {
   const unsigned grid_tiles = static_cast<unsigned>(p.max_tiles);
   const dim3 grid1(grid_tiles, ceil_div(p.inter, kExpertGemvWarps * (kExpertGemvWeightRows / 2)));
-  gate_up_gemv_kernel<W><<<grid1, kExpertGemvWarps * 32, 0, stream>>>(
-      p.x, p.hidden, p.inter, p.top_k, p.sorted_pair, p.tiles, p.w1s, p.w3s, p.limit, act);
+  const dim3 block(kExpertGemvWarps * 32);
+  launch_programmatic("moe_experts", grid1, block, 0, stream, pdl, gate_up_gemv_kernel<W>, p.x,
+                      p.hidden, p.inter, p.top_k, p.sorted_pair, p.tiles, p.w1s, p.w3s, p.limit,
+                      act);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
   if (p.down_group > 0) {  // w2's activation quantization of the SwiGLU output, in place
-    launch_quantize_activations(act, act, p.pairs, p.inter, p.down_group, stream);
+    launch_quantize_activations(act, act, p.pairs, p.inter, p.down_group, pdl, stream);
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
   }
   const dim3 grid2(grid_tiles, ceil_div(p.hidden, kExpertGemvWarps * kExpertGemvWeightRows));
-  down_gemv_kernel<W><<<grid2, kExpertGemvWarps * 32, 0, stream>>>(
-      act, p.hidden, p.inter, p.sorted_pair, p.tiles, p.w2s, y);
+  launch_programmatic("moe_experts", grid2, block, 0, stream, pdl, down_gemv_kernel<W>, act,
+                      p.hidden, p.inter, p.sorted_pair, p.tiles, p.w2s, y);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
-template void launch_experts_gemv<float>(const ExpertsPassArgs<float>&, float*, float*,
+template void launch_experts_gemv<float>(const ExpertsPassArgs<float>&, float*, float*, bool,
                                          cudaStream_t);
 template void launch_experts_gemv<__nv_bfloat16>(const ExpertsPassArgs<__nv_bfloat16>&, float*,
-                                                 float*, cudaStream_t);
+                                                 float*, bool, cudaStream_t);
 
 }  // namespace deepinfer::cuda

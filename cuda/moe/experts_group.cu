@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/moe/moe_launch.h"
 
 namespace deepinfer::cuda {
@@ -22,6 +24,7 @@ __global__ void __launch_bounds__(kGroupThreads)
                        int max_tiles, int32_t* __restrict__ sorted_pair,
                        int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_start,
                        int32_t* __restrict__ tile_count_rows, int32_t* __restrict__ num_tiles) {
+  enter_dependent_grid();
   using BlockScan = cub::BlockScan<int, kGroupThreads>;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   extern __shared__ int group_smem[];
@@ -73,13 +76,14 @@ __global__ void __launch_bounds__(kGroupThreads)
 }  // namespace
 
 void launch_group_pairs(const int32_t* ids, int64_t pairs, int experts, int tile_rows,
-                        int64_t max_tiles, int32_t* sorted_pair, int32_t* tile_meta,
+                        int64_t max_tiles, int32_t* sorted_pair, int32_t* tile_meta, bool pdl,
                         cudaStream_t stream) {
   int32_t* meta = tile_meta;
   const size_t group_smem = 2 * static_cast<size_t>(experts) * sizeof(int);
-  group_pairs_kernel<<<1, kGroupThreads, group_smem, stream>>>(
-      ids, static_cast<int>(pairs), experts, tile_rows, static_cast<int>(max_tiles), sorted_pair,
-      meta, meta + max_tiles, meta + 2 * max_tiles, meta + 3 * max_tiles);
+  launch_programmatic("moe_experts", dim3(1), dim3(kGroupThreads), group_smem, stream, pdl,
+                      group_pairs_kernel, ids, static_cast<int>(pairs), experts, tile_rows,
+                      static_cast<int>(max_tiles), sorted_pair, meta, meta + max_tiles,
+                      meta + 2 * max_tiles, meta + 3 * max_tiles);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 

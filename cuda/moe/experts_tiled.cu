@@ -9,7 +9,9 @@
 #include <cstdint>
 
 #include "cuda/common/activation.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/moe/moe_launch.h"
 #include "cuda/quant/quant_launch.h"
@@ -64,6 +66,7 @@ __global__ void __launch_bounds__(kTileThreads)
                          const int32_t* __restrict__ sorted_pair, TileList tiles,
                          const W* const* __restrict__ w1s, const W* const* __restrict__ w3s,
                          float limit, float* __restrict__ act) {
+  enter_dependent_grid();
   __shared__ TileBuf xs, gs, us;
   const int tile = static_cast<int>(blockIdx.x);
   if (tile >= *tiles.count) return;  // uniform over the CTA: before any barrier
@@ -115,6 +118,7 @@ __global__ void __launch_bounds__(kTileThreads)
     down_tiled_kernel(const float* __restrict__ act, int64_t hidden, int64_t inter,
                       const int32_t* __restrict__ sorted_pair, TileList tiles,
                       const W* const* __restrict__ w2s, float* __restrict__ y) {
+  enter_dependent_grid();
   __shared__ TileBuf as, ws;
   const int tile = static_cast<int>(blockIdx.x);
   if (tile >= *tiles.count) return;
@@ -157,25 +161,28 @@ __global__ void __launch_bounds__(kTileThreads)
 }  // namespace
 
 template <typename W>
-void launch_experts_tiled(const ExpertsPassArgs<W>& p, float* act, float* y, cudaStream_t stream) {
+void launch_experts_tiled(const ExpertsPassArgs<W>& p, float* act, float* y, bool pdl,
+                          cudaStream_t stream) {
   const unsigned grid_tiles = static_cast<unsigned>(p.max_tiles);
   const dim3 grid1(grid_tiles, ceil_div(p.inter, kTileN));
-  gate_up_tiled_kernel<W><<<grid1, kTileThreads, 0, stream>>>(
-      p.x, p.hidden, p.inter, p.top_k, p.sorted_pair, p.tiles, p.w1s, p.w3s, p.limit, act);
+  launch_programmatic("moe_experts", grid1, dim3(kTileThreads), 0, stream, pdl,
+                      gate_up_tiled_kernel<W>, p.x, p.hidden, p.inter, p.top_k, p.sorted_pair,
+                      p.tiles, p.w1s, p.w3s, p.limit, act);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
   if (p.down_group > 0) {  // w2's activation quantization of the SwiGLU output, in place
-    launch_quantize_activations(act, act, p.pairs, p.inter, p.down_group, stream);
+    launch_quantize_activations(act, act, p.pairs, p.inter, p.down_group, pdl, stream);
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
   }
   const dim3 grid2(grid_tiles, ceil_div(p.hidden, kTileN));
-  down_tiled_kernel<W><<<grid2, kTileThreads, 0, stream>>>(act, p.hidden, p.inter, p.sorted_pair,
-                                                           p.tiles, p.w2s, y);
+  launch_programmatic("moe_experts", grid2, dim3(kTileThreads), 0, stream, pdl,
+                      down_tiled_kernel<W>, act, p.hidden, p.inter, p.sorted_pair, p.tiles, p.w2s,
+                      y);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
-template void launch_experts_tiled<float>(const ExpertsPassArgs<float>&, float*, float*,
+template void launch_experts_tiled<float>(const ExpertsPassArgs<float>&, float*, float*, bool,
                                           cudaStream_t);
 template void launch_experts_tiled<__nv_bfloat16>(const ExpertsPassArgs<__nv_bfloat16>&, float*,
-                                                  float*, cudaStream_t);
+                                                  float*, bool, cudaStream_t);
 
 }  // namespace deepinfer::cuda

@@ -58,7 +58,7 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
   Tensor xq;
   if (in_group > 0) {
     xq = be.empty({tokens, hidden}, DType::kF32);
-    launch_quantize_activations(x, xq.data<float>(), tokens, hidden, in_group, stream);
+    launch_quantize_activations(x, xq.data<float>(), tokens, hidden, in_group, be.pdl(), stream);
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
     x = xq.data<float>();
   }
@@ -85,18 +85,18 @@ void run_experts_pass(CudaBackend& be, const float* x, const int32_t* ids, const
   p.pairs = pairs;
 
   launch_group_pairs(ids, pairs, experts, c.tile_rows, c.max_tiles, sorted.data<int32_t>(), meta,
-                     stream);
+                     be.pdl(), stream);
   if (c.kernel == ExpertsKernel::kGemv) {
-    launch_experts_gemv<W>(p, act.data<float>(), y.data<float>(), stream);
+    launch_experts_gemv<W>(p, act.data<float>(), y.data<float>(), be.pdl(), stream);
   } else if (c.kernel == ExpertsKernel::kTiled) {
-    launch_experts_tiled<W>(p, act.data<float>(), y.data<float>(), stream);
+    launch_experts_tiled<W>(p, act.data<float>(), y.data<float>(), be.pdl(), stream);
   } else if constexpr (std::is_same_v<W, __nv_bfloat16>) {
     Tensor xb = be.empty({tokens, hidden}, DType::kBF16);
     launch_experts_mma(p, c.kernel, tokens, static_cast<__nv_bfloat16*>(xb.raw_data()),
                        static_cast<__nv_bfloat16*>(act.raw_data()), y.data<float>(), stream);
   }
   launch_experts_combine(y.data<float>(), ids, weights, tokens, top_k, hidden, experts, out,
-                         stream);
+                         be.pdl(), stream);
 }
 
 // Activation planes of staged rows: 1 after activation quantization (group > 0), else 3.
@@ -135,12 +135,13 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   p.tiles = {meta, meta + c.max_tiles, meta + 2 * c.max_tiles, meta + 3 * c.max_tiles};
   p.max_tiles = c.max_tiles;
   launch_group_pairs(ids, pairs, experts, c.tile_rows, c.max_tiles, sorted.data<int32_t>(), meta,
-                     stream);
+                     be.pdl(), stream);
   launch_experts_quant(p, c.kernel, x, tokens, xq.defined() ? xq.data<float>() : nullptr,
                        static_cast<__nv_bfloat16*>(xs.raw_data()), act.data<float>(),
-                       static_cast<__nv_bfloat16*>(as.raw_data()), y.data<float>(), stream);
+                       static_cast<__nv_bfloat16*>(as.raw_data()), y.data<float>(), be.pdl(),
+                       stream);
   launch_experts_combine(y.data<float>(), ids, weights, tokens, p.top_k, p.hidden, experts, out,
-                         stream);
+                         be.pdl(), stream);
 }
 
 // The quantized experts' operands, checked for what the kernels need beyond the front's checks.

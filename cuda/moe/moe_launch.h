@@ -16,10 +16,13 @@ namespace deepinfer::cuda {
 
 // ---- routing ------------------------------------------------------------------------------------
 
+// The launches below that take `pdl` launch their kernels as programmatic dependents of the
+// kernel before them on the stream where it is true (cuda/common/pdl.cuh).
+
 // Router logits [T, E] of x [T, H] and gate_w [E, H] (f32 or bf16) by router_gemv_kernel, for
 // path kGemvSmall or kGemvWide (router_logits.cu).
 void launch_router_gemv(const Tensor& x, const Tensor& gate_w, RouterLogits path, float* logits,
-                        cudaStream_t stream);
+                        bool pdl, cudaStream_t stream);
 
 struct RouteSelectArgs {
   const float* logits;       // [T, E]
@@ -36,7 +39,7 @@ struct RouteSelectArgs {
 };
 
 // The top-k selection and weights (route_select.cu); `warp`: route_select_warp_kernel.
-void launch_route_select(const RouteSelectArgs& a, bool warp, cudaStream_t stream);
+void launch_route_select(const RouteSelectArgs& a, bool warp, bool pdl, cudaStream_t stream);
 
 // ---- experts ------------------------------------------------------------------------------------
 
@@ -60,15 +63,17 @@ struct ExpertsPassArgs {
 
 // Groups the pairs by expert and writes the tile list of tile_rows-row tiles (experts_group.cu).
 void launch_group_pairs(const int32_t* ids, int64_t pairs, int experts, int tile_rows,
-                        int64_t max_tiles, int32_t* sorted_pair, int32_t* tile_meta,
+                        int64_t max_tiles, int32_t* sorted_pair, int32_t* tile_meta, bool pdl,
                         cudaStream_t stream);
 
 // gate/up + SwiGLU -> act [pairs, I] and down -> y [pairs, H] on the decode GEMV kernels
 // (experts_gemv.cu) or the f32 tiled kernels (experts_tiled.cu); W is float or __nv_bfloat16.
 template <typename W>
-void launch_experts_gemv(const ExpertsPassArgs<W>& p, float* act, float* y, cudaStream_t stream);
+void launch_experts_gemv(const ExpertsPassArgs<W>& p, float* act, float* y, bool pdl,
+                         cudaStream_t stream);
 template <typename W>
-void launch_experts_tiled(const ExpertsPassArgs<W>& p, float* act, float* y, cudaStream_t stream);
+void launch_experts_tiled(const ExpertsPassArgs<W>& p, float* act, float* y, bool pdl,
+                          cudaStream_t stream);
 
 // The same on tensor cores (sm80/experts_mma.cu), kernel kMma64 or kMma128: x is first rounded
 // into xb [tokens, H] bf16, act is bf16.
@@ -109,11 +114,11 @@ int64_t quant_staged_elems(int64_t rows, int64_t k, int planes);
 // down_group > 0) into as; the sizes are quant_staged_elems of (tokens, H) and (pairs, I).
 void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const float* x,
                           int64_t tokens, float* xq, __nv_bfloat16* xs, float* act,
-                          __nv_bfloat16* as, float* y, cudaStream_t stream);
+                          __nv_bfloat16* as, float* y, bool pdl, cudaStream_t stream);
 
 // out[t] = sum_j weight[t, j] * y[t * top_k + j] in slot order (experts_combine.cu).
 void launch_experts_combine(const float* y, const int32_t* ids, const float* weights,
                             int64_t tokens, int top_k, int64_t hidden, int experts, float* out,
-                            cudaStream_t stream);
+                            bool pdl, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

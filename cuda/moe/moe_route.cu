@@ -40,15 +40,15 @@ Routing CudaBackend::moe_route_impl(const Tensor& x, const Tensor& gate_w, const
     // exactly into a temporary first. Same values as the GEMV up to summation order.
     if (gate_w.dtype() == DType::kBF16) {
       Tensor wide = empty({experts, hidden}, DType::kF32);
-      launch_widen_bf16(gate_w.data<__nv_bfloat16>(), wide.data<float>(), experts * hidden, s,
-                        "moe_route");
+      launch_widen_bf16(gate_w.data<__nv_bfloat16>(), wide.data<float>(), experts * hidden, pdl(),
+                        s, "moe_route");
       logits = linear(x, wide);
     } else {
       logits = linear(x, gate_w);
     }
   } else {
     logits = empty({tokens, experts}, DType::kF32);
-    launch_router_gemv(x, gate_w, path, logits.data<float>(), s);
+    launch_router_gemv(x, gate_w, path, logits.data<float>(), pdl(), s);
   }
   RouteSelectArgs a{};
   a.logits = logits.data<float>();
@@ -62,7 +62,7 @@ Routing CudaBackend::moe_route_impl(const Tensor& x, const Tensor& gate_w, const
   a.routed_scale = routed_scale;
   a.ids = routing.expert_ids.data<int32_t>();
   a.weights = routing.weights.data<float>();
-  launch_route_select(a, use_route_select_warp(top_k, hashed, experts), s);
+  launch_route_select(a, use_route_select_warp(top_k, hashed, experts), pdl(), s);
   return routing;
 }
 

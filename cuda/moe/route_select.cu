@@ -11,7 +11,9 @@
 // ever out of bounds. NaN router scores give an unspecified (but in-range) choice.
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/moe/moe_launch.h"
 
@@ -49,6 +51,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
                         const int32_t* __restrict__ tid2eid, const int32_t* __restrict__ token_ids,
                         int64_t tokens, int experts, int top_k, int64_t vocab, float routed_scale,
                         int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
+  enter_dependent_grid();
   const int64_t t =
       static_cast<int64_t>(blockIdx.x) * kSelectWarps + static_cast<int64_t>(threadIdx.x / 32);
   if (t >= tokens) return;
@@ -122,6 +125,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
                              const int32_t* __restrict__ token_ids, int64_t tokens, int experts,
                              int top_k, int64_t vocab, float routed_scale,
                              int32_t* __restrict__ ids_out, float* __restrict__ weights_out) {
+  enter_dependent_grid();
   const int64_t t =
       static_cast<int64_t>(blockIdx.x) * kSelectWarps + static_cast<int64_t>(threadIdx.x / 32);
   if (t >= tokens) return;  // the whole warp leaves; no CTA barrier follows
@@ -187,16 +191,18 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
 
 }  // namespace
 
-void launch_route_select(const RouteSelectArgs& a, bool warp, cudaStream_t stream) {
-  const unsigned blocks = ceil_div(a.tokens, kSelectWarps);
+void launch_route_select(const RouteSelectArgs& a, bool warp, bool pdl, cudaStream_t stream) {
+  const dim3 blocks(ceil_div(a.tokens, kSelectWarps));
+  const dim3 threads(kSelectWarps * 32);
   if (warp) {
-    route_select_warp_kernel<kSelectSlots><<<blocks, kSelectWarps * 32, 0, stream>>>(
-        a.logits, a.bias, a.tid2eid, a.token_ids, a.tokens, a.experts, a.top_k, a.vocab,
-        a.routed_scale, a.ids, a.weights);
+    launch_programmatic("moe_route", blocks, threads, 0, stream, pdl,
+                        route_select_warp_kernel<kSelectSlots>, a.logits, a.bias, a.tid2eid,
+                        a.token_ids, a.tokens, a.experts, a.top_k, a.vocab, a.routed_scale, a.ids,
+                        a.weights);
   } else {
-    route_select_kernel<<<blocks, kSelectWarps * 32, 0, stream>>>(
-        a.logits, a.bias, a.tid2eid, a.token_ids, a.tokens, a.experts, a.top_k, a.vocab,
-        a.routed_scale, a.ids, a.weights);
+    launch_programmatic("moe_route", blocks, threads, 0, stream, pdl, route_select_kernel, a.logits,
+                        a.bias, a.tid2eid, a.token_ids, a.tokens, a.experts, a.top_k, a.vocab,
+                        a.routed_scale, a.ids, a.weights);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_route");
 }

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/moe/moe_launch.h"
@@ -33,6 +35,7 @@ template <typename W, bool kVec, int kE, int kR>
 __global__ void __launch_bounds__(kRouteThreads)
     router_gemv_kernel(const float* __restrict__ x, const W* __restrict__ gate, int64_t tokens,
                        int64_t hidden, int experts, float* __restrict__ logits) {
+  enter_dependent_grid();
   __shared__ float part[kE * kR][kRouteThreads];
   const int tid = static_cast<int>(threadIdx.x);
   const int e0 = static_cast<int>(blockIdx.x) * kE;
@@ -71,7 +74,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 }
 
 template <typename W, int kE, int kR>
-void launch_router_tiles(const Tensor& x, const Tensor& gate_w, float* logits,
+void launch_router_tiles(const Tensor& x, const Tensor& gate_w, float* logits, bool pdl,
                          cudaStream_t stream) {
   const int64_t tokens = x.size(0);
   const int64_t hidden = x.size(1);
@@ -80,33 +83,35 @@ void launch_router_tiles(const Tensor& x, const Tensor& gate_w, float* logits,
   const W* gate = gate_w.data<W>();
   const bool vec = hidden % Vec16<W>::kN == 0 && aligned16(gate) && aligned16(x.raw_data());
   if (vec) {
-    router_gemv_kernel<W, true, kE, kR><<<grid, kRouteThreads, 0, stream>>>(
-        x.data<float>(), gate, tokens, hidden, experts, logits);
+    launch_programmatic("moe_route", grid, dim3(kRouteThreads), 0, stream, pdl,
+                        router_gemv_kernel<W, true, kE, kR>, x.data<float>(), gate, tokens, hidden,
+                        experts, logits);
   } else {
-    router_gemv_kernel<W, false, kE, kR><<<grid, kRouteThreads, 0, stream>>>(
-        x.data<float>(), gate, tokens, hidden, experts, logits);
+    launch_programmatic("moe_route", grid, dim3(kRouteThreads), 0, stream, pdl,
+                        router_gemv_kernel<W, false, kE, kR>, x.data<float>(), gate, tokens, hidden,
+                        experts, logits);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_route");
 }
 
 template <typename W>
 void launch_router_path(const Tensor& x, const Tensor& gate_w, RouterLogits path, float* logits,
-                        cudaStream_t stream) {
+                        bool pdl, cudaStream_t stream) {
   if (path == RouterLogits::kGemvSmall) {
-    launch_router_tiles<W, kRouteSmallE, kRouteSmallR>(x, gate_w, logits, stream);
+    launch_router_tiles<W, kRouteSmallE, kRouteSmallR>(x, gate_w, logits, pdl, stream);
   } else {
-    launch_router_tiles<W, kRouteWideE, kRouteWideR>(x, gate_w, logits, stream);
+    launch_router_tiles<W, kRouteWideE, kRouteWideR>(x, gate_w, logits, pdl, stream);
   }
 }
 
 }  // namespace
 
 void launch_router_gemv(const Tensor& x, const Tensor& gate_w, RouterLogits path, float* logits,
-                        cudaStream_t stream) {
+                        bool pdl, cudaStream_t stream) {
   if (gate_w.dtype() == DType::kBF16) {
-    launch_router_path<__nv_bfloat16>(x, gate_w, path, logits, stream);
+    launch_router_path<__nv_bfloat16>(x, gate_w, path, logits, pdl, stream);
   } else {
-    launch_router_path<float>(x, gate_w, path, logits, stream);
+    launch_router_path<float>(x, gate_w, path, logits, pdl, stream);
   }
 }
 

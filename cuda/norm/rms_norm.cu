@@ -30,6 +30,7 @@
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/norm/rms_norm_heuristics.h"
@@ -191,6 +192,7 @@ template <int kVec, bool kRope = false, typename Sink = UnitRows<float4>>
 __global__ void __launch_bounds__(kNormWarpThreads)
     rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w, Sink y,
                          int64_t rows, int64_t units, float eps, RopeArgs rope = {}) {
+  enter_dependent_grid();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
   if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -237,6 +239,7 @@ template <bool kCluster, bool kPreloadWeight>
 __global__ void __launch_bounds__(kNormBlockMaxThreads)
     rms_norm_block_kernel(const float4* __restrict__ x, const float4* __restrict__ w,
                           float4* __restrict__ y, int64_t units, int64_t per_block, float eps) {
+  enter_dependent_grid();
   int64_t row = blockIdx.x;
   int64_t begin = 0;
   if constexpr (kCluster) {
@@ -292,6 +295,7 @@ __global__ void __launch_bounds__(kNormBlockMaxThreads)
 // Fallback for any row: one block per row, scalar loads, x read twice.
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                 float* __restrict__ y, int64_t dim, float eps) {
+  enter_dependent_grid();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
@@ -312,20 +316,22 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // The warp kernel with kVec = warp_vec (1, 2, 4 or 8: choose_rms_norm's) over rows into `sink`.
 template <bool kRope, typename Sink>
 void launch_warp_kernel(int warp_vec, const float4* x, const float4* w, Sink sink, int64_t rows,
-                        int64_t units, float eps, const RopeArgs& rope, cudaStream_t stream) {
-  const unsigned blocks = ceil_div(rows, kNormWarpThreads / 32);
+                        int64_t units, float eps, const RopeArgs& rope, const char* op, bool pdl,
+                        cudaStream_t stream) {
+  const dim3 grid(ceil_div(rows, kNormWarpThreads / 32));
+  const dim3 block(kNormWarpThreads);
   if (warp_vec == 1) {
-    rms_norm_warp_kernel<1, kRope>
-        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_warp_kernel<1, kRope, Sink>, x, w,
+                        sink, rows, units, eps, rope);
   } else if (warp_vec == 2) {
-    rms_norm_warp_kernel<2, kRope>
-        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_warp_kernel<2, kRope, Sink>, x, w,
+                        sink, rows, units, eps, rope);
   } else if (warp_vec == 4) {
-    rms_norm_warp_kernel<4, kRope>
-        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_warp_kernel<4, kRope, Sink>, x, w,
+                        sink, rows, units, eps, rope);
   } else {
-    rms_norm_warp_kernel<8, kRope>
-        <<<blocks, kNormWarpThreads, 0, stream>>>(x, w, sink, rows, units, eps, rope);
+    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_warp_kernel<8, kRope, Sink>, x, w,
+                        sink, rows, units, eps, rope);
   }
 }
 
@@ -342,8 +348,8 @@ struct NormRopeCall {
 
   bool warp() const { return rows > 0 && config.kernel == RmsNormKernel::kWarp; }
   template <typename Sink>
-  void launch(Sink sink, float eps, cudaStream_t stream) const {
-    launch_warp_kernel<true>(config.warp_vec, x, w, sink, rows, units, eps, rope, stream);
+  void launch(Sink sink, float eps, const char* op, bool pdl, cudaStream_t stream) const {
+    launch_warp_kernel<true>(config.warp_vec, x, w, sink, rows, units, eps, rope, op, pdl, stream);
   }
 };
 
@@ -389,7 +395,7 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
   switch (c.kernel) {
     case RmsNormKernel::kWarp: {
       launch_warp_kernel<false>(c.warp_vec, x4, w4, UnitRows<float4>{y4, units}, rows, units, eps,
-                                RopeArgs{}, stream());
+                                RopeArgs{}, op, pdl(), stream());
       break;
     }
     case RmsNormKernel::kCluster: {
@@ -398,23 +404,25 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
       l.block = dim3(c.threads);
       l.cluster = dim3(static_cast<unsigned>(c.cluster), 1, 1);
       l.stream = stream();
-      launch_clustered("rms_norm", l, rms_norm_block_kernel<true, true>, x4, w4, y4, units,
-                       c.per_block, eps);
+      l.pdl = pdl();
+      launch_clustered(op, l, rms_norm_block_kernel<true, true>, x4, w4, y4, units, c.per_block,
+                       eps);
       break;
     }
     case RmsNormKernel::kBlock:
       if (c.preload_weight) {
-        rms_norm_block_kernel<false, true><<<static_cast<unsigned>(rows), c.threads, 0, stream()>>>(
-            x4, w4, y4, units, units, eps);
+        launch_programmatic(op, dim3(static_cast<unsigned>(rows)), dim3(c.threads), 0, stream(),
+                            pdl(), rms_norm_block_kernel<false, true>, x4, w4, y4, units, units,
+                            eps);
       } else {
-        rms_norm_block_kernel<false, false>
-            <<<static_cast<unsigned>(rows), c.threads, 0, stream()>>>(x4, w4, y4, units, units,
-                                                                      eps);
+        launch_programmatic(op, dim3(static_cast<unsigned>(rows)), dim3(c.threads), 0, stream(),
+                            pdl(), rms_norm_block_kernel<false, false>, x4, w4, y4, units, units,
+                            eps);
       }
       break;
     case RmsNormKernel::kScalar:
-      rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(dim), 0, stream()>>>(xp, wp, yp,
-                                                                                      dim, eps);
+      launch_programmatic(op, dim3(static_cast<unsigned>(rows)), dim3(row_threads(dim)), 0,
+                          stream(), pdl(), rms_norm_kernel, xp, wp, yp, dim, eps);
       break;
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
@@ -424,6 +432,7 @@ Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float e
 Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,
                                        const Tensor& positions, const Tensor& inv_freq,
                                        bool bf16_output) {
+  const char* op = "rms_norm_rope";
   const NormRopeCall call = norm_rope_call(x, weight, positions, inv_freq, num_sms());
   if (!call.warp()) {
     // f32 (bf16_output permits, does not require, bf16).
@@ -432,12 +441,13 @@ Tensor CudaBackend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, fl
   // A fresh allocation: 16-byte aligned.
   Tensor out = empty(x.shape(), bf16_output ? DType::kBF16 : DType::kF32);
   if (bf16_output) {
-    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, stream());
-  } else {
-    call.launch(UnitRows<float4>{reinterpret_cast<float4*>(out.data<float>()), call.units}, eps,
+    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, op, pdl(),
                 stream());
+  } else {
+    call.launch(UnitRows<float4>{reinterpret_cast<float4*>(out.data<float>()), call.units}, eps, op,
+                pdl(), stream());
   }
-  DEEPINFER_CUDA_LAUNCH_CHECK("rms_norm_rope");
+  DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }
 
@@ -464,19 +474,20 @@ Tensor CudaBackend::rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight,
   const bool fused_v41 = call.warp() && f.format == KvFormat::kV41Fp8 &&
                          f.dim % kv_record::kV41Fp8Group == 0 && f.row_bytes % 4 == 0;
   if (fused_bf16) {
-    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, stream());
+    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, op, pdl(),
+                stream());
   } else if (fused_fp8) {
     call.launch(
         Fp8MainRecords{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.nope(), f.rope_dim},
-        eps, stream());
+        eps, op, pdl(), stream());
   } else if (fused_v41) {
-    call.launch(V41Fp8Records{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.dim}, eps,
-                stream());
+    call.launch(V41Fp8Records{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.dim}, eps, op,
+                pdl(), stream());
   } else {
     // The two steps: the f32 rows, then encoded.
     const Tensor f32 = rms_norm_rope_impl(x, weight, eps, positions, inv_freq, false);
     launch_encode_kv_rows(f32.data<float>(), static_cast<uint8_t*>(out.raw_data()), x.size(0), f,
-                          stream(), op);
+                          pdl(), stream(), op);
     return out;
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);

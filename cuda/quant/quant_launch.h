@@ -7,8 +7,9 @@
 
 namespace deepinfer::cuda {
 
-// out [rows, cols] = x rounded per group of `group` columns to its e4m3 grid (may alias x).
+// out [rows, cols] = x rounded per group of `group` columns to its e4m3 grid (may alias x); a
+// programmatic dependent launch where `pdl`.
 void launch_quantize_activations(const float* x, float* out, int64_t rows, int64_t cols, int group,
-                                 cudaStream_t stream);
+                                 bool pdl, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

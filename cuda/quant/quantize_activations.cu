@@ -4,8 +4,10 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/quant/quant_launch.h"
 
@@ -17,6 +19,7 @@ constexpr int kWarpsPerBlock = 8;
 
 __global__ void quantize_activations_kernel(const float* __restrict__ x, float* __restrict__ out,
                                             int64_t rows, int64_t cols, int group) {
+  enter_dependent_grid();
   const int64_t groups_per_row = (cols + group - 1) / group;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (item >= rows * groups_per_row) return;
@@ -37,17 +40,18 @@ __global__ void quantize_activations_kernel(const float* __restrict__ x, float* 
 }  // namespace
 
 void launch_quantize_activations(const float* x, float* out, int64_t rows, int64_t cols, int group,
-                                 cudaStream_t stream) {
+                                 bool pdl, cudaStream_t stream) {
   const int64_t items = rows * ((cols + group - 1) / group);
   if (items == 0) return;
-  quantize_activations_kernel<<<ceil_div(items, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
-      x, out, rows, cols, group);
+  launch_programmatic("quantize_activations", dim3(ceil_div(items, kWarpsPerBlock)),
+                      dim3(32 * kWarpsPerBlock), 0, stream, pdl, quantize_activations_kernel, x,
+                      out, rows, cols, group);
 }
 
 Tensor CudaBackend::quantize_activations_impl(const Tensor& x, int group) {
   Tensor out = empty(x.shape(), DType::kF32);
   launch_quantize_activations(x.data<float>(), out.data<float>(), x.size(0), x.size(1), group,
-                              stream());
+                              pdl(), stream());
   DEEPINFER_CUDA_LAUNCH_CHECK("quantize_activations");
   return out;
 }

@@ -9,7 +9,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -41,6 +43,7 @@ template <typename T>
 __global__ void rope_kernel(const T* __restrict__ x, const int32_t* __restrict__ positions,
                             const float* __restrict__ inv_freq, float* __restrict__ y,
                             int64_t heads, int64_t dim, int64_t first, bool inverse, int64_t n) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += stride) {
@@ -75,6 +78,7 @@ __global__ void rope_quads_kernel(const T* __restrict__ x, const int32_t* __rest
                                   const float* __restrict__ inv_freq, float4* __restrict__ y,
                                   int heads, int quads_per_row, int first, bool inverse,
                                   int quads) {
+  enter_dependent_grid();
   const int stride = static_cast<int>(gridDim.x * blockDim.x);
   for (int qd = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); qd < quads; qd += stride) {
     const int row = qd / quads_per_row;
@@ -113,20 +117,21 @@ Tensor CudaBackend::rope_impl(const Tensor& x, const Tensor& positions, const Te
   const int64_t n = x.numel();
   if (n == 0) return out;
   const int64_t first = dim - 2 * half;
-  auto run = [&](const auto* src) {
+  auto run = [&]<typename T>(const T* src) {
     const auto x_addr = reinterpret_cast<uintptr_t>(src);
     const bool x_aligned = x_addr % (4 * sizeof(*src)) == 0;
     if (dim % 4 == 0 && first % 2 == 0 && n / 4 < (int64_t{1} << 30) && x_aligned &&
         aligned16(out.raw_data())) {
       const int64_t quads = n / 4;
-      rope_quads_kernel<<<elementwise_blocks(num_sms(), quads), kElementwiseThreads, 0, stream()>>>(
-          src, positions.data<int32_t>(), inv_freq.data<float>(),
-          reinterpret_cast<float4*>(out.data<float>()), static_cast<int>(heads),
-          static_cast<int>(dim / 4), static_cast<int>(first), inverse, static_cast<int>(quads));
+      launch_programmatic(op, dim3(elementwise_blocks(num_sms(), quads)), dim3(kElementwiseThreads),
+                          0, stream(), pdl(), rope_quads_kernel<T>, src, positions.data<int32_t>(),
+                          inv_freq.data<float>(), reinterpret_cast<float4*>(out.data<float>()),
+                          static_cast<int>(heads), static_cast<int>(dim / 4),
+                          static_cast<int>(first), inverse, static_cast<int>(quads));
     } else {
-      rope_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-          src, positions.data<int32_t>(), inv_freq.data<float>(), out.data<float>(), heads, dim,
-          first, inverse, n);
+      launch_programmatic(op, dim3(elementwise_blocks(num_sms(), n)), dim3(kElementwiseThreads), 0,
+                          stream(), pdl(), rope_kernel<T>, src, positions.data<int32_t>(),
+                          inv_freq.data<float>(), out.data<float>(), heads, dim, first, inverse, n);
     }
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
   };

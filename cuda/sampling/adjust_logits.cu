@@ -3,7 +3,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -16,6 +18,7 @@ __global__ void add_logit_entries_kernel(float* __restrict__ logits,
                                          const int32_t* __restrict__ tokens,
                                          const float* __restrict__ values, int64_t n,
                                          int64_t num_rows, int64_t vocab) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -28,6 +31,7 @@ __global__ void add_logit_entries_kernel(float* __restrict__ logits,
 // One thread per logit: -inf where the token's bit in its row's mask is clear.
 __global__ void mask_logits_kernel(float* __restrict__ logits, const uint32_t* __restrict__ allowed,
                                    int64_t num_rows, int64_t vocab) {
+  enter_dependent_grid();
   const int64_t words = (vocab + 31) / 32;
   const int64_t n = num_rows * vocab;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -46,16 +50,17 @@ void CudaBackend::adjust_logits_impl(const Tensor& logits, const LogitAdjustment
   const int64_t vocab = logits.size(1);
   const int64_t n = adjustments.rows.defined() ? adjustments.rows.size(0) : 0;
   if (n > 0) {
-    add_logit_entries_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0,
-                               stream()>>>(logits.data<float>(), adjustments.rows.data<int32_t>(),
-                                           adjustments.tokens.data<int32_t>(),
-                                           adjustments.values.data<float>(), n, num_rows, vocab);
+    launch_programmatic("adjust_logits (entries)", dim3(elementwise_blocks(num_sms(), n)),
+                        dim3(kElementwiseThreads), 0, stream(), pdl(), add_logit_entries_kernel,
+                        logits.data<float>(), adjustments.rows.data<int32_t>(),
+                        adjustments.tokens.data<int32_t>(), adjustments.values.data<float>(), n,
+                        num_rows, vocab);
     DEEPINFER_CUDA_LAUNCH_CHECK("adjust_logits (entries)");
   }
   if (adjustments.allowed.defined() && num_rows * vocab > 0) {
-    mask_logits_kernel<<<elementwise_blocks(num_sms(), num_rows * vocab), kElementwiseThreads, 0,
-                         stream()>>>(
-        logits.data<float>(),
+    launch_programmatic(
+        "adjust_logits (mask)", dim3(elementwise_blocks(num_sms(), num_rows * vocab)),
+        dim3(kElementwiseThreads), 0, stream(), pdl(), mask_logits_kernel, logits.data<float>(),
         reinterpret_cast<const uint32_t*>(adjustments.allowed.data<int32_t>()), num_rows, vocab);
     DEEPINFER_CUDA_LAUNCH_CHECK("adjust_logits (mask)");
   }

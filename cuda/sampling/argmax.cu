@@ -4,7 +4,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/sampling/argmax_heuristics.h"
 
 namespace deepinfer::cuda {
@@ -51,6 +53,7 @@ template <int kWidth>
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_partial_kernel(const float* __restrict__ x, ArgBest* __restrict__ partial,
                           int32_t* __restrict__ out, int64_t cols) {
+  enter_dependent_grid();
   const int64_t r = blockIdx.x;
   const float* row = x + r * cols;
   const int64_t units = cols / kWidth;
@@ -110,6 +113,7 @@ constexpr int kArgmaxFinalThreads = 128;
 __global__ void __launch_bounds__(kArgmaxFinalThreads)
     argmax_final_kernel(const float* __restrict__ x, const ArgBest* __restrict__ partial,
                         int32_t* __restrict__ out, int64_t rows, int64_t cols, int64_t chunks) {
+  enter_dependent_grid();
   const int64_t r =
       static_cast<int64_t>(blockIdx.x) * (kArgmaxFinalThreads / 32) + threadIdx.x / 32;
   if (r >= rows) return;  // uniform over the warp, so warp_argmax sees full warps
@@ -143,16 +147,17 @@ Tensor CudaBackend::argmax_impl(const Tensor& x) {
   }
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(chunks));
   if (vec) {
-    argmax_partial_kernel<4>
-        <<<grid, kArgmaxThreads, 0, stream()>>>(xp, pp, out.data<int32_t>(), cols);
+    launch_programmatic(op, grid, dim3(kArgmaxThreads), 0, stream(), pdl(),
+                        argmax_partial_kernel<4>, xp, pp, out.data<int32_t>(), cols);
   } else {
-    argmax_partial_kernel<1>
-        <<<grid, kArgmaxThreads, 0, stream()>>>(xp, pp, out.data<int32_t>(), cols);
+    launch_programmatic(op, grid, dim3(kArgmaxThreads), 0, stream(), pdl(),
+                        argmax_partial_kernel<1>, xp, pp, out.data<int32_t>(), cols);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   if (chunks > 1) {
-    argmax_final_kernel<<<ceil_div(rows, kArgmaxFinalThreads / 32), kArgmaxFinalThreads, 0,
-                          stream()>>>(xp, pp, out.data<int32_t>(), rows, cols, chunks);
+    launch_programmatic(op, dim3(ceil_div(rows, kArgmaxFinalThreads / 32)),
+                        dim3(kArgmaxFinalThreads), 0, stream(), pdl(), argmax_final_kernel, xp, pp,
+                        out.data<int32_t>(), rows, cols, chunks);
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
   }
   return out;

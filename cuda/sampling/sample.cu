@@ -36,7 +36,9 @@
 #include <string>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "sample/counter_rng.h"
 
 namespace deepinfer::cuda {
@@ -106,6 +108,7 @@ __global__ void __launch_bounds__(kThreads)
                           RowStats* __restrict__ stats, uint32_t* __restrict__ keys,
                           int32_t* __restrict__ values, int* __restrict__ seg_begin,
                           int* __restrict__ seg_end) {
+  enter_dependent_grid();
   using ArgMaxReduce = cub::BlockReduce<ArgMax, kThreads>;
   using SumReduce = cub::BlockReduce<double, kThreads>;
   __shared__ union {
@@ -192,6 +195,7 @@ __global__ void __launch_bounds__(kThreads)
                        const RowStats* __restrict__ stats, const int32_t* __restrict__ sorted_ids,
                        int32_t* __restrict__ tokens, float* __restrict__ logprobs,
                        int32_t* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+  enter_dependent_grid();
   __shared__ typename BlockScanD::TempStorage scan_tmp;
   __shared__ int s_first;
   __shared__ int s_last;
@@ -340,8 +344,10 @@ SampleResult CudaBackend::sample_impl(const Tensor& logits, const SamplingBatch&
   int* seg_end = seg_begin + rows;
   auto* row_stats = static_cast<RowStats*>(stats.raw_data());
 
-  sample_prepare_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-      logits.data<float>(), v, params, cols, row_stats, key_buf, id_buf, seg_begin, seg_end);
+  const dim3 grid(static_cast<unsigned>(rows));
+  launch_programmatic(op, grid, dim3(kThreads), 0, s, pdl(), sample_prepare_kernel,
+                      logits.data<float>(), v, params, cols, row_stats, key_buf, id_buf, seg_begin,
+                      seg_end);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
 
   // The temp-storage query is a host computation on the sizes (no launch, no sync).
@@ -356,10 +362,11 @@ SampleResult CudaBackend::sample_impl(const Tensor& logits, const SamplingBatch&
       temp.raw_data(), temp_bytes, d_keys, d_ids, items, static_cast<int>(rows), seg_begin, seg_end,
       0, 32, s));
 
-  sample_draw_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-      logits.data<float>(), v, params, cols, row_stats, d_ids.Current(), out.tokens.data<int32_t>(),
-      out.logprobs.data<float>(), cols > 0 ? out.top_ids.data<int32_t>() : nullptr,
-      cols > 0 ? out.top_logprobs.data<float>() : nullptr);
+  launch_programmatic(op, grid, dim3(kThreads), 0, s, pdl(), sample_draw_kernel,
+                      logits.data<float>(), v, params, cols, row_stats, d_ids.Current(),
+                      out.tokens.data<int32_t>(), out.logprobs.data<float>(),
+                      cols > 0 ? out.top_ids.data<int32_t>() : nullptr,
+                      cols > 0 ? out.top_logprobs.data<float>() : nullptr);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
 }

@@ -3,7 +3,9 @@
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace deepinfer::cuda {
 
@@ -15,6 +17,7 @@ __global__ void select_tokens_kernel(int32_t* __restrict__ tokens,
                                      const int32_t* __restrict__ remap,
                                      const int32_t* __restrict__ previous, int64_t num_previous,
                                      int64_t n) {
+  enter_dependent_grid();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -29,8 +32,10 @@ void CudaBackend::select_tokens_impl(const Tensor& tokens, const Tensor& remap,
                                      const Tensor& previous) {
   const int64_t n = tokens.size(0);
   if (n == 0) return;
-  select_tokens_kernel<<<elementwise_blocks(num_sms(), n), kElementwiseThreads, 0, stream()>>>(
-      tokens.data<int32_t>(), remap.data<int32_t>(), previous.data<int32_t>(), previous.size(0), n);
+  launch_programmatic("select_tokens", dim3(elementwise_blocks(num_sms(), n)),
+                      dim3(kElementwiseThreads), 0, stream(), pdl(), select_tokens_kernel,
+                      tokens.data<int32_t>(), remap.data<int32_t>(), previous.data<int32_t>(),
+                      previous.size(0), n);
   DEEPINFER_CUDA_LAUNCH_CHECK("select_tokens");
 }
 

@@ -6,7 +6,9 @@
 
 #include "backend/row_shift.h"
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "deepinfer/error.h"
 
 namespace deepinfer::cuda {
@@ -45,6 +47,7 @@ struct ShiftArgs {
 };
 
 __global__ void __launch_bounds__(kShiftThreads) shift_rows_kernel(ShiftArgs a) {
+  enter_dependent_grid();
   const int tid = static_cast<int>(threadIdx.x);
   // The rows' moves; an invalid one (the CPU op throws) leaves its row where it was.
   for (int32_t s = tid; s < a.num_real; s += kShiftThreads) {
@@ -85,6 +88,7 @@ __global__ void __launch_bounds__(kShiftThreads) shift_rows_kernel(ShiftArgs a) 
 __global__ void __launch_bounds__(kShiftThreads)
     accept_drafts_kernel(const int32_t* samples, const int32_t* tokens, const int32_t* row_start,
                          int32_t* accepted, int64_t rows, int32_t num_tokens) {
+  enter_dependent_grid();
   // Row starts outside [0, T] or decreasing (the CPU op throws) are clamped into it.
   for (int64_t r = threadIdx.x; r < rows; r += kShiftThreads) {
     const int32_t begin = min(max(row_start[r], 0), num_tokens);
@@ -100,9 +104,10 @@ Tensor CudaBackend::accept_drafts_impl(const Tensor& samples, const Tensor& toke
   const int64_t rows = row_start.size(0) - 1;
   Tensor accepted = empty({rows}, DType::kI32);
   if (rows == 0) return accepted;
-  accept_drafts_kernel<<<1, kShiftThreads, 0, stream()>>>(
-      samples.data<int32_t>(), tokens.data<int32_t>(), row_start.data<int32_t>(),
-      accepted.data<int32_t>(), rows, static_cast<int32_t>(samples.size(0)));
+  launch_programmatic("accept_drafts", dim3(1), dim3(kShiftThreads), 0, stream(), pdl(),
+                      accept_drafts_kernel, samples.data<int32_t>(), tokens.data<int32_t>(),
+                      row_start.data<int32_t>(), accepted.data<int32_t>(), rows,
+                      static_cast<int32_t>(samples.size(0)));
   DEEPINFER_CUDA_LAUNCH_CHECK("accept_drafts");
   return accepted;
 }
@@ -142,7 +147,8 @@ void CudaBackend::shift_rows_impl(const RowShift& shift) {
                     e.rope_pos.data<int32_t>(),
                     e.dest.data<int32_t>()};
   }
-  shift_rows_kernel<<<1, kShiftThreads, 0, stream()>>>(a);
+  launch_programmatic("shift_rows", dim3(1), dim3(kShiftThreads), 0, stream(), pdl(),
+                      shift_rows_kernel, a);
   DEEPINFER_CUDA_LAUNCH_CHECK("shift_rows");
 }
 

@@ -88,6 +88,7 @@
 #include "cuda/attention/sm80/attention_mma_config.h"
 #include "cuda/attention/sm80/attention_mma_tile.cuh"
 #include "cuda/cache/kv_record.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm80.cuh"
@@ -249,9 +250,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   float* ssum = reinterpret_cast<float*>(smem + L::kSumOff);
   int* valid_base = reinterpret_cast<int*>(smem + L::kValidOff);
 
-  // The separate combine is a programmatic dependent launch of this grid: its blocks are
-  // scheduled while this grid runs and wait for it to complete (griddepcontrol.wait).
-  let_dependents_launch();
+  // This grid may be a programmatic dependent launch of the kernel before it (the backend's pdl),
+  // and the separate combine is one of this grid: its blocks are scheduled while this grid runs
+  // and wait for it to complete (griddepcontrol.wait).
+  enter_dependent_grid();
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -367,21 +369,20 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 
 template <int kDim, KvFormat kFmt, int kSlices>
 void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
-                int64_t tokens, cudaStream_t stream) {
+                int64_t tokens, bool pdl, cudaStream_t stream) {
   allow_smem(attention_mma_kernel<kDim, kFmt, kSlices>, MmaLayout<kDim>::kBytes);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(c.plan.head_groups),
                   static_cast<unsigned>(c.plan.splits));
-  attention_mma_kernel<kDim, kFmt, kSlices>
-      <<<grid, kMmaThreads, MmaLayout<kDim>::kBytes, stream>>>(a, l);
-  DEEPINFER_CUDA_LAUNCH_CHECK("attention");
+  launch_programmatic("attention", grid, dim3(kMmaThreads), MmaLayout<kDim>::kBytes, stream, pdl,
+                      attention_mma_kernel<kDim, kFmt, kSlices>, a, l);
 }
 
 template <int kDim, KvFormat kFmt>
 void launch_mma_slices(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
-                       int64_t tokens, cudaStream_t stream) {
-  if (c.plan.slices == 2) return launch_mma<kDim, kFmt, 2>(a, l, c, tokens, stream);
+                       int64_t tokens, bool pdl, cudaStream_t stream) {
+  if (c.plan.slices == 2) return launch_mma<kDim, kFmt, 2>(a, l, c, tokens, pdl, stream);
   if constexpr (mma_rows16_supported(kDim)) {
-    if (c.plan.slices == 8) return launch_mma<kDim, kFmt, 8>(a, l, c, tokens, stream);
+    if (c.plan.slices == 8) return launch_mma<kDim, kFmt, 8>(a, l, c, tokens, pdl, stream);
   }
   fail("attention", "no tensor-core kernel of " + std::to_string(c.plan.rows) +
                         " heads per block for head dim " + std::to_string(kDim));
@@ -389,30 +390,31 @@ void launch_mma_slices(const AttentionArgs& a, const DeviceLayout& l, const Atte
 
 template <int kDim>
 void launch_mma_dim(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
-                    int64_t tokens, cudaStream_t stream) {
+                    int64_t tokens, bool pdl, cudaStream_t stream) {
   switch (a.kvf.format) {
     case KvFormat::kF32:
-      return launch_mma_slices<kDim, KvFormat::kF32>(a, l, c, tokens, stream);
+      return launch_mma_slices<kDim, KvFormat::kF32>(a, l, c, tokens, pdl, stream);
     case KvFormat::kBf16:
-      return launch_mma_slices<kDim, KvFormat::kBf16>(a, l, c, tokens, stream);
+      return launch_mma_slices<kDim, KvFormat::kBf16>(a, l, c, tokens, pdl, stream);
     case KvFormat::kFp8:
-      return launch_mma_slices<kDim, KvFormat::kFp8>(a, l, c, tokens, stream);
+      return launch_mma_slices<kDim, KvFormat::kFp8>(a, l, c, tokens, pdl, stream);
   }
 }
 
 }  // namespace
 
 void launch_attention_mma(const AttentionArgs& a, const DeviceLayout& l,
-                          const AttentionMmaConfig& c, int64_t tokens, cudaStream_t stream) {
+                          const AttentionMmaConfig& c, int64_t tokens, bool pdl,
+                          cudaStream_t stream) {
   switch (a.dim) {  // the dims of mma_smem_bytes: c.supported only for these
     case 64:
-      return launch_mma_dim<64>(a, l, c, tokens, stream);
+      return launch_mma_dim<64>(a, l, c, tokens, pdl, stream);
     case 128:
-      return launch_mma_dim<128>(a, l, c, tokens, stream);
+      return launch_mma_dim<128>(a, l, c, tokens, pdl, stream);
     case 256:
-      return launch_mma_dim<256>(a, l, c, tokens, stream);
+      return launch_mma_dim<256>(a, l, c, tokens, pdl, stream);
     case 512:
-      return launch_mma_dim<512>(a, l, c, tokens, stream);
+      return launch_mma_dim<512>(a, l, c, tokens, pdl, stream);
     default:
       fail("attention", "no tensor-core kernel for head dim " + std::to_string(a.dim));
   }

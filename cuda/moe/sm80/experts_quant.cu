@@ -41,7 +41,9 @@
 #include <cstring>
 
 #include "cuda/common/activation.cuh"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/moe/moe_launch.h"
 #include "cuda/moe/sm80/experts_quant_stream.h"
@@ -64,6 +66,7 @@ using namespace quant_tile;  // NOLINT(google-build-using-namespace): this famil
 template <QuantFormat F, int kPlanes>
 __global__ void stage_activations_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
                                          int64_t Kp, __nv_bfloat16* __restrict__ dst) {
+  enter_dependent_grid();
   const int64_t pieces = Kp / 8;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * pieces) return;
@@ -151,6 +154,7 @@ __global__ void __launch_bounds__(C::kThreads)
                         const int32_t* __restrict__ sorted_pair, TileList tiles, int max_tiles,
                         QuantMatrices lo, QuantMatrices hi, int block_rows, int block_cols_log2,
                         float limit, float* __restrict__ out) {
+  enter_dependent_grid();
   constexpr int kM = C::kMTiles;
   constexpr int kHalf = kGateUp ? kM / 2 : kM;  // m16 tiles per matrix
   constexpr int kStageWords = kPlanes * C::kTok * kQuantRowWords;
@@ -223,30 +227,31 @@ __global__ void __launch_bounds__(C::kThreads)
 }
 
 template <QuantFormat F, int kPlanes>
-void launch_stage(const float* src, int64_t rows, int64_t K, __nv_bfloat16* dst,
+void launch_stage(const float* src, int64_t rows, int64_t K, __nv_bfloat16* dst, bool pdl,
                   cudaStream_t stream) {
   const int64_t Kp = (K + kQuantSliceK - 1) / kQuantSliceK * kQuantSliceK;
   const int64_t n = rows * (Kp / 8);
   if (n == 0) return;
-  stage_activations_kernel<F, kPlanes><<<ceil_div(n, 256), 256, 0, stream>>>(src, rows, K, Kp, dst);
+  launch_programmatic("moe_experts", dim3(ceil_div(n, 256)), dim3(256), 0, stream, pdl,
+                      stage_activations_kernel<F, kPlanes>, src, rows, K, Kp, dst);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
 // Activation quantization (bit-identical to the CPU op) into `qbuf` (may be `src`), then staging.
 template <QuantFormat F>
 void quantize_and_stage(const float* src, float* qbuf, int64_t rows, int64_t K, int group,
-                        __nv_bfloat16* dst, cudaStream_t stream) {
+                        __nv_bfloat16* dst, bool pdl, cudaStream_t stream) {
   if (group > 0) {
-    launch_quantize_activations(src, qbuf, rows, K, group, stream);
+    launch_quantize_activations(src, qbuf, rows, K, group, pdl, stream);
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
-    launch_stage<F, 1>(qbuf, rows, K, dst, stream);
+    launch_stage<F, 1>(qbuf, rows, K, dst, pdl, stream);
   } else {
-    launch_stage<F, 3>(src, rows, K, dst, stream);
+    launch_stage<F, 3>(src, rows, K, dst, pdl, stream);
   }
 }
 
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
-void launch_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float* out,
+void launch_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float* out, bool pdl,
                  cudaStream_t stream) {
   const int64_t K = kGateUp ? p.hidden : p.inter;
   const int64_t N = kGateUp ? p.inter : p.hidden;
@@ -257,19 +262,21 @@ void launch_gemm(const QuantExpertsArgs& p, const __nv_bfloat16* a, float* out,
   DEEPINFER_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   // Grid size: checked against gridDim.x's limit by the caller.
-  kernel<<<static_cast<unsigned>(p.max_tiles * cols), C::kThreads, smem, stream>>>(
-      a, K, N, p.top_k, p.sorted_pair, p.tiles, static_cast<int>(p.max_tiles),
-      kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2, p.limit, out);
+  launch_programmatic("moe_experts", dim3(static_cast<unsigned>(p.max_tiles * cols)),
+                      dim3(C::kThreads), static_cast<size_t>(smem), stream, pdl, kernel, a, K, N,
+                      p.top_k, p.sorted_pair, p.tiles, static_cast<int>(p.max_tiles),
+                      kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2,
+                      p.limit, out);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
 template <QuantFormat F, bool kGateUp, class C>
 void launch_gemm_planes(const QuantExpertsArgs& p, int group, const __nv_bfloat16* a, float* out,
-                        cudaStream_t stream) {
+                        bool pdl, cudaStream_t stream) {
   if (group > 0) {
-    launch_gemm<F, kGateUp, C, 1>(p, a, out, stream);
+    launch_gemm<F, kGateUp, C, 1>(p, a, out, pdl, stream);
   } else {
-    launch_gemm<F, kGateUp, C, 3>(p, a, out, stream);
+    launch_gemm<F, kGateUp, C, 3>(p, a, out, pdl, stream);
   }
 }
 
@@ -278,19 +285,19 @@ void launch_gemm_planes(const QuantExpertsArgs& p, int group, const __nv_bfloat1
 template <QuantFormat F, class C>
 void run_pass(const QuantExpertsArgs& p, bool stream_weights, bool lean, const float* x,
               int64_t tokens, float* xq, __nv_bfloat16* xs, float* act, __nv_bfloat16* as, float* y,
-              cudaStream_t stream) {
+              bool pdl, cudaStream_t stream) {
   const int64_t pairs = tokens * p.top_k;
-  quantize_and_stage<F>(x, xq, tokens, p.hidden, p.in_group, xs, stream);
+  quantize_and_stage<F>(x, xq, tokens, p.hidden, p.in_group, xs, pdl, stream);
   if (stream_weights) {
-    launch_expert_quant_stream(p, true, p.in_group > 0 ? 1 : 3, lean, xs, act, stream);
+    launch_expert_quant_stream(p, true, p.in_group > 0 ? 1 : 3, lean, xs, act, pdl, stream);
   } else {
-    launch_gemm_planes<F, true, C>(p, p.in_group, xs, act, stream);
+    launch_gemm_planes<F, true, C>(p, p.in_group, xs, act, pdl, stream);
   }
-  quantize_and_stage<F>(act, act, pairs, p.inter, p.down_group, as, stream);
+  quantize_and_stage<F>(act, act, pairs, p.inter, p.down_group, as, pdl, stream);
   if (stream_weights) {
-    launch_expert_quant_stream(p, false, p.down_group > 0 ? 1 : 3, lean, as, y, stream);
+    launch_expert_quant_stream(p, false, p.down_group > 0 ? 1 : 3, lean, as, y, pdl, stream);
   } else {
-    launch_gemm_planes<F, false, C>(p, p.down_group, as, y, stream);
+    launch_gemm_planes<F, false, C>(p, p.down_group, as, y, pdl, stream);
   }
 }
 
@@ -302,7 +309,7 @@ int64_t quant_staged_elems(int64_t rows, int64_t k, int planes) {
 
 void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const float* x,
                           int64_t tokens, float* xq, __nv_bfloat16* xs, float* act,
-                          __nv_bfloat16* as, float* y, cudaStream_t stream) {
+                          __nv_bfloat16* as, float* y, bool pdl, cudaStream_t stream) {
   if (kernel == ExpertsKernel::kQuantPrefillWgmma) {
     launch_experts_quant_wgmma(p, x, tokens, xq, xs, act, as, y, stream);
     return;
@@ -313,18 +320,18 @@ void launch_experts_quant(const QuantExpertsArgs& p, ExpertsKernel kernel, const
   if (p.format == QuantFormat::kMxfp4) {
     if (decode) {
       run_pass<QuantFormat::kMxfp4, ExpertQuantDecode>(p, stream_weights, lean, x, tokens, xq, xs,
-                                                       act, as, y, stream);
+                                                       act, as, y, pdl, stream);
     } else {
       run_pass<QuantFormat::kMxfp4, ExpertQuantPrefill>(p, false, false, x, tokens, xq, xs, act, as,
-                                                        y, stream);
+                                                        y, pdl, stream);
     }
   } else {
     if (decode) {
       run_pass<QuantFormat::kFp8, ExpertQuantDecodeFp8>(p, stream_weights, lean, x, tokens, xq, xs,
-                                                        act, as, y, stream);
+                                                        act, as, y, pdl, stream);
     } else {
       run_pass<QuantFormat::kFp8, ExpertQuantPrefill>(p, false, false, x, tokens, xq, xs, act, as,
-                                                      y, stream);
+                                                      y, pdl, stream);
     }
   }
 }

@@ -29,7 +29,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/moe/sm80/experts_quant_config.h"
 #include "cuda/moe/sm80/experts_quant_stream.h"
@@ -268,6 +270,7 @@ __global__ void __launch_bounds__(C::kThreads, 2)
                                const int32_t* __restrict__ sorted_pair, TileList tiles,
                                int max_tiles, QuantMatrices lo, QuantMatrices hi, int block_rows,
                                int block_cols_log2, float limit, float* __restrict__ out) {
+  enter_dependent_grid();
   using Tr = QuantTraits<F>;
   constexpr int kM = C::kMTiles;
   constexpr int kHalf = kGateUp ? kM / 2 : kM;  // m16 tiles per matrix
@@ -500,7 +503,7 @@ __global__ void __launch_bounds__(C::kThreads, 2)
 
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
 void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat16* a, float* out,
-                        cudaStream_t stream) {
+                        bool pdl, cudaStream_t stream) {
   const int64_t K = kGateUp ? p.hidden : p.inter;
   const int64_t N = kGateUp ? p.inter : p.hidden;
   const int64_t cols_per_cta = C::kWeightRows / (kGateUp ? 2 : 1);
@@ -514,38 +517,39 @@ void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat1
                      : expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
   allow_smem(kernel, smem);
   // Grid size: checked against gridDim.x's limit by the caller.
-  kernel<<<static_cast<unsigned>(p.max_tiles * cols), C::kThreads, smem, stream>>>(
-      a, K, N, p.top_k, p.sorted_pair, p.tiles, static_cast<int>(p.max_tiles),
-      kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2, p.limit, out);
+  launch_programmatic("moe_experts", dim3(static_cast<unsigned>(p.max_tiles * cols)),
+                      dim3(C::kThreads), smem, stream, pdl, kernel, a, K, N, p.top_k, p.sorted_pair,
+                      p.tiles, static_cast<int>(p.max_tiles), kGateUp ? p.w1 : p.w2,
+                      kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2, p.limit, out);
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
 template <QuantFormat F, class C>
 void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
-                          const __nv_bfloat16* a, float* out, cudaStream_t stream) {
+                          const __nv_bfloat16* a, float* out, bool pdl, cudaStream_t stream) {
   if (gate_up) {
     if (planes == 1) {
-      launch_stream_gemm<F, true, C, 1>(p, lean, a, out, stream);
+      launch_stream_gemm<F, true, C, 1>(p, lean, a, out, pdl, stream);
     } else {
-      launch_stream_gemm<F, true, C, 3>(p, lean, a, out, stream);
+      launch_stream_gemm<F, true, C, 3>(p, lean, a, out, pdl, stream);
     }
   } else if (planes == 1) {
-    launch_stream_gemm<F, false, C, 1>(p, lean, a, out, stream);
+    launch_stream_gemm<F, false, C, 1>(p, lean, a, out, pdl, stream);
   } else {
-    launch_stream_gemm<F, false, C, 3>(p, lean, a, out, stream);
+    launch_stream_gemm<F, false, C, 3>(p, lean, a, out, pdl, stream);
   }
 }
 
 }  // namespace
 
 void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
-                                const __nv_bfloat16* a, float* out, cudaStream_t stream) {
+                                const __nv_bfloat16* a, float* out, bool pdl, cudaStream_t stream) {
   if (p.format == QuantFormat::kMxfp4) {
     launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, lean, a, out,
-                                                                   stream);
+                                                                   pdl, stream);
   } else {
     launch_stream_format<QuantFormat::kFp8, ExpertQuantStreamFp8>(p, gate_up, planes, lean, a, out,
-                                                                  stream);
+                                                                  pdl, stream);
   }
 }
 

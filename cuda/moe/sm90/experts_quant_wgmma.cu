@@ -450,7 +450,7 @@ template <QuantFormat F>
 void quantize_and_stage(const float* src, float* qbuf, int64_t rows, int64_t K, int group,
                         __nv_bfloat16* dst, cudaStream_t stream) {
   if (group > 0) {
-    launch_quantize_activations(src, qbuf, rows, K, group, stream);
+    launch_quantize_activations(src, qbuf, rows, K, group, /*pdl=*/false, stream);
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
     launch_stage<F, 1>(qbuf, rows, K, dst, stream);
   } else {

@@ -50,6 +50,25 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
 }
 
+// Programmatic dependent launches are on unless DEEPINFER_PDL=off.
+TEST(BackendSwitches, PdlIsOnUnlessTurnedOff) {
+  const std::pair<const char*, bool> names[] = {
+      {nullptr, true}, {"", true}, {"on", true}, {"off", false}};
+  for (const auto& [name, on] : names) {
+    ScopedEnv pdl("DEEPINFER_PDL", name);
+    EXPECT_EQ(cuda::read_backend_switches().pdl, on) << (name ? name : "unset");
+  }
+  ScopedEnv bad("DEEPINFER_PDL", "yes");
+  try {
+    cuda::read_backend_switches();
+    ADD_FAILURE() << "DEEPINFER_PDL=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DEEPINFER_PDL: expected on or off, got 'yes'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(BackendSwitches, MoeQuantDecodeTakesEveryDecodeKernel) {
   const std::pair<const char*, cuda::QuantDecodeChoice> names[] = {
       {"", cuda::QuantDecodeChoice::kAuto},
