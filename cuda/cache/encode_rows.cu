@@ -12,9 +12,9 @@ namespace {
 // Block t encodes row t.
 __global__ void encode_kv_rows_kernel(const float* __restrict__ kv, uint8_t* __restrict__ rows,
                                       KvRowFormat f) {
-  // Also lets the kernel after it start now: with the attention kernels' _pdl variants (and
-  // wgmma_overlap_fused) that one is a programmatic dependent launch and waits for this grid
-  // before it reads the rows (an ordinary launch ignores this).
+  // Waits for the kernel before it (where launched as its programmatic dependent), then lets the
+  // kernel after it start: with the attention kernels' _pdl variants (and wgmma_overlap_fused)
+  // that one is a programmatic dependent launch and waits for this grid before it reads the rows.
   enter_dependent_grid();
   const int64_t t = blockIdx.x;
   encode_kv_row(kv + t * f.dim, rows + t * f.row_bytes, f);
