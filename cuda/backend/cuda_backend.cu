@@ -1,10 +1,7 @@
 // The CUDA backend's device plumbing: construction, uploads and host copies, events. Device memory
 // and graph capture: cuda_memory.cu. The ops live in the kernel families (cuda/<family>/).
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <utility>
