@@ -22,10 +22,11 @@ T read_switch(const char* name, std::optional<T> (*parse)(const char*), const ch
   return *choice;
 }
 
-std::optional<bool> parse_hc_pre(const char* value) {
+std::optional<HcPreChoice> parse_hc_pre(const char* value) {
   const std::string v = value == nullptr ? "" : value;
-  if (v.empty() || v == "legacy") return false;
-  if (v == "fused") return true;
+  if (v.empty() || v == "auto") return HcPreChoice::kAuto;
+  if (v == "fused") return HcPreChoice::kFused;
+  if (v == "legacy") return HcPreChoice::kLegacy;
   return std::nullopt;
 }
 
@@ -46,7 +47,7 @@ BackendSwitches read_backend_switches() {
       read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "wgmma or mma_sync");
   s.fp8_linear =
       read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "legacy, stream or stream_pdl");
-  s.hc_fused = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "fused or legacy");
+  s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused or legacy");
   s.pdl = read_switch("DEEPINFER_PDL", parse_pdl, "on or off");
   s.indexer_fp8_scores =
       read_switch("DEEPINFER_INDEXER_FP8_SCORES", parse_indexer_fp8_scores,

@@ -6,6 +6,7 @@
 
 #include "cuda/attention/attention_plan.h"
 #include "cuda/gemm/fp8_linear_choice.h"
+#include "cuda/hc/hc_heuristics.h"
 #include "cuda/indexer/indexer_options.h"
 #include "cuda/moe/moe_heuristics.h"
 
@@ -15,7 +16,7 @@ struct BackendSwitches {
   QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kAuto;      // DEEPINFER_MOE_QUANT_DECODE
   QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;  // _MOE_QUANT_PREFILL
   Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;              // DEEPINFER_FP8_LINEAR
-  bool hc_fused = false;                                              // DEEPINFER_HC_PRE
+  HcPreChoice hc_pre = HcPreChoice::kAuto;                            // DEEPINFER_HC_PRE
   bool pdl = true;                                                    // DEEPINFER_PDL
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel =

@@ -11,7 +11,7 @@
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/backend/cuda_context.h"
 #include "cuda/common/launch.cuh"
-#include "cuda/hc/hc_heuristics.h"
+#include "cuda/hc/hc_launch.h"
 
 namespace deepinfer {
 
@@ -103,12 +103,13 @@ CudaBackend::CudaBackend(int device_index)
   moe_quant_decode_ = switches.moe_quant_decode;
   moe_quant_prefill_ = switches.moe_quant_prefill;
   fp8_linear_ = switches.fp8_linear;
-  hc_fused_ = switches.hc_fused;
+  hc_pre_choice_ = switches.hc_pre;
   pdl_ = switches.pdl;
   attention_mma_choice_ = switches.attention_mma;
   attention_kernel_ = switches.attention_kernel;
   indexer_fp8_scores_ = switches.indexer_fp8_scores;
   programmatic_launch_device_ = prop.major >= 9;
+  hc_fused_cluster_ = programmatic_launch_device_ ? hc_fused_max_cluster() : 0;
   // wgmma kernels have bodies only in sm_90a code (cuda/CMakeLists.txt), and run on sm_90 only.
 #ifdef DEEPINFER_HAVE_SM90A
   wgmma_device_ = prop.major == 9;
@@ -136,13 +137,8 @@ CudaBackend::CudaBackend(int device_index)
   DEEPINFER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_index));
   uint64_t threshold = UINT64_MAX;
   DEEPINFER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  hc_barrier_ = zeros({2 * kHcFusedMaxGroups}, DType::kI32);
   // Zeroed once; the fused attention combine leaves every counter at zero after each launch.
   attention_counters_ = zeros({kAttentionCounterSlots}, DType::kI32);
-}
-
-unsigned* CudaBackend::hc_barrier() const {
-  return reinterpret_cast<unsigned*>(hc_barrier_.raw_data());
 }
 
 void CudaBackend::make_current() {

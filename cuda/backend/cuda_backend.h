@@ -26,6 +26,7 @@
 #include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/common/smem_limits.h"
 #include "cuda/gemm/fp8_linear_choice.h"
+#include "cuda/hc/hc_heuristics.h"
 #include "cuda/indexer/indexer_options.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "deepinfer/backend.h"
@@ -133,21 +134,18 @@ class CudaBackend final : public Backend {
   // The path the latest FP8 linear took (set by linear.cu / gemm_fp8.cu; read by benchmarks).
   Fp8LinearPath last_fp8_linear_path() const { return last_fp8_linear_path_; }
   void set_last_fp8_linear_path(Fp8LinearPath p) { last_fp8_linear_path_ = p; }
-  // DEEPINFER_HC_PRE at creation: legacy (default) or fused. Whether hc_pre, hc_head and
-  // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_grid) where
-  // it applies, or always the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel). Opt-in:
-  // its spin barrier needs every CTA of a token group resident at once, which nothing
-  // guarantees beside another process or backend on the device, and the H200's decode step did
-  // not get faster with it (benchmarks/RESULTS.md, session 8).
-  bool hc_fused() const { return hc_fused_; }
+  // DEEPINFER_HC_PRE at creation (auto: the default, fused, legacy): where hc_pre, hc_head and
+  // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_chosen)
+  // instead of the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel).
+  HcPreChoice hc_pre_choice() const { return hc_pre_choice_; }
+  // The largest thread-block cluster of the fused hc kernel this device schedules (16, 8, or 0
+  // without clusters: then the fused path never applies), found at creation.
+  int hc_fused_cluster() const { return hc_fused_cluster_; }
   // DEEPINFER_PDL at creation (on: the default, off): whether the kernels that start with
   // enter_dependent_grid (cuda/common/pdl.cuh) are launched as programmatic dependents of the
   // kernel before them; benchmarks set it to time both in one run.
   bool pdl() const { return pdl_; }
   void set_pdl(bool on) { pdl_ = on; }
-  // The fused hc kernel's barrier slots ({count, generation} per token group), zero at creation
-  // and left zero by every launch (so graph replays need no reset).
-  unsigned* hc_barrier() const;
   // The dynamic shared memory limits this backend raised on its kernels (smem_limits.h): a launch
   // of a kernel that may take more than 48 KiB asks it first.
   KernelSmemLimits& smem_limits() { return smem_limits_; }
@@ -273,10 +271,10 @@ class CudaBackend final : public Backend {
   OverlapTraceBuffer attention_trace_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
-  bool hc_fused_ = false;
+  HcPreChoice hc_pre_choice_ = HcPreChoice::kAuto;
+  int hc_fused_cluster_ = 0;
   bool pdl_ = true;
   std::shared_ptr<CudaContext> ctx_;
-  Tensor hc_barrier_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
   Tensor attention_counters_;

@@ -1,14 +1,18 @@
 // The fused decode path of the mHC ops (hc_launch.h): at decode sizes (hc_fused_grid: T <= 256,
 // n <= 4) hc_pre, hc_head and hc_post_pre are one kernel each, hc_fused_kernel: the GEMV split
-// over the channels across CTAs, a spin barrier per token group, then each CTA finishes the mix,
-// the weights and its channels of the collapse. Opt-in (DEEPINFER_HC_PRE=fused,
-// CudaBackend::hc_fused): the barrier assumes the whole grid resident. The weights and the
-// collapse are the CPU's arithmetic (hc_weights.cuh); the mix differs from the CPU's GEMM by
-// summation order only.
+// over the channels across the CTAs of a cluster per token group, the cluster's barrier, then
+// each CTA finishes the mix, the weights and its channels of the collapse. DEEPINFER_HC_PRE
+// chooses where it runs (CudaBackend::hc_pre_choice: by default up to kHcFusedAutoMaxTokens
+// tokens). The weights and the collapse are the CPU's arithmetic (hc_weights.cuh); the mix
+// differs from the CPU's GEMM by summation order only.
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/pdl.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
@@ -17,35 +21,14 @@ namespace deepinfer::cuda {
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 // Sum over the 32 lanes by a butterfly: a fixed tree, so the same bits every run (every lane
 // ends with the same value).
 __device__ __forceinline__ float warp_sum_fixed(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
-}
-
-// Waits until all `ctas` CTAs of a group have arrived. slot = {count, generation} in persistent
-// device memory (zero at creation): the last CTA to arrive resets the count and bumps the
-// generation the others wait on, so the slot is ready for the next launch (and a graph replay)
-// without a reset. The fences publish each CTA's partial sums before its arrival. Every thread
-// of the CTA must call it; all CTAs of the group must be resident (hc_fused_grid).
-__device__ void group_barrier(unsigned* slot, unsigned ctas) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile unsigned* generation = slot + 1;
-    const unsigned seen = *generation;  // before arriving: the bump comes after all arrivals
-    __threadfence();
-    if (atomicAdd(slot, 1u) == ctas - 1) {
-      atomicExch(slot, 0u);
-      __threadfence();
-      atomicAdd(slot + 1, 1u);
-    } else {
-      while (*generation == seen) __nanosleep(32);
-    }
-    __threadfence();
-  }
-  __syncthreads();
 }
 
 // The arguments of hc_fused_kernel. hc_pre: rows = (2 + n) * n, post and comb set; hc_head:
@@ -56,7 +39,6 @@ struct HcFusedArgs {
   const float* base;     // [rows]
   const float* scale;    // [3] (hc_pre) or [1] (hc_head)
   float* partial;        // [groups, splits, tokens_per_cta, rows + 1] scratch
-  unsigned* barrier;     // [2 * groups] {count, generation}, persistent
   float* post;           // [T, n] or null
   float* comb;           // [T, n, n] or null
   float* y;              // [T, hidden]
@@ -106,7 +88,8 @@ __device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
 //  1. partial mix sums fn[r] . x and the sum of squares of its slice of each token's flattened
 //     row (float4 loads of fn and X; thread rows: RG groups of ceil(24 / RG) fn rows), reduced
 //     over the CTA in a fixed order and written to `partial`;
-//  2. the group's barrier;
+//  2. the cluster's barrier (release / acquire at cluster scope: the partials in global memory
+//     are visible to the group's other CTAs after it);
 //  3. every CTA sums the group's partials in split order (so all see the same mix), scales by
 //     the inverse RMS (the CPU normalises first; the GEMM sum then differs by rounding only) and
 //     computes pre; split 0 of hc_pre also computes post and comb (a warp per token, on the
@@ -114,7 +97,7 @@ __device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
 //  4. the collapse y = sum_s pre[s] * X[s] of its channels, in the CPU's order and rounding.
 // kPost (hc_post_pre): step 1 reads the updated trunk, computing it from X, out, post and comb
 // (row group 0 writes it), and step 4 collapses it: the trunk a CTA collapses is its own slice.
-template <int TB, int RG, bool kPost>
+template <int TB, int RG, bool kPost, int U>
 __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArgs a) {
   constexpr int kWarps = kHcFusedThreads / 32;
   constexpr int kUnitsPerPass = kHcFusedThreads / RG;
@@ -128,6 +111,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   __shared__ float update_post[kPost ? TB : 1][kHcFusedMaxN];
   __shared__ float update_comb[kPost ? TB : 1][kHcFusedMaxN * kHcFusedMaxN];
 
+  enter_dependent_grid();
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -164,44 +148,68 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) acc[j][i] = 0.0f;
   }
-  for (int64_t u = tid % kUnitsPerPass; u < n * quads; u += kUnitsPerPass) {
-    const int64_t k = hc_fused_column(u, quads, hidden, h_begin);
-    float4 x[TB];
+  // U units per pass: all their loads are issued before the first multiply (a thread's units
+  // are few, 4 at one token over 16 CTAs, and each was an L2/DRAM round trip of its own). The
+  // units are still added in ascending order, so the bits do not depend on U.
+  const int64_t units = n * quads;
+  for (int64_t u0 = tid % kUnitsPerPass; u0 < units; u0 += U * kUnitsPerPass) {
+    float4 x[U][TB];
+    float4 w[U][kRowsPerThread];
 #pragma unroll
-    for (int j = 0; j < TB; ++j) {
-      const int64_t t = t0 + j;
-      if (t >= a.tokens) {
-        x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      } else if constexpr (kPost) {
-        const int s = static_cast<int>(u / quads);
-        x[j] = hc_post_quad(a.X + t * width, a.update.out + t * hidden, update_post[j],
-                            update_comb[j], n, s, hidden, k - s * hidden);
-        if (row_group == 0) *reinterpret_cast<float4*>(a.update.trunk + t * width + k) = x[j];
-      } else {
-        x[j] = __ldg(reinterpret_cast<const float4*>(a.X + t * width + k));
-      }
-    }
-    float4 w[kRowsPerThread];
+    for (int v = 0; v < U; ++v) {
+      const int64_t u = u0 + v * kUnitsPerPass;
+      const bool in = u < units;
+      const int64_t k = hc_fused_column(in ? u : u0, quads, hidden, h_begin);
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const int r = row_group * kRowsPerThread + i;
-      w[i] = r < rows ? __ldg(reinterpret_cast<const float4*>(a.fn + r * width + k))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int j = 0; j < TB; ++j) {
-      if (row_group == 0) {
-        squares[j] = fmaf(x[j].x, x[j].x, squares[j]);
-        squares[j] = fmaf(x[j].y, x[j].y, squares[j]);
-        squares[j] = fmaf(x[j].z, x[j].z, squares[j]);
-        squares[j] = fmaf(x[j].w, x[j].w, squares[j]);
+      for (int j = 0; j < TB; ++j) {
+        const int64_t t = t0 + j;
+        if (!in || t >= a.tokens) {
+          x[v][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        } else if constexpr (kPost) {
+          const int s = static_cast<int>(u / quads);
+          x[v][j] = hc_post_quad(a.X + t * width, a.update.out + t * hidden, update_post[j],
+                                 update_comb[j], n, s, hidden, k - s * hidden);
+        } else {
+          x[v][j] = __ldg(reinterpret_cast<const float4*>(a.X + t * width + k));
+        }
       }
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
-        acc[j][i] = fmaf(w[i].x, x[j].x, acc[j][i]);
-        acc[j][i] = fmaf(w[i].y, x[j].y, acc[j][i]);
-        acc[j][i] = fmaf(w[i].z, x[j].z, acc[j][i]);
-        acc[j][i] = fmaf(w[i].w, x[j].w, acc[j][i]);
+        const int r = row_group * kRowsPerThread + i;
+        w[v][i] = in && r < rows ? __ldg(reinterpret_cast<const float4*>(a.fn + r * width + k))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < U; ++v) {
+      const int64_t u = u0 + v * kUnitsPerPass;
+      if (u >= units) break;
+      if constexpr (kPost) {
+        if (row_group == 0) {
+          const int64_t k = hc_fused_column(u, quads, hidden, h_begin);
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            if (t0 + j < a.tokens) {
+              *reinterpret_cast<float4*>(a.update.trunk + (t0 + j) * width + k) = x[v][j];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < TB; ++j) {
+        if (row_group == 0) {
+          squares[j] = fmaf(x[v][j].x, x[v][j].x, squares[j]);
+          squares[j] = fmaf(x[v][j].y, x[v][j].y, squares[j]);
+          squares[j] = fmaf(x[v][j].z, x[v][j].z, squares[j]);
+          squares[j] = fmaf(x[v][j].w, x[v][j].w, squares[j]);
+        }
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+          acc[j][i] = fmaf(w[v][i].x, x[v][j].x, acc[j][i]);
+          acc[j][i] = fmaf(w[v][i].y, x[v][j].y, acc[j][i]);
+          acc[j][i] = fmaf(w[v][i].z, x[v][j].z, acc[j][i]);
+          acc[j][i] = fmaf(w[v][i].w, x[v][j].w, acc[j][i]);
+        }
       }
     }
   }
@@ -230,9 +238,9 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     part[p] = sum;
   }
 
-  // 2. Meet the group's other CTAs.
+  // 2. Meet the group's other CTAs (the cluster is the group).
   if (a.splits > 1)
-    group_barrier(a.barrier + 2 * group, static_cast<unsigned>(a.splits));
+    cg::this_cluster().sync();
   else
     __syncthreads();
 
@@ -324,12 +332,49 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   }
 }
 
+// The kernel's instantiations: one token per CTA (4 units' loads at once) or 4 (2 at once);
+// hc_post_pre's trunk update holds more registers, so 4 row groups of 6 fn rows there, and 2 row
+// groups of 12 for hc_pre / hc_head at 4 tokens.
+constexpr auto kHcFusedOne = hc_fused_kernel<1, 4, false, 4>;
+constexpr auto kHcFusedOnePost = hc_fused_kernel<1, 4, true, 4>;
+constexpr auto kHcFusedFour = hc_fused_kernel<4, 2, false, 2>;
+constexpr auto kHcFusedFourPost = hc_fused_kernel<4, 4, true, 2>;
+
 }  // namespace
+
+int hc_fused_max_cluster() {
+  bool wide = true;
+  for (const auto kernel : {kHcFusedOne, kHcFusedOnePost, kHcFusedFour, kHcFusedFourPost}) {
+    DEEPINFER_CUDA_THROW_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+        "allowing the fused hc kernel a non-portable cluster");
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(kHcFusedWideCluster));
+    config.blockDim = dim3(kHcFusedThreads);
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(kHcFusedWideCluster);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    // An error (a size the device cannot take) counts as none fitting.
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();
+      clusters = 0;
+    }
+    wide = wide && clusters >= 1;
+  }
+  return static_cast<int>(wide ? kHcFusedWideCluster : kHcFusedPortableCluster);
+}
 
 bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
                       const HcParams& params) {
-  return be.hc_fused() && hc_fused_grid(be.num_sms(), X.size(0), params.hc_mult, X.size(2)).fused &&
-         aligned16(X.raw_data()) && aligned16(fn.raw_data());
+  const HcFusedGrid g =
+      hc_fused_grid(be.num_sms(), X.size(0), params.hc_mult, X.size(2), be.hc_fused_cluster());
+  return hc_fused_chosen(be.hc_pre_choice(), g, X.size(0)) && aligned16(X.raw_data()) &&
+         aligned16(fn.raw_data());
 }
 
 bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
@@ -339,7 +384,7 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
   const int64_t tokens = X.size(0);
   const int n = params.hc_mult;
   const int64_t hidden = X.size(2);
-  const HcFusedGrid g = hc_fused_grid(be.num_sms(), tokens, n, hidden);
+  const HcFusedGrid g = hc_fused_grid(be.num_sms(), tokens, n, hidden, be.hc_fused_cluster());
   HcFusedArgs a{};
   a.rows = post != nullptr ? (2 + n) * n : n;
   Tensor partial = be.scratch(static_cast<size_t>(g.groups * g.splits * g.tokens_per_cta) *
@@ -349,7 +394,6 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
   a.base = base.data<float>();
   a.scale = scale.data<float>();
   a.partial = reinterpret_cast<float*>(partial.raw_data());
-  a.barrier = be.hc_barrier();
   a.post = post;
   a.comb = comb;
   a.y = y;
@@ -362,19 +406,16 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
   a.iters = params.sinkhorn_iters;
   a.hc_eps = params.hc_eps;
   a.norm_eps = params.norm_eps;
-  const unsigned blocks = static_cast<unsigned>(g.groups * g.splits);
-  // 4 tokens per CTA: 2 row groups of 12 fn rows; hc_post_pre's trunk update holds more
-  // registers, so 4 row groups of 6 there.
+  ClusterLaunch l;
+  l.grid = dim3(static_cast<unsigned>(g.groups * g.splits));
+  l.block = dim3(kHcFusedThreads);
+  l.cluster = dim3(static_cast<unsigned>(g.splits), 1, 1);
+  l.stream = be.stream();
+  l.pdl = be.pdl();
   if (g.tokens_per_cta == 1) {
-    if (update != nullptr) {
-      hc_fused_kernel<1, 4, true><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
-    } else {
-      hc_fused_kernel<1, 4, false><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
-    }
-  } else if (update != nullptr) {
-    hc_fused_kernel<4, 4, true><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
+    launch_clustered(op, l, update != nullptr ? kHcFusedOnePost : kHcFusedOne, a);
   } else {
-    hc_fused_kernel<4, 2, false><<<blocks, kHcFusedThreads, 0, be.stream()>>>(a);
+    launch_clustered(op, l, update != nullptr ? kHcFusedFourPost : kHcFusedFour, a);
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return true;

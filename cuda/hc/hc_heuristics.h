@@ -49,10 +49,9 @@ inline int64_t hc_weight_blocks(int n, int64_t tokens) {
 // The fused decode path of hc_pre, hc_post_pre and hc_head (hc_fused_kernel): one launch
 // computes the mix GEMV, the norm, the weights and the collapse (and hc_post_pre's trunk update).
 // Token group g (tokens_per_cta consecutive tokens) is split over `splits` CTAs, CTA s taking
-// channels [s * chunk, (s + 1) * chunk) of every stream; the CTAs of a group meet at a spin
-// barrier, so the whole grid must be resident at once: groups * splits <= num_sms, one CTA per SM.
-// Larger T keeps the unfused path (rms_norm, cuBLAS, finish kernel), where the GEMM's tile reuse
-// pays.
+// channels [s * chunk, (s + 1) * chunk) of every stream; the CTAs of a group are one thread-block
+// cluster and meet at its barrier (the hardware schedules a cluster's CTAs together). Larger T
+// keeps the unfused path (rms_norm, cuBLAS, finish kernel), where the GEMM's tile reuse pays.
 constexpr int kHcFusedThreads = 256;
 // The fused kernel's threads hold sums of up to 24 fn rows in registers: (2 + n) * n <= 24, n <= 4.
 constexpr int kHcFusedMaxN = 4;
@@ -61,8 +60,21 @@ constexpr int64_t kHcFusedMaxTokens = 256;
 // A CTA's slice is at least this many channels (the last one may be shorter), so the partial
 // sums stay few against the work.
 constexpr int64_t kHcFusedMinChunk = 32;
-// Barrier slots (count, generation) of the backend's persistent buffer: one per token group.
-constexpr int64_t kHcFusedMaxGroups = 1024;
+// CTAs of a token group: one cluster, of the portable cluster size or, where the device
+// schedules it (hc_fused_max_cluster), the non-portable 16: at one token the 1.5 MB of fn is
+// then read by twice the SMs (H100: hc_pre 10.1 us instead of 12.2, session 37).
+constexpr int64_t kHcFusedPortableCluster = 8;
+constexpr int64_t kHcFusedWideCluster = 16;
+
+// DEEPINFER_HC_PRE: which path hc_pre, hc_head and hc_post_pre take.
+enum class HcPreChoice {
+  kAuto,    // the fused kernel up to kHcFusedAutoMaxTokens tokens, the unfused path above
+  kFused,   // the fused kernel wherever hc_fused_grid applies (T <= kHcFusedMaxTokens)
+  kLegacy,  // always the unfused path
+};
+// The default's bound: on an H100 the fused kernel made the decode step 1.9% faster at B = 1
+// and 3.8% at B = 8, but 1.2% slower at B = 64 (session 37, 16-CTA clusters).
+constexpr int64_t kHcFusedAutoMaxTokens = 8;
 
 struct HcFusedGrid {
   bool fused = false;  // false: the unfused path
@@ -73,19 +85,22 @@ struct HcFusedGrid {
 };
 
 // Decode sizes (T <= kHcFusedMaxTokens, hc_mult <= kHcFusedMaxN, hidden a multiple of 4) take
-// the fused kernel; up to 8 tokens one token per CTA group, else 4 (the fn slice each CTA reads
-// is then shared by 4 tokens). The groups get num_sms / groups splits each (as many as fit one
-// CTA per SM), at least kHcFusedMinChunk channels per split.
-inline HcFusedGrid hc_fused_grid(int num_sms, int64_t tokens, int n, int64_t hidden) {
+// the fused kernel when the device has clusters (max_cluster, the largest cluster it schedules:
+// 0 without clusters); up to 8 tokens one token per CTA group, else 4 (the fn slice each CTA
+// reads is then shared by 4 tokens). The groups get num_sms / groups splits each (one CTA per
+// SM), at most max_cluster and at least kHcFusedMinChunk channels per split.
+inline HcFusedGrid hc_fused_grid(int num_sms, int64_t tokens, int n, int64_t hidden,
+                                 int64_t max_cluster) {
   HcFusedGrid g;
   if (tokens < 1 || tokens > kHcFusedMaxTokens || n < 1 || n > kHcFusedMaxN || hidden < 4 ||
-      hidden % 4 != 0) {
+      hidden % 4 != 0 || max_cluster < 1) {
     return g;
   }
   g.tokens_per_cta = tokens <= 8 ? 1 : 4;
   g.groups = (tokens + g.tokens_per_cta - 1) / g.tokens_per_cta;
-  if (g.groups > num_sms || g.groups > kHcFusedMaxGroups) return g;
-  const int64_t max_splits = hidden >= 2 * kHcFusedMinChunk ? hidden / kHcFusedMinChunk : 1;
+  if (g.groups > num_sms) return g;
+  int64_t max_splits = hidden >= 2 * kHcFusedMinChunk ? hidden / kHcFusedMinChunk : 1;
+  max_splits = max_splits < max_cluster ? max_splits : max_cluster;
   int64_t splits = num_sms / g.groups;
   splits = splits > max_splits ? max_splits : splits;
   const int64_t per_split = (hidden + splits - 1) / splits;
@@ -93,6 +108,19 @@ inline HcFusedGrid hc_fused_grid(int num_sms, int64_t tokens, int n, int64_t hid
   g.splits = (hidden + g.chunk - 1) / g.chunk;
   g.fused = true;
   return g;
+}
+
+// Whether `choice` takes the fused kernel for T tokens where hc_fused_grid gave `g`.
+inline bool hc_fused_chosen(HcPreChoice choice, const HcFusedGrid& g, int64_t tokens) {
+  switch (choice) {
+    case HcPreChoice::kFused:
+      return g.fused;
+    case HcPreChoice::kAuto:
+      return g.fused && tokens <= kHcFusedAutoMaxTokens;
+    case HcPreChoice::kLegacy:
+      return false;
+  }
+  return false;
 }
 
 // The column of a token's flattened row [n * hidden] that unit u of a fused CTA reads (4 from

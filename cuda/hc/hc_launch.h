@@ -1,7 +1,7 @@
 // The fused decode path of the mHC ops (hc_fused.cu) as the unfused ops (hc_pre.cu) call it: at
 // decode sizes (hc_fused_grid: T <= 256, n <= 4) hc_pre, hc_head and hc_post_pre are one kernel
-// each, hc_fused_kernel. Opt-in (DEEPINFER_HC_PRE=fused, CudaBackend::hc_fused): its spin
-// barrier assumes the whole grid resident.
+// each, hc_fused_kernel, a thread-block cluster per token group. DEEPINFER_HC_PRE chooses where
+// (CudaBackend::hc_pre_choice; by default up to kHcFusedAutoMaxTokens tokens).
 #pragma once
 
 #include "deepinfer/backend.h"
@@ -20,8 +20,13 @@ struct HcTrunkUpdate {
   float* trunk;       // [T, n, hidden]
 };
 
-// Whether the fused kernel takes a call on X [T, n, H] with weights fn: the backend's switch, a
-// decode size (hc_fused_grid) and 16-byte aligned rows (float4 loads).
+// The largest cluster of hc_fused_kernel the current device schedules: kHcFusedWideCluster (16,
+// a non-portable size, allowed on the kernels here) where at least one such cluster fits,
+// kHcFusedPortableCluster otherwise. The device must have clusters (sm_90+).
+int hc_fused_max_cluster();
+
+// Whether the fused kernel takes a call on X [T, n, H] with weights fn: the backend's choice
+// (hc_fused_chosen) at a decode size (hc_fused_grid) and 16-byte aligned rows (float4 loads).
 bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
                       const HcParams& params);
 

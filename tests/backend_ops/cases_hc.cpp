@@ -32,10 +32,11 @@ struct HcDims {
 // block path of hc_pre's weights (n = 9 also takes two batches of stream loads in the collapse);
 // T = 203 at full width: several channel chunks per token, the last one partial.
 // The fused CUDA decode path of hc_pre / hc_post_pre / hc_head (cuda/hc/hc_heuristics.h:
-// hc_fused_grid, n <= 4, T <= 256): full width at T = 1 (128 splits of one token), 2, 7 and 8 (one
-// token per CTA group), 9 (4 per group, the last group one token), 64 (16 groups of 8 splits), 256
-// (the largest fused T) and 257 (the first unfused one, as 203); H = 64 splits in two, H = 32 and
-// 40 take one CTA per group (no barrier).
+// hc_fused_grid, n <= 4, T <= 256; by default up to 8 tokens, DEEPINFER_HC_PRE=fused for all):
+// full width at T = 1 (a cluster of 16 splits where the device schedules one, else 8), 2, 7 and 8
+// (one token per CTA group), 9 (4 per group, the last group one token), 64 (16 groups of 8
+// splits), 256 (the largest fused T) and 257 (the first unfused one, as 203); H = 64 splits in
+// two, H = 32 and 40 take one CTA per group (no barrier).
 const std::vector<HcDims> kHcDims = {{1, kHcMult, kHidden, 20},
                                      {2, kHcMult, kHidden, 20},
                                      {7, kHcMult, kHidden, 20},

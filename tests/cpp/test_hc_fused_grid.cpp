@@ -1,6 +1,7 @@
 // The launch shape of the fused hc_pre / hc_head kernel (cuda/hc/hc_heuristics.h), checked on
-// the host: the kernel's CTAs of a token group wait for each other at a spin barrier, so the
-// grid must fit the SMs, and its slices must read every column of a token's flattened row once.
+// the host: the kernel's CTAs of a token group are one thread-block cluster (at most the size the
+// device schedules), the grid fits the SMs, its slices read every column of a token's flattened
+// row once, and DEEPINFER_HC_PRE's choices take it where they say.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,52 +13,77 @@ namespace deepinfer::cuda {
 namespace {
 
 TEST(HcFusedGrid, DecodeSizesFitOneCtaPerSm) {
-  for (const int sms : {1, 8, 78, 132}) {
-    for (int64_t tokens = 1; tokens <= kHcFusedMaxTokens + 1; ++tokens) {
-      for (const int64_t hidden : {4, 32, 36, 40, 64, 4096, 7168}) {
-        const HcFusedGrid g = hc_fused_grid(sms, tokens, 4, hidden);
-        const int per_cta = tokens <= 8 ? 1 : 4;
-        const bool expected =
-            tokens <= kHcFusedMaxTokens && (tokens + per_cta - 1) / per_cta <= sms;
-        ASSERT_EQ(g.fused, expected) << sms << " SMs, T " << tokens << ", H " << hidden;
-        if (!g.fused) continue;
-        EXPECT_EQ(g.tokens_per_cta, per_cta);
-        EXPECT_GE(g.groups * g.tokens_per_cta, tokens);
-        EXPECT_LT((g.groups - 1) * g.tokens_per_cta, tokens);
-        EXPECT_LE(g.groups * g.splits, sms);
-        EXPECT_LE(g.groups, kHcFusedMaxGroups);
-        EXPECT_EQ(g.chunk % 4, 0);
-        // The splits cover the channels, the last one non-empty.
-        EXPECT_GE(g.splits * g.chunk, hidden);
-        EXPECT_LT((g.splits - 1) * g.chunk, hidden);
-        if (g.splits > 1) {
-          EXPECT_GE(g.chunk, kHcFusedMinChunk);
+  for (const int64_t cluster : {kHcFusedPortableCluster, kHcFusedWideCluster})
+    for (const int sms : {1, 8, 78, 132}) {
+      for (int64_t tokens = 1; tokens <= kHcFusedMaxTokens + 1; ++tokens) {
+        for (const int64_t hidden : {4, 32, 36, 40, 64, 4096, 7168}) {
+          const HcFusedGrid g = hc_fused_grid(sms, tokens, 4, hidden, cluster);
+          const int per_cta = tokens <= 8 ? 1 : 4;
+          const bool expected =
+              tokens <= kHcFusedMaxTokens && (tokens + per_cta - 1) / per_cta <= sms;
+          ASSERT_EQ(g.fused, expected) << sms << " SMs, T " << tokens << ", H " << hidden;
+          if (!g.fused) continue;
+          EXPECT_EQ(g.tokens_per_cta, per_cta);
+          EXPECT_GE(g.groups * g.tokens_per_cta, tokens);
+          EXPECT_LT((g.groups - 1) * g.tokens_per_cta, tokens);
+          EXPECT_LE(g.groups * g.splits, sms);
+          EXPECT_LE(g.splits, cluster);
+          EXPECT_EQ(g.chunk % 4, 0);
+          // The splits cover the channels, the last one non-empty.
+          EXPECT_GE(g.splits * g.chunk, hidden);
+          EXPECT_LT((g.splits - 1) * g.chunk, hidden);
+          if (g.splits > 1) {
+            EXPECT_GE(g.chunk, kHcFusedMinChunk);
+          }
         }
       }
     }
-  }
 }
 
 TEST(HcFusedGrid, OtherShapesTakeTheUnfusedPath) {
-  EXPECT_FALSE(hc_fused_grid(132, 0, 4, 4096).fused);
-  EXPECT_FALSE(hc_fused_grid(132, kHcFusedMaxTokens + 1, 4, 4096).fused);
-  EXPECT_FALSE(hc_fused_grid(132, 1, kHcFusedMaxN + 1, 4096).fused);
-  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 42).fused);  // float4 rows need hidden % 4 == 0
-  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 0).fused);
-  EXPECT_TRUE(hc_fused_grid(132, 1, 1, 4).fused);
+  EXPECT_FALSE(hc_fused_grid(132, 0, 4, 4096, 8).fused);
+  EXPECT_FALSE(hc_fused_grid(132, kHcFusedMaxTokens + 1, 4, 4096, 8).fused);
+  EXPECT_FALSE(hc_fused_grid(132, 1, kHcFusedMaxN + 1, 4096, 8).fused);
+  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 42, 8).fused);  // float4 rows need hidden % 4 == 0
+  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 0, 8).fused);
+  EXPECT_FALSE(hc_fused_grid(132, 1, 4, 4096, 0).fused);  // a device without clusters
+  EXPECT_TRUE(hc_fused_grid(132, 1, 1, 4, 8).fused);
 }
 
-// The V4-Flash shapes: T = 1 spreads one token over 128 CTAs of 32 channels; T = 64 takes 16
-// groups of 4 tokens, 8 splits each.
+// The V4-Flash shapes: T = 1 spreads one token over a cluster of 16 CTAs of 256 channels (8 of
+// 512 where only the portable size fits); T = 8 takes 8 clusters of 16; T = 64 16 groups of 4
+// tokens, 8 splits each (132 SMs leave no room for 16).
 TEST(HcFusedGrid, FlashShapes) {
-  const HcFusedGrid one = hc_fused_grid(132, 1, 4, 4096);
+  const HcFusedGrid one = hc_fused_grid(132, 1, 4, 4096, kHcFusedWideCluster);
   EXPECT_EQ(one.groups, 1);
-  EXPECT_EQ(one.splits, 128);
-  EXPECT_EQ(one.chunk, 32);
-  const HcFusedGrid batch = hc_fused_grid(132, 64, 4, 4096);
+  EXPECT_EQ(one.splits, 16);
+  EXPECT_EQ(one.chunk, 256);
+  const HcFusedGrid portable = hc_fused_grid(132, 1, 4, 4096, kHcFusedPortableCluster);
+  EXPECT_EQ(portable.splits, 8);
+  EXPECT_EQ(portable.chunk, 512);
+  const HcFusedGrid eight = hc_fused_grid(132, 8, 4, 4096, kHcFusedWideCluster);
+  EXPECT_EQ(eight.groups, 8);
+  EXPECT_EQ(eight.splits, 16);
+  const HcFusedGrid batch = hc_fused_grid(132, 64, 4, 4096, kHcFusedWideCluster);
   EXPECT_EQ(batch.groups, 16);
   EXPECT_EQ(batch.splits, 8);
   EXPECT_EQ(batch.chunk, 512);
+}
+
+// auto takes the fused kernel up to kHcFusedAutoMaxTokens tokens, fused wherever the grid
+// applies, legacy never; none takes it where the grid does not apply.
+TEST(HcFusedGrid, ChoicesTakeTheFusedKernelWhereTheySay) {
+  for (int64_t tokens = 1; tokens <= kHcFusedMaxTokens + 1; ++tokens) {
+    const HcFusedGrid g = hc_fused_grid(132, tokens, 4, 4096, kHcFusedWideCluster);
+    EXPECT_EQ(hc_fused_chosen(HcPreChoice::kAuto, g, tokens), tokens <= kHcFusedAutoMaxTokens)
+        << tokens;
+    EXPECT_EQ(hc_fused_chosen(HcPreChoice::kFused, g, tokens), tokens <= kHcFusedMaxTokens)
+        << tokens;
+    EXPECT_FALSE(hc_fused_chosen(HcPreChoice::kLegacy, g, tokens)) << tokens;
+  }
+  const HcFusedGrid none = hc_fused_grid(132, 1, 4, 4096, 0);
+  EXPECT_FALSE(hc_fused_chosen(HcPreChoice::kAuto, none, 1));
+  EXPECT_FALSE(hc_fused_chosen(HcPreChoice::kFused, none, 1));
 }
 
 // The CTAs' units (hc_fused_column) read each float4 column of the flattened row exactly once.
@@ -65,7 +91,7 @@ TEST(HcFusedGrid, UnitsCoverEveryColumnOnce) {
   for (const int n : {1, 2, 3, 4}) {
     for (const int64_t hidden : {4, 36, 40, 64, 4096}) {
       for (const int64_t tokens : {1, 7, 64}) {
-        const HcFusedGrid g = hc_fused_grid(132, tokens, n, hidden);
+        const HcFusedGrid g = hc_fused_grid(132, tokens, n, hidden, kHcFusedWideCluster);
         ASSERT_TRUE(g.fused);
         std::vector<int> reads(static_cast<size_t>(n * hidden), 0);
         for (int64_t split = 0; split < g.splits; ++split) {

@@ -32,7 +32,7 @@ TEST(BackendSwitches, UnsetOrEmptyAreTheDefaults) {
     EXPECT_EQ(s.moe_quant_decode, defaults.moe_quant_decode);
     EXPECT_EQ(s.moe_quant_prefill, defaults.moe_quant_prefill);
     EXPECT_EQ(s.fp8_linear, defaults.fp8_linear);
-    EXPECT_EQ(s.hc_fused, defaults.hc_fused);
+    EXPECT_EQ(s.hc_pre, defaults.hc_pre);
     EXPECT_EQ(s.indexer_fp8_scores, defaults.indexer_fp8_scores);
     EXPECT_EQ(s.attention_kernel, defaults.attention_kernel);
   }
@@ -44,7 +44,7 @@ TEST(BackendSwitches, NamesChoose) {
       scores("DEEPINFER_INDEXER_FP8_SCORES", "mma_sync");
   const cuda::BackendSwitches s = cuda::read_backend_switches();
   EXPECT_EQ(s.moe_quant_prefill, cuda::QuantPrefillChoice::kMmaSync);
-  EXPECT_TRUE(s.hc_fused);
+  EXPECT_EQ(s.hc_pre, cuda::HcPreChoice::kFused);
   EXPECT_EQ(s.attention_kernel, cuda::AttentionKernelChoice::kWgmma);
   EXPECT_EQ(s.fp8_linear, cuda::Fp8LinearChoice::kStream);
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
