@@ -179,6 +179,8 @@ class CudaBackend final : public Backend {
   Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
   Tensor linear_impl(const Tensor& x, const MatrixWeight& w) override;
   Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) override;
+  std::pair<Tensor, Tensor> linear_pair_impl(const Tensor& x, const MatrixWeight& a,
+                                             const MatrixWeight& b) override;
   Tensor quantize_activations_impl(const Tensor& x, int group) override;
   Tensor scale_impl(const Tensor& x, float factor) override;
   Tensor add_impl(const Tensor& a, const Tensor& b) override;

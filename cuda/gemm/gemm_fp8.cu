@@ -273,6 +273,29 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   return Tensor();
 }
 
+bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight& b,
+                     Tensor& ya, Tensor& yb) {
+  if (a.format != WeightFormat::kFp8Block || b.format != WeightFormat::kFp8Block ||
+      a.block_rows != b.block_rows || a.block_cols != b.block_cols || a.act_group != b.act_group ||
+      be.fp8_linear() != Fp8LinearChoice::kLegacy) {
+    return false;
+  }
+  const Fp8Problem p{x.size(0),    a.rows() + b.rows(), a.cols(),   1,
+                     a.block_rows, a.block_cols,        a.act_group};
+  const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
+  if (!gemv.use || a.rows() % (16 * gemv.warps) != 0) return false;
+  ya = be.empty({p.m, a.rows()}, DType::kF32);
+  yb = be.empty({p.m, b.rows()}, DType::kF32);
+  be.set_last_fp8_linear_path(Fp8LinearPath::kGemv);
+  const Fp8GemvSecond second{static_cast<const uint8_t*>(b.values.raw_data()),
+                             b.scales.data<float>(), b.scales.size(1), yb.data<float>(), b.rows()};
+  launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(a.values.raw_data()),
+                  a.scales.data<float>(), a.scales.size(1), ya.data<float>(), p, gemv,
+                  be.smem_limits(), be.pdl(), be.stream(), &second);
+  DEEPINFER_CUDA_LAUNCH_CHECK("linear_pair (fp8 gemv)");
+  return true;
+}
+
 Tensor dequantize_fp8(CudaBackend& be, const MatrixWeight& w, DType dtype) {
   const int64_t rows = w.rows(), cols = w.cols();
   Tensor out = be.empty({rows, cols}, dtype);

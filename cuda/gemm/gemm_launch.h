@@ -24,12 +24,25 @@ class CudaBackend;
 void launch_gemv_bf16(const float* x, const __nv_bfloat16* w, float* y, const GemvProblem& p,
                       const GemvConfig& c, bool pdl, cudaStream_t stream);
 
+// The second weight of a pair launch of the FP8 GEMV (linear_pair): w [n, K] e4m3, scales
+// [ceil(n / block_rows), scale_ld] f32, y [M, n] f32.
+struct Fp8GemvSecond {
+  const uint8_t* w;
+  const float* scales;
+  int64_t scale_ld;
+  float* y;
+  int64_t n;
+};
+
 // y = q(x) . w^T per group by the FP8 tensor-core GEMV (gemv_fp8.cu), for a config with c.use:
 // w [G N, K] e4m3, w_scales [ceil(G N / block_rows), scale_ld] f32, x [M, G K] f32 quantized
 // inside the kernel per act_group columns. `pdl`: a programmatic dependent launch (pdl.cuh).
+// `second` (G = 1): p.n counts both weights' rows, w has the first p.n - second->n (a multiple of
+// the CTA's 16 * c.warps rows) and y [M, p.n - second->n]; second's rows take the CTAs after.
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
                      float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
-                     KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
+                     KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream,
+                     const Fp8GemvSecond* second = nullptr);
 
 // The launch shape the FP8 decode kernels (gemv_fp8.cu, fp8_stream.cu) share: CTA (row tile,
 // split, group) of 32 * c.warps threads, the splits of a row tile one cluster (they add their
@@ -64,6 +77,13 @@ void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, cons
 // the caller falls back to dequantize_fp8 and the dense path.
 Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
                   int groups);
+
+// linear_pair of two kFp8Block weights as one launch of the FP8 GEMV, where it applies: both of
+// one block shape and act_group, the GEMV's tokens and shape for their rows together, the first
+// weight's rows a multiple of the GEMV's CTA rows and DEEPINFER_FP8_LINEAR legacy (the default).
+// false leaves the pair to two linears.
+bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight& b,
+                     Tensor& ya, Tensor& yb);
 
 // The values of a kFp8Block weight as a `dtype` (bf16 or f32) device tensor [N, K]
 // (stream-ordered scratch). f32 is exact; bf16 is exact when the scales are powers of two

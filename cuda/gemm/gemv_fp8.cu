@@ -48,6 +48,14 @@ struct Fp8GemvArgs {
   float* y;          // [M, ldy]; group g writes columns [g N, (g + 1) N)
   int64_t ldx, ldy, ws_ld;
   int64_t n, k, slab;
+  // A pair (linear_pair, G = 1): row tiles from first_tiles on read the second weight (w2 [n2,
+  // K], its scales ws2 [ceil(n2 / br), ws_ld2]) and write y2 [M, n2]; n is the first's rows, a
+  // multiple of the CTA's. A single weight: first_tiles covers the grid.
+  const uint8_t* w2;
+  const float* ws2;
+  float* y2;
+  int64_t ws_ld2, n2;
+  int first_tiles;
   int m, ag;
   // log2 of the weight blocks' rows and columns and of act_group (choose_fp8_gemv takes powers
   // of two only): a column's scales are found by shifts, not divisions.
@@ -312,15 +320,25 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   s.xs = reinterpret_cast<float*>(smem + 8 * NT * s.xld);
   s.part = s.xs + 8 * NT * s.per_row;
 
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * rows_cta;
+  // The weight this CTA's rows are of (a pair's second from first_tiles on; uniform per CTA).
+  const bool second = static_cast<int>(blockIdx.x) >= a.first_tiles;
+  const int64_t tile0 =
+      static_cast<int64_t>(second ? static_cast<int>(blockIdx.x) - a.first_tiles : blockIdx.x) *
+      rows_cta;
+  const int64_t n = second ? a.n2 : a.n;
+  const uint8_t* w = second ? a.w2 : a.w;
+  const float* ws = second ? a.ws2 : a.ws;
+  const int64_t ws_ld = second ? a.ws_ld2 : a.ws_ld;
+  float* y = second ? a.y2 : a.y;
+  const int64_t ldy = second ? n : a.ldy;
   const int64_t row0 = tile0 + warp * 16;
   // Rows past N read row N - 1 (valid memory) and are not stored.
-  const int64_t ra = min(row0 + (lane >> 2), a.n - 1);
-  const int64_t rb = min(row0 + (lane >> 2) + 8, a.n - 1);
-  const uint8_t* wa = a.w + (g * a.n + ra) * a.k;
-  const uint8_t* wb = a.w + (g * a.n + rb) * a.k;
-  const float* wsa = a.ws + ((g * a.n + ra) >> a.br_shift) * a.ws_ld;
-  const float* wsb = a.ws + ((g * a.n + rb) >> a.br_shift) * a.ws_ld;
+  const int64_t ra = min(row0 + (lane >> 2), n - 1);
+  const int64_t rb = min(row0 + (lane >> 2) + 8, n - 1);
+  const uint8_t* wa = w + (g * n + ra) * a.k;
+  const uint8_t* wb = w + (g * n + rb) * a.k;
+  const float* wsa = ws + ((g * n + ra) >> a.br_shift) * ws_ld;
+  const float* wsb = ws + ((g * n + rb) >> a.br_shift) * ws_ld;
   const int64_t lane_k = static_cast<int64_t>(lane & 3) * (KS / 4);
   // Before the wait for the previous kernel (a programmatic dependent launch, pdl.cuh; no kernel
   // writes weights): the first 512 columns of the warp's rows into L2, one 128-byte line of each
@@ -361,8 +379,8 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   if (splits == 1) {
     __syncthreads();
     for (int e = static_cast<int>(threadIdx.x); e < entries; e += static_cast<int>(blockDim.x)) {
-      const int64_t n = tile0 + (e & (rows_cta - 1));
-      if (n < a.n) a.y[(e >> rows_shift) * a.ldy + g * a.n + n] = s.part[e];
+      const int64_t row = tile0 + (e & (rows_cta - 1));
+      if (row < n) y[(e >> rows_shift) * ldy + g * n + row] = s.part[e];
     }
     return;
   }
@@ -375,8 +393,8 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   for (int e = begin + static_cast<int>(threadIdx.x); e < end; e += static_cast<int>(blockDim.x)) {
     float v = *cluster.map_shared_rank(s.part + e, 0);
     for (int r = 1; r < splits; ++r) v += *cluster.map_shared_rank(s.part + e, r);
-    const int64_t n = tile0 + (e & (rows_cta - 1));
-    if (n < a.n) a.y[(e >> rows_shift) * a.ldy + g * a.n + n] = v;
+    const int64_t row = tile0 + (e & (rows_cta - 1));
+    if (row < n) y[(e >> rows_shift) * ldy + g * n + row] = v;
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
@@ -401,16 +419,23 @@ void launch_variant(const Fp8GemvArgs& a, const Fp8GemvConfig& c, int64_t groups
 
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
                      float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
-                     KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream) {
+                     KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream,
+                     const Fp8GemvSecond* second) {
   Fp8GemvArgs a;
   a.x = x;
   a.w = w;
   a.ws = w_scales;
   a.y = y;
   a.ldx = p.groups * p.k;
-  a.ldy = p.groups * p.n;
   a.ws_ld = scale_ld;
-  a.n = p.n;
+  a.n = second != nullptr ? p.n - second->n : p.n;
+  a.ldy = p.groups * a.n;
+  a.w2 = second != nullptr ? second->w : nullptr;
+  a.ws2 = second != nullptr ? second->scales : nullptr;
+  a.y2 = second != nullptr ? second->y : nullptr;
+  a.ws_ld2 = second != nullptr ? second->scale_ld : 0;
+  a.n2 = second != nullptr ? second->n : 0;
+  a.first_tiles = static_cast<int>(second != nullptr ? a.n / (16 * c.warps) : c.row_tiles);
   a.k = p.k;
   a.slab = c.slab;
   a.m = static_cast<int>(p.m);

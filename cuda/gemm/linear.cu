@@ -12,9 +12,11 @@
 // cuBLASLt's block-scaled W8A8 GEMM (gemm_fp8.cu); everything else dequantizes the weight into a
 // bf16 scratch and runs the bf16 path above on the quantize-dequantized x (exact for power-of-two
 // scales, DeepSeek's: e4m3 times 2^e, for weights and activations alike, is a bf16 value, so only
-// the summation order differs from the CPU reference).
+// the summation order differs from the CPU reference). linear_pair runs two FP8 weights of one x
+// as one GEMV launch where it applies (linear_fp8_pair), else as two linears.
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/cluster_launch.cuh"
@@ -149,6 +151,13 @@ Tensor CudaBackend::linear_impl(const Tensor& x, const MatrixWeight& w) {
 
 Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) {
   return any_linear(*this, "grouped_linear", x, w, groups);
+}
+
+std::pair<Tensor, Tensor> CudaBackend::linear_pair_impl(const Tensor& x, const MatrixWeight& a,
+                                                        const MatrixWeight& b) {
+  Tensor ya, yb;
+  if (linear_fp8_pair(*this, x, a, b, ya, yb)) return {ya, yb};
+  return {any_linear(*this, "linear_pair", x, a, 1), any_linear(*this, "linear_pair", x, b, 1)};
 }
 
 }  // namespace deepinfer::cuda

@@ -1,4 +1,4 @@
-// Rows of linear and grouped_linear, f32 and bf16 weights, at tiny widths and at the
+// Rows of linear, grouped_linear and linear_pair, f32 and bf16 weights, at tiny widths and at the
 // DeepSeek-V4-Flash decode shapes.
 //
 // f32 GEMMs differ from the reference by summation order only. bf16 weights are drawn
@@ -199,6 +199,61 @@ void add_fp8(std::vector<OpCase>& t, const Fp8Gemm& f) {
          });
 }
 
+// linear_pair of two weights of one x: FP8 pairs (the CUDA backend runs them as one GEMV launch
+// where linear_fp8_pair applies, else as two linears) and f32 pairs (two linears everywhere),
+// both outputs held to linear's tolerance.
+struct PairGemm {
+  int64_t m, k, na, nb;
+  int br, bc, act_group;  // br 0: f32 weights
+  std::string label() const {
+    return (br ? "fp8_b" + std::to_string(br) + "x" + std::to_string(bc) + "_a" +
+                     std::to_string(act_group)
+               : std::string("f32")) +
+           "_m" + std::to_string(m) + "_k" + std::to_string(k) + "_na" + std::to_string(na) +
+           "_nb" + std::to_string(nb);
+  }
+};
+
+void add_pair(std::vector<OpCase>& t, const PairGemm& c) {
+  add(t, Case<Tensors>{
+             .op = "linear_pair",
+             .label = c.label(),
+             .draw =
+                 [c](Rng& rng) {
+                   Tensor x = random_f32(rng, {c.m, c.k});
+                   if (c.br == 0) {
+                     return Tensors{x, random_f32(rng, {c.na, c.k}), random_f32(rng, {c.nb, c.k})};
+                   }
+                   Tensors a = random_fp8_weight(rng, c.na, c.k, c.br, c.bc);
+                   Tensors b = random_fp8_weight(rng, c.nb, c.k, c.br, c.bc);
+                   return Tensors{c.act_group == 0 ? round_bf16(x) : x, a[0], a[1], b[0], b[1]};
+                 },
+             .run =
+                 [c](Backend& be, const Tensors& in) {
+                   const auto weight = [&](int i) {
+                     MatrixWeight host;
+                     host.values = in[static_cast<size_t>(i)];
+                     if (c.br != 0) {
+                       host.scales = in[static_cast<size_t>(i + 1)];
+                       host.format = WeightFormat::kFp8Block;
+                       host.block_rows = c.br;
+                       host.block_cols = c.bc;
+                       host.act_group = c.act_group;
+                     }
+                     return be.upload_matrix_weight(host);
+                   };
+                   const MatrixWeight a = weight(1);
+                   const MatrixWeight b = weight(c.br != 0 ? 3 : 2);
+                   auto [ya, yb] = be.linear_pair(up(be, in[0]), a, b);
+                   return Outputs{{"a", std::move(ya)}, {"b", std::move(yb)}};
+                 },
+             .expect = close(1e-3, 1e-5),
+             .only_backends = kCudaOnly,
+             .only_why = "the tolerance models the CUDA FP8 paths (tensor-core accumulation; "
+                         "act_group 0 casts x to bf16 above the GEMV)",
+         });
+}
+
 }  // namespace
 
 std::vector<OpCase> gemm_cases() {
@@ -255,6 +310,19 @@ std::vector<OpCase> gemm_cases() {
     add_fp8(t, {{m, kHidden, 1024, 8}, 128, 128, 128});  // wo_a
     add_fp8(t, {{m, 8192, kHidden, 0}, 128, 128, 128});  // wo_b
   }
+  // linear_pair at the V4-Flash pairs (wq_a with wkv, wq_b with the indexer's wq_b, the shared
+  // expert's w1 with w3): one GEMV launch up to 16 tokens, two linears above (M 17: cuBLASLt);
+  // a first weight whose rows are not whole GEMV tiles (300), blocks that differ from the GEMV's
+  // steps (32x32), act_group 0 (the fallback) and f32 weights: two linears.
+  for (const int64_t m : {1, 5, 16, 17}) {
+    add_pair(t, {m, kHidden, 1024, 512, 128, 128, 128});
+    add_pair(t, {m, 1024, 32768, 8192, 128, 128, 128});
+    add_pair(t, {m, kHidden, 2048, 2048, 128, 128, 128});
+  }
+  add_pair(t, {3, 1040, 300, 200, 128, 128, 128});
+  add_pair(t, {3, 1040, 256, 200, 32, 32, 128});
+  add_pair(t, {3, 1024, 256, 128, 128, 128, 0});
+  add_pair(t, {3, 64, 96, 40, 0, 0, 0});
   // The streaming kernel (fp8_stream.cu; M <= 64, act_group > 0, K % 16 == 0): both token tiles
   // (16 and 64) and the boundaries (16 | 17, 64 | 65 on cuBLASLt or the fallback), CTAs of 2
   // warps with 8 K splits (wq_a; grouped with ragged N), 4 warps (wo_b), 8 warps (wo_a, wq_b),

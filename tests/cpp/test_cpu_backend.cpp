@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "cpu_test_util.h"
 #include "deepinfer/backend.h"
@@ -300,6 +302,28 @@ TEST_F(CpuBackendTest, GroupedLinear) {
   }
   expect_close(got, want, 1e-5, 1e-6);
   EXPECT_THROW(be->grouped_linear(up(x, {M, G * K}), up(w, {G * N, K}), 4), Error);
+}
+
+// linear_pair is the two linears of its weights, bit for bit on the CPU; a weight whose K is not
+// x's is refused naming it.
+TEST_F(CpuBackendTest, LinearPairIsTwoLinears) {
+  const int64_t M = 3, K = 40, NA = 9, NB = 5;
+  const Tensor x = up(rng.uniform(sz(M * K)), {M, K});
+  const Tensor a = up(rng.uniform(sz(NA * K)), {NA, K});
+  const Tensor b = up(rng.uniform(sz(NB * K)), {NB, K});
+  const auto [ya, yb] = be->linear_pair(x, a, b);
+  EXPECT_EQ(fetch_f32(*be, ya), fetch_f32(*be, be->linear(x, a)));
+  EXPECT_EQ(fetch_f32(*be, yb), fetch_f32(*be, be->linear(x, b)));
+  EXPECT_EQ(ya.shape(), (std::vector<int64_t>{M, NA}));
+  EXPECT_EQ(yb.shape(), (std::vector<int64_t>{M, NB}));
+  try {
+    be->linear_pair(x, a, up(rng.uniform(sz(NB * 8)), {NB, 8}));
+    ADD_FAILURE() << "a second weight of K 8 was accepted for x of K 40";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_pair: argument b must be f32[*, 40]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(CpuBackendTest, ScaleAddSwiglu) {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "deepinfer/backend_args.h"
@@ -247,6 +248,11 @@ class Backend {
   // Block-diagonal linear: x [M, G*K], w [G*N, K] -> [M, G*N]; group g maps x[:, gK:(g+1)K]
   // with rows [gN, (g+1)N) of w. Activation groups restart at each group's first column.
   Tensor grouped_linear(const Tensor& x, const MatrixWeight& w, int groups);
+  // linear(x, a) and linear(x, b) of one x [M, K] (a [Na, K], b [Nb, K]): [M, Na] and [M, Nb]. A
+  // backend may run both in one pass over x (the CUDA backend's FP8 decode GEMV does: one launch
+  // instead of two); each result is then linear's up to the order of its f32 sums over K.
+  std::pair<Tensor, Tensor> linear_pair(const Tensor& x, const MatrixWeight& a,
+                                        const MatrixWeight& b);
   // Dynamic activation quantization (weight.h) of x [M, K] f32 in groups of `group` columns,
   // returned dequantized: [M, K] f32 whose values are e4m3 values times powers of two.
   Tensor quantize_activations(const Tensor& x, int group);
@@ -463,6 +469,9 @@ class Backend {
   virtual Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) = 0;
   virtual Tensor linear_impl(const Tensor& x, const MatrixWeight& w) = 0;
   virtual Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) = 0;
+  // Default: linear_impl of each weight.
+  virtual std::pair<Tensor, Tensor> linear_pair_impl(const Tensor& x, const MatrixWeight& a,
+                                                     const MatrixWeight& b);
   virtual Tensor quantize_activations_impl(const Tensor& x, int group) = 0;
   virtual Tensor scale_impl(const Tensor& x, float factor) = 0;
   virtual Tensor add_impl(const Tensor& a, const Tensor& b) = 0;

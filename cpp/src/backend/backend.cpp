@@ -99,6 +99,20 @@ Tensor Backend::grouped_linear(const Tensor& x, const MatrixWeight& w, int group
   return grouped_linear_impl(x, w, groups);
 }
 
+std::pair<Tensor, Tensor> Backend::linear_pair(const Tensor& x, const MatrixWeight& a,
+                                               const MatrixWeight& b) {
+  const OpChecks c("linear_pair", device_kind());
+  c.tensor("x", x, DType::kF32, {-1, -1});
+  c.weight("a", a, matrix_dtypes(*this), -1, x.size(1));
+  c.weight("b", b, matrix_dtypes(*this), -1, x.size(1));
+  return linear_pair_impl(x, a, b);
+}
+
+std::pair<Tensor, Tensor> Backend::linear_pair_impl(const Tensor& x, const MatrixWeight& a,
+                                                    const MatrixWeight& b) {
+  return {linear_impl(x, a), linear_impl(x, b)};
+}
+
 Tensor Backend::quantize_activations(const Tensor& x, int group) {
   const OpChecks c("quantize_activations", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});

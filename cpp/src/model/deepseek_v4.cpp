@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "deepinfer/error.h"
@@ -116,12 +117,21 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   // backend's attention rounds q to bf16 anyway, q may come in bf16: the attention kernel reads
   // half the bytes, and the norm writes half.
   const bool q_bf16 = be.attention_rounds_query(d, caches.swa_ring.dtype(), spec);
-  Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps);
-  Tensor q = be.rms_norm_rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), Tensor(), eps,
-                              layout.positions, inv_freq, /*bf16_output=*/q_bf16);
+  // wq_a and wkv read x, wq_b and the indexer's wq_b read qa: a pair each (one pass over the
+  // input on a backend that fuses them).
+  auto [qa_lora, kv_proj] = be.linear_pair(x, w.wq_a, w.wkv);
+  Tensor qa = be.rms_norm(qa_lora, w.q_norm, eps);
+  Tensor q_proj, qi_proj;
+  if (w.has_indexer) {
+    std::tie(q_proj, qi_proj) = be.linear_pair(qa, w.wq_b, w.indexer.wq_b);
+  } else {
+    q_proj = be.linear(qa, w.wq_b);
+  }
+  Tensor q = be.rms_norm_rope(q_proj.reshape({t, nh, d}), Tensor(), eps, layout.positions, inv_freq,
+                              /*bf16_output=*/q_bf16);
   // This call's keys in the SWA ring's format, quantized where they are made: attention reads them
   // and ring_write stores them as they are.
-  Tensor kv = be.rms_norm_rope_kv(be.linear(x, w.wkv), w.kv_norm, eps, layout.positions, inv_freq,
+  Tensor kv = be.rms_norm_rope_kv(kv_proj, w.kv_norm, eps, layout.positions, inv_freq,
                                   caches.swa_ring.dtype(), caches.rope_dim);
 
   Tensor topk;
@@ -134,7 +144,7 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
       const int64_t di = config_.index_head_dim;
       compress(w.indexer.compressor, x, plan, ratio, true, di, /*rope_dim=*/0, caches.index_ring,
                caches.index_entries);
-      Tensor qi = be.rope(be.linear(qa, w.indexer.wq_b).reshape({t, hi, di}), layout.positions,
+      Tensor qi = be.rope(qi_proj.reshape({t, hi, di}), layout.positions,
                           weights_.compress_inv_freq, /*inverse=*/false);
       Tensor index_weights = be.linear(x, w.indexer.weights_proj);
       // Over fp8 index keys the indexer takes q in fp8, its per-row scales in the weights, as

@@ -209,15 +209,17 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchLayout
   const int64_t d = config_.head_dim;
   const int ratio = config_.ratio(layer);
 
-  // q-LoRA queries without a per-head norm (C.3.1); one shared K=V vector per token.
-  const Tensor qa = be.rms_norm(be.linear(x, w.wq_a), w.q_norm, eps_);
+  // q-LoRA queries without a per-head norm (C.3.1); one shared K=V vector per token. wq_a and
+  // wkv read x: a pair (one pass over x on a backend that fuses them).
+  const auto [qa_lora, kv_proj] = be.linear_pair(x, w.wq_a, w.wkv);
+  const Tensor qa = be.rms_norm(qa_lora, w.q_norm, eps_);
   const Tensor q = be.rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), layout.positions, inv_freq,
                            /*inverse=*/false);
   LayerCaches& own = caches.layer(layer);
   // This call's keys in the SWA ring's format, quantized where they are made: attention reads them
   // and ring_write stores them as they are.
-  const Tensor kv = be.rms_norm_rope_kv(be.linear(x, w.wkv), w.kv_norm, eps_, layout.positions,
-                                        inv_freq, own.swa_ring.dtype(), own.rope_dim);
+  const Tensor kv = be.rms_norm_rope_kv(kv_proj, w.kv_norm, eps_, layout.positions, inv_freq,
+                                        own.swa_ring.dtype(), own.rope_dim);
 
   Tensor topk;
   if (ratio > 0) topk = select_entries(layer, qa, x, layout, caches, shared);

@@ -19,10 +19,10 @@ inline Tensor attention_output(Backend& be, const Tensor& out, const Tensor& pos
   return be.linear(be.grouped_linear(back.reshape({t, width}), wo_a, o_groups), wo_b);
 }
 
-// The shared expert: w2(swiglu(w1 x, w3 x)).
+// The shared expert: w2(swiglu(w1 x, w3 x)), w1 and w3 as a pair.
 inline Tensor shared_expert(Backend& be, const MoeWeights& w, const Tensor& x, float swiglu_limit) {
-  return be.linear(be.swiglu(be.linear(x, w.shared_w1), be.linear(x, w.shared_w3), swiglu_limit),
-                   w.shared_w2);
+  const auto [gate, up] = be.linear_pair(x, w.shared_w1, w.shared_w3);
+  return be.linear(be.swiglu(gate, up, swiglu_limit), w.shared_w2);
 }
 
 }  // namespace deepinfer
