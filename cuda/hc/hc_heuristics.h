@@ -72,8 +72,8 @@ enum class HcPreChoice {
   kFused,   // the fused kernel wherever hc_fused_grid applies (T <= kHcFusedMaxTokens)
   kLegacy,  // always the unfused path
 };
-// The default's bound: on an H100 the fused kernel made the decode step 1.9% faster at B = 1
-// and 3.8% at B = 8, but 1.2% slower at B = 64 (session 37, 16-CTA clusters).
+// The default's bound: on an H100 the fused kernel made the decode step 2.0% faster at B = 1
+// and 4.1% at B = 8, but 1.2% slower at B = 64 (session 37, 16-CTA clusters).
 constexpr int64_t kHcFusedAutoMaxTokens = 8;
 
 struct HcFusedGrid {
