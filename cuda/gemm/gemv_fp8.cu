@@ -428,14 +428,22 @@ void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, in
   a.y = y;
   a.ldx = p.groups * p.k;
   a.ws_ld = scale_ld;
-  a.n = second != nullptr ? p.n - second->n : p.n;
+  a.n = p.n;
+  a.w2 = nullptr;
+  a.ws2 = nullptr;
+  a.y2 = nullptr;
+  a.ws_ld2 = a.n2 = 0;
+  a.first_tiles = static_cast<int>(c.row_tiles);
+  if (second != nullptr) {
+    a.n = p.n - second->n;
+    a.w2 = second->w;
+    a.ws2 = second->scales;
+    a.y2 = second->y;
+    a.ws_ld2 = second->scale_ld;
+    a.n2 = second->n;
+    a.first_tiles = static_cast<int>(a.n / (16 * c.warps));
+  }
   a.ldy = p.groups * a.n;
-  a.w2 = second != nullptr ? second->w : nullptr;
-  a.ws2 = second != nullptr ? second->scales : nullptr;
-  a.y2 = second != nullptr ? second->y : nullptr;
-  a.ws_ld2 = second != nullptr ? second->scale_ld : 0;
-  a.n2 = second != nullptr ? second->n : 0;
-  a.first_tiles = static_cast<int>(second != nullptr ? a.n / (16 * c.warps) : c.row_tiles);
   a.k = p.k;
   a.slab = c.slab;
   a.m = static_cast<int>(p.m);

@@ -342,31 +342,21 @@ constexpr auto kHcFusedFourPost = hc_fused_kernel<4, 4, true, 2>;
 
 }  // namespace
 
-int hc_fused_max_cluster() {
-  bool wide = true;
+int hc_fused_max_cluster(KernelSmemLimits& limits) {
   for (const auto kernel : {kHcFusedOne, kHcFusedOnePost, kHcFusedFour, kHcFusedFourPost}) {
     DEEPINFER_CUDA_THROW_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
         "allowing the fused hc kernel a non-portable cluster");
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(kHcFusedWideCluster));
-    config.blockDim = dim3(kHcFusedThreads);
-    cudaLaunchAttribute cluster = {};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(kHcFusedWideCluster);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int clusters = 0;
-    // An error (a size the device cannot take) counts as none fitting.
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    try {
+      limits.max_active_clusters(kernel, dim3(kHcFusedThreads),
+                                 dim3(static_cast<unsigned>(kHcFusedWideCluster)), 0);
+    } catch (const Error&) {
+      // None fits, or the device refuses the size: the portable clusters.
       (void)cudaGetLastError();
-      clusters = 0;
+      return static_cast<int>(kHcFusedPortableCluster);
     }
-    wide = wide && clusters >= 1;
   }
-  return static_cast<int>(wide ? kHcFusedWideCluster : kHcFusedPortableCluster);
+  return static_cast<int>(kHcFusedWideCluster);
 }
 
 bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
