@@ -17,7 +17,9 @@ next to the same model with bf16 weights and to the bytes-read roofline, in one 
 
 Bytes per decode step count every weight byte a step reads once (experts: the expected number
 of distinct experts uniform top-6 routing touches per layer, 256 (1 - (1 - 6/256)^B)) plus the
-f32 KV each sequence reads (window, CSA top-k entries and the indexer's scan, HCA entries).
+KV each sequence reads (window, CSA top-k entries and the indexer's scan, HCA entries) in the
+cache format the model runs with: the fp8 records (584 bytes per main entry, 132 per index key)
+for the real formats, bf16 for the bf16 checkpoint (what kv_cache_dtype "auto" takes on a GPU).
 """
 
 from __future__ import annotations
@@ -46,11 +48,32 @@ def rooflines() -> dict:
     return out
 
 
+# The KV cache format each model runs with (kv_cache_dtype "auto" on a GPU takes the same).
+KV_DTYPE = {True: "fp8", False: "bf16"}
+
+
+def kv_entry_bytes(kv_dtype: str, dim: int, rope_dim: int) -> int:
+    """Bytes of one cache row of `dim` channels (kv_record.h's row formats): f32 or bf16 values,
+    or fp8 records, the main one (rope_dim > 0: e4m3 non-RoPE channels, bf16 RoPE channels, one
+    power-of-two scale byte per 64, padded to 8 bytes) or the index key's (e4m3, one f32 scale)."""
+    if kv_dtype == "f32":
+        return 4 * dim
+    if kv_dtype == "bf16":
+        return 2 * dim
+    if rope_dim == 0:
+        return dim + 4
+    nope = dim - rope_dim
+    return (nope + 2 * rope_dim + (nope + 63) // 64 + 7) // 8 * 8
+
+
 def step_bytes(config: dict, batch: int, context: int, quantized: bool) -> float:
     """Bytes one decode step of `batch` sequences at `context` must read (see the module doc)."""
     h, q, nh, d = config["hidden_size"], config["q_lora_rank"], 64, config["head_dim"]
     g, og, i_size, e = config["o_groups"], config["o_lora_rank"], 2048, 256
     hi, di, topk = config["index_n_heads"], config["index_head_dim"], config["index_topk"]
+    rope = int(d * config["partial_rotary_factor"])
+    main = kv_entry_bytes(KV_DTYPE[quantized], d, rope)
+    index = kv_entry_bytes(KV_DTYPE[quantized], di, 0)
     gemm = 1.0 if quantized else 2.0  # FP8 (scales are 1/16384 of it) or bf16 per parameter
     expert = 3 * i_size * h * (0.5 + 1 / 32) if quantized else 3 * i_size * h * 2.0
     touched = e * (1 - (1 - 6 / e) ** batch)
@@ -59,18 +82,18 @@ def step_bytes(config: dict, batch: int, context: int, quantized: bool) -> float
         attn = q * h + nh * d * q + d * h + g * og * (nh * d // g) + h * g * og
         total += attn * gemm + 3 * i_size * h * gemm + touched * expert
         total += e * h * 2 + 2 * 24 * 4 * h * 4  # router (bf16), mHC fn (f32)
-        kv = 128 * d * 4  # the sliding window's keys, f32
+        kv = 128 * main  # the sliding window's keys
         if kind == LAYER_TYPES["csa"]:
             total += 2 * (2 * d) * h * 2 + 2 * (2 * di) * h * 2 + hi * di * q * gemm + hi * h * 2
-            kv += min(topk, context // 4) * d * 4 + (context // 4) * di * 4
+            kv += min(topk, context // 4) * main + (context // 4) * index
         elif kind == LAYER_TYPES["hca"]:
             total += 2 * d * h * 2
-            kv += (context // 128) * d * 4
+            kv += (context // 128) * main
         total += batch * kv
     return total + config["vocab_size"] * h * 2  # the bf16 head
 
 
-def make_runner(config: dict, max_b: int, context: int):
+def make_runner(config: dict, max_b: int, context: int, kv_cache_dtype: str):
     import deepinfer_core as dc
 
     with tempfile.TemporaryDirectory() as d:
@@ -83,6 +106,7 @@ def make_runner(config: dict, max_b: int, context: int):
             num_state_slots=max_b + 1,
             device="cuda",
             seed=1,
+            kv_cache_dtype=kv_cache_dtype,
         )
     return runner, blocks_per_seq
 
@@ -110,8 +134,8 @@ def three_layers(quantized: bool, batches: list[int], copy_gbps: float, emit) ->
     if quantized:
         config = real_format(config)
     context = 4096
-    runner, bps = make_runner(config, max(batches), 16384)
-    out: dict = {"decode": {}, "prefill_tok_s": {}}
+    runner, bps = make_runner(config, max(batches), 16384, KV_DTYPE[quantized])
+    out: dict = {"kv_cache_dtype": KV_DTYPE[quantized], "decode": {}, "prefill_tok_s": {}}
     for b in batches:
         ms = decode_ms(runner, bps, b, context)
         nbytes = step_bytes(config, b, context, quantized)
@@ -148,13 +172,16 @@ def truncated(three: dict, emit) -> dict:
     h = 4096
     layer_bytes = 256 * 3 * 2048 * h * (0.5 + 1 / 32) + 180e6
     free, _ = torch.cuda.mem_get_info()
-    kv_per_layer = seqs * (context // 4) * (512 + 128) * 4  # CSA entries + index entries, f32
+    # A CSA layer's entries and index keys in the fp8 records the runner keeps.
+    kv_per_layer = (
+        seqs * (context // 4) * (kv_entry_bytes("fp8", 512, 64) + kv_entry_bytes("fp8", 128, 0))
+    )
     fixed = 2 * 129280 * h * 2 + 12e9  # embed + head (bf16) + activations, graphs and slack
     n = int((free - fixed) // (layer_bytes + kv_per_layer))
     n = max(3, min(43, n))
     config = real_format(flash_config(flash_layer_pattern(n)))
     emit({"truncated_layers": n, "free_GB": free / 1e9})
-    runner, bps = make_runner(config, seqs, context)
+    runner, bps = make_runner(config, seqs, context, KV_DTYPE[True])
     out: dict = {"layers": n}
     for b in (1, 64, 128):
         ms = decode_ms(runner, bps, b, context, reps=10)

@@ -277,6 +277,7 @@ void bind_engine(nb::module_& m) {
   nb::class_<deepinfer::KvCapacity>(m, "KvCapacity", "The KV cache an engine runs with (engine.h).")
       .def_ro("num_blocks", &deepinfer::KvCapacity::num_blocks)
       .def_ro("block_size", &deepinfer::KvCapacity::block_size)
+      .def_ro("bytes_per_block", &deepinfer::KvCapacity::bytes_per_block)
       .def_ro("bytes_per_token", &deepinfer::KvCapacity::bytes_per_token)
       .def_ro("bytes_per_state_slot", &deepinfer::KvCapacity::bytes_per_state_slot)
       .def_ro("max_tokens", &deepinfer::KvCapacity::max_tokens)
@@ -285,6 +286,7 @@ void bind_engine(nb::module_& m) {
       .def("__repr__", [](const deepinfer::KvCapacity& k) {
         return "KvCapacity(num_blocks=" + std::to_string(k.num_blocks) +
                ", block_size=" + std::to_string(k.block_size) +
+               ", bytes_per_block=" + std::to_string(k.bytes_per_block) +
                ", bytes_per_token=" + std::to_string(k.bytes_per_token) +
                ", max_tokens=" + std::to_string(k.max_tokens) +
                ", max_seqs_at_max_model_len=" + std::to_string(k.max_seqs_at_max_model_len) +

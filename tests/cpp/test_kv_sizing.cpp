@@ -48,7 +48,8 @@ TEST(KvSizing, ActivationReserveGrowsWithTheBatch) {
 // An executor that reports a block count sized from device memory; never launched.
 class SizedExecutor final : public engine::StepExecutor {
  public:
-  explicit SizedExecutor(int blocks) : blocks_(blocks) {}
+  explicit SizedExecutor(int blocks, int64_t bytes_per_block = 128 * 1000)
+      : blocks_(blocks), bytes_per_block_(bytes_per_block) {}
   std::unique_ptr<engine::InflightStep> launch(const sched::StepPlan&,
                                                engine::InflightStep*) override {
     throw Error(ErrorCode::kInternal, "not launched in this test");
@@ -62,11 +63,12 @@ class SizedExecutor final : public engine::StepExecutor {
   int num_state_slots() const override { return 64; }
   int num_snapshot_slots() const override { return 4; }
   const std::vector<int>& eos_token_ids() const override { return eos_; }
-  int64_t kv_bytes_per_block() const override { return 128 * 1000; }
+  int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   bool kv_sized_from_memory() const override { return true; }
 
  private:
   int blocks_;
+  int64_t bytes_per_block_;
   std::vector<int> eos_{1};
 };
 
@@ -82,6 +84,7 @@ TEST(KvSizing, EngineTakesTheExecutorsCountAndFitsMaxModelLen) {
   const KvCapacity k = e.kv_capacity();
   EXPECT_EQ(k.num_blocks, 40);
   EXPECT_EQ(k.max_tokens, 5120);
+  EXPECT_EQ(k.bytes_per_block, 128 * 1000);
   EXPECT_EQ(k.bytes_per_token, 1000);
   EXPECT_EQ(k.max_seqs_at_max_model_len, 1);
   EXPECT_TRUE(k.sized_from_memory);
@@ -92,6 +95,17 @@ TEST(KvSizing, EngineTakesTheExecutorsCountAndFitsMaxModelLen) {
   EXPECT_NE(m.find("'max_model_len' is 6000"), std::string::npos) << m;
   EXPECT_NE(m.find("holds 5120 tokens"), std::string::npos) << m;
   EXPECT_NE(m.find("gpu_memory_utilization"), std::string::npos) << m;
+}
+
+TEST(KvSizing, BytesPerTokenRoundsUp) {
+  EngineConfig config;
+  config.placement.device = "cpu";
+  config.scheduler.max_num_seqs = 4;
+  // A block of fp8 records need not be a whole number of bytes per token (the tiny checkpoint:
+  // 42.375); a capacity estimate from bytes_per_token must not fall short.
+  engine::EngineImpl e(config, std::make_unique<SizedExecutor>(41, 128 * 1000 + 1));
+  EXPECT_EQ(e.kv_capacity().bytes_per_block, 128 * 1000 + 1);
+  EXPECT_EQ(e.kv_capacity().bytes_per_token, 1001);
 }
 
 TEST(KvSizing, UtilizationIsValidated) {

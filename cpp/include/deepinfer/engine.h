@@ -232,7 +232,8 @@ struct EngineStats : SchedulerCounters {
 struct KvCapacity {
   int num_blocks = 0;                 // usable paged blocks (the reserved block 0 excluded)
   int block_size = 0;                 // tokens per block
-  int64_t bytes_per_token = 0;        // paged KV bytes one token of context takes, all layers
+  int64_t bytes_per_block = 0;        // paged KV bytes of one block, all layers
+  int64_t bytes_per_token = 0;        // bytes_per_block / block_size, rounded up
   int64_t bytes_per_state_slot = 0;   // rings of one sequence, all layers
   int64_t max_tokens = 0;             // num_blocks * block_size: the most context in the cache
   int max_seqs_at_max_model_len = 0;  // sequences of max_model_len tokens the blocks hold at once

@@ -127,7 +127,8 @@ KvCapacity EngineImpl::kv_capacity() const {
   KvCapacity k;
   k.num_blocks = executor_->num_kv_blocks() - 1;
   k.block_size = kv::kBlockSize;
-  k.bytes_per_token = executor_->kv_bytes_per_block() / kv::kBlockSize;
+  k.bytes_per_block = executor_->kv_bytes_per_block();
+  k.bytes_per_token = (k.bytes_per_block + k.block_size - 1) / k.block_size;
   k.bytes_per_state_slot = executor_->state_slot_bytes();
   k.max_tokens = static_cast<int64_t>(k.num_blocks) * k.block_size;
   const int64_t per_seq = kv::blocks_for_tokens(config_.scheduler.max_model_len);
