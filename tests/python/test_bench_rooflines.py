@@ -1,6 +1,7 @@
 """The GPU model benchmark's bytes roofline counts KV in the cache format the model runs with
 (benchmarks/gpu_quant_bench.py): its row sizes must be the engine's. Checked against the paged
-KV bytes per token an engine reports, for every kv_cache_dtype, on the CPU."""
+KV bytes per block (and per token, rounded up) an engine reports, for every kv_cache_dtype, on the
+CPU."""
 
 from __future__ import annotations
 
