@@ -30,7 +30,8 @@ std::optional<HcPreChoice> parse_hc_pre(const char* value) {
   return std::nullopt;
 }
 
-std::optional<bool> parse_pdl(const char* value) {
+// "on" (the default when unset or empty) or "off".
+std::optional<bool> parse_on_off(const char* value) {
   const std::string v = value == nullptr ? "" : value;
   if (v.empty() || v == "on") return true;
   if (v == "off") return false;
@@ -48,7 +49,8 @@ BackendSwitches read_backend_switches() {
   s.fp8_linear =
       read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "legacy, stream or stream_pdl");
   s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused or legacy");
-  s.pdl = read_switch("DEEPINFER_PDL", parse_pdl, "on or off");
+  s.pdl = read_switch("DEEPINFER_PDL", parse_on_off, "on or off");
+  s.branches = read_switch("DEEPINFER_BRANCHES", parse_on_off, "on or off");
   s.indexer_fp8_scores =
       read_switch("DEEPINFER_INDEXER_FP8_SCORES", parse_indexer_fp8_scores,
                   "wgmma_pipelined, wgmma, mma_sync, wgmma_persistent, wgmma_persistent_cvt or "

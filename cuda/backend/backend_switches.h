@@ -18,6 +18,7 @@ struct BackendSwitches {
   Fp8LinearChoice fp8_linear = Fp8LinearChoice::kLegacy;              // DEEPINFER_FP8_LINEAR
   HcPreChoice hc_pre = HcPreChoice::kAuto;                            // DEEPINFER_HC_PRE
   bool pdl = true;                                                    // DEEPINFER_PDL
+  bool branches = true;                                               // DEEPINFER_BRANCHES
   AttentionMmaChoice attention_mma;  // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS
   AttentionKernelChoice attention_kernel =
       AttentionKernelChoice::kWgmmaOverlapAuto;  // DEEPINFER_ATTENTION_KERNEL

@@ -116,6 +116,12 @@ CudaBackend::CudaBackend(int device_index)
 #endif
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->copy_stream, cudaStreamNonBlocking));
+  branches_ = switches.branches;
+  if (branches_) {
+    DEEPINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->side_stream, cudaStreamNonBlocking));
+    DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&ctx_->fork_event, cudaEventDisableTiming));
+    DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&ctx_->join_event, cudaEventDisableTiming));
+  }
   if (cublasCreate(&ctx_->cublas) != CUBLAS_STATUS_SUCCESS) {
     throw Error(ErrorCode::kInternal, "cublasCreate failed");
   }
@@ -123,6 +129,7 @@ CudaBackend::CudaBackend(int device_index)
   constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   DEEPINFER_CUDA_CHECK(cudaMalloc(&ctx_->cublas_workspace, kCublasWorkspaceBytes));
   ctx_->cublas_workspace_bytes = kCublasWorkspaceBytes;
+  if (branches_) DEEPINFER_CUDA_CHECK(cudaMalloc(&ctx_->side_workspace, kCublasWorkspaceBytes));
   if (cublasSetWorkspace(ctx_->cublas, ctx_->cublas_workspace, kCublasWorkspaceBytes) !=
       CUBLAS_STATUS_SUCCESS) {
     throw Error(ErrorCode::kInternal, "cublasSetWorkspace failed");
@@ -147,6 +154,7 @@ void CudaBackend::make_current() {
 
 DeviceMemory CudaBackend::memory_info() {
   check_not_capturing("memory_info");
+  join_branches();
   DEEPINFER_CUDA_CHECK(cudaSetDevice(device_));
   DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
   // Freed blocks the pool keeps (release threshold) count as free: hand them back first.
@@ -160,6 +168,10 @@ DeviceMemory CudaBackend::memory_info() {
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
+  try {
+    join_branches();        // frees what an unjoined branch held
+  } catch (const Error&) {  // a failed stream: nothing to wait for
+  }
   cudaStreamSynchronize(ctx_->stream);
   // The pool keeps freed blocks (release threshold above); hand the unused ones back to the
   // driver so a destroyed backend does not keep holding the model's memory. Blocks of tensors
@@ -185,7 +197,7 @@ DType CudaBackend::weight_dtype(DType stored) const {
 }
 
 cudaStream_t CudaBackend::stream() const {
-  return ctx_->stream;
+  return ctx_->on_side ? ctx_->side_stream : ctx_->stream;
 }
 cublasHandle_t CudaBackend::cublas() const {
   return ctx_->cublas;
@@ -194,7 +206,62 @@ cublasLtHandle_t CudaBackend::cublaslt() const {
   return ctx_->cublaslt;
 }
 void* CudaBackend::cublas_workspace() const {
-  return ctx_->cublas_workspace;
+  return ctx_->on_side ? ctx_->side_workspace : ctx_->cublas_workspace;
+}
+
+namespace {
+
+// cuBLAS on `stream` with `workspace` (cublasSetStream resets the workspace to cuBLAS's pool).
+bool cublas_on(CudaContext& ctx, cudaStream_t stream, void* workspace) {
+  return cublasSetStream(ctx.cublas, stream) == CUBLAS_STATUS_SUCCESS &&
+         cublasSetWorkspace(ctx.cublas, workspace, ctx.cublas_workspace_bytes) ==
+             CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+void CudaBackend::begin_branch_impl() {
+  if (!branches_) return;
+  DEEPINFER_CUDA_CHECK(cudaEventRecord(ctx_->fork_event, ctx_->stream));
+  DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(ctx_->side_stream, ctx_->fork_event, 0));
+  if (!cublas_on(*ctx_, ctx_->side_stream, ctx_->side_workspace)) {
+    cublas_on(*ctx_, ctx_->stream, ctx_->cublas_workspace);
+    throw Error(ErrorCode::kInternal, "begin_branch: cuBLAS could not take the side stream");
+  }
+  {
+    std::lock_guard<std::mutex> lock(ctx_->held_mu);
+    ctx_->holding = true;
+  }
+  ctx_->on_side = true;
+}
+
+void CudaBackend::end_branch_impl() noexcept {
+  if (!ctx_->on_side) return;
+  ctx_->on_side = false;
+  if (!cublas_on(*ctx_, ctx_->stream, ctx_->cublas_workspace)) ctx_->branch_failed = true;
+  if (cudaEventRecord(ctx_->join_event, ctx_->side_stream) != cudaSuccess) {
+    ctx_->branch_failed = true;
+  }
+}
+
+void CudaBackend::join_branches_impl() {
+  std::vector<HeldBlock> held;
+  {
+    std::lock_guard<std::mutex> lock(ctx_->held_mu);
+    if (!ctx_->holding) return;
+    ctx_->holding = false;
+    held.swap(ctx_->held);
+  }
+  const cudaError_t err = cudaStreamWaitEvent(ctx_->stream, ctx_->join_event, 0);
+  // After the wait the compute stream is behind the side branch: what the branch's tensors and
+  // those that died meanwhile held may be reused (a failed wait leaves a sticky error; the
+  // stream runs nothing more either way).
+  for (const HeldBlock& b : held) release_block(*ctx_, b);
+  DEEPINFER_CUDA_CHECK(err);
+  if (std::exchange(ctx_->branch_failed, false)) {
+    throw Error(ErrorCode::kInternal,
+                "join_branches: the side branch could not be ended (cuBLAS stream or join event)");
+  }
 }
 size_t CudaBackend::cublas_workspace_bytes() const {
   return ctx_->cublas_workspace_bytes;

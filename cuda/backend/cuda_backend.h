@@ -174,6 +174,12 @@ class CudaBackend final : public Backend {
   HostBuffer allocate_pinned_host_impl(size_t bytes) override;
   std::unique_ptr<Event> record_copy_event_impl() override;
   void wait_event_impl(Event& event) override;
+  // The side branch on a second stream (DEEPINFER_BRANCHES, on by default): stream() and the
+  // cuBLAS handle switch to it inside the branch; blocks of tensors that die before the join are
+  // held until then (CudaContext::held).
+  void begin_branch_impl() override;
+  void end_branch_impl() noexcept override;
+  void join_branches_impl() override;
 
   Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
   Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
@@ -276,6 +282,7 @@ class CudaBackend final : public Backend {
   HcPreChoice hc_pre_choice_ = HcPreChoice::kAuto;
   int hc_fused_cluster_ = 0;
   bool pdl_ = true;
+  bool branches_ = true;
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;

@@ -224,15 +224,43 @@ class CaptureArena {
   std::deque<Block> blocks_;  // a deque: pointers into it stay valid as it grows
 };
 
+// A block of a tensor that died while a side branch was open or unjoined (Backend::begin_branch):
+// freed at the join, as its deleter would have freed it (CudaBackend::empty).
+struct HeldBlock {
+  void* ptr = nullptr;
+  bool from_arena = false;
+  uint64_t allocated_in = 0;  // the capture it was allocated in (0: none)
+};
+
 struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
+  // The side branch (Backend::begin_branch): its stream, the events that fork it from and join
+  // it to `stream`, its own cuBLAS / cuBLASLt workspace (the two streams may run cuBLAS at the
+  // same time), whether ops go to it now, and the blocks held until the join. `held_mu` guards
+  // `holding` and `held`: a tensor may die on another thread.
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t fork_event = nullptr;
+  cudaEvent_t join_event = nullptr;
+  void* side_workspace = nullptr;
+  bool on_side = false;
+  bool branch_failed = false;  // end_branch could not switch back or record the join
+  std::mutex held_mu;
+  bool holding = false;
+  std::vector<HeldBlock> held;
+  // Whether `b` is held for the join (a branch is open or unjoined).
+  bool hold_if_branching(const HeldBlock& b) {
+    std::lock_guard<std::mutex> lock(held_mu);
+    if (!holding) return false;
+    held.push_back(b);
+    return true;
+  }
   // The copy stream (Backend::begin_copies): KV tier imports, overlapped with the forward.
   cudaStream_t copy_stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublaslt = nullptr;  // the FP8 block-scaled GEMMs (gemm/gemm_fp8.cu)
   // cuBLAS's workspace, ours so that cuBLAS allocates nothing while a graph is captured. cuBLASLt
-  // shares it: both run on the one stream, never at the same time.
+  // shares it: both run on `stream`, never at the same time (a side branch has its own).
   void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 0;
   PinnedPool pinned;
@@ -247,13 +275,35 @@ struct CudaContext {
   ~CudaContext() {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (side_stream != nullptr) cudaStreamSynchronize(side_stream);
     if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cublaslt != nullptr) cublasLtDestroy(cublaslt);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
+    if (side_workspace != nullptr) cudaFree(side_workspace);
+    if (fork_event != nullptr) cudaEventDestroy(fork_event);
+    if (join_event != nullptr) cudaEventDestroy(join_event);
     if (stream != nullptr) cudaStreamDestroy(stream);
+    if (side_stream != nullptr) cudaStreamDestroy(side_stream);
     if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
   }
 };
+
+// Frees the block of a tensor that died (CudaBackend::empty's deleter, or the join of a side
+// branch for a block held until then): back to the capture arena; set aside with the graph being
+// captured when it was allocated before that capture (a captured free may only free the graph's
+// own allocations); else stream-ordered, after every earlier use on the compute stream.
+inline void release_block(CudaContext& ctx, const HeldBlock& b) {
+  if (b.from_arena) {
+    ctx.capture_arena.give_back(b.ptr);
+    return;
+  }
+  if (ctx.capture_id != 0 && ctx.capture_id != b.allocated_in) {
+    std::lock_guard<std::mutex> lock(ctx.dropped_mu);
+    ctx.dropped_in_capture.push_back(b.ptr);
+    return;
+  }
+  cudaFreeAsync(b.ptr, ctx.stream);
+}
 
 }  // namespace deepinfer::cuda

@@ -75,7 +75,7 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
       ptr = ctx_->capture_arena.take(nbytes, allocated_in);
       if (ptr == nullptr) err = cudaErrorMemoryAllocation;
     } else {
-      err = cudaMallocAsync(&ptr, nbytes, ctx_->stream);
+      err = cudaMallocAsync(&ptr, nbytes, stream());  // the side branch's stream inside it
     }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -86,22 +86,15 @@ Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
     DEEPINFER_CUDA_CHECK(err);
   }
   std::shared_ptr<CudaContext> ctx = ctx_;
-  auto storage = Storage::adopt(
-      ptr, nbytes, Device{DeviceKind::kCuda, device_}, [ctx, allocated_in, from_arena](void* p) {
-        if (p == nullptr) return;
-        if (from_arena) {
-          ctx->capture_arena.give_back(p);
-          return;
-        }
-        if (ctx->capture_id != 0 && ctx->capture_id != allocated_in) {
-          // Not this graph's allocation: a captured free of it fails (and leaves
-          // cudaErrorInvalidValue for the next launch check to report).
-          std::lock_guard<std::mutex> lock(ctx->dropped_mu);
-          ctx->dropped_in_capture.push_back(p);
-          return;
-        }
-        cudaFreeAsync(p, ctx->stream);  // stream-ordered: after every earlier use
-      });
+  auto storage = Storage::adopt(ptr, nbytes, Device{DeviceKind::kCuda, device_},
+                                [ctx, allocated_in, from_arena](void* p) {
+                                  if (p == nullptr) return;
+                                  const HeldBlock b{p, from_arena, allocated_in};
+                                  // A side branch may still use it (or, unjoined, run alongside a
+                                  // reuse): at the join.
+                                  if (ctx->hold_if_branching(b)) return;
+                                  release_block(*ctx, b);
+                                });
   return Tensor(std::move(storage), dtype, shape, 0);
 }
 
@@ -112,8 +105,7 @@ Tensor CudaBackend::scratch(size_t nbytes) {
 
 Tensor CudaBackend::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
-  if (t.nbytes() > 0)
-    DEEPINFER_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), ctx_->stream));
+  if (t.nbytes() > 0) DEEPINFER_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), stream()));
   return t;
 }
 
@@ -128,7 +120,12 @@ std::unique_ptr<Graph> CudaBackend::capture(std::function<void()> body) {
   cudaGraph_t graph = nullptr;
   try {
     body();
+    join_branches();  // the side stream rejoins the capture before it ends
   } catch (...) {
+    try {
+      join_branches();
+    } catch (...) {  // the capture fails anyway; its error is the one to report
+    }
     capturing_ = false;
     ctx_->capture_id = 0;
     if (cudaStreamEndCapture(ctx_->stream, &graph) == cudaSuccess && graph != nullptr)

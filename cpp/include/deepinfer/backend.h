@@ -225,6 +225,23 @@ class Backend {
   // Work enqueued on the compute stream from now on runs after `event` (one of this backend's
   // events) has completed; the host does not wait.
   void wait_event(Event& event);
+  // ---- concurrent branches of one step
+  // ----------------------------------------------------------- The ops enqueued between
+  // begin_branch() and end_branch() form a side branch: it runs after everything enqueued before
+  // begin_branch(), and alongside the ops enqueued after end_branch() until join_branches();
+  // everything enqueued after the join runs after both. So the side branch must not read what those
+  // later ops write, nor they what it writes, before the join. At decode sizes most kernels fill a
+  // few SMs, so two independent chains of them (a layer's compressors next to its query path, the
+  // shared expert next to the routed ones) overlap. A tensor that dies while a branch is open or
+  // not yet joined keeps its memory until the join. A backend with one queue (the CPU) runs the ops
+  // in the order enqueued, which is one order the branches allow. One branch at a time:
+  // begin_branch joins a previous one first, and synchronize, to_host and a capture's end join an
+  // open one. end_branch never throws (SideBranch calls it from a destructor): an error there
+  // surfaces at the join.
+  void begin_branch();
+  void end_branch() noexcept;
+  void join_branches();
+
   // `bytes` of host memory for a tier that the device copies from and to (the KV host tier's
   // arena), allocated once: CUDA pins it (cudaHostAlloc, portable across devices), so copies
   // run at bus speed without staging, and copy_to_host into it lands directly; the CPU backend
@@ -464,6 +481,10 @@ class Backend {
   // Default: ordinary page-aligned memory (not pinned).
   virtual HostBuffer allocate_pinned_host_impl(size_t bytes);
   virtual void wait_event_impl(Event& event) { (void)event; }
+  // The side branch; the defaults are those of a backend with one queue (see begin_branch).
+  virtual void begin_branch_impl() {}
+  virtual void end_branch_impl() noexcept {}
+  virtual void join_branches_impl() {}
 
   virtual Tensor embedding_impl(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) = 0;
@@ -558,6 +579,20 @@ class Backend {
   [[noreturn]] void unsupported(const char* op) const;
 
   bool host_sync_forbidden_ = false;
+  enum class BranchState { kNone, kOpen, kEnded };
+  BranchState branch_ = BranchState::kNone;
+};
+
+// A side branch (Backend::begin_branch) for the ops enqueued in its scope.
+class SideBranch {
+ public:
+  explicit SideBranch(Backend& backend) : backend_(backend) { backend_.begin_branch(); }
+  ~SideBranch() { backend_.end_branch(); }
+  SideBranch(const SideBranch&) = delete;
+  SideBranch& operator=(const SideBranch&) = delete;
+
+ private:
+  Backend& backend_;
 };
 
 // Forbids host syncs on `backend` for its lifetime (restores the previous state after).

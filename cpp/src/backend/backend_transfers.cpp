@@ -92,6 +92,7 @@ Tensor Backend::upload_weight_mapped_impl(const Tensor&) {
 Tensor Backend::to_host(const Tensor& device) {
   OpChecks("to_host", device_kind()).on_device("device", device);
   check_host_sync_allowed("to_host");
+  join_branches();  // "waits for all work enqueued so far": the side branch's too
   return to_host_impl(device);
 }
 
@@ -105,6 +106,7 @@ void Backend::copy_to_host(const Tensor& device, const Tensor& host) {
 
 void Backend::synchronize() {
   check_host_sync_allowed("synchronize");
+  join_branches();
   synchronize_impl();
 }
 
@@ -236,6 +238,25 @@ std::unique_ptr<Event> Backend::record_copy_event() {
 
 void Backend::wait_event(Event& event) {
   wait_event_impl(event);
+}
+
+void Backend::begin_branch() {
+  join_branches();  // one at a time (a previous one an exception left open or unjoined)
+  begin_branch_impl();
+  branch_ = BranchState::kOpen;
+}
+
+void Backend::end_branch() noexcept {
+  if (branch_ != BranchState::kOpen) return;
+  end_branch_impl();
+  branch_ = BranchState::kEnded;
+}
+
+void Backend::join_branches() {
+  end_branch();
+  if (branch_ == BranchState::kNone) return;
+  branch_ = BranchState::kNone;
+  join_branches_impl();
 }
 
 void Backend::copy_into(const Tensor& dst, const Tensor& src) {

@@ -77,6 +77,7 @@ DeepseekV4Model::PendingHcPost DeepseekV4Model::layer_after_mix(int layer, const
                                  w.hc_ffn.scale, hc_params_);
   Tensor ffn_out =
       moe(layer, w.ffn, be.rms_norm(ffn.mix.y, w.ffn_norm, eps), plan.layout.token_ids);
+  be.join_branches();  // no branch outlives its layer (the next chunk's attention reads the ring)
   return {ffn.trunk, ffn_out, ffn.mix.post, ffn.mix.comb};
 }
 
@@ -117,6 +118,22 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   // backend's attention rounds q to bf16 anyway, q may come in bf16: the attention kernel reads
   // half the bytes, and the norm writes half.
   const bool q_bf16 = be.attention_rounds_query(d, caches.swa_ring.dtype(), spec);
+  // The compressors (and the indexer's weights) read x alone and write their own caches: at
+  // decode sizes a side branch next to the query path below, joined before the indexer and
+  // attention read what they wrote.
+  Tensor index_weights;
+  if (w.has_compressor) {
+    std::optional<SideBranch> branch;
+    if (t <= kBranchMaxTokens) branch.emplace(be);
+    const bool csa = kind == AttentionKind::kCompressedSparse;
+    compress(w.compressor, x, plan, ratio, csa, d, caches.rope_dim, caches.comp_ring,
+             caches.comp_entries);
+    if (w.has_indexer) {
+      compress(w.indexer.compressor, x, plan, ratio, true, config_.index_head_dim,
+               /*rope_dim=*/0, caches.index_ring, caches.index_entries);
+      index_weights = be.linear(x, w.indexer.weights_proj);
+    }
+  }
   // wq_a and wkv read x, wq_b and the indexer's wq_b read qa: a pair each (one pass over the
   // input on a backend that fuses them).
   auto [qa_lora, kv_proj] = be.linear_pair(x, w.wq_a, w.wkv);
@@ -134,37 +151,37 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   Tensor kv = be.rms_norm_rope_kv(kv_proj, w.kv_norm, eps, layout.positions, inv_freq,
                                   caches.swa_ring.dtype(), caches.rope_dim);
 
+  be.join_branches();
+
   Tensor topk;
-  if (w.has_compressor) {
-    const bool csa = kind == AttentionKind::kCompressedSparse;
-    compress(w.compressor, x, plan, ratio, csa, d, caches.rope_dim, caches.comp_ring,
-             caches.comp_entries);
-    if (w.has_indexer) {
-      const int64_t hi = config_.index_n_heads;
-      const int64_t di = config_.index_head_dim;
-      compress(w.indexer.compressor, x, plan, ratio, true, di, /*rope_dim=*/0, caches.index_ring,
-               caches.index_entries);
-      Tensor qi = be.rope(qi_proj.reshape({t, hi, di}), layout.positions,
-                          weights_.compress_inv_freq, /*inverse=*/false);
-      Tensor index_weights = be.linear(x, w.indexer.weights_proj);
-      // Over fp8 index keys the indexer takes q in fp8, its per-row scales in the weights, as
-      // DeepSeek's engine runs it (tensor/indexer_q.h); f32 and bf16 keys keep q exact.
-      if (caches.index_entries.dtype() == DType::kU8) {
-        IndexerQFp8 q8 = be.quantize_indexer_q(qi, index_weights);
-        qi = std::move(q8.q);
-        index_weights = std::move(q8.weights);
-      }
-      topk = be.indexer_topk(qi, index_weights, caches.index_entries, layout, ratio,
-                             config_.index_topk, 1.0f / std::sqrt(static_cast<float>(di)),
-                             1.0f / std::sqrt(static_cast<float>(hi)));
+  if (w.has_indexer) {
+    const int64_t hi = config_.index_n_heads;
+    const int64_t di = config_.index_head_dim;
+    Tensor qi = be.rope(qi_proj.reshape({t, hi, di}), layout.positions, weights_.compress_inv_freq,
+                        /*inverse=*/false);
+    // Over fp8 index keys the indexer takes q in fp8, its per-row scales in the weights, as
+    // DeepSeek's engine runs it (tensor/indexer_q.h); f32 and bf16 keys keep q exact.
+    if (caches.index_entries.dtype() == DType::kU8) {
+      IndexerQFp8 q8 = be.quantize_indexer_q(qi, index_weights);
+      qi = std::move(q8.q);
+      index_weights = std::move(q8.weights);
     }
+    topk = be.indexer_topk(qi, index_weights, caches.index_entries, layout, ratio,
+                           config_.index_topk, 1.0f / std::sqrt(static_cast<float>(di)),
+                           1.0f / std::sqrt(static_cast<float>(hi)));
   }
 
   Tensor out =
       be.attention(q, kv, caches.swa_ring, w.has_compressor ? caches.comp_entries : Tensor(), topk,
                    w.sinks, layout, spec);
-  // The ring is written after attention read the keys this chunk's queries need from it.
-  be.ring_write(caches.swa_ring, kv, layout, caches.rope_dim);
+  {
+    // The ring is written after attention read the keys this chunk's queries need from it, and
+    // read again only by the next call: a side branch next to the output projection (joined by
+    // the layer's end).
+    std::optional<SideBranch> branch;
+    if (t <= kBranchMaxTokens) branch.emplace(be);
+    be.ring_write(caches.swa_ring, kv, layout, caches.rope_dim);
+  }
 
   return attention_output(be, out, layout.positions, inv_freq, w.wo_a, w.wo_b, config_.o_groups);
 }
@@ -193,11 +210,20 @@ Tensor DeepseekV4Model::moe(int layer, const MoeWeights& w, const Tensor& x,
                             const Tensor& token_ids) {
   Backend& be = backend_;
   const float limit = static_cast<float>(config_.swiglu_limit);
+  // The shared expert reads x alone: at decode sizes a side branch next to the routing and the
+  // routed experts (in process; an expert-parallel exchange keeps one stream).
+  Tensor shared;
+  {
+    std::optional<SideBranch> branch;
+    if (ep_ == nullptr && x.size(0) <= kBranchMaxTokens) branch.emplace(be);
+    shared = shared_expert(be, w, x, limit);
+  }
   Routing routing =
       be.moe_route(x, w.gate, w.bias, w.tid2eid, token_ids, config_.num_experts_per_tok,
                    static_cast<float>(config_.routed_scaling_factor));
   Tensor routed = routed_experts(layer, w, x, routing);
-  return be.add(routed, shared_expert(be, w, x, limit));
+  be.join_branches();
+  return be.add(routed, shared);
 }
 
 Tensor DeepseekV4Model::routed_experts(int layer, const MoeWeights& w, const Tensor& x,

@@ -8,6 +8,11 @@
 
 namespace deepinfer {
 
+// Steps of at most this many tokens run independent chains as side branches
+// (Backend::begin_branch): at decode sizes kernels fill few SMs, so two chains overlap; a
+// prefill's kernels fill the device alone. The decode graphs' largest batch.
+inline constexpr int64_t kBranchMaxTokens = 256;
+
 // The attention output projection: K == V carries RoPE, so the output's rope channels are rotated
 // back at the query position; then the grouped wo_a and wo_b. out [T, nh, D] -> [T, H].
 inline Tensor attention_output(Backend& be, const Tensor& out, const Tensor& positions,

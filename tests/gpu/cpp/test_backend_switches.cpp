@@ -50,23 +50,34 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
 }
 
-// Programmatic dependent launches are on unless DEEPINFER_PDL=off.
-TEST(BackendSwitches, PdlIsOnUnlessTurnedOff) {
+// An on/off switch: unset, empty and "on" are on, "off" is off, anything else an error naming the
+// variable and the value.
+void expect_on_off(const char* name, bool cuda::BackendSwitches::*member) {
   const std::pair<const char*, bool> names[] = {
       {nullptr, true}, {"", true}, {"on", true}, {"off", false}};
-  for (const auto& [name, on] : names) {
-    ScopedEnv pdl("DEEPINFER_PDL", name);
-    EXPECT_EQ(cuda::read_backend_switches().pdl, on) << (name ? name : "unset");
+  for (const auto& [value, on] : names) {
+    ScopedEnv env(name, value);
+    EXPECT_EQ(cuda::read_backend_switches().*member, on) << name << "=" << (value ? value : "");
   }
-  ScopedEnv bad("DEEPINFER_PDL", "yes");
+  ScopedEnv bad(name, "yes");
   try {
     cuda::read_backend_switches();
-    ADD_FAILURE() << "DEEPINFER_PDL=yes was accepted";
+    ADD_FAILURE() << name << "=yes was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("DEEPINFER_PDL: expected on or off, got 'yes'"),
+    EXPECT_NE(std::string(e.what()).find(std::string(name) + ": expected on or off, got 'yes'"),
               std::string::npos)
         << e.what();
   }
+}
+
+// Programmatic dependent launches are on unless DEEPINFER_PDL=off.
+TEST(BackendSwitches, PdlIsOnUnlessTurnedOff) {
+  expect_on_off("DEEPINFER_PDL", &cuda::BackendSwitches::pdl);
+}
+
+// Side branches (a second stream at decode sizes) are on unless DEEPINFER_BRANCHES=off.
+TEST(BackendSwitches, BranchesAreOnUnlessTurnedOff) {
+  expect_on_off("DEEPINFER_BRANCHES", &cuda::BackendSwitches::branches);
 }
 
 TEST(BackendSwitches, MoeQuantDecodeTakesEveryDecodeKernel) {

@@ -13,9 +13,9 @@
 
 #include "batch_layout.h"
 #include "compare.h"
+#include "cuda_test.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
-#include "device_backends.h"
 #include "error_message.h"
 #include "inputs.h"
 #include "sampling_rows.h"
@@ -23,22 +23,13 @@
 namespace deepinfer::backend_ops {
 namespace {
 
-class CudaOnly : public ::testing::Test {
+class CudaOnly : public CudaTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    cuda_ = shared_backend("cuda", &why);
-    if (cuda_ == nullptr && device_required()) FAIL() << why;
-    if (cuda_ == nullptr) GTEST_SKIP() << why;
-  }
-
-  Backend& gpu() { return *cuda_; }
   Tensor randn(const Shape& shape, float scale = 1.0f) { return random_f32(rng_, shape, scale); }
   Tensor f32(const Tensor& host) { return gpu().upload(host, DType::kF32); }
   Tensor ids(const std::vector<int32_t>& v) { return gpu().upload(i32(v), DType::kI32); }
 
   std::mt19937 rng_{20240611};
-  Backend* cuda_ = nullptr;
 };
 
 // ---- which attention reads q rounded to bf16 (so that the model may hand it q in bf16) ----------

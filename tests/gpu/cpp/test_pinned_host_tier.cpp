@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test.h"
 #include "deepinfer/backend.h"
-#include "device_backends.h"
 #include "kv/cache_geometry.h"
 #include "kv/host_block_cache.h"
 #include "kv/prefix_index.h"
@@ -34,17 +34,7 @@ bool page_locked(const void* p) {
   return attr.type == cudaMemoryTypeHost;
 }
 
-class PinnedHostTier : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    cuda_ = shared_backend("cuda", &why);
-    if (cuda_ == nullptr && device_required()) FAIL() << why;
-    if (cuda_ == nullptr) GTEST_SKIP() << why;
-  }
-  Backend& gpu() { return *cuda_; }
-  Backend* cuda_ = nullptr;
-};
+using PinnedHostTier = CudaTest;
 
 // A host tensor of `n` bytes (as u8) over `owner`'s memory at `offset`, holding `owner`.
 Tensor view(const std::shared_ptr<HostBuffer>& owner, size_t offset, int64_t n) {
