@@ -134,6 +134,7 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   p.sorted_pair = sorted.data<int32_t>();
   p.tiles = {meta, meta + c.max_tiles, meta + 2 * c.max_tiles, meta + 3 * c.max_tiles};
   p.max_tiles = c.max_tiles;
+  p.num_sms = be.num_sms();
   launch_group_pairs(ids, pairs, experts, c.tile_rows, c.max_tiles, sorted.data<int32_t>(), meta,
                      be.pdl(), stream);
   launch_experts_quant(p, c.kernel, x, tokens, xq.defined() ? xq.data<float>() : nullptr,

@@ -102,6 +102,9 @@ struct QuantExpertsArgs {
   int in_group;    // activation quantization of x (w1's act_group; 0: none)
   int down_group;  // activation quantization of the SwiGLU output (w2's act_group)
   float limit;
+  // SMs of the device: the streaming decode kernels split K over a cluster when the pass has too
+  // few CTAs for them (expert_stream_splits; 0: never).
+  int num_sms = 0;
 };
 
 // Elements of the staged bf16 activations of `rows` rows of K columns (activation planes: 1 when

@@ -144,6 +144,23 @@ static_assert(ExpertQuantWgmma::stages(1, 1) == 4 && ExpertQuantWgmma::stages(3,
                   ExpertQuantWgmma::stages(1, 2) == 3 && !ExpertQuantWgmma::fits(3, 2),
               "the ring depths the head comment of sm90/experts_quant_wgmma.cu describes");
 
+// K splits of the streaming decode kernels (experts_quant_stream.cu). A pass whose CTAs (the host's
+// tile bound times the column blocks) fill at most half the slots of two CTAs per SM leaves SMs
+// idle and the rest at one CTA, and the kernel is bound by instruction issue per SM (session 16):
+// at B = 1 (top-6 of 256 experts) 112 CTAs of 256 rows on 132 SMs. Its CTAs then split K into 2
+// or 4 slice ranges, the CTAs of a tile and column block one cluster that adds their partial sums
+// in split order; each range keeps at least kExpertStreamMinSplitSlices slices.
+constexpr int kExpertStreamMaxSplits = 4;
+constexpr int64_t kExpertStreamMinSplitSlices = 4;
+inline int expert_stream_splits(int64_t ctas, int64_t slices, int num_sms) {
+  int s = 1;
+  while (2 * s <= kExpertStreamMaxSplits && ctas * 2 * s <= 2 * static_cast<int64_t>(num_sms) &&
+         slices >= 2 * s * kExpertStreamMinSplitSlices) {
+    s *= 2;
+  }
+  return s;
+}
+
 // Pairs per expert on average up to which a pass takes the decode shape.
 constexpr int64_t kExpertQuantDecodeMaxPairs = 16;
 

@@ -24,6 +24,7 @@
 // (zero rows by a zero-byte cp.async source). Its MXFP4 loop reads a slice's weight chunks and
 // scale bytes from the ring into registers one slice ahead of their multiply, and has a copy for
 // tiles of at most 8 rows (no predicated-off work for a second group of 8 tokens).
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -42,6 +43,7 @@ namespace deepinfer::cuda {
 namespace {
 
 using namespace quant_tile;  // NOLINT(google-build-using-namespace): this family's pieces
+namespace cg = cooperative_groups;
 
 // The lane's chunk c = (2 mt + hr) kLoads + l of a slice, in slot `slot` of the weight ring
 // [kStages][chunks][kThreads] (uint4): a warp's 16-byte reads of one chunk are contiguous.
@@ -258,12 +260,54 @@ struct LeanFill {
   }
 };
 
+// Split K (gridDim.y > 1; the splits of a tile and column block are one cluster): split 0 adds
+// the other splits' partial tiles to its own in split order, through distributed shared memory
+// (staged in `scratch`, the ring, free after the last slice: every copy into it has landed), and
+// returns true: it stores the tile. The other splits return false. One split: true.
+template <class C>
+__device__ __forceinline__ bool gather_split_partials(float (&acc)[C::kMTiles][C::kTok / 8][4],
+                                                      float* scratch) {
+  if (gridDim.y == 1) return true;
+  constexpr int kJ = C::kTok / 8;
+  const int tid = static_cast<int>(threadIdx.x);
+  __syncthreads();  // every warp is done with the ring
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        scratch[((mt * kJ + j) * 4 + i) * C::kThreads + tid] = acc[mt][j][i];
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const bool first = blockIdx.y == 0;  // cluster (1, splits, 1): its rank
+  if (first) {
+    for (unsigned r = 1; r < gridDim.y; ++r) {
+      const float* other = cluster.map_shared_rank(scratch, r);
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc[mt][j][i] += other[((mt * kJ + j) * 4 + i) * C::kThreads + tid];
+          }
+        }
+      }
+    }
+  }
+  cluster.sync();  // no CTA leaves while split 0 still reads its shared memory
+  return first;
+}
+
 // experts_quant.cu's expert_quant_kernel with the weights streamed through the ring. kGateUp:
 // act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for C::kWeightRows / 2 columns n
 // per CTA; otherwise y[pair, n] = act[row] . w2_e[n] for C::kWeightRows columns. CTA blockIdx.x
-// works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles. Two CTAs per SM
-// (128 registers per thread at most). kLean: the lean variant (head comment), K a multiple of
-// kQuantSliceK.
+// works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles, over split
+// blockIdx.y of gridDim.y of K's slices (gather_split_partials). Two CTAs per SM (128 registers
+// per thread at most). kLean: the lean variant (head comment), K a multiple of kQuantSliceK.
 template <QuantFormat F, bool kGateUp, class C, int kPlanes, bool kLean>
 __global__ void __launch_bounds__(C::kThreads, 2)
     expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
@@ -328,20 +372,27 @@ __global__ void __launch_bounds__(C::kThreads, 2)
       acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
   }
 
-  const int slices = static_cast<int>(Kp / kQuantSliceK);
+  // This CTA's slices of K: [s_begin, s_begin + slices) of split blockIdx.y (none empty:
+  // expert_stream_splits keeps several slices per split).
+  const int all_slices = static_cast<int>(Kp / kQuantSliceK);
+  const int per_split =
+      (all_slices + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int s_begin = static_cast<int>(blockIdx.y) * per_split;
+  const int slices = min(per_split, all_slices - s_begin);
   const int k_end = static_cast<int>(K);
   uint32_t sc[kM][2][Tr::kLoads];
   if constexpr (kLean) {
     LeanFill<F, C, kPlanes> lf;
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
-      lf.weights[mt][0] = wr.values[mt][0];
-      lf.weights[mt][1] = wr.values[mt][1];
+      lf.weights[mt][0] = wr.values[mt][0] + s_begin * LeanFill<F, C, kPlanes>::kRowSliceBytes;
+      lf.weights[mt][1] = wr.values[mt][1] + s_begin * LeanFill<F, C, kPlanes>::kRowSliceBytes;
     }
-    lf.act = piece.src;
+    // Rows past the tile read `a` itself with zero bytes: any slice offset stays a valid address.
+    lf.act = piece.src + s_begin * kQuantSliceK;
     lf.act_bytes = piece.src_bytes;
     lf.plane_elems = Kp;
-    lf.scales = scale_src;
+    lf.scales = scale_src != nullptr ? scale_src + 4 * s_begin : nullptr;
     lf.weight_dst = smem_addr(weight_ring) + tid * 16;
     lf.act_dst = smem_addr(act_ring) + piece.dst * 4;
     lf.scale_dst = smem_addr(scale_ring) + tid * 4;
@@ -413,10 +464,12 @@ __global__ void __launch_bounds__(C::kThreads, 2)
         slice_loop(std::integral_constant<int, C::kTok / 8>{});
       }
       cp_async_wait_all();  // no copy outlives the CTA's shared memory
-      store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
+      if (gather_split_partials<C>(acc, reinterpret_cast<float*>(stream_smem_raw))) {
+        store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
+      }
       return;
     }
-    load_scales<F, kM, true>(sc, wr, 0, k_lane, k_end, block_cols_log2);
+    load_scales<F, kM, true>(sc, wr, s_begin, k_lane, k_end, block_cols_log2);
     int read_slot = 0;
     int fill_slot = C::kStages - 1;
 #pragma unroll 1
@@ -424,7 +477,8 @@ __global__ void __launch_bounds__(C::kThreads, 2)
       // FP8 (MXFP4 returned above). In bounds only: past the last slice it reloads the last
       // slice's scales (never used).
       uint32_t sc_next[kM][2][Tr::kLoads];
-      load_scales<F, kM, true>(sc_next, wr, min(s + 1, slices - 1), k_lane, k_end, block_cols_log2);
+      load_scales<F, kM, true>(sc_next, wr, s_begin + min(s + 1, slices - 1), k_lane, k_end,
+                               block_cols_log2);
       // As the default loop below: slice s landed and is published, slice s - 1's slot is free.
       cp_async_wait<C::kStages - 2>();
       __syncthreads();
@@ -453,27 +507,28 @@ __global__ void __launch_bounds__(C::kThreads, 2)
 #pragma unroll 1
     for (int s = 0; s < C::kStages - 1; ++s) {
       if (s < slices) {
-        copy_weight_slice<F, C>(weight_ring, s, wr, s, k_lane, k_end, tid);
-        copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s, Kp);
+        copy_weight_slice<F, C>(weight_ring, s, wr, s_begin + s, k_lane, k_end, tid);
+        copy_activation_slice<C, kPlanes>(act_ring + s * kActWords, piece, s_begin + s, Kp);
       }
       cp_async_commit();
     }
-    load_scales<F, kM, false>(sc, wr, 0, k_lane, k_end, block_cols_log2);
+    load_scales<F, kM, false>(sc, wr, s_begin, k_lane, k_end, block_cols_log2);
 
     int read_slot = 0;
     int fill_slot = C::kStages - 1;
 #pragma unroll 1
     for (int s = 0; s < slices; ++s) {
       uint32_t sc_next[kM][2][Tr::kLoads];
-      load_scales<F, kM, false>(sc_next, wr, s + 1, k_lane, k_end, block_cols_log2);
+      load_scales<F, kM, false>(sc_next, wr, s_begin + s + 1, k_lane, k_end, block_cols_log2);
       // Slice s landed (groups 0..s of this thread); after the barrier every thread's activation
       // pieces of it are visible, and every warp is done with slice s - 1, whose slot is refilled.
       cp_async_wait<C::kStages - 2>();
       __syncthreads();
       const int fill = s + C::kStages - 1;
       if (fill < slices) {
-        copy_weight_slice<F, C>(weight_ring, fill_slot, wr, fill, k_lane, k_end, tid);
-        copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, fill, Kp);
+        copy_weight_slice<F, C>(weight_ring, fill_slot, wr, s_begin + fill, k_lane, k_end, tid);
+        copy_activation_slice<C, kPlanes>(act_ring + fill_slot * kActWords, piece, s_begin + fill,
+                                          Kp);
       }
       cp_async_commit();
       // The lane reads back only the chunks it copied: its own wait above ordered them.
@@ -497,8 +552,9 @@ __global__ void __launch_bounds__(C::kThreads, 2)
     }
   }
   cp_async_wait_all();  // no copy outlives the CTA's shared memory
-
-  store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
+  if (gather_split_partials<C>(acc, reinterpret_cast<float*>(stream_smem_raw))) {
+    store_tile<kGateUp, C>(acc, N, n_warp, sorted_pair, start, rows, n8, limit, out, g, q);
+  }
 }
 
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
@@ -516,11 +572,27 @@ void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat1
   auto kernel = lean ? expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true>
                      : expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
   allow_smem(kernel, smem);
-  // Grid size: checked against gridDim.x's limit by the caller.
-  launch_programmatic("moe_experts", dim3(static_cast<unsigned>(p.max_tiles * cols)),
-                      dim3(C::kThreads), smem, stream, pdl, kernel, a, K, N, p.top_k, p.sorted_pair,
-                      p.tiles, static_cast<int>(p.max_tiles), kGateUp ? p.w1 : p.w2,
-                      kGateUp ? p.w3 : p.w2, p.block_rows, p.block_cols_log2, p.limit, out);
+  // Grid size: checked against gridDim.x's limit by the caller. Too few CTAs for the SMs: K split
+  // over clusters (expert_stream_splits).
+  const int64_t slices = (K + kQuantSliceK - 1) / kQuantSliceK;
+  const int splits = expert_stream_splits(p.max_tiles * cols, slices, p.num_sms);
+  ClusterLaunch l;
+  l.grid = dim3(static_cast<unsigned>(p.max_tiles * cols), static_cast<unsigned>(splits));
+  l.block = dim3(C::kThreads);
+  l.cluster = dim3(1, static_cast<unsigned>(splits), 1);
+  l.smem = smem;
+  l.stream = stream;
+  l.pdl = pdl;
+  if (splits > 1) {
+    launch_clustered("moe_experts", l, kernel, a, K, N, p.top_k, p.sorted_pair, p.tiles,
+                     static_cast<int>(p.max_tiles), kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2,
+                     p.block_rows, p.block_cols_log2, p.limit, out);
+  } else {
+    launch_programmatic("moe_experts", l.grid, l.block, smem, stream, pdl, kernel, a, K, N, p.top_k,
+                        p.sorted_pair, p.tiles, static_cast<int>(p.max_tiles),
+                        kGateUp ? p.w1 : p.w2, kGateUp ? p.w3 : p.w2, p.block_rows,
+                        p.block_cols_log2, p.limit, out);
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 

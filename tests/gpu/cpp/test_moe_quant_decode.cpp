@@ -3,8 +3,11 @@
 // FP8, its lean variant chosen by =streaming_lean and the default for MXFP4, and
 // experts_quant.cu's register-prefetch kernel,
 // chosen by =registers at backend creation) reduce every output element over K in the same order
-// with the same decoded values, so moe_experts gives bit-identical results on all three: at
-// V4-Flash widths with 1, 4 and 16 pairs per expert, and on small shapes with K and N tails and
+// with the same decoded values, so moe_experts gives bit-identical results on all three where the
+// streaming kernels do not split K (expert_stream_splits: passes with few CTAs for the SMs, such
+// as one token, split it over a cluster; both streaming kernels then split alike and stay
+// bit-identical to each other): at V4-Flash widths with 1, 4 and 16 pairs per expert (and one
+// token, split, for the two streaming kernels), and on small shapes with K and N tails and
 // without activation quantization (three bf16 planes; the lean variant falls back to the default
 // kernel where K is not whole 128-input slices). Each case first checks, on the heuristic the
 // backend calls (cuda/moe/moe_heuristics.h) with this device's shared memory, that the backends
@@ -178,8 +181,9 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
 // V4-Flash widths with 1, 4 and 16 pairs per expert, MXFP4 without activation quantization
 // (three planes) at whole slices, with scales past 2^1 (multipliers of two factors), a K tail
 // (H 352: the gate/up GEMM falls back to the default kernel, the down GEMM at I 256 takes the
-// lean one), and for MXFP4's operands read a slice ahead: an odd slice count (K 384) and a single
-// slice (K 128).
+// lean one), for MXFP4's operands read a slice ahead: an odd slice count (K 384) and a single
+// slice (K 128); and one token, where both kernels split K (two splits at top-6 on 132 SMs, four
+// at top-2).
 TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
   std::string why;
   if (shared_backend("cuda", &why) == nullptr) {
@@ -194,7 +198,8 @@ TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
       {kFp8, 128, 128, 16, 6, 4096, 2048, 11}, {kFp8, 128, 128, 16, 6, 4096, 2048, 43},
       {kMx, 32, 0, 8, 2, 256, 384, 5},         {kMx, 32, 32, 8, 2, 256, 384, 9, 128},
       {kMx, 32, 32, 8, 2, 352, 256, 7},        {kFp8, 128, 0, 8, 2, 256, 384, 9},
-      {kMx, 32, 32, 8, 2, 128, 128, 6},
+      {kMx, 32, 32, 8, 2, 128, 128, 6},        {kMx, 32, 32, 16, 6, 4096, 2048, 1},
+      {kFp8, 128, 128, 16, 6, 4096, 2048, 1},  {kMx, 32, 0, 8, 2, 1024, 1024, 1},
   };
   expect_bit_identical(
       *lean, cuda::QuantDecodeChoice::kStreamingLean, cuda::ExpertsKernel::kQuantStreamLean,

@@ -1,0 +1,49 @@
+// The K splits of the streaming expert decode kernels (cuda/moe/sm80/experts_quant_config.h:
+// expert_stream_splits), checked on the host: a pass with few CTAs for the SMs splits K (V4-Flash
+// at B = 1 on 132 SMs: two splits of both GEMMs), a full one does not, and every split keeps at
+// least kExpertStreamMinSplitSlices slices.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/moe/sm80/experts_quant_config.h"
+
+namespace deepinfer::cuda {
+namespace {
+
+TEST(ExpertStreamSplits, FewCtasSplitKAndFullPassesDoNot) {
+  // B = 1, top-6: 7 tiles (the host's bound), 16 column blocks of gate/up (I 2048, 128 columns
+  // per CTA) and of down (H 4096, 256 rows); K 4096 (32 slices) and 2048 (16).
+  EXPECT_EQ(expert_stream_splits(7 * 16, 32, 132), 2);
+  EXPECT_EQ(expert_stream_splits(7 * 16, 16, 132), 2);
+  // B = 2: 13 tiles fill more than half the slots of two CTAs per SM.
+  EXPECT_EQ(expert_stream_splits(13 * 16, 32, 132), 1);
+  // B = 64: thousands of CTAs.
+  EXPECT_EQ(expert_stream_splits(640 * 16, 32, 132), 1);
+  // Few CTAs on many SMs: up to kExpertStreamMaxSplits.
+  EXPECT_EQ(expert_stream_splits(10, 32, 132), kExpertStreamMaxSplits);
+  // Too few slices to split, and no SM count (a caller that never splits).
+  EXPECT_EQ(expert_stream_splits(10, 2 * kExpertStreamMinSplitSlices - 1, 132), 1);
+  EXPECT_EQ(expert_stream_splits(10, 32, 0), 1);
+}
+
+TEST(ExpertStreamSplits, EverySplitKeepsSlicesAndTheCtasFitTheSlots) {
+  for (const int sms : {1, 8, 78, 132}) {
+    for (int64_t ctas = 1; ctas <= 600; ctas += 7) {
+      for (int64_t slices = 1; slices <= 70; ++slices) {
+        const int s = expert_stream_splits(ctas, slices, sms);
+        ASSERT_GE(s, 1);
+        ASSERT_LE(s, kExpertStreamMaxSplits);
+        if (s == 1) continue;
+        EXPECT_LE(ctas * s, 2 * sms) << ctas << " CTAs, " << sms << " SMs";
+        // The kernel's ranges: ceil(slices / s) each, the last one what is left.
+        const int64_t per = (slices + s - 1) / s;
+        EXPECT_GE(slices - (s - 1) * per, 1) << slices << " slices in " << s;
+        EXPECT_GE(per, kExpertStreamMinSplitSlices);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::cuda
