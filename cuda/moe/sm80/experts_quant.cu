@@ -42,6 +42,7 @@
 
 #include "cuda/common/activation.cuh"
 #include "cuda/common/cluster_launch.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
@@ -237,10 +238,76 @@ void launch_stage(const float* src, int64_t rows, int64_t K, __nv_bfloat16* dst,
   DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
 }
 
-// Activation quantization (bit-identical to the CPU op) into `qbuf` (may be `src`), then staging.
+// Activation quantization and the one-plane staging in one pass, for act groups that divide a
+// slice (DeepSeek's 128 and 32): warp w of a block takes one (row, slice); lane l quantizes inputs
+// [4 l, 4 l + 4) of the slice exactly as quantize_activations_kernel (the group's max over its
+// group / 4 lanes, the same scale and rounding), puts them in shared memory, and lanes 0..15 write
+// the slice's 16 staged pieces as stage_activations_kernel<F, 1> orders them (a quantized value,
+// e4m3 times a power of two, is exact in bf16). So the staged bytes are those of the two kernels.
+constexpr int kQuantStageWarps = 8;
+
+template <QuantFormat F>
+__global__ void quantize_stage_kernel(const float* __restrict__ src, int64_t rows, int64_t K,
+                                      int64_t Kp, int group, __nv_bfloat16* __restrict__ dst) {
+  __shared__ float slice[kQuantStageWarps][kQuantSliceK];
+  enter_dependent_grid();
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t slices = Kp / kQuantSliceK;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantStageWarps + warp;
+  if (item >= rows * slices) return;  // uniform over the warp
+  const int64_t row = item / slices;
+  const int64_t k0 = (item - row * slices) * kQuantSliceK;
+  const float* s = src + row * K;
+  float v[4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = k0 + 4 * lane + j;
+    v[j] = k < K ? s[k] : 0.0f;
+    amax = fmaxf(amax, fabsf(v[j]));
+  }
+  for (int offset = group / 8; offset >= 1; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  const float scale = act_group_scale(amax);
+  const float inv = 1.0f / scale;  // exact: a power of two
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = k0 + 4 * lane + j;
+    slice[warp][4 * lane + j] = k < K ? round_to_e4m3(v[j] * inv) * scale : 0.0f;
+  }
+  __syncwarp();
+  if (lane >= 16) return;
+  const int q = lane >> 2, t = lane & 3;
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float a = slice[warp][slice_input<F>(q, 2 * t + (i >> 1), i & 1, 0)];
+    const float b = slice[warp][slice_input<F>(q, 2 * t + (i >> 1), i & 1, 1)];
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(a, b);
+    memcpy(&out[i], &pair, sizeof(uint32_t));
+  }
+  *reinterpret_cast<uint4*>(dst + row * Kp + k0 + 8 * lane) =
+      make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Activation quantization (bit-identical to the CPU op) into `qbuf` (may be `src`), then staging;
+// both in one kernel where the act group divides a slice (quantize_stage_kernel, which leaves
+// `qbuf` unwritten: the GEMMs read the staged planes only).
 template <QuantFormat F>
 void quantize_and_stage(const float* src, float* qbuf, int64_t rows, int64_t K, int group,
                         __nv_bfloat16* dst, bool pdl, cudaStream_t stream) {
+  if (group > 0 && group % 4 == 0 && kQuantSliceK % group == 0) {
+    const int64_t Kp = (K + kQuantSliceK - 1) / kQuantSliceK * kQuantSliceK;
+    const int64_t items = rows * (Kp / kQuantSliceK);
+    if (items == 0) return;
+    launch_programmatic("moe_experts", dim3(ceil_div(items, kQuantStageWarps)),
+                        dim3(32 * kQuantStageWarps), 0, stream, pdl, quantize_stage_kernel<F>, src,
+                        rows, K, Kp, group, dst);
+    DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
+    return;
+  }
   if (group > 0) {
     launch_quantize_activations(src, qbuf, rows, K, group, pdl, stream);
     DEEPINFER_CUDA_LAUNCH_CHECK("moe_experts");
