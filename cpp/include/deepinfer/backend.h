@@ -26,37 +26,11 @@
 #include <vector>
 
 #include "deepinfer/backend_args.h"
+#include "deepinfer/backend_handles.h"
 #include "deepinfer/tensor.h"
 #include "deepinfer/weight.h"
 
 namespace deepinfer {
-
-// Completion marker recorded on a backend stream.
-class Event {
- public:
-  virtual ~Event() = default;
-  // True once all work enqueued before the event was recorded has finished.
-  virtual bool query() = 0;
-  // Blocks until then. Rethrows the error of failed work enqueued before the event.
-  virtual void wait() = 0;
-};
-
-// A recorded sequence of backend ops, replayed as a unit on the same tensors: a CUDA graph on
-// the CUDA backend; the CPU backend re-issues the recorded calls. See Backend::capture.
-class Graph {
- public:
-  virtual ~Graph() = default;
-  // Enqueues the recorded ops again. They read their inputs' contents at replay time (in stream
-  // order), so a caller refreshes the inputs (upload_into, copy_into) and replays.
-  virtual void replay() = 0;
-};
-
-// A device's memory; zeros where the backend does not size it (the CPU backend: host memory is
-// not the engine's to fill).
-struct DeviceMemory {
-  int64_t total_bytes = 0;
-  int64_t free_bytes = 0;
-};
 
 // The op interface every backend implements, as a non-virtual front: each public op checks its
 // arguments' metadata (dtype, shape, contiguity, device; backend/op_checks.h, written once for
@@ -84,35 +58,6 @@ struct DeviceMemory {
 // keys `kv` through the SWA ring's format too (quantized and decoded), so a key reads the same
 // whether it comes from this call or from the ring. A backend without kernels for a cache dtype
 // (supports_kv_cache_dtype) fails with Error(kUnsupported) before enqueuing anything.
-// Host memory that the device copies from and to directly: page-locked (pinned) on a backend
-// whose copy engine needs it (CUDA), ordinary page-aligned memory elsewhere. Owns its bytes and
-// frees them through the backend's release function when it dies; move-only.
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  HostBuffer(void* data, size_t size, bool pinned, std::function<void(void*)> release);
-  // Ordinary page-aligned host memory (what a backend without pinned memory hands out).
-  // Error(kIo) naming the bytes when it cannot be had.
-  static HostBuffer ordinary(size_t bytes);
-  HostBuffer(HostBuffer&& other) noexcept;
-  HostBuffer& operator=(HostBuffer&& other) noexcept;
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer();
-
-  uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-  // Whether the memory is page-locked for the device (false on the CPU backend).
-  bool pinned() const { return pinned_; }
-
- private:
-  void reset() noexcept;
-  uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-  bool pinned_ = false;
-  std::function<void(void*)> release_;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
