@@ -44,7 +44,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="steps traced (after 3 untraced ones)")
     p.add_argument("--bf16", action="store_true", help="random bf16 weights, not real formats")
     p.add_argument("--top", type=int, default=40, help="kernels listed, by time per step")
-    p.add_argument("--sequence", action="store_true", help="list the last step's kernels in order")
+    p.add_argument(
+        "--sequence",
+        action="store_true",
+        help="list the last step's kernels in order, with their stream and start",
+    )
     p.add_argument("--trace", type=Path, help="keep the Chrome trace here")
     args = p.parse_args()
 
@@ -89,10 +93,21 @@ def main() -> None:
         print(f"{per_step:9.1f} us/step {calls / steps:6.1f} calls {per_call:8.2f} us/call  {name}")
     if args.sequence:
         last = kernels[-(len(kernels) // steps) :]
-        print("--- the last step: us, idle us before it, kernel")
-        for i, e in enumerate(last):
-            idle = e["ts"] - (last[i - 1]["ts"] + last[i - 1]["dur"]) if i else 0.0
-            print(f"{e['dur']:8.2f} {idle:6.2f}  {short_name(e['name'])}")
+        # Side branches run on a second stream: "idle" is measured from the end of the kernel
+        # before on the same stream, and the stream (main: the one with the most kernels, or a
+        # side one) and the start within the step are printed with it.
+        per_stream = collections.Counter(e["args"].get("stream") for e in last)
+        main_stream = per_stream.most_common(1)[0][0]
+        print("--- the last step: start us, us, idle us before it on its stream, stream, kernel")
+        ends: dict[object, float] = {}
+        t0 = last[0]["ts"]
+        for e in last:
+            stream = e["args"].get("stream")
+            start = e["ts"] - t0
+            idle = start - ends.get(stream, start)
+            ends[stream] = start + e["dur"]
+            where = "main" if stream == main_stream else "side"
+            print(f"{start:9.2f} {e['dur']:8.2f} {idle:6.2f}  {where}  {short_name(e['name'])}")
 
 
 if __name__ == "__main__":
