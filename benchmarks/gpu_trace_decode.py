@@ -96,13 +96,13 @@ def main() -> None:
         # Side branches run on a second stream: "idle" is measured from the end of the kernel
         # before on the same stream, and the stream (main: the one with the most kernels, or a
         # side one) and the start within the step are printed with it.
-        per_stream = collections.Counter(e["args"].get("stream") for e in last)
+        per_stream = collections.Counter(e.get("args", {}).get("stream") for e in last)
         main_stream = per_stream.most_common(1)[0][0]
         print("--- the last step: start us, us, idle us before it on its stream, stream, kernel")
         ends: dict[object, float] = {}
         t0 = last[0]["ts"]
         for e in last:
-            stream = e["args"].get("stream")
+            stream = e.get("args", {}).get("stream")
             start = e["ts"] - t0
             idle = start - ends.get(stream, start)
             ends[stream] = start + e["dur"]
