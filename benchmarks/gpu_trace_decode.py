@@ -37,6 +37,28 @@ def short_name(name: str) -> str:
     return "".join(out)[:100]
 
 
+def step_sequence(step: list[dict]) -> list[tuple[float, float, float, str, str]]:
+    """One step's kernel events (in start order) as (start us within the step, us, idle us before
+    it, "main" or "side", short name). Side branches run on a second stream, so the idle time is
+    measured from the end of the kernel before on the same stream; the main stream is the one
+    with the most kernels."""
+
+    def stream_of(e: dict) -> object:
+        return e.get("args", {}).get("stream")
+
+    main_stream = collections.Counter(stream_of(e) for e in step).most_common(1)[0][0]
+    t0 = step[0]["ts"]
+    ends: dict[object, float] = {}
+    rows = []
+    for e in step:
+        start = e["ts"] - t0
+        idle = start - ends.get(stream_of(e), start)
+        ends[stream_of(e)] = start + e["dur"]
+        where = "main" if stream_of(e) == main_stream else "side"
+        rows.append((start, e["dur"], idle, where, short_name(e["name"])))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1)
@@ -93,21 +115,9 @@ def main() -> None:
         print(f"{per_step:9.1f} us/step {calls / steps:6.1f} calls {per_call:8.2f} us/call  {name}")
     if args.sequence:
         last = kernels[-(len(kernels) // steps) :]
-        # Side branches run on a second stream: "idle" is measured from the end of the kernel
-        # before on the same stream, and the stream (main: the one with the most kernels, or a
-        # side one) and the start within the step are printed with it.
-        per_stream = collections.Counter(e.get("args", {}).get("stream") for e in last)
-        main_stream = per_stream.most_common(1)[0][0]
         print("--- the last step: start us, us, idle us before it on its stream, stream, kernel")
-        ends: dict[object, float] = {}
-        t0 = last[0]["ts"]
-        for e in last:
-            stream = e.get("args", {}).get("stream")
-            start = e["ts"] - t0
-            idle = start - ends.get(stream, start)
-            ends[stream] = start + e["dur"]
-            where = "main" if stream == main_stream else "side"
-            print(f"{start:9.2f} {e['dur']:8.2f} {idle:6.2f}  {where}  {short_name(e['name'])}")
+        for start, dur, idle, where, name in step_sequence(last):
+            print(f"{start:9.2f} {dur:8.2f} {idle:6.2f}  {where}  {name}")
 
 
 if __name__ == "__main__":
