@@ -49,7 +49,12 @@ struct AttentionKeys {
       return a.ring + (slot * a.ring_len + j % a.ring_len) * rb;
     }
     const int64_t c = i - n_sliding;
-    const int64_t j = a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c;
+    return entry(a, l, a.sparse ? a.topk[static_cast<int64_t>(t) * a.topk_cols + c] : c);
+  }
+
+  // Compressed entry j of the sequence (a top-k value, or a dense index), or null when it is
+  // masked or not visible.
+  __device__ const uint8_t* entry(const AttentionArgs& a, const DeviceLayout& l, int64_t j) const {
     if (j < 0 || j >= visible) return nullptr;
     const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
     return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;

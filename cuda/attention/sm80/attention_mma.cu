@@ -265,18 +265,31 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int h_first = blockIdx.y * kRows;
   const int nhb = min(kRows, a.heads - h_first);
 
+  // Copy role: key `cr` of each tile, float4 columns cs + 8j.
+  const int cr = tid >> 3;
+  const int cs = tid & 7;
+
+  // A sparse list's top-k value of this thread's first key, loaded with the layout rather than
+  // after it: guessed for the usual list (a full window, so the compressed keys start at
+  // a.window) and used only when the layout confirms the guess. It takes a dependent load off
+  // the chain (layout, top-k, block table, record) that a decode block's first tile waits for.
+  const int64_t guess_keys = int64_t{a.window} + a.topk_cols;
+  const KeyRange guess = split_key_range<kMmaKeys>(guess_keys, blockIdx.z, gridDim.z);
+  const int64_t guess_c = guess.begin + cr - a.window;
+  const bool guessed = a.sparse && guess.begin + cr < guess.end && guess_c >= 0;
+  const int64_t topk_guess =
+      guessed ? a.topk[static_cast<int64_t>(t) * a.topk_cols + guess_c] : int64_t{-1};
+
   // This token's key list (the same keys as the f32 kernel) and this split's range of it.
   const AttentionKeys keys(a, l, t);
   const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);
+  const bool guess_holds = guessed && keys.n_sliding == a.window && keys.n_keys == guess_keys;
   // Key i of the list, or null when it is masked.
   auto key_at = [&](int64_t i) -> const uint8_t* {
     return i < range.end ? keys.key(a, l, i) : nullptr;
   };
   const int row_bytes = static_cast<int>(a.kvf.row_bytes);
 
-  // Copy role: key `cr` of each tile, float4 columns cs + 8j.
-  const int cr = tid >> 3;
-  const int cs = tid & 7;
   uint8_t* my_stage = stage + cr * L::kStageRowBytes;
 
   float o[kNTiles][4];
@@ -292,7 +305,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   bool my_valid = false;              // this thread's key of the tile in the stage
   const uint8_t* src_next = nullptr;  // this thread's key of the next tile to issue
   if (range.begin < range.end) {
-    const uint8_t* src0 = key_at(range.begin + cr);
+    const uint8_t* src0 = guess_holds ? keys.entry(a, l, topk_guess) : key_at(range.begin + cr);
     if constexpr (kFmt == KvFormat::kBf16) {  // flies while q is rounded
       copy_bf16_key<kDim>(kb_base, valid_base, src0, cr, cs);
     } else {
