@@ -111,7 +111,6 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   __shared__ float update_post[kPost ? TB : 1][kHcFusedMaxN];
   __shared__ float update_comb[kPost ? TB : 1][kHcFusedMaxN * kHcFusedMaxN];
 
-  enter_dependent_grid();
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -124,7 +123,19 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   const int64_t t0 = group * TB;
   const int64_t h_begin = split * a.chunk;
   const int64_t h_end = h_begin + a.chunk < hidden ? h_begin + a.chunk : hidden;
-  const int64_t quads = (h_end - h_begin) / 4;  // float4 columns of one stream in this slice
+  const int quads = static_cast<int>((h_end - h_begin) / 4);  // float4 columns of a stream here
+  {
+    // Before the wait for the previous kernel (pdl.cuh; no kernel writes fn): this CTA's slice of
+    // fn, rows x n segments of h_end - h_begin channels, into L2, a 128-byte line per prefetch.
+    const int lines = (4 * quads + 31) / 32;
+    for (int i = tid; i < rows * n * lines; i += kHcFusedThreads) {
+      const int seg = i / lines;
+      const int r = seg / n;
+      const float* p = a.fn + r * width + (seg - r * n) * hidden + h_begin + 32 * (i - seg * lines);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+  enter_dependent_grid();
   if constexpr (kPost) {
     for (int p = tid; p < TB * n; p += kHcFusedThreads) {
       const int64_t t = t0 + p / n;
@@ -151,13 +162,13 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   // U units per pass: all their loads are issued before the first multiply (a thread's units
   // are few, 4 at one token over 16 CTAs, and each was an L2/DRAM round trip of its own). The
   // units are still added in ascending order, so the bits do not depend on U.
-  const int64_t units = n * quads;
-  for (int64_t u0 = tid % kUnitsPerPass; u0 < units; u0 += U * kUnitsPerPass) {
+  const int units = n * quads;
+  for (int u0 = tid % kUnitsPerPass; u0 < units; u0 += U * kUnitsPerPass) {
     float4 x[U][TB];
     float4 w[U][kRowsPerThread];
 #pragma unroll
     for (int v = 0; v < U; ++v) {
-      const int64_t u = u0 + v * kUnitsPerPass;
+      const int u = u0 + v * kUnitsPerPass;
       const bool in = u < units;
       const int64_t k = hc_fused_column(in ? u : u0, quads, hidden, h_begin);
 #pragma unroll
@@ -166,7 +177,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
         if (!in || t >= a.tokens) {
           x[v][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         } else if constexpr (kPost) {
-          const int s = static_cast<int>(u / quads);
+          const int s = u / quads;
           x[v][j] = hc_post_quad(a.X + t * width, a.update.out + t * hidden, update_post[j],
                                  update_comb[j], n, s, hidden, k - s * hidden);
         } else {
@@ -182,7 +193,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     }
 #pragma unroll
     for (int v = 0; v < U; ++v) {
-      const int64_t u = u0 + v * kUnitsPerPass;
+      const int u = u0 + v * kUnitsPerPass;
       if (u >= units) break;
       if constexpr (kPost) {
         if (row_group == 0) {
@@ -302,11 +313,11 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   // (the barrier above orders it; coherent loads, not the read-only path).
   const float* collapsed = kPost ? a.update.trunk : a.X;
   const int collapse_threads = weights_cta ? kHcFusedThreads - 32 * TB : kHcFusedThreads;
-  for (int64_t o = tid; o < TB * quads; o += collapse_threads) {
-    const int j = static_cast<int>(o / quads);
+  for (int o = tid; o < TB * quads; o += collapse_threads) {
+    const int j = o / quads;
     const int64_t t = t0 + j;
     if (t >= a.tokens) break;  // o ascends with j
-    const int64_t h = h_begin + o % quads * 4;
+    const int64_t h = h_begin + static_cast<int64_t>(o - j * quads) * 4;
     const float* xt = collapsed + t * width + h;
     float4 xs[kHcFusedMaxN];
 #pragma unroll

@@ -126,9 +126,12 @@ inline bool hc_fused_chosen(HcPreChoice choice, const HcFusedGrid& g, int64_t to
 // The column of a token's flattened row [n * hidden] that unit u of a fused CTA reads (4 from
 // there): the CTA's slice starts at channel h_begin and holds `quads` float4 columns of each
 // stream; unit u is stream u / quads, float4 column u % quads.
-DEEPINFER_HOST_DEVICE inline int64_t hc_fused_column(int64_t u, int64_t quads, int64_t hidden,
+// 32-bit unit and quad counts (a CTA's units are n * quads <= 4 * hidden / 4): the kernel divides
+// once per unit, and a 64-bit division by a runtime value is a ~70-instruction call.
+DEEPINFER_HOST_DEVICE inline int64_t hc_fused_column(int u, int quads, int64_t hidden,
                                                      int64_t h_begin) {
-  return u / quads * hidden + h_begin + u % quads * 4;
+  const int s = u / quads;
+  return s * hidden + h_begin + static_cast<int64_t>(u - s * quads) * 4;
 }
 
 }  // namespace deepinfer::cuda

@@ -98,8 +98,8 @@ TEST(HcFusedGrid, UnitsCoverEveryColumnOnce) {
           const int64_t h_begin = split * g.chunk;
           const int64_t h_end = h_begin + g.chunk < hidden ? h_begin + g.chunk : hidden;
           const int64_t quads = (h_end - h_begin) / 4;
-          for (int64_t u = 0; u < n * quads; ++u) {
-            const int64_t k = hc_fused_column(u, quads, hidden, h_begin);
+          for (int u = 0; u < n * quads; ++u) {
+            const int64_t k = hc_fused_column(u, static_cast<int>(quads), hidden, h_begin);
             ASSERT_GE(k, 0);
             ASSERT_LE(k + 4, n * hidden);
             // Inside this split's channels of its stream.
