@@ -26,6 +26,7 @@
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/ptx_sm80.cuh"
 #include "cuda/gemm/gemm_launch.h"
 
 namespace deepinfer::cuda {
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_bf16_kernel(GemvArgs a) 
   if (b0 + l8 < b1 && l8 < kGemvUnroll) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(w[r] + (b0 + l8) * kGemvBlockK));
+      prefetch_l2(w[r] + (b0 + l8) * kGemvBlockK);
     }
   }
   enter_dependent_grid();

@@ -32,6 +32,7 @@
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/gemm/gemm_launch.h"
 
@@ -346,8 +347,8 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   // and faster than loading the first chunk into registers here (run 1 of session 36).
   const int64_t line = k0 + 128 * (lane & 3);
   if (line < k1) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wa + line));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + line));
+    prefetch_l2(wa + line);
+    prefetch_l2(wb + line);
   }
   enter_dependent_grid();
 

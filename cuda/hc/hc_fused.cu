@@ -13,6 +13,7 @@
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/ptx_sm80.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
       const int seg = i / lines;
       const int r = seg / n;
       const float* p = a.fn + r * width + (seg - r * n) * hidden + h_begin + 32 * (i - seg * lines);
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+      prefetch_l2(p);
     }
   }
   enter_dependent_grid();
