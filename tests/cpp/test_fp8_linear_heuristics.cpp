@@ -197,6 +197,34 @@ TEST(Fp8GemvHeuristics, TilingDoesNotDependOnMAndSplitsCoverK) {
   }
 }
 
+// K splits of equal slabs where some count dividing K's activation groups still gives a CTA per
+// SM: V4-Flash's wo_a (8 groups of 1024 x 4096, 8 row tiles each) takes 4 splits of 1024 columns
+// on 132 SMs, not 5 of 896, 896, 896, 896 and 512.
+TEST(Fp8GemvHeuristics, SplitsTakeEqualSlabsWhereTheyCoverTheSms) {
+  const Fp8GemvConfig wo_a = choose_fp8_gemv(problem(1, 1024, 4096, 8), kH200Sms);
+  ASSERT_TRUE(wo_a.use);
+  EXPECT_EQ(wo_a.warps, kFp8GemvMaxWarps);
+  EXPECT_EQ(wo_a.splits, 4);
+  EXPECT_EQ(wo_a.slab, 1024);
+  for (const Fp8Problem& p :
+       {problem(1, 1024, 4096), problem(1, 32768, 1024), problem(1, 512, 4096),
+        problem(1, 1024, 4096, 8), problem(1, 4096, 8192), problem(1, 2048, 4096),
+        problem(1, 4096, 2048), problem(1, 300, 1040, 1, 32, 32)}) {
+    for (const int sms : {78, 114, kH200Sms, 170}) {
+      const Fp8GemvConfig c = choose_fp8_gemv(p, sms);
+      ASSERT_TRUE(c.use) << p.n << " x " << p.k;
+      const int64_t act_groups = (p.k + p.act_group - 1) / p.act_group;
+      if (act_groups % c.splits == 0) continue;
+      // Uneven: no smaller count of at least the slab limit's splits divides K and fills the SMs.
+      const int64_t ctas_per_split = c.row_tiles * p.groups;
+      for (int64_t even = c.splits - 1; even >= 1; --even) {
+        if (act_groups % even != 0 || act_groups / even * p.act_group > kFp8GemvMaxSlab) continue;
+        EXPECT_LT(ctas_per_split * even, sms) << p.n << " x " << p.k << " on " << sms << " SMs";
+      }
+    }
+  }
+}
+
 // The default choice's streaming range: grouped linears above the GEMV's tokens, up to the
 // streaming kernel's; plain linears never (cuBLASLt is faster there).
 TEST(Fp8GemvHeuristics, GroupedLinearsAboveTheGemvTakeTheStreamingKernel) {
