@@ -1,7 +1,8 @@
 // The K splits of the streaming expert decode kernels (cuda/moe/sm80/experts_quant_config.h:
 // expert_stream_splits), checked on the host: a pass with few CTAs for the SMs splits K (V4-Flash
 // at B = 1 on 132 SMs: two splits of both GEMMs), a full one does not, and every split keeps at
-// least kExpertStreamMinSplitSlices slices.
+// least kExpertStreamMinSplitSlices slices; the narrow shape (four CTAs per SM) is taken only by
+// small split passes on one activation plane.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -27,22 +28,49 @@ TEST(ExpertStreamSplits, FewCtasSplitKAndFullPassesDoNot) {
   EXPECT_EQ(expert_stream_splits(10, 32, 0), 1);
 }
 
+TEST(ExpertStreamSplits, TheNarrowShapeFillsFourCtasPerSm) {
+  // B = 1 on the narrow shape: twice the column blocks (gate/up 64 columns per CTA, down 128
+  // rows), four CTAs per SM: still two splits, 448 CTAs in 528 slots.
+  EXPECT_EQ(expert_stream_splits(7 * 32, 32, 132, 4), 2);
+  EXPECT_EQ(expert_stream_splits(7 * 32, 16, 132, 4), 2);
+  // Top-2: 3 tiles, four splits on either shape.
+  EXPECT_EQ(expert_stream_splits(3 * 16, 32, 132), 4);
+  EXPECT_EQ(expert_stream_splits(3 * 32, 32, 132, 4), 4);
+}
+
+TEST(ExpertStreamSplits, TheNarrowShapeTakesOnlySmallSplitPassesOnOnePlane) {
+  // V4-Flash gate/up at B = 1, top-6 (the 8-warp grid 7 x 16 CTAs splits K) and down.
+  EXPECT_TRUE(expert_stream_narrow(6, 1, 7 * 16, 32, 132));
+  EXPECT_TRUE(expert_stream_narrow(6, 1, 7 * 16, 16, 132));
+  // Up to 8 pairs (no tile has more rows than the pass has pairs: its 8 staged rows hold any
+  // tile), where the grid is still small: B = 2 at top-6 is 12 pairs.
+  EXPECT_TRUE(expert_stream_narrow(kExpertStreamNarrowMaxPairs, 1, 60, 32, 132));
+  EXPECT_FALSE(expert_stream_narrow(kExpertStreamNarrowMaxPairs + 1, 1, 60, 32, 132));
+  EXPECT_FALSE(expert_stream_narrow(12, 1, 60, 32, 132));
+  // Three activation planes: four rings do not fit an SM.
+  EXPECT_FALSE(expert_stream_narrow(6, 3, 7 * 16, 32, 132));
+  // A grid that fills the slots without a split; no SM count (never split).
+  EXPECT_FALSE(expert_stream_narrow(6, 1, 13 * 16, 32, 132));
+  EXPECT_FALSE(expert_stream_narrow(6, 1, 7 * 16, 32, 0));
+}
+
 TEST(ExpertStreamSplits, EverySplitKeepsSlicesAndTheCtasFitTheSlots) {
-  for (const int sms : {1, 8, 78, 132}) {
-    for (int64_t ctas = 1; ctas <= 600; ctas += 7) {
-      for (int64_t slices = 1; slices <= 70; ++slices) {
-        const int s = expert_stream_splits(ctas, slices, sms);
-        ASSERT_GE(s, 1);
-        ASSERT_LE(s, kExpertStreamMaxSplits);
-        if (s == 1) continue;
-        EXPECT_LE(ctas * s, 2 * sms) << ctas << " CTAs, " << sms << " SMs";
-        // The kernel's ranges: ceil(slices / s) each, the last one what is left.
-        const int64_t per = (slices + s - 1) / s;
-        EXPECT_GE(slices - (s - 1) * per, 1) << slices << " slices in " << s;
-        EXPECT_GE(per, kExpertStreamMinSplitSlices);
+  for (const int per_sm : {2, 4})
+    for (const int sms : {1, 8, 78, 132}) {
+      for (int64_t ctas = 1; ctas <= 600; ctas += 7) {
+        for (int64_t slices = 1; slices <= 70; ++slices) {
+          const int s = expert_stream_splits(ctas, slices, sms, per_sm);
+          ASSERT_GE(s, 1);
+          ASSERT_LE(s, kExpertStreamMaxSplits);
+          if (s == 1) continue;
+          EXPECT_LE(ctas * s, per_sm * sms) << ctas << " CTAs, " << sms << " SMs";
+          // The kernel's ranges: ceil(slices / s) each, the last one what is left.
+          const int64_t per = (slices + s - 1) / s;
+          EXPECT_GE(slices - (s - 1) * per, 1) << slices << " slices in " << s;
+          EXPECT_GE(per, kExpertStreamMinSplitSlices);
+        }
       }
     }
-  }
 }
 
 }  // namespace

@@ -91,6 +91,20 @@ static_assert(2 * (ExpertQuantStreamMx::smem_bytes(1, 1) + ExpertQuantStreamMx::
                       kSm90SmemPerSm &&
                   2 * (ExpertQuantStreamFp8::smem_bytes(2, 1) + 2048 + 128) <= kSm90SmemPerSm,
               "two streaming CTAs per SM");
+// MXFP4 lean, passes of at most 8 (token, expert) pairs whose grid on the shape above leaves SMs
+// idle (B = 1 at top-6: 7 x 16 CTAs on 132 SMs): half the weight rows per CTA (4 warps of 32
+// rows; gate/up 64 columns of w1 and the same of w3) and 8 staged rows (no tile has more than the
+// pass's pairs), so that four CTAs fit on an SM and twice as many CTAs spread the weight bytes
+// over the SMs.
+using ExpertQuantStreamMxNarrow = ExpertQuantStreamTile<4, 2, 8, 5>;
+constexpr int kExpertStreamNarrowMaxPairs = ExpertQuantStreamMxNarrow::kTok;
+static_assert(4 * (ExpertQuantStreamMxNarrow::smem_bytes(1, 1) +
+                   ExpertQuantStreamMxNarrow::scale_ring_bytes() + 2048 + 128) <=
+                  kSm90SmemPerSm,
+              "four narrow streaming CTAs per SM");
+// The streaming kernels' threads per SM that their launch bounds promise registers for (128
+// registers per thread): two CTAs of the 8-warp shapes, four of the narrow one.
+constexpr int kExpertStreamThreadsPerSm = 512;
 static_assert(ExpertQuantStreamMx::kTok == ExpertQuantDecode::kTok &&
                   ExpertQuantStreamFp8::kTok == ExpertQuantDecode::kTok,
               "the streaming and register decode shapes share the tile list");
@@ -152,13 +166,25 @@ static_assert(ExpertQuantWgmma::stages(1, 1) == 4 && ExpertQuantWgmma::stages(3,
 // in split order; each range keeps at least kExpertStreamMinSplitSlices slices.
 constexpr int kExpertStreamMaxSplits = 4;
 constexpr int64_t kExpertStreamMinSplitSlices = 4;
-inline int expert_stream_splits(int64_t ctas, int64_t slices, int num_sms) {
+// `ctas_per_sm`: CTAs of the shape an SM holds (2; the narrow shape 4).
+inline int expert_stream_splits(int64_t ctas, int64_t slices, int num_sms, int ctas_per_sm = 2) {
   int s = 1;
-  while (2 * s <= kExpertStreamMaxSplits && ctas * 2 * s <= 2 * static_cast<int64_t>(num_sms) &&
+  while (2 * s <= kExpertStreamMaxSplits &&
+         ctas * 2 * s <= static_cast<int64_t>(ctas_per_sm) * num_sms &&
          slices >= 2 * s * kExpertStreamMinSplitSlices) {
     s *= 2;
   }
   return s;
+}
+
+// Whether a lean MXFP4 streaming pass of `pairs` (token, expert) pairs on `planes` activation
+// planes takes the narrow shape: at most 8 pairs, one plane (its ring then fits four CTAs per SM),
+// and a grid of the 8-warp shape (`ctas`, the tile bound times its column blocks) that splits K,
+// i.e. fills at most half of the SMs' slots.
+inline bool expert_stream_narrow(int64_t pairs, int planes, int64_t ctas, int64_t slices,
+                                 int num_sms) {
+  return pairs <= kExpertStreamNarrowMaxPairs && planes == 1 &&
+         expert_stream_splits(ctas, slices, num_sms) > 1;
 }
 
 // Pairs per expert on average up to which a pass takes the decode shape.

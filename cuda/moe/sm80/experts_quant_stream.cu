@@ -25,6 +25,13 @@
 // (zero rows by a zero-byte cp.async source). Its MXFP4 loop reads a slice's weight chunks and
 // scale bytes from the ring into registers one slice ahead of their multiply, and has a copy for
 // tiles of at most 8 rows (no predicated-off work for a second group of 8 tokens).
+//
+// The narrow shape (ExpertQuantStreamMxNarrow: 4 warps, 128 weight rows, 8 staged token rows, four
+// CTAs per SM) runs the lean MXFP4 kernel for passes of at most 8 pairs whose 8-warp grid would
+// leave SMs idle (expert_stream_narrow; B = 1 on V4-Flash): 192 working CTAs of 256 rows put two
+// CTAs on 60 SMs and one on the other 72, so the SMs holding two set the time; 384 CTAs of 128
+// rows put two or three on every SM. On the H100 the B = 1 gate/up pass went from ~37 to ~35 us
+// and down from ~21.7 to ~20 (session 45, benchmarks/RESULTS.md).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -93,10 +100,11 @@ __device__ __forceinline__ bool gather_split_partials(float (&acc)[C::kMTiles][C
 // act[row, n] = swiglu(x[token] . w1_e[n], x[token] . w3_e[n]) for C::kWeightRows / 2 columns n
 // per CTA; otherwise y[pair, n] = act[row] . w2_e[n] for C::kWeightRows columns. CTA blockIdx.x
 // works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles, over split
-// blockIdx.y of gridDim.y of K's slices (gather_split_partials). Two CTAs per SM (128 registers
-// per thread at most). kLean: the lean variant (head comment), K a multiple of kQuantSliceK.
+// blockIdx.y of gridDim.y of K's slices (gather_split_partials). kExpertStreamThreadsPerSm
+// threads per SM (two CTAs of the 8-warp shapes, four of the narrow one; 128 registers per thread
+// at most). kLean: the lean variant (head comment), K a multiple of kQuantSliceK.
 template <QuantFormat F, bool kGateUp, class C, int kPlanes, bool kLean>
-__global__ void __launch_bounds__(C::kThreads, 2)
+__global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kThreads)
     expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
                                const int32_t* __restrict__ sorted_pair, TileList tiles,
                                int max_tiles, QuantMatrices lo, QuantMatrices hi, int block_rows,
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(C::kThreads, 2)
           if (s + 1 < slices) step(s + 1, chunks[1], scales[1], chunks[0], scales[0]);
         }
       };
-      if (n8 == 1) {
+      if (C::kTok == 8 || n8 == 1) {
         slice_loop(std::integral_constant<int, 1>{});
       } else {
         slice_loop(std::integral_constant<int, C::kTok / 8>{});
@@ -356,13 +364,18 @@ void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat1
   lean = lean && K % kQuantSliceK == 0;
   const size_t smem = C::smem_bytes(QuantTraits<F>::kLoads, kPlanes) +
                       (lean && QuantTraits<F>::kMx ? C::scale_ring_bytes() : 0);
-  auto kernel = lean ? expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true>
-                     : expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
+  // The narrow shape (8 staged token rows) is compiled for the lean kernel only: its caller
+  // takes it for lean passes over whole slices of K (launch_expert_quant_stream).
+  auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true>;
+  if constexpr (C::kTok != 8) {
+    if (!lean) kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
+  }
   allow_smem(kernel, smem);
   // Grid size: checked against gridDim.x's limit by the caller. Too few CTAs for the SMs: K split
   // over clusters (expert_stream_splits).
   const int64_t slices = (K + kQuantSliceK - 1) / kQuantSliceK;
-  const int splits = expert_stream_splits(p.max_tiles * cols, slices, p.num_sms);
+  const int splits = expert_stream_splits(p.max_tiles * cols, slices, p.num_sms,
+                                          kExpertStreamThreadsPerSm / C::kThreads);
   ClusterLaunch l;
   l.grid = dim3(static_cast<unsigned>(p.max_tiles * cols), static_cast<unsigned>(splits));
   l.block = dim3(C::kThreads);
@@ -402,7 +415,23 @@ void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes, b
 }  // namespace
 
 void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
-                                const __nv_bfloat16* a, float* out, bool pdl, cudaStream_t stream) {
+                                int64_t tokens, const __nv_bfloat16* a, float* out, bool pdl,
+                                cudaStream_t stream) {
+  const int64_t K = gate_up ? p.hidden : p.inter;
+  const int64_t N = gate_up ? p.inter : p.hidden;
+  const int64_t wide_cols_per_cta = ExpertQuantStreamMx::kWeightRows / (gate_up ? 2 : 1);
+  const int64_t wide_ctas = p.max_tiles * ((N + wide_cols_per_cta - 1) / wide_cols_per_cta);
+  if (p.format == QuantFormat::kMxfp4 && lean && K % kQuantSliceK == 0 &&
+      expert_stream_narrow(tokens * p.top_k, planes, wide_ctas, K / kQuantSliceK, p.num_sms)) {
+    if (gate_up) {
+      launch_stream_gemm<QuantFormat::kMxfp4, true, ExpertQuantStreamMxNarrow, 1>(p, true, a, out,
+                                                                                  pdl, stream);
+    } else {
+      launch_stream_gemm<QuantFormat::kMxfp4, false, ExpertQuantStreamMxNarrow, 1>(p, true, a, out,
+                                                                                   pdl, stream);
+    }
+    return;
+  }
   if (p.format == QuantFormat::kMxfp4) {
     launch_stream_format<QuantFormat::kMxfp4, ExpertQuantStreamMx>(p, gate_up, planes, lean, a, out,
                                                                    pdl, stream);

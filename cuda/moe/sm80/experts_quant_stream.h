@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/moe/moe_launch.h"
 
 namespace deepinfer::cuda {
@@ -14,7 +16,10 @@ namespace deepinfer::cuda {
 // stage_activations_kernel writes them. `lean`: the lean variant (kQuantStreamLean; the same bits
 // in fewer instructions) where K is a multiple of kQuantSliceK, the default kernel elsewhere.
 // `pdl`: a programmatic dependent launch of the kernel before it (cuda/common/pdl.cuh).
+// `tokens`: the pass's tokens (times top_k, the most rows a tile can have), for the shape choice
+// (expert_stream_narrow).
 void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
-                                const __nv_bfloat16* a, float* out, bool pdl, cudaStream_t stream);
+                                int64_t tokens, const __nv_bfloat16* a, float* out, bool pdl,
+                                cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

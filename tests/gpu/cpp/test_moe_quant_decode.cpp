@@ -183,7 +183,8 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
 // (H 352: the gate/up GEMM falls back to the default kernel, the down GEMM at I 256 takes the
 // lean one), for MXFP4's operands read a slice ahead: an odd slice count (K 384) and a single
 // slice (K 128); and one token, where both kernels split K (two splits at top-6 on 132 SMs, four
-// at top-2).
+// at top-2) and the lean one runs MXFP4 on the narrow shape (expert_stream_narrow: 4-warp CTAs of
+// 128 weight rows, which split K alike).
 TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
   std::string why;
   if (shared_backend("cuda", &why) == nullptr) {
