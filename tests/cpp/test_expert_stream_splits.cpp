@@ -55,7 +55,7 @@ TEST(ExpertStreamSplits, TheNarrowShapeTakesOnlySmallSplitPassesOnOnePlane) {
 }
 
 TEST(ExpertStreamSplits, EverySplitKeepsSlicesAndTheCtasFitTheSlots) {
-  for (const int per_sm : {2, 4})
+  for (const int per_sm : {2, 4}) {
     for (const int sms : {1, 8, 78, 132}) {
       for (int64_t ctas = 1; ctas <= 600; ctas += 7) {
         for (int64_t slices = 1; slices <= 70; ++slices) {
@@ -71,6 +71,7 @@ TEST(ExpertStreamSplits, EverySplitKeepsSlicesAndTheCtasFitTheSlots) {
         }
       }
     }
+  }
 }
 
 }  // namespace
