@@ -115,6 +115,8 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   prob.mxfp4 = p.format == QuantFormat::kMxfp4;
   prob.quant_decode = be.moe_quant_decode();
   prob.quant_prefill = be.moe_quant_prefill();
+  prob.tokens = tokens;
+  prob.one_plane = p.in_group > 0 && p.down_group > 0;
   prob.quant_wgmma =
       quant_wgmma_fits(be.wgmma_device(), p.format == QuantFormat::kMxfp4 ? 1 : 2,
                        std::max(in_planes_of(p.in_group), in_planes_of(p.down_group)),
@@ -134,6 +136,7 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
   p.sorted_pair = sorted.data<int32_t>();
   p.tiles = {meta, meta + c.max_tiles, meta + 2 * c.max_tiles, meta + 3 * c.max_tiles};
   p.max_tiles = c.max_tiles;
+  p.tile_rows = c.tile_rows;
   p.num_sms = be.num_sms();
   launch_group_pairs(ids, pairs, experts, c.tile_rows, c.max_tiles, sorted.data<int32_t>(), meta,
                      be.pdl(), stream);

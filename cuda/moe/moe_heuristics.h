@@ -143,6 +143,8 @@ struct ExpertsPassProblem {
   QuantDecodeChoice quant_decode = QuantDecodeChoice::kAuto;
   QuantPrefillChoice quant_prefill = QuantPrefillChoice::kWgmma;
   bool quant_wgmma = false;  // quant_wgmma_fits for this pass (both GEMMs)
+  int64_t tokens = 0;        // tokens of the pass (no expert gets more pairs than this)
+  bool one_plane = false;    // both GEMMs' activations quantized: one staged bf16 plane each
 };
 
 inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t smem_max) {
@@ -168,9 +170,13 @@ inline ExpertsPassConfig choose_experts_pass(const ExpertsPassProblem& p, size_t
                : !decode ? ExpertsKernel::kQuantPrefill
                : stream  ? (lean ? ExpertsKernel::kQuantStreamLean : ExpertsKernel::kQuantStream)
                          : ExpertsKernel::kQuantDecode;
-    c.tile_rows = decode  ? ExpertQuantDecode::kTok
-                  : wgmma ? ExpertQuantWgmma::kTok
-                          : ExpertQuantPrefill::kTok;
+    // Lean MXFP4 passes of a few tokens: 8-row tiles, which run on the narrow streaming shape.
+    const bool narrow = c.kernel == ExpertsKernel::kQuantStreamLean && p.mxfp4 &&
+                        expert_stream_narrow_tiles(p.tokens, p.one_plane, p.hidden, p.inter);
+    c.tile_rows = narrow   ? ExpertQuantStreamMxNarrow::kTok
+                  : decode ? ExpertQuantDecode::kTok
+                  : wgmma  ? ExpertQuantWgmma::kTok
+                           : ExpertQuantPrefill::kTok;
     c.max_tiles = (pairs + c.tile_rows - 1) / c.tile_rows + std::min<int64_t>(experts, pairs);
     return c;
   }

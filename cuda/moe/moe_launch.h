@@ -98,6 +98,9 @@ struct QuantExpertsArgs {
   const int32_t* sorted_pair;
   TileList tiles;
   int64_t max_tiles;
+  // Rows of the tile list's tiles (ExpertsPassConfig::tile_rows): 8 runs the lean MXFP4 GEMMs on
+  // the narrow streaming shape (expert_stream_narrow_tiles).
+  int tile_rows = 0;
   QuantMatrices w1, w3, w2;
   int in_group;    // activation quantization of x (w1's act_group; 0: none)
   int down_group;  // activation quantization of the SwiGLU output (w2's act_group)

@@ -150,10 +150,10 @@ void add_all_quant_experts(std::vector<OpCase>& t) {
   }
   add_quant_experts(t, {kFp8, 128, 128, 8, 6, 4096, 2048, 20});
   // One token: too few CTAs for the SMs, so the streaming kernels split K over a cluster
-  // (expert_stream_splits on 132 SMs: top-6 two splits, top-2 four), MXFP4 (the lean kernel on the
-  // narrow shape, expert_stream_narrow, where the activations are quantized) and
-  // FP8; three activation planes at K 1024 (8 slices, two splits); a K tail (H 1056: 9 slices in
-  // splits of 5 and 4, the default kernel's bounds checks).
+  // (expert_stream_splits on 132 SMs: top-6 two splits, top-2 four), MXFP4 (the lean kernel on
+  // 8-row tiles and the narrow shape, expert_stream_narrow_tiles, where the activations are
+  // quantized, as at 2 tokens above) and FP8; three activation planes at K 1024 (8 slices, two
+  // splits); a K tail (H 1056: 9 slices in splits of 5 and 4, the default kernel's bounds checks).
   add_quant_experts(t, {kMx, 32, 32, 8, 6, 4096, 2048, 1});
   add_quant_experts(t, {kMx, 32, 32, 8, 2, 4096, 2048, 1});
   add_quant_experts(t, {kFp8, 128, 128, 8, 6, 4096, 2048, 1});

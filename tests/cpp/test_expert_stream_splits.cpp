@@ -1,8 +1,8 @@
 // The K splits of the streaming expert decode kernels (cuda/moe/sm80/experts_quant_config.h:
 // expert_stream_splits), checked on the host: a pass with few CTAs for the SMs splits K (V4-Flash
 // at B = 1 on 132 SMs: two splits of both GEMMs), a full one does not, and every split keeps at
-// least kExpertStreamMinSplitSlices slices; the narrow shape (four CTAs per SM) is taken only by
-// small split passes on one activation plane.
+// least kExpertStreamMinSplitSlices slices; the narrow shape (four CTAs per SM, 8-row tiles) is
+// taken only by passes of at most 8 tokens on one activation plane with K whole slices.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -38,20 +38,18 @@ TEST(ExpertStreamSplits, TheNarrowShapeFillsFourCtasPerSm) {
   EXPECT_EQ(expert_stream_splits(3 * 32, 32, 132, 4), 4);
 }
 
-TEST(ExpertStreamSplits, TheNarrowShapeTakesOnlySmallSplitPassesOnOnePlane) {
-  // V4-Flash gate/up at B = 1, top-6 (the 8-warp grid 7 x 16 CTAs splits K) and down.
-  EXPECT_TRUE(expert_stream_narrow(6, 1, 7 * 16, 32, 132));
-  EXPECT_TRUE(expert_stream_narrow(6, 1, 7 * 16, 16, 132));
-  // Up to 8 pairs (no tile has more rows than the pass has pairs: its 8 staged rows hold any
-  // tile), where the grid is still small: B = 2 at top-6 is 12 pairs.
-  EXPECT_TRUE(expert_stream_narrow(kExpertStreamNarrowMaxPairs, 1, 60, 32, 132));
-  EXPECT_FALSE(expert_stream_narrow(kExpertStreamNarrowMaxPairs + 1, 1, 60, 32, 132));
-  EXPECT_FALSE(expert_stream_narrow(12, 1, 60, 32, 132));
+TEST(ExpertStreamSplits, NarrowTilesTakeAtMostEightTokensOnOnePlaneAndWholeSlices) {
+  // V4-Flash (H 4096, I 2048) with quantized activations at B = 1 .. 8.
+  for (int64_t tokens = 1; tokens <= 8; ++tokens) {
+    EXPECT_TRUE(expert_stream_narrow_tiles(tokens, true, 4096, 2048)) << tokens;
+  }
+  // Nine tokens: an expert could get 9 pairs, two 8-row tiles of its weights.
+  EXPECT_FALSE(expert_stream_narrow_tiles(ExpertQuantStreamMxNarrow::kTok + 1, true, 4096, 2048));
   // Three activation planes: four rings do not fit an SM.
-  EXPECT_FALSE(expert_stream_narrow(6, 3, 7 * 16, 32, 132));
-  // A grid that fills the slots without a split; no SM count (never split).
-  EXPECT_FALSE(expert_stream_narrow(6, 1, 13 * 16, 32, 132));
-  EXPECT_FALSE(expert_stream_narrow(6, 1, 7 * 16, 32, 0));
+  EXPECT_FALSE(expert_stream_narrow_tiles(1, false, 4096, 2048));
+  // A K tail in either GEMM: the lean kernel does not take it.
+  EXPECT_FALSE(expert_stream_narrow_tiles(1, true, 4096 + 32, 2048));
+  EXPECT_FALSE(expert_stream_narrow_tiles(1, true, 4096, 2048 + 32));
 }
 
 TEST(ExpertStreamSplits, EverySplitKeepsSlicesAndTheCtasFitTheSlots) {

@@ -356,14 +356,13 @@ void run_pass(const QuantExpertsArgs& p, bool stream_weights, bool lean, const f
   const int64_t pairs = tokens * p.top_k;
   quantize_and_stage<F>(x, xq, tokens, p.hidden, p.in_group, xs, pdl, stream);
   if (stream_weights) {
-    launch_expert_quant_stream(p, true, p.in_group > 0 ? 1 : 3, lean, tokens, xs, act, pdl, stream);
+    launch_expert_quant_stream(p, true, p.in_group > 0 ? 1 : 3, lean, xs, act, pdl, stream);
   } else {
     launch_gemm_planes<F, true, C>(p, p.in_group, xs, act, pdl, stream);
   }
   quantize_and_stage<F>(act, act, pairs, p.inter, p.down_group, as, pdl, stream);
   if (stream_weights) {
-    launch_expert_quant_stream(p, false, p.down_group > 0 ? 1 : 3, lean, tokens, as, y, pdl,
-                               stream);
+    launch_expert_quant_stream(p, false, p.down_group > 0 ? 1 : 3, lean, as, y, pdl, stream);
   } else {
     launch_gemm_planes<F, false, C>(p, p.down_group, as, y, pdl, stream);
   }

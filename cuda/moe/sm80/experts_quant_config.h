@@ -91,13 +91,11 @@ static_assert(2 * (ExpertQuantStreamMx::smem_bytes(1, 1) + ExpertQuantStreamMx::
                       kSm90SmemPerSm &&
                   2 * (ExpertQuantStreamFp8::smem_bytes(2, 1) + 2048 + 128) <= kSm90SmemPerSm,
               "two streaming CTAs per SM");
-// MXFP4 lean, passes of at most 8 (token, expert) pairs whose grid on the shape above leaves SMs
-// idle (B = 1 at top-6: 7 x 16 CTAs on 132 SMs): half the weight rows per CTA (4 warps of 32
-// rows; gate/up 64 columns of w1 and the same of w3) and 8 staged rows (no tile has more than the
-// pass's pairs), so that four CTAs fit on an SM and twice as many CTAs spread the weight bytes
-// over the SMs.
+// MXFP4 lean, passes of at most 8 tokens on one activation plane (expert_stream_narrow_tiles):
+// half the weight rows per CTA (4 warps of 32 rows; gate/up 64 columns of w1 and the same of w3)
+// and 8 staged rows (8-row tiles), so that four CTAs fit on an SM and twice as many CTAs spread
+// the weight bytes over the SMs.
 using ExpertQuantStreamMxNarrow = ExpertQuantStreamTile<4, 2, 8, 5>;
-constexpr int kExpertStreamNarrowMaxPairs = ExpertQuantStreamMxNarrow::kTok;
 static_assert(4 * (ExpertQuantStreamMxNarrow::smem_bytes(1, 1) +
                    ExpertQuantStreamMxNarrow::scale_ring_bytes() + 2048 + 128) <=
                   kSm90SmemPerSm,
@@ -177,14 +175,17 @@ inline int expert_stream_splits(int64_t ctas, int64_t slices, int num_sms, int c
   return s;
 }
 
-// Whether a lean MXFP4 streaming pass of `pairs` (token, expert) pairs on `planes` activation
-// planes takes the narrow shape: at most 8 pairs, one plane (its ring then fits four CTAs per SM),
-// and a grid of the 8-warp shape (`ctas`, the tile bound times its column blocks) that splits K,
-// i.e. fills at most half of the SMs' slots.
-inline bool expert_stream_narrow(int64_t pairs, int planes, int64_t ctas, int64_t slices,
-                                 int num_sms) {
-  return pairs <= kExpertStreamNarrowMaxPairs && planes == 1 &&
-         expert_stream_splits(ctas, slices, num_sms) > 1;
+// Whether a lean MXFP4 decode pass of `tokens` tokens takes 8-row tiles and runs both GEMMs on
+// the narrow shape: at most 8 tokens (an expert gets at most one pair per token, so no expert's
+// pairs take two tiles), one activation plane in both GEMMs (`one_plane`: the ring then fits four
+// CTAs per SM) and K whole slices in both (the lean kernel). On V4-Flash at B = 1 the 8-warp grid
+// put two CTAs on 60 SMs and one on 72; 128-row CTAs put two or three on every SM. On the H100
+// the step ran 0.2-5% faster at B = 1 (session 45) and 0.2% / 2.4% / 3.0% at B = 2 / 4 / 8
+// (session 46, benchmarks/RESULTS.md).
+inline bool expert_stream_narrow_tiles(int64_t tokens, bool one_plane, int64_t hidden,
+                                       int64_t inter) {
+  return tokens <= ExpertQuantStreamMxNarrow::kTok && one_plane && hidden % kQuantSliceK == 0 &&
+         inter % kQuantSliceK == 0;
 }
 
 // Pairs per expert on average up to which a pass takes the decode shape.

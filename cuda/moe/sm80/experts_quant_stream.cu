@@ -27,11 +27,11 @@
 // tiles of at most 8 rows (no predicated-off work for a second group of 8 tokens).
 //
 // The narrow shape (ExpertQuantStreamMxNarrow: 4 warps, 128 weight rows, 8 staged token rows, four
-// CTAs per SM) runs the lean MXFP4 kernel for passes of at most 8 pairs whose 8-warp grid would
-// leave SMs idle (expert_stream_narrow; B = 1 on V4-Flash): 192 working CTAs of 256 rows put two
-// CTAs on 60 SMs and one on the other 72, so the SMs holding two set the time; 384 CTAs of 128
-// rows put two or three on every SM. On the H100 the B = 1 gate/up pass went from ~37 to ~35 us
-// and down from ~21.7 to ~20 (session 45, benchmarks/RESULTS.md).
+// CTAs per SM) runs the lean MXFP4 kernel for passes of at most 8 tokens on one activation plane,
+// whose tile list then has 8-row tiles (expert_stream_narrow_tiles). At B = 1 on V4-Flash 192
+// working CTAs of 256 rows put two CTAs on 60 SMs and one on the other 72, so the SMs holding two
+// set the time; 384 CTAs of 128 rows put two or three on every SM. On the H100 the B = 1 gate/up
+// pass went from ~37 to ~35 us and down from ~21.7 to ~20 (session 45, benchmarks/RESULTS.md).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -422,13 +422,12 @@ void launch_stream_format(const QuantExpertsArgs& p, bool gate_up, int planes, b
 }  // namespace
 
 void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
-                                int64_t tokens, const __nv_bfloat16* a, float* out, bool pdl,
-                                cudaStream_t stream) {
+                                const __nv_bfloat16* a, float* out, bool pdl, cudaStream_t stream) {
   const int64_t K = gate_up ? p.hidden : p.inter;
-  const int64_t N = gate_up ? p.inter : p.hidden;
-  const int64_t wide_ctas = p.max_tiles * stream_column_blocks<ExpertQuantStreamMx>(N, gate_up);
-  if (p.format == QuantFormat::kMxfp4 && lean && K % kQuantSliceK == 0 &&
-      expert_stream_narrow(tokens * p.top_k, planes, wide_ctas, K / kQuantSliceK, p.num_sms)) {
+  // 8-row tiles (expert_stream_narrow_tiles) on the lean MXFP4 kernel: the narrow shape. The
+  // 8-warp shapes below take any tile of at most 16 rows.
+  if (p.tile_rows == ExpertQuantStreamMxNarrow::kTok && p.format == QuantFormat::kMxfp4 && lean &&
+      planes == 1 && K % kQuantSliceK == 0) {
     if (gate_up) {
       launch_stream_gemm<QuantFormat::kMxfp4, true, ExpertQuantStreamMxNarrow, 1>(p, true, a, out,
                                                                                   pdl, stream);

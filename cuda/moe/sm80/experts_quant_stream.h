@@ -15,11 +15,9 @@ namespace deepinfer::cuda {
 // tiles of p.tiles, from activations `a` staged in `planes` bf16 planes (1 or 3) as
 // stage_activations_kernel writes them. `lean`: the lean variant (kQuantStreamLean; the same bits
 // in fewer instructions) where K is a multiple of kQuantSliceK, the default kernel elsewhere.
-// `pdl`: a programmatic dependent launch of the kernel before it (cuda/common/pdl.cuh).
-// `tokens`: the pass's tokens (times top_k, the most rows a tile can have), for the shape choice
-// (expert_stream_narrow).
+// `pdl`: a programmatic dependent launch of the kernel before it (cuda/common/pdl.cuh). Tiles of
+// 8 rows (p.tile_rows) run the lean MXFP4 kernel on the narrow shape.
 void launch_expert_quant_stream(const QuantExpertsArgs& p, bool gate_up, int planes, bool lean,
-                                int64_t tokens, const __nv_bfloat16* a, float* out, bool pdl,
-                                cudaStream_t stream);
+                                const __nv_bfloat16* a, float* out, bool pdl, cudaStream_t stream);
 
 }  // namespace deepinfer::cuda

@@ -117,6 +117,35 @@ TEST(BackendSwitches, MoeQuantDecodeAutoTakesTheLeanKernelForMxfp4Only) {
   }
 }
 
+// Lean MXFP4 decode passes of at most 8 tokens on one activation plane take 8-row tiles (the
+// narrow streaming shape, expert_stream_narrow_tiles); 9 tokens, three planes and FP8 (lean or
+// not) keep 16-row tiles.
+TEST(BackendSwitches, FewTokenLeanMxfp4PassesTakeEightRowTiles) {
+  constexpr size_t kH200Smem = 232448;
+  cuda::ExpertsPassProblem p{8 * 6, 256, 4096, 2048, false, true};
+  p.quantized = true;
+  p.mxfp4 = true;
+  p.tokens = 8;
+  p.one_plane = true;
+  cuda::ExpertsPassConfig c = cuda::choose_experts_pass(p, kH200Smem);
+  EXPECT_EQ(c.kernel, cuda::ExpertsKernel::kQuantStreamLean);
+  EXPECT_EQ(c.tile_rows, cuda::ExpertQuantStreamMxNarrow::kTok);
+  EXPECT_EQ(c.max_tiles, 48 / 8 + 48);
+  p.tokens = 9;
+  p.pairs = 9 * 6;
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).tile_rows, cuda::ExpertQuantDecode::kTok);
+  p.tokens = 8;
+  p.pairs = 8 * 6;
+  p.one_plane = false;
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).tile_rows, cuda::ExpertQuantDecode::kTok);
+  p.one_plane = true;
+  p.mxfp4 = false;
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).tile_rows, cuda::ExpertQuantDecode::kTok);
+  p.quant_decode = cuda::QuantDecodeChoice::kStreamingLean;
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).kernel, cuda::ExpertsKernel::kQuantStreamLean);
+  EXPECT_EQ(cuda::choose_experts_pass(p, kH200Smem).tile_rows, cuda::ExpertQuantDecode::kTok);
+}
+
 TEST(BackendSwitches, IndexerFp8ScoresTakesThePipelinedWgmmaKernel) {
   ScopedEnv scores("DEEPINFER_INDEXER_FP8_SCORES", "wgmma_pipelined");
   EXPECT_EQ(cuda::read_backend_switches().indexer_fp8_scores,

@@ -183,8 +183,9 @@ TEST(MoeQuantDecode, StreamingAndRegisterKernelsAreBitIdentical) {
 // (H 352: the gate/up GEMM falls back to the default kernel, the down GEMM at I 256 takes the
 // lean one), for MXFP4's operands read a slice ahead: an odd slice count (K 384) and a single
 // slice (K 128); and one token, where both kernels split K (two splits at top-6 on 132 SMs, four
-// at top-2) and the lean one runs MXFP4 on the narrow shape (expert_stream_narrow: 4-warp CTAs of
-// 128 weight rows, which split K alike).
+// at top-2). At most 8 tokens on one activation plane (here 1, 3 and 6) the lean one runs MXFP4
+// on 8-row tiles and the narrow shape (expert_stream_narrow_tiles: 4-warp CTAs of 128 weight
+// rows, which split K alike at these widths).
 TEST(MoeQuantDecode, LeanStreamingKernelIsBitIdenticalToStreaming) {
   std::string why;
   if (shared_backend("cuda", &why) == nullptr) {
