@@ -487,6 +487,28 @@ const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {
   return pointer_tables_.emplace(pointers, upload(host, DType::kI64)).first->second;
 }
 
+const void* CudaBackend::tensor_map_table(const std::vector<int64_t>& key,
+                                          const std::function<std::vector<CUtensorMap>()>& encode) {
+  auto it = tensor_map_tables_.find(key);
+  if (it == tensor_map_tables_.end()) {
+    check_not_capturing("tensor_map_table (first use of a weight table)");
+    const std::vector<CUtensorMap> maps = encode();
+    Tensor table;
+    if (!maps.empty()) {
+      static_assert(sizeof(CUtensorMap) % sizeof(int64_t) == 0);
+      std::vector<int64_t> words(maps.size() * sizeof(CUtensorMap) / sizeof(int64_t));
+      std::memcpy(words.data(), maps.data(), maps.size() * sizeof(CUtensorMap));
+      table = upload(Tensor::from_vector(words, {static_cast<int64_t>(words.size())}), DType::kI64);
+      // The pool's blocks are 256-byte aligned; a map needs 64.
+      if (reinterpret_cast<uintptr_t>(table.raw_data()) % alignof(CUtensorMap) != 0) {
+        table = Tensor();
+      }
+    }
+    it = tensor_map_tables_.emplace(key, std::move(table)).first;
+  }
+  return it->second.defined() ? it->second.raw_data() : nullptr;
+}
+
 Tensor CudaBackend::to_host_impl(const Tensor& device) {
   // One cudaMemcpy copies a dense range; a strided view would need a gather kernel first.
   if (!device.is_contiguous()) {

@@ -14,8 +14,10 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -155,6 +157,12 @@ class CudaBackend final : public Backend {
   // for the backend's lifetime: the routed experts' weight tables, so moe_experts uploads nothing
   // per call and can be captured in a graph.
   const Tensor& pointer_table(const std::vector<int64_t>& pointers);
+  // Device copy of the tensor maps `encode` builds on the first use of `key` (a tensor copy reads
+  // its map from global memory, 64-byte aligned), kept for the backend's lifetime like
+  // pointer_table's tables: the routed experts' MXFP4 value maps. nullptr where `encode` builds
+  // none; the kernels then copy without maps.
+  const void* tensor_map_table(const std::vector<int64_t>& key,
+                               const std::function<std::vector<CUtensorMap>()>& encode);
 
  private:
   Tensor upload_impl(const Tensor& host, DType dtype) override;
@@ -286,6 +294,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CudaContext> ctx_;
   bool capturing_ = false;
   std::map<std::vector<int64_t>, Tensor> pointer_tables_;
+  std::map<std::vector<int64_t>, Tensor> tensor_map_tables_;  // undefined: `encode` built none
   Tensor attention_counters_;
   KernelSmemLimits smem_limits_;
 };

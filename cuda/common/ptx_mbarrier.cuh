@@ -80,6 +80,19 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem
   bulk_copy_to_shared_at(smem_addr(smem), gmem, bytes, smem_addr(bar));
 }
 
+// The box at coordinates {x, y} (x the innermost dimension, in elements) of the 2-D tensor map at
+// `map` (a CUtensorMap in global memory, 64-byte aligned; cuda/common/tensor_map.h) global ->
+// shared at `smem` (128-byte aligned), completing the box's bytes (elements past the tensor read
+// as zeros and count too) as transactions of `bar`'s current phase.
+__device__ __forceinline__ void tensor_copy_2d_to_shared_at(uint32_t smem, const void* map, int x,
+                                                            int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(smem),
+      "l"(map), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
 // An L2 cache policy that evicts the lines it is given first (createpolicy), for data read once
 // that should not push out what others read again.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {

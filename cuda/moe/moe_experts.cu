@@ -25,6 +25,8 @@
 //
 // Robustness where the CPU op throws (a device op cannot): a routing.expert_ids entry outside
 // [0, E) is dropped (that slot contributes nothing to its token).
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -33,6 +35,7 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/tensor_map.h"
 #include "cuda/moe/moe_heuristics.h"
 #include "cuda/moe/moe_launch.h"
 #include "cuda/quant/quant_launch.h"
@@ -148,6 +151,32 @@ void run_quant_experts_pass(CudaBackend& be, QuantExpertsArgs p, const float* x,
                          be.pdl(), stream);
 }
 
+// The tensor maps of the MXFP4 experts' values [w1 | w3 | w2] (boxes of kExpertTensorBoxRows rows
+// x one slice's bytes) by which the lean kernel copies them, built on the first use of the weight
+// table `table` (pointer_table's) and kept by the backend; nullptr where K is not whole slices in
+// both GEMMs (the lean kernel's) or the driver builds none.
+const void* expert_value_maps(CudaBackend& be, const ExpertWeights& experts, const void* table,
+                              int64_t hidden, int64_t inter) {
+  if (hidden % kQuantSliceK != 0 || inter % kQuantSliceK != 0) return nullptr;
+  const std::vector<int64_t> key = {static_cast<int64_t>(reinterpret_cast<uintptr_t>(table)),
+                                    hidden, inter};
+  return be.tensor_map_table(key, [&] {
+    std::vector<ByteMatrix> matrices;
+    matrices.reserve(3 * experts.w1.size());
+    for (const auto* mats : {&experts.w1, &experts.w3}) {
+      for (const MatrixWeight& w : *mats) {
+        matrices.push_back(
+            {w.values.raw_data(), static_cast<uint64_t>(inter), static_cast<uint64_t>(hidden / 2)});
+      }
+    }
+    for (const MatrixWeight& w : experts.w2) {
+      matrices.push_back(
+          {w.values.raw_data(), static_cast<uint64_t>(hidden), static_cast<uint64_t>(inter / 2)});
+    }
+    return encode_byte_matrix_maps(matrices, kQuantSliceK / 2, kExpertTensorBoxRows);
+  });
+}
+
 // The quantized experts' operands, checked for what the kernels need beyond the front's checks.
 QuantExpertsArgs quant_experts_args(CudaBackend& be, const char* op, const ExpertWeights& experts,
                                     int64_t hidden, int64_t inter, int top_k, float limit) {
@@ -188,6 +217,16 @@ QuantExpertsArgs quant_experts_args(CudaBackend& be, const char* op, const Exper
   p.w1 = {values, base + 3 * num};
   p.w3 = {values + num, base + 4 * num};
   p.w2 = {values + 2 * num, base + 5 * num};
+  if (p.format == QuantFormat::kMxfp4) {
+    const auto* maps =
+        static_cast<const uint8_t*>(expert_value_maps(be, experts, base, hidden, inter));
+    if (maps != nullptr) {
+      const size_t matrix = num * sizeof(CUtensorMap);
+      p.w1.maps = maps;
+      p.w3.maps = maps + matrix;
+      p.w2.maps = maps + 2 * matrix;
+    }
+  }
   return p;
 }
 

@@ -85,6 +85,9 @@ void launch_experts_mma(const ExpertsPassArgs<__nv_bfloat16>& p, ExpertsKernel k
 struct QuantMatrices {
   const uint8_t* const* values;  // [E] e2m1 pairs [N, K / 2] or e4m3 [N, K]
   const void* const* scales;     // [E] e8m0 [N, K / 32] or f32 [ceil(N / br), ceil(K / bc)]
+  // MXFP4: [E] CUtensorMap of the values (boxes of kExpertTensorBoxRows rows x one slice's 64
+  // bytes) in device memory, by which the lean kernel copies them; nullptr: per-thread cp.async.
+  const void* maps = nullptr;
 };
 
 // The operands of the quantized expert GEMMs of one pass (sm80/experts_quant.cu).

@@ -100,6 +100,10 @@ static_assert(4 * (ExpertQuantStreamMxNarrow::smem_bytes(1, 1) +
                    ExpertQuantStreamMxNarrow::scale_ring_bytes() + 2048 + 128) <=
                   kSm90SmemPerSm,
               "four narrow streaming CTAs per SM");
+// Rows of the tensor copies (cp.async.bulk.tensor) of the lean MXFP4 kernel's weights on sm_90:
+// a box is 64 rows x one slice's 64 bytes of one matrix (experts_quant_stream_copy.cuh:
+// TensorWeightFill).
+constexpr int kExpertTensorBoxRows = 64;
 // The streaming kernels' threads per SM that their launch bounds promise registers for (128
 // registers per thread): two CTAs of the 8-warp shapes, four of the narrow one.
 constexpr int kExpertStreamThreadsPerSm = 512;

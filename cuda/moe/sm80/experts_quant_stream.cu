@@ -24,7 +24,11 @@
 // one-instruction multipliers, no per-chunk bounds checks, and branch-free activation copies
 // (zero rows by a zero-byte cp.async source). Its MXFP4 loop reads a slice's weight chunks and
 // scale bytes from the ring into registers one slice ahead of their multiply, and has a copy for
-// tiles of at most 8 rows (no predicated-off work for a second group of 8 tokens).
+// tiles of at most 8 rows (no predicated-off work for a second group of 8 tokens). On one
+// activation plane, where the matrices have tensor maps, its MXFP4 weights come by tensor copies
+// (kTensorCopies: TensorWeightFill, one thread per CTA, a row-major slot and an mbarrier per
+// slot) instead of every lane's cp.async chunks: the same bytes read by the same lanes, so the
+// bits do not change.
 //
 // The narrow shape (ExpertQuantStreamMxNarrow: 4 warps, 128 weight rows, 8 staged token rows, four
 // CTAs per SM) runs the lean MXFP4 kernel for passes of at most 8 tokens on one activation plane,
@@ -33,6 +37,7 @@
 // set the time; 384 CTAs of 128 rows put two or three on every SM. On the H100 the B = 1 gate/up
 // pass went from ~37 to ~35 us and down from ~21.7 to ~20 (session 45, benchmarks/RESULTS.md).
 #include <cooperative_groups.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -41,6 +46,7 @@
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/ptx_mbarrier.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/moe/sm80/experts_quant_config.h"
 #include "cuda/moe/sm80/experts_quant_stream.h"
@@ -102,8 +108,9 @@ __device__ __forceinline__ bool gather_split_partials(float (&acc)[C::kMTiles][C
 // works on tile blockIdx.x % max_tiles and column block blockIdx.x / max_tiles, over split
 // blockIdx.y of gridDim.y of K's slices (gather_split_partials). kExpertStreamThreadsPerSm
 // threads per SM (two CTAs of the 8-warp shapes, four of the narrow one; 128 registers per thread
-// at most). kLean: the lean variant (head comment), K a multiple of kQuantSliceK.
-template <QuantFormat F, bool kGateUp, class C, int kPlanes, bool kLean>
+// at most). kLean: the lean variant (head comment), K a multiple of kQuantSliceK. kTensorCopies
+// (lean MXFP4): its weights come by tensor copies through lo.maps / hi.maps (TensorWeightFill).
+template <QuantFormat F, bool kGateUp, class C, int kPlanes, bool kLean, bool kTensorCopies>
 __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kThreads)
     expert_quant_stream_kernel(const __nv_bfloat16* __restrict__ a, int64_t K, int64_t N, int top_k,
                                const int32_t* __restrict__ sorted_pair, TileList tiles,
@@ -115,7 +122,8 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
   constexpr int kHalf = kGateUp ? kM / 2 : kM;  // m16 tiles per matrix
   constexpr int kActWords = kPlanes * C::kTok * kQuantRowWords;
   constexpr int kChunks = kM * 2 * Tr::kLoads;  // 16-byte weight chunks per thread per slice
-  extern __shared__ int4 stream_smem_raw[];
+  // 128-byte aligned: the tensor copies' slots (their offsets are multiples of 128).
+  extern __shared__ __align__(128) int4 stream_smem_raw[];
   uint32_t* act_ring = reinterpret_cast<uint32_t*>(stream_smem_raw);  // [kStages][kActWords]
   uint4* weight_ring = reinterpret_cast<uint4*>(act_ring + C::kStages * kActWords);
   // MXFP4 lean: the slices' scale bytes come through the ring too, 4 per weight row and slice
@@ -177,11 +185,24 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
   const int k_end = static_cast<int>(K);
   uint32_t sc[kM][2][Tr::kLoads];
   if constexpr (kLean) {
-    LeanFill<F, C, kPlanes> lf;
+    using Fill = LeanFill<F, C, kPlanes, kTensorCopies>;
+    Fill lf;
+    if constexpr (!kTensorCopies) {
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt) {
-      lf.weights[mt][0] = wr.values[mt][0] + s_begin * LeanFill<F, C, kPlanes>::kRowSliceBytes;
-      lf.weights[mt][1] = wr.values[mt][1] + s_begin * LeanFill<F, C, kPlanes>::kRowSliceBytes;
+      for (int mt = 0; mt < kM; ++mt) {
+        lf.weights[mt][0] = wr.values[mt][0] + s_begin * Fill::kRowSliceBytes;
+        lf.weights[mt][1] = wr.values[mt][1] + s_begin * Fill::kRowSliceBytes;
+      }
+    }
+    static_assert(!kTensorCopies || kScaleRing, "tensor copies of MXFP4 weights only");
+    using TensorFill = TensorWeightFill<kGateUp, C>;
+    __shared__ uint64_t weight_full[kTensorCopies ? C::kStages : 1];
+    TensorFill tf{nullptr, nullptr, col * TensorFill::kRows, smem_addr(weight_ring), weight_full};
+    if constexpr (kTensorCopies) {
+      tf.lo_map = static_cast<const uint8_t*>(lo.maps) + e * sizeof(CUtensorMap);
+      tf.hi_map = static_cast<const uint8_t*>(hi.maps) + e * sizeof(CUtensorMap);
+      tf.init(tid);
+      __syncthreads();
     }
     // Rows past the tile read `a` itself with zero bytes: any slice offset stays a valid address.
     lf.act = piece.src + s_begin * kQuantSliceK;
@@ -194,7 +215,10 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
     // One cp.async group per prologue slice.
 #pragma unroll 1
     for (int s = 0; s < C::kStages - 1; ++s) {
-      if (s < slices) lf.fill(s);
+      if (s < slices) {
+        lf.fill(s);
+        if constexpr (kTensorCopies) tf.fill(s, s_begin + s, tid);
+      }
       cp_async_commit();
     }
     if constexpr (kScaleRing) {
@@ -206,6 +230,9 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
       static_assert(C::kStages >= 3, "a slice in flight besides the two read");
       const uint4* weight_base = weight_chunk<C>(weight_ring, 0, kChunks, 0, tid);
       const uint8_t* scale_base = reinterpret_cast<const uint8_t*>(scale_ring + warp * 32 + g) + q;
+      // kTensorCopies: the lane's rows of the slot (row-major; gate/up: w1 rows, then w3 rows).
+      const uint8_t* row_base = reinterpret_cast<const uint8_t*>(weight_ring) +
+                                TensorFill::offset(warp * 16 * kHalf + g, q);
       auto read_operands = [&](int slot, uint4(&chunk)[kM][2], uint32_t(&scale)[kM][2][1]) {
         const uint4* w = weight_base + slot * (kChunks * C::kThreads);
         const uint8_t* sr = scale_base + slot * (C::kWeightRows * 4);
@@ -213,12 +240,20 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
         for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
-            chunk[mt][hr] = w[(2 * mt + hr) * C::kThreads];
+            if constexpr (kTensorCopies) {
+              const int r =
+                  (kGateUp && mt >= kHalf ? TensorFill::kRows : 0) + 16 * (mt % kHalf) + 8 * hr;
+              chunk[mt][hr] = *reinterpret_cast<const uint4*>(
+                  row_base + slot * TensorFill::kSlotBytes + TensorFill::offset(r, 0));
+            } else {
+              chunk[mt][hr] = w[(2 * mt + hr) * C::kThreads];
+            }
             scale[mt][hr][0] = sr[4 * (16 * mt + 8 * hr)];
           }
         }
       };
       cp_async_wait<C::kStages - 2>();  // slice 0
+      if constexpr (kTensorCopies) tf.wait(0);
       __syncthreads();
       // The slice loop, compiled for tiles of at most 8 rows (kMaxN8 1: no predicated-off mma
       // for a second group of 8 tokens) and for full tiles; each CTA takes one (n8 is uniform).
@@ -233,12 +268,18 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
                         uint4(&nxt)[kM][2], uint32_t(&nxt_scales)[kM][2][1]) {
           // Slice s + 1 landed and is published; every warp is done with slice s - 1's slot
           // (its activations read in slice s - 1, its weights and scales in slice s - 2).
-          cp_async_wait<C::kStages - 3>();
-          __syncthreads();
-          if (s + C::kStages - 1 < slices) lf.fill(fill_slot);
-          cp_async_commit();
           const int next_slot = s + 1 < slices ? (read_slot + 1 == C::kStages ? 0 : read_slot + 1)
                                                : read_slot;  // past the last: re-read, unused
+          cp_async_wait<C::kStages - 3>();
+          if constexpr (kTensorCopies) {
+            if (s + 1 < slices) tf.wait(next_slot);
+          }
+          __syncthreads();
+          if (s + C::kStages - 1 < slices) {
+            lf.fill(fill_slot);
+            if constexpr (kTensorCopies) tf.fill(fill_slot, s_begin + s + C::kStages - 1, tid);
+          }
+          cp_async_commit();
           read_operands(next_slot, nxt, nxt_scales);
           multiply_slice<F, C, kPlanes, true, kMaxN8>(
               acc, [&](int mt, int hr, int) { return cur[mt][hr]; }, cur_scales,
@@ -373,9 +414,19 @@ void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat1
                       (lean && QuantTraits<F>::kMx ? C::scale_ring_bytes() : 0);
   // The narrow shape (8 staged token rows) is compiled for the lean kernel only: its caller
   // takes it for lean passes over whole slices of K (launch_expert_quant_stream).
-  auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true>;
+  auto kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true, false>;
   if constexpr (C::kTok != 8) {
-    if (!lean) kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false>;
+    if (!lean) kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, false, false>;
+  }
+  // Lean MXFP4 on one activation plane (the routed experts of V4 checkpoints) takes its weights by
+  // tensor copies where the matrices have tensor maps (moe_experts.cu: expert_value_maps). On the
+  // H100 the step ran 0.1-0.6% faster at B = 1, 1.1-1.3% at B = 8 and 2.9% at B = 64 (session 46).
+  if constexpr (QuantTraits<F>::kMx && kPlanes == 1) {
+    const QuantMatrices& lo = kGateUp ? p.w1 : p.w2;
+    const QuantMatrices& hi = kGateUp ? p.w3 : p.w2;
+    if (lean && lo.maps != nullptr && hi.maps != nullptr) {
+      kernel = expert_quant_stream_kernel<F, kGateUp, C, kPlanes, true, true>;
+    }
   }
   allow_smem(kernel, smem);
   // Grid size: checked against gridDim.x's limit by the caller. Too few CTAs for the SMs: K split

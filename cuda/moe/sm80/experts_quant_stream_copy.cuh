@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/ptx_mbarrier.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/moe/sm80/experts_quant_config.h"
 #include "cuda/moe/sm80/experts_quant_tile.cuh"
@@ -184,7 +185,8 @@ __device__ __forceinline__ void copy_activation_slice(uint32_t* buf, const Activ
 // slice): the lane's weight chunks, the thread's activation piece (activation_piece_lean) and,
 // for MXFP4, the 4 scale bytes of weight row `tid` (thread_scale_row). Destinations are 32-bit
 // shared addresses in slot 0; K is a multiple of kQuantSliceK (no bounds checks).
-template <QuantFormat F, class C, int kPlanes>
+// kTensorWeights: the weights come by tensor copies (TensorWeightFill), not these threads.
+template <QuantFormat F, class C, int kPlanes, bool kTensorWeights = false>
 struct LeanFill {
   using Tr = QuantTraits<F>;
   static constexpr int kChunks = C::kMTiles * 2 * Tr::kLoads;
@@ -202,16 +204,18 @@ struct LeanFill {
   uint32_t weight_dst, act_dst, scale_dst;
 
   __device__ __forceinline__ void fill(int slot) {
-    const uint32_t w = weight_dst + slot * kWeightSlot;
+    if constexpr (!kTensorWeights) {
+      const uint32_t w = weight_dst + slot * kWeightSlot;
 #pragma unroll
-    for (int l = 0; l < Tr::kLoads; ++l) {
+      for (int l = 0; l < Tr::kLoads; ++l) {
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) {
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          cp_async_16_to(w + ((2 * mt + hr) * Tr::kLoads + l) * C::kThreads * 16,
-                         weights[mt][hr] + l * 64);
-          if (l == Tr::kLoads - 1) weights[mt][hr] += kRowSliceBytes;
+          for (int hr = 0; hr < 2; ++hr) {
+            cp_async_16_to(w + ((2 * mt + hr) * Tr::kLoads + l) * C::kThreads * 16,
+                           weights[mt][hr] + l * 64);
+            if (l == Tr::kLoads - 1) weights[mt][hr] += kRowSliceBytes;
+          }
         }
       }
     }
@@ -225,6 +229,65 @@ struct LeanFill {
       cp_async_4_to(scale_dst + slot * kScaleSlot, scales);
       scales += 4;
     }
+  }
+};
+
+// The lean MXFP4 kernel's weight copies by the tensor memory accelerator (sm_90): one thread
+// moves a slice's weight rows of the CTA, in boxes of kExpertTensorBoxRows rows x the slice's 64
+// bytes of one matrix (gate/up: the CTA's rows of w1, then the same rows of w3), into a ring slot
+// laid out row-major [rows][64 bytes], completing the slot's mbarrier; every thread waits on it
+// before the barrier that publishes the slot. A quarter-warp's 16-byte reads then cover two
+// consecutive rows, 128 contiguous bytes: no bank conflicts. On the H100 the B = 1 gate/up weight
+// bytes alone (no math) moved in 24.0 us this way against 26.9 by the threads' cp.async (session
+// 46, benchmarks/RESULTS.md).
+template <bool kGateUp, class C>
+struct TensorWeightFill {
+  static constexpr int kRowBytes = kQuantSliceK / 2;
+  static constexpr int kRows = kGateUp ? C::kWeightRows / 2 : C::kWeightRows;  // per matrix
+  static constexpr uint32_t kSlotBytes = C::kWeightRows * kRowBytes;
+  static_assert(kRows % kExpertTensorBoxRows == 0, "whole boxes per matrix");
+  static_assert(kSlotBytes == C::kMTiles * 2 * C::kThreads * 16, "the cp.async slot's bytes");
+
+  const uint8_t* lo_map;  // this expert's maps (CUtensorMap in global memory)
+  const uint8_t* hi_map;
+  int row0;             // the CTA's first row of each matrix
+  uint32_t ring;        // shared address of slot 0 (128-byte aligned)
+  uint64_t* full;       // [C::kStages] mbarriers, one per slot
+  uint32_t phases = 0;  // bit i: the parity slot i's next wait waits on
+
+  // Thread 0 sets up the barriers; every thread must pass a __syncthreads after this before a fill.
+  __device__ __forceinline__ void init(int tid) const {
+    if (tid == 0) {
+#pragma unroll 1
+      for (int i = 0; i < C::kStages; ++i) mbarrier_init(&full[i], 1);
+      mbarrier_init_fence();
+    }
+  }
+  // Slice `slice` of K into `slot`, issued by thread 0 only.
+  __device__ __forceinline__ void fill(int slot, int slice, int tid) const {
+    if (tid != 0) return;
+    mbarrier_arrive_expect_tx(&full[slot], kSlotBytes);
+    const uint32_t bar = smem_addr(&full[slot]);
+    const uint32_t dst = ring + slot * kSlotBytes;
+    const int x = slice * kRowBytes;
+#pragma unroll
+    for (int b = 0; b < kRows / kExpertTensorBoxRows; ++b) {
+      const int y = row0 + b * kExpertTensorBoxRows;
+      tensor_copy_2d_to_shared_at(dst + b * kExpertTensorBoxRows * kRowBytes, lo_map, x, y, bar);
+      if constexpr (kGateUp) {
+        tensor_copy_2d_to_shared_at(dst + (kRows + b * kExpertTensorBoxRows) * kRowBytes, hi_map, x,
+                                    y, bar);
+      }
+    }
+  }
+  // Until slot `slot`'s copies have landed (every thread, once per fill of the slot).
+  __device__ __forceinline__ void wait(int slot) {
+    mbarrier_wait(&full[slot], (phases >> slot) & 1u);
+    phases ^= 1u << slot;
+  }
+  // Offset in a slot of the 16 bytes at byte 16 q of row r of the CTA's rows.
+  static constexpr int offset(int r, int q) {
+    return r * kRowBytes + 16 * q;
   }
 };
 
