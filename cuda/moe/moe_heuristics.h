@@ -143,7 +143,7 @@ struct ExpertsPassProblem {
   QuantDecodeChoice quant_decode = QuantDecodeChoice::kAuto;
   QuantPrefillChoice quant_prefill = QuantPrefillChoice::kWgmma;
   bool quant_wgmma = false;  // quant_wgmma_fits for this pass (both GEMMs)
-  int64_t tokens = 0;        // tokens of the pass (no expert gets more pairs than this)
+  int64_t tokens = 0;        // tokens of the pass (top-k: the most pairs an expert gets)
   bool one_plane = false;    // both GEMMs' activations quantized: one staged bf16 plane each
 };
 

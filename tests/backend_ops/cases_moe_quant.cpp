@@ -22,13 +22,16 @@ struct QuantExperts {
   int block;      // kFp8Block: square scale blocks
   int act_group;  // of w1, w3 and w2
   int experts, top_k, hidden, inter, tokens;
+  // Every token names its first expert in all of its slots (a hash routing may name an expert
+  // more than once): an expert then gets more pairs than the pass has tokens.
+  bool repeated = false;
 
   std::string label() const {
     const std::string f =
         format == WeightFormat::kMxfp4 ? std::string("mxfp4") : "fp8b" + std::to_string(block);
     return f + "_act" + std::to_string(act_group) + "_e" + std::to_string(experts) + "_k" +
            std::to_string(top_k) + "_h" + std::to_string(hidden) + "_i" + std::to_string(inter) +
-           "_t" + std::to_string(tokens);
+           "_t" + std::to_string(tokens) + (repeated ? "_repeated" : "");
   }
 };
 
@@ -102,6 +105,12 @@ void add_quant_experts(std::vector<OpCase>& t, const QuantExperts& c) {
                    }
                    in.x = random_f32(rng, {c.tokens, c.hidden});
                    in.routing = random_routing(c.tokens, c.experts, c.top_k, rng);
+                   if (c.repeated) {
+                     auto* ids = static_cast<int32_t*>(in.routing.ids.raw_data());
+                     for (int64_t i = 0; i < int64_t{c.tokens} * c.top_k; ++i) {
+                       ids[i] = ids[i - i % c.top_k];
+                     }
+                   }
                    return in;
                  },
              .run =
@@ -155,6 +164,9 @@ void add_all_quant_experts(std::vector<OpCase>& t) {
   // quantized, as at 2 tokens above) and FP8; three activation planes at K 1024 (8 slices, two
   // splits); a K tail (H 1056: 9 slices in splits of 5 and 4, the default kernel's bounds checks).
   add_quant_experts(t, {kMx, 32, 32, 8, 6, 4096, 2048, 1});
+  // 8 tokens that each name one of 7 experts 6 times: the narrow shape's 8-row tiles (at most 8
+  // tokens), where an expert gets at least 12 pairs, so two or more tiles of its weights.
+  add_quant_experts(t, {kMx, 32, 32, 7, 6, 4096, 2048, 8, true});
   add_quant_experts(t, {kMx, 32, 32, 8, 2, 4096, 2048, 1});
   add_quant_experts(t, {kFp8, 128, 128, 8, 6, 4096, 2048, 1});
   add_quant_experts(t, {kFp8, 128, 128, 8, 2, 4096, 2048, 1});

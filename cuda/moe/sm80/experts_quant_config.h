@@ -180,12 +180,13 @@ inline int expert_stream_splits(int64_t ctas, int64_t slices, int num_sms, int c
 }
 
 // Whether a lean MXFP4 decode pass of `tokens` tokens takes 8-row tiles and runs both GEMMs on
-// the narrow shape: at most 8 tokens (an expert gets at most one pair per token, so no expert's
-// pairs take two tiles), one activation plane in both GEMMs (`one_plane`: the ring then fits four
+// the narrow shape: at most 8 tokens (top-k routing names an expert at most once per token, so no
+// expert's pairs take two tiles; a hash-routed token that names one twice costs a second tile,
+// not a wrong result), one activation plane in both GEMMs (`one_plane`: the ring then fits four
 // CTAs per SM) and K whole slices in both (the lean kernel). On V4-Flash at B = 1 the 8-warp grid
 // put two CTAs on 60 SMs and one on 72; 128-row CTAs put two or three on every SM. On the H100
-// the step ran 0.2-5% faster at B = 1 (session 45) and 0.2% / 2.4% / 3.0% at B = 2 / 4 / 8
-// (session 46, benchmarks/RESULTS.md).
+// the step ran 0.2-5% faster at B = 1 (session 45) and 0.2-0.4% / 2.2-2.5% / 2.7-3.0% at
+// B = 2 / 4 / 8 (session 46, benchmarks/RESULTS.md).
 inline bool expert_stream_narrow_tiles(int64_t tokens, bool one_plane, int64_t hidden,
                                        int64_t inter) {
   return tokens <= ExpertQuantStreamMxNarrow::kTok && one_plane && hidden % kQuantSliceK == 0 &&

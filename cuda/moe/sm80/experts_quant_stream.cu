@@ -420,7 +420,7 @@ void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat1
   }
   // Lean MXFP4 on one activation plane (the routed experts of V4 checkpoints) takes its weights by
   // tensor copies where the matrices have tensor maps (moe_experts.cu: expert_value_maps). On the
-  // H100 the step ran 0.1-0.6% faster at B = 1, 1.1-1.3% at B = 8 and 2.9% at B = 64 (session 46).
+  // H100 the step ran 0.0-0.6% faster at B = 1, 1.1-1.3% at B = 8 and 2.9% at B = 64 (session 46).
   if constexpr (QuantTraits<F>::kMx && kPlanes == 1) {
     const QuantMatrices& lo = kGateUp ? p.w1 : p.w2;
     const QuantMatrices& hi = kGateUp ? p.w3 : p.w2;

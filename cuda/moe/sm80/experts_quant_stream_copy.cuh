@@ -246,7 +246,7 @@ struct TensorWeightFill {
   static constexpr int kRows = kGateUp ? C::kWeightRows / 2 : C::kWeightRows;  // per matrix
   static constexpr uint32_t kSlotBytes = C::kWeightRows * kRowBytes;
   static_assert(kRows % kExpertTensorBoxRows == 0, "whole boxes per matrix");
-  static_assert(kSlotBytes == C::kMTiles * 2 * C::kThreads * 16, "the cp.async slot's bytes");
+  static_assert(kSlotBytes == C::kMTiles * 2 * C::kThreads * 16, "the MXFP4 cp.async slot's bytes");
 
   const uint8_t* lo_map;  // this expert's maps (CUtensorMap in global memory)
   const uint8_t* hi_map;
