@@ -9,24 +9,20 @@
 
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/tensor_map.h"
+#include "cuda_test.h"
 #include "deepinfer/backend.h"
-#include "device_backends.h"
 
 namespace deepinfer::backend_ops {
 namespace {
 
-TEST(TensorMaps, TheDeviceEncodesByteMatrixMapsAndTheBackendKeepsThem) {
-  std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
+using TensorMaps = CudaTest;
+
+TEST_F(TensorMaps, TheDeviceEncodesByteMatrixMapsAndTheBackendKeepsThem) {
+  Backend* be = &gpu();
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   // Two matrices of 256 rows of 64 bytes (one MXFP4 slice of a row each), boxes of 64 x 64.
   const Tensor bytes = be->empty({2 * 256 * 64}, DType::kU8);
