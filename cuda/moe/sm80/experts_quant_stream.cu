@@ -393,20 +393,15 @@ __global__ void __launch_bounds__(C::kThreads, kExpertStreamThreadsPerSm / C::kT
   }
 }
 
-// Column blocks of shape C over a GEMM's N outputs: gate/up CTAs take C::kWeightRows / 2 columns
-// (of w1 and the same of w3), down CTAs C::kWeightRows rows of w2.
-template <class C>
-int64_t stream_column_blocks(int64_t N, bool gate_up) {
-  const int64_t cols_per_cta = C::kWeightRows / (gate_up ? 2 : 1);
-  return (N + cols_per_cta - 1) / cols_per_cta;
-}
-
 template <QuantFormat F, bool kGateUp, class C, int kPlanes>
 void launch_stream_gemm(const QuantExpertsArgs& p, bool lean, const __nv_bfloat16* a, float* out,
                         bool pdl, cudaStream_t stream) {
   const int64_t K = kGateUp ? p.hidden : p.inter;
   const int64_t N = kGateUp ? p.inter : p.hidden;
-  const int64_t cols = stream_column_blocks<C>(N, kGateUp);
+  // Column blocks: gate/up CTAs take C::kWeightRows / 2 columns (of w1 and the same of w3), down
+  // CTAs C::kWeightRows rows of w2.
+  const int64_t cols_per_cta = C::kWeightRows / (kGateUp ? 2 : 1);
+  const int64_t cols = (N + cols_per_cta - 1) / cols_per_cta;
   // The lean variant where asked for and K is whole slices (its copies check no bounds); MXFP4's
   // adds the scale ring.
   lean = lean && K % kQuantSliceK == 0;
