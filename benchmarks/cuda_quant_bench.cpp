@@ -164,8 +164,9 @@ double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
 // rooflines, then per weight GB/s at decode widths M = 1..64 (graph-timed; the calls cycle
 // through copies of the weight totalling >= 256 MiB, so the weights come from HBM, not L2), each
 // on each decode path ("(stream)": fp8_stream.cu with its tiling, "(stream_pdl)": the same as a
-// programmatic dependent launch, "(legacy)": the FP8 GEMV up to 16 tokens and cuBLASLt above;
-// DEEPINFER_FP8_LINEAR), and TFLOP/s at prefill widths.
+// programmatic dependent launch, "(legacy)": the FP8 GEMV up to 16 tokens and cuBLASLt above,
+// "(wgmma)": the Hopper weight stream where it applies; DEEPINFER_FP8_LINEAR), and
+// TFLOP/s at prefill widths.
 }  // namespace
 
 void bench_fp8(Backend& be, int iters, const std::string& match) {
@@ -238,12 +239,14 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
         const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
         for (const cuda::Fp8LinearChoice path :
              {cuda::Fp8LinearChoice::kStream, cuda::Fp8LinearChoice::kStreamPdl,
-              cuda::Fp8LinearChoice::kLegacy}) {
+              cuda::Fp8LinearChoice::kLegacy, cuda::Fp8LinearChoice::kWgmma}) {
           cuda_be.set_fp8_linear(path);
-          const bool stream = path != cuda::Fp8LinearChoice::kLegacy;
+          const bool stream =
+              path == cuda::Fp8LinearChoice::kStream || path == cuda::Fp8LinearChoice::kStreamPdl;
           const char* tag = path == cuda::Fp8LinearChoice::kStream      ? "(stream)"
                             : path == cuda::Fp8LinearChoice::kStreamPdl ? "(stream_pdl)"
-                                                                        : "(legacy)";
+                            : path == cuda::Fp8LinearChoice::kLegacy    ? "(legacy)"
+                                                                        : "(wgmma)";
           const cuda::Fp8StreamConfig c =
               cuda::choose_fp8_stream({m, s.n, s.k, s.groups, 128, 128, 128}, cuda_be.num_sms());
           const std::string tiling =

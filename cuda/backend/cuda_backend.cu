@@ -11,6 +11,7 @@
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/backend/cuda_context.h"
 #include "cuda/common/launch.cuh"
+#include "cuda/gemm/gemm_launch.h"
 #include "cuda/hc/hc_launch.h"
 
 namespace deepinfer {
@@ -343,6 +344,7 @@ MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
   out.block_cols = host.block_cols;
   out.values = upload_weight_impl(host.values, DType::kF8E4M3);
   out.scales = upload_weight_impl(host.scales, DType::kF32);
+  prepare_fp8_wgmma_map(*this, out);
   return out;
 }
 

@@ -99,9 +99,9 @@ class CudaBackend final : public Backend {
   // Whether this build and device run wgmma kernels (sm_90a code, compute capability 9.x): the
   // one answer every wgmma path (attention, experts, indexer) asks.
   bool wgmma_device() const { return wgmma_device_; }
-  // DEEPINFER_FP8_LINEAR at creation (legacy: the default, stream, stream_pdl): the path of FP8
-  // linears at decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time both paths in one
-  // run.
+  // DEEPINFER_FP8_LINEAR at creation (legacy: the default, stream, stream_pdl, wgmma): the path of
+  // FP8 linears at decode sizes (gemm_fp8_heuristics.h); benchmarks set it to time the paths in
+  // one run.
   Fp8LinearChoice fp8_linear() const { return fp8_linear_; }
   void set_fp8_linear(Fp8LinearChoice choice) { fp8_linear_ = choice; }
   // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS at creation: the tensor-core attention's plan
@@ -159,10 +159,16 @@ class CudaBackend final : public Backend {
   const Tensor& pointer_table(const std::vector<int64_t>& pointers);
   // Device copy of the tensor maps `encode` builds on the first use of `key` (a tensor copy reads
   // its map from global memory, 64-byte aligned), kept for the backend's lifetime like
-  // pointer_table's tables: the routed experts' MXFP4 value maps. nullptr where `encode` builds
-  // none; the kernels then copy without maps.
+  // pointer_table's tables: the routed experts' MXFP4 value maps, the FP8 linears' weight maps.
+  // nullptr where `encode` builds none; the kernels then copy without maps.
   const void* tensor_map_table(const std::vector<int64_t>& key,
                                const std::function<std::vector<CUtensorMap>()>& encode);
+  // Whether tensor_map_table has been asked for `key` (a graph capture may only read tables).
+  bool has_tensor_map_table(const std::vector<int64_t>& key) const {
+    return tensor_map_tables_.count(key) != 0;
+  }
+  // Whether a graph is being captured on the backend's stream.
+  bool capturing() const { return capturing_; }
 
  private:
   Tensor upload_impl(const Tensor& host, DType dtype) override;

@@ -5,7 +5,8 @@
 namespace deepinfer::cuda {
 
 std::vector<CUtensorMap> encode_byte_matrix_maps(std::span<const ByteMatrix> matrices,
-                                                 uint32_t box_bytes, uint32_t box_rows) {
+                                                 uint32_t box_bytes, uint32_t box_rows,
+                                                 TensorMapSwizzle swizzle) {
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult found{};
   // The 12.0 ABI of cuTensorMapEncodeTiled: every driver that runs sm_90 code has it.
@@ -25,7 +26,9 @@ std::vector<CUtensorMap> encode_byte_matrix_maps(std::span<const ByteMatrix> mat
     const cuuint32_t element_strides[2] = {1, 1};
     if (encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(m.base), dims,
                row_stride, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               swizzle == TensorMapSwizzle::k128B ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                  : CU_TENSOR_MAP_SWIZZLE_NONE,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
       return {};
     }

@@ -11,18 +11,22 @@ namespace deepinfer::cuda {
 // DEEPINFER_FP8_LINEAR, read once at its creation; benchmarks may set it per call).
 // The default is the GEMV and cuBLASLt: on the H200 the streaming kernel won only at 9..16 tokens
 // (fp8_stream.cu's header has the table), and a per-M switch there would make a token's result
-// depend on whether its batch has 8 or 9 rows.
+// depend on whether its batch has 8 or 9 rows. The Hopper weight stream (sm90/fp8_wgmma.cu) is
+// opt-in until the real-format model test holds on it (benchmarks/RESULTS.md, session 47).
 enum class Fp8LinearChoice {
   kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
                // (grouped linears: the streaming kernel up to kFp8StreamMaxTokens first)
   kStream,     // "stream": fp8_stream.cu up to kFp8StreamMaxTokens tokens
   kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
+  kWgmma,      // "wgmma": the Hopper weight stream where choose_fp8_wgmma applies, else as
+               // kLegacy
 };
 
 // The path the latest FP8 linear took (CudaBackend::last_fp8_linear_path: benchmarks print it).
 enum class Fp8LinearPath {
   kNone,      // no FP8 linear yet
   kStream,    // fp8_stream.cu
+  kWgmma,     // sm90/fp8_wgmma.cu
   kGemv,      // gemv_fp8.cu
   kCublasLt,  // cuBLASLt's block-scaled FP8 GEMM
   kDequant,   // weights dequantized to bf16 (or f32) for the dense GEMM: cuBLASLt had no
@@ -33,6 +37,7 @@ enum class Fp8LinearPath {
 inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
   if (v.empty() || v == "legacy") return Fp8LinearChoice::kLegacy;
+  if (v == "wgmma") return Fp8LinearChoice::kWgmma;
   if (v == "stream") return Fp8LinearChoice::kStream;
   if (v == "stream_pdl") return Fp8LinearChoice::kStreamPdl;
   return std::nullopt;

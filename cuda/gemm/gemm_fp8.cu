@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/cluster_launch.cuh"
@@ -23,6 +24,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/common/tensor_map.h"
 #include "cuda/gemm/gemm_launch.h"
 
 namespace deepinfer::cuda {
@@ -230,6 +232,53 @@ Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, con
   return m_pad == m ? y : y.narrow(0, 0, m);
 }
 
+// The key of a weight's tensor map in the backend's table (CudaBackend::tensor_map_table): a tag
+// apart from the routed experts' keys (3 entries), the weight's address and shape.
+constexpr int64_t kWgmmaMapTag = -0x5747;  // "WG"
+
+// The weight stream's tensor map of `w` (boxes of 64 rows x 128 bytes, 128-byte swizzle), built on
+// upload (prepare_fp8_wgmma_map) or the weight's first use and kept by the backend; nullptr where
+// the driver builds none, the weight is not 16-byte aligned (a view) or a graph capture meets it
+// first, which then take the other paths.
+const void* fp8_wgmma_weight_map(CudaBackend& be, const MatrixWeight& w) {
+  if (reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 != 0) return nullptr;
+  const std::vector<int64_t> key = {
+      kWgmmaMapTag, static_cast<int64_t>(reinterpret_cast<uintptr_t>(w.values.raw_data())),
+      w.rows(), w.cols()};
+  if (be.capturing() && !be.has_tensor_map_table(key)) return nullptr;
+  return be.tensor_map_table(key, [&] {
+    const ByteMatrix m{w.values.raw_data(), static_cast<uint64_t>(w.rows()),
+                       static_cast<uint64_t>(w.cols())};
+    return encode_byte_matrix_maps({&m, 1}, kFp8WgmmaSliceK, kFp8WgmmaRows,
+                                   TensorMapSwizzle::k128B);
+  });
+}
+
+Fp8WgmmaWeight wgmma_weight(const MatrixWeight& w, const void* map, Tensor& y, int64_t n) {
+  return Fp8WgmmaWeight{map, w.scales.data<float>(), w.scales.size(1), y.data<float>(), n};
+}
+
+// The activation quantization (quantize_rows_e4m3, unpadded) and the weight stream's launch as
+// its programmatic dependent: xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M] are scratch.
+void run_fp8_wgmma(CudaBackend& be, const Tensor& x, const Fp8Problem& p, const Fp8WgmmaConfig& c,
+                   Fp8WgmmaLaunch l) {
+  const int64_t kb_count = (p.k + kLtGroup - 1) / kLtGroup;
+  Tensor xq = be.scratch(static_cast<size_t>(p.groups * p.m * p.k));
+  Tensor xs = be.empty({p.groups * kb_count * p.m}, DType::kF32);
+  auto* xqp = static_cast<uint8_t*>(xq.raw_data());
+  launch_programmatic("linear (fp8 wgmma): activation quantization",
+                      dim3(ceil_div(p.m * p.groups * kb_count, kQuantWarps)),
+                      dim3(32 * kQuantWarps), 0, be.stream(), be.pdl(), quantize_rows_e4m3,
+                      x.data<float>(), xqp, xs.data<float>(), p.m, p.m, p.k, p.groups);
+  DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 wgmma): activation quantization");
+  l.xq = xqp;
+  l.xs = xs.data<float>();
+  l.m_pad = p.m;
+  launch_fp8_wgmma(l, p, c, be.smem_limits(), be.pdl(), be.stream());
+  DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 wgmma)");
+  be.set_last_fp8_linear_path(Fp8LinearPath::kWgmma);
+}
+
 }  // namespace
 
 Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const MatrixWeight& w,
@@ -237,6 +286,17 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   const Fp8Problem p{x.size(0),    w.rows() / groups, w.cols(),   groups,
                      w.block_rows, w.block_cols,      w.act_group};
   if (p.m == 0 || p.n == 0) return be.empty({p.m, groups * p.n}, DType::kF32);
+  if (be.fp8_linear() == Fp8LinearChoice::kWgmma) {
+    const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
+    const void* map = wgmma.use ? fp8_wgmma_weight_map(be, w) : nullptr;
+    if (map != nullptr) {
+      Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
+      Fp8WgmmaLaunch l;
+      l.first = wgmma_weight(w, map, y, p.n);
+      run_fp8_wgmma(be, x, p, wgmma, l);
+      return y;
+    }
+  }
   const Fp8StreamConfig stream = choose_fp8_stream(p, be.num_sms());
   // Weights are whole allocations (aligned); a view that is not takes the other paths.
   const bool stream_ok = stream.use && reinterpret_cast<uintptr_t>(w.values.raw_data()) % 16 == 0;
@@ -251,7 +311,9 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
     DEEPINFER_CUDA_LAUNCH_CHECK(op);
     return y;
   };
-  if (be.fp8_linear() != Fp8LinearChoice::kLegacy && stream_ok) return run_stream();
+  const bool stream_choice =
+      be.fp8_linear() == Fp8LinearChoice::kStream || be.fp8_linear() == Fp8LinearChoice::kStreamPdl;
+  if (stream_choice && stream_ok) return run_stream();
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
   if (gemv.use) {
     Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
@@ -273,15 +335,37 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   return Tensor();
 }
 
+void prepare_fp8_wgmma_map(CudaBackend& be, const MatrixWeight& w) {
+  const bool pow2_rows = w.block_rows >= kFp8WgmmaRows && (w.block_rows & (w.block_rows - 1)) == 0;
+  if (be.wgmma_device() && w.format == WeightFormat::kFp8Block && w.block_cols == kFp8WgmmaSliceK &&
+      w.act_group == kFp8WgmmaSliceK && pow2_rows && w.cols() % 16 == 0 && w.rows() > 0) {
+    fp8_wgmma_weight_map(be, w);
+  }
+}
+
 bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight& b,
                      Tensor& ya, Tensor& yb) {
   if (a.format != WeightFormat::kFp8Block || b.format != WeightFormat::kFp8Block ||
       a.block_rows != b.block_rows || a.block_cols != b.block_cols || a.act_group != b.act_group ||
-      be.fp8_linear() != Fp8LinearChoice::kLegacy) {
+      (be.fp8_linear() != Fp8LinearChoice::kLegacy && be.fp8_linear() != Fp8LinearChoice::kWgmma)) {
     return false;
   }
   const Fp8Problem p{x.size(0),    a.rows() + b.rows(), a.cols(),   1,
                      a.block_rows, a.block_cols,        a.act_group};
+  if (be.fp8_linear() == Fp8LinearChoice::kWgmma && p.m > 0) {
+    const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
+    const void* map_a = wgmma.use ? fp8_wgmma_weight_map(be, a) : nullptr;
+    const void* map_b = map_a != nullptr ? fp8_wgmma_weight_map(be, b) : nullptr;
+    if (map_b != nullptr) {
+      ya = be.empty({p.m, a.rows()}, DType::kF32);
+      yb = be.empty({p.m, b.rows()}, DType::kF32);
+      Fp8WgmmaLaunch l;
+      l.first = wgmma_weight(a, map_a, ya, a.rows());
+      l.second = wgmma_weight(b, map_b, yb, b.rows());
+      run_fp8_wgmma(be, x, p, wgmma, l);
+      return true;
+    }
+  }
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
   if (!gemv.use || a.rows() % (16 * gemv.warps) != 0) return false;
   ya = be.empty({p.m, a.rows()}, DType::kF32);

@@ -223,4 +223,69 @@ inline bool fp8_grouped_takes_stream(const Fp8Problem& p) {
   return p.groups > 1 && p.m > kFp8GemvMaxTokens && p.m <= kFp8StreamMaxTokens;
 }
 
+// ---- the Hopper weight stream (sm90/fp8_wgmma.cu; DEEPINFER_FP8_LINEAR=wgmma) -------------------
+
+// Weight rows per CTA (one m64 wgmma tile), columns per ring stage (one activation group and one
+// weight scale column), ring depth, and K splits (CTAs of one cluster).
+constexpr int kFp8WgmmaRows = 64;
+constexpr int kFp8WgmmaSliceK = 128;
+constexpr int kFp8WgmmaStages = 4;
+constexpr int kFp8WgmmaMaxSplits = 8;
+// Up to these M: linear and linear_pair as the GEMV did, grouped linears as the streaming kernel
+// did (wo_a past 16 tokens, where cuBLASLt runs a latency-bound GEMM per group).
+constexpr int kFp8WgmmaMaxTokens = 16;
+constexpr int kFp8WgmmaGroupedMaxTokens = 64;
+// The activations of a CTA's K range stay in shared memory: at most this many bytes at the
+// largest token tile of its kind of call.
+constexpr int64_t kFp8WgmmaMaxActBytes = 64 * 1024;
+
+// The token tile of a call (the wgmma's N): 8, 16, 32 or 64.
+constexpr int fp8_wgmma_tokens(int64_t m) {
+  return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
+}
+
+struct Fp8WgmmaConfig {
+  bool use = false;
+  int tokens = 8;        // token tile (fp8_wgmma_tokens)
+  int splits = 1;        // CTAs over K of the same rows: one cluster
+  int kb_per_split = 0;  // 128-column blocks per split (the last split may have fewer)
+};
+
+// The weight stream applies on wgmma devices for 1 <= M <= kFp8WgmmaMaxTokens (grouped:
+// kFp8WgmmaGroupedMaxTokens) to DeepSeek's scaling: act_group 128 and 128-column weight blocks
+// (one promotion per stage), block_rows a power of two >= 64 (a tile's rows share one scale
+// row), K % 16 == 0 (16-byte rows for the tensor copies) and, when grouped, N % 64 == 0 (no tile
+// straddles two groups). `rows` is the launch's row count per group (both weights of a pair).
+// The K split depends on N, K, G and the SM count only, never on M: each row tile's CTAs
+// double their splits while they stay under two CTAs per SM and every split keeps at least two
+// blocks, then more splits while a split's activations at the largest tile would not fit.
+inline Fp8WgmmaConfig choose_fp8_wgmma(const Fp8Problem& p, int num_sms, bool wgmma_device) {
+  Fp8WgmmaConfig c;
+  const int64_t max_tokens = p.groups > 1 ? kFp8WgmmaGroupedMaxTokens : kFp8WgmmaMaxTokens;
+  const bool pow2_rows = p.block_rows >= kFp8WgmmaRows && (p.block_rows & (p.block_rows - 1)) == 0;
+  if (!wgmma_device || p.m < 1 || p.m > max_tokens || p.act_group != kFp8WgmmaSliceK ||
+      p.block_cols != kFp8WgmmaSliceK || !pow2_rows || p.k < 16 || p.k % 16 != 0 || p.n < 1 ||
+      p.groups < 1 || (p.groups > 1 && p.n % kFp8WgmmaRows != 0) || num_sms < 1) {
+    return c;
+  }
+  const int64_t blocks = (p.k + kFp8WgmmaSliceK - 1) / kFp8WgmmaSliceK;
+  const int64_t tiles = (p.n + kFp8WgmmaRows - 1) / kFp8WgmmaRows * p.groups;
+  if (tiles > 0x7fffffff) return c;
+  int64_t splits = 1;
+  while (splits < kFp8WgmmaMaxSplits && tiles * splits < 2 * static_cast<int64_t>(num_sms) &&
+         blocks / (2 * splits) >= 2) {
+    splits *= 2;
+  }
+  const auto act_bytes = [&](int64_t s) {
+    return (blocks + s - 1) / s * kFp8WgmmaSliceK * fp8_wgmma_tokens(max_tokens);
+  };
+  while (act_bytes(splits) > kFp8WgmmaMaxActBytes && splits < kFp8WgmmaMaxSplits) ++splits;
+  if (act_bytes(splits) > kFp8WgmmaMaxActBytes) return c;
+  c.use = true;
+  c.tokens = fp8_wgmma_tokens(p.m);
+  c.kb_per_split = static_cast<int>((blocks + splits - 1) / splits);
+  c.splits = static_cast<int>((blocks + c.kb_per_split - 1) / c.kb_per_split);
+  return c;
+}
+
 }  // namespace deepinfer::cuda

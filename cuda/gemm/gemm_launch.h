@@ -72,6 +72,37 @@ void launch_fp8_stream(const float* x, __nv_bfloat16* xq, const uint8_t* w, cons
                        int64_t scale_ld, float* y, const Fp8Problem& p, const Fp8StreamConfig& c,
                        bool pdl, KernelSmemLimits& smem_limits, cudaStream_t stream);
 
+// One weight of a launch of the Hopper weight stream: its tensor map (fp8_wgmma_weight_map),
+// scales [ceil(rows / block_rows), scale_ld] f32, output y [M, G n] f32 and rows per group.
+struct Fp8WgmmaWeight {
+  const void* map = nullptr;
+  const float* scales = nullptr;
+  int64_t scale_ld = 0;
+  float* y = nullptr;
+  int64_t n = 0;
+};
+
+// A launch of the Hopper weight stream (sm90/fp8_wgmma.cu): `first` (G groups of p.n rows, or
+// with `second` the pair's first weight, G = 1), `second` (map nullptr: none) and the quantized
+// activations of quantize_rows_e4m3: xq [G][m_pad][K] e4m3, xs [G][ceil(K / 128)][m_pad].
+struct Fp8WgmmaLaunch {
+  Fp8WgmmaWeight first, second;
+  const uint8_t* xq = nullptr;
+  const float* xs = nullptr;
+  int64_t m_pad = 0;
+};
+
+// y = q(x) . w^T by the weight stream, for a config with c.use (sm_90a code on an sm_90 device
+// only). `pdl`: a programmatic dependent launch of the quantization (the weights stream while the
+// activations are quantized).
+void launch_fp8_wgmma(const Fp8WgmmaLaunch& l, const Fp8Problem& p, const Fp8WgmmaConfig& c,
+                      KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
+
+// Builds the weight stream's tensor map of an uploaded kFp8Block weight that the stream may take
+// (a wgmma device, DeepSeek's 128-column scaling), so that no first use falls in a graph capture
+// (where a call without its map takes the other paths).
+void prepare_fp8_wgmma_map(CudaBackend& be, const MatrixWeight& w);
+
 // linear / grouped_linear of a kFp8Block weight on the streaming kernel, the GEMV or cuBLASLt
 // (gemm_fp8.cu). Returns an undefined tensor when neither applies (or cuBLASLt has no algorithm):
 // the caller falls back to dequantize_fp8 and the dense path.

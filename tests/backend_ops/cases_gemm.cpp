@@ -310,6 +310,13 @@ std::vector<OpCase> gemm_cases() {
     add_fp8(t, {{m, kHidden, 1024, 8}, 128, 128, 128});  // wo_a
     add_fp8(t, {{m, 8192, kHidden, 0}, 128, 128, 128});  // wo_b
   }
+  // Grouped shapes the Hopper weight stream takes (sm90/fp8_wgmma.cu, opt-in: run the table with
+  // DEEPINFER_FP8_LINEAR=wgmma; 128x128 blocks, act_group 128, M <= 16, grouped M <= 64 with
+  // N % 64 == 0): each token tile (8, 16, 32, 64) and the grouped bound (64 | 65 on cuBLASLt),
+  // K 1040 (9 blocks, the last partial: zero-filled activations and weights), ragged N within one
+  // group's tiles. By default the GEMV, the streaming kernel and cuBLASLt run them.
+  for (const int64_t m : {1, 9, 17, 33, 64, 65}) add_fp8(t, {{m, 1040, 128, 3}, 128, 128, 128});
+  add_fp8(t, {{7, 1040, 300, 0}, 128, 128, 128});
   // linear_pair at the V4-Flash pairs (wq_a with wkv, wq_b with the indexer's wq_b, the shared
   // expert's w1 with w3): one GEMV launch up to 16 tokens, two linears above (M 17: cuBLASLt);
   // a first weight whose rows are not whole GEMV tiles (300), blocks that differ from the GEMV's

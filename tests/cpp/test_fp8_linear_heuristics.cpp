@@ -6,7 +6,10 @@
 // time that it inverts the decode's slice_input). The FP8 decode GEMV (choose_fp8_gemv): where it
 // applies (the kernel finds a column's scales by shifts, so blocks and activation groups must be
 // powers of two), its tiling independent of M, its splits covering K; and where the default
-// takes the streaming kernel instead of cuBLASLt (fp8_grouped_takes_stream).
+// takes the streaming kernel instead of cuBLASLt (fp8_grouped_takes_stream). The Hopper weight
+// stream (choose_fp8_wgmma): where it applies (DeepSeek's 128-column scaling, 64-row tiles in one
+// scale row, wgmma devices), its K split independent of M and covering K in one cluster, the
+// activations of a split within their shared-memory bound, the V4-Flash tilings on 132 SMs.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -144,6 +147,8 @@ TEST(Fp8StreamLayout, StagedIndexPermutesEachSlice) {
 TEST(Fp8StreamHeuristics, ParsesTheSwitch) {
   EXPECT_EQ(parse_fp8_linear(nullptr), Fp8LinearChoice::kLegacy);
   EXPECT_EQ(parse_fp8_linear(""), Fp8LinearChoice::kLegacy);
+  EXPECT_EQ(parse_fp8_linear("wgmma"), Fp8LinearChoice::kWgmma);
+  EXPECT_EQ(parse_fp8_linear("auto"), std::nullopt);
   EXPECT_EQ(parse_fp8_linear("stream"), Fp8LinearChoice::kStream);
   EXPECT_EQ(parse_fp8_linear("stream_pdl"), Fp8LinearChoice::kStreamPdl);
   EXPECT_EQ(parse_fp8_linear("legacy"), Fp8LinearChoice::kLegacy);
@@ -237,6 +242,82 @@ TEST(Fp8GemvHeuristics, GroupedLinearsAboveTheGemvTakeTheStreamingKernel) {
     EXPECT_FALSE(fp8_grouped_takes_stream(problem(m, 1024, 4096))) << m;
   }
   EXPECT_FALSE(fp8_grouped_takes_stream(problem(kFp8StreamMaxTokens + 1, 1024, 4096, 8)));
+}
+
+TEST(Fp8WgmmaHeuristics, AppliesToDeepSeekScalingOnWgmmaDevices) {
+  EXPECT_TRUE(choose_fp8_wgmma(problem(1, 1024, 4096), kH200Sms, true).use);
+  EXPECT_TRUE(choose_fp8_wgmma(problem(kFp8WgmmaMaxTokens, 300, 1040), kH200Sms, true).use);
+  EXPECT_TRUE(
+      choose_fp8_wgmma(problem(kFp8WgmmaGroupedMaxTokens, 1024, 4096, 8), kH200Sms, true).use);
+  EXPECT_TRUE(choose_fp8_wgmma(Fp8Problem{1, 512, 4096, 1, 256, 128, 128}, kH200Sms, true).use);
+  // No wgmma (sm_100a, or a build without sm_90a code).
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 1024, 4096), kH200Sms, false).use);
+  EXPECT_FALSE(choose_fp8_wgmma(problem(0, 1024, 4096), kH200Sms, true).use);
+  // Past the token bounds: linear above 16, grouped above 64.
+  EXPECT_FALSE(choose_fp8_wgmma(problem(kFp8WgmmaMaxTokens + 1, 1024, 4096), kH200Sms, true).use);
+  EXPECT_FALSE(
+      choose_fp8_wgmma(problem(kFp8WgmmaGroupedMaxTokens + 1, 1024, 4096, 8), kH200Sms, true).use);
+  // Other scalings: 32x32 blocks (V4.1), act_group 64 or 0, 32-row blocks with 128 columns.
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 1024, 4096, 1, 32, 128), kH200Sms, true).use);
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 1024, 4096, 1, 128, 64), kH200Sms, true).use);
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 1024, 4096, 1, 128, 0), kH200Sms, true).use);
+  EXPECT_FALSE(choose_fp8_wgmma(Fp8Problem{1, 512, 4096, 1, 32, 128, 128}, kH200Sms, true).use);
+  EXPECT_FALSE(choose_fp8_wgmma(Fp8Problem{1, 512, 4096, 1, 96, 128, 128}, kH200Sms, true).use);
+  // K % 16 != 0 (tensor-copy rows of 16-byte multiples); grouped N % 64 != 0.
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 1024, 4100), kH200Sms, true).use);
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 72, 1024, 3), kH200Sms, true).use);
+  EXPECT_TRUE(choose_fp8_wgmma(problem(1, 128, 1024, 3), kH200Sms, true).use);
+}
+
+TEST(Fp8WgmmaHeuristics, SplitDoesNotDependOnMAndCoversKInOneCluster) {
+  for (const Fp8Problem& base :
+       {problem(1, 1024, 4096), problem(1, 32768, 1024), problem(1, 512, 4096),
+        problem(1, 1024, 4096, 8), problem(1, 4096, 8192), problem(1, 300, 1040),
+        problem(1, 64, 48), problem(1, 128, 16384), problem(1, 8192, 1024)}) {
+    const int max_m = base.groups > 1 ? kFp8WgmmaGroupedMaxTokens : kFp8WgmmaMaxTokens;
+    const Fp8WgmmaConfig one = choose_fp8_wgmma(base, kH200Sms, true);
+    ASSERT_TRUE(one.use) << base.n << " x " << base.k;
+    const int64_t blocks = (base.k + kFp8WgmmaSliceK - 1) / kFp8WgmmaSliceK;
+    EXPECT_GE(one.splits, 1);
+    EXPECT_LE(one.splits, kFp8WgmmaMaxSplits);
+    EXPECT_GE(int64_t{one.splits} * one.kb_per_split, blocks) << base.n << " x " << base.k;
+    EXPECT_LT(int64_t{one.splits - 1} * one.kb_per_split, blocks)
+        << base.n << " x " << base.k << ": an empty split";
+    EXPECT_LE(int64_t{one.kb_per_split} * kFp8WgmmaSliceK * fp8_wgmma_tokens(max_m),
+              kFp8WgmmaMaxActBytes);
+    for (int64_t m = 1; m <= max_m; ++m) {
+      Fp8Problem p = base;
+      p.m = m;
+      const Fp8WgmmaConfig c = choose_fp8_wgmma(p, kH200Sms, true);
+      EXPECT_EQ(c.splits, one.splits) << m;
+      EXPECT_EQ(c.kb_per_split, one.kb_per_split) << m;
+      EXPECT_EQ(c.tokens, fp8_wgmma_tokens(m)) << m;
+      EXPECT_GE(c.tokens, m);
+    }
+  }
+  // K 131072 at 16 tokens: 1024 blocks, at most 32 a split under the activation bound, so more
+  // than 8 splits would be needed: not the weight stream.
+  EXPECT_FALSE(choose_fp8_wgmma(problem(1, 64, 131072), kH200Sms, true).use);
+}
+
+TEST(Fp8WgmmaHeuristics, V4FlashShapesOnH200) {
+  struct Expect {
+    Fp8Problem p;
+    int splits, kb_per_split;
+  };
+  // Row tiles double their splits while under 2 x 132 CTAs and 2+ blocks a split.
+  for (const Expect& e : {Expect{problem(1, 1024, 4096), 8, 4},     // wq_a: 16 tiles
+                          Expect{problem(1, 32768, 1024), 1, 8},    // wq_b: 512 tiles
+                          Expect{problem(1, 512, 4096), 8, 4},      // wkv: 8 tiles
+                          Expect{problem(1, 1024, 4096, 8), 4, 8},  // wo_a: 128 tiles
+                          Expect{problem(1, 4096, 8192), 8, 8},     // wo_b: 64 tiles
+                          Expect{problem(1, 4096, 2048), 8, 2},     // shared w2: 64 tiles
+                          Expect{problem(1, 8192, 1024), 4, 2}}) {  // indexer wq_b: 128 tiles
+    const Fp8WgmmaConfig c = choose_fp8_wgmma(e.p, kH200Sms, true);
+    ASSERT_TRUE(c.use);
+    EXPECT_EQ(c.splits, e.splits) << e.p.n << " x " << e.p.k << " g " << e.p.groups;
+    EXPECT_EQ(c.kb_per_split, e.kb_per_split) << e.p.n << " x " << e.p.k << " g " << e.p.groups;
+  }
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ const char* path_name(cuda::Fp8LinearPath p) {
       return "none";
     case cuda::Fp8LinearPath::kStream:
       return "stream";
+    case cuda::Fp8LinearPath::kWgmma:
+      return "wgmma";
     case cuda::Fp8LinearPath::kGemv:
       return "gemv";
     case cuda::Fp8LinearPath::kCublasLt:

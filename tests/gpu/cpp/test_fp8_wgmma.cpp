@@ -1,0 +1,140 @@
+// The Hopper weight stream of FP8 linears (cuda/gemm/sm90/fp8_wgmma.cu, opt-in on wgmma devices:
+// DEEPINFER_FP8_LINEAR=wgmma) at decode batch sizes: linear, grouped_linear and
+// linear_pair take it where choose_fp8_wgmma applies; the same bytes on a second run; a token's
+// row does not depend on the other tokens of the batch (the K split is chosen without M, and the
+// 8-, 16-, 32- and 64-token tiles add every output in the same order); it agrees with the legacy
+// paths (the GEMV, the streaming kernel) within the FP8 tolerance. Agreement with the CPU
+// reference is the op table's run with DEEPINFER_FP8_LINEAR=wgmma (tests/backend_ops/
+// cases_gemm.cpp). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "compare.h"
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/gemm/gemm_fp8_heuristics.h"
+#include "deepinfer/backend.h"
+#include "deepinfer/weight.h"
+#include "device_backends.h"
+#include "inputs.h"
+#include "scoped_env.h"
+
+namespace deepinfer::backend_ops {
+namespace {
+
+// The largest |a - b| over the largest |b|.
+double relative_max_error(const Tensor& a, const Tensor& b) {
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  double err = 0.0, ref = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(pa[i]) - pb[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(pb[i])));
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+// A CUDA backend created with DEEPINFER_FP8_LINEAR=wgmma; nullptr where none can run the weight
+// stream, with `why` (`no_device`: there is no CUDA device at all, which DEEPINFER_REQUIRE_DEVICE
+// turns into a failure).
+std::unique_ptr<Backend> wgmma_backend(std::string& why, bool& no_device) {
+  Backend* shared = shared_backend("cuda", &why);
+  no_device = shared == nullptr;
+  if (no_device) return nullptr;
+  if (!dynamic_cast<cuda::CudaBackend&>(*shared).wgmma_device()) {
+    why = "no wgmma on this device or build (sm_90a code on an sm_90 device)";
+    return nullptr;
+  }
+  const ScopedEnv env("DEEPINFER_FP8_LINEAR", "wgmma");
+  return make_backend("cuda");
+}
+
+TEST(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
+  std::string why;
+  bool no_device = false;
+  std::unique_ptr<Backend> own = wgmma_backend(why, no_device);
+  if (own == nullptr) {
+    if (no_device && device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  std::unique_ptr<Backend> legacy;
+  {
+    const ScopedEnv env("DEEPINFER_FP8_LINEAR", "legacy");
+    legacy = make_backend("cuda");
+  }
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*own);
+  struct Shape2 {
+    int64_t n, k;
+    int groups;  // 0: linear
+  };
+  std::mt19937 rng(20261206);
+  // wq_a (8 splits of 4 blocks), wq_b (one split), wo_b (8 splits), wo_a (grouped, 4 splits),
+  // ragged N and K (K 1040: 9 blocks, the last partial), a single partial block (K 48), grouped
+  // with a ragged last block.
+  for (const Shape2& s :
+       {Shape2{1024, 4096, 0}, Shape2{32768, 1024, 0}, Shape2{4096, 8192, 0}, Shape2{1024, 4096, 8},
+        Shape2{300, 1040, 0}, Shape2{200, 48, 0}, Shape2{128, 1040, 3}}) {
+    const int g = s.groups ? s.groups : 1;
+    const int64_t tokens = s.groups ? cuda::kFp8WgmmaGroupedMaxTokens : cuda::kFp8WgmmaMaxTokens;
+    const MatrixWeight host = random_fp8_block_weight(rng, g * s.n, s.k, 128, 128);
+    const Tensor x = random_f32(rng, {tokens, g * s.k});
+    const MatrixWeight w = own->upload_matrix_weight(host);
+    const MatrixWeight w_legacy = legacy->upload_matrix_weight(host);
+    const auto run = [&](Backend& be, const MatrixWeight& wb, int64_t m) {
+      const Tensor xm = be.upload(x.narrow(0, 0, m), DType::kF32);
+      return be.to_host(s.groups ? be.grouped_linear(xm, wb, s.groups) : be.linear(xm, wb));
+    };
+    const std::string what = "n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " groups " +
+                             std::to_string(s.groups);
+    const Tensor first = run(*own, w, tokens);
+    EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << what;
+    EXPECT_TRUE(same_bytes(first, run(*own, w, tokens))) << what << ": two runs differ";
+    for (const int64_t m : {1, 7, 8, 9, 16, 17, 33}) {
+      if (m > tokens) continue;
+      const Tensor few = run(*own, w, m);
+      EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << what << " m " << m;
+      EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
+          << what << ": the first " << m << " tokens differ when run alone";
+    }
+    // The legacy paths (the GEMV's exact products, cuBLASLt's or the streaming kernel's sums):
+    // within the op table's FP8 tolerance of each other.
+    const double err = relative_max_error(first, run(*legacy, w_legacy, tokens));
+    EXPECT_LT(err, 1e-3) << what;
+  }
+}
+
+TEST(Fp8Wgmma, LinearPairTakesOneLaunchOfTwoWeights) {
+  std::string why;
+  bool no_device = false;
+  std::unique_ptr<Backend> own = wgmma_backend(why, no_device);
+  if (own == nullptr) {
+    if (no_device && device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  Backend* be = own.get();
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+  std::mt19937 rng(20261207);
+  // wq_a with wkv (whole tiles), and a first weight of 300 rows (its last tile partial).
+  for (const auto& [na, nb] : {std::pair<int64_t, int64_t>{1024, 512}, {300, 200}}) {
+    const int64_t k = 1040;
+    const MatrixWeight a = be->upload_matrix_weight(random_fp8_block_weight(rng, na, k, 128, 128));
+    const MatrixWeight b = be->upload_matrix_weight(random_fp8_block_weight(rng, nb, k, 128, 128));
+    const Tensor x = be->upload(random_f32(rng, {5, k}), DType::kF32);
+    auto [ya, yb] = be->linear_pair(x, a, b);
+    EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << na << " + " << nb;
+    const Tensor single_a = be->to_host(be->linear(x, a));
+    const Tensor single_b = be->to_host(be->linear(x, b));
+    EXPECT_LT(relative_max_error(be->to_host(ya), single_a), 1e-5) << na << " + " << nb;
+    EXPECT_LT(relative_max_error(be->to_host(yb), single_b), 1e-5) << na << " + " << nb;
+  }
+}
+
+}  // namespace
+}  // namespace deepinfer::backend_ops
