@@ -29,6 +29,7 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/gemm/gemm_fp8_heuristics.h"
+#include "cuda/gemm/gemm_launch.h"
 #include "deepinfer/weight.h"
 #include "op_bench_util.h"
 
@@ -221,7 +222,11 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
     const int copies =
         static_cast<int>(std::clamp<double>(std::ceil(256.0 * (1 << 20) / wbytes), 1, 64));
     std::vector<MatrixWeight> w;
-    for (int i = 0; i < copies; ++i) w.push_back(be.upload_matrix_weight(host));
+    for (int i = 0; i < copies; ++i) {
+      w.push_back(be.upload_matrix_weight(host));
+      // The wgmma rows switch the path after upload: their maps, before any graph capture.
+      cuda::prepare_fp8_wgmma_map(cuda_be, w.back());
+    }
     const std::string dims = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
                              (s.groups > 1 ? " G=" + std::to_string(s.groups) : std::string());
     // 1387: a token count that is not a multiple of 16, as an agent turn's suffix is.

@@ -344,7 +344,8 @@ MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
   out.block_cols = host.block_cols;
   out.values = upload_weight_impl(host.values, DType::kF8E4M3);
   out.scales = upload_weight_impl(host.scales, DType::kF32);
-  prepare_fp8_wgmma_map(*this, out);
+  // The opt-in weight stream's maps (not for every weight: a routed-expert table has thousands).
+  if (fp8_linear_ == Fp8LinearChoice::kWgmma) prepare_fp8_wgmma_map(*this, out);
   return out;
 }
 

@@ -100,7 +100,8 @@ void launch_fp8_wgmma(const Fp8WgmmaLaunch& l, const Fp8Problem& p, const Fp8Wgm
 
 // Builds the weight stream's tensor map of an uploaded kFp8Block weight that the stream may take
 // (a wgmma device, DeepSeek's 128-column scaling), so that no first use falls in a graph capture
-// (where a call without its map takes the other paths).
+// (where a call without its map takes the other paths). The backend calls it on upload under
+// DEEPINFER_FP8_LINEAR=wgmma; a benchmark that switches to wgmma later calls it itself.
 void prepare_fp8_wgmma_map(CudaBackend& be, const MatrixWeight& w);
 
 // linear / grouped_linear of a kFp8Block weight on the streaming kernel, the GEMV or cuBLASLt
