@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
       wgmma_wait<1>();
       fence_accumulators(prev);
       promote(prev, i - 1);
-      named_barrier<kThreads>(
-          1);  // every warp's wgmmas of stage i - 1 are done with its ring stage
+      // Every warp's wgmmas of stage i - 1 are done with its ring stage.
+      named_barrier<kThreads>(1);
       if (tid == 0 && i - 1 + kStages < nk) issue(i - 1 + kStages);
     }
   };
@@ -276,7 +276,10 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
   }
 
   // The partial tile, token-major (rows contiguous: the stores to y coalesce along N), in the
-  // ring, which no copy writes any more.
+  // ring, which no copy writes any more. A warp's wgmma_wait covers its own share of the last
+  // wgmmas only, and with 1 or 2 (mod 4) stages the last one read the ring's first stages: every
+  // warp is past its wait before any overwrites them.
+  __syncthreads();
   float* part_tile = reinterpret_cast<float*>(ring);
   const int r_lo = warp * 16 + (lane >> 2);
 #pragma unroll
