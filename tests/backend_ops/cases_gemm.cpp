@@ -317,6 +317,15 @@ std::vector<OpCase> gemm_cases() {
   // group's tiles. By default the GEMV, the streaming kernel and cuBLASLt run them.
   for (const int64_t m : {1, 9, 17, 33, 64, 65}) add_fp8(t, {{m, 1040, 128, 3}, 128, 128, 128});
   add_fp8(t, {{7, 1040, 300, 0}, 128, 128, 128});
+  // Weights of one partial 128x128 block, as the tiny real-format checkpoints have (K < 128, N <
+  // 64: the weight stream's box is wider and taller than the matrix; one or two stages, so its
+  // last wgmma reads the ring stage its partial tile then takes), and a pair of them.
+  for (const int64_t m : {1, 5, 16}) {
+    add_fp8(t, {{m, 64, 48, 0}, 128, 128, 128});
+    add_fp8(t, {{m, 96, 32, 0}, 128, 128, 128});
+    add_fp8(t, {{m, 256, 40, 0}, 128, 128, 128});
+    add_pair(t, {m, 64, 32, 48, 128, 128, 128});
+  }
   // linear_pair at the V4-Flash pairs (wq_a with wkv, wq_b with the indexer's wq_b, the shared
   // expert's w1 with w3): one GEMV launch up to 16 tokens, two linears above (M 17: cuBLASLt);
   // a first weight whose rows are not whole GEMV tiles (300), blocks that differ from the GEMV's
