@@ -41,35 +41,34 @@ double relative_max_error(const Tensor& a, const Tensor& b) {
   return ref > 0 ? err / ref : err;
 }
 
-// A CUDA backend created with DEEPINFER_FP8_LINEAR=wgmma; nullptr where none can run the weight
-// stream, with `why` (`no_device`: there is no CUDA device at all, which DEEPINFER_REQUIRE_DEVICE
-// turns into a failure).
-std::unique_ptr<Backend> wgmma_backend(std::string& why, bool& no_device) {
-  Backend* shared = shared_backend("cuda", &why);
-  no_device = shared == nullptr;
-  if (no_device) return nullptr;
-  if (!dynamic_cast<cuda::CudaBackend&>(*shared).wgmma_device()) {
-    why = "no wgmma on this device or build (sm_90a code on an sm_90 device)";
-    return nullptr;
+// Tests on a CUDA backend created with DEEPINFER_FP8_LINEAR=wgmma (own_), skipped where none can
+// run the weight stream (a missing device fails under DEEPINFER_REQUIRE_DEVICE).
+class Fp8Wgmma : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    Backend* shared = shared_backend("cuda", &why);
+    if (shared == nullptr) {
+      if (device_required()) FAIL() << why;
+      GTEST_SKIP() << why;
+    }
+    if (!dynamic_cast<cuda::CudaBackend&>(*shared).wgmma_device()) {
+      GTEST_SKIP() << "no wgmma on this device or build (sm_90a code on an sm_90 device)";
+    }
+    const ScopedEnv env("DEEPINFER_FP8_LINEAR", "wgmma");
+    own_ = make_backend("cuda");
   }
-  const ScopedEnv env("DEEPINFER_FP8_LINEAR", "wgmma");
-  return make_backend("cuda");
-}
+  std::unique_ptr<Backend> own_;
+};
 
-TEST(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
-  std::string why;
-  bool no_device = false;
-  std::unique_ptr<Backend> own = wgmma_backend(why, no_device);
-  if (own == nullptr) {
-    if (no_device && device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
+TEST_F(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
+  Backend& own = *own_;
   std::unique_ptr<Backend> legacy;
   {
     const ScopedEnv env("DEEPINFER_FP8_LINEAR", "legacy");
     legacy = make_backend("cuda");
   }
-  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*own);
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(own);
   struct Shape2 {
     int64_t n, k;
     int groups;  // 0: linear
@@ -85,7 +84,7 @@ TEST(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
     const int64_t tokens = s.groups ? cuda::kFp8WgmmaGroupedMaxTokens : cuda::kFp8WgmmaMaxTokens;
     const MatrixWeight host = random_fp8_block_weight(rng, g * s.n, s.k, 128, 128);
     const Tensor x = random_f32(rng, {tokens, g * s.k});
-    const MatrixWeight w = own->upload_matrix_weight(host);
+    const MatrixWeight w = own.upload_matrix_weight(host);
     const MatrixWeight w_legacy = legacy->upload_matrix_weight(host);
     const auto run = [&](Backend& be, const MatrixWeight& wb, int64_t m) {
       const Tensor xm = be.upload(x.narrow(0, 0, m), DType::kF32);
@@ -93,12 +92,12 @@ TEST(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
     };
     const std::string what = "n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " groups " +
                              std::to_string(s.groups);
-    const Tensor first = run(*own, w, tokens);
+    const Tensor first = run(own, w, tokens);
     EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << what;
-    EXPECT_TRUE(same_bytes(first, run(*own, w, tokens))) << what << ": two runs differ";
+    EXPECT_TRUE(same_bytes(first, run(own, w, tokens))) << what << ": two runs differ";
     for (const int64_t m : {1, 7, 8, 9, 16, 17, 33}) {
       if (m > tokens) continue;
-      const Tensor few = run(*own, w, m);
+      const Tensor few = run(own, w, m);
       EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << what << " m " << m;
       EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
           << what << ": the first " << m << " tokens differ when run alone";
@@ -110,15 +109,8 @@ TEST(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
   }
 }
 
-TEST(Fp8Wgmma, LinearPairTakesOneLaunchOfTwoWeights) {
-  std::string why;
-  bool no_device = false;
-  std::unique_ptr<Backend> own = wgmma_backend(why, no_device);
-  if (own == nullptr) {
-    if (no_device && device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
-  Backend* be = own.get();
+TEST_F(Fp8Wgmma, LinearPairTakesOneLaunchOfTwoWeights) {
+  Backend* be = own_.get();
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   std::mt19937 rng(20261207);
   // wq_a with wkv (whole tiles), and a first weight of 300 rows (its last tile partial).
