@@ -258,10 +258,18 @@ Fp8WgmmaWeight wgmma_weight(const MatrixWeight& w, const void* map, Tensor& y, i
   return Fp8WgmmaWeight{map, w.scales.data<float>(), w.scales.size(1), y.data<float>(), n};
 }
 
-// The activation quantization (quantize_rows_e4m3, unpadded) and the weight stream's launch as
-// its programmatic dependent: xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M] are scratch.
+// The weight stream's launch: on x itself where the kernel quantizes it (c.fused_quant), else
+// after the activation quantization (quantize_rows_e4m3, unpadded) as its programmatic
+// dependent: xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M] are scratch.
 void run_fp8_wgmma(CudaBackend& be, const Tensor& x, const Fp8Problem& p, const Fp8WgmmaConfig& c,
                    Fp8WgmmaLaunch l) {
+  if (c.fused_quant && reinterpret_cast<uintptr_t>(x.data<float>()) % 16 == 0) {
+    l.x = x.data<float>();
+    launch_fp8_wgmma(l, p, c, be.smem_limits(), be.pdl(), be.stream());
+    DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 wgmma)");
+    be.set_last_fp8_linear_path(Fp8LinearPath::kWgmma);
+    return;
+  }
   const int64_t kb_count = (p.k + kLtGroup - 1) / kLtGroup;
   Tensor xq = be.scratch(static_cast<size_t>(p.groups * p.m * p.k));
   Tensor xs = be.empty({p.groups * kb_count * p.m}, DType::kF32);

@@ -238,6 +238,12 @@ constexpr int kFp8WgmmaGroupedMaxTokens = 64;
 // The activations of a CTA's K range stay in shared memory: at most this many bytes at the
 // largest token tile of its kind of call.
 constexpr int64_t kFp8WgmmaMaxActBytes = 64 * 1024;
+// Where a CTA's (token, 128 columns) items number at most this many (M x blocks per split), it
+// quantizes its own tile of x (fused_quant): one batch of loads per warp, no quantization launch
+// ahead of the kernel. More items cost each CTA more serial L2 round trips than the launch they
+// save: on the H100 (session 48) fused took 0.7-1.9 us off every V4-Flash linear at M = 1 (8
+// items or fewer), and added 0.9-1.0 us to wq_b, wo_a and wo_b at M = 4 (32-64 items).
+constexpr int64_t kFp8WgmmaFusedQuantMaxItems = 16;
 
 // The token tile of a call (the wgmma's N): 8, 16, 32 or 64.
 constexpr int fp8_wgmma_tokens(int64_t m) {
@@ -246,9 +252,10 @@ constexpr int fp8_wgmma_tokens(int64_t m) {
 
 struct Fp8WgmmaConfig {
   bool use = false;
-  int tokens = 8;        // token tile (fp8_wgmma_tokens)
-  int splits = 1;        // CTAs over K of the same rows: one cluster
-  int kb_per_split = 0;  // 128-column blocks per split (the last split may have fewer)
+  int tokens = 8;            // token tile (fp8_wgmma_tokens)
+  int splits = 1;            // CTAs over K of the same rows: one cluster
+  int kb_per_split = 0;      // 128-column blocks per split (the last split may have fewer)
+  bool fused_quant = false;  // each CTA quantizes its tile of x (else quantize_rows_e4m3 first)
 };
 
 // The weight stream applies on wgmma devices for 1 <= M <= kFp8WgmmaMaxTokens (grouped:
@@ -258,7 +265,9 @@ struct Fp8WgmmaConfig {
 // straddles two groups). `rows` is the launch's row count per group (both weights of a pair).
 // The K split depends on N, K, G and the SM count only, never on M: each row tile's CTAs
 // double their splits while they stay under two CTAs per SM and every split keeps at least two
-// blocks, then more splits while a split's activations at the largest tile would not fit.
+// blocks, then more splits while a split's activations at the largest tile would not fit. Where a
+// CTA has few activation items (kFp8WgmmaFusedQuantMaxItems) it quantizes x itself, with
+// quantize_rows_e4m3's math: the same bytes either way.
 inline Fp8WgmmaConfig choose_fp8_wgmma(const Fp8Problem& p, int num_sms, bool wgmma_device) {
   Fp8WgmmaConfig c;
   const int64_t max_tokens = p.groups > 1 ? kFp8WgmmaGroupedMaxTokens : kFp8WgmmaMaxTokens;
@@ -285,6 +294,7 @@ inline Fp8WgmmaConfig choose_fp8_wgmma(const Fp8Problem& p, int num_sms, bool wg
   c.tokens = fp8_wgmma_tokens(p.m);
   c.kb_per_split = static_cast<int>((blocks + splits - 1) / splits);
   c.splits = static_cast<int>((blocks + c.kb_per_split - 1) / c.kb_per_split);
+  c.fused_quant = p.m * c.kb_per_split <= kFp8WgmmaFusedQuantMaxItems;
   return c;
 }
 

@@ -83,18 +83,21 @@ struct Fp8WgmmaWeight {
 };
 
 // A launch of the Hopper weight stream (sm90/fp8_wgmma.cu): `first` (G groups of p.n rows, or
-// with `second` the pair's first weight, G = 1), `second` (map nullptr: none) and the quantized
-// activations of quantize_rows_e4m3: xq [G][m_pad][K] e4m3, xs [G][ceil(K / 128)][m_pad].
+// with `second` the pair's first weight, G = 1), `second` (map nullptr: none) and the
+// activations: either x [M, G K] f32 (16-byte aligned), which each CTA quantizes itself
+// (Fp8WgmmaConfig::fused_quant), or the quantized activations of quantize_rows_e4m3: xq
+// [G][m_pad][K] e4m3, xs [G][ceil(K / 128)][m_pad].
 struct Fp8WgmmaLaunch {
   Fp8WgmmaWeight first, second;
+  const float* x = nullptr;
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
   int64_t m_pad = 0;
 };
 
 // y = q(x) . w^T by the weight stream, for a config with c.use (sm_90a code on an sm_90 device
-// only). `pdl`: a programmatic dependent launch of the quantization (the weights stream while the
-// activations are quantized).
+// only). `pdl`: a programmatic dependent launch of the kernel before it (the weights stream while
+// that kernel, the quantization or x's producer, finishes).
 void launch_fp8_wgmma(const Fp8WgmmaLaunch& l, const Fp8Problem& p, const Fp8WgmmaConfig& c,
                       KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
 

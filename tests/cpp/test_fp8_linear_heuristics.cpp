@@ -320,5 +320,33 @@ TEST(Fp8WgmmaHeuristics, V4FlashShapesOnH200) {
   }
 }
 
+TEST(Fp8WgmmaHeuristics, QuantizesInTheKernelWhereACtaHasFewActivationItems) {
+  const auto at = [](Fp8Problem p, int64_t m) {
+    p.m = m;
+    return choose_fp8_wgmma(p, kH200Sms, true);
+  };
+  // One token: every V4-Flash linear (at most 8 blocks a split) quantizes in the kernel.
+  for (const Fp8Problem& p :
+       {problem(1, 1024, 4096), problem(1, 32768, 1024), problem(1, 512, 4096),
+        problem(1, 1024, 4096, 8), problem(1, 4096, 8192), problem(1, 4096, 2048),
+        problem(1, 8192, 1024)}) {
+    EXPECT_TRUE(at(p, 1).fused_quant) << p.n << " x " << p.k << " g " << p.groups;
+  }
+  // Four tokens: wq_a (4 blocks a split) still does, wq_b and wo_b (8 blocks) no longer.
+  EXPECT_TRUE(at(problem(1, 1024, 4096), 4).fused_quant);
+  EXPECT_FALSE(at(problem(1, 32768, 1024), 4).fused_quant);
+  EXPECT_FALSE(at(problem(1, 4096, 8192), 4).fused_quant);
+  // The bound is on M x blocks per split, whatever the shape.
+  for (const Fp8Problem& p : {problem(1, 1024, 4096), problem(1, 300, 1040),
+                              problem(1, 1024, 4096, 8), problem(1, 8192, 1024)}) {
+    const int max_m = p.groups > 1 ? kFp8WgmmaGroupedMaxTokens : kFp8WgmmaMaxTokens;
+    for (int64_t m = 1; m <= max_m; ++m) {
+      const Fp8WgmmaConfig c = at(p, m);
+      EXPECT_EQ(c.fused_quant, m * c.kb_per_split <= kFp8WgmmaFusedQuantMaxItems)
+          << p.n << " x " << p.k << " m " << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::cuda

@@ -10,9 +10,11 @@
 //                    one mbarrier per stage; the first stages before the wait on the previous
 //                    grid (weights depend on no kernel), so they stream while the activations are
 //                    quantized.
-//   activations      quantize_rows_e4m3 (gemm_fp8.cu) writes q(x) as e4m3 rows with power-of-two
-//                    scales per 128 columns; each CTA copies its token tile of its K range into
-//                    shared memory once (cp.async, the same 128-byte swizzle) with the scales.
+//   activations      q(x): e4m3 with power-of-two scales per 128 columns. For small
+//                    tiles (kFp8WgmmaFusedQuantMaxItems) each CTA quantizes its token tile of its
+//                    K range itself, straight into shared memory (the same 128-byte swizzle);
+//                    otherwise quantize_rows_e4m3 (gemm_fp8.cu) writes q(x) once and each CTA
+//                    copies its tile (cp.async). Both with the same math: the same bytes.
 //   wgmma            m64nTk32 e4m3 x e4m3 -> f32 with the weights as A (64 rows) and the tokens
 //                    as B (T = 8, 16, 32 or 64 columns), four per stage. The FP8 tensor cores
 //                    add with fewer bits than f32 (DeepGEMM's observation), so each stage's sum
@@ -32,10 +34,12 @@
 #include <vector>
 
 #include "cuda/common/cluster_launch.cuh"
+#include "cuda/common/fp8.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_mbarrier.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/ptx_sm90.cuh"
+#include "cuda/common/reduce.cuh"
 #include "cuda/gemm/gemm_launch.h"
 
 namespace deepinfer::cuda {
@@ -121,6 +125,7 @@ struct WgmmaWeight {
 
 struct WgmmaArgs {
   WgmmaWeight first, second;  // second.row_tiles == 0: no second weight
+  const float* x;             // [M, G K] f32, quantized here; nullptr: xq and xs
   const uint8_t* xq;          // [G][m_pad][K] e4m3 (quantize_rows_e4m3)
   const float* xs;            // [G][ceil(K / 128)][m_pad]
   int64_t m, m_pad, k;
@@ -141,6 +146,66 @@ struct WgmmaSmem {
            kStages * 8;
   }
 };
+
+// The fused quantization: the CTA's activation tiles (kb blocks of its K range, the 128-byte
+// swizzle) and scales from x, per (token, 128 columns) exactly as quantize_rows_e4m3 (one warp an
+// item, 4 columns a lane); tokens past M are zeros with scale 0. Each warp keeps kBatch items'
+// loads in flight.
+template <int kTok>
+__device__ __forceinline__ void quantize_tiles(const WgmmaArgs& a, int g, int kb0, int nk,
+                                               uint8_t* acts, float* act_scales) {
+  constexpr int kBatch = 4;
+  constexpr int kWarps = kThreads / 32;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int tokens = static_cast<int>(a.m < kTok ? a.m : kTok);
+  const int64_t ld_x = static_cast<int64_t>(a.groups) * a.k;
+  const float* x = a.x + static_cast<int64_t>(g) * a.k;
+  const int items = nk * tokens;
+  for (int base = warp * kBatch; base < items; base += kWarps * kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int item = base + j;
+      const int64_t col = static_cast<int64_t>(kb0 + item / tokens) * kSliceK + 4 * lane;
+      v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (item < items && col < a.k) {
+        v[j] = *reinterpret_cast<const float4*>(x + (item % tokens) * ld_x + col);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int item = base + j;
+      if (item >= items) break;  // warp-uniform
+      const int kb = item / tokens, r = item % tokens;
+      const float amax =
+          fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+      const float scale = act_group_scale(warp_max(amax));
+      const float inv = 1.0f / scale;  // exact: a power of two
+      const float f[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+      uint32_t packed = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        packed |=
+            static_cast<uint32_t>(__nv_cvt_float_to_fp8(f[e] * inv, __NV_SATFINITE, __NV_E4M3))
+            << (8 * e);
+      }
+      uint8_t* row = acts + kb * WgmmaSmem<kTok>::kActTile + r * kSliceK;
+      *reinterpret_cast<uint32_t*>(row + (((lane >> 2) ^ (r & 7)) << 4) + 4 * (lane & 3)) = packed;
+      if (lane == 0) act_scales[kb * kTok + r] = scale;
+    }
+  }
+  // The pad tokens' rows and scales.
+  const int pad = kTok - tokens;
+  for (int c = static_cast<int>(threadIdx.x); c < nk * pad * 8; c += kThreads) {
+    const int kb = c / (pad * 8);
+    const int r = tokens + (c / 8) % pad;
+    *reinterpret_cast<uint4*>(acts + kb * WgmmaSmem<kTok>::kActTile + r * kSliceK + (c % 8) * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  for (int i = static_cast<int>(threadIdx.x); i < nk * pad; i += kThreads) {
+    act_scales[(i / pad) * kTok + tokens + i % pad] = 0.0f;
+  }
+}
 
 template <int kTok>
 __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
@@ -188,29 +253,33 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
     weight_scales[i] = w.scales[(weight_row / a.block_rows) * w.scale_ld + kb0 + i];
   }
 
-  enter_dependent_grid();  // q(x) is the quantization kernel's output
+  enter_dependent_grid();  // x or q(x) is the output of the kernel before
   // The activation tiles: chunk c (16 bytes) of row r of a tile at (c ^ (r % 8)) * 16; chunks
   // past K are zeros (e4m3 garbage there could be NaN, which a zero weight would not cancel).
-  const uint8_t* xq = a.xq + static_cast<int64_t>(g) * a.m_pad * a.k;
-  for (int c = tid; c < nk * kTok * 8; c += kThreads) {
-    const int kb = c / (kTok * 8);
-    const int r = (c / 8) % kTok;
-    const int chunk = c % 8;
-    const int64_t col = static_cast<int64_t>(kb0 + kb) * kSliceK + chunk * 16;
-    uint8_t* dst = acts + kb * WgmmaSmem<kTok>::kActTile + r * kSliceK + ((chunk ^ (r & 7)) << 4);
-    if (r < a.m_pad && col < a.k) {
-      cp_async_16(dst, xq + r * a.k + col);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  if (a.x != nullptr) {
+    quantize_tiles<kTok>(a, g, kb0, nk, acts, act_scales);
+  } else {
+    const uint8_t* xq = a.xq + static_cast<int64_t>(g) * a.m_pad * a.k;
+    for (int c = tid; c < nk * kTok * 8; c += kThreads) {
+      const int kb = c / (kTok * 8);
+      const int r = (c / 8) % kTok;
+      const int chunk = c % 8;
+      const int64_t col = static_cast<int64_t>(kb0 + kb) * kSliceK + chunk * 16;
+      uint8_t* dst = acts + kb * WgmmaSmem<kTok>::kActTile + r * kSliceK + ((chunk ^ (r & 7)) << 4);
+      if (r < a.m_pad && col < a.k) {
+        cp_async_16(dst, xq + r * a.k + col);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
     }
+    cp_async_commit();
+    const float* xs = a.xs + static_cast<int64_t>(g) * kb_total * a.m_pad;
+    for (int i = tid; i < nk * kTok; i += kThreads) {
+      const int kb = i / kTok, t = i % kTok;
+      act_scales[i] = t < a.m_pad ? xs[static_cast<int64_t>(kb0 + kb) * a.m_pad + t] : 0.0f;
+    }
+    cp_async_wait_all();
   }
-  cp_async_commit();
-  const float* xs = a.xs + static_cast<int64_t>(g) * kb_total * a.m_pad;
-  for (int i = tid; i < nk * kTok; i += kThreads) {
-    const int kb = i / kTok, t = i % kTok;
-    act_scales[i] = t < a.m_pad ? xs[static_cast<int64_t>(kb0 + kb) * a.m_pad + t] : 0.0f;
-  }
-  cp_async_wait_all();
   fence_async_shared();  // the activation tiles, written by the generic proxy, feed wgmma
   __syncthreads();
 
@@ -348,6 +417,7 @@ void launch_fp8_wgmma(const Fp8WgmmaLaunch& l, const Fp8Problem& p, const Fp8Wgm
   };
   a.first = weight(l.first);
   if (l.second.map != nullptr) a.second = weight(l.second);
+  a.x = l.x;
   a.xq = l.xq;
   a.xs = l.xs;
   a.m = p.m;
