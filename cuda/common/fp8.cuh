@@ -1,7 +1,7 @@
 // Device helpers of DeepSeek's low-precision formats (docs/model.md#quantized-checkpoints): the
 // e4m3 rounding and power-of-two group scale of dynamic activation quantization, and the e8m0
-// and e2m1 decodes of block-scaled weights. Each matches its host twin in deepinfer/dtype.h and
-// deepinfer/weight.h bit for bit.
+// and e2m1 decodes of block-scaled weights, each bit for bit its host twin in deepinfer/dtype.h
+// and deepinfer/weight.h; and the e4m3 tensor-core product.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -24,6 +24,17 @@ __device__ __forceinline__ float act_group_scale(float amax) {
   uint32_t bits = __float_as_uint(ratio);
   const uint32_t exponent = (bits >> 23) + ((bits & 0x7fffffu) != 0 ? 1u : 0u);
   return __uint_as_float(exponent << 23);
+}
+
+// d = A (16 x 32 e4m3, rows g / g + 8) . B (32 x 8 e4m3) + d (sm_89+): exact products summed in
+// f32, unlike FP8 wgmma, whose sums keep fewer bits (sm90/fp8_wgmma.cu's header).
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // 2^(e - 127) (e == 255, NaN, is rejected at load).

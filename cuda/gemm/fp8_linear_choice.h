@@ -11,10 +11,10 @@ namespace deepinfer::cuda {
 // DEEPINFER_FP8_LINEAR, read once at its creation; benchmarks may set it per call).
 // The default is the GEMV and cuBLASLt: on the H200 the streaming kernel won only at 9..16 tokens
 // (fp8_stream.cu's header has the table), and a per-M switch there would make a token's result
-// depend on whether its batch has 8 or 9 rows. The Hopper weight stream (sm90/fp8_wgmma.cu) is
-// opt-in until the real-format model test holds on it: its FP8 tensor-core sums differ from the
-// GEMV's by up to 5.7e-4 of max |y|, which flips a choice of the real-b128 checkpoint at position
-// 1 (tests/gpu/test_gpu_quantized.py; benchmarks/RESULTS.md, sessions 47 and 48).
+// depend on whether its batch has 8 or 9 rows. The Hopper weight stream (sm90/fp8_wgmma.cu)
+// matches the CPU emulation as the GEMV does (its math is mma.sync since session 49) and is
+// faster alone (1.3-7.5 us per call at one token on the H100), but the model step has not shown
+// the gain beyond its noise (benchmarks/RESULTS.md, sessions 47-49): opt-in until it does.
 enum class Fp8LinearChoice {
   kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
                // (grouped linears: the streaming kernel up to kFp8StreamMaxTokens first)

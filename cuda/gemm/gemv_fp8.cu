@@ -93,16 +93,6 @@ struct Frag<32> {
   }
 };
 
-// d = A (16 x 32 e4m3, rows g / g + 8) . B (32 x 8 e4m3) + d, f32.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Shared memory of a CTA: the slab's quantized activations (rows of slab + 16 bytes, so the 8
 // tokens of a load phase hit distinct banks), their scales, and the partial y tile.
 struct SlabSmem {

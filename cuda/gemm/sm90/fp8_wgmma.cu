@@ -3,7 +3,8 @@
 // blocks kb of (sum_k q(x)[m, k] w[n, k]) * w_scale[n / block_rows, kb] * x_scale[m, kb].
 //
 // At these sizes every weight byte serves at most 64 tokens, so the kernel is bound by the bytes
-// in flight. The weights go straight from HBM to the tensor cores without passing a register:
+// in flight. The weights go from HBM to shared memory by the copy engine, never through a
+// register of the issuing thread:
 //
 //   the ring         one thread per CTA issues tensor copies (TMA, 128-byte swizzle) of its 64
 //                    weight rows x 128 columns per stage into a ring of kFp8WgmmaStages stages,
@@ -15,21 +16,20 @@
 //                    K range itself, straight into shared memory (the same 128-byte swizzle);
 //                    otherwise quantize_rows_e4m3 (gemm_fp8.cu) writes q(x) once and each CTA
 //                    copies its tile (cp.async). Both with the same math: the same bytes.
-//   wgmma            m64nTk32 e4m3 x e4m3 -> f32 with the weights as A (64 rows) and the tokens
-//                    as B (T = 8, 16, 32 or 64 columns), four per stage. The FP8 tensor cores
-//                    add with fewer bits than f32 (DeepGEMM's observation), so each stage's sum
-//                    lands in its own accumulator and is folded into the f32 total with its two
-//                    scales on the CUDA cores (the promotion), while the next stage's wgmmas run.
+//   the math         each of the 4 warps takes 16 of the tile's 64 rows: mma.sync m16n8k32 e4m3
+//                    (f32 sums, as the FP8 GEMV), the operands read from the swizzled stages;
+//                    each stage's sum is folded into the total with its two scales.
 //   reduce_splits    the `splits` CTAs of a row tile (one cluster, each a contiguous range of
 //                    stages) put their partial tiles in shared memory and add them through
 //                    distributed shared memory in split order (no atomics, no workspace).
 //
-// Every product is exact; y differs from the CPU reference by the tensor cores' summation inside a
-// 128-column block and the f32 order of the promotions, fixed by the K split, which depends on N,
-// K, G and the SM count only: a token's result does not depend on the other tokens of its batch.
-// That summation is far from f32's: against the FP8 GEMV (~1e-7 of the CPU emulation) the
-// real-format test checkpoints' linears differed by up to 5.7e-4 of max |y| (K = 32, session 48),
-// enough to flip their top-k choices, which is why the path is opt-in (fp8_linear_choice.h).
+// Every product is exact and summed in f32, so y differs from the CPU reference by summation
+// order only, fixed by the K split, which depends on N, K, G and the SM count only: a token's
+// result does not depend on the other tokens of its batch. The names say wgmma after the first
+// version's math: FP8 wgmma, whose tensor-core sums keep fewer bits than f32 (DeepGEMM's
+// observation). It differed from the GEMV by up to 5.7e-4 of max |y| on the real-format test
+// checkpoints, enough to flip their top-k choices (session 48), where this math matches the CPU
+// emulation to ~3e-7 (session 49; benchmarks/RESULTS.md).
 #include <cooperative_groups.h>
 #include <cuda.h>
 
@@ -57,64 +57,6 @@ constexpr int kStages = kFp8WgmmaStages;
 constexpr int kThreads = 128;  // one warpgroup
 constexpr uint32_t kWeightStageBytes = kRows * kSliceK;
 static_assert(kRows == 64 && kSliceK == 128, "one m64 tile of 128-byte swizzled rows per stage");
-
-// d (64 x T f32) += a (64 x 32 e4m3, shared) . b (32 x T e4m3, shared), or = when !accumulate.
-template <int kTok>
-__device__ __forceinline__ void wgmma_e4m3(float (&d)[kTok / 2], uint64_t a, uint64_t b,
-                                           bool accumulate);
-
-#define DEEPINFER_WG_ACC4(i) "+f"(d[i]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3])
-
-template <>
-__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], uint64_t a, uint64_t b,
-                                              bool accumulate) {
-  DEEPINFER_WGMMA(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : DEEPINFER_WG_ACC4(0)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], uint64_t a, uint64_t b,
-                                               bool accumulate) {
-  DEEPINFER_WGMMA(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, "
-      "%9, p, 1, 1;\n}\n"
-      : DEEPINFER_WG_ACC4(0), DEEPINFER_WG_ACC4(4)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t a, uint64_t b,
-                                               bool accumulate) {
-  DEEPINFER_WGMMA(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-      : DEEPINFER_WG_ACC4(0), DEEPINFER_WG_ACC4(4), DEEPINFER_WG_ACC4(8), DEEPINFER_WG_ACC4(12)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t a, uint64_t b,
-                                               bool accumulate) {
-  DEEPINFER_WGMMA(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-      : DEEPINFER_WG_ACC4(0), DEEPINFER_WG_ACC4(4), DEEPINFER_WG_ACC4(8), DEEPINFER_WG_ACC4(12),
-        DEEPINFER_WG_ACC4(16), DEEPINFER_WG_ACC4(20), DEEPINFER_WG_ACC4(24), DEEPINFER_WG_ACC4(28)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-
-#undef DEEPINFER_WG_ACC4
-
-// A K-major operand of 128-byte rows with the 128-byte swizzle (8-row groups 1 KB apart; the
-// tile 1 KB aligned): cute's canonical layout, the leading byte offset unused.
-__device__ __forceinline__ uint64_t swizzled_kmajor_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3ffffu) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
 
 // One weight of the launch: its tensor map (rows x K bytes), block scales and output.
 struct WgmmaWeight {
@@ -283,15 +225,14 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
     }
     cp_async_wait_all();
   }
-  fence_async_shared();  // the activation tiles, written by the generic proxy, feed wgmma
   __syncthreads();
 
   const int warp = tid >> 5, lane = tid & 31;
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-  // Accumulator layout (m64nT): element 4j + 2h + e is row 16 warp + lane / 4 + 8h, token
-  // 8j + 2 (lane % 4) + e.
+  // Accumulator layout (the mma fragments of a warp's 16 rows): element 4j + 2h + e is row
+  // 16 warp + lane / 4 + 8h, token 8j + 2 (lane % 4) + e.
   const auto promote = [&](const float(&part)[kAcc], int i) {
     const float ws = weight_scales[i];
     const float* s = act_scales + i * kTok;
@@ -305,52 +246,39 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
       acc[4 * j + 3] += part[4 * j + 3] * s1;
     }
   };
-  const uint32_t acts_addr = smem_addr(acts);
-  // Stage i's four wgmmas into `part`; then stage i - 1's sum (in `prev`, its wgmmas waited
-  // for) is promoted and its ring stage refilled with stage i - 1 + kStages.
-  const auto step = [&](int i, float(&part)[kAcc], float(&prev)[kAcc]) {
+  // Each warp's 16 rows by mma.sync: lane (g, q) holds 16-byte chunks 2q and 2q + 1 of rows g
+  // and g + 8 and of token 8j + g; the same bytes of both operands at the same fragment slots,
+  // so the k order is permuted alike for both. Banks: lanes 4g + q of a quarter warp read chunk
+  // (2q + c) ^ g of two rows, eight distinct 16-byte columns.
+  const int g8 = lane >> 2, q = lane & 3;
+  for (int i = 0; i < nk; ++i) {
     const int s = i % kStages;
     mbarrier_wait(&full[s], static_cast<uint32_t>(i / kStages) & 1);
-    const uint32_t wst = ring_addr + s * kWeightStageBytes;
-    const uint32_t ast = acts_addr + i * static_cast<uint32_t>(WgmmaSmem<kTok>::kActTile);
-    wgmma_fence();
+    const uint8_t* wst = ring + s * kWeightStageBytes + (16 * warp + g8) * kSliceK;
+    const uint8_t* ast = acts + i * WgmmaSmem<kTok>::kActTile + g8 * kSliceK;
+    float part[kAcc];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      wgmma_e4m3<kTok>(part, swizzled_kmajor_desc(wst + 32 * kk),
-                       swizzled_kmajor_desc(ast + 32 * kk), kk > 0);
+    for (int e = 0; e < kAcc; ++e) part[e] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int pos = ((2 * q + c) ^ g8) << 4;
+      const uint4 lo = *reinterpret_cast<const uint4*>(wst + pos);
+      const uint4 hi = *reinterpret_cast<const uint4*>(wst + 8 * kSliceK + pos);
+#pragma unroll
+      for (int j = 0; j < kTok / 8; ++j) {
+        const uint4 b = *reinterpret_cast<const uint4*>(ast + 8 * j * kSliceK + pos);
+        float(&d)[4] = *reinterpret_cast<float(*)[4]>(part + 4 * j);
+        mma_e4m3(d, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+        mma_e4m3(d, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+      }
     }
-    wgmma_commit();
-    if (i > 0) {
-      wgmma_wait<1>();
-      fence_accumulators(prev);
-      promote(prev, i - 1);
-      // Every warp's wgmmas of stage i - 1 are done with its ring stage.
-      named_barrier<kThreads>(1);
-      if (tid == 0 && i - 1 + kStages < nk) issue(i - 1 + kStages);
-    }
-  };
-  float part0[kAcc], part1[kAcc];
-  int i = 0;
-  for (; i + 1 < nk; i += 2) {
-    step(i, part0, part1);
-    step(i + 1, part1, part0);
-  }
-  if (i < nk) step(i, part0, part1);
-  wgmma_wait<0>();
-  if (nk > 0) {
-    if ((nk - 1) % 2 == 1) {
-      fence_accumulators(part1);
-      promote(part1, nk - 1);
-    } else {
-      fence_accumulators(part0);
-      promote(part0, nk - 1);
-    }
+    promote(part, i);
+    named_barrier<kThreads>(1);  // every warp is done with ring stage s
+    if (tid == 0 && i + kStages < nk) issue(i + kStages);
   }
 
   // The partial tile, token-major (rows contiguous: the stores to y coalesce along N), in the
-  // ring, which no copy writes any more. A warp's wgmma_wait covers its own share of the last
-  // wgmmas only, and with 1 or 2 (mod 4) stages the last one read the ring's first stages: every
-  // warp is past its wait before any overwrites them.
+  // ring, which no copy writes any more; every warp is past its last read of it first.
   __syncthreads();
   float* part_tile = reinterpret_cast<float*>(ring);
   const int r_lo = warp * 16 + (lane >> 2);

@@ -3,8 +3,8 @@
 // linear_pair take it where choose_fp8_wgmma applies; the same bytes on a second run; a token's
 // row does not depend on the other tokens of the batch (the K split is chosen without M, and the
 // 8-, 16-, 32- and 64-token tiles add every output in the same order); it agrees with the legacy
-// paths (the GEMV, the streaming kernel) within the FP8 tolerance. Agreement with the CPU
-// reference is the op table's run with DEEPINFER_FP8_LINEAR=wgmma (tests/backend_ops/
+// paths (the GEMV to f32 summation order, the streaming kernel within the FP8 tolerance). Agreement
+// with the CPU reference is the op table's run with DEEPINFER_FP8_LINEAR=wgmma (tests/backend_ops/
 // cases_gemm.cpp). Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -102,10 +102,12 @@ TEST_F(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
       EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
           << what << ": the first " << m << " tokens differ when run alone";
     }
-    // The legacy paths (the GEMV's exact products, cuBLASLt's or the streaming kernel's sums):
-    // within the op table's FP8 tolerance of each other.
+    // The legacy paths: the GEMV (up to 16 tokens) sums the same exact products in f32, so the
+    // two differ by summation order (the first version's FP8 wgmma sums were 5.7e-4 off, enough
+    // to flip the real-format model test's top-k); a grouped linear's 64 tokens take the
+    // streaming kernel or cuBLASLt there: the op table's FP8 tolerance.
     const double err = relative_max_error(first, run(*legacy, w_legacy, tokens));
-    EXPECT_LT(err, 1e-3) << what;
+    EXPECT_LT(err, s.groups ? 1e-3 : 1e-5) << what;
   }
 }
 
