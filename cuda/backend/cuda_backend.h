@@ -226,15 +226,16 @@ class CudaBackend final : public Backend {
 
   Tensor hc_expand_impl(const Tensor& x, int hc_mult) override;
   HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                    const HcParams& params) override;
+                    const HcParams& params, const HcOutputNorm& y_norm) override;
   Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                      const HcParams& params) override;
+                      const HcParams& params, const HcOutputNorm& y_norm) override;
   // The fused kernel at decode sizes (hc_fused_grid), else hc_post then hc_pre.
   HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                              const Tensor& comb, const Tensor& fn, const Tensor& base,
-                             const Tensor& scale, const HcParams& params) override;
+                             const Tensor& scale, const HcParams& params,
+                             const HcOutputNorm& y_norm) override;
   HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                    const Tensor& scale, const Tensor& prev_pre,
                                    const HcParams& params) override;

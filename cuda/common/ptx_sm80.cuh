@@ -128,6 +128,11 @@ __device__ __forceinline__ void named_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
+// The same over a count known at run time (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Arrives at barrier `id` over kThreads threads without waiting (the producer side of a
 // producer / consumer pair: the consumers bar.sync the same id with the same count).
 template <int kThreads>

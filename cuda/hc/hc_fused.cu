@@ -4,7 +4,9 @@
 // each CTA finishes the mix, the weights and its channels of the collapse. DEEPINFER_HC_PRE
 // chooses where it runs (CudaBackend::hc_pre_choice: by default up to kHcFusedAutoMaxTokens
 // tokens). The weights and the collapse are the CPU's arithmetic (hc_weights.cuh); the mix
-// differs from the CPU's GEMM by summation order only.
+// differs from the CPU's GEMM by summation order only. With the sub-layer's RMSNorm of y
+// (HcOutputNorm) the kernel writes y normed, in rms_norm's arithmetic (rms_norm_math.cuh): no
+// norm launch between the mix and the sub-layer.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
+#include "cuda/norm/rms_norm_math.cuh"
 
 namespace deepinfer::cuda {
 
@@ -35,14 +38,16 @@ __device__ __forceinline__ float warp_sum_fixed(float v) {
 // The arguments of hc_fused_kernel. hc_pre: rows = (2 + n) * n, post and comb set; hc_head:
 // rows = n, post and comb null (pre is its only weight). hc_post_pre: hc_pre's, plus `update`.
 struct HcFusedArgs {
-  const float* X;        // [T, n, hidden]
-  const float* fn;       // [rows, n * hidden]
-  const float* base;     // [rows]
-  const float* scale;    // [3] (hc_pre) or [1] (hc_head)
-  float* partial;        // [groups, splits, tokens_per_cta, rows + 1] scratch
-  float* post;           // [T, n] or null
-  float* comb;           // [T, n, n] or null
-  float* y;              // [T, hidden]
+  const float* X;       // [T, n, hidden]
+  const float* fn;      // [rows, n * hidden]
+  const float* base;    // [rows]
+  const float* scale;   // [3] (hc_pre) or [1] (hc_head)
+  float* partial;       // [groups, splits, tokens_per_cta, rows + 1] scratch
+  float* post;          // [T, n] or null
+  float* comb;          // [T, n, n] or null
+  float* y;             // [T, hidden]
+  const float* y_norm;  // [hidden]: y is rms_norm(y, y_norm, y_norm_eps); null: y as collapsed
+  float y_norm_eps;
   HcTrunkUpdate update;  // kPost only
   int n;
   int rows;
@@ -84,6 +89,41 @@ __device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
   return v;
 }
 
+// Channels [h, h + 4) of a token's collapse y = sum_s pre[s] * X[s] in the CPU's order and
+// rounding. xt: the token's trunk row at channel h; kCoherent: the trunk was written in this
+// kernel (by the cluster's CTAs; not the read-only path).
+template <bool kCoherent>
+__device__ __forceinline__ float4 hc_collapse_quad(const float* xt, const float* pt, int n,
+                                                   int64_t hidden) {
+  float4 xs[kHcFusedMaxN];
+#pragma unroll
+  for (int s = 0; s < kHcFusedMaxN; ++s) {
+    if (s < n) {
+      xs[s] = kCoherent ? __ldcg(reinterpret_cast<const float4*>(xt + s * hidden))
+                        : __ldg(reinterpret_cast<const float4*>(xt + s * hidden));
+    }
+  }
+  float4 y = make_float4(__fmul_rn(pt[0], xs[0].x), __fmul_rn(pt[0], xs[0].y),
+                         __fmul_rn(pt[0], xs[0].z), __fmul_rn(pt[0], xs[0].w));
+#pragma unroll
+  for (int s = 1; s < kHcFusedMaxN; ++s) {
+    if (s < n) {
+      y.x = mul_add_rn(pt[s], xs[s].x, y.x);
+      y.y = mul_add_rn(pt[s], xs[s].y, y.y);
+      y.z = mul_add_rn(pt[s], xs[s].z, y.z);
+      y.w = mul_add_rn(pt[s], xs[s].w, y.w);
+    }
+  }
+  return y;
+}
+
+// Sum over the 32 lanes of a double, by the same fixed butterfly as warp_sum_fixed.
+__device__ __forceinline__ double warp_sum_fixed(double v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 // hc_pre / hc_head of a decode batch in one launch. CTA (group, split) takes the TB tokens of
 // its group and channels [split * chunk, +chunk) of every stream:
 //  1. partial mix sums fn[r] . x and the sum of squares of its slice of each token's flattened
@@ -95,9 +135,13 @@ __device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
 //     the inverse RMS (the CPU normalises first; the GEMM sum then differs by rounding only) and
 //     computes pre; split 0 of hc_pre also computes post and comb (a warp per token, on the
 //     last TB warps, alongside the collapse);
-//  4. the collapse y = sum_s pre[s] * X[s] of its channels, in the CPU's order and rounding.
+//  4. the collapse y = sum_s pre[s] * X[s] of its channels, in the CPU's order and rounding;
+//     with y_norm, first the sum of squares of the token's whole y (every CTA collapses all
+//     channels for it, the loads of kNormUnits quads in flight: the trunk is in L2 by now, and
+//     no second cluster barrier is needed), then its channels normed as rms_norm does.
 // kPost (hc_post_pre): step 1 reads the updated trunk, computing it from X, out, post and comb
-// (row group 0 writes it), and step 4 collapses it: the trunk a CTA collapses is its own slice.
+// (row group 0 writes it), and step 4 collapses it: the trunk a CTA collapses is its own slice
+// (with y_norm, its squares read the slices of the group's other CTAs too, ordered by step 2).
 template <int TB, int RG, bool kPost, int U>
 __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArgs a) {
   constexpr int kWarps = kHcFusedThreads / 32;
@@ -111,6 +155,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   __shared__ float pre[TB][kHcFusedMaxN];
   __shared__ float update_post[kPost ? TB : 1][kHcFusedMaxN];
   __shared__ float update_comb[kPost ? TB : 1][kHcFusedMaxN * kHcFusedMaxN];
+  __shared__ double norm_sums[kWarps][TB];
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
@@ -314,31 +359,54 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   // (the barrier above orders it; coherent loads, not the read-only path).
   const float* collapsed = kPost ? a.update.trunk : a.X;
   const int collapse_threads = weights_cta ? kHcFusedThreads - 32 * TB : kHcFusedThreads;
+  float inv[TB];
+#pragma unroll
+  for (int j = 0; j < TB; ++j) inv[j] = 1.0f;
+  if (a.y_norm != nullptr) {
+    // The squares of each token's whole y, in double; the collapse warps' sums meet at a named
+    // barrier (split 0's weights warps have left).
+    constexpr int kNormUnits = 4;
+    const int all_quads = static_cast<int>(hidden / 4);
+    double squares_y[TB];
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      squares_y[j] = 0.0;
+      if (t0 + j >= a.tokens) continue;
+      const float* xt = collapsed + (t0 + j) * width;
+      for (int q0 = tid; q0 < all_quads; q0 += kNormUnits * collapse_threads) {
+        float4 y[kNormUnits];
+#pragma unroll
+        for (int v = 0; v < kNormUnits; ++v) {
+          const int q = q0 + v * collapse_threads;
+          y[v] = q < all_quads
+                     ? hc_collapse_quad<kPost>(xt + 4 * static_cast<int64_t>(q), pre[j], n, hidden)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int v = 0; v < kNormUnits; ++v) squares_y[j] = add_squares(squares_y[j], y[v]);
+      }
+      squares_y[j] = warp_sum_fixed(squares_y[j]);
+      if (lane == 0) norm_sums[warp][j] = squares_y[j];
+    }
+    named_barrier_sync(1, collapse_threads);
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      double total = 0.0;
+      for (int w = 0; w < collapse_threads / 32; ++w) total += norm_sums[w][j];
+      inv[j] = rms_inv(total, hidden, a.y_norm_eps);
+    }
+  }
   for (int o = tid; o < TB * quads; o += collapse_threads) {
     const int j = o / quads;
     const int64_t t = t0 + j;
     if (t >= a.tokens) break;  // o ascends with j
     const int64_t h = h_begin + static_cast<int64_t>(o - j * quads) * 4;
-    const float* xt = collapsed + t * width + h;
-    float4 xs[kHcFusedMaxN];
+    float4 y = hc_collapse_quad<kPost>(collapsed + t * width + h, pre[j], n, hidden);
+    if (a.y_norm != nullptr) {
+      float inv_j = inv[0];
 #pragma unroll
-    for (int s = 0; s < kHcFusedMaxN; ++s) {
-      if (s < n) {
-        xs[s] = kPost ? __ldcg(reinterpret_cast<const float4*>(xt + s * hidden))
-                      : __ldg(reinterpret_cast<const float4*>(xt + s * hidden));
-      }
-    }
-    const float* pt = pre[j];
-    float4 y = make_float4(__fmul_rn(pt[0], xs[0].x), __fmul_rn(pt[0], xs[0].y),
-                           __fmul_rn(pt[0], xs[0].z), __fmul_rn(pt[0], xs[0].w));
-#pragma unroll
-    for (int s = 1; s < kHcFusedMaxN; ++s) {
-      if (s < n) {
-        y.x = mul_add_rn(pt[s], xs[s].x, y.x);
-        y.y = mul_add_rn(pt[s], xs[s].y, y.y);
-        y.z = mul_add_rn(pt[s], xs[s].z, y.z);
-        y.w = mul_add_rn(pt[s], xs[s].w, y.w);
-      }
+      for (int jj = 1; jj < TB; ++jj) inv_j = j == jj ? inv[jj] : inv_j;
+      y = norm_scale(y, inv_j, __ldg(reinterpret_cast<const float4*>(a.y_norm + h)));
     }
     *reinterpret_cast<float4*>(a.y + t * hidden + h) = y;
   }
@@ -381,8 +449,12 @@ bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
 
 bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
                      const Tensor& scale, const HcParams& params, float* post, float* comb,
-                     float* y, const char* op, const HcTrunkUpdate* update) {
-  if (!hc_fused_applies(be, X, fn, params)) return false;
+                     float* y, const HcOutputNorm& y_norm, const char* op,
+                     const HcTrunkUpdate* update) {
+  const bool norm = y_norm.weight.defined();
+  if (!hc_fused_applies(be, X, fn, params) || (norm && !aligned16(y_norm.weight.raw_data()))) {
+    return false;
+  }
   const int64_t tokens = X.size(0);
   const int n = params.hc_mult;
   const int64_t hidden = X.size(2);
@@ -399,6 +471,8 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
   a.post = post;
   a.comb = comb;
   a.y = y;
+  a.y_norm = norm ? y_norm.weight.data<float>() : nullptr;
+  a.y_norm_eps = y_norm.eps;
   if (update != nullptr) a.update = *update;
   a.n = n;
   a.tokens = tokens;
@@ -425,9 +499,10 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
 
 HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                                         const Tensor& comb, const Tensor& fn, const Tensor& base,
-                                        const Tensor& scale, const HcParams& params) {
+                                        const Tensor& scale, const HcParams& params,
+                                        const HcOutputNorm& y_norm) {
   if (!hc_fused_applies(*this, X, fn, params) || !aligned16(out.raw_data())) {
-    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
   }
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
@@ -438,9 +513,9 @@ HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, cons
   const HcTrunkUpdate update{out.data<float>(), post.data<float>(), comb.data<float>(),
                              result.trunk.data<float>()};
   if (!launch_hc_fused(*this, X, fn, base, scale, params, result.mix.post.data<float>(),
-                       result.mix.comb.data<float>(), result.mix.y.data<float>(), "hc_post_pre",
-                       &update)) {
-    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+                       result.mix.comb.data<float>(), result.mix.y.data<float>(), y_norm,
+                       "hc_post_pre", &update)) {
+    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
   }
   return result;
 }

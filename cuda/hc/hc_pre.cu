@@ -297,19 +297,21 @@ void launch_hc_pre_finish(HcFinishArgs a, int num_sms, bool pdl, cudaStream_t st
 }  // namespace
 
 HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                               const Tensor& scale, const HcParams& params) {
+                               const Tensor& scale, const HcParams& params,
+                               const HcOutputNorm& y_norm) {
   const auto [tokens, n, hidden] = hc_shape("hc_pre", X, params);
   HcMix result{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
                empty({tokens, hidden}, DType::kF32)};
   if (tokens == 0) return result;
   if (launch_hc_fused(*this, X, fn, base, scale, params, result.post.data<float>(),
-                      result.comb.data<float>(), result.y.data<float>(), "hc_pre")) {
+                      result.comb.data<float>(), result.y.data<float>(), y_norm, "hc_pre")) {
     return result;
   }
   Tensor mix = hc_mix(*this, X, fn, params);
   const HcFinishArgs a =
       hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
   launch_hc_pre_finish(a, num_sms(), pdl(), stream(), "hc_pre");
+  if (y_norm.weight.defined()) result.y = rms_norm_impl(result.y, y_norm.weight, y_norm.eps);
   return result;
 }
 
@@ -329,11 +331,12 @@ HcShiftedMix CudaBackend::hc_pre_shifted_impl(const Tensor& X, const Tensor& fn,
 }
 
 Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                                 const Tensor& scale, const HcParams& params) {
+                                 const Tensor& scale, const HcParams& params,
+                                 const HcOutputNorm& y_norm) {
   const auto [tokens, n, hidden] = hc_shape("hc_head", X, params);
   Tensor y = empty({tokens, hidden}, DType::kF32);
   if (tokens == 0 || hidden == 0) return y;  // nothing to collapse (and no empty grid)
-  if (launch_hc_fused(*this, X, fn, base, scale, params, nullptr, nullptr, y.data<float>(),
+  if (launch_hc_fused(*this, X, fn, base, scale, params, nullptr, nullptr, y.data<float>(), y_norm,
                       "hc_head")) {
     return y;
   }
@@ -345,7 +348,7 @@ Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor
                       mix.data<float>(), base.data<float>(), scale.data<float>(), n, hidden,
                       params.hc_eps, g.splits, g.chunk, y.data<float>());
   DEEPINFER_CUDA_LAUNCH_CHECK("hc_head");
-  return y;
+  return y_norm.weight.defined() ? rms_norm_impl(y, y_norm.weight, y_norm.eps) : y;
 }
 
 Tensor CudaBackend::hc_collapse_impl(const Tensor& X, const Tensor& pre) {

@@ -34,33 +34,13 @@
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
 #include "cuda/norm/rms_norm_heuristics.h"
+#include "cuda/norm/rms_norm_math.cuh"
 
 namespace deepinfer::cuda {
 
 namespace {
 
 namespace cg = cooperative_groups;
-
-__device__ __forceinline__ double add_squares(double acc, float4 v) {
-  const double a = v.x, b = v.y, c = v.z, d = v.w;
-  acc += a * a;  // exact in double, so a fused multiply-add rounds the same
-  acc += b * b;
-  acc += c * c;
-  acc += d * d;
-  return acc;
-}
-
-__device__ __forceinline__ float rms_inv(double sum_squares, int64_t dim, float eps) {
-  return 1.0f / sqrtf(static_cast<float>(sum_squares / static_cast<double>(dim)) + eps);
-}
-
-// (x * inv) * w in this order, as the CPU (two roundings; nvcc does not fuse two products).
-__device__ __forceinline__ float4 norm_scale(float4 v, float inv, float4 g) {
-  return make_float4((v.x * inv) * g.x, (v.y * inv) * g.y, (v.z * inv) * g.z, (v.w * inv) * g.w);
-}
-__device__ __forceinline__ float4 norm_scale(float4 v, float inv) {
-  return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
-}
 
 // The forward RoPE rotation (rope.cu's arithmetic: cosf / sinf of float(pos) * inv_freq[i], the
 // products rounded separately) of the two channel pairs of float4 `v`, whose first channel is

@@ -1,5 +1,6 @@
 // Rows of the hyper-connection ops: hc_expand (exact), hc_pre, hc_post, hc_post_pre, hc_head
-// (summation order and expf ulps: ~1e-5 of the largest reference value).
+// (summation order and expf ulps: ~1e-5 of the largest reference value); hc_pre, hc_post_pre and
+// hc_head also with the sub-layer's RMSNorm of y (HcOutputNorm; labels ending in _ynorm).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -58,6 +59,22 @@ const std::vector<HcDims> kHcDims = {{1, kHcMult, kHidden, 20},
                                      {2, 9, 40, 20},
                                      {203, kHcMult, kHidden, 20}};
 
+// hc_pre's mix weights for X of `c` (fn scaled so that the mix is O(1) and the sigmoids / softmax
+// are not saturated, base, scale), appended to `in`; then y_norm's weight where `norm`.
+void add_mix_weights(Tensors& in, Rng& rng, const HcDims& c, bool norm) {
+  const int64_t width = c.n * c.hidden;
+  const int64_t fn_rows = static_cast<int64_t>(2 + c.n) * c.n;
+  in.push_back(random_f32(rng, {fn_rows, width}, 1.0f / std::sqrt(static_cast<float>(width))));
+  in.push_back(random_f32(rng, {fn_rows}, 0.5f));
+  in.push_back(Tensor::from_vector(std::vector<float>{0.8f, 1.3f, 2.0f}, {3}));
+  if (norm) in.push_back(random_f32(rng, {c.hidden}));
+}
+
+// The sub-layer norm of y where `norm` (its weight in[index], eps as the V4 configs'), else none.
+HcOutputNorm y_norm(Backend& be, const Tensors& in, bool norm, size_t index) {
+  return norm ? HcOutputNorm{up(be, in[index]), 1e-6f} : HcOutputNorm{};
+}
+
 }  // namespace
 
 std::vector<OpCase> hc_cases() {
@@ -77,25 +94,25 @@ std::vector<OpCase> hc_cases() {
                           const Tensors& in) { return out(be.hc_expand(up(be, in[0]), c.n)); },
                .expect = exact(),
            });
-    add(t, Case<Tensors>{
-               .op = "hc_pre",
-               .label = c.label(),
-               .draw =
-                   [c, width, fn_scale](Rng& rng) {
-                     const int64_t fn_rows = static_cast<int64_t>(2 + c.n) * c.n;
-                     return Tensors{random_f32(rng, {c.tokens, c.n, c.hidden}),
-                                    random_f32(rng, {fn_rows, width}, fn_scale),
-                                    random_f32(rng, {fn_rows}, 0.5f),
-                                    Tensor::from_vector(std::vector<float>{0.8f, 1.3f, 2.0f}, {3})};
-                   },
-               .run =
-                   [c](Backend& be, const Tensors& in) {
-                     HcMix m = be.hc_pre(up(be, in[0]), up(be, in[1]), up(be, in[2]), up(be, in[3]),
-                                         c.params());
-                     return Outputs{{"post", m.post}, {"comb", m.comb}, {"y", m.y}};
-                   },
-               .expect = close(kRtol, kAtol),
-           });
+    for (const bool norm : {false, true}) {
+      add(t, Case<Tensors>{
+                 .op = "hc_pre",
+                 .label = c.label() + (norm ? "_ynorm" : ""),
+                 .draw =
+                     [c, norm](Rng& rng) {
+                       Tensors in{random_f32(rng, {c.tokens, c.n, c.hidden})};
+                       add_mix_weights(in, rng, c, norm);
+                       return in;
+                     },
+                 .run =
+                     [c, norm](Backend& be, const Tensors& in) {
+                       HcMix m = be.hc_pre(up(be, in[0]), up(be, in[1]), up(be, in[2]),
+                                           up(be, in[3]), c.params(), y_norm(be, in, norm, 4));
+                       return Outputs{{"post", m.post}, {"comb", m.comb}, {"y", m.y}};
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
     add(t, Case<Tensors>{
                .op = "hc_post",
                .label = c.label(),
@@ -113,52 +130,55 @@ std::vector<OpCase> hc_cases() {
                    },
                .expect = close(kRtol, kAtol),
            });
-    add(t, Case<Tensors>{
-               .op = "hc_post_pre",
-               .label = c.label(),
-               .draw =
-                   [c, width, fn_scale](Rng& rng) {
-                     const int64_t fn_rows = static_cast<int64_t>(2 + c.n) * c.n;
-                     return Tensors{random_f32(rng, {c.tokens, c.n, c.hidden}),
-                                    random_f32(rng, {c.tokens, c.hidden}),
-                                    random_f32(rng, {c.tokens, c.n}),
-                                    random_f32(rng, {c.tokens, c.n, c.n}, 0.5f),
-                                    random_f32(rng, {fn_rows, width}, fn_scale),
-                                    random_f32(rng, {fn_rows}, 0.5f),
-                                    Tensor::from_vector(std::vector<float>{0.8f, 1.3f, 2.0f}, {3})};
-                   },
-               .run =
-                   [c](Backend& be, const Tensors& in) {
-                     HcPostPre r =
-                         be.hc_post_pre(up(be, in[0]), up(be, in[1]), up(be, in[2]), up(be, in[3]),
-                                        up(be, in[4]), up(be, in[5]), up(be, in[6]), c.params());
-                     return Outputs{{"trunk", r.trunk},
-                                    {"post", r.mix.post},
-                                    {"comb", r.mix.comb},
-                                    {"y", r.mix.y}};
-                   },
-               .expect = close(kRtol, kAtol),
-           });
-    add(t, Case<Tensors>{
-               .op = "hc_head",
-               .label = c.label(),
-               .draw =
-                   [c, width, fn_scale](Rng& rng) {
-                     return Tensors{random_f32(rng, {c.tokens, c.n, c.hidden}),
-                                    random_f32(rng, {c.n, width}, fn_scale),
-                                    random_f32(rng, {c.n}, 0.5f),
-                                    Tensor::from_vector(std::vector<float>{1.1f}, {1})};
-                   },
-               .run =
-                   [c](Backend& be, const Tensors& in) {
-                     // hc_head takes the default sinkhorn_iters (it has no Sinkhorn step).
-                     HcParams p;
-                     p.hc_mult = c.n;
-                     return out(
-                         be.hc_head(up(be, in[0]), up(be, in[1]), up(be, in[2]), up(be, in[3]), p));
-                   },
-               .expect = close(kRtol, kAtol),
-           });
+    for (const bool norm : {false, true}) {
+      add(t, Case<Tensors>{
+                 .op = "hc_post_pre",
+                 .label = c.label() + (norm ? "_ynorm" : ""),
+                 .draw =
+                     [c, norm](Rng& rng) {
+                       Tensors in{random_f32(rng, {c.tokens, c.n, c.hidden}),
+                                  random_f32(rng, {c.tokens, c.hidden}),
+                                  random_f32(rng, {c.tokens, c.n}),
+                                  random_f32(rng, {c.tokens, c.n, c.n}, 0.5f)};
+                       add_mix_weights(in, rng, c, norm);
+                       return in;
+                     },
+                 .run =
+                     [c, norm](Backend& be, const Tensors& in) {
+                       HcPostPre r =
+                           be.hc_post_pre(up(be, in[0]), up(be, in[1]), up(be, in[2]),
+                                          up(be, in[3]), up(be, in[4]), up(be, in[5]),
+                                          up(be, in[6]), c.params(), y_norm(be, in, norm, 7));
+                       return Outputs{{"trunk", r.trunk},
+                                      {"post", r.mix.post},
+                                      {"comb", r.mix.comb},
+                                      {"y", r.mix.y}};
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+      add(t, Case<Tensors>{
+                 .op = "hc_head",
+                 .label = c.label() + (norm ? "_ynorm" : ""),
+                 .draw =
+                     [c, width, fn_scale, norm](Rng& rng) {
+                       Tensors in{random_f32(rng, {c.tokens, c.n, c.hidden}),
+                                  random_f32(rng, {c.n, width}, fn_scale),
+                                  random_f32(rng, {c.n}, 0.5f),
+                                  Tensor::from_vector(std::vector<float>{1.1f}, {1})};
+                       if (norm) in.push_back(random_f32(rng, {c.hidden}));
+                       return in;
+                     },
+                 .run =
+                     [c, norm](Backend& be, const Tensors& in) {
+                       // hc_head takes the default sinkhorn_iters (it has no Sinkhorn step).
+                       HcParams p;
+                       p.hc_mult = c.n;
+                       return out(be.hc_head(up(be, in[0]), up(be, in[1]), up(be, in[2]),
+                                             up(be, in[3]), p, y_norm(be, in, norm, 4)));
+                     },
+                 .expect = close(kRtol, kAtol),
+             });
+    }
   }
   return t;
 }

@@ -20,7 +20,25 @@ using testing::fetch_f32;
 using testing::fetch_i32;
 using testing::sz;
 
-class CpuHcMoeTest : public testing::BackendTest {};
+// hc_post_pre's arguments: X [T, N, H], the trunk update (out, post, comb) and the mix weights
+// (fn, base, scale).
+struct HcPostPreArgs {
+  Tensor X, out, post, comb, fn, base, scale;
+};
+
+class CpuHcMoeTest : public testing::BackendTest {
+ protected:
+  HcPostPreArgs random_hc_post_pre_args(int64_t T, int64_t N, int64_t H) {
+    const int64_t M = (2 + N) * N;
+    return {up(rng.uniform(sz(T * N * H), -2, 2), {T, N, H}),
+            up(rng.uniform(sz(T * H)), {T, H}),
+            up(rng.uniform(sz(T * N), 0, 2), {T, N}),
+            up(rng.uniform(sz(T * N * N), 0, 1), {T, N, N}),
+            up(rng.uniform(sz(M * N * H), -0.3f, 0.3f), {M, N * H}),
+            up(rng.uniform(sz(M)), {M}),
+            up(std::vector<float>{0.7f, 1.3f, 2.0f}, {3})};
+  }
+};
 
 // ---- hyper-connections ------------------------------------------------------------------------
 
@@ -155,14 +173,7 @@ TEST_F(CpuHcMoeTest, HcPost) {
 // hc_post_pre is hc_post, then hc_pre of its result: the same bits; and its checks are both ops'.
 TEST_F(CpuHcMoeTest, HcPostPreIsPostThenPre) {
   HcParams p;
-  const int64_t T = 3, N = 4, H = 6, M = (2 + N) * N;
-  Tensor X = up(rng.uniform(sz(T * N * H), -2, 2), {T, N, H});
-  Tensor out = up(rng.uniform(sz(T * H)), {T, H});
-  Tensor post = up(rng.uniform(sz(T * N), 0, 2), {T, N});
-  Tensor comb = up(rng.uniform(sz(T * N * N), 0, 1), {T, N, N});
-  Tensor fn = up(rng.uniform(sz(M * N * H), -0.3f, 0.3f), {M, N * H});
-  Tensor base = up(rng.uniform(sz(M)), {M});
-  Tensor scale = up(std::vector<float>{0.7f, 1.3f, 2.0f}, {3});
+  const auto [X, out, post, comb, fn, base, scale] = random_hc_post_pre_args(3, 4, 6);
   const HcPostPre fused = be->hc_post_pre(X, out, post, comb, fn, base, scale, p);
   const Tensor trunk = be->hc_post(X, out, post, comb);
   const HcMix mix = be->hc_pre(trunk, fn, base, scale, p);
@@ -177,6 +188,40 @@ TEST_F(CpuHcMoeTest, HcPostPreIsPostThenPre) {
   // hc_post's checks (comb's shape) and hc_pre's (fn's rows), under the op's name.
   EXPECT_THROW(be->hc_post_pre(X, out, post, post, fn, base, scale, p), Error);
   EXPECT_THROW(be->hc_post_pre(X, out, post, comb, base, base, scale, p), Error);
+}
+
+// y_norm (HcOutputNorm) is rms_norm of the collapsed y, bit for bit, for each op that takes it;
+// a weight of the wrong width is an error naming it.
+TEST_F(CpuHcMoeTest, OutputNormIsRmsNormOfY) {
+  HcParams p;
+  const int64_t N = 4, H = 8;
+  const float eps = 1e-5f;
+  const auto [X, out, post, comb, fn, base, scale] = random_hc_post_pre_args(3, N, H);
+  Tensor head_fn = up(rng.uniform(sz(N * N * H), -0.3f, 0.3f), {N, N * H});
+  Tensor head_base = up(rng.uniform(sz(N)), {N});
+  Tensor head_scale = up(std::vector<float>{0.8f}, {1});
+  Tensor w = up(rng.uniform(sz(H), -1.5f, 1.5f), {H});
+  const HcOutputNorm norm{w, eps};
+  auto same = [&](const Tensor& got, const Tensor& want, const char* what) {
+    const std::vector<float> v = fetch_f32(*be, want);
+    expect_close(fetch_f32(*be, got), std::vector<double>(v.begin(), v.end()), 0, 0, what);
+  };
+  same(be->hc_pre(X, fn, base, scale, p, norm).y,
+       be->rms_norm(be->hc_pre(X, fn, base, scale, p).y, w, eps), "hc_pre");
+  same(be->hc_post_pre(X, out, post, comb, fn, base, scale, p, norm).mix.y,
+       be->rms_norm(be->hc_post_pre(X, out, post, comb, fn, base, scale, p).mix.y, w, eps),
+       "hc_post_pre");
+  same(be->hc_head(X, head_fn, head_base, head_scale, p, norm),
+       be->rms_norm(be->hc_head(X, head_fn, head_base, head_scale, p), w, eps), "hc_head");
+  const HcOutputNorm wrong{up(rng.uniform(sz(H + 1)), {H + 1}), eps};
+  EXPECT_NE(testing::error_message([&] {
+              be->hc_pre(X, fn, base, scale, p, wrong);
+            }).find("y_norm.weight"),
+            std::string::npos);
+  EXPECT_NE(testing::error_message([&] {
+              be->hc_head(X, head_fn, head_base, head_scale, p, wrong);
+            }).find("y_norm.weight"),
+            std::string::npos);
 }
 
 TEST_F(CpuHcMoeTest, HcHead) {

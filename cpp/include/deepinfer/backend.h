@@ -277,19 +277,21 @@ class Backend {
   // ---- hyper-connections -----------------------------------------------------------------------
   // x [T, H] -> [T, N, H] with N = hc_mult identical copies.
   Tensor hc_expand(const Tensor& x, int hc_mult);
-  // X [T, N, H]; fn [(2+N)N, N*H], base [(2+N)N], scale [3] (all f32).
+  // X [T, N, H]; fn [(2+N)N, N*H], base [(2+N)N], scale [3] (all f32). y_norm: the sub-layer's
+  // RMSNorm of y (HcOutputNorm), applied to the returned y.
   HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-               const HcParams& params);
+               const HcParams& params, const HcOutputNorm& y_norm = {});
   // X_new[t, j] = post[t, j] * out[t] + sum_i comb[t, i, j] * X[t, i].
   Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb);
   // hc_post(X, out, post, comb), then hc_pre of its result with the next sub-layer's fn, base
   // and scale: one op so a backend can mix the trunk as it writes it (the default runs the two).
   HcPostPre hc_post_pre(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb,
                         const Tensor& fn, const Tensor& base, const Tensor& scale,
-                        const HcParams& params);
-  // Final collapse: fn [N, N*H], base [N], scale [1] -> [T, H].
+                        const HcParams& params, const HcOutputNorm& y_norm = {});
+  // Final collapse: fn [N, N*H], base [N], scale [1] -> [T, H], then y_norm (the model's final
+  // norm) applied to it.
   Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                 const HcParams& params);
+                 const HcParams& params, const HcOutputNorm& y_norm = {});
 
   // V4.1 shifted mHC: each sub-layer's mix (pre, post, comb: hc_pre's formulas) is computed from
   // its own trunk X, but its block input is collapsed with the previous sub-layer's pre:
@@ -463,16 +465,20 @@ class Backend {
   virtual void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) = 0;
 
   virtual Tensor hc_expand_impl(const Tensor& x, int hc_mult) = 0;
+  // y_norm, where defined, is applied to the collapsed output (HcOutputNorm).
   virtual HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                            const Tensor& scale, const HcParams& params) = 0;
+                            const Tensor& scale, const HcParams& params,
+                            const HcOutputNorm& y_norm) = 0;
   virtual Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                               const Tensor& comb) = 0;
   virtual Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                              const Tensor& scale, const HcParams& params) = 0;
+                              const Tensor& scale, const HcParams& params,
+                              const HcOutputNorm& y_norm) = 0;
   // The default is literally hc_post_impl, then hc_pre_impl of its result (the CPU reference).
   virtual HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                                      const Tensor& comb, const Tensor& fn, const Tensor& base,
-                                     const Tensor& scale, const HcParams& params);
+                                     const Tensor& scale, const HcParams& params,
+                                     const HcOutputNorm& y_norm);
 
   // V4.1 ops: the defaults throw Error(kUnsupported) naming the op and the backend, so a backend
   // without them yet still builds and fails loudly when a V4.1 graph reaches it.

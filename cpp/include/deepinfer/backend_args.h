@@ -20,6 +20,14 @@ struct HcParams {
   float norm_eps = 1e-6f;  // the unweighted RMSNorm over the flattened streams
 };
 
+// The RMSNorm its sub-layer applies first to an mHC op's collapsed output y: y becomes
+// rms_norm(y, weight, eps). Undefined weight: y as collapsed. Part of the op so that a backend can
+// norm y as it collapses it (one pass, no launch of its own).
+struct HcOutputNorm {
+  Tensor weight;  // [H] f32
+  float eps = 0.0f;
+};
+
 // Output of hc_pre: post [T, N], comb [T, N, N] (comb[i][j]: input stream i -> output stream j),
 // and the collapsed block input y [T, H].
 struct HcMix {

@@ -51,6 +51,11 @@ void check_hc_pre(const OpChecks& c, const Tensor& X, const Tensor& fn, const Te
   }
 }
 
+// y_norm's weight, where defined: [H] f32 for X [T, N, H].
+void check_hc_output_norm(const OpChecks& c, const Tensor& X, const HcOutputNorm& y_norm) {
+  c.optional("y_norm.weight", y_norm.weight, DType::kF32, {X.size(2)});
+}
+
 // The checks of hc_post's arguments, shared with hc_post_pre.
 void check_hc_post(const OpChecks& c, const Tensor& X, const Tensor& out, const Tensor& post,
                    const Tensor& comb) {
@@ -213,10 +218,11 @@ Tensor Backend::hc_expand(const Tensor& x, int hc_mult) {
 }
 
 HcMix Backend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                      const HcParams& params) {
+                      const HcParams& params, const HcOutputNorm& y_norm) {
   const OpChecks c("hc_pre", device_kind());
   check_hc_pre(c, X, fn, base, scale, params);
-  return hc_pre_impl(X, fn, base, scale, params);
+  check_hc_output_norm(c, X, y_norm);
+  return hc_pre_impl(X, fn, base, scale, params, y_norm);
 }
 
 Tensor Backend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
@@ -228,27 +234,31 @@ Tensor Backend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
 
 HcPostPre Backend::hc_post_pre(const Tensor& X, const Tensor& out, const Tensor& post,
                                const Tensor& comb, const Tensor& fn, const Tensor& base,
-                               const Tensor& scale, const HcParams& params) {
+                               const Tensor& scale, const HcParams& params,
+                               const HcOutputNorm& y_norm) {
   const OpChecks c("hc_post_pre", device_kind());
   check_hc_post(c, X, out, post, comb);
   check_hc_pre(c, X, fn, base, scale, params);  // the new trunk has X's shape
-  return hc_post_pre_impl(X, out, post, comb, fn, base, scale, params);
+  check_hc_output_norm(c, X, y_norm);
+  return hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
 }
 
 HcPostPre Backend::hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                                     const Tensor& comb, const Tensor& fn, const Tensor& base,
-                                    const Tensor& scale, const HcParams& params) {
+                                    const Tensor& scale, const HcParams& params,
+                                    const HcOutputNorm& y_norm) {
   Tensor trunk = hc_post_impl(X, out, post, comb);
-  return {trunk, hc_pre_impl(trunk, fn, base, scale, params)};
+  return {trunk, hc_pre_impl(trunk, fn, base, scale, params, y_norm)};
 }
 
 Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                        const HcParams& params) {
+                        const HcParams& params, const HcOutputNorm& y_norm) {
   const OpChecks c("hc_head", device_kind());
   check_hc_mult(c, params.hc_mult);
   c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});
   check_hc_weights(c, X, fn, base, scale, params.hc_mult, 1);
-  return hc_head_impl(X, fn, base, scale, params);
+  check_hc_output_norm(c, X, y_norm);
+  return hc_head_impl(X, fn, base, scale, params, y_norm);
 }
 
 HcShiftedMix Backend::hc_pre_shifted(const Tensor& X, const Tensor& fn, const Tensor& base,

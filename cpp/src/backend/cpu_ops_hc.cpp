@@ -116,7 +116,8 @@ Tensor CpuBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
 }
 
 HcMix CpuBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                              const Tensor& scale, const HcParams& params) {
+                              const Tensor& scale, const HcParams& params,
+                              const HcOutputNorm& y_norm) {
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
   const int64_t hidden = X.size(2);
@@ -145,6 +146,7 @@ HcMix CpuBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& b
         },
         grain_for(n * hidden + 4 * n * n * params.sinkhorn_iters));
   });
+  if (y_norm.weight.defined()) result.y = rms_norm_impl(result.y, y_norm.weight, y_norm.eps);
   return result;
 }
 
@@ -186,7 +188,8 @@ Tensor CpuBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tensor
 }
 
 Tensor CpuBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                                const Tensor& scale, const HcParams& params) {
+                                const Tensor& scale, const HcParams& params,
+                                const HcOutputNorm& y_norm) {
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
   const int64_t hidden = X.size(2);
@@ -212,7 +215,7 @@ Tensor CpuBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor&
         },
         grain_for(n * hidden));
   });
-  return y;
+  return y_norm.weight.defined() ? rms_norm_impl(y, y_norm.weight, y_norm.eps) : y;
 }
 
 HcShiftedMix CpuBackend::hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,

@@ -35,12 +35,14 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
     const LayerWeights& w = weights_.layers[static_cast<size_t>(li)];
     HcMix mix;
     if (pending) {
-      HcPostPre next = be.hc_post_pre(pending->trunk, pending->out, pending->post, pending->comb,
-                                      w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+      HcPostPre next =
+          be.hc_post_pre(pending->trunk, pending->out, pending->post, pending->comb, w.hc_attn.fn,
+                         w.hc_attn.base, w.hc_attn.scale, hc_params_, attn_norm(w));
       trunk = next.trunk;
       mix = next.mix;
     } else {
-      mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+      mix =
+          be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_, attn_norm(w));
     }
     // KV tier imports on the copy stream: layer L waits only for its own blocks' copies (its
     // attention is the first reader), so the copies of later layers overlap the compute of
@@ -57,10 +59,15 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
   return head(trunk, weights_.hc_head, weights_.norm);
 }
 
+HcOutputNorm DeepseekV4Model::attn_norm(const LayerWeights& w) const {
+  return {w.attn_norm, static_cast<float>(config_.rms_norm_eps)};
+}
+
 Tensor DeepseekV4Model::decoder_layer(int layer, const LayerWeights& w, const Tensor& trunk,
                                       const BatchPlan& plan, LayerCaches& caches) {
   Backend& be = backend_;
-  const HcMix mix = be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_);
+  const HcMix mix =
+      be.hc_pre(trunk, w.hc_attn.fn, w.hc_attn.base, w.hc_attn.scale, hc_params_, attn_norm(w));
   const PendingHcPost p = layer_after_mix(layer, w, trunk, mix, plan, caches);
   return be.hc_post(p.trunk, p.out, p.post, p.comb);
 }
@@ -71,21 +78,20 @@ DeepseekV4Model::PendingHcPost DeepseekV4Model::layer_after_mix(int layer, const
                                                                 const BatchPlan& plan,
                                                                 LayerCaches& caches) {
   Backend& be = backend_;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  Tensor attn_out = attention(layer, w.attn, be.rms_norm(mix.y, w.attn_norm, eps), plan, caches);
+  Tensor attn_out = attention(layer, w.attn, mix.y, plan, caches);
+  const HcOutputNorm ffn_norm{w.ffn_norm, static_cast<float>(config_.rms_norm_eps)};
   HcPostPre ffn = be.hc_post_pre(trunk, attn_out, mix.post, mix.comb, w.hc_ffn.fn, w.hc_ffn.base,
-                                 w.hc_ffn.scale, hc_params_);
-  Tensor ffn_out =
-      moe(layer, w.ffn, be.rms_norm(ffn.mix.y, w.ffn_norm, eps), plan.layout.token_ids);
+                                 w.hc_ffn.scale, hc_params_, ffn_norm);
+  Tensor ffn_out = moe(layer, w.ffn, ffn.mix.y, plan.layout.token_ids);
   be.join_branches();  // no branch outlives its layer (the next chunk's attention reads the ring)
   return {ffn.trunk, ffn_out, ffn.mix.post, ffn.mix.comb};
 }
 
 Tensor DeepseekV4Model::head(const Tensor& trunk, const HcWeights& hc, const Tensor& norm) {
   Backend& be = backend_;
-  Tensor hidden = be.hc_head(trunk, hc.fn, hc.base, hc.scale, hc_params_);
-  return be.linear(be.rms_norm(hidden, norm, static_cast<float>(config_.rms_norm_eps)),
-                   weights_.head);
+  const Tensor hidden = be.hc_head(trunk, hc.fn, hc.base, hc.scale, hc_params_,
+                                   {norm, static_cast<float>(config_.rms_norm_eps)});
+  return be.linear(hidden, weights_.head);
 }
 
 Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Tensor& x,

@@ -72,8 +72,11 @@ class DeepseekV4Model {
     Tensor post;
     Tensor comb;
   };
-  // The layer from its attention mix (hc_pre of `trunk`) on: attention, its trunk update fused
-  // with the MoE's hc_pre, the MoE; the MoE's trunk update is left to the caller.
+  // The attention sub-layer's input norm, applied by the hc op that collapses its input.
+  HcOutputNorm attn_norm(const LayerWeights& w) const;
+  // The layer from its attention mix (hc_pre of `trunk`, y normed by attn_norm) on: attention,
+  // its trunk update fused with the MoE's hc_pre, the MoE; the MoE's trunk update is left to the
+  // caller.
   PendingHcPost layer_after_mix(int layer, const LayerWeights& w, const Tensor& trunk,
                                 const HcMix& mix, const BatchPlan& plan, LayerCaches& caches);
   Tensor attention(int layer, const AttentionWeights& w, const Tensor& x, const BatchPlan& plan,
