@@ -16,6 +16,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
+#include "cuda/common/reduce.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
@@ -26,14 +27,6 @@ namespace deepinfer::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
-
-// Sum over the 32 lanes by a butterfly: a fixed tree, so the same bits every run (every lane
-// ends with the same value).
-__device__ __forceinline__ float warp_sum_fixed(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // The arguments of hc_fused_kernel. hc_pre: rows = (2 + n) * n, post and comb set; hc_head:
 // rows = n, post and comb null (pre is its only weight). hc_post_pre: hc_pre's, plus `update`.
@@ -115,13 +108,6 @@ __device__ __forceinline__ float4 hc_collapse_quad(const float* xt, const float*
     }
   }
   return y;
-}
-
-// Sum over the 32 lanes of a double, by the same fixed butterfly as warp_sum_fixed.
-__device__ __forceinline__ double warp_sum_fixed(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
 }
 
 // hc_pre / hc_head of a decode batch in one launch. CTA (group, split) takes the TB tokens of
@@ -274,10 +260,10 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   for (int j = 0; j < TB; ++j) {
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
-      const float v = warp_sum_fixed(acc[j][i]);
+      const float v = warp_sum(acc[j][i]);
       if (lane == 0) warp_sums[warp][j][i] = v;
     }
-    const float v = warp_sum_fixed(squares[j]);  // zero on warps past row group 0
+    const float v = warp_sum(squares[j]);  // zero on warps past row group 0
     if (lane == 0) warp_sums[warp][j][kRowsPerThread] = v;
   }
   __syncthreads();
@@ -313,7 +299,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     for (int64_t sp = lane; sp < a.splits; sp += 32) {
       sum += __ldcg(group_part + (sp * TB + j) * stride + r);
     }
-    sum = warp_sum_fixed(sum);
+    sum = warp_sum(sum);
     if (lane == 0) totals[j][r] = sum;
   }
   __syncthreads();
@@ -367,11 +353,10 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     // barrier (split 0's weights warps have left).
     constexpr int kNormUnits = 4;
     const int all_quads = static_cast<int>(hidden / 4);
-    double squares_y[TB];
 #pragma unroll
     for (int j = 0; j < TB; ++j) {
-      squares_y[j] = 0.0;
       if (t0 + j >= a.tokens) continue;
+      double squares_y = 0.0;
       const float* xt = collapsed + (t0 + j) * width;
       for (int q0 = tid; q0 < all_quads; q0 += kNormUnits * collapse_threads) {
         float4 y[kNormUnits];
@@ -383,10 +368,10 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int v = 0; v < kNormUnits; ++v) squares_y[j] = add_squares(squares_y[j], y[v]);
+        for (int v = 0; v < kNormUnits; ++v) squares_y = add_squares(squares_y, y[v]);
       }
-      squares_y[j] = warp_sum_fixed(squares_y[j]);
-      if (lane == 0) norm_sums[warp][j] = squares_y[j];
+      squares_y = warp_sum(squares_y);
+      if (lane == 0) norm_sums[warp][j] = squares_y;
     }
     named_barrier_sync(1, collapse_threads);
 #pragma unroll
