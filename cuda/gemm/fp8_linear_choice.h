@@ -13,8 +13,9 @@ namespace deepinfer::cuda {
 // (fp8_stream.cu's header has the table), and a per-M switch there would make a token's result
 // depend on whether its batch has 8 or 9 rows. The Hopper weight stream (sm90/fp8_wgmma.cu)
 // matches the CPU emulation as the GEMV does (its math is mma.sync since session 49) and is
-// faster alone (1.3-7.5 us per call at one token on the H100), but the model step has not shown
-// the gain beyond its noise (benchmarks/RESULTS.md, sessions 47-49): opt-in until it does.
+// faster alone on the large weights at one token (wq_b 12.8 against 20.3 us on H100s), but the
+// model step has not shown the gain beyond its noise (benchmarks/RESULTS.md, sessions 47-49):
+// opt-in until it does.
 enum class Fp8LinearChoice {
   kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
                // (grouped linears: the streaming kernel up to kFp8StreamMaxTokens first)
