@@ -197,10 +197,10 @@ class CudaBackend final : public Backend {
 
   Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
   Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
-  Tensor linear_impl(const Tensor& x, const MatrixWeight& w) override;
+  Tensor linear_impl(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm) override;
   Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) override;
   std::pair<Tensor, Tensor> linear_pair_impl(const Tensor& x, const MatrixWeight& a,
-                                             const MatrixWeight& b) override;
+                                             const MatrixWeight& b, const RowNorm& x_norm) override;
   Tensor quantize_activations_impl(const Tensor& x, int group) override;
   Tensor scale_impl(const Tensor& x, float factor) override;
   Tensor add_impl(const Tensor& a, const Tensor& b) override;
@@ -226,16 +226,16 @@ class CudaBackend final : public Backend {
 
   Tensor hc_expand_impl(const Tensor& x, int hc_mult) override;
   HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                    const HcParams& params, const HcOutputNorm& y_norm) override;
+                    const HcParams& params, const RowNorm& y_norm) override;
   Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                      const HcParams& params, const HcOutputNorm& y_norm) override;
+                      const HcParams& params, const RowNorm& y_norm) override;
   // The fused kernel at decode sizes (hc_fused_grid), else hc_post then hc_pre.
   HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                              const Tensor& comb, const Tensor& fn, const Tensor& base,
                              const Tensor& scale, const HcParams& params,
-                             const HcOutputNorm& y_norm) override;
+                             const RowNorm& y_norm) override;
   HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                    const Tensor& scale, const Tensor& prev_pre,
                                    const HcParams& params) override;

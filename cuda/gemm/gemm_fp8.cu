@@ -26,6 +26,7 @@
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/tensor_map.h"
 #include "cuda/gemm/gemm_launch.h"
+#include "cuda/norm/rms_norm_math.cuh"
 
 namespace deepinfer::cuda {
 
@@ -45,10 +46,12 @@ constexpr int64_t kLtRowPad = 4;
 // x [M, G K] f32 -> xq [G][M_pad][K] e4m3 and scales [G][ceil(K / 128)][M_pad] (M-major, as
 // cuBLASLt's VEC128 scales of B), per (row, group, 128 columns) exactly as quantize_activations;
 // rows M..M_pad - 1 are zeros (their outputs are dropped). One warp per (row, group, block);
-// K % 16 == 0, so a lane's 4 bytes are all in or all out.
+// K % 16 == 0, so a lane's 4 bytes are all in or all out. norm_w (G = 1, x 16-byte aligned): x's
+// RowNorm, each warp summing its row's squares (null: none).
 __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restrict__ xq,
                                    float* __restrict__ xs, int64_t m, int64_t m_pad, int64_t k,
-                                   int64_t groups) {
+                                   int64_t groups, const float* __restrict__ norm_w,
+                                   float norm_eps) {
   enter_dependent_grid();
   const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
@@ -62,10 +65,12 @@ __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restr
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const bool in = c < k;
   float amax = 0.0f;
+  const float row_inv =
+      norm_w != nullptr && row < m ? warp_row_rms_inv(x + row * groups * k, k, norm_eps) : 1.0f;
   if (in && row < m) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      v[i] = src[i];
+      v[i] = norm_w != nullptr ? (src[i] * row_inv) * norm_w[c + i] : src[i];
       amax = fmaxf(amax, fabsf(v[i]));
     }
   }
@@ -214,7 +219,7 @@ Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, con
   launch_programmatic("linear (fp8): activation quantization",
                       dim3(ceil_div(m_pad * groups * kb_count, kQuantWarps)),
                       dim3(32 * kQuantWarps), 0, be.stream(), be.pdl(), quantize_rows_e4m3,
-                      x.data<float>(), xqp, xs.data<float>(), m, m_pad, k, groups);
+                      x.data<float>(), xqp, xs.data<float>(), m, m_pad, k, groups, nullptr, 0.0f);
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): activation quantization");
   const float alpha = 1.0f, beta = 0.0f;
   const int64_t scale_ld = w.scales.size(1);
@@ -260,7 +265,8 @@ Fp8WgmmaWeight wgmma_weight(const MatrixWeight& w, const void* map, Tensor& y, i
 
 // The weight stream's launch: on x itself where the kernel quantizes it (c.fused_quant), else
 // after the activation quantization (quantize_rows_e4m3, unpadded) as its programmatic
-// dependent: xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M] are scratch.
+// dependent: xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M] are scratch. l.x_norm_weight: x's
+// RowNorm, applied by whichever kernel quantizes x (x 16-byte aligned).
 void run_fp8_wgmma(CudaBackend& be, const Tensor& x, const Fp8Problem& p, const Fp8WgmmaConfig& c,
                    Fp8WgmmaLaunch l) {
   if (c.fused_quant && reinterpret_cast<uintptr_t>(x.data<float>()) % 16 == 0) {
@@ -277,7 +283,8 @@ void run_fp8_wgmma(CudaBackend& be, const Tensor& x, const Fp8Problem& p, const 
   launch_programmatic("linear (fp8 wgmma): activation quantization",
                       dim3(ceil_div(p.m * p.groups * kb_count, kQuantWarps)),
                       dim3(32 * kQuantWarps), 0, be.stream(), be.pdl(), quantize_rows_e4m3,
-                      x.data<float>(), xqp, xs.data<float>(), p.m, p.m, p.k, p.groups);
+                      x.data<float>(), xqp, xs.data<float>(), p.m, p.m, p.k, p.groups,
+                      l.x_norm_weight, l.x_norm_eps);
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 wgmma): activation quantization");
   l.xq = xqp;
   l.xs = xs.data<float>();
@@ -351,40 +358,53 @@ void prepare_fp8_wgmma_map(CudaBackend& be, const MatrixWeight& w) {
   }
 }
 
-bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight& b,
-                     Tensor& ya, Tensor& yb) {
-  if (a.format != WeightFormat::kFp8Block || b.format != WeightFormat::kFp8Block ||
-      a.block_rows != b.block_rows || a.block_cols != b.block_cols || a.act_group != b.act_group ||
+bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight* b,
+                     const RowNorm& x_norm, Tensor& ya, Tensor& yb) {
+  const float* norm_w = x_norm.weight.defined() ? x_norm.weight.data<float>() : nullptr;
+  const bool same_blocks =
+      b == nullptr || (b->format == WeightFormat::kFp8Block && a.block_rows == b->block_rows &&
+                       a.block_cols == b->block_cols && a.act_group == b->act_group);
+  if ((norm_w != nullptr && !aligned16(x.raw_data())) || a.format != WeightFormat::kFp8Block ||
+      !same_blocks ||
       (be.fp8_linear() != Fp8LinearChoice::kLegacy && be.fp8_linear() != Fp8LinearChoice::kWgmma)) {
     return false;
   }
-  const Fp8Problem p{x.size(0),    a.rows() + b.rows(), a.cols(),   1,
-                     a.block_rows, a.block_cols,        a.act_group};
+  const int64_t b_rows = b != nullptr ? b->rows() : 0;
+  const Fp8Problem p{x.size(0),    a.rows() + b_rows, a.cols(),   1,
+                     a.block_rows, a.block_cols,      a.act_group};
   if (be.fp8_linear() == Fp8LinearChoice::kWgmma && p.m > 0) {
     const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
     const void* map_a = wgmma.use ? fp8_wgmma_weight_map(be, a) : nullptr;
-    const void* map_b = map_a != nullptr ? fp8_wgmma_weight_map(be, b) : nullptr;
-    if (map_b != nullptr) {
+    const void* map_b = map_a != nullptr && b != nullptr ? fp8_wgmma_weight_map(be, *b) : nullptr;
+    if (map_a != nullptr && (b == nullptr || map_b != nullptr)) {
       ya = be.empty({p.m, a.rows()}, DType::kF32);
-      yb = be.empty({p.m, b.rows()}, DType::kF32);
       Fp8WgmmaLaunch l;
       l.first = wgmma_weight(a, map_a, ya, a.rows());
-      l.second = wgmma_weight(b, map_b, yb, b.rows());
+      if (b != nullptr) {
+        yb = be.empty({p.m, b_rows}, DType::kF32);
+        l.second = wgmma_weight(*b, map_b, yb, b_rows);
+      }
+      l.x_norm_weight = norm_w;
+      l.x_norm_eps = x_norm.eps;
       run_fp8_wgmma(be, x, p, wgmma, l);
       return true;
     }
   }
   const Fp8GemvConfig gemv = choose_fp8_gemv(p, be.num_sms());
-  if (!gemv.use || a.rows() % (16 * gemv.warps) != 0) return false;
+  if (!gemv.use || (b != nullptr && a.rows() % (16 * gemv.warps) != 0)) return false;
   ya = be.empty({p.m, a.rows()}, DType::kF32);
-  yb = be.empty({p.m, b.rows()}, DType::kF32);
   be.set_last_fp8_linear_path(Fp8LinearPath::kGemv);
-  const Fp8GemvSecond second{static_cast<const uint8_t*>(b.values.raw_data()),
-                             b.scales.data<float>(), b.scales.size(1), yb.data<float>(), b.rows()};
+  Fp8GemvSecond second{};
+  if (b != nullptr) {
+    yb = be.empty({p.m, b_rows}, DType::kF32);
+    second = Fp8GemvSecond{static_cast<const uint8_t*>(b->values.raw_data()),
+                           b->scales.data<float>(), b->scales.size(1), yb.data<float>(), b_rows};
+  }
   launch_gemv_fp8(x.data<float>(), static_cast<const uint8_t*>(a.values.raw_data()),
                   a.scales.data<float>(), a.scales.size(1), ya.data<float>(), p, gemv,
-                  be.smem_limits(), be.pdl(), be.stream(), &second);
-  DEEPINFER_CUDA_LAUNCH_CHECK("linear_pair (fp8 gemv)");
+                  be.smem_limits(), be.pdl(), be.stream(), b != nullptr ? &second : nullptr, norm_w,
+                  x_norm.eps);
+  DEEPINFER_CUDA_LAUNCH_CHECK(b != nullptr ? "linear_pair (fp8 gemv)" : "linear (fp8 gemv)");
   return true;
 }
 

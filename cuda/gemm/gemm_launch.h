@@ -39,10 +39,12 @@ struct Fp8GemvSecond {
 // inside the kernel per act_group columns. `pdl`: a programmatic dependent launch (pdl.cuh).
 // `second` (G = 1): p.n counts both weights' rows, w has the first p.n - second->n (a multiple of
 // the CTA's 16 * c.warps rows) and y [M, p.n - second->n]; second's rows take the CTAs after.
+// x_norm_weight (G = 1, x 16-byte aligned): x's RowNorm, applied as x is quantized.
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
                      float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
                      KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream,
-                     const Fp8GemvSecond* second = nullptr);
+                     const Fp8GemvSecond* second = nullptr, const float* x_norm_weight = nullptr,
+                     float x_norm_eps = 0.0f);
 
 // The launch shape the FP8 decode kernels (gemv_fp8.cu, fp8_stream.cu) share: CTA (row tile,
 // split, group) of 32 * c.warps threads, the splits of a row tile one cluster (they add their
@@ -90,6 +92,9 @@ struct Fp8WgmmaWeight {
 struct Fp8WgmmaLaunch {
   Fp8WgmmaWeight first, second;
   const float* x = nullptr;
+  // x's RowNorm (G = 1, with x): [K] f32, applied as each CTA quantizes x; null: none.
+  const float* x_norm_weight = nullptr;
+  float x_norm_eps = 0.0f;
   const uint8_t* xq = nullptr;
   const float* xs = nullptr;
   int64_t m_pad = 0;
@@ -115,10 +120,12 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
 
 // linear_pair of two kFp8Block weights as one launch of the FP8 GEMV, where it applies: both of
 // one block shape and act_group, the GEMV's tokens and shape for their rows together, the first
-// weight's rows a multiple of the GEMV's CTA rows and DEEPINFER_FP8_LINEAR legacy (the default).
-// false leaves the pair to two linears.
-bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight& b,
-                     Tensor& ya, Tensor& yb);
+// weight's rows a multiple of the GEMV's CTA rows and DEEPINFER_FP8_LINEAR legacy (the default),
+// or the weight stream's under wgmma. b nullptr: linear(x, a) alone on those paths (yb stays
+// undefined). x_norm (RowNorm, may be undefined) is applied where x is quantized. false leaves
+// the call to the caller (x_norm not applied).
+bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight* b,
+                     const RowNorm& x_norm, Tensor& ya, Tensor& yb);
 
 // The values of a kFp8Block weight as a `dtype` (bf16 or f32) device tensor [N, K]
 // (stream-ordered scratch). f32 is exact; bf16 is exact when the scales are powers of two

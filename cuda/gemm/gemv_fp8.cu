@@ -5,6 +5,8 @@
 // and each covers a slab of K (a multiple of act_group). A CTA runs three phases:
 //   quantize_slab   x[:, slab] -> e4m3 bytes and one power-of-two scale per (token, act group) in
 //                   shared memory, exactly as quantize_activations (same amax, scale, rounding);
+//                   with a RowNorm of x (linear's, linear_pair's), each row normed first in
+//                   rms_norm's arithmetic (every CTA sums the squares of the token's whole row);
 //   load_chunk /    each warp streams 16 weight rows of the slab, 256 columns at a time, with
 //   math_chunk      16-byte (8-byte) loads that bypass L1, and feeds them with the e4m3
 //                   activations to mma.m16n8k32.e4m3.e4m3.f32 (one per 8 tokens), folding each
@@ -35,6 +37,7 @@
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/gemm/gemm_launch.h"
+#include "cuda/norm/rms_norm_math.cuh"
 
 namespace deepinfer::cuda {
 
@@ -58,6 +61,10 @@ struct Fp8GemvArgs {
   int64_t ws_ld2, n2;
   int first_tiles;
   int m, ag;
+  // x's RowNorm (G = 1): rows are rms_norm(x, norm_w, norm_eps) where they are quantized; null:
+  // none.
+  const float* norm_w;
+  float norm_eps;
   // log2 of the weight blocks' rows and columns and of act_group (choose_fp8_gemv takes powers
   // of two only): a column's scales are found by shifts, not divisions.
   int br_shift, bc_shift, ag_shift;
@@ -121,9 +128,10 @@ constexpr int kQuantVals = 4;
 // with 16-byte stores; each (token < M, act group) takes one warp, the warps striding over them
 // in (token, group) order. Offsets are 32-bit (a 64-bit division by a runtime value costs a warp
 // ~70 instructions, more than the rest of an act group's work).
+// row_inv: with a.norm_w, each token's 1 / rms (x[t, c] becomes (x[t, c] * row_inv[t]) * w[c]).
 template <int NT>
 __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g, int64_t k0,
-                              int64_t k1) {
+                              int64_t k1, const float* row_inv) {
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int warps = static_cast<int>(blockDim.x >> 5);
@@ -143,6 +151,11 @@ __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g
     }
   }
   const float* x = a.x + g * a.k + k0;
+  const float* norm_w = a.norm_w != nullptr ? a.norm_w + k0 : nullptr;
+  const auto value = [&](int t, int c) {
+    const float v = x[t * a.ldx + c];
+    return norm_w != nullptr ? (v * row_inv[t]) * __ldg(norm_w + c) : v;
+  };
   const int items = a.m * per_row;
   if (a.ag <= 32 * kQuantVals) {
     // A lane holds a group's columns lane + 32 i (i < ag / 32) of kQuantBatch items at once: the
@@ -161,7 +174,7 @@ __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g
 #pragma unroll
         for (int i = 0; i < kQuantVals; ++i) {
           const int c = c0 + lane + 32 * i;
-          v[b][i] = item < items && i < vals && c < width ? x[t * a.ldx + c] : 0.0f;
+          v[b][i] = item < items && i < vals && c < width ? value(t, c) : 0.0f;
           amax[b] = fmaxf(amax[b], fabsf(v[b][i]));
         }
       }
@@ -196,18 +209,16 @@ __device__ void quantize_slab(const Fp8GemvArgs& a, const SlabSmem& s, int64_t g
     const int c0 = gi * a.ag;
     const int c1 = min(c0 + a.ag, width);
     uint8_t* dst = s.xq + t * xld + c0;
-    const float* src = x + t * a.ldx;
     float amax = 0.0f;
-    for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(src[c]));
+    for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(value(t, c)));
     // A group wholly past k1 (the last split's tail): zero bytes, its scale stored as 0.
     const float scale = act_group_scale(warp_max(amax));
     const float inv = __frcp_rn(scale);  // exact: a power of two
     for (int j = lane; j < a.ag; j += 32) {
       const int c = c0 + j;
-      dst[j] =
-          c < c1
-              ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(src[c] * inv, __NV_SATFINITE, __NV_E4M3))
-              : uint8_t{0};
+      dst[j] = c < c1 ? static_cast<uint8_t>(
+                            __nv_cvt_float_to_fp8(value(t, c) * inv, __NV_SATFINITE, __NV_E4M3))
+                      : uint8_t{0};
     }
     if (lane == 0) s.xs[t * per_row + gi] = c0 < c1 ? scale : 0.0f;
     gi += warps;
@@ -342,7 +353,15 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   }
   enter_dependent_grid();
 
-  quantize_slab<NT>(a, s, g, k0, k1);
+  __shared__ float row_inv[8 * NT];
+  if (a.norm_w != nullptr) {
+    for (int t = warp; t < a.m; t += warps) {
+      const float inv = warp_row_rms_inv(a.x + t * a.ldx, a.k, a.norm_eps);
+      if (lane == 0) row_inv[t] = inv;
+    }
+    __syncthreads();
+  }
+  quantize_slab<NT>(a, s, g, k0, k1, row_inv);
   __syncthreads();
 
   float acc[NT][4] = {};
@@ -411,7 +430,7 @@ void launch_variant(const Fp8GemvArgs& a, const Fp8GemvConfig& c, int64_t groups
 void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, int64_t scale_ld,
                      float* y, const Fp8Problem& p, const Fp8GemvConfig& c,
                      KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream,
-                     const Fp8GemvSecond* second) {
+                     const Fp8GemvSecond* second, const float* x_norm_weight, float x_norm_eps) {
   Fp8GemvArgs a;
   a.x = x;
   a.w = w;
@@ -439,6 +458,8 @@ void launch_gemv_fp8(const float* x, const uint8_t* w, const float* w_scales, in
   a.slab = c.slab;
   a.m = static_cast<int>(p.m);
   a.ag = p.act_group;
+  a.norm_w = x_norm_weight;
+  a.norm_eps = x_norm_eps;
   a.br_shift = log2_of_power_of_two(p.block_rows);
   a.bc_shift = log2_of_power_of_two(p.block_cols);
   a.ag_shift = log2_of_power_of_two(p.act_group);

@@ -13,7 +13,9 @@
 // bf16 scratch and runs the bf16 path above on the quantize-dequantized x (exact for power-of-two
 // scales, DeepSeek's: e4m3 times 2^e, for weights and activations alike, is a bf16 value, so only
 // the summation order differs from the CPU reference). linear_pair runs two FP8 weights of one x
-// as one GEMV launch where it applies (linear_fp8_pair), else as two linears.
+// as one GEMV launch where it applies (linear_fp8_pair), else as two linears. A RowNorm of x is
+// applied as the GEMV or the weight stream quantizes x (linear_fp8_pair, one weight or two),
+// elsewhere by rms_norm first.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -145,8 +147,11 @@ Tensor any_linear(CudaBackend& be, const char* op, const Tensor& x, const Matrix
 
 }  // namespace
 
-Tensor CudaBackend::linear_impl(const Tensor& x, const MatrixWeight& w) {
-  return any_linear(*this, "linear", x, w, 1);
+Tensor CudaBackend::linear_impl(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm) {
+  if (!x_norm.weight.defined()) return any_linear(*this, "linear", x, w, 1);
+  Tensor y, unused;
+  if (linear_fp8_pair(*this, x, w, nullptr, x_norm, y, unused)) return y;
+  return any_linear(*this, "linear", rms_norm_impl(x, x_norm.weight, x_norm.eps), w, 1);
 }
 
 Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) {
@@ -154,10 +159,13 @@ Tensor CudaBackend::grouped_linear_impl(const Tensor& x, const MatrixWeight& w, 
 }
 
 std::pair<Tensor, Tensor> CudaBackend::linear_pair_impl(const Tensor& x, const MatrixWeight& a,
-                                                        const MatrixWeight& b) {
+                                                        const MatrixWeight& b,
+                                                        const RowNorm& x_norm) {
   Tensor ya, yb;
-  if (linear_fp8_pair(*this, x, a, b, ya, yb)) return {ya, yb};
-  return {any_linear(*this, "linear_pair", x, a, 1), any_linear(*this, "linear_pair", x, b, 1)};
+  if (linear_fp8_pair(*this, x, a, &b, x_norm, ya, yb)) return {ya, yb};
+  const Tensor normed = x_norm.weight.defined() ? rms_norm_impl(x, x_norm.weight, x_norm.eps) : x;
+  return {any_linear(*this, "linear_pair", normed, a, 1),
+          any_linear(*this, "linear_pair", normed, b, 1)};
 }
 
 }  // namespace deepinfer::cuda

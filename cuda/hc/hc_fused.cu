@@ -5,7 +5,7 @@
 // chooses where it runs (CudaBackend::hc_pre_choice: by default up to kHcFusedAutoMaxTokens
 // tokens). The weights and the collapse are the CPU's arithmetic (hc_weights.cuh); the mix
 // differs from the CPU's GEMM by summation order only. With the sub-layer's RMSNorm of y
-// (HcOutputNorm) the kernel writes y normed, in rms_norm's arithmetic (rms_norm_math.cuh): no
+// (RowNorm) the kernel writes y normed, in rms_norm's arithmetic (rms_norm_math.cuh): no
 // norm launch between the mix and the sub-layer.
 #include <cooperative_groups.h>
 
@@ -434,8 +434,7 @@ bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
 
 bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
                      const Tensor& scale, const HcParams& params, float* post, float* comb,
-                     float* y, const HcOutputNorm& y_norm, const char* op,
-                     const HcTrunkUpdate* update) {
+                     float* y, const RowNorm& y_norm, const char* op, const HcTrunkUpdate* update) {
   const bool norm = y_norm.weight.defined();
   if (!hc_fused_applies(be, X, fn, params) || (norm && !aligned16(y_norm.weight.raw_data()))) {
     return false;
@@ -485,7 +484,7 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
 HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                                         const Tensor& comb, const Tensor& fn, const Tensor& base,
                                         const Tensor& scale, const HcParams& params,
-                                        const HcOutputNorm& y_norm) {
+                                        const RowNorm& y_norm) {
   if (!hc_fused_applies(*this, X, fn, params) || !aligned16(out.raw_data())) {
     return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
   }

@@ -34,10 +34,10 @@ bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
 
 // Launches hc_fused_kernel when hc_fused_applies (and y_norm's weight, where defined, is 16-byte
 // aligned); false leaves the call to the unfused path. post / comb null: hc_head. update set
-// (hc_post_pre): X is the trunk before hc_post. y_norm: y is written normed (HcOutputNorm).
+// (hc_post_pre): X is the trunk before hc_post. y_norm: y is written normed (RowNorm).
 bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
                      const Tensor& scale, const HcParams& params, float* post, float* comb,
-                     float* y, const HcOutputNorm& y_norm, const char* op,
+                     float* y, const RowNorm& y_norm, const char* op,
                      const HcTrunkUpdate* update = nullptr);
 
 }  // namespace deepinfer::cuda

@@ -297,8 +297,7 @@ void launch_hc_pre_finish(HcFinishArgs a, int num_sms, bool pdl, cudaStream_t st
 }  // namespace
 
 HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                               const Tensor& scale, const HcParams& params,
-                               const HcOutputNorm& y_norm) {
+                               const Tensor& scale, const HcParams& params, const RowNorm& y_norm) {
   const auto [tokens, n, hidden] = hc_shape("hc_pre", X, params);
   HcMix result{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
                empty({tokens, hidden}, DType::kF32)};
@@ -332,7 +331,7 @@ HcShiftedMix CudaBackend::hc_pre_shifted_impl(const Tensor& X, const Tensor& fn,
 
 Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                  const Tensor& scale, const HcParams& params,
-                                 const HcOutputNorm& y_norm) {
+                                 const RowNorm& y_norm) {
   const auto [tokens, n, hidden] = hc_shape("hc_head", X, params);
   Tensor y = empty({tokens, hidden}, DType::kF32);
   if (tokens == 0 || hidden == 0) return y;  // nothing to collapse (and no empty grid)

@@ -1,10 +1,13 @@
 // The arithmetic of rms_norm on the CUDA backend (rms_norm.cu), shared by the kernels that norm a
-// row as they make it (hc_fused.cu): the CPU reference's (cpp/src/backend/cpu_ops_dense.cpp)
-// y = x * (1 / sqrt(float(mean(x^2)) + eps)) [* w], the sum of squares in double (each square is
-// exact in double, so only the order of the additions differs from the CPU's).
+// row as they make it (hc_fused.cu) or as they quantize it (the FP8 linears' RowNorm): the CPU
+// reference's (cpp/src/backend/cpu_ops_dense.cpp) y = x * (1 / sqrt(float(mean(x^2)) + eps)) [* w],
+// the sum of squares in double (each square is exact in double, so only the order of the
+// additions differs from the CPU's).
 #pragma once
 
 #include <cstdint>
+
+#include "cuda/common/reduce.cuh"
 
 namespace deepinfer::cuda {
 
@@ -19,6 +22,15 @@ __device__ __forceinline__ double add_squares(double acc, float4 v) {
 
 __device__ __forceinline__ float rms_inv(double sum_squares, int64_t dim, float eps) {
   return 1.0f / sqrtf(static_cast<float>(sum_squares / static_cast<double>(dim)) + eps);
+}
+
+// 1 / rms of row [0, k) (16-byte aligned, k % 4 == 0) by one warp; every lane returns it.
+__device__ __forceinline__ float warp_row_rms_inv(const float* row, int64_t k, float eps) {
+  double acc = 0.0;
+  for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x & 31); c < k; c += 128) {
+    acc = add_squares(acc, *reinterpret_cast<const float4*>(row + c));
+  }
+  return rms_inv(warp_sum(acc), k, eps);
 }
 
 // (x * inv) * w in this order, as the CPU (two roundings; nvcc does not fuse two products).

@@ -158,15 +158,25 @@ Tensors random_fp8_weight(Rng& rng, int64_t rows, int64_t cols, int br, int bc) 
   return Tensors{scaled.to(DType::kF8E4M3), scales};
 }
 
+// x_norm (linear only): a RowNorm of x (the q-LoRA norm before wq_b).
 struct Fp8Gemm {
   Gemm shape;
   int br, bc, act_group;
+  bool x_norm = false;
   std::string label() const {
-    return shape.label(
-        ("fp8_b" + std::to_string(br) + "x" + std::to_string(bc) + "_a" + std::to_string(act_group))
-            .c_str());
+    return shape.label(("fp8_b" + std::to_string(br) + "x" + std::to_string(bc) + "_a" +
+                        std::to_string(act_group) + (x_norm ? "_xnorm" : ""))
+                           .c_str());
   }
 };
+
+// A RowNorm's weight [k]: values around 1, as trained norms have.
+Tensor random_norm_weight(Rng& rng, int64_t k) {
+  const Tensor u = random_f32(rng, {k});
+  Tensor w = Tensor::zeros({k}, DType::kF32);
+  for (int64_t i = 0; i < k; ++i) w.data<float>()[i] = 1.0f + 0.25f * u.data<float>()[i];
+  return w;
+}
 
 void add_fp8(std::vector<OpCase>& t, const Fp8Gemm& f) {
   const Gemm c = f.shape;
@@ -177,7 +187,9 @@ void add_fp8(std::vector<OpCase>& t, const Fp8Gemm& f) {
                  [c, f](Rng& rng) {
                    Tensor x = random_f32(rng, {c.m, c.g() * c.k});
                    Tensors w = random_fp8_weight(rng, c.g() * c.n, c.k, f.br, f.bc);
-                   return Tensors{f.act_group == 0 ? round_bf16(x) : x, w[0], w[1]};
+                   Tensors in{f.act_group == 0 ? round_bf16(x) : x, w[0], w[1]};
+                   if (f.x_norm) in.push_back(random_norm_weight(rng, c.k));
+                   return in;
                  },
              .run =
                  [c, f](Backend& be, const Tensors& in) {
@@ -190,6 +202,7 @@ void add_fp8(std::vector<OpCase>& t, const Fp8Gemm& f) {
                    host.act_group = f.act_group;
                    const MatrixWeight w = be.upload_matrix_weight(host);
                    const Tensor x = up(be, in[0]);
+                   if (f.x_norm) return out(be.linear(x, w, RowNorm{up(be, in[3]), 1e-6f}));
                    return out(c.groups ? be.grouped_linear(x, w, c.groups) : be.linear(x, w));
                  },
              .expect = close(1e-3, 1e-5),
@@ -201,16 +214,17 @@ void add_fp8(std::vector<OpCase>& t, const Fp8Gemm& f) {
 
 // linear_pair of two weights of one x: FP8 pairs (the CUDA backend runs them as one GEMV launch
 // where linear_fp8_pair applies, else as two linears) and f32 pairs (two linears everywhere),
-// both outputs held to linear's tolerance.
+// both outputs held to linear's tolerance. x_norm: with a RowNorm of x.
 struct PairGemm {
   int64_t m, k, na, nb;
   int br, bc, act_group;  // br 0: f32 weights
+  bool x_norm = false;
   std::string label() const {
     return (br ? "fp8_b" + std::to_string(br) + "x" + std::to_string(bc) + "_a" +
                      std::to_string(act_group)
                : std::string("f32")) +
            "_m" + std::to_string(m) + "_k" + std::to_string(k) + "_na" + std::to_string(na) +
-           "_nb" + std::to_string(nb);
+           "_nb" + std::to_string(nb) + (x_norm ? "_xnorm" : "");
   }
 };
 
@@ -221,12 +235,16 @@ void add_pair(std::vector<OpCase>& t, const PairGemm& c) {
              .draw =
                  [c](Rng& rng) {
                    Tensor x = random_f32(rng, {c.m, c.k});
+                   Tensors in;
                    if (c.br == 0) {
-                     return Tensors{x, random_f32(rng, {c.na, c.k}), random_f32(rng, {c.nb, c.k})};
+                     in = {x, random_f32(rng, {c.na, c.k}), random_f32(rng, {c.nb, c.k})};
+                   } else {
+                     Tensors a = random_fp8_weight(rng, c.na, c.k, c.br, c.bc);
+                     Tensors b = random_fp8_weight(rng, c.nb, c.k, c.br, c.bc);
+                     in = {c.act_group == 0 ? round_bf16(x) : x, a[0], a[1], b[0], b[1]};
                    }
-                   Tensors a = random_fp8_weight(rng, c.na, c.k, c.br, c.bc);
-                   Tensors b = random_fp8_weight(rng, c.nb, c.k, c.br, c.bc);
-                   return Tensors{c.act_group == 0 ? round_bf16(x) : x, a[0], a[1], b[0], b[1]};
+                   if (c.x_norm) in.push_back(random_norm_weight(rng, c.k));
+                   return in;
                  },
              .run =
                  [c](Backend& be, const Tensors& in) {
@@ -244,7 +262,8 @@ void add_pair(std::vector<OpCase>& t, const PairGemm& c) {
                    };
                    const MatrixWeight a = weight(1);
                    const MatrixWeight b = weight(c.br != 0 ? 3 : 2);
-                   auto [ya, yb] = be.linear_pair(up(be, in[0]), a, b);
+                   const RowNorm norm = c.x_norm ? RowNorm{up(be, in.back()), 1e-6f} : RowNorm{};
+                   auto [ya, yb] = be.linear_pair(up(be, in[0]), a, b, norm);
                    return Outputs{{"a", std::move(ya)}, {"b", std::move(yb)}};
                  },
              .expect = close(1e-3, 1e-5),
@@ -335,6 +354,16 @@ std::vector<OpCase> gemm_cases() {
     add_pair(t, {m, 1024, 32768, 8192, 128, 128, 128});
     add_pair(t, {m, kHidden, 2048, 2048, 128, 128, 128});
   }
+  // With the q-LoRA norm (RowNorm) of x: wq_b alone and with the indexer's wq_b, where the GEMV
+  // (or under wgmma the weight stream, its fused quantization at M 1, quantize_rows_e4m3 at 5
+  // and 16) norms x as it quantizes it, and at 17 (rms_norm, then cuBLASLt); a partial block.
+  for (const int64_t m : {1, 5, 16, 17}) {
+    add_pair(t, {m, 1024, 32768, 8192, 128, 128, 128, true});
+    add_fp8(t, {{m, 1024, 32768, 0}, 128, 128, 128, true});
+  }
+  add_pair(t, {3, 64, 32, 48, 128, 128, 128, true});
+  add_fp8(t, {{3, 96, 32, 0}, 128, 128, 128, true});
+  add_pair(t, {3, 64, 96, 40, 0, 0, 0, true});
   add_pair(t, {3, 1040, 300, 200, 128, 128, 128});
   add_pair(t, {3, 1040, 256, 200, 32, 32, 128});
   add_pair(t, {3, 1024, 256, 128, 128, 128, 0});

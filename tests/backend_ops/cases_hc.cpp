@@ -1,6 +1,6 @@
 // Rows of the hyper-connection ops: hc_expand (exact), hc_pre, hc_post, hc_post_pre, hc_head
 // (summation order and expf ulps: ~1e-5 of the largest reference value); hc_pre, hc_post_pre and
-// hc_head also with the sub-layer's RMSNorm of y (HcOutputNorm; labels ending in _ynorm).
+// hc_head also with the sub-layer's RMSNorm of y (RowNorm; labels ending in _ynorm).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -71,8 +71,8 @@ void add_mix_weights(Tensors& in, Rng& rng, const HcDims& c, bool norm) {
 }
 
 // The sub-layer norm of y where `norm` (its weight in[index], eps as the V4 configs'), else none.
-HcOutputNorm y_norm(Backend& be, const Tensors& in, bool norm, size_t index) {
-  return norm ? HcOutputNorm{up(be, in[index]), 1e-6f} : HcOutputNorm{};
+RowNorm y_norm(Backend& be, const Tensors& in, bool norm, size_t index) {
+  return norm ? RowNorm{up(be, in[index]), 1e-6f} : RowNorm{};
 }
 
 }  // namespace

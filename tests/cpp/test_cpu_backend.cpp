@@ -13,6 +13,7 @@
 #include "cpu_test_util.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
+#include "error_message.h"
 
 namespace deepinfer {
 namespace {
@@ -323,6 +324,30 @@ TEST_F(CpuBackendTest, LinearPairIsTwoLinears) {
     EXPECT_NE(std::string(e.what()).find("linear_pair: argument b must be f32[*, 40]"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// linear and linear_pair with a RowNorm of x are rms_norm then the linears, bit for bit on the
+// CPU; a norm weight whose width is not x's is refused naming it.
+TEST_F(CpuBackendTest, LinearsWithARowNormReadTheNormedInput) {
+  const int64_t M = 3, K = 40, NA = 9, NB = 5;
+  const float eps = 1e-6f;
+  const Tensor x = up(rng.uniform(sz(M * K), -3, 3), {M, K});
+  const Tensor a = up(rng.uniform(sz(NA * K)), {NA, K});
+  const Tensor b = up(rng.uniform(sz(NB * K)), {NB, K});
+  const Tensor g = up(rng.uniform(sz(K), 0.5f, 1.5f), {K});
+  const RowNorm norm{g, eps};
+  const Tensor normed = be->rms_norm(x, g, eps);
+  const auto [ya, yb] = be->linear_pair(x, a, b, norm);
+  EXPECT_EQ(fetch_f32(*be, ya), fetch_f32(*be, be->linear(normed, a)));
+  EXPECT_EQ(fetch_f32(*be, yb), fetch_f32(*be, be->linear(normed, b)));
+  EXPECT_EQ(fetch_f32(*be, be->linear(x, a, norm)), fetch_f32(*be, be->linear(normed, a)));
+  EXPECT_NE(fetch_f32(*be, be->linear(x, a, norm)), fetch_f32(*be, be->linear(x, a)));
+  const RowNorm wrong{up(rng.uniform(sz(K + 1)), {K + 1}), eps};
+  for (const std::string& message :
+       {testing::error_message([&] { be->linear(x, a, wrong); }),
+        testing::error_message([&] { be->linear_pair(x, a, b, wrong); })}) {
+    EXPECT_NE(message.find("x_norm.weight"), std::string::npos) << message;
   }
 }
 

@@ -190,7 +190,7 @@ TEST_F(CpuHcMoeTest, HcPostPreIsPostThenPre) {
   EXPECT_THROW(be->hc_post_pre(X, out, post, comb, base, base, scale, p), Error);
 }
 
-// y_norm (HcOutputNorm) is rms_norm of the collapsed y, bit for bit, for each op that takes it;
+// y_norm (RowNorm) is rms_norm of the collapsed y, bit for bit, for each op that takes it;
 // a weight of the wrong width is an error naming it.
 TEST_F(CpuHcMoeTest, OutputNormIsRmsNormOfY) {
   HcParams p;
@@ -201,7 +201,7 @@ TEST_F(CpuHcMoeTest, OutputNormIsRmsNormOfY) {
   Tensor head_base = up(rng.uniform(sz(N)), {N});
   Tensor head_scale = up(std::vector<float>{0.8f}, {1});
   Tensor w = up(rng.uniform(sz(H), -1.5f, 1.5f), {H});
-  const HcOutputNorm norm{w, eps};
+  const RowNorm norm{w, eps};
   auto same = [&](const Tensor& got, const Tensor& want, const char* what) {
     const std::vector<float> v = fetch_f32(*be, want);
     expect_close(fetch_f32(*be, got), std::vector<double>(v.begin(), v.end()), 0, 0, what);
@@ -213,7 +213,7 @@ TEST_F(CpuHcMoeTest, OutputNormIsRmsNormOfY) {
        "hc_post_pre");
   same(be->hc_head(X, head_fn, head_base, head_scale, p, norm),
        be->rms_norm(be->hc_head(X, head_fn, head_base, head_scale, p), w, eps), "hc_head");
-  const HcOutputNorm wrong{up(rng.uniform(sz(H + 1)), {H + 1}), eps};
+  const RowNorm wrong{up(rng.uniform(sz(H + 1)), {H + 1}), eps};
   EXPECT_NE(testing::error_message([&] {
               be->hc_pre(X, fn, base, scale, p, wrong);
             }).find("y_norm.weight"),

@@ -205,16 +205,19 @@ class Backend {
   // RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * weight. `weight` may be undefined
   // (unweighted norm).
   Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps);
-  // x [M, K], w [N, K] -> x w^T [M, N], after w's activation quantization (weight.h) of x.
-  Tensor linear(const Tensor& x, const MatrixWeight& w);
+  // x [M, K], w [N, K] -> x w^T [M, N], after w's activation quantization (weight.h) of x. With
+  // x_norm it reads rms_norm(x, x_norm.weight, x_norm.eps) (RowNorm; as linear_pair).
+  Tensor linear(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm = {});
   // Block-diagonal linear: x [M, G*K], w [G*N, K] -> [M, G*N]; group g maps x[:, gK:(g+1)K]
   // with rows [gN, (g+1)N) of w. Activation groups restart at each group's first column.
   Tensor grouped_linear(const Tensor& x, const MatrixWeight& w, int groups);
   // linear(x, a) and linear(x, b) of one x [M, K] (a [Na, K], b [Nb, K]): [M, Na] and [M, Nb]. A
   // backend may run both in one pass over x (the CUDA backend's FP8 decode GEMV does: one launch
-  // instead of two); each result is then linear's up to the order of its f32 sums over K.
+  // instead of two); each result is then linear's up to the order of its f32 sums over K. With
+  // x_norm both read rms_norm(x, x_norm.weight, x_norm.eps) (RowNorm: a backend may norm x as it
+  // quantizes it, without a launch or a tensor of its own).
   std::pair<Tensor, Tensor> linear_pair(const Tensor& x, const MatrixWeight& a,
-                                        const MatrixWeight& b);
+                                        const MatrixWeight& b, const RowNorm& x_norm = {});
   // Dynamic activation quantization (weight.h) of x [M, K] f32 in groups of `group` columns,
   // returned dequantized: [M, K] f32 whose values are e4m3 values times powers of two.
   Tensor quantize_activations(const Tensor& x, int group);
@@ -278,20 +281,20 @@ class Backend {
   // x [T, H] -> [T, N, H] with N = hc_mult identical copies.
   Tensor hc_expand(const Tensor& x, int hc_mult);
   // X [T, N, H]; fn [(2+N)N, N*H], base [(2+N)N], scale [3] (all f32). y_norm: the sub-layer's
-  // RMSNorm of y (HcOutputNorm), applied to the returned y.
+  // RMSNorm of y (RowNorm), applied to the returned y.
   HcMix hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-               const HcParams& params, const HcOutputNorm& y_norm = {});
+               const HcParams& params, const RowNorm& y_norm = {});
   // X_new[t, j] = post[t, j] * out[t] + sum_i comb[t, i, j] * X[t, i].
   Tensor hc_post(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb);
   // hc_post(X, out, post, comb), then hc_pre of its result with the next sub-layer's fn, base
   // and scale: one op so a backend can mix the trunk as it writes it (the default runs the two).
   HcPostPre hc_post_pre(const Tensor& X, const Tensor& out, const Tensor& post, const Tensor& comb,
                         const Tensor& fn, const Tensor& base, const Tensor& scale,
-                        const HcParams& params, const HcOutputNorm& y_norm = {});
+                        const HcParams& params, const RowNorm& y_norm = {});
   // Final collapse: fn [N, N*H], base [N], scale [1] -> [T, H], then y_norm (the model's final
   // norm) applied to it.
   Tensor hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                 const HcParams& params, const HcOutputNorm& y_norm = {});
+                 const HcParams& params, const RowNorm& y_norm = {});
 
   // V4.1 shifted mHC: each sub-layer's mix (pre, post, comb: hc_pre's formulas) is computed from
   // its own trunk X, but its block input is collapsed with the previous sub-layer's pre:
@@ -435,11 +438,11 @@ class Backend {
 
   virtual Tensor embedding_impl(const Tensor& table, const Tensor& ids) = 0;
   virtual Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) = 0;
-  virtual Tensor linear_impl(const Tensor& x, const MatrixWeight& w) = 0;
+  virtual Tensor linear_impl(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm) = 0;
   virtual Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) = 0;
-  // Default: linear_impl of each weight.
+  // Default: rms_norm_impl of x where x_norm is defined, then linear_impl of each weight.
   virtual std::pair<Tensor, Tensor> linear_pair_impl(const Tensor& x, const MatrixWeight& a,
-                                                     const MatrixWeight& b);
+                                                     const MatrixWeight& b, const RowNorm& x_norm);
   virtual Tensor quantize_activations_impl(const Tensor& x, int group) = 0;
   virtual Tensor scale_impl(const Tensor& x, float factor) = 0;
   virtual Tensor add_impl(const Tensor& a, const Tensor& b) = 0;
@@ -465,20 +468,19 @@ class Backend {
   virtual void fill_random_normal_impl(const Tensor& t, uint64_t seed, float mean, float std) = 0;
 
   virtual Tensor hc_expand_impl(const Tensor& x, int hc_mult) = 0;
-  // y_norm, where defined, is applied to the collapsed output (HcOutputNorm).
+  // y_norm, where defined, is applied to the collapsed output (RowNorm).
   virtual HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                            const Tensor& scale, const HcParams& params,
-                            const HcOutputNorm& y_norm) = 0;
+                            const Tensor& scale, const HcParams& params, const RowNorm& y_norm) = 0;
   virtual Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                               const Tensor& comb) = 0;
   virtual Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                               const Tensor& scale, const HcParams& params,
-                              const HcOutputNorm& y_norm) = 0;
+                              const RowNorm& y_norm) = 0;
   // The default is literally hc_post_impl, then hc_pre_impl of its result (the CPU reference).
   virtual HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                                      const Tensor& comb, const Tensor& fn, const Tensor& base,
                                      const Tensor& scale, const HcParams& params,
-                                     const HcOutputNorm& y_norm);
+                                     const RowNorm& y_norm);
 
   // V4.1 ops: the defaults throw Error(kUnsupported) naming the op and the backend, so a backend
   // without them yet still builds and fails loudly when a V4.1 graph reaches it.

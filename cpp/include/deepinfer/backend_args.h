@@ -20,11 +20,12 @@ struct HcParams {
   float norm_eps = 1e-6f;  // the unweighted RMSNorm over the flattened streams
 };
 
-// The RMSNorm its sub-layer applies first to an mHC op's collapsed output y: y becomes
-// rms_norm(y, weight, eps). Undefined weight: y as collapsed. Part of the op so that a backend can
-// norm y as it collapses it (one pass, no launch of its own).
-struct HcOutputNorm {
-  Tensor weight;  // [H] f32
+// An RMSNorm that an op applies to the rows it makes or reads: row becomes rms_norm(row, weight,
+// eps). The mHC ops norm their collapsed output y for the sub-layer; linear and linear_pair norm
+// their input (a q-LoRA's norm before wq_b). Undefined weight: no norm. Part of the op so that a
+// backend can norm rows in the same pass that makes or quantizes them (no launch of its own).
+struct RowNorm {
+  Tensor weight;  // [width of the row] f32
   float eps = 0.0f;
 };
 

@@ -52,7 +52,7 @@ void check_hc_pre(const OpChecks& c, const Tensor& X, const Tensor& fn, const Te
 }
 
 // y_norm's weight, where defined: [H] f32 for X [T, N, H].
-void check_hc_output_norm(const OpChecks& c, const Tensor& X, const HcOutputNorm& y_norm) {
+void check_hc_output_norm(const OpChecks& c, const Tensor& X, const RowNorm& y_norm) {
   c.optional("y_norm.weight", y_norm.weight, DType::kF32, {X.size(2)});
 }
 
@@ -85,11 +85,12 @@ Tensor Backend::rms_norm(const Tensor& x, const Tensor& weight, float eps) {
   return rms_norm_impl(x, weight, eps);
 }
 
-Tensor Backend::linear(const Tensor& x, const MatrixWeight& w) {
+Tensor Backend::linear(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm) {
   const OpChecks c("linear", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});
   c.weight("w", w, matrix_dtypes(*this), -1, x.size(1));
-  return linear_impl(x, w);
+  c.optional("x_norm.weight", x_norm.weight, DType::kF32, {x.size(1)});
+  return linear_impl(x, w, x_norm);
 }
 
 Tensor Backend::grouped_linear(const Tensor& x, const MatrixWeight& w, int groups) {
@@ -105,17 +106,22 @@ Tensor Backend::grouped_linear(const Tensor& x, const MatrixWeight& w, int group
 }
 
 std::pair<Tensor, Tensor> Backend::linear_pair(const Tensor& x, const MatrixWeight& a,
-                                               const MatrixWeight& b) {
+                                               const MatrixWeight& b, const RowNorm& x_norm) {
   const OpChecks c("linear_pair", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});
   c.weight("a", a, matrix_dtypes(*this), -1, x.size(1));
   c.weight("b", b, matrix_dtypes(*this), -1, x.size(1));
-  return linear_pair_impl(x, a, b);
+  c.optional("x_norm.weight", x_norm.weight, DType::kF32, {x.size(1)});
+  return linear_pair_impl(x, a, b, x_norm);
 }
 
 std::pair<Tensor, Tensor> Backend::linear_pair_impl(const Tensor& x, const MatrixWeight& a,
-                                                    const MatrixWeight& b) {
-  return {linear_impl(x, a), linear_impl(x, b)};
+                                                    const MatrixWeight& b, const RowNorm& x_norm) {
+  if (x_norm.weight.defined()) {
+    const Tensor normed = rms_norm_impl(x, x_norm.weight, x_norm.eps);
+    return {linear_impl(normed, a, {}), linear_impl(normed, b, {})};
+  }
+  return {linear_impl(x, a, {}), linear_impl(x, b, {})};
 }
 
 Tensor Backend::quantize_activations(const Tensor& x, int group) {
@@ -218,7 +224,7 @@ Tensor Backend::hc_expand(const Tensor& x, int hc_mult) {
 }
 
 HcMix Backend::hc_pre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                      const HcParams& params, const HcOutputNorm& y_norm) {
+                      const HcParams& params, const RowNorm& y_norm) {
   const OpChecks c("hc_pre", device_kind());
   check_hc_pre(c, X, fn, base, scale, params);
   check_hc_output_norm(c, X, y_norm);
@@ -234,8 +240,7 @@ Tensor Backend::hc_post(const Tensor& X, const Tensor& out, const Tensor& post,
 
 HcPostPre Backend::hc_post_pre(const Tensor& X, const Tensor& out, const Tensor& post,
                                const Tensor& comb, const Tensor& fn, const Tensor& base,
-                               const Tensor& scale, const HcParams& params,
-                               const HcOutputNorm& y_norm) {
+                               const Tensor& scale, const HcParams& params, const RowNorm& y_norm) {
   const OpChecks c("hc_post_pre", device_kind());
   check_hc_post(c, X, out, post, comb);
   check_hc_pre(c, X, fn, base, scale, params);  // the new trunk has X's shape
@@ -246,13 +251,13 @@ HcPostPre Backend::hc_post_pre(const Tensor& X, const Tensor& out, const Tensor&
 HcPostPre Backend::hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                                     const Tensor& comb, const Tensor& fn, const Tensor& base,
                                     const Tensor& scale, const HcParams& params,
-                                    const HcOutputNorm& y_norm) {
+                                    const RowNorm& y_norm) {
   Tensor trunk = hc_post_impl(X, out, post, comb);
   return {trunk, hc_pre_impl(trunk, fn, base, scale, params, y_norm)};
 }
 
 Tensor Backend::hc_head(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                        const HcParams& params, const HcOutputNorm& y_norm) {
+                        const HcParams& params, const RowNorm& y_norm) {
   const OpChecks c("hc_head", device_kind());
   check_hc_mult(c, params.hc_mult);
   c.tensor("X", X, DType::kF32, {-1, params.hc_mult, -1});

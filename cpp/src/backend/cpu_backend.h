@@ -60,7 +60,7 @@ class CpuBackend final : public Backend {
 
   Tensor embedding_impl(const Tensor& table, const Tensor& ids) override;
   Tensor rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) override;
-  Tensor linear_impl(const Tensor& x, const MatrixWeight& w) override;
+  Tensor linear_impl(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm) override;
   Tensor grouped_linear_impl(const Tensor& x, const MatrixWeight& w, int groups) override;
   Tensor quantize_activations_impl(const Tensor& x, int group) override;
   Tensor scale_impl(const Tensor& x, float factor) override;
@@ -84,11 +84,11 @@ class CpuBackend final : public Backend {
 
   Tensor hc_expand_impl(const Tensor& x, int hc_mult) override;
   HcMix hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                    const HcParams& params, const HcOutputNorm& y_norm) override;
+                    const HcParams& params, const RowNorm& y_norm) override;
   Tensor hc_post_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                      const HcParams& params, const HcOutputNorm& y_norm) override;
+                      const HcParams& params, const RowNorm& y_norm) override;
   HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                    const Tensor& scale, const Tensor& prev_pre,
                                    const HcParams& params) override;

@@ -68,7 +68,10 @@ Tensor CpuBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float ep
   return out;
 }
 
-Tensor CpuBackend::linear_impl(const Tensor& x, const MatrixWeight& w) {
+Tensor CpuBackend::linear_impl(const Tensor& x, const MatrixWeight& w, const RowNorm& x_norm) {
+  if (x_norm.weight.defined()) {
+    return linear_impl(rms_norm_impl(x, x_norm.weight, x_norm.eps), w, {});
+  }
   const int64_t m = x.size(0);
   const int64_t k = x.size(1);
   const int64_t n = w.rows();

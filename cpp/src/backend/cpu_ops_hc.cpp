@@ -116,8 +116,7 @@ Tensor CpuBackend::hc_expand_impl(const Tensor& x, int hc_mult) {
 }
 
 HcMix CpuBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
-                              const Tensor& scale, const HcParams& params,
-                              const HcOutputNorm& y_norm) {
+                              const Tensor& scale, const HcParams& params, const RowNorm& y_norm) {
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
   const int64_t hidden = X.size(2);
@@ -189,7 +188,7 @@ Tensor CpuBackend::hc_post_impl(const Tensor& X, const Tensor& out, const Tensor
 
 Tensor CpuBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                 const Tensor& scale, const HcParams& params,
-                                const HcOutputNorm& y_norm) {
+                                const RowNorm& y_norm) {
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
   const int64_t hidden = X.size(2);

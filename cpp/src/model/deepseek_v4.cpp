@@ -59,7 +59,7 @@ Tensor DeepseekV4Model::forward(const BatchPlan& plan, ModelCaches& caches, Tens
   return head(trunk, weights_.hc_head, weights_.norm);
 }
 
-HcOutputNorm DeepseekV4Model::attn_norm(const LayerWeights& w) const {
+RowNorm DeepseekV4Model::attn_norm(const LayerWeights& w) const {
   return {w.attn_norm, static_cast<float>(config_.rms_norm_eps)};
 }
 
@@ -79,7 +79,7 @@ DeepseekV4Model::PendingHcPost DeepseekV4Model::layer_after_mix(int layer, const
                                                                 LayerCaches& caches) {
   Backend& be = backend_;
   Tensor attn_out = attention(layer, w.attn, mix.y, plan, caches);
-  const HcOutputNorm ffn_norm{w.ffn_norm, static_cast<float>(config_.rms_norm_eps)};
+  const RowNorm ffn_norm{w.ffn_norm, static_cast<float>(config_.rms_norm_eps)};
   HcPostPre ffn = be.hc_post_pre(trunk, attn_out, mix.post, mix.comb, w.hc_ffn.fn, w.hc_ffn.base,
                                  w.hc_ffn.scale, hc_params_, ffn_norm);
   Tensor ffn_out = moe(layer, w.ffn, ffn.mix.y, plan.layout.token_ids);

@@ -73,7 +73,7 @@ class DeepseekV4Model {
     Tensor comb;
   };
   // The attention sub-layer's input norm, applied by the hc op that collapses its input.
-  HcOutputNorm attn_norm(const LayerWeights& w) const;
+  RowNorm attn_norm(const LayerWeights& w) const;
   // The layer from its attention mix (hc_pre of `trunk`, y normed by attn_norm) on: attention,
   // its trunk update fused with the MoE's hc_pre, the MoE; the MoE's trunk update is left to the
   // caller.

@@ -16,6 +16,8 @@
 //                    K range itself, straight into shared memory (the same 128-byte swizzle);
 //                    otherwise quantize_rows_e4m3 (gemm_fp8.cu) writes q(x) once and each CTA
 //                    copies its tile (cp.async). Both with the same math: the same bytes.
+//                    A RowNorm of x (linear's, linear_pair's) is applied where x is quantized, in
+//                    rms_norm's arithmetic (each CTA sums the squares of its tokens' rows).
 //   the math         each of the 4 warps takes 16 of the tile's 64 rows: mma.sync m16n8k32 e4m3
 //                    (f32 sums, as the FP8 GEMV), the operands read from the swizzled stages;
 //                    each stage's sum is folded into the total with its two scales.
@@ -44,6 +46,7 @@
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/gemm/gemm_launch.h"
+#include "cuda/norm/rms_norm_math.cuh"
 
 namespace deepinfer::cuda {
 
@@ -73,6 +76,8 @@ struct WgmmaArgs {
   const float* x;             // [M, G K] f32, quantized here; nullptr: xq and xs
   const uint8_t* xq;          // [G][m_pad][K] e4m3 (quantize_rows_e4m3)
   const float* xs;            // [G][ceil(K / 128)][m_pad]
+  const float* norm_w;        // x's RowNorm (G = 1, with x): [K]; null: none
+  float norm_eps;
   int64_t m, m_pad, k;
   int groups;
   int block_rows;
@@ -95,10 +100,11 @@ struct WgmmaSmem {
 // The fused quantization: the CTA's activation tiles (kb blocks of its K range, the 128-byte
 // swizzle) and scales from x, per (token, 128 columns) exactly as quantize_rows_e4m3 (one warp an
 // item, 4 columns a lane); tokens past M are zeros with scale 0. Each warp keeps kBatch items'
-// loads in flight.
+// loads in flight. With a.norm_w, x's rows are normed first (row_inv: each token's 1 / rms).
 template <int kTok>
 __device__ __forceinline__ void quantize_tiles(const WgmmaArgs& a, int g, int kb0, int nk,
-                                               uint8_t* acts, float* act_scales) {
+                                               uint8_t* acts, float* act_scales,
+                                               const float* row_inv) {
   constexpr int kBatch = 4;
   constexpr int kWarps = kThreads / 32;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -115,6 +121,10 @@ __device__ __forceinline__ void quantize_tiles(const WgmmaArgs& a, int g, int kb
       v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (item < items && col < a.k) {
         v[j] = *reinterpret_cast<const float4*>(x + (item % tokens) * ld_x + col);
+        if (a.norm_w != nullptr) {
+          v[j] = norm_scale(v[j], row_inv[item % tokens],
+                            __ldg(reinterpret_cast<const float4*>(a.norm_w + col)));
+        }
       }
     }
 #pragma unroll
@@ -202,7 +212,16 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
   // The activation tiles: chunk c (16 bytes) of row r of a tile at (c ^ (r % 8)) * 16; chunks
   // past K are zeros (e4m3 garbage there could be NaN, which a zero weight would not cancel).
   if (a.x != nullptr) {
-    quantize_tiles<kTok>(a, g, kb0, nk, acts, act_scales);
+    __shared__ float row_inv[kTok];
+    if (a.norm_w != nullptr) {
+      const int tokens = static_cast<int>(a.m < kTok ? a.m : kTok);
+      for (int t = tid >> 5; t < tokens; t += kThreads / 32) {
+        const float inv = warp_row_rms_inv(a.x + t * a.groups * a.k, a.k, a.norm_eps);
+        if ((tid & 31) == 0) row_inv[t] = inv;
+      }
+      __syncthreads();
+    }
+    quantize_tiles<kTok>(a, g, kb0, nk, acts, act_scales, row_inv);
   } else {
     const uint8_t* xq = a.xq + static_cast<int64_t>(g) * a.m_pad * a.k;
     for (int c = tid; c < nk * kTok * 8; c += kThreads) {
@@ -351,6 +370,8 @@ void launch_fp8_wgmma(const Fp8WgmmaLaunch& l, const Fp8Problem& p, const Fp8Wgm
   a.x = l.x;
   a.xq = l.xq;
   a.xs = l.xs;
+  a.norm_w = l.x_norm_weight;
+  a.norm_eps = l.x_norm_eps;
   a.m = p.m;
   a.m_pad = l.m_pad;
   a.k = p.k;
