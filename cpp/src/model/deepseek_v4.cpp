@@ -140,15 +140,16 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
       index_weights = be.linear(x, w.indexer.weights_proj);
     }
   }
-  // wq_a and wkv read x, wq_b and the indexer's wq_b read qa: a pair each (one pass over the
-  // input on a backend that fuses them).
+  // wq_a and wkv read x, wq_b and the indexer's wq_b read q_norm(qa): a pair each (one pass over
+  // the input on a backend that fuses them), q_norm part of the second (RowNorm: the CUDA
+  // backend norms qa as it quantizes it at decode sizes, no launch of its own).
   auto [qa_lora, kv_proj] = be.linear_pair(x, w.wq_a, w.wkv);
-  Tensor qa = be.rms_norm(qa_lora, w.q_norm, eps);
+  const RowNorm q_norm{w.q_norm, eps};
   Tensor q_proj, qi_proj;
   if (w.has_indexer) {
-    std::tie(q_proj, qi_proj) = be.linear_pair(qa, w.wq_b, w.indexer.wq_b);
+    std::tie(q_proj, qi_proj) = be.linear_pair(qa_lora, w.wq_b, w.indexer.wq_b, q_norm);
   } else {
-    q_proj = be.linear(qa, w.wq_b);
+    q_proj = be.linear(qa_lora, w.wq_b, q_norm);
   }
   Tensor q = be.rms_norm_rope(q_proj.reshape({t, nh, d}), Tensor(), eps, layout.positions, inv_freq,
                               /*bf16_output=*/q_bf16);

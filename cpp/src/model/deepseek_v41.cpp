@@ -210,10 +210,14 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchLayout
   const int ratio = config_.ratio(layer);
 
   // q-LoRA queries without a per-head norm (C.3.1); one shared K=V vector per token. wq_a and
-  // wkv read x: a pair (one pass over x on a backend that fuses them).
+  // wkv read x: a pair (one pass over x on a backend that fuses them). Where no indexer reads
+  // q_norm(qa) too, wq_b norms it itself (RowNorm: no launch of its own on a backend that norms
+  // as it quantizes).
   const auto [qa_lora, kv_proj] = be.linear_pair(x, w.wq_a, w.wkv);
-  const Tensor qa = be.rms_norm(qa_lora, w.q_norm, eps_);
-  const Tensor q = be.rope(be.linear(qa, w.wq_b).reshape({t, nh, d}), layout.positions, inv_freq,
+  const Tensor qa = ratio > 0 ? be.rms_norm(qa_lora, w.q_norm, eps_) : Tensor();
+  const Tensor q_proj =
+      ratio > 0 ? be.linear(qa, w.wq_b) : be.linear(qa_lora, w.wq_b, RowNorm{w.q_norm, eps_});
+  const Tensor q = be.rope(q_proj.reshape({t, nh, d}), layout.positions, inv_freq,
                            /*inverse=*/false);
   LayerCaches& own = caches.layer(layer);
   // This call's keys in the SWA ring's format, quantized where they are made: attention reads them
