@@ -13,9 +13,10 @@ namespace deepinfer::cuda {
 // (fp8_stream.cu's header has the table), and a per-M switch there would make a token's result
 // depend on whether its batch has 8 or 9 rows. The Hopper weight stream (sm90/fp8_wgmma.cu)
 // matches the CPU emulation as the GEMV does (its math is mma.sync since session 49) and is
-// faster alone on the large weights at one token (wq_b 12.8 against 20.3 us on H100s), but the
-// model step has not shown the gain beyond its noise (benchmarks/RESULTS.md, sessions 47-49):
-// opt-in until it does.
+// faster alone on the large weights at one token (wq_b 12.8 against 20.3 us on H100s). In the
+// model step it was faster at B = 8 in both rounds of session 50 (2.2% and 8.0%) but not at B = 1
+// or 64 (one round each way), and its RowNorm path has not run through the op table
+// (benchmarks/RESULTS.md, sessions 47-50): opt-in until both do.
 enum class Fp8LinearChoice {
   kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
                // (grouped linears: the streaming kernel up to kFp8StreamMaxTokens first)
