@@ -363,6 +363,9 @@ std::vector<OpCase> gemm_cases() {
   }
   add_pair(t, {3, 64, 32, 48, 128, 128, 128, true});
   add_fp8(t, {{3, 96, 32, 0}, 128, 128, 128, true});
+  // V4.1's 32x32 blocks (the GEMV's 8-byte steps), act_group 32 and 128.
+  add_fp8(t, {{5, 544, 200, 0}, 32, 32, 32, true});
+  add_pair(t, {3, 1040, 256, 200, 32, 32, 128, true});
   add_pair(t, {3, 64, 96, 40, 0, 0, 0, true});
   add_pair(t, {3, 1040, 300, 200, 128, 128, 128});
   add_pair(t, {3, 1040, 256, 200, 32, 32, 128});
