@@ -166,8 +166,10 @@ template <int kTok>
 __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
   constexpr int kAcc = kTok / 2;  // a 64 x T f32 tile over 128 threads
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
+  // 1 KB aligned (the 128-byte swizzle's atoms) by an offset from the shared array itself: a
+  // pointer rebuilt from an integer loses its address space, and every access through it would
+  // be a generic load or store.
+  uint8_t* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   uint8_t* ring = smem;
   uint8_t* acts = ring + kStages * kWeightStageBytes;
   // After the 1 KB activation tiles: 8-byte aligned whatever kb_per_split is.
