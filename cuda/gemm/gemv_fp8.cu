@@ -354,13 +354,7 @@ __global__ void __launch_bounds__(kFp8GemvMaxWarps * 32) gemv_fp8_kernel(Fp8Gemv
   enter_dependent_grid();
 
   __shared__ float row_inv[8 * NT];
-  if (a.norm_w != nullptr) {
-    for (int t = warp; t < a.m; t += warps) {
-      const float inv = warp_row_rms_inv(a.x + t * a.ldx, a.k, a.norm_eps);
-      if (lane == 0) row_inv[t] = inv;
-    }
-    __syncthreads();
-  }
+  if (a.norm_w != nullptr) block_rows_rms_inv(row_inv, a.x, a.m, a.ldx, a.k, a.norm_eps);
   quantize_slab<NT>(a, s, g, k0, k1, row_inv);
   __syncthreads();
 

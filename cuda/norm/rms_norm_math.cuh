@@ -33,6 +33,19 @@ __device__ __forceinline__ float warp_row_rms_inv(const float* row, int64_t k, f
   return rms_inv(warp_sum(acc), k, eps);
 }
 
+// inv[t] = 1 / rms of row t of x (rows [0, rows), `ld` floats apart) for every row, a warp a row,
+// the CTA's warps striding over them; a block barrier after (every thread must call it).
+__device__ __forceinline__ void block_rows_rms_inv(float* inv, const float* x, int rows, int64_t ld,
+                                                   int64_t k, float eps) {
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  for (int t = warp; t < rows; t += warps) {
+    const float v = warp_row_rms_inv(x + t * ld, k, eps);
+    if ((threadIdx.x & 31) == 0) inv[t] = v;
+  }
+  __syncthreads();
+}
+
 // (x * inv) * w in this order, as the CPU (two roundings; nvcc does not fuse two products).
 __device__ __forceinline__ float4 norm_scale(float4 v, float inv, float4 g) {
   return make_float4((v.x * inv) * g.x, (v.y * inv) * g.y, (v.z * inv) * g.z, (v.w * inv) * g.w);

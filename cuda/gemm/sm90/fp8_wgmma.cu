@@ -216,12 +216,8 @@ __global__ void __launch_bounds__(kThreads) fp8_wgmma_kernel(WgmmaArgs a) {
   if (a.x != nullptr) {
     __shared__ float row_inv[kTok];
     if (a.norm_w != nullptr) {
-      const int tokens = static_cast<int>(a.m < kTok ? a.m : kTok);
-      for (int t = tid >> 5; t < tokens; t += kThreads / 32) {
-        const float inv = warp_row_rms_inv(a.x + t * a.groups * a.k, a.k, a.norm_eps);
-        if ((tid & 31) == 0) row_inv[t] = inv;
-      }
-      __syncthreads();
+      block_rows_rms_inv(row_inv, a.x, static_cast<int>(a.m < kTok ? a.m : kTok), a.groups * a.k,
+                         a.k, a.norm_eps);
     }
     quantize_tiles<kTok>(a, g, kb0, nk, acts, act_scales, row_inv);
   } else {
