@@ -213,11 +213,6 @@ class CudaBackend final : public Backend {
   Tensor rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
                                const Tensor& positions, const Tensor& inv_freq, DType kv_dtype,
                                int rope_dim) override;
-  std::pair<Tensor, Tensor> rms_norm_rope_q_kv_impl(const Tensor& q, const Tensor& q_weight,
-                                                    bool q_bf16_output, const Tensor& kv,
-                                                    const Tensor& kv_weight, float eps,
-                                                    const Tensor& positions, const Tensor& inv_freq,
-                                                    DType kv_dtype, int rope_dim) override;
   Tensor argmax_impl(const Tensor& x) override;
   SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) override;
   void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) override;

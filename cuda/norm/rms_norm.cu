@@ -22,9 +22,7 @@
 // (cache/encode_rows.cuh).
 #include <cooperative_groups.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <utility>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/cache/encode_rows.cuh"
@@ -167,15 +165,16 @@ struct V41Fp8Records {
   __device__ __forceinline__ void finish(int64_t, int) const {}
 };
 
-// Row `row` of x [rows, units float4s] (at most 32 * kVec) by one whole warp; lane l holds units
-// l + 32k. The weight is loaded with the row so its latency overlaps the reduction. kRope: then
-// rotated (RopeArgs). Sink: UnitRows<float4> (f32 y), UnitRows<uint2> (4 bf16), Fp8MainRecords or
-// V41Fp8Records.
-template <int kVec, bool kRope, typename Sink>
-__device__ __forceinline__ void norm_warp_row(const float4* __restrict__ x,
-                                              const float4* __restrict__ w, const Sink& y,
-                                              int64_t row, int64_t units, float eps,
-                                              const RopeArgs& rope) {
+// One warp per row of `units` float4s (at most 32 * kVec); lane l holds units l + 32k. The weight
+// is loaded with the row so its latency overlaps the reduction. kRope: then rotated (RopeArgs).
+// Sink: UnitRows<float4> (f32 y), UnitRows<uint2> (4 bf16) or Fp8MainRecords.
+template <int kVec, bool kRope = false, typename Sink = UnitRows<float4>>
+__global__ void __launch_bounds__(kNormWarpThreads)
+    rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w, Sink y,
+                         int64_t rows, int64_t units, float eps, RopeArgs rope = {}) {
+  enter_dependent_grid();
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
+  if (row >= rows) return;  // uniform over the warp, so warp_sum below sees full warps
   const int lane = static_cast<int>(threadIdx.x % 32);
   const float4* xr = x + row * units;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -207,47 +206,6 @@ __device__ __forceinline__ void norm_warp_row(const float4* __restrict__ x,
     y.store(row, u, o, u < units);
   }
   y.finish(row, lane);
-}
-
-// One warp per row (norm_warp_row).
-template <int kVec, bool kRope = false, typename Sink = UnitRows<float4>>
-__global__ void __launch_bounds__(kNormWarpThreads)
-    rms_norm_warp_kernel(const float4* __restrict__ x, const float4* __restrict__ w, Sink y,
-                         int64_t rows, int64_t units, float eps, RopeArgs rope = {}) {
-  enter_dependent_grid();
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kNormWarpThreads / 32) + threadIdx.x / 32;
-  if (row >= rows) return;  // uniform over the warp, so warp_sum sees full warps
-  norm_warp_row<kVec, kRope>(x, w, y, row, units, eps, rope);
-}
-
-// The rows of one rms_norm_rope call for rms_norm_rope_pair_kernel.
-template <typename Sink>
-struct NormRopeRows {
-  const float4* x;
-  const float4* w;
-  Sink y;
-  int64_t rows;
-  int64_t units;
-  RopeArgs rope;
-};
-
-// Two rms_norm_rope calls in one launch (rms_norm_rope_q_kv: the queries and this call's keys):
-// blocks [0, a_blocks) take a's rows, the rest b's, each row as rms_norm_warp_kernel does it.
-template <int kVec, typename SinkA, typename SinkB>
-__global__ void __launch_bounds__(kNormWarpThreads)
-    rms_norm_rope_pair_kernel(NormRopeRows<SinkA> a, NormRopeRows<SinkB> b, int64_t a_blocks,
-                              float eps) {
-  enter_dependent_grid();
-  constexpr int kRowsPerBlock = kNormWarpThreads / 32;
-  const int64_t block = blockIdx.x;
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (block < a_blocks) {
-    const int64_t row = block * kRowsPerBlock + warp;
-    if (row < a.rows) norm_warp_row<kVec, true>(a.x, a.w, a.y, row, a.units, eps, a.rope);
-  } else {
-    const int64_t row = (block - a_blocks) * kRowsPerBlock + warp;
-    if (row < b.rows) norm_warp_row<kVec, true>(b.x, b.w, b.y, row, b.units, eps, b.rope);
-  }
 }
 
 // One block per row (kCluster false), or a cluster of blocks per row (kCluster true; grid x =
@@ -396,65 +354,6 @@ NormRopeCall norm_rope_call(const Tensor& x, const Tensor& weight, const Tensor&
   return call;
 }
 
-// Calls launch(sink) with rms_norm_rope_kv's fused sink for rows of format f into out (bf16
-// rows, V4's fp8 main records, V4.1's FP8 records) and returns true, where the warp kernel takes
-// the rows (call) and the format's groups fit it; false where the two steps must run.
-template <typename Launch>
-bool with_fused_kv_sink(const KvRowFormat& f, const NormRopeCall& call, Tensor& out,
-                        Launch&& launch) {
-  if (!call.warp()) return false;
-  if (f.format == KvFormat::kBf16) {
-    launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units});
-    return true;
-  }
-  // V4's fp8 main record whose 64-channel groups are whole half-warps and whose code words and
-  // bf16 pairs are aligned (V4: 448 + 64 in 584 bytes).
-  if (f.format == KvFormat::kFp8 && f.rope_dim > 0 && f.nope() % kv_record::kFp8Group == 0 &&
-      f.rope_dim % 4 == 0 && f.row_bytes % 8 == 0) {
-    launch(
-        Fp8MainRecords{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.nope(), f.rope_dim});
-    return true;
-  }
-  // V4.1's FP8 record whose 32-channel groups are whole octets of lanes (V4.1: 528 bytes).
-  if (f.format == KvFormat::kV41Fp8 && f.dim % kv_record::kV41Fp8Group == 0 &&
-      f.row_bytes % 4 == 0) {
-    launch(V41Fp8Records{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.dim});
-    return true;
-  }
-  return false;
-}
-
-template <typename Sink>
-NormRopeRows<Sink> norm_rope_rows(const NormRopeCall& call, Sink sink) {
-  return {call.x, call.w, sink, call.rows, call.units, call.rope};
-}
-
-// rms_norm_rope_pair_kernel over a's rows then b's, at the larger of their warp kernels' kVec.
-template <typename SinkA, typename SinkB>
-void launch_norm_rope_pair(const NormRopeCall& a, SinkA sink_a, const NormRopeCall& b, SinkB sink_b,
-                           float eps, const char* op, bool pdl, cudaStream_t stream) {
-  constexpr int64_t kRowsPerBlock = kNormWarpThreads / 32;
-  const int64_t a_blocks = ceil_div(a.rows, kRowsPerBlock);
-  const dim3 grid(static_cast<unsigned>(a_blocks + ceil_div(b.rows, kRowsPerBlock)));
-  const dim3 block(kNormWarpThreads);
-  const NormRopeRows<SinkA> ra = norm_rope_rows(a, sink_a);
-  const NormRopeRows<SinkB> rb = norm_rope_rows(b, sink_b);
-  const int vec = std::max(a.config.warp_vec, b.config.warp_vec);
-  if (vec == 1) {
-    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_rope_pair_kernel<1, SinkA, SinkB>,
-                        ra, rb, a_blocks, eps);
-  } else if (vec == 2) {
-    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_rope_pair_kernel<2, SinkA, SinkB>,
-                        ra, rb, a_blocks, eps);
-  } else if (vec == 4) {
-    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_rope_pair_kernel<4, SinkA, SinkB>,
-                        ra, rb, a_blocks, eps);
-  } else {
-    launch_programmatic(op, grid, block, 0, stream, pdl, rms_norm_rope_pair_kernel<8, SinkA, SinkB>,
-                        ra, rb, a_blocks, eps);
-  }
-}
-
 }  // namespace
 
 Tensor CudaBackend::rms_norm_impl(const Tensor& x, const Tensor& weight, float eps) {
@@ -545,9 +444,26 @@ Tensor CudaBackend::rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight,
   Tensor out = empty({x.size(0), kv_record::row_width(kv_dtype, x.size(1), rope_dim)}, kv_dtype);
   if (x.size(0) == 0) return out;
   const NormRopeCall call = norm_rope_call(x, weight, positions, inv_freq, num_sms());
-  const bool fused = with_fused_kv_sink(
-      f, call, out, [&](auto sink) { call.launch(sink, eps, op, pdl(), stream()); });
-  if (!fused) {
+  // The fused kernel's records: bf16 rows, or V4's fp8 main record whose 64-channel groups are
+  // whole half-warps and whose code words and bf16 pairs are aligned (V4: 448 + 64 in 584 bytes).
+  const bool fused_bf16 = call.warp() && f.format == KvFormat::kBf16;
+  const bool fused_fp8 = call.warp() && f.format == KvFormat::kFp8 && f.rope_dim > 0 &&
+                         f.nope() % kv_record::kFp8Group == 0 && f.rope_dim % 4 == 0 &&
+                         f.row_bytes % 8 == 0;
+  // V4.1's FP8 record whose 32-channel groups are whole octets of lanes (V4.1: 528 bytes).
+  const bool fused_v41 = call.warp() && f.format == KvFormat::kV41Fp8 &&
+                         f.dim % kv_record::kV41Fp8Group == 0 && f.row_bytes % 4 == 0;
+  if (fused_bf16) {
+    call.launch(UnitRows<uint2>{static_cast<uint2*>(out.raw_data()), call.units}, eps, op, pdl(),
+                stream());
+  } else if (fused_fp8) {
+    call.launch(
+        Fp8MainRecords{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.nope(), f.rope_dim},
+        eps, op, pdl(), stream());
+  } else if (fused_v41) {
+    call.launch(V41Fp8Records{static_cast<uint8_t*>(out.raw_data()), f.row_bytes, f.dim}, eps, op,
+                pdl(), stream());
+  } else {
     // The two steps: the f32 rows, then encoded.
     const Tensor f32 = rms_norm_rope_impl(x, weight, eps, positions, inv_freq, false);
     launch_encode_kv_rows(f32.data<float>(), static_cast<uint8_t*>(out.raw_data()), x.size(0), f,
@@ -556,42 +472,6 @@ Tensor CudaBackend::rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight,
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return out;
-}
-
-std::pair<Tensor, Tensor> CudaBackend::rms_norm_rope_q_kv_impl(
-    const Tensor& q, const Tensor& q_weight, bool q_bf16_output, const Tensor& kv,
-    const Tensor& kv_weight, float eps, const Tensor& positions, const Tensor& inv_freq,
-    DType kv_dtype, int rope_dim) {
-  const char* op = "rms_norm_rope_q_kv";
-  const KvRowFormat f = kv_row_format(kv_dtype, kv.size(1), rope_dim);
-  check_kv_row_format(op, f);
-  const NormRopeCall q_call = norm_rope_call(q, q_weight, positions, inv_freq, num_sms());
-  const NormRopeCall kv_call = norm_rope_call(kv, kv_weight, positions, inv_freq, num_sms());
-  if (!q_call.warp() || f.format == KvFormat::kF32) {
-    return Backend::rms_norm_rope_q_kv_impl(q, q_weight, q_bf16_output, kv, kv_weight, eps,
-                                            positions, inv_freq, kv_dtype, rope_dim);
-  }
-  // Fresh allocations: 16-byte aligned.
-  Tensor q_out = empty(q.shape(), q_bf16_output ? DType::kBF16 : DType::kF32);
-  Tensor kv_out =
-      empty({kv.size(0), kv_record::row_width(kv_dtype, kv.size(1), rope_dim)}, kv_dtype);
-  const bool fused = with_fused_kv_sink(f, kv_call, kv_out, [&](auto kv_sink) {
-    if (q_bf16_output) {
-      launch_norm_rope_pair(q_call,
-                            UnitRows<uint2>{static_cast<uint2*>(q_out.raw_data()), q_call.units},
-                            kv_call, kv_sink, eps, op, pdl(), stream());
-    } else {
-      launch_norm_rope_pair(
-          q_call, UnitRows<float4>{reinterpret_cast<float4*>(q_out.data<float>()), q_call.units},
-          kv_call, kv_sink, eps, op, pdl(), stream());
-    }
-  });
-  if (!fused) {
-    return Backend::rms_norm_rope_q_kv_impl(q, q_weight, q_bf16_output, kv, kv_weight, eps,
-                                            positions, inv_freq, kv_dtype, rope_dim);
-  }
-  DEEPINFER_CUDA_LAUNCH_CHECK(op);
-  return {std::move(q_out), std::move(kv_out)};
 }
 
 }  // namespace deepinfer::cuda

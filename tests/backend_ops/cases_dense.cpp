@@ -464,76 +464,6 @@ void add_rms_norm_rope_kv(std::vector<OpCase>& t) {
   }
 }
 
-// rms_norm_rope_q_kv: the two norms of one attention call (a device may run them as one launch).
-// Each result must be the bytes the device's own single op gives for it (rms_norm_rope under
-// q_bf16_output, rms_norm_rope_kv: rows those ops' cases hold to the CPU), and the CPU's pair is
-// its two ops; q is also held to the CPU's f32 within bf16's rounding where it comes back bf16.
-// Shapes: V4-Flash's decode and prefill calls (64 heads of 512 over fp8 or bf16 rows), V4.1's
-// FP8 records, a q narrower than kv (the pair kernel at the larger kVec), f32 rows and rows too
-// wide for the warp kernel (the two launches).
-void add_rms_norm_rope_q_kv(std::vector<OpCase>& t) {
-  struct NormRopeQKv {
-    int64_t tokens, heads, q_dim, kv_dim, rope_dim;
-    DType kv;
-    bool q_bf16;
-  };
-  for (const NormRopeQKv& c :
-       std::vector<NormRopeQKv>{{1, kHeads, kHeadDim, kHeadDim, kRopeDim, DType::kU8, true},
-                                {8, kHeads, kHeadDim, kHeadDim, kRopeDim, DType::kU8, true},
-                                {37, 4, kHeadDim, kHeadDim, kRopeDim, DType::kBF16, false},
-                                {3, 4, kHeadDim, kHeadDim, kRopeDim, DType::kF8E4M3, true},
-                                {5, 8, 128, kHeadDim, kRopeDim, DType::kU8, false},
-                                {5, 4, kHeadDim, kHeadDim, kRopeDim, DType::kF32, true},
-                                {3, 2, 2048, 2048, 64, DType::kU8, true}}) {
-    add(t,
-        Case<Tensors>{
-            .op = "rms_norm_rope_q_kv",
-            .label = kv_label(c.kv) + "t" + std::to_string(c.tokens) + "_h" +
-                     std::to_string(c.heads) + "_q" + std::to_string(c.q_dim) + "_kv" +
-                     std::to_string(c.kv_dim) + (c.q_bf16 ? "_qbf16" : ""),
-            .draw =
-                [c](Rng& rng) {
-                  return Tensors{random_f32(rng, {c.tokens, c.heads, c.q_dim}, 3.0f),
-                                 random_f32(rng, {c.tokens, c.kv_dim}, 3.0f),
-                                 random_f32(rng, {c.kv_dim}), random_ids(rng, c.tokens, 0, 100000),
-                                 rope_inv_freq(c.rope_dim, 10000.0)};
-                },
-            .run =
-                [c](Backend& be, const Tensors& in) {
-                  const Tensor q = up(be, in[0]), kv = up(be, in[1]), w = up(be, in[2]),
-                               pos = up(be, in[3]), freq = up(be, in[4]);
-                  const int rope = static_cast<int>(c.rope_dim);
-                  auto [q_out, kv_out] = be.rms_norm_rope_q_kv(q, Tensor(), c.q_bf16, kv, w, 1e-6f,
-                                                               pos, freq, c.kv, rope);
-                  return Outputs{
-                      {"q", q_out},
-                      {"kv", kv_out},
-                      {"q_alone", be.rms_norm_rope(q, Tensor(), 1e-6f, pos, freq, c.q_bf16)},
-                      {"kv_alone", be.rms_norm_rope_kv(kv, w, 1e-6f, pos, freq, c.kv, rope)}};
-                },
-            .expect = Expect<Tensors>([](const Tensors&, const Outputs& ref, const Outputs& dev) {
-              for (const Outputs* side : {&ref, &dev}) {
-                for (size_t i = 0; i < 2; ++i) {
-                  const Tensor& pair = (*side)[i].value;
-                  const Tensor& alone = (*side)[i + 2].value;
-                  ASSERT_EQ(pair.dtype(), alone.dtype())
-                      << (*side)[i].name << " " << pair.describe();
-                  ASSERT_EQ(pair.shape(), alone.shape())
-                      << (*side)[i].name << " " << pair.describe();
-                  EXPECT_EQ(0, std::memcmp(pair.raw_data(), alone.raw_data(), pair.nbytes()))
-                      << (side == &ref ? "reference " : "device ") << (*side)[i].name
-                      << " differs from its single op's";
-                }
-              }
-              // A bf16 value is within 2^-9 of its own size of the f32 it rounds.
-              EXPECT_TRUE(max_abs_close(ref[0].value, dev[0].value.to(DType::kF32),
-                                        dev[0].value.dtype() == DType::kBF16 ? 0x1p-8 : kRtol,
-                                        kAtol));
-            }),
-        });
-  }
-}
-
 // Rows [8, cols] of ties and special values, one pattern per row.
 Tensor argmax_special_values(Rng& rng, int64_t cols) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -629,7 +559,6 @@ std::vector<OpCase> dense_cases() {
   add_rms_norm_rope(t);
   add_rms_norm_rope_bf16_output(t);
   add_rms_norm_rope_kv(t);
-  add_rms_norm_rope_q_kv(t);
   add_argmax(t);
   return t;
 }

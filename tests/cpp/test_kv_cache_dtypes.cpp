@@ -383,58 +383,6 @@ TEST_F(KvCacheOpsTest, RmsNormRopeKvIsTheEncodedNormRope) {
   }
 }
 
-// rms_norm_rope_q_kv is its two ops: q as rms_norm_rope gives it (bf16_output asked or not: the
-// CPU returns f32), kv as rms_norm_rope_kv gives it, byte for byte. Its front names the argument
-// that is wrong: kv rows of other tokens than q's, a kv_weight of the wrong width, a rotation
-// wider than q, an output format that is no KV cache dtype.
-TEST_F(KvCacheOpsTest, NormRopeQKvIsTheTwoOps) {
-  const int64_t t = 3, heads = 4, q_dim = 128, kv_dim = 100, rope = 20;
-  Tensor q = up(rng.uniform(sz(t * heads * q_dim), -3, 3), {t, heads, q_dim});
-  Tensor kv = up(rng.uniform(sz(t * kv_dim), -3, 3), {t, kv_dim});
-  Tensor w = up(rng.uniform(sz(kv_dim), 0.5, 1.5), {kv_dim});
-  Tensor pos = up_i({0, 4095, 100000}, {t});
-  std::vector<float> freq(sz(rope / 2));
-  for (size_t i = 0; i < freq.size(); ++i) freq[i] = std::pow(10000.0f, -2.0f * i / rope);
-  Tensor inv_freq = up(freq, {rope / 2});
-  for (const bool q_bf16 : {false, true}) {
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kU8, DType::kF8E4M3}) {
-      auto [q_out, kv_out] = be->rms_norm_rope_q_kv(q, Tensor(), q_bf16, kv, w, 1e-6f, pos,
-                                                    inv_freq, dtype, static_cast<int>(rope));
-      const Tensor q_alone = be->to_host(be->rms_norm_rope(q, Tensor(), 1e-6f, pos, inv_freq));
-      const Tensor kv_alone = be->to_host(
-          be->rms_norm_rope_kv(kv, w, 1e-6f, pos, inv_freq, dtype, static_cast<int>(rope)));
-      const Tensor q_host = be->to_host(q_out), kv_host = be->to_host(kv_out);
-      ASSERT_EQ(q_host.dtype(), DType::kF32);
-      ASSERT_EQ(q_host.shape(), q.shape());
-      EXPECT_EQ(0, std::memcmp(q_host.raw_data(), q_alone.raw_data(), q_alone.nbytes()));
-      ASSERT_EQ(kv_host.dtype(), dtype);
-      ASSERT_EQ(kv_host.shape(), kv_alone.shape());
-      EXPECT_EQ(0, std::memcmp(kv_host.raw_data(), kv_alone.raw_data(), kv_alone.nbytes()))
-          << dtype_name(dtype);
-    }
-  }
-  const auto pair = [&](const Tensor& q_in, const Tensor& kv_in, const Tensor& kv_w, DType dtype) {
-    be->rms_norm_rope_q_kv(q_in, Tensor(), false, kv_in, kv_w, 1e-6f, pos, inv_freq, dtype,
-                           static_cast<int>(rope));
-  };
-  expect_error(
-      [&] {
-        pair(q, up(rng.uniform(sz(2 * kv_dim)), {2, kv_dim}), w, DType::kU8);
-      },
-      ErrorCode::kInvalidArgument,
-      "rms_norm_rope_q_kv: argument kv must be f32[3, *], got f32[2, 100]");
-  expect_error([&] { pair(q, kv, up(rng.uniform(8), {8}), DType::kU8); },
-               ErrorCode::kInvalidArgument,
-               "rms_norm_rope_q_kv: argument kv_weight must be f32[100]");
-  expect_error(
-      [&] {
-        pair(up(rng.uniform(sz(t * 16)), {t, 16}), kv, w, DType::kU8);
-      },
-      ErrorCode::kInvalidArgument, "rotates 20 channels, more than q's last dimension 16");
-  expect_error([&] { pair(q, kv, w, DType::kI32); }, ErrorCode::kInvalidArgument,
-               "rms_norm_rope_q_kv: kv_dtype must be a KV cache dtype");
-}
-
 // Keys passed in the ring's format read and store as the same keys passed in f32: ring_write
 // stores the same bytes, attention returns the same bits (dense and sparse entries, a prefill
 // chunk, decode rows).

@@ -247,15 +247,6 @@ class Backend {
   // are made, in the norm's pass. An f32 kv_dtype gives rms_norm_rope's f32 result.
   Tensor rms_norm_rope_kv(const Tensor& x, const Tensor& weight, float eps, const Tensor& positions,
                           const Tensor& inv_freq, DType kv_dtype, int rope_dim);
-  // The two norms of one attention call, independent of each other: {rms_norm_rope(q, q_weight,
-  // eps, positions, inv_freq, q_bf16_output), rms_norm_rope_kv(kv, kv_weight, eps, positions,
-  // inv_freq, kv_dtype, rope_dim)} for q [T, heads, d] (or [T, d]) and kv [T, D] of the same
-  // tokens. A backend may run both in one launch (one kernel fewer on a decode step's path).
-  std::pair<Tensor, Tensor> rms_norm_rope_q_kv(const Tensor& q, const Tensor& q_weight,
-                                               bool q_bf16_output, const Tensor& kv,
-                                               const Tensor& kv_weight, float eps,
-                                               const Tensor& positions, const Tensor& inv_freq,
-                                               DType kv_dtype, int rope_dim);
   // Index of the largest value of each row of x [T, V] -> [T] i32 (lowest index on ties).
   Tensor argmax(const Tensor& x);
   // Samples one token per row of logits [B, V] f32 (see SamplingBatch).
@@ -465,13 +456,6 @@ class Backend {
   virtual Tensor rms_norm_rope_kv_impl(const Tensor& x, const Tensor& weight, float eps,
                                        const Tensor& positions, const Tensor& inv_freq,
                                        DType kv_dtype, int rope_dim) = 0;
-  // Default: rms_norm_rope_impl of q, then rms_norm_rope_kv_impl of kv.
-  virtual std::pair<Tensor, Tensor> rms_norm_rope_q_kv_impl(const Tensor& q, const Tensor& q_weight,
-                                                            bool q_bf16_output, const Tensor& kv,
-                                                            const Tensor& kv_weight, float eps,
-                                                            const Tensor& positions,
-                                                            const Tensor& inv_freq, DType kv_dtype,
-                                                            int rope_dim);
   virtual Tensor argmax_impl(const Tensor& x) = 0;
   virtual SampleResult sample_impl(const Tensor& logits, const SamplingBatch& batch) = 0;
   virtual void adjust_logits_impl(const Tensor& logits, const LogitAdjustments& adjustments) = 0;

@@ -66,19 +66,6 @@ void check_hc_post(const OpChecks& c, const Tensor& X, const Tensor& out, const 
   c.tensor("comb", comb, DType::kF32, {tokens, n, n});
 }
 
-// The checks rms_norm_rope and rms_norm_rope_kv make of their x (named x_arg) and its weight
-// (w_arg), positions and inv_freq.
-void check_norm_rope_rows(const OpChecks& c, const char* x_arg, const char* w_arg, const Tensor& x,
-                          const Tensor& weight, const Tensor& positions, const Tensor& inv_freq) {
-  c.optional(w_arg, weight, DType::kF32, {x.size(-1)});
-  c.tensor("positions", positions, DType::kI32, {x.size(0)});
-  c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
-  if (2 * inv_freq.size(0) > x.size(-1)) {
-    c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
-           " channels, more than " + x_arg + "'s last dimension " + std::to_string(x.size(-1)));
-  }
-}
-
 }  // namespace
 
 // ---- dense ops ----------------------------------------------------------------------------------
@@ -181,7 +168,13 @@ Tensor Backend::rms_norm_rope(const Tensor& x, const Tensor& weight, float eps,
                               const Tensor& positions, const Tensor& inv_freq, bool bf16_output) {
   const OpChecks c("rms_norm_rope", device_kind());
   c.rank("x", x, DType::kF32, 2, 3);
-  check_norm_rope_rows(c, "x", "weight", x, weight, positions, inv_freq);
+  c.optional("weight", weight, DType::kF32, {x.size(-1)});
+  c.tensor("positions", positions, DType::kI32, {x.size(0)});
+  c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
+  if (2 * inv_freq.size(0) > x.size(-1)) {
+    c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
+           " channels, more than x's last dimension " + std::to_string(x.size(-1)));
+  }
   return rms_norm_rope_impl(x, weight, eps, positions, inv_freq, bf16_output);
 }
 
@@ -190,36 +183,15 @@ Tensor Backend::rms_norm_rope_kv(const Tensor& x, const Tensor& weight, float ep
                                  int rope_dim) {
   const OpChecks c("rms_norm_rope_kv", device_kind());
   c.tensor("x", x, DType::kF32, {-1, -1});
-  check_norm_rope_rows(c, "x", "weight", x, weight, positions, inv_freq);
+  c.optional("weight", weight, DType::kF32, {x.size(1)});
+  c.tensor("positions", positions, DType::kI32, {x.size(0)});
+  c.tensor("inv_freq", inv_freq, DType::kF32, {-1});
+  if (2 * inv_freq.size(0) > x.size(1)) {
+    c.fail("inv_freq " + inv_freq.describe() + " rotates " + std::to_string(2 * inv_freq.size(0)) +
+           " channels, more than x's last dimension " + std::to_string(x.size(1)));
+  }
   c.kv_dtype("kv_dtype", kv_dtype, x.size(1), rope_dim, supports_kv_cache_dtype(kv_dtype));
   return rms_norm_rope_kv_impl(x, weight, eps, positions, inv_freq, kv_dtype, rope_dim);
-}
-
-std::pair<Tensor, Tensor> Backend::rms_norm_rope_q_kv(const Tensor& q, const Tensor& q_weight,
-                                                      bool q_bf16_output, const Tensor& kv,
-                                                      const Tensor& kv_weight, float eps,
-                                                      const Tensor& positions,
-                                                      const Tensor& inv_freq, DType kv_dtype,
-                                                      int rope_dim) {
-  const OpChecks c("rms_norm_rope_q_kv", device_kind());
-  c.rank("q", q, DType::kF32, 2, 3);
-  c.tensor("kv", kv, DType::kF32, {q.size(0), -1});
-  check_norm_rope_rows(c, "q", "q_weight", q, q_weight, positions, inv_freq);
-  check_norm_rope_rows(c, "kv", "kv_weight", kv, kv_weight, positions, inv_freq);
-  c.kv_dtype("kv_dtype", kv_dtype, kv.size(1), rope_dim, supports_kv_cache_dtype(kv_dtype));
-  return rms_norm_rope_q_kv_impl(q, q_weight, q_bf16_output, kv, kv_weight, eps, positions,
-                                 inv_freq, kv_dtype, rope_dim);
-}
-
-std::pair<Tensor, Tensor> Backend::rms_norm_rope_q_kv_impl(const Tensor& q, const Tensor& q_weight,
-                                                           bool q_bf16_output, const Tensor& kv,
-                                                           const Tensor& kv_weight, float eps,
-                                                           const Tensor& positions,
-                                                           const Tensor& inv_freq, DType kv_dtype,
-                                                           int rope_dim) {
-  Tensor q_out = rms_norm_rope_impl(q, q_weight, eps, positions, inv_freq, q_bf16_output);
-  return {std::move(q_out),
-          rms_norm_rope_kv_impl(kv, kv_weight, eps, positions, inv_freq, kv_dtype, rope_dim)};
 }
 
 Tensor Backend::rms_norm_rope_impl(const Tensor& x, const Tensor& weight, float eps,

@@ -151,12 +151,12 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   } else {
     q_proj = be.linear(qa_lora, w.wq_b, q_norm);
   }
-  // q's norm and RoPE, and this call's keys in the SWA ring's format, quantized where they are
-  // made (attention reads them and ring_write stores them as they are): one launch on a backend
-  // that fuses the two.
-  auto [q, kv] =
-      be.rms_norm_rope_q_kv(q_proj.reshape({t, nh, d}), Tensor(), q_bf16, kv_proj, w.kv_norm, eps,
-                            layout.positions, inv_freq, caches.swa_ring.dtype(), caches.rope_dim);
+  Tensor q = be.rms_norm_rope(q_proj.reshape({t, nh, d}), Tensor(), eps, layout.positions, inv_freq,
+                              /*bf16_output=*/q_bf16);
+  // This call's keys in the SWA ring's format, quantized where they are made: attention reads them
+  // and ring_write stores them as they are.
+  Tensor kv = be.rms_norm_rope_kv(kv_proj, w.kv_norm, eps, layout.positions, inv_freq,
+                                  caches.swa_ring.dtype(), caches.rope_dim);
 
   be.join_branches();
 
