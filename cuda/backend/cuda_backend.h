@@ -285,7 +285,7 @@ class CudaBackend final : public Backend {
   bool wgmma_device_ = false;
   // Compute capability 9.0 or later: programmatic dependent launches take effect.
   bool programmatic_launch_device_ = false;
-  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kLegacy;
+  Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
   AttentionMmaChoice attention_mma_choice_;
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentFp8;
   AttentionMmaPlan last_attention_plan_;

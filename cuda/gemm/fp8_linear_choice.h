@@ -2,29 +2,40 @@
 // heuristics so that the backend's header (which holds the choice) does not pull them in.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
 namespace deepinfer::cuda {
 
-// Which FP8 path decode-sized linears take (an A/B switch for benchmarks and tests: the backend's
-// DEEPINFER_FP8_LINEAR, read once at its creation; benchmarks may set it per call).
-// The default is the GEMV and cuBLASLt: on the H200 the streaming kernel won only at 9..16 tokens
-// (fp8_stream.cu's header has the table), and a per-M switch there would make a token's result
-// depend on whether its batch has 8 or 9 rows. The Hopper weight stream (sm90/fp8_wgmma.cu)
-// matches the CPU emulation as the GEMV does (its math is mma.sync since session 49) and is
-// faster alone on the large weights at one token (wq_b 12.8 against 20.3 us on H100s). In the
-// model step it was faster at B = 8 in both rounds of session 50 (2.2% and 8.0%) but not at B = 1
-// or 64 (one round each way), and its RowNorm path has not run through the op table
-// (benchmarks/RESULTS.md, sessions 47-50): opt-in until both do.
+// Which FP8 path decode-sized linears take (the backend's DEEPINFER_FP8_LINEAR, read once at its
+// creation; benchmarks and tests may set it per call).
+// The default (kAuto) takes the Hopper weight stream (sm90/fp8_wgmma.cu) from
+// kFp8WgmmaAutoMinTokens tokens where choose_fp8_wgmma applies, and the GEMV below. On an H100 the
+// model step was faster on the stream at B = 4, 8 and 16 in every round (session 51: 2.9-3.6%,
+// 4.9-6.5% and 10.9-11.5%; B = 8 also in both rounds of session 50), and no faster at B = 1 or 2
+// (rounds went either way by up to 5%; benchmarks/RESULTS.md, sessions 47-51). Both paths sum the
+// same exact products in f32 (the stream's math is mma.sync since session 49), so a token's
+// result moves by summation order where its batch crosses the threshold, as it does between the
+// GEMV and cuBLASLt at kFp8GemvMaxTokens.
 enum class Fp8LinearChoice {
-  kLegacy,     // "legacy" or unset: the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above
-               // (grouped linears: the streaming kernel up to kFp8StreamMaxTokens first)
+  kAuto,       // "auto" or unset: kWgmma from kFp8WgmmaAutoMinTokens tokens, else kLegacy
+  kLegacy,     // "legacy": the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above (grouped
+               // linears: the streaming kernel up to kFp8StreamMaxTokens first)
   kStream,     // "stream": fp8_stream.cu up to kFp8StreamMaxTokens tokens
   kStreamPdl,  // "stream_pdl": the same, its kernel a programmatic dependent launch
   kWgmma,      // "wgmma": the Hopper weight stream where choose_fp8_wgmma applies, else as
                // kLegacy
 };
+
+// kAuto's threshold (above).
+constexpr int64_t kFp8WgmmaAutoMinTokens = 4;
+
+// Whether a linear of m tokens tries the weight stream under `choice`.
+constexpr bool fp8_choice_tries_wgmma(Fp8LinearChoice choice, int64_t m) {
+  return choice == Fp8LinearChoice::kWgmma ||
+         (choice == Fp8LinearChoice::kAuto && m >= kFp8WgmmaAutoMinTokens);
+}
 
 // The path the latest FP8 linear took (CudaBackend::last_fp8_linear_path: benchmarks print it).
 enum class Fp8LinearPath {
@@ -40,7 +51,8 @@ enum class Fp8LinearPath {
 // The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {
   const std::string_view v = name == nullptr ? "" : name;
-  if (v.empty() || v == "legacy") return Fp8LinearChoice::kLegacy;
+  if (v.empty() || v == "auto") return Fp8LinearChoice::kAuto;
+  if (v == "legacy") return Fp8LinearChoice::kLegacy;
   if (v == "wgmma") return Fp8LinearChoice::kWgmma;
   if (v == "stream") return Fp8LinearChoice::kStream;
   if (v == "stream_pdl") return Fp8LinearChoice::kStreamPdl;

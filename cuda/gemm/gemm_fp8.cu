@@ -301,7 +301,7 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
   const Fp8Problem p{x.size(0),    w.rows() / groups, w.cols(),   groups,
                      w.block_rows, w.block_cols,      w.act_group};
   if (p.m == 0 || p.n == 0) return be.empty({p.m, groups * p.n}, DType::kF32);
-  if (be.fp8_linear() == Fp8LinearChoice::kWgmma) {
+  if (fp8_choice_tries_wgmma(be.fp8_linear(), p.m)) {
     const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
     const void* map = wgmma.use ? fp8_wgmma_weight_map(be, w) : nullptr;
     if (map != nullptr) {
@@ -365,14 +365,14 @@ bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, co
       b == nullptr || (b->format == WeightFormat::kFp8Block && a.block_rows == b->block_rows &&
                        a.block_cols == b->block_cols && a.act_group == b->act_group);
   if ((norm_w != nullptr && !aligned16(x.raw_data())) || a.format != WeightFormat::kFp8Block ||
-      !same_blocks ||
-      (be.fp8_linear() != Fp8LinearChoice::kLegacy && be.fp8_linear() != Fp8LinearChoice::kWgmma)) {
+      !same_blocks || be.fp8_linear() == Fp8LinearChoice::kStream ||
+      be.fp8_linear() == Fp8LinearChoice::kStreamPdl) {
     return false;
   }
   const int64_t b_rows = b != nullptr ? b->rows() : 0;
   const Fp8Problem p{x.size(0),    a.rows() + b_rows, a.cols(),   1,
                      a.block_rows, a.block_cols,      a.act_group};
-  if (be.fp8_linear() == Fp8LinearChoice::kWgmma && p.m > 0) {
+  if (fp8_choice_tries_wgmma(be.fp8_linear(), p.m) && p.m > 0) {
     const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
     const void* map_a = wgmma.use ? fp8_wgmma_weight_map(be, a) : nullptr;
     const void* map_b = map_a != nullptr && b != nullptr ? fp8_wgmma_weight_map(be, *b) : nullptr;

@@ -145,14 +145,33 @@ TEST(Fp8StreamLayout, StagedIndexPermutesEachSlice) {
 }
 
 TEST(Fp8StreamHeuristics, ParsesTheSwitch) {
-  EXPECT_EQ(parse_fp8_linear(nullptr), Fp8LinearChoice::kLegacy);
-  EXPECT_EQ(parse_fp8_linear(""), Fp8LinearChoice::kLegacy);
+  EXPECT_EQ(parse_fp8_linear(nullptr), Fp8LinearChoice::kAuto);
+  EXPECT_EQ(parse_fp8_linear(""), Fp8LinearChoice::kAuto);
+  EXPECT_EQ(parse_fp8_linear("auto"), Fp8LinearChoice::kAuto);
   EXPECT_EQ(parse_fp8_linear("wgmma"), Fp8LinearChoice::kWgmma);
-  EXPECT_EQ(parse_fp8_linear("auto"), std::nullopt);
   EXPECT_EQ(parse_fp8_linear("stream"), Fp8LinearChoice::kStream);
   EXPECT_EQ(parse_fp8_linear("stream_pdl"), Fp8LinearChoice::kStreamPdl);
   EXPECT_EQ(parse_fp8_linear("legacy"), Fp8LinearChoice::kLegacy);
   EXPECT_EQ(parse_fp8_linear("gemv"), std::nullopt);
+}
+
+// The default tries the weight stream from kFp8WgmmaAutoMinTokens tokens (4: the batches where
+// the model step measured faster on it); "wgmma" at every count, "legacy" and the streaming
+// kernel's choices never.
+TEST(Fp8StreamHeuristics, TheDefaultTriesTheWeightStreamFromFourTokens) {
+  EXPECT_EQ(kFp8WgmmaAutoMinTokens, 4);
+  for (const int64_t m : {1, 2, 3}) {
+    EXPECT_FALSE(fp8_choice_tries_wgmma(Fp8LinearChoice::kAuto, m)) << m;
+    EXPECT_TRUE(fp8_choice_tries_wgmma(Fp8LinearChoice::kWgmma, m)) << m;
+  }
+  for (const int64_t m : {4, 8, 16, 64}) {
+    EXPECT_TRUE(fp8_choice_tries_wgmma(Fp8LinearChoice::kAuto, m)) << m;
+    EXPECT_TRUE(fp8_choice_tries_wgmma(Fp8LinearChoice::kWgmma, m)) << m;
+  }
+  for (const Fp8LinearChoice c :
+       {Fp8LinearChoice::kLegacy, Fp8LinearChoice::kStream, Fp8LinearChoice::kStreamPdl}) {
+    for (const int64_t m : {1, 4, 16}) EXPECT_FALSE(fp8_choice_tries_wgmma(c, m)) << m;
+  }
 }
 
 TEST(Fp8GemvHeuristics, AppliesToDecodeSizesWithPowerOfTwoBlocksAndGroups) {

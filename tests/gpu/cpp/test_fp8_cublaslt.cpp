@@ -64,9 +64,15 @@ TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
       be->synchronize();
       EXPECT_EQ(y.size(0), m);
       EXPECT_EQ(y.size(1), g * s.n);
-      const bool grouped_stream = s.groups > 0 && m <= cuda::kFp8StreamMaxTokens;
-      EXPECT_EQ(cuda_be.last_fp8_linear_path(),
-                grouped_stream ? cuda::Fp8LinearPath::kStream : cuda::Fp8LinearPath::kCublasLt)
+      // Grouped linears up to 64 tokens: the weight stream where the default tries it (an sm_90a
+      // device), else the streaming kernel.
+      const bool grouped_decode = s.groups > 0 && m <= cuda::kFp8StreamMaxTokens;
+      const bool wgmma = grouped_decode && m <= cuda::kFp8WgmmaGroupedMaxTokens &&
+                         cuda_be.wgmma_device() &&
+                         cuda::fp8_choice_tries_wgmma(cuda_be.fp8_linear(), m);
+      EXPECT_EQ(cuda_be.last_fp8_linear_path(), wgmma            ? cuda::Fp8LinearPath::kWgmma
+                                                : grouped_decode ? cuda::Fp8LinearPath::kStream
+                                                                 : cuda::Fp8LinearPath::kCublasLt)
           << "m " << m << " groups " << s.groups << ": took "
           << path_name(cuda_be.last_fp8_linear_path());
     }
