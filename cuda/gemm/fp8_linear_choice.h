@@ -11,13 +11,13 @@ namespace deepinfer::cuda {
 // Which FP8 path decode-sized linears take (the backend's DEEPINFER_FP8_LINEAR, read once at its
 // creation; benchmarks and tests may set it per call).
 // The default (kAuto) takes the Hopper weight stream (sm90/fp8_wgmma.cu) from
-// kFp8WgmmaAutoMinTokens tokens where choose_fp8_wgmma applies, and the GEMV below. On an H100 the
-// model step was faster on the stream at B = 4, 8 and 16 in every round (session 51: 2.9-3.6%,
-// 4.9-6.5% and 10.9-11.5%; B = 8 also in both rounds of session 50), and no faster at B = 1 or 2
-// (rounds went either way by up to 5%; benchmarks/RESULTS.md, sessions 47-51). Both paths sum the
-// same exact products in f32 (the stream's math is mma.sync since session 49), so a token's
-// result moves by summation order where its batch crosses the threshold, as it does between the
-// GEMV and cuBLASLt at kFp8GemvMaxTokens.
+// kFp8WgmmaAutoMinTokens tokens where choose_fp8_wgmma applies, the legacy paths elsewhere. On an
+// H100 the model step was faster on the stream at B = 4, 8 and 16 in every round (session
+// 51: 2.9-3.6%, 3.6-6.5% and 10.9-11.5%; B = 8 also in both rounds of session 50), and no faster at
+// B = 1 or 2 (rounds went either way by up to 5%; benchmarks/RESULTS.md, sessions 47-51). Both
+// paths sum the same exact products in f32 (the stream's math is mma.sync since session 49), so a
+// token's result moves by summation order where its batch crosses the threshold, as it does between
+// the GEMV and cuBLASLt at kFp8GemvMaxTokens.
 enum class Fp8LinearChoice {
   kAuto,       // "auto" or unset: kWgmma from kFp8WgmmaAutoMinTokens tokens, else kLegacy
   kLegacy,     // "legacy": the FP8 GEMV up to kFp8GemvMaxTokens, cuBLASLt above (grouped
