@@ -46,8 +46,8 @@ BackendSwitches read_backend_switches() {
                                    "auto, streaming, streaming_lean, registers or prefill");
   s.moe_quant_prefill =
       read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "wgmma or mma_sync");
-  s.fp8_linear =
-      read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear, "auto, legacy, stream, stream_pdl or wgmma");
+  s.fp8_linear = read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear,
+                             "auto, legacy, stream, stream_pdl or wgmma");
   s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused or legacy");
   s.pdl = read_switch("DEEPINFER_PDL", parse_on_off, "on or off");
   s.branches = read_switch("DEEPINFER_BRANCHES", parse_on_off, "on or off");

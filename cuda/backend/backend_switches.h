@@ -15,7 +15,7 @@ namespace deepinfer::cuda {
 struct BackendSwitches {
   QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kAuto;      // DEEPINFER_MOE_QUANT_DECODE
   QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;  // _MOE_QUANT_PREFILL
-  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kAuto;              // DEEPINFER_FP8_LINEAR
+  Fp8LinearChoice fp8_linear = Fp8LinearChoice::kAuto;                // DEEPINFER_FP8_LINEAR
   HcPreChoice hc_pre = HcPreChoice::kAuto;                            // DEEPINFER_HC_PRE
   bool pdl = true;                                                    // DEEPINFER_PDL
   bool branches = true;                                               // DEEPINFER_BRANCHES
