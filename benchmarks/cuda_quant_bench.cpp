@@ -246,6 +246,9 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
              {cuda::Fp8LinearChoice::kStream, cuda::Fp8LinearChoice::kStreamPdl,
               cuda::Fp8LinearChoice::kLegacy, cuda::Fp8LinearChoice::kWgmma}) {
           cuda_be.set_fp8_linear(path);
+          // Every copy once outside the capture: a weight's first weight-stream call makes its
+          // tensor map, which a capture cannot (the call would take the legacy paths there).
+          for (int i = 0; i < copies; ++i) call();
           const bool stream =
               path == cuda::Fp8LinearChoice::kStream || path == cuda::Fp8LinearChoice::kStreamPdl;
           const char* tag = path == cuda::Fp8LinearChoice::kStream      ? "(stream)"
