@@ -36,7 +36,8 @@ namespace {
 
 class CudaEvent final : public Event {
  public:
-  // Recorded on `stream` (the compute stream by default).
+  // Recorded on `stream` (null: the compute stream; CudaBackend passes stream(), the side
+  // stream inside a branch).
   explicit CudaEvent(std::shared_ptr<CudaContext> ctx, cudaStream_t stream = nullptr)
       : ctx_(std::move(ctx)) {
     DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
@@ -277,8 +278,8 @@ Tensor CudaBackend::upload_impl(const Tensor& host, DType dtype) {
   PinnedPool::Block b = ctx_->pinned.acquire(out.nbytes());
   std::memcpy(b.ptr, converted.raw_data(), out.nbytes());
   DEEPINFER_CUDA_CHECK(
-      cudaMemcpyAsync(out.raw_data(), b.ptr, out.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
-  ctx_->pinned.release_after(b, ctx_->stream);
+      cudaMemcpyAsync(out.raw_data(), b.ptr, out.nbytes(), cudaMemcpyHostToDevice, stream()));
+  ctx_->pinned.release_after(b, stream());
   return out;
 }
 
@@ -288,8 +289,8 @@ Tensor CudaBackend::upload_weight_impl(const Tensor& host, DType dtype) {
   if (out.nbytes() > 0) {
     // Weights load once, before any step: a plain (synchronous) copy is fine here.
     DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), converted.raw_data(), out.nbytes(),
-                                         cudaMemcpyHostToDevice, ctx_->stream));
-    DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream));
+                                         cudaMemcpyHostToDevice, stream()));
+    DEEPINFER_CUDA_CHECK(cudaStreamSynchronize(stream()));
   }
   return out;
 }
@@ -366,14 +367,14 @@ void CudaBackend::upload_into_impl(const Tensor& dst, const Tensor& host) {
   PinnedPool::Block b = ctx_->pinned.acquire(dst.nbytes());
   std::memcpy(b.ptr, converted.raw_data(), dst.nbytes());
   DEEPINFER_CUDA_CHECK(
-      cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice, ctx_->stream));
-  ctx_->pinned.release_after(b, ctx_->stream);
+      cudaMemcpyAsync(dst.raw_data(), b.ptr, dst.nbytes(), cudaMemcpyHostToDevice, stream()));
+  ctx_->pinned.release_after(b, stream());
 }
 
 void CudaBackend::begin_copies_impl() {
   check_not_capturing("begin_copies");
   ctx_->pinned.reclaim();  // host tier payloads that earlier copies no longer read
-  CudaEvent compute_tail(ctx_);
+  CudaEvent compute_tail(ctx_, stream());
   DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(ctx_->copy_stream, compute_tail.get(), 0));
 }
 
@@ -475,13 +476,13 @@ void CudaBackend::wait_event_impl(Event& event) {
   check_not_capturing("wait_event");
   auto* e = dynamic_cast<CudaEvent*>(&event);
   if (e == nullptr) fail("wait_event", "the event is not one of this backend's");
-  DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(ctx_->stream, e->get(), 0));
+  DEEPINFER_CUDA_CHECK(cudaStreamWaitEvent(stream(), e->get(), 0));
 }
 
 void CudaBackend::copy_into_impl(const Tensor& dst, const Tensor& src) {
   if (dst.nbytes() == 0 || dst.raw_data() == src.raw_data()) return;
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
-                                       cudaMemcpyDeviceToDevice, ctx_->stream));
+                                       cudaMemcpyDeviceToDevice, stream()));
 }
 
 const Tensor& CudaBackend::pointer_table(const std::vector<int64_t>& pointers) {
@@ -536,19 +537,19 @@ void CudaBackend::copy_to_host_impl(const Tensor& device, const Tensor& host) {
   if (is_pinned_host(host.raw_data())) {
     // Pinned (the KV host tier's arena): the copy lands there directly, no staging hop.
     DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), device.raw_data(), host.nbytes(),
-                                         cudaMemcpyDeviceToHost, ctx_->stream));
-    ctx_->pinned.retain_until(host.storage(), ctx_->stream);
+                                         cudaMemcpyDeviceToHost, stream()));
+    ctx_->pinned.retain_until(host.storage(), stream());
     return;
   }
   auto* job = new HostCopyJob{ctx_, ctx_->pinned.acquire(host.nbytes()), host, host.nbytes()};
   DEEPINFER_CUDA_CHECK(cudaMemcpyAsync(job->block.ptr, device.raw_data(), job->nbytes,
-                                       cudaMemcpyDeviceToHost, ctx_->stream));
-  DEEPINFER_CUDA_CHECK(cudaLaunchHostFunc(ctx_->stream, finish_host_copy, job));
+                                       cudaMemcpyDeviceToHost, stream()));
+  DEEPINFER_CUDA_CHECK(cudaLaunchHostFunc(stream(), finish_host_copy, job));
 }
 
 std::unique_ptr<Event> CudaBackend::record_event() {
   check_not_capturing("record_event");
-  return std::make_unique<CudaEvent>(ctx_);
+  return std::make_unique<CudaEvent>(ctx_, stream());
 }
 
 void CudaBackend::synchronize_impl() {

@@ -126,6 +126,34 @@ TEST_F(SideBranchTest, CapturedBranchesReplayTheEagerBits) {
   }
 }
 
+// Uploads and copies inside a branch run on its stream, in order with its ops. A decode step
+// makes a weight's tensor map table on the weight's first weight-stream call, which may be in the
+// branch (the shared expert): its upload went to the compute stream, so the branch's kernel could
+// read the table before its bytes landed. Here a long copy_into holds whichever stream it takes
+// before the upload, so a read on the side stream sees the pool's stale bytes unless both run
+// there.
+TEST_F(SideBranchTest, UploadsAndCopiesInsideABranchRunInItsOrder) {
+  const int64_t big = int64_t{64} << 20;  // 256 MiB: ~0.1 ms of copying
+  const Tensor src = gpu().zeros({big}, DType::kF32);
+  Tensor dst = gpu().empty({big}, DType::kF32);
+  for (int round = 0; round < 4; ++round) {
+    const Tensor host = random_f32(rng_, {4096}, 1.0f);
+    Tensor uploaded, copied;
+    Tensor scratch = gpu().empty({4096}, DType::kF32);
+    {
+      SideBranch branch(gpu());
+      gpu().copy_into(dst, src);
+      uploaded = gpu().scale(gpu().upload(host, DType::kF32), 1.0f);
+      gpu().copy_into(dst, src);
+      gpu().upload_into(scratch, host);
+      copied = gpu().scale(scratch, 1.0f);
+    }
+    gpu().join_branches();
+    expect_same(gpu().to_host(uploaded), host, "upload, round " + std::to_string(round));
+    expect_same(gpu().to_host(copied), host, "upload_into, round " + std::to_string(round));
+  }
+}
+
 // An op that throws inside a branch (an argument error here) ends the branch on the way out; the
 // next ops run and the next branch joins it.
 TEST_F(SideBranchTest, AnErrorInsideABranchLeavesTheBackendUsable) {
