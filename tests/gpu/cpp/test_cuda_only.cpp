@@ -13,6 +13,8 @@
 
 #include "batch_layout.h"
 #include "compare.h"
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/gemm/fp8_linear_choice.h"
 #include "cuda_test.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/error.h"
@@ -220,11 +222,13 @@ TEST_F(CudaOnly, GemmBf16GemvIsDeterministicAndPerToken) {
   }
 }
 
-// The FP8 decode path up to 16 tokens with act_group > 0 (the backend's DEEPINFER_FP8_LINEAR: the
-// tensor-core GEMV cuda/gemm/gemv_fp8.cu by default; the streaming kernel cuda/gemm/fp8_stream.cu
-// with "stream", test_fp8_stream.cpp's subject): the same bytes on a second run, and a
-// token's row does not depend on the other tokens of the batch (its tiling and K splits are
-// chosen without M; 8 and 9 tokens take the GEMV's one- and two-n8-tile kernels).
+// The FP8 decode paths up to 16 tokens with act_group > 0 (the backend's DEEPINFER_FP8_LINEAR: by
+// default the tensor-core GEMV cuda/gemm/gemv_fp8.cu below kFp8WgmmaAutoMinTokens tokens and the
+// weight stream sm90/fp8_wgmma.cu from there where it applies; "legacy" the GEMV throughout;
+// "stream" fp8_stream.cu, test_fp8_stream.cpp's subject): the same bytes on a second run, and a
+// token's row does not depend on the other tokens of the batch taking the same path (tilings and
+// K splits are chosen without M; 8 and 9 tokens take the GEMV's one- and two-n8-tile kernels). A
+// batch on the other side of the default's threshold sums in another order, as one past 16 does.
 TEST_F(CudaOnly, GemmFp8GemvIsDeterministicAndPerToken) {
   constexpr int64_t kTokens = 16;
   struct Shape2 {
@@ -246,10 +250,18 @@ TEST_F(CudaOnly, GemmFp8GemvIsDeterministicAndPerToken) {
                              std::to_string(s.groups) + " block " + std::to_string(s.block);
     Tensor first = run(kTokens);
     EXPECT_TRUE(same_bytes(first, run(kTokens))) << what << ": two runs differ";
-    for (const int64_t m : {1, 8, 9}) {
+    // Where the default changes path, the largest batch below the threshold is the reference.
+    const cuda::Fp8LinearChoice choice = dynamic_cast<cuda::CudaBackend&>(gpu()).fp8_linear();
+    const int64_t below = cuda::kFp8WgmmaAutoMinTokens - 1;
+    const Tensor first_below = run(below);
+    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{9}}) {
+      const bool like_first =
+          cuda::fp8_choice_tries_wgmma(choice, m) == cuda::fp8_choice_tries_wgmma(choice, kTokens);
+      const Tensor& want = like_first ? first : first_below;
       Tensor few = run(m);
-      EXPECT_EQ(std::memcmp(first.raw_data(), few.raw_data(), few.nbytes()), 0)
-          << what << ": the first " << m << " tokens differ when run alone";
+      EXPECT_EQ(std::memcmp(want.raw_data(), few.raw_data(), few.nbytes()), 0)
+          << what << ": the first " << m << " tokens differ from a batch of "
+          << (like_first ? kTokens : below);
     }
   }
 }
