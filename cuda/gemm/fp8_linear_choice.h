@@ -14,7 +14,8 @@ namespace deepinfer::cuda {
 // kFp8WgmmaAutoMinTokens tokens where choose_fp8_wgmma applies, the legacy paths elsewhere. On an
 // H100 the model step was faster on the stream at B = 4, 8 and 16 in every round (session
 // 51: 2.9-3.6%, 3.6-6.5% and 10.9-11.5%; B = 8 also in both rounds of session 50), and no faster at
-// B = 1 or 2 (rounds went either way by up to 5%; benchmarks/RESULTS.md, sessions 47-51). Both
+// B = 1 or 2 (rounds went either way by up to 5%; benchmarks/RESULTS.md, sessions 47-51); on an
+// H200 6.1-6.4%, 7.2-7.5%, 13.0-13.2% and at B = 64 1.7-3.1% (session 52). Both
 // paths sum the same exact products in f32 (the stream's math is mma.sync since session 49), so a
 // token's result moves by summation order where its batch crosses the threshold, as it does between
 // the GEMV and cuBLASLt at kFp8GemvMaxTokens.
