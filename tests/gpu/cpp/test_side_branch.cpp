@@ -127,11 +127,11 @@ TEST_F(SideBranchTest, CapturedBranchesReplayTheEagerBits) {
 }
 
 // Uploads and copies inside a branch run on its stream, in order with its ops. A decode step
-// makes a weight's tensor map table on the weight's first weight-stream call, which may be in the
-// branch (the shared expert): its upload went to the compute stream, so the branch's kernel could
-// read the table before its bytes landed. Here a long copy_into holds whichever stream it takes
-// before the upload, so a read on the side stream sees the pool's stale bytes unless both run
-// there.
+// makes a weight's tensor map table on the weight's first weight-stream call, which may be in a
+// branch (the compressors', the shared expert's): its upload went to the compute stream, so the
+// branch's kernel could read the table before its bytes landed. Here a long copy_into holds
+// whichever stream it takes before the upload, so a read on the side stream sees the pool's stale
+// bytes unless both run there.
 TEST_F(SideBranchTest, UploadsAndCopiesInsideABranchRunInItsOrder) {
   const int64_t big = int64_t{64} << 20;  // 256 MiB: ~0.1 ms of copying
   const Tensor src = gpu().zeros({big}, DType::kF32);
