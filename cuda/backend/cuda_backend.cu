@@ -347,7 +347,8 @@ MatrixWeight CudaBackend::upload_matrix_weight_impl(const MatrixWeight& host) {
   out.scales = upload_weight_impl(host.scales, DType::kF32);
   // Under "wgmma" the weight stream's map of every FP8 weight now; by default each is made on the
   // weight's first linear at kFp8WgmmaAutoMinTokens tokens or more (a decode graph's eager
-  // warm-up step), so routed-expert tables, which never take the stream, get none.
+  // warm-up step, perhaps inside a side branch: upload enqueues on stream()), so routed-expert
+  // tables, which never take the stream, get none.
   if (fp8_linear_ == Fp8LinearChoice::kWgmma) prepare_fp8_wgmma_map(*this, out);
   return out;
 }

@@ -122,9 +122,9 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
 // one block shape and act_group, the GEMV's tokens and shape for their rows together, the first
 // weight's rows a multiple of the GEMV's CTA rows; or the weight stream's where the choice tries
 // it (fp8_choice_tries_wgmma: the default from 4 tokens, wgmma always); never under stream or
-// stream_pdl. b nullptr: linear(x, a) alone on those paths (yb stays
-// undefined). x_norm (RowNorm, may be undefined) is applied where x is quantized. false leaves
-// the call to the caller (x_norm not applied).
+// stream_pdl. b nullptr: linear(x, a) alone on those paths (yb stays undefined). x_norm (RowNorm,
+// may be undefined) is applied where x is quantized. false leaves the call to the caller (x_norm
+// not applied).
 bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, const MatrixWeight* b,
                      const RowNorm& x_norm, Tensor& ya, Tensor& yb);
 
