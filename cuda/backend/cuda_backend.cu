@@ -36,12 +36,11 @@ namespace {
 
 class CudaEvent final : public Event {
  public:
-  // Recorded on `stream` (null: the compute stream; CudaBackend passes stream(), the side
-  // stream inside a branch).
-  explicit CudaEvent(std::shared_ptr<CudaContext> ctx, cudaStream_t stream = nullptr)
-      : ctx_(std::move(ctx)) {
+  // Recorded on `stream`: CudaBackend passes stream() (the side stream inside a branch) or the
+  // copy stream.
+  CudaEvent(std::shared_ptr<CudaContext> ctx, cudaStream_t stream) : ctx_(std::move(ctx)) {
     DEEPINFER_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    DEEPINFER_CUDA_CHECK(cudaEventRecord(event_, stream != nullptr ? stream : ctx_->stream));
+    DEEPINFER_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   cudaEvent_t get() const { return event_; }
   ~CudaEvent() override { cudaEventDestroy(event_); }
