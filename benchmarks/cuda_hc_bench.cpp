@@ -72,6 +72,37 @@ void bench_mhc(Backend& be, int iters, const std::string& path) {
       emit("hc_post_pre[" + path + "]", label, post_pre_us,
            3 * x_bytes + 2 * y_bytes + kFnRows * kWidth * 4.0, 2.0 * tokens * kFnRows * kWidth);
     }
+    if (tokens <= 8) {
+      // As the model calls them at decode sizes: y normed for the sub-layer (RowNorm). The
+      // "sinkhorn 1" rows run one Sinkhorn normalisation instead of the config's 20: the
+      // difference is what the Sinkhorn warp adds to the kernel's tail.
+      const RowNorm y_norm{rnd(be, {kHidden}, DType::kF32, 34), 1e-6f};
+      HcParams one = p;
+      one.sinkhorn_iters = 1;
+      for (const bool cold : {false, true}) {
+        for (const HcParams* params : {&p, &one}) {
+          const std::string label = shape + (cold ? " cold fn" : " warm fn") + " ynorm" +
+                                    (params == &one ? " sinkhorn 1" : "");
+          int call = 0;
+          emit("hc_pre[" + path + "]", label,
+               time_graph_us(be, iters,
+                             [&] {
+                               const HcWeights& w = pre_sets[cold ? call++ % kColdSets : 0];
+                               (void)be.hc_pre(X, w.fn, w.base, w.scale, *params, y_norm);
+                             }),
+               2 * x_bytes + kFnRows * kWidth * 4.0 + y_bytes, 2.0 * tokens * kFnRows * kWidth);
+          call = 0;
+          emit("hc_post_pre[" + path + "]", label,
+               time_graph_us(be, iters,
+                             [&] {
+                               const HcWeights& w = pre_sets[cold ? call++ % kColdSets : 0];
+                               (void)be.hc_post_pre(X, out, post, comb, w.fn, w.base, w.scale,
+                                                    *params, y_norm);
+                             }),
+               3 * x_bytes + 2 * y_bytes + kFnRows * kWidth * 4.0, 2.0 * tokens * kFnRows * kWidth);
+        }
+      }
+    }
     // hc_post alone: X and out read, the new trunk written.
     emit("hc_post[" + path + "]", shape,
          time_graph_us(be, iters, [&] { (void)be.hc_post(X, out, post, comb); }),
