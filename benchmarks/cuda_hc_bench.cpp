@@ -74,8 +74,9 @@ void bench_mhc(Backend& be, int iters, const std::string& path) {
     }
     if (tokens <= 8) {
       // As the model calls them at decode sizes: y normed for the sub-layer (RowNorm). The
-      // "sinkhorn 1" rows run one Sinkhorn normalisation instead of the config's 20: the
-      // difference is what the Sinkhorn warp adds to the kernel's tail.
+      // "sinkhorn 1" rows run one Sinkhorn iteration (one column normalisation) instead of the
+      // config's 20 (39 normalisations): the difference bounds what the Sinkhorn warp adds to
+      // the kernel's tail.
       const RowNorm y_norm{rnd(be, {kHidden}, DType::kF32, 34), 1e-6f};
       HcParams one = p;
       one.sinkhorn_iters = 1;
