@@ -38,7 +38,8 @@ void bench_mhc(Backend& be, int iters, const std::string& path) {
                          rnd(be, {1}, DType::kF32, seed + 5)});
   }
   HcParams p;
-  for (const int64_t tokens : {1, 7, 64, 256}) {
+  // T = 7 and 8: seven and eight token groups (clusters of the fused kernel).
+  for (const int64_t tokens : {1, 7, 8, 64, 256}) {
     Tensor X = rnd(be, {tokens, kHcMult, kHidden}, DType::kF32, 30);
     Tensor out = rnd(be, {tokens, kHidden}, DType::kF32, 31);
     Tensor post = rnd(be, {tokens, kHcMult}, DType::kF32, 32);

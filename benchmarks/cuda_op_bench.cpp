@@ -37,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/backend/cuda_backend.h"
 #include "cuda_attention_bench.h"
 #include "cuda_hc_bench.h"
 #include "cuda_quant_bench.h"
@@ -69,14 +70,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (only == "hc") {
-    // The backend reads DEEPINFER_HC_PRE at creation: one backend per path.
-    for (const char* path : {"fused", "legacy"}) {
-      setenv("DEEPINFER_HC_PRE", path, 1);
+    // The backend reads DEEPINFER_HC_PRE and DEEPINFER_HC_CLUSTER at creation: one backend per
+    // path ("fused": the default cluster choice, "fused_widest": always the widest cluster).
+    for (const char* path : {"fused", "fused_widest", "legacy"}) {
+      const bool widest = std::strcmp(path, "fused_widest") == 0;
+      setenv("DEEPINFER_HC_PRE", widest ? "fused" : path, 1);
+      setenv("DEEPINFER_HC_CLUSTER", widest ? "widest" : "auto", 1);
       auto hc_be = make_backend("cuda");
-      if (std::strcmp(path, "fused") == 0)
-        std::printf("{\"device\": \"%s\"}\n", hc_be->name().c_str());
+      if (std::strcmp(path, "fused") == 0) {
+        const auto& cuda_be = dynamic_cast<const cuda::CudaBackend&>(*hc_be);
+        std::printf(
+            "{\"device\": \"%s\", \"hc_fused_cluster\": {\"T=1\": %lld, \"T=7\": %lld, "
+            "\"T=8\": %lld, \"T=64\": %lld}}\n",
+            hc_be->name().c_str(), static_cast<long long>(cuda_be.hc_fused_cluster(1)),
+            static_cast<long long>(cuda_be.hc_fused_cluster(7)),
+            static_cast<long long>(cuda_be.hc_fused_cluster(8)),
+            static_cast<long long>(cuda_be.hc_fused_cluster(64)));
+      }
       bench_mhc(*hc_be, iters, path);
     }
+    unsetenv("DEEPINFER_HC_CLUSTER");
     return 0;
   }
   auto be = make_backend("cuda");

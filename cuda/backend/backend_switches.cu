@@ -30,6 +30,14 @@ std::optional<HcPreChoice> parse_hc_pre(const char* value) {
   return std::nullopt;
 }
 
+std::optional<HcClusterChoice> parse_hc_cluster(const char* value) {
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "auto") return HcClusterChoice::kAuto;
+  if (v == "widest") return HcClusterChoice::kWidest;
+  if (v == "portable") return HcClusterChoice::kPortable;
+  return std::nullopt;
+}
+
 // "on" (the default when unset or empty) or "off".
 std::optional<bool> parse_on_off(const char* value) {
   const std::string v = value == nullptr ? "" : value;
@@ -49,6 +57,7 @@ BackendSwitches read_backend_switches() {
   s.fp8_linear = read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear,
                              "auto, legacy, stream, stream_pdl or wgmma");
   s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused or legacy");
+  s.hc_cluster = read_switch("DEEPINFER_HC_CLUSTER", parse_hc_cluster, "auto, widest or portable");
   s.pdl = read_switch("DEEPINFER_PDL", parse_on_off, "on or off");
   s.branches = read_switch("DEEPINFER_BRANCHES", parse_on_off, "on or off");
   s.indexer_fp8_scores =

@@ -110,7 +110,8 @@ CudaBackend::CudaBackend(int device_index)
   attention_kernel_ = switches.attention_kernel;
   indexer_fp8_scores_ = switches.indexer_fp8_scores;
   programmatic_launch_device_ = prop.major >= 9;
-  hc_fused_cluster_ = programmatic_launch_device_ ? hc_fused_max_cluster(smem_limits_) : 0;
+  if (programmatic_launch_device_) hc_fused_clusters_ = hc_fused_max_cluster(smem_limits_);
+  hc_cluster_choice_ = switches.hc_cluster;
   // wgmma kernels have bodies only in sm_90a code (cuda/CMakeLists.txt), and run on sm_90 only.
 #ifdef DEEPINFER_HAVE_SM90A
   wgmma_device_ = prop.major == 9;

@@ -140,9 +140,15 @@ class CudaBackend final : public Backend {
   // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_chosen)
   // instead of the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel).
   HcPreChoice hc_pre_choice() const { return hc_pre_choice_; }
-  // The largest thread-block cluster of the fused hc kernel this device schedules (16, 8, or 0
-  // without clusters: then the fused path never applies), found at creation.
-  int hc_fused_cluster() const { return hc_fused_cluster_; }
+  // The thread-block cluster of the fused hc kernel at T tokens (0 without clusters: then the
+  // fused path never applies): DEEPINFER_HC_CLUSTER's choice (hc_fused_cluster_for) over the
+  // largest this device schedules and how many of those it keeps active, found at creation.
+  int64_t hc_fused_cluster(int64_t tokens) const {
+    return hc_fused_cluster_for(hc_cluster_choice_, tokens, hc_fused_clusters_.max_cluster,
+                                hc_fused_clusters_.at_once);
+  }
+  HcClusterChoice hc_cluster_choice() const { return hc_cluster_choice_; }
+  void set_hc_cluster_choice(HcClusterChoice choice) { hc_cluster_choice_ = choice; }
   // DEEPINFER_PDL at creation (on: the default, off): whether the kernels that start with
   // enter_dependent_grid (cuda/common/pdl.cuh) are launched as programmatic dependents of the
   // kernel before them; benchmarks set it to time both in one run.
@@ -295,7 +301,8 @@ class CudaBackend final : public Backend {
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
   HcPreChoice hc_pre_choice_ = HcPreChoice::kAuto;
-  int hc_fused_cluster_ = 0;
+  HcFusedClusters hc_fused_clusters_;
+  HcClusterChoice hc_cluster_choice_ = HcClusterChoice::kAuto;
   bool pdl_ = true;
   bool branches_ = true;
   std::shared_ptr<CudaContext> ctx_;

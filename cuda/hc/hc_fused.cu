@@ -9,6 +9,7 @@
 // norm launch between the mix and the sub-layer.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/backend/cuda_backend.h"
@@ -407,27 +408,35 @@ constexpr auto kHcFusedFourPost = hc_fused_kernel<4, 4, true, 2>;
 
 }  // namespace
 
-int hc_fused_max_cluster(KernelSmemLimits& limits) {
+HcFusedClusters hc_fused_max_cluster(KernelSmemLimits& limits) {
+  HcFusedClusters c{static_cast<int>(kHcFusedWideCluster), 0};
   for (const auto kernel : {kHcFusedOne, kHcFusedOnePost, kHcFusedFour, kHcFusedFourPost}) {
     DEEPINFER_CUDA_THROW_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
         "allowing the fused hc kernel a non-portable cluster");
     try {
-      limits.max_active_clusters(kernel, dim3(kHcFusedThreads),
-                                 dim3(static_cast<unsigned>(kHcFusedWideCluster)), 0);
+      const int n = limits.max_active_clusters(kernel, dim3(kHcFusedThreads),
+                                               dim3(static_cast<unsigned>(kHcFusedWideCluster)), 0);
+      c.at_once = c.at_once == 0 ? n : std::min(c.at_once, n);
     } catch (const Error&) {
       // None fits, or the device refuses the size: the portable clusters.
       (void)cudaGetLastError();
-      return static_cast<int>(kHcFusedPortableCluster);
+      c.max_cluster = static_cast<int>(kHcFusedPortableCluster);
+      c.at_once = 0;
+      break;
     }
   }
-  return static_cast<int>(kHcFusedWideCluster);
+  if (c.max_cluster == kHcFusedPortableCluster) {
+    c.at_once = limits.max_active_clusters(kHcFusedOne, dim3(kHcFusedThreads),
+                                           dim3(static_cast<unsigned>(kHcFusedPortableCluster)), 0);
+  }
+  return c;
 }
 
 bool hc_fused_applies(const CudaBackend& be, const Tensor& X, const Tensor& fn,
                       const HcParams& params) {
-  const HcFusedGrid g =
-      hc_fused_grid(be.num_sms(), X.size(0), params.hc_mult, X.size(2), be.hc_fused_cluster());
+  const HcFusedGrid g = hc_fused_grid(be.num_sms(), X.size(0), params.hc_mult, X.size(2),
+                                      be.hc_fused_cluster(X.size(0)));
   return hc_fused_chosen(be.hc_pre_choice(), g, X.size(0)) && aligned16(X.raw_data()) &&
          aligned16(fn.raw_data());
 }
@@ -442,7 +451,7 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
   const int64_t tokens = X.size(0);
   const int n = params.hc_mult;
   const int64_t hidden = X.size(2);
-  const HcFusedGrid g = hc_fused_grid(be.num_sms(), tokens, n, hidden, be.hc_fused_cluster());
+  const HcFusedGrid g = hc_fused_grid(be.num_sms(), tokens, n, hidden, be.hc_fused_cluster(tokens));
   HcFusedArgs a{};
   a.rows = post != nullptr ? (2 + n) * n : n;
   Tensor partial = be.scratch(static_cast<size_t>(g.groups * g.splits * g.tokens_per_cta) *

@@ -110,6 +110,36 @@ inline HcFusedGrid hc_fused_grid(int num_sms, int64_t tokens, int n, int64_t hid
   return g;
 }
 
+// The fused kernel's clusters on a device (hc_launch.h: hc_fused_max_cluster): the largest size
+// it schedules (0: no clusters) and how many of that size it keeps active at once.
+struct HcFusedClusters {
+  int max_cluster = 0;
+  int at_once = 0;
+};
+
+// DEEPINFER_HC_CLUSTER: the fused kernel's cluster size.
+enum class HcClusterChoice {
+  kAuto,      // "auto": the widest the device schedules while every token group's cluster of that
+              // size is active at once, else kHcFusedPortableCluster (hc_fused_cluster_for)
+  kWidest,    // "widest": the widest the device schedules, however many groups
+  kPortable,  // "portable": kHcFusedPortableCluster
+};
+
+// The cluster size the fused kernel takes at T tokens. max_cluster: the widest the device
+// schedules (hc_fused_max_cluster); wide_at_once: how many clusters of that size it keeps active at
+// once. Where the token groups (one per token up to 8, else per 4) outnumber those, a group's
+// cluster would wait for another's to finish, doubling the kernel's time, so auto takes the
+// portable size (more of its clusters fit: each GPC holds two).
+inline int64_t hc_fused_cluster_for(HcClusterChoice choice, int64_t tokens, int64_t max_cluster,
+                                    int64_t wide_at_once) {
+  if (max_cluster <= kHcFusedPortableCluster || choice == HcClusterChoice::kWidest) {
+    return max_cluster;
+  }
+  if (choice == HcClusterChoice::kPortable) return kHcFusedPortableCluster;
+  const int64_t groups = tokens <= 8 ? tokens : (tokens + 3) / 4;
+  return groups <= wide_at_once ? max_cluster : kHcFusedPortableCluster;
+}
+
 // Whether `choice` takes the fused kernel for T tokens where hc_fused_grid gave `g`.
 inline bool hc_fused_chosen(HcPreChoice choice, const HcFusedGrid& g, int64_t tokens) {
   switch (choice) {

@@ -1,7 +1,8 @@
 // The launch shape of the fused hc_pre / hc_head kernel (cuda/hc/hc_heuristics.h), checked on
 // the host: the kernel's CTAs of a token group are one thread-block cluster (at most the size the
 // device schedules), the grid fits the SMs, its slices read every column of a token's flattened
-// row once, and DEEPINFER_HC_PRE's choices take it where they say.
+// row once, DEEPINFER_HC_PRE's choices take it where they say, and DEEPINFER_HC_CLUSTER's the
+// cluster size they say (auto: the widest while every token group's cluster is active at once).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -114,6 +115,27 @@ TEST(HcFusedGrid, UnitsCoverEveryColumnOnce) {
         }
       }
     }
+  }
+}
+
+// auto keeps the widest cluster while the token groups fit at once (an H100 keeps 7 clusters of 16
+// active: T = 7 stays at 16, T = 8 takes 8), widest never drops it, portable always takes 8; a
+// device whose widest is the portable size (or none) keeps it.
+TEST(HcFusedGrid, ClusterChoices) {
+  constexpr int64_t kWide = kHcFusedWideCluster, kPortable = kHcFusedPortableCluster;
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kAuto, 1, kWide, 7), kWide);
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kAuto, 7, kWide, 7), kWide);
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kAuto, 8, kWide, 7), kPortable);
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kAuto, 8, kWide, 8), kWide);
+  // Past 8 tokens a group is 4 tokens: 28 tokens are 7 groups, 29 are 8.
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kAuto, 28, kWide, 7), kWide);
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kAuto, 29, kWide, 7), kPortable);
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kWidest, 64, kWide, 7), kWide);
+  EXPECT_EQ(hc_fused_cluster_for(HcClusterChoice::kPortable, 1, kWide, 7), kPortable);
+  for (const HcClusterChoice c :
+       {HcClusterChoice::kAuto, HcClusterChoice::kWidest, HcClusterChoice::kPortable}) {
+    EXPECT_EQ(hc_fused_cluster_for(c, 64, kPortable, 14), kPortable);
+    EXPECT_EQ(hc_fused_cluster_for(c, 1, 0, 0), 0);
   }
 }
 
