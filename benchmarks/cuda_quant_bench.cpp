@@ -166,7 +166,8 @@ double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
 // through copies of the weight totalling >= 256 MiB, so the weights come from HBM, not L2), each
 // on each decode path ("(stream)": fp8_stream.cu with its tiling, "(stream_pdl)": the same as a
 // programmatic dependent launch, "(legacy)": the FP8 GEMV up to 16 tokens and cuBLASLt above,
-// "(wgmma)": the Hopper weight stream where it applies; DEEPINFER_FP8_LINEAR), and
+// "(wgmma)" and "(wgmma_f16)": the Hopper weight stream on either math where it applies;
+// DEEPINFER_FP8_LINEAR, DEEPINFER_FP8_WGMMA_MATH), and
 // TFLOP/s at prefill widths.
 }  // namespace
 
@@ -240,32 +241,47 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
       };
       const double fl = 2.0 * m * rows * s.k;
       if (m <= 64) {
-        // Every decode path (DEEPINFER_FP8_LINEAR), the backend's own choice restored after.
+        // Every decode path (DEEPINFER_FP8_LINEAR; the weight stream on either math,
+        // DEEPINFER_FP8_WGMMA_MATH), the backend's own choices restored after.
         const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
-        for (const cuda::Fp8LinearChoice path :
-             {cuda::Fp8LinearChoice::kStream, cuda::Fp8LinearChoice::kStreamPdl,
-              cuda::Fp8LinearChoice::kLegacy, cuda::Fp8LinearChoice::kWgmma}) {
-          cuda_be.set_fp8_linear(path);
+        const cuda::Fp8WgmmaMath own_math = cuda_be.fp8_wgmma_math();
+        struct Path {
+          cuda::Fp8LinearChoice choice;
+          cuda::Fp8WgmmaMath math;
+          const char* tag;
+        };
+        for (const Path& path :
+             {Path{cuda::Fp8LinearChoice::kStream, own_math, "(stream)"},
+              Path{cuda::Fp8LinearChoice::kStreamPdl, own_math, "(stream_pdl)"},
+              Path{cuda::Fp8LinearChoice::kLegacy, own_math, "(legacy)"},
+              Path{cuda::Fp8LinearChoice::kWgmma, cuda::Fp8WgmmaMath::kMmaSync, "(wgmma)"},
+              Path{cuda::Fp8LinearChoice::kWgmma, cuda::Fp8WgmmaMath::kF16, "(wgmma_f16)"}}) {
+          cuda_be.set_fp8_linear(path.choice);
+          cuda_be.set_fp8_wgmma_math(path.math);
           // Every copy once outside the capture: a weight's first weight-stream call makes its
           // tensor map, which a capture cannot (the call would take the legacy paths there).
           for (int i = 0; i < copies; ++i) call();
-          const bool stream =
-              path == cuda::Fp8LinearChoice::kStream || path == cuda::Fp8LinearChoice::kStreamPdl;
-          const char* tag = path == cuda::Fp8LinearChoice::kStream      ? "(stream)"
-                            : path == cuda::Fp8LinearChoice::kStreamPdl ? "(stream_pdl)"
-                            : path == cuda::Fp8LinearChoice::kLegacy    ? "(legacy)"
-                                                                        : "(wgmma)";
+          const bool stream = path.choice == cuda::Fp8LinearChoice::kStream ||
+                              path.choice == cuda::Fp8LinearChoice::kStreamPdl;
           const cuda::Fp8StreamConfig c =
               cuda::choose_fp8_stream({m, s.n, s.k, s.groups, 128, 128, 128}, cuda_be.num_sms());
           const std::string tiling =
               stream ? " warps=" + std::to_string(c.warps) + " splits=" + std::to_string(c.splits)
                      : std::string();
           const double us = time_graph_us(be, iters, call);
-          emit_ratio(
-              std::string("linear_fp8_") + s.name + tag,
-              "M=" + std::to_string(m) + " " + dims + tiling + " (graph, weight GB/s vs memcpy)",
-              us, wbytes, fl, wbytes / us / 1e3 / copy_gbps);
+          // The path the last call took: a weight-stream row past the stream's tokens is the
+          // legacy path's.
+          const char* took =
+              cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kWgmma      ? " took=wgmma"
+              : cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kCublasLt ? " took=cublaslt"
+              : cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kGemv     ? " took=gemv"
+                                                                                 : "";
+          emit_ratio(std::string("linear_fp8_") + s.name + path.tag,
+                     "M=" + std::to_string(m) + " " + dims + tiling + took +
+                         " (graph, weight GB/s vs memcpy)",
+                     us, wbytes, fl, wbytes / us / 1e3 / copy_gbps);
         }
+        cuda_be.set_fp8_wgmma_math(own_math);
         cuda_be.set_fp8_linear(own);
       } else {
         const double us = time_us(be, m >= 16384 ? 3 : 5, call);

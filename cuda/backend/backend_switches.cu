@@ -56,6 +56,8 @@ BackendSwitches read_backend_switches() {
       read_switch("DEEPINFER_MOE_QUANT_PREFILL", parse_quant_prefill, "wgmma or mma_sync");
   s.fp8_linear = read_switch("DEEPINFER_FP8_LINEAR", parse_fp8_linear,
                              "auto, legacy, stream, stream_pdl or wgmma");
+  s.fp8_wgmma_math =
+      read_switch("DEEPINFER_FP8_WGMMA_MATH", parse_fp8_wgmma_math, "auto, mma_sync or f16");
   s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused or legacy");
   s.hc_cluster = read_switch("DEEPINFER_HC_CLUSTER", parse_hc_cluster, "auto, widest or portable");
   s.pdl = read_switch("DEEPINFER_PDL", parse_on_off, "on or off");

@@ -16,6 +16,7 @@ struct BackendSwitches {
   QuantDecodeChoice moe_quant_decode = QuantDecodeChoice::kAuto;      // DEEPINFER_MOE_QUANT_DECODE
   QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;  // _MOE_QUANT_PREFILL
   Fp8LinearChoice fp8_linear = Fp8LinearChoice::kAuto;                // DEEPINFER_FP8_LINEAR
+  Fp8WgmmaMath fp8_wgmma_math = Fp8WgmmaMath::kAuto;                  // _FP8_WGMMA_MATH
   HcPreChoice hc_pre = HcPreChoice::kAuto;                            // DEEPINFER_HC_PRE
   HcClusterChoice hc_cluster = HcClusterChoice::kAuto;                // DEEPINFER_HC_CLUSTER
   bool pdl = true;                                                    // DEEPINFER_PDL

@@ -104,6 +104,7 @@ CudaBackend::CudaBackend(int device_index)
   moe_quant_decode_ = switches.moe_quant_decode;
   moe_quant_prefill_ = switches.moe_quant_prefill;
   fp8_linear_ = switches.fp8_linear;
+  fp8_wgmma_math_ = switches.fp8_wgmma_math;
   hc_pre_choice_ = switches.hc_pre;
   pdl_ = switches.pdl;
   attention_mma_choice_ = switches.attention_mma;

@@ -104,6 +104,10 @@ class CudaBackend final : public Backend {
   // one run.
   Fp8LinearChoice fp8_linear() const { return fp8_linear_; }
   void set_fp8_linear(Fp8LinearChoice choice) { fp8_linear_ = choice; }
+  // DEEPINFER_FP8_WGMMA_MATH at creation (auto: the default, mma_sync, f16): the weight stream's
+  // math (fp8_linear_choice.h); benchmarks set it to time both in one run.
+  Fp8WgmmaMath fp8_wgmma_math() const { return fp8_wgmma_math_; }
+  void set_fp8_wgmma_math(Fp8WgmmaMath math) { fp8_wgmma_math_ = math; }
   // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS at creation: the tensor-core attention's plan
   // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
   AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
@@ -292,6 +296,7 @@ class CudaBackend final : public Backend {
   // Compute capability 9.0 or later: programmatic dependent launches take effect.
   bool programmatic_launch_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
+  Fp8WgmmaMath fp8_wgmma_math_ = Fp8WgmmaMath::kAuto;
   AttentionMmaChoice attention_mma_choice_;
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentFp8;
   AttentionMmaPlan last_attention_plan_;

@@ -26,6 +26,26 @@ __device__ __forceinline__ float act_group_scale(float amax) {
   return __uint_as_float(exponent << 23);
 }
 
+// v / scale (inv = 1 / scale) as four e4m3 codes, byte i from component i: the activation
+// quantization's rounding (saturating at +-448, as the host's round_to_f8e4m3).
+__device__ __forceinline__ uint32_t e4m3x4_of(float4 v, float inv) {
+  const float f[4] = {v.x, v.y, v.z, v.w};
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(f[i] * inv, __NV_SATFINITE, __NV_E4M3))
+              << (8 * i);
+  }
+  return packed;
+}
+
+// The exact f16 values of codes 2 h and 2 h + 1 of `codes` (the lower half from the lower code).
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t codes, int h) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>((codes >> (16 * h)) & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
 // d = A (16 x 32 e4m3, rows g / g + 8) . B (32 x 8 e4m3) + d (sm_89+): exact products summed in
 // f32, unlike FP8 wgmma, whose sums keep fewer bits (sm90/fp8_wgmma.cu's header).
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,

@@ -16,7 +16,7 @@ namespace deepinfer::cuda {
 // 51: 2.9-3.6%, 3.6-6.5% and 10.9-11.5%; B = 8 also in both rounds of session 50), and no faster at
 // B = 1 or 2 (rounds went either way by up to 5%; benchmarks/RESULTS.md, sessions 47-51); on an
 // H200 6.1-6.4%, 7.2-7.5%, 13.0-13.2% and at B = 64 1.7-3.1% (session 52). Both
-// paths sum the same exact products in f32 (the stream's math is mma.sync since session 49), so a
+// paths sum the same exact products in f32 (the stream's maths are exact: Fp8WgmmaMath), so a
 // token's result moves by summation order where its batch crosses the threshold, as it does between
 // the GEMV and cuBLASLt at kFp8GemvMaxTokens.
 enum class Fp8LinearChoice {
@@ -48,6 +48,25 @@ enum class Fp8LinearPath {
   kDequant,   // weights dequantized to bf16 (or f32) for the dense GEMM: cuBLASLt had no
               // algorithm, or the problem is outside fp8_cublaslt_applies
 };
+
+// The weight stream's math (DEEPINFER_FP8_WGMMA_MATH), both exact products summed in f32:
+enum class Fp8WgmmaMath {
+  kAuto,     // "auto" or unset: kF16 past kFp8WgmmaMaxTokens tokens on grouped linears and on
+             // linears of at most kFp8WgmmaF16AutoMaxRows rows (choose_fp8_wgmma), else kMmaSync
+  kMmaSync,  // "mma_sync": mma.sync m16n8k32 e4m3 (on sm_90 ptxas makes each two f16 HMMAs after
+             // converting both operands), the activations e4m3 in shared memory
+  kF16,      // "f16": wgmma m64nNk16 f16, the weights decoded to f16 in registers, the activations
+             // f16 tiles in shared memory (fp8_wgmma_layout.h), streamed through the ring
+};
+
+// The math DEEPINFER_FP8_WGMMA_MATH names (nullptr or empty: kAuto); nullopt for an unknown name.
+inline std::optional<Fp8WgmmaMath> parse_fp8_wgmma_math(const char* name) {
+  const std::string_view v = name == nullptr ? "" : name;
+  if (v.empty() || v == "auto") return Fp8WgmmaMath::kAuto;
+  if (v == "mma_sync") return Fp8WgmmaMath::kMmaSync;
+  if (v == "f16") return Fp8WgmmaMath::kF16;
+  return std::nullopt;
+}
 
 // The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.
 inline std::optional<Fp8LinearChoice> parse_fp8_linear(const char* name) {

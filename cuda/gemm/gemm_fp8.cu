@@ -25,6 +25,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/tensor_map.h"
+#include "cuda/gemm/fp8_wgmma_layout.h"
 #include "cuda/gemm/gemm_launch.h"
 #include "cuda/norm/rms_norm_math.cuh"
 
@@ -43,11 +44,40 @@ constexpr int kQuantWarps = 8;
 // their outputs are dropped.
 constexpr int64_t kLtRowPad = 4;
 
+// The quantization of x's item (row, group g, 128-column block kb) as lane `lane` of its warp sees
+// it: columns kb 128 + 4 lane .. + 3 (all in or all out: K % 16 == 0) as e4m3 codes (byte i
+// from column 4 lane + i; zeros past K and for rows >= m) and the item's power-of-two scale, per
+// (row, group, 128 columns) exactly as quantize_activations. norm_w (G = 1): x's RowNorm, each
+// warp summing its row's squares (null: none).
+struct QuantizedQuad {
+  uint32_t codes;
+  float scale;
+};
+__device__ __forceinline__ QuantizedQuad quantize_quad(const float* __restrict__ x, int64_t row,
+                                                       int64_t g, int64_t kb, int lane, int64_t m,
+                                                       int64_t k, int64_t groups,
+                                                       const float* __restrict__ norm_w,
+                                                       float norm_eps) {
+  const int64_t c = kb * kLtGroup + 4 * lane;
+  const float* src = x + row * groups * k + g * k + c;
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float row_inv =
+      norm_w != nullptr && row < m ? warp_row_rms_inv(x + row * groups * k, k, norm_eps) : 1.0f;
+  if (c < k && row < m) {
+    v = make_float4(src[0], src[1], src[2], src[3]);
+    if (norm_w != nullptr) {
+      v = make_float4((v.x * row_inv) * norm_w[c], (v.y * row_inv) * norm_w[c + 1],
+                      (v.z * row_inv) * norm_w[c + 2], (v.w * row_inv) * norm_w[c + 3]);
+    }
+  }
+  const float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  const float scale = act_group_scale(warp_max(amax));
+  return {e4m3x4_of(v, 1.0f / scale), scale};  // exact inverse: a power of two
+}
+
 // x [M, G K] f32 -> xq [G][M_pad][K] e4m3 and scales [G][ceil(K / 128)][M_pad] (M-major, as
-// cuBLASLt's VEC128 scales of B), per (row, group, 128 columns) exactly as quantize_activations;
-// rows M..M_pad - 1 are zeros (their outputs are dropped). One warp per (row, group, block);
-// K % 16 == 0, so a lane's 4 bytes are all in or all out. norm_w (G = 1, x 16-byte aligned): x's
-// RowNorm, each warp summing its row's squares (null: none).
+// cuBLASLt's VEC128 scales of B); rows M..M_pad - 1 are zeros (their outputs are dropped). One
+// warp per (row, group, block), quantize_quad's arithmetic.
 __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restrict__ xq,
                                    float* __restrict__ xs, int64_t m, int64_t m_pad, int64_t k,
                                    int64_t groups, const float* __restrict__ norm_w,
@@ -60,32 +90,36 @@ __global__ void quantize_rows_e4m3(const float* __restrict__ x, uint8_t* __restr
   const int64_t kb = item % kb_count;
   const int64_t g = (item / kb_count) % groups;
   const int64_t row = item / (kb_count * groups);
+  const QuantizedQuad qq = quantize_quad(x, row, g, kb, lane, m, k, groups, norm_w, norm_eps);
   const int64_t c = kb * kLtGroup + 4 * lane;
-  const float* src = x + row * groups * k + g * k + c;
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const bool in = c < k;
-  float amax = 0.0f;
-  const float row_inv =
-      norm_w != nullptr && row < m ? warp_row_rms_inv(x + row * groups * k, k, norm_eps) : 1.0f;
-  if (in && row < m) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = norm_w != nullptr ? (src[i] * row_inv) * norm_w[c + i] : src[i];
-      amax = fmaxf(amax, fabsf(v[i]));
-    }
-  }
-  const float scale = act_group_scale(warp_max(amax));
-  const float inv = 1.0f / scale;  // exact: a power of two
-  if (in) {
-    uint32_t packed = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t b = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
-      packed |= b << (8 * i);
-    }
-    *reinterpret_cast<uint32_t*>(xq + (g * m_pad + row) * k + c) = packed;
-  }
-  if (lane == 0) xs[(g * kb_count + kb) * m_pad + row] = scale;
+  if (c < k) *reinterpret_cast<uint32_t*>(xq + (g * m_pad + row) * k + c) = qq.codes;
+  if (lane == 0) xs[(g * kb_count + kb) * m_pad + row] = qq.scale;
+}
+
+// x [M, G K] f32 -> the weight stream's f16 tiles (fp8_wgmma_layout.h): xt [G][ceil(K / 128)]
+// tiles of `tokens` tokens (a multiple of 8, >= M), each code's exact f16 value at its place,
+// and scales xs [G][ceil(K / 128)][tokens]; columns past K and tokens M..tokens - 1 are zeros,
+// the pad tokens' scales 0. One warp per (token, group, block), quantize_quad's arithmetic: the
+// codes and scales of quantize_rows_e4m3.
+__global__ void quantize_rows_f16_tiles(const float* __restrict__ x, uint8_t* __restrict__ xt,
+                                        float* __restrict__ xs, int64_t m, int tokens, int64_t k,
+                                        int64_t groups, const float* __restrict__ norm_w,
+                                        float norm_eps) {
+  enter_dependent_grid();
+  const int64_t kb_count = (k + kLtGroup - 1) / kLtGroup;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
+  if (item >= tokens * groups * kb_count) return;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t kb = item % kb_count;
+  const int64_t g = (item / kb_count) % groups;
+  const int row = static_cast<int>(item / (kb_count * groups));
+  const QuantizedQuad qq = quantize_quad(x, row, g, kb, lane, m, k, groups, norm_w, norm_eps);
+  uint8_t* tile = xt + (g * kb_count + kb) * fp8_wgmma_tile_bytes(tokens);
+  *reinterpret_cast<uint32_t*>(tile + fp8_wgmma_tile_offset(row, 4 * lane)) =
+      f16x2_of_e4m3x2(qq.codes, 0);
+  *reinterpret_cast<uint32_t*>(tile + fp8_wgmma_tile_offset(row, 4 * lane + 2)) =
+      f16x2_of_e4m3x2(qq.codes, 1);
+  if (lane == 0) xs[(g * kb_count + kb) * tokens + row] = row < m ? qq.scale : 0.0f;
 }
 
 // out[r][c] = Out(e4m3(values[r][c]) * scales[r / br][c / bc]) (Out: bf16 or f32).
@@ -264,9 +298,10 @@ Fp8WgmmaWeight wgmma_weight(const MatrixWeight& w, const void* map, Tensor& y, i
 }
 
 // The weight stream's launch: on x itself where the kernel quantizes it (c.fused_quant), else
-// after the activation quantization (quantize_rows_e4m3, unpadded) as its programmatic
-// dependent: xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M] are scratch. l.x_norm_weight: x's
-// RowNorm, applied by whichever kernel quantizes x (x 16-byte aligned).
+// after the activation quantization as its programmatic dependent: quantize_rows_e4m3 (mma.sync
+// math; unpadded, xq [G][M][K] e4m3 and xs [G][ceil(K / 128)][M]) or quantize_rows_f16_tiles (f16
+// math; tiles of c.tokens tokens), both into scratch. l.x_norm_weight: x's RowNorm, applied by
+// whichever kernel quantizes x (x 16-byte aligned).
 void run_fp8_wgmma(CudaBackend& be, const Tensor& x, const Fp8Problem& p, const Fp8WgmmaConfig& c,
                    Fp8WgmmaLaunch l) {
   if (c.fused_quant && reinterpret_cast<uintptr_t>(x.data<float>()) % 16 == 0) {
@@ -277,18 +312,28 @@ void run_fp8_wgmma(CudaBackend& be, const Tensor& x, const Fp8Problem& p, const 
     return;
   }
   const int64_t kb_count = (p.k + kLtGroup - 1) / kLtGroup;
-  Tensor xq = be.scratch(static_cast<size_t>(p.groups * p.m * p.k));
-  Tensor xs = be.empty({p.groups * kb_count * p.m}, DType::kF32);
+  const bool f16 = c.math == Fp8WgmmaMath::kF16;
+  const int64_t rows = f16 ? c.tokens : p.m;  // tokens per group and block
+  Tensor xq = be.scratch(static_cast<size_t>(
+      f16 ? p.groups * kb_count * fp8_wgmma_tile_bytes(c.tokens) : p.groups * p.m * p.k));
+  Tensor xs = be.empty({p.groups * kb_count * rows}, DType::kF32);
   auto* xqp = static_cast<uint8_t*>(xq.raw_data());
-  launch_programmatic("linear (fp8 wgmma): activation quantization",
-                      dim3(ceil_div(p.m * p.groups * kb_count, kQuantWarps)),
-                      dim3(32 * kQuantWarps), 0, be.stream(), be.pdl(), quantize_rows_e4m3,
-                      x.data<float>(), xqp, xs.data<float>(), p.m, p.m, p.k, p.groups,
-                      l.x_norm_weight, l.x_norm_eps);
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows * p.groups * kb_count, kQuantWarps)));
+  if (f16) {
+    launch_programmatic("linear (fp8 wgmma): activation quantization", grid, dim3(32 * kQuantWarps),
+                        0, be.stream(), be.pdl(), quantize_rows_f16_tiles, x.data<float>(), xqp,
+                        xs.data<float>(), p.m, c.tokens, p.k, p.groups, l.x_norm_weight,
+                        l.x_norm_eps);
+    l.xt = xqp;
+  } else {
+    launch_programmatic("linear (fp8 wgmma): activation quantization", grid, dim3(32 * kQuantWarps),
+                        0, be.stream(), be.pdl(), quantize_rows_e4m3, x.data<float>(), xqp,
+                        xs.data<float>(), p.m, p.m, p.k, p.groups, l.x_norm_weight, l.x_norm_eps);
+    l.xq = xqp;
+    l.m_pad = p.m;
+  }
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 wgmma): activation quantization");
-  l.xq = xqp;
   l.xs = xs.data<float>();
-  l.m_pad = p.m;
   launch_fp8_wgmma(l, p, c, be.smem_limits(), be.pdl(), be.stream());
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8 wgmma)");
   be.set_last_fp8_linear_path(Fp8LinearPath::kWgmma);
@@ -302,7 +347,8 @@ Tensor linear_fp8(CudaBackend& be, const char* op, const Tensor& x, const Matrix
                      w.block_rows, w.block_cols,      w.act_group};
   if (p.m == 0 || p.n == 0) return be.empty({p.m, groups * p.n}, DType::kF32);
   if (fp8_choice_tries_wgmma(be.fp8_linear(), p.m)) {
-    const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
+    const Fp8WgmmaConfig wgmma =
+        choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device(), be.fp8_wgmma_math());
     const void* map = wgmma.use ? fp8_wgmma_weight_map(be, w) : nullptr;
     if (map != nullptr) {
       Tensor y = be.empty({p.m, groups * p.n}, DType::kF32);
@@ -373,7 +419,8 @@ bool linear_fp8_pair(CudaBackend& be, const Tensor& x, const MatrixWeight& a, co
   const Fp8Problem p{x.size(0),    a.rows() + b_rows, a.cols(),   1,
                      a.block_rows, a.block_cols,      a.act_group};
   if (fp8_choice_tries_wgmma(be.fp8_linear(), p.m) && p.m > 0) {
-    const Fp8WgmmaConfig wgmma = choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device());
+    const Fp8WgmmaConfig wgmma =
+        choose_fp8_wgmma(p, be.num_sms(), be.wgmma_device(), be.fp8_wgmma_math());
     const void* map_a = wgmma.use ? fp8_wgmma_weight_map(be, a) : nullptr;
     const void* map_b = map_a != nullptr && b != nullptr ? fp8_wgmma_weight_map(be, *b) : nullptr;
     if (map_a != nullptr && (b == nullptr || map_b != nullptr)) {

@@ -235,6 +235,16 @@ constexpr int kFp8WgmmaMaxSplits = 8;
 // did (wo_a past 16 tokens, where cuBLASLt runs a latency-bound GEMM per group).
 constexpr int kFp8WgmmaMaxTokens = 16;
 constexpr int kFp8WgmmaGroupedMaxTokens = 64;
+// The f16 math's bound for linear and linear_pair too: its activations stream through the ring
+// with the weights, so no CTA holds a K range of them.
+constexpr int kFp8WgmmaF16MaxTokens = 64;
+// Fp8WgmmaMath::kAuto takes the f16 math past kFp8WgmmaMaxTokens tokens for grouped linears and
+// for linears of at most this many rows (a linear_pair: both weights'), where it beat the paths
+// there on an H100 (session 55, us at 32 / 64 tokens): wq_a 10.1 / 11.0 against cuBLASLt's 16.7 /
+// 16.9, wkv 8.5 / 10.4 against 16.3 / 16.6, grouped wo_a 28.1 / 42.1 against the mma.sync
+// stream's 31.1 / 51.5. Wider weights stay on cuBLASLt (wq_b, wo_b, the shared expert's and the
+// indexer's: 1.1-2.3x faster there at 64 tokens).
+constexpr int64_t kFp8WgmmaF16AutoMaxRows = 1536;
 // The activations of a CTA's K range stay in shared memory: at most this many bytes at the
 // largest token tile of its kind of call.
 constexpr int64_t kFp8WgmmaMaxActBytes = 64 * 1024;
@@ -256,21 +266,33 @@ struct Fp8WgmmaConfig {
   int splits = 1;            // CTAs over K of the same rows: one cluster
   int kb_per_split = 0;      // 128-column blocks per split (the last split may have fewer)
   bool fused_quant = false;  // each CTA quantizes its tile of x (else quantize_rows_e4m3 first)
+  Fp8WgmmaMath math = Fp8WgmmaMath::kMmaSync;  // kMmaSync or kF16 (never kAuto)
 };
 
 // The weight stream applies on wgmma devices for 1 <= M <= kFp8WgmmaMaxTokens (grouped:
-// kFp8WgmmaGroupedMaxTokens) to DeepSeek's scaling: act_group 128 and 128-column weight blocks
-// (one promotion per stage), block_rows a power of two >= 64 (a tile's rows share one scale
-// row), K % 16 == 0 (16-byte rows for the tensor copies) and, when grouped, N % 64 == 0 (no tile
-// straddles two groups). `rows` is the launch's row count per group (both weights of a pair).
-// The K split depends on N, K, G and the SM count only, never on M: each row tile's CTAs
-// double their splits while they stay under two CTAs per SM and every split keeps at least two
-// blocks, then more splits while a split's activations at the largest tile would not fit. Where a
-// CTA has few activation items (kFp8WgmmaFusedQuantMaxItems) it quantizes x itself, with
-// quantize_rows_e4m3's math: the same bytes either way.
-inline Fp8WgmmaConfig choose_fp8_wgmma(const Fp8Problem& p, int num_sms, bool wgmma_device) {
+// kFp8WgmmaGroupedMaxTokens; on the f16 math: kFp8WgmmaF16MaxTokens; `choice` kAuto takes the f16
+// math as kFp8WgmmaF16AutoMaxRows says) to DeepSeek's scaling: act_group 128 and 128-column weight
+// blocks (one promotion per stage), block_rows a power of two >= 64 (a tile's rows share one
+// scale row), K % 16 == 0 (16-byte rows for the tensor copies) and, when grouped, N % 64 == 0 (no
+// tile straddles two groups). `rows` is the launch's row count per group (both weights of a
+// pair). The K split depends on N, K, G, the math and the SM count only, never on M: each row
+// tile's CTAs double their splits while they stay under two CTAs per SM and every split keeps at
+// least two blocks, then (mma.sync math, which keeps a CTA's activations) more splits while a
+// split's activations at the largest tile would not fit. Where a CTA has few activation items
+// (kFp8WgmmaFusedQuantMaxItems) it quantizes x itself, with the activation quantization's math:
+// the same codes either way.
+inline Fp8WgmmaConfig choose_fp8_wgmma(const Fp8Problem& p, int num_sms, bool wgmma_device,
+                                       Fp8WgmmaMath choice = Fp8WgmmaMath::kMmaSync) {
   Fp8WgmmaConfig c;
-  const int64_t max_tokens = p.groups > 1 ? kFp8WgmmaGroupedMaxTokens : kFp8WgmmaMaxTokens;
+  const bool auto_f16 =
+      p.m > kFp8WgmmaMaxTokens && (p.groups > 1 || p.n <= kFp8WgmmaF16AutoMaxRows);
+  const Fp8WgmmaMath math = choice != Fp8WgmmaMath::kAuto ? choice
+                            : auto_f16                    ? Fp8WgmmaMath::kF16
+                                                          : Fp8WgmmaMath::kMmaSync;
+  const bool f16 = math == Fp8WgmmaMath::kF16;
+  const int64_t max_tokens = f16            ? kFp8WgmmaF16MaxTokens
+                             : p.groups > 1 ? kFp8WgmmaGroupedMaxTokens
+                                            : kFp8WgmmaMaxTokens;
   const bool pow2_rows = p.block_rows >= kFp8WgmmaRows && (p.block_rows & (p.block_rows - 1)) == 0;
   if (!wgmma_device || p.m < 1 || p.m > max_tokens || p.act_group != kFp8WgmmaSliceK ||
       p.block_cols != kFp8WgmmaSliceK || !pow2_rows || p.k < 16 || p.k % 16 != 0 || p.n < 1 ||
@@ -288,9 +310,12 @@ inline Fp8WgmmaConfig choose_fp8_wgmma(const Fp8Problem& p, int num_sms, bool wg
   const auto act_bytes = [&](int64_t s) {
     return (blocks + s - 1) / s * kFp8WgmmaSliceK * fp8_wgmma_tokens(max_tokens);
   };
-  while (act_bytes(splits) > kFp8WgmmaMaxActBytes && splits < kFp8WgmmaMaxSplits) ++splits;
-  if (act_bytes(splits) > kFp8WgmmaMaxActBytes) return c;
+  while (!f16 && act_bytes(splits) > kFp8WgmmaMaxActBytes && splits < kFp8WgmmaMaxSplits) {
+    ++splits;
+  }
+  if (!f16 && act_bytes(splits) > kFp8WgmmaMaxActBytes) return c;
   c.use = true;
+  c.math = math;
   c.tokens = fp8_wgmma_tokens(p.m);
   c.kb_per_split = static_cast<int>((blocks + splits - 1) / splits);
   c.splits = static_cast<int>((blocks + c.kb_per_split - 1) / c.kb_per_split);

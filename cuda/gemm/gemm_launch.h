@@ -87,8 +87,10 @@ struct Fp8WgmmaWeight {
 // A launch of the Hopper weight stream (sm90/fp8_wgmma.cu): `first` (G groups of p.n rows, or
 // with `second` the pair's first weight, G = 1), `second` (map nullptr: none) and the
 // activations: either x [M, G K] f32 (16-byte aligned), which each CTA quantizes itself
-// (Fp8WgmmaConfig::fused_quant), or the quantized activations of quantize_rows_e4m3: xq
-// [G][m_pad][K] e4m3, xs [G][ceil(K / 128)][m_pad].
+// (Fp8WgmmaConfig::fused_quant), or the quantized activations: for the mma.sync math those of
+// quantize_rows_e4m3, xq [G][m_pad][K] e4m3 and xs [G][ceil(K / 128)][m_pad]; for the f16 math
+// those of quantize_rows_f16_tiles, xt [G][ceil(K / 128)] tiles of c.tokens tokens
+// (fp8_wgmma_layout.h) and xs [G][ceil(K / 128)][c.tokens].
 struct Fp8WgmmaLaunch {
   Fp8WgmmaWeight first, second;
   const float* x = nullptr;
@@ -96,6 +98,7 @@ struct Fp8WgmmaLaunch {
   const float* x_norm_weight = nullptr;
   float x_norm_eps = 0.0f;
   const uint8_t* xq = nullptr;
+  const uint8_t* xt = nullptr;
   const float* xs = nullptr;
   int64_t m_pad = 0;
 };

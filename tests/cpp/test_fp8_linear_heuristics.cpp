@@ -9,14 +9,19 @@
 // takes the streaming kernel instead of cuBLASLt (fp8_grouped_takes_stream). The Hopper weight
 // stream (choose_fp8_wgmma): where it applies (DeepSeek's 128-column scaling, 64-row tiles in one
 // scale row, wgmma devices), its K split independent of M and covering K in one cluster, the
-// activations of a split within their shared-memory bound, the V4-Flash tilings on 132 SMs.
+// activations of a split within their shared-memory bound, the V4-Flash tilings on 132 SMs; its
+// f16 math's bounds and splits (DEEPINFER_FP8_WGMMA_MATH) and activation tiles
+// (cuda/gemm/fp8_wgmma_layout.h): a permutation of each tile that gives every k-step of a lane
+// the activations its weight bytes meet.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "cuda/gemm/fp8_stream_layout.h"
+#include "cuda/gemm/fp8_wgmma_layout.h"
 #include "cuda/gemm/gemm_fp8_heuristics.h"
 
 namespace deepinfer::cuda {
@@ -365,6 +370,110 @@ TEST(Fp8WgmmaHeuristics, QuantizesInTheKernelWhereACtaHasFewActivationItems) {
           << p.n << " x " << p.k << " m " << m;
     }
   }
+}
+
+TEST(Fp8WgmmaHeuristics, MathNames) {
+  EXPECT_EQ(parse_fp8_wgmma_math(nullptr), Fp8WgmmaMath::kAuto);
+  EXPECT_EQ(parse_fp8_wgmma_math(""), Fp8WgmmaMath::kAuto);
+  EXPECT_EQ(parse_fp8_wgmma_math("auto"), Fp8WgmmaMath::kAuto);
+  EXPECT_EQ(parse_fp8_wgmma_math("mma_sync"), Fp8WgmmaMath::kMmaSync);
+  EXPECT_EQ(parse_fp8_wgmma_math("f16"), Fp8WgmmaMath::kF16);
+  EXPECT_EQ(parse_fp8_wgmma_math("bf16"), std::nullopt);
+}
+
+// The f16 math takes linears up to kFp8WgmmaF16MaxTokens too (its activations stream with the
+// weights), with a K split that still ignores M and needs no activation bound: K 131072 fits.
+TEST(Fp8WgmmaHeuristics, F16MathTakesLinearsToSixtyFourTokens) {
+  const auto f16 = [](const Fp8Problem& p) {
+    return choose_fp8_wgmma(p, kH200Sms, true, Fp8WgmmaMath::kF16);
+  };
+  for (const Fp8Problem& base :
+       {problem(1, 1024, 4096), problem(1, 32768, 1024), problem(1, 4096, 8192),
+        problem(1, 1024, 4096, 8), problem(1, 300, 1040), problem(1, 64, 131072)}) {
+    const Fp8WgmmaConfig one = f16(base);
+    ASSERT_TRUE(one.use) << base.n << " x " << base.k;
+    EXPECT_EQ(one.math, Fp8WgmmaMath::kF16);
+    for (int64_t m = 1; m <= kFp8WgmmaF16MaxTokens; ++m) {
+      Fp8Problem p = base;
+      p.m = m;
+      const Fp8WgmmaConfig c = f16(p);
+      ASSERT_TRUE(c.use) << m;
+      EXPECT_EQ(c.splits, one.splits) << m;
+      EXPECT_EQ(c.kb_per_split, one.kb_per_split) << m;
+      EXPECT_EQ(c.tokens, fp8_wgmma_tokens(m)) << m;
+    }
+    Fp8Problem past = base;
+    past.m = kFp8WgmmaF16MaxTokens + 1;
+    EXPECT_FALSE(f16(past).use);
+  }
+  // The V4-Flash tilings match the mma.sync math's (whose activation bound they never reach).
+  for (const Fp8Problem& p : {problem(1, 1024, 4096), problem(1, 32768, 1024),
+                              problem(1, 1024, 4096, 8), problem(1, 4096, 8192)}) {
+    EXPECT_EQ(f16(p).splits, choose_fp8_wgmma(p, kH200Sms, true).splits) << p.n << " x " << p.k;
+  }
+  EXPECT_EQ(choose_fp8_wgmma(problem(1, 1024, 4096), kH200Sms, true).math, Fp8WgmmaMath::kMmaSync);
+}
+
+// auto: the f16 math past 16 tokens on grouped linears and on the q / kv pair's 1536 rows (and
+// narrower), the mma.sync math up to 16 tokens and on wider linears (which past 16 tokens then
+// leave the stream for cuBLASLt).
+TEST(Fp8WgmmaHeuristics, AutoMathTakesF16OnGroupedAndNarrowLinearsPastSixteenTokens) {
+  const auto at = [](Fp8Problem p, int64_t m) {
+    p.m = m;
+    return choose_fp8_wgmma(p, kH200Sms, true, Fp8WgmmaMath::kAuto);
+  };
+  for (const Fp8Problem& p : {problem(1, 1536, 4096), problem(1, 1024, 4096), problem(1, 512, 4096),
+                              problem(1, 1024, 4096, 8)}) {
+    for (const int64_t m : {1, 4, 16}) {
+      EXPECT_EQ(at(p, m).math, Fp8WgmmaMath::kMmaSync) << p.n << " x " << p.k << " m " << m;
+    }
+    for (const int64_t m : {17, 32, 64}) {
+      ASSERT_TRUE(at(p, m).use) << p.n << " x " << p.k << " m " << m;
+      EXPECT_EQ(at(p, m).math, Fp8WgmmaMath::kF16) << p.n << " x " << p.k << " m " << m;
+    }
+    EXPECT_FALSE(at(p, 65).use);
+  }
+  for (const Fp8Problem& p : {problem(1, 1537, 4096), problem(1, 2048, 4096),
+                              problem(1, 32768, 1024), problem(1, 4096, 8192)}) {
+    EXPECT_EQ(at(p, 16).math, Fp8WgmmaMath::kMmaSync) << p.n << " x " << p.k;
+    EXPECT_FALSE(at(p, 17).use) << p.n << " x " << p.k;
+  }
+}
+
+// Every (token, column) of a tile has its own f16 slot, the slots fill the tile, and the slot of
+// k-step s, k j (the wgmma's B layout: core matrix (token / 8, 2 s + j / 8), row token % 8,
+// element j % 8) holds the column whose weight byte lane q puts at that k: the byte of column
+// 32 q + 4 s + 2 h + e at k 8 h + 2 q + e (h: the word's upper half, e: the byte in the half).
+TEST(Fp8WgmmaLayout, TilesArePermutationsMatchingTheFragments) {
+  for (const int tokens : {8, 16, 32, 64}) {
+    std::set<int64_t> slots;
+    for (int t = 0; t < tokens; ++t) {
+      for (int c = 0; c < 128; ++c) {
+        const int64_t o = fp8_wgmma_tile_offset(t, c);
+        EXPECT_EQ(o % 2, 0);
+        EXPECT_GE(o, 0);
+        EXPECT_LT(o, fp8_wgmma_tile_bytes(tokens));
+        slots.insert(o);
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(slots.size()), int64_t{tokens} * 128) << tokens;
+    for (int t = 0; t < tokens; ++t) {
+      for (int s = 0; s < 8; ++s) {
+        for (int q = 0; q < 4; ++q) {
+          for (int h = 0; h < 2; ++h) {
+            for (int e = 0; e < 2; ++e) {
+              const int j = 8 * h + 2 * q + e;
+              const int64_t b_slot =
+                  (16 * (t / 8) + 2 * s + j / 8) * kFp8WgmmaTileLead + (t % 8) * 16 + (j % 8) * 2;
+              EXPECT_EQ(fp8_wgmma_tile_offset(t, 32 * q + 4 * s + 2 * h + e), b_slot)
+                  << "token " << t << " step " << s << " k " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(kFp8WgmmaTileStride, 16 * kFp8WgmmaTileLead);
 }
 
 }  // namespace

@@ -19,7 +19,8 @@ constexpr const char* kSwitches[] = {
     "DEEPINFER_FP8_LINEAR",         "DEEPINFER_HC_PRE",
     "DEEPINFER_INDEXER_FP8_SCORES", "DEEPINFER_ATTENTION_KERNEL",
     "DEEPINFER_ATTENTION_COMBINE",  "DEEPINFER_ATTENTION_ROWS",
-    "DEEPINFER_ATTENTION_SPLITS",   "DEEPINFER_HC_CLUSTER",
+    "DEEPINFER_ATTENTION_SPLITS",   "DEEPINFER_FP8_WGMMA_MATH",
+    "DEEPINFER_HC_CLUSTER",
 };
 
 TEST(BackendSwitches, UnsetOrEmptyAreTheDefaults) {
@@ -27,12 +28,13 @@ TEST(BackendSwitches, UnsetOrEmptyAreTheDefaults) {
     ScopedEnv e0(kSwitches[0], empty), e1(kSwitches[1], empty), e2(kSwitches[2], empty),
         e3(kSwitches[3], empty), e4(kSwitches[4], empty), e5(kSwitches[5], empty),
         e6(kSwitches[6], empty), e7(kSwitches[7], empty), e8(kSwitches[8], empty),
-        e9(kSwitches[9], empty);
+        e9(kSwitches[9], empty), e10(kSwitches[10], empty);
     const cuda::BackendSwitches s = cuda::read_backend_switches();
     const cuda::BackendSwitches defaults;
     EXPECT_EQ(s.moe_quant_decode, defaults.moe_quant_decode);
     EXPECT_EQ(s.moe_quant_prefill, defaults.moe_quant_prefill);
     EXPECT_EQ(s.fp8_linear, defaults.fp8_linear);
+    EXPECT_EQ(s.fp8_wgmma_math, defaults.fp8_wgmma_math);
     EXPECT_EQ(s.hc_cluster, defaults.hc_cluster);
     EXPECT_EQ(s.hc_pre, defaults.hc_pre);
     EXPECT_EQ(s.indexer_fp8_scores, defaults.indexer_fp8_scores);
@@ -43,7 +45,7 @@ TEST(BackendSwitches, UnsetOrEmptyAreTheDefaults) {
 TEST(BackendSwitches, NamesChoose) {
   ScopedEnv prefill("DEEPINFER_MOE_QUANT_PREFILL", "mma_sync"), hc("DEEPINFER_HC_PRE", "fused"),
       kernel("DEEPINFER_ATTENTION_KERNEL", "wgmma"), fp8("DEEPINFER_FP8_LINEAR", "stream"),
-      scores("DEEPINFER_INDEXER_FP8_SCORES", "mma_sync"),
+      scores("DEEPINFER_INDEXER_FP8_SCORES", "mma_sync"), math("DEEPINFER_FP8_WGMMA_MATH", "f16"),
       cluster("DEEPINFER_HC_CLUSTER", "portable");
   const cuda::BackendSwitches s = cuda::read_backend_switches();
   EXPECT_EQ(s.moe_quant_prefill, cuda::QuantPrefillChoice::kMmaSync);
@@ -51,6 +53,7 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.attention_kernel, cuda::AttentionKernelChoice::kWgmma);
   EXPECT_EQ(s.fp8_linear, cuda::Fp8LinearChoice::kStream);
   EXPECT_EQ(s.indexer_fp8_scores, cuda::IndexerFp8Scores::kMmaSync);
+  EXPECT_EQ(s.fp8_wgmma_math, cuda::Fp8WgmmaMath::kF16);
   EXPECT_EQ(s.hc_cluster, cuda::HcClusterChoice::kPortable);
   ScopedEnv widest("DEEPINFER_HC_CLUSTER", "widest");
   EXPECT_EQ(cuda::read_backend_switches().hc_cluster, cuda::HcClusterChoice::kWidest);

@@ -3,9 +3,12 @@
 // to dequantizing the whole weight to bf16 (the agent trace's prefill suffixes have any length;
 // with the fix its rate went from 15.9x to 18.7x of uncached on the H200). gemm_fp8.cu pads M to
 // a multiple of 4. Agreement with the CPU reference is the op table's
-// (tests/backend_ops/cases_gemm.cpp: rows at 17, 33 and 65 tokens). A grouped linear (wo_a) with
-// 17..kFp8StreamMaxTokens tokens takes the streaming kernel instead (gemm_fp8_heuristics.h:
-// fp8_grouped_takes_stream; cuBLASLt runs one GEMM per group). Skips without a GPU.
+// (tests/backend_ops/cases_gemm.cpp: rows at 17, 33 and 65 tokens). Where the weight stream takes
+// a call instead (gemm_fp8_heuristics.h: choose_fp8_wgmma; by default, past 16 tokens, grouped
+// linears and linears of at most 1536 rows on its f16 math, to 64 tokens) it does, and a grouped
+// linear (wo_a) with 17..kFp8StreamMaxTokens tokens that the stream does not take takes the
+// streaming kernel (fp8_grouped_takes_stream; cuBLASLt runs one GEMM per group). Skips without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -49,12 +52,13 @@ TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
   }
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   std::mt19937 rng(20261202);
-  // wq_a-like (linear) and wo_a-like (8 groups).
+  // wq_a-like (linear), shared-w13-like (a linear past the f16 math's rows: cuBLASLt from 17
+  // tokens) and wo_a-like (8 groups).
   struct Shape2 {
     int64_t n, k;
     int groups;  // 0: linear
   };
-  for (const Shape2& s : {Shape2{1024, 4096, 0}, Shape2{1024, 4096, 8}}) {
+  for (const Shape2& s : {Shape2{1024, 4096, 0}, Shape2{2048, 4096, 0}, Shape2{1024, 4096, 8}}) {
     const int g = s.groups ? s.groups : 1;
     const MatrixWeight w =
         be->upload_matrix_weight(random_fp8_block_weight(rng, g * s.n, s.k, 128, 128));
@@ -64,12 +68,13 @@ TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
       be->synchronize();
       EXPECT_EQ(y.size(0), m);
       EXPECT_EQ(y.size(1), g * s.n);
-      // Grouped linears up to 64 tokens: the weight stream where the default tries it (an sm_90a
-      // device), else the streaming kernel.
+      // The weight stream where the backend's choices take it (an sm_90a device), else grouped
+      // linears up to kFp8StreamMaxTokens tokens the streaming kernel.
+      const cuda::Fp8Problem p{m, s.n, s.k, g, 128, 128, 128};
+      const bool wgmma =
+          cuda_be.wgmma_device() && cuda::fp8_choice_tries_wgmma(cuda_be.fp8_linear(), m) &&
+          cuda::choose_fp8_wgmma(p, cuda_be.num_sms(), true, cuda_be.fp8_wgmma_math()).use;
       const bool grouped_decode = s.groups > 0 && m <= cuda::kFp8StreamMaxTokens;
-      const bool wgmma = grouped_decode && m <= cuda::kFp8WgmmaGroupedMaxTokens &&
-                         cuda_be.wgmma_device() &&
-                         cuda::fp8_choice_tries_wgmma(cuda_be.fp8_linear(), m);
       EXPECT_EQ(cuda_be.last_fp8_linear_path(), wgmma            ? cuda::Fp8LinearPath::kWgmma
                                                 : grouped_decode ? cuda::Fp8LinearPath::kStream
                                                                  : cuda::Fp8LinearPath::kCublasLt)

@@ -1,10 +1,12 @@
-// The Hopper weight stream of FP8 linears (cuda/gemm/sm90/fp8_wgmma.cu, opt-in on wgmma devices:
-// DEEPINFER_FP8_LINEAR=wgmma) at decode batch sizes: linear, grouped_linear and
-// linear_pair take it where choose_fp8_wgmma applies; the same bytes on a second run; a token's
-// row does not depend on the other tokens of the batch (the K split is chosen without M, and the
-// 8-, 16-, 32- and 64-token tiles add every output in the same order); it agrees with the legacy
-// paths (the GEMV to f32 summation order, the streaming kernel within the FP8 tolerance). Agreement
-// with the CPU reference is the op table's run with DEEPINFER_FP8_LINEAR=wgmma (tests/backend_ops/
+// The Hopper weight stream of FP8 linears (cuda/gemm/sm90/fp8_wgmma.cu, DEEPINFER_FP8_LINEAR=wgmma)
+// at decode batch sizes, on each of its maths (DEEPINFER_FP8_WGMMA_MATH: mma_sync, f16): linear,
+// grouped_linear and linear_pair take it where choose_fp8_wgmma applies; the same bytes on a
+// second run; a token's row does not depend on the other tokens of the batch (the K split is
+// chosen without M, and the 8-, 16-, 32- and 64-token tiles add every output in the same order,
+// whether the kernel quantizes x itself or a launch before it does); it agrees with the legacy
+// paths (the GEMV to f32 summation order, the streaming kernel and cuBLASLt within the FP8
+// tolerance) and the two maths with each other to f32 summation order. Agreement with the CPU
+// reference is the op table's run with DEEPINFER_FP8_LINEAR=wgmma (tests/backend_ops/
 // cases_gemm.cpp). Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -41,9 +43,14 @@ double relative_max_error(const Tensor& a, const Tensor& b) {
   return ref > 0 ? err / ref : err;
 }
 
-// Tests on a CUDA backend created with DEEPINFER_FP8_LINEAR=wgmma (own_), skipped where none can
-// run the weight stream (a missing device fails under DEEPINFER_REQUIRE_DEVICE).
-class Fp8Wgmma : public ::testing::Test {
+const char* math_name(cuda::Fp8WgmmaMath math) {
+  return math == cuda::Fp8WgmmaMath::kF16 ? "f16" : "mma_sync";
+}
+
+// Tests on a CUDA backend created with DEEPINFER_FP8_LINEAR=wgmma and the parameter's math
+// (own_), skipped where none can run the weight stream (a missing device fails under
+// DEEPINFER_REQUIRE_DEVICE).
+class Fp8Wgmma : public ::testing::TestWithParam<cuda::Fp8WgmmaMath> {
  protected:
   void SetUp() override {
     std::string why;
@@ -56,12 +63,27 @@ class Fp8Wgmma : public ::testing::Test {
       GTEST_SKIP() << "no wgmma on this device or build (sm_90a code on an sm_90 device)";
     }
     const ScopedEnv env("DEEPINFER_FP8_LINEAR", "wgmma");
-    own_ = make_backend("cuda");
+    {
+      const ScopedEnv math("DEEPINFER_FP8_WGMMA_MATH", math_name(GetParam()));
+      own_ = make_backend("cuda");
+    }
+    const ScopedEnv math("DEEPINFER_FP8_WGMMA_MATH", math_name(other_math()));
+    other_ = make_backend("cuda");
   }
+  cuda::Fp8WgmmaMath other_math() const {
+    return GetParam() == cuda::Fp8WgmmaMath::kF16 ? cuda::Fp8WgmmaMath::kMmaSync
+                                                  : cuda::Fp8WgmmaMath::kF16;
+  }
+  // The most tokens a call of `groups` groups (0: linear) takes the stream for on `math`.
+  static int64_t max_tokens(cuda::Fp8WgmmaMath math, int groups) {
+    if (math == cuda::Fp8WgmmaMath::kF16) return cuda::kFp8WgmmaF16MaxTokens;
+    return groups ? cuda::kFp8WgmmaGroupedMaxTokens : cuda::kFp8WgmmaMaxTokens;
+  }
+  std::unique_ptr<Backend> other_;  // the other math
   std::unique_ptr<Backend> own_;
 };
 
-TEST_F(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
+TEST_P(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
   Backend& own = *own_;
   std::unique_ptr<Backend> legacy;
   {
@@ -81,11 +103,12 @@ TEST_F(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
        {Shape2{1024, 4096, 0}, Shape2{32768, 1024, 0}, Shape2{4096, 8192, 0}, Shape2{1024, 4096, 8},
         Shape2{300, 1040, 0}, Shape2{200, 48, 0}, Shape2{128, 1040, 3}}) {
     const int g = s.groups ? s.groups : 1;
-    const int64_t tokens = s.groups ? cuda::kFp8WgmmaGroupedMaxTokens : cuda::kFp8WgmmaMaxTokens;
+    const int64_t tokens = max_tokens(GetParam(), s.groups);
     const MatrixWeight host = random_fp8_block_weight(rng, g * s.n, s.k, 128, 128);
     const Tensor x = random_f32(rng, {tokens, g * s.k});
     const MatrixWeight w = own.upload_matrix_weight(host);
     const MatrixWeight w_legacy = legacy->upload_matrix_weight(host);
+    const MatrixWeight w_other = other_->upload_matrix_weight(host);
     const auto run = [&](Backend& be, const MatrixWeight& wb, int64_t m) {
       const Tensor xm = be.upload(x.narrow(0, 0, m), DType::kF32);
       return be.to_host(s.groups ? be.grouped_linear(xm, wb, s.groups) : be.linear(xm, wb));
@@ -95,7 +118,7 @@ TEST_F(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
     const Tensor first = run(own, w, tokens);
     EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << what;
     EXPECT_TRUE(same_bytes(first, run(own, w, tokens))) << what << ": two runs differ";
-    for (const int64_t m : {1, 7, 8, 9, 16, 17, 33}) {
+    for (const int64_t m : {1, 2, 4, 7, 8, 9, 16, 17, 33}) {
       if (m > tokens) continue;
       const Tensor few = run(own, w, m);
       EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kWgmma) << what << " m " << m;
@@ -104,14 +127,26 @@ TEST_F(Fp8Wgmma, DeterministicPerTokenAndCloseToTheLegacyPaths) {
     }
     // The legacy paths: the GEMV (up to 16 tokens) sums the same exact products in f32, so the
     // two differ by summation order (the first version's FP8 wgmma sums were 5.7e-4 off, enough
-    // to flip the real-format model test's top-k); a grouped linear's 64 tokens take the
-    // streaming kernel or cuBLASLt there: the op table's FP8 tolerance.
+    // to flip the real-format model test's top-k); a grouped linear's 64 tokens, and a linear's
+    // past 16, take the streaming kernel or cuBLASLt there (whose FP8 wgmma sums keep fewer
+    // bits): the op table's FP8 tolerance.
+    const bool gemv = !s.groups && tokens <= cuda::kFp8GemvMaxTokens;
     const double err = relative_max_error(first, run(*legacy, w_legacy, tokens));
-    EXPECT_LT(err, s.groups ? 1e-3 : 1e-5) << what;
+    EXPECT_LT(err, gemv ? 1e-5 : 1e-3) << what;
+    // The other math, where it takes the stream too: the same exact products, summed in f32.
+    for (const int64_t m : {int64_t{1}, int64_t{9}, tokens}) {
+      if (m > max_tokens(other_math(), s.groups)) continue;
+      const Tensor mine = run(own, w, m);
+      const Tensor theirs = run(*other_, w_other, m);
+      EXPECT_EQ(dynamic_cast<cuda::CudaBackend&>(*other_).last_fp8_linear_path(),
+                cuda::Fp8LinearPath::kWgmma)
+          << what << " m " << m;
+      EXPECT_LT(relative_max_error(mine, theirs), 1e-5) << what << " m " << m;
+    }
   }
 }
 
-TEST_F(Fp8Wgmma, LinearPairTakesOneLaunchOfTwoWeights) {
+TEST_P(Fp8Wgmma, LinearPairTakesOneLaunchOfTwoWeights) {
   Backend* be = own_.get();
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   std::mt19937 rng(20261207);
@@ -129,6 +164,12 @@ TEST_F(Fp8Wgmma, LinearPairTakesOneLaunchOfTwoWeights) {
     EXPECT_LT(relative_max_error(be->to_host(yb), single_b), 1e-5) << na << " + " << nb;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Maths, Fp8Wgmma,
+                         ::testing::Values(cuda::Fp8WgmmaMath::kMmaSync, cuda::Fp8WgmmaMath::kF16),
+                         [](const ::testing::TestParamInfo<cuda::Fp8WgmmaMath>& param) {
+                           return std::string(math_name(param.param));
+                         });
 
 }  // namespace
 }  // namespace deepinfer::backend_ops
