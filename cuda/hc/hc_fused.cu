@@ -426,10 +426,6 @@ HcFusedClusters hc_fused_max_cluster(KernelSmemLimits& limits) {
       break;
     }
   }
-  if (c.max_cluster == kHcFusedPortableCluster) {
-    c.at_once = limits.max_active_clusters(kHcFusedOne, dim3(kHcFusedThreads),
-                                           dim3(static_cast<unsigned>(kHcFusedPortableCluster)), 0);
-  }
   return c;
 }
 

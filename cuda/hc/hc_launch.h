@@ -23,9 +23,10 @@ struct HcTrunkUpdate {
 
 // The largest cluster of hc_fused_kernel the current device schedules: kHcFusedWideCluster (16,
 // a non-portable size, allowed on the kernels here) where at least one such cluster fits
-// (`limits`' max_active_clusters), kHcFusedPortableCluster otherwise; and how many clusters of
-// that size are active at once (the fewest over the kernel's instantiations). The device must
-// have clusters (sm_90+).
+// (`limits`' max_active_clusters), kHcFusedPortableCluster otherwise; and for the wide size how
+// many clusters are active at once (the fewest over the kernel's instantiations; 0 with the
+// portable size, which hc_fused_cluster_for then keeps whatever the count). The device must have
+// clusters (sm_90+).
 HcFusedClusters hc_fused_max_cluster(KernelSmemLimits& limits);
 
 // Whether the fused kernel takes a call on X [T, n, H] with weights fn: the backend's choice
