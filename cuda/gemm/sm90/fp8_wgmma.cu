@@ -222,20 +222,8 @@ void launch_fp8_wgmma(const Fp8WgmmaLaunch& l, const Fp8Problem& p, const Fp8Wgm
     launch_f16(a, c, smem_limits, pdl, stream);
     return;
   }
-  switch (c.tokens) {
-    case 8:
-      launch_tokens<8>(a, c, smem_limits, pdl, stream);
-      break;
-    case 16:
-      launch_tokens<16>(a, c, smem_limits, pdl, stream);
-      break;
-    case 32:
-      launch_tokens<32>(a, c, smem_limits, pdl, stream);
-      break;
-    default:
-      launch_tokens<64>(a, c, smem_limits, pdl, stream);
-      break;
-  }
+  with_token_tile(c.tokens,
+                  [&]<int kTok>() { launch_tokens<kTok>(a, c, smem_limits, pdl, stream); });
 }
 
 }  // namespace deepinfer::cuda

@@ -208,20 +208,8 @@ void launch_tokens(const WgmmaArgs& a, const Fp8WgmmaConfig& c, KernelSmemLimits
 
 void launch_f16(const WgmmaArgs& a, const Fp8WgmmaConfig& c, KernelSmemLimits& smem_limits,
                 bool pdl, cudaStream_t stream) {
-  switch (c.tokens) {
-    case 8:
-      launch_tokens<8>(a, c, smem_limits, pdl, stream);
-      break;
-    case 16:
-      launch_tokens<16>(a, c, smem_limits, pdl, stream);
-      break;
-    case 32:
-      launch_tokens<32>(a, c, smem_limits, pdl, stream);
-      break;
-    default:
-      launch_tokens<64>(a, c, smem_limits, pdl, stream);
-      break;
-  }
+  with_token_tile(c.tokens,
+                  [&]<int kTok>() { launch_tokens<kTok>(a, c, smem_limits, pdl, stream); });
 }
 
 }  // namespace deepinfer::cuda::fp8_wgmma

@@ -239,6 +239,25 @@ void launch_tiles(Kernel kernel, const WgmmaArgs& a, const Fp8WgmmaConfig& c, si
   launch_clustered("linear (fp8 wgmma)", l, kernel, a);
 }
 
+// f.template operator()<T>() for the token tile T (fp8_wgmma_tokens: 8, 16, 32 or 64).
+template <typename F>
+void with_token_tile(int tokens, F&& f) {
+  switch (tokens) {
+    case 8:
+      f.template operator()<8>();
+      break;
+    case 16:
+      f.template operator()<16>();
+      break;
+    case 32:
+      f.template operator()<32>();
+      break;
+    default:
+      f.template operator()<64>();
+      break;
+  }
+}
+
 // The f16 math's launch (sm90/fp8_wgmma_f16.cu) for c.math == kF16.
 void launch_f16(const WgmmaArgs& a, const Fp8WgmmaConfig& c, KernelSmemLimits& smem_limits,
                 bool pdl, cudaStream_t stream);
