@@ -37,9 +37,9 @@ struct F16Smem {
   }
 };
 
-// One k-step of the warpgroup: d (+)= the weight rows' A fragments (words `lo` of row g, `hi` of
-// row g + 8, fp8_wgmma_layout.h: bytes 0, 1 at k 2q, 2q + 1, bytes 2, 3 at k 2q + 8, 2q + 9) x the
-// activation tile's step at descriptor b.
+// One k-step of the warpgroup: d (+)= its weight rows' A fragment `a` (the lane's decoded bytes of
+// rows g and g + 8: bytes 0, 1 of a word at k 2q, 2q + 1, bytes 2, 3 at k 2q + 8, 2q + 9;
+// fp8_wgmma_layout.h) x the activation tile's k-step at descriptor b.
 template <int kTok>
 __device__ __forceinline__ void wgmma_step(float (&d)[kTok / 2], const uint32_t (&a)[4], uint64_t b,
                                            bool accumulate) {
