@@ -2,7 +2,7 @@
 // f32) = a (64 x 16 f16: the warpgroup's four m16 tiles, each warp's A fragment in the mma.sync
 // m16n8k16 layout) b (16 x N f16, shared memory, descriptor) + d when `accumulate`, else a b.
 // N = 8, 16, 32, 64 or 128. The kernels that use them: the indexer's scores
-// (indexer_wgmma_tile.cuh) and the FP8 weight stream's f16 math (gemm/sm90/fp8_wgmma.cu).
+// (indexer_wgmma_tile.cuh) and the FP8 weight stream's f16 math (gemm/sm90/fp8_wgmma_f16.cu).
 #pragma once
 
 #include <cstdint>

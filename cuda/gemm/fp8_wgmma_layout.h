@@ -1,4 +1,4 @@
-// Where the Hopper weight stream's f16 math (sm90/fp8_wgmma.cu, Fp8WgmmaMath::kF16) keeps the
+// Where the Hopper weight stream's f16 math (sm90/fp8_wgmma_f16.cu, Fp8WgmmaMath::kF16) keeps the
 // quantized activations: per 128-column block, a tile of T tokens (the wgmma's N) of f16 values
 // (the e4m3 codes' exact values), laid out as the K-major B operand of its m64nTk16 steps.
 // Host-includable: tests/cpp checks that it is a permutation of every tile and that each k-step
