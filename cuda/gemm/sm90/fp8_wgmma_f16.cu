@@ -81,11 +81,8 @@ __global__ void __launch_bounds__(kThreads)
   float* weight_scales = reinterpret_cast<float*>(full + kStages);
 
   const int tid = static_cast<int>(threadIdx.x);
-  const CtaTile ct = cta_tile(a);
-  const WgmmaWeight& w = ct.second ? a.second : a.first;
-  const int split = ct.split, splits = ct.splits, g = ct.g, kb0 = ct.kb0, nk = ct.nk;
-  const int kb_total = ct.kb_total;
-  const int64_t row0 = ct.row0, weight_row = ct.weight_row;
+  const auto [second, split, splits, g, kb_total, kb0, nk, row0, weight_row] = cta_tile(a);
+  const WgmmaWeight& w = second ? a.second : a.first;
   init_ring_barriers(full);
   const uint32_t ring_addr = smem_addr(ring);
   const uint32_t stage_tx =
