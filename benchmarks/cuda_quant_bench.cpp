@@ -166,7 +166,9 @@ double cublaslt_peak_tflops(Backend& be, bool fp8, int64_t n, int reps) {
 // through copies of the weight totalling >= 256 MiB, so the weights come from HBM, not L2), each
 // on each decode path ("(stream)": fp8_stream.cu with its tiling, "(stream_pdl)": the same as a
 // programmatic dependent launch, "(legacy)": the FP8 GEMV up to 16 tokens and cuBLASLt above,
-// "(wgmma)" and "(wgmma_f16)": the Hopper weight stream on either math where it applies;
+// "(legacy_lt_untuned)" or "(legacy_lt_tuned)": the legacy path under the other cuBLASLt
+// algorithm choice (DEEPINFER_FP8_CUBLASLT_TUNE) where it takes cuBLASLt, "(wgmma)" and
+// "(wgmma_f16)": the Hopper weight stream on either math where it applies;
 // DEEPINFER_FP8_LINEAR, DEEPINFER_FP8_WGMMA_MATH), and
 // TFLOP/s at prefill widths.
 }  // namespace
@@ -245,19 +247,28 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
         // DEEPINFER_FP8_WGMMA_MATH), the backend's own choices restored after.
         const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
         const cuda::Fp8WgmmaMath own_math = cuda_be.fp8_wgmma_math();
+        const bool own_tune = cuda_be.cublaslt_tune();
         struct Path {
           cuda::Fp8LinearChoice choice;
           cuda::Fp8WgmmaMath math;
+          bool lt_tune;
           const char* tag;
         };
         for (const Path& path :
-             {Path{cuda::Fp8LinearChoice::kStream, own_math, "(stream)"},
-              Path{cuda::Fp8LinearChoice::kStreamPdl, own_math, "(stream_pdl)"},
-              Path{cuda::Fp8LinearChoice::kLegacy, own_math, "(legacy)"},
-              Path{cuda::Fp8LinearChoice::kWgmma, cuda::Fp8WgmmaMath::kMmaSync, "(wgmma)"},
-              Path{cuda::Fp8LinearChoice::kWgmma, cuda::Fp8WgmmaMath::kF16, "(wgmma_f16)"}}) {
+             {Path{cuda::Fp8LinearChoice::kStream, own_math, own_tune, "(stream)"},
+              Path{cuda::Fp8LinearChoice::kStreamPdl, own_math, own_tune, "(stream_pdl)"},
+              Path{cuda::Fp8LinearChoice::kLegacy, own_math, own_tune, "(legacy)"},
+              Path{cuda::Fp8LinearChoice::kLegacy, own_math, !own_tune,
+                   own_tune ? "(legacy_lt_untuned)" : "(legacy_lt_tuned)"},
+              Path{cuda::Fp8LinearChoice::kWgmma, cuda::Fp8WgmmaMath::kMmaSync, own_tune,
+                   "(wgmma)"},
+              Path{cuda::Fp8LinearChoice::kWgmma, cuda::Fp8WgmmaMath::kF16, own_tune,
+                   "(wgmma_f16)"}}) {
+          // The other cuBLASLt choice only where the legacy path takes cuBLASLt.
+          if (path.lt_tune != own_tune && m <= 16) continue;
           cuda_be.set_fp8_linear(path.choice);
           cuda_be.set_fp8_wgmma_math(path.math);
+          cuda_be.set_cublaslt_tune(path.lt_tune);
           // Every copy once outside the capture: a weight's first weight-stream call makes its
           // tensor map, which a capture cannot (the call would take the legacy paths there).
           for (int i = 0; i < copies; ++i) call();
@@ -276,13 +287,18 @@ void bench_fp8(Backend& be, int iters, const std::string& match) {
               : cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kCublasLt ? " took=cublaslt"
               : cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kGemv     ? " took=gemv"
                                                                                  : "";
+          const std::string lt_algo =
+              cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kCublasLt
+                  ? " [" + cuda_be.last_cublaslt_algo() + "]"
+                  : std::string();
           emit_ratio(std::string("linear_fp8_") + s.name + path.tag,
-                     "M=" + std::to_string(m) + " " + dims + tiling + took +
+                     "M=" + std::to_string(m) + " " + dims + tiling + took + lt_algo +
                          " (graph, weight GB/s vs memcpy)",
                      us, wbytes, fl, wbytes / us / 1e3 / copy_gbps);
         }
         cuda_be.set_fp8_wgmma_math(own_math);
         cuda_be.set_fp8_linear(own);
+        cuda_be.set_cublaslt_tune(own_tune);
       } else {
         const double us = time_us(be, m >= 16384 ? 3 : 5, call);
         const char* path = cuda_be.last_fp8_linear_path() == cuda::Fp8LinearPath::kCublasLt

@@ -17,6 +17,7 @@ struct BackendSwitches {
   QuantPrefillChoice moe_quant_prefill = QuantPrefillChoice::kWgmma;  // _MOE_QUANT_PREFILL
   Fp8LinearChoice fp8_linear = Fp8LinearChoice::kAuto;                // DEEPINFER_FP8_LINEAR
   Fp8WgmmaMath fp8_wgmma_math = Fp8WgmmaMath::kAuto;                  // _FP8_WGMMA_MATH
+  bool cublaslt_tune = true;                                          // _FP8_CUBLASLT_TUNE
   HcPreChoice hc_pre = HcPreChoice::kAuto;                            // DEEPINFER_HC_PRE
   HcClusterChoice hc_cluster = HcClusterChoice::kAuto;                // DEEPINFER_HC_CLUSTER
   bool pdl = true;                                                    // DEEPINFER_PDL

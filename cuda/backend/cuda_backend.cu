@@ -105,6 +105,7 @@ CudaBackend::CudaBackend(int device_index)
   moe_quant_prefill_ = switches.moe_quant_prefill;
   fp8_linear_ = switches.fp8_linear;
   fp8_wgmma_math_ = switches.fp8_wgmma_math;
+  cublaslt_tune_ = switches.cublaslt_tune;
   hc_pre_choice_ = switches.hc_pre;
   pdl_ = switches.pdl;
   attention_mma_choice_ = switches.attention_mma;
@@ -201,6 +202,9 @@ DType CudaBackend::weight_dtype(DType stored) const {
 
 cudaStream_t CudaBackend::stream() const {
   return ctx_->on_side ? ctx_->side_stream : ctx_->stream;
+}
+bool CudaBackend::on_side_branch() const {
+  return ctx_->on_side;
 }
 cublasHandle_t CudaBackend::cublas() const {
   return ctx_->cublas;

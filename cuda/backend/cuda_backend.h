@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/attention/attention_plan.h"
@@ -38,6 +39,12 @@ namespace deepinfer::cuda {
 // Stream, cuBLAS handle and pinned staging of one backend; shared with tensor deleters and
 // callbacks, which may outlive the backend object.
 struct CudaContext;
+
+// cuBLASLt's algorithm descriptor under a name: nvcc 13's front end fails (an internal error) on
+// standard containers of the anonymous struct cublasLtMatmulAlgo_t.
+struct LtAlgo {
+  cublasLtMatmulAlgo_t algo;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -78,6 +85,8 @@ class CudaBackend final : public Backend {
 
   // For op implementations.
   cudaStream_t stream() const;
+  // Whether ops enqueue on the side branch's stream now (begin_branch .. end_branch).
+  bool on_side_branch() const;
   cublasHandle_t cublas() const;
   cublasLtHandle_t cublaslt() const;
   // The cuBLAS workspace, which cuBLASLt calls pass as theirs.
@@ -108,6 +117,23 @@ class CudaBackend final : public Backend {
   // math (fp8_linear_choice.h); benchmarks set it to time both in one run.
   Fp8WgmmaMath fp8_wgmma_math() const { return fp8_wgmma_math_; }
   void set_fp8_wgmma_math(Fp8WgmmaMath math) { fp8_wgmma_math_ = math; }
+  // DEEPINFER_FP8_CUBLASLT_TUNE at creation (on: the default, off): whether cuBLASLt's FP8 GEMMs
+  // at decode widths take the fastest timed algorithm (fp8_linear_choice.h: kLtTuneMaxRows);
+  // benchmarks set it to time both in one run.
+  bool cublaslt_tune() const { return cublaslt_tune_; }
+  void set_cublaslt_tune(bool on) { cublaslt_tune_ = on; }
+  // The algorithm timed fastest for a cuBLASLt problem (gemm_fp8.cu's key: rows, columns, depth,
+  // groups, operand alignments), nullptr before it is timed; kept for the backend's lifetime.
+  const LtAlgo* tuned_lt_algo(const std::vector<int64_t>& key) const {
+    const auto it = tuned_lt_algos_.find(key);
+    return it == tuned_lt_algos_.end() ? nullptr : &it->second;
+  }
+  void keep_tuned_lt_algo(const std::vector<int64_t>& key, const LtAlgo& algo) {
+    tuned_lt_algos_[key] = algo;
+  }
+  // The latest cuBLASLt FP8 GEMM's algorithm (id, tile, stages, K splits; read by benchmarks).
+  const std::string& last_cublaslt_algo() const { return last_cublaslt_algo_; }
+  void set_last_cublaslt_algo(std::string label) { last_cublaslt_algo_ = std::move(label); }
   // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS at creation: the tensor-core attention's plan
   // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
   AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
@@ -297,6 +323,9 @@ class CudaBackend final : public Backend {
   bool programmatic_launch_device_ = false;
   Fp8LinearChoice fp8_linear_ = Fp8LinearChoice::kAuto;
   Fp8WgmmaMath fp8_wgmma_math_ = Fp8WgmmaMath::kAuto;
+  bool cublaslt_tune_ = true;
+  std::map<std::vector<int64_t>, LtAlgo> tuned_lt_algos_;
+  std::string last_cublaslt_algo_;
   AttentionMmaChoice attention_mma_choice_;
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentFp8;
   AttentionMmaPlan last_attention_plan_;

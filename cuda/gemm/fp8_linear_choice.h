@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace deepinfer::cuda {
 
@@ -66,6 +67,32 @@ inline std::optional<Fp8WgmmaMath> parse_fp8_wgmma_math(const char* name) {
   if (v == "mma_sync") return Fp8WgmmaMath::kMmaSync;
   if (v == "f16") return Fp8WgmmaMath::kF16;
   return std::nullopt;
+}
+
+// cuBLASLt's algorithm for a block-scaled FP8 GEMM (DEEPINFER_FP8_CUBLASLT_TUNE, on by default):
+// at decode and verify widths (M padded to kLtRowPad, at most kLtTuneMaxRows) the shape's first
+// call outside a graph capture times the heuristic's first kLtTuneHeuristics picks and their K
+// splits (lt_tune_split_counts) and the backend keeps the fastest for the shape; wider problems,
+// captures of an untimed shape and "off" take the heuristic's first pick. The heuristic's pick
+// at 32-64 rows streamed the weight at 0.16-0.54 of copy bandwidth (session 56's op rows: shared
+// w13 2048 x 4096 16.8 us at 64 rows, 5.5 us of bytes; timed: 11.1 us with 4 K splits). Decode
+// widths are few (one per batch size, each recorded in a graph once), so each is timed once;
+// prefill chunks have any length. Calls on the side branch (the shared expert, beside the routed
+// experts) keep the heuristic's pick: with the timed K splits there the B = 64 step was 1.2%
+// slower, the split GEMMs taking SMs from the routed experts. So the step at B <= 64 is unchanged
+// (its main-stream cuBLASLt calls keep the heuristic's pick when timed); at B = 128 and 256, where
+// wq_a and wkv take cuBLASLt, it is 2.1-2.5% and 1.3-1.9% faster (session 56, an H100).
+constexpr int64_t kLtTuneMaxRows = 256;
+constexpr int kLtTuneHeuristics = 8;
+
+// The K splits timed beside an algorithm of one split, for K of k_blocks 128-column blocks: each
+// split keeps at least two blocks.
+inline std::vector<int32_t> lt_tune_split_counts(int64_t k_blocks) {
+  std::vector<int32_t> splits;
+  for (int32_t s : {2, 4, 8, 16}) {
+    if (k_blocks >= 2 * int64_t{s}) splits.push_back(s);
+  }
+  return splits;
 }
 
 // The choice DEEPINFER_FP8_LINEAR names (nullptr: unset); nullopt for an unknown name.

@@ -13,6 +13,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -183,6 +184,60 @@ uint32_t alignment_of(const void* base, int64_t step_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
+// "id I tile T stages S splits K" of a cuBLASLt algorithm (benchmarks print it).
+std::string lt_algo_label(const cublasLtMatmulAlgo_t& algo) {
+  int32_t id = 0, splits = 1;
+  uint32_t tile = 0, stages = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                       nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                       sizeof(stages), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                       sizeof(splits), nullptr);
+  return "id " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
+         std::to_string(stages) + " splits " + std::to_string(splits);
+}
+
+struct CudaEventDeleter {
+  void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
+};
+using TimingEvent = std::unique_ptr<CUevent_st, CudaEventDeleter>;
+
+TimingEvent timing_event() {
+  cudaEvent_t e = nullptr;
+  DEEPINFER_CUDA_CHECK(cudaEventCreate(&e));
+  return TimingEvent(e);
+}
+
+// The candidate `run` is fastest with on the backend's stream (one untimed call, then the mean of
+// kRuns); candidates whose call fails are skipped, and the first one wins where none runs.
+// Synchronizes the stream: only outside graph captures.
+using LtRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+LtAlgo fastest_lt_algo(CudaBackend& be, const std::vector<LtAlgo>& candidates, const LtRun& run) {
+  constexpr int kRuns = 3;
+  const TimingEvent start = timing_event(), stop = timing_event();
+  LtAlgo best = candidates.front();
+  float best_ms = 0.0f;
+  bool timed_any = false;
+  for (const LtAlgo& c : candidates) {
+    if (run(c.algo) != CUBLAS_STATUS_SUCCESS) continue;
+    DEEPINFER_CUDA_CHECK(cudaEventRecord(start.get(), be.stream()));
+    bool ran = true;
+    for (int r = 0; r < kRuns && ran; ++r) ran = run(c.algo) == CUBLAS_STATUS_SUCCESS;
+    DEEPINFER_CUDA_CHECK(cudaEventRecord(stop.get(), be.stream()));
+    DEEPINFER_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    DEEPINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    if (ran && (!timed_any || ms < best_ms)) {
+      best = c;
+      best_ms = ms;
+      timed_any = true;
+    }
+  }
+  return best;
+}
+
 // Y[M, G N] by cuBLASLt's block-scaled FP8 GEMM, one call per group: a view of the first M rows
 // of a [M_pad, G N] result (kLtRowPad). Undefined (nothing enqueued) when cuBLASLt has no
 // algorithm for the problem.
@@ -243,12 +298,21 @@ Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, con
   set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ws));
   set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
            static_cast<const void*>(xs.data<float>()));
-  cublasLtMatmulHeuristicResult_t heuristic = {};
+  // The algorithm: the one timed fastest for this problem, else the heuristic's first pick (and
+  // its next ones and their K splits as candidates where this call times them). Calls on the
+  // side branch run beside the routed experts and keep the heuristic's pick (fp8_linear_choice.h).
+  const std::vector<int64_t> key = {m_pad, n, k, groups, align_a, align_b, align_d};
+  const bool tuning = be.cublaslt_tune() && !be.on_side_branch() && m_pad <= kLtTuneMaxRows;
+  const LtAlgo* tuned = tuning ? be.tuned_lt_algo(key) : nullptr;
+  const bool tune = tuning && tuned == nullptr && !be.capturing();
+  cublasLtMatmulHeuristicResult_t heuristics[kLtTuneHeuristics] = {};
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(be.cublaslt(), desc.get(), a.get(), b.get(), d.get(), d.get(),
-                                     pref.get(), 1, &heuristic, &found);
-  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return Tensor();
+  if (tuned == nullptr) {
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
+        be.cublaslt(), desc.get(), a.get(), b.get(), d.get(), d.get(), pref.get(),
+        tune ? kLtTuneHeuristics : 1, heuristics, &found);
+    if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return Tensor();
+  }
 
   launch_programmatic("linear (fp8): activation quantization",
                       dim3(ceil_div(m_pad * groups * kb_count, kQuantWarps)),
@@ -257,17 +321,53 @@ Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, con
   DEEPINFER_CUDA_LAUNCH_CHECK("linear (fp8): activation quantization");
   const float alpha = 1.0f, beta = 0.0f;
   const int64_t scale_ld = w.scales.size(1);
-  for (int64_t g = 0; g < groups; ++g) {
-    set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-             static_cast<const void*>(ws + g * (n / 128) * scale_ld));
-    set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-             static_cast<const void*>(xs.data<float>() + g * kb_count * m_pad));
-    float* dst = yp + g * n;
-    lt_check(cublasLtMatmul(be.cublaslt(), desc.get(), &alpha, wq + g * n * k, a.get(),
-                            xqp + g * m_pad * k, b.get(), &beta, dst, d.get(), dst, d.get(),
-                            &heuristic.algo, be.cublas_workspace(), ws_bytes, be.stream()),
-             "cublasLtMatmul");
+  // Every group's GEMM by `algo`; the first failing status, else success.
+  const LtRun run_groups = [&](const cublasLtMatmulAlgo_t& algo) {
+    for (int64_t g = 0; g < groups; ++g) {
+      set_desc(desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+               static_cast<const void*>(ws + g * (n / 128) * scale_ld));
+      set_desc(desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+               static_cast<const void*>(xs.data<float>() + g * kb_count * m_pad));
+      float* dst = yp + g * n;
+      const cublasStatus_t s = cublasLtMatmul(
+          be.cublaslt(), desc.get(), &alpha, wq + g * n * k, a.get(), xqp + g * m_pad * k, b.get(),
+          &beta, dst, d.get(), dst, d.get(), &algo, be.cublas_workspace(), ws_bytes, be.stream());
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  LtAlgo algo{tuned != nullptr ? tuned->algo : heuristics[0].algo};
+  if (tune) {
+    std::vector<LtAlgo> candidates;
+    for (int i = 0; i < found; ++i) {
+      candidates.push_back({heuristics[i].algo});
+      int32_t own_splits = 1;
+      lt_check(
+          cublasLtMatmulAlgoConfigGetAttribute(&heuristics[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                               &own_splits, sizeof(own_splits), nullptr),
+          "cublasLtMatmulAlgoConfigGetAttribute");
+      if (own_splits > 1) continue;
+      for (int32_t splits : lt_tune_split_counts(kb_count)) {
+        cublasLtMatmulAlgo_t split = heuristics[i].algo;
+        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulHeuristicResult_t check = {};
+        if (cublasLtMatmulAlgoConfigSetAttribute(&split, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                 sizeof(splits)) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoConfigSetAttribute(&split, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &scheme,
+                                                 sizeof(scheme)) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoCheck(be.cublaslt(), desc.get(), a.get(), b.get(), d.get(), d.get(),
+                                    &split, &check) == CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= ws_bytes) {
+          candidates.push_back({split});
+        }
+      }
+    }
+    algo = fastest_lt_algo(be, candidates, run_groups);
+    be.keep_tuned_lt_algo(key, algo);
   }
+  lt_check(run_groups(algo.algo), "cublasLtMatmul");
+  be.set_last_cublaslt_algo(lt_algo_label(algo.algo));
   return m_pad == m ? y : y.narrow(0, 0, m);
 }
 

@@ -476,5 +476,19 @@ TEST(Fp8WgmmaLayout, TilesArePermutationsMatchingTheFragments) {
   EXPECT_EQ(kFp8WgmmaTileStride, 16 * kFp8WgmmaTileLead);
 }
 
+// cuBLASLt's timed candidates: K splits that leave each split at least two 128-column blocks
+// (V4-Flash's K of 1024, 2048, 4096 and 8192 columns: 8 to 64 blocks).
+TEST(Fp8CublasLtTuning, SplitCountsKeepTwoBlocksPerSplit) {
+  EXPECT_TRUE(lt_tune_split_counts(1).empty());
+  EXPECT_TRUE(lt_tune_split_counts(3).empty());
+  EXPECT_EQ(lt_tune_split_counts(4), (std::vector<int32_t>{2}));
+  EXPECT_EQ(lt_tune_split_counts(8), (std::vector<int32_t>{2, 4}));
+  EXPECT_EQ(lt_tune_split_counts(32), (std::vector<int32_t>{2, 4, 8, 16}));
+  EXPECT_EQ(lt_tune_split_counts(64), (std::vector<int32_t>{2, 4, 8, 16}));
+  for (int64_t blocks = 1; blocks <= 64; ++blocks) {
+    for (int32_t s : lt_tune_split_counts(blocks)) EXPECT_GE(blocks, 2 * s) << blocks;
+  }
+}
+
 }  // namespace
 }  // namespace deepinfer::cuda

@@ -84,6 +84,12 @@ TEST(BackendSwitches, PdlIsOnUnlessTurnedOff) {
   expect_on_off("DEEPINFER_PDL", &cuda::BackendSwitches::pdl);
 }
 
+// cuBLASLt's FP8 GEMMs at decode widths take the timed algorithm unless
+// DEEPINFER_FP8_CUBLASLT_TUNE=off.
+TEST(BackendSwitches, CublasLtTuningIsOnUnlessTurnedOff) {
+  expect_on_off("DEEPINFER_FP8_CUBLASLT_TUNE", &cuda::BackendSwitches::cublaslt_tune);
+}
+
 // Side branches (a second stream at decode sizes) are on unless DEEPINFER_BRANCHES=off.
 TEST(BackendSwitches, BranchesAreOnUnlessTurnedOff) {
   expect_on_off("DEEPINFER_BRANCHES", &cuda::BackendSwitches::branches);

@@ -11,9 +11,13 @@
 // GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/gemm/gemm_fp8_heuristics.h"
@@ -82,6 +86,54 @@ TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
           << path_name(cuda_be.last_fp8_linear_path());
     }
   }
+}
+
+// At decode widths cuBLASLt takes the algorithm timed fastest on the shape's first call
+// (DEEPINFER_FP8_CUBLASLT_TUNE, fp8_linear_choice.h): the candidates differ in tiles and K splits,
+// so its result may differ from the heuristic pick's in f32 summation order only; later calls keep
+// the same algorithm, so they repeat the first tuned call's bytes.
+TEST(Fp8CublasLt, TunedAlgorithmSumsLikeTheHeuristicsPick) {
+  std::string why;
+  Backend* be = shared_backend("cuda", &why);
+  if (be == nullptr) {
+    if (device_required()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+  const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
+  const bool own_tune = cuda_be.cublaslt_tune();
+  cuda_be.set_fp8_linear(cuda::Fp8LinearChoice::kLegacy);
+  std::mt19937 rng(20261207);
+  // shared-w13-like and wo_b-like: K of 32 and 64 blocks, where the timed K splits apply.
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2048, 4096}, {4096, 8192}}) {
+    const MatrixWeight w = be->upload_matrix_weight(random_fp8_block_weight(rng, n, k, 128, 128));
+    for (const int64_t m : {33, 64}) {
+      const Tensor x = be->upload(random_f32(rng, {m, k}), DType::kF32);
+      const auto run = [&](bool tune) {
+        cuda_be.set_cublaslt_tune(tune);
+        const Tensor y = be->to_host(be->linear(x, w));
+        EXPECT_EQ(cuda_be.last_fp8_linear_path(), cuda::Fp8LinearPath::kCublasLt)
+            << "n " << n << " m " << m;
+        return std::vector<float>(y.data<float>(), y.data<float>() + y.numel());
+      };
+      const std::vector<float> pick = run(false);
+      const std::vector<float> tuned = run(true);
+      const std::string tuned_algo = cuda_be.last_cublaslt_algo();
+      const std::vector<float> again = run(true);
+      EXPECT_EQ(cuda_be.last_cublaslt_algo(), tuned_algo) << "n " << n << " m " << m;
+      EXPECT_EQ(again, tuned) << "n " << n << " m " << m << ": the kept algorithm changed";
+      float largest = 0.0f, diff = 0.0f;
+      for (size_t i = 0; i < pick.size(); ++i) {
+        largest = std::max(largest, std::fabs(pick[i]));
+        diff = std::max(diff, std::fabs(pick[i] - tuned[i]));
+      }
+      EXPECT_LE(diff, 1e-5f * largest)
+          << "n " << n << " m " << m << " tuned " << tuned_algo << ": max |tuned - pick| " << diff
+          << " of max |y| " << largest;
+    }
+  }
+  cuda_be.set_cublaslt_tune(own_tune);
+  cuda_be.set_fp8_linear(own);
 }
 
 }  // namespace
