@@ -210,9 +210,9 @@ TimingEvent timing_event() {
   return TimingEvent(e);
 }
 
-// The candidate `run` is fastest with on the backend's stream (one untimed call, then the mean of
-// kRuns); candidates whose call fails are skipped, and the first one wins where none runs.
-// Synchronizes the stream: only outside graph captures.
+// The fastest of `candidates` when `run` calls each on the backend's stream (one untimed call,
+// then kRuns timed together); candidates whose call fails are skipped, and the first wins where
+// none runs. Synchronizes the stream: only outside graph captures.
 using LtRun = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
 LtAlgo fastest_lt_algo(CudaBackend& be, const std::vector<LtAlgo>& candidates, const LtRun& run) {
   constexpr int kRuns = 3;
