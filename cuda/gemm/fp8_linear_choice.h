@@ -73,15 +73,16 @@ inline std::optional<Fp8WgmmaMath> parse_fp8_wgmma_math(const char* name) {
 // at decode and verify widths (M padded to kLtRowPad, at most kLtTuneMaxRows) the shape's first
 // call outside a graph capture times the heuristic's first kLtTuneHeuristics picks and their K
 // splits (lt_tune_split_counts) and the backend keeps the fastest for the shape; wider problems,
-// captures of an untimed shape and "off" take the heuristic's first pick. The heuristic's pick
-// at 32-64 rows streamed the weight at 0.16-0.54 of copy bandwidth (session 56's op rows: shared
-// w13 2048 x 4096 16.8 us at 64 rows, 5.5 us of bytes; timed: 11.1 us with 4 K splits). Decode
-// widths are few (one per batch size, each recorded in a graph once), so each is timed once;
-// prefill chunks have any length. Calls on the side branch (the shared expert, beside the routed
-// experts) keep the heuristic's pick: with the timed K splits there the B = 64 step was 1.2%
-// slower, the split GEMMs taking SMs from the routed experts. So the step at B <= 64 is unchanged
-// (its main-stream cuBLASLt calls keep the heuristic's pick when timed); at B = 128 and 256, where
-// wq_a and wkv take cuBLASLt, it is 2.1-2.5% and 1.3-1.9% faster (session 56, an H100).
+// captures of an untimed shape and "off" take the heuristic's first pick. At 32-64 rows the
+// heuristic's pick (one K split) streamed the K = 4096 weights at 0.04-0.17 of copy bandwidth
+// (session 56's op rows: shared w13 2048 x 4096 17.1 us at 64 rows, 5.5 us of bytes; timed: 11.1
+// us with 4 K splits). Decode widths are few (one per batch size, each recorded in a graph once),
+// so each is timed once; prefill chunks have any length. Calls on the side branch (the shared
+// expert, beside the routed experts) keep the heuristic's pick: with the timed K splits there the
+// B = 64 step was 1.2% slower, the split GEMMs taking SMs from the routed experts. So the step at
+// B <= 64 is unchanged (its main-stream cuBLASLt calls keep the heuristic's pick when timed); at
+// B = 128 and 256, where wq_a and wkv take cuBLASLt, it is 2.1-2.5% and 1.3-1.9% faster (session
+// 56, an H100).
 constexpr int64_t kLtTuneMaxRows = 256;
 constexpr int kLtTuneHeuristics = 8;
 
