@@ -206,6 +206,20 @@ cudaStream_t CudaBackend::stream() const {
 bool CudaBackend::on_side_branch() const {
   return ctx_->on_side;
 }
+std::string CudaBackend::last_cublaslt_algo() const {
+  const cublasLtMatmulAlgo_t& algo = last_cublaslt_algo_.algo;
+  int32_t id = 0, splits = 1;
+  uint32_t tile = 0, stages = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                       nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                       sizeof(stages), nullptr);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                       sizeof(splits), nullptr);
+  return "id " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
+         std::to_string(stages) + " splits " + std::to_string(splits);
+}
 cublasHandle_t CudaBackend::cublas() const {
   return ctx_->cublas;
 }

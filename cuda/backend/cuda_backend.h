@@ -22,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "cuda/attention/attention_plan.h"
@@ -131,9 +130,10 @@ class CudaBackend final : public Backend {
   void keep_tuned_lt_algo(const std::vector<int64_t>& key, const LtAlgo& algo) {
     tuned_lt_algos_[key] = algo;
   }
-  // The latest cuBLASLt FP8 GEMM's algorithm (id, tile, stages, K splits; read by benchmarks).
-  const std::string& last_cublaslt_algo() const { return last_cublaslt_algo_; }
-  void set_last_cublaslt_algo(std::string label) { last_cublaslt_algo_ = std::move(label); }
+  // The latest cuBLASLt FP8 GEMM's algorithm as "id I tile T stages S splits K" (read by
+  // benchmarks and tests; formatted here, not on each call).
+  std::string last_cublaslt_algo() const;
+  void set_last_cublaslt_algo(const LtAlgo& algo) { last_cublaslt_algo_ = algo; }
   // DEEPINFER_ATTENTION_COMBINE / _ROWS / _SPLITS at creation: the tensor-core attention's plan
   // choices (attention_plan.h); benchmarks set them per call to compare the paths in one run.
   AttentionMmaChoice attention_mma_choice() const { return attention_mma_choice_; }
@@ -325,7 +325,7 @@ class CudaBackend final : public Backend {
   Fp8WgmmaMath fp8_wgmma_math_ = Fp8WgmmaMath::kAuto;
   bool cublaslt_tune_ = true;
   std::map<std::vector<int64_t>, LtAlgo> tuned_lt_algos_;
-  std::string last_cublaslt_algo_;
+  LtAlgo last_cublaslt_algo_{};
   AttentionMmaChoice attention_mma_choice_;
   IndexerFp8Scores indexer_fp8_scores_ = IndexerFp8Scores::kWgmmaPersistentFp8;
   AttentionMmaPlan last_attention_plan_;

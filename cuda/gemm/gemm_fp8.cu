@@ -184,21 +184,6 @@ uint32_t alignment_of(const void* base, int64_t step_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-// "id I tile T stages S splits K" of a cuBLASLt algorithm (benchmarks print it).
-std::string lt_algo_label(const cublasLtMatmulAlgo_t& algo) {
-  int32_t id = 0, splits = 1;
-  uint32_t tile = 0, stages = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                       nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                       sizeof(stages), nullptr);
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                       sizeof(splits), nullptr);
-  return "id " + std::to_string(id) + " tile " + std::to_string(tile) + " stages " +
-         std::to_string(stages) + " splits " + std::to_string(splits);
-}
-
 struct CudaEventDeleter {
   void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
 };
@@ -367,7 +352,7 @@ Tensor cublaslt_fp8(CudaBackend& be, const Tensor& x, const MatrixWeight& w, con
     be.keep_tuned_lt_algo(key, algo);
   }
   lt_check(run_groups(algo.algo), "cublasLtMatmul");
-  be.set_last_cublaslt_algo(lt_algo_label(algo.algo));
+  be.set_last_cublaslt_algo(algo);
   return m_pad == m ? y : y.narrow(0, 0, m);
 }
 
