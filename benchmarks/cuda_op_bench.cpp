@@ -6,9 +6,10 @@
 //
 // The quantized formats' cases (cuda_quant_bench.cpp) run first; `--only fp8`, `--only moe-quant`
 // or `--only quant` (both) runs just those. `--only v41` runs the V4.1 ops (cuda_v41_bench.cpp),
-// which the full run leaves out. `--only hc` runs the mHC ops (cuda_hc_bench.cpp) twice, on a
-// backend created under DEEPINFER_HC_PRE=fused and one under legacy (the A/B of the fused
-// decode kernel); the full run leaves it out too.
+// which the full run leaves out. `--only hc` runs the mHC ops (cuda_hc_bench.cpp) on backends
+// created under DEEPINFER_HC_PRE=fused (twice: the default cluster choice and the widest), split
+// and legacy (the A/B of the fused decode kernel and of the unfused path's split mix); the full
+// run leaves it out too.
 //
 // `--only attention-trace` runs the overlap attention kernel's timing trace instead of timing
 // rows (bench_attention_trace; `--match` picks its shapes too; `--ablate BITS` traces the ilp
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
   if (only == "hc") {
     // The backend reads DEEPINFER_HC_PRE and DEEPINFER_HC_CLUSTER at creation: one backend per
     // path ("fused": the default cluster choice, "fused_widest": always the widest cluster).
-    for (const char* path : {"fused", "fused_widest", "legacy"}) {
+    for (const char* path : {"fused", "fused_widest", "split", "legacy"}) {
       const bool widest = std::strcmp(path, "fused_widest") == 0;
       setenv("DEEPINFER_HC_PRE", widest ? "fused" : path, 1);
       setenv("DEEPINFER_HC_CLUSTER", widest ? "widest" : "auto", 1);

@@ -26,6 +26,7 @@ std::optional<HcPreChoice> parse_hc_pre(const char* value) {
   const std::string v = value == nullptr ? "" : value;
   if (v.empty() || v == "auto") return HcPreChoice::kAuto;
   if (v == "fused") return HcPreChoice::kFused;
+  if (v == "split") return HcPreChoice::kSplit;
   if (v == "legacy") return HcPreChoice::kLegacy;
   return std::nullopt;
 }
@@ -59,7 +60,7 @@ BackendSwitches read_backend_switches() {
   s.fp8_wgmma_math =
       read_switch("DEEPINFER_FP8_WGMMA_MATH", parse_fp8_wgmma_math, "auto, mma_sync or f16");
   s.cublaslt_tune = read_switch("DEEPINFER_FP8_CUBLASLT_TUNE", parse_on_off, "on or off");
-  s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused or legacy");
+  s.hc_pre = read_switch("DEEPINFER_HC_PRE", parse_hc_pre, "auto, fused, split or legacy");
   s.hc_cluster = read_switch("DEEPINFER_HC_CLUSTER", parse_hc_cluster, "auto, widest or portable");
   s.pdl = read_switch("DEEPINFER_PDL", parse_on_off, "on or off");
   s.branches = read_switch("DEEPINFER_BRANCHES", parse_on_off, "on or off");

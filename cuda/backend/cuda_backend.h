@@ -166,9 +166,10 @@ class CudaBackend final : public Backend {
   // The path the latest FP8 linear took (set by linear.cu / gemm_fp8.cu; read by benchmarks).
   Fp8LinearPath last_fp8_linear_path() const { return last_fp8_linear_path_; }
   void set_last_fp8_linear_path(Fp8LinearPath p) { last_fp8_linear_path_ = p; }
-  // DEEPINFER_HC_PRE at creation (auto: the default, fused, legacy): where hc_pre, hc_head and
-  // hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_chosen)
-  // instead of the unfused ones (hc_post; rms_norm, cuBLAS, finish kernel).
+  // DEEPINFER_HC_PRE at creation (auto: the default, fused, split, legacy): where hc_pre, hc_head
+  // and hc_post_pre take the one-kernel decode path (cuda/hc/hc_heuristics.h: hc_fused_chosen)
+  // instead of the unfused ones (hc_post; the mix split over K (hc_mix_split_chosen) or rms_norm
+  // and cuBLAS; a finish kernel).
   HcPreChoice hc_pre_choice() const { return hc_pre_choice_; }
   // The thread-block cluster of the fused hc kernel at T tokens (0 without clusters: then the
   // fused path never applies): DEEPINFER_HC_CLUSTER's choice (hc_fused_cluster_for) over the

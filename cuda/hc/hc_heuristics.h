@@ -66,11 +66,14 @@ constexpr int64_t kHcFusedMinChunk = 32;
 constexpr int64_t kHcFusedPortableCluster = 8;
 constexpr int64_t kHcFusedWideCluster = 16;
 
-// DEEPINFER_HC_PRE: which path hc_pre, hc_head and hc_post_pre take.
+// DEEPINFER_HC_PRE: which path hc_pre, hc_head and hc_post_pre take. The unfused path computes
+// the mix by hc_mix_split_kernel where hc_mix_split_grid applies (except kLegacy), else by
+// rms_norm and cuBLAS's GEMM, then a finish kernel.
 enum class HcPreChoice {
   kAuto,    // the fused kernel up to kHcFusedAutoMaxTokens tokens, the unfused path above
   kFused,   // the fused kernel wherever hc_fused_grid applies (T <= kHcFusedMaxTokens)
-  kLegacy,  // always the unfused path
+  kSplit,   // always the unfused path, its mix split over K where it applies
+  kLegacy,  // always the unfused path, its mix by rms_norm and cuBLAS
 };
 // The default's bound: on an H100 the fused kernel made the decode step 2.0% faster at B = 1
 // and 4.1% at B = 8, but 1.2% slower at B = 64 (session 37, 16-CTA clusters).
@@ -147,10 +150,61 @@ inline bool hc_fused_chosen(HcPreChoice choice, const HcFusedGrid& g, int64_t to
       return g.fused;
     case HcPreChoice::kAuto:
       return g.fused && tokens <= kHcFusedAutoMaxTokens;
+    case HcPreChoice::kSplit:
     case HcPreChoice::kLegacy:
       return false;
   }
   return false;
+}
+
+// The unfused path's mix at decode and small prefill sizes (hc_mix_split_kernel, hc_mix.cu):
+// mix = linear(rms_norm(flatten(X)), fn) as K-split partial sums. CTA (tile, split) takes
+// kHcMixTokens tokens and `chunk` consecutive columns of their flattened rows [n * hidden]; it
+// writes each token's fn-row dot products and sum of squares over its columns, and the finish
+// kernel sums the splits in order and scales by the inverse RMS (the fused kernel's arithmetic).
+// cuBLAS's f32 GEMM after a separate rms_norm took ~21 us per call at 64 tokens on an H100 (the
+// norm 6.7, a SIMT sgemm 8.6, its split-K reduce 5.9; session 57's trace) for ~6 MB of bytes.
+// Past kHcMixSplitMaxTokens the GEMM's tile reuse pays (each token tile re-reads fn).
+// The kernel issues ~25 M FMAs at 64 tokens: with one 256-thread CTA per SM (169 registers) it
+// took 15.5 us under ncu, issue-bound (session 57); 512 threads hold 16 warps per SM.
+constexpr int kHcMixThreads = 512;
+constexpr int kHcMixTokens = 16;      // a tile: 4 token groups of 4 per warp's lanes
+constexpr int kHcMixSubChunk = 256;   // columns staged in shared memory at a time
+constexpr int kHcMixColumnStep = 64;  // 16 warps x 4 columns: the chunk's granularity
+// On an H100 (session 57, 256-thread CTAs) hc_pre at 64 tokens took 21.6 us split against 23.6
+// by cuBLAS, at 256 tokens 66.0 against 43.1.
+constexpr int64_t kHcMixSplitMaxTokens = 64;
+
+struct HcMixSplitGrid {
+  bool split = false;  // false: rms_norm and cuBLAS
+  int64_t tiles = 0;   // token tiles of kHcMixTokens
+  int64_t splits = 0;  // CTAs over the columns of a tile
+  int64_t chunk = 0;   // columns per split, a multiple of kHcMixColumnStep (the last may be short)
+};
+
+// T <= kHcMixSplitMaxTokens, n <= kHcFusedMaxN (fn rows within a warp's lanes), n * hidden a
+// multiple of 4 (float4 loads). The splits give about one CTA per SM over all tiles, each at
+// least kHcMixColumnStep columns.
+inline HcMixSplitGrid hc_mix_split_grid(int num_sms, int64_t tokens, int n, int64_t hidden) {
+  HcMixSplitGrid g;
+  const int64_t width = n * hidden;
+  if (tokens < 1 || tokens > kHcMixSplitMaxTokens || n < 1 || n > kHcFusedMaxN || width < 4 ||
+      width % 4 != 0 || num_sms < 1) {
+    return g;
+  }
+  g.tiles = (tokens + kHcMixTokens - 1) / kHcMixTokens;
+  const int64_t steps = (width + kHcMixColumnStep - 1) / kHcMixColumnStep;
+  int64_t splits = (num_sms + g.tiles - 1) / g.tiles;
+  splits = splits < 1 ? 1 : (splits > steps ? steps : splits);
+  g.chunk = (steps + splits - 1) / splits * kHcMixColumnStep;
+  g.splits = (width + g.chunk - 1) / g.chunk;
+  g.split = true;
+  return g;
+}
+
+// Whether `choice` computes the unfused mix by hc_mix_split_kernel where the grid is `g`.
+inline bool hc_mix_split_chosen(HcPreChoice choice, const HcMixSplitGrid& g) {
+  return g.split && choice != HcPreChoice::kLegacy;
 }
 
 // The column of a token's flattened row [n * hidden] that unit u of a fused CTA reads (4 from

@@ -1,7 +1,8 @@
 // The fused decode path of the mHC ops (hc_fused.cu) as the unfused ops (hc_pre.cu) call it: at
 // decode sizes (hc_fused_grid: T <= 256, n <= 4) hc_pre, hc_head and hc_post_pre are one kernel
 // each, hc_fused_kernel, a thread-block cluster per token group. DEEPINFER_HC_PRE chooses where
-// (CudaBackend::hc_pre_choice; by default up to kHcFusedAutoMaxTokens tokens).
+// (CudaBackend::hc_pre_choice; by default up to kHcFusedAutoMaxTokens tokens). Above, the
+// unfused path's mix may be split over K (hc_mix.cu).
 #pragma once
 
 #include "cuda/common/smem_limits.h"
@@ -41,5 +42,18 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
                      const Tensor& scale, const HcParams& params, float* post, float* comb,
                      float* y, const RowNorm& y_norm, const char* op,
                      const HcTrunkUpdate* update = nullptr);
+
+// The unfused mix's K-split partial sums (hc_mix.cu): `partial` [splits, T, rows + 1] holds each
+// token's dot products with fn's `rows` rows over a split's columns, then its sum of squares.
+struct HcMixPartials {
+  Tensor partial;
+  int64_t splits = 0;  // 0: not launched
+};
+
+// Launches hc_mix_split_kernel for X [T, n, H] and fn [rows, n * H] where the backend's choice
+// takes it (hc_mix_split_chosen) and X and fn are 16-byte aligned; else launches nothing and
+// returns splits 0 (the mix is then rms_norm and cuBLAS's GEMM).
+HcMixPartials launch_hc_mix_split(CudaBackend& be, const Tensor& X, const Tensor& fn, int rows,
+                                  const char* op);
 
 }  // namespace deepinfer::cuda

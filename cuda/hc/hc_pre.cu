@@ -4,8 +4,9 @@
 // (cpp/src/backend/cpu_ops_hc.cpp) step by step, and reuse this backend's own ops where the CPU
 // does the same computation:
 //   mix = linear(rms_norm(flatten(X)), fn)   (the CPU's hc_mix: unweighted norm, then fp32 GEMM)
-// then one kernel finishes hc_pre / hc_pre_shifted / hc_head. At decode (T = 1) its cost is
-// latency, not work, so:
+// (at decode and small prefill sizes as K-split partial sums instead: hc_mix.cu; the finish
+// kernel sums them) then one kernel finishes hc_pre / hc_pre_shifted / hc_head. At decode (T = 1)
+// its cost is latency, not work, so:
 //  - comb (softmax + Sinkhorn over n x n) is a serial chain per token; one warp per token runs it
 //    with lane = matrix element and shuffles for the row / column sums (a block in shared memory
 //    when n * n > 32), in blocks of their own that run alongside the collapse;
@@ -17,11 +18,13 @@
 // are in hc_post.cu.
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/common/reduce.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
@@ -130,12 +133,53 @@ __device__ CollapseSlice collapse_slice(int64_t block, int64_t splits, int64_t c
   return {block / splits, h_begin, h_begin + chunk < hidden ? h_begin + chunk : hidden};
 }
 
+// Where a finish kernel reads the mix: rows [T, rows], or hc_mix_split_kernel's partial sums
+// [splits, T, rows + 1] (the squares last) of a flattened row of `width` columns.
+struct HcMixSource {
+  const float* mix = nullptr;
+  int64_t splits = 0;  // 0: mix holds the rows
+  int64_t width = 0;
+  float norm_eps = 0.0f;  // the rms_norm's (the partial sums are of X itself)
+};
+
+// Mix rows [0, count) of token t (count <= kHcFusedMaxRows) into `m` (shared memory) from the
+// partial sums, by one whole warp: lane l sums splits l, l + 32, ... in order, the butterfly adds
+// the lanes, and the squares give the inverse RMS, as hc_fused_kernel scales its totals. A row's
+// value depends on neither count nor the calling block, so every block finishing the token sees
+// the same mix.
+__device__ void split_mix_rows(const HcMixSource& src, int rows, int64_t tokens, int64_t t,
+                               int count, float* m) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int stride = rows + 1;
+  float sums[kHcFusedMaxRows + 1];
+#pragma unroll
+  for (int r = 0; r <= kHcFusedMaxRows; ++r) sums[r] = 0.0f;
+  for (int64_t sp = lane; sp < src.splits; sp += 32) {
+    const float* p = src.mix + (sp * tokens + t) * stride;
+#pragma unroll
+    for (int r = 0; r < kHcFusedMaxRows; ++r) {
+      if (r < count) sums[r] += p[r];
+    }
+    sums[kHcFusedMaxRows] += p[rows];
+  }
+  const float inv_rms =
+      1.0f / sqrtf(warp_sum(sums[kHcFusedMaxRows]) / static_cast<float>(src.width) + src.norm_eps);
+#pragma unroll
+  for (int r = 0; r < kHcFusedMaxRows; ++r) {
+    if (r < count) {
+      const float total = warp_sum(sums[r]);
+      if (lane == r) m[r] = total * inv_rms;
+    }
+  }
+  __syncwarp();
+}
+
 // The arguments of hc_pre_finish_kernel. hc_pre collapses with this token's own pre (pre and
 // prev_pre null); hc_pre_shifted writes pre and collapses with prev_pre, or takes stream 0 when
 // prev_pre is null (the first sub-layer).
 struct HcFinishArgs {
   const float* X;         // [T, n, hidden]
-  const float* mix;       // [T, (2 + n) * n]
+  HcMixSource mix;        // rows (2 + n) * n
   const float* base;      // [(2 + n) * n]
   const float* scale;     // [3]
   const float* prev_pre;  // [T, n] or null
@@ -157,20 +201,28 @@ struct HcFinishArgs {
 // comb (and pre for the shifted op; one warp per token when n * n <= 32, else one block per
 // token); the rest collapse, each staging the n weights it applies (hc_pre recomputes its pre
 // from mix). The two roles run concurrently, so the serial Sinkhorn chain of a token overlaps its
-// collapse. Dynamic shared memory: n * n + n floats.
+// collapse. Dynamic shared memory: n * n + n floats. From split partial sums (n <= kHcFusedMaxN)
+// each warp that needs mix rows first sums them into mix_rows.
 __global__ void __launch_bounds__(kHcThreads) hc_pre_finish_kernel(HcFinishArgs a) {
   enter_dependent_grid();
   extern __shared__ float shared[];
+  __shared__ float mix_rows[kHcThreads / 32][kHcFusedMaxRows];
   const int n = a.n;
   const int64_t fn_rows = static_cast<int64_t>(2 + n) * n;
   const int64_t block = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
   if (block >= a.weight_blocks) {
     const CollapseSlice c = collapse_slice(block - a.weight_blocks, a.splits, a.chunk, a.hidden);
     int streams = n;
     if (a.pre == nullptr) {
-      if (tid < n)
-        shared[tid] = hc_pre_weight(a.mix + c.t * fn_rows, a.base, a.scale[0], tid, a.eps);
+      const float* m = a.mix.mix + c.t * fn_rows;
+      if (a.mix.splits > 0) {
+        if (warp == 0)
+          split_mix_rows(a.mix, static_cast<int>(fn_rows), a.tokens, c.t, n, mix_rows[0]);
+        m = mix_rows[0];
+      }
+      if (tid < n) shared[tid] = hc_pre_weight(m, a.base, a.scale[0], tid, a.eps);
     } else if (a.prev_pre != nullptr) {
       if (tid < n) shared[tid] = a.prev_pre[c.t * n + tid];
     } else {
@@ -183,9 +235,9 @@ __global__ void __launch_bounds__(kHcThreads) hc_pre_finish_kernel(HcFinishArgs 
                    a.y + c.t * a.hidden);
     return;
   }
-  if (n * n > 32) {
+  if (n * n > 32) {  // never from split partial sums (n <= kHcFusedMaxN there)
     const int64_t t = block;
-    hc_comb_block(a.mix + t * fn_rows, a.base, a.scale, n, a.iters, a.eps,
+    hc_comb_block(a.mix.mix + t * fn_rows, a.base, a.scale, n, a.iters, a.eps,
                   a.pre != nullptr ? a.pre + t * n : nullptr, a.post + t * n, a.comb + t * n * n,
                   shared);
     return;
@@ -193,7 +245,12 @@ __global__ void __launch_bounds__(kHcThreads) hc_pre_finish_kernel(HcFinishArgs 
   // One warp per token; the condition is uniform over the warp, as the shuffles need.
   const int64_t t = block * (kHcThreads / 32) + threadIdx.x / 32;
   if (t >= a.tokens) return;
-  const float* m = a.mix + t * fn_rows;
+  const float* m = a.mix.mix + t * fn_rows;
+  if (a.mix.splits > 0) {
+    split_mix_rows(a.mix, static_cast<int>(fn_rows), a.tokens, t, static_cast<int>(fn_rows),
+                   mix_rows[warp]);
+    m = mix_rows[warp];
+  }
   float* pr = a.pre != nullptr ? a.pre + t * n : nullptr;
   float* po = a.post + t * n;
   float* ct = a.comb + t * n * n;
@@ -221,15 +278,21 @@ __global__ void __launch_bounds__(kHcThreads) hc_pre_finish_kernel(HcFinishArgs 
 // hc_head after the mix GEMM: collapse blocks only (pre is the only weight). Shared memory: n
 // floats.
 __global__ void __launch_bounds__(kHcThreads)
-    hc_head_finish_kernel(const float* __restrict__ X, const float* __restrict__ mix,
+    hc_head_finish_kernel(const float* __restrict__ X, HcMixSource mix, int64_t tokens,
                           const float* __restrict__ base, const float* __restrict__ scale, int n,
                           int64_t hidden, float eps, int64_t splits, int64_t chunk,
                           float* __restrict__ y) {
   enter_dependent_grid();
   extern __shared__ float pre[];
+  __shared__ float mix_row[kHcFusedMaxRows];
   const CollapseSlice c = collapse_slice(blockIdx.x, splits, chunk, hidden);
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid < n) pre[tid] = hc_pre_weight(mix + c.t * n, base, scale[0], tid, eps);
+  const float* m = mix.mix + c.t * n;
+  if (mix.splits > 0) {
+    if (tid < 32) split_mix_rows(mix, n, tokens, c.t, n, mix_row);
+    m = mix_row;
+  }
+  if (tid < n) pre[tid] = hc_pre_weight(m, base, scale[0], tid, eps);
   __syncthreads();
   collapse_range(X + c.t * n * hidden, pre, n, hidden, c.h_begin, c.h_end, y + c.t * hidden);
 }
@@ -249,25 +312,44 @@ __global__ void __launch_bounds__(kHcThreads)
   collapse_range(X + c.t * n * hidden, weights, n, hidden, c.h_begin, c.h_end, y + c.t * hidden);
 }
 
-// mix = linear(rms_norm(flatten(X)), fn), the CPU's hc_mix: unweighted norm, then fp32 GEMM. With
-// no channels the CPU's GEMM sums nothing: mix = 0 (and cuBLAS rejects K = 0).
-Tensor hc_mix(Backend& be, const Tensor& X, const Tensor& fn, const HcParams& params) {
+// The mix of X and fn's `rows` rows, mix = linear(rms_norm(flatten(X)), fn), the CPU's hc_mix
+// (unweighted norm, then fp32 GEMM): split partial sums where launch_hc_mix_split takes it, else
+// the rows by rms_norm and cuBLAS. With no channels the CPU's GEMM sums nothing: mix = 0 (and
+// cuBLAS rejects K = 0). `tensor` keeps the source's memory alive.
+struct MixSums {
+  Tensor tensor;
+  HcMixSource source;
+};
+
+MixSums hc_mix(CudaBackend& be, const Tensor& X, const Tensor& fn, const HcParams& params, int rows,
+               const char* op) {
   const int64_t tokens = X.size(0);
   const int64_t width = X.size(1) * X.size(2);
-  const int64_t fn_rows = static_cast<int64_t>(2 + params.hc_mult) * params.hc_mult;
-  return width > 0
-             ? be.linear(be.rms_norm(X.reshape({tokens, width}), Tensor(), params.norm_eps), fn)
-             : be.zeros({tokens, fn_rows}, DType::kF32);
+  MixSums m;
+  m.source.width = width;
+  m.source.norm_eps = params.norm_eps;
+  HcMixPartials partials = launch_hc_mix_split(be, X, fn, rows, op);
+  if (partials.splits > 0) {
+    m.tensor = std::move(partials.partial);
+    m.source.splits = partials.splits;
+  } else {
+    m.tensor =
+        width > 0
+            ? be.linear(be.rms_norm(X.reshape({tokens, width}), Tensor(), params.norm_eps), fn)
+            : be.zeros({tokens, rows}, DType::kF32);
+  }
+  m.source.mix = m.tensor.data<float>();
+  return m;
 }
 
 // hc_pre_finish_kernel's arguments for X [T, n, H] and its mix: hc_pre's (pre and prev_pre null;
 // hc_pre_shifted sets them).
-HcFinishArgs hc_finish_args(const Tensor& X, const Tensor& mix, const Tensor& base,
+HcFinishArgs hc_finish_args(const Tensor& X, const MixSums& mix, const Tensor& base,
                             const Tensor& scale, const HcParams& params, const Tensor& post,
                             const Tensor& comb, const Tensor& y) {
   HcFinishArgs a{};
   a.X = X.data<float>();
-  a.mix = mix.data<float>();
+  a.mix = mix.source;
   a.base = base.data<float>();
   a.scale = scale.data<float>();
   a.post = post.data<float>();
@@ -306,7 +388,8 @@ HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& 
                       result.comb.data<float>(), result.y.data<float>(), y_norm, "hc_pre")) {
     return result;
   }
-  Tensor mix = hc_mix(*this, X, fn, params);
+  const int rows = (2 + n) * n;
+  const MixSums mix = hc_mix(*this, X, fn, params, rows, "hc_pre");
   const HcFinishArgs a =
       hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
   launch_hc_pre_finish(a, num_sms(), pdl(), stream(), "hc_pre");
@@ -321,7 +404,7 @@ HcShiftedMix CudaBackend::hc_pre_shifted_impl(const Tensor& X, const Tensor& fn,
   HcShiftedMix result{empty({tokens, n}, DType::kF32), empty({tokens, n}, DType::kF32),
                       empty({tokens, n, n}, DType::kF32), empty({tokens, hidden}, DType::kF32)};
   if (tokens == 0) return result;
-  Tensor mix = hc_mix(*this, X, fn, params);
+  const MixSums mix = hc_mix(*this, X, fn, params, (2 + n) * n, "hc_pre_shifted");
   HcFinishArgs a = hc_finish_args(X, mix, base, scale, params, result.post, result.comb, result.y);
   a.prev_pre = prev_pre.defined() ? prev_pre.data<float>() : nullptr;
   a.pre = result.pre.data<float>();
@@ -339,13 +422,13 @@ Tensor CudaBackend::hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor
                       "hc_head")) {
     return y;
   }
-  Tensor mix = hc_mix(*this, X, fn, params);  // width = n * hidden > 0 here
+  const MixSums mix = hc_mix(*this, X, fn, params, n, "hc_head");  // width = n * hidden > 0 here
   const CollapseGrid g = collapse_grid(num_sms(), tokens, hidden);
   const size_t smem = static_cast<size_t>(n) * sizeof(float);
   launch_programmatic("hc_head", dim3(static_cast<unsigned>(tokens * g.splits)), dim3(kHcThreads),
-                      smem, stream(), pdl(), hc_head_finish_kernel, X.data<float>(),
-                      mix.data<float>(), base.data<float>(), scale.data<float>(), n, hidden,
-                      params.hc_eps, g.splits, g.chunk, y.data<float>());
+                      smem, stream(), pdl(), hc_head_finish_kernel, X.data<float>(), mix.source,
+                      tokens, base.data<float>(), scale.data<float>(), n, hidden, params.hc_eps,
+                      g.splits, g.chunk, y.data<float>());
   DEEPINFER_CUDA_LAUNCH_CHECK("hc_head");
   return y_norm.weight.defined() ? rms_norm_impl(y, y_norm.weight, y_norm.eps) : y;
 }

@@ -87,6 +87,55 @@ TEST(HcFusedGrid, ChoicesTakeTheFusedKernelWhereTheySay) {
   EXPECT_FALSE(hc_fused_chosen(HcPreChoice::kFused, none, 1));
 }
 
+// The split mix's grid (hc_mix_split_grid): token tiles cover the tokens, the splits every column
+// of the flattened row once (the last non-empty) in whole float4 steps, about one CTA per SM;
+// past its bounds (T, n, a width of whole float4s) the cuBLAS path.
+TEST(HcMixSplitGrid, TilesAndSplitsCoverTheMix) {
+  for (const int sms : {1, 8, 132}) {
+    for (int64_t tokens = 1; tokens <= kHcMixSplitMaxTokens + 1; ++tokens) {
+      for (const int n : {1, 3, 4, 5}) {
+        for (const int64_t hidden : {1, 4, 9, 40, 4096}) {
+          const HcMixSplitGrid g = hc_mix_split_grid(sms, tokens, n, hidden);
+          const int64_t width = n * hidden;
+          const bool expected =
+              tokens <= kHcMixSplitMaxTokens && n <= kHcFusedMaxN && width % 4 == 0;
+          ASSERT_EQ(g.split, expected)
+              << sms << " SMs, T " << tokens << ", n " << n << ", H " << hidden;
+          if (!g.split) continue;
+          EXPECT_EQ(g.tiles, (tokens + kHcMixTokens - 1) / kHcMixTokens);
+          EXPECT_EQ(g.chunk % kHcMixColumnStep, 0);
+          EXPECT_GE(g.splits * g.chunk, width);
+          EXPECT_LT((g.splits - 1) * g.chunk, width);
+          // About one CTA per SM: no more than SMs + tiles, unless one split per tile already.
+          if (g.splits > 1) {
+            EXPECT_LE(g.tiles * g.splits, sms + g.tiles);
+          }
+        }
+      }
+    }
+  }
+  // V4-Flash at 64 tokens on an H100: 4 tiles of 32 splits of 512 columns.
+  const HcMixSplitGrid flash = hc_mix_split_grid(132, 64, 4, 4096);
+  EXPECT_EQ(flash.tiles, 4);
+  EXPECT_EQ(flash.splits, 32);
+  EXPECT_EQ(flash.chunk, 512);
+}
+
+// Every choice but legacy takes the split mix where its grid applies; none where it does not.
+TEST(HcMixSplitGrid, ChoicesTakeTheSplitMixWhereTheySay) {
+  const HcMixSplitGrid g = hc_mix_split_grid(132, 64, 4, 4096);
+  const HcMixSplitGrid none = hc_mix_split_grid(132, kHcMixSplitMaxTokens + 1, 4, 4096);
+  for (const HcPreChoice c :
+       {HcPreChoice::kAuto, HcPreChoice::kFused, HcPreChoice::kSplit, HcPreChoice::kLegacy}) {
+    EXPECT_EQ(hc_mix_split_chosen(c, g), c != HcPreChoice::kLegacy);
+    EXPECT_FALSE(hc_mix_split_chosen(c, none));
+  }
+  for (int64_t tokens = 1; tokens <= 8; ++tokens) {
+    const HcFusedGrid fused = hc_fused_grid(132, tokens, 4, 4096, kHcFusedWideCluster);
+    EXPECT_FALSE(hc_fused_chosen(HcPreChoice::kSplit, fused, tokens)) << tokens;
+  }
+}
+
 // The CTAs' units (hc_fused_column) read each float4 column of the flattened row exactly once.
 TEST(HcFusedGrid, UnitsCoverEveryColumnOnce) {
   for (const int n : {1, 2, 3, 4}) {

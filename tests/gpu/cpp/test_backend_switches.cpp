@@ -57,6 +57,11 @@ TEST(BackendSwitches, NamesChoose) {
   EXPECT_EQ(s.hc_cluster, cuda::HcClusterChoice::kPortable);
   ScopedEnv widest("DEEPINFER_HC_CLUSTER", "widest");
   EXPECT_EQ(cuda::read_backend_switches().hc_cluster, cuda::HcClusterChoice::kWidest);
+  for (const auto& [name, choice] : {std::pair{"split", cuda::HcPreChoice::kSplit},
+                                     std::pair{"legacy", cuda::HcPreChoice::kLegacy}}) {
+    ScopedEnv hc_choice("DEEPINFER_HC_PRE", name);
+    EXPECT_EQ(cuda::read_backend_switches().hc_pre, choice) << name;
+  }
 }
 
 // An on/off switch: unset, empty and "on" are on, "off" is off, anything else an error naming the
