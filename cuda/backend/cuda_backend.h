@@ -268,11 +268,16 @@ class CudaBackend final : public Backend {
                       const Tensor& comb) override;
   Tensor hc_head_impl(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale,
                       const HcParams& params, const RowNorm& y_norm) override;
-  // The fused kernel at decode sizes (hc_fused_grid), else hc_post then hc_pre.
+  // The fused kernel at decode sizes (hc_fused_grid), else hc_post_pre_unfused.
   HcPostPre hc_post_pre_impl(const Tensor& X, const Tensor& out, const Tensor& post,
                              const Tensor& comb, const Tensor& fn, const Tensor& base,
                              const Tensor& scale, const HcParams& params,
                              const RowNorm& y_norm) override;
+  // The split mix computing the trunk as it mixes it (hc_post_pre_split), else hc_post then
+  // hc_pre.
+  HcPostPre hc_post_pre_unfused(const Tensor& X, const Tensor& out, const Tensor& post,
+                                const Tensor& comb, const Tensor& fn, const Tensor& base,
+                                const Tensor& scale, const HcParams& params, const RowNorm& y_norm);
   HcShiftedMix hc_pre_shifted_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                    const Tensor& scale, const Tensor& prev_pre,
                                    const HcParams& params) override;

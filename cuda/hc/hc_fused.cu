@@ -54,35 +54,6 @@ struct HcFusedArgs {
   float norm_eps;
 };
 
-// Channels [h, h + 4) of stream s of token t's updated trunk (hc_post's formula in the CPU's order
-// and rounding): post[s] * out[h] + sum_i comb[i][s] * X[i][h], i ascending. pw / cw: the token's
-// post [n] and comb [n * n] (shared memory).
-__device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
-                                               const float* __restrict__ ot, const float* pw,
-                                               const float* cw, int n, int s, int64_t hidden,
-                                               int64_t h) {
-  const float4 o = __ldg(reinterpret_cast<const float4*>(ot + h));
-  float4 xs[kHcFusedMaxN];
-#pragma unroll
-  for (int i = 0; i < kHcFusedMaxN; ++i) {
-    if (i < n) xs[i] = __ldg(reinterpret_cast<const float4*>(xt + i * hidden + h));
-  }
-  const float p = pw[s];
-  float4 v =
-      make_float4(__fmul_rn(p, o.x), __fmul_rn(p, o.y), __fmul_rn(p, o.z), __fmul_rn(p, o.w));
-#pragma unroll
-  for (int i = 0; i < kHcFusedMaxN; ++i) {
-    if (i < n) {
-      const float c = cw[i * n + s];
-      v.x = mul_add_rn(c, xs[i].x, v.x);
-      v.y = mul_add_rn(c, xs[i].y, v.y);
-      v.z = mul_add_rn(c, xs[i].z, v.z);
-      v.w = mul_add_rn(c, xs[i].w, v.w);
-    }
-  }
-  return v;
-}
-
 // Channels [h, h + 4) of a token's collapse y = sum_s pre[s] * X[s] in the CPU's order and
 // rounding. xt: the token's trunk row at channel h; kCoherent: the trunk was written in this
 // kernel (by the cluster's CTAs; not the read-only path).
@@ -491,7 +462,7 @@ HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, cons
                                         const Tensor& scale, const HcParams& params,
                                         const RowNorm& y_norm) {
   if (!hc_fused_applies(*this, X, fn, params) || !aligned16(out.raw_data())) {
-    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
+    return hc_post_pre_unfused(X, out, post, comb, fn, base, scale, params, y_norm);
   }
   const int64_t tokens = X.size(0);
   const int64_t n = params.hc_mult;
@@ -504,9 +475,33 @@ HcPostPre CudaBackend::hc_post_pre_impl(const Tensor& X, const Tensor& out, cons
   if (!launch_hc_fused(*this, X, fn, base, scale, params, result.mix.post.data<float>(),
                        result.mix.comb.data<float>(), result.mix.y.data<float>(), y_norm,
                        "hc_post_pre", &update)) {
-    return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
+    return hc_post_pre_unfused(X, out, post, comb, fn, base, scale, params, y_norm);
   }
   return result;
+}
+
+HcPostPre CudaBackend::hc_post_pre_unfused(const Tensor& X, const Tensor& out, const Tensor& post,
+                                           const Tensor& comb, const Tensor& fn, const Tensor& base,
+                                           const Tensor& scale, const HcParams& params,
+                                           const RowNorm& y_norm) {
+  const int64_t tokens = X.size(0);
+  const int64_t n = params.hc_mult;
+  const int64_t hidden = X.size(2);
+  const HcMixSplitGrid g = hc_mix_split_grid(num_sms(), tokens, params.hc_mult, hidden);
+  if (hc_mix_split_chosen(hc_pre_choice(), g)) {
+    HcPostPre result{empty(X.shape(), DType::kF32),
+                     HcMix{empty({tokens, n}, DType::kF32), empty({tokens, n, n}, DType::kF32),
+                           empty({tokens, hidden}, DType::kF32)}};
+    const HcTrunkUpdate update{out.data<float>(), post.data<float>(), comb.data<float>(),
+                               result.trunk.data<float>()};
+    if (hc_post_pre_split(*this, X, fn, base, scale, params, update, result.trunk, result.mix)) {
+      if (y_norm.weight.defined()) {
+        result.mix.y = rms_norm_impl(result.mix.y, y_norm.weight, y_norm.eps);
+      }
+      return result;
+    }
+  }
+  return Backend::hc_post_pre_impl(X, out, post, comb, fn, base, scale, params, y_norm);
 }
 
 }  // namespace deepinfer::cuda

@@ -52,8 +52,17 @@ struct HcMixPartials {
 
 // Launches hc_mix_split_kernel for X [T, n, H] and fn [rows, n * H] where the backend's choice
 // takes it (hc_mix_split_chosen) and X and fn are 16-byte aligned; else launches nothing and
-// returns splits 0 (the mix is then rms_norm and cuBLAS's GEMM).
+// returns splits 0 (the mix is then rms_norm and cuBLAS's GEMM). update set (hc_post_pre; H a
+// multiple of 4, out and trunk 16-byte aligned): X is the trunk before hc_post, and the kernel
+// writes the updated trunk and mixes it.
 HcMixPartials launch_hc_mix_split(CudaBackend& be, const Tensor& X, const Tensor& fn, int rows,
-                                  const char* op);
+                                  const char* op, const HcTrunkUpdate* update = nullptr);
+
+// hc_post_pre by the split mix (hc_mix.cu computing the trunk, update.trunk = trunk's memory,
+// and mixing it) and hc_pre's finish kernel into mix's post, comb and y (y not normed), where
+// launch_hc_mix_split takes it; false (nothing launched) leaves the call to hc_post then hc_pre.
+bool hc_post_pre_split(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
+                       const Tensor& scale, const HcParams& params, const HcTrunkUpdate& update,
+                       const Tensor& trunk, HcMix& mix);
 
 }  // namespace deepinfer::cuda

@@ -8,7 +8,9 @@
 // (one batch of float4 loads per thread; fn's first batch before the wait for the previous
 // kernel, as no kernel writes fn), and each lane sums a 4-token x 3-row block of dot products over
 // its warp's float4 columns (lanes of row group 0 also the tokens' squares). The warps' sums are
-// added in warp order, so the partials depend on the launch geometry only. The work is FMA issue
+// added in warp order, so the partials depend on the launch geometry only. For hc_post_pre the
+// staged token rows are the updated trunk, which the CTA computes from X, out, post and comb
+// (hc_post's arithmetic) and writes: each (token, column) belongs to one CTA. The work is FMA issue
 // more than bytes (64 tokens: ~25 M FMAs for ~10 MB, mostly L2), so a CTA is 16 warps.
 #include <cstdint>
 
@@ -18,6 +20,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
+#include "cuda/hc/hc_weights.cuh"
 
 namespace deepinfer::cuda {
 
@@ -45,15 +48,20 @@ static_assert(kLoadsPerThread * kHcMixThreads == kStagedRows * kQuads);
 static_assert(kLaneSums * kWarps * 32 <= kStagedRows * kLd, "the warps' sums fit the stage");
 
 struct HcMixArgs {
-  const float* X;   // [T, width]
-  const float* fn;  // [rows, width]
-  float* partial;   // [splits, T, rows + 1]
+  const float* X;        // [T, width]
+  const float* fn;       // [rows, width]
+  float* partial;        // [splits, T, rows + 1]
+  HcTrunkUpdate update;  // trunk null: X is the trunk; else X is the trunk before hc_post
   int64_t tokens;
   int64_t width;
+  int64_t hidden;
   int64_t chunk;
+  int n;
   int rows;
 };
 
+// kUpdate: a.update is set (hc_post_pre).
+template <bool kUpdate>
 __global__ void __launch_bounds__(kHcMixThreads, 1) hc_mix_split_kernel(HcMixArgs a) {
   // Staged rows: the tile's tokens, then fn's rows (zero past T and past `rows`).
   __shared__ __align__(16) float staged[kStagedRows][kLd];
@@ -88,7 +96,19 @@ __global__ void __launch_bounds__(kHcMixThreads, 1) hc_mix_split_kernel(HcMixArg
       const int row = idx / kQuads;
       if ((row >= kHcMixTokens) != fn_rows) continue;
       const float4* p = source(row, idx % kQuads, c, cols);
-      v[i] = p != nullptr ? __ldg(p) : zero;
+      if (p == nullptr) {
+        v[i] = zero;
+      } else if (kUpdate && !fn_rows) {
+        // The trunk's column col = s * hidden + h (hidden % 4 == 0: a quad is in one stream).
+        const int64_t t = t0 + row;
+        const int64_t col = c + 4 * (idx % kQuads);
+        const int s = static_cast<int>(col / a.hidden);
+        v[i] = hc_post_quad(a.X + t * a.width, a.update.out + t * a.hidden, a.update.post + t * a.n,
+                            a.update.comb + t * a.n * a.n, a.n, s, a.hidden, col - s * a.hidden);
+        *reinterpret_cast<float4*>(a.update.trunk + t * a.width + col) = v[i];
+      } else {
+        v[i] = __ldg(p);
+      }
     }
   };
 
@@ -172,13 +192,17 @@ __global__ void __launch_bounds__(kHcMixThreads, 1) hc_mix_split_kernel(HcMixArg
 }  // namespace
 
 HcMixPartials launch_hc_mix_split(CudaBackend& be, const Tensor& X, const Tensor& fn, int rows,
-                                  const char* op) {
+                                  const char* op, const HcTrunkUpdate* update) {
   const int64_t tokens = X.size(0);
   const int n = static_cast<int>(X.size(1));
   const int64_t hidden = X.size(2);
   const HcMixSplitGrid g = hc_mix_split_grid(be.num_sms(), tokens, n, hidden);
   if (!hc_mix_split_chosen(be.hc_pre_choice(), g) || rows > kHcFusedMaxRows ||
       !aligned16(X.raw_data()) || !aligned16(fn.raw_data())) {
+    return {};
+  }
+  if (update != nullptr &&
+      (hidden % 4 != 0 || !aligned16(update->out) || !aligned16(update->trunk))) {
     return {};
   }
   HcMixPartials m;
@@ -188,12 +212,17 @@ HcMixPartials launch_hc_mix_split(CudaBackend& be, const Tensor& X, const Tensor
   a.X = X.data<float>();
   a.fn = fn.data<float>();
   a.partial = reinterpret_cast<float*>(m.partial.raw_data());
+  if (update != nullptr) a.update = *update;
   a.tokens = tokens;
   a.width = n * hidden;
+  a.hidden = hidden;
   a.chunk = g.chunk;
+  a.n = n;
   a.rows = rows;
   launch_programmatic(op, dim3(static_cast<unsigned>(g.splits), static_cast<unsigned>(g.tiles)),
-                      dim3(kHcMixThreads), 0, be.stream(), be.pdl(), hc_mix_split_kernel, a);
+                      dim3(kHcMixThreads), 0, be.stream(), be.pdl(),
+                      update != nullptr ? hc_mix_split_kernel<true> : hc_mix_split_kernel<false>,
+                      a);
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return m;
 }

@@ -322,16 +322,18 @@ struct MixSums {
 };
 
 MixSums hc_mix(CudaBackend& be, const Tensor& X, const Tensor& fn, const HcParams& params, int rows,
-               const char* op) {
+               const char* op, const HcTrunkUpdate* update = nullptr) {
   const int64_t tokens = X.size(0);
   const int64_t width = X.size(1) * X.size(2);
   MixSums m;
   m.source.width = width;
   m.source.norm_eps = params.norm_eps;
-  HcMixPartials partials = launch_hc_mix_split(be, X, fn, rows, op);
+  HcMixPartials partials = launch_hc_mix_split(be, X, fn, rows, op, update);
   if (partials.splits > 0) {
     m.tensor = std::move(partials.partial);
     m.source.splits = partials.splits;
+  } else if (update != nullptr) {
+    return m;  // tensor undefined: the caller takes another path
   } else {
     m.tensor =
         width > 0
@@ -377,6 +379,19 @@ void launch_hc_pre_finish(HcFinishArgs a, int num_sms, bool pdl, cudaStream_t st
 }
 
 }  // namespace
+
+bool hc_post_pre_split(CudaBackend& be, const Tensor& X, const Tensor& fn, const Tensor& base,
+                       const Tensor& scale, const HcParams& params, const HcTrunkUpdate& update,
+                       const Tensor& trunk, HcMix& mix) {
+  const int n = params.hc_mult;
+  const MixSums sums = hc_mix(be, X, fn, params, (2 + n) * n, "hc_post_pre", &update);
+  if (!sums.tensor.defined()) return false;
+  // The finish kernel collapses the trunk the mix kernel wrote (the launch before it).
+  const HcFinishArgs a =
+      hc_finish_args(trunk, sums, base, scale, params, mix.post, mix.comb, mix.y);
+  launch_hc_pre_finish(a, be.num_sms(), be.pdl(), be.stream(), "hc_post_pre");
+  return true;
+}
 
 HcMix CudaBackend::hc_pre_impl(const Tensor& X, const Tensor& fn, const Tensor& base,
                                const Tensor& scale, const HcParams& params, const RowNorm& y_norm) {

@@ -1,5 +1,5 @@
 // The mHC weights of one token and the CPU's rounding, shared by the hc kernels (hc_pre.cu,
-// hc_post.cu, hc_fused.cu). Products that feed sums are rounded separately (__fmul_rn /
+// hc_post.cu, hc_fused.cu, hc_mix.cu). Products that feed sums are rounded separately (__fmul_rn /
 // __fadd_rn) because the CPU build has no FMA contraction, and every sum runs in the CPU's order;
 // the weights, the collapse and hc_post are then the CPU's arithmetic exactly (expf is within
 // 2 ulp of glibc's).
@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/activation.cuh"
+#include "cuda/hc/hc_heuristics.h"
 
 namespace deepinfer::cuda {
 
@@ -73,6 +74,35 @@ __device__ void hc_comb_warp(const float* __restrict__ m, const float* __restric
     v = v / (warp_col_sum<N>(v, col) + eps);
   }
   if (owner) comb[lane] = v;
+}
+
+// Channels [h, h + 4) of stream s of token t's updated trunk (hc_post's formula in the CPU's order
+// and rounding; n <= kHcFusedMaxN): post[s] * out[h] + sum_i comb[i][s] * X[i][h], i ascending.
+// xt / ot: the token's X [n, hidden] and out [hidden]; pw / cw: its post [n] and comb [n * n].
+__device__ __forceinline__ float4 hc_post_quad(const float* __restrict__ xt,
+                                               const float* __restrict__ ot, const float* pw,
+                                               const float* cw, int n, int s, int64_t hidden,
+                                               int64_t h) {
+  const float4 o = __ldg(reinterpret_cast<const float4*>(ot + h));
+  float4 xs[kHcFusedMaxN];
+#pragma unroll
+  for (int i = 0; i < kHcFusedMaxN; ++i) {
+    if (i < n) xs[i] = __ldg(reinterpret_cast<const float4*>(xt + i * hidden + h));
+  }
+  const float p = pw[s];
+  float4 v =
+      make_float4(__fmul_rn(p, o.x), __fmul_rn(p, o.y), __fmul_rn(p, o.z), __fmul_rn(p, o.w));
+#pragma unroll
+  for (int i = 0; i < kHcFusedMaxN; ++i) {
+    if (i < n) {
+      const float c = cw[i * n + s];
+      v.x = mul_add_rn(c, xs[i].x, v.x);
+      v.y = mul_add_rn(c, xs[i].y, v.y);
+      v.z = mul_add_rn(c, xs[i].z, v.z);
+      v.w = mul_add_rn(c, xs[i].w, v.w);
+    }
+  }
+  return v;
 }
 
 }  // namespace deepinfer::cuda
