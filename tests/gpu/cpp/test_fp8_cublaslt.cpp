@@ -21,13 +21,16 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/gemm/gemm_fp8_heuristics.h"
+#include "cuda_test.h"
 #include "deepinfer/backend.h"
 #include "deepinfer/weight.h"
-#include "device_backends.h"
 #include "inputs.h"
 
 namespace deepinfer::backend_ops {
 namespace {
+
+// The shared CUDA backend (CudaTest: skipped without a GPU, failed where the device is required).
+class Fp8CublasLt : public CudaTest {};
 
 const char* path_name(cuda::Fp8LinearPath p) {
   switch (p) {
@@ -47,14 +50,9 @@ const char* path_name(cuda::Fp8LinearPath p) {
   return "?";
 }
 
-TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
-  std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
-  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+TEST_F(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
+  Backend* be = &gpu();
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(gpu());
   std::mt19937 rng(20261202);
   // wq_a-like (linear), shared-w13-like (a linear past the f16 math's rows: cuBLASLt from 17
   // tokens) and wo_a-like (8 groups).
@@ -92,14 +90,9 @@ TEST(Fp8CublasLt, TakesEveryTokenCountAboveTheDecodeKernels) {
 // (DEEPINFER_FP8_CUBLASLT_TUNE, fp8_linear_choice.h): the candidates differ in tiles and K splits,
 // so its result may differ from the heuristic pick's in f32 summation order only; later calls keep
 // the same algorithm, so they repeat the first tuned call's bytes.
-TEST(Fp8CublasLt, TunedAlgorithmSumsLikeTheHeuristicsPick) {
-  std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
-  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
+TEST_F(Fp8CublasLt, TunedAlgorithmSumsLikeTheHeuristicsPick) {
+  Backend* be = &gpu();
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(gpu());
   const cuda::Fp8LinearChoice own = cuda_be.fp8_linear();
   const bool own_tune = cuda_be.cublaslt_tune();
   cuda_be.set_fp8_linear(cuda::Fp8LinearChoice::kLegacy);
