@@ -112,6 +112,12 @@ __device__ __forceinline__ void bulk_copy_to_shared_hinted_at(uint32_t smem, con
       : "memory");
 }
 
+// `bytes` (a multiple of 16; 16-byte aligned) of global memory into L2 by the bulk copy engine,
+// a hint: nothing waits for it, and a later read of the lines is coherent whatever it found.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
+
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) shared -> global by the bulk copy
 // engine, in this thread's bulk group (bulk_store_commit); the thread does not wait for it.
 // Shared memory written by plain stores needs fence_async_shared before it.

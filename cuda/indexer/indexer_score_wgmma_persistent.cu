@@ -20,6 +20,16 @@
 //    of behind this call's records (session 33, an H100, one build: B = 64 at 32K 34.0-34.2 ->
 //    31.9 us, B = 256 at 32K 111.4-111.9 -> 106.2-107.1 us, 128K unchanged). Prefill's tokens
 //    share their keys through L2 and keep the normal policy (evict-first cost it 4%).
+//  - Start: as a programmatic dependent launch (pdl.cuh) the block waits for the previous grid
+//    only after its prologue (the scan, which reads the layout's positions and q_start), the
+//    producer's first block-table entries and an L2 prefetch of its first batch of records. So
+//    the layout's tables must not be the previous kernel's output: within a forward no kernel
+//    writes them (they are uploaded; shift_rows moves rows between forwards), and in the model
+//    quantize_indexer_q comes right before this kernel. The records may be (a prefetch only
+//    warms L2; the copies come after the wait). An H100 (session 58), graph replay of the scores
+//    at B = 64 over 32K: 32.3 -> 26.1-26.3 us (0.71 -> 0.87-0.88 of copy); the wait after the
+//    prologue without the prefetch 30.2-30.3; the first copies into the ring before the wait
+//    28.4. quantize_indexer_q + the op: 62.0-62.3 -> 57.9-58.3 us.
 //  - q: kPersistQWarps warps stage each token's f16 B tile from its e4m3 codes (a.q_codes; no
 //    decode kernel) into a ring of kPersistQSlots slots with the token's scaled head weights and
 //    where its tiles sit (QSlotMeta); consumers take a slot per token and release it.
@@ -166,6 +176,7 @@ template <int kStages>
 __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n,
                                 const BlockSchedule& sc, const PersistSmem& sm,
                                 bool records_read_once) {
+  bool waited = false;  // for the previous kernel (enter_dependent_grid)
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const uint64_t evict_first = l2_evict_first_policy();
   const int run_keys = min(a.epb, kMmaKeys);
@@ -216,6 +227,13 @@ __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n
       }
       const uint8_t* src = a.cache + row0 * kFp8RecordBytes;
       const int batch = min(batch_tiles, tiles - i0);
+      if (!waited) {
+        // The first batch's records start for L2 while the previous grid drains (a hint: the
+        // copies below read whatever that grid wrote).
+        if (keys > 0) bulk_prefetch_l2(src, bytes);
+        enter_dependent_grid();
+        waited = true;
+      }
       for (int u = 0; u < batch; ++u) {
         const uint32_t f = f0 + static_cast<uint32_t>(i0 + u);
         const uint32_t st = f % kStages;
@@ -239,6 +257,7 @@ __device__ void produce_records(const ScoreArgs& a, const DeviceLayout& l, int n
     }
     f0 += static_cast<uint32_t>(tiles);
   }
+  if (!waited) enter_dependent_grid();  // not reached: a range's first token has tiles
 }
 
 // The f16x2 of q values v0, v1 at k-step `step` of the B tile: v times the head scale (exact in
@@ -495,7 +514,6 @@ template <int kCvtSteps, bool kFp8Mma>
 __global__ void __launch_bounds__(Shape<kFp8Mma>::kThreads, 1)
     indexer_score_wgmma_persistent_kernel(ScoreArgs a, DeviceLayout l, int n,
                                           bool records_read_once) {
-  enter_dependent_grid();
   using S = Shape<kFp8Mma>;
   extern __shared__ float4 smem4[];
   const int tid = static_cast<int>(threadIdx.x);
@@ -514,15 +532,20 @@ __global__ void __launch_bounds__(Shape<kFp8Mma>::kThreads, 1)
   // Syncs: the barriers are initialised after it.
   const BlockSchedule sc =
       locate_block_range<S::kThreads>(a, l, n, sm.scan, sm.tok_visible, sm.q_start);
-  if (sc.range.count == 0) return;  // uniform over the block
+  if (sc.range.count == 0) {  // uniform over the block
+    enter_dependent_grid();
+    return;
+  }
   if (tid >= S::kConsumerThreads) {
     if (tid < S::kConsumerThreads + 32) {
       produce_records<S::kStages>(a, l, n, sc, sm, records_read_once);
     } else {
+      enter_dependent_grid();  // q's codes and weights: the previous kernel's output
       stage_q_slots<kCvtSteps, kFp8Mma>(a, l, n, sc, sm, tid - S::kConsumerThreads - 32);
     }
     return;
   }
+  enter_dependent_grid();  // the scores buffer: the previous kernel may still read it
   consume_tiles<kCvtSteps, kFp8Mma>(a, sc.range, sm, tid / kWgmmaThreads, tid % kWgmmaThreads);
 }
 

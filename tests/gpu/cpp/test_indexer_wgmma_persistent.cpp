@@ -12,12 +12,12 @@
 // than SMs). The prefill chunk of short rows (705 tokens) is the one case with more tokens than
 // the block has threads, so its blocks walk the tokens from the positions in global memory; every
 // other case walks the prologue's tables in shared memory. One TEST per case, so that a hang names
-// its case. Also: the switch
-// (DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent) runs it by default for q in fp8 and keeps the
-// pipelined kernel for q in f32; forcing it on f32 q is refused. Skips without a GPU or off
-// sm_90. Host inputs: as test_indexer_wgmma_pipelined.cpp (a second or two for the 32K cases).
-// The fp8-MMA variant (no key conversion; the default for q in fp8) is held to a tolerance
-// instead (Fp8MmaScoresAreClose).
+// its case. Also: the switch (DEEPINFER_INDEXER_FP8_SCORES=wgmma_persistent) runs it by default
+// for q in fp8 and keeps the pipelined kernel for q in f32; forcing it on f32 q is refused; and
+// the default scores right after the quantization of their q (the kernel waits for the previous
+// grid after its prologue). Skips without a GPU or off sm_90. Host inputs: as
+// test_indexer_wgmma_pipelined.cpp (a second or two for the 32K cases). The fp8-MMA variant (no
+// key conversion; the default for q in fp8) is held to a tolerance instead (Fp8MmaScoresAreClose).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -315,6 +315,43 @@ TEST(IndexerWgmmaPersistentSwitch, F32QKeepsThePipelinedKernel) {
     ADD_FAILURE() << "the persistent kernel took q in f32";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+  }
+}
+
+// The kernel waits for the previous grid only after its prologue (the header's "Start"), so its
+// q warps must not read q's codes before that wait. As in the model, quantize_indexer_q runs right
+// before the scores (programmatic dependents on the stream, no synchronization between), each
+// time just after other codes (q negated) were written and freed; the scores must be the bytes of
+// the same call with a synchronization after the quantization.
+TEST(IndexerWgmmaPersistentStart, ScoresRightAfterTheQuantization) {
+  cuda::CudaBackend* be = wgmma_backend();
+  if (be == nullptr) GTEST_SKIP() << "needs the CUDA backend on an sm_90 device";
+  std::mt19937 rng(20261215);
+  std::vector<SeqSpec> seqs;
+  for (int b = 0; b < 64; ++b) seqs.push_back({32767 - 61 * b, 1, b});
+  const IndexerIn in = draw_case({"start", seqs}, rng);
+  const int64_t tokens = in.hb.num_tokens();
+  const int64_t bound = int64_t{in.hb.max_blocks} * (kBlock / kRatio);
+  const OnDevice d = upload(*be, in, /*f32_q=*/true);
+  Tensor negated = in.q.to(DType::kF32);
+  for (int64_t i = 0; i < negated.numel(); ++i) negated.data<float>()[i] *= -1.0f;
+  const Tensor q_negated = up(*be, negated);
+  auto scores_after_quantization = [&](bool synchronize) {
+    Tensor s = be->zeros({tokens, bound}, DType::kF32);
+    (void)be->quantize_indexer_q(q_negated, d.w);  // other codes, freed at once
+    const IndexerQFp8 q8 = be->quantize_indexer_q(d.q, d.w);
+    if (synchronize) be->synchronize();
+    cuda::IndexerRunOptions opt;
+    opt.run_select = false;
+    opt.scores = s.data<float>();
+    (void)cuda::indexer_topk_run(*be, q8.q, q8.weights, d.cache, d.layout, kRatio, kTopK,
+                                 kScoreScale, kWeightScale, opt);
+    return be->to_host(s);
+  };
+  const Tensor want = scores_after_quantization(true);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(first_difference(want, scores_after_quantization(false), bound), "")
+        << "round " << round;
   }
 }
 
