@@ -25,11 +25,11 @@
 //    producer's first block-table entries and an L2 prefetch of its first batch of records. So
 //    the layout's tables must not be the previous kernel's output: within a forward no kernel
 //    writes them (they are uploaded; shift_rows moves rows between forwards), and in the model
-//    quantize_indexer_q comes right before this kernel. The records may be (a prefetch only
-//    warms L2; the copies come after the wait). An H100 (session 58), graph replay of the scores
-//    at B = 64 over 32K: 32.3 -> 26.1-26.3 us (0.71 -> 0.87-0.88 of copy); the wait after the
-//    prologue without the prefetch 30.2-30.3; the first copies into the ring before the wait
-//    28.4. quantize_indexer_q + the op: 62.0-62.3 -> 57.9-58.3 us.
+//    quantize_indexer_q comes right before this kernel. The records may be its output: the
+//    prefetch only warms L2, and the copies come after the wait. An H100 (session 58), graph
+//    replay of the scores at B = 64 over 32K: 32.3 -> 26.1-26.3 us (0.71 -> 0.87-0.88 of copy);
+//    the wait after the prologue without the prefetch 30.2-30.3; the first copies into the ring
+//    before the wait 28.4. quantize_indexer_q + the op: 62.0-62.3 -> 57.9-58.3 us.
 //  - q: kPersistQWarps warps stage each token's f16 B tile from its e4m3 codes (a.q_codes; no
 //    decode kernel) into a ring of kPersistQSlots slots with the token's scaled head weights and
 //    where its tiles sit (QSlotMeta); consumers take a slot per token and release it.
