@@ -97,13 +97,16 @@ inline double copy_roofline_gbps(Backend& be, int64_t bytes) {
   return 2.0 * static_cast<double>(bytes) / us / 1e3;
 }
 
-// The copy roofline as a row of its own (a 2 GiB f32 buffer copied), printed next to the rows it
-// grades.
-inline void emit_copy_roofline(Backend& be) {
-  const int64_t bytes = int64_t{1} << 31;
-  const double gbps = copy_roofline_gbps(be, bytes);
-  emit("roofline_copy(copy_into)", "2GiB f32", 2.0 * static_cast<double>(bytes) / gbps / 1e3,
-       2.0 * static_cast<double>(bytes), 0);
+// The buffer the copy roofline rows copy: 2 GiB of f32.
+constexpr int64_t kCopyRooflineBytes = int64_t{1} << 31;
+
+// The copy roofline as a row of its own, printed next to the rows it grades; returns its GB/s.
+inline double emit_copy_roofline(Backend& be) {
+  const double gbps = copy_roofline_gbps(be, kCopyRooflineBytes);
+  emit("roofline_copy(copy_into)", "2GiB f32",
+       2.0 * static_cast<double>(kCopyRooflineBytes) / gbps / 1e3,
+       2.0 * static_cast<double>(kCopyRooflineBytes), 0);
+  return gbps;
 }
 
 inline void emit_ratio(const std::string& name, const std::string& shape, double us, double bytes,
