@@ -392,7 +392,7 @@ void for_each_prefill_kernel(Backend& be, const Body& body) {
 
 void bench_moe_experts_mxfp4(Backend& be, int iters) {
   const int e = 256, inter = 2048, h = 4096, kk = 6;
-  const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
+  const double copy_gbps = copy_roofline_gbps(be, kCopyRooflineBytes);
   std::printf("{\"op\": \"roofline_copy(copy_into)\", \"shape\": \"2GiB f32\", \"GBps\": %.1f}\n",
               copy_gbps);
   // One pool per matrix kind; experts are row ranges of it. Scale bytes 116..119: weights of
@@ -466,7 +466,7 @@ void bench_moe_experts_mxfp4(Backend& be, int iters) {
 // tokens on each prefill kernel.
 void bench_moe_experts_fp8(Backend& be, int iters) {
   const int e = 256, inter = 2048, h = 4096, kk = 6, blk = 128;
-  const double copy_gbps = copy_roofline_gbps(be, int64_t{1} << 31);
+  const double copy_gbps = copy_roofline_gbps(be, kCopyRooflineBytes);
   // e4m3 bytes with exponent fields <= 7 (no NaN), block scales 2^-6.
   Tensor gu_v = random_device_bytes(be, {int64_t{e} * 2 * inter, h}, DType::kF8E4M3, 5, 0xbf, 0);
   Tensor dn_v = random_device_bytes(be, {int64_t{e} * h, inter}, DType::kF8E4M3, 6, 0xbf, 0);
