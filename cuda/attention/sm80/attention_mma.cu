@@ -75,6 +75,15 @@
 // counter, reset by that block so a graph replay starts from zero; in split order, so the result
 // is deterministic) or by attention_combine.cu.
 //
+// The start, for a programmatic dependent launch: the block lets the combine launch, reads the
+// layout's tables (positions, sequence bounds, the sequence's block-table row into shared memory)
+// and only then waits for the previous grid, before any read of q, the top-k columns or a key
+// record (this call's kv rows and the top-k are the previous kernels' outputs). No kernel writes
+// the layout's tables within a forward (cuda/README.md). With the combine's own early trigger
+// (attention_combine.cu), a B = 1 decode call (fp8 KV, top-512 + 128 window) went 9.69-9.71 ->
+// 9.17-9.19 us on an H100; the reads before the wait alone, behind a combine that let nothing
+// launch early, were 0.15 us slower.
+//
 // Robustness is that of the f32 kernel (see attention.cu): invalid or masked keys are zero rows
 // with logit -inf, out-of-range entries are not visible, no host sync, grid and scratch sized
 // from host metadata only, so the op can be captured in a CUDA graph.
@@ -242,6 +251,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       "the fused combine's weights fit the regions it overwrites");
   extern __shared__ int4 smem_raw[];
   __shared__ int last_flag;
+  __shared__ int32_t table_s[kMmaTableEntries];  // the sequence's block-table row (the start)
   char* smem = reinterpret_cast<char*>(smem_raw);
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   uint8_t* stage = reinterpret_cast<uint8_t*>(smem + L::kStageOff);
@@ -252,8 +262,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 
   // This grid may be a programmatic dependent launch of the kernel before it (the backend's pdl),
   // and the separate combine is one of this grid: its blocks are scheduled while this grid runs
-  // and wait for it to complete (griddepcontrol.wait).
-  enter_dependent_grid();
+  // and wait for it to complete (griddepcontrol.wait). The combine may launch at once; this grid
+  // waits for its predecessor below, after the reads of the layout (the head comment's start).
+  let_dependents_launch();
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -269,10 +280,32 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int cr = tid >> 3;
   const int cs = tid & 7;
 
-  // A sparse list's top-k value of this thread's first key, loaded with the layout rather than
-  // after it: guessed for the usual list (a full window, so the compressed keys start at
-  // a.window) and used only when the layout confirms the guess. It takes a dependent load off
-  // the chain (layout, top-k, block table, record) that a decode block's first tile waits for.
+  // Before the wait, only the layout's tables: no kernel writes them within a forward. This
+  // token's key list (the same keys as the f32 kernel), and for a sparse list the sequence's
+  // block-table row in shared memory, so that the first tile's top-k entries (the previous
+  // grid's output in the model) find their rows without another global round trip.
+  const AttentionKeys keys(a, l, t);
+  const bool table_in_smem = a.sparse && l.max_blocks <= kMmaTableEntries;
+  if (table_in_smem) {
+    for (int i = tid; i < l.max_blocks; i += kMmaThreads) {
+      table_s[i] = l.block_table[static_cast<int64_t>(keys.b) * l.max_blocks + i];
+    }
+  }
+  __syncthreads();  // table_s
+  wait_for_previous_grid();
+  // keys.entry with the block table in shared memory (where it is there).
+  auto entry_at = [&](int64_t j) -> const uint8_t* {
+    if (!table_in_smem) return keys.entry(a, l, j);
+    if (j < 0 || j >= keys.visible || j / a.epb >= l.max_blocks) return nullptr;
+    const int64_t block = table_s[j / a.epb];
+    const int64_t row = block * a.epb + j % a.epb;
+    return block < 0 || row >= a.entry_rows ? nullptr : a.entries + row * a.entf.row_bytes;
+  };
+  // A sparse list's top-k value of this thread's first key, loaded right after the wait without
+  // waiting for the layout's values: guessed for the usual list (a full window, so the compressed
+  // keys start at a.window) and used only when the layout confirms the guess. With the block
+  // table in shared memory, a decode block's first tile then waits for two global round trips
+  // after the wait (top-k, record) instead of four (layout, top-k, block table, record).
   const int64_t guess_keys = int64_t{a.window} + a.topk_cols;
   const KeyRange guess = split_key_range<kMmaKeys>(guess_keys, blockIdx.z, gridDim.z);
   const int64_t guess_c = guess.begin + cr - a.window;
@@ -280,8 +313,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int64_t topk_guess =
       guessed ? a.topk[static_cast<int64_t>(t) * a.topk_cols + guess_c] : int64_t{-1};
 
-  // This token's key list (the same keys as the f32 kernel) and this split's range of it.
-  const AttentionKeys keys(a, l, t);
+  // This split's range of the key list.
   const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   const bool guess_holds = guessed && keys.n_sliding == a.window && keys.n_keys == guess_keys;
   // Key i of the list, or null when it is masked.
@@ -305,7 +337,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   bool my_valid = false;              // this thread's key of the tile in the stage
   const uint8_t* src_next = nullptr;  // this thread's key of the next tile to issue
   if (range.begin < range.end) {
-    const uint8_t* src0 = guess_holds ? keys.entry(a, l, topk_guess) : key_at(range.begin + cr);
+    const uint8_t* src0 = guess_holds ? entry_at(topk_guess) : key_at(range.begin + cr);
     if constexpr (kFmt == KvFormat::kBf16) {  // flies while q is rounded
       copy_bf16_key<kDim>(kb_base, valid_base, src0, cr, cs);
     } else {

@@ -15,6 +15,10 @@ constexpr int kMmaSStride = kMmaKeys + 8;  // f32 row stride of ss: conflict-fre
 // Tiles one block-wave is assumed to need beyond its key tiles (loading q, the epilogue): the
 // split heuristic trades these against more, shorter blocks.
 constexpr int64_t kMmaOverheadTiles = 2;
+// Block-table entries of a token's sequence the kernel keeps in shared memory (4 KB, next to the
+// 217 KB of MmaLayout<512>): 1,024 blocks of 128 tokens reach 128K positions; longer sequences
+// look their entries up in global memory.
+constexpr int kMmaTableEntries = 1024;
 
 template <int kDim>
 struct MmaLayout {
