@@ -77,12 +77,12 @@
 //
 // The start, for a programmatic dependent launch: the block lets the combine launch, reads the
 // layout's tables (positions, sequence bounds, the sequence's block-table row into shared memory)
-// and only then waits for the previous grid, before any read of q, the top-k columns or a key
-// record (this call's kv rows and the top-k are the previous kernels' outputs). No kernel writes
-// the layout's tables within a forward (cuda/README.md). With the combine's own early trigger
-// (attention_combine.cu), a B = 1 decode call (fp8 KV, top-512 + 128 window) went 9.69-9.71 ->
-// 9.17-9.19 us on an H100; the reads before the wait alone, behind a combine that let nothing
-// launch early, were 0.15 us slower.
+// and AttentionSpec::swa_start, and only then waits for the previous grid, before any read of q,
+// the top-k columns or a key record (this call's kv rows and the top-k are the previous kernels'
+// outputs). No kernel writes those tables within a forward: they are uploaded (cuda/README.md).
+// With the combine's own early trigger (attention_combine.cu), a B = 1 decode call (fp8 KV, top-512
+// + 128 window) went 9.69-9.71 -> 9.17-9.19 us on an H100; the reads before the wait alone, behind
+// a combine that let nothing launch early, were 0.15 us slower.
 //
 // Robustness is that of the f32 kernel (see attention.cu): invalid or masked keys are zero rows
 // with logit -inf, out-of-range entries are not visible, no host sync, grid and scratch sized
@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int cr = tid >> 3;
   const int cs = tid & 7;
 
-  // Before the wait, only the layout's tables: no kernel writes them within a forward. This
+  // Before the wait, only the layout's tables and swa_start: no kernel writes them within a
+  // forward. This
   // token's key list (the same keys as the f32 kernel), and for a sparse list the sequence's
   // block-table row in shared memory, so that the first tile's top-k entries (the previous
   // grid's output in the model) find their rows without another global round trip.
