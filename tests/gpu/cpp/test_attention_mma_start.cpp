@@ -4,9 +4,8 @@
 // before that wait. As in the model, the kernels that write those inputs run right before the
 // attention (programmatic dependents on the stream, no synchronization between), each just after
 // other contents (q negated, the kv rows and each top-k list in reverse order) were written and
-// freed; the output must
-// be the bytes of the same call with a synchronization before the attention. Skips without an
-// sm_90 device (before sm_90 the launches are ordinary).
+// freed; the output must be the bytes of the same call with a synchronization before the
+// attention. Skips without an sm_90 device (before sm_90 the launches are ordinary).
 #include <gtest/gtest.h>
 
 #include <algorithm>
