@@ -55,8 +55,15 @@ struct AttentionKeys {
   // Compressed entry j of the sequence (a top-k value, or a dense index), or null when it is
   // masked or not visible.
   __device__ const uint8_t* entry(const AttentionArgs& a, const DeviceLayout& l, int64_t j) const {
+    return entry_in(a, l.block_table + static_cast<int64_t>(b) * l.max_blocks, l.max_blocks, j);
+  }
+
+  // entry, by the sequence's block-table row `table` of `max_blocks` entries (a copy of it in
+  // shared memory, say).
+  __device__ const uint8_t* entry_in(const AttentionArgs& a, const int32_t* table, int max_blocks,
+                                     int64_t j) const {
     if (j < 0 || j >= visible) return nullptr;
-    const int64_t row = entry_row(l, b, j, a.epb, a.entry_rows);
+    const int64_t row = entry_row_in(table, max_blocks, j, a.epb, a.entry_rows);
     return row >= 0 ? a.entries + row * a.entf.row_bytes : nullptr;
   }
 };

@@ -79,16 +79,24 @@ __device__ __forceinline__ int64_t visible_entries(int64_t pos, int ratio, int64
   return v < bound ? v : bound;
 }
 
-// Row of entry j of sequence b in a paged cache of `rows` rows with `epb` entries per block, or
-// -1 when the block table does not map it inside the cache.
-__device__ __forceinline__ int64_t entry_row(const DeviceLayout& l, int b, int64_t j, int epb,
-                                             int64_t rows) {
+// Row of entry j in a paged cache of `rows` rows with `epb` entries per block, by a sequence's
+// block-table row `table` of `max_blocks` entries (in global or shared memory), or -1 when the
+// table does not map it inside the cache.
+__device__ __forceinline__ int64_t entry_row_in(const int32_t* table, int max_blocks, int64_t j,
+                                                int epb, int64_t rows) {
   const int64_t logical = j / epb;
-  if (j < 0 || logical >= l.max_blocks) return -1;
-  const int64_t block = l.block_table[static_cast<int64_t>(b) * l.max_blocks + logical];
+  if (j < 0 || logical >= max_blocks) return -1;
+  const int64_t block = table[logical];
   const int64_t row = block * epb + j % epb;
   if (block < 0 || row >= rows) return -1;
   return row;
+}
+
+// entry_row_in over sequence b's row of the layout's block table.
+__device__ __forceinline__ int64_t entry_row(const DeviceLayout& l, int b, int64_t j, int epb,
+                                             int64_t rows) {
+  return entry_row_in(l.block_table + static_cast<int64_t>(b) * l.max_blocks, l.max_blocks, j, epb,
+                      rows);
 }
 
 }  // namespace deepinfer::cuda

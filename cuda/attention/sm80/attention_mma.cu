@@ -281,10 +281,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int cs = tid & 7;
 
   // Before the wait, only the layout's tables and swa_start: no kernel writes them within a
-  // forward. This
-  // token's key list (the same keys as the f32 kernel), and for a sparse list the sequence's
-  // block-table row in shared memory, so that the first tile's top-k entries (the previous
-  // grid's output in the model) find their rows without another global round trip.
+  // forward. This token's key list (the same keys as the f32 kernel), and for a sparse list the
+  // sequence's block-table row in shared memory, so that the first tile's top-k entries (the
+  // previous grid's output in the model) find their rows without another global round trip.
   const AttentionKeys keys(a, l, t);
   const bool table_in_smem = a.sparse && l.max_blocks <= kMmaTableEntries;
   if (table_in_smem) {
@@ -294,13 +293,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   }
   __syncthreads();  // table_s
   wait_for_previous_grid();
-  // keys.entry with the block table in shared memory (where it is there).
+  // keys.entry, by the block table in shared memory where it is there.
   auto entry_at = [&](int64_t j) -> const uint8_t* {
-    if (!table_in_smem) return keys.entry(a, l, j);
-    if (j < 0 || j >= keys.visible || j / a.epb >= l.max_blocks) return nullptr;
-    const int64_t block = table_s[j / a.epb];
-    const int64_t row = block * a.epb + j % a.epb;
-    return block < 0 || row >= a.entry_rows ? nullptr : a.entries + row * a.entf.row_bytes;
+    return table_in_smem ? keys.entry_in(a, table_s, l.max_blocks, j) : keys.entry(a, l, j);
   };
   // A sparse list's top-k value of this thread's first key, loaded right after the wait without
   // waiting for the layout's values: guessed for the usual list (a full window, so the compressed
