@@ -344,6 +344,8 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
   const std::pair<IndexerSelectKernel, std::string> selections[] = {
       {IndexerSelectKernel::kAuto, ""},
       {IndexerSelectKernel::kBinned, ", binned: one wide block per row"},
+      {IndexerSelectKernel::kRowSort,
+       ", binned, rows of at most 1024 slots sorted whole (the default where binned runs)"},
       {IndexerSelectKernel::kOneBlock, ", one block per row"},
       {IndexerSelectKernel::kSplit, ", split over blocks"}};
   // The whole op with each selection kernel forced; the binned one only where a row fits its
@@ -351,7 +353,8 @@ void run_indexer(Backend& be, int iters, int batch, int s_q, int ctx, DType kv,
   const bool binned_fits =
       cuda::indexer_binned_selection_fits(cuda_be, top_k, int64_t{blocks} * (128 / ratio));
   auto skipped = [&](IndexerSelectKernel k) {
-    return k == IndexerSelectKernel::kBinned && !binned_fits;
+    return (k == IndexerSelectKernel::kBinned || k == IndexerSelectKernel::kRowSort) &&
+           !binned_fits;
   };
   for (const auto& [k, label] : selections) {
     if (k == IndexerSelectKernel::kAuto || skipped(k)) continue;
@@ -466,8 +469,10 @@ void bench_indexer(Backend& be, int iters, const std::string& match) {
     run_indexer(be, iters, 256, 1, ctx, DType::kU8, match, copy_gbps);
   }
   // A short context over fp8 index keys: mostly the call's fixed part (launch, each block's
-  // prologue and first copies, its tail).
+  // prologue and first copies, its tail). At B = 1 it is the model benchmark's decode row (1,024
+  // entries at ratio 4), where the selection sorts the whole row.
   run_indexer(be, iters, 64, 1, 4096, DType::kU8, match, copy_gbps);
+  run_indexer(be, iters, 1, 1, 4096, DType::kU8, match, copy_gbps);
   // Prefill: the last 1024-row chunk of a 32K prompt.
   for (const DType kv : {DType::kF32, DType::kBF16, DType::kU8, DType::kE2M1x2})
     run_indexer(be, iters, 1, 1024, 32768, kv, match, copy_gbps);

@@ -95,6 +95,8 @@ struct IndexerConfig {
   // for the one-block kernel (indexer_select.cu); and its step 3's shared memory.
   bool binned;
   size_t binned_smem;
+  // With binned: tokens of at most kRowSortMaxSlots slots sort their whole row (kAuto, kRowSort).
+  bool row_sort;
   int64_t select_splits;
   size_t split_final_smem;
 };
@@ -107,7 +109,7 @@ constexpr int64_t kSplitSlotsPerBlock = 2048;
 // 35.6 vs 32.9 us at B = 64) and won from 5 (128K: 31 vs 90 us at B = 1, 64 vs 105 us at B = 64).
 constexpr int64_t kSplitMinBlocks = 5;
 
-// A forced kBinned that does not fit counts as kAuto here.
+// A forced kBinned or kRowSort that does not fit counts as kAuto here.
 inline int64_t split_select_blocks(int64_t tokens, int64_t selected, int num_sms,
                                    IndexerSelectKernel want) {
   if (want == IndexerSelectKernel::kOneBlock) return 0;
@@ -185,8 +187,10 @@ inline IndexerConfig choose_indexer(const IndexerProblem& p, int num_sms, size_t
   // keep the split selection (from kSplitMinBlocks blocks) or the one-block kernel.
   c.binned_smem = binned_select_smem_bytes(c.cap, p.selected);
   c.binned =
-      (want_select == IndexerSelectKernel::kAuto || want_select == IndexerSelectKernel::kBinned) &&
+      (want_select == IndexerSelectKernel::kAuto || want_select == IndexerSelectKernel::kBinned ||
+       want_select == IndexerSelectKernel::kRowSort) &&
       c.binned_smem <= max_smem;
+  c.row_sort = c.binned && want_select != IndexerSelectKernel::kBinned;
   c.split_final_smem =
       split_select_final_smem_bytes(c.cap, std::min<int64_t>(p.selected, kSplitSmemPairs));
   c.select_splits = !c.binned && c.split_final_smem <= max_smem

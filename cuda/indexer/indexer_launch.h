@@ -256,6 +256,8 @@ inline size_t split_select_final_smem_bytes(int64_t cap, int64_t smem_pairs) {
 constexpr int kBinnedThreads = 1024;
 constexpr int kBinnedBits = 11;
 constexpr int kBinnedMiscWords = 40;
+// The binned kernel's whole-row sort (IndexerSelectKernel::kRowSort): one slot per thread.
+constexpr int kRowSortMaxSlots = kBinnedThreads;
 
 inline size_t binned_select_smem_bytes(int64_t cap, int64_t row) {
   const int64_t cap32 = (cap + 31) / 32 * 32;
@@ -338,9 +340,10 @@ void launch_indexer_select(const SelectArgs& a, const DeviceLayout& l, int64_t n
                            KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream);
 
 // indexer_select_binned.cu: one block per token of the group; smem is binned_select_smem_bytes.
+// row_sort: tokens of at most kRowSortMaxSlots slots sort their whole row.
 void launch_indexer_select_binned(const SelectArgs& a, const DeviceLayout& l, int64_t n,
-                                  size_t smem, KernelSmemLimits& smem_limits, bool pdl,
-                                  cudaStream_t stream);
+                                  size_t smem, bool row_sort, KernelSmemLimits& smem_limits,
+                                  bool pdl, cudaStream_t stream);
 
 // indexer_select_split.cu: the three steps above for the group's n tokens, `splits` blocks per
 // token in steps 1 and 2; final_smem is step 3's (split_select_final_smem_bytes).

@@ -113,8 +113,12 @@ enum class IndexerSelectKernel {
   kOneBlock,  // indexer_select.cu: one block per token
   kSplit,     // indexer_select_split.cu: a token's keys over several blocks (where it fits)
   // indexer_select_binned.cu: one wide block per token, the row in shared memory (where it fits;
-  // elsewhere kAuto's choice among the other two).
+  // elsewhere kAuto's choice among the other two), by its histogram passes at every row length.
   kBinned,
+  // kBinned, except that a token of at most kRowSortMaxSlots slots sorts its whole row instead
+  // (one bitonic network over the block: no histogram, refinement or rank search). kAuto's choice
+  // where kBinned runs.
+  kRowSort,
 };
 
 struct IndexerRunOptions {

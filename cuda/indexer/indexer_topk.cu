@@ -17,10 +17,11 @@
 //     visible entry j into a scratch row of `bound` = max_blocks_per_seq * epb floats.
 //  2. indexer_select_binned.cu where a row fits one block's shared memory: one wide block per
 //     token, a histogram of the keys' top bits, then a radix select over the threshold bin's
-//     keys only; else indexer_select.cu, one block per token: an exact radix select of the top
-//     min(top_k, visible) keys, then a rank sort by score descending, index ascending; or, for
-//     a few long rows, indexer_select_split.cu: the same set and order with each token's keys
-//     read by several blocks.
+//     keys only (a token of at most 1,024 slots sorts its whole row instead); else
+//     indexer_select.cu, one block per token: an exact radix select of the top min(top_k, visible)
+//     keys, then a rank sort by score descending, index ascending; or, for a few long rows,
+//     indexer_select_split.cu: the same set and order with each token's keys read by several
+//     blocks.
 //
 // Content errors cannot be raised without a host sync. Where the CPU op throws, these kernels
 // stay inside their buffers and do the following instead:
@@ -140,7 +141,7 @@ void launch_indexer_selection(const SelectArgs& se, const IndexerConfig& c,
                               const SelectScratch& scratch, const DeviceLayout& l, int64_t n,
                               KernelSmemLimits& smem_limits, bool pdl, cudaStream_t stream) {
   if (c.binned) {
-    launch_indexer_select_binned(se, l, n, c.binned_smem, smem_limits, pdl, stream);
+    launch_indexer_select_binned(se, l, n, c.binned_smem, c.row_sort, smem_limits, pdl, stream);
     return;
   }
   if (c.select_splits == 0) {
