@@ -3,11 +3,11 @@
 // ranking and against the binned kernel's histogram passes (kBinned) and the one-block kernel
 // (kOneBlock), on scores written by the test (the op's select stage alone): descending score,
 // the lower slot first at equal scores, -1 past the token's visible entries. Rows of 1 to 2,000
-// visible entries at ratio 4 (33, 512, 513, 1,024 and 1,025 among them: the network's widths
-// and the first row past kRowSortMaxSlots, which takes the histogram passes), top 512 and 64,
-// batches whose longest row fits the sort (the scores read before the slot count) and batches
-// where it does not (each token's own choice). Scores are small integers (hundreds of ties), a
-// few -inf (unmapped entries rank last, by slot), or random floats. Skips without a GPU.
+// visible entries at ratio 4 (networks of 32, 64, 128, 512 and 1,024; 33, 512, 513 and 1,024 at
+// their edges; 1,025, the first row past kRowSortMaxSlots, which takes the histogram passes), top
+// 512 and 64, batches whose longest row fits the sort (the scores read before the slot count) and
+// batches where it does not (each token's own choice). Scores are small integers (hundreds of
+// ties), a few -inf (unmapped entries rank last, by slot), or random floats. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
