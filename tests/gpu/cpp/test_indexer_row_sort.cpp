@@ -21,8 +21,8 @@
 
 #include "cuda/backend/cuda_backend.h"
 #include "cuda/indexer/indexer_options.h"
+#include "cuda_test.h"
 #include "deepinfer/backend.h"
-#include "device_backends.h"
 #include "indexer_rows.h"
 #include "inputs.h"
 
@@ -52,13 +52,11 @@ std::vector<int32_t> host_top_k(const float* row, int64_t visible, int top_k) {
   return slots;
 }
 
-TEST(IndexerRowSort, SameSlotsAsTheHostAndTheOtherSelections) {
-  std::string why;
-  Backend* be = shared_backend("cuda", &why);
-  if (be == nullptr) {
-    if (device_required()) FAIL() << why;
-    GTEST_SKIP() << why;
-  }
+// The shared CUDA backend (CudaTest: skipped without a GPU, failed where the device is required).
+using IndexerRowSort = CudaTest;
+
+TEST_F(IndexerRowSort, SameSlotsAsTheHostAndTheOtherSelections) {
+  Backend* be = &gpu();
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(*be);
   // ctx for a row of `entries` visible entries.
   const auto row_of = [](int entries, int slot) { return SeqSpec{entries * kRatio - 1, 1, slot}; };
