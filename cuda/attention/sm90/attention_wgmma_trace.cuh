@@ -2,33 +2,15 @@
 // OverlapTraceRecorder<kOn> is empty and every call a no-op unless kOn, so the kernel's ordinary
 // instantiations compile to the same code as without it. With kOn the first thread of each
 // warpgroup of a traced block (the first `ctas` blocks) stores clock64 stamps into the block's
-// record; the stamps are volatile asm with a memory clobber, so they stay between the barriers
-// and memory operations they bracket.
+// record (the clocks of cuda/common/trace_clock.cuh).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/attention/sm90/attention_wgmma_trace.h"
+#include "cuda/common/trace_clock.cuh"
 
 namespace deepinfer::cuda::attention_wgmma {
-
-__device__ __forceinline__ int64_t trace_clock() {
-  uint64_t v;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(v)::"memory");
-  return static_cast<int64_t>(v);
-}
-
-__device__ __forceinline__ int64_t trace_globaltimer() {
-  uint64_t v;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v)::"memory");
-  return static_cast<int64_t>(v);
-}
-
-__device__ __forceinline__ int64_t trace_smid() {
-  uint32_t v;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
-  return v;
-}
 
 // Makes the thread wait until `v` (a register a load writes) has landed, so that the next
 // stamp comes after the load completed (trace builds only: it serialises on the load).
