@@ -2,9 +2,14 @@
 #include "cuda_hc_bench.h"
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "cuda/backend/cuda_backend.h"
+#include "cuda/hc/hc_fused_trace.h"
+#include "cuda/hc/hc_heuristics.h"
 #include "op_bench_util.h"
 
 namespace deepinfer::bench {
@@ -22,6 +27,20 @@ struct HcWeights {
   Tensor fn;
   Tensor base;
   Tensor scale;
+};
+
+// The backend's fused mHC kernel traced into `buffer` while this lives.
+class HcTraceScope {
+ public:
+  HcTraceScope(cuda::CudaBackend& be, const cuda::HcFusedTraceBuffer& buffer) : be_(be) {
+    be_.set_hc_fused_trace(buffer);
+  }
+  ~HcTraceScope() { be_.set_hc_fused_trace({}); }
+  HcTraceScope(const HcTraceScope&) = delete;
+  HcTraceScope& operator=(const HcTraceScope&) = delete;
+
+ private:
+  cuda::CudaBackend& be_;
 };
 
 }  // namespace
@@ -109,6 +128,72 @@ void bench_mhc(Backend& be, int iters, const std::string& path) {
     emit("hc_post[" + path + "]", shape,
          time_graph_us(be, iters, [&] { (void)be.hc_post(X, out, post, comb); }),
          2 * x_bytes + y_bytes, 0);
+  }
+}
+
+void bench_mhc_trace(Backend& be, int iters) {
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
+  const HcWeights pre_w{rnd(be, {kFnRows, kWidth}, DType::kF32, 100, 0.01f),
+                        rnd(be, {kFnRows}, DType::kF32, 101), rnd(be, {3}, DType::kF32, 102)};
+  const HcWeights head_w{rnd(be, {kHcMult, kWidth}, DType::kF32, 103, 0.01f),
+                         rnd(be, {kHcMult}, DType::kF32, 104), rnd(be, {1}, DType::kF32, 105)};
+  const RowNorm y_norm{rnd(be, {kHidden}, DType::kF32, 34), 1e-6f};
+  const HcParams p;
+  for (const int64_t tokens : {1, 8}) {
+    const Tensor X = rnd(be, {tokens, kHcMult, kHidden}, DType::kF32, 30);
+    const Tensor out = rnd(be, {tokens, kHidden}, DType::kF32, 31);
+    const Tensor post = rnd(be, {tokens, kHcMult}, DType::kF32, 32);
+    const Tensor comb = rnd(be, {tokens, kHcMult, kHcMult}, DType::kF32, 33);
+    const std::string shape = "T=" + std::to_string(tokens) + " N=4 H=4096 ynorm (graph)";
+    const cuda::HcFusedGrid g = cuda::hc_fused_grid(cuda_be.num_sms(), tokens, kHcMult, kHidden,
+                                                    cuda_be.hc_fused_cluster(tokens));
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"hc_pre", [&] { (void)be.hc_pre(X, pre_w.fn, pre_w.base, pre_w.scale, p, y_norm); }},
+        {"hc_post_pre",
+         [&] {
+           (void)be.hc_post_pre(X, out, post, comb, pre_w.fn, pre_w.base, pre_w.scale, p, y_norm);
+         }},
+        {"hc_head", [&] { (void)be.hc_head(X, head_w.fn, head_w.base, head_w.scale, p, y_norm); }},
+    };
+    for (const auto& [op, call] : ops) {
+      if (!g.fused || !cuda::hc_fused_chosen(cuda_be.hc_pre_choice(), g, tokens)) {
+        std::printf(
+            "{\"trace\": \"hc_fused\", \"op\": \"%s\", \"shape\": \"%s\", "
+            "\"skipped\": \"the fused kernel does not run here (DEEPINFER_HC_PRE)\"}\n",
+            op, shape.c_str());
+        continue;
+      }
+      const int ctas = static_cast<int>(g.groups * g.splits);
+      const double untraced_us = time_graph_us(be, iters, call);
+      const Tensor stamps = be.zeros({cuda::hc_fused_trace_words(ctas)}, DType::kI64);
+      double traced_us = 0;
+      {
+        const HcTraceScope traced(cuda_be, {static_cast<int64_t*>(stamps.raw_data()), ctas});
+        traced_us = time_graph_us(be, iters, call);
+      }
+      const Tensor host = be.to_host(stamps);
+      const int64_t* w = host.data<int64_t>();
+      const cuda::HcFusedTraceSummary t = cuda::summarize_hc_fused_trace(
+          std::vector<int64_t>(w, w + cuda::hc_fused_trace_words(ctas)), ctas);
+      std::string phases;
+      for (int ph = 0; ph < cuda::kHcPhases; ++ph) {
+        const cuda::HcFusedPhaseStats& s = t.phases[static_cast<size_t>(ph)];
+        if (s.ctas == 0) continue;
+        char buf[160];
+        std::snprintf(buf, sizeof(buf),
+                      "%s\"%s\": {\"mean\": %.0f, \"max\": %lld, \"max_cta\": %d}",
+                      phases.empty() ? "" : ", ", cuda::hc_fused_trace_phase_name(ph), s.mean,
+                      static_cast<long long>(s.max), s.max_cta);
+        phases += buf;
+      }
+      std::printf(
+          "{\"trace\": \"hc_fused\", \"op\": \"%s\", \"shape\": \"%s\", "
+          "\"us_untraced\": %.3f, \"us_traced\": %.3f, \"ctas\": %d, \"clusters\": %lld, "
+          "\"clock_ghz\": %.3f, \"end_spread_ns\": %lld, \"cycles\": {%s}}\n",
+          op, shape.c_str(), untraced_us, traced_us, t.ctas, static_cast<long long>(g.groups),
+          t.clock_ghz, static_cast<long long>(t.end_spread_ns), phases.c_str());
+      std::fflush(stdout);
+    }
   }
 }
 

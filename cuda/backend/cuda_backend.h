@@ -28,6 +28,7 @@
 #include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/common/smem_limits.h"
 #include "cuda/gemm/fp8_linear_choice.h"
+#include "cuda/hc/hc_fused_trace.h"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/indexer/indexer_options.h"
 #include "cuda/moe/moe_heuristics.h"
@@ -153,6 +154,11 @@ class CudaBackend final : public Backend {
   // runs its traced instantiation (fp8 records, plain or ilp launch; other overlap modes throw).
   OverlapTraceBuffer attention_trace() const { return attention_trace_; }
   void set_attention_trace(const OverlapTraceBuffer& t) { attention_trace_ = t; }
+  // Where the fused mHC kernel records its timing trace (hc_fused_trace.h; a benchmark's device
+  // buffer), or {} (the default): untraced. While set, hc_fused.cu launches its traced
+  // instantiations.
+  HcFusedTraceBuffer hc_fused_trace() const { return hc_fused_trace_; }
+  void set_hc_fused_trace(const HcFusedTraceBuffer& t) { hc_fused_trace_ = t; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
   // Whether the latest tensor-core attention call ran the wgmma kernel (read by tests, benches).
@@ -338,6 +344,7 @@ class CudaBackend final : public Backend {
   AttentionKernelChoice attention_kernel_ = AttentionKernelChoice::kMmaSync;
   bool last_attention_wgmma_ = false;
   OverlapTraceBuffer attention_trace_;
+  HcFusedTraceBuffer hc_fused_trace_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
   HcPreChoice hc_pre_choice_ = HcPreChoice::kAuto;

@@ -18,6 +18,7 @@
 #include "cuda/common/pdl.cuh"
 #include "cuda/common/ptx_sm80.cuh"
 #include "cuda/common/reduce.cuh"
+#include "cuda/hc/hc_fused_trace.cuh"
 #include "cuda/hc/hc_heuristics.h"
 #include "cuda/hc/hc_launch.h"
 #include "cuda/hc/hc_weights.cuh"
@@ -52,6 +53,7 @@ struct HcFusedArgs {
   int iters;
   float hc_eps;
   float norm_eps;
+  HcFusedTraceBuffer trace;  // the trace instantiations' records (hc_fused_trace.h)
 };
 
 // Channels [h, h + 4) of a token's collapse y = sum_s pre[s] * X[s] in the CPU's order and
@@ -100,7 +102,8 @@ __device__ __forceinline__ float4 hc_collapse_quad(const float* xt, const float*
 // kPost (hc_post_pre): step 1 reads the updated trunk, computing it from X, out, post and comb
 // (row group 0 writes it), and step 4 collapses it: the trunk a CTA collapses is its own slice
 // (with y_norm, its squares read the slices of the group's other CTAs too, ordered by step 2).
-template <int TB, int RG, bool kPost, int U>
+// kTrace: the trace instantiation, stamping each phase's end (hc_fused_trace.cuh).
+template <int TB, int RG, bool kPost, int U, bool kTrace>
 __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArgs a) {
   constexpr int kWarps = kHcFusedThreads / 32;
   constexpr int kUnitsPerPass = kHcFusedThreads / RG;
@@ -128,6 +131,8 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
   const int64_t h_begin = split * a.chunk;
   const int64_t h_end = h_begin + a.chunk < hidden ? h_begin + a.chunk : hidden;
   const int quads = static_cast<int>((h_end - h_begin) / 4);  // float4 columns of a stream here
+  const HcFusedTraceRecorder<kTrace> trace(a.trace);
+  trace.start();
   {
     // Before the wait for the previous kernel (pdl.cuh; no kernel writes fn): this CTA's slice of
     // fn, rows x n segments of h_end - h_begin channels, into L2, a 128-byte line per prefetch.
@@ -139,7 +144,9 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
       prefetch_l2(p);
     }
   }
+  trace.stamp(kHcTracePrefetched);
   enter_dependent_grid();
+  trace.stamp(kHcTraceWaited);
   if constexpr (kPost) {
     for (int p = tid; p < TB * n; p += kHcFusedThreads) {
       const int64_t t = t0 + p / n;
@@ -152,6 +159,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     }
     __syncthreads();
   }
+  trace.stamp(kHcTraceStaged);
 
   // 1. Partial sums. Unit u = (stream, float4 column); thread rows r = row_group * RPT + i.
   const int row_group = tid / kUnitsPerPass;
@@ -228,6 +236,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
       }
     }
   }
+  trace.stamp(kHcTraceMixed);
 #pragma unroll
   for (int j = 0; j < TB; ++j) {
 #pragma unroll
@@ -239,6 +248,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     if (lane == 0) warp_sums[warp][j][kRowsPerThread] = v;
   }
   __syncthreads();
+  trace.stamp(kHcTraceReduced);
   const int stride = rows + 1;
   float* part = a.partial + (group * a.splits + split) * TB * stride;
   for (int p = tid; p < TB * stride; p += kHcFusedThreads) {
@@ -253,11 +263,14 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     part[p] = sum;
   }
 
+  trace.stamp(kHcTracePartials);
+
   // 2. Meet the group's other CTAs (the cluster is the group).
   if (a.splits > 1)
     cg::this_cluster().sync();
   else
     __syncthreads();
+  trace.stamp(kHcTraceClusterMet);
 
   // 3. The mix rows this CTA needs (all for split 0 of hc_pre, else pre's n) and the squares,
   // summed over the splits in order: lanes take splits, then the fixed butterfly.
@@ -275,6 +288,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     if (lane == 0) totals[j][r] = sum;
   }
   __syncthreads();
+  trace.stamp(kHcTraceSummed);
   for (int p = tid; p < TB * needed; p += kHcFusedThreads) {
     const int j = p / needed;
     const float inv_rms = 1.0f / sqrtf(totals[j][rows] / static_cast<float>(width) + a.norm_eps);
@@ -285,6 +299,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     pre[p / n][p % n] = hc_pre_weight(totals[p / n], a.base, a.scale[0], p % n, a.hc_eps);
   }
   __syncthreads();
+  trace.stamp(kHcTracePre);
   // Split 0 of hc_pre: post and comb, token j on warp kWarps - TB + j (hc_comb_warp, as the
   // unfused finish kernel), while the other warps collapse.
   if (weights_cta && warp >= kWarps - TB) {
@@ -310,6 +325,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
       default:
         break;  // n <= kHcFusedMaxN (hc_fused_grid)
     }
+    if (j == 0 && lane == 0) trace.stamp_here(kHcTraceWeights);
     return;  // no barrier follows
   }
 
@@ -346,6 +362,7 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
       if (lane == 0) norm_sums[warp][j] = squares_y;
     }
     named_barrier_sync(1, collapse_threads);
+    trace.stamp(kHcTraceNormed);
 #pragma unroll
     for (int j = 0; j < TB; ++j) {
       double total = 0.0;
@@ -367,21 +384,33 @@ __global__ void __launch_bounds__(kHcFusedThreads, 1) hc_fused_kernel(HcFusedArg
     }
     *reinterpret_cast<float4*>(a.y + t * hidden + h) = y;
   }
+  trace.finish();
 }
 
 // The kernel's instantiations: one token per CTA (4 units' loads at once) or 4 (2 at once);
 // hc_post_pre's trunk update holds more registers, so 4 row groups of 6 fn rows there, and 2 row
-// groups of 12 for hc_pre / hc_head at 4 tokens.
-constexpr auto kHcFusedOne = hc_fused_kernel<1, 4, false, 4>;
-constexpr auto kHcFusedOnePost = hc_fused_kernel<1, 4, true, 4>;
-constexpr auto kHcFusedFour = hc_fused_kernel<4, 2, false, 2>;
-constexpr auto kHcFusedFourPost = hc_fused_kernel<4, 4, true, 2>;
+// groups of 12 for hc_pre / hc_head at 4 tokens. kTrace: the same, traced.
+template <bool kTrace>
+struct HcFusedKernels {
+  static constexpr auto kOne = hc_fused_kernel<1, 4, false, 4, kTrace>;
+  static constexpr auto kOnePost = hc_fused_kernel<1, 4, true, 4, kTrace>;
+  static constexpr auto kFour = hc_fused_kernel<4, 2, false, 2, kTrace>;
+  static constexpr auto kFourPost = hc_fused_kernel<4, 4, true, 2, kTrace>;
+};
 
 }  // namespace
 
 HcFusedClusters hc_fused_max_cluster(KernelSmemLimits& limits) {
   HcFusedClusters c{static_cast<int>(kHcFusedWideCluster), 0};
-  for (const auto kernel : {kHcFusedOne, kHcFusedOnePost, kHcFusedFour, kHcFusedFourPost}) {
+  using Traced = HcFusedKernels<true>;
+  for (const auto kernel : {Traced::kOne, Traced::kOnePost, Traced::kFour, Traced::kFourPost}) {
+    // The trace instantiations run at the size the ordinary ones get (benchmarks only).
+    DEEPINFER_CUDA_THROW_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+        "allowing the traced fused hc kernel a non-portable cluster");
+  }
+  using Kernels = HcFusedKernels<false>;
+  for (const auto kernel : {Kernels::kOne, Kernels::kOnePost, Kernels::kFour, Kernels::kFourPost}) {
     DEEPINFER_CUDA_THROW_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
         "allowing the fused hc kernel a non-portable cluster");
@@ -448,10 +477,19 @@ bool launch_hc_fused(CudaBackend& be, const Tensor& X, const Tensor& fn, const T
   l.cluster = dim3(static_cast<unsigned>(g.splits), 1, 1);
   l.stream = be.stream();
   l.pdl = be.pdl();
-  if (g.tokens_per_cta == 1) {
-    launch_clustered(op, l, update != nullptr ? kHcFusedOnePost : kHcFusedOne, a);
+  a.trace = be.hc_fused_trace();
+  const auto launch = [&]<bool kTrace>() {
+    using K = HcFusedKernels<kTrace>;
+    if (g.tokens_per_cta == 1) {
+      launch_clustered(op, l, update != nullptr ? K::kOnePost : K::kOne, a);
+    } else {
+      launch_clustered(op, l, update != nullptr ? K::kFourPost : K::kFour, a);
+    }
+  };
+  if (a.trace.stamps != nullptr) {
+    launch.template operator()<true>();
   } else {
-    launch_clustered(op, l, update != nullptr ? kHcFusedFourPost : kHcFusedFour, a);
+    launch.template operator()<false>();
   }
   DEEPINFER_CUDA_LAUNCH_CHECK(op);
   return true;
