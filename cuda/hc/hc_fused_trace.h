@@ -66,6 +66,10 @@ enum HcFusedTracePhase : int {
   kHcPhases,
 };
 
+// Phases prefetch .. pre are the intervals between consecutive words entry .. pre.
+static_assert(int{kHcTracePre} == int{kHcTraceEntry} + int{kHcPhasePre} + 1,
+              "the phases follow the words");
+
 inline const char* hc_fused_trace_phase_name(int phase) {
   static constexpr std::array<const char*, kHcPhases> kNames = {
       "prefetch", "wait", "stage", "mix",      "reduce",  "partials",  "cluster",
