@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "cuda/backend/cuda_backend.h"
+#include "cuda/gemm/gemm_launch.h"
 #include "cuda/hc/hc_fused_trace.h"
 #include "cuda/hc/hc_heuristics.h"
+#include "deepinfer/weight.h"
 #include "op_bench_util.h"
 
 namespace deepinfer::bench {
@@ -131,6 +133,32 @@ void bench_mhc(Backend& be, int iters, const std::string& path) {
   }
 }
 
+namespace {
+
+// One JSON line of a traced op: the phases of the last traced call (hc_fused_trace.h); `timing`:
+// the line's timing fields, already formatted.
+void print_hc_trace(const char* op, const std::string& shape, const std::string& timing,
+                    const cuda::HcFusedTraceSummary& t, int64_t clusters) {
+  std::string phases;
+  for (int ph = 0; ph < cuda::kHcPhases; ++ph) {
+    const cuda::HcFusedPhaseStats& s = t.phases[static_cast<size_t>(ph)];
+    if (s.ctas == 0) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s\"%s\": {\"mean\": %.0f, \"max\": %lld, \"max_cta\": %d}",
+                  phases.empty() ? "" : ", ", cuda::hc_fused_trace_phase_name(ph), s.mean,
+                  static_cast<long long>(s.max), s.max_cta);
+    phases += buf;
+  }
+  std::printf(
+      "{\"trace\": \"hc_fused\", \"op\": \"%s\", \"shape\": \"%s\", %s, \"ctas\": %d, "
+      "\"clusters\": %lld, \"clock_ghz\": %.3f, \"end_spread_ns\": %lld, \"cycles\": {%s}}\n",
+      op, shape.c_str(), timing.c_str(), t.ctas, static_cast<long long>(clusters), t.clock_ghz,
+      static_cast<long long>(t.end_spread_ns), phases.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 void bench_mhc_trace(Backend& be, int iters) {
   auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
   const HcWeights pre_w{rnd(be, {kFnRows, kWidth}, DType::kF32, 100, 0.01f),
@@ -139,22 +167,54 @@ void bench_mhc_trace(Backend& be, int iters) {
                          rnd(be, {kHcMult}, DType::kF32, 104), rnd(be, {1}, DType::kF32, 105)};
   const RowNorm y_norm{rnd(be, {kHidden}, DType::kF32, 34), 1e-6f};
   const HcParams p;
+  // The predecessor of the "after wo_b" rows: V4-Flash's wo_b (FP8, 4096 x 8192, 128 x 128
+  // blocks), 8 copies in rotation (256 MB: past the L2, as the layers' weights stream in a step),
+  // whose output is hc_post_pre's `out`, as in the model.
+  constexpr int64_t kWoBIn = 2 * kHidden;
+  constexpr int kWoBCopies = 8;
+  std::vector<MatrixWeight> wo_b;
+  {
+    MatrixWeight host;
+    host.values = random_e4m3({kHidden, kWoBIn}, 7);
+    host.scales = Tensor::from_vector(
+        std::vector<float>(static_cast<size_t>(kHidden / 128 * (kWoBIn / 128)), 1.0f / 64),
+        {kHidden / 128, kWoBIn / 128});
+    host.format = WeightFormat::kFp8Block;
+    host.block_rows = 128;
+    host.block_cols = 128;
+    host.act_group = 128;
+    for (int i = 0; i < kWoBCopies; ++i) {
+      wo_b.push_back(be.upload_matrix_weight(host));
+      cuda::prepare_fp8_wgmma_map(cuda_be, wo_b.back());  // before any capture
+    }
+  }
   for (const int64_t tokens : {1, 8}) {
     const Tensor X = rnd(be, {tokens, kHcMult, kHidden}, DType::kF32, 30);
     const Tensor out = rnd(be, {tokens, kHidden}, DType::kF32, 31);
     const Tensor post = rnd(be, {tokens, kHcMult}, DType::kF32, 32);
     const Tensor comb = rnd(be, {tokens, kHcMult, kHcMult}, DType::kF32, 33);
+    const Tensor wo_b_in = rnd(be, {tokens, kWoBIn}, DType::kF32, 35);
     const std::string shape = "T=" + std::to_string(tokens) + " N=4 H=4096 ynorm (graph)";
     const cuda::HcFusedGrid g = cuda::hc_fused_grid(cuda_be.num_sms(), tokens, kHcMult, kHidden,
                                                     cuda_be.hc_fused_cluster(tokens));
-    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
-        {"hc_pre", [&] { (void)be.hc_pre(X, pre_w.fn, pre_w.base, pre_w.scale, p, y_norm); }},
+    // The ops as the model calls them; `o`: hc_post_pre's sub-layer output.
+    const std::vector<std::pair<const char*, std::function<void(const Tensor&)>>> ops = {
+        {"hc_pre",
+         [&](const Tensor&) { (void)be.hc_pre(X, pre_w.fn, pre_w.base, pre_w.scale, p, y_norm); }},
         {"hc_post_pre",
-         [&] {
-           (void)be.hc_post_pre(X, out, post, comb, pre_w.fn, pre_w.base, pre_w.scale, p, y_norm);
+         [&](const Tensor& o) {
+           (void)be.hc_post_pre(X, o, post, comb, pre_w.fn, pre_w.base, pre_w.scale, p, y_norm);
          }},
-        {"hc_head", [&] { (void)be.hc_head(X, head_w.fn, head_w.base, head_w.scale, p, y_norm); }},
+        {"hc_head",
+         [&](const Tensor&) {
+           (void)be.hc_head(X, head_w.fn, head_w.base, head_w.scale, p, y_norm);
+         }},
     };
+    int next = 0;
+    const auto gemv = [&] {
+      return be.linear(wo_b_in, wo_b[static_cast<size_t>(next++ % kWoBCopies)]);
+    };
+    const double gemv_us = time_graph_us(be, iters, [&] { (void)gemv(); });
     for (const auto& [op, call] : ops) {
       if (!g.fused || !cuda::hc_fused_chosen(cuda_be.hc_pre_choice(), g, tokens)) {
         std::printf(
@@ -164,35 +224,36 @@ void bench_mhc_trace(Backend& be, int iters) {
         continue;
       }
       const int ctas = static_cast<int>(g.groups * g.splits);
-      const double untraced_us = time_graph_us(be, iters, call);
       const Tensor stamps = be.zeros({cuda::hc_fused_trace_words(ctas)}, DType::kI64);
-      double traced_us = 0;
-      {
-        const HcTraceScope traced(cuda_be, {static_cast<int64_t*>(stamps.raw_data()), ctas});
-        traced_us = time_graph_us(be, iters, call);
-      }
-      const Tensor host = be.to_host(stamps);
-      const int64_t* w = host.data<int64_t>();
-      const cuda::HcFusedTraceSummary t = cuda::summarize_hc_fused_trace(
-          std::vector<int64_t>(w, w + cuda::hc_fused_trace_words(ctas)), ctas);
-      std::string phases;
-      for (int ph = 0; ph < cuda::kHcPhases; ++ph) {
-        const cuda::HcFusedPhaseStats& s = t.phases[static_cast<size_t>(ph)];
-        if (s.ctas == 0) continue;
-        char buf[160];
-        std::snprintf(buf, sizeof(buf),
-                      "%s\"%s\": {\"mean\": %.0f, \"max\": %lld, \"max_cta\": %d}",
-                      phases.empty() ? "" : ", ", cuda::hc_fused_trace_phase_name(ph), s.mean,
-                      static_cast<long long>(s.max), s.max_cta);
-        phases += buf;
-      }
-      std::printf(
-          "{\"trace\": \"hc_fused\", \"op\": \"%s\", \"shape\": \"%s\", "
-          "\"us_untraced\": %.3f, \"us_traced\": %.3f, \"ctas\": %d, \"clusters\": %lld, "
-          "\"clock_ghz\": %.3f, \"end_spread_ns\": %lld, \"cycles\": {%s}}\n",
-          op, shape.c_str(), untraced_us, traced_us, t.ctas, static_cast<long long>(g.groups),
-          t.clock_ghz, static_cast<long long>(t.end_spread_ns), phases.c_str());
-      std::fflush(stdout);
+      // `fn` timed untraced, then traced; the summary of the traced graph's last call.
+      const auto traced = [&](const std::function<void()>& fn, double& untraced_us,
+                              double& traced_us) {
+        untraced_us = time_graph_us(be, iters, fn);
+        {
+          const HcTraceScope scope(cuda_be, {static_cast<int64_t*>(stamps.raw_data()), ctas});
+          traced_us = time_graph_us(be, iters, fn);
+        }
+        const Tensor host = be.to_host(stamps);
+        const int64_t* w = host.data<int64_t>();
+        return cuda::summarize_hc_fused_trace(
+            std::vector<int64_t>(w, w + cuda::hc_fused_trace_words(ctas)), ctas);
+      };
+      double alone_us = 0, alone_traced_us = 0;
+      const cuda::HcFusedTraceSummary alone = traced([&] { call(out); }, alone_us, alone_traced_us);
+      char timing[256];
+      std::snprintf(timing, sizeof(timing), "\"us_untraced\": %.3f, \"us_traced\": %.3f", alone_us,
+                    alone_traced_us);
+      print_hc_trace(op, shape, timing, alone, g.groups);
+      // After wo_b: what the op adds to a graph of GEMVs (us_pair - us_gemv) against its time
+      // alone, and its phases when its predecessor fills the GPU.
+      double pair_us = 0, pair_traced_us = 0;
+      const cuda::HcFusedTraceSummary after =
+          traced([&] { call(gemv()); }, pair_us, pair_traced_us);
+      std::snprintf(timing, sizeof(timing),
+                    "\"after\": \"wo_b (fp8 linear, 32 MiB, %d copies)\", \"us_gemv\": %.3f, "
+                    "\"us_pair\": %.3f, \"us_added\": %.3f, \"us_pair_traced\": %.3f",
+                    kWoBCopies, gemv_us, pair_us, pair_us - gemv_us, pair_traced_us);
+      print_hc_trace(op, shape, timing, after, g.groups);
     }
   }
 }

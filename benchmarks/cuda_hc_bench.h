@@ -16,10 +16,12 @@ namespace deepinfer::bench {
 void bench_mhc(Backend& be, int iters, const std::string& path);
 
 // The fused mHC kernel's timing trace (cuda/hc/hc_fused_trace.h) at T = 1 and 8, as the model
-// calls the ops (hc_pre and hc_post_pre with the sub-layer's norm, hc_head with the final one):
-// one JSON line per op with the per-phase cycles of the last of `iters` calls replayed from a
-// graph (mean over the CTAs, and the max with its CTA), the CTAs' clock, the spread of their
-// ends, and the graph's us per call untraced and traced (what the stamps cost).
+// calls the ops (hc_pre and hc_post_pre with the sub-layer's norm, hc_head with the final one),
+// each in two JSON lines: alone, and after V4-Flash's wo_b FP8 linear (hc_post_pre taking its
+// output, as in the model) with the us it adds to a graph of those linears. Each line has the
+// per-phase cycles of the last of `iters` calls replayed from a graph (mean over the CTAs, and
+// the max with its CTA), the CTAs' clock, the spread of their ends, and us untraced and traced
+// (what the stamps cost).
 void bench_mhc_trace(Backend& be, int iters);
 
 }  // namespace deepinfer::bench

@@ -51,15 +51,6 @@ void lt_check(cublasStatus_t s, const char* what) {
   }
 }
 
-// A host e4m3 tensor of random bytes with magnitudes up to 1.875 (exponent field <= 7, no NaN).
-Tensor random_e4m3(const Shape& shape, uint32_t seed) {
-  Tensor t = Tensor::zeros(shape, DType::kF8E4M3);
-  std::mt19937 rng(seed);
-  auto* p = static_cast<uint8_t*>(t.raw_data());
-  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng() & 0xbfu);
-  return t;
-}
-
 // Dense peak of cuBLASLt at n^3 in TFLOP/s: bf16 x bf16 -> bf16, or e4m3 x e4m3 -> f32 with
 // DeepSeek's block scaling (VEC128 on B, BLK128x128 on A), f32 accumulation. Raw cuBLASLt on a
 // stream of its own, timed with events after a warm-up.

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,15 @@ inline double time_graph_us(Backend& be, int iters, const std::function<void()>&
 inline Tensor rnd(Backend& be, const Shape& shape, DType dtype, uint64_t seed, float std = 1.0f) {
   Tensor t = be.empty(shape, dtype);
   be.fill_random_normal(t, seed, 0.0f, std);
+  return t;
+}
+
+// A host e4m3 tensor of random bytes with magnitudes up to 1.875 (exponent field <= 7, no NaN).
+inline Tensor random_e4m3(const Shape& shape, uint32_t seed) {
+  Tensor t = Tensor::zeros(shape, DType::kF8E4M3);
+  std::mt19937 rng(seed);
+  auto* p = static_cast<uint8_t*>(t.raw_data());
+  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng() & 0xbfu);
   return t;
 }
 
