@@ -211,10 +211,10 @@ void bench_mhc_trace(Backend& be, int iters) {
          }},
     };
     int next = 0;
-    const auto gemv = [&] {
+    const auto wo_b_call = [&] {
       return be.linear(wo_b_in, wo_b[static_cast<size_t>(next++ % kWoBCopies)]);
     };
-    const double gemv_us = time_graph_us(be, iters, [&] { (void)gemv(); });
+    const double linear_us = time_graph_us(be, iters, [&] { (void)wo_b_call(); });
     for (const auto& [op, call] : ops) {
       if (!g.fused || !cuda::hc_fused_chosen(cuda_be.hc_pre_choice(), g, tokens)) {
         std::printf(
@@ -244,15 +244,15 @@ void bench_mhc_trace(Backend& be, int iters) {
       std::snprintf(timing, sizeof(timing), "\"us_untraced\": %.3f, \"us_traced\": %.3f", alone_us,
                     alone_traced_us);
       print_hc_trace(op, shape, timing, alone, g.groups);
-      // After wo_b: what the op adds to a graph of GEMVs (us_pair - us_gemv) against its time
-      // alone, and its phases when its predecessor fills the GPU.
+      // After wo_b: what the op adds to a graph of those linears (us_pair - us_linear) against
+      // its time alone, and its phases when its predecessor fills the GPU.
       double pair_us = 0, pair_traced_us = 0;
       const cuda::HcFusedTraceSummary after =
-          traced([&] { call(gemv()); }, pair_us, pair_traced_us);
+          traced([&] { call(wo_b_call()); }, pair_us, pair_traced_us);
       std::snprintf(timing, sizeof(timing),
-                    "\"after\": \"wo_b (fp8 linear, 32 MiB, %d copies)\", \"us_gemv\": %.3f, "
+                    "\"after\": \"wo_b (fp8 linear, 32 MiB, %d copies)\", \"us_linear\": %.3f, "
                     "\"us_pair\": %.3f, \"us_added\": %.3f, \"us_pair_traced\": %.3f",
-                    kWoBCopies, gemv_us, pair_us, pair_us - gemv_us, pair_traced_us);
+                    kWoBCopies, linear_us, pair_us, pair_us - linear_us, pair_traced_us);
       print_hc_trace(op, shape, timing, after, g.groups);
     }
   }
