@@ -1,5 +1,6 @@
 #include "cuda_attention_bench.h"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/attention/sm80/attention_mma_trace.h"
 #include "cuda/attention/sm90/attention_wgmma_config.h"
 #include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/backend/cuda_backend.h"
@@ -502,6 +504,87 @@ void bench_attention_trace(Backend& be, const std::string& match, int ablate) {
       trace_shape(cuda_be, s, cuda::AttentionKernelChoice::kWgmmaOverlapPairBlocks,
                   "wgmma_overlap_pair_blocks");
     }
+  }
+}
+
+namespace {
+
+// `t`'s phases as JSON members ("name": {mean, max, max_block}), cycles.
+template <size_t N>
+std::string trace_phases_json(const std::array<cuda::TracePhaseStats, N>& phases,
+                              const char* (*name)(int)) {
+  std::string out;
+  for (size_t ph = 0; ph < N; ++ph) {
+    const cuda::TracePhaseStats& p = phases[ph];
+    if (p.blocks == 0) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s\"%s\": {\"mean\": %.0f, \"max\": %lld, \"max_block\": %d}",
+                  out.empty() ? "" : ", ", name(static_cast<int>(ph)), p.mean,
+                  static_cast<long long>(p.max), p.max_block);
+    out += buf;
+  }
+  return out;
+}
+
+std::string span_json(const char* name, const cuda::TraceSpan& s) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "\"%s\": [%lld, %lld]", name, static_cast<long long>(s.first),
+                static_cast<long long>(s.last));
+  return buf;
+}
+
+}  // namespace
+
+void bench_attention_mma_trace(Backend& be, int iters, const std::string& match) {
+  auto& cuda_be = dynamic_cast<cuda::CudaBackend&>(be);
+  // The small-batch route's shapes (mma.sync, 16-head blocks, the separate combine), top-k 512,
+  // 64 heads: the engine's call (bf16 q, this call's keys encoded, bf16 out).
+  const std::vector<AttentionShape> shapes = {{1, 1, true, DType::kU8, 512, 64},
+                                              {1, 1, true, DType::kBF16, 512, 64},
+                                              {2, 1, true, DType::kU8, 512, 64},
+                                              {1, 2, true, DType::kU8, 512, 64}};
+  for (const AttentionShape& s : shapes) {
+    const std::string shape = shape_label(s);
+    if (shape.find(match) == std::string::npos) continue;
+    AttentionCase engine(be, s);
+    engine.spec.bf16_output = true;
+    engine.q = rnd(be, engine.q.shape(), DType::kBF16, 12);
+    engine.kv = random_cache(be, int64_t{s.batch} * s.s_q, AttentionCase::kDim,
+                             AttentionCase::kRope, s.kv, 13);
+    auto call = [&] { engine.call(be); };
+    const double untraced_us = time_graph_us(be, iters, call);
+    const cuda::AttentionMmaPlan plan = cuda_be.last_attention_plan();
+    if (cuda_be.last_attention_wgmma() || plan.splits == 1 || plan.fused || plan.rows != 16) {
+      std::printf(
+          "{\"trace\": \"attention_mma\", \"shape\": \"%s\", \"skipped\": \"the call does "
+          "not take the small-batch route (mma.sync 16-head blocks, separate combine)\"}\n",
+          shape.c_str());
+      continue;
+    }
+    const int tokens = s.batch * s.s_q;
+    const int blocks = static_cast<int>(tokens * plan.head_groups * plan.splits);
+    const int combines = tokens * s.heads;
+    const Tensor stamps = be.zeros({cuda::mma_trace_words(blocks, combines)}, DType::kI64);
+    cuda_be.set_attention_mma_trace({static_cast<int64_t*>(stamps.raw_data()), blocks, combines});
+    const double traced_us = time_graph_us(be, iters, call);
+    cuda_be.set_attention_mma_trace({});
+    const Tensor host = be.to_host(stamps);
+    const int64_t* w = host.data<int64_t>();
+    const cuda::MmaTraceSummary t = cuda::summarize_mma_trace(
+        std::vector<int64_t>(w, w + cuda::mma_trace_words(blocks, combines)), blocks, combines);
+    std::printf(
+        "{\"trace\": \"attention_mma\", \"shape\": \"%s\", \"splits\": %lld, \"us_untraced\": "
+        "%.3f, \"us_traced\": %.3f, \"blocks\": %d, \"combines\": %d, \"clock_ghz\": %.3f, "
+        "\"cycles\": {%s}, \"combine_cycles\": {%s}, \"timeline_ns\": {%s, %s, %s, %s, %s, "
+        "%s}}\n",
+        shape.c_str(), static_cast<long long>(plan.splits), untraced_us, traced_us, t.blocks,
+        t.combines, t.clock_ghz, trace_phases_json(t.phases, cuda::mma_trace_phase_name).c_str(),
+        trace_phases_json(t.combine_phases, cuda::combine_trace_phase_name).c_str(),
+        span_json("entry", t.entry).c_str(), span_json("waited", t.waited).c_str(),
+        span_json("end", t.end).c_str(), span_json("combine_entry", t.combine_entry).c_str(),
+        span_json("combine_waited", t.combine_waited).c_str(),
+        span_json("combine_end", t.combine_end).c_str());
+    std::fflush(stdout);
   }
 }
 

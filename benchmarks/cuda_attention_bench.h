@@ -19,6 +19,12 @@ void bench_attention_decode(Backend& be, int iters, const std::string& match = "
 // role waits and works, the loop periods, the blocks' prologue and epilogue. ablate != 0: the ilp
 // variant only, traced as it is and with the OverlapAblation bits `ablate` (an "ablate" field).
 void bench_attention_trace(Backend& be, const std::string& match = "", int ablate = 0);
+// The small-batch decode attention's timing trace (cuda/attention/sm80/attention_mma_trace.h):
+// the engine's call at B = 1 (fp8 and bf16 KV), B = 2 and s_q = 2 (fp8), top-k 512, 64 heads, as
+// graph replays of `iters` calls, untraced and traced. One JSON line per shape: the last call's
+// split-block phases and combine phases (mean and max cycles) and its timeline (ns after the
+// first split block's entry: the first and last block's entry, wait and end, of both kernels).
+void bench_attention_mma_trace(Backend& be, int iters, const std::string& match = "");
 // The lightning indexer (scores and top-512) at V4-Flash widths over f32, bf16 and fp8 index keys
 // at context 32K and 128K, B = 1 and 64.
 void bench_indexer(Backend& be, int iters, const std::string& match = "");

@@ -14,11 +14,13 @@
 // `--only attention-trace` runs the overlap attention kernel's timing trace instead of timing
 // rows (bench_attention_trace; `--match` picks its shapes too; `--ablate BITS` traces the ilp
 // variant with and without the OverlapAblation work left out, attention_wgmma_trace.h).
-// `--only hc-trace` runs the fused mHC kernel's (bench_mhc_trace, hc_fused_trace.h).
+// `--only hc-trace` runs the fused mHC kernel's (bench_mhc_trace, hc_fused_trace.h);
+// `--only attention-mma-trace` the small-batch attention's, mma.sync and its combine
+// (bench_attention_mma_trace, attention_mma_trace.h; `--match` picks its shapes).
 //
 // Usage: cuda_op_bench [--iters N]
-//                     [--only fp8|moe-quant|quant|attention|attention-trace|indexer|v41|hc|
-//                             hc-trace|rope]
+//                     [--only fp8|moe-quant|quant|attention|attention-trace|
+//                             attention-mma-trace|indexer|v41|hc|hc-trace|rope]
 //                     [--match SHAPE] (attention and indexer rows whose shape label contains SHAPE;
 //                     fp8: the weights whose name contains it, decode token counts only;
 //                     `--only indexer --match roofline`: the copy roofline alone)
@@ -64,11 +66,11 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--ablate") == 0) ablate = std::atoi(argv[i + 1]);
   }
   if (!only.empty() && only != "fp8" && only != "moe-quant" && only != "quant" &&
-      only != "attention" && only != "attention-trace" && only != "indexer" && only != "v41" &&
-      only != "hc" && only != "hc-trace" && only != "rope") {
+      only != "attention" && only != "attention-trace" && only != "attention-mma-trace" &&
+      only != "indexer" && only != "v41" && only != "hc" && only != "hc-trace" && only != "rope") {
     std::fprintf(stderr,
                  "cuda_op_bench: --only takes fp8, moe-quant, quant, attention, attention-trace, "
-                 "indexer, v41, hc, hc-trace or rope, got %s\n",
+                 "attention-mma-trace, indexer, v41, hc, hc-trace or rope, got %s\n",
                  only.c_str());
     return 2;
   }
@@ -105,6 +107,7 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "attention") bench_attention_decode(*be, iters, match);
   if (only == "attention-trace") bench_attention_trace(*be, match, ablate);
   if (only == "hc-trace") bench_mhc_trace(*be, iters);
+  if (only == "attention-mma-trace") bench_attention_mma_trace(*be, iters, match);
   if (only.empty() || only == "indexer") bench_indexer(*be, iters, match);
   if (only == "v41") bench_v41(*be, iters);
   if (only.empty() || only == "rope") {

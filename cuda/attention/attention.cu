@@ -263,11 +263,16 @@ Tensor CudaBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tens
       }
       split_outputs(c.plan.splits);
       if (c.plan.fused) a.counters = attention_counters();
+      a.mma_trace = attention_mma_trace_;
       launch_attention_mma(a, dl, c, tokens, pdl(), stream());
       // The separate combine starts while the splits run (their kernel lets it launch), which
       // took 0.3-0.4 us off B = 1, 2 and s_q = 2 on an H100 (session 34); an ordinary launch
       // before sm_90, where programmatic launches are not supported.
-      if (!c.plan.fused) combine(c.plan.splits, programmatic_launch_device_);
+      if (!c.plan.fused && c.plan.splits > 1) {
+        launch_attention_combine(stream(), a.part_acc, a.part_md, a.sinks, a.out, a.out_bf16,
+                                 tokens, heads, dim, c.plan.splits, programmatic_launch_device_,
+                                 attention_mma_trace_);
+      }
       return out;
     }
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/attention/sm80/attention_mma_trace.h"
 #include "cuda/cache/kv_record.cuh"
 #include "deepinfer/backend.h"
 
@@ -42,6 +43,9 @@ struct AttentionArgs {
   // The tensor-core kernel's fused combine: [T, head groups] arrival counts of the splits, zero
   // between launches (the last block resets its count); null: attention_combine.cu merges.
   int* counters;
+  // Where the mma.sync kernel's trace instantiation records (sm80/attention_mma_trace.h); no
+  // stamps: the ordinary kernels.
+  MmaTraceBuffer mma_trace;
   int64_t slots;
   int64_t ring_len;
   int64_t entry_rows;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "cuda/attention/attention_launch.h"
+#include "cuda/attention/sm80/attention_mma_trace.cuh"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm90.cuh"
@@ -46,20 +47,23 @@ __device__ __forceinline__ void store_combined(float4 r, float inv, float* out,
 // the statistics first and the sums eight splits at a time, a B = 1 decode's 20 splits waited
 // about four: the attention call was 0.6-0.8 us slower on an H100 (session 42). The sums are
 // added in split order. kPdl: a programmatic dependent launch of the split kernel (it waits for
-// that grid first).
-template <bool kPdl, int kBatch>
+// that grid first). kTrace: the trace instantiation (sm80/attention_mma_trace.cuh).
+template <bool kPdl, int kBatch, bool kTrace>
 __global__ void __launch_bounds__(128)
     attention_combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_md,
                              const float* __restrict__ sinks, float* __restrict__ out,
                              __nv_bfloat16* __restrict__ out_bf16, int num_tokens, int heads,
-                             int dim, int splits) {
+                             int dim, int splits, MmaTraceBuffer trace_buffer) {
   __shared__ float m_s[kAttnMaxSplits];
   __shared__ float d_s[kAttnMaxSplits];
   __shared__ float w_s[kAttnMaxSplits];
   const int64_t t = blockIdx.x;
   const int64_t h = blockIdx.y;
+  const CombineTraceRecorder<kTrace> trace(trace_buffer);
+  trace.start();
   const float sink = sinks[h];                 // a weight: no kernel before this one writes it
   if constexpr (kPdl) enter_dependent_grid();  // the splits
+  trace.waited();
   const int64_t stride = static_cast<int64_t>(num_tokens) * heads;  // between splits
   const int64_t idx = t * heads + h;
   const int n4 = dim / 4;
@@ -87,6 +91,7 @@ __global__ void __launch_bounds__(128)
   float den = expf(sink - mx);
   for (int s = 0; s < splits; ++s) den += d_s[s] * w_s[s];
   const float inv = 1.0f / den;
+  trace.loaded();
   for (int c4 = threadIdx.x; c4 < n4; c4 += blockDim.x) {
     float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < splits; s0 += kBatch) {
@@ -99,28 +104,33 @@ __global__ void __launch_bounds__(128)
     store_combined(r, inv, out, out_bf16, idx * dim, c4);
     if (c4 + static_cast<int>(blockDim.x) < n4) load_batch(c4 + static_cast<int>(blockDim.x), 0);
   }
+  trace.finish();
 }
 
 // The combine kernel for a call's split count: the smallest batch that holds every split (the
 // registers grow with it: 72 / 112 / 172 on sm_90a); more than 32 splits loop over batches.
-template <bool kPdl>
+template <bool kPdl, bool kTrace = false>
 auto combine_kernel_for(int64_t splits) {
-  return splits <= 8    ? attention_combine_kernel<kPdl, 8>
-         : splits <= 16 ? attention_combine_kernel<kPdl, 16>
-                        : attention_combine_kernel<kPdl, 32>;
+  return splits <= 8    ? attention_combine_kernel<kPdl, 8, kTrace>
+         : splits <= 16 ? attention_combine_kernel<kPdl, 16, kTrace>
+                        : attention_combine_kernel<kPdl, 32, kTrace>;
 }
 
 }  // namespace
 
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, __nv_bfloat16* out_bf16,
-                              int64_t tokens, int64_t heads, int64_t dim, int64_t splits,
-                              bool pdl) {
+                              int64_t tokens, int64_t heads, int64_t dim, int64_t splits, bool pdl,
+                              const MmaTraceBuffer& trace) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
-  launch_programmatic("attention's combine", grid, dim3(128), 0, stream, pdl,
-                      pdl ? combine_kernel_for<true>(splits) : combine_kernel_for<false>(splits),
-                      part_acc, part_md, sinks, out, out_bf16, static_cast<int>(tokens),
-                      static_cast<int>(heads), static_cast<int>(dim), static_cast<int>(splits));
+  // The trace instantiations are the programmatic launch's (the small-batch route's).
+  const auto kernel = pdl && trace.stamps != nullptr ? combine_kernel_for<true, true>(splits)
+                      : pdl                          ? combine_kernel_for<true>(splits)
+                                                     : combine_kernel_for<false>(splits);
+  launch_programmatic("attention's combine", grid, dim3(128), 0, stream, pdl, kernel, part_acc,
+                      part_md, sinks, out, out_bf16, static_cast<int>(tokens),
+                      static_cast<int>(heads), static_cast<int>(dim), static_cast<int>(splits),
+                      trace);
 }
 
 }  // namespace deepinfer::cuda

@@ -38,10 +38,11 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
 
 // Merges `splits` > 1 split outputs with the sinks into out, or into out_bf16 in bf16 when it is
 // non-null (attention_combine.cu). `pdl`: a programmatic dependent launch of the split kernel
-// (which lets it start early; it waits for that grid before it reads the splits).
+// (which lets it start early; it waits for that grid before it reads the splits). `trace`: the
+// combine blocks' records of a traced mma.sync call (a programmatic launch; attention_mma_trace.h).
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, __nv_bfloat16* out_bf16,
                               int64_t tokens, int64_t heads, int64_t dim, int64_t splits,
-                              bool pdl = false);
+                              bool pdl = false, const MmaTraceBuffer& trace = {});
 
 }  // namespace deepinfer::cuda

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda/attention/attention_plan.h"
+#include "cuda/attention/sm80/attention_mma_trace.h"
 #include "cuda/attention/sm90/attention_wgmma_trace.h"
 #include "cuda/common/smem_limits.h"
 #include "cuda/gemm/fp8_linear_choice.h"
@@ -159,6 +160,11 @@ class CudaBackend final : public Backend {
   // instantiations.
   HcFusedTraceBuffer hc_fused_trace() const { return hc_fused_trace_; }
   void set_hc_fused_trace(const HcFusedTraceBuffer& t) { hc_fused_trace_ = t; }
+  // Where the small-batch attention (the mma.sync kernel's 16-head blocks and the combine after
+  // them) records its timing trace (sm80/attention_mma_trace.h; a benchmark's device buffer): its
+  // trace instantiations run while this holds stamps. Other attention kernels ignore it.
+  MmaTraceBuffer attention_mma_trace() const { return attention_mma_trace_; }
+  void set_attention_mma_trace(const MmaTraceBuffer& t) { attention_mma_trace_ = t; }
   // The plan the latest tensor-core attention call ran (read by benchmarks).
   AttentionMmaPlan last_attention_plan() const { return last_attention_plan_; }
   // Whether the latest tensor-core attention call ran the wgmma kernel (read by tests, benches).
@@ -345,6 +351,7 @@ class CudaBackend final : public Backend {
   bool last_attention_wgmma_ = false;
   OverlapTraceBuffer attention_trace_;
   HcFusedTraceBuffer hc_fused_trace_;
+  MmaTraceBuffer attention_mma_trace_;
   ExpertsKernel last_quant_experts_kernel_ = ExpertsKernel::kQuantPrefill;
   Fp8LinearPath last_fp8_linear_path_ = Fp8LinearPath::kNone;
   HcPreChoice hc_pre_choice_ = HcPreChoice::kAuto;

@@ -96,6 +96,7 @@
 #include "cuda/attention/attention_launch.h"
 #include "cuda/attention/sm80/attention_mma_config.h"
 #include "cuda/attention/sm80/attention_mma_tile.cuh"
+#include "cuda/attention/sm80/attention_mma_trace.cuh"
 #include "cuda/cache/kv_record.cuh"
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/fp8.cuh"
@@ -236,7 +237,8 @@ __device__ __forceinline__ void combine_if_last_split(const AttentionArgs& a, co
   }
 }
 
-template <int kDim, KvFormat kFmt, int kSlices>
+// kTrace: the trace instantiation, stamping each phase's end (attention_mma_trace.cuh).
+template <int kDim, KvFormat kFmt, int kSlices, bool kTrace>
 __global__ void __launch_bounds__(kMmaThreads, 1)
     attention_mma_kernel(AttentionArgs a, DeviceLayout l) {
   using L = MmaLayout<kDim>;
@@ -264,6 +266,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   // and the separate combine is one of this grid: its blocks are scheduled while this grid runs
   // and wait for it to complete (griddepcontrol.wait). The combine may launch at once; this grid
   // waits for its predecessor below, after the reads of the layout (the head comment's start).
+  const MmaTraceRecorder<kTrace> trace(a.mma_trace);
+  trace.start();
   let_dependents_launch();
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -292,7 +296,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
   }
   __syncthreads();  // table_s
+  trace.stamp(kMmaTraceTable);
   wait_for_previous_grid();
+  trace.waited();
   // keys.entry, by the block table in shared memory where it is there.
   auto entry_at = [&](int64_t j) -> const uint8_t* {
     return table_in_smem ? keys.entry_in(a, table_s, l.max_blocks, j) : keys.entry(a, l, j);
@@ -340,8 +346,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       issue_key_copy<kDim, kFmt>(my_stage, src0, cs, row_bytes);
     }
     my_valid = src0 != nullptr;
+    trace.stamp(kMmaTraceIssued);
     src_next = key_at(range.begin + kMmaKeys + cr);
     load_query_tile<kDim, kRows>(a, qs, t, h_first, nhb, tid);
+    trace.stamp(kMmaTraceQuery);
   }
 
   // Per-lane ldmatrix row addresses (see the fragment layouts in the header):
@@ -373,6 +381,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       decode_key_tile<kDim>(kb, valid, my_stage, my_valid, cr, cs, a.kvf.nope(), a.kvf.rope_dim);
     }  // bf16: the copies landed in kb itself
     __syncthreads();
+    if (it == 0) trace.stamp(kMmaTraceFirstTile);
     // The next tile's copy overlaps this tile's products. The stage is free: every thread is past
     // its conversion (the barrier above), including the fp8 decoders that read their key's
     // scale and RoPE bytes copied by other threads. So is the other kb buffer (bf16 copies go
@@ -400,7 +409,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     src_next = key_at(i0 + 2 * kMmaKeys + cr);  // null past range.end
   }
 
+  trace.stamp(kMmaTraceLoop);
   if (active) store_output<kDim, kSlices>(a, l, o, m_run, d_run, t, h_first, nhb, rg, slice, g, qd);
+  trace.finish(it);
   if (a.counters != nullptr && gridDim.z > 1) {
     // Every thread is past the key loop (the barrier inside), so the stage, kb and ss are free.
     combine_if_last_split<kDim>(a, l, t, h_first, nhb,
@@ -408,14 +419,27 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   }
 }
 
-template <int kDim, KvFormat kFmt, int kSlices>
-void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
-                int64_t tokens, bool pdl, cudaStream_t stream) {
-  allow_smem(attention_mma_kernel<kDim, kFmt, kSlices>, MmaLayout<kDim>::kBytes);
+template <int kDim, KvFormat kFmt, int kSlices, bool kTrace>
+void launch_mma_kernel(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
+                       int64_t tokens, bool pdl, cudaStream_t stream) {
+  allow_smem(attention_mma_kernel<kDim, kFmt, kSlices, kTrace>, MmaLayout<kDim>::kBytes);
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(c.plan.head_groups),
                   static_cast<unsigned>(c.plan.splits));
   launch_programmatic("attention", grid, dim3(kMmaThreads), MmaLayout<kDim>::kBytes, stream, pdl,
-                      attention_mma_kernel<kDim, kFmt, kSlices>, a, l);
+                      attention_mma_kernel<kDim, kFmt, kSlices, kTrace>, a, l);
+}
+
+// The trace instantiations exist for the small-batch route's kernel only (D = 512, 16-head
+// blocks, bf16 rows or fp8 records); elsewhere a trace buffer is ignored.
+template <int kDim, KvFormat kFmt, int kSlices>
+void launch_mma(const AttentionArgs& a, const DeviceLayout& l, const AttentionMmaConfig& c,
+                int64_t tokens, bool pdl, cudaStream_t stream) {
+  if constexpr (kDim == 512 && kSlices == 8 && kFmt != KvFormat::kF32) {
+    if (a.mma_trace.stamps != nullptr) {
+      return launch_mma_kernel<kDim, kFmt, kSlices, true>(a, l, c, tokens, pdl, stream);
+    }
+  }
+  launch_mma_kernel<kDim, kFmt, kSlices, false>(a, l, c, tokens, pdl, stream);
 }
 
 template <int kDim, KvFormat kFmt>

@@ -1,0 +1,196 @@
+// Timing instrumentation of the small-batch decode attention: the mma.sync kernel's 16-head
+// blocks (sm80/attention_mma.cu) and the separate combine after them (attention_combine.cu).
+// Where a B = 1 call's time goes: how late each block starts and leaves its wait, its phases,
+// and the gap between the last split's end and the combine's start. Only the trace
+// instantiations record (a template flag; the default instantiations have no trace code). A
+// traced call writes, for each of the first `blocks` split blocks, kMmaTraceWords int64 words
+// (clock64 stamps of thread 0, %globaltimer at entry, after the wait and at the end, %smid), and
+// for each of the first `combines` combine blocks kCombineTraceWords more after them; the host
+// turns them into per-phase cycles and a timeline (summarize_mma_trace). Plain C++: the layout is
+// shared by the kernels, the backend and the host summary (tests/cpp checks the latter).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace deepinfer::cuda {
+
+// Where a traced call writes: `stamps` (device memory, mma_trace_words(blocks, combines) words,
+// any content: every word of a traced block's record is written). Split blocks are numbered
+// x + gridDim.x (y + gridDim.y z), combine blocks x + gridDim.x y. stamps == nullptr: no trace.
+struct MmaTraceBuffer {
+  int64_t* stamps = nullptr;
+  int blocks = 0;
+  int combines = 0;
+};
+
+// A split block's record, in the kernel's order.
+enum MmaTraceWord : int {
+  kMmaTraceEntry = 0,   // clock64 at entry
+  kMmaTraceTable,       // the layout read and the block-table row staged (before the wait)
+  kMmaTraceWaited,      // the wait for the previous kernel returned
+  kMmaTraceIssued,      // the first tile's copies issued (after the top-k guess came back)
+  kMmaTraceQuery,       // q's rows staged in shared memory
+  kMmaTraceFirstTile,   // tile 0 landed, decoded and published (the loop's first barrier)
+  kMmaTraceLoop,        // the key loop done
+  kMmaTraceStored,      // the output or the split's partials stored
+  kMmaTraceTimerEntry,  // %globaltimer (ns) at entry
+  kMmaTraceTimerWaited,
+  kMmaTraceTimerEnd,  // %globaltimer at kMmaTraceStored
+  kMmaTraceSm,        // %smid
+  kMmaTraceTiles,     // the block's key tiles
+  kMmaTraceWords = 16,
+};
+
+// A combine block's record.
+enum CombineTraceWord : int {
+  kCombineTraceTimerEntry = 0,  // %globaltimer at entry
+  kCombineTraceTimerWaited,     // the wait for the split kernel returned
+  kCombineTraceTimerEnd,        // the block's outputs stored
+  kCombineTraceEntry,           // clock64 at entry
+  kCombineTraceWaited,
+  kCombineTraceLoaded,  // the statistics summed (the first partial sums in flight before)
+  kCombineTraceEnd,
+  kCombineTraceSm,
+  kCombineTraceWords = 8,
+};
+
+constexpr int64_t mma_trace_words(int blocks, int combines) {
+  return int64_t{blocks} * kMmaTraceWords + int64_t{combines} * kCombineTraceWords;
+}
+
+// The split blocks' phases: the cycles between consecutive stamps of thread 0.
+enum MmaTracePhase : int {
+  kMmaPhaseTable = 0,  // entry -> table
+  kMmaPhaseWait,       // table -> waited (how long the block sat before its inputs were ready)
+  kMmaPhaseIssue,      // waited -> issued (the top-k guess's round trip)
+  kMmaPhaseQuery,      // issued -> q staged
+  kMmaPhaseFirstTile,  // q staged -> tile 0 published
+  kMmaPhaseLoop,       // tile 0 published -> loop done
+  kMmaPhaseStore,      // loop done -> stored
+  kMmaPhaseAfterWait,  // waited -> stored
+  kMmaPhases,
+};
+static_assert(int{kMmaTraceStored} == int{kMmaTraceEntry} + int{kMmaPhaseStore} + 1,
+              "the phases follow the words");
+
+inline const char* mma_trace_phase_name(int phase) {
+  static constexpr std::array<const char*, kMmaPhases> kNames = {
+      "table", "wait", "issue", "query", "first_tile", "loop", "store", "after_wait"};
+  return phase >= 0 && phase < kMmaPhases ? kNames[static_cast<size_t>(phase)] : "?";
+}
+
+// The combine blocks' phases.
+enum CombineTracePhase : int {
+  kCombinePhaseWait = 0,  // entry -> waited
+  kCombinePhaseLoad,      // waited -> statistics summed
+  kCombinePhaseSum,       // -> outputs stored
+  kCombinePhases,
+};
+
+inline const char* combine_trace_phase_name(int phase) {
+  static constexpr std::array<const char*, kCombinePhases> kNames = {"wait", "load", "sum"};
+  return phase >= 0 && phase < kCombinePhases ? kNames[static_cast<size_t>(phase)] : "?";
+}
+
+struct TracePhaseStats {
+  int blocks = 0;      // blocks that have the phase
+  double mean = 0;     // cycles
+  int64_t max = 0;     // cycles
+  int max_block = -1;  // the block of the max
+};
+
+// First and last of one event over the blocks, ns after the call's first split-block entry.
+struct TraceSpan {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+struct MmaTraceSummary {
+  int blocks = 0;        // split blocks with a record
+  int combines = 0;      // combine blocks with a record
+  double clock_ghz = 0;  // cycles per ns of the split blocks (entry to stored against the timer)
+  std::array<TracePhaseStats, kMmaPhases> phases{};
+  std::array<TracePhaseStats, kCombinePhases> combine_phases{};
+  // The timeline, ns after the first split block's entry.
+  TraceSpan entry, waited, end;                          // split blocks
+  TraceSpan combine_entry, combine_waited, combine_end;  // combine blocks
+};
+
+namespace mma_trace_detail {
+
+inline void add(TracePhaseStats& p, int block, int64_t v) {
+  ++p.blocks;
+  p.mean += static_cast<double>(v);
+  if (p.max_block < 0 || v > p.max) {
+    p.max = v;
+    p.max_block = block;
+  }
+}
+
+inline void widen(TraceSpan& s, bool first_seen, int64_t v) {
+  s.first = first_seen ? v : std::min(s.first, v);
+  s.last = first_seen ? v : std::max(s.last, v);
+}
+
+}  // namespace mma_trace_detail
+
+// `words`: the host copy of a traced call's buffer (mma_trace_words(blocks, combines) words). A
+// record whose last stamp does not follow its entry is not a traced block and is skipped; the
+// stamps of a block without keys (issued, query, first tile) are 0 and their phases skipped.
+inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, int blocks,
+                                           int combines) {
+  using mma_trace_detail::add;
+  using mma_trace_detail::widen;
+  MmaTraceSummary s;
+  if (std::ssize(words) < mma_trace_words(blocks, combines)) return s;
+  double ns = 0, cycles = 0;
+  int64_t origin = 0;
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t* r = words.data() + b * int64_t{kMmaTraceWords};
+    if (r[kMmaTraceStored] <= r[kMmaTraceEntry]) continue;
+    origin = s.blocks == 0 ? r[kMmaTraceTimerEntry] : std::min(origin, r[kMmaTraceTimerEntry]);
+    ++s.blocks;
+  }
+  int seen = 0;
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t* r = words.data() + b * int64_t{kMmaTraceWords};
+    if (r[kMmaTraceStored] <= r[kMmaTraceEntry]) continue;
+    cycles += static_cast<double>(r[kMmaTraceStored] - r[kMmaTraceEntry]);
+    ns += static_cast<double>(r[kMmaTraceTimerEnd] - r[kMmaTraceTimerEntry]);
+    for (int p = kMmaPhaseTable; p <= kMmaPhaseStore; ++p) {
+      const int64_t from = r[kMmaTraceEntry + p];
+      const int64_t to = r[kMmaTraceTable + p];
+      if (from != 0 && to != 0) add(s.phases[static_cast<size_t>(p)], b, to - from);
+    }
+    add(s.phases[kMmaPhaseAfterWait], b, r[kMmaTraceStored] - r[kMmaTraceWaited]);
+    const bool first = seen++ == 0;
+    widen(s.entry, first, r[kMmaTraceTimerEntry] - origin);
+    widen(s.waited, first, r[kMmaTraceTimerWaited] - origin);
+    widen(s.end, first, r[kMmaTraceTimerEnd] - origin);
+  }
+  const int64_t* combine = words.data() + int64_t{blocks} * kMmaTraceWords;
+  for (int c = 0; c < combines && s.blocks > 0; ++c) {
+    const int64_t* r = combine + c * int64_t{kCombineTraceWords};
+    if (r[kCombineTraceEnd] <= r[kCombineTraceEntry]) continue;
+    const bool first = s.combines++ == 0;
+    add(s.combine_phases[kCombinePhaseWait], c, r[kCombineTraceWaited] - r[kCombineTraceEntry]);
+    add(s.combine_phases[kCombinePhaseLoad], c, r[kCombineTraceLoaded] - r[kCombineTraceWaited]);
+    add(s.combine_phases[kCombinePhaseSum], c, r[kCombineTraceEnd] - r[kCombineTraceLoaded]);
+    widen(s.combine_entry, first, r[kCombineTraceTimerEntry] - origin);
+    widen(s.combine_waited, first, r[kCombineTraceTimerWaited] - origin);
+    widen(s.combine_end, first, r[kCombineTraceTimerEnd] - origin);
+  }
+  for (TracePhaseStats& p : s.phases) {
+    if (p.blocks > 0) p.mean /= p.blocks;
+  }
+  for (TracePhaseStats& p : s.combine_phases) {
+    if (p.blocks > 0) p.mean /= p.blocks;
+  }
+  s.clock_ghz = ns > 0 ? cycles / ns : 0.0;
+  return s;
+}
+
+}  // namespace deepinfer::cuda
