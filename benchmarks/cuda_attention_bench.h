@@ -1,5 +1,4 @@
-// The attention decode benchmark of the CUDA backend (cuda_attention_bench.cpp), run by
-// cuda_op_bench.
+// The attention benchmarks of the CUDA backend (cuda_attention_bench.cpp), run by cuda_op_bench.
 #pragma once
 
 #include <string>
@@ -25,8 +24,5 @@ void bench_attention_trace(Backend& be, const std::string& match = "", int ablat
 // split-block phases and combine phases (mean and max cycles) and its timeline (ns after the
 // first split block's entry: the first and last block's entry, wait and end, of both kernels).
 void bench_attention_mma_trace(Backend& be, int iters, const std::string& match = "");
-// The lightning indexer (scores and top-512) at V4-Flash widths over f32, bf16 and fp8 index keys
-// at context 32K and 128K, B = 1 and 64.
-void bench_indexer(Backend& be, int iters, const std::string& match = "");
 
 }  // namespace deepinfer::bench

@@ -45,6 +45,7 @@
 #include "cuda/backend/cuda_backend.h"
 #include "cuda_attention_bench.h"
 #include "cuda_hc_bench.h"
+#include "cuda_indexer_bench.h"
 #include "cuda_quant_bench.h"
 #include "cuda_v41_bench.h"
 #include "deepinfer/backend.h"

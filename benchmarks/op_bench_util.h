@@ -1,4 +1,5 @@
-// Timing and output helpers the CUDA op benchmarks share (cuda_op_bench.cpp, cuda_quant_bench.cpp).
+// Timing, input and output helpers the CUDA op benchmarks share (cuda_op_bench.cpp and the
+// cuda_*_bench.cpp files it links).
 #pragma once
 
 #include <chrono>
@@ -6,11 +7,13 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "deepinfer/backend.h"
+#include "tensor/kv_record.h"
 
 namespace deepinfer::bench {
 
@@ -128,6 +131,33 @@ inline void emit_ratio(const std::string& name, const std::string& shape, double
       "\"of_roofline\": %.3f}\n",
       name.c_str(), shape.c_str(), us, gbps, tflops, ratio);
   std::fflush(stdout);
+}
+
+inline const char* kv_name(DType kv) {
+  switch (kv) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kE2M1x2:
+      return "v41-fp4";  // V4.1's FP4 records (e2m1, UE8M0 per 32 for index keys)
+    default:
+      return "fp8";
+  }
+}
+
+// `rows` random key rows of `dim` channels in a cache of `kv`: drawn in f32 and written through
+// scatter_rows, which encodes them as the model's writes do.
+inline Tensor random_cache(Backend& be, int64_t rows, int64_t dim, int rope, DType kv,
+                           uint64_t seed) {
+  Tensor f32 = rnd(be, {rows, dim}, DType::kF32, seed);
+  if (kv == DType::kF32) return f32;
+  const int64_t width = kv_record::row_width(kv, dim, rope);
+  Tensor cache = be.empty({rows, width}, kv);
+  std::vector<int32_t> dest(static_cast<size_t>(rows));
+  std::iota(dest.begin(), dest.end(), 0);
+  be.scatter_rows(cache, f32, i32(be, dest), rope);
+  return cache;
 }
 
 }  // namespace deepinfer::bench
