@@ -141,12 +141,12 @@ void print_hc_trace(const char* op, const std::string& shape, const std::string&
                     const cuda::HcFusedTraceSummary& t, int64_t clusters) {
   std::string phases;
   for (int ph = 0; ph < cuda::kHcPhases; ++ph) {
-    const cuda::HcFusedPhaseStats& s = t.phases[static_cast<size_t>(ph)];
-    if (s.ctas == 0) continue;
+    const cuda::TracePhaseStats& s = t.phases[static_cast<size_t>(ph)];
+    if (s.blocks == 0) continue;
     char buf[160];
     std::snprintf(buf, sizeof(buf), "%s\"%s\": {\"mean\": %.0f, \"max\": %lld, \"max_cta\": %d}",
                   phases.empty() ? "" : ", ", cuda::hc_fused_trace_phase_name(ph), s.mean,
-                  static_cast<long long>(s.max), s.max_cta);
+                  static_cast<long long>(s.max), s.max_block);
     phases += buf;
   }
   std::printf(

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/common/trace_stats.h"
+
 namespace deepinfer::cuda {
 
 // Where a traced launch writes: `stamps` (device memory, hc_fused_trace_words(ctas) words, any
@@ -77,17 +79,10 @@ inline const char* hc_fused_trace_phase_name(int phase) {
   return phase >= 0 && phase < kHcPhases ? kNames[static_cast<size_t>(phase)] : "?";
 }
 
-struct HcFusedPhaseStats {
-  int ctas = 0;      // CTAs that have the phase
-  double mean = 0;   // cycles
-  int64_t max = 0;   // cycles
-  int max_cta = -1;  // the CTA of the max
-};
-
 struct HcFusedTraceSummary {
   int ctas = 0;          // CTAs with a record
   double clock_ghz = 0;  // cycles per ns, thread 0's entry to collapsed against its timer
-  std::array<HcFusedPhaseStats, kHcPhases> phases{};
+  std::array<TracePhaseStats, kHcPhases> phases{};
   // The spread of the CTAs' ends on the device timer: the last CTA's end minus the first's (ns).
   int64_t end_spread_ns = 0;
 };
@@ -99,13 +94,7 @@ inline HcFusedTraceSummary summarize_hc_fused_trace(const std::vector<int64_t>& 
   double ns = 0, cycles = 0;
   int64_t first_end = 0, last_end = 0;
   const auto add = [&](int phase, int cta, int64_t v) {
-    HcFusedPhaseStats& p = s.phases[static_cast<size_t>(phase)];
-    ++p.ctas;
-    p.mean += static_cast<double>(v);
-    if (p.max_cta < 0 || v > p.max) {
-      p.max = v;
-      p.max_cta = cta;
-    }
+    s.phases[static_cast<size_t>(phase)].add(cta, v);
   };
   for (int c = 0; c < ctas && (c + 1) * int64_t{kHcTraceWords} <= std::ssize(words); ++c) {
     const int64_t* r = words.data() + c * int64_t{kHcTraceWords};
@@ -128,9 +117,7 @@ inline HcFusedTraceSummary summarize_hc_fused_trace(const std::vector<int64_t>& 
     first_end = s.ctas == 1 ? end : std::min(first_end, end);
     last_end = s.ctas == 1 ? end : std::max(last_end, end);
   }
-  for (HcFusedPhaseStats& p : s.phases) {
-    if (p.ctas > 0) p.mean /= p.ctas;
-  }
+  for (TracePhaseStats& p : s.phases) p.finish();
   s.clock_ghz = ns > 0 ? cycles / ns : 0.0;
   s.end_spread_ns = last_end - first_end;
   return s;

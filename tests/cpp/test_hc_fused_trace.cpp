@@ -43,24 +43,24 @@ TEST(HcFusedTrace, PhasesAreTheRecordsIntervals) {
   EXPECT_EQ(s.ctas, 2);
   EXPECT_DOUBLE_EQ(s.clock_ghz, 2.0);
   const auto& ph = s.phases;
-  EXPECT_EQ(ph[kHcPhasePrefetch].ctas, 2);
+  EXPECT_EQ(ph[kHcPhasePrefetch].blocks, 2);
   EXPECT_DOUBLE_EQ(ph[kHcPhasePrefetch].mean, 150);
   EXPECT_EQ(ph[kHcPhaseWait].max, 3'000);
-  EXPECT_EQ(ph[kHcPhaseWait].max_cta, 0);
+  EXPECT_EQ(ph[kHcPhaseWait].max_block, 0);
   EXPECT_DOUBLE_EQ(ph[kHcPhaseWait].mean, 2'000);
   for (int p : {kHcPhaseStage, kHcPhaseMix, kHcPhaseReduce, kHcPhasePartials, kHcPhaseCluster,
                 kHcPhaseSum, kHcPhasePre, kHcPhaseNorm, kHcPhaseCollapse}) {
     SCOPED_TRACE(hc_fused_trace_phase_name(p));
-    EXPECT_EQ(ph[static_cast<size_t>(p)].ctas, 2);
+    EXPECT_EQ(ph[static_cast<size_t>(p)].blocks, 2);
     EXPECT_DOUBLE_EQ(ph[static_cast<size_t>(p)].mean, 150);
     EXPECT_EQ(ph[static_cast<size_t>(p)].max, 200);
-    EXPECT_EQ(ph[static_cast<size_t>(p)].max_cta, 1);
+    EXPECT_EQ(ph[static_cast<size_t>(p)].max_block, 1);
   }
   // Only CTA 0 has the Sinkhorn; it ends its after-the-wait time (7 steps to pre, then 5,000).
-  EXPECT_EQ(ph[kHcPhaseWeights].ctas, 1);
+  EXPECT_EQ(ph[kHcPhaseWeights].blocks, 1);
   EXPECT_DOUBLE_EQ(ph[kHcPhaseWeights].mean, 5'000);
   EXPECT_EQ(ph[kHcPhaseAfterWait].max, 700 + 5'000);
-  EXPECT_EQ(ph[kHcPhaseAfterWait].max_cta, 0);
+  EXPECT_EQ(ph[kHcPhaseAfterWait].max_block, 0);
   EXPECT_DOUBLE_EQ(ph[kHcPhaseAfterWait].mean, (5'700 + 9 * 200) / 2.0);
   // Ends on the timer: CTA 0 at 50,000 + 4,000 / 2, CTA 1 at 50,100 + 3,000 / 2.
   EXPECT_EQ(s.end_spread_ns, (50'000 + 2'000) - (50'100 + 1'500));
@@ -70,9 +70,9 @@ TEST(HcFusedTrace, WithoutTheNormTheCollapseStartsAtPre) {
   const std::vector<int64_t> words = record(0, 100, 0, false, 0, 0);
   const HcFusedTraceSummary s = summarize_hc_fused_trace(words, 1);
   EXPECT_EQ(s.ctas, 1);
-  EXPECT_EQ(s.phases[kHcPhaseNorm].ctas, 0);
+  EXPECT_EQ(s.phases[kHcPhaseNorm].blocks, 0);
   EXPECT_DOUBLE_EQ(s.phases[kHcPhaseCollapse].mean, 100);
-  EXPECT_EQ(s.phases[kHcPhaseWeights].ctas, 0);
+  EXPECT_EQ(s.phases[kHcPhaseWeights].blocks, 0);
   EXPECT_EQ(s.end_spread_ns, 0);
 }
 

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/common/trace_stats.h"
+
 namespace deepinfer::cuda {
 
 // Where a traced call writes: `stamps` (device memory, mma_trace_words(blocks, combines) words,
@@ -95,13 +97,6 @@ inline const char* combine_trace_phase_name(int phase) {
   return phase >= 0 && phase < kCombinePhases ? kNames[static_cast<size_t>(phase)] : "?";
 }
 
-struct TracePhaseStats {
-  int blocks = 0;      // blocks that have the phase
-  double mean = 0;     // cycles
-  int64_t max = 0;     // cycles
-  int max_block = -1;  // the block of the max
-};
-
 // First and last of one event over the blocks, ns after the call's first split-block entry.
 struct TraceSpan {
   int64_t first = 0;
@@ -121,15 +116,6 @@ struct MmaTraceSummary {
 
 namespace mma_trace_detail {
 
-inline void add(TracePhaseStats& p, int block, int64_t v) {
-  ++p.blocks;
-  p.mean += static_cast<double>(v);
-  if (p.max_block < 0 || v > p.max) {
-    p.max = v;
-    p.max_block = block;
-  }
-}
-
 inline void widen(TraceSpan& s, bool first_seen, int64_t v) {
   s.first = first_seen ? v : std::min(s.first, v);
   s.last = first_seen ? v : std::max(s.last, v);
@@ -142,7 +128,6 @@ inline void widen(TraceSpan& s, bool first_seen, int64_t v) {
 // stamps of a block without keys (issued, query, first tile) are 0 and their phases skipped.
 inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, int blocks,
                                            int combines) {
-  using mma_trace_detail::add;
   using mma_trace_detail::widen;
   MmaTraceSummary s;
   if (std::ssize(words) < mma_trace_words(blocks, combines)) return s;
@@ -163,9 +148,9 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
     for (int p = kMmaPhaseTable; p <= kMmaPhaseStore; ++p) {
       const int64_t from = r[kMmaTraceEntry + p];
       const int64_t to = r[kMmaTraceTable + p];
-      if (from != 0 && to != 0) add(s.phases[static_cast<size_t>(p)], b, to - from);
+      if (from != 0 && to != 0) s.phases[static_cast<size_t>(p)].add(b, to - from);
     }
-    add(s.phases[kMmaPhaseAfterWait], b, r[kMmaTraceStored] - r[kMmaTraceWaited]);
+    s.phases[kMmaPhaseAfterWait].add(b, r[kMmaTraceStored] - r[kMmaTraceWaited]);
     const bool first = seen++ == 0;
     widen(s.entry, first, r[kMmaTraceTimerEntry] - origin);
     widen(s.waited, first, r[kMmaTraceTimerWaited] - origin);
@@ -176,19 +161,15 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
     const int64_t* r = combine + c * int64_t{kCombineTraceWords};
     if (r[kCombineTraceEnd] <= r[kCombineTraceEntry]) continue;
     const bool first = s.combines++ == 0;
-    add(s.combine_phases[kCombinePhaseWait], c, r[kCombineTraceWaited] - r[kCombineTraceEntry]);
-    add(s.combine_phases[kCombinePhaseLoad], c, r[kCombineTraceLoaded] - r[kCombineTraceWaited]);
-    add(s.combine_phases[kCombinePhaseSum], c, r[kCombineTraceEnd] - r[kCombineTraceLoaded]);
+    s.combine_phases[kCombinePhaseWait].add(c, r[kCombineTraceWaited] - r[kCombineTraceEntry]);
+    s.combine_phases[kCombinePhaseLoad].add(c, r[kCombineTraceLoaded] - r[kCombineTraceWaited]);
+    s.combine_phases[kCombinePhaseSum].add(c, r[kCombineTraceEnd] - r[kCombineTraceLoaded]);
     widen(s.combine_entry, first, r[kCombineTraceTimerEntry] - origin);
     widen(s.combine_waited, first, r[kCombineTraceTimerWaited] - origin);
     widen(s.combine_end, first, r[kCombineTraceTimerEnd] - origin);
   }
-  for (TracePhaseStats& p : s.phases) {
-    if (p.blocks > 0) p.mean /= p.blocks;
-  }
-  for (TracePhaseStats& p : s.combine_phases) {
-    if (p.blocks > 0) p.mean /= p.blocks;
-  }
+  for (TracePhaseStats& p : s.phases) p.finish();
+  for (TracePhaseStats& p : s.combine_phases) p.finish();
   s.clock_ghz = ns > 0 ? cycles / ns : 0.0;
   return s;
 }
