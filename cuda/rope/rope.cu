@@ -12,6 +12,7 @@
 #include "cuda/common/cluster_launch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/rope/rope_quad.cuh"
 
 namespace deepinfer::cuda {
 
@@ -69,10 +70,12 @@ __global__ void rope_kernel(const T* __restrict__ x, const int32_t* __restrict__
 // The same rotation, one thread per 4 consecutive elements of a row (float4 loads and stores, two
 // whole pairs when the quad is rotated) with 32-bit offsets: one division per quad instead of
 // three 64-bit ones per element (the inverse rotation of the attention output reads and writes
-// all of [T, heads, 512] every layer). Needs dim % 4 == 0, an even `first` (a quad never
-// straddles a pair), 16-byte aligned y and x (8-byte for bf16 x) and fewer than 2^30 quads (the
-// grid-stride index stays an int). The angles, cos, sin and products are the element kernel's, so
-// the bytes are meant to be too (tests/gpu/cpp/test_cuda_only.cpp: RopeQuadsMatchTheElementKernel).
+// all of [T, heads, 512] every layer). Needs dim % 4 == 0, `first` a multiple of 4 (a quad is
+// wholly copied or wholly two rotated pairs; an even `first` alone let a quad straddle the two
+// and left its rotated half unrotated), 16-byte aligned y and x (8-byte for bf16 x) and fewer
+// than 2^30 quads (the grid-stride index stays an int). The angles, cos, sin and products are
+// the element kernel's, so the bytes are meant to be too (tests/gpu/cpp/test_cuda_only.cpp:
+// RopeQuadsMatchTheElementKernel).
 template <typename T>
 __global__ void rope_quads_kernel(const T* __restrict__ x, const int32_t* __restrict__ positions,
                                   const float* __restrict__ inv_freq, float4* __restrict__ y,
@@ -89,19 +92,7 @@ __global__ void rope_quads_kernel(const T* __restrict__ x, const int32_t* __rest
       continue;
     }
     const float pos = static_cast<float>(positions[row / heads]);
-    const int i = (c - first) / 2;
-    float4 o;
-    const float angle0 = pos * inv_freq[i];
-    const float co0 = cosf(angle0);
-    const float si0 = inverse ? -sinf(angle0) : sinf(angle0);
-    o.x = __fsub_rn(__fmul_rn(v.x, co0), __fmul_rn(v.y, si0));
-    o.y = __fadd_rn(__fmul_rn(v.y, co0), __fmul_rn(v.x, si0));
-    const float angle1 = pos * inv_freq[i + 1];
-    const float co1 = cosf(angle1);
-    const float si1 = inverse ? -sinf(angle1) : sinf(angle1);
-    o.z = __fsub_rn(__fmul_rn(v.z, co1), __fmul_rn(v.w, si1));
-    o.w = __fadd_rn(__fmul_rn(v.w, co1), __fmul_rn(v.z, si1));
-    y[qd] = o;
+    y[qd] = rope_rotate_quad(v, pos, inv_freq, (c - first) / 2, inverse);
   }
 }
 
@@ -120,7 +111,7 @@ Tensor CudaBackend::rope_impl(const Tensor& x, const Tensor& positions, const Te
   auto run = [&]<typename T>(const T* src) {
     const auto x_addr = reinterpret_cast<uintptr_t>(src);
     const bool x_aligned = x_addr % (4 * sizeof(*src)) == 0;
-    if (dim % 4 == 0 && first % 2 == 0 && n / 4 < (int64_t{1} << 30) && x_aligned &&
+    if (dim % 4 == 0 && first % 4 == 0 && n / 4 < (int64_t{1} << 30) && x_aligned &&
         aligned16(out.raw_data())) {
       const int64_t quads = n / 4;
       launch_programmatic(op, dim3(elementwise_blocks(num_sms(), quads)), dim3(kElementwiseThreads),

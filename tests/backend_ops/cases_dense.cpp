@@ -252,7 +252,11 @@ void add_rope(std::vector<OpCase>& t) {
                                          {{37, 64}, 64, 200000},
                                          {{3, kHeads, kHeadDim}, kRopeDim, 1 << 20},
                                          {{3, kHeadDim}, kRopeDim, 100000},
-                                         {{4, 2, 8}, 0, 10}}) {
+                                         {{4, 2, 8}, 0, 10},
+                                         // Rotated channels from 58 and 10: a quad of channels
+                                         // would straddle the copied and the rotated ones.
+                                         {{3, 4, 64}, 6, 100},
+                                         {{2, 20}, 10, 50}}) {
     for (const bool inverse : {false, true}) {
       add(t, Case<Tensors>{
                  .op = "rope",
