@@ -16,18 +16,34 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/common/vec.cuh"
+#include "cuda/rope/rope_quad.cuh"
 
 namespace deepinfer::cuda {
 
 namespace {
 
-// out[row0 + 4 c4 ..] = r * inv, in f32 or (out_bf16 non-null) bf16.
+// out[row0 + 4 c4 ..] = r * inv, in f32 or (out_bf16 non-null) bf16; under rope (its inv_freq
+// set) rounded to bf16 first where it says so and the RoPE channels rotated back at `pos`, in f32.
 __device__ __forceinline__ void store_combined(float4 r, float inv, float* out,
-                                               __nv_bfloat16* out_bf16, int64_t row0, int c4) {
+                                               __nv_bfloat16* out_bf16, int64_t row0, int c4,
+                                               const AttentionOutputRope& rope, float pos,
+                                               int dim) {
   r.x *= inv;
   r.y *= inv;
   r.z *= inv;
   r.w *= inv;
+  if (rope.inv_freq != nullptr) {
+    if (rope.round_bf16) {
+      r.x = __bfloat162float(__float2bfloat16_rn(r.x));
+      r.y = __bfloat162float(__float2bfloat16_rn(r.y));
+      r.z = __bfloat162float(__float2bfloat16_rn(r.z));
+      r.w = __bfloat162float(__float2bfloat16_rn(r.w));
+    }
+    const int first = dim - 2 * rope.pairs;
+    if (4 * c4 >= first) r = rope_rotate_quad(r, pos, rope.inv_freq, (4 * c4 - first) / 2, true);
+    reinterpret_cast<float4*>(out + row0)[c4] = r;
+    return;
+  }
   if (out_bf16 != nullptr) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(r.x, r.y);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(r.z, r.w);
@@ -53,7 +69,8 @@ __global__ void __launch_bounds__(128)
     attention_combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_md,
                              const float* __restrict__ sinks, float* __restrict__ out,
                              __nv_bfloat16* __restrict__ out_bf16, int num_tokens, int heads,
-                             int dim, int splits, MmaTraceBuffer trace_buffer) {
+                             int dim, int splits, MmaTraceBuffer trace_buffer,
+                             AttentionOutputRope rope) {
   __shared__ float m_s[kAttnMaxSplits];
   __shared__ float d_s[kAttnMaxSplits];
   __shared__ float w_s[kAttnMaxSplits];
@@ -64,6 +81,9 @@ __global__ void __launch_bounds__(128)
   const float sink = sinks[h];                 // a weight: no kernel before this one writes it
   if constexpr (kPdl) enter_dependent_grid();  // the splits
   trace.waited();
+  // Loaded after the wait (a step's positions may come from a kernel before it), in flight with
+  // the partials below.
+  const float pos = rope.inv_freq != nullptr ? static_cast<float>(rope.positions[t]) : 0.0f;
   const int64_t stride = static_cast<int64_t>(num_tokens) * heads;  // between splits
   const int64_t idx = t * heads + h;
   const int n4 = dim / 4;
@@ -101,7 +121,7 @@ __global__ void __launch_bounds__(128)
         if (s0 + j < splits) r = fma4(w_s[s0 + j], v[j], r);
       }
     }
-    store_combined(r, inv, out, out_bf16, idx * dim, c4);
+    store_combined(r, inv, out, out_bf16, idx * dim, c4, rope, pos, dim);
     if (c4 + static_cast<int>(blockDim.x) < n4) load_batch(c4 + static_cast<int>(blockDim.x), 0);
   }
   trace.finish();
@@ -121,7 +141,7 @@ auto combine_kernel_for(int64_t splits) {
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, __nv_bfloat16* out_bf16,
                               int64_t tokens, int64_t heads, int64_t dim, int64_t splits, bool pdl,
-                              const MmaTraceBuffer& trace) {
+                              const MmaTraceBuffer& trace, const AttentionOutputRope& rope) {
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(heads));
   // The trace instantiations are the programmatic launch's (the small-batch route's).
   const auto kernel = pdl && trace.stamps != nullptr ? combine_kernel_for<true, true>(splits)
@@ -130,7 +150,7 @@ void launch_attention_combine(cudaStream_t stream, const float* part_acc, const 
   launch_programmatic("attention's combine", grid, dim3(128), 0, stream, pdl, kernel, part_acc,
                       part_md, sinks, out, out_bf16, static_cast<int>(tokens),
                       static_cast<int>(heads), static_cast<int>(dim), static_cast<int>(splits),
-                      trace);
+                      trace, rope);
 }
 
 }  // namespace deepinfer::cuda

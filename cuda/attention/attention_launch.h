@@ -36,13 +36,26 @@ void launch_attention_wgmma(const AttentionArgs& a, const DeviceLayout& l,
                             KernelSmemLimits& smem_limits, cudaStream_t stream,
                             const OverlapTraceBuffer& trace = {});
 
+// The inverse RoPE a combine applies as it stores the output (AttentionSpec::output_rope_inv_freq):
+// the last 2 * pairs channels of each head rotated back at positions[token]. round_bf16: the
+// merged values are rounded to bf16 first (the output bf16_output would have returned), then
+// rotated and stored in f32. No inv_freq: none. Needs (dim - 2 * pairs) % 4 == 0 (whole quads).
+struct AttentionOutputRope {
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int pairs = 0;
+  bool round_bf16 = false;
+};
+
 // Merges `splits` > 1 split outputs with the sinks into out, or into out_bf16 in bf16 when it is
 // non-null (attention_combine.cu). `pdl`: a programmatic dependent launch of the split kernel
 // (which lets it start early; it waits for that grid before it reads the splits). `trace`: the
 // combine blocks' records of a traced mma.sync call (a programmatic launch; attention_mma_trace.h).
+// `rope`: the inverse RoPE of the output (its inv_freq set: out f32, out_bf16 null).
 void launch_attention_combine(cudaStream_t stream, const float* part_acc, const float* part_md,
                               const float* sinks, float* out, __nv_bfloat16* out_bf16,
                               int64_t tokens, int64_t heads, int64_t dim, int64_t splits,
-                              bool pdl = false, const MmaTraceBuffer& trace = {});
+                              bool pdl = false, const MmaTraceBuffer& trace = {},
+                              const AttentionOutputRope& rope = {});
 
 }  // namespace deepinfer::cuda

@@ -144,6 +144,9 @@ struct Attn {
   // This call's keys passed in the ring's format (rms_norm_rope_kv's rows, the engine's call):
   // drawn in f32 and encoded by the host codec; the op reads them as they are.
   bool kv_encoded = false;
+  // AttentionSpec::output_rope_inv_freq with this many pairs (the last 2 * n channels rotated
+  // back; the engine's call passes its layer's 32): 0 none.
+  int rope_back = 0;
 };
 
 // Random f32 key rows of `dim` channels as a cache of `dtype` holds them ([.., row width]).
@@ -175,7 +178,8 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
   add(t, Case<AttnIn>{
              .op = "attention",
              .label = kv_label(c.kv) + (c.kv_encoded ? "kvenc_" : "") + (c.bf16 ? "bf16_" : "") +
-                      (c.q_bf16 ? "qbf16_" : "") + (c.out_bf16 ? "outbf16_" : "") + label,
+                      (c.q_bf16 ? "qbf16_" : "") + (c.out_bf16 ? "outbf16_" : "") +
+                      (c.rope_back > 0 ? "ropeback_" : "") + label,
              .draw =
                  [c](Rng& rng) {
                    HostBatch hb(rng, c.seqs, c.block);
@@ -202,6 +206,16 @@ void add_attention(std::vector<OpCase>& t, const std::string& label, const Attn&
              .run =
                  [spec, c](Backend& be, const AttnIn& in) {
                    AttentionSpec s = spec;
+                   if (c.rope_back > 0) {
+                     // V4's frequencies: 10000^(-2i / (2n)).
+                     std::vector<float> inv_freq(static_cast<size_t>(c.rope_back));
+                     for (int i = 0; i < c.rope_back; ++i) {
+                       inv_freq[static_cast<size_t>(i)] =
+                           std::pow(10000.0f, -float(i) / c.rope_back);
+                     }
+                     s.output_rope_inv_freq =
+                         up(be, Tensor::from_vector(inv_freq, {int64_t{c.rope_back}}));
+                   }
                    if (!c.swa_start.empty()) {
                      s.swa_start =
                          up(be, Tensor::from_vector(c.swa_start,
@@ -276,6 +290,21 @@ void add_split_keys(std::vector<OpCase>& t, Attn c) {
   c.window = 200;
   c.ring_len = 206;
   add_attention(t, "tiny_sliding_w200_split", c);
+}
+
+// The output's inverse RoPE in the call (AttentionSpec::output_rope_inv_freq) where the keys are
+// split (the combine rotates as it stores) and where they are not (a rope after), with RoPE
+// channels in whole quads and with an odd pair count (a rope after the combine).
+void add_rope_back(std::vector<OpCase>& t, Attn c) {
+  c.seqs = {{1000, 1, 0}, {777, 2, 1}};
+  c.ratio = 4;
+  c.rope_back = 4;
+  add_attention(t, "tiny_dense_split", c);
+  c.rope_back = 3;
+  add_attention(t, "tiny_dense_split_odd_pairs", c);
+  c.seqs = kTinySeqs;
+  c.rope_back = 4;
+  add_attention(t, "tiny_dense_m4", c);
 }
 
 // V4-Flash widths: sliding, CSA (sparse, m = 4, top-512) and HCA (dense, m = 128) layers over
@@ -393,6 +422,7 @@ void add_f32_attention(std::vector<OpCase>& t) {
   add_split_keys(t, Attn{});
   add_swa_start(t, Attn{});
   add_flash(t, false);
+  add_rope_back(t, Attn{});
 }
 
 // AttentionSpec::bf16_math: the CUDA tensor-core kernel (cuda/attention/sm80/attention_mma.cu).
@@ -421,6 +451,7 @@ void add_bf16_attention(std::vector<OpCase>& t) {
   add_split_keys(t, tiny);
   add_swa_start(t, tiny);
   add_flash(t, true);
+  add_rope_back(t, tiny);
 }
 
 // bf16 and fp8 caches (kv_record.h), through both kernels: the keys are decoded exactly, so the
@@ -528,6 +559,17 @@ void add_bf16_query_attention(std::vector<OpCase>& t) {
     add_attention(t, "v4_csa_b1_sq2", csa);
     csa.seqs = decode_seqs(8, 1);
     add_attention(t, "v4_csa_b8_decode", csa);
+    // And the output's inverse RoPE in the call (the engine's since it fuses into the combine),
+    // at the small batches' mma.sync route and the wgmma route's B = 64 (two splits, separate
+    // combine) and B = 150 (one split: the rope after).
+    csa.rope_back = 32;
+    for (const int batch : {1, 2, 64, 150}) {
+      csa.seqs = decode_seqs(batch, 1);
+      add_attention(t, "v4_csa_b" + std::to_string(batch) + "_decode", csa);
+    }
+    csa.seqs = {{2047, 2, 0}};
+    add_attention(t, "v4_csa_b1_sq2", csa);
+    csa.rope_back = 0;
     csa.seqs = decode_seqs(64, 1);
     csa.heads = 128;
     csa.seqs = decode_seqs(150, 1);

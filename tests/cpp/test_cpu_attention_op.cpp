@@ -214,6 +214,30 @@ TEST_F(CpuAttentionOpTest, SwaStartNarrowsTheSlidingWindow) {
                "spec.swa_start");
 }
 
+// output_rope_inv_freq rotates the output's last 2R channels back at each query's position: the
+// result is rope(attention, positions, inv_freq, inverse) bit for bit. An inv_freq longer than half
+// the head dim is refused by name.
+TEST_F(CpuAttentionOpTest, OutputRopeRotatesTheOutputBack) {
+  const int ratio = 4, block = 8;
+  std::vector<SeqSpec> seqs = {{0, 5, 2}, {37, 1, 0}, {20, 9, 1}};
+  PagedEntries pe(rng, {5 / ratio, 38 / ratio, 29 / ratio}, block / ratio, 16, 5);
+  AttnWorld a = world(seqs, 3, 16, 8, 10, block, pe.max_blocks, pe.table);
+  const std::vector<float> inv_freq = {1.0f, 0.31f, 0.097f};  // the last 6 of 16 channels
+  AttentionSpec spec{8, 0.25f, ratio, false};
+  const Tensor plain = run(a, 3, &pe, Tensor(), spec);
+  const Tensor positions = up_i(a.hl.positions, {a.hl.num_tokens()});
+  const Tensor want = be->rope(plain, positions, up(inv_freq, {3}), /*inverse=*/true);
+  spec.output_rope_inv_freq = up(inv_freq, {3});
+  const Tensor got = run(a, 3, &pe, Tensor(), spec);
+  EXPECT_EQ(got.dtype(), DType::kF32);
+  const std::vector<float> got_host = fetch_f32(*be, got);
+  EXPECT_EQ(got_host, fetch_f32(*be, want));
+  EXPECT_NE(got_host, fetch_f32(*be, plain));  // the rotation moved something
+  spec.output_rope_inv_freq = up(std::vector<float>(9, 0.5f), {9});
+  expect_error([&] { run(a, 3, &pe, Tensor(), spec); }, ErrorCode::kInvalidArgument,
+               "spec.output_rope_inv_freq");
+}
+
 TEST_F(CpuAttentionOpTest, SwaStartSparesRingPositionsBeforeIt) {
   // 7 past keys would be needed and the ring holds 4, but the bound hides all but 3 of them.
   AttnWorld a = world({{30, 1, 0}}, 1, 8, 8, 4, 8, 1, {});

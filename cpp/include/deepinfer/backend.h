@@ -399,7 +399,7 @@ class Backend {
   // layer (-1 = none). For query t at position p of sequence b the keys are the positions (p - W,
   // p] (from spec.swa_start[b] on, when given) plus the compressed entries j < (p + 1) / ratio
   // (dense) or in topk[t] (sparse); softmax(q.k * scale ++ sinks[h]) without the sink column,
-  // times the keys. -> [T, nh, D].
+  // times the keys; under spec.output_rope_inv_freq the RoPE channels rotated back. -> [T, nh, D].
   Tensor attention(const Tensor& q, const Tensor& kv, const Tensor& swa_ring, const Tensor& entries,
                    const Tensor& topk, const Tensor& sinks, const BatchLayout& layout,
                    const AttentionSpec& spec);

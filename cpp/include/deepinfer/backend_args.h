@@ -200,6 +200,13 @@ struct AttentionSpec {
   // visible, so query p sees the sliding keys [max(p - W + 1, swa_start[b], 0), p]. DeepSeek-V4.1's
   // YOCO prefill truncation narrows the consumer layers' windows this way (engine.md 6.3).
   Tensor swa_start{};
+  // [R] f32 or undefined (none): the output's last 2R channels of each head are rotated back at
+  // the query's position, as rope(out, layout.positions, output_rope_inv_freq, inverse=true) does
+  // (K == V carries RoPE, so the attention output does too). The result is then f32; where a
+  // backend honours bf16_output it rounds the output to bf16 before the rotation (the values a
+  // rope op after it would read). A backend may fuse it into its last kernel (the CUDA backend's
+  // split combine).
+  Tensor output_rope_inv_freq{};
 };
 
 }  // namespace deepinfer

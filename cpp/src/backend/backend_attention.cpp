@@ -159,6 +159,11 @@ Tensor Backend::attention(const Tensor& q, const Tensor& kv, const Tensor& swa_r
     if (spec.sparse) c.tensor("topk", topk, DType::kI32, {tokens, -1});
   }
   c.optional("spec.swa_start", spec.swa_start, DType::kI32, {layout.num_seqs});
+  c.optional("spec.output_rope_inv_freq", spec.output_rope_inv_freq, DType::kF32, {-1});
+  if (spec.output_rope_inv_freq.defined() && 2 * spec.output_rope_inv_freq.size(0) > dim) {
+    c.fail("spec.output_rope_inv_freq " + spec.output_rope_inv_freq.describe() +
+           " rotates more than the head dim " + std::to_string(dim) + " channels");
+  }
   return attention_impl(q, kv, swa_ring, entries, topk, sinks, layout, spec);
 }
 

@@ -413,6 +413,9 @@ Tensor CpuBackend::attention_impl(const Tensor& q, const Tensor& kv, const Tenso
       }
     });
   });
+  if (spec.output_rope_inv_freq.defined()) {
+    return rope_impl(out, layout.positions, spec.output_rope_inv_freq, /*inverse=*/true);
+  }
   return out;
 }
 

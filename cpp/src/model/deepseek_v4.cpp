@@ -114,11 +114,15 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
   spec.ratio = ratio;
   spec.sparse = w.has_indexer;
   spec.bf16_math = bf16_math_;
-  // The same condition lets the output come back in bf16 (attention_output's inverse RoPE takes
-  // either): half the bytes, rounded once more before wo_a's activation quantization to e4m3.
+  // The same condition lets the output be rounded to bf16 (before the inverse RoPE below): a
+  // backend that writes it between kernels writes half the bytes; rounded once more before wo_a's
+  // activation quantization to e4m3.
   spec.bf16_output = bf16_math_;
   spec.rope_dim = caches.rope_dim;
   spec.swa_start = plan.swa_start;  // a replayed hit's window bound (undefined: none)
+  // K == V carries RoPE: the output's RoPE channels are rotated back in the call (a backend fuses
+  // it into its last kernel).
+  spec.output_rope_inv_freq = inv_freq;
 
   // q-LoRA queries with a per-head unweighted norm; one shared K=V vector per token. Where the
   // backend's attention rounds q to bf16 anyway, q may come in bf16: the attention kernel reads
@@ -190,7 +194,7 @@ Tensor DeepseekV4Model::attention(int layer, const AttentionWeights& w, const Te
     be.ring_write(caches.swa_ring, kv, layout, caches.rope_dim);
   }
 
-  return attention_output(be, out, layout.positions, inv_freq, w.wo_a, w.wo_b, config_.o_groups);
+  return attention_output(be, out, w.wo_a, w.wo_b, config_.o_groups);
 }
 
 void DeepseekV4Model::compress(const CompressorWeights& w, const Tensor& x, const BatchPlan& plan,

@@ -235,12 +235,13 @@ Tensor DeepseekV41Model::attention(int layer, const Tensor& x, const BatchLayout
   spec.sparse = ratio > 0;  // every compressed layer has an index source (validated)
   spec.rope_dim = own.rope_dim;
   spec.swa_start = swa_start;
+  spec.output_rope_inv_freq = inv_freq;
   const Tensor out =
       be.attention(q, kv, own.swa_ring, ratio > 0 ? entries_of(caches, layer, config_) : Tensor(),
                    topk, w.sinks, layout, spec);
   // The ring is written after attention read the keys this chunk's queries need from it.
   be.ring_write(own.swa_ring, kv, layout, own.rope_dim);
-  return attention_output(be, out, layout.positions, inv_freq, w.wo_a, w.wo_b, config_.o_groups);
+  return attention_output(be, out, w.wo_a, w.wo_b, config_.o_groups);
 }
 
 void DeepseekV41Model::compress(int layer, const Tensor& x, const BatchPlan& plan,

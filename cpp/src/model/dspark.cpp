@@ -47,7 +47,9 @@ Tensor DSparkDrafter::attention(int block, const Tensor& x, const BatchPlan& pla
   spec.rope_dim = own.rope_dim;
   const Tensor out = be.attention(q, be.gather_rows(kv, last_rows), own.swa_ring, Tensor(),
                                   Tensor(), w.sinks, attend.layout, spec);
-  return attention_output(be, out, layout.positions, lw.inv_freq, w.wo_a, w.wo_b, c.o_groups);
+  // Rotated back at the drafted positions (layout's), not the attention rows' (attend's).
+  const Tensor back = be.rope(out, layout.positions, lw.inv_freq, /*inverse=*/true);
+  return attention_output(be, back, w.wo_a, w.wo_b, c.o_groups);
 }
 
 DSparkOutput DSparkDrafter::draft(const BatchPlan& plan, const BatchPlan& attend,

@@ -13,15 +13,14 @@ namespace deepinfer {
 // prefill's kernels fill the device alone. The decode graphs' largest batch.
 inline constexpr int64_t kBranchMaxTokens = 256;
 
-// The attention output projection: K == V carries RoPE, so the output's rope channels are rotated
-// back at the query position; then the grouped wo_a and wo_b. out [T, nh, D] -> [T, H].
-inline Tensor attention_output(Backend& be, const Tensor& out, const Tensor& positions,
-                               const Tensor& inv_freq, const MatrixWeight& wo_a,
+// The attention output projection, the grouped wo_a and wo_b, of an output whose RoPE channels
+// are rotated back at the query position already (K == V carries RoPE: the attention call does it
+// under AttentionSpec::output_rope_inv_freq). out [T, nh, D] -> [T, H].
+inline Tensor attention_output(Backend& be, const Tensor& out, const MatrixWeight& wo_a,
                                const MatrixWeight& wo_b, int o_groups) {
   const int64_t t = out.shape()[0];
   const int64_t width = out.shape()[1] * out.shape()[2];
-  Tensor back = be.rope(out, positions, inv_freq, /*inverse=*/true);
-  return be.linear(be.grouped_linear(back.reshape({t, width}), wo_a, o_groups), wo_b);
+  return be.linear(be.grouped_linear(out.reshape({t, width}), wo_a, o_groups), wo_b);
 }
 
 // The shared expert: w2(swiglu(w1 x, w3 x)), w1 and w3 as a pair.
