@@ -3,7 +3,7 @@
 // output bytes as the untraced one, every split block and combine block of the call leaves a
 // record, each record's stamps are in the kernel's program order, and no combine block leaves its
 // wait before the last split block has stored its partials. Skips without an sm_90 device, or
-// where the call does not take the small-batch route.
+// where DEEPINFER_ATTENTION_KERNEL takes the call off the small-batch route.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -44,8 +44,14 @@ TEST_P(AttentionMmaTrace, SameOutputAndRecordsInProgramOrder) {
   const Tensor want = call();
   const cuda::AttentionMmaPlan plan = cuda_be->last_attention_plan();
   if (cuda_be->last_attention_wgmma() || plan.rows != 16 || plan.splits < 2 || plan.fused) {
-    GTEST_SKIP() << "the call does not take the small-batch route (mma.sync 16-head blocks, "
-                    "separate combine) on this device";
+    // Every case takes it under the default kernel choice (at most kSmallBatchMaxGroups token x
+    // 16-head units); another DEEPINFER_ATTENTION_KERNEL may not.
+    if (cuda_be->attention_kernel() == cuda::AttentionKernelChoice::kWgmmaOverlapAuto) {
+      FAIL() << "the call does not take the small-batch route (mma.sync 16-head blocks, separate "
+                "combine) under the default kernel choice";
+    }
+    GTEST_SKIP() << "the call does not take the small-batch route under "
+                    "DEEPINFER_ATTENTION_KERNEL's choice";
   }
   const int blocks = static_cast<int>(in.tokens * plan.head_groups * plan.splits);
   const int combines = static_cast<int>(in.tokens * kHeads);
@@ -88,7 +94,10 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionMmaTrace,
     testing::Values(TraceCase{"b1_fp8", {{4095, 1, 0}}, DType::kU8},
                     TraceCase{"b1_bf16", {{4095, 1, 0}}, DType::kBF16},
-                    TraceCase{"b2_sq2_fp8", spread_batch(2, 2, 300, 3800), DType::kU8}),
+                    // Two tokens: 2 x 4 units, the route's most (a B = 2, s_q = 2 case, 16
+                    // units, took the wgmma kernel and always skipped).
+                    TraceCase{"b2_sq1_fp8", spread_batch(2, 1, 300, 3800), DType::kU8},
+                    TraceCase{"b1_sq2_fp8", {{2047, 2, 0}}, DType::kU8}),
     [](const testing::TestParamInfo<TraceCase>& param_info) { return param_info.param.name; });
 
 }  // namespace
