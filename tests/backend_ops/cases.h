@@ -28,7 +28,8 @@ std::vector<OpCase> gemm_cases();           // linear, grouped_linear
 std::vector<OpCase> moe_cases();            // moe_route, moe_experts
 std::vector<OpCase> moe_quant_cases();      // moe_experts on MXFP4 / FP8 experts
 std::vector<OpCase> cache_cases();          // ring_write, compress_pool, scatter_rows
-std::vector<OpCase> attention_cases();      // indexer_topk, attention
+std::vector<OpCase> indexer_cases();        // indexer_topk
+std::vector<OpCase> attention_cases();      // attention
 std::vector<OpCase> kv_dtype_cases();       // indexer_topk over bf16 and fp8 index caches
 std::vector<OpCase> sample_cases();         // sample
 std::vector<OpCase> v41_cases();            // hc_pre_shifted, hc_collapse, engram_*, embedding_fp8

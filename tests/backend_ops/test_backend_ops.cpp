@@ -24,8 +24,8 @@ const std::vector<OpCase>& table() {
     std::vector<OpCase> all;
     for (auto family :
          {dense_cases, select_tokens_cases, shift_rows_cases, adjust_logits_cases, hc_cases,
-          gemm_cases, moe_cases, moe_quant_cases, cache_cases, attention_cases, kv_dtype_cases,
-          sample_cases, v41_cases, v41_indexer_cases}) {
+          gemm_cases, moe_cases, moe_quant_cases, cache_cases, indexer_cases, attention_cases,
+          kv_dtype_cases, sample_cases, v41_cases, v41_indexer_cases}) {
       std::vector<OpCase> part = family();
       all.insert(all.end(), std::make_move_iterator(part.begin()),
                  std::make_move_iterator(part.end()));
