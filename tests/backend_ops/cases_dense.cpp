@@ -317,6 +317,9 @@ void add_rms_norm_rope(std::vector<OpCase>& t) {
                                                  {{2, 16}, 16, 50, false},
                                                  {{4, 2, 8}, 0, 10, false},
                                                  {{5, 10}, 6, 100, false},
+                                                 // Rotation from channel 58 of 64: the fallback's
+                                                 // rope over a quad-aligned row.
+                                                 {{3, 4, 64}, 6, 100, false},
                                                  {{3, 2048}, 64, 1000, false},
                                                  {{2, kHeadDim}, kRopeDim, 1000, true}}) {
     for (const bool weighted : {true, false}) {
