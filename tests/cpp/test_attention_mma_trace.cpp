@@ -110,6 +110,34 @@ TEST(AttentionMmaTrace, PhasesAndTimelineAreTheRecords) {
   EXPECT_EQ(s.combine_end.last, 60 + 5'000);
 }
 
+TEST(AttentionMmaTrace, PlacementCountsTheSmsAndSplitsTheLoadPhaseBySharing) {
+  // Split blocks on SMs 3, 3 and 7; combine blocks on SMs 7 (load 1,000), 9 and 9 (2,000 and
+  // 4,000) and 11 (1,500); one more combine block with a corrupt SM id counts in the phases only.
+  auto split_on = [](int64_t sm) {
+    std::vector<int64_t> r = split_record(1'000, 100, 500, 0);
+    r[kMmaTraceSm] = sm;
+    return r;
+  };
+  auto combine_on = [](int64_t sm, int64_t load) {
+    std::vector<int64_t> r = combine_record(0, 100, load, 50, 0);
+    r[kCombineTraceSm] = sm;
+    return r;
+  };
+  const std::vector<int64_t> words =
+      join({split_on(3), split_on(3), split_on(7), combine_on(7, 1'000), combine_on(9, 2'000),
+            combine_on(9, 4'000), combine_on(11, 1'500), combine_on(-1, 9'000)});
+  const MmaTraceSummary s = summarize_mma_trace(words, 3, 5);
+  EXPECT_EQ(s.combines, 5);
+  const TracePlacement& p = s.placement;
+  EXPECT_EQ(p.split_sms, 2);
+  EXPECT_EQ(p.combine_sms, 3);
+  EXPECT_EQ(p.combine_max_per_sm, 2);
+  EXPECT_EQ(p.combines_on_split_sms, 1);
+  EXPECT_EQ(p.combines_alone, 2);
+  EXPECT_DOUBLE_EQ(p.load_alone_mean, 1'250);
+  EXPECT_DOUBLE_EQ(p.load_shared_mean, 3'000);
+}
+
 TEST(AttentionMmaTrace, BlocksWithoutKeysSkipOnlyTheirKeyPhases) {
   const std::vector<int64_t> words =
       join({split_record(1'000, 100, 500, 0), split_record(1'000, 100, 500, 0, /*keys=*/false)});

@@ -97,6 +97,19 @@ inline const char* combine_trace_phase_name(int phase) {
   return phase >= 0 && phase < kCombinePhases ? kNames[static_cast<size_t>(phase)] : "?";
 }
 
+// Where the blocks ran (their %smid): whether combine blocks shared an SM with each other or with
+// a split block, and the combine's load phase (mean cycles) on an SM of its own against one it
+// shared with another combine block: whether the combine's loads are limited per SM.
+struct TracePlacement {
+  int split_sms = 0;              // distinct SMs of the split blocks
+  int combine_sms = 0;            // distinct SMs of the combine blocks
+  int combine_max_per_sm = 0;     // the most combine blocks on one SM
+  int combines_on_split_sms = 0;  // combine blocks on an SM that also ran a split block
+  int combines_alone = 0;         // combine blocks with no other combine block on their SM
+  double load_alone_mean = 0;     // their load phase
+  double load_shared_mean = 0;    // the load phase of the others
+};
+
 // First and last of one event over the blocks, ns after the call's first split-block entry.
 struct TraceSpan {
   int64_t first = 0;
@@ -112,6 +125,7 @@ struct MmaTraceSummary {
   // The timeline, ns after the first split block's entry.
   TraceSpan entry, waited, end;                          // split blocks
   TraceSpan combine_entry, combine_waited, combine_end;  // combine blocks
+  TracePlacement placement;
 };
 
 namespace mma_trace_detail {
@@ -119,6 +133,52 @@ namespace mma_trace_detail {
 inline void widen(TraceSpan& s, bool first_seen, int64_t v) {
   s.first = first_seen ? v : std::min(s.first, v);
   s.last = first_seen ? v : std::max(s.last, v);
+}
+
+// A record's %smid as an index: below a few hundred on every GPU; anything else (a corrupt
+// record) is left out of the placement (-1).
+constexpr int64_t kMaxTraceSms = 1024;
+
+inline int64_t sm_slot(int64_t sm) {
+  return sm >= 0 && sm < kMaxTraceSms ? sm : -1;
+}
+
+// The placement of the records that summarize_mma_trace kept (`split` and `combine`: theirs).
+inline TracePlacement placement(const std::vector<const int64_t*>& split,
+                                const std::vector<const int64_t*>& combine) {
+  TracePlacement p;
+  std::vector<int> splits_on(kMaxTraceSms, 0), combines_on(kMaxTraceSms, 0);
+  const auto at = [](std::vector<int>& on, int64_t slot) -> int& {
+    return on[static_cast<size_t>(slot)];
+  };
+  for (const int64_t* r : split) {
+    const int64_t slot = sm_slot(r[kMmaTraceSm]);
+    if (slot >= 0 && at(splits_on, slot)++ == 0) ++p.split_sms;
+  }
+  for (const int64_t* r : combine) {
+    const int64_t slot = sm_slot(r[kCombineTraceSm]);
+    if (slot >= 0 && at(combines_on, slot)++ == 0) ++p.combine_sms;
+  }
+  double alone = 0, shared = 0;
+  int combines_shared = 0;
+  for (const int64_t* r : combine) {
+    const int64_t slot = sm_slot(r[kCombineTraceSm]);
+    if (slot < 0) continue;
+    const int sharing = at(combines_on, slot);
+    p.combine_max_per_sm = std::max(p.combine_max_per_sm, sharing);
+    if (at(splits_on, slot) > 0) ++p.combines_on_split_sms;
+    const auto load = static_cast<double>(r[kCombineTraceLoaded] - r[kCombineTraceWaited]);
+    if (sharing == 1) {
+      ++p.combines_alone;
+      alone += load;
+    } else {
+      ++combines_shared;
+      shared += load;
+    }
+  }
+  p.load_alone_mean = p.combines_alone > 0 ? alone / p.combines_alone : 0.0;
+  p.load_shared_mean = combines_shared > 0 ? shared / combines_shared : 0.0;
+  return p;
 }
 
 }  // namespace mma_trace_detail
@@ -140,9 +200,11 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
     ++s.blocks;
   }
   int seen = 0;
+  std::vector<const int64_t*> split_records, combine_records;
   for (int b = 0; b < blocks; ++b) {
     const int64_t* r = words.data() + b * int64_t{kMmaTraceWords};
     if (r[kMmaTraceStored] <= r[kMmaTraceEntry]) continue;
+    split_records.push_back(r);
     cycles += static_cast<double>(r[kMmaTraceStored] - r[kMmaTraceEntry]);
     ns += static_cast<double>(r[kMmaTraceTimerEnd] - r[kMmaTraceTimerEntry]);
     for (int p = kMmaPhaseTable; p <= kMmaPhaseStore; ++p) {
@@ -160,6 +222,7 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
   for (int c = 0; c < combines && s.blocks > 0; ++c) {
     const int64_t* r = combine + c * int64_t{kCombineTraceWords};
     if (r[kCombineTraceEnd] <= r[kCombineTraceEntry]) continue;
+    combine_records.push_back(r);
     const bool first = s.combines++ == 0;
     s.combine_phases[kCombinePhaseWait].add(c, r[kCombineTraceWaited] - r[kCombineTraceEntry]);
     s.combine_phases[kCombinePhaseLoad].add(c, r[kCombineTraceLoaded] - r[kCombineTraceWaited]);
@@ -170,6 +233,7 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
   }
   for (TracePhaseStats& p : s.phases) p.finish();
   for (TracePhaseStats& p : s.combine_phases) p.finish();
+  s.placement = mma_trace_detail::placement(split_records, combine_records);
   s.clock_ghz = ns > 0 ? cycles / ns : 0.0;
   return s;
 }
