@@ -13,7 +13,7 @@ namespace {
 
 // A split block's record: thread 0's stamps `step` cycles apart from `start` (the wait `wait`
 // cycles), on a 2 GHz clock, its timer from `timer_start`; `keys`: false for a block without keys
-// (no issued, query or first-tile stamps: zeros, as the recorder leaves them).
+// (no stamps from the top-k's to tile 0's values: zeros, as the recorder leaves them).
 std::vector<int64_t> split_record(int64_t start, int64_t step, int64_t wait, int64_t timer_start,
                                   bool keys = true) {
   std::vector<int64_t> r(kMmaTraceWords, 0);
@@ -23,9 +23,7 @@ std::vector<int64_t> split_record(int64_t start, int64_t step, int64_t wait, int
   r[kMmaTraceWaited] = t += wait;
   const int64_t waited = t;
   if (keys) {
-    r[kMmaTraceIssued] = t += step;
-    r[kMmaTraceQuery] = t += step;
-    r[kMmaTraceFirstTile] = t += step;
+    for (int w = kMmaTraceTopk; w <= kMmaTraceValues; ++w) r[static_cast<size_t>(w)] = t += step;
   }
   r[kMmaTraceLoop] = t += step;
   r[kMmaTraceStored] = t += step;
@@ -78,17 +76,17 @@ TEST(AttentionMmaTrace, PhasesAndTimelineAreTheRecords) {
   EXPECT_DOUBLE_EQ(ph[kMmaPhaseWait].mean, 3'000);
   EXPECT_EQ(ph[kMmaPhaseWait].max, 4'000);
   EXPECT_EQ(ph[kMmaPhaseWait].max_block, 1);
-  for (int p : {kMmaPhaseTable, kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile, kMmaPhaseLoop,
-                kMmaPhaseStore}) {
+  for (int p : {kMmaPhaseTable, kMmaPhaseTopk, kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile,
+                kMmaPhaseSoftmax, kMmaPhaseValues, kMmaPhaseLoop, kMmaPhaseStore}) {
     SCOPED_TRACE(mma_trace_phase_name(p));
     EXPECT_EQ(ph[static_cast<size_t>(p)].blocks, 2);
     EXPECT_DOUBLE_EQ(ph[static_cast<size_t>(p)].mean, 200);
     EXPECT_EQ(ph[static_cast<size_t>(p)].max, 300);
     EXPECT_EQ(ph[static_cast<size_t>(p)].max_block, 1);
   }
-  // After the wait: five steps.
-  EXPECT_DOUBLE_EQ(ph[kMmaPhaseAfterWait].mean, 1'000);
-  EXPECT_EQ(ph[kMmaPhaseAfterWait].max, 1'500);
+  // After the wait: eight steps.
+  EXPECT_DOUBLE_EQ(ph[kMmaPhaseAfterWait].mean, 1'600);
+  EXPECT_EQ(ph[kMmaPhaseAfterWait].max, 2'400);
   const auto& cph = s.combine_phases;
   EXPECT_DOUBLE_EQ(cph[kCombinePhaseWait].mean, 7'000);
   EXPECT_EQ(cph[kCombinePhaseWait].max_block, 1);
@@ -100,8 +98,8 @@ TEST(AttentionMmaTrace, PhasesAndTimelineAreTheRecords) {
   EXPECT_EQ(s.entry.last, 100);
   EXPECT_EQ(s.waited.first, 1'050);  // block 0: 2,100 cycles to its wait's end
   EXPECT_EQ(s.waited.last, 100 + 2'150);
-  EXPECT_EQ(s.end.first, 1'300);
-  EXPECT_EQ(s.end.last, 100 + 2'900);
+  EXPECT_EQ(s.end.first, 1'450);  // (100 + 2,000 + 8 x 100) / 2
+  EXPECT_EQ(s.end.last, 100 + 3'350);
   EXPECT_EQ(s.combine_entry.first, 50);
   EXPECT_EQ(s.combine_entry.last, 60);
   EXPECT_EQ(s.combine_waited.first, 50 + 3'000);
@@ -144,8 +142,9 @@ TEST(AttentionMmaTrace, BlocksWithoutKeysSkipOnlyTheirKeyPhases) {
   const MmaTraceSummary s = summarize_mma_trace(words, 2, 0);
   EXPECT_EQ(s.blocks, 2);
   EXPECT_EQ(s.combines, 0);
-  // The key phases (waited -> issued -> query -> first tile -> loop) are block 0's only.
-  for (int p : {kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile, kMmaPhaseLoop}) {
+  // The key phases (waited -> top-k -> ... -> tile 0's values -> loop) are block 0's only.
+  for (int p : {kMmaPhaseTopk, kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile, kMmaPhaseSoftmax,
+                kMmaPhaseValues, kMmaPhaseLoop}) {
     SCOPED_TRACE(mma_trace_phase_name(p));
     EXPECT_EQ(s.phases[static_cast<size_t>(p)].blocks, 1);
     EXPECT_EQ(s.phases[static_cast<size_t>(p)].max_block, 0);

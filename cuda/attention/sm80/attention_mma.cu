@@ -340,6 +340,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const uint8_t* src_next = nullptr;  // this thread's key of the next tile to issue
   if (range.begin < range.end) {
     const uint8_t* src0 = guess_holds ? entry_at(topk_guess) : key_at(range.begin + cr);
+    trace.stamp_after(kMmaTraceTopk, src0);
     if constexpr (kFmt == KvFormat::kBf16) {  // flies while q is rounded
       copy_bf16_key<kDim>(kb_base, valid_base, src0, cr, cs);
     } else {
@@ -404,7 +405,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
       float alpha[2];
       uint32_t pa[2][4];  // P as the A fragments of the two k16 steps of P V
       online_softmax_update(sl, m_run, d_run, alpha, pa);
+      if (it == 0) trace.stamp_after(kMmaTraceSoftmax, d_run[0]);
       accumulate_values<kDim, kSlices>(o, alpha, pa, kb, v_frag);
+      if (it == 0) trace.stamp_after(kMmaTraceValues, o[kNTiles - 1][3]);
     }                                           // active
     src_next = key_at(i0 + 2 * kMmaKeys + cr);  // null past range.end
   }

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "cuda/attention/sm80/attention_mma_trace.h"
 #include "cuda/common/trace_clock.cuh"
@@ -16,6 +18,8 @@ struct MmaTraceRecorder {
   __device__ explicit MmaTraceRecorder(const MmaTraceBuffer&) {}
   __device__ void start() const {}
   __device__ void stamp(int) const {}
+  template <typename T>
+  __device__ void stamp_after(int, T) const {}
   __device__ void waited() const {}
   __device__ void finish(int) const {}
 };
@@ -35,12 +39,24 @@ struct MmaTraceRecorder<true> {
     record[kMmaTraceTimerEntry] = trace_globaltimer();
     record[kMmaTraceSm] = trace_smid();
     // A block without keys never reaches these stamps.
-    record[kMmaTraceIssued] = 0;
-    record[kMmaTraceQuery] = 0;
-    record[kMmaTraceFirstTile] = 0;
+    for (int w = kMmaTraceTopk; w <= kMmaTraceValues; ++w) record[w] = 0;
   }
   __device__ void stamp(int word) const {
     if (record != nullptr && threadIdx.x == 0) record[word] = trace_clock();
+  }
+  // The stamp once `value` is in thread 0's registers: the clock is read under a condition on it,
+  // so it waits for the load or the arithmetic that produces it (a plain stamp would be read as
+  // soon as that was issued). The condition fails for one bit pattern only, which the compiler
+  // cannot rule out and the kernel never produces (an odd address, a NaN payload other than the
+  // canonical one); the word would then stay 0 (start's), a phase the summary skips.
+  template <typename T>
+  __device__ void stamp_after(int word, T value) const {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "a 32- or 64-bit value");
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+    if (record == nullptr || threadIdx.x != 0) return;
+    Bits bits;
+    memcpy(&bits, &value, sizeof(T));
+    if (bits != static_cast<Bits>(0x7fc0'1ee7u)) record[word] = trace_clock();
   }
   __device__ void waited() const {
     if (record == nullptr || threadIdx.x != 0) return;

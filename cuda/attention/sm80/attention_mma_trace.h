@@ -33,9 +33,12 @@ enum MmaTraceWord : int {
   kMmaTraceEntry = 0,   // clock64 at entry
   kMmaTraceTable,       // the layout read and the block-table row staged (before the wait)
   kMmaTraceWaited,      // the wait for the previous kernel returned
-  kMmaTraceIssued,      // the first tile's copies issued (after the top-k guess came back)
+  kMmaTraceTopk,        // the first key's address known (after the top-k guess came back)
+  kMmaTraceIssued,      // the first tile's copies issued
   kMmaTraceQuery,       // q's rows staged in shared memory
   kMmaTraceFirstTile,   // tile 0 landed, decoded and published (the loop's first barrier)
+  kMmaTraceSoftmax,     // tile 0's logits gathered and its online softmax done
+  kMmaTraceValues,      // tile 0's P V accumulated
   kMmaTraceLoop,        // the key loop done
   kMmaTraceStored,      // the output or the split's partials stored
   kMmaTraceTimerEntry,  // %globaltimer (ns) at entry
@@ -43,7 +46,7 @@ enum MmaTraceWord : int {
   kMmaTraceTimerEnd,  // %globaltimer at kMmaTraceStored
   kMmaTraceSm,        // %smid
   kMmaTraceTiles,     // the block's key tiles
-  kMmaTraceWords = 16,
+  kMmaTraceWords,     // the record's length
 };
 
 // A combine block's record.
@@ -67,10 +70,13 @@ constexpr int64_t mma_trace_words(int blocks, int combines) {
 enum MmaTracePhase : int {
   kMmaPhaseTable = 0,  // entry -> table
   kMmaPhaseWait,       // table -> waited (how long the block sat before its inputs were ready)
-  kMmaPhaseIssue,      // waited -> issued (the top-k guess's round trip)
-  kMmaPhaseQuery,      // issued -> q staged
+  kMmaPhaseTopk,       // waited -> the first key's address (the top-k guess's round trip)
+  kMmaPhaseIssue,      // -> the first tile's copies issued
+  kMmaPhaseQuery,      // -> q staged
   kMmaPhaseFirstTile,  // q staged -> tile 0 published
-  kMmaPhaseLoop,       // tile 0 published -> loop done
+  kMmaPhaseSoftmax,    // -> tile 0's logits and softmax
+  kMmaPhaseValues,     // -> tile 0's P V
+  kMmaPhaseLoop,       // -> the loop done (the later tiles)
   kMmaPhaseStore,      // loop done -> stored
   kMmaPhaseAfterWait,  // waited -> stored
   kMmaPhases,
@@ -80,7 +86,8 @@ static_assert(int{kMmaTraceStored} == int{kMmaTraceEntry} + int{kMmaPhaseStore} 
 
 inline const char* mma_trace_phase_name(int phase) {
   static constexpr std::array<const char*, kMmaPhases> kNames = {
-      "table", "wait", "issue", "query", "first_tile", "loop", "store", "after_wait"};
+      "table",   "wait",   "topk", "issue", "query",     "first_tile",
+      "softmax", "values", "loop", "store", "after_wait"};
   return phase >= 0 && phase < kMmaPhases ? kNames[static_cast<size_t>(phase)] : "?";
 }
 
@@ -185,7 +192,7 @@ inline TracePlacement placement(const std::vector<const int64_t*>& split,
 
 // `words`: the host copy of a traced call's buffer (mma_trace_words(blocks, combines) words). A
 // record whose last stamp does not follow its entry is not a traced block and is skipped; the
-// stamps of a block without keys (issued, query, first tile) are 0 and their phases skipped.
+// stamps of a block without keys (top-k to values) are 0 and their phases skipped.
 inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, int blocks,
                                            int combines) {
   using mma_trace_detail::widen;
