@@ -77,16 +77,17 @@ TEST(AttentionMmaTrace, PhasesAndTimelineAreTheRecords) {
   EXPECT_EQ(ph[kMmaPhaseWait].max, 4'000);
   EXPECT_EQ(ph[kMmaPhaseWait].max_block, 1);
   for (int p : {kMmaPhaseTable, kMmaPhaseTopk, kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile,
-                kMmaPhaseSoftmax, kMmaPhaseValues, kMmaPhaseLoop, kMmaPhaseStore}) {
+                kMmaPhaseScores, kMmaPhaseGathered, kMmaPhaseSoftmax, kMmaPhaseValues,
+                kMmaPhaseLoop, kMmaPhaseStore}) {
     SCOPED_TRACE(mma_trace_phase_name(p));
     EXPECT_EQ(ph[static_cast<size_t>(p)].blocks, 2);
     EXPECT_DOUBLE_EQ(ph[static_cast<size_t>(p)].mean, 200);
     EXPECT_EQ(ph[static_cast<size_t>(p)].max, 300);
     EXPECT_EQ(ph[static_cast<size_t>(p)].max_block, 1);
   }
-  // After the wait: eight steps.
-  EXPECT_DOUBLE_EQ(ph[kMmaPhaseAfterWait].mean, 1'600);
-  EXPECT_EQ(ph[kMmaPhaseAfterWait].max, 2'400);
+  // After the wait: ten steps.
+  EXPECT_DOUBLE_EQ(ph[kMmaPhaseAfterWait].mean, 2'000);
+  EXPECT_EQ(ph[kMmaPhaseAfterWait].max, 3'000);
   const auto& cph = s.combine_phases;
   EXPECT_DOUBLE_EQ(cph[kCombinePhaseWait].mean, 7'000);
   EXPECT_EQ(cph[kCombinePhaseWait].max_block, 1);
@@ -98,8 +99,8 @@ TEST(AttentionMmaTrace, PhasesAndTimelineAreTheRecords) {
   EXPECT_EQ(s.entry.last, 100);
   EXPECT_EQ(s.waited.first, 1'050);  // block 0: 2,100 cycles to its wait's end
   EXPECT_EQ(s.waited.last, 100 + 2'150);
-  EXPECT_EQ(s.end.first, 1'450);  // (100 + 2,000 + 8 x 100) / 2
-  EXPECT_EQ(s.end.last, 100 + 3'350);
+  EXPECT_EQ(s.end.first, 1'550);  // (100 + 2,000 + 10 x 100) / 2
+  EXPECT_EQ(s.end.last, 100 + 3'650);
   EXPECT_EQ(s.combine_entry.first, 50);
   EXPECT_EQ(s.combine_entry.last, 60);
   EXPECT_EQ(s.combine_waited.first, 50 + 3'000);
@@ -143,8 +144,8 @@ TEST(AttentionMmaTrace, BlocksWithoutKeysSkipOnlyTheirKeyPhases) {
   EXPECT_EQ(s.blocks, 2);
   EXPECT_EQ(s.combines, 0);
   // The key phases (waited -> top-k -> ... -> tile 0's values -> loop) are block 0's only.
-  for (int p : {kMmaPhaseTopk, kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile, kMmaPhaseSoftmax,
-                kMmaPhaseValues, kMmaPhaseLoop}) {
+  for (int p : {kMmaPhaseTopk, kMmaPhaseIssue, kMmaPhaseQuery, kMmaPhaseFirstTile, kMmaPhaseScores,
+                kMmaPhaseGathered, kMmaPhaseSoftmax, kMmaPhaseValues, kMmaPhaseLoop}) {
     SCOPED_TRACE(mma_trace_phase_name(p));
     EXPECT_EQ(s.phases[static_cast<size_t>(p)].blocks, 1);
     EXPECT_EQ(s.phases[static_cast<size_t>(p)].max_block, 0);

@@ -400,8 +400,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     if (active) {
       score_key_tile<kDim, kSlices>(q_frag, kb, k_frag, ss_mine, g, qd);
       row_group_barrier<kSlices>(rg);
+      if (it == 0) trace.stamp(kMmaTraceScores);
       float sl[4][4];  // the tile's logits of rows g, g + 8
       gather_logits<kSlices>(ss_rows, ssum, valid, a.scale, slice, rg, lane, sl);
+      if (it == 0) trace.stamp_after(kMmaTraceGathered, sl[3][3]);
       float alpha[2];
       uint32_t pa[2][4];  // P as the A fragments of the two k16 steps of P V
       online_softmax_update(sl, m_run, d_run, alpha, pa);

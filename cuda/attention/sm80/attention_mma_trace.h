@@ -37,7 +37,9 @@ enum MmaTraceWord : int {
   kMmaTraceIssued,      // the first tile's copies issued
   kMmaTraceQuery,       // q's rows staged in shared memory
   kMmaTraceFirstTile,   // tile 0 landed, decoded and published (the loop's first barrier)
-  kMmaTraceSoftmax,     // tile 0's logits gathered and its online softmax done
+  kMmaTraceScores,      // tile 0's partial logits written, every warp past their barrier
+  kMmaTraceGathered,    // tile 0's logits summed over the slices, in thread 0's registers
+  kMmaTraceSoftmax,     // tile 0's online softmax done
   kMmaTraceValues,      // tile 0's P V accumulated
   kMmaTraceLoop,        // the key loop done
   kMmaTraceStored,      // the output or the split's partials stored
@@ -74,7 +76,9 @@ enum MmaTracePhase : int {
   kMmaPhaseIssue,      // -> the first tile's copies issued
   kMmaPhaseQuery,      // -> q staged
   kMmaPhaseFirstTile,  // q staged -> tile 0 published
-  kMmaPhaseSoftmax,    // -> tile 0's logits and softmax
+  kMmaPhaseScores,     // -> tile 0's S = Q K^T over each warp's slice, and the barrier after
+  kMmaPhaseGathered,   // -> the slices' sums (the second barrier and the reads)
+  kMmaPhaseSoftmax,    // -> tile 0's online softmax
   kMmaPhaseValues,     // -> tile 0's P V
   kMmaPhaseLoop,       // -> the loop done (the later tiles)
   kMmaPhaseStore,      // loop done -> stored
@@ -86,8 +90,8 @@ static_assert(int{kMmaTraceStored} == int{kMmaTraceEntry} + int{kMmaPhaseStore} 
 
 inline const char* mma_trace_phase_name(int phase) {
   static constexpr std::array<const char*, kMmaPhases> kNames = {
-      "table",   "wait",   "topk", "issue", "query",     "first_tile",
-      "softmax", "values", "loop", "store", "after_wait"};
+      "table",    "wait",    "topk",   "issue", "query", "first_tile", "scores",
+      "gathered", "softmax", "values", "loop",  "store", "after_wait"};
   return phase >= 0 && phase < kMmaPhases ? kNames[static_cast<size_t>(phase)] : "?";
 }
 
