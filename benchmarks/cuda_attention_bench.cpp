@@ -349,12 +349,14 @@ void bench_attention_mma_trace(Backend& be, int iters, const std::string& match)
     std::printf(
         "{\"trace\": \"attention_mma\", \"shape\": \"%s\", \"splits\": %lld, \"us_untraced\": "
         "%.3f, \"us_traced\": %.3f, \"blocks\": %d, \"combines\": %d, \"clock_ghz\": %.3f, "
-        "\"cycles\": {%s}, \"combine_cycles\": {%s}, \"timeline_ns\": {%s, %s, %s, %s, %s, "
+        "\"cycles\": {%s}, \"probe_after_wait\": {\"mean\": %.0f, \"max\": %lld}, "
+        "\"combine_cycles\": {%s}, \"timeline_ns\": {%s, %s, %s, %s, %s, "
         "%s}, \"placement\": {\"split_sms\": %d, \"combine_sms\": %d, "
         "\"combine_max_per_sm\": %d, \"combines_on_split_sms\": %d, \"combines_alone\": %d, "
         "\"load_alone_mean\": %.0f, \"load_shared_mean\": %.0f}}\n",
         shape.c_str(), static_cast<long long>(plan.splits), untraced_us, traced_us, t.blocks,
         t.combines, t.clock_ghz, trace_phases_json(t.phases, cuda::mma_trace_phase_name).c_str(),
+        t.probe.mean, static_cast<long long>(t.probe.max),
         trace_phases_json(t.combine_phases, cuda::combine_trace_phase_name).c_str(),
         span_json("entry", t.entry).c_str(), span_json("waited", t.waited).c_str(),
         span_json("end", t.end).c_str(), span_json("combine_entry", t.combine_entry).c_str(),

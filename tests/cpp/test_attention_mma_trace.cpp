@@ -32,6 +32,7 @@ std::vector<int64_t> split_record(int64_t start, int64_t step, int64_t wait, int
   r[kMmaTraceTimerEnd] = timer_start + (r[kMmaTraceStored] - start) / 2;
   r[kMmaTraceSm] = 3;
   r[kMmaTraceTiles] = keys ? 1 : 0;
+  r[kMmaTraceProbe] = waited + 3 * step;  // back three steps after the wait (past the top-k's)
   return r;
 }
 
@@ -85,6 +86,11 @@ TEST(AttentionMmaTrace, PhasesAndTimelineAreTheRecords) {
     EXPECT_EQ(ph[static_cast<size_t>(p)].max, 300);
     EXPECT_EQ(ph[static_cast<size_t>(p)].max_block, 1);
   }
+  // The probe: 3 x 100 and 3 x 300 cycles after the waits.
+  EXPECT_EQ(s.probe.blocks, 2);
+  EXPECT_DOUBLE_EQ(s.probe.mean, 600);
+  EXPECT_EQ(s.probe.max, 900);
+  EXPECT_EQ(s.probe.max_block, 1);
   // After the wait: ten steps.
   EXPECT_DOUBLE_EQ(ph[kMmaPhaseAfterWait].mean, 2'000);
   EXPECT_EQ(ph[kMmaPhaseAfterWait].max, 3'000);
@@ -165,6 +171,7 @@ TEST(AttentionMmaTrace, ShortBufferOrNoRecordsGiveAnEmptySummary) {
   EXPECT_EQ(s.combines, 0);
   EXPECT_DOUBLE_EQ(s.clock_ghz, 0.0);
   EXPECT_EQ(s.phases[kMmaPhaseWait].blocks, 0);
+  EXPECT_EQ(s.probe.blocks, 0);
 }
 
 TEST(AttentionMmaTrace, PhaseNamesCoverEveryPhase) {

@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   trace.stamp(kMmaTraceTable);
   wait_for_previous_grid();
   trace.waited();
+  const float probe = trace.probe_load(a.sinks + h_first);  // the trace's only: a weight
   // keys.entry, by the block table in shared memory where it is there.
   auto entry_at = [&](int64_t j) -> const uint8_t* {
     return table_in_smem ? keys.entry_in(a, table_s, l.max_blocks, j) : keys.entry(a, l, j);
@@ -314,6 +315,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const bool guessed = a.sparse && guess.begin + cr < guess.end && guess_c >= 0;
   const int64_t topk_guess =
       guessed ? a.topk[static_cast<int64_t>(t) * a.topk_cols + guess_c] : int64_t{-1};
+  trace.stamp_after(kMmaTraceProbe, probe);
 
   // This split's range of the key list.
   const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);

@@ -20,6 +20,7 @@ struct MmaTraceRecorder {
   __device__ void stamp(int) const {}
   template <typename T>
   __device__ void stamp_after(int, T) const {}
+  __device__ float probe_load(const float*) const { return 0.0f; }
   __device__ void waited() const {}
   __device__ void finish(int) const {}
 };
@@ -40,6 +41,7 @@ struct MmaTraceRecorder<true> {
     record[kMmaTraceSm] = trace_smid();
     // A block without keys never reaches these stamps.
     for (int w = kMmaTraceTopk; w <= kMmaTraceValues; ++w) record[w] = 0;
+    record[kMmaTraceProbe] = 0;
   }
   __device__ void stamp(int word) const {
     if (record != nullptr && threadIdx.x == 0) record[word] = trace_clock();
@@ -57,6 +59,10 @@ struct MmaTraceRecorder<true> {
     Bits bits;
     memcpy(&bits, &value, sizeof(T));
     if (bits != static_cast<Bits>(0x7fc0'1ee7u)) record[word] = trace_clock();
+  }
+  // Thread 0's load of `p` from L2 (for kMmaTraceProbe: stamp_after it); 0 elsewhere.
+  __device__ float probe_load(const float* p) const {
+    return record != nullptr && threadIdx.x == 0 ? __ldcg(p) : 0.0f;
   }
   __device__ void waited() const {
     if (record == nullptr || threadIdx.x != 0) return;

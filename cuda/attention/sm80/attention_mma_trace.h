@@ -48,7 +48,11 @@ enum MmaTraceWord : int {
   kMmaTraceTimerEnd,  // %globaltimer at kMmaTraceStored
   kMmaTraceSm,        // %smid
   kMmaTraceTiles,     // the block's key tiles
-  kMmaTraceWords,     // the record's length
+  // Thread 0's L2 load of a line no kernel writes (its first head's sink), issued just before the
+  // top-k guess's: back at this stamp. Against kMmaTraceTopk it tells the wait's after-effects
+  // from the top-k line's own latency.
+  kMmaTraceProbe,
+  kMmaTraceWords,  // the record's length
 };
 
 // A combine block's record.
@@ -133,6 +137,7 @@ struct MmaTraceSummary {
   double clock_ghz = 0;  // cycles per ns of the split blocks (entry to stored against the timer)
   std::array<TracePhaseStats, kMmaPhases> phases{};
   std::array<TracePhaseStats, kCombinePhases> combine_phases{};
+  TracePhaseStats probe;  // waited -> kMmaTraceProbe
   // The timeline, ns after the first split block's entry.
   TraceSpan entry, waited, end;                          // split blocks
   TraceSpan combine_entry, combine_waited, combine_end;  // combine blocks
@@ -224,6 +229,7 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
       if (from != 0 && to != 0) s.phases[static_cast<size_t>(p)].add(b, to - from);
     }
     s.phases[kMmaPhaseAfterWait].add(b, r[kMmaTraceStored] - r[kMmaTraceWaited]);
+    if (r[kMmaTraceProbe] != 0) s.probe.add(b, r[kMmaTraceProbe] - r[kMmaTraceWaited]);
     const bool first = seen++ == 0;
     widen(s.entry, first, r[kMmaTraceTimerEntry] - origin);
     widen(s.waited, first, r[kMmaTraceTimerWaited] - origin);
@@ -244,6 +250,7 @@ inline MmaTraceSummary summarize_mma_trace(const std::vector<int64_t>& words, in
   }
   for (TracePhaseStats& p : s.phases) p.finish();
   for (TracePhaseStats& p : s.combine_phases) p.finish();
+  s.probe.finish();
   s.placement = mma_trace_detail::placement(split_records, combine_records);
   s.clock_ghz = ns > 0 ? cycles / ns : 0.0;
   return s;

@@ -75,6 +75,7 @@ TEST_P(AttentionMmaTrace, SameOutputAndRecordsInProgramOrder) {
       EXPECT_GE(r[word], last) << "split block " << b << " word " << word;
       last = r[word];
     }
+    EXPECT_GE(r[cuda::kMmaTraceProbe], r[cuda::kMmaTraceWaited]) << "block " << b;
     EXPECT_GE(r[cuda::kMmaTraceTimerWaited], r[cuda::kMmaTraceTimerEntry]) << "block " << b;
     EXPECT_GE(r[cuda::kMmaTraceTimerEnd], r[cuda::kMmaTraceTimerWaited]) << "block " << b;
   }
