@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/e4m3_bits.h"
 #include "cuda/common/fp8.cuh"
 #include "cuda/common/reduce.cuh"
 #include "cuda/common/vec.cuh"
@@ -313,6 +314,33 @@ __device__ __forceinline__ uint4 e4m3_chunk_to_bf16(uint2 bytes, float scale) {
     const float2 f = __half22float2(h);
     packed[k] = pack_bf16(f.x * scale, f.y * scale);
   }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// The bf16x2 bits of an e8m0 scale 2^(e - 127) in both halves (e8m0_to_float's value: 2^-127, a
+// bf16 subnormal, for e = 0; infinity for e = 255).
+__device__ __forceinline__ uint32_t e8m0_to_bf16x2(uint32_t e) {
+  const uint32_t bits = e == 0 ? 0x0040u : e << 7;
+  return bits | (bits << 16);
+}
+
+// e4m3_chunk_to_bf16 without conversion units, for `scale` = e8m0_to_bf16x2 of the group's byte:
+// each pair of codes through the integer e4m3 -> bf16 form (cuda/common/e4m3_bits.h: a byte
+// permute, a shift and a mask give the code times 2^-120), then two exact bf16 products, by 2^120
+// and by the scale, which round once as the f32 product's rounding to bf16 does. Hopper runs
+// e4m3 -> f16, f16 -> f32 and f32 -> bf16 at a quarter of the integer rate, and a key tile's
+// decode is all conversions. tests/cpp/test_e4m3_bits.cpp checks every code and every scale the
+// KV writer stores against the reference; NaN codes, which it never stores, decode to finite
+// values here.
+__device__ __forceinline__ uint4 decode_e4m3_chunk(uint2 bytes, uint32_t scale) {
+  using e4m3_bits::e4m3x2_to_bf16x2_times_2m120;
+  constexpr uint32_t kTwoPow120 = e4m3_bits::kBf16TwoPow120 * 0x10001u;
+  const uint32_t pairs[4] = {
+      e4m3x2_to_bf16x2_times_2m120<false>(bytes.x), e4m3x2_to_bf16x2_times_2m120<true>(bytes.x),
+      e4m3x2_to_bf16x2_times_2m120<false>(bytes.y), e4m3x2_to_bf16x2_times_2m120<true>(bytes.y)};
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) packed[k] = mul_bf16x2(mul_bf16x2(pairs[k], kTwoPow120), scale);
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 

@@ -1,4 +1,5 @@
-// Element and vector loads for f32 and bf16 storage, bf16 packing and float4 arithmetic.
+// Element and vector loads for f32 and bf16 storage, bf16 packing and products, float4
+// arithmetic, and the MUFU's 2^x.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -69,6 +70,28 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   uint32_t r;
   memcpy(&r, &v, sizeof(r));
   return r;
+}
+
+// bf16x2 products a * b, each half rounded to nearest even (no flush of subnormals).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 x;
+  __nv_bfloat162 y;
+  memcpy(&x, &a, sizeof(a));
+  memcpy(&y, &b, sizeof(b));
+  const __nv_bfloat162 r = __hmul2(x, y);
+  uint32_t out;
+  memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+constexpr float kLog2E = 1.4426950408889634f;
+
+// 2^x by the MUFU (ex2.approx.ftz: about 2 ulp; 2^-inf = 0), as __expf computes e^x after its
+// multiply by log2(e), without __expf's steps around results below 2^-126 (flushed to 0 here).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // acc + a * x, per component.

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "cuda/attention/sm90/attention_wgmma_tiles.cuh"
-#include "cuda/common/e4m3_bits.h"
+#include "cuda/cache/kv_record.cuh"
 #include "cuda/common/ptx_cluster.cuh"
 
 namespace deepinfer::cuda::attention_wgmma {
@@ -68,43 +68,11 @@ __device__ __forceinline__ uint32_t fp8_share_digest(const Share& h) {
   return x;
 }
 
-// bf16x2 products a * b, rounded to nearest (exact for the decode's powers of two).
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// The bf16x2 bits of an e8m0 scale 2^(e - 127) in both halves (e8m0_to_float's value: 2^-127, a
-// bf16 subnormal, for e = 0; infinity for e = 255).
-__device__ __forceinline__ uint32_t e8m0_to_bf16x2(uint32_t e) {
-  const uint32_t bits = e == 0 ? 0x0040u : e << 7;
-  return bits | (bits << 16);
-}
-
-// One tile chunk (8 channels) of e4m3 codes `bytes` times the bf16x2 power of two `scale`
-// (e8m0_to_bf16x2), without conversion units: each pair of codes through the integer
-// e4m3 -> bf16 form (cuda/common/e4m3_bits.h; the code times 2^-120), then two exact bf16
-// products, by 2^120 and by the scale, which round once as the f32 product's rounding to bf16
-// does (tests/cpp/test_e4m3_bits.cpp checks every code and scale the KV writer stores; NaN codes,
-// which it never stores, decode to finite values).
-__device__ __forceinline__ uint4 decode_e4m3_chunk(uint2 bytes, uint32_t scale) {
-  using e4m3_bits::e4m3x2_to_bf16x2_times_2m120;
-  constexpr uint32_t kTwoPow120 = e4m3_bits::kBf16TwoPow120 * 0x10001u;
-  const uint32_t pairs[4] = {
-      e4m3x2_to_bf16x2_times_2m120<false>(bytes.x), e4m3x2_to_bf16x2_times_2m120<true>(bytes.x),
-      e4m3x2_to_bf16x2_times_2m120<false>(bytes.y), e4m3x2_to_bf16x2_times_2m120<true>(bytes.y)};
-  uint32_t packed[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) packed[k] = mul_bf16x2(mul_bf16x2(pairs[k], kTwoPow120), scale);
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
-
 // Tile row `key`'s chunks 2i + part decoded from the half record (zeros for a masked key); the
-// key's valid flag. kIntegerDecode (the wgmma_overlap_ilp variant): decode_e4m3_chunk, every
-// chunk decoded and a masked key's zeros selected at the end, so the 28 chunks form one block
-// that ptxas interleaves (a masked key's registers hold an earlier key's bytes, or the zeros the
-// caller started with: decoded and dropped); otherwise the conversion units
+// key's valid flag. kIntegerDecode (the wgmma_overlap_ilp variant): decode_e4m3_chunk
+// (cache/kv_record.cuh), every chunk decoded and a masked key's zeros selected at the end, so the
+// 28 chunks form one block that ptxas interleaves (a masked key's registers hold an earlier key's
+// bytes, or the zeros the caller started with: decoded and dropped); otherwise the conversion units
 // (e4m3_chunk_to_bf16, cache/kv_record.cuh: e4m3 -> f16 -> f32, times the f32 scale, rounded to
 // bf16), the plain wgmma_overlap kernel's decode (its pdl, merged and traced launches too), whose
 // three conversions per pair at a quarter of the integer rate took its whole decode time. The

@@ -37,16 +37,6 @@ constexpr int kHalfKeys = kKeys / 2;      // keys a warpgroup scores
 constexpr int kHalfDim = kDim / 2;        // channels of O a warpgroup owns
 constexpr int kOAcc = kHalfDim / 2;       // its f32 accumulators per thread (64 x 256 / 128)
 
-constexpr float kLog2E = 1.4426950408889634f;
-
-// 2^x by the MUFU (ex2.approx.ftz: about 2 ulp; 2^-inf = 0), as __expf computes e^x after its
-// multiply by log2(e).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // A thread's scores of a 64-key tile as wgmma leaves them (s: rows row0 and row0 + 8, columns
 // 8j + 2qd and + 1): each masked key's (its valid flag 0) set to -inf, each real one's times
 // `factor`. A key pair's flags come in one 8-byte load (2qd is even, the flags 8-byte aligned).

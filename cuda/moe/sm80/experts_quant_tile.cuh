@@ -12,6 +12,7 @@
 
 #include "cuda/common/activation.cuh"
 #include "cuda/common/ptx_sm80.cuh"
+#include "cuda/common/vec.cuh"
 #include "cuda/moe/moe_launch.h"
 #include "cuda/moe/sm80/experts_quant_config.h"
 
@@ -51,16 +52,6 @@ __device__ __forceinline__ int piece_word(int q, int t) {
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 x, y;
-  memcpy(&x, &a, sizeof(a));
-  memcpy(&y, &b, sizeof(b));
-  const __nv_bfloat162 r = __hmul2(x, y);
-  uint32_t out;
-  memcpy(&out, &r, sizeof(out));
-  return out;
 }
 
 // The two multipliers of a load's decoded pairs, bf16 in both halves: the format's bias (the
