@@ -147,14 +147,48 @@ __device__ __forceinline__ void round_key_tile(__nv_bfloat16* kb, int* valid, co
 // RoPE channels are bf16 values), so the tile equals the f32 path's rounding of the decoded key.
 // The record's scale bytes were copied by other threads of the key (the same warp): the caller
 // orders their copies before this with __syncwarp.
+//
+// V4's layout (the last 64 channels RoPE, so nope = D - 64 and a thread's chunk j is scale group
+// j's, or the RoPE channels for the last j, known at compile time) decodes through integer
+// operations (decode_e4m3_chunk, the wgmma producer's): the conversion units' decode ran at a
+// quarter of the integer rate and was most of the small-batch kernel's first tile (1,570 cycles
+// against 295 with bf16 rows on an H100, session 65). Every chunk is decoded and a masked key's
+// zeros selected at the end, so the chunks form one straight-line block (a masked key's stage row
+// holds older bytes: decoded and dropped). Other layouts (the tiny test models') take the
+// conversion units. The same bits either way.
 template <int kDim>
 __device__ __forceinline__ void decode_key_tile(__nv_bfloat16* kb, int* valid,
                                                 const uint8_t* my_stage, bool my_valid, int cr,
                                                 int cs, int nope, int rope_dim) {
   constexpr int kStride = MmaLayout<kDim>::kStride;
+  constexpr int kChunks = kDim / 64;  // this thread's: channels 8 cs + 64 j .. + 7
+  constexpr int kRope = 64;
   __nv_bfloat16* dst = kb + cr * kStride;
+  if constexpr (kDim > kRope && kDim - kRope <= 8 * kv_record::kFp8Group) {
+    static_assert(kv_record::kFp8Group == 64, "a thread's chunk j in scale group j");
+    if (rope_dim == kRope && nope == kDim - kRope) {  // uniform over the grid
+      // The scales (kChunks - 1 bytes) start 8-byte aligned at nope + 2 * 64; the record's
+      // padding to 8 bytes holds the rest of the word.
+      const uint2 scale_bytes = *reinterpret_cast<const uint2*>(my_stage + kDim + kRope);
+      uint4 v[kChunks];
 #pragma unroll
-  for (int j = 0; j < kDim / 64; ++j) {
+      for (int j = 0; j < kChunks - 1; ++j) {
+        const uint32_t e = ((j < 4 ? scale_bytes.x : scale_bytes.y) >> (8 * (j % 4))) & 0xffu;
+        v[j] = decode_e4m3_chunk(*reinterpret_cast<const uint2*>(my_stage + 8 * cs + 64 * j),
+                                 e8m0_to_bf16x2(e));
+      }
+      v[kChunks - 1] = *reinterpret_cast<const uint4*>(my_stage + nope + 16 * cs);  // bf16
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        *reinterpret_cast<uint4*>(dst + 8 * cs + 64 * j) =
+            my_valid ? v[j] : make_uint4(0u, 0u, 0u, 0u);
+      }
+      if (cs == 0) valid[cr] = my_valid ? 1 : 0;
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
     const int c = 8 * (cs + 8 * j);
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (my_valid) {
@@ -238,9 +272,11 @@ __device__ __forceinline__ void gather_logits(const float* ss_rows, float* ssum,
       } else {
         x = *reinterpret_cast<const float2*>(sum_rows + off);
       }
-      const int key = 8 * n + 2 * qd;
-      s[n][2 * r] = valid[key] ? x.x * scale : -INFINITY;
-      s[n][2 * r + 1] = valid[key + 1] ? x.y * scale : -INFINITY;
+      // The flags of keys 8n + 2qd and + 1 in one 8-byte load (the key even, valid 16-byte
+      // aligned).
+      const int2 flags = *reinterpret_cast<const int2*>(valid + 8 * n + 2 * qd);
+      s[n][2 * r] = flags.x != 0 ? x.x * scale : -INFINITY;
+      s[n][2 * r + 1] = flags.y != 0 ? x.y * scale : -INFINITY;
     }
   }
 }
@@ -248,6 +284,9 @@ __device__ __forceinline__ void gather_logits(const float* ss_rows, float* ssum,
 // The online softmax of rows g and g + 8 over the tile's logits s: the new running max and
 // denominator, the rescale factor alpha of the old O, and P rounded to bf16 as the A fragments of
 // the two k16 steps of P V (the C layout of n8 tiles 2k, 2k+1 is the A layout of k16 step k).
+// e^x is __expf's 2^(x log2 e) without its steps for results under 2^-126 (exp2_approx flushes
+// them, next to the 1 of the row's maximum): two instructions an exponential instead of five, 18
+// of them a thread per tile.
 __device__ __forceinline__ void online_softmax_update(float (&s)[4][4], float (&m_run)[2],
                                                       float (&d_run)[2], float (&alpha)[2],
                                                       uint32_t (&pa)[2][4]) {
@@ -265,11 +304,11 @@ __device__ __forceinline__ void online_softmax_update(float (&s)[4][4], float (&
 #pragma unroll
       for (int n = 0; n < 4; ++n) s[n][2 * r] = s[n][2 * r + 1] = 0.0f;
     } else {
-      alpha[r] = __expf(m_run[r] - m_new);
+      alpha[r] = exp2_approx((m_run[r] - m_new) * kLog2E);
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        s[n][2 * r] = __expf(s[n][2 * r] - m_new);
-        s[n][2 * r + 1] = __expf(s[n][2 * r + 1] - m_new);
+        s[n][2 * r] = exp2_approx((s[n][2 * r] - m_new) * kLog2E);
+        s[n][2 * r + 1] = exp2_approx((s[n][2 * r + 1] - m_new) * kLog2E);
         sum += s[n][2 * r] + s[n][2 * r + 1];
       }
     }
