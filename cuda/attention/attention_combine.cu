@@ -57,15 +57,21 @@ __device__ __forceinline__ void store_combined(float4 r, float inv, float* out,
 }
 
 // Block (token, head): merges the splits' (max, denominator, unnormalised sum) with the sink.
-// Every load of a column is in flight at once: a thread issues the partial sums of up to kBatch
-// splits of its first column before the splits' statistics are loaded (staged in shared memory,
-// each loaded once), so a call with at most kBatch splits waits out about one L2 round trip. With
-// the statistics first and the sums eight splits at a time, a B = 1 decode's 20 splits waited
-// about four: the attention call was 0.6-0.8 us slower on an H100 (session 42). The sums are
-// added in split order. kPdl: a programmatic dependent launch of the split kernel (it waits for
-// that grid first). kTrace: the trace instantiation (sm80/attention_mma_trace.cuh).
+// Every load of a column is in flight at once: each column thread issues the partial sums of up
+// to kBatch splits of its first column before anything waits, so a call with at most kBatch
+// splits waits out about one L2 round trip. With the statistics first and the sums eight splits
+// at a time, a B = 1 decode's 20 splits waited about four: the attention call was 0.6-0.8 us
+// slower on an H100 (session 42). The statistics (staged in shared memory, each loaded once) come
+// from a warp of their own, whose loads are its first instructions after the wait: loaded by the
+// column threads, ptxas scheduled them after the thread's own partial-sum loads, so they came back
+// behind the block's 20 x 2 KB of partial sums (B = 1), and the weights waited for them. The sums
+// are added in split order. kPdl: a programmatic dependent launch of the split kernel (it waits
+// for that grid first). kTrace: the trace instantiation (sm80/attention_mma_trace.cuh).
+constexpr int kCombineColumnThreads = 128;                   // a float4 column of the output each
+constexpr int kCombineThreads = kCombineColumnThreads + 32;  // and the statistics' warp
+
 template <bool kPdl, int kBatch, bool kTrace>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_md,
                              const float* __restrict__ sinks, float* __restrict__ out,
                              __nv_bfloat16* __restrict__ out_bf16, int num_tokens, int heads,
@@ -76,14 +82,13 @@ __global__ void __launch_bounds__(128)
   __shared__ float w_s[kAttnMaxSplits];
   const int64_t t = blockIdx.x;
   const int64_t h = blockIdx.y;
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool column_thread = tid < kCombineColumnThreads;
   const CombineTraceRecorder<kTrace> trace(trace_buffer);
   trace.start();
   const float sink = sinks[h];                 // a weight: no kernel before this one writes it
   if constexpr (kPdl) enter_dependent_grid();  // the splits
   trace.waited();
-  // Loaded after the wait (a step's positions may come from a kernel before it), in flight with
-  // the partials below.
-  const float pos = rope.inv_freq != nullptr ? static_cast<float>(rope.positions[t]) : 0.0f;
   const int64_t stride = static_cast<int64_t>(num_tokens) * heads;  // between splits
   const int64_t idx = t * heads + h;
   const int n4 = dim / 4;
@@ -95,24 +100,31 @@ __global__ void __launch_bounds__(128)
       if (c4 < n4 && s0 + j < splits) v[j] = acc4[((s0 + j) * stride + idx) * n4 + c4];
     }
   };
-  load_batch(static_cast<int>(threadIdx.x), 0);
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-    const float2 md = reinterpret_cast<const float2*>(part_md)[s * stride + idx];
-    m_s[s] = md.x;
-    d_s[s] = md.y;
+  if (column_thread) {
+    load_batch(tid, 0);
+  } else {
+    for (int s = tid - kCombineColumnThreads; s < splits; s += 32) {
+      const float2 md = reinterpret_cast<const float2*>(part_md)[s * stride + idx];
+      m_s[s] = md.x;
+      d_s[s] = md.y;
+    }
   }
+  // Loaded after the wait (a step's positions may come from a kernel before it), in flight with
+  // the partials.
+  const float pos = rope.inv_freq != nullptr ? static_cast<float>(rope.positions[t]) : 0.0f;
   __syncthreads();
   float mx = sink;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m_s[s]);
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+  for (int s = tid; s < splits; s += kCombineThreads) {
     w_s[s] = m_s[s] == -INFINITY ? 0.0f : expf(m_s[s] - mx);  // an empty split weighs 0
   }
   __syncthreads();
+  if (!column_thread) return;
   float den = expf(sink - mx);
   for (int s = 0; s < splits; ++s) den += d_s[s] * w_s[s];
   const float inv = 1.0f / den;
   trace.loaded();
-  for (int c4 = threadIdx.x; c4 < n4; c4 += blockDim.x) {
+  for (int c4 = tid; c4 < n4; c4 += kCombineColumnThreads) {
     float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < splits; s0 += kBatch) {
       if (s0 > 0) load_batch(c4, s0);
@@ -122,7 +134,7 @@ __global__ void __launch_bounds__(128)
       }
     }
     store_combined(r, inv, out, out_bf16, idx * dim, c4, rope, pos, dim);
-    if (c4 + static_cast<int>(blockDim.x) < n4) load_batch(c4 + static_cast<int>(blockDim.x), 0);
+    if (c4 + kCombineColumnThreads < n4) load_batch(c4 + kCombineColumnThreads, 0);
   }
   trace.finish();
 }
@@ -147,8 +159,8 @@ void launch_attention_combine(cudaStream_t stream, const float* part_acc, const 
   const auto kernel = pdl && trace.stamps != nullptr ? combine_kernel_for<true, true>(splits)
                       : pdl                          ? combine_kernel_for<true>(splits)
                                                      : combine_kernel_for<false>(splits);
-  launch_programmatic("attention's combine", grid, dim3(128), 0, stream, pdl, kernel, part_acc,
-                      part_md, sinks, out, out_bf16, static_cast<int>(tokens),
+  launch_programmatic("attention's combine", grid, dim3(kCombineThreads), 0, stream, pdl, kernel,
+                      part_acc, part_md, sinks, out, out_bf16, static_cast<int>(tokens),
                       static_cast<int>(heads), static_cast<int>(dim), static_cast<int>(splits),
                       trace, rope);
 }
