@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 }
 
 // The combine kernel for a call's split count: the smallest batch that holds every split (the
-// registers grow with it: 72 / 112 / 172 on sm_90a); more than 32 splits loop over batches.
+// registers grow with it: 94 / 96 / 164 on sm_90a); more than 32 splits loop over batches.
 template <bool kPdl, bool kTrace = false>
 auto combine_kernel_for(int64_t splits) {
   return splits <= 8    ? attention_combine_kernel<kPdl, 8, kTrace>
