@@ -284,12 +284,21 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   const int cr = tid >> 3;
   const int cs = tid & 7;
 
-  // Before the wait, only the layout's tables and swa_start: no kernel writes them within a
-  // forward. This token's key list (the same keys as the f32 kernel), and for a sparse list the
-  // sequence's block-table row in shared memory, so that the first tile's top-k entries (the
-  // previous grid's output in the model) find their rows without another global round trip.
+  // Before the wait, only the layout's tables, swa_start and the kernel's arguments: no kernel
+  // writes them within a forward. This token's key list (the same keys as the f32 kernel), this
+  // split's range of it (its integer divisions then stay off the path after the wait), and for a
+  // sparse list the sequence's block-table row in shared memory, so that the top-k entries (the
+  // previous grid's output in the model) find their rows without another global round trip: a
+  // decode block's first tile waits for two global round trips after the wait (top-k, record).
   const AttentionKeys keys(a, l, t);
+  const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);
   const bool table_in_smem = a.sparse && l.max_blocks <= kMmaTableEntries;
+  // This thread's first key, and whether it is a top-k entry (of column first - n_sliding).
+  const int64_t first = range.begin + cr;
+  const bool first_topk = a.sparse && first < range.end && first >= keys.n_sliding;
+  const int32_t* first_topk_at =
+      first_topk ? a.topk + static_cast<int64_t>(t) * a.topk_cols + (first - keys.n_sliding)
+                 : nullptr;
   if (table_in_smem) {
     for (int i = tid; i < l.max_blocks; i += kMmaThreads) {
       table_s[i] = l.block_table[static_cast<int64_t>(keys.b) * l.max_blocks + i];
@@ -300,29 +309,17 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   wait_for_previous_grid();
   trace.waited();
   const float probe = trace.probe_load(a.sinks + h_first);  // the trace's only: a weight
+  const int64_t first_entry = first_topk ? int64_t{*first_topk_at} : int64_t{-1};
+  trace.stamp_after(kMmaTraceProbe, probe);
   // keys.entry, by the block table in shared memory where it is there.
   auto entry_at = [&](int64_t j) -> const uint8_t* {
     return table_in_smem ? keys.entry_in(a, table_s, l.max_blocks, j) : keys.entry(a, l, j);
   };
-  // A sparse list's top-k value of this thread's first key, loaded right after the wait without
-  // waiting for the layout's values: guessed for the usual list (a full window, so the compressed
-  // keys start at a.window) and used only when the layout confirms the guess. With the block
-  // table in shared memory, a decode block's first tile then waits for two global round trips
-  // after the wait (top-k, record) instead of four (layout, top-k, block table, record).
-  const int64_t guess_keys = int64_t{a.window} + a.topk_cols;
-  const KeyRange guess = split_key_range<kMmaKeys>(guess_keys, blockIdx.z, gridDim.z);
-  const int64_t guess_c = guess.begin + cr - a.window;
-  const bool guessed = a.sparse && guess.begin + cr < guess.end && guess_c >= 0;
-  const int64_t topk_guess =
-      guessed ? a.topk[static_cast<int64_t>(t) * a.topk_cols + guess_c] : int64_t{-1};
-  trace.stamp_after(kMmaTraceProbe, probe);
-
-  // This split's range of the key list.
-  const KeyRange range = split_key_range<kMmaKeys>(keys.n_keys, blockIdx.z, gridDim.z);
-  const bool guess_holds = guessed && keys.n_sliding == a.window && keys.n_keys == guess_keys;
-  // Key i of the list, or null when it is masked.
+  // Key i of the list, or null when it is masked (keys.key, a top-k entry through entry_at).
   auto key_at = [&](int64_t i) -> const uint8_t* {
-    return i < range.end ? keys.key(a, l, i) : nullptr;
+    if (i >= range.end) return nullptr;
+    if (!a.sparse || i < keys.n_sliding) return keys.key(a, l, i);
+    return entry_at(a.topk[static_cast<int64_t>(t) * a.topk_cols + (i - keys.n_sliding)]);
   };
   const int row_bytes = static_cast<int>(a.kvf.row_bytes);
 
@@ -341,7 +338,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
   bool my_valid = false;              // this thread's key of the tile in the stage
   const uint8_t* src_next = nullptr;  // this thread's key of the next tile to issue
   if (range.begin < range.end) {
-    const uint8_t* src0 = guess_holds ? entry_at(topk_guess) : key_at(range.begin + cr);
+    const uint8_t* src0 = first_topk ? entry_at(first_entry) : key_at(first);
     trace.stamp_after(kMmaTraceTopk, src0);
     if constexpr (kFmt == KvFormat::kBf16) {  // flies while q is rounded
       copy_bf16_key<kDim>(kb_base, valid_base, src0, cr, cs);

@@ -33,7 +33,7 @@ enum MmaTraceWord : int {
   kMmaTraceEntry = 0,   // clock64 at entry
   kMmaTraceTable,       // the layout read and the block-table row staged (before the wait)
   kMmaTraceWaited,      // the wait for the previous kernel returned
-  kMmaTraceTopk,        // the first key's address known (after the top-k guess came back)
+  kMmaTraceTopk,        // the first key's address known (after its top-k value came back)
   kMmaTraceIssued,      // the first tile's copies issued
   kMmaTraceQuery,       // q's rows staged in shared memory
   kMmaTraceFirstTile,   // tile 0 landed, decoded and published (the loop's first barrier)
@@ -49,7 +49,7 @@ enum MmaTraceWord : int {
   kMmaTraceSm,        // %smid
   kMmaTraceTiles,     // the block's key tiles
   // Thread 0's L2 load of a line no kernel writes (its first head's sink), issued just before the
-  // top-k guess's: back at this stamp. Against kMmaTraceTopk it tells the wait's after-effects
+  // top-k value's load: back at this stamp. Against kMmaTraceTopk it tells the wait's after-effects
   // from the top-k line's own latency.
   kMmaTraceProbe,
   kMmaTraceWords,  // the record's length
@@ -76,7 +76,7 @@ constexpr int64_t mma_trace_words(int blocks, int combines) {
 enum MmaTracePhase : int {
   kMmaPhaseTable = 0,  // entry -> table
   kMmaPhaseWait,       // table -> waited (how long the block sat before its inputs were ready)
-  kMmaPhaseTopk,       // waited -> the first key's address (the top-k guess's round trip)
+  kMmaPhaseTopk,       // waited -> the first key's address (its top-k value's round trip)
   kMmaPhaseIssue,      // -> the first tile's copies issued
   kMmaPhaseQuery,      // -> q staged
   kMmaPhaseFirstTile,  // q staged -> tile 0 published
