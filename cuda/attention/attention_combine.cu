@@ -64,14 +64,21 @@ __device__ __forceinline__ void store_combined(float4 r, float inv, float* out,
 // slower on an H100 (session 42). The statistics (staged in shared memory, each loaded once) come
 // from a warp of their own, whose loads are its first instructions after the wait: loaded by the
 // column threads, ptxas scheduled them after the thread's own partial-sum loads, so they came back
-// behind the block's 20 x 2 KB of partial sums (B = 1), and the weights waited for them. The sums
-// are added in split order. kPdl: a programmatic dependent launch of the split kernel (it waits
-// for that grid first). kTrace: the trace instantiation (sm80/attention_mma_trace.cuh).
-constexpr int kCombineColumnThreads = 128;                   // a float4 column of the output each
-constexpr int kCombineThreads = kCombineColumnThreads + 32;  // and the statistics' warp
+// behind the block's 20 x 2 KB of partial sums (B = 1), and the weights waited for them. That warp
+// is there where a column thread has more than 8 partial-sum loads in flight (more than 8 splits:
+// B = 1, 2, s_q = 2); with fewer the column threads load the statistics after their sums, and the
+// smaller block leaves room for more blocks on an SM (the larger batches' combines). The sums are
+// added in split order. kPdl: a programmatic dependent launch of the split kernel (it waits for
+// that grid first). kTrace: the trace instantiation (sm80/attention_mma_trace.cuh).
+constexpr int kCombineColumnThreads = 128;  // a float4 column of the output each
+
+// The block: the column threads, and the statistics' warp for batches of more than 8 splits.
+constexpr int combine_threads(int batch) {
+  return batch > 8 ? kCombineColumnThreads + 32 : kCombineColumnThreads;
+}
 
 template <bool kPdl, int kBatch, bool kTrace>
-__global__ void __launch_bounds__(kCombineThreads)
+__global__ void __launch_bounds__(combine_threads(kBatch))
     attention_combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_md,
                              const float* __restrict__ sinks, float* __restrict__ out,
                              __nv_bfloat16* __restrict__ out_bf16, int num_tokens, int heads,
@@ -83,7 +90,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t t = blockIdx.x;
   const int64_t h = blockIdx.y;
   const int tid = static_cast<int>(threadIdx.x);
-  const bool column_thread = tid < kCombineColumnThreads;
+  constexpr bool kStatsWarp = combine_threads(kBatch) > kCombineColumnThreads;
+  const bool column_thread = !kStatsWarp || tid < kCombineColumnThreads;
   const CombineTraceRecorder<kTrace> trace(trace_buffer);
   trace.start();
   const float sink = sinks[h];                 // a weight: no kernel before this one writes it
@@ -100,10 +108,10 @@ __global__ void __launch_bounds__(kCombineThreads)
       if (c4 < n4 && s0 + j < splits) v[j] = acc4[((s0 + j) * stride + idx) * n4 + c4];
     }
   };
-  if (column_thread) {
-    load_batch(tid, 0);
-  } else {
-    for (int s = tid - kCombineColumnThreads; s < splits; s += 32) {
+  if (column_thread) load_batch(tid, 0);
+  if (kStatsWarp != column_thread) {  // the statistics' warp, or else the column threads
+    const int lanes = kStatsWarp ? 32 : kCombineColumnThreads;
+    for (int s = kStatsWarp ? tid - kCombineColumnThreads : tid; s < splits; s += lanes) {
       const float2 md = reinterpret_cast<const float2*>(part_md)[s * stride + idx];
       m_s[s] = md.x;
       d_s[s] = md.y;
@@ -115,7 +123,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   __syncthreads();
   float mx = sink;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m_s[s]);
-  for (int s = tid; s < splits; s += kCombineThreads) {
+  for (int s = tid; s < splits; s += combine_threads(kBatch)) {
     w_s[s] = m_s[s] == -INFINITY ? 0.0f : expf(m_s[s] - mx);  // an empty split weighs 0
   }
   __syncthreads();
@@ -139,13 +147,17 @@ __global__ void __launch_bounds__(kCombineThreads)
   trace.finish();
 }
 
-// The combine kernel for a call's split count: the smallest batch that holds every split (the
-// registers grow with it: 94 / 96 / 164 on sm_90a); more than 32 splits loop over batches.
+// The batch for a call's split count: the smallest that holds every split (the registers grow
+// with it: 80 / 96 / 164 on sm_90a); more than 32 splits loop over batches.
+constexpr int combine_batch(int64_t splits) {
+  return splits <= 8 ? 8 : splits <= 16 ? 16 : 32;
+}
+
 template <bool kPdl, bool kTrace = false>
 auto combine_kernel_for(int64_t splits) {
-  return splits <= 8    ? attention_combine_kernel<kPdl, 8, kTrace>
-         : splits <= 16 ? attention_combine_kernel<kPdl, 16, kTrace>
-                        : attention_combine_kernel<kPdl, 32, kTrace>;
+  return combine_batch(splits) == 8    ? attention_combine_kernel<kPdl, 8, kTrace>
+         : combine_batch(splits) == 16 ? attention_combine_kernel<kPdl, 16, kTrace>
+                                       : attention_combine_kernel<kPdl, 32, kTrace>;
 }
 
 }  // namespace
@@ -159,10 +171,10 @@ void launch_attention_combine(cudaStream_t stream, const float* part_acc, const 
   const auto kernel = pdl && trace.stamps != nullptr ? combine_kernel_for<true, true>(splits)
                       : pdl                          ? combine_kernel_for<true>(splits)
                                                      : combine_kernel_for<false>(splits);
-  launch_programmatic("attention's combine", grid, dim3(kCombineThreads), 0, stream, pdl, kernel,
-                      part_acc, part_md, sinks, out, out_bf16, static_cast<int>(tokens),
-                      static_cast<int>(heads), static_cast<int>(dim), static_cast<int>(splits),
-                      trace, rope);
+  const dim3 block(static_cast<unsigned>(combine_threads(combine_batch(splits))));
+  launch_programmatic("attention's combine", grid, block, 0, stream, pdl, kernel, part_acc, part_md,
+                      sinks, out, out_bf16, static_cast<int>(tokens), static_cast<int>(heads),
+                      static_cast<int>(dim), static_cast<int>(splits), trace, rope);
 }
 
 }  // namespace deepinfer::cuda
